@@ -1,0 +1,235 @@
+//! Dynamic reverse-mode autograd.
+//!
+//! Every differentiable op applied while grad mode is on, to inputs of which at least one requires
+//! grad, records a [`Node`] (the op, its inputs, and any tensors its forward saved). `backward()`
+//! walks the nodes newest-first (the order PyTorch's engine uses), calls each op's backward formula
+//! (written with ops, see `ops::backward`) and accumulates into leaves. When a leaf's last incoming
+//! gradient of the pass has arrived, its gradient-ready hooks fire, while the rest of the backward
+//! goes on: data parallelism starts its bucket all-reduce from there.
+//!
+//! Backward formulas run with grad mode off: gradients of gradients are not recorded.
+
+use std::cell::Cell;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::tensor::{Tensor, TensorId};
+
+/// What produced a non-leaf tensor.
+pub(crate) struct Node {
+    pub(crate) op: Op,
+    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) saved: Vec<Tensor>,
+}
+
+/// A callback run with a leaf once its gradient of the current backward pass is final.
+pub type GradHook = Arc<dyn Fn(&Tensor) + Send + Sync>;
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// True unless inside [`no_grad`] (per thread).
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Restores the previous grad mode when dropped.
+pub struct GradModeGuard {
+    prev: bool,
+}
+
+impl GradModeGuard {
+    /// Sets grad mode for the current thread until the guard is dropped.
+    pub fn new(enabled: bool) -> Self {
+        let prev = GRAD_ENABLED.with(|g| g.replace(enabled));
+        GradModeGuard { prev }
+    }
+}
+
+impl Drop for GradModeGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.prev));
+    }
+}
+
+/// Runs `f` with gradient recording off (as `torch.no_grad()`).
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    let _guard = GradModeGuard::new(false);
+    f()
+}
+
+impl Tensor {
+    /// Whether gradients flow to (or through) this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.0.requires_grad.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// True for tensors not produced by a recorded op (parameters, inputs).
+    pub fn is_leaf(&self) -> bool {
+        self.0.node.is_none()
+    }
+
+    /// Marks a leaf as a parameter whose gradient backward accumulates (as `requires_grad_()`).
+    pub fn set_requires_grad(&self, on: bool) -> Result<()> {
+        if !self.is_leaf() {
+            return Err(Error::Autograd(
+                "requires_grad can only be set on a leaf tensor; use detach() first".into(),
+            ));
+        }
+        if on && !self.dtype().is_float() {
+            return Err(Error::Autograd(format!(
+                "only float tensors can require grad, not {:?}",
+                self.dtype()
+            )));
+        }
+        self.0.requires_grad.store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Builder form of [`Tensor::set_requires_grad`]`(true)`.
+    pub fn requires_grad_(self) -> Result<Tensor> {
+        self.set_requires_grad(true)?;
+        Ok(self)
+    }
+
+    /// The accumulated gradient of a leaf, if backward reached it.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces (or clears) the accumulated gradient.
+    pub fn set_grad(&self, grad: Option<Tensor>) {
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = grad;
+    }
+
+    /// A tensor sharing this one's data, outside the graph.
+    pub fn detach(&self) -> Tensor {
+        self.with_layout(self.layout().clone())
+    }
+
+    /// Registers `hook`, called with this leaf each time a backward pass has finished
+    /// accumulating its gradient (`grad()` already holds the new value).
+    pub fn register_grad_ready_hook(&self, hook: impl Fn(&Tensor) + Send + Sync + 'static) {
+        self.0
+            .hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(hook));
+    }
+
+    /// Backward from a one-element tensor (seed gradient 1).
+    pub fn backward(&self) -> Result<()> {
+        if self.numel() != 1 {
+            return Err(Error::Autograd(format!(
+                "backward() needs a one-element tensor, got shape {:?}; use backward_with(grad)",
+                self.shape()
+            )));
+        }
+        let seed = Tensor::ones_like(self)?;
+        self.backward_with(&seed)
+    }
+
+    /// Backward with an explicit seed gradient of this tensor's shape.
+    pub fn backward_with(&self, seed: &Tensor) -> Result<()> {
+        if !self.requires_grad() {
+            return Err(Error::Autograd(
+                "backward on a tensor that does not require grad".into(),
+            ));
+        }
+        if seed.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "backward",
+                lhs: self.shape().to_vec(),
+                rhs: seed.shape().to_vec(),
+            });
+        }
+        let _guard = GradModeGuard::new(false);
+        run_backward(self, seed.clone())
+    }
+}
+
+fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
+    // 1. Count, for every tensor reachable from the root, the edges that will bring it a gradient.
+    let mut deps: HashMap<TensorId, usize> = HashMap::new();
+    let mut tensors: HashMap<TensorId, Tensor> = HashMap::new();
+    let mut stack = vec![root.clone()];
+    tensors.insert(root.id(), root.clone());
+    while let Some(t) = stack.pop() {
+        if let Some(node) = &t.0.node {
+            for input in node.inputs.iter().filter(|i| i.requires_grad()) {
+                *deps.entry(input.id()).or_insert(0) += 1;
+                if let std::collections::hash_map::Entry::Vacant(slot) = tensors.entry(input.id()) {
+                    slot.insert(input.clone());
+                    stack.push(input.clone());
+                }
+            }
+        }
+    }
+
+    // 2. Walk newest-first; a tensor is ready once all its consumers have been processed.
+    let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
+    grads.insert(root.id(), seed);
+    let mut ready = BinaryHeap::new();
+    ready.push(root.id());
+    while let Some(id) = ready.pop() {
+        let t = tensors.remove(&id).expect("queued tensors are known");
+        let Some(grad) = grads.remove(&id) else { continue };
+        let Some(node) = &t.0.node else {
+            accumulate_into_leaf(&t, grad)?;
+            continue;
+        };
+        let input_grads = crate::ops::backward(&node.op, &node.inputs, &t, &node.saved, &grad)?;
+        for (input, g) in node.inputs.iter().zip(input_grads) {
+            if !input.requires_grad() {
+                continue;
+            }
+            if let Some(g) = g {
+                if g.shape() != input.shape() {
+                    return Err(Error::Autograd(format!(
+                        "{} backward produced a gradient of shape {:?} for an input of shape {:?}",
+                        node.op.name(),
+                        g.shape(),
+                        input.shape()
+                    )));
+                }
+                let g = if g.dtype() != input.dtype() {
+                    g.cast(input.dtype())?
+                } else {
+                    g
+                };
+                let sum = match grads.remove(&input.id()) {
+                    Some(prev) => prev.add(&g)?,
+                    None => g,
+                };
+                grads.insert(input.id(), sum);
+            }
+            let d = deps.get_mut(&input.id()).expect("counted above");
+            *d -= 1;
+            if *d == 0 {
+                ready.push(input.id());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn accumulate_into_leaf(leaf: &Tensor, grad: Tensor) -> Result<()> {
+    {
+        let mut slot = leaf.0.grad.lock().unwrap_or_else(|e| e.into_inner());
+        let new = match slot.take() {
+            Some(prev) => prev.add(&grad)?,
+            // Own the buffer: the same gradient tensor may have been handed to other inputs.
+            None if Arc::strong_count(grad.storage()) == 1 && grad.is_contiguous() => grad.detach(),
+            None => grad.contiguous_copy()?,
+        };
+        *slot = Some(new);
+    }
+    let hooks = leaf.0.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for hook in hooks {
+        hook(leaf);
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! Fused scaled-dot-product attention, forward and backward, tiled over blocks of queries.
+//!
+//! Per (batch, head) and per block of `BLOCK_Q` queries, scores against the keys the block may see
+//! are computed with one gemm, softmaxed in place and multiplied into V with another; only the
+//! per-row log-sum-exp is kept for the backward, which recomputes the probabilities block by block
+//! (as FlashAttention does). Scratch memory is `BLOCK_Q x T` per task: linear in T per query row.
+
+use rayon::prelude::*;
+
+use super::matmul::{gemm, MatMut, MatRef};
+use crate::dtype::Float;
+
+/// Queries per tile.
+pub const BLOCK_Q: usize = 64;
+
+/// Sizes of one attention call: `bh` (batch x heads) independent problems of `t` queries, `s`
+/// keys, head dim `d` (queries and keys) and `dv` (values).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDims {
+    pub bh: usize,
+    pub t: usize,
+    pub s: usize,
+    pub d: usize,
+    pub dv: usize,
+    pub causal: bool,
+}
+
+impl AttnDims {
+    /// Keys visible to query row `i`.
+    #[inline]
+    fn visible(&self, i: usize) -> usize {
+        if self.causal {
+            (i + 1).min(self.s)
+        } else {
+            self.s
+        }
+    }
+}
+
+fn mat<T>(p: &[T], row_stride: usize) -> MatRef<T> {
+    MatRef {
+        ptr: p.as_ptr(),
+        row_stride: row_stride as isize,
+        col_stride: 1,
+    }
+}
+
+fn mat_t<T>(p: &[T], row_stride: usize) -> MatRef<T> {
+    MatRef {
+        ptr: p.as_ptr(),
+        row_stride: 1,
+        col_stride: row_stride as isize,
+    }
+}
+
+fn out<T>(p: &mut [T], row_stride: usize, accumulate: bool) -> MatMut<T> {
+    MatMut {
+        ptr: p.as_mut_ptr(),
+        row_stride: row_stride as isize,
+        accumulate,
+    }
+}
+
+/// Scores of a query block: `p[r, j] = softmax_j(scale * q_r . k_j)` over visible keys (0 beyond),
+/// given either nothing (forward: computes and stores `lse`) or the saved `lse` (backward).
+#[allow(clippy::too_many_arguments)]
+fn block_probs<T: Float + Default>(
+    dims: &AttnDims,
+    q: &[T],
+    k: &[T],
+    q0: usize,
+    rows: usize,
+    kv: usize,
+    scale: T,
+    p: &mut [T],
+    lse: &mut [T],
+    have_lse: bool,
+) {
+    let one = T::from_f64(1.0);
+    // SAFETY: q holds rows x d, k holds kv x d, p holds rows x kv.
+    unsafe {
+        gemm(
+            rows,
+            kv,
+            dims.d,
+            out(p, kv, false),
+            mat(q, dims.d),
+            mat_t(k, dims.d),
+            one,
+            scale,
+            false,
+        )
+    };
+    for r in 0..rows {
+        let vis = dims.visible(q0 + r);
+        let row = &mut p[r * kv..(r + 1) * kv];
+        if have_lse {
+            let l = lse[r];
+            for x in row[..vis].iter_mut() {
+                *x = (*x - l).fast_exp();
+            }
+        } else {
+            let m = row[..vis].iter().copied().fold(T::neg_infinity(), |a, b| a.max(b));
+            let mut sum = T::zero();
+            for x in row[..vis].iter_mut() {
+                *x = (*x - m).fast_exp();
+                sum += *x;
+            }
+            let inv = one / sum;
+            for x in row[..vis].iter_mut() {
+                *x *= inv;
+            }
+            lse[r] = m + sum.ln();
+        }
+        for x in row[vis..].iter_mut() {
+            *x = T::zero();
+        }
+    }
+}
+
+/// Forward: `o = softmax(scale q k^T (+ causal mask)) v`, and the per-row log-sum-exp.
+/// q `[bh, t, d]`, k `[bh, s, d]`, v `[bh, s, dv]`, o `[bh, t, dv]`, lse `[bh, t]`.
+pub fn forward<T: Float + Default>(dims: AttnDims, q: &[T], k: &[T], v: &[T], scale: T, o: &mut [T], lse: &mut [T]) {
+    super::threads::init();
+    let AttnDims { t, s, d, dv, .. } = dims;
+    let one = T::from_f64(1.0);
+    o.par_chunks_mut(t * dv.max(1))
+        .zip(lse.par_chunks_mut(t.max(1)))
+        .enumerate()
+        .for_each(|(b, (o, lse))| {
+            let (q, k, v) = (
+                &q[b * t * d..(b + 1) * t * d],
+                &k[b * s * d..(b + 1) * s * d],
+                &v[b * s * dv..(b + 1) * s * dv],
+            );
+            let mut p = vec![T::zero(); BLOCK_Q * s];
+            for q0 in (0..t).step_by(BLOCK_Q) {
+                let rows = BLOCK_Q.min(t - q0);
+                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+                if kv == 0 {
+                    continue;
+                }
+                let p = &mut p[..rows * kv];
+                block_probs(
+                    &dims,
+                    &q[q0 * d..],
+                    k,
+                    q0,
+                    rows,
+                    kv,
+                    scale,
+                    p,
+                    &mut lse[q0..q0 + rows],
+                    false,
+                );
+                // SAFETY: p is rows x kv, v holds kv x dv, o has rows x dv from row q0.
+                unsafe {
+                    gemm(
+                        rows,
+                        dv,
+                        kv,
+                        out(&mut o[q0 * dv..], dv, false),
+                        mat(p, kv),
+                        mat(v, dv),
+                        one,
+                        one,
+                        false,
+                    )
+                };
+            }
+        });
+}
+
+/// Backward: gradients of q, k, v from the forward's inputs, output `o`, `lse` and `dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Float + Default>(
+    dims: AttnDims,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    lse: &[T],
+    dout: &[T],
+    scale: T,
+    dq: &mut [T],
+    dk: &mut [T],
+    dv_out: &mut [T],
+) {
+    super::threads::init();
+    let AttnDims { t, s, d, dv, .. } = dims;
+    let one = T::from_f64(1.0);
+    dq.par_chunks_mut(t * d)
+        .zip(dk.par_chunks_mut(s * d).zip(dv_out.par_chunks_mut(s * dv)))
+        .enumerate()
+        .for_each(|(b, (dq, (dk, dvb)))| {
+            let q = &q[b * t * d..(b + 1) * t * d];
+            let k = &k[b * s * d..(b + 1) * s * d];
+            let v = &v[b * s * dv..(b + 1) * s * dv];
+            let o = &o[b * t * dv..(b + 1) * t * dv];
+            let dout = &dout[b * t * dv..(b + 1) * t * dv];
+            let mut lse_b = lse[b * t..(b + 1) * t].to_vec();
+            dk.iter_mut().for_each(|x| *x = T::zero());
+            dvb.iter_mut().for_each(|x| *x = T::zero());
+            let mut p = vec![T::zero(); BLOCK_Q * s];
+            let mut dp = vec![T::zero(); BLOCK_Q * s];
+            for q0 in (0..t).step_by(BLOCK_Q) {
+                let rows = BLOCK_Q.min(t - q0);
+                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+                if kv == 0 {
+                    dq[q0 * d..(q0 + rows) * d].iter_mut().for_each(|x| *x = T::zero());
+                    continue;
+                }
+                let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
+                let qb = &q[q0 * d..];
+                block_probs(&dims, qb, k, q0, rows, kv, scale, p, &mut lse_b[q0..q0 + rows], true);
+                let dob = &dout[q0 * dv..];
+                // SAFETY (all gemms below): operand sizes follow from rows, kv, d, dv as allocated.
+                unsafe {
+                    // dV[:kv] += P^T dO
+                    gemm(
+                        kv,
+                        dv,
+                        rows,
+                        out(dvb, dv, true),
+                        mat_t(p, kv),
+                        mat(dob, dv),
+                        one,
+                        one,
+                        false,
+                    );
+                    // dP = dO V^T
+                    gemm(
+                        rows,
+                        kv,
+                        dv,
+                        out(dp, kv, false),
+                        mat(dob, dv),
+                        mat_t(v, dv),
+                        one,
+                        one,
+                        false,
+                    );
+                }
+                for r in 0..rows {
+                    let i = q0 + r;
+                    let di: T = (0..dv).map(|c| o[i * dv + c] * dout[i * dv + c]).sum();
+                    for j in 0..kv {
+                        let idx = r * kv + j;
+                        dp[idx] = p[idx] * (dp[idx] - di);
+                    }
+                }
+                unsafe {
+                    // dQ = scale dS K
+                    gemm(
+                        rows,
+                        d,
+                        kv,
+                        out(&mut dq[q0 * d..], d, false),
+                        mat(dp, kv),
+                        mat(k, d),
+                        one,
+                        scale,
+                        false,
+                    );
+                    // dK[:kv] += scale dS^T Q
+                    gemm(
+                        kv,
+                        d,
+                        rows,
+                        out(dk, d, true),
+                        mat_t(dp, kv),
+                        mat(qb, d),
+                        one,
+                        scale,
+                        false,
+                    );
+                }
+            }
+        });
+}

@@ -1,0 +1,319 @@
+//! 2-D convolution by im2col + gemm, and max / average pooling. All NCHW, contiguous.
+
+use rayon::prelude::*;
+
+use super::matmul::{gemm, MatMut, MatRef};
+use crate::dtype::Float;
+use crate::op::{Conv2dParams, Pool2dParams};
+
+/// Sizes of a convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`, output
+/// `[n, o, oh, ow]`.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvDims {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub p: Conv2dParams,
+}
+
+impl ConvDims {
+    fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+    fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+    /// Rows of the column matrix of one group: `c/groups * kh * kw`.
+    fn ck(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    fn spatial(&self) -> usize {
+        self.oh * self.ow
+    }
+    /// Input coordinate for output coordinate `o` and kernel tap `k` along one axis, if inside.
+    #[inline(always)]
+    fn src(o: usize, k: usize, stride: usize, pad: usize, dil: usize, size: usize) -> Option<usize> {
+        let i = (o * stride + k * dil) as isize - pad as isize;
+        (i >= 0 && (i as usize) < size).then_some(i as usize)
+    }
+}
+
+/// Output size along one axis (PyTorch's formula); `None` when the window does not fit.
+pub fn out_size(size: usize, k: usize, stride: usize, pad: usize, dil: usize) -> Option<usize> {
+    let span = dil * (k - 1) + 1;
+    (size + 2 * pad >= span).then(|| (size + 2 * pad - span) / stride + 1)
+}
+
+/// Columns of one image and group: `cols[ck, oh*ow]`.
+fn im2col<T: Float>(d: &ConvDims, x: &[T], g: usize, cols: &mut [T]) {
+    let (sp, p) = (d.spatial(), d.p);
+    for ci in 0..d.cg() {
+        let plane = &x[(g * d.cg() + ci) * d.h * d.w..][..d.h * d.w];
+        for ky in 0..d.kh {
+            for kx in 0..d.kw {
+                let row = &mut cols[((ci * d.kh + ky) * d.kw + kx) * sp..][..sp];
+                for oy in 0..d.oh {
+                    let iy = ConvDims::src(oy, ky, p.stride.0, p.padding.0, p.dilation.0, d.h);
+                    for ox in 0..d.ow {
+                        let ix = ConvDims::src(ox, kx, p.stride.1, p.padding.1, p.dilation.1, d.w);
+                        row[oy * d.ow + ox] = match (iy, ix) {
+                            (Some(iy), Some(ix)) => plane[iy * d.w + ix],
+                            _ => T::zero(),
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds columns back into one image and group (the adjoint of [`im2col`]).
+fn col2im<T: Float>(d: &ConvDims, cols: &[T], g: usize, dx: &mut [T]) {
+    let (sp, p) = (d.spatial(), d.p);
+    for ci in 0..d.cg() {
+        let plane = &mut dx[(g * d.cg() + ci) * d.h * d.w..][..d.h * d.w];
+        for ky in 0..d.kh {
+            for kx in 0..d.kw {
+                let row = &cols[((ci * d.kh + ky) * d.kw + kx) * sp..][..sp];
+                for oy in 0..d.oh {
+                    let Some(iy) = ConvDims::src(oy, ky, p.stride.0, p.padding.0, p.dilation.0, d.h) else {
+                        continue;
+                    };
+                    for ox in 0..d.ow {
+                        if let Some(ix) = ConvDims::src(ox, kx, p.stride.1, p.padding.1, p.dilation.1, d.w) {
+                            plane[iy * d.w + ix] += row[oy * d.ow + ox];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn mat<T>(p: &[T], row_stride: usize) -> MatRef<T> {
+    MatRef {
+        ptr: p.as_ptr(),
+        row_stride: row_stride as isize,
+        col_stride: 1,
+    }
+}
+
+fn mat_t<T>(p: &[T], row_stride: usize) -> MatRef<T> {
+    MatRef {
+        ptr: p.as_ptr(),
+        row_stride: 1,
+        col_stride: row_stride as isize,
+    }
+}
+
+/// `y[n, o, oh, ow] = sum w[o, c, ky, kx] * x[n, c, ...]` per group.
+pub fn conv2d<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], y: &mut [T]) {
+    super::threads::init();
+    let one = T::from_f64(1.0);
+    let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
+    let per_image = |(i, y): (usize, &mut [T]), parallel_gemm: bool| {
+        let mut cols = vec![T::zero(); ck * sp];
+        let xi = &x[i * d.c * d.h * d.w..][..d.c * d.h * d.w];
+        for g in 0..d.p.groups {
+            im2col(&d, xi, g, &mut cols);
+            let dst = MatMut {
+                ptr: y[g * og * sp..].as_mut_ptr(),
+                row_stride: sp as isize,
+                accumulate: false,
+            };
+            // SAFETY: w_g is og x ck, cols is ck x sp, dst is og x sp inside y.
+            unsafe {
+                gemm(
+                    og,
+                    sp,
+                    ck,
+                    dst,
+                    mat(&w[g * og * ck..], ck),
+                    mat(&cols, sp),
+                    one,
+                    one,
+                    parallel_gemm,
+                )
+            };
+        }
+    };
+    if d.n >= super::threads::num_threads() {
+        y.par_chunks_mut(d.o * sp).enumerate().for_each(|a| per_image(a, false));
+    } else {
+        y.chunks_mut(d.o * sp).enumerate().for_each(|a| per_image(a, true));
+    }
+}
+
+/// Gradients of [`conv2d`]: writes `dx` (zeroed here) and `dw` given `dy`.
+pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[T], dx: &mut [T], dw: &mut [T]) {
+    super::threads::init();
+    let one = T::from_f64(1.0);
+    let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
+    let image = d.c * d.h * d.w;
+    let partial = dx
+        .par_chunks_mut(image)
+        .enumerate()
+        .map(|(i, dxi)| {
+            dxi.iter_mut().for_each(|v| *v = T::zero());
+            let mut dw_part = vec![T::zero(); dw.len()];
+            let mut cols = vec![T::zero(); ck * sp];
+            let mut dcols = vec![T::zero(); ck * sp];
+            let xi = &x[i * image..][..image];
+            let dyi = &dy[i * d.o * sp..][..d.o * sp];
+            for g in 0..d.p.groups {
+                im2col(&d, xi, g, &mut cols);
+                let dyg = &dyi[g * og * sp..];
+                // SAFETY: shapes og x sp (dy_g), ck x sp (cols), og x ck (dw_g, w_g) as allocated.
+                unsafe {
+                    let dwg = MatMut {
+                        ptr: dw_part[g * og * ck..].as_mut_ptr(),
+                        row_stride: ck as isize,
+                        accumulate: false,
+                    };
+                    gemm(og, ck, sp, dwg, mat(dyg, sp), mat_t(&cols, sp), one, one, false);
+                    let dc = MatMut {
+                        ptr: dcols.as_mut_ptr(),
+                        row_stride: sp as isize,
+                        accumulate: false,
+                    };
+                    gemm(
+                        ck,
+                        sp,
+                        og,
+                        dc,
+                        mat_t(&w[g * og * ck..], ck),
+                        mat(dyg, sp),
+                        one,
+                        one,
+                        false,
+                    );
+                }
+                col2im(&d, &dcols, g, dxi);
+            }
+            dw_part
+        })
+        .reduce(
+            || vec![T::zero(); dw.len()],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                a
+            },
+        );
+    dw.copy_from_slice(&partial);
+}
+
+/// Pooling sizes: `planes` = n * c planes of `h x w` to `oh x ow`.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolDims {
+    pub planes: usize,
+    pub h: usize,
+    pub w: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub p: Pool2dParams,
+}
+
+/// Max pooling; `idx` gets the flat `h*w` position of each window's max (first on ties).
+pub fn max_pool2d<T: Float>(d: PoolDims, x: &[T], y: &mut [T], idx: &mut [i64]) {
+    super::threads::init();
+    let p = d.p;
+    y.par_chunks_mut(d.oh * d.ow)
+        .zip(idx.par_chunks_mut(d.oh * d.ow))
+        .enumerate()
+        .for_each(|(pl, (y, idx))| {
+            let plane = &x[pl * d.h * d.w..][..d.h * d.w];
+            for oy in 0..d.oh {
+                for ox in 0..d.ow {
+                    let mut best = T::neg_infinity();
+                    let mut at = -1i64;
+                    for ky in 0..p.kernel.0 {
+                        let Some(iy) = ConvDims::src(oy, ky, p.stride.0, p.padding.0, 1, d.h) else {
+                            continue;
+                        };
+                        for kx in 0..p.kernel.1 {
+                            let Some(ix) = ConvDims::src(ox, kx, p.stride.1, p.padding.1, 1, d.w) else {
+                                continue;
+                            };
+                            let v = plane[iy * d.w + ix];
+                            if v > best || at < 0 || crate::dtype::is_nan(v) {
+                                best = v;
+                                at = (iy * d.w + ix) as i64;
+                            }
+                        }
+                    }
+                    y[oy * d.ow + ox] = best;
+                    idx[oy * d.ow + ox] = at;
+                }
+            }
+        });
+}
+
+/// Gradient of [`max_pool2d`]: each output gradient goes to its window's max.
+pub fn max_pool2d_backward<T: Float>(d: PoolDims, idx: &[i64], dy: &[T], dx: &mut [T]) {
+    dx.par_chunks_mut(d.h * d.w).enumerate().for_each(|(pl, dx)| {
+        dx.iter_mut().for_each(|v| *v = T::zero());
+        let s = pl * d.oh * d.ow;
+        for (&i, &g) in idx[s..s + d.oh * d.ow].iter().zip(&dy[s..s + d.oh * d.ow]) {
+            if i >= 0 {
+                dx[i as usize] += g;
+            }
+        }
+    });
+}
+
+/// Average pooling counting padded positions (PyTorch's default `count_include_pad=True`).
+pub fn avg_pool2d<T: Float>(d: PoolDims, x: &[T], y: &mut [T]) {
+    super::threads::init();
+    let p = d.p;
+    let inv = T::from_f64(1.0 / (p.kernel.0 * p.kernel.1) as f64);
+    y.par_chunks_mut(d.oh * d.ow).enumerate().for_each(|(pl, y)| {
+        let plane = &x[pl * d.h * d.w..][..d.h * d.w];
+        for oy in 0..d.oh {
+            for ox in 0..d.ow {
+                let mut sum = T::zero();
+                for ky in 0..p.kernel.0 {
+                    let Some(iy) = ConvDims::src(oy, ky, p.stride.0, p.padding.0, 1, d.h) else {
+                        continue;
+                    };
+                    for kx in 0..p.kernel.1 {
+                        if let Some(ix) = ConvDims::src(ox, kx, p.stride.1, p.padding.1, 1, d.w) {
+                            sum += plane[iy * d.w + ix];
+                        }
+                    }
+                }
+                y[oy * d.ow + ox] = sum * inv;
+            }
+        }
+    });
+}
+
+/// Gradient of [`avg_pool2d`].
+pub fn avg_pool2d_backward<T: Float>(d: PoolDims, dy: &[T], dx: &mut [T]) {
+    let p = d.p;
+    let inv = T::from_f64(1.0 / (p.kernel.0 * p.kernel.1) as f64);
+    dx.par_chunks_mut(d.h * d.w).enumerate().for_each(|(pl, dx)| {
+        dx.iter_mut().for_each(|v| *v = T::zero());
+        let dy = &dy[pl * d.oh * d.ow..][..d.oh * d.ow];
+        for oy in 0..d.oh {
+            for ox in 0..d.ow {
+                let g = dy[oy * d.ow + ox] * inv;
+                for ky in 0..p.kernel.0 {
+                    let Some(iy) = ConvDims::src(oy, ky, p.stride.0, p.padding.0, 1, d.h) else {
+                        continue;
+                    };
+                    for kx in 0..p.kernel.1 {
+                        if let Some(ix) = ConvDims::src(ox, kx, p.stride.1, p.padding.1, 1, d.w) {
+                            dx[iy * d.w + ix] += g;
+                        }
+                    }
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,45 @@
+//! The one error type of `weft-core`.
+//!
+//! Every op returns `Result<Tensor>`; see docs/architecture.md ("Errors") for why.
+
+use crate::{DType, Shape};
+
+/// What went wrong, with the op and the shapes or dtypes involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Two shapes that had to agree (or broadcast) did not.
+    #[error("{op}: shape mismatch: {lhs:?} vs {rhs:?}")]
+    ShapeMismatch { op: &'static str, lhs: Shape, rhs: Shape },
+
+    /// Two dtypes that had to agree did not.
+    #[error("{op}: dtype mismatch: {lhs:?} vs {rhs:?}")]
+    DTypeMismatch { op: &'static str, lhs: DType, rhs: DType },
+
+    /// The op does not support this dtype.
+    #[error("{op}: unsupported dtype {dtype:?}")]
+    UnsupportedDType { op: &'static str, dtype: DType },
+
+    /// A dimension index outside `-rank..rank`.
+    #[error("{op}: dim {dim} out of range for a tensor of rank {rank}")]
+    DimOutOfRange { op: &'static str, dim: isize, rank: usize },
+
+    /// An index (into a dimension, a table, a class list) outside its range.
+    #[error("{op}: index {index} out of range 0..{size}")]
+    IndexOutOfRange { op: &'static str, index: i64, size: usize },
+
+    /// Anything else the op could not accept; the message says what.
+    #[error("{op}: {msg}")]
+    Invalid { op: &'static str, msg: String },
+
+    /// Gradient bookkeeping misuse (backward on a tensor that does not require grad, ...).
+    #[error("autograd: {0}")]
+    Autograd(String),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Shorthand for [`Error::Invalid`].
+pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Error {
+    Error::Invalid { op, msg: msg.into() }
+}

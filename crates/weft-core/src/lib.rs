@@ -1,0 +1,30 @@
+//! weft's tensor core: [`Tensor`] (shared storage + layout, runtime dtype and device), one op set
+//! ([`Op`]) that the CPU backend executes and autograd differentiates, counter-based RNG, and fast
+//! CPU kernels.
+//!
+//! Every op returns [`Result`]: shape, dtype and range errors name the op and the shapes
+//! (see docs/architecture.md, "Errors").
+
+pub mod autograd;
+pub mod cpu;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod op;
+pub mod ops;
+pub mod rng;
+pub mod shape;
+pub mod storage;
+pub mod tensor;
+
+mod device;
+
+pub use autograd::{is_grad_enabled, no_grad, GradModeGuard};
+pub use device::Device;
+pub use dtype::{DType, Element, Float};
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use op::{BinaryOp, CompareOp, Conv2dParams, Distribution, Op, Pool2dParams, ReduceOp, UnaryOp};
+pub use rng::Generator;
+pub use shape::Shape;
+pub use tensor::{Tensor, TensorId};

@@ -1,0 +1,128 @@
+//! Creation ops: fill, arange, and counter-based random tensors.
+
+use rayon::prelude::*;
+
+use crate::dtype::DType;
+use crate::error::{invalid, Result};
+use crate::op::{Distribution, Op};
+use crate::rng::{self, Generator};
+use crate::shape::numel;
+use crate::storage::CpuStorage;
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// A tensor of `shape` filled with `value`.
+    pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor> {
+        super::apply(
+            Op::Fill {
+                shape: shape.to_vec(),
+                value,
+                dtype,
+            },
+            &[],
+        )
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full(shape, 0.0, dtype)
+    }
+
+    pub fn ones(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype)
+    }
+
+    pub fn zeros_like(t: &Tensor) -> Result<Tensor> {
+        Tensor::zeros(t.shape(), t.dtype())
+    }
+
+    pub fn ones_like(t: &Tensor) -> Result<Tensor> {
+        Tensor::ones(t.shape(), t.dtype())
+    }
+
+    /// `start, start + step, ...` below `end` (as `torch.arange`).
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(invalid("arange", format!("bad range {start}..{end} step {step}")));
+        }
+        let len = ((end - start) / step).ceil().max(0.0) as usize;
+        super::apply(
+            Op::Arange {
+                start,
+                step,
+                len,
+                dtype,
+            },
+            &[],
+        )
+    }
+
+    /// Uniform numbers in `[0, 1)` drawn from `generator`.
+    pub fn rand(shape: &[usize], dtype: DType, generator: &mut Generator) -> Result<Tensor> {
+        Tensor::random(shape, dtype, Distribution::Uniform, generator)
+    }
+
+    /// Standard normal numbers drawn from `generator`.
+    pub fn randn(shape: &[usize], dtype: DType, generator: &mut Generator) -> Result<Tensor> {
+        Tensor::random(shape, dtype, Distribution::Normal, generator)
+    }
+
+    fn random(shape: &[usize], dtype: DType, dist: Distribution, generator: &mut Generator) -> Result<Tensor> {
+        if !dtype.is_float() {
+            return Err(crate::Error::UnsupportedDType { op: "random", dtype });
+        }
+        let (seed, offset) = generator.take(numel(shape));
+        super::apply(
+            Op::Random {
+                shape: shape.to_vec(),
+                dtype,
+                dist,
+                seed,
+                offset,
+            },
+            &[],
+        )
+    }
+}
+
+pub(super) fn forward(op: &Op) -> Result<Vec<Tensor>> {
+    let t = match op {
+        Op::Fill { shape, value, dtype } => {
+            Tensor::from_storage(CpuStorage::filled(*dtype, numel(shape), *value), shape)
+        }
+        Op::Arange {
+            start,
+            step,
+            len,
+            dtype,
+        } => {
+            let v: Vec<f64> = (0..*len).map(|i| start + step * i as f64).collect();
+            Tensor::from_storage(CpuStorage::F64(v).cast(*dtype), &[*len])
+        }
+        Op::Random {
+            shape,
+            dtype,
+            dist,
+            seed,
+            offset,
+        } => {
+            crate::cpu::threads::init();
+            let (seed, offset) = (*seed, *offset);
+            let n = numel(shape);
+            let mut v = vec![0.0f64; n];
+            v.par_iter_mut().with_min_len(4096).enumerate().for_each(|(i, x)| {
+                *x = match dist {
+                    Distribution::Uniform => rng::uniform(seed, offset + i as u64),
+                    Distribution::Normal => rng::normal(seed, offset + i as u64),
+                }
+            });
+            if *dtype != DType::F64 && *dist == Distribution::Uniform {
+                // keep [0, 1) after rounding to a narrower float
+                let below_one = 1.0 - f64::powi(2.0, -24);
+                v.iter_mut().for_each(|x| *x = x.min(below_one));
+            }
+            Tensor::from_storage(CpuStorage::F64(v).cast(*dtype), shape)
+        }
+        _ => unreachable!("creation::forward called with {op:?}"),
+    };
+    Ok(vec![t])
+}

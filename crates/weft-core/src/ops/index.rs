@@ -1,0 +1,292 @@
+//! Indexing: index_select, index_add, gather, scatter_add, one_hot, and embedding on top.
+//! Index tensors are I64; every index is range-checked (they may come from data files).
+
+use super::{apply, expect_dtype, to_compute};
+use crate::dtype::DType;
+use crate::error::{invalid, Error, Result};
+use crate::op::Op;
+use crate::shape::{contiguous_strides, numel, resolve_dim};
+use crate::storage::{CpuStorage, StorageElement};
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// Entries `index` (1-D I64) of dim `dim`: output dim `dim` has `index.len()` entries.
+    pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let d = resolve_dim("index_select", dim, self.rank())?;
+        expect_dtype("index_select", index, DType::I64)?;
+        if index.rank() != 1 {
+            return Err(invalid(
+                "index_select",
+                format!("index must be 1-D, got shape {:?}", index.shape()),
+            ));
+        }
+        apply(Op::IndexSelect { dim: d }, &[self, index])
+    }
+
+    /// `self` with `src` added at entries `index` of dim `dim` (repeated indices accumulate).
+    pub fn index_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let d = resolve_dim("index_add", dim, self.rank())?;
+        expect_dtype("index_add", index, DType::I64)?;
+        super::expect_float("index_add", self)?;
+        let mut want = self.shape().to_vec();
+        want[d] = index.numel();
+        if index.rank() != 1 || src.shape() != want.as_slice() {
+            return Err(Error::ShapeMismatch {
+                op: "index_add",
+                lhs: want,
+                rhs: src.shape().to_vec(),
+            });
+        }
+        apply(Op::IndexAdd { dim: d }, &[self, index, src])
+    }
+
+    /// `out[i][j][k] = self[i][index[i][j][k]][k]` for `dim = 1` (as `torch.gather`).
+    pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let d = resolve_dim("gather", dim, self.rank())?;
+        expect_dtype("gather", index, DType::I64)?;
+        check_scatter_shape("gather", self, index, d)?;
+        apply(Op::Gather { dim: d }, &[self, index])
+    }
+
+    /// `self` with `src[i][j][k]` added at `[i][index[i][j][k]][k]` for `dim = 1`.
+    pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let d = resolve_dim("scatter_add", dim, self.rank())?;
+        expect_dtype("scatter_add", index, DType::I64)?;
+        super::expect_float("scatter_add", self)?;
+        check_scatter_shape("scatter_add", self, index, d)?;
+        if src.shape() != index.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "scatter_add",
+                lhs: index.shape().to_vec(),
+                rhs: src.shape().to_vec(),
+            });
+        }
+        apply(Op::ScatterAdd { dim: d }, &[self, index, src])
+    }
+
+    /// One-hot encoding of I64 class ids: `[...] -> [..., num_classes]` (I64).
+    pub fn one_hot(&self, num_classes: usize) -> Result<Tensor> {
+        expect_dtype("one_hot", self, DType::I64)?;
+        apply(Op::OneHot { num_classes }, &[self])
+    }
+
+    /// Rows of `self` (a `[V, D]` table) for I64 ids of any shape: `[...] -> [..., D]`.
+    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
+        if self.rank() != 2 {
+            return Err(invalid(
+                "embedding",
+                format!("weight must be [V, D], got {:?}", self.shape()),
+            ));
+        }
+        let flat = ids.flatten(0, -1)?;
+        let rows = self.index_select(0, &flat)?;
+        let mut shape: Vec<isize> = ids.shape().iter().map(|&d| d as isize).collect();
+        shape.push(self.shape()[1] as isize);
+        rows.reshape(&shape)
+    }
+}
+
+fn check_scatter_shape(op: &'static str, x: &Tensor, index: &Tensor, dim: usize) -> Result<()> {
+    let ok = index.rank() == x.rank() && (0..x.rank()).all(|d| d == dim || index.shape()[d] <= x.shape()[d]);
+    if !ok {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: x.shape().to_vec(),
+            rhs: index.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Checked indices as usize.
+fn indices(op: &'static str, index: &Tensor, size: usize) -> Result<Vec<usize>> {
+    let v = index.to_vec::<i64>()?;
+    v.iter()
+        .map(|&i| {
+            if i < 0 || i as usize >= size {
+                Err(Error::IndexOutOfRange { op, index: i, size })
+            } else {
+                Ok(i as usize)
+            }
+        })
+        .collect()
+}
+
+/// `(outer, size, inner)` around `dim`.
+fn split_at(shape: &[usize], dim: usize) -> (usize, usize, usize) {
+    (numel(&shape[..dim]), shape[dim], numel(&shape[dim + 1..]))
+}
+
+fn index_select_typed<T: StorageElement>(x: &[T], shape: &[usize], dim: usize, idx: &[usize]) -> Vec<T> {
+    let (outer, size, inner) = split_at(shape, dim);
+    let mut out = Vec::with_capacity(outer * idx.len() * inner);
+    for o in 0..outer {
+        for &i in idx {
+            let s = (o * size + i) * inner;
+            out.extend_from_slice(&x[s..s + inner]);
+        }
+    }
+    out
+}
+
+fn add_rows<T: StorageElement + std::ops::AddAssign>(
+    out: &mut [T],
+    shape: &[usize],
+    dim: usize,
+    idx: &[usize],
+    src: &[T],
+) {
+    let (outer, size, inner) = split_at(shape, dim);
+    for o in 0..outer {
+        for (j, &i) in idx.iter().enumerate() {
+            let d = (o * size + i) * inner;
+            let s = (o * idx.len() + j) * inner;
+            for t in 0..inner {
+                out[d + t] += src[s + t];
+            }
+        }
+    }
+}
+
+/// For each element of a contiguous `index_shape` tensor, the flat offset in a contiguous `x_shape`
+/// tensor with coordinate `dim` replaced by `idx[element]`.
+fn scatter_offsets(x_shape: &[usize], index_shape: &[usize], dim: usize, idx: &[usize]) -> Vec<usize> {
+    let xs = contiguous_strides(x_shape);
+    let is = contiguous_strides(index_shape);
+    (0..idx.len())
+        .map(|flat| {
+            let mut off = 0;
+            let mut rem = flat;
+            for d in 0..index_shape.len() {
+                let c = rem / is[d];
+                rem %= is[d];
+                off += if d == dim { idx[flat] } else { c } * xs[d];
+            }
+            off
+        })
+        .collect()
+}
+
+pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let x = inputs[0];
+    let out = match op {
+        Op::IndexSelect { dim } => {
+            let idx = indices("index_select", inputs[1], x.shape()[*dim])?;
+            let data = x.contiguous_storage();
+            let mut shape = x.shape().to_vec();
+            shape[*dim] = idx.len();
+            let out = crate::with_storage!(&data, v => {
+                fn wrap<T: StorageElement>(v: &[T], shape: &[usize], dim: usize, idx: &[usize]) -> CpuStorage {
+                    T::wrap(index_select_typed(v, shape, dim, idx))
+                }
+                wrap(v, x.shape(), *dim, &idx)
+            });
+            Tensor::from_storage(out, &shape)
+        }
+        Op::IndexAdd { dim } => {
+            let idx = indices("index_add", inputs[1], x.shape()[*dim])?;
+            let (xc, src) = (
+                to_compute(x)?,
+                to_compute(inputs[2])?.cast_raw(x.dtype().compute_float()),
+            );
+            let mut data = xc.contiguous_storage();
+            match xc.dtype() {
+                DType::F32 => add_rows(
+                    f32::slice_mut(&mut data).unwrap(),
+                    x.shape(),
+                    *dim,
+                    &idx,
+                    f32::slice(&src).unwrap(),
+                ),
+                DType::F64 => add_rows(
+                    f64::slice_mut(&mut data).unwrap(),
+                    x.shape(),
+                    *dim,
+                    &idx,
+                    f64::slice(&src).unwrap(),
+                ),
+                d => {
+                    return Err(Error::UnsupportedDType {
+                        op: "index_add",
+                        dtype: d,
+                    })
+                }
+            }
+            super::elementwise::back_to(Tensor::from_storage(data, x.shape()), x.dtype())?
+        }
+        Op::Gather { dim } => {
+            let index = inputs[1];
+            let idx = indices("gather", index, x.shape()[*dim])?;
+            let offs = scatter_offsets(x.shape(), index.shape(), *dim, &idx);
+            let data = x.contiguous_storage();
+            let out = crate::with_storage!(&data, v => {
+                fn pick<T: StorageElement>(v: &[T], offs: &[usize]) -> CpuStorage {
+                    T::wrap(offs.iter().map(|&o| v[o]).collect())
+                }
+                pick(v, &offs)
+            });
+            Tensor::from_storage(out, index.shape())
+        }
+        Op::ScatterAdd { dim } => {
+            let index = inputs[1];
+            let idx = indices("scatter_add", index, x.shape()[*dim])?;
+            let offs = scatter_offsets(x.shape(), index.shape(), *dim, &idx);
+            let xc = to_compute(x)?;
+            let src = to_compute(inputs[2])?.cast_raw(xc.dtype());
+            let mut data = xc.contiguous_storage();
+            fn add<T: StorageElement + std::ops::AddAssign>(d: &mut CpuStorage, s: &CpuStorage, offs: &[usize]) {
+                let (d, s) = (T::slice_mut(d).unwrap(), T::slice(s).unwrap());
+                for (&o, &v) in offs.iter().zip(s) {
+                    d[o] += v;
+                }
+            }
+            match xc.dtype() {
+                DType::F32 => add::<f32>(&mut data, &src, &offs),
+                DType::F64 => add::<f64>(&mut data, &src, &offs),
+                d => {
+                    return Err(Error::UnsupportedDType {
+                        op: "scatter_add",
+                        dtype: d,
+                    })
+                }
+            }
+            super::elementwise::back_to(Tensor::from_storage(data, x.shape()), x.dtype())?
+        }
+        Op::OneHot { num_classes } => {
+            let idx = indices("one_hot", x, *num_classes)?;
+            let mut out = vec![0i64; idx.len() * num_classes];
+            for (r, &c) in idx.iter().enumerate() {
+                out[r * num_classes + c] = 1;
+            }
+            let mut shape = x.shape().to_vec();
+            shape.push(*num_classes);
+            Tensor::from_vec(out, &shape)?
+        }
+        _ => unreachable!("index::forward called with {op:?}"),
+    };
+    Ok(vec![out])
+}
+
+impl Tensor {
+    /// The contiguous elements cast to `dtype`, outside autograd (a kernel-side helper).
+    pub(crate) fn cast_raw(&self, dtype: DType) -> CpuStorage {
+        self.contiguous_storage().cast(dtype)
+    }
+}
+
+pub(super) fn backward(op: &Op, inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (x, index) = (&inputs[0], &inputs[1]);
+    Ok(match op {
+        Op::IndexSelect { dim } => {
+            let gx = Tensor::zeros_like(x)?.index_add(*dim as isize, index, grad)?;
+            vec![Some(gx), None]
+        }
+        Op::IndexAdd { dim } => vec![Some(grad.clone()), None, Some(grad.index_select(*dim as isize, index)?)],
+        Op::Gather { dim } => vec![
+            Some(Tensor::zeros_like(x)?.scatter_add(*dim as isize, index, grad)?),
+            None,
+        ],
+        Op::ScatterAdd { dim } => vec![Some(grad.clone()), None, Some(grad.gather(*dim as isize, index)?)],
+        _ => unreachable!("index::backward called with {op:?}"),
+    })
+}

@@ -1,0 +1,182 @@
+//! Matrix multiplication with broadcast batch dims, and `linear` built on it.
+
+use rayon::prelude::*;
+
+use super::{apply, to_compute};
+use crate::cpu::matmul::{gemm, MatMut, MatRef};
+use crate::dtype::DType;
+use crate::error::{invalid, Error, Result};
+use crate::op::Op;
+use crate::shape::{broadcast_shapes, numel};
+use crate::storage::StorageElement;
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// Matrix product (as `torch.matmul`): `[..., M, K] @ [..., K, N] -> [..., M, N]` with batch
+    /// dims broadcast; a 1-D operand is treated as a row (left) or column (right) vector.
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(invalid(
+                "matmul",
+                format!("scalars cannot be multiplied: {:?} @ {:?}", self.shape(), rhs.shape()),
+            ));
+        }
+        if self.rank() == 1 {
+            return self.unsqueeze(0)?.matmul(rhs)?.squeeze(-2);
+        }
+        if rhs.rank() == 1 {
+            return self.matmul(&rhs.unsqueeze(1)?)?.squeeze(-1);
+        }
+        if self.dtype() != rhs.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: self.dtype(),
+                rhs: rhs.dtype(),
+            });
+        }
+        super::expect_float("matmul", self)?;
+        let k = self.shape()[self.rank() - 1];
+        let (k2, n) = (rhs.shape()[rhs.rank() - 2], rhs.shape()[rhs.rank() - 1]);
+        if k != k2 {
+            return Err(Error::ShapeMismatch {
+                op: "matmul",
+                lhs: self.shape().to_vec(),
+                rhs: rhs.shape().to_vec(),
+            });
+        }
+        broadcast_shapes(
+            "matmul",
+            &self.shape()[..self.rank() - 2],
+            &rhs.shape()[..rhs.rank() - 2],
+        )?;
+        // [B..., M, K] @ [K, N]: one big gemm over the flattened rows.
+        if rhs.rank() == 2 && self.rank() > 2 && self.is_contiguous() {
+            let mut out_shape: Vec<isize> = self.shape()[..self.rank() - 1].iter().map(|&d| d as isize).collect();
+            out_shape.push(n as isize);
+            return self.reshape(&[-1, k as isize])?.matmul(rhs)?.reshape(&out_shape);
+        }
+        apply(Op::Matmul, &[self, rhs])
+    }
+
+    /// `x @ weight^T + bias` with PyTorch's Linear layout: weight `[out, in]`, bias `[out]`.
+    pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let y = self.matmul(&weight.t()?)?;
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+pub(super) fn forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let (a, b) = (inputs[0], inputs[1]);
+    let out = match a.dtype() {
+        DType::F32 => matmul_typed::<f32>(a, b, 1.0)?,
+        DType::F64 => matmul_typed::<f64>(a, b, 1.0)?,
+        DType::BF16 | DType::F16 => {
+            let r = matmul_typed::<f32>(&to_compute(a)?, &to_compute(b)?, 1.0)?;
+            super::elementwise::back_to(r, a.dtype())?
+        }
+        d => return Err(Error::UnsupportedDType { op: "matmul", dtype: d }),
+    };
+    Ok(vec![out])
+}
+
+struct SendPtr<T>(*const T);
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    fn get(&self) -> *const T {
+        self.0
+    }
+}
+
+fn matmul_typed<T: StorageElement + Default>(a: &Tensor, b: &Tensor, one: T) -> Result<Tensor> {
+    let (ra, rb) = (a.rank(), b.rank());
+    let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
+    let batch = broadcast_shapes("matmul", &a.shape()[..ra - 2], &b.shape()[..rb - 2])?;
+    let mut a_full = batch.clone();
+    a_full.extend_from_slice(&[m, k]);
+    let mut b_full = batch.clone();
+    b_full.extend_from_slice(&[k, n]);
+    let la = a.layout().expand(&a_full)?;
+    let lb = b.layout().expand(&b_full)?;
+    // Offsets of each batch's matrix start.
+    let batch_offsets = |l: &crate::layout::Layout| -> Vec<usize> {
+        let nb = l.rank() - 2;
+        let bl = crate::layout::Layout {
+            shape: l.shape[..nb].to_vec(),
+            strides: l.strides[..nb].to_vec(),
+            offset: l.offset,
+        };
+        bl.offsets()
+    };
+    let (oa, ob) = (batch_offsets(&la), batch_offsets(&lb));
+    let nbatch = numel(&batch);
+    let mut out = vec![T::zero(); nbatch * m * n];
+    let ga = a.storage().read();
+    let gb = b.storage().read();
+    let sa = T::slice(&ga).ok_or(Error::DTypeMismatch {
+        op: "matmul",
+        lhs: a.dtype(),
+        rhs: T::DTYPE,
+    })?;
+    let sb = T::slice(&gb).ok_or(Error::DTypeMismatch {
+        op: "matmul",
+        lhs: b.dtype(),
+        rhs: T::DTYPE,
+    })?;
+    let (pa, pb) = (SendPtr(sa.as_ptr()), SendPtr(sb.as_ptr()));
+    let (ars, acs) = (la.strides[la.rank() - 2] as isize, la.strides[la.rank() - 1] as isize);
+    let (brs, bcs) = (lb.strides[lb.rank() - 2] as isize, lb.strides[lb.rank() - 1] as isize);
+    let run = |i: usize, dst: &mut [T], parallel: bool| {
+        // SAFETY: offsets and strides come from layouts validated against the storage sizes.
+        unsafe {
+            gemm(
+                m,
+                n,
+                k,
+                MatMut {
+                    ptr: dst.as_mut_ptr(),
+                    row_stride: n as isize,
+                    accumulate: false,
+                },
+                MatRef {
+                    ptr: pa.get().add(oa[i]),
+                    row_stride: ars,
+                    col_stride: acs,
+                },
+                MatRef {
+                    ptr: pb.get().add(ob[i]),
+                    row_stride: brs,
+                    col_stride: bcs,
+                },
+                one,
+                one,
+                parallel,
+            )
+        }
+    };
+    if m * n * k == 0 {
+        // empty product: the zeros already in `out`
+    } else if nbatch > 1 && m * n * k < (1 << 18) {
+        crate::cpu::threads::init();
+        out.par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, dst)| run(i, dst, false));
+    } else {
+        for (i, dst) in out.chunks_mut(m * n).enumerate() {
+            run(i, dst, m * n * k >= (1 << 15));
+        }
+    }
+    let mut shape = batch;
+    shape.extend_from_slice(&[m, n]);
+    Tensor::from_vec(out, &shape)
+}
+
+pub(super) fn backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (a, b) = (&inputs[0], &inputs[1]);
+    let ga = grad.matmul(&b.t()?)?.sum_to_shape(a.shape())?;
+    let gb = a.t()?.matmul(grad)?.sum_to_shape(b.shape())?;
+    Ok(vec![Some(ga), Some(gb)])
+}

@@ -1,0 +1,196 @@
+//! The dispatcher: [`apply`] executes an [`Op`] on its inputs' backend and, when gradients are
+//! wanted, records the autograd node. [`backward`] maps an op to its gradient formula.
+//!
+//! One file per op family holds the family's public `Tensor` methods (validation, output shape),
+//! its forward (calling the CPU kernels in `crate::cpu`) and its backward.
+
+pub mod attention;
+pub mod conv;
+pub mod creation;
+pub mod elementwise;
+pub mod index;
+pub mod matmul;
+pub mod nn;
+pub mod reduce;
+pub mod shape;
+
+use crate::autograd::{is_grad_enabled, Node};
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::tensor::Tensor;
+use crate::DType;
+
+/// Executes `op` on `inputs`. The first output is the op's result; any others are tensors the
+/// forward saves for the backward (or further results of a multi-output backward op).
+pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    for t in inputs.iter().skip(1) {
+        if t.device() != inputs[0].device() {
+            return Err(crate::error::invalid(op.name(), "inputs live on different devices"));
+        }
+    }
+    match op {
+        Op::Fill { .. } | Op::Arange { .. } | Op::Random { .. } => creation::forward(op),
+        Op::Unary(_)
+        | Op::UnaryBackward(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Affine { .. }
+        | Op::PowScalar(_)
+        | Op::Clamp { .. }
+        | Op::Where
+        | Op::Cast(_) => elementwise::forward(op, inputs),
+        Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => reduce::forward(op, inputs),
+        Op::Matmul => matmul::forward(inputs),
+        Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
+            shape::forward(op, inputs)
+        }
+        Op::IndexSelect { .. }
+        | Op::IndexAdd { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::OneHot { .. } => index::forward(op, inputs),
+        Op::Softmax { .. }
+        | Op::SoftmaxBackward { .. }
+        | Op::Norm { .. }
+        | Op::NormBackward { .. }
+        | Op::CrossEntropy { .. }
+        | Op::CrossEntropyBackward { .. }
+        | Op::Dropout { .. } => nn::forward(op, inputs),
+        Op::Attention { .. } | Op::AttentionBackward { .. } => attention::forward(op, inputs),
+        Op::Conv2d(_)
+        | Op::Conv2dBackward(_)
+        | Op::MaxPool2d(_)
+        | Op::MaxPool2dBackward(_)
+        | Op::AvgPool2d(_)
+        | Op::AvgPool2dBackward(_) => conv::forward(op, inputs),
+    }
+}
+
+/// Gradients of `op`'s inputs given the gradient of its output; `None` where an input gets none.
+pub(crate) fn backward(
+    op: &Op,
+    inputs: &[Tensor],
+    output: &Tensor,
+    saved: &[Tensor],
+    grad: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
+    match op {
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Affine { .. }
+        | Op::PowScalar(_)
+        | Op::Clamp { .. }
+        | Op::Where
+        | Op::Cast(_) => elementwise::backward(op, inputs, output, grad),
+        Op::Reduce { .. } | Op::Var { .. } => reduce::backward(op, inputs, output, grad),
+        Op::Matmul => matmul::backward(inputs, grad),
+        Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
+            shape::backward(op, inputs, grad)
+        }
+        Op::IndexSelect { .. } | Op::IndexAdd { .. } | Op::Gather { .. } | Op::ScatterAdd { .. } => {
+            index::backward(op, inputs, grad)
+        }
+        Op::Softmax { .. } | Op::Norm { .. } | Op::CrossEntropy { .. } | Op::Dropout { .. } => {
+            nn::backward(op, inputs, output, saved, grad)
+        }
+        Op::Attention { .. } => attention::backward(op, inputs, output, saved, grad),
+        Op::Conv2d(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => conv::backward(op, inputs, saved, grad),
+        _ => Err(Error::Autograd(format!("{} is not differentiable", op.name()))),
+    }
+}
+
+/// Whether `op` records an autograd node when an input requires grad.
+fn differentiable(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Fill { .. }
+            | Op::Arange { .. }
+            | Op::Random { .. }
+            | Op::Compare(_)
+            | Op::ArgMax { .. }
+            | Op::OneHot { .. }
+            | Op::UnaryBackward(_)
+            | Op::SoftmaxBackward { .. }
+            | Op::NormBackward { .. }
+            | Op::CrossEntropyBackward { .. }
+            | Op::AttentionBackward { .. }
+            | Op::Conv2dBackward(_)
+            | Op::MaxPool2dBackward(_)
+            | Op::AvgPool2dBackward(_)
+    ) && !matches!(op, Op::Cast(d) if !d.is_float())
+}
+
+/// Executes `op` and records it for autograd when needed; returns the primary output.
+pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    let mut outputs = execute(&op, inputs)?;
+    let out = outputs.remove(0);
+    let record = is_grad_enabled() && differentiable(&op) && inputs.iter().any(|t| t.requires_grad());
+    if !record {
+        return Ok(out);
+    }
+    let node = Node {
+        op,
+        inputs: inputs.iter().map(|&t| t.clone()).collect(),
+        saved: outputs,
+    };
+    Ok(Tensor::build(
+        out.0.storage.clone(),
+        out.layout().clone(),
+        out.dtype(),
+        Some(node),
+    ))
+}
+
+/// Executes a multi-output op (the backward kernels) without recording it.
+pub(crate) fn apply_multi(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    execute(&op, inputs)
+}
+
+/// Checks that `t` has dtype `want`.
+pub(crate) fn expect_dtype(op: &'static str, t: &Tensor, want: DType) -> Result<()> {
+    if t.dtype() != want {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: t.dtype(),
+            rhs: want,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `t` is a float tensor.
+pub(crate) fn expect_float(op: &'static str, t: &Tensor) -> Result<()> {
+    if !t.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op, dtype: t.dtype() });
+    }
+    Ok(())
+}
+
+/// Runs `$body` with `$T` bound to the Rust type of the compute dtype (f32 or f64).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! float_dispatch {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            _ => {
+                type $T = f32;
+                $body
+            }
+        }
+    };
+}
+
+/// Casts a bf16/f16 tensor to f32 for computing (f32 and f64 pass through unchanged). Not
+/// recorded by autograd: for use inside forwards.
+pub(crate) fn to_compute(t: &Tensor) -> Result<Tensor> {
+    let c = t.dtype().compute_float();
+    if t.dtype() == c {
+        Ok(t.clone())
+    } else {
+        Ok(Tensor::from_storage(t.contiguous_storage().cast(c), t.shape()))
+    }
+}

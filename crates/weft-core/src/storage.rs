@@ -1,0 +1,207 @@
+//! Reference-counted element buffers. A [`Storage`] is shared by every view of it.
+
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use half::{bf16, f16};
+
+use crate::dtype::{DType, Element};
+use crate::layout::Layout;
+use crate::Device;
+
+/// Host memory of one dtype.
+#[derive(Debug, Clone)]
+pub enum CpuStorage {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    U8(Vec<u8>),
+    Bool(Vec<bool>),
+}
+
+/// Runs `$body` with `$v` bound to the typed `Vec` inside a `CpuStorage` (by reference).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_storage {
+    ($s:expr, $v:ident => $body:expr) => {
+        match $s {
+            $crate::storage::CpuStorage::F32($v) => $body,
+            $crate::storage::CpuStorage::F64($v) => $body,
+            $crate::storage::CpuStorage::BF16($v) => $body,
+            $crate::storage::CpuStorage::F16($v) => $body,
+            $crate::storage::CpuStorage::I64($v) => $body,
+            $crate::storage::CpuStorage::I32($v) => $body,
+            $crate::storage::CpuStorage::U8($v) => $body,
+            $crate::storage::CpuStorage::Bool($v) => $body,
+        }
+    };
+}
+
+/// Typed access to a [`CpuStorage`] variant.
+pub trait StorageElement: Element {
+    fn wrap(v: Vec<Self>) -> CpuStorage;
+    fn slice(s: &CpuStorage) -> Option<&[Self]>;
+    fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
+}
+
+macro_rules! storage_element {
+    ($t:ty, $v:ident) => {
+        impl StorageElement for $t {
+            fn wrap(v: Vec<Self>) -> CpuStorage {
+                CpuStorage::$v(v)
+            }
+            fn slice(s: &CpuStorage) -> Option<&[Self]> {
+                match s {
+                    CpuStorage::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+                match s {
+                    CpuStorage::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+storage_element!(f32, F32);
+storage_element!(f64, F64);
+storage_element!(bf16, BF16);
+storage_element!(f16, F16);
+storage_element!(i64, I64);
+storage_element!(i32, I32);
+storage_element!(u8, U8);
+storage_element!(bool, Bool);
+
+impl CpuStorage {
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuStorage::F32(_) => DType::F32,
+            CpuStorage::F64(_) => DType::F64,
+            CpuStorage::BF16(_) => DType::BF16,
+            CpuStorage::F16(_) => DType::F16,
+            CpuStorage::I64(_) => DType::I64,
+            CpuStorage::I32(_) => DType::I32,
+            CpuStorage::U8(_) => DType::U8,
+            CpuStorage::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        with_storage!(self, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `n` zeros of `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> CpuStorage {
+        Self::filled(dtype, n, 0.0)
+    }
+
+    /// `n` copies of `value` converted to `dtype`.
+    pub fn filled(dtype: DType, n: usize, value: f64) -> CpuStorage {
+        fn mk<T: StorageElement>(n: usize, v: f64) -> CpuStorage {
+            T::wrap(vec![T::from_f64(v); n])
+        }
+        match dtype {
+            DType::F32 => mk::<f32>(n, value),
+            DType::F64 => mk::<f64>(n, value),
+            DType::BF16 => mk::<bf16>(n, value),
+            DType::F16 => mk::<f16>(n, value),
+            DType::I64 => mk::<i64>(n, value),
+            DType::I32 => mk::<i32>(n, value),
+            DType::U8 => mk::<u8>(n, value),
+            DType::Bool => mk::<bool>(n, value),
+        }
+    }
+
+    /// The elements selected by `layout`, in row-major order, as a new contiguous buffer.
+    pub fn gather(&self, layout: &Layout) -> CpuStorage {
+        fn go<T: StorageElement>(v: &[T], layout: &Layout) -> CpuStorage {
+            T::wrap(gather_slice(v, layout))
+        }
+        with_storage!(self, v => go(v, layout))
+    }
+
+    /// Converts every element (through f64 for floats, exactly for integers in range).
+    pub fn cast(&self, dtype: DType) -> CpuStorage {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        match (self, dtype) {
+            (CpuStorage::BF16(v), DType::F32) => CpuStorage::F32(v.iter().map(|x| x.to_f32()).collect()),
+            (CpuStorage::F16(v), DType::F32) => CpuStorage::F32(v.iter().map(|x| x.to_f32()).collect()),
+            (CpuStorage::F32(v), DType::BF16) => CpuStorage::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
+            (CpuStorage::F32(v), DType::F16) => CpuStorage::F16(v.iter().map(|&x| f16::from_f32(x)).collect()),
+            (CpuStorage::I64(v), DType::I32) => CpuStorage::I32(v.iter().map(|&x| x as i32).collect()),
+            (CpuStorage::I32(v), DType::I64) => CpuStorage::I64(v.iter().map(|&x| x as i64).collect()),
+            _ => {
+                fn to<T: StorageElement>(s: &CpuStorage) -> CpuStorage {
+                    T::wrap(with_storage!(s, v => v.iter().map(|x| T::from_f64(x.to_f64())).collect()))
+                }
+                match dtype {
+                    DType::F32 => to::<f32>(self),
+                    DType::F64 => to::<f64>(self),
+                    DType::BF16 => to::<bf16>(self),
+                    DType::F16 => to::<f16>(self),
+                    DType::I64 => to::<i64>(self),
+                    DType::I32 => to::<i32>(self),
+                    DType::U8 => to::<u8>(self),
+                    DType::Bool => to::<bool>(self),
+                }
+            }
+        }
+    }
+}
+
+/// Copies the elements `layout` selects from `v` into a new row-major `Vec`.
+pub fn gather_slice<T: Copy>(v: &[T], layout: &Layout) -> Vec<T> {
+    let n = layout.numel();
+    if layout.is_contiguous() {
+        return v[layout.offset..layout.offset + n].to_vec();
+    }
+    let mut out = Vec::with_capacity(n);
+    layout.for_each_row(|start, stride, len| {
+        if stride == 1 {
+            out.extend_from_slice(&v[start..start + len]);
+        } else {
+            out.extend((0..len).map(|i| v[start + i * stride]));
+        }
+    });
+    out
+}
+
+/// A shared, lockable buffer on one device.
+#[derive(Debug)]
+pub struct Storage {
+    data: RwLock<CpuStorage>,
+    device: Device,
+}
+
+impl Storage {
+    pub fn new(data: CpuStorage) -> Self {
+        Storage {
+            data: RwLock::new(data),
+            device: Device::Cpu,
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Read access; many readers at once.
+    pub fn read(&self) -> RwLockReadGuard<'_, CpuStorage> {
+        self.data.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Write access, for in-place updates (optimizer steps, gradient accumulation, collectives).
+    pub fn write(&self) -> RwLockWriteGuard<'_, CpuStorage> {
+        self.data.write().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,249 @@
+//! [`Tensor`]: shared storage plus a layout, a dtype, and (when it takes part in autograd) the node
+//! that produced it.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::autograd::{GradHook, Node};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::op::Op;
+use crate::shape::numel;
+use crate::storage::{CpuStorage, Storage, StorageElement};
+use crate::Device;
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// A unique, increasing id per tensor; autograd processes larger ids (newer tensors) first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub(crate) usize);
+
+pub(crate) struct TensorInner {
+    pub(crate) id: TensorId,
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) layout: Layout,
+    pub(crate) dtype: DType,
+    pub(crate) requires_grad: AtomicBool,
+    pub(crate) node: Option<Node>,
+    pub(crate) grad: Mutex<Option<Tensor>>,
+    pub(crate) hooks: Mutex<Vec<GradHook>>,
+}
+
+/// An n-dimensional array. Cloning is cheap (a reference count); clones share data and gradient.
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<TensorInner>);
+
+impl Tensor {
+    pub(crate) fn build(storage: Arc<Storage>, layout: Layout, dtype: DType, node: Option<Node>) -> Tensor {
+        let requires_grad = node.is_some();
+        Tensor(Arc::new(TensorInner {
+            id: TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+            storage,
+            layout,
+            dtype,
+            requires_grad: AtomicBool::new(requires_grad),
+            node,
+            grad: Mutex::new(None),
+            hooks: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// A contiguous tensor owning `data` (which must hold `numel(shape)` elements).
+    pub(crate) fn from_storage(data: CpuStorage, shape: &[usize]) -> Tensor {
+        debug_assert_eq!(data.len(), numel(shape));
+        let dtype = data.dtype();
+        Tensor::build(Arc::new(Storage::new(data)), Layout::contiguous(shape), dtype, None)
+    }
+
+    /// A view of this tensor's storage with another layout, with no autograd node.
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor::build(self.0.storage.clone(), layout, self.0.dtype, None)
+    }
+
+    /// A tensor from a `Vec` and a shape.
+    pub fn from_vec<T: StorageElement>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        if data.len() != numel(shape) {
+            return Err(crate::error::invalid(
+                "from_vec",
+                format!(
+                    "{} elements cannot have shape {shape:?} ({} elements)",
+                    data.len(),
+                    numel(shape)
+                ),
+            ));
+        }
+        Ok(Tensor::from_storage(T::wrap(data), shape))
+    }
+
+    /// A 0-d tensor.
+    pub fn scalar<T: StorageElement>(v: T) -> Tensor {
+        Tensor::from_storage(T::wrap(vec![v]), &[])
+    }
+
+    pub fn id(&self) -> TensorId {
+        self.0.id
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.0.layout.shape
+    }
+
+    /// Size of one dim (negative counts from the end).
+    pub fn dim(&self, dim: isize) -> Result<usize> {
+        let d = crate::shape::resolve_dim("dim", dim, self.rank())?;
+        Ok(self.shape()[d])
+    }
+
+    pub fn rank(&self) -> usize {
+        self.0.layout.rank()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.0.layout.numel()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        self.0.storage.device()
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+
+    pub fn strides(&self) -> &[usize] {
+        &self.0.layout.strides
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+
+    /// The shared storage (for in-place updates by optimizers and collectives).
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.0.storage
+    }
+
+    /// True when both tensors view the same storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
+    /// The op that produced this tensor, if it was recorded for autograd.
+    pub fn op(&self) -> Option<&Op> {
+        self.0.node.as_ref().map(|n| &n.op)
+    }
+
+    /// The elements in row-major order. The dtype must be `T`'s.
+    pub fn to_vec<T: StorageElement>(&self) -> Result<Vec<T>> {
+        let guard = self.0.storage.read();
+        let data = T::slice(&guard).ok_or(Error::DTypeMismatch {
+            op: "to_vec",
+            lhs: self.dtype(),
+            rhs: T::DTYPE,
+        })?;
+        Ok(crate::storage::gather_slice(data, &self.0.layout))
+    }
+
+    /// The elements converted to f64, in row-major order (any dtype).
+    pub fn to_vec_f64(&self) -> Vec<f64> {
+        let guard = self.0.storage.read();
+        let contiguous = guard.gather(&self.0.layout);
+        crate::with_storage!(&contiguous, v => v.iter().map(|x| crate::Element::to_f64(*x)).collect())
+    }
+
+    /// The value of a one-element tensor as f64.
+    pub fn item(&self) -> Result<f64> {
+        if self.numel() != 1 {
+            return Err(crate::error::invalid(
+                "item",
+                format!(
+                    "tensor of shape {:?} has {} elements, not 1",
+                    self.shape(),
+                    self.numel()
+                ),
+            ));
+        }
+        Ok(self.to_vec_f64()[0])
+    }
+
+    /// A contiguous copy of this tensor's elements as a `CpuStorage` (no copy of a view's
+    /// surroundings; `offset` 0).
+    pub(crate) fn contiguous_storage(&self) -> CpuStorage {
+        let guard = self.0.storage.read();
+        if self.is_contiguous() && self.0.layout.offset == 0 && guard.len() == self.numel() {
+            return guard.clone();
+        }
+        guard.gather(&self.0.layout)
+    }
+
+    /// Runs `f` on the elements as a row-major slice, borrowing when the tensor is contiguous.
+    pub(crate) fn with_slice<T: StorageElement, R>(&self, op: &'static str, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        let guard = self.0.storage.read();
+        let data = T::slice(&guard).ok_or(Error::DTypeMismatch {
+            op,
+            lhs: self.dtype(),
+            rhs: T::DTYPE,
+        })?;
+        let l = &self.0.layout;
+        if l.is_contiguous() {
+            Ok(f(&data[l.offset..l.offset + l.numel()]))
+        } else {
+            let v = crate::storage::gather_slice(data, l);
+            drop(guard);
+            Ok(f(&v))
+        }
+    }
+
+    /// Overwrites this tensor's elements with `src`'s (same shape; `src` is cast to this dtype).
+    /// Not recorded by autograd: for optimizer steps, initialisation and collectives.
+    pub fn copy_from(&self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "copy_from",
+                lhs: self.shape().to_vec(),
+                rhs: src.shape().to_vec(),
+            });
+        }
+        let data = src.contiguous_storage().cast(self.dtype());
+        let offsets = self.0.layout.offsets();
+        let mut guard = self.0.storage.write();
+        fn put<T: StorageElement>(dst: &mut CpuStorage, src: &CpuStorage, offsets: &[usize]) {
+            let d = T::slice_mut(dst).expect("dtype checked");
+            let s = T::slice(src).expect("dtype checked");
+            for (&o, &v) in offsets.iter().zip(s) {
+                d[o] = v;
+            }
+        }
+        match self.dtype() {
+            DType::F32 => put::<f32>(&mut guard, &data, &offsets),
+            DType::F64 => put::<f64>(&mut guard, &data, &offsets),
+            DType::BF16 => put::<half::bf16>(&mut guard, &data, &offsets),
+            DType::F16 => put::<half::f16>(&mut guard, &data, &offsets),
+            DType::I64 => put::<i64>(&mut guard, &data, &offsets),
+            DType::I32 => put::<i32>(&mut guard, &data, &offsets),
+            DType::U8 => put::<u8>(&mut guard, &data, &offsets),
+            DType::Bool => put::<bool>(&mut guard, &data, &offsets),
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.numel();
+        write!(f, "Tensor(shape={:?}, dtype={:?}", self.shape(), self.dtype())?;
+        if n <= 16 {
+            write!(f, ", data={:?}", self.to_vec_f64())?;
+        }
+        if self.requires_grad() {
+            write!(f, ", requires_grad")?;
+        }
+        write!(f, ")")
+    }
+}
