@@ -57,6 +57,16 @@ impl Tensor {
         Tensor::build(Arc::new(Storage::new(data)), Layout::contiguous(shape), dtype, None)
     }
 
+    /// The same contiguous storage under another shape of equal size, with no autograd node.
+    pub(crate) fn reshape_raw(&self, shape: &[usize]) -> Tensor {
+        debug_assert!(self.is_contiguous() && numel(shape) == self.numel());
+        self.with_layout(Layout {
+            shape: shape.to_vec(),
+            strides: crate::shape::contiguous_strides(shape),
+            offset: self.0.layout.offset,
+        })
+    }
+
     /// A view of this tensor's storage with another layout, with no autograd node.
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor::build(self.0.storage.clone(), layout, self.0.dtype, None)
@@ -200,6 +210,29 @@ impl Tensor {
         }
     }
 
+    /// The elements as a row-major slice: borrowed from the storage when the layout is contiguous,
+    /// gathered into a new buffer otherwise. Fails when the dtype is not `T`'s.
+    pub(crate) fn contig<T: StorageElement>(&self, op: &'static str) -> Result<Contig<'_, T>> {
+        let guard = self.0.storage.read();
+        if T::slice(&guard).is_none() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
+        }
+        let l = &self.0.layout;
+        if l.is_contiguous() {
+            return Ok(Contig::Borrowed(
+                guard,
+                l.offset..l.offset + l.numel(),
+                std::marker::PhantomData,
+            ));
+        }
+        let v = crate::storage::gather_slice(T::slice(&guard).expect("checked"), l);
+        Ok(Contig::Owned(v))
+    }
+
     /// Overwrites this tensor's elements with `src`'s (same shape; `src` is cast to this dtype).
     /// Not recorded by autograd: for optimizer steps, initialisation and collectives.
     pub fn copy_from(&self, src: &Tensor) -> Result<()> {
@@ -231,6 +264,26 @@ impl Tensor {
             DType::Bool => put::<bool>(&mut guard, &data, &offsets),
         }
         Ok(())
+    }
+}
+
+/// A row-major view of a tensor's elements (see [`Tensor::contig`]).
+pub(crate) enum Contig<'a, T> {
+    Borrowed(
+        std::sync::RwLockReadGuard<'a, CpuStorage>,
+        std::ops::Range<usize>,
+        std::marker::PhantomData<T>,
+    ),
+    Owned(Vec<T>),
+}
+
+impl<T: StorageElement> std::ops::Deref for Contig<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Contig::Borrowed(guard, range, _) => &T::slice(guard).expect("dtype checked")[range.clone()],
+            Contig::Owned(v) => v,
+        }
     }
 }
 

@@ -17,15 +17,19 @@ const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 /// Runs `$body` (a block using the slices) inside a function compiled for the widest vector unit.
 macro_rules! simd_dispatch {
     ($name:ident ( $($arg:ident : $ty:ty),* ) $body:block) => {
+        #[allow(clippy::too_many_arguments)]
         fn $name($($arg: $ty),*) {
             #[inline(always)]
-            fn inner($($arg: $ty),*) $body
+            #[allow(clippy::too_many_arguments)]
+            fn __simd_body($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-                unsafe fn v4($($arg: $ty),*) { inner($($arg),*) }
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v4($($arg: $ty),*) { __simd_body($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn v3($($arg: $ty),*) { inner($($arg),*) }
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v3($($arg: $ty),*) { __simd_body($($arg),*) }
                 if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") && std::arch::is_x86_feature_detected!("avx512vl") {
                     // SAFETY: the CPU supports the features v4 was compiled for.
                     return unsafe { v4($($arg),*) };
@@ -35,7 +39,7 @@ macro_rules! simd_dispatch {
                     return unsafe { v3($($arg),*) };
                 }
             }
-            inner($($arg),*)
+            __simd_body($($arg),*)
         }
     };
 }

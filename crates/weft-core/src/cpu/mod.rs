@@ -4,9 +4,12 @@
 pub mod attention;
 pub mod conv;
 pub mod elementwise;
+pub mod f32_view;
+pub mod lanes;
 pub mod math;
 pub mod matmul;
 pub mod nn;
+pub mod reduce;
 pub mod threads;
 
 /// Below this many elements a kernel stays on the calling thread.

@@ -1,89 +1,74 @@
-//! Fused row kernels: softmax / log-softmax, layer and RMS norm, cross-entropy, each one pass
-//! (or two over a row held in cache) with their backward kernels. Rows are independent and run
-//! in parallel; f32 instantiations are compiled for the widest vector unit.
+//! Fused row kernels: softmax / log-softmax, layer and RMS norm, cross-entropy, with their backward
+//! kernels. Rows are independent and run in parallel blocks; within a row the reductions use the
+//! multi-accumulator helpers of `lanes.rs`, and the f32 instantiations are compiled for the widest
+//! vector unit (`simd_dispatch!`).
 
 use rayon::prelude::*;
 
 use super::elementwise::simd_dispatch;
+use super::f32_view::{as_f32, as_f32_mut};
+use super::lanes;
 use crate::dtype::Float;
 
 fn rows_per_task(len: usize) -> usize {
     (super::PARALLEL_THRESHOLD / len.max(1)).max(1)
 }
 
-#[inline(always)]
-fn row_max<T: Float>(x: &[T]) -> T {
-    x.iter().copied().fold(T::neg_infinity(), |a, b| a.max(b))
-}
+// ---------------------------------------------------------------- softmax
 
 #[inline(always)]
-fn softmax_row<T: Float>(x: &[T], y: &mut [T], log: bool) {
-    let m = row_max(x);
-    let mut sum = T::zero();
-    if log {
-        for &v in x {
-            sum += (v - m).fast_exp();
-        }
-        let lse = m + sum.ln();
-        for (o, &v) in y.iter_mut().zip(x) {
-            *o = v - lse;
-        }
-    } else {
-        for (o, &v) in y.iter_mut().zip(x) {
-            let e = (v - m).fast_exp();
-            *o = e;
-            sum += e;
-        }
-        let inv = T::from_f64(1.0) / sum;
-        for o in y.iter_mut() {
-            *o *= inv;
+fn softmax_rows<T: Float>(x: &[T], y: &mut [T], len: usize, log: bool) {
+    for (x, y) in x.chunks(len).zip(y.chunks_mut(len)) {
+        let m = lanes::max(x);
+        if log {
+            let lse = m + lanes::sum_exp(x, m, None).ln();
+            for (o, &v) in y.iter_mut().zip(x) {
+                *o = v - lse;
+            }
+        } else {
+            let inv = T::from_f64(1.0) / lanes::sum_exp(x, m, Some(y));
+            for o in y.iter_mut() {
+                *o *= inv;
+            }
         }
     }
 }
 
 #[inline(always)]
-fn softmax_backward_row<T: Float>(y: &[T], g: &[T], dx: &mut [T], log: bool) {
-    if log {
-        let s: T = g.iter().copied().sum();
-        for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-            *d = g - y.fast_exp() * s;
-        }
-    } else {
-        let mut dot = T::zero();
-        for (&y, &g) in y.iter().zip(g) {
-            dot += y * g;
-        }
-        for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-            *d = y * (g - dot);
+fn softmax_backward_rows<T: Float>(y: &[T], g: &[T], dx: &mut [T], len: usize, log: bool) {
+    for ((y, g), dx) in y.chunks(len).zip(g.chunks(len)).zip(dx.chunks_mut(len)) {
+        if log {
+            let s = lanes::sum(g);
+            for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+                *d = g - y.fast_exp() * s;
+            }
+        } else {
+            let dot = lanes::dot(y, g);
+            for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+                *d = y * (g - dot);
+            }
         }
     }
 }
 
 simd_dispatch!(softmax_rows_f32(x: &[f32], y: &mut [f32], len: usize, log: bool) {
-    for (xr, yr) in x.chunks(len).zip(y.chunks_mut(len)) {
-        softmax_row(xr, yr, log);
-    }
+    softmax_rows(x, y, len, log)
 });
 
 simd_dispatch!(softmax_backward_rows_f32(y: &[f32], g: &[f32], dx: &mut [f32], len: usize, log: bool) {
-    for ((yr, gr), dr) in y.chunks(len).zip(g.chunks(len)).zip(dx.chunks_mut(len)) {
-        softmax_backward_row(yr, gr, dr, log);
-    }
+    softmax_backward_rows(y, g, dx, len, log)
 });
 
 /// Softmax (or log-softmax) of each row of length `len`.
 pub fn softmax<T: Float>(x: &[T], y: &mut [T], len: usize, log: bool) {
     super::threads::init();
     let chunk = rows_per_task(len) * len;
-    y.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(y, x)| {
-        if let (Some(xf), Some(yf)) = (as_f32(x), as_f32_mut(y)) {
-            softmax_rows_f32(xf, yf, len, log);
-        } else {
-            for (xr, yr) in x.chunks(len).zip(y.chunks_mut(len)) {
-                softmax_row(xr, yr, log);
-            }
-        }
-    });
+    y.par_chunks_mut(chunk)
+        .zip(x.par_chunks(chunk))
+        .for_each(|(y, x)| match (as_f32(x), as_f32_mut(y)) {
+            (Some(xf), Some(yf)) => softmax_rows_f32(xf, yf, len, log),
+            _ => softmax_rows(x, y, len, log),
+        });
 }
 
 /// Gradient of [`softmax`] given its output `y` and the output gradient `g`.
@@ -92,153 +77,185 @@ pub fn softmax_backward<T: Float>(y: &[T], g: &[T], dx: &mut [T], len: usize, lo
     let chunk = rows_per_task(len) * len;
     dx.par_chunks_mut(chunk)
         .zip(y.par_chunks(chunk).zip(g.par_chunks(chunk)))
-        .for_each(|(d, (y, g))| {
-            if let (Some(yf), Some(gf), Some(df)) = (as_f32(y), as_f32(g), as_f32_mut(d)) {
-                softmax_backward_rows_f32(yf, gf, df, len, log);
-            } else {
-                for ((yr, gr), dr) in y.chunks(len).zip(g.chunks(len)).zip(d.chunks_mut(len)) {
-                    softmax_backward_row(yr, gr, dr, log);
+        .for_each(|(d, (y, g))| match (as_f32(y), as_f32(g), as_f32_mut(d)) {
+            (Some(yf), Some(gf), Some(df)) => softmax_backward_rows_f32(yf, gf, df, len, log),
+            _ => softmax_backward_rows(y, g, d, len, log),
+        });
+}
+
+// ---------------------------------------------------------------- layer / RMS norm
+
+/// Per-call constants of a norm kernel.
+#[derive(Clone, Copy)]
+pub struct NormSpec<'a, T> {
+    pub weight: Option<&'a [T]>,
+    pub bias: Option<&'a [T]>,
+    pub len: usize,
+    pub eps: T,
+    pub rms: bool,
+}
+
+#[inline(always)]
+fn norm_rows<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [T], mean: &mut [T], rstd: &mut [T]) {
+    let n = T::from_usize(s.len);
+    let one = T::from_f64(1.0);
+    for (((x, y), m), r) in x
+        .chunks(s.len)
+        .zip(y.chunks_mut(s.len))
+        .zip(mean.iter_mut())
+        .zip(rstd.iter_mut())
+    {
+        let mu = if s.rms { T::zero() } else { lanes::sum(x) / n };
+        let rs = one / (lanes::sum_sq_centered(x, mu) / n + s.eps).sqrt();
+        *m = mu;
+        *r = rs;
+        match (s.weight, s.bias) {
+            (Some(w), Some(b)) => {
+                for i in 0..s.len {
+                    y[i] = (x[i] - mu) * rs * w[i] + b[i];
                 }
             }
-        });
+            (Some(w), None) => {
+                for i in 0..s.len {
+                    y[i] = (x[i] - mu) * rs * w[i];
+                }
+            }
+            _ => {
+                for i in 0..s.len {
+                    y[i] = (x[i] - mu) * rs;
+                }
+            }
+        }
+    }
 }
 
-/// Reinterprets a generic slice as f32 when `T` is f32.
-#[inline(always)]
-fn as_f32<T: 'static>(x: &[T]) -> Option<&[f32]> {
-    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
-        // SAFETY: T is f32 (checked above), so the layout is identical.
-        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) })
+simd_dispatch!(norm_rows_f32(s: NormSpec<'_, f32>, x: &[f32], y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]) {
+    norm_rows(s, x, y, mean, rstd)
+});
+
+fn norm_spec_f32<T: 'static>(s: NormSpec<'_, T>) -> Option<NormSpec<'_, f32>> {
+    let eps = as_f32(std::slice::from_ref(&s.eps))?[0];
+    Some(NormSpec {
+        weight: s.weight.map(|w| as_f32(w).expect("same T")),
+        bias: s.bias.map(|b| as_f32(b).expect("same T")),
+        len: s.len,
+        eps,
+        rms: s.rms,
+    })
 }
 
-#[inline(always)]
-fn as_f32_mut<T: 'static>(x: &mut [T]) -> Option<&mut [f32]> {
-    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
-        // SAFETY: T is f32 (checked above), so the layout is identical.
-        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut f32, x.len()) })
-}
-
-/// Layer norm (or RMS norm when `rms`) of each row of length `len`, with optional affine.
-/// Writes `y` and per-row `mean` (0 for RMS) and `rstd`.
-#[allow(clippy::too_many_arguments)]
-pub fn norm<T: Float>(
-    x: &[T],
-    w: Option<&[T]>,
-    b: Option<&[T]>,
-    y: &mut [T],
-    mean: &mut [T],
-    rstd: &mut [T],
-    len: usize,
-    eps: T,
-    rms: bool,
-) {
+/// Layer norm (or RMS norm) of each row: writes `y`, and per row `mean` (0 for RMS) and `rstd`.
+pub fn norm<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [T], mean: &mut [T], rstd: &mut [T]) {
     super::threads::init();
-    let rows = rows_per_task(len);
-    y.par_chunks_mut(rows * len)
-        .zip(x.par_chunks(rows * len))
+    let rows = rows_per_task(s.len);
+    y.par_chunks_mut(rows * s.len)
+        .zip(x.par_chunks(rows * s.len))
         .zip(mean.par_chunks_mut(rows).zip(rstd.par_chunks_mut(rows)))
         .for_each(|((y, x), (mean, rstd))| {
-            for (((xr, yr), m), r) in x
-                .chunks(len)
-                .zip(y.chunks_mut(len))
-                .zip(mean.iter_mut())
-                .zip(rstd.iter_mut())
-            {
-                norm_row(xr, w, b, yr, m, r, eps, rms);
+            match (
+                norm_spec_f32(s),
+                as_f32(x),
+                as_f32_mut(y),
+                as_f32_mut(mean),
+                as_f32_mut(rstd),
+            ) {
+                (Some(sf), Some(xf), Some(yf), Some(mf), Some(rf)) => norm_rows_f32(sf, xf, yf, mf, rf),
+                _ => norm_rows(s, x, y, mean, rstd),
             }
         });
 }
 
+/// dx of one block of rows, accumulating dweight and dbias partial sums.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn norm_row<T: Float>(x: &[T], w: Option<&[T]>, b: Option<&[T]>, y: &mut [T], m: &mut T, r: &mut T, eps: T, rms: bool) {
-    let n = T::from_usize(x.len());
-    let mu = if rms {
-        T::zero()
-    } else {
-        x.iter().copied().sum::<T>() / n
-    };
-    let mut var = T::zero();
-    for &v in x {
-        let d = v - mu;
-        var += d * d;
-    }
-    let rs = T::from_f64(1.0) / (var / n + eps).sqrt();
-    *m = mu;
-    *r = rs;
-    match (w, b) {
-        (Some(w), Some(b)) => {
-            for i in 0..x.len() {
-                y[i] = (x[i] - mu) * rs * w[i] + b[i];
-            }
-        }
-        (Some(w), None) => {
-            for i in 0..x.len() {
-                y[i] = (x[i] - mu) * rs * w[i];
-            }
-        }
-        _ => {
-            for i in 0..x.len() {
-                y[i] = (x[i] - mu) * rs;
-            }
-        }
-    }
-}
-
-/// Backward of [`norm`]: writes `dx` and returns `(dweight, dbias)` sums over rows (zeros when
-/// the layer has none).
-#[allow(clippy::too_many_arguments)]
-pub fn norm_backward<T: Float>(
+fn norm_backward_rows<T: Float>(
+    s: NormSpec<'_, T>,
     x: &[T],
-    w: Option<&[T]>,
     g: &[T],
     mean: &[T],
     rstd: &[T],
     dx: &mut [T],
-    len: usize,
-    rms: bool,
-) -> (Vec<T>, Vec<T>) {
-    super::threads::init();
-    let rows = rows_per_task(len).max(8);
-    let n = T::from_usize(len);
-    let partial = dx
-        .par_chunks_mut(rows * len)
-        .zip(x.par_chunks(rows * len).zip(g.par_chunks(rows * len)))
-        .zip(mean.par_chunks(rows).zip(rstd.par_chunks(rows)))
-        .map(|((dx, (x, g)), (mean, rstd))| {
-            let mut dw = vec![T::zero(); len];
-            let mut db = vec![T::zero(); len];
-            let mut gw = vec![T::zero(); len];
-            for ((((dxr, xr), gr), &mu), &rs) in dx
-                .chunks_mut(len)
-                .zip(x.chunks(len))
-                .zip(g.chunks(len))
-                .zip(mean)
-                .zip(rstd)
-            {
-                let mut sum_gw = T::zero();
-                let mut sum_gwx = T::zero();
-                for i in 0..len {
-                    let xhat = (xr[i] - mu) * rs;
-                    dw[i] += gr[i] * xhat;
-                    db[i] += gr[i];
-                    let v = match w {
-                        Some(w) => gr[i] * w[i],
-                        None => gr[i],
-                    };
-                    gw[i] = v;
-                    sum_gw += v;
-                    sum_gwx += v * xhat;
+    dw: &mut [T],
+    db: &mut [T],
+) {
+    let n = T::from_usize(s.len);
+    for ((((x, g), &mu), &rs), dx) in x
+        .chunks(s.len)
+        .zip(g.chunks(s.len))
+        .zip(mean)
+        .zip(rstd)
+        .zip(dx.chunks_mut(s.len))
+    {
+        // dx holds xhat first, then the gradient.
+        for i in 0..s.len {
+            dx[i] = (x[i] - mu) * rs;
+        }
+        for i in 0..s.len {
+            dw[i] += g[i] * dx[i];
+            db[i] += g[i];
+        }
+        let (sum_gw, sum_gwx) = match s.weight {
+            Some(w) => {
+                let mut a = T::zero();
+                let mut b = T::zero();
+                for i in 0..s.len {
+                    let v = g[i] * w[i];
+                    a += v;
+                    b += v * dx[i];
                 }
-                let mean_gw = if rms { T::zero() } else { sum_gw / n };
-                let mean_gwx = sum_gwx / n;
-                for i in 0..len {
-                    let xhat = (xr[i] - mu) * rs;
-                    dxr[i] = rs * (gw[i] - mean_gw - xhat * mean_gwx);
+                (a, b)
+            }
+            None => (lanes::sum(g), lanes::dot(g, dx)),
+        };
+        let mean_gw = if s.rms { T::zero() } else { sum_gw / n };
+        let mean_gwx = sum_gwx / n;
+        match s.weight {
+            Some(w) => {
+                for i in 0..s.len {
+                    dx[i] = rs * (g[i] * w[i] - mean_gw - dx[i] * mean_gwx);
                 }
             }
-            (dw, db)
-        })
+            None => {
+                for i in 0..s.len {
+                    dx[i] = rs * (g[i] - mean_gw - dx[i] * mean_gwx);
+                }
+            }
+        }
+    }
+}
+
+simd_dispatch!(norm_backward_rows_f32(s: NormSpec<'_, f32>, x: &[f32], g: &[f32], mean: &[f32], rstd: &[f32], dx: &mut [f32], dw: &mut [f32], db: &mut [f32]) {
+    norm_backward_rows(s, x, g, mean, rstd, dx, dw, db)
+});
+
+/// Backward of [`norm`]: writes `dx` and returns the `(dweight, dbias)` sums over rows.
+pub fn norm_backward<T: Float>(
+    s: NormSpec<'_, T>,
+    x: &[T],
+    g: &[T],
+    mean: &[T],
+    rstd: &[T],
+    dx: &mut [T],
+) -> (Vec<T>, Vec<T>) {
+    super::threads::init();
+    let len = s.len;
+    let rows = rows_per_task(len).max(8);
+    dx.par_chunks_mut(rows * len)
+        .zip(x.par_chunks(rows * len).zip(g.par_chunks(rows * len)))
+        .zip(mean.par_chunks(rows).zip(rstd.par_chunks(rows)))
+        .fold(
+            || (vec![T::zero(); len], vec![T::zero(); len]),
+            |(mut dw, mut db), ((dx, (x, g)), (mean, rstd))| {
+                let f32s = (norm_spec_f32(s), as_f32(x), as_f32(g), as_f32(mean), as_f32(rstd));
+                match (f32s, as_f32_mut(dx), as_f32_mut(&mut dw), as_f32_mut(&mut db)) {
+                    ((Some(sf), Some(xf), Some(gf), Some(mf), Some(rf)), Some(dxf), Some(dwf), Some(dbf)) => {
+                        norm_backward_rows_f32(sf, xf, gf, mf, rf, dxf, dwf, dbf)
+                    }
+                    _ => norm_backward_rows(s, x, g, mean, rstd, dx, &mut dw, &mut db),
+                }
+                (dw, db)
+            },
+        )
         .reduce(
             || (vec![T::zero(); len], vec![T::zero(); len]),
             |(mut a, mut b), (c, d)| {
@@ -246,66 +263,114 @@ pub fn norm_backward<T: Float>(
                 b.iter_mut().zip(d).for_each(|(b, d)| *b += d);
                 (a, b)
             },
-        );
-    partial
+        )
 }
 
-/// Cross-entropy of each row of `logits` (`[N, C]`) against `targets`; returns the per-row loss
-/// (0 for ignored rows) and writes the per-row log-sum-exp. Targets were range-checked.
-pub fn cross_entropy<T: Float>(
-    logits: &[T],
-    targets: &[i64],
-    lse: &mut [T],
-    c: usize,
-    ignore_index: i64,
-    smoothing: T,
-) -> Vec<T> {
+// ---------------------------------------------------------------- cross-entropy
+
+/// Per-call constants of the cross-entropy kernels.
+#[derive(Clone, Copy)]
+pub struct CrossEntropySpec<T> {
+    /// Number of classes (row length).
+    pub classes: usize,
+    pub ignore_index: i64,
+    pub smoothing: T,
+}
+
+#[inline(always)]
+fn cross_entropy_rows<T: Float>(s: CrossEntropySpec<T>, x: &[T], t: &[i64], loss: &mut [T], lse: &mut [T]) {
+    let one = T::from_f64(1.0);
+    let c = s.classes;
+    for (((x, &t), l), out_lse) in x.chunks(c).zip(t).zip(loss.iter_mut()).zip(lse.iter_mut()) {
+        let m = lanes::max(x);
+        let lse_row = m + lanes::sum_exp(x, m, None).ln();
+        *out_lse = lse_row;
+        if t == s.ignore_index {
+            *l = T::zero();
+            continue;
+        }
+        let nll = lse_row - x[t as usize];
+        *l = if s.smoothing == T::zero() {
+            nll
+        } else {
+            let smooth = lse_row - lanes::sum(x) / T::from_usize(c);
+            (one - s.smoothing) * nll + s.smoothing * smooth
+        };
+    }
+}
+
+simd_dispatch!(cross_entropy_rows_f32(s: CrossEntropySpec<f32>, x: &[f32], t: &[i64], loss: &mut [f32], lse: &mut [f32]) {
+    cross_entropy_rows(s, x, t, loss, lse)
+});
+
+fn ce_spec_f32<T: 'static + Copy>(s: CrossEntropySpec<T>) -> Option<CrossEntropySpec<f32>> {
+    let smoothing = as_f32(std::slice::from_ref(&s.smoothing))?[0];
+    Some(CrossEntropySpec {
+        classes: s.classes,
+        ignore_index: s.ignore_index,
+        smoothing,
+    })
+}
+
+/// Per-row cross-entropy of `logits` `[N, C]` (0 for ignored rows) and per-row log-sum-exp.
+/// Targets were range-checked by the caller.
+pub fn cross_entropy<T: Float>(s: CrossEntropySpec<T>, logits: &[T], targets: &[i64], lse: &mut [T]) -> Vec<T> {
     super::threads::init();
     let mut loss = vec![T::zero(); targets.len()];
-    let rows = rows_per_task(c);
+    let rows = rows_per_task(s.classes);
     loss.par_chunks_mut(rows)
         .zip(lse.par_chunks_mut(rows))
-        .zip(logits.par_chunks(rows * c).zip(targets.par_chunks(rows)))
-        .for_each(|((loss, lse), (x, t))| {
-            for (((l, s), xr), &t) in loss.iter_mut().zip(lse.iter_mut()).zip(x.chunks(c)).zip(t) {
-                let m = row_max(xr);
-                let mut sum = T::zero();
-                let mut total = T::zero();
-                for &v in xr {
-                    sum += (v - m).fast_exp();
-                    total += v;
-                }
-                let lse_row = m + sum.ln();
-                *s = lse_row;
-                if t == ignore_index {
-                    continue;
-                }
-                let one = T::from_f64(1.0);
-                let nll = lse_row - xr[t as usize];
-                let smooth = lse_row - total / T::from_usize(c);
-                *l = (one - smoothing) * nll + smoothing * smooth;
-            }
-        });
+        .zip(logits.par_chunks(rows * s.classes).zip(targets.par_chunks(rows)))
+        .for_each(
+            |((loss, lse), (x, t))| match (ce_spec_f32(s), as_f32(x), as_f32_mut(loss), as_f32_mut(lse)) {
+                (Some(sf), Some(xf), Some(lf), Some(ef)) => cross_entropy_rows_f32(sf, xf, t, lf, ef),
+                _ => cross_entropy_rows(s, x, t, loss, lse),
+            },
+        );
     loss
 }
 
+#[inline(always)]
+fn cross_entropy_backward_rows<T: Float>(
+    s: CrossEntropySpec<T>,
+    x: &[T],
+    t: &[i64],
+    lse: &[T],
+    dx: &mut [T],
+    scale: T,
+) {
+    let c = s.classes;
+    let eps_c = s.smoothing / T::from_usize(c);
+    let hit = scale * (T::from_f64(1.0) - s.smoothing);
+    for (((dx, x), &t), &l) in dx.chunks_mut(c).zip(x.chunks(c)).zip(t).zip(lse) {
+        if t == s.ignore_index {
+            dx.iter_mut().for_each(|d| *d = T::zero());
+            continue;
+        }
+        for (d, &v) in dx.iter_mut().zip(x) {
+            *d = scale * ((v - l).fast_exp() - eps_c);
+        }
+        dx[t as usize] -= hit;
+    }
+}
+
+simd_dispatch!(cross_entropy_backward_rows_f32(s: CrossEntropySpec<f32>, x: &[f32], t: &[i64], lse: &[f32], dx: &mut [f32], scale: f32) {
+    cross_entropy_backward_rows(s, x, t, lse, dx, scale)
+});
+
 /// Gradient of the mean cross-entropy: `dx = scale * (softmax - (1 - ε) onehot - ε / C)` on
 /// non-ignored rows, 0 on ignored ones; `scale` is `grad_out / n_valid`.
-#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_backward<T: Float>(
+    s: CrossEntropySpec<T>,
     logits: &[T],
     targets: &[i64],
     lse: &[T],
     dx: &mut [T],
-    c: usize,
-    ignore_index: i64,
-    smoothing: T,
     scale: T,
 ) {
     super::threads::init();
+    let c = s.classes;
     let rows = rows_per_task(c);
-    let one = T::from_f64(1.0);
-    let eps_c = smoothing / T::from_usize(c);
     dx.par_chunks_mut(rows * c)
         .zip(
             logits
@@ -313,15 +378,12 @@ pub fn cross_entropy_backward<T: Float>(
                 .zip(targets.par_chunks(rows).zip(lse.par_chunks(rows))),
         )
         .for_each(|(dx, (x, (t, lse)))| {
-            for (((dr, xr), &t), &s) in dx.chunks_mut(c).zip(x.chunks(c)).zip(t).zip(lse) {
-                if t == ignore_index {
-                    dr.iter_mut().for_each(|d| *d = T::zero());
-                    continue;
+            let scale_f = as_f32(std::slice::from_ref(&scale)).map(|v| v[0]);
+            match (ce_spec_f32(s), as_f32(x), as_f32(lse), as_f32_mut(dx), scale_f) {
+                (Some(sf), Some(xf), Some(lf), Some(df), Some(sc)) => {
+                    cross_entropy_backward_rows_f32(sf, xf, t, lf, df, sc)
                 }
-                for (d, &v) in dr.iter_mut().zip(xr) {
-                    *d = scale * ((v - s).fast_exp() - eps_c);
-                }
-                dr[t as usize] -= scale * (one - smoothing);
+                _ => cross_entropy_backward_rows(s, x, t, lse, dx, scale),
             }
         });
 }

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::{apply, expect_float, to_compute};
 use crate::cpu::elementwise as k;
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CompareOp, Op, UnaryOp};
@@ -318,20 +318,19 @@ pub(crate) fn back_to(t: Tensor, dtype: DType) -> Result<Tensor> {
     }
 }
 
-fn binary_fn<T>(op: BinaryOp) -> Result<fn(T, T) -> T>
-where
-    T: Element
-        + std::ops::Add<Output = T> + std::ops::Sub<Output = T> + std::ops::Mul<Output = T> + std::ops::Div<Output = T>,
-{
-    Ok(match op {
-        BinaryOp::Add => |a, b| a + b,
-        BinaryOp::Sub => |a, b| a - b,
-        BinaryOp::Mul => |a, b| a * b,
-        BinaryOp::Div => |a, b| a / b,
-        BinaryOp::Maximum => |a, b| if b > a { b } else { a },
-        BinaryOp::Minimum => |a, b| if b < a { b } else { a },
-        BinaryOp::Pow => return Err(invalid("pow", "pow of tensors needs a float dtype")),
-    })
+/// `broadcast_zip` with the closure of `op`, monomorphized per op so the loops vectorize.
+macro_rules! binary_zip {
+    ($x:expr, $y:expr, $op:expr, $T:ty) => {
+        match $op {
+            BinaryOp::Add => broadcast_zip($x, $y, |a: $T, b: $T| a + b)?,
+            BinaryOp::Sub => broadcast_zip($x, $y, |a: $T, b: $T| a - b)?,
+            BinaryOp::Mul => broadcast_zip($x, $y, |a: $T, b: $T| a * b)?,
+            BinaryOp::Div => broadcast_zip($x, $y, |a: $T, b: $T| a / b)?,
+            BinaryOp::Maximum => broadcast_zip($x, $y, |a: $T, b: $T| if b > a { b } else { a })?,
+            BinaryOp::Minimum => broadcast_zip($x, $y, |a: $T, b: $T| if b < a { b } else { a })?,
+            BinaryOp::Pow => return Err(invalid("pow", "pow of tensors needs a float dtype")),
+        }
+    };
 }
 
 fn compare_fn<T: PartialOrd>(op: CompareOp) -> fn(T, T) -> bool {
@@ -388,7 +387,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                         ),
                     ))
                 }
-                dt => numeric_dispatch!(dt, "binary", T => broadcast_zip(x, y, binary_fn::<T>(*b)?)?),
+                dt => numeric_dispatch!(dt, "binary", T => binary_zip!(x, y, *b, T)),
             }
         }
         Op::Compare(c) => {

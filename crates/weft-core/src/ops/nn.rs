@@ -8,7 +8,6 @@ use crate::error::{invalid, Error, Result};
 use crate::op::Op;
 use crate::rng::{self, Generator};
 use crate::shape::resolve_dim;
-use crate::storage::StorageElement;
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -135,10 +134,6 @@ impl Tensor {
     }
 }
 
-fn float_slices<T: StorageElement>(t: &Tensor) -> Result<Vec<T>> {
-    t.to_vec::<T>()
-}
-
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
     let dtype = x.dtype();
@@ -149,7 +144,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let len = last(x);
             let y = crate::float_dispatch!(xc.dtype(), T => {
                 let mut y = vec![0 as T; x.numel()];
-                xc.with_slice("softmax", |s: &[T]| k::softmax(s, &mut y, len.max(1), *log))?;
+                k::softmax(&xc.contig::<T>("softmax")?, &mut y, len.max(1), *log);
                 Tensor::from_vec(y, x.shape())?
             });
             Ok(vec![back_to(y, dtype)?])
@@ -159,8 +154,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let g = to_compute(inputs[1])?;
             let dx = crate::float_dispatch!(xc.dtype(), T => {
                 let mut dx = vec![0 as T; x.numel()];
-                let (y, g) = (float_slices::<T>(&xc)?, float_slices::<T>(&g)?);
-                k::softmax_backward(&y, &g, &mut dx, len.max(1), *log);
+                k::softmax_backward(&xc.contig::<T>("softmax")?, &g.contig::<T>("softmax")?, &mut dx, len.max(1), *log);
                 Tensor::from_vec(dx, x.shape())?
             });
             Ok(vec![back_to(dx, dtype)?])
@@ -184,11 +178,12 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 None
             };
             crate::float_dispatch!(xc.dtype(), T => {
-                let xs = float_slices::<T>(&xc)?;
-                let ws = w.as_ref().map(float_slices::<T>).transpose()?;
-                let bs = b.as_ref().map(float_slices::<T>).transpose()?;
+                let xs = xc.contig::<T>("norm")?;
+                let ws = w.as_ref().map(|w| w.contig::<T>("norm")).transpose()?;
+                let bs = b.as_ref().map(|b| b.contig::<T>("norm")).transpose()?;
+                let spec = k::NormSpec { weight: ws.as_deref(), bias: bs.as_deref(), len: len.max(1), eps: *eps as T, rms: *rms };
                 let (mut y, mut mean, mut rstd) = (vec![0 as T; x.numel()], vec![0 as T; rows], vec![0 as T; rows]);
-                k::norm(&xs, ws.as_deref(), bs.as_deref(), &mut y, &mut mean, &mut rstd, len.max(1), *eps as T, *rms);
+                k::norm(spec, &xs, &mut y, &mut mean, &mut rstd);
                 let y = back_to(Tensor::from_vec(y, x.shape())?, dtype)?;
                 Ok(vec![y, Tensor::from_vec(mean, &[rows])?, Tensor::from_vec(rstd, &[rows])?])
             })
@@ -207,11 +202,12 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let rest = &inputs[1 + *has_weight as usize..];
             let (g, mean, rstd) = (to_compute(rest[0])?, rest[1], rest[2]);
             crate::float_dispatch!(xc.dtype(), T => {
-                let xs = float_slices::<T>(&xc)?;
-                let ws = w.as_ref().map(float_slices::<T>).transpose()?;
-                let (gs, ms, rs) = (float_slices::<T>(&g)?, float_slices::<T>(mean)?, float_slices::<T>(rstd)?);
+                let xs = xc.contig::<T>("norm_backward")?;
+                let ws = w.as_ref().map(|w| w.contig::<T>("norm_backward")).transpose()?;
+                let (gs, ms, rs) = (g.contig::<T>("norm_backward")?, mean.contig::<T>("norm_backward")?, rstd.contig::<T>("norm_backward")?);
+                let spec = k::NormSpec { weight: ws.as_deref(), bias: None, len: len.max(1), eps: 0 as T, rms: *rms };
                 let mut dx = vec![0 as T; x.numel()];
-                let (dw, db) = k::norm_backward(&xs, ws.as_deref(), &gs, &ms, &rs, &mut dx, len.max(1), *rms);
+                let (dw, db) = k::norm_backward(spec, &xs, &gs, &ms, &rs, &mut dx);
                 let mut out = vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?];
                 if *has_weight {
                     out.push(back_to(Tensor::from_vec(dw, &[len])?, dtype)?);
@@ -229,9 +225,9 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (n, c) = (x.shape()[0], x.shape()[1]);
             let targets = checked_targets(inputs[1], c, *ignore_index)?;
             crate::float_dispatch!(xc.dtype(), T => {
-                let xs = float_slices::<T>(&xc)?;
+                let spec = k::CrossEntropySpec { classes: c, ignore_index: *ignore_index, smoothing: *label_smoothing as T };
                 let mut lse = vec![0 as T; n];
-                let loss = k::cross_entropy(&xs, &targets, &mut lse, c, *ignore_index, *label_smoothing as T);
+                let loss = k::cross_entropy(spec, &xc.contig::<T>("cross_entropy")?, &targets, &mut lse);
                 let valid = targets.iter().filter(|&&t| t != *ignore_index).count();
                 let total: f64 = loss.iter().map(|&l| weft_to_f64(l)).sum();
                 let mean = Tensor::full(&[], total / valid as f64, dtype)?;
@@ -247,10 +243,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let valid = targets.iter().filter(|&&t| t != *ignore_index).count();
             let scale = inputs[3].item()? / valid as f64;
             crate::float_dispatch!(xc.dtype(), T => {
-                let xs = float_slices::<T>(&xc)?;
-                let lse = float_slices::<T>(inputs[2])?;
+                let spec = k::CrossEntropySpec { classes: c, ignore_index: *ignore_index, smoothing: *label_smoothing as T };
+                let (xs, lse) = (xc.contig::<T>("cross_entropy")?, inputs[2].contig::<T>("cross_entropy")?);
                 let mut dx = vec![0 as T; x.numel()];
-                k::cross_entropy_backward(&xs, &targets, &lse, &mut dx, c, *ignore_index, *label_smoothing as T, scale as T);
+                k::cross_entropy_backward(spec, &xs, &targets, &lse, &mut dx, scale as T);
                 Ok(vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?])
             })
         }
@@ -258,7 +254,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (p, seed, offset) = (*p, *seed, *offset);
             let scale = if p >= 1.0 { 0.0 } else { 1.0 / (1.0 - p) };
             crate::float_dispatch!(xc.dtype(), T => {
-                let xs = float_slices::<T>(&xc)?;
+                let xs = xc.contig::<T>("dropout")?;
                 let y: Vec<T> = xs
                     .iter()
                     .enumerate()

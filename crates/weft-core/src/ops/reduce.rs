@@ -158,13 +158,45 @@ fn reduce_typed<T: StorageElement>(op: ReduceOp, data: &CpuStorage, rows: usize,
             T::from_f64(r.iter().map(|x| x.to_f64()).sum::<f64>() / len as f64)
         }),
         ReduceOp::Max => reduce_rows(v, rows, len, |r| {
-            r.iter().copied().fold(r[0], |a, b| if b > a || is_nan(b) { b } else { a })
+            r.iter()
+                .copied()
+                .fold(r[0], |a, b| if b > a || is_nan(b) { b } else { a })
         }),
         ReduceOp::Min => reduce_rows(v, rows, len, |r| {
-            r.iter().copied().fold(r[0], |a, b| if b < a || is_nan(b) { b } else { a })
+            r.iter()
+                .copied()
+                .fold(r[0], |a, b| if b < a || is_nan(b) { b } else { a })
         }),
     };
     T::wrap(out)
+}
+
+/// Sum/mean/max/min of a contiguous float tensor over trailing dims (row kernel) or leading dims
+/// (column kernel), without copying the input. `None` when neither applies.
+fn fast_float_reduce(x: &Tensor, op: ReduceOp, dims: &[usize]) -> Result<Option<Tensor>> {
+    if !x.dtype().is_float() || !x.is_contiguous() || dims.is_empty() || x.numel() == 0 {
+        return Ok(None);
+    }
+    let rank = x.rank();
+    let suffix = dims.iter().enumerate().all(|(i, &d)| d == rank - dims.len() + i);
+    let prefix = dims.iter().enumerate().all(|(i, &d)| d == i);
+    if !suffix && !prefix {
+        return Ok(None);
+    }
+    let xc = to_compute(x)?;
+    let reduced = numel(&dims.iter().map(|&d| x.shape()[d]).collect::<Vec<_>>());
+    let kept = x.numel() / reduced;
+    let out = crate::float_dispatch!(xc.dtype(), T => {
+        let xs = xc.contig::<T>("reduce")?;
+        let mut out = vec![0 as T; kept];
+        if suffix {
+            crate::cpu::reduce::reduce_rows(op, &xs, reduced, &mut out);
+        } else {
+            crate::cpu::reduce::reduce_columns(op, &xs, reduced, kept, &mut out);
+        }
+        Tensor::from_vec(out, &[kept])?
+    });
+    Ok(Some(out))
 }
 
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
@@ -172,6 +204,9 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let out = match op {
         Op::Reduce { op: r, dims, keepdim } => {
             let shape = reduced_shape(x.shape(), dims, *keepdim);
+            if let Some(out) = fast_float_reduce(x, *r, dims)? {
+                return Ok(vec![super::elementwise::back_to(out.reshape_raw(&shape), x.dtype())?]);
+            }
             let (data, rows, len) = rows_of(x, dims)?;
             let out = match x.dtype() {
                 DType::F32 => reduce_typed::<f32>(*r, &data, rows, len),

@@ -1,0 +1,107 @@
+//! Reduction kernels for contiguous float data: over trailing dims (rows) or leading dims
+//! (columns). Other dim sets are handled by permuting first (`ops/reduce.rs`).
+
+use rayon::prelude::*;
+
+use super::elementwise::simd_dispatch;
+use super::lanes;
+use crate::dtype::Float;
+use crate::op::ReduceOp;
+
+#[inline(always)]
+fn rows<T: Float>(op: ReduceOp, x: &[T], len: usize, out: &mut [T]) {
+    for (o, r) in out.iter_mut().zip(x.chunks(len)) {
+        *o = match op {
+            ReduceOp::Sum => T::from_f64(lanes::sum_blocked(r)),
+            ReduceOp::Mean => T::from_f64(lanes::sum_blocked(r) / len as f64),
+            ReduceOp::Max => lanes::max(r),
+            ReduceOp::Min => lanes::min(r),
+        };
+    }
+}
+
+simd_dispatch!(rows_f32(op: ReduceOp, x: &[f32], len: usize, out: &mut [f32]) {
+    rows(op, x, len, out)
+});
+
+/// Reduces each row of length `len` (`out.len()` rows).
+pub fn reduce_rows<T: Float>(op: ReduceOp, x: &[T], len: usize, out: &mut [T]) {
+    super::threads::init();
+    let per_task = (super::PARALLEL_THRESHOLD / len.max(1)).max(1);
+    out.par_chunks_mut(per_task)
+        .zip(x.par_chunks(per_task * len))
+        .for_each(|(o, x)| {
+            if let (Some(xf), Some(of)) = (super::f32_view::as_f32(x), super::f32_view::as_f32_mut(o)) {
+                rows_f32(op, xf, len, of)
+            } else {
+                rows(op, x, len, o)
+            }
+        });
+}
+
+#[inline(always)]
+fn columns<T: Float>(op: ReduceOp, x: &[T], inner: usize, acc: &mut [T]) {
+    for r in x.chunks(inner) {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => {
+                for (a, &v) in acc.iter_mut().zip(r) {
+                    *a += v;
+                }
+            }
+            ReduceOp::Max => {
+                for (a, &v) in acc.iter_mut().zip(r) {
+                    *a = if v > *a || crate::dtype::is_nan(v) { v } else { *a };
+                }
+            }
+            ReduceOp::Min => {
+                for (a, &v) in acc.iter_mut().zip(r) {
+                    *a = if v < *a || crate::dtype::is_nan(v) { v } else { *a };
+                }
+            }
+        }
+    }
+}
+
+simd_dispatch!(columns_f32(op: ReduceOp, x: &[f32], inner: usize, acc: &mut [f32]) {
+    columns(op, x, inner, acc)
+});
+
+/// Reduces the leading `outer` rows of `x` (`[outer, inner]`) into `out` (`[inner]`). Each task
+/// reduces a block of rows into its own accumulator; blocks combine at the end.
+pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usize, out: &mut [T]) {
+    super::threads::init();
+    let init = match op {
+        ReduceOp::Sum | ReduceOp::Mean => T::zero(),
+        ReduceOp::Max => T::neg_infinity(),
+        ReduceOp::Min => -T::neg_infinity(),
+    };
+    let rows_per_task = (outer / (4 * super::threads::num_threads())).max(64);
+    let acc = x
+        .par_chunks(rows_per_task * inner)
+        .fold(
+            || vec![init; inner],
+            |mut acc, block| {
+                if let (Some(xf), Some(af)) = (super::f32_view::as_f32(block), super::f32_view::as_f32_mut(&mut acc)) {
+                    columns_f32(op, xf, inner, af);
+                } else {
+                    columns(op, block, inner, &mut acc);
+                }
+                acc
+            },
+        )
+        .reduce(
+            || vec![init; inner],
+            |mut a, b| {
+                columns(op, &b, inner, &mut a);
+                a
+            },
+        );
+    let scale = if op == ReduceOp::Mean {
+        T::from_f64(1.0 / outer as f64)
+    } else {
+        T::from_f64(1.0)
+    };
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a * scale;
+    }
+}

@@ -1,0 +1,218 @@
+//! The f32 kernels (vectorized, polynomial exp/erf/tanh, multi-accumulator reductions, parallel
+//! blocks) against the f64 path on the same inputs, at sizes with ragged tails and sizes large
+//! enough to take the parallel paths. Gradients included, through the fused backward kernels.
+
+mod common;
+
+use common::{assert_close, normal};
+use weft_core::{Conv2dParams, DType, Pool2dParams, Result, Tensor, UnaryOp};
+
+/// Runs `f` on `inputs` in f64 and in f32 (inputs cast), comparing outputs and the gradients of
+/// `sum(out * w)` for each input.
+fn compare(name: &str, inputs: &[Tensor], rtol: f64, f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let mut results = Vec::new();
+    for dtype in [DType::F64, DType::F32] {
+        let leaves: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| {
+                t.cast(dtype)
+                    .unwrap()
+                    .contiguous_copy()
+                    .unwrap()
+                    .requires_grad_()
+                    .unwrap()
+            })
+            .collect();
+        let out = f(&leaves).unwrap_or_else(|e| panic!("{name} {dtype:?}: {e}"));
+        assert_eq!(out.dtype(), dtype, "{name}: output dtype");
+        let w = normal(out.shape(), 999).cast(dtype).unwrap();
+        out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        let grads: Vec<Vec<f64>> = leaves
+            .iter()
+            .map(|l| l.grad().map(|g| g.to_vec_f64()).unwrap_or_default())
+            .collect();
+        results.push((out.to_vec_f64(), grads));
+    }
+    let scale = |v: &[f64]| v.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0);
+    let (ref64, ref32) = (&results[0], &results[1]);
+    assert_close(
+        &format!("{name} value"),
+        &ref32.0,
+        &ref64.0,
+        rtol * scale(&ref64.0),
+        rtol,
+    );
+    for (i, (g32, g64)) in ref32.1.iter().zip(&ref64.1).enumerate() {
+        assert_close(&format!("{name} grad {i}"), g32, g64, rtol * scale(g64), rtol);
+    }
+}
+
+const SIZES: [&[usize]; 3] = [&[3, 37], &[5, 1000], &[96, 1024]];
+
+#[test]
+fn unary_f32_matches_f64() {
+    for shape in SIZES {
+        let x = normal(shape, 1).mul_scalar(3.0).unwrap();
+        let pos = x.abs().unwrap().add_scalar(0.1).unwrap();
+        for op in [
+            UnaryOp::Neg,
+            UnaryOp::Exp,
+            UnaryOp::Tanh,
+            UnaryOp::Sigmoid,
+            UnaryOp::Relu,
+            UnaryOp::Gelu,
+            UnaryOp::GeluTanh,
+            UnaryOp::Silu,
+            UnaryOp::Abs,
+        ] {
+            compare(&format!("{op:?} {shape:?}"), std::slice::from_ref(&x), 2e-6, |t| {
+                t[0].unary(op)
+            });
+        }
+        for op in [UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt] {
+            compare(&format!("{op:?} {shape:?}"), std::slice::from_ref(&pos), 2e-6, |t| {
+                t[0].unary(op)
+            });
+        }
+    }
+}
+
+#[test]
+fn exp_f32_range() {
+    // the polynomial exp across its whole range, including where it saturates
+    let mut xs: Vec<f64> = (-1000..=1000).map(|i| i as f64 * 0.0885).collect();
+    xs.push(f64::NEG_INFINITY);
+    let x = Tensor::from_vec(xs.clone(), &[xs.len()]).unwrap();
+    let got = x.cast(DType::F32).unwrap().exp().unwrap().to_vec_f64();
+    for (g, &x) in got.iter().zip(&xs) {
+        let want = (x as f32).exp() as f64;
+        // subnormal results flush to 0
+        let tol = if want < f32::MIN_POSITIVE as f64 {
+            f32::MIN_POSITIVE as f64
+        } else {
+            3e-7 * want
+        };
+        assert!((g - want).abs() <= tol, "exp({x}) = {g}, want {want}");
+    }
+}
+
+#[test]
+fn reductions_f32_match_f64() {
+    for shape in SIZES {
+        let x = normal(shape, 2);
+        for dims in [vec![-1], vec![0], vec![]] {
+            compare(
+                &format!("sum {dims:?} {shape:?}"),
+                std::slice::from_ref(&x),
+                1e-5,
+                |t| t[0].sum(&dims, false),
+            );
+            compare(
+                &format!("mean {dims:?} {shape:?}"),
+                std::slice::from_ref(&x),
+                1e-5,
+                |t| t[0].mean(&dims, true),
+            );
+            compare(
+                &format!("max {dims:?} {shape:?}"),
+                std::slice::from_ref(&x),
+                1e-6,
+                |t| t[0].max(&dims, false),
+            );
+            compare(
+                &format!("min {dims:?} {shape:?}"),
+                std::slice::from_ref(&x),
+                1e-6,
+                |t| t[0].min(&dims, false),
+            );
+        }
+    }
+}
+
+#[test]
+fn fused_nn_f32_match_f64() {
+    for shape in SIZES {
+        let x = normal(shape, 3).mul_scalar(4.0).unwrap();
+        let c = shape[1];
+        let (w, b) = (normal(&[c], 4), normal(&[c], 5));
+        compare(&format!("softmax {shape:?}"), std::slice::from_ref(&x), 1e-5, |t| {
+            t[0].softmax(-1)
+        });
+        compare(&format!("log_softmax {shape:?}"), std::slice::from_ref(&x), 1e-5, |t| {
+            t[0].log_softmax(-1)
+        });
+        compare(
+            &format!("layer_norm {shape:?}"),
+            &[x.clone(), w.clone(), b.clone()],
+            1e-4,
+            |t| t[0].layer_norm(Some(&t[1]), Some(&t[2]), 1e-5),
+        );
+        compare(
+            &format!("layer_norm plain {shape:?}"),
+            std::slice::from_ref(&x),
+            1e-4,
+            |t| t[0].layer_norm(None, None, 1e-5),
+        );
+        compare(&format!("rms_norm {shape:?}"), &[x.clone(), w.clone()], 1e-4, |t| {
+            t[0].rms_norm(Some(&t[1]), 1e-6)
+        });
+        let n = shape[0];
+        let targets: Vec<i64> = (0..n as i64)
+            .map(|i| if i % 5 == 3 { -100 } else { (i * 31) % c as i64 })
+            .collect();
+        let targets = Tensor::from_vec(targets, &[n]).unwrap();
+        for smoothing in [0.0, 0.2] {
+            compare(
+                &format!("cross_entropy {shape:?} {smoothing}"),
+                std::slice::from_ref(&x),
+                1e-5,
+                |t| t[0].cross_entropy(&targets, -100, smoothing),
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_attention_conv_f32_match_f64() {
+    compare("matmul", &[normal(&[3, 70, 33], 6), normal(&[33, 17], 7)], 1e-5, |t| {
+        t[0].matmul(&t[1])
+    });
+    let (q, k, v) = (
+        normal(&[2, 2, 130, 16], 8),
+        normal(&[2, 2, 130, 16], 9),
+        normal(&[2, 2, 130, 8], 10),
+    );
+    for causal in [true, false] {
+        compare(
+            &format!("attention causal={causal}"),
+            &[q.clone(), k.clone(), v.clone()],
+            1e-4,
+            |t| Tensor::scaled_dot_product_attention(&t[0], &t[1], &t[2], causal, None),
+        );
+    }
+    let x = normal(&[3, 4, 9, 11], 11);
+    let w = normal(&[6, 2, 3, 3], 12);
+    let p = Conv2dParams {
+        stride: (2, 1),
+        padding: (1, 1),
+        dilation: (1, 2),
+        groups: 2,
+    };
+    compare("conv2d", &[x.clone(), w], 1e-4, |t| t[0].conv2d(&t[1], None, p));
+    compare("max_pool2d", std::slice::from_ref(&x), 1e-6, |t| {
+        t[0].max_pool2d(Pool2dParams::square(2))
+    });
+    compare("avg_pool2d", &[x], 1e-6, |t| t[0].avg_pool2d(Pool2dParams::square(3)));
+}
+
+#[test]
+fn broadcast_binary_f32_match_f64() {
+    let a = normal(&[64, 1000], 13);
+    let b = normal(&[1000], 14).abs().unwrap().add_scalar(0.5).unwrap();
+    compare("add row", &[a.clone(), b.clone()], 1e-6, |t| t[0].add(&t[1]));
+    compare("div row", &[a.clone(), b.clone()], 1e-6, |t| t[0].div(&t[1]));
+    compare("mul col", &[a.clone(), normal(&[64, 1], 15)], 1e-6, |t| t[0].mul(&t[1]));
+    compare("sub transposed", &[a.clone(), normal(&[1000, 64], 16)], 1e-6, |t| {
+        t[0].sub(&t[1].t()?)
+    });
+}
