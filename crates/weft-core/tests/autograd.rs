@@ -1,0 +1,100 @@
+//! Autograd bookkeeping: accumulation, reuse, no_grad, detach, errors, and the gradient-ready hook.
+
+use std::sync::{Arc, Mutex};
+
+use weft_core::{no_grad, DType, Error, Tensor};
+
+fn t(v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape).unwrap()
+}
+
+fn param(v: &[f64], shape: &[usize]) -> Tensor {
+    t(v, shape).requires_grad_().unwrap()
+}
+
+#[test]
+fn gradients_accumulate_across_backward_calls() {
+    let x = param(&[1.0, 2.0], &[2]);
+    for _ in 0..2 {
+        x.mul_scalar(3.0).unwrap().sum_all().unwrap().backward().unwrap();
+    }
+    assert_eq!(x.grad().unwrap().to_vec_f64(), vec![6.0, 6.0]);
+    x.set_grad(None);
+    assert!(x.grad().is_none());
+}
+
+#[test]
+fn reused_tensor_sums_its_gradients() {
+    let x = param(&[1.5, -2.0], &[2]);
+    let y = x.mul(&x).unwrap().add(&x).unwrap(); // x^2 + x
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec_f64(), vec![4.0, -3.0]);
+}
+
+#[test]
+fn no_grad_and_detach_stop_recording() {
+    let x = param(&[1.0], &[1]);
+    let y = no_grad(|| x.mul_scalar(2.0).unwrap());
+    assert!(!y.requires_grad());
+    assert!(y.backward().is_err());
+    let z = x.detach().mul_scalar(2.0).unwrap().add(&x).unwrap();
+    z.sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec_f64(), vec![1.0]);
+    assert!(weft_core::is_grad_enabled());
+}
+
+#[test]
+fn misuse_is_an_error_not_a_panic() {
+    let x = param(&[1.0, 2.0], &[2]);
+    let y = x.mul_scalar(2.0).unwrap();
+    assert!(matches!(y.backward(), Err(Error::Autograd(_))), "non-scalar backward");
+    assert!(y.set_requires_grad(false).is_err(), "requires_grad on a non-leaf");
+    let ids = Tensor::from_vec(vec![1i64], &[1]).unwrap();
+    assert!(
+        ids.set_requires_grad(true).is_err(),
+        "integer tensors cannot require grad"
+    );
+    let wrong = Tensor::ones(&[3], DType::F64).unwrap();
+    assert!(matches!(y.backward_with(&wrong), Err(Error::ShapeMismatch { .. })));
+}
+
+#[test]
+fn leaf_gradients_own_their_buffers() {
+    let a = param(&[1.0, 2.0], &[2]);
+    let b = param(&[3.0, 4.0], &[2]);
+    a.add(&b).unwrap().sum_all().unwrap().backward().unwrap();
+    let (ga, gb) = (a.grad().unwrap(), b.grad().unwrap());
+    assert!(!ga.same_storage(&gb));
+    ga.copy_from(&t(&[9.0, 9.0], &[2])).unwrap();
+    assert_eq!(b.grad().unwrap().to_vec_f64(), vec![1.0, 1.0]);
+}
+
+#[test]
+fn grad_ready_hooks_fire_in_reverse_order_with_final_gradients() {
+    // y = ((x * w1) reused twice) @ ... : w1 is used first in the forward, w2 last.
+    let x = t(&[1.0, 2.0, 3.0], &[1, 3]);
+    let w1 = param(&[0.5, -1.0, 2.0, 1.0, 0.0, 3.0], &[3, 2]);
+    let w2 = param(&[1.0, -2.0], &[2, 1]);
+    let log: Arc<Mutex<Vec<(String, Vec<f64>, bool)>>> = Arc::default();
+    for (name, w, other) in [("w1", &w1, &w2), ("w2", &w2, &w1)] {
+        let log = log.clone();
+        let other = other.clone();
+        w.register_grad_ready_hook(move |leaf| {
+            let g = leaf.grad().expect("gradient is set when the hook fires").to_vec_f64();
+            log.lock().unwrap().push((name.to_string(), g, other.grad().is_some()));
+        });
+    }
+    let h = x.matmul(&w1).unwrap();
+    let h = h.add(&h.relu().unwrap()).unwrap(); // w1's gradient arrives through two paths
+    let y = h.matmul(&w2).unwrap().sum_all().unwrap();
+    y.backward().unwrap();
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 2, "each hook fires once per backward");
+    assert_eq!(log[0].0, "w2", "the last-used parameter is ready first");
+    assert!(!log[0].2, "w2's hook ran while w1's gradient was still pending");
+    assert_eq!(log[1].0, "w1");
+    // final values: h = x @ w1 = [4.5, 10.0], both positive, so h + relu(h) = [9, 20]
+    assert_eq!(log[0].1, vec![9.0, 20.0]);
+    assert_eq!(log[1].1, w1.grad().unwrap().to_vec_f64());
+    assert_eq!(log[1].1, vec![2.0, -4.0, 4.0, -8.0, 6.0, -12.0]);
+}
