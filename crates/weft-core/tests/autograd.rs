@@ -69,13 +69,16 @@ fn leaf_gradients_own_their_buffers() {
     assert_eq!(b.grad().unwrap().to_vec_f64(), vec![1.0, 1.0]);
 }
 
+/// (which leaf, its gradient when the hook ran, whether the other leaf had a gradient then)
+type HookRecord = (String, Vec<f64>, bool);
+
 #[test]
 fn grad_ready_hooks_fire_in_reverse_order_with_final_gradients() {
     // y = ((x * w1) reused twice) @ ... : w1 is used first in the forward, w2 last.
     let x = t(&[1.0, 2.0, 3.0], &[1, 3]);
     let w1 = param(&[0.5, -1.0, 2.0, 1.0, 0.0, 3.0], &[3, 2]);
     let w2 = param(&[1.0, -2.0], &[2, 1]);
-    let log: Arc<Mutex<Vec<(String, Vec<f64>, bool)>>> = Arc::default();
+    let log: Arc<Mutex<Vec<HookRecord>>> = Arc::default();
     for (name, w, other) in [("w1", &w1, &w2), ("w2", &w2, &w1)] {
         let log = log.clone();
         let other = other.clone();
