@@ -35,9 +35,10 @@ fn randn(shape: &[usize], seed: u64) -> Result<Tensor> {
     Tensor::randn(shape, DType::F32, &mut Generator::new(seed))
 }
 
-fn cases() -> Result<Vec<Case>> {
+fn cases(filter: Option<&str>) -> Result<Vec<Case>> {
+    let want = |op: &str| filter.is_none_or(|f| op.contains(f));
     let mut cases = Vec::new();
-    for n in [256usize, 1024, 2048] {
+    for n in [256usize, 1024, 2048].into_iter().filter(|_| want("matmul")) {
         let (a, b) = (randn(&[n, n], 1)?, randn(&[n, n], 2)?);
         cases.push(Case {
             op: "matmul",
@@ -49,42 +50,66 @@ fn cases() -> Result<Vec<Case>> {
     let (rows, cols) = (8192usize, 1024usize);
     let bytes = (2 * rows * cols * 4) as f64;
     let x = randn(&[rows, cols], 3)?;
-    let xs = x.clone();
-    cases.push(Case {
-        op: "softmax",
-        shape: format!("{rows}x{cols}"),
-        work: Work::Bytes(bytes),
-        run: Box::new(move || xs.softmax(-1).map(drop)),
-    });
-    let (w, b, xl) = (randn(&[cols], 4)?, randn(&[cols], 5)?, x.clone());
-    cases.push(Case {
-        op: "layer_norm",
-        shape: format!("{rows}x{cols}"),
-        work: Work::Bytes(bytes),
-        run: Box::new(move || xl.layer_norm(Some(&w), Some(&b), 1e-5).map(drop)),
-    });
-    let xg = x.clone();
-    cases.push(Case {
-        op: "gelu",
-        shape: format!("{rows}x{cols}"),
-        work: Work::Bytes(bytes),
-        run: Box::new(move || xg.gelu().map(drop)),
-    });
+    if want("softmax") {
+        let x = x.clone();
+        let run = Box::new(move || x.softmax(-1).map(drop));
+        cases.push(Case {
+            op: "softmax",
+            shape: format!("{rows}x{cols}"),
+            work: Work::Bytes(bytes),
+            run,
+        });
+    }
+    if want("layer_norm") {
+        let (w, b, x) = (randn(&[cols], 4)?, randn(&[cols], 5)?, x.clone());
+        let run = Box::new(move || x.layer_norm(Some(&w), Some(&b), 1e-5).map(drop));
+        cases.push(Case {
+            op: "layer_norm",
+            shape: format!("{rows}x{cols}"),
+            work: Work::Bytes(bytes),
+            run,
+        });
+    }
+    if want("gelu") {
+        let run = Box::new(move || x.gelu().map(drop));
+        cases.push(Case {
+            op: "gelu",
+            shape: format!("{rows}x{cols}"),
+            work: Work::Bytes(bytes),
+            run,
+        });
+    }
+    if want("cross_entropy") {
+        cases.push(cross_entropy_case()?);
+    }
+    if want("attention") {
+        cases.push(attention_case()?);
+    }
+    if want("conv2d") {
+        cases.push(conv2d_case()?);
+    }
+    Ok(cases)
+}
+
+fn cross_entropy_case() -> Result<Case> {
     let (n, c) = (4096usize, 8192usize);
     let logits = randn(&[n, c], 6)?;
     let targets = Tensor::from_vec((0..n as i64).map(|i| (i * 7919) % c as i64).collect(), &[n])?;
-    cases.push(Case {
+    Ok(Case {
         op: "cross_entropy",
         shape: format!("{n}x{c}"),
         work: Work::Bytes((n * c * 4) as f64),
         run: Box::new(move || logits.cross_entropy(&targets, -100, 0.0).map(drop)),
-    });
+    })
+}
+
+fn attention_case() -> Result<Case> {
     let (bsz, h, t, d) = (4usize, 8usize, 512usize, 64usize);
     let q = randn(&[bsz, h, t, d], 7)?.requires_grad_()?;
     let k = randn(&[bsz, h, t, d], 8)?.requires_grad_()?;
     let v = randn(&[bsz, h, t, d], 9)?.requires_grad_()?;
     let dout = randn(&[bsz, h, t, d], 10)?;
-    cases.push(Case {
+    Ok(Case {
         op: "attention_fwd_bwd",
         shape: format!("{bsz}x{h}x{t}x{d} causal"),
         // 7 matmuls of T x T x D (2 forward, 5 backward), half of each masked away.
@@ -97,7 +122,10 @@ fn cases() -> Result<Vec<Case>> {
             }
             Ok(())
         }),
-    });
+    })
+}
+
+fn conv2d_case() -> Result<Case> {
     let (cn, cc, hw, co) = (16usize, 64usize, 56usize, 64usize);
     let cx = randn(&[cn, cc, hw, hw], 11)?;
     let cw = randn(&[co, cc, 3, 3], 12)?;
@@ -105,13 +133,12 @@ fn cases() -> Result<Vec<Case>> {
         padding: (1, 1),
         ..Conv2dParams::new()
     };
-    cases.push(Case {
+    Ok(Case {
         op: "conv2d",
         shape: format!("{cn}x{cc}x{hw}x{hw} k3x3 o{co} pad1"),
         work: Work::Flops(2.0 * (cn * co * hw * hw * cc * 9) as f64),
         run: Box::new(move || cx.conv2d(&cw, None, params).map(drop)),
-    });
-    Ok(cases)
+    })
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -128,12 +155,7 @@ pub fn run_ops(args: &OpsArgs) -> Result<()> {
             "op", "shape", "median_us", "rate", "unit"
         );
     }
-    for mut case in cases()? {
-        if let Some(f) = &args.filter {
-            if !case.op.contains(f.as_str()) {
-                continue;
-            }
-        }
+    for mut case in cases(args.filter.as_deref())? {
         for _ in 0..2 {
             (case.run)()?;
         }

@@ -7,6 +7,9 @@
 
 use rayon::prelude::*;
 
+use super::elementwise::simd_dispatch;
+use super::f32_view::{as_f32, as_f32_mut};
+use super::lanes;
 use super::matmul::{gemm, MatMut, MatRef};
 use crate::dtype::Float;
 
@@ -61,8 +64,46 @@ fn out<T>(p: &mut [T], row_stride: usize, accumulate: bool) -> MatMut<T> {
     }
 }
 
-/// Scores of a query block: `p[r, j] = softmax_j(scale * q_r . k_j)` over visible keys (0 beyond),
-/// given either nothing (forward: computes and stores `lse`) or the saved `lse` (backward).
+/// Turns a block of raw scores (`rows x kv`, already scaled) into probabilities over each row's
+/// visible keys (0 beyond). Without `have_lse` the softmax is computed and each row's log-sum-exp
+/// stored in `lse`; with it, probabilities are `exp(score - lse)` (the backward's recomputation).
+#[inline(always)]
+fn probs_in_place<T: Float>(
+    dims: AttnDims,
+    q0: usize,
+    rows: usize,
+    kv: usize,
+    p: &mut [T],
+    lse: &mut [T],
+    have_lse: bool,
+) {
+    let one = T::from_f64(1.0);
+    for r in 0..rows {
+        let vis = dims.visible(q0 + r);
+        let row = &mut p[r * kv..(r + 1) * kv];
+        if have_lse {
+            lanes::exp_in_place(&mut row[..vis], lse[r]);
+        } else {
+            let m = lanes::max(&row[..vis]);
+            let sum = lanes::exp_in_place(&mut row[..vis], m);
+            let inv = one / sum;
+            for x in row[..vis].iter_mut() {
+                *x *= inv;
+            }
+            lse[r] = m + sum.ln();
+        }
+        for x in row[vis..].iter_mut() {
+            *x = T::zero();
+        }
+    }
+}
+
+simd_dispatch!(probs_in_place_f32(dims: AttnDims, q0: usize, rows: usize, kv: usize, p: &mut [f32], lse: &mut [f32], have_lse: bool) {
+    probs_in_place(dims, q0, rows, kv, p, lse, have_lse)
+});
+
+/// Probabilities of a query block (see [`probs_in_place`]): one gemm for the scores, then the
+/// row softmax.
 #[allow(clippy::too_many_arguments)]
 fn block_probs<T: Float + Default>(
     dims: &AttnDims,
@@ -91,32 +132,26 @@ fn block_probs<T: Float + Default>(
             false,
         )
     };
+    match (as_f32_mut(p), as_f32_mut(lse)) {
+        (Some(pf), Some(lf)) => probs_in_place_f32(*dims, q0, rows, kv, pf, lf, have_lse),
+        _ => probs_in_place(*dims, q0, rows, kv, p, lse, have_lse),
+    }
+}
+
+/// `ds = p * (dp - D_r)` in place in `dp`, with `D_r = dot(o_r, dout_r)`.
+#[inline(always)]
+fn softmax_grad_block<T: Float>(rows: usize, kv: usize, dv: usize, o: &[T], dout: &[T], p: &[T], dp: &mut [T]) {
     for r in 0..rows {
-        let vis = dims.visible(q0 + r);
-        let row = &mut p[r * kv..(r + 1) * kv];
-        if have_lse {
-            let l = lse[r];
-            for x in row[..vis].iter_mut() {
-                *x = (*x - l).fast_exp();
-            }
-        } else {
-            let m = row[..vis].iter().copied().fold(T::neg_infinity(), |a, b| a.max(b));
-            let mut sum = T::zero();
-            for x in row[..vis].iter_mut() {
-                *x = (*x - m).fast_exp();
-                sum += *x;
-            }
-            let inv = one / sum;
-            for x in row[..vis].iter_mut() {
-                *x *= inv;
-            }
-            lse[r] = m + sum.ln();
-        }
-        for x in row[vis..].iter_mut() {
-            *x = T::zero();
+        let di = lanes::dot(&o[r * dv..(r + 1) * dv], &dout[r * dv..(r + 1) * dv]);
+        for (d, &pv) in dp[r * kv..(r + 1) * kv].iter_mut().zip(&p[r * kv..(r + 1) * kv]) {
+            *d = pv * (*d - di);
         }
     }
 }
+
+simd_dispatch!(softmax_grad_block_f32(rows: usize, kv: usize, dv: usize, o: &[f32], dout: &[f32], p: &[f32], dp: &mut [f32]) {
+    softmax_grad_block(rows, kv, dv, o, dout, p, dp)
+});
 
 /// Forward: `o = softmax(scale q k^T (+ causal mask)) v`, and the per-row log-sum-exp.
 /// q `[bh, t, d]`, k `[bh, s, d]`, v `[bh, s, dv]`, o `[bh, t, dv]`, lse `[bh, t]`.
@@ -241,13 +276,10 @@ pub fn backward<T: Float + Default>(
                         false,
                     );
                 }
-                for r in 0..rows {
-                    let i = q0 + r;
-                    let di: T = (0..dv).map(|c| o[i * dv + c] * dout[i * dv + c]).sum();
-                    for j in 0..kv {
-                        let idx = r * kv + j;
-                        dp[idx] = p[idx] * (dp[idx] - di);
-                    }
+                let (ob, dob) = (&o[q0 * dv..(q0 + rows) * dv], &dout[q0 * dv..(q0 + rows) * dv]);
+                match (as_f32(ob), as_f32(dob), as_f32(p), as_f32_mut(dp)) {
+                    (Some(of), Some(gf), Some(pf), Some(df)) => softmax_grad_block_f32(rows, kv, dv, of, gf, pf, df),
+                    _ => softmax_grad_block(rows, kv, dv, ob, dob, p, dp),
                 }
                 unsafe {
                     // dQ = scale dS K

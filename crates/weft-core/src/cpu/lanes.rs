@@ -150,3 +150,23 @@ pub fn sum_exp<T: Float>(x: &[T], m: T, out: Option<&mut [T]>) -> T {
 pub fn sum_blocked<T: Float>(x: &[T]) -> f64 {
     x.chunks(4096).map(|b| sum(b).to_f64()).sum()
 }
+
+/// Replaces each `x` by `exp(x - m)` and returns their sum.
+#[inline(always)]
+pub fn exp_in_place<T: Float>(x: &mut [T], m: T) -> T {
+    let mut acc = [T::zero(); LANES];
+    let full = x.len() / LANES * LANES;
+    for c in x[..full].chunks_exact_mut(LANES) {
+        for i in 0..LANES {
+            let e = (c[i] - m).fast_exp();
+            c[i] = e;
+            acc[i] += e;
+        }
+    }
+    let mut s = T::zero();
+    for v in x[full..].iter_mut() {
+        *v = (*v - m).fast_exp();
+        s += *v;
+    }
+    acc.iter().fold(s, |a, &b| a + b)
+}

@@ -82,7 +82,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let lse_shape = &q.shape()[..q.rank() - 1];
             let (qc, kc, vc) = (to_compute(q)?, to_compute(kt)?, to_compute(v)?);
             crate::float_dispatch!(qc.dtype(), T => {
-                let (qs, ks, vs) = (qc.to_vec::<T>()?, kc.to_vec::<T>()?, vc.to_vec::<T>()?);
+                let (qs, ks, vs) = (qc.contig::<T>("attention")?, kc.contig::<T>("attention")?, vc.contig::<T>("attention")?);
                 let mut o = vec![0 as T; dims.bh * dims.t * dims.dv];
                 let mut lse = vec![0 as T; dims.bh * dims.t];
                 k::forward(dims, &qs, &ks, &vs, *scale as T, &mut o, &mut lse);
@@ -100,8 +100,8 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 to_compute(g)?,
             );
             crate::float_dispatch!(qc.dtype(), T => {
-                let (qs, ks, vs) = (qc.to_vec::<T>()?, kc.to_vec::<T>()?, vc.to_vec::<T>()?);
-                let (os, ls, gs) = (oc.to_vec::<T>()?, lse.to_vec::<T>()?, gc.to_vec::<T>()?);
+                let (qs, ks, vs) = (qc.contig::<T>("attention")?, kc.contig::<T>("attention")?, vc.contig::<T>("attention")?);
+                let (os, ls, gs) = (oc.contig::<T>("attention")?, lse.contig::<T>("attention")?, gc.contig::<T>("attention")?);
                 let mut dq = vec![0 as T; qs.len()];
                 let mut dk = vec![0 as T; ks.len()];
                 let mut dv = vec![0 as T; vs.len()];

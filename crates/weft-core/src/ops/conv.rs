@@ -180,7 +180,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let d = conv_dims(x, inputs[1], *p)?;
             let wc = to_compute(inputs[1])?;
             crate::float_dispatch!(xc.dtype(), T => {
-                let (xs, ws) = (xc.to_vec::<T>()?, wc.to_vec::<T>()?);
+                let (xs, ws) = (xc.contig::<T>("conv2d")?, wc.contig::<T>("conv2d")?);
                 let mut y = vec![0 as T; d.n * d.o * d.oh * d.ow];
                 k::conv2d(d, &xs, &ws, &mut y);
                 Ok(vec![back_to(Tensor::from_vec(y, &[d.n, d.o, d.oh, d.ow])?, dtype)?])
@@ -190,7 +190,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let d = conv_dims(x, inputs[1], *p)?;
             let (wc, gc) = (to_compute(inputs[1])?, to_compute(inputs[2])?);
             crate::float_dispatch!(xc.dtype(), T => {
-                let (xs, ws, gs) = (xc.to_vec::<T>()?, wc.to_vec::<T>()?, gc.to_vec::<T>()?);
+                let (xs, ws, gs) = (xc.contig::<T>("conv2d")?, wc.contig::<T>("conv2d")?, gc.contig::<T>("conv2d")?);
                 let mut dx = vec![0 as T; xs.len()];
                 let mut dw = vec![0 as T; ws.len()];
                 k::conv2d_backward(d, &xs, &ws, &gs, &mut dx, &mut dw);
@@ -204,7 +204,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let d = pool_dims(x, *p)?;
             let shape = [x.shape()[0], x.shape()[1], d.oh, d.ow];
             crate::float_dispatch!(xc.dtype(), T => {
-                let xs = xc.to_vec::<T>()?;
+                let xs = xc.contig::<T>("pool2d")?;
                 let mut y = vec![0 as T; d.planes * d.oh * d.ow];
                 if matches!(op, Op::MaxPool2d(_)) {
                     let mut idx = vec![0i64; y.len()];
@@ -220,7 +220,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let d = pool_dims(x, *p)?;
             let g = to_compute(inputs[inputs.len() - 1])?;
             crate::float_dispatch!(xc.dtype(), T => {
-                let gs = g.to_vec::<T>()?;
+                let gs = g.contig::<T>("pool2d")?;
                 let mut dx = vec![0 as T; x.numel()];
                 if matches!(op, Op::MaxPool2dBackward(_)) {
                     k::max_pool2d_backward(d, &inputs[1].to_vec::<i64>()?, &gs, &mut dx);
