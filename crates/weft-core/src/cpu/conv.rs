@@ -50,7 +50,27 @@ pub fn out_size(size: usize, k: usize, stride: usize, pad: usize, dil: usize) ->
     (size + 2 * pad >= span).then(|| (size + 2 * pad - span) / stride + 1)
 }
 
-/// Columns of one image and group: `cols[ck, oh*ow]`.
+/// The output columns `ox` whose input column `ox * stride + k * dil - pad` lies in `0..size`.
+#[inline(always)]
+fn valid_range(out: usize, k: usize, stride: usize, pad: usize, dil: usize, size: usize) -> (usize, usize) {
+    let off = (k * dil) as isize - pad as isize;
+    // smallest ox with ox * stride + off >= 0
+    let lo = if off >= 0 {
+        0
+    } else {
+        ((-off) as usize).div_ceil(stride)
+    };
+    // largest ox with ox * stride + off < size, plus one
+    let hi = if (size as isize) <= off {
+        0
+    } else {
+        ((size as isize - off - 1) as usize / stride + 1).min(out)
+    };
+    (lo.min(hi), hi)
+}
+
+/// Columns of one image and group: `cols[ck, oh*ow]`. Each output row of each tap is a run of
+/// input elements (contiguous for stride 1) with zeros where the window hangs over the padding.
 fn im2col<T: Float>(d: &ConvDims, x: &[T], g: usize, cols: &mut [T]) {
     let (sp, p) = (d.spatial(), d.p);
     for ci in 0..d.cg() {
@@ -58,14 +78,25 @@ fn im2col<T: Float>(d: &ConvDims, x: &[T], g: usize, cols: &mut [T]) {
         for ky in 0..d.kh {
             for kx in 0..d.kw {
                 let row = &mut cols[((ci * d.kh + ky) * d.kw + kx) * sp..][..sp];
+                let (lo, hi) = valid_range(d.ow, kx, p.stride.1, p.padding.1, p.dilation.1, d.w);
                 for oy in 0..d.oh {
-                    let iy = ConvDims::src(oy, ky, p.stride.0, p.padding.0, p.dilation.0, d.h);
-                    for ox in 0..d.ow {
-                        let ix = ConvDims::src(ox, kx, p.stride.1, p.padding.1, p.dilation.1, d.w);
-                        row[oy * d.ow + ox] = match (iy, ix) {
-                            (Some(iy), Some(ix)) => plane[iy * d.w + ix],
-                            _ => T::zero(),
-                        };
+                    let out = &mut row[oy * d.ow..(oy + 1) * d.ow];
+                    let Some(iy) = ConvDims::src(oy, ky, p.stride.0, p.padding.0, p.dilation.0, d.h) else {
+                        out.iter_mut().for_each(|v| *v = T::zero());
+                        continue;
+                    };
+                    out[..lo].iter_mut().for_each(|v| *v = T::zero());
+                    out[hi..].iter_mut().for_each(|v| *v = T::zero());
+                    if lo < hi {
+                        let ix0 = lo * p.stride.1 + kx * p.dilation.1 - p.padding.1;
+                        let src = &plane[iy * d.w..(iy + 1) * d.w];
+                        if p.stride.1 == 1 {
+                            out[lo..hi].copy_from_slice(&src[ix0..ix0 + hi - lo]);
+                        } else {
+                            for (j, v) in out[lo..hi].iter_mut().enumerate() {
+                                *v = src[ix0 + j * p.stride.1];
+                            }
+                        }
                     }
                 }
             }
@@ -115,38 +146,111 @@ fn mat_t<T>(p: &[T], row_stride: usize) -> MatRef<T> {
 /// `y[n, o, oh, ow] = sum w[o, c, ky, kx] * x[n, c, ...]` per group.
 pub fn conv2d<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], y: &mut [T]) {
     super::threads::init();
-    let one = T::from_f64(1.0);
-    let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
-    let per_image = |(i, y): (usize, &mut [T]), parallel_gemm: bool| {
-        let mut cols = vec![T::zero(); ck * sp];
+    let sp = d.spatial();
+    let per_image = |i: usize, y: &mut [T], parallel_gemm: bool| {
         let xi = &x[i * d.c * d.h * d.w..][..d.c * d.h * d.w];
-        for g in 0..d.p.groups {
-            im2col(&d, xi, g, &mut cols);
-            let dst = MatMut {
-                ptr: y[g * og * sp..].as_mut_ptr(),
-                row_stride: sp as isize,
-                accumulate: false,
-            };
-            // SAFETY: w_g is og x ck, cols is ck x sp, dst is og x sp inside y.
-            unsafe {
-                gemm(
-                    og,
-                    sp,
-                    ck,
-                    dst,
-                    mat(&w[g * og * ck..], ck),
-                    mat(&cols, sp),
-                    one,
-                    one,
-                    parallel_gemm,
-                )
-            };
+        if d.p.stride == (1, 1) {
+            conv_image_shifted(&d, xi, w, y, parallel_gemm);
+        } else {
+            conv_image_im2col(&d, xi, w, y, parallel_gemm);
         }
     };
     if d.n >= super::threads::num_threads() {
-        y.par_chunks_mut(d.o * sp).enumerate().for_each(|a| per_image(a, false));
+        y.par_chunks_mut(d.o * sp)
+            .enumerate()
+            .for_each(|(i, y)| per_image(i, y, false));
     } else {
-        y.chunks_mut(d.o * sp).enumerate().for_each(|a| per_image(a, true));
+        y.chunks_mut(d.o * sp)
+            .enumerate()
+            .for_each(|(i, y)| per_image(i, y, true));
+    }
+}
+
+/// One image by im2col + one gemm per group.
+fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T], parallel_gemm: bool) {
+    let one = T::from_f64(1.0);
+    let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
+    let mut cols = vec![T::zero(); ck * sp];
+    for g in 0..d.p.groups {
+        im2col(d, xi, g, &mut cols);
+        let dst = MatMut {
+            ptr: y[g * og * sp..].as_mut_ptr(),
+            row_stride: sp as isize,
+            accumulate: false,
+        };
+        // SAFETY: w_g is og x ck, cols is ck x sp, dst is og x sp inside y.
+        unsafe {
+            gemm(
+                og,
+                sp,
+                ck,
+                dst,
+                mat(&w[g * og * ck..], ck),
+                mat(&cols, sp),
+                one,
+                one,
+                parallel_gemm,
+            )
+        };
+    }
+}
+
+/// One image with stride 1, without im2col: the input is copied once into a zero-padded buffer of
+/// width `wp = w + 2 pad`; then for each kernel tap `(ky, kx)` the shifted padded input, read as a
+/// `[c, oh * wp]` matrix starting at `ky * dil * wp + kx * dil`, is multiplied by that tap's weights
+/// and accumulated into an output computed on the padded width. The `wp - ow` extra columns of
+/// each output row are dropped at the end.
+fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T], parallel_gemm: bool) {
+    let one = T::from_f64(1.0);
+    let p = d.p;
+    let (hp, wp) = (d.h + 2 * p.padding.0, d.w + 2 * p.padding.1);
+    let taps = d.kh * d.kw;
+    let (cg, og) = (d.cg(), d.og());
+    // the last tap's matrix reads up to dil * (kw - 1) elements past the padded plane
+    let plane = hp * wp;
+    let margin = p.dilation.1 * (d.kw - 1);
+    let mut xp = vec![T::zero(); d.c * plane + margin];
+    for c in 0..d.c {
+        for iy in 0..d.h {
+            let dst = c * plane + (iy + p.padding.0) * wp + p.padding.1;
+            xp[dst..dst + d.w].copy_from_slice(&xi[(c * d.h + iy) * d.w..][..d.w]);
+        }
+    }
+    let cols = d.oh * wp;
+    let mut acc = vec![T::zero(); og * cols];
+    for g in 0..p.groups {
+        for ky in 0..d.kh {
+            for kx in 0..d.kw {
+                let tap = ky * d.kw + kx;
+                let shift = ky * p.dilation.0 * wp + kx * p.dilation.1;
+                // weights of this tap: [og, cg] at w[(g*og + o) * cg * taps + ci * taps + tap]
+                let wg = &w[g * og * cg * taps + tap..];
+                let a = MatRef {
+                    ptr: wg.as_ptr(),
+                    row_stride: (cg * taps) as isize,
+                    col_stride: taps as isize,
+                };
+                let b = MatRef {
+                    ptr: xp[g * cg * plane + shift..].as_ptr(),
+                    row_stride: plane as isize,
+                    col_stride: 1,
+                };
+                let dst = MatMut {
+                    ptr: acc.as_mut_ptr(),
+                    row_stride: cols as isize,
+                    accumulate: tap > 0,
+                };
+                // SAFETY: a is og x cg inside w; b is cg x cols inside xp (the margin covers the
+                // last row's overhang); dst is og x cols.
+                unsafe { gemm(og, cols, cg, dst, a, b, one, one, parallel_gemm) };
+            }
+        }
+        for o in 0..og {
+            for oy in 0..d.oh {
+                let src = &acc[o * cols + oy * wp..][..d.ow];
+                y[((g * og + o) * d.oh + oy) * d.ow..][..d.ow].copy_from_slice(src);
+            }
+        }
     }
 }
 
