@@ -31,6 +31,11 @@ pub enum Error {
     #[error("{op}: {msg}")]
     Invalid { op: &'static str, msg: String },
 
+    /// A file or stream could not be read or written, or its contents are malformed; the message
+    /// names the path (and the tensor, when one is at fault).
+    #[error("{0}")]
+    Io(String),
+
     /// Gradient bookkeeping misuse (backward on a tensor that does not require grad, ...).
     #[error("autograd: {0}")]
     Autograd(String),

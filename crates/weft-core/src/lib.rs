@@ -9,6 +9,7 @@ pub mod autograd;
 pub mod cpu;
 pub mod dtype;
 pub mod error;
+pub mod io;
 pub mod layout;
 pub mod op;
 pub mod ops;

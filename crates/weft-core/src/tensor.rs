@@ -184,12 +184,31 @@ impl Tensor {
 
     /// A contiguous copy of this tensor's elements as a `CpuStorage` (no copy of a view's
     /// surroundings; `offset` 0).
-    pub(crate) fn contiguous_storage(&self) -> CpuStorage {
+    pub fn contiguous_storage(&self) -> CpuStorage {
         let guard = self.0.storage.read();
         if self.is_contiguous() && self.0.layout.offset == 0 && guard.len() == self.numel() {
             return guard.clone();
         }
         guard.gather(&self.0.layout)
+    }
+
+    /// Runs `f` on the elements as a row-major slice (borrowed when the tensor is contiguous, a
+    /// copy otherwise). Fails when the dtype is not `T`'s.
+    pub fn with_data<T: StorageElement, R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.with_slice("with_data", f)
+    }
+
+    /// Runs `f` on this tensor's elements in place, for fused updates (optimizer steps,
+    /// collectives). Not recorded by autograd. The tensor must be contiguous and of `T`'s dtype.
+    pub fn with_data_mut<T: StorageElement, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        let l = &self.0.layout;
+        if !l.is_contiguous() {
+            return Err(crate::error::invalid("with_data_mut", format!("tensor of shape {:?} is not contiguous", l.shape)));
+        }
+        let mut guard = self.0.storage.write();
+        let dtype = guard.dtype();
+        let data = T::slice_mut(&mut guard).ok_or(Error::DTypeMismatch { op: "with_data_mut", lhs: dtype, rhs: T::DTYPE })?;
+        Ok(f(&mut data[l.offset..l.offset + l.numel()]))
     }
 
     /// Runs `f` on the elements as a row-major slice, borrowing when the tensor is contiguous.

@@ -1,0 +1,3 @@
+//! Reading and writing tensors.
+
+pub mod safetensors;
