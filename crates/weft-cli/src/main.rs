@@ -2,6 +2,9 @@
 
 mod bench;
 
+use std::path::PathBuf;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -13,6 +16,34 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Trains a model described by a TOML run config.
+    Train {
+        /// The run config (paths inside it are relative to its folder).
+        #[arg(long)]
+        config: PathBuf,
+        /// Overrides a config value: `section.key=value` (repeatable).
+        #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Continue from the newest complete checkpoint in `train.checkpoint_dir`.
+        #[arg(long)]
+        resume: bool,
+        /// Hide the progress display.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Continues a prompt with a trained gpt checkpoint.
+    Generate {
+        /// A checkpoint folder, or a checkpoint directory (its newest checkpoint is used).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        #[arg(long, default_value = "\n")]
+        prompt: String,
+        /// Characters to generate.
+        #[arg(long, default_value_t = 200)]
+        tokens: usize,
+        #[arg(long, default_value_t = 1337)]
+        seed: u64,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -26,15 +57,28 @@ enum BenchCommand {
     Ops(bench::OpsArgs),
 }
 
-fn main() {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Bench {
-            what: BenchCommand::Ops(args),
-        } => bench::run_ops(&args),
-    };
-    if let Err(e) = result {
-        eprintln!("weft: error: {e}");
-        std::process::exit(1);
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Train { config, overrides, resume, quiet } => {
+            let cfg = weft_train::config::RunConfig::load(&config, &overrides).map_err(|e| e.to_string())?;
+            let options = weft_train::run::TrainOptions { resume, progress: !quiet };
+            weft_train::run::train(&cfg, &options).map_err(|e| e.to_string())
+        }
+        Command::Generate { checkpoint, prompt, tokens, seed } => {
+            let text = weft_train::run::generate(&checkpoint, &prompt, tokens, seed).map_err(|e| e.to_string())?;
+            println!("{text}");
+            Ok(())
+        }
+        Command::Bench { what: BenchCommand::Ops(args) } => bench::run_ops(&args).map_err(|e| e.to_string()),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weft: error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

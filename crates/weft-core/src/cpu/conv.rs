@@ -260,7 +260,7 @@ pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[
     let one = T::from_f64(1.0);
     let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
     let image = d.c * d.h * d.w;
-    let partial = dx
+    let partials = dx
         .par_chunks_mut(image)
         .enumerate()
         .map(|(i, dxi)| {
@@ -302,13 +302,12 @@ pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[
             }
             dw_part
         })
-        .reduce(
-            || vec![T::zero(); dw.len()],
-            |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                a
-            },
-        );
+        .collect::<Vec<_>>();
+    // per-image partial weight gradients, added in image order (reproducible)
+    let mut partial = vec![T::zero(); dw.len()];
+    for p in partials {
+        partial.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+    }
     dw.copy_from_slice(&partial);
 }
 

@@ -240,30 +240,30 @@ pub fn norm_backward<T: Float>(
     super::threads::init();
     let len = s.len;
     let rows = rows_per_task(len).max(8);
-    dx.par_chunks_mut(rows * len)
+    // Partial sums per fixed block of rows, added in block order: the result does not depend on
+    // how the pool schedules the blocks (bit-for-bit reproducible runs).
+    let partials: Vec<(Vec<T>, Vec<T>)> = dx
+        .par_chunks_mut(rows * len)
         .zip(x.par_chunks(rows * len).zip(g.par_chunks(rows * len)))
         .zip(mean.par_chunks(rows).zip(rstd.par_chunks(rows)))
-        .fold(
-            || (vec![T::zero(); len], vec![T::zero(); len]),
-            |(mut dw, mut db), ((dx, (x, g)), (mean, rstd))| {
-                let f32s = (norm_spec_f32(s), as_f32(x), as_f32(g), as_f32(mean), as_f32(rstd));
-                match (f32s, as_f32_mut(dx), as_f32_mut(&mut dw), as_f32_mut(&mut db)) {
-                    ((Some(sf), Some(xf), Some(gf), Some(mf), Some(rf)), Some(dxf), Some(dwf), Some(dbf)) => {
-                        norm_backward_rows_f32(sf, xf, gf, mf, rf, dxf, dwf, dbf)
-                    }
-                    _ => norm_backward_rows(s, x, g, mean, rstd, dx, &mut dw, &mut db),
+        .map(|((dx, (x, g)), (mean, rstd))| {
+            let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
+            let f32s = (norm_spec_f32(s), as_f32(x), as_f32(g), as_f32(mean), as_f32(rstd));
+            match (f32s, as_f32_mut(dx), as_f32_mut(&mut dw), as_f32_mut(&mut db)) {
+                ((Some(sf), Some(xf), Some(gf), Some(mf), Some(rf)), Some(dxf), Some(dwf), Some(dbf)) => {
+                    norm_backward_rows_f32(sf, xf, gf, mf, rf, dxf, dwf, dbf)
                 }
-                (dw, db)
-            },
-        )
-        .reduce(
-            || (vec![T::zero(); len], vec![T::zero(); len]),
-            |(mut a, mut b), (c, d)| {
-                a.iter_mut().zip(c).for_each(|(a, c)| *a += c);
-                b.iter_mut().zip(d).for_each(|(b, d)| *b += d);
-                (a, b)
-            },
-        )
+                _ => norm_backward_rows(s, x, g, mean, rstd, dx, &mut dw, &mut db),
+            }
+            (dw, db)
+        })
+        .collect();
+    let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
+    for (pw, pb) in partials {
+        dw.iter_mut().zip(pw).for_each(|(a, b)| *a += b);
+        db.iter_mut().zip(pb).for_each(|(a, b)| *a += b);
+    }
+    (dw, db)
 }
 
 // ---------------------------------------------------------------- cross-entropy

@@ -66,6 +66,9 @@ simd_dispatch!(columns_f32(op: ReduceOp, x: &[f32], inner: usize, acc: &mut [f32
     columns(op, x, inner, acc)
 });
 
+/// Rows per block of the column reduction.
+const COLUMN_BLOCK_ROWS: usize = 256;
+
 /// Reduces the leading `outer` rows of `x` (`[outer, inner]`) into `out` (`[inner]`). Each task
 /// reduces a block of rows into its own accumulator; blocks combine at the end.
 pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usize, out: &mut [T]) {
@@ -75,27 +78,24 @@ pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usiz
         ReduceOp::Max => T::neg_infinity(),
         ReduceOp::Min => -T::neg_infinity(),
     };
-    let rows_per_task = (outer / (4 * super::threads::num_threads())).max(64);
-    let acc = x
-        .par_chunks(rows_per_task * inner)
-        .fold(
-            || vec![init; inner],
-            |mut acc, block| {
-                if let (Some(xf), Some(af)) = (super::f32_view::as_f32(block), super::f32_view::as_f32_mut(&mut acc)) {
-                    columns_f32(op, xf, inner, af);
-                } else {
-                    columns(op, block, inner, &mut acc);
-                }
-                acc
-            },
-        )
-        .reduce(
-            || vec![init; inner],
-            |mut a, b| {
-                columns(op, &b, inner, &mut a);
-                a
-            },
-        );
+    // Fixed blocks of rows, combined in block order: the result depends neither on the thread
+    // count nor on scheduling.
+    let partials: Vec<Vec<T>> = x
+        .par_chunks(COLUMN_BLOCK_ROWS * inner)
+        .map(|block| {
+            let mut acc = vec![init; inner];
+            if let (Some(xf), Some(af)) = (super::f32_view::as_f32(block), super::f32_view::as_f32_mut(&mut acc)) {
+                columns_f32(op, xf, inner, af);
+            } else {
+                columns(op, block, inner, &mut acc);
+            }
+            acc
+        })
+        .collect();
+    let mut acc = vec![init; inner];
+    for p in &partials {
+        columns(op, p, inner, &mut acc);
+    }
     let scale = if op == ReduceOp::Mean {
         T::from_f64(1.0 / outer as f64)
     } else {

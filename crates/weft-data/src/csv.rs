@@ -1,0 +1,403 @@
+//! Numeric CSV data (features plus an integer class label), read from `.csv` or gzip-compressed
+//! `.csv.gz`, split once into train/val, and served as shuffled epochs whose batches are a pure
+//! function of `(seed, split, step)`.
+//!
+//! Format: comma-separated values, one row per line, blank lines skipped, no quoting. The first row
+//! is a header if any of its fields is neither empty nor a number (an empty field alone does not make
+//! a header: it is reported as a bad value). Every row must have as many values as the first.
+//!
+//! Random counters (all via `weft_core::rng::uniform`), disjoint per purpose:
+//! - the train/val split: seed `split_seed`, counters `1 << 60 | i`;
+//! - the order of epoch `e` of the train split: seed `seed`, counters `2 << 60 | e << 32 | i`;
+//! - the order of epoch `e` of the val split: seed `seed`, counters `3 << 60 | e << 32 | i`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use weft_core::Tensor;
+
+use crate::error::{invalid, Error, Result};
+use crate::{check_val_fraction, permutation, train_len, Split};
+
+const SPLIT_COUNTERS: u64 = 1 << 60;
+const EPOCH_COUNTERS: [u64; 2] = [2 << 60, 3 << 60];
+/// Epochs and rows must fit the counter layout above.
+const MAX_EPOCH: u64 = 1 << 28;
+const MAX_ROWS: usize = 1 << 32;
+
+/// Which CSV column holds the class label; every other column is a feature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelColumn {
+    /// The column at this 0-based index.
+    Index(usize),
+    /// The column with this header name (the file must have a header row).
+    Name(String),
+    /// The last column.
+    Last,
+}
+
+/// A cached epoch order: (seed, epoch, permutation of positions in the split).
+type EpochOrder = (u64, u64, Arc<Vec<usize>>);
+
+/// Rows of numeric features (F32) and class labels (I64), split into train and val.
+#[derive(Debug)]
+pub struct CsvDataset {
+    path: PathBuf,
+    header: Option<Vec<String>>,
+    label_index: usize,
+    num_features: usize,
+    num_classes: usize,
+    /// Row-major `[rows, num_features]`, already multiplied by the feature scale.
+    features: Vec<f32>,
+    labels: Vec<i64>,
+    /// Row indices (in file order) of each split: `[train, val]`.
+    splits: [Vec<usize>; 2],
+    /// The last epoch order built for each split (a cache: batches do not depend on it).
+    orders: [Mutex<Option<EpochOrder>>; 2],
+}
+
+impl Clone for CsvDataset {
+    fn clone(&self) -> CsvDataset {
+        CsvDataset {
+            path: self.path.clone(),
+            header: self.header.clone(),
+            label_index: self.label_index,
+            num_features: self.num_features,
+            num_classes: self.num_classes,
+            features: self.features.clone(),
+            labels: self.labels.clone(),
+            splits: self.splits.clone(),
+            orders: Default::default(),
+        }
+    }
+}
+
+fn split_slot(split: Split) -> usize {
+    match split {
+        Split::Train => 0,
+        Split::Val => 1,
+    }
+}
+
+/// The file's text, gunzipped if it starts with the gzip magic bytes.
+fn read_text(path: &Path) -> Result<String> {
+    let io = |source| Error::Io {
+        path: path.into(),
+        source,
+    };
+    let bytes = std::fs::read(path).map_err(io)?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut text = String::new();
+        flate2::read::MultiGzDecoder::new(&bytes[..])
+            .read_to_string(&mut text)
+            .map_err(io)?;
+        Ok(text)
+    } else {
+        String::from_utf8(bytes).map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+    }
+}
+
+fn parse_label(field: &str) -> std::result::Result<i64, String> {
+    let v = match field.parse::<i64>() {
+        Ok(v) => v,
+        // accept integral floats such as "3.0"
+        Err(_) => match field.parse::<f64>() {
+            Ok(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => f as i64,
+            _ => return Err(format!("label {field:?} is not an integer")),
+        },
+    };
+    if v < 0 {
+        return Err(format!("label {v} is negative (labels are class ids 0, 1, ...)"));
+    }
+    Ok(v)
+}
+
+impl CsvDataset {
+    /// The split seed [`CsvDataset::from_file`] uses.
+    pub const DEFAULT_SPLIT_SEED: u64 = 0;
+
+    /// Reads a `.csv` or `.csv.gz` file (gzip is detected from the content). Features are every
+    /// column but the label, read as f32 and multiplied by `feature_scale`; labels must be
+    /// non-negative integers. The rows are split once by a permutation seeded with
+    /// [`CsvDataset::DEFAULT_SPLIT_SEED`]: a `val_fraction` share go to val, the rest
+    /// (`floor(rows * (1 - val_fraction))`) to train.
+    ///
+    /// Errors name the path, and the line and column of an unparsable value or ragged row.
+    pub fn from_file(
+        path: impl AsRef<Path>,
+        label_column: LabelColumn,
+        feature_scale: f32,
+        val_fraction: f64,
+    ) -> Result<CsvDataset> {
+        Self::from_file_with_split_seed(
+            path,
+            label_column,
+            feature_scale,
+            val_fraction,
+            Self::DEFAULT_SPLIT_SEED,
+        )
+    }
+
+    /// [`CsvDataset::from_file`] with another seed for the train/val split.
+    pub fn from_file_with_split_seed(
+        path: impl AsRef<Path>,
+        label_column: LabelColumn,
+        feature_scale: f32,
+        val_fraction: f64,
+        split_seed: u64,
+    ) -> Result<CsvDataset> {
+        let path = path.as_ref();
+        let text = read_text(path)?;
+        Self::from_csv_text(&text, path, label_column, feature_scale, val_fraction, split_seed)
+    }
+
+    /// Parses CSV text already in memory; `origin` is the path named in error messages.
+    pub fn from_csv_text(
+        text: &str,
+        origin: &Path,
+        label_column: LabelColumn,
+        feature_scale: f32,
+        val_fraction: f64,
+        split_seed: u64,
+    ) -> Result<CsvDataset> {
+        check_val_fraction(val_fraction)?;
+        if !feature_scale.is_finite() {
+            return Err(invalid(format!("feature_scale must be finite, got {feature_scale}")));
+        }
+        let at = |line: usize, column: Option<usize>, msg: String| Error::Csv {
+            path: origin.into(),
+            line,
+            column,
+            msg,
+        };
+        let mut rows = text
+            .strip_prefix('\u{feff}')
+            .unwrap_or(text)
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim()))
+            .filter(|(_, l)| !l.is_empty())
+            .peekable();
+        let Some(&(first_line, first)) = rows.peek() else {
+            return Err(invalid(format!("{}: no rows", origin.display())));
+        };
+        let first_fields: Vec<&str> = first.split(',').map(str::trim).collect();
+        let num_columns = first_fields.len();
+        let header = if first_fields.iter().all(|f| f.is_empty() || f.parse::<f64>().is_ok()) {
+            None
+        } else {
+            rows.next();
+            Some(
+                first_fields
+                    .iter()
+                    .map(|f| f.trim_matches('"').to_string())
+                    .collect::<Vec<_>>(),
+            )
+        };
+        if num_columns < 2 {
+            return Err(at(
+                first_line,
+                None,
+                format!("need at least 2 columns (features and a label), found {num_columns}"),
+            ));
+        }
+        let label_index = match &label_column {
+            LabelColumn::Last => num_columns - 1,
+            LabelColumn::Index(i) if *i < num_columns => *i,
+            LabelColumn::Index(i) => {
+                return Err(invalid(format!(
+                    "{}: label column index {i} is out of range: rows have {num_columns} columns",
+                    origin.display()
+                )))
+            }
+            LabelColumn::Name(name) => match &header {
+                Some(names) => names.iter().position(|n| n == name).ok_or_else(|| {
+                    invalid(format!(
+                        "{}: no column named {name:?} in the header {names:?}",
+                        origin.display()
+                    ))
+                })?,
+                None => {
+                    return Err(invalid(format!(
+                        "{}: label column {name:?} asked by name, but the file has no header row",
+                        origin.display()
+                    )))
+                }
+            },
+        };
+        let column_name = |j: usize| match &header {
+            Some(names) => format!(" ({:?})", names[j]),
+            None => String::new(),
+        };
+        let num_features = num_columns - 1;
+        let (mut features, mut labels) = (Vec::new(), Vec::new());
+        for (line, row) in rows {
+            let fields: Vec<&str> = row.split(',').map(str::trim).collect();
+            if fields.len() != num_columns {
+                let msg = format!("ragged row: expected {num_columns} values, found {}", fields.len());
+                return Err(at(line, None, msg));
+            }
+            for (j, field) in fields.iter().enumerate() {
+                if j == label_index {
+                    labels
+                        .push(parse_label(field).map_err(|m| at(line, Some(j + 1), format!("{m}{}", column_name(j))))?);
+                    continue;
+                }
+                match field.parse::<f32>() {
+                    Ok(v) if v.is_finite() => features.push(v * feature_scale),
+                    _ => {
+                        let msg = format!("value {field:?}{} is not a finite number", column_name(j));
+                        return Err(at(line, Some(j + 1), msg));
+                    }
+                }
+            }
+        }
+        let n = labels.len();
+        if n == 0 {
+            return Err(invalid(format!("{}: no data rows (only a header)", origin.display())));
+        }
+        if n >= MAX_ROWS {
+            return Err(invalid(format!(
+                "{}: {n} rows, more than the {MAX_ROWS} supported",
+                origin.display()
+            )));
+        }
+        let num_classes = labels.iter().max().map_or(0, |&m| m as usize + 1);
+        let order = permutation(n, split_seed, SPLIT_COUNTERS);
+        let n_train = train_len(n, val_fraction);
+        let (mut train, mut val) = (order[..n_train].to_vec(), order[n_train..].to_vec());
+        train.sort_unstable();
+        val.sort_unstable();
+        Ok(CsvDataset {
+            path: origin.into(),
+            header,
+            label_index,
+            num_features,
+            num_classes,
+            features,
+            labels,
+            splits: [train, val],
+            orders: Default::default(),
+        })
+    }
+
+    /// The path the data came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The header row's column names (label included), if the file had one.
+    pub fn header(&self) -> Option<&[String]> {
+        self.header.as_deref()
+    }
+
+    /// The 0-based index of the label column in the file.
+    pub fn label_index(&self) -> usize {
+        self.label_index
+    }
+
+    /// Number of feature columns (the width of `x`).
+    pub fn num_features(&self) -> usize {
+        self.num_features
+    }
+
+    /// Number of classes: the largest label in the whole file plus one.
+    pub fn num_classes(&self) -> usize {
+        self.num_classes
+    }
+
+    /// Number of rows in the whole file.
+    pub fn num_rows_total(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Number of rows in one split.
+    pub fn num_rows(&self, split: Split) -> usize {
+        self.splits[split_slot(split)].len()
+    }
+
+    /// The 0-based data-row indices (in file order, header excluded) that make up one split.
+    pub fn rows(&self, split: Split) -> &[usize] {
+        &self.splits[split_slot(split)]
+    }
+
+    /// Full batches per epoch of `split` (the last partial batch is dropped). Errors (naming the split
+    /// and sizes) if `batch_size` is 0 or larger than the split.
+    pub fn batches_per_epoch(&self, split: Split, batch_size: usize) -> Result<usize> {
+        let n = self.num_rows(split);
+        if batch_size == 0 || batch_size > n {
+            return Err(invalid(format!(
+                "csv batch: the {split} split of {} has {n} rows; batch_size {batch_size} must be in 1..={n}",
+                self.path.display()
+            )));
+        }
+        Ok(n / batch_size)
+    }
+
+    /// The order of epoch `epoch` of `split` under `seed`: a permutation of `0..num_rows(split)`
+    /// (positions in [`CsvDataset::rows`]), a pure function of `(seed, split, epoch)`.
+    pub fn epoch_order(&self, split: Split, seed: u64, epoch: u64) -> Result<Arc<Vec<usize>>> {
+        if epoch >= MAX_EPOCH {
+            return Err(invalid(format!(
+                "csv batch: epoch {epoch} is past the supported {MAX_EPOCH}"
+            )));
+        }
+        let slot = split_slot(split);
+        let mut cache = self.orders[slot].lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((s, e, order)) = cache.as_ref() {
+            if (*s, *e) == (seed, epoch) {
+                return Ok(order.clone());
+            }
+        }
+        let order = Arc::new(permutation(
+            self.num_rows(split),
+            seed,
+            EPOCH_COUNTERS[slot] | (epoch << 32),
+        ));
+        *cache = Some((seed, epoch, order.clone()));
+        Ok(order)
+    }
+
+    /// The training batch at `step`: `(x, y)` with x F32 `[batch_size, num_features]` and y I64
+    /// `[batch_size]`. Epoch `e = step / batches_per_epoch` visits the split's rows in
+    /// [`CsvDataset::epoch_order`]`(split, seed, e)`; step takes batch `step % batches_per_epoch` of
+    /// it (the last partial batch of an epoch is dropped). A pure function of `(split, batch_size,
+    /// seed, step)`.
+    pub fn batch(&self, split: Split, batch_size: usize, seed: u64, step: usize) -> Result<(Tensor, Tensor)> {
+        let per_epoch = self.batches_per_epoch(split, batch_size)?;
+        let (epoch, k) = ((step / per_epoch) as u64, step % per_epoch);
+        let order = self.epoch_order(split, seed, epoch)?;
+        let split_rows = self.rows(split);
+        let rows: Vec<usize> = order[k * batch_size..(k + 1) * batch_size]
+            .iter()
+            .map(|&p| split_rows[p])
+            .collect();
+        self.gather(&rows)
+    }
+
+    /// The whole split in row order, in batches of `batch_size` (the last one partial): each item is
+    /// `(x, y)` as in [`CsvDataset::batch`], with `rows` in the first dim. An error item if
+    /// `batch_size` is 0.
+    pub fn eval_batches(&self, split: Split, batch_size: usize) -> impl Iterator<Item = Result<(Tensor, Tensor)>> + '_ {
+        let err = (batch_size == 0).then(|| invalid("csv eval_batches: batch_size must be positive"));
+        let rows = if err.is_some() { &[][..] } else { self.rows(split) };
+        err.map(Err)
+            .into_iter()
+            .chain(rows.chunks(batch_size.max(1)).map(move |chunk| self.gather(chunk)))
+    }
+
+    /// x F32 `[rows.len(), num_features]` and y I64 `[rows.len()]` of these data rows.
+    fn gather(&self, rows: &[usize]) -> Result<(Tensor, Tensor)> {
+        let f = self.num_features;
+        let mut x = Vec::with_capacity(rows.len() * f);
+        for &r in rows {
+            x.extend_from_slice(&self.features[r * f..(r + 1) * f]);
+        }
+        let y: Vec<i64> = rows.iter().map(|&r| self.labels[r]).collect();
+        Ok((
+            Tensor::from_vec(x, &[rows.len(), f])?,
+            Tensor::from_vec(y, &[rows.len()])?,
+        ))
+    }
+}

@@ -1,0 +1,232 @@
+//! GPT in nanoGPT's layout: token and position embeddings, pre-norm blocks of causal
+//! self-attention and MLP, a final LayerNorm, and an output head tied to the token embedding.
+
+use weft_core::{DType, Error, Generator, Result, Tensor};
+use weft_nn::init;
+use weft_nn::layers::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Mlp};
+use weft_nn::module::{prefixed, Module};
+use weft_nn::Context;
+
+use crate::{config_error, Model};
+
+/// nanoGPT's `GPTConfig`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GptConfig {
+    pub vocab_size: usize,
+    /// Longest sequence (positions).
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    /// Width `C`; must divide by `n_head`.
+    pub n_embd: usize,
+    /// Biases in every Linear and LayerNorm.
+    pub bias: bool,
+    pub dropout: f64,
+}
+
+impl GptConfig {
+    pub fn validate(&self) -> Result<()> {
+        for (key, v) in [("vocab_size", self.vocab_size), ("block_size", self.block_size), ("n_layer", self.n_layer), ("n_head", self.n_head), ("n_embd", self.n_embd)] {
+            if v == 0 {
+                return Err(config_error(key, "must be positive"));
+            }
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(config_error("n_embd", format!("{} does not divide by n_head = {}", self.n_embd, self.n_head)));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(config_error("dropout", format!("{} is outside [0, 1)", self.dropout)));
+        }
+        Ok(())
+    }
+}
+
+/// One pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+pub struct Block {
+    pub ln_1: LayerNorm,
+    pub attn: CausalSelfAttention,
+    pub ln_2: LayerNorm,
+    pub mlp: Mlp,
+}
+
+impl Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+    }
+}
+
+impl Module for Block {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = prefixed("ln_1", self.ln_1.parameters());
+        p.extend(prefixed("attn", self.attn.parameters()));
+        p.extend(prefixed("ln_2", self.ln_2.parameters()));
+        p.extend(prefixed("mlp", self.mlp.parameters()));
+        p
+    }
+}
+
+/// The GPT language model. `lm_head.weight` is `transformer.wte.weight` (tied).
+pub struct Gpt {
+    pub config: GptConfig,
+    pub wte: Embedding,
+    pub wpe: Embedding,
+    pub h: Vec<Block>,
+    pub ln_f: LayerNorm,
+    drop: Dropout,
+    ctx: Context,
+}
+
+const ALIASES: &[(&str, &str)] = &[("lm_head.weight", "transformer.wte.weight")];
+
+impl Gpt {
+    /// nanoGPT's initialisation: N(0, 0.02) weights, zero biases, residual projections
+    /// (`c_proj`) N(0, 0.02 / sqrt(2 n_layer)), LayerNorms at ones and zeros.
+    pub fn new(config: GptConfig, seed: u64) -> Result<Self> {
+        config.validate()?;
+        let ctx = Context::new(seed);
+        let mut rng = Generator::new(seed);
+        let c = config.n_embd;
+        let f = DType::F32;
+        let eps = 1e-5;
+        let mut h = Vec::with_capacity(config.n_layer);
+        for _ in 0..config.n_layer {
+            h.push(Block {
+                ln_1: LayerNorm::new(c, config.bias, eps)?,
+                attn: CausalSelfAttention::new(c, config.n_head, config.bias, config.dropout, &ctx, &mut rng)?,
+                ln_2: LayerNorm::new(c, config.bias, eps)?,
+                mlp: Mlp::new(c, config.bias, config.dropout, &ctx, &mut rng)?,
+            });
+        }
+        let model = Gpt {
+            wte: Embedding { weight: init::normal(&[config.vocab_size, c], 0.02, f, &mut rng)? },
+            wpe: Embedding { weight: init::normal(&[config.block_size, c], 0.02, f, &mut rng)? },
+            h,
+            ln_f: LayerNorm::new(c, config.bias, eps)?,
+            drop: Dropout::new(config.dropout, &ctx),
+            ctx,
+            config,
+        };
+        let proj_std = 0.02 / (2.0 * model.config.n_layer as f64).sqrt();
+        for (name, p) in model.parameters() {
+            let fresh = if name.ends_with("c_proj.weight") {
+                Some(init::normal(p.shape(), proj_std, f, &mut rng)?)
+            } else if name.contains(".c_") && name.ends_with(".weight") {
+                Some(init::normal(p.shape(), 0.02, f, &mut rng)?)
+            } else if name.contains(".c_") && name.ends_with(".bias") {
+                Some(Tensor::zeros(p.shape(), f)?)
+            } else {
+                None
+            };
+            if let Some(v) = fresh {
+                p.copy_from(&v)?;
+            }
+        }
+        Ok(model)
+    }
+
+    /// Checks token ids: I64 `[B, T]` with `T <= block_size` and every id in `0..vocab_size`.
+    fn check_ids(&self, idx: &Tensor, what: &str) -> Result<()> {
+        let c = &self.config;
+        if idx.dtype() != DType::I64 || idx.rank() != 2 || idx.shape()[1] > c.block_size || idx.shape()[1] == 0 {
+            return Err(Error::Invalid {
+                op: "gpt",
+                msg: format!("{what} must be I64 [B, T] with 1 <= T <= block_size = {}, got {:?} {:?}", c.block_size, idx.dtype(), idx.shape()),
+            });
+        }
+        let ids = idx.to_vec::<i64>()?;
+        if let Some((pos, &bad)) = ids.iter().enumerate().find(|(_, &t)| t < 0 || t as usize >= c.vocab_size) {
+            return Err(Error::Invalid {
+                op: "gpt",
+                msg: format!("{what}: token id {bad} at flat position {pos} is outside the vocabulary (vocab_size = {})", c.vocab_size),
+            });
+        }
+        Ok(())
+    }
+
+    /// # Shapes
+    /// I64 ids `[B, T]` -> logits `[B, T, vocab_size]`.
+    pub fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        self.check_ids(idx, "inputs")?;
+        let t = idx.shape()[1];
+        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64)?;
+        let mut x = self.drop.forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)?;
+        for block in &self.h {
+            x = block.forward(&x)?;
+        }
+        let x = self.ln_f.forward(&x)?;
+        x.matmul(&self.wte.weight.t()?)
+    }
+
+    /// Appends `max_new_tokens` sampled tokens to `idx` (`[1, T]`), conditioning on at most the last
+    /// `block_size` tokens: softmax of the last logits divided by `temperature`, restricted to the
+    /// `top_k` most likely tokens when given. Runs without recording gradients.
+    pub fn generate(&self, idx: &Tensor, max_new_tokens: usize, temperature: f64, top_k: Option<usize>, rng: &mut Generator) -> Result<Tensor> {
+        if temperature <= 0.0 || !temperature.is_finite() {
+            return Err(Error::Invalid { op: "generate", msg: format!("temperature must be positive, got {temperature}") });
+        }
+        weft_core::no_grad(|| {
+            let mut tokens = idx.to_vec::<i64>()?;
+            for _ in 0..max_new_tokens {
+                let start = tokens.len().saturating_sub(self.config.block_size);
+                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?;
+                let logits = self.forward(&ctx)?;
+                let last = logits.narrow(1, ctx.shape()[1] - 1, 1)?.reshape(&[-1])?.to_vec_f64();
+                let mut scaled: Vec<f64> = last.iter().map(|l| l / temperature).collect();
+                if let Some(k) = top_k.filter(|&k| k > 0 && k < scaled.len()) {
+                    let mut sorted = scaled.clone();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    let cut = sorted[k - 1];
+                    scaled.iter_mut().filter(|v| **v < cut).for_each(|v| *v = f64::NEG_INFINITY);
+                }
+                let m = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let probs: Vec<f64> = scaled.iter().map(|v| (v - m).exp()).collect();
+                let total: f64 = probs.iter().sum();
+                let (seed, counter) = rng.take(1);
+                let mut u = weft_core::rng::uniform(seed, counter) * total;
+                let mut next = probs.len() - 1;
+                for (i, p) in probs.iter().enumerate() {
+                    if u < *p {
+                        next = i;
+                        break;
+                    }
+                    u -= p;
+                }
+                tokens.push(next as i64);
+            }
+            let n = tokens.len();
+            Tensor::from_vec(tokens, &[1, n])
+        })
+    }
+}
+
+impl Module for Gpt {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = prefixed("transformer.wte", self.wte.parameters());
+        p.extend(prefixed("transformer.wpe", self.wpe.parameters()));
+        for (i, b) in self.h.iter().enumerate() {
+            p.extend(prefixed(&format!("transformer.h.{i}"), b.parameters()));
+        }
+        p.extend(prefixed("transformer.ln_f", self.ln_f.parameters()));
+        p
+    }
+}
+
+impl Model for Gpt {
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = self.forward(inputs)?;
+        if targets.shape() != inputs.shape() {
+            return Err(Error::ShapeMismatch { op: "gpt loss", lhs: inputs.shape().to_vec(), rhs: targets.shape().to_vec() });
+        }
+        let v = self.config.vocab_size as isize;
+        logits.reshape(&[-1, v])?.cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+    }
+
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn aliases(&self) -> &'static [(&'static str, &'static str)] {
+        ALIASES
+    }
+}

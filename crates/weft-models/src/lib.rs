@@ -1,0 +1,30 @@
+//! Built-in models with PyTorch-compatible parameter names: [`Mlp`](mlp::MlpModel),
+//! [`ConvNet`](convnet::ConvNet) and [`Gpt`](gpt::Gpt) (nanoGPT's layout). Each ends in mean
+//! cross-entropy over its targets.
+
+pub mod convnet;
+pub mod gpt;
+pub mod mlp;
+
+use weft_core::{Result, Tensor};
+use weft_nn::{Context, Module};
+
+/// A model the trainer can run: parameters, a loss, and its mode/RNG context.
+pub trait Model: Module + Send + Sync {
+    /// Mean cross-entropy of one batch.
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor>;
+
+    /// The train/eval mode and dropout stream shared by the model's layers.
+    fn context(&self) -> &Context;
+
+    /// `(alternative, canonical)` parameter names accepted when loading, and written as extra
+    /// copies when saving (tied weights).
+    fn aliases(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+}
+
+/// An error for a bad model configuration value.
+pub(crate) fn config_error(key: &str, msg: impl std::fmt::Display) -> weft_core::Error {
+    weft_core::Error::Invalid { op: "model config", msg: format!("model.{key}: {msg}") }
+}

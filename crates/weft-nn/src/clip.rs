@@ -1,0 +1,93 @@
+//! Gradient clipping by global L2 norm: `torch.nn.utils.clip_grad_norm_`.
+
+use weft_core::{DType, Error, Result, Tensor};
+
+/// Scales the gradients of `params` in place so that their global L2 norm is at most about
+/// `max_norm`, and returns the norm before clipping, as `torch.nn.utils.clip_grad_norm_(params,
+/// max_norm)` does (norm type 2).
+///
+/// ```text
+/// total_norm = sqrt(Σ over all gradients and elements of g²)     (in gradient units)
+/// clip_coef  = max_norm / (total_norm + 1e-6)
+/// g = g * clip_coef   for every gradient, when clip_coef < 1
+/// ```
+///
+/// The sum of squares is accumulated in f64 (PyTorch accumulates each gradient's norm in the
+/// gradient's dtype); `clip_coef` is computed in f64 and rounded to each gradient's dtype before the
+/// multiplication, as PyTorch multiplies by a float32 coefficient. PyTorch clamps the coefficient
+/// to 1 and always multiplies; multiplying by 1 changes nothing, so this skips it.
+///
+/// Parameters without a gradient are ignored (with none at all the norm is 0). A non-finite total
+/// norm is returned as is, not as an error, and the gradients are scaled as PyTorch scales them:
+/// by 0 for an infinite norm (so infinite elements become NaN) and by NaN for a NaN norm. A
+/// training loop that wants to skip such steps checks the returned value.
+///
+/// Gradients of dtype f32 and f64 are read and scaled in place (non-contiguous ones through a
+/// scaled copy that is written back); bf16 and f16 gradients are scaled in f64 and rounded back. Errors: `max_norm`
+/// negative or NaN, a gradient of a non-float dtype.
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<f64> {
+    const OP: &str = "clip_grad_norm";
+    if !(max_norm >= 0.0) {
+        return Err(Error::Invalid { op: OP, msg: format!("max_norm {max_norm} must be >= 0") });
+    }
+    let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
+    let mut sum_sq = 0.0f64;
+    for (i, g) in grads.iter().enumerate() {
+        sum_sq += match g.dtype() {
+            DType::F32 => g.with_data::<f32, _>(|s| sum_of_squares(s, |x| x as f64))?,
+            DType::F64 => g.with_data::<f64, _>(|s| sum_of_squares(s, |x| x))?,
+            DType::BF16 | DType::F16 => sum_of_squares(&g.to_vec_f64(), |x| x),
+            other => {
+                return Err(Error::Invalid {
+                    op: OP,
+                    msg: format!("gradient #{i} (shape {:?}) has dtype {}, not a float type", g.shape(), other.name()),
+                })
+            }
+        };
+    }
+    let total_norm = sum_sq.sqrt();
+    let clip_coef = max_norm / (total_norm + 1e-6);
+    // `!(clip_coef >= 1)` rather than `clip_coef < 1`: a NaN coefficient scales, as in PyTorch.
+    if !(clip_coef >= 1.0) {
+        for g in &grads {
+            scale(g, clip_coef)?;
+        }
+    }
+    Ok(total_norm)
+}
+
+/// Σ f(x)² in f64 with 8 independent partial sums, so that the loop vectorizes.
+fn sum_of_squares<T: Copy>(xs: &[T], f: impl Fn(T) -> f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            let x = f(x);
+            *a += x * x;
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(rest) {
+        let x = f(x);
+        *a += x * x;
+    }
+    acc.iter().sum()
+}
+
+/// `g *= coef` in place, with `coef` rounded to `g`'s dtype.
+fn scale(g: &Tensor, coef: f64) -> Result<()> {
+    if g.is_contiguous() {
+        match g.dtype() {
+            DType::F32 => {
+                let c = coef as f32;
+                return g.with_data_mut::<f32, _>(|s| s.iter_mut().for_each(|x| *x *= c));
+            }
+            DType::F64 => return g.with_data_mut::<f64, _>(|s| s.iter_mut().for_each(|x| *x *= coef)),
+            _ => {}
+        }
+    }
+    // Non-contiguous or half-precision gradients: scale a copy in f64 and write it back.
+    let c = if g.dtype() == DType::F32 { coef as f32 as f64 } else { coef };
+    let scaled: Vec<f64> = g.to_vec_f64().into_iter().map(|x| x * c).collect();
+    g.copy_from(&Tensor::from_vec(scaled, g.shape())?)
+}

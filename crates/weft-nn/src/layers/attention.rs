@@ -1,0 +1,67 @@
+use weft_core::{Generator, Result, Tensor};
+
+use super::{Dropout, Linear};
+use crate::context::Context;
+use crate::module::{prefixed, Module};
+
+/// Multi-head causal self-attention with a fused q,k,v projection (nanoGPT's
+/// `CausalSelfAttention`): `c_attn` `[3C, C]` (q, k, v stacked in that order), `c_proj` `[C, C]`.
+#[derive(Clone, Debug)]
+pub struct CausalSelfAttention {
+    pub c_attn: Linear,
+    pub c_proj: Linear,
+    pub n_head: usize,
+    attn_dropout: Dropout,
+    resid_dropout: Dropout,
+}
+
+impl CausalSelfAttention {
+    /// `n_embd` must divide by `n_head` (checked by the model config).
+    pub fn new(n_embd: usize, n_head: usize, bias: bool, dropout: f64, ctx: &Context, rng: &mut Generator) -> Result<Self> {
+        Ok(CausalSelfAttention {
+            c_attn: Linear::new(n_embd, 3 * n_embd, bias, rng)?,
+            c_proj: Linear::new(n_embd, n_embd, bias, rng)?,
+            n_head,
+            attn_dropout: Dropout::new(dropout, ctx),
+            resid_dropout: Dropout::new(dropout, ctx),
+        })
+    }
+
+    /// # Shapes
+    /// `[B, T, C] -> [B, T, C]`; attention scaled by `1/sqrt(C / n_head)`, key `j <= i` for query `i`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, c) = (x.dim(0)?, x.dim(1)?, x.dim(2)?);
+        let hd = c / self.n_head;
+        let qkv = self.c_attn.forward(x)?;
+        let heads = |i: usize| -> Result<Tensor> {
+            qkv.narrow(2, i * c, c)?.reshape(&[b as isize, t as isize, self.n_head as isize, hd as isize])?.transpose(1, 2)
+        };
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let y = if self.attn_dropout.p > 0.0 && self.attn_dropout.training() {
+            // dropout on the attention probabilities needs them materialized
+            let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
+            let mask = causal_mask(t)?;
+            let probs = scores.masked_fill(&mask, f64::NEG_INFINITY)?.softmax(-1)?;
+            self.attn_dropout.forward(&probs)?.matmul(&v)?
+        } else {
+            Tensor::scaled_dot_product_attention(&q, &k, &v, true, None)?
+        };
+        let y = y.transpose(1, 2)?.reshape(&[b as isize, t as isize, c as isize])?;
+        self.resid_dropout.forward(&self.c_proj.forward(&y)?)
+    }
+
+}
+
+impl Module for CausalSelfAttention {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = prefixed("c_attn", self.c_attn.parameters());
+        p.extend(prefixed("c_proj", self.c_proj.parameters()));
+        p
+    }
+}
+
+/// A Bool `[T, T]` mask, true above the diagonal (the keys causal attention hides).
+fn causal_mask(t: usize) -> Result<Tensor> {
+    let i = Tensor::arange(0.0, t as f64, 1.0, weft_core::DType::F64)?;
+    i.view(&[1, t])?.gt(&i.view(&[t, 1])?)
+}

@@ -1,0 +1,14 @@
+//! Layers with PyTorch's parameter names and initialisation, state dicts, optimizers with PyTorch's
+//! update rules, gradient clipping and learning-rate schedules.
+
+pub mod clip;
+pub mod context;
+pub mod init;
+pub mod layers;
+pub mod module;
+pub mod optim;
+pub mod schedule;
+pub mod state_dict;
+
+pub use context::Context;
+pub use module::Module;

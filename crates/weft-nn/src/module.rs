@@ -1,0 +1,28 @@
+//! The `Module` trait: a value holding named parameters.
+
+use weft_core::Tensor;
+
+/// Something with parameters. Names follow PyTorch's `state_dict` keys (dot-separated paths in
+/// registration order), so weights saved by PyTorch load by name.
+pub trait Module {
+    /// `(name, parameter)` pairs in registration order. Parameters are leaf tensors that require
+    /// grad; the same tensor object is returned on every call (clones share storage and gradient).
+    fn parameters(&self) -> Vec<(String, Tensor)>;
+
+    /// Number of scalar parameters.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(|(_, t)| t.numel()).sum()
+    }
+
+    /// Clears every parameter's gradient (as `zero_grad(set_to_none=True)`).
+    fn zero_grad(&self) {
+        for (_, p) in self.parameters() {
+            p.set_grad(None);
+        }
+    }
+}
+
+/// Prefixes each name with `prefix.`.
+pub fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    params.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+}

@@ -1,0 +1,263 @@
+//! Adam with L2 weight decay (`torch.optim.Adam`) and with decoupled weight decay
+//! (`torch.optim.AdamW`).
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+
+use rayon::prelude::*;
+use weft_core::storage::StorageElement;
+use weft_core::{DType, Float, Result, Tensor};
+
+use super::{
+    check_loaded_names, check_state_shape, collect_work, copy_moment, in_dtype, invalid, read_step, split_state,
+    Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
+};
+
+/// Hyper-parameters of [`Adam`] other than the learning rate and weight decay (which come with each
+/// step and each [`ParamGroup`]). The defaults are PyTorch's `torch.optim.Adam` defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamConfig {
+    /// `(β1, β2)`: decay rates of the first and second moment averages, each in `[0, 1)`
+    /// (default `(0.9, 0.999)`).
+    pub betas: (f64, f64),
+    /// `ε`, added to the bias-corrected root of the second moment, in gradient units (>= 0;
+    /// default 1e-8).
+    pub eps: f64,
+    /// false (default): Adam, the weight decay `λ` is added to the gradient (`g = ∇ + λ p`).
+    /// true: AdamW, the parameter decays directly (`p *= 1 - η λ`) and the gradient is left alone.
+    pub decoupled: bool,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig { betas: (0.9, 0.999), eps: 1e-8, decoupled: false }
+    }
+}
+
+impl AdamConfig {
+    /// Checks the hyper-parameters: both betas in `[0, 1)`, `eps` finite and >= 0 (PyTorch's rules,
+    /// plus finiteness).
+    pub fn validate(&self) -> Result<()> {
+        let (b1, b2) = self.betas;
+        for (i, b) in [(1, b1), (2, b2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(invalid("Adam::new", format!("beta{i} = {b} must be in [0, 1)")));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(invalid("Adam::new", format!("eps {} must be finite and >= 0", self.eps)));
+        }
+        Ok(())
+    }
+}
+
+/// Adam as `torch.optim.Adam` / `torch.optim.AdamW` (`amsgrad=False`, `maximize=False`). Per
+/// parameter `p` with gradient `∇` and group weight decay `λ`, at learning rate `η`:
+///
+/// ```text
+/// t = t + 1
+/// g = ∇ + λ p              (Adam)      or      p = p (1 - η λ)   (AdamW; g = ∇)
+/// m = m + (1 - β1) (g - m)            (PyTorch's lerp: β1 m + (1 - β1) g)
+/// v = β2 v + (1 - β2) g g
+/// p = p - η / (1 - β1^t) · m / (sqrt(v) / sqrt(1 - β2^t) + ε)
+/// ```
+///
+/// The scalars (`1 - η λ`, the bias corrections, the step size) are computed in f64; the
+/// elementwise arithmetic runs in the parameter's dtype in the order of PyTorch's single-tensor
+/// code. `m` is in gradient units, `v` in squared gradient units.
+///
+/// State per parameter that has had a gradient: `"{param}.exp_avg"` (`m`), `"{param}.exp_avg_sq"`
+/// (`v`), both of the parameter's shape and dtype, and `"{param}.step"` (`t`, the number of updates
+/// this parameter has had: it lags behind for a parameter that missed gradients, as in PyTorch).
+#[derive(Debug)]
+pub struct Adam {
+    cfg: AdamConfig,
+    state: BTreeMap<String, AdamState>,
+    /// Parameter names restored by `load_state`, checked against the next step's groups.
+    loaded: Option<BTreeSet<String>>,
+}
+
+/// One parameter's moments and step count.
+#[derive(Debug)]
+struct AdamState {
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: u64,
+}
+
+impl Adam {
+    /// An Adam (or, with `cfg.decoupled`, AdamW) optimizer with no state yet; errors when `cfg` is
+    /// invalid (see [`AdamConfig::validate`]).
+    pub fn new(cfg: AdamConfig) -> Result<Adam> {
+        cfg.validate()?;
+        Ok(Adam { cfg, state: BTreeMap::new(), loaded: None })
+    }
+
+    /// AdamW (`torch.optim.AdamW`): decoupled weight decay, with the given `betas` and `eps`. Note
+    /// that PyTorch's AdamW default weight decay (0.01) is a [`ParamGroup`] field here.
+    pub fn adamw(betas: (f64, f64), eps: f64) -> Result<Adam> {
+        Adam::new(AdamConfig { betas, eps, decoupled: true })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &AdamConfig {
+        &self.cfg
+    }
+}
+
+/// Per-step scalars, rounded to the parameter's dtype as PyTorch rounds Python floats.
+struct Coefs<T> {
+    /// Adam: `λ` (`grad.add(param, alpha=λ)`), `None` when 0.
+    l2: Option<T>,
+    /// AdamW: `1 - η λ` (`param.mul_(1 - lr * weight_decay)`), `None` when `λ` is 0.
+    decay: Option<T>,
+    /// `exp_avg.lerp_(grad, 1 - β1)`: the weight `w = 1 - β1`, whether `|w| < 0.5`, and `1 - w`
+    /// (computed in `T`, as ATen does).
+    lerp_w: T,
+    lerp_small: bool,
+    lerp_one_minus_w: T,
+    beta2: T,
+    one_minus_beta2: T,
+    /// `sqrt(1 - β2^t)`.
+    bias_correction2_sqrt: T,
+    eps: T,
+    /// `-η / (1 - β1^t)`.
+    neg_step_size: T,
+}
+
+/// The Adam update over one chunk (see [`Adam`]); every line is one PyTorch op of
+/// `_single_tensor_adam`, with its rounding.
+fn kernel<T: Float>(p: &mut [T], m: &mut [T], v: &mut [T], grad: &[T], c: &Coefs<T>) {
+    for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(grad) {
+        let mut pv = *p;
+        let g = match c.l2 {
+            Some(wd) => g + wd * pv,
+            None => g,
+        };
+        if let Some(f) = c.decay {
+            pv = pv * f;
+        }
+        // ATen's scalar `lerp(self, end, weight)`.
+        let mv = if c.lerp_small { *m + c.lerp_w * (g - *m) } else { g - (g - *m) * c.lerp_one_minus_w };
+        // `exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)`: self + value * t1 * t2.
+        let vv = *v * c.beta2 + c.one_minus_beta2 * g * g;
+        // `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`.
+        let denom = vv.sqrt() / c.bias_correction2_sqrt + c.eps;
+        // `param.addcdiv_(exp_avg, denom, value=-step_size)`: self + value * t1 / t2.
+        *p = pv + c.neg_step_size * mv / denom;
+        *m = mv;
+        *v = vv;
+    }
+}
+
+fn update<T: Float + StorageElement>(w: &Work, s: &AdamState, cfg: &AdamConfig, lr: f64) -> Result<()> {
+    let (b1, b2) = cfg.betas;
+    let wd = w.weight_decay;
+    // As `_single_tensor_adam` with a float step (`_get_value(step_t)`): Python's `**` is C `pow`.
+    let t = s.step as f64;
+    let bias_correction1 = 1.0 - b1.powf(t);
+    let bias_correction2 = 1.0 - b2.powf(t);
+    let step_size = lr / bias_correction1;
+    let lerp_w = T::from_f64(1.0 - b1);
+    let c = Coefs {
+        l2: (wd != 0.0 && !cfg.decoupled).then(|| T::from_f64(wd)),
+        decay: (wd != 0.0 && cfg.decoupled).then(|| T::from_f64(1.0 - lr * wd)),
+        lerp_w,
+        lerp_small: lerp_w.abs() < T::from_f64(0.5),
+        lerp_one_minus_w: T::from_f64(1.0) - lerp_w,
+        beta2: T::from_f64(b2),
+        one_minus_beta2: T::from_f64(1.0 - b2),
+        bias_correction2_sqrt: T::from_f64(bias_correction2.powf(0.5)),
+        eps: T::from_f64(cfg.eps),
+        neg_step_size: T::from_f64(-step_size),
+    };
+    let n = w.param.numel();
+    w.param.with_data_mut::<T, _>(|ps| {
+        s.exp_avg.with_data_mut::<T, _>(|ms| {
+            s.exp_avg_sq.with_data_mut::<T, _>(|vs| {
+                w.grad.with_data::<T, _>(|gs| {
+                    if n >= PARALLEL_MIN {
+                        ps.par_chunks_mut(CHUNK)
+                            .zip(ms.par_chunks_mut(CHUNK))
+                            .zip(vs.par_chunks_mut(CHUNK))
+                            .zip(gs.par_chunks(CHUNK))
+                            .for_each(|(((p, m), v), g)| kernel(p, m, v, g, &c));
+                    } else {
+                        kernel(ps, ms, vs, gs, &c);
+                    }
+                })
+            })?
+        })?
+    })??;
+    Ok(())
+}
+
+const FIELDS: &[&str] = &["exp_avg", "exp_avg_sq", "step"];
+
+impl Optimizer for Adam {
+    fn step(&mut self, groups: &[ParamGroup], lr: f64) -> Result<()> {
+        const OP: &str = "Adam::step";
+        let (work, names) = collect_work(OP, groups, lr)?;
+        if let Some(loaded) = &self.loaded {
+            check_loaded_names(OP, loaded, &names)?;
+        }
+        for w in &work {
+            if let Some(s) = self.state.get(w.name) {
+                check_state_shape(OP, &format!("{}.exp_avg", w.name), &s.exp_avg, w.name, w.param)?;
+                check_state_shape(OP, &format!("{}.exp_avg_sq", w.name), &s.exp_avg_sq, w.name, w.param)?;
+            }
+        }
+        self.loaded = None;
+        for w in &work {
+            let dtype = w.param.dtype();
+            let s = match self.state.entry(w.name.to_string()) {
+                Entry::Occupied(e) => {
+                    let s = e.into_mut();
+                    s.exp_avg = in_dtype(&s.exp_avg, dtype)?;
+                    s.exp_avg_sq = in_dtype(&s.exp_avg_sq, dtype)?;
+                    s
+                }
+                Entry::Vacant(e) => e.insert(AdamState {
+                    exp_avg: Tensor::zeros(w.param.shape(), dtype)?,
+                    exp_avg_sq: Tensor::zeros(w.param.shape(), dtype)?,
+                    step: 0,
+                }),
+            };
+            s.step += 1;
+            match dtype {
+                DType::F32 => update::<f32>(w, s, &self.cfg, lr)?,
+                DType::F64 => update::<f64>(w, s, &self.cfg, lr)?,
+                other => return Err(invalid(OP, format!("parameter {:?}: unsupported dtype {}", w.name, other.name()))),
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let copy = |t: &Tensor| t.contiguous_copy().expect("a copy of a CPU tensor");
+        let mut out = Vec::with_capacity(3 * self.state.len());
+        for (name, s) in &self.state {
+            out.push((format!("{name}.exp_avg"), copy(&s.exp_avg)));
+            out.push((format!("{name}.exp_avg_sq"), copy(&s.exp_avg_sq)));
+            out.push((format!("{name}.step"), Tensor::scalar(s.step as f64)));
+        }
+        out
+    }
+
+    fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()> {
+        const OP: &str = "Adam::load_state";
+        let by_param = split_state(OP, state, FIELDS)?;
+        let mut restored = BTreeMap::new();
+        for (param, t) in by_param {
+            let avg_key = format!("{param}.exp_avg");
+            let avg = t["exp_avg"];
+            let exp_avg = copy_moment(OP, &avg_key, avg, avg.shape(), &avg_key)?;
+            let exp_avg_sq = copy_moment(OP, &format!("{param}.exp_avg_sq"), t["exp_avg_sq"], avg.shape(), &avg_key)?;
+            let step = read_step(OP, &format!("{param}.step"), t["step"])?;
+            restored.insert(param.to_string(), AdamState { exp_avg, exp_avg_sq, step });
+        }
+        self.loaded = Some(restored.keys().cloned().collect());
+        self.state = restored;
+        Ok(())
+    }
+}

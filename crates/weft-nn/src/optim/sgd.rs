@@ -1,0 +1,223 @@
+//! Stochastic gradient descent with momentum, dampening and Nesterov momentum: `torch.optim.SGD`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rayon::prelude::*;
+use weft_core::storage::StorageElement;
+use weft_core::{DType, Float, Result, Tensor};
+
+use super::{
+    check_loaded_names, check_state_shape, collect_work, copy_moment, in_dtype, invalid, split_state, Optimizer,
+    ParamGroup, Work, CHUNK, PARALLEL_MIN,
+};
+
+/// Hyper-parameters of [`Sgd`] other than the learning rate and weight decay (which come with each
+/// step and each [`ParamGroup`]). The defaults are PyTorch's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdConfig {
+    /// Momentum factor `μ` (dimensionless, >= 0; default 0.0: plain SGD, no momentum buffer).
+    pub momentum: f64,
+    /// Dampening `τ` of the gradient added to the momentum buffer (dimensionless; default 0.0).
+    pub dampening: f64,
+    /// Nesterov momentum (default false). Requires `momentum > 0` and `dampening == 0`.
+    pub nesterov: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig { momentum: 0.0, dampening: 0.0, nesterov: false }
+    }
+}
+
+impl SgdConfig {
+    /// Checks the hyper-parameters: `momentum` finite and >= 0, `dampening` finite, and for
+    /// Nesterov momentum `momentum > 0` and `dampening == 0` (PyTorch's rules).
+    pub fn validate(&self) -> Result<()> {
+        let SgdConfig { momentum, dampening, nesterov } = *self;
+        if !(momentum.is_finite() && momentum >= 0.0) {
+            return Err(invalid("Sgd::new", format!("momentum {momentum} must be finite and >= 0")));
+        }
+        if !dampening.is_finite() {
+            return Err(invalid("Sgd::new", format!("dampening {dampening} must be finite")));
+        }
+        if nesterov && (momentum <= 0.0 || dampening != 0.0) {
+            return Err(invalid(
+                "Sgd::new",
+                format!("Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum {momentum}, dampening {dampening})"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// SGD as `torch.optim.SGD` (`maximize=False`). Per parameter `p` with gradient `∇` and group weight
+/// decay `λ`, at learning rate `η`:
+///
+/// ```text
+/// g = ∇ + λ p
+/// if μ != 0:  b = g                    on the parameter's first step
+///             b = μ b + (1 - τ) g      afterwards
+///             g = g + μ b  (Nesterov)  or  g = b
+/// p = p - η g
+/// ```
+///
+/// State: the momentum buffer `b` (`"{param}.momentum_buffer"`, the parameter's shape and dtype) when
+/// `μ != 0`; no step count (SGD does not need one).
+#[derive(Debug)]
+pub struct Sgd {
+    cfg: SgdConfig,
+    buffers: BTreeMap<String, Tensor>,
+    /// Parameter names restored by `load_state`, checked against the next step's groups.
+    loaded: Option<BTreeSet<String>>,
+}
+
+impl Sgd {
+    /// An SGD optimizer with no state yet; errors when `cfg` is invalid (see [`SgdConfig::validate`]).
+    pub fn new(cfg: SgdConfig) -> Result<Sgd> {
+        cfg.validate()?;
+        Ok(Sgd { cfg, buffers: BTreeMap::new(), loaded: None })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &SgdConfig {
+        &self.cfg
+    }
+}
+
+/// Per-step scalars, rounded to the parameter's dtype as PyTorch rounds Python floats.
+struct Coefs<T> {
+    /// `λ`, or `None` when it is 0 (PyTorch skips the add).
+    weight_decay: Option<T>,
+    momentum: T,
+    /// `1 - τ`.
+    one_minus_dampening: T,
+    nesterov: bool,
+    /// The buffer is new: `b = g`.
+    first: bool,
+    /// `-η`.
+    neg_lr: T,
+}
+
+impl<T: Float> Coefs<T> {
+    #[inline(always)]
+    fn decayed(&self, g: T, p: T) -> T {
+        match self.weight_decay {
+            Some(wd) => g + wd * p,
+            None => g,
+        }
+    }
+}
+
+/// `p -= η (∇ + λ p)` over one chunk.
+fn plain_kernel<T: Float>(p: &mut [T], grad: &[T], c: &Coefs<T>) {
+    for (p, &g) in p.iter_mut().zip(grad) {
+        let g = c.decayed(g, *p);
+        *p = *p + c.neg_lr * g;
+    }
+}
+
+/// The momentum update over one chunk (see [`Sgd`]).
+fn momentum_kernel<T: Float>(p: &mut [T], buf: &mut [T], grad: &[T], c: &Coefs<T>) {
+    for ((p, b), &g) in p.iter_mut().zip(buf.iter_mut()).zip(grad) {
+        let g = c.decayed(g, *p);
+        // `buf.mul_(momentum).add_(grad, alpha=1 - dampening)`.
+        *b = if c.first { g } else { *b * c.momentum + c.one_minus_dampening * g };
+        let d = if c.nesterov { g + c.momentum * *b } else { *b };
+        *p = *p + c.neg_lr * d;
+    }
+}
+
+fn update<T: Float + StorageElement>(w: &Work, buf: Option<&Tensor>, cfg: &SgdConfig, lr: f64, first: bool) -> Result<()> {
+    let c = Coefs {
+        weight_decay: (w.weight_decay != 0.0).then(|| T::from_f64(w.weight_decay)),
+        momentum: T::from_f64(cfg.momentum),
+        one_minus_dampening: T::from_f64(1.0 - cfg.dampening),
+        nesterov: cfg.nesterov,
+        first,
+        neg_lr: T::from_f64(-lr),
+    };
+    let n = w.param.numel();
+    w.param.with_data_mut::<T, _>(|ps| match buf {
+        None => w.grad.with_data::<T, _>(|gs| {
+            if n >= PARALLEL_MIN {
+                ps.par_chunks_mut(CHUNK).zip(gs.par_chunks(CHUNK)).for_each(|(p, g)| plain_kernel(p, g, &c));
+            } else {
+                plain_kernel(ps, gs, &c);
+            }
+        }),
+        Some(buf) => buf.with_data_mut::<T, _>(|bs| {
+            w.grad.with_data::<T, _>(|gs| {
+                if n >= PARALLEL_MIN {
+                    ps.par_chunks_mut(CHUNK)
+                        .zip(bs.par_chunks_mut(CHUNK))
+                        .zip(gs.par_chunks(CHUNK))
+                        .for_each(|((p, b), g)| momentum_kernel(p, b, g, &c));
+                } else {
+                    momentum_kernel(ps, bs, gs, &c);
+                }
+            })
+        })?,
+    })?
+}
+
+const FIELDS: &[&str] = &["momentum_buffer"];
+
+impl Optimizer for Sgd {
+    fn step(&mut self, groups: &[ParamGroup], lr: f64) -> Result<()> {
+        const OP: &str = "Sgd::step";
+        let (work, names) = collect_work(OP, groups, lr)?;
+        if let Some(loaded) = &self.loaded {
+            check_loaded_names(OP, loaded, &names)?;
+        }
+        let use_momentum = self.cfg.momentum != 0.0;
+        if use_momentum {
+            for w in &work {
+                if let Some(b) = self.buffers.get(w.name) {
+                    check_state_shape(OP, &format!("{}.momentum_buffer", w.name), b, w.name, w.param)?;
+                }
+            }
+        }
+        self.loaded = None;
+        for w in &work {
+            let dtype = w.param.dtype();
+            let (buf, first) = if !use_momentum {
+                (None, false)
+            } else if let Some(b) = self.buffers.get_mut(w.name) {
+                *b = in_dtype(b, dtype)?;
+                (Some(b.clone()), false)
+            } else {
+                let b = Tensor::zeros(w.param.shape(), dtype)?;
+                self.buffers.insert(w.name.to_string(), b.clone());
+                (Some(b), true)
+            };
+            match dtype {
+                DType::F32 => update::<f32>(w, buf.as_ref(), &self.cfg, lr, first)?,
+                DType::F64 => update::<f64>(w, buf.as_ref(), &self.cfg, lr, first)?,
+                other => return Err(invalid(OP, format!("parameter {:?}: unsupported dtype {}", w.name, other.name()))),
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        self.buffers
+            .iter()
+            .map(|(name, b)| (format!("{name}.momentum_buffer"), b.contiguous_copy().expect("a copy of a CPU tensor")))
+            .collect()
+    }
+
+    fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()> {
+        const OP: &str = "Sgd::load_state";
+        let fields: &[&str] = if self.cfg.momentum != 0.0 { FIELDS } else { &[] };
+        let by_param = split_state(OP, state, fields)?;
+        let mut buffers = BTreeMap::new();
+        for (param, t) in by_param {
+            let key = format!("{param}.momentum_buffer");
+            let b = t["momentum_buffer"];
+            buffers.insert(param.to_string(), copy_moment(OP, &key, b, b.shape(), &key)?);
+        }
+        self.loaded = Some(buffers.keys().cloned().collect());
+        self.buffers = buffers;
+        Ok(())
+    }
+}

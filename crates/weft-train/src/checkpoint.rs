@@ -1,0 +1,109 @@
+//! Checkpoints: `DIR/step-NNNNNNNN/` holding `model.safetensors` (PyTorch names),
+//! `optimizer.safetensors` and `state.json` (the next step, the dropout stream position, and
+//! free-form extra JSON such as the run config and tokenizer). A checkpoint is written into a
+//! temporary folder, each file fsynced, then renamed into place, so a folder named `step-*` is
+//! always complete. Batches are pure functions of (seed, step), so the step is the data position.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use weft_core::io::safetensors;
+use weft_models::Model;
+use weft_nn::optim::Optimizer;
+use weft_nn::state_dict;
+
+use crate::error::{Error, Result};
+
+/// What besides tensors a checkpoint records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointState {
+    /// The step to run next.
+    pub step: usize,
+    /// Position of the model's dropout random stream.
+    pub rng_offset: u64,
+    /// Anything else worth keeping with the weights (run config, tokenizer).
+    #[serde(default)]
+    pub extra: serde_json::Value,
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Io(format!("{}: {e}", path.display()))
+}
+
+/// Saves into `dir/step-{state.step}` atomically and keeps the newest `keep` checkpoints.
+pub fn save(dir: &Path, model: &dyn Model, optimizer: &dyn Optimizer, state: &CheckpointState, keep: usize) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let name = format!("step-{:08}", state.step);
+    let tmp = dir.join(format!(".tmp-{name}"));
+    let fin = dir.join(&name);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    state_dict::save_file(model, &tmp.join("model.safetensors"), model.aliases(), &BTreeMap::new())?;
+    let opt = optimizer.state();
+    safetensors::save(&tmp.join("optimizer.safetensors"), opt.iter().map(|(n, t)| (n.as_str(), t)), &BTreeMap::new())?;
+    let json = serde_json::to_vec_pretty(state).map_err(|e| io(&tmp, e))?;
+    let state_path = tmp.join("state.json");
+    write_synced(&state_path, &json)?;
+    if fin.exists() {
+        std::fs::remove_dir_all(&fin).map_err(|e| io(&fin, e))?;
+    }
+    std::fs::rename(&tmp, &fin).map_err(|e| io(&fin, e))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    let mut all = list(dir)?;
+    while all.len() > keep.max(1) {
+        let (_, old) = all.remove(0);
+        std::fs::remove_dir_all(&old).map_err(|e| io(&old, e))?;
+    }
+    Ok(fin)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| io(path, e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| io(path, e))
+}
+
+/// Complete checkpoints in `dir`, oldest first.
+pub fn list(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let entry = entry.map_err(|e| io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(step) = name.strip_prefix("step-").and_then(|s| s.parse::<usize>().ok()) {
+            if entry.path().join("state.json").exists() {
+                out.push((step, entry.path()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The newest complete checkpoint in `dir`.
+pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
+    Ok(list(dir)?.pop().map(|(_, p)| p))
+}
+
+/// Reads a checkpoint's `state.json`.
+pub fn read_state(ckpt: &Path) -> Result<CheckpointState> {
+    let path = ckpt.join("state.json");
+    let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+    serde_json::from_slice(&bytes).map_err(|e| io(&path, e))
+}
+
+/// Loads weights and optimizer state from checkpoint folder `ckpt`.
+pub fn load(ckpt: &Path, model: &dyn Model, optimizer: &mut dyn Optimizer) -> Result<CheckpointState> {
+    let state = read_state(ckpt)?;
+    state_dict::load_file(model, &ckpt.join("model.safetensors"), model.aliases())?;
+    let opt = safetensors::load(&ckpt.join("optimizer.safetensors"))?;
+    optimizer.load_state(&opt.tensors)?;
+    Ok(state)
+}

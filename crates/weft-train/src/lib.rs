@@ -1,0 +1,12 @@
+//! The trainer: a run config ([`config::RunConfig`]), the training loop ([`Trainer`]) with
+//! callbacks for metrics and progress, checkpoints with exact resume, and evaluation.
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod run;
+pub mod trainer;
+
+pub use error::{Error, Result};
+pub use trainer::{Callback, StepRecord, Trainer};

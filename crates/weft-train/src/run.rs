@@ -1,0 +1,222 @@
+//! From a [`RunConfig`] to a finished run: builds the model, data, optimizer, schedule and
+//! callbacks, resumes if asked, trains, and (for gpt on text) prints a sample.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use weft_core::{Generator, Tensor};
+use weft_data::{BatchesDataset, CsvDataset, LabelColumn, Split, TextDataset};
+use weft_models::convnet::{ConvNet, ConvNetConfig};
+use weft_models::gpt::{Gpt, GptConfig};
+use weft_models::mlp::{MlpConfig, MlpModel};
+use weft_models::Model;
+use weft_nn::layers::Activation;
+use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use weft_nn::schedule::Schedule;
+use weft_nn::state_dict;
+
+use crate::checkpoint;
+use crate::config::{DataConfig, LabelColumnConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig};
+use crate::error::{Error, Result};
+use crate::metrics::{MetricsFile, Progress};
+use crate::trainer::{BatchFn, CheckpointPolicy, Trainer};
+
+/// The model of a `[model]` section, initialised from `seed`.
+pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
+    Ok(match cfg {
+        ModelConfig::Mlp { in_features, hidden, out_features, activation } => {
+            let activation = Activation::parse(activation)
+                .ok_or_else(|| Error::Config(format!("model.activation: {activation:?} is not one of relu, gelu, tanh")))?;
+            let c = MlpConfig { in_features: *in_features, hidden: hidden.clone(), out_features: *out_features, activation };
+            Arc::new(MlpModel::new(c, seed)?)
+        }
+        ModelConfig::Convnet { in_channels, image_size, channels, num_classes } => {
+            let c = ConvNetConfig { in_channels: *in_channels, image_size: *image_size, channels: channels.clone(), num_classes: *num_classes };
+            Arc::new(ConvNet::new(c, seed)?)
+        }
+        ModelConfig::Gpt { .. } => Arc::new(build_gpt(cfg, seed)?),
+    })
+}
+
+fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
+    let ModelConfig::Gpt { vocab_size, block_size, n_layer, n_head, n_embd, bias, dropout } = cfg else {
+        return Err(Error::Config("model.kind: expected gpt".into()));
+    };
+    let c = GptConfig {
+        vocab_size: *vocab_size,
+        block_size: *block_size,
+        n_layer: *n_layer,
+        n_head: *n_head,
+        n_embd: *n_embd,
+        bias: *bias,
+        dropout: *dropout,
+    };
+    Ok(Gpt::new(c, seed)?)
+}
+
+/// The optimizer of an `[optim]` section.
+pub fn build_optimizer(o: &OptimConfig) -> Result<Box<dyn Optimizer>> {
+    let betas = o.betas.map(|b| (b[0], b[1]));
+    Ok(match o.kind.as_str() {
+        "sgd" => Box::new(Sgd::new(SgdConfig { momentum: o.momentum, dampening: o.dampening, nesterov: o.nesterov })?),
+        "adam" | "adamw" => {
+            let d = AdamConfig::default();
+            let cfg = AdamConfig { betas: betas.unwrap_or(d.betas), eps: o.eps.unwrap_or(d.eps), decoupled: o.kind == "adamw" };
+            Box::new(Adam::new(cfg)?)
+        }
+        k => return Err(Error::Config(format!("optim.kind: {k:?} is not one of sgd, adam, adamw"))),
+    })
+}
+
+/// The schedule of a `[schedule]` section.
+pub fn build_schedule(s: &ScheduleConfig, lr: f64) -> Result<Schedule> {
+    let schedule = match s {
+        ScheduleConfig::Constant => Schedule::Constant { lr },
+        ScheduleConfig::Cosine { warmup_steps, decay_steps, min_lr } => {
+            Schedule::Cosine { lr, warmup_steps: *warmup_steps, decay_steps: *decay_steps, min_lr: *min_lr }
+        }
+    };
+    schedule.validate().map_err(|e| Error::Config(format!("schedule: {e}")))?;
+    Ok(schedule)
+}
+
+/// Training and evaluation batches of a `[data]` section.
+struct Data {
+    train: BatchFn,
+    eval: Option<BatchFn>,
+    text: Option<Arc<TextDataset>>,
+}
+
+fn build_data(config: &RunConfig) -> Result<Data> {
+    let seed = config.train.seed;
+    let block_size = match &config.model {
+        ModelConfig::Gpt { block_size, .. } => *block_size,
+        _ => 0,
+    };
+    Ok(match &config.data {
+        DataConfig::Batches { path } => {
+            let ds = Arc::new(BatchesDataset::from_file(config.resolve(path))?);
+            Data { train: Arc::new(move |step| Ok(ds.batch(step)?)), eval: None, text: None }
+        }
+        DataConfig::Text { path, batch_size, val_fraction } => {
+            let ds = Arc::new(TextDataset::from_file(config.resolve(path), *val_fraction)?);
+            if let ModelConfig::Gpt { vocab_size, .. } = &config.model {
+                if ds.vocab_size() > *vocab_size {
+                    return Err(Error::Config(format!(
+                        "model.vocab_size: {vocab_size} is smaller than the {} distinct characters of {}",
+                        ds.vocab_size(),
+                        config.resolve(path).display()
+                    )));
+                }
+            }
+            let bs = *batch_size;
+            let (t, v) = (ds.clone(), ds.clone());
+            let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, block_size, seed, step)?));
+            let has_val = *val_fraction > 0.0;
+            let eval: Option<BatchFn> = has_val.then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, block_size, seed ^ 0x5eed, i)?)) as BatchFn);
+            Data { train, eval, text: Some(ds) }
+        }
+        DataConfig::Csv { path, label_column, batch_size, val_fraction, feature_scale } => {
+            let label = match label_column {
+                LabelColumnConfig::Index(i) if *i < 0 => LabelColumn::Last,
+                LabelColumnConfig::Index(i) => LabelColumn::Index(*i as usize),
+                LabelColumnConfig::Name(n) => LabelColumn::Name(n.clone()),
+            };
+            let ds = Arc::new(CsvDataset::from_file(config.resolve(path), label, *feature_scale as f32, *val_fraction)?);
+            let bs = *batch_size;
+            let (t, v) = (ds.clone(), ds.clone());
+            let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, seed, step)?));
+            let eval: Option<BatchFn> = (*val_fraction > 0.0).then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, seed ^ 0x5eed, i)?)) as BatchFn);
+            Data { train, eval, text: None }
+        }
+    })
+}
+
+/// Options of `weft train` besides the config file.
+#[derive(Debug, Clone, Default)]
+pub struct TrainOptions {
+    /// Continue from the newest complete checkpoint in `train.checkpoint_dir`.
+    pub resume: bool,
+    /// Show the progress display.
+    pub progress: bool,
+}
+
+/// Runs the training described by `config`.
+pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
+    let t = &config.train;
+    let model = build_model(&config.model, t.seed)?;
+    if let Some(from) = &config.init.from {
+        state_dict::load_file(model.as_ref(), &config.resolve(from), model.aliases())?;
+    }
+    let data = build_data(config)?;
+    let optimizer = build_optimizer(&config.optim)?;
+    let schedule = build_schedule(&config.schedule, config.optim.lr)?;
+    let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
+        .with_grad_clip(config.optim.grad_clip)
+        .with_log_every(t.log_every);
+    if let Some(eval) = data.eval.clone() {
+        trainer = trainer.with_eval(t.eval_every, t.eval_batches, eval);
+    }
+    if let Some(dir) = &t.checkpoint_dir {
+        trainer = trainer.with_checkpoints(CheckpointPolicy { dir: config.resolve(dir), every: t.checkpoint_every, keep: t.keep_checkpoints });
+    }
+    trainer.checkpoint_extra = serde_json::json!({
+        "model": config.model,
+        "tokenizer": data.text.as_ref().map(|d| d.tokenizer().to_json()),
+    });
+    let start = if options.resume { trainer.resume()? } else { 0 };
+    if let Some(path) = &t.metrics {
+        trainer = trainer.with_callback(MetricsFile::create(&config.resolve(path), options.resume && start > 0)?);
+    }
+    if options.progress {
+        trainer = trainer.with_callback(Progress::new(t.steps));
+    }
+    if start >= t.steps {
+        eprintln!("weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})", t.steps);
+    } else {
+        trainer.fit(data.train.clone(), start, t.steps)?;
+    }
+    if let (Some(text), true) = (&data.text, t.sample_tokens > 0) {
+        let gpt = build_gpt(&config.model, t.seed)?;
+        state_dict::load_state_dict(&gpt, &model.parameters().into_iter().collect(), &[], "trained model")?;
+        let sample = sample_text(&gpt, text.tokenizer(), "\n", t.sample_tokens, t.seed)?;
+        println!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
+    }
+    Ok(())
+}
+
+fn sample_text(gpt: &Gpt, tok: &weft_data::CharTokenizer, prompt: &str, n: usize, seed: u64) -> Result<String> {
+    let ids = tok.encode(prompt)?;
+    if ids.is_empty() {
+        return Err(Error::Config("the prompt is empty".into()));
+    }
+    let len = ids.len();
+    gpt.context().set_training(false);
+    let out = gpt.generate(&Tensor::from_vec(ids, &[1, len])?, n, 0.8, Some(40), &mut Generator::new(seed))?;
+    let out = out.to_vec::<i64>()?;
+    Ok(tok.decode(&out)?)
+}
+
+/// `weft generate`: loads a gpt checkpoint folder (or the newest checkpoint inside a
+/// checkpoint directory) and continues `prompt` by `tokens` characters.
+pub fn generate(checkpoint_path: &Path, prompt: &str, tokens: usize, seed: u64) -> Result<String> {
+    let ckpt = if checkpoint_path.join("state.json").exists() {
+        checkpoint_path.to_path_buf()
+    } else {
+        checkpoint::latest(checkpoint_path)?.ok_or_else(|| Error::Io(format!("{}: no checkpoint found", checkpoint_path.display())))?
+    };
+    let state = checkpoint::read_state(&ckpt)?;
+    let model_cfg: ModelConfig = serde_json::from_value(state.extra["model"].clone())
+        .map_err(|e| Error::Io(format!("{}: state.json has no usable model config: {e}", ckpt.display())))?;
+    if !matches!(model_cfg, ModelConfig::Gpt { .. }) {
+        return Err(Error::Config(format!("{}: generate needs a gpt checkpoint", ckpt.display())));
+    }
+    let tok_json = state.extra["tokenizer"]
+        .as_str()
+        .ok_or_else(|| Error::Io(format!("{}: the checkpoint has no tokenizer (was it trained on text data?)", ckpt.display())))?;
+    let tok = weft_data::CharTokenizer::from_json(tok_json)?;
+    let gpt = build_gpt(&model_cfg, 0)?;
+    state_dict::load_file(&gpt, &ckpt.join("model.safetensors"), gpt.aliases())?;
+    sample_text(&gpt, &tok, prompt, tokens, seed)
+}
+

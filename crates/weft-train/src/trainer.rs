@@ -1,0 +1,219 @@
+//! The training loop, usable from Rust without any config file.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use weft_core::{no_grad, Tensor};
+use weft_models::Model;
+use weft_nn::clip::clip_grad_norm;
+use weft_nn::optim::{Optimizer, ParamGroup};
+use weft_nn::schedule::Schedule;
+
+use crate::checkpoint::{self, CheckpointState};
+use crate::error::{Error, Result};
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    /// 0-based step index.
+    pub step: usize,
+    /// Mean loss of the step's batch, computed before the update.
+    pub loss: f64,
+    /// Learning rate used at this step.
+    pub lr: f64,
+    /// Global L2 norm of the gradients before clipping.
+    pub grad_norm: f64,
+    /// Wall time of the whole step (batch, forward, backward, clip, update), milliseconds.
+    pub step_ms: f64,
+    /// Items processed per second: tokens for sequence models, samples otherwise.
+    pub items_per_s: f64,
+    /// `"tokens_per_s"` or `"samples_per_s"`.
+    pub items_key: &'static str,
+}
+
+/// Hooks the trainer calls; metrics files and progress bars are callbacks.
+pub trait Callback: Send {
+    /// After every step whose index is a multiple of the log interval, and after the last.
+    fn on_step(&mut self, record: &StepRecord) -> Result<()>;
+    /// After an evaluation: mean validation loss at `step`.
+    fn on_eval(&mut self, _step: usize, _val_loss: f64) -> Result<()> {
+        Ok(())
+    }
+    /// When the run finishes.
+    fn on_end(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A function from a step (or evaluation batch index) to `(inputs, targets)`.
+pub type BatchFn = Arc<dyn Fn(usize) -> Result<(Tensor, Tensor)> + Send + Sync>;
+
+/// Where and how often to save checkpoints.
+#[derive(Debug, Clone)]
+pub struct CheckpointPolicy {
+    pub dir: std::path::PathBuf,
+    /// Every this many steps (0: only at the end).
+    pub every: usize,
+    /// Complete checkpoints kept.
+    pub keep: usize,
+}
+
+/// Trains a [`Model`] with an [`Optimizer`] and a [`Schedule`].
+pub struct Trainer {
+    pub model: Arc<dyn Model>,
+    pub optimizer: Box<dyn Optimizer>,
+    pub groups: Vec<ParamGroup>,
+    pub schedule: Schedule,
+    pub grad_clip: Option<f64>,
+    pub log_every: usize,
+    callbacks: Vec<Box<dyn Callback>>,
+    checkpoints: Option<CheckpointPolicy>,
+    eval: Option<(usize, usize, BatchFn)>,
+    /// Free-form JSON saved with every checkpoint (the run config, a tokenizer).
+    pub checkpoint_extra: serde_json::Value,
+}
+
+impl Trainer {
+    /// A trainer with nanoGPT's parameter groups: `weight_decay` for parameters of two or more dims
+    /// (matrices, embeddings), none for biases and norm weights.
+    pub fn new(model: Arc<dyn Model>, optimizer: Box<dyn Optimizer>, schedule: Schedule, weight_decay: f64) -> Self {
+        let (decay, no_decay): (Vec<_>, Vec<_>) = model.parameters().into_iter().partition(|(_, p)| p.rank() >= 2);
+        let groups = vec![ParamGroup { params: decay, weight_decay }, ParamGroup { params: no_decay, weight_decay: 0.0 }];
+        Trainer {
+            model,
+            optimizer,
+            groups,
+            schedule,
+            grad_clip: None,
+            log_every: 1,
+            callbacks: Vec::new(),
+            checkpoints: None,
+            eval: None,
+            checkpoint_extra: serde_json::Value::Null,
+        }
+    }
+
+    /// Clips the global gradient norm to `max_norm` before each update.
+    pub fn with_grad_clip(mut self, max_norm: Option<f64>) -> Self {
+        self.grad_clip = max_norm;
+        self
+    }
+
+    /// Calls callbacks every `n` steps (and at the last step).
+    pub fn with_log_every(mut self, n: usize) -> Self {
+        self.log_every = n.max(1);
+        self
+    }
+
+    pub fn with_callback(mut self, c: impl Callback + 'static) -> Self {
+        self.callbacks.push(Box::new(c));
+        self
+    }
+
+    pub fn with_checkpoints(mut self, policy: CheckpointPolicy) -> Self {
+        self.checkpoints = Some(policy);
+        self
+    }
+
+    /// Every `every` steps, the mean loss over `batches` evaluation batches from `batch`.
+    pub fn with_eval(mut self, every: usize, batches: usize, batch: BatchFn) -> Self {
+        if every > 0 && batches > 0 {
+            self.eval = Some((every, batches, batch));
+        }
+        self
+    }
+
+    /// One step on `(x, y)` at index `step`.
+    pub fn train_step(&mut self, step: usize, x: &Tensor, y: &Tensor) -> Result<StepRecord> {
+        let t0 = Instant::now();
+        let lr = self.schedule.lr_at(step);
+        let loss = self.model.loss(x, y)?;
+        let loss_value = loss.item()?;
+        if !loss_value.is_finite() {
+            return Err(Error::Run(format!("step {step}: the loss is {loss_value}")));
+        }
+        loss.backward()?;
+        let params: Vec<Tensor> = self.groups.iter().flat_map(|g| g.params.iter().map(|(_, p)| p.clone())).collect();
+        let grad_norm = clip_grad_norm(&params, self.grad_clip.unwrap_or(f64::INFINITY))?;
+        self.optimizer.step(&self.groups, lr)?;
+        self.model.zero_grad();
+        let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (items, key) = if x.dtype() == weft_core::DType::I64 { (x.numel(), "tokens_per_s") } else { (x.shape()[0], "samples_per_s") };
+        Ok(StepRecord { step, loss: loss_value, lr, grad_norm, step_ms, items_per_s: items as f64 / (step_ms / 1e3), items_key: key })
+    }
+
+    /// Mean loss over the evaluation batches, in eval mode without gradients.
+    pub fn evaluate(&self) -> Result<Option<f64>> {
+        let Some((_, n, batch)) = &self.eval else { return Ok(None) };
+        let ctx = self.model.context();
+        ctx.set_training(false);
+        let result = no_grad(|| -> Result<f64> {
+            let mut total = 0.0;
+            for i in 0..*n {
+                let (x, y) = batch(i)?;
+                total += self.model.loss(&x, &y)?.item()?;
+            }
+            Ok(total / *n as f64)
+        });
+        ctx.set_training(true);
+        result.map(Some)
+    }
+
+    /// Restores the newest complete checkpoint of the policy's folder, if any; returns the step
+    /// to continue from.
+    pub fn resume(&mut self) -> Result<usize> {
+        let Some(policy) = &self.checkpoints else {
+            return Err(Error::Config("resume needs train.checkpoint_dir".into()));
+        };
+        match checkpoint::latest(&policy.dir)? {
+            None => Ok(0),
+            Some(dir) => {
+                let state = checkpoint::load(&dir, self.model.as_ref(), self.optimizer.as_mut())?;
+                self.model.context().set_rng_offset(state.rng_offset);
+                Ok(state.step)
+            }
+        }
+    }
+
+    fn save(&self, next_step: usize) -> Result<()> {
+        if let Some(policy) = &self.checkpoints {
+            let state = CheckpointState { step: next_step, rng_offset: self.model.context().rng_offset(), extra: self.checkpoint_extra.clone() };
+            checkpoint::save(&policy.dir, self.model.as_ref(), self.optimizer.as_ref(), &state, policy.keep)?;
+        }
+        Ok(())
+    }
+
+    /// Runs steps `start..end`, fetching batches from `batches` (a background thread prepares the
+    /// next ones), calling callbacks, evaluating and checkpointing as configured.
+    pub fn fit(&mut self, batches: BatchFn, start: usize, end: usize) -> Result<()> {
+        let producer = batches.clone();
+        let mut prefetch = weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start..end, 2, move |step| producer(step))?;
+        for step in start..end {
+            let (x, y) = prefetch.next().ok_or_else(|| Error::Run(format!("step {step}: the batch producer stopped")))??;
+            let record = self.train_step(step, &x, &y)?;
+            if step % self.log_every == 0 || step + 1 == end {
+                for c in &mut self.callbacks {
+                    c.on_step(&record)?;
+                }
+            }
+            if let Some((every, _, _)) = &self.eval {
+                if (step + 1) % every == 0 || step + 1 == end {
+                    if let Some(v) = self.evaluate()? {
+                        for c in &mut self.callbacks {
+                            c.on_eval(step, v)?;
+                        }
+                    }
+                }
+            }
+            if let Some(policy) = &self.checkpoints {
+                if (policy.every > 0 && (step + 1) % policy.every == 0) || step + 1 == end {
+                    self.save(step + 1)?;
+                }
+            }
+        }
+        for c in &mut self.callbacks {
+            c.on_end()?;
+        }
+        Ok(())
+    }
+}
