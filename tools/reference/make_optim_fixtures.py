@@ -10,14 +10,15 @@ Re-run it after changing a case here and commit the regenerated JSON together wi
 Format:
 
     {"generator", "torch_version",
-     "params": {name: tensor},            initial float32 parameters ("weight" [3, 4], "bias" [4])
+     "params": {name: tensor},            initial float32 parameters: "weight" [3, 4], "bias" [4],
+                                          "embed" [16, 8]
      "grads": [{name: tensor}, ...],      6 float32 gradients, one dict per step
      "cases": [case, ...],
      "schedules": [schedule, ...]}
 
-A tensor is {"shape": [...], "data": [flat row-major values]}. Every value is written as the exact
-decimal of the float64 that holds it (for float32 values: the float32 widened to float64), so it
-reads back bit for bit.
+A tensor is {"shape": [...], "bits": [...]}: each value, flat in row-major order, as the hex of its
+IEEE bit pattern in its own dtype (8 digits for float32, 16 for float64), so that the Rust side reads
+the exact values whatever its JSON float parser does (serde_json's default parser can be 1 ulp off).
 
 A case is
 
@@ -37,7 +38,14 @@ same values widened to float64 and compute in float64.
 A schedule is {"warmup", "decay", "lr", "min_lr", "its": [...], "values": [get_lr(it) for it in its]}.
 
 Optimizers run with foreach=False (PyTorch's single-tensor code path, the one weft's fused loop
-reproduces operation by operation); torch.set_num_threads(1).
+reproduces operation by operation); torch.set_num_threads(1). "embed" has 128 elements so that
+ATen's vectorized loops run on it; the two small tensors go through their scalar tails. On x86 builds
+with AVX2 or AVX-512 both use fused multiply-adds for add-with-alpha, lerp and addcmul, as weft does.
+
+What is not bit-exact: PyTorch's sqrt on x86 is not correctly rounded (about 20% of its float32
+and 1.4% of its float64 results are 1 ulp off; weft's is IEEE sqrt), so some Adam elements differ in
+the last bit (relative ~1e-7 in float32); and PyTorch computes clipping norms in the gradients' dtype
+with its own summation order (weft sums in f64). SGD agrees bit for bit.
 """
 
 import json
@@ -76,8 +84,13 @@ def get_lr(it, warmup, decay, lr, min_lr):
 
 
 def tensor_json(t):
-    t = t.detach()
-    return {"shape": list(t.shape), "data": [float(v) for v in t.reshape(-1).double().tolist()]}
+    shape = list(t.shape)
+    t = t.detach().reshape(-1)
+    if t.dtype == torch.float32:
+        bits = ["%08x" % (v & 0xFFFFFFFF) for v in t.view(torch.int32).tolist()]
+    else:
+        bits = ["%016x" % (v & 0xFFFFFFFFFFFFFFFF) for v in t.view(torch.int64).tolist()]
+    return {"shape": shape, "bits": bits}
 
 
 def initial_params():
@@ -85,6 +98,7 @@ def initial_params():
     return {
         "weight": torch.randn(3, 4, generator=g, dtype=torch.float32) * 0.5,
         "bias": torch.randn(4, generator=g, dtype=torch.float32) * 0.1,
+        "embed": torch.randn(16, 8, generator=g, dtype=torch.float32) * 0.5,
     }
 
 
@@ -96,6 +110,7 @@ def gradients():
             {
                 "weight": torch.randn(3, 4, generator=g, dtype=torch.float32) * GRAD_SCALES[s],
                 "bias": torch.randn(4, generator=g, dtype=torch.float32) * GRAD_SCALES[s],
+                "embed": torch.randn(16, 8, generator=g, dtype=torch.float32) * GRAD_SCALES[s] * 0.25,
             }
         )
     return out
@@ -155,12 +170,12 @@ def run_case(name, optimizer, config, groups, schedule, steps=NUM_GRADS, dtype="
 SGD_SCHEDULE = {"warmup": 2, "decay": 4, "lr": 0.1, "min_lr": 0.01}
 ADAM_SCHEDULE = {"warmup": 2, "decay": 4, "lr": 1e-2, "min_lr": 1e-3}
 LONG_SCHEDULE = {"warmup": 10, "decay": 50, "lr": 3e-3, "min_lr": 3e-4}
-ONE_GROUP = [{"params": ["weight", "bias"], "weight_decay": 0.0}]
+ONE_GROUP = [{"params": ["weight", "bias", "embed"], "weight_decay": 0.0}]
 
 
 def decay_groups(wd):
     """nanoGPT's split: matrices decay, biases do not."""
-    return [{"params": ["weight"], "weight_decay": wd}, {"params": ["bias"], "weight_decay": 0.0}]
+    return [{"params": ["weight", "embed"], "weight_decay": wd}, {"params": ["bias"], "weight_decay": 0.0}]
 
 
 def sgd(momentum=0.0, dampening=0.0, nesterov=False):
@@ -180,7 +195,7 @@ def cases():
             "sgd/momentum_missing_grads",
             "sgd",
             sgd(0.5, 0.2),
-            [{"params": ["weight", "bias"], "weight_decay": 0.05}],
+            [{"params": ["weight", "bias", "embed"], "weight_decay": 0.05}],
             SGD_SCHEDULE,
             no_grad=[(0, "bias"), (3, "weight")],
         ),
@@ -190,7 +205,7 @@ def cases():
             "adam/l2_weight_decay",
             "adam",
             adam(),
-            [{"params": ["weight", "bias"], "weight_decay": 0.01}],
+            [{"params": ["weight", "bias", "embed"], "weight_decay": 0.01}],
             ADAM_SCHEDULE,
         ),
         # The bias misses two gradients, so its step count (and bias correction) lags the weight's.
@@ -200,7 +215,7 @@ def cases():
             adam(eps=1e-6),
             decay_groups(0.02),
             ADAM_SCHEDULE,
-            no_grad=[(1, "bias"), (2, "bias"), (4, "weight")],
+            no_grad=[(1, "bias"), (2, "bias"), (4, "weight"), (0, "embed")],
         ),
         # beta1 = 0.3: PyTorch's lerp takes its other branch (weight 1 - beta1 >= 0.5).
         run_case("adam/small_beta1", "adam", adam(betas=(0.3, 0.9)), ONE_GROUP, ADAM_SCHEDULE),

@@ -16,11 +16,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Trains a model described by a TOML run config.
+    /// Trains a model described by a TOML run config (without one: a character-level GPT on the
+    /// built-in corpus).
     Train {
         /// The run config (paths inside it are relative to its folder).
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
         /// Overrides a config value: `section.key=value` (repeatable).
         #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
         overrides: Vec<String>,
@@ -59,17 +60,44 @@ enum BenchCommand {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Train { config, overrides, resume, quiet } => {
-            let cfg = weft_train::config::RunConfig::load(&config, &overrides).map_err(|e| e.to_string())?;
-            let options = weft_train::run::TrainOptions { resume, progress: !quiet };
+        Command::Train {
+            config,
+            overrides,
+            resume,
+            quiet,
+        } => {
+            let cfg = match config {
+                Some(path) => weft_train::config::RunConfig::load(&path, &overrides),
+                None => {
+                    let cwd = std::env::current_dir().unwrap_or_default();
+                    weft_train::config::RunConfig::parse(
+                        weft_train::builtin::CONFIG,
+                        "built-in config",
+                        cwd,
+                        &overrides,
+                    )
+                }
+            }
+            .map_err(|e| e.to_string())?;
+            let options = weft_train::run::TrainOptions {
+                resume,
+                progress: !quiet,
+            };
             weft_train::run::train(&cfg, &options).map_err(|e| e.to_string())
         }
-        Command::Generate { checkpoint, prompt, tokens, seed } => {
+        Command::Generate {
+            checkpoint,
+            prompt,
+            tokens,
+            seed,
+        } => {
             let text = weft_train::run::generate(&checkpoint, &prompt, tokens, seed).map_err(|e| e.to_string())?;
             println!("{text}");
             Ok(())
         }
-        Command::Bench { what: BenchCommand::Ops(args) } => bench::run_ops(&args).map_err(|e| e.to_string()),
+        Command::Bench {
+            what: BenchCommand::Ops(args),
+        } => bench::run_ops(&args).map_err(|e| e.to_string()),
     }
 }
 

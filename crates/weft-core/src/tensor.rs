@@ -203,11 +203,18 @@ impl Tensor {
     pub fn with_data_mut<T: StorageElement, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         let l = &self.0.layout;
         if !l.is_contiguous() {
-            return Err(crate::error::invalid("with_data_mut", format!("tensor of shape {:?} is not contiguous", l.shape)));
+            return Err(crate::error::invalid(
+                "with_data_mut",
+                format!("tensor of shape {:?} is not contiguous", l.shape),
+            ));
         }
         let mut guard = self.0.storage.write();
         let dtype = guard.dtype();
-        let data = T::slice_mut(&mut guard).ok_or(Error::DTypeMismatch { op: "with_data_mut", lhs: dtype, rhs: T::DTYPE })?;
+        let data = T::slice_mut(&mut guard).ok_or(Error::DTypeMismatch {
+            op: "with_data_mut",
+            lhs: dtype,
+            rhs: T::DTYPE,
+        })?;
         Ok(f(&mut data[l.offset..l.offset + l.numel()]))
     }
 

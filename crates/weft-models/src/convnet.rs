@@ -22,11 +22,21 @@ pub struct ConvNetConfig {
 impl ConvNetConfig {
     pub fn validate(&self) -> Result<()> {
         if self.in_channels == 0 || self.num_classes == 0 || self.channels.is_empty() || self.channels.contains(&0) {
-            return Err(config_error("in_channels/channels/num_classes", "sizes must be positive and channels non-empty"));
+            return Err(config_error(
+                "in_channels/channels/num_classes",
+                "sizes must be positive and channels non-empty",
+            ));
         }
         let div = 1usize.checked_shl(self.channels.len() as u32).unwrap_or(usize::MAX);
         if self.image_size == 0 || self.image_size % div != 0 {
-            return Err(config_error("image_size", format!("{} does not divide by 2^{} (one halving per stage)", self.image_size, self.channels.len())));
+            return Err(config_error(
+                "image_size",
+                format!(
+                    "{} does not divide by 2^{} (one halving per stage)",
+                    self.image_size,
+                    self.channels.len()
+                ),
+            ));
         }
         Ok(())
     }
@@ -49,7 +59,10 @@ impl ConvNet {
     pub fn new(config: ConvNetConfig, seed: u64) -> Result<Self> {
         config.validate()?;
         let mut rng = Generator::new(seed);
-        let p = Conv2dParams { padding: (1, 1), ..Conv2dParams::new() };
+        let p = Conv2dParams {
+            padding: (1, 1),
+            ..Conv2dParams::new()
+        };
         let mut convs = Vec::new();
         let mut c_in = config.in_channels;
         for &c in &config.channels {
@@ -58,7 +71,13 @@ impl ConvNet {
         }
         let side = config.final_side();
         let fc = Linear::new(c_in * side * side, config.num_classes, true, &mut rng)?;
-        Ok(ConvNet { config, convs, fc, pool: MaxPool2d::new(2), ctx: Context::new(seed) })
+        Ok(ConvNet {
+            config,
+            convs,
+            fc,
+            pool: MaxPool2d::new(2),
+            ctx: Context::new(seed),
+        })
     }
 
     /// # Shapes
@@ -71,7 +90,14 @@ impl ConvNet {
         if !ok {
             return Err(Error::Invalid {
                 op: "convnet",
-                msg: format!("inputs must be f32 [B, {}, {}, {}], got {:?} {:?}", c.in_channels, c.image_size, c.image_size, x.dtype(), x.shape()),
+                msg: format!(
+                    "inputs must be f32 [B, {}, {}, {}], got {:?} {:?}",
+                    c.in_channels,
+                    c.image_size,
+                    c.image_size,
+                    x.dtype(),
+                    x.shape()
+                ),
             });
         }
         let b = x.shape()[0] as isize;
@@ -85,8 +111,12 @@ impl ConvNet {
 
 impl Module for ConvNet {
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut p: Vec<(String, Tensor)> =
-            self.convs.iter().enumerate().flat_map(|(i, l)| prefixed(&format!("convs.{i}"), l.parameters())).collect();
+        let mut p: Vec<(String, Tensor)> = self
+            .convs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefixed(&format!("convs.{i}"), l.parameters()))
+            .collect();
         p.extend(prefixed("fc", self.fc.parameters()));
         p
     }

@@ -26,13 +26,22 @@ pub struct GptConfig {
 
 impl GptConfig {
     pub fn validate(&self) -> Result<()> {
-        for (key, v) in [("vocab_size", self.vocab_size), ("block_size", self.block_size), ("n_layer", self.n_layer), ("n_head", self.n_head), ("n_embd", self.n_embd)] {
+        for (key, v) in [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_embd", self.n_embd),
+        ] {
             if v == 0 {
                 return Err(config_error(key, "must be positive"));
             }
         }
         if self.n_embd % self.n_head != 0 {
-            return Err(config_error("n_embd", format!("{} does not divide by n_head = {}", self.n_embd, self.n_head)));
+            return Err(config_error(
+                "n_embd",
+                format!("{} does not divide by n_head = {}", self.n_embd, self.n_head),
+            ));
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(config_error("dropout", format!("{} is outside [0, 1)", self.dropout)));
@@ -99,8 +108,12 @@ impl Gpt {
             });
         }
         let model = Gpt {
-            wte: Embedding { weight: init::normal(&[config.vocab_size, c], 0.02, f, &mut rng)? },
-            wpe: Embedding { weight: init::normal(&[config.block_size, c], 0.02, f, &mut rng)? },
+            wte: Embedding {
+                weight: init::normal(&[config.vocab_size, c], 0.02, f, &mut rng)?,
+            },
+            wpe: Embedding {
+                weight: init::normal(&[config.block_size, c], 0.02, f, &mut rng)?,
+            },
             h,
             ln_f: LayerNorm::new(c, config.bias, eps)?,
             drop: Dropout::new(config.dropout, &ctx),
@@ -131,14 +144,26 @@ impl Gpt {
         if idx.dtype() != DType::I64 || idx.rank() != 2 || idx.shape()[1] > c.block_size || idx.shape()[1] == 0 {
             return Err(Error::Invalid {
                 op: "gpt",
-                msg: format!("{what} must be I64 [B, T] with 1 <= T <= block_size = {}, got {:?} {:?}", c.block_size, idx.dtype(), idx.shape()),
+                msg: format!(
+                    "{what} must be I64 [B, T] with 1 <= T <= block_size = {}, got {:?} {:?}",
+                    c.block_size,
+                    idx.dtype(),
+                    idx.shape()
+                ),
             });
         }
         let ids = idx.to_vec::<i64>()?;
-        if let Some((pos, &bad)) = ids.iter().enumerate().find(|(_, &t)| t < 0 || t as usize >= c.vocab_size) {
+        if let Some((pos, &bad)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t < 0 || t as usize >= c.vocab_size)
+        {
             return Err(Error::Invalid {
                 op: "gpt",
-                msg: format!("{what}: token id {bad} at flat position {pos} is outside the vocabulary (vocab_size = {})", c.vocab_size),
+                msg: format!(
+                    "{what}: token id {bad} at flat position {pos} is outside the vocabulary (vocab_size = {})",
+                    c.vocab_size
+                ),
             });
         }
         Ok(())
@@ -150,7 +175,9 @@ impl Gpt {
         self.check_ids(idx, "inputs")?;
         let t = idx.shape()[1];
         let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64)?;
-        let mut x = self.drop.forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)?;
+        let mut x = self
+            .drop
+            .forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)?;
         for block in &self.h {
             x = block.forward(&x)?;
         }
@@ -161,9 +188,19 @@ impl Gpt {
     /// Appends `max_new_tokens` sampled tokens to `idx` (`[1, T]`), conditioning on at most the last
     /// `block_size` tokens: softmax of the last logits divided by `temperature`, restricted to the
     /// `top_k` most likely tokens when given. Runs without recording gradients.
-    pub fn generate(&self, idx: &Tensor, max_new_tokens: usize, temperature: f64, top_k: Option<usize>, rng: &mut Generator) -> Result<Tensor> {
+    pub fn generate(
+        &self,
+        idx: &Tensor,
+        max_new_tokens: usize,
+        temperature: f64,
+        top_k: Option<usize>,
+        rng: &mut Generator,
+    ) -> Result<Tensor> {
         if temperature <= 0.0 || !temperature.is_finite() {
-            return Err(Error::Invalid { op: "generate", msg: format!("temperature must be positive, got {temperature}") });
+            return Err(Error::Invalid {
+                op: "generate",
+                msg: format!("temperature must be positive, got {temperature}"),
+            });
         }
         weft_core::no_grad(|| {
             let mut tokens = idx.to_vec::<i64>()?;
@@ -177,7 +214,10 @@ impl Gpt {
                     let mut sorted = scaled.clone();
                     sorted.sort_by(|a, b| b.total_cmp(a));
                     let cut = sorted[k - 1];
-                    scaled.iter_mut().filter(|v| **v < cut).for_each(|v| *v = f64::NEG_INFINITY);
+                    scaled
+                        .iter_mut()
+                        .filter(|v| **v < cut)
+                        .for_each(|v| *v = f64::NEG_INFINITY);
                 }
                 let m = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let probs: Vec<f64> = scaled.iter().map(|v| (v - m).exp()).collect();
@@ -216,10 +256,16 @@ impl Model for Gpt {
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let logits = self.forward(inputs)?;
         if targets.shape() != inputs.shape() {
-            return Err(Error::ShapeMismatch { op: "gpt loss", lhs: inputs.shape().to_vec(), rhs: targets.shape().to_vec() });
+            return Err(Error::ShapeMismatch {
+                op: "gpt loss",
+                lhs: inputs.shape().to_vec(),
+                rhs: targets.shape().to_vec(),
+            });
         }
         let v = self.config.vocab_size as isize;
-        logits.reshape(&[-1, v])?.cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+        logits
+            .reshape(&[-1, v])?
+            .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
     }
 
     fn context(&self) -> &Context {

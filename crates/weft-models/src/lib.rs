@@ -26,5 +26,8 @@ pub trait Model: Module + Send + Sync {
 
 /// An error for a bad model configuration value.
 pub(crate) fn config_error(key: &str, msg: impl std::fmt::Display) -> weft_core::Error {
-    weft_core::Error::Invalid { op: "model config", msg: format!("model.{key}: {msg}") }
+    weft_core::Error::Invalid {
+        op: "model config",
+        msg: format!("model.{key}: {msg}"),
+    }
 }

@@ -21,7 +21,10 @@ pub struct MlpConfig {
 impl MlpConfig {
     pub fn validate(&self) -> Result<()> {
         if self.in_features == 0 || self.out_features == 0 || self.hidden.contains(&0) {
-            return Err(config_error("in_features/hidden/out_features", "sizes must be positive"));
+            return Err(config_error(
+                "in_features/hidden/out_features",
+                "sizes must be positive",
+            ));
         }
         if self.activation == Activation::Flatten {
             return Err(config_error("activation", "must be relu, gelu or tanh"));
@@ -44,8 +47,15 @@ impl MlpModel {
         let mut widths = vec![config.in_features];
         widths.extend(&config.hidden);
         widths.push(config.out_features);
-        let layers = widths.windows(2).map(|w| Linear::new(w[0], w[1], true, &mut rng)).collect::<Result<Vec<_>>>()?;
-        Ok(MlpModel { config, layers, ctx: Context::new(seed) })
+        let layers = widths
+            .windows(2)
+            .map(|w| Linear::new(w[0], w[1], true, &mut rng))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MlpModel {
+            config,
+            layers,
+            ctx: Context::new(seed),
+        })
     }
 
     /// # Shapes
@@ -54,7 +64,12 @@ impl MlpModel {
         if x.rank() != 2 || x.shape()[1] != self.config.in_features || x.dtype() != DType::F32 {
             return Err(Error::Invalid {
                 op: "mlp",
-                msg: format!("inputs must be f32 [B, {}], got {:?} {:?}", self.config.in_features, x.dtype(), x.shape()),
+                msg: format!(
+                    "inputs must be f32 [B, {}], got {:?} {:?}",
+                    self.config.in_features,
+                    x.dtype(),
+                    x.shape()
+                ),
             });
         }
         let mut y = x.clone();
@@ -70,7 +85,11 @@ impl MlpModel {
 
 impl Module for MlpModel {
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers.iter().enumerate().flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l.parameters())).collect()
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l.parameters()))
+            .collect()
     }
 }
 

@@ -23,13 +23,34 @@ use weft_core::{DType, Error, Result, Tensor};
 /// training loop that wants to skip such steps checks the returned value.
 ///
 /// Gradients of dtype f32 and f64 are read and scaled in place (non-contiguous ones through a
-/// scaled copy that is written back); bf16 and f16 gradients are scaled in f64 and rounded back. Errors: `max_norm`
-/// negative or NaN, a gradient of a non-float dtype.
+/// scaled copy that is written back); bf16 and f16 gradients are scaled in f64 and rounded back.
+///
+/// Errors (before any gradient changes): `max_norm` negative or NaN; a gradient of a non-float
+/// dtype.
 pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<f64> {
     const OP: &str = "clip_grad_norm";
-    if !(max_norm >= 0.0) {
-        return Err(Error::Invalid { op: OP, msg: format!("max_norm {max_norm} must be >= 0") });
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("max_norm {max_norm} must be >= 0"),
+        });
     }
+    let total_norm = grad_norm(params)?;
+    let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
+    let clip_coef = max_norm / (total_norm + 1e-6);
+    // A NaN coefficient (NaN norm) scales too, as in PyTorch.
+    if clip_coef.is_nan() || clip_coef < 1.0 {
+        for g in &grads {
+            scale(g, clip_coef)?;
+        }
+    }
+    Ok(total_norm)
+}
+
+/// The global L2 norm of the gradients of `params` (those without a gradient are skipped), the
+/// value [`clip_grad_norm`] clips against, without changing anything. Errors on a non-float gradient.
+pub fn grad_norm(params: &[Tensor]) -> Result<f64> {
+    const OP: &str = "grad_norm";
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
     let mut sum_sq = 0.0f64;
     for (i, g) in grads.iter().enumerate() {
@@ -40,20 +61,16 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<f64> {
             other => {
                 return Err(Error::Invalid {
                     op: OP,
-                    msg: format!("gradient #{i} (shape {:?}) has dtype {}, not a float type", g.shape(), other.name()),
+                    msg: format!(
+                        "gradient #{i} (shape {:?}) has dtype {}, not a float type",
+                        g.shape(),
+                        other.name()
+                    ),
                 })
             }
         };
     }
-    let total_norm = sum_sq.sqrt();
-    let clip_coef = max_norm / (total_norm + 1e-6);
-    // `!(clip_coef >= 1)` rather than `clip_coef < 1`: a NaN coefficient scales, as in PyTorch.
-    if !(clip_coef >= 1.0) {
-        for g in &grads {
-            scale(g, clip_coef)?;
-        }
-    }
-    Ok(total_norm)
+    Ok(sum_sq.sqrt())
 }
 
 /// Σ f(x)² in f64 with 8 independent partial sums, so that the loop vectorizes.
@@ -87,7 +104,11 @@ fn scale(g: &Tensor, coef: f64) -> Result<()> {
         }
     }
     // Non-contiguous or half-precision gradients: scale a copy in f64 and write it back.
-    let c = if g.dtype() == DType::F32 { coef as f32 as f64 } else { coef };
+    let c = if g.dtype() == DType::F32 {
+        coef as f32 as f64
+    } else {
+        coef
+    };
     let scaled: Vec<f64> = g.to_vec_f64().into_iter().map(|x| x * c).collect();
     g.copy_from(&Tensor::from_vec(scaled, g.shape())?)
 }

@@ -19,7 +19,10 @@ struct Inner {
 impl Context {
     /// Training mode, with dropout drawing from a stream seeded by `seed`.
     pub fn new(seed: u64) -> Self {
-        Context(Arc::new(Inner { training: AtomicBool::new(true), rng: Mutex::new(Generator::new(seed)) }))
+        Context(Arc::new(Inner {
+            training: AtomicBool::new(true),
+            rng: Mutex::new(Generator::new(seed)),
+        }))
     }
 
     pub fn training(&self) -> bool {

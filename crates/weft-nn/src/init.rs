@@ -5,12 +5,18 @@ use weft_core::{DType, Generator, Result, Tensor};
 
 /// A new parameter (a leaf that requires grad) with values uniform in `[-bound, bound)`.
 pub fn uniform(shape: &[usize], bound: f64, dtype: DType, rng: &mut Generator) -> Result<Tensor> {
-    Tensor::rand(shape, dtype, rng)?.affine(2.0 * bound, -bound)?.detach().requires_grad_()
+    Tensor::rand(shape, dtype, rng)?
+        .affine(2.0 * bound, -bound)?
+        .detach()
+        .requires_grad_()
 }
 
 /// A new parameter with values drawn from `N(0, std^2)`.
 pub fn normal(shape: &[usize], std: f64, dtype: DType, rng: &mut Generator) -> Result<Tensor> {
-    Tensor::randn(shape, dtype, rng)?.mul_scalar(std)?.detach().requires_grad_()
+    Tensor::randn(shape, dtype, rng)?
+        .mul_scalar(std)?
+        .detach()
+        .requires_grad_()
 }
 
 /// A new parameter filled with `value`.

@@ -41,7 +41,12 @@ impl Schedule {
     pub fn lr_at(&self, step: usize) -> f64 {
         match *self {
             Schedule::Constant { lr } => lr,
-            Schedule::Cosine { lr, warmup_steps, decay_steps, min_lr } => {
+            Schedule::Cosine {
+                lr,
+                warmup_steps,
+                decay_steps,
+                min_lr,
+            } => {
                 if step < warmup_steps {
                     return lr * (step + 1) as f64 / (warmup_steps + 1) as f64;
                 }
@@ -62,19 +67,31 @@ impl Schedule {
     /// Checks the schedule: rates finite, `lr >= 0` (Constant); `lr >= min_lr >= 0` and
     /// `warmup_steps <= decay_steps` (Cosine).
     pub fn validate(&self) -> Result<()> {
-        let bad = |msg: String| Err(Error::Invalid { op: "Schedule::validate", msg });
+        let bad = |msg: String| {
+            Err(Error::Invalid {
+                op: "Schedule::validate",
+                msg,
+            })
+        };
         match *self {
             Schedule::Constant { lr } => {
                 if !(lr.is_finite() && lr >= 0.0) {
                     return bad(format!("constant learning rate {lr} must be finite and >= 0"));
                 }
             }
-            Schedule::Cosine { lr, warmup_steps, decay_steps, min_lr } => {
+            Schedule::Cosine {
+                lr,
+                warmup_steps,
+                decay_steps,
+                min_lr,
+            } => {
                 if !(lr.is_finite() && min_lr.is_finite()) {
                     return bad(format!("cosine schedule: lr {lr} and min_lr {min_lr} must be finite"));
                 }
                 if !(0.0 <= min_lr && min_lr <= lr) {
-                    return bad(format!("cosine schedule: need lr >= min_lr >= 0, got lr {lr}, min_lr {min_lr}"));
+                    return bad(format!(
+                        "cosine schedule: need lr >= min_lr >= 0, got lr {lr}, min_lr {min_lr}"
+                    ));
                 }
                 if warmup_steps > decay_steps {
                     return bad(format!(

@@ -13,20 +13,32 @@ use crate::module::Module;
 /// either name or both. Every parameter must be present with its exact shape; names the module
 /// does not have are an error too. Values are cast to each parameter's dtype. `source` names the
 /// origin (a path) in messages.
-pub fn load_state_dict(module: &dyn Module, tensors: &BTreeMap<String, Tensor>, aliases: &[(&str, &str)], source: &str) -> Result<()> {
+pub fn load_state_dict(
+    module: &dyn Module,
+    tensors: &BTreeMap<String, Tensor>,
+    aliases: &[(&str, &str)],
+    source: &str,
+) -> Result<()> {
     let params = module.parameters();
     let known: BTreeMap<&str, &Tensor> = params.iter().map(|(n, t)| (n.as_str(), t)).collect();
     for name in tensors.keys() {
-        let canonical = aliases.iter().find(|(alt, _)| alt == name).map(|(_, c)| *c).unwrap_or(name);
+        let canonical = aliases
+            .iter()
+            .find(|(alt, _)| alt == name)
+            .map(|(_, c)| *c)
+            .unwrap_or(name);
         if !known.contains_key(canonical) {
-            return Err(Error::Io(format!("{source}: unexpected tensor {name:?} (the model has no parameter of that name)")));
+            return Err(Error::Io(format!(
+                "{source}: unexpected tensor {name:?} (the model has no parameter of that name)"
+            )));
         }
     }
     for (name, param) in &params {
         let alias = aliases.iter().find(|(_, c)| c == name).map(|(a, _)| *a);
-        let src = tensors.get(name).or_else(|| alias.and_then(|a| tensors.get(a))).ok_or_else(|| {
-            Error::Io(format!("{source}: missing tensor {name:?}"))
-        })?;
+        let src = tensors
+            .get(name)
+            .or_else(|| alias.and_then(|a| tensors.get(a)))
+            .ok_or_else(|| Error::Io(format!("{source}: missing tensor {name:?}")))?;
         if src.shape() != param.shape() {
             return Err(Error::Io(format!(
                 "{source}: tensor {name:?} has shape {:?}, the model expects {:?}",
@@ -47,7 +59,12 @@ pub fn load_file(module: &dyn Module, path: &Path, aliases: &[(&str, &str)]) -> 
 
 /// Saves `module`'s parameters to a safetensors file under their PyTorch names, atomically.
 /// `extra` adds more names for the same tensors (such as a tied `lm_head.weight`).
-pub fn save_file(module: &dyn Module, path: &Path, extra: &[(&str, &str)], metadata: &BTreeMap<String, String>) -> Result<()> {
+pub fn save_file(
+    module: &dyn Module,
+    path: &Path,
+    extra: &[(&str, &str)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     let params = module.parameters();
     let mut named: Vec<(String, Tensor)> = params.clone();
     for (alt, canonical) in extra {

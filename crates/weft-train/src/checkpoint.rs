@@ -32,7 +32,13 @@ fn io(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 /// Saves into `dir/step-{state.step}` atomically and keeps the newest `keep` checkpoints.
-pub fn save(dir: &Path, model: &dyn Model, optimizer: &dyn Optimizer, state: &CheckpointState, keep: usize) -> Result<PathBuf> {
+pub fn save(
+    dir: &Path,
+    model: &dyn Model,
+    optimizer: &dyn Optimizer,
+    state: &CheckpointState,
+    keep: usize,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let name = format!("step-{:08}", state.step);
     let tmp = dir.join(format!(".tmp-{name}"));
@@ -43,7 +49,11 @@ pub fn save(dir: &Path, model: &dyn Model, optimizer: &dyn Optimizer, state: &Ch
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     state_dict::save_file(model, &tmp.join("model.safetensors"), model.aliases(), &BTreeMap::new())?;
     let opt = optimizer.state();
-    safetensors::save(&tmp.join("optimizer.safetensors"), opt.iter().map(|(n, t)| (n.as_str(), t)), &BTreeMap::new())?;
+    safetensors::save(
+        &tmp.join("optimizer.safetensors"),
+        opt.iter().map(|(n, t)| (n.as_str(), t)),
+        &BTreeMap::new(),
+    )?;
     let json = serde_json::to_vec_pretty(state).map_err(|e| io(&tmp, e))?;
     let state_path = tmp.join("state.json");
     write_synced(&state_path, &json)?;

@@ -26,13 +26,91 @@ pub struct RunConfig {
     pub base_dir: PathBuf,
 }
 
-/// `[model]`: which model and its sizes.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+/// `[model]`: which model (`kind`) and its sizes.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase")]
 pub enum ModelConfig {
-    Mlp { in_features: usize, hidden: Vec<usize>, out_features: usize, activation: String },
-    Convnet { in_channels: usize, image_size: usize, channels: Vec<usize>, num_classes: usize },
-    Gpt { vocab_size: usize, block_size: usize, n_layer: usize, n_head: usize, n_embd: usize, bias: bool, dropout: f64 },
+    Mlp(MlpKeys),
+    Convnet(ConvnetKeys),
+    Gpt(GptKeys),
+}
+
+/// `[model]` keys of `kind = "mlp"`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MlpKeys {
+    pub in_features: usize,
+    pub hidden: Vec<usize>,
+    pub out_features: usize,
+    /// `relu` | `gelu` | `tanh`.
+    pub activation: String,
+}
+
+/// `[model]` keys of `kind = "convnet"`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConvnetKeys {
+    pub in_channels: usize,
+    pub image_size: usize,
+    pub channels: Vec<usize>,
+    pub num_classes: usize,
+}
+
+/// `[model]` keys of `kind = "gpt"`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GptKeys {
+    pub vocab_size: usize,
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub bias: bool,
+    pub dropout: f64,
+}
+
+/// Deserializes a section whose `kind` key picks the struct for the other keys. Unlike serde's
+/// internally tagged enums, errors keep the key's name (`n_layer: invalid value ...`).
+fn by_kind<'de, D: serde::Deserializer<'de>, T>(
+    d: D,
+    kinds: &[&str],
+    pick: impl Fn(&str, toml::Value) -> std::result::Result<T, serde_path_to_error::Error<toml::de::Error>>,
+) -> std::result::Result<T, D::Error> {
+    use serde::de::Error as _;
+    let mut table = toml::Table::deserialize(d)?;
+    let kind = match table.remove("kind") {
+        Some(toml::Value::String(k)) => k,
+        Some(other) => return Err(D::Error::custom(format!("kind: expected a string, got {other}"))),
+        None => {
+            return Err(D::Error::custom(format!(
+                "missing key `kind` (one of {})",
+                kinds.join(", ")
+            )))
+        }
+    };
+    if !kinds.contains(&kind.as_str()) {
+        return Err(D::Error::custom(format!(
+            "kind: {kind:?} is not one of {}",
+            kinds.join(", ")
+        )));
+    }
+    pick(&kind, toml::Value::Table(table)).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = e.into_inner().to_string();
+        D::Error::custom(format!("{path}: {}", msg.lines().next().unwrap_or_default().trim()))
+    })
+}
+
+impl<'de> Deserialize<'de> for ModelConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        by_kind(d, &["mlp", "convnet", "gpt"], |kind, v| {
+            Ok(match kind {
+                "mlp" => ModelConfig::Mlp(serde_path_to_error::deserialize(v)?),
+                "convnet" => ModelConfig::Convnet(serde_path_to_error::deserialize(v)?),
+                _ => ModelConfig::Gpt(serde_path_to_error::deserialize(v)?),
+            })
+        })
+    }
 }
 
 /// `[init]`: start from a safetensors state dict instead of the seeded initialisation.
@@ -42,30 +120,58 @@ pub struct InitConfig {
     pub from: Option<PathBuf>,
 }
 
-/// `[data]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+/// `[data]`: which data (`kind`) and where.
+#[derive(Debug, Clone)]
 pub enum DataConfig {
     /// A safetensors file with `inputs` `[S, B, ...]` and `targets` `[S, B, ...]`; step `i` uses
     /// row `i mod S`.
-    Batches { path: PathBuf },
+    Batches(BatchesKeys),
     /// Character-level text; windows of the model's `block_size`.
-    Text {
-        path: PathBuf,
-        batch_size: usize,
-        #[serde(default = "default_val_fraction")]
-        val_fraction: f64,
-    },
+    Text(TextKeys),
     /// Numeric features plus a label column (`.csv` or `.csv.gz`).
-    Csv {
-        path: PathBuf,
-        label_column: LabelColumnConfig,
-        batch_size: usize,
-        #[serde(default = "default_val_fraction")]
-        val_fraction: f64,
-        #[serde(default = "default_feature_scale")]
-        feature_scale: f64,
-    },
+    Csv(CsvKeys),
+}
+
+/// `[data]` keys of `kind = "batches"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchesKeys {
+    pub path: PathBuf,
+}
+
+/// `[data]` keys of `kind = "text"`. `path = "builtin"` is the corpus compiled into weft.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextKeys {
+    pub path: PathBuf,
+    pub batch_size: usize,
+    #[serde(default = "default_val_fraction")]
+    pub val_fraction: f64,
+}
+
+/// `[data]` keys of `kind = "csv"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CsvKeys {
+    pub path: PathBuf,
+    pub label_column: LabelColumnConfig,
+    pub batch_size: usize,
+    #[serde(default = "default_val_fraction")]
+    pub val_fraction: f64,
+    #[serde(default = "default_feature_scale")]
+    pub feature_scale: f64,
+}
+
+impl<'de> Deserialize<'de> for DataConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        by_kind(d, &["batches", "text", "csv"], |kind, v| {
+            Ok(match kind {
+                "batches" => DataConfig::Batches(serde_path_to_error::deserialize(v)?),
+                "text" => DataConfig::Text(serde_path_to_error::deserialize(v)?),
+                _ => DataConfig::Csv(serde_path_to_error::deserialize(v)?),
+            })
+        })
+    }
 }
 
 /// A label column by index (0-based, negative from the end) or by header name.
@@ -106,14 +212,41 @@ pub struct OptimConfig {
 }
 
 /// `[schedule]`: learning rate per step.
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub enum ScheduleConfig {
     /// `optim.lr` at every step.
     #[default]
     Constant,
     /// nanoGPT's `get_lr`: linear warmup, cosine decay to `min_lr` at `decay_steps`, then `min_lr`.
-    Cosine { warmup_steps: usize, decay_steps: usize, min_lr: f64 },
+    Cosine(CosineKeys),
+}
+
+/// `[schedule]` keys of `kind = "cosine"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CosineKeys {
+    pub warmup_steps: usize,
+    pub decay_steps: usize,
+    pub min_lr: f64,
+}
+
+/// `[schedule]` of `kind = "constant"`: no other keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoKeys {}
+
+impl<'de> Deserialize<'de> for ScheduleConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        by_kind(d, &["constant", "cosine"], |kind, v| {
+            Ok(match kind {
+                "constant" => {
+                    let _: NoKeys = serde_path_to_error::deserialize(v)?;
+                    ScheduleConfig::Constant
+                }
+                _ => ScheduleConfig::Cosine(serde_path_to_error::deserialize(v)?),
+            })
+        })
+    }
 }
 
 /// `[train]`.
@@ -185,7 +318,14 @@ fn default_pp_schedule() -> String {
 
 impl Default for ParallelConfig {
     fn default() -> Self {
-        ParallelConfig { dp: 1, tp: 1, pp: 1, zero: 0, micro_batches: 1, schedule: default_pp_schedule() }
+        ParallelConfig {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            zero: 0,
+            micro_batches: 1,
+            schedule: default_pp_schedule(),
+        }
     }
 }
 
@@ -226,15 +366,17 @@ impl RunConfig {
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
             let line = e.span().map(|s| text[..s.start].lines().count().max(1));
             let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
-            Error::Config(format!("{source}{at}: {}", e.message().trim()))
+            Error::Config(format!("{source}{at}: {}", e.message().trim().replace('\n', " ")))
         })?;
         for o in overrides {
             apply_override(&mut table, o)?;
         }
         let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let path = e.path().to_string();
+            // the deserializer appends "in `section`" on a second line; the path already says it
             let msg = e.into_inner().to_string();
-            Error::Config(format!("{source}: {path}: {}", msg.trim()))
+            let first = msg.lines().next().unwrap_or_default().trim().to_string();
+            Error::Config(format!("{source}: {path}: {first}"))
         })?;
         config.base_dir = base_dir;
         config.validate(source)?;
@@ -263,7 +405,10 @@ impl RunConfig {
             return bad("optim.betas/eps", "apply to adam and adamw, not sgd".into());
         }
         if o.kind != "sgd" && (o.momentum != 0.0 || o.nesterov || o.dampening != 0.0) {
-            return bad("optim.momentum/nesterov/dampening", format!("apply to sgd, not {}", o.kind));
+            return bad(
+                "optim.momentum/nesterov/dampening",
+                format!("apply to sgd, not {}", o.kind),
+            );
         }
         if let Some(c) = o.grad_clip {
             if !(c.is_finite() && c > 0.0) {
@@ -277,7 +422,12 @@ impl RunConfig {
             return bad("train.log_every", "must be at least 1".into());
         }
         let p = &self.parallel;
-        for (key, v) in [("parallel.dp", p.dp), ("parallel.tp", p.tp), ("parallel.pp", p.pp), ("parallel.micro_batches", p.micro_batches)] {
+        for (key, v) in [
+            ("parallel.dp", p.dp),
+            ("parallel.tp", p.tp),
+            ("parallel.pp", p.pp),
+            ("parallel.micro_batches", p.micro_batches),
+        ] {
             if v == 0 {
                 return bad(key, "must be at least 1".into());
             }
@@ -289,13 +439,28 @@ impl RunConfig {
             return bad("parallel.zero", format!("{} is not a ZeRO stage (0-3)", p.zero));
         }
         if p.zero != 0 {
-            return bad("parallel.zero", format!("{}: ZeRO sharding is not available yet; only 0 runs", p.zero));
+            return bad(
+                "parallel.zero",
+                format!("{}: ZeRO sharding is not available yet; only 0 runs", p.zero),
+            );
         }
         if !["1f1b", "gpipe"].contains(&p.schedule.as_str()) {
-            return bad("parallel.schedule", format!("{:?} is not one of 1f1b, gpipe", p.schedule));
+            return bad(
+                "parallel.schedule",
+                format!("{:?} is not one of 1f1b, gpipe", p.schedule),
+            );
         }
         match &self.data {
-            DataConfig::Text { batch_size, val_fraction, .. } | DataConfig::Csv { batch_size, val_fraction, .. } => {
+            DataConfig::Text(TextKeys {
+                batch_size,
+                val_fraction,
+                ..
+            })
+            | DataConfig::Csv(CsvKeys {
+                batch_size,
+                val_fraction,
+                ..
+            }) => {
                 if *batch_size == 0 {
                     return bad("data.batch_size", "must be at least 1".into());
                 }
@@ -303,9 +468,9 @@ impl RunConfig {
                     return bad("data.val_fraction", format!("{val_fraction} is outside [0, 1)"));
                 }
             }
-            DataConfig::Batches { .. } => {}
+            DataConfig::Batches(_) => {}
         }
-        if matches!(self.data, DataConfig::Text { .. }) && !matches!(self.model, ModelConfig::Gpt { .. }) {
+        if matches!(self.data, DataConfig::Text(_)) && !matches!(self.model, ModelConfig::Gpt(_)) {
             return bad("data.kind", "text data needs model.kind = \"gpt\"".into());
         }
         Ok(())

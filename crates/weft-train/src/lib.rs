@@ -1,6 +1,7 @@
 //! The trainer: a run config ([`config::RunConfig`]), the training loop ([`Trainer`]) with
 //! callbacks for metrics and progress, checkpoints with exact resume, and evaluation.
 
+pub mod builtin;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -26,11 +26,16 @@ impl MetricsFile {
             .truncate(!append)
             .open(path)
             .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-        Ok(MetricsFile { file: std::io::BufWriter::new(file), path: path.to_path_buf() })
+        Ok(MetricsFile {
+            file: std::io::BufWriter::new(file),
+            path: path.to_path_buf(),
+        })
     }
 
     fn write(&mut self, v: serde_json::Value) -> Result<()> {
-        writeln!(self.file, "{v}").and_then(|_| self.file.flush()).map_err(|e| Error::Io(format!("{}: {e}", self.path.display())))
+        writeln!(self.file, "{v}")
+            .and_then(|_| self.file.flush())
+            .map_err(|e| Error::Io(format!("{}: {e}", self.path.display())))
     }
 }
 
@@ -54,7 +59,10 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(total: usize) -> Self {
-        Progress { total, tty: std::io::stderr().is_terminal() }
+        Progress {
+            total,
+            tty: std::io::stderr().is_terminal(),
+        }
     }
 }
 

@@ -24,32 +24,46 @@ use crate::trainer::{BatchFn, CheckpointPolicy, Trainer};
 /// The model of a `[model]` section, initialised from `seed`.
 pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
     Ok(match cfg {
-        ModelConfig::Mlp { in_features, hidden, out_features, activation } => {
-            let activation = Activation::parse(activation)
-                .ok_or_else(|| Error::Config(format!("model.activation: {activation:?} is not one of relu, gelu, tanh")))?;
-            let c = MlpConfig { in_features: *in_features, hidden: hidden.clone(), out_features: *out_features, activation };
+        ModelConfig::Mlp(m) => {
+            let activation = Activation::parse(&m.activation).ok_or_else(|| {
+                Error::Config(format!(
+                    "model.activation: {:?} is not one of relu, gelu, tanh",
+                    m.activation
+                ))
+            })?;
+            let c = MlpConfig {
+                in_features: m.in_features,
+                hidden: m.hidden.clone(),
+                out_features: m.out_features,
+                activation,
+            };
             Arc::new(MlpModel::new(c, seed)?)
         }
-        ModelConfig::Convnet { in_channels, image_size, channels, num_classes } => {
-            let c = ConvNetConfig { in_channels: *in_channels, image_size: *image_size, channels: channels.clone(), num_classes: *num_classes };
+        ModelConfig::Convnet(m) => {
+            let c = ConvNetConfig {
+                in_channels: m.in_channels,
+                image_size: m.image_size,
+                channels: m.channels.clone(),
+                num_classes: m.num_classes,
+            };
             Arc::new(ConvNet::new(c, seed)?)
         }
-        ModelConfig::Gpt { .. } => Arc::new(build_gpt(cfg, seed)?),
+        ModelConfig::Gpt(_) => Arc::new(build_gpt(cfg, seed)?),
     })
 }
 
 fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
-    let ModelConfig::Gpt { vocab_size, block_size, n_layer, n_head, n_embd, bias, dropout } = cfg else {
+    let ModelConfig::Gpt(g) = cfg else {
         return Err(Error::Config("model.kind: expected gpt".into()));
     };
     let c = GptConfig {
-        vocab_size: *vocab_size,
-        block_size: *block_size,
-        n_layer: *n_layer,
-        n_head: *n_head,
-        n_embd: *n_embd,
-        bias: *bias,
-        dropout: *dropout,
+        vocab_size: g.vocab_size,
+        block_size: g.block_size,
+        n_layer: g.n_layer,
+        n_head: g.n_head,
+        n_embd: g.n_embd,
+        bias: g.bias,
+        dropout: g.dropout,
     };
     Ok(Gpt::new(c, seed)?)
 }
@@ -58,13 +72,25 @@ fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
 pub fn build_optimizer(o: &OptimConfig) -> Result<Box<dyn Optimizer>> {
     let betas = o.betas.map(|b| (b[0], b[1]));
     Ok(match o.kind.as_str() {
-        "sgd" => Box::new(Sgd::new(SgdConfig { momentum: o.momentum, dampening: o.dampening, nesterov: o.nesterov })?),
+        "sgd" => Box::new(Sgd::new(SgdConfig {
+            momentum: o.momentum,
+            dampening: o.dampening,
+            nesterov: o.nesterov,
+        })?),
         "adam" | "adamw" => {
             let d = AdamConfig::default();
-            let cfg = AdamConfig { betas: betas.unwrap_or(d.betas), eps: o.eps.unwrap_or(d.eps), decoupled: o.kind == "adamw" };
+            let cfg = AdamConfig {
+                betas: betas.unwrap_or(d.betas),
+                eps: o.eps.unwrap_or(d.eps),
+                decoupled: o.kind == "adamw",
+            };
             Box::new(Adam::new(cfg)?)
         }
-        k => return Err(Error::Config(format!("optim.kind: {k:?} is not one of sgd, adam, adamw"))),
+        k => {
+            return Err(Error::Config(format!(
+                "optim.kind: {k:?} is not one of sgd, adam, adamw"
+            )))
+        }
     })
 }
 
@@ -72,11 +98,16 @@ pub fn build_optimizer(o: &OptimConfig) -> Result<Box<dyn Optimizer>> {
 pub fn build_schedule(s: &ScheduleConfig, lr: f64) -> Result<Schedule> {
     let schedule = match s {
         ScheduleConfig::Constant => Schedule::Constant { lr },
-        ScheduleConfig::Cosine { warmup_steps, decay_steps, min_lr } => {
-            Schedule::Cosine { lr, warmup_steps: *warmup_steps, decay_steps: *decay_steps, min_lr: *min_lr }
-        }
+        ScheduleConfig::Cosine(c) => Schedule::Cosine {
+            lr,
+            warmup_steps: c.warmup_steps,
+            decay_steps: c.decay_steps,
+            min_lr: c.min_lr,
+        },
     };
-    schedule.validate().map_err(|e| Error::Config(format!("schedule: {e}")))?;
+    schedule
+        .validate()
+        .map_err(|e| Error::Config(format!("schedule: {e}")))?;
     Ok(schedule)
 }
 
@@ -90,44 +121,69 @@ struct Data {
 fn build_data(config: &RunConfig) -> Result<Data> {
     let seed = config.train.seed;
     let block_size = match &config.model {
-        ModelConfig::Gpt { block_size, .. } => *block_size,
+        ModelConfig::Gpt(g) => g.block_size,
         _ => 0,
     };
     Ok(match &config.data {
-        DataConfig::Batches { path } => {
-            let ds = Arc::new(BatchesDataset::from_file(config.resolve(path))?);
-            Data { train: Arc::new(move |step| Ok(ds.batch(step)?)), eval: None, text: None }
+        DataConfig::Batches(b) => {
+            let ds = Arc::new(BatchesDataset::from_file(config.resolve(&b.path))?);
+            Data {
+                train: Arc::new(move |step| Ok(ds.batch(step)?)),
+                eval: None,
+                text: None,
+            }
         }
-        DataConfig::Text { path, batch_size, val_fraction } => {
-            let ds = Arc::new(TextDataset::from_file(config.resolve(path), *val_fraction)?);
-            if let ModelConfig::Gpt { vocab_size, .. } = &config.model {
-                if ds.vocab_size() > *vocab_size {
+        DataConfig::Text(t) => {
+            let (path, val_fraction) = (&t.path, t.val_fraction);
+            let ds = Arc::new(if path.as_os_str() == "builtin" {
+                TextDataset::from_text(crate::builtin::CORPUS, val_fraction)?
+            } else {
+                TextDataset::from_file(config.resolve(path), val_fraction)?
+            });
+            if let ModelConfig::Gpt(g) = &config.model {
+                if ds.vocab_size() > g.vocab_size {
                     return Err(Error::Config(format!(
-                        "model.vocab_size: {vocab_size} is smaller than the {} distinct characters of {}",
+                        "model.vocab_size: {} is smaller than the {} distinct characters of {}",
+                        g.vocab_size,
                         ds.vocab_size(),
                         config.resolve(path).display()
                     )));
                 }
             }
-            let bs = *batch_size;
+            let bs = t.batch_size;
             let (t, v) = (ds.clone(), ds.clone());
             let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, block_size, seed, step)?));
-            let has_val = *val_fraction > 0.0;
-            let eval: Option<BatchFn> = has_val.then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, block_size, seed ^ 0x5eed, i)?)) as BatchFn);
-            Data { train, eval, text: Some(ds) }
+            let has_val = val_fraction > 0.0;
+            let eval: Option<BatchFn> = has_val
+                .then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, block_size, seed ^ 0x5eed, i)?)) as BatchFn);
+            Data {
+                train,
+                eval,
+                text: Some(ds),
+            }
         }
-        DataConfig::Csv { path, label_column, batch_size, val_fraction, feature_scale } => {
-            let label = match label_column {
+        DataConfig::Csv(c) => {
+            let label = match &c.label_column {
                 LabelColumnConfig::Index(i) if *i < 0 => LabelColumn::Last,
                 LabelColumnConfig::Index(i) => LabelColumn::Index(*i as usize),
                 LabelColumnConfig::Name(n) => LabelColumn::Name(n.clone()),
             };
-            let ds = Arc::new(CsvDataset::from_file(config.resolve(path), label, *feature_scale as f32, *val_fraction)?);
-            let bs = *batch_size;
+            let ds = Arc::new(CsvDataset::from_file(
+                config.resolve(&c.path),
+                label,
+                c.feature_scale as f32,
+                c.val_fraction,
+            )?);
+            let bs = c.batch_size;
             let (t, v) = (ds.clone(), ds.clone());
             let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, seed, step)?));
-            let eval: Option<BatchFn> = (*val_fraction > 0.0).then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, seed ^ 0x5eed, i)?)) as BatchFn);
-            Data { train, eval, text: None }
+            let eval: Option<BatchFn> = (c.val_fraction > 0.0)
+                .then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, seed ^ 0x5eed, i)?)) as BatchFn);
+            Data {
+                train,
+                eval,
+                text: None,
+            }
         }
     })
 }
@@ -158,7 +214,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         trainer = trainer.with_eval(t.eval_every, t.eval_batches, eval);
     }
     if let Some(dir) = &t.checkpoint_dir {
-        trainer = trainer.with_checkpoints(CheckpointPolicy { dir: config.resolve(dir), every: t.checkpoint_every, keep: t.keep_checkpoints });
+        trainer = trainer.with_checkpoints(CheckpointPolicy {
+            dir: config.resolve(dir),
+            every: t.checkpoint_every,
+            keep: t.keep_checkpoints,
+        });
     }
     trainer.checkpoint_extra = serde_json::json!({
         "model": config.model,
@@ -172,7 +232,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         trainer = trainer.with_callback(Progress::new(t.steps));
     }
     if start >= t.steps {
-        eprintln!("weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})", t.steps);
+        eprintln!(
+            "weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})",
+            t.steps
+        );
     } else {
         trainer.fit(data.train.clone(), start, t.steps)?;
     }
@@ -192,7 +255,13 @@ fn sample_text(gpt: &Gpt, tok: &weft_data::CharTokenizer, prompt: &str, n: usize
     }
     let len = ids.len();
     gpt.context().set_training(false);
-    let out = gpt.generate(&Tensor::from_vec(ids, &[1, len])?, n, 0.8, Some(40), &mut Generator::new(seed))?;
+    let out = gpt.generate(
+        &Tensor::from_vec(ids, &[1, len])?,
+        n,
+        0.8,
+        Some(40),
+        &mut Generator::new(seed),
+    )?;
     let out = out.to_vec::<i64>()?;
     Ok(tok.decode(&out)?)
 }
@@ -203,20 +272,30 @@ pub fn generate(checkpoint_path: &Path, prompt: &str, tokens: usize, seed: u64) 
     let ckpt = if checkpoint_path.join("state.json").exists() {
         checkpoint_path.to_path_buf()
     } else {
-        checkpoint::latest(checkpoint_path)?.ok_or_else(|| Error::Io(format!("{}: no checkpoint found", checkpoint_path.display())))?
+        checkpoint::latest(checkpoint_path)?
+            .ok_or_else(|| Error::Io(format!("{}: no checkpoint found", checkpoint_path.display())))?
     };
     let state = checkpoint::read_state(&ckpt)?;
-    let model_cfg: ModelConfig = serde_json::from_value(state.extra["model"].clone())
-        .map_err(|e| Error::Io(format!("{}: state.json has no usable model config: {e}", ckpt.display())))?;
-    if !matches!(model_cfg, ModelConfig::Gpt { .. }) {
-        return Err(Error::Config(format!("{}: generate needs a gpt checkpoint", ckpt.display())));
+    let model_cfg: ModelConfig = serde_json::from_value(state.extra["model"].clone()).map_err(|e| {
+        Error::Io(format!(
+            "{}: state.json has no usable model config: {e}",
+            ckpt.display()
+        ))
+    })?;
+    if !matches!(model_cfg, ModelConfig::Gpt(_)) {
+        return Err(Error::Config(format!(
+            "{}: generate needs a gpt checkpoint",
+            ckpt.display()
+        )));
     }
-    let tok_json = state.extra["tokenizer"]
-        .as_str()
-        .ok_or_else(|| Error::Io(format!("{}: the checkpoint has no tokenizer (was it trained on text data?)", ckpt.display())))?;
+    let tok_json = state.extra["tokenizer"].as_str().ok_or_else(|| {
+        Error::Io(format!(
+            "{}: the checkpoint has no tokenizer (was it trained on text data?)",
+            ckpt.display()
+        ))
+    })?;
     let tok = weft_data::CharTokenizer::from_json(tok_json)?;
     let gpt = build_gpt(&model_cfg, 0)?;
     state_dict::load_file(&gpt, &ckpt.join("model.safetensors"), gpt.aliases())?;
     sample_text(&gpt, &tok, prompt, tokens, seed)
 }
-

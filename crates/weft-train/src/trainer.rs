@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use weft_core::{no_grad, Tensor};
 use weft_models::Model;
-use weft_nn::clip::clip_grad_norm;
+use weft_nn::clip::{clip_grad_norm, grad_norm};
 use weft_nn::optim::{Optimizer, ParamGroup};
 use weft_nn::schedule::Schedule;
 
@@ -78,7 +78,16 @@ impl Trainer {
     /// (matrices, embeddings), none for biases and norm weights.
     pub fn new(model: Arc<dyn Model>, optimizer: Box<dyn Optimizer>, schedule: Schedule, weight_decay: f64) -> Self {
         let (decay, no_decay): (Vec<_>, Vec<_>) = model.parameters().into_iter().partition(|(_, p)| p.rank() >= 2);
-        let groups = vec![ParamGroup { params: decay, weight_decay }, ParamGroup { params: no_decay, weight_decay: 0.0 }];
+        let groups = vec![
+            ParamGroup {
+                params: decay,
+                weight_decay,
+            },
+            ParamGroup {
+                params: no_decay,
+                weight_decay: 0.0,
+            },
+        ];
         Trainer {
             model,
             optimizer,
@@ -133,18 +142,39 @@ impl Trainer {
             return Err(Error::Run(format!("step {step}: the loss is {loss_value}")));
         }
         loss.backward()?;
-        let params: Vec<Tensor> = self.groups.iter().flat_map(|g| g.params.iter().map(|(_, p)| p.clone())).collect();
-        let grad_norm = clip_grad_norm(&params, self.grad_clip.unwrap_or(f64::INFINITY))?;
+        let params: Vec<Tensor> = self
+            .groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(|(_, p)| p.clone()))
+            .collect();
+        let grad_norm = match self.grad_clip {
+            Some(max) => clip_grad_norm(&params, max)?,
+            None => grad_norm(&params)?,
+        };
         self.optimizer.step(&self.groups, lr)?;
         self.model.zero_grad();
         let step_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let (items, key) = if x.dtype() == weft_core::DType::I64 { (x.numel(), "tokens_per_s") } else { (x.shape()[0], "samples_per_s") };
-        Ok(StepRecord { step, loss: loss_value, lr, grad_norm, step_ms, items_per_s: items as f64 / (step_ms / 1e3), items_key: key })
+        let (items, key) = if x.dtype() == weft_core::DType::I64 {
+            (x.numel(), "tokens_per_s")
+        } else {
+            (x.shape()[0], "samples_per_s")
+        };
+        Ok(StepRecord {
+            step,
+            loss: loss_value,
+            lr,
+            grad_norm,
+            step_ms,
+            items_per_s: items as f64 / (step_ms / 1e3),
+            items_key: key,
+        })
     }
 
     /// Mean loss over the evaluation batches, in eval mode without gradients.
     pub fn evaluate(&self) -> Result<Option<f64>> {
-        let Some((_, n, batch)) = &self.eval else { return Ok(None) };
+        let Some((_, n, batch)) = &self.eval else {
+            return Ok(None);
+        };
         let ctx = self.model.context();
         ctx.set_training(false);
         let result = no_grad(|| -> Result<f64> {
@@ -177,8 +207,18 @@ impl Trainer {
 
     fn save(&self, next_step: usize) -> Result<()> {
         if let Some(policy) = &self.checkpoints {
-            let state = CheckpointState { step: next_step, rng_offset: self.model.context().rng_offset(), extra: self.checkpoint_extra.clone() };
-            checkpoint::save(&policy.dir, self.model.as_ref(), self.optimizer.as_ref(), &state, policy.keep)?;
+            let state = CheckpointState {
+                step: next_step,
+                rng_offset: self.model.context().rng_offset(),
+                extra: self.checkpoint_extra.clone(),
+            };
+            checkpoint::save(
+                &policy.dir,
+                self.model.as_ref(),
+                self.optimizer.as_ref(),
+                &state,
+                policy.keep,
+            )?;
         }
         Ok(())
     }
@@ -187,9 +227,12 @@ impl Trainer {
     /// next ones), calling callbacks, evaluating and checkpointing as configured.
     pub fn fit(&mut self, batches: BatchFn, start: usize, end: usize) -> Result<()> {
         let producer = batches.clone();
-        let mut prefetch = weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start..end, 2, move |step| producer(step))?;
+        let mut prefetch =
+            weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start..end, 2, move |step| producer(step))?;
         for step in start..end {
-            let (x, y) = prefetch.next().ok_or_else(|| Error::Run(format!("step {step}: the batch producer stopped")))??;
+            let (x, y) = prefetch
+                .next()
+                .ok_or_else(|| Error::Run(format!("step {step}: the batch producer stopped")))??;
             let record = self.train_step(step, &x, &y)?;
             if step % self.log_every == 0 || step + 1 == end {
                 for c in &mut self.callbacks {

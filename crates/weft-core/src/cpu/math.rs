@@ -11,7 +11,8 @@ pub fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.72);
     // round to nearest by the 1.5 * 2^23 trick (vectorizes, unlike `f32::round`)
     const MAGIC: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+    let shifted = x * std::f32::consts::LOG2_E + MAGIC;
+    let n = shifted - MAGIC;
     // r = x - n ln2, with ln2 split in two for precision
     let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let p = 1.987_569_1e-4_f32;
@@ -21,8 +22,9 @@ pub fn exp_f32(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 5.000_000_1e-1;
     let e = p * r * r + r + 1.0;
-    // 2^n as two normal factors, since n reaches 128
-    let ni = n as i32;
+    // n as an integer, read from the mantissa of `shifted` (a saturating `as i32` cast would not
+    // vectorize); then 2^n as two normal factors, since n reaches 128
+    let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
     let (na, nb) = (ni >> 1, ni - (ni >> 1));
     let r = e * f32::from_bits(((na + 127) << 23) as u32) * f32::from_bits(((nb + 127) << 23) as u32);
     // outside the clamp: underflow to 0 (results would be subnormal) and overflow to inf

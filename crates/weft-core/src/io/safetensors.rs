@@ -56,7 +56,11 @@ fn dtype_name(d: DType) -> &'static str {
 /// Decodes little-endian bytes into a typed buffer.
 fn decode(dtype: DType, bytes: &[u8]) -> std::result::Result<CpuStorage, String> {
     fn chunks<T: StorageElement, const N: usize>(b: &[u8], f: impl Fn([u8; N]) -> T) -> CpuStorage {
-        T::wrap(b.chunks_exact(N).map(|c| f(c.try_into().expect("exact chunk"))).collect())
+        T::wrap(
+            b.chunks_exact(N)
+                .map(|c| f(c.try_into().expect("exact chunk")))
+                .collect(),
+        )
     }
     Ok(match dtype {
         DType::F32 => chunks(bytes, f32::from_le_bytes),
@@ -92,12 +96,21 @@ fn encode(t: &Tensor) -> Vec<u8> {
 /// Parses safetensors bytes; `path` only names the source in errors.
 pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<SafeTensors> {
     if bytes.len() < 8 {
-        return Err(bad(path, format!("not a safetensors file: {} bytes, shorter than the 8-byte header length", bytes.len())));
+        return Err(bad(
+            path,
+            format!(
+                "not a safetensors file: {} bytes, shorter than the 8-byte header length",
+                bytes.len()
+            ),
+        ));
     }
     let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
     let rest = (bytes.len() - 8) as u64;
     if n > rest {
-        return Err(bad(path, format!("truncated: header claims {n} bytes but only {rest} follow")));
+        return Err(bad(
+            path,
+            format!("truncated: header claims {n} bytes but only {rest} follow"),
+        ));
     }
     let data = &bytes[8 + n as usize..];
     let header: Value = serde_json::from_slice(&bytes[8..8 + n as usize])
@@ -115,12 +128,21 @@ pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<SafeTensors> {
             }
             continue;
         }
-        let field = |k: &str| entry.get(k).ok_or_else(|| bad(path, format!("tensor {name:?}: header entry lacks {k:?}")));
+        let field = |k: &str| {
+            entry
+                .get(k)
+                .ok_or_else(|| bad(path, format!("tensor {name:?}: header entry lacks {k:?}")))
+        };
         let dtype_str = field("dtype")?.as_str().unwrap_or_default();
-        let dtype = dtype_from_name(dtype_str).ok_or_else(|| bad(path, format!("tensor {name:?}: unsupported dtype {dtype_str:?}")))?;
+        let dtype = dtype_from_name(dtype_str)
+            .ok_or_else(|| bad(path, format!("tensor {name:?}: unsupported dtype {dtype_str:?}")))?;
         let shape: Vec<usize> = field("shape")?
             .as_array()
-            .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect::<Option<Vec<_>>>())
+            .and_then(|a| {
+                a.iter()
+                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .collect::<Option<Vec<_>>>()
+            })
             .ok_or_else(|| bad(path, format!("tensor {name:?}: shape is not a list of sizes")))?;
         let offsets: Vec<u64> = field("data_offsets")?
             .as_array()
@@ -128,14 +150,26 @@ pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<SafeTensors> {
             .filter(|o| o.len() == 2)
             .ok_or_else(|| bad(path, format!("tensor {name:?}: data_offsets is not [begin, end]")))?;
         let (begin, end) = (offsets[0], offsets[1]);
-        let want = shape.iter().try_fold(dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d as u64));
+        let want = shape
+            .iter()
+            .try_fold(dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d as u64));
         if begin > end || Some(end - begin) != want {
-            return Err(bad(path, format!("tensor {name:?}: offsets {begin}..{end} do not hold {dtype_str} {shape:?}")));
+            return Err(bad(
+                path,
+                format!("tensor {name:?}: offsets {begin}..{end} do not hold {dtype_str} {shape:?}"),
+            ));
         }
         if end > data.len() as u64 {
-            return Err(bad(path, format!("truncated: tensor {name:?} needs bytes up to {end}, the data has {}", data.len())));
+            return Err(bad(
+                path,
+                format!(
+                    "truncated: tensor {name:?} needs bytes up to {end}, the data has {}",
+                    data.len()
+                ),
+            ));
         }
-        let storage = decode(dtype, &data[begin as usize..end as usize]).map_err(|e| bad(path, format!("tensor {name:?}: {e}")))?;
+        let storage = decode(dtype, &data[begin as usize..end as usize])
+            .map_err(|e| bad(path, format!("tensor {name:?}: {e}")))?;
         out.tensors.insert(name, Tensor::from_storage(storage, &shape));
     }
     Ok(out)
@@ -148,7 +182,10 @@ pub fn load(path: &Path) -> Result<SafeTensors> {
 }
 
 /// Serializes tensors (in name order) with string metadata.
-pub fn to_bytes<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>, metadata: &BTreeMap<String, String>) -> Vec<u8> {
+pub fn to_bytes<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
+    metadata: &BTreeMap<String, String>,
+) -> Vec<u8> {
     let mut sorted: Vec<(&str, &Tensor)> = tensors.into_iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
     let mut header = Map::new();
@@ -160,7 +197,10 @@ pub fn to_bytes<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>, me
         let bytes = encode(t);
         let begin = data.len();
         data.extend_from_slice(&bytes);
-        header.insert(name.into(), json!({"dtype": dtype_name(t.dtype()), "shape": t.shape(), "data_offsets": [begin, data.len()]}));
+        header.insert(
+            name.into(),
+            json!({"dtype": dtype_name(t.dtype()), "shape": t.shape(), "data_offsets": [begin, data.len()]}),
+        );
     }
     let mut head = serde_json::to_vec(&Value::Object(header)).expect("JSON of strings and numbers");
     // pad the header with spaces so the data starts 8-byte aligned, as the reference writer does
@@ -175,7 +215,11 @@ pub fn to_bytes<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>, me
 }
 
 /// Writes a safetensors file atomically: to `path.tmp`, fsync, then rename over `path`.
-pub fn save<'a>(path: &Path, tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>, metadata: &BTreeMap<String, String>) -> Result<()> {
+pub fn save<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     use std::io::Write;
     let bytes = to_bytes(tensors, metadata);
     let tmp = path.with_extension("safetensors.tmp");
@@ -196,7 +240,15 @@ mod tests {
     fn round_trip_every_dtype() {
         let a = Tensor::from_vec(vec![1.5f32, -2.0, 3.25, 0.0], &[2, 2]).unwrap();
         let mut named = vec![("a".to_string(), a.clone())];
-        for d in [DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::U8, DType::Bool] {
+        for d in [
+            DType::F64,
+            DType::BF16,
+            DType::F16,
+            DType::I64,
+            DType::I32,
+            DType::U8,
+            DType::Bool,
+        ] {
             named.push((format!("{d:?}"), a.abs().unwrap().cast(d).unwrap().t().unwrap()));
         }
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
@@ -216,8 +268,14 @@ mod tests {
         let bytes = to_bytes([("weight", &a)], &BTreeMap::new());
         let p = Path::new("model.safetensors");
         let truncated = from_bytes(&bytes[..bytes.len() - 4], p).unwrap_err().to_string();
-        assert!(truncated.contains("model.safetensors") && truncated.contains("weight") && truncated.contains("truncated"), "{truncated}");
-        assert!(from_bytes(&bytes[..5], p).unwrap_err().to_string().contains("model.safetensors"));
+        assert!(
+            truncated.contains("model.safetensors") && truncated.contains("weight") && truncated.contains("truncated"),
+            "{truncated}"
+        );
+        assert!(from_bytes(&bytes[..5], p)
+            .unwrap_err()
+            .to_string()
+            .contains("model.safetensors"));
         let mut garbled = bytes.clone();
         garbled[9] = b'#';
         assert!(from_bytes(&garbled, p).unwrap_err().to_string().contains("JSON"));

@@ -17,7 +17,14 @@ pub struct CausalSelfAttention {
 
 impl CausalSelfAttention {
     /// `n_embd` must divide by `n_head` (checked by the model config).
-    pub fn new(n_embd: usize, n_head: usize, bias: bool, dropout: f64, ctx: &Context, rng: &mut Generator) -> Result<Self> {
+    pub fn new(
+        n_embd: usize,
+        n_head: usize,
+        bias: bool,
+        dropout: f64,
+        ctx: &Context,
+        rng: &mut Generator,
+    ) -> Result<Self> {
         Ok(CausalSelfAttention {
             c_attn: Linear::new(n_embd, 3 * n_embd, bias, rng)?,
             c_proj: Linear::new(n_embd, n_embd, bias, rng)?,
@@ -34,7 +41,9 @@ impl CausalSelfAttention {
         let hd = c / self.n_head;
         let qkv = self.c_attn.forward(x)?;
         let heads = |i: usize| -> Result<Tensor> {
-            qkv.narrow(2, i * c, c)?.reshape(&[b as isize, t as isize, self.n_head as isize, hd as isize])?.transpose(1, 2)
+            qkv.narrow(2, i * c, c)?
+                .reshape(&[b as isize, t as isize, self.n_head as isize, hd as isize])?
+                .transpose(1, 2)
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let y = if self.attn_dropout.p > 0.0 && self.attn_dropout.training() {
@@ -49,7 +58,6 @@ impl CausalSelfAttention {
         let y = y.transpose(1, 2)?.reshape(&[b as isize, t as isize, c as isize])?;
         self.resid_dropout.forward(&self.c_proj.forward(&y)?)
     }
-
 }
 
 impl Module for CausalSelfAttention {

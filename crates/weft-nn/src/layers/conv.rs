@@ -13,12 +13,28 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
-    pub fn new(in_channels: usize, out_channels: usize, kernel: usize, params: Conv2dParams, bias: bool, rng: &mut Generator) -> Result<Self> {
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        params: Conv2dParams,
+        bias: bool,
+        rng: &mut Generator,
+    ) -> Result<Self> {
         let groups = params.groups.max(1);
         let fan_in = in_channels / groups * kernel * kernel;
         let bound = init::default_bound(fan_in);
-        let weight = init::uniform(&[out_channels, in_channels / groups, kernel, kernel], bound, DType::F32, rng)?;
-        let bias = if bias { Some(init::uniform(&[out_channels], bound, DType::F32, rng)?) } else { None };
+        let weight = init::uniform(
+            &[out_channels, in_channels / groups, kernel, kernel],
+            bound,
+            DType::F32,
+            rng,
+        )?;
+        let bias = if bias {
+            Some(init::uniform(&[out_channels], bound, DType::F32, rng)?)
+        } else {
+            None
+        };
         Ok(Conv2d { weight, bias, params })
     }
 
@@ -48,7 +64,9 @@ pub struct MaxPool2d {
 impl MaxPool2d {
     /// A `k x k` window with stride `k`.
     pub fn new(k: usize) -> Self {
-        MaxPool2d { params: Pool2dParams::square(k) }
+        MaxPool2d {
+            params: Pool2dParams::square(k),
+        }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

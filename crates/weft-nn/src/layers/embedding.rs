@@ -11,7 +11,9 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn new(num_embeddings: usize, dim: usize, rng: &mut Generator) -> Result<Self> {
-        Ok(Embedding { weight: init::normal(&[num_embeddings, dim], 1.0, DType::F32, rng)? })
+        Ok(Embedding {
+            weight: init::normal(&[num_embeddings, dim], 1.0, DType::F32, rng)?,
+        })
     }
 
     /// # Shapes

@@ -15,7 +15,11 @@ impl Linear {
     pub fn new(in_features: usize, out_features: usize, bias: bool, rng: &mut Generator) -> Result<Self> {
         let bound = init::default_bound(in_features);
         let weight = init::uniform(&[out_features, in_features], bound, DType::F32, rng)?;
-        let bias = if bias { Some(init::uniform(&[out_features], bound, DType::F32, rng)?) } else { None };
+        let bias = if bias {
+            Some(init::uniform(&[out_features], bound, DType::F32, rng)?)
+        } else {
+            None
+        };
         Ok(Linear { weight, bias })
     }
 

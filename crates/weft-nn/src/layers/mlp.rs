@@ -25,7 +25,8 @@ impl Mlp {
     /// # Shapes
     /// `[..., C] -> [..., C]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.dropout.forward(&self.c_proj.forward(&self.c_fc.forward(x)?.gelu()?)?)
+        self.dropout
+            .forward(&self.c_proj.forward(&self.c_fc.forward(x)?.gelu()?)?)
     }
 }
 

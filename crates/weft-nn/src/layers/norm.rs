@@ -15,7 +15,11 @@ pub struct LayerNorm {
 impl LayerNorm {
     pub fn new(dim: usize, bias: bool, eps: f64) -> Result<Self> {
         let weight = init::constant(&[dim], 1.0, DType::F32)?;
-        let bias = if bias { Some(init::constant(&[dim], 0.0, DType::F32)?) } else { None };
+        let bias = if bias {
+            Some(init::constant(&[dim], 0.0, DType::F32)?)
+        } else {
+            None
+        };
         Ok(LayerNorm { weight, bias, eps })
     }
 
@@ -45,7 +49,10 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn new(dim: usize, eps: f64) -> Result<Self> {
-        Ok(RmsNorm { weight: init::constant(&[dim], 1.0, DType::F32)?, eps })
+        Ok(RmsNorm {
+            weight: init::constant(&[dim], 1.0, DType::F32)?,
+            eps,
+        })
     }
 
     /// # Shapes

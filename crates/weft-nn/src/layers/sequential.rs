@@ -31,7 +31,7 @@ impl Sequential {
     }
 
     /// Appends a layer (builder style).
-    pub fn add(mut self, layer: impl Forward + 'static) -> Self {
+    pub fn push(mut self, layer: impl Forward + 'static) -> Self {
         self.layers.push(Box::new(layer));
         self
     }
@@ -55,7 +55,11 @@ impl Sequential {
 
 impl Module for Sequential {
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers.iter().enumerate().flat_map(|(i, l)| prefixed(&i.to_string(), l.parameters())).collect()
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefixed(&i.to_string(), l.parameters()))
+            .collect()
     }
 }
 

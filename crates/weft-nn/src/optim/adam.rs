@@ -5,12 +5,11 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rayon::prelude::*;
-use weft_core::storage::StorageElement;
-use weft_core::{DType, Float, Result, Tensor};
+use weft_core::{DType, Result, Tensor};
 
 use super::{
-    check_loaded_names, check_state_shape, collect_work, copy_moment, in_dtype, invalid, read_step, split_state,
-    Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
+    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, in_dtype, invalid, read_step,
+    split_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
 };
 
 /// Hyper-parameters of [`Adam`] other than the learning rate and weight decay (which come with each
@@ -30,7 +29,11 @@ pub struct AdamConfig {
 
 impl Default for AdamConfig {
     fn default() -> Self {
-        AdamConfig { betas: (0.9, 0.999), eps: 1e-8, decoupled: false }
+        AdamConfig {
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            decoupled: false,
+        }
     }
 }
 
@@ -45,7 +48,10 @@ impl AdamConfig {
             }
         }
         if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return Err(invalid("Adam::new", format!("eps {} must be finite and >= 0", self.eps)));
+            return Err(invalid(
+                "Adam::new",
+                format!("eps {} must be finite and >= 0", self.eps),
+            ));
         }
         Ok(())
     }
@@ -90,13 +96,21 @@ impl Adam {
     /// invalid (see [`AdamConfig::validate`]).
     pub fn new(cfg: AdamConfig) -> Result<Adam> {
         cfg.validate()?;
-        Ok(Adam { cfg, state: BTreeMap::new(), loaded: None })
+        Ok(Adam {
+            cfg,
+            state: BTreeMap::new(),
+            loaded: None,
+        })
     }
 
     /// AdamW (`torch.optim.AdamW`): decoupled weight decay, with the given `betas` and `eps`. Note
     /// that PyTorch's AdamW default weight decay (0.01) is a [`ParamGroup`] field here.
     pub fn adamw(betas: (f64, f64), eps: f64) -> Result<Adam> {
-        Adam::new(AdamConfig { betas, eps, decoupled: true })
+        Adam::new(AdamConfig {
+            betas,
+            eps,
+            decoupled: true,
+        })
     }
 
     /// The hyper-parameters.
@@ -111,11 +125,11 @@ struct Coefs<T> {
     l2: Option<T>,
     /// AdamW: `1 - η λ` (`param.mul_(1 - lr * weight_decay)`), `None` when `λ` is 0.
     decay: Option<T>,
-    /// `exp_avg.lerp_(grad, 1 - β1)`: the weight `w = 1 - β1`, whether `|w| < 0.5`, and `1 - w`
+    /// `exp_avg.lerp_(grad, 1 - β1)`: the weight `w = 1 - β1`, whether `|w| < 0.5`, and `w - 1`
     /// (computed in `T`, as ATen does).
     lerp_w: T,
     lerp_small: bool,
-    lerp_one_minus_w: T,
+    lerp_w_minus_one: T,
     beta2: T,
     one_minus_beta2: T,
     /// `sqrt(1 - β2^t)`.
@@ -125,32 +139,37 @@ struct Coefs<T> {
     neg_step_size: T,
 }
 
-/// The Adam update over one chunk (see [`Adam`]); every line is one PyTorch op of
-/// `_single_tensor_adam`, with its rounding.
-fn kernel<T: Float>(p: &mut [T], m: &mut [T], v: &mut [T], grad: &[T], c: &Coefs<T>) {
-    for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(grad) {
-        let mut pv = *p;
-        let g = match c.l2 {
-            Some(wd) => g + wd * pv,
-            None => g,
-        };
-        if let Some(f) = c.decay {
-            pv = pv * f;
+fma_dispatch! {
+    /// The Adam update over one chunk (see [`Adam`]). Each line is one op of PyTorch's
+    /// `_single_tensor_adam` with ATen's CPU rounding: `add` with `alpha`, `lerp` and `addcmul` are
+    /// fused multiply-adds there (AVX2/AVX-512 builds), `mul`, `div`, `addcdiv` are not.
+    fn kernel<T>(p: &mut [T], m: &mut [T], v: &mut [T], grad: &[T], c: &Coefs<T>) {
+        for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(grad) {
+            let mut pv = *p;
+            // `grad.add(param, alpha=weight_decay)`.
+            let g = match c.l2 {
+                Some(wd) => pv.fma(wd, g),
+                None => g,
+            };
+            // `param.mul_(1 - lr * weight_decay)`.
+            if let Some(f) = c.decay {
+                pv *= f;
+            }
+            // `exp_avg.lerp_(grad, w)`: `fma(w, g - m, m)` for |w| < 0.5, else `fma(w - 1, g - m, g)`.
+            let mv = if c.lerp_small { c.lerp_w.fma(g - *m, *m) } else { c.lerp_w_minus_one.fma(g - *m, g) };
+            // `exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)`.
+            let vv = (c.one_minus_beta2 * g).fma(g, *v * c.beta2);
+            // `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`.
+            let denom = vv.sqrt() / c.bias_correction2_sqrt + c.eps;
+            // `param.addcdiv_(exp_avg, denom, value=-step_size)`: self + value * t1 / t2.
+            *p = pv + c.neg_step_size * mv / denom;
+            *m = mv;
+            *v = vv;
         }
-        // ATen's scalar `lerp(self, end, weight)`.
-        let mv = if c.lerp_small { *m + c.lerp_w * (g - *m) } else { g - (g - *m) * c.lerp_one_minus_w };
-        // `exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)`: self + value * t1 * t2.
-        let vv = *v * c.beta2 + c.one_minus_beta2 * g * g;
-        // `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`.
-        let denom = vv.sqrt() / c.bias_correction2_sqrt + c.eps;
-        // `param.addcdiv_(exp_avg, denom, value=-step_size)`: self + value * t1 / t2.
-        *p = pv + c.neg_step_size * mv / denom;
-        *m = mv;
-        *v = vv;
     }
 }
 
-fn update<T: Float + StorageElement>(w: &Work, s: &AdamState, cfg: &AdamConfig, lr: f64) -> Result<()> {
+fn update<T: FusedFloat>(w: &Work, s: &AdamState, cfg: &AdamConfig, lr: f64) -> Result<()> {
     let (b1, b2) = cfg.betas;
     let wd = w.weight_decay;
     // As `_single_tensor_adam` with a float step (`_get_value(step_t)`): Python's `**` is C `pow`.
@@ -164,19 +183,22 @@ fn update<T: Float + StorageElement>(w: &Work, s: &AdamState, cfg: &AdamConfig, 
         decay: (wd != 0.0 && cfg.decoupled).then(|| T::from_f64(1.0 - lr * wd)),
         lerp_w,
         lerp_small: lerp_w.abs() < T::from_f64(0.5),
-        lerp_one_minus_w: T::from_f64(1.0) - lerp_w,
+        lerp_w_minus_one: lerp_w - T::from_f64(1.0),
         beta2: T::from_f64(b2),
         one_minus_beta2: T::from_f64(1.0 - b2),
         bias_correction2_sqrt: T::from_f64(bias_correction2.powf(0.5)),
         eps: T::from_f64(cfg.eps),
         neg_step_size: T::from_f64(-step_size),
     };
-    let n = w.param.numel();
+    let parallel = w.param.numel() >= PARALLEL_MIN;
+    if parallel {
+        weft_core::cpu::threads::init();
+    }
     w.param.with_data_mut::<T, _>(|ps| {
         s.exp_avg.with_data_mut::<T, _>(|ms| {
             s.exp_avg_sq.with_data_mut::<T, _>(|vs| {
                 w.grad.with_data::<T, _>(|gs| {
-                    if n >= PARALLEL_MIN {
+                    if parallel {
                         ps.par_chunks_mut(CHUNK)
                             .zip(ms.par_chunks_mut(CHUNK))
                             .zip(vs.par_chunks_mut(CHUNK))
@@ -227,7 +249,12 @@ impl Optimizer for Adam {
             match dtype {
                 DType::F32 => update::<f32>(w, s, &self.cfg, lr)?,
                 DType::F64 => update::<f64>(w, s, &self.cfg, lr)?,
-                other => return Err(invalid(OP, format!("parameter {:?}: unsupported dtype {}", w.name, other.name()))),
+                other => {
+                    return Err(invalid(
+                        OP,
+                        format!("parameter {:?}: unsupported dtype {}", w.name, other.name()),
+                    ))
+                }
             }
         }
         Ok(())
@@ -252,9 +279,22 @@ impl Optimizer for Adam {
             let avg_key = format!("{param}.exp_avg");
             let avg = t["exp_avg"];
             let exp_avg = copy_moment(OP, &avg_key, avg, avg.shape(), &avg_key)?;
-            let exp_avg_sq = copy_moment(OP, &format!("{param}.exp_avg_sq"), t["exp_avg_sq"], avg.shape(), &avg_key)?;
+            let exp_avg_sq = copy_moment(
+                OP,
+                &format!("{param}.exp_avg_sq"),
+                t["exp_avg_sq"],
+                avg.shape(),
+                &avg_key,
+            )?;
             let step = read_step(OP, &format!("{param}.step"), t["step"])?;
-            restored.insert(param.to_string(), AdamState { exp_avg, exp_avg_sq, step });
+            restored.insert(
+                param.to_string(),
+                AdamState {
+                    exp_avg,
+                    exp_avg_sq,
+                    step,
+                },
+            );
         }
         self.loaded = Some(restored.keys().cloned().collect());
         self.state = restored;

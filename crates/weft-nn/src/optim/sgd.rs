@@ -3,12 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rayon::prelude::*;
-use weft_core::storage::StorageElement;
-use weft_core::{DType, Float, Result, Tensor};
+use weft_core::{DType, Result, Tensor};
 
 use super::{
-    check_loaded_names, check_state_shape, collect_work, copy_moment, in_dtype, invalid, split_state, Optimizer,
-    ParamGroup, Work, CHUNK, PARALLEL_MIN,
+    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, in_dtype, invalid, split_state,
+    FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
 };
 
 /// Hyper-parameters of [`Sgd`] other than the learning rate and weight decay (which come with each
@@ -25,7 +24,11 @@ pub struct SgdConfig {
 
 impl Default for SgdConfig {
     fn default() -> Self {
-        SgdConfig { momentum: 0.0, dampening: 0.0, nesterov: false }
+        SgdConfig {
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+        }
     }
 }
 
@@ -33,9 +36,16 @@ impl SgdConfig {
     /// Checks the hyper-parameters: `momentum` finite and >= 0, `dampening` finite, and for
     /// Nesterov momentum `momentum > 0` and `dampening == 0` (PyTorch's rules).
     pub fn validate(&self) -> Result<()> {
-        let SgdConfig { momentum, dampening, nesterov } = *self;
+        let SgdConfig {
+            momentum,
+            dampening,
+            nesterov,
+        } = *self;
         if !(momentum.is_finite() && momentum >= 0.0) {
-            return Err(invalid("Sgd::new", format!("momentum {momentum} must be finite and >= 0")));
+            return Err(invalid(
+                "Sgd::new",
+                format!("momentum {momentum} must be finite and >= 0"),
+            ));
         }
         if !dampening.is_finite() {
             return Err(invalid("Sgd::new", format!("dampening {dampening} must be finite")));
@@ -43,7 +53,7 @@ impl SgdConfig {
         if nesterov && (momentum <= 0.0 || dampening != 0.0) {
             return Err(invalid(
                 "Sgd::new",
-                format!("Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum {momentum}, dampening {dampening})"),
+                format!("Nesterov momentum requires momentum > 0 and dampening == 0, got {momentum} and {dampening}"),
             ));
         }
         Ok(())
@@ -75,7 +85,11 @@ impl Sgd {
     /// An SGD optimizer with no state yet; errors when `cfg` is invalid (see [`SgdConfig::validate`]).
     pub fn new(cfg: SgdConfig) -> Result<Sgd> {
         cfg.validate()?;
-        Ok(Sgd { cfg, buffers: BTreeMap::new(), loaded: None })
+        Ok(Sgd {
+            cfg,
+            buffers: BTreeMap::new(),
+            loaded: None,
+        })
     }
 
     /// The hyper-parameters.
@@ -98,36 +112,42 @@ struct Coefs<T> {
     neg_lr: T,
 }
 
-impl<T: Float> Coefs<T> {
+impl<T: FusedFloat> Coefs<T> {
+    /// `grad.add(param, alpha=λ)`: ATen's `add` with `alpha` is a fused multiply-add.
     #[inline(always)]
     fn decayed(&self, g: T, p: T) -> T {
         match self.weight_decay {
-            Some(wd) => g + wd * p,
+            Some(wd) => p.fma(wd, g),
             None => g,
         }
     }
 }
 
-/// `p -= η (∇ + λ p)` over one chunk.
-fn plain_kernel<T: Float>(p: &mut [T], grad: &[T], c: &Coefs<T>) {
-    for (p, &g) in p.iter_mut().zip(grad) {
-        let g = c.decayed(g, *p);
-        *p = *p + c.neg_lr * g;
+fma_dispatch! {
+    /// `p -= η (∇ + λ p)` over one chunk: `param.add_(grad, alpha=-lr)`.
+    fn plain_kernel<T>(p: &mut [T], grad: &[T], c: &Coefs<T>) {
+        for (p, &g) in p.iter_mut().zip(grad) {
+            let g = c.decayed(g, *p);
+            *p = g.fma(c.neg_lr, *p);
+        }
     }
 }
 
-/// The momentum update over one chunk (see [`Sgd`]).
-fn momentum_kernel<T: Float>(p: &mut [T], buf: &mut [T], grad: &[T], c: &Coefs<T>) {
-    for ((p, b), &g) in p.iter_mut().zip(buf.iter_mut()).zip(grad) {
-        let g = c.decayed(g, *p);
-        // `buf.mul_(momentum).add_(grad, alpha=1 - dampening)`.
-        *b = if c.first { g } else { *b * c.momentum + c.one_minus_dampening * g };
-        let d = if c.nesterov { g + c.momentum * *b } else { *b };
-        *p = *p + c.neg_lr * d;
+fma_dispatch! {
+    /// The momentum update over one chunk (see [`Sgd`]), op by op as `_single_tensor_sgd`.
+    fn momentum_kernel<T>(p: &mut [T], buf: &mut [T], grad: &[T], c: &Coefs<T>) {
+        for ((p, b), &g) in p.iter_mut().zip(buf.iter_mut()).zip(grad) {
+            let g = c.decayed(g, *p);
+            // `buf.mul_(momentum).add_(grad, alpha=1 - dampening)`.
+            *b = if c.first { g } else { g.fma(c.one_minus_dampening, *b * c.momentum) };
+            // `grad.add(buf, alpha=momentum)` or `buf`.
+            let d = if c.nesterov { b.fma(c.momentum, g) } else { *b };
+            *p = d.fma(c.neg_lr, *p);
+        }
     }
 }
 
-fn update<T: Float + StorageElement>(w: &Work, buf: Option<&Tensor>, cfg: &SgdConfig, lr: f64, first: bool) -> Result<()> {
+fn update<T: FusedFloat>(w: &Work, buf: Option<&Tensor>, cfg: &SgdConfig, lr: f64, first: bool) -> Result<()> {
     let c = Coefs {
         weight_decay: (w.weight_decay != 0.0).then(|| T::from_f64(w.weight_decay)),
         momentum: T::from_f64(cfg.momentum),
@@ -136,18 +156,23 @@ fn update<T: Float + StorageElement>(w: &Work, buf: Option<&Tensor>, cfg: &SgdCo
         first,
         neg_lr: T::from_f64(-lr),
     };
-    let n = w.param.numel();
+    let parallel = w.param.numel() >= PARALLEL_MIN;
+    if parallel {
+        weft_core::cpu::threads::init();
+    }
     w.param.with_data_mut::<T, _>(|ps| match buf {
         None => w.grad.with_data::<T, _>(|gs| {
-            if n >= PARALLEL_MIN {
-                ps.par_chunks_mut(CHUNK).zip(gs.par_chunks(CHUNK)).for_each(|(p, g)| plain_kernel(p, g, &c));
+            if parallel {
+                ps.par_chunks_mut(CHUNK)
+                    .zip(gs.par_chunks(CHUNK))
+                    .for_each(|(p, g)| plain_kernel(p, g, &c));
             } else {
                 plain_kernel(ps, gs, &c);
             }
         }),
         Some(buf) => buf.with_data_mut::<T, _>(|bs| {
             w.grad.with_data::<T, _>(|gs| {
-                if n >= PARALLEL_MIN {
+                if parallel {
                     ps.par_chunks_mut(CHUNK)
                         .zip(bs.par_chunks_mut(CHUNK))
                         .zip(gs.par_chunks(CHUNK))
@@ -193,7 +218,12 @@ impl Optimizer for Sgd {
             match dtype {
                 DType::F32 => update::<f32>(w, buf.as_ref(), &self.cfg, lr, first)?,
                 DType::F64 => update::<f64>(w, buf.as_ref(), &self.cfg, lr, first)?,
-                other => return Err(invalid(OP, format!("parameter {:?}: unsupported dtype {}", w.name, other.name()))),
+                other => {
+                    return Err(invalid(
+                        OP,
+                        format!("parameter {:?}: unsupported dtype {}", w.name, other.name()),
+                    ))
+                }
             }
         }
         Ok(())
@@ -202,7 +232,12 @@ impl Optimizer for Sgd {
     fn state(&self) -> Vec<(String, Tensor)> {
         self.buffers
             .iter()
-            .map(|(name, b)| (format!("{name}.momentum_buffer"), b.contiguous_copy().expect("a copy of a CPU tensor")))
+            .map(|(name, b)| {
+                (
+                    format!("{name}.momentum_buffer"),
+                    b.contiguous_copy().expect("a copy of a CPU tensor"),
+                )
+            })
             .collect()
     }
 

@@ -1,0 +1,181 @@
+//! Bad input never panics: each case exits non-zero with one line naming the culprit.
+
+mod common;
+
+use common::{fixtures, temp_dir, weft};
+
+/// Runs `weft train` and checks it fails with a single error line containing every `needle`.
+fn fails_naming(args: &[&str], needles: &[&str]) {
+    let out = weft(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "weft {args:?} should fail");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "exit status of weft {args:?} (a panic exits 101): {stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line for {args:?}, got:\n{stderr}");
+    assert!(lines[0].starts_with("weft: error: "), "{stderr}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{args:?}: {:?} should name {n:?}", lines[0]);
+    }
+}
+
+fn gpt_config() -> String {
+    fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
+}
+
+#[test]
+fn typo_in_a_key() {
+    fails_naming(
+        &["train", "--quiet", "--config", &gpt_config(), "--set", "optim.lrr=0.1"],
+        &["optim", "lrr"],
+    );
+    let dir = temp_dir("typo-section");
+    let cfg = dir.join("run.toml");
+    let text = std::fs::read_to_string(gpt_config())
+        .unwrap()
+        .replace("[train]", "[trian]");
+    std::fs::write(&cfg, text).unwrap();
+    fails_naming(&["train", "--quiet", "--config", cfg.to_str().unwrap()], &["trian"]);
+}
+
+#[test]
+fn wrong_type() {
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "optim.lr=\"fast\"",
+        ],
+        &["optim.lr"],
+    );
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "model.n_layer=-2",
+        ],
+        &["model", "n_layer"],
+    );
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "optim.kind=\"adagrad\"",
+        ],
+        &["optim.kind", "adagrad"],
+    );
+}
+
+#[test]
+fn bad_values() {
+    fails_naming(
+        &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.dp=2"],
+        &["parallel.dp"],
+    );
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "parallel.zero=7",
+        ],
+        &["parallel.zero", "0-3"],
+    );
+    fails_naming(
+        &["train", "--quiet", "--config", &gpt_config(), "--set", "model.n_head=3"],
+        &["n_embd", "n_head"],
+    );
+}
+
+#[test]
+fn missing_files() {
+    fails_naming(
+        &["train", "--quiet", "--config", "/nonexistent/run.toml"],
+        &["/nonexistent/run.toml"],
+    );
+    let dir = temp_dir("missing-data");
+    let cfg = dir.join("run.toml");
+    let text = std::fs::read_to_string(gpt_config())
+        .unwrap()
+        .replace("from = \"init.safetensors\"", "from = \"nowhere.safetensors\"");
+    std::fs::write(&cfg, text).unwrap();
+    fails_naming(
+        &["train", "--quiet", "--config", cfg.to_str().unwrap()],
+        &["nowhere.safetensors"],
+    );
+    fails_naming(
+        &["generate", "--checkpoint", dir.join("no-ckpt").to_str().unwrap()],
+        &["no-ckpt"],
+    );
+}
+
+#[test]
+fn truncated_and_mismatched_safetensors() {
+    let dir = temp_dir("bad-init");
+    let src = fixtures().join("gpt_adamw");
+    let bytes = std::fs::read(src.join("init.safetensors")).unwrap();
+    std::fs::write(dir.join("init.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
+    std::fs::copy(src.join("batches.safetensors"), dir.join("batches.safetensors")).unwrap();
+    std::fs::copy(src.join("run.toml"), dir.join("run.toml")).unwrap();
+    let cfg = dir.join("run.toml");
+    fails_naming(
+        &["train", "--quiet", "--config", cfg.to_str().unwrap()],
+        &["init.safetensors", "truncated"],
+    );
+    // a model of another width: the message names the tensor and both shapes
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "model.n_embd=48",
+        ],
+        &["init.safetensors", "transformer.wte.weight", "[65, 32]", "[65, 48]"],
+    );
+    // a wrong batches file
+    std::fs::copy(src.join("init.safetensors"), dir.join("batches.safetensors")).unwrap();
+    std::fs::copy(src.join("init.safetensors"), dir.join("init.safetensors")).unwrap();
+    fails_naming(
+        &["train", "--quiet", "--config", cfg.to_str().unwrap()],
+        &["batches.safetensors", "inputs"],
+    );
+}
+
+#[test]
+fn token_id_out_of_vocabulary() {
+    let dir = temp_dir("vocab");
+    let src = fixtures().join("gpt_adamw");
+    std::fs::copy(src.join("batches.safetensors"), dir.join("batches.safetensors")).unwrap();
+    let text = std::fs::read_to_string(src.join("run.toml"))
+        .unwrap()
+        .replace("[init]\nfrom = \"init.safetensors\"\n", "");
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, text).unwrap();
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--set",
+            "model.vocab_size=10",
+        ],
+        &["token id", "vocab_size = 10"],
+    );
+}
