@@ -63,3 +63,63 @@ pub unsafe fn gemm<T: 'static + Copy + Default>(
         par,
     );
 }
+
+struct SyncPtr<T>(*mut T, *const T, *const T);
+// SAFETY: the pointers are only used for disjoint output blocks (see `gemm_parallel`).
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+/// [`gemm`] on the whole compute pool, splitting the output into one block of rows (or columns,
+/// when there are fewer rows than columns) per thread, each block a single-threaded gemm. The
+/// `gemm` crate parallelizes over its own column blocks only, so products with a narrow side
+/// (`n` or `m` around 128, common in training: `x @ W` with 128 outputs, `x^T @ g` weight
+/// gradients) would otherwise run on one thread.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_parallel<T: 'static + Copy + Default + Send + Sync>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<T>,
+    a: MatRef<T>,
+    b: MatRef<T>,
+    one: T,
+    scale: T,
+) {
+    let threads = super::threads::num_threads();
+    let along_rows = m >= n;
+    let len = if along_rows { m } else { n };
+    let pieces = threads.min(len / 16).max(1);
+    if pieces == 1 {
+        return gemm(m, n, k, dst, a, b, one, scale, true);
+    }
+    let chunk = len.div_ceil(pieces);
+    let ptrs = SyncPtr(dst.ptr, a.ptr, b.ptr);
+    let (dst_rs, acc) = (dst.row_stride, dst.accumulate);
+    rayon::scope(|s| {
+        for p in 0..pieces {
+            let ptrs = &ptrs;
+            s.spawn(move |_| {
+                let start = p * chunk;
+                let size = chunk.min(len - start);
+                if size == 0 {
+                    return;
+                }
+                // SAFETY: each piece writes a disjoint block of rows (or columns) of dst.
+                unsafe {
+                    if along_rows {
+                        let d = MatMut { ptr: ptrs.0.offset(start as isize * dst_rs), row_stride: dst_rs, accumulate: acc };
+                        let ap = MatRef { ptr: ptrs.1.offset(start as isize * a.row_stride), ..a };
+                        gemm(size, n, k, d, ap, MatRef { ptr: ptrs.2, ..b }, one, scale, false);
+                    } else {
+                        let d = MatMut { ptr: ptrs.0.add(start), row_stride: dst_rs, accumulate: acc };
+                        let bp = MatRef { ptr: ptrs.2.offset(start as isize * b.col_stride), ..b };
+                        gemm(m, size, k, d, MatRef { ptr: ptrs.1, ..a }, bp, one, scale, false);
+                    }
+                }
+            });
+        }
+    });
+}

@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::{apply, to_compute};
-use crate::cpu::matmul::{gemm, MatMut, MatRef};
+use crate::cpu::matmul::{gemm, gemm_parallel, MatMut, MatRef};
 use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::op::Op;
@@ -91,7 +91,7 @@ impl<T> SendPtr<T> {
     }
 }
 
-fn matmul_typed<T: StorageElement + Default>(a: &Tensor, b: &Tensor, one: T) -> Result<Tensor> {
+fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tensor, one: T) -> Result<Tensor> {
     let (ra, rb) = (a.rank(), b.rank());
     let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
     let batch = broadcast_shapes("matmul", &a.shape()[..ra - 2], &b.shape()[..rb - 2])?;
@@ -137,31 +137,16 @@ fn matmul_typed<T: StorageElement + Default>(a: &Tensor, b: &Tensor, one: T) -> 
     let (ars, acs) = (la.strides[la.rank() - 2] as isize, la.strides[la.rank() - 1] as isize);
     let (brs, bcs) = (lb.strides[lb.rank() - 2] as isize, lb.strides[lb.rank() - 1] as isize);
     let run = |i: usize, dst: &mut [std::mem::MaybeUninit<T>], parallel: bool| {
+        let d = MatMut { ptr: dst.as_mut_ptr() as *mut T, row_stride: n as isize, accumulate: false };
         // SAFETY: offsets and strides come from layouts validated against the storage sizes.
         unsafe {
-            gemm(
-                m,
-                n,
-                k,
-                MatMut {
-                    ptr: dst.as_mut_ptr() as *mut T,
-                    row_stride: n as isize,
-                    accumulate: false,
-                },
-                MatRef {
-                    ptr: pa.get().add(oa[i]),
-                    row_stride: ars,
-                    col_stride: acs,
-                },
-                MatRef {
-                    ptr: pb.get().add(ob[i]),
-                    row_stride: brs,
-                    col_stride: bcs,
-                },
-                one,
-                one,
-                parallel,
-            )
+            let a = MatRef { ptr: pa.get().add(oa[i]), row_stride: ars, col_stride: acs };
+            let b = MatRef { ptr: pb.get().add(ob[i]), row_stride: brs, col_stride: bcs };
+            if parallel {
+                gemm_parallel(m, n, k, d, a, b, one, one)
+            } else {
+                gemm(m, n, k, d, a, b, one, one, false)
+            }
         }
     };
     if m * n * k == 0 {
