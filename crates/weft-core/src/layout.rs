@@ -61,6 +61,51 @@ impl Layout {
         })
     }
 
+    /// The same elements under `shape` without copying, when the strides allow it (as
+    /// `torch.Tensor.view`): each run of input dims that are contiguous with one another may be
+    /// merged or split freely. `None` when a copy is needed. `shape` must have this layout's
+    /// element count.
+    pub fn reshape_view(&self, shape: &[usize]) -> Option<Layout> {
+        debug_assert_eq!(numel(shape), self.numel());
+        if self.is_contiguous() || self.numel() == 0 {
+            return Some(Layout {
+                shape: shape.to_vec(),
+                strides: contiguous_strides(shape),
+                offset: self.offset,
+            });
+        }
+        // Walk both shapes from the innermost dim, one contiguous chunk of input dims at a time.
+        let (old, old_strides) = (&self.shape, &self.strides);
+        let mut strides = vec![0usize; shape.len()];
+        let mut view_d = shape.len() as isize - 1;
+        let mut chunk_stride = *old_strides.last()?;
+        let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+        for d in (0..old.len()).rev() {
+            tensor_numel *= old[d];
+            let chunk_ends = d == 0 || (old[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_stride);
+            if chunk_ends {
+                while view_d >= 0 && (view_numel < tensor_numel || shape[view_d as usize] == 1) {
+                    strides[view_d as usize] = view_numel * chunk_stride;
+                    view_numel *= shape[view_d as usize];
+                    view_d -= 1;
+                }
+                if view_numel != tensor_numel {
+                    return None;
+                }
+                if d > 0 {
+                    chunk_stride = old_strides[d - 1];
+                    tensor_numel = 1;
+                    view_numel = 1;
+                }
+            }
+        }
+        (view_d == -1).then(|| Layout {
+            shape: shape.to_vec(),
+            strides,
+            offset: self.offset,
+        })
+    }
+
     /// Reorders dims: output dim `i` is input dim `perm[i]`.
     pub fn permute(&self, perm: &[usize]) -> Result<Layout> {
         let rank = self.rank();

@@ -270,24 +270,32 @@ impl Tensor {
             });
         }
         let data = src.contiguous_storage().cast(self.dtype());
-        let offsets = self.0.layout.offsets();
+        let layout = self.0.layout.clone();
         let mut guard = self.0.storage.write();
-        fn put<T: StorageElement>(dst: &mut CpuStorage, src: &CpuStorage, offsets: &[usize]) {
+        fn put<T: StorageElement>(dst: &mut CpuStorage, src: &CpuStorage, layout: &Layout) {
             let d = T::slice_mut(dst).expect("dtype checked");
             let s = T::slice(src).expect("dtype checked");
-            for (&o, &v) in offsets.iter().zip(s) {
-                d[o] = v;
-            }
+            let mut pos = 0;
+            layout.for_each_row(|start, stride, len| {
+                if stride == 1 {
+                    d[start..start + len].copy_from_slice(&s[pos..pos + len]);
+                } else {
+                    for i in 0..len {
+                        d[start + i * stride] = s[pos + i];
+                    }
+                }
+                pos += len;
+            });
         }
         match self.dtype() {
-            DType::F32 => put::<f32>(&mut guard, &data, &offsets),
-            DType::F64 => put::<f64>(&mut guard, &data, &offsets),
-            DType::BF16 => put::<half::bf16>(&mut guard, &data, &offsets),
-            DType::F16 => put::<half::f16>(&mut guard, &data, &offsets),
-            DType::I64 => put::<i64>(&mut guard, &data, &offsets),
-            DType::I32 => put::<i32>(&mut guard, &data, &offsets),
-            DType::U8 => put::<u8>(&mut guard, &data, &offsets),
-            DType::Bool => put::<bool>(&mut guard, &data, &offsets),
+            DType::F32 => put::<f32>(&mut guard, &data, &layout),
+            DType::F64 => put::<f64>(&mut guard, &data, &layout),
+            DType::BF16 => put::<half::bf16>(&mut guard, &data, &layout),
+            DType::F16 => put::<half::f16>(&mut guard, &data, &layout),
+            DType::I64 => put::<i64>(&mut guard, &data, &layout),
+            DType::I32 => put::<i32>(&mut guard, &data, &layout),
+            DType::U8 => put::<u8>(&mut guard, &data, &layout),
+            DType::Bool => put::<bool>(&mut guard, &data, &layout),
         }
         Ok(())
     }

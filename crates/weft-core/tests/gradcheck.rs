@@ -214,6 +214,24 @@ fn attention() {
 }
 
 #[test]
+fn attention_on_strided_views() {
+    // q, k, v as the transposes of [B, T, H, D] tensors, as a model's head split produces them
+    let (q, k, v) = (
+        normal(&[1, 6, 2, 4], 93),
+        normal(&[1, 6, 2, 4], 94),
+        normal(&[1, 6, 2, 3], 95),
+    );
+    for causal in [true, false] {
+        gradcheck("attention strided", &[q.clone(), k.clone(), v.clone()], |x| {
+            let heads = |t: &Tensor| t.transpose(1, 2);
+            let o = Tensor::scaled_dot_product_attention(&heads(&x[0])?, &heads(&x[1])?, &heads(&x[2])?, causal, None)?;
+            // back to [B, T, H * Dv], through the (strided) output
+            o.transpose(1, 2)?.reshape(&[1, 6, 6])
+        });
+    }
+}
+
+#[test]
 fn conv_and_pool() {
     let x = normal(&[2, 4, 5, 6], 100);
     for (stride, padding, dilation, groups) in [

@@ -316,13 +316,23 @@ fn large_matmuls_match_a_naive_product() {
     for (m, k, n) in [(300, 64, 40), (40, 64, 300), (129, 33, 257)] {
         let a = Tensor::randn(&[m, k], DType::F64, &mut Generator::new(1)).unwrap();
         let b = Tensor::randn(&[k, n], DType::F64, &mut Generator::new(2)).unwrap();
-        let naive = a.unsqueeze(-1).unwrap().mul(&b.unsqueeze(0).unwrap()).unwrap().sum(&[1], false).unwrap().to_vec_f64();
+        let naive = a
+            .unsqueeze(-1)
+            .unwrap()
+            .mul(&b.unsqueeze(0).unwrap())
+            .unwrap()
+            .sum(&[1], false)
+            .unwrap()
+            .to_vec_f64();
         let bt = b.t().unwrap().contiguous_copy().unwrap().t().unwrap();
         let at = a.t().unwrap().contiguous_copy().unwrap().t().unwrap();
         for (name, x, y) in [("plain", &a, &b), ("b transposed", &a, &bt), ("a transposed", &at, &b)] {
             let got = x.matmul(y).unwrap().to_vec_f64();
             for (i, (g, w)) in got.iter().zip(&naive).enumerate() {
-                assert!((g - w).abs() < 1e-9 * (1.0 + w.abs()), "{m}x{k}x{n} {name}: element {i}: {g} vs {w}");
+                assert!(
+                    (g - w).abs() < 1e-9 * (1.0 + w.abs()),
+                    "{m}x{k}x{n} {name}: element {i}: {g} vs {w}"
+                );
             }
         }
     }

@@ -108,7 +108,9 @@ simd_dispatch!(probs_in_place_f32(dims: AttnDims, q0: usize, rows: usize, kv: us
 fn block_probs<T: Float + Default>(
     dims: &AttnDims,
     q: &[T],
+    q_stride: usize,
     k: &[T],
+    k_stride: usize,
     q0: usize,
     rows: usize,
     kv: usize,
@@ -118,15 +120,15 @@ fn block_probs<T: Float + Default>(
     have_lse: bool,
 ) {
     let one = T::from_f64(1.0);
-    // SAFETY: q holds rows x d, k holds kv x d, p holds rows x kv.
+    // SAFETY: q holds rows x d and k holds kv x d at their strides; p holds rows x kv.
     unsafe {
         gemm(
             rows,
             kv,
             dims.d,
             out(p, kv, false),
-            mat(q, dims.d),
-            mat_t(k, dims.d),
+            mat(q, q_stride),
+            mat_t(k, k_stride),
             one,
             scale,
             false,
@@ -153,69 +155,109 @@ simd_dispatch!(softmax_grad_block_f32(rows: usize, kv: usize, dv: usize, o: &[f3
     softmax_grad_block(rows, kv, dv, o, dout, p, dp)
 });
 
-/// Forward: `o = softmax(scale q k^T (+ causal mask)) v`, and the per-row log-sum-exp.
-/// q `[bh, t, d]`, k `[bh, s, d]`, v `[bh, s, dv]`, o `[bh, t, dv]`, lse `[bh, t]`.
-pub fn forward<T: Float + Default>(dims: AttnDims, q: &[T], k: &[T], v: &[T], scale: T, o: &mut [T], lse: &mut [T]) {
-    super::threads::init();
-    let AttnDims { t, s, d, dv, .. } = dims;
-    let one = T::from_f64(1.0);
-    o.par_chunks_mut(t * dv.max(1))
-        .zip(lse.par_chunks_mut(t.max(1)))
-        .enumerate()
-        .for_each(|(b, (o, lse))| {
-            let (q, k, v) = (
-                &q[b * t * d..(b + 1) * t * d],
-                &k[b * s * d..(b + 1) * s * d],
-                &v[b * s * dv..(b + 1) * s * dv],
-            );
-            let mut p = vec![T::zero(); BLOCK_Q * s];
-            for q0 in (0..t).step_by(BLOCK_Q) {
-                let rows = BLOCK_Q.min(t - q0);
-                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
-                if kv == 0 {
-                    continue;
-                }
-                let p = &mut p[..rows * kv];
-                block_probs(
-                    &dims,
-                    &q[q0 * d..],
-                    k,
-                    q0,
-                    rows,
-                    kv,
-                    scale,
-                    p,
-                    &mut lse[q0..q0 + rows],
-                    false,
-                );
-                // SAFETY: p is rows x kv, v holds kv x dv, o has rows x dv from row q0.
-                unsafe {
-                    gemm(
-                        rows,
-                        dv,
-                        kv,
-                        out(&mut o[q0 * dv..], dv, false),
-                        mat(p, kv),
-                        mat(v, dv),
-                        one,
-                        one,
-                        false,
-                    )
-                };
-            }
-        });
+/// `bh` matrices inside one buffer: matrix `i` starts at `offsets[i]`, its rows are `row_stride`
+/// elements apart and its columns contiguous (a `[.., T, D]` view whose last dim has stride 1).
+#[derive(Clone, Copy)]
+pub struct Mats<'a, T> {
+    pub data: &'a [T],
+    pub offsets: &'a [usize],
+    pub row_stride: usize,
 }
 
-/// Backward: gradients of q, k, v from the forward's inputs, output `o`, `lse` and `dout`.
+impl<'a, T> Mats<'a, T> {
+    /// Matrix `i` from row `r` on.
+    #[inline]
+    fn at(&self, i: usize, r: usize) -> &'a [T] {
+        &self.data[self.offsets[i] + r * self.row_stride..]
+    }
+}
+
+/// Output matrices written by parallel tasks, each task its own matrix.
+pub struct MatsMut<'a, T> {
+    pub ptr: *mut T,
+    pub len: usize,
+    pub offsets: &'a [usize],
+    pub row_stride: usize,
+}
+
+// SAFETY: tasks write disjoint matrices (distinct offsets, validated by the caller's layout).
+unsafe impl<T: Send> Send for MatsMut<'_, T> {}
+unsafe impl<T: Send> Sync for MatsMut<'_, T> {}
+
+/// Forward: `o = softmax(scale q k^T (+ causal mask)) v`, and the per-row log-sum-exp.
+/// Matrices: q `[t, d]`, k `[s, d]`, v `[s, dv]`, o `[t, dv]` per problem; lse `[bh, t]`
+/// contiguous.
+pub fn forward<T: Float + Default>(
+    dims: AttnDims,
+    q: Mats<T>,
+    k: Mats<T>,
+    v: Mats<T>,
+    scale: T,
+    o: MatsMut<T>,
+    lse: &mut [T],
+) {
+    super::threads::init();
+    let AttnDims { t, s, dv, .. } = dims;
+    let one = T::from_f64(1.0);
+    let o = &o;
+    lse.par_chunks_mut(t.max(1)).enumerate().for_each(|(b, lse)| {
+        let mut p = vec![T::zero(); BLOCK_Q * s];
+        for q0 in (0..t).step_by(BLOCK_Q) {
+            let rows = BLOCK_Q.min(t - q0);
+            let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+            if kv == 0 {
+                continue;
+            }
+            let p = &mut p[..rows * kv];
+            block_probs(
+                &dims,
+                q.at(b, q0),
+                q.row_stride,
+                k.at(b, 0),
+                k.row_stride,
+                q0,
+                rows,
+                kv,
+                scale,
+                p,
+                &mut lse[q0..q0 + rows],
+                false,
+            );
+            debug_assert!(o.offsets[b] + (q0 + rows - 1) * o.row_stride + dv <= o.len);
+            let dst = MatMut {
+                ptr: o.ptr.wrapping_add(o.offsets[b] + q0 * o.row_stride),
+                row_stride: o.row_stride as isize,
+                accumulate: false,
+            };
+            // SAFETY: p is rows x kv, v holds kv x dv at its stride, dst is this task's rows of o.
+            unsafe {
+                gemm(
+                    rows,
+                    dv,
+                    kv,
+                    dst,
+                    mat(p, kv),
+                    mat(v.at(b, 0), v.row_stride),
+                    one,
+                    one,
+                    false,
+                )
+            };
+        }
+    });
+}
+
+/// Backward: gradients of q, k, v (written contiguous: `[bh, t, d]`, `[bh, s, d]`, `[bh, s, dv]`)
+/// from the forward's inputs, output `o`, `lse` and `dout`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float + Default>(
     dims: AttnDims,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    o: &[T],
+    q: Mats<T>,
+    k: Mats<T>,
+    v: Mats<T>,
+    o: Mats<T>,
     lse: &[T],
-    dout: &[T],
+    dout: Mats<T>,
     scale: T,
     dq: &mut [T],
     dk: &mut [T],
@@ -228,16 +270,14 @@ pub fn backward<T: Float + Default>(
         .zip(dk.par_chunks_mut(s * d).zip(dv_out.par_chunks_mut(s * dv)))
         .enumerate()
         .for_each(|(b, (dq, (dk, dvb)))| {
-            let q = &q[b * t * d..(b + 1) * t * d];
-            let k = &k[b * s * d..(b + 1) * s * d];
-            let v = &v[b * s * dv..(b + 1) * s * dv];
-            let o = &o[b * t * dv..(b + 1) * t * dv];
-            let dout = &dout[b * t * dv..(b + 1) * t * dv];
             let mut lse_b = lse[b * t..(b + 1) * t].to_vec();
             dk.iter_mut().for_each(|x| *x = T::zero());
             dvb.iter_mut().for_each(|x| *x = T::zero());
             let mut p = vec![T::zero(); BLOCK_Q * s];
             let mut dp = vec![T::zero(); BLOCK_Q * s];
+            // rows of o and dout of this block, gathered contiguous for the row dots
+            let mut ob = vec![T::zero(); BLOCK_Q * dv];
+            let mut gb = vec![T::zero(); BLOCK_Q * dv];
             for q0 in (0..t).step_by(BLOCK_Q) {
                 let rows = BLOCK_Q.min(t - q0);
                 let kv = if dims.causal { (q0 + rows).min(s) } else { s };
@@ -246,9 +286,26 @@ pub fn backward<T: Float + Default>(
                     continue;
                 }
                 let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
-                let qb = &q[q0 * d..];
-                block_probs(&dims, qb, k, q0, rows, kv, scale, p, &mut lse_b[q0..q0 + rows], true);
-                let dob = &dout[q0 * dv..];
+                let (qb, qs) = (q.at(b, q0), q.row_stride);
+                block_probs(
+                    &dims,
+                    qb,
+                    qs,
+                    k.at(b, 0),
+                    k.row_stride,
+                    q0,
+                    rows,
+                    kv,
+                    scale,
+                    p,
+                    &mut lse_b[q0..q0 + rows],
+                    true,
+                );
+                for r in 0..rows {
+                    ob[r * dv..(r + 1) * dv].copy_from_slice(&o.at(b, q0 + r)[..dv]);
+                    gb[r * dv..(r + 1) * dv].copy_from_slice(&dout.at(b, q0 + r)[..dv]);
+                }
+                let (ob, gb) = (&ob[..rows * dv], &gb[..rows * dv]);
                 // SAFETY (all gemms below): operand sizes follow from rows, kv, d, dv as allocated.
                 unsafe {
                     // dV[:kv] += P^T dO
@@ -258,7 +315,7 @@ pub fn backward<T: Float + Default>(
                         rows,
                         out(dvb, dv, true),
                         mat_t(p, kv),
-                        mat(dob, dv),
+                        mat(gb, dv),
                         one,
                         one,
                         false,
@@ -269,17 +326,16 @@ pub fn backward<T: Float + Default>(
                         kv,
                         dv,
                         out(dp, kv, false),
-                        mat(dob, dv),
-                        mat_t(v, dv),
+                        mat(gb, dv),
+                        mat_t(v.at(b, 0), v.row_stride),
                         one,
                         one,
                         false,
                     );
                 }
-                let (ob, dob) = (&o[q0 * dv..(q0 + rows) * dv], &dout[q0 * dv..(q0 + rows) * dv]);
-                match (as_f32(ob), as_f32(dob), as_f32(p), as_f32_mut(dp)) {
+                match (as_f32(ob), as_f32(gb), as_f32(p), as_f32_mut(dp)) {
                     (Some(of), Some(gf), Some(pf), Some(df)) => softmax_grad_block_f32(rows, kv, dv, of, gf, pf, df),
-                    _ => softmax_grad_block(rows, kv, dv, ob, dob, p, dp),
+                    _ => softmax_grad_block(rows, kv, dv, ob, gb, p, dp),
                 }
                 unsafe {
                     // dQ = scale dS K
@@ -289,7 +345,7 @@ pub fn backward<T: Float + Default>(
                         kv,
                         out(&mut dq[q0 * d..], d, false),
                         mat(dp, kv),
-                        mat(k, d),
+                        mat(k.at(b, 0), k.row_stride),
                         one,
                         scale,
                         false,
@@ -301,7 +357,7 @@ pub fn backward<T: Float + Default>(
                         rows,
                         out(dk, d, true),
                         mat_t(dp, kv),
-                        mat(qb, d),
+                        mat(qb, qs),
                         one,
                         scale,
                         false,

@@ -110,12 +110,26 @@ pub unsafe fn gemm_parallel<T: 'static + Copy + Default + Send + Sync>(
                 // SAFETY: each piece writes a disjoint block of rows (or columns) of dst.
                 unsafe {
                     if along_rows {
-                        let d = MatMut { ptr: ptrs.0.offset(start as isize * dst_rs), row_stride: dst_rs, accumulate: acc };
-                        let ap = MatRef { ptr: ptrs.1.offset(start as isize * a.row_stride), ..a };
+                        let d = MatMut {
+                            ptr: ptrs.0.offset(start as isize * dst_rs),
+                            row_stride: dst_rs,
+                            accumulate: acc,
+                        };
+                        let ap = MatRef {
+                            ptr: ptrs.1.offset(start as isize * a.row_stride),
+                            ..a
+                        };
                         gemm(size, n, k, d, ap, MatRef { ptr: ptrs.2, ..b }, one, scale, false);
                     } else {
-                        let d = MatMut { ptr: ptrs.0.add(start), row_stride: dst_rs, accumulate: acc };
-                        let bp = MatRef { ptr: ptrs.2.offset(start as isize * b.col_stride), ..b };
+                        let d = MatMut {
+                            ptr: ptrs.0.add(start),
+                            row_stride: dst_rs,
+                            accumulate: acc,
+                        };
+                        let bp = MatRef {
+                            ptr: ptrs.2.offset(start as isize * b.col_stride),
+                            ..b
+                        };
                         gemm(m, size, k, d, MatRef { ptr: ptrs.1, ..a }, bp, one, scale, false);
                     }
                 }

@@ -71,41 +71,114 @@ fn dims_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> AttnDims {
     }
 }
 
+/// A `[..., rows, cols]` tensor as `bh` strided matrices over its storage (no copy) when its last
+/// dim is contiguous; else over a contiguous copy. Holds the storage read lock.
+struct MatView<'a, T> {
+    guard: std::sync::RwLockReadGuard<'a, crate::storage::CpuStorage>,
+    offsets: Vec<usize>,
+    row_stride: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<'a, T: crate::storage::StorageElement> MatView<'a, T> {
+    fn new(t: &'a Tensor) -> Result<Self> {
+        let l = t.layout();
+        let r = l.rank();
+        debug_assert!(r >= 2 && l.strides[r - 1] == 1);
+        let lead = crate::layout::Layout {
+            shape: l.shape[..r - 2].to_vec(),
+            strides: l.strides[..r - 2].to_vec(),
+            offset: l.offset,
+        };
+        let guard = t.storage().read();
+        if T::slice(&guard).is_none() {
+            return Err(Error::DTypeMismatch {
+                op: "attention",
+                lhs: t.dtype(),
+                rhs: T::DTYPE,
+            });
+        }
+        Ok(MatView {
+            guard,
+            offsets: lead.offsets(),
+            row_stride: l.strides[r - 2],
+            _t: std::marker::PhantomData,
+        })
+    }
+
+    fn mats(&self) -> k::Mats<'_, T> {
+        k::Mats {
+            data: T::slice(&self.guard).expect("checked"),
+            offsets: &self.offsets,
+            row_stride: self.row_stride,
+        }
+    }
+}
+
+/// `t` in the compute dtype with a contiguous last dim (a copy only when needed).
+fn strided_input(t: &Tensor) -> Result<Tensor> {
+    let c = to_compute(t)?;
+    let r = c.rank();
+    if c.strides()[r - 1] == 1 || c.shape()[r - 1] <= 1 {
+        Ok(c)
+    } else {
+        c.contiguous_copy()
+    }
+}
+
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let (q, kt, v) = (inputs[0], inputs[1], inputs[2]);
     let dtype = q.dtype();
     match op {
         Op::Attention { causal, scale } => {
             let dims = dims_of(q, kt, v, *causal);
-            let mut out_shape = q.shape().to_vec();
-            *out_shape.last_mut().expect("rank >= 2") = dims.dv;
-            let lse_shape = &q.shape()[..q.rank() - 1];
-            let (qc, kc, vc) = (to_compute(q)?, to_compute(kt)?, to_compute(v)?);
+            let r = q.rank();
+            let lse_shape = &q.shape()[..r - 1];
+            let (qc, kc, vc) = (strided_input(q)?, strided_input(kt)?, strided_input(v)?);
+            // The output of a [B, H, T, D] call is stored as [B, T, H, Dv] (and returned as its
+            // [B, H, T, Dv] view), so the usual transpose back to [B, T, H * Dv] is free.
+            let (store_shape, perm): (Vec<usize>, Vec<usize>) = if r == 4 {
+                let s = q.shape();
+                (vec![s[0], s[2], s[1], dims.dv], vec![0, 2, 1, 3])
+            } else {
+                let mut s = q.shape().to_vec();
+                *s.last_mut().expect("rank >= 2") = dims.dv;
+                (s.clone(), (0..r).collect())
+            };
+            let store = crate::layout::Layout::contiguous(&store_shape);
+            let view = store.permute(&perm)?;
+            let lead = crate::layout::Layout {
+                shape: view.shape[..r - 2].to_vec(),
+                strides: view.strides[..r - 2].to_vec(),
+                offset: 0,
+            };
+            let o_offsets = lead.offsets();
             crate::float_dispatch!(qc.dtype(), T => {
-                let (qs, ks, vs) = (qc.contig::<T>("attention")?, kc.contig::<T>("attention")?, vc.contig::<T>("attention")?);
+                let (qv, kv, vv) = (MatView::<T>::new(&qc)?, MatView::<T>::new(&kc)?, MatView::<T>::new(&vc)?);
                 let mut o = vec![0 as T; dims.bh * dims.t * dims.dv];
                 let mut lse = vec![0 as T; dims.bh * dims.t];
-                k::forward(dims, &qs, &ks, &vs, *scale as T, &mut o, &mut lse);
-                Ok(vec![back_to(Tensor::from_vec(o, &out_shape)?, dtype)?, Tensor::from_vec(lse, lse_shape)?])
+                let om = k::MatsMut { ptr: o.as_mut_ptr(), len: o.len(), offsets: &o_offsets, row_stride: view.strides[r - 2] };
+                k::forward(dims, qv.mats(), kv.mats(), vv.mats(), *scale as T, om, &mut lse);
+                drop((qv, kv, vv));
+                let out = Tensor::from_vec(o, &store_shape)?.with_layout(view.clone());
+                let out = if dtype == qc.dtype() { out } else { back_to(out.contiguous_copy()?, dtype)? };
+                Ok(vec![out, Tensor::from_vec(lse, lse_shape)?])
             })
         }
         Op::AttentionBackward { causal, scale } => {
             let (o, lse, g) = (inputs[3], inputs[4], inputs[5]);
             let dims = dims_of(q, kt, v, *causal);
-            let (qc, kc, vc, oc, gc) = (
-                to_compute(q)?,
-                to_compute(kt)?,
-                to_compute(v)?,
-                to_compute(o)?,
-                to_compute(g)?,
-            );
+            let (qc, kc, vc) = (strided_input(q)?, strided_input(kt)?, strided_input(v)?);
+            let (oc, gc) = (strided_input(o)?, strided_input(g)?);
             crate::float_dispatch!(qc.dtype(), T => {
-                let (qs, ks, vs) = (qc.contig::<T>("attention")?, kc.contig::<T>("attention")?, vc.contig::<T>("attention")?);
-                let (os, ls, gs) = (oc.contig::<T>("attention")?, lse.contig::<T>("attention")?, gc.contig::<T>("attention")?);
-                let mut dq = vec![0 as T; qs.len()];
-                let mut dk = vec![0 as T; ks.len()];
-                let mut dv = vec![0 as T; vs.len()];
-                k::backward(dims, &qs, &ks, &vs, &os, &ls, &gs, *scale as T, &mut dq, &mut dk, &mut dv);
+                let (qv, kv, vv) = (MatView::<T>::new(&qc)?, MatView::<T>::new(&kc)?, MatView::<T>::new(&vc)?);
+                let (ov, gv) = (MatView::<T>::new(&oc)?, MatView::<T>::new(&gc)?);
+                let ls = lse.contig::<T>("attention")?;
+                let mut dq = vec![0 as T; dims.bh * dims.t * dims.d];
+                let mut dk = vec![0 as T; dims.bh * dims.s * dims.d];
+                let mut dv = vec![0 as T; dims.bh * dims.s * dims.dv];
+                k::backward(dims, qv.mats(), kv.mats(), vv.mats(), ov.mats(), &ls, gv.mats(), *scale as T, &mut dq, &mut dk, &mut dv);
+                drop((qv, kv, vv, ov, gv));
                 Ok(vec![
                     back_to(Tensor::from_vec(dq, q.shape())?, dtype)?,
                     back_to(Tensor::from_vec(dk, kt.shape())?, dtype)?,

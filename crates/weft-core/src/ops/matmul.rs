@@ -137,11 +137,23 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
     let (ars, acs) = (la.strides[la.rank() - 2] as isize, la.strides[la.rank() - 1] as isize);
     let (brs, bcs) = (lb.strides[lb.rank() - 2] as isize, lb.strides[lb.rank() - 1] as isize);
     let run = |i: usize, dst: &mut [std::mem::MaybeUninit<T>], parallel: bool| {
-        let d = MatMut { ptr: dst.as_mut_ptr() as *mut T, row_stride: n as isize, accumulate: false };
+        let d = MatMut {
+            ptr: dst.as_mut_ptr() as *mut T,
+            row_stride: n as isize,
+            accumulate: false,
+        };
         // SAFETY: offsets and strides come from layouts validated against the storage sizes.
         unsafe {
-            let a = MatRef { ptr: pa.get().add(oa[i]), row_stride: ars, col_stride: acs };
-            let b = MatRef { ptr: pb.get().add(ob[i]), row_stride: brs, col_stride: bcs };
+            let a = MatRef {
+                ptr: pa.get().add(oa[i]),
+                row_stride: ars,
+                col_stride: acs,
+            };
+            let b = MatRef {
+                ptr: pb.get().add(ob[i]),
+                row_stride: brs,
+                col_stride: bcs,
+            };
             if parallel {
                 gemm_parallel(m, n, k, d, a, b, one, one)
             } else {

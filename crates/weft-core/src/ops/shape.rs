@@ -10,7 +10,8 @@ use crate::storage::{CpuStorage, StorageElement};
 use crate::tensor::Tensor;
 
 impl Tensor {
-    /// Same elements, new shape. One entry may be `-1` (inferred). Copies only when not contiguous.
+    /// Same elements, new shape. One entry may be `-1` (inferred). A view when the strides allow it
+    /// (as `torch.reshape`), a copy otherwise.
     pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
         let shape = infer_shape(self.shape(), shape)?;
         if shape == self.shape() {
@@ -221,13 +222,10 @@ fn infer_shape(from: &[usize], to: &[isize]) -> Result<Vec<usize>> {
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
     let out = match op {
-        Op::Reshape(shape) => {
-            if x.is_contiguous() {
-                x.with_layout(x.layout().reshape(shape)?)
-            } else {
-                Tensor::from_storage(x.contiguous_storage(), shape)
-            }
-        }
+        Op::Reshape(shape) => match x.layout().reshape_view(shape) {
+            Some(view) => x.with_layout(view),
+            None => Tensor::from_storage(x.contiguous_storage(), shape),
+        },
         Op::Permute(perm) => x.with_layout(x.layout().permute(perm)?),
         Op::Narrow { dim, start, len } => x.with_layout(x.layout().narrow(*dim, *start, *len)?),
         Op::Expand(shape) => x.with_layout(x.layout().expand(shape)?),
@@ -275,22 +273,11 @@ pub(super) fn backward(op: &Op, inputs: &[Tensor], grad: &Tensor) -> Result<Vec<
             vec![Some(grad.permute(&inv)?)]
         }
         Op::Narrow { dim, start, len } => {
-            let mut parts = Vec::new();
-            let size = x.shape()[*dim];
-            let mut before = x.shape().to_vec();
-            before[*dim] = *start;
-            let mut after = x.shape().to_vec();
-            after[*dim] = size - start - len;
-            let zb = Tensor::zeros(&before, grad.dtype())?;
-            let za = Tensor::zeros(&after, grad.dtype())?;
-            if *start > 0 {
-                parts.push(&zb);
-            }
-            parts.push(grad);
-            if size - start - len > 0 {
-                parts.push(&za);
-            }
-            vec![Some(Tensor::cat(&parts, *dim as isize)?)]
+            // zeros with the gradient written into the narrowed window (one pass, no cat)
+            let out = Tensor::zeros(x.shape(), grad.dtype())?;
+            out.with_layout(out.layout().narrow(*dim, *start, *len)?)
+                .copy_from(grad)?;
+            vec![Some(out)]
         }
         Op::Expand(_) => vec![Some(grad.sum_to_shape(x.shape())?)],
         Op::Contiguous => vec![Some(grad.clone())],

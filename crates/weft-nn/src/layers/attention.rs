@@ -37,12 +37,16 @@ impl CausalSelfAttention {
     /// # Shapes
     /// `[B, T, C] -> [B, T, C]`; attention scaled by `1/sqrt(C / n_head)`, key `j <= i` for query `i`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, c) = (x.dim(0)?, x.dim(1)?, x.dim(2)?);
+        let (batch, t, c) = (x.dim(0)?, x.dim(1)?, x.dim(2)?);
         let hd = c / self.n_head;
-        let qkv = self.c_attn.forward(x)?;
+        // q, k and v each from their third of c_attn (views of the fused weight): each comes out
+        // contiguous [B, T, C], so the head split below is a view, and the backward sums three
+        // small input gradients instead of scattering into the fused [B, T, 3C] activation.
         let heads = |i: usize| -> Result<Tensor> {
-            qkv.narrow(2, i * c, c)?
-                .reshape(&[b as isize, t as isize, self.n_head as isize, hd as isize])?
+            let w = self.c_attn.weight.narrow(0, i * c, c)?;
+            let b = self.c_attn.bias.as_ref().map(|b| b.narrow(0, i * c, c)).transpose()?;
+            x.linear(&w, b.as_ref())?
+                .reshape(&[batch as isize, t as isize, self.n_head as isize, hd as isize])?
                 .transpose(1, 2)
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
@@ -55,7 +59,7 @@ impl CausalSelfAttention {
         } else {
             Tensor::scaled_dot_product_attention(&q, &k, &v, true, None)?
         };
-        let y = y.transpose(1, 2)?.reshape(&[b as isize, t as isize, c as isize])?;
+        let y = y.transpose(1, 2)?.reshape(&[batch as isize, t as isize, c as isize])?;
         self.resid_dropout.forward(&self.c_proj.forward(&y)?)
     }
 }
