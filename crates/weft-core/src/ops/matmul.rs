@@ -59,12 +59,35 @@ impl Tensor {
     }
 
     /// `x @ weight^T + bias` with PyTorch's Linear layout: weight `[out, in]`, bias `[out]`.
+    /// # Shapes
+    /// `[..., in] -> [..., out]`.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        let y = self.matmul(&weight.t()?)?;
-        match bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
+        let fused = self.rank() >= 1
+            && weight.rank() == 2
+            && self.dtype().is_float()
+            && weight.dtype() == self.dtype()
+            && self.shape()[self.rank() - 1] == weight.shape()[1]
+            && bias.is_none_or(|b| b.shape() == [weight.shape()[0]] && b.dtype() == self.dtype());
+        if !fused {
+            let y = self.matmul(&weight.t()?)?;
+            return match bias {
+                Some(b) => y.add(b),
+                None => Ok(y),
+            };
         }
+        let (k, n) = (weight.shape()[1] as isize, weight.shape()[0]);
+        let x2 = self.reshape(&[-1, k])?;
+        let mut inputs = vec![&x2, weight];
+        inputs.extend(bias);
+        let y = apply(
+            Op::Linear {
+                has_bias: bias.is_some(),
+            },
+            &inputs,
+        )?;
+        let mut out: Vec<isize> = self.shape()[..self.rank() - 1].iter().map(|&d| d as isize).collect();
+        out.push(n as isize);
+        y.reshape(&out)
     }
 }
 
@@ -189,4 +212,91 @@ pub(super) fn backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Te
     let ga = grad.matmul(&b.t()?)?.sum_to_shape(a.shape())?;
     let gb = a.t()?.matmul(grad)?.sum_to_shape(b.shape())?;
     Ok(vec![Some(ga), Some(gb)])
+}
+
+pub(super) fn linear_forward(inputs: &[&Tensor], has_bias: bool) -> Result<Vec<Tensor>> {
+    let (x, w) = (inputs[0], inputs[1]);
+    let out = match x.dtype() {
+        DType::F32 => linear_typed::<f32>(x, w, has_bias.then(|| inputs[2]))?,
+        DType::F64 => linear_typed::<f64>(x, w, has_bias.then(|| inputs[2]))?,
+        DType::BF16 | DType::F16 => {
+            let (xc, wc) = (to_compute(x)?, to_compute(w)?);
+            let bc = if has_bias { Some(to_compute(inputs[2])?) } else { None };
+            super::elementwise::back_to(linear_typed::<f32>(&xc, &wc, bc.as_ref())?, x.dtype())?
+        }
+        d => return Err(Error::UnsupportedDType { op: "linear", dtype: d }),
+    };
+    Ok(vec![out])
+}
+
+/// `[M, K] x [N, K]^T (+ bias)` into a new `[M, N]` tensor.
+fn linear_typed<T: StorageElement + Default + Send + Sync>(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
+    let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[0]);
+    let mut out: Vec<T> = match bias {
+        // the gemm accumulates onto rows of the bias
+        Some(b) => {
+            let row = b.contig::<T>("linear")?;
+            let mut v = Vec::with_capacity(m * n);
+            for _ in 0..m {
+                v.extend_from_slice(&row);
+            }
+            v
+        }
+        None => vec![T::zero(); m * n],
+    };
+    let (lx, lw) = (x.layout(), w.layout());
+    let (gx, gw) = (x.storage().read(), w.storage().read());
+    let sx = T::slice(&gx).ok_or(Error::DTypeMismatch {
+        op: "linear",
+        lhs: x.dtype(),
+        rhs: T::DTYPE,
+    })?;
+    let sw = T::slice(&gw).ok_or(Error::DTypeMismatch {
+        op: "linear",
+        lhs: w.dtype(),
+        rhs: T::DTYPE,
+    })?;
+    if m * n * k > 0 {
+        let one = T::from_f64(1.0);
+        let dst = MatMut {
+            ptr: out.as_mut_ptr(),
+            row_stride: n as isize,
+            accumulate: bias.is_some(),
+        };
+        // x as [M, K] at its strides; weight^T as [K, N]: element (i, j) is weight[j, i]
+        let a = MatRef {
+            ptr: sx[lx.offset..].as_ptr(),
+            row_stride: lx.strides[0] as isize,
+            col_stride: lx.strides[1] as isize,
+        };
+        let b = MatRef {
+            ptr: sw[lw.offset..].as_ptr(),
+            row_stride: lw.strides[1] as isize,
+            col_stride: lw.strides[0] as isize,
+        };
+        // SAFETY: the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N.
+        unsafe {
+            if m * n * k >= (1 << 15) {
+                gemm_parallel(m, n, k, dst, a, b, one, one)
+            } else {
+                gemm(m, n, k, dst, a, b, one, one, false)
+            }
+        }
+    }
+    Tensor::from_vec(out, &[m, n])
+}
+
+pub(super) fn linear_backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (x, w) = (&inputs[0], &inputs[1]);
+    let gx = grad.matmul(w)?;
+    let gw = grad.t()?.matmul(x)?;
+    let mut out = vec![Some(gx), Some(gw)];
+    if inputs.len() > 2 {
+        out.push(Some(grad.sum(&[0], false)?));
+    }
+    Ok(out)
 }

@@ -39,13 +39,13 @@ impl CausalSelfAttention {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (batch, t, c) = (x.dim(0)?, x.dim(1)?, x.dim(2)?);
         let hd = c / self.n_head;
-        // q, k and v each from their third of c_attn (views of the fused weight): each comes out
-        // contiguous [B, T, C], so the head split below is a view, and the backward sums three
-        // small input gradients instead of scattering into the fused [B, T, 3C] activation.
+        // [B, T, 3, H, hd] view of the fused projection; each third is a strided view
+        let qkv =
+            self.c_attn
+                .forward(x)?
+                .reshape(&[batch as isize, t as isize, 3, self.n_head as isize, hd as isize])?;
         let heads = |i: usize| -> Result<Tensor> {
-            let w = self.c_attn.weight.narrow(0, i * c, c)?;
-            let b = self.c_attn.bias.as_ref().map(|b| b.narrow(0, i * c, c)).transpose()?;
-            x.linear(&w, b.as_ref())?
+            qkv.narrow(2, i, 1)?
                 .reshape(&[batch as isize, t as isize, self.n_head as isize, hd as isize])?
                 .transpose(1, 2)
         };
