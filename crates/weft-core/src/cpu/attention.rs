@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::elementwise::simd_dispatch;
 use super::f32_view::{as_f32, as_f32_mut};
 use super::lanes;
-use super::matmul::{gemm, MatMut, MatRef};
+use super::matmul::{gemm, mat, mat_t, MatMut};
 use crate::dtype::Float;
 
 /// Queries per tile.
@@ -37,22 +37,6 @@ impl AttnDims {
         } else {
             self.s
         }
-    }
-}
-
-fn mat<T>(p: &[T], row_stride: usize) -> MatRef<T> {
-    MatRef {
-        ptr: p.as_ptr(),
-        row_stride: row_stride as isize,
-        col_stride: 1,
-    }
-}
-
-fn mat_t<T>(p: &[T], row_stride: usize) -> MatRef<T> {
-    MatRef {
-        ptr: p.as_ptr(),
-        row_stride: 1,
-        col_stride: row_stride as isize,
     }
 }
 

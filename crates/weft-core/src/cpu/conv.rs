@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::matmul::{gemm, MatMut, MatRef};
+use super::matmul::{gemm, mat, mat_t, MatMut, MatRef};
 use crate::dtype::Float;
 use crate::op::{Conv2dParams, Pool2dParams};
 
@@ -124,22 +124,6 @@ fn col2im<T: Float>(d: &ConvDims, cols: &[T], g: usize, dx: &mut [T]) {
                 }
             }
         }
-    }
-}
-
-fn mat<T>(p: &[T], row_stride: usize) -> MatRef<T> {
-    MatRef {
-        ptr: p.as_ptr(),
-        row_stride: row_stride as isize,
-        col_stride: 1,
-    }
-}
-
-fn mat_t<T>(p: &[T], row_stride: usize) -> MatRef<T> {
-    MatRef {
-        ptr: p.as_ptr(),
-        row_stride: 1,
-        col_stride: row_stride as isize,
     }
 }
 

@@ -10,6 +10,24 @@ pub struct MatRef<T> {
     pub col_stride: isize,
 }
 
+/// A row-major matrix at `p` whose rows are `row_stride` elements apart.
+pub fn mat<T>(p: &[T], row_stride: usize) -> MatRef<T> {
+    MatRef {
+        ptr: p.as_ptr(),
+        row_stride: row_stride as isize,
+        col_stride: 1,
+    }
+}
+
+/// The transpose of the row-major matrix at `p` (rows `row_stride` apart), read in place.
+pub fn mat_t<T>(p: &[T], row_stride: usize) -> MatRef<T> {
+    MatRef {
+        ptr: p.as_ptr(),
+        row_stride: 1,
+        col_stride: row_stride as isize,
+    }
+}
+
 /// Where a product goes: a row-major matrix with `row_stride` between rows, overwritten or, with
 /// `accumulate`, added to.
 #[derive(Clone, Copy)]
