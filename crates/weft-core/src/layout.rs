@@ -43,24 +43,6 @@ impl Layout {
         true
     }
 
-    /// View with a new shape of the same element count; only for contiguous layouts
-    /// (the caller copies first otherwise). One dim may be given as `None`, meaning "inferred".
-    pub fn reshape(&self, shape: &[usize]) -> Result<Layout> {
-        if numel(shape) != self.numel() {
-            return Err(Error::ShapeMismatch {
-                op: "reshape",
-                lhs: self.shape.clone(),
-                rhs: shape.to_vec(),
-            });
-        }
-        debug_assert!(self.is_contiguous());
-        Ok(Layout {
-            shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
-            offset: self.offset,
-        })
-    }
-
     /// The same elements under `shape` without copying, when the strides allow it (as
     /// `torch.Tensor.view`): each run of input dims that are contiguous with one another may be
     /// merged or split freely. `None` when a copy is needed. `shape` must have this layout's
@@ -210,15 +192,6 @@ impl Layout {
         out.shape.remove(d);
         out.strides.remove(d);
         Ok(out)
-    }
-
-    /// Swaps two dims.
-    pub fn transpose(&self, a: isize, b: isize) -> Result<Layout> {
-        let a = resolve_dim("transpose", a, self.rank())?;
-        let b = resolve_dim("transpose", b, self.rank())?;
-        let mut perm: Vec<usize> = (0..self.rank()).collect();
-        perm.swap(a, b);
-        self.permute(&perm)
     }
 
     /// Calls `f(storage_offset_of_row_start, inner_stride, inner_len)` for every innermost row,

@@ -154,11 +154,9 @@ pub enum Op {
     // ---- matmul (ops/matmul.rs) ----
     /// `[..., M, K] @ [..., K, N]` with broadcast batch dims.
     Matmul,
-    /// Inputs `(x [M, K], weight [N, K], bias [N]?)`: `x weight^T + bias` in one gemm whose output
+    /// Inputs `(x [M, K], weight [N, K], bias [N])`: `x weight^T + bias` in one gemm whose output
     /// starts from the broadcast bias (PyTorch's `addmm`), so the bias costs no extra pass.
-    Linear {
-        has_bias: bool,
-    },
+    Linear,
 
     // ---- views and layout (ops/shape.rs) ----
     Reshape(Shape),
@@ -284,7 +282,7 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::Var { .. } => "var",
             Op::Matmul => "matmul",
-            Op::Linear { .. } => "linear",
+            Op::Linear => "linear",
             Op::Reshape(_) => "reshape",
             Op::Permute(_) => "permute",
             Op::Narrow { .. } => "narrow",

@@ -39,6 +39,48 @@ macro_rules! with_storage {
     };
 }
 
+/// Runs `$body` with `$T` bound to the Rust element type of `$dtype` (every dtype).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dtype_dispatch {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::Bool => {
+                type $T = bool;
+                $body
+            }
+        }
+    };
+}
+
 /// Typed access to a [`CpuStorage`] variant.
 pub trait StorageElement: Element {
     fn wrap(v: Vec<Self>) -> CpuStorage;
@@ -105,19 +147,7 @@ impl CpuStorage {
 
     /// `n` copies of `value` converted to `dtype`.
     pub fn filled(dtype: DType, n: usize, value: f64) -> CpuStorage {
-        fn mk<T: StorageElement>(n: usize, v: f64) -> CpuStorage {
-            T::wrap(vec![T::from_f64(v); n])
-        }
-        match dtype {
-            DType::F32 => mk::<f32>(n, value),
-            DType::F64 => mk::<f64>(n, value),
-            DType::BF16 => mk::<bf16>(n, value),
-            DType::F16 => mk::<f16>(n, value),
-            DType::I64 => mk::<i64>(n, value),
-            DType::I32 => mk::<i32>(n, value),
-            DType::U8 => mk::<u8>(n, value),
-            DType::Bool => mk::<bool>(n, value),
-        }
+        crate::dtype_dispatch!(dtype, T => T::wrap(vec![T::from_f64(value); n]))
     }
 
     /// The elements selected by `layout`, in row-major order, as a new contiguous buffer.
@@ -141,19 +171,7 @@ impl CpuStorage {
             (CpuStorage::I64(v), DType::I32) => CpuStorage::I32(v.iter().map(|&x| x as i32).collect()),
             (CpuStorage::I32(v), DType::I64) => CpuStorage::I64(v.iter().map(|&x| x as i64).collect()),
             _ => {
-                fn to<T: StorageElement>(s: &CpuStorage) -> CpuStorage {
-                    T::wrap(with_storage!(s, v => v.iter().map(|x| T::from_f64(x.to_f64())).collect()))
-                }
-                match dtype {
-                    DType::F32 => to::<f32>(self),
-                    DType::F64 => to::<f64>(self),
-                    DType::BF16 => to::<bf16>(self),
-                    DType::F16 => to::<f16>(self),
-                    DType::I64 => to::<i64>(self),
-                    DType::I32 => to::<i32>(self),
-                    DType::U8 => to::<u8>(self),
-                    DType::Bool => to::<bool>(self),
-                }
+                crate::dtype_dispatch!(dtype, T => T::wrap(crate::with_storage!(self, v => v.iter().map(|x| T::from_f64(x.to_f64())).collect())))
             }
         }
     }

@@ -195,7 +195,7 @@ impl Tensor {
     /// Runs `f` on the elements as a row-major slice (borrowed when the tensor is contiguous, a
     /// copy otherwise). Fails when the dtype is not `T`'s.
     pub fn with_data<T: StorageElement, R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-        self.with_slice("with_data", f)
+        Ok(f(&self.contig::<T>("with_data")?))
     }
 
     /// Runs `f` on this tensor's elements in place, for fused updates (optimizer steps,
@@ -216,24 +216,6 @@ impl Tensor {
             rhs: T::DTYPE,
         })?;
         Ok(f(&mut data[l.offset..l.offset + l.numel()]))
-    }
-
-    /// Runs `f` on the elements as a row-major slice, borrowing when the tensor is contiguous.
-    pub(crate) fn with_slice<T: StorageElement, R>(&self, op: &'static str, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-        let guard = self.0.storage.read();
-        let data = T::slice(&guard).ok_or(Error::DTypeMismatch {
-            op,
-            lhs: self.dtype(),
-            rhs: T::DTYPE,
-        })?;
-        let l = &self.0.layout;
-        if l.is_contiguous() {
-            Ok(f(&data[l.offset..l.offset + l.numel()]))
-        } else {
-            let v = crate::storage::gather_slice(data, l);
-            drop(guard);
-            Ok(f(&v))
-        }
     }
 
     /// The elements as a row-major slice: borrowed from the storage when the layout is contiguous,
@@ -287,16 +269,7 @@ impl Tensor {
                 pos += len;
             });
         }
-        match self.dtype() {
-            DType::F32 => put::<f32>(&mut guard, &data, &layout),
-            DType::F64 => put::<f64>(&mut guard, &data, &layout),
-            DType::BF16 => put::<half::bf16>(&mut guard, &data, &layout),
-            DType::F16 => put::<half::f16>(&mut guard, &data, &layout),
-            DType::I64 => put::<i64>(&mut guard, &data, &layout),
-            DType::I32 => put::<i32>(&mut guard, &data, &layout),
-            DType::U8 => put::<u8>(&mut guard, &data, &layout),
-            DType::Bool => put::<bool>(&mut guard, &data, &layout),
-        }
+        crate::dtype_dispatch!(self.dtype(), T => put::<T>(&mut guard, &data, &layout));
         Ok(())
     }
 }

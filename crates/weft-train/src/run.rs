@@ -200,7 +200,15 @@ pub struct TrainOptions {
 /// Runs the training described by `config`.
 pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     let t = &config.train;
-    let model = build_model(&config.model, t.seed)?;
+    // a gpt is kept by its own type too, to sample from it after training
+    let gpt = match &config.model {
+        ModelConfig::Gpt(_) => Some(Arc::new(build_gpt(&config.model, t.seed)?)),
+        _ => None,
+    };
+    let model: Arc<dyn Model> = match &gpt {
+        Some(g) => g.clone(),
+        None => build_model(&config.model, t.seed)?,
+    };
     if let Some(from) = &config.init.from {
         state_dict::load_file(model.as_ref(), &config.resolve(from), model.aliases())?;
     }
@@ -239,10 +247,8 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     } else {
         trainer.fit(data.train.clone(), start, t.steps)?;
     }
-    if let (Some(text), true) = (&data.text, t.sample_tokens > 0) {
-        let gpt = build_gpt(&config.model, t.seed)?;
-        state_dict::load_state_dict(&gpt, &model.parameters().into_iter().collect(), &[], "trained model")?;
-        let sample = sample_text(&gpt, text.tokenizer(), "\n", t.sample_tokens, t.seed)?;
+    if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0) {
+        let sample = sample_text(gpt, text.tokenizer(), "\n", t.sample_tokens, t.seed)?;
         println!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
     }
     Ok(())

@@ -299,11 +299,11 @@ fn float_map(x: &Tensor, f32_fn: impl Fn(&[f32], &mut [f32]), f64_fn: impl Fn(&[
     let xc = to_compute(x)?;
     let out = if xc.dtype() == DType::F64 {
         let mut out = vec![0.0; x.numel()];
-        xc.with_slice("unary", |s: &[f64]| f64_fn(s, &mut out))?;
+        f64_fn(&xc.contig::<f64>("unary")?, &mut out);
         Tensor::from_vec(out, x.shape())?
     } else {
         let mut out = vec![0.0; x.numel()];
-        xc.with_slice("unary", |s: &[f32]| f32_fn(s, &mut out))?;
+        f32_fn(&xc.contig::<f32>("unary")?, &mut out);
         Tensor::from_vec(out, x.shape())?
     };
     back_to(out, x.dtype())
@@ -350,21 +350,14 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         Op::UnaryBackward(u) => {
             let (x, g) = (to_compute(inputs[0])?, to_compute(inputs[1])?);
             let n = x.numel();
+            let op = "unary_backward";
             let out = if x.dtype() == DType::F64 {
                 let mut out = vec![0.0; n];
-                x.with_slice("unary_backward", |xs: &[f64]| {
-                    g.with_slice("unary_backward", |gs: &[f64]| {
-                        k::unary_backward_f64(*u, xs, gs, &mut out)
-                    })
-                })??;
+                k::unary_backward_f64(*u, &x.contig::<f64>(op)?, &g.contig::<f64>(op)?, &mut out);
                 Tensor::from_vec(out, x.shape())?
             } else {
                 let mut out = vec![0.0; n];
-                x.with_slice("unary_backward", |xs: &[f32]| {
-                    g.with_slice("unary_backward", |gs: &[f32]| {
-                        k::unary_backward_f32(*u, xs, gs, &mut out)
-                    })
-                })??;
+                k::unary_backward_f32(*u, &x.contig::<f32>(op)?, &g.contig::<f32>(op)?, &mut out);
                 Tensor::from_vec(out, x.shape())?
             };
             back_to(out, inputs[0].dtype())?

@@ -187,7 +187,9 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let idx = indices("index_add", inputs[1], x.shape()[*dim])?;
             let (xc, src) = (
                 to_compute(x)?,
-                to_compute(inputs[2])?.cast_raw(x.dtype().compute_float()),
+                to_compute(inputs[2])?
+                    .contiguous_storage()
+                    .cast(x.dtype().compute_float()),
             );
             let mut data = xc.contiguous_storage();
             match xc.dtype() {
@@ -232,7 +234,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let idx = indices("scatter_add", index, x.shape()[*dim])?;
             let offs = scatter_offsets(x.shape(), index.shape(), *dim, &idx);
             let xc = to_compute(x)?;
-            let src = to_compute(inputs[2])?.cast_raw(xc.dtype());
+            let src = to_compute(inputs[2])?.contiguous_storage().cast(xc.dtype());
             let mut data = xc.contiguous_storage();
             fn add<T: StorageElement + std::ops::AddAssign>(d: &mut CpuStorage, s: &CpuStorage, offs: &[usize]) {
                 let (d, s) = (T::slice_mut(d).unwrap(), T::slice(s).unwrap());
@@ -265,13 +267,6 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         _ => unreachable!("index::forward called with {op:?}"),
     };
     Ok(vec![out])
-}
-
-impl Tensor {
-    /// The contiguous elements cast to `dtype`, outside autograd (a kernel-side helper).
-    pub(crate) fn cast_raw(&self, dtype: DType) -> CpuStorage {
-        self.contiguous_storage().cast(dtype)
-    }
 }
 
 pub(super) fn backward(op: &Op, inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Tensor>>> {

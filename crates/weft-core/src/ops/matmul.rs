@@ -62,29 +62,23 @@ impl Tensor {
     /// # Shapes
     /// `[..., in] -> [..., out]`.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        // the fused op only pays off with a bias; a plain product goes to matmul
+        let Some(bias) = bias else {
+            return self.matmul(&weight.t()?);
+        };
         let fused = self.rank() >= 1
             && weight.rank() == 2
             && self.dtype().is_float()
             && weight.dtype() == self.dtype()
+            && bias.dtype() == self.dtype()
             && self.shape()[self.rank() - 1] == weight.shape()[1]
-            && bias.is_none_or(|b| b.shape() == [weight.shape()[0]] && b.dtype() == self.dtype());
+            && bias.shape() == [weight.shape()[0]];
         if !fused {
-            let y = self.matmul(&weight.t()?)?;
-            return match bias {
-                Some(b) => y.add(b),
-                None => Ok(y),
-            };
+            // the unfused ops report whichever shape or dtype is wrong
+            return self.matmul(&weight.t()?)?.add(bias);
         }
         let (k, n) = (weight.shape()[1] as isize, weight.shape()[0]);
-        let x2 = self.reshape(&[-1, k])?;
-        let mut inputs = vec![&x2, weight];
-        inputs.extend(bias);
-        let y = apply(
-            Op::Linear {
-                has_bias: bias.is_some(),
-            },
-            &inputs,
-        )?;
+        let y = apply(Op::Linear, &[&self.reshape(&[-1, k])?, weight, bias])?;
         let mut out: Vec<isize> = self.shape()[..self.rank() - 1].iter().map(|&d| d as isize).collect();
         out.push(n as isize);
         y.reshape(&out)
@@ -214,40 +208,29 @@ pub(super) fn backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Te
     Ok(vec![Some(ga), Some(gb)])
 }
 
-pub(super) fn linear_forward(inputs: &[&Tensor], has_bias: bool) -> Result<Vec<Tensor>> {
-    let (x, w) = (inputs[0], inputs[1]);
+pub(super) fn linear_forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let (x, w, b) = (inputs[0], inputs[1], inputs[2]);
     let out = match x.dtype() {
-        DType::F32 => linear_typed::<f32>(x, w, has_bias.then(|| inputs[2]))?,
-        DType::F64 => linear_typed::<f64>(x, w, has_bias.then(|| inputs[2]))?,
+        DType::F32 => linear_typed::<f32>(x, w, b)?,
+        DType::F64 => linear_typed::<f64>(x, w, b)?,
         DType::BF16 | DType::F16 => {
-            let (xc, wc) = (to_compute(x)?, to_compute(w)?);
-            let bc = if has_bias { Some(to_compute(inputs[2])?) } else { None };
-            super::elementwise::back_to(linear_typed::<f32>(&xc, &wc, bc.as_ref())?, x.dtype())?
+            let (xc, wc, bc) = (to_compute(x)?, to_compute(w)?, to_compute(b)?);
+            super::elementwise::back_to(linear_typed::<f32>(&xc, &wc, &bc)?, x.dtype())?
         }
         d => return Err(Error::UnsupportedDType { op: "linear", dtype: d }),
     };
     Ok(vec![out])
 }
 
-/// `[M, K] x [N, K]^T (+ bias)` into a new `[M, N]` tensor.
-fn linear_typed<T: StorageElement + Default + Send + Sync>(
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-) -> Result<Tensor> {
+/// `[M, K] x [N, K]^T + bias` into a new `[M, N]` tensor: the gemm accumulates onto rows of the
+/// bias.
+fn linear_typed<T: StorageElement + Default + Send + Sync>(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
     let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[0]);
-    let mut out: Vec<T> = match bias {
-        // the gemm accumulates onto rows of the bias
-        Some(b) => {
-            let row = b.contig::<T>("linear")?;
-            let mut v = Vec::with_capacity(m * n);
-            for _ in 0..m {
-                v.extend_from_slice(&row);
-            }
-            v
-        }
-        None => vec![T::zero(); m * n],
-    };
+    let row = bias.contig::<T>("linear")?;
+    let mut out: Vec<T> = Vec::with_capacity(m * n);
+    for _ in 0..m {
+        out.extend_from_slice(&row);
+    }
     let (lx, lw) = (x.layout(), w.layout());
     let (gx, gw) = (x.storage().read(), w.storage().read());
     let sx = T::slice(&gx).ok_or(Error::DTypeMismatch {
@@ -265,7 +248,7 @@ fn linear_typed<T: StorageElement + Default + Send + Sync>(
         let dst = MatMut {
             ptr: out.as_mut_ptr(),
             row_stride: n as isize,
-            accumulate: bias.is_some(),
+            accumulate: true,
         };
         // x as [M, K] at its strides; weight^T as [K, N]: element (i, j) is weight[j, i]
         let a = MatRef {
@@ -294,9 +277,5 @@ pub(super) fn linear_backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Op
     let (x, w) = (&inputs[0], &inputs[1]);
     let gx = grad.matmul(w)?;
     let gw = grad.t()?.matmul(x)?;
-    let mut out = vec![Some(gx), Some(gw)];
-    if inputs.len() > 2 {
-        out.push(Some(grad.sum(&[0], false)?));
-    }
-    Ok(out)
+    Ok(vec![Some(gx), Some(gw), Some(grad.sum(&[0], false)?)])
 }

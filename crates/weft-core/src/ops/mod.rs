@@ -41,7 +41,7 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         | Op::Cast(_) => elementwise::forward(op, inputs),
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => reduce::forward(op, inputs),
         Op::Matmul => matmul::forward(inputs),
-        Op::Linear { has_bias } => matmul::linear_forward(inputs, *has_bias),
+        Op::Linear => matmul::linear_forward(inputs),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::forward(op, inputs)
         }
@@ -85,7 +85,7 @@ pub(crate) fn backward(
         | Op::Cast(_) => elementwise::backward(op, inputs, output, grad),
         Op::Reduce { .. } | Op::Var { .. } => reduce::backward(op, inputs, output, grad),
         Op::Matmul => matmul::backward(inputs, grad),
-        Op::Linear { .. } => matmul::linear_backward(inputs, grad),
+        Op::Linear => matmul::linear_backward(inputs, grad),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::backward(op, inputs, grad)
         }

@@ -229,7 +229,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let mut lse = vec![0 as T; n];
                 let loss = k::cross_entropy(spec, &xc.contig::<T>("cross_entropy")?, &targets, &mut lse);
                 let valid = targets.iter().filter(|&&t| t != *ignore_index).count();
-                let total: f64 = loss.iter().map(|&l| weft_to_f64(l)).sum();
+                let total: f64 = loss.iter().map(|&l| as_f64(l)).sum();
                 let mean = Tensor::full(&[], total / valid as f64, dtype)?;
                 Ok(vec![mean, Tensor::from_vec(lse, &[n])?])
             })
@@ -353,7 +353,7 @@ pub(super) fn backward(
     })
 }
 
-/// f32 or f64 to f64 (a generic helper so the dispatch macro's f64 arm needs no cast).
-fn weft_to_f64<T: crate::dtype::Element>(v: T) -> f64 {
+/// f32 or f64 as f64 (generic, so the dispatch macro's f64 arm needs no `as` cast).
+fn as_f64<T: crate::dtype::Element>(v: T) -> f64 {
     v.to_f64()
 }

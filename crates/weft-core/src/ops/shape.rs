@@ -103,10 +103,7 @@ impl Tensor {
 
     /// A row-major copy with its own storage, always (not recorded by autograd).
     pub fn contiguous_copy(&self) -> Result<Tensor> {
-        Ok(Tensor::from_storage(
-            self.0.storage.read().gather(self.layout()),
-            self.shape(),
-        ))
+        Ok(Tensor::from_storage(self.contiguous_storage(), self.shape()))
     }
 
     /// Concatenates along `dim`; all other dims must agree.
@@ -242,21 +239,15 @@ fn cat_forward(inputs: &[&Tensor], dim: usize) -> Tensor {
     let outer = numel(&shape[..dim]);
     let parts: Vec<CpuStorage> = inputs.iter().map(|t| t.contiguous_storage()).collect();
     let chunks: Vec<usize> = inputs.iter().map(|t| numel(&t.shape()[dim..])).collect();
-    fn go<T: StorageElement>(parts: &[CpuStorage], chunks: &[usize], outer: usize) -> CpuStorage {
-        let total: usize = chunks.iter().sum();
-        let mut out = Vec::with_capacity(total * outer);
+    let data = crate::dtype_dispatch!(parts[0].dtype(), T => {
+        let slices: Vec<&[T]> = parts.iter().map(|p| T::slice(p).expect("dtypes checked")).collect();
+        let mut out = Vec::with_capacity(numel(&shape));
         for o in 0..outer {
-            for (p, &c) in parts.iter().zip(chunks) {
-                out.extend_from_slice(&T::slice(p).expect("dtypes checked")[o * c..(o + 1) * c]);
+            for (s, &c) in slices.iter().zip(&chunks) {
+                out.extend_from_slice(&s[o * c..(o + 1) * c]);
             }
         }
         T::wrap(out)
-    }
-    let data = crate::with_storage!(&parts[0], v => {
-        fn elem<T: StorageElement>(_: &[T], parts: &[CpuStorage], chunks: &[usize], outer: usize) -> CpuStorage {
-            go::<T>(parts, chunks, outer)
-        }
-        elem(v, &parts, &chunks, outer)
     });
     Tensor::from_storage(data, &shape)
 }
