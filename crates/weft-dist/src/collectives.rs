@@ -1,0 +1,372 @@
+//! The collective algorithms, on the raw bytes of one buffer per rank, over the mesh.
+//!
+//! Choice by size (as Gloo chooses): small all-reduces use recursive doubling (power-of-two
+//! groups) or a binomial reduce plus broadcast; large ones a ring reduce-scatter then ring
+//! all-gather, moving `2 (n-1)/n` of the buffer per rank, with each ring step sent in segments
+//! so the receiver reduces one segment while the next is on the wire. Broadcast is a binomial tree
+//! when small and a pipelined chain when large. Every algorithm leaves bitwise-identical results
+//! on every rank (each element's final value is computed once and copied, or computed with the
+//! same commutative pairs).
+
+use weft_core::DType;
+
+use crate::error::{Error, Result};
+use crate::mesh::{Header, Mesh};
+use crate::reduce::{copy_into, dtype_code, dtype_name, reduce_into, scale_avg, ReduceOp};
+
+/// Up to this many bytes an all-reduce or broadcast counts as small (latency-bound).
+pub(crate) const SMALL_BYTES: usize = 64 << 10;
+/// Largest frame a large transfer is cut into.
+pub(crate) const SEGMENT_BYTES: usize = 1 << 20;
+
+/// Operation codes carried in every frame's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    AllReduce = 1,
+    ReduceScatter = 2,
+    AllGather = 3,
+    Broadcast = 4,
+    Reduce = 5,
+    AllToAll = 6,
+    Barrier = 7,
+    Send = 8,
+}
+
+const KIND_NAMES: [&str; 9] = [
+    "?",
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "barrier",
+    "send",
+];
+
+pub(crate) fn op_code(kind: Kind, reduce: Option<ReduceOp>) -> u8 {
+    (kind as u8) << 3 | reduce.map_or(0, |r| r.code())
+}
+
+/// `all_reduce(sum, f32 x 1024)` from a header's fields.
+pub(crate) fn describe(op: u8, dtype: u8, count: u64) -> String {
+    let kind = KIND_NAMES.get((op >> 3) as usize).copied().unwrap_or("?");
+    let red = match (op >> 3, op & 7) {
+        (1 | 2 | 5, 0) => "sum, ",
+        (1 | 2 | 5, 1) => "avg, ",
+        (1 | 2 | 5, 2) => "max, ",
+        (1 | 2 | 5, 3) => "min, ",
+        _ => "",
+    };
+    format!("{kind}({red}{} x {count})", dtype_name(dtype))
+}
+
+/// One collective call in flight: who takes part and what every frame must say.
+pub(crate) struct Ctx<'a> {
+    pub mesh: &'a Mesh,
+    /// Global ranks of the group, in group order.
+    pub ranks: &'a [usize],
+    /// This rank's index in `ranks`.
+    pub me: usize,
+    pub group: u32,
+    pub stream: u64,
+    pub seq: u64,
+    pub op: u8,
+    pub dtype: DType,
+    pub count: u64,
+}
+
+impl Ctx<'_> {
+    fn n(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn esize(&self) -> usize {
+        self.dtype.size_in_bytes()
+    }
+
+    fn header(&self) -> Header {
+        Header {
+            stream: self.stream,
+            seq: self.seq,
+            op: self.op,
+            dtype: dtype_code(self.dtype),
+            count: self.count,
+        }
+    }
+
+    /// This call, for messages: `all_reduce(sum, f32 x 1024) #7 of group 0`.
+    pub fn what(&self) -> String {
+        format!(
+            "{} #{} of group {}",
+            describe(self.op, dtype_code(self.dtype), self.count),
+            self.seq,
+            self.group
+        )
+    }
+
+    fn send(&self, to: usize, payload: &[u8]) -> Result<()> {
+        self.mesh.send(self.ranks[to], &self.header(), payload)
+    }
+
+    /// The next frame from group rank `from`, which must belong to this very call.
+    fn recv(&self, from: usize) -> Result<Vec<u8>> {
+        let peer = self.ranks[from];
+        let f = self.mesh.recv(peer, self.stream, |_| true, &self.what())?;
+        let (mine, theirs) = (self.header(), f.header);
+        if theirs != mine {
+            return Err(Error::Mismatch(format!(
+                "mismatched collectives: rank {} called {}, but rank {peer} called {} #{} at that point",
+                self.mesh.rank,
+                self.what(),
+                describe(theirs.op, theirs.dtype, theirs.count),
+                theirs.seq
+            )));
+        }
+        Ok(f.payload)
+    }
+
+    fn send_segments(&self, to: usize, buf: &[u8]) -> Result<()> {
+        for seg in segments(buf.len(), self.esize()) {
+            self.send(to, &buf[seg])?;
+        }
+        Ok(())
+    }
+
+    fn recv_segments(&self, from: usize, dst: &mut [u8], reduce: Option<ReduceOp>) -> Result<()> {
+        for seg in segments(dst.len(), self.esize()) {
+            let p = self.recv(from)?;
+            self.absorb(&mut dst[seg], &p, from, reduce)?;
+        }
+        Ok(())
+    }
+
+    fn absorb(&self, dst: &mut [u8], src: &[u8], from: usize, reduce: Option<ReduceOp>) -> Result<()> {
+        let peer = self.ranks[from];
+        match reduce {
+            Some(op) => reduce_into(dst, src, self.dtype, op, peer),
+            None => copy_into(dst, src, self.dtype, peer),
+        }
+    }
+
+    /// Sends `buf[send]` to `to` while receiving `buf[recv]` from `from` (disjoint ranges),
+    /// segment by segment.
+    fn exchange(
+        &self,
+        buf: &mut [u8],
+        send: std::ops::Range<usize>,
+        to: usize,
+        recv: std::ops::Range<usize>,
+        from: usize,
+        reduce: Option<ReduceOp>,
+    ) -> Result<()> {
+        let ss = segments(send.len(), self.esize());
+        let rs = segments(recv.len(), self.esize());
+        for i in 0..ss.len().max(rs.len()) {
+            if let Some(s) = ss.get(i) {
+                self.send(to, &buf[send.start + s.start..send.start + s.end])?;
+            }
+            if let Some(r) = rs.get(i) {
+                let p = self.recv(from)?;
+                self.absorb(&mut buf[recv.start + r.start..recv.start + r.end], &p, from, reduce)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Byte ranges of at most [`SEGMENT_BYTES`] (whole elements) covering `len` bytes; one empty
+/// range for an empty buffer, so that both sides exchange exactly one frame.
+fn segments(len: usize, esize: usize) -> Vec<std::ops::Range<usize>> {
+    let step = (SEGMENT_BYTES / esize).max(1) * esize;
+    if len == 0 {
+        return vec![0..0];
+    }
+    (0..len).step_by(step).map(|s| s..(s + step).min(len)).collect()
+}
+
+/// Byte range of chunk `i` when `count` elements are cut into `n` nearly equal chunks.
+fn chunk(i: usize, n: usize, count: usize, esize: usize) -> std::ops::Range<usize> {
+    (i * count / n) * esize..((i + 1) * count / n) * esize
+}
+
+pub(crate) fn all_reduce(c: &Ctx, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+    let n = c.n();
+    if n > 1 {
+        if buf.len() <= SMALL_BYTES {
+            if n.is_power_of_two() {
+                recursive_doubling(c, buf, op)?;
+            } else {
+                reduce(c, buf, 0, op)?;
+                broadcast(c, buf, 0)?;
+            }
+        } else {
+            ring_reduce_scatter(c, buf, op)?;
+            let (count, es) = (buf.len() / c.esize(), c.esize());
+            ring_all_gather(c, buf, |i| chunk(i, n, count, es))?;
+        }
+    }
+    if op == ReduceOp::Avg {
+        scale_avg(buf, c.dtype, n);
+    }
+    Ok(())
+}
+
+fn recursive_doubling(c: &Ctx, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+    let mut mask = 1;
+    while mask < c.n() {
+        let partner = c.me ^ mask;
+        c.send(partner, buf)?;
+        let p = c.recv(partner)?;
+        c.absorb(buf, &p, partner, Some(op))?;
+        mask <<= 1;
+    }
+    Ok(())
+}
+
+/// Ring reduce-scatter in place: afterwards chunk `me` of `buf` holds the reduction of every
+/// rank's chunk `me` (other chunks hold partial sums).
+fn ring_reduce_scatter(c: &Ctx, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+    let (n, me, es) = (c.n(), c.me, c.esize());
+    let count = buf.len() / es;
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    for s in 0..n - 1 {
+        let send = chunk((me + 2 * n - s - 1) % n, n, count, es);
+        let recv = chunk((me + 2 * n - s - 2) % n, n, count, es);
+        c.exchange(buf, send, next, recv, prev, Some(op))?;
+    }
+    Ok(())
+}
+
+/// Ring all-gather in place: chunk `i` (byte range `range(i)`) of `buf` starts valid on rank
+/// `i` only and ends valid everywhere.
+fn ring_all_gather(c: &Ctx, buf: &mut [u8], range: impl Fn(usize) -> std::ops::Range<usize>) -> Result<()> {
+    let (n, me) = (c.n(), c.me);
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    for s in 0..n - 1 {
+        let send = range((me + n - s) % n);
+        let recv = range((me + 2 * n - s - 1) % n);
+        c.exchange(buf, send, next, recv, prev, None)?;
+    }
+    Ok(())
+}
+
+/// `input` (`n` chunks of `out.len()` bytes, used as scratch) reduced chunk-wise; chunk `me`
+/// lands in `out`.
+pub(crate) fn reduce_scatter(c: &Ctx, input: &mut [u8], out: &mut [u8], op: ReduceOp) -> Result<()> {
+    let n = c.n();
+    if n > 1 {
+        ring_reduce_scatter(c, input, op)?;
+    }
+    let k = out.len();
+    out.copy_from_slice(&input[c.me * k..(c.me + 1) * k]);
+    if op == ReduceOp::Avg {
+        scale_avg(out, c.dtype, n);
+    }
+    Ok(())
+}
+
+/// `buf` holds `n` chunks; this rank's own chunk is already in place.
+pub(crate) fn all_gather(c: &Ctx, buf: &mut [u8]) -> Result<()> {
+    let n = c.n();
+    if n == 1 {
+        return Ok(());
+    }
+    let k = buf.len() / n;
+    ring_all_gather(c, buf, |i| i * k..(i + 1) * k)
+}
+
+pub(crate) fn broadcast(c: &Ctx, buf: &mut [u8], root: usize) -> Result<()> {
+    let n = c.n();
+    if n == 1 {
+        return Ok(());
+    }
+    let rel = (c.me + n - root) % n;
+    let abs = |r: usize| (r + root) % n;
+    if buf.len() <= SMALL_BYTES {
+        // binomial tree: receive from the parent, then send to the children
+        let mut mask = 1;
+        while mask < n {
+            if rel & mask != 0 {
+                c.recv_segments(abs(rel - mask), buf, None)?;
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        while mask > 0 {
+            if rel + mask < n {
+                c.send_segments(abs(rel + mask), buf)?;
+            }
+            mask >>= 1;
+        }
+        return Ok(());
+    }
+    // pipelined chain root -> root+1 -> ...: each segment is forwarded as soon as it arrives
+    for seg in segments(buf.len(), c.esize()) {
+        if rel > 0 {
+            let p = c.recv(abs(rel - 1))?;
+            c.absorb(&mut buf[seg.clone()], &p, abs(rel - 1), None)?;
+        }
+        if rel + 1 < n {
+            c.send(abs(rel + 1), &buf[seg])?;
+        }
+    }
+    Ok(())
+}
+
+/// Binomial-tree reduction to `root` (the other ranks' buffers end with partial results).
+pub(crate) fn reduce(c: &Ctx, buf: &mut [u8], root: usize, op: ReduceOp) -> Result<()> {
+    let n = c.n();
+    let rel = (c.me + n - root) % n;
+    let abs = |r: usize| (r + root) % n;
+    let mut mask = 1;
+    while mask < n {
+        if rel & mask == 0 {
+            let src = rel | mask;
+            if src < n {
+                c.recv_segments(abs(src), buf, Some(op))?;
+            }
+        } else {
+            c.send_segments(abs(rel & !mask), buf)?;
+            break;
+        }
+        mask <<= 1;
+    }
+    Ok(())
+}
+
+/// Like [`reduce`], with the average taken on the root.
+pub(crate) fn reduce_to_root(c: &Ctx, buf: &mut [u8], root: usize, op: ReduceOp) -> Result<()> {
+    reduce(c, buf, root, op)?;
+    if op == ReduceOp::Avg && c.me == root {
+        scale_avg(buf, c.dtype, c.n());
+    }
+    Ok(())
+}
+
+/// Chunk `j` of `input` goes to rank `j`, whose chunk arrives in chunk `me` of its `out`.
+pub(crate) fn all_to_all(c: &Ctx, input: &[u8], out: &mut [u8]) -> Result<()> {
+    let n = c.n();
+    let k = input.len() / n;
+    for j in (1..n).map(|d| (c.me + d) % n) {
+        c.send_segments(j, &input[j * k..(j + 1) * k])?;
+    }
+    out[c.me * k..(c.me + 1) * k].copy_from_slice(&input[c.me * k..(c.me + 1) * k]);
+    for j in (1..n).map(|d| (c.me + n - d) % n) {
+        c.recv_segments(j, &mut out[j * k..(j + 1) * k], None)?;
+    }
+    Ok(())
+}
+
+/// Dissemination barrier: log2(n) rounds of one empty message.
+pub(crate) fn barrier(c: &Ctx) -> Result<()> {
+    let n = c.n();
+    let mut dist = 1;
+    while dist < n {
+        c.send((c.me + dist) % n, &[])?;
+        c.recv((c.me + n - dist) % n)?;
+        dist *= 2;
+    }
+    Ok(())
+}

@@ -1,0 +1,502 @@
+//! Process groups: the collective and point-to-point operations on tensors, each returning a
+//! [`Work`] handle.
+//!
+//! Each group runs its collectives, in call order, on its own thread, so a caller can start one
+//! (an all-reduce of a gradient bucket, say) and go on computing until it calls [`Work::wait`].
+//! Every rank of the group must call the same collectives in the same order, as with
+//! `torch.distributed`; each message carries the call's sequence number, op, dtype and element
+//! count, and a rank that receives something else stops with an error naming both calls. Sends
+//! run on a second thread per group; a receive completes when its message has arrived and
+//! `wait` is called (messages are taken off the socket as soon as they arrive).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use weft_core::{DType, Tensor};
+
+use crate::collectives::{self as algo, describe, op_code, Ctx, Kind};
+use crate::error::{Error, Result};
+use crate::mesh::{Header, Mesh, MAX_FRAME};
+use crate::reduce::{check_op, copy_into, dtype_code, ReduceOp};
+use crate::store::{StoreClient, StoreServer};
+
+type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// What every group of a process shares: the connections, and whether any operation failed.
+pub(crate) struct World {
+    pub mesh: Mesh,
+    pub store: Option<StoreClient>,
+    pub _server: Option<StoreServer>,
+    next_group: AtomicU32,
+    broken: Mutex<Option<String>>,
+}
+
+impl World {
+    pub fn new(mesh: Mesh, store: Option<StoreClient>, server: Option<StoreServer>) -> World {
+        World {
+            mesh,
+            store,
+            _server: server,
+            next_group: AtomicU32::new(1),
+            broken: Mutex::new(None),
+        }
+    }
+}
+
+/// A set of ranks that communicate; see the module docs.
+#[derive(Clone)]
+pub struct ProcessGroup {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: u32,
+    ranks: Vec<usize>,
+    me: usize,
+    world: Arc<World>,
+    /// Collective jobs with their sequence numbers (assigned in call order under this lock).
+    collectives: Mutex<(mpsc::Sender<Job>, u64)>,
+    sends: Mutex<mpsc::Sender<Job>>,
+    /// Next sequence number per (peer, tag), for sends and for receives.
+    send_seq: Mutex<HashMap<(usize, u32), u64>>,
+    recv_seq: Mutex<HashMap<(usize, u32), u64>>,
+}
+
+/// A pending operation. Dropping it without waiting lets the operation finish unobserved.
+#[must_use = "an operation's errors surface only through wait()"]
+pub struct Work {
+    kind: WorkKind,
+}
+
+enum WorkKind {
+    Queued(mpsc::Receiver<Result<()>>, String),
+    Deferred(Job),
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            WorkKind::Queued(_, what) => write!(f, "Work({what})"),
+            WorkKind::Deferred(_) => f.write_str("Work(recv)"),
+        }
+    }
+}
+
+impl Work {
+    /// Blocks until the operation has finished on this rank; its error, if any.
+    pub fn wait(self) -> Result<()> {
+        match self.kind {
+            WorkKind::Queued(rx, what) => rx
+                .recv()
+                .unwrap_or_else(|_| Err(Error::PeerFailed(format!("{what}: the group's thread is gone")))),
+            WorkKind::Deferred(f) => f(),
+        }
+    }
+}
+
+fn spawn_worker(name: String, world: Arc<World>) -> Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            for job in rx {
+                let _ = job();
+            }
+            drop(world);
+        })
+        .map_err(|e| Error::Io(format!("cannot start a communication thread: {e}")))?;
+    Ok(tx)
+}
+
+/// The raw bytes of a contiguous tensor, mutably (bool bytes written here are checked 0/1).
+fn with_bytes_mut<R>(t: &Tensor, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
+    Ok(weft_core::dtype_dispatch!(t.dtype(), T => t.with_data_mut::<T, R>(|s| {
+        // SAFETY: every dtype is plain old data; callers write only validated bytes.
+        f(unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) })
+    })?))
+}
+
+fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
+    Ok(
+        weft_core::dtype_dispatch!(t.dtype(), T => t.with_data::<T, Vec<u8>>(|s| {
+        // SAFETY: reading any plain-old-data element as bytes is sound.
+        unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }.to_vec()
+    })?),
+    )
+}
+
+impl ProcessGroup {
+    pub(crate) fn new(world: Arc<World>, id: u32, ranks: Vec<usize>) -> Result<ProcessGroup> {
+        let me = ranks
+            .iter()
+            .position(|&r| r == world.mesh.rank)
+            .ok_or_else(|| Error::Invalid("this rank is not in the group".into()))?;
+        let rank = world.mesh.rank;
+        let collectives = spawn_worker(format!("weft-g{id}-r{rank}"), world.clone())?;
+        let sends = spawn_worker(format!("weft-g{id}-send-r{rank}"), world.clone())?;
+        Ok(ProcessGroup {
+            inner: Arc::new(Inner {
+                id,
+                ranks,
+                me,
+                world,
+                collectives: Mutex::new((collectives, 0)),
+                sends: Mutex::new(sends),
+                send_seq: Mutex::default(),
+                recv_seq: Mutex::default(),
+            }),
+        })
+    }
+
+    /// This process's rank in the group (0..size).
+    pub fn rank(&self) -> usize {
+        self.inner.me
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.inner.ranks.len()
+    }
+
+    /// The global ranks of the members, in group order.
+    pub fn ranks(&self) -> &[usize] {
+        &self.inner.ranks
+    }
+
+    /// The rendezvous store (None in a single-process job), for programs that need to agree on
+    /// small values outside collectives.
+    pub fn store(&self) -> Option<&StoreClient> {
+        self.inner.world.store.as_ref()
+    }
+
+    /// The global rank of this process.
+    pub fn global_rank(&self) -> usize {
+        self.inner.world.mesh.rank
+    }
+
+    /// A subgroup of the given global ranks (in that order), as `torch.distributed.new_group`:
+    /// every rank of the job must call this with the same ranks in the same order, members or
+    /// not; members get `Some`.
+    pub fn new_group(&self, ranks: &[usize]) -> Result<Option<ProcessGroup>> {
+        let world = &self.inner.world;
+        let id = world.next_group.fetch_add(1, Ordering::SeqCst);
+        let n = world.mesh.world;
+        let mut seen = vec![false; n];
+        for &r in ranks {
+            if r >= n || std::mem::replace(&mut seen[r], true) {
+                return Err(Error::Invalid(format!(
+                    "new_group({ranks:?}): ranks must be distinct and below the world size {n}"
+                )));
+            }
+        }
+        if ranks.is_empty() {
+            return Err(Error::Invalid("new_group: no ranks given".into()));
+        }
+        if !seen[world.mesh.rank] {
+            return Ok(None);
+        }
+        ProcessGroup::new(world.clone(), id, ranks.to_vec()).map(Some)
+    }
+
+    fn check_peer(&self, op: &str, r: usize) -> Result<()> {
+        if r >= self.size() {
+            return Err(Error::Invalid(format!(
+                "{op}: rank {r} is not in this group of {} ranks",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Queues a collective: `f` runs on the group's thread with the call's context.
+    fn collective(
+        &self,
+        kind: Kind,
+        reduce: Option<ReduceOp>,
+        dtype: DType,
+        count: usize,
+        f: impl FnOnce(&Ctx) -> Result<()> + Send + 'static,
+    ) -> Result<Work> {
+        let inner = self.inner.clone();
+        let op = op_code(kind, reduce);
+        let mut q = self.inner.collectives.lock().unwrap();
+        let seq = q.1;
+        q.1 += 1;
+        let what = format!(
+            "rank {}: {} #{seq} of group {}",
+            self.global_rank(),
+            describe(op, dtype_code(dtype), count as u64),
+            self.inner.id
+        );
+        let (tx, rx) = mpsc::channel();
+        let job: Job = Box::new(move || {
+            let world = &inner.world;
+            let broken = world.broken.lock().unwrap().clone();
+            let r = match broken {
+                Some(why) => Err(Error::PeerFailed(format!(
+                    "rank {}: communication stopped after an earlier failure: {why}",
+                    world.mesh.rank
+                ))),
+                None => {
+                    let ctx = Ctx {
+                        mesh: &world.mesh,
+                        ranks: &inner.ranks,
+                        me: inner.me,
+                        group: inner.id,
+                        stream: (inner.id as u64) << 32,
+                        seq,
+                        op,
+                        dtype,
+                        count: count as u64,
+                    };
+                    let r = f(&ctx);
+                    if let Err(e) = &r {
+                        let msg = e.to_string();
+                        world.broken.lock().unwrap().get_or_insert(msg.clone());
+                        world.mesh.abort(&msg);
+                    }
+                    r
+                }
+            };
+            let _ = tx.send(r);
+            Ok(())
+        });
+        q.0.send(job)
+            .map_err(|_| Error::PeerFailed(format!("{what}: the group's thread is gone")))?;
+        Ok(Work {
+            kind: WorkKind::Queued(rx, what),
+        })
+    }
+
+    /// Reduces `t` across the group in place; every rank ends with the result.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        check_contiguous("all_reduce", t)?;
+        check_op(op, t.dtype())?;
+        let t2 = t.clone();
+        self.collective(Kind::AllReduce, Some(op), t.dtype(), t.numel(), move |c| {
+            with_bytes_mut(&t2, |b| algo::all_reduce(c, b, op))?
+        })
+    }
+
+    /// `output` (`n` elements... of `input.numel() / size`) receives this rank's chunk of the
+    /// chunk-wise reduction of every rank's `input` (as `reduce_scatter_tensor`).
+    pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
+        check_contiguous("reduce_scatter", output)?;
+        check_pair(
+            "reduce_scatter",
+            output,
+            input,
+            output.numel() * self.size(),
+            input.numel(),
+            "input",
+        )?;
+        check_op(op, input.dtype())?;
+        let (o, i) = (output.clone(), input.clone());
+        self.collective(Kind::ReduceScatter, Some(op), input.dtype(), input.numel(), move |c| {
+            let mut scratch = bytes_of(&i)?;
+            with_bytes_mut(&o, |b| algo::reduce_scatter(c, &mut scratch, b, op))?
+        })
+    }
+
+    /// `output` (`size` chunks of `input.numel()`) receives every rank's `input` in rank order
+    /// (as `all_gather_into_tensor`).
+    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        check_contiguous("all_gather", output)?;
+        check_pair(
+            "all_gather",
+            output,
+            input,
+            input.numel() * self.size(),
+            output.numel(),
+            "output",
+        )?;
+        let (o, i, me) = (output.clone(), input.clone(), self.rank());
+        self.collective(Kind::AllGather, None, input.dtype(), output.numel(), move |c| {
+            let mine = bytes_of(&i)?;
+            with_bytes_mut(&o, |b| {
+                let k = mine.len();
+                b[me * k..(me + 1) * k].copy_from_slice(&mine);
+                algo::all_gather(c, b)
+            })?
+        })
+    }
+
+    /// Copies `t` from group rank `root` to every rank.
+    pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<Work> {
+        check_contiguous("broadcast", t)?;
+        self.check_peer("broadcast", root)?;
+        let t2 = t.clone();
+        self.collective(Kind::Broadcast, None, t.dtype(), t.numel(), move |c| {
+            with_bytes_mut(&t2, |b| algo::broadcast(c, b, root))?
+        })
+    }
+
+    /// Reduces `t` onto group rank `root` (other ranks' `t` end with partial results, as
+    /// Gloo's).
+    pub fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<Work> {
+        check_contiguous("reduce", t)?;
+        self.check_peer("reduce", root)?;
+        check_op(op, t.dtype())?;
+        let t2 = t.clone();
+        self.collective(Kind::Reduce, Some(op), t.dtype(), t.numel(), move |c| {
+            with_bytes_mut(&t2, |b| algo::reduce_to_root(c, b, root, op))?
+        })
+    }
+
+    /// Chunk `j` of `input` (`size` equal chunks) goes to rank `j`; `output` chunk `j` comes
+    /// from rank `j` (as `all_to_all_single` with equal splits).
+    pub fn all_to_all(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        check_contiguous("all_to_all", output)?;
+        check_pair("all_to_all", output, input, input.numel(), output.numel(), "output")?;
+        if input.numel() % self.size() != 0 {
+            return Err(Error::Invalid(format!(
+                "all_to_all: {} elements do not split evenly across {} ranks",
+                input.numel(),
+                self.size()
+            )));
+        }
+        let (o, i) = (output.clone(), input.clone());
+        self.collective(Kind::AllToAll, None, input.dtype(), input.numel(), move |c| {
+            let inp = bytes_of(&i)?;
+            with_bytes_mut(&o, |b| algo::all_to_all(c, &inp, b))?
+        })
+    }
+
+    /// Returns once every rank of the group has called it.
+    pub fn barrier(&self) -> Result<Work> {
+        self.collective(Kind::Barrier, None, DType::U8, 0, algo::barrier)
+    }
+
+    fn p2p_stream(&self, tag: u32) -> u64 {
+        (self.inner.id as u64) << 32 | 1 << 31 | tag as u64
+    }
+
+    fn check_tag(tag: u32) -> Result<()> {
+        if tag >= 1 << 31 {
+            return Err(Error::Invalid(format!("tag {tag} is too large (below 2^31)")));
+        }
+        Ok(())
+    }
+
+    /// Sends `t` to group rank `dst` under `tag`. Messages with one (peer, tag) arrive in order.
+    pub fn send(&self, t: &Tensor, dst: usize, tag: u32) -> Result<Work> {
+        self.check_peer("send", dst)?;
+        Self::check_tag(tag)?;
+        if dst == self.rank() {
+            return Err(Error::Invalid(format!("send: rank {dst} cannot send to itself")));
+        }
+        let bytes = t.numel() * t.dtype().size_in_bytes();
+        if bytes as u64 > MAX_FRAME {
+            return Err(Error::Invalid(format!(
+                "send: {bytes} bytes exceed the message limit of {MAX_FRAME}"
+            )));
+        }
+        let seq = {
+            let mut s = self.inner.send_seq.lock().unwrap();
+            let e = s.entry((dst, tag)).or_insert(0);
+            *e += 1;
+            *e - 1
+        };
+        let h = Header {
+            stream: self.p2p_stream(tag),
+            seq,
+            op: op_code(Kind::Send, None),
+            dtype: dtype_code(t.dtype()),
+            count: t.numel() as u64,
+        };
+        let (inner, t2) = (self.inner.clone(), t.clone());
+        let peer = self.inner.ranks[dst];
+        let (tx, rx) = mpsc::channel();
+        let what = format!("rank {}: send to rank {peer} (tag {tag})", self.global_rank());
+        let job: Job = Box::new(move || {
+            let r = bytes_of(&t2).and_then(|b| inner.world.mesh.send(peer, &h, &b));
+            let _ = tx.send(r);
+            Ok(())
+        });
+        self.inner
+            .sends
+            .lock()
+            .unwrap()
+            .send(job)
+            .map_err(|_| Error::PeerFailed(format!("{what}: the group's thread is gone")))?;
+        Ok(Work {
+            kind: WorkKind::Queued(rx, what),
+        })
+    }
+
+    /// Receives into `t` the next message from group rank `src` under `tag`; the data lands in
+    /// `t` when [`Work::wait`] is called. The message must have `t`'s dtype and size.
+    pub fn recv(&self, t: &Tensor, src: usize, tag: u32) -> Result<Work> {
+        self.check_peer("recv", src)?;
+        Self::check_tag(tag)?;
+        check_contiguous("recv", t)?;
+        if src == self.rank() {
+            return Err(Error::Invalid(format!("recv: rank {src} cannot receive from itself")));
+        }
+        let seq = {
+            let mut s = self.inner.recv_seq.lock().unwrap();
+            let e = s.entry((src, tag)).or_insert(0);
+            *e += 1;
+            *e - 1
+        };
+        let (inner, t2, stream) = (self.inner.clone(), t.clone(), self.p2p_stream(tag));
+        let peer = self.inner.ranks[src];
+        Ok(Work {
+            kind: WorkKind::Deferred(Box::new(move || {
+                let mesh = &inner.world.mesh;
+                let what = format!("recv from rank {peer} (tag {tag}, message #{seq})");
+                let f = mesh.recv(peer, stream, |h| h.seq == seq, &what)?;
+                let (dt, n) = (dtype_code(t2.dtype()), t2.numel() as u64);
+                if f.header.dtype != dt || f.header.count != n {
+                    return Err(Error::Mismatch(format!(
+                        "rank {}: {what} expects {}, but rank {peer} sent {}",
+                        mesh.rank,
+                        describe(f.header.op, dt, n),
+                        describe(f.header.op, f.header.dtype, f.header.count)
+                    )));
+                }
+                with_bytes_mut(&t2, |b| copy_into(b, &f.payload, t2.dtype(), peer))?
+            })),
+        })
+    }
+}
+
+fn check_contiguous(op: &str, t: &Tensor) -> Result<()> {
+    if !t.is_contiguous() {
+        return Err(Error::Invalid(format!(
+            "{op}: the tensor of shape {:?} must be contiguous (call .contiguous() first)",
+            t.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks dtypes agree and that `got` elements equal `want` (naming the `which` tensor).
+fn check_pair(op: &str, output: &Tensor, input: &Tensor, want: usize, got: usize, which: &str) -> Result<()> {
+    if output.dtype() != input.dtype() {
+        return Err(Error::Invalid(format!(
+            "{op}: output is {:?} but input is {:?}",
+            output.dtype(),
+            input.dtype()
+        )));
+    }
+    if want != got {
+        return Err(Error::Invalid(format!(
+            "{op}: {which} has {got} elements, expected {want} (output {:?}, input {:?})",
+            output.shape(),
+            input.shape()
+        )));
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ProcessGroup(id {}, rank {} of {:?})",
+            self.inner.id, self.inner.me, self.inner.ranks
+        )
+    }
+}

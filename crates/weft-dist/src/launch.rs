@@ -1,0 +1,1 @@
+//! Starting and watching the workers of a job (`weft launch`).

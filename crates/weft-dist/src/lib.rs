@@ -1,0 +1,38 @@
+//! weft's communication runtime: process groups with collectives and point-to-point messages
+//! between ranks (one process per rank), the rendezvous store, and the launcher behind
+//! `weft launch`.
+//!
+//! A program joins its job with [`init`], which returns the group of all ranks:
+//!
+//! ```no_run
+//! # fn main() -> weft_dist::Result<()> {
+//! let world = weft_dist::init()?;
+//! let t = weft_core::Tensor::from_vec(vec![world.rank() as f32; 4], &[4])?;
+//! world.all_reduce(&t, weft_dist::ReduceOp::Sum)?.wait()?;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: [`env`] (who this rank is), [`auth`] (job token, handshake), [`store`] (rendezvous
+//! key-value store), [`group`] (process groups and their operations), [`launch`] (starting and
+//! watching workers); the transport (`mesh`) and the algorithms (`collectives`) are internal.
+
+#[cfg(target_endian = "big")]
+compile_error!("weft-dist sends tensors in the machine's byte order and supports little-endian hosts only");
+
+pub mod auth;
+mod collectives;
+pub mod env;
+pub mod error;
+pub mod group;
+mod init;
+pub mod launch;
+mod mesh;
+mod reduce;
+pub mod store;
+mod wire;
+
+pub use auth::Token;
+pub use error::{Error, Result};
+pub use group::{ProcessGroup, Work};
+pub use init::{init, init_with, timeout_from_env, DEFAULT_TIMEOUT};
+pub use reduce::ReduceOp;

@@ -1,0 +1,348 @@
+//! TCP connections between every pair of ranks, and the inbox their messages land in.
+//!
+//! Each rank listens on a free port and publishes `ip:port` in the store; rank `j` connects to
+//! every rank `i < j` and, after the token handshake, says who it is. One reader thread per peer
+//! drains its socket into the inbox, keyed by (sender, stream), so sends never wait for the
+//! receiver to be ready and a ring step (send right, receive left) cannot deadlock. A closed
+//! connection or an abort message marks the peer failed, and anyone waiting on it gets an error
+//! naming it instead of hanging; waits end after the job's timeout.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::auth::{client_handshake, server_handshake, Token};
+use crate::error::{io, Error, Result};
+use crate::store::StoreClient;
+
+const ROLE: &str = "mesh";
+/// Stream id of abort notices.
+const ABORT: u64 = u64::MAX;
+/// Largest single frame accepted from a peer (collectives send large tensors in segments).
+pub(crate) const MAX_FRAME: u64 = 1 << 31;
+
+/// The fixed part of every message: which stream it belongs to and what the sender was doing,
+/// so a receiver can check it matches what it expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// `group id << 32 | channel` (see `group`).
+    pub stream: u64,
+    /// The sender's sequence number of the operation in its stream.
+    pub seq: u64,
+    /// Operation code (see `group::OpCode`).
+    pub op: u8,
+    /// dtype code.
+    pub dtype: u8,
+    /// The operation's element count (the same on every rank for collectives).
+    pub count: u64,
+}
+
+const HEADER_BYTES: usize = 8 + 8 + 1 + 1 + 8 + 8;
+
+pub(crate) struct Frame {
+    pub header: Header,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Default)]
+struct InboxState {
+    queues: HashMap<(usize, u64), VecDeque<Frame>>,
+    failed: HashMap<usize, String>,
+    aborted: Option<String>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    state: Mutex<InboxState>,
+    arrived: Condvar,
+}
+
+/// Every connection of this rank.
+pub(crate) struct Mesh {
+    pub rank: usize,
+    pub world: usize,
+    pub timeout: Duration,
+    writers: Vec<Option<Mutex<TcpStream>>>,
+    inbox: Arc<Inbox>,
+}
+
+fn write_frame(w: &mut impl Write, h: &Header, payload: &[u8]) -> std::io::Result<()> {
+    let mut b = [0u8; HEADER_BYTES];
+    b[0..8].copy_from_slice(&h.stream.to_le_bytes());
+    b[8..16].copy_from_slice(&h.seq.to_le_bytes());
+    b[16] = h.op;
+    b[17] = h.dtype;
+    b[18..26].copy_from_slice(&h.count.to_le_bytes());
+    b[26..34].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    w.write_all(&b)?;
+    w.write_all(payload)
+}
+
+fn read_frame(r: &mut impl Read) -> std::io::Result<Frame> {
+    let mut b = [0u8; HEADER_BYTES];
+    r.read_exact(&mut b)?;
+    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let len = u(26);
+    if len > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds the limit of {MAX_FRAME}"),
+        ));
+    }
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload)?;
+    Ok(Frame {
+        header: Header {
+            stream: u(0),
+            seq: u(8),
+            op: b[16],
+            dtype: b[17],
+            count: u(18),
+        },
+        payload,
+    })
+}
+
+impl Mesh {
+    /// A mesh of one rank: no connections.
+    pub fn single() -> Mesh {
+        Mesh {
+            rank: 0,
+            world: 1,
+            timeout: Duration::from_secs(300),
+            writers: vec![None],
+            inbox: Arc::default(),
+        }
+    }
+
+    /// Connects this rank to every other through `store` (keys under `prefix`).
+    pub fn connect(
+        rank: usize,
+        world: usize,
+        store: &StoreClient,
+        token: &Token,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<Mesh> {
+        let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| io("cannot open a listening socket", e))?;
+        let port = listener.local_addr().map_err(|e| io("listening socket", e))?.port();
+        let ip = std::env::var("WEFT_ADVERTISE_ADDR")
+            .ok()
+            .unwrap_or_else(|| store.local_ip().to_string());
+        store.set(&format!("{prefix}mesh/{rank}"), format!("{ip}:{port}").as_bytes())?;
+
+        // accept the higher ranks on a thread while connecting to the lower ones
+        let expected = world - 1 - rank;
+        let (tx, rx) = mpsc::channel::<(usize, TcpStream)>();
+        let token2 = token.clone();
+        if expected > 0 {
+            std::thread::Builder::new()
+                .name("weft-mesh-accept".into())
+                .spawn(move || accept_peers(listener, &token2, rank, world, expected, tx))
+                .map_err(|e| io("cannot start the accept thread", e))?;
+        }
+        let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
+            let addr = String::from_utf8_lossy(&store.get(&format!("{prefix}mesh/{peer}"), timeout)?).into_owned();
+            let sa: SocketAddr = addr
+                .parse()
+                .map_err(|_| Error::Io(format!("rank {peer} published a malformed address {addr:?}")))?;
+            let what = format!("rank {peer} at {addr}");
+            let mut s = TcpStream::connect_timeout(&sa, timeout).map_err(|e| io(format!("connecting to {what}"), e))?;
+            client_handshake(&mut s, token, ROLE, &what)?;
+            s.write_all(&(rank as u64).to_le_bytes()).map_err(|e| io(&what, e))?;
+            *slot = Some(s);
+        }
+        let deadline = Instant::now() + timeout;
+        for _ in 0..expected {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((peer, s)) => streams[peer] = Some(s),
+                Err(_) => {
+                    let missing: Vec<usize> = (rank + 1..world).filter(|&p| streams[p].is_none()).collect();
+                    return Err(Error::Timeout(format!(
+                        "rank {rank}: ranks {missing:?} did not connect within {:.0} s",
+                        timeout.as_secs_f64()
+                    )));
+                }
+            }
+        }
+        let inbox = Arc::new(Inbox::default());
+        let mut writers = Vec::with_capacity(world);
+        for (peer, s) in streams.into_iter().enumerate() {
+            let Some(s) = s else {
+                writers.push(None);
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            s.set_write_timeout(Some(timeout))
+                .map_err(|e| io(format!("rank {peer}"), e))?;
+            let r = s.try_clone().map_err(|e| io(format!("rank {peer}"), e))?;
+            let inbox = inbox.clone();
+            std::thread::Builder::new()
+                .name(format!("weft-mesh-rx{peer}"))
+                .spawn(move || read_peer(peer, r, &inbox))
+                .map_err(|e| io("cannot start a reader thread", e))?;
+            writers.push(Some(Mutex::new(s)));
+        }
+        Ok(Mesh {
+            rank,
+            world,
+            timeout,
+            writers,
+            inbox,
+        })
+    }
+
+    /// Sends one frame to `peer` (a global rank).
+    pub fn send(&self, peer: usize, h: &Header, payload: &[u8]) -> Result<()> {
+        let Some(w) = self.writers.get(peer).and_then(|w| w.as_ref()) else {
+            return Err(Error::Invalid(format!(
+                "rank {}: no connection to rank {peer}",
+                self.rank
+            )));
+        };
+        let mut w = w.lock().unwrap();
+        write_frame(&mut *w, h, payload)
+            .map_err(|e| Error::PeerFailed(format!("rank {}: sending to rank {peer} failed: {e}", self.rank)))
+    }
+
+    /// Waits for the next frame from `peer` on `stream` whose sequence number satisfies `want`
+    /// (frames arrive in order; `want` picks among queued ones). `what` describes the operation
+    /// for errors.
+    pub fn recv(&self, peer: usize, stream: u64, want: impl Fn(&Header) -> bool, what: &str) -> Result<Frame> {
+        let deadline = Instant::now() + self.timeout;
+        let mut st = self.inbox.state.lock().unwrap();
+        loop {
+            if let Some(q) = st.queues.get_mut(&(peer, stream)) {
+                if let Some(i) = q.iter().position(|f| want(&f.header)) {
+                    return Ok(q.remove(i).expect("found"));
+                }
+            }
+            if let Some(why) = &st.aborted {
+                return Err(Error::PeerFailed(format!("rank {}: {what} aborted: {why}", self.rank)));
+            }
+            if let Some(why) = st.failed.get(&peer) {
+                return Err(Error::PeerFailed(format!(
+                    "rank {}: {what} failed: rank {peer} {why}",
+                    self.rank
+                )));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(format!(
+                    "rank {}: {what} timed out after {:.0} s waiting for rank {peer}",
+                    self.rank,
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            st = self.inbox.arrived.wait_timeout(st, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Tells every peer this rank gave up (so they fail at once instead of at their timeout),
+    /// with `reason`.
+    pub fn abort(&self, reason: &str) {
+        let h = Header {
+            stream: ABORT,
+            seq: 0,
+            op: 0,
+            dtype: 0,
+            count: 0,
+        };
+        for (peer, w) in self.writers.iter().enumerate() {
+            if let Some(w) = w {
+                if let Ok(mut w) = w.try_lock() {
+                    let _ = write_frame(&mut *w, &h, reason.as_bytes());
+                } else {
+                    // a send is stuck on this peer; it fails by itself at the write timeout
+                    let _ = peer;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        for w in self.writers.iter().flatten() {
+            if let Ok(w) = w.lock() {
+                let _ = w.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+fn accept_peers(
+    listener: TcpListener,
+    token: &Token,
+    rank: usize,
+    world: usize,
+    expected: usize,
+    tx: mpsc::Sender<(usize, TcpStream)>,
+) {
+    let mut seen = vec![false; world];
+    let mut got = 0;
+    for conn in listener.incoming() {
+        let Ok(mut s) = conn else { continue };
+        let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        if let Err(e) = server_handshake(&mut s, token, ROLE) {
+            eprintln!("weft: rank {rank} refused a connection from {from}: {e}");
+            continue;
+        }
+        let mut b = [0u8; 8];
+        let _ = s.set_read_timeout(Some(crate::auth::HANDSHAKE_TIMEOUT));
+        let peer = match s.read_exact(&mut b) {
+            Ok(()) => u64::from_le_bytes(b) as usize,
+            Err(e) => {
+                eprintln!("weft: rank {rank}: a peer from {from} did not say its rank: {e}");
+                continue;
+            }
+        };
+        let _ = s.set_read_timeout(None);
+        if peer <= rank || peer >= world || seen[peer] {
+            eprintln!("weft: rank {rank} refused a connection from {from} claiming rank {peer}");
+            continue;
+        }
+        seen[peer] = true;
+        if tx.send((peer, s)).is_err() {
+            return;
+        }
+        got += 1;
+        if got == expected {
+            return;
+        }
+    }
+}
+
+fn read_peer(peer: usize, s: TcpStream, inbox: &Inbox) {
+    let mut r = BufReader::with_capacity(1 << 16, s);
+    loop {
+        match read_frame(&mut r) {
+            Ok(f) if f.header.stream == ABORT => {
+                let why = String::from_utf8_lossy(&f.payload).into_owned();
+                let mut st = inbox.state.lock().unwrap();
+                st.aborted.get_or_insert(format!("rank {peer} gave up: {why}"));
+                inbox.arrived.notify_all();
+            }
+            Ok(f) => {
+                let mut st = inbox.state.lock().unwrap();
+                st.queues.entry((peer, f.header.stream)).or_default().push_back(f);
+                inbox.arrived.notify_all();
+            }
+            Err(e) => {
+                let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    "closed its connection (its process exited or was killed)".to_string()
+                } else {
+                    format!("connection broke: {e}")
+                };
+                let mut st = inbox.state.lock().unwrap();
+                st.failed.entry(peer).or_insert(why);
+                inbox.arrived.notify_all();
+                return;
+            }
+        }
+    }
+}

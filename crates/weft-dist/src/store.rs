@@ -1,0 +1,246 @@
+//! The rendezvous key-value store (torchrun's c10d store): served by the launcher, or by rank 0
+//! when ranks start without it (Slurm, mpirun), at `MASTER_ADDR:MASTER_PORT`. Ranks publish their
+//! addresses in it and wait for each other's. Every connection first passes the token handshake
+//! ([`crate::auth`]); one that fails is refused and logged, and the store goes on serving.
+//!
+//! Protocol after the handshake: requests `[op u8][key bytes][value bytes]`, replies
+//! `[status u8][value bytes]` (byte strings length-prefixed, see `wire`).
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::auth::{client_handshake, server_handshake, Token};
+use crate::error::{io, Error, Result};
+use crate::wire::{read_bytes, read_u8, write_bytes};
+
+const OP_SET: u8 = 1;
+const OP_GET: u8 = 2;
+const OP_ADD: u8 = 3;
+const ST_OK: u8 = 0;
+const ST_TIMEOUT: u8 = 1;
+const ST_BAD: u8 = 2;
+/// Largest key or value the store accepts.
+pub const MAX_VALUE: usize = 16 << 20;
+const ROLE: &str = "store";
+
+#[derive(Default)]
+struct Table {
+    map: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+    changed: Condvar,
+}
+
+/// A running store; stops accepting when dropped.
+pub struct StoreServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl StoreServer {
+    /// Listens on `bind` (e.g. `0.0.0.0:29500`, or port 0 for any free port).
+    pub fn start(bind: &str, token: Token) -> Result<StoreServer> {
+        let listener = TcpListener::bind(bind).map_err(|e| io(format!("store: cannot listen on {bind}"), e))?;
+        let addr = listener.local_addr().map_err(|e| io("store", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let table = Arc::new(Table::default());
+        let token = Arc::new(token);
+        let stop2 = stop.clone();
+        std::thread::Builder::new()
+            .name("weft-store".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let (table, token) = (table.clone(), token.clone());
+                    let _ = std::thread::Builder::new()
+                        .name("weft-store-conn".into())
+                        .spawn(move || serve(conn, &table, &token));
+                }
+            })
+            .map_err(|e| io("store: cannot start its thread", e))?;
+        Ok(StoreServer { addr, stop })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // wake the accept loop so it sees the flag
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+    }
+}
+
+fn serve(mut conn: TcpStream, table: &Table, token: &Token) {
+    let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    if let Err(e) = server_handshake(&mut conn, token, ROLE) {
+        eprintln!("weft store: refused a connection from {peer}: {e}");
+        return;
+    }
+    let _ = conn.set_nodelay(true);
+    let Ok(read_half) = conn.try_clone() else { return };
+    let mut r = BufReader::new(read_half);
+    let mut w = BufWriter::new(conn);
+    // the loop ends when the client disconnects or sends garbage
+    while let Ok(op) = read_u8(&mut r) {
+        let (Ok(key), Ok(val)) = (
+            read_bytes(&mut r, MAX_VALUE, "store"),
+            read_bytes(&mut r, MAX_VALUE, "store"),
+        ) else {
+            return;
+        };
+        let (status, out) = match op {
+            OP_SET => {
+                table.map.lock().unwrap().insert(key, val);
+                table.changed.notify_all();
+                (ST_OK, Vec::new())
+            }
+            OP_GET => match <[u8; 8]>::try_from(val.as_slice()) {
+                Ok(ms) => {
+                    let deadline = Instant::now() + Duration::from_millis(u64::from_le_bytes(ms));
+                    let mut map = table.map.lock().unwrap();
+                    loop {
+                        if let Some(v) = map.get(&key) {
+                            break (ST_OK, v.clone());
+                        }
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break (ST_TIMEOUT, Vec::new());
+                        }
+                        map = table.changed.wait_timeout(map, deadline - now).unwrap().0;
+                    }
+                }
+                Err(_) => (ST_BAD, Vec::new()),
+            },
+            OP_ADD => match <[u8; 8]>::try_from(val.as_slice()) {
+                Ok(d) => {
+                    let mut map = table.map.lock().unwrap();
+                    let cur = map
+                        .get(&key)
+                        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+                        .map_or(0, i64::from_le_bytes);
+                    let new = cur.wrapping_add(i64::from_le_bytes(d));
+                    map.insert(key, new.to_le_bytes().to_vec());
+                    table.changed.notify_all();
+                    (ST_OK, new.to_le_bytes().to_vec())
+                }
+                Err(_) => (ST_BAD, Vec::new()),
+            },
+            _ => (ST_BAD, Vec::new()),
+        };
+        if w.write_all(&[status]).is_err() || write_bytes(&mut w, &out).is_err() || w.flush().is_err() {
+            return;
+        }
+    }
+}
+
+/// A connection to the store. Calls are serialized; share it behind an `Arc`.
+pub struct StoreClient {
+    conn: Mutex<(BufReader<TcpStream>, BufWriter<TcpStream>)>,
+    addr: String,
+    local: std::net::IpAddr,
+}
+
+impl StoreClient {
+    /// Connects to the store at `addr` (`host:port`), retrying until `timeout` (the server may
+    /// still be starting), then runs the token handshake.
+    pub fn connect(addr: &str, token: &Token, timeout: Duration) -> Result<StoreClient> {
+        let deadline = Instant::now() + timeout;
+        let what = format!("the store at {addr}");
+        let mut conn = loop {
+            let attempt = addr
+                .to_socket_addrs()
+                .map_err(|e| io(format!("cannot resolve the store address {addr}"), e))?
+                .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
+            match attempt {
+                Some(c) => break c,
+                None if Instant::now() >= deadline => {
+                    return Err(Error::Timeout(format!(
+                        "could not connect to {what} within {:.0} s (is MASTER_ADDR:MASTER_PORT right, and the \
+                         launcher or rank 0 running?)",
+                        timeout.as_secs_f64()
+                    )))
+                }
+                None => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        client_handshake(&mut conn, token, ROLE, &what)?;
+        let _ = conn.set_nodelay(true);
+        let local = conn.local_addr().map_err(|e| io(&what, e))?.ip();
+        let read_half = conn.try_clone().map_err(|e| io(&what, e))?;
+        Ok(StoreClient {
+            conn: Mutex::new((BufReader::new(read_half), BufWriter::new(conn))),
+            addr: addr.to_string(),
+            local,
+        })
+    }
+
+    /// This side's address on the connection: the interface that routes to the store, which
+    /// ranks publish for their peers.
+    pub fn local_ip(&self) -> std::net::IpAddr {
+        self.local
+    }
+
+    fn call(&self, op: u8, key: &str, val: &[u8]) -> Result<(u8, Vec<u8>)> {
+        let what = format!("store at {}", self.addr);
+        let mut g = self.conn.lock().unwrap();
+        let (r, w) = &mut *g;
+        w.write_all(&[op]).map_err(|e| io(&what, e))?;
+        write_bytes(w, key.as_bytes()).map_err(|e| io(&what, e))?;
+        write_bytes(w, val).map_err(|e| io(&what, e))?;
+        w.flush().map_err(|e| io(&what, e))?;
+        let status = read_u8(r).map_err(|e| io(&what, e))?;
+        let out = read_bytes(r, MAX_VALUE, &what)?;
+        if status == ST_BAD {
+            return Err(Error::Invalid(format!("{what} rejected a request for key {key:?}")));
+        }
+        Ok((status, out))
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.call(OP_SET, key, value).map(|_| ())
+    }
+
+    /// The value of `key`, waiting up to `timeout` for some rank to set it.
+    pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+        match self.call(OP_GET, key, &ms.to_le_bytes())? {
+            (ST_OK, v) => Ok(v),
+            _ => Err(Error::Timeout(format!(
+                "store key {key:?} was not set within {:.0} s (a rank did not arrive)",
+                timeout.as_secs_f64()
+            ))),
+        }
+    }
+
+    /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let (_, v) = self.call(OP_ADD, key, &delta.to_le_bytes())?;
+        let b = <[u8; 8]>::try_from(v.as_slice())
+            .map_err(|_| Error::Io(format!("store at {}: malformed reply to add", self.addr)))?;
+        Ok(i64::from_le_bytes(b))
+    }
+
+    /// Waits until `n` callers have reached the barrier named `name`.
+    pub fn barrier(&self, name: &str, n: usize, timeout: Duration) -> Result<()> {
+        let arrived = self.add(&format!("{name}/count"), 1)?;
+        if arrived == n as i64 {
+            self.set(&format!("{name}/done"), b"1")?;
+        }
+        self.get(&format!("{name}/done"), timeout).map(|_| ())
+    }
+}
