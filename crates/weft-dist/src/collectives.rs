@@ -6,7 +6,8 @@
 //! so the receiver reduces one segment while the next is on the wire. Broadcast is a binomial tree
 //! when small and a pipelined chain when large. Every algorithm leaves bitwise-identical results
 //! on every rank (each element's final value is computed once and copied, or computed with the
-//! same commutative pairs).
+//! same commutative pairs). When the group spans several hosts and some host holds more than
+//! one of its ranks, the all-reduce is hierarchical (inside hosts, then across them).
 
 use weft_core::DType;
 
@@ -192,24 +193,80 @@ fn chunk(i: usize, n: usize, count: usize, esize: usize) -> std::ops::Range<usiz
 
 pub(crate) fn all_reduce(c: &Ctx, buf: &mut [u8], op: ReduceOp) -> Result<()> {
     let n = c.n();
-    if n > 1 {
-        if buf.len() <= SMALL_BYTES {
-            if n.is_power_of_two() {
-                recursive_doubling(c, buf, op)?;
-            } else {
-                reduce(c, buf, 0, op)?;
-                broadcast(c, buf, 0)?;
-            }
-        } else {
-            ring_reduce_scatter(c, buf, op)?;
-            let (count, es) = (buf.len() / c.esize(), c.esize());
-            ring_all_gather(c, buf, |i| chunk(i, n, count, es))?;
-        }
+    let hosts = {
+        let mut h: Vec<usize> = c.ranks.iter().map(|&g| c.mesh.host_of[g]).collect();
+        h.sort_unstable();
+        h.dedup();
+        h.len()
+    };
+    if hosts > 1 && hosts < n {
+        hierarchical_all_reduce(c, buf, op)?;
+    } else {
+        flat_all_reduce(c, buf, op)?;
     }
     if op == ReduceOp::Avg {
         scale_avg(buf, c.dtype, n);
     }
     Ok(())
+}
+
+/// All-reduce among every rank of `c` as equals (`Avg` sums; the caller divides).
+fn flat_all_reduce(c: &Ctx, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+    let n = c.n();
+    if n == 1 {
+        return Ok(());
+    }
+    if buf.len() <= SMALL_BYTES {
+        if n.is_power_of_two() {
+            recursive_doubling(c, buf, op)
+        } else {
+            reduce(c, buf, 0, op)?;
+            broadcast(c, buf, 0)
+        }
+    } else {
+        ring_reduce_scatter(c, buf, op)?;
+        let (count, es) = (buf.len() / c.esize(), c.esize());
+        ring_all_gather(c, buf, |i| chunk(i, n, count, es))
+    }
+}
+
+/// Ranks on several hosts, some sharing one: reduce inside each host onto its first rank (shared
+/// memory), all-reduce among those leaders (the network), broadcast inside each host. The
+/// network carries each host's data once instead of once per rank.
+fn hierarchical_all_reduce(c: &Ctx, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+    let host = |g: usize| c.mesh.host_of[g];
+    let me = c.ranks[c.me];
+    let local: Vec<usize> = c.ranks.iter().copied().filter(|&g| host(g) == host(me)).collect();
+    let mut leaders: Vec<usize> = Vec::new();
+    for &g in c.ranks {
+        if !leaders.iter().any(|&l| host(l) == host(g)) {
+            leaders.push(g);
+        }
+    }
+    let sub = |ranks: &[usize]| {
+        let me = ranks.iter().position(|&g| g == c.ranks[c.me]).expect("member");
+        (ranks.to_vec(), me)
+    };
+    let (lr, lme) = sub(&local);
+    let lc = Ctx {
+        ranks: &lr,
+        me: lme,
+        ..*c
+    };
+    reduce(&lc, buf, 0, op)?;
+    if lme == 0 {
+        let (gr, gme) = sub(&leaders);
+        flat_all_reduce(
+            &Ctx {
+                ranks: &gr,
+                me: gme,
+                ..*c
+            },
+            buf,
+            op,
+        )?;
+    }
+    broadcast(&lc, buf, 0)
 }
 
 fn recursive_doubling(c: &Ctx, buf: &mut [u8], op: ReduceOp) -> Result<()> {

@@ -170,6 +170,14 @@ impl ProcessGroup {
         self.inner.world.store.as_ref()
     }
 
+    /// Whether messages to group rank `peer` travel through shared memory (else TCP).
+    pub fn uses_shared_memory(&self, peer: usize) -> bool {
+        self.inner
+            .ranks
+            .get(peer)
+            .is_some_and(|&g| self.inner.world.mesh.is_shared_memory(g))
+    }
+
     /// The global rank of this process.
     pub fn global_rank(&self) -> usize {
         self.inner.world.mesh.rank

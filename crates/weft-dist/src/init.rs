@@ -16,16 +16,56 @@ use crate::store::{StoreClient, StoreServer};
 /// long for a stuck job, weft uses 5).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The operation timeout: `WEFT_DIST_TIMEOUT` (seconds) or [`DEFAULT_TIMEOUT`].
-pub fn timeout_from_env() -> Result<Duration> {
-    match std::env::var("WEFT_DIST_TIMEOUT") {
-        Err(_) => Ok(DEFAULT_TIMEOUT),
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
-            _ => Err(Error::Invalid(format!(
-                "WEFT_DIST_TIMEOUT={v:?} is not a positive number of seconds"
-            ))),
-        },
+/// How a rank communicates.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How long a rank waits for a peer (connecting, or inside an operation) before failing.
+    pub timeout: Duration,
+    /// Use shared memory between ranks on one host (else TCP everywhere).
+    pub shared_memory: bool,
+    /// What identifies this rank's host (ranks with equal values share memory and count as one
+    /// host for hierarchical collectives); by default the kernel's boot id, the host name and
+    /// the network namespace. Set it when that guess is wrong, e.g. for containers on one
+    /// machine that do not share /dev/shm.
+    pub host_id: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            timeout: DEFAULT_TIMEOUT,
+            shared_memory: true,
+            host_id: None,
+        }
+    }
+}
+
+impl Options {
+    /// From the environment: `WEFT_DIST_TIMEOUT` (seconds, default 300), `WEFT_SHM` (`0`
+    /// turns shared memory off) and `WEFT_HOST_ID`.
+    pub fn from_env() -> Result<Options> {
+        let timeout = match std::env::var("WEFT_DIST_TIMEOUT") {
+            Err(_) => DEFAULT_TIMEOUT,
+            Ok(v) => match v.trim().parse::<f64>() {
+                Ok(s) if s > 0.0 && s.is_finite() => Duration::from_secs_f64(s),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "WEFT_DIST_TIMEOUT={v:?} is not a positive number of seconds"
+                    )))
+                }
+            },
+        };
+        let shared_memory = match std::env::var("WEFT_SHM").as_deref() {
+            Err(_) | Ok("1") => true,
+            Ok("0") => false,
+            Ok(v) => return Err(Error::Invalid(format!("WEFT_SHM={v:?} must be 0 or 1"))),
+        };
+        let host_id = std::env::var("WEFT_HOST_ID").ok().filter(|h| !h.is_empty());
+        Ok(Options {
+            timeout,
+            shared_memory,
+            host_id,
+        })
     }
 }
 
@@ -34,12 +74,13 @@ pub fn timeout_from_env() -> Result<Duration> {
 pub fn init() -> Result<ProcessGroup> {
     let env = from_env()?;
     let token = Token::from_env()?;
-    init_with(env, token, timeout_from_env()?)
+    init_with(env, token, &Options::from_env()?)
 }
 
 /// [`init`] with everything given: `env` (None: one process), the job token (required when
-/// the world has more than one rank) and the operation timeout.
-pub fn init_with(env: Option<RankEnv>, token: Option<Token>, timeout: Duration) -> Result<ProcessGroup> {
+/// the world has more than one rank) and the options.
+pub fn init_with(env: Option<RankEnv>, token: Option<Token>, options: &Options) -> Result<ProcessGroup> {
+    let timeout = options.timeout;
     let Some(env) = env.filter(|e| e.world_size > 1) else {
         let world = Arc::new(World::new(Mesh::single(), None, None));
         return ProcessGroup::new(world, 0, vec![0]);
@@ -62,7 +103,7 @@ pub fn init_with(env: Option<RankEnv>, token: Option<Token>, timeout: Duration) 
     let addr = format!("{}:{}", env.master_addr, env.master_port);
     let store = StoreClient::connect(&addr, &token, timeout)?;
     let prefix = format!("attempt{}/", env.restart_count);
-    let mesh = Mesh::connect(env.rank, env.world_size, &store, &token, &prefix, timeout)?;
+    let mesh = Mesh::connect(env.rank, env.world_size, &store, &token, &prefix, options)?;
     let world = Arc::new(World::new(mesh, Some(store), server));
     ProcessGroup::new(world, 0, (0..env.world_size).collect())
 }

@@ -28,11 +28,12 @@ mod init;
 pub mod launch;
 mod mesh;
 mod reduce;
+mod shm;
 pub mod store;
 mod wire;
 
 pub use auth::Token;
 pub use error::{Error, Result};
 pub use group::{ProcessGroup, Work};
-pub use init::{init, init_with, timeout_from_env, DEFAULT_TIMEOUT};
+pub use init::{init, init_with, Options, DEFAULT_TIMEOUT};
 pub use reduce::ReduceOp;

@@ -10,11 +10,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::auth::{client_handshake, server_handshake, Token};
 use crate::error::{io, Error, Result};
+use crate::shm::{host_key, Ring, Segment};
 use crate::store::StoreClient;
 
 const ROLE: &str = "mesh";
@@ -59,12 +61,24 @@ struct Inbox {
     arrived: Condvar,
 }
 
+/// The connection to one peer: TCP always (aborts, and liveness: it closes when the peer's
+/// process ends), and shared-memory rings for the data when the peer is on this host.
+struct Link {
+    tcp: Mutex<TcpStream>,
+    shm: Option<Mutex<Ring>>,
+    /// Set when the TCP connection closed; stops this side's shared-memory reader once drained.
+    gone: Arc<AtomicBool>,
+}
+
 /// Every connection of this rank.
 pub(crate) struct Mesh {
     pub rank: usize,
     pub world: usize,
     pub timeout: Duration,
-    writers: Vec<Option<Mutex<TcpStream>>>,
+    /// Host index of every rank (ranks with equal indices share memory), numbered in order of
+    /// each host's first rank.
+    pub host_of: Vec<usize>,
+    links: Vec<Option<Link>>,
     inbox: Arc<Inbox>,
 }
 
@@ -112,7 +126,8 @@ impl Mesh {
             rank: 0,
             world: 1,
             timeout: Duration::from_secs(300),
-            writers: vec![None],
+            host_of: vec![0],
+            links: vec![None],
             inbox: Arc::default(),
         }
     }
@@ -124,8 +139,9 @@ impl Mesh {
         store: &StoreClient,
         token: &Token,
         prefix: &str,
-        timeout: Duration,
+        options: &crate::Options,
     ) -> Result<Mesh> {
+        let timeout = options.timeout;
         let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| io("cannot open a listening socket", e))?;
         let port = listener.local_addr().map_err(|e| io("listening socket", e))?.port();
         let ip = std::env::var("WEFT_ADVERTISE_ADDR")
@@ -169,44 +185,73 @@ impl Mesh {
                 }
             }
         }
+        let (host_of, rings) = shared_memory(rank, world, store, prefix, options)?;
         let inbox = Arc::new(Inbox::default());
-        let mut writers = Vec::with_capacity(world);
-        for (peer, s) in streams.into_iter().enumerate() {
+        let mut links = Vec::with_capacity(world);
+        for ((peer, s), ring) in streams.into_iter().enumerate().zip(rings) {
             let Some(s) = s else {
-                writers.push(None);
+                links.push(None);
                 continue;
             };
             let _ = s.set_nodelay(true);
             s.set_write_timeout(Some(timeout))
                 .map_err(|e| io(format!("rank {peer}"), e))?;
             let r = s.try_clone().map_err(|e| io(format!("rank {peer}"), e))?;
-            let inbox = inbox.clone();
+            let gone = Arc::new(AtomicBool::new(false));
+            let shm = match ring {
+                Some(seg) => {
+                    let (out, inn) = seg.rings(rank < peer, gone.clone());
+                    let inbox = inbox.clone();
+                    std::thread::Builder::new()
+                        .name(format!("weft-shm-rx{peer}"))
+                        .spawn(move || read_peer(peer, inn, &inbox, None))
+                        .map_err(|e| io("cannot start a reader thread", e))?;
+                    Some(Mutex::new(out))
+                }
+                None => None,
+            };
+            let (inbox, g) = (inbox.clone(), shm.is_some().then(|| gone.clone()));
             std::thread::Builder::new()
                 .name(format!("weft-mesh-rx{peer}"))
-                .spawn(move || read_peer(peer, r, &inbox))
+                .spawn(move || read_peer(peer, BufReader::with_capacity(1 << 16, r), &inbox, g))
                 .map_err(|e| io("cannot start a reader thread", e))?;
-            writers.push(Some(Mutex::new(s)));
+            links.push(Some(Link {
+                tcp: Mutex::new(s),
+                shm,
+                gone,
+            }));
         }
         Ok(Mesh {
             rank,
             world,
             timeout,
-            writers,
+            host_of,
+            links,
             inbox,
         })
     }
 
+    /// Whether messages to `peer` go through shared memory.
+    pub fn is_shared_memory(&self, peer: usize) -> bool {
+        self.links
+            .get(peer)
+            .and_then(|l| l.as_ref())
+            .is_some_and(|l| l.shm.is_some())
+    }
+
     /// Sends one frame to `peer` (a global rank).
     pub fn send(&self, peer: usize, h: &Header, payload: &[u8]) -> Result<()> {
-        let Some(w) = self.writers.get(peer).and_then(|w| w.as_ref()) else {
+        let Some(link) = self.links.get(peer).and_then(|w| w.as_ref()) else {
             return Err(Error::Invalid(format!(
                 "rank {}: no connection to rank {peer}",
                 self.rank
             )));
         };
-        let mut w = w.lock().unwrap();
-        write_frame(&mut *w, h, payload)
-            .map_err(|e| Error::PeerFailed(format!("rank {}: sending to rank {peer} failed: {e}", self.rank)))
+        let r = match &link.shm {
+            Some(ring) => write_frame(&mut *ring.lock().unwrap(), h, payload),
+            None => write_frame(&mut *link.tcp.lock().unwrap(), h, payload),
+        };
+        r.map_err(|e| Error::PeerFailed(format!("rank {}: sending to rank {peer} failed: {e}", self.rank)))
     }
 
     /// Waits for the next frame from `peer` on `stream` whose sequence number satisfies `want`
@@ -252,14 +297,10 @@ impl Mesh {
             dtype: 0,
             count: 0,
         };
-        for (peer, w) in self.writers.iter().enumerate() {
-            if let Some(w) = w {
-                if let Ok(mut w) = w.try_lock() {
-                    let _ = write_frame(&mut *w, &h, reason.as_bytes());
-                } else {
-                    // a send is stuck on this peer; it fails by itself at the write timeout
-                    let _ = peer;
-                }
+        for link in self.links.iter().flatten() {
+            // a send stuck on this peer holds the lock; it fails by itself at the write timeout
+            if let Ok(mut w) = link.tcp.try_lock() {
+                let _ = write_frame(&mut *w, &h, reason.as_bytes());
             }
         }
     }
@@ -267,8 +308,15 @@ impl Mesh {
 
 impl Drop for Mesh {
     fn drop(&mut self) {
-        for w in self.writers.iter().flatten() {
-            if let Ok(w) = w.lock() {
+        for link in self.links.iter().flatten() {
+            if let Some(ring) = &link.shm {
+                if let Ok(r) = ring.lock() {
+                    r.close();
+                }
+            }
+            // stops this side's shared-memory reader
+            link.gone.store(true, Ordering::SeqCst);
+            if let Ok(w) = link.tcp.lock() {
                 let _ = w.shutdown(Shutdown::Both);
             }
         }
@@ -317,8 +365,11 @@ fn accept_peers(
     }
 }
 
-fn read_peer(peer: usize, s: TcpStream, inbox: &Inbox) {
-    let mut r = BufReader::with_capacity(1 << 16, s);
+/// Moves frames from one peer's stream into the inbox until the stream ends. With `gone` (the
+/// TCP stream of a peer whose data comes through shared memory), the end of the stream only
+/// raises that flag: the shared-memory reader marks the peer failed after draining its ring, so
+/// frames sent just before a peer exits are never lost.
+fn read_peer(peer: usize, mut r: impl Read, inbox: &Inbox, gone: Option<Arc<AtomicBool>>) {
     loop {
         match read_frame(&mut r) {
             Ok(f) if f.header.stream == ABORT => {
@@ -333,6 +384,10 @@ fn read_peer(peer: usize, s: TcpStream, inbox: &Inbox) {
                 inbox.arrived.notify_all();
             }
             Err(e) => {
+                if let Some(g) = gone {
+                    g.store(true, Ordering::SeqCst);
+                    return;
+                }
                 let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     "closed its connection (its process exited or was killed)".to_string()
                 } else {
@@ -345,4 +400,82 @@ fn read_peer(peer: usize, s: TcpStream, inbox: &Inbox) {
             }
         }
     }
+}
+
+/// Finds which ranks share a host and sets up a shared-memory segment with each such peer
+/// (when enabled in `options`). Returns every rank's host index and, per peer, its segment (None:
+/// TCP only). The lower rank of a pair creates the file and publishes its path; the higher one
+/// maps it, unlinks it and acknowledges; a failure on either side leaves that pair on TCP.
+fn shared_memory(
+    rank: usize,
+    world: usize,
+    store: &StoreClient,
+    prefix: &str,
+    options: &crate::Options,
+) -> Result<(Vec<usize>, Vec<Option<Arc<Segment>>>)> {
+    let timeout = options.timeout;
+    let me = options.host_id.clone().unwrap_or_else(host_key);
+    store.set(&format!("{prefix}host/{rank}"), me.as_bytes())?;
+    let mut keys = Vec::with_capacity(world);
+    for r in 0..world {
+        keys.push(store.get(&format!("{prefix}host/{r}"), timeout)?);
+    }
+    let host_of: Vec<usize> = keys
+        .iter()
+        .map(|k| keys.iter().position(|o| o == k).expect("present"))
+        .collect();
+    let mut segs: Vec<Option<Arc<Segment>>> = (0..world).map(|_| None).collect();
+    if !options.shared_memory {
+        return Ok((host_of, segs));
+    }
+    let local: Vec<usize> = (0..world)
+        .filter(|&p| p != rank && host_of[p] == host_of[rank])
+        .collect();
+    let key = |lo: usize, hi: usize| format!("{prefix}shm/{lo}-{hi}");
+    for &p in local.iter().filter(|&&p| p > rank) {
+        let path = format!("/dev/shm/weft-{}-{rank}-{p}-{}", std::process::id(), nonce());
+        match Segment::create(&path) {
+            Ok(seg) => {
+                segs[p] = Some(Arc::new(seg));
+                store.set(&key(rank, p), path.as_bytes())?;
+            }
+            Err(e) => {
+                eprintln!("weft: rank {rank}: shared memory with rank {p} unavailable ({e}); using TCP");
+                store.set(&key(rank, p), b"")?;
+            }
+        }
+    }
+    for &p in local.iter().filter(|&&p| p < rank) {
+        let path = String::from_utf8_lossy(&store.get(&key(p, rank), timeout)?).into_owned();
+        let ok = if path.is_empty() {
+            false
+        } else {
+            let opened = Segment::open(&path);
+            let _ = std::fs::remove_file(&path);
+            match opened {
+                Ok(seg) => {
+                    segs[p] = Some(Arc::new(seg));
+                    true
+                }
+                Err(e) => {
+                    eprintln!("weft: rank {rank}: shared memory with rank {p} unavailable ({e}); using TCP");
+                    false
+                }
+            }
+        };
+        store.set(&format!("{}/ack", key(p, rank)), if ok { b"1" } else { b"0" })?;
+    }
+    for &p in local.iter().filter(|&&p| p > rank) {
+        let ack = store.get(&format!("{}/ack", key(rank, p)), timeout)?;
+        if ack != b"1" {
+            segs[p] = None;
+        }
+    }
+    Ok((host_of, segs))
+}
+
+fn nonce() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b)
 }

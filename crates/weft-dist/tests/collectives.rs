@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use weft_core::{DType, Tensor};
 use weft_dist::env::{RankEnv, Starter};
 use weft_dist::store::StoreServer;
-use weft_dist::{init_with, ProcessGroup, ReduceOp, Token};
+use weft_dist::{init_with, Options, ProcessGroup, ReduceOp, Token};
 
 const DTYPES: [DType; 8] = [
     DType::F32,
@@ -34,20 +34,79 @@ fn env(rank: usize, n: usize, port: u16) -> RankEnv {
     }
 }
 
-/// Runs `f` on `n` ranks (threads) joined through a fresh store; returns each rank's result.
-fn ranks<R: Send>(n: usize, timeout: Duration, f: impl Fn(ProcessGroup) -> R + Sync) -> Vec<R> {
+/// Runs `f` on `n` ranks (threads) joined through a fresh store, rank `r` with `options(r)`;
+/// returns each rank's result.
+fn ranks_with<R: Send>(
+    n: usize,
+    options: impl Fn(usize) -> Options + Sync,
+    f: impl Fn(ProcessGroup) -> R + Sync,
+) -> Vec<R> {
     let token = Token::new("test-token").unwrap();
     let server = StoreServer::start("127.0.0.1:0", token.clone()).unwrap();
     let port = server.addr().port();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|r| {
-                let (f, token) = (&f, token.clone());
-                s.spawn(move || f(init_with(Some(env(r, n, port)), Some(token), timeout).unwrap()))
+                let (f, token, o) = (&f, token.clone(), options(r));
+                s.spawn(move || f(init_with(Some(env(r, n, port)), Some(token), &o).unwrap()))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+fn ranks<R: Send>(n: usize, timeout: Duration, f: impl Fn(ProcessGroup) -> R + Sync) -> Vec<R> {
+    ranks_with(
+        n,
+        |_| Options {
+            timeout,
+            ..Options::default()
+        },
+        f,
+    )
+}
+
+/// The transports every collective is checked on: shared memory (one host), TCP only, and
+/// ranks spread over two "hosts" (hierarchical all-reduce when a host holds several ranks).
+fn transports(n: usize) -> Vec<(&'static str, Box<dyn Fn(usize) -> Options + Sync>)> {
+    vec![
+        (
+            "shm",
+            Box::new(|_| Options {
+                timeout: T,
+                ..Options::default()
+            }),
+        ),
+        (
+            "tcp",
+            Box::new(|_| Options {
+                timeout: T,
+                shared_memory: false,
+                host_id: None,
+            }),
+        ),
+        (
+            "two hosts",
+            Box::new(move |r| Options {
+                timeout: T,
+                shared_memory: true,
+                host_id: Some(format!("host{}", r * 2 / n)),
+            }),
+        ),
+    ]
+}
+
+/// Checks the transport each peer link uses.
+fn check_links(pg: &ProcessGroup, setup: &str) {
+    let n = pg.size();
+    for p in (0..n).filter(|&p| p != pg.rank()) {
+        let want = match setup {
+            "shm" => true,
+            "tcp" => false,
+            _ => p * 2 / n == pg.rank() * 2 / n,
+        };
+        assert_eq!(pg.uses_shared_memory(p), want, "{setup}: rank {} to {p}", pg.rank());
+    }
 }
 
 const T: Duration = Duration::from_secs(60);
@@ -121,22 +180,25 @@ fn sizes(dtype: DType) -> [usize; 3] {
 #[test]
 fn all_reduce_every_dtype_and_op() {
     for n in [2, 3, 4] {
-        ranks(n, T, |pg| {
-            let r = pg.rank();
-            for dtype in DTYPES {
-                for count in sizes(dtype) {
-                    let cols: Vec<Vec<f64>> = (0..n)
-                        .map(|q| (0..count).map(|i| value(dtype, q, i)).collect())
-                        .collect();
-                    for op in ops_for(dtype) {
-                        let t = tensor(dtype, &cols[r]);
-                        pg.all_reduce(&t, op).unwrap().wait().unwrap();
-                        let what = format!("n={n} rank {r} all_reduce {op:?} {dtype:?} x {count}");
-                        close(dtype, &t.to_vec_f64(), &reduce_expected(dtype, op, &cols), &what);
+        for (setup, options) in transports(n) {
+            ranks_with(n, options, |pg| {
+                check_links(&pg, setup);
+                let r = pg.rank();
+                for dtype in DTYPES {
+                    for count in sizes(dtype) {
+                        let cols: Vec<Vec<f64>> = (0..n)
+                            .map(|q| (0..count).map(|i| value(dtype, q, i)).collect())
+                            .collect();
+                        for op in ops_for(dtype) {
+                            let t = tensor(dtype, &cols[r]);
+                            pg.all_reduce(&t, op).unwrap().wait().unwrap();
+                            let what = format!("{setup}: n={n} rank {r} all_reduce {op:?} {dtype:?} x {count}");
+                            close(dtype, &t.to_vec_f64(), &reduce_expected(dtype, op, &cols), &what);
+                        }
                     }
                 }
-            }
-        });
+            });
+        }
     }
 }
 
@@ -144,8 +206,8 @@ fn all_reduce_every_dtype_and_op() {
 fn all_reduce_results_are_bitwise_equal_across_ranks() {
     // random floats: sums round, and every rank must still hold the very same bits
     for n in [3, 4] {
-        for count in [7usize, 50_000] {
-            let outs = ranks(n, T, |pg| {
+        for ((setup, options), count) in transports(n).into_iter().zip([7usize, 50_000, 300_000]) {
+            let outs = ranks_with(n, options, |pg| {
                 let mut g = weft_core::Generator::new(pg.rank() as u64 + 1);
                 let t = Tensor::randn(&[count], DType::F32, &mut g).unwrap();
                 pg.all_reduce(&t, ReduceOp::Sum).unwrap().wait().unwrap();
@@ -157,7 +219,7 @@ fn all_reduce_results_are_bitwise_equal_across_ranks() {
             });
             assert!(
                 outs.iter().all(|o| o == &outs[0]),
-                "n={n} count={count}: ranks disagree"
+                "{setup}: n={n} count={count}: ranks disagree"
             );
         }
     }
@@ -166,67 +228,70 @@ fn all_reduce_results_are_bitwise_equal_across_ranks() {
 #[test]
 fn scatter_gather_broadcast_reduce_all_to_all() {
     for n in [2, 3, 4] {
-        ranks(n, T, |pg| {
-            let r = pg.rank();
-            for dtype in DTYPES {
-                for k in [3usize, (80 << 10) / dtype.size_in_bytes()] {
-                    let what = |op: &str| format!("n={n} rank {r} {op} {dtype:?} k={k}");
-                    let cols: Vec<Vec<f64>> = (0..n)
-                        .map(|q| (0..n * k).map(|i| value(dtype, q, i)).collect())
-                        .collect();
-                    // reduce_scatter: chunk r of the element-wise reduction
-                    for op in ops_for(dtype) {
-                        let out = Tensor::zeros(&[k], dtype).unwrap();
-                        pg.reduce_scatter(&out, &tensor(dtype, &cols[r]), op)
+        for (setup, options) in transports(n) {
+            ranks_with(n, options, |pg| {
+                check_links(&pg, setup);
+                let r = pg.rank();
+                for dtype in DTYPES {
+                    for k in [3usize, (80 << 10) / dtype.size_in_bytes()] {
+                        let what = |op: &str| format!("{setup}: n={n} rank {r} {op} {dtype:?} k={k}");
+                        let cols: Vec<Vec<f64>> = (0..n)
+                            .map(|q| (0..n * k).map(|i| value(dtype, q, i)).collect())
+                            .collect();
+                        // reduce_scatter: chunk r of the element-wise reduction
+                        for op in ops_for(dtype) {
+                            let out = Tensor::zeros(&[k], dtype).unwrap();
+                            pg.reduce_scatter(&out, &tensor(dtype, &cols[r]), op)
+                                .unwrap()
+                                .wait()
+                                .unwrap();
+                            let full = reduce_expected(dtype, op, &cols);
+                            close(
+                                dtype,
+                                &out.to_vec_f64(),
+                                &full[r * k..(r + 1) * k],
+                                &what("reduce_scatter"),
+                            );
+                        }
+                        // all_gather: every rank's first k values, in rank order
+                        let out = Tensor::zeros(&[n * k], dtype).unwrap();
+                        pg.all_gather(&out, &tensor(dtype, &cols[r][..k]))
                             .unwrap()
                             .wait()
                             .unwrap();
-                        let full = reduce_expected(dtype, op, &cols);
-                        close(
-                            dtype,
-                            &out.to_vec_f64(),
-                            &full[r * k..(r + 1) * k],
-                            &what("reduce_scatter"),
-                        );
-                    }
-                    // all_gather: every rank's first k values, in rank order
-                    let out = Tensor::zeros(&[n * k], dtype).unwrap();
-                    pg.all_gather(&out, &tensor(dtype, &cols[r][..k]))
-                        .unwrap()
-                        .wait()
-                        .unwrap();
-                    let want: Vec<f64> = cols.iter().flat_map(|c| c[..k].to_vec()).collect();
-                    close(dtype, &out.to_vec_f64(), &want, &what("all_gather"));
-                    // broadcast from every root
-                    for root in 0..n {
-                        let t = tensor(dtype, &cols[r]);
-                        pg.broadcast(&t, root).unwrap().wait().unwrap();
-                        close(dtype, &t.to_vec_f64(), &cols[root], &what("broadcast"));
-                    }
-                    // reduce to every root
-                    for root in 0..n {
-                        for op in ops_for(dtype) {
+                        let want: Vec<f64> = cols.iter().flat_map(|c| c[..k].to_vec()).collect();
+                        close(dtype, &out.to_vec_f64(), &want, &what("all_gather"));
+                        // broadcast from every root
+                        for root in 0..n {
                             let t = tensor(dtype, &cols[r]);
-                            pg.reduce(&t, root, op).unwrap().wait().unwrap();
-                            if r == root {
-                                close(
-                                    dtype,
-                                    &t.to_vec_f64(),
-                                    &reduce_expected(dtype, op, &cols),
-                                    &what("reduce"),
-                                );
+                            pg.broadcast(&t, root).unwrap().wait().unwrap();
+                            close(dtype, &t.to_vec_f64(), &cols[root], &what("broadcast"));
+                        }
+                        // reduce to every root
+                        for root in 0..n {
+                            for op in ops_for(dtype) {
+                                let t = tensor(dtype, &cols[r]);
+                                pg.reduce(&t, root, op).unwrap().wait().unwrap();
+                                if r == root {
+                                    close(
+                                        dtype,
+                                        &t.to_vec_f64(),
+                                        &reduce_expected(dtype, op, &cols),
+                                        &what("reduce"),
+                                    );
+                                }
                             }
                         }
+                        // all_to_all: chunk j of rank q lands in chunk q of rank j
+                        let out = Tensor::zeros(&[n * k], dtype).unwrap();
+                        pg.all_to_all(&out, &tensor(dtype, &cols[r])).unwrap().wait().unwrap();
+                        let want: Vec<f64> = (0..n).flat_map(|q| cols[q][r * k..(r + 1) * k].to_vec()).collect();
+                        close(dtype, &out.to_vec_f64(), &want, &what("all_to_all"));
                     }
-                    // all_to_all: chunk j of rank q lands in chunk q of rank j
-                    let out = Tensor::zeros(&[n * k], dtype).unwrap();
-                    pg.all_to_all(&out, &tensor(dtype, &cols[r])).unwrap().wait().unwrap();
-                    let want: Vec<f64> = (0..n).flat_map(|q| cols[q][r * k..(r + 1) * k].to_vec()).collect();
-                    close(dtype, &out.to_vec_f64(), &want, &what("all_to_all"));
                 }
-            }
-            pg.barrier().unwrap().wait().unwrap();
-        });
+                pg.barrier().unwrap().wait().unwrap();
+            });
+        }
     }
 }
 
