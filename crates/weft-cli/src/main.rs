@@ -1,6 +1,7 @@
 //! The `weft` command-line tool.
 
 mod bench;
+mod dist;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,12 +51,27 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+    /// Checks that parts of the system work on this machine or cluster.
+    Check {
+        #[command(subcommand)]
+        what: CheckCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckCommand {
+    /// Runs every collective on every dtype across the job (start it under `weft launch`) and
+    /// checks each result element by element.
+    Collectives(dist::CheckArgs),
 }
 
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Times the core ops at fixed shapes (threads: WEFT_NUM_THREADS, default all cores).
     Ops(bench::OpsArgs),
+    /// Times the collectives across the job (start it under `weft launch`): median latency and
+    /// bus bandwidth per op and size.
+    Collectives(dist::BenchArgs),
 }
 
 fn run(cli: Cli) -> Result<(), String> {
@@ -98,6 +114,12 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Bench {
             what: BenchCommand::Ops(args),
         } => bench::run_ops(&args).map_err(|e| e.to_string()),
+        Command::Bench {
+            what: BenchCommand::Collectives(args),
+        } => dist::run_bench(&args),
+        Command::Check {
+            what: CheckCommand::Collectives(args),
+        } => dist::run_check(&args),
     }
 }
 

@@ -107,7 +107,9 @@ impl Ctx<'_> {
     }
 
     fn send(&self, to: usize, payload: &[u8]) -> Result<()> {
-        self.mesh.send(self.ranks[to], &self.header(), payload)
+        self.mesh
+            .send(self.ranks[to], &self.header(), payload)
+            .map_err(|e| Error::PeerFailed(format!("rank {}: {} failed: {e}", self.mesh.rank, self.what())))
     }
 
     /// The next frame from group rank `from`, which must belong to this very call.

@@ -417,8 +417,14 @@ impl ProcessGroup {
         let peer = self.inner.ranks[dst];
         let (tx, rx) = mpsc::channel();
         let what = format!("rank {}: send to rank {peer} (tag {tag})", self.global_rank());
+        let what2 = what.clone();
         let job: Job = Box::new(move || {
-            let r = bytes_of(&t2).and_then(|b| inner.world.mesh.send(peer, &h, &b));
+            let r = bytes_of(&t2)
+                .and_then(|b| inner.world.mesh.send(peer, &h, &b))
+                .map_err(|e| match e {
+                    Error::PeerFailed(m) => Error::PeerFailed(format!("{what2} failed: {m}")),
+                    other => other,
+                });
             let _ = tx.send(r);
             Ok(())
         });

@@ -20,6 +20,7 @@
 compile_error!("weft-dist sends tensors in the machine's byte order and supports little-endian hosts only");
 
 pub mod auth;
+pub mod bench;
 mod collectives;
 pub mod env;
 pub mod error;
@@ -28,6 +29,7 @@ mod init;
 pub mod launch;
 mod mesh;
 mod reduce;
+pub mod selfcheck;
 mod shm;
 pub mod store;
 mod wire;

@@ -239,7 +239,8 @@ impl Mesh {
             .is_some_and(|l| l.shm.is_some())
     }
 
-    /// Sends one frame to `peer` (a global rank).
+    /// Sends one frame to `peer` (a global rank). Errors say what happened to the peer; callers
+    /// add which operation was under way.
     pub fn send(&self, peer: usize, h: &Header, payload: &[u8]) -> Result<()> {
         let Some(link) = self.links.get(peer).and_then(|w| w.as_ref()) else {
             return Err(Error::Invalid(format!(
@@ -251,7 +252,12 @@ impl Mesh {
             Some(ring) => write_frame(&mut *ring.lock().unwrap(), h, payload),
             None => write_frame(&mut *link.tcp.lock().unwrap(), h, payload),
         };
-        r.map_err(|e| Error::PeerFailed(format!("rank {}: sending to rank {peer} failed: {e}", self.rank)))
+        r.map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => Error::PeerFailed(format!(
+                "rank {peer} closed its connection (its process exited or was killed)"
+            )),
+            _ => Error::PeerFailed(format!("sending to rank {peer} failed: {e}")),
+        })
     }
 
     /// Waits for the next frame from `peer` on `stream` whose sequence number satisfies `want`

@@ -1,8 +1,19 @@
-//! The process's one compute pool, sized by `WEFT_NUM_THREADS` (default: all cores).
+//! The process's one compute pool, sized by `WEFT_NUM_THREADS` (default: the cores divided by
+//! the ranks sharing this host, so that ranks started by `weft launch`, torchrun, srun or mpirun
+//! do not oversubscribe it).
 
 use std::sync::OnceLock;
 
 static THREADS: OnceLock<usize> = OnceLock::new();
+
+/// Ranks of the job on this host, from the launcher's, OpenMPI's or Slurm's variables (1 when
+/// none is set or valid).
+fn local_ranks() -> usize {
+    ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok().filter(|&n| n > 0))
+        .unwrap_or(1)
+}
 
 /// Number of compute threads; the first call sizes rayon's global pool.
 ///
@@ -11,6 +22,7 @@ static THREADS: OnceLock<usize> = OnceLock::new();
 pub fn num_threads() -> usize {
     *THREADS.get_or_init(|| {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cores = (cores / local_ranks()).max(1);
         let n = match std::env::var("WEFT_NUM_THREADS") {
             Ok(v) => match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => n,
