@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use weft_core::{DType, Tensor};
+use weft_core::{DType, Device, Tensor};
 
 use crate::collectives::{self as algo, describe, op_code, Ctx, Kind};
 use crate::error::{Error, Result};
@@ -222,10 +222,17 @@ impl ProcessGroup {
         &self,
         kind: Kind,
         reduce: Option<ReduceOp>,
+        device: Device,
         dtype: DType,
         count: usize,
         f: impl FnOnce(&Ctx) -> Result<()> + Send + 'static,
     ) -> Result<Work> {
+        // The extension point for other devices: CPU tensors run the algorithms of
+        // `collectives` over shared memory and TCP. A CUDA `Device` will route its tensors to
+        // NCCL here (this match stops compiling until it does).
+        match device {
+            Device::Cpu => {}
+        }
         let inner = self.inner.clone();
         let op = op_code(kind, reduce);
         let mut q = self.inner.collectives.lock().unwrap();
@@ -282,7 +289,7 @@ impl ProcessGroup {
         check_contiguous("all_reduce", t)?;
         check_op(op, t.dtype())?;
         let t2 = t.clone();
-        self.collective(Kind::AllReduce, Some(op), t.dtype(), t.numel(), move |c| {
+        self.collective(Kind::AllReduce, Some(op), t.device(), t.dtype(), t.numel(), move |c| {
             with_bytes_mut(&t2, |b| algo::all_reduce(c, b, op))?
         })
     }
@@ -301,10 +308,17 @@ impl ProcessGroup {
         )?;
         check_op(op, input.dtype())?;
         let (o, i) = (output.clone(), input.clone());
-        self.collective(Kind::ReduceScatter, Some(op), input.dtype(), input.numel(), move |c| {
-            let mut scratch = bytes_of(&i)?;
-            with_bytes_mut(&o, |b| algo::reduce_scatter(c, &mut scratch, b, op))?
-        })
+        self.collective(
+            Kind::ReduceScatter,
+            Some(op),
+            input.device(),
+            input.dtype(),
+            input.numel(),
+            move |c| {
+                let mut scratch = bytes_of(&i)?;
+                with_bytes_mut(&o, |b| algo::reduce_scatter(c, &mut scratch, b, op))?
+            },
+        )
     }
 
     /// `output` (`size` chunks of `input.numel()`) receives every rank's `input` in rank order
@@ -320,14 +334,21 @@ impl ProcessGroup {
             "output",
         )?;
         let (o, i, me) = (output.clone(), input.clone(), self.rank());
-        self.collective(Kind::AllGather, None, input.dtype(), output.numel(), move |c| {
-            let mine = bytes_of(&i)?;
-            with_bytes_mut(&o, |b| {
-                let k = mine.len();
-                b[me * k..(me + 1) * k].copy_from_slice(&mine);
-                algo::all_gather(c, b)
-            })?
-        })
+        self.collective(
+            Kind::AllGather,
+            None,
+            input.device(),
+            input.dtype(),
+            output.numel(),
+            move |c| {
+                let mine = bytes_of(&i)?;
+                with_bytes_mut(&o, |b| {
+                    let k = mine.len();
+                    b[me * k..(me + 1) * k].copy_from_slice(&mine);
+                    algo::all_gather(c, b)
+                })?
+            },
+        )
     }
 
     /// Copies `t` from group rank `root` to every rank.
@@ -335,7 +356,7 @@ impl ProcessGroup {
         check_contiguous("broadcast", t)?;
         self.check_peer("broadcast", root)?;
         let t2 = t.clone();
-        self.collective(Kind::Broadcast, None, t.dtype(), t.numel(), move |c| {
+        self.collective(Kind::Broadcast, None, t.device(), t.dtype(), t.numel(), move |c| {
             with_bytes_mut(&t2, |b| algo::broadcast(c, b, root))?
         })
     }
@@ -347,7 +368,7 @@ impl ProcessGroup {
         self.check_peer("reduce", root)?;
         check_op(op, t.dtype())?;
         let t2 = t.clone();
-        self.collective(Kind::Reduce, Some(op), t.dtype(), t.numel(), move |c| {
+        self.collective(Kind::Reduce, Some(op), t.device(), t.dtype(), t.numel(), move |c| {
             with_bytes_mut(&t2, |b| algo::reduce_to_root(c, b, root, op))?
         })
     }
@@ -365,15 +386,22 @@ impl ProcessGroup {
             )));
         }
         let (o, i) = (output.clone(), input.clone());
-        self.collective(Kind::AllToAll, None, input.dtype(), input.numel(), move |c| {
-            let inp = bytes_of(&i)?;
-            with_bytes_mut(&o, |b| algo::all_to_all(c, &inp, b))?
-        })
+        self.collective(
+            Kind::AllToAll,
+            None,
+            input.device(),
+            input.dtype(),
+            input.numel(),
+            move |c| {
+                let inp = bytes_of(&i)?;
+                with_bytes_mut(&o, |b| algo::all_to_all(c, &inp, b))?
+            },
+        )
     }
 
     /// Returns once every rank of the group has called it.
     pub fn barrier(&self) -> Result<Work> {
-        self.collective(Kind::Barrier, None, DType::U8, 0, algo::barrier)
+        self.collective(Kind::Barrier, None, Device::Cpu, DType::U8, 0, algo::barrier)
     }
 
     fn p2p_stream(&self, tag: u32) -> u64 {

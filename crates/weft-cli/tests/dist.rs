@@ -1,0 +1,373 @@
+//! Multi-process tests of the communication runtime: `weft check collectives` (every collective
+//! and dtype, checked element by element) under the real launcher, under Slurm's and OpenMPI's
+//! variables, and with faults: a killed rank, mismatched collectives, a wrong token. Where the
+//! machine allows, two "hosts" in network namespaces joined by a veth pair.
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use weft_dist::store::StoreServer;
+use weft_dist::Token;
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+const SIZES: &str = "1,1000,70000";
+
+fn launch(nproc: usize, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let n = nproc.to_string();
+    let mut cmd = Command::new(WEFT);
+    cmd.args(["launch", "--nproc-per-node", &n, "--", WEFT]).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.env_remove("WEFT_NUM_THREADS");
+    cmd.output().expect("weft launch runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn check_collectives_under_the_launcher() {
+    for (n, shm) in [(2, "1"), (4, "1"), (2, "0")] {
+        let out = launch(n, &[("WEFT_SHM", shm)], &["check", "collectives", "--sizes", SIZES]);
+        let (o, e) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "n={n} shm={shm}: {o}\n{e}");
+        for r in 0..n {
+            assert!(
+                o.contains(&format!("[rank{r}]: rank {r} of {n}: ")),
+                "n={n}: rank {r} missing:\n{o}"
+            );
+        }
+        let over = if shm == "1" {
+            format!("peers: {} over shared memory", n - 1)
+        } else {
+            "peers: 0 over shared memory".into()
+        };
+        assert!(o.contains(&over), "n={n} shm={shm}:\n{o}");
+        assert!(o.contains("all correct"), "{o}");
+    }
+}
+
+/// A free TCP port on the loopback interface (bound and released; good enough for tests).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `n` ranks of `weft ARGS` with the variables `vars(rank)`, stderr captured.
+fn spawn(n: usize, args: &[&str], vars: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Child> {
+    (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(WEFT);
+            cmd.args(args)
+                .env("WEFT_NUM_THREADS", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for v in [
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "WEFT_LAUNCHED",
+                "WEFT_JOB_TOKEN",
+            ] {
+                cmd.env_remove(v);
+            }
+            for (k, v) in vars(r) {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("weft runs")
+        })
+        .collect()
+}
+
+/// Variables as the launcher sets them, for a store this test serves on `port`.
+fn launcher_vars(r: usize, n: usize, port: u16, token: &str) -> Vec<(String, String)> {
+    [
+        ("RANK", r.to_string()),
+        ("WORLD_SIZE", n.to_string()),
+        ("LOCAL_RANK", r.to_string()),
+        ("LOCAL_WORLD_SIZE", n.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("WEFT_LAUNCHED", "1".into()),
+        ("WEFT_JOB_TOKEN", token.into()),
+        ("WEFT_DIST_TIMEOUT", "60".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+struct Finished {
+    ok: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn finish(children: Vec<Child>, limit: Duration) -> Vec<Finished> {
+    let t0 = Instant::now();
+    children
+        .into_iter()
+        .map(|mut c| {
+            let status = loop {
+                if let Some(s) = c.try_wait().unwrap() {
+                    break s;
+                }
+                if t0.elapsed() > limit {
+                    let _ = c.kill();
+                    panic!("a rank did not finish within {limit:?}");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let (mut o, mut e) = (String::new(), String::new());
+            c.stdout.take().unwrap().read_to_string(&mut o).unwrap();
+            c.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+            Finished {
+                ok: status.success(),
+                code: status.code(),
+                stdout: o,
+                stderr: e,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_makes_the_others_fail_fast_naming_it() {
+    let token = "tok-kill";
+    let server = StoreServer::start("127.0.0.1:0", Token::new(token).unwrap()).unwrap();
+    let port = server.addr().port();
+    let args = [
+        "check",
+        "collectives",
+        "--sizes",
+        "100",
+        "--inject",
+        "kill",
+        "--inject-rank",
+        "1",
+        "--inject-at",
+        "5",
+    ];
+    let t0 = Instant::now();
+    let done = finish(
+        spawn(3, &args, |r| launcher_vars(r, 3, port, token)),
+        Duration::from_secs(120),
+    );
+    // the timeout is 60 s: failing well before it shows the death was detected, not waited out
+    assert!(t0.elapsed() < Duration::from_secs(45), "took {:?}", t0.elapsed());
+    assert_eq!(done[1].code, None, "rank 1 died by a signal: {}", done[1].stderr);
+    for r in [0, 2] {
+        let e = &done[r].stderr;
+        assert!(!done[r].ok, "rank {r} should fail");
+        assert!(e.contains("rank 1"), "rank {r}: {e}");
+        assert!(e.contains("#5 of group 0"), "rank {r} names the operation: {e}");
+    }
+}
+
+#[test]
+fn mismatched_collectives_fail_on_every_rank_naming_both() {
+    let token = "tok-mismatch";
+    let server = StoreServer::start("127.0.0.1:0", Token::new(token).unwrap()).unwrap();
+    let port = server.addr().port();
+    let args = [
+        "check",
+        "collectives",
+        "--sizes",
+        "10",
+        "--inject",
+        "mismatch",
+        "--inject-rank",
+        "1",
+        "--inject-at",
+        "2",
+    ];
+    let done = finish(
+        spawn(2, &args, |r| launcher_vars(r, 2, port, token)),
+        Duration::from_secs(120),
+    );
+    for (r, d) in done.iter().enumerate() {
+        assert!(!d.ok, "rank {r} should fail");
+        assert!(d.stderr.contains("broadcast(f32 x 10)"), "rank {r}: {}", d.stderr);
+        assert!(
+            d.stderr.contains("all_reduce(max, f32 x 10) #2"),
+            "rank {r}: {}",
+            d.stderr
+        );
+    }
+}
+
+#[test]
+fn a_wrong_token_is_refused_and_the_job_goes_on() {
+    let token = "tok-right";
+    let server = StoreServer::start("127.0.0.1:0", Token::new(token).unwrap()).unwrap();
+    let port = server.addr().port();
+    let args = ["check", "collectives", "--sizes", "1000"];
+    let intruder = spawn(1, &args, |_| launcher_vars(0, 2, port, "tok-wrong"));
+    let job = spawn(2, &args, |r| launcher_vars(r, 2, port, token));
+    let bad = finish(intruder, Duration::from_secs(60));
+    assert!(!bad[0].ok);
+    assert!(bad[0].stderr.contains("authentication failed"), "{}", bad[0].stderr);
+    for (r, d) in finish(job, Duration::from_secs(120)).iter().enumerate() {
+        assert!(d.ok, "rank {r}: {}", d.stderr);
+        assert!(d.stdout.contains("all correct"), "rank {r}: {}", d.stdout);
+    }
+}
+
+#[test]
+fn slurm_and_openmpi_ranks_start_without_the_launcher() {
+    // rank 0 serves the store at MASTER_PORT
+    for scheme in ["slurm", "openmpi"] {
+        let port = free_port().to_string();
+        let vars = |r: usize| -> Vec<(String, String)> {
+            let mut v: Vec<(&str, String)> = match scheme {
+                "slurm" => vec![
+                    ("SLURM_PROCID", r.to_string()),
+                    ("SLURM_NTASKS", "2".into()),
+                    ("SLURM_LOCALID", r.to_string()),
+                    ("SLURM_TASKS_PER_NODE", "2".into()),
+                    ("SLURM_JOB_NODELIST", "localhost".into()),
+                ],
+                _ => vec![
+                    ("OMPI_COMM_WORLD_RANK", r.to_string()),
+                    ("OMPI_COMM_WORLD_SIZE", "2".into()),
+                    ("OMPI_COMM_WORLD_LOCAL_RANK", r.to_string()),
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "2".into()),
+                ],
+            };
+            v.push(("MASTER_PORT", port.clone()));
+            v.push(("WEFT_JOB_TOKEN", "tok-sched".into()));
+            v.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        };
+        let done = finish(
+            spawn(2, &["check", "collectives", "--sizes", "1000"], vars),
+            Duration::from_secs(120),
+        );
+        for (r, d) in done.iter().enumerate() {
+            assert!(d.ok, "{scheme} rank {r}: {}", d.stderr);
+            assert!(d.stdout.contains(&format!("rank {r} of 2")), "{scheme}: {}", d.stdout);
+        }
+    }
+}
+
+#[test]
+fn a_killed_rank_under_the_launcher_is_reported() {
+    let out = launch(
+        2,
+        &[("WEFT_DIST_TIMEOUT", "60")],
+        &[
+            "check",
+            "collectives",
+            "--sizes",
+            "10",
+            "--inject",
+            "kill",
+            "--inject-at",
+            "4",
+        ],
+    );
+    let e = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(e.contains("rank 1") && e.contains("signal 9"), "{e}");
+}
+
+/// Runs a command, returning whether it succeeded.
+fn sh(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Two network namespaces joined by a veth pair, removed on drop.
+struct TwoHosts {
+    a: String,
+    b: String,
+}
+
+impl TwoHosts {
+    fn new() -> Option<TwoHosts> {
+        let id = std::process::id() % 100_000;
+        let (a, b) = (format!("wefta{id}"), format!("weftb{id}"));
+        let h = TwoHosts {
+            a: a.clone(),
+            b: b.clone(),
+        };
+        let ok = sh(&format!("ip netns add {a}"))
+            && sh(&format!("ip netns add {b}"))
+            && sh(&format!(
+                "ip link add va{id} netns {a} type veth peer name vb{id} netns {b}"
+            ))
+            && sh(&format!("ip -n {a} addr add 10.231.0.1/24 dev va{id}"))
+            && sh(&format!("ip -n {b} addr add 10.231.0.2/24 dev vb{id}"))
+            && sh(&format!("ip -n {a} link set va{id} up && ip -n {a} link set lo up"))
+            && sh(&format!("ip -n {b} link set vb{id} up && ip -n {b} link set lo up"));
+        ok.then_some(h)
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        sh(&format!("ip netns del {}", self.a));
+        sh(&format!("ip netns del {}", self.b));
+    }
+}
+
+#[test]
+fn two_hosts_over_a_veth_pair() {
+    let Some(hosts) = TwoHosts::new() else {
+        eprintln!("skipped: network namespaces need root and `ip netns` (not available here)");
+        return;
+    };
+    let node = |ns: &str, rank: usize| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                WEFT,
+                "launch",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                &rank.to_string(),
+            ])
+            .args([
+                "--nproc-per-node",
+                "2",
+                "--master-addr",
+                "10.231.0.1",
+                "--master-port",
+                "29611",
+                "--",
+            ])
+            .args([WEFT, "check", "collectives", "--sizes", SIZES])
+            .env("WEFT_JOB_TOKEN", "tok-netns")
+            .env("WEFT_DIST_TIMEOUT", "60")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ip netns exec runs")
+    };
+    let done = finish(vec![node(&hosts.a, 0), node(&hosts.b, 1)], Duration::from_secs(300));
+    for (i, d) in done.iter().enumerate() {
+        assert!(d.ok, "node {i}: {}\n{}", d.stdout, d.stderr);
+    }
+    // ranks see one peer over shared memory (same namespace) and two over TCP (the veth pair)
+    for r in 0..4 {
+        let o = &done[r / 2].stdout;
+        assert!(
+            o.contains(&format!("rank {r} of 4: ")) && o.contains("peers: 1 over shared memory, 2 over TCP"),
+            "{o}"
+        );
+    }
+}
