@@ -2,6 +2,7 @@
 
 mod bench;
 mod dist;
+mod launch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +52,8 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+    /// Starts a distributed job: one worker process per rank.
+    Launch(launch::LaunchArgs),
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
@@ -95,6 +98,16 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
             }
             .map_err(|e| e.to_string())?;
+            // one rank per job until data parallelism lands: N ranks would train N copies
+            if let Some(env) = weft_dist::env::from_env().map_err(|e| e.to_string())? {
+                if env.world_size > 1 {
+                    return Err(format!(
+                        "weft train runs on one rank for now ([parallel] supports dp = tp = pp = 1), but this \
+                         process is rank {} of {}",
+                        env.rank, env.world_size
+                    ));
+                }
+            }
             let options = weft_train::run::TrainOptions {
                 resume,
                 progress: !quiet,
@@ -120,6 +133,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Check {
             what: CheckCommand::Collectives(args),
         } => dist::run_check(&args),
+        Command::Launch(args) => launch::run(&args),
     }
 }
 

@@ -183,7 +183,7 @@ impl Ctx<'_> {
 fn segments(len: usize, esize: usize) -> Vec<std::ops::Range<usize>> {
     let step = (SEGMENT_BYTES / esize).max(1) * esize;
     if len == 0 {
-        return vec![0..0];
+        return std::iter::once(0..0).collect();
     }
     (0..len).step_by(step).map(|s| s..(s + step).min(len)).collect()
 }

@@ -221,7 +221,7 @@ mod tests {
         .unwrap();
         assert_eq!((s.rank, s.world_size, s.local_rank, s.local_world_size), (3, 4, 1, 2));
         assert_eq!((s.master_addr.as_str(), s.starter), ("n4", Starter::Slurm));
-        assert!(s.serves_store() == false);
+        assert!(!s.serves_store());
         let m = env(&[
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "2"),

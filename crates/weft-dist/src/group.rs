@@ -113,7 +113,7 @@ fn spawn_worker(name: String, world: Arc<World>) -> Result<mpsc::Sender<Job>> {
 fn with_bytes_mut<R>(t: &Tensor, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
     Ok(weft_core::dtype_dispatch!(t.dtype(), T => t.with_data_mut::<T, R>(|s| {
         // SAFETY: every dtype is plain old data; callers write only validated bytes.
-        f(unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) })
+        f(unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) })
     })?))
 }
 
@@ -121,7 +121,7 @@ fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
     Ok(
         weft_core::dtype_dispatch!(t.dtype(), T => t.with_data::<T, Vec<u8>>(|s| {
         // SAFETY: reading any plain-old-data element as bytes is sound.
-        unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }.to_vec()
+        unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }.to_vec()
     })?),
     )
 }

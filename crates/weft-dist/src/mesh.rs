@@ -201,19 +201,23 @@ impl Mesh {
             let shm = match ring {
                 Some(seg) => {
                     let (out, inn) = seg.rings(rank < peer, gone.clone());
-                    let inbox = inbox.clone();
+                    let (inbox, gone) = (inbox.clone(), gone.clone());
                     std::thread::Builder::new()
                         .name(format!("weft-shm-rx{peer}"))
-                        .spawn(move || read_peer(peer, inn, &inbox, None))
+                        .spawn(move || read_peer(peer, inn, &inbox, Source::SharedMemory(gone)))
                         .map_err(|e| io("cannot start a reader thread", e))?;
                     Some(Mutex::new(out))
                 }
                 None => None,
             };
-            let (inbox, g) = (inbox.clone(), shm.is_some().then(|| gone.clone()));
+            let inbox = inbox.clone();
+            let source = match shm {
+                Some(_) => Source::TcpBesideSharedMemory(gone.clone()),
+                None => Source::Tcp,
+            };
             std::thread::Builder::new()
                 .name(format!("weft-mesh-rx{peer}"))
-                .spawn(move || read_peer(peer, BufReader::with_capacity(1 << 16, r), &inbox, g))
+                .spawn(move || read_peer(peer, BufReader::with_capacity(1 << 16, r), &inbox, source))
                 .map_err(|e| io("cannot start a reader thread", e))?;
             links.push(Some(Link {
                 tcp: Mutex::new(s),
@@ -371,11 +375,22 @@ fn accept_peers(
     }
 }
 
-/// Moves frames from one peer's stream into the inbox until the stream ends. With `gone` (the
-/// TCP stream of a peer whose data comes through shared memory), the end of the stream only
-/// raises that flag: the shared-memory reader marks the peer failed after draining its ring, so
-/// frames sent just before a peer exits are never lost.
-fn read_peer(peer: usize, mut r: impl Read, inbox: &Inbox, gone: Option<Arc<AtomicBool>>) {
+/// Where a reader thread's frames come from.
+enum Source {
+    /// The only connection to the peer: its end marks the peer failed.
+    Tcp,
+    /// The TCP connection of a peer whose data comes through shared memory: it carries aborts,
+    /// and its end only raises the flag (the peer's process is gone).
+    TcpBesideSharedMemory(Arc<AtomicBool>),
+    /// The shared-memory ring from the peer, with the flag its TCP reader raises at the end.
+    SharedMemory(Arc<AtomicBool>),
+}
+
+/// Moves frames from one peer's stream into the inbox until the stream ends. The
+/// shared-memory reader marks the peer failed only after draining its ring, so frames sent just
+/// before a peer exits are never lost, and only after the TCP reader saw the end of its stream
+/// (bounded wait), so an abort the peer sent before exiting is reported rather than the exit.
+fn read_peer(peer: usize, mut r: impl Read, inbox: &Inbox, source: Source) {
     loop {
         match read_frame(&mut r) {
             Ok(f) if f.header.stream == ABORT => {
@@ -390,9 +405,18 @@ fn read_peer(peer: usize, mut r: impl Read, inbox: &Inbox, gone: Option<Arc<Atom
                 inbox.arrived.notify_all();
             }
             Err(e) => {
-                if let Some(g) = gone {
-                    g.store(true, Ordering::SeqCst);
-                    return;
+                match &source {
+                    Source::TcpBesideSharedMemory(gone) => {
+                        gone.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    Source::SharedMemory(tcp_done) => {
+                        let deadline = Instant::now() + Duration::from_secs(2);
+                        while !tcp_done.load(Ordering::SeqCst) && Instant::now() < deadline {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                    Source::Tcp => {}
                 }
                 let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     "closed its connection (its process exited or was killed)".to_string()
@@ -408,6 +432,9 @@ fn read_peer(peer: usize, mut r: impl Read, inbox: &Inbox, gone: Option<Arc<Atom
     }
 }
 
+/// Every rank's host index, and per peer its shared-memory segment (None: TCP only).
+type HostsAndSegments = (Vec<usize>, Vec<Option<Arc<Segment>>>);
+
 /// Finds which ranks share a host and sets up a shared-memory segment with each such peer
 /// (when enabled in `options`). Returns every rank's host index and, per peer, its segment (None:
 /// TCP only). The lower rank of a pair creates the file and publishes its path; the higher one
@@ -418,7 +445,7 @@ fn shared_memory(
     store: &StoreClient,
     prefix: &str,
     options: &crate::Options,
-) -> Result<(Vec<usize>, Vec<Option<Arc<Segment>>>)> {
+) -> Result<HostsAndSegments> {
     let timeout = options.timeout;
     let me = options.host_id.clone().unwrap_or_else(host_key);
     store.set(&format!("{prefix}host/{rank}"), me.as_bytes())?;

@@ -160,17 +160,28 @@ impl StoreClient {
     pub fn connect(addr: &str, token: &Token, timeout: Duration) -> Result<StoreClient> {
         let deadline = Instant::now() + timeout;
         let what = format!("the store at {addr}");
+        // A name that does not resolve yet (a Kubernetes service or a Slurm node still coming
+        // up) is retried like a refused connection, until the deadline.
+        let mut last;
         let mut conn = loop {
-            let attempt = addr
-                .to_socket_addrs()
-                .map_err(|e| io(format!("cannot resolve the store address {addr}"), e))?
-                .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
+            let attempt = match addr.to_socket_addrs() {
+                Ok(addrs) => {
+                    last = "no address answered".into();
+                    addrs
+                        .into_iter()
+                        .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok())
+                }
+                Err(e) => {
+                    last = format!("cannot resolve {addr}: {e}");
+                    None
+                }
+            };
             match attempt {
                 Some(c) => break c,
                 None if Instant::now() >= deadline => {
                     return Err(Error::Timeout(format!(
-                        "could not connect to {what} within {:.0} s (is MASTER_ADDR:MASTER_PORT right, and the \
-                         launcher or rank 0 running?)",
+                        "could not connect to {what} within {:.0} s ({last}; is MASTER_ADDR:MASTER_PORT right, and \
+                         the launcher or rank 0 running?)",
                         timeout.as_secs_f64()
                     )))
                 }

@@ -66,9 +66,12 @@ fn ranks<R: Send>(n: usize, timeout: Duration, f: impl Fn(ProcessGroup) -> R + S
     )
 }
 
+/// A named way to build each rank's options.
+type Transport = (&'static str, Box<dyn Fn(usize) -> Options + Sync>);
+
 /// The transports every collective is checked on: shared memory (one host), TCP only, and
 /// ranks spread over two "hosts" (hierarchical all-reduce when a host holds several ranks).
-fn transports(n: usize) -> Vec<(&'static str, Box<dyn Fn(usize) -> Options + Sync>)> {
+fn transports(n: usize) -> Vec<Transport> {
     vec![
         (
             "shm",
@@ -486,4 +489,23 @@ fn bad_calls_are_refused_before_any_communication() {
         // the group still works
         pg.all_reduce(&a, ReduceOp::Sum).unwrap().wait().unwrap();
     });
+}
+
+#[test]
+fn an_unresolvable_store_address_is_retried_until_the_timeout() {
+    let t0 = Instant::now();
+    let err = weft_dist::store::StoreClient::connect(
+        "no-such-host.invalid:29500",
+        &Token::new("t").unwrap(),
+        Duration::from_millis(500),
+    )
+    .err()
+    .expect("an unresolvable name cannot connect");
+    let msg = err.to_string();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "gave up after {:?}",
+        t0.elapsed()
+    );
+    assert!(msg.contains("cannot resolve no-such-host.invalid:29500"), "{msg}");
 }

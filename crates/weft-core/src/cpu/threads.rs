@@ -9,10 +9,14 @@ static THREADS: OnceLock<usize> = OnceLock::new();
 /// Ranks of the job on this host, from the launcher's, OpenMPI's or Slurm's variables (1 when
 /// none is set or valid).
 fn local_ranks() -> usize {
-    ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok().filter(|&n| n > 0))
-        .unwrap_or(1)
+    [
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok().filter(|&n| n > 0))
+    .unwrap_or(1)
 }
 
 /// Number of compute threads; the first call sizes rayon's global pool.

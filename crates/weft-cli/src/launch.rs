@@ -1,0 +1,65 @@
+//! `weft launch`: the flags, mapped onto `weft_dist::launch` (see docs/launch.md).
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::time::Duration;
+
+use weft_dist::launch::{parse_nnodes, LaunchConfig, DEFAULT_MASTER_ADDR};
+
+#[derive(clap::Args)]
+#[command(trailing_var_arg = true)]
+pub struct LaunchArgs {
+    /// Worker processes to start on this node, one per rank.
+    #[arg(long, alias = "nproc_per_node", value_name = "N", default_value_t = 1)]
+    nproc_per_node: usize,
+    /// Nodes in the job: N, or MIN:MAX with MIN = MAX (elastic membership is not supported yet).
+    #[arg(long, value_name = "N", default_value = "1")]
+    nnodes: String,
+    /// This node's rank, 0 to nnodes-1 (node 0 serves the rendezvous store).
+    #[arg(long, alias = "node_rank", value_name = "R", default_value_t = 0)]
+    node_rank: usize,
+    /// The host of node 0, where the workers reach the store.
+    #[arg(long, alias = "master_addr", value_name = "HOST", default_value = DEFAULT_MASTER_ADDR)]
+    master_addr: String,
+    /// The store's port [default: 29500 with --nnodes > 1; on one node any free port].
+    #[arg(long, alias = "master_port", value_name = "PORT")]
+    master_port: Option<u16>,
+    /// How many times to restart all workers after a failure (single-node jobs only).
+    #[arg(long, alias = "max_restarts", value_name = "K", default_value_t = 0)]
+    max_restarts: u32,
+    /// Seconds the workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    stop_timeout: f64,
+    /// The worker program and its arguments, after `--`.
+    #[arg(value_name = "PROGRAM", allow_hyphen_values = true)]
+    command: Vec<OsString>,
+}
+
+/// Runs the job; exits the process with the launcher's code when it is not 0.
+pub fn run(args: &LaunchArgs) -> Result<(), String> {
+    let stop_timeout = Duration::try_from_secs_f64(args.stop_timeout)
+        .map_err(|_| format!("--stop-timeout {} is not a number of seconds >= 0", args.stop_timeout))?;
+    let nnodes = parse_nnodes(&args.nnodes).map_err(|e| e.to_string())?;
+    let (program, rest) = match args.command.split_first() {
+        Some((p, rest)) => (p.clone(), rest.to_vec()),
+        None => (OsString::new(), Vec::new()),
+    };
+    let cfg = LaunchConfig {
+        nproc_per_node: args.nproc_per_node,
+        nnodes,
+        node_rank: args.node_rank,
+        master_addr: args.master_addr.clone(),
+        master_port: args.master_port,
+        max_restarts: args.max_restarts,
+        stop_timeout,
+        ..LaunchConfig::new(args.nproc_per_node, program, rest)
+    };
+    match weft_dist::launch::run(&cfg).map_err(|e| e.to_string())? {
+        0 => Ok(()),
+        code => {
+            let _ = std::io::stdout().flush();
+            let _ = std::io::stderr().flush();
+            std::process::exit(code)
+        }
+    }
+}

@@ -1,0 +1,501 @@
+//! `weft launch` end to end: the variables each worker gets, prefixed output, failure reports,
+//! restarts, signals, bad flags, and two "nodes" on one machine. Workers are `sh -c` scripts
+//! (and `weft check collectives` where a real rendezvous is needed).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+/// Longest any launcher here may take (they finish in about a second when nothing is wrong).
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// What a finished launcher left.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn show(&self) -> String {
+        format!(
+            "exit {:?} after {:.1} s\n--- stdout\n{}--- stderr\n{}",
+            self.code,
+            self.elapsed.as_secs_f64(),
+            self.stdout,
+            self.stderr
+        )
+    }
+}
+
+/// `weft launch` without the variables of an enclosing job, output piped.
+fn launcher() -> Command {
+    let mut cmd = Command::new(WEFT);
+    cmd.arg("launch");
+    for v in [
+        "WEFT_JOB_TOKEN",
+        "WEFT_NUM_THREADS",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WEFT_LAUNCHED",
+        "WEFT_RESTART_COUNT",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+/// `weft launch FLAGS -- sh -c SCRIPT` with extra variables.
+fn sh_job(flags: &[&str], script: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = launcher();
+    cmd.args(flags).args(["--", "sh", "-c", script]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn reader(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        let _ = tx.send(b);
+    });
+    rx
+}
+
+/// Waits for `child` (up to LIMIT; killed and reported past it) and collects its output.
+fn finish(mut child: Child, started: Instant, out: mpsc::Receiver<Vec<u8>>, err: mpsc::Receiver<Vec<u8>>) -> Run {
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = |rx: &mpsc::Receiver<Vec<u8>>| {
+                String::from_utf8_lossy(&rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default()).into_owned()
+            };
+            panic!(
+                "weft launch still running after {LIMIT:?}\n--- stdout\n{}--- stderr\n{}",
+                text(&out),
+                text(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let elapsed = started.elapsed();
+    let text = |rx: mpsc::Receiver<Vec<u8>>| {
+        String::from_utf8_lossy(&rx.recv_timeout(Duration::from_secs(30)).expect("output ends")).into_owned()
+    };
+    Run {
+        code: status.code(),
+        stdout: text(out),
+        stderr: text(err),
+        elapsed,
+    }
+}
+
+fn run(mut cmd: Command) -> Run {
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("weft launch starts");
+    let out = reader(child.stdout.take().unwrap());
+    let err = reader(child.stderr.take().unwrap());
+    finish(child, started, out, err)
+}
+
+/// A fresh empty folder under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("weft-launch-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+const ENV_SCRIPT: &str = "echo \"env RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE \
+    LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT \
+    WEFT_JOB_TOKEN=$WEFT_JOB_TOKEN WEFT_LAUNCHED=$WEFT_LAUNCHED WEFT_RESTART_COUNT=$WEFT_RESTART_COUNT \
+    WEFT_NUM_THREADS=$WEFT_NUM_THREADS\"";
+
+/// The variables each rank printed with ENV_SCRIPT, by global rank.
+fn env_by_rank(stdout: &str) -> HashMap<usize, HashMap<String, String>> {
+    let mut by_rank = HashMap::new();
+    for line in stdout.lines() {
+        let Some((prefix, rest)) = line.split_once("]: env ") else {
+            continue;
+        };
+        let rank: usize = prefix.strip_prefix("[rank").unwrap().parse().unwrap();
+        let vars: HashMap<String, String> = rest
+            .split(' ')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(
+            vars.get("RANK").map(String::as_str),
+            Some(rank.to_string().as_str()),
+            "{line}"
+        );
+        assert!(by_rank.insert(rank, vars).is_none(), "rank {rank} printed twice");
+    }
+    by_rank
+}
+
+#[test]
+fn workers_get_their_variables() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for n in [2usize, 4] {
+        let r = run(sh_job(&["--nproc-per-node", &n.to_string()], ENV_SCRIPT, &[]));
+        assert_eq!(r.code, Some(0), "{}", r.show());
+        let env = env_by_rank(&r.stdout);
+        assert_eq!(env.len(), n, "{}", r.show());
+        let (port, token) = (&env[&0]["MASTER_PORT"], &env[&0]["WEFT_JOB_TOKEN"]);
+        assert!(port.parse::<u16>().unwrap() > 0, "{}", r.show());
+        assert!(!token.is_empty(), "{}", r.show());
+        for (rank, v) in &env {
+            let want = [
+                ("LOCAL_RANK", rank.to_string()),
+                ("WORLD_SIZE", n.to_string()),
+                ("LOCAL_WORLD_SIZE", n.to_string()),
+                ("GROUP_RANK", "0".into()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+                ("MASTER_PORT", port.clone()),
+                ("WEFT_JOB_TOKEN", token.clone()),
+                ("WEFT_LAUNCHED", "1".into()),
+                ("WEFT_RESTART_COUNT", "0".into()),
+                ("WEFT_NUM_THREADS", (cores / n).max(1).to_string()),
+            ];
+            for (k, val) in want {
+                assert_eq!(v[k], val, "rank {rank}, {k}\n{}", r.show());
+            }
+        }
+    }
+}
+
+#[test]
+fn token_port_and_threads_from_the_launcher_are_passed_on() {
+    let port = free_port().to_string();
+    let r = run(sh_job(
+        &["--nproc-per-node", "2", "--master-port", &port],
+        ENV_SCRIPT,
+        &[("WEFT_JOB_TOKEN", "tok-from-env"), ("WEFT_NUM_THREADS", "7")],
+    ));
+    assert_eq!(r.code, Some(0), "{}", r.show());
+    let env = env_by_rank(&r.stdout);
+    assert_eq!(env.len(), 2, "{}", r.show());
+    for v in env.values() {
+        assert_eq!(v["WEFT_JOB_TOKEN"], "tok-from-env");
+        assert_eq!(v["WEFT_NUM_THREADS"], "7");
+        assert_eq!(v["MASTER_PORT"], port);
+    }
+}
+
+#[test]
+fn output_is_forwarded_whole_lines_with_a_rank_prefix() {
+    let script = "i=0; while [ $i -lt 200 ]; do echo \"out $i of rank $RANK\"; echo \"err $i of rank $RANK\" >&2; \
+                  i=$((i+1)); done; printf 'bad \\377\\376 bytes\\n'; printf 'no newline'";
+    let r = run(sh_job(&["--nproc-per-node", "2"], script, &[]));
+    assert_eq!(r.code, Some(0), "{}", r.show());
+    assert!(!r.stderr.contains("panicked"), "{}", r.show());
+    for (text, stream) in [(&r.stdout, "out"), (&r.stderr, "err")] {
+        let mut counts = [0usize; 2];
+        for line in text.lines() {
+            let (prefix, rest) = line
+                .split_once("]: ")
+                .unwrap_or_else(|| panic!("unprefixed line {line:?}"));
+            let rank: usize = prefix.strip_prefix("[rank").unwrap().parse().unwrap();
+            if stream == "out" && (rest == "bad \u{FFFD}\u{FFFD} bytes" || rest == "no newline") {
+                continue;
+            }
+            let words: Vec<&str> = rest.split(' ').collect();
+            assert_eq!(words.len(), 5, "torn line {line:?}");
+            assert_eq!(words[0], stream, "{line:?}");
+            assert_eq!(words[4], rank.to_string(), "{line:?} under the wrong prefix");
+            counts[rank] += 1;
+        }
+        assert_eq!(counts, [200, 200], "{stream}:\n{}", r.show());
+    }
+    for rank in 0..2 {
+        for tail in ["bad \u{FFFD}\u{FFFD} bytes", "no newline"] {
+            assert!(r.stdout.contains(&format!("[rank{rank}]: {tail}\n")), "{}", r.show());
+        }
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_and_is_reported() {
+    let script = "if [ \"$RANK\" = 1 ]; then echo 'first words' >&2; echo 'last words of rank 1' >&2; exit 3; fi; \
+                  sleep 60";
+    let r = run(sh_job(&["--nproc-per-node", "2"], script, &[]));
+    assert_eq!(r.code, Some(1), "{}", r.show());
+    // rank 0 sleeps 60 s: it must have been stopped
+    assert!(r.elapsed < Duration::from_secs(40), "{}", r.show());
+    let report = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("failed first"))
+        .unwrap_or_else(|| panic!("no report\n{}", r.show()));
+    assert!(
+        report.contains("rank 1 ") && report.contains("exit code 3") && report.contains("pid "),
+        "{report}"
+    );
+    let after = &r.stderr[r.stderr.find("failed first").unwrap()..];
+    assert!(after.contains("    last words of rank 1"), "{}", r.show());
+    assert!(after.contains("stopped by the launcher: rank 0"), "{}", r.show());
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
+    let script = "if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 60";
+    let r = run(sh_job(&["--nproc-per-node", "2"], script, &[]));
+    assert_eq!(r.code, Some(1), "{}", r.show());
+    assert!(r.elapsed < Duration::from_secs(40), "{}", r.show());
+    assert!(
+        r.stderr
+            .lines()
+            .any(|l| l.contains("rank 1 ") && l.contains("killed by signal 9 (SIGKILL)")),
+        "{}",
+        r.show()
+    );
+}
+
+#[test]
+fn workers_that_ignore_sigterm_are_killed_after_the_stop_timeout() {
+    // rank 0 (and its sleep) ignore SIGTERM: only the SIGKILL after --stop-timeout ends them;
+    // rank 1 fails once rank 0 has set that up
+    let dir = TempDir::new("stop-timeout");
+    let script = "if [ \"$RANK\" = 1 ]; then while [ ! -e \"$MARK_DIR/ignoring\" ]; do sleep 0.1; done; exit 3; fi; \
+                  trap '' TERM; touch \"$MARK_DIR/ignoring\"; sleep 60";
+    let mut cmd = sh_job(&["--nproc-per-node", "2", "--stop-timeout", "1"], script, &[]);
+    cmd.env("MARK_DIR", &dir.0);
+    let r = run(cmd);
+    assert_eq!(r.code, Some(1), "{}", r.show());
+    assert!(r.elapsed < Duration::from_secs(40), "{}", r.show());
+    assert!(
+        r.stderr
+            .contains("rank 0 still running 1 s after SIGTERM; killing (SIGKILL)"),
+        "{}",
+        r.show()
+    );
+    assert!(r.stderr.contains("exit code 3"), "{}", r.show());
+}
+
+#[test]
+fn max_restarts_starts_all_workers_again() {
+    let script = "echo \"attempt $WEFT_RESTART_COUNT\"; if [ \"$WEFT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then \
+                  exit 5; fi; if [ \"$WEFT_RESTART_COUNT\" = 0 ]; then sleep 60; fi; echo \"ok $RANK $WEFT_RESTART_COUNT\"";
+    let r = run(sh_job(&["--nproc-per-node", "2", "--max-restarts", "1"], script, &[]));
+    assert_eq!(r.code, Some(0), "{}", r.show());
+    // rank 0 may be stopped before it prints anything on the first attempt
+    assert!(r.stdout.contains("[rank1]: attempt 0\n"), "{}", r.show());
+    for rank in 0..2 {
+        assert!(r.stdout.contains(&format!("[rank{rank}]: attempt 1\n")), "{}", r.show());
+        assert!(
+            r.stdout.contains(&format!("[rank{rank}]: ok {rank} 1\n")),
+            "{}",
+            r.show()
+        );
+    }
+    let line = r.stderr.lines().find(|l| l.contains("restarting")).unwrap_or("");
+    assert!(
+        line.contains("rank 1") && line.contains("exit code 5") && line.contains("attempt 2 of 2"),
+        "{}",
+        r.show()
+    );
+
+    // a rank that always fails: one restart, then the report
+    let r = run(sh_job(
+        &["--nproc-per-node", "2", "--max-restarts", "1"],
+        "[ \"$RANK\" = 0 ] || exit 4",
+        &[],
+    ));
+    assert_eq!(r.code, Some(1), "{}", r.show());
+    assert_eq!(r.stderr.matches("restarting").count(), 1, "{}", r.show());
+    assert!(
+        r.stderr.contains("exit code 4") && r.stderr.contains("after 1 restart"),
+        "{}",
+        r.show()
+    );
+}
+
+/// Runs `weft launch ARGS` and checks it fails with one line on stderr containing `want`.
+fn refused(args: &[&str], env: &[(&str, &str)], want: &str) {
+    let mut cmd = launcher();
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let r = run(cmd);
+    assert!(r.code.is_some_and(|c| c != 0), "{args:?}: {}", r.show());
+    assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.show());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{args:?}: {}", r.show());
+    assert!(r.stderr.contains(want), "{args:?}: want {want:?}\n{}", r.show());
+}
+
+#[test]
+fn a_missing_program_is_one_clear_error() {
+    refused(
+        &[
+            "--nproc-per-node",
+            "2",
+            "--",
+            "/nonexistent/weft-no-such-program",
+            "--flag",
+        ],
+        &[],
+        "/nonexistent/weft-no-such-program",
+    );
+    refused(&["--nproc-per-node", "2"], &[], "no worker program");
+}
+
+#[test]
+fn bad_flags_are_refused() {
+    let tok = [("WEFT_JOB_TOKEN", "tok-flags")];
+    refused(
+        &["--nnodes", "2", "--node-rank", "2", "--", "true"],
+        &tok,
+        "--node-rank 2",
+    );
+    refused(&["--nproc-per-node", "0", "--", "true"], &[], "--nproc-per-node");
+    refused(&["--nnodes", "0", "--", "true"], &[], "--nnodes");
+    refused(&["--nnodes", "1:2", "--", "true"], &[], "elastic membership");
+    refused(
+        &["--nnodes", "2", "--max-restarts", "1", "--", "true"],
+        &tok,
+        "not supported yet",
+    );
+    refused(&["--nnodes", "2", "--", "true"], &[], "WEFT_JOB_TOKEN");
+    refused(&["--stop-timeout=-1", "--", "true"], &[], "--stop-timeout");
+}
+
+#[test]
+fn sigterm_to_the_launcher_is_forwarded_to_the_workers() {
+    let dir = TempDir::new("sigterm");
+    let script = "trap 'touch \"$MARK_DIR/term.$RANK\"; exit 0' TERM; echo ready; sleep 60 & wait";
+    let mut cmd = sh_job(&["--nproc-per-node", "2"], script, &[]);
+    cmd.env("MARK_DIR", &dir.0);
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("weft launch starts");
+    let err = reader(child.stderr.take().unwrap());
+    // read stdout line by line until both ranks are ready, then collect the rest
+    let (tx, lines) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    while !(seen.contains(&"[rank0]: ready".to_string()) && seen.contains(&"[rank1]: ready".to_string())) {
+        match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => seen.push(l),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("workers not ready: {seen:?}");
+            }
+        }
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let (tx2, out) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rest: Vec<String> = lines.iter().collect();
+        let _ = tx2.send(rest.join("\n").into_bytes());
+    });
+    let r = finish(child, started, out, err);
+    assert_eq!(r.code, Some(143), "{}", r.show());
+    for rank in 0..2 {
+        assert!(
+            dir.0.join(format!("term.{rank}")).exists(),
+            "rank {rank} did not get SIGTERM\n{}",
+            r.show()
+        );
+    }
+    assert!(r.stderr.contains("SIGTERM"), "{}", r.show());
+}
+
+#[test]
+fn two_nodes_on_one_machine() {
+    let port = free_port().to_string();
+    let node = |rank: &str, script: Option<&str>| {
+        let mut cmd = launcher();
+        cmd.args(["--nnodes", "2", "--node-rank", rank, "--nproc-per-node", "2"])
+            .args(["--master-port", &port, "--"])
+            .env("WEFT_JOB_TOKEN", "tok-two-nodes")
+            .env("WEFT_DIST_TIMEOUT", "60");
+        match script {
+            Some(s) => cmd.args(["sh", "-c", s]),
+            None => cmd.args([WEFT, "check", "collectives", "--sizes", "1,1000"]),
+        };
+        let started = Instant::now();
+        let mut child = cmd.spawn().expect("weft launch starts");
+        let out = reader(child.stdout.take().unwrap());
+        let err = reader(child.stderr.take().unwrap());
+        (child, started, out, err)
+    };
+    // the variables: global ranks node * 2 + local
+    let (a, b) = (node("0", Some(ENV_SCRIPT)), node("1", Some(ENV_SCRIPT)));
+    let runs = [finish(a.0, a.1, a.2, a.3), finish(b.0, b.1, b.2, b.3)];
+    for (n, r) in runs.iter().enumerate() {
+        assert_eq!(r.code, Some(0), "node {n}: {}", r.show());
+        let env = env_by_rank(&r.stdout);
+        assert_eq!(env.len(), 2, "node {n}: {}", r.show());
+        for local in 0..2 {
+            let v = &env[&(n * 2 + local)];
+            assert_eq!(v["LOCAL_RANK"], local.to_string());
+            assert_eq!(v["GROUP_RANK"], n.to_string());
+            assert_eq!(v["WORLD_SIZE"], "4");
+            assert_eq!(v["LOCAL_WORLD_SIZE"], "2");
+            assert_eq!(v["MASTER_PORT"], port);
+            assert_eq!(v["WEFT_JOB_TOKEN"], "tok-two-nodes");
+        }
+    }
+    // a real rendezvous: node 1's workers meet node 0's through the store node 0's launcher serves
+    let (a, b) = (node("0", None), node("1", None));
+    let runs = [finish(a.0, a.1, a.2, a.3), finish(b.0, b.1, b.2, b.3)];
+    for (n, r) in runs.iter().enumerate() {
+        assert_eq!(r.code, Some(0), "node {n}: {}", r.show());
+        for local in 0..2 {
+            let rank = n * 2 + local;
+            assert!(
+                r.stdout.contains(&format!("[rank{rank}]: rank {rank} of 4: ")),
+                "{}",
+                r.show()
+            );
+        }
+    }
+}

@@ -1,1 +1,0 @@
-//! Starting and watching the workers of a job (`weft launch`).

@@ -1,0 +1,250 @@
+//! One worker process: starting it, forwarding its output line by line with a `[rank{R}]: `
+//! prefix, keeping the tail of its stderr, signalling it and reaping it.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::signals::signal_name;
+use crate::error::{Error, Result};
+
+/// A line longer than this (in bytes, without a newline) is forwarded in pieces of this size,
+/// so a worker that writes binary junk cannot grow the launcher's memory without bound.
+const MAX_LINE: u64 = 1 << 20;
+
+/// The last stderr lines of a worker.
+type Tail = Arc<Mutex<VecDeque<String>>>;
+
+/// What a worker is started with.
+pub(super) struct Spec<'a> {
+    pub program: &'a OsString,
+    pub args: &'a [OsString],
+    /// Variables set on top of the launcher's environment.
+    pub env: Vec<(String, String)>,
+    pub rank: usize,
+    pub local_rank: usize,
+    /// How many stderr lines to keep.
+    pub tail_lines: usize,
+}
+
+/// A started worker.
+pub(super) struct Worker {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub pid: u32,
+    child: Child,
+    /// Set once the process has been reaped.
+    pub status: Option<ExitStatus>,
+    readers: Vec<JoinHandle<()>>,
+    tail: Tail,
+}
+
+impl Worker {
+    /// Starts the worker in a process group of its own (signals to it reach its children too),
+    /// with stdin closed and stdout/stderr forwarded by two reader threads.
+    pub(super) fn start(spec: Spec) -> Result<Worker> {
+        let mut cmd = Command::new(spec.program);
+        cmd.args(spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: getpid before the fork; in the child only async-signal-safe calls.
+            let launcher = unsafe { libc::getpid() };
+            unsafe {
+                cmd.pre_exec(move || {
+                    // the worker dies with the launcher, even when the launcher is SIGKILLed
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::getppid() != launcher {
+                        return Err(std::io::Error::other("the launcher exited"));
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().map_err(|e| {
+            let why = if e.kind() == std::io::ErrorKind::NotFound {
+                "not found (give its path, or the name of a program on PATH)".to_string()
+            } else {
+                e.to_string()
+            };
+            Error::Io(format!(
+                "cannot start the worker program {}: {why}",
+                std::path::Path::new(spec.program).display()
+            ))
+        })?;
+        let tail: Tail = Arc::new(Mutex::new(VecDeque::new()));
+        let prefix = format!("[rank{}]: ", spec.rank);
+        let mut readers = Vec::with_capacity(2);
+        let out = child.stdout.take().expect("stdout is piped");
+        let err = child.stderr.take().expect("stderr is piped");
+        for (pipe, to_stderr) in [(Box::new(out) as Box<dyn Read + Send>, false), (Box::new(err), true)] {
+            let prefix = prefix.clone();
+            let keep = to_stderr.then(|| (tail.clone(), spec.tail_lines));
+            let name = format!("weft-launch-{}{}", spec.rank, if to_stderr { "e" } else { "o" });
+            let reader = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || forward(pipe, &prefix, to_stderr, keep))
+                .map_err(|e| Error::Io(format!("cannot start an output thread for rank {}: {e}", spec.rank)));
+            match reader {
+                Ok(r) => readers.push(r),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Worker {
+            rank: spec.rank,
+            local_rank: spec.local_rank,
+            pid: child.id(),
+            child,
+            status: None,
+            readers,
+            tail,
+        })
+    }
+
+    /// The exit status if the worker has exited (reaping it), else None.
+    pub(super) fn poll(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            match self.child.try_wait() {
+                Ok(s) => self.status = s,
+                Err(e) => {
+                    eprintln!(
+                        "weft launch: cannot wait for rank {} (pid {}): {e}; counting it as failed",
+                        self.rank, self.pid
+                    );
+                    self.status = Some(ExitStatus::from_raw(255 << 8));
+                }
+            }
+        }
+        self.status
+    }
+
+    /// Blocks until the worker has exited.
+    pub(super) fn wait(&mut self) -> ExitStatus {
+        if self.status.is_none() {
+            self.status = Some(self.child.wait().unwrap_or_else(|_| ExitStatus::from_raw(255 << 8)));
+        }
+        self.status.expect("set above")
+    }
+
+    /// Sends `sig` to the worker's process group (so its children get it too), or to the
+    /// worker alone if it left that group; nothing once it has been reaped.
+    pub(super) fn signal(&self, sig: i32) {
+        if self.status.is_some() {
+            return;
+        }
+        let pid = self.pid as libc::pid_t;
+        // SAFETY: the pid is our unreaped child, so neither it nor its group id can be reused.
+        unsafe {
+            if libc::kill(-pid, sig) != 0 {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+
+    /// Whether both output threads have seen the end of their pipe.
+    pub(super) fn output_done(&self) -> bool {
+        self.readers.iter().all(|r| r.is_finished())
+    }
+
+    /// Joins the output threads that have finished (the others are left running: a child of
+    /// the worker may still hold the pipe open).
+    pub(super) fn join_output(&mut self) {
+        for r in std::mem::take(&mut self.readers) {
+            if r.is_finished() {
+                let _ = r.join();
+            }
+        }
+    }
+
+    /// The last stderr lines kept.
+    pub(super) fn tail(&self) -> Vec<String> {
+        self.tail
+            .lock()
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Waits (up to `grace`) for the output threads of every worker to reach the end of their pipes,
+/// so nothing a worker wrote before exiting is lost, then joins those that did.
+pub(super) fn drain_output(workers: &mut [Worker], grace: Duration) {
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && !workers.iter().all(Worker::output_done) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for w in workers {
+        w.join_output();
+    }
+}
+
+/// Copies `pipe` line by line to the launcher's stdout (or stderr), each line prefixed and
+/// written whole under the stream's lock; keeps the last lines in `keep`.
+fn forward(pipe: Box<dyn Read + Send>, prefix: &str, to_stderr: bool, keep: Option<(Tail, usize)>) {
+    let mut reader = BufReader::with_capacity(64 << 10, pipe);
+    let mut buf = Vec::new();
+    let mut line = Vec::new();
+    loop {
+        buf.clear();
+        match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+        let mut body = buf.as_slice();
+        if let Some(b) = body.strip_suffix(b"\n") {
+            body = b.strip_suffix(b"\r").unwrap_or(b);
+        }
+        let text = String::from_utf8_lossy(body);
+        line.clear();
+        line.extend_from_slice(prefix.as_bytes());
+        line.extend_from_slice(text.as_bytes());
+        line.push(b'\n');
+        // a closed launcher stdout must not stop the draining (the worker would block on a full pipe)
+        if to_stderr {
+            let mut e = std::io::stderr().lock();
+            let _ = e.write_all(&line);
+        } else {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(&line);
+            let _ = o.flush();
+        }
+        if let Some((tail, n)) = &keep {
+            if let Ok(mut t) = tail.lock() {
+                if t.len() == *n {
+                    t.pop_front();
+                }
+                if *n > 0 {
+                    t.push_back(text.into_owned());
+                }
+            }
+        }
+    }
+}
+
+/// `exit code 3`, `killed by signal 9 (SIGKILL)`.
+pub fn describe(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        format!("exit code {code}")
+    } else if let Some(sig) = status.signal() {
+        let core = if status.core_dumped() { ", core dumped" } else { "" };
+        format!("killed by signal {sig} ({}{core})", signal_name(sig))
+    } else {
+        status.to_string()
+    }
+}
