@@ -12,7 +12,7 @@
 use weft_core::DType;
 
 use crate::error::{Error, Result};
-use crate::mesh::{Header, Mesh};
+use crate::mesh::{Absorb, Frame, Header, Mesh, PostId, PostOutcome};
 use crate::reduce::{copy_into, dtype_code, dtype_name, reduce_into, scale_avg, ReduceOp};
 
 /// Up to this many bytes an all-reduce or broadcast counts as small (latency-bound).
@@ -77,7 +77,7 @@ pub(crate) struct Ctx<'a> {
     pub count: u64,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     fn n(&self) -> usize {
         self.ranks.len()
     }
@@ -116,6 +116,12 @@ impl Ctx<'_> {
     fn recv(&self, from: usize) -> Result<Vec<u8>> {
         let peer = self.ranks[from];
         let f = self.mesh.recv(peer, self.stream, |_| true, &self.what())?;
+        self.check(from, f)
+    }
+
+    /// The payload of frame `f` from group rank `from`, checked to belong to this very call.
+    fn check(&self, from: usize, f: Frame) -> Result<Vec<u8>> {
+        let peer = self.ranks[from];
         let (mine, theirs) = (self.header(), f.header);
         if theirs != mine {
             return Err(Error::Mismatch(format!(
@@ -137,11 +143,46 @@ impl Ctx<'_> {
     }
 
     fn recv_segments(&self, from: usize, dst: &mut [u8], reduce: Option<ReduceOp>) -> Result<()> {
-        for seg in segments(dst.len(), self.esize()) {
-            let p = self.recv(from)?;
-            self.absorb(&mut dst[seg], &p, from, reduce)?;
+        let len = dst.len();
+        // SAFETY: `dst` is borrowed mutably until `finish` returns.
+        unsafe { self.post_recv(from, dst.as_mut_ptr(), 0..len, reduce) }.finish()
+    }
+
+    /// Posts receives from group rank `from` for the segments of `range` of the buffer at
+    /// `base`: the reader thread fills them (reducing with `reduce`) as the frames arrive.
+    ///
+    /// # Safety
+    /// `base[range]` must stay valid, and untouched by the caller, until the returned
+    /// [`Posted`] is finished or dropped.
+    unsafe fn post_recv(
+        &self,
+        from: usize,
+        base: *mut u8,
+        range: std::ops::Range<usize>,
+        reduce: Option<ReduceOp>,
+    ) -> Posted<'_, 'a> {
+        let absorb = Absorb {
+            dtype: self.dtype,
+            reduce,
+        };
+        let peer = self.ranks[from];
+        let items = segments(range.len(), self.esize())
+            .into_iter()
+            .map(|seg| {
+                let at = range.start + seg.start;
+                // SAFETY: inside `base[range]`, which the caller keeps for the post.
+                let id = unsafe { self.mesh.post(peer, self.header(), base.add(at), seg.len(), absorb) };
+                (at..at + seg.len(), Some(id))
+            })
+            .collect();
+        Posted {
+            c: self,
+            from,
+            base,
+            reduce,
+            items,
+            next: 0,
         }
-        Ok(())
     }
 
     fn absorb(&self, dst: &mut [u8], src: &[u8], from: usize, reduce: Option<ReduceOp>) -> Result<()> {
@@ -163,18 +204,68 @@ impl Ctx<'_> {
         from: usize,
         reduce: Option<ReduceOp>,
     ) -> Result<()> {
-        let ss = segments(send.len(), self.esize());
-        let rs = segments(recv.len(), self.esize());
-        for i in 0..ss.len().max(rs.len()) {
-            if let Some(s) = ss.get(i) {
-                self.send(to, &buf[send.start + s.start..send.start + s.end])?;
-            }
-            if let Some(r) = rs.get(i) {
-                let p = self.recv(from)?;
-                self.absorb(&mut buf[recv.start + r.start..recv.start + r.end], &p, from, reduce)?;
-            }
+        debug_assert!(send.end <= recv.start || recv.end <= send.start, "disjoint ranges");
+        let base = buf.as_mut_ptr();
+        // SAFETY: `buf` stays borrowed until `finish`; only `recv` is written through the posts
+        // and only `send` (disjoint) is read below.
+        let posted = unsafe { self.post_recv(from, base, recv, reduce) };
+        for s in segments(send.len(), self.esize()) {
+            // SAFETY: inside `buf[send]`, which nobody writes while the posts are live.
+            let piece = unsafe { std::slice::from_raw_parts(base.add(send.start + s.start), s.len()) };
+            self.send(to, piece)?;
+        }
+        posted.finish()
+    }
+}
+
+/// Receives posted by [`Ctx::post_recv`], finished in order. Dropping it (on an error path)
+/// withdraws the ones not yet filled, waiting for any the reader is writing into, so the buffer
+/// is free again once it is gone.
+pub(crate) struct Posted<'c, 'a> {
+    c: &'c Ctx<'a>,
+    from: usize,
+    base: *mut u8,
+    reduce: Option<ReduceOp>,
+    /// Byte range of each segment in the buffer, and its post while not finished.
+    items: Vec<(std::ops::Range<usize>, Option<PostId>)>,
+    next: usize,
+}
+
+impl Posted<'_, '_> {
+    /// Waits until the next segment is in the buffer and returns its byte range. A segment
+    /// whose post was withdrawn (frames were queued ahead of it: it came before the post, or
+    /// with another header) is received from the queue with the usual checks.
+    fn wait_next(&mut self) -> Result<std::ops::Range<usize>> {
+        let c = self.c;
+        let (range, id) = self.items[self.next].clone();
+        let id = id.expect("unfinished posts have ids");
+        let outcome = c.mesh.wait_post(id, &c.what());
+        self.items[self.next].1 = None;
+        self.next += 1;
+        if let PostOutcome::Queued(frame) = outcome? {
+            let p = c.check(self.from, frame)?;
+            // SAFETY: the segment's post is finished, so the caller's buffer is ours again.
+            let dst = unsafe { std::slice::from_raw_parts_mut(self.base.add(range.start), range.len()) };
+            c.absorb(dst, &p, self.from, self.reduce)?;
+        }
+        Ok(range)
+    }
+
+    fn finish(mut self) -> Result<()> {
+        while self.next < self.items.len() {
+            self.wait_next()?;
         }
         Ok(())
+    }
+}
+
+impl Drop for Posted<'_, '_> {
+    fn drop(&mut self) {
+        for (_, id) in &self.items {
+            if let Some(id) = id {
+                self.c.mesh.withdraw(*id);
+            }
+        }
     }
 }
 
@@ -310,15 +401,48 @@ fn ring_all_gather(c: &Ctx, buf: &mut [u8], range: impl Fn(usize) -> std::ops::R
     Ok(())
 }
 
-/// `input` (`n` chunks of `out.len()` bytes, used as scratch) reduced chunk-wise; chunk `me`
-/// lands in `out`.
-pub(crate) fn reduce_scatter(c: &Ctx, input: &mut [u8], out: &mut [u8], op: ReduceOp) -> Result<()> {
-    let n = c.n();
+/// `input` (`n` chunks of `out.len()` bytes) reduced chunk-wise; chunk `me` lands in `out`.
+///
+/// A ring as in [`ring_reduce_scatter`], without writing `input`: each step's partial sum goes
+/// into one of two chunk-sized scratch buffers (kept by the calling thread between calls), the
+/// last one into `out`.
+pub(crate) fn reduce_scatter(c: &Ctx, input: &[u8], out: &mut [u8], op: ReduceOp) -> Result<()> {
+    let (n, me, k) = (c.n(), c.me, out.len());
+    let src = |i: usize| &input[i * k..(i + 1) * k];
+    out.copy_from_slice(src(me));
     if n > 1 {
-        ring_reduce_scatter(c, input, op)?;
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with(|scratch| -> Result<()> {
+            let mut scratch = scratch.borrow_mut();
+            let need = if n > 2 { 2 * k } else { 0 };
+            if scratch.len() < need {
+                scratch.resize(need, 0);
+            }
+            let (mut a, mut b) = scratch[..need].split_at_mut(need / 2);
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            for s in 0..n - 1 {
+                let send_chunk = (me + 2 * n - s - 1) % n;
+                let recv_chunk = (me + 2 * n - s - 2) % n;
+                let last = s == n - 2;
+                let target: &mut [u8] = if last { &mut *out } else { &mut *b };
+                if !last {
+                    target.copy_from_slice(src(recv_chunk));
+                }
+                let len = target.len();
+                // SAFETY: `target` is borrowed mutably until `finish`, and read by nobody else.
+                let posted = unsafe { c.post_recv(prev, target.as_mut_ptr(), 0..len, Some(op)) };
+                let sent: &[u8] = if s == 0 { src(send_chunk) } else { &*a };
+                for seg in segments(sent.len(), c.esize()) {
+                    c.send(next, &sent[seg])?;
+                }
+                posted.finish()?;
+                std::mem::swap(&mut a, &mut b);
+            }
+            Ok(())
+        })?;
     }
-    let k = out.len();
-    out.copy_from_slice(&input[c.me * k..(c.me + 1) * k]);
     if op == ReduceOp::Avg {
         scale_avg(out, c.dtype, n);
     }
@@ -362,13 +486,19 @@ pub(crate) fn broadcast(c: &Ctx, buf: &mut [u8], root: usize) -> Result<()> {
         return Ok(());
     }
     // pipelined chain root -> root+1 -> ...: each segment is forwarded as soon as it arrives
-    for seg in segments(buf.len(), c.esize()) {
-        if rel > 0 {
-            let p = c.recv(abs(rel - 1))?;
-            c.absorb(&mut buf[seg.clone()], &p, abs(rel - 1), None)?;
-        }
+    if rel == 0 {
+        return c.send_segments(abs(1), buf);
+    }
+    let (base, len) = (buf.as_mut_ptr(), buf.len());
+    // SAFETY: `buf` stays borrowed until the posts are finished; a segment is read (to forward
+    // it) only after its post is.
+    let mut posted = unsafe { c.post_recv(abs(rel - 1), base, 0..len, None) };
+    for _ in 0..posted.items.len() {
+        let seg = posted.wait_next()?;
         if rel + 1 < n {
-            c.send(abs(rel + 1), &buf[seg])?;
+            // SAFETY: this segment's post is finished; nobody writes it any more.
+            let piece = unsafe { std::slice::from_raw_parts(base.add(seg.start), seg.len()) };
+            c.send(abs(rel + 1), piece)?;
         }
     }
     Ok(())
@@ -408,12 +538,18 @@ pub(crate) fn reduce_to_root(c: &Ctx, buf: &mut [u8], root: usize, op: ReduceOp)
 pub(crate) fn all_to_all(c: &Ctx, input: &[u8], out: &mut [u8]) -> Result<()> {
     let n = c.n();
     let k = input.len() / n;
+    out[c.me * k..(c.me + 1) * k].copy_from_slice(&input[c.me * k..(c.me + 1) * k]);
+    let base = out.as_mut_ptr();
+    // SAFETY: `out` stays borrowed until every post is finished; each peer's chunk is distinct.
+    let posted: Vec<Posted> = (1..n)
+        .map(|d| (c.me + n - d) % n)
+        .map(|j| unsafe { c.post_recv(j, base, j * k..(j + 1) * k, None) })
+        .collect();
     for j in (1..n).map(|d| (c.me + d) % n) {
         c.send_segments(j, &input[j * k..(j + 1) * k])?;
     }
-    out[c.me * k..(c.me + 1) * k].copy_from_slice(&input[c.me * k..(c.me + 1) * k]);
-    for j in (1..n).map(|d| (c.me + n - d) % n) {
-        c.recv_segments(j, &mut out[j * k..(j + 1) * k], None)?;
+    for p in posted {
+        p.finish()?;
     }
     Ok(())
 }

@@ -117,6 +117,25 @@ fn with_bytes_mut<R>(t: &Tensor, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
     })?))
 }
 
+/// The raw bytes of a contiguous tensor.
+fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+    Ok(weft_core::dtype_dispatch!(t.dtype(), T => t.with_data::<T, R>(|s| {
+        // SAFETY: reading any plain-old-data element as bytes is sound.
+        f(unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) })
+    })?))
+}
+
+/// Runs `f` on the bytes of `input` and, mutably, of `output`; `input` is read in place
+/// unless it shares storage with `output` (then from a copy).
+fn with_input_output(input: &Tensor, output: &Tensor, f: impl FnOnce(&[u8], &mut [u8]) -> Result<()>) -> Result<()> {
+    if input.same_storage(output) {
+        let copy = bytes_of(input)?;
+        with_bytes_mut(output, |b| f(&copy, b))?
+    } else {
+        with_bytes(input, |i| with_bytes_mut(output, |b| f(i, b)))??
+    }
+}
+
 fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
     Ok(
         weft_core::dtype_dispatch!(t.dtype(), T => t.with_data::<T, Vec<u8>>(|s| {
@@ -314,10 +333,7 @@ impl ProcessGroup {
             input.device(),
             input.dtype(),
             input.numel(),
-            move |c| {
-                let mut scratch = bytes_of(&i)?;
-                with_bytes_mut(&o, |b| algo::reduce_scatter(c, &mut scratch, b, op))?
-            },
+            move |c| with_input_output(&i, &o, |input, b| algo::reduce_scatter(c, input, b, op)),
         )
     }
 
@@ -341,12 +357,11 @@ impl ProcessGroup {
             input.dtype(),
             output.numel(),
             move |c| {
-                let mine = bytes_of(&i)?;
-                with_bytes_mut(&o, |b| {
+                with_input_output(&i, &o, |mine, b| {
                     let k = mine.len();
-                    b[me * k..(me + 1) * k].copy_from_slice(&mine);
+                    b[me * k..(me + 1) * k].copy_from_slice(mine);
                     algo::all_gather(c, b)
-                })?
+                })
             },
         )
     }
@@ -392,10 +407,7 @@ impl ProcessGroup {
             input.device(),
             input.dtype(),
             input.numel(),
-            move |c| {
-                let inp = bytes_of(&i)?;
-                with_bytes_mut(&o, |b| algo::all_to_all(c, &inp, b))?
-            },
+            move |c| with_input_output(&i, &o, |input, b| algo::all_to_all(c, input, b)),
         )
     }
 

@@ -25,6 +25,7 @@ mod collectives;
 pub mod env;
 pub mod error;
 pub mod group;
+mod inbox;
 mod init;
 pub mod launch;
 mod mesh;

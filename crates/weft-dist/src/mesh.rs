@@ -7,69 +7,20 @@
 //! connection or an abort message marks the peer failed, and anyone waiting on it gets an error
 //! naming it instead of hanging; waits end after the job's timeout.
 
-use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::auth::{client_handshake, server_handshake, Token};
 use crate::error::{io, Error, Result};
+use crate::inbox::{read_peer, write_frame, Inbox, Source, ABORT};
+pub(crate) use crate::inbox::{Absorb, Frame, Header, PostId, PostOutcome, MAX_FRAME};
 use crate::shm::{host_key, Ring, Segment};
 use crate::store::StoreClient;
 
 const ROLE: &str = "mesh";
-/// Stream id of abort notices.
-const ABORT: u64 = u64::MAX;
-/// Largest single frame accepted from a peer (collectives send large tensors in segments).
-pub(crate) const MAX_FRAME: u64 = 1 << 31;
-
-/// The fixed part of every message: which stream it belongs to and what the sender was doing,
-/// so a receiver can check it matches what it expects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Header {
-    /// `group id << 32 | channel` (see `group`).
-    pub stream: u64,
-    /// The sender's sequence number of the operation in its stream.
-    pub seq: u64,
-    /// Operation code (see `group::OpCode`).
-    pub op: u8,
-    /// dtype code.
-    pub dtype: u8,
-    /// The operation's element count (the same on every rank for collectives).
-    pub count: u64,
-}
-
-const HEADER_BYTES: usize = 8 + 8 + 1 + 1 + 8 + 8;
-
-pub(crate) struct Frame {
-    pub header: Header,
-    pub payload: Vec<u8>,
-}
-
-#[derive(Default)]
-struct InboxState {
-    queues: HashMap<(usize, u64), VecDeque<Frame>>,
-    failed: HashMap<usize, String>,
-    aborted: Option<String>,
-}
-
-#[derive(Default)]
-struct Inbox {
-    state: Mutex<InboxState>,
-    arrived: Condvar,
-}
-
-/// The connection to one peer: TCP always (aborts, and liveness: it closes when the peer's
-/// process ends), and shared-memory rings for the data when the peer is on this host.
-struct Link {
-    tcp: Mutex<TcpStream>,
-    shm: Option<Mutex<Ring>>,
-    /// Set when the TCP connection closed; stops this side's shared-memory reader once drained.
-    gone: Arc<AtomicBool>,
-}
-
 /// Every connection of this rank.
 pub(crate) struct Mesh {
     pub rank: usize,
@@ -82,41 +33,13 @@ pub(crate) struct Mesh {
     inbox: Arc<Inbox>,
 }
 
-fn write_frame(w: &mut impl Write, h: &Header, payload: &[u8]) -> std::io::Result<()> {
-    let mut b = [0u8; HEADER_BYTES];
-    b[0..8].copy_from_slice(&h.stream.to_le_bytes());
-    b[8..16].copy_from_slice(&h.seq.to_le_bytes());
-    b[16] = h.op;
-    b[17] = h.dtype;
-    b[18..26].copy_from_slice(&h.count.to_le_bytes());
-    b[26..34].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    w.write_all(&b)?;
-    w.write_all(payload)
-}
-
-fn read_frame(r: &mut impl Read) -> std::io::Result<Frame> {
-    let mut b = [0u8; HEADER_BYTES];
-    r.read_exact(&mut b)?;
-    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    let len = u(26);
-    if len > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes exceeds the limit of {MAX_FRAME}"),
-        ));
-    }
-    let mut payload = vec![0u8; len as usize];
-    r.read_exact(&mut payload)?;
-    Ok(Frame {
-        header: Header {
-            stream: u(0),
-            seq: u(8),
-            op: b[16],
-            dtype: b[17],
-            count: u(18),
-        },
-        payload,
-    })
+/// The connection to one peer: TCP always (aborts, and liveness: it closes when the peer's
+/// process ends), and shared-memory rings for the data when the peer is on this host.
+struct Link {
+    tcp: Mutex<TcpStream>,
+    shm: Option<Mutex<Ring>>,
+    /// Set when the TCP connection closed; stops this side's shared-memory reader once drained.
+    gone: Arc<AtomicBool>,
 }
 
 impl Mesh {
@@ -268,32 +191,38 @@ impl Mesh {
     /// (frames arrive in order; `want` picks among queued ones). `what` describes the operation
     /// for errors.
     pub fn recv(&self, peer: usize, stream: u64, want: impl Fn(&Header) -> bool, what: &str) -> Result<Frame> {
-        let deadline = Instant::now() + self.timeout;
-        let mut st = self.inbox.state.lock().unwrap();
-        loop {
-            if let Some(q) = st.queues.get_mut(&(peer, stream)) {
-                if let Some(i) = q.iter().position(|f| want(&f.header)) {
-                    return Ok(q.remove(i).expect("found"));
-                }
+        self.inbox.recv(self.rank, peer, stream, want, what, self.timeout)
+    }
+
+    /// Posts a receive of the next frame from `peer` with `header` into `dst` (see
+    /// [`crate::inbox`]); finish it with [`Mesh::wait_post`] or [`Mesh::withdraw`].
+    ///
+    /// # Safety
+    /// `dst[..len]` must stay valid and untouched by the caller until the post is finished.
+    pub unsafe fn post(&self, peer: usize, header: Header, dst: *mut u8, len: usize, absorb: Absorb) -> PostId {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inbox.post(peer, header, dst, len, absorb) }
+    }
+
+    /// Waits for post `id` (see [`crate::inbox::Inbox::wait_post`]).
+    pub fn wait_post(&self, id: PostId, what: &str) -> Result<PostOutcome> {
+        self.inbox
+            .wait_post(self.rank, id, what, self.timeout, &|| self.sever(id.0))
+    }
+
+    /// Withdraws post `id`, or waits until the reader has finished writing into it.
+    pub fn withdraw(&self, id: PostId) {
+        self.inbox.withdraw(id, self.timeout, &|| self.sever(id.0));
+    }
+
+    /// Cuts the connection to `peer` (after it stayed silent mid-message past the timeout):
+    /// its reader threads stop and mark it failed.
+    fn sever(&self, peer: usize) {
+        if let Some(link) = self.links.get(peer).and_then(|l| l.as_ref()) {
+            link.gone.store(true, Ordering::SeqCst);
+            if let Ok(w) = link.tcp.try_lock() {
+                let _ = w.shutdown(Shutdown::Both);
             }
-            if let Some(why) = &st.aborted {
-                return Err(Error::PeerFailed(format!("rank {}: {what} aborted: {why}", self.rank)));
-            }
-            if let Some(why) = st.failed.get(&peer) {
-                return Err(Error::PeerFailed(format!(
-                    "rank {}: {what} failed: rank {peer} {why}",
-                    self.rank
-                )));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout(format!(
-                    "rank {}: {what} timed out after {:.0} s waiting for rank {peer}",
-                    self.rank,
-                    self.timeout.as_secs_f64()
-                )));
-            }
-            st = self.inbox.arrived.wait_timeout(st, deadline - now).unwrap().0;
         }
     }
 
@@ -371,63 +300,6 @@ fn accept_peers(
         got += 1;
         if got == expected {
             return;
-        }
-    }
-}
-
-/// Where a reader thread's frames come from.
-enum Source {
-    /// The only connection to the peer: its end marks the peer failed.
-    Tcp,
-    /// The TCP connection of a peer whose data comes through shared memory: it carries aborts,
-    /// and its end only raises the flag (the peer's process is gone).
-    TcpBesideSharedMemory(Arc<AtomicBool>),
-    /// The shared-memory ring from the peer, with the flag its TCP reader raises at the end.
-    SharedMemory(Arc<AtomicBool>),
-}
-
-/// Moves frames from one peer's stream into the inbox until the stream ends. The
-/// shared-memory reader marks the peer failed only after draining its ring, so frames sent just
-/// before a peer exits are never lost, and only after the TCP reader saw the end of its stream
-/// (bounded wait), so an abort the peer sent before exiting is reported rather than the exit.
-fn read_peer(peer: usize, mut r: impl Read, inbox: &Inbox, source: Source) {
-    loop {
-        match read_frame(&mut r) {
-            Ok(f) if f.header.stream == ABORT => {
-                let why = String::from_utf8_lossy(&f.payload).into_owned();
-                let mut st = inbox.state.lock().unwrap();
-                st.aborted.get_or_insert(format!("rank {peer} gave up: {why}"));
-                inbox.arrived.notify_all();
-            }
-            Ok(f) => {
-                let mut st = inbox.state.lock().unwrap();
-                st.queues.entry((peer, f.header.stream)).or_default().push_back(f);
-                inbox.arrived.notify_all();
-            }
-            Err(e) => {
-                match &source {
-                    Source::TcpBesideSharedMemory(gone) => {
-                        gone.store(true, Ordering::SeqCst);
-                        return;
-                    }
-                    Source::SharedMemory(tcp_done) => {
-                        let deadline = Instant::now() + Duration::from_secs(2);
-                        while !tcp_done.load(Ordering::SeqCst) && Instant::now() < deadline {
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                    }
-                    Source::Tcp => {}
-                }
-                let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    "closed its connection (its process exited or was killed)".to_string()
-                } else {
-                    format!("connection broke: {e}")
-                };
-                let mut st = inbox.state.lock().unwrap();
-                st.failed.entry(peer).or_insert(why);
-                inbox.arrived.notify_all();
-                return;
-            }
         }
     }
 }

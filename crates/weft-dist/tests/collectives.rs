@@ -298,6 +298,68 @@ fn scatter_gather_broadcast_reduce_all_to_all() {
     }
 }
 
+/// Receives are posted for the reader threads to fill; frames that come before their receive
+/// is posted (a late rank), and inputs that share storage with the output, take other paths.
+#[test]
+fn late_ranks_and_in_place_inputs_over_several_segments() {
+    for n in [2, 3] {
+        for (setup, options) in transports(n) {
+            ranks_with(n, options, |pg| {
+                let r = pg.rank();
+                let what = |op: &str| format!("{setup}: n={n} rank {r} {op}");
+                let k = (3 << 20) / 4 + 7; // several 1 MiB segments per chunk
+                let cols: Vec<Vec<f64>> = (0..n)
+                    .map(|q| (0..n * k).map(|i| value(DType::F32, q, i)).collect())
+                    .collect();
+                // the other ranks' whole share is sent (and queued) before rank 0 posts anything
+                if r == 0 {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                let t = tensor(DType::F32, &cols[r]);
+                pg.all_reduce(&t, ReduceOp::Sum).unwrap().wait().unwrap();
+                close(
+                    DType::F32,
+                    &t.to_vec_f64(),
+                    &reduce_expected(DType::F32, ReduceOp::Sum, &cols),
+                    &what("all_reduce"),
+                );
+                // reduce_scatter into a chunk of its own input
+                let input = tensor(DType::F32, &cols[r]);
+                let out = input.narrow(0, r * k, k).unwrap();
+                assert!(out.same_storage(&input));
+                pg.reduce_scatter(&out, &input, ReduceOp::Max).unwrap().wait().unwrap();
+                let full = reduce_expected(DType::F32, ReduceOp::Max, &cols);
+                close(
+                    DType::F32,
+                    &out.to_vec_f64(),
+                    &full[r * k..(r + 1) * k],
+                    &what("reduce_scatter in place"),
+                );
+                // all_gather from a chunk of its own output
+                let out = tensor(DType::F32, &cols[r]);
+                let input = out.narrow(0, r * k, k).unwrap();
+                pg.all_gather(&out, &input).unwrap().wait().unwrap();
+                let want: Vec<f64> = (0..n).flat_map(|q| cols[q][q * k..(q + 1) * k].to_vec()).collect();
+                close(DType::F32, &out.to_vec_f64(), &want, &what("all_gather in place"));
+                // all_to_all and broadcast with a late root
+                if r == n - 1 {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                let out = Tensor::zeros(&[n * k], DType::F32).unwrap();
+                pg.all_to_all(&out, &tensor(DType::F32, &cols[r]))
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                let want: Vec<f64> = (0..n).flat_map(|q| cols[q][r * k..(r + 1) * k].to_vec()).collect();
+                close(DType::F32, &out.to_vec_f64(), &want, &what("all_to_all"));
+                let t = tensor(DType::F32, &cols[r]);
+                pg.broadcast(&t, 0).unwrap().wait().unwrap();
+                close(DType::F32, &t.to_vec_f64(), &cols[0], &what("broadcast"));
+            });
+        }
+    }
+}
+
 #[test]
 fn operations_overlap_and_complete_in_order() {
     // several collectives in flight at once, waited for in reverse
