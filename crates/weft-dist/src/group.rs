@@ -189,6 +189,16 @@ impl ProcessGroup {
         self.inner.world.store.as_ref()
     }
 
+    /// Gives up on this job: every later operation of every group of this process fails, and
+    /// every peer is told `reason`, so ranks waiting on this one fail now with it instead of at
+    /// their timeout. For errors found outside a collective (a rank whose gradients are
+    /// missing, say) that the other ranks would otherwise only see as silence.
+    pub fn abort(&self, reason: &str) {
+        let w = &self.inner.world;
+        w.broken.lock().unwrap().get_or_insert(reason.to_string());
+        w.mesh.abort(reason);
+    }
+
     /// Whether messages to group rank `peer` travel through shared memory (else TCP).
     pub fn uses_shared_memory(&self, peer: usize) -> bool {
         self.inner

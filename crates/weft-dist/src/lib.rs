@@ -22,6 +22,7 @@ compile_error!("weft-dist sends tensors in the machine's byte order and supports
 pub mod auth;
 pub mod bench;
 mod collectives;
+pub mod ddp;
 pub mod env;
 pub mod error;
 pub mod group;
@@ -36,6 +37,7 @@ pub mod store;
 mod wire;
 
 pub use auth::Token;
+pub use ddp::{DataParallel, DdpOptions};
 pub use error::{Error, Result};
 pub use group::{ProcessGroup, Work};
 pub use init::{init, init_with, Options, DEFAULT_TIMEOUT};

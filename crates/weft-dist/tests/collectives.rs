@@ -5,10 +5,12 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{ranks, ranks_with};
 use weft_core::{DType, Tensor};
-use weft_dist::env::{RankEnv, Starter};
 use weft_dist::store::StoreServer;
-use weft_dist::{init_with, Options, ProcessGroup, ReduceOp, Token};
+use weft_dist::{Options, ProcessGroup, ReduceOp, Token};
 
 const DTYPES: [DType; 8] = [
     DType::F32,
@@ -20,51 +22,6 @@ const DTYPES: [DType; 8] = [
     DType::U8,
     DType::Bool,
 ];
-
-fn env(rank: usize, n: usize, port: u16) -> RankEnv {
-    RankEnv {
-        rank,
-        world_size: n,
-        local_rank: rank,
-        local_world_size: n,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        restart_count: 0,
-        starter: Starter::Launcher,
-    }
-}
-
-/// Runs `f` on `n` ranks (threads) joined through a fresh store, rank `r` with `options(r)`;
-/// returns each rank's result.
-fn ranks_with<R: Send>(
-    n: usize,
-    options: impl Fn(usize) -> Options + Sync,
-    f: impl Fn(ProcessGroup) -> R + Sync,
-) -> Vec<R> {
-    let token = Token::new("test-token").unwrap();
-    let server = StoreServer::start("127.0.0.1:0", token.clone()).unwrap();
-    let port = server.addr().port();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|r| {
-                let (f, token, o) = (&f, token.clone(), options(r));
-                s.spawn(move || f(init_with(Some(env(r, n, port)), Some(token), &o).unwrap()))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn ranks<R: Send>(n: usize, timeout: Duration, f: impl Fn(ProcessGroup) -> R + Sync) -> Vec<R> {
-    ranks_with(
-        n,
-        |_| Options {
-            timeout,
-            ..Options::default()
-        },
-        f,
-    )
-}
 
 /// A named way to build each rank's options.
 type Transport = (&'static str, Box<dyn Fn(usize) -> Options + Sync>);
