@@ -98,16 +98,6 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
             }
             .map_err(|e| e.to_string())?;
-            // one rank per job until data parallelism lands: N ranks would train N copies
-            if let Some(env) = weft_dist::env::from_env().map_err(|e| e.to_string())? {
-                if env.world_size > 1 {
-                    return Err(format!(
-                        "weft train runs on one rank for now ([parallel] supports dp = tp = pp = 1), but this \
-                         process is rank {} of {}",
-                        env.rank, env.world_size
-                    ));
-                }
-            }
             let options = weft_train::run::TrainOptions {
                 resume,
                 progress: !quiet,

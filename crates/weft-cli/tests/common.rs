@@ -45,3 +45,44 @@ pub fn read_metrics(path: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// Checks the metrics file of a run of fixture `case` against PyTorch's record: one line per
+/// step, losses within 1e-4 relative, learning rates exact, pre-clipping gradient norms within
+/// 1e-4 relative. Returns the largest relative loss difference.
+pub fn check_against_pytorch(case: &str, metrics: &Path) -> f64 {
+    let dir = fixtures().join(case);
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let losses = expected["losses"].as_array().unwrap();
+    let lrs = expected["lrs"].as_array().unwrap();
+    let norms = expected["grad_norms"].as_array().unwrap();
+    let got = read_metrics(metrics);
+    assert_eq!(got.len(), losses.len(), "{case}: one metrics line per step");
+    assert!(got.len() >= 40, "{case}: at least 40 steps");
+    let mut worst = 0.0f64;
+    for (i, rec) in got.iter().enumerate() {
+        assert_eq!(rec["step"].as_u64(), Some(i as u64), "{case}: step numbering");
+        let (l, e) = (rec["loss"].as_f64().unwrap(), losses[i].as_f64().unwrap());
+        let rel = (l - e).abs() / e.abs();
+        worst = worst.max(rel);
+        assert!(
+            rel <= 1e-4,
+            "{case} step {i}: loss {l} vs PyTorch {e} (relative {rel:.2e})"
+        );
+        let (lr, elr) = (rec["lr"].as_f64().unwrap(), lrs[i].as_f64().unwrap());
+        assert!(
+            (lr - elr).abs() <= 1e-15 * elr.abs(),
+            "{case} step {i}: lr {lr} vs PyTorch {elr}"
+        );
+        if let Some(en) = norms[i].as_f64() {
+            let n = rec["grad_norm"].as_f64().unwrap();
+            assert!(
+                (n - en).abs() <= 1e-4 * en,
+                "{case} step {i}: grad norm {n} vs PyTorch {en}"
+            );
+        }
+        assert!(rec["step_ms"].as_f64().unwrap() > 0.0);
+    }
+    eprintln!("{case}: {} steps, max relative loss difference {worst:.2e}", got.len());
+    worst
+}

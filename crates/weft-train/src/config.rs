@@ -291,7 +291,8 @@ fn default_keep() -> usize {
     3
 }
 
-/// `[parallel]`: parsed and validated; only the single-process layout runs today.
+/// `[parallel]`: the layout of the job. Data parallelism (`dp`) runs; tensor and pipeline
+/// parallelism and ZeRO are parsed and validated, and only their single-process values run today.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelConfig {
@@ -431,8 +432,11 @@ impl RunConfig {
             if v == 0 {
                 return bad(key, "must be at least 1".into());
             }
-            if v != 1 {
-                return bad(key, format!("{v}: parallel training is not available yet; only 1 runs"));
+            if v != 1 && key != "parallel.dp" {
+                return bad(
+                    key,
+                    format!("{v}: tensor and pipeline parallelism are not available yet; only 1 runs"),
+                );
             }
         }
         if p.zero > 3 {

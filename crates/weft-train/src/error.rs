@@ -12,6 +12,9 @@ pub enum Error {
     /// From a dataset.
     #[error(transparent)]
     Data(#[from] weft_data::Error),
+    /// From the communication runtime (a failed or mismatched peer, a bad job environment).
+    #[error(transparent)]
+    Dist(#[from] weft_dist::Error),
     /// Checkpoint and metrics files.
     #[error("{0}")]
     Io(String),

@@ -19,7 +19,7 @@ use crate::checkpoint;
 use crate::config::{DataConfig, LabelColumnConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig};
 use crate::error::{Error, Result};
 use crate::metrics::{MetricsFile, Progress};
-use crate::trainer::{BatchFn, CheckpointPolicy, Trainer};
+use crate::trainer::{shard_rows, BatchFn, CheckpointPolicy, Trainer};
 
 /// The model of a `[model]` section, initialised from `seed`.
 pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
@@ -116,6 +116,32 @@ struct Data {
     train: BatchFn,
     eval: Option<BatchFn>,
     text: Option<Arc<TextDataset>>,
+    /// Rows of every training batch (the global batch).
+    batch_rows: usize,
+}
+
+impl Data {
+    /// This data-parallel rank's share of every training batch: the same global batches are
+    /// built on every rank (from the same seed and step) and each keeps its rows, so `ranks`
+    /// ranks see exactly what one process would, in the same order whatever their number.
+    /// Evaluation batches stay whole (ranks share them out by index instead).
+    fn shard(mut self, rank: usize, ranks: usize) -> Result<Data> {
+        if ranks == 1 {
+            return Ok(self);
+        }
+        if self.batch_rows % ranks != 0 {
+            return Err(Error::Config(format!(
+                "parallel.dp: a global batch of {} rows does not split evenly across dp = {ranks} ranks",
+                self.batch_rows
+            )));
+        }
+        let inner = self.train.clone();
+        self.train = Arc::new(move |step| {
+            let (x, y) = inner(step)?;
+            Ok((shard_rows(&x, rank, ranks)?, shard_rows(&y, rank, ranks)?))
+        });
+        Ok(self)
+    }
 }
 
 fn build_data(config: &RunConfig) -> Result<Data> {
@@ -127,10 +153,12 @@ fn build_data(config: &RunConfig) -> Result<Data> {
     Ok(match &config.data {
         DataConfig::Batches(b) => {
             let ds = Arc::new(BatchesDataset::from_file(config.resolve(&b.path))?);
+            let batch_rows = ds.batch_size();
             Data {
                 train: Arc::new(move |step| Ok(ds.batch(step)?)),
                 eval: None,
                 text: None,
+                batch_rows,
             }
         }
         DataConfig::Text(t) => {
@@ -160,6 +188,7 @@ fn build_data(config: &RunConfig) -> Result<Data> {
                 train,
                 eval,
                 text: Some(ds),
+                batch_rows: bs,
             }
         }
         DataConfig::Csv(c) => {
@@ -183,6 +212,7 @@ fn build_data(config: &RunConfig) -> Result<Data> {
                 train,
                 eval,
                 text: None,
+                batch_rows: bs,
             }
         }
     })
@@ -197,9 +227,36 @@ pub struct TrainOptions {
     pub progress: bool,
 }
 
+/// Joins the job when this process is one of several ranks (started by `weft launch`, Slurm or
+/// OpenMPI), after checking that `[parallel]` describes as many ranks as the job has: every rank
+/// reads the same config, so each stops with the same message before any connection is made.
+fn join_job(config: &RunConfig) -> Result<Option<weft_dist::ProcessGroup>> {
+    let env = weft_dist::env::from_env()?;
+    let ranks = env.as_ref().map_or(1, |e| e.world_size);
+    let p = &config.parallel;
+    let want = p.dp * p.tp * p.pp;
+    if want != ranks {
+        let who = match &env {
+            Some(e) => format!("this job has {} ranks (this is rank {})", e.world_size, e.rank),
+            None => "this is a single process (no launcher variables are set)".to_string(),
+        };
+        return Err(Error::Config(format!(
+            "parallel: dp x tp x pp = {} x {} x {} = {want}, but {who}; start {want} ranks, e.g. `weft launch \
+             --nproc-per-node {want} -- weft train ...`",
+            p.dp, p.tp, p.pp
+        )));
+    }
+    if ranks == 1 {
+        return Ok(None);
+    }
+    Ok(Some(weft_dist::init()?))
+}
+
 /// Runs the training described by `config`.
 pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     let t = &config.train;
+    let group = join_job(config)?;
+    let (rank, ranks) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
     // a gpt is kept by its own type too, to sample from it after training
     let gpt = match &config.model {
         ModelConfig::Gpt(_) => Some(Arc::new(build_gpt(&config.model, t.seed)?)),
@@ -212,12 +269,15 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     if let Some(from) = &config.init.from {
         state_dict::load_file(model.as_ref(), &config.resolve(from), model.aliases())?;
     }
-    let data = build_data(config)?;
+    let data = build_data(config)?.shard(rank, ranks)?;
     let optimizer = build_optimizer(&config.optim)?;
     let schedule = build_schedule(&config.schedule, config.optim.lr)?;
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
         .with_grad_clip(config.optim.grad_clip)
         .with_log_every(t.log_every);
+    if let Some(g) = group {
+        trainer = trainer.with_data_parallel(g, weft_dist::DdpOptions::default())?;
+    }
     if let Some(eval) = data.eval.clone() {
         trainer = trainer.with_eval(t.eval_every, t.eval_batches, eval);
     }
@@ -233,21 +293,23 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         "tokenizer": data.text.as_ref().map(|d| d.tokenizer().to_json()),
     });
     let start = if options.resume { trainer.resume()? } else { 0 };
-    if let Some(path) = &t.metrics {
+    // rank 0 logs, shows progress and samples for the whole job
+    let logs = rank == 0;
+    if let (Some(path), true) = (&t.metrics, logs) {
         trainer = trainer.with_callback(MetricsFile::create(&config.resolve(path), options.resume && start > 0)?);
     }
-    if options.progress {
+    if options.progress && logs {
         trainer = trainer.with_callback(Progress::new(t.steps));
     }
-    if start >= t.steps {
+    if start >= t.steps && logs {
         eprintln!(
             "weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})",
             t.steps
         );
-    } else {
+    } else if start < t.steps {
         trainer.fit(data.train.clone(), start, t.steps)?;
     }
-    if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0) {
+    if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0 && logs) {
         let sample = sample_text(gpt, text.tokenizer(), "\n", t.sample_tokens, t.seed)?;
         println!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
     }

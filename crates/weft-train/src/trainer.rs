@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use weft_core::{no_grad, Tensor};
+use weft_dist::{DataParallel, DdpOptions, ProcessGroup, ReduceOp};
 use weft_models::Model;
 use weft_nn::clip::{clip_grad_norm, grad_norm};
 use weft_nn::optim::{Optimizer, ParamGroup};
@@ -71,6 +72,8 @@ pub struct Trainer {
     eval: Option<(usize, usize, BatchFn)>,
     /// Free-form JSON saved with every checkpoint (the run config, a tokenizer).
     pub checkpoint_extra: serde_json::Value,
+    /// The data-parallel group and the wrapper that averages gradients over it.
+    data_parallel: Option<(ProcessGroup, DataParallel)>,
 }
 
 impl Trainer {
@@ -99,7 +102,36 @@ impl Trainer {
             checkpoints: None,
             eval: None,
             checkpoint_extra: serde_json::Value::Null,
+            data_parallel: None,
         }
+    }
+
+    /// Trains data-parallel over `pg`: the model's parameters are broadcast from rank 0 now,
+    /// gradients are averaged over the group in every step (buckets all-reduced while backward
+    /// runs), the logged loss is the mean over the group, and only rank 0 writes checkpoints.
+    /// Each rank is given its own share of every batch; see [`shard_rows`].
+    pub fn with_data_parallel(mut self, pg: ProcessGroup, options: DdpOptions) -> Result<Self> {
+        let ddp = DataParallel::new(self.model.parameters(), &pg, options)?;
+        self.data_parallel = Some((pg, ddp));
+        Ok(self)
+    }
+
+    /// The data-parallel group's (rank, size); (0, 1) without one.
+    pub fn rank_and_size(&self) -> (usize, usize) {
+        self.data_parallel
+            .as_ref()
+            .map_or((0, 1), |(pg, _)| (pg.rank(), pg.size()))
+    }
+
+    /// `values` summed over the data-parallel group (unchanged without one).
+    fn sum_over_ranks(&self, values: Vec<f64>) -> Result<Vec<f64>> {
+        let Some((pg, _)) = &self.data_parallel else {
+            return Ok(values);
+        };
+        let n = values.len();
+        let t = Tensor::from_vec(values, &[n])?;
+        pg.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+        Ok(t.to_vec::<f64>()?)
     }
 
     /// Clips the global gradient norm to `max_norm` before each update.
@@ -137,11 +169,16 @@ impl Trainer {
         let t0 = Instant::now();
         let lr = self.schedule.lr_at(step);
         let loss = self.model.loss(x, y)?;
-        let loss_value = loss.item()?;
+        let (_, ranks) = self.rank_and_size();
+        // the mean over the global batch: every rank's share has the same size
+        let loss_value = self.sum_over_ranks(vec![loss.item()?])?[0] / ranks as f64;
         if !loss_value.is_finite() {
             return Err(Error::Run(format!("step {step}: the loss is {loss_value}")));
         }
         loss.backward()?;
+        if let Some((_, ddp)) = &self.data_parallel {
+            ddp.finish()?;
+        }
         let params: Vec<Tensor> = self
             .groups
             .iter()
@@ -156,9 +193,9 @@ impl Trainer {
         params.iter().for_each(|p| p.set_grad(None));
         let step_ms = t0.elapsed().as_secs_f64() * 1e3;
         let (items, key) = if x.dtype() == weft_core::DType::I64 {
-            (x.numel(), "tokens_per_s")
+            (x.numel() * ranks, "tokens_per_s")
         } else {
-            (x.shape()[0], "samples_per_s")
+            (x.shape()[0] * ranks, "samples_per_s")
         };
         Ok(StepRecord {
             step,
@@ -171,23 +208,26 @@ impl Trainer {
         })
     }
 
-    /// Mean loss over the evaluation batches, in eval mode without gradients.
+    /// Mean loss over the evaluation batches, in eval mode without gradients. Data-parallel
+    /// ranks share the batches out (batch `i` on rank `i mod size`) and sum their results.
     pub fn evaluate(&self) -> Result<Option<f64>> {
         let Some((_, n, batch)) = &self.eval else {
             return Ok(None);
         };
+        let (rank, ranks) = self.rank_and_size();
         let ctx = self.model.context();
         ctx.set_training(false);
-        let result = no_grad(|| -> Result<f64> {
+        let local = no_grad(|| -> Result<f64> {
             let mut total = 0.0;
-            for i in 0..*n {
+            for i in (rank..*n).step_by(ranks) {
                 let (x, y) = batch(i)?;
                 total += self.model.loss(&x, &y)?.item()?;
             }
-            Ok(total / *n as f64)
+            Ok(total)
         });
         ctx.set_training(true);
-        result.map(Some)
+        let total = self.sum_over_ranks(vec![local?])?[0];
+        Ok(Some(total / *n as f64))
     }
 
     /// Restores the newest complete checkpoint of the policy's folder, if any; returns the step
@@ -207,6 +247,10 @@ impl Trainer {
     }
 
     fn save(&self, next_step: usize) -> Result<()> {
+        // data-parallel replicas are identical: rank 0 writes for all
+        if self.rank_and_size().0 != 0 {
+            return Ok(());
+        }
         if let Some(policy) = &self.checkpoints {
             let state = CheckpointState {
                 step: next_step,
@@ -260,4 +304,18 @@ impl Trainer {
         }
         Ok(())
     }
+}
+
+/// Rows `[rank * b, (rank + 1) * b)` of `t`, `b = rows / ranks`: a data-parallel rank's share of
+/// a global batch (dim 0), so that `ranks` ranks together see exactly the batch one process
+/// would. Errors when the rows do not split evenly.
+pub fn shard_rows(t: &Tensor, rank: usize, ranks: usize) -> Result<Tensor> {
+    let rows = t.shape().first().copied().unwrap_or(0);
+    if ranks == 0 || rows % ranks != 0 || rank >= ranks {
+        return Err(Error::Config(format!(
+            "data: a global batch of {rows} rows does not split evenly across {ranks} data-parallel ranks"
+        )));
+    }
+    let b = rows / ranks;
+    Ok(t.narrow(0, rank * b, b)?.contiguous_copy()?)
 }
