@@ -82,7 +82,11 @@ fn wrong_type() {
 fn bad_values() {
     fails_naming(
         &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.dp=2"],
-        &["parallel.dp"],
+        &["dp x tp x pp = 2 x 1 x 1 = 2", "single process"],
+    );
+    fails_naming(
+        &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.tp=2"],
+        &["parallel.tp", "not available yet"],
     );
     fails_naming(
         &[

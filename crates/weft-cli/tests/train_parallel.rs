@@ -117,3 +117,42 @@ fn a_layout_that_does_not_match_the_job_is_refused() {
     assert!(!out.status.success());
     assert!(err.contains("4 rows does not split evenly across dp = 3"), "{err}");
 }
+
+#[test]
+fn the_trace_shows_every_rank_computing_and_reducing() {
+    let out = temp_dir("dp-trace");
+    let trace = out.join("trace.json");
+    let config = fixtures().join("gpt_adamw/run.toml");
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let trace_set = format!("train.trace={:?}", trace.to_str().unwrap());
+    weft_ok(&[
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--",
+        bin,
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--quiet",
+        "--set",
+        "parallel.dp=2",
+        "--set",
+        &trace_set,
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    for rank in 0..2 {
+        let names: Vec<&str> = events
+            .iter()
+            .filter(|e| e["pid"] == rank && e["ph"] == "X")
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.iter().filter(|n| **n == "backward").count(), 40, "rank {rank}");
+        assert!(
+            names.iter().any(|n| n.starts_with("all_reduce(avg, f32")),
+            "rank {rank}: {names:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

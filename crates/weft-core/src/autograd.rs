@@ -209,7 +209,17 @@ fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
             let d = deps.get_mut(&input.id()).expect("counted above");
             *d -= 1;
             if *d == 0 {
-                ready.push(input.id());
+                if input.0.node.is_none() {
+                    // a leaf's gradient is final now: accumulate it (and fire its hooks) at once
+                    // rather than after every newer node, so data parallelism can start
+                    // reducing it while the rest of the backward runs
+                    tensors.remove(&input.id());
+                    if let Some(g) = grads.remove(&input.id()) {
+                        accumulate_into_leaf(input, g)?;
+                    }
+                } else {
+                    ready.push(input.id());
+                }
             }
         }
     }

@@ -69,6 +69,26 @@ fn leaf_gradients_own_their_buffers() {
     assert_eq!(b.grad().unwrap().to_vec_f64(), vec![1.0, 1.0]);
 }
 
+#[test]
+fn a_leaf_is_ready_as_soon_as_its_gradient_is_final_whatever_its_age() {
+    // w_late is created first but used last: its gradient is final right after the last
+    // matmul's backward, long before backward reaches w_early
+    let w_late = param(&[1.0, -2.0], &[2, 1]);
+    let w_early = param(&[0.5, -1.0, 2.0, 1.0, 0.0, 3.0], &[3, 2]);
+    let x = t(&[1.0, 2.0, 3.0], &[1, 3]);
+    let seen: Arc<Mutex<Option<bool>>> = Arc::default();
+    let (s, e) = (seen.clone(), w_early.clone());
+    w_late.register_grad_ready_hook(move |_| *s.lock().unwrap() = Some(e.grad().is_some()));
+    let h = x.matmul(&w_early).unwrap().tanh().unwrap();
+    h.matmul(&w_late).unwrap().sum_all().unwrap().backward().unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(false),
+        "w_late's hook ran before w_early's gradient"
+    );
+    assert!(w_early.grad().is_some());
+}
+
 /// (which leaf, its gradient when the hook ran, whether the other leaf had a gradient then)
 type HookRecord = (String, Vec<f64>, bool);
 

@@ -68,8 +68,10 @@ struct Bucket {
     dtype: DType,
     /// Members whose gradient has not arrived in this step.
     missing: usize,
-    /// The flat gradients of this step (allocated at the first arrival).
+    /// The flat gradients of this step (taken at the first arrival).
     buffer: Option<Tensor>,
+    /// Last step's buffer, reused once the gradients viewing it are gone.
+    spare: Option<Tensor>,
     work: Option<Work>,
 }
 
@@ -213,6 +215,7 @@ fn plan_buckets(params: &[(String, Tensor)], options: &DdpOptions) -> Vec<Bucket
                 dtype: p.dtype(),
                 missing: 0,
                 buffer: None,
+                spare: None,
                 work: None,
             });
             open = true;
@@ -229,6 +232,24 @@ fn plan_buckets(params: &[(String, Tensor)], options: &DdpOptions) -> Vec<Bucket
         }
     }
     buckets
+}
+
+impl Bucket {
+    /// This step's flat buffer: last step's when nothing else holds it any more (its gradients
+    /// were cleared), else a new one. Every element is overwritten before the all-reduce.
+    fn buffer(&mut self) -> Result<Tensor> {
+        if self.buffer.is_none() {
+            let reusable = self
+                .spare
+                .take()
+                .filter(|t| std::sync::Arc::strong_count(t.storage()) == 1);
+            self.buffer = Some(match reusable {
+                Some(t) => t,
+                None => Tensor::zeros(&[self.numel], self.dtype)?,
+            });
+        }
+        Ok(self.buffer.clone().expect("set above"))
+    }
 }
 
 impl Reducer {
@@ -254,18 +275,20 @@ impl Reducer {
             .ok_or_else(|| Error::Invalid(format!("parameter {:?} has no gradient", self.params[i].0)))?;
         let (b, m) = self.place[i];
         let bucket = &mut self.buckets[b];
-        let buffer = match &bucket.buffer {
-            Some(t) => t.clone(),
-            None => {
-                let t = Tensor::zeros(&[bucket.numel], bucket.dtype)?;
-                bucket.buffer = Some(t.clone());
-                t
-            }
-        };
-        let n = grad.numel();
-        buffer
-            .narrow(0, bucket.offsets[m], n)?
-            .copy_from(&grad.reshape(&[n as isize])?)?;
+        let buffer = bucket.buffer()?;
+        let at = bucket.offsets[m];
+        if grad.dtype() != bucket.dtype || grad.numel() != self.params[i].1.numel() {
+            return Err(Error::Invalid(format!(
+                "data parallel: the gradient of {:?} ({:?}, {}) does not match the parameter",
+                self.params[i].0,
+                grad.shape(),
+                grad.dtype().name()
+            )));
+        }
+        weft_core::dtype_dispatch!(grad.dtype(), T => grad.with_data::<T, Result<()>>(|g| {
+            buffer.with_data_mut::<T, ()>(|d| d[at..at + g.len()].copy_from_slice(g))?;
+            Ok(())
+        })??);
         self.ready[i] = true;
         bucket.missing -= 1;
         self.launch_ready()
@@ -284,14 +307,16 @@ impl Reducer {
 
     fn launch(&mut self, b: usize) -> Result<()> {
         let bucket = &mut self.buckets[b];
-        let buffer = match &bucket.buffer {
-            Some(t) => t.clone(),
-            None => {
-                let t = Tensor::zeros(&[bucket.numel], bucket.dtype)?;
-                bucket.buffer = Some(t.clone());
-                t
+        let buffer = bucket.buffer()?;
+        // parameters without a gradient here (allowed by find_unused_parameters) count as zero
+        for (m, &i) in bucket.members.iter().enumerate() {
+            if !self.ready[i] {
+                let (at, n) = (bucket.offsets[m], self.params[i].1.numel());
+                buffer
+                    .narrow(0, at, n)?
+                    .copy_from(&Tensor::zeros(&[n], bucket.dtype)?)?;
             }
-        };
+        }
         bucket.work = Some(self.pg.all_reduce(&buffer, ReduceOp::Avg)?);
         self.next_launch = b + 1;
         Ok(())
@@ -350,7 +375,7 @@ impl Reducer {
         self.error = None;
         for b in &mut self.buckets {
             b.missing = b.members.len();
-            b.buffer = None;
+            b.spare = b.buffer.take();
             b.work = None;
         }
     }

@@ -87,9 +87,11 @@ impl Work {
     /// Blocks until the operation has finished on this rank; its error, if any.
     pub fn wait(self) -> Result<()> {
         match self.kind {
-            WorkKind::Queued(rx, what) => rx
-                .recv()
-                .unwrap_or_else(|_| Err(Error::PeerFailed(format!("{what}: the group's thread is gone")))),
+            WorkKind::Queued(rx, what) => {
+                let _span = crate::trace::span("wait", "wait");
+                rx.recv()
+                    .unwrap_or_else(|_| Err(Error::PeerFailed(format!("{what}: the group's thread is gone"))))
+            }
             WorkKind::Deferred(f) => f(),
         }
     }
@@ -294,7 +296,12 @@ impl ProcessGroup {
                         dtype,
                         count: count as u64,
                     };
+                    let started = std::time::Instant::now();
                     let r = f(&ctx);
+                    if crate::trace::enabled() {
+                        let name = format!("{} #{seq}", describe(op, dtype_code(dtype), count as u64));
+                        crate::trace::record("comm", name, started, std::time::Instant::now());
+                    }
                     if let Err(e) = &r {
                         let msg = e.to_string();
                         world.broken.lock().unwrap().get_or_insert(msg.clone());

@@ -34,6 +34,7 @@ mod reduce;
 pub mod selfcheck;
 mod shm;
 pub mod store;
+pub mod trace;
 mod wire;
 
 pub use auth::Token;

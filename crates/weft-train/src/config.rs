@@ -267,6 +267,9 @@ pub struct TrainConfig {
     #[serde(default = "default_eval_batches")]
     pub eval_batches: usize,
     pub checkpoint_dir: Option<PathBuf>,
+    /// Where rank 0 writes the run's timeline (Chrome trace format), if anywhere.
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
     /// Save every this many steps (0: only at the end, when `checkpoint_dir` is set).
     #[serde(default)]
     pub checkpoint_every: usize,
@@ -308,6 +311,19 @@ pub struct ParallelConfig {
     pub micro_batches: usize,
     #[serde(default = "default_pp_schedule")]
     pub schedule: String,
+    /// Data parallelism: size cap of the first gradient bucket (the last parameters), MiB.
+    #[serde(default = "default_first_bucket_mb")]
+    pub first_bucket_mb: f64,
+    /// Data parallelism: size cap of the other gradient buckets, MiB (PyTorch's `bucket_cap_mb`).
+    #[serde(default = "default_bucket_cap_mb")]
+    pub bucket_cap_mb: f64,
+}
+
+fn default_first_bucket_mb() -> f64 {
+    1.0
+}
+fn default_bucket_cap_mb() -> f64 {
+    25.0
 }
 
 fn one() -> usize {
@@ -326,6 +342,8 @@ impl Default for ParallelConfig {
             zero: 0,
             micro_batches: 1,
             schedule: default_pp_schedule(),
+            first_bucket_mb: default_first_bucket_mb(),
+            bucket_cap_mb: default_bucket_cap_mb(),
         }
     }
 }
@@ -437,6 +455,14 @@ impl RunConfig {
                     key,
                     format!("{v}: tensor and pipeline parallelism are not available yet; only 1 runs"),
                 );
+            }
+        }
+        for (key, v) in [
+            ("parallel.first_bucket_mb", p.first_bucket_mb),
+            ("parallel.bucket_cap_mb", p.bucket_cap_mb),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(key, format!("{v} must be a size in MiB, >= 0"));
             }
         }
         if p.zero > 3 {

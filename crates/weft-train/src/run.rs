@@ -276,7 +276,16 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         .with_grad_clip(config.optim.grad_clip)
         .with_log_every(t.log_every);
     if let Some(g) = group {
-        trainer = trainer.with_data_parallel(g, weft_dist::DdpOptions::default())?;
+        let mib = |v: f64| (v * (1 << 20) as f64) as usize;
+        let options = weft_dist::DdpOptions {
+            first_bucket_bytes: mib(config.parallel.first_bucket_mb),
+            bucket_bytes: mib(config.parallel.bucket_cap_mb),
+            ..Default::default()
+        };
+        trainer = trainer.with_data_parallel(g, options)?;
+    }
+    if let Some(path) = &t.trace {
+        trainer = trainer.with_trace(config.resolve(path));
     }
     if let Some(eval) = data.eval.clone() {
         trainer = trainer.with_eval(t.eval_every, t.eval_batches, eval);

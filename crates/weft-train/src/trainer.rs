@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use weft_core::{no_grad, Tensor};
+use weft_dist::trace::span;
 use weft_dist::{DataParallel, DdpOptions, ProcessGroup, ReduceOp};
 use weft_models::Model;
 use weft_nn::clip::{clip_grad_norm, grad_norm};
@@ -74,6 +75,8 @@ pub struct Trainer {
     pub checkpoint_extra: serde_json::Value,
     /// The data-parallel group and the wrapper that averages gradients over it.
     data_parallel: Option<(ProcessGroup, DataParallel)>,
+    /// Where rank 0 writes the timeline of the run (Chrome trace format).
+    trace: Option<std::path::PathBuf>,
 }
 
 impl Trainer {
@@ -103,7 +106,16 @@ impl Trainer {
             eval: None,
             checkpoint_extra: serde_json::Value::Null,
             data_parallel: None,
+            trace: None,
         }
+    }
+
+    /// Records compute and communication spans of every step, and writes them (every rank's,
+    /// on rank 0) to `path` in the Chrome trace format when [`Trainer::fit`] ends.
+    pub fn with_trace(mut self, path: std::path::PathBuf) -> Self {
+        weft_dist::trace::enable();
+        self.trace = Some(path);
+        self
     }
 
     /// Trains data-parallel over `pg`: the model's parameters are broadcast from rank 0 now,
@@ -168,15 +180,23 @@ impl Trainer {
     pub fn train_step(&mut self, step: usize, x: &Tensor, y: &Tensor) -> Result<StepRecord> {
         let t0 = Instant::now();
         let lr = self.schedule.lr_at(step);
-        let loss = self.model.loss(x, y)?;
+        let _step_span = span("compute", format!("step {step}"));
+        let loss = {
+            let _s = span("compute", "forward");
+            self.model.loss(x, y)?
+        };
         let (_, ranks) = self.rank_and_size();
         // the mean over the global batch: every rank's share has the same size
         let loss_value = self.sum_over_ranks(vec![loss.item()?])?[0] / ranks as f64;
         if !loss_value.is_finite() {
             return Err(Error::Run(format!("step {step}: the loss is {loss_value}")));
         }
-        loss.backward()?;
+        {
+            let _s = span("compute", "backward");
+            loss.backward()?;
+        }
         if let Some((_, ddp)) = &self.data_parallel {
+            let _s = span("compute", "gradient sync");
             ddp.finish()?;
         }
         let params: Vec<Tensor> = self
@@ -184,6 +204,7 @@ impl Trainer {
             .iter()
             .flat_map(|g| g.params.iter().map(|(_, p)| p.clone()))
             .collect();
+        let _s = span("compute", "clip and optimizer step");
         let grad_norm = match self.grad_clip {
             Some(max) => clip_grad_norm(&params, max)?,
             None => grad_norm(&params)?,
@@ -301,6 +322,10 @@ impl Trainer {
         }
         for c in &mut self.callbacks {
             c.on_end()?;
+        }
+        if let Some(path) = &self.trace {
+            let pg = self.data_parallel.as_ref().map(|(pg, _)| pg);
+            weft_dist::trace::gather_and_write(pg, path)?;
         }
         Ok(())
     }
