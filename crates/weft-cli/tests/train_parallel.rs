@@ -78,22 +78,23 @@ fn a_layout_that_does_not_match_the_job_is_refused() {
         err.contains("dp x tp x pp = 2 x 1 x 1 = 2") && err.contains("single process"),
         "{err}"
     );
-    // 2 ranks with dp = 1: both say so
+    // 2 ranks with dp = 1: each says so before connecting to anything (started by hand, as
+    // Slurm would, so that no launcher stops one when the other fails first)
     let bin = env!("CARGO_BIN_EXE_weft");
-    let out = weft(&[
-        "launch",
-        "--nproc-per-node",
-        "2",
-        "--",
-        bin,
-        "train",
-        "--config",
-        config,
-        "--quiet",
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
     for r in 0..2 {
+        let out = std::process::Command::new(bin)
+            .args(["train", "--config", config, "--quiet"])
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("LOCAL_RANK", r.to_string())
+            .env("LOCAL_WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", "9")
+            .env("WEFT_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
         assert!(
             err.contains(&format!("this job has 2 ranks (this is rank {r})")),
             "{err}"
