@@ -1,6 +1,6 @@
-"""Strong scaling of data parallelism: the speed-target GPT (vocab 96 for the built-in corpus,
-block 64, 4 layers, 4 heads, n_embd 128, global batch 16, AdamW with clipping) at dp = 1 and
-dp = 2, one compute thread per rank, same global batch.
+"""Strong scaling of data parallelism: the built-in run's GPT (`weft train` without a config:
+vocab 128, block 64, 4 layers, 4 heads, n_embd 128, global batch 16, AdamW with clipping) at
+dp = 1 and dp = 2, one compute thread per rank, same global batch.
 
 Build first (`cargo build --release`), then from the repository root:
 
@@ -23,37 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 WEFT = os.path.join(ROOT, "target", "release", "weft")
 
-CONFIG = """
-[model]
-kind = "gpt"
-vocab_size = 96
-block_size = 64
-n_layer = 4
-n_head = 4
-n_embd = 128
-bias = true
-dropout = 0.0
-
-[data]
-kind = "text"
-path = "builtin"
-batch_size = 16
-val_fraction = 0.0
-
-[optim]
-kind = "adamw"
-lr = 0.001
-betas = [0.9, 0.95]
-eps = 1e-8
-weight_decay = 0.1
-grad_clip = 1.0
-
-[train]
-steps = {steps}
-seed = 1337
-log_every = 1
-sample_tokens = 0
-"""
+# The built-in run (`weft train` without --config), made a short, quiet timing run.
+OVERRIDES = ["train.log_every=1", "train.eval_every=0", "train.sample_tokens=0"]
 
 
 def median_step_ms(path):
@@ -61,13 +32,15 @@ def median_step_ms(path):
     return statistics.median(r["step_ms"] for r in rows[5:])
 
 
-def run(work, dp, bucket_cap_mb):
+def run(work, dp, steps, bucket_cap_mb):
     metrics = os.path.join(work, f"m{dp}.jsonl")
     trace = os.path.join(work, f"trace{dp}.json")
-    cmd = [WEFT, "train", "--config", os.path.join(work, "run.toml"), "--quiet",
+    cmd = [WEFT, "train", "--quiet", "--set", f"train.steps={steps}",
            "--set", f"train.metrics={json.dumps(metrics)}",
            "--set", f"train.trace={json.dumps(trace)}",
            "--set", f"parallel.dp={dp}", "--set", f"parallel.bucket_cap_mb={bucket_cap_mb}"]
+    for o in OVERRIDES:
+        cmd += ["--set", o]
     if dp > 1:
         cmd = [WEFT, "launch", "--nproc-per-node", str(dp), "--"] + cmd
     env = dict(os.environ, WEFT_NUM_THREADS="1")
@@ -98,14 +71,12 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="weft-dp-scaling-")
-    with open(os.path.join(work, "run.toml"), "w") as f:
-        f.write(CONFIG.format(steps=args.steps))
     rows = []
     for i in range(args.repeat):
         order = [1, 2] if i % 2 == 0 else [2, 1]
         got = {}
         for dp in order:
-            got[dp] = run(work, dp, args.bucket_cap_mb)
+            got[dp] = run(work, dp, args.steps, args.bucket_cap_mb)
         t1, (t2, trace) = got[1][0], got[2]
         rows.append((t1, t2, t1 / (2 * t2), overlap(trace)))
         print(f"[{i + 1}/{args.repeat}] dp=1 {t1:.1f} ms, dp=2 {t2:.1f} ms, efficiency {rows[-1][2]:.3f}, "

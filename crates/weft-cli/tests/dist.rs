@@ -3,9 +3,13 @@
 //! variables, and with faults: a killed rank, mismatched collectives, a wrong token. Where the
 //! machine allows, two "hosts" in network namespaces joined by a veth pair.
 
+mod common;
+
 use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use common::free_port;
 
 use weft_dist::store::StoreServer;
 use weft_dist::Token;
@@ -48,15 +52,6 @@ fn check_collectives_under_the_launcher() {
         assert!(o.contains(&over), "n={n} shm={shm}:\n{o}");
         assert!(o.contains("all correct"), "{o}");
     }
-}
-
-/// A free TCP port on the loopback interface (bound and released; good enough for tests).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `n` ranks of `weft ARGS` with the variables `vars(rank)`, stderr captured.

@@ -172,7 +172,7 @@ impl<'a> Ctx<'a> {
                 let at = range.start + seg.start;
                 // SAFETY: inside `base[range]`, which the caller keeps for the post.
                 let id = unsafe { self.mesh.post(peer, self.header(), base.add(at), seg.len(), absorb) };
-                (at..at + seg.len(), Some(id))
+                (at..at + seg.len(), id)
             })
             .collect();
         Posted {
@@ -226,8 +226,9 @@ pub(crate) struct Posted<'c, 'a> {
     from: usize,
     base: *mut u8,
     reduce: Option<ReduceOp>,
-    /// Byte range of each segment in the buffer, and its post while not finished.
-    items: Vec<(std::ops::Range<usize>, Option<PostId>)>,
+    /// Byte range of each segment in the buffer, and its post.
+    items: Vec<(std::ops::Range<usize>, PostId)>,
+    /// Items before this one are finished.
     next: usize,
 }
 
@@ -238,9 +239,8 @@ impl Posted<'_, '_> {
     fn wait_next(&mut self) -> Result<std::ops::Range<usize>> {
         let c = self.c;
         let (range, id) = self.items[self.next].clone();
-        let id = id.expect("unfinished posts have ids");
+        // finished whatever the outcome: wait_post returns only once the reader is done with it
         let outcome = c.mesh.wait_post(id, &c.what());
-        self.items[self.next].1 = None;
         self.next += 1;
         if let PostOutcome::Queued(frame) = outcome? {
             let p = c.check(self.from, frame)?;
@@ -261,10 +261,8 @@ impl Posted<'_, '_> {
 
 impl Drop for Posted<'_, '_> {
     fn drop(&mut self) {
-        for (_, id) in &self.items {
-            if let Some(id) = id {
-                self.c.mesh.withdraw(*id);
-            }
+        for (_, id) in &self.items[self.next..] {
+            self.c.mesh.withdraw(*id);
         }
     }
 }

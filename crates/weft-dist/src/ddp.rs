@@ -352,16 +352,15 @@ impl Reducer {
                 w.wait()?;
             }
         }
-        for (b, bucket) in self.buckets.iter().enumerate() {
+        for bucket in &self.buckets {
             let buffer = bucket.buffer.as_ref().expect("launched buckets have buffers");
-            for (m, &i) in bucket.members.iter().enumerate() {
+            for (&i, &at) in bucket.members.iter().zip(&bucket.offsets) {
                 let p = &self.params[i].1;
                 let grad = if used_anywhere[i] {
-                    Some(buffer.narrow(0, bucket.offsets[m], p.numel())?.view(p.shape())?)
+                    Some(buffer.narrow(0, at, p.numel())?.view(p.shape())?)
                 } else {
                     None
                 };
-                debug_assert_eq!(self.place[i], (b, m));
                 p.set_grad(grad);
             }
         }

@@ -88,7 +88,7 @@ impl Work {
     pub fn wait(self) -> Result<()> {
         match self.kind {
             WorkKind::Queued(rx, what) => {
-                let _span = crate::trace::span("wait", "wait");
+                let _span = crate::trace::span("wait", &what);
                 rx.recv()
                     .unwrap_or_else(|_| Err(Error::PeerFailed(format!("{what}: the group's thread is gone"))))
             }

@@ -291,39 +291,55 @@ impl Inbox {
                 Some(PostState::Waiting) | None => false,
             };
             if taken {
-                if Instant::now() >= deadline && !severed {
-                    severed = true;
-                    drop(st);
-                    sever();
-                    st = self.lock();
-                    continue;
-                }
-            } else {
-                match Self::take_queued(&mut st, peer, stream, index) {
-                    Some(Some(frame)) => {
-                        st.posts.remove(&id);
-                        return Ok(PostOutcome::Queued(frame));
-                    }
-                    Some(None) => {
-                        // queued, payload still coming: the post will not be used
-                        st.posts.remove(&id);
-                    }
-                    None => {}
-                }
-                if let Some(e) = Self::broken(&st, rank, peer, what) {
+                st = self.wait_for_reader(st, deadline, &mut severed, sever);
+                continue;
+            }
+            match Self::take_queued(&mut st, peer, stream, index) {
+                Some(Some(frame)) => {
                     st.posts.remove(&id);
-                    return Err(e);
+                    return Ok(PostOutcome::Queued(frame));
                 }
-                if Instant::now() >= deadline {
+                // queued, payload still coming: the post will not be used
+                Some(None) => {
                     st.posts.remove(&id);
-                    return Err(Self::timed_out(rank, peer, what, timeout));
                 }
+                None => {}
+            }
+            if let Some(e) = Self::broken(&st, rank, peer, what) {
+                st.posts.remove(&id);
+                return Err(e);
+            }
+            if Instant::now() >= deadline {
+                st.posts.remove(&id);
+                return Err(Self::timed_out(rank, peer, what, timeout));
             }
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(10));
             st = self.arrived.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
+    }
+
+    /// One wait while a reader thread writes into a post: a short sleep on the condition, or,
+    /// once `deadline` has passed, one call of `sever` (the peer stopped mid-message; cutting
+    /// its connection makes the reader fail and finish the post).
+    fn wait_for_reader<'g>(
+        &'g self,
+        st: MutexGuard<'g, InboxState>,
+        deadline: Instant,
+        severed: &mut bool,
+        sever: &dyn Fn(),
+    ) -> MutexGuard<'g, InboxState> {
+        if Instant::now() >= deadline && !*severed {
+            *severed = true;
+            drop(st);
+            sever();
+            return self.lock();
+        }
+        self.arrived
+            .wait_timeout(st, Duration::from_millis(10))
+            .unwrap_or_else(|e| e.into_inner())
+            .0
     }
 
     /// Withdraws post `id` if it is still waiting; if the reader is writing into it, waits until
@@ -339,20 +355,7 @@ impl Inbox {
                     st.posts.remove(&id);
                     return;
                 }
-                Some(true) => {
-                    if Instant::now() >= deadline && !severed {
-                        severed = true;
-                        drop(st);
-                        sever();
-                        st = self.lock();
-                        continue;
-                    }
-                    st = self
-                        .arrived
-                        .wait_timeout(st, Duration::from_millis(10))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
+                Some(true) => st = self.wait_for_reader(st, deadline, &mut severed, sever),
             }
         }
     }

@@ -42,8 +42,8 @@ impl Net {
         &self.params.iter().find(|(n, _)| n == name).unwrap().1
     }
 
-    /// Mean of the squared outputs over rows `rows` of the batch (the model ignores `extra`
-    /// unless `use_extra`).
+    /// Mean of the squared outputs over the rows of `x`, plus the sum of `extra` when
+    /// `use_extra` (else `extra` takes no part in the loss).
     fn loss(&self, x: &Tensor, use_extra: bool) -> Tensor {
         let h = x
             .matmul(self.get("w1"))
@@ -96,6 +96,13 @@ fn assert_close(got: &[f64], want: &[f64], what: &str) {
     }
 }
 
+/// Every parameter's gradient equals `want`'s (a reference model's `grads()`).
+fn assert_grads(net: &Net, want: &[Option<Vec<f64>>], what: &str) {
+    for ((name, _), (g, w)) in net.params.iter().zip(net.grads().iter().zip(want)) {
+        assert_close(g.as_ref().unwrap(), w.as_ref().unwrap(), &format!("{what} {name}"));
+    }
+}
+
 #[test]
 fn gradients_are_the_whole_batch_gradients_and_parameters_start_from_rank_0() {
     let reference = Net::new(7);
@@ -114,13 +121,7 @@ fn gradients_are_the_whole_batch_gradients_and_parameters_start_from_rank_0() {
             assert_eq!(net.values(), start, "rank {r}: parameters after the broadcast");
             for step in 0..2 {
                 ddp.backward(&net.loss(&share(&x, r, 8 / n), true)).unwrap();
-                for ((name, _), (g, w)) in net.params.iter().zip(net.grads().iter().zip(&want)) {
-                    assert_close(
-                        g.as_ref().unwrap(),
-                        w.as_ref().unwrap(),
-                        &format!("n={n} rank {r} step {step} {name}"),
-                    );
-                }
+                assert_grads(&net, &want, &format!("n={n} rank {r} step {step}"));
                 net.params.iter().for_each(|(_, p)| p.set_grad(None));
             }
         });
@@ -147,9 +148,7 @@ fn no_sync_accumulation_equals_the_larger_batch() {
         });
         let l = net.loss(&share(&mine, 1, 4), true).mul(&half).unwrap();
         ddp.backward(&l).unwrap();
-        for ((name, _), (g, w)) in net.params.iter().zip(net.grads().iter().zip(&want)) {
-            assert_close(g.as_ref().unwrap(), w.as_ref().unwrap(), &format!("rank {r} {name}"));
-        }
+        assert_grads(&net, &want, &format!("rank {r}"));
     });
 }
 

@@ -441,16 +441,15 @@ impl RunConfig {
             return bad("train.log_every", "must be at least 1".into());
         }
         let p = &self.parallel;
+        if p.dp == 0 {
+            return bad("parallel.dp", "must be at least 1".into());
+        }
         for (key, v) in [
-            ("parallel.dp", p.dp),
             ("parallel.tp", p.tp),
             ("parallel.pp", p.pp),
             ("parallel.micro_batches", p.micro_batches),
         ] {
-            if v == 0 {
-                return bad(key, "must be at least 1".into());
-            }
-            if v != 1 && key != "parallel.dp" {
+            if v != 1 {
                 return bad(
                     key,
                     format!("{v}: tensor and pipeline parallelism are not available yet; only 1 runs"),

@@ -180,7 +180,7 @@ impl Trainer {
     pub fn train_step(&mut self, step: usize, x: &Tensor, y: &Tensor) -> Result<StepRecord> {
         let t0 = Instant::now();
         let lr = self.schedule.lr_at(step);
-        let _step_span = span("compute", format!("step {step}"));
+        let _step_span = span("compute", "step");
         let loss = {
             let _s = span("compute", "forward");
             self.model.loss(x, y)?

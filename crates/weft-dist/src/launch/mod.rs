@@ -3,7 +3,7 @@
 //! The launcher of each node starts `nproc_per_node` workers (global rank = node rank x
 //! nproc_per_node + local rank), each with the variables [`crate::env`] reads (`RANK`,
 //! `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `MASTER_ADDR`, `MASTER_PORT`,
-//! `WEFT_JOB_TOKEN`, `WEFT_LAUNCHED=1`, `WEFT_RESTART_COUNT`, `WEFT_NUM_THREADS`) on top of its
+//! `WEFT_JOB_TOKEN`, `WEFT_LAUNCHED=1`, `WEFT_RESTART_COUNT`) on top of its
 //! own environment. The launcher of node 0 serves the rendezvous store for the whole job.
 //!
 //! Every line a worker writes is forwarded with a `[rank{R}]: ` prefix. When a worker fails
@@ -224,14 +224,9 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     } else {
         (None, cfg.master_port.unwrap_or(DEFAULT_MASTER_PORT))
     };
-    let threads = match std::env::var_os("WEFT_NUM_THREADS") {
-        Some(_) => None, // passed through unchanged
-        None => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Some((cores / cfg.nproc_per_node).max(1))
-        }
-    };
-    let mut env = vec![
+    // WEFT_NUM_THREADS is left alone: each weft worker sizes its pool to the cores divided by
+    // LOCAL_WORLD_SIZE itself (weft_core's default), and a value set here is inherited.
+    let env = vec![
         ("WORLD_SIZE".to_string(), cfg.world_size().to_string()),
         ("LOCAL_WORLD_SIZE".into(), cfg.nproc_per_node.to_string()),
         ("GROUP_RANK".into(), cfg.node_rank.to_string()),
@@ -240,9 +235,6 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
         ("WEFT_JOB_TOKEN".into(), token.text()),
         ("WEFT_LAUNCHED".into(), "1".into()),
     ];
-    if let Some(t) = threads {
-        env.push(("WEFT_NUM_THREADS".into(), t.to_string()));
-    }
 
     let mut restarts = 0u32;
     let code = loop {
