@@ -310,13 +310,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     if options.progress && logs {
         trainer = trainer.with_callback(Progress::new(t.steps));
     }
-    if start >= t.steps && logs {
+    if start < t.steps {
+        trainer.fit(data.train.clone(), start, t.steps)?;
+    } else if logs {
         eprintln!(
             "weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})",
             t.steps
         );
-    } else if start < t.steps {
-        trainer.fit(data.train.clone(), start, t.steps)?;
     }
     if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0 && logs) {
         let sample = sample_text(gpt, text.tokenizer(), "\n", t.sample_tokens, t.seed)?;
