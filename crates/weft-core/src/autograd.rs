@@ -110,8 +110,12 @@ impl Tensor {
         self.with_layout(self.layout().clone())
     }
 
-    /// Registers `hook`, called with this leaf each time a backward pass has finished
-    /// accumulating its gradient (`grad()` already holds the new value).
+    /// Registers `hook`, called with this tensor each time a backward pass has its gradient
+    /// complete. On a leaf, after the gradient is accumulated (`grad()` already holds the new
+    /// value). On a non-leaf, once every consumer has passed its gradient back and before this
+    /// tensor's own op runs its backward (as PyTorch's `Tensor.register_hook`, without access to
+    /// the gradient): the place to prepare what that backward needs, such as gathering sharded
+    /// parameters.
     pub fn register_grad_ready_hook(&self, hook: impl Fn(&Tensor) + Send + Sync + 'static) {
         self.0
             .hooks
@@ -181,6 +185,7 @@ fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
             accumulate_into_leaf(&t, grad)?;
             continue;
         };
+        run_hooks(&t);
         let input_grads = crate::ops::backward(&node.op, &node.inputs, &t, &node.saved, &grad)?;
         for (input, g) in node.inputs.iter().zip(input_grads) {
             if !input.requires_grad() {
@@ -237,9 +242,14 @@ fn accumulate_into_leaf(leaf: &Tensor, grad: Tensor) -> Result<()> {
         };
         *slot = Some(new);
     }
-    let hooks = leaf.0.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for hook in hooks {
-        hook(leaf);
-    }
+    run_hooks(leaf);
     Ok(())
+}
+
+/// Calls the grad-ready hooks of `t` (cloned out of the lock, so a hook may register more).
+fn run_hooks(t: &Tensor) {
+    let hooks = t.0.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for hook in hooks {
+        hook(t);
+    }
 }

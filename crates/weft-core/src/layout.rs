@@ -31,6 +31,17 @@ impl Layout {
         numel(&self.shape)
     }
 
+    /// Whether every element this layout addresses lies inside a buffer of `len` elements (a
+    /// buffer can shrink after a view of it was made: sharded data parallelism releases the
+    /// storage of parameters between uses).
+    pub fn fits(&self, len: usize) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
+        let last: usize = self.shape.iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum();
+        self.offset + last < len
+    }
+
     /// True when elements are laid out row-major without gaps (size-1 dims may have any stride).
     pub fn is_contiguous(&self) -> bool {
         let mut expected = 1;

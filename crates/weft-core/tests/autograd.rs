@@ -89,6 +89,22 @@ fn a_leaf_is_ready_as_soon_as_its_gradient_is_final_whatever_its_age() {
     assert!(w_early.grad().is_some());
 }
 
+#[test]
+fn a_non_leaf_hook_runs_once_its_gradient_is_complete_and_before_its_op_backward() {
+    // h feeds two consumers; its hook must wait for both, and run before w gets a gradient
+    let w = param(&[0.5, -1.0, 2.0, 1.0, 0.0, 3.0], &[3, 2]);
+    let x = t(&[1.0, 2.0, 3.0], &[1, 3]);
+    let h = x.matmul(&w).unwrap();
+    let calls: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let (c, w2) = (calls.clone(), w.clone());
+    h.register_grad_ready_hook(move |_| c.lock().unwrap().push(w2.grad().is_some()));
+    let a = h.tanh().unwrap().sum_all().unwrap();
+    let b = h.mul_scalar(2.0).unwrap().sum_all().unwrap();
+    a.add(&b).unwrap().backward().unwrap();
+    assert_eq!(*calls.lock().unwrap(), vec![false], "one call, before w's gradient");
+    assert!(w.grad().is_some());
+}
+
 /// (which leaf, its gradient when the hook ran, whether the other leaf had a gradient then)
 type HookRecord = (String, Vec<f64>, bool);
 

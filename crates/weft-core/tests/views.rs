@@ -124,3 +124,22 @@ proptest! {
         prop_assert_eq!(view.contiguous().unwrap().to_vec_f64(), copy.to_vec_f64());
     }
 }
+
+#[test]
+fn a_product_with_a_tensor_whose_storage_was_released_is_an_error_not_a_wild_read() {
+    let w = Tensor::ones(&[3, 4], DType::F32).unwrap();
+    let x = Tensor::ones(&[2, 3], DType::F32).unwrap();
+    let view = w.t().unwrap();
+    *w.storage().write() = weft_core::storage::CpuStorage::zeros(DType::F32, 0);
+    for e in [
+        x.matmul(&w).unwrap_err(),
+        x.t().unwrap().t().unwrap().matmul(&w).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("beyond its storage of 0"), "{e}");
+    }
+    let e = Tensor::ones(&[2, 4], DType::F32)
+        .unwrap()
+        .linear(&view.t().unwrap(), None);
+    assert!(e.is_err());
+    assert!(x.matmul(&view.t().unwrap()).is_err());
+}

@@ -36,6 +36,7 @@ mod shm;
 pub mod store;
 pub mod trace;
 mod wire;
+pub mod zero;
 
 pub use auth::Token;
 pub use ddp::{DataParallel, DdpOptions};
@@ -43,3 +44,4 @@ pub use error::{Error, Result};
 pub use group::{ProcessGroup, Work};
 pub use init::{init, init_with, Options, DEFAULT_TIMEOUT};
 pub use reduce::ReduceOp;
+pub use zero::{ShardedDataParallel, ZeroOptions};

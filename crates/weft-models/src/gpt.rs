@@ -178,8 +178,9 @@ impl Gpt {
         let mut x = self
             .drop
             .forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)?;
-        for block in &self.h {
-            x = block.forward(&x)?;
+        for (i, block) in self.h.iter().enumerate() {
+            let input = x;
+            x = self.ctx.unit(&format!("transformer.h.{i}"), || block.forward(&input))?;
         }
         let x = self.ln_f.forward(&x)?;
         x.matmul(&self.wte.weight.t()?)
@@ -274,5 +275,10 @@ impl Model for Gpt {
 
     fn aliases(&self) -> &'static [(&'static str, &'static str)] {
         ALIASES
+    }
+
+    /// One unit per transformer block; the embeddings and the final LayerNorm are the root.
+    fn units(&self) -> Vec<String> {
+        (0..self.h.len()).map(|i| format!("transformer.h.{i}")).collect()
     }
 }

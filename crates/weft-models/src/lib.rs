@@ -22,6 +22,14 @@ pub trait Model: Module + Send + Sync {
     fn aliases(&self) -> &'static [(&'static str, &'static str)] {
         &[]
     }
+
+    /// Names of the model's units in forward order: groups of parameters (those named
+    /// `"{unit}.*"`) whose forward runs inside [`Context::unit`], so that sharded data
+    /// parallelism can hold only the running unit's parameters whole. Parameters outside every
+    /// unit form the root unit. None by default.
+    fn units(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// An error for a bad model configuration value.

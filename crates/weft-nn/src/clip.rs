@@ -36,6 +36,21 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<f64> {
         });
     }
     let total_norm = grad_norm(params)?;
+    clip_to_norm(params, max_norm, total_norm)?;
+    Ok(total_norm)
+}
+
+/// The scaling step of [`clip_grad_norm`] with the global norm already known: scales the
+/// gradients of `params` by `max_norm / (total_norm + 1e-6)` when that is below 1 (or NaN).
+/// For gradients sharded across processes, where `total_norm` is the norm over every shard
+/// (PyTorch FSDP's `clip_grad_norm_`), and `params` holds this process's shards.
+pub fn clip_to_norm(params: &[Tensor], max_norm: f64, total_norm: f64) -> Result<()> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::Invalid {
+            op: "clip_grad_norm",
+            msg: format!("max_norm {max_norm} must be >= 0"),
+        });
+    }
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
     let clip_coef = max_norm / (total_norm + 1e-6);
     // A NaN coefficient (NaN norm) scales too, as in PyTorch.
@@ -44,7 +59,7 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<f64> {
             scale(g, clip_coef)?;
         }
     }
-    Ok(total_norm)
+    Ok(())
 }
 
 /// The global L2 norm of the gradients of `params` (those without a gradient are skipped), the

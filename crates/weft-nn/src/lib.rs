@@ -10,5 +10,5 @@ pub mod optim;
 pub mod schedule;
 pub mod state_dict;
 
-pub use context::Context;
+pub use context::{Context, UnitHooks};
 pub use module::Module;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use weft_core::io::safetensors;
+use weft_core::Tensor;
 use weft_models::Model;
-use weft_nn::optim::Optimizer;
 use weft_nn::state_dict;
 
 use crate::error::{Error, Result};
@@ -35,7 +35,7 @@ fn io(path: &Path, e: impl std::fmt::Display) -> Error {
 pub fn save(
     dir: &Path,
     model: &dyn Model,
-    optimizer: &dyn Optimizer,
+    optimizer_state: &[(String, Tensor)],
     state: &CheckpointState,
     keep: usize,
 ) -> Result<PathBuf> {
@@ -48,10 +48,9 @@ pub fn save(
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     state_dict::save_file(model, &tmp.join("model.safetensors"), model.aliases(), &BTreeMap::new())?;
-    let opt = optimizer.state();
     safetensors::save(
         &tmp.join("optimizer.safetensors"),
-        opt.iter().map(|(n, t)| (n.as_str(), t)),
+        optimizer_state.iter().map(|(n, t)| (n.as_str(), t)),
         &BTreeMap::new(),
     )?;
     let json = serde_json::to_vec_pretty(state).map_err(|e| io(&tmp, e))?;
@@ -109,11 +108,11 @@ pub fn read_state(ckpt: &Path) -> Result<CheckpointState> {
     serde_json::from_slice(&bytes).map_err(|e| io(&path, e))
 }
 
-/// Loads weights and optimizer state from checkpoint folder `ckpt`.
-pub fn load(ckpt: &Path, model: &dyn Model, optimizer: &mut dyn Optimizer) -> Result<CheckpointState> {
+/// Loads the weights of checkpoint folder `ckpt` into `model`; returns its state and the
+/// optimizer state it holds (for `Optimizer::load_state`).
+pub fn load(ckpt: &Path, model: &dyn Model) -> Result<(CheckpointState, BTreeMap<String, Tensor>)> {
     let state = read_state(ckpt)?;
     state_dict::load_file(model, &ckpt.join("model.safetensors"), model.aliases())?;
     let opt = safetensors::load(&ckpt.join("optimizer.safetensors"))?;
-    optimizer.load_state(&opt.tensors)?;
-    Ok(state)
+    Ok((state, opt.tensors))
 }

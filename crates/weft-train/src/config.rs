@@ -294,8 +294,9 @@ fn default_keep() -> usize {
     3
 }
 
-/// `[parallel]`: the layout of the job. Data parallelism (`dp`) runs; tensor and pipeline
-/// parallelism and ZeRO are parsed and validated, and only their single-process values run today.
+/// `[parallel]`: the layout of the job. Data parallelism (`dp`) runs, with ZeRO stage `zero`
+/// (0-3; with `dp = 1` there is nothing to shard and every stage runs as 0); tensor and pipeline
+/// parallelism are parsed and validated, and only their single-process values run today.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelConfig {
@@ -466,12 +467,6 @@ impl RunConfig {
         }
         if p.zero > 3 {
             return bad("parallel.zero", format!("{} is not a ZeRO stage (0-3)", p.zero));
-        }
-        if p.zero != 0 {
-            return bad(
-                "parallel.zero",
-                format!("{}: ZeRO sharding is not available yet; only 0 runs", p.zero),
-            );
         }
         if !["1f1b", "gpipe"].contains(&p.schedule.as_str()) {
             return bad(

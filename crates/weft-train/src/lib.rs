@@ -6,8 +6,10 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod metrics;
+mod replicas;
 pub mod run;
 pub mod trainer;
 
 pub use error::{Error, Result};
+pub use replicas::StateBytes;
 pub use trainer::{Callback, StepRecord, Trainer};

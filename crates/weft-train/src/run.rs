@@ -282,7 +282,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             bucket_bytes: mib(config.parallel.bucket_cap_mb),
             ..Default::default()
         };
-        trainer = trainer.with_data_parallel(g, options)?;
+        trainer = match config.parallel.zero {
+            0 => trainer.with_data_parallel(g, options)?,
+            stage => trainer.with_zero(g, weft_dist::ZeroOptions { stage, ddp: options })?,
+        };
     }
     if let Some(path) = &t.trace {
         trainer = trainer.with_trace(config.resolve(path));

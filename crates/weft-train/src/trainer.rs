@@ -5,14 +5,15 @@ use std::time::Instant;
 
 use weft_core::{no_grad, Tensor};
 use weft_dist::trace::span;
-use weft_dist::{DataParallel, DdpOptions, ProcessGroup, ReduceOp};
+use weft_dist::{DataParallel, DdpOptions, ProcessGroup, ReduceOp, ShardedDataParallel, ZeroOptions};
 use weft_models::Model;
-use weft_nn::clip::{clip_grad_norm, grad_norm};
+use weft_nn::clip::{clip_grad_norm, clip_to_norm, grad_norm};
 use weft_nn::optim::{Optimizer, ParamGroup};
 use weft_nn::schedule::Schedule;
 
 use crate::checkpoint::{self, CheckpointState};
 use crate::error::{Error, Result};
+use crate::replicas::{unsharded_bytes, Replicas, StateBytes, ZeroUnits};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +32,8 @@ pub struct StepRecord {
     pub items_per_s: f64,
     /// `"tokens_per_s"` or `"samples_per_s"`.
     pub items_key: &'static str,
+    /// Model state this rank held when the gradients were ready, before the update.
+    pub state_bytes: StateBytes,
 }
 
 /// Hooks the trainer calls; metrics files and progress bars are callbacks.
@@ -74,7 +77,7 @@ pub struct Trainer {
     /// Free-form JSON saved with every checkpoint (the run config, a tokenizer).
     pub checkpoint_extra: serde_json::Value,
     /// The data-parallel group and the wrapper that averages gradients over it.
-    data_parallel: Option<(ProcessGroup, DataParallel)>,
+    data_parallel: Option<(ProcessGroup, Replicas)>,
     /// Where rank 0 writes the timeline of the run (Chrome trace format).
     trace: Option<std::path::PathBuf>,
 }
@@ -124,8 +127,57 @@ impl Trainer {
     /// Each rank is given its own share of every batch; see [`shard_rows`].
     pub fn with_data_parallel(mut self, pg: ProcessGroup, options: DdpOptions) -> Result<Self> {
         let ddp = DataParallel::new(self.model.parameters(), &pg, options)?;
-        self.data_parallel = Some((pg, ddp));
+        self.data_parallel = Some((pg, Replicas::Plain(ddp)));
         Ok(self)
+    }
+
+    /// Trains data-parallel over `pg` with ZeRO stage `options.stage` (1-3): the optimizer
+    /// updates only this rank's pieces of the parameters (see [`weft_dist::zero`]), the global
+    /// gradient norm is computed across the shards, checkpoints hold the whole (consolidated)
+    /// state, and at stage 3 the model's units are gathered and freed around their forward and
+    /// backward through the model's context. The parameter groups are rebuilt from the pieces
+    /// (weight decay for pieces of parameters of two or more dims, as [`Trainer::new`]).
+    pub fn with_zero(mut self, pg: ProcessGroup, options: ZeroOptions) -> Result<Self> {
+        let zero = Arc::new(ShardedDataParallel::new(
+            self.model.parameters(),
+            &self.model.units(),
+            &pg,
+            options,
+        )?);
+        let weight_decay = self.groups.first().map_or(0.0, |g| g.weight_decay);
+        let (decay, no_decay): (Vec<_>, Vec<_>) = zero
+            .pieces()
+            .iter()
+            .map(|p| (p.param_shape.len() >= 2, (p.name.clone(), p.tensor.clone())))
+            .partition(|(d, _)| *d);
+        let strip = |v: Vec<(bool, (String, Tensor))>| v.into_iter().map(|(_, p)| p).collect();
+        self.groups = vec![
+            ParamGroup::new(strip(decay), weight_decay),
+            ParamGroup::new(strip(no_decay), 0.0),
+        ];
+        if zero.stage() == 3 {
+            self.model
+                .context()
+                .set_unit_hooks(Some(Arc::new(ZeroUnits(zero.clone()))));
+        }
+        self.data_parallel = Some((pg, Replicas::Sharded(zero)));
+        Ok(self)
+    }
+
+    /// The ZeRO wrapper, when training with one.
+    fn zero(&self) -> Option<&Arc<ShardedDataParallel>> {
+        match &self.data_parallel {
+            Some((_, Replicas::Sharded(z))) => Some(z),
+            _ => None,
+        }
+    }
+
+    /// ZeRO stage 3: the model's parameters whole again (after training, or to save them).
+    fn gather_parameters(&self) -> Result<()> {
+        if let Some(z) = self.zero() {
+            z.gather_parameters()?;
+        }
+        Ok(())
     }
 
     /// The data-parallel group's (rank, size); (0, 1) without one.
@@ -183,6 +235,9 @@ impl Trainer {
         let _step_span = span("compute", "step");
         let loss = {
             let _s = span("compute", "forward");
+            if let Some(z) = self.zero() {
+                z.begin_forward()?;
+            }
             self.model.loss(x, y)?
         };
         let (_, ranks) = self.rank_and_size();
@@ -195,23 +250,40 @@ impl Trainer {
             let _s = span("compute", "backward");
             loss.backward()?;
         }
-        if let Some((_, ddp)) = &self.data_parallel {
+        if let Some((_, replicas)) = &self.data_parallel {
             let _s = span("compute", "gradient sync");
-            ddp.finish()?;
+            match replicas {
+                Replicas::Plain(ddp) => ddp.finish()?,
+                Replicas::Sharded(zero) => zero.finish()?,
+            }
         }
+        // the groups hold every parameter (or this rank's pieces of them)
         let params: Vec<Tensor> = self
             .groups
             .iter()
             .flat_map(|g| g.params.iter().map(|(_, p)| p.clone()))
             .collect();
+        let state_bytes = self.state_bytes(&params);
         let _s = span("compute", "clip and optimizer step");
-        let grad_norm = match self.grad_clip {
-            Some(max) => clip_grad_norm(&params, max)?,
-            None => grad_norm(&params)?,
+        let grad_norm = if self.zero().is_some() {
+            // every element belongs to exactly one rank's pieces
+            let local = grad_norm(&params)?;
+            let total = self.sum_over_ranks(vec![local * local])?[0].sqrt();
+            if let Some(max) = self.grad_clip {
+                clip_to_norm(&params, max, total)?;
+            }
+            total
+        } else {
+            match self.grad_clip {
+                Some(max) => clip_grad_norm(&params, max)?,
+                None => grad_norm(&params)?,
+            }
         };
         self.optimizer.step(&self.groups, lr)?;
-        // the groups hold every parameter: clear through them (no name rebuilding per step)
-        params.iter().for_each(|p| p.set_grad(None));
+        match self.zero() {
+            Some(z) => z.after_step()?,
+            None => params.iter().for_each(|p| p.set_grad(None)),
+        }
         let step_ms = t0.elapsed().as_secs_f64() * 1e3;
         let (items, key) = if x.dtype() == weft_core::DType::I64 {
             (x.numel() * ranks, "tokens_per_s")
@@ -226,7 +298,23 @@ impl Trainer {
             step_ms,
             items_per_s: items as f64 / (step_ms / 1e3),
             items_key: key,
+            state_bytes,
         })
+    }
+
+    /// The model state this rank holds now; `params` are the optimizer's parameters.
+    fn state_bytes(&self, params: &[Tensor]) -> StateBytes {
+        match self.zero() {
+            Some(z) => {
+                let held = z.held_bytes();
+                StateBytes {
+                    params: held.params,
+                    grads: held.grads,
+                    optimizer: self.optimizer.state_bytes(),
+                }
+            }
+            None => unsharded_bytes(params, self.optimizer.as_ref()),
+        }
     }
 
     /// Mean loss over the evaluation batches, in eval mode without gradients. Data-parallel
@@ -238,11 +326,29 @@ impl Trainer {
         let (rank, ranks) = self.rank_and_size();
         let ctx = self.model.context();
         ctx.set_training(false);
+        let zero = self.zero();
         let local = no_grad(|| -> Result<f64> {
             let mut total = 0.0;
-            for i in (rank..*n).step_by(ranks) {
-                let (x, y) = batch(i)?;
-                total += self.model.loss(&x, &y)?.item()?;
+            // ZeRO stage 3 gathers parameters in every forward: every rank runs as many (the
+            // ones past the end repeat a batch and are not counted)
+            let rounds = if zero.is_some_and(|z| z.stage() == 3) {
+                n.div_ceil(ranks)
+            } else {
+                (*n + ranks - 1 - rank) / ranks
+            };
+            for k in 0..rounds {
+                let i = rank + k * ranks;
+                let (x, y) = batch(i % n)?;
+                if let Some(z) = zero {
+                    z.begin_forward()?;
+                }
+                let loss = self.model.loss(&x, &y)?.item()?;
+                if let Some(z) = zero {
+                    z.end_forward()?;
+                }
+                if i < *n {
+                    total += loss;
+                }
             }
             Ok(total)
         });
@@ -260,7 +366,12 @@ impl Trainer {
         match checkpoint::latest(&policy.dir)? {
             None => Ok(0),
             Some(dir) => {
-                let state = checkpoint::load(&dir, self.model.as_ref(), self.optimizer.as_mut())?;
+                self.gather_parameters()?;
+                let (state, optimizer_state) = checkpoint::load(&dir, self.model.as_ref())?;
+                match self.zero() {
+                    Some(z) => self.optimizer.load_state(&z.shard_state(&optimizer_state)?)?,
+                    None => self.optimizer.load_state(&optimizer_state)?,
+                }
                 self.model.context().set_rng_offset(state.rng_offset);
                 Ok(state.step)
             }
@@ -268,23 +379,25 @@ impl Trainer {
     }
 
     fn save(&self, next_step: usize) -> Result<()> {
-        // data-parallel replicas are identical: rank 0 writes for all
-        if self.rank_and_size().0 != 0 {
+        let Some(policy) = &self.checkpoints else {
             return Ok(());
-        }
-        if let Some(policy) = &self.checkpoints {
+        };
+        // ZeRO: every rank takes part in gathering the whole parameters and optimizer state
+        let optimizer_state = match self.zero() {
+            Some(z) => {
+                z.gather_parameters()?;
+                z.consolidate_state(self.optimizer.state())?
+            }
+            None => self.optimizer.state(),
+        };
+        // data-parallel replicas are identical: rank 0 writes for all
+        if self.rank_and_size().0 == 0 {
             let state = CheckpointState {
                 step: next_step,
                 rng_offset: self.model.context().rng_offset(),
                 extra: self.checkpoint_extra.clone(),
             };
-            checkpoint::save(
-                &policy.dir,
-                self.model.as_ref(),
-                self.optimizer.as_ref(),
-                &state,
-                policy.keep,
-            )?;
+            checkpoint::save(&policy.dir, self.model.as_ref(), &optimizer_state, &state, policy.keep)?;
         }
         Ok(())
     }
@@ -323,6 +436,8 @@ impl Trainer {
         for c in &mut self.callbacks {
             c.on_end()?;
         }
+        // leave the model whole for whatever comes next (sampling, saving, another fit)
+        self.gather_parameters()?;
         if let Some(path) = &self.trace {
             let pg = self.data_parallel.as_ref().map(|(pg, _)| pg);
             weft_dist::trace::gather_and_write(pg, path)?;

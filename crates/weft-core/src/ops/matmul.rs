@@ -150,6 +150,8 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
         lhs: b.dtype(),
         rhs: T::DTYPE,
     })?;
+    check_fits("matmul", a, sa.len())?;
+    check_fits("matmul", b, sb.len())?;
     let (pa, pb) = (SendPtr(sa.as_ptr()), SendPtr(sb.as_ptr()));
     let (ars, acs) = (la.strides[la.rank() - 2] as isize, la.strides[la.rank() - 1] as isize);
     let (brs, bcs) = (lb.strides[lb.rank() - 2] as isize, lb.strides[lb.rank() - 1] as isize);
@@ -243,6 +245,8 @@ fn linear_typed<T: StorageElement + Default + Send + Sync>(x: &Tensor, w: &Tenso
         lhs: w.dtype(),
         rhs: T::DTYPE,
     })?;
+    check_fits("linear", x, sx.len())?;
+    check_fits("linear", w, sw.len())?;
     if m * n * k > 0 {
         let one = T::from_f64(1.0);
         let dst = MatMut {
@@ -278,4 +282,19 @@ pub(super) fn linear_backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Op
     let gx = grad.matmul(w)?;
     let gw = grad.t()?.matmul(x)?;
     Ok(vec![Some(gx), Some(gw), Some(grad.sum(&[0], false)?)])
+}
+
+/// The raw-pointer kernels read through the layout: refuse a tensor whose storage no longer
+/// holds what its layout addresses (a released buffer), rather than read outside it.
+fn check_fits(op: &'static str, t: &Tensor, len: usize) -> Result<()> {
+    if t.layout().fits(len) {
+        return Ok(());
+    }
+    Err(crate::error::invalid(
+        op,
+        format!(
+            "a tensor of shape {:?} addresses elements beyond its storage of {len} (was the storage released?)",
+            t.shape()
+        ),
+    ))
 }

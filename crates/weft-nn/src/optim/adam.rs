@@ -271,6 +271,15 @@ impl Optimizer for Adam {
         out
     }
 
+    fn state_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.numel() * t.dtype().size_in_bytes();
+        // the step count is saved as one f64
+        self.state
+            .values()
+            .map(|s| bytes(&s.exp_avg) + bytes(&s.exp_avg_sq) + 8)
+            .sum()
+    }
+
     fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()> {
         const OP: &str = "Adam::load_state";
         let by_param = split_state(OP, state, FIELDS)?;

@@ -79,6 +79,14 @@ pub trait Optimizer: Send {
     /// every restored name is a parameter, are checked by the next [`Optimizer::step`]. Moments
     /// are cast to the parameter's dtype there, as PyTorch's `load_state_dict` does.
     fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()>;
+
+    /// Bytes the state holds now (moments and step counts), without copying it.
+    fn state_bytes(&self) -> usize {
+        self.state()
+            .iter()
+            .map(|(_, t)| t.numel() * t.dtype().size_in_bytes())
+            .sum()
+    }
 }
 
 /// Parameters with at least this many elements are updated in chunks in parallel on rayon's pool.

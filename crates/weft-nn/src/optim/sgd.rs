@@ -241,6 +241,13 @@ impl Optimizer for Sgd {
             .collect()
     }
 
+    fn state_bytes(&self) -> usize {
+        self.buffers
+            .values()
+            .map(|b| b.numel() * b.dtype().size_in_bytes())
+            .sum()
+    }
+
     fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()> {
         const OP: &str = "Sgd::load_state";
         let fields: &[&str] = if self.cfg.momentum != 0.0 { FIELDS } else { &[] };

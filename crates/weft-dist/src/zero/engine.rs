@@ -1,0 +1,371 @@
+//! The state machine behind [`super::ShardedDataParallel`]: gradient reduce-scatters started
+//! from gradient-ready hooks (stages 2 and 3), and for stage 3 the gathering and freeing of each
+//! unit's parameters around its forward and backward.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use weft_core::Tensor;
+
+use super::units::{self, Span, Unit};
+use crate::error::{Error, Result};
+use crate::group::{ProcessGroup, Work};
+use crate::reduce::ReduceOp;
+
+/// Where a unit's whole parameters are (stage 3).
+pub(crate) enum Gathered {
+    /// Only the shards exist.
+    Released,
+    /// An all-gather into the flat buffer is running.
+    Pending(Work, Tensor),
+    /// The parameters hold their elements.
+    Whole,
+}
+
+pub(crate) struct Engine {
+    pub pg: ProcessGroup,
+    pub stage: usize,
+    pub params: Vec<(String, Tensor)>,
+    pub units: Vec<Unit>,
+    /// Unit of each parameter.
+    pub unit_of: Vec<usize>,
+    /// Named units (the root, when present, is the unit after them).
+    pub named: usize,
+    /// This rank's spans of each unit.
+    pub spans: Vec<Vec<Span>>,
+    /// Units in the order their gradients are reduced: named units last to first, then the root.
+    order: Vec<usize>,
+    ready: Vec<bool>,
+    missing: Vec<usize>,
+    /// Flat gradients assembled and waiting for their turn to be reduced.
+    flat_grads: Vec<Option<Tensor>>,
+    next_launch: usize,
+    /// This rank's averaged gradient shard of each unit (stages 2, 3).
+    pub grad_shards: Vec<Tensor>,
+    reducing: Vec<Option<Work>>,
+    /// This rank's parameter shard of each unit (stage 3): what the optimizer updates.
+    pub master: Vec<Tensor>,
+    pub gathered: Vec<Gathered>,
+    /// Stage 3: the model's parameters hold every element (the shards may be stale).
+    pub whole: bool,
+    /// The first error met by a hook, reported by `finish`.
+    error: Option<Error>,
+}
+
+pub(crate) fn lock(e: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
+    e.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Engine {
+    pub fn new(
+        pg: ProcessGroup,
+        stage: usize,
+        params: Vec<(String, Tensor)>,
+        units: Vec<Unit>,
+        named: usize,
+    ) -> Result<Engine> {
+        let mut unit_of = vec![0; params.len()];
+        for (u, unit) in units.iter().enumerate() {
+            for &i in &unit.members {
+                unit_of[i] = u;
+            }
+        }
+        let spans = units.iter().map(|u| u.spans(pg.rank(), &params)).collect();
+        let order = (0..named).rev().chain(named..units.len()).collect();
+        let shards = |on: bool| -> Result<Vec<Tensor>> {
+            if !on {
+                return Ok(Vec::new());
+            }
+            units
+                .iter()
+                .map(|u| Tensor::zeros(&[u.shard], u.dtype).map_err(Error::from))
+                .collect()
+        };
+        let grad_shards = shards(stage >= 2)?;
+        let master = shards(stage == 3)?;
+        Ok(Engine {
+            pg,
+            stage,
+            ready: vec![false; params.len()],
+            missing: units.iter().map(|u| u.members.len()).collect(),
+            flat_grads: units.iter().map(|_| None).collect(),
+            next_launch: 0,
+            reducing: units.iter().map(|_| None).collect(),
+            gathered: units.iter().map(|_| Gathered::Whole).collect(),
+            whole: true,
+            error: None,
+            params,
+            unit_of,
+            named,
+            spans,
+            order,
+            grad_shards,
+            master,
+            units,
+        })
+    }
+
+    pub fn root(&self) -> Option<usize> {
+        (self.units.len() > self.named).then_some(self.named)
+    }
+
+    /// Registers each parameter's gradient-ready hook (stages 2, 3).
+    pub fn register_hooks(engine: &Arc<Mutex<Engine>>) {
+        let params: Vec<Tensor> = lock(engine).params.iter().map(|(_, p)| p.clone()).collect();
+        for (i, p) in params.iter().enumerate() {
+            let e = Arc::downgrade(engine);
+            p.register_grad_ready_hook(move |_| {
+                if let Some(e) = e.upgrade() {
+                    lock(&e).gradient_ready(i);
+                }
+            });
+        }
+    }
+
+    fn gradient_ready(&mut self, i: usize) {
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = self.take_gradient(i) {
+            self.error = Some(e);
+        }
+    }
+
+    fn take_gradient(&mut self, i: usize) -> Result<()> {
+        if self.ready[i] {
+            return Err(Error::Invalid(format!(
+                "zero: parameter {:?} got a second gradient before finish() (call finish() after each backward)",
+                self.params[i].0
+            )));
+        }
+        self.ready[i] = true;
+        let u = self.unit_of[i];
+        self.missing[u] -= 1;
+        if self.missing[u] == 0 {
+            // the unit's gradients are final: flatten them, free them, and (stage 3) free the
+            // whole parameters too, which no backward step needs any more
+            let unit = &self.units[u];
+            let flat = Tensor::zeros(&[unit.padded(self.pg.size())], unit.dtype)?;
+            units::gather_grads(unit, &self.params, &flat)?;
+            for &m in &unit.members {
+                self.params[m].1.set_grad(None);
+            }
+            self.flat_grads[u] = Some(flat);
+            if self.stage == 3 && Some(u) != self.root() {
+                self.release(u)?;
+            }
+        }
+        self.launch_ready()
+    }
+
+    /// Starts, in reduction order, every unit whose flat gradient is assembled.
+    fn launch_ready(&mut self) -> Result<()> {
+        while let Some(&u) = self.order.get(self.next_launch) {
+            let Some(flat) = self.flat_grads[u].take() else { break };
+            let _s = crate::trace::span("compute", "launch reduce_scatter");
+            self.reducing[u] = Some(self.pg.reduce_scatter(&self.grad_shards[u], &flat, ReduceOp::Avg)?);
+            self.next_launch += 1;
+        }
+        Ok(())
+    }
+
+    /// After backward (stages 2, 3): checks every gradient arrived, waits for the reductions
+    /// and (stage 3) frees the root unit. Ready for the next step whatever happened.
+    pub fn finish(&mut self) -> Result<()> {
+        let result = self.finish_inner();
+        self.ready.iter_mut().for_each(|r| *r = false);
+        for (u, unit) in self.units.iter().enumerate() {
+            self.missing[u] = unit.members.len();
+            self.flat_grads[u] = None;
+            self.reducing[u] = None;
+        }
+        self.next_launch = 0;
+        self.error = None;
+        result
+    }
+
+    fn finish_inner(&mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let unused: Vec<&str> = (0..self.params.len())
+            .filter(|&i| !self.ready[i])
+            .map(|i| self.params[i].0.as_str())
+            .collect();
+        if !unused.is_empty() {
+            return Err(Error::Invalid(format!(
+                "zero: rank {}: parameters {unused:?} received no gradient in this backward pass (with ZeRO \
+                 stages 2 and 3 every parameter must take part in the loss on every rank)",
+                self.pg.global_rank()
+            )));
+        }
+        for w in self.reducing.iter_mut() {
+            if let Some(w) = w.take() {
+                w.wait()?;
+            }
+        }
+        if self.stage == 3 {
+            self.release_all()?;
+        }
+        Ok(())
+    }
+
+    /// Starts gathering unit `u`'s parameters when they are released.
+    pub fn prefetch(&mut self, u: usize) -> Result<()> {
+        if matches!(self.gathered[u], Gathered::Released) {
+            let unit = &self.units[u];
+            let flat = Tensor::zeros(&[unit.padded(self.pg.size())], unit.dtype)?;
+            let work = self.pg.all_gather(&flat, &self.master[u])?;
+            self.gathered[u] = Gathered::Pending(work, flat);
+        }
+        Ok(())
+    }
+
+    /// Makes unit `u`'s parameters whole (gathering them, or waiting for the prefetch). On an
+    /// error the parameters are filled with zeros, so that nothing reads a freed buffer, and
+    /// the error is returned.
+    pub fn ensure_whole(&mut self, u: usize) -> Result<()> {
+        self.prefetch(u)?;
+        let state = std::mem::replace(&mut self.gathered[u], Gathered::Whole);
+        let Gathered::Pending(work, flat) = state else {
+            return Ok(());
+        };
+        let waited = work.wait();
+        let unit = &self.units[u];
+        if waited.is_err() {
+            flat.copy_from(&Tensor::zeros(flat.shape(), flat.dtype())?)?;
+        }
+        for (&i, &off) in unit.members.iter().zip(&unit.offsets) {
+            units::fill_param(&self.params[i].1, &flat, off)?;
+        }
+        waited
+    }
+
+    /// As [`Engine::ensure_whole`] from a hook that cannot return an error: keeps the first.
+    pub fn ensure_whole_in_hook(&mut self, u: usize) {
+        if let Err(e) = self.ensure_whole(u) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// Frees unit `u`'s whole parameters (stage 3), waiting for a gather still running.
+    pub fn release(&mut self, u: usize) -> Result<()> {
+        if let Gathered::Pending(..) = self.gathered[u] {
+            self.ensure_whole(u)?;
+        }
+        for &i in &self.units[u].members {
+            units::release_param(&self.params[i].1);
+        }
+        self.gathered[u] = Gathered::Released;
+        Ok(())
+    }
+
+    pub fn release_all(&mut self) -> Result<()> {
+        for u in 0..self.units.len() {
+            self.release(u)?;
+        }
+        Ok(())
+    }
+
+    /// Stage 3: every unit whole (the parameters hold their elements again).
+    pub fn gather_all(&mut self) -> Result<()> {
+        if self.whole {
+            return Ok(());
+        }
+        for u in 0..self.units.len() {
+            self.prefetch(u)?;
+        }
+        for u in 0..self.units.len() {
+            self.ensure_whole(u)?;
+        }
+        self.whole = true;
+        Ok(())
+    }
+
+    /// Stage 3: takes this rank's shards from the whole parameters and frees them.
+    pub fn reshard(&mut self) -> Result<()> {
+        if !self.whole {
+            return Ok(());
+        }
+        for u in 0..self.units.len() {
+            let params = &self.params;
+            units::copy_into_shard(&self.spans[u], &self.master[u], |i| params[i].1.clone())?;
+        }
+        self.release_all()?;
+        self.whole = false;
+        Ok(())
+    }
+
+    /// Stages 1, 2 after the optimizer updated this rank's spans in place: every rank's
+    /// updated spans are gathered into every parameter.
+    pub fn gather_updated(&mut self) -> Result<()> {
+        let ranks = self.pg.size();
+        let mut pending = Vec::with_capacity(self.units.len());
+        for (u, unit) in self.units.iter().enumerate() {
+            let shard = Tensor::zeros(&[unit.shard], unit.dtype)?;
+            let params = &self.params;
+            units::copy_into_shard(&self.spans[u], &shard, |i| params[i].1.clone())?;
+            let flat = Tensor::zeros(&[unit.padded(ranks)], unit.dtype)?;
+            pending.push((self.pg.all_gather(&flat, &shard)?, flat));
+        }
+        for (unit, (work, flat)) in self.units.iter().zip(pending) {
+            work.wait()?;
+            for (&i, &off) in unit.members.iter().zip(&unit.offsets) {
+                units::fill_param(&self.params[i].1, &flat, off)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The unit named `name` (a named unit, not the root).
+    pub fn unit_named(&self, name: &str) -> Result<usize> {
+        self.units[..self.named]
+            .iter()
+            .position(|u| u.name == name)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "zero: the model ran unit {name:?}, which is not one of the units it listed ({:?})",
+                    self.units[..self.named].iter().map(|u| &u.name).collect::<Vec<_>>()
+                ))
+            })
+    }
+
+    /// Before unit `u`'s forward (stage 3): its parameters whole, the next unit's on their way.
+    pub fn before_forward(&mut self, u: usize) -> Result<()> {
+        if self.whole {
+            return Ok(());
+        }
+        self.ensure_whole(u)?;
+        if u + 1 < self.named {
+            self.prefetch(u + 1)?;
+        }
+        Ok(())
+    }
+
+    /// After unit `u`'s forward (stage 3): frees its parameters, and when `output` will get a
+    /// gradient, gathers them again just before the unit's backward (prefetching the unit
+    /// before it).
+    pub fn after_forward(engine: &Arc<Mutex<Engine>>, u: usize, output: &Tensor) -> Result<()> {
+        {
+            let mut e = lock(engine);
+            if e.whole {
+                return Ok(());
+            }
+            e.release(u)?;
+        }
+        if output.requires_grad() && weft_core::is_grad_enabled() {
+            let e: Weak<Mutex<Engine>> = Arc::downgrade(engine);
+            output.register_grad_ready_hook(move |_| {
+                if let Some(e) = e.upgrade() {
+                    let mut e = lock(&e);
+                    e.ensure_whole_in_hook(u);
+                    if u > 0 {
+                        if let Err(err) = e.prefetch(u - 1) {
+                            e.error.get_or_insert(err);
+                        }
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,315 @@
+//! Sharded data parallelism (ZeRO, as DeepSpeed's stages and PyTorch's FSDP): data parallelism
+//! where each of the `N` ranks keeps only its shard of the optimizer state (stage 1), also of
+//! the gradients (stage 2), and also of the parameters (stage 3). For Adam in f32, with `Ψ`
+//! parameters, a rank holds `16Ψ` bytes of model state under plain data parallelism, `8Ψ +
+//! 8Ψ/N` at stage 1, `4Ψ + 12Ψ/N` at stage 2 and `16Ψ/N` at stage 3 (Rajbhandari et al., "ZeRO:
+//! Memory Optimizations Toward Training Trillion Parameter Models", 2020, figure 1).
+//!
+//! Layout: the parameters are grouped into units (the model's [`units`](ShardedDataParallel::new)
+//! such as transformer blocks, plus a root unit of everything else). Each unit's parameters are
+//! concatenated into one flat run, padded to a multiple of `N`, and rank `r` owns the `r`-th of
+//! `N` equal contiguous shards. The part of a parameter inside this rank's shard is a
+//! [`Piece`]: a 1-D tensor the optimizer updates (and keys its state by, under the parameter's
+//! own name), with the gradient set to the matching part of the averaged gradient.
+//!
+//! A step:
+//! - stage 1: gradients are averaged by all-reduce as in [`crate::DataParallel`] (buckets
+//!   started during backward); each rank updates its pieces; the updated shards are all-gathered
+//!   into every parameter ([`ShardedDataParallel::after_step`]).
+//! - stage 2: when a unit's gradients are all final (during backward), they are reduce-scattered
+//!   (average) so that each rank keeps only its shard, and the whole gradients are freed; then
+//!   as stage 1.
+//! - stage 3: between steps the parameters hold no elements (their storage is released; the
+//!   tensors stay valid). [`ShardedDataParallel::begin_forward`] gathers the root unit; the model
+//!   runs each unit inside `Context::unit`, whose hooks ([`ShardedDataParallel::before_unit`],
+//!   [`ShardedDataParallel::after_unit`]) gather the unit (prefetching the next one) and free it
+//!   after its forward; a hook on the unit's output gathers it again just before its backward
+//!   (prefetching the one before), and it is freed once its gradients are reduce-scattered.
+//!   The optimizer updates the shards directly; nothing is gathered after the step.
+//!
+//! Every rank must call these methods in the same order; the collectives pair up by order.
+
+mod engine;
+mod state;
+mod units;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use weft_core::Tensor;
+
+use crate::ddp::{DataParallel, DdpOptions};
+use crate::error::{Error, Result};
+use crate::group::ProcessGroup;
+use engine::{lock, Engine};
+
+/// Settings of [`ShardedDataParallel`].
+#[derive(Clone, Debug)]
+pub struct ZeroOptions {
+    /// 1: optimizer state sharded; 2: also gradients; 3: also parameters.
+    pub stage: usize,
+    /// Stage 1 averages gradients with these buckets.
+    pub ddp: DdpOptions,
+}
+
+/// This rank's part of one parameter: what the optimizer sees.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    /// The parameter's name (the optimizer keys its state by it).
+    pub name: String,
+    /// 1-D, the piece's elements, updated in place by the optimizer; its gradient is set by
+    /// [`ShardedDataParallel::finish`].
+    pub tensor: Tensor,
+    /// The whole parameter's shape (weight decay groups go by its number of dimensions).
+    pub param_shape: Vec<usize>,
+}
+
+/// Keeps sharded model replicas in step across a group; see the module docs.
+pub struct ShardedDataParallel {
+    engine: Arc<Mutex<Engine>>,
+    /// Stage 1's gradient averaging.
+    ddp: Option<DataParallel>,
+    pieces: Vec<Piece>,
+}
+
+/// Bytes of model state a rank holds (buffers counted once, whatever views them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeldBytes {
+    pub params: usize,
+    pub grads: usize,
+}
+
+impl ShardedDataParallel {
+    /// Broadcasts `params` from group rank 0 (every rank passes the same names, shapes and
+    /// dtypes in the same order) and lays them out in shards. `units` names the model's units
+    /// in forward order (parameters named `"{unit}.*"`); the rest form the root unit. At stage
+    /// 3 the parameters stay whole until the first [`ShardedDataParallel::begin_forward`].
+    ///
+    /// Errors: a stage outside 1-3; a parameter that is not a contiguous f32/f64 tensor or is
+    /// listed twice; a unit without parameters or with mixed dtypes; a failed broadcast.
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        units: &[String],
+        pg: &ProcessGroup,
+        options: ZeroOptions,
+    ) -> Result<ShardedDataParallel> {
+        if !(1..=3).contains(&options.stage) {
+            return Err(Error::Invalid(format!(
+                "zero: stage {} is not a ZeRO stage (1, 2 or 3; 0 is plain data parallelism)",
+                options.stage
+            )));
+        }
+        let plan = units::plan(&params, units, pg.size())?;
+        let ddp = if options.stage == 1 {
+            Some(DataParallel::new(params.clone(), pg, options.ddp)?)
+        } else {
+            for (_, p) in &params {
+                pg.broadcast(p, 0)?.wait()?;
+            }
+            None
+        };
+        let engine = Engine::new(pg.clone(), options.stage, params, plan, units.len())?;
+        let mut pieces = Vec::new();
+        for (u, spans) in engine.spans.iter().enumerate() {
+            for s in spans {
+                let (name, p) = &engine.params[s.param];
+                let tensor = if options.stage == 3 {
+                    engine.master[u].narrow(0, s.at, s.len)?
+                } else {
+                    p.detach().reshape(&[-1])?.narrow(0, s.lo, s.len)?
+                };
+                pieces.push(Piece {
+                    name: name.clone(),
+                    tensor,
+                    param_shape: p.shape().to_vec(),
+                });
+            }
+        }
+        let engine = Arc::new(Mutex::new(engine));
+        if options.stage >= 2 {
+            Engine::register_hooks(&engine);
+        }
+        Ok(ShardedDataParallel { engine, ddp, pieces })
+    }
+
+    pub fn stage(&self) -> usize {
+        lock(&self.engine).stage
+    }
+
+    /// This rank's pieces of the parameters, to pass to the optimizer.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    /// The unit names and the parameter names of each, the root unit (named `""`) last.
+    pub fn units(&self) -> Vec<(String, Vec<String>)> {
+        let e = lock(&self.engine);
+        e.units
+            .iter()
+            .map(|u| {
+                let names = u.members.iter().map(|&i| e.params[i].0.clone()).collect();
+                (u.name.clone(), names)
+            })
+            .collect()
+    }
+
+    /// Before each forward pass (stage 3): shards the parameters if they are whole, and gathers
+    /// the root unit (prefetching the first named unit). Nothing at stages 1 and 2.
+    pub fn begin_forward(&self) -> Result<()> {
+        let mut e = lock(&self.engine);
+        if e.stage != 3 {
+            return Ok(());
+        }
+        e.reshard()?;
+        if let Some(root) = e.root() {
+            e.ensure_whole(root)?;
+        }
+        if e.named > 0 {
+            e.prefetch(0)?;
+        }
+        Ok(())
+    }
+
+    /// After a forward pass that is not followed by backward (evaluation, stage 3): frees every
+    /// gathered unit.
+    pub fn end_forward(&self) -> Result<()> {
+        let mut e = lock(&self.engine);
+        if e.stage == 3 && !e.whole {
+            e.release_all()?;
+        }
+        Ok(())
+    }
+
+    /// Called by the model before unit `unit`'s forward (through `Context::unit`).
+    pub fn before_unit(&self, unit: &str) -> Result<()> {
+        let mut e = lock(&self.engine);
+        if e.stage != 3 {
+            return Ok(());
+        }
+        let u = e.unit_named(unit)?;
+        e.before_forward(u)
+    }
+
+    /// Called by the model after unit `unit`'s forward produced `output`.
+    pub fn after_unit(&self, unit: &str, output: &Tensor) -> Result<()> {
+        let u = {
+            let e = lock(&self.engine);
+            if e.stage != 3 {
+                return Ok(());
+            }
+            e.unit_named(unit)?
+        };
+        Engine::after_forward(&self.engine, u, output)
+    }
+
+    /// After backward: waits for the gradient reductions and sets each piece's gradient to its
+    /// part of the group's average. A parameter without a gradient is an error naming it (the
+    /// group is aborted with the same message, so every rank stops).
+    pub fn finish(&self) -> Result<()> {
+        let result = self.finish_inner();
+        if let Err(e) = &result {
+            lock(&self.engine).pg.abort(&e.to_string());
+        }
+        result
+    }
+
+    fn finish_inner(&self) -> Result<()> {
+        if let Some(ddp) = &self.ddp {
+            ddp.finish()?;
+        }
+        let mut e = lock(&self.engine);
+        if e.stage >= 2 {
+            e.finish()?;
+        }
+        let mut k = 0;
+        for (u, spans) in e.spans.iter().enumerate() {
+            for s in spans {
+                let grad = if e.stage == 1 {
+                    let (name, p) = &e.params[s.param];
+                    let g = p
+                        .grad()
+                        .ok_or_else(|| Error::Invalid(format!("zero: parameter {name:?} has no gradient")))?;
+                    g.reshape(&[-1])?.narrow(0, s.lo, s.len)?
+                } else {
+                    e.grad_shards[u].narrow(0, s.at, s.len)?
+                };
+                self.pieces[k].tensor.set_grad(Some(grad));
+                k += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the optimizer updated the pieces: at stages 1 and 2, every rank's updated shards
+    /// are gathered into the whole parameters, and the gradients are cleared. At stage 3 the
+    /// shards are the parameters: only the gradients are cleared.
+    pub fn after_step(&self) -> Result<()> {
+        let mut e = lock(&self.engine);
+        for p in &self.pieces {
+            p.tensor.set_grad(None);
+        }
+        for (_, p) in &e.params {
+            p.set_grad(None);
+        }
+        if e.stage <= 2 {
+            e.gather_updated()?;
+        }
+        Ok(())
+    }
+
+    /// Stage 3: gathers every unit so that the model's parameters hold their elements (to save
+    /// them, sample from the model, or hand it to code that knows nothing of sharding). The
+    /// next [`ShardedDataParallel::begin_forward`] shards them again, taking this rank's shard
+    /// from the parameters (so changes made to them meanwhile, such as loading a checkpoint,
+    /// are kept). Nothing at stages 1 and 2, whose parameters are always whole.
+    pub fn gather_parameters(&self) -> Result<()> {
+        let mut e = lock(&self.engine);
+        if e.stage == 3 {
+            e.gather_all()?;
+        }
+        Ok(())
+    }
+
+    /// Collective: the whole optimizer state of every parameter (as a single-process optimizer
+    /// keeps it) from every rank's state of its pieces (`Optimizer::state()` output).
+    pub fn consolidate_state(&self, state: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        state::consolidate(&lock(&self.engine), state)
+    }
+
+    /// This rank's part of a whole optimizer state (see [`ShardedDataParallel::consolidate_state`]),
+    /// for `Optimizer::load_state`.
+    pub fn shard_state(&self, state: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        state::shard(&lock(&self.engine), state)
+    }
+
+    /// Bytes of parameters (whole parameters still held, and shards) and gradients (of the
+    /// parameters, and gradient shards) this rank holds now.
+    pub fn held_bytes(&self) -> HeldBytes {
+        let e = lock(&self.engine);
+        let mut seen = std::collections::HashSet::new();
+        let mut bytes = |t: &Tensor| {
+            if seen.insert(Arc::as_ptr(t.storage())) {
+                t.storage().read().len() * t.dtype().size_in_bytes()
+            } else {
+                0
+            }
+        };
+        let mut held = HeldBytes::default();
+        for (_, p) in &e.params {
+            held.params += bytes(p);
+        }
+        for m in &e.master {
+            held.params += bytes(m);
+        }
+        for (_, p) in &e.params {
+            held.grads += p.grad().map_or(0, |g| bytes(&g));
+        }
+        for p in &self.pieces {
+            held.grads += p.tensor.grad().map_or(0, |g| bytes(&g));
+        }
+        for g in &e.grad_shards {
+            held.grads += bytes(g);
+        }
+        held
+    }
+}

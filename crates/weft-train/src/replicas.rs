@@ -1,0 +1,67 @@
+//! How the trainer keeps data-parallel replicas in step: plain data parallelism, or ZeRO
+//! sharding (whose stage 3 runs the model's units between gather and free hooks), and the
+//! bytes of model state a rank holds under either.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use weft_core::Tensor;
+use weft_dist::{DataParallel, ShardedDataParallel};
+use weft_nn::optim::Optimizer;
+use weft_nn::UnitHooks;
+
+/// The wrapper that averages gradients over the data-parallel group.
+pub(crate) enum Replicas {
+    /// Every rank holds everything (`parallel.zero = 0`).
+    Plain(DataParallel),
+    /// ZeRO stage 1, 2 or 3.
+    Sharded(Arc<ShardedDataParallel>),
+}
+
+/// Gathers and frees a unit's parameters around its forward (ZeRO stage 3).
+pub(crate) struct ZeroUnits(pub Arc<ShardedDataParallel>);
+
+impl UnitHooks for ZeroUnits {
+    fn before_forward(&self, unit: &str) -> weft_core::Result<()> {
+        self.0.before_unit(unit).map_err(to_core)
+    }
+
+    fn after_forward(&self, unit: &str, output: &Tensor) -> weft_core::Result<()> {
+        self.0.after_unit(unit, output).map_err(to_core)
+    }
+}
+
+fn to_core(e: weft_dist::Error) -> weft_core::Error {
+    weft_core::Error::Invalid {
+        op: "zero",
+        msg: e.to_string(),
+    }
+}
+
+/// Bytes of model state one rank holds: parameters, gradients and optimizer state (each buffer
+/// counted once, whatever views it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    pub params: usize,
+    pub grads: usize,
+    pub optimizer: usize,
+}
+
+/// What `params` and their gradients hold, plus the optimizer's state.
+pub(crate) fn unsharded_bytes(params: &[Tensor], optimizer: &dyn Optimizer) -> StateBytes {
+    let mut seen = HashSet::new();
+    let mut bytes = |t: &Tensor| {
+        if seen.insert(Arc::as_ptr(t.storage())) {
+            t.storage().read().len() * t.dtype().size_in_bytes()
+        } else {
+            0
+        }
+    };
+    let params_b = params.iter().map(&mut bytes).sum();
+    let grads_b = params.iter().filter_map(|p| p.grad()).map(|g| bytes(&g)).sum();
+    StateBytes {
+        params: params_b,
+        grads: grads_b,
+        optimizer: optimizer.state_bytes(),
+    }
+}
