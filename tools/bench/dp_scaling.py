@@ -5,11 +5,15 @@ dp = 1 and dp = 2, one compute thread per rank, same global batch.
 Build first (`cargo build --release`), then from the repository root:
 
     python3 tools/bench/dp_scaling.py [--repeat 3] [--steps 40] [--bucket-cap-mb 25]
+                                      [--zero 0 1 2 3] [--torch PYTHON]
 
-Each repeat runs dp = 1 and dp = 2 (alternating which goes first) and takes the median
-`step_ms` over steps 5 and later. Prints per repeat and the median over repeats: both step
-times, the efficiency t1 / (2 t2), and from the dp = 2 timeline the share of gradient
-all-reduce time that ran while backward was still running (overlap).
+Each repeat runs dp = 1 and dp = 2 at each ZeRO stage asked for (alternating the order) and
+takes the median `step_ms` over steps 5 and later. Prints per repeat and the median over
+repeats: the step times, the efficiency t1 / (2 t2), and from the zero = 0 timeline the share of
+gradient all-reduce time that ran while backward was still running (overlap). With --torch (a
+Python that has torch), each repeat also runs tools/bench/torch_dp_scaling.py side by side:
+PyTorch without wrapping at 1 process, DistributedDataParallel (gloo) at 2, and, when stage 3
+is asked for, FSDP2's fully_shard at 2.
 """
 
 import argparse
@@ -32,13 +36,14 @@ def median_step_ms(path):
     return statistics.median(r["step_ms"] for r in rows[5:])
 
 
-def run(work, dp, steps, bucket_cap_mb):
-    metrics = os.path.join(work, f"m{dp}.jsonl")
-    trace = os.path.join(work, f"trace{dp}.json")
+def run(work, dp, steps, bucket_cap_mb, zero=0):
+    metrics = os.path.join(work, f"m{dp}-{zero}.jsonl")
+    trace = os.path.join(work, f"trace{dp}-{zero}.json")
     cmd = [WEFT, "train", "--quiet", "--set", f"train.steps={steps}",
            "--set", f"train.metrics={json.dumps(metrics)}",
            "--set", f"train.trace={json.dumps(trace)}",
-           "--set", f"parallel.dp={dp}", "--set", f"parallel.bucket_cap_mb={bucket_cap_mb}"]
+           "--set", f"parallel.dp={dp}", "--set", f"parallel.bucket_cap_mb={bucket_cap_mb}",
+           "--set", f"parallel.zero={zero if dp > 1 else 0}"]
     for o in OVERRIDES:
         cmd += ["--set", o]
     if dp > 1:
@@ -64,26 +69,58 @@ def overlap(trace_path):
     return hidden / total if total else 0.0
 
 
+def torch_run(python, nproc, mode, steps):
+    script = os.path.join(HERE, "torch_dp_scaling.py")
+    out = subprocess.run([python, script, "--nproc", str(nproc), "--mode", mode, "--steps", str(steps),
+                          "--json"], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["median_ms"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--zero", type=int, nargs="+", default=[0], choices=[0, 1, 2, 3])
+    ap.add_argument("--torch", metavar="PYTHON", help="also run PyTorch DDP/FSDP with this Python")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="weft-dp-scaling-")
     rows = []
     for i in range(args.repeat):
-        order = [1, 2] if i % 2 == 0 else [2, 1]
+        jobs = [("weft", 1, 0)] + [("weft", 2, z) for z in args.zero]
+        if args.torch:
+            jobs += [("torch", 1, "ddp"), ("torch", 2, "ddp")]
+            if 3 in args.zero:
+                jobs.append(("torch", 2, "fsdp"))
+        if i % 2 == 1:
+            jobs.reverse()
         got = {}
-        for dp in order:
-            got[dp] = run(work, dp, args.steps, args.bucket_cap_mb)
-        t1, (t2, trace) = got[1][0], got[2]
-        rows.append((t1, t2, t1 / (2 * t2), overlap(trace)))
-        print(f"[{i + 1}/{args.repeat}] dp=1 {t1:.1f} ms, dp=2 {t2:.1f} ms, efficiency {rows[-1][2]:.3f}, "
-              f"all-reduce overlapped with backward {rows[-1][3]:.0%}", flush=True)
-    med = [statistics.median(r[k] for r in rows) for k in range(4)]
-    print(f"median of {args.repeat}: dp=1 {med[0]:.1f} ms/step, dp=2 {med[1]:.1f} ms/step, "
-          f"efficiency t1/(2 t2) = {med[2]:.3f}, overlap {med[3]:.0%} (bucket_cap_mb {args.bucket_cap_mb})")
+        for impl, dp, kind in jobs:
+            if impl == "weft":
+                got[(impl, dp, kind)] = run(work, dp, args.steps, args.bucket_cap_mb, kind)
+            else:
+                got[(impl, dp, kind)] = (torch_run(args.torch, dp, kind, args.steps), None)
+        row = {}
+        t1 = got[("weft", 1, 0)][0]
+        row["weft dp=1"] = t1
+        for z in args.zero:
+            t2, trace = got[("weft", 2, z)]
+            row[f"weft dp=2 zero={z}"] = t2
+            row[f"weft efficiency zero={z}"] = t1 / (2 * t2)
+            if z == 0:
+                row["weft overlap"] = overlap(trace)
+        if args.torch:
+            tt1 = got[("torch", 1, "ddp")][0]
+            row["torch dp=1"] = tt1
+            for mode in ["ddp", "fsdp"]:
+                if ("torch", 2, mode) in got:
+                    row[f"torch dp=2 {mode}"] = got[("torch", 2, mode)][0]
+                    row[f"torch efficiency {mode}"] = tt1 / (2 * got[("torch", 2, mode)][0])
+        rows.append(row)
+        print(f"[{i + 1}/{args.repeat}] " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
+    print(f"median of {args.repeat} (bucket_cap_mb {args.bucket_cap_mb}; times in ms/step):")
+    for key in rows[0]:
+        print(f"  {key}: {statistics.median(r[key] for r in rows):.3f}")
 
 
 if __name__ == "__main__":

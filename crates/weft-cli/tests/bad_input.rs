@@ -100,6 +100,28 @@ fn bad_values() {
         &["parallel.zero", "0-3"],
     );
     fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "parallel.comm_dtype=\"bf16\"",
+        ],
+        &["parallel.comm_dtype", "needs ZeRO"],
+    );
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "parallel.comm_dtype=\"f16\"",
+        ],
+        &["parallel.comm_dtype", "f32, bf16"],
+    );
+    fails_naming(
         &["train", "--quiet", "--config", &gpt_config(), "--set", "model.n_head=3"],
         &["n_embd", "n_head"],
     );

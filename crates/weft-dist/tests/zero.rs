@@ -135,6 +135,7 @@ fn options(stage: usize) -> ZeroOptions {
     ZeroOptions {
         stage,
         ddp: DdpOptions::default(),
+        bf16: false,
     }
 }
 
@@ -280,4 +281,55 @@ fn a_stage_outside_1_to_3_and_a_unit_without_parameters_are_refused() {
             .unwrap();
         assert!(e.to_string().contains("\"l2\""), "{e}");
     });
+}
+
+#[test]
+fn bf16_communication_computes_with_rounded_parameters_and_keeps_f32_master_weights() {
+    let (want, _) = reference();
+    for stage in 1..=3 {
+        ranks(2, T, |pg| {
+            let r = pg.rank();
+            let net = Net::new(7);
+            let units: Vec<String> = UNITS.iter().map(|u| u.to_string()).collect();
+            let opts = ZeroOptions {
+                bf16: true,
+                ..options(stage)
+            };
+            let z = ShardedDataParallel::new(net.params.clone(), &units, &pg, opts).unwrap();
+            let mut opt = adamw();
+            let g = piece_groups(z.pieces());
+            let rounded = |v: f64| half::bf16::from_f64(v).to_f64() == v;
+            for step in 0..STEPS {
+                z.begin_forward().unwrap();
+                net.loss(
+                    &share(&batch(step), r, 2),
+                    Some(&z),
+                    |u| {
+                        // the unit being computed with holds bf16 values
+                        let w = net.get(&format!("{u}.w")).to_vec_f64();
+                        assert!(w.iter().all(|&v| rounded(v)), "stage {stage} step {step}: {u}");
+                    },
+                    false,
+                )
+                .backward()
+                .unwrap();
+                z.finish().unwrap();
+                opt.step(&g, LR).unwrap();
+                z.after_step().unwrap();
+            }
+            z.gather_parameters().unwrap();
+            // the gathered parameters are the f32 master weights, not their bf16 roundings
+            let values = net.values();
+            assert!(values.iter().flatten().any(|&v| !rounded(v)), "stage {stage}");
+            // bf16 rounding moves the result a little against the steps themselves
+            let start = Net::new(7).values();
+            let flat = |v: &[Vec<f64>]| v.concat();
+            let (got, want, start) = (flat(&values), flat(&want), flat(&start));
+            let mean = |f: &dyn Fn(usize) -> f64| (0..got.len()).map(f).sum::<f64>() / got.len() as f64;
+            let moved = mean(&|i| (want[i] - start[i]).abs());
+            let off = mean(&|i| (got[i] - want[i]).abs());
+            eprintln!("stage {stage}: mean update {moved:.4}, mean difference from f32 {off:.5}");
+            assert!(off < 0.05 * moved, "stage {stage}: {off} against updates of {moved}");
+        });
+    }
 }

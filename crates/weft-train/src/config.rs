@@ -318,6 +318,14 @@ pub struct ParallelConfig {
     /// Data parallelism: size cap of the other gradient buckets, MiB (PyTorch's `bucket_cap_mb`).
     #[serde(default = "default_bucket_cap_mb")]
     pub bucket_cap_mb: f64,
+    /// ZeRO: `"f32"` (default), or `"bf16"` to gather parameters and reduce gradients in bf16
+    /// with f32 shards as master weights (DeepSpeed's `communication_data_type`).
+    #[serde(default = "default_comm_dtype")]
+    pub comm_dtype: String,
+}
+
+fn default_comm_dtype() -> String {
+    "f32".into()
 }
 
 fn default_first_bucket_mb() -> f64 {
@@ -345,6 +353,7 @@ impl Default for ParallelConfig {
             schedule: default_pp_schedule(),
             first_bucket_mb: default_first_bucket_mb(),
             bucket_cap_mb: default_bucket_cap_mb(),
+            comm_dtype: default_comm_dtype(),
         }
     }
 }
@@ -467,6 +476,17 @@ impl RunConfig {
         }
         if p.zero > 3 {
             return bad("parallel.zero", format!("{} is not a ZeRO stage (0-3)", p.zero));
+        }
+        match p.comm_dtype.as_str() {
+            "f32" => {}
+            "bf16" if p.zero > 0 => {}
+            "bf16" => {
+                return bad(
+                    "parallel.comm_dtype",
+                    "\"bf16\" needs ZeRO sharding (zero = 1, 2 or 3), which keeps the f32 master weights".into(),
+                )
+            }
+            other => return bad("parallel.comm_dtype", format!("{other:?} is not one of f32, bf16")),
         }
         if !["1f1b", "gpipe"].contains(&p.schedule.as_str()) {
             return bad(

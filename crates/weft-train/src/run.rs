@@ -284,7 +284,14 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         };
         trainer = match config.parallel.zero {
             0 => trainer.with_data_parallel(g, options)?,
-            stage => trainer.with_zero(g, weft_dist::ZeroOptions { stage, ddp: options })?,
+            stage => trainer.with_zero(
+                g,
+                weft_dist::ZeroOptions {
+                    stage,
+                    ddp: options,
+                    bf16: config.parallel.comm_dtype == "bf16",
+                },
+            )?,
         };
     }
     if let Some(path) = &t.trace {

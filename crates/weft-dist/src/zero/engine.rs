@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use weft_core::Tensor;
+use weft_core::{DType, Tensor};
 
 use super::units::{self, Span, Unit};
 use crate::error::{Error, Result};
@@ -41,11 +41,17 @@ pub(crate) struct Engine {
     next_launch: usize,
     /// This rank's averaged gradient shard of each unit (stages 2, 3).
     pub grad_shards: Vec<Tensor>,
-    reducing: Vec<Option<Work>>,
-    /// This rank's parameter shard of each unit (stage 3): what the optimizer updates.
+    /// Running reductions, with the bf16 shard they write when communication is in bf16.
+    reducing: Vec<Option<(Work, Option<Tensor>)>>,
+    /// Communicate in bf16 (gradients reduced, parameters gathered), keeping f32 shards.
+    pub bf16: bool,
+    /// This rank's parameter shard of each unit (stage 3, or any stage communicating in bf16):
+    /// what the optimizer updates. Empty when the optimizer updates the parameters in place.
     pub master: Vec<Tensor>,
     pub gathered: Vec<Gathered>,
-    /// Stage 3: the model's parameters hold every element (the shards may be stale).
+    /// The model's parameters hold every element in full precision and are the truth (the
+    /// shards may be stale): stage 3 between `gather_all` and `reshard`; stages 1 and 2 in bf16
+    /// from the start or a full-precision gather until the next step's bf16 gather.
     pub whole: bool,
     /// The first error met by a hook, reported by `finish`.
     error: Option<Error>,
@@ -59,6 +65,7 @@ impl Engine {
     pub fn new(
         pg: ProcessGroup,
         stage: usize,
+        bf16: bool,
         params: Vec<(String, Tensor)>,
         units: Vec<Unit>,
         named: usize,
@@ -81,7 +88,7 @@ impl Engine {
                 .collect()
         };
         let grad_shards = shards(stage >= 2)?;
-        let master = shards(stage == 3)?;
+        let master = shards(stage == 3 || bf16)?;
         Ok(Engine {
             pg,
             stage,
@@ -93,6 +100,7 @@ impl Engine {
             gathered: units.iter().map(|_| Gathered::Whole).collect(),
             whole: true,
             error: None,
+            bf16,
             params,
             unit_of,
             named,
@@ -102,6 +110,24 @@ impl Engine {
             master,
             units,
         })
+    }
+
+    /// The dtype unit `u`'s collectives move.
+    pub fn comm_dtype(&self, u: usize) -> DType {
+        if self.bf16 {
+            DType::BF16
+        } else {
+            self.units[u].dtype
+        }
+    }
+
+    /// Copies this rank's spans of the whole parameters into the shards.
+    pub fn fill_master(&mut self) -> Result<()> {
+        for u in 0..self.master.len() {
+            let params = &self.params;
+            units::copy_into_shard(&self.spans[u], &self.master[u], |i| params[i].1.clone())?;
+        }
+        Ok(())
     }
 
     pub fn root(&self) -> Option<usize> {
@@ -144,7 +170,7 @@ impl Engine {
             // the unit's gradients are final: flatten them, free them, and (stage 3) free the
             // whole parameters too, which no backward step needs any more
             let unit = &self.units[u];
-            let flat = Tensor::zeros(&[unit.padded(self.pg.size())], unit.dtype)?;
+            let flat = Tensor::zeros(&[unit.padded(self.pg.size())], self.comm_dtype(u))?;
             units::gather_grads(unit, &self.params, &flat)?;
             for &m in &unit.members {
                 self.params[m].1.set_grad(None);
@@ -162,7 +188,14 @@ impl Engine {
         while let Some(&u) = self.order.get(self.next_launch) {
             let Some(flat) = self.flat_grads[u].take() else { break };
             let _s = crate::trace::span("compute", "launch reduce_scatter");
-            self.reducing[u] = Some(self.pg.reduce_scatter(&self.grad_shards[u], &flat, ReduceOp::Avg)?);
+            let out = if self.bf16 {
+                Some(Tensor::zeros(&[self.units[u].shard], DType::BF16)?)
+            } else {
+                None
+            };
+            let dst = out.as_ref().unwrap_or(&self.grad_shards[u]);
+            let work = self.pg.reduce_scatter(dst, &flat, ReduceOp::Avg)?;
+            self.reducing[u] = Some((work, out));
             self.next_launch += 1;
         }
         Ok(())
@@ -198,9 +231,12 @@ impl Engine {
                 self.pg.global_rank()
             )));
         }
-        for w in self.reducing.iter_mut() {
-            if let Some(w) = w.take() {
-                w.wait()?;
+        for u in 0..self.units.len() {
+            if let Some((work, bf16)) = self.reducing[u].take() {
+                work.wait()?;
+                if let Some(b) = bf16 {
+                    self.grad_shards[u].copy_from(&b)?;
+                }
             }
         }
         if self.stage == 3 {
@@ -211,10 +247,15 @@ impl Engine {
 
     /// Starts gathering unit `u`'s parameters when they are released.
     pub fn prefetch(&mut self, u: usize) -> Result<()> {
+        self.prefetch_as(u, self.comm_dtype(u))
+    }
+
+    /// [`Engine::prefetch`] moving elements of `dtype`.
+    fn prefetch_as(&mut self, u: usize, dtype: DType) -> Result<()> {
         if matches!(self.gathered[u], Gathered::Released) {
             let unit = &self.units[u];
-            let flat = Tensor::zeros(&[unit.padded(self.pg.size())], unit.dtype)?;
-            let work = self.pg.all_gather(&flat, &self.master[u])?;
+            let flat = Tensor::zeros(&[unit.padded(self.pg.size())], dtype)?;
+            let work = self.pg.all_gather(&flat, &self.master[u].cast(flat.dtype())?)?;
             self.gathered[u] = Gathered::Pending(work, flat);
         }
         Ok(())
@@ -267,12 +308,15 @@ impl Engine {
     }
 
     /// Stage 3: every unit whole (the parameters hold their elements again).
+    /// In full precision (f32 even when communicating in bf16), as checkpoints need them.
     pub fn gather_all(&mut self) -> Result<()> {
         if self.whole {
             return Ok(());
         }
+        // units gathered in bf16 (none between steps) are gathered again in full
+        self.release_all()?;
         for u in 0..self.units.len() {
-            self.prefetch(u)?;
+            self.prefetch_as(u, self.units[u].dtype)?;
         }
         for u in 0..self.units.len() {
             self.ensure_whole(u)?;
@@ -286,25 +330,29 @@ impl Engine {
         if !self.whole {
             return Ok(());
         }
-        for u in 0..self.units.len() {
-            let params = &self.params;
-            units::copy_into_shard(&self.spans[u], &self.master[u], |i| params[i].1.clone())?;
-        }
+        self.fill_master()?;
         self.release_all()?;
         self.whole = false;
         Ok(())
     }
 
-    /// Stages 1, 2 after the optimizer updated this rank's spans in place: every rank's
-    /// updated spans are gathered into every parameter.
-    pub fn gather_updated(&mut self) -> Result<()> {
+    /// Stages 1, 2 after the optimizer updated this rank's spans (of the parameters, or of
+    /// the shards when communicating in bf16): every rank's updated spans are gathered into
+    /// every parameter, in the communication dtype, or in full precision when `full`.
+    pub fn gather_updated(&mut self, full: bool) -> Result<()> {
         let ranks = self.pg.size();
         let mut pending = Vec::with_capacity(self.units.len());
         for (u, unit) in self.units.iter().enumerate() {
-            let shard = Tensor::zeros(&[unit.shard], unit.dtype)?;
-            let params = &self.params;
-            units::copy_into_shard(&self.spans[u], &shard, |i| params[i].1.clone())?;
-            let flat = Tensor::zeros(&[unit.padded(ranks)], unit.dtype)?;
+            let dtype = if full { unit.dtype } else { self.comm_dtype(u) };
+            let shard = if self.master.is_empty() {
+                let shard = Tensor::zeros(&[unit.shard], unit.dtype)?;
+                let params = &self.params;
+                units::copy_into_shard(&self.spans[u], &shard, |i| params[i].1.clone())?;
+                shard
+            } else {
+                self.master[u].cast(dtype)?
+            };
+            let flat = Tensor::zeros(&[unit.padded(ranks)], dtype)?;
             pending.push((self.pg.all_gather(&flat, &shard)?, flat));
         }
         for (unit, (work, flat)) in self.units.iter().zip(pending) {

@@ -50,6 +50,11 @@ pub struct ZeroOptions {
     pub stage: usize,
     /// Stage 1 averages gradients with these buckets.
     pub ddp: DdpOptions,
+    /// Communicate in bf16: parameters are gathered in bf16 (so the model computes with
+    /// bf16-rounded weights) from f32 shards that the optimizer updates (master weights), and at
+    /// stages 2 and 3 gradients are reduce-scattered in bf16 and kept as f32 shards. Halves the
+    /// bytes moved. Stage 1 still averages gradients in f32.
+    pub bf16: bool,
 }
 
 /// This rank's part of one parameter: what the optimizer sees.
@@ -108,12 +113,17 @@ impl ShardedDataParallel {
             }
             None
         };
-        let engine = Engine::new(pg.clone(), options.stage, params, plan, units.len())?;
+        let mut engine = Engine::new(pg.clone(), options.stage, options.bf16, params, plan, units.len())?;
+        if options.stage < 3 && options.bf16 {
+            // the shards start from the broadcast parameters; the gathers round the
+            // parameters to bf16 from the first step on
+            engine.fill_master()?;
+        }
         let mut pieces = Vec::new();
         for (u, spans) in engine.spans.iter().enumerate() {
             for s in spans {
                 let (name, p) = &engine.params[s.param];
-                let tensor = if options.stage == 3 {
+                let tensor = if !engine.master.is_empty() {
                     engine.master[u].narrow(0, s.at, s.len)?
                 } else {
                     p.detach().reshape(&[-1])?.narrow(0, s.lo, s.len)?
@@ -158,6 +168,14 @@ impl ShardedDataParallel {
     pub fn begin_forward(&self) -> Result<()> {
         let mut e = lock(&self.engine);
         if e.stage != 3 {
+            if e.bf16 && e.whole {
+                // the parameters hold full-precision values (the start, a checkpoint saved or
+                // loaded) and are the truth: the shards take them, and the parameters go back
+                // to the bf16-rounded values every step computes with
+                e.fill_master()?;
+                e.gather_updated(false)?;
+                e.whole = false;
+            }
             return Ok(());
         }
         e.reshard()?;
@@ -252,20 +270,26 @@ impl ShardedDataParallel {
             p.set_grad(None);
         }
         if e.stage <= 2 {
-            e.gather_updated()?;
+            e.gather_updated(false)?;
+            e.whole = false;
         }
         Ok(())
     }
 
     /// Stage 3: gathers every unit so that the model's parameters hold their elements (to save
-    /// them, sample from the model, or hand it to code that knows nothing of sharding). The
-    /// next [`ShardedDataParallel::begin_forward`] shards them again, taking this rank's shard
-    /// from the parameters (so changes made to them meanwhile, such as loading a checkpoint,
-    /// are kept). Nothing at stages 1 and 2, whose parameters are always whole.
+    /// them, sample from the model, or hand it to code that knows nothing of sharding), in
+    /// full precision. The next [`ShardedDataParallel::begin_forward`] shards them again,
+    /// taking this rank's shard from the parameters (so changes made to them meanwhile, such as
+    /// loading a checkpoint, are kept). At stages 1 and 2, whose parameters are always whole,
+    /// this only matters when communicating in bf16: the parameters get the full-precision
+    /// values of the shards until the next `begin_forward`.
     pub fn gather_parameters(&self) -> Result<()> {
         let mut e = lock(&self.engine);
         if e.stage == 3 {
             e.gather_all()?;
+        } else if e.bf16 && !e.whole {
+            e.gather_updated(true)?;
+            e.whole = true;
         }
         Ok(())
     }

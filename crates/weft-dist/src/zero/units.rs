@@ -149,6 +149,10 @@ pub(crate) fn copy_into_shard(spans: &[Span], shard: &Tensor, source: impl Fn(us
 /// Writes elements `flat[off..off + numel]` into parameter `p`: in place when its storage is
 /// whole, as a new buffer when it was released.
 pub(crate) fn fill_param(p: &Tensor, flat: &Tensor, off: usize) -> Result<()> {
+    if flat.dtype() != p.dtype() {
+        let part = flat.narrow(0, off, p.numel())?.cast(p.dtype())?;
+        return fill_param(p, &part, 0);
+    }
     fn go<T: StorageElement>(p: &Tensor, flat: &Tensor, off: usize) -> Result<()> {
         let n = p.numel();
         flat.with_data::<T, Result<()>>(|f| {
@@ -189,6 +193,7 @@ pub(crate) fn gather_grads(unit: &Unit, params: &[(String, Tensor)], flat: &Tens
                     p.dtype().name()
                 )));
             }
+            let g = g.cast(flat.dtype())?;
             g.with_data::<T, Result<()>>(|v| {
                 flat.with_data_mut::<T, ()>(|d| d[off..off + v.len()].copy_from_slice(v))?;
                 Ok(())
