@@ -89,6 +89,8 @@ pub struct Pool2dParams {
 /// One primitive operation with its attributes. Dims are already resolved (non-negative).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
+    /// A function defined outside the op set, with its own backward.
+    Custom(crate::function::CustomOp),
     // ---- creation (no inputs) ----
     /// A tensor of `shape` filled with `value`.
     Fill {
@@ -309,6 +311,7 @@ impl Op {
             Op::MaxPool2dBackward(_) => "max_pool2d_backward",
             Op::AvgPool2d(_) => "avg_pool2d",
             Op::AvgPool2dBackward(_) => "avg_pool2d_backward",
+            Op::Custom(c) => c.0.name(),
         }
     }
 }

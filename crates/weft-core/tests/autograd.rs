@@ -137,3 +137,36 @@ fn grad_ready_hooks_fire_in_reverse_order_with_final_gradients() {
     assert_eq!(log[1].1, w1.grad().unwrap().to_vec_f64());
     assert_eq!(log[1].1, vec![2.0, -4.0, 4.0, -8.0, 6.0, -12.0]);
 }
+
+/// `x * y` with a deliberately different backward (`2 g y` for x), so the test sees that
+/// backward is the function's own and not derived from its forward's ops.
+struct ScaledProduct;
+
+impl weft_core::Function for ScaledProduct {
+    fn name(&self) -> &'static str {
+        "scaled_product"
+    }
+    fn forward(&self, inputs: &[&Tensor]) -> weft_core::Result<Tensor> {
+        assert!(!weft_core::is_grad_enabled(), "forward runs without recording");
+        inputs[0].mul(inputs[1])
+    }
+    fn backward(&self, inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> weft_core::Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(grad.mul(&inputs[1])?.mul_scalar(2.0)?), None])
+    }
+}
+
+#[test]
+fn a_function_is_one_node_whose_backward_is_its_own() {
+    let x = param(&[1.0, 2.0, 3.0], &[3]);
+    let y = param(&[4.0, 5.0, 6.0], &[3]);
+    let f: Arc<dyn weft_core::Function> = Arc::new(ScaledProduct);
+    let out = Tensor::apply_function(f.clone(), &[&x, &y]).unwrap();
+    assert_eq!(out.to_vec_f64(), vec![4.0, 10.0, 18.0]);
+    assert_eq!(out.op().map(|o| o.name()), Some("scaled_product"));
+    out.sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec_f64(), vec![8.0, 10.0, 12.0]);
+    assert!(y.grad().is_none(), "the function gave y no gradient");
+    // without an input that requires grad, nothing is recorded
+    let plain = Tensor::apply_function(f, &[&x.detach(), &y.detach()]).unwrap();
+    assert!(plain.op().is_none());
+}

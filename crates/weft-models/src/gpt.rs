@@ -5,6 +5,7 @@ use weft_core::{DType, Error, Generator, Result, Tensor};
 use weft_nn::init;
 use weft_nn::layers::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Mlp};
 use weft_nn::module::{prefixed, Module};
+use weft_nn::parallel::{copy_to_group, Split, TpGroup};
 use weft_nn::Context;
 
 use crate::{config_error, Model};
@@ -84,6 +85,8 @@ pub struct Gpt {
     pub ln_f: LayerNorm,
     drop: Dropout,
     ctx: Context,
+    /// How each parameter is cut, when tensor-parallel.
+    splits: Vec<(String, Split)>,
 }
 
 const ALIASES: &[(&str, &str)] = &[("lm_head.weight", "transformer.wte.weight")];
@@ -108,17 +111,14 @@ impl Gpt {
             });
         }
         let model = Gpt {
-            wte: Embedding {
-                weight: init::normal(&[config.vocab_size, c], 0.02, f, &mut rng)?,
-            },
-            wpe: Embedding {
-                weight: init::normal(&[config.block_size, c], 0.02, f, &mut rng)?,
-            },
+            wte: Embedding::from_weight(init::normal(&[config.vocab_size, c], 0.02, f, &mut rng)?),
+            wpe: Embedding::from_weight(init::normal(&[config.block_size, c], 0.02, f, &mut rng)?),
             h,
             ln_f: LayerNorm::new(c, config.bias, eps)?,
             drop: Dropout::new(config.dropout, &ctx),
             ctx,
             config,
+            splits: Vec::new(),
         };
         let proj_std = 0.02 / (2.0 * model.config.n_layer as f64).sqrt();
         for (name, p) in model.parameters() {
@@ -169,8 +169,42 @@ impl Gpt {
         Ok(())
     }
 
+    /// Cuts the model across a tensor-parallel group (Megatron's layout): the token embedding
+    /// and the tied output layer by vocabulary rows (padded to a multiple of the group size),
+    /// each attention by heads and each MLP on its hidden dimension; LayerNorms and position
+    /// embeddings stay whole on every rank. Parameter names do not change; [`Model::splits`]
+    /// says how each was cut. Errors when `n_head` or the MLP's hidden size does not divide by
+    /// the group size.
+    pub fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()> {
+        let tp = group.size();
+        if self.config.n_head % tp != 0 {
+            return Err(config_error(
+                "n_head",
+                format!("{} does not divide by parallel.tp = {tp}", self.config.n_head),
+            ));
+        }
+        let mut splits: Vec<(String, Split)> = Vec::new();
+        let mut add = |prefix: &str, s: Vec<(String, Split)>| {
+            splits.extend(s.into_iter().map(|(n, s)| (format!("{prefix}.{n}"), s)));
+        };
+        add("transformer.wte", self.wte.make_vocab_parallel(group)?);
+        for (i, block) in self.h.iter_mut().enumerate() {
+            add(
+                &format!("transformer.h.{i}.attn"),
+                block.attn.make_tensor_parallel(group)?,
+            );
+            add(
+                &format!("transformer.h.{i}.mlp"),
+                block.mlp.make_tensor_parallel(group)?,
+            );
+        }
+        self.splits = splits;
+        Ok(())
+    }
+
     /// # Shapes
-    /// I64 ids `[B, T]` -> logits `[B, T, vocab_size]`.
+    /// I64 ids `[B, T]` -> logits `[B, T, vocab_size]` (tensor-parallel: this rank's columns of
+    /// the padded vocabulary).
     pub fn forward(&self, idx: &Tensor) -> Result<Tensor> {
         self.check_ids(idx, "inputs")?;
         let t = idx.shape()[1];
@@ -183,7 +217,11 @@ impl Gpt {
             x = self.ctx.unit(&format!("transformer.h.{i}"), || block.forward(&input))?;
         }
         let x = self.ln_f.forward(&x)?;
-        x.matmul(&self.wte.weight.t()?)
+        match &self.wte.shard {
+            None => x.matmul(&self.wte.weight.t()?),
+            // the output layer is column-parallel over the vocabulary
+            Some(s) => copy_to_group(&x, &s.group)?.matmul(&self.wte.weight.t()?),
+        }
     }
 
     /// Appends `max_new_tokens` sampled tokens to `idx` (`[1, T]`), conditioning on at most the last
@@ -197,6 +235,12 @@ impl Gpt {
         top_k: Option<usize>,
         rng: &mut Generator,
     ) -> Result<Tensor> {
+        if self.wte.shard.is_some() {
+            return Err(Error::Invalid {
+                op: "generate",
+                msg: "generation needs the whole model, not a tensor-parallel part of it".into(),
+            });
+        }
         if temperature <= 0.0 || !temperature.is_finite() {
             return Err(Error::Invalid {
                 op: "generate",
@@ -263,10 +307,18 @@ impl Model for Gpt {
                 rhs: targets.shape().to_vec(),
             });
         }
+        if let Some(s) = &self.wte.shard {
+            let rows = s.rows as isize;
+            return s.cross_entropy(&logits.reshape(&[-1, rows])?, &targets.reshape(&[-1])?, -1);
+        }
         let v = self.config.vocab_size as isize;
         logits
             .reshape(&[-1, v])?
             .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+    }
+
+    fn splits(&self) -> Vec<(String, Split)> {
+        self.splits.clone()
     }
 
     fn context(&self) -> &Context {

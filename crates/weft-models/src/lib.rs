@@ -30,6 +30,11 @@ pub trait Model: Module + Send + Sync {
     fn units(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// How each tensor-parallel parameter is cut (by name); empty when the model is whole.
+    fn splits(&self) -> Vec<(String, weft_nn::parallel::Split)> {
+        Vec::new()
+    }
 }
 
 /// An error for a bad model configuration value.

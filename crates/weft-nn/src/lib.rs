@@ -7,6 +7,7 @@ pub mod init;
 pub mod layers;
 pub mod module;
 pub mod optim;
+pub mod parallel;
 pub mod schedule;
 pub mod state_dict;
 

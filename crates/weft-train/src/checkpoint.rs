@@ -10,8 +10,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use weft_core::io::safetensors;
 use weft_core::Tensor;
-use weft_models::Model;
-use weft_nn::state_dict;
 
 use crate::error::{Error, Result};
 
@@ -32,9 +30,12 @@ fn io(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 /// Saves into `dir/step-{state.step}` atomically and keeps the newest `keep` checkpoints.
+/// `params` are the model's whole parameters by PyTorch name; each `(alternative, canonical)`
+/// alias adds another name for a tensor (tied weights).
 pub fn save(
     dir: &Path,
-    model: &dyn Model,
+    params: &[(String, Tensor)],
+    aliases: &[(&str, &str)],
     optimizer_state: &[(String, Tensor)],
     state: &CheckpointState,
     keep: usize,
@@ -47,7 +48,13 @@ pub fn save(
         std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    state_dict::save_file(model, &tmp.join("model.safetensors"), model.aliases(), &BTreeMap::new())?;
+    let mut named: Vec<(&str, &Tensor)> = params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    for (alt, canonical) in aliases {
+        if let Some((_, t)) = params.iter().find(|(n, _)| n == canonical) {
+            named.push((alt, t));
+        }
+    }
+    safetensors::save(&tmp.join("model.safetensors"), named, &BTreeMap::new())?;
     safetensors::save(
         &tmp.join("optimizer.safetensors"),
         optimizer_state.iter().map(|(n, t)| (n.as_str(), t)),
@@ -108,11 +115,22 @@ pub fn read_state(ckpt: &Path) -> Result<CheckpointState> {
     serde_json::from_slice(&bytes).map_err(|e| io(&path, e))
 }
 
-/// Loads the weights of checkpoint folder `ckpt` into `model`; returns its state and the
-/// optimizer state it holds (for `Optimizer::load_state`).
-pub fn load(ckpt: &Path, model: &dyn Model) -> Result<(CheckpointState, BTreeMap<String, Tensor>)> {
+/// What a checkpoint folder holds: its state, the model's whole parameters and the optimizer
+/// state, by name.
+pub struct Loaded {
+    pub state: CheckpointState,
+    pub params: BTreeMap<String, Tensor>,
+    pub optimizer: BTreeMap<String, Tensor>,
+}
+
+/// Reads checkpoint folder `ckpt`.
+pub fn read(ckpt: &Path) -> Result<Loaded> {
     let state = read_state(ckpt)?;
-    state_dict::load_file(model, &ckpt.join("model.safetensors"), model.aliases())?;
-    let opt = safetensors::load(&ckpt.join("optimizer.safetensors"))?;
-    Ok((state, opt.tensors))
+    let params = safetensors::load(&ckpt.join("model.safetensors"))?.tensors;
+    let optimizer = safetensors::load(&ckpt.join("optimizer.safetensors"))?.tensors;
+    Ok(Loaded {
+        state,
+        params,
+        optimizer,
+    })
 }

@@ -454,15 +454,20 @@ impl RunConfig {
         if p.dp == 0 {
             return bad("parallel.dp", "must be at least 1".into());
         }
-        for (key, v) in [
-            ("parallel.tp", p.tp),
-            ("parallel.pp", p.pp),
-            ("parallel.micro_batches", p.micro_batches),
-        ] {
+        if p.tp == 0 {
+            return bad("parallel.tp", "must be at least 1".into());
+        }
+        if p.tp > 1 && !matches!(self.model, ModelConfig::Gpt(_)) {
+            return bad(
+                "parallel.tp",
+                format!("{}: tensor parallelism cuts gpt models only", p.tp),
+            );
+        }
+        for (key, v) in [("parallel.pp", p.pp), ("parallel.micro_batches", p.micro_batches)] {
             if v != 1 {
                 return bad(
                     key,
-                    format!("{v}: tensor and pipeline parallelism are not available yet; only 1 runs"),
+                    format!("{v}: pipeline parallelism is not available yet; only 1 runs"),
                 );
             }
         }

@@ -1,6 +1,7 @@
 //! From a [`RunConfig`] to a finished run: builds the model, data, optimizer, schedule and
 //! callbacks, resumes if asked, trains, and (for gpt on text) prints a sample.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -255,27 +256,53 @@ fn join_job(config: &RunConfig) -> Result<Option<weft_dist::ProcessGroup>> {
 /// Runs the training described by `config`.
 pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     let t = &config.train;
+    let p = &config.parallel;
     let group = join_job(config)?;
-    let (rank, ranks) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
+    let rank = group.as_ref().map_or(0, |g| g.rank());
+    let mesh = match &group {
+        Some(g) => Some(weft_dist::DeviceMesh::new(g, p.dp, p.tp, p.pp)?),
+        None => None,
+    };
     // a gpt is kept by its own type too, to sample from it after training
-    let gpt = match &config.model {
-        ModelConfig::Gpt(_) => Some(Arc::new(build_gpt(&config.model, t.seed)?)),
+    let mut gpt = match &config.model {
+        ModelConfig::Gpt(_) => Some(build_gpt(&config.model, t.seed)?),
         _ => None,
     };
+    if let (Some(from), Some(g)) = (&config.init.from, &gpt) {
+        state_dict::load_file(g, &config.resolve(from), g.aliases())?;
+    }
+    // the whole model is built (and loaded) on every rank, then cut
+    if let (Some(g), Some(m)) = (&mut gpt, &mesh) {
+        if m.tp > 1 {
+            g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::handle(&m.tp_group))?;
+        }
+    }
+    let gpt = gpt.map(Arc::new);
     let model: Arc<dyn Model> = match &gpt {
         Some(g) => g.clone(),
-        None => build_model(&config.model, t.seed)?,
+        None => {
+            let m = build_model(&config.model, t.seed)?;
+            if let Some(from) = &config.init.from {
+                state_dict::load_file(m.as_ref(), &config.resolve(from), m.aliases())?;
+            }
+            m
+        }
     };
-    if let Some(from) = &config.init.from {
-        state_dict::load_file(model.as_ref(), &config.resolve(from), model.aliases())?;
-    }
-    let data = build_data(config)?.shard(rank, ranks)?;
+    // every rank of a data-parallel replica (its tensor-parallel ranks) sees the same rows
+    let (dp_rank, dp_size) = mesh.as_ref().map_or((0, 1), |m| (m.dp_group.rank(), m.dp));
+    let data = build_data(config)?.shard(dp_rank, dp_size)?;
     let optimizer = build_optimizer(&config.optim)?;
     let schedule = build_schedule(&config.schedule, config.optim.lr)?;
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
         .with_grad_clip(config.optim.grad_clip)
         .with_log_every(t.log_every);
-    if let Some(g) = group {
+    if let Some(m) = &mesh {
+        trainer = trainer.with_job(m.world.clone());
+        if m.tp > 1 {
+            trainer = trainer.with_tensor_parallel(m.tp_group.clone());
+        }
+    }
+    if let Some(g) = mesh.as_ref().filter(|m| m.dp > 1).map(|m| m.dp_group.clone()) {
         let mib = |v: f64| (v * (1 << 20) as f64) as usize;
         let options = weft_dist::DdpOptions {
             first_bucket_bytes: mib(config.parallel.first_bucket_mb),
@@ -328,9 +355,26 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             t.steps
         );
     }
-    if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0 && logs) {
-        let sample = sample_text(gpt, text.tokenizer(), "\n", t.sample_tokens, t.seed)?;
-        println!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
+    if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0) {
+        // a tensor-parallel model is put together first (every rank takes part)
+        let whole = if p.tp > 1 {
+            let params: BTreeMap<String, weft_core::Tensor> = trainer.whole_parameters()?.into_iter().collect();
+            let g = build_gpt(&config.model, t.seed)?;
+            state_dict::load_state_dict(&g, &params, g.aliases(), "the tensor-parallel model")?;
+            Some(g)
+        } else {
+            None
+        };
+        if logs {
+            let sample = sample_text(
+                whole.as_ref().unwrap_or(gpt),
+                text.tokenizer(),
+                "\n",
+                t.sample_tokens,
+                t.seed,
+            )?;
+            println!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
+        }
     }
     Ok(())
 }

@@ -80,6 +80,10 @@ pub struct Trainer {
     data_parallel: Option<(ProcessGroup, Replicas)>,
     /// Where rank 0 writes the timeline of the run (Chrome trace format).
     trace: Option<std::path::PathBuf>,
+    /// The tensor-parallel group, when the model is cut across one.
+    tensor_parallel: Option<ProcessGroup>,
+    /// All ranks of the job, when there are several: rank 0 writes checkpoints and the trace.
+    job: Option<ProcessGroup>,
 }
 
 impl Trainer {
@@ -110,6 +114,33 @@ impl Trainer {
             checkpoint_extra: serde_json::Value::Null,
             data_parallel: None,
             trace: None,
+            tensor_parallel: None,
+            job: None,
+        }
+    }
+
+    /// The model was cut across `tp` (see `Gpt::make_tensor_parallel`): the gradient norm is
+    /// summed over the group (parameters that are whole on every rank counted once), and
+    /// checkpoints gather the whole parameters and optimizer state. Every rank of the group
+    /// takes part in saving; only rank 0 of the job (see [`Trainer::with_job`]) writes.
+    pub fn with_tensor_parallel(mut self, tp: ProcessGroup) -> Self {
+        self.tensor_parallel = Some(tp);
+        self
+    }
+
+    /// The job's ranks (all of them, whatever the layout): only its rank 0 writes
+    /// checkpoints, and the trace gathers every rank's spans. Without it, the data-parallel
+    /// group plays that role.
+    pub fn with_job(mut self, job: ProcessGroup) -> Self {
+        self.job = Some(job);
+        self
+    }
+
+    /// Whether this rank writes checkpoints: rank 0 of the job.
+    fn writer(&self) -> bool {
+        match &self.job {
+            Some(job) => job.rank() == 0,
+            None => self.rank_and_size().0 == 0,
         }
     }
 
@@ -265,10 +296,8 @@ impl Trainer {
             .collect();
         let state_bytes = self.state_bytes(&params);
         let _s = span("compute", "clip and optimizer step");
-        let grad_norm = if self.zero().is_some() {
-            // every element belongs to exactly one rank's pieces
-            let local = grad_norm(&params)?;
-            let total = self.sum_over_ranks(vec![local * local])?[0].sqrt();
+        let grad_norm = if self.zero().is_some() || self.tensor_parallel.is_some() {
+            let total = self.sharded_grad_norm()?;
             if let Some(max) = self.grad_clip {
                 clip_to_norm(&params, max, total)?;
             }
@@ -300,6 +329,99 @@ impl Trainer {
             items_key: key,
             state_bytes,
         })
+    }
+
+    /// The global gradient norm when gradients are cut: ZeRO pieces (each element on exactly
+    /// one data-parallel rank) summed over the data-parallel group, tensor-parallel parts
+    /// summed over the tensor-parallel group, and parameters whole on every tensor-parallel
+    /// rank counted on its rank 0 only.
+    fn sharded_grad_norm(&self) -> Result<f64> {
+        let splits: std::collections::BTreeSet<String> = self.model.splits().into_iter().map(|(n, _)| n).collect();
+        let tp_rank = self.tensor_parallel.as_ref().map_or(0, |g| g.rank());
+        let mut local = 0.0;
+        for (name, p) in self.groups.iter().flat_map(|g| g.params.iter()) {
+            if tp_rank == 0 || splits.contains(name) {
+                let n = grad_norm(std::slice::from_ref(p))?;
+                local += n * n;
+            }
+        }
+        if self.zero().is_some() {
+            local = self.sum_over_ranks(vec![local])?[0];
+        }
+        if let Some(tp) = &self.tensor_parallel {
+            let t = Tensor::from_vec(vec![local], &[1])?;
+            tp.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+            local = t.to_vec::<f64>()?[0];
+        }
+        Ok(local.sqrt())
+    }
+
+    /// Collective (every rank of the data- and tensor-parallel groups): the model's whole
+    /// parameters by name (ZeRO stage 3 gathered, tensor-parallel parts put together).
+    pub fn whole_parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        self.gather_parameters()?;
+        let splits: std::collections::BTreeMap<String, weft_nn::parallel::Split> =
+            self.model.splits().into_iter().collect();
+        self.model
+            .parameters()
+            .into_iter()
+            .map(|(name, p)| {
+                let whole = match (splits.get(&name), &self.tensor_parallel) {
+                    (Some(split), Some(tp)) => weft_dist::tensor_parallel::gather_whole(tp, split, &p)?,
+                    _ => p,
+                };
+                Ok((name, whole))
+            })
+            .collect()
+    }
+
+    /// Collective: the whole optimizer state, as a single process keeps it.
+    fn whole_optimizer_state(&self) -> Result<Vec<(String, Tensor)>> {
+        let state = match self.zero() {
+            Some(z) => z.consolidate_state(self.optimizer.state())?,
+            None => self.optimizer.state(),
+        };
+        let (Some(tp), splits) = (&self.tensor_parallel, self.model.splits()) else {
+            return Ok(state);
+        };
+        let splits: std::collections::BTreeMap<String, weft_nn::parallel::Split> = splits.into_iter().collect();
+        state
+            .into_iter()
+            .map(|(key, t)| {
+                let param = key.rsplit_once('.').map_or("", |(p, _)| p);
+                let whole = match splits.get(param) {
+                    // moments have the parameter's shape; step counts are scalars
+                    Some(split) if t.rank() > 0 => weft_dist::tensor_parallel::gather_whole(tp, split, &t)?,
+                    _ => t,
+                };
+                Ok((key, whole))
+            })
+            .collect()
+    }
+
+    /// This rank's tensor-parallel part of each whole tensor of `tensors` whose name (or, with
+    /// `by_param`, whose key's parameter prefix) names a cut parameter.
+    fn tensor_parallel_parts(
+        &self,
+        tensors: &mut std::collections::BTreeMap<String, Tensor>,
+        by_param: bool,
+    ) -> Result<()> {
+        let Some(tp) = &self.tensor_parallel else {
+            return Ok(());
+        };
+        for (name, split) in self.model.splits() {
+            for (key, t) in tensors.iter_mut() {
+                let param = if by_param {
+                    key.rsplit_once('.').map_or("", |(p, _)| p)
+                } else {
+                    key.as_str()
+                };
+                if param == name && t.rank() > 0 {
+                    *t = split.shard(t, tp.rank(), tp.size())?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The model state this rank holds now; `params` are the optimizer's parameters.
@@ -367,13 +489,21 @@ impl Trainer {
             None => Ok(0),
             Some(dir) => {
                 self.gather_parameters()?;
-                let (state, optimizer_state) = checkpoint::load(&dir, self.model.as_ref())?;
+                let mut loaded = checkpoint::read(&dir)?;
+                self.tensor_parallel_parts(&mut loaded.params, false)?;
+                weft_nn::state_dict::load_state_dict(
+                    self.model.as_ref(),
+                    &loaded.params,
+                    self.model.aliases(),
+                    &dir.join("model.safetensors").display().to_string(),
+                )?;
+                self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
                 match self.zero() {
-                    Some(z) => self.optimizer.load_state(&z.shard_state(&optimizer_state)?)?,
-                    None => self.optimizer.load_state(&optimizer_state)?,
+                    Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
+                    None => self.optimizer.load_state(&loaded.optimizer)?,
                 }
-                self.model.context().set_rng_offset(state.rng_offset);
-                Ok(state.step)
+                self.model.context().set_rng_offset(loaded.state.rng_offset);
+                Ok(loaded.state.step)
             }
         }
     }
@@ -382,22 +512,25 @@ impl Trainer {
         let Some(policy) = &self.checkpoints else {
             return Ok(());
         };
-        // ZeRO: every rank takes part in gathering the whole parameters and optimizer state
-        let optimizer_state = match self.zero() {
-            Some(z) => {
-                z.gather_parameters()?;
-                z.consolidate_state(self.optimizer.state())?
-            }
-            None => self.optimizer.state(),
-        };
-        // data-parallel replicas are identical: rank 0 writes for all
-        if self.rank_and_size().0 == 0 {
+        // ZeRO and tensor parallelism: every rank takes part in gathering the whole parameters
+        // and optimizer state
+        let params = self.whole_parameters()?;
+        let optimizer_state = self.whole_optimizer_state()?;
+        // data-parallel replicas are identical: one rank writes for all
+        if self.writer() {
             let state = CheckpointState {
                 step: next_step,
                 rng_offset: self.model.context().rng_offset(),
                 extra: self.checkpoint_extra.clone(),
             };
-            checkpoint::save(&policy.dir, self.model.as_ref(), &optimizer_state, &state, policy.keep)?;
+            checkpoint::save(
+                &policy.dir,
+                &params,
+                self.model.aliases(),
+                &optimizer_state,
+                &state,
+                policy.keep,
+            )?;
         }
         Ok(())
     }
@@ -439,7 +572,7 @@ impl Trainer {
         // leave the model whole for whatever comes next (sampling, saving, another fit)
         self.gather_parameters()?;
         if let Some(path) = &self.trace {
-            let pg = self.data_parallel.as_ref().map(|(pg, _)| pg);
+            let pg = self.job.as_ref().or(self.data_parallel.as_ref().map(|(pg, _)| pg));
             weft_dist::trace::gather_and_write(pg, path)?;
         }
         Ok(())

@@ -29,6 +29,7 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         }
     }
     match op {
+        Op::Custom(c) => c.forward(inputs),
         Op::Fill { .. } | Op::Arange { .. } | Op::Random { .. } => creation::forward(op),
         Op::Unary(_)
         | Op::UnaryBackward(_)
@@ -97,6 +98,7 @@ pub(crate) fn backward(
         }
         Op::Attention { .. } => attention::backward(op, inputs, output, saved, grad),
         Op::Conv2d(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => conv::backward(op, inputs, saved, grad),
+        Op::Custom(c) => c.0.backward(inputs, output, grad),
         _ => Err(Error::Autograd(format!("{} is not differentiable", op.name()))),
     }
 }

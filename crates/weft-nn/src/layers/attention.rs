@@ -3,6 +3,7 @@ use weft_core::{Generator, Result, Tensor};
 use super::{Dropout, Linear};
 use crate::context::Context;
 use crate::module::{prefixed, Module};
+use crate::parallel::{Split, TpGroup};
 
 /// Multi-head causal self-attention with a fused q,k,v projection (nanoGPT's
 /// `CausalSelfAttention`): `c_attn` `[3C, C]` (q, k, v stacked in that order), `c_proj` `[C, C]`.
@@ -10,6 +11,7 @@ use crate::module::{prefixed, Module};
 pub struct CausalSelfAttention {
     pub c_attn: Linear,
     pub c_proj: Linear,
+    /// Heads this layer computes (all of them, or this rank's when tensor-parallel).
     pub n_head: usize,
     attn_dropout: Dropout,
     resid_dropout: Dropout,
@@ -35,15 +37,16 @@ impl CausalSelfAttention {
     }
 
     /// # Shapes
-    /// `[B, T, C] -> [B, T, C]`; attention scaled by `1/sqrt(C / n_head)`, key `j <= i` for query `i`.
+    /// `[B, T, C] -> [B, T, C]`; attention scaled by `1/sqrt(head_dim)`, key `j <= i` for query
+    /// `i`. Tensor-parallel, each rank computes its `n_head` heads.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (batch, t, c) = (x.dim(0)?, x.dim(1)?, x.dim(2)?);
+        let (batch, t) = (x.dim(0)?, x.dim(1)?);
+        let qkv = self.c_attn.forward(x)?;
+        // the width of this rank's q (all of q without tensor parallelism)
+        let c = qkv.dim(2)? / 3;
         let hd = c / self.n_head;
         // [B, T, 3, H, hd] view of the fused projection; each third is a strided view
-        let qkv =
-            self.c_attn
-                .forward(x)?
-                .reshape(&[batch as isize, t as isize, 3, self.n_head as isize, hd as isize])?;
+        let qkv = qkv.reshape(&[batch as isize, t as isize, 3, self.n_head as isize, hd as isize])?;
         let heads = |i: usize| -> Result<Tensor> {
             qkv.narrow(2, i, 1)?
                 .reshape(&[batch as isize, t as isize, self.n_head as isize, hd as isize])?
@@ -61,6 +64,27 @@ impl CausalSelfAttention {
         };
         let y = y.transpose(1, 2)?.reshape(&[batch as isize, t as isize, c as isize])?;
         self.resid_dropout.forward(&self.c_proj.forward(&y)?)
+    }
+}
+
+impl CausalSelfAttention {
+    /// Cuts the layer across a tensor-parallel group by heads: `c_attn` column-parallel (each
+    /// rank takes its heads' rows of q, k and v), `c_proj` row-parallel. `n_head` must divide
+    /// by the group size. Returns the parameters' splits by name.
+    pub fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<Vec<(String, Split)>> {
+        if self.n_head % group.size() != 0 {
+            return Err(weft_core::Error::Invalid {
+                op: "tensor parallel",
+                msg: format!("n_head = {} does not divide by tp = {}", self.n_head, group.size()),
+            });
+        }
+        let mut splits = super::mlp::prefixed_splits("c_attn", self.c_attn.make_column_parallel(group, 3)?);
+        splits.extend(super::mlp::prefixed_splits(
+            "c_proj",
+            self.c_proj.make_row_parallel(group)?,
+        ));
+        self.n_head /= group.size();
+        Ok(splits)
     }
 }
 

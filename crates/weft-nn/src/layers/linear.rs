@@ -2,12 +2,41 @@ use weft_core::{DType, Generator, Result, Tensor};
 
 use crate::init;
 use crate::module::Module;
+use crate::parallel::{copy_to_group, reduce_from_group, Split, TpGroup};
 
-/// `y = x W^T + b` (as `torch.nn.Linear`): weight `[out, in]`, bias `[out]`.
+/// `y = x W^T + b` (as `torch.nn.Linear`): weight `[out, in]`, bias `[out]`; or, cut across a
+/// tensor-parallel group, one rank's part of it (see [`LinearParallel`]).
 #[derive(Clone, Debug)]
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
+    pub parallel: LinearParallel,
+}
+
+/// How a [`Linear`] is cut across a tensor-parallel group of `n` ranks.
+#[derive(Clone, Default)]
+pub enum LinearParallel {
+    /// Whole on every rank.
+    #[default]
+    None,
+    /// Column-parallel: this rank holds some output features (weight `[out/n, in]`, bias
+    /// `[out/n]`); the input goes through `f` (whole forward, gradient summed backward) and the
+    /// output stays cut.
+    Column(TpGroup),
+    /// Row-parallel: this rank holds some input features (weight `[out, in/n]`) and takes its
+    /// part of the input; the partial products are summed over the group by `g`, then the
+    /// (whole, replicated) bias is added.
+    Row(TpGroup),
+}
+
+impl std::fmt::Debug for LinearParallel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinearParallel::None => f.write_str("None"),
+            LinearParallel::Column(g) => write!(f, "Column({} ranks)", g.size()),
+            LinearParallel::Row(g) => write!(f, "Row({} ranks)", g.size()),
+        }
+    }
 }
 
 impl Linear {
@@ -20,14 +49,66 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            parallel: LinearParallel::None,
+        })
     }
 
     /// # Shapes
-    /// `[..., in] -> [..., out]`.
+    /// `[..., in] -> [..., out]` (column-parallel: `[..., out/n]`; row-parallel: from
+    /// `[..., in/n]`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.linear(&self.weight, self.bias.as_ref())
+        match &self.parallel {
+            LinearParallel::None => x.linear(&self.weight, self.bias.as_ref()),
+            LinearParallel::Column(g) => copy_to_group(x, g)?.linear(&self.weight, self.bias.as_ref()),
+            LinearParallel::Row(g) => {
+                let y = reduce_from_group(&x.linear(&self.weight, None)?, g)?;
+                match &self.bias {
+                    Some(b) => y.add(b),
+                    None => Ok(y),
+                }
+            }
+        }
     }
+
+    /// Cuts this whole layer column-parallel across `group`: the output features, seen as
+    /// `blocks` equal blocks (3 for a fused q,k,v projection), each cut into `n` parts. Returns
+    /// the splits of `weight` and `bias`, by parameter name.
+    pub fn make_column_parallel(&mut self, group: &TpGroup, blocks: usize) -> Result<Vec<(String, Split)>> {
+        let split = Split {
+            dim: 0,
+            blocks,
+            len: self.weight.dim(0)?,
+        };
+        let mut splits = vec![("weight".to_string(), split.clone())];
+        self.weight = shard_param(&self.weight, &split, group)?;
+        if let Some(b) = &self.bias {
+            self.bias = Some(shard_param(b, &split, group)?);
+            splits.push(("bias".to_string(), split));
+        }
+        self.parallel = LinearParallel::Column(group.clone());
+        Ok(splits)
+    }
+
+    /// Cuts this whole layer row-parallel across `group` (the input features); the bias stays
+    /// whole. Returns the split of `weight`.
+    pub fn make_row_parallel(&mut self, group: &TpGroup) -> Result<Vec<(String, Split)>> {
+        let split = Split {
+            dim: 1,
+            blocks: 1,
+            len: self.weight.dim(1)?,
+        };
+        self.weight = shard_param(&self.weight, &split, group)?;
+        self.parallel = LinearParallel::Row(group.clone());
+        Ok(vec![("weight".to_string(), split)])
+    }
+}
+
+/// This rank's part of parameter `p`, as a new leaf that requires grad.
+pub(crate) fn shard_param(p: &Tensor, split: &Split, group: &TpGroup) -> Result<Tensor> {
+    split.shard(&p.detach(), group.rank(), group.size())?.requires_grad_()
 }
 
 impl Module for Linear {

@@ -3,6 +3,7 @@ use weft_core::{Generator, Result, Tensor};
 use super::{Dropout, Linear};
 use crate::context::Context;
 use crate::module::{prefixed, Module};
+use crate::parallel::{Split, TpGroup};
 
 /// The transformer MLP block (nanoGPT's `MLP`): `c_fc` `C -> 4C`, exact GELU, `c_proj` `4C -> C`,
 /// dropout.
@@ -28,6 +29,30 @@ impl Mlp {
         self.dropout
             .forward(&self.c_proj.forward(&self.c_fc.forward(x)?.gelu()?)?)
     }
+
+    /// Cuts the block across a tensor-parallel group on its hidden dimension: `c_fc`
+    /// column-parallel, `c_proj` row-parallel (one `f` in front, one `g` behind). The hidden
+    /// size must divide by the group size. Returns the parameters' splits by name.
+    pub fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<Vec<(String, Split)>> {
+        let hidden = self.c_fc.weight.dim(0)?;
+        if hidden % group.size() != 0 {
+            return Err(weft_core::Error::Invalid {
+                op: "tensor parallel",
+                msg: format!(
+                    "the MLP's hidden size {hidden} does not divide by tp = {}",
+                    group.size()
+                ),
+            });
+        }
+        let mut splits = prefixed_splits("c_fc", self.c_fc.make_column_parallel(group, 1)?);
+        splits.extend(prefixed_splits("c_proj", self.c_proj.make_row_parallel(group)?));
+        Ok(splits)
+    }
+}
+
+/// Prefixes each split's parameter name with `prefix.`.
+pub(crate) fn prefixed_splits(prefix: &str, splits: Vec<(String, Split)>) -> Vec<(String, Split)> {
+    splits.into_iter().map(|(n, s)| (format!("{prefix}.{n}"), s)).collect()
 }
 
 impl Module for Mlp {

@@ -1,0 +1,56 @@
+//! Differentiable functions defined outside the op set (PyTorch's `torch.autograd.Function`):
+//! a forward and a backward written as code, recorded by autograd as one node. Tensor
+//! parallelism's communication operators are functions: the identity whose backward all-reduces
+//! the gradient, and the all-reduce whose backward is the identity.
+
+use std::sync::Arc;
+
+use crate::autograd::GradModeGuard;
+use crate::error::Result;
+use crate::op::Op;
+use crate::tensor::Tensor;
+
+/// A differentiable function of one or more tensors to one tensor.
+pub trait Function: Send + Sync {
+    /// A short name, for errors and traces.
+    fn name(&self) -> &'static str;
+
+    /// The output, computed from `inputs`; runs with gradient recording off.
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
+
+    /// The gradient of each input (`None` where an input gets none), given the inputs, the
+    /// output and `grad`, the gradient of the output (its shape). Runs with recording off.
+    fn backward(&self, inputs: &[Tensor], output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>>;
+}
+
+/// A [`Function`] as a value of the op set ([`Op::Custom`]); two are equal when they are the
+/// same function object.
+#[derive(Clone)]
+pub struct CustomOp(pub Arc<dyn Function>);
+
+impl std::fmt::Debug for CustomOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CustomOp({})", self.0.name())
+    }
+}
+
+impl PartialEq for CustomOp {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl CustomOp {
+    pub(crate) fn forward(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let _off = GradModeGuard::new(false);
+        Ok(vec![self.0.forward(inputs)?])
+    }
+}
+
+impl Tensor {
+    /// `f(inputs)`, recorded for autograd (when an input requires grad) so that backward
+    /// calls `f.backward`.
+    pub fn apply_function(f: Arc<dyn Function>, inputs: &[&Tensor]) -> Result<Tensor> {
+        crate::ops::apply(Op::Custom(CustomOp(f)), inputs)
+    }
+}
