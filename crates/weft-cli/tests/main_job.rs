@@ -50,6 +50,17 @@ fn builtin_gpt_trains_and_samples() {
     );
 }
 
+#[test]
+fn an_untrained_gpt_samples_only_characters_the_tokenizer_knows() {
+    // vocab_size 128 against the corpus's fewer characters: after 2 steps the ids past the
+    // tokenizer still get probability, and must not be drawn
+    #[rustfmt::skip]
+    let out = weft_ok(&["train", "--quiet", "--set", "train.steps=2", "--set", "train.eval_every=0",
+        "--set", "train.sample_tokens=200"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("--- sample (200 characters) ---"), "{stdout}");
+}
+
 fn shared(name: &str) -> Option<PathBuf> {
     let p = repo().join("../shared/data").join(name);
     if p.exists() {

@@ -226,13 +226,16 @@ impl Gpt {
 
     /// Appends `max_new_tokens` sampled tokens to `idx` (`[1, T]`), conditioning on at most the last
     /// `block_size` tokens: softmax of the last logits divided by `temperature`, restricted to the
-    /// `top_k` most likely tokens when given. Runs without recording gradients.
+    /// `top_k` most likely tokens when given, and to ids below `vocab_limit` when given (a
+    /// tokenizer that knows fewer tokens than the model's vocabulary). Runs without recording
+    /// gradients.
     pub fn generate(
         &self,
         idx: &Tensor,
         max_new_tokens: usize,
         temperature: f64,
         top_k: Option<usize>,
+        vocab_limit: Option<usize>,
         rng: &mut Generator,
     ) -> Result<Tensor> {
         if self.wte.shard.is_some() {
@@ -254,7 +257,8 @@ impl Gpt {
                 let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?;
                 let logits = self.forward(&ctx)?;
                 let last = logits.narrow(1, ctx.shape()[1] - 1, 1)?.reshape(&[-1])?.to_vec_f64();
-                let mut scaled: Vec<f64> = last.iter().map(|l| l / temperature).collect();
+                let limit = vocab_limit.unwrap_or(last.len()).min(last.len());
+                let mut scaled: Vec<f64> = last[..limit].iter().map(|l| l / temperature).collect();
                 if let Some(k) = top_k.filter(|&k| k > 0 && k < scaled.len()) {
                     let mut sorted = scaled.clone();
                     sorted.sort_by(|a, b| b.total_cmp(a));

@@ -357,3 +357,80 @@ impl Function for VocabParallelCrossEntropy {
         Ok(vec![Some(Tensor::from_vec(out, &[n, cols])?.cast(inputs[0].dtype())?)])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arange(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::from_vec((0..n).map(|i| i as f32).collect::<Vec<_>>(), shape).unwrap()
+    }
+
+    #[test]
+    fn a_split_cuts_each_block_and_puts_the_parts_back() {
+        // a fused [3C, C'] projection with C = 4 over 2 ranks: rank r takes rows r*2..r*2+2 of
+        // each of q, k and v
+        let whole = arange(&[12, 2]);
+        let split = Split {
+            dim: 0,
+            blocks: 3,
+            len: 12,
+        };
+        let parts: Vec<Tensor> = (0..2).map(|r| split.shard(&whole, r, 2).unwrap()).collect();
+        let rows = |t: &Tensor| {
+            t.to_vec::<f32>()
+                .unwrap()
+                .chunks(2)
+                .map(|c| c[0] as usize / 2)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows(&parts[0]), [0, 1, 4, 5, 8, 9]);
+        assert_eq!(rows(&parts[1]), [2, 3, 6, 7, 10, 11]);
+        assert_eq!(
+            split.unshard(&parts).unwrap().to_vec::<f32>().unwrap(),
+            whole.to_vec::<f32>().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_length_that_does_not_divide_is_padded_with_zeros_and_the_padding_dropped() {
+        // 5 columns over 3 ranks: 2, 2 and 1 real columns plus one zero column
+        let whole = arange(&[2, 5]).add_scalar(1.0).unwrap();
+        let split = Split {
+            dim: 1,
+            blocks: 1,
+            len: 5,
+        };
+        let parts: Vec<Tensor> = (0..3).map(|r| split.shard(&whole, r, 3).unwrap()).collect();
+        for p in &parts {
+            assert_eq!(p.shape(), [2, 2]);
+        }
+        assert_eq!(parts[2].to_vec::<f32>().unwrap(), [5.0, 0.0, 10.0, 0.0]);
+        assert_eq!(
+            split.unshard(&parts).unwrap().to_vec::<f32>().unwrap(),
+            whole.to_vec::<f32>().unwrap()
+        );
+        // 2 entries over 4 ranks: the last two ranks hold only padding
+        let small = Split {
+            dim: 0,
+            blocks: 1,
+            len: 2,
+        };
+        let t = arange(&[2]).add_scalar(1.0).unwrap();
+        let parts: Vec<Tensor> = (0..4).map(|r| small.shard(&t, r, 4).unwrap()).collect();
+        assert_eq!(parts[3].to_vec::<f32>().unwrap(), [0.0]);
+        assert_eq!(small.unshard(&parts).unwrap().to_vec::<f32>().unwrap(), [1.0, 2.0]);
+    }
+
+    #[test]
+    fn a_tensor_of_the_wrong_size_is_refused() {
+        let split = Split {
+            dim: 0,
+            blocks: 3,
+            len: 12,
+        };
+        let e = split.shard(&arange(&[10, 2]), 0, 2).unwrap_err();
+        assert!(e.to_string().contains("[10, 2]"), "{e}");
+    }
+}

@@ -391,6 +391,7 @@ fn sample_text(gpt: &Gpt, tok: &weft_data::CharTokenizer, prompt: &str, n: usize
         n,
         0.8,
         Some(40),
+        Some(tok.vocab_size()),
         &mut Generator::new(seed),
     )?;
     let out = out.to_vec::<i64>()?;

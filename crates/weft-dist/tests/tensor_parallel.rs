@@ -1,0 +1,203 @@
+//! Tensor parallelism on 2 and 3 ranks (threads, each with its own connections): a
+//! column-parallel then row-parallel pair of Linears, and a vocab-parallel embedding with its
+//! tied output layer and cross-entropy, give the whole layers' outputs and gradients (the
+//! parameters' gradients put back together); the device mesh puts each rank in the right groups.
+
+mod common;
+
+use std::time::Duration;
+
+use common::ranks;
+use weft_core::{DType, Generator, Tensor};
+use weft_dist::tensor_parallel::{gather_whole, TpProcessGroup};
+use weft_dist::DeviceMesh;
+use weft_nn::layers::{Embedding, Linear};
+use weft_nn::parallel::{copy_to_group, Split};
+
+const T: Duration = Duration::from_secs(60);
+
+fn randn(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::randn(shape, DType::F32, &mut Generator::new(seed)).unwrap()
+}
+
+fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}");
+    for (i, (g, w)) in got.to_vec_f64().iter().zip(want.to_vec_f64()).enumerate() {
+        assert!((g - w).abs() <= 1e-5 + 1e-4 * w.abs(), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+/// A whole Linear with fresh leaf parameters copied from `like` (each rank cuts its own copy).
+fn copy_linear(like: &Linear) -> Linear {
+    let leaf = |t: &Tensor| t.contiguous_copy().unwrap().requires_grad_().unwrap();
+    let mut l = like.clone();
+    l.weight = leaf(&like.weight);
+    l.bias = like.bias.as_ref().map(leaf);
+    l
+}
+
+#[test]
+fn column_then_row_parallel_linears_equal_the_whole_layers() {
+    let mut g = Generator::new(3);
+    let a = Linear::new(5, 6, true, &mut g).unwrap();
+    let b = Linear::new(6, 4, true, &mut g).unwrap();
+    let x = randn(&[2, 3, 5], 9);
+    // whole: loss = mean(b(gelu(a(x)))^2), with x's gradient too
+    let (wa, wb) = (copy_linear(&a), copy_linear(&b));
+    let xw = x.contiguous_copy().unwrap().requires_grad_().unwrap();
+    let y = wb.forward(&wa.forward(&xw).unwrap().gelu().unwrap()).unwrap();
+    let loss = y.mul(&y).unwrap().mean(&[], false).unwrap();
+    loss.backward().unwrap();
+    for (n, blocks) in [(2, 1), (3, 1)] {
+        ranks(n, T, |pg| {
+            let group = TpProcessGroup::handle(&pg);
+            let (mut ta, mut tb) = (copy_linear(&a), copy_linear(&b));
+            let sa = ta.make_column_parallel(&group, blocks).unwrap();
+            let sb = tb.make_row_parallel(&group).unwrap();
+            let xt = x.contiguous_copy().unwrap().requires_grad_().unwrap();
+            let y = tb.forward(&ta.forward(&xt).unwrap().gelu().unwrap()).unwrap();
+            let what = format!("tp={n} blocks={blocks} rank {}", pg.rank());
+            let l = y.mul(&y).unwrap().mean(&[], false).unwrap();
+            assert_close(&l, &loss, &format!("{what}: loss"));
+            l.backward().unwrap();
+            assert_close(
+                &xt.grad().unwrap(),
+                &xw.grad().unwrap(),
+                &format!("{what}: input gradient"),
+            );
+            let whole = |split: &Split, t: &Tensor| gather_whole(&pg, split, &t.grad().unwrap()).unwrap();
+            assert_close(
+                &whole(&sa[0].1, &ta.weight),
+                &wa.weight.grad().unwrap(),
+                &format!("{what}: a.weight"),
+            );
+            assert_close(
+                &whole(&sa[1].1, ta.bias.as_ref().unwrap()),
+                &wa.bias.as_ref().unwrap().grad().unwrap(),
+                &format!("{what}: a.bias"),
+            );
+            assert_close(
+                &whole(&sb[0].1, &tb.weight),
+                &wb.weight.grad().unwrap(),
+                &format!("{what}: b.weight"),
+            );
+            // the row-parallel bias is whole on every rank, with the whole gradient
+            assert_close(
+                &tb.bias.as_ref().unwrap().grad().unwrap(),
+                &wb.bias.as_ref().unwrap().grad().unwrap(),
+                &format!("{what}: b.bias"),
+            );
+        });
+    }
+}
+
+#[test]
+fn a_column_parallel_fused_projection_gives_each_rank_its_part_of_every_block() {
+    // a fused q,k,v projection (3 blocks of 4 output features) over 2 ranks
+    let a = Linear::new(5, 12, true, &mut Generator::new(5)).unwrap();
+    let x = randn(&[3, 5], 6);
+    let whole = copy_linear(&a);
+    let y = whole.forward(&x).unwrap();
+    y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+    ranks(2, T, |pg| {
+        let group = TpProcessGroup::handle(&pg);
+        let mut part = copy_linear(&a);
+        let splits = part.make_column_parallel(&group, 3).unwrap();
+        let out = part.forward(&x).unwrap();
+        assert_eq!(out.shape(), [3, 6]);
+        let split = Split {
+            dim: 1,
+            blocks: 3,
+            len: 12,
+        };
+        // rank r's output columns are its rows of each block
+        let got = gather_whole(&pg, &split, &out.detach()).unwrap();
+        assert_close(&got, &y, "fused output");
+        // the sum of the ranks' partial losses is the whole loss
+        out.mul(&out).unwrap().sum_all().unwrap().backward().unwrap();
+        let g = gather_whole(&pg, &splits[0].1, &part.weight.grad().unwrap()).unwrap();
+        assert_close(&g, &whole.weight.grad().unwrap(), "fused weight gradient");
+    });
+}
+
+#[test]
+fn a_vocab_parallel_embedding_and_cross_entropy_equal_the_whole_even_with_padding() {
+    // vocab 7 over 2 and 3 ranks: 1 and 2 padding rows
+    let table = randn(&[7, 3], 4);
+    let ids = Tensor::from_vec(vec![0i64, 6, 3, 5, 1, 2], &[2, 3]).unwrap();
+    let targets = Tensor::from_vec(vec![6i64, 0, -1, 2, 5, 4], &[6]).unwrap();
+    let loss_of = |emb: &Embedding, logits: &dyn Fn(&Tensor) -> Tensor| {
+        let h = emb.forward(&ids).unwrap().tanh().unwrap().reshape(&[6, 3]).unwrap();
+        logits(&h)
+    };
+    let whole = Embedding::from_weight(table.contiguous_copy().unwrap().requires_grad_().unwrap());
+    let want = loss_of(&whole, &|h| {
+        h.matmul(&whole.weight.t().unwrap())
+            .unwrap()
+            .cross_entropy(&targets, -1, 0.0)
+            .unwrap()
+    });
+    want.backward().unwrap();
+    for n in [2, 3] {
+        ranks(n, T, |pg| {
+            let group = TpProcessGroup::handle(&pg);
+            let mut emb = Embedding::from_weight(table.contiguous_copy().unwrap().requires_grad_().unwrap());
+            let split = emb.make_vocab_parallel(&group).unwrap().remove(0).1;
+            let shard = emb.shard.clone().unwrap();
+            let got = loss_of(&emb, &|h| {
+                let logits = copy_to_group(h, &group)
+                    .unwrap()
+                    .matmul(&emb.weight.t().unwrap())
+                    .unwrap();
+                shard.cross_entropy(&logits, &targets, -1).unwrap()
+            });
+            let what = format!("tp={n} rank {}", pg.rank());
+            assert_close(&got, &want, &format!("{what}: loss"));
+            got.backward().unwrap();
+            let g = gather_whole(&pg, &split, &emb.weight.grad().unwrap()).unwrap();
+            assert_close(&g, &whole.weight.grad().unwrap(), &format!("{what}: table gradient"));
+            // padding rows get no gradient
+            let rows = emb.weight.dim(0).unwrap();
+            let local = emb.weight.grad().unwrap().to_vec_f64();
+            for r in 0..rows {
+                if shard.start + r >= 7 {
+                    assert!(
+                        local[r * 3..r * 3 + 3].iter().all(|&v| v == 0.0),
+                        "{what}: padding row {r}"
+                    );
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn the_device_mesh_puts_tensor_parallel_ranks_next_to_each_other() {
+    let got = ranks(8, T, |pg| {
+        let m = DeviceMesh::new(&pg, 2, 2, 2).unwrap();
+        // every group works: sum the global ranks over it
+        let sum = |g: &weft_dist::ProcessGroup| {
+            let t = Tensor::from_vec(vec![pg.rank() as f64], &[1]).unwrap();
+            g.all_reduce(&t, weft_dist::ReduceOp::Sum).unwrap().wait().unwrap();
+            t.to_vec::<f64>().unwrap()[0] as usize
+        };
+        (
+            m.coords(),
+            m.tp_group.ranks().to_vec(),
+            m.dp_group.ranks().to_vec(),
+            m.pp_group.ranks().to_vec(),
+            sum(&m.tp_group),
+        )
+    });
+    // rank 5 = pp 1, dp 0, tp 1
+    assert_eq!(got[5].0, (0, 1, 1));
+    assert_eq!(got[5].1, [4, 5]);
+    assert_eq!(got[5].2, [5, 7]);
+    assert_eq!(got[5].3, [1, 5]);
+    assert_eq!(got[5].4, 9);
+    assert_eq!(got[2].1, [2, 3]);
+    ranks(2, T, |pg| {
+        let e = DeviceMesh::new(&pg, 2, 2, 1).err().unwrap();
+        assert!(e.to_string().contains("2 x 2 x 1 = 4"), "{e}");
+    });
+}
