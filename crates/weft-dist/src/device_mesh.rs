@@ -20,6 +20,10 @@ pub struct DeviceMesh {
     pub tp_group: ProcessGroup,
     /// The ranks that differ only in their pipeline stage.
     pub pp_group: ProcessGroup,
+    /// With several stages, on the first and the last stage: the two ranks of this (dp, tp)
+    /// position on those stages (weights tied across them, such as a gpt's token embedding and
+    /// output layer, sum their gradients over it). `None` elsewhere.
+    pub ends_group: Option<ProcessGroup>,
 }
 
 impl DeviceMesh {
@@ -60,7 +64,19 @@ impl DeviceMesh {
                 .flat_map(|d| (0..tp).map(move |t| (0..pp).map(|p| rank(p, d, t)).collect()))
                 .collect(),
         )?;
+        let mut ends_group = None;
+        if pp > 1 {
+            for d in 0..dp {
+                for t in 0..tp {
+                    let global = [world.ranks()[rank(0, d, t)], world.ranks()[rank(pp - 1, d, t)]];
+                    if let Some(g) = world.new_group(&global)? {
+                        ends_group = Some(g);
+                    }
+                }
+            }
+        }
         Ok(DeviceMesh {
+            ends_group,
             dp,
             tp,
             pp,

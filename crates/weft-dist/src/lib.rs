@@ -31,6 +31,7 @@ mod inbox;
 mod init;
 pub mod launch;
 mod mesh;
+pub mod pipeline;
 mod reduce;
 pub mod selfcheck;
 mod shm;

@@ -8,7 +8,7 @@ use weft_nn::module::{prefixed, Module};
 use weft_nn::parallel::{copy_to_group, Split, TpGroup};
 use weft_nn::Context;
 
-use crate::{config_error, Model};
+use crate::{config_error, Model, StagedModel};
 
 /// nanoGPT's `GPTConfig`.
 #[derive(Clone, Debug, PartialEq)]
@@ -206,17 +206,32 @@ impl Gpt {
     /// I64 ids `[B, T]` -> logits `[B, T, vocab_size]` (tensor-parallel: this rank's columns of
     /// the padded vocabulary).
     pub fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        let x = self.run_blocks(self.embed(idx)?, 0..self.h.len())?;
+        self.logits(&x)
+    }
+
+    /// Token plus position embeddings (then dropout) of ids `[B, T]`: `[B, T, C]`.
+    fn embed(&self, idx: &Tensor) -> Result<Tensor> {
         self.check_ids(idx, "inputs")?;
         let t = idx.shape()[1];
         let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64)?;
-        let mut x = self
-            .drop
-            .forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)?;
-        for (i, block) in self.h.iter().enumerate() {
-            let input = x;
+        self.drop
+            .forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)
+    }
+
+    /// Blocks `blocks` on `x` `[B, T, C]`, each run as its unit.
+    fn run_blocks(&self, mut x: Tensor, blocks: std::ops::Range<usize>) -> Result<Tensor> {
+        for i in blocks {
+            let (input, block) = (x, &self.h[i]);
             x = self.ctx.unit(&format!("transformer.h.{i}"), || block.forward(&input))?;
         }
-        let x = self.ln_f.forward(&x)?;
+        Ok(x)
+    }
+
+    /// The final LayerNorm and the output layer (tied to the token embedding): `[B, T, C]` to
+    /// logits `[B, T, V]`.
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.ln_f.forward(x)?;
         match &self.wte.shard {
             None => x.matmul(&self.wte.weight.t()?),
             // the output layer is column-parallel over the vocabulary
@@ -289,6 +304,66 @@ impl Gpt {
     }
 }
 
+impl Gpt {
+    /// The blocks of each of `stages` pipeline stages: contiguous runs, as equal as blocks
+    /// allow (earlier stages take one more when they do not divide). Errors when there are
+    /// more stages than blocks.
+    pub fn stage_blocks(&self, stages: usize) -> Result<Vec<std::ops::Range<usize>>> {
+        let n = self.h.len();
+        if stages == 0 || stages > n {
+            return Err(config_error(
+                "n_layer",
+                format!("{n} blocks cannot make parallel.pp = {stages} pipeline stages (at most one stage per block)"),
+            ));
+        }
+        let mut out = Vec::with_capacity(stages);
+        let mut start = 0;
+        for s in 0..stages {
+            let len = n / stages + usize::from(s < n % stages);
+            out.push(start..start + len);
+            start += len;
+        }
+        Ok(out)
+    }
+}
+
+impl StagedModel for Gpt {
+    fn stage_forward(&self, stage: usize, stages: usize, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let blocks = self.stage_blocks(stages)?[stage].clone();
+        let x = if stage == 0 { self.embed(input)? } else { input.clone() };
+        let x = self.run_blocks(x, blocks)?;
+        if stage + 1 < stages {
+            return Ok(x);
+        }
+        self.loss_of_logits(&self.logits(&x)?, targets)
+    }
+
+    fn stage_parameters(&self, stage: usize, stages: usize) -> Result<Vec<(String, Tensor)>> {
+        let blocks = self.stage_blocks(stages)?[stage].clone();
+        let mine = |name: &str| {
+            let in_block = name
+                .strip_prefix("transformer.h.")
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok());
+            match in_block {
+                Some(i) => blocks.contains(&i),
+                None if name.starts_with("transformer.wte.") => stage == 0 || stage + 1 == stages,
+                None if name.starts_with("transformer.wpe.") => stage == 0,
+                None => stage + 1 == stages,
+            }
+        };
+        Ok(self.parameters().into_iter().filter(|(n, _)| mine(n)).collect())
+    }
+
+    fn activation_shape(&self, input_shape: &[usize]) -> Vec<usize> {
+        vec![input_shape[0], input_shape[1], self.config.n_embd]
+    }
+
+    fn shared_parameters(&self) -> Vec<String> {
+        vec!["transformer.wte.weight".to_string()]
+    }
+}
+
 impl Module for Gpt {
     fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut p = prefixed("transformer.wte", self.wte.parameters());
@@ -303,7 +378,6 @@ impl Module for Gpt {
 
 impl Model for Gpt {
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let logits = self.forward(inputs)?;
         if targets.shape() != inputs.shape() {
             return Err(Error::ShapeMismatch {
                 op: "gpt loss",
@@ -311,18 +385,8 @@ impl Model for Gpt {
                 rhs: targets.shape().to_vec(),
             });
         }
-        if let Some(s) = &self.wte.shard {
-            let rows = s.rows as isize;
-            return s.cross_entropy(&logits.reshape(&[-1, rows])?, &targets.reshape(&[-1])?, -1);
-        }
-        let v = self.config.vocab_size as isize;
-        logits
-            .reshape(&[-1, v])?
-            .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
-    }
-
-    fn splits(&self) -> Vec<(String, Split)> {
-        self.splits.clone()
+        let logits = self.forward(inputs)?;
+        self.loss_of_logits(&logits, targets)
     }
 
     fn context(&self) -> &Context {
@@ -336,5 +400,31 @@ impl Model for Gpt {
     /// One unit per transformer block; the embeddings and the final LayerNorm are the root.
     fn units(&self) -> Vec<String> {
         (0..self.h.len()).map(|i| format!("transformer.h.{i}")).collect()
+    }
+
+    fn splits(&self) -> Vec<(String, Split)> {
+        self.splits.clone()
+    }
+}
+
+impl Gpt {
+    /// Mean cross-entropy of `logits` `[B, T, V]` (tensor-parallel: this rank's vocabulary
+    /// columns) against `targets` `[B, T]`, ignoring target -1.
+    fn loss_of_logits(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        if logits.rank() != 3 || targets.shape() != &logits.shape()[..2] {
+            return Err(Error::ShapeMismatch {
+                op: "gpt loss",
+                lhs: logits.shape().to_vec(),
+                rhs: targets.shape().to_vec(),
+            });
+        }
+        if let Some(s) = &self.wte.shard {
+            let rows = s.rows as isize;
+            return s.cross_entropy(&logits.reshape(&[-1, rows])?, &targets.reshape(&[-1])?, -1);
+        }
+        let v = self.config.vocab_size as isize;
+        logits
+            .reshape(&[-1, v])?
+            .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
     }
 }

@@ -37,6 +37,25 @@ pub trait Model: Module + Send + Sync {
     }
 }
 
+/// A model that can be cut into pipeline stages: consecutive runs of its layers, each stage
+/// passing its activations to the next.
+pub trait StagedModel: Send + Sync {
+    /// Stage `stage` of `stages`: from the batch's inputs (first stage) or the previous stage's
+    /// activations, this stage's activations, or (last stage) the mean loss against `targets`.
+    /// With one stage, the model's loss.
+    fn stage_forward(&self, stage: usize, stages: usize, input: &Tensor, targets: &Tensor) -> Result<Tensor>;
+
+    /// The parameters stage `stage` of `stages` uses, by name.
+    fn stage_parameters(&self, stage: usize, stages: usize) -> Result<Vec<(String, Tensor)>>;
+
+    /// The shape of the activations between stages for inputs of `input_shape`.
+    fn activation_shape(&self, input_shape: &[usize]) -> Vec<usize>;
+
+    /// Parameters used by more than one stage (weights tied across the first and last stage):
+    /// their gradients are summed across those stages.
+    fn shared_parameters(&self) -> Vec<String>;
+}
+
 /// An error for a bad model configuration value.
 pub(crate) fn config_error(key: &str, msg: impl std::fmt::Display) -> weft_core::Error {
     weft_core::Error::Invalid {

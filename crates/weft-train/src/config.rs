@@ -464,12 +464,34 @@ impl RunConfig {
             );
         }
         for (key, v) in [("parallel.pp", p.pp), ("parallel.micro_batches", p.micro_batches)] {
-            if v != 1 {
-                return bad(
-                    key,
-                    format!("{v}: pipeline parallelism is not available yet; only 1 runs"),
-                );
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
             }
+        }
+        if p.pp > 1 && !matches!(self.model, ModelConfig::Gpt(_)) {
+            return bad(
+                "parallel.pp",
+                format!("{}: pipeline parallelism cuts gpt models only", p.pp),
+            );
+        }
+        if p.pp > 1 && p.zero > 1 {
+            return bad(
+                "parallel.zero",
+                format!(
+                    "{} with pp = {}: pipeline stages accumulate gradients over micro-batches, which ZeRO \
+                     stages 2 and 3 do not; use zero = 0 or 1",
+                    p.zero, p.pp
+                ),
+            );
+        }
+        if p.pp == 1 && p.micro_batches > 1 {
+            return bad(
+                "parallel.micro_batches",
+                format!(
+                    "{}: micro-batches feed pipeline stages; they need pp > 1",
+                    p.micro_batches
+                ),
+            );
         }
         for (key, v) in [
             ("parallel.first_bucket_mb", p.first_bucket_mb),

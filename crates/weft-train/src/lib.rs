@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod pipeline;
 mod replicas;
 pub mod run;
 pub mod trainer;

@@ -291,6 +291,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     // every rank of a data-parallel replica (its tensor-parallel ranks) sees the same rows
     let (dp_rank, dp_size) = mesh.as_ref().map_or((0, 1), |m| (m.dp_group.rank(), m.dp));
     let data = build_data(config)?.shard(dp_rank, dp_size)?;
+    if (data.batch_rows / dp_size) % p.micro_batches != 0 {
+        return Err(Error::Config(format!(
+            "parallel.micro_batches: {} does not divide the {} rows each data-parallel rank gets per step",
+            p.micro_batches,
+            data.batch_rows / dp_size
+        )));
+    }
     let optimizer = build_optimizer(&config.optim)?;
     let schedule = build_schedule(&config.schedule, config.optim.lr)?;
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
@@ -300,6 +307,18 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         trainer = trainer.with_job(m.world.clone());
         if m.tp > 1 {
             trainer = trainer.with_tensor_parallel(m.tp_group.clone());
+        }
+        if let (true, Some(g)) = (m.pp > 1, &gpt) {
+            let schedule = weft_dist::pipeline::PipelineSchedule::parse(&p.schedule).ok_or_else(|| {
+                Error::Config(format!("parallel.schedule: {:?} is not one of 1f1b, gpipe", p.schedule))
+            })?;
+            trainer = trainer.with_pipeline(crate::pipeline::Pipeline {
+                model: g.clone(),
+                group: m.pp_group.clone(),
+                schedule,
+                micro_batches: p.micro_batches,
+                ends: m.ends_group.clone(),
+            })?;
         }
     }
     if let Some(g) = mesh.as_ref().filter(|m| m.dp > 1).map(|m| m.dp_group.clone()) {

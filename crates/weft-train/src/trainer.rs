@@ -13,6 +13,7 @@ use weft_nn::schedule::Schedule;
 
 use crate::checkpoint::{self, CheckpointState};
 use crate::error::{Error, Result};
+use crate::pipeline::Pipeline;
 use crate::replicas::{unsharded_bytes, Replicas, StateBytes, ZeroUnits};
 
 /// What one optimizer step did.
@@ -84,24 +85,22 @@ pub struct Trainer {
     tensor_parallel: Option<ProcessGroup>,
     /// All ranks of the job, when there are several: rank 0 writes checkpoints and the trace.
     job: Option<ProcessGroup>,
+    /// This rank's pipeline stage, when the model is cut into stages.
+    pipeline: Option<Pipeline>,
+    /// The parameters this rank trains (all the model's, or its stage's), in registration
+    /// order.
+    params: Vec<(String, Tensor)>,
 }
 
 impl Trainer {
     /// A trainer with nanoGPT's parameter groups: `weight_decay` for parameters of two or more dims
     /// (matrices, embeddings), none for biases and norm weights.
     pub fn new(model: Arc<dyn Model>, optimizer: Box<dyn Optimizer>, schedule: Schedule, weight_decay: f64) -> Self {
-        let (decay, no_decay): (Vec<_>, Vec<_>) = model.parameters().into_iter().partition(|(_, p)| p.rank() >= 2);
-        let groups = vec![
-            ParamGroup {
-                params: decay,
-                weight_decay,
-            },
-            ParamGroup {
-                params: no_decay,
-                weight_decay: 0.0,
-            },
-        ];
+        let params = model.parameters();
+        let groups = decay_groups(params.clone(), weight_decay);
         Trainer {
+            params,
+            pipeline: None,
             model,
             optimizer,
             groups,
@@ -117,6 +116,19 @@ impl Trainer {
             tensor_parallel: None,
             job: None,
         }
+    }
+
+    /// Trains one stage of a pipeline: only the stage's parameters (the optimizer's groups are
+    /// rebuilt from them), each step's batch cut into micro-batches run in the pipeline's
+    /// schedule, tied weights' gradients summed over the stages that hold them, the gradient
+    /// norm summed over the stages. Call before [`Trainer::with_data_parallel`] or
+    /// [`Trainer::with_zero`] (ZeRO stage 1 at most).
+    pub fn with_pipeline(mut self, pipeline: Pipeline) -> Result<Self> {
+        self.params = pipeline.parameters()?;
+        let weight_decay = self.groups.first().map_or(0.0, |g| g.weight_decay);
+        self.groups = decay_groups(self.params.clone(), weight_decay);
+        self.pipeline = Some(pipeline);
+        Ok(self)
     }
 
     /// The model was cut across `tp` (see `Gpt::make_tensor_parallel`): the gradient norm is
@@ -157,7 +169,7 @@ impl Trainer {
     /// runs), the logged loss is the mean over the group, and only rank 0 writes checkpoints.
     /// Each rank is given its own share of every batch; see [`shard_rows`].
     pub fn with_data_parallel(mut self, pg: ProcessGroup, options: DdpOptions) -> Result<Self> {
-        let ddp = DataParallel::new(self.model.parameters(), &pg, options)?;
+        let ddp = DataParallel::new(self.params.clone(), &pg, options)?;
         self.data_parallel = Some((pg, Replicas::Plain(ddp)));
         Ok(self)
     }
@@ -169,12 +181,10 @@ impl Trainer {
     /// backward through the model's context. The parameter groups are rebuilt from the pieces
     /// (weight decay for pieces of parameters of two or more dims, as [`Trainer::new`]).
     pub fn with_zero(mut self, pg: ProcessGroup, options: ZeroOptions) -> Result<Self> {
-        let zero = Arc::new(ShardedDataParallel::new(
-            self.model.parameters(),
-            &self.model.units(),
-            &pg,
-            options,
-        )?);
+        // a pipeline stage shards the units it holds
+        let mut units = self.model.units();
+        units.retain(|u| self.params.iter().any(|(n, _)| n.starts_with(&format!("{u}."))));
+        let zero = Arc::new(ShardedDataParallel::new(self.params.clone(), &units, &pg, options)?);
         let weight_decay = self.groups.first().map_or(0.0, |g| g.weight_decay);
         let (decay, no_decay): (Vec<_>, Vec<_>) = zero
             .pieces()
@@ -264,20 +274,29 @@ impl Trainer {
         let t0 = Instant::now();
         let lr = self.schedule.lr_at(step);
         let _step_span = span("compute", "step");
-        let loss = {
-            let _s = span("compute", "forward");
-            if let Some(z) = self.zero() {
-                z.begin_forward()?;
+        if let Some(z) = self.zero() {
+            z.begin_forward()?;
+        }
+        // a pipeline runs forward and backward passes together, micro-batch by micro-batch
+        let (local_loss, loss) = match &self.pipeline {
+            Some(p) => {
+                let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
+                let value = p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))?;
+                (value, None)
             }
-            self.model.loss(x, y)?
+            None => {
+                let _s = span("compute", "forward");
+                let loss = self.model.loss(x, y)?;
+                (loss.item()?, Some(loss))
+            }
         };
         let (_, ranks) = self.rank_and_size();
         // the mean over the global batch: every rank's share has the same size
-        let loss_value = self.sum_over_ranks(vec![loss.item()?])?[0] / ranks as f64;
+        let loss_value = self.sum_over_ranks(vec![local_loss])?[0] / ranks as f64;
         if !loss_value.is_finite() {
             return Err(Error::Run(format!("step {step}: the loss is {loss_value}")));
         }
-        {
+        if let Some(loss) = loss {
             let _s = span("compute", "backward");
             loss.backward()?;
         }
@@ -288,6 +307,9 @@ impl Trainer {
                 Replicas::Sharded(zero) => zero.finish()?,
             }
         }
+        if let Some(p) = &self.pipeline {
+            p.sum_shared_gradients(&self.params)?;
+        }
         // the groups hold every parameter (or this rank's pieces of them)
         let params: Vec<Tensor> = self
             .groups
@@ -296,7 +318,7 @@ impl Trainer {
             .collect();
         let state_bytes = self.state_bytes(&params);
         let _s = span("compute", "clip and optimizer step");
-        let grad_norm = if self.zero().is_some() || self.tensor_parallel.is_some() {
+        let grad_norm = if self.zero().is_some() || self.tensor_parallel.is_some() || self.pipeline.is_some() {
             let total = self.sharded_grad_norm()?;
             if let Some(max) = self.grad_clip {
                 clip_to_norm(&params, max, total)?;
@@ -333,14 +355,17 @@ impl Trainer {
 
     /// The global gradient norm when gradients are cut: ZeRO pieces (each element on exactly
     /// one data-parallel rank) summed over the data-parallel group, tensor-parallel parts
-    /// summed over the tensor-parallel group, and parameters whole on every tensor-parallel
-    /// rank counted on its rank 0 only.
+    /// summed over the tensor-parallel group (parameters whole on every tensor-parallel rank
+    /// counted on its rank 0 only), stages summed over the pipeline (a tied weight counted on
+    /// the first stage only).
     fn sharded_grad_norm(&self) -> Result<f64> {
         let splits: std::collections::BTreeSet<String> = self.model.splits().into_iter().map(|(n, _)| n).collect();
         let tp_rank = self.tensor_parallel.as_ref().map_or(0, |g| g.rank());
         let mut local = 0.0;
         for (name, p) in self.groups.iter().flat_map(|g| g.params.iter()) {
-            if tp_rank == 0 || splits.contains(name) {
+            let in_tp = tp_rank == 0 || splits.contains(name);
+            let in_pp = self.pipeline.as_ref().is_none_or(|pp| pp.counts_in_norm(name));
+            if in_tp && in_pp {
                 let n = grad_norm(std::slice::from_ref(p))?;
                 local += n * n;
             }
@@ -348,9 +373,10 @@ impl Trainer {
         if self.zero().is_some() {
             local = self.sum_over_ranks(vec![local])?[0];
         }
-        if let Some(tp) = &self.tensor_parallel {
+        let groups = [self.tensor_parallel.as_ref(), self.pipeline.as_ref().map(|p| &p.group)];
+        for g in groups.into_iter().flatten() {
             let t = Tensor::from_vec(vec![local], &[1])?;
-            tp.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+            g.all_reduce(&t, ReduceOp::Sum)?.wait()?;
             local = t.to_vec::<f64>()?[0];
         }
         Ok(local.sqrt())
@@ -366,6 +392,15 @@ impl Trainer {
             .parameters()
             .into_iter()
             .map(|(name, p)| {
+                // the stage that trains it has its value
+                let p = match &self.pipeline {
+                    Some(pp) => {
+                        let t = p.detach().contiguous_copy()?;
+                        pp.group.broadcast(&t, pp.owner(&name)?)?.wait()?;
+                        t
+                    }
+                    None => p,
+                };
                 let whole = match (splits.get(&name), &self.tensor_parallel) {
                     (Some(split), Some(tp)) => weft_dist::tensor_parallel::gather_whole(tp, split, &p)?,
                     _ => p,
@@ -380,6 +415,10 @@ impl Trainer {
         let state = match self.zero() {
             Some(z) => z.consolidate_state(self.optimizer.state())?,
             None => self.optimizer.state(),
+        };
+        let state = match &self.pipeline {
+            Some(pp) => self.gather_stage_states(pp, state)?,
+            None => state,
         };
         let (Some(tp), splits) = (&self.tensor_parallel, self.model.splits()) else {
             return Ok(state);
@@ -397,6 +436,44 @@ impl Trainer {
                 Ok((key, whole))
             })
             .collect()
+    }
+
+    /// Collective over the pipeline: every parameter's optimizer state, each broadcast from the
+    /// stage that owns it (every stage keeps the same fields: moments of the parameter's shape
+    /// and dtype, and 0-d step counts).
+    fn gather_stage_states(&self, pp: &Pipeline, state: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        let local: std::collections::BTreeMap<String, Tensor> = state.into_iter().collect();
+        // the fields (and their kinds) this optimizer keeps, from this stage's own state
+        let mut fields: Vec<(String, Option<weft_core::DType>)> = Vec::new();
+        for (key, t) in &local {
+            let field = key.rsplit_once('.').map_or("", |(_, f)| f).to_string();
+            if !fields.iter().any(|(f, _)| *f == field) {
+                fields.push((field, (t.rank() == 0).then(|| t.dtype())));
+            }
+        }
+        let mut out = Vec::new();
+        for (name, p) in self.model.parameters() {
+            let owner = pp.owner(&name)?;
+            for (field, scalar) in &fields {
+                let key = format!("{name}.{field}");
+                let t = match (local.get(&key), pp.stage() == owner) {
+                    (Some(t), true) => t.contiguous_copy()?,
+                    (None, true) => {
+                        return Err(Error::Run(format!(
+                            "pipeline: stage {owner} has no optimizer state {key:?}"
+                        )))
+                    }
+                    (_, false) => match scalar {
+                        Some(dtype) => Tensor::zeros(&[], *dtype)?,
+                        None => Tensor::zeros(p.shape(), p.dtype())?,
+                    },
+                };
+                pp.group.broadcast(&t, owner)?.wait()?;
+                out.push((key, t));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 
     /// This rank's tensor-parallel part of each whole tensor of `tensors` whose name (or, with
@@ -464,7 +541,10 @@ impl Trainer {
                 if let Some(z) = zero {
                     z.begin_forward()?;
                 }
-                let loss = self.model.loss(&x, &y)?.item()?;
+                let loss = match &self.pipeline {
+                    Some(p) => p.forward_loss(&x, &y)?,
+                    None => self.model.loss(&x, &y)?.item()?,
+                };
                 if let Some(z) = zero {
                     z.end_forward()?;
                 }
@@ -497,6 +577,11 @@ impl Trainer {
                     self.model.aliases(),
                     &dir.join("model.safetensors").display().to_string(),
                 )?;
+                // a pipeline stage keeps the state of its own parameters only
+                let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
+                loaded
+                    .optimizer
+                    .retain(|key, _| key.rsplit_once('.').is_some_and(|(p, _)| mine.contains(p)));
                 self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
                 match self.zero() {
                     Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
@@ -591,4 +676,23 @@ pub fn shard_rows(t: &Tensor, rank: usize, ranks: usize) -> Result<Tensor> {
     }
     let b = rows / ranks;
     Ok(t.narrow(0, rank * b, b)?.contiguous_copy()?)
+}
+
+/// nanoGPT's parameter groups: `weight_decay` for parameters of two or more dims (matrices,
+/// embeddings), none for biases and norm weights.
+fn decay_groups(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<ParamGroup> {
+    let (decay, no_decay): (Vec<_>, Vec<_>) = params.into_iter().partition(|(_, p)| p.rank() >= 2);
+    vec![ParamGroup::new(decay, weight_decay), ParamGroup::new(no_decay, 0.0)]
+}
+
+/// One micro-batch's backward from `out` with gradient `seed`: gradients accumulate locally
+/// (data-parallel averaging deferred, as `no_sync`) except on the step's `last` micro-batch.
+fn micro_backward(replicas: Option<&Replicas>, out: &Tensor, seed: &Tensor, last: bool) -> Result<()> {
+    let run = || out.backward_with(seed);
+    match (replicas, last) {
+        (Some(Replicas::Plain(ddp)), false) => ddp.no_sync(run)?,
+        (Some(Replicas::Sharded(zero)), false) => zero.no_sync(run)?,
+        _ => run()?,
+    }
+    Ok(())
 }

@@ -220,6 +220,17 @@ impl ShardedDataParallel {
         Engine::after_forward(&self.engine, u, output)
     }
 
+    /// Runs `f` (forward and backward passes) without averaging gradients, which accumulate
+    /// locally until the next backward outside it (gradient accumulation, micro-batches), as
+    /// [`DataParallel::no_sync`]. Stage 1 only: stages 2 and 3 reduce every backward's
+    /// gradients as they come, and a second backward before `finish` is an error there.
+    pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.ddp {
+            Some(ddp) => ddp.no_sync(f),
+            None => f(),
+        }
+    }
+
     /// After backward: waits for the gradient reductions and sets each piece's gradient to its
     /// part of the group's average. A parameter without a gradient is an error naming it (the
     /// group is aborted with the same message, so every rank stops).

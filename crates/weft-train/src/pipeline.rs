@@ -1,0 +1,199 @@
+//! Pipeline parallelism in the trainer: this rank runs one stage of a [`StagedModel`] over the
+//! micro-batches of each step, in the order its [`PipelineSchedule`] gives, passing activations
+//! forward and their gradients back to the neighbouring stages (sends are asynchronous;
+//! receives block until the neighbour's message is there).
+
+use std::sync::Arc;
+
+use weft_core::Tensor;
+use weft_dist::pipeline::{Action, PipelineSchedule};
+use weft_dist::trace::span;
+use weft_dist::{ProcessGroup, ReduceOp, Work};
+use weft_models::StagedModel;
+
+use crate::error::{Error, Result};
+
+/// Tags of the two message streams between neighbouring stages.
+const ACTIVATIONS: u32 = 0;
+const GRADIENTS: u32 = 1;
+
+/// This rank's stage of a pipeline.
+pub struct Pipeline {
+    pub model: Arc<dyn StagedModel>,
+    /// The ranks holding the stages, in stage order (this rank's stage is its rank here).
+    pub group: ProcessGroup,
+    pub schedule: PipelineSchedule,
+    pub micro_batches: usize,
+    /// First and last stage: the group over which tied weights sum their gradients.
+    pub ends: Option<ProcessGroup>,
+}
+
+impl Pipeline {
+    pub fn stage(&self) -> usize {
+        self.group.rank()
+    }
+
+    pub fn stages(&self) -> usize {
+        self.group.size()
+    }
+
+    fn is_first(&self) -> bool {
+        self.stage() == 0
+    }
+
+    fn is_last(&self) -> bool {
+        self.stage() + 1 == self.stages()
+    }
+
+    /// The parameters this stage trains.
+    pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self.model.stage_parameters(self.stage(), self.stages())?)
+    }
+
+    /// The micro-batches of `(x, y)`: `micro_batches` equal runs of rows.
+    fn split(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        let rows = t.shape().first().copied().unwrap_or(0);
+        let m = self.micro_batches;
+        if rows % m != 0 {
+            return Err(Error::Config(format!(
+                "parallel.micro_batches: {m} does not divide this rank's batch of {rows} rows"
+            )));
+        }
+        (0..m)
+            .map(|i| Ok(t.narrow(0, i * (rows / m), rows / m)?.contiguous_copy()?))
+            .collect()
+    }
+
+    /// The forward and backward passes of one step over the micro-batches of `(x, y)`;
+    /// `backward(output, seed, last)` runs one micro-batch's backward (`last`: the step's final
+    /// one, which synchronises data-parallel gradients). Gradients accumulate over the
+    /// micro-batches, each loss weighted `1/m`. Returns the mean loss over the micro-batches,
+    /// on every stage.
+    pub fn run_step(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        backward: &mut dyn FnMut(&Tensor, &Tensor, bool) -> Result<()>,
+    ) -> Result<f64> {
+        let (xs, ys) = (self.split(x)?, self.split(y)?);
+        let m = self.micro_batches;
+        let shape = self.model.activation_shape(xs[0].shape());
+        let (stage, stages) = (self.stage(), self.stages());
+        let mut live: Vec<Option<(Tensor, Tensor)>> = vec![None; m];
+        let mut sends: Vec<Work> = Vec::new();
+        let mut loss = 0.0;
+        for action in self.schedule.actions(stage, stages, m) {
+            match action {
+                Action::Forward(i) => {
+                    let input = if self.is_first() {
+                        xs[i].clone()
+                    } else {
+                        let buf = Tensor::zeros(&shape, weft_core::DType::F32)?;
+                        self.group.recv(&buf, stage - 1, ACTIVATIONS)?.wait()?;
+                        buf.requires_grad_()?
+                    };
+                    let _s = span("compute", format!("forward {i}"));
+                    let out = self.model.stage_forward(stage, stages, &input, &ys[i])?;
+                    if self.is_last() {
+                        loss += out.item()?;
+                    } else {
+                        sends.push(self.group.send(&out.detach(), stage + 1, ACTIVATIONS)?);
+                    }
+                    live[i] = Some((input, out));
+                }
+                Action::Backward(i) => {
+                    let (input, out) = live[i].take().ok_or_else(|| {
+                        Error::Run(format!("pipeline: backward of micro-batch {i} before its forward"))
+                    })?;
+                    let seed = if self.is_last() {
+                        Tensor::from_vec(vec![1.0 / m as f64], &[])?.cast(out.dtype())?
+                    } else {
+                        let buf = Tensor::zeros(&shape, out.dtype())?;
+                        self.group.recv(&buf, stage + 1, GRADIENTS)?.wait()?;
+                        buf
+                    };
+                    {
+                        let _s = span("compute", format!("backward {i}"));
+                        backward(&out, &seed, i + 1 == m)?;
+                    }
+                    if !self.is_first() {
+                        let g = input
+                            .grad()
+                            .ok_or_else(|| Error::Run(format!("pipeline: stage {stage} got no input gradient")))?;
+                        sends.push(self.group.send(&g, stage - 1, GRADIENTS)?);
+                    }
+                }
+            }
+        }
+        for w in sends {
+            w.wait()?;
+        }
+        self.mean_loss(loss / m as f64)
+    }
+
+    /// The last stage's `loss`, on every stage.
+    fn mean_loss(&self, loss: f64) -> Result<f64> {
+        let t = Tensor::from_vec(vec![if self.is_last() { loss } else { 0.0 }], &[1])?;
+        self.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+        Ok(t.to_vec::<f64>()?[0])
+    }
+
+    /// The loss of one batch through every stage, forward only (evaluation), on every stage.
+    pub fn forward_loss(&self, x: &Tensor, y: &Tensor) -> Result<f64> {
+        let (stage, stages) = (self.stage(), self.stages());
+        let input = if self.is_first() {
+            x.clone()
+        } else {
+            let buf = Tensor::zeros(&self.model.activation_shape(x.shape()), weft_core::DType::F32)?;
+            self.group.recv(&buf, stage - 1, ACTIVATIONS)?.wait()?;
+            buf
+        };
+        let out = self.model.stage_forward(stage, stages, &input, y)?;
+        let loss = if self.is_last() {
+            out.item()?
+        } else {
+            self.group.send(&out, stage + 1, ACTIVATIONS)?.wait()?;
+            0.0
+        };
+        self.mean_loss(loss)
+    }
+
+    /// After the step's backwards: sums the gradients of weights tied across the first and
+    /// last stage over those two stages.
+    pub fn sum_shared_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
+        let Some(ends) = &self.ends else {
+            return Ok(());
+        };
+        for name in self.model.shared_parameters() {
+            if let Some((_, p)) = params.iter().find(|(n, _)| *n == name) {
+                let g = p
+                    .grad()
+                    .ok_or_else(|| Error::Run(format!("pipeline: tied parameter {name:?} has no gradient")))?;
+                ends.all_reduce(&g, ReduceOp::Sum)?.wait()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this stage counts `name` in the gradient norm: a tied weight is counted on the
+    /// first stage only.
+    pub fn counts_in_norm(&self, name: &str) -> bool {
+        self.is_first() || !self.model.shared_parameters().iter().any(|n| n == name)
+    }
+
+    /// The stage that owns (trains, and writes to checkpoints) parameter `name`: the first
+    /// that uses it.
+    pub fn owner(&self, name: &str) -> Result<usize> {
+        for s in 0..self.stages() {
+            if self
+                .model
+                .stage_parameters(s, self.stages())?
+                .iter()
+                .any(|(n, _)| n == name)
+            {
+                return Ok(s);
+            }
+        }
+        Err(Error::Run(format!("pipeline: no stage uses parameter {name:?}")))
+    }
+}
