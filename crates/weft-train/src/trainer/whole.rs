@@ -1,0 +1,159 @@
+//! The trainer's collectives over the layout of a parallel run: the gradient norm across
+//! shards, stages and tensor-parallel parts, and the whole parameters and optimizer state that
+//! checkpoints hold (and their cutting back on resume).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use weft_core::Tensor;
+use weft_dist::ReduceOp;
+use weft_nn::clip::grad_norm;
+use weft_nn::parallel::Split;
+
+use super::Trainer;
+use crate::error::{Error, Result};
+use crate::pipeline::Pipeline;
+
+impl Trainer {
+    /// The global gradient norm when gradients are cut: ZeRO pieces (each element on exactly
+    /// one data-parallel rank) summed over the data-parallel group, tensor-parallel parts
+    /// summed over the tensor-parallel group (parameters whole on every tensor-parallel rank
+    /// counted on its rank 0 only), stages summed over the pipeline (a tied weight counted on
+    /// the first stage only).
+    pub(super) fn sharded_grad_norm(&self) -> Result<f64> {
+        let splits: BTreeSet<String> = self.model.splits().into_iter().map(|(n, _)| n).collect();
+        let tp_rank = self.tensor_parallel.as_ref().map_or(0, |g| g.rank());
+        let mut local = 0.0;
+        for (name, p) in self.groups.iter().flat_map(|g| g.params.iter()) {
+            let in_tp = tp_rank == 0 || splits.contains(name);
+            let in_pp = self.pipeline.as_ref().is_none_or(|pp| pp.counts_in_norm(name));
+            if in_tp && in_pp {
+                let n = grad_norm(std::slice::from_ref(p))?;
+                local += n * n;
+            }
+        }
+        if self.zero().is_some() {
+            local = self.sum_over_ranks(vec![local])?[0];
+        }
+        let groups = [self.tensor_parallel.as_ref(), self.pipeline.as_ref().map(|p| &p.group)];
+        for g in groups.into_iter().flatten() {
+            let t = Tensor::from_vec(vec![local], &[1])?;
+            g.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+            local = t.to_vec::<f64>()?[0];
+        }
+        Ok(local.sqrt())
+    }
+
+    /// Collective (every rank of the data- and tensor-parallel groups): the model's whole
+    /// parameters by name (ZeRO stage 3 gathered, tensor-parallel parts put together).
+    pub fn whole_parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        self.gather_parameters()?;
+        let splits: BTreeMap<String, Split> = self.model.splits().into_iter().collect();
+        self.model
+            .parameters()
+            .into_iter()
+            .map(|(name, p)| {
+                // the stage that trains it has its value
+                let p = match &self.pipeline {
+                    Some(pp) => {
+                        let t = p.detach().contiguous_copy()?;
+                        pp.group.broadcast(&t, pp.owner(&name)?)?.wait()?;
+                        t
+                    }
+                    None => p,
+                };
+                let whole = match (splits.get(&name), &self.tensor_parallel) {
+                    (Some(split), Some(tp)) => weft_dist::tensor_parallel::gather_whole(tp, split, &p)?,
+                    _ => p,
+                };
+                Ok((name, whole))
+            })
+            .collect()
+    }
+
+    /// Collective: the whole optimizer state, as a single process keeps it.
+    pub(super) fn whole_optimizer_state(&self) -> Result<Vec<(String, Tensor)>> {
+        let state = match self.zero() {
+            Some(z) => z.consolidate_state(self.optimizer.state())?,
+            None => self.optimizer.state(),
+        };
+        let state = match &self.pipeline {
+            Some(pp) => self.gather_stage_states(pp, state)?,
+            None => state,
+        };
+        let (Some(tp), splits) = (&self.tensor_parallel, self.model.splits()) else {
+            return Ok(state);
+        };
+        let splits: BTreeMap<String, Split> = splits.into_iter().collect();
+        state
+            .into_iter()
+            .map(|(key, t)| {
+                let param = key.rsplit_once('.').map_or("", |(p, _)| p);
+                let whole = match splits.get(param) {
+                    // moments have the parameter's shape; step counts are scalars
+                    Some(split) if t.rank() > 0 => weft_dist::tensor_parallel::gather_whole(tp, split, &t)?,
+                    _ => t,
+                };
+                Ok((key, whole))
+            })
+            .collect()
+    }
+
+    /// Collective over the pipeline: every parameter's optimizer state, each broadcast from the
+    /// stage that owns it (every stage keeps the same fields: moments of the parameter's shape
+    /// and dtype, and 0-d step counts).
+    fn gather_stage_states(&self, pp: &Pipeline, state: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        let local: BTreeMap<String, Tensor> = state.into_iter().collect();
+        // the fields (and their kinds) this optimizer keeps, from this stage's own state
+        let mut fields: Vec<(String, Option<weft_core::DType>)> = Vec::new();
+        for (key, t) in &local {
+            let field = key.rsplit_once('.').map_or("", |(_, f)| f).to_string();
+            if !fields.iter().any(|(f, _)| *f == field) {
+                fields.push((field, (t.rank() == 0).then(|| t.dtype())));
+            }
+        }
+        let mut out = Vec::new();
+        for (name, p) in self.model.parameters() {
+            let owner = pp.owner(&name)?;
+            for (field, scalar) in &fields {
+                let key = format!("{name}.{field}");
+                let t = match (local.get(&key), pp.stage() == owner) {
+                    (Some(t), true) => t.contiguous_copy()?,
+                    (None, true) => {
+                        return Err(Error::Run(format!(
+                            "pipeline: stage {owner} has no optimizer state {key:?}"
+                        )))
+                    }
+                    (_, false) => match scalar {
+                        Some(dtype) => Tensor::zeros(&[], *dtype)?,
+                        None => Tensor::zeros(p.shape(), p.dtype())?,
+                    },
+                };
+                pp.group.broadcast(&t, owner)?.wait()?;
+                out.push((key, t));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// This rank's tensor-parallel part of each whole tensor of `tensors` whose name (or, with
+    /// `by_param`, whose key's parameter prefix) names a cut parameter.
+    pub(super) fn tensor_parallel_parts(&self, tensors: &mut BTreeMap<String, Tensor>, by_param: bool) -> Result<()> {
+        let Some(tp) = &self.tensor_parallel else {
+            return Ok(());
+        };
+        for (name, split) in self.model.splits() {
+            for (key, t) in tensors.iter_mut() {
+                let param = if by_param {
+                    key.rsplit_once('.').map_or("", |(p, _)| p)
+                } else {
+                    key.as_str()
+                };
+                if param == name && t.rank() > 0 {
+                    *t = split.shard(t, tp.rank(), tp.size())?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
