@@ -86,7 +86,11 @@ fn bad_values() {
     );
     fails_naming(
         &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.tp=2"],
-        &["parallel.tp", "not available yet"],
+        &["dp x tp x pp = 1 x 2 x 1 = 2", "single process"],
+    );
+    fails_naming(
+        &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.pp=0"],
+        &["parallel.pp", "at least 1"],
     );
     fails_naming(
         &[

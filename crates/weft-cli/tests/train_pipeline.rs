@@ -1,0 +1,210 @@
+//! `weft train` with `[parallel] pp = 2`, under `weft launch`: GPipe and 1F1B with several
+//! micro-batch counts, and pipelines inside dp = 2, tp = 2 and dp = 2 with ZeRO stage 1 meshes,
+//! reproduce the PyTorch gpt fixture (gradient clipping on, tied embedding across the first and
+//! last stage); checkpoints resume exactly and load into one process; the timeline shows each
+//! stage's micro-batches; layouts the model or batch cannot take are refused on every rank.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, weft, weft_ok};
+
+/// Runs the gpt fixture on `ranks` ranks with `sets`; returns the metrics file.
+fn train(ranks: usize, out: &Path, name: &str, sets: &[&str]) -> PathBuf {
+    let metrics = out.join(format!("{name}.jsonl"));
+    let _ = std::fs::remove_file(&metrics);
+    let config = fixtures().join("gpt_adamw/run.toml");
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let metrics_set = format!("train.metrics={:?}", metrics.to_str().unwrap());
+    let n = ranks.to_string();
+    let mut args = vec!["launch", "--nproc-per-node", &n, "--", bin, "train"];
+    args.extend(["--config", config.to_str().unwrap(), "--quiet", "--set", &metrics_set]);
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    weft_ok(&args);
+    metrics
+}
+
+fn losses(metrics: &Path) -> Vec<f64> {
+    read_metrics(metrics)
+        .iter()
+        .filter_map(|r| r["loss"].as_f64())
+        .collect()
+}
+
+fn assert_same_curve(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: number of steps");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * x.abs(), "{what} step {i}: {x} vs {y}");
+    }
+}
+
+#[test]
+fn gpipe_and_1f1b_on_2_stages_reproduce_pytorch() {
+    let out = temp_dir("pp-schedules");
+    let mut curves = Vec::new();
+    for (schedule, m) in [("gpipe", 2), ("1f1b", 2), ("1f1b", 4), ("gpipe", 1)] {
+        let name = format!("{schedule}-m{m}");
+        let sched = format!("parallel.schedule=\"{schedule}\"");
+        let micro = format!("parallel.micro_batches={m}");
+        let metrics = train(2, &out, &name, &["parallel.pp=2", &sched, &micro]);
+        let worst = check_against_pytorch("gpt_adamw", &metrics);
+        eprintln!("pp=2 {name}: max relative loss difference to PyTorch {worst:.2e}");
+        curves.push((name, losses(&metrics)));
+    }
+    for (name, c) in &curves[1..] {
+        assert_same_curve(&curves[0].1, c, 1e-5, &format!("{name} vs gpipe-m2"));
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn pipelines_compose_with_data_and_tensor_parallelism_and_zero_1() {
+    let out = temp_dir("pp-mesh");
+    for (name, sets) in [
+        ("dp2-pp2", ["parallel.dp=2", "parallel.tp=1", "parallel.zero=0"]),
+        ("tp2-pp2", ["parallel.dp=1", "parallel.tp=2", "parallel.zero=0"]),
+        ("dp2-pp2-zero1", ["parallel.dp=2", "parallel.tp=1", "parallel.zero=1"]),
+    ] {
+        let mut all = vec![
+            "parallel.pp=2",
+            "parallel.micro_batches=2",
+            "parallel.schedule=\"1f1b\"",
+        ];
+        all.extend(sets);
+        let metrics = train(4, &out, name, &all);
+        let worst = check_against_pytorch("gpt_adamw", &metrics);
+        eprintln!("{name}: max relative loss difference to PyTorch {worst:.2e}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_pipeline_checkpoint_resumes_exactly_and_loads_into_one_process() {
+    let out = temp_dir("pp-ckpt");
+    let ckpt = out.join("ckpt");
+    let dir = format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap());
+    let pp = ["parallel.pp=2", "parallel.micro_batches=2"];
+    let whole = losses(&train(2, &out, "whole", &pp));
+    train(2, &out, "first", &[pp[0], pp[1], &dir, "train.steps=20"]);
+    let step20 = ckpt.join("step-00000020");
+    let copy = out.join("copy");
+    std::fs::create_dir_all(copy.join("step-00000020")).unwrap();
+    for f in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+        std::fs::copy(step20.join(f), copy.join("step-00000020").join(f)).unwrap();
+    }
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let config = fixtures().join("gpt_adamw/run.toml");
+    let resumed = out.join("resumed.jsonl");
+    let metrics = format!("train.metrics={:?}", resumed.to_str().unwrap());
+    #[rustfmt::skip]
+    weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", config.to_str().unwrap(),
+        "--quiet", "--resume", "--set", &dir, "--set", &metrics, "--set", pp[0], "--set", pp[1]]);
+    assert_eq!(&whole[20..], &losses(&resumed)[..], "resumed at pp=2 vs uninterrupted");
+    let single = out.join("single.jsonl");
+    let metrics = format!("train.metrics={:?}", single.to_str().unwrap());
+    let copy_dir = format!("train.checkpoint_dir={:?}", copy.to_str().unwrap());
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--resume", "--set", &copy_dir,
+        "--set", &metrics]);
+    assert_same_curve(
+        &whole[20..],
+        &losses(&single),
+        1e-5,
+        "pp=2 checkpoint resumed by one process",
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn the_timeline_shows_each_stages_micro_batches_and_the_built_in_run_samples() {
+    let out = temp_dir("pp-trace");
+    let trace = out.join("trace.json");
+    let trace_set = format!("train.trace={:?}", trace.to_str().unwrap());
+    train(
+        2,
+        &out,
+        "traced",
+        &["parallel.pp=2", "parallel.micro_batches=4", &trace_set],
+    );
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    for rank in 0..2 {
+        let count = |name: &str| {
+            events
+                .iter()
+                .filter(|e| e["pid"] == rank && e["ph"] == "X" && e["name"] == name)
+                .count()
+        };
+        assert_eq!(count("forward 3"), 40, "rank {rank}");
+        assert_eq!(count("backward 0"), 40, "rank {rank}");
+    }
+    let bin = env!("CARGO_BIN_EXE_weft");
+    #[rustfmt::skip]
+    let run = weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--quiet",
+        "--set", "train.steps=2", "--set", "train.eval_every=1", "--set", "train.sample_tokens=20",
+        "--set", "parallel.pp=2", "--set", "parallel.micro_batches=2"]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(stdout.matches("--- sample (20 characters) ---").count(), 1, "{stdout}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let config = fixtures().join("gpt_adamw/run.toml");
+    let config = config.to_str().unwrap();
+    // 2 blocks cannot make 3 stages; 4 rows do not cut into 3 micro-batches
+    for (n, sets, words) in [
+        ("3", vec!["parallel.pp=3"], vec!["n_layer", "parallel.pp = 3"]),
+        (
+            "2",
+            vec!["parallel.pp=2", "parallel.micro_batches=3"],
+            vec!["parallel.micro_batches", "4 rows"],
+        ),
+    ] {
+        let mut args = vec![
+            "launch",
+            "--nproc-per-node",
+            n,
+            "--",
+            bin,
+            "train",
+            "--config",
+            config,
+            "--quiet",
+        ];
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        let out = weft(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{sets:?}");
+        for w in words {
+            assert!(err.contains(w), "{sets:?}: {err}");
+        }
+    }
+    for (sets, words) in [
+        (
+            vec!["parallel.pp=2", "parallel.zero=2", "parallel.dp=1"],
+            vec!["parallel.zero", "zero = 0 or 1"],
+        ),
+        (
+            vec!["parallel.micro_batches=2"],
+            vec!["parallel.micro_batches", "pp > 1"],
+        ),
+    ] {
+        let mut args = vec!["train", "--config", config, "--quiet"];
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        let out = weft(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        for w in words {
+            assert!(err.contains(w), "{sets:?}: {err}");
+        }
+    }
+}
