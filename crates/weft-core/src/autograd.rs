@@ -124,6 +124,30 @@ impl Tensor {
             .push(Arc::new(hook));
     }
 
+    /// Bytes held by the graph recorded behind this tensor: every distinct storage reachable
+    /// through its nodes (their inputs and saved tensors, and this tensor's own), except those
+    /// that `skip` returns true for (parameters, say). What a backward still to run keeps
+    /// alive: the activations of a forward pass.
+    pub fn graph_bytes(&self, skip: &dyn Fn(&Tensor) -> bool) -> usize {
+        let mut seen_storage = std::collections::HashSet::new();
+        let mut seen_tensor = std::collections::HashSet::new();
+        let mut stack = vec![self.clone()];
+        let mut bytes = 0;
+        while let Some(t) = stack.pop() {
+            if !seen_tensor.insert(t.id()) {
+                continue;
+            }
+            if !skip(&t) && seen_storage.insert(Arc::as_ptr(t.storage())) {
+                bytes += t.storage().read().len() * t.dtype().size_in_bytes();
+            }
+            if let Some(node) = &t.0.node {
+                stack.extend(node.inputs.iter().cloned());
+                stack.extend(node.saved.iter().cloned());
+            }
+        }
+        bytes
+    }
+
     /// Backward from a one-element tensor (seed gradient 1).
     pub fn backward(&self) -> Result<()> {
         if self.numel() != 1 {

@@ -170,3 +170,15 @@ fn a_function_is_one_node_whose_backward_is_its_own() {
     let plain = Tensor::apply_function(f, &[&x.detach(), &y.detach()]).unwrap();
     assert!(plain.op().is_none());
 }
+
+#[test]
+fn graph_bytes_counts_each_activation_buffer_once_and_skips_what_it_is_told() {
+    let w = param(&[1.0; 12], &[3, 4]);
+    let x = t(&[1.0; 6], &[2, 3]);
+    let h = x.matmul(&w).unwrap(); // [2, 4] f64
+    let y = h.tanh().unwrap().add(&h).unwrap(); // tanh output and the sum: 2 more [2, 4]
+    let is_w = |t: &Tensor| t.same_storage(&w);
+    // x (6), h (8), tanh (8), y (8) f64 values; w skipped
+    assert_eq!(y.graph_bytes(&is_w), (6 + 8 + 8 + 8) * 8);
+    assert_eq!(y.graph_bytes(&|_| false), (6 + 8 + 8 + 8 + 12) * 8);
+}

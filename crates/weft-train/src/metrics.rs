@@ -45,6 +45,9 @@ impl Callback for MetricsFile {
         v[r.items_key] = serde_json::json!(r.items_per_s);
         let b = &r.state_bytes;
         v["state_bytes"] = serde_json::json!({"params": b.params, "grads": b.grads, "optimizer": b.optimizer});
+        if let Some(a) = &r.activation_bytes {
+            v["activation_bytes"] = serde_json::json!(a);
+        }
         self.write(v)
     }
 

@@ -68,13 +68,22 @@ impl Pipeline {
     /// `backward(output, seed, last)` runs one micro-batch's backward (`last`: the step's final
     /// one, which synchronises data-parallel gradients). Gradients accumulate over the
     /// micro-batches, each loss weighted `1/m`. Returns the mean loss over the micro-batches,
-    /// on every stage.
+    /// on every stage, and the most activation bytes this stage held at once (the autograd
+    /// graphs of the micro-batches between their forward and backward, parameters not
+    /// counted).
     pub fn run_step(
         &self,
         x: &Tensor,
         y: &Tensor,
         backward: &mut dyn FnMut(&Tensor, &Tensor, bool) -> Result<()>,
-    ) -> Result<f64> {
+    ) -> Result<(f64, usize)> {
+        let params: std::collections::HashSet<*const weft_core::storage::Storage> = self
+            .parameters()?
+            .iter()
+            .map(|(_, p)| Arc::as_ptr(p.storage()))
+            .collect();
+        let is_param = |t: &Tensor| params.contains(&Arc::as_ptr(t.storage()));
+        let (mut held, mut peak) = (vec![0usize; self.micro_batches], 0usize);
         let (xs, ys) = (self.split(x)?, self.split(y)?);
         let m = self.micro_batches;
         let shape = self.model.activation_shape(xs[0].shape());
@@ -99,6 +108,8 @@ impl Pipeline {
                     } else {
                         sends.push(self.group.send(&out.detach(), stage + 1, ACTIVATIONS)?);
                     }
+                    held[i] = out.graph_bytes(&is_param);
+                    peak = peak.max(held.iter().sum());
                     live[i] = Some((input, out));
                 }
                 Action::Backward(i) => {
@@ -116,6 +127,7 @@ impl Pipeline {
                         let _s = span("compute", format!("backward {i}"));
                         backward(&out, &seed, i + 1 == m)?;
                     }
+                    held[i] = 0;
                     if !self.is_first() {
                         let g = input
                             .grad()
@@ -128,7 +140,16 @@ impl Pipeline {
         for w in sends {
             w.wait()?;
         }
-        self.mean_loss(loss / m as f64)
+        Ok((self.mean_loss(loss / m as f64)?, peak))
+    }
+
+    /// Every stage's `value`, in stage order, on every stage.
+    pub fn per_stage(&self, value: usize) -> Result<Vec<usize>> {
+        let mut v = vec![0.0f64; self.stages()];
+        v[self.stage()] = value as f64;
+        let t = Tensor::from_vec(v, &[self.stages()])?;
+        self.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+        Ok(t.to_vec::<f64>()?.into_iter().map(|x| x as usize).collect())
     }
 
     /// The last stage's `loss`, on every stage.

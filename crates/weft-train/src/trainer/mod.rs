@@ -37,6 +37,9 @@ pub struct StepRecord {
     pub items_key: &'static str,
     /// Model state this rank held when the gradients were ready, before the update.
     pub state_bytes: StateBytes,
+    /// With a pipeline: the most activation bytes each stage (in stage order) held at once in
+    /// this step.
+    pub activation_bytes: Option<Vec<usize>>,
 }
 
 /// Hooks the trainer calls; metrics files and progress bars are callbacks.
@@ -280,16 +283,17 @@ impl Trainer {
             z.begin_forward()?;
         }
         // a pipeline runs forward and backward passes together, micro-batch by micro-batch
-        let (local_loss, loss) = match &self.pipeline {
+        let (local_loss, loss, activation_bytes) = match &self.pipeline {
             Some(p) => {
                 let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
-                let value = p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))?;
-                (value, None)
+                let (value, peak) =
+                    p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))?;
+                (value, None, Some(p.per_stage(peak)?))
             }
             None => {
                 let _s = span("compute", "forward");
                 let loss = self.model.loss(x, y)?;
-                (loss.item()?, Some(loss))
+                (loss.item()?, Some(loss), None)
             }
         };
         let (_, ranks) = self.rank_and_size();
@@ -352,6 +356,7 @@ impl Trainer {
             items_per_s: items as f64 / (step_ms / 1e3),
             items_key: key,
             state_bytes,
+            activation_bytes,
         })
     }
 
