@@ -141,13 +141,28 @@ fn the_timeline_shows_each_stages_micro_batches_and_the_built_in_run_samples() {
         assert_eq!(count("forward 3"), 40, "rank {rank}");
         assert_eq!(count("backward 0"), 40, "rank {rank}");
     }
+    // the sample comes from the trained stages put together: the one process's sample
     let bin = env!("CARGO_BIN_EXE_weft");
-    #[rustfmt::skip]
-    let run = weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--quiet",
-        "--set", "train.steps=2", "--set", "train.eval_every=1", "--set", "train.sample_tokens=20",
-        "--set", "parallel.pp=2", "--set", "parallel.micro_batches=2"]);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert_eq!(stdout.matches("--- sample (20 characters) ---").count(), 1, "{stdout}");
+    let run = [
+        "--quiet",
+        "--set",
+        "train.steps=6",
+        "--set",
+        "train.eval_every=3",
+        "--set",
+        "train.sample_tokens=40",
+    ];
+    let mut args = vec!["launch", "--nproc-per-node", "2", "--", bin, "train"];
+    args.extend(run);
+    args.extend(["--set", "parallel.pp=2", "--set", "parallel.micro_batches=2"]);
+    // (the launcher prefixes each line with its rank)
+    let piped = String::from_utf8_lossy(&weft_ok(&args).stdout).replace("[rank0]: ", "");
+    let mut args = vec!["train"];
+    args.extend(run);
+    let single = String::from_utf8_lossy(&weft_ok(&args).stdout).to_string();
+    let sample = |s: &str| s.split("--- sample (40 characters) ---").nth(1).map(str::to_string);
+    assert!(sample(&piped).is_some(), "{piped}");
+    assert_eq!(sample(&piped), sample(&single));
     let _ = std::fs::remove_dir_all(&out);
 }
 

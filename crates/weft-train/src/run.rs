@@ -375,8 +375,9 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         );
     }
     if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0) {
-        // a tensor-parallel model is put together first (every rank takes part)
-        let whole = if p.tp > 1 {
+        // a model cut across ranks is put together first (every rank takes part): a
+        // tensor-parallel model's parts, a pipeline's stages (each trained by its own rank)
+        let whole = if p.tp > 1 || p.pp > 1 {
             let params: BTreeMap<String, weft_core::Tensor> = trainer.whole_parameters()?.into_iter().collect();
             let g = build_gpt(&config.model, t.seed)?;
             state_dict::load_state_dict(&g, &params, g.aliases(), "the tensor-parallel model")?;
