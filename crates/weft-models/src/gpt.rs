@@ -362,6 +362,10 @@ impl StagedModel for Gpt {
     fn shared_parameters(&self) -> Vec<String> {
         vec!["transformer.wte.weight".to_string()]
     }
+
+    fn stage_context(&self) -> &Context {
+        &self.ctx
+    }
 }
 
 impl Module for Gpt {

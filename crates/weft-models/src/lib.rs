@@ -54,6 +54,10 @@ pub trait StagedModel: Send + Sync {
     /// Parameters used by more than one stage (weights tied across the first and last stage):
     /// their gradients are summed across those stages.
     fn shared_parameters(&self) -> Vec<String>;
+
+    /// The mode and dropout stream the stages' layers share (recomputing a forward replays
+    /// the stream from where the first pass began).
+    fn stage_context(&self) -> &Context;
 }
 
 /// An error for a bad model configuration value.

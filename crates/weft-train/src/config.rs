@@ -322,6 +322,10 @@ pub struct ParallelConfig {
     /// with f32 shards as master weights (DeepSpeed's `communication_data_type`).
     #[serde(default = "default_comm_dtype")]
     pub comm_dtype: String,
+    /// Pipeline stages recompute each micro-batch's forward before its backward instead of
+    /// keeping its activations.
+    #[serde(default)]
+    pub recompute: bool,
 }
 
 fn default_comm_dtype() -> String {
@@ -354,6 +358,7 @@ impl Default for ParallelConfig {
             first_bucket_mb: default_first_bucket_mb(),
             bucket_cap_mb: default_bucket_cap_mb(),
             comm_dtype: default_comm_dtype(),
+            recompute: false,
         }
     }
 }
@@ -482,6 +487,12 @@ impl RunConfig {
                      stages 2 and 3 do not; use zero = 0 or 1",
                     p.zero, p.pp
                 ),
+            );
+        }
+        if p.pp == 1 && p.recompute {
+            return bad(
+                "parallel.recompute",
+                "recomputes pipeline stages; it needs pp > 1".into(),
             );
         }
         if p.pp == 1 && p.micro_batches > 1 {

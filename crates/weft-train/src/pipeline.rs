@@ -26,6 +26,19 @@ pub struct Pipeline {
     pub micro_batches: usize,
     /// First and last stage: the group over which tied weights sum their gradients.
     pub ends: Option<ProcessGroup>,
+    /// Activation recomputation: forwards run without recording, keeping only their input;
+    /// each backward first runs its forward again (with the dropout stream replayed), so a
+    /// stage holds one micro-batch's activations at a time, for about one more forward each.
+    pub recompute: bool,
+}
+
+/// What a stage keeps of a micro-batch between its forward and its backward.
+struct Live {
+    input: Tensor,
+    /// The recorded output; `None` when it is recomputed.
+    output: Option<Tensor>,
+    /// Where the dropout stream stood when the forward began.
+    rng_offset: u64,
 }
 
 impl Pipeline {
@@ -88,7 +101,8 @@ impl Pipeline {
         let m = self.micro_batches;
         let shape = self.model.activation_shape(xs[0].shape());
         let (stage, stages) = (self.stage(), self.stages());
-        let mut live: Vec<Option<(Tensor, Tensor)>> = vec![None; m];
+        let mut live: Vec<Option<Live>> = (0..m).map(|_| None).collect();
+        let ctx = self.model.stage_context();
         let mut sends: Vec<Work> = Vec::new();
         let mut loss = 0.0;
         for action in self.schedule.actions(stage, stages, m) {
@@ -102,20 +116,52 @@ impl Pipeline {
                         buf.requires_grad_()?
                     };
                     let _s = span("compute", format!("forward {i}"));
-                    let out = self.model.stage_forward(stage, stages, &input, &ys[i])?;
+                    let rng_offset = ctx.rng_offset();
+                    let out = if self.recompute {
+                        weft_core::no_grad(|| self.model.stage_forward(stage, stages, &input, &ys[i]))?
+                    } else {
+                        self.model.stage_forward(stage, stages, &input, &ys[i])?
+                    };
                     if self.is_last() {
                         loss += out.item()?;
                     } else {
                         sends.push(self.group.send(&out.detach(), stage + 1, ACTIVATIONS)?);
                     }
-                    held[i] = out.graph_bytes(&is_param);
+                    held[i] = if self.recompute {
+                        input.numel() * input.dtype().size_in_bytes()
+                    } else {
+                        out.graph_bytes(&is_param)
+                    };
                     peak = peak.max(held.iter().sum());
-                    live[i] = Some((input, out));
+                    let output = (!self.recompute).then_some(out);
+                    live[i] = Some(Live {
+                        input,
+                        output,
+                        rng_offset,
+                    });
                 }
                 Action::Backward(i) => {
-                    let (input, out) = live[i].take().ok_or_else(|| {
+                    let Live {
+                        input,
+                        output,
+                        rng_offset,
+                    } = live[i].take().ok_or_else(|| {
                         Error::Run(format!("pipeline: backward of micro-batch {i} before its forward"))
                     })?;
+                    let out = match output {
+                        Some(out) => out,
+                        None => {
+                            let _s = span("compute", format!("recompute {i}"));
+                            let now = ctx.rng_offset();
+                            ctx.set_rng_offset(rng_offset);
+                            let out = self.model.stage_forward(stage, stages, &input, &ys[i]);
+                            ctx.set_rng_offset(now);
+                            let out = out?;
+                            held[i] = out.graph_bytes(&is_param);
+                            peak = peak.max(held.iter().sum());
+                            out
+                        }
+                    };
                     let seed = if self.is_last() {
                         Tensor::from_vec(vec![1.0 / m as f64], &[])?.cast(out.dtype())?
                     } else {

@@ -318,6 +318,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
                 schedule,
                 micro_batches: p.micro_batches,
                 ends: m.ends_group.clone(),
+                recompute: p.recompute,
             })?;
         }
     }
