@@ -45,11 +45,16 @@ fn assert_same_curve(a: &[f64], b: &[f64], tol: f64, what: &str) {
 fn gpipe_and_1f1b_on_2_stages_reproduce_pytorch() {
     let out = temp_dir("pp-schedules");
     let mut curves = Vec::new();
-    for (schedule, m) in [("gpipe", 2), ("1f1b", 2), ("1f1b", 4), ("gpipe", 1)] {
+    for (schedule, m, cut) in [
+        ("gpipe", 2, "parallel.balance=\"blocks\""),
+        ("1f1b", 2, "parallel.balance=\"parameters\""),
+        ("1f1b", 4, "parallel.stage_blocks=[1, 1]"),
+        ("gpipe", 1, "parallel.balance=\"blocks\""),
+    ] {
         let name = format!("{schedule}-m{m}");
         let sched = format!("parallel.schedule=\"{schedule}\"");
         let micro = format!("parallel.micro_batches={m}");
-        let metrics = train(2, &out, &name, &["parallel.pp=2", &sched, &micro]);
+        let metrics = train(2, &out, &name, &["parallel.pp=2", &sched, &micro, cut]);
         let worst = check_against_pytorch("gpt_adamw", &metrics);
         eprintln!("pp=2 {name}: max relative loss difference to PyTorch {worst:.2e}");
         curves.push((name, losses(&metrics)));
@@ -178,6 +183,11 @@ fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
             "2",
             vec!["parallel.pp=2", "parallel.micro_batches=3"],
             vec!["parallel.micro_batches", "4 rows"],
+        ),
+        (
+            "2",
+            vec!["parallel.pp=2", "parallel.stage_blocks=[2, 0]"],
+            vec!["parallel.stage_blocks", "at least one"],
         ),
     ] {
         let mut args = vec![

@@ -326,6 +326,17 @@ pub struct ParallelConfig {
     /// keeping its activations.
     #[serde(default)]
     pub recompute: bool,
+    /// Pipeline: how blocks are shared out among stages, `"blocks"` (as evenly as they allow)
+    /// or `"parameters"` (the cut whose largest stage holds the fewest parameters).
+    #[serde(default = "default_balance")]
+    pub balance: String,
+    /// Pipeline: blocks per stage, in stage order (overrides `balance`).
+    #[serde(default)]
+    pub stage_blocks: Option<Vec<usize>>,
+}
+
+fn default_balance() -> String {
+    "blocks".into()
 }
 
 fn default_comm_dtype() -> String {
@@ -359,6 +370,8 @@ impl Default for ParallelConfig {
             bucket_cap_mb: default_bucket_cap_mb(),
             comm_dtype: default_comm_dtype(),
             recompute: false,
+            balance: default_balance(),
+            stage_blocks: None,
         }
     }
 }
@@ -487,6 +500,12 @@ impl RunConfig {
                      stages 2 and 3 do not; use zero = 0 or 1",
                     p.zero, p.pp
                 ),
+            );
+        }
+        if !["blocks", "parameters"].contains(&p.balance.as_str()) {
+            return bad(
+                "parallel.balance",
+                format!("{:?} is not one of blocks, parameters", p.balance),
             );
         }
         if p.pp == 1 && p.recompute {

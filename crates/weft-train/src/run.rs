@@ -271,6 +271,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     if let (Some(from), Some(g)) = (&config.init.from, &gpt) {
         state_dict::load_file(g, &config.resolve(from), g.aliases())?;
     }
+    if let Some(g) = &mut gpt {
+        g.stage_cut = match (&p.stage_blocks, p.balance.as_str()) {
+            (Some(counts), _) => weft_models::gpt::StageCut::Given(counts.clone()),
+            (None, "parameters") => weft_models::gpt::StageCut::Parameters,
+            _ => weft_models::gpt::StageCut::Blocks,
+        };
+    }
     // the whole model is built (and loaded) on every rank, then cut
     if let (Some(g), Some(m)) = (&mut gpt, &mesh) {
         if m.tp > 1 {

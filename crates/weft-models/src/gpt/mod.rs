@@ -8,7 +8,10 @@ use weft_nn::module::{prefixed, Module};
 use weft_nn::parallel::{copy_to_group, Split, TpGroup};
 use weft_nn::Context;
 
-use crate::{config_error, Model, StagedModel};
+use crate::{config_error, Model};
+
+mod stages;
+pub use stages::StageCut;
 
 /// nanoGPT's `GPTConfig`.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,6 +90,8 @@ pub struct Gpt {
     ctx: Context,
     /// How each parameter is cut, when tensor-parallel.
     splits: Vec<(String, Split)>,
+    /// How the blocks are shared out among pipeline stages.
+    pub stage_cut: StageCut,
 }
 
 const ALIASES: &[(&str, &str)] = &[("lm_head.weight", "transformer.wte.weight")];
@@ -119,6 +124,7 @@ impl Gpt {
             ctx,
             config,
             splits: Vec::new(),
+            stage_cut: StageCut::default(),
         };
         let proj_std = 0.02 / (2.0 * model.config.n_layer as f64).sqrt();
         for (name, p) in model.parameters() {
@@ -301,70 +307,6 @@ impl Gpt {
             let n = tokens.len();
             Tensor::from_vec(tokens, &[1, n])
         })
-    }
-}
-
-impl Gpt {
-    /// The blocks of each of `stages` pipeline stages: contiguous runs, as equal as blocks
-    /// allow (earlier stages take one more when they do not divide). Errors when there are
-    /// more stages than blocks.
-    pub fn stage_blocks(&self, stages: usize) -> Result<Vec<std::ops::Range<usize>>> {
-        let n = self.h.len();
-        if stages == 0 || stages > n {
-            return Err(config_error(
-                "n_layer",
-                format!("{n} blocks cannot make parallel.pp = {stages} pipeline stages (at most one stage per block)"),
-            ));
-        }
-        let mut out = Vec::with_capacity(stages);
-        let mut start = 0;
-        for s in 0..stages {
-            let len = n / stages + usize::from(s < n % stages);
-            out.push(start..start + len);
-            start += len;
-        }
-        Ok(out)
-    }
-}
-
-impl StagedModel for Gpt {
-    fn stage_forward(&self, stage: usize, stages: usize, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let blocks = self.stage_blocks(stages)?[stage].clone();
-        let x = if stage == 0 { self.embed(input)? } else { input.clone() };
-        let x = self.run_blocks(x, blocks)?;
-        if stage + 1 < stages {
-            return Ok(x);
-        }
-        self.loss_of_logits(&self.logits(&x)?, targets)
-    }
-
-    fn stage_parameters(&self, stage: usize, stages: usize) -> Result<Vec<(String, Tensor)>> {
-        let blocks = self.stage_blocks(stages)?[stage].clone();
-        let mine = |name: &str| {
-            let in_block = name
-                .strip_prefix("transformer.h.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|i| i.parse::<usize>().ok());
-            match in_block {
-                Some(i) => blocks.contains(&i),
-                None if name.starts_with("transformer.wte.") => stage == 0 || stage + 1 == stages,
-                None if name.starts_with("transformer.wpe.") => stage == 0,
-                None => stage + 1 == stages,
-            }
-        };
-        Ok(self.parameters().into_iter().filter(|(n, _)| mine(n)).collect())
-    }
-
-    fn activation_shape(&self, input_shape: &[usize]) -> Vec<usize> {
-        vec![input_shape[0], input_shape[1], self.config.n_embd]
-    }
-
-    fn shared_parameters(&self) -> Vec<String> {
-        vec!["transformer.wte.weight".to_string()]
-    }
-
-    fn stage_context(&self) -> &Context {
-        &self.ctx
     }
 }
 

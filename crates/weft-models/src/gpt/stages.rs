@@ -1,0 +1,205 @@
+//! The gpt cut into pipeline stages: runs of consecutive blocks, the first stage also holding
+//! the embeddings, the last the final LayerNorm and the output layer (tied to the token
+//! embedding, so the first and last stage both hold it).
+
+use std::ops::Range;
+
+use weft_core::{Result, Tensor};
+use weft_nn::{Context, Module};
+
+use super::Gpt;
+use crate::{config_error, StagedModel};
+
+/// How a gpt's blocks are shared out among pipeline stages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StageCut {
+    /// As equal a number of blocks per stage as they allow (earlier stages take the extra).
+    #[default]
+    Blocks,
+    /// The contiguous cut whose largest stage holds the fewest parameters (the embeddings
+    /// count on the first stage; the final LayerNorm and the tied output layer on the last).
+    Parameters,
+    /// So many blocks per stage, in stage order.
+    Given(Vec<usize>),
+}
+
+impl Gpt {
+    /// The blocks of each of `stages` pipeline stages, by [`Gpt::stage_cut`]. Errors when
+    /// there are more stages than blocks, or given block counts do not fit the model.
+    pub fn stage_blocks(&self, stages: usize) -> Result<Vec<Range<usize>>> {
+        let n = self.h.len();
+        if stages == 0 || stages > n {
+            return Err(config_error(
+                "n_layer",
+                format!("{n} blocks cannot make parallel.pp = {stages} pipeline stages (at most one stage per block)"),
+            ));
+        }
+        let counts = match &self.stage_cut {
+            StageCut::Blocks => (0..stages).map(|s| n / stages + usize::from(s < n % stages)).collect(),
+            StageCut::Parameters => self.balanced_by_parameters(stages),
+            StageCut::Given(counts) => {
+                if counts.len() != stages || counts.iter().sum::<usize>() != n || counts.contains(&0) {
+                    return Err(weft_core::Error::Invalid {
+                        op: "model config",
+                        msg: format!(
+                            "parallel.stage_blocks: {counts:?} must give each of the {stages} stages at least one \
+                             block, {n} in all"
+                        ),
+                    });
+                }
+                counts.clone()
+            }
+        };
+        let mut out = Vec::with_capacity(stages);
+        let mut start = 0;
+        for len in counts {
+            out.push(start..start + len);
+            start += len;
+        }
+        Ok(out)
+    }
+
+    /// Block counts per stage minimizing the largest stage's parameters.
+    fn balanced_by_parameters(&self, stages: usize) -> Vec<usize> {
+        let n = self.h.len();
+        let numel = |params: Vec<(String, Tensor)>| params.iter().map(|(_, t)| t.numel()).sum::<usize>();
+        let block: Vec<usize> = self.h.iter().map(|b| numel(b.parameters())).collect();
+        let first = numel(self.wte.parameters()) + numel(self.wpe.parameters());
+        let last = numel(self.ln_f.parameters()) + numel(self.wte.parameters());
+        let mut prefix = vec![0usize; n + 1];
+        for i in 0..n {
+            prefix[i + 1] = prefix[i] + block[i];
+        }
+        // stage s covering blocks a..b
+        let cost = |s: usize, a: usize, b: usize| {
+            prefix[b] - prefix[a] + if s == 0 { first } else { 0 } + if s + 1 == stages { last } else { 0 }
+        };
+        // best[s][j]: the smallest largest stage when stages 0..=s cover blocks 0..j
+        let mut best = vec![vec![usize::MAX; n + 1]; stages];
+        let mut from = vec![vec![0usize; n + 1]; stages];
+        for j in 1..=n {
+            best[0][j] = cost(0, 0, j);
+        }
+        for s in 1..stages {
+            for j in s + 1..=n {
+                for i in s..j {
+                    let c = best[s - 1][i].max(cost(s, i, j));
+                    if c < best[s][j] {
+                        best[s][j] = c;
+                        from[s][j] = i;
+                    }
+                }
+            }
+        }
+        let mut counts = vec![0; stages];
+        let mut j = n;
+        for s in (0..stages).rev() {
+            let i = if s == 0 { 0 } else { from[s][j] };
+            counts[s] = j - i;
+            j = i;
+        }
+        counts
+    }
+}
+
+impl StagedModel for Gpt {
+    fn stage_forward(&self, stage: usize, stages: usize, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let blocks = self.stage_blocks(stages)?[stage].clone();
+        let x = if stage == 0 { self.embed(input)? } else { input.clone() };
+        let x = self.run_blocks(x, blocks)?;
+        if stage + 1 < stages {
+            return Ok(x);
+        }
+        self.loss_of_logits(&self.logits(&x)?, targets)
+    }
+
+    fn stage_parameters(&self, stage: usize, stages: usize) -> Result<Vec<(String, Tensor)>> {
+        let blocks = self.stage_blocks(stages)?[stage].clone();
+        let mine = |name: &str| {
+            let in_block = name
+                .strip_prefix("transformer.h.")
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok());
+            match in_block {
+                Some(i) => blocks.contains(&i),
+                None if name.starts_with("transformer.wte.") => stage == 0 || stage + 1 == stages,
+                None if name.starts_with("transformer.wpe.") => stage == 0,
+                None => stage + 1 == stages,
+            }
+        };
+        Ok(self.parameters().into_iter().filter(|(n, _)| mine(n)).collect())
+    }
+
+    fn activation_shape(&self, input_shape: &[usize]) -> Vec<usize> {
+        vec![input_shape[0], input_shape[1], self.config.n_embd]
+    }
+
+    fn shared_parameters(&self) -> Vec<String> {
+        vec!["transformer.wte.weight".to_string()]
+    }
+
+    fn stage_context(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpt::GptConfig;
+
+    fn gpt(n_layer: usize, vocab_size: usize) -> Gpt {
+        let config = GptConfig {
+            vocab_size,
+            block_size: 8,
+            n_layer,
+            n_head: 2,
+            n_embd: 16,
+            bias: true,
+            dropout: 0.0,
+        };
+        Gpt::new(config, 1).unwrap()
+    }
+
+    #[test]
+    fn blocks_are_shared_out_evenly_or_as_given() {
+        let mut g = gpt(5, 16);
+        assert_eq!(g.stage_blocks(2).unwrap(), [0..3, 3..5]);
+        assert_eq!(g.stage_blocks(5).unwrap(), [0..1, 1..2, 2..3, 3..4, 4..5]);
+        assert!(g.stage_blocks(6).unwrap_err().to_string().contains("parallel.pp = 6"));
+        g.stage_cut = StageCut::Given(vec![1, 4]);
+        assert_eq!(g.stage_blocks(2).unwrap(), [0..1, 1..5]);
+        for bad in [vec![2, 2], vec![5, 0], vec![1, 1, 3]] {
+            g.stage_cut = StageCut::Given(bad.clone());
+            let e = g.stage_blocks(2).unwrap_err().to_string();
+            assert!(e.contains("parallel.stage_blocks"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_parameter_balanced_cut_gives_the_embedding_stages_fewer_blocks() {
+        // a vocabulary of 2000 x 16 outweighs a block (about 3,300 parameters) many times
+        let mut g = gpt(8, 2000);
+        g.stage_cut = StageCut::Parameters;
+        let cut = g.stage_blocks(3).unwrap();
+        let lens: Vec<usize> = cut.iter().map(|r| r.len()).collect();
+        assert_eq!(lens.iter().sum::<usize>(), 8);
+        assert!(lens[1] > lens[0] && lens[1] > lens[2], "{lens:?}");
+        // and its largest stage is no larger than the even cut's
+        let largest = |g: &Gpt| -> usize {
+            (0..3)
+                .map(|s| {
+                    g.stage_parameters(s, 3)
+                        .unwrap()
+                        .iter()
+                        .map(|(_, t)| t.numel())
+                        .sum::<usize>()
+                })
+                .max()
+                .unwrap()
+        };
+        let balanced = largest(&g);
+        g.stage_cut = StageCut::Blocks;
+        assert!(balanced < largest(&g));
+    }
+}
