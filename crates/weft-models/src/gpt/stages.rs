@@ -77,8 +77,8 @@ impl Gpt {
         // best[s][j]: the smallest largest stage when stages 0..=s cover blocks 0..j
         let mut best = vec![vec![usize::MAX; n + 1]; stages];
         let mut from = vec![vec![0usize; n + 1]; stages];
-        for j in 1..=n {
-            best[0][j] = cost(0, 0, j);
+        for (j, b) in best[0].iter_mut().enumerate().skip(1) {
+            *b = cost(0, 0, j);
         }
         for s in 1..stages {
             for j in s + 1..=n {
