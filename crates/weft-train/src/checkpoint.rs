@@ -14,7 +14,7 @@ use weft_core::Tensor;
 use crate::error::{Error, Result};
 
 /// What besides tensors a checkpoint records.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct CheckpointState {
     /// The step to run next.
     pub step: usize,
@@ -23,6 +23,56 @@ pub struct CheckpointState {
     /// Anything else worth keeping with the weights (run config, tokenizer).
     #[serde(default)]
     pub extra: serde_json::Value,
+    /// Per file, per tensor: a checksum of its values, checked when the checkpoint is read
+    /// (filled in by [`save`]).
+    #[serde(default)]
+    pub checksums: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// FNV-1a (64 bits) over the tensor's values as f64 bit patterns, in hex: any changed value
+/// changes it.
+fn checksum(t: &Tensor) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in t.to_vec_f64() {
+        for b in v.to_bits().to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    format!("fnv1a64:{h:016x}")
+}
+
+fn checksums<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> BTreeMap<String, String> {
+    tensors.into_iter().map(|(n, t)| (n.to_string(), checksum(t))).collect()
+}
+
+/// Checks the tensors read from `file` of checkpoint `ckpt` against the checksums its state
+/// recorded (checkpoints written before checksums existed have none).
+fn verify(ckpt: &Path, state: &CheckpointState, file: &str, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
+    let Some(want) = state.checksums.get(file) else {
+        return Ok(());
+    };
+    let path = ckpt.join(file);
+    for (name, sum) in want {
+        let t = tensors.get(name).ok_or_else(|| {
+            io(
+                &path,
+                format!("tensor {name:?} is missing (the file is damaged or was replaced)"),
+            )
+        })?;
+        if &checksum(t) != sum {
+            return Err(io(
+                &path,
+                format!("tensor {name:?} does not match its checksum (the file is damaged)"),
+            ));
+        }
+    }
+    if let Some(extra) = tensors.keys().find(|n| !want.contains_key(*n)) {
+        return Err(io(
+            &path,
+            format!("tensor {extra:?} has no checksum (the file was replaced)"),
+        ));
+    }
+    Ok(())
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -54,13 +104,21 @@ pub fn save(
             named.push((alt, t));
         }
     }
+    let mut state = state.clone();
+    state
+        .checksums
+        .insert("model.safetensors".into(), checksums(named.iter().copied()));
+    state.checksums.insert(
+        "optimizer.safetensors".into(),
+        checksums(optimizer_state.iter().map(|(n, t)| (n.as_str(), t))),
+    );
     safetensors::save(&tmp.join("model.safetensors"), named, &BTreeMap::new())?;
     safetensors::save(
         &tmp.join("optimizer.safetensors"),
         optimizer_state.iter().map(|(n, t)| (n.as_str(), t)),
         &BTreeMap::new(),
     )?;
-    let json = serde_json::to_vec_pretty(state).map_err(|e| io(&tmp, e))?;
+    let json = serde_json::to_vec_pretty(&state).map_err(|e| io(&tmp, e))?;
     let state_path = tmp.join("state.json");
     write_synced(&state_path, &json)?;
     if fin.exists() {
@@ -123,14 +181,23 @@ pub struct Loaded {
     pub optimizer: BTreeMap<String, Tensor>,
 }
 
-/// Reads checkpoint folder `ckpt`.
+/// Reads checkpoint folder `ckpt`, checking every tensor against its checksum.
 pub fn read(ckpt: &Path) -> Result<Loaded> {
     let state = read_state(ckpt)?;
-    let params = safetensors::load(&ckpt.join("model.safetensors"))?.tensors;
+    let params = read_params(ckpt, &state)?;
     let optimizer = safetensors::load(&ckpt.join("optimizer.safetensors"))?.tensors;
+    verify(ckpt, &state, "optimizer.safetensors", &optimizer)?;
     Ok(Loaded {
         state,
         params,
         optimizer,
     })
+}
+
+/// The model's tensors of checkpoint `ckpt` (whose state is `state`), checked against their
+/// checksums.
+pub fn read_params(ckpt: &Path, state: &CheckpointState) -> Result<BTreeMap<String, Tensor>> {
+    let params = safetensors::load(&ckpt.join("model.safetensors"))?.tensors;
+    verify(ckpt, state, "model.safetensors", &params)?;
+    Ok(params)
 }

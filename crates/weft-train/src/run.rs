@@ -456,6 +456,8 @@ pub fn generate(checkpoint_path: &Path, prompt: &str, tokens: usize, seed: u64) 
     })?;
     let tok = weft_data::CharTokenizer::from_json(tok_json)?;
     let gpt = build_gpt(&model_cfg, 0)?;
-    state_dict::load_file(&gpt, &ckpt.join("model.safetensors"), gpt.aliases())?;
+    let params = checkpoint::read_params(&ckpt, &state)?;
+    let source = ckpt.join("model.safetensors").display().to_string();
+    state_dict::load_state_dict(&gpt, &params, gpt.aliases(), &source)?;
     sample_text(&gpt, &tok, prompt, tokens, seed)
 }

@@ -466,6 +466,7 @@ impl Trainer {
                 step: next_step,
                 rng_offset: self.model.context().rng_offset(),
                 extra: self.checkpoint_extra.clone(),
+                ..Default::default()
             };
             checkpoint::save(
                 &policy.dir,

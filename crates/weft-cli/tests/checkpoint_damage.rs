@@ -1,0 +1,120 @@
+//! Damaged and foreign checkpoints are refused with one line naming the file and the tensor (or
+//! the path); a checkpoint left half-written by a killed run is never used.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{fixtures, temp_dir, weft, weft_ok};
+
+fn config() -> String {
+    fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
+}
+
+/// Trains the gpt fixture for 10 steps with checkpoints at 5 and 10 into `dir`.
+fn train_with_checkpoints(dir: &Path) {
+    let set = format!("train.checkpoint_dir={:?}", dir.to_str().unwrap());
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", &config(), "--quiet", "--set", "train.steps=10",
+        "--set", "train.checkpoint_every=5", "--set", &set]);
+}
+
+/// `weft train --resume` from `dir` (with extra sets); its stderr, after checking it failed.
+fn resume_fails(dir: &Path, extra: &[&str]) -> String {
+    let set = format!("train.checkpoint_dir={:?}", dir.to_str().unwrap());
+    let cfg = config();
+    let mut args = vec![
+        "train",
+        "--config",
+        &cfg,
+        "--quiet",
+        "--resume",
+        "--set",
+        "train.steps=20",
+        "--set",
+        &set,
+    ];
+    for e in extra {
+        args.extend(["--set", e]);
+    }
+    let out = weft(&args);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    err
+}
+
+fn newest(dir: &Path) -> PathBuf {
+    dir.join("step-00000010")
+}
+
+#[test]
+fn a_flipped_byte_or_a_truncated_file_is_refused_naming_the_file_and_the_tensor() {
+    let dir = temp_dir("ckpt-damage");
+    train_with_checkpoints(&dir);
+    // a byte in the last tensor's data
+    let model = newest(&dir).join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x10;
+    std::fs::write(&model, &bytes).unwrap();
+    let err = resume_fails(&dir, &[]);
+    assert!(
+        err.contains("model.safetensors") && err.contains("does not match its checksum"),
+        "{err}"
+    );
+    assert!(err.contains("tensor \""), "{err}");
+    // the optimizer file cut in half
+    train_with_checkpoints(&dir);
+    let opt = newest(&dir).join("optimizer.safetensors");
+    let bytes = std::fs::read(&opt).unwrap();
+    std::fs::write(&opt, &bytes[..bytes.len() / 2]).unwrap();
+    let err = resume_fails(&dir, &[]);
+    assert!(
+        err.contains("optimizer.safetensors") && err.contains("truncated: tensor \""),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_checkpoint_of_another_model_and_a_missing_folder_are_named() {
+    let dir = temp_dir("ckpt-foreign");
+    train_with_checkpoints(&dir);
+    let err = resume_fails(&dir, &["model.n_embd=16"]);
+    assert!(
+        err.contains("transformer.wte.weight") && err.contains("[65, 32]") && err.contains("[65, 16]"),
+        "{err}"
+    );
+    let missing = dir.join("no-such-folder");
+    let out = weft(&["generate", "--checkpoint", missing.to_str().unwrap(), "--prompt", "a"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no-such-folder"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_half_written_checkpoint_is_never_used() {
+    let dir = temp_dir("ckpt-partial");
+    train_with_checkpoints(&dir);
+    // what a run killed while writing step 15 leaves: the temporary folder, partly written
+    let partial = dir.join(".tmp-step-00000015");
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(
+        partial.join("model.safetensors"),
+        b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":",
+    )
+    .unwrap();
+    let metrics = dir.join("resumed.jsonl");
+    let set = format!("train.checkpoint_dir={:?}", dir.to_str().unwrap());
+    let m = format!("train.metrics={:?}", metrics.to_str().unwrap());
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", &config(), "--quiet", "--resume", "--set", "train.steps=12",
+        "--set", &set, "--set", &m]);
+    let steps: Vec<u64> = common::read_metrics(&metrics)
+        .iter()
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert_eq!(steps, [10, 11], "resumed from step 10, the newest complete checkpoint");
+    let _ = std::fs::remove_dir_all(&dir);
+}
