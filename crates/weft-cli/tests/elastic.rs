@@ -66,7 +66,7 @@ fn a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened() {
     // the same run, rank 1 killed once step 25 is logged
     let metrics = out.join("killed.jsonl");
     let run_args = args(&out.join("ckpt"), &metrics);
-    let mut child = std::process::Command::new(bin)
+    let child = std::process::Command::new(bin)
         .args(["launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", bin])
         .args(&run_args)
         .env("WEFT_NUM_THREADS", "1")
