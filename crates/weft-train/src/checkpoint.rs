@@ -201,3 +201,65 @@ pub fn read_params(ckpt: &Path, state: &CheckpointState) -> Result<BTreeMap<Stri
     verify(ckpt, state, "model.safetensors", &params)?;
     Ok(params)
 }
+
+/// A checkpoint to write: everything [`save`] takes, owned, so that a background thread can
+/// write it while training goes on.
+pub struct Pending {
+    pub dir: PathBuf,
+    /// Copies of the whole parameters (nothing else may change them).
+    pub params: Vec<(String, Tensor)>,
+    pub aliases: &'static [(&'static str, &'static str)],
+    pub optimizer_state: Vec<(String, Tensor)>,
+    pub state: CheckpointState,
+    pub keep: usize,
+}
+
+/// Writes checkpoints on a background thread, one at a time: [`BackgroundWriter::submit`]
+/// returns at once (after the previous checkpoint is complete), and the files appear, complete,
+/// when the thread is done. A write's error comes out of the next `submit` or of
+/// [`BackgroundWriter::finish`].
+#[derive(Default)]
+pub struct BackgroundWriter {
+    running: Option<std::thread::JoinHandle<Result<PathBuf>>>,
+}
+
+impl BackgroundWriter {
+    /// Waits for the checkpoint being written, if any, then starts writing `pending`.
+    pub fn submit(&mut self, pending: Pending) -> Result<()> {
+        self.finish()?;
+        let handle = std::thread::Builder::new()
+            .name("weft-checkpoint".into())
+            .spawn(move || {
+                let _s = weft_dist::trace::span("checkpoint", format!("write step {}", pending.state.step));
+                save(
+                    &pending.dir,
+                    &pending.params,
+                    pending.aliases,
+                    &pending.optimizer_state,
+                    &pending.state,
+                    pending.keep,
+                )
+            })
+            .map_err(|e| Error::Io(format!("cannot start the checkpoint writer: {e}")))?;
+        self.running = Some(handle);
+        Ok(())
+    }
+
+    /// Waits for the checkpoint being written, if any; its error, if it failed.
+    pub fn finish(&mut self) -> Result<()> {
+        match self.running.take() {
+            None => Ok(()),
+            Some(h) => h
+                .join()
+                .map_err(|_| Error::Io("the checkpoint writer panicked".into()))?
+                .map(|_| ()),
+        }
+    }
+}
+
+impl Drop for BackgroundWriter {
+    /// A run that stops on an error still completes the checkpoint being written.
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}

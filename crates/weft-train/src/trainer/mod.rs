@@ -92,6 +92,8 @@ pub struct Trainer {
     job: Option<ProcessGroup>,
     /// This rank's pipeline stage, when the model is cut into stages.
     pipeline: Option<Pipeline>,
+    /// Writes checkpoints while training goes on.
+    checkpoint_writer: checkpoint::BackgroundWriter,
     /// The parameters this rank trains (all the model's, or its stage's), in registration
     /// order.
     params: Vec<(String, Tensor)>,
@@ -106,6 +108,7 @@ impl Trainer {
         Trainer {
             params,
             pipeline: None,
+            checkpoint_writer: Default::default(),
             model,
             optimizer,
             groups,
@@ -452,32 +455,42 @@ impl Trainer {
         }
     }
 
-    fn save(&self, next_step: usize) -> Result<()> {
+    /// Gathers the whole state (every rank takes part) and hands a copy of it to the
+    /// background writer (rank 0 of the job), which writes it while training goes on.
+    fn save(&mut self, next_step: usize) -> Result<()> {
         let Some(policy) = &self.checkpoints else {
             return Ok(());
         };
-        // ZeRO and tensor parallelism: every rank takes part in gathering the whole parameters
-        // and optimizer state
+        let _s = span("checkpoint", format!("gather step {next_step}"));
+        // ZeRO, tensor and pipeline parallelism: every rank takes part in gathering the whole
+        // parameters and optimizer state
         let params = self.whole_parameters()?;
         let optimizer_state = self.whole_optimizer_state()?;
         // data-parallel replicas are identical: one rank writes for all
-        if self.writer() {
-            let state = CheckpointState {
-                step: next_step,
-                rng_offset: self.model.context().rng_offset(),
-                extra: self.checkpoint_extra.clone(),
-                ..Default::default()
-            };
-            checkpoint::save(
-                &policy.dir,
-                &params,
-                self.model.aliases(),
-                &optimizer_state,
-                &state,
-                policy.keep,
-            )?;
+        if !self.writer() {
+            return Ok(());
         }
-        Ok(())
+        let state = CheckpointState {
+            step: next_step,
+            rng_offset: self.model.context().rng_offset(),
+            extra: self.checkpoint_extra.clone(),
+            ..Default::default()
+        };
+        // the next steps change the parameters in place: the writer gets its own copies (the
+        // optimizer state is one already)
+        let params = params
+            .into_iter()
+            .map(|(n, t)| Ok((n, t.contiguous_copy()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let pending = checkpoint::Pending {
+            dir: policy.dir.clone(),
+            params,
+            aliases: self.model.aliases(),
+            optimizer_state,
+            state,
+            keep: policy.keep,
+        };
+        self.checkpoint_writer.submit(pending)
     }
 
     /// Runs steps `start..end`, fetching batches from `batches` (a background thread prepares the
@@ -511,6 +524,8 @@ impl Trainer {
                 }
             }
         }
+        // the last checkpoint is complete before the run is
+        self.checkpoint_writer.finish()?;
         for c in &mut self.callbacks {
             c.on_end()?;
         }
