@@ -1,6 +1,7 @@
 //! The `weft` command-line tool.
 
 mod bench;
+mod checkpoint;
 mod dist;
 mod launch;
 
@@ -54,6 +55,11 @@ enum Command {
     },
     /// Starts a distributed job: one worker process per rank.
     Launch(launch::LaunchArgs),
+    /// Looks into checkpoints, and writes their model as one file.
+    Checkpoint {
+        #[command(subcommand)]
+        what: CheckpointCommand,
+    },
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
@@ -66,6 +72,15 @@ enum CheckCommand {
     /// Runs every collective on every dtype across the job (start it under `weft launch`) and
     /// checks each result element by element.
     Collectives(dist::CheckArgs),
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Lists a checkpoint's step, the layout that wrote it, and its tensors (checking every
+    /// checksum).
+    Inspect(checkpoint::InspectArgs),
+    /// Writes a checkpoint's model as one safetensors file under PyTorch's names.
+    Consolidate(checkpoint::ConsolidateArgs),
 }
 
 #[derive(Subcommand)]
@@ -124,6 +139,12 @@ fn run(cli: Cli) -> Result<(), String> {
             what: CheckCommand::Collectives(args),
         } => dist::run_check(&args),
         Command::Launch(args) => launch::run(&args),
+        Command::Checkpoint {
+            what: CheckpointCommand::Inspect(args),
+        } => checkpoint::inspect(&args),
+        Command::Checkpoint {
+            what: CheckpointCommand::Consolidate(args),
+        } => checkpoint::consolidate(&args),
     }
 }
 

@@ -118,3 +118,64 @@ fn a_half_written_checkpoint_is_never_used() {
     assert_eq!(steps, [10, 11], "resumed from step 10, the newest complete checkpoint");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
+    let dir = temp_dir("ckpt-inspect");
+    let ckpt = dir.join("ckpt");
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let set = format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap());
+    let cfg = config();
+    #[rustfmt::skip]
+    weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", &cfg, "--quiet",
+        "--set", "train.steps=5", "--set", "parallel.dp=2", "--set", "parallel.zero=3", "--set", &set]);
+    let out = weft_ok(&["checkpoint", "inspect", ckpt.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "step 5",
+        "dp = 2, tp = 1, pp = 1, zero = 3",
+        "model gpt",
+        "checksums verified",
+        "transformer.h.1.mlp.c_fc.weight",
+        "[128, 32]",
+        "transformer.wte.weight.exp_avg_sq",
+    ] {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+    let file = dir.join("model.safetensors");
+    weft_ok(&[
+        "checkpoint",
+        "consolidate",
+        ckpt.to_str().unwrap(),
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    let written = weft_core::io::safetensors::load(&file).unwrap().tensors;
+    let original = weft_core::io::safetensors::load(&ckpt.join("step-00000005/model.safetensors"))
+        .unwrap()
+        .tensors;
+    assert_eq!(written.len(), original.len());
+    assert!(written.contains_key("lm_head.weight") && written.contains_key("transformer.wte.weight"));
+    for (name, t) in &original {
+        assert_eq!(written[name].to_vec_f64(), t.to_vec_f64(), "{name}");
+    }
+    // a damaged checkpoint and a missing folder are refused, naming them
+    let opt = ckpt.join("step-00000005/optimizer.safetensors");
+    let mut bytes = std::fs::read(&opt).unwrap();
+    let at = bytes.len() - 1;
+    bytes[at] ^= 1;
+    std::fs::write(&opt, &bytes).unwrap();
+    let out = weft(&["checkpoint", "inspect", ckpt.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("optimizer.safetensors") && err.contains("checksum"),
+        "{err}"
+    );
+    let out = weft(&["checkpoint", "inspect", dir.join("nothing").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("nothing: no such checkpoint folder"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

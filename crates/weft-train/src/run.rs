@@ -364,6 +364,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     trainer.checkpoint_extra = serde_json::json!({
         "model": config.model,
         "tokenizer": data.text.as_ref().map(|d| d.tokenizer().to_json()),
+        "parallel": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero},
     });
     let start = if options.resume { trainer.resume()? } else { 0 };
     // rank 0 logs, shows progress and samples for the whole job
