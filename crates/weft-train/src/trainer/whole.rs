@@ -43,8 +43,9 @@ impl Trainer {
         Ok(local.sqrt())
     }
 
-    /// Collective (every rank of the data- and tensor-parallel groups): the model's whole
-    /// parameters by name (ZeRO stage 3 gathered, tensor-parallel parts put together).
+    /// Collective (every rank of the job): the model's whole parameters by name (ZeRO stage 3
+    /// gathered, each taken from the pipeline stage that trains it, tensor-parallel parts put
+    /// together).
     pub fn whole_parameters(&self) -> Result<Vec<(String, Tensor)>> {
         self.gather_parameters()?;
         let splits: BTreeMap<String, Split> = self.model.splits().into_iter().collect();
