@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fixtures, temp_dir, weft, weft_ok};
+use common::{fixtures, path_set, temp_dir, weft, weft_ok};
 
 fn config() -> String {
     fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
@@ -13,7 +13,7 @@ fn config() -> String {
 
 /// Trains the gpt fixture for 10 steps with checkpoints at 5 and 10 into `dir`.
 fn train_with_checkpoints(dir: &Path) {
-    let set = format!("train.checkpoint_dir={:?}", dir.to_str().unwrap());
+    let set = path_set("train.checkpoint_dir", dir);
     #[rustfmt::skip]
     weft_ok(&["train", "--config", &config(), "--quiet", "--set", "train.steps=10",
         "--set", "train.checkpoint_every=5", "--set", &set]);
@@ -21,7 +21,7 @@ fn train_with_checkpoints(dir: &Path) {
 
 /// `weft train --resume` from `dir` (with extra sets); its stderr, after checking it failed.
 fn resume_fails(dir: &Path, extra: &[&str]) -> String {
-    let set = format!("train.checkpoint_dir={:?}", dir.to_str().unwrap());
+    let set = path_set("train.checkpoint_dir", dir);
     let cfg = config();
     let mut args = vec![
         "train",
@@ -106,8 +106,8 @@ fn a_half_written_checkpoint_is_never_used() {
     )
     .unwrap();
     let metrics = dir.join("resumed.jsonl");
-    let set = format!("train.checkpoint_dir={:?}", dir.to_str().unwrap());
-    let m = format!("train.metrics={:?}", metrics.to_str().unwrap());
+    let set = path_set("train.checkpoint_dir", &dir);
+    let m = path_set("train.metrics", &metrics);
     #[rustfmt::skip]
     weft_ok(&["train", "--config", &config(), "--quiet", "--resume", "--set", "train.steps=12",
         "--set", &set, "--set", &m]);
@@ -124,7 +124,7 @@ fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
     let dir = temp_dir("ckpt-inspect");
     let ckpt = dir.join("ckpt");
     let bin = env!("CARGO_BIN_EXE_weft");
-    let set = format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap());
+    let set = path_set("train.checkpoint_dir", &ckpt);
     let cfg = config();
     #[rustfmt::skip]
     weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", &cfg, "--quiet",

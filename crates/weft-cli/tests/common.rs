@@ -95,3 +95,90 @@ pub fn check_against_pytorch(case: &str, metrics: &Path) -> f64 {
     eprintln!("{case}: {} steps, max relative loss difference {worst:.2e}", got.len());
     worst
 }
+
+/// `weft launch --nproc-per-node RANKS -- weft train --config CONFIG --quiet [--set S]...`
+/// (`config` `None`: the built-in run), extra flags such as `--resume` in `flags`.
+pub fn launch_train(ranks: usize, config: Option<&Path>, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let n = ranks.to_string();
+    let mut args = vec!["launch", "--nproc-per-node", &n, "--", bin, "train", "--quiet"];
+    if let Some(c) = config {
+        args.extend(["--config", c.to_str().unwrap()]);
+    }
+    args.extend(flags);
+    for s in sets {
+        args.extend(["--set", s.as_ref()]);
+    }
+    weft(&args)
+}
+
+/// [`launch_train`], panicking with its stderr unless it succeeds.
+pub fn launch_train_ok(ranks: usize, config: Option<&Path>, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
+    let out = launch_train(ranks, config, flags, sets);
+    assert!(
+        out.status.success(),
+        "weft launch ({ranks} ranks, {flags:?}, {:?}) failed:\n{}",
+        sets.iter().map(|s| s.as_ref()).collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `section.key="path"`: a config override naming a file.
+pub fn path_set(key: &str, path: &Path) -> String {
+    format!("{key}={:?}", path.to_str().unwrap())
+}
+
+/// The logged losses of a metrics file, in order.
+pub fn losses(metrics: &Path) -> Vec<f64> {
+    read_metrics(metrics)
+        .iter()
+        .filter_map(|r| r["loss"].as_f64())
+        .collect()
+}
+
+/// Two loss curves of the same length agree within `tol` relative at every step.
+pub fn assert_same_curve(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: number of steps");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * x.abs(), "{what} step {i}: {x} vs {y}");
+    }
+}
+
+/// Resumes the run of `config` in one process from checkpoint folder `step_dir`
+/// (`.../step-NNNNNNNN`), copied alone into `scratch` (so nothing newer beside it is picked);
+/// returns the losses logged after resuming.
+pub fn resume_in_one_process(config: &Path, step_dir: &Path, scratch: &Path) -> Vec<f64> {
+    let copy = scratch.join("ckpt").join(step_dir.file_name().unwrap());
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+        std::fs::copy(step_dir.join(f), copy.join(f)).unwrap();
+    }
+    let metrics = scratch.join("one-process.jsonl");
+    let _ = std::fs::remove_file(&metrics);
+    let dir = path_set("train.checkpoint_dir", &scratch.join("ckpt"));
+    let m = path_set("train.metrics", &metrics);
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--resume", "--set", &dir, "--set", &m]);
+    losses(&metrics)
+}
+
+/// The sample the built-in run prints after training on `ranks` ranks with `layout` and `run`
+/// overrides (the launcher's `[rank0]: ` prefixes removed).
+pub fn sample_of_built_in_run(ranks: usize, layout: &[&str], run: &[&str]) -> String {
+    let sets: Vec<&str> = run.iter().chain(layout).copied().collect();
+    let out = if ranks == 1 {
+        let mut args = vec!["train", "--quiet"];
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        weft_ok(&args)
+    } else {
+        launch_train_ok(ranks, None, &[], &sets)
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).replace("[rank0]: ", "");
+    let (_, sample) = stdout
+        .split_once("--- sample (")
+        .unwrap_or_else(|| panic!("no sample in:\n{stdout}"));
+    sample.to_string()
+}

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{read_metrics, temp_dir, weft_ok};
+use common::{path_set, read_metrics, temp_dir, weft_ok};
 
 /// The built-in run made small: 2 blocks, 40 steps, a checkpoint every 10, on 2 ranks.
 fn args(dir: &Path, metrics: &Path) -> Vec<String> {
@@ -24,11 +24,8 @@ fn args(dir: &Path, metrics: &Path) -> Vec<String> {
     ] {
         a.extend(["--set".into(), s.into()]);
     }
-    a.extend([
-        "--set".into(),
-        format!("train.checkpoint_dir={:?}", dir.to_str().unwrap()),
-    ]);
-    a.extend(["--set".into(), format!("train.metrics={:?}", metrics.to_str().unwrap())]);
+    a.extend(["--set".into(), path_set("train.checkpoint_dir", dir)]);
+    a.extend(["--set".into(), path_set("train.metrics", metrics)]);
     a
 }
 

@@ -7,31 +7,26 @@ mod common;
 
 use std::path::Path;
 
-use common::{fixtures, read_metrics, temp_dir, weft_ok};
+use common::{fixtures, launch_train_ok, losses, path_set, temp_dir};
 
 /// Runs the gpt fixture under `layout` (`--set`s) on `ranks` ranks until `steps`, resuming from
 /// `ckpt`; returns the losses it logged.
 fn run(ranks: usize, layout: &[&str], ckpt: &Path, steps: usize, metrics: &Path) -> Vec<f64> {
     let _ = std::fs::remove_file(metrics);
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let config = fixtures().join("gpt_adamw/run.toml");
-    let sets = [
-        format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap()),
-        format!("train.metrics={:?}", metrics.to_str().unwrap()),
+    let mut sets = vec![
+        path_set("train.checkpoint_dir", ckpt),
+        path_set("train.metrics", metrics),
         format!("train.steps={steps}"),
         "train.checkpoint_every=10".to_string(),
     ];
-    let n = ranks.to_string();
-    let mut args = vec!["launch", "--nproc-per-node", &n, "--", bin, "train"];
-    args.extend(["--config", config.to_str().unwrap(), "--quiet", "--resume"]);
-    for s in sets.iter().map(String::as_str).chain(layout.iter().copied()) {
-        args.extend(["--set", s]);
-    }
-    weft_ok(&args);
-    read_metrics(metrics)
-        .iter()
-        .filter_map(|r| r["loss"].as_f64())
-        .collect()
+    sets.extend(layout.iter().map(|s| s.to_string()));
+    launch_train_ok(
+        ranks,
+        Some(&fixtures().join("gpt_adamw/run.toml")),
+        &["--resume"],
+        &sets,
+    );
+    losses(metrics)
 }
 
 #[test]

@@ -5,28 +5,20 @@
 
 mod common;
 
-use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, weft, weft_ok};
+use std::path::Path;
+
+use common::{check_against_pytorch, fixtures, launch_train, launch_train_ok, path_set, read_metrics, temp_dir, weft};
 
 /// Runs fixture `case` on `dp` ranks and returns the metrics file.
 fn train_dp(case: &str, dp: usize, out: &std::path::Path) -> std::path::PathBuf {
     let metrics = out.join(format!("metrics-dp{dp}.jsonl"));
     let config = fixtures().join(case).join("run.toml");
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let dp_s = dp.to_string();
-    let mut args = vec!["launch", "--nproc-per-node", &dp_s, "--", bin];
-    let metrics_set = format!("train.metrics={:?}", metrics.to_str().unwrap());
-    let dp_set = format!("parallel.dp={dp}");
-    args.extend([
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--quiet",
-        "--set",
-        &metrics_set,
-        "--set",
-        &dp_set,
-    ]);
-    weft_ok(&args);
+    launch_train_ok(
+        dp,
+        Some(&config),
+        &[],
+        &[path_set("train.metrics", &metrics), format!("parallel.dp={dp}")],
+    );
     metrics
 }
 
@@ -101,19 +93,7 @@ fn a_layout_that_does_not_match_the_job_is_refused() {
         );
     }
     // the fixture's global batch of 4 rows does not split across 3 ranks
-    let out = weft(&[
-        "launch",
-        "--nproc-per-node",
-        "3",
-        "--",
-        bin,
-        "train",
-        "--config",
-        config,
-        "--quiet",
-        "--set",
-        "parallel.dp=3",
-    ]);
+    let out = launch_train(3, Some(Path::new(config)), &[], &["parallel.dp=3"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("4 rows does not split evenly across dp = 3"), "{err}");
@@ -124,23 +104,12 @@ fn the_trace_shows_every_rank_computing_and_reducing() {
     let out = temp_dir("dp-trace");
     let trace = out.join("trace.json");
     let config = fixtures().join("gpt_adamw/run.toml");
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let trace_set = format!("train.trace={:?}", trace.to_str().unwrap());
-    weft_ok(&[
-        "launch",
-        "--nproc-per-node",
-        "2",
-        "--",
-        bin,
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--quiet",
-        "--set",
-        "parallel.dp=2",
-        "--set",
-        &trace_set,
-    ]);
+    launch_train_ok(
+        2,
+        Some(&config),
+        &[],
+        &["parallel.dp=2".to_string(), path_set("train.trace", &trace)],
+    );
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let events = doc["traceEvents"].as_array().unwrap();
     for rank in 0..2 {

@@ -8,37 +8,23 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, weft, weft_ok};
+use common::{
+    assert_same_curve, check_against_pytorch, fixtures, launch_train, launch_train_ok, losses, path_set, read_metrics,
+    resume_in_one_process, sample_of_built_in_run, temp_dir, weft,
+};
 
-/// Runs the gpt fixture on `ranks` ranks with `sets`; returns the metrics file.
-fn train(ranks: usize, out: &Path, name: &str, sets: &[&str]) -> PathBuf {
+fn config() -> PathBuf {
+    fixtures().join("gpt_adamw/run.toml")
+}
+
+/// Runs the gpt fixture on `ranks` ranks with `sets` (and `flags`); returns the metrics file.
+fn train(ranks: usize, out: &Path, name: &str, flags: &[&str], sets: &[&str]) -> PathBuf {
     let metrics = out.join(format!("{name}.jsonl"));
     let _ = std::fs::remove_file(&metrics);
-    let config = fixtures().join("gpt_adamw/run.toml");
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let metrics_set = format!("train.metrics={:?}", metrics.to_str().unwrap());
-    let n = ranks.to_string();
-    let mut args = vec!["launch", "--nproc-per-node", &n, "--", bin, "train"];
-    args.extend(["--config", config.to_str().unwrap(), "--quiet", "--set", &metrics_set]);
-    for s in sets {
-        args.extend(["--set", s]);
-    }
-    weft_ok(&args);
+    let mut all = vec![path_set("train.metrics", &metrics)];
+    all.extend(sets.iter().map(|s| s.to_string()));
+    launch_train_ok(ranks, Some(&config()), flags, &all);
     metrics
-}
-
-fn losses(metrics: &Path) -> Vec<f64> {
-    read_metrics(metrics)
-        .iter()
-        .filter_map(|r| r["loss"].as_f64())
-        .collect()
-}
-
-fn assert_same_curve(a: &[f64], b: &[f64], tol: f64, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: number of steps");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol * x.abs(), "{what} step {i}: {x} vs {y}");
-    }
 }
 
 #[test]
@@ -54,7 +40,7 @@ fn gpipe_and_1f1b_on_2_stages_reproduce_pytorch() {
         let name = format!("{schedule}-m{m}");
         let sched = format!("parallel.schedule=\"{schedule}\"");
         let micro = format!("parallel.micro_batches={m}");
-        let metrics = train(2, &out, &name, &["parallel.pp=2", &sched, &micro, cut]);
+        let metrics = train(2, &out, &name, &[], &["parallel.pp=2", &sched, &micro, cut]);
         let worst = check_against_pytorch("gpt_adamw", &metrics);
         eprintln!("pp=2 {name}: max relative loss difference to PyTorch {worst:.2e}");
         curves.push((name, losses(&metrics)));
@@ -79,7 +65,7 @@ fn pipelines_compose_with_data_and_tensor_parallelism_and_zero_1() {
             "parallel.schedule=\"1f1b\"",
         ];
         all.extend(sets);
-        let metrics = train(4, &out, name, &all);
+        let metrics = train(4, &out, name, &[], &all);
         let worst = check_against_pytorch("gpt_adamw", &metrics);
         eprintln!("{name}: max relative loss difference to PyTorch {worst:.2e}");
     }
@@ -90,36 +76,15 @@ fn pipelines_compose_with_data_and_tensor_parallelism_and_zero_1() {
 fn a_pipeline_checkpoint_resumes_exactly_and_loads_into_one_process() {
     let out = temp_dir("pp-ckpt");
     let ckpt = out.join("ckpt");
-    let dir = format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap());
+    let dir = path_set("train.checkpoint_dir", &ckpt);
     let pp = ["parallel.pp=2", "parallel.micro_batches=2"];
-    let whole = losses(&train(2, &out, "whole", &pp));
-    train(2, &out, "first", &[pp[0], pp[1], &dir, "train.steps=20"]);
-    let step20 = ckpt.join("step-00000020");
-    let copy = out.join("copy");
-    std::fs::create_dir_all(copy.join("step-00000020")).unwrap();
-    for f in ["model.safetensors", "optimizer.safetensors", "state.json"] {
-        std::fs::copy(step20.join(f), copy.join("step-00000020").join(f)).unwrap();
-    }
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let config = fixtures().join("gpt_adamw/run.toml");
-    let resumed = out.join("resumed.jsonl");
-    let metrics = format!("train.metrics={:?}", resumed.to_str().unwrap());
-    #[rustfmt::skip]
-    weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", config.to_str().unwrap(),
-        "--quiet", "--resume", "--set", &dir, "--set", &metrics, "--set", pp[0], "--set", pp[1]]);
+    let whole = losses(&train(2, &out, "whole", &[], &pp));
+    train(2, &out, "first", &[], &[pp[0], pp[1], &dir, "train.steps=20"]);
+    // resumed by one process (copied before the resumed run writes newer checkpoints)
+    let one = resume_in_one_process(&config(), &ckpt.join("step-00000020"), &out.join("one"));
+    assert_same_curve(&whole[20..], &one, 1e-5, "pp=2 checkpoint resumed by one process");
+    let resumed = train(2, &out, "resumed", &["--resume"], &[pp[0], pp[1], &dir]);
     assert_eq!(&whole[20..], &losses(&resumed)[..], "resumed at pp=2 vs uninterrupted");
-    let single = out.join("single.jsonl");
-    let metrics = format!("train.metrics={:?}", single.to_str().unwrap());
-    let copy_dir = format!("train.checkpoint_dir={:?}", copy.to_str().unwrap());
-    #[rustfmt::skip]
-    weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--resume", "--set", &copy_dir,
-        "--set", &metrics]);
-    assert_same_curve(
-        &whole[20..],
-        &losses(&single),
-        1e-5,
-        "pp=2 checkpoint resumed by one process",
-    );
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -127,11 +92,12 @@ fn a_pipeline_checkpoint_resumes_exactly_and_loads_into_one_process() {
 fn the_timeline_shows_each_stages_micro_batches_and_the_built_in_run_samples() {
     let out = temp_dir("pp-trace");
     let trace = out.join("trace.json");
-    let trace_set = format!("train.trace={:?}", trace.to_str().unwrap());
+    let trace_set = path_set("train.trace", &trace);
     train(
         2,
         &out,
         "traced",
+        &[],
         &["parallel.pp=2", "parallel.micro_batches=4", &trace_set],
     );
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
@@ -147,64 +113,30 @@ fn the_timeline_shows_each_stages_micro_batches_and_the_built_in_run_samples() {
         assert_eq!(count("backward 0"), 40, "rank {rank}");
     }
     // the sample comes from the trained stages put together: the one process's sample
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let run = [
-        "--quiet",
-        "--set",
-        "train.steps=6",
-        "--set",
-        "train.eval_every=3",
-        "--set",
-        "train.sample_tokens=40",
-    ];
-    let mut args = vec!["launch", "--nproc-per-node", "2", "--", bin, "train"];
-    args.extend(run);
-    args.extend(["--set", "parallel.pp=2", "--set", "parallel.micro_batches=2"]);
-    // (the launcher prefixes each line with its rank)
-    let piped = String::from_utf8_lossy(&weft_ok(&args).stdout).replace("[rank0]: ", "");
-    let mut args = vec!["train"];
-    args.extend(run);
-    let single = String::from_utf8_lossy(&weft_ok(&args).stdout).to_string();
-    let sample = |s: &str| s.split("--- sample (40 characters) ---").nth(1).map(str::to_string);
-    assert!(sample(&piped).is_some(), "{piped}");
-    assert_eq!(sample(&piped), sample(&single));
+    let run = ["train.steps=6", "train.eval_every=3", "train.sample_tokens=40"];
+    let piped = sample_of_built_in_run(2, &["parallel.pp=2", "parallel.micro_batches=2"], &run);
+    assert_eq!(piped, sample_of_built_in_run(1, &[], &run));
     let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
 fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let config = fixtures().join("gpt_adamw/run.toml");
-    let config = config.to_str().unwrap();
+    let config = config();
     // 2 blocks cannot make 3 stages; 4 rows do not cut into 3 micro-batches
     for (n, sets, words) in [
-        ("3", vec!["parallel.pp=3"], vec!["n_layer", "parallel.pp = 3"]),
+        (3, vec!["parallel.pp=3"], vec!["n_layer", "parallel.pp = 3"]),
         (
-            "2",
+            2,
             vec!["parallel.pp=2", "parallel.micro_batches=3"],
             vec!["parallel.micro_batches", "4 rows"],
         ),
         (
-            "2",
+            2,
             vec!["parallel.pp=2", "parallel.stage_blocks=[2, 0]"],
             vec!["parallel.stage_blocks", "at least one"],
         ),
     ] {
-        let mut args = vec![
-            "launch",
-            "--nproc-per-node",
-            n,
-            "--",
-            bin,
-            "train",
-            "--config",
-            config,
-            "--quiet",
-        ];
-        for s in &sets {
-            args.extend(["--set", s]);
-        }
-        let out = weft(&args);
+        let out = launch_train(n, Some(&config), &[], &sets);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{sets:?}");
         for w in words {
@@ -221,7 +153,7 @@ fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
             vec!["parallel.micro_batches", "pp > 1"],
         ),
     ] {
-        let mut args = vec!["train", "--config", config, "--quiet"];
+        let mut args = vec!["train", "--config", config.to_str().unwrap(), "--quiet"];
         for s in &sets {
             args.extend(["--set", s]);
         }
@@ -238,10 +170,10 @@ fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
 fn recomputing_activations_changes_nothing_but_the_memory_even_with_dropout() {
     let out = temp_dir("pp-recompute");
     let base = ["parallel.pp=2", "parallel.micro_batches=4", "model.dropout=0.1"];
-    let kept = train(2, &out, "kept", &base);
+    let kept = train(2, &out, "kept", &[], &base);
     let mut with = base.to_vec();
     with.push("parallel.recompute=true");
-    let recomputed = train(2, &out, "recomputed", &with);
+    let recomputed = train(2, &out, "recomputed", &[], &with);
     // the dropout stream is replayed, so the recomputed forwards are the first ones exactly
     assert_eq!(losses(&kept), losses(&recomputed));
     let bytes = |m: &Path| -> Vec<u64> {

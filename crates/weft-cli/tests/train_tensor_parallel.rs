@@ -8,42 +8,28 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, weft, weft_ok};
+use common::{
+    assert_same_curve, check_against_pytorch, fixtures, launch_train, launch_train_ok, losses, path_set,
+    resume_in_one_process, sample_of_built_in_run, temp_dir, weft,
+};
 
-/// Runs the gpt fixture on `dp · tp` ranks with extra `--set`s; returns the metrics file.
-fn train(dp: usize, tp: usize, out: &Path, name: &str, extra: &[String]) -> PathBuf {
+fn config() -> PathBuf {
+    fixtures().join("gpt_adamw/run.toml")
+}
+
+/// Runs the gpt fixture on `dp · tp` ranks with extra `--set`s (and `flags`); returns the
+/// metrics file.
+fn train(dp: usize, tp: usize, out: &Path, name: &str, flags: &[&str], extra: &[String]) -> PathBuf {
     let metrics = out.join(format!("{name}.jsonl"));
     let _ = std::fs::remove_file(&metrics);
-    let config = fixtures().join("gpt_adamw/run.toml");
-    let bin = env!("CARGO_BIN_EXE_weft");
     let mut sets = vec![
-        format!("train.metrics={:?}", metrics.to_str().unwrap()),
+        path_set("train.metrics", &metrics),
         format!("parallel.dp={dp}"),
         format!("parallel.tp={tp}"),
     ];
     sets.extend(extra.iter().cloned());
-    let n = (dp * tp).to_string();
-    let mut args = vec!["launch", "--nproc-per-node", &n, "--", bin, "train"];
-    args.extend(["--config", config.to_str().unwrap(), "--quiet"]);
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    weft_ok(&args);
+    launch_train_ok(dp * tp, Some(&config()), flags, &sets);
     metrics
-}
-
-fn losses(metrics: &Path) -> Vec<f64> {
-    read_metrics(metrics)
-        .iter()
-        .filter_map(|r| r["loss"].as_f64())
-        .collect()
-}
-
-fn assert_same_curve(a: &[f64], b: &[f64], tol: f64, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: number of steps");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol * x.abs(), "{what} step {i}: {x} vs {y}");
-    }
 }
 
 #[test]
@@ -52,7 +38,7 @@ fn tp_2_alone_and_with_dp_2_and_zero_reproduce_pytorch() {
     let mut curves = Vec::new();
     for (dp, tp, zero) in [(1, 2, 0), (2, 2, 0), (2, 2, 1), (2, 2, 3)] {
         let name = format!("dp{dp}-tp{tp}-zero{zero}");
-        let metrics = train(dp, tp, &out, &name, &[format!("parallel.zero={zero}")]);
+        let metrics = train(dp, tp, &out, &name, &[], &[format!("parallel.zero={zero}")]);
         let worst = check_against_pytorch("gpt_adamw", &metrics);
         eprintln!("{name}: max relative loss difference to PyTorch {worst:.2e}");
         curves.push((name, losses(&metrics)));
@@ -67,9 +53,9 @@ fn tp_2_alone_and_with_dp_2_and_zero_reproduce_pytorch() {
 fn a_tensor_parallel_checkpoint_is_whole_resumes_exactly_and_loads_into_one_process() {
     let out = temp_dir("tp-ckpt");
     let ckpt = out.join("ckpt");
-    let dir = format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap());
-    let whole = losses(&train(1, 2, &out, "whole", &[]));
-    train(1, 2, &out, "first", &[dir.clone(), "train.steps=20".into()]);
+    let dir = path_set("train.checkpoint_dir", &ckpt);
+    let whole = losses(&train(1, 2, &out, "whole", &[], &[]));
+    train(1, 2, &out, "first", &[], &[dir.clone(), "train.steps=20".into()]);
     // the checkpoint holds whole tensors under PyTorch's names (the padded vocabulary cut away)
     let step20 = ckpt.join("step-00000020");
     let params = weft_core::io::safetensors::load(&step20.join("model.safetensors"))
@@ -82,56 +68,28 @@ fn a_tensor_parallel_checkpoint_is_whole_resumes_exactly_and_loads_into_one_proc
         .unwrap()
         .tensors;
     assert_eq!(opt["transformer.h.0.attn.c_attn.weight.exp_avg"].shape(), [96, 32]);
+    // resumed by one process (copied before the resumed run writes newer checkpoints)
+    let scratch = out.join("one");
+    let one = resume_in_one_process(&config(), &step20, &scratch);
+    assert_same_curve(&whole[20..], &one, 1e-5, "tp=2 checkpoint resumed by one process");
     // resumed at tp = 2: the same losses, bit for bit
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let config = fixtures().join("gpt_adamw/run.toml");
-    let resumed = out.join("resumed.jsonl");
-    let metrics = format!("train.metrics={:?}", resumed.to_str().unwrap());
-    let copy = out.join("ckpt-copy");
-    std::fs::create_dir_all(&copy).unwrap();
-    std::fs::create_dir_all(copy.join("step-00000020")).unwrap();
-    for f in ["model.safetensors", "optimizer.safetensors", "state.json"] {
-        std::fs::copy(step20.join(f), copy.join("step-00000020").join(f)).unwrap();
-    }
-    #[rustfmt::skip]
-    weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", config.to_str().unwrap(),
-        "--quiet", "--resume", "--set", &dir, "--set", &metrics, "--set", "parallel.tp=2"]);
+    let resumed = train(1, 2, &out, "resumed", &["--resume"], &[dir]);
     assert_eq!(&whole[20..], &losses(&resumed)[..], "resumed at tp=2 vs uninterrupted");
-    // resumed by one process
-    let single = out.join("single.jsonl");
-    let metrics = format!("train.metrics={:?}", single.to_str().unwrap());
-    let copy_dir = format!("train.checkpoint_dir={:?}", copy.to_str().unwrap());
-    #[rustfmt::skip]
-    weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--resume", "--set", &copy_dir,
-        "--set", &metrics]);
-    assert_same_curve(
-        &whole[20..],
-        &losses(&single),
-        1e-5,
-        "tp=2 checkpoint resumed by one process",
-    );
     let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
-fn the_built_in_run_samples_from_a_tensor_parallel_model() {
-    let bin = env!("CARGO_BIN_EXE_weft");
-    #[rustfmt::skip]
-    let out = weft_ok(&["launch", "--nproc-per-node", "2", "--", bin, "train", "--quiet",
-        "--set", "train.steps=2", "--set", "train.eval_every=0", "--set", "train.sample_tokens=20",
-        "--set", "parallel.tp=2"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(stdout.matches("--- sample (20 characters) ---").count(), 1, "{stdout}");
+fn the_built_in_run_samples_from_the_tensor_parallel_model_put_together() {
+    // the same sample as one process draws after the same steps
+    let run = ["train.steps=4", "train.eval_every=2", "train.sample_tokens=40"];
+    let cut = sample_of_built_in_run(2, &["parallel.tp=2"], &run);
+    assert_eq!(cut, sample_of_built_in_run(1, &[], &run));
 }
 
 #[test]
 fn a_layout_the_model_cannot_take_is_refused_on_every_rank() {
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let config = fixtures().join("gpt_adamw/run.toml");
     // the fixture gpt has 2 heads
-    #[rustfmt::skip]
-    let out = weft(&["launch", "--nproc-per-node", "4", "--", bin, "train", "--config",
-        config.to_str().unwrap(), "--quiet", "--set", "parallel.tp=4"]);
+    let out = launch_train(4, Some(&config()), &[], &["parallel.tp=4"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("n_head") && err.contains("parallel.tp = 4"), "{err}");

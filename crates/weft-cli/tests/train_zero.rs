@@ -7,43 +7,24 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, weft_ok};
+use common::{
+    assert_same_curve, check_against_pytorch, fixtures, launch_train_ok, losses, path_set, read_metrics,
+    resume_in_one_process, temp_dir,
+};
 
-/// Runs fixture `case` on `dp` ranks at ZeRO stage `zero`, with extra `--set`s; returns the
-/// metrics file.
-fn train(case: &str, dp: usize, zero: usize, out: &Path, extra: &[String]) -> PathBuf {
+/// Runs fixture `case` on `dp` ranks at ZeRO stage `zero`, with extra `--set`s (and `flags`);
+/// returns the metrics file.
+fn train(case: &str, dp: usize, zero: usize, out: &Path, flags: &[&str], extra: &[String]) -> PathBuf {
     let metrics = out.join(format!("metrics-dp{dp}-zero{zero}.jsonl"));
     let _ = std::fs::remove_file(&metrics);
-    let config = fixtures().join(case).join("run.toml");
-    let bin = env!("CARGO_BIN_EXE_weft");
     let mut sets = vec![
-        format!("train.metrics={:?}", metrics.to_str().unwrap()),
+        path_set("train.metrics", &metrics),
         format!("parallel.dp={dp}"),
         format!("parallel.zero={zero}"),
     ];
     sets.extend(extra.iter().cloned());
-    let dp_s = dp.to_string();
-    let mut args = vec!["launch", "--nproc-per-node", &dp_s, "--", bin, "train"];
-    args.extend(["--config", config.to_str().unwrap(), "--quiet"]);
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    weft_ok(&args);
+    launch_train_ok(dp, Some(&fixtures().join(case).join("run.toml")), flags, &sets);
     metrics
-}
-
-fn losses(metrics: &Path) -> Vec<f64> {
-    read_metrics(metrics)
-        .iter()
-        .filter_map(|r| r["loss"].as_f64())
-        .collect()
-}
-
-fn assert_same_curve(a: &[f64], b: &[f64], tol: f64, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: number of steps");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol * x.abs(), "{what} step {i}: {x} vs {y}");
-    }
 }
 
 /// The bytes of parameters, gradients and Adam state per rank in ZeRO's accounting for f32
@@ -64,9 +45,9 @@ fn check_stages(case: &str, dps: &[usize], psi: Option<usize>) -> Vec<String> {
     let out = temp_dir(&format!("zero-{case}"));
     let mut rows = Vec::new();
     for &dp in dps {
-        let plain = losses(&train(case, dp, 0, &out, &[]));
+        let plain = losses(&train(case, dp, 0, &out, &[], &[]));
         for zero in 0..=3 {
-            let metrics = train(case, dp, zero, &out, &[]);
+            let metrics = train(case, dp, zero, &out, &[], &[]);
             let worst = check_against_pytorch(case, &metrics);
             eprintln!("{case} dp={dp} zero={zero}: max relative loss difference to PyTorch {worst:.2e}");
             assert_same_curve(
@@ -124,58 +105,23 @@ fn convnet_adam_at_every_stage_on_2_and_4_ranks() {
 fn a_sharded_checkpoint_resumes_exactly_and_loads_into_another_layout() {
     let out = temp_dir("zero-resume");
     let ckpt = out.join("ckpt");
-    let dir = format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap());
-    let whole = losses(&train("gpt_adamw", 2, 3, &out, &[]));
+    let dir = path_set("train.checkpoint_dir", &ckpt);
+    let whole = losses(&train("gpt_adamw", 2, 3, &out, &[], &[]));
     // stop at step 20, then resume to 40 at the same layout
-    train("gpt_adamw", 2, 3, &out, &[dir.clone(), "train.steps=20".into()]);
+    train("gpt_adamw", 2, 3, &out, &[], &[dir.clone(), "train.steps=20".into()]);
+    let step20 = ckpt.join("step-00000020");
+    let scratch = out.join("one");
+    std::fs::create_dir_all(&scratch).unwrap();
+    // (copied before the resumed run writes newer checkpoints beside it)
     let config = fixtures().join("gpt_adamw/run.toml");
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let resumed = out.join("resumed.jsonl");
-    let metrics = format!("train.metrics={:?}", resumed.to_str().unwrap());
-    weft_ok(&[
-        "launch",
-        "--nproc-per-node",
-        "2",
-        "--",
-        bin,
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--quiet",
-        "--resume",
-        "--set",
-        &dir,
-        "--set",
-        &metrics,
-        "--set",
-        "parallel.dp=2",
-        "--set",
-        "parallel.zero=3",
-    ]);
-    let tail = losses(&resumed);
+    let one = resume_in_one_process(&config, &step20, &scratch);
+    let tail = losses(&train("gpt_adamw", 2, 3, &out, &["--resume"], &[dir]));
     assert_eq!(tail.len(), 20, "steps 20..40 after resuming");
     assert_eq!(&whole[20..], &tail[..], "resumed run vs uninterrupted run");
     // the step-20 checkpoint of the stage-3 run, resumed by one process without sharding
-    let moved = out.join("moved.jsonl");
-    let metrics = format!("train.metrics={:?}", moved.to_str().unwrap());
-    let ckpt20 = out.join("ckpt20");
-    std::fs::create_dir_all(&ckpt20).unwrap();
-    std::fs::rename(ckpt.join("step-00000020"), ckpt20.join("step-00000020")).unwrap();
-    let dir20 = format!("train.checkpoint_dir={:?}", ckpt20.to_str().unwrap());
-    weft_ok(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--quiet",
-        "--resume",
-        "--set",
-        &dir20,
-        "--set",
-        &metrics,
-    ]);
     assert_same_curve(
         &whole[20..],
-        &losses(&moved),
+        &one,
         1e-5,
         "dp=2 zero=3 checkpoint resumed by one process",
     );
@@ -185,13 +131,13 @@ fn a_sharded_checkpoint_resumes_exactly_and_loads_into_another_layout() {
 #[test]
 fn bf16_communication_stays_close_to_f32_and_moves_bf16() {
     let out = temp_dir("zero-bf16");
-    let f32_curve = losses(&train("gpt_adamw", 2, 3, &out, &[]));
+    let f32_curve = losses(&train("gpt_adamw", 2, 3, &out, &[], &[]));
     let trace = out.join("trace.json");
     let sets = [
         "parallel.comm_dtype=\"bf16\"".to_string(),
-        format!("train.trace={:?}", trace.to_str().unwrap()),
+        path_set("train.trace", &trace),
     ];
-    let bf16_curve = losses(&train("gpt_adamw", 2, 3, &out, &sets));
+    let bf16_curve = losses(&train("gpt_adamw", 2, 3, &out, &[], &sets));
     // measured: 1.5e-4 at most over the 40 steps
     assert_same_curve(&f32_curve, &bf16_curve, 1e-3, "zero=3 bf16 vs f32 communication");
     let doc = std::fs::read_to_string(&trace).unwrap();
