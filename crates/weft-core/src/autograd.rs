@@ -129,7 +129,7 @@ impl Tensor {
     /// that `skip` returns true for (parameters, say). What a backward still to run keeps
     /// alive: the activations of a forward pass.
     pub fn graph_bytes(&self, skip: &dyn Fn(&Tensor) -> bool) -> usize {
-        let mut seen_storage = std::collections::HashSet::new();
+        let mut storages = crate::storage::DistinctBytes::default();
         let mut seen_tensor = std::collections::HashSet::new();
         let mut stack = vec![self.clone()];
         let mut bytes = 0;
@@ -137,8 +137,8 @@ impl Tensor {
             if !seen_tensor.insert(t.id()) {
                 continue;
             }
-            if !skip(&t) && seen_storage.insert(Arc::as_ptr(t.storage())) {
-                bytes += t.storage().read().len() * t.dtype().size_in_bytes();
+            if !skip(&t) {
+                bytes += storages.add(&t);
             }
             if let Some(node) = &t.0.node {
                 stack.extend(node.inputs.iter().cloned());

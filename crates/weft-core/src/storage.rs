@@ -223,3 +223,21 @@ impl Storage {
         self.data.write().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// Counts the bytes held by distinct storages: each buffer once, however many tensors view it
+/// (parameters and the gradients that are views of one bucket, say).
+#[derive(Debug, Default)]
+pub struct DistinctBytes {
+    seen: std::collections::HashSet<*const Storage>,
+}
+
+impl DistinctBytes {
+    /// The bytes of `t`'s storage the first time it is seen, 0 after.
+    pub fn add(&mut self, t: &crate::Tensor) -> usize {
+        if self.seen.insert(std::sync::Arc::as_ptr(t.storage())) {
+            t.storage().read().len() * t.dtype().size_in_bytes()
+        } else {
+            0
+        }
+    }
+}

@@ -21,13 +21,6 @@ impl TpProcessGroup {
     }
 }
 
-fn to_core(e: crate::Error) -> weft_core::Error {
-    weft_core::Error::Invalid {
-        op: "tensor parallel",
-        msg: e.to_string(),
-    }
-}
-
 impl TensorParallelGroup for TpProcessGroup {
     fn rank(&self) -> usize {
         self.0.rank()
@@ -42,11 +35,14 @@ impl TensorParallelGroup for TpProcessGroup {
             GroupReduce::Sum => ReduceOp::Sum,
             GroupReduce::Max => ReduceOp::Max,
         };
-        self.0.all_reduce(t, op).and_then(|w| w.wait()).map_err(to_core)
+        self.0.all_reduce(t, op).and_then(|w| w.wait()).map_err(Into::into)
     }
 
     fn all_gather(&self, output: &Tensor, input: &Tensor) -> weft_core::Result<()> {
-        self.0.all_gather(output, input).and_then(|w| w.wait()).map_err(to_core)
+        self.0
+            .all_gather(output, input)
+            .and_then(|w| w.wait())
+            .map_err(Into::into)
     }
 }
 

@@ -22,7 +22,8 @@ pub trait Module {
     }
 }
 
-/// Prefixes each name with `prefix.`.
-pub fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
-    params.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+/// Prefixes each name with `prefix.` (parameters, or anything else kept by parameter name,
+/// such as tensor-parallel splits).
+pub fn prefixed<T>(prefix: &str, named: Vec<(String, T)>) -> Vec<(String, T)> {
+    named.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
 }

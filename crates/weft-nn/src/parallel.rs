@@ -113,6 +113,11 @@ impl Split {
     }
 }
 
+/// This rank's part of parameter `p`, as a new leaf that requires grad.
+pub(crate) fn shard_param(p: &Tensor, split: &Split, group: &TpGroup) -> Result<Tensor> {
+    split.shard(&p.detach(), group.rank(), group.size())?.requires_grad_()
+}
+
 fn invalid(msg: String) -> Error {
     Error::Invalid {
         op: "tensor parallel",

@@ -2,7 +2,6 @@
 //! sharding (whose stage 3 runs the model's units between gather and free hooks), and the
 //! bytes of model state a rank holds under either.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use weft_core::Tensor;
@@ -23,18 +22,11 @@ pub(crate) struct ZeroUnits(pub Arc<ShardedDataParallel>);
 
 impl UnitHooks for ZeroUnits {
     fn before_forward(&self, unit: &str) -> weft_core::Result<()> {
-        self.0.before_unit(unit).map_err(to_core)
+        self.0.before_unit(unit).map_err(Into::into)
     }
 
     fn after_forward(&self, unit: &str, output: &Tensor) -> weft_core::Result<()> {
-        self.0.after_unit(unit, output).map_err(to_core)
-    }
-}
-
-fn to_core(e: weft_dist::Error) -> weft_core::Error {
-    weft_core::Error::Invalid {
-        op: "zero",
-        msg: e.to_string(),
+        self.0.after_unit(unit, output).map_err(Into::into)
     }
 }
 
@@ -49,14 +41,8 @@ pub struct StateBytes {
 
 /// What `params` and their gradients hold, plus the optimizer's state.
 pub(crate) fn unsharded_bytes(params: &[Tensor], optimizer: &dyn Optimizer) -> StateBytes {
-    let mut seen = HashSet::new();
-    let mut bytes = |t: &Tensor| {
-        if seen.insert(Arc::as_ptr(t.storage())) {
-            t.storage().read().len() * t.dtype().size_in_bytes()
-        } else {
-            0
-        }
-    };
+    let mut distinct = weft_core::storage::DistinctBytes::default();
+    let mut bytes = |t: &Tensor| distinct.add(t);
     let params_b = params.iter().map(&mut bytes).sum();
     let grads_b = params.iter().filter_map(|p| p.grad()).map(|g| bytes(&g)).sum();
     StateBytes {

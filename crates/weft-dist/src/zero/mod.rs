@@ -321,14 +321,8 @@ impl ShardedDataParallel {
     /// parameters, and gradient shards) this rank holds now.
     pub fn held_bytes(&self) -> HeldBytes {
         let e = lock(&self.engine);
-        let mut seen = std::collections::HashSet::new();
-        let mut bytes = |t: &Tensor| {
-            if seen.insert(Arc::as_ptr(t.storage())) {
-                t.storage().read().len() * t.dtype().size_in_bytes()
-            } else {
-                0
-            }
-        };
+        let mut distinct = weft_core::storage::DistinctBytes::default();
+        let mut bytes = |t: &Tensor| distinct.add(t);
         let mut held = HeldBytes::default();
         for (_, p) in &e.params {
             held.params += bytes(p);

@@ -190,9 +190,7 @@ impl Gpt {
             ));
         }
         let mut splits: Vec<(String, Split)> = Vec::new();
-        let mut add = |prefix: &str, s: Vec<(String, Split)>| {
-            splits.extend(s.into_iter().map(|(n, s)| (format!("{prefix}.{n}"), s)));
-        };
+        let mut add = |prefix: &str, s: Vec<(String, Split)>| splits.extend(prefixed(prefix, s));
         add("transformer.wte", self.wte.make_vocab_parallel(group)?);
         for (i, block) in self.h.iter_mut().enumerate() {
             add(

@@ -78,11 +78,8 @@ impl CausalSelfAttention {
                 msg: format!("n_head = {} does not divide by tp = {}", self.n_head, group.size()),
             });
         }
-        let mut splits = super::mlp::prefixed_splits("c_attn", self.c_attn.make_column_parallel(group, 3)?);
-        splits.extend(super::mlp::prefixed_splits(
-            "c_proj",
-            self.c_proj.make_row_parallel(group)?,
-        ));
+        let mut splits = prefixed("c_attn", self.c_attn.make_column_parallel(group, 3)?);
+        splits.extend(prefixed("c_proj", self.c_proj.make_row_parallel(group)?));
         self.n_head /= group.size();
         Ok(splits)
     }

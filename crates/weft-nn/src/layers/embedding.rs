@@ -40,7 +40,7 @@ impl Embedding {
     pub fn make_vocab_parallel(&mut self, group: &TpGroup) -> Result<Vec<(String, Split)>> {
         let shard = VocabShard::new(group.clone(), self.weight.dim(0)?);
         let split = shard.split();
-        self.weight = crate::layers::linear::shard_param(&self.weight, &split, group)?;
+        self.weight = crate::parallel::shard_param(&self.weight, &split, group)?;
         self.shard = Some(shard);
         Ok(vec![("weight".to_string(), split)])
     }

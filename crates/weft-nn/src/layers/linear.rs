@@ -2,7 +2,7 @@ use weft_core::{DType, Generator, Result, Tensor};
 
 use crate::init;
 use crate::module::Module;
-use crate::parallel::{copy_to_group, reduce_from_group, Split, TpGroup};
+use crate::parallel::{copy_to_group, reduce_from_group, shard_param, Split, TpGroup};
 
 /// `y = x W^T + b` (as `torch.nn.Linear`): weight `[out, in]`, bias `[out]`; or, cut across a
 /// tensor-parallel group, one rank's part of it (see [`LinearParallel`]).
@@ -104,11 +104,6 @@ impl Linear {
         self.parallel = LinearParallel::Row(group.clone());
         Ok(vec![("weight".to_string(), split)])
     }
-}
-
-/// This rank's part of parameter `p`, as a new leaf that requires grad.
-pub(crate) fn shard_param(p: &Tensor, split: &Split, group: &TpGroup) -> Result<Tensor> {
-    split.shard(&p.detach(), group.rank(), group.size())?.requires_grad_()
 }
 
 impl Module for Linear {

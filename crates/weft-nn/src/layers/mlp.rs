@@ -44,15 +44,10 @@ impl Mlp {
                 ),
             });
         }
-        let mut splits = prefixed_splits("c_fc", self.c_fc.make_column_parallel(group, 1)?);
-        splits.extend(prefixed_splits("c_proj", self.c_proj.make_row_parallel(group)?));
+        let mut splits = prefixed("c_fc", self.c_fc.make_column_parallel(group, 1)?);
+        splits.extend(prefixed("c_proj", self.c_proj.make_row_parallel(group)?));
         Ok(splits)
     }
-}
-
-/// Prefixes each split's parameter name with `prefix.`.
-pub(crate) fn prefixed_splits(prefix: &str, splits: Vec<(String, Split)>) -> Vec<(String, Split)> {
-    splits.into_iter().map(|(n, s)| (format!("{prefix}.{n}"), s)).collect()
 }
 
 impl Module for Mlp {
