@@ -3,8 +3,10 @@
 //! forward and their gradients back to the neighbouring stages (sends are asynchronous;
 //! receives block until the neighbour's message is there).
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use weft_core::storage::Storage;
 use weft_core::Tensor;
 use weft_dist::pipeline::{Action, PipelineSchedule};
 use weft_dist::trace::span;
@@ -19,17 +21,19 @@ const GRADIENTS: u32 = 1;
 
 /// This rank's stage of a pipeline.
 pub struct Pipeline {
-    pub model: Arc<dyn StagedModel>,
-    /// The ranks holding the stages, in stage order (this rank's stage is its rank here).
-    pub group: ProcessGroup,
-    pub schedule: PipelineSchedule,
-    pub micro_batches: usize,
-    /// First and last stage: the group over which tied weights sum their gradients.
-    pub ends: Option<ProcessGroup>,
-    /// Activation recomputation: forwards run without recording, keeping only their input;
-    /// each backward first runs its forward again (with the dropout stream replayed), so a
-    /// stage holds one micro-batch's activations at a time, for about one more forward each.
-    pub recompute: bool,
+    model: Arc<dyn StagedModel>,
+    group: ProcessGroup,
+    schedule: PipelineSchedule,
+    micro_batches: usize,
+    ends: Option<ProcessGroup>,
+    recompute: bool,
+    /// The parameters this stage trains, and their storages (left out of activation bytes).
+    params: Vec<(String, Tensor)>,
+    param_storages: HashSet<*const Storage>,
+    /// The stage that owns each of the model's parameters: the first that uses it.
+    owners: BTreeMap<String, usize>,
+    /// Parameters held by the first and the last stage (tied weights).
+    shared: Vec<String>,
 }
 
 /// What a stage keeps of a micro-batch between its forward and its backward.
@@ -42,6 +46,50 @@ struct Live {
 }
 
 impl Pipeline {
+    /// This rank's stage of `model` over `group` (the ranks holding the stages, in stage
+    /// order; this rank's stage is its rank there), running `micro_batches` per step in
+    /// `schedule`'s order. `ends` is, on the first and last stage, the group over which tied
+    /// weights sum their gradients. With `recompute`, forwards run without recording and keep
+    /// only their input; each backward first runs its forward again (with the dropout stream
+    /// replayed), so a stage holds one micro-batch's activations at a time, for about one more
+    /// forward each. Errors when the model cannot be cut into the group's stages.
+    pub fn new(
+        model: Arc<dyn StagedModel>,
+        group: ProcessGroup,
+        schedule: PipelineSchedule,
+        micro_batches: usize,
+        ends: Option<ProcessGroup>,
+        recompute: bool,
+    ) -> Result<Pipeline> {
+        let stages = group.size();
+        let mut owners = BTreeMap::new();
+        for s in (0..stages).rev() {
+            for (name, _) in model.stage_parameters(s, stages)? {
+                owners.insert(name, s);
+            }
+        }
+        let params = model.stage_parameters(group.rank(), stages)?;
+        let param_storages = params.iter().map(|(_, p)| Arc::as_ptr(p.storage())).collect();
+        let shared = model.shared_parameters();
+        Ok(Pipeline {
+            model,
+            group,
+            schedule,
+            micro_batches,
+            ends,
+            recompute,
+            params,
+            param_storages,
+            owners,
+            shared,
+        })
+    }
+
+    /// The ranks holding the stages, in stage order.
+    pub fn group(&self) -> &ProcessGroup {
+        &self.group
+    }
+
     pub fn stage(&self) -> usize {
         self.group.rank()
     }
@@ -59,8 +107,8 @@ impl Pipeline {
     }
 
     /// The parameters this stage trains.
-    pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(self.model.stage_parameters(self.stage(), self.stages())?)
+    pub fn parameters(&self) -> &[(String, Tensor)] {
+        &self.params
     }
 
     /// The micro-batches of `(x, y)`: `micro_batches` equal runs of rows.
@@ -90,12 +138,7 @@ impl Pipeline {
         y: &Tensor,
         backward: &mut dyn FnMut(&Tensor, &Tensor, bool) -> Result<()>,
     ) -> Result<(f64, usize)> {
-        let params: std::collections::HashSet<*const weft_core::storage::Storage> = self
-            .parameters()?
-            .iter()
-            .map(|(_, p)| Arc::as_ptr(p.storage()))
-            .collect();
-        let is_param = |t: &Tensor| params.contains(&Arc::as_ptr(t.storage()));
+        let is_param = |t: &Tensor| self.param_storages.contains(&Arc::as_ptr(t.storage()));
         let (mut held, mut peak) = (vec![0usize; self.micro_batches], 0usize);
         let (xs, ys) = (self.split(x)?, self.split(y)?);
         let m = self.micro_batches;
@@ -231,8 +274,8 @@ impl Pipeline {
         let Some(ends) = &self.ends else {
             return Ok(());
         };
-        for name in self.model.shared_parameters() {
-            if let Some((_, p)) = params.iter().find(|(n, _)| *n == name) {
+        for name in &self.shared {
+            if let Some((_, p)) = params.iter().find(|(n, _)| n == name) {
                 let g = p
                     .grad()
                     .ok_or_else(|| Error::Run(format!("pipeline: tied parameter {name:?} has no gradient")))?;
@@ -245,22 +288,15 @@ impl Pipeline {
     /// Whether this stage counts `name` in the gradient norm: a tied weight is counted on the
     /// first stage only.
     pub fn counts_in_norm(&self, name: &str) -> bool {
-        self.is_first() || !self.model.shared_parameters().iter().any(|n| n == name)
+        self.is_first() || !self.shared.iter().any(|n| n == name)
     }
 
     /// The stage that owns (trains, and writes to checkpoints) parameter `name`: the first
     /// that uses it.
     pub fn owner(&self, name: &str) -> Result<usize> {
-        for s in 0..self.stages() {
-            if self
-                .model
-                .stage_parameters(s, self.stages())?
-                .iter()
-                .any(|(n, _)| n == name)
-            {
-                return Ok(s);
-            }
-        }
-        Err(Error::Run(format!("pipeline: no stage uses parameter {name:?}")))
+        self.owners
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::Run(format!("pipeline: no stage uses parameter {name:?}")))
     }
 }

@@ -319,14 +319,15 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             let schedule = weft_dist::pipeline::PipelineSchedule::parse(&p.schedule).ok_or_else(|| {
                 Error::Config(format!("parallel.schedule: {:?} is not one of 1f1b, gpipe", p.schedule))
             })?;
-            trainer = trainer.with_pipeline(crate::pipeline::Pipeline {
-                model: g.clone(),
-                group: m.pp_group.clone(),
+            let pipeline = crate::pipeline::Pipeline::new(
+                g.clone(),
+                m.pp_group.clone(),
                 schedule,
-                micro_batches: p.micro_batches,
-                ends: m.ends_group.clone(),
-                recompute: p.recompute,
-            })?;
+                p.micro_batches,
+                m.ends_group.clone(),
+                p.recompute,
+            )?;
+            trainer = trainer.with_pipeline(pipeline);
         }
     }
     if let Some(g) = mesh.as_ref().filter(|m| m.dp > 1).map(|m| m.dp_group.clone()) {

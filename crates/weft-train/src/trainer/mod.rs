@@ -87,7 +87,7 @@ pub struct Trainer {
     /// Where rank 0 writes the timeline of the run (Chrome trace format).
     trace: Option<std::path::PathBuf>,
     /// The tensor-parallel group, when the model is cut across one.
-    tensor_parallel: Option<ProcessGroup>,
+    tensor_parallel: Option<whole::TensorParallel>,
     /// All ranks of the job, when there are several: rank 0 writes checkpoints and the trace.
     job: Option<ProcessGroup>,
     /// This rank's pipeline stage, when the model is cut into stages.
@@ -104,7 +104,7 @@ impl Trainer {
     /// (matrices, embeddings), none for biases and norm weights.
     pub fn new(model: Arc<dyn Model>, optimizer: Box<dyn Optimizer>, schedule: Schedule, weight_decay: f64) -> Self {
         let params = model.parameters();
-        let groups = decay_groups(params.clone(), weight_decay);
+        let groups = decay_groups(whole_dims(&params), weight_decay);
         Trainer {
             params,
             pipeline: None,
@@ -131,12 +131,12 @@ impl Trainer {
     /// schedule, tied weights' gradients summed over the stages that hold them, the gradient
     /// norm summed over the stages. Call before [`Trainer::with_data_parallel`] or
     /// [`Trainer::with_zero`] (ZeRO stage 1 at most).
-    pub fn with_pipeline(mut self, pipeline: Pipeline) -> Result<Self> {
-        self.params = pipeline.parameters()?;
+    pub fn with_pipeline(mut self, pipeline: Pipeline) -> Self {
+        self.params = pipeline.parameters().to_vec();
         let weight_decay = self.groups.first().map_or(0.0, |g| g.weight_decay);
-        self.groups = decay_groups(self.params.clone(), weight_decay);
+        self.groups = decay_groups(whole_dims(&self.params), weight_decay);
         self.pipeline = Some(pipeline);
-        Ok(self)
+        self
     }
 
     /// The model was cut across `tp` (see `Gpt::make_tensor_parallel`): the gradient norm is
@@ -144,7 +144,10 @@ impl Trainer {
     /// checkpoints gather the whole parameters and optimizer state. Every rank of the group
     /// takes part in saving; only rank 0 of the job (see [`Trainer::with_job`]) writes.
     pub fn with_tensor_parallel(mut self, tp: ProcessGroup) -> Self {
-        self.tensor_parallel = Some(tp);
+        self.tensor_parallel = Some(whole::TensorParallel {
+            group: tp,
+            splits: self.model.splits().into_iter().collect(),
+        });
         self
     }
 
@@ -194,16 +197,11 @@ impl Trainer {
         units.retain(|u| self.params.iter().any(|(n, _)| n.starts_with(&format!("{u}."))));
         let zero = Arc::new(ShardedDataParallel::new(self.params.clone(), &units, &pg, options)?);
         let weight_decay = self.groups.first().map_or(0.0, |g| g.weight_decay);
-        let (decay, no_decay): (Vec<_>, Vec<_>) = zero
+        let pieces = zero
             .pieces()
             .iter()
-            .map(|p| (p.param_shape.len() >= 2, (p.name.clone(), p.tensor.clone())))
-            .partition(|(d, _)| *d);
-        let strip = |v: Vec<(bool, (String, Tensor))>| v.into_iter().map(|(_, p)| p).collect();
-        self.groups = vec![
-            ParamGroup::new(strip(decay), weight_decay),
-            ParamGroup::new(strip(no_decay), 0.0),
-        ];
+            .map(|p| (p.name.clone(), p.tensor.clone(), p.param_shape.len()));
+        self.groups = decay_groups(pieces.collect(), weight_decay);
         if zero.stage() == 3 {
             self.model
                 .context()
@@ -441,9 +439,7 @@ impl Trainer {
                 )?;
                 // a pipeline stage keeps the state of its own parameters only
                 let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
-                loaded
-                    .optimizer
-                    .retain(|key, _| key.rsplit_once('.').is_some_and(|(p, _)| mine.contains(p)));
+                loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
                 self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
                 match self.zero() {
                     Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
@@ -554,10 +550,20 @@ pub fn shard_rows(t: &Tensor, rank: usize, ranks: usize) -> Result<Tensor> {
 }
 
 /// nanoGPT's parameter groups: `weight_decay` for parameters of two or more dims (matrices,
-/// embeddings), none for biases and norm weights.
-fn decay_groups(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<ParamGroup> {
-    let (decay, no_decay): (Vec<_>, Vec<_>) = params.into_iter().partition(|(_, p)| p.rank() >= 2);
-    vec![ParamGroup::new(decay, weight_decay), ParamGroup::new(no_decay, 0.0)]
+/// embeddings), none for biases and norm weights. Each entry is `(name, tensor the optimizer
+/// updates, dims of the whole parameter)`: the tensor may be a 1-D ZeRO piece of it.
+fn decay_groups(params: Vec<(String, Tensor, usize)>, weight_decay: f64) -> Vec<ParamGroup> {
+    let (decay, no_decay): (Vec<_>, Vec<_>) = params.into_iter().partition(|(_, _, dims)| *dims >= 2);
+    let named = |v: Vec<(String, Tensor, usize)>| v.into_iter().map(|(n, t, _)| (n, t)).collect();
+    vec![
+        ParamGroup::new(named(decay), weight_decay),
+        ParamGroup::new(named(no_decay), 0.0),
+    ]
+}
+
+/// Whole parameters with their own dims, for [`decay_groups`].
+fn whole_dims(params: &[(String, Tensor)]) -> Vec<(String, Tensor, usize)> {
+    params.iter().map(|(n, p)| (n.clone(), p.clone(), p.rank())).collect()
 }
 
 /// One micro-batch's backward from `out` with gradient `seed`: gradients accumulate locally

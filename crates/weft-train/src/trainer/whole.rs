@@ -2,14 +2,25 @@
 //! shards, stages and tensor-parallel parts, and the whole parameters and optimizer state that
 //! checkpoints hold (and their cutting back on resume).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use weft_core::Tensor;
-use weft_dist::ReduceOp;
+use weft_dist::{ProcessGroup, ReduceOp};
 use weft_nn::clip::grad_norm;
 use weft_nn::parallel::Split;
 
 use super::Trainer;
+
+/// The tensor-parallel group a model is cut across, and how each cut parameter is cut.
+pub(super) struct TensorParallel {
+    pub group: ProcessGroup,
+    pub splits: BTreeMap<String, Split>,
+}
+
+/// The parameter an optimizer state key (`"{param}.{field}"`) belongs to.
+pub(super) fn param_of(key: &str) -> &str {
+    key.rsplit_once('.').map_or("", |(p, _)| p)
+}
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 
@@ -20,11 +31,10 @@ impl Trainer {
     /// counted on its rank 0 only), stages summed over the pipeline (a tied weight counted on
     /// the first stage only).
     pub(super) fn sharded_grad_norm(&self) -> Result<f64> {
-        let splits: BTreeSet<String> = self.model.splits().into_iter().map(|(n, _)| n).collect();
-        let tp_rank = self.tensor_parallel.as_ref().map_or(0, |g| g.rank());
+        let tp = self.tensor_parallel.as_ref();
         let mut local = 0.0;
         for (name, p) in self.groups.iter().flat_map(|g| g.params.iter()) {
-            let in_tp = tp_rank == 0 || splits.contains(name);
+            let in_tp = tp.is_none_or(|tp| tp.group.rank() == 0 || tp.splits.contains_key(name));
             let in_pp = self.pipeline.as_ref().is_none_or(|pp| pp.counts_in_norm(name));
             if in_tp && in_pp {
                 let n = grad_norm(std::slice::from_ref(p))?;
@@ -34,7 +44,7 @@ impl Trainer {
         if self.zero().is_some() {
             local = self.sum_over_ranks(vec![local])?[0];
         }
-        let groups = [self.tensor_parallel.as_ref(), self.pipeline.as_ref().map(|p| &p.group)];
+        let groups = [tp.map(|tp| &tp.group), self.pipeline.as_ref().map(|p| p.group())];
         for g in groups.into_iter().flatten() {
             let t = Tensor::from_vec(vec![local], &[1])?;
             g.all_reduce(&t, ReduceOp::Sum)?.wait()?;
@@ -48,7 +58,6 @@ impl Trainer {
     /// together).
     pub fn whole_parameters(&self) -> Result<Vec<(String, Tensor)>> {
         self.gather_parameters()?;
-        let splits: BTreeMap<String, Split> = self.model.splits().into_iter().collect();
         self.model
             .parameters()
             .into_iter()
@@ -57,15 +66,12 @@ impl Trainer {
                 let p = match &self.pipeline {
                     Some(pp) => {
                         let t = p.detach().contiguous_copy()?;
-                        pp.group.broadcast(&t, pp.owner(&name)?)?.wait()?;
+                        pp.group().broadcast(&t, pp.owner(&name)?)?.wait()?;
                         t
                     }
                     None => p,
                 };
-                let whole = match (splits.get(&name), &self.tensor_parallel) {
-                    (Some(split), Some(tp)) => weft_dist::tensor_parallel::gather_whole(tp, split, &p)?,
-                    _ => p,
-                };
+                let whole = self.whole_of(&name, p)?;
                 Ok((name, whole))
             })
             .collect()
@@ -81,22 +87,26 @@ impl Trainer {
             Some(pp) => self.gather_stage_states(pp, state)?,
             None => state,
         };
-        let (Some(tp), splits) = (&self.tensor_parallel, self.model.splits()) else {
-            return Ok(state);
-        };
-        let splits: BTreeMap<String, Split> = splits.into_iter().collect();
         state
             .into_iter()
             .map(|(key, t)| {
-                let param = key.rsplit_once('.').map_or("", |(p, _)| p);
-                let whole = match splits.get(param) {
-                    // moments have the parameter's shape; step counts are scalars
-                    Some(split) if t.rank() > 0 => weft_dist::tensor_parallel::gather_whole(tp, split, &t)?,
-                    _ => t,
-                };
+                let whole = self.whole_of(param_of(&key), t)?;
                 Ok((key, whole))
             })
             .collect()
+    }
+
+    /// Collective over the tensor-parallel group: the whole of `t`, this rank's part of
+    /// parameter `param` (or of a tensor of its shape, such as a moment); `t` itself when the
+    /// parameter is not cut, or `t` is a scalar (a step count).
+    fn whole_of(&self, param: &str, t: Tensor) -> Result<Tensor> {
+        match &self.tensor_parallel {
+            Some(tp) if t.rank() > 0 => match tp.splits.get(param) {
+                Some(split) => Ok(weft_dist::tensor_parallel::gather_whole(&tp.group, split, &t)?),
+                None => Ok(t),
+            },
+            _ => Ok(t),
+        }
     }
 
     /// Collective over the pipeline: every parameter's optimizer state, each broadcast from the
@@ -129,7 +139,7 @@ impl Trainer {
                         None => Tensor::zeros(p.shape(), p.dtype())?,
                     },
                 };
-                pp.group.broadcast(&t, owner)?.wait()?;
+                pp.group().broadcast(&t, owner)?.wait()?;
                 out.push((key, t));
             }
         }
@@ -143,16 +153,10 @@ impl Trainer {
         let Some(tp) = &self.tensor_parallel else {
             return Ok(());
         };
-        for (name, split) in self.model.splits() {
-            for (key, t) in tensors.iter_mut() {
-                let param = if by_param {
-                    key.rsplit_once('.').map_or("", |(p, _)| p)
-                } else {
-                    key.as_str()
-                };
-                if param == name && t.rank() > 0 {
-                    *t = split.shard(t, tp.rank(), tp.size())?;
-                }
+        for (key, t) in tensors.iter_mut() {
+            let param = if by_param { param_of(key) } else { key.as_str() };
+            if let (Some(split), true) = (tp.splits.get(param), t.rank() > 0) {
+                *t = split.shard(t, tp.group.rank(), tp.group.size())?;
             }
         }
         Ok(())
