@@ -128,16 +128,16 @@ impl Pipeline {
     /// The forward and backward passes of one step over the micro-batches of `(x, y)`;
     /// `backward(output, seed, last)` runs one micro-batch's backward (`last`: the step's final
     /// one, which synchronises data-parallel gradients). Gradients accumulate over the
-    /// micro-batches, each loss weighted `1/m`. Returns the mean loss over the micro-batches,
-    /// on every stage, and the most activation bytes this stage held at once (the autograd
+    /// micro-batches, each loss weighted `1/m`. Returns, on every stage, the mean loss over the
+    /// micro-batches and the most activation bytes each stage held at once (the autograd
     /// graphs of the micro-batches between their forward and backward, parameters not
-    /// counted).
+    /// counted), in stage order.
     pub fn run_step(
         &self,
         x: &Tensor,
         y: &Tensor,
         backward: &mut dyn FnMut(&Tensor, &Tensor, bool) -> Result<()>,
-    ) -> Result<(f64, usize)> {
+    ) -> Result<(f64, Vec<usize>)> {
         let is_param = |t: &Tensor| self.param_storages.contains(&Arc::as_ptr(t.storage()));
         let (mut held, mut peak) = (vec![0usize; self.micro_batches], 0usize);
         let (xs, ys) = (self.split(x)?, self.split(y)?);
@@ -229,23 +229,21 @@ impl Pipeline {
         for w in sends {
             w.wait()?;
         }
-        Ok((self.mean_loss(loss / m as f64)?, peak))
+        self.share(loss / m as f64, peak)
     }
 
-    /// Every stage's `value`, in stage order, on every stage.
-    pub fn per_stage(&self, value: usize) -> Result<Vec<usize>> {
-        let mut v = vec![0.0f64; self.stages()];
-        v[self.stage()] = value as f64;
-        let t = Tensor::from_vec(v, &[self.stages()])?;
+    /// One all-reduce over the stages: the last stage's `loss`, and every stage's `bytes` in
+    /// stage order, on every stage.
+    fn share(&self, loss: f64, bytes: usize) -> Result<(f64, Vec<usize>)> {
+        let mut v = vec![0.0f64; 1 + self.stages()];
+        if self.is_last() {
+            v[0] = loss;
+        }
+        v[1 + self.stage()] = bytes as f64;
+        let t = Tensor::from_vec(v, &[1 + self.stages()])?;
         self.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
-        Ok(t.to_vec::<f64>()?.into_iter().map(|x| x as usize).collect())
-    }
-
-    /// The last stage's `loss`, on every stage.
-    fn mean_loss(&self, loss: f64) -> Result<f64> {
-        let t = Tensor::from_vec(vec![if self.is_last() { loss } else { 0.0 }], &[1])?;
-        self.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
-        Ok(t.to_vec::<f64>()?[0])
+        let v = t.to_vec::<f64>()?;
+        Ok((v[0], v[1..].iter().map(|&x| x as usize).collect()))
     }
 
     /// The loss of one batch through every stage, forward only (evaluation), on every stage.
@@ -265,7 +263,7 @@ impl Pipeline {
             self.group.send(&out, stage + 1, ACTIVATIONS)?.wait()?;
             0.0
         };
-        self.mean_loss(loss)
+        Ok(self.share(loss, 0)?.0)
     }
 
     /// After the step's backwards: sums the gradients of weights tied across the first and

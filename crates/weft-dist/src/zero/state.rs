@@ -27,11 +27,14 @@ pub(crate) fn consolidate(engine: &Engine, state: Vec<(String, Tensor)>) -> Resu
     for (key, t) in state {
         let (i, field) = split_key(&key, engine)
             .ok_or_else(|| Error::Invalid(format!("zero: optimizer state {key:?} names no parameter")))?;
-        if t.rank() == 0 {
+        let t = if t.rank() == 0 {
             scalars.insert(field.to_string());
+            t
         } else {
             moments.insert(field.to_string());
-        }
+            // moments are gathered in their parameter's dtype
+            t.cast(engine.params[i].1.dtype())?
+        };
         by_param[i].insert(field.to_string(), t);
     }
     agree_on_fields(engine, &moments, &scalars)?;
@@ -50,7 +53,7 @@ pub(crate) fn consolidate(engine: &Engine, state: Vec<(String, Tensor)>) -> Resu
                     engine.params[s.param].0
                 )));
             }
-            super::units::copy_into_shard(&spans, &shard, |i| in_dtype(&by_param[i][field], unit.dtype))?;
+            super::units::copy_into_shard(&spans, &shard, |i| by_param[i][field].clone())?;
             let flat = Tensor::zeros(&[unit.padded(ranks)], unit.dtype)?;
             engine.pg.all_gather(&flat, &shard)?.wait()?;
             for (&i, &off) in unit.members.iter().zip(&unit.offsets) {
@@ -76,15 +79,6 @@ pub(crate) fn consolidate(engine: &Engine, state: Vec<(String, Tensor)>) -> Resu
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
-}
-
-/// A copy of `t` in `dtype` (itself when it already is).
-fn in_dtype(t: &Tensor, dtype: weft_core::DType) -> Tensor {
-    if t.dtype() == dtype {
-        t.clone()
-    } else {
-        t.cast(dtype).unwrap_or_else(|_| t.clone())
-    }
 }
 
 /// Every rank must keep the same fields, or the gathers would not pair up.

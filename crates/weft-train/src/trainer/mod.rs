@@ -287,9 +287,9 @@ impl Trainer {
         let (local_loss, loss, activation_bytes) = match &self.pipeline {
             Some(p) => {
                 let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
-                let (value, peak) =
+                let (value, peaks) =
                     p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))?;
-                (value, None, Some(p.per_stage(peak)?))
+                (value, None, Some(peaks))
             }
             None => {
                 let _s = span("compute", "forward");
