@@ -263,35 +263,36 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         Some(g) => Some(weft_dist::DeviceMesh::new(g, p.dp, p.tp, p.pp)?),
         None => None,
     };
+    let init = config.init.from.as_ref().map(|f| config.resolve(f));
+    let load_init = |m: &dyn Model| -> Result<()> {
+        if let Some(path) = &init {
+            state_dict::load_file(m, path, m.aliases())?;
+        }
+        Ok(())
+    };
     // a gpt is kept by its own type too, to sample from it after training
-    let mut gpt = match &config.model {
-        ModelConfig::Gpt(_) => Some(build_gpt(&config.model, t.seed)?),
+    let gpt = match &config.model {
+        ModelConfig::Gpt(_) => {
+            let mut g = build_gpt(&config.model, t.seed)?;
+            load_init(&g)?;
+            g.stage_cut = match (&p.stage_blocks, p.balance.as_str()) {
+                (Some(counts), _) => weft_models::gpt::StageCut::Given(counts.clone()),
+                (None, "parameters") => weft_models::gpt::StageCut::Parameters,
+                _ => weft_models::gpt::StageCut::Blocks,
+            };
+            // the whole model is built (and loaded) on every rank, then cut
+            if let Some(m) = mesh.as_ref().filter(|m| m.tp > 1) {
+                g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::handle(&m.tp_group))?;
+            }
+            Some(Arc::new(g))
+        }
         _ => None,
     };
-    if let (Some(from), Some(g)) = (&config.init.from, &gpt) {
-        state_dict::load_file(g, &config.resolve(from), g.aliases())?;
-    }
-    if let Some(g) = &mut gpt {
-        g.stage_cut = match (&p.stage_blocks, p.balance.as_str()) {
-            (Some(counts), _) => weft_models::gpt::StageCut::Given(counts.clone()),
-            (None, "parameters") => weft_models::gpt::StageCut::Parameters,
-            _ => weft_models::gpt::StageCut::Blocks,
-        };
-    }
-    // the whole model is built (and loaded) on every rank, then cut
-    if let (Some(g), Some(m)) = (&mut gpt, &mesh) {
-        if m.tp > 1 {
-            g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::handle(&m.tp_group))?;
-        }
-    }
-    let gpt = gpt.map(Arc::new);
     let model: Arc<dyn Model> = match &gpt {
         Some(g) => g.clone(),
         None => {
             let m = build_model(&config.model, t.seed)?;
-            if let Some(from) = &config.init.from {
-                state_dict::load_file(m.as_ref(), &config.resolve(from), m.aliases())?;
-            }
+            load_init(m.as_ref())?;
             m
         }
     };
