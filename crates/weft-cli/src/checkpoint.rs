@@ -1,7 +1,7 @@
 //! `weft checkpoint inspect` and `weft checkpoint consolidate`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use weft_core::io::safetensors;
@@ -26,57 +26,65 @@ fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// The checkpoint folder `path` names: itself, or the newest complete one inside it.
-fn resolve(path: &Path) -> Result<PathBuf, String> {
-    if path.join("state.json").exists() {
-        return Ok(path.to_path_buf());
+/// How a tensor's pieces are cut: `"whole"`, `"tp 2"`, `"4 runs"`, `"tp 2 x 2 runs"`.
+fn cut(rec: &checkpoint::TensorRecord) -> String {
+    let ranks = rec.pieces.first().and_then(|p| p.tp.as_ref()).map_or(1, |t| t.ranks);
+    let runs = rec.pieces.len() / ranks.max(1);
+    match (ranks, runs) {
+        (1, 1) => "whole".into(),
+        (1, n) => format!("{n} runs"),
+        (t, 1) => format!("tp {t}"),
+        (t, n) => format!("tp {t} x {n} runs"),
     }
-    if !path.exists() {
-        return Err(format!("{}: no such checkpoint folder", path.display()));
-    }
-    checkpoint::latest(path).map_err(err)?.ok_or_else(|| {
-        format!(
-            "{}: holds no complete checkpoint (no step-*/state.json)",
-            path.display()
-        )
-    })
 }
 
-/// Lists a checkpoint: its step, the layout that wrote it, every tensor with dtype and shape,
-/// after checking every checksum.
+/// Lists a checkpoint: its step, the layout that wrote it, its files, every tensor with dtype,
+/// shape and how it is cut, after putting every tensor together and checking every checksum.
 pub fn inspect(args: &InspectArgs) -> Result<(), String> {
     use std::fmt::Write as _;
-    let dir = resolve(&args.dir)?;
+    let dir = checkpoint::resolve(&args.dir).map_err(err)?;
+    let index = checkpoint::read_index(&dir).map_err(err)?;
+    // reading puts every tensor together and checks every piece
+    checkpoint::read(&dir).map_err(err)?;
+    let state = &index.state;
     let mut out = String::new();
-    let loaded = checkpoint::read(&dir).map_err(err)?;
-    let state = &loaded.state;
     let _ = writeln!(out, "checkpoint {}", dir.display());
     let _ = writeln!(out, "step {} (the next step to run)", state.step);
     if let Some(p) = state.extra.get("parallel").filter(|p| !p.is_null()) {
         let _ = writeln!(
             out,
-            "written by a run with dp = {}, tp = {}, pp = {}, zero = {} (the files hold whole tensors; \
-             any layout loads them)",
-            p["dp"], p["tp"], p["pp"], p["zero"]
+            "written by {} ranks of a run with dp = {}, tp = {}, pp = {}, zero = {} (any layout loads it)",
+            index.ranks, p["dp"], p["tp"], p["pp"], p["zero"]
         );
     }
     if let Some(kind) = state.extra["model"].get("kind").and_then(|k| k.as_str()) {
         let _ = writeln!(out, "model {kind}");
     }
-    for (file, tensors) in [
-        ("model.safetensors", &loaded.params),
-        ("optimizer.safetensors", &loaded.optimizer),
-    ] {
-        let numel: usize = tensors.values().map(|t| t.numel()).sum();
+    let mut files: BTreeMap<&str, usize> = BTreeMap::new();
+    for rec in index.model.values().chain(index.optimizer.values()) {
+        for p in &rec.pieces {
+            *files.entry(&p.file).or_default() += 1;
+        }
+    }
+    let _ = writeln!(out, "files: {}", files.len());
+    for (file, pieces) in &files {
+        let _ = writeln!(out, "  {file}: {pieces} pieces");
+    }
+    for (what, tensors) in [("model", &index.model), ("optimizer", &index.optimizer)] {
+        let numel: usize = tensors.values().map(|t| t.shape.iter().product::<usize>()).sum();
         let _ = writeln!(
             out,
-            "{file}: {} tensors, {numel} values, checksums verified",
+            "{what}: {} tensors, {numel} values, checksums verified",
             tensors.len()
         );
         let width = tensors.keys().map(|k| k.len()).max().unwrap_or(0);
-        for (name, t) in tensors {
-            let _ = writeln!(out, "  {name:width$}  {:<7} {:?}", t.dtype().name(), t.shape());
+        for (name, rec) in tensors {
+            let shape = format!("{:?}", rec.shape);
+            let _ = writeln!(out, "  {name:width$}  {:<7} {shape:<14} {}", rec.dtype, cut(rec));
         }
+    }
+    for (alt, canonical) in &index.aliases {
+        let _ = writeln!(out, "{alt} is {canonical} (tied)");
     }
     print_out(&out)
 }
@@ -90,11 +98,16 @@ fn print_out(text: &str) -> Result<(), String> {
     }
 }
 
-/// Writes the checkpoint's model as one safetensors file, after checking its checksums.
+/// Writes the checkpoint's whole model as one safetensors file (tied tensors under both
+/// names, as PyTorch's `state_dict` has them), after checking its checksums.
 pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
-    let dir = resolve(&args.dir)?;
-    let state = checkpoint::read_state(&dir).map_err(err)?;
-    let params = checkpoint::read_params(&dir, &state).map_err(err)?;
+    let dir = checkpoint::resolve(&args.dir).map_err(err)?;
+    let (index, mut params) = checkpoint::read_params(&dir).map_err(err)?;
+    for (alt, canonical) in &index.aliases {
+        if let Some(t) = params.get(canonical).cloned() {
+            params.entry(alt.clone()).or_insert(t);
+        }
+    }
     safetensors::save(
         &args.output,
         params.iter().map(|(n, t)| (n.as_str(), t)),
@@ -106,6 +119,6 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
         "wrote {} ({} tensors, {numel} values, from step {})\n",
         args.output.display(),
         params.len(),
-        state.step
+        index.state.step
     ))
 }

@@ -53,27 +53,32 @@ fn a_flipped_byte_or_a_truncated_file_is_refused_naming_the_file_and_the_tensor(
     let dir = temp_dir("ckpt-damage");
     train_with_checkpoints(&dir);
     // a byte in the last tensor's data
-    let model = newest(&dir).join("model.safetensors");
+    let model = newest(&dir).join("model-rank-00000.safetensors");
     let mut bytes = std::fs::read(&model).unwrap();
     let at = bytes.len() - 3;
     bytes[at] ^= 0x10;
     std::fs::write(&model, &bytes).unwrap();
     let err = resume_fails(&dir, &[]);
     assert!(
-        err.contains("model.safetensors") && err.contains("does not match its checksum"),
+        err.contains("model-rank-00000.safetensors") && err.contains("does not match its checksum"),
         "{err}"
     );
     assert!(err.contains("tensor \""), "{err}");
     // the optimizer file cut in half
     train_with_checkpoints(&dir);
-    let opt = newest(&dir).join("optimizer.safetensors");
+    let opt = newest(&dir).join("optimizer-rank-00000.safetensors");
     let bytes = std::fs::read(&opt).unwrap();
     std::fs::write(&opt, &bytes[..bytes.len() / 2]).unwrap();
     let err = resume_fails(&dir, &[]);
     assert!(
-        err.contains("optimizer.safetensors") && err.contains("truncated: tensor \""),
+        err.contains("optimizer-rank-00000.safetensors") && err.contains("truncated: tensor \""),
         "{err}"
     );
+    // a rank's file gone
+    train_with_checkpoints(&dir);
+    std::fs::remove_file(newest(&dir).join("model-rank-00000.safetensors")).unwrap();
+    let err = resume_fails(&dir, &[]);
+    assert!(err.contains("model-rank-00000.safetensors"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -98,24 +103,40 @@ fn a_half_written_checkpoint_is_never_used() {
     let dir = temp_dir("ckpt-partial");
     train_with_checkpoints(&dir);
     // what a run killed while writing step 15 leaves: the temporary folder, partly written
-    let partial = dir.join(".tmp-step-00000015");
+    let partial = dir.join(".tmp-step-00000015-00000000000ab");
     std::fs::create_dir_all(&partial).unwrap();
     std::fs::write(
-        partial.join("model.safetensors"),
+        partial.join("model-rank-00000.safetensors"),
         b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":",
     )
     .unwrap();
+    // and one killed between moving the folder into place and marking it complete
+    let unmarked = dir.join("step-00000014");
+    std::fs::create_dir_all(&unmarked).unwrap();
+    for f in std::fs::read_dir(newest(&dir)).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, unmarked.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::remove_file(unmarked.join("COMPLETE")).unwrap();
     let metrics = dir.join("resumed.jsonl");
     let set = path_set("train.checkpoint_dir", &dir);
     let m = path_set("train.metrics", &metrics);
     #[rustfmt::skip]
-    weft_ok(&["train", "--config", &config(), "--quiet", "--resume", "--set", "train.steps=12",
+    weft_ok(&["train", "--config", &config(), "--quiet", "--resume", "--set", "train.steps=16",
         "--set", &set, "--set", &m]);
     let steps: Vec<u64> = common::read_metrics(&metrics)
         .iter()
         .filter_map(|r| r["step"].as_u64())
         .collect();
-    assert_eq!(steps, [10, 11], "resumed from step 10, the newest complete checkpoint");
+    assert_eq!(
+        steps,
+        (10..16).collect::<Vec<_>>(),
+        "resumed from step 10, the newest complete checkpoint"
+    );
+    // the next complete checkpoint removed what the killed runs left
+    for left in [partial, unmarked] {
+        assert!(!left.exists(), "{} was not removed", left.display());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -139,6 +160,10 @@ fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
         "transformer.h.1.mlp.c_fc.weight",
         "[128, 32]",
         "transformer.wte.weight.exp_avg_sq",
+        // each rank wrote its own ZeRO shard
+        "files: 4",
+        "model-rank-00001.safetensors",
+        "lm_head.weight is transformer.wte.weight (tied)",
     ] {
         assert!(text.contains(want), "{want:?} in:\n{text}");
     }
@@ -151,16 +176,19 @@ fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
         file.to_str().unwrap(),
     ]);
     let written = weft_core::io::safetensors::load(&file).unwrap().tensors;
-    let original = weft_core::io::safetensors::load(&ckpt.join("step-00000005/model.safetensors"))
+    let original = weft_train::checkpoint::read(&ckpt.join("step-00000005"))
         .unwrap()
-        .tensors;
-    assert_eq!(written.len(), original.len());
-    assert!(written.contains_key("lm_head.weight") && written.contains_key("transformer.wte.weight"));
+        .params;
+    assert_eq!(written.len(), original.len() + 1);
+    assert_eq!(
+        written["lm_head.weight"].to_vec_f64(),
+        original["transformer.wte.weight"].to_vec_f64()
+    );
     for (name, t) in &original {
         assert_eq!(written[name].to_vec_f64(), t.to_vec_f64(), "{name}");
     }
     // a damaged checkpoint and a missing folder are refused, naming them
-    let opt = ckpt.join("step-00000005/optimizer.safetensors");
+    let opt = ckpt.join("step-00000005/optimizer-rank-00001.safetensors");
     let mut bytes = std::fs::read(&opt).unwrap();
     let at = bytes.len() - 1;
     bytes[at] ^= 1;
@@ -168,7 +196,7 @@ fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
     let out = weft(&["checkpoint", "inspect", ckpt.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("optimizer.safetensors") && err.contains("checksum"),
+        !out.status.success() && err.contains("optimizer-rank-00001.safetensors") && err.contains("checksum"),
         "{err}"
     );
     let out = weft(&["checkpoint", "inspect", dir.join("nothing").to_str().unwrap()]);

@@ -151,8 +151,9 @@ pub fn assert_same_curve(a: &[f64], b: &[f64], tol: f64, what: &str) {
 pub fn resume_in_one_process(config: &Path, step_dir: &Path, scratch: &Path) -> Vec<f64> {
     let copy = scratch.join("ckpt").join(step_dir.file_name().unwrap());
     std::fs::create_dir_all(&copy).unwrap();
-    for f in ["model.safetensors", "optimizer.safetensors", "state.json"] {
-        std::fs::copy(step_dir.join(f), copy.join(f)).unwrap();
+    for f in std::fs::read_dir(step_dir).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
     }
     let metrics = scratch.join("one-process.jsonl");
     let _ = std::fs::remove_file(&metrics);

@@ -56,18 +56,24 @@ fn a_tensor_parallel_checkpoint_is_whole_resumes_exactly_and_loads_into_one_proc
     let dir = path_set("train.checkpoint_dir", &ckpt);
     let whole = losses(&train(1, 2, &out, "whole", &[], &[]));
     train(1, 2, &out, "first", &[], &[dir.clone(), "train.steps=20".into()]);
-    // the checkpoint holds whole tensors under PyTorch's names (the padded vocabulary cut away)
+    // each rank wrote its own slice of the cut tensors; read back, they are whole under
+    // PyTorch's names (the padded vocabulary cut away)
     let step20 = ckpt.join("step-00000020");
-    let params = weft_core::io::safetensors::load(&step20.join("model.safetensors"))
-        .unwrap()
-        .tensors;
+    let index = weft_train::checkpoint::read_index(&step20).unwrap();
+    let wte = &index.model["transformer.wte.weight"];
+    let files: Vec<&str> = wte.pieces.iter().map(|p| p.file.as_str()).collect();
+    assert_eq!(files, ["model-rank-00000.safetensors", "model-rank-00001.safetensors"]);
+    // a tensor every rank holds whole is written once
+    assert_eq!(index.model["transformer.ln_f.weight"].pieces.len(), 1);
+    let loaded = weft_train::checkpoint::read(&step20).unwrap();
+    let params = &loaded.params;
     assert_eq!(params["transformer.wte.weight"].shape(), [65, 32]);
     assert_eq!(params["transformer.h.0.attn.c_attn.weight"].shape(), [96, 32]);
     assert_eq!(params["transformer.h.1.mlp.c_proj.weight"].shape(), [32, 128]);
-    let opt = weft_core::io::safetensors::load(&step20.join("optimizer.safetensors"))
-        .unwrap()
-        .tensors;
-    assert_eq!(opt["transformer.h.0.attn.c_attn.weight.exp_avg"].shape(), [96, 32]);
+    assert_eq!(
+        loaded.optimizer["transformer.h.0.attn.c_attn.weight.exp_avg"].shape(),
+        [96, 32]
+    );
     // resumed by one process (copied before the resumed run writes newer checkpoints)
     let scratch = out.join("one");
     let one = resume_in_one_process(&config(), &step20, &scratch);

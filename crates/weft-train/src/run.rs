@@ -432,16 +432,12 @@ fn sample_text(gpt: &Gpt, tok: &weft_data::CharTokenizer, prompt: &str, n: usize
 /// `weft generate`: loads a gpt checkpoint folder (or the newest checkpoint inside a
 /// checkpoint directory) and continues `prompt` by `tokens` characters.
 pub fn generate(checkpoint_path: &Path, prompt: &str, tokens: usize, seed: u64) -> Result<String> {
-    let ckpt = if checkpoint_path.join("state.json").exists() {
-        checkpoint_path.to_path_buf()
-    } else {
-        checkpoint::latest(checkpoint_path)?
-            .ok_or_else(|| Error::Io(format!("{}: no checkpoint found", checkpoint_path.display())))?
-    };
-    let state = checkpoint::read_state(&ckpt)?;
+    let ckpt = checkpoint::resolve(checkpoint_path)?;
+    let (index, params) = checkpoint::read_params(&ckpt)?;
+    let state = index.state;
     let model_cfg: ModelConfig = serde_json::from_value(state.extra["model"].clone()).map_err(|e| {
         Error::Io(format!(
-            "{}: state.json has no usable model config: {e}",
+            "{}: index.json has no usable model config: {e}",
             ckpt.display()
         ))
     })?;
@@ -459,8 +455,7 @@ pub fn generate(checkpoint_path: &Path, prompt: &str, tokens: usize, seed: u64) 
     })?;
     let tok = weft_data::CharTokenizer::from_json(tok_json)?;
     let gpt = build_gpt(&model_cfg, 0)?;
-    let params = checkpoint::read_params(&ckpt, &state)?;
-    let source = ckpt.join("model.safetensors").display().to_string();
+    let source = ckpt.display().to_string();
     state_dict::load_state_dict(&gpt, &params, gpt.aliases(), &source)?;
     sample_text(&gpt, &tok, prompt, tokens, seed)
 }

@@ -65,6 +65,8 @@ pub struct Piece {
     /// 1-D, the piece's elements, updated in place by the optimizer; its gradient is set by
     /// [`ShardedDataParallel::finish`].
     pub tensor: Tensor,
+    /// Where the piece starts in the parameter's own (row-major, flat) numbering of elements.
+    pub offset: usize,
     /// The whole parameter's shape (weight decay groups go by its number of dimensions).
     pub param_shape: Vec<usize>,
 }
@@ -131,6 +133,7 @@ impl ShardedDataParallel {
                 pieces.push(Piece {
                     name: name.clone(),
                     tensor,
+                    offset: s.lo,
                     param_shape: p.shape().to_vec(),
                 });
             }
@@ -149,6 +152,33 @@ impl ShardedDataParallel {
     /// This rank's pieces of the parameters, to pass to the optimizer.
     pub fn pieces(&self) -> &[Piece] {
         &self.pieces
+    }
+
+    /// Copies of this rank's pieces' current values, in the order of [`Self::pieces`]: what a
+    /// sharded checkpoint saves. They come from the parameters while those hold the truth
+    /// (before the first forward, after [`Self::gather_parameters`] or a loaded checkpoint),
+    /// else from the shards the optimizer updates. No communication.
+    pub fn piece_values(&self) -> Result<Vec<Tensor>> {
+        let e = lock(&self.engine);
+        let from_params = e.whole || e.master.is_empty();
+        self.pieces
+            .iter()
+            .map(|piece| {
+                let t = if from_params {
+                    let (_, p) =
+                        e.params.iter().find(|(n, _)| *n == piece.name).ok_or_else(|| {
+                            Error::Invalid(format!("zero: piece of unknown parameter {:?}", piece.name))
+                        })?;
+                    p.detach()
+                        .reshape(&[-1])?
+                        .narrow(0, piece.offset, piece.tensor.numel())?
+                        .contiguous_copy()?
+                } else {
+                    piece.tensor.contiguous_copy()?
+                };
+                Ok(t)
+            })
+            .collect()
     }
 
     /// The unit names and the parameter names of each, the root unit (named `""`) last.

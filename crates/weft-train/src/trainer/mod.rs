@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use crate::replicas::{unsharded_bytes, Replicas, StateBytes, ZeroUnits};
 
+mod shards;
 mod whole;
 
 /// What one optimizer step did.
@@ -94,6 +95,11 @@ pub struct Trainer {
     pipeline: Option<Pipeline>,
     /// Writes checkpoints while training goes on.
     checkpoint_writer: checkpoint::BackgroundWriter,
+    /// The same on every rank, new for every run: names checkpoints' temporary folders (set at
+    /// the first save).
+    checkpoint_nonce: Option<u64>,
+    /// The step of the newest checkpoint saved, or loaded from the policy's folder.
+    checkpointed: Option<usize>,
     /// The parameters this rank trains (all the model's, or its stage's), in registration
     /// order.
     params: Vec<(String, Tensor)>,
@@ -109,6 +115,8 @@ impl Trainer {
             params,
             pipeline: None,
             checkpoint_writer: Default::default(),
+            checkpoint_nonce: None,
+            checkpointed: None,
             model,
             optimizer,
             groups,
@@ -141,8 +149,8 @@ impl Trainer {
 
     /// The model was cut across `tp` (see `Gpt::make_tensor_parallel`): the gradient norm is
     /// summed over the group (parameters that are whole on every rank counted once), and
-    /// checkpoints gather the whole parameters and optimizer state. Every rank of the group
-    /// takes part in saving; only rank 0 of the job (see [`Trainer::with_job`]) writes.
+    /// each rank writes its own slice of the cut parameters and their optimizer state into
+    /// checkpoints (needs [`Trainer::with_job`]).
     pub fn with_tensor_parallel(mut self, tp: ProcessGroup) -> Self {
         self.tensor_parallel = Some(whole::TensorParallel {
             group: tp,
@@ -151,19 +159,25 @@ impl Trainer {
         self
     }
 
-    /// The job's ranks (all of them, whatever the layout): only its rank 0 writes
-    /// checkpoints, and the trace gathers every rank's spans. Without it, the data-parallel
-    /// group plays that role.
+    /// The job's ranks (all of them, whatever the layout): its rank 0 completes checkpoints
+    /// (every rank writes what it owns) and writes the trace, which gathers every rank's spans.
+    /// Without it, the data-parallel group plays that role; tensor and pipeline parallelism
+    /// need it for checkpoints.
     pub fn with_job(mut self, job: ProcessGroup) -> Self {
         self.job = Some(job);
         self
     }
 
-    /// Whether this rank writes checkpoints: rank 0 of the job.
-    fn writer(&self) -> bool {
-        match &self.job {
-            Some(job) => job.rank() == 0,
-            None => self.rank_and_size().0 == 0,
+    /// The ranks that write a checkpoint together: the job, else the data-parallel group;
+    /// `None` for a single process.
+    fn checkpoint_group(&self) -> Result<Option<&ProcessGroup>> {
+        match (&self.job, &self.data_parallel) {
+            (Some(job), _) => Ok(Some(job)),
+            _ if self.tensor_parallel.is_some() || self.pipeline.is_some() => Err(Error::Config(
+                "checkpoints of a tensor-parallel or pipeline run need the job's group (Trainer::with_job)".into(),
+            )),
+            (None, Some((pg, _))) => Ok(Some(pg)),
+            (None, None) => Ok(None),
         }
     }
 
@@ -428,64 +442,79 @@ impl Trainer {
         match checkpoint::latest(&policy.dir)? {
             None => Ok(0),
             Some(dir) => {
-                self.gather_parameters()?;
-                let mut loaded = checkpoint::read(&dir)?;
-                self.tensor_parallel_parts(&mut loaded.params, false)?;
-                weft_nn::state_dict::load_state_dict(
-                    self.model.as_ref(),
-                    &loaded.params,
-                    self.model.aliases(),
-                    &dir.join("model.safetensors").display().to_string(),
-                )?;
-                // a pipeline stage keeps the state of its own parameters only
-                let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
-                loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
-                self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
-                match self.zero() {
-                    Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
-                    None => self.optimizer.load_state(&loaded.optimizer)?,
-                }
-                self.model.context().set_rng_offset(loaded.state.rng_offset);
-                Ok(loaded.state.step)
+                let step = self.load_checkpoint(&dir)?;
+                self.checkpointed = Some(step);
+                Ok(step)
             }
         }
     }
 
-    /// Gathers the whole state (every rank takes part) and hands a copy of it to the
-    /// background writer (rank 0 of the job), which writes it while training goes on.
+    /// Restores checkpoint folder `ckpt` (or the newest one inside a checkpoint directory),
+    /// whatever layout wrote it; returns the step to continue from. Every rank reads the whole
+    /// tensors and keeps its own part of them.
+    pub fn load_checkpoint(&mut self, ckpt: &std::path::Path) -> Result<usize> {
+        let dir = checkpoint::resolve(ckpt)?;
+        self.gather_parameters()?;
+        let mut loaded = checkpoint::read(&dir)?;
+        self.tensor_parallel_parts(&mut loaded.params, false)?;
+        weft_nn::state_dict::load_state_dict(
+            self.model.as_ref(),
+            &loaded.params,
+            self.model.aliases(),
+            &dir.display().to_string(),
+        )?;
+        // a pipeline stage keeps the state of its own parameters only
+        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
+        loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
+        self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
+        match self.zero() {
+            Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
+            None => self.optimizer.load_state(&loaded.optimizer)?,
+        }
+        self.model.context().set_rng_offset(loaded.state.rng_offset);
+        Ok(loaded.state.step)
+    }
+
+    /// Hands this rank's share of the state before step `next_step` (copies of the pieces it
+    /// owns; no communication but, once, agreeing on a nonce) to the background writer, which
+    /// writes it while training goes on; rank 0's writer completes the checkpoint when every
+    /// rank's files are written.
     fn save(&mut self, next_step: usize) -> Result<()> {
         let Some(policy) = &self.checkpoints else {
             return Ok(());
         };
-        let _s = span("checkpoint", format!("gather step {next_step}"));
-        // ZeRO, tensor and pipeline parallelism: every rank takes part in gathering the whole
-        // parameters and optimizer state
-        let params = self.whole_parameters()?;
-        let optimizer_state = self.whole_optimizer_state()?;
-        // data-parallel replicas are identical: one rank writes for all
-        if !self.writer() {
-            return Ok(());
-        }
+        let _s = span("checkpoint", format!("copy step {next_step}"));
+        let group = self.checkpoint_group()?.cloned();
+        let nonce = match (self.checkpoint_nonce, &group) {
+            (Some(n), _) => n,
+            (None, None) => checkpoint::new_nonce(),
+            (None, Some(g)) => {
+                let t = Tensor::from_vec(vec![checkpoint::new_nonce() as f64], &[1])?;
+                g.broadcast(&t, 0)?.wait()?;
+                t.to_vec::<f64>()?[0] as u64
+            }
+        };
+        self.checkpoint_nonce = Some(nonce);
+        let shard = self.local_shard()?;
         let state = CheckpointState {
             step: next_step,
             rng_offset: self.model.context().rng_offset(),
             extra: self.checkpoint_extra.clone(),
-            ..Default::default()
         };
-        // the next steps change the parameters in place: the writer gets its own copies (the
-        // optimizer state is one already)
-        let params = params
-            .into_iter()
-            .map(|(n, t)| Ok((n, t.contiguous_copy()?)))
-            .collect::<Result<Vec<_>>>()?;
         let pending = checkpoint::Pending {
             dir: policy.dir.clone(),
-            params,
-            aliases: self.model.aliases(),
-            optimizer_state,
+            shard,
             state,
+            aliases: self
+                .model
+                .aliases()
+                .iter()
+                .map(|(a, c)| (a.to_string(), c.to_string()))
+                .collect(),
             keep: policy.keep,
+            coordination: group.map(|group| checkpoint::Coordination { group, nonce }),
         };
+        self.checkpointed = Some(next_step);
         self.checkpoint_writer.submit(pending)
     }
 
@@ -519,6 +548,11 @@ impl Trainer {
                     self.save(step + 1)?;
                 }
             }
+        }
+        // a run that had nothing left to do (loaded from elsewhere) still leaves its state in
+        // its own folder, in its own layout
+        if self.checkpoints.is_some() && self.checkpointed != Some(end) {
+            self.save(end)?;
         }
         // the last checkpoint is complete before the run is
         self.checkpoint_writer.finish()?;

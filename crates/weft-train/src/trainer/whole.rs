@@ -1,6 +1,6 @@
 //! The trainer's collectives over the layout of a parallel run: the gradient norm across
-//! shards, stages and tensor-parallel parts, and the whole parameters and optimizer state that
-//! checkpoints hold (and their cutting back on resume).
+//! shards, stages and tensor-parallel parts, the whole parameters (for sampling after a run),
+//! and the cutting of a checkpoint's whole tensors for this rank on resume.
 
 use std::collections::BTreeMap;
 
@@ -21,8 +21,7 @@ pub(super) struct TensorParallel {
 pub(super) fn param_of(key: &str) -> &str {
     key.rsplit_once('.').map_or("", |(p, _)| p)
 }
-use crate::error::{Error, Result};
-use crate::pipeline::Pipeline;
+use crate::error::Result;
 
 impl Trainer {
     /// The global gradient norm when gradients are cut: ZeRO pieces (each element on exactly
@@ -77,25 +76,6 @@ impl Trainer {
             .collect()
     }
 
-    /// Collective: the whole optimizer state, as a single process keeps it.
-    pub(super) fn whole_optimizer_state(&self) -> Result<Vec<(String, Tensor)>> {
-        let state = match self.zero() {
-            Some(z) => z.consolidate_state(self.optimizer.state())?,
-            None => self.optimizer.state(),
-        };
-        let state = match &self.pipeline {
-            Some(pp) => self.gather_stage_states(pp, state)?,
-            None => state,
-        };
-        state
-            .into_iter()
-            .map(|(key, t)| {
-                let whole = self.whole_of(param_of(&key), t)?;
-                Ok((key, whole))
-            })
-            .collect()
-    }
-
     /// Collective over the tensor-parallel group: the whole of `t`, this rank's part of
     /// parameter `param` (or of a tensor of its shape, such as a moment); `t` itself when the
     /// parameter is not cut, or `t` is a scalar (a step count).
@@ -107,44 +87,6 @@ impl Trainer {
             },
             _ => Ok(t),
         }
-    }
-
-    /// Collective over the pipeline: every parameter's optimizer state, each broadcast from the
-    /// stage that owns it (every stage keeps the same fields: moments of the parameter's shape
-    /// and dtype, and 0-d step counts).
-    fn gather_stage_states(&self, pp: &Pipeline, state: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
-        let local: BTreeMap<String, Tensor> = state.into_iter().collect();
-        // the fields (and their kinds) this optimizer keeps, from this stage's own state
-        let mut fields: Vec<(String, Option<weft_core::DType>)> = Vec::new();
-        for (key, t) in &local {
-            let field = key.rsplit_once('.').map_or("", |(_, f)| f).to_string();
-            if !fields.iter().any(|(f, _)| *f == field) {
-                fields.push((field, (t.rank() == 0).then(|| t.dtype())));
-            }
-        }
-        let mut out = Vec::new();
-        for (name, p) in self.model.parameters() {
-            let owner = pp.owner(&name)?;
-            for (field, scalar) in &fields {
-                let key = format!("{name}.{field}");
-                let t = match (local.get(&key), pp.stage() == owner) {
-                    (Some(t), true) => t.contiguous_copy()?,
-                    (None, true) => {
-                        return Err(Error::Run(format!(
-                            "pipeline: stage {owner} has no optimizer state {key:?}"
-                        )))
-                    }
-                    (_, false) => match scalar {
-                        Some(dtype) => Tensor::zeros(&[], *dtype)?,
-                        None => Tensor::zeros(p.shape(), p.dtype())?,
-                    },
-                };
-                pp.group().broadcast(&t, owner)?.wait()?;
-                out.push((key, t));
-            }
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
     }
 
     /// This rank's tensor-parallel part of each whole tensor of `tensors` whose name (or, with

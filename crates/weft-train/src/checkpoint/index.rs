@@ -1,0 +1,420 @@
+//! The checkpoint's index: every whole tensor with the pieces that hold it, and how the pieces
+//! go back together.
+//!
+//! A piece is a run of elements of one tensor, written by one rank. A tensor is cut in two
+//! ways, either or both:
+//! - by tensor parallelism ([`TpPart`]): rank `r` of `ranks` holds part `r` of the tensor as
+//!   [`weft_nn::parallel::Split`] cuts it (padding included);
+//! - by ZeRO: a rank holds elements `[offset, offset + numel)` of that part (or of the whole
+//!   tensor), in row-major order.
+//!
+//! A tensor nobody cuts is one piece with offset 0 holding every element.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use weft_core::io::safetensors;
+use weft_core::Tensor;
+use weft_nn::parallel::Split;
+
+use super::{io, CheckpointState};
+use crate::error::{Error, Result};
+
+/// The format an index declares; readers refuse others.
+pub const FORMAT: &str = "weft-checkpoint/2";
+
+/// Which tensor-parallel part of a tensor a piece belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpPart {
+    /// The dimension cut, and how many blocks (3 for a fused q,k,v projection) are cut apart.
+    pub dim: usize,
+    pub blocks: usize,
+    /// This part's rank, of `ranks`.
+    pub rank: usize,
+    pub ranks: usize,
+}
+
+/// One piece as the index records it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PieceRecord {
+    /// The file (inside the checkpoint folder) that holds it under the tensor's name.
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<TpPart>,
+    /// First element, in the row-major numbering of the tensor-parallel part (or the tensor).
+    pub offset: usize,
+    pub numel: usize,
+    /// Of the piece's values (see [`checksum`]).
+    pub checksum: String,
+}
+
+/// One whole tensor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorRecord {
+    pub shape: Vec<usize>,
+    /// The dtype's name (`float32`, ...).
+    pub dtype: String,
+    pub pieces: Vec<PieceRecord>,
+}
+
+/// `index.json`: the checkpoint's state and where every tensor is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Index {
+    pub format: String,
+    pub state: CheckpointState,
+    /// Ranks of the job that wrote it.
+    pub ranks: usize,
+    /// `(alternative, canonical)` names of tied tensors: a consolidated file holds both.
+    pub aliases: Vec<(String, String)>,
+    /// Model parameters by PyTorch name.
+    pub model: BTreeMap<String, TensorRecord>,
+    /// Optimizer state by `"{param}.{field}"`.
+    pub optimizer: BTreeMap<String, TensorRecord>,
+}
+
+/// A piece a rank holds, to write.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    /// The whole tensor's name and shape.
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub tp: Option<TpPart>,
+    pub offset: usize,
+    /// The piece's values (any shape; read in row-major order). Nothing else may change them.
+    pub tensor: Tensor,
+}
+
+/// Everything one rank writes.
+#[derive(Clone, Debug, Default)]
+pub struct Shard {
+    pub model: Vec<Piece>,
+    pub optimizer: Vec<Piece>,
+}
+
+/// FNV-1a (64 bits) over the tensor's values as f64 bit patterns, in hex: any changed value
+/// changes it.
+pub fn checksum(t: &Tensor) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in t.to_vec_f64() {
+        for b in v.to_bits().to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    format!("fnv1a64:{h:016x}")
+}
+
+/// The shape of tensor-parallel part `tp` of a tensor of shape `shape` (padding included).
+fn part_shape(name: &str, shape: &[usize], tp: &Option<TpPart>) -> Result<Vec<usize>> {
+    let Some(tp) = tp else {
+        return Ok(shape.to_vec());
+    };
+    let len = shape.get(tp.dim).copied();
+    match len {
+        Some(len) if tp.blocks > 0 && tp.ranks > 0 && len % tp.blocks == 0 => {
+            let split = Split {
+                dim: tp.dim,
+                blocks: tp.blocks,
+                len,
+            };
+            let mut s = shape.to_vec();
+            s[tp.dim] = split.part(tp.ranks) * tp.blocks;
+            Ok(s)
+        }
+        _ => Err(Error::Io(format!(
+            "tensor {name:?} of shape {shape:?} cannot be cut into {} blocks along dim {} for {} ranks",
+            tp.blocks, tp.dim, tp.ranks
+        ))),
+    }
+}
+
+/// The pieces of `rec`, grouped by tensor-parallel part in rank order, after checking that
+/// they hold every element of every part exactly once.
+fn parts<'a>(name: &str, rec: &'a TensorRecord) -> Result<Vec<(Option<TpPart>, Vec<&'a PieceRecord>)>> {
+    let bad = |msg: String| Error::Io(format!("tensor {name:?}: {msg}"));
+    let first = rec.pieces.first().ok_or_else(|| bad("no piece holds it".into()))?;
+    let ranks = first.tp.as_ref().map_or(1, |t| t.ranks);
+    let mut out: Vec<(Option<TpPart>, Vec<&PieceRecord>)> = Vec::with_capacity(ranks);
+    for r in 0..ranks {
+        let tp = first.tp.as_ref().map(|t| TpPart { rank: r, ..t.clone() });
+        let mut mine: Vec<&PieceRecord> = rec.pieces.iter().filter(|p| p.tp == tp).collect();
+        mine.sort_by_key(|p| p.offset);
+        out.push((tp, mine));
+    }
+    let grouped: usize = out.iter().map(|(_, p)| p.len()).sum();
+    if grouped != rec.pieces.len() {
+        return Err(bad("its pieces are cut in different ways".into()));
+    }
+    for (tp, pieces) in &out {
+        let numel: usize = part_shape(name, &rec.shape, tp)?.iter().product();
+        let which = tp
+            .as_ref()
+            .map_or(String::new(), |t| format!(" of tensor-parallel part {}", t.rank));
+        let mut next = 0;
+        for p in pieces {
+            if p.offset != next {
+                let what = if p.offset > next {
+                    "are in no piece"
+                } else {
+                    "are in two pieces"
+                };
+                return Err(bad(format!(
+                    "elements {}..{}{which} {what} (a rank's file is missing from the index)",
+                    next.min(p.offset),
+                    next.max(p.offset)
+                )));
+            }
+            next += p.numel;
+        }
+        if next != numel {
+            return Err(bad(format!(
+                "its pieces{which} hold {next} elements, the shape {:?} needs {numel}",
+                rec.shape
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// Checks that every tensor of `index` is covered exactly once by its pieces.
+pub fn check(index: &Index) -> Result<()> {
+    for (name, rec) in index.model.iter().chain(&index.optimizer) {
+        parts(name, rec)?;
+    }
+    Ok(())
+}
+
+/// The files of a checkpoint folder, read once each.
+pub struct Files<'a> {
+    dir: &'a Path,
+    loaded: BTreeMap<String, BTreeMap<String, Tensor>>,
+}
+
+impl<'a> Files<'a> {
+    pub fn new(dir: &'a Path) -> Self {
+        Files {
+            dir,
+            loaded: BTreeMap::new(),
+        }
+    }
+
+    /// Tensor `name` of `file`, checked against its record.
+    fn piece(&mut self, file: &str, name: &str, rec: &PieceRecord, dtype: &str) -> Result<Tensor> {
+        if file.is_empty() || file.contains(['/', '\\']) || file.starts_with('.') {
+            return Err(io(
+                self.dir,
+                format!("index.json names the file {file:?}, which is not a file of this folder"),
+            ));
+        }
+        let path = self.dir.join(file);
+        if !self.loaded.contains_key(file) {
+            let tensors = safetensors::load(&path)?.tensors;
+            self.loaded.insert(file.to_string(), tensors);
+        }
+        let t = self.loaded[file].get(name).ok_or_else(|| {
+            io(
+                &path,
+                format!("tensor {name:?} is missing (the file is damaged or was replaced)"),
+            )
+        })?;
+        if t.numel() != rec.numel || t.dtype().name() != dtype {
+            return Err(io(
+                &path,
+                format!(
+                    "tensor {name:?} holds {} {} values, the index says {} {dtype} (the file was replaced)",
+                    t.numel(),
+                    t.dtype().name(),
+                    rec.numel
+                ),
+            ));
+        }
+        if checksum(t) != rec.checksum {
+            return Err(io(
+                &path,
+                format!("tensor {name:?} does not match its checksum (the file is damaged)"),
+            ));
+        }
+        Ok(t.clone())
+    }
+
+    /// Every tensor of `records`, whole, put together from its pieces.
+    pub fn assemble(&mut self, records: &BTreeMap<String, TensorRecord>) -> Result<BTreeMap<String, Tensor>> {
+        let mut out = BTreeMap::new();
+        for (name, rec) in records {
+            let whole = self.assemble_one(name, rec).map_err(|e| match e {
+                Error::Io(m) if !m.contains(&*self.dir.to_string_lossy()) => io(self.dir, m),
+                e => e,
+            })?;
+            out.insert(name.clone(), whole);
+        }
+        Ok(out)
+    }
+
+    fn assemble_one(&mut self, name: &str, rec: &TensorRecord) -> Result<Tensor> {
+        let mut dtype = None;
+        let mut tp_parts = Vec::new();
+        let parts = parts(name, rec)?;
+        let split = parts[0].0.as_ref().map(|t| Split {
+            dim: t.dim,
+            blocks: t.blocks,
+            len: rec.shape[t.dim],
+        });
+        for (tp, pieces) in parts {
+            let shape = part_shape(name, &rec.shape, &tp)?;
+            let mut values = vec![0.0f64; shape.iter().product()];
+            for p in pieces {
+                let t = self.piece(&p.file, name, p, &rec.dtype)?;
+                dtype = Some(t.dtype());
+                values[p.offset..p.offset + p.numel].copy_from_slice(&t.to_vec_f64());
+            }
+            let dtype = dtype.ok_or_else(|| Error::Io(format!("tensor {name:?}: no piece holds it")))?;
+            tp_parts.push(Tensor::from_vec(values, &shape)?.cast(dtype)?);
+        }
+        match split {
+            Some(split) => Ok(split.unshard(&tp_parts)?),
+            None => Ok(tp_parts.remove(0)),
+        }
+    }
+}
+
+/// Writes `pieces` (keyed by their tensor's name) to `path` and returns each tensor's record
+/// with this one piece.
+pub fn write_pieces(path: &Path, pieces: &[Piece]) -> Result<BTreeMap<String, TensorRecord>> {
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let mut records = BTreeMap::new();
+    for p in pieces {
+        let rec = TensorRecord {
+            shape: p.shape.clone(),
+            dtype: p.tensor.dtype().name().to_string(),
+            pieces: vec![PieceRecord {
+                file: file.clone(),
+                tp: p.tp.clone(),
+                offset: p.offset,
+                numel: p.tensor.numel(),
+                checksum: checksum(&p.tensor),
+            }],
+        };
+        if records.insert(p.name.clone(), rec).is_some() {
+            return Err(io(path, format!("tensor {:?} has two pieces on one rank", p.name)));
+        }
+    }
+    safetensors::save(
+        path,
+        pieces.iter().map(|p| (p.name.as_str(), &p.tensor)),
+        &BTreeMap::new(),
+    )?;
+    Ok(records)
+}
+
+/// Adds `from`'s pieces to `into` (records of one tensor from several ranks), refusing
+/// disagreeing shapes or dtypes.
+pub fn merge(into: &mut BTreeMap<String, TensorRecord>, from: BTreeMap<String, TensorRecord>) -> Result<()> {
+    for (name, rec) in from {
+        match into.get_mut(&name) {
+            None => {
+                into.insert(name, rec);
+            }
+            Some(have) if have.shape == rec.shape && have.dtype == rec.dtype => have.pieces.extend(rec.pieces),
+            Some(have) => {
+                return Err(Error::Io(format!(
+                    "tensor {name:?}: ranks disagree on its shape or dtype ({:?} {} and {:?} {})",
+                    have.shape, have.dtype, rec.shape, rec.dtype
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(shape: &[usize], pieces: &[(Option<TpPart>, usize, usize)]) -> TensorRecord {
+        TensorRecord {
+            shape: shape.to_vec(),
+            dtype: "float32".into(),
+            pieces: pieces
+                .iter()
+                .map(|(tp, offset, numel)| PieceRecord {
+                    file: "f".into(),
+                    tp: tp.clone(),
+                    offset: *offset,
+                    numel: *numel,
+                    checksum: String::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn tp(rank: usize) -> Option<TpPart> {
+        Some(TpPart {
+            dim: 0,
+            blocks: 1,
+            rank,
+            ranks: 2,
+        })
+    }
+
+    #[test]
+    fn pieces_must_cover_every_element_once() {
+        assert!(parts("w", &record(&[2, 3], &[(None, 0, 6)])).is_ok());
+        assert!(parts("w", &record(&[2, 3], &[(None, 4, 2), (None, 0, 4)])).is_ok());
+        let gap = parts("w", &record(&[2, 3], &[(None, 0, 2), (None, 3, 3)])).unwrap_err();
+        assert!(gap.to_string().contains("elements 2..3 are in no piece"), "{gap}");
+        let overlap = parts("w", &record(&[2, 3], &[(None, 0, 4), (None, 3, 3)])).unwrap_err();
+        assert!(overlap.to_string().contains("are in two pieces"), "{overlap}");
+        let short = parts("w", &record(&[2, 3], &[(None, 0, 5)])).unwrap_err();
+        assert!(short.to_string().contains("hold 5 elements"), "{short}");
+        // 5 rows cut in 2: parts of 3 rows (one of padding on rank 1)
+        assert!(parts("w", &record(&[5, 2], &[(tp(0), 0, 6), (tp(1), 0, 6)])).is_ok());
+        let missing = parts("w", &record(&[5, 2], &[(tp(0), 0, 6)])).unwrap_err();
+        assert!(missing.to_string().contains("tensor-parallel part 1"), "{missing}");
+        let mixed = parts("w", &record(&[5, 2], &[(tp(0), 0, 6), (tp(1), 0, 6), (None, 0, 10)])).unwrap_err();
+        assert!(mixed.to_string().contains("different ways"), "{mixed}");
+    }
+
+    #[test]
+    fn pieces_go_back_together() {
+        let dir = std::env::temp_dir().join(format!("weft-index-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // a [5, 2] tensor cut in two tensor-parallel parts (rank 1's last row is padding),
+        // each cut again in two flat runs
+        let whole = Tensor::from_vec((0..10).map(|v| v as f32).collect::<Vec<_>>(), &[5, 2]).unwrap();
+        let split = Split {
+            dim: 0,
+            blocks: 1,
+            len: 5,
+        };
+        let mut all = BTreeMap::new();
+        for r in 0..2 {
+            let part = split.shard(&whole, r, 2).unwrap().reshape(&[-1]).unwrap();
+            for (i, (lo, n)) in [(0, 4), (4, 2)].into_iter().enumerate() {
+                let piece = Piece {
+                    name: "w".into(),
+                    shape: vec![5, 2],
+                    tp: tp(r),
+                    offset: lo,
+                    tensor: part.narrow(0, lo, n).unwrap().contiguous_copy().unwrap(),
+                };
+                let recs = write_pieces(&dir.join(format!("r{r}-{i}.safetensors")), &[piece]).unwrap();
+                merge(&mut all, recs).unwrap();
+            }
+        }
+        let back = Files::new(&dir).assemble(&all).unwrap();
+        assert_eq!(back["w"].to_vec::<f32>().unwrap(), whole.to_vec::<f32>().unwrap());
+        assert_eq!(back["w"].shape(), &[5, 2]);
+        // a changed value is caught by its checksum, naming the file and the tensor
+        let mut bad = all.clone();
+        bad.get_mut("w").unwrap().pieces[0].checksum = "fnv1a64:0".into();
+        let e = Files::new(&dir).assemble(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("r0-0.safetensors") && e.contains("\"w\"") && e.contains("checksum"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,146 @@
+//! Sharded checkpoints. `DIR/step-NNNNNNNN/` holds:
+//! - `model-rank-RRRRR.safetensors` and `optimizer-rank-RRRRR.safetensors`: the pieces of
+//!   tensors rank `R` owns, under the whole tensor's name: its ZeRO shard (a flat run of a
+//!   parameter's elements), its tensor-parallel slice, its pipeline stage's parameters.
+//!   Data-parallel replicas are written once (by data-parallel rank 0), so a rank that owns
+//!   nothing writes no file;
+//! - `index.json` ([`Index`]): every whole tensor (the model's by PyTorch name, the
+//!   optimizer's by `"{param}.{field}"`) with its shape, dtype and pieces (file, tensor-parallel
+//!   part, element range, checksum), the next step, the dropout stream position and free-form
+//!   extra JSON (run config, tokenizer, layout);
+//! - `COMPLETE`: the marker, written last. Only folders with it count.
+//!
+//! Writing ([`writer`]) never communicates through collectives: each rank copies its pieces and
+//! a background thread writes them into a temporary folder and reports to rank 0 through the
+//! job's store; rank 0 writes the index, renames the folder into place and writes the marker.
+//! Reading ([`read`]) puts whole tensors back together from whatever layout wrote them; the
+//! trainer cuts them again for its own. Batches are pure functions of (seed, step), so the step
+//! is the data position.
+
+mod index;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use weft_core::Tensor;
+
+use crate::error::{Error, Result};
+pub use index::{checksum, Index, Piece, PieceRecord, Shard, TensorRecord, TpPart};
+pub use writer::{new_nonce, BackgroundWriter, Coordination, Pending};
+
+/// The file that marks a checkpoint folder complete.
+pub const MARKER: &str = "COMPLETE";
+/// The index's file name.
+pub const INDEX: &str = "index.json";
+
+/// What besides tensors a checkpoint records.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointState {
+    /// The step to run next.
+    pub step: usize,
+    /// Position of the model's dropout random stream.
+    pub rng_offset: u64,
+    /// Anything else worth keeping with the weights (run config, tokenizer, layout).
+    #[serde(default)]
+    pub extra: serde_json::Value,
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Io(format!("{}: {e}", path.display()))
+}
+
+/// The folder name of the checkpoint taken before step `step`.
+fn folder_name(step: usize) -> String {
+    format!("step-{step:08}")
+}
+
+/// Whether `path` is a complete checkpoint folder.
+pub fn is_complete(path: &Path) -> bool {
+    path.join(MARKER).is_file() && path.join(INDEX).is_file()
+}
+
+/// Complete checkpoints in `dir`, oldest first.
+pub fn list(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let entry = entry.map_err(|e| io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(step) = name.strip_prefix("step-").and_then(|s| s.parse::<usize>().ok()) {
+            if is_complete(&entry.path()) {
+                out.push((step, entry.path()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The newest complete checkpoint in `dir`.
+pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
+    Ok(list(dir)?.pop().map(|(_, p)| p))
+}
+
+/// The checkpoint folder `path` names: itself when it is one, else the newest complete one
+/// inside it. Errors name the path.
+pub fn resolve(path: &Path) -> Result<PathBuf> {
+    if is_complete(path) {
+        return Ok(path.to_path_buf());
+    }
+    if !path.exists() {
+        return Err(io(path, "no such checkpoint folder or directory"));
+    }
+    latest(path)?.ok_or_else(|| io(path, format!("holds no complete checkpoint (no step-*/{MARKER})")))
+}
+
+/// Reads and checks a checkpoint's `index.json`.
+pub fn read_index(ckpt: &Path) -> Result<Index> {
+    let path = ckpt.join(INDEX);
+    let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+    let index: Index = serde_json::from_slice(&bytes).map_err(|e| io(&path, e))?;
+    if index.format != index::FORMAT {
+        return Err(io(
+            &path,
+            format!(
+                "format {:?} is not {:?}, the one this build reads",
+                index.format,
+                index::FORMAT
+            ),
+        ));
+    }
+    index::check(&index).map_err(|e| io(&path, e))?;
+    Ok(index)
+}
+
+/// What a checkpoint folder holds, whole: its state, the model's parameters and the optimizer
+/// state, by name.
+pub struct Loaded {
+    pub state: CheckpointState,
+    pub params: BTreeMap<String, Tensor>,
+    pub optimizer: BTreeMap<String, Tensor>,
+}
+
+/// Reads checkpoint folder `ckpt`, putting every tensor together and checking every piece
+/// against its checksum.
+pub fn read(ckpt: &Path) -> Result<Loaded> {
+    let index = read_index(ckpt)?;
+    let mut files = index::Files::new(ckpt);
+    let params = files.assemble(&index.model)?;
+    let optimizer = files.assemble(&index.optimizer)?;
+    Ok(Loaded {
+        state: index.state,
+        params,
+        optimizer,
+    })
+}
+
+/// The model's whole parameters of checkpoint `ckpt` (no optimizer state), with its index.
+pub fn read_params(ckpt: &Path) -> Result<(Index, BTreeMap<String, Tensor>)> {
+    let index = read_index(ckpt)?;
+    let params = index::Files::new(ckpt).assemble(&index.model)?;
+    Ok((index, params))
+}

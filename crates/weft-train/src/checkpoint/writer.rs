@@ -1,0 +1,271 @@
+//! Writing a checkpoint from every rank at once, in the background.
+//!
+//! Each rank writes its own files into `DIR/.tmp-step-NNNNNNNN-<nonce>/` (fsynced) and reports
+//! their index records to rank 0 through the job's store (`weft/checkpoint/<nonce>/<step>/
+//! rank-R`; a failed rank reports its error). Rank 0 waits for every report, checks that the
+//! pieces cover every tensor exactly once, writes `index.json`, fsyncs the folder, renames it
+//! to `DIR/step-NNNNNNNN/`, writes the `COMPLETE` marker and keeps the newest K checkpoints.
+//! A rank killed at any point leaves at most a temporary folder or an unmarked one, which
+//! readers skip and the next completed checkpoint removes. The nonce, the same on every rank
+//! and new for every run of the job, keeps attempts from mixing their files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use weft_dist::ProcessGroup;
+
+use super::index::{self, Index, Shard, TensorRecord};
+use super::{folder_name, io, list, CheckpointState, INDEX, MARKER};
+use crate::error::{Error, Result};
+
+/// How long rank 0 waits for the other ranks' files of one checkpoint.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// How the ranks of a job agree on a checkpoint.
+#[derive(Clone, Debug)]
+pub struct Coordination {
+    /// Every rank of the job; its store carries the reports.
+    pub group: ProcessGroup,
+    /// The same on every rank, new for every run of the job.
+    pub nonce: u64,
+}
+
+/// A checkpoint to write: this rank's share, owned, so that a background thread can write it
+/// while training goes on.
+pub struct Pending {
+    pub dir: PathBuf,
+    pub shard: Shard,
+    pub state: CheckpointState,
+    /// `(alternative, canonical)` names of tied parameters.
+    pub aliases: Vec<(String, String)>,
+    /// Complete checkpoints kept (rank 0 removes older ones).
+    pub keep: usize,
+    /// `None` for a single process.
+    pub coordination: Option<Coordination>,
+}
+
+/// What a rank tells rank 0 about its files.
+#[derive(Serialize, Deserialize)]
+struct Report {
+    model: BTreeMap<String, TensorRecord>,
+    optimizer: BTreeMap<String, TensorRecord>,
+    error: Option<String>,
+}
+
+/// A nonce for one run of a job: the clock and the process id, 52 bits (it travels as an f64).
+pub fn new_nonce() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (nanos ^ ((std::process::id() as u64) << 32)) & ((1 << 52) - 1)
+}
+
+/// Writes this rank's files; rank 0 also completes the checkpoint (waiting for every other
+/// rank's report). Returns the complete folder on rank 0.
+pub fn write(p: Pending) -> Result<Option<PathBuf>> {
+    let (rank, ranks, nonce) = match &p.coordination {
+        Some(c) => (c.group.rank(), c.group.size(), c.nonce),
+        None => (0, 1, new_nonce()),
+    };
+    let step = p.state.step;
+    let tmp = p.dir.join(format!(".tmp-{}-{nonce:013x}", folder_name(step)));
+    let written = write_shard(&tmp, rank, &p.shard);
+    let key = |r: usize| format!("weft/checkpoint/{nonce:013x}/{step}/rank-{r}");
+    let store = match &p.coordination {
+        Some(c) if ranks > 1 => Some(c.group.store().ok_or_else(|| {
+            Error::Io("checkpoints of several ranks need the job's store (start the job with weft launch)".into())
+        })?),
+        _ => None,
+    };
+    if rank != 0 {
+        let report = match &written {
+            Ok((model, optimizer)) => Report {
+                model: model.clone(),
+                optimizer: optimizer.clone(),
+                error: None,
+            },
+            Err(e) => Report {
+                model: BTreeMap::new(),
+                optimizer: BTreeMap::new(),
+                error: Some(e.to_string()),
+            },
+        };
+        let bytes = serde_json::to_vec(&report).map_err(|e| Error::Io(format!("checkpoint report: {e}")))?;
+        if let Some(store) = store {
+            store.set(&key(rank), &bytes)?;
+        }
+        return written.map(|_| None);
+    }
+    let (model, optimizer) = written?;
+    let mut index = Index {
+        format: index::FORMAT.to_string(),
+        state: p.state.clone(),
+        ranks,
+        aliases: p.aliases.clone(),
+        model,
+        optimizer,
+    };
+    if let Some(store) = store {
+        let deadline = Instant::now() + REPORT_TIMEOUT;
+        for r in 1..ranks {
+            let report = wait_report(store, &key(r), r, step, deadline)?;
+            if let Some(e) = report.error {
+                return Err(Error::Io(format!(
+                    "checkpoint of step {step}: rank {r} could not write its files: {e}"
+                )));
+            }
+            index::merge(&mut index.model, report.model)?;
+            index::merge(&mut index.optimizer, report.optimizer)?;
+        }
+    }
+    complete(&p.dir, &tmp, &index, p.keep).map(Some)
+}
+
+/// This rank's files in `tmp`: their records (model, optimizer).
+type Records = (BTreeMap<String, TensorRecord>, BTreeMap<String, TensorRecord>);
+
+fn write_shard(tmp: &Path, rank: usize, shard: &Shard) -> Result<Records> {
+    std::fs::create_dir_all(tmp).map_err(|e| io(tmp, e))?;
+    let mut out: Records = Default::default();
+    for (kind, pieces, records) in [
+        ("model", &shard.model, &mut out.0),
+        ("optimizer", &shard.optimizer, &mut out.1),
+    ] {
+        if !pieces.is_empty() {
+            *records = index::write_pieces(&tmp.join(format!("{kind}-rank-{rank:05}.safetensors")), pieces)?;
+        }
+    }
+    Ok(out)
+}
+
+/// Rank `r`'s report under `key`, polling the store (briefly, so that other users of the
+/// connection are not held up) until `deadline`.
+fn wait_report(
+    store: &weft_dist::store::StoreClient,
+    key: &str,
+    r: usize,
+    step: usize,
+    deadline: Instant,
+) -> Result<Report> {
+    loop {
+        match store.get(key, Duration::from_millis(50)) {
+            Ok(bytes) => {
+                return serde_json::from_slice(&bytes).map_err(|e| {
+                    Error::Io(format!(
+                        "checkpoint of step {step}: rank {r} sent a malformed report: {e}"
+                    ))
+                })
+            }
+            Err(weft_dist::Error::Timeout(_)) if Instant::now() < deadline => {}
+            Err(weft_dist::Error::Timeout(_)) => {
+                return Err(Error::Io(format!(
+                    "checkpoint of step {step}: rank {r} did not report its files within {} s",
+                    REPORT_TIMEOUT.as_secs()
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| io(path, e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| io(path, e))
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Rank 0: checks the pieces, writes the index, moves `tmp` into place, marks it complete and
+/// removes what is no longer needed.
+fn complete(dir: &Path, tmp: &Path, index: &Index, keep: usize) -> Result<PathBuf> {
+    let step = index.state.step;
+    index::check(index).map_err(|e| Error::Io(format!("checkpoint of step {step} is incomplete: {e}")))?;
+    let json = serde_json::to_vec_pretty(index).map_err(|e| io(tmp, e))?;
+    write_synced(&tmp.join(INDEX), &json)?;
+    sync_dir(tmp);
+    let fin = dir.join(folder_name(step));
+    if fin.exists() {
+        std::fs::remove_dir_all(&fin).map_err(|e| io(&fin, e))?;
+    }
+    std::fs::rename(tmp, &fin).map_err(|e| io(&fin, e))?;
+    sync_dir(dir);
+    write_synced(&fin.join(MARKER), b"complete\n")?;
+    sync_dir(&fin);
+    prune(dir, step, keep)?;
+    Ok(fin)
+}
+
+/// Keeps the newest `keep` complete checkpoints, and removes temporary or unmarked folders of
+/// steps up to `step` (left by killed ranks; every rank has finished those steps).
+fn prune(dir: &Path, step: usize, keep: usize) -> Result<()> {
+    let mut all = list(dir)?;
+    while all.len() > keep.max(1) {
+        let (_, old) = all.remove(0);
+        std::fs::remove_dir_all(&old).map_err(|e| io(&old, e))?;
+    }
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let path = entry.map_err(|e| io(dir, e))?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let (digits, partial) = match name.strip_prefix(".tmp-step-") {
+            Some(rest) => (rest.split('-').next().unwrap_or(""), true),
+            None => (name.strip_prefix("step-").unwrap_or(""), !super::is_complete(&path)),
+        };
+        if partial && digits.parse::<usize>().is_ok_and(|s| s <= step) {
+            std::fs::remove_dir_all(&path).map_err(|e| io(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes checkpoints on a background thread, one at a time: [`BackgroundWriter::submit`]
+/// returns at once (after this rank's previous checkpoint is written), and the files appear,
+/// complete, when every rank is done. A write's error comes out of the next `submit` or of
+/// [`BackgroundWriter::finish`].
+#[derive(Default)]
+pub struct BackgroundWriter {
+    running: Option<std::thread::JoinHandle<Result<Option<PathBuf>>>>,
+}
+
+impl BackgroundWriter {
+    /// Waits for the checkpoint being written, if any, then starts writing `pending`.
+    pub fn submit(&mut self, pending: Pending) -> Result<()> {
+        self.finish()?;
+        let handle = std::thread::Builder::new()
+            .name("weft-checkpoint".into())
+            .spawn(move || {
+                let _s = weft_dist::trace::span("checkpoint", format!("write step {}", pending.state.step));
+                write(pending)
+            })
+            .map_err(|e| Error::Io(format!("cannot start the checkpoint writer: {e}")))?;
+        self.running = Some(handle);
+        Ok(())
+    }
+
+    /// Waits for the checkpoint being written, if any; its error, if it failed.
+    pub fn finish(&mut self) -> Result<()> {
+        match self.running.take() {
+            None => Ok(()),
+            Some(h) => h
+                .join()
+                .map_err(|_| Error::Io("the checkpoint writer panicked".into()))?
+                .map(|_| ()),
+        }
+    }
+}
+
+impl Drop for BackgroundWriter {
+    /// A run that stops on an error still completes the checkpoint being written.
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
