@@ -31,6 +31,10 @@ enum Command {
         /// Continue from the newest complete checkpoint in `train.checkpoint_dir`.
         #[arg(long)]
         resume: bool,
+        /// Start from this checkpoint (a folder, or the newest in a directory), saved under any
+        /// layout; with --resume, only while train.checkpoint_dir holds no checkpoint yet.
+        #[arg(long, value_name = "PATH")]
+        resume_from: Option<PathBuf>,
         /// Hide the progress display.
         #[arg(long)]
         quiet: bool,
@@ -98,6 +102,7 @@ fn run(cli: Cli) -> Result<(), String> {
             config,
             overrides,
             resume,
+            resume_from,
             quiet,
         } => {
             let cfg = match config {
@@ -115,6 +120,7 @@ fn run(cli: Cli) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
             let options = weft_train::run::TrainOptions {
                 resume,
+                resume_from,
                 progress: !quiet,
             };
             weft_train::run::train(&cfg, &options).map_err(|e| e.to_string())

@@ -57,3 +57,68 @@ fn a_checkpoint_resumes_under_another_layout() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The layouts checkpoints move between: (ranks, `--set`s).
+const LAYOUTS: [(usize, &[&str]); 5] = [
+    (1, &[]),
+    (2, &["parallel.dp=2", "parallel.zero=3"]),
+    (4, &["parallel.tp=2", "parallel.pp=2"]),
+    (4, &["parallel.dp=4"]),
+    (2, &["parallel.tp=2"]),
+];
+
+/// Trains the gpt fixture for 6 steps under `layout` into `ckpt`, or, with `from`, only loads
+/// that checkpoint (6 steps already done) and saves it again into `ckpt` under `layout`.
+fn save_under(layout: (usize, &[&str]), ckpt: &Path, from: Option<&Path>) {
+    let mut sets = vec![path_set("train.checkpoint_dir", ckpt), "train.steps=6".to_string()];
+    sets.extend(layout.1.iter().map(|s| s.to_string()));
+    let from = from.map(|f| f.to_str().unwrap().to_string());
+    let mut flags = vec![];
+    if let Some(f) = &from {
+        flags.extend(["--resume-from", f.as_str()]);
+    }
+    launch_train_ok(layout.0, Some(&fixtures().join("gpt_adamw/run.toml")), &flags, &sets);
+}
+
+#[test]
+fn saving_a_loaded_checkpoint_under_any_other_layout_gives_it_back_bit_for_bit() {
+    let out = temp_dir("reshard-round-trip");
+    for (a, from) in LAYOUTS.iter().enumerate() {
+        let saved = out.join(format!("layout{a}"));
+        save_under(*from, &saved, None);
+        let want = weft_train::checkpoint::read(&saved.join("step-00000006")).unwrap();
+        assert_eq!(want.state.step, 6);
+        for (b, to) in LAYOUTS.iter().enumerate().filter(|(b, _)| *b != a) {
+            let again = out.join(format!("layout{a}-to-{b}"));
+            save_under(*to, &again, Some(&saved));
+            let got = weft_train::checkpoint::read(&again.join("step-00000006")).unwrap();
+            let what = format!("{:?} -> {:?}", from.1, to.1);
+            assert_eq!(
+                (got.state.step, got.state.rng_offset),
+                (want.state.step, want.state.rng_offset),
+                "{what}"
+            );
+            for (kind, w, g) in [
+                ("model", &want.params, &got.params),
+                ("optimizer", &want.optimizer, &got.optimizer),
+            ] {
+                assert_eq!(
+                    w.keys().collect::<Vec<_>>(),
+                    g.keys().collect::<Vec<_>>(),
+                    "{what}: {kind} names"
+                );
+                for (name, t) in w {
+                    let u = &g[name];
+                    assert_eq!((u.shape(), u.dtype()), (t.shape(), t.dtype()), "{what}: {name}");
+                    let same = t
+                        .to_vec_f64()
+                        .iter()
+                        .zip(u.to_vec_f64())
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{what}: {kind} tensor {name} changed");
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -224,6 +224,9 @@ fn build_data(config: &RunConfig) -> Result<Data> {
 pub struct TrainOptions {
     /// Continue from the newest complete checkpoint in `train.checkpoint_dir`.
     pub resume: bool,
+    /// Start from this checkpoint (a folder, or the newest one in a directory), whatever
+    /// layout wrote it; with `resume`, only when `train.checkpoint_dir` holds none yet.
+    pub resume_from: Option<std::path::PathBuf>,
     /// Show the progress display.
     pub progress: bool,
 }
@@ -368,7 +371,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         "tokenizer": data.text.as_ref().map(|d| d.tokenizer().to_json()),
         "parallel": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero},
     });
-    let start = if options.resume { trainer.resume()? } else { 0 };
+    let mut start = if options.resume { trainer.resume()? } else { 0 };
+    if let (Some(from), 0) = (&options.resume_from, start) {
+        start = trainer.load_checkpoint(from)?;
+    }
     // rank 0 logs, shows progress and samples for the whole job
     let logs = rank == 0;
     if let (Some(path), true) = (&t.metrics, logs) {
@@ -377,8 +383,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     if options.progress && logs {
         trainer = trainer.with_callback(Progress::new(t.steps));
     }
-    if start < t.steps {
-        trainer.fit(data.train.clone(), start, t.steps)?;
+    if start < t.steps || options.resume_from.is_some() {
+        // a run started from another folder's checkpoint with nothing left to train still
+        // writes that state into its own folder, in its own layout
+        trainer.fit(data.train.clone(), start, t.steps.max(start))?;
     } else if logs {
         eprintln!(
             "weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})",
