@@ -377,6 +377,9 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     }
     // rank 0 logs, shows progress and samples for the whole job
     let logs = rank == 0;
+    if logs && start > 0 {
+        eprintln!("weft: resuming from step {start}");
+    }
     if let (Some(path), true) = (&t.metrics, logs) {
         trainer = trainer.with_callback(MetricsFile::create(&config.resolve(path), options.resume && start > 0)?);
     }
