@@ -12,7 +12,8 @@ pub struct LaunchArgs {
     /// Worker processes to start on this node, one per rank.
     #[arg(long, alias = "nproc_per_node", value_name = "N", default_value_t = 1)]
     nproc_per_node: usize,
-    /// Nodes in the job: N, or MIN:MAX with MIN = MAX (elastic membership is not supported yet).
+    /// Nodes in the job: N, or MIN:MAX (elastic: the job starts with up to MAX nodes and goes
+    /// on with fewer after a failure, down to MIN).
     #[arg(long, value_name = "N", default_value = "1")]
     nnodes: String,
     /// This node's rank, 0 to nnodes-1 (node 0 serves the rendezvous store).
@@ -24,9 +25,12 @@ pub struct LaunchArgs {
     /// The store's port [default: 29500 with --nnodes > 1; on one node any free port].
     #[arg(long, alias = "master_port", value_name = "PORT")]
     master_port: Option<u16>,
-    /// How many times to restart all workers after a failure (single-node jobs only).
+    /// How many times to restart all workers after a failure (on every node, together).
     #[arg(long, alias = "max_restarts", value_name = "K", default_value_t = 0)]
     max_restarts: u32,
+    /// Elastic jobs: seconds a rendezvous round waits for more nodes once MIN have joined.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    rdzv_last_call: f64,
     /// Seconds the workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     stop_timeout: f64,
@@ -39,7 +43,13 @@ pub struct LaunchArgs {
 pub fn run(args: &LaunchArgs) -> Result<(), String> {
     let stop_timeout = Duration::try_from_secs_f64(args.stop_timeout)
         .map_err(|_| format!("--stop-timeout {} is not a number of seconds >= 0", args.stop_timeout))?;
-    let nnodes = parse_nnodes(&args.nnodes).map_err(|e| e.to_string())?;
+    let (min_nnodes, nnodes) = parse_nnodes(&args.nnodes).map_err(|e| e.to_string())?;
+    let last_call = Duration::try_from_secs_f64(args.rdzv_last_call).map_err(|_| {
+        format!(
+            "--rdzv-last-call {} is not a number of seconds >= 0",
+            args.rdzv_last_call
+        )
+    })?;
     let (program, rest) = match args.command.split_first() {
         Some((p, rest)) => (p.clone(), rest.to_vec()),
         None => (OsString::new(), Vec::new()),
@@ -47,6 +57,8 @@ pub fn run(args: &LaunchArgs) -> Result<(), String> {
     let cfg = LaunchConfig {
         nproc_per_node: args.nproc_per_node,
         nnodes,
+        min_nnodes,
+        last_call,
         node_rank: args.node_rank,
         master_addr: args.master_addr.clone(),
         master_port: args.master_port,

@@ -175,3 +175,70 @@ fn a_worker_killed_while_writing_a_checkpoint_leaves_none_that_loads() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn a_job_that_loses_a_node_goes_on_with_fewer_ranks() {
+    let out = temp_dir("elastic-shrink");
+    // parallel.dp = 0: as many data-parallel ranks as the job has
+    let layout = ["parallel.dp=0"];
+    let whole = uninterrupted(&out, &layout);
+    let (ckpt, metrics) = (out.join("ckpt"), out.join("shrunk.jsonl"));
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let port = common::free_port().to_string();
+    // two "nodes" on this machine, one rank each, talking over TCP as separate hosts would
+    let node = |rank: &str, stderr: std::process::Stdio| {
+        std::process::Command::new(bin)
+            .args([
+                "launch",
+                "--nnodes",
+                "1:2",
+                "--node-rank",
+                rank,
+                "--nproc-per-node",
+                "1",
+            ])
+            .args(["--master-port", &port, "--max-restarts", "1", "--rdzv-last-call", "2"])
+            .args(["--stop-timeout", "2", "--", bin])
+            .args(args(&ckpt, &metrics, &layout))
+            .env("WEFT_JOB_TOKEN", "tok-elastic-shrink")
+            .env("WEFT_SHM", "0")
+            .env("WEFT_DIST_TIMEOUT", "30")
+            .env("WEFT_NUM_THREADS", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
+    };
+    let a = node("0", std::process::Stdio::piped());
+    let mut b = node("1", std::process::Stdio::null());
+    // node 1 lost (its launcher killed, and with it its worker) once step 25 is logged
+    let start = Instant::now();
+    while !std::fs::read_to_string(&metrics).is_ok_and(|s| s.contains("\"step\":25")) {
+        assert!(start.elapsed() < Duration::from_secs(240), "step 25 never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let output = a.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "node 0 did not finish the job:\n{err}");
+    for want in [
+        "rendezvous round 0: 2 node(s)",
+        "restarting all workers: rendezvous round 1",
+        "rendezvous round 1: 1 node(s), this is node 0",
+        "resuming from step 20",
+    ] {
+        assert!(err.contains(want), "{want:?} in:\n{err}");
+    }
+    // one rank trains the same global batches from step 20 on: the same curve, but for the
+    // order of the sums
+    let (want, got) = (last_losses(&whole), last_losses(&metrics));
+    assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+    let worst = want
+        .iter()
+        .map(|(s, w)| ((got[s] - w) / w).abs())
+        .fold(0.0f64, f64::max);
+    eprintln!("dp 2 -> 1 after losing a node: max relative loss difference {worst:.2e}");
+    assert!(worst <= 1e-5, "{worst}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -385,12 +385,8 @@ fn bad_flags_are_refused() {
     );
     refused(&["--nproc-per-node", "0", "--", "true"], &[], "--nproc-per-node");
     refused(&["--nnodes", "0", "--", "true"], &[], "--nnodes");
-    refused(&["--nnodes", "1:2", "--", "true"], &[], "elastic membership");
-    refused(
-        &["--nnodes", "2", "--max-restarts", "1", "--", "true"],
-        &tok,
-        "not supported yet",
-    );
+    refused(&["--nnodes", "2:1", "--", "true"], &[], "1 <= MIN <= MAX");
+    refused(&["--rdzv-last-call=-1", "--", "true"], &[], "--rdzv-last-call");
     refused(&["--nnodes", "2", "--", "true"], &[], "WEFT_JOB_TOKEN");
     refused(&["--stop-timeout=-1", "--", "true"], &[], "--stop-timeout");
 }
@@ -494,4 +490,68 @@ fn two_nodes_on_one_machine() {
             );
         }
     }
+}
+
+#[test]
+fn two_nodes_restart_together() {
+    let port = free_port().to_string();
+    // rank 3 (node 1's second worker) fails in the first attempt only; every worker prints its
+    // variables
+    let script = format!("{ENV_SCRIPT}; if [ \"$RANK$WEFT_RESTART_COUNT\" = 30 ]; then exit 3; fi; sleep 0.5");
+    let node = |rank: &str| {
+        let mut cmd = launcher();
+        cmd.args(["--nnodes", "2", "--node-rank", rank, "--nproc-per-node", "2"])
+            .args([
+                "--master-port",
+                &port,
+                "--max-restarts",
+                "1",
+                "--stop-timeout",
+                "1",
+                "--",
+            ])
+            .args(["sh", "-c", &script])
+            .env("WEFT_JOB_TOKEN", "tok-restart-together");
+        let started = Instant::now();
+        let mut child = cmd.spawn().expect("weft launch starts");
+        let out = reader(child.stdout.take().unwrap());
+        let err = reader(child.stderr.take().unwrap());
+        (child, started, out, err)
+    };
+    let (a, b) = (node("0"), node("1"));
+    let runs = [finish(a.0, a.1, a.2, a.3), finish(b.0, b.1, b.2, b.3)];
+    for r in &runs {
+        assert_eq!(r.code, Some(0), "{}", r.show());
+        assert!(
+            r.stderr.contains("restarting all workers: rendezvous round 1"),
+            "{}",
+            r.show()
+        );
+        assert!(r.stderr.contains("rendezvous round 1: 2 node(s)"), "{}", r.show());
+        // the second attempt's variables: both nodes again, restart count 1
+        let mut second: Vec<usize> = r
+            .stdout
+            .lines()
+            .filter(|l| l.contains("WEFT_RESTART_COUNT=1"))
+            .map(|l| {
+                assert!(l.contains("WORLD_SIZE=4"), "{l}");
+                l.split("RANK=")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        second.sort();
+        assert_eq!(second.len(), 2, "{}", r.show());
+    }
+    assert!(
+        runs.iter().any(|r| r.stderr.contains("rank 3 on node")),
+        "{}\n{}",
+        runs[0].show(),
+        runs[1].show()
+    );
 }

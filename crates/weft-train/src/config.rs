@@ -294,9 +294,10 @@ fn default_keep() -> usize {
     3
 }
 
-/// `[parallel]`: the layout of the job. Data parallelism (`dp`) runs, with ZeRO stage `zero`
-/// (0-3; with `dp = 1` there is nothing to shard and every stage runs as 0); tensor and pipeline
-/// parallelism are parsed and validated, and only their single-process values run today.
+/// `[parallel]`: the layout of the job: `pp x dp x tp` ranks, ZeRO stage `zero` across the `dp`
+/// ranks (0-3; with `dp = 1` there is nothing to shard and every stage runs as 0), and the
+/// settings of each kind of parallelism. `dp = 0` takes every rank the job has, divided by
+/// `tp x pp` (so an elastic job that lost a node goes on with fewer data-parallel ranks).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelConfig {
@@ -469,9 +470,6 @@ impl RunConfig {
             return bad("train.log_every", "must be at least 1".into());
         }
         let p = &self.parallel;
-        if p.dp == 0 {
-            return bad("parallel.dp", "must be at least 1".into());
-        }
         if p.tp == 0 {
             return bad("parallel.tp", "must be at least 1".into());
         }

@@ -256,8 +256,32 @@ fn join_job(config: &RunConfig) -> Result<Option<weft_dist::ProcessGroup>> {
     Ok(Some(weft_dist::init()?))
 }
 
+/// `config` with `parallel.dp = 0` replaced by the data-parallel ranks the job has: its ranks
+/// divided by `tp x pp`.
+fn with_job_dp(config: &RunConfig) -> Result<RunConfig> {
+    let ranks = weft_dist::env::from_env()?.map_or(1, |e| e.world_size);
+    let p = &config.parallel;
+    let cut = p.tp * p.pp;
+    if cut == 0 || ranks % cut != 0 {
+        return Err(Error::Config(format!(
+            "parallel.dp = 0 takes the job's ranks divided by tp x pp = {} x {}, but the job has {ranks} ranks",
+            p.tp, p.pp
+        )));
+    }
+    let mut resolved = config.clone();
+    resolved.parallel.dp = ranks / cut;
+    Ok(resolved)
+}
+
 /// Runs the training described by `config`.
 pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
+    let resolved;
+    let config = if config.parallel.dp == 0 {
+        resolved = with_job_dp(config)?;
+        &resolved
+    } else {
+        config
+    };
     let t = &config.train;
     let p = &config.parallel;
     let group = join_job(config)?;

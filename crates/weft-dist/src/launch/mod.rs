@@ -20,6 +20,7 @@
 //! # std::process::exit(code) }
 //! ```
 
+mod elastic;
 mod signals;
 mod worker;
 
@@ -35,6 +36,8 @@ pub use signals::signal_name;
 pub use worker::describe as describe_exit;
 use worker::{drain_output, Spec, Worker};
 
+/// Default of [`LaunchConfig::last_call`]: 10 seconds.
+pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(10);
 /// Default of [`LaunchConfig::stop_timeout`]: 5 seconds.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default of [`LaunchConfig::master_addr`].
@@ -55,17 +58,28 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 pub struct LaunchConfig {
     /// Worker processes on this node, one per rank (at least 1).
     pub nproc_per_node: usize,
-    /// Nodes in the job (at least 1; default 1). See [`parse_nnodes`] for torchrun's `MIN:MAX`.
+    /// Nodes in the job (at least 1; default 1): the most, under elastic membership. See
+    /// [`parse_nnodes`] for torchrun's `MIN:MAX`.
     pub nnodes: usize,
+    /// The fewest nodes the job may run on (default: `nnodes`). Below `nnodes`, membership is
+    /// elastic (see [`elastic`](LaunchConfig::elastic)).
+    pub min_nnodes: usize,
+    /// Elastic membership: how long a rendezvous round stays open for more nodes once
+    /// `min_nnodes` have joined (torchrun's `last_call_timeout`; default 10 s). Nodes that
+    /// survive a failure must rejoin within it (so it should exceed `stop_timeout`).
+    pub last_call: Duration,
     /// This node's rank, `0..nnodes` (default 0). The launcher of node 0 serves the store.
+    /// Under elastic membership it only says which node serves the store: each rendezvous round
+    /// numbers the nodes in the order they join.
     pub node_rank: usize,
     /// Where the workers reach the store: the host of node 0 (default `127.0.0.1`).
     pub master_addr: String,
     /// The store's port. `None` (the default): 29500 when `nnodes > 1`; on a single node any
     /// free port, which the workers are told.
     pub master_port: Option<u16>,
-    /// How many times all workers are started again after a failure (default 0). Single-node
-    /// jobs only: coordinated restarts across nodes are not supported yet.
+    /// How many times all workers are started again after a failure (default 0). On several
+    /// nodes, every node's launcher restarts its workers together through a new rendezvous
+    /// round (see [`elastic`](LaunchConfig::elastic)).
     pub max_restarts: u32,
     /// How long the workers get to exit after the launcher signals them (SIGTERM, or the
     /// signal it forwards) before they are killed with SIGKILL (default 5 seconds).
@@ -91,6 +105,8 @@ impl LaunchConfig {
         LaunchConfig {
             nproc_per_node,
             nnodes: 1,
+            min_nnodes: 1,
+            last_call: DEFAULT_LAST_CALL,
             node_rank: 0,
             master_addr: DEFAULT_MASTER_ADDR.to_string(),
             master_port: None,
@@ -105,6 +121,12 @@ impl LaunchConfig {
     /// Ranks in the whole job: `nnodes * nproc_per_node`.
     pub fn world_size(&self) -> usize {
         self.nnodes.saturating_mul(self.nproc_per_node)
+    }
+
+    /// Whether the nodes' launchers meet in rendezvous rounds (`launch::elastic`): with elastic
+    /// membership (`min_nnodes < nnodes`), or with restarts on several nodes.
+    pub fn elastic(&self) -> bool {
+        self.min_nnodes < self.nnodes || (self.nnodes > 1 && self.max_restarts > 0)
     }
 
     /// Checks the numbers and the program; every error is one line naming the flag.
@@ -127,11 +149,10 @@ impl LaunchConfig {
         if self.nnodes.checked_mul(self.nproc_per_node).is_none() {
             return bad("--nnodes times --nproc-per-node is too large".into());
         }
-        if self.nnodes > 1 && self.max_restarts > 0 {
+        if self.min_nnodes == 0 || self.min_nnodes > self.nnodes {
             return bad(format!(
-                "--max-restarts {} with --nnodes {}: coordinated multi-node restarts are not supported yet \
-                 (use --max-restarts 0, or restart the whole job from the scheduler)",
-                self.max_restarts, self.nnodes
+                "--nnodes {}:{}: the fewest nodes must be between 1 and the most",
+                self.min_nnodes, self.nnodes
             ));
         }
         if self.master_addr.trim().is_empty() {
@@ -161,26 +182,22 @@ impl LaunchConfig {
     }
 }
 
-/// Parses `--nnodes`: `N`, or torchrun's `MIN:MAX`, which is accepted only when `MIN == MAX`
-/// (elastic membership is not supported yet).
-pub fn parse_nnodes(s: &str) -> Result<usize> {
+/// Parses `--nnodes`: `N`, or torchrun's `MIN:MAX` (elastic membership: the job runs on at
+/// least MIN and at most MAX nodes); returns `(min, max)`.
+pub fn parse_nnodes(s: &str) -> Result<(usize, usize)> {
     let num = |t: &str| {
         t.trim()
             .parse::<usize>()
             .map_err(|_| Error::Invalid(format!("--nnodes {s:?} is not a number of nodes (N, or MIN:MAX)")))
     };
     match s.split_once(':') {
-        None => num(s),
+        None => num(s).map(|n| (n, n)),
         Some((lo, hi)) => {
             let (lo, hi) = (num(lo)?, num(hi)?);
-            if lo == hi {
-                Ok(lo)
-            } else {
-                Err(Error::Invalid(format!(
-                    "--nnodes {s}: elastic membership (MIN:MAX with MIN < MAX) is not supported yet; give one \
-                     number of nodes"
-                )))
+            if lo == 0 || lo > hi {
+                return Err(Error::Invalid(format!("--nnodes {s}: MIN:MAX needs 1 <= MIN <= MAX")));
             }
+            Ok((lo, hi))
         }
     }
 }
@@ -193,6 +210,8 @@ enum End {
     Signal(i32),
     /// The worker at this index failed first.
     Failed(usize),
+    /// Another node's launcher reported a failure (elastic rounds).
+    Elsewhere(String),
 }
 
 /// Runs the job on this node: starts the workers, forwards their output, and watches them until
@@ -224,17 +243,12 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     } else {
         (None, cfg.master_port.unwrap_or(DEFAULT_MASTER_PORT))
     };
-    // WEFT_NUM_THREADS is left alone: each weft worker sizes its pool to the cores divided by
-    // LOCAL_WORLD_SIZE itself (weft_core's default), and a value set here is inherited.
-    let env = vec![
-        ("WORLD_SIZE".to_string(), cfg.world_size().to_string()),
-        ("LOCAL_WORLD_SIZE".into(), cfg.nproc_per_node.to_string()),
-        ("GROUP_RANK".into(), cfg.node_rank.to_string()),
-        ("MASTER_ADDR".into(), cfg.master_addr.trim().to_string()),
-        ("MASTER_PORT".into(), port.to_string()),
-        ("WEFT_JOB_TOKEN".into(), token.text()),
-        ("WEFT_LAUNCHED".into(), "1".into()),
-    ];
+    if cfg.elastic() {
+        let code = elastic::run(cfg, &token, port, store.is_some());
+        drop(store);
+        return code;
+    }
+    let env = job_env(cfg, port, &token);
 
     let mut restarts = 0u32;
     let code = loop {
@@ -243,7 +257,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             break 128 + sig;
         }
         let mut workers = start_all(cfg, &env, restarts)?;
-        match watch(&mut workers) {
+        match watch(&mut workers, &mut || None) {
             End::Done => {
                 drain_output(&mut workers, OUTPUT_GRACE);
                 break 0;
@@ -257,15 +271,10 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
                 drain_output(&mut workers, OUTPUT_GRACE);
                 break 128 + sig;
             }
+            End::Elsewhere(_) => unreachable!("a single-node watch has no other node"),
             End::Failed(first) => {
-                for w in workers.iter_mut() {
-                    w.poll();
-                }
-                let exited_before_stop = workers.iter().map(|w| w.status.is_some()).collect::<Vec<_>>();
-                stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
-                drain_output(&mut workers, OUTPUT_GRACE);
+                let (status, exited_before_stop) = stop_after_failure(cfg, &mut workers, first);
                 let w = &workers[first];
-                let status = worker::describe(w.status.expect("a failed worker has exited"));
                 if signals::received().is_none() && restarts < cfg.max_restarts {
                     restarts += 1;
                     eprintln!(
@@ -284,6 +293,34 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     };
     drop(store);
     Ok(code)
+}
+
+/// The variables every worker of this node gets (besides its ranks and the restart count).
+fn job_env(cfg: &LaunchConfig, port: u16, token: &Token) -> Vec<(String, String)> {
+    // WEFT_NUM_THREADS is left alone: each weft worker sizes its pool to the cores divided by
+    // LOCAL_WORLD_SIZE itself (weft_core's default), and a value set here is inherited.
+    vec![
+        ("WORLD_SIZE".to_string(), cfg.world_size().to_string()),
+        ("LOCAL_WORLD_SIZE".into(), cfg.nproc_per_node.to_string()),
+        ("GROUP_RANK".into(), cfg.node_rank.to_string()),
+        ("MASTER_ADDR".into(), cfg.master_addr.trim().to_string()),
+        ("MASTER_PORT".into(), port.to_string()),
+        ("WEFT_JOB_TOKEN".into(), token.text()),
+        ("WEFT_LAUNCHED".into(), "1".into()),
+    ]
+}
+
+/// After worker `first` failed: stops the others (SIGTERM) and collects their output; the
+/// failed worker's exit described, and which workers had exited before the stop.
+fn stop_after_failure(cfg: &LaunchConfig, workers: &mut [Worker], first: usize) -> (String, Vec<bool>) {
+    for w in workers.iter_mut() {
+        w.poll();
+    }
+    let exited_before_stop = workers.iter().map(|w| w.status.is_some()).collect::<Vec<_>>();
+    stop(workers, libc::SIGTERM, cfg.stop_timeout);
+    drain_output(workers, OUTPUT_GRACE);
+    let status = worker::describe(workers[first].status.expect("a failed worker has exited"));
+    (status, exited_before_stop)
 }
 
 /// Starts every worker of this node for attempt `restart`; on an error stops those started.
@@ -315,11 +352,15 @@ fn start_all(cfg: &LaunchConfig, env: &[(String, String)], restart: u32) -> Resu
     Ok(workers)
 }
 
-/// Polls the workers and the signals until every worker exited 0, one failed, or a signal came.
-fn watch(workers: &mut [Worker]) -> End {
+/// Polls the workers and the signals until every worker exited 0, one failed, a signal came,
+/// or `elsewhere` reports another node's failure.
+fn watch(workers: &mut [Worker], elsewhere: &mut dyn FnMut() -> Option<String>) -> End {
     loop {
         if let Some(sig) = signals::received() {
             return End::Signal(sig);
+        }
+        if let Some(why) = elsewhere() {
+            return End::Elsewhere(why);
         }
         let mut running = false;
         for (i, w) in workers.iter_mut().enumerate() {
@@ -455,13 +496,12 @@ mod tests {
 
     #[test]
     fn nnodes_forms() {
-        assert_eq!(parse_nnodes("2").unwrap(), 2);
-        assert_eq!(parse_nnodes("3:3").unwrap(), 3);
-        let e = parse_nnodes("1:2").unwrap_err().to_string();
-        assert!(
-            e.contains("elastic membership") && e.contains("not supported yet"),
-            "{e}"
-        );
+        assert_eq!(parse_nnodes("2").unwrap(), (2, 2));
+        assert_eq!(parse_nnodes("3:3").unwrap(), (3, 3));
+        assert_eq!(parse_nnodes("1:2").unwrap(), (1, 2));
+        let e = parse_nnodes("2:1").unwrap_err().to_string();
+        assert!(e.contains("1 <= MIN <= MAX"), "{e}");
+        assert!(parse_nnodes("0:2").is_err());
         assert!(parse_nnodes("x").is_err());
         assert!(parse_nnodes("1:").is_err());
     }
@@ -485,9 +525,10 @@ mod tests {
         .contains("--node-rank 2 is out of range"));
         assert!(with(&|c| {
             c.nnodes = 2;
-            c.max_restarts = 1
+            c.min_nnodes = 3
         })
-        .contains("multi-node restarts are not supported yet"));
+        .contains("--nnodes 3:2"));
+        assert!(with(&|c| c.min_nnodes = 0).contains("between 1 and the most"));
         assert!(with(&|c| c.program = OsString::new()).contains("no worker program"));
     }
 

@@ -1,0 +1,217 @@
+//! Jobs on several nodes that restart together, and may go on with fewer nodes (`--nnodes
+//! MIN:MAX`), as torchrun's elastic agent does.
+//!
+//! The launchers meet in rendezvous rounds on the store node 0's launcher serves (keys
+//! `weft/elastic/<round>/...`). In round `k`:
+//! - each launcher takes a slot (`joined`, counted up); the round closes once `MAX` nodes have
+//!   joined, or `MIN` have and [`LaunchConfig::last_call`] has passed. One launcher closes it
+//!   (`closed` = the number of nodes); a launcher whose slot is past it is left out.
+//! - node ranks are the slots in order; the round's workers get `WORLD_SIZE = nodes x
+//!   nproc_per_node` and `WEFT_RESTART_COUNT = k`.
+//! - a launcher whose worker fails writes `failed` (which rank, how) and stops its workers; the
+//!   others see it within [`POLL_ELSEWHERE`] and stop theirs. While restarts are left, every
+//!   survivor joins round `k + 1`. A node that is gone (its launcher killed) writes nothing, but
+//!   its peers' collectives fail, and their launchers report it.
+//! - a launcher whose workers all exited 0 counts itself in `finished`; node 0's launcher waits
+//!   for every node of the round before it stops serving the store.
+//!
+//! Node 0's launcher must outlive the job: it serves the store.
+
+use std::time::{Duration, Instant};
+
+use super::{
+    drain_output, job_env, report, signal_name, signals, start_all, stop, stop_after_failure, watch, End, LaunchConfig,
+    EXIT_FAILED, OUTPUT_GRACE,
+};
+use crate::auth::Token;
+use crate::error::{Error, Result};
+use crate::store::StoreClient;
+
+/// How often a launcher looks for another node's failure while its workers run.
+const POLL_ELSEWHERE: Duration = Duration::from_millis(100);
+/// How long a launcher waits for a round to gather `MIN` nodes, and to connect to the store.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// One closed round, as this node sees it.
+struct Round {
+    index: u32,
+    nodes: usize,
+    node_rank: usize,
+}
+
+/// How joining a round ended.
+enum Joined {
+    Member(Round),
+    /// The round closed without this node.
+    LeftOut(usize),
+    /// The launcher received this signal.
+    Signal(i32),
+}
+
+fn key(round: u32, what: &str) -> String {
+    format!("weft/elastic/{round}/{what}")
+}
+
+/// The value of `key` if some launcher set it (asking the store for at most a millisecond).
+fn peek(store: &StoreClient, key: &str) -> Result<Option<String>> {
+    match store.get(key, Duration::from_millis(1)) {
+        Ok(v) => Ok(Some(String::from_utf8_lossy(&v).into_owned())),
+        Err(Error::Timeout(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Joins round `round` and waits for it to close.
+fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
+    let slot = store.add(&key(round, "joined"), 1)? as usize;
+    let started = Instant::now();
+    let mut enough_since: Option<Instant> = None;
+    loop {
+        if let Some(sig) = signals::received() {
+            return Ok(Joined::Signal(sig));
+        }
+        if let Some(v) = peek(store, &key(round, "closed"))? {
+            let nodes: usize = v
+                .parse()
+                .map_err(|_| Error::Invalid(format!("rendezvous round {round}: malformed node count {v:?}")))?;
+            return Ok(if slot <= nodes {
+                Joined::Member(Round {
+                    index: round,
+                    nodes,
+                    node_rank: slot - 1,
+                })
+            } else {
+                Joined::LeftOut(nodes)
+            });
+        }
+        let count = store.add(&key(round, "joined"), 0)? as usize;
+        if count >= cfg.min_nnodes {
+            let since = *enough_since.get_or_insert_with(Instant::now);
+            if (count >= cfg.nnodes || since.elapsed() >= cfg.last_call) && store.add(&key(round, "closer"), 1)? == 1 {
+                let nodes = (store.add(&key(round, "joined"), 0)? as usize).min(cfg.nnodes);
+                store.set(&key(round, "closed"), nodes.to_string().as_bytes())?;
+            }
+        }
+        if started.elapsed() > JOIN_TIMEOUT {
+            return Err(Error::Timeout(format!(
+                "rendezvous round {round}: {count} node(s) joined within {} s, fewer than --nnodes {}:{} needs",
+                JOIN_TIMEOUT.as_secs(),
+                cfg.min_nnodes,
+                cfg.nnodes
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs this node's part of an elastic job; the launcher's exit code.
+pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bool) -> Result<i32> {
+    let host = if serves_store {
+        "127.0.0.1"
+    } else {
+        cfg.master_addr.trim()
+    };
+    let store = StoreClient::connect(&format!("{host}:{port}"), token, JOIN_TIMEOUT)?;
+    let mut round = 0u32;
+    loop {
+        let r = match join(&store, cfg, round)? {
+            Joined::Member(r) => r,
+            Joined::Signal(sig) => {
+                eprintln!("weft launch: received {}; not starting the workers", signal_name(sig));
+                return Ok(128 + sig);
+            }
+            Joined::LeftOut(nodes) => {
+                eprintln!(
+                    "weft launch: rendezvous round {round} closed with {nodes} node(s) before this one joined; the \
+                     job goes on without it"
+                );
+                return Ok(EXIT_FAILED);
+            }
+        };
+        eprintln!(
+            "weft launch: rendezvous round {}: {} node(s), this is node {} (ranks {} to {})",
+            r.index,
+            r.nodes,
+            r.node_rank,
+            r.node_rank * cfg.nproc_per_node,
+            (r.node_rank + 1) * cfg.nproc_per_node - 1
+        );
+        let node = LaunchConfig {
+            nnodes: r.nodes,
+            min_nnodes: r.nodes,
+            node_rank: r.node_rank,
+            ..cfg.clone()
+        };
+        let env = job_env(&node, port, token);
+        let mut workers = start_all(&node, &env, r.index)?;
+        let mut next_look = Instant::now();
+        let mut elsewhere = || {
+            if Instant::now() < next_look {
+                return None;
+            }
+            next_look = Instant::now() + POLL_ELSEWHERE;
+            peek(&store, &key(r.index, "failed")).ok().flatten()
+        };
+        let why = match watch(&mut workers, &mut elsewhere) {
+            End::Done => {
+                drain_output(&mut workers, OUTPUT_GRACE);
+                store.add(&key(r.index, "finished"), 1)?;
+                if serves_store {
+                    wait_for_the_others(&store, &r);
+                }
+                return Ok(0);
+            }
+            End::Signal(sig) => {
+                eprintln!(
+                    "weft launch: received {}; forwarding it to the workers",
+                    signal_name(sig)
+                );
+                stop(&mut workers, sig, cfg.stop_timeout);
+                drain_output(&mut workers, OUTPUT_GRACE);
+                return Ok(128 + sig);
+            }
+            End::Failed(first) => {
+                let (status, exited) = stop_after_failure(&node, &mut workers, first);
+                let why = format!("rank {} on node {} failed ({status})", workers[first].rank, r.node_rank);
+                store.set(&key(r.index, "failed"), why.as_bytes())?;
+                if round >= cfg.max_restarts || signals::received().is_some() {
+                    eprint!("{}", report(&node, &workers, first, &exited, round));
+                    return Ok(signals::received().map_or(EXIT_FAILED, |sig| 128 + sig));
+                }
+                why
+            }
+            End::Elsewhere(why) => {
+                stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
+                drain_output(&mut workers, OUTPUT_GRACE);
+                if round >= cfg.max_restarts {
+                    eprintln!(
+                        "weft launch: job failed: {why}; no restarts left (--max-restarts {})",
+                        cfg.max_restarts
+                    );
+                    return Ok(EXIT_FAILED);
+                }
+                why
+            }
+        };
+        round += 1;
+        eprintln!(
+            "weft launch: {why}; restarting all workers: rendezvous round {round}, attempt {} of {} \
+             (WEFT_RESTART_COUNT={round})",
+            round + 1,
+            cfg.max_restarts + 1
+        );
+    }
+}
+
+/// Node 0, its workers done: keeps serving the store until every node of the round is done too
+/// (or one failed, or a signal came).
+fn wait_for_the_others(store: &StoreClient, r: &Round) {
+    loop {
+        let done = store.add(&key(r.index, "finished"), 0).unwrap_or(r.nodes as i64) as usize;
+        let failed = peek(store, &key(r.index, "failed")).ok().flatten().is_some();
+        if done >= r.nodes || failed || signals::received().is_some() {
+            return;
+        }
+        std::thread::sleep(POLL_ELSEWHERE);
+    }
+}
