@@ -104,6 +104,15 @@ pub fn checksum(t: &Tensor) -> String {
     format!("fnv1a64:{h:016x}")
 }
 
+/// Elements of a tensor of shape `shape`; an error when the product overflows (a damaged or
+/// forged index).
+fn numel(name: &str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| Error::Io(format!("tensor {name:?}: shape {shape:?} has too many elements")))
+}
+
 /// The shape of tensor-parallel part `tp` of a tensor of shape `shape` (padding included).
 fn part_shape(name: &str, shape: &[usize], tp: &Option<TpPart>) -> Result<Vec<usize>> {
     let Some(tp) = tp else {
@@ -134,6 +143,12 @@ fn parts<'a>(name: &str, rec: &'a TensorRecord) -> Result<Vec<(Option<TpPart>, V
     let bad = |msg: String| Error::Io(format!("tensor {name:?}: {msg}"));
     let first = rec.pieces.first().ok_or_else(|| bad("no piece holds it".into()))?;
     let ranks = first.tp.as_ref().map_or(1, |t| t.ranks);
+    if ranks > rec.pieces.len() {
+        return Err(bad(format!(
+            "it is cut for {ranks} tensor-parallel ranks, but only {} pieces hold it",
+            rec.pieces.len()
+        )));
+    }
     let mut out: Vec<(Option<TpPart>, Vec<&PieceRecord>)> = Vec::with_capacity(ranks);
     for r in 0..ranks {
         let tp = first.tp.as_ref().map(|t| TpPart { rank: r, ..t.clone() });
@@ -146,7 +161,7 @@ fn parts<'a>(name: &str, rec: &'a TensorRecord) -> Result<Vec<(Option<TpPart>, V
         return Err(bad("its pieces are cut in different ways".into()));
     }
     for (tp, pieces) in &out {
-        let numel: usize = part_shape(name, &rec.shape, tp)?.iter().product();
+        let numel = numel(name, &part_shape(name, &rec.shape, tp)?)?;
         let which = tp
             .as_ref()
             .map_or(String::new(), |t| format!(" of tensor-parallel part {}", t.rank));
@@ -164,7 +179,9 @@ fn parts<'a>(name: &str, rec: &'a TensorRecord) -> Result<Vec<(Option<TpPart>, V
                     next.max(p.offset)
                 )));
             }
-            next += p.numel;
+            next = next
+                .checked_add(p.numel)
+                .ok_or_else(|| bad(format!("a piece at element {} is too long", p.offset)))?;
         }
         if next != numel {
             return Err(bad(format!(
@@ -261,9 +278,13 @@ impl<'a> Files<'a> {
         });
         for (tp, pieces) in parts {
             let shape = part_shape(name, &rec.shape, &tp)?;
-            let mut values = vec![0.0f64; shape.iter().product()];
-            for p in pieces {
-                let t = self.piece(&p.file, name, p, &rec.dtype)?;
+            // every piece read and checked before anything the size of the whole is allocated
+            let tensors = pieces
+                .iter()
+                .map(|p| self.piece(&p.file, name, p, &rec.dtype))
+                .collect::<Result<Vec<_>>>()?;
+            let mut values = vec![0.0f64; numel(name, &shape)?];
+            for (p, t) in pieces.iter().zip(&tensors) {
                 dtype = Some(t.dtype());
                 values[p.offset..p.offset + p.numel].copy_from_slice(&t.to_vec_f64());
             }
@@ -372,7 +393,11 @@ mod tests {
         // 5 rows cut in 2: parts of 3 rows (one of padding on rank 1)
         assert!(parts("w", &record(&[5, 2], &[(tp(0), 0, 6), (tp(1), 0, 6)])).is_ok());
         let missing = parts("w", &record(&[5, 2], &[(tp(0), 0, 6)])).unwrap_err();
+        assert!(missing.to_string().contains("only 1 pieces"), "{missing}");
+        let missing = parts("w", &record(&[5, 2], &[(tp(0), 0, 6), (tp(0), 6, 0)])).unwrap_err();
         assert!(missing.to_string().contains("tensor-parallel part 1"), "{missing}");
+        let huge = parts("w", &record(&[usize::MAX, 3], &[(None, 0, 6)])).unwrap_err();
+        assert!(huge.to_string().contains("too many elements"), "{huge}");
         let mixed = parts("w", &record(&[5, 2], &[(tp(0), 0, 6), (tp(1), 0, 6), (None, 0, 10)])).unwrap_err();
         assert!(mixed.to_string().contains("different ways"), "{mixed}");
     }
