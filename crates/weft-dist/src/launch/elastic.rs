@@ -20,8 +20,8 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    drain_output, job_env, report, signal_name, signals, start_all, stop, stop_after_failure, watch, End, LaunchConfig,
-    EXIT_FAILED, OUTPUT_GRACE,
+    drain_output, forward_signal, job_env, report, signal_name, signals, start_all, stop, stop_after_failure, watch,
+    End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
 };
 use crate::auth::Token;
 use crate::error::{Error, Result};
@@ -161,15 +161,7 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
                 }
                 return Ok(0);
             }
-            End::Signal(sig) => {
-                eprintln!(
-                    "weft launch: received {}; forwarding it to the workers",
-                    signal_name(sig)
-                );
-                stop(&mut workers, sig, cfg.stop_timeout);
-                drain_output(&mut workers, OUTPUT_GRACE);
-                return Ok(128 + sig);
-            }
+            End::Signal(sig) => return Ok(forward_signal(cfg, &mut workers, sig)),
             End::Failed(first) => {
                 let (status, exited) = stop_after_failure(&node, &mut workers, first);
                 let why = format!("rank {} on node {} failed ({status})", workers[first].rank, r.node_rank);

@@ -262,15 +262,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
                 drain_output(&mut workers, OUTPUT_GRACE);
                 break 0;
             }
-            End::Signal(sig) => {
-                eprintln!(
-                    "weft launch: received {}; forwarding it to the workers",
-                    signal_name(sig)
-                );
-                stop(&mut workers, sig, cfg.stop_timeout);
-                drain_output(&mut workers, OUTPUT_GRACE);
-                break 128 + sig;
-            }
+            End::Signal(sig) => break forward_signal(cfg, &mut workers, sig),
             End::Elsewhere(_) => unreachable!("a single-node watch has no other node"),
             End::Failed(first) => {
                 let (status, exited_before_stop) = stop_after_failure(cfg, &mut workers, first);
@@ -293,6 +285,18 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     };
     drop(store);
     Ok(code)
+}
+
+/// Forwards signal `sig`, which the launcher received, to the workers and waits for them; the
+/// launcher's exit code.
+fn forward_signal(cfg: &LaunchConfig, workers: &mut [Worker], sig: i32) -> i32 {
+    eprintln!(
+        "weft launch: received {}; forwarding it to the workers",
+        signal_name(sig)
+    );
+    stop(workers, sig, cfg.stop_timeout);
+    drain_output(workers, OUTPUT_GRACE);
+    128 + sig
 }
 
 /// The variables every worker of this node gets (besides its ranks and the restart count).
