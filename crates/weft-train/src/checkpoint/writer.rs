@@ -111,6 +111,8 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
         let deadline = Instant::now() + REPORT_TIMEOUT;
         for r in 1..ranks {
             let report = wait_report(store, &key(r), r, step, deadline)?;
+            // the store keeps every key for the whole job: drop the report's bulk
+            store.set(&key(r), b"")?;
             if let Some(e) = report.error {
                 return Err(Error::Io(format!(
                     "checkpoint of step {step}: rank {r} could not write its files: {e}"
