@@ -155,6 +155,8 @@ fn run(cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // size the compute pool from this thread, which then is one of its threads
+    weft_core::cpu::threads::init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -38,8 +38,19 @@ pub fn num_threads() -> usize {
             Err(_) => cores,
         };
         keep_freed_memory();
+        // The main thread, which runs the program's ops, is one of the pool's threads: its
+        // kernels then run on it and the others, without waking a pool thread and parking
+        // itself for every kernel (measured on the speed-target GPT: median step 61.4 -> 52.9
+        // ms over 10 alternating runs on a loaded 2-core machine, docs/benchmarks.md). Only the
+        // main thread (a thread that may exit, such as a test's, must not be a pool thread) and
+        // only with a second thread (other threads' kernels need a thread that always serves
+        // the pool).
+        let mut builder = rayon::ThreadPoolBuilder::new().num_threads(n);
+        if n > 1 && std::thread::current().name() == Some("main") {
+            builder = builder.use_current_thread();
+        }
         // Fails only if someone built the global pool first; then we use theirs.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+        let _ = builder.build_global();
         rayon::current_num_threads()
     })
 }
