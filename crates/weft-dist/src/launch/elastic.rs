@@ -163,9 +163,11 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
             }
             End::Signal(sig) => return Ok(forward_signal(cfg, &mut workers, sig)),
             End::Failed(first) => {
-                let (status, exited) = stop_after_failure(&node, &mut workers, first);
-                let why = format!("rank {} on node {} failed ({status})", workers[first].rank, r.node_rank);
+                // the other nodes stop their workers while this one stops its own
+                let failed = workers[first].status.map_or(String::new(), super::describe_exit);
+                let why = format!("rank {} on node {} failed ({failed})", workers[first].rank, r.node_rank);
                 store.set(&key(r.index, "failed"), why.as_bytes())?;
+                let (_, exited) = stop_after_failure(&node, &mut workers, first);
                 if round >= cfg.max_restarts || signals::received().is_some() {
                     eprint!("{}", report(&node, &workers, first, &exited, round));
                     return Ok(signals::received().map_or(EXIT_FAILED, |sig| 128 + sig));
