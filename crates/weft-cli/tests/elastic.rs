@@ -185,7 +185,8 @@ fn a_job_that_loses_a_node_goes_on_with_fewer_ranks() {
     let (ckpt, metrics) = (out.join("ckpt"), out.join("shrunk.jsonl"));
     let bin = env!("CARGO_BIN_EXE_weft");
     let port = common::free_port().to_string();
-    // two "nodes" on this machine, one rank each, talking over TCP as separate hosts would
+    // two "nodes" on this machine, one rank each, talking over TCP as separate hosts would; the
+    // last call (5 s) leaves a loaded machine time to start both before round 0 closes
     let node = |rank: &str, stderr: std::process::Stdio| {
         std::process::Command::new(bin)
             .args([
@@ -197,7 +198,7 @@ fn a_job_that_loses_a_node_goes_on_with_fewer_ranks() {
                 "--nproc-per-node",
                 "1",
             ])
-            .args(["--master-port", &port, "--max-restarts", "1", "--rdzv-last-call", "2"])
+            .args(["--master-port", &port, "--max-restarts", "1", "--rdzv-last-call", "5"])
             .args(["--stop-timeout", "2", "--", bin])
             .args(args(&ckpt, &metrics, &layout))
             .env("WEFT_JOB_TOKEN", "tok-elastic-shrink")
