@@ -155,9 +155,13 @@ fn run(cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // size the compute pool from this thread, which then is one of its threads
-    weft_core::cpu::threads::init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // the commands that compute size the pool from this thread, which then is one of its
+    // threads (the launcher computes nothing)
+    if !matches!(cli.command, Command::Launch(_)) {
+        weft_core::cpu::threads::init();
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("weft: error: {e}");

@@ -20,8 +20,8 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    drain_output, forward_signal, job_env, report, signal_name, signals, start_all, stop, stop_after_failure, watch,
-    End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
+    drain_output, failure, forward_signal, job_env, report, signal_name, signals, start_all, stop, stop_after_failure,
+    watch, End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
 };
 use crate::auth::Token;
 use crate::error::{Error, Result};
@@ -34,7 +34,6 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// One closed round, as this node sees it.
 struct Round {
-    index: u32,
     nodes: usize,
     node_rank: usize,
 }
@@ -76,7 +75,6 @@ fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
                 .map_err(|_| Error::Invalid(format!("rendezvous round {round}: malformed node count {v:?}")))?;
             return Ok(if slot <= nodes {
                 Joined::Member(Round {
-                    index: round,
                     nodes,
                     node_rank: slot - 1,
                 })
@@ -129,8 +127,7 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
             }
         };
         eprintln!(
-            "weft launch: rendezvous round {}: {} node(s), this is node {} (ranks {} to {})",
-            r.index,
+            "weft launch: rendezvous round {round}: {} node(s), this is node {} (ranks {} to {})",
             r.nodes,
             r.node_rank,
             r.node_rank * cfg.nproc_per_node,
@@ -143,31 +140,35 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
             ..cfg.clone()
         };
         let env = job_env(&node, port, token);
-        let mut workers = start_all(&node, &env, r.index)?;
+        let mut workers = start_all(&node, &env, round)?;
         let mut next_look = Instant::now();
         let mut elsewhere = || {
             if Instant::now() < next_look {
                 return None;
             }
             next_look = Instant::now() + POLL_ELSEWHERE;
-            peek(&store, &key(r.index, "failed")).ok().flatten()
+            peek(&store, &key(round, "failed")).ok().flatten()
         };
         let why = match watch(&mut workers, &mut elsewhere) {
             End::Done => {
                 drain_output(&mut workers, OUTPUT_GRACE);
-                store.add(&key(r.index, "finished"), 1)?;
+                store.add(&key(round, "finished"), 1)?;
                 if serves_store {
-                    wait_for_the_others(&store, &r);
+                    wait_for_the_others(&store, round, r.nodes);
                 }
                 return Ok(0);
             }
             End::Signal(sig) => return Ok(forward_signal(cfg, &mut workers, sig)),
             End::Failed(first) => {
                 // the other nodes stop their workers while this one stops its own
-                let failed = workers[first].status.map_or(String::new(), super::describe_exit);
-                let why = format!("rank {} on node {} failed ({failed})", workers[first].rank, r.node_rank);
-                store.set(&key(r.index, "failed"), why.as_bytes())?;
-                let (_, exited) = stop_after_failure(&node, &mut workers, first);
+                let why = format!(
+                    "rank {} on node {} failed ({})",
+                    workers[first].rank,
+                    r.node_rank,
+                    failure(&workers, first)
+                );
+                store.set(&key(round, "failed"), why.as_bytes())?;
+                let exited = stop_after_failure(&node, &mut workers);
                 if round >= cfg.max_restarts || signals::received().is_some() {
                     eprint!("{}", report(&node, &workers, first, &exited, round));
                     return Ok(signals::received().map_or(EXIT_FAILED, |sig| 128 + sig));
@@ -199,11 +200,11 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
 
 /// Node 0, its workers done: keeps serving the store until every node of the round is done too
 /// (or one failed, or a signal came).
-fn wait_for_the_others(store: &StoreClient, r: &Round) {
+fn wait_for_the_others(store: &StoreClient, round: u32, nodes: usize) {
     loop {
-        let done = store.add(&key(r.index, "finished"), 0).unwrap_or(r.nodes as i64) as usize;
-        let failed = peek(store, &key(r.index, "failed")).ok().flatten().is_some();
-        if done >= r.nodes || failed || signals::received().is_some() {
+        let done = store.add(&key(round, "finished"), 0).unwrap_or(nodes as i64) as usize;
+        let failed = peek(store, &key(round, "failed")).ok().flatten().is_some();
+        if done >= nodes || failed || signals::received().is_some() {
             return;
         }
         std::thread::sleep(POLL_ELSEWHERE);

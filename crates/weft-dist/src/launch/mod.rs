@@ -265,7 +265,8 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             End::Signal(sig) => break forward_signal(cfg, &mut workers, sig),
             End::Elsewhere(_) => unreachable!("a single-node watch has no other node"),
             End::Failed(first) => {
-                let (status, exited_before_stop) = stop_after_failure(cfg, &mut workers, first);
+                let status = failure(&workers, first);
+                let exited_before_stop = stop_after_failure(cfg, &mut workers);
                 let w = &workers[first];
                 if signals::received().is_none() && restarts < cfg.max_restarts {
                     restarts += 1;
@@ -314,17 +315,21 @@ fn job_env(cfg: &LaunchConfig, port: u16, token: &Token) -> Vec<(String, String)
     ]
 }
 
-/// After worker `first` failed: stops the others (SIGTERM) and collects their output; the
-/// failed worker's exit described, and which workers had exited before the stop.
-fn stop_after_failure(cfg: &LaunchConfig, workers: &mut [Worker], first: usize) -> (String, Vec<bool>) {
+/// How worker `first`, which [`watch`] saw fail, ended.
+fn failure(workers: &[Worker], first: usize) -> String {
+    worker::describe(workers[first].status.expect("a failed worker has exited"))
+}
+
+/// After a worker failed: stops the others (SIGTERM) and collects their output; which workers
+/// had exited before the stop.
+fn stop_after_failure(cfg: &LaunchConfig, workers: &mut [Worker]) -> Vec<bool> {
     for w in workers.iter_mut() {
         w.poll();
     }
     let exited_before_stop = workers.iter().map(|w| w.status.is_some()).collect::<Vec<_>>();
     stop(workers, libc::SIGTERM, cfg.stop_timeout);
     drain_output(workers, OUTPUT_GRACE);
-    let status = worker::describe(workers[first].status.expect("a failed worker has exited"));
-    (status, exited_before_stop)
+    exited_before_stop
 }
 
 /// Starts every worker of this node for attempt `restart`; on an error stops those started.
