@@ -161,17 +161,18 @@ impl ShardedDataParallel {
     pub fn piece_values(&self) -> Result<Vec<Tensor>> {
         let e = lock(&self.engine);
         let from_params = e.whole || e.master.is_empty();
+        // the pieces were made from the spans, in this order
+        let spans = e.spans.iter().flatten();
         self.pieces
             .iter()
-            .map(|piece| {
+            .zip(spans)
+            .map(|(piece, span)| {
                 let t = if from_params {
-                    let (_, p) =
-                        e.params.iter().find(|(n, _)| *n == piece.name).ok_or_else(|| {
-                            Error::Invalid(format!("zero: piece of unknown parameter {:?}", piece.name))
-                        })?;
-                    p.detach()
+                    e.params[span.param]
+                        .1
+                        .detach()
                         .reshape(&[-1])?
-                        .narrow(0, piece.offset, piece.tensor.numel())?
+                        .narrow(0, span.lo, span.len)?
                         .contiguous_copy()?
                 } else {
                     piece.tensor.contiguous_copy()?

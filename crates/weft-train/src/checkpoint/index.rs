@@ -254,15 +254,12 @@ impl<'a> Files<'a> {
         Ok(t.clone())
     }
 
-    /// Every tensor of `records`, whole, put together from its pieces.
+    /// Every tensor of `records` (checked by [`check`] when read from an index), whole, put
+    /// together from its pieces; errors about a piece name its file.
     pub fn assemble(&mut self, records: &BTreeMap<String, TensorRecord>) -> Result<BTreeMap<String, Tensor>> {
         let mut out = BTreeMap::new();
         for (name, rec) in records {
-            let whole = self.assemble_one(name, rec).map_err(|e| match e {
-                Error::Io(m) if !m.contains(&*self.dir.to_string_lossy()) => io(self.dir, m),
-                e => e,
-            })?;
-            out.insert(name.clone(), whole);
+            out.insert(name.clone(), self.assemble_one(name, rec)?);
         }
         Ok(out)
     }

@@ -9,17 +9,21 @@
 
 use std::collections::BTreeMap;
 
+use weft_core::Tensor;
+
 use super::whole::param_of;
 use super::Trainer;
 use crate::checkpoint::{Piece, Shard, TpPart};
 use crate::error::Result;
 
-/// Where this rank's piece of one parameter lies.
-struct Owned {
-    /// The whole parameter's shape.
-    shape: Vec<usize>,
-    tp: Option<TpPart>,
+/// A run of one parameter's elements this rank holds.
+struct Held {
+    name: String,
+    /// The parameter's shape on this rank (its tensor-parallel part).
+    local: Vec<usize>,
+    /// Its first element, in the row-major numbering of `local`.
     offset: usize,
+    values: Tensor,
 }
 
 impl Trainer {
@@ -52,66 +56,55 @@ impl Trainer {
             let cut = tp.is_some_and(|t| t.splits.contains_key(name));
             Ok(stage && (cut || tp_rank == 0))
         };
-        let mut shard = Shard::default();
-        let mut owned: BTreeMap<String, Owned> = BTreeMap::new();
-        match self.zero() {
+        // what this rank holds of each parameter; ZeRO's values are copies already, the
+        // parameters are copied below (the next steps change them in place)
+        let (held, copy): (Vec<Held>, bool) = match self.zero() {
             Some(z) => {
-                for (piece, values) in z.pieces().iter().zip(z.piece_values()?) {
-                    if !writes(&piece.name)? {
-                        continue;
-                    }
-                    let (shape, tp) = place(&piece.name, &piece.param_shape);
-                    owned.insert(
-                        piece.name.clone(),
-                        Owned {
-                            shape: shape.clone(),
-                            tp: tp.clone(),
-                            offset: piece.offset,
-                        },
-                    );
-                    shard.model.push(Piece {
-                        name: piece.name.clone(),
-                        shape,
-                        tp,
-                        offset: piece.offset,
-                        tensor: values,
-                    });
-                }
+                let pieces = z.pieces().iter().zip(z.piece_values()?);
+                let held = pieces.map(|(p, values)| Held {
+                    name: p.name.clone(),
+                    local: p.param_shape.clone(),
+                    offset: p.offset,
+                    values,
+                });
+                (held.collect(), false)
             }
             None if self.rank_and_size().0 == 0 => {
-                for (name, p) in &self.params {
-                    if !writes(name)? {
-                        continue;
-                    }
-                    let (shape, tp) = place(name, p.shape());
-                    owned.insert(
-                        name.clone(),
-                        Owned {
-                            shape: shape.clone(),
-                            tp: tp.clone(),
-                            offset: 0,
-                        },
-                    );
-                    shard.model.push(Piece {
-                        name: name.clone(),
-                        shape,
-                        tp,
-                        offset: 0,
-                        // the next steps change the parameters in place
-                        tensor: p.detach().contiguous_copy()?,
-                    });
-                }
+                let held = self.params.iter().map(|(name, p)| Held {
+                    name: name.clone(),
+                    local: p.shape().to_vec(),
+                    offset: 0,
+                    values: p.detach(),
+                });
+                (held.collect(), true)
             }
-            None => {}
+            None => (Vec::new(), false),
+        };
+        let mut shard = Shard::default();
+        for h in held {
+            if !writes(&h.name)? {
+                continue;
+            }
+            let (shape, tp) = place(&h.name, &h.local);
+            let tensor = if copy { h.values.contiguous_copy()? } else { h.values };
+            shard.model.push(Piece {
+                name: h.name,
+                shape,
+                tp,
+                offset: h.offset,
+                tensor,
+            });
         }
-        // the optimizer's state is a copy already
+        // the optimizer's state (a copy already) goes with its parameter's pieces
+        let owned: BTreeMap<&str, &Piece> = shard.model.iter().map(|p| (p.name.as_str(), p)).collect();
+        let mut optimizer = Vec::new();
         for (key, t) in self.optimizer.state() {
-            let Some(o) = owned.get(param_of(&key)) else {
+            let Some(p) = owned.get(param_of(&key)) else {
                 continue;
             };
             let piece = if t.rank() == 0 {
                 // one rank of the tensor-parallel group and of the ZeRO shards writes it
-                if o.offset != 0 || o.tp.as_ref().is_some_and(|t| t.rank != 0) {
+                if p.offset != 0 || p.tp.as_ref().is_some_and(|t| t.rank != 0) {
                     continue;
                 }
                 Piece {
@@ -124,14 +117,15 @@ impl Trainer {
             } else {
                 Piece {
                     name: key,
-                    shape: o.shape.clone(),
-                    tp: o.tp.clone(),
-                    offset: o.offset,
+                    shape: p.shape.clone(),
+                    tp: p.tp.clone(),
+                    offset: p.offset,
                     tensor: t,
                 }
             };
-            shard.optimizer.push(piece);
+            optimizer.push(piece);
         }
+        shard.optimizer = optimizer;
         Ok(shard)
     }
 }
