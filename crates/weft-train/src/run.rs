@@ -396,8 +396,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         "parallel": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero},
     });
     let mut start = if options.resume { trainer.resume()? } else { 0 };
+    // started from another folder's checkpoint (when not resumed from its own)
+    let mut loaded_elsewhere = false;
     if let (Some(from), 0) = (&options.resume_from, start) {
         start = trainer.load_checkpoint(from)?;
+        loaded_elsewhere = true;
     }
     // rank 0 logs, shows progress and samples for the whole job
     let logs = rank == 0;
@@ -410,10 +413,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     if options.progress && logs {
         trainer = trainer.with_callback(Progress::new(t.steps));
     }
-    if start < t.steps || options.resume_from.is_some() {
-        // a run started from another folder's checkpoint with nothing left to train still
-        // writes that state into its own folder, in its own layout
-        trainer.fit(data.train.clone(), start, t.steps.max(start))?;
+    if start < t.steps {
+        trainer.fit(data.train.clone(), start, t.steps)?;
+    } else if loaded_elsewhere {
+        // nothing left to train: the state goes into this run's own folder, in its layout
+        trainer.save_checkpoint(start)?;
     } else if logs {
         eprintln!(
             "weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})",

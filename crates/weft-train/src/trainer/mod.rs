@@ -98,8 +98,6 @@ pub struct Trainer {
     /// The same on every rank, new for every run: names checkpoints' temporary folders (set at
     /// the first save).
     checkpoint_nonce: Option<u64>,
-    /// The step of the newest checkpoint saved, or loaded from the policy's folder.
-    checkpointed: Option<usize>,
     /// The parameters this rank trains (all the model's, or its stage's), in registration
     /// order.
     params: Vec<(String, Tensor)>,
@@ -116,7 +114,6 @@ impl Trainer {
             pipeline: None,
             checkpoint_writer: Default::default(),
             checkpoint_nonce: None,
-            checkpointed: None,
             model,
             optimizer,
             groups,
@@ -441,11 +438,7 @@ impl Trainer {
         };
         match checkpoint::latest(&policy.dir)? {
             None => Ok(0),
-            Some(dir) => {
-                let step = self.load_checkpoint(&dir)?;
-                self.checkpointed = Some(step);
-                Ok(step)
-            }
+            Some(dir) => self.load_checkpoint(&dir),
         }
     }
 
@@ -514,8 +507,14 @@ impl Trainer {
             keep: policy.keep,
             coordination: group.map(|group| checkpoint::Coordination { group, nonce }),
         };
-        self.checkpointed = Some(next_step);
         self.checkpoint_writer.submit(pending)
+    }
+
+    /// Saves the state before step `next_step` into the policy's folder (no-op without one)
+    /// and waits until the checkpoint is complete. Every rank of the job must call it.
+    pub fn save_checkpoint(&mut self, next_step: usize) -> Result<()> {
+        self.save(next_step)?;
+        self.checkpoint_writer.finish()
     }
 
     /// Runs steps `start..end`, fetching batches from `batches` (a background thread prepares the
@@ -548,11 +547,6 @@ impl Trainer {
                     self.save(step + 1)?;
                 }
             }
-        }
-        // a run that had nothing left to do (loaded from elsewhere) still leaves its state in
-        // its own folder, in its own layout
-        if self.checkpoints.is_some() && self.checkpointed != Some(end) {
-            self.save(end)?;
         }
         // the last checkpoint is complete before the run is
         self.checkpoint_writer.finish()?;
