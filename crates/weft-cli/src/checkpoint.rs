@@ -45,7 +45,7 @@ pub fn inspect(args: &InspectArgs) -> Result<(), String> {
     let dir = checkpoint::resolve(&args.dir).map_err(err)?;
     let index = checkpoint::read_index(&dir).map_err(err)?;
     // reading puts every tensor together and checks every piece
-    checkpoint::read(&dir).map_err(err)?;
+    checkpoint::read_tensors(&dir, &index).map_err(err)?;
     let state = &index.state;
     let mut out = String::new();
     let _ = writeln!(out, "checkpoint {}", dir.display());

@@ -116,21 +116,22 @@ pub fn read_index(ckpt: &Path) -> Result<Index> {
     Ok(index)
 }
 
+/// Whole tensors by name.
+pub type Tensors = BTreeMap<String, Tensor>;
+
 /// What a checkpoint folder holds, whole: its state, the model's parameters and the optimizer
 /// state, by name.
 pub struct Loaded {
     pub state: CheckpointState,
-    pub params: BTreeMap<String, Tensor>,
-    pub optimizer: BTreeMap<String, Tensor>,
+    pub params: Tensors,
+    pub optimizer: Tensors,
 }
 
 /// Reads checkpoint folder `ckpt`, putting every tensor together and checking every piece
 /// against its checksum.
 pub fn read(ckpt: &Path) -> Result<Loaded> {
     let index = read_index(ckpt)?;
-    let mut files = index::Files::new(ckpt);
-    let params = files.assemble(&index.model)?;
-    let optimizer = files.assemble(&index.optimizer)?;
+    let (params, optimizer) = read_tensors(ckpt, &index)?;
     Ok(Loaded {
         state: index.state,
         params,
@@ -138,8 +139,16 @@ pub fn read(ckpt: &Path) -> Result<Loaded> {
     })
 }
 
+/// The whole model parameters and optimizer state of checkpoint `ckpt`, whose index is
+/// `index`, each piece checked against its checksum.
+#[allow(clippy::type_complexity)]
+pub fn read_tensors(ckpt: &Path, index: &Index) -> Result<(Tensors, Tensors)> {
+    let mut files = index::Files::new(ckpt);
+    Ok((files.assemble(&index.model)?, files.assemble(&index.optimizer)?))
+}
+
 /// The model's whole parameters of checkpoint `ckpt` (no optimizer state), with its index.
-pub fn read_params(ckpt: &Path) -> Result<(Index, BTreeMap<String, Tensor>)> {
+pub fn read_params(ckpt: &Path) -> Result<(Index, Tensors)> {
     let index = read_index(ckpt)?;
     let params = index::Files::new(ckpt).assemble(&index.model)?;
     Ok((index, params))
