@@ -80,23 +80,29 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
         _ => None,
     };
     if rank != 0 {
-        let report = match &written {
-            Ok((model, optimizer)) => Report {
-                model: model.clone(),
-                optimizer: optimizer.clone(),
-                error: None,
-            },
-            Err(e) => Report {
-                model: BTreeMap::new(),
-                optimizer: BTreeMap::new(),
-                error: Some(e.to_string()),
-            },
+        let (report, result) = match written {
+            Ok((model, optimizer)) => (
+                Report {
+                    model,
+                    optimizer,
+                    error: None,
+                },
+                Ok(None),
+            ),
+            Err(e) => (
+                Report {
+                    model: BTreeMap::new(),
+                    optimizer: BTreeMap::new(),
+                    error: Some(e.to_string()),
+                },
+                Err(e),
+            ),
         };
         let bytes = serde_json::to_vec(&report).map_err(|e| Error::Io(format!("checkpoint report: {e}")))?;
         if let Some(store) = store {
             store.set(&key(rank), &bytes)?;
         }
-        return written.map(|_| None);
+        return result;
     }
     let (model, optimizer) = written?;
     let mut index = Index {
