@@ -249,6 +249,19 @@ pub enum Op {
         causal: bool,
         scale: f64,
     },
+    /// Input `qkv` `[B, T, 3C]` (q, k and v side by side, each `heads` heads of `C / heads`);
+    /// output `[B, T, C]`; saves the per-row log-sum-exp `[B, heads, T]`.
+    QkvAttention {
+        heads: usize,
+        causal: bool,
+        scale: f64,
+    },
+    /// Inputs `(qkv, out, lse, grad_out)`; output `dqkv` `[B, T, 3C]`.
+    QkvAttentionBackward {
+        heads: usize,
+        causal: bool,
+        scale: f64,
+    },
 
     // ---- convolution and pooling (ops/conv.rs) ----
     /// Inputs `(x [N, C, H, W], weight [O, C/groups, KH, KW])`.
@@ -305,6 +318,8 @@ impl Op {
             Op::Dropout { .. } => "dropout",
             Op::Attention { .. } => "attention",
             Op::AttentionBackward { .. } => "attention_backward",
+            Op::QkvAttention { .. } => "qkv_attention",
+            Op::QkvAttentionBackward { .. } => "qkv_attention_backward",
             Op::Conv2d(_) => "conv2d",
             Op::Conv2dBackward(_) => "conv2d_backward",
             Op::MaxPool2d(_) => "max_pool2d",

@@ -231,6 +231,62 @@ fn attention_on_strided_views() {
     }
 }
 
+/// The fused projection's attention, as the unfused ops compute it: split q, k, v, view each as
+/// `[B, H, T, hd]`, attend, merge the heads back.
+fn unfused_qkv_attention(qkv: &Tensor, heads: usize, causal: bool) -> weft_core::Result<Tensor> {
+    let (b, t, w) = (qkv.dim(0)?, qkv.dim(1)?, qkv.dim(2)?);
+    let (c, hd) = (w / 3, w / 3 / heads);
+    let x = qkv.reshape(&[b as isize, t as isize, 3, heads as isize, hd as isize])?;
+    let part = |i: usize| {
+        x.narrow(2, i, 1)?
+            .reshape(&[b as isize, t as isize, heads as isize, hd as isize])?
+            .transpose(1, 2)
+    };
+    let o = Tensor::scaled_dot_product_attention(&part(0)?, &part(1)?, &part(2)?, causal, None)?;
+    o.transpose(1, 2)?.reshape(&[b as isize, t as isize, c as isize])
+}
+
+#[test]
+fn qkv_attention() {
+    // 70 positions cross the kernel's query tiles; 3 heads of 4
+    for (causal, t) in [(true, 5), (false, 4), (true, 70)] {
+        let qkv = normal(&[2, t, 36], 96);
+        gradcheck("qkv attention", &[qkv.clone()], |x| x[0].qkv_attention(3, causal, None));
+        // same values and gradient as the unfused ops
+        let fused = leaf_of(&qkv);
+        let unfused = leaf_of(&qkv);
+        let (yf, yu) = (
+            fused.qkv_attention(3, causal, None).unwrap(),
+            unfused_qkv_attention(&unfused, 3, causal).unwrap(),
+        );
+        let w = normal(yf.shape(), 97);
+        yf.mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        yu.mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        let max_diff = |a: &Tensor, b: &Tensor| {
+            let (a, b) = (a.to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
+            a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+        };
+        assert!(max_diff(&yf, &yu) < 1e-12, "values differ (t = {t})");
+        let (gf, gu) = (fused.grad().unwrap(), unfused.grad().unwrap());
+        assert!(max_diff(&gf, &gu) < 1e-12, "gradients differ (t = {t})");
+    }
+    // a strided input (a transposed view) is read correctly
+    let x = normal(&[2, 12, 5], 98);
+    gradcheck("qkv attention strided", &[x], |x| {
+        x[0].transpose(1, 2)?.qkv_attention(2, true, None)
+    });
+    // a width that is not 3 x heads x head size is refused, naming the shape
+    let e = normal(&[2, 3, 10], 99)
+        .qkv_attention(3, true, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("qkv_attention") && e.contains("[2, 3, 10]"), "{e}");
+}
+
+fn leaf_of(t: &Tensor) -> Tensor {
+    t.detach().requires_grad_().unwrap()
+}
+
 #[test]
 fn conv_and_pool() {
     let x = normal(&[2, 4, 5, 6], 100);

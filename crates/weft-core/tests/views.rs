@@ -82,7 +82,7 @@ fn apply(t: &Tensor, op: &ViewOp) -> Option<(Tensor, bool)> {
                 *to.last_mut()? *= last as isize;
             } else {
                 let f = (2..=last)
-                    .find(|f| last % f == 0 && split as usize % 3 == 0)
+                    .find(|f| last.is_multiple_of(*f) && (split as usize).is_multiple_of(3))
                     .unwrap_or(1);
                 to.pop();
                 to.push(f as isize);

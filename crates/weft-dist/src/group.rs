@@ -410,7 +410,7 @@ impl ProcessGroup {
     pub fn all_to_all(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
         check_contiguous("all_to_all", output)?;
         check_pair("all_to_all", output, input, input.numel(), output.numel(), "output")?;
-        if input.numel() % self.size() != 0 {
+        if !input.numel().is_multiple_of(self.size()) {
             return Err(Error::Invalid(format!(
                 "all_to_all: {} elements do not split evenly across {} ranks",
                 input.numel(),

@@ -34,7 +34,7 @@ const DTYPES: [DType; 8] = [
 fn value(dtype: DType, rank: usize, i: usize) -> f64 {
     let v = ((rank * 7 + i * 3) % 11) as f64;
     match dtype {
-        DType::Bool => ((rank + i) % 3 == 0) as u8 as f64,
+        DType::Bool => (rank + i).is_multiple_of(3) as u8 as f64,
         DType::U8 => v % 8.0,
         _ => v - 3.0 * (i % 2) as f64,
     }

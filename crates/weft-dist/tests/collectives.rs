@@ -75,7 +75,7 @@ const T: Duration = Duration::from_secs(60);
 fn value(dtype: DType, rank: usize, i: usize) -> f64 {
     let v = ((rank * 7 + i * 3) % 11) as f64;
     match dtype {
-        DType::Bool => ((rank + i) % 3 == 0) as u8 as f64,
+        DType::Bool => (rank + i).is_multiple_of(3) as u8 as f64,
         DType::U8 => v % 4.0, // sums of 4 ranks stay below 256
         _ => v - 3.0 * (i % 2) as f64,
     }

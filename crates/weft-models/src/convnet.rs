@@ -28,7 +28,7 @@ impl ConvNetConfig {
             ));
         }
         let div = 1usize.checked_shl(self.channels.len() as u32).unwrap_or(usize::MAX);
-        if self.image_size == 0 || self.image_size % div != 0 {
+        if self.image_size == 0 || !self.image_size.is_multiple_of(div) {
             return Err(config_error(
                 "image_size",
                 format!(

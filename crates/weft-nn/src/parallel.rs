@@ -61,7 +61,7 @@ impl Split {
     /// This rank's part of `whole` (whose `dim` has `len` entries).
     pub fn shard(&self, whole: &Tensor, rank: usize, size: usize) -> Result<Tensor> {
         let shape = whole.shape();
-        if shape.get(self.dim) != Some(&self.len) || self.len % self.blocks != 0 {
+        if shape.get(self.dim) != Some(&self.len) || !self.len.is_multiple_of(self.blocks) {
             return Err(invalid(format!(
                 "cannot cut a tensor of shape {shape:?} into {} blocks along dim {} of {} entries",
                 self.blocks, self.dim, self.len

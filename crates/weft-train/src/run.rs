@@ -130,7 +130,7 @@ impl Data {
         if ranks == 1 {
             return Ok(self);
         }
-        if self.batch_rows % ranks != 0 {
+        if !self.batch_rows.is_multiple_of(ranks) {
             return Err(Error::Config(format!(
                 "parallel.dp: a global batch of {} rows does not split evenly across dp = {ranks} ranks",
                 self.batch_rows

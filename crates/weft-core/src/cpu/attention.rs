@@ -1,20 +1,33 @@
 //! Fused scaled-dot-product attention, forward and backward, tiled over blocks of queries.
 //!
 //! Per (batch, head) and per block of `BLOCK_Q` queries, scores against the keys the block may see
-//! are computed with one gemm, softmaxed in place and multiplied into V with another; only the
+//! are computed with one small product (`small_gemm.rs`), softmaxed in place and multiplied into V
+//! with another; only the
 //! per-row log-sum-exp is kept for the backward, which recomputes the probabilities block by block
 //! (as FlashAttention does). Scratch memory is `BLOCK_Q x T` per task: linear in T per query row.
-
-use rayon::prelude::*;
 
 use super::elementwise::simd_dispatch;
 use super::f32_view::{as_f32, as_f32_mut};
 use super::lanes;
-use super::matmul::{gemm, mat, mat_t, MatMut};
+use super::pool;
+use super::small_gemm::{product, Lhs, Out, Rhs};
 use crate::dtype::Float;
 
-/// Queries per tile.
+/// Queries per tile. Causal attention uses tiles of [`BLOCK_Q_CAUSAL`], so that less of each
+/// tile's scores lies above the diagonal (computed, then masked).
 pub const BLOCK_Q: usize = 64;
+pub const BLOCK_Q_CAUSAL: usize = 16;
+
+impl AttnDims {
+    /// Queries per tile of this problem.
+    fn block(&self) -> usize {
+        if self.causal {
+            BLOCK_Q_CAUSAL
+        } else {
+            BLOCK_Q
+        }
+    }
+}
 
 /// Sizes of one attention call: `bh` (batch x heads) independent problems of `t` queries, `s`
 /// keys, head dim `d` (queries and keys) and `dv` (values).
@@ -40,11 +53,11 @@ impl AttnDims {
     }
 }
 
-fn out<T>(p: &mut [T], row_stride: usize, accumulate: bool) -> MatMut<T> {
-    MatMut {
+/// A scratch buffer with rows `row_stride` apart as a product output.
+fn out<T>(p: &mut [T], row_stride: usize) -> Out<T> {
+    Out {
         ptr: p.as_mut_ptr(),
-        row_stride: row_stride as isize,
-        accumulate,
+        row_stride,
     }
 }
 
@@ -64,21 +77,23 @@ fn probs_in_place<T: Float>(
     let one = T::from_f64(1.0);
     for r in 0..rows {
         let vis = dims.visible(q0 + r);
+        // The hidden keys up to the next multiple of 16 get -inf (exp 0), so that the row's
+        // exponentials run in whole vectors instead of a scalar tail of up to 15 elements.
+        let end = vis.next_multiple_of(16).min(kv);
         let row = &mut p[r * kv..(r + 1) * kv];
+        row[vis..end].fill(T::neg_infinity());
         if have_lse {
-            lanes::exp_in_place(&mut row[..vis], lse[r]);
+            lanes::exp_in_place(&mut row[..end], lse[r]);
         } else {
-            let m = lanes::max(&row[..vis]);
-            let sum = lanes::exp_in_place(&mut row[..vis], m);
+            let m = lanes::max(&row[..end]);
+            let sum = lanes::exp_in_place(&mut row[..end], m);
             let inv = one / sum;
-            for x in row[..vis].iter_mut() {
+            for x in row[..end].iter_mut() {
                 *x *= inv;
             }
             lse[r] = m + sum.ln();
         }
-        for x in row[vis..].iter_mut() {
-            *x = T::zero();
-        }
+        row[end..].fill(T::zero());
     }
 }
 
@@ -86,15 +101,14 @@ simd_dispatch!(probs_in_place_f32(dims: AttnDims, q0: usize, rows: usize, kv: us
     probs_in_place(dims, q0, rows, kv, p, lse, have_lse)
 });
 
-/// Probabilities of a query block (see [`probs_in_place`]): one gemm for the scores, then the
-/// row softmax.
+/// Probabilities of a query block (see [`probs_in_place`]): the scores `scale q kt[:, :kv]` (`kt`
+/// is the problem's keys transposed, `[d, s]`), then the row softmax.
 #[allow(clippy::too_many_arguments)]
 fn block_probs<T: Float + Default>(
     dims: &AttnDims,
     q: &[T],
     q_stride: usize,
-    k: &[T],
-    k_stride: usize,
+    kt: &[T],
     q0: usize,
     rows: usize,
     kv: usize,
@@ -103,41 +117,51 @@ fn block_probs<T: Float + Default>(
     lse: &mut [T],
     have_lse: bool,
 ) {
-    let one = T::from_f64(1.0);
-    // SAFETY: q holds rows x d and k holds kv x d at their strides; p holds rows x kv.
-    unsafe {
-        gemm(
-            rows,
-            kv,
-            dims.d,
-            out(p, kv, false),
-            mat(q, q_stride),
-            mat_t(k, k_stride),
-            one,
-            scale,
-            false,
-        )
+    let lhs = Lhs {
+        data: q,
+        row_stride: q_stride,
+        col_stride: 1,
     };
+    let rhs = Rhs {
+        data: kt,
+        row_stride: dims.s,
+    };
+    // SAFETY: p holds rows x kv, this task's own scratch.
+    unsafe { product(rows, kv, dims.d, lhs, rhs, out(p, kv), scale, false) };
     match (as_f32_mut(p), as_f32_mut(lse)) {
         (Some(pf), Some(lf)) => probs_in_place_f32(*dims, q0, rows, kv, pf, lf, have_lse),
         _ => probs_in_place(*dims, q0, rows, kv, p, lse, have_lse),
     }
 }
 
-/// `ds = p * (dp - D_r)` in place in `dp`, with `D_r = dot(o_r, dout_r)`.
+/// `ds = p * (dp - D_r)` in place in `dp`, with `D_r = dot(o_r, dout_r)` given per row.
 #[inline(always)]
-fn softmax_grad_block<T: Float>(rows: usize, kv: usize, dv: usize, o: &[T], dout: &[T], p: &[T], dp: &mut [T]) {
+fn softmax_grad_block<T: Float>(rows: usize, kv: usize, di: &[T], p: &[T], dp: &mut [T]) {
     for r in 0..rows {
-        let di = lanes::dot(&o[r * dv..(r + 1) * dv], &dout[r * dv..(r + 1) * dv]);
+        let di = di[r];
         for (d, &pv) in dp[r * kv..(r + 1) * kv].iter_mut().zip(&p[r * kv..(r + 1) * kv]) {
             *d = pv * (*d - di);
         }
     }
 }
 
-simd_dispatch!(softmax_grad_block_f32(rows: usize, kv: usize, dv: usize, o: &[f32], dout: &[f32], p: &[f32], dp: &mut [f32]) {
-    softmax_grad_block(rows, kv, dv, o, dout, p, dp)
+simd_dispatch!(softmax_grad_block_f32(rows: usize, kv: usize, di: &[f32], p: &[f32], dp: &mut [f32]) {
+    softmax_grad_block(rows, kv, di, p, dp)
 });
+
+/// `kt[c * s + j] = k[j, c]`: one problem's keys (or values) transposed, `[d, s]` (written row by
+/// row: contiguous stores, strided loads).
+fn transpose_into<T: Copy>(k: &[T], row_stride: usize, s: usize, d: usize, kt: &mut [T]) {
+    if s == 0 || d == 0 {
+        return;
+    }
+    let k = &k[..(s - 1) * row_stride + d];
+    for (c, row) in kt[..d * s].chunks_exact_mut(s).enumerate() {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = k[j * row_stride + c];
+        }
+    }
+}
 
 /// `bh` matrices inside one buffer: matrix `i` starts at `offsets[i]`, its rows are `row_stride`
 /// elements apart and its columns contiguous (a `[.., T, D]` view whose last dim has stride 1).
@@ -164,6 +188,29 @@ pub struct MatsMut<'a, T> {
     pub row_stride: usize,
 }
 
+impl<T: Float> MatsMut<'_, T> {
+    /// Matrix `i` from row `r` on, as a product output.
+    fn at(&self, i: usize, r: usize) -> Out<T> {
+        debug_assert!(self.offsets[i] + r * self.row_stride <= self.len);
+        Out {
+            ptr: self.ptr.wrapping_add(self.offsets[i] + r * self.row_stride),
+            row_stride: self.row_stride,
+        }
+    }
+
+    /// Sets `rows` rows of `cols` elements of matrix `i` to zero.
+    ///
+    /// # Safety
+    /// The rows must lie inside the buffer and belong to the calling task.
+    unsafe fn zero(&self, i: usize, rows: usize, cols: usize) {
+        for r in 0..rows {
+            let o = self.at(i, r);
+            // SAFETY: as the caller promises.
+            unsafe { std::slice::from_raw_parts_mut(o.ptr, cols) }.fill(T::zero());
+        }
+    }
+}
+
 // SAFETY: tasks write disjoint matrices (distinct offsets, validated by the caller's layout).
 unsafe impl<T: Send> Send for MatsMut<'_, T> {}
 unsafe impl<T: Send> Sync for MatsMut<'_, T> {}
@@ -180,16 +227,21 @@ pub fn forward<T: Float + Default>(
     o: MatsMut<T>,
     lse: &mut [T],
 ) {
-    super::threads::init();
-    let AttnDims { t, s, dv, .. } = dims;
+    let AttnDims { t, s, d, dv, .. } = dims;
     let one = T::from_f64(1.0);
     let o = &o;
-    lse.par_chunks_mut(t.max(1)).enumerate().for_each(|(b, lse)| {
-        let mut p = vec![T::zero(); BLOCK_Q * s];
-        for q0 in (0..t).step_by(BLOCK_Q) {
-            let rows = BLOCK_Q.min(t - q0);
+    pool::for_each_chunk(lse, t.max(1), |b, lse| {
+        let block = dims.block();
+        let mut p = vec![T::zero(); block * s];
+        let mut kt = vec![T::zero(); d * s];
+        transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
+        for q0 in (0..t).step_by(block) {
+            let rows = block.min(t - q0);
             let kv = if dims.causal { (q0 + rows).min(s) } else { s };
             if kv == 0 {
+                // no visible key: zero output (as the softmax of nothing times v)
+                // SAFETY: this task's rows of o.
+                unsafe { o.zero(b, rows, dv) };
                 continue;
             }
             let p = &mut p[..rows * kv];
@@ -197,8 +249,7 @@ pub fn forward<T: Float + Default>(
                 &dims,
                 q.at(b, q0),
                 q.row_stride,
-                k.at(b, 0),
-                k.row_stride,
+                &kt,
                 q0,
                 rows,
                 kv,
@@ -207,32 +258,23 @@ pub fn forward<T: Float + Default>(
                 &mut lse[q0..q0 + rows],
                 false,
             );
-            debug_assert!(o.offsets[b] + (q0 + rows - 1) * o.row_stride + dv <= o.len);
-            let dst = MatMut {
-                ptr: o.ptr.wrapping_add(o.offsets[b] + q0 * o.row_stride),
-                row_stride: o.row_stride as isize,
-                accumulate: false,
+            let lhs = Lhs {
+                data: &*p,
+                row_stride: kv,
+                col_stride: 1,
             };
-            // SAFETY: p is rows x kv, v holds kv x dv at its stride, dst is this task's rows of o.
-            unsafe {
-                gemm(
-                    rows,
-                    dv,
-                    kv,
-                    dst,
-                    mat(p, kv),
-                    mat(v.at(b, 0), v.row_stride),
-                    one,
-                    one,
-                    false,
-                )
+            let rhs = Rhs {
+                data: v.at(b, 0),
+                row_stride: v.row_stride,
             };
+            // SAFETY: rows q0.. of this task's matrix of o.
+            unsafe { product(rows, dv, kv, lhs, rhs, o.at(b, q0), one, false) };
         }
     });
 }
 
-/// Backward: gradients of q, k, v (written contiguous: `[bh, t, d]`, `[bh, s, d]`, `[bh, s, dv]`)
-/// from the forward's inputs, output `o`, `lse` and `dout`.
+/// Backward: gradients of q, k, v from the forward's inputs, output `o`, `lse` and `dout`,
+/// written into `dq` `[t, d]`, `dk` `[s, d]` and `dv` `[s, dv]` per problem (any row strides).
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float + Default>(
     dims: AttnDims,
@@ -243,110 +285,106 @@ pub fn backward<T: Float + Default>(
     lse: &[T],
     dout: Mats<T>,
     scale: T,
-    dq: &mut [T],
-    dk: &mut [T],
-    dv_out: &mut [T],
+    dq: MatsMut<T>,
+    dk: MatsMut<T>,
+    dv_out: MatsMut<T>,
 ) {
-    super::threads::init();
     let AttnDims { t, s, d, dv, .. } = dims;
     let one = T::from_f64(1.0);
-    dq.par_chunks_mut(t * d)
-        .zip(dk.par_chunks_mut(s * d).zip(dv_out.par_chunks_mut(s * dv)))
-        .enumerate()
-        .for_each(|(b, (dq, (dk, dvb)))| {
-            let mut lse_b = lse[b * t..(b + 1) * t].to_vec();
-            dk.iter_mut().for_each(|x| *x = T::zero());
-            dvb.iter_mut().for_each(|x| *x = T::zero());
-            let mut p = vec![T::zero(); BLOCK_Q * s];
-            let mut dp = vec![T::zero(); BLOCK_Q * s];
-            // rows of o and dout of this block, gathered contiguous for the row dots
-            let mut ob = vec![T::zero(); BLOCK_Q * dv];
-            let mut gb = vec![T::zero(); BLOCK_Q * dv];
-            for q0 in (0..t).step_by(BLOCK_Q) {
-                let rows = BLOCK_Q.min(t - q0);
-                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
-                if kv == 0 {
-                    dq[q0 * d..(q0 + rows) * d].iter_mut().for_each(|x| *x = T::zero());
-                    continue;
-                }
-                let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
-                let (qb, qs) = (q.at(b, q0), q.row_stride);
-                block_probs(
-                    &dims,
-                    qb,
-                    qs,
-                    k.at(b, 0),
-                    k.row_stride,
-                    q0,
-                    rows,
-                    kv,
-                    scale,
-                    p,
-                    &mut lse_b[q0..q0 + rows],
-                    true,
-                );
-                for r in 0..rows {
-                    ob[r * dv..(r + 1) * dv].copy_from_slice(&o.at(b, q0 + r)[..dv]);
-                    gb[r * dv..(r + 1) * dv].copy_from_slice(&dout.at(b, q0 + r)[..dv]);
-                }
-                let (ob, gb) = (&ob[..rows * dv], &gb[..rows * dv]);
-                // SAFETY (all gemms below): operand sizes follow from rows, kv, d, dv as allocated.
-                unsafe {
-                    // dV[:kv] += P^T dO
-                    gemm(
-                        kv,
-                        dv,
-                        rows,
-                        out(dvb, dv, true),
-                        mat_t(p, kv),
-                        mat(gb, dv),
-                        one,
-                        one,
-                        false,
-                    );
-                    // dP = dO V^T
-                    gemm(
-                        rows,
-                        kv,
-                        dv,
-                        out(dp, kv, false),
-                        mat(gb, dv),
-                        mat_t(v.at(b, 0), v.row_stride),
-                        one,
-                        one,
-                        false,
-                    );
-                }
-                match (as_f32(ob), as_f32(gb), as_f32(p), as_f32_mut(dp)) {
-                    (Some(of), Some(gf), Some(pf), Some(df)) => softmax_grad_block_f32(rows, kv, dv, of, gf, pf, df),
-                    _ => softmax_grad_block(rows, kv, dv, ob, gb, p, dp),
-                }
-                unsafe {
-                    // dQ = scale dS K
-                    gemm(
-                        rows,
-                        d,
-                        kv,
-                        out(&mut dq[q0 * d..], d, false),
-                        mat(dp, kv),
-                        mat(k.at(b, 0), k.row_stride),
-                        one,
-                        scale,
-                        false,
-                    );
-                    // dK[:kv] += scale dS^T Q
-                    gemm(
-                        kv,
-                        d,
-                        rows,
-                        out(dk, d, true),
-                        mat_t(dp, kv),
-                        mat(qb, qs),
-                        one,
-                        scale,
-                        false,
-                    );
-                }
+    let (dq, dk, dv_out) = (&dq, &dk, &dv_out);
+    pool::run(dims.bh, |b| {
+        let mut lse_b = lse[b * t..(b + 1) * t].to_vec();
+        // SAFETY (zero, product): every output written below is this problem's own matrix.
+        unsafe {
+            dk.zero(b, s, d);
+            dv_out.zero(b, s, dv);
+        }
+        let block = dims.block();
+        let mut p = vec![T::zero(); block * s];
+        let mut dp = vec![T::zero(); block * s];
+        let mut kt = vec![T::zero(); d * s];
+        let mut vt = vec![T::zero(); dv * s];
+        transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
+        transpose_into(v.at(b, 0), v.row_stride, s, dv, &mut vt);
+        let mut di = vec![T::zero(); block];
+        for q0 in (0..t).step_by(block) {
+            let rows = block.min(t - q0);
+            let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+            if kv == 0 {
+                unsafe { dq.zero(b, rows, d) };
+                continue;
             }
-        });
+            let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
+            let (qb, qs) = (q.at(b, q0), q.row_stride);
+            block_probs(
+                &dims,
+                qb,
+                qs,
+                &kt,
+                q0,
+                rows,
+                kv,
+                scale,
+                p,
+                &mut lse_b[q0..q0 + rows],
+                true,
+            );
+            let gb = dout.at(b, q0);
+            for (r, di) in di[..rows].iter_mut().enumerate() {
+                *di = lanes::dot(&o.at(b, q0 + r)[..dv], &dout.at(b, q0 + r)[..dv]);
+            }
+            let g = Lhs {
+                data: gb,
+                row_stride: dout.row_stride,
+                col_stride: 1,
+            };
+            let g_rows = Rhs {
+                data: gb,
+                row_stride: dout.row_stride,
+            };
+            unsafe {
+                // dV[:kv] += P^T dO
+                let pt = Lhs {
+                    data: &*p,
+                    row_stride: 1,
+                    col_stride: kv,
+                };
+                product(kv, dv, rows, pt, g_rows, dv_out.at(b, 0), one, true);
+                // dP = dO V^T
+                let vtr = Rhs {
+                    data: &vt,
+                    row_stride: s,
+                };
+                product(rows, kv, dv, g, vtr, out(dp, kv), one, false);
+            }
+            match (as_f32(&di[..rows]), as_f32(p), as_f32_mut(dp)) {
+                (Some(df), Some(pf), Some(dpf)) => softmax_grad_block_f32(rows, kv, df, pf, dpf),
+                _ => softmax_grad_block(rows, kv, &di[..rows], p, dp),
+            }
+            unsafe {
+                // dQ = scale dS K
+                let ds = Lhs {
+                    data: &*dp,
+                    row_stride: kv,
+                    col_stride: 1,
+                };
+                let kr = Rhs {
+                    data: k.at(b, 0),
+                    row_stride: k.row_stride,
+                };
+                product(rows, d, kv, ds, kr, dq.at(b, q0), scale, false);
+                // dK[:kv] += scale dS^T Q
+                let dst = Lhs {
+                    data: &*dp,
+                    row_stride: 1,
+                    col_stride: kv,
+                };
+                let qr = Rhs {
+                    data: qb,
+                    row_stride: qs,
+                };
+                product(kv, d, rows, dst, qr, dk.at(b, 0), scale, true);
+            }
+        }
+    });
 }

@@ -1,8 +1,7 @@
 //! 2-D convolution by im2col + gemm, and max / average pooling. All NCHW, contiguous.
 
-use rayon::prelude::*;
-
-use super::matmul::{gemm, mat, mat_t, MatMut, MatRef};
+use super::matmul::{gemm, gemm_parallel, mat, mat_t, MatMut, MatRef};
+use super::pool::{self, Chunks};
 use crate::dtype::Float;
 use crate::op::{Conv2dParams, Pool2dParams};
 
@@ -140,9 +139,7 @@ pub fn conv2d<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], y: &mut [T]) {
         }
     };
     if d.n >= super::threads::num_threads() {
-        y.par_chunks_mut(d.o * sp)
-            .enumerate()
-            .for_each(|(i, y)| per_image(i, y, false));
+        pool::for_each_chunk(y, d.o * sp, |i, y| per_image(i, y, false));
     } else {
         y.chunks_mut(d.o * sp)
             .enumerate()
@@ -164,7 +161,7 @@ fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mu
         };
         // SAFETY: w_g is og x ck, cols is ck x sp, dst is og x sp inside y.
         unsafe {
-            gemm(
+            gemm_on(
                 og,
                 sp,
                 ck,
@@ -226,7 +223,7 @@ fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &m
                 };
                 // SAFETY: a is og x cg inside w; b is cg x cols inside xp (the margin covers the
                 // last row's overhang); dst is og x cols.
-                unsafe { gemm(og, cols, cg, dst, a, b, one, one, parallel_gemm) };
+                unsafe { gemm_on(og, cols, cg, dst, a, b, one, one, parallel_gemm) };
             }
         }
         for o in 0..og {
@@ -244,55 +241,68 @@ pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[
     let one = T::from_f64(1.0);
     let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
     let image = d.c * d.h * d.w;
-    let partials = dx
-        .par_chunks_mut(image)
-        .enumerate()
-        .map(|(i, dxi)| {
-            dxi.iter_mut().for_each(|v| *v = T::zero());
-            let mut dw_part = vec![T::zero(); dw.len()];
-            let mut cols = vec![T::zero(); ck * sp];
-            let mut dcols = vec![T::zero(); ck * sp];
-            let xi = &x[i * image..][..image];
-            let dyi = &dy[i * d.o * sp..][..d.o * sp];
-            for g in 0..d.p.groups {
-                im2col(&d, xi, g, &mut cols);
-                let dyg = &dyi[g * og * sp..];
-                // SAFETY: shapes og x sp (dy_g), ck x sp (cols), og x ck (dw_g, w_g) as allocated.
-                unsafe {
-                    let dwg = MatMut {
-                        ptr: dw_part[g * og * ck..].as_mut_ptr(),
-                        row_stride: ck as isize,
-                        accumulate: false,
-                    };
-                    gemm(og, ck, sp, dwg, mat(dyg, sp), mat_t(&cols, sp), one, one, false);
-                    let dc = MatMut {
-                        ptr: dcols.as_mut_ptr(),
-                        row_stride: sp as isize,
-                        accumulate: false,
-                    };
-                    gemm(
-                        ck,
-                        sp,
-                        og,
-                        dc,
-                        mat_t(&w[g * og * ck..], ck),
-                        mat(dyg, sp),
-                        one,
-                        one,
-                        false,
-                    );
-                }
-                col2im(&d, &dcols, g, dxi);
+    let mut partials: Vec<Vec<T>> = vec![Vec::new(); d.n];
+    let (dxs, parts) = (Chunks::new(dx, image), Chunks::new(&mut partials, 1));
+    pool::run(d.n, |i| {
+        // SAFETY: `run` calls each image once, and each takes its own chunks.
+        let (dxi, part) = unsafe { (dxs.take(i), &mut parts.take(i)[0]) };
+        dxi.iter_mut().for_each(|v| *v = T::zero());
+        let mut dw_part = vec![T::zero(); dw.len()];
+        let mut cols = vec![T::zero(); ck * sp];
+        let mut dcols = vec![T::zero(); ck * sp];
+        let xi = &x[i * image..][..image];
+        let dyi = &dy[i * d.o * sp..][..d.o * sp];
+        for g in 0..d.p.groups {
+            im2col(&d, xi, g, &mut cols);
+            let dyg = &dyi[g * og * sp..];
+            // SAFETY: shapes og x sp (dy_g), ck x sp (cols), og x ck (dw_g, w_g) as allocated.
+            unsafe {
+                let dwg = MatMut {
+                    ptr: dw_part[g * og * ck..].as_mut_ptr(),
+                    row_stride: ck as isize,
+                    accumulate: false,
+                };
+                gemm(og, ck, sp, dwg, mat(dyg, sp), mat_t(&cols, sp), one, one);
+                let dc = MatMut {
+                    ptr: dcols.as_mut_ptr(),
+                    row_stride: sp as isize,
+                    accumulate: false,
+                };
+                gemm(ck, sp, og, dc, mat_t(&w[g * og * ck..], ck), mat(dyg, sp), one, one);
             }
-            dw_part
-        })
-        .collect::<Vec<_>>();
+            col2im(&d, &dcols, g, dxi);
+        }
+        *part = dw_part;
+    });
     // per-image partial weight gradients, added in image order (reproducible)
     let mut partial = vec![T::zero(); dw.len()];
     for p in partials {
         partial.iter_mut().zip(p).for_each(|(a, b)| *a += b);
     }
     dw.copy_from_slice(&partial);
+}
+
+/// [`gemm`], or [`gemm_parallel`] when `parallel`.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_on<T: 'static + Copy + Default + Send + Sync>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<T>,
+    a: MatRef<T>,
+    b: MatRef<T>,
+    one: T,
+    scale: T,
+    parallel: bool,
+) {
+    if parallel {
+        gemm_parallel(m, n, k, dst, a, b, one, scale)
+    } else {
+        gemm(m, n, k, dst, a, b, one, scale)
+    }
 }
 
 /// Pooling sizes: `planes` = n * c planes of `h x w` to `oh x ow`.
@@ -310,40 +320,40 @@ pub struct PoolDims {
 pub fn max_pool2d<T: Float>(d: PoolDims, x: &[T], y: &mut [T], idx: &mut [i64]) {
     super::threads::init();
     let p = d.p;
-    y.par_chunks_mut(d.oh * d.ow)
-        .zip(idx.par_chunks_mut(d.oh * d.ow))
-        .enumerate()
-        .for_each(|(pl, (y, idx))| {
-            let plane = &x[pl * d.h * d.w..][..d.h * d.w];
-            for oy in 0..d.oh {
-                for ox in 0..d.ow {
-                    let mut best = T::neg_infinity();
-                    let mut at = -1i64;
-                    for ky in 0..p.kernel.0 {
-                        let Some(iy) = ConvDims::src(oy, ky, p.stride.0, p.padding.0, 1, d.h) else {
+    let (ys, idxs) = (Chunks::new(y, d.oh * d.ow), Chunks::new(idx, d.oh * d.ow));
+    pool::run(ys.count(), |pl| {
+        // SAFETY: `run` calls each plane once.
+        let (y, idx) = unsafe { (ys.take(pl), idxs.take(pl)) };
+        let plane = &x[pl * d.h * d.w..][..d.h * d.w];
+        for oy in 0..d.oh {
+            for ox in 0..d.ow {
+                let mut best = T::neg_infinity();
+                let mut at = -1i64;
+                for ky in 0..p.kernel.0 {
+                    let Some(iy) = ConvDims::src(oy, ky, p.stride.0, p.padding.0, 1, d.h) else {
+                        continue;
+                    };
+                    for kx in 0..p.kernel.1 {
+                        let Some(ix) = ConvDims::src(ox, kx, p.stride.1, p.padding.1, 1, d.w) else {
                             continue;
                         };
-                        for kx in 0..p.kernel.1 {
-                            let Some(ix) = ConvDims::src(ox, kx, p.stride.1, p.padding.1, 1, d.w) else {
-                                continue;
-                            };
-                            let v = plane[iy * d.w + ix];
-                            if v > best || at < 0 || crate::dtype::is_nan(v) {
-                                best = v;
-                                at = (iy * d.w + ix) as i64;
-                            }
+                        let v = plane[iy * d.w + ix];
+                        if v > best || at < 0 || crate::dtype::is_nan(v) {
+                            best = v;
+                            at = (iy * d.w + ix) as i64;
                         }
                     }
-                    y[oy * d.ow + ox] = best;
-                    idx[oy * d.ow + ox] = at;
                 }
+                y[oy * d.ow + ox] = best;
+                idx[oy * d.ow + ox] = at;
             }
-        });
+        }
+    });
 }
 
 /// Gradient of [`max_pool2d`]: each output gradient goes to its window's max.
 pub fn max_pool2d_backward<T: Float>(d: PoolDims, idx: &[i64], dy: &[T], dx: &mut [T]) {
-    dx.par_chunks_mut(d.h * d.w).enumerate().for_each(|(pl, dx)| {
+    pool::for_each_chunk(dx, d.h * d.w, |pl, dx| {
         dx.iter_mut().for_each(|v| *v = T::zero());
         let s = pl * d.oh * d.ow;
         for (&i, &g) in idx[s..s + d.oh * d.ow].iter().zip(&dy[s..s + d.oh * d.ow]) {
@@ -359,7 +369,7 @@ pub fn avg_pool2d<T: Float>(d: PoolDims, x: &[T], y: &mut [T]) {
     super::threads::init();
     let p = d.p;
     let inv = T::from_f64(1.0 / (p.kernel.0 * p.kernel.1) as f64);
-    y.par_chunks_mut(d.oh * d.ow).enumerate().for_each(|(pl, y)| {
+    pool::for_each_chunk(y, d.oh * d.ow, |pl, y| {
         let plane = &x[pl * d.h * d.w..][..d.h * d.w];
         for oy in 0..d.oh {
             for ox in 0..d.ow {
@@ -384,7 +394,7 @@ pub fn avg_pool2d<T: Float>(d: PoolDims, x: &[T], y: &mut [T]) {
 pub fn avg_pool2d_backward<T: Float>(d: PoolDims, dy: &[T], dx: &mut [T]) {
     let p = d.p;
     let inv = T::from_f64(1.0 / (p.kernel.0 * p.kernel.1) as f64);
-    dx.par_chunks_mut(d.h * d.w).enumerate().for_each(|(pl, dx)| {
+    pool::for_each_chunk(dx, d.h * d.w, |pl, dx| {
         dx.iter_mut().for_each(|v| *v = T::zero());
         let dy = &dy[pl * d.oh * d.ow..][..d.oh * d.ow];
         for oy in 0..d.oh {

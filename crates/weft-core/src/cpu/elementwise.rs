@@ -2,8 +2,6 @@
 //! widest one the CPU supports is chosen at run time; the math in `math.rs` keeps them branch-free
 //! so they vectorize.
 
-use rayon::prelude::*;
-
 use super::math::{erf_f32, exp_f32, sigmoid_f32, tanh_f32};
 use super::PARALLEL_THRESHOLD;
 use crate::dtype::Float;
@@ -45,29 +43,32 @@ macro_rules! simd_dispatch {
 }
 pub(crate) use simd_dispatch;
 
+/// Elements per task of a pointwise kernel over `len` elements: about four tasks per thread,
+/// none under 4096 elements.
+fn chunk_len(len: usize) -> usize {
+    len.div_ceil(super::threads::num_threads() * 4).max(4096)
+}
+
 /// Splits `dst` (and the matching `src` ranges) into chunks for the pool when large.
 fn par_chunks2<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&[A], &mut [B]) + Sync) {
-    super::threads::init();
     if dst.len() < PARALLEL_THRESHOLD {
         f(src, dst);
         return;
     }
-    let chunk = dst.len().div_ceil(rayon::current_num_threads() * 4).max(4096);
-    dst.par_chunks_mut(chunk)
-        .zip(src.par_chunks(chunk))
-        .for_each(|(d, s)| f(s, d));
+    let chunk = chunk_len(dst.len());
+    super::pool::for_each_chunk(dst, chunk, |i, d| f(&src[i * chunk..i * chunk + d.len()], d));
 }
 
 fn par_chunks3<A: Sync, B: Sync, C: Send>(a: &[A], b: &[B], dst: &mut [C], f: impl Fn(&[A], &[B], &mut [C]) + Sync) {
-    super::threads::init();
     if dst.len() < PARALLEL_THRESHOLD {
         f(a, b, dst);
         return;
     }
-    let chunk = dst.len().div_ceil(rayon::current_num_threads() * 4).max(4096);
-    dst.par_chunks_mut(chunk)
-        .zip(a.par_chunks(chunk).zip(b.par_chunks(chunk)))
-        .for_each(|(d, (a, b))| f(a, b, d));
+    let chunk = chunk_len(dst.len());
+    super::pool::for_each_chunk(dst, chunk, |i, d| {
+        let r = i * chunk..i * chunk + d.len();
+        f(&a[r.clone()], &b[r], d)
+    });
 }
 
 #[inline(always)]

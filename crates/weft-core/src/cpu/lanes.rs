@@ -6,6 +6,38 @@ use crate::dtype::Float;
 
 const LANES: usize = 16;
 
+/// Combines the 16 accumulators pairwise (8 + 8, then 4 + 4, ...): a few vector shuffles, where a
+/// left-to-right fold is a chain of 16 dependent scalar operations.
+#[inline(always)]
+fn tree<T: Copy>(mut acc: [T; LANES], f: impl Fn(T, T) -> T) -> T {
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] = f(acc[i], acc[i + w]);
+        }
+    }
+    acc[0]
+}
+
+#[inline(always)]
+fn larger<T: Float>(a: T, b: T) -> T {
+    if b > a || crate::dtype::is_nan(b) {
+        b
+    } else {
+        a
+    }
+}
+
+#[inline(always)]
+fn smaller<T: Float>(a: T, b: T) -> T {
+    if b < a || crate::dtype::is_nan(b) {
+        b
+    } else {
+        a
+    }
+}
+
 /// Sum of `x`.
 #[inline(always)]
 pub fn sum<T: Float>(x: &[T]) -> T {
@@ -21,7 +53,7 @@ pub fn sum<T: Float>(x: &[T]) -> T {
     for &v in tail {
         s += v;
     }
-    acc.iter().fold(s, |a, &b| a + b)
+    s + tree(acc, |a, b| a + b)
 }
 
 /// Largest element (`-inf` for an empty slice; NaN propagates).
@@ -32,20 +64,10 @@ pub fn max<T: Float>(x: &[T]) -> T {
     let tail = chunks.remainder();
     for c in chunks {
         for i in 0..LANES {
-            acc[i] = if c[i] > acc[i] || crate::dtype::is_nan(c[i]) {
-                c[i]
-            } else {
-                acc[i]
-            };
+            acc[i] = larger(acc[i], c[i]);
         }
     }
-    let mut m = T::neg_infinity();
-    for &v in tail.iter().chain(acc.iter()) {
-        if v > m || crate::dtype::is_nan(v) {
-            m = v;
-        }
-    }
-    m
+    tail.iter().fold(tree(acc, larger), |m, &v| larger(m, v))
 }
 
 /// Smallest element (`+inf` for an empty slice; NaN propagates).
@@ -57,20 +79,10 @@ pub fn min<T: Float>(x: &[T]) -> T {
     let tail = chunks.remainder();
     for c in chunks {
         for i in 0..LANES {
-            acc[i] = if c[i] < acc[i] || crate::dtype::is_nan(c[i]) {
-                c[i]
-            } else {
-                acc[i]
-            };
+            acc[i] = smaller(acc[i], c[i]);
         }
     }
-    let mut m = inf;
-    for &v in tail.iter().chain(acc.iter()) {
-        if v < m || crate::dtype::is_nan(v) {
-            m = v;
-        }
-    }
-    m
+    tail.iter().fold(tree(acc, smaller), |m, &v| smaller(m, v))
 }
 
 /// `sum((x - c)^2)`.
@@ -89,7 +101,7 @@ pub fn sum_sq_centered<T: Float>(x: &[T], c: T) -> T {
     for &v in tail {
         s += (v - c) * (v - c);
     }
-    acc.iter().fold(s, |a, &b| a + b)
+    s + tree(acc, |a, b| a + b)
 }
 
 /// `sum(a * b)`.
@@ -107,7 +119,34 @@ pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     for i in full..n {
         s += a[i] * b[i];
     }
-    acc.iter().fold(s, |a, &b| a + b)
+    s + tree(acc, |a, b| a + b)
+}
+
+/// `(sum(a * b), sum(a * b * c))` in one pass.
+#[inline(always)]
+pub fn dot2<T: Float>(a: &[T], b: &[T], c: &[T]) -> (T, T) {
+    let mut acc = [T::zero(); LANES];
+    let mut acc2 = [T::zero(); LANES];
+    let n = a.len().min(b.len()).min(c.len());
+    let full = n / LANES * LANES;
+    let chunks = a[..full]
+        .chunks_exact(LANES)
+        .zip(b[..full].chunks_exact(LANES))
+        .zip(c[..full].chunks_exact(LANES));
+    for ((ca, cb), cc) in chunks {
+        for i in 0..LANES {
+            let v = ca[i] * cb[i];
+            acc[i] += v;
+            acc2[i] += v * cc[i];
+        }
+    }
+    let (mut s, mut s2) = (T::zero(), T::zero());
+    for i in full..n {
+        let v = a[i] * b[i];
+        s += v;
+        s2 += v * c[i];
+    }
+    (s + tree(acc, |x, y| x + y), s2 + tree(acc2, |x, y| x + y))
 }
 
 /// `sum(exp(x - m))`, writing each `exp(x - m)` into `out` when given.
@@ -142,7 +181,7 @@ pub fn sum_exp<T: Float>(x: &[T], m: T, out: Option<&mut [T]>) -> T {
             }
         }
     }
-    acc.iter().fold(s, |a, &b| a + b)
+    s + tree(acc, |a, b| a + b)
 }
 
 /// Sum of a long slice: lane sums over blocks of 4096, blocks added in f64 (accurate and fast).
@@ -168,5 +207,5 @@ pub fn exp_in_place<T: Float>(x: &mut [T], m: T) -> T {
         *v = (*v - m).fast_exp();
         s += *v;
     }
-    acc.iter().fold(s, |a, &b| a + b)
+    s + tree(acc, |a, b| a + b)
 }

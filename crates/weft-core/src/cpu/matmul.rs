@@ -1,4 +1,5 @@
-//! Matrix multiply through the `gemm` crate (runtime-dispatched AVX-512/AVX2/scalar kernels).
+//! Matrix multiply through the `gemm` crate (runtime-dispatched AVX-512/AVX2/scalar kernels),
+//! each call single-threaded; [`gemm_parallel`] splits a product across the compute pool.
 
 use gemm::Parallelism;
 
@@ -37,7 +38,7 @@ pub struct MatMut<T> {
     pub accumulate: bool,
 }
 
-/// `dst[M, N] (=|+=) scale * a[M, K] @ b[K, N]`.
+/// `dst[M, N] (=|+=) scale * a[M, K] @ b[K, N]` on the calling thread.
 ///
 /// # Safety
 /// `dst` must be valid for writes of an `m x n` matrix at its stride, and `a`/`b` valid for every
@@ -52,13 +53,7 @@ pub unsafe fn gemm<T: 'static + Copy + Default>(
     b: MatRef<T>,
     one: T,
     scale: T,
-    parallel: bool,
 ) {
-    let par = if parallel && super::threads::num_threads() > 1 {
-        Parallelism::Rayon(super::threads::num_threads())
-    } else {
-        Parallelism::None
-    };
     gemm::gemm(
         m,
         n,
@@ -78,7 +73,7 @@ pub unsafe fn gemm<T: 'static + Copy + Default>(
         false,
         false,
         false,
-        par,
+        Parallelism::None,
     );
 }
 
@@ -87,11 +82,8 @@ struct SyncPtr<T>(*mut T, *const T, *const T);
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
-/// [`gemm`] on the whole compute pool, splitting the output into one block of rows (or columns,
-/// when there are fewer rows than columns) per thread, each block a single-threaded gemm. The
-/// `gemm` crate parallelizes over its own column blocks only, so products with a narrow side
-/// (`n` or `m` around 128, common in training: `x @ W` with 128 outputs, `x^T @ g` weight
-/// gradients) would otherwise run on one thread.
+/// [`gemm`] on the compute pool, splitting the output into one block of rows (or columns, when
+/// there are fewer rows than columns) per thread, each block a single-threaded gemm.
 ///
 /// # Safety
 /// As [`gemm`].
@@ -106,52 +98,94 @@ pub unsafe fn gemm_parallel<T: 'static + Copy + Default + Send + Sync>(
     one: T,
     scale: T,
 ) {
+    gemm_parallel_then(m, n, k, dst, a, b, one, scale, |_| {})
+}
+
+/// The block of the output one task of [`gemm_parallel_then`] computed: rows `row0..row0 + rows`,
+/// columns `col0..col0 + cols`, starting at `ptr` with rows `row_stride` apart.
+#[derive(Clone, Copy)]
+pub struct Block<T> {
+    pub ptr: *mut T,
+    pub row_stride: isize,
+    pub row0: usize,
+    pub rows: usize,
+    pub col0: usize,
+    pub cols: usize,
+}
+
+/// [`gemm_parallel`], then `then(block)` on each task's block right after its product, while the
+/// block is still in that core's cache (a bias added to the rows of a linear layer's output).
+/// `then` may read and write its block's elements only.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<T>,
+    a: MatRef<T>,
+    b: MatRef<T>,
+    one: T,
+    scale: T,
+    then: impl Fn(Block<T>) + Sync,
+) {
     let threads = super::threads::num_threads();
     let along_rows = m >= n;
     let len = if along_rows { m } else { n };
     let pieces = threads.min(len / 16).max(1);
-    if pieces == 1 {
-        return gemm(m, n, k, dst, a, b, one, scale, true);
-    }
     let chunk = len.div_ceil(pieces);
     let ptrs = SyncPtr(dst.ptr, a.ptr, b.ptr);
     let (dst_rs, acc) = (dst.row_stride, dst.accumulate);
-    rayon::scope(|s| {
-        for p in 0..pieces {
-            let ptrs = &ptrs;
-            s.spawn(move |_| {
-                let start = p * chunk;
-                let size = chunk.min(len - start);
-                if size == 0 {
-                    return;
-                }
-                // SAFETY: each piece writes a disjoint block of rows (or columns) of dst.
-                unsafe {
-                    if along_rows {
-                        let d = MatMut {
-                            ptr: ptrs.0.offset(start as isize * dst_rs),
-                            row_stride: dst_rs,
-                            accumulate: acc,
-                        };
-                        let ap = MatRef {
-                            ptr: ptrs.1.offset(start as isize * a.row_stride),
-                            ..a
-                        };
-                        gemm(size, n, k, d, ap, MatRef { ptr: ptrs.2, ..b }, one, scale, false);
-                    } else {
-                        let d = MatMut {
-                            ptr: ptrs.0.add(start),
-                            row_stride: dst_rs,
-                            accumulate: acc,
-                        };
-                        let bp = MatRef {
-                            ptr: ptrs.2.offset(start as isize * b.col_stride),
-                            ..b
-                        };
-                        gemm(m, size, k, d, MatRef { ptr: ptrs.1, ..a }, bp, one, scale, false);
-                    }
-                }
-            });
+    super::pool::run(pieces, |p| {
+        let ptrs = &ptrs;
+        let start = p * chunk;
+        let size = chunk.min(len.saturating_sub(start));
+        if size == 0 {
+            return;
+        }
+        // SAFETY: each piece writes a disjoint block of rows (or columns) of dst.
+        unsafe {
+            if along_rows {
+                let d = MatMut {
+                    ptr: ptrs.0.offset(start as isize * dst_rs),
+                    row_stride: dst_rs,
+                    accumulate: acc,
+                };
+                let ap = MatRef {
+                    ptr: ptrs.1.offset(start as isize * a.row_stride),
+                    ..a
+                };
+                gemm(size, n, k, d, ap, MatRef { ptr: ptrs.2, ..b }, one, scale);
+                then(Block {
+                    ptr: d.ptr,
+                    row_stride: dst_rs,
+                    row0: start,
+                    rows: size,
+                    col0: 0,
+                    cols: n,
+                });
+            } else {
+                let d = MatMut {
+                    ptr: ptrs.0.add(start),
+                    row_stride: dst_rs,
+                    accumulate: acc,
+                };
+                let bp = MatRef {
+                    ptr: ptrs.2.offset(start as isize * b.col_stride),
+                    ..b
+                };
+                gemm(m, size, k, d, MatRef { ptr: ptrs.1, ..a }, bp, one, scale);
+                then(Block {
+                    ptr: d.ptr,
+                    row_stride: dst_rs,
+                    row0: 0,
+                    rows: m,
+                    col0: start,
+                    cols: size,
+                });
+            }
         }
     });
 }

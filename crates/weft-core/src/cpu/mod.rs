@@ -9,7 +9,9 @@ pub mod lanes;
 pub mod math;
 pub mod matmul;
 pub mod nn;
+pub mod pool;
 pub mod reduce;
+pub mod small_gemm;
 pub mod threads;
 
 /// Below this many elements a kernel stays on the calling thread.

@@ -3,11 +3,10 @@
 //! multi-accumulator helpers of `lanes.rs`, and the f32 instantiations are compiled for the widest
 //! vector unit (`simd_dispatch!`).
 
-use rayon::prelude::*;
-
 use super::elementwise::simd_dispatch;
 use super::f32_view::{as_f32, as_f32_mut};
 use super::lanes;
+use super::pool::{self, Chunks};
 use crate::dtype::Float;
 
 fn rows_per_task(len: usize) -> usize {
@@ -61,26 +60,26 @@ simd_dispatch!(softmax_backward_rows_f32(y: &[f32], g: &[f32], dx: &mut [f32], l
 
 /// Softmax (or log-softmax) of each row of length `len`.
 pub fn softmax<T: Float>(x: &[T], y: &mut [T], len: usize, log: bool) {
-    super::threads::init();
     let chunk = rows_per_task(len) * len;
-    y.par_chunks_mut(chunk)
-        .zip(x.par_chunks(chunk))
-        .for_each(|(y, x)| match (as_f32(x), as_f32_mut(y)) {
+    pool::for_each_chunk(y, chunk, |i, y| {
+        let x = &x[i * chunk..][..y.len()];
+        match (as_f32(x), as_f32_mut(y)) {
             (Some(xf), Some(yf)) => softmax_rows_f32(xf, yf, len, log),
             _ => softmax_rows(x, y, len, log),
-        });
+        }
+    });
 }
 
 /// Gradient of [`softmax`] given its output `y` and the output gradient `g`.
 pub fn softmax_backward<T: Float>(y: &[T], g: &[T], dx: &mut [T], len: usize, log: bool) {
-    super::threads::init();
     let chunk = rows_per_task(len) * len;
-    dx.par_chunks_mut(chunk)
-        .zip(y.par_chunks(chunk).zip(g.par_chunks(chunk)))
-        .for_each(|(d, (y, g))| match (as_f32(y), as_f32(g), as_f32_mut(d)) {
+    pool::for_each_chunk(dx, chunk, |i, d| {
+        let (y, g) = (&y[i * chunk..][..d.len()], &g[i * chunk..][..d.len()]);
+        match (as_f32(y), as_f32(g), as_f32_mut(d)) {
             (Some(yf), Some(gf), Some(df)) => softmax_backward_rows_f32(yf, gf, df, len, log),
             _ => softmax_backward_rows(y, g, d, len, log),
-        });
+        }
+    });
 }
 
 // ---------------------------------------------------------------- layer / RMS norm
@@ -109,20 +108,21 @@ fn norm_rows<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [T], mean: &mut [T],
         let rs = one / (lanes::sum_sq_centered(x, mu) / n + s.eps).sqrt();
         *m = mu;
         *r = rs;
+        // zipped iterators (not indices) so the loops carry no bounds checks and vectorize
         match (s.weight, s.bias) {
             (Some(w), Some(b)) => {
-                for i in 0..s.len {
-                    y[i] = (x[i] - mu) * rs * w[i] + b[i];
+                for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
+                    *y = (x - mu) * rs * w + b;
                 }
             }
             (Some(w), None) => {
-                for i in 0..s.len {
-                    y[i] = (x[i] - mu) * rs * w[i];
+                for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+                    *y = (x - mu) * rs * w;
                 }
             }
             _ => {
-                for i in 0..s.len {
-                    y[i] = (x[i] - mu) * rs;
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = (x - mu) * rs;
                 }
             }
         }
@@ -146,23 +146,27 @@ fn norm_spec_f32<T: 'static>(s: NormSpec<'_, T>) -> Option<NormSpec<'_, f32>> {
 
 /// Layer norm (or RMS norm) of each row: writes `y`, and per row `mean` (0 for RMS) and `rstd`.
 pub fn norm<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [T], mean: &mut [T], rstd: &mut [T]) {
-    super::threads::init();
     let rows = rows_per_task(s.len);
-    y.par_chunks_mut(rows * s.len)
-        .zip(x.par_chunks(rows * s.len))
-        .zip(mean.par_chunks_mut(rows).zip(rstd.par_chunks_mut(rows)))
-        .for_each(|((y, x), (mean, rstd))| {
-            match (
-                norm_spec_f32(s),
-                as_f32(x),
-                as_f32_mut(y),
-                as_f32_mut(mean),
-                as_f32_mut(rstd),
-            ) {
-                (Some(sf), Some(xf), Some(yf), Some(mf), Some(rf)) => norm_rows_f32(sf, xf, yf, mf, rf),
-                _ => norm_rows(s, x, y, mean, rstd),
-            }
-        });
+    let (ys, means, rstds) = (
+        Chunks::new(y, rows * s.len),
+        Chunks::new(mean, rows),
+        Chunks::new(rstd, rows),
+    );
+    pool::run(means.count(), |i| {
+        // SAFETY: `run` calls each block of rows once.
+        let (y, mean, rstd) = unsafe { (ys.take(i), means.take(i), rstds.take(i)) };
+        let x = &x[i * rows * s.len..][..y.len()];
+        match (
+            norm_spec_f32(s),
+            as_f32(x),
+            as_f32_mut(y),
+            as_f32_mut(mean),
+            as_f32_mut(rstd),
+        ) {
+            (Some(sf), Some(xf), Some(yf), Some(mf), Some(rf)) => norm_rows_f32(sf, xf, yf, mf, rf),
+            _ => norm_rows(s, x, y, mean, rstd),
+        }
+    });
 }
 
 /// dx of one block of rows, accumulating dweight and dbias partial sums.
@@ -186,38 +190,30 @@ fn norm_backward_rows<T: Float>(
         .zip(rstd)
         .zip(dx.chunks_mut(s.len))
     {
-        // dx holds xhat first, then the gradient.
-        for i in 0..s.len {
-            dx[i] = (x[i] - mu) * rs;
+        // dx holds xhat first, then the gradient; zipped iterators (not indices) so that the
+        // loops carry no bounds checks and vectorize
+        for (d, &x) in dx.iter_mut().zip(x) {
+            *d = (x - mu) * rs;
         }
-        for i in 0..s.len {
-            dw[i] += g[i] * dx[i];
-            db[i] += g[i];
+        for (((w, b), &g), &xh) in dw.iter_mut().zip(db.iter_mut()).zip(g).zip(dx.iter()) {
+            *w += g * xh;
+            *b += g;
         }
         let (sum_gw, sum_gwx) = match s.weight {
-            Some(w) => {
-                let mut a = T::zero();
-                let mut b = T::zero();
-                for i in 0..s.len {
-                    let v = g[i] * w[i];
-                    a += v;
-                    b += v * dx[i];
-                }
-                (a, b)
-            }
+            Some(w) => lanes::dot2(g, w, dx),
             None => (lanes::sum(g), lanes::dot(g, dx)),
         };
         let mean_gw = if s.rms { T::zero() } else { sum_gw / n };
         let mean_gwx = sum_gwx / n;
         match s.weight {
             Some(w) => {
-                for i in 0..s.len {
-                    dx[i] = rs * (g[i] * w[i] - mean_gw - dx[i] * mean_gwx);
+                for ((d, &g), &w) in dx.iter_mut().zip(g).zip(w) {
+                    *d = rs * (g * w - mean_gw - *d * mean_gwx);
                 }
             }
             None => {
-                for i in 0..s.len {
-                    dx[i] = rs * (g[i] - mean_gw - dx[i] * mean_gwx);
+                for (d, &g) in dx.iter_mut().zip(g) {
+                    *d = rs * (g - mean_gw - *d * mean_gwx);
                 }
             }
         }
@@ -237,27 +233,27 @@ pub fn norm_backward<T: Float>(
     rstd: &[T],
     dx: &mut [T],
 ) -> (Vec<T>, Vec<T>) {
-    super::threads::init();
     let len = s.len;
     let rows = rows_per_task(len).max(8);
     // Partial sums per fixed block of rows, added in block order: the result does not depend on
     // how the pool schedules the blocks (bit-for-bit reproducible runs).
-    let partials: Vec<(Vec<T>, Vec<T>)> = dx
-        .par_chunks_mut(rows * len)
-        .zip(x.par_chunks(rows * len).zip(g.par_chunks(rows * len)))
-        .zip(mean.par_chunks(rows).zip(rstd.par_chunks(rows)))
-        .map(|((dx, (x, g)), (mean, rstd))| {
-            let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
-            let f32s = (norm_spec_f32(s), as_f32(x), as_f32(g), as_f32(mean), as_f32(rstd));
-            match (f32s, as_f32_mut(dx), as_f32_mut(&mut dw), as_f32_mut(&mut db)) {
-                ((Some(sf), Some(xf), Some(gf), Some(mf), Some(rf)), Some(dxf), Some(dwf), Some(dbf)) => {
-                    norm_backward_rows_f32(sf, xf, gf, mf, rf, dxf, dwf, dbf)
-                }
-                _ => norm_backward_rows(s, x, g, mean, rstd, dx, &mut dw, &mut db),
+    let mut partials: Vec<(Vec<T>, Vec<T>)> = vec![(Vec::new(), Vec::new()); mean.len().div_ceil(rows)];
+    let (dxs, parts) = (Chunks::new(dx, rows * len), Chunks::new(&mut partials, 1));
+    pool::run(parts.count(), |i| {
+        // SAFETY: `run` calls each block of rows once.
+        let (dx, part) = unsafe { (dxs.take(i), &mut parts.take(i)[0]) };
+        let (x, g) = (&x[i * rows * len..][..dx.len()], &g[i * rows * len..][..dx.len()]);
+        let (mean, rstd) = (&mean[i * rows..][..dx.len() / len], &rstd[i * rows..][..dx.len() / len]);
+        let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
+        let f32s = (norm_spec_f32(s), as_f32(x), as_f32(g), as_f32(mean), as_f32(rstd));
+        match (f32s, as_f32_mut(dx), as_f32_mut(&mut dw), as_f32_mut(&mut db)) {
+            ((Some(sf), Some(xf), Some(gf), Some(mf), Some(rf)), Some(dxf), Some(dwf), Some(dbf)) => {
+                norm_backward_rows_f32(sf, xf, gf, mf, rf, dxf, dwf, dbf)
             }
-            (dw, db)
-        })
-        .collect();
+            _ => norm_backward_rows(s, x, g, mean, rstd, dx, &mut dw, &mut db),
+        }
+        *part = (dw, db);
+    });
     let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
     for (pw, pb) in partials {
         dw.iter_mut().zip(pw).for_each(|(a, b)| *a += b);
@@ -315,18 +311,19 @@ fn ce_spec_f32<T: 'static + Copy>(s: CrossEntropySpec<T>) -> Option<CrossEntropy
 /// Per-row cross-entropy of `logits` `[N, C]` (0 for ignored rows) and per-row log-sum-exp.
 /// Targets were range-checked by the caller.
 pub fn cross_entropy<T: Float>(s: CrossEntropySpec<T>, logits: &[T], targets: &[i64], lse: &mut [T]) -> Vec<T> {
-    super::threads::init();
     let mut loss = vec![T::zero(); targets.len()];
     let rows = rows_per_task(s.classes);
-    loss.par_chunks_mut(rows)
-        .zip(lse.par_chunks_mut(rows))
-        .zip(logits.par_chunks(rows * s.classes).zip(targets.par_chunks(rows)))
-        .for_each(
-            |((loss, lse), (x, t))| match (ce_spec_f32(s), as_f32(x), as_f32_mut(loss), as_f32_mut(lse)) {
-                (Some(sf), Some(xf), Some(lf), Some(ef)) => cross_entropy_rows_f32(sf, xf, t, lf, ef),
-                _ => cross_entropy_rows(s, x, t, loss, lse),
-            },
-        );
+    let (losses, lses) = (Chunks::new(&mut loss, rows), Chunks::new(lse, rows));
+    pool::run(losses.count(), |i| {
+        // SAFETY: `run` calls each block of rows once.
+        let (loss, lse) = unsafe { (losses.take(i), lses.take(i)) };
+        let t = &targets[i * rows..][..loss.len()];
+        let x = &logits[i * rows * s.classes..][..loss.len() * s.classes];
+        match (ce_spec_f32(s), as_f32(x), as_f32_mut(loss), as_f32_mut(lse)) {
+            (Some(sf), Some(xf), Some(lf), Some(ef)) => cross_entropy_rows_f32(sf, xf, t, lf, ef),
+            _ => cross_entropy_rows(s, x, t, loss, lse),
+        }
+    });
     loss
 }
 
@@ -368,22 +365,17 @@ pub fn cross_entropy_backward<T: Float>(
     dx: &mut [T],
     scale: T,
 ) {
-    super::threads::init();
     let c = s.classes;
     let rows = rows_per_task(c);
-    dx.par_chunks_mut(rows * c)
-        .zip(
-            logits
-                .par_chunks(rows * c)
-                .zip(targets.par_chunks(rows).zip(lse.par_chunks(rows))),
-        )
-        .for_each(|(dx, (x, (t, lse)))| {
-            let scale_f = as_f32(std::slice::from_ref(&scale)).map(|v| v[0]);
-            match (ce_spec_f32(s), as_f32(x), as_f32(lse), as_f32_mut(dx), scale_f) {
-                (Some(sf), Some(xf), Some(lf), Some(df), Some(sc)) => {
-                    cross_entropy_backward_rows_f32(sf, xf, t, lf, df, sc)
-                }
-                _ => cross_entropy_backward_rows(s, x, t, lse, dx, scale),
+    pool::for_each_chunk(dx, rows * c, |i, dx| {
+        let x = &logits[i * rows * c..][..dx.len()];
+        let (t, lse) = (&targets[i * rows..][..dx.len() / c], &lse[i * rows..][..dx.len() / c]);
+        let scale_f = as_f32(std::slice::from_ref(&scale)).map(|v| v[0]);
+        match (ce_spec_f32(s), as_f32(x), as_f32(lse), as_f32_mut(dx), scale_f) {
+            (Some(sf), Some(xf), Some(lf), Some(df), Some(sc)) => {
+                cross_entropy_backward_rows_f32(sf, xf, t, lf, df, sc)
             }
-        });
+            _ => cross_entropy_backward_rows(s, x, t, lse, dx, scale),
+        }
+    });
 }

@@ -1,10 +1,9 @@
 //! Reduction kernels for contiguous float data: over trailing dims (rows) or leading dims
 //! (columns). Other dim sets are handled by permuting first (`ops/reduce.rs`).
 
-use rayon::prelude::*;
-
 use super::elementwise::simd_dispatch;
 use super::lanes;
+use super::pool::{self, Chunks};
 use crate::dtype::Float;
 use crate::op::ReduceOp;
 
@@ -26,17 +25,15 @@ simd_dispatch!(rows_f32(op: ReduceOp, x: &[f32], len: usize, out: &mut [f32]) {
 
 /// Reduces each row of length `len` (`out.len()` rows).
 pub fn reduce_rows<T: Float>(op: ReduceOp, x: &[T], len: usize, out: &mut [T]) {
-    super::threads::init();
     let per_task = (super::PARALLEL_THRESHOLD / len.max(1)).max(1);
-    out.par_chunks_mut(per_task)
-        .zip(x.par_chunks(per_task * len))
-        .for_each(|(o, x)| {
-            if let (Some(xf), Some(of)) = (super::f32_view::as_f32(x), super::f32_view::as_f32_mut(o)) {
-                rows_f32(op, xf, len, of)
-            } else {
-                rows(op, x, len, o)
-            }
-        });
+    pool::for_each_chunk(out, per_task, |i, o| {
+        let x = &x[i * per_task * len..][..o.len() * len];
+        if let (Some(xf), Some(of)) = (super::f32_view::as_f32(x), super::f32_view::as_f32_mut(o)) {
+            rows_f32(op, xf, len, of)
+        } else {
+            rows(op, x, len, o)
+        }
+    });
 }
 
 #[inline(always)]
@@ -72,7 +69,6 @@ const COLUMN_BLOCK_ROWS: usize = 256;
 /// Reduces the leading `outer` rows of `x` (`[outer, inner]`) into `out` (`[inner]`). Each task
 /// reduces a block of rows into its own accumulator; blocks combine at the end.
 pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usize, out: &mut [T]) {
-    super::threads::init();
     let init = match op {
         ReduceOp::Sum | ReduceOp::Mean => T::zero(),
         ReduceOp::Max => T::neg_infinity(),
@@ -80,18 +76,20 @@ pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usiz
     };
     // Fixed blocks of rows, combined in block order: the result depends neither on the thread
     // count nor on scheduling.
-    let partials: Vec<Vec<T>> = x
-        .par_chunks(COLUMN_BLOCK_ROWS * inner)
-        .map(|block| {
-            let mut acc = vec![init; inner];
-            if let (Some(xf), Some(af)) = (super::f32_view::as_f32(block), super::f32_view::as_f32_mut(&mut acc)) {
-                columns_f32(op, xf, inner, af);
-            } else {
-                columns(op, block, inner, &mut acc);
-            }
-            acc
-        })
-        .collect();
+    let block_len = (COLUMN_BLOCK_ROWS * inner).max(1);
+    let mut partials: Vec<Vec<T>> = vec![Vec::new(); x.len().div_ceil(block_len)];
+    let parts = Chunks::new(&mut partials, 1);
+    pool::run(parts.count(), |i| {
+        let block = &x[i * block_len..x.len().min((i + 1) * block_len)];
+        let mut acc = vec![init; inner];
+        if let (Some(xf), Some(af)) = (super::f32_view::as_f32(block), super::f32_view::as_f32_mut(&mut acc)) {
+            columns_f32(op, xf, inner, af);
+        } else {
+            columns(op, block, inner, &mut acc);
+        }
+        // SAFETY: `run` calls each block once.
+        unsafe { parts.take(i)[0] = acc };
+    });
     let mut acc = vec![init; inner];
     for p in &partials {
         columns(op, p, inner, &mut acc);

@@ -1,4 +1,4 @@
-//! The process's one compute pool, sized by `WEFT_NUM_THREADS` (default: the cores divided by
+//! The size of the process's one compute pool (`super::pool`), set by `WEFT_NUM_THREADS` (default: the cores divided by
 //! the ranks sharing this host, so that ranks started by `weft launch`, torchrun, srun or mpirun
 //! do not oversubscribe it).
 
@@ -19,7 +19,7 @@ fn local_ranks() -> usize {
     .unwrap_or(1)
 }
 
-/// Number of compute threads; the first call sizes rayon's global pool.
+/// Number of compute threads: the calling thread and the workers of [`super::pool`].
 ///
 /// `WEFT_NUM_THREADS` must be a positive integer when set; anything else falls back to the core
 /// count with a warning on stderr (the variable comes from outside, so it must not panic).
@@ -38,20 +38,7 @@ pub fn num_threads() -> usize {
             Err(_) => cores,
         };
         keep_freed_memory();
-        // The main thread, which runs the program's ops, is one of the pool's threads: its
-        // kernels then run on it and the others, without waking a pool thread and parking
-        // itself for every kernel (measured on the speed-target GPT: median step 61.4 -> 52.9
-        // ms over 10 alternating runs on a loaded 2-core machine, docs/benchmarks.md). Only the
-        // main thread (a thread that may exit, such as a test's, must not be a pool thread) and
-        // only with a second thread (other threads' kernels need a thread that always serves
-        // the pool).
-        let mut builder = rayon::ThreadPoolBuilder::new().num_threads(n);
-        if n > 1 && std::thread::current().name() == Some("main") {
-            builder = builder.use_current_thread();
-        }
-        // Fails only if someone built the global pool first; then we use theirs.
-        let _ = builder.build_global();
-        rayon::current_num_threads()
+        n
     })
 }
 

@@ -204,7 +204,7 @@ pub fn to_bytes<'a>(
     }
     let mut head = serde_json::to_vec(&Value::Object(header)).expect("JSON of strings and numbers");
     // pad the header with spaces so the data starts 8-byte aligned, as the reference writer does
-    while (8 + head.len()) % 8 != 0 {
+    while !(8 + head.len()).is_multiple_of(8) {
         head.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + head.len() + data.len());

@@ -59,6 +59,89 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Multi-head self-attention on a fused projection (nanoGPT's `c_attn` output): `self` is
+    /// `[B, T, 3C]` with q, k and v side by side, each split into `heads` heads of `C / heads`.
+    /// Returns `[B, T, C]` with head `h` in columns `h * C / heads..`: the same as splitting,
+    /// viewing each third as `[B, heads, T, C / heads]`, [`Tensor::scaled_dot_product_attention`]
+    /// and merging the heads back, without materializing the split, and with one gradient for
+    /// `qkv` instead of three added together. `scale` defaults to `1 / sqrt(C / heads)`.
+    pub fn qkv_attention(&self, heads: usize, causal: bool, scale: Option<f64>) -> Result<Tensor> {
+        expect_float("qkv_attention", self)?;
+        let s = self.shape();
+        if self.rank() != 3 || heads == 0 || !s[2].is_multiple_of(3 * heads) {
+            return Err(invalid(
+                "qkv_attention",
+                format!(
+                    "expected [B, T, 3 * C] with C divisible by heads = {heads}, got {:?}",
+                    s
+                ),
+            ));
+        }
+        let hd = s[2] / 3 / heads;
+        let scale = scale.unwrap_or(1.0 / (hd as f64).sqrt());
+        apply(Op::QkvAttention { heads, causal, scale }, &[self])
+    }
+}
+
+/// Where each (batch, head) problem of a `[B, T, 3C]` fused projection and its `[B, T, C]`
+/// output live: offsets of q, k and v in the projection (rows `3C` apart) and of the output
+/// (rows `C` apart).
+struct QkvLayout {
+    dims: AttnDims,
+    width: usize,
+    c: usize,
+    q: Vec<usize>,
+    k: Vec<usize>,
+    v: Vec<usize>,
+    o: Vec<usize>,
+}
+
+impl QkvLayout {
+    fn new(qkv: &Tensor, heads: usize, causal: bool) -> QkvLayout {
+        let (b, t, width) = (qkv.shape()[0], qkv.shape()[1], qkv.shape()[2]);
+        let c = width / 3;
+        let hd = c / heads;
+        let q: Vec<usize> = (0..b * heads)
+            .map(|i| (i / heads) * t * width + (i % heads) * hd)
+            .collect();
+        QkvLayout {
+            dims: AttnDims {
+                bh: b * heads,
+                t,
+                s: t,
+                d: hd,
+                dv: hd,
+                causal,
+            },
+            width,
+            c,
+            k: q.iter().map(|o| o + c).collect(),
+            v: q.iter().map(|o| o + 2 * c).collect(),
+            o: (0..b * heads).map(|i| (i / heads) * t * c + (i % heads) * hd).collect(),
+            q,
+        }
+    }
+
+    fn mats<'a, T>(&self, data: &'a [T], offsets: &'a [usize], row_stride: usize) -> k::Mats<'a, T> {
+        k::Mats {
+            data,
+            offsets,
+            row_stride,
+        }
+    }
+}
+
+/// `t` in the compute dtype, contiguous (a copy only when needed).
+fn dense_input(t: &Tensor) -> Result<Tensor> {
+    let c = to_compute(t)?;
+    if c.is_contiguous() {
+        Ok(c)
+    } else {
+        c.contiguous_copy()
+    }
+}
+
 fn dims_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> AttnDims {
     let r = q.rank();
     AttnDims {
@@ -115,6 +198,21 @@ impl<'a, T: crate::storage::StorageElement> MatView<'a, T> {
     }
 }
 
+/// Offsets of `n` matrices of `size` elements stored back to back.
+fn dense_offsets(n: usize, size: usize) -> Vec<usize> {
+    (0..n).map(|i| i * size).collect()
+}
+
+/// `buf` as output matrices at `offsets`, rows `row_stride` apart.
+fn mats_mut<'a, T>(buf: &mut [T], offsets: &'a [usize], row_stride: usize) -> k::MatsMut<'a, T> {
+    k::MatsMut {
+        ptr: buf.as_mut_ptr(),
+        len: buf.len(),
+        offsets,
+        row_stride,
+    }
+}
+
 /// `t` in the compute dtype with a contiguous last dim (a copy only when needed).
 fn strided_input(t: &Tensor) -> Result<Tensor> {
     let c = to_compute(t)?;
@@ -127,10 +225,11 @@ fn strided_input(t: &Tensor) -> Result<Tensor> {
 }
 
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-    let (q, kt, v) = (inputs[0], inputs[1], inputs[2]);
+    let q = inputs[0];
     let dtype = q.dtype();
     match op {
         Op::Attention { causal, scale } => {
+            let (kt, v) = (inputs[1], inputs[2]);
             let dims = dims_of(q, kt, v, *causal);
             let r = q.rank();
             let lse_shape = &q.shape()[..r - 1];
@@ -166,6 +265,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             })
         }
         Op::AttentionBackward { causal, scale } => {
+            let (kt, v) = (inputs[1], inputs[2]);
             let (o, lse, g) = (inputs[3], inputs[4], inputs[5]);
             let dims = dims_of(q, kt, v, *causal);
             let (qc, kc, vc) = (strided_input(q)?, strided_input(kt)?, strided_input(v)?);
@@ -177,13 +277,47 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let mut dq = vec![0 as T; dims.bh * dims.t * dims.d];
                 let mut dk = vec![0 as T; dims.bh * dims.s * dims.d];
                 let mut dv = vec![0 as T; dims.bh * dims.s * dims.dv];
-                k::backward(dims, qv.mats(), kv.mats(), vv.mats(), ov.mats(), &ls, gv.mats(), *scale as T, &mut dq, &mut dk, &mut dv);
+                let (oq, ok, ov_) = (dense_offsets(dims.bh, dims.t * dims.d), dense_offsets(dims.bh, dims.s * dims.d), dense_offsets(dims.bh, dims.s * dims.dv));
+                k::backward(
+                    dims, qv.mats(), kv.mats(), vv.mats(), ov.mats(), &ls, gv.mats(), *scale as T,
+                    mats_mut(&mut dq, &oq, dims.d), mats_mut(&mut dk, &ok, dims.d), mats_mut(&mut dv, &ov_, dims.dv),
+                );
                 drop((qv, kv, vv, ov, gv));
                 Ok(vec![
                     back_to(Tensor::from_vec(dq, q.shape())?, dtype)?,
                     back_to(Tensor::from_vec(dk, kt.shape())?, dtype)?,
                     back_to(Tensor::from_vec(dv, v.shape())?, dtype)?,
                 ])
+            })
+        }
+        Op::QkvAttention { heads, causal, scale } => {
+            let x = dense_input(q)?;
+            let l = QkvLayout::new(&x, *heads, *causal);
+            let (b, t) = (x.shape()[0], x.shape()[1]);
+            crate::float_dispatch!(x.dtype(), T => {
+                let xs = x.contig::<T>("qkv_attention")?;
+                let mut o = vec![0 as T; b * t * l.c];
+                let mut lse = vec![0 as T; l.dims.bh * t];
+                let (qm, km, vm) = (l.mats(&xs, &l.q, l.width), l.mats(&xs, &l.k, l.width), l.mats(&xs, &l.v, l.width));
+                k::forward(l.dims, qm, km, vm, *scale as T, mats_mut(&mut o, &l.o, l.c), &mut lse);
+                let out = back_to(Tensor::from_vec(o, &[b, t, l.c])?, dtype)?;
+                Ok(vec![out, Tensor::from_vec(lse, &[b, *heads, t])?])
+            })
+        }
+        Op::QkvAttentionBackward { heads, causal, scale } => {
+            let (x, o, g) = (dense_input(q)?, dense_input(inputs[1])?, dense_input(inputs[3])?);
+            let lse = inputs[2];
+            let l = QkvLayout::new(&x, *heads, *causal);
+            crate::float_dispatch!(x.dtype(), T => {
+                let (xs, os, gs) = (x.contig::<T>("qkv_attention")?, o.contig::<T>("qkv_attention")?, g.contig::<T>("qkv_attention")?);
+                let ls = lse.contig::<T>("qkv_attention")?;
+                let mut dx = vec![0 as T; xs.len()];
+                let (qm, km, vm) = (l.mats(&xs, &l.q, l.width), l.mats(&xs, &l.k, l.width), l.mats(&xs, &l.v, l.width));
+                let (om, gm) = (l.mats(&os, &l.o, l.c), l.mats(&gs, &l.o, l.c));
+                let (dq, dk) = (mats_mut(&mut dx, &l.q, l.width), mats_mut(&mut dx, &l.k, l.width));
+                let dv = mats_mut(&mut dx, &l.v, l.width);
+                k::backward(l.dims, qm, km, vm, om, &ls, gm, *scale as T, dq, dk, dv);
+                Ok(vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?])
             })
         }
         _ => unreachable!("attention::forward called with {op:?}"),
@@ -197,10 +331,19 @@ pub(super) fn backward(
     saved: &[Tensor],
     grad: &Tensor,
 ) -> Result<Vec<Option<Tensor>>> {
+    let out = output.detach();
+    if let Op::QkvAttention { heads, causal, scale } = op {
+        let args = [&inputs[0], &out, &saved[0], grad];
+        let op = Op::QkvAttentionBackward {
+            heads: *heads,
+            causal: *causal,
+            scale: *scale,
+        };
+        return Ok(vec![Some(apply(op, &args)?)]);
+    }
     let Op::Attention { causal, scale } = op else {
         unreachable!("attention::backward called with {op:?}")
     };
-    let out = output.detach();
     let args = [&inputs[0], &inputs[1], &inputs[2], &out, &saved[0], grad];
     let grads = apply_multi(
         Op::AttentionBackward {

@@ -1,7 +1,5 @@
 //! Creation ops: fill, arange, and counter-based random tensors.
 
-use rayon::prelude::*;
-
 use crate::dtype::DType;
 use crate::error::{invalid, Result};
 use crate::op::{Distribution, Op};
@@ -105,14 +103,17 @@ pub(super) fn forward(op: &Op) -> Result<Vec<Tensor>> {
             seed,
             offset,
         } => {
-            crate::cpu::threads::init();
             let (seed, offset) = (*seed, *offset);
             let n = numel(shape);
             let mut v = vec![0.0f64; n];
-            v.par_iter_mut().with_min_len(4096).enumerate().for_each(|(i, x)| {
-                *x = match dist {
-                    Distribution::Uniform => rng::uniform(seed, offset + i as u64),
-                    Distribution::Normal => rng::normal(seed, offset + i as u64),
+            const PER_TASK: usize = 4096;
+            crate::cpu::pool::for_each_chunk(&mut v, PER_TASK, |c, xs| {
+                for (j, x) in xs.iter_mut().enumerate() {
+                    let i = (c * PER_TASK + j) as u64;
+                    *x = match dist {
+                        Distribution::Uniform => rng::uniform(seed, offset + i),
+                        Distribution::Normal => rng::normal(seed, offset + i),
+                    }
                 }
             });
             if *dtype != DType::F64 && *dist == Distribution::Uniform {

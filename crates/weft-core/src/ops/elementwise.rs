@@ -2,7 +2,6 @@
 //! `where`, and casts.
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 use super::{apply, expect_float, to_compute};
 use crate::cpu::elementwise as k;
@@ -274,12 +273,10 @@ fn broadcast_zip<T: StorageElement, U: StorageElement>(
         let inner = shape.last().copied().unwrap_or(1);
         let (ra, sta) = row_starts(&la);
         let (rb, stb) = row_starts(&lb);
-        crate::cpu::threads::init();
-        let min_rows = (crate::cpu::PARALLEL_THRESHOLD / inner.max(1)).max(1);
-        out.par_chunks_mut(inner)
-            .with_min_len(min_rows)
-            .zip(ra.par_iter().zip(rb.par_iter()))
-            .for_each(|(o, (&oa, &ob))| {
+        let rows_per_task = (crate::cpu::PARALLEL_THRESHOLD / inner.max(1)).max(1);
+        crate::cpu::pool::for_each_chunk(&mut out, rows_per_task * inner, |c, o| {
+            for (r, o) in o.chunks_mut(inner).enumerate() {
+                let (oa, ob) = (ra[c * rows_per_task + r], rb[c * rows_per_task + r]);
                 if sta == 1 && stb == 1 {
                     for (i, o) in o.iter_mut().enumerate() {
                         *o = f(sa[oa + i], sb[ob + i]);
@@ -289,7 +286,8 @@ fn broadcast_zip<T: StorageElement, U: StorageElement>(
                         *o = f(sa[oa + i * sta], sb[ob + i * stb]);
                     }
                 }
-            });
+            }
+        });
     }
     Tensor::from_vec(out, &shape)
 }

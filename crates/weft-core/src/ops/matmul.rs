@@ -1,9 +1,7 @@
 //! Matrix multiplication with broadcast batch dims, and `linear` built on it.
 
-use rayon::prelude::*;
-
 use super::{apply, to_compute};
-use crate::cpu::matmul::{gemm, gemm_parallel, MatMut, MatRef};
+use crate::cpu::matmul::{gemm, gemm_parallel, gemm_parallel_then, Block, MatMut, MatRef};
 use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::op::Op;
@@ -176,17 +174,14 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
             if parallel {
                 gemm_parallel(m, n, k, d, a, b, one, one)
             } else {
-                gemm(m, n, k, d, a, b, one, one, false)
+                gemm(m, n, k, d, a, b, one, one)
             }
         }
     };
     if m * n * k == 0 {
         // empty product: zeros, written above
     } else if nbatch > 1 && m * n * k < (1 << 18) {
-        crate::cpu::threads::init();
-        out.par_chunks_mut(m * n)
-            .enumerate()
-            .for_each(|(i, dst)| run(i, dst, false));
+        crate::cpu::pool::for_each_chunk(&mut out, m * n, |i, dst| run(i, dst, false));
     } else {
         for (i, dst) in out.chunks_mut(m * n).enumerate() {
             run(i, dst, m * n * k >= (1 << 15));
@@ -224,15 +219,15 @@ pub(super) fn linear_forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     Ok(vec![out])
 }
 
-/// `[M, K] x [N, K]^T + bias` into a new `[M, N]` tensor: the gemm accumulates onto rows of the
-/// bias.
-fn linear_typed<T: StorageElement + Default + Send + Sync>(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+/// `[M, K] x [N, K]^T + bias` into a new `[M, N]` tensor: each task adds the bias to its block of
+/// the product right after computing it, while the block is in its cache.
+fn linear_typed<T: StorageElement + std::ops::Add<Output = T> + Default + Send + Sync>(
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+) -> Result<Tensor> {
     let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[0]);
     let row = bias.contig::<T>("linear")?;
-    let mut out: Vec<T> = Vec::with_capacity(m * n);
-    for _ in 0..m {
-        out.extend_from_slice(&row);
-    }
     let (lx, lw) = (x.layout(), w.layout());
     let (gx, gw) = (x.storage().read(), w.storage().read());
     let sx = T::slice(&gx).ok_or(Error::DTypeMismatch {
@@ -247,33 +242,66 @@ fn linear_typed<T: StorageElement + Default + Send + Sync>(x: &Tensor, w: &Tenso
     })?;
     check_fits("linear", x, sx.len())?;
     check_fits("linear", w, sw.len())?;
-    if m * n * k > 0 {
-        let one = T::from_f64(1.0);
-        let dst = MatMut {
-            ptr: out.as_mut_ptr(),
-            row_stride: n as isize,
-            accumulate: true,
-        };
-        // x as [M, K] at its strides; weight^T as [K, N]: element (i, j) is weight[j, i]
-        let a = MatRef {
-            ptr: sx[lx.offset..].as_ptr(),
-            row_stride: lx.strides[0] as isize,
-            col_stride: lx.strides[1] as isize,
-        };
-        let b = MatRef {
-            ptr: sw[lw.offset..].as_ptr(),
-            row_stride: lw.strides[1] as isize,
-            col_stride: lw.strides[0] as isize,
-        };
-        // SAFETY: the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N.
-        unsafe {
-            if m * n * k >= (1 << 15) {
-                gemm_parallel(m, n, k, dst, a, b, one, one)
-            } else {
-                gemm(m, n, k, dst, a, b, one, one, false)
+    if m * n * k == 0 {
+        let mut out: Vec<T> = Vec::with_capacity(m * n);
+        for _ in 0..m {
+            out.extend_from_slice(&row);
+        }
+        return Tensor::from_vec(out, &[m, n]);
+    }
+    // Every element is written by the gemm (it does not read dst), so the buffer starts
+    // uninitialized.
+    let mut out: Vec<std::mem::MaybeUninit<T>> = Vec::with_capacity(m * n);
+    // SAFETY: MaybeUninit needs no initialization.
+    unsafe { out.set_len(m * n) };
+    let one = T::from_f64(1.0);
+    let dst = MatMut {
+        ptr: out.as_mut_ptr() as *mut T,
+        row_stride: n as isize,
+        accumulate: false,
+    };
+    // x as [M, K] at its strides; weight^T as [K, N]: element (i, j) is weight[j, i]
+    let a = MatRef {
+        ptr: sx[lx.offset..].as_ptr(),
+        row_stride: lx.strides[0] as isize,
+        col_stride: lx.strides[1] as isize,
+    };
+    let b = MatRef {
+        ptr: sw[lw.offset..].as_ptr(),
+        row_stride: lw.strides[1] as isize,
+        col_stride: lw.strides[0] as isize,
+    };
+    let add_bias = |blk: Block<T>| {
+        let bias = &row[blk.col0..blk.col0 + blk.cols];
+        for r in 0..blk.rows {
+            // SAFETY: row r of the block, written by its gemm just before.
+            let out = unsafe { std::slice::from_raw_parts_mut(blk.ptr.offset(r as isize * blk.row_stride), blk.cols) };
+            for (o, &b) in out.iter_mut().zip(bias) {
+                *o = *o + b;
             }
         }
+    };
+    // SAFETY: the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N.
+    unsafe {
+        if m * n * k >= (1 << 15) {
+            gemm_parallel_then(m, n, k, dst, a, b, one, one, add_bias)
+        } else {
+            gemm(m, n, k, dst, a, b, one, one);
+            add_bias(Block {
+                ptr: dst.ptr,
+                row_stride: n as isize,
+                row0: 0,
+                rows: m,
+                col0: 0,
+                cols: n,
+            });
+        }
     }
+    // SAFETY: every element was written by the gemm, and MaybeUninit<T> has T's layout.
+    let out: Vec<T> = unsafe {
+        let mut out = std::mem::ManuallyDrop::new(out);
+        Vec::from_raw_parts(out.as_mut_ptr() as *mut T, out.len(), out.capacity())
+    };
     Tensor::from_vec(out, &[m, n])
 }
 

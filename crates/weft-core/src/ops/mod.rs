@@ -58,7 +58,10 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         | Op::CrossEntropy { .. }
         | Op::CrossEntropyBackward { .. }
         | Op::Dropout { .. } => nn::forward(op, inputs),
-        Op::Attention { .. } | Op::AttentionBackward { .. } => attention::forward(op, inputs),
+        Op::Attention { .. }
+        | Op::AttentionBackward { .. }
+        | Op::QkvAttention { .. }
+        | Op::QkvAttentionBackward { .. } => attention::forward(op, inputs),
         Op::Conv2d(_)
         | Op::Conv2dBackward(_)
         | Op::MaxPool2d(_)
@@ -96,7 +99,7 @@ pub(crate) fn backward(
         Op::Softmax { .. } | Op::Norm { .. } | Op::CrossEntropy { .. } | Op::Dropout { .. } => {
             nn::backward(op, inputs, output, saved, grad)
         }
-        Op::Attention { .. } => attention::backward(op, inputs, output, saved, grad),
+        Op::Attention { .. } | Op::QkvAttention { .. } => attention::backward(op, inputs, output, saved, grad),
         Op::Conv2d(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => conv::backward(op, inputs, saved, grad),
         Op::Custom(c) => c.0.backward(inputs, output, grad),
         _ => Err(Error::Autograd(format!("{} is not differentiable", op.name()))),
@@ -118,6 +121,7 @@ fn differentiable(op: &Op) -> bool {
             | Op::NormBackward { .. }
             | Op::CrossEntropyBackward { .. }
             | Op::AttentionBackward { .. }
+            | Op::QkvAttentionBackward { .. }
             | Op::Conv2dBackward(_)
             | Op::MaxPool2dBackward(_)
             | Op::AvgPool2dBackward(_)

@@ -1,8 +1,6 @@
 //! Reductions over any set of dims: sum, mean, max, min, var, and argmax over one dim.
 //! Float sums accumulate in f64.
 
-use rayon::prelude::*;
-
 use super::{apply, to_compute};
 use crate::dtype::{is_nan, DType};
 use crate::error::{invalid, Error, Result};
@@ -136,17 +134,17 @@ fn reduce_rows<T: StorageElement, U: StorageElement>(
     len: usize,
     f: impl Fn(&[T]) -> U + Sync,
 ) -> Vec<U> {
-    crate::cpu::threads::init();
     let mut out = vec![U::zero(); rows];
     if len == 0 {
         out.iter_mut().for_each(|o| *o = f(&[]));
         return out;
     }
-    let min = (crate::cpu::PARALLEL_THRESHOLD / len).max(1);
-    out.par_iter_mut()
-        .with_min_len(min)
-        .zip(data.par_chunks(len))
-        .for_each(|(o, row)| *o = f(row));
+    let per_task = (crate::cpu::PARALLEL_THRESHOLD / len).max(1);
+    crate::cpu::pool::for_each_chunk(&mut out, per_task, |i, o| {
+        for (j, o) in o.iter_mut().enumerate() {
+            *o = f(&data[(i * per_task + j) * len..][..len]);
+        }
+    });
     out
 }
 

@@ -177,7 +177,7 @@ impl Tensor {
     pub fn chunk(&self, n: usize, dim: isize) -> Result<Vec<Tensor>> {
         let d = resolve_dim("chunk", dim, self.rank())?;
         let size = self.shape()[d];
-        if n == 0 || size % n != 0 {
+        if n == 0 || !size.is_multiple_of(n) {
             return Err(invalid(
                 "chunk",
                 format!("dim {d} of size {size} does not split into {n} equal chunks"),
@@ -201,7 +201,7 @@ fn infer_shape(from: &[usize], to: &[isize]) -> Result<Vec<usize>> {
     }
     let mut out: Vec<usize> = to.iter().map(|&d| d.max(0) as usize).collect();
     if let Some(i) = unknown {
-        if known == 0 || n % known != 0 {
+        if known == 0 || !n.is_multiple_of(known) {
             return Err(invalid("reshape", format!("cannot reshape {from:?} into {to:?}")));
         }
         out[i] = n / known;

@@ -41,7 +41,7 @@ impl GptConfig {
                 return Err(config_error(key, "must be positive"));
             }
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(config_error(
                 "n_embd",
                 format!("{} does not divide by n_head = {}", self.n_embd, self.n_head),
@@ -183,7 +183,7 @@ impl Gpt {
     /// the group size.
     pub fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()> {
         let tp = group.size();
-        if self.config.n_head % tp != 0 {
+        if !self.config.n_head.is_multiple_of(tp) {
             return Err(config_error(
                 "n_head",
                 format!("{} does not divide by parallel.tp = {tp}", self.config.n_head),

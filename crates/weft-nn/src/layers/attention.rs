@@ -42,27 +42,28 @@ impl CausalSelfAttention {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (batch, t) = (x.dim(0)?, x.dim(1)?);
         let qkv = self.c_attn.forward(x)?;
-        // the width of this rank's q (all of q without tensor parallelism)
-        let c = qkv.dim(2)? / 3;
-        let hd = c / self.n_head;
-        // [B, T, 3, H, hd] view of the fused projection; each third is a strided view
-        let qkv = qkv.reshape(&[batch as isize, t as isize, 3, self.n_head as isize, hd as isize])?;
-        let heads = |i: usize| -> Result<Tensor> {
-            qkv.narrow(2, i, 1)?
-                .reshape(&[batch as isize, t as isize, self.n_head as isize, hd as isize])?
-                .transpose(1, 2)
-        };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let y = if self.attn_dropout.p > 0.0 && self.attn_dropout.training() {
+            // the width of this rank's q (all of q without tensor parallelism)
+            let c = qkv.dim(2)? / 3;
+            let hd = c / self.n_head;
+            // [B, T, 3, H, hd] view of the fused projection; each third is a strided view
+            let qkv = qkv.reshape(&[batch as isize, t as isize, 3, self.n_head as isize, hd as isize])?;
+            let heads = |i: usize| -> Result<Tensor> {
+                qkv.narrow(2, i, 1)?
+                    .reshape(&[batch as isize, t as isize, self.n_head as isize, hd as isize])?
+                    .transpose(1, 2)
+            };
+            let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
             // dropout on the attention probabilities needs them materialized
             let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
             let mask = causal_mask(t)?;
             let probs = scores.masked_fill(&mask, f64::NEG_INFINITY)?.softmax(-1)?;
-            self.attn_dropout.forward(&probs)?.matmul(&v)?
+            let y = self.attn_dropout.forward(&probs)?.matmul(&v)?;
+            y.transpose(1, 2)?.reshape(&[batch as isize, t as isize, c as isize])?
         } else {
-            Tensor::scaled_dot_product_attention(&q, &k, &v, true, None)?
+            // one fused op: no split of q, k, v, and one gradient for the projection
+            qkv.qkv_attention(self.n_head, true, None)?
         };
-        let y = y.transpose(1, 2)?.reshape(&[batch as isize, t as isize, c as isize])?;
         self.resid_dropout.forward(&self.c_proj.forward(&y)?)
     }
 }
@@ -72,7 +73,7 @@ impl CausalSelfAttention {
     /// rank takes its heads' rows of q, k and v), `c_proj` row-parallel. `n_head` must divide
     /// by the group size. Returns the parameters' splits by name.
     pub fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<Vec<(String, Split)>> {
-        if self.n_head % group.size() != 0 {
+        if !self.n_head.is_multiple_of(group.size()) {
             return Err(weft_core::Error::Invalid {
                 op: "tensor parallel",
                 msg: format!("n_head = {} does not divide by tp = {}", self.n_head, group.size()),

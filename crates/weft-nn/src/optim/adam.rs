@@ -4,7 +4,7 @@
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
-use rayon::prelude::*;
+use weft_core::cpu::pool::{self, Chunks};
 use weft_core::{DType, Result, Tensor};
 
 use super::{
@@ -191,19 +191,17 @@ fn update<T: FusedFloat>(w: &Work, s: &AdamState, cfg: &AdamConfig, lr: f64) -> 
         neg_step_size: T::from_f64(-step_size),
     };
     let parallel = w.param.numel() >= PARALLEL_MIN;
-    if parallel {
-        weft_core::cpu::threads::init();
-    }
     w.param.with_data_mut::<T, _>(|ps| {
         s.exp_avg.with_data_mut::<T, _>(|ms| {
             s.exp_avg_sq.with_data_mut::<T, _>(|vs| {
                 w.grad.with_data::<T, _>(|gs| {
                     if parallel {
-                        ps.par_chunks_mut(CHUNK)
-                            .zip(ms.par_chunks_mut(CHUNK))
-                            .zip(vs.par_chunks_mut(CHUNK))
-                            .zip(gs.par_chunks(CHUNK))
-                            .for_each(|(((p, m), v), g)| kernel(p, m, v, g, &c));
+                        let (pc, mc, vc) = (Chunks::new(ps, CHUNK), Chunks::new(ms, CHUNK), Chunks::new(vs, CHUNK));
+                        pool::run(pc.count(), |i| {
+                            // SAFETY: `run` calls each chunk once.
+                            let (p, m, v) = unsafe { (pc.take(i), mc.take(i), vc.take(i)) };
+                            kernel(p, m, v, &gs[i * CHUNK..][..p.len()], &c)
+                        });
                     } else {
                         kernel(ps, ms, vs, gs, &c);
                     }

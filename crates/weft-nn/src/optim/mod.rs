@@ -89,7 +89,7 @@ pub trait Optimizer: Send {
     }
 }
 
-/// Parameters with at least this many elements are updated in chunks in parallel on rayon's pool.
+/// Parameters with at least this many elements are updated in chunks in parallel on the compute pool.
 pub(crate) const PARALLEL_MIN: usize = 1 << 16;
 /// Elements per parallel chunk.
 pub(crate) const CHUNK: usize = 1 << 14;

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rayon::prelude::*;
+use weft_core::cpu::pool::{self, Chunks};
 use weft_core::{DType, Result, Tensor};
 
 use super::{
@@ -157,15 +157,10 @@ fn update<T: FusedFloat>(w: &Work, buf: Option<&Tensor>, cfg: &SgdConfig, lr: f6
         neg_lr: T::from_f64(-lr),
     };
     let parallel = w.param.numel() >= PARALLEL_MIN;
-    if parallel {
-        weft_core::cpu::threads::init();
-    }
     w.param.with_data_mut::<T, _>(|ps| match buf {
         None => w.grad.with_data::<T, _>(|gs| {
             if parallel {
-                ps.par_chunks_mut(CHUNK)
-                    .zip(gs.par_chunks(CHUNK))
-                    .for_each(|(p, g)| plain_kernel(p, g, &c));
+                pool::for_each_chunk(ps, CHUNK, |i, p| plain_kernel(p, &gs[i * CHUNK..][..p.len()], &c));
             } else {
                 plain_kernel(ps, gs, &c);
             }
@@ -173,10 +168,12 @@ fn update<T: FusedFloat>(w: &Work, buf: Option<&Tensor>, cfg: &SgdConfig, lr: f6
         Some(buf) => buf.with_data_mut::<T, _>(|bs| {
             w.grad.with_data::<T, _>(|gs| {
                 if parallel {
-                    ps.par_chunks_mut(CHUNK)
-                        .zip(bs.par_chunks_mut(CHUNK))
-                        .zip(gs.par_chunks(CHUNK))
-                        .for_each(|((p, b), g)| momentum_kernel(p, b, g, &c));
+                    let (pc, bc) = (Chunks::new(ps, CHUNK), Chunks::new(bs, CHUNK));
+                    pool::run(pc.count(), |i| {
+                        // SAFETY: `run` calls each chunk once.
+                        let (p, b) = unsafe { (pc.take(i), bc.take(i)) };
+                        momentum_kernel(p, b, &gs[i * CHUNK..][..p.len()], &c)
+                    });
                 } else {
                     momentum_kernel(ps, bs, gs, &c);
                 }
