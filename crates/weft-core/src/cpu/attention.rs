@@ -39,6 +39,10 @@ pub struct AttnDims {
     pub d: usize,
     pub dv: usize,
     pub causal: bool,
+    /// Consecutive problems per parallel task (at least 1). Problems whose outputs interleave in
+    /// memory (the heads of one batch element in a `[B, T, H * D]` output: 128-byte pieces of each
+    /// row, unaligned to cache lines) go to one task, or two cores would write the same lines.
+    pub group: usize,
 }
 
 impl AttnDims {
@@ -230,45 +234,49 @@ pub fn forward<T: Float + Default>(
     let AttnDims { t, s, d, dv, .. } = dims;
     let one = T::from_f64(1.0);
     let o = &o;
-    pool::for_each_chunk(lse, t.max(1), |b, lse| {
+    let group = dims.group.max(1);
+    pool::for_each_chunk(lse, t.max(1) * group, |task, lse_group| {
         let block = dims.block();
         let mut p = vec![T::zero(); block * s];
         let mut kt = vec![T::zero(); d * s];
-        transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
-        for q0 in (0..t).step_by(block) {
-            let rows = block.min(t - q0);
-            let kv = if dims.causal { (q0 + rows).min(s) } else { s };
-            if kv == 0 {
-                // no visible key: zero output (as the softmax of nothing times v)
-                // SAFETY: this task's rows of o.
-                unsafe { o.zero(b, rows, dv) };
-                continue;
+        for (i, lse) in lse_group.chunks_mut(t.max(1)).enumerate() {
+            let b = task * group + i;
+            transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
+            for q0 in (0..t).step_by(block) {
+                let rows = block.min(t - q0);
+                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+                if kv == 0 {
+                    // no visible key: zero output (as the softmax of nothing times v)
+                    // SAFETY: this task's rows of o.
+                    unsafe { o.zero(b, rows, dv) };
+                    continue;
+                }
+                let p = &mut p[..rows * kv];
+                block_probs(
+                    &dims,
+                    q.at(b, q0),
+                    q.row_stride,
+                    &kt,
+                    q0,
+                    rows,
+                    kv,
+                    scale,
+                    p,
+                    &mut lse[q0..q0 + rows],
+                    false,
+                );
+                let lhs = Lhs {
+                    data: &*p,
+                    row_stride: kv,
+                    col_stride: 1,
+                };
+                let rhs = Rhs {
+                    data: v.at(b, 0),
+                    row_stride: v.row_stride,
+                };
+                // SAFETY: rows q0.. of this task's matrix of o.
+                unsafe { product(rows, dv, kv, lhs, rhs, o.at(b, q0), one, false) };
             }
-            let p = &mut p[..rows * kv];
-            block_probs(
-                &dims,
-                q.at(b, q0),
-                q.row_stride,
-                &kt,
-                q0,
-                rows,
-                kv,
-                scale,
-                p,
-                &mut lse[q0..q0 + rows],
-                false,
-            );
-            let lhs = Lhs {
-                data: &*p,
-                row_stride: kv,
-                col_stride: 1,
-            };
-            let rhs = Rhs {
-                data: v.at(b, 0),
-                row_stride: v.row_stride,
-            };
-            // SAFETY: rows q0.. of this task's matrix of o.
-            unsafe { product(rows, dv, kv, lhs, rhs, o.at(b, q0), one, false) };
         }
     });
 }
@@ -292,98 +300,101 @@ pub fn backward<T: Float + Default>(
     let AttnDims { t, s, d, dv, .. } = dims;
     let one = T::from_f64(1.0);
     let (dq, dk, dv_out) = (&dq, &dk, &dv_out);
-    pool::run(dims.bh, |b| {
-        let mut lse_b = lse[b * t..(b + 1) * t].to_vec();
-        // SAFETY (zero, product): every output written below is this problem's own matrix.
-        unsafe {
-            dk.zero(b, s, d);
-            dv_out.zero(b, s, dv);
-        }
+    let group = dims.group.max(1);
+    pool::run(dims.bh.div_ceil(group), |task| {
         let block = dims.block();
         let mut p = vec![T::zero(); block * s];
         let mut dp = vec![T::zero(); block * s];
         let mut kt = vec![T::zero(); d * s];
         let mut vt = vec![T::zero(); dv * s];
-        transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
-        transpose_into(v.at(b, 0), v.row_stride, s, dv, &mut vt);
         let mut di = vec![T::zero(); block];
-        for q0 in (0..t).step_by(block) {
-            let rows = block.min(t - q0);
-            let kv = if dims.causal { (q0 + rows).min(s) } else { s };
-            if kv == 0 {
-                unsafe { dq.zero(b, rows, d) };
-                continue;
-            }
-            let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
-            let (qb, qs) = (q.at(b, q0), q.row_stride);
-            block_probs(
-                &dims,
-                qb,
-                qs,
-                &kt,
-                q0,
-                rows,
-                kv,
-                scale,
-                p,
-                &mut lse_b[q0..q0 + rows],
-                true,
-            );
-            let gb = dout.at(b, q0);
-            for (r, di) in di[..rows].iter_mut().enumerate() {
-                *di = lanes::dot(&o.at(b, q0 + r)[..dv], &dout.at(b, q0 + r)[..dv]);
-            }
-            let g = Lhs {
-                data: gb,
-                row_stride: dout.row_stride,
-                col_stride: 1,
-            };
-            let g_rows = Rhs {
-                data: gb,
-                row_stride: dout.row_stride,
-            };
+        for b in task * group..((task + 1) * group).min(dims.bh) {
+            let mut lse_b = lse[b * t..(b + 1) * t].to_vec();
+            // SAFETY (zero, product): every output written below is this problem's own matrix.
             unsafe {
-                // dV[:kv] += P^T dO
-                let pt = Lhs {
-                    data: &*p,
-                    row_stride: 1,
-                    col_stride: kv,
-                };
-                product(kv, dv, rows, pt, g_rows, dv_out.at(b, 0), one, true);
-                // dP = dO V^T
-                let vtr = Rhs {
-                    data: &vt,
-                    row_stride: s,
-                };
-                product(rows, kv, dv, g, vtr, out(dp, kv), one, false);
+                dk.zero(b, s, d);
+                dv_out.zero(b, s, dv);
             }
-            match (as_f32(&di[..rows]), as_f32(p), as_f32_mut(dp)) {
-                (Some(df), Some(pf), Some(dpf)) => softmax_grad_block_f32(rows, kv, df, pf, dpf),
-                _ => softmax_grad_block(rows, kv, &di[..rows], p, dp),
-            }
-            unsafe {
-                // dQ = scale dS K
-                let ds = Lhs {
-                    data: &*dp,
-                    row_stride: kv,
+            transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
+            transpose_into(v.at(b, 0), v.row_stride, s, dv, &mut vt);
+            for q0 in (0..t).step_by(block) {
+                let rows = block.min(t - q0);
+                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+                if kv == 0 {
+                    unsafe { dq.zero(b, rows, d) };
+                    continue;
+                }
+                let (p, dp) = (&mut p[..rows * kv], &mut dp[..rows * kv]);
+                let (qb, qs) = (q.at(b, q0), q.row_stride);
+                block_probs(
+                    &dims,
+                    qb,
+                    qs,
+                    &kt,
+                    q0,
+                    rows,
+                    kv,
+                    scale,
+                    p,
+                    &mut lse_b[q0..q0 + rows],
+                    true,
+                );
+                let gb = dout.at(b, q0);
+                for (r, di) in di[..rows].iter_mut().enumerate() {
+                    *di = lanes::dot(&o.at(b, q0 + r)[..dv], &dout.at(b, q0 + r)[..dv]);
+                }
+                let g = Lhs {
+                    data: gb,
+                    row_stride: dout.row_stride,
                     col_stride: 1,
                 };
-                let kr = Rhs {
-                    data: k.at(b, 0),
-                    row_stride: k.row_stride,
+                let g_rows = Rhs {
+                    data: gb,
+                    row_stride: dout.row_stride,
                 };
-                product(rows, d, kv, ds, kr, dq.at(b, q0), scale, false);
-                // dK[:kv] += scale dS^T Q
-                let dst = Lhs {
-                    data: &*dp,
-                    row_stride: 1,
-                    col_stride: kv,
-                };
-                let qr = Rhs {
-                    data: qb,
-                    row_stride: qs,
-                };
-                product(kv, d, rows, dst, qr, dk.at(b, 0), scale, true);
+                unsafe {
+                    // dV[:kv] += P^T dO
+                    let pt = Lhs {
+                        data: &*p,
+                        row_stride: 1,
+                        col_stride: kv,
+                    };
+                    product(kv, dv, rows, pt, g_rows, dv_out.at(b, 0), one, true);
+                    // dP = dO V^T
+                    let vtr = Rhs {
+                        data: &vt,
+                        row_stride: s,
+                    };
+                    product(rows, kv, dv, g, vtr, out(dp, kv), one, false);
+                }
+                match (as_f32(&di[..rows]), as_f32(p), as_f32_mut(dp)) {
+                    (Some(df), Some(pf), Some(dpf)) => softmax_grad_block_f32(rows, kv, df, pf, dpf),
+                    _ => softmax_grad_block(rows, kv, &di[..rows], p, dp),
+                }
+                unsafe {
+                    // dQ = scale dS K
+                    let ds = Lhs {
+                        data: &*dp,
+                        row_stride: kv,
+                        col_stride: 1,
+                    };
+                    let kr = Rhs {
+                        data: k.at(b, 0),
+                        row_stride: k.row_stride,
+                    };
+                    product(rows, d, kv, ds, kr, dq.at(b, q0), scale, false);
+                    // dK[:kv] += scale dS^T Q
+                    let dst = Lhs {
+                        data: &*dp,
+                        row_stride: 1,
+                        col_stride: kv,
+                    };
+                    let qr = Rhs {
+                        data: qb,
+                        row_stride: qs,
+                    };
+                    product(kv, d, rows, dst, qr, dk.at(b, 0), scale, true);
+                }
             }
         }
     });

@@ -113,6 +113,7 @@ impl QkvLayout {
                 d: hd,
                 dv: hd,
                 causal,
+                group: task_group(b, heads),
             },
             width,
             c,
@@ -142,6 +143,17 @@ fn dense_input(t: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Problems per attention task for `batches` x `heads` problems whose outputs interleave by head
+/// (see `AttnDims::group`): all heads of a batch element, when there are batch elements enough
+/// to keep every thread busy.
+fn task_group(batches: usize, heads: usize) -> usize {
+    if batches >= crate::cpu::threads::num_threads() {
+        heads.max(1)
+    } else {
+        1
+    }
+}
+
 fn dims_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> AttnDims {
     let r = q.rank();
     AttnDims {
@@ -151,6 +163,12 @@ fn dims_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> AttnDims {
         d: q.shape()[r - 1],
         dv: v.shape()[r - 1],
         causal,
+        // a rank-4 output is stored [B, T, H, Dv]: its heads interleave
+        group: if r == 4 {
+            task_group(q.shape()[0], q.shape()[1])
+        } else {
+            1
+        },
     }
 }
 
