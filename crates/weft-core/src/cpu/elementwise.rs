@@ -2,7 +2,7 @@
 //! widest one the CPU supports is chosen at run time; the math in `math.rs` keeps them branch-free
 //! so they vectorize.
 
-use super::math::{erf_f32, exp_f32, sigmoid_f32, tanh_f32};
+use super::math::{erf_and_gauss_f32, erf_f32, exp_f32, sigmoid_f32, tanh_f32};
 use super::PARALLEL_THRESHOLD;
 use crate::dtype::Float;
 use crate::op::UnaryOp;
@@ -130,8 +130,10 @@ simd_dispatch!(unary_backward_f32_serial(op: UnaryOp, x: &[f32], g: &[f32], dst:
         UnaryOp::Sigmoid => each!(|x: f32| { let s = sigmoid_f32(x); s * (1.0 - s) }),
         UnaryOp::Relu => each!(|x: f32| if x > 0.0 { 1.0 } else { 0.0 }),
         UnaryOp::Gelu => each!(|x: f32| {
-            let cdf = 0.5 * (1.0 + erf_f32(x * FRAC_1_SQRT_2 as f32));
-            let pdf = FRAC_1_SQRT_2PI as f32 * exp_f32(-0.5 * x * x);
+            // erf(x / sqrt 2) and e^(-x^2 / 2) from one exponential
+            let (erf, gauss) = erf_and_gauss_f32(x * FRAC_1_SQRT_2 as f32);
+            let cdf = 0.5 * (1.0 + erf);
+            let pdf = FRAC_1_SQRT_2PI as f32 * gauss;
             cdf + x * pdf
         }),
         UnaryOp::GeluTanh => each!(|x: f32| {

@@ -58,11 +58,19 @@ pub fn tanh_f32(x: f32) -> f32 {
 /// erf for f32 (A&S 7.1.26, |error| <= 1.5e-7).
 #[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
+    erf_and_gauss_f32(x).0
+}
+
+/// `(erf(x), e^(-x^2))` for f32: the formula for erf (A&S 7.1.26, |error| <= 1.5e-7) computes
+/// the Gaussian on the way, which GELU's derivative needs too.
+#[inline(always)]
+pub fn erf_and_gauss_f32(x: f32) -> (f32, f32) {
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
     let y = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    let r = 1.0 - y * exp_f32(-a * a);
-    r.copysign(x)
+    let g = exp_f32(-a * a);
+    let r = 1.0 - y * g;
+    (r.copysign(x), g)
 }
 
 /// erf for f64 (full double precision, from `libm`).
