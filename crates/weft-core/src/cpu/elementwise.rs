@@ -2,6 +2,8 @@
 //! widest one the CPU supports is chosen at run time; the math in `math.rs` keeps them branch-free
 //! so they vectorize.
 
+use std::mem::MaybeUninit;
+
 use super::math::{erf_and_gauss_f32, erf_f32, exp_f32, sigmoid_f32, tanh_f32};
 use super::PARALLEL_THRESHOLD;
 use crate::dtype::Float;
@@ -82,11 +84,11 @@ fn gelu_tanh_f32(x: f32) -> f32 {
     0.5 * x * (1.0 + tanh_f32(inner))
 }
 
-simd_dispatch!(unary_f32_serial(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
+simd_dispatch!(unary_f32_serial(op: UnaryOp, src: &[f32], dst: &mut [MaybeUninit<f32>]) {
     macro_rules! each {
         ($f:expr) => {
             for (d, &s) in dst.iter_mut().zip(src) {
-                *d = $f(s);
+                d.write($f(s));
             }
         };
     }
@@ -106,16 +108,16 @@ simd_dispatch!(unary_f32_serial(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
     }
 });
 
-/// `dst[i] = op(src[i])` for f32.
-pub fn unary_f32(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
+/// `dst[i] = op(src[i])` for f32 (every element of `dst` written).
+pub fn unary_f32(op: UnaryOp, src: &[f32], dst: &mut [MaybeUninit<f32>]) {
     par_chunks2(src, dst, |s, d| unary_f32_serial(op, s, d));
 }
 
-simd_dispatch!(unary_backward_f32_serial(op: UnaryOp, x: &[f32], g: &[f32], dst: &mut [f32]) {
+simd_dispatch!(unary_backward_f32_serial(op: UnaryOp, x: &[f32], g: &[f32], dst: &mut [MaybeUninit<f32>]) {
     macro_rules! each {
         ($f:expr) => {
             for ((d, &x), &g) in dst.iter_mut().zip(x).zip(g) {
-                *d = g * $f(x);
+                d.write(g * $f(x));
             }
         };
     }
@@ -147,8 +149,8 @@ simd_dispatch!(unary_backward_f32_serial(op: UnaryOp, x: &[f32], g: &[f32], dst:
     }
 });
 
-/// `dst[i] = g[i] * op'(x[i])` for f32.
-pub fn unary_backward_f32(op: UnaryOp, x: &[f32], g: &[f32], dst: &mut [f32]) {
+/// `dst[i] = g[i] * op'(x[i])` for f32 (every element of `dst` written).
+pub fn unary_backward_f32(op: UnaryOp, x: &[f32], g: &[f32], dst: &mut [MaybeUninit<f32>]) {
     par_chunks3(x, g, dst, |x, g, d| unary_backward_f32_serial(op, x, g, d));
 }
 
@@ -211,38 +213,44 @@ pub fn unary_scalar<T: Float>(op: UnaryOp, x: T) -> (T, T) {
     }
 }
 
-/// `dst[i] = op(src[i])` for f64 (full-precision scalar math).
-pub fn unary_f64(op: UnaryOp, src: &[f64], dst: &mut [f64]) {
+/// `dst[i] = op(src[i])` for f64 (full-precision scalar math; every element of `dst` written).
+pub fn unary_f64(op: UnaryOp, src: &[f64], dst: &mut [MaybeUninit<f64>]) {
     par_chunks2(src, dst, |s, d| {
         for (d, &x) in d.iter_mut().zip(s) {
-            *d = unary_scalar(op, x).0;
+            d.write(unary_scalar(op, x).0);
         }
     });
 }
 
-/// `dst[i] = g[i] * op'(x[i])` for f64.
-pub fn unary_backward_f64(op: UnaryOp, x: &[f64], g: &[f64], dst: &mut [f64]) {
+/// `dst[i] = g[i] * op'(x[i])` for f64 (every element of `dst` written).
+pub fn unary_backward_f64(op: UnaryOp, x: &[f64], g: &[f64], dst: &mut [MaybeUninit<f64>]) {
     par_chunks3(x, g, dst, |x, g, d| {
         for ((d, &x), &g) in d.iter_mut().zip(x).zip(g) {
-            *d = g * unary_scalar(op, x).1;
+            d.write(g * unary_scalar(op, x).1);
         }
     });
 }
 
-/// `dst[i] = f(src[i])`, in parallel when large.
-pub fn map<A: Copy + Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(A) -> B + Sync) {
+/// `dst[i] = f(src[i])`, in parallel when large (every element of `dst` written).
+pub fn map<A: Copy + Sync, B: Send>(src: &[A], dst: &mut [MaybeUninit<B>], f: impl Fn(A) -> B + Sync) {
     par_chunks2(src, dst, |s, d| {
         for (d, &x) in d.iter_mut().zip(s) {
-            *d = f(x);
+            d.write(f(x));
         }
     });
 }
 
-/// `dst[i] = f(a[i], b[i])` for equal-length slices, in parallel when large.
-pub fn zip_map<A: Copy + Sync, B: Copy + Sync, C: Send>(a: &[A], b: &[B], dst: &mut [C], f: impl Fn(A, B) -> C + Sync) {
+/// `dst[i] = f(a[i], b[i])` for equal-length slices, in parallel when large (every element of
+/// `dst` written).
+pub fn zip_map<A: Copy + Sync, B: Copy + Sync, C: Send>(
+    a: &[A],
+    b: &[B],
+    dst: &mut [MaybeUninit<C>],
+    f: impl Fn(A, B) -> C + Sync,
+) {
     par_chunks3(a, b, dst, |a, b, d| {
         for ((d, &x), &y) in d.iter_mut().zip(a).zip(b) {
-            *d = f(x, y);
+            d.write(f(x, y));
         }
     });
 }

@@ -16,3 +16,22 @@ pub mod threads;
 
 /// Below this many elements a kernel stays on the calling thread.
 pub const PARALLEL_THRESHOLD: usize = 1 << 15;
+
+/// A buffer of `n` elements for a kernel that writes every one of them: no zero fill (which, done
+/// by the thread that allocates, is serial work in front of each parallel kernel).
+pub(crate) fn uninit<T>(n: usize) -> Vec<std::mem::MaybeUninit<T>> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: MaybeUninit needs no initialization.
+    unsafe { v.set_len(n) };
+    v
+}
+
+/// The buffer of [`uninit`] once written.
+///
+/// # Safety
+/// Every element must have been written.
+pub(crate) unsafe fn assume_init<T>(v: Vec<std::mem::MaybeUninit<T>>) -> Vec<T> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: MaybeUninit<T> has T's layout; the caller promises every element is initialized.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut T, v.len(), v.capacity()) }
+}

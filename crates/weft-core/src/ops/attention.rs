@@ -231,6 +231,20 @@ fn mats_mut<'a, T>(buf: &mut [T], offsets: &'a [usize], row_stride: usize) -> k:
     }
 }
 
+/// [`mats_mut`] over a buffer the kernel fills (written through the pointer only).
+fn mats_uninit<'a, T>(
+    buf: &mut [std::mem::MaybeUninit<T>],
+    offsets: &'a [usize],
+    row_stride: usize,
+) -> k::MatsMut<'a, T> {
+    k::MatsMut {
+        ptr: buf.as_mut_ptr() as *mut T,
+        len: buf.len(),
+        offsets,
+        row_stride,
+    }
+}
+
 /// `t` in the compute dtype with a contiguous last dim (a copy only when needed).
 fn strided_input(t: &Tensor) -> Result<Tensor> {
     let c = to_compute(t)?;
@@ -314,10 +328,12 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (b, t) = (x.shape()[0], x.shape()[1]);
             crate::float_dispatch!(x.dtype(), T => {
                 let xs = x.contig::<T>("qkv_attention")?;
-                let mut o = vec![0 as T; b * t * l.c];
+                let mut o = crate::cpu::uninit::<T>(b * t * l.c);
                 let mut lse = vec![0 as T; l.dims.bh * t];
                 let (qm, km, vm) = (l.mats(&xs, &l.q, l.width), l.mats(&xs, &l.k, l.width), l.mats(&xs, &l.v, l.width));
-                k::forward(l.dims, qm, km, vm, *scale as T, mats_mut(&mut o, &l.o, l.c), &mut lse);
+                k::forward(l.dims, qm, km, vm, *scale as T, mats_uninit(&mut o, &l.o, l.c), &mut lse);
+                // SAFETY: the kernel writes every row of every head's output.
+                let o = unsafe { crate::cpu::assume_init(o) };
                 let out = back_to(Tensor::from_vec(o, &[b, t, l.c])?, dtype)?;
                 Ok(vec![out, Tensor::from_vec(lse, &[b, *heads, t])?])
             })
@@ -329,12 +345,15 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             crate::float_dispatch!(x.dtype(), T => {
                 let (xs, os, gs) = (x.contig::<T>("qkv_attention")?, o.contig::<T>("qkv_attention")?, g.contig::<T>("qkv_attention")?);
                 let ls = lse.contig::<T>("qkv_attention")?;
-                let mut dx = vec![0 as T; xs.len()];
+                let mut dx = crate::cpu::uninit::<T>(xs.len());
                 let (qm, km, vm) = (l.mats(&xs, &l.q, l.width), l.mats(&xs, &l.k, l.width), l.mats(&xs, &l.v, l.width));
                 let (om, gm) = (l.mats(&os, &l.o, l.c), l.mats(&gs, &l.o, l.c));
-                let (dq, dk) = (mats_mut(&mut dx, &l.q, l.width), mats_mut(&mut dx, &l.k, l.width));
-                let dv = mats_mut(&mut dx, &l.v, l.width);
+                let (dq, dk) = (mats_uninit(&mut dx, &l.q, l.width), mats_uninit(&mut dx, &l.k, l.width));
+                let dv = mats_uninit(&mut dx, &l.v, l.width);
                 k::backward(l.dims, qm, km, vm, om, &ls, gm, *scale as T, dq, dk, dv);
+                // SAFETY: the kernel writes all of dq (zeros for rows that see no key) and zeroes
+                // dk and dv before adding into them; q, k and v fill the whole width.
+                let dx = unsafe { crate::cpu::assume_init(dx) };
                 Ok(vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?])
             })
         }

@@ -1,6 +1,8 @@
 //! Pointwise ops: unary math, broadcasting binary arithmetic, comparisons, scalar affine/pow/clamp,
 //! `where`, and casts.
 
+use std::mem::MaybeUninit;
+
 use half::{bf16, f16};
 
 use super::{apply, expect_float, to_compute};
@@ -261,7 +263,7 @@ fn broadcast_zip<T: StorageElement, U: StorageElement>(
         rhs: T::DTYPE,
     })?;
     let n = numel(&shape);
-    let mut out = vec![U::zero(); n];
+    let mut out = crate::cpu::uninit::<U>(n);
     if la.is_contiguous() && lb.is_contiguous() {
         k::zip_map(
             &sa[la.offset..la.offset + n],
@@ -279,30 +281,38 @@ fn broadcast_zip<T: StorageElement, U: StorageElement>(
                 let (oa, ob) = (ra[c * rows_per_task + r], rb[c * rows_per_task + r]);
                 if sta == 1 && stb == 1 {
                     for (i, o) in o.iter_mut().enumerate() {
-                        *o = f(sa[oa + i], sb[ob + i]);
+                        o.write(f(sa[oa + i], sb[ob + i]));
                     }
                 } else {
                     for (i, o) in o.iter_mut().enumerate() {
-                        *o = f(sa[oa + i * sta], sb[ob + i * stb]);
+                        o.write(f(sa[oa + i * sta], sb[ob + i * stb]));
                     }
                 }
             }
         });
     }
-    Tensor::from_vec(out, &shape)
+    // SAFETY: both paths write every element (the broadcast rows cover the output).
+    Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, &shape)
 }
 
 /// `out[i] = f(x[i])` on a float tensor computed in its compute dtype, cast back to its dtype.
-fn float_map(x: &Tensor, f32_fn: impl Fn(&[f32], &mut [f32]), f64_fn: impl Fn(&[f64], &mut [f64])) -> Result<Tensor> {
+/// The `*_fn` must write every element of their output.
+fn float_map(
+    x: &Tensor,
+    f32_fn: impl Fn(&[f32], &mut [MaybeUninit<f32>]),
+    f64_fn: impl Fn(&[f64], &mut [MaybeUninit<f64>]),
+) -> Result<Tensor> {
     let xc = to_compute(x)?;
     let out = if xc.dtype() == DType::F64 {
-        let mut out = vec![0.0; x.numel()];
+        let mut out = crate::cpu::uninit(x.numel());
         f64_fn(&xc.contig::<f64>("unary")?, &mut out);
-        Tensor::from_vec(out, x.shape())?
+        // SAFETY: the kernel wrote every element.
+        Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
     } else {
-        let mut out = vec![0.0; x.numel()];
+        let mut out = crate::cpu::uninit(x.numel());
         f32_fn(&xc.contig::<f32>("unary")?, &mut out);
-        Tensor::from_vec(out, x.shape())?
+        // SAFETY: the kernel wrote every element.
+        Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
     };
     back_to(out, x.dtype())
 }
@@ -349,14 +359,15 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (x, g) = (to_compute(inputs[0])?, to_compute(inputs[1])?);
             let n = x.numel();
             let op = "unary_backward";
+            // SAFETY (assume_init): the kernels write every element.
             let out = if x.dtype() == DType::F64 {
-                let mut out = vec![0.0; n];
+                let mut out = crate::cpu::uninit(n);
                 k::unary_backward_f64(*u, &x.contig::<f64>(op)?, &g.contig::<f64>(op)?, &mut out);
-                Tensor::from_vec(out, x.shape())?
+                Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
             } else {
-                let mut out = vec![0.0; n];
+                let mut out = crate::cpu::uninit(n);
                 k::unary_backward_f32(*u, &x.contig::<f32>(op)?, &g.contig::<f32>(op)?, &mut out);
-                Tensor::from_vec(out, x.shape())?
+                Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
             };
             back_to(out, inputs[0].dtype())?
         }
