@@ -55,8 +55,14 @@ pub fn clip_to_norm(params: &[Tensor], max_norm: f64, total_norm: f64) -> Result
     let clip_coef = max_norm / (total_norm + 1e-6);
     // A NaN coefficient (NaN norm) scales too, as in PyTorch.
     if clip_coef.is_nan() || clip_coef < 1.0 {
-        for g in &grads {
-            scale(g, clip_coef)?;
+        // one parallel job over the gradients (most are too small to split on their own)
+        let results: Vec<std::sync::Mutex<Result<()>>> = grads.iter().map(|_| std::sync::Mutex::new(Ok(()))).collect();
+        weft_core::cpu::pool::run(grads.len(), |i| {
+            let r = scale(&grads[i], clip_coef);
+            *results[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
+        });
+        for r in results {
+            r.into_inner().unwrap_or_else(|e| e.into_inner())?;
         }
     }
     Ok(())
@@ -67,23 +73,33 @@ pub fn clip_to_norm(params: &[Tensor], max_norm: f64, total_norm: f64) -> Result
 pub fn grad_norm(params: &[Tensor]) -> Result<f64> {
     const OP: &str = "grad_norm";
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
-    let mut sum_sq = 0.0f64;
     for (i, g) in grads.iter().enumerate() {
-        sum_sq += match g.dtype() {
-            DType::F32 => g.with_data::<f32, _>(|s| sum_of_squares(s, |x| x as f64))?,
-            DType::F64 => g.with_data::<f64, _>(|s| sum_of_squares(s, |x| x))?,
-            DType::BF16 | DType::F16 => sum_of_squares(&g.to_vec_f64(), |x| x),
-            other => {
-                return Err(Error::Invalid {
-                    op: OP,
-                    msg: format!(
-                        "gradient #{i} (shape {:?}) has dtype {}, not a float type",
-                        g.shape(),
-                        other.name()
-                    ),
-                })
-            }
+        if !g.dtype().is_float() {
+            return Err(Error::Invalid {
+                op: OP,
+                msg: format!(
+                    "gradient #{i} (shape {:?}) has dtype {}, not a float type",
+                    g.shape(),
+                    g.dtype().name()
+                ),
+            });
+        }
+    }
+    // Each gradient's sum on one thread, the sums added in order: the same result as one thread
+    // going through them, whatever the pool's size.
+    let sums: Vec<std::sync::Mutex<Result<f64>>> = grads.iter().map(|_| std::sync::Mutex::new(Ok(0.0))).collect();
+    weft_core::cpu::pool::run(grads.len(), |i| {
+        let g = &grads[i];
+        let r = match g.dtype() {
+            DType::F32 => g.with_data::<f32, _>(|s| sum_of_squares(s, |x| x as f64)),
+            DType::F64 => g.with_data::<f64, _>(|s| sum_of_squares(s, |x| x)),
+            _ => Ok(sum_of_squares(&g.to_vec_f64(), |x| x)),
         };
+        *sums[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
+    });
+    let mut sum_sq = 0.0f64;
+    for s in sums {
+        sum_sq += s.into_inner().unwrap_or_else(|e| e.into_inner())?;
     }
     Ok(sum_sq.sqrt())
 }

@@ -227,6 +227,15 @@ impl Optimizer for Adam {
                 check_state_shape(OP, &format!("{}.exp_avg_sq", w.name), &s.exp_avg_sq, w.name, w.param)?;
             }
         }
+        for w in &work {
+            let dtype = w.param.dtype();
+            if !matches!(dtype, DType::F32 | DType::F64) {
+                return Err(invalid(
+                    OP,
+                    format!("parameter {:?}: unsupported dtype {}", w.name, dtype.name()),
+                ));
+            }
+        }
         self.loaded = None;
         for w in &work {
             let dtype = w.param.dtype();
@@ -244,18 +253,29 @@ impl Optimizer for Adam {
                 }),
             };
             s.step += 1;
-            match dtype {
-                DType::F32 => update::<f32>(w, s, &self.cfg, lr)?,
-                DType::F64 => update::<f64>(w, s, &self.cfg, lr)?,
-                other => {
-                    return Err(invalid(
-                        OP,
-                        format!("parameter {:?}: unsupported dtype {}", w.name, other.name()),
-                    ))
+        }
+        // One parallel job over the parameters (a parameter's update inside it runs on one
+        // thread): most of a model's tensors are too small to split, and updated one after the
+        // other they would leave the pool idle.
+        let states: Vec<&AdamState> = work.iter().map(|w| &self.state[w.name]).collect();
+        let (cfg, first_error) = (&self.cfg, std::sync::Mutex::new(None));
+        pool::run(work.len(), |i| {
+            let (w, s) = (&work[i], states[i]);
+            let r = match w.param.dtype() {
+                DType::F32 => update::<f32>(w, s, cfg, lr),
+                _ => update::<f64>(w, s, cfg, lr),
+            };
+            if let Err(e) = r {
+                let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.as_ref().is_none_or(|(j, _)| i < *j) {
+                    *slot = Some((i, e));
                 }
             }
+        });
+        match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
