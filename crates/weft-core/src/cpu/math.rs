@@ -11,17 +11,18 @@ pub fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.72);
     // round to nearest by the 1.5 * 2^23 trick (vectorizes, unlike `f32::round`)
     const MAGIC: f32 = 12_582_912.0;
-    let shifted = x * std::f32::consts::LOG2_E + MAGIC;
+    let shifted = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
     let n = shifted - MAGIC;
-    // r = x - n ln2, with ln2 split in two for precision
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    // r = x - n ln2, with ln2 split in two for precision; the polynomial in Horner form with
+    // fused multiply-adds (one instruction per term in the vector instantiations)
+    let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
     let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
-    let e = p * r * r + r + 1.0;
+    let p = p.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 5.000_000_1e-1);
+    let e = (p * r).mul_add(r, r) + 1.0;
     // n as an integer, read from the mantissa of `shifted` (a saturating `as i32` cast would not
     // vectorize); then 2^n as two normal factors, since n reaches 128
     let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
@@ -66,10 +67,14 @@ pub fn erf_f32(x: f32) -> f32 {
 #[inline(always)]
 pub fn erf_and_gauss_f32(x: f32) -> (f32, f32) {
     let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let y = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let t = 1.0 / 0.327_591_1f32.mul_add(a, 1.0);
+    let y = 1.061_405_4f32.mul_add(t, -1.453_152_1);
+    let y = y.mul_add(t, 1.421_413_7);
+    let y = y.mul_add(t, -0.284_496_74);
+    let y = y.mul_add(t, 0.254_829_6);
+    let y = y * t;
     let g = exp_f32(-a * a);
-    let r = 1.0 - y * g;
+    let r = (-y).mul_add(g, 1.0);
     (r.copysign(x), g)
 }
 
