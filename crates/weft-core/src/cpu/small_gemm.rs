@@ -116,7 +116,7 @@ pub unsafe fn product<T: Float + Default>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Lhs, Out, Rhs, MR, NR};
+    use super::{Lhs, Out, Rhs};
     use std::arch::x86_64::*;
 
     /// Mask of the first `w` (<= 16) lanes.
@@ -139,25 +139,17 @@ mod avx512 {
         alpha: f32,
         accumulate: bool,
     ) {
-        let mut i = 0;
-        while i < m {
-            let rows = (m - i).min(MR);
-            let mut j = 0;
-            while j < n {
-                let w = (n - j).min(NR);
-                // SAFETY: the tile lies inside the checked operands and the caller's output.
-                unsafe {
-                    match rows {
-                        4 => tile::<4>(i, j, w, k, a, b, out, alpha, accumulate),
-                        3 => tile::<3>(i, j, w, k, a, b, out, alpha, accumulate),
-                        2 => tile::<2>(i, j, w, k, a, b, out, alpha, accumulate),
-                        _ => tile::<1>(i, j, w, k, a, b, out, alpha, accumulate),
-                    }
+        super::tiles(m, n, |i, j, rows, w| {
+            // SAFETY: the tile lies inside the checked operands and the caller's output.
+            unsafe {
+                match rows {
+                    4 => tile::<4>(i, j, w, k, a, b, out, alpha, accumulate),
+                    3 => tile::<3>(i, j, w, k, a, b, out, alpha, accumulate),
+                    2 => tile::<2>(i, j, w, k, a, b, out, alpha, accumulate),
+                    _ => tile::<1>(i, j, w, k, a, b, out, alpha, accumulate),
                 }
-                j += w;
             }
-            i += rows;
-        }
+        });
     }
 
     /// Rows `i..i + R`, columns `j..j + w` (`w <= 32`) of the product.
@@ -225,26 +217,38 @@ unsafe fn product_body<T: Float>(
     alpha: T,
     accumulate: bool,
 ) {
-    let mut i = 0;
-    while i < m {
-        let rows = (m - i).min(MR);
-        let mut j = 0;
-        while j < n {
-            let w = (n - j).min(NR);
-            let t = Tile {
-                i,
-                j,
-                w,
-                k,
-                alpha,
-                accumulate,
-            };
+    tiles(m, n, |i, j, rows, w| {
+        let t = Tile {
+            i,
+            j,
+            w,
+            k,
+            alpha,
+            accumulate,
+        };
+        // SAFETY: as this function's contract; the tile lies inside the product.
+        unsafe {
             match rows {
                 4 => t.run::<4>(a, b, out),
                 3 => t.run::<3>(a, b, out),
                 2 => t.run::<2>(a, b, out),
                 _ => t.run::<1>(a, b, out),
             }
+        }
+    });
+}
+
+/// Calls `f(i, j, rows, w)` for each output tile of an `m x n` product, row block by row block:
+/// `rows <= MR` rows from `i`, `w <= NR` columns from `j`.
+#[inline(always)]
+fn tiles(m: usize, n: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+    let mut i = 0;
+    while i < m {
+        let rows = (m - i).min(MR);
+        let mut j = 0;
+        while j < n {
+            let w = (n - j).min(NR);
+            f(i, j, rows, w);
             j += w;
         }
         i += rows;
