@@ -156,8 +156,9 @@ fn run(cli: Cli) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // the commands that compute size the pool from this thread, which then is one of its
-    // threads (the launcher computes nothing)
+    // the commands that compute read their thread count (warning on a malformed
+    // WEFT_NUM_THREADS) and set up the allocator before their first tensor (the launcher
+    // computes nothing)
     if !matches!(cli.command, Command::Launch(_)) {
         weft_core::cpu::threads::init();
     }

@@ -1,5 +1,6 @@
 //! Gradient clipping by global L2 norm: `torch.nn.utils.clip_grad_norm_`.
 
+use weft_core::cpu::pool;
 use weft_core::{DType, Error, Result, Tensor};
 
 /// Scales the gradients of `params` in place so that their global L2 norm is at most about
@@ -56,14 +57,9 @@ pub fn clip_to_norm(params: &[Tensor], max_norm: f64, total_norm: f64) -> Result
     // A NaN coefficient (NaN norm) scales too, as in PyTorch.
     if clip_coef.is_nan() || clip_coef < 1.0 {
         // one parallel job over the gradients (most are too small to split on their own)
-        let results: Vec<std::sync::Mutex<Result<()>>> = grads.iter().map(|_| std::sync::Mutex::new(Ok(()))).collect();
-        weft_core::cpu::pool::run(grads.len(), |i| {
-            let r = scale(&grads[i], clip_coef);
-            *results[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
-        });
-        for r in results {
-            r.into_inner().unwrap_or_else(|e| e.into_inner())?;
-        }
+        pool::map(grads.len(), |i| scale(&grads[i], clip_coef))
+            .into_iter()
+            .collect::<Result<()>>()?;
     }
     Ok(())
 }
@@ -87,19 +83,17 @@ pub fn grad_norm(params: &[Tensor]) -> Result<f64> {
     }
     // Each gradient's sum on one thread, the sums added in order: the same result as one thread
     // going through them, whatever the pool's size.
-    let sums: Vec<std::sync::Mutex<Result<f64>>> = grads.iter().map(|_| std::sync::Mutex::new(Ok(0.0))).collect();
-    weft_core::cpu::pool::run(grads.len(), |i| {
+    let sums = pool::map(grads.len(), |i| {
         let g = &grads[i];
-        let r = match g.dtype() {
+        match g.dtype() {
             DType::F32 => g.with_data::<f32, _>(|s| sum_of_squares(s, |x| x as f64)),
             DType::F64 => g.with_data::<f64, _>(|s| sum_of_squares(s, |x| x)),
             _ => Ok(sum_of_squares(&g.to_vec_f64(), |x| x)),
-        };
-        *sums[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
+        }
     });
     let mut sum_sq = 0.0f64;
     for s in sums {
-        sum_sq += s.into_inner().unwrap_or_else(|e| e.into_inner())?;
+        sum_sq += s?;
     }
     Ok(sum_sq.sqrt())
 }

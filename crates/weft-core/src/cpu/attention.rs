@@ -1,10 +1,11 @@
 //! Fused scaled-dot-product attention, forward and backward, tiled over blocks of queries.
 //!
-//! Per (batch, head) and per block of `BLOCK_Q` queries, scores against the keys the block may see
-//! are computed with one small product (`small_gemm.rs`), softmaxed in place and multiplied into V
-//! with another; only the
-//! per-row log-sum-exp is kept for the backward, which recomputes the probabilities block by block
-//! (as FlashAttention does). Scratch memory is `BLOCK_Q x T` per task: linear in T per query row.
+//! Per (batch, head) and per block of queries (`BLOCK_Q`, or `BLOCK_Q_CAUSAL` with the causal
+//! mask), scores against the keys the block may see are computed with one small product
+//! (`small_gemm.rs`, on the keys transposed once per problem), softmaxed in place and multiplied
+//! into V with another; only the per-row log-sum-exp is kept for the backward, which recomputes the
+//! probabilities block by block (as FlashAttention does). Scratch memory per task: a block of
+//! scores and the transposed keys (and values), linear in T.
 
 use super::elementwise::simd_dispatch;
 use super::f32_view::{as_f32, as_f32_mut};
@@ -17,17 +18,6 @@ use crate::dtype::Float;
 /// tile's scores lies above the diagonal (computed, then masked).
 pub const BLOCK_Q: usize = 64;
 pub const BLOCK_Q_CAUSAL: usize = 16;
-
-impl AttnDims {
-    /// Queries per tile of this problem.
-    fn block(&self) -> usize {
-        if self.causal {
-            BLOCK_Q_CAUSAL
-        } else {
-            BLOCK_Q
-        }
-    }
-}
 
 /// Sizes of one attention call: `bh` (batch x heads) independent problems of `t` queries, `s`
 /// keys, head dim `d` (queries and keys) and `dv` (values).
@@ -46,6 +36,15 @@ pub struct AttnDims {
 }
 
 impl AttnDims {
+    /// Queries per tile of this problem.
+    fn block(&self) -> usize {
+        if self.causal {
+            BLOCK_Q_CAUSAL
+        } else {
+            BLOCK_Q
+        }
+    }
+
     /// Keys visible to query row `i`.
     #[inline]
     fn visible(&self, i: usize) -> usize {
@@ -121,15 +120,8 @@ fn block_probs<T: Float + Default>(
     lse: &mut [T],
     have_lse: bool,
 ) {
-    let lhs = Lhs {
-        data: q,
-        row_stride: q_stride,
-        col_stride: 1,
-    };
-    let rhs = Rhs {
-        data: kt,
-        row_stride: dims.s,
-    };
+    let lhs = Lhs::rows(q, q_stride);
+    let rhs = Rhs::rows(kt, dims.s);
     // SAFETY: p holds rows x kv, this task's own scratch.
     unsafe { product(rows, kv, dims.d, lhs, rhs, out(p, kv), scale, false) };
     match (as_f32_mut(p), as_f32_mut(lse)) {
@@ -265,15 +257,8 @@ pub fn forward<T: Float + Default>(
                     &mut lse[q0..q0 + rows],
                     false,
                 );
-                let lhs = Lhs {
-                    data: &*p,
-                    row_stride: kv,
-                    col_stride: 1,
-                };
-                let rhs = Rhs {
-                    data: v.at(b, 0),
-                    row_stride: v.row_stride,
-                };
+                let lhs = Lhs::rows(&*p, kv);
+                let rhs = Rhs::rows(v.at(b, 0), v.row_stride);
                 // SAFETY: rows q0.. of this task's matrix of o.
                 unsafe { product(rows, dv, kv, lhs, rhs, o.at(b, q0), one, false) };
             }
@@ -343,28 +328,14 @@ pub fn backward<T: Float + Default>(
                 for (r, di) in di[..rows].iter_mut().enumerate() {
                     *di = lanes::dot(&o.at(b, q0 + r)[..dv], &dout.at(b, q0 + r)[..dv]);
                 }
-                let g = Lhs {
-                    data: gb,
-                    row_stride: dout.row_stride,
-                    col_stride: 1,
-                };
-                let g_rows = Rhs {
-                    data: gb,
-                    row_stride: dout.row_stride,
-                };
+                let g = Lhs::rows(gb, dout.row_stride);
+                let g_rows = Rhs::rows(gb, dout.row_stride);
                 unsafe {
                     // dV[:kv] += P^T dO
-                    let pt = Lhs {
-                        data: &*p,
-                        row_stride: 1,
-                        col_stride: kv,
-                    };
+                    let pt = Lhs::transposed(&*p, kv);
                     product(kv, dv, rows, pt, g_rows, dv_out.at(b, 0), one, true);
                     // dP = dO V^T
-                    let vtr = Rhs {
-                        data: &vt,
-                        row_stride: s,
-                    };
+                    let vtr = Rhs::rows(&vt, s);
                     product(rows, kv, dv, g, vtr, out(dp, kv), one, false);
                 }
                 match (as_f32(&di[..rows]), as_f32(p), as_f32_mut(dp)) {
@@ -373,26 +344,12 @@ pub fn backward<T: Float + Default>(
                 }
                 unsafe {
                     // dQ = scale dS K
-                    let ds = Lhs {
-                        data: &*dp,
-                        row_stride: kv,
-                        col_stride: 1,
-                    };
-                    let kr = Rhs {
-                        data: k.at(b, 0),
-                        row_stride: k.row_stride,
-                    };
+                    let ds = Lhs::rows(&*dp, kv);
+                    let kr = Rhs::rows(k.at(b, 0), k.row_stride);
                     product(rows, d, kv, ds, kr, dq.at(b, q0), scale, false);
                     // dK[:kv] += scale dS^T Q
-                    let dst = Lhs {
-                        data: &*dp,
-                        row_stride: 1,
-                        col_stride: kv,
-                    };
-                    let qr = Rhs {
-                        data: qb,
-                        row_stride: qs,
-                    };
+                    let dst = Lhs::transposed(&*dp, kv);
+                    let qr = Rhs::rows(qb, qs);
                     product(kv, d, rows, dst, qr, dk.at(b, 0), scale, true);
                 }
             }

@@ -128,27 +128,26 @@ fn col2im<T: Float>(d: &ConvDims, cols: &[T], g: usize, dx: &mut [T]) {
 
 /// `y[n, o, oh, ow] = sum w[o, c, ky, kx] * x[n, c, ...]` per group.
 pub fn conv2d<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], y: &mut [T]) {
-    super::threads::init();
     let sp = d.spatial();
-    let per_image = |i: usize, y: &mut [T], parallel_gemm: bool| {
+    // Images in parallel when there are enough of them (their gemms then run on the task's
+    // thread); otherwise one after the other, each gemm split across the pool.
+    let per_image = |i: usize, y: &mut [T]| {
         let xi = &x[i * d.c * d.h * d.w..][..d.c * d.h * d.w];
         if d.p.stride == (1, 1) {
-            conv_image_shifted(&d, xi, w, y, parallel_gemm);
+            conv_image_shifted(&d, xi, w, y);
         } else {
-            conv_image_im2col(&d, xi, w, y, parallel_gemm);
+            conv_image_im2col(&d, xi, w, y);
         }
     };
     if d.n >= super::threads::num_threads() {
-        pool::for_each_chunk(y, d.o * sp, |i, y| per_image(i, y, false));
+        pool::for_each_chunk(y, d.o * sp, per_image);
     } else {
-        y.chunks_mut(d.o * sp)
-            .enumerate()
-            .for_each(|(i, y)| per_image(i, y, true));
+        y.chunks_mut(d.o * sp).enumerate().for_each(|(i, y)| per_image(i, y));
     }
 }
 
 /// One image by im2col + one gemm per group.
-fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T], parallel_gemm: bool) {
+fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T]) {
     let one = T::from_f64(1.0);
     let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
     let mut cols = vec![T::zero(); ck * sp];
@@ -160,19 +159,7 @@ fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mu
             accumulate: false,
         };
         // SAFETY: w_g is og x ck, cols is ck x sp, dst is og x sp inside y.
-        unsafe {
-            gemm_on(
-                og,
-                sp,
-                ck,
-                dst,
-                mat(&w[g * og * ck..], ck),
-                mat(&cols, sp),
-                one,
-                one,
-                parallel_gemm,
-            )
-        };
+        unsafe { gemm_parallel(og, sp, ck, dst, mat(&w[g * og * ck..], ck), mat(&cols, sp), one, one) };
     }
 }
 
@@ -181,7 +168,7 @@ fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mu
 /// `[c, oh * wp]` matrix starting at `ky * dil * wp + kx * dil`, is multiplied by that tap's weights
 /// and accumulated into an output computed on the padded width. The `wp - ow` extra columns of
 /// each output row are dropped at the end.
-fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T], parallel_gemm: bool) {
+fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T]) {
     let one = T::from_f64(1.0);
     let p = d.p;
     let (hp, wp) = (d.h + 2 * p.padding.0, d.w + 2 * p.padding.1);
@@ -223,7 +210,7 @@ fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &m
                 };
                 // SAFETY: a is og x cg inside w; b is cg x cols inside xp (the margin covers the
                 // last row's overhang); dst is og x cols.
-                unsafe { gemm_on(og, cols, cg, dst, a, b, one, one, parallel_gemm) };
+                unsafe { gemm_parallel(og, cols, cg, dst, a, b, one, one) };
             }
         }
         for o in 0..og {
@@ -237,15 +224,13 @@ fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &m
 
 /// Gradients of [`conv2d`]: writes `dx` (zeroed here) and `dw` given `dy`.
 pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[T], dx: &mut [T], dw: &mut [T]) {
-    super::threads::init();
     let one = T::from_f64(1.0);
     let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
     let image = d.c * d.h * d.w;
-    let mut partials: Vec<Vec<T>> = vec![Vec::new(); d.n];
-    let (dxs, parts) = (Chunks::new(dx, image), Chunks::new(&mut partials, 1));
-    pool::run(d.n, |i| {
-        // SAFETY: `run` calls each image once, and each takes its own chunks.
-        let (dxi, part) = unsafe { (dxs.take(i), &mut parts.take(i)[0]) };
+    let dxs = Chunks::new(dx, image);
+    let partials = pool::map(d.n, |i| {
+        // SAFETY: `map` calls each image once, and each takes its own chunk.
+        let dxi = unsafe { dxs.take(i) };
         dxi.iter_mut().for_each(|v| *v = T::zero());
         let mut dw_part = vec![T::zero(); dw.len()];
         let mut cols = vec![T::zero(); ck * sp];
@@ -272,7 +257,7 @@ pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[
             }
             col2im(&d, &dcols, g, dxi);
         }
-        *part = dw_part;
+        dw_part
     });
     // per-image partial weight gradients, added in image order (reproducible)
     let mut partial = vec![T::zero(); dw.len()];
@@ -280,29 +265,6 @@ pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[
         partial.iter_mut().zip(p).for_each(|(a, b)| *a += b);
     }
     dw.copy_from_slice(&partial);
-}
-
-/// [`gemm`], or [`gemm_parallel`] when `parallel`.
-///
-/// # Safety
-/// As [`gemm`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_on<T: 'static + Copy + Default + Send + Sync>(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: MatMut<T>,
-    a: MatRef<T>,
-    b: MatRef<T>,
-    one: T,
-    scale: T,
-    parallel: bool,
-) {
-    if parallel {
-        gemm_parallel(m, n, k, dst, a, b, one, scale)
-    } else {
-        gemm(m, n, k, dst, a, b, one, scale)
-    }
 }
 
 /// Pooling sizes: `planes` = n * c planes of `h x w` to `oh x ow`.
@@ -318,7 +280,6 @@ pub struct PoolDims {
 
 /// Max pooling; `idx` gets the flat `h*w` position of each window's max (first on ties).
 pub fn max_pool2d<T: Float>(d: PoolDims, x: &[T], y: &mut [T], idx: &mut [i64]) {
-    super::threads::init();
     let p = d.p;
     let (ys, idxs) = (Chunks::new(y, d.oh * d.ow), Chunks::new(idx, d.oh * d.ow));
     pool::run(ys.count(), |pl| {
@@ -366,7 +327,6 @@ pub fn max_pool2d_backward<T: Float>(d: PoolDims, idx: &[i64], dy: &[T], dx: &mu
 
 /// Average pooling counting padded positions (PyTorch's default `count_include_pad=True`).
 pub fn avg_pool2d<T: Float>(d: PoolDims, x: &[T], y: &mut [T]) {
-    super::threads::init();
     let p = d.p;
     let inv = T::from_f64(1.0 / (p.kernel.0 * p.kernel.1) as f64);
     pool::for_each_chunk(y, d.oh * d.ow, |pl, y| {

@@ -82,8 +82,13 @@ struct SyncPtr<T>(*mut T, *const T, *const T);
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
+/// Products of fewer multiply-adds than this run on the calling thread.
+const PARALLEL_MIN: usize = 1 << 15;
+
 /// [`gemm`] on the compute pool, splitting the output into one block of rows (or columns, when
-/// there are fewer rows than columns) per thread, each block a single-threaded gemm.
+/// there are fewer rows than columns) per thread, each block a single-threaded gemm. A small
+/// product, or one started inside a pool task (a batch of products already spread over the pool),
+/// runs on the calling thread.
 ///
 /// # Safety
 /// As [`gemm`].
@@ -101,13 +106,12 @@ pub unsafe fn gemm_parallel<T: 'static + Copy + Default + Send + Sync>(
     gemm_parallel_then(m, n, k, dst, a, b, one, scale, |_| {})
 }
 
-/// The block of the output one task of [`gemm_parallel_then`] computed: rows `row0..row0 + rows`,
-/// columns `col0..col0 + cols`, starting at `ptr` with rows `row_stride` apart.
+/// The block of the output one task of [`gemm_parallel_then`] computed: `rows` rows and columns
+/// `col0..col0 + cols`, starting at `ptr` with rows `row_stride` apart.
 #[derive(Clone, Copy)]
 pub struct Block<T> {
     pub ptr: *mut T,
     pub row_stride: isize,
-    pub row0: usize,
     pub rows: usize,
     pub col0: usize,
     pub cols: usize,
@@ -134,7 +138,11 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
     let threads = super::threads::num_threads();
     let along_rows = m >= n;
     let len = if along_rows { m } else { n };
-    let pieces = threads.min(len / 16).max(1);
+    let pieces = if m * n * k < PARALLEL_MIN || super::pool::in_task() {
+        1
+    } else {
+        threads.min(len / 16).max(1)
+    };
     let chunk = len.div_ceil(pieces);
     let ptrs = SyncPtr(dst.ptr, a.ptr, b.ptr);
     let (dst_rs, acc) = (dst.row_stride, dst.accumulate);
@@ -161,7 +169,6 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
                 then(Block {
                     ptr: d.ptr,
                     row_stride: dst_rs,
-                    row0: start,
                     rows: size,
                     col0: 0,
                     cols: n,
@@ -180,7 +187,6 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
                 then(Block {
                     ptr: d.ptr,
                     row_stride: dst_rs,
-                    row0: 0,
                     rows: m,
                     col0: start,
                     cols: size,

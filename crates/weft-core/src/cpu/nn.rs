@@ -237,11 +237,10 @@ pub fn norm_backward<T: Float>(
     let rows = rows_per_task(len).max(8);
     // Partial sums per fixed block of rows, added in block order: the result does not depend on
     // how the pool schedules the blocks (bit-for-bit reproducible runs).
-    let mut partials: Vec<(Vec<T>, Vec<T>)> = vec![(Vec::new(), Vec::new()); mean.len().div_ceil(rows)];
-    let (dxs, parts) = (Chunks::new(dx, rows * len), Chunks::new(&mut partials, 1));
-    pool::run(parts.count(), |i| {
-        // SAFETY: `run` calls each block of rows once.
-        let (dx, part) = unsafe { (dxs.take(i), &mut parts.take(i)[0]) };
+    let dxs = Chunks::new(dx, rows * len);
+    let partials = pool::map(dxs.count(), |i| {
+        // SAFETY: `map` calls each block of rows once.
+        let dx = unsafe { dxs.take(i) };
         let (x, g) = (&x[i * rows * len..][..dx.len()], &g[i * rows * len..][..dx.len()]);
         let (mean, rstd) = (&mean[i * rows..][..dx.len() / len], &rstd[i * rows..][..dx.len() / len]);
         let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
@@ -252,7 +251,7 @@ pub fn norm_backward<T: Float>(
             }
             _ => norm_backward_rows(s, x, g, mean, rstd, dx, &mut dw, &mut db),
         }
-        *part = (dw, db);
+        (dw, db)
     });
     let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
     for (pw, pb) in partials {

@@ -253,6 +253,16 @@ pub fn for_each_chunk<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &
     run(chunks.count(), |i| f(i, unsafe { chunks.take(i) }));
 }
 
+/// `f(i)` for every `i in 0..tasks` on the pool, the results in task order (per-task partial
+/// sums, per-parameter results).
+pub fn map<R: Send>(tasks: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    let mut out: Vec<Option<R>> = (0..tasks).map(|_| None).collect();
+    let slots = Chunks::new(&mut out, 1);
+    // SAFETY: `run` calls each index once, so each task writes its own slot.
+    run(tasks, |i| unsafe { slots.take(i)[0] = Some(f(i)) });
+    out.into_iter().map(|r| r.expect("every task ran")).collect()
+}
+
 /// Whether the calling thread is running a pool task (kernels it starts run on it alone).
 pub fn in_task() -> bool {
     IN_TASK.with(|t| t.get())
@@ -280,6 +290,12 @@ mod tests {
         for (j, x) in v.iter().enumerate() {
             assert_eq!(*x, j / 100 + 1);
         }
+    }
+
+    #[test]
+    fn map_returns_the_results_in_task_order() {
+        assert_eq!(map(100, |i| i * i), (0..100).map(|i| i * i).collect::<Vec<_>>());
+        assert!(map(0, |i| i).is_empty());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use super::elementwise::simd_dispatch;
 use super::lanes;
-use super::pool::{self, Chunks};
+use super::pool;
 use crate::dtype::Float;
 use crate::op::ReduceOp;
 
@@ -77,9 +77,7 @@ pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usiz
     // Fixed blocks of rows, combined in block order: the result depends neither on the thread
     // count nor on scheduling.
     let block_len = (COLUMN_BLOCK_ROWS * inner).max(1);
-    let mut partials: Vec<Vec<T>> = vec![Vec::new(); x.len().div_ceil(block_len)];
-    let parts = Chunks::new(&mut partials, 1);
-    pool::run(parts.count(), |i| {
+    let partials = pool::map(x.len().div_ceil(block_len), |i| {
         let block = &x[i * block_len..x.len().min((i + 1) * block_len)];
         let mut acc = vec![init; inner];
         if let (Some(xf), Some(af)) = (super::f32_view::as_f32(block), super::f32_view::as_f32_mut(&mut acc)) {
@@ -87,8 +85,7 @@ pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usiz
         } else {
             columns(op, block, inner, &mut acc);
         }
-        // SAFETY: `run` calls each block once.
-        unsafe { parts.take(i)[0] = acc };
+        acc
     });
     let mut acc = vec![init; inner];
     for p in &partials {

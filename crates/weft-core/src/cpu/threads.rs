@@ -42,7 +42,8 @@ pub fn num_threads() -> usize {
     })
 }
 
-/// Ensures the pool is sized before a parallel kernel runs.
+/// Reads the thread count and sets the allocator options now (both happen anyway on the first
+/// parallel kernel; the pool's workers start then).
 #[inline]
 pub fn init() {
     let _ = num_threads();

@@ -57,9 +57,7 @@ impl Tensor {
         let scale = scale.unwrap_or(1.0 / (q.shape()[r - 1] as f64).sqrt());
         apply(Op::Attention { causal, scale }, &[q, k, v])
     }
-}
 
-impl Tensor {
     /// Multi-head self-attention on a fused projection (nanoGPT's `c_attn` output): `self` is
     /// `[B, T, 3C]` with q, k and v side by side, each split into `heads` heads of `C / heads`.
     /// Returns `[B, T, C]` with head `h` in columns `h * C / heads..`: the same as splitting,
@@ -124,11 +122,22 @@ impl QkvLayout {
         }
     }
 
-    fn mats<'a, T>(&self, data: &'a [T], offsets: &'a [usize], row_stride: usize) -> k::Mats<'a, T> {
-        k::Mats {
+    /// q, k and v of every problem in the projection's elements.
+    fn qkv<'a, T>(&'a self, data: &'a [T]) -> (k::Mats<'a, T>, k::Mats<'a, T>, k::Mats<'a, T>) {
+        let m = |offsets: &'a [usize]| k::Mats {
             data,
             offsets,
-            row_stride,
+            row_stride: self.width,
+        };
+        (m(&self.q), m(&self.k), m(&self.v))
+    }
+
+    /// Every problem's rows in a `[B, T, C]` tensor's elements (the output, its gradient).
+    fn out<'a, T>(&'a self, data: &'a [T]) -> k::Mats<'a, T> {
+        k::Mats {
+            data,
+            offsets: &self.o,
+            row_stride: self.c,
         }
     }
 }
@@ -221,22 +230,9 @@ fn dense_offsets(n: usize, size: usize) -> Vec<usize> {
     (0..n).map(|i| i * size).collect()
 }
 
-/// `buf` as output matrices at `offsets`, rows `row_stride` apart.
-fn mats_mut<'a, T>(buf: &mut [T], offsets: &'a [usize], row_stride: usize) -> k::MatsMut<'a, T> {
-    k::MatsMut {
-        ptr: buf.as_mut_ptr(),
-        len: buf.len(),
-        offsets,
-        row_stride,
-    }
-}
-
-/// [`mats_mut`] over a buffer the kernel fills (written through the pointer only).
-fn mats_uninit<'a, T>(
-    buf: &mut [std::mem::MaybeUninit<T>],
-    offsets: &'a [usize],
-    row_stride: usize,
-) -> k::MatsMut<'a, T> {
+/// `buf`, which the kernel fills (written through the pointer only), as output matrices at
+/// `offsets`, rows `row_stride` apart.
+fn mats_out<'a, T>(buf: &mut [std::mem::MaybeUninit<T>], offsets: &'a [usize], row_stride: usize) -> k::MatsMut<'a, T> {
     k::MatsMut {
         ptr: buf.as_mut_ptr() as *mut T,
         len: buf.len(),
@@ -286,11 +282,13 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let o_offsets = lead.offsets();
             crate::float_dispatch!(qc.dtype(), T => {
                 let (qv, kv, vv) = (MatView::<T>::new(&qc)?, MatView::<T>::new(&kc)?, MatView::<T>::new(&vc)?);
-                let mut o = vec![0 as T; dims.bh * dims.t * dims.dv];
+                let mut o = crate::cpu::uninit::<T>(dims.bh * dims.t * dims.dv);
                 let mut lse = vec![0 as T; dims.bh * dims.t];
-                let om = k::MatsMut { ptr: o.as_mut_ptr(), len: o.len(), offsets: &o_offsets, row_stride: view.strides[r - 2] };
+                let om = mats_out(&mut o, &o_offsets, view.strides[r - 2]);
                 k::forward(dims, qv.mats(), kv.mats(), vv.mats(), *scale as T, om, &mut lse);
                 drop((qv, kv, vv));
+                // SAFETY: the kernel writes every row of every problem's output.
+                let o = unsafe { crate::cpu::assume_init(o) };
                 let out = Tensor::from_vec(o, &store_shape)?.with_layout(view.clone());
                 let out = if dtype == qc.dtype() { out } else { back_to(out.contiguous_copy()?, dtype)? };
                 Ok(vec![out, Tensor::from_vec(lse, lse_shape)?])
@@ -306,14 +304,17 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let (qv, kv, vv) = (MatView::<T>::new(&qc)?, MatView::<T>::new(&kc)?, MatView::<T>::new(&vc)?);
                 let (ov, gv) = (MatView::<T>::new(&oc)?, MatView::<T>::new(&gc)?);
                 let ls = lse.contig::<T>("attention")?;
-                let mut dq = vec![0 as T; dims.bh * dims.t * dims.d];
-                let mut dk = vec![0 as T; dims.bh * dims.s * dims.d];
-                let mut dv = vec![0 as T; dims.bh * dims.s * dims.dv];
+                let mut dq = crate::cpu::uninit::<T>(dims.bh * dims.t * dims.d);
+                let mut dk = crate::cpu::uninit::<T>(dims.bh * dims.s * dims.d);
+                let mut dv = crate::cpu::uninit::<T>(dims.bh * dims.s * dims.dv);
                 let (oq, ok, ov_) = (dense_offsets(dims.bh, dims.t * dims.d), dense_offsets(dims.bh, dims.s * dims.d), dense_offsets(dims.bh, dims.s * dims.dv));
                 k::backward(
                     dims, qv.mats(), kv.mats(), vv.mats(), ov.mats(), &ls, gv.mats(), *scale as T,
-                    mats_mut(&mut dq, &oq, dims.d), mats_mut(&mut dk, &ok, dims.d), mats_mut(&mut dv, &ov_, dims.dv),
+                    mats_out(&mut dq, &oq, dims.d), mats_out(&mut dk, &ok, dims.d), mats_out(&mut dv, &ov_, dims.dv),
                 );
+                // SAFETY: the kernel writes all of dq (zeros for rows that see no key) and zeroes
+                // dk and dv before adding into them.
+                let (dq, dk, dv) = unsafe { (crate::cpu::assume_init(dq), crate::cpu::assume_init(dk), crate::cpu::assume_init(dv)) };
                 drop((qv, kv, vv, ov, gv));
                 Ok(vec![
                     back_to(Tensor::from_vec(dq, q.shape())?, dtype)?,
@@ -330,8 +331,8 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let xs = x.contig::<T>("qkv_attention")?;
                 let mut o = crate::cpu::uninit::<T>(b * t * l.c);
                 let mut lse = vec![0 as T; l.dims.bh * t];
-                let (qm, km, vm) = (l.mats(&xs, &l.q, l.width), l.mats(&xs, &l.k, l.width), l.mats(&xs, &l.v, l.width));
-                k::forward(l.dims, qm, km, vm, *scale as T, mats_uninit(&mut o, &l.o, l.c), &mut lse);
+                let (qm, km, vm) = l.qkv(&xs);
+                k::forward(l.dims, qm, km, vm, *scale as T, mats_out(&mut o, &l.o, l.c), &mut lse);
                 // SAFETY: the kernel writes every row of every head's output.
                 let o = unsafe { crate::cpu::assume_init(o) };
                 let out = back_to(Tensor::from_vec(o, &[b, t, l.c])?, dtype)?;
@@ -346,10 +347,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let (xs, os, gs) = (x.contig::<T>("qkv_attention")?, o.contig::<T>("qkv_attention")?, g.contig::<T>("qkv_attention")?);
                 let ls = lse.contig::<T>("qkv_attention")?;
                 let mut dx = crate::cpu::uninit::<T>(xs.len());
-                let (qm, km, vm) = (l.mats(&xs, &l.q, l.width), l.mats(&xs, &l.k, l.width), l.mats(&xs, &l.v, l.width));
-                let (om, gm) = (l.mats(&os, &l.o, l.c), l.mats(&gs, &l.o, l.c));
-                let (dq, dk) = (mats_uninit(&mut dx, &l.q, l.width), mats_uninit(&mut dx, &l.k, l.width));
-                let dv = mats_uninit(&mut dx, &l.v, l.width);
+                let (qm, km, vm) = l.qkv(&xs);
+                let (om, gm) = (l.out(&os), l.out(&gs));
+                let (dq, dk) = (mats_out(&mut dx, &l.q, l.width), mats_out(&mut dx, &l.k, l.width));
+                let dv = mats_out(&mut dx, &l.v, l.width);
                 k::backward(l.dims, qm, km, vm, om, &ls, gm, *scale as T, dq, dk, dv);
                 // SAFETY: the kernel writes all of dq (zeros for rows that see no key) and zeroes
                 // dk and dv before adding into them; q, k and v fill the whole width.

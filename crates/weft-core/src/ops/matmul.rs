@@ -1,7 +1,7 @@
 //! Matrix multiplication with broadcast batch dims, and `linear` built on it.
 
 use super::{apply, to_compute};
-use crate::cpu::matmul::{gemm, gemm_parallel, gemm_parallel_then, Block, MatMut, MatRef};
+use crate::cpu::matmul::{gemm_parallel, gemm_parallel_then, Block, MatMut, MatRef};
 use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::op::Op;
@@ -130,9 +130,7 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
     let nbatch = numel(&batch);
     // Every element is written by the gemm (it does not read dst), so the buffer starts
     // uninitialized: zeroing 4 MiB costs ~3% of a 1024^3 product.
-    let mut out: Vec<std::mem::MaybeUninit<T>> = Vec::with_capacity(nbatch * m * n);
-    // SAFETY: MaybeUninit needs no initialization.
-    unsafe { out.set_len(nbatch * m * n) };
+    let mut out = crate::cpu::uninit::<T>(nbatch * m * n);
     if m * n * k == 0 {
         out.iter_mut().for_each(|v| *v = std::mem::MaybeUninit::new(T::zero()));
     }
@@ -153,7 +151,9 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
     let (pa, pb) = (SendPtr(sa.as_ptr()), SendPtr(sb.as_ptr()));
     let (ars, acs) = (la.strides[la.rank() - 2] as isize, la.strides[la.rank() - 1] as isize);
     let (brs, bcs) = (lb.strides[lb.rank() - 2] as isize, lb.strides[lb.rank() - 1] as isize);
-    let run = |i: usize, dst: &mut [std::mem::MaybeUninit<T>], parallel: bool| {
+    // each product splits across the pool unless it is small or one of a batch already spread
+    // over the pool (`gemm_parallel` decides)
+    let run = |i: usize, dst: &mut [std::mem::MaybeUninit<T>]| {
         let d = MatMut {
             ptr: dst.as_mut_ptr() as *mut T,
             row_stride: n as isize,
@@ -171,28 +171,18 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
                 row_stride: brs,
                 col_stride: bcs,
             };
-            if parallel {
-                gemm_parallel(m, n, k, d, a, b, one, one)
-            } else {
-                gemm(m, n, k, d, a, b, one, one)
-            }
+            gemm_parallel(m, n, k, d, a, b, one, one)
         }
     };
     if m * n * k == 0 {
         // empty product: zeros, written above
     } else if nbatch > 1 && m * n * k < (1 << 18) {
-        crate::cpu::pool::for_each_chunk(&mut out, m * n, |i, dst| run(i, dst, false));
+        crate::cpu::pool::for_each_chunk(&mut out, m * n, run);
     } else {
-        for (i, dst) in out.chunks_mut(m * n).enumerate() {
-            run(i, dst, m * n * k >= (1 << 15));
-        }
+        out.chunks_mut(m * n).enumerate().for_each(|(i, dst)| run(i, dst));
     }
-    // SAFETY: every element was written (by the gemms, or the zero fill of an empty product), and
-    // MaybeUninit<T> has T's layout.
-    let out: Vec<T> = unsafe {
-        let mut out = std::mem::ManuallyDrop::new(out);
-        Vec::from_raw_parts(out.as_mut_ptr() as *mut T, out.len(), out.capacity())
-    };
+    // SAFETY: every element was written (by the gemms, or the zero fill of an empty product).
+    let out = unsafe { crate::cpu::assume_init(out) };
     let mut shape = batch;
     shape.extend_from_slice(&[m, n]);
     Tensor::from_vec(out, &shape)
@@ -251,9 +241,7 @@ fn linear_typed<T: StorageElement + std::ops::Add<Output = T> + Default + Send +
     }
     // Every element is written by the gemm (it does not read dst), so the buffer starts
     // uninitialized.
-    let mut out: Vec<std::mem::MaybeUninit<T>> = Vec::with_capacity(m * n);
-    // SAFETY: MaybeUninit needs no initialization.
-    unsafe { out.set_len(m * n) };
+    let mut out = crate::cpu::uninit::<T>(m * n);
     let one = T::from_f64(1.0);
     let dst = MatMut {
         ptr: out.as_mut_ptr() as *mut T,
@@ -282,26 +270,9 @@ fn linear_typed<T: StorageElement + std::ops::Add<Output = T> + Default + Send +
         }
     };
     // SAFETY: the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N.
-    unsafe {
-        if m * n * k >= (1 << 15) {
-            gemm_parallel_then(m, n, k, dst, a, b, one, one, add_bias)
-        } else {
-            gemm(m, n, k, dst, a, b, one, one);
-            add_bias(Block {
-                ptr: dst.ptr,
-                row_stride: n as isize,
-                row0: 0,
-                rows: m,
-                col0: 0,
-                cols: n,
-            });
-        }
-    }
-    // SAFETY: every element was written by the gemm, and MaybeUninit<T> has T's layout.
-    let out: Vec<T> = unsafe {
-        let mut out = std::mem::ManuallyDrop::new(out);
-        Vec::from_raw_parts(out.as_mut_ptr() as *mut T, out.len(), out.capacity())
-    };
+    unsafe { gemm_parallel_then(m, n, k, dst, a, b, one, one, add_bias) };
+    // SAFETY: every element was written by the gemm.
+    let out = unsafe { crate::cpu::assume_init(out) };
     Tensor::from_vec(out, &[m, n])
 }
 

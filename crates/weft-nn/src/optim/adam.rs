@@ -258,24 +258,13 @@ impl Optimizer for Adam {
         // thread): most of a model's tensors are too small to split, and updated one after the
         // other they would leave the pool idle.
         let states: Vec<&AdamState> = work.iter().map(|w| &self.state[w.name]).collect();
-        let (cfg, first_error) = (&self.cfg, std::sync::Mutex::new(None));
-        pool::run(work.len(), |i| {
-            let (w, s) = (&work[i], states[i]);
-            let r = match w.param.dtype() {
-                DType::F32 => update::<f32>(w, s, cfg, lr),
-                _ => update::<f64>(w, s, cfg, lr),
-            };
-            if let Err(e) = r {
-                let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
-                if slot.as_ref().is_none_or(|(j, _)| i < *j) {
-                    *slot = Some((i, e));
-                }
-            }
-        });
-        match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            Some((_, e)) => Err(e),
-            None => Ok(()),
-        }
+        let cfg = &self.cfg;
+        pool::map(work.len(), |i| match work[i].param.dtype() {
+            DType::F32 => update::<f32>(&work[i], states[i], cfg, lr),
+            _ => update::<f64>(&work[i], states[i], cfg, lr),
+        })
+        .into_iter()
+        .collect()
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
