@@ -35,3 +35,14 @@ pub(crate) unsafe fn assume_init<T>(v: Vec<std::mem::MaybeUninit<T>>) -> Vec<T> 
     // SAFETY: MaybeUninit<T> has T's layout; the caller promises every element is initialized.
     unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut T, v.len(), v.capacity()) }
 }
+
+/// Zero-fills a block of an [`uninit`] buffer and returns it initialized. Called by the kernel
+/// task that then writes the block, so the fill runs in parallel and leaves the block in that
+/// core's cache (for kernels that use their output as scratch before its final values).
+pub(crate) fn zeroed<T: crate::dtype::Float>(v: &mut [std::mem::MaybeUninit<T>]) -> &mut [T] {
+    for x in v.iter_mut() {
+        x.write(T::zero());
+    }
+    // SAFETY: every element was just written; MaybeUninit<T> has T's layout.
+    unsafe { &mut *(v as *mut [std::mem::MaybeUninit<T>] as *mut [T]) }
+}

@@ -8,6 +8,7 @@ use super::f32_view::{as_f32, as_f32_mut};
 use super::lanes;
 use super::pool::{self, Chunks};
 use crate::dtype::Float;
+use std::mem::MaybeUninit;
 
 fn rows_per_task(len: usize) -> usize {
     (super::PARALLEL_THRESHOLD / len.max(1)).max(1)
@@ -59,9 +60,10 @@ simd_dispatch!(softmax_backward_rows_f32(y: &[f32], g: &[f32], dx: &mut [f32], l
 });
 
 /// Softmax (or log-softmax) of each row of length `len`.
-pub fn softmax<T: Float>(x: &[T], y: &mut [T], len: usize, log: bool) {
+pub fn softmax<T: Float>(x: &[T], y: &mut [MaybeUninit<T>], len: usize, log: bool) {
     let chunk = rows_per_task(len) * len;
     pool::for_each_chunk(y, chunk, |i, y| {
+        let y = super::zeroed(y);
         let x = &x[i * chunk..][..y.len()];
         match (as_f32(x), as_f32_mut(y)) {
             (Some(xf), Some(yf)) => softmax_rows_f32(xf, yf, len, log),
@@ -71,9 +73,10 @@ pub fn softmax<T: Float>(x: &[T], y: &mut [T], len: usize, log: bool) {
 }
 
 /// Gradient of [`softmax`] given its output `y` and the output gradient `g`.
-pub fn softmax_backward<T: Float>(y: &[T], g: &[T], dx: &mut [T], len: usize, log: bool) {
+pub fn softmax_backward<T: Float>(y: &[T], g: &[T], dx: &mut [MaybeUninit<T>], len: usize, log: bool) {
     let chunk = rows_per_task(len) * len;
     pool::for_each_chunk(dx, chunk, |i, d| {
+        let d = super::zeroed(d);
         let (y, g) = (&y[i * chunk..][..d.len()], &g[i * chunk..][..d.len()]);
         match (as_f32(y), as_f32(g), as_f32_mut(d)) {
             (Some(yf), Some(gf), Some(df)) => softmax_backward_rows_f32(yf, gf, df, len, log),
@@ -145,7 +148,13 @@ fn norm_spec_f32<T: 'static>(s: NormSpec<'_, T>) -> Option<NormSpec<'_, f32>> {
 }
 
 /// Layer norm (or RMS norm) of each row: writes `y`, and per row `mean` (0 for RMS) and `rstd`.
-pub fn norm<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [T], mean: &mut [T], rstd: &mut [T]) {
+pub fn norm<T: Float>(
+    s: NormSpec<'_, T>,
+    x: &[T],
+    y: &mut [MaybeUninit<T>],
+    mean: &mut [MaybeUninit<T>],
+    rstd: &mut [MaybeUninit<T>],
+) {
     let rows = rows_per_task(s.len);
     let (ys, means, rstds) = (
         Chunks::new(y, rows * s.len),
@@ -155,6 +164,7 @@ pub fn norm<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [T], mean: &mut [T], 
     pool::run(means.count(), |i| {
         // SAFETY: `run` calls each block of rows once.
         let (y, mean, rstd) = unsafe { (ys.take(i), means.take(i), rstds.take(i)) };
+        let (y, mean, rstd) = (super::zeroed(y), super::zeroed(mean), super::zeroed(rstd));
         let x = &x[i * rows * s.len..][..y.len()];
         match (
             norm_spec_f32(s),
@@ -231,7 +241,7 @@ pub fn norm_backward<T: Float>(
     g: &[T],
     mean: &[T],
     rstd: &[T],
-    dx: &mut [T],
+    dx: &mut [MaybeUninit<T>],
 ) -> (Vec<T>, Vec<T>) {
     let len = s.len;
     let rows = rows_per_task(len).max(8);
@@ -240,7 +250,7 @@ pub fn norm_backward<T: Float>(
     let dxs = Chunks::new(dx, rows * len);
     let partials = pool::map(dxs.count(), |i| {
         // SAFETY: `map` calls each block of rows once.
-        let dx = unsafe { dxs.take(i) };
+        let dx = super::zeroed(unsafe { dxs.take(i) });
         let (x, g) = (&x[i * rows * len..][..dx.len()], &g[i * rows * len..][..dx.len()]);
         let (mean, rstd) = (&mean[i * rows..][..dx.len() / len], &rstd[i * rows..][..dx.len() / len]);
         let (mut dw, mut db) = (vec![T::zero(); len], vec![T::zero(); len]);
@@ -361,12 +371,13 @@ pub fn cross_entropy_backward<T: Float>(
     logits: &[T],
     targets: &[i64],
     lse: &[T],
-    dx: &mut [T],
+    dx: &mut [MaybeUninit<T>],
     scale: T,
 ) {
     let c = s.classes;
     let rows = rows_per_task(c);
     pool::for_each_chunk(dx, rows * c, |i, dx| {
+        let dx = super::zeroed(dx);
         let x = &logits[i * rows * c..][..dx.len()];
         let (t, lse) = (&targets[i * rows..][..dx.len() / c], &lse[i * rows..][..dx.len() / c]);
         let scale_f = as_f32(std::slice::from_ref(&scale)).map(|v| v[0]);

@@ -143,9 +143,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         Op::Softmax { log } => {
             let len = last(x);
             let y = crate::float_dispatch!(xc.dtype(), T => {
-                let mut y = vec![0 as T; x.numel()];
+                let mut y = crate::cpu::uninit::<T>(x.numel());
                 k::softmax(&xc.contig::<T>("softmax")?, &mut y, len.max(1), *log);
-                Tensor::from_vec(y, x.shape())?
+                // SAFETY: the kernel wrote every row.
+                Tensor::from_vec(unsafe { crate::cpu::assume_init(y) }, x.shape())?
             });
             Ok(vec![back_to(y, dtype)?])
         }
@@ -153,9 +154,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let len = last(x);
             let g = to_compute(inputs[1])?;
             let dx = crate::float_dispatch!(xc.dtype(), T => {
-                let mut dx = vec![0 as T; x.numel()];
+                let mut dx = crate::cpu::uninit::<T>(x.numel());
                 k::softmax_backward(&xc.contig::<T>("softmax")?, &g.contig::<T>("softmax")?, &mut dx, len.max(1), *log);
-                Tensor::from_vec(dx, x.shape())?
+                // SAFETY: the kernel wrote every row.
+                Tensor::from_vec(unsafe { crate::cpu::assume_init(dx) }, x.shape())?
             });
             Ok(vec![back_to(dx, dtype)?])
         }
@@ -182,8 +184,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let ws = w.as_ref().map(|w| w.contig::<T>("norm")).transpose()?;
                 let bs = b.as_ref().map(|b| b.contig::<T>("norm")).transpose()?;
                 let spec = k::NormSpec { weight: ws.as_deref(), bias: bs.as_deref(), len: len.max(1), eps: *eps as T, rms: *rms };
-                let (mut y, mut mean, mut rstd) = (vec![0 as T; x.numel()], vec![0 as T; rows], vec![0 as T; rows]);
+                let (mut y, mut mean, mut rstd) = (crate::cpu::uninit::<T>(x.numel()), crate::cpu::uninit::<T>(rows), crate::cpu::uninit::<T>(rows));
                 k::norm(spec, &xs, &mut y, &mut mean, &mut rstd);
+                // SAFETY: the kernel wrote every row and its statistics.
+                let (y, mean, rstd) = unsafe { (crate::cpu::assume_init(y), crate::cpu::assume_init(mean), crate::cpu::assume_init(rstd)) };
                 let y = back_to(Tensor::from_vec(y, x.shape())?, dtype)?;
                 Ok(vec![y, Tensor::from_vec(mean, &[rows])?, Tensor::from_vec(rstd, &[rows])?])
             })
@@ -206,8 +210,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let ws = w.as_ref().map(|w| w.contig::<T>("norm_backward")).transpose()?;
                 let (gs, ms, rs) = (g.contig::<T>("norm_backward")?, mean.contig::<T>("norm_backward")?, rstd.contig::<T>("norm_backward")?);
                 let spec = k::NormSpec { weight: ws.as_deref(), bias: None, len: len.max(1), eps: 0 as T, rms: *rms };
-                let mut dx = vec![0 as T; x.numel()];
+                let mut dx = crate::cpu::uninit::<T>(x.numel());
                 let (dw, db) = k::norm_backward(spec, &xs, &gs, &ms, &rs, &mut dx);
+                // SAFETY: the kernel wrote every row.
+                let dx = unsafe { crate::cpu::assume_init(dx) };
                 let mut out = vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?];
                 if *has_weight {
                     out.push(back_to(Tensor::from_vec(dw, &[len])?, dtype)?);
@@ -245,8 +251,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             crate::float_dispatch!(xc.dtype(), T => {
                 let spec = k::CrossEntropySpec { classes: c, ignore_index: *ignore_index, smoothing: *label_smoothing as T };
                 let (xs, lse) = (xc.contig::<T>("cross_entropy")?, inputs[2].contig::<T>("cross_entropy")?);
-                let mut dx = vec![0 as T; x.numel()];
+                let mut dx = crate::cpu::uninit::<T>(x.numel());
                 k::cross_entropy_backward(spec, &xs, &targets, &lse, &mut dx, scale as T);
+                // SAFETY: the kernel wrote every row.
+                let dx = unsafe { crate::cpu::assume_init(dx) };
                 Ok(vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?])
             })
         }
