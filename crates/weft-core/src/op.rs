@@ -156,9 +156,13 @@ pub enum Op {
     // ---- matmul (ops/matmul.rs) ----
     /// `[..., M, K] @ [..., K, N]` with broadcast batch dims.
     Matmul,
-    /// Inputs `(x [M, K], weight [N, K], bias [N])`: `x weight^T + bias` in one gemm whose output
-    /// starts from the broadcast bias (PyTorch's `addmm`), so the bias costs no extra pass.
-    Linear,
+    /// Inputs `(x [M, K], weight [N, K], bias [N])`: `act(x weight^T + bias)`. Each gemm task
+    /// adds the bias to its block of the product, and applies `act` to it, while the block is
+    /// still in its core's cache, so neither costs a pass of its own. With an `act`, the forward
+    /// saves the pre-activation `[M, N]` for the backward.
+    Linear {
+        act: Option<UnaryOp>,
+    },
 
     // ---- views and layout (ops/shape.rs) ----
     Reshape(Shape),
@@ -297,7 +301,7 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::Var { .. } => "var",
             Op::Matmul => "matmul",
-            Op::Linear => "linear",
+            Op::Linear { .. } => "linear",
             Op::Reshape(_) => "reshape",
             Op::Permute(_) => "permute",
             Op::Narrow { .. } => "narrow",

@@ -122,6 +122,43 @@ fn matmul_shapes() {
 }
 
 #[test]
+fn linear_act() {
+    for act in [UnaryOp::Gelu, UnaryOp::Relu, UnaryOp::Tanh] {
+        gradcheck(
+            &format!("linear_act {act:?}"),
+            &[normal(&[2, 3, 4], 55), normal(&[5, 4], 56), normal(&[5], 57)],
+            |t| t[0].linear_act(&t[1], Some(&t[2]), act),
+        );
+    }
+    // transposed input and weight, and no bias (the unfused path)
+    gradcheck("linear_act strided", &[normal(&[4, 3], 58), normal(&[4, 5], 59), normal(&[5], 60)], |t| {
+        t[0].t()?.linear_act(&t[1].t()?, Some(&t[2]), UnaryOp::Gelu)
+    });
+    gradcheck("linear_act no bias", &[normal(&[3, 4], 61), normal(&[5, 4], 62)], |t| {
+        t[0].linear_act(&t[1], None, UnaryOp::Gelu)
+    });
+    // f32, large enough to split across threads: the same bits as linear then gelu, values and
+    // gradients
+    let (x, w, b) = (
+        normal(&[300, 64], 63).cast(DType::F32).unwrap(),
+        normal(&[96, 64], 64).cast(DType::F32).unwrap(),
+        normal(&[96], 65).cast(DType::F32).unwrap(),
+    );
+    let run = |fused: bool| {
+        let (x, w, b) = (leaf_of(&x), leaf_of(&w), leaf_of(&b));
+        let y = if fused {
+            x.linear_act(&w, Some(&b), UnaryOp::Gelu).unwrap()
+        } else {
+            x.linear(&w, Some(&b)).unwrap().gelu().unwrap()
+        };
+        let g = normal(y.shape(), 66).cast(DType::F32).unwrap();
+        y.mul(&g).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        [y, x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap()].map(|t| t.to_vec::<f32>().unwrap())
+    };
+    assert_eq!(run(true), run(false));
+}
+
+#[test]
 fn shape_ops() {
     let x = normal(&[2, 3, 4], 60);
     gradcheck("reshape", &[x.clone()], |t| t[0].reshape(&[4, -1]));

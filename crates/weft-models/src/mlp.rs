@@ -73,11 +73,13 @@ impl MlpModel {
             });
         }
         let mut y = x.clone();
+        let act = self.config.activation;
         for (i, l) in self.layers.iter().enumerate() {
-            y = l.forward(&y)?;
-            if i + 1 < self.layers.len() {
-                y = self.config.activation.forward(&y)?;
-            }
+            y = match act.unary() {
+                Some(u) if i + 1 < self.layers.len() => l.forward_act(&y, u)?,
+                _ if i + 1 < self.layers.len() => act.forward(&l.forward(&y)?)?,
+                _ => l.forward(&y)?,
+            };
         }
         Ok(y)
     }

@@ -2,9 +2,9 @@
 
 use super::{apply, to_compute};
 use crate::cpu::matmul::{gemm_parallel, gemm_parallel_then, Block, MatMut, MatRef};
-use crate::dtype::DType;
+use crate::dtype::{DType, Float};
 use crate::error::{invalid, Error, Result};
-use crate::op::Op;
+use crate::op::{Op, UnaryOp};
 use crate::shape::{broadcast_shapes, numel};
 use crate::storage::StorageElement;
 use crate::tensor::Tensor;
@@ -60,9 +60,26 @@ impl Tensor {
     /// # Shapes
     /// `[..., in] -> [..., out]`.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.linear_with(weight, bias, None)
+    }
+
+    /// `act(x @ weight^T + bias)` as one op: the activation is applied to each block of the
+    /// product right after it is computed (while the block is in cache), instead of in a pass of
+    /// its own; the results are those of [`Tensor::linear`] followed by [`Tensor::unary`].
+    /// # Shapes
+    /// `[..., in] -> [..., out]`.
+    pub fn linear_act(&self, weight: &Tensor, bias: Option<&Tensor>, act: UnaryOp) -> Result<Tensor> {
+        self.linear_with(weight, bias, Some(act))
+    }
+
+    fn linear_with(&self, weight: &Tensor, bias: Option<&Tensor>, act: Option<UnaryOp>) -> Result<Tensor> {
+        let then_act = |y: Tensor| match act {
+            Some(a) => y.unary(a),
+            None => Ok(y),
+        };
         // the fused op only pays off with a bias; a plain product goes to matmul
         let Some(bias) = bias else {
-            return self.matmul(&weight.t()?);
+            return then_act(self.matmul(&weight.t()?)?);
         };
         let fused = self.rank() >= 1
             && weight.rank() == 2
@@ -70,13 +87,15 @@ impl Tensor {
             && weight.dtype() == self.dtype()
             && bias.dtype() == self.dtype()
             && self.shape()[self.rank() - 1] == weight.shape()[1]
-            && bias.shape() == [weight.shape()[0]];
+            && bias.shape() == [weight.shape()[0]]
+            // a half-precision activation is applied to the rounded output, as the unfused ops do
+            && (act.is_none() || matches!(self.dtype(), DType::F32 | DType::F64));
         if !fused {
             // the unfused ops report whichever shape or dtype is wrong
-            return self.matmul(&weight.t()?)?.add(bias);
+            return then_act(self.matmul(&weight.t()?)?.add(bias)?);
         }
         let (k, n) = (weight.shape()[1] as isize, weight.shape()[0]);
-        let y = apply(Op::Linear, &[&self.reshape(&[-1, k])?, weight, bias])?;
+        let y = apply(Op::Linear { act }, &[&self.reshape(&[-1, k])?, weight, bias])?;
         let mut out: Vec<isize> = self.shape()[..self.rank() - 1].iter().map(|&d| d as isize).collect();
         out.push(n as isize);
         y.reshape(&out)
@@ -195,27 +214,32 @@ pub(super) fn backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Te
     Ok(vec![Some(ga), Some(gb)])
 }
 
-pub(super) fn linear_forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+pub(super) fn linear_forward(inputs: &[&Tensor], act: Option<UnaryOp>) -> Result<Vec<Tensor>> {
     let (x, w, b) = (inputs[0], inputs[1], inputs[2]);
-    let out = match x.dtype() {
-        DType::F32 => linear_typed::<f32>(x, w, b)?,
-        DType::F64 => linear_typed::<f64>(x, w, b)?,
+    let outs = match x.dtype() {
+        DType::F32 => linear_typed::<f32>(x, w, b, act)?,
+        DType::F64 => linear_typed::<f64>(x, w, b, act)?,
         DType::BF16 | DType::F16 => {
             let (xc, wc, bc) = (to_compute(x)?, to_compute(w)?, to_compute(b)?);
-            super::elementwise::back_to(linear_typed::<f32>(&xc, &wc, &bc)?, x.dtype())?
+            linear_typed::<f32>(&xc, &wc, &bc, act)?
+                .into_iter()
+                .map(|t| super::elementwise::back_to(t, x.dtype()))
+                .collect::<Result<_>>()?
         }
         d => return Err(Error::UnsupportedDType { op: "linear", dtype: d }),
     };
-    Ok(vec![out])
+    Ok(outs)
 }
 
-/// `[M, K] x [N, K]^T + bias` into a new `[M, N]` tensor: each task adds the bias to its block of
-/// the product right after computing it, while the block is in its cache.
-fn linear_typed<T: StorageElement + std::ops::Add<Output = T> + Default + Send + Sync>(
+/// `act([M, K] x [N, K]^T + bias)` into a new `[M, N]` tensor, followed (with an `act`) by the
+/// pre-activation. Each gemm task adds the bias to its block of the product, and applies `act`,
+/// right after computing it, while the block is in its cache.
+fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
     x: &Tensor,
     w: &Tensor,
     bias: &Tensor,
-) -> Result<Tensor> {
+    act: Option<UnaryOp>,
+) -> Result<Vec<Tensor>> {
     let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[0]);
     let row = bias.contig::<T>("linear")?;
     let (lx, lw) = (x.layout(), w.layout());
@@ -233,18 +257,23 @@ fn linear_typed<T: StorageElement + std::ops::Add<Output = T> + Default + Send +
     check_fits("linear", x, sx.len())?;
     check_fits("linear", w, sw.len())?;
     if m * n * k == 0 {
-        let mut out: Vec<T> = Vec::with_capacity(m * n);
+        let mut pre: Vec<T> = Vec::with_capacity(m * n);
         for _ in 0..m {
-            out.extend_from_slice(&row);
+            pre.extend_from_slice(&row);
         }
-        return Tensor::from_vec(out, &[m, n]);
+        let pre = Tensor::from_vec(pre, &[m, n])?;
+        return Ok(match act {
+            Some(a) => vec![super::apply_multi(Op::Unary(a), &[&pre])?.remove(0), pre],
+            None => vec![pre],
+        });
     }
-    // Every element is written by the gemm (it does not read dst), so the buffer starts
-    // uninitialized.
-    let mut out = crate::cpu::uninit::<T>(m * n);
+    // Every element is written by the gemm (it does not read dst) or by the activation, so the
+    // buffers start uninitialized.
+    let mut pre = crate::cpu::uninit::<T>(m * n);
+    let mut out = crate::cpu::uninit::<T>(if act.is_some() { m * n } else { 0 });
     let one = T::from_f64(1.0);
     let dst = MatMut {
-        ptr: out.as_mut_ptr() as *mut T,
+        ptr: pre.as_mut_ptr() as *mut T,
         row_stride: n as isize,
         accumulate: false,
     };
@@ -259,25 +288,48 @@ fn linear_typed<T: StorageElement + std::ops::Add<Output = T> + Default + Send +
         row_stride: lw.strides[1] as isize,
         col_stride: lw.strides[0] as isize,
     };
-    let add_bias = |blk: Block<T>| {
+    let (pre_base, out_base) = (SendPtr(dst.ptr), SendPtr(out.as_mut_ptr() as *const T));
+    let post = |blk: Block<T>| {
         let bias = &row[blk.col0..blk.col0 + blk.cols];
         for r in 0..blk.rows {
-            // SAFETY: row r of the block, written by its gemm just before.
-            let out = unsafe { std::slice::from_raw_parts_mut(blk.ptr.offset(r as isize * blk.row_stride), blk.cols) };
-            for (o, &b) in out.iter_mut().zip(bias) {
-                *o = *o + b;
+            // SAFETY: row r of the block, written by its gemm just before; the same element range
+            // of `out` belongs to this block alone.
+            unsafe {
+                let h = blk.ptr.offset(r as isize * blk.row_stride);
+                let h = std::slice::from_raw_parts_mut(h, blk.cols);
+                for (o, &b) in h.iter_mut().zip(bias) {
+                    *o += b;
+                }
+                if let Some(a) = act {
+                    let at = h.as_ptr().offset_from(pre_base.get());
+                    let y = out_base.get().offset(at) as *mut std::mem::MaybeUninit<T>;
+                    crate::cpu::elementwise::unary_serial(a, h, std::slice::from_raw_parts_mut(y, blk.cols));
+                }
             }
         }
     };
     // SAFETY: the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N.
-    unsafe { gemm_parallel_then(m, n, k, dst, a, b, one, one, add_bias) };
-    // SAFETY: every element was written by the gemm.
-    let out = unsafe { crate::cpu::assume_init(out) };
-    Tensor::from_vec(out, &[m, n])
+    unsafe { gemm_parallel_then(m, n, k, dst, a, b, one, one, post) };
+    // SAFETY: every element of `pre` was written by the gemm, and of `out` by the activation.
+    let pre = Tensor::from_vec(unsafe { crate::cpu::assume_init(pre) }, &[m, n])?;
+    Ok(match act {
+        Some(_) => vec![Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, &[m, n])?, pre],
+        None => vec![pre],
+    })
 }
 
-pub(super) fn linear_backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+/// With an `act`, `saved` holds the pre-activation: the gradient goes through `act'` first.
+pub(super) fn linear_backward(
+    inputs: &[Tensor],
+    saved: &[Tensor],
+    grad: &Tensor,
+    act: Option<UnaryOp>,
+) -> Result<Vec<Option<Tensor>>> {
     let (x, w) = (&inputs[0], &inputs[1]);
+    let grad = match act {
+        Some(a) => &super::apply_multi(Op::UnaryBackward(a), &[&saved[0], grad])?.remove(0),
+        None => grad,
+    };
     let gx = grad.matmul(w)?;
     let gw = grad.t()?.matmul(x)?;
     Ok(vec![Some(gx), Some(gw), Some(grad.sum(&[0], false)?)])

@@ -42,7 +42,7 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         | Op::Cast(_) => elementwise::forward(op, inputs),
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => reduce::forward(op, inputs),
         Op::Matmul => matmul::forward(inputs),
-        Op::Linear => matmul::linear_forward(inputs),
+        Op::Linear { act } => matmul::linear_forward(inputs, *act),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::forward(op, inputs)
         }
@@ -89,7 +89,7 @@ pub(crate) fn backward(
         | Op::Cast(_) => elementwise::backward(op, inputs, output, grad),
         Op::Reduce { .. } | Op::Var { .. } => reduce::backward(op, inputs, output, grad),
         Op::Matmul => matmul::backward(inputs, grad),
-        Op::Linear => matmul::linear_backward(inputs, grad),
+        Op::Linear { act } => matmul::linear_backward(inputs, saved, grad, *act),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::backward(op, inputs, grad)
         }

@@ -1,4 +1,4 @@
-use weft_core::{Result, Tensor};
+use weft_core::{Result, Tensor, UnaryOp};
 
 use crate::module::Module;
 
@@ -22,6 +22,17 @@ impl Activation {
             "tanh" => Activation::Tanh,
             _ => return None,
         })
+    }
+
+    /// The pointwise op this activation is, if it is one (a [`Linear`](super::Linear) can
+    /// apply it fused: [`Linear::forward_act`](super::Linear::forward_act)).
+    pub fn unary(&self) -> Option<UnaryOp> {
+        match self {
+            Activation::Relu => Some(UnaryOp::Relu),
+            Activation::Gelu => Some(UnaryOp::Gelu),
+            Activation::Tanh => Some(UnaryOp::Tanh),
+            Activation::Flatten => None,
+        }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

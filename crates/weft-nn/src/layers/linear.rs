@@ -1,4 +1,4 @@
-use weft_core::{DType, Generator, Result, Tensor};
+use weft_core::{DType, Generator, Result, Tensor, UnaryOp};
 
 use crate::init;
 use crate::module::Module;
@@ -70,6 +70,18 @@ impl Linear {
                     None => Ok(y),
                 }
             }
+        }
+    }
+
+    /// `act(forward(x))`; on a whole or column-parallel layer as one op that applies `act` to
+    /// each block of the product while it is in cache ([`Tensor::linear_act`]).
+    /// # Shapes
+    /// As [`Linear::forward`].
+    pub fn forward_act(&self, x: &Tensor, act: UnaryOp) -> Result<Tensor> {
+        match &self.parallel {
+            LinearParallel::None => x.linear_act(&self.weight, self.bias.as_ref(), act),
+            LinearParallel::Column(g) => copy_to_group(x, g)?.linear_act(&self.weight, self.bias.as_ref(), act),
+            LinearParallel::Row(_) => self.forward(x)?.unary(act),
         }
     }
 

@@ -1,4 +1,4 @@
-use weft_core::{Generator, Result, Tensor};
+use weft_core::{Generator, Result, Tensor, UnaryOp};
 
 use super::{Dropout, Linear};
 use crate::context::Context;
@@ -27,7 +27,7 @@ impl Mlp {
     /// `[..., C] -> [..., C]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.dropout
-            .forward(&self.c_proj.forward(&self.c_fc.forward(x)?.gelu()?)?)
+            .forward(&self.c_proj.forward(&self.c_fc.forward_act(x, UnaryOp::Gelu)?)?)
     }
 
     /// Cuts the block across a tensor-parallel group on its hidden dimension: `c_fc`
