@@ -64,9 +64,14 @@ fn out<T>(p: &mut [T], row_stride: usize) -> Out<T> {
     }
 }
 
-/// Turns a block of raw scores (`rows x kv`, already scaled) into probabilities over each row's
-/// visible keys (0 beyond). Without `have_lse` the softmax is computed and each row's log-sum-exp
-/// stored in `lse`; with it, probabilities are `exp(score - lse)` (the backward's recomputation).
+/// Turns a block of raw scores (`rows x kv`, already scaled, `rows <= BLOCK_Q`) into
+/// probabilities over each row's visible keys (0 beyond). Without `have_lse` the softmax is
+/// computed and each row's log-sum-exp stored in `lse`; with it, probabilities are
+/// `exp(score - lse)` (the backward's recomputation).
+///
+/// Each step runs over all rows before the next (masks, maxima, exponentials, scaling): a row's
+/// steps form one chain of dependent reductions of a few vectors each, and the chains of
+/// different rows only overlap when they sit in a loop of their own.
 #[inline(always)]
 fn probs_in_place<T: Float>(
     dims: AttnDims,
@@ -77,26 +82,37 @@ fn probs_in_place<T: Float>(
     lse: &mut [T],
     have_lse: bool,
 ) {
+    debug_assert!(rows <= BLOCK_Q);
     let one = T::from_f64(1.0);
-    for r in 0..rows {
+    // The hidden keys up to the next multiple of 16 get -inf (exp 0), so that the row's
+    // exponentials run in whole vectors instead of a scalar tail of up to 15 elements; the rest
+    // of the row is 0.
+    let mut ends = [0usize; BLOCK_Q];
+    for (r, (row, end)) in p.chunks_exact_mut(kv).zip(ends.iter_mut()).take(rows).enumerate() {
         let vis = dims.visible(q0 + r);
-        // The hidden keys up to the next multiple of 16 get -inf (exp 0), so that the row's
-        // exponentials run in whole vectors instead of a scalar tail of up to 15 elements.
-        let end = vis.next_multiple_of(16).min(kv);
-        let row = &mut p[r * kv..(r + 1) * kv];
-        row[vis..end].fill(T::neg_infinity());
-        if have_lse {
-            lanes::exp_in_place(&mut row[..end], lse[r]);
-        } else {
-            let m = lanes::max(&row[..end]);
-            let sum = lanes::exp_in_place(&mut row[..end], m);
-            let inv = one / sum;
-            for x in row[..end].iter_mut() {
-                *x *= inv;
-            }
-            lse[r] = m + sum.ln();
+        *end = vis.next_multiple_of(16).min(kv);
+        row[vis..*end].fill(T::neg_infinity());
+        row[*end..].fill(T::zero());
+    }
+    if have_lse {
+        for ((row, &end), &l) in p.chunks_exact_mut(kv).zip(&ends).zip(lse.iter()).take(rows) {
+            lanes::exp_sub_in_place(&mut row[..end], l);
         }
-        row[end..].fill(T::zero());
+        return;
+    }
+    let (mut max, mut sum) = ([T::zero(); BLOCK_Q], [T::zero(); BLOCK_Q]);
+    for ((row, &end), m) in p.chunks_exact(kv).zip(&ends).zip(max.iter_mut()).take(rows) {
+        *m = lanes::max(&row[..end]);
+    }
+    for (((row, &end), &m), s) in p.chunks_exact_mut(kv).zip(&ends).zip(&max).zip(sum.iter_mut()).take(rows) {
+        *s = lanes::exp_in_place(&mut row[..end], m);
+    }
+    for ((((row, &end), &m), &s), l) in p.chunks_exact_mut(kv).zip(&ends).zip(&max).zip(&sum).zip(lse.iter_mut()).take(rows) {
+        let inv = one / s;
+        for x in row[..end].iter_mut() {
+            *x *= inv;
+        }
+        *l = m + s.ln();
     }
 }
 
@@ -145,18 +161,9 @@ simd_dispatch!(softmax_grad_block_f32(rows: usize, kv: usize, di: &[f32], p: &[f
     softmax_grad_block(rows, kv, di, p, dp)
 });
 
-/// `kt[c * s + j] = k[j, c]`: one problem's keys (or values) transposed, `[d, s]` (written row by
-/// row: contiguous stores, strided loads).
-fn transpose_into<T: Copy>(k: &[T], row_stride: usize, s: usize, d: usize, kt: &mut [T]) {
-    if s == 0 || d == 0 {
-        return;
-    }
-    let k = &k[..(s - 1) * row_stride + d];
-    for (c, row) in kt[..d * s].chunks_exact_mut(s).enumerate() {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = k[j * row_stride + c];
-        }
-    }
+/// `kt[c * s + j] = k[j, c]`: one problem's keys (or values) transposed, `[d, s]`.
+fn transpose_into<T: Copy + 'static>(k: &[T], row_stride: usize, s: usize, d: usize, kt: &mut [T]) {
+    super::transpose::transpose(k, row_stride, s, d, kt, s);
 }
 
 /// `bh` matrices inside one buffer: matrix `i` starts at `offsets[i]`, its rows are `row_stride`

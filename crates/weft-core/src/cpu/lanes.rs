@@ -213,3 +213,11 @@ pub fn exp_in_place<T: Float>(x: &mut [T], m: T) -> T {
     }
     s + tree(acc, |a, b| a + b)
 }
+
+/// Replaces each `x` by `exp(x - m)` (no sum: no reduction chain to wait on).
+#[inline(always)]
+pub fn exp_sub_in_place<T: Float>(x: &mut [T], m: T) {
+    for v in x.iter_mut() {
+        *v = (*v - m).fast_exp();
+    }
+}

@@ -13,6 +13,7 @@ pub mod pool;
 pub mod reduce;
 pub mod small_gemm;
 pub mod threads;
+pub mod transpose;
 
 /// Below this many elements a kernel stays on the calling thread.
 pub const PARALLEL_THRESHOLD: usize = 1 << 15;
