@@ -156,12 +156,14 @@ pub enum Op {
     // ---- matmul (ops/matmul.rs) ----
     /// `[..., M, K] @ [..., K, N]` with broadcast batch dims.
     Matmul,
-    /// Inputs `(x [M, K], weight [N, K], bias [N])`: `act(x weight^T + bias)`. Each gemm task
-    /// adds the bias to its block of the product, and applies `act` to it, while the block is
-    /// still in its core's cache, so neither costs a pass of its own. With an `act`, the forward
-    /// saves the pre-activation `[M, N]` for the backward.
+    /// Inputs `(x [M, K], weight [N, K], bias [N])`, and with `residual` a fourth, `r [M, N]`:
+    /// `act(x weight^T + bias) (+ r)`. Each gemm task adds the bias to its block of the product,
+    /// applies `act` and adds `r`, while the block is still in its core's cache, so none costs
+    /// a pass of its own. With an `act`, the forward saves the pre-activation `[M, N]` for the
+    /// backward.
     Linear {
         act: Option<UnaryOp>,
+        residual: bool,
     },
 
     // ---- views and layout (ops/shape.rs) ----

@@ -139,10 +139,11 @@ fn linear_act() {
     });
     // f32, large enough to split across threads: the same bits as linear then gelu, values and
     // gradients
+    let f32s = |t: Tensor| t.cast(DType::F32).unwrap();
     let (x, w, b) = (
-        normal(&[300, 64], 63).cast(DType::F32).unwrap(),
-        normal(&[96, 64], 64).cast(DType::F32).unwrap(),
-        normal(&[96], 65).cast(DType::F32).unwrap(),
+        f32s(normal(&[300, 64], 63)),
+        f32s(normal(&[96, 64], 64)),
+        f32s(normal(&[96], 65)),
     );
     let run = |fused: bool| {
         let (x, w, b) = (leaf_of(&x), leaf_of(&w), leaf_of(&b));
@@ -151,11 +152,53 @@ fn linear_act() {
         } else {
             x.linear(&w, Some(&b)).unwrap().gelu().unwrap()
         };
-        let g = normal(y.shape(), 66).cast(DType::F32).unwrap();
+        let g = f32s(normal(y.shape(), 66));
         y.mul(&g).unwrap().sum(&[], false).unwrap().backward().unwrap();
         [y, x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap()].map(|t| t.to_vec::<f32>().unwrap())
     };
     assert_eq!(run(true), run(false));
+}
+
+#[test]
+fn linear_add() {
+    gradcheck(
+        "linear_add",
+        &[normal(&[2, 3, 4], 67), normal(&[5, 4], 68), normal(&[5], 69), normal(&[2, 3, 5], 70)],
+        |t| t[0].linear_add(&t[1], Some(&t[2]), &t[3]),
+    );
+    // a residual that broadcasts goes through the unfused ops
+    gradcheck(
+        "linear_add broadcast",
+        &[normal(&[3, 4], 71), normal(&[5, 4], 72), normal(&[5], 73), normal(&[5], 74)],
+        |t| t[0].linear_add(&t[1], Some(&t[2]), &t[3]),
+    );
+    // f32, split across threads: the same bits as residual + linear, values and gradients
+    let f32s = |t: Tensor| t.cast(DType::F32).unwrap();
+    let (x, w, b, r) = (
+        f32s(normal(&[4, 75, 64], 75)),
+        f32s(normal(&[96, 64], 76)),
+        f32s(normal(&[96], 77)),
+        f32s(normal(&[4, 75, 96], 78)),
+    );
+    let run = |fused: bool| {
+        let (x, w, b, r) = (leaf_of(&x), leaf_of(&w), leaf_of(&b), leaf_of(&r));
+        let y = if fused {
+            x.linear_add(&w, Some(&b), &r).unwrap()
+        } else {
+            r.add(&x.linear(&w, Some(&b)).unwrap()).unwrap()
+        };
+        let g = f32s(normal(y.shape(), 79));
+        y.mul(&g).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        [y, x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap(), r.grad().unwrap()]
+            .map(|t| t.to_vec::<f32>().unwrap())
+    };
+    assert_eq!(run(true), run(false));
+    // a residual of the wrong shape is refused, naming both shapes
+    let e = normal(&[3, 4], 80)
+        .linear_add(&normal(&[5, 4], 81), Some(&normal(&[5], 82)), &normal(&[3, 6], 83))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[3, 6]") && e.contains("[3, 5]"), "{e}");
 }
 
 #[test]

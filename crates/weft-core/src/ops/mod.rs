@@ -9,6 +9,7 @@ pub mod conv;
 pub mod creation;
 pub mod elementwise;
 pub mod index;
+pub mod linear;
 pub mod matmul;
 pub mod nn;
 pub mod reduce;
@@ -42,7 +43,7 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         | Op::Cast(_) => elementwise::forward(op, inputs),
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => reduce::forward(op, inputs),
         Op::Matmul => matmul::forward(inputs),
-        Op::Linear { act } => matmul::linear_forward(inputs, *act),
+        Op::Linear { act, .. } => linear::forward(inputs, *act),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::forward(op, inputs)
         }
@@ -89,7 +90,7 @@ pub(crate) fn backward(
         | Op::Cast(_) => elementwise::backward(op, inputs, output, grad),
         Op::Reduce { .. } | Op::Var { .. } => reduce::backward(op, inputs, output, grad),
         Op::Matmul => matmul::backward(inputs, grad),
-        Op::Linear { act } => matmul::linear_backward(inputs, saved, grad, *act),
+        Op::Linear { act, .. } => linear::backward(inputs, saved, grad, *act),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::backward(op, inputs, grad)
         }

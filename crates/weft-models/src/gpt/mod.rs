@@ -64,8 +64,8 @@ pub struct Block {
 
 impl Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
-        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+        let x = self.attn.forward_residual(&self.ln_1.forward(x)?, x)?;
+        self.mlp.forward_residual(&self.ln_2.forward(&x)?, &x)
     }
 }
 

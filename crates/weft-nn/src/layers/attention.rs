@@ -40,6 +40,23 @@ impl CausalSelfAttention {
     /// `[B, T, C] -> [B, T, C]`; attention scaled by `1/sqrt(head_dim)`, key `j <= i` for query
     /// `i`. Tensor-parallel, each rank computes its `n_head` heads.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.resid_dropout.forward(&self.c_proj.forward(&self.heads(x)?)?)
+    }
+
+    /// `residual + forward(x)`: a transformer block's residual connection, added inside
+    /// `c_proj` when no dropout sits between ([`Linear::forward_add`]).
+    /// # Shapes
+    /// `[B, T, C] -> [B, T, C]`, `residual` `[B, T, C]`.
+    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        let y = self.heads(x)?;
+        if self.resid_dropout.active() {
+            return residual.add(&self.resid_dropout.forward(&self.c_proj.forward(&y)?)?);
+        }
+        self.c_proj.forward_add(&y, residual)
+    }
+
+    /// The heads' outputs side by side, `[B, T, C]` (before the output projection).
+    fn heads(&self, x: &Tensor) -> Result<Tensor> {
         let (batch, t) = (x.dim(0)?, x.dim(1)?);
         let qkv = self.c_attn.forward(x)?;
         let y = if self.attn_dropout.p > 0.0 && self.attn_dropout.training() {
@@ -64,7 +81,7 @@ impl CausalSelfAttention {
             // one fused op: no split of q, k, v, and one gradient for the projection
             qkv.qkv_attention(self.n_head, true, None)?
         };
-        self.resid_dropout.forward(&self.c_proj.forward(&y)?)
+        Ok(y)
     }
 }
 

@@ -21,8 +21,13 @@ impl Dropout {
         self.ctx.training()
     }
 
+    /// Whether `forward` changes its input (training mode and `p > 0`).
+    pub fn active(&self) -> bool {
+        self.ctx.training() && self.p != 0.0
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.ctx.training() || self.p == 0.0 {
+        if !self.active() {
             return Ok(x.clone());
         }
         self.ctx.with_rng(|g| x.dropout(self.p, true, g))

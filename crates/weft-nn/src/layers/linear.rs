@@ -85,6 +85,17 @@ impl Linear {
         }
     }
 
+    /// `residual + forward(x)`; on a whole layer as one op that adds the residual to each block
+    /// of the product while it is in cache ([`Tensor::linear_add`]).
+    /// # Shapes
+    /// As [`Linear::forward`]; `residual` has the output's shape.
+    pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        match &self.parallel {
+            LinearParallel::None => x.linear_add(&self.weight, self.bias.as_ref(), residual),
+            _ => residual.add(&self.forward(x)?),
+        }
+    }
+
     /// Cuts this whole layer column-parallel across `group`: the output features, seen as
     /// `blocks` equal blocks (3 for a fused q,k,v projection), each cut into `n` parts. Returns
     /// the splits of `weight` and `bias`, by parameter name.

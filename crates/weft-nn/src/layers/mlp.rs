@@ -30,6 +30,18 @@ impl Mlp {
             .forward(&self.c_proj.forward(&self.c_fc.forward_act(x, UnaryOp::Gelu)?)?)
     }
 
+    /// `residual + forward(x)`: a transformer block's residual connection, added inside
+    /// `c_proj` when no dropout sits between ([`Linear::forward_add`]).
+    /// # Shapes
+    /// `[..., C] -> [..., C]`, `residual` `[..., C]`.
+    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        let h = self.c_fc.forward_act(x, UnaryOp::Gelu)?;
+        if self.dropout.active() {
+            return residual.add(&self.dropout.forward(&self.c_proj.forward(&h)?)?);
+        }
+        self.c_proj.forward_add(&h, residual)
+    }
+
     /// Cuts the block across a tensor-parallel group on its hidden dimension: `c_fc`
     /// column-parallel, `c_proj` row-parallel (one `f` in front, one `g` behind). The hidden
     /// size must divide by the group size. Returns the parameters' splits by name.

@@ -1,0 +1,236 @@
+//! `linear` (PyTorch's Linear layout) as one gemm whose tasks finish their own blocks of the
+//! output: the bias, an optional activation and an optional residual are applied to each block
+//! right after its product, while it is in that core's cache, instead of in passes of their own.
+
+use super::matmul::{check_fits, SendPtr};
+use super::{apply, to_compute};
+use crate::cpu::matmul::{gemm_parallel_then, Block, MatMut, MatRef};
+use crate::dtype::{DType, Float};
+use crate::error::{Error, Result};
+use crate::op::{Op, UnaryOp};
+use crate::storage::StorageElement;
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// `x @ weight^T + bias` with PyTorch's Linear layout: weight `[out, in]`, bias `[out]`.
+    /// # Shapes
+    /// `[..., in] -> [..., out]`.
+    pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.linear_with(weight, bias, None, None)
+    }
+
+    /// `act(x @ weight^T + bias)` as one op: the activation is applied to each block of the
+    /// product right after it is computed (while the block is in cache), instead of in a pass of
+    /// its own; the results are those of [`Tensor::linear`] followed by [`Tensor::unary`].
+    /// # Shapes
+    /// `[..., in] -> [..., out]`.
+    pub fn linear_act(&self, weight: &Tensor, bias: Option<&Tensor>, act: UnaryOp) -> Result<Tensor> {
+        self.linear_with(weight, bias, Some(act), None)
+    }
+
+    /// `residual + (x @ weight^T + bias)` as one op (a transformer block's residual connection),
+    /// with the results of [`Tensor::linear`] followed by [`Tensor::add`].
+    /// # Shapes
+    /// `[..., in] -> [..., out]`; `residual` `[..., out]` (a residual of another shape is
+    /// broadcast by the unfused ops).
+    pub fn linear_add(&self, weight: &Tensor, bias: Option<&Tensor>, residual: &Tensor) -> Result<Tensor> {
+        self.linear_with(weight, bias, None, Some(residual))
+    }
+
+    /// `act(x @ weight^T + bias) (+ residual)`.
+    fn linear_with(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        act: Option<UnaryOp>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let unfused = |y: Tensor| {
+            let y = match act {
+                Some(a) => y.unary(a)?,
+                None => y,
+            };
+            match residual {
+                Some(r) => r.add(&y),
+                None => Ok(y),
+            }
+        };
+        // the fused op only pays off with a bias; a plain product goes to matmul
+        let Some(bias) = bias else {
+            return unfused(self.matmul(&weight.t()?)?);
+        };
+        let dtype = self.dtype();
+        let out_shape = || {
+            let mut s = self.shape()[..self.rank().max(1) - 1].to_vec();
+            s.push(weight.shape()[0]);
+            s
+        };
+        let fused = self.rank() >= 1
+            && weight.rank() == 2
+            && dtype.is_float()
+            && weight.dtype() == dtype
+            && bias.dtype() == dtype
+            && self.shape()[self.rank() - 1] == weight.shape()[1]
+            && bias.shape() == [weight.shape()[0]]
+            // half precision rounds between the unfused ops; the fused op would not
+            && ((act.is_none() && residual.is_none()) || matches!(dtype, DType::F32 | DType::F64))
+            && residual.is_none_or(|r| r.dtype() == dtype && r.shape() == out_shape());
+        if !fused {
+            // the unfused ops report whichever shape or dtype is wrong
+            return unfused(self.matmul(&weight.t()?)?.add(bias)?);
+        }
+        let (k, n) = (weight.shape()[1] as isize, weight.shape()[0] as isize);
+        let x = self.reshape(&[-1, k])?;
+        let y = match residual {
+            Some(r) => apply(
+                Op::Linear { act, residual: true },
+                &[&x, weight, bias, &r.reshape(&[-1, n])?],
+            )?,
+            None => apply(Op::Linear { act, residual: false }, &[&x, weight, bias])?,
+        };
+        let out: Vec<isize> = out_shape().iter().map(|&d| d as isize).collect();
+        y.reshape(&out)
+    }
+}
+
+/// Inputs `(x [M, K], weight [N, K], bias [N], residual [M, N]?)`; outputs the result and, with
+/// an `act`, the pre-activation.
+pub(super) fn forward(inputs: &[&Tensor], act: Option<UnaryOp>) -> Result<Vec<Tensor>> {
+    let x = inputs[0];
+    let outs = match x.dtype() {
+        DType::F32 => linear_typed::<f32>(inputs, act)?,
+        DType::F64 => linear_typed::<f64>(inputs, act)?,
+        DType::BF16 | DType::F16 => {
+            let inputs = inputs.iter().map(|t| to_compute(t)).collect::<Result<Vec<_>>>()?;
+            let inputs: Vec<&Tensor> = inputs.iter().collect();
+            linear_typed::<f32>(&inputs, act)?
+                .into_iter()
+                .map(|t| super::elementwise::back_to(t, x.dtype()))
+                .collect::<Result<_>>()?
+        }
+        d => return Err(Error::UnsupportedDType { op: "linear", dtype: d }),
+    };
+    Ok(outs)
+}
+
+/// `act([M, K] x [N, K]^T + bias) (+ residual)` into a new `[M, N]` tensor, followed (with an
+/// `act`) by the pre-activation.
+fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
+    inputs: &[&Tensor],
+    act: Option<UnaryOp>,
+) -> Result<Vec<Tensor>> {
+    let (x, w, bias) = (inputs[0], inputs[1], inputs[2]);
+    let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[0]);
+    let row = bias.contig::<T>("linear")?;
+    let residual = inputs.get(3).map(|r| r.contig::<T>("linear")).transpose()?;
+    let (lx, lw) = (x.layout(), w.layout());
+    let (gx, gw) = (x.storage().read(), w.storage().read());
+    let sx = T::slice(&gx).ok_or(Error::DTypeMismatch {
+        op: "linear",
+        lhs: x.dtype(),
+        rhs: T::DTYPE,
+    })?;
+    let sw = T::slice(&gw).ok_or(Error::DTypeMismatch {
+        op: "linear",
+        lhs: w.dtype(),
+        rhs: T::DTYPE,
+    })?;
+    check_fits("linear", x, sx.len())?;
+    check_fits("linear", w, sw.len())?;
+    if m * n * k == 0 {
+        // no product: the bias (and the rest) through the unfused ops
+        let mut pre: Vec<T> = Vec::with_capacity(m * n);
+        for _ in 0..m {
+            pre.extend_from_slice(&row);
+        }
+        let pre = Tensor::from_vec(pre, &[m, n])?;
+        let y = match act {
+            Some(a) => super::apply_multi(Op::Unary(a), &[&pre])?.remove(0),
+            None => pre.clone(),
+        };
+        let y = match inputs.get(3) {
+            Some(r) => super::apply_multi(Op::Binary(crate::op::BinaryOp::Add), &[&y, r])?.remove(0),
+            None => y,
+        };
+        return Ok(if act.is_some() { vec![y, pre] } else { vec![y] });
+    }
+    // Every element is written by the gemm (it does not read dst) or by the activation, so the
+    // buffers start uninitialized.
+    let mut pre = crate::cpu::uninit::<T>(m * n);
+    let mut out = crate::cpu::uninit::<T>(if act.is_some() { m * n } else { 0 });
+    let one = T::from_f64(1.0);
+    let dst = MatMut {
+        ptr: pre.as_mut_ptr() as *mut T,
+        row_stride: n as isize,
+        accumulate: false,
+    };
+    // x as [M, K] at its strides; weight^T as [K, N]: element (i, j) is weight[j, i]
+    let a = MatRef {
+        ptr: sx[lx.offset..].as_ptr(),
+        row_stride: lx.strides[0] as isize,
+        col_stride: lx.strides[1] as isize,
+    };
+    let b = MatRef {
+        ptr: sw[lw.offset..].as_ptr(),
+        row_stride: lw.strides[1] as isize,
+        col_stride: lw.strides[0] as isize,
+    };
+    let (pre_base, out_base) = (SendPtr(dst.ptr), SendPtr(out.as_mut_ptr() as *const T));
+    let post = |blk: Block<T>| {
+        let bias = &row[blk.col0..blk.col0 + blk.cols];
+        for r in 0..blk.rows {
+            // SAFETY: row r of the block, written by its gemm just before; the same element range
+            // of `out` belongs to this block alone.
+            unsafe {
+                let h = blk.ptr.offset(r as isize * blk.row_stride);
+                let at = h.offset_from(pre_base.get()) as usize;
+                let h = std::slice::from_raw_parts_mut(h, blk.cols);
+                for (o, &b) in h.iter_mut().zip(bias) {
+                    *o += b;
+                }
+                let y = match act {
+                    Some(a) => {
+                        let y = out_base.get().add(at) as *mut std::mem::MaybeUninit<T>;
+                        let y = std::slice::from_raw_parts_mut(y, blk.cols);
+                        crate::cpu::elementwise::unary_serial(a, h, y);
+                        &mut *(y as *mut [std::mem::MaybeUninit<T>] as *mut [T])
+                    }
+                    None => h,
+                };
+                if let Some(res) = &residual {
+                    for (o, &r) in y.iter_mut().zip(&res[at..at + blk.cols]) {
+                        *o += r;
+                    }
+                }
+            }
+        }
+    };
+    // SAFETY: the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N.
+    unsafe { gemm_parallel_then(m, n, k, dst, a, b, one, one, post) };
+    // SAFETY: every element of `pre` was written by the gemm, and of `out` by the activation.
+    let pre = Tensor::from_vec(unsafe { crate::cpu::assume_init(pre) }, &[m, n])?;
+    Ok(match act {
+        Some(_) => vec![Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, &[m, n])?, pre],
+        None => vec![pre],
+    })
+}
+
+/// With an `act`, `saved` holds the pre-activation: the gradient goes through `act'` first. A
+/// residual input gets the output's gradient as it is.
+pub(super) fn backward(
+    inputs: &[Tensor],
+    saved: &[Tensor],
+    grad: &Tensor,
+    act: Option<UnaryOp>,
+) -> Result<Vec<Option<Tensor>>> {
+    let (x, w) = (&inputs[0], &inputs[1]);
+    let g = match act {
+        Some(a) => &super::apply_multi(Op::UnaryBackward(a), &[&saved[0], grad])?.remove(0),
+        None => grad,
+    };
+    let mut grads = vec![Some(g.matmul(w)?), Some(g.t()?.matmul(x)?), Some(g.sum(&[0], false)?)];
+    if inputs.len() > 3 {
+        grads.push(Some(grad.clone()));
+    }
+    Ok(grads)
+}
