@@ -118,6 +118,8 @@ pub trait Float:
     fn exp(self) -> Self;
     /// e^x by the vectorizable polynomial for f32 (`cpu::math::exp_f32`); exact `exp` for f64.
     fn fast_exp(self) -> Self;
+    /// [`Float::fast_exp`] for arguments `<= 0` (such as `x - max`): no overflow handling.
+    fn exp_nonpos(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
     fn tanh(self) -> Self;
@@ -157,6 +159,12 @@ macro_rules! float {
     (@fast_exp f64, $x:expr) => {
         $x.exp()
     };
+    (@exp_nonpos f32, $x:expr) => {
+        crate::cpu::math::exp_nonpos_f32($x)
+    };
+    (@exp_nonpos f64, $x:expr) => {
+        $x.exp()
+    };
     ($t:ident) => {
         impl Float for $t {
             #[inline(always)]
@@ -166,6 +174,10 @@ macro_rules! float {
             #[inline(always)]
             fn fast_exp(self) -> Self {
                 float!(@fast_exp $t, self)
+            }
+            #[inline(always)]
+            fn exp_nonpos(self) -> Self {
+                float!(@exp_nonpos $t, self)
             }
             #[inline(always)]
             fn ln(self) -> Self {

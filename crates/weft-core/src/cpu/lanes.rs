@@ -163,13 +163,13 @@ pub fn sum_exp<T: Float>(x: &[T], m: T, out: Option<&mut [T]>) -> T {
         Some(out) => {
             for (cx, co) in x[..full].chunks_exact(LANES).zip(out[..full].chunks_exact_mut(LANES)) {
                 for i in 0..LANES {
-                    let e = (cx[i] - m).fast_exp();
+                    let e = (cx[i] - m).exp_nonpos();
                     co[i] = e;
                     acc[i] += e;
                 }
             }
             for i in full..x.len() {
-                let e = (x[i] - m).fast_exp();
+                let e = (x[i] - m).exp_nonpos();
                 out[i] = e;
                 s += e;
             }
@@ -177,11 +177,11 @@ pub fn sum_exp<T: Float>(x: &[T], m: T, out: Option<&mut [T]>) -> T {
         None => {
             for cx in x[..full].chunks_exact(LANES) {
                 for i in 0..LANES {
-                    acc[i] += (cx[i] - m).fast_exp();
+                    acc[i] += (cx[i] - m).exp_nonpos();
                 }
             }
             for &v in &x[full..] {
-                s += (v - m).fast_exp();
+                s += (v - m).exp_nonpos();
             }
         }
     }
@@ -201,14 +201,14 @@ pub fn exp_in_place<T: Float>(x: &mut [T], m: T) -> T {
     let full = x.len() / LANES * LANES;
     for c in x[..full].chunks_exact_mut(LANES) {
         for i in 0..LANES {
-            let e = (c[i] - m).fast_exp();
+            let e = (c[i] - m).exp_nonpos();
             c[i] = e;
             acc[i] += e;
         }
     }
     let mut s = T::zero();
     for v in x[full..].iter_mut() {
-        *v = (*v - m).fast_exp();
+        *v = (*v - m).exp_nonpos();
         s += *v;
     }
     s + tree(acc, |a, b| a + b)
@@ -218,6 +218,6 @@ pub fn exp_in_place<T: Float>(x: &mut [T], m: T) -> T {
 #[inline(always)]
 pub fn exp_sub_in_place<T: Float>(x: &mut [T], m: T) {
     for v in x.iter_mut() {
-        *v = (*v - m).fast_exp();
+        *v = (*v - m).exp_nonpos();
     }
 }

@@ -39,6 +39,33 @@ pub fn exp_f32(x: f32) -> f32 {
     }
 }
 
+/// e^x for `x <= 0` (and up to 88), as [`exp_f32`] without its overflow handling: 2^n in one
+/// factor (n >= -126 after the clamp), no infinity above. For softmax-like `exp(x - max)` and
+/// the Gaussian in erf, where it saves a fifth of the instructions. NaN stays NaN.
+#[inline(always)]
+pub fn exp_nonpos_f32(x: f32) -> f32 {
+    let x_in = x;
+    let x = x.clamp(-87.3, 88.0);
+    const MAGIC: f32 = 12_582_912.0;
+    let shifted = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
+    let n = shifted - MAGIC;
+    let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
+    let p = 1.987_569_1e-4_f32;
+    let p = p.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 5.000_000_1e-1);
+    let e = (p * r).mul_add(r, r) + 1.0;
+    let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
+    let r = e * f32::from_bits(((ni + 127) << 23) as u32);
+    if x_in < -87.3 {
+        0.0
+    } else {
+        r
+    }
+}
+
 /// 1 / (1 + e^-x).
 #[inline(always)]
 pub fn sigmoid_f32(x: f32) -> f32 {
@@ -74,7 +101,7 @@ pub fn erf_and_gauss_f32(x: f32) -> (f32, f32) {
     let y = y.mul_add(t, -0.284_496_74);
     let y = y.mul_add(t, 0.254_829_6);
     let y = y * t;
-    let g = exp_f32(-a * a);
+    let g = exp_nonpos_f32(-a * a);
     let r = (-y).mul_add(g, 1.0);
     (r.copysign(x), g)
 }
@@ -103,5 +130,19 @@ mod tests {
         assert_eq!(erf_f32(50.0), 1.0);
         assert_eq!(erf_f32(-f32::INFINITY), -1.0);
         assert!(erf_f32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn exp_nonpos_is_exp_below_zero() {
+        let mut x = 0.0f32;
+        while x > -100.0 {
+            assert_eq!(exp_nonpos_f32(x), exp_f32(x), "exp({x})");
+            x -= 0.000_37 + x.abs() * 1e-4;
+        }
+        for x in [1.0f32, 10.0, 88.0] {
+            assert_eq!(exp_nonpos_f32(x), exp_f32(x), "exp({x})");
+        }
+        assert_eq!(exp_nonpos_f32(f32::NEG_INFINITY), 0.0);
+        assert!(exp_nonpos_f32(f32::NAN).is_nan());
     }
 }

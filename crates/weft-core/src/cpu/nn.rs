@@ -40,7 +40,7 @@ fn softmax_backward_rows<T: Float>(y: &[T], g: &[T], dx: &mut [T], len: usize, l
         if log {
             let s = lanes::sum(g);
             for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-                *d = g - y.fast_exp() * s;
+                *d = g - y.exp_nonpos() * s;
             }
         } else {
             let dot = lanes::dot(y, g);
@@ -400,7 +400,7 @@ fn cross_entropy_backward_rows<T: Float>(
             continue;
         }
         for (d, &v) in dx.iter_mut().zip(x) {
-            *d = scale * ((v - l).fast_exp() - eps_c);
+            *d = scale * ((v - l).exp_nonpos() - eps_c);
         }
         dx[t as usize] -= hit;
     }
