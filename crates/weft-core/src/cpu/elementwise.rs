@@ -241,6 +241,45 @@ pub fn unary_serial<T: Float>(op: UnaryOp, src: &[T], dst: &mut [MaybeUninit<T>]
     }
 }
 
+/// `dst[i] = g[i] * op'(x[i])` on the calling thread (the f32 path is the one
+/// [`unary_backward_f32`] runs).
+pub fn unary_backward_serial<T: Float>(op: UnaryOp, x: &[T], g: &[T], dst: &mut [MaybeUninit<T>]) {
+    match (super::f32_view::as_f32(x), super::f32_view::as_f32(g), super::f32_view::as_f32_uninit(dst)) {
+        (Some(x), Some(g), Some(d)) => unary_backward_f32_serial(op, x, g, d),
+        _ => {
+            for ((d, &x), &g) in dst.iter_mut().zip(x).zip(g) {
+                d.write(g * unary_scalar(op, x).1);
+            }
+        }
+    }
+}
+
+/// `dst = g * op'(x)` over `[rows, inner]` and the column sums of `dst` (`[inner]`): the
+/// gradient through a linear layer's activation and its bias gradient in one pass. The sums
+/// are those of `reduce_columns` on `dst`, bit for bit.
+pub fn unary_backward_column_sums<T: Float>(
+    op: UnaryOp,
+    x: &[T],
+    g: &[T],
+    inner: usize,
+    dst: &mut [MaybeUninit<T>],
+) -> Vec<T> {
+    let block = (super::reduce::COLUMN_BLOCK_ROWS * inner).max(1);
+    let blocks = super::pool::Chunks::new(dst, block);
+    let partials = super::pool::map(blocks.count(), |i| {
+        // SAFETY: `map` calls each block once.
+        let d = unsafe { blocks.take(i) };
+        let r = i * block..i * block + d.len();
+        unary_backward_serial(op, &x[r.clone()], &g[r], d);
+        // SAFETY: the block was written just above.
+        let d = unsafe { &*(d as *const [MaybeUninit<T>] as *const [T]) };
+        let mut acc = vec![T::zero(); inner];
+        super::reduce::add_rows_into(d, inner, &mut acc);
+        acc
+    });
+    super::reduce::combine_column_partials(&partials, inner)
+}
+
 /// `dst[i] = g[i] * op'(x[i])` for f64 (every element of `dst` written).
 pub fn unary_backward_f64(op: UnaryOp, x: &[f64], g: &[f64], dst: &mut [MaybeUninit<f64>]) {
     par_chunks3(x, g, dst, |x, g, d| {

@@ -64,7 +64,26 @@ simd_dispatch!(columns_f32(op: ReduceOp, x: &[f32], inner: usize, acc: &mut [f32
 });
 
 /// Rows per block of the column reduction.
-const COLUMN_BLOCK_ROWS: usize = 256;
+pub(crate) const COLUMN_BLOCK_ROWS: usize = 256;
+
+/// Adds each row of `x` (`[rows, inner]`) into `acc` (`[inner]`), rows in order: one block of
+/// [`reduce_columns`]'s sum, for kernels that produce the block themselves.
+pub(crate) fn add_rows_into<T: Float>(x: &[T], inner: usize, acc: &mut [T]) {
+    if let (Some(xf), Some(af)) = (super::f32_view::as_f32(x), super::f32_view::as_f32_mut(acc)) {
+        columns_f32(ReduceOp::Sum, xf, inner, af);
+    } else {
+        columns(ReduceOp::Sum, x, inner, acc);
+    }
+}
+
+/// The column sums from [`reduce_columns`]'s per-block partial sums (the same bits).
+pub(crate) fn combine_column_partials<T: Float>(partials: &[Vec<T>], inner: usize) -> Vec<T> {
+    let mut acc = vec![T::zero(); inner];
+    for p in partials {
+        columns(ReduceOp::Sum, p, inner, &mut acc);
+    }
+    acc
+}
 
 /// Reduces the leading `outer` rows of `x` (`[outer, inner]`) into `out` (`[inner]`). Each task
 /// reduces a block of rows into its own accumulator; blocks combine at the end.

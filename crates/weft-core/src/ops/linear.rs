@@ -215,8 +215,9 @@ fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
     })
 }
 
-/// With an `act`, `saved` holds the pre-activation: the gradient goes through `act'` first. A
-/// residual input gets the output's gradient as it is.
+/// With an `act`, `saved` holds the pre-activation: the gradient goes through `act'` first (in
+/// the same pass as the bias gradient's column sums). A residual input gets the output's
+/// gradient as it is.
 pub(super) fn backward(
     inputs: &[Tensor],
     saved: &[Tensor],
@@ -224,13 +225,27 @@ pub(super) fn backward(
     act: Option<UnaryOp>,
 ) -> Result<Vec<Option<Tensor>>> {
     let (x, w) = (&inputs[0], &inputs[1]);
-    let g = match act {
-        Some(a) => &super::apply_multi(Op::UnaryBackward(a), &[&saved[0], grad])?.remove(0),
-        None => grad,
+    let (g, gb) = match act {
+        Some(a) => act_backward(a, &saved[0], grad)?,
+        None => (grad.clone(), grad.sum(&[0], false)?),
     };
-    let mut grads = vec![Some(g.matmul(w)?), Some(g.t()?.matmul(x)?), Some(g.sum(&[0], false)?)];
+    let mut grads = vec![Some(g.matmul(w)?), Some(g.t()?.matmul(x)?), Some(gb)];
     if inputs.len() > 3 {
         grads.push(Some(grad.clone()));
     }
     Ok(grads)
+}
+
+/// The gradient through the activation, `grad * act'(pre)` `[M, N]`, and its column sums (the
+/// bias gradient) in one pass.
+fn act_backward(act: UnaryOp, pre: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
+    let n = pre.shape()[1];
+    crate::float_dispatch!(pre.dtype(), T => {
+        let (x, g) = (pre.contig::<T>("linear_backward")?, grad.contig::<T>("linear_backward")?);
+        let mut out = crate::cpu::uninit::<T>(x.len());
+        let sums = crate::cpu::elementwise::unary_backward_column_sums(act, &x, &g, n, &mut out);
+        // SAFETY: the kernel wrote every element.
+        let out = unsafe { crate::cpu::assume_init(out) };
+        Ok((Tensor::from_vec(out, pre.shape())?, Tensor::from_vec(sums, &[n])?))
+    })
 }
