@@ -141,8 +141,9 @@ fn add_rows<T: StorageElement + std::ops::AddAssign>(
         for (j, &i) in idx.iter().enumerate() {
             let d = (o * size + i) * inner;
             let s = (o * idx.len() + j) * inner;
-            for t in 0..inner {
-                out[d + t] += src[s + t];
+            // zipped slices: no bounds checks in the loop, which vectorizes
+            for (o, &v) in out[d..d + inner].iter_mut().zip(&src[s..s + inner]) {
+                *o += v;
             }
         }
     }
@@ -185,35 +186,19 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         }
         Op::IndexAdd { dim } => {
             let idx = indices("index_add", inputs[1], x.shape()[*dim])?;
-            let (xc, src) = (
-                to_compute(x)?,
-                to_compute(inputs[2])?
-                    .contiguous_storage()
-                    .cast(x.dtype().compute_float()),
-            );
+            let xc = to_compute(x)?;
+            let src = to_compute(inputs[2])?;
+            // src in x's compute dtype, read in place when it already is and is contiguous
+            let src = if src.dtype() == xc.dtype() {
+                src
+            } else {
+                Tensor::from_storage(src.contiguous_storage().cast(xc.dtype()), src.shape())
+            };
             let mut data = xc.contiguous_storage();
-            match xc.dtype() {
-                DType::F32 => add_rows(
-                    f32::slice_mut(&mut data).unwrap(),
-                    x.shape(),
-                    *dim,
-                    &idx,
-                    f32::slice(&src).unwrap(),
-                ),
-                DType::F64 => add_rows(
-                    f64::slice_mut(&mut data).unwrap(),
-                    x.shape(),
-                    *dim,
-                    &idx,
-                    f64::slice(&src).unwrap(),
-                ),
-                d => {
-                    return Err(Error::UnsupportedDType {
-                        op: "index_add",
-                        dtype: d,
-                    })
-                }
-            }
+            crate::float_dispatch!(xc.dtype(), T => {
+                let out = T::slice_mut(&mut data).ok_or(Error::UnsupportedDType { op: "index_add", dtype: xc.dtype() })?;
+                add_rows(out, x.shape(), *dim, &idx, &src.contig::<T>("index_add")?);
+            });
             super::elementwise::back_to(Tensor::from_storage(data, x.shape()), x.dtype())?
         }
         Op::Gather { dim } => {
