@@ -131,9 +131,11 @@ fn linear_act() {
         );
     }
     // transposed input and weight, and no bias (the unfused path)
-    gradcheck("linear_act strided", &[normal(&[4, 3], 58), normal(&[4, 5], 59), normal(&[5], 60)], |t| {
-        t[0].t()?.linear_act(&t[1].t()?, Some(&t[2]), UnaryOp::Gelu)
-    });
+    gradcheck(
+        "linear_act strided",
+        &[normal(&[4, 3], 58), normal(&[4, 5], 59), normal(&[5], 60)],
+        |t| t[0].t()?.linear_act(&t[1].t()?, Some(&t[2]), UnaryOp::Gelu),
+    );
     gradcheck("linear_act no bias", &[normal(&[3, 4], 61), normal(&[5, 4], 62)], |t| {
         t[0].linear_act(&t[1], None, UnaryOp::Gelu)
     });
@@ -163,13 +165,23 @@ fn linear_act() {
 fn linear_add() {
     gradcheck(
         "linear_add",
-        &[normal(&[2, 3, 4], 67), normal(&[5, 4], 68), normal(&[5], 69), normal(&[2, 3, 5], 70)],
+        &[
+            normal(&[2, 3, 4], 67),
+            normal(&[5, 4], 68),
+            normal(&[5], 69),
+            normal(&[2, 3, 5], 70),
+        ],
         |t| t[0].linear_add(&t[1], Some(&t[2]), &t[3]),
     );
     // a residual that broadcasts goes through the unfused ops
     gradcheck(
         "linear_add broadcast",
-        &[normal(&[3, 4], 71), normal(&[5, 4], 72), normal(&[5], 73), normal(&[5], 74)],
+        &[
+            normal(&[3, 4], 71),
+            normal(&[5, 4], 72),
+            normal(&[5], 73),
+            normal(&[5], 74),
+        ],
         |t| t[0].linear_add(&t[1], Some(&t[2]), &t[3]),
     );
     // f32, split across threads: the same bits as residual + linear, values and gradients
@@ -189,8 +201,14 @@ fn linear_add() {
         };
         let g = f32s(normal(y.shape(), 79));
         y.mul(&g).unwrap().sum(&[], false).unwrap().backward().unwrap();
-        [y, x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap(), r.grad().unwrap()]
-            .map(|t| t.to_vec::<f32>().unwrap())
+        [
+            y,
+            x.grad().unwrap(),
+            w.grad().unwrap(),
+            b.grad().unwrap(),
+            r.grad().unwrap(),
+        ]
+        .map(|t| t.to_vec::<f32>().unwrap())
     };
     assert_eq!(run(true), run(false));
     // a residual of the wrong shape is refused, naming both shapes

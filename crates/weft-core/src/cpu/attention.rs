@@ -104,10 +104,23 @@ fn probs_in_place<T: Float>(
     for ((row, &end), m) in p.chunks_exact(kv).zip(&ends).zip(max.iter_mut()).take(rows) {
         *m = lanes::max(&row[..end]);
     }
-    for (((row, &end), &m), s) in p.chunks_exact_mut(kv).zip(&ends).zip(&max).zip(sum.iter_mut()).take(rows) {
+    for (((row, &end), &m), s) in p
+        .chunks_exact_mut(kv)
+        .zip(&ends)
+        .zip(&max)
+        .zip(sum.iter_mut())
+        .take(rows)
+    {
         *s = lanes::exp_in_place(&mut row[..end], m);
     }
-    for ((((row, &end), &m), &s), l) in p.chunks_exact_mut(kv).zip(&ends).zip(&max).zip(&sum).zip(lse.iter_mut()).take(rows) {
+    for ((((row, &end), &m), &s), l) in p
+        .chunks_exact_mut(kv)
+        .zip(&ends)
+        .zip(&max)
+        .zip(&sum)
+        .zip(lse.iter_mut())
+        .take(rows)
+    {
         let inv = one / s;
         for x in row[..end].iter_mut() {
             *x *= inv;

@@ -244,7 +244,11 @@ pub fn unary_serial<T: Float>(op: UnaryOp, src: &[T], dst: &mut [MaybeUninit<T>]
 /// `dst[i] = g[i] * op'(x[i])` on the calling thread (the f32 path is the one
 /// [`unary_backward_f32`] runs).
 pub fn unary_backward_serial<T: Float>(op: UnaryOp, x: &[T], g: &[T], dst: &mut [MaybeUninit<T>]) {
-    match (super::f32_view::as_f32(x), super::f32_view::as_f32(g), super::f32_view::as_f32_uninit(dst)) {
+    match (
+        super::f32_view::as_f32(x),
+        super::f32_view::as_f32(g),
+        super::f32_view::as_f32_uninit(dst),
+    ) {
         (Some(x), Some(g), Some(d)) => unary_backward_f32_serial(op, x, g, d),
         _ => {
             for ((d, &x), &g) in dst.iter_mut().zip(x).zip(g) {

@@ -117,7 +117,12 @@ fn norm_rows<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [MaybeUninit<T>], me
             *m = mu;
             *r = one / (lanes::sum_sq_centered(x, mu) / n + s.eps).sqrt();
         }
-        for (((x, y), &mu), &rs) in x.chunks(s.len).zip(y.chunks_mut(s.len)).zip(mean.iter()).zip(rstd.iter()) {
+        for (((x, y), &mu), &rs) in x
+            .chunks(s.len)
+            .zip(y.chunks_mut(s.len))
+            .zip(mean.iter())
+            .zip(rstd.iter())
+        {
             // zipped iterators (not indices) so the loops carry no bounds checks and vectorize
             match (s.weight, s.bias) {
                 (Some(w), Some(b)) => {

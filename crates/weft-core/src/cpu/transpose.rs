@@ -24,9 +24,7 @@ pub fn transpose<T: Copy + 'static>(
     let dst = &mut dst[..(cols - 1) * dst_stride + rows];
     let (mut r0, mut c0) = (0, 0);
     #[cfg(target_arch = "x86_64")]
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-        && std::arch::is_x86_feature_detected!("avx512f")
-    {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && std::arch::is_x86_feature_detected!("avx512f") {
         (r0, c0) = (rows / 16 * 16, cols / 16 * 16);
         for r in (0..r0).step_by(16) {
             for c in (0..c0).step_by(16) {
