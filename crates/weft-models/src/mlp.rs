@@ -75,10 +75,12 @@ impl MlpModel {
         let mut y = x.clone();
         let act = self.config.activation;
         for (i, l) in self.layers.iter().enumerate() {
-            y = match act.unary() {
-                Some(u) if i + 1 < self.layers.len() => l.forward_act(&y, u)?,
-                _ if i + 1 < self.layers.len() => act.forward(&l.forward(&y)?)?,
-                _ => l.forward(&y)?,
+            let last = i + 1 == self.layers.len();
+            y = match (last, act.unary()) {
+                (true, _) => l.forward(&y)?,
+                // the activation inside the linear's product (the same values)
+                (false, Some(u)) => l.forward_act(&y, u)?,
+                (false, None) => act.forward(&l.forward(&y)?)?,
             };
         }
         Ok(y)

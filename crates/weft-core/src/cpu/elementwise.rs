@@ -225,18 +225,12 @@ pub fn unary_f64(op: UnaryOp, src: &[f64], dst: &mut [MaybeUninit<f64>]) {
 /// `dst[i] = op(src[i])` on the calling thread, for a kernel task applying `op` to its own block
 /// (the f32 path is the one [`unary_f32`] runs, so results are the same bits).
 pub fn unary_serial<T: Float>(op: UnaryOp, src: &[T], dst: &mut [MaybeUninit<T>]) {
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
-        // SAFETY: T is f32 (checked above), so the layouts are identical.
-        let (s, d) = unsafe {
-            (
-                std::slice::from_raw_parts(src.as_ptr() as *const f32, src.len()),
-                std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut MaybeUninit<f32>, dst.len()),
-            )
-        };
-        unary_f32_serial(op, s, d);
-    } else {
-        for (d, &x) in dst.iter_mut().zip(src) {
-            d.write(unary_scalar(op, x).0);
+    match (super::f32_view::as_f32(src), super::f32_view::as_f32_uninit(dst)) {
+        (Some(s), Some(d)) => unary_f32_serial(op, s, d),
+        _ => {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                d.write(unary_scalar(op, x).0);
+            }
         }
     }
 }

@@ -22,6 +22,8 @@ pub fn transpose<T: Copy + 'static>(
     }
     let src = &src[..(rows - 1) * src_stride + cols];
     let dst = &mut dst[..(cols - 1) * dst_stride + rows];
+    // the rows and columns the register blocks covered (none without AVX-512)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let (mut r0, mut c0) = (0, 0);
     #[cfg(target_arch = "x86_64")]
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && std::arch::is_x86_feature_detected!("avx512f") {

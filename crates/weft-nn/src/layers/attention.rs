@@ -59,7 +59,7 @@ impl CausalSelfAttention {
     fn heads(&self, x: &Tensor) -> Result<Tensor> {
         let (batch, t) = (x.dim(0)?, x.dim(1)?);
         let qkv = self.c_attn.forward(x)?;
-        let y = if self.attn_dropout.p > 0.0 && self.attn_dropout.training() {
+        let y = if self.attn_dropout.active() {
             // the width of this rank's q (all of q without tensor parallelism)
             let c = qkv.dim(2)? / 3;
             let hd = c / self.n_head;
