@@ -4,11 +4,9 @@
 //! relative.
 #![allow(clippy::excessive_precision)] // coefficients as published
 
-/// e^x for f32 (Cephes-style: x = n ln2 + r, degree-6 polynomial for e^r, 2^n by exponent bits).
+/// For a clamped `x = n ln2 + r`: `(e^r, n)` (Cephes-style: degree-6 polynomial for e^r).
 #[inline(always)]
-pub fn exp_f32(x: f32) -> f32 {
-    let x_in = x;
-    let x = x.clamp(-87.3, 88.72);
+fn exp_reduced(x: f32) -> (f32, i32) {
     // round to nearest by the 1.5 * 2^23 trick (vectorizes, unlike `f32::round`)
     const MAGIC: f32 = 12_582_912.0;
     let shifted = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
@@ -24,14 +22,25 @@ pub fn exp_f32(x: f32) -> f32 {
     let p = p.mul_add(r, 5.000_000_1e-1);
     let e = (p * r).mul_add(r, r) + 1.0;
     // n as an integer, read from the mantissa of `shifted` (a saturating `as i32` cast would not
-    // vectorize); then 2^n as two normal factors, since n reaches 128
-    let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let (na, nb) = (ni >> 1, ni - (ni >> 1));
-    let r = e * f32::from_bits(((na + 127) << 23) as u32) * f32::from_bits(((nb + 127) << 23) as u32);
+    // vectorize)
+    (e, shifted.to_bits() as i32 - MAGIC.to_bits() as i32)
+}
+
+/// `2^n` for `n` in `[-126, 127]`, by exponent bits.
+#[inline(always)]
+fn pow2(n: i32) -> f32 {
+    f32::from_bits(((n + 127) << 23) as u32)
+}
+
+/// e^x for f32: `e^r 2^n` ([`exp_reduced`]), 2^n as two normal factors since n reaches 128.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    let (e, n) = exp_reduced(x.clamp(-87.3, 88.72));
+    let r = e * pow2(n >> 1) * pow2(n - (n >> 1));
     // outside the clamp: underflow to 0 (results would be subnormal) and overflow to inf
-    if x_in < -87.3 {
+    if x < -87.3 {
         0.0
-    } else if x_in > 88.72 {
+    } else if x > 88.72 {
         f32::INFINITY
     } else {
         r
@@ -39,29 +48,16 @@ pub fn exp_f32(x: f32) -> f32 {
 }
 
 /// e^x for `x <= 0` (and up to 88), as [`exp_f32`] without its overflow handling: 2^n in one
-/// factor (n >= -126 after the clamp), no infinity above. For softmax-like `exp(x - max)` and
-/// the Gaussian in erf, where it saves a fifth of the instructions. NaN stays NaN.
+/// factor (n >= -126 after the clamp), no infinity above; the same bits as [`exp_f32`] there.
+/// For softmax-like `exp(x - max)` and the Gaussian in erf, where it saves a fifth of the
+/// instructions. NaN stays NaN.
 #[inline(always)]
 pub fn exp_nonpos_f32(x: f32) -> f32 {
-    let x_in = x;
-    let x = x.clamp(-87.3, 88.0);
-    const MAGIC: f32 = 12_582_912.0;
-    let shifted = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
-    let n = shifted - MAGIC;
-    let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
-    let p = 1.987_569_1e-4_f32;
-    let p = p.mul_add(r, 1.398_199_9e-3);
-    let p = p.mul_add(r, 8.333_452e-3);
-    let p = p.mul_add(r, 4.166_579_6e-2);
-    let p = p.mul_add(r, 1.666_666_5e-1);
-    let p = p.mul_add(r, 5.000_000_1e-1);
-    let e = (p * r).mul_add(r, r) + 1.0;
-    let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let r = e * f32::from_bits(((ni + 127) << 23) as u32);
-    if x_in < -87.3 {
+    let (e, n) = exp_reduced(x.clamp(-87.3, 88.0));
+    if x < -87.3 {
         0.0
     } else {
-        r
+        e * pow2(n)
     }
 }
 
