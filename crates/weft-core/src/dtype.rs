@@ -116,9 +116,8 @@ pub trait Float:
     + std::ops::MulAssign
 {
     fn exp(self) -> Self;
-    /// e^x by the vectorizable polynomial for f32 (`cpu::math::exp_f32`); exact `exp` for f64.
-    fn fast_exp(self) -> Self;
-    /// [`Float::fast_exp`] for arguments `<= 0` (such as `x - max`): no overflow handling.
+    /// e^x for arguments `<= 0` (such as `x - max`): the vectorizable polynomial for f32
+    /// (`cpu::math::exp_nonpos_f32`, no overflow handling); exact `exp` for f64.
     fn exp_nonpos(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
@@ -153,12 +152,6 @@ pub mod num_like {
 }
 
 macro_rules! float {
-    (@fast_exp f32, $x:expr) => {
-        crate::cpu::math::exp_f32($x)
-    };
-    (@fast_exp f64, $x:expr) => {
-        $x.exp()
-    };
     (@exp_nonpos f32, $x:expr) => {
         crate::cpu::math::exp_nonpos_f32($x)
     };
@@ -170,10 +163,6 @@ macro_rules! float {
             #[inline(always)]
             fn exp(self) -> Self {
                 $t::exp(self)
-            }
-            #[inline(always)]
-            fn fast_exp(self) -> Self {
-                float!(@fast_exp $t, self)
             }
             #[inline(always)]
             fn exp_nonpos(self) -> Self {

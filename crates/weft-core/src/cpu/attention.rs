@@ -82,7 +82,8 @@ fn probs_in_place<T: Float>(
     lse: &mut [T],
     have_lse: bool,
 ) {
-    debug_assert!(rows <= BLOCK_Q);
+    // the per-row arrays below hold BLOCK_Q rows (checked: a longer tile would lose rows)
+    assert!(rows <= BLOCK_Q, "attention tile of {rows} rows");
     let one = T::from_f64(1.0);
     // The hidden keys up to the next multiple of 16 get -inf (exp 0), so that the row's
     // exponentials run in whole vectors instead of a scalar tail of up to 15 elements; the rest

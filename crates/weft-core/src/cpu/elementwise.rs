@@ -271,11 +271,9 @@ pub fn unary_backward_column_sums<T: Float>(
         unary_backward_serial(op, &x[r.clone()], &g[r], d);
         // SAFETY: the block was written just above.
         let d = unsafe { &*(d as *const [MaybeUninit<T>] as *const [T]) };
-        let mut acc = vec![T::zero(); inner];
-        super::reduce::add_rows_into(d, inner, &mut acc);
-        acc
+        super::reduce::block_partial(crate::op::ReduceOp::Sum, d, inner)
     });
-    super::reduce::combine_column_partials(&partials, inner)
+    super::reduce::combine_partials(crate::op::ReduceOp::Sum, &partials, inner)
 }
 
 /// `dst[i] = g[i] * op'(x[i])` for f64 (every element of `dst` written).

@@ -145,7 +145,6 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
     };
     let chunk = len.div_ceil(pieces);
     let ptrs = SyncPtr(dst.ptr, a.ptr, b.ptr);
-    let (dst_rs, acc) = (dst.row_stride, dst.accumulate);
     super::pool::run(pieces, |p| {
         let ptrs = &ptrs;
         let start = p * chunk;
@@ -153,45 +152,35 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
         if size == 0 {
             return;
         }
-        // SAFETY: each piece writes a disjoint block of rows (or columns) of dst.
+        // this piece's rows row0..row0 + rows and columns col0..col0 + cols
+        let ((row0, rows), (col0, cols)) = if along_rows {
+            ((start, size), (0, n))
+        } else {
+            ((0, m), (start, size))
+        };
+        // SAFETY: each piece writes a disjoint block of rows (or columns) of dst; the offsets
+        // stay inside the operands the caller vouched for.
         unsafe {
-            if along_rows {
-                let d = MatMut {
-                    ptr: ptrs.0.offset(start as isize * dst_rs),
-                    row_stride: dst_rs,
-                    accumulate: acc,
-                };
-                let ap = MatRef {
-                    ptr: ptrs.1.offset(start as isize * a.row_stride),
-                    ..a
-                };
-                gemm(size, n, k, d, ap, MatRef { ptr: ptrs.2, ..b }, one, scale);
-                then(Block {
-                    ptr: d.ptr,
-                    row_stride: dst_rs,
-                    rows: size,
-                    col0: 0,
-                    cols: n,
-                });
-            } else {
-                let d = MatMut {
-                    ptr: ptrs.0.add(start),
-                    row_stride: dst_rs,
-                    accumulate: acc,
-                };
-                let bp = MatRef {
-                    ptr: ptrs.2.offset(start as isize * b.col_stride),
-                    ..b
-                };
-                gemm(m, size, k, d, MatRef { ptr: ptrs.1, ..a }, bp, one, scale);
-                then(Block {
-                    ptr: d.ptr,
-                    row_stride: dst_rs,
-                    rows: m,
-                    col0: start,
-                    cols: size,
-                });
-            }
+            let d = MatMut {
+                ptr: ptrs.0.offset(row0 as isize * dst.row_stride + col0 as isize),
+                ..dst
+            };
+            let ap = MatRef {
+                ptr: ptrs.1.offset(row0 as isize * a.row_stride),
+                ..a
+            };
+            let bp = MatRef {
+                ptr: ptrs.2.offset(col0 as isize * b.col_stride),
+                ..b
+            };
+            gemm(rows, cols, k, d, ap, bp, one, scale);
+            then(Block {
+                ptr: d.ptr,
+                row_stride: dst.row_stride,
+                rows,
+                col0,
+                cols,
+            });
         }
     });
 }

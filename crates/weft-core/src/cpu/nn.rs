@@ -35,17 +35,17 @@ fn softmax_rows<T: Float>(x: &[T], y: &mut [T], len: usize, log: bool) {
 }
 
 #[inline(always)]
-fn softmax_backward_rows<T: Float>(y: &[T], g: &[T], dx: &mut [T], len: usize, log: bool) {
+fn softmax_backward_rows<T: Float>(y: &[T], g: &[T], dx: &mut [MaybeUninit<T>], len: usize, log: bool) {
     for ((y, g), dx) in y.chunks(len).zip(g.chunks(len)).zip(dx.chunks_mut(len)) {
         if log {
             let s = lanes::sum(g);
             for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-                *d = g - y.exp_nonpos() * s;
+                d.write(g - y.exp_nonpos() * s);
             }
         } else {
             let dot = lanes::dot(y, g);
             for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-                *d = y * (g - dot);
+                d.write(y * (g - dot));
             }
         }
     }
@@ -55,7 +55,7 @@ simd_dispatch!(softmax_rows_f32(x: &[f32], y: &mut [f32], len: usize, log: bool)
     softmax_rows(x, y, len, log)
 });
 
-simd_dispatch!(softmax_backward_rows_f32(y: &[f32], g: &[f32], dx: &mut [f32], len: usize, log: bool) {
+simd_dispatch!(softmax_backward_rows_f32(y: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>], len: usize, log: bool) {
     softmax_backward_rows(y, g, dx, len, log)
 });
 
@@ -76,9 +76,8 @@ pub fn softmax<T: Float>(x: &[T], y: &mut [MaybeUninit<T>], len: usize, log: boo
 pub fn softmax_backward<T: Float>(y: &[T], g: &[T], dx: &mut [MaybeUninit<T>], len: usize, log: bool) {
     let chunk = rows_per_task(len) * len;
     pool::for_each_chunk(dx, chunk, |i, d| {
-        let d = super::zeroed(d);
         let (y, g) = (&y[i * chunk..][..d.len()], &g[i * chunk..][..d.len()]);
-        match (as_f32(y), as_f32(g), as_f32_mut(d)) {
+        match (as_f32(y), as_f32(g), as_f32_uninit(d)) {
             (Some(yf), Some(gf), Some(df)) => softmax_backward_rows_f32(yf, gf, df, len, log),
             _ => softmax_backward_rows(y, g, d, len, log),
         }
@@ -393,7 +392,7 @@ fn cross_entropy_backward_rows<T: Float>(
     x: &[T],
     t: &[i64],
     lse: &[T],
-    dx: &mut [T],
+    dx: &mut [MaybeUninit<T>],
     scale: T,
 ) {
     let c = s.classes;
@@ -401,17 +400,20 @@ fn cross_entropy_backward_rows<T: Float>(
     let hit = scale * (T::from_f64(1.0) - s.smoothing);
     for (((dx, x), &t), &l) in dx.chunks_mut(c).zip(x.chunks(c)).zip(t).zip(lse) {
         if t == s.ignore_index {
-            dx.iter_mut().for_each(|d| *d = T::zero());
+            dx.iter_mut().for_each(|d| {
+                d.write(T::zero());
+            });
             continue;
         }
         for (d, &v) in dx.iter_mut().zip(x) {
-            *d = scale * ((v - l).exp_nonpos() - eps_c);
+            d.write(scale * ((v - l).exp_nonpos() - eps_c));
         }
-        dx[t as usize] -= hit;
+        // SAFETY: the row was written just above; targets were range-checked by the caller.
+        *unsafe { dx[t as usize].assume_init_mut() } -= hit;
     }
 }
 
-simd_dispatch!(cross_entropy_backward_rows_f32(s: CrossEntropySpec<f32>, x: &[f32], t: &[i64], lse: &[f32], dx: &mut [f32], scale: f32) {
+simd_dispatch!(cross_entropy_backward_rows_f32(s: CrossEntropySpec<f32>, x: &[f32], t: &[i64], lse: &[f32], dx: &mut [MaybeUninit<f32>], scale: f32) {
     cross_entropy_backward_rows(s, x, t, lse, dx, scale)
 });
 
@@ -428,11 +430,10 @@ pub fn cross_entropy_backward<T: Float>(
     let c = s.classes;
     let rows = rows_per_task(c);
     pool::for_each_chunk(dx, rows * c, |i, dx| {
-        let dx = super::zeroed(dx);
         let x = &logits[i * rows * c..][..dx.len()];
         let (t, lse) = (&targets[i * rows..][..dx.len() / c], &lse[i * rows..][..dx.len() / c]);
         let scale_f = as_f32(std::slice::from_ref(&scale)).map(|v| v[0]);
-        match (ce_spec_f32(s), as_f32(x), as_f32(lse), as_f32_mut(dx), scale_f) {
+        match (ce_spec_f32(s), as_f32(x), as_f32(lse), as_f32_uninit(dx), scale_f) {
             (Some(sf), Some(xf), Some(lf), Some(df), Some(sc)) => {
                 cross_entropy_backward_rows_f32(sf, xf, t, lf, df, sc)
             }

@@ -66,21 +66,32 @@ simd_dispatch!(columns_f32(op: ReduceOp, x: &[f32], inner: usize, acc: &mut [f32
 /// Rows per block of the column reduction.
 pub(crate) const COLUMN_BLOCK_ROWS: usize = 256;
 
-/// Adds each row of `x` (`[rows, inner]`) into `acc` (`[inner]`), rows in order: one block of
-/// [`reduce_columns`]'s sum, for kernels that produce the block themselves.
-pub(crate) fn add_rows_into<T: Float>(x: &[T], inner: usize, acc: &mut [T]) {
-    if let (Some(xf), Some(af)) = (super::f32_view::as_f32(x), super::f32_view::as_f32_mut(acc)) {
-        columns_f32(ReduceOp::Sum, xf, inner, af);
-    } else {
-        columns(ReduceOp::Sum, x, inner, acc);
+/// The column reduction's starting value.
+fn column_init<T: Float>(op: ReduceOp) -> T {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => T::zero(),
+        ReduceOp::Max => T::neg_infinity(),
+        ReduceOp::Min => -T::neg_infinity(),
     }
 }
 
-/// The column sums from [`reduce_columns`]'s per-block partial sums (the same bits).
-pub(crate) fn combine_column_partials<T: Float>(partials: &[Vec<T>], inner: usize) -> Vec<T> {
-    let mut acc = vec![T::zero(); inner];
+/// One block of [`reduce_columns`]: the rows of `x` (`[rows, inner]`) reduced in order into a new
+/// `[inner]` partial. For kernels that produce a block themselves and reduce it in cache.
+pub(crate) fn block_partial<T: Float>(op: ReduceOp, x: &[T], inner: usize) -> Vec<T> {
+    let mut acc = vec![column_init(op); inner];
+    if let (Some(xf), Some(af)) = (super::f32_view::as_f32(x), super::f32_view::as_f32_mut(&mut acc)) {
+        columns_f32(op, xf, inner, af);
+    } else {
+        columns(op, x, inner, &mut acc);
+    }
+    acc
+}
+
+/// The blocks' partials combined in block order (before Mean's scaling).
+pub(crate) fn combine_partials<T: Float>(op: ReduceOp, partials: &[Vec<T>], inner: usize) -> Vec<T> {
+    let mut acc = vec![column_init(op); inner];
     for p in partials {
-        columns(ReduceOp::Sum, p, inner, &mut acc);
+        columns(op, p, inner, &mut acc);
     }
     acc
 }
@@ -88,28 +99,13 @@ pub(crate) fn combine_column_partials<T: Float>(partials: &[Vec<T>], inner: usiz
 /// Reduces the leading `outer` rows of `x` (`[outer, inner]`) into `out` (`[inner]`). Each task
 /// reduces a block of rows into its own accumulator; blocks combine at the end.
 pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usize, out: &mut [T]) {
-    let init = match op {
-        ReduceOp::Sum | ReduceOp::Mean => T::zero(),
-        ReduceOp::Max => T::neg_infinity(),
-        ReduceOp::Min => -T::neg_infinity(),
-    };
     // Fixed blocks of rows, combined in block order: the result depends neither on the thread
     // count nor on scheduling.
     let block_len = (COLUMN_BLOCK_ROWS * inner).max(1);
     let partials = pool::map(x.len().div_ceil(block_len), |i| {
-        let block = &x[i * block_len..x.len().min((i + 1) * block_len)];
-        let mut acc = vec![init; inner];
-        if let (Some(xf), Some(af)) = (super::f32_view::as_f32(block), super::f32_view::as_f32_mut(&mut acc)) {
-            columns_f32(op, xf, inner, af);
-        } else {
-            columns(op, block, inner, &mut acc);
-        }
-        acc
+        block_partial(op, &x[i * block_len..x.len().min((i + 1) * block_len)], inner)
     });
-    let mut acc = vec![init; inner];
-    for p in &partials {
-        columns(op, p, inner, &mut acc);
-    }
+    let acc = combine_partials(op, &partials, inner);
     let scale = if op == ReduceOp::Mean {
         T::from_f64(1.0 / outer as f64)
     } else {

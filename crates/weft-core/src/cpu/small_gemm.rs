@@ -2,8 +2,10 @@
 //! computed in registers without packing: per tile of 8 rows x 32 columns, one pass over the
 //! inner dimension keeps the 8 x 32 sums in vector registers (16 AVX-512 registers for f32), each
 //! step broadcasting 8 elements of `a` against one 32-wide row of `b`. (Tiles of 4 rows, 8
-//! registers, left the two FMA units waiting on each other's latency: the speed-target attention
-//! forward took 5-8% longer.) The `gemm` crate packs both
+//! registers, leave the two FMA units waiting on each other's latency: on the speed-target
+//! attention, one thread, the forward took 367 us against 357 and forward + backward 1624 us
+//! against 1494, medians of three alternating runs.) The portable loop, not measured with 8,
+//! keeps tiles of 4 rows. The `gemm` crate packs both
 //! operands first; on the speed-target GPT's heads (64 x 64 x 32 products) the attention forward took
 //! 0.55 ms per call through it and 0.46 ms through these tiles together with 16-query causal tiles
 //! (op timings over 800 calls, 2 threads).
@@ -21,8 +23,51 @@ const LARGE: usize = 1 << 17;
 
 /// Columns per tile.
 const NR: usize = 32;
-/// Rows per tile.
-const MR: usize = 8;
+/// Rows per tile: with AVX-512, and in the portable loop.
+#[cfg(target_arch = "x86_64")]
+const MR_AVX512: usize = 8;
+const MR_PORTABLE: usize = 4;
+
+/// `$body` with `$R` a constant equal to `$rows` (1 to 8): the tile kernels take their row count
+/// as a const parameter, so the sums stay in registers.
+macro_rules! with_rows {
+    ($rows:expr, $R:ident => $body:expr) => {
+        match $rows {
+            8 => {
+                const $R: usize = 8;
+                $body
+            }
+            7 => {
+                const $R: usize = 7;
+                $body
+            }
+            6 => {
+                const $R: usize = 6;
+                $body
+            }
+            5 => {
+                const $R: usize = 5;
+                $body
+            }
+            4 => {
+                const $R: usize = 4;
+                $body
+            }
+            3 => {
+                const $R: usize = 3;
+                $body
+            }
+            2 => {
+                const $R: usize = 2;
+                $body
+            }
+            _ => {
+                const $R: usize = 1;
+                $body
+            }
+        }
+    };
+}
 
 /// The left operand: element `(i, p)` at `data[i * row_stride + p * col_stride]` (any strides,
 /// so a transpose is read in place).
@@ -171,20 +216,9 @@ mod avx512 {
         alpha: f32,
         accumulate: bool,
     ) {
-        super::tiles(m, n, |i, j, rows, w| {
+        super::tiles(m, n, super::MR_AVX512, |i, j, rows, w| {
             // SAFETY: the tile lies inside the checked operands and the caller's output.
-            unsafe {
-                match rows {
-                    8 => tile::<8>(i, j, w, k, a, b, out, alpha, accumulate),
-                    7 => tile::<7>(i, j, w, k, a, b, out, alpha, accumulate),
-                    6 => tile::<6>(i, j, w, k, a, b, out, alpha, accumulate),
-                    5 => tile::<5>(i, j, w, k, a, b, out, alpha, accumulate),
-                    4 => tile::<4>(i, j, w, k, a, b, out, alpha, accumulate),
-                    3 => tile::<3>(i, j, w, k, a, b, out, alpha, accumulate),
-                    2 => tile::<2>(i, j, w, k, a, b, out, alpha, accumulate),
-                    _ => tile::<1>(i, j, w, k, a, b, out, alpha, accumulate),
-                }
-            }
+            with_rows!(rows, R => unsafe { tile::<R>(i, j, w, k, a, b, out, alpha, accumulate) })
         });
     }
 
@@ -253,7 +287,7 @@ unsafe fn product_body<T: Float>(
     alpha: T,
     accumulate: bool,
 ) {
-    tiles(m, n, |i, j, rows, w| {
+    tiles(m, n, MR_PORTABLE, |i, j, rows, w| {
         let t = Tile {
             i,
             j,
@@ -263,28 +297,17 @@ unsafe fn product_body<T: Float>(
             accumulate,
         };
         // SAFETY: as this function's contract; the tile lies inside the product.
-        unsafe {
-            match rows {
-                8 => t.run::<8>(a, b, out),
-                7 => t.run::<7>(a, b, out),
-                6 => t.run::<6>(a, b, out),
-                5 => t.run::<5>(a, b, out),
-                4 => t.run::<4>(a, b, out),
-                3 => t.run::<3>(a, b, out),
-                2 => t.run::<2>(a, b, out),
-                _ => t.run::<1>(a, b, out),
-            }
-        }
+        with_rows!(rows, R => unsafe { t.run::<R>(a, b, out) })
     });
 }
 
 /// Calls `f(i, j, rows, w)` for each output tile of an `m x n` product, row block by row block:
-/// `rows <= MR` rows from `i`, `w <= NR` columns from `j`.
+/// `rows <= mr` (at most 8) rows from `i`, `w <= NR` columns from `j`.
 #[inline(always)]
-fn tiles(m: usize, n: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+fn tiles(m: usize, n: usize, mr: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
     let mut i = 0;
     while i < m {
-        let rows = (m - i).min(MR);
+        let rows = (m - i).min(mr);
         let mut j = 0;
         while j < n {
             let w = (n - j).min(NR);

@@ -2,7 +2,7 @@
 //! output: the bias, an optional activation and an optional residual are applied to each block
 //! right after its product, while it is in that core's cache, instead of in passes of their own.
 
-use super::matmul::{check_fits, SendPtr};
+use super::matmul::{strided_slice, SendPtr};
 use super::{apply, to_compute};
 use crate::cpu::matmul::{gemm_parallel_then, Block, MatMut, MatRef};
 use crate::dtype::{DType, Float};
@@ -125,18 +125,10 @@ fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
     let residual = inputs.get(3).map(|r| r.contig::<T>("linear")).transpose()?;
     let (lx, lw) = (x.layout(), w.layout());
     let (gx, gw) = (x.storage().read(), w.storage().read());
-    let sx = T::slice(&gx).ok_or(Error::DTypeMismatch {
-        op: "linear",
-        lhs: x.dtype(),
-        rhs: T::DTYPE,
-    })?;
-    let sw = T::slice(&gw).ok_or(Error::DTypeMismatch {
-        op: "linear",
-        lhs: w.dtype(),
-        rhs: T::DTYPE,
-    })?;
-    check_fits("linear", x, sx.len())?;
-    check_fits("linear", w, sw.len())?;
+    let (sx, sw) = (
+        strided_slice::<T>("linear", x, &gx)?,
+        strided_slice::<T>("linear", w, &gw)?,
+    );
     if m * n * k == 0 {
         // no product: the bias (and the rest) through the unfused ops
         let mut pre: Vec<T> = Vec::with_capacity(m * n);

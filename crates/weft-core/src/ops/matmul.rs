@@ -6,7 +6,7 @@ use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::op::Op;
 use crate::shape::{broadcast_shapes, numel};
-use crate::storage::StorageElement;
+use crate::storage::{CpuStorage, StorageElement};
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -108,20 +108,11 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
     if m * n * k == 0 {
         out.iter_mut().for_each(|v| *v = std::mem::MaybeUninit::new(T::zero()));
     }
-    let ga = a.storage().read();
-    let gb = b.storage().read();
-    let sa = T::slice(&ga).ok_or(Error::DTypeMismatch {
-        op: "matmul",
-        lhs: a.dtype(),
-        rhs: T::DTYPE,
-    })?;
-    let sb = T::slice(&gb).ok_or(Error::DTypeMismatch {
-        op: "matmul",
-        lhs: b.dtype(),
-        rhs: T::DTYPE,
-    })?;
-    check_fits("matmul", a, sa.len())?;
-    check_fits("matmul", b, sb.len())?;
+    let (ga, gb) = (a.storage().read(), b.storage().read());
+    let (sa, sb) = (
+        strided_slice::<T>("matmul", a, &ga)?,
+        strided_slice::<T>("matmul", b, &gb)?,
+    );
     let (pa, pb) = (SendPtr(sa.as_ptr()), SendPtr(sb.as_ptr()));
     let (ars, acs) = (la.strides[la.rank() - 2] as isize, la.strides[la.rank() - 1] as isize);
     let (brs, bcs) = (lb.strides[lb.rank() - 2] as isize, lb.strides[lb.rank() - 1] as isize);
@@ -169,17 +160,28 @@ pub(super) fn backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Te
     Ok(vec![Some(ga), Some(gb)])
 }
 
-/// The raw-pointer kernels read through the layout: refuse a tensor whose storage no longer
-/// holds what its layout addresses (a released buffer), rather than read outside it.
-pub(super) fn check_fits(op: &'static str, t: &Tensor, len: usize) -> Result<()> {
-    if t.layout().fits(len) {
-        return Ok(());
-    }
-    Err(crate::error::invalid(
+/// `t`'s storage as a `T` slice for a raw-pointer kernel that reads through `t`'s layout: refuses
+/// another dtype, and a storage that no longer holds what the layout addresses (a released
+/// buffer), rather than read outside it.
+pub(super) fn strided_slice<'g, T: StorageElement>(
+    op: &'static str,
+    t: &Tensor,
+    storage: &'g CpuStorage,
+) -> Result<&'g [T]> {
+    let s = T::slice(storage).ok_or(Error::DTypeMismatch {
         op,
-        format!(
-            "a tensor of shape {:?} addresses elements beyond its storage of {len} (was the storage released?)",
-            t.shape()
-        ),
-    ))
+        lhs: t.dtype(),
+        rhs: T::DTYPE,
+    })?;
+    if !t.layout().fits(s.len()) {
+        return Err(crate::error::invalid(
+            op,
+            format!(
+                "a tensor of shape {:?} addresses elements beyond its storage of {} (was the storage released?)",
+                t.shape(),
+                s.len()
+            ),
+        ));
+    }
+    Ok(s)
 }
