@@ -45,6 +45,16 @@ impl AttnDims {
         }
     }
 
+    /// Keys a block of `rows` queries from `q0` sees (its scores' width).
+    #[inline]
+    fn keys_of_block(&self, q0: usize, rows: usize) -> usize {
+        if self.causal {
+            (q0 + rows).min(self.s)
+        } else {
+            self.s
+        }
+    }
+
     /// Keys visible to query row `i`.
     #[inline]
     fn visible(&self, i: usize) -> usize {
@@ -64,30 +74,14 @@ fn out<T>(p: &mut [T], row_stride: usize) -> Out<T> {
     }
 }
 
-/// Turns a block of raw scores (`rows x kv`, already scaled, `rows <= BLOCK_Q`) into
-/// probabilities over each row's visible keys (0 beyond). Without `have_lse` the softmax is
-/// computed and each row's log-sum-exp stored in `lse`; with it, probabilities are
-/// `exp(score - lse)` (the backward's recomputation).
-///
-/// Each step runs over all rows before the next (masks, maxima, exponentials, scaling): a row's
-/// steps form one chain of dependent reductions of a few vectors each, and the chains of
-/// different rows only overlap when they sit in a loop of their own.
+/// Masks a block of raw scores (`rows x kv`, `rows <= BLOCK_Q`) for [`softmax_block`] and
+/// [`exp_block`]: each row's hidden keys up to the next multiple of 16 get -inf (exp 0), so that
+/// the row's exponentials run in whole vectors instead of a scalar tail of up to 15 elements,
+/// and the rest of the row is 0. Returns where each row's exponentials end.
 #[inline(always)]
-fn probs_in_place<T: Float>(
-    dims: AttnDims,
-    q0: usize,
-    rows: usize,
-    kv: usize,
-    p: &mut [T],
-    lse: &mut [T],
-    have_lse: bool,
-) {
-    // the per-row arrays below hold BLOCK_Q rows (checked: a longer tile would lose rows)
+fn mask_block<T: Float>(dims: AttnDims, q0: usize, rows: usize, kv: usize, p: &mut [T]) -> [usize; BLOCK_Q] {
+    // the per-row arrays of the callers hold BLOCK_Q rows (checked: a longer tile would lose rows)
     assert!(rows <= BLOCK_Q, "attention tile of {rows} rows");
-    let one = T::from_f64(1.0);
-    // The hidden keys up to the next multiple of 16 get -inf (exp 0), so that the row's
-    // exponentials run in whole vectors instead of a scalar tail of up to 15 elements; the rest
-    // of the row is 0.
     let mut ends = [0usize; BLOCK_Q];
     for (r, (row, end)) in p.chunks_exact_mut(kv).zip(ends.iter_mut()).take(rows).enumerate() {
         let vis = dims.visible(q0 + r);
@@ -95,12 +89,18 @@ fn probs_in_place<T: Float>(
         row[vis..*end].fill(T::neg_infinity());
         row[*end..].fill(T::zero());
     }
-    if have_lse {
-        for ((row, &end), &l) in p.chunks_exact_mut(kv).zip(&ends).zip(lse.iter()).take(rows) {
-            lanes::exp_sub_in_place(&mut row[..end], l);
-        }
-        return;
-    }
+    ends
+}
+
+/// The forward's softmax of a block of raw scores (already scaled), in place: probabilities over
+/// each row's visible keys (0 beyond), and each row's log-sum-exp into `lse`.
+///
+/// Each step runs over all rows before the next (masks, maxima, exponentials, scaling): a row's
+/// steps form one chain of dependent reductions of a few vectors each, and the chains of
+/// different rows only overlap when they sit in a loop of their own.
+#[inline(always)]
+fn softmax_block<T: Float>(dims: AttnDims, q0: usize, rows: usize, kv: usize, p: &mut [T], lse: &mut [T]) {
+    let ends = mask_block(dims, q0, rows, kv, p);
     let (mut max, mut sum) = ([T::zero(); BLOCK_Q], [T::zero(); BLOCK_Q]);
     for ((row, &end), m) in p.chunks_exact(kv).zip(&ends).zip(max.iter_mut()).take(rows) {
         *m = lanes::max(&row[..end]);
@@ -114,6 +114,7 @@ fn probs_in_place<T: Float>(
     {
         *s = lanes::exp_in_place(&mut row[..end], m);
     }
+    let one = T::from_f64(1.0);
     for ((((row, &end), &m), &s), l) in p
         .chunks_exact_mut(kv)
         .zip(&ends)
@@ -130,12 +131,32 @@ fn probs_in_place<T: Float>(
     }
 }
 
-simd_dispatch!(probs_in_place_f32(dims: AttnDims, q0: usize, rows: usize, kv: usize, p: &mut [f32], lse: &mut [f32], have_lse: bool) {
-    probs_in_place(dims, q0, rows, kv, p, lse, have_lse)
+/// The backward's recomputation: probabilities `exp(score - lse)` of a block of raw scores, in
+/// place, from the forward's log-sum-exp per row.
+#[inline(always)]
+fn exp_block<T: Float>(dims: AttnDims, q0: usize, rows: usize, kv: usize, p: &mut [T], lse: &[T]) {
+    let ends = mask_block(dims, q0, rows, kv, p);
+    for ((row, &end), &l) in p.chunks_exact_mut(kv).zip(&ends).zip(lse).take(rows) {
+        lanes::exp_sub_in_place(&mut row[..end], l);
+    }
+}
+
+simd_dispatch!(softmax_block_f32(dims: AttnDims, q0: usize, rows: usize, kv: usize, p: &mut [f32], lse: &mut [f32]) {
+    softmax_block(dims, q0, rows, kv, p, lse)
 });
 
-/// Probabilities of a query block (see [`probs_in_place`]): the scores `scale q kt[:, :kv]` (`kt`
-/// is the problem's keys transposed, `[d, s]`), then the row softmax.
+simd_dispatch!(exp_block_f32(dims: AttnDims, q0: usize, rows: usize, kv: usize, p: &mut [f32], lse: &[f32]) {
+    exp_block(dims, q0, rows, kv, p, lse)
+});
+
+/// The log-sum-exp of a query block's rows: computed (forward) or given (backward).
+enum Lse<'a, T> {
+    Compute(&'a mut [T]),
+    Given(&'a [T]),
+}
+
+/// Probabilities of a query block: the scores `scale q kt[:, :kv]` (`kt` is the problem's keys
+/// transposed, `[d, s]`), then [`softmax_block`] or [`exp_block`].
 #[allow(clippy::too_many_arguments)]
 fn block_probs<T: Float + Default>(
     dims: &AttnDims,
@@ -147,16 +168,21 @@ fn block_probs<T: Float + Default>(
     kv: usize,
     scale: T,
     p: &mut [T],
-    lse: &mut [T],
-    have_lse: bool,
+    lse: Lse<'_, T>,
 ) {
     let lhs = Lhs::rows(q, q_stride);
     let rhs = Rhs::rows(kt, dims.s);
     // SAFETY: p holds rows x kv, this task's own scratch.
     unsafe { product(rows, kv, dims.d, lhs, rhs, out(p, kv), scale, false) };
-    match (as_f32_mut(p), as_f32_mut(lse)) {
-        (Some(pf), Some(lf)) => probs_in_place_f32(*dims, q0, rows, kv, pf, lf, have_lse),
-        _ => probs_in_place(*dims, q0, rows, kv, p, lse, have_lse),
+    match lse {
+        Lse::Compute(l) => match (as_f32_mut(p), as_f32_mut(l)) {
+            (Some(pf), Some(lf)) => softmax_block_f32(*dims, q0, rows, kv, pf, lf),
+            _ => softmax_block(*dims, q0, rows, kv, p, l),
+        },
+        Lse::Given(l) => match (as_f32_mut(p), as_f32(l)) {
+            (Some(pf), Some(lf)) => exp_block_f32(*dims, q0, rows, kv, pf, lf),
+            _ => exp_block(*dims, q0, rows, kv, p, l),
+        },
     }
 }
 
@@ -257,7 +283,7 @@ pub fn forward<T: Float + Default>(
             transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
             for q0 in (0..t).step_by(block) {
                 let rows = block.min(t - q0);
-                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+                let kv = dims.keys_of_block(q0, rows);
                 if kv == 0 {
                     // no visible key: zero output (as the softmax of nothing times v)
                     // SAFETY: this task's rows of o.
@@ -275,8 +301,7 @@ pub fn forward<T: Float + Default>(
                     kv,
                     scale,
                     p,
-                    &mut lse[q0..q0 + rows],
-                    false,
+                    Lse::Compute(&mut lse[q0..q0 + rows]),
                 );
                 let lhs = Lhs::rows(&*p, kv);
                 let rhs = Rhs::rows(v.at(b, 0), v.row_stride);
@@ -315,7 +340,7 @@ pub fn backward<T: Float + Default>(
         let mut vt = vec![T::zero(); dv * s];
         let mut di = vec![T::zero(); block];
         for b in task * group..((task + 1) * group).min(dims.bh) {
-            let mut lse_b = lse[b * t..(b + 1) * t].to_vec();
+            let lse_b = &lse[b * t..(b + 1) * t];
             // SAFETY (zero, product): every output written below is this problem's own matrix.
             unsafe {
                 dk.zero(b, s, d);
@@ -325,7 +350,7 @@ pub fn backward<T: Float + Default>(
             transpose_into(v.at(b, 0), v.row_stride, s, dv, &mut vt);
             for q0 in (0..t).step_by(block) {
                 let rows = block.min(t - q0);
-                let kv = if dims.causal { (q0 + rows).min(s) } else { s };
+                let kv = dims.keys_of_block(q0, rows);
                 if kv == 0 {
                     unsafe { dq.zero(b, rows, d) };
                     continue;
@@ -342,8 +367,7 @@ pub fn backward<T: Float + Default>(
                     kv,
                     scale,
                     p,
-                    &mut lse_b[q0..q0 + rows],
-                    true,
+                    Lse::Given(&lse_b[q0..q0 + rows]),
                 );
                 let gb = dout.at(b, q0);
                 for (r, di) in di[..rows].iter_mut().enumerate() {
