@@ -32,35 +32,14 @@ const MR_PORTABLE: usize = 4;
 /// as a const parameter, so the sums stay in registers.
 macro_rules! with_rows {
     ($rows:expr, $R:ident => $body:expr) => {
+        with_rows!(@arms $rows, $R, $body, 8 7 6 5 4 3 2)
+    };
+    (@arms $rows:expr, $R:ident, $body:expr, $($n:literal)*) => {
         match $rows {
-            8 => {
-                const $R: usize = 8;
+            $($n => {
+                const $R: usize = $n;
                 $body
-            }
-            7 => {
-                const $R: usize = 7;
-                $body
-            }
-            6 => {
-                const $R: usize = 6;
-                $body
-            }
-            5 => {
-                const $R: usize = 5;
-                $body
-            }
-            4 => {
-                const $R: usize = 4;
-                $body
-            }
-            3 => {
-                const $R: usize = 3;
-                $body
-            }
-            2 => {
-                const $R: usize = 2;
-                $body
-            }
+            })*
             _ => {
                 const $R: usize = 1;
                 $body
