@@ -149,10 +149,14 @@ fn median(mut v: Vec<Duration>) -> Duration {
 pub fn run_ops(args: &OpsArgs) -> Result<()> {
     let threads = weft_core::cpu::threads::num_threads();
     if !args.json {
-        println!("weft bench ops ({threads} threads; median of repeated runs)");
-        println!(
+        weft_core::outln!("weft bench ops ({threads} threads; median of repeated runs)");
+        weft_core::outln!(
             "{:<20} {:<28} {:>12} {:>10} {:>8}",
-            "op", "shape", "median_us", "rate", "unit"
+            "op",
+            "shape",
+            "median_us",
+            "rate",
+            "unit"
         );
     }
     for mut case in cases(args.filter.as_deref())? {
@@ -177,11 +181,15 @@ pub fn run_ops(args: &OpsArgs) -> Result<()> {
             let obj = serde_json::json!({
                 "op": case.op, "shape": case.shape, "median_us": us, key: rate, "threads": threads, "impl": "weft"
             });
-            println!("{obj}");
+            weft_core::outln!("{obj}");
         } else {
-            println!(
+            weft_core::outln!(
                 "{:<20} {:<28} {:>12.1} {:>10.2} {:>8}",
-                case.op, case.shape, us, rate, unit
+                case.op,
+                case.shape,
+                us,
+                rate,
+                unit
             );
         }
     }

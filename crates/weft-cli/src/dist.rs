@@ -77,7 +77,7 @@ pub fn run_check(args: &CheckArgs) -> Result<(), String> {
     let shm = (0..pg.size())
         .filter(|&p| p != pg.rank() && pg.uses_shared_memory(p))
         .count();
-    println!(
+    weft_core::outln!(
         "rank {} of {}: {checked} results checked, all correct (peers: {shm} over shared memory, {} over TCP)",
         pg.rank(),
         pg.size(),
@@ -117,7 +117,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
     };
     if args.json {
         for r in &rows {
-            println!(
+            weft_core::outln!(
                 "{}",
                 serde_json::json!({
                     "impl": "weft",
@@ -132,13 +132,17 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
             );
         }
     } else {
-        println!("{} ranks, {transport} between rank 0 and rank 1", pg.size());
-        println!("| op | bytes | median µs | algbw GB/s | busbw GB/s |");
-        println!("|---|---:|---:|---:|---:|");
+        weft_core::outln!("{} ranks, {transport} between rank 0 and rank 1", pg.size());
+        weft_core::outln!("| op | bytes | median µs | algbw GB/s | busbw GB/s |");
+        weft_core::outln!("|---|---:|---:|---:|---:|");
         for r in &rows {
-            println!(
+            weft_core::outln!(
                 "| {} | {} | {:.1} | {:.3} | {:.3} |",
-                r.op, r.bytes, r.median_us, r.algbw_gbps, r.busbw_gbps
+                r.op,
+                r.bytes,
+                r.median_us,
+                r.algbw_gbps,
+                r.busbw_gbps
             );
         }
     }

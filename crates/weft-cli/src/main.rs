@@ -1,11 +1,14 @@
 //! The `weft` command-line tool.
 
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 mod bench;
 mod checkpoint;
 mod dist;
+mod generate;
 mod launch;
+mod train;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -21,37 +24,9 @@ struct Cli {
 enum Command {
     /// Trains a model described by a TOML run config (without one: a character-level GPT on the
     /// built-in corpus).
-    Train {
-        /// The run config (paths inside it are relative to its folder).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Overrides a config value: `section.key=value` (repeatable).
-        #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-        overrides: Vec<String>,
-        /// Continue from the newest complete checkpoint in `train.checkpoint_dir`.
-        #[arg(long)]
-        resume: bool,
-        /// Start from this checkpoint (a folder, or the newest in a directory), saved under any
-        /// layout; with --resume, only while train.checkpoint_dir holds no checkpoint yet.
-        #[arg(long, value_name = "PATH")]
-        resume_from: Option<PathBuf>,
-        /// Hide the progress display.
-        #[arg(long)]
-        quiet: bool,
-    },
+    Train(train::TrainArgs),
     /// Continues a prompt with a trained gpt checkpoint.
-    Generate {
-        /// A checkpoint folder, or a checkpoint directory (its newest checkpoint is used).
-        #[arg(long)]
-        checkpoint: PathBuf,
-        #[arg(long, default_value = "\n")]
-        prompt: String,
-        /// Characters to generate.
-        #[arg(long, default_value_t = 200)]
-        tokens: usize,
-        #[arg(long, default_value_t = 1337)]
-        seed: u64,
-    },
+    Generate(generate::GenerateArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -98,43 +73,8 @@ enum BenchCommand {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Train {
-            config,
-            overrides,
-            resume,
-            resume_from,
-            quiet,
-        } => {
-            let cfg = match config {
-                Some(path) => weft_train::config::RunConfig::load(&path, &overrides),
-                None => {
-                    let cwd = std::env::current_dir().unwrap_or_default();
-                    weft_train::config::RunConfig::parse(
-                        weft_train::builtin::CONFIG,
-                        "built-in config",
-                        cwd,
-                        &overrides,
-                    )
-                }
-            }
-            .map_err(|e| e.to_string())?;
-            let options = weft_train::run::TrainOptions {
-                resume,
-                resume_from,
-                progress: !quiet,
-            };
-            weft_train::run::train(&cfg, &options).map_err(|e| e.to_string())
-        }
-        Command::Generate {
-            checkpoint,
-            prompt,
-            tokens,
-            seed,
-        } => {
-            let text = weft_train::run::generate(&checkpoint, &prompt, tokens, seed).map_err(|e| e.to_string())?;
-            println!("{text}");
-            Ok(())
-        }
+        Command::Train(args) => train::run(args),
+        Command::Generate(args) => generate::run(args),
         Command::Bench {
             what: BenchCommand::Ops(args),
         } => bench::run_ops(&args).map_err(|e| e.to_string()),
@@ -165,7 +105,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("weft: error: {e}");
+            weft_core::errln!("weft: error: {e}");
             ExitCode::FAILURE
         }
     }

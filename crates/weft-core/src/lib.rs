@@ -5,7 +5,10 @@
 //! Every op returns [`Result`]: shape, dtype and range errors name the op and the shapes
 //! (see docs/architecture.md, "Errors").
 
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 pub mod autograd;
+pub mod console;
 pub mod cpu;
 pub mod dtype;
 pub mod error;

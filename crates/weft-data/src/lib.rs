@@ -24,6 +24,8 @@
 //! # Ok::<(), weft_data::Error>(())
 //! ```
 
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 pub mod batches;
 pub mod csv;
 pub mod error;

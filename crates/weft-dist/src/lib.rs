@@ -16,6 +16,8 @@
 //! key-value store), [`group`] (process groups and their operations), [`launch`] (starting and
 //! watching workers); the transport (`mesh`) and the algorithms (`collectives`) are internal.
 
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 #[cfg(target_endian = "big")]
 compile_error!("weft-dist sends tensors in the machine's byte order and supports little-endian hosts only");
 

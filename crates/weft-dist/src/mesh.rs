@@ -276,7 +276,7 @@ fn accept_peers(
         let Ok(mut s) = conn else { continue };
         let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         if let Err(e) = server_handshake(&mut s, token, ROLE) {
-            eprintln!("weft: rank {rank} refused a connection from {from}: {e}");
+            weft_core::errln!("weft: rank {rank} refused a connection from {from}: {e}");
             continue;
         }
         let mut b = [0u8; 8];
@@ -284,13 +284,13 @@ fn accept_peers(
         let peer = match s.read_exact(&mut b) {
             Ok(()) => u64::from_le_bytes(b) as usize,
             Err(e) => {
-                eprintln!("weft: rank {rank}: a peer from {from} did not say its rank: {e}");
+                weft_core::errln!("weft: rank {rank}: a peer from {from} did not say its rank: {e}");
                 continue;
             }
         };
         let _ = s.set_read_timeout(None);
         if peer <= rank || peer >= world || seen[peer] {
-            eprintln!("weft: rank {rank} refused a connection from {from} claiming rank {peer}");
+            weft_core::errln!("weft: rank {rank} refused a connection from {from} claiming rank {peer}");
             continue;
         }
         seen[peer] = true;
@@ -345,7 +345,7 @@ fn shared_memory(
                 store.set(&key(rank, p), path.as_bytes())?;
             }
             Err(e) => {
-                eprintln!("weft: rank {rank}: shared memory with rank {p} unavailable ({e}); using TCP");
+                weft_core::errln!("weft: rank {rank}: shared memory with rank {p} unavailable ({e}); using TCP");
                 store.set(&key(rank, p), b"")?;
             }
         }
@@ -363,7 +363,7 @@ fn shared_memory(
                     true
                 }
                 Err(e) => {
-                    eprintln!("weft: rank {rank}: shared memory with rank {p} unavailable ({e}); using TCP");
+                    weft_core::errln!("weft: rank {rank}: shared memory with rank {p} unavailable ({e}); using TCP");
                     false
                 }
             }

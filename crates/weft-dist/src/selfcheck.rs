@@ -88,13 +88,13 @@ pub fn run(pg: &ProcessGroup, sizes: &[usize], fault: Option<Fault>) -> Result<u
         calls += 1;
         match fault {
             Some(Fault::Kill { rank, at: a }) if rank == r && a == at => {
-                eprintln!("weft check: rank {r} kills itself before collective #{at}, as asked");
+                weft_core::errln!("weft check: rank {r} kills itself before collective #{at}, as asked");
                 // SAFETY: sending a signal to this very process.
                 unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 Ok(false)
             }
             Some(Fault::Mismatch { rank, at: a }) if rank == r && a == at => {
-                eprintln!("weft check: rank {r} calls broadcast instead of collective #{at}, as asked");
+                weft_core::errln!("weft check: rank {r} calls broadcast instead of collective #{at}, as asked");
                 pg.broadcast(t, 0)?.wait()?;
                 Ok(false)
             }

@@ -87,7 +87,7 @@ impl Drop for StoreServer {
 fn serve(mut conn: TcpStream, table: &Table, token: &Token) {
     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     if let Err(e) = server_handshake(&mut conn, token, ROLE) {
-        eprintln!("weft store: refused a connection from {peer}: {e}");
+        weft_core::errln!("weft store: refused a connection from {peer}: {e}");
         return;
     }
     let _ = conn.set_nodelay(true);

@@ -2,6 +2,8 @@
 //! [`ConvNet`](convnet::ConvNet) and [`Gpt`](gpt::Gpt) (nanoGPT's layout). Each ends in mean
 //! cross-entropy over its targets.
 
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 pub mod convnet;
 pub mod gpt;
 pub mod mlp;

@@ -1,6 +1,8 @@
 //! Layers with PyTorch's parameter names and initialisation, state dicts, optimizers with PyTorch's
 //! update rules, gradient clipping and learning-rate schedules.
 
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 pub mod clip;
 pub mod context;
 pub mod init;

@@ -1,10 +1,13 @@
 //! The trainer: a run config ([`config::RunConfig`]), the training loop ([`Trainer`]) with
 //! callbacks for metrics and progress, checkpoints with exact resume, and evaluation.
 
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 pub mod builtin;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod generate;
 pub mod metrics;
 pub mod pipeline;
 mod replicas;

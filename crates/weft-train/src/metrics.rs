@@ -81,21 +81,21 @@ impl Callback for Progress {
         if self.tty {
             let width = 24;
             let filled = width * done / self.total.max(1);
-            eprint!("\r[{}{}] {line}   ", "#".repeat(filled), "-".repeat(width - filled));
+            weft_core::err!("\r[{}{}] {line}   ", "#".repeat(filled), "-".repeat(width - filled));
             if done == self.total {
-                eprintln!();
+                weft_core::errln!();
             }
         } else {
-            eprintln!("{line}");
+            weft_core::errln!("{line}");
         }
         Ok(())
     }
 
     fn on_eval(&mut self, step: usize, val_loss: f64) -> Result<()> {
         if self.tty {
-            eprintln!();
+            weft_core::errln!();
         }
-        eprintln!("step {:>6}/{} | val loss {val_loss:.4}", step + 1, self.total);
+        weft_core::errln!("step {:>6}/{} | val loss {val_loss:.4}", step + 1, self.total);
         Ok(())
     }
 }

@@ -2,10 +2,8 @@
 //! callbacks, resumes if asked, trains, and (for gpt on text) prints a sample.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
-use weft_core::{Generator, Tensor};
 use weft_data::{BatchesDataset, CsvDataset, LabelColumn, Split, TextDataset};
 use weft_models::convnet::{ConvNet, ConvNetConfig};
 use weft_models::gpt::{Gpt, GptConfig};
@@ -16,7 +14,6 @@ use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use weft_nn::schedule::Schedule;
 use weft_nn::state_dict;
 
-use crate::checkpoint;
 use crate::config::{DataConfig, LabelColumnConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig};
 use crate::error::{Error, Result};
 use crate::metrics::{MetricsFile, Progress};
@@ -53,7 +50,7 @@ pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
     })
 }
 
-fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
+pub(crate) fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
     let ModelConfig::Gpt(g) = cfg else {
         return Err(Error::Config("model.kind: expected gpt".into()));
     };
@@ -405,7 +402,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
     // rank 0 logs, shows progress and samples for the whole job
     let logs = rank == 0;
     if logs && start > 0 {
-        eprintln!("weft: resuming from step {start}");
+        weft_core::errln!("weft: resuming from step {start}");
     }
     if let (Some(path), true) = (&t.metrics, logs) {
         trainer = trainer.with_callback(MetricsFile::create(&config.resolve(path), options.resume && start > 0)?);
@@ -419,7 +416,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         // nothing left to train: the state goes into this run's own folder, in its layout
         trainer.save_checkpoint(start)?;
     } else if logs {
-        eprintln!(
+        weft_core::errln!(
             "weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})",
             t.steps
         );
@@ -436,65 +433,15 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             None
         };
         if logs {
-            let sample = sample_text(
+            let sample = crate::generate::sample_text(
                 whole.as_ref().unwrap_or(gpt),
                 text.tokenizer(),
                 "\n",
                 t.sample_tokens,
                 t.seed,
             )?;
-            println!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
+            weft_core::outln!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
         }
     }
     Ok(())
-}
-
-fn sample_text(gpt: &Gpt, tok: &weft_data::CharTokenizer, prompt: &str, n: usize, seed: u64) -> Result<String> {
-    let ids = tok.encode(prompt)?;
-    if ids.is_empty() {
-        return Err(Error::Config("the prompt is empty".into()));
-    }
-    let len = ids.len();
-    gpt.context().set_training(false);
-    let out = gpt.generate(
-        &Tensor::from_vec(ids, &[1, len])?,
-        n,
-        0.8,
-        Some(40),
-        Some(tok.vocab_size()),
-        &mut Generator::new(seed),
-    )?;
-    let out = out.to_vec::<i64>()?;
-    Ok(tok.decode(&out)?)
-}
-
-/// `weft generate`: loads a gpt checkpoint folder (or the newest checkpoint inside a
-/// checkpoint directory) and continues `prompt` by `tokens` characters.
-pub fn generate(checkpoint_path: &Path, prompt: &str, tokens: usize, seed: u64) -> Result<String> {
-    let ckpt = checkpoint::resolve(checkpoint_path)?;
-    let (index, params) = checkpoint::read_params(&ckpt)?;
-    let state = index.state;
-    let model_cfg: ModelConfig = serde_json::from_value(state.extra["model"].clone()).map_err(|e| {
-        Error::Io(format!(
-            "{}: index.json has no usable model config: {e}",
-            ckpt.display()
-        ))
-    })?;
-    if !matches!(model_cfg, ModelConfig::Gpt(_)) {
-        return Err(Error::Config(format!(
-            "{}: generate needs a gpt checkpoint",
-            ckpt.display()
-        )));
-    }
-    let tok_json = state.extra["tokenizer"].as_str().ok_or_else(|| {
-        Error::Io(format!(
-            "{}: the checkpoint has no tokenizer (was it trained on text data?)",
-            ckpt.display()
-        ))
-    })?;
-    let tok = weft_data::CharTokenizer::from_json(tok_json)?;
-    let gpt = build_gpt(&model_cfg, 0)?;
-    let source = ckpt.display().to_string();
-    state_dict::load_state_dict(&gpt, &params, gpt.aliases(), &source)?;
-    sample_text(&gpt, &tok, prompt, tokens, seed)
 }

@@ -87,7 +87,7 @@ fn pool() -> &'static Pool {
                 .spawn(worker);
             if spawned.is_err() {
                 // a worker that could not start only leaves more tasks to the others
-                eprintln!("weft: could not start compute thread {}", w + 1);
+                crate::errln!("weft: could not start compute thread {}", w + 1);
             }
         }
         Pool {

@@ -31,7 +31,7 @@ pub fn num_threads() -> usize {
             Ok(v) => match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => n,
                 _ => {
-                    eprintln!("weft: WEFT_NUM_THREADS={v:?} is not a positive integer; using {cores} threads");
+                    crate::errln!("weft: WEFT_NUM_THREADS={v:?} is not a positive integer; using {cores} threads");
                     cores
                 }
             },

@@ -115,18 +115,18 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
         let r = match join(&store, cfg, round)? {
             Joined::Member(r) => r,
             Joined::Signal(sig) => {
-                eprintln!("weft launch: received {}; not starting the workers", signal_name(sig));
+                weft_core::errln!("weft launch: received {}; not starting the workers", signal_name(sig));
                 return Ok(128 + sig);
             }
             Joined::LeftOut(nodes) => {
-                eprintln!(
+                weft_core::errln!(
                     "weft launch: rendezvous round {round} closed with {nodes} node(s) before this one joined; the \
                      job goes on without it"
                 );
                 return Ok(EXIT_FAILED);
             }
         };
-        eprintln!(
+        weft_core::errln!(
             "weft launch: rendezvous round {round}: {} node(s), this is node {} (ranks {} to {})",
             r.nodes,
             r.node_rank,
@@ -170,7 +170,7 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
                 store.set(&key(round, "failed"), why.as_bytes())?;
                 let exited = stop_after_failure(&node, &mut workers);
                 if round >= cfg.max_restarts || signals::received().is_some() {
-                    eprint!("{}", report(&node, &workers, first, &exited, round));
+                    weft_core::err!("{}", report(&node, &workers, first, &exited, round));
                     return Ok(signals::received().map_or(EXIT_FAILED, |sig| 128 + sig));
                 }
                 why
@@ -179,7 +179,7 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
                 stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
                 drain_output(&mut workers, OUTPUT_GRACE);
                 if round >= cfg.max_restarts {
-                    eprintln!(
+                    weft_core::errln!(
                         "weft launch: job failed: {why}; no restarts left (--max-restarts {})",
                         cfg.max_restarts
                     );
@@ -189,7 +189,7 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
             }
         };
         round += 1;
-        eprintln!(
+        weft_core::errln!(
             "weft launch: {why}; restarting all workers: rendezvous round {round}, attempt {} of {} \
              (WEFT_RESTART_COUNT={round})",
             round + 1,

@@ -253,7 +253,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     let mut restarts = 0u32;
     let code = loop {
         if let Some(sig) = signals::received() {
-            eprintln!("weft launch: received {}; not starting the workers", signal_name(sig));
+            weft_core::errln!("weft launch: received {}; not starting the workers", signal_name(sig));
             break 128 + sig;
         }
         let mut workers = start_all(cfg, &env, restarts)?;
@@ -270,7 +270,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
                 let w = &workers[first];
                 if signals::received().is_none() && restarts < cfg.max_restarts {
                     restarts += 1;
-                    eprintln!(
+                    weft_core::errln!(
                         "weft launch: rank {} failed ({status}); restarting all workers: attempt {} of {} \
                          (WEFT_RESTART_COUNT={restarts})",
                         w.rank,
@@ -279,7 +279,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
                     );
                     continue;
                 }
-                eprint!("{}", report(cfg, &workers, first, &exited_before_stop, restarts));
+                weft_core::err!("{}", report(cfg, &workers, first, &exited_before_stop, restarts));
                 break signals::received().map_or(EXIT_FAILED, |sig| 128 + sig);
             }
         }
@@ -291,7 +291,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
 /// Forwards signal `sig`, which the launcher received, to the workers and waits for them; the
 /// launcher's exit code.
 fn forward_signal(cfg: &LaunchConfig, workers: &mut [Worker], sig: i32) -> i32 {
-    eprintln!(
+    weft_core::errln!(
         "weft launch: received {}; forwarding it to the workers",
         signal_name(sig)
     );
@@ -409,13 +409,13 @@ fn stop(workers: &mut [Worker], sig: i32, timeout: Duration) {
             seen = signals::count();
             let s = signals::received().unwrap_or(libc::SIGTERM);
             if forwarded {
-                eprintln!(
+                weft_core::errln!(
                     "weft launch: received {} again; killing the workers (SIGKILL)",
                     signal_name(s)
                 );
                 break;
             }
-            eprintln!("weft launch: received {}; forwarding it to the workers", signal_name(s));
+            weft_core::errln!("weft launch: received {}; forwarding it to the workers", signal_name(s));
             for w in workers.iter() {
                 w.signal(s);
             }
@@ -423,7 +423,7 @@ fn stop(workers: &mut [Worker], sig: i32, timeout: Duration) {
         }
         if Instant::now() >= deadline {
             if !timeout.is_zero() {
-                eprintln!(
+                weft_core::errln!(
                     "weft launch: {} still running {} s after {}; killing (SIGKILL)",
                     ranks_text(&running),
                     timeout.as_secs_f64(),

@@ -122,9 +122,10 @@ impl Worker {
             match self.child.try_wait() {
                 Ok(s) => self.status = s,
                 Err(e) => {
-                    eprintln!(
+                    weft_core::errln!(
                         "weft launch: cannot wait for rank {} (pid {}): {e}; counting it as failed",
-                        self.rank, self.pid
+                        self.rank,
+                        self.pid
                     );
                     self.status = Some(ExitStatus::from_raw(255 << 8));
                 }
