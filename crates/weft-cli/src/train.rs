@@ -2,15 +2,22 @@
 
 use std::path::PathBuf;
 
+use weft_train::config::{Overrides, RunConfig};
+
 #[derive(clap::Args)]
 pub struct TrainArgs {
-    /// The run config (paths inside it are relative to its folder).
+    /// The run config (relative paths inside it resolve against its folder).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Overrides a config value: `section.key=value` (repeatable).
+    /// Overrides a config value: `section.key=value` (repeatable; a relative path given here
+    /// resolves against the working directory).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     overrides: Vec<String>,
-    /// Continue from the newest complete checkpoint in `train.checkpoint_dir`.
+    /// Removes a key from the config: `section.key` (repeatable; applied before --set).
+    #[arg(long = "unset", value_name = "SECTION.KEY")]
+    unset: Vec<String>,
+    /// Continue from the newest checkpoint in `train.checkpoint_dir` that verifies (from step 0,
+    /// saying so, when there is none).
     #[arg(long)]
     resume: bool,
     /// Start from this checkpoint (a folder, or the newest in a directory), saved under any
@@ -22,19 +29,29 @@ pub struct TrainArgs {
     quiet: bool,
 }
 
+/// Runs the training; a run stopped by SIGINT or SIGTERM (after writing its checkpoint) exits
+/// the process with 128 + the signal's number, as a shell reports it.
 pub fn run(args: TrainArgs) -> Result<(), String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+    let overrides = Overrides {
+        unset: args.unset,
+        set: args.overrides,
+        cwd: cwd.clone(),
+    };
     let cfg = match &args.config {
-        Some(path) => weft_train::config::RunConfig::load(path, &args.overrides),
-        None => {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            weft_train::config::RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &args.overrides)
-        }
+        Some(path) => RunConfig::load(path, &overrides),
+        None => RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &overrides),
     }
     .map_err(|e| e.to_string())?;
     let options = weft_train::run::TrainOptions {
         resume: args.resume,
         resume_from: args.resume_from,
         progress: !args.quiet,
+        handle_signals: true,
     };
-    weft_train::run::train(&cfg, &options).map_err(|e| e.to_string())
+    let outcome = weft_train::run::train(&cfg, &options).map_err(|e| e.to_string())?;
+    if let Some(sig) = outcome.stopped_by {
+        std::process::exit(128 + sig);
+    }
+    Ok(())
 }

@@ -86,7 +86,7 @@ fn bad_values() {
     );
     fails_naming(
         &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.tp=2"],
-        &["dp x tp x pp = 1 x 2 x 1 = 2", "single process"],
+        &["tp x pp = 2 x 1 = 2", "single process"],
     );
     fails_naming(
         &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.pp=0"],
@@ -143,8 +143,11 @@ fn missing_files() {
         .unwrap()
         .replace("from = \"init.safetensors\"", "from = \"nowhere.safetensors\"");
     std::fs::write(&cfg, text).unwrap();
+    // the data is the fixture's own; only the init file is missing
+    let data = fixtures().join("gpt_adamw/batches.safetensors");
+    let data = format!("data.path={:?}", data.to_str().unwrap());
     fails_naming(
-        &["train", "--quiet", "--config", cfg.to_str().unwrap()],
+        &["train", "--quiet", "--config", cfg.to_str().unwrap(), "--set", &data],
         &["nowhere.safetensors"],
     );
     fails_naming(

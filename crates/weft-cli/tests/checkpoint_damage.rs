@@ -4,6 +4,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use common::{fixtures, path_set, temp_dir, weft, weft_ok};
 
@@ -11,45 +12,73 @@ fn config() -> String {
     fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
 }
 
-/// Trains the gpt fixture for 10 steps with checkpoints at 5 and 10 into `dir`.
+/// Trains the gpt fixture for 10 steps with checkpoints at 5 and 10 into `dir` (replacing
+/// what an earlier call left there).
 fn train_with_checkpoints(dir: &Path) {
     let set = path_set("train.checkpoint_dir", dir);
     #[rustfmt::skip]
     weft_ok(&["train", "--config", &config(), "--quiet", "--set", "train.steps=10",
-        "--set", "train.checkpoint_every=5", "--set", &set]);
+        "--set", "train.checkpoint_every=5", "--set", "train.overwrite=true", "--set", &set]);
 }
 
-/// `weft train --resume` from `dir` (with extra sets); its stderr, after checking it failed.
-fn resume_fails(dir: &Path, extra: &[&str]) -> String {
+/// `weft train --resume` from `dir` up to `steps` steps (with extra sets).
+fn resume(dir: &Path, steps: usize, extra: &[&str]) -> Output {
     let set = path_set("train.checkpoint_dir", dir);
+    let steps = format!("train.steps={steps}");
     let cfg = config();
     let mut args = vec![
-        "train",
-        "--config",
-        &cfg,
-        "--quiet",
-        "--resume",
-        "--set",
-        "train.steps=20",
-        "--set",
-        &set,
+        "train", "--config", &cfg, "--quiet", "--resume", "--set", &steps, "--set", &set,
     ];
     for e in extra {
         args.extend(["--set", e]);
     }
-    let out = weft(&args);
-    assert!(!out.status.success());
+    weft(&args)
+}
+
+/// [`resume`], which must fail: its stderr's last line (the error).
+fn resume_fails(dir: &Path, extra: &[&str]) -> String {
+    let out = resume(dir, 20, extra);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    err
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.trim().lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("weft: error: "), "{err}");
+    last
 }
 
 fn newest(dir: &Path) -> PathBuf {
     dir.join("step-00000010")
 }
 
+/// Resumes `dir` up to step 8 and checks that the newest checkpoint was skipped with a warning
+/// holding every one of `needles`, that the run went on from step 5, and that the damaged
+/// folder is still there as it was.
+fn skips_the_newest(dir: &Path, needles: &[&str]) {
+    let before: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(newest(dir))
+        .unwrap()
+        .map(|f| {
+            let p = f.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    let out = resume(dir, 8, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warning = err
+        .lines()
+        .find(|l| l.contains("warning: --resume skips"))
+        .unwrap_or_else(|| panic!("no warning in:\n{err}"));
+    for n in needles.iter().chain(&["step-00000010"]) {
+        assert!(warning.contains(n), "{n:?} in {warning:?}");
+    }
+    assert!(err.contains("resuming after step 5"), "{err}");
+    for (p, bytes) in before {
+        assert_eq!(std::fs::read(&p).unwrap(), bytes, "{} is kept as it was", p.display());
+    }
+}
+
 #[test]
-fn a_flipped_byte_or_a_truncated_file_is_refused_naming_the_file_and_the_tensor() {
+fn a_damaged_newest_checkpoint_is_skipped_named_and_kept() {
     let dir = temp_dir("ckpt-damage");
     train_with_checkpoints(&dir);
     // a byte in the last tensor's data
@@ -58,27 +87,46 @@ fn a_flipped_byte_or_a_truncated_file_is_refused_naming_the_file_and_the_tensor(
     let at = bytes.len() - 3;
     bytes[at] ^= 0x10;
     std::fs::write(&model, &bytes).unwrap();
-    let err = resume_fails(&dir, &[]);
-    assert!(
-        err.contains("model-rank-00000.safetensors") && err.contains("does not match its checksum"),
-        "{err}"
+    skips_the_newest(
+        &dir,
+        &[
+            "model-rank-00000.safetensors",
+            "does not match its checksum",
+            "tensor \"",
+        ],
     );
-    assert!(err.contains("tensor \""), "{err}");
     // the optimizer file cut in half
     train_with_checkpoints(&dir);
     let opt = newest(&dir).join("optimizer-rank-00000.safetensors");
     let bytes = std::fs::read(&opt).unwrap();
     std::fs::write(&opt, &bytes[..bytes.len() / 2]).unwrap();
-    let err = resume_fails(&dir, &[]);
-    assert!(
-        err.contains("optimizer-rank-00000.safetensors") && err.contains("truncated: tensor \""),
-        "{err}"
-    );
+    skips_the_newest(&dir, &["optimizer-rank-00000.safetensors", "truncated: tensor \""]);
     // a rank's file gone
     train_with_checkpoints(&dir);
     std::fs::remove_file(newest(&dir).join("model-rank-00000.safetensors")).unwrap();
+    skips_the_newest(&dir, &["model-rank-00000.safetensors"]);
+    // the index gone: the model and optimizer files are kept
+    train_with_checkpoints(&dir);
+    std::fs::remove_file(newest(&dir).join("index.json")).unwrap();
+    skips_the_newest(&dir, &["index.json is missing"]);
+    // a run that then saves step 10 again keeps the damaged folder under another name
+    let out = resume(&dir, 10, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let kept: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-00000010.kept-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(dir.join(&kept[0]).join("model-rank-00000.safetensors").exists());
+    assert!(weft_train::checkpoint::is_complete(&newest(&dir)));
+    // when no checkpoint verifies, --resume refuses to start over, naming each
+    train_with_checkpoints(&dir);
+    for step in ["step-00000005", "step-00000010"] {
+        std::fs::remove_file(dir.join(step).join("model-rank-00000.safetensors")).unwrap();
+    }
     let err = resume_fails(&dir, &[]);
-    assert!(err.contains("model-rank-00000.safetensors"), "{err}");
+    assert!(err.contains("no checkpoint") && err.contains("verifies"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -86,9 +134,22 @@ fn a_flipped_byte_or_a_truncated_file_is_refused_naming_the_file_and_the_tensor(
 fn a_checkpoint_of_another_model_and_a_missing_folder_are_named() {
     let dir = temp_dir("ckpt-foreign");
     train_with_checkpoints(&dir);
-    let err = resume_fails(&dir, &["model.n_embd=16"]);
+    // a change of shape (without the init file, which no longer fits either), and one that
+    // keeps every shape (the heads split the same weights)
+    let set = path_set("train.checkpoint_dir", &dir);
+    let cfg = config();
+    #[rustfmt::skip]
+    let out = weft(&["train", "--config", &cfg, "--quiet", "--resume", "--unset", "init.from",
+        "--set", &set, "--set", "model.n_embd=16"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("transformer.wte.weight") && err.contains("[65, 32]") && err.contains("[65, 16]"),
+        err.contains("model.n_embd is 32 in the checkpoint but 16 in this run"),
+        "{err}"
+    );
+    let err = resume_fails(&dir, &["model.n_head=4"]);
+    assert!(
+        err.contains("model.n_head is 2 in the checkpoint but 4 in this run"),
         "{err}"
     );
     let missing = dir.join("no-such-folder");
@@ -122,21 +183,26 @@ fn a_half_written_checkpoint_is_never_used() {
     let set = path_set("train.checkpoint_dir", &dir);
     let m = path_set("train.metrics", &metrics);
     #[rustfmt::skip]
-    weft_ok(&["train", "--config", &config(), "--quiet", "--resume", "--set", "train.steps=16",
+    let out = weft_ok(&["train", "--config", &config(), "--quiet", "--resume", "--set", "train.steps=16",
         "--set", &set, "--set", &m]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("skips") && err.contains("step-00000014") && err.contains("COMPLETE marker"),
+        "{err}"
+    );
     let steps: Vec<u64> = common::read_metrics(&metrics)
         .iter()
         .filter_map(|r| r["step"].as_u64())
         .collect();
     assert_eq!(
         steps,
-        (10..16).collect::<Vec<_>>(),
-        "resumed from step 10, the newest complete checkpoint"
+        (11..=16).collect::<Vec<_>>(),
+        "resumed after step 10, the newest complete checkpoint"
     );
-    // the next complete checkpoint removed what the killed runs left
-    for left in [partial, unmarked] {
-        assert!(!left.exists(), "{} was not removed", left.display());
-    }
+    // the next complete checkpoint removed the temporary folder; the unmarked one, which may
+    // hold the only copy of something, is left alone
+    assert!(!partial.exists(), "{} was not removed", partial.display());
+    assert!(unmarked.join("model-rank-00000.safetensors").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

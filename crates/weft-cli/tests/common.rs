@@ -70,7 +70,11 @@ pub fn check_against_pytorch(case: &str, metrics: &Path) -> f64 {
     assert!(got.len() >= 40, "{case}: at least 40 steps");
     let mut worst = 0.0f64;
     for (i, rec) in got.iter().enumerate() {
-        assert_eq!(rec["step"].as_u64(), Some(i as u64), "{case}: step numbering");
+        assert_eq!(
+            rec["step"].as_u64(),
+            Some(i as u64 + 1),
+            "{case}: steps are numbered from 1"
+        );
         let (l, e) = (rec["loss"].as_f64().unwrap(), losses[i].as_f64().unwrap());
         let rel = (l - e).abs() / e.abs();
         worst = worst.max(rel);

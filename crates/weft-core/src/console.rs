@@ -45,37 +45,37 @@ pub fn lost_writes() -> usize {
 /// `println!` that never panics: a failed write is counted ([`lost_writes`]) and dropped.
 #[macro_export]
 macro_rules! outln {
-    () => {
-        $crate::console::write($crate::console::Stream::Stdout, format_args!("\n"))
-    };
-    ($($arg:tt)*) => {
-        $crate::console::write($crate::console::Stream::Stdout, format_args!("{}\n", format_args!($($arg)*)))
-    };
+    () => {{
+        let _ = $crate::console::write($crate::console::Stream::Stdout, format_args!("\n"));
+    }};
+    ($($arg:tt)*) => {{
+        let _ = $crate::console::write($crate::console::Stream::Stdout, format_args!("{}\n", format_args!($($arg)*)));
+    }};
 }
 
 /// `eprintln!` that never panics: a failed write is counted ([`lost_writes`]) and dropped.
 #[macro_export]
 macro_rules! errln {
-    () => {
-        $crate::console::write($crate::console::Stream::Stderr, format_args!("\n"))
-    };
-    ($($arg:tt)*) => {
-        $crate::console::write($crate::console::Stream::Stderr, format_args!("{}\n", format_args!($($arg)*)))
-    };
+    () => {{
+        let _ = $crate::console::write($crate::console::Stream::Stderr, format_args!("\n"));
+    }};
+    ($($arg:tt)*) => {{
+        let _ = $crate::console::write($crate::console::Stream::Stderr, format_args!("{}\n", format_args!($($arg)*)));
+    }};
 }
 
 /// `eprint!` that never panics (a progress line that rewrites itself with `\r`).
 #[macro_export]
 macro_rules! err {
-    ($($arg:tt)*) => {
-        $crate::console::write($crate::console::Stream::Stderr, format_args!($($arg)*))
-    };
+    ($($arg:tt)*) => {{
+        let _ = $crate::console::write($crate::console::Stream::Stderr, format_args!($($arg)*));
+    }};
 }
 
 /// `print!` that never panics.
 #[macro_export]
 macro_rules! out {
-    ($($arg:tt)*) => {
-        $crate::console::write($crate::console::Stream::Stdout, format_args!($($arg)*))
-    };
+    ($($arg:tt)*) => {{
+        let _ = $crate::console::write($crate::console::Stream::Stdout, format_args!($($arg)*));
+    }};
 }

@@ -51,6 +51,8 @@ pub struct CsvDataset {
     /// Row-major `[rows, num_features]`, already multiplied by the feature scale.
     features: Vec<f32>,
     labels: Vec<i64>,
+    /// The file line (1-based) of each row, for errors about it.
+    lines: Vec<usize>,
     /// Row indices (in file order) of each split: `[train, val]`.
     splits: [Vec<usize>; 2],
     /// The last epoch order built for each split (a cache: batches do not depend on it).
@@ -67,6 +69,7 @@ impl Clone for CsvDataset {
             num_classes: self.num_classes,
             features: self.features.clone(),
             labels: self.labels.clone(),
+            lines: self.lines.clone(),
             splits: self.splits.clone(),
             orders: Default::default(),
         }
@@ -231,8 +234,9 @@ impl CsvDataset {
             None => String::new(),
         };
         let num_features = num_columns - 1;
-        let (mut features, mut labels) = (Vec::new(), Vec::new());
+        let (mut features, mut labels, mut lines) = (Vec::new(), Vec::new(), Vec::new());
         for (line, row) in rows {
+            lines.push(line);
             let fields: Vec<&str> = row.split(',').map(str::trim).collect();
             if fields.len() != num_columns {
                 let msg = format!("ragged row: expected {num_columns} values, found {}", fields.len());
@@ -277,6 +281,7 @@ impl CsvDataset {
             num_classes,
             features,
             labels,
+            lines,
             splits: [train, val],
             orders: Default::default(),
         })
@@ -285,6 +290,28 @@ impl CsvDataset {
     /// The path the data came from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Checks every label against `classes`, the classes a model predicts: the first label of
+    /// `classes` or more is an error naming the file, its line and column, and the value.
+    pub fn check_labels(&self, classes: usize) -> Result<()> {
+        let Some(row) = self.labels.iter().position(|&l| l as usize >= classes) else {
+            return Ok(());
+        };
+        let name = self
+            .header
+            .as_ref()
+            .map_or(String::new(), |h| format!(" ({:?})", h[self.label_index]));
+        Err(Error::Csv {
+            path: self.path.clone(),
+            line: self.lines[row],
+            column: Some(self.label_index + 1),
+            msg: format!(
+                "label {}{name} is outside the model's {classes} classes (0 to {})",
+                self.labels[row],
+                classes.saturating_sub(1)
+            ),
+        })
     }
 
     /// The header row's column names (label included), if the file had one.

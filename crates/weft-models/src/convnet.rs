@@ -127,6 +127,10 @@ impl Model for ConvNet {
         self.forward(inputs)?.cross_entropy(targets, -100, 0.0)
     }
 
+    fn evaluate(&self, inputs: &Tensor, targets: &Tensor) -> Result<crate::EvalOutput> {
+        crate::evaluate_classifier(&self.forward(inputs)?, targets)
+    }
+
     fn context(&self) -> &Context {
         &self.ctx
     }

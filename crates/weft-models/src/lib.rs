@@ -11,10 +11,32 @@ pub mod mlp;
 use weft_core::{Result, Tensor};
 use weft_nn::{Context, Module};
 
+/// What evaluating one batch gives: its mean loss and, for a classifier, how many of its
+/// predictions (the largest logit) were right.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalOutput {
+    /// Mean loss over the batch.
+    pub loss: f64,
+    /// Rows whose predicted class is the target (classifiers only).
+    pub correct: Option<usize>,
+    /// Rows in the batch.
+    pub rows: usize,
+}
+
 /// A model the trainer can run: parameters, a loss, and its mode/RNG context.
 pub trait Model: Module + Send + Sync {
     /// Mean cross-entropy of one batch.
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor>;
+
+    /// The loss of one evaluation batch (called without gradients, in eval mode), and the
+    /// correct predictions of a classifier. By default the loss alone.
+    fn evaluate(&self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutput> {
+        Ok(EvalOutput {
+            loss: self.loss(inputs, targets)?.item()?,
+            correct: None,
+            rows: inputs.shape().first().copied().unwrap_or(0),
+        })
+    }
 
     /// The train/eval mode and dropout stream shared by the model's layers.
     fn context(&self) -> &Context;
@@ -68,4 +90,19 @@ pub(crate) fn config_error(key: &str, msg: impl std::fmt::Display) -> weft_core:
         op: "model config",
         msg: format!("model.{key}: {msg}"),
     }
+}
+
+/// [`Model::evaluate`] of a classifier whose `logits` (`[B, classes]`) were computed for
+/// `targets` (`[B]`, class ids): mean cross-entropy and the rows whose largest logit is the
+/// target.
+pub fn evaluate_classifier(logits: &Tensor, targets: &Tensor) -> Result<EvalOutput> {
+    let loss = logits.cross_entropy(targets, -100, 0.0)?.item()?;
+    let predicted = logits.argmax(-1, false)?.to_vec::<i64>()?;
+    let wanted = targets.to_vec::<i64>()?;
+    let correct = predicted.iter().zip(&wanted).filter(|(p, t)| p == t).count();
+    Ok(EvalOutput {
+        loss,
+        correct: Some(correct),
+        rows: wanted.len(),
+    })
 }

@@ -8,12 +8,15 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod job;
+pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 mod replicas;
 pub mod run;
+pub mod stop;
 pub mod trainer;
 
 pub use error::{Error, Result};
 pub use replicas::StateBytes;
-pub use trainer::{Callback, StepRecord, Trainer};
+pub use trainer::{Callback, EvalRecord, FitSummary, StepRecord, Trainer};

@@ -1,42 +1,154 @@
 //! Built-in callbacks: a JSON-lines metrics file and a progress display.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::trainer::{Callback, StepRecord};
+use crate::trainer::{Callback, EvalRecord, FitSummary, StepRecord};
 
 /// Appends one JSON object per logged step (`step`, `loss`, `lr`, `grad_norm`, `step_ms`,
-/// `tokens_per_s` or `samples_per_s`) and per evaluation (`step`, `val_loss`).
+/// `tokens_per_s` or `samples_per_s`, `state_bytes`, ...) and per evaluation (`step`,
+/// `val_loss`, and `val_accuracy` for classifiers).
+///
+/// Every record is one `write` of a whole line; when a write fails (a full disk) the file is cut
+/// back to its last whole line, a warning is printed once, and the run goes on: later records
+/// say how many were lost (`lost_records`).
 pub struct MetricsFile {
-    file: std::io::BufWriter<std::fs::File>,
-    path: std::path::PathBuf,
+    file: std::fs::File,
+    path: PathBuf,
+    /// The file's length after its last whole line.
+    len: u64,
+    lost: usize,
+}
+
+/// How [`MetricsFile::open`] treats a file that is already there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsMode {
+    /// A new run: an existing non-empty file is an error (another run's records), unless
+    /// `overwrite`, which starts it afresh.
+    Fresh { overwrite: bool },
+    /// A run resumed after `steps` steps: records of later steps (written after the checkpoint
+    /// it resumes from, and about to be written again) are removed, so each step is in the file
+    /// once.
+    Resume { steps: usize },
 }
 
 impl MetricsFile {
-    /// Creates (or, when `append`, extends) the file.
-    pub fn create(path: &Path, append: bool) -> Result<Self> {
+    /// Creates the file (and its folder), as `mode` says.
+    pub fn open(path: &Path, mode: MetricsMode) -> Result<Self> {
+        let bad = |e: &dyn std::fmt::Display| Error::Io(format!("train.metrics: {}: {e}", path.display()));
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| Error::Io(format!("{}: {e}", parent.display())))?;
+            std::fs::create_dir_all(parent).map_err(|e| bad(&e))?;
+        }
+        if path.is_dir() {
+            return Err(bad(&"it is a folder"));
+        }
+        let existing = std::fs::metadata(path).map_or(0, |m| m.len());
+        match mode {
+            MetricsMode::Fresh { overwrite: false } if existing > 0 => {
+                return Err(Error::Config(format!(
+                    "train.metrics: {} holds another run's records; continue that run with --resume, write this \
+                     one elsewhere, or set train.overwrite = true to replace it",
+                    path.display()
+                )))
+            }
+            MetricsMode::Fresh { overwrite: true } if existing > 0 => {
+                weft_core::errln!("weft: train.overwrite: replacing {}", path.display());
+                std::fs::write(path, b"").map_err(|e| bad(&e))?;
+            }
+            MetricsMode::Resume { steps } if existing > 0 => keep_steps_up_to(path, steps).map_err(|e| bad(&e))?,
+            _ => {}
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
+            .append(true)
             .open(path)
-            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+            .map_err(|e| bad(&e))?;
+        let len = file.metadata().map_err(|e| bad(&e))?.len();
         Ok(MetricsFile {
-            file: std::io::BufWriter::new(file),
+            file,
             path: path.to_path_buf(),
+            len,
+            lost: 0,
         })
     }
 
-    fn write(&mut self, v: serde_json::Value) -> Result<()> {
-        writeln!(self.file, "{v}")
-            .and_then(|_| self.file.flush())
-            .map_err(|e| Error::Io(format!("{}: {e}", self.path.display())))
+    /// `open` for a new run that may replace the file (`append`: keep what is there).
+    pub fn create(path: &Path, append: bool) -> Result<Self> {
+        let mode = if append {
+            MetricsMode::Resume { steps: usize::MAX }
+        } else {
+            MetricsMode::Fresh { overwrite: true }
+        };
+        Self::open(path, mode)
     }
+
+    /// How many records could not be written.
+    pub fn lost_records(&self) -> usize {
+        self.lost
+    }
+
+    fn write(&mut self, mut v: serde_json::Value) {
+        if self.lost > 0 {
+            v["lost_records"] = serde_json::json!(self.lost);
+        }
+        // stdout or stderr gone (a closed pipe, a full disk): the run goes on, and says so here
+        let lost_output = weft_core::console::lost_writes();
+        if lost_output > 0 {
+            v["lost_output_writes"] = serde_json::json!(lost_output);
+        }
+        let line = format!("{v}\n");
+        match self.file.write_all(line.as_bytes()) {
+            Ok(()) => self.len += line.len() as u64,
+            Err(e) => {
+                // no half line stays behind
+                let _ = self.file.set_len(self.len);
+                if self.lost == 0 {
+                    weft_core::errln!(
+                        "weft: warning: cannot write to {} ({e}); training goes on, and later records count the \
+                         lost ones",
+                        self.path.display()
+                    );
+                }
+                self.lost += 1;
+            }
+        }
+    }
+}
+
+/// Removes from the metrics file at `path` every record of a step after `steps`, and any line
+/// that is not a whole JSON object (cut short by a killed run), through a temporary file renamed
+/// over it.
+fn keep_steps_up_to(path: &Path, steps: usize) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let mut kept = String::with_capacity(text.len());
+    let mut dropped = 0;
+    for line in text.lines() {
+        let step = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+        match step {
+            Some(s) if s as usize <= steps => {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+            _ => dropped += 1,
+        }
+    }
+    if dropped == 0 {
+        return Ok(());
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(kept.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 impl Callback for MetricsFile {
@@ -48,18 +160,33 @@ impl Callback for MetricsFile {
         if let Some(a) = &r.activation_bytes {
             v["activation_bytes"] = serde_json::json!(a);
         }
-        self.write(v)
+        if r.skipped {
+            v["skipped"] = serde_json::json!(true);
+        }
+        if r.skipped_steps > 0 {
+            v["skipped_steps"] = serde_json::json!(r.skipped_steps);
+        }
+        self.write(v);
+        Ok(())
     }
 
-    fn on_eval(&mut self, step: usize, val_loss: f64) -> Result<()> {
-        self.write(serde_json::json!({"step": step, "val_loss": val_loss}))
+    fn on_eval(&mut self, e: &EvalRecord) -> Result<()> {
+        let mut v = serde_json::json!({"step": e.step, "val_loss": e.loss});
+        if let Some(a) = e.accuracy {
+            v["val_accuracy"] = serde_json::json!(a);
+        }
+        self.write(v);
+        Ok(())
     }
 }
 
-/// A one-line progress bar on a terminal; plain lines otherwise (logs, pipes).
+/// A one-line progress bar with the time left on a terminal; plain lines otherwise (logs,
+/// pipes). Steps are numbered from 1 (the numbering of the metrics file and checkpoints).
 pub struct Progress {
     total: usize,
     tty: bool,
+    /// The first step shown and when: the time left is extrapolated from there.
+    first: Option<(usize, Instant)>,
 }
 
 impl Progress {
@@ -67,20 +194,42 @@ impl Progress {
         Progress {
             total,
             tty: std::io::stderr().is_terminal(),
+            first: None,
         }
+    }
+
+    /// The time left after `step`, from the pace since the first step shown: `1m05s`.
+    fn eta(&mut self, step: usize) -> Option<String> {
+        let (s0, t0) = *self.first.get_or_insert((step, Instant::now()));
+        if step <= s0 {
+            return None;
+        }
+        let per_step = t0.elapsed().as_secs_f64() / (step - s0) as f64;
+        let left = (per_step * self.total.saturating_sub(step) as f64).round() as u64;
+        Some(match left {
+            s if s >= 3600 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+            s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+            s => format!("{s}s"),
+        })
     }
 }
 
 impl Callback for Progress {
     fn on_step(&mut self, r: &StepRecord) -> Result<()> {
-        let done = r.step + 1;
+        let done = r.step;
+        let eta = self.eta(done).map_or(String::new(), |e| format!(" | eta {e}"));
+        let what = if r.skipped {
+            "skipped (not finite)".to_string()
+        } else {
+            format!("loss {:.4}", r.loss)
+        };
         let line = format!(
-            "step {done:>6}/{} | loss {:.4} | lr {:.2e} | grad norm {:.3} | {:.1} ms/step",
-            self.total, r.loss, r.lr, r.grad_norm, r.step_ms
+            "step {done:>6}/{} | {what} | lr {:.2e} | grad norm {:.3} | {:.1} ms/step{eta}",
+            self.total, r.lr, r.grad_norm, r.step_ms
         );
         if self.tty {
             let width = 24;
-            let filled = width * done / self.total.max(1);
+            let filled = (width * done / self.total.max(1)).min(width);
             weft_core::err!("\r[{}{}] {line}   ", "#".repeat(filled), "-".repeat(width - filled));
             if done == self.total {
                 weft_core::errln!();
@@ -91,11 +240,21 @@ impl Callback for Progress {
         Ok(())
     }
 
-    fn on_eval(&mut self, step: usize, val_loss: f64) -> Result<()> {
+    fn on_eval(&mut self, e: &EvalRecord) -> Result<()> {
         if self.tty {
             weft_core::errln!();
         }
-        weft_core::errln!("step {:>6}/{} | val loss {val_loss:.4}", step + 1, self.total);
+        let acc = e
+            .accuracy
+            .map_or(String::new(), |a| format!(" | val accuracy {:.2}%", a * 100.0));
+        weft_core::errln!("step {:>6}/{} | val loss {:.4}{acc}", e.step, self.total, e.loss);
+        Ok(())
+    }
+
+    fn on_end(&mut self, s: &FitSummary) -> Result<()> {
+        if self.tty && s.stopped_by.is_some() {
+            weft_core::errln!();
+        }
         Ok(())
     }
 }

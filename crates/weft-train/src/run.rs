@@ -14,9 +14,10 @@ use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use weft_nn::schedule::Schedule;
 use weft_nn::state_dict;
 
+use crate::checkpoint::{self, ClaimMode};
 use crate::config::{DataConfig, LabelColumnConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig};
 use crate::error::{Error, Result};
-use crate::metrics::{MetricsFile, Progress};
+use crate::metrics::{MetricsFile, MetricsMode};
 use crate::trainer::{shard_rows, BatchFn, CheckpointPolicy, Trainer};
 
 /// The model of a `[model]` section, initialised from `seed`.
@@ -201,6 +202,15 @@ fn build_data(config: &RunConfig) -> Result<Data> {
                 c.feature_scale as f32,
                 c.val_fraction,
             )?);
+            // a label past the model's classes would fail mid-run, naming neither file nor row
+            let classes = match &config.model {
+                ModelConfig::Mlp(m) => Some(m.out_features),
+                ModelConfig::Convnet(m) => Some(m.num_classes),
+                ModelConfig::Gpt(_) => None,
+            };
+            if let Some(classes) = classes {
+                ds.check_labels(classes)?;
+            }
             let bs = c.batch_size;
             let (t, v) = (ds.clone(), ds.clone());
             let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, seed, step)?));
@@ -219,31 +229,67 @@ fn build_data(config: &RunConfig) -> Result<Data> {
 /// Options of `weft train` besides the config file.
 #[derive(Debug, Clone, Default)]
 pub struct TrainOptions {
-    /// Continue from the newest complete checkpoint in `train.checkpoint_dir`.
+    /// Continue from the newest checkpoint in `train.checkpoint_dir` that verifies.
     pub resume: bool,
     /// Start from this checkpoint (a folder, or the newest one in a directory), whatever
     /// layout wrote it; with `resume`, only when `train.checkpoint_dir` holds none yet.
     pub resume_from: Option<std::path::PathBuf>,
     /// Show the progress display.
     pub progress: bool,
+    /// Stop cleanly on SIGINT and SIGTERM ([`crate::stop`]): finish the step, write a
+    /// checkpoint, and return [`RunOutcome::stopped_by`].
+    pub handle_signals: bool,
+}
+
+/// How a run ended (errors aside).
+#[derive(Debug, Clone, Default)]
+pub struct RunOutcome {
+    /// What training did; `None` when there was nothing left to train.
+    pub summary: Option<crate::trainer::FitSummary>,
+    /// The signal that stopped the run early, if one did: `weft train` exits with 128 + it.
+    pub stopped_by: Option<i32>,
+}
+
+/// The job this process belongs to, from the launcher's (or Slurm's, OpenMPI's) variables.
+struct JobShape {
+    ranks: usize,
+    rank: usize,
+    /// Ranks of the job on this machine.
+    local_ranks: usize,
+}
+
+impl JobShape {
+    /// `this job has 4 ranks (this is rank 1)`, or that this is a single process.
+    fn describe(&self) -> String {
+        if self.ranks > 1 {
+            format!("this job has {} ranks (this is rank {})", self.ranks, self.rank)
+        } else {
+            "this is a single process (no launcher variables are set)".to_string()
+        }
+    }
+}
+
+fn job_shape() -> Result<JobShape> {
+    let env = weft_dist::env::from_env()?;
+    Ok(JobShape {
+        ranks: env.as_ref().map_or(1, |e| e.world_size),
+        rank: env.as_ref().map_or(0, |e| e.rank),
+        local_ranks: env.as_ref().map_or(1, |e| e.local_world_size),
+    })
 }
 
 /// Joins the job when this process is one of several ranks (started by `weft launch`, Slurm or
 /// OpenMPI), after checking that `[parallel]` describes as many ranks as the job has: every rank
 /// reads the same config, so each stops with the same message before any connection is made.
-fn join_job(config: &RunConfig) -> Result<Option<weft_dist::ProcessGroup>> {
-    let env = weft_dist::env::from_env()?;
-    let ranks = env.as_ref().map_or(1, |e| e.world_size);
+fn join_job(config: &RunConfig, job: &JobShape) -> Result<Option<weft_dist::ProcessGroup>> {
     let p = &config.parallel;
     let want = p.dp * p.tp * p.pp;
+    let ranks = job.ranks;
     if want != ranks {
-        let who = match &env {
-            Some(e) => format!("this job has {} ranks (this is rank {})", e.world_size, e.rank),
-            None => "this is a single process (no launcher variables are set)".to_string(),
-        };
+        let who = job.describe();
         return Err(Error::Config(format!(
             "parallel: dp x tp x pp = {} x {} x {} = {want}, but {who}; start {want} ranks, e.g. `weft launch \
-             --nproc-per-node {want} -- weft train ...`",
+             --nproc-per-node {want} -- weft train ...`, or leave parallel.dp unset to use every rank",
             p.dp, p.tp, p.pp
         )));
     }
@@ -253,40 +299,144 @@ fn join_job(config: &RunConfig) -> Result<Option<weft_dist::ProcessGroup>> {
     Ok(Some(weft_dist::init()?))
 }
 
-/// `config` with `parallel.dp = 0` replaced by the data-parallel ranks the job has: its ranks
-/// divided by `tp x pp`.
-fn with_job_dp(config: &RunConfig) -> Result<RunConfig> {
-    let ranks = weft_dist::env::from_env()?.map_or(1, |e| e.world_size);
-    let p = &config.parallel;
-    let cut = p.tp * p.pp;
-    if cut == 0 || ranks % cut != 0 {
-        return Err(Error::Config(format!(
-            "parallel.dp = 0 takes the job's ranks divided by tp x pp = {} x {}, but the job has {ranks} ranks",
-            p.tp, p.pp
-        )));
-    }
+/// `config` with `parallel.dp = 0` (the default) replaced by the data-parallel ranks the job
+/// has: its ranks divided by `tp x pp`.
+fn with_job_dp(config: &RunConfig, job: &JobShape) -> Result<RunConfig> {
     let mut resolved = config.clone();
-    resolved.parallel.dp = ranks / cut;
+    let p = &config.parallel;
+    if p.dp == 0 {
+        let cut = p.tp * p.pp;
+        if cut == 0 || !job.ranks.is_multiple_of(cut) {
+            return Err(Error::Config(format!(
+                "parallel: dp unset takes the job's ranks divided by tp x pp = {} x {} = {cut}, but {}; start a \
+                 multiple of {cut} ranks, e.g. `weft launch --nproc-per-node {cut} -- weft train ...`",
+                p.tp,
+                p.pp,
+                job.describe()
+            )));
+        }
+        resolved.parallel.dp = job.ranks / cut;
+    }
     Ok(resolved)
 }
 
-/// Runs the training described by `config`.
-pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
-    let resolved;
-    let config = if config.parallel.dp == 0 {
-        resolved = with_job_dp(config)?;
-        &resolved
-    } else {
-        config
+/// Checks before anything is built that the data can serve the run: CSV labels within the
+/// model's classes, and a validation split that gives a batch when the run evaluates.
+fn check_data(config: &RunConfig, data: &Data) -> Result<()> {
+    let t = &config.train;
+    if t.eval_every == 0 {
+        return Ok(());
+    }
+    let Some(eval) = &data.eval else {
+        return Err(Error::Config(format!(
+            "train.eval_every = {}, but the data has no validation split (data.val_fraction = 0, or data of kind \
+             \"batches\"); set train.eval_every = 0, or give the data a validation split",
+            t.eval_every
+        )));
     };
+    eval(0).map(drop).map_err(|e| {
+        Error::Config(format!(
+            "train.eval_every = {}, but the validation split cannot give a batch: {e}; raise data.val_fraction or \
+             set train.eval_every = 0",
+            t.eval_every
+        ))
+    })
+}
+
+/// Checks, on the rank that writes it (`writes`), that the metrics file of a new run holds no
+/// other run's records (unless `train.overwrite`) and that the trace can be written, so that
+/// neither fails after training; every rank of `group` fails if it fails.
+fn check_outputs(config: &RunConfig, options: &TrainOptions, group: Option<&weft_dist::ProcessGroup>) -> Result<()> {
+    let t = &config.train;
+    let writes = group.is_none_or(|g| g.rank() == 0);
+    let check = || -> Result<()> {
+        if !writes {
+            return Ok(());
+        }
+        if let Some(path) = &t.metrics {
+            let path = config.resolve(path);
+            let taken = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+            if taken && !options.resume && !t.overwrite {
+                return Err(Error::Config(format!(
+                    "train.metrics: {} holds another run's records; continue that run with --resume, write this \
+                     one elsewhere, or set train.overwrite = true to replace it",
+                    path.display()
+                )));
+            }
+            crate::trainer::probe_writable(&path)
+                .map_err(|e| Error::Config(format!("train.metrics: cannot write {}: {e}", path.display())))?;
+        }
+        if let Some(path) = &t.trace {
+            let path = config.resolve(path);
+            crate::trainer::probe_writable(&path)
+                .map_err(|e| Error::Config(format!("train.trace: cannot write {}: {e}", path.display())))?;
+        }
+        Ok(())
+    };
+    crate::job::agree(group, check(), "checking train.metrics and train.trace")
+}
+
+/// Runs the training described by `config`.
+pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
+    if options.handle_signals {
+        crate::stop::install().map_err(|e| Error::Run(format!("cannot install the signal handlers: {e}")))?;
+    }
+    let job = job_shape()?;
+    let dp_from_job = config.parallel.dp == 0;
+    let resolved = with_job_dp(config, &job)?;
+    let config = &resolved;
     let t = &config.train;
     let p = &config.parallel;
-    let group = join_job(config)?;
+    // refuse what cannot fit before allocating any of it (every rank computes the same)
+    crate::memory::check(config, job.local_ranks)?;
+    let group = join_job(config, &job)?;
     let rank = group.as_ref().map_or(0, |g| g.rank());
+    // rank 0 logs, shows progress and samples for the whole job
+    let logs = rank == 0;
+    if logs && job.ranks > 1 {
+        let from = if dp_from_job {
+            " (dp: the job's ranks / (tp x pp))"
+        } else {
+            ""
+        };
+        weft_core::errln!(
+            "weft: {} ranks: dp = {} x tp = {} x pp = {}, zero = {}{from}",
+            job.ranks,
+            p.dp,
+            p.tp,
+            p.pp,
+            if p.dp > 1 { p.zero } else { 0 }
+        );
+    }
     let mesh = match &group {
         Some(g) => Some(weft_dist::DeviceMesh::new(g, p.dp, p.tp, p.pp)?),
         None => None,
     };
+    // every rank of a data-parallel replica (its tensor-parallel ranks) sees the same rows
+    let (dp_rank, dp_size) = mesh.as_ref().map_or((0, 1), |m| (m.dp_group.rank(), m.dp));
+    let data = build_data(config)?;
+    check_data(config, &data)?;
+    let data = data.shard(dp_rank, dp_size)?;
+    if (data.batch_rows / dp_size) % p.micro_batches != 0 {
+        return Err(Error::Config(format!(
+            "parallel.micro_batches: {} does not divide the {} rows each data-parallel rank gets per step",
+            p.micro_batches,
+            data.batch_rows / dp_size
+        )));
+    }
+    // the run's outputs, before the model is built: a folder of its own, files it can write
+    let claim = match &t.checkpoint_dir {
+        Some(dir) => {
+            let mode = if options.resume {
+                ClaimMode::Resume
+            } else {
+                ClaimMode::Fresh { overwrite: t.overwrite }
+            };
+            Some(checkpoint::claim(&config.resolve(dir), group.as_ref(), mode)?)
+        }
+        None => None,
+    };
+    check_outputs(config, options, group.as_ref())?;
     let init = config.init.from.as_ref().map(|f| config.resolve(f));
     let load_init = |m: &dyn Model| -> Result<()> {
         if let Some(path) = &init {
@@ -320,21 +470,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             m
         }
     };
-    // every rank of a data-parallel replica (its tensor-parallel ranks) sees the same rows
-    let (dp_rank, dp_size) = mesh.as_ref().map_or((0, 1), |m| (m.dp_group.rank(), m.dp));
-    let data = build_data(config)?.shard(dp_rank, dp_size)?;
-    if (data.batch_rows / dp_size) % p.micro_batches != 0 {
-        return Err(Error::Config(format!(
-            "parallel.micro_batches: {} does not divide the {} rows each data-parallel rank gets per step",
-            p.micro_batches,
-            data.batch_rows / dp_size
-        )));
-    }
     let optimizer = build_optimizer(&config.optim)?;
     let schedule = build_schedule(&config.schedule, config.optim.lr)?;
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
         .with_grad_clip(config.optim.grad_clip)
-        .with_log_every(t.log_every);
+        .with_log_every(t.log_every)
+        .with_skip_nonfinite(t.skip_nonfinite)
+        .with_progress(options.progress && logs);
     if let Some(m) = &mesh {
         trainer = trainer.with_job(m.world.clone());
         if m.tp > 1 {
@@ -385,7 +527,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             dir: config.resolve(dir),
             every: t.checkpoint_every,
             keep: t.keep_checkpoints,
+            overwrite: t.overwrite,
         });
+    }
+    if let Some(claim) = claim {
+        trainer = trainer.with_claim(claim);
     }
     trainer.checkpoint_extra = serde_json::json!({
         "model": config.model,
@@ -393,25 +539,52 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
         "parallel": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero},
     });
     let mut start = if options.resume { trainer.resume()? } else { 0 };
+    if logs {
+        match trainer.resumed_from() {
+            Some(path) => weft_core::errln!("weft: resuming after step {start} from {}", path.display()),
+            None if options.resume && options.resume_from.is_none() => {
+                let dir = t.checkpoint_dir.as_ref().map(|d| config.resolve(d)).unwrap_or_default();
+                weft_core::errln!(
+                    "weft: --resume: {} holds no checkpoint to resume; starting at step 0",
+                    dir.display()
+                );
+            }
+            None => {}
+        }
+    }
     // started from another folder's checkpoint (when not resumed from its own)
     let mut loaded_elsewhere = false;
     if let (Some(from), 0) = (&options.resume_from, start) {
         start = trainer.load_checkpoint(from)?;
         loaded_elsewhere = true;
-    }
-    // rank 0 logs, shows progress and samples for the whole job
-    let logs = rank == 0;
-    if logs && start > 0 {
-        weft_core::errln!("weft: resuming from step {start}");
+        if logs {
+            weft_core::errln!("weft: starting after step {start} from {}", from.display());
+        }
     }
     if let (Some(path), true) = (&t.metrics, logs) {
-        trainer = trainer.with_callback(MetricsFile::create(&config.resolve(path), options.resume && start > 0)?);
+        let mode = if options.resume {
+            MetricsMode::Resume { steps: start }
+        } else {
+            MetricsMode::Fresh { overwrite: t.overwrite }
+        };
+        trainer = trainer.with_callback(MetricsFile::open(&config.resolve(path), mode)?);
     }
-    if options.progress && logs {
-        trainer = trainer.with_callback(Progress::new(t.steps));
-    }
+    let mut outcome = RunOutcome::default();
     if start < t.steps {
-        trainer.fit(data.train.clone(), start, t.steps)?;
+        let summary = trainer.fit(data.train.clone(), start, t.steps)?;
+        outcome.stopped_by = summary.stopped_by;
+        if let (Some(sig), true) = (summary.stopped_by, logs) {
+            let saved = match &summary.checkpoint {
+                Some(path) => format!("checkpoint at {}; continue with --resume", path.display()),
+                None => "no train.checkpoint_dir is set, so nothing was saved".to_string(),
+            };
+            weft_core::errln!(
+                "weft: stopped by {} after step {}; {saved}",
+                crate::stop::name(sig),
+                summary.steps
+            );
+        }
+        outcome.summary = Some(summary);
     } else if loaded_elsewhere {
         // nothing left to train: the state goes into this run's own folder, in its layout
         trainer.save_checkpoint(start)?;
@@ -420,6 +593,9 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             "weft: the newest checkpoint is at step {start}; nothing left to train (train.steps = {})",
             t.steps
         );
+    }
+    if outcome.stopped_by.is_some() {
+        return Ok(outcome);
     }
     if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0) {
         // a model cut across ranks is put together first (every rank takes part): a
@@ -443,5 +619,5 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<()> {
             weft_core::outln!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
         }
     }
-    Ok(())
+    Ok(outcome)
 }

@@ -17,6 +17,7 @@
 //! trainer cuts them again for its own. Batches are pure functions of (seed, step), so the step
 //! is the data position.
 
+mod claim;
 mod index;
 mod writer;
 
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use weft_core::Tensor;
 
 use crate::error::{Error, Result};
+pub use claim::{claim, Claim, ClaimMode, LOCK};
 pub use index::{checksum, Index, Piece, PieceRecord, Shard, TensorRecord, TpPart};
 pub use writer::{new_nonce, BackgroundWriter, Coordination, Pending};
 
@@ -45,6 +47,11 @@ pub struct CheckpointState {
     /// Anything else worth keeping with the weights (run config, tokenizer, layout).
     #[serde(default)]
     pub extra: serde_json::Value,
+    /// The run that wrote it: a resumed run keeps its id, a fresh run gets a new one. Pruning
+    /// removes only the checkpoints of the run being pruned. Absent in checkpoints written
+    /// before runs had ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -56,13 +63,41 @@ fn folder_name(step: usize) -> String {
     format!("step-{step:08}")
 }
 
+/// The folder of checkpoint directory `dir` that holds the checkpoint taken after `steps`
+/// steps.
+pub fn folder(dir: &Path, steps: usize) -> PathBuf {
+    dir.join(folder_name(steps))
+}
+
 /// Whether `path` is a complete checkpoint folder.
 pub fn is_complete(path: &Path) -> bool {
     path.join(MARKER).is_file() && path.join(INDEX).is_file()
 }
 
-/// Complete checkpoints in `dir`, oldest first.
-pub fn list(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+/// What a `step-NNNNNNNN` folder of a checkpoint directory holds, as far as its names tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FolderState {
+    /// The marker and the index are there: a checkpoint, unless its files are damaged.
+    Complete,
+    /// No `COMPLETE` marker: the save did not finish (or the marker was lost).
+    NoMarker,
+    /// A marker but no `index.json`.
+    NoIndex,
+}
+
+impl FolderState {
+    fn of(path: &Path) -> FolderState {
+        match (path.join(MARKER).is_file(), path.join(INDEX).is_file()) {
+            (true, true) => FolderState::Complete,
+            (false, _) => FolderState::NoMarker,
+            (true, false) => FolderState::NoIndex,
+        }
+    }
+}
+
+/// Every `step-NNNNNNNN` folder in `dir` with its step and state, oldest first (none when
+/// `dir` does not exist).
+pub fn scan(dir: &Path) -> Result<Vec<(usize, PathBuf, FolderState)>> {
     if !dir.exists() {
         return Ok(Vec::new());
     }
@@ -71,18 +106,44 @@ pub fn list(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
         let entry = entry.map_err(|e| io(dir, e))?;
         let name = entry.file_name().to_string_lossy().to_string();
         if let Some(step) = name.strip_prefix("step-").and_then(|s| s.parse::<usize>().ok()) {
-            if is_complete(&entry.path()) {
-                out.push((step, entry.path()));
+            if entry.path().is_dir() {
+                out.push((step, entry.path(), FolderState::of(&entry.path())));
             }
         }
     }
-    out.sort();
+    out.sort_by_key(|(step, _, _)| *step);
     Ok(out)
+}
+
+/// Complete checkpoints in `dir`, oldest first.
+pub fn list(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    Ok(scan(dir)?
+        .into_iter()
+        .filter(|(_, _, s)| *s == FolderState::Complete)
+        .map(|(step, path, _)| (step, path))
+        .collect())
 }
 
 /// The newest complete checkpoint in `dir`.
 pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(list(dir)?.pop().map(|(_, p)| p))
+}
+
+/// The newest checkpoint of `dir` that reads back whole (every piece checked against its
+/// checksum), read. Each newer folder that does not is passed to `skipped` with the reason;
+/// nothing is removed. `None` when no folder of `dir` verifies.
+pub fn newest_valid(dir: &Path, mut skipped: impl FnMut(&Path, String)) -> Result<Option<(PathBuf, Loaded)>> {
+    for (_, path, state) in scan(dir)?.into_iter().rev() {
+        match state {
+            FolderState::NoMarker => skipped(&path, format!("it has no {MARKER} marker (its save did not finish)")),
+            FolderState::NoIndex => skipped(&path, format!("its {INDEX} is missing")),
+            FolderState::Complete => match read(&path) {
+                Ok(loaded) => return Ok(Some((path, loaded))),
+                Err(e) => skipped(&path, e.to_string()),
+            },
+        }
+    }
+    Ok(None)
 }
 
 /// The checkpoint folder `path` names: itself when it is one, else the newest complete one

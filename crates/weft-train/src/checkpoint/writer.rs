@@ -4,10 +4,11 @@
 //! their index records to rank 0 through the job's store (`weft/checkpoint/<nonce>/<step>/
 //! rank-R`; a failed rank reports its error). Rank 0 waits for every report, checks that the
 //! pieces cover every tensor exactly once, writes `index.json`, fsyncs the folder, renames it
-//! to `DIR/step-NNNNNNNN/`, writes the `COMPLETE` marker and keeps the newest K checkpoints.
-//! A rank killed at any point leaves at most a temporary folder or an unmarked one, which
-//! readers skip and the next completed checkpoint removes. The nonce, the same on every rank
-//! and new for every run of the job, keeps attempts from mixing their files.
+//! to `DIR/step-NNNNNNNN/`, writes the `COMPLETE` marker and keeps the run's newest K
+//! checkpoints. A rank killed at any point leaves at most a temporary folder (which the next
+//! completed checkpoint removes) or an unmarked one (which readers skip and nothing removes). A
+//! save that fails removes its temporary files. The nonce, the same on every rank and new for
+//! every run of the job, keeps attempts from mixing their files.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,7 +64,9 @@ pub fn new_nonce() -> u64 {
 }
 
 /// Writes this rank's files; rank 0 also completes the checkpoint (waiting for every other
-/// rank's report). Returns the complete folder on rank 0.
+/// rank's report). Returns the complete folder on rank 0. A failed save leaves no temporary
+/// files: a rank removes its own when it cannot finish them, and rank 0 removes the temporary
+/// folder once every rank has reported (or the wait has timed out).
 pub fn write(p: Pending) -> Result<Option<PathBuf>> {
     let (rank, ranks, nonce) = match &p.coordination {
         Some(c) => (c.group.rank(), c.group.size(), c.nonce),
@@ -71,7 +74,6 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
     };
     let step = p.state.step;
     let tmp = p.dir.join(format!(".tmp-{}-{nonce:013x}", folder_name(step)));
-    let written = write_shard(&tmp, rank, &p.shard);
     let key = |r: usize| format!("weft/checkpoint/{nonce:013x}/{step}/rank-{r}");
     let store = match &p.coordination {
         Some(c) if ranks > 1 => Some(c.group.store().ok_or_else(|| {
@@ -79,6 +81,7 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
         })?),
         _ => None,
     };
+    let written = write_shard(&tmp, rank, &p.shard);
     if rank != 0 {
         let (report, result) = match written {
             Ok((model, optimizer)) => (
@@ -104,31 +107,62 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
         }
         return result;
     }
-    let (model, optimizer) = written?;
-    let mut index = Index {
-        format: index::FORMAT.to_string(),
-        state: p.state.clone(),
-        ranks,
-        aliases: p.aliases.clone(),
-        model,
-        optimizer,
-    };
-    if let Some(store) = store {
-        let deadline = Instant::now() + REPORT_TIMEOUT;
-        for r in 1..ranks {
-            let report = wait_report(store, &key(r), r, step, deadline)?;
-            // the store keeps every key for the whole job: drop the report's bulk
-            store.set(&key(r), b"")?;
-            if let Some(e) = report.error {
-                return Err(Error::Io(format!(
-                    "checkpoint of step {step}: rank {r} could not write its files: {e}"
-                )));
+    let gathered = written.and_then(|(model, optimizer)| {
+        let mut index = Index {
+            format: index::FORMAT.to_string(),
+            state: p.state.clone(),
+            ranks,
+            aliases: p.aliases.clone(),
+            model,
+            optimizer,
+        };
+        if let Some(store) = store {
+            gather_reports(store, &mut index, ranks, step, &key)?;
+        }
+        Ok(index)
+    });
+    let result = gathered.and_then(|index| complete(&p.dir, &tmp, &index, p.keep, nonce));
+    if result.is_err() && tmp.exists() {
+        // every rank has reported (or timed out): nothing more is written into it
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result.map(Some)
+}
+
+/// Rank 0: waits for every other rank's report of checkpoint `step` and adds its records to
+/// `index`. Waits for all of them even after a failure, so that no rank is still writing into
+/// the temporary folder when rank 0 removes it; returns the first failure.
+fn gather_reports(
+    store: &weft_dist::store::StoreClient,
+    index: &mut Index,
+    ranks: usize,
+    step: usize,
+    key: &dyn Fn(usize) -> String,
+) -> Result<()> {
+    let deadline = Instant::now() + REPORT_TIMEOUT;
+    let mut first_error = None;
+    for r in 1..ranks {
+        let report = match wait_report(store, &key(r), r, step, deadline) {
+            Ok(report) => report,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
             }
-            index::merge(&mut index.model, report.model)?;
-            index::merge(&mut index.optimizer, report.optimizer)?;
+        };
+        // the store keeps every key for the whole job: drop the report's bulk
+        store.set(&key(r), b"")?;
+        let merged = match report.error {
+            Some(e) => Err(Error::Io(format!(
+                "checkpoint of step {step}: rank {r} could not write its files: {e}"
+            ))),
+            None => index::merge(&mut index.model, report.model)
+                .and_then(|_| index::merge(&mut index.optimizer, report.optimizer)),
+        };
+        if let Err(e) = merged {
+            first_error.get_or_insert(e);
         }
     }
-    complete(&p.dir, &tmp, &index, p.keep).map(Some)
+    first_error.map_or(Ok(()), Err)
 }
 
 /// This rank's files in `tmp`: their records (model, optimizer).
@@ -142,7 +176,17 @@ fn write_shard(tmp: &Path, rank: usize, shard: &Shard) -> Result<Records> {
         ("optimizer", &shard.optimizer, &mut out.1),
     ] {
         if !pieces.is_empty() {
-            *records = index::write_pieces(&tmp.join(format!("{kind}-rank-{rank:05}.safetensors")), pieces)?;
+            let file = tmp.join(format!("{kind}-rank-{rank:05}.safetensors"));
+            match index::write_pieces(&file, pieces) {
+                Ok(r) => *records = r,
+                Err(e) => {
+                    // this rank's files only: the others may still be writing theirs
+                    for kind in ["model", "optimizer"] {
+                        let _ = std::fs::remove_file(tmp.join(format!("{kind}-rank-{rank:05}.safetensors")));
+                    }
+                    return Err(e);
+                }
+            }
         }
     }
     Ok(out)
@@ -192,7 +236,7 @@ fn sync_dir(dir: &Path) {
 
 /// Rank 0: checks the pieces, writes the index, moves `tmp` into place, marks it complete and
 /// removes what is no longer needed.
-fn complete(dir: &Path, tmp: &Path, index: &Index, keep: usize) -> Result<PathBuf> {
+fn complete(dir: &Path, tmp: &Path, index: &Index, keep: usize, nonce: u64) -> Result<PathBuf> {
     let step = index.state.step;
     index::check(index).map_err(|e| Error::Io(format!("checkpoint of step {step} is incomplete: {e}")))?;
     let json = serde_json::to_vec_pretty(index).map_err(|e| io(tmp, e))?;
@@ -200,22 +244,51 @@ fn complete(dir: &Path, tmp: &Path, index: &Index, keep: usize) -> Result<PathBu
     sync_dir(tmp);
     let fin = dir.join(folder_name(step));
     if fin.exists() {
-        std::fs::remove_dir_all(&fin).map_err(|e| io(&fin, e))?;
+        make_way(&fin, index.state.run.as_deref(), nonce)?;
     }
     std::fs::rename(tmp, &fin).map_err(|e| io(&fin, e))?;
     sync_dir(dir);
     write_synced(&fin.join(MARKER), b"complete\n")?;
     sync_dir(&fin);
-    prune(dir, step, keep)?;
+    prune(dir, step, keep, index.state.run.as_deref())?;
     Ok(fin)
 }
 
-/// Keeps the newest `keep` complete checkpoints, and removes temporary or unmarked folders of
-/// steps up to `step` (left by killed ranks; every rank has finished those steps).
-fn prune(dir: &Path, step: usize, keep: usize) -> Result<()> {
-    let mut all = list(dir)?;
-    while all.len() > keep.max(1) {
-        let (_, old) = all.remove(0);
+/// Clears the way for a new checkpoint at `fin`, where a folder of the same step already is: this
+/// run's own complete checkpoint of that step is replaced; anything else (a damaged folder,
+/// another run's checkpoint) is kept under a new name and named on stderr.
+fn make_way(fin: &Path, run: Option<&str>, nonce: u64) -> Result<()> {
+    let why = match super::read_index(fin) {
+        Ok(old) if super::is_complete(fin) && old.state.run.as_deref() == run && run.is_some() => {
+            return std::fs::remove_dir_all(fin).map_err(|e| io(fin, e));
+        }
+        Ok(_) if super::is_complete(fin) => "it belongs to another run".to_string(),
+        Ok(_) => format!("it has no {MARKER} marker"),
+        Err(e) => e.to_string(),
+    };
+    let name = fin.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let aside = fin.with_file_name(format!("{name}.kept-{nonce:013x}"));
+    std::fs::rename(fin, &aside).map_err(|e| io(fin, e))?;
+    weft_core::errln!(
+        "weft: warning: {} was in the way of this run's checkpoint ({why}); kept it as {}",
+        fin.display(),
+        aside.display()
+    );
+    Ok(())
+}
+
+/// Keeps this run's newest `keep` checkpoints (those that are complete, whose index reads, and
+/// that `run` wrote; other runs' checkpoints and folders that do not verify are never removed),
+/// and removes temporary folders of steps up to `step`, which no reader uses (left by killed
+/// ranks; every rank has finished those steps).
+fn prune(dir: &Path, step: usize, keep: usize, run: Option<&str>) -> Result<()> {
+    let mut mine: Vec<PathBuf> = list(dir)?
+        .into_iter()
+        .filter(|(_, p)| run.is_some() && super::read_index(p).is_ok_and(|i| i.state.run.as_deref() == run))
+        .map(|(_, p)| p)
+        .collect();
+    while mine.len() > keep.max(1) {
+        let old = mine.remove(0);
         std::fs::remove_dir_all(&old).map_err(|e| io(&old, e))?;
     }
     for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
@@ -224,11 +297,16 @@ fn prune(dir: &Path, step: usize, keep: usize) -> Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default();
-        let (digits, partial) = match name.strip_prefix(".tmp-step-") {
-            Some(rest) => (rest.split('-').next().unwrap_or(""), true),
-            None => (name.strip_prefix("step-").unwrap_or(""), !super::is_complete(&path)),
+        let Some(rest) = name.strip_prefix(".tmp-step-") else {
+            continue;
         };
-        if partial && digits.parse::<usize>().is_ok_and(|s| s <= step) {
+        if rest
+            .split('-')
+            .next()
+            .unwrap_or("")
+            .parse::<usize>()
+            .is_ok_and(|s| s <= step)
+        {
             std::fs::remove_dir_all(&path).map_err(|e| io(&path, e))?;
         }
     }

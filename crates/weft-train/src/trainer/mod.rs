@@ -7,22 +7,29 @@ use weft_core::{no_grad, Tensor};
 use weft_dist::trace::span;
 use weft_dist::{DataParallel, DdpOptions, ProcessGroup, ReduceOp, ShardedDataParallel, ZeroOptions};
 use weft_models::Model;
-use weft_nn::clip::{clip_grad_norm, clip_to_norm, grad_norm};
+use weft_nn::clip::{clip_to_norm, grad_norm};
 use weft_nn::optim::{Optimizer, ParamGroup};
 use weft_nn::schedule::Schedule;
 
-use crate::checkpoint::{self, CheckpointState};
+use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use crate::replicas::{unsharded_bytes, Replicas, StateBytes, ZeroUnits};
 
+mod checkpointing;
+mod fit;
 mod shards;
 mod whole;
+
+pub(crate) use fit::probe_writable;
+pub use fit::FitSummary;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRecord {
-    /// 0-based step index.
+    /// The step's number, counted from 1: once it is done, this many steps are, and the
+    /// checkpoint taken after it is `step-{step}` (the same numbering as the progress display,
+    /// the metrics file and evaluations).
     pub step: usize,
     /// Mean loss of the step's batch, computed before the update.
     pub loss: f64,
@@ -41,18 +48,34 @@ pub struct StepRecord {
     /// With a pipeline: the most activation bytes each stage (in stage order) held at once in
     /// this step.
     pub activation_bytes: Option<Vec<usize>>,
+    /// The step's loss or gradients were not finite and it made no update
+    /// ([`Trainer::with_skip_nonfinite`]).
+    pub skipped: bool,
+    /// Steps skipped so far in this run's `fit`, this one included.
+    pub skipped_steps: usize,
+}
+
+/// What one evaluation found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalRecord {
+    /// Steps done when it ran (the numbering of [`StepRecord::step`]).
+    pub step: usize,
+    /// Mean loss over the evaluation batches.
+    pub loss: f64,
+    /// For classifiers: the fraction of evaluation rows whose predicted class was right.
+    pub accuracy: Option<f64>,
 }
 
 /// Hooks the trainer calls; metrics files and progress bars are callbacks.
 pub trait Callback: Send {
     /// After every step whose index is a multiple of the log interval, and after the last.
     fn on_step(&mut self, record: &StepRecord) -> Result<()>;
-    /// After an evaluation: mean validation loss at `step`.
-    fn on_eval(&mut self, _step: usize, _val_loss: f64) -> Result<()> {
+    /// After an evaluation.
+    fn on_eval(&mut self, _record: &EvalRecord) -> Result<()> {
         Ok(())
     }
-    /// When the run finishes.
-    fn on_end(&mut self) -> Result<()> {
+    /// When [`Trainer::fit`] returns (finished, or stopped by a signal).
+    fn on_end(&mut self, _summary: &FitSummary) -> Result<()> {
         Ok(())
     }
 }
@@ -66,8 +89,12 @@ pub struct CheckpointPolicy {
     pub dir: std::path::PathBuf,
     /// Every this many steps (0: only at the end).
     pub every: usize,
-    /// Complete checkpoints kept.
+    /// This run's newest checkpoints kept (older ones of the run are deleted; other runs'
+    /// checkpoints and folders that do not verify never are).
     pub keep: usize,
+    /// A fresh run may start in a folder holding another run's checkpoints, removing them
+    /// (otherwise it is refused: see [`checkpoint::Claim`]).
+    pub overwrite: bool,
 }
 
 /// Trains a [`Model`] with an [`Optimizer`] and a [`Schedule`].
@@ -101,6 +128,18 @@ pub struct Trainer {
     /// The parameters this rank trains (all the model's, or its stage's), in registration
     /// order.
     params: Vec<(String, Tensor)>,
+    /// Written into every checkpoint; a resumed run takes its checkpoint's.
+    run_id: String,
+    /// The checkpoint `resume` restored.
+    resumed_from: Option<std::path::PathBuf>,
+    /// The checkpoint folder, once claimed (locked on the job's rank 0) for this run.
+    claim: Option<checkpoint::Claim>,
+    /// Skip steps with a non-finite loss or gradient instead of failing.
+    skip_nonfinite: bool,
+    /// Steps skipped in the current `fit`.
+    skipped_steps: usize,
+    /// Show the progress display: `None` on a terminal only.
+    progress: Option<bool>,
 }
 
 impl Trainer {
@@ -128,7 +167,34 @@ impl Trainer {
             trace: None,
             tensor_parallel: None,
             job: None,
+            run_id: format!("{:013x}", checkpoint::new_nonce()),
+            claim: None,
+            resumed_from: None,
+            skip_nonfinite: false,
+            skipped_steps: 0,
+            progress: None,
         }
+    }
+
+    /// A step whose loss or gradients are not finite makes no update and is counted
+    /// ([`StepRecord::skipped`]), as AMP's gradient scaler skips such steps; without it (the
+    /// default) such a step stops the run with an error naming the step and the first
+    /// parameter whose gradient is not finite.
+    pub fn with_skip_nonfinite(mut self, skip: bool) -> Self {
+        self.skip_nonfinite = skip;
+        self
+    }
+
+    /// Shows (or hides) the progress display on the job's rank 0: a bar with the loss and the
+    /// time left on a terminal, plain lines otherwise. By default it shows on a terminal only.
+    pub fn with_progress(mut self, show: bool) -> Self {
+        self.progress = Some(show);
+        self
+    }
+
+    /// The id this run writes into its checkpoints.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
     }
 
     /// Trains one stage of a pipeline: only the stage's parameters (the optimizer's groups are
@@ -163,19 +229,6 @@ impl Trainer {
     pub fn with_job(mut self, job: ProcessGroup) -> Self {
         self.job = Some(job);
         self
-    }
-
-    /// The ranks that write a checkpoint together: the job, else the data-parallel group;
-    /// `None` for a single process.
-    fn checkpoint_group(&self) -> Result<Option<&ProcessGroup>> {
-        match (&self.job, &self.data_parallel) {
-            (Some(job), _) => Ok(Some(job)),
-            _ if self.tensor_parallel.is_some() || self.pipeline.is_some() => Err(Error::Config(
-                "checkpoints of a tensor-parallel or pipeline run need the job's group (Trainer::with_job)".into(),
-            )),
-            (None, Some((pg, _))) => Ok(Some(pg)),
-            (None, None) => Ok(None),
-        }
     }
 
     /// Records compute and communication spans of every step, and writes them (every rank's,
@@ -286,7 +339,8 @@ impl Trainer {
         self
     }
 
-    /// One step on `(x, y)` at index `step`.
+    /// One step on `(x, y)` at index `step` (0-based: the steps done before it; its record is
+    /// numbered `step + 1`).
     pub fn train_step(&mut self, step: usize, x: &Tensor, y: &Tensor) -> Result<StepRecord> {
         let t0 = Instant::now();
         let lr = self.schedule.lr_at(step);
@@ -311,8 +365,12 @@ impl Trainer {
         let (_, ranks) = self.rank_and_size();
         // the mean over the global batch: every rank's share has the same size
         let loss_value = self.sum_over_ranks(vec![local_loss])?[0] / ranks as f64;
-        if !loss_value.is_finite() {
-            return Err(Error::Run(format!("step {step}: the loss is {loss_value}")));
+        // the same value on every rank, so every rank takes the same branch
+        if !loss_value.is_finite() && !self.skip_nonfinite {
+            return Err(Error::Run(format!(
+                "step {}: the loss is {loss_value}; set train.skip_nonfinite = true to skip such steps",
+                step + 1
+            )));
         }
         if let Some(loss) = loss {
             let _s = span("compute", "backward");
@@ -336,19 +394,28 @@ impl Trainer {
             .collect();
         let state_bytes = self.state_bytes(&params);
         let _s = span("compute", "clip and optimizer step");
+        // the global norm (the same on every rank), checked before clipping scales by it
         let grad_norm = if self.zero().is_some() || self.tensor_parallel.is_some() || self.pipeline.is_some() {
-            let total = self.sharded_grad_norm()?;
-            if let Some(max) = self.grad_clip {
-                clip_to_norm(&params, max, total)?;
-            }
-            total
+            self.sharded_grad_norm()?
         } else {
-            match self.grad_clip {
-                Some(max) => clip_grad_norm(&params, max)?,
-                None => grad_norm(&params)?,
-            }
+            grad_norm(&params)?
         };
-        self.optimizer.step(&self.groups, lr)?;
+        let skipped = !(grad_norm.is_finite() && loss_value.is_finite());
+        if skipped && !self.skip_nonfinite {
+            return Err(Error::Run(format!(
+                "step {}: the gradient norm is {grad_norm}: {}; set train.skip_nonfinite = true to skip such steps",
+                step + 1,
+                self.first_nonfinite_gradient()
+            )));
+        }
+        if skipped {
+            self.skipped_steps += 1;
+        } else {
+            if let Some(max) = self.grad_clip {
+                clip_to_norm(&params, max, grad_norm)?;
+            }
+            self.optimizer.step(&self.groups, lr)?;
+        }
         match self.zero() {
             Some(z) => z.after_step()?,
             None => params.iter().for_each(|p| p.set_grad(None)),
@@ -360,7 +427,7 @@ impl Trainer {
             (x.shape()[0] * ranks, "samples_per_s")
         };
         Ok(StepRecord {
-            step,
+            step: step + 1,
             loss: loss_value,
             lr,
             grad_norm,
@@ -369,7 +436,33 @@ impl Trainer {
             items_key: key,
             state_bytes,
             activation_bytes,
+            skipped,
+            skipped_steps: self.skipped_steps,
         })
+    }
+
+    /// Which parameter's gradient (the first in registration order, among those this rank
+    /// holds) has a value that is not finite, for the error that stops the run.
+    fn first_nonfinite_gradient(&self) -> String {
+        let order: std::collections::HashMap<&str, usize> = self
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.as_str(), i))
+            .collect();
+        let mut held: Vec<(&str, &Tensor)> = self
+            .groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(|(n, p)| (n.as_str(), p)))
+            .collect();
+        held.sort_by_key(|(n, _)| order.get(n).copied().unwrap_or(usize::MAX));
+        for (name, p) in held {
+            let Some(g) = p.grad() else { continue };
+            if let Some(v) = g.to_vec_f64().into_iter().find(|v| !v.is_finite()) {
+                return format!("the gradient of {name} holds {v}");
+            }
+        }
+        "every gradient this rank holds is finite (another rank's are not)".to_string()
     }
 
     /// The model state this rank holds now; `params` are the optimizer's parameters.
@@ -387,9 +480,10 @@ impl Trainer {
         }
     }
 
-    /// Mean loss over the evaluation batches, in eval mode without gradients. Data-parallel
-    /// ranks share the batches out (batch `i` on rank `i mod size`) and sum their results.
-    pub fn evaluate(&self) -> Result<Option<f64>> {
+    /// Mean loss over the evaluation batches (and, for classifiers, the accuracy), in eval mode
+    /// without gradients, as of `steps` steps done. Data-parallel ranks share the batches out
+    /// (batch `i` on rank `i mod size`) and sum their results. `None` without evaluation data.
+    pub fn evaluate(&self, steps: usize) -> Result<Option<EvalRecord>> {
         let Some((_, n, batch)) = &self.eval else {
             return Ok(None);
         };
@@ -397,8 +491,9 @@ impl Trainer {
         let ctx = self.model.context();
         ctx.set_training(false);
         let zero = self.zero();
-        let local = no_grad(|| -> Result<f64> {
-            let mut total = 0.0;
+        // (loss sum, correct predictions, rows, whether the model counts correct predictions)
+        let local = no_grad(|| -> Result<[f64; 4]> {
+            let mut sums = [0.0; 4];
             // ZeRO stage 3 gathers parameters in every forward: every rank runs as many (the
             // ones past the end repeat a batch and are not counted)
             let rounds = if zero.is_some_and(|z| z.stage() == 3) {
@@ -412,154 +507,36 @@ impl Trainer {
                 if let Some(z) = zero {
                     z.begin_forward()?;
                 }
-                let loss = match &self.pipeline {
-                    Some(p) => p.forward_loss(&x, &y)?,
-                    None => self.model.loss(&x, &y)?.item()?,
+                let out = match &self.pipeline {
+                    Some(p) => weft_models::EvalOutput {
+                        loss: p.forward_loss(&x, &y)?,
+                        correct: None,
+                        rows: 0,
+                    },
+                    None => self.model.evaluate(&x, &y)?,
                 };
                 if let Some(z) = zero {
                     z.end_forward()?;
                 }
                 if i < *n {
-                    total += loss;
-                }
-            }
-            Ok(total)
-        });
-        ctx.set_training(true);
-        let total = self.sum_over_ranks(vec![local?])?[0];
-        Ok(Some(total / *n as f64))
-    }
-
-    /// Restores the newest complete checkpoint of the policy's folder, if any; returns the step
-    /// to continue from.
-    pub fn resume(&mut self) -> Result<usize> {
-        let Some(policy) = &self.checkpoints else {
-            return Err(Error::Config("resume needs train.checkpoint_dir".into()));
-        };
-        match checkpoint::latest(&policy.dir)? {
-            None => Ok(0),
-            Some(dir) => self.load_checkpoint(&dir),
-        }
-    }
-
-    /// Restores checkpoint folder `ckpt` (or the newest one inside a checkpoint directory),
-    /// whatever layout wrote it; returns the step to continue from. Every rank reads the whole
-    /// tensors and keeps its own part of them.
-    pub fn load_checkpoint(&mut self, ckpt: &std::path::Path) -> Result<usize> {
-        let dir = checkpoint::resolve(ckpt)?;
-        self.gather_parameters()?;
-        let mut loaded = checkpoint::read(&dir)?;
-        self.tensor_parallel_parts(&mut loaded.params, false)?;
-        weft_nn::state_dict::load_state_dict(
-            self.model.as_ref(),
-            &loaded.params,
-            self.model.aliases(),
-            &dir.display().to_string(),
-        )?;
-        // a pipeline stage keeps the state of its own parameters only
-        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
-        loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
-        self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
-        match self.zero() {
-            Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
-            None => self.optimizer.load_state(&loaded.optimizer)?,
-        }
-        self.model.context().set_rng_offset(loaded.state.rng_offset);
-        Ok(loaded.state.step)
-    }
-
-    /// Hands this rank's share of the state before step `next_step` (copies of the pieces it
-    /// owns; no communication but, once, agreeing on a nonce) to the background writer, which
-    /// writes it while training goes on; rank 0's writer completes the checkpoint when every
-    /// rank's files are written.
-    fn save(&mut self, next_step: usize) -> Result<()> {
-        let Some(policy) = &self.checkpoints else {
-            return Ok(());
-        };
-        let _s = span("checkpoint", format!("copy step {next_step}"));
-        let group = self.checkpoint_group()?.cloned();
-        let nonce = match (self.checkpoint_nonce, &group) {
-            (Some(n), _) => n,
-            (None, None) => checkpoint::new_nonce(),
-            (None, Some(g)) => {
-                let t = Tensor::from_vec(vec![checkpoint::new_nonce() as f64], &[1])?;
-                g.broadcast(&t, 0)?.wait()?;
-                t.to_vec::<f64>()?[0] as u64
-            }
-        };
-        self.checkpoint_nonce = Some(nonce);
-        let shard = self.local_shard()?;
-        let state = CheckpointState {
-            step: next_step,
-            rng_offset: self.model.context().rng_offset(),
-            extra: self.checkpoint_extra.clone(),
-        };
-        let pending = checkpoint::Pending {
-            dir: policy.dir.clone(),
-            shard,
-            state,
-            aliases: self
-                .model
-                .aliases()
-                .iter()
-                .map(|(a, c)| (a.to_string(), c.to_string()))
-                .collect(),
-            keep: policy.keep,
-            coordination: group.map(|group| checkpoint::Coordination { group, nonce }),
-        };
-        self.checkpoint_writer.submit(pending)
-    }
-
-    /// Saves the state before step `next_step` into the policy's folder (no-op without one)
-    /// and waits until the checkpoint is complete. Every rank of the job must call it.
-    pub fn save_checkpoint(&mut self, next_step: usize) -> Result<()> {
-        self.save(next_step)?;
-        self.checkpoint_writer.finish()
-    }
-
-    /// Runs steps `start..end`, fetching batches from `batches` (a background thread prepares the
-    /// next ones), calling callbacks, evaluating and checkpointing as configured.
-    pub fn fit(&mut self, batches: BatchFn, start: usize, end: usize) -> Result<()> {
-        let producer = batches.clone();
-        let mut prefetch =
-            weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start..end, 2, move |step| producer(step))?;
-        for step in start..end {
-            let (x, y) = prefetch
-                .next()
-                .ok_or_else(|| Error::Run(format!("step {step}: the batch producer stopped")))??;
-            let record = self.train_step(step, &x, &y)?;
-            if step % self.log_every == 0 || step + 1 == end {
-                for c in &mut self.callbacks {
-                    c.on_step(&record)?;
-                }
-            }
-            if let Some((every, _, _)) = &self.eval {
-                if (step + 1) % every == 0 || step + 1 == end {
-                    if let Some(v) = self.evaluate()? {
-                        for c in &mut self.callbacks {
-                            c.on_eval(step, v)?;
-                        }
+                    sums[0] += out.loss;
+                    if let Some(c) = out.correct {
+                        sums[1] += c as f64;
+                        sums[2] += out.rows as f64;
+                        sums[3] = 1.0;
                     }
                 }
             }
-            if let Some(policy) = &self.checkpoints {
-                if (policy.every > 0 && (step + 1) % policy.every == 0) || step + 1 == end {
-                    self.save(step + 1)?;
-                }
-            }
-        }
-        // the last checkpoint is complete before the run is
-        self.checkpoint_writer.finish()?;
-        for c in &mut self.callbacks {
-            c.on_end()?;
-        }
-        // leave the model whole for whatever comes next (sampling, saving, another fit)
-        self.gather_parameters()?;
-        if let Some(path) = &self.trace {
-            let pg = self.job.as_ref().or(self.data_parallel.as_ref().map(|(pg, _)| pg));
-            weft_dist::trace::gather_and_write(pg, path)?;
-        }
-        Ok(())
+            Ok(sums)
+        });
+        ctx.set_training(true);
+        let sums = self.sum_over_ranks(local?.to_vec())?;
+        let accuracy = (sums[3] > 0.0 && sums[2] > 0.0).then(|| sums[1] / sums[2]);
+        Ok(Some(EvalRecord {
+            step: steps,
+            loss: sums[0] / *n as f64,
+            accuracy,
+        }))
     }
 }
 

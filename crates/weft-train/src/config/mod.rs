@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+mod overrides;
+
+pub use overrides::Overrides;
+
 /// A whole run: what `weft train --config run.toml` reads.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -279,6 +283,15 @@ pub struct TrainConfig {
     /// For gpt on text data: characters to generate and print after training (0: none).
     #[serde(default)]
     pub sample_tokens: usize,
+    /// A fresh run (not `--resume`) may start in a `checkpoint_dir` holding another run's
+    /// checkpoints, which it removes, and replace another run's `metrics` file. Without it such
+    /// a run is refused before it starts.
+    #[serde(default)]
+    pub overwrite: bool,
+    /// A step whose loss or gradients are not finite is skipped (no update; counted in the
+    /// metrics as `skipped_steps`), as AMP's gradient scaler does, instead of stopping the run.
+    #[serde(default)]
+    pub skip_nonfinite: bool,
 }
 
 fn default_seed() -> u64 {
@@ -301,7 +314,9 @@ fn default_keep() -> usize {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelConfig {
-    #[serde(default = "one")]
+    /// Data-parallel ranks; 0 (the default): the job's ranks divided by `tp x pp` (1 for a
+    /// single process).
+    #[serde(default)]
     pub dp: usize,
     #[serde(default = "one")]
     pub tp: usize,
@@ -361,7 +376,7 @@ fn default_pp_schedule() -> String {
 impl Default for ParallelConfig {
     fn default() -> Self {
         ParallelConfig {
-            dp: 1,
+            dp: 0,
             tp: 1,
             pp: 1,
             zero: 0,
@@ -377,48 +392,25 @@ impl Default for ParallelConfig {
     }
 }
 
-/// Parses a `section.key=value` override; the value is TOML (`3`, `0.1`, `true`, `[1, 2]`, `"x"`)
-/// or, failing that, a bare string.
-fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
-    let (key, raw) = spec
-        .split_once('=')
-        .ok_or_else(|| Error::Config(format!("--set {spec:?}: expected section.key=value")))?;
-    let parts: Vec<&str> = key.trim().split('.').collect();
-    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-        return Err(Error::Config(format!("--set {spec:?}: the key must be section.key")));
-    }
-    let value: toml::Value = format!("v = {raw}")
-        .parse::<toml::Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-    let section = table
-        .entry(parts[0].to_string())
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-        .as_table_mut()
-        .ok_or_else(|| Error::Config(format!("--set {spec:?}: {} is not a section", parts[0])))?;
-    section.insert(parts[1].to_string(), value);
-    Ok(())
-}
-
 impl RunConfig {
-    /// Reads `path`, applies `overrides` (`section.key=value`), and validates.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<RunConfig> {
+    /// Reads `path`, applies `overrides` (`--unset` and `--set`), and validates. Relative paths
+    /// in the file resolve against its folder, those given in `overrides` against the working
+    /// directory.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<RunConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(&text, &path.display().to_string(), base, overrides)
     }
 
-    /// Parses config text; `source` names it in errors, `base_dir` anchors relative paths.
-    pub fn parse(text: &str, source: &str, base_dir: PathBuf, overrides: &[String]) -> Result<RunConfig> {
+    /// Parses config text; `source` names it in errors, `base_dir` anchors the text's relative
+    /// paths.
+    pub fn parse(text: &str, source: &str, base_dir: PathBuf, overrides: &Overrides) -> Result<RunConfig> {
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
             let line = e.span().map(|s| text[..s.start].lines().count().max(1));
             let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
             Error::Config(format!("{source}{at}: {}", e.message().trim().replace('\n', " ")))
         })?;
-        for o in overrides {
-            apply_override(&mut table, o)?;
-        }
+        overrides.apply(&mut table)?;
         let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let path = e.path().to_string();
             // the deserializer appends "in `section`" on a second line; the path already says it

@@ -1,0 +1,46 @@
+//! Keeping the ranks of a job together when one of them cannot go on: a preparation step that
+//! fails on one rank fails on all, so no rank walks alone into a collective and waits there.
+
+use weft_core::Tensor;
+use weft_dist::{ProcessGroup, ReduceOp};
+
+use crate::error::{Error, Result};
+
+/// Every rank's `result` of one preparation step, made the same on every rank of `group`: when
+/// any rank failed, each fails (the ranks that failed with their own error, the others naming
+/// the lowest rank that did). `what` names the step in that message.
+pub fn agree<T>(group: Option<&ProcessGroup>, result: Result<T>, what: &str) -> Result<T> {
+    let Some(g) = group.filter(|g| g.size() > 1) else {
+        return result;
+    };
+    // the lowest failed rank r as the largest value: size - r
+    let mine = if result.is_err() {
+        (g.size() - g.rank()) as f64
+    } else {
+        0.0
+    };
+    let t = Tensor::from_vec(vec![mine], &[1])?;
+    g.all_reduce(&t, ReduceOp::Max)?.wait()?;
+    let worst = t.to_vec::<f64>()?[0] as usize;
+    match result {
+        Err(e) => Err(e),
+        Ok(_) if worst > 0 => Err(Error::Run(format!(
+            "{what} failed on rank {} (its own message says why)",
+            g.size() - worst
+        ))),
+        ok => ok,
+    }
+}
+
+/// Checks that `value` is the same on every rank of `group`; the lowest and highest values
+/// otherwise.
+pub fn same_everywhere(group: Option<&ProcessGroup>, value: usize) -> Result<std::result::Result<(), (usize, usize)>> {
+    let Some(g) = group.filter(|g| g.size() > 1) else {
+        return Ok(Ok(()));
+    };
+    let t = Tensor::from_vec(vec![value as f64, -(value as f64)], &[2])?;
+    g.all_reduce(&t, ReduceOp::Max)?.wait()?;
+    let v = t.to_vec::<f64>()?;
+    let (lo, hi) = (-v[1] as usize, v[0] as usize);
+    Ok(if lo == hi { Ok(()) } else { Err((lo, hi)) })
+}

@@ -1,0 +1,253 @@
+//! Will the run fit? Before anything of the model or data is allocated, an estimate of the
+//! memory one rank needs (parameters, gradients, optimizer state, activations, data) from the
+//! config alone, checked against the memory this machine has available per rank on it. A config
+//! that cannot fit is refused with the estimate, instead of the process dying part-way through
+//! building the model (an allocation failure aborts; a successful over-commitment is killed by
+//! the kernel once the pages are touched).
+//!
+//! The estimate is meant to be low rather than high, so that it refuses only runs that cannot
+//! fit: parameter and optimizer bytes are exact for f32 models, activations count what the
+//! autograd graph of one step keeps (measured against the process's peak resident memory for
+//! the built-in run, `docs/training.md`), and the code, thread stacks and allocator slack are
+//! not counted.
+
+use crate::config::{DataConfig, ModelConfig, RunConfig};
+use crate::error::{Error, Result};
+
+/// Bytes one rank needs for a run, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// The whole model's parameters: every rank builds the whole model before cutting or
+    /// sharding it.
+    pub params: f64,
+    /// Gradients of the parameters this rank trains.
+    pub grads: f64,
+    /// Optimizer state of the parameters (or pieces) this rank updates.
+    pub optimizer: f64,
+    /// What one step's autograd graph keeps, for this rank's rows.
+    pub activations: f64,
+    /// The dataset held in memory, and the batches being prepared.
+    pub data: f64,
+}
+
+impl Estimate {
+    pub fn total(&self) -> f64 {
+        self.params + self.grads + self.optimizer + self.activations + self.data
+    }
+}
+
+const F32: f64 = 4.0;
+
+/// Parameters of the model of `cfg` (f32 elements).
+pub fn parameter_count(cfg: &ModelConfig) -> f64 {
+    match cfg {
+        ModelConfig::Mlp(m) => {
+            let mut widths = vec![m.in_features as f64];
+            widths.extend(m.hidden.iter().map(|&h| h as f64));
+            widths.push(m.out_features as f64);
+            widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum()
+        }
+        ModelConfig::Convnet(c) => {
+            let mut c_in = c.in_channels as f64;
+            let mut total = 0.0;
+            for &ch in &c.channels {
+                total += c_in * ch as f64 * 9.0 + ch as f64;
+                c_in = ch as f64;
+            }
+            let side = (c.image_size >> c.channels.len().min(63)) as f64;
+            total + c_in * side * side * c.num_classes as f64 + c.num_classes as f64
+        }
+        ModelConfig::Gpt(g) => {
+            let c = g.n_embd as f64;
+            let bias = if g.bias { 1.0 } else { 0.0 };
+            // per block: ln_1 and ln_2, c_attn (3C x C), attn.c_proj (C x C), c_fc (4C x C),
+            // mlp.c_proj (C x 4C), and their biases
+            let block = 12.0 * c * c + 2.0 * c * (1.0 + bias) + 9.0 * c * bias;
+            (g.vocab_size + g.block_size) as f64 * c + g.n_layer as f64 * block + c * (1.0 + bias)
+        }
+    }
+}
+
+/// Activation bytes one step keeps for `rows` rows of the model of `cfg`, with its layers cut
+/// over `tp` tensor-parallel ranks and `pp` stages.
+fn activation_bytes(cfg: &ModelConfig, rows: f64, tp: f64, pp: f64) -> f64 {
+    match cfg {
+        ModelConfig::Mlp(m) => {
+            let widths: f64 = m.hidden.iter().map(|&h| 2.0 * h as f64).sum();
+            rows * (m.in_features as f64 + widths + 2.0 * m.out_features as f64) * F32
+        }
+        ModelConfig::Convnet(c) => {
+            let mut side = c.image_size as f64;
+            let mut per_row = c.in_channels as f64 * side * side;
+            for &ch in &c.channels {
+                // padded input copy, convolution output, its activation, the pooled output
+                per_row += 3.0 * ch as f64 * side * side + ch as f64 * side * side / 4.0;
+                side /= 2.0;
+            }
+            rows * (per_row + 2.0 * c.num_classes as f64) * F32
+        }
+        ModelConfig::Gpt(g) => {
+            let tokens = rows * g.block_size as f64;
+            let c = g.n_embd as f64;
+            // per block and token: the norms' outputs and the residual stream (4C), q, k, v
+            // and the attention output (4C, cut by tp), the MLP's pre-activation and GELU
+            // output (8C, cut by tp)
+            let block = 4.0 * c + 12.0 * c / tp;
+            let layers = (g.n_layer as f64 / pp).ceil();
+            // embeddings and the final norm, and the logits with their gradient
+            tokens * (layers * block + 3.0 * c + 2.0 * g.vocab_size as f64 / tp) * F32
+        }
+    }
+}
+
+/// The estimate for `config` on one rank of its layout (`parallel`, with `dp` resolved).
+pub fn estimate(config: &RunConfig) -> Estimate {
+    let p = &config.parallel;
+    let (dp, tp, pp) = (p.dp.max(1) as f64, p.tp.max(1) as f64, p.pp.max(1) as f64);
+    let params = parameter_count(&config.model) * F32;
+    // what this rank trains: its tensor-parallel part of its stage
+    let trained = params / (tp * pp);
+    let zero = if p.dp > 1 { p.zero } else { 0 };
+    let grads = if zero >= 2 { trained / dp } else { trained };
+    let moments = match config.optim.kind.as_str() {
+        "sgd" if config.optim.momentum == 0.0 => 0.0,
+        "sgd" => 1.0,
+        _ => 2.0,
+    };
+    let optimizer = moments * if zero >= 1 { trained / dp } else { trained };
+    let (batch, data_file) = match &config.data {
+        DataConfig::Text(t) => (t.batch_size as f64, file_bytes(config, &t.path) * 8.0),
+        DataConfig::Csv(c) => (c.batch_size as f64, file_bytes(config, &c.path) * 2.0),
+        DataConfig::Batches(b) => (0.0, file_bytes(config, &b.path)),
+    };
+    let rows = batch / dp;
+    let activations = activation_bytes(&config.model, rows, tp, pp);
+    let per_row_input = match &config.model {
+        ModelConfig::Gpt(g) => 2.0 * g.block_size as f64 * 8.0,
+        ModelConfig::Mlp(m) => m.in_features as f64 * F32 + 8.0,
+        ModelConfig::Convnet(c) => (c.in_channels * c.image_size * c.image_size) as f64 * F32 + 8.0,
+    };
+    // the global batch is built on every rank, and the prefetcher keeps up to three
+    let data = data_file + 3.0 * batch * per_row_input;
+    Estimate {
+        params,
+        grads,
+        optimizer,
+        activations,
+        data,
+    }
+}
+
+/// Size of a data file of the config (0 for the built-in corpus or a file that is not there:
+/// reading it will say so).
+fn file_bytes(config: &RunConfig, path: &std::path::Path) -> f64 {
+    if path.as_os_str() == "builtin" {
+        return 0.0;
+    }
+    std::fs::metadata(config.resolve(path)).map_or(0.0, |m| m.len() as f64)
+}
+
+/// Bytes of memory available to this process now: the kernel's `MemAvailable`, lowered to what
+/// the cgroup's limit leaves (`memory.max - memory.current`, cgroup v2). `None` where neither
+/// can be read.
+pub fn available_bytes() -> Option<f64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map(|kb| kb * 1024.0)
+    });
+    let read = |f: &str| -> Option<f64> { std::fs::read_to_string(f).ok()?.trim().parse::<f64>().ok() };
+    let cgroup = match (read("/sys/fs/cgroup/memory.max"), read("/sys/fs/cgroup/memory.current")) {
+        (Some(max), Some(used)) => Some((max - used).max(0.0)),
+        _ => None,
+    };
+    match (meminfo, cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `1.5 GiB`, `320.0 MiB`, `12 KiB`.
+pub fn human(bytes: f64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// Refuses `config` when its [`estimate`] exceeds the memory available to each of the
+/// `local_ranks` ranks of this machine; returns the estimate otherwise.
+pub fn check(config: &RunConfig, local_ranks: usize) -> Result<Estimate> {
+    let e = estimate(config);
+    let Some(available) = available_bytes() else {
+        return Ok(e);
+    };
+    let ranks = local_ranks.max(1) as f64;
+    let per_rank = available / ranks;
+    if e.total() > per_rank {
+        let share = if local_ranks > 1 {
+            format!(" ({} for {local_ranks} ranks on this machine)", human(available))
+        } else {
+            String::new()
+        };
+        return Err(Error::Config(format!(
+            "the run needs about {} per rank before its first step (parameters {}, gradients {}, optimizer state \
+             {}, activations {}, data {}), but this machine has {} available per rank{share}; make the model \
+             (model.*) or data.batch_size smaller, or spread it over more ranks (parallel.dp with parallel.zero, \
+             parallel.tp, parallel.pp)",
+            human(e.total()),
+            human(e.params),
+            human(e.grads),
+            human(e.optimizer),
+            human(e.activations),
+            human(e.data),
+            human(per_rank)
+        )));
+    }
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GptKeys, MlpKeys};
+
+    #[test]
+    fn parameter_counts_match_the_models() {
+        // nanoGPT's 124M GPT-2 (vocab 50257, block 1024, 12 x 768, biases): 124,439,808
+        // parameters with the tied output layer counted once
+        let gpt2 = ModelConfig::Gpt(GptKeys {
+            vocab_size: 50257,
+            block_size: 1024,
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            bias: true,
+            dropout: 0.0,
+        });
+        assert_eq!(parameter_count(&gpt2), 124_439_808.0);
+        let mlp = ModelConfig::Mlp(MlpKeys {
+            in_features: 64,
+            hidden: vec![32],
+            out_features: 10,
+            activation: "relu".into(),
+        });
+        assert_eq!(parameter_count(&mlp), (64 * 32 + 32 + 32 * 10 + 10) as f64);
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human(512.0), "512 B");
+        assert_eq!(human(1536.0), "1.5 KiB");
+        assert_eq!(human(3.0 * 1024.0 * 1024.0 * 1024.0), "3.0 GiB");
+    }
+}

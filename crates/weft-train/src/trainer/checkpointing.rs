@@ -1,0 +1,286 @@
+//! The trainer's checkpoints: claiming the folder for the run, resuming from the newest
+//! checkpoint that verifies (after checking it is this model's), loading any layout's
+//! checkpoint, and saving in the background.
+
+use std::path::{Path, PathBuf};
+
+use weft_core::Tensor;
+use weft_dist::trace::span;
+use weft_dist::ProcessGroup;
+
+use super::{whole, Trainer};
+use crate::checkpoint::{self, CheckpointState, Claim, ClaimMode, Loaded};
+use crate::error::{Error, Result};
+
+impl Trainer {
+    /// The ranks that write a checkpoint together: the job, else the data-parallel group;
+    /// `None` for a single process.
+    pub(super) fn checkpoint_group(&self) -> Result<Option<&ProcessGroup>> {
+        match (&self.job, &self.data_parallel) {
+            (Some(job), _) => Ok(Some(job)),
+            _ if self.tensor_parallel.is_some() || self.pipeline.is_some() => Err(Error::Config(
+                "checkpoints of a tensor-parallel or pipeline run need the job's group (Trainer::with_job)".into(),
+            )),
+            (None, Some((pg, _))) => Ok(Some(pg)),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Whether this rank logs for the job (rank 0 of the job, or of the data-parallel group).
+    pub fn is_logging_rank(&self) -> bool {
+        match (&self.job, &self.data_parallel) {
+            (Some(job), _) => job.rank() == 0,
+            (None, Some((pg, _))) => pg.rank() == 0,
+            (None, None) => true,
+        }
+    }
+
+    /// Claims the checkpoint folder for this run (see [`checkpoint::Claim`]): every rank checks
+    /// it can write there, rank 0 takes the lock and applies `mode`, and every rank fails if
+    /// any did. Done once; [`Trainer::resume`] and [`Trainer::fit`] call it when needed.
+    pub fn claim_checkpoints(&mut self, mode: ClaimMode) -> Result<()> {
+        let Some(policy) = &self.checkpoints else {
+            return Ok(());
+        };
+        if self.claim.is_some() {
+            return Ok(());
+        }
+        let dir = policy.dir.clone();
+        let group = self.checkpoint_group()?.cloned();
+        self.claim = Some(checkpoint::claim(&dir, group.as_ref(), mode)?);
+        Ok(())
+    }
+
+    /// Restores the newest checkpoint of the policy's folder that reads back whole, if any, and
+    /// returns the step to continue from (0 when the folder holds none). Newer folders that do
+    /// not verify are named on stderr with the reason and left as they are; when there are
+    /// checkpoint folders but none verifies, it is an error. The checkpoint must be of this model (and tokenizer): see
+    /// [`Trainer::load_checkpoint`].
+    pub fn resume(&mut self) -> Result<usize> {
+        let Some(policy) = &self.checkpoints else {
+            return Err(Error::Config("resume needs train.checkpoint_dir".into()));
+        };
+        let dir = policy.dir.clone();
+        self.claim_checkpoints(ClaimMode::Resume)?;
+        let logs = self.is_logging_rank();
+        // every rank reads the same folders; rank 0 names what it skips
+        let mut skipped = Vec::new();
+        let found = checkpoint::newest_valid(&dir, |path, why| {
+            if logs {
+                weft_core::errln!("weft: warning: --resume skips {}: {why}", path.display());
+            }
+            skipped.push(path.file_name().unwrap_or_default().to_string_lossy().into_owned());
+        })?;
+        if found.is_none() && !skipped.is_empty() {
+            // starting over would bury them: a person should look first
+            return Err(Error::Run(format!(
+                "--resume: no checkpoint in {} verifies ({}: see the warnings above); move them aside to start \
+                 over, or resume from a copy that verifies with --resume-from",
+                dir.display(),
+                skipped.join(", ")
+            )));
+        }
+        let group = self.checkpoint_group()?.cloned();
+        let step = found.as_ref().map_or(0, |(_, l)| l.state.step);
+        if let Err((lo, hi)) = crate::job::same_everywhere(group.as_ref(), step)? {
+            return Err(Error::Run(format!(
+                "--resume: the ranks found different newest checkpoints (steps {lo} to {hi}) in {}; is it on a \
+                 filesystem every rank sees?",
+                dir.display()
+            )));
+        }
+        let Some((path, loaded)) = found else {
+            return Ok(0);
+        };
+        // the run goes on under its own id
+        if let Some(run) = &loaded.state.run {
+            self.run_id = run.clone();
+        }
+        let step = self.apply_checkpoint(&path, loaded)?;
+        self.resumed_from = Some(path);
+        Ok(step)
+    }
+
+    /// The checkpoint [`Trainer::resume`] restored, if it restored one.
+    pub fn resumed_from(&self) -> Option<&Path> {
+        self.resumed_from.as_deref()
+    }
+
+    /// Uses `claim` (see [`checkpoint::claim`]) for the policy's folder instead of claiming it
+    /// at the first [`Trainer::resume`] or [`Trainer::fit`].
+    pub fn with_claim(mut self, claim: Claim) -> Self {
+        self.claim = Some(claim);
+        self
+    }
+
+    /// Restores checkpoint folder `ckpt` (or the newest one inside a checkpoint directory),
+    /// whatever layout wrote it; returns the step to continue from. Every rank reads the whole
+    /// tensors and keeps its own part of them. The checkpoint's model config and tokenizer
+    /// (from [`Trainer::checkpoint_extra`]'s `model` and `tokenizer`) must equal this run's:
+    /// a difference is an error naming it.
+    pub fn load_checkpoint(&mut self, ckpt: &Path) -> Result<usize> {
+        let dir = checkpoint::resolve(ckpt)?;
+        let loaded = checkpoint::read(&dir)?;
+        self.apply_checkpoint(&dir, loaded)
+    }
+
+    fn apply_checkpoint(&mut self, dir: &Path, mut loaded: Loaded) -> Result<usize> {
+        same_model(&self.checkpoint_extra, &loaded.state.extra, dir)?;
+        self.gather_parameters()?;
+        self.tensor_parallel_parts(&mut loaded.params, false)?;
+        weft_nn::state_dict::load_state_dict(
+            self.model.as_ref(),
+            &loaded.params,
+            self.model.aliases(),
+            &dir.display().to_string(),
+        )?;
+        // a pipeline stage keeps the state of its own parameters only
+        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
+        loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
+        self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
+        match self.zero() {
+            Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
+            None => self.optimizer.load_state(&loaded.optimizer)?,
+        }
+        self.model.context().set_rng_offset(loaded.state.rng_offset);
+        Ok(loaded.state.step)
+    }
+
+    /// Hands this rank's share of the state before step `next_step` (copies of the pieces it
+    /// owns; no communication but, once, agreeing on a nonce) to the background writer, which
+    /// writes it while training goes on; rank 0's writer completes the checkpoint when every
+    /// rank's files are written. Returns where the checkpoint will be.
+    pub(super) fn save(&mut self, next_step: usize) -> Result<Option<PathBuf>> {
+        let Some(policy) = self.checkpoints.clone() else {
+            return Ok(None);
+        };
+        self.claim_checkpoints(ClaimMode::Fresh {
+            overwrite: policy.overwrite,
+        })?;
+        let _s = span("checkpoint", format!("copy step {next_step}"));
+        let group = self.checkpoint_group()?.cloned();
+        let nonce = match (self.checkpoint_nonce, &group) {
+            (Some(n), _) => n,
+            (None, None) => checkpoint::new_nonce(),
+            (None, Some(g)) => {
+                let t = Tensor::from_vec(vec![checkpoint::new_nonce() as f64], &[1])?;
+                g.broadcast(&t, 0)?.wait()?;
+                t.to_vec::<f64>()?[0] as u64
+            }
+        };
+        self.checkpoint_nonce = Some(nonce);
+        let shard = self.local_shard()?;
+        let state = CheckpointState {
+            step: next_step,
+            rng_offset: self.model.context().rng_offset(),
+            extra: self.checkpoint_extra.clone(),
+            run: Some(self.run_id.clone()),
+        };
+        let pending = checkpoint::Pending {
+            dir: policy.dir.clone(),
+            shard,
+            state,
+            aliases: self
+                .model
+                .aliases()
+                .iter()
+                .map(|(a, c)| (a.to_string(), c.to_string()))
+                .collect(),
+            keep: policy.keep,
+            coordination: group.map(|group| checkpoint::Coordination { group, nonce }),
+        };
+        self.checkpoint_writer.submit(pending)?;
+        Ok(Some(checkpoint::folder(&policy.dir, next_step)))
+    }
+
+    /// Saves the state before step `next_step` into the policy's folder (no-op without one)
+    /// and waits until the checkpoint is complete; returns its folder. Every rank of the job
+    /// must call it.
+    pub fn save_checkpoint(&mut self, next_step: usize) -> Result<Option<PathBuf>> {
+        let path = self.save(next_step)?;
+        self.checkpoint_writer.finish()?;
+        Ok(path)
+    }
+}
+
+/// Checks that a checkpoint (whose extra JSON is `theirs`) holds this run's model: every key of
+/// the model config equal, and the same tokenizer. Either side without a model config (a
+/// library run that records none) is not checked.
+fn same_model(ours: &serde_json::Value, theirs: &serde_json::Value, dir: &Path) -> Result<()> {
+    let (Some(mine), Some(saved)) = (ours.get("model"), theirs.get("model")) else {
+        return Ok(());
+    };
+    let differ = |what: String| {
+        Err(Error::Config(format!(
+            "{}: {what}; resume with the checkpoint's model, or start a new run (another train.checkpoint_dir)",
+            dir.display()
+        )))
+    };
+    if let (Some(a), Some(b)) = (mine.as_object(), saved.as_object()) {
+        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            let (x, y) = (a.get(k), b.get(k));
+            if x != y {
+                let show = |v: Option<&serde_json::Value>| v.map_or("nothing".to_string(), |v| v.to_string());
+                return differ(format!(
+                    "model.{k} is {} in the checkpoint but {} in this run",
+                    show(y),
+                    show(x)
+                ));
+            }
+        }
+    } else if mine != saved {
+        return differ(format!("its model config {saved} is not this run's {mine}"));
+    }
+    let vocab = |v: &serde_json::Value| -> Option<String> {
+        let text = v.get("tokenizer")?.as_str()?;
+        let json: serde_json::Value = serde_json::from_str(text).ok()?;
+        json.get("vocab")?.as_str().map(str::to_string)
+    };
+    if let (Some(a), Some(b)) = (vocab(ours), vocab(theirs)) {
+        if a != b {
+            let only = |x: &str, y: &str| -> String { x.chars().filter(|c| !y.contains(*c)).take(10).collect() };
+            let (new, gone) = (only(&a, &b), only(&b, &a));
+            let detail = match (new.is_empty(), gone.is_empty()) {
+                (true, true) => "the same characters with other token ids".to_string(),
+                _ => format!("characters only in this run's text: {new:?}; only in the checkpoint's: {gone:?}"),
+            };
+            return differ(format!(
+                "the checkpoint's tokenizer is not this run's ({} vs {} characters; {detail})",
+                b.chars().count(),
+                a.chars().count()
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_different_model_or_tokenizer_is_named() {
+        let dir = Path::new("/c/step-00000010");
+        let tok = |v: &str| json!({"type": "char", "vocab": v}).to_string();
+        let ours = json!({"model": {"kind": "gpt", "n_head": 4, "n_embd": 32}, "tokenizer": tok("abc")});
+        assert!(same_model(&ours, &ours, dir).is_ok());
+        let heads = json!({"model": {"kind": "gpt", "n_head": 2, "n_embd": 32}, "tokenizer": tok("abc")});
+        let e = same_model(&ours, &heads, dir).unwrap_err().to_string();
+        assert!(
+            e.contains("model.n_head is 2 in the checkpoint but 4 in this run"),
+            "{e}"
+        );
+        let text = json!({"model": {"kind": "gpt", "n_head": 4, "n_embd": 32}, "tokenizer": tok("abd")});
+        let e = same_model(&ours, &text, dir).unwrap_err().to_string();
+        assert!(
+            e.contains("tokenizer") && e.contains("\"c\"") && e.contains("\"d\""),
+            "{e}"
+        );
+        // a library run without a recorded model is not checked
+        assert!(same_model(&serde_json::Value::Null, &heads, dir).is_ok());
+    }
+}
