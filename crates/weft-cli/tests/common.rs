@@ -26,13 +26,39 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// `weft` with `args` on 2 compute threads, to start.
+pub fn weft_command(args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
+    cmd.args(args).env("WEFT_NUM_THREADS", "2");
+    cmd
+}
+
 /// Runs `weft` with `args` on 2 compute threads.
 pub fn weft(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(args)
-        .env("WEFT_NUM_THREADS", "2")
-        .output()
-        .expect("the weft binary runs")
+    weft_command(args).output().expect("the weft binary runs")
+}
+
+/// Waits (polling, up to `secs` seconds) until `ready` holds; whether it did.
+pub fn wait_for(secs: u64, mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    ready()
+}
+
+/// The `step` of the last record of a metrics file that has one (0 when none can be read).
+pub fn last_logged_step(metrics: &Path) -> u64 {
+    std::fs::read_to_string(metrics)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|r| r["step"].as_u64())
+        .unwrap_or(0)
 }
 
 /// Runs `weft` and panics with its stderr unless it succeeds.

@@ -1,0 +1,568 @@
+//! The life of a `weft train` run, through the binary: what it writes to (stdout, stderr, the
+//! metrics file, checkpoints) never stops it or loses a checkpoint, problems with its outputs
+//! or data are found before its first step, and a checkpoint folder belongs to one run.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::Stdio;
+
+use common::{fixtures, path_set, read_metrics, temp_dir, wait_for, weft, weft_command, weft_ok};
+
+/// A built-in gpt small enough to run hundreds of steps a second.
+const SMALL: [&str; 10] = [
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.n_head=2",
+    "--set",
+    "model.block_size=32",
+    "--set",
+    "data.batch_size=8",
+];
+
+/// `weft train` on [`SMALL`] with `extra` arguments.
+fn small_run<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["train"];
+    args.extend(SMALL);
+    args.extend(extra);
+    args
+}
+
+fn gpt_fixture() -> String {
+    fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
+}
+
+/// Runs `args`, which must fail with exit status 1 and a last stderr line that holds every
+/// `needle`; that line.
+fn fails_with(args: &[&str], needles: &[&str]) -> String {
+    let out = weft(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "weft {args:?}:\n{err}");
+    let last = err.trim().lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("weft: error: "), "{err}");
+    for n in needles {
+        assert!(last.contains(n), "{n:?} in {last:?}");
+    }
+    last
+}
+
+/// The entries of a folder, by name.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_closed_pipe_does_not_stop_the_run() {
+    // `weft train 2>&1 | head -2`: both streams into one pipe whose reader leaves after 2 lines
+    let out = temp_dir("closed-pipe");
+    let (ckpt, metrics) = (path_set("train.checkpoint_dir", &out.join("ckpt")), out.join("m.jsonl"));
+    let m = path_set("train.metrics", &metrics);
+    #[rustfmt::skip]
+    let args = small_run(&["--set", "train.steps=300", "--set", "train.log_every=1", "--set", "train.eval_every=100",
+        "--set", "train.sample_tokens=50", "--set", &ckpt, "--set", &m]);
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut child = weft_command(&args)
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let mut head = std::io::BufReader::new(reader);
+    for _ in 0..2 {
+        let mut line = String::new();
+        head.read_line(&mut line).unwrap();
+    }
+    drop(head);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the run goes on without its readers");
+    assert!(weft_train::checkpoint::is_complete(&out.join("ckpt/step-00000300")));
+    // the metrics say that output was lost
+    let records = read_metrics(&metrics);
+    assert_eq!(records.last().unwrap()["step"].as_u64(), Some(300));
+    let lost = records.last().unwrap()["lost_output_writes"].as_u64().unwrap_or(0);
+    assert!(lost > 0, "{:?}", records.last());
+}
+
+#[test]
+fn a_full_disk_behind_stdout_or_stderr_does_not_stop_the_run() {
+    let out = temp_dir("dev-full");
+    let ckpt = path_set("train.checkpoint_dir", &out.join("ckpt"));
+    #[rustfmt::skip]
+    let args = small_run(&["--set", "train.steps=20", "--set", "train.log_every=1", "--set", "train.sample_tokens=20",
+        "--set", &ckpt]);
+    for stream in ["stdout", "stderr"] {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let mut cmd = weft_command(&args);
+        cmd.arg("--set").arg("train.overwrite=true");
+        match stream {
+            "stdout" => cmd.stdout(full).stderr(Stdio::piped()),
+            _ => cmd.stderr(full).stdout(Stdio::piped()),
+        };
+        let run = cmd.output().unwrap();
+        assert_eq!(run.status.code(), Some(0), "{stream} on /dev/full: {run:?}");
+        assert!(
+            weft_train::checkpoint::is_complete(&out.join("ckpt/step-00000020")),
+            "{stream}"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_folder_holds_one_runs_checkpoints() {
+    let out = temp_dir("one-run");
+    let dir = out.join("ckpt");
+    let set = path_set("train.checkpoint_dir", &dir);
+    let first = out.join("first.jsonl");
+    let m1 = path_set("train.metrics", &first);
+    let cfg = gpt_fixture();
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", &cfg, "--quiet", "--set", "train.steps=10", "--set", "train.checkpoint_every=5",
+        "--set", &set, "--set", &m1]);
+    let before = names(&dir);
+    let first_text = std::fs::read_to_string(&first).unwrap();
+    // a new run into the same folder is refused, naming what is there and the ways out
+    let second = out.join("second.jsonl");
+    let m2 = path_set("train.metrics", &second);
+    fails_with(
+        &[
+            "train",
+            "--config",
+            &cfg,
+            "--quiet",
+            "--set",
+            "train.steps=3",
+            "--set",
+            &set,
+            "--set",
+            &m2,
+        ],
+        &[
+            "holds checkpoints of another run",
+            "step-00000005",
+            "--resume",
+            "train.overwrite",
+        ],
+    );
+    assert_eq!(names(&dir), before, "nothing removed");
+    assert!(!second.exists(), "refused before its first step");
+    // so is a new run into another run's metrics file, which stays as it was
+    let other = path_set("train.checkpoint_dir", &out.join("other"));
+    fails_with(
+        &[
+            "train",
+            "--config",
+            &cfg,
+            "--quiet",
+            "--set",
+            "train.steps=3",
+            "--set",
+            &other,
+            "--set",
+            &m1,
+        ],
+        &["train.metrics", "another run's records"],
+    );
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), first_text);
+    // with train.overwrite the new run removes the old checkpoints and replaces the metrics
+    #[rustfmt::skip]
+    let run = weft_ok(&["train", "--config", &cfg, "--quiet", "--set", "train.steps=3", "--set", &set, "--set", &m1,
+        "--set", "train.overwrite=true"]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("removed 3 checkpoint folder(s)") || err.contains("removed 2 checkpoint folder(s)"),
+        "{err}"
+    );
+    assert_eq!(names(&dir), [".lock", "step-00000003"]);
+    assert_eq!(read_metrics(&first).len(), 3);
+}
+
+#[test]
+fn pruning_keeps_other_runs_checkpoints() {
+    let out = temp_dir("prune");
+    let cfg = gpt_fixture();
+    // another run's checkpoint, copied in beside this run's (as a person might)
+    let other = out.join("other");
+    let o = path_set("train.checkpoint_dir", &other);
+    weft_ok(&[
+        "train",
+        "--config",
+        &cfg,
+        "--quiet",
+        "--set",
+        "train.steps=2",
+        "--set",
+        &o,
+    ]);
+    let dir = out.join("ckpt");
+    let set = path_set("train.checkpoint_dir", &dir);
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", &cfg, "--quiet", "--set", "train.steps=4", "--set", "train.checkpoint_every=2",
+        "--set", "train.keep_checkpoints=1", "--set", &set]);
+    let foreign = dir.join("step-00000001");
+    std::fs::create_dir_all(&foreign).unwrap();
+    for f in std::fs::read_dir(other.join("step-00000002")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, foreign.join(f.file_name().unwrap())).unwrap();
+    }
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", &cfg, "--quiet", "--resume", "--set", "train.steps=8",
+        "--set", "train.checkpoint_every=2", "--set", "train.keep_checkpoints=1", "--set", &set]);
+    assert_eq!(names(&dir), [".lock", "step-00000001", "step-00000008"]);
+}
+
+#[test]
+fn a_folder_in_use_is_refused_naming_its_holder_and_freed_when_it_dies() {
+    let out = temp_dir("in-use");
+    let set = path_set("train.checkpoint_dir", &out.join("ckpt"));
+    let metrics = out.join("m.jsonl");
+    let m = path_set("train.metrics", &metrics);
+    #[rustfmt::skip]
+    let mut first = weft_command(&small_run(&["--quiet", "--set", "train.steps=1000000", "--set", "train.log_every=1",
+        "--set", &set, "--set", &m]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(120, || common::last_logged_step(&metrics) > 0),
+        "the first run started"
+    );
+    #[rustfmt::skip]
+    let err = fails_with(&small_run(&["--quiet", "--resume", "--set", "train.steps=5", "--set", &set]),
+        &["is in use by another run", &format!("pid {}", first.id())]);
+    assert!(err.contains("took it"), "{err}");
+    // killed, it leaves no stale lock: the folder can be resumed at once
+    first.kill().unwrap();
+    first.wait().unwrap();
+    #[rustfmt::skip]
+    weft_ok(&small_run(&["--quiet", "--resume", "--set", "train.steps=5", "--set", &set]));
+}
+
+#[test]
+fn problems_with_the_outputs_are_found_before_the_first_step() {
+    let out = temp_dir("outputs");
+    let file = out.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let metrics = out.join("m.jsonl");
+    let m = path_set("train.metrics", &metrics);
+    let cfg = gpt_fixture();
+    let run = |sets: &[&str], needles: &[&str]| {
+        let mut args = vec!["train", "--config", &cfg, "--quiet", "--set", &m];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        fails_with(&args, needles);
+        assert!(!metrics.exists(), "{sets:?}: refused before the first step");
+    };
+    run(
+        &[&path_set("train.checkpoint_dir", &file)],
+        &["train.checkpoint_dir", "is not a folder"],
+    );
+    run(
+        &[&path_set("train.checkpoint_dir", &file.join("ckpt"))],
+        &["train.checkpoint_dir", "cannot create"],
+    );
+    run(
+        &[&path_set("train.trace", &file.join("trace.json"))],
+        &["train.trace", "cannot write"],
+    );
+    run(&[&path_set("train.trace", &out)], &["train.trace", "folder"]);
+    // evaluations asked of data with no validation split
+    run(
+        &["train.eval_every=5"],
+        &["train.eval_every = 5", "no validation split"],
+    );
+}
+
+#[test]
+fn problems_with_the_data_are_found_before_the_first_step() {
+    let out = temp_dir("data-checks");
+    // a validation split too short for one window of block_size characters
+    let text = out.join("short.txt");
+    std::fs::write(&text, "abcdefghij".repeat(20)).unwrap();
+    let t = path_set("data.path", &text);
+    let metrics = out.join("m.jsonl");
+    let m = path_set("train.metrics", &metrics);
+    #[rustfmt::skip]
+    fails_with(&small_run(&["--quiet", "--set", &t, "--set", "data.val_fraction=0.05", "--set", "train.eval_every=5",
+        "--set", &m]), &["train.eval_every = 5", "validation split cannot give a batch"]);
+    assert!(!metrics.exists());
+    // a label past the model's classes, named by file, line and value
+    let csv = out.join("labels.csv");
+    let mut rows = String::from("a,b,label\n");
+    for i in 0..20 {
+        let label = if i == 13 { 42 } else { i % 3 };
+        rows.push_str(&format!("{}.5,{}.25,{label}\n", i % 5, i % 7));
+    }
+    std::fs::write(&csv, rows).unwrap();
+    let cfg = out.join("run.toml");
+    std::fs::write(&cfg, csv_config(&csv, 3, 1.0)).unwrap();
+    let err = fails_with(
+        &["train", "--config", cfg.to_str().unwrap(), "--quiet"],
+        &["labels.csv"],
+    );
+    assert!(
+        err.contains(":15: column 3") && err.contains("label 42") && err.contains("3 classes"),
+        "{err}"
+    );
+}
+
+/// A run config for an mlp on a CSV file of two features and `classes` classes.
+fn csv_config(csv: &Path, classes: usize, feature_scale: f64) -> String {
+    format!(
+        "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = {classes}\nactivation = \"relu\"\n\n\
+         [data]\nkind = \"csv\"\npath = {:?}\nlabel_column = -1\nbatch_size = 4\nval_fraction = 0.25\n\
+         feature_scale = {feature_scale:e}\n\n[optim]\nkind = \"adam\"\nlr = 0.01\n\n[train]\nsteps = 6\nlog_every = 1\n",
+        csv.to_str().unwrap()
+    )
+}
+
+/// A CSV of `rows` rows of two features and a label in `0..classes`.
+fn write_csv(path: &Path, rows: usize, classes: usize) {
+    let mut text = String::from("x,y,label\n");
+    for i in 0..rows {
+        text.push_str(&format!(
+            "{:.3},{:.3},{}\n",
+            (i % 7) as f64 / 7.0,
+            (i % 5) as f64 / 5.0,
+            i % classes
+        ));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn non_finite_losses_and_gradients_stop_the_run_or_are_skipped() {
+    let out = temp_dir("nonfinite");
+    // 8 features of 0 or 16, scaled by 1e38: infinite inputs
+    let csv = out.join("d.csv");
+    let mut text = String::from("a,b,c,d,e,f,g,h,label\n");
+    for i in 0..40 {
+        let row: Vec<&str> = (0..8)
+            .map(|j| if (i * 7 + j * 3) % 5 == 0 { "16" } else { "0" })
+            .collect();
+        text.push_str(&format!("{},{}\n", row.join(","), i % 3));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let cfg = out.join("run.toml");
+    std::fs::write(
+        &cfg,
+        csv_config(&csv, 3, 1e38).replace("in_features = 2", "in_features = 8"),
+    )
+    .unwrap();
+    let dir = out.join("ckpt");
+    let set = path_set("train.checkpoint_dir", &dir);
+    let c = cfg.to_str().unwrap();
+    fails_with(
+        &["train", "--config", c, "--quiet", "--set", &set],
+        &["step 1:", "is NaN", "train.skip_nonfinite = true"],
+    );
+    assert!(
+        weft_train::checkpoint::list(&dir).unwrap().is_empty(),
+        "no checkpoint of NaN weights"
+    );
+    // skipped: every step counted, and the checkpoint holds the finite initial weights
+    let metrics = out.join("m.jsonl");
+    let m = path_set("train.metrics", &metrics);
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", c, "--quiet", "--set", &set, "--set", &m, "--set", "train.skip_nonfinite=true",
+        "--set", "train.overwrite=true"]);
+    let records = read_metrics(&metrics);
+    assert_eq!(
+        records.last().unwrap()["skipped_steps"].as_u64(),
+        Some(6),
+        "{records:?}"
+    );
+    assert!(records.iter().all(|r| r["skipped"] == serde_json::json!(true)));
+    let saved = weft_train::checkpoint::read(&dir.join("step-00000006")).unwrap();
+    for (name, t) in &saved.params {
+        assert!(t.to_vec_f64().iter().all(|v| v.is_finite()), "{name}");
+    }
+}
+
+#[test]
+fn the_digits_at_feature_scale_1e38_stop_naming_the_first_non_finite_gradient() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if !repo.join("../shared/data/digits.csv.gz").exists() {
+        eprintln!("skipped: ../shared/data/digits.csv.gz is absent");
+        return;
+    }
+    let cfg = repo.join("examples/digits_mlp.toml");
+    // the loss stays finite (the ReLUs turn the NaN pre-activations into zeros), the gradients do not
+    fails_with(
+        &[
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--quiet",
+            "--set",
+            "data.feature_scale=1e38",
+        ],
+        &[
+            "step 1: the gradient norm is NaN",
+            "the gradient of layers.0.weight holds NaN",
+        ],
+    );
+}
+
+#[test]
+fn classification_runs_log_accuracy_and_progress_shows_the_time_left() {
+    let out = temp_dir("accuracy");
+    let csv = out.join("d.csv");
+    write_csv(&csv, 40, 3);
+    let cfg = out.join("run.toml");
+    std::fs::write(&cfg, csv_config(&csv, 3, 1.0)).unwrap();
+    let metrics = out.join("m.jsonl");
+    let m = path_set("train.metrics", &metrics);
+    #[rustfmt::skip]
+    let run = weft_ok(&["train", "--config", cfg.to_str().unwrap(), "--set", &m, "--set", "train.eval_every=3"]);
+    let evals: Vec<f64> = read_metrics(&metrics)
+        .iter()
+        .filter_map(|r| r["val_accuracy"].as_f64())
+        .collect();
+    assert_eq!(evals.len(), 2, "after steps 3 and 6");
+    assert!(evals.iter().all(|a| (0.0..=1.0).contains(a)), "{evals:?}");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("val accuracy"), "{err}");
+    // steps numbered from 1, as in the metrics file and the checkpoint names; the time left
+    // from the second step on
+    assert!(err.contains("step      1/6 |"), "{err}");
+    assert!(err.contains("step      6/6 |") && err.contains("| eta 0s"), "{err}");
+}
+
+#[test]
+fn a_failed_save_leaves_no_temporary_folder_and_metrics_keep_whole_lines() {
+    use std::os::unix::process::CommandExt;
+    let out = temp_dir("full-disk");
+    let dir = out.join("ckpt");
+    let metrics = out.join("m.jsonl");
+    let set = path_set("train.checkpoint_dir", &dir);
+    let m = path_set("train.metrics", &metrics);
+    let cfg = gpt_fixture();
+    // a disk that fills up: files may not grow past 6000 bytes (a checkpoint file needs more;
+    // the metrics file reaches it after some 20 records)
+    let limited = |args: &[&str]| {
+        let mut cmd = weft_command(args);
+        // SAFETY: setrlimit and signal are async-signal-safe; nothing else runs in the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 6000,
+                    rlim_max: 6000,
+                };
+                libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+                // a write past the limit fails with EFBIG instead of killing the process
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        cmd.output().unwrap()
+    };
+    let run = limited(&["train", "--config", &cfg, "--quiet", "--set", &m, "--set", &set]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(err.contains("safetensors"), "the failed file is named: {err}");
+    assert!(
+        err.contains("cannot write to") && err.contains("m.jsonl"),
+        "the metrics warning: {err}"
+    );
+    assert_eq!(names(&dir), [".lock"], "no temporary folder left");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    assert!(text.len() <= 6000 && text.ends_with('\n'), "{} bytes", text.len());
+    for line in text.lines() {
+        serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    }
+}
+
+#[test]
+fn resume_says_what_it_does_and_refuses_other_text() {
+    let out = temp_dir("resume-says");
+    // nothing to resume: one line, and the run starts at step 0
+    let missing = path_set("train.checkpoint_dir", &out.join("not-yet"));
+    let run = weft_ok(&small_run(&[
+        "--quiet",
+        "--resume",
+        "--set",
+        "train.steps=3",
+        "--set",
+        &missing,
+    ]));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("holds no checkpoint to resume; starting at step 0"),
+        "{err}"
+    );
+    // text with another character set than the checkpoint's
+    let set = path_set("train.checkpoint_dir", &out.join("ckpt"));
+    weft_ok(&small_run(&["--quiet", "--set", "train.steps=3", "--set", &set]));
+    let text = out.join("other.txt");
+    std::fs::write(&text, "the same words, other letters: ÅÄÖ åäö ".repeat(400)).unwrap();
+    let t = path_set("data.path", &text);
+    #[rustfmt::skip]
+    fails_with(&small_run(&["--quiet", "--resume", "--set", "train.steps=6", "--set", &set, "--set", &t]),
+        &["tokenizer", "Å"]);
+}
+
+#[test]
+fn paths_given_with_set_resolve_against_the_working_directory() {
+    let out = temp_dir("cwd");
+    let cwd = out.join("here");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let run = weft_command(&[
+        "train",
+        "--config",
+        &gpt_fixture(),
+        "--quiet",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "train.metrics=m.jsonl",
+        "--set",
+        "train.checkpoint_dir=ckpt",
+    ])
+    .current_dir(&cwd)
+    .output()
+    .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(read_metrics(&cwd.join("m.jsonl")).len(), 2);
+    assert!(weft_train::checkpoint::is_complete(&cwd.join("ckpt/step-00000002")));
+    assert!(!fixtures().join("gpt_adamw/m.jsonl").exists());
+}
+
+#[test]
+fn unset_removes_a_key_the_new_optimizer_does_not_take() {
+    let cfg = fixtures().join("mlp_sgd/run.toml");
+    let cfg = cfg.to_str().unwrap();
+    #[rustfmt::skip]
+    fails_with(&["train", "--config", cfg, "--quiet", "--set", "optim.kind=adam", "--set", "train.steps=2"],
+        &["optim.momentum"]);
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", cfg, "--quiet", "--unset", "optim.momentum", "--unset", "optim.nesterov",
+        "--set", "optim.kind=adam", "--set", "train.steps=2"]);
+    fails_with(
+        &["train", "--config", cfg, "--quiet", "--unset", "optim.betas"],
+        &["--unset", "optim.betas", "no key betas"],
+    );
+}
+
+#[test]
+fn impossible_sizes_are_refused_with_the_estimate() {
+    for (set, what) in [
+        ("data.batch_size=100000000", "activations"),
+        ("model.block_size=100000000", "parameters"),
+        ("model.n_embd=65536", "parameters"),
+    ] {
+        let err = fails_with(&["train", "--quiet", "--set", set], &["needs about", "available"]);
+        assert!(err.contains(what), "{set}: {err}");
+    }
+}

@@ -1,0 +1,158 @@
+//! SIGINT and SIGTERM stop `weft train` cleanly: the step in progress is finished, a checkpoint
+//! is written (by every rank together under the launcher), the run says where and exits 130 or
+//! 143, and `--resume` continues the curve of the run that was never stopped.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::{last_logged_step, losses, path_set, temp_dir, wait_for, weft_command, weft_ok};
+
+/// A built-in gpt small enough to run hundreds of steps a second, logging every step.
+const SMALL: [&str; 13] = [
+    "--quiet",
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.n_head=2",
+    "--set",
+    "model.block_size=32",
+    "--set",
+    "data.batch_size=8",
+    "--set",
+    "train.log_every=1",
+];
+
+/// `train` arguments of the small run into `out` (checkpoints in `out/ckpt`, metrics in
+/// `out/m.jsonl`) with `steps` steps and `extra` arguments.
+fn train_args(out: &Path, steps: usize, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["train".into()];
+    args.extend(SMALL.iter().map(|s| s.to_string()));
+    for s in [
+        format!("train.steps={steps}"),
+        path_set("train.checkpoint_dir", &out.join("ckpt")),
+        path_set("train.metrics", &out.join("m.jsonl")),
+    ] {
+        args.extend(["--set".to_string(), s]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Sends `sig` to `child` once its metrics show step 20, and waits for it: (exit code, stderr).
+fn stop_at_step_20(mut child: Child, metrics: &Path, sig: &str) -> (Option<i32>, String) {
+    let started = wait_for(120, || last_logged_step(metrics) >= 20);
+    if !started {
+        let _ = child.kill();
+        panic!("the run did not reach step 20");
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The step of `stopped by SIG... after step N` in `stderr`.
+fn stopped_after(stderr: &str, sig: &str) -> usize {
+    let at = stderr
+        .find(&format!("stopped by {sig} after step "))
+        .unwrap_or_else(|| panic!("no stop message in:\n{stderr}"));
+    let rest = &stderr[at..];
+    let n: String = rest["stopped by  after step ".len() + sig.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    n.parse().unwrap()
+}
+
+/// Checks the stopped run in `out` against an uninterrupted one: it stopped after step `k`
+/// with a complete checkpoint there, and resumed (by `resume`) to `k + 10` its losses equal
+/// the uninterrupted run's (by `whole`) bit for bit.
+fn continues_the_curve(out: &Path, stderr: &str, k: usize, resume: impl Fn(&[String]), whole: impl Fn(&[String])) {
+    let ckpt = out.join("ckpt").join(format!("step-{k:08}"));
+    assert!(weft_train::checkpoint::is_complete(&ckpt), "{stderr}");
+    assert!(
+        stderr.contains(&format!("checkpoint at {}; continue with --resume", ckpt.display())),
+        "{stderr}"
+    );
+    assert_eq!(last_logged_step(&out.join("m.jsonl")), k as u64);
+    resume(&train_args(out, k + 10, &["--resume"]));
+    let fresh = out.join("whole");
+    whole(&train_args(&fresh, k + 10, &[]));
+    let (a, b) = (losses(&out.join("m.jsonl")), losses(&fresh.join("m.jsonl")));
+    assert_eq!(a.len(), k + 10);
+    assert_eq!(a, b, "the stopped and resumed run equals the uninterrupted one");
+}
+
+#[test]
+fn sigterm_finishes_the_step_writes_a_checkpoint_and_resume_continues() {
+    let out = temp_dir("sigterm");
+    let args = train_args(&out, 1_000_000, &[]);
+    let child = weft_command(&refs(&args))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, stderr) = stop_at_step_20(child, &out.join("m.jsonl"), "-TERM");
+    assert_eq!(code, Some(143), "{stderr}");
+    let k = stopped_after(&stderr, "SIGTERM");
+    let run = |a: &[String]| {
+        weft_ok(&refs(a));
+    };
+    continues_the_curve(&out, &stderr, k, run, run);
+}
+
+#[test]
+fn sigint_stops_the_same_way_with_exit_130() {
+    let out = temp_dir("sigint");
+    let args = train_args(&out, 1_000_000, &[]);
+    let child = weft_command(&refs(&args))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, stderr) = stop_at_step_20(child, &out.join("m.jsonl"), "-INT");
+    assert_eq!(code, Some(130), "{stderr}");
+    let k = stopped_after(&stderr, "SIGINT");
+    assert!(weft_train::checkpoint::is_complete(
+        &out.join("ckpt").join(format!("step-{k:08}"))
+    ));
+}
+
+/// `weft launch --nproc-per-node 2 -- weft <args> --set parallel.dp=2`.
+fn launched(args: &[String]) -> Command {
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let mut all = vec!["launch", "--nproc-per-node", "2", "--", bin];
+    all.extend(refs(args));
+    all.extend(["--set", "parallel.dp=2"]);
+    weft_command(&all)
+}
+
+#[test]
+fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step() {
+    let out = temp_dir("sigterm-launch");
+    let args = train_args(&out, 1_000_000, &[]);
+    let child = launched(&args)
+        .env("WEFT_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, stderr) = stop_at_step_20(child, &out.join("m.jsonl"), "-TERM");
+    assert_eq!(code, Some(143), "{stderr}");
+    assert!(!stderr.contains("SIGKILL"), "every rank stopped by itself:\n{stderr}");
+    let k = stopped_after(&stderr, "SIGTERM");
+    // the checkpoint holds both ranks' parts: it is complete only if both wrote them
+    let run = |a: &[String]| {
+        let out = launched(a).env("WEFT_NUM_THREADS", "1").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    continues_the_curve(&out, &stderr, k, run, run);
+}

@@ -1,0 +1,109 @@
+//! The `Trainer` as a library: the summary `fit` returns, the order of a step's checkpoint and
+//! evaluation, and skipped non-finite steps. (Stopping when asked is in `stop_request.rs`: the
+//! request is process-wide.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use weft_core::{DType, Generator, Tensor};
+use weft_models::mlp::{MlpConfig, MlpModel};
+use weft_nn::layers::Activation;
+use weft_nn::optim::Sgd;
+use weft_nn::schedule::Schedule;
+use weft_train::trainer::{BatchFn, CheckpointPolicy};
+use weft_train::{Error, Trainer};
+
+fn temp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("weft-trainer-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn trainer() -> Trainer {
+    let model = MlpModel::new(
+        MlpConfig {
+            in_features: 4,
+            hidden: vec![8],
+            out_features: 3,
+            activation: Activation::Relu,
+        },
+        0,
+    )
+    .unwrap();
+    let sgd = Sgd::new(Default::default()).unwrap();
+    Trainer::new(Arc::new(model), Box::new(sgd), Schedule::Constant { lr: 0.1 }, 0.0).with_progress(false)
+}
+
+/// Batch `i`: 8 seeded rows labelled by the largest of their first 3 features, scaled by `scale`.
+fn batches(scale: f32) -> BatchFn {
+    Arc::new(move |i| {
+        let mut g = Generator::new(3);
+        g.set_offset(i as u64 * 64);
+        let x = Tensor::randn(&[8, 4], DType::F32, &mut g)?;
+        let y = x.narrow(1, 0, 3)?.argmax(-1, false)?;
+        Ok((x.mul_scalar(scale as f64)?, y))
+    })
+}
+
+#[test]
+fn fit_returns_what_it_did() {
+    let mut t = trainer().with_eval(2, 2, batches(1.0));
+    let s = t.fit(batches(1.0), 0, 6).unwrap();
+    assert_eq!((s.steps, s.steps_run, s.skipped_steps, s.stopped_by), (6, 6, 0, None));
+    assert_eq!(s.last.as_ref().unwrap().step, 6);
+    let last = s.last_eval.as_ref().unwrap();
+    assert_eq!(last.step, 6);
+    let accuracy = last.accuracy.unwrap();
+    assert!((0.0..=1.0).contains(&accuracy), "{accuracy}");
+    // the best of the evaluations after steps 2, 4 and 6
+    assert!(s.best_eval.as_ref().unwrap().loss <= last.loss);
+    assert!(s.checkpoint.is_none());
+    // a second call goes on from where the first stopped
+    let s = t.fit(batches(1.0), 6, 8).unwrap();
+    assert_eq!((s.steps, s.steps_run), (8, 2));
+    assert_eq!(s.last.unwrap().step, 8);
+}
+
+#[test]
+fn the_last_checkpoint_is_written_before_the_last_evaluation() {
+    let dir = temp("save-then-eval");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    // evaluation data that fails the first time it is asked for (after the last step)
+    let failing: BatchFn = Arc::new(move |_| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        Err(Error::Run("the evaluation data went away".into()))
+    });
+    let mut t = trainer().with_eval(5, 1, failing).with_checkpoints(CheckpointPolicy {
+        dir: dir.clone(),
+        every: 0,
+        keep: 1,
+        overwrite: false,
+    });
+    let e = t.fit(batches(1.0), 0, 5).unwrap_err();
+    assert!(e.to_string().contains("went away"), "{e}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // the error came after the final checkpoint was handed over; dropping the trainer waits for it
+    drop(t);
+    assert!(weft_train::checkpoint::is_complete(&dir.join("step-00000005")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn non_finite_steps_fail_or_are_skipped() {
+    let e = trainer().fit(batches(f32::INFINITY), 0, 3).unwrap_err().to_string();
+    assert!(e.starts_with("step 1: the"), "{e}");
+    assert!(e.contains("skip_nonfinite"), "{e}");
+    let mut t = trainer().with_skip_nonfinite(true);
+    let before: Vec<f64> = t.model.parameters().iter().flat_map(|(_, p)| p.to_vec_f64()).collect();
+    let s = t.fit(batches(f32::INFINITY), 0, 3).unwrap();
+    assert_eq!(s.skipped_steps, 3);
+    assert!(s.last.as_ref().unwrap().skipped);
+    let after: Vec<f64> = t.model.parameters().iter().flat_map(|(_, p)| p.to_vec_f64()).collect();
+    assert_eq!(before, after, "a skipped step changes nothing");
+    // finite steps after skipped ones update again
+    let s = t.fit(batches(1.0), 3, 4).unwrap();
+    assert_eq!(s.skipped_steps, 0);
+    let moved: Vec<f64> = t.model.parameters().iter().flat_map(|(_, p)| p.to_vec_f64()).collect();
+    assert_ne!(after, moved);
+}
