@@ -17,7 +17,8 @@ pub struct InspectArgs {
 pub struct ConsolidateArgs {
     /// A checkpoint folder, or a checkpoint directory (its newest checkpoint is used).
     pub dir: PathBuf,
-    /// The safetensors file to write (PyTorch's names; `safetensors.torch.load_file` reads it).
+    /// The safetensors file to write (PyTorch's names; `safetensors.torch.load_file` reads it, and
+    /// `weft generate --checkpoint` too: its metadata holds the model config and tokenizer).
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
 }
@@ -99,7 +100,9 @@ fn print_out(text: &str) -> Result<(), String> {
 }
 
 /// Writes the checkpoint's whole model as one safetensors file (tied tensors under both
-/// names, as PyTorch's `state_dict` has them), after checking its checksums.
+/// names, as PyTorch's `state_dict` has them), after checking its checksums. The header's
+/// metadata carries what `weft generate` needs to read the file alone: the model config and the
+/// tokenizer (`weft_train::generate::consolidated_metadata`).
 pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
     let dir = checkpoint::resolve(&args.dir).map_err(err)?;
     let (index, mut params) = checkpoint::read_params(&dir).map_err(err)?;
@@ -111,7 +114,7 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
     safetensors::save(
         &args.output,
         params.iter().map(|(n, t)| (n.as_str(), t)),
-        &BTreeMap::new(),
+        &weft_train::generate::consolidated_metadata(&index.state),
     )
     .map_err(err)?;
     let numel: usize = params.values().map(|t| t.numel()).sum();

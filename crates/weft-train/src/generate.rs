@@ -1,70 +1,230 @@
-//! Sampling text from a trained gpt: after training (`train.sample_tokens`) and from a
-//! checkpoint (`weft generate`).
+//! Sampling text from a trained gpt: after training (`train.sample_tokens`), and from a
+//! checkpoint folder or a consolidated safetensors file (`weft generate`).
+//!
+//! A consolidated file (`weft checkpoint consolidate`) carries what generation needs besides
+//! the tensors in its header's `__metadata__` (string to string): the model config as JSON
+//! under [`MODEL_KEY`], the tokenizer's JSON under [`TOKENIZER_KEY`], the step under
+//! [`STEP_KEY`], and `format: pt` for PyTorch's loaders.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
+use weft_core::io::safetensors;
 use weft_core::{Generator, Tensor};
-use weft_models::gpt::Gpt;
+use weft_data::CharTokenizer;
+pub use weft_models::gpt::Sampling;
+use weft_models::gpt::{Gpt, GptConfig};
 use weft_models::Model;
 use weft_nn::state_dict;
 
-use crate::checkpoint;
+use crate::checkpoint::{self, CheckpointState, Tensors};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::run::build_gpt;
 
-pub(crate) fn sample_text(
+/// Metadata key of a consolidated file: the model config (the `[model]` section) as JSON.
+pub const MODEL_KEY: &str = "weft.model";
+/// Metadata key of a consolidated file: the tokenizer's JSON (`{"type": "char", ...}`).
+pub const TOKENIZER_KEY: &str = "weft.tokenizer";
+/// Metadata key of a consolidated file: the checkpoint's step (the next step to run).
+pub const STEP_KEY: &str = "weft.step";
+
+/// The most new tokens one [`generate`] call produces. Each is one forward pass of the model;
+/// a million is hours of sampling for the smallest models, and the count a typo such as
+/// `--tokens 10000000000` would otherwise spend days (and the ids' memory) on.
+pub const MAX_TOKENS: usize = 1_000_000;
+
+/// What to generate, and how.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// The text to continue: at least one character, each in the checkpoint's vocabulary.
+    pub prompt: String,
+    /// New tokens (characters) to generate, 1 to [`MAX_TOKENS`].
+    pub tokens: usize,
+    /// Seed of the draws (unused by greedy decoding).
+    pub seed: u64,
+    pub sampling: Sampling,
+}
+
+/// The `__metadata__` of a consolidated file of a checkpoint whose state is `state`: `format:
+/// pt`, the step, the model config and (for a model trained on text) the tokenizer.
+pub fn consolidated_metadata(state: &CheckpointState) -> BTreeMap<String, String> {
+    let mut meta = BTreeMap::from([
+        ("format".to_string(), "pt".to_string()),
+        (STEP_KEY.to_string(), state.step.to_string()),
+    ]);
+    let model = &state.extra["model"];
+    if !model.is_null() {
+        meta.insert(MODEL_KEY.to_string(), model.to_string());
+    }
+    if let Some(tok) = state.extra["tokenizer"].as_str() {
+        meta.insert(TOKENIZER_KEY.to_string(), tok.to_string());
+    }
+    meta
+}
+
+/// `prompt`'s ids, checked: not empty, every character known to `tok`.
+fn encode_prompt(tok: &CharTokenizer, prompt: &str) -> Result<Vec<i64>> {
+    if prompt.is_empty() {
+        return Err(Error::Run(
+            "the prompt is empty: give at least one character to continue (the default is a newline)".into(),
+        ));
+    }
+    tok.encode(prompt).map_err(|e| {
+        let vocab: String = tok.chars().iter().collect();
+        let known = if vocab.chars().count() <= 200 {
+            format!("{} characters: {vocab:?}", tok.vocab_size())
+        } else {
+            format!("{} characters", tok.vocab_size())
+        };
+        Error::Run(format!("the prompt's {e} of the checkpoint's tokenizer ({known})"))
+    })
+}
+
+/// `ids` continued by `n` tokens drawn by `sampling` from `seed`, decoded.
+fn continue_ids(
     gpt: &Gpt,
-    tok: &weft_data::CharTokenizer,
-    prompt: &str,
+    tok: &CharTokenizer,
+    ids: Vec<i64>,
     n: usize,
+    sampling: &Sampling,
     seed: u64,
 ) -> Result<String> {
-    let ids = tok.encode(prompt)?;
-    if ids.is_empty() {
-        return Err(Error::Config("the prompt is empty".into()));
-    }
     let len = ids.len();
     gpt.context().set_training(false);
     let out = gpt.generate(
         &Tensor::from_vec(ids, &[1, len])?,
         n,
-        0.8,
-        Some(40),
+        sampling,
         Some(tok.vocab_size()),
         &mut Generator::new(seed),
     )?;
-    let out = out.to_vec::<i64>()?;
-    Ok(tok.decode(&out)?)
+    Ok(tok.decode(&out.to_vec::<i64>()?)?)
 }
 
-/// `weft generate`: loads a gpt checkpoint folder (or the newest checkpoint inside a
-/// checkpoint directory) and continues `prompt` by `tokens` characters.
-pub fn generate(checkpoint_path: &Path, prompt: &str, tokens: usize, seed: u64) -> Result<String> {
-    let ckpt = checkpoint::resolve(checkpoint_path)?;
+/// `prompt` continued by `n` characters with the default sampling (temperature 0.8, top-k 40):
+/// the sample printed after training.
+pub(crate) fn sample_text(gpt: &Gpt, tok: &CharTokenizer, prompt: &str, n: usize, seed: u64) -> Result<String> {
+    let ids = encode_prompt(tok, prompt)?;
+    continue_ids(gpt, tok, ids, n, &Sampling::default(), seed)
+}
+
+/// What generation reads from a checkpoint folder or a consolidated file.
+struct Trained {
+    /// Where the model config and tokenizer were read (in messages).
+    source: String,
+    /// The model config's JSON, when there is one.
+    model: Option<serde_json::Value>,
+    tokenizer: Option<String>,
+    params: Tensors,
+}
+
+/// A checkpoint folder (or the newest one in a checkpoint directory), every piece checked.
+fn read_folder(path: &Path) -> Result<Trained> {
+    let ckpt = checkpoint::resolve(path)?;
     let (index, params) = checkpoint::read_params(&ckpt)?;
-    let state = index.state;
-    let model_cfg: ModelConfig = serde_json::from_value(state.extra["model"].clone()).map_err(|e| {
-        Error::Io(format!(
-            "{}: index.json has no usable model config: {e}",
-            ckpt.display()
-        ))
-    })?;
-    if !matches!(model_cfg, ModelConfig::Gpt(_)) {
-        return Err(Error::Config(format!(
-            "{}: generate needs a gpt checkpoint",
-            ckpt.display()
+    let extra = &index.state.extra;
+    Ok(Trained {
+        source: ckpt.join(checkpoint::INDEX).display().to_string(),
+        model: Some(extra["model"].clone()).filter(|m| !m.is_null()),
+        tokenizer: extra["tokenizer"].as_str().map(str::to_string),
+        params,
+    })
+}
+
+/// A safetensors file, which must carry weft's metadata.
+fn read_file(path: &Path) -> Result<Trained> {
+    let file = safetensors::load(path)?;
+    let source = path.display().to_string();
+    let Some(model) = file.metadata.get(MODEL_KEY) else {
+        return Err(Error::Io(format!(
+            "{source}: the file holds tensors but no model config (no {MODEL_KEY:?} in its safetensors \
+             metadata, as in a state dict saved by PyTorch): generate from a checkpoint folder, or from the \
+             file `weft checkpoint consolidate CHECKPOINT -o FILE` writes"
+        )));
+    };
+    let model: serde_json::Value = serde_json::from_str(model)
+        .map_err(|e| Error::Io(format!("{source}: metadata {MODEL_KEY:?} is not JSON: {e}")))?;
+    Ok(Trained {
+        source,
+        model: Some(model),
+        tokenizer: file.metadata.get(TOKENIZER_KEY).cloned(),
+        params: file.tensors,
+    })
+}
+
+/// The gpt config `trained` records, checked against the shapes of its tensors before
+/// anything of the config's size is built.
+fn gpt_config(trained: &Trained) -> Result<GptConfig> {
+    let source = &trained.source;
+    let value = trained
+        .model
+        .clone()
+        .ok_or_else(|| Error::Io(format!("{source}: records no model config")))?;
+    let model: ModelConfig = serde_json::from_value(value)
+        .map_err(|e| Error::Io(format!("{source}: the model config does not parse: {e}")))?;
+    let ModelConfig::Gpt(g) = model else {
+        let kind = match model {
+            ModelConfig::Mlp(_) => "mlp",
+            _ => "convnet",
+        };
+        return Err(Error::Io(format!(
+            "{source}: generate needs a gpt; this is a model of kind {kind:?}"
+        )));
+    };
+    let cfg = GptConfig {
+        vocab_size: g.vocab_size,
+        block_size: g.block_size,
+        n_layer: g.n_layer,
+        n_head: g.n_head,
+        n_embd: g.n_embd,
+        bias: g.bias,
+        dropout: g.dropout,
+    };
+    let shapes: BTreeMap<String, Vec<usize>> = trained
+        .params
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shape().to_vec()))
+        .collect();
+    cfg.check_shapes(&shapes)
+        .map_err(|e| Error::Io(format!("{source}: {e}")))?;
+    Ok(cfg)
+}
+
+/// `weft generate`: continues `options.prompt` by `options.tokens` characters with a gpt read
+/// from `path`: a checkpoint folder, a checkpoint directory (its newest checkpoint), or a
+/// safetensors file written by `weft checkpoint consolidate`. Everything read is checked
+/// before the model is built: the options, the model config against the tensors' shapes, the
+/// tokenizer against the vocabulary, and the prompt against the tokenizer.
+pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
+    if !(1..=MAX_TOKENS).contains(&options.tokens) {
+        return Err(Error::Run(format!(
+            "tokens: {} is outside 1 to {MAX_TOKENS}, the new tokens one call generates",
+            options.tokens
         )));
     }
-    let tok_json = state.extra["tokenizer"].as_str().ok_or_else(|| {
+    options.sampling.validate()?;
+    let trained = if path.is_file() {
+        read_file(path)?
+    } else {
+        read_folder(path)?
+    };
+    let source = &trained.source;
+    let cfg = gpt_config(&trained)?;
+    let tok_json = trained.tokenizer.as_deref().ok_or_else(|| {
         Error::Io(format!(
-            "{}: the checkpoint has no tokenizer (was it trained on text data?)",
-            ckpt.display()
+            "{source}: records no tokenizer (the model was not trained on text data)"
         ))
     })?;
-    let tok = weft_data::CharTokenizer::from_json(tok_json)?;
-    let gpt = build_gpt(&model_cfg, 0)?;
-    let source = ckpt.display().to_string();
-    state_dict::load_state_dict(&gpt, &params, gpt.aliases(), &source)?;
-    sample_text(&gpt, &tok, prompt, tokens, seed)
+    let tok = CharTokenizer::from_json(tok_json).map_err(|e| Error::Io(format!("{source}: {e}")))?;
+    if tok.vocab_size() > cfg.vocab_size {
+        return Err(Error::Io(format!(
+            "{source}: the tokenizer knows {} characters, more than model.vocab_size = {}",
+            tok.vocab_size(),
+            cfg.vocab_size
+        )));
+    }
+    let ids = encode_prompt(&tok, &options.prompt)?;
+    let gpt = Gpt::new(cfg, 0)?;
+    state_dict::load_state_dict(&gpt, &trained.params, gpt.aliases(), &path.display().to_string())?;
+    continue_ids(&gpt, &tok, ids, options.tokens, &options.sampling, options.seed)
 }

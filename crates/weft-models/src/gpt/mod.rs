@@ -1,5 +1,8 @@
 //! GPT in nanoGPT's layout: token and position embeddings, pre-norm blocks of causal
 //! self-attention and MLP, a final LayerNorm, and an output head tied to the token embedding.
+//! Generation and its sampling filters are in `generate.rs`, the parameter shapes a config
+//! implies (and their check against a state dict's) in `shapes.rs`, pipeline stages in
+//! `stages.rs`.
 
 use weft_core::{DType, Error, Generator, Result, Tensor};
 use weft_nn::init;
@@ -10,7 +13,10 @@ use weft_nn::Context;
 
 use crate::{config_error, Model};
 
+mod generate;
+mod shapes;
 mod stages;
+pub use generate::Sampling;
 pub use stages::StageCut;
 
 /// nanoGPT's `GPTConfig`.
@@ -241,70 +247,6 @@ impl Gpt {
             // the output layer is column-parallel over the vocabulary
             Some(s) => copy_to_group(&x, &s.group)?.matmul(&self.wte.weight.t()?),
         }
-    }
-
-    /// Appends `max_new_tokens` sampled tokens to `idx` (`[1, T]`), conditioning on at most the last
-    /// `block_size` tokens: softmax of the last logits divided by `temperature`, restricted to the
-    /// `top_k` most likely tokens when given, and to ids below `vocab_limit` when given (a
-    /// tokenizer that knows fewer tokens than the model's vocabulary). Runs without recording
-    /// gradients.
-    pub fn generate(
-        &self,
-        idx: &Tensor,
-        max_new_tokens: usize,
-        temperature: f64,
-        top_k: Option<usize>,
-        vocab_limit: Option<usize>,
-        rng: &mut Generator,
-    ) -> Result<Tensor> {
-        if self.wte.shard.is_some() {
-            return Err(Error::Invalid {
-                op: "generate",
-                msg: "generation needs the whole model, not a tensor-parallel part of it".into(),
-            });
-        }
-        if temperature <= 0.0 || !temperature.is_finite() {
-            return Err(Error::Invalid {
-                op: "generate",
-                msg: format!("temperature must be positive, got {temperature}"),
-            });
-        }
-        weft_core::no_grad(|| {
-            let mut tokens = idx.to_vec::<i64>()?;
-            for _ in 0..max_new_tokens {
-                let start = tokens.len().saturating_sub(self.config.block_size);
-                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?;
-                let logits = self.forward(&ctx)?;
-                let last = logits.narrow(1, ctx.shape()[1] - 1, 1)?.reshape(&[-1])?.to_vec_f64();
-                let limit = vocab_limit.unwrap_or(last.len()).min(last.len());
-                let mut scaled: Vec<f64> = last[..limit].iter().map(|l| l / temperature).collect();
-                if let Some(k) = top_k.filter(|&k| k > 0 && k < scaled.len()) {
-                    let mut sorted = scaled.clone();
-                    sorted.sort_by(|a, b| b.total_cmp(a));
-                    let cut = sorted[k - 1];
-                    scaled
-                        .iter_mut()
-                        .filter(|v| **v < cut)
-                        .for_each(|v| *v = f64::NEG_INFINITY);
-                }
-                let m = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let probs: Vec<f64> = scaled.iter().map(|v| (v - m).exp()).collect();
-                let total: f64 = probs.iter().sum();
-                let (seed, counter) = rng.take(1);
-                let mut u = weft_core::rng::uniform(seed, counter) * total;
-                let mut next = probs.len() - 1;
-                for (i, p) in probs.iter().enumerate() {
-                    if u < *p {
-                        next = i;
-                        break;
-                    }
-                    u -= p;
-                }
-                tokens.push(next as i64);
-            }
-            let n = tokens.len();
-            Tensor::from_vec(tokens, &[1, n])
-        })
     }
 }
 
