@@ -566,3 +566,15 @@ fn impossible_sizes_are_refused_with_the_estimate() {
         assert!(err.contains(what), "{set}: {err}");
     }
 }
+
+#[test]
+fn a_text_without_new_lines_samples_from_its_first_character() {
+    let out = temp_dir("no-newline");
+    let text = out.join("t.txt");
+    std::fs::write(&text, "abcabcabd".repeat(300)).unwrap();
+    let t = path_set("data.path", &text);
+    #[rustfmt::skip]
+    let run = weft_ok(&small_run(&["--quiet", "--set", &t, "--set", "train.steps=3", "--set", "train.sample_tokens=20"]));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("--- sample (20 characters) ---\na"), "{stdout}");
+}

@@ -171,15 +171,7 @@ fn gpt_config(trained: &Trained) -> Result<GptConfig> {
             "{source}: generate needs a gpt; this is a model of kind {kind:?}"
         )));
     };
-    let cfg = GptConfig {
-        vocab_size: g.vocab_size,
-        block_size: g.block_size,
-        n_layer: g.n_layer,
-        n_head: g.n_head,
-        n_embd: g.n_embd,
-        bias: g.bias,
-        dropout: g.dropout,
-    };
+    let cfg = g.to_config();
     let shapes: BTreeMap<String, Vec<usize>> = trained
         .params
         .iter()

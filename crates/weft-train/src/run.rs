@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use weft_data::{BatchesDataset, CsvDataset, LabelColumn, Split, TextDataset};
 use weft_models::convnet::{ConvNet, ConvNetConfig};
-use weft_models::gpt::{Gpt, GptConfig};
+use weft_models::gpt::Gpt;
 use weft_models::mlp::{MlpConfig, MlpModel};
 use weft_models::Model;
 use weft_nn::layers::Activation;
@@ -55,16 +55,7 @@ pub(crate) fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
     let ModelConfig::Gpt(g) = cfg else {
         return Err(Error::Config("model.kind: expected gpt".into()));
     };
-    let c = GptConfig {
-        vocab_size: g.vocab_size,
-        block_size: g.block_size,
-        n_layer: g.n_layer,
-        n_head: g.n_head,
-        n_embd: g.n_embd,
-        bias: g.bias,
-        dropout: g.dropout,
-    };
-    Ok(Gpt::new(c, seed)?)
+    Ok(Gpt::new(g.to_config(), seed)?)
 }
 
 /// The optimizer of an `[optim]` section.
@@ -609,13 +600,14 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             None
         };
         if logs {
-            let sample = crate::generate::sample_text(
-                whole.as_ref().unwrap_or(gpt),
-                text.tokenizer(),
-                "\n",
-                t.sample_tokens,
-                t.seed,
-            )?;
+            // a new line, or the first character of a text that has none
+            let tok = text.tokenizer();
+            let prompt = match tok.encode("\n") {
+                Ok(_) => "\n".to_string(),
+                Err(_) => tok.decode(&[0])?,
+            };
+            let sample =
+                crate::generate::sample_text(whole.as_ref().unwrap_or(gpt), tok, &prompt, t.sample_tokens, t.seed)?;
             weft_core::outln!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
         }
     }

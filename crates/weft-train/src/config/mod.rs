@@ -73,6 +73,21 @@ pub struct GptKeys {
     pub dropout: f64,
 }
 
+impl GptKeys {
+    /// The model's own config.
+    pub fn to_config(&self) -> weft_models::gpt::GptConfig {
+        weft_models::gpt::GptConfig {
+            vocab_size: self.vocab_size,
+            block_size: self.block_size,
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+            n_embd: self.n_embd,
+            bias: self.bias,
+            dropout: self.dropout,
+        }
+    }
+}
+
 /// Deserializes a section whose `kind` key picks the struct for the other keys. Unlike serde's
 /// internally tagged enums, errors keep the key's name (`n_layer: invalid value ...`).
 fn by_kind<'de, D: serde::Deserializer<'de>, T>(
@@ -460,6 +475,16 @@ impl RunConfig {
         }
         if self.train.log_every == 0 {
             return bad("train.log_every", "must be at least 1".into());
+        }
+        if self.train.sample_tokens > crate::generate::MAX_TOKENS {
+            return bad(
+                "train.sample_tokens",
+                format!(
+                    "{} is more than the {} characters one sample may have",
+                    self.train.sample_tokens,
+                    crate::generate::MAX_TOKENS
+                ),
+            );
         }
         let p = &self.parallel;
         if p.tp == 0 {
