@@ -59,6 +59,22 @@ fn convnet_adam_at_dp_2_and_4() {
 }
 
 #[test]
+fn without_parallel_dp_every_rank_of_the_job_is_data_parallel() {
+    // what torchrun users expect of `weft launch --nproc-per-node 2 -- weft train`
+    let out = temp_dir("dp-from-job");
+    let metrics = out.join("m.jsonl");
+    let config = fixtures().join("gpt_adamw/run.toml");
+    let run = launch_train_ok(2, Some(&config), &[], &[path_set("train.metrics", &metrics)]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("[rank0]: weft: 2 ranks: dp = 2 x tp = 1 x pp = 1") && err.contains("the job's ranks"),
+        "the first line says what was chosen: {err}"
+    );
+    check_against_pytorch("gpt_adamw", &metrics);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn a_layout_that_does_not_match_the_job_is_refused() {
     let config = fixtures().join("gpt_adamw/run.toml");
     let config = config.to_str().unwrap();

@@ -20,6 +20,11 @@ fn temp(name: &str) -> std::path::PathBuf {
 }
 
 fn trainer() -> Trainer {
+    plain_trainer().with_progress(false)
+}
+
+/// [`trainer`] with the progress display at its default.
+fn plain_trainer() -> Trainer {
     let model = MlpModel::new(
         MlpConfig {
             in_features: 4,
@@ -31,7 +36,7 @@ fn trainer() -> Trainer {
     )
     .unwrap();
     let sgd = Sgd::new(Default::default()).unwrap();
-    Trainer::new(Arc::new(model), Box::new(sgd), Schedule::Constant { lr: 0.1 }, 0.0).with_progress(false)
+    Trainer::new(Arc::new(model), Box::new(sgd), Schedule::Constant { lr: 0.1 }, 0.0)
 }
 
 /// Batch `i`: 8 seeded rows labelled by the largest of their first 3 features, scaled by `scale`.
@@ -106,4 +111,36 @@ fn non_finite_steps_fail_or_are_skipped() {
     assert_eq!(s.skipped_steps, 0);
     let moved: Vec<f64> = t.model.parameters().iter().flat_map(|(_, p)| p.to_vec_f64()).collect();
     assert_ne!(after, moved);
+}
+
+#[test]
+fn the_progress_display_shows_by_default_on_a_terminal_only() {
+    const CHILD: &str = "WEFT_TEST_PROGRESS_CHILD";
+    const NAME: &str = "the_progress_display_shows_by_default_on_a_terminal_only";
+    if std::env::var_os(CHILD).is_some() {
+        plain_trainer().fit(batches(1.0), 0, 5).unwrap();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let exe = exe.to_str().unwrap();
+    // on a terminal (this test again, under `script`, which gives it one): a bar
+    let shell = format!("{CHILD}=1 '{exe}' --exact {NAME} --nocapture --test-threads 1");
+    match std::process::Command::new("script")
+        .args(["-qec", &shell, "/dev/null"])
+        .output()
+    {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("] step      5/5 | loss"), "{text}");
+        }
+        Err(e) => eprintln!("skipped the terminal half: `script` cannot run ({e})"),
+    }
+    // in a pipe: nothing
+    let out = std::process::Command::new(exe)
+        .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("step "), "{out:?}");
 }
