@@ -7,6 +7,7 @@
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+pub mod alloc;
 pub mod autograd;
 pub mod console;
 pub mod cpu;
