@@ -30,7 +30,10 @@ fn too_large<'a>(setting: &'a str, bytes: u64, larger: &'a str) -> &'a str {
 /// allocate, and the bytes.
 fn refused(setting: &str) -> String {
     let err = one_error_line(&weft(&["train", "--quiet", "--set", setting]));
-    assert!(err.contains(": cannot allocate ") && err.contains(" bytes): "), "{setting}: {err}");
+    assert!(
+        err.contains(": cannot allocate ") && err.contains(" bytes): "),
+        "{setting}: {err}"
+    );
     if weft_core::alloc::machine_memory().is_some() {
         assert!(err.contains("more than this machine's"), "{setting}: {err}");
     }
@@ -50,7 +53,11 @@ fn a_model_too_wide_for_memory_is_one_error_line() {
 #[test]
 fn a_batch_too_large_for_memory_is_one_error_line() {
     // the batch's token ids: 10^8 rows of 64 i64, 51.2 GB
-    let set = too_large("data.batch_size=100000000", 51_200_000_000, "data.batch_size=100000000000000");
+    let set = too_large(
+        "data.batch_size=100000000",
+        51_200_000_000,
+        "data.batch_size=100000000000000",
+    );
     let err = refused(set);
     assert!(err.contains("text batch: cannot allocate"), "{err}");
     if set == "data.batch_size=100000000" {
@@ -61,7 +68,11 @@ fn a_batch_too_large_for_memory_is_one_error_line() {
 #[test]
 fn a_context_too_long_for_memory_is_one_error_line() {
     // the position embedding: [10^8, 128] f32, 51.2 GB
-    let set = too_large("model.block_size=100000000", 51_200_000_000, "model.block_size=100000000000000");
+    let set = too_large(
+        "model.block_size=100000000",
+        51_200_000_000,
+        "model.block_size=100000000000000",
+    );
     let err = refused(set);
     if set == "model.block_size=100000000" {
         assert!(err.contains("51.2 GB (51200000000 bytes)"), "{err}");

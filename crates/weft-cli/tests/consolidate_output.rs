@@ -21,7 +21,13 @@ fn checkpoint(dir: &Path) -> PathBuf {
 }
 
 fn consolidate(ckpt: &Path, output: &Path) -> Output {
-    weft(&["checkpoint", "consolidate", ckpt.to_str().unwrap(), "-o", output.to_str().unwrap()])
+    weft(&[
+        "checkpoint",
+        "consolidate",
+        ckpt.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+    ])
 }
 
 /// Checks that `out` failed with exactly one `weft: error:` line, and returns it.
@@ -68,7 +74,10 @@ fn consolidate_writes_through_a_symlink_and_refuses_what_is_not_a_file() {
     let out = consolidate(&ckpt, &link);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-    assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("releases/model-v1.safetensors"));
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        Path::new("releases/model-v1.safetensors")
+    );
     assert!(names(&real).contains(&"transformer.wte.weight".to_string()));
     assert_eq!(names(&link), names(&real));
 
@@ -85,7 +94,10 @@ fn consolidate_writes_through_a_symlink_and_refuses_what_is_not_a_file() {
     // a directory: refused, and left as it is
     let sub = out_dir.join("releases");
     let err = one_error_line(&consolidate(&ckpt, &sub));
-    assert!(err.contains(&*sub.to_string_lossy()) && err.contains("a directory"), "{err}");
+    assert!(
+        err.contains(&*sub.to_string_lossy()) && err.contains("a directory"),
+        "{err}"
+    );
     assert!(sub.is_dir() && real.is_file());
 
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
@@ -102,12 +114,21 @@ fn consolidate_on_a_full_disk_fails_with_one_line_and_leaves_no_temporary_file()
     let out = std::process::Command::new("sh")
         .args(["-c", "trap '' XFSZ; ulimit -f 1 && exec \"$0\" \"$@\""])
         .arg(env!("CARGO_BIN_EXE_weft"))
-        .args(["checkpoint", "consolidate", ckpt.to_str().unwrap(), "-o", output.to_str().unwrap()])
+        .args([
+            "checkpoint",
+            "consolidate",
+            ckpt.to_str().unwrap(),
+            "-o",
+            output.to_str().unwrap(),
+        ])
         .env("WEFT_NUM_THREADS", "2")
         .output()
         .unwrap();
     let err = one_error_line(&out);
-    assert!(err.contains(&*output.to_string_lossy()) && err.contains("too large"), "{err}");
+    assert!(
+        err.contains(&*output.to_string_lossy()) && err.contains("too large"),
+        "{err}"
+    );
     assert!(!output.exists());
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     let _ = std::fs::remove_dir_all(&dir);

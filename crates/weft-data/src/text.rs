@@ -166,7 +166,10 @@ mod tests {
         // 2^40 tokens of i64: 8.8 TB, more than any machine this runs on; refused up front
         if weft_core::alloc::machine_memory().is_some_and(|m| m < 1 << 43) {
             let e = d.batch(Split::Train, 1 << 38, 4, 1, 0).unwrap_err().to_string();
-            assert!(e.starts_with("text batch: cannot allocate 8.8 TB (8796093022208 bytes)"), "{e}");
+            assert!(
+                e.starts_with("text batch: cannot allocate 8.8 TB (8796093022208 bytes)"),
+                "{e}"
+            );
         }
         let e = d.batch(Split::Train, usize::MAX, 4, 1, 0).unwrap_err().to_string();
         assert!(e.contains("overflow"), "{e}");
