@@ -96,11 +96,14 @@ fn run(cli: Cli) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // the commands that compute read their thread count (warning on a malformed
+    // the commands that compute read their thread count (refusing a malformed or too large
     // WEFT_NUM_THREADS) and set up the allocator before their first tensor (the launcher
     // computes nothing)
     if !matches!(cli.command, Command::Launch(_)) {
-        weft_core::cpu::threads::init();
+        if let Err(e) = weft_core::cpu::threads::try_init() {
+            weft_core::errln!("weft: error: {e}");
+            return ExitCode::FAILURE;
+        }
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

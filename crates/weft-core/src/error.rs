@@ -31,6 +31,15 @@ pub enum Error {
     #[error("{op}: {msg}")]
     Invalid { op: &'static str, msg: String },
 
+    /// A buffer of `bytes` bytes could not be allocated: more than the machine's `memory` bytes
+    /// (`Some`, refused before asking: see `crate::alloc`), or refused by the allocator (`None`).
+    #[error("{op}: cannot allocate {} ({bytes} bytes): {}", crate::alloc::human_bytes(*.bytes), crate::alloc::why(*.memory))]
+    OutOfMemory {
+        op: &'static str,
+        bytes: u128,
+        memory: Option<u64>,
+    },
+
     /// A file or stream could not be read or written, or its contents are malformed; the message
     /// names the path (and the tensor, when one is at fault).
     #[error("{0}")]

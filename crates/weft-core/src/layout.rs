@@ -241,14 +241,13 @@ impl Layout {
         }
     }
 
-    /// Storage offsets of every element in row-major order.
-    pub fn offsets(&self) -> Vec<usize> {
-        let mut out = Vec::with_capacity(self.numel());
+    /// Storage offsets of every element in row-major order (a buffer of `usize` per element,
+    /// allocated through [`crate::alloc`]: an error naming `op` when it cannot be).
+    pub fn offsets(&self, op: &'static str) -> Result<Vec<usize>> {
+        let mut out = crate::alloc::with_capacity(op, self.numel())?;
         self.for_each_row(|start, stride, len| {
-            for i in 0..len {
-                out.push(start + i * stride);
-            }
+            out.extend((0..len).map(|i| start + i * stride));
         });
-        out
+        Ok(out)
     }
 }

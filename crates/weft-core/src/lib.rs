@@ -2,11 +2,14 @@
 //! ([`Op`]) that the CPU backend executes and autograd differentiates, counter-based RNG, and fast
 //! CPU kernels.
 //!
-//! Every op returns [`Result`]: shape, dtype and range errors name the op and the shapes
-//! (see docs/architecture.md, "Errors").
+//! Every op returns [`Result`]: shape, dtype and range errors name the op and the shapes, and a
+//! buffer too large for the machine is an [`Error::OutOfMemory`] naming the op and the bytes
+//! (every tensor-sized buffer is allocated through [`alloc`]; see docs/architecture.md,
+//! "Errors").
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+pub mod alloc;
 pub mod autograd;
 pub mod console;
 pub mod cpu;

@@ -10,6 +10,15 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// [`numel`], or an error naming `op` when the count does not fit in `usize` (a shape no buffer
+/// can hold: `[1 << 40, 1 << 40]`).
+pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| crate::error::invalid(op, format!("shape {shape:?} has more than {} elements", usize::MAX)))
+}
+
 /// Row-major strides (in elements) of a contiguous tensor of this shape.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
@@ -65,6 +74,7 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Sh
             }
         };
     }
+    checked_numel(op, &out)?;
     Ok(out)
 }
 

@@ -4,7 +4,9 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use half::{bf16, f16};
 
+use crate::alloc;
 use crate::dtype::{DType, Element};
+use crate::error::Result;
 use crate::layout::Layout;
 use crate::Device;
 
@@ -140,50 +142,65 @@ impl CpuStorage {
         self.len() == 0
     }
 
-    /// `n` zeros of `dtype`.
+    /// `n` zeros of `dtype`, allocated as `vec!` does (aborting when memory runs out): for empty
+    /// and small buffers (a released parameter's storage). Tensor-sized buffers take
+    /// [`CpuStorage::filled`], which fails instead.
     pub fn zeros(dtype: DType, n: usize) -> CpuStorage {
-        Self::filled(dtype, n, 0.0)
+        crate::dtype_dispatch!(dtype, T => T::wrap(vec![T::zero(); n]))
     }
 
-    /// `n` copies of `value` converted to `dtype`.
-    pub fn filled(dtype: DType, n: usize, value: f64) -> CpuStorage {
-        crate::dtype_dispatch!(dtype, T => T::wrap(vec![T::from_f64(value); n]))
+    /// `n` copies of `value` converted to `dtype`; an [`crate::Error::OutOfMemory`] naming `op`
+    /// when the buffer cannot be allocated.
+    pub fn filled(op: &'static str, dtype: DType, n: usize, value: f64) -> Result<CpuStorage> {
+        Ok(crate::dtype_dispatch!(dtype, T => T::wrap(alloc::filled(op, n, T::from_f64(value))?)))
+    }
+
+    /// A copy of this buffer (`Clone` aborts when memory runs out; this fails naming `op`).
+    pub fn try_clone(&self, op: &'static str) -> Result<CpuStorage> {
+        Ok(with_storage!(self, v => StorageElement::wrap(alloc::copy(op, v)?)))
     }
 
     /// The elements selected by `layout`, in row-major order, as a new contiguous buffer.
-    pub fn gather(&self, layout: &Layout) -> CpuStorage {
-        fn go<T: StorageElement>(v: &[T], layout: &Layout) -> CpuStorage {
-            T::wrap(gather_slice(v, layout))
+    pub fn gather(&self, op: &'static str, layout: &Layout) -> Result<CpuStorage> {
+        fn go<T: StorageElement>(op: &'static str, v: &[T], layout: &Layout) -> Result<CpuStorage> {
+            Ok(T::wrap(gather_slice(op, v, layout)?))
         }
-        with_storage!(self, v => go(v, layout))
+        with_storage!(self, v => go(op, v, layout))
     }
 
-    /// Converts every element (through f64 for floats, exactly for integers in range).
-    pub fn cast(&self, dtype: DType) -> CpuStorage {
+    /// Converts every element (through f64 for floats, exactly for integers in range) into a new
+    /// buffer (a copy when `dtype` is already this buffer's).
+    pub fn cast(&self, op: &'static str, dtype: DType) -> Result<CpuStorage> {
         if dtype == self.dtype() {
-            return self.clone();
+            return self.try_clone(op);
         }
-        match (self, dtype) {
-            (CpuStorage::BF16(v), DType::F32) => CpuStorage::F32(v.iter().map(|x| x.to_f32()).collect()),
-            (CpuStorage::F16(v), DType::F32) => CpuStorage::F32(v.iter().map(|x| x.to_f32()).collect()),
-            (CpuStorage::F32(v), DType::BF16) => CpuStorage::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
-            (CpuStorage::F32(v), DType::F16) => CpuStorage::F16(v.iter().map(|&x| f16::from_f32(x)).collect()),
-            (CpuStorage::I64(v), DType::I32) => CpuStorage::I32(v.iter().map(|&x| x as i32).collect()),
-            (CpuStorage::I32(v), DType::I64) => CpuStorage::I64(v.iter().map(|&x| x as i64).collect()),
-            _ => {
-                crate::dtype_dispatch!(dtype, T => T::wrap(crate::with_storage!(self, v => v.iter().map(|x| T::from_f64(x.to_f64())).collect())))
+        let n = self.len();
+        Ok(match (self, dtype) {
+            (CpuStorage::BF16(v), DType::F32) => CpuStorage::F32(alloc::collect(op, n, v.iter().map(|x| x.to_f32()))?),
+            (CpuStorage::F16(v), DType::F32) => CpuStorage::F32(alloc::collect(op, n, v.iter().map(|x| x.to_f32()))?),
+            (CpuStorage::F32(v), DType::BF16) => {
+                CpuStorage::BF16(alloc::collect(op, n, v.iter().map(|&x| bf16::from_f32(x)))?)
             }
-        }
+            (CpuStorage::F32(v), DType::F16) => {
+                CpuStorage::F16(alloc::collect(op, n, v.iter().map(|&x| f16::from_f32(x)))?)
+            }
+            (CpuStorage::I64(v), DType::I32) => CpuStorage::I32(alloc::collect(op, n, v.iter().map(|&x| x as i32))?),
+            (CpuStorage::I32(v), DType::I64) => CpuStorage::I64(alloc::collect(op, n, v.iter().map(|&x| x as i64))?),
+            _ => {
+                crate::dtype_dispatch!(dtype, T => T::wrap(crate::with_storage!(self, v => alloc::collect(op, n, v.iter().map(|x| T::from_f64(x.to_f64())))?)))
+            }
+        })
     }
 }
 
-/// Copies the elements `layout` selects from `v` into a new row-major `Vec`.
-pub fn gather_slice<T: Copy>(v: &[T], layout: &Layout) -> Vec<T> {
+/// Copies the elements `layout` selects from `v` into a new row-major `Vec` (allocated through
+/// [`crate::alloc`]: an error naming `op` when it cannot be).
+pub fn gather_slice<T: Copy>(op: &'static str, v: &[T], layout: &Layout) -> Result<Vec<T>> {
     let n = layout.numel();
     if layout.is_contiguous() {
-        return v[layout.offset..layout.offset + n].to_vec();
+        return alloc::copy(op, &v[layout.offset..layout.offset + n]);
     }
-    let mut out = Vec::with_capacity(n);
+    let mut out = alloc::with_capacity(op, n)?;
     layout.for_each_row(|start, stride, len| {
         if stride == 1 {
             out.extend_from_slice(&v[start..start + len]);
@@ -191,7 +208,7 @@ pub fn gather_slice<T: Copy>(v: &[T], layout: &Layout) -> Vec<T> {
             out.extend((0..len).map(|i| v[start + i * stride]));
         }
     });
-    out
+    Ok(out)
 }
 
 /// A shared, lockable buffer on one device.

@@ -157,14 +157,31 @@ impl Tensor {
             lhs: self.dtype(),
             rhs: T::DTYPE,
         })?;
-        Ok(crate::storage::gather_slice(data, &self.0.layout))
+        crate::storage::gather_slice("to_vec", data, &self.0.layout)
     }
 
-    /// The elements converted to f64, in row-major order (any dtype).
+    /// The elements converted to f64, in row-major order (any dtype). Allocates as `Vec` does
+    /// (aborting when memory runs out): for small tensors, logs and tests;
+    /// [`Tensor::try_to_vec_f64`] fails instead.
     pub fn to_vec_f64(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.numel());
+        self.extend_f64(&mut out);
+        out
+    }
+
+    /// [`Tensor::to_vec_f64`], with an [`Error::OutOfMemory`] when the buffer cannot be allocated.
+    pub fn try_to_vec_f64(&self) -> Result<Vec<f64>> {
+        let mut out = crate::alloc::with_capacity("to_vec_f64", self.numel())?;
+        self.extend_f64(&mut out);
+        Ok(out)
+    }
+
+    /// Appends the elements converted to f64, in row-major order.
+    fn extend_f64(&self, out: &mut Vec<f64>) {
         let guard = self.0.storage.read();
-        let contiguous = guard.gather(&self.0.layout);
-        crate::with_storage!(&contiguous, v => v.iter().map(|x| crate::Element::to_f64(*x)).collect())
+        crate::with_storage!(&*guard, v => self.0.layout.for_each_row(|start, stride, len| {
+            out.extend((0..len).map(|i| crate::Element::to_f64(v[start + i * stride])))
+        }))
     }
 
     /// The value of a one-element tensor as f64.
@@ -179,17 +196,33 @@ impl Tensor {
                 ),
             ));
         }
-        Ok(self.to_vec_f64()[0])
+        Ok(self.try_to_vec_f64()?[0])
     }
 
     /// A contiguous copy of this tensor's elements as a `CpuStorage` (no copy of a view's
-    /// surroundings; `offset` 0).
-    pub fn contiguous_storage(&self) -> CpuStorage {
+    /// surroundings; `offset` 0). An [`Error::OutOfMemory`] naming `op` when it cannot be
+    /// allocated.
+    pub fn contiguous_storage(&self, op: &'static str) -> Result<CpuStorage> {
         let guard = self.0.storage.read();
         if self.is_contiguous() && self.0.layout.offset == 0 && guard.len() == self.numel() {
-            return guard.clone();
+            return guard.try_clone(op);
         }
-        guard.gather(&self.0.layout)
+        guard.gather(op, &self.0.layout)
+    }
+
+    /// This tensor's elements converted to `dtype` in a new contiguous buffer (one pass from the
+    /// storage when the tensor covers it, a gathered copy first otherwise); `op` is named when a
+    /// buffer cannot be allocated.
+    pub(crate) fn cast_storage(&self, op: &'static str, dtype: DType) -> Result<CpuStorage> {
+        let guard = self.0.storage.read();
+        if self.is_contiguous() && self.0.layout.offset == 0 && guard.len() == self.numel() {
+            return guard.cast(op, dtype);
+        }
+        let data = guard.gather(op, &self.0.layout)?;
+        if data.dtype() == dtype {
+            return Ok(data);
+        }
+        data.cast(op, dtype)
     }
 
     /// Runs `f` on the elements as a row-major slice (borrowed when the tensor is contiguous, a
@@ -237,7 +270,7 @@ impl Tensor {
                 std::marker::PhantomData,
             ));
         }
-        let v = crate::storage::gather_slice(T::slice(&guard).expect("checked"), l);
+        let v = crate::storage::gather_slice(op, T::slice(&guard).expect("checked"), l)?;
         Ok(Contig::Owned(v))
     }
 
@@ -251,7 +284,7 @@ impl Tensor {
                 rhs: src.shape().to_vec(),
             });
         }
-        let data = src.contiguous_storage().cast(self.dtype());
+        let data = src.cast_storage("copy_from", self.dtype())?;
         let layout = self.0.layout.clone();
         let mut guard = self.0.storage.write();
         fn put<T: StorageElement>(dst: &mut CpuStorage, src: &CpuStorage, layout: &Layout) {

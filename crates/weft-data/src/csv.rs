@@ -417,11 +417,11 @@ impl CsvDataset {
     /// x F32 `[rows.len(), num_features]` and y I64 `[rows.len()]` of these data rows.
     fn gather(&self, rows: &[usize]) -> Result<(Tensor, Tensor)> {
         let f = self.num_features;
-        let mut x = Vec::with_capacity(rows.len() * f);
+        let mut x = weft_core::alloc::with_capacity("csv batch", rows.len() * f)?;
         for &r in rows {
             x.extend_from_slice(&self.features[r * f..(r + 1) * f]);
         }
-        let y: Vec<i64> = rows.iter().map(|&r| self.labels[r]).collect();
+        let y = weft_core::alloc::collect("csv batch", rows.len(), rows.iter().map(|&r| self.labels[r]))?;
         Ok((
             Tensor::from_vec(x, &[rows.len(), f])?,
             Tensor::from_vec(y, &[rows.len()])?,

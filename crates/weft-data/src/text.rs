@@ -108,9 +108,8 @@ impl TextDataset {
                 ))
             })?;
         let range = len - block_size;
-        Ok((0..batch_size as u64)
-            .map(|b| scaled_index(weft_core::rng::uniform(seed, first + b), range))
-            .collect())
+        let offsets = (0..batch_size as u64).map(|b| scaled_index(weft_core::rng::uniform(seed, first + b), range));
+        Ok(weft_core::alloc::collect("text batch", batch_size, offsets)?)
     }
 
     /// The batch at `step` of `split`: `(x, y)`, both I64 of shape `[batch_size, block_size]`, where
@@ -127,10 +126,17 @@ impl TextDataset {
         seed: u64,
         step: usize,
     ) -> Result<(Tensor, Tensor)> {
+        let n = batch_size.checked_mul(block_size).ok_or_else(|| {
+            invalid(format!(
+                "text batch: batch_size {batch_size} * block_size {block_size} tokens overflow"
+            ))
+        })?;
+        // both buffers are reserved before the offsets are drawn: a batch too large to hold fails
+        // before any work
+        let mut x = weft_core::alloc::with_capacity("text batch", n)?;
+        let mut y = weft_core::alloc::with_capacity("text batch", n)?;
         let offsets = self.offsets(split, batch_size, block_size, seed, step)?;
         let data = self.tokens(split);
-        let mut x = Vec::with_capacity(batch_size * block_size);
-        let mut y = Vec::with_capacity(batch_size * block_size);
         for &o in &offsets {
             x.extend_from_slice(&data[o..o + block_size]);
             y.extend_from_slice(&data[o + 1..o + block_size + 1]);
@@ -152,6 +158,21 @@ mod tests {
         assert_eq!(d.num_tokens(Split::Val), 10);
         assert_eq!(d.tokens(Split::Val), &d.tokenizer().encode(&text[90..]).unwrap()[..]);
         assert!(TextDataset::from_text(&text, 1.0).is_err());
+    }
+
+    #[test]
+    fn a_batch_larger_than_memory_is_an_error_naming_the_bytes() {
+        let d = TextDataset::from_text("abcdefghij", 0.0).unwrap();
+        // 2^40 tokens of i64: 8.8 TB, more than any machine this runs on; refused up front
+        if weft_core::alloc::machine_memory().is_some_and(|m| m < 1 << 43) {
+            let e = d.batch(Split::Train, 1 << 38, 4, 1, 0).unwrap_err().to_string();
+            assert!(
+                e.starts_with("text batch: cannot allocate 8.8 TB (8796093022208 bytes)"),
+                "{e}"
+            );
+        }
+        let e = d.batch(Split::Train, usize::MAX, 4, 1, 0).unwrap_err().to_string();
+        assert!(e.contains("overflow"), "{e}");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 use super::matmul::{gemm, gemm_parallel, mat, mat_t, MatMut, MatRef};
 use super::pool::{self, Chunks};
+use crate::alloc;
 use crate::dtype::Float;
+use crate::error::Result;
 use crate::op::{Conv2dParams, Pool2dParams};
 
 /// Sizes of a convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`, output
@@ -126,31 +128,35 @@ fn col2im<T: Float>(d: &ConvDims, cols: &[T], g: usize, dx: &mut [T]) {
     }
 }
 
-/// `y[n, o, oh, ow] = sum w[o, c, ky, kx] * x[n, c, ...]` per group.
-pub fn conv2d<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], y: &mut [T]) {
+/// `y[n, o, oh, ow] = sum w[o, c, ky, kx] * x[n, c, ...]` per group. Fails (every image's task
+/// having run) when an image's scratch buffer (its columns, or its padded copy) cannot be
+/// allocated.
+pub fn conv2d<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], y: &mut [T]) -> Result<()> {
     let sp = d.spatial();
     // Images in parallel when there are enough of them (their gemms then run on the task's
     // thread); otherwise one after the other, each gemm split across the pool.
     let per_image = |i: usize, y: &mut [T]| {
         let xi = &x[i * d.c * d.h * d.w..][..d.c * d.h * d.w];
         if d.p.stride == (1, 1) {
-            conv_image_shifted(&d, xi, w, y);
+            conv_image_shifted(&d, xi, w, y)
         } else {
-            conv_image_im2col(&d, xi, w, y);
+            conv_image_im2col(&d, xi, w, y)
         }
     };
     if d.n >= super::threads::num_threads() {
-        pool::for_each_chunk(y, d.o * sp, per_image);
+        pool::try_for_each_chunk(y, d.o * sp, per_image)
     } else {
-        y.chunks_mut(d.o * sp).enumerate().for_each(|(i, y)| per_image(i, y));
+        y.chunks_mut(d.o * sp)
+            .enumerate()
+            .try_for_each(|(i, y)| per_image(i, y))
     }
 }
 
 /// One image by im2col + one gemm per group.
-fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T]) {
+fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T]) -> Result<()> {
     let one = T::from_f64(1.0);
     let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
-    let mut cols = vec![T::zero(); ck * sp];
+    let mut cols = alloc::filled("conv2d", ck * sp, T::zero())?;
     for g in 0..d.p.groups {
         im2col(d, xi, g, &mut cols);
         let dst = MatMut {
@@ -161,6 +167,7 @@ fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mu
         // SAFETY: w_g is og x ck, cols is ck x sp, dst is og x sp inside y.
         unsafe { gemm_parallel(og, sp, ck, dst, mat(&w[g * og * ck..], ck), mat(&cols, sp), one, one) };
     }
+    Ok(())
 }
 
 /// One image with stride 1, without im2col: the input is copied once into a zero-padded buffer of
@@ -168,7 +175,7 @@ fn conv_image_im2col<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mu
 /// `[c, oh * wp]` matrix starting at `ky * dil * wp + kx * dil`, is multiplied by that tap's weights
 /// and accumulated into an output computed on the padded width. The `wp - ow` extra columns of
 /// each output row are dropped at the end.
-fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T]) {
+fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &mut [T]) -> Result<()> {
     let one = T::from_f64(1.0);
     let p = d.p;
     let (hp, wp) = (d.h + 2 * p.padding.0, d.w + 2 * p.padding.1);
@@ -177,7 +184,7 @@ fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &m
     // the last tap's matrix reads up to dil * (kw - 1) elements past the padded plane
     let plane = hp * wp;
     let margin = p.dilation.1 * (d.kw - 1);
-    let mut xp = vec![T::zero(); d.c * plane + margin];
+    let mut xp = alloc::filled("conv2d", d.c * plane + margin, T::zero())?;
     for c in 0..d.c {
         for iy in 0..d.h {
             let dst = c * plane + (iy + p.padding.0) * wp + p.padding.1;
@@ -185,7 +192,7 @@ fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &m
         }
     }
     let cols = d.oh * wp;
-    let mut acc = vec![T::zero(); og * cols];
+    let mut acc = alloc::filled("conv2d", og * cols, T::zero())?;
     for g in 0..p.groups {
         for ky in 0..d.kh {
             for kx in 0..d.kw {
@@ -220,10 +227,19 @@ fn conv_image_shifted<T: Float + Default>(d: &ConvDims, xi: &[T], w: &[T], y: &m
             }
         }
     }
+    Ok(())
 }
 
-/// Gradients of [`conv2d`]: writes `dx` (zeroed here) and `dw` given `dy`.
-pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[T], dx: &mut [T], dw: &mut [T]) {
+/// Gradients of [`conv2d`]: writes `dx` (zeroed here) and `dw` given `dy`. Fails when an image's
+/// scratch buffers cannot be allocated.
+pub fn conv2d_backward<T: Float + Default>(
+    d: ConvDims,
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    dw: &mut [T],
+) -> Result<()> {
     let one = T::from_f64(1.0);
     let (ck, sp, og) = (d.ck(), d.spatial(), d.og());
     let image = d.c * d.h * d.w;
@@ -232,9 +248,10 @@ pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[
         // SAFETY: `map` calls each image once, and each takes its own chunk.
         let dxi = unsafe { dxs.take(i) };
         dxi.iter_mut().for_each(|v| *v = T::zero());
-        let mut dw_part = vec![T::zero(); dw.len()];
-        let mut cols = vec![T::zero(); ck * sp];
-        let mut dcols = vec![T::zero(); ck * sp];
+        let op = "conv2d_backward";
+        let mut dw_part = alloc::filled(op, dw.len(), T::zero())?;
+        let mut cols = alloc::filled(op, ck * sp, T::zero())?;
+        let mut dcols = alloc::filled(op, ck * sp, T::zero())?;
         let xi = &x[i * image..][..image];
         let dyi = &dy[i * d.o * sp..][..d.o * sp];
         for g in 0..d.p.groups {
@@ -257,14 +274,15 @@ pub fn conv2d_backward<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], dy: &[
             }
             col2im(&d, &dcols, g, dxi);
         }
-        dw_part
+        Ok(dw_part)
     });
     // per-image partial weight gradients, added in image order (reproducible)
-    let mut partial = vec![T::zero(); dw.len()];
+    let mut partial = alloc::filled("conv2d_backward", dw.len(), T::zero())?;
     for p in partials {
-        partial.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+        partial.iter_mut().zip(p?).for_each(|(a, b)| *a += b);
     }
     dw.copy_from_slice(&partial);
+    Ok(())
 }
 
 /// Pooling sizes: `planes` = n * c planes of `h x w` to `oh x ow`.

@@ -18,16 +18,7 @@ pub mod transpose;
 /// Below this many elements a kernel stays on the calling thread.
 pub const PARALLEL_THRESHOLD: usize = 1 << 15;
 
-/// A buffer of `n` elements for a kernel that writes every one of them: no zero fill (which, done
-/// by the thread that allocates, is serial work in front of each parallel kernel).
-pub(crate) fn uninit<T>(n: usize) -> Vec<std::mem::MaybeUninit<T>> {
-    let mut v = Vec::with_capacity(n);
-    // SAFETY: MaybeUninit needs no initialization.
-    unsafe { v.set_len(n) };
-    v
-}
-
-/// The buffer of [`uninit`] once written.
+/// The buffer of [`crate::alloc::uninit`] once written.
 ///
 /// # Safety
 /// Every element must have been written.
@@ -37,7 +28,7 @@ pub(crate) unsafe fn assume_init<T>(v: Vec<std::mem::MaybeUninit<T>>) -> Vec<T> 
     unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut T, v.len(), v.capacity()) }
 }
 
-/// Zero-fills a block of an [`uninit`] buffer and returns it initialized. Called by the kernel
+/// Zero-fills a block of an [`crate::alloc::uninit`] buffer and returns it initialized. Called by the kernel
 /// task that then writes the block, so the fill runs in parallel and leaves the block in that
 /// core's cache (for kernels that use their output as scratch before its final values).
 pub(crate) fn zeroed<T: crate::dtype::Float>(v: &mut [std::mem::MaybeUninit<T>]) -> &mut [T] {

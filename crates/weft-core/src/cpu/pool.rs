@@ -80,15 +80,24 @@ thread_local! {
 
 fn pool() -> &'static Pool {
     POOL.get_or_init(|| {
-        let workers = super::threads::num_threads().saturating_sub(1);
-        for w in 0..workers {
+        let wanted = super::threads::num_threads().saturating_sub(1);
+        let mut workers = 0;
+        while workers < wanted {
             let spawned = std::thread::Builder::new()
-                .name(format!("weft-compute-{}", w + 1))
+                .name(format!("weft-compute-{}", workers + 1))
                 .spawn(worker);
-            if spawned.is_err() {
-                // a worker that could not start only leaves more tasks to the others
-                crate::errln!("weft: could not start compute thread {}", w + 1);
+            if let Err(e) = spawned {
+                // the system refuses more threads (its limits on threads or memory): the pool
+                // runs with the workers it got, and later kernels only take longer
+                crate::errln!(
+                    "weft: could start only {} of {} compute threads ({e}); running with {}",
+                    workers + 1,
+                    wanted + 1,
+                    workers + 1
+                );
+                break;
             }
+            workers += 1;
         }
         Pool {
             workers,
@@ -253,6 +262,28 @@ pub fn for_each_chunk<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &
     run(chunks.count(), |i| f(i, unsafe { chunks.take(i) }));
 }
 
+/// [`for_each_chunk`] with tasks that can fail: every task runs, and the error of the first
+/// chunk (by index) that failed is returned, so the result does not depend on the thread count.
+pub fn try_for_each_chunk<T: Send, E: Send>(
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) -> Result<(), E> + Sync,
+) -> Result<(), E> {
+    let first: Mutex<Option<(usize, E)>> = Mutex::new(None);
+    for_each_chunk(data, chunk, |i, c| {
+        if let Err(e) = f(i, c) {
+            let mut slot = first.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.as_ref().is_none_or(|(j, _)| i < *j) {
+                *slot = Some((i, e));
+            }
+        }
+    });
+    match first.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// `f(i)` for every `i in 0..tasks` on the pool, the results in task order (per-task partial
 /// sums, per-parameter results).
 pub fn map<R: Send>(tasks: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
@@ -261,6 +292,12 @@ pub fn map<R: Send>(tasks: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     // SAFETY: `run` calls each index once, so each task writes its own slot.
     run(tasks, |i| unsafe { slots.take(i)[0] = Some(f(i)) });
     out.into_iter().map(|r| r.expect("every task ran")).collect()
+}
+
+/// The threads kernels run on: the workers started (at most `threads::num_threads() - 1`,
+/// fewer when the system refused some) and the calling thread. Starts the pool.
+pub fn threads() -> usize {
+    pool().workers + 1
 }
 
 /// Whether the calling thread is running a pool task (kernels it starts run on it alone).

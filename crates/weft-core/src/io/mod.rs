@@ -1,3 +1,4 @@
 //! Reading and writing tensors.
 
+pub mod atomic;
 pub mod safetensors;

@@ -53,16 +53,13 @@ fn dtype_name(d: DType) -> &'static str {
     }
 }
 
-/// Decodes little-endian bytes into a typed buffer.
-fn decode(dtype: DType, bytes: &[u8]) -> std::result::Result<CpuStorage, String> {
-    fn chunks<T: StorageElement, const N: usize>(b: &[u8], f: impl Fn([u8; N]) -> T) -> CpuStorage {
-        T::wrap(
-            b.chunks_exact(N)
-                .map(|c| f(c.try_into().expect("exact chunk")))
-                .collect(),
-        )
+/// Decodes little-endian bytes into a typed buffer (allocated through [`crate::alloc`]).
+fn decode(dtype: DType, bytes: &[u8]) -> Result<CpuStorage> {
+    fn chunks<T: StorageElement, const N: usize>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Result<CpuStorage> {
+        let items = b.chunks_exact(N).map(|c| f(c.try_into().expect("exact chunk")));
+        Ok(T::wrap(crate::alloc::collect("load", b.len() / N, items)?))
     }
-    Ok(match dtype {
+    match dtype {
         DType::F32 => chunks(bytes, f32::from_le_bytes),
         DType::F64 => chunks(bytes, f64::from_le_bytes),
         DType::BF16 => chunks(bytes, |b: [u8; 2]| bf16::from_bits(u16::from_le_bytes(b))),
@@ -72,25 +69,27 @@ fn decode(dtype: DType, bytes: &[u8]) -> std::result::Result<CpuStorage, String>
         DType::U8 => chunks(bytes, |b: [u8; 1]| b[0]),
         DType::Bool => {
             if let Some(v) = bytes.iter().find(|&&b| b > 1) {
-                return Err(format!("bool byte {v} is neither 0 nor 1"));
+                return Err(Error::Io(format!("bool byte {v} is neither 0 nor 1")));
             }
             chunks(bytes, |b: [u8; 1]| b[0] == 1)
         }
-    })
+    }
 }
 
-fn encode(t: &Tensor) -> Vec<u8> {
-    let data = t.contiguous_storage();
-    match &data {
-        CpuStorage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuStorage::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuStorage::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        CpuStorage::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        CpuStorage::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuStorage::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuStorage::U8(v) => v.clone(),
-        CpuStorage::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+/// Appends `t`'s elements as little-endian bytes (read in place when `t` is contiguous).
+fn encode_into(t: &Tensor, out: &mut Vec<u8>) -> Result<()> {
+    let op = "save";
+    match t.dtype() {
+        DType::F32 => out.extend(t.contig::<f32>(op)?.iter().flat_map(|x| x.to_le_bytes())),
+        DType::F64 => out.extend(t.contig::<f64>(op)?.iter().flat_map(|x| x.to_le_bytes())),
+        DType::BF16 => out.extend(t.contig::<bf16>(op)?.iter().flat_map(|x| x.to_bits().to_le_bytes())),
+        DType::F16 => out.extend(t.contig::<f16>(op)?.iter().flat_map(|x| x.to_bits().to_le_bytes())),
+        DType::I64 => out.extend(t.contig::<i64>(op)?.iter().flat_map(|x| x.to_le_bytes())),
+        DType::I32 => out.extend(t.contig::<i32>(op)?.iter().flat_map(|x| x.to_le_bytes())),
+        DType::U8 => out.extend_from_slice(&t.contig::<u8>(op)?),
+        DType::Bool => out.extend(t.contig::<bool>(op)?.iter().map(|&b| b as u8)),
     }
+    Ok(())
 }
 
 /// Parses safetensors bytes; `path` only names the source in errors.
@@ -175,31 +174,49 @@ pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<SafeTensors> {
     Ok(out)
 }
 
-/// Reads a safetensors file.
+/// Reads a safetensors file. A file larger than memory can hold (a header claiming a huge
+/// tensor, with the bytes to match) is an error naming the file and the bytes.
 pub fn load(path: &Path) -> Result<SafeTensors> {
-    let bytes = std::fs::read(path).map_err(|e| bad(path, e))?;
+    let bytes = read_file(path)?;
     from_bytes(&bytes, path)
 }
 
-/// Serializes tensors (in name order) with string metadata.
+/// The whole file, in a buffer allocated through [`crate::alloc`] for the size the file has.
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| bad(path, e))?;
+    let len = f.metadata().map_err(|e| bad(path, e))?.len();
+    let len = usize::try_from(len).map_err(|_| bad(path, format!("{len} bytes do not fit in memory")))?;
+    let mut bytes = crate::alloc::with_capacity::<u8>("load", len).map_err(|e| bad(path, e))?;
+    f.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
+    Ok(bytes)
+}
+
+/// Serializes tensors (in name order) with string metadata, into one buffer of the file's size
+/// (allocated through [`crate::alloc`]; each tensor is encoded straight into it).
 pub fn to_bytes<'a>(
     tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
     metadata: &BTreeMap<String, String>,
-) -> Vec<u8> {
+) -> Result<Vec<u8>> {
     let mut sorted: Vec<(&str, &Tensor)> = tensors.into_iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
     let mut header = Map::new();
     if !metadata.is_empty() {
         header.insert("__metadata__".into(), json!(metadata));
     }
-    let mut data = Vec::new();
-    for (name, t) in sorted {
-        let bytes = encode(t);
-        let begin = data.len();
-        data.extend_from_slice(&bytes);
+    let mut end = 0usize;
+    for &(name, t) in &sorted {
+        let begin = end;
+        end = t
+            .numel()
+            .checked_mul(t.dtype().size_in_bytes())
+            .and_then(|n| n.checked_add(begin))
+            .ok_or_else(|| {
+                crate::error::invalid("save", format!("tensor {name:?}: more bytes than a file can hold"))
+            })?;
         header.insert(
             name.into(),
-            json!({"dtype": dtype_name(t.dtype()), "shape": t.shape(), "data_offsets": [begin, data.len()]}),
+            json!({"dtype": dtype_name(t.dtype()), "shape": t.shape(), "data_offsets": [begin, end]}),
         );
     }
     let mut head = serde_json::to_vec(&Value::Object(header)).expect("JSON of strings and numbers");
@@ -207,29 +224,26 @@ pub fn to_bytes<'a>(
     while !(8 + head.len()).is_multiple_of(8) {
         head.push(b' ');
     }
-    let mut out = Vec::with_capacity(8 + head.len() + data.len());
+    let mut out = crate::alloc::with_capacity("save", (8 + head.len()).saturating_add(end))?;
     out.extend_from_slice(&(head.len() as u64).to_le_bytes());
     out.extend_from_slice(&head);
-    out.extend_from_slice(&data);
-    out
+    for (_, t) in sorted {
+        encode_into(t, &mut out)?;
+    }
+    Ok(out)
 }
 
-/// Writes a safetensors file atomically: to `path.tmp`, fsync, then rename over `path`.
+/// Writes a safetensors file atomically (`super::atomic::write`): to a temporary file beside
+/// the target, fsync, then rename over the target. A symlink at `path` is written through; an
+/// existing `path` that is not a regular file is refused; the temporary file never outlives a
+/// failure.
 pub fn save<'a>(
     path: &Path,
     tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    use std::io::Write;
-    let bytes = to_bytes(tensors, metadata);
-    let tmp = path.with_extension("safetensors.tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| bad(path, e))
+    let bytes = to_bytes(tensors, metadata).map_err(|e| bad(path, e))?;
+    super::atomic::write(path, &bytes)
 }
 
 #[cfg(test)]
@@ -252,7 +266,7 @@ mod tests {
             named.push((format!("{d:?}"), a.abs().unwrap().cast(d).unwrap().t().unwrap()));
         }
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-        let bytes = to_bytes(named.iter().map(|(n, t)| (n.as_str(), t)), &meta);
+        let bytes = to_bytes(named.iter().map(|(n, t)| (n.as_str(), t)), &meta).unwrap();
         let back = from_bytes(&bytes, Path::new("x")).unwrap();
         assert_eq!(back.metadata, meta);
         for (n, t) in &named {
@@ -265,7 +279,7 @@ mod tests {
     #[test]
     fn damaged_files_are_errors_naming_the_file_and_tensor() {
         let a = Tensor::from_vec(vec![1.0f32; 6], &[2, 3]).unwrap();
-        let bytes = to_bytes([("weight", &a)], &BTreeMap::new());
+        let bytes = to_bytes([("weight", &a)], &BTreeMap::new()).unwrap();
         let p = Path::new("model.safetensors");
         let truncated = from_bytes(&bytes[..bytes.len() - 4], p).unwrap_err().to_string();
         assert!(

@@ -143,12 +143,12 @@ impl QkvLayout {
 }
 
 /// `t` in the compute dtype, contiguous (a copy only when needed).
-fn dense_input(t: &Tensor) -> Result<Tensor> {
-    let c = to_compute(t)?;
+fn dense_input(name: &'static str, t: &Tensor) -> Result<Tensor> {
+    let c = to_compute(name, t)?;
     if c.is_contiguous() {
         Ok(c)
     } else {
-        c.contiguous_copy()
+        c.contiguous_copy_for(name)
     }
 }
 
@@ -210,7 +210,7 @@ impl<'a, T: crate::storage::StorageElement> MatView<'a, T> {
         }
         Ok(MatView {
             guard,
-            offsets: lead.offsets(),
+            offsets: lead.offsets("attention")?,
             row_stride: l.strides[r - 2],
             _t: std::marker::PhantomData,
         })
@@ -242,26 +242,31 @@ fn mats_out<'a, T>(buf: &mut [std::mem::MaybeUninit<T>], offsets: &'a [usize], r
 }
 
 /// `t` in the compute dtype with a contiguous last dim (a copy only when needed).
-fn strided_input(t: &Tensor) -> Result<Tensor> {
-    let c = to_compute(t)?;
+fn strided_input(name: &'static str, t: &Tensor) -> Result<Tensor> {
+    let c = to_compute(name, t)?;
     let r = c.rank();
     if c.strides()[r - 1] == 1 || c.shape()[r - 1] <= 1 {
         Ok(c)
     } else {
-        c.contiguous_copy()
+        c.contiguous_copy_for(name)
     }
 }
 
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let q = inputs[0];
     let dtype = q.dtype();
+    let name = op.name();
     match op {
         Op::Attention { causal, scale } => {
             let (kt, v) = (inputs[1], inputs[2]);
             let dims = dims_of(q, kt, v, *causal);
             let r = q.rank();
             let lse_shape = &q.shape()[..r - 1];
-            let (qc, kc, vc) = (strided_input(q)?, strided_input(kt)?, strided_input(v)?);
+            let (qc, kc, vc) = (
+                strided_input(name, q)?,
+                strided_input(name, kt)?,
+                strided_input(name, v)?,
+            );
             // The output of a [B, H, T, D] call is stored as [B, T, H, Dv] (and returned as its
             // [B, H, T, Dv] view), so the usual transpose back to [B, T, H * Dv] is free.
             let (store_shape, perm): (Vec<usize>, Vec<usize>) = if r == 4 {
@@ -279,18 +284,18 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 strides: view.strides[..r - 2].to_vec(),
                 offset: 0,
             };
-            let o_offsets = lead.offsets();
+            let o_offsets = lead.offsets(name)?;
             crate::float_dispatch!(qc.dtype(), T => {
                 let (qv, kv, vv) = (MatView::<T>::new(&qc)?, MatView::<T>::new(&kc)?, MatView::<T>::new(&vc)?);
-                let mut o = crate::cpu::uninit::<T>(dims.bh * dims.t * dims.dv);
-                let mut lse = vec![0 as T; dims.bh * dims.t];
+                let mut o = crate::alloc::uninit::<T>(name, dims.bh * dims.t * dims.dv)?;
+                let mut lse = crate::alloc::filled(name, dims.bh * dims.t, 0 as T)?;
                 let om = mats_out(&mut o, &o_offsets, view.strides[r - 2]);
                 k::forward(dims, qv.mats(), kv.mats(), vv.mats(), *scale as T, om, &mut lse);
                 drop((qv, kv, vv));
                 // SAFETY: the kernel writes every row of every problem's output.
                 let o = unsafe { crate::cpu::assume_init(o) };
                 let out = Tensor::from_vec(o, &store_shape)?.with_layout(view.clone());
-                let out = if dtype == qc.dtype() { out } else { back_to(out.contiguous_copy()?, dtype)? };
+                let out = if dtype == qc.dtype() { out } else { back_to(name, out.contiguous_copy_for(name)?, dtype)? };
                 Ok(vec![out, Tensor::from_vec(lse, lse_shape)?])
             })
         }
@@ -298,15 +303,19 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (kt, v) = (inputs[1], inputs[2]);
             let (o, lse, g) = (inputs[3], inputs[4], inputs[5]);
             let dims = dims_of(q, kt, v, *causal);
-            let (qc, kc, vc) = (strided_input(q)?, strided_input(kt)?, strided_input(v)?);
-            let (oc, gc) = (strided_input(o)?, strided_input(g)?);
+            let (qc, kc, vc) = (
+                strided_input(name, q)?,
+                strided_input(name, kt)?,
+                strided_input(name, v)?,
+            );
+            let (oc, gc) = (strided_input(name, o)?, strided_input(name, g)?);
             crate::float_dispatch!(qc.dtype(), T => {
                 let (qv, kv, vv) = (MatView::<T>::new(&qc)?, MatView::<T>::new(&kc)?, MatView::<T>::new(&vc)?);
                 let (ov, gv) = (MatView::<T>::new(&oc)?, MatView::<T>::new(&gc)?);
                 let ls = lse.contig::<T>("attention")?;
-                let mut dq = crate::cpu::uninit::<T>(dims.bh * dims.t * dims.d);
-                let mut dk = crate::cpu::uninit::<T>(dims.bh * dims.s * dims.d);
-                let mut dv = crate::cpu::uninit::<T>(dims.bh * dims.s * dims.dv);
+                let mut dq = crate::alloc::uninit::<T>(name, dims.bh * dims.t * dims.d)?;
+                let mut dk = crate::alloc::uninit::<T>(name, dims.bh * dims.s * dims.d)?;
+                let mut dv = crate::alloc::uninit::<T>(name, dims.bh * dims.s * dims.dv)?;
                 let (oq, ok, ov_) = (dense_offsets(dims.bh, dims.t * dims.d), dense_offsets(dims.bh, dims.s * dims.d), dense_offsets(dims.bh, dims.s * dims.dv));
                 k::backward(
                     dims, qv.mats(), kv.mats(), vv.mats(), ov.mats(), &ls, gv.mats(), *scale as T,
@@ -317,36 +326,40 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let (dq, dk, dv) = unsafe { (crate::cpu::assume_init(dq), crate::cpu::assume_init(dk), crate::cpu::assume_init(dv)) };
                 drop((qv, kv, vv, ov, gv));
                 Ok(vec![
-                    back_to(Tensor::from_vec(dq, q.shape())?, dtype)?,
-                    back_to(Tensor::from_vec(dk, kt.shape())?, dtype)?,
-                    back_to(Tensor::from_vec(dv, v.shape())?, dtype)?,
+                    back_to(name, Tensor::from_vec(dq, q.shape())?, dtype)?,
+                    back_to(name, Tensor::from_vec(dk, kt.shape())?, dtype)?,
+                    back_to(name, Tensor::from_vec(dv, v.shape())?, dtype)?,
                 ])
             })
         }
         Op::QkvAttention { heads, causal, scale } => {
-            let x = dense_input(q)?;
+            let x = dense_input(name, q)?;
             let l = QkvLayout::new(&x, *heads, *causal);
             let (b, t) = (x.shape()[0], x.shape()[1]);
             crate::float_dispatch!(x.dtype(), T => {
                 let xs = x.contig::<T>("qkv_attention")?;
-                let mut o = crate::cpu::uninit::<T>(b * t * l.c);
-                let mut lse = vec![0 as T; l.dims.bh * t];
+                let mut o = crate::alloc::uninit::<T>(name, b * t * l.c)?;
+                let mut lse = crate::alloc::filled(name, l.dims.bh * t, 0 as T)?;
                 let (qm, km, vm) = l.qkv(&xs);
                 k::forward(l.dims, qm, km, vm, *scale as T, mats_out(&mut o, &l.o, l.c), &mut lse);
                 // SAFETY: the kernel writes every row of every head's output.
                 let o = unsafe { crate::cpu::assume_init(o) };
-                let out = back_to(Tensor::from_vec(o, &[b, t, l.c])?, dtype)?;
+                let out = back_to(name, Tensor::from_vec(o, &[b, t, l.c])?, dtype)?;
                 Ok(vec![out, Tensor::from_vec(lse, &[b, *heads, t])?])
             })
         }
         Op::QkvAttentionBackward { heads, causal, scale } => {
-            let (x, o, g) = (dense_input(q)?, dense_input(inputs[1])?, dense_input(inputs[3])?);
+            let (x, o, g) = (
+                dense_input(name, q)?,
+                dense_input(name, inputs[1])?,
+                dense_input(name, inputs[3])?,
+            );
             let lse = inputs[2];
             let l = QkvLayout::new(&x, *heads, *causal);
             crate::float_dispatch!(x.dtype(), T => {
                 let (xs, os, gs) = (x.contig::<T>("qkv_attention")?, o.contig::<T>("qkv_attention")?, g.contig::<T>("qkv_attention")?);
                 let ls = lse.contig::<T>("qkv_attention")?;
-                let mut dx = crate::cpu::uninit::<T>(xs.len());
+                let mut dx = crate::alloc::uninit::<T>(name, xs.len())?;
                 let (qm, km, vm) = l.qkv(&xs);
                 let (om, gm) = (l.out(&os), l.out(&gs));
                 let (dq, dk) = (mats_out(&mut dx, &l.q, l.width), mats_out(&mut dx, &l.k, l.width));
@@ -355,7 +368,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 // SAFETY: the kernel writes all of dq (zeros for rows that see no key) and zeroes
                 // dk and dv before adding into them; q, k and v fill the whole width.
                 let dx = unsafe { crate::cpu::assume_init(dx) };
-                Ok(vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?])
+                Ok(vec![back_to(name, Tensor::from_vec(dx, x.shape())?, dtype)?])
             })
         }
         _ => unreachable!("attention::forward called with {op:?}"),

@@ -174,29 +174,31 @@ fn pool_dims(x: &Tensor, p: Pool2dParams) -> Result<PoolDims> {
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
     let dtype = x.dtype();
-    let xc = to_compute(x)?;
+    let name = op.name();
+    let xc = to_compute(name, x)?;
     match op {
         Op::Conv2d(p) => {
             let d = conv_dims(x, inputs[1], *p)?;
-            let wc = to_compute(inputs[1])?;
+            let wc = to_compute(name, inputs[1])?;
             crate::float_dispatch!(xc.dtype(), T => {
-                let (xs, ws) = (xc.contig::<T>("conv2d")?, wc.contig::<T>("conv2d")?);
-                let mut y = vec![0 as T; d.n * d.o * d.oh * d.ow];
-                k::conv2d(d, &xs, &ws, &mut y);
-                Ok(vec![back_to(Tensor::from_vec(y, &[d.n, d.o, d.oh, d.ow])?, dtype)?])
+                let (xs, ws) = (xc.contig::<T>(name)?, wc.contig::<T>(name)?);
+                let n = crate::shape::checked_numel(name, &[d.n, d.o, d.oh, d.ow])?;
+                let mut y = crate::alloc::filled(name, n, 0 as T)?;
+                k::conv2d(d, &xs, &ws, &mut y)?;
+                Ok(vec![back_to(name, Tensor::from_vec(y, &[d.n, d.o, d.oh, d.ow])?, dtype)?])
             })
         }
         Op::Conv2dBackward(p) => {
             let d = conv_dims(x, inputs[1], *p)?;
-            let (wc, gc) = (to_compute(inputs[1])?, to_compute(inputs[2])?);
+            let (wc, gc) = (to_compute(name, inputs[1])?, to_compute(name, inputs[2])?);
             crate::float_dispatch!(xc.dtype(), T => {
-                let (xs, ws, gs) = (xc.contig::<T>("conv2d")?, wc.contig::<T>("conv2d")?, gc.contig::<T>("conv2d")?);
-                let mut dx = vec![0 as T; xs.len()];
-                let mut dw = vec![0 as T; ws.len()];
-                k::conv2d_backward(d, &xs, &ws, &gs, &mut dx, &mut dw);
+                let (xs, ws, gs) = (xc.contig::<T>(name)?, wc.contig::<T>(name)?, gc.contig::<T>(name)?);
+                let mut dx = crate::alloc::filled(name, xs.len(), 0 as T)?;
+                let mut dw = crate::alloc::filled(name, ws.len(), 0 as T)?;
+                k::conv2d_backward(d, &xs, &ws, &gs, &mut dx, &mut dw)?;
                 Ok(vec![
-                    back_to(Tensor::from_vec(dx, x.shape())?, dtype)?,
-                    back_to(Tensor::from_vec(dw, inputs[1].shape())?, dtype)?,
+                    back_to(name, Tensor::from_vec(dx, x.shape())?, dtype)?,
+                    back_to(name, Tensor::from_vec(dw, inputs[1].shape())?, dtype)?,
                 ])
             })
         }
@@ -204,30 +206,30 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let d = pool_dims(x, *p)?;
             let shape = [x.shape()[0], x.shape()[1], d.oh, d.ow];
             crate::float_dispatch!(xc.dtype(), T => {
-                let xs = xc.contig::<T>("pool2d")?;
-                let mut y = vec![0 as T; d.planes * d.oh * d.ow];
+                let xs = xc.contig::<T>(name)?;
+                let mut y = crate::alloc::filled(name, crate::shape::checked_numel(name, &shape)?, 0 as T)?;
                 if matches!(op, Op::MaxPool2d(_)) {
-                    let mut idx = vec![0i64; y.len()];
+                    let mut idx = crate::alloc::filled(name, y.len(), 0i64)?;
                     k::max_pool2d(d, &xs, &mut y, &mut idx);
-                    Ok(vec![back_to(Tensor::from_vec(y, &shape)?, dtype)?, Tensor::from_vec(idx, &shape)?])
+                    Ok(vec![back_to(name, Tensor::from_vec(y, &shape)?, dtype)?, Tensor::from_vec(idx, &shape)?])
                 } else {
                     k::avg_pool2d(d, &xs, &mut y);
-                    Ok(vec![back_to(Tensor::from_vec(y, &shape)?, dtype)?])
+                    Ok(vec![back_to(name, Tensor::from_vec(y, &shape)?, dtype)?])
                 }
             })
         }
         Op::MaxPool2dBackward(p) | Op::AvgPool2dBackward(p) => {
             let d = pool_dims(x, *p)?;
-            let g = to_compute(inputs[inputs.len() - 1])?;
+            let g = to_compute(name, inputs[inputs.len() - 1])?;
             crate::float_dispatch!(xc.dtype(), T => {
-                let gs = g.contig::<T>("pool2d")?;
-                let mut dx = vec![0 as T; x.numel()];
+                let gs = g.contig::<T>(name)?;
+                let mut dx = crate::alloc::filled(name, x.numel(), 0 as T)?;
                 if matches!(op, Op::MaxPool2dBackward(_)) {
                     k::max_pool2d_backward(d, &inputs[1].to_vec::<i64>()?, &gs, &mut dx);
                 } else {
                     k::avg_pool2d_backward(d, &gs, &mut dx);
                 }
-                Ok(vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?])
+                Ok(vec![back_to(name, Tensor::from_vec(dx, x.shape())?, dtype)?])
             })
         }
         _ => unreachable!("conv::forward called with {op:?}"),

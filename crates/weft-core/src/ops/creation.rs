@@ -1,16 +1,18 @@
 //! Creation ops: fill, arange, and counter-based random tensors.
 
 use crate::dtype::DType;
+use crate::dtype::Element;
 use crate::error::{invalid, Result};
 use crate::op::{Distribution, Op};
 use crate::rng::{self, Generator};
-use crate::shape::numel;
-use crate::storage::CpuStorage;
+use crate::shape::checked_numel;
+use crate::storage::{CpuStorage, StorageElement};
 use crate::tensor::Tensor;
 
 impl Tensor {
     /// A tensor of `shape` filled with `value`.
     pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor> {
+        checked_numel("full", shape)?;
         super::apply(
             Op::Fill {
                 shape: shape.to_vec(),
@@ -68,7 +70,7 @@ impl Tensor {
         if !dtype.is_float() {
             return Err(crate::Error::UnsupportedDType { op: "random", dtype });
         }
-        let (seed, offset) = generator.take(numel(shape));
+        let (seed, offset) = generator.take(checked_numel("random", shape)?);
         super::apply(
             Op::Random {
                 shape: shape.to_vec(),
@@ -83,18 +85,25 @@ impl Tensor {
 }
 
 pub(super) fn forward(op: &Op) -> Result<Vec<Tensor>> {
+    let name = op.name();
     let t = match op {
-        Op::Fill { shape, value, dtype } => {
-            Tensor::from_storage(CpuStorage::filled(*dtype, numel(shape), *value), shape)
-        }
+        Op::Fill { shape, value, dtype } => Tensor::from_storage(
+            CpuStorage::filled(name, *dtype, checked_numel(name, shape)?, *value)?,
+            shape,
+        ),
         Op::Arange {
             start,
             step,
             len,
             dtype,
         } => {
-            let v: Vec<f64> = (0..*len).map(|i| start + step * i as f64).collect();
-            Tensor::from_storage(CpuStorage::F64(v).cast(*dtype), &[*len])
+            let (start, step, len) = (*start, *step, *len);
+            let data = crate::dtype_dispatch!(dtype, T => T::wrap(crate::alloc::collect(
+                name,
+                len,
+                (0..len).map(|i| T::from_f64(start + step * i as f64)),
+            )?));
+            Tensor::from_storage(data, &[len])
         }
         Op::Random {
             shape,
@@ -103,25 +112,31 @@ pub(super) fn forward(op: &Op) -> Result<Vec<Tensor>> {
             seed,
             offset,
         } => {
-            let (seed, offset) = (*seed, *offset);
-            let n = numel(shape);
-            let mut v = vec![0.0f64; n];
+            let (seed, offset, dist) = (*seed, *offset, *dist);
+            // keep [0, 1) after rounding to a narrower float
+            let below_one = if *dtype != DType::F64 && dist == Distribution::Uniform {
+                1.0 - f64::powi(2.0, -24)
+            } else {
+                f64::INFINITY
+            };
             const PER_TASK: usize = 4096;
-            crate::cpu::pool::for_each_chunk(&mut v, PER_TASK, |c, xs| {
-                for (j, x) in xs.iter_mut().enumerate() {
-                    let i = (c * PER_TASK + j) as u64;
-                    *x = match dist {
-                        Distribution::Uniform => rng::uniform(seed, offset + i),
-                        Distribution::Normal => rng::normal(seed, offset + i),
+            // drawn in f64 and rounded once, straight into the output
+            let data = crate::dtype_dispatch!(dtype, T => {
+                let mut v = crate::alloc::uninit::<T>(name, checked_numel(name, shape)?)?;
+                crate::cpu::pool::for_each_chunk(&mut v, PER_TASK, |c, xs| {
+                    for (j, x) in xs.iter_mut().enumerate() {
+                        let i = (c * PER_TASK + j) as u64;
+                        let u = match dist {
+                            Distribution::Uniform => rng::uniform(seed, offset + i),
+                            Distribution::Normal => rng::normal(seed, offset + i),
+                        };
+                        x.write(T::from_f64(u.min(below_one)));
                     }
-                }
+                });
+                // SAFETY: the chunks cover the buffer and every element of each was written.
+                T::wrap(unsafe { crate::cpu::assume_init(v) })
             });
-            if *dtype != DType::F64 && *dist == Distribution::Uniform {
-                // keep [0, 1) after rounding to a narrower float
-                let below_one = 1.0 - f64::powi(2.0, -24);
-                v.iter_mut().for_each(|x| *x = x.min(below_one));
-            }
-            Tensor::from_storage(CpuStorage::F64(v).cast(*dtype), shape)
+            Tensor::from_storage(data, shape)
         }
         _ => unreachable!("creation::forward called with {op:?}"),
     };

@@ -232,38 +232,40 @@ macro_rules! numeric_dispatch {
     };
 }
 
-/// Row starts of two layouts expanded to one shape, for a strided broadcast loop.
-fn row_starts(l: &Layout) -> (Vec<usize>, usize) {
-    let mut starts = Vec::with_capacity(l.numel() / l.shape.last().copied().unwrap_or(1).max(1));
+/// Row starts of a layout expanded to the output's shape, and its inner stride, for a strided
+/// broadcast loop.
+fn row_starts(op: &'static str, l: &Layout) -> Result<(Vec<usize>, usize)> {
+    let mut starts = crate::alloc::with_capacity(op, l.numel() / l.shape.last().copied().unwrap_or(1).max(1))?;
     let mut stride = 1;
     l.for_each_row(|s, st, _| {
         starts.push(s);
         stride = st;
     });
-    (starts, stride)
+    Ok((starts, stride))
 }
 
-/// `out[i] = f(a[i], b[i])` over the broadcast of `a` and `b`.
+/// `out[i] = f(a[i], b[i])` over the broadcast of `a` and `b`, for op `name`.
 fn broadcast_zip<T: StorageElement, U: StorageElement>(
+    name: &'static str,
     a: &Tensor,
     b: &Tensor,
     f: impl Fn(T, T) -> U + Sync + Send,
 ) -> Result<Tensor> {
-    let shape = broadcast_shapes("binary", a.shape(), b.shape())?;
+    let shape = broadcast_shapes(name, a.shape(), b.shape())?;
     let (la, lb) = (a.layout().expand(&shape)?, b.layout().expand(&shape)?);
     let (ga, gb) = (a.storage().read(), b.storage().read());
     let sa = T::slice(&ga).ok_or(Error::DTypeMismatch {
-        op: "binary",
+        op: name,
         lhs: a.dtype(),
         rhs: T::DTYPE,
     })?;
     let sb = T::slice(&gb).ok_or(Error::DTypeMismatch {
-        op: "binary",
+        op: name,
         lhs: b.dtype(),
         rhs: T::DTYPE,
     })?;
     let n = numel(&shape);
-    let mut out = crate::cpu::uninit::<U>(n);
+    let mut out = crate::alloc::uninit::<U>(name, n)?;
     if la.is_contiguous() && lb.is_contiguous() {
         k::zip_map(
             &sa[la.offset..la.offset + n],
@@ -273,8 +275,8 @@ fn broadcast_zip<T: StorageElement, U: StorageElement>(
         );
     } else if n > 0 {
         let inner = shape.last().copied().unwrap_or(1);
-        let (ra, sta) = row_starts(&la);
-        let (rb, stb) = row_starts(&lb);
+        let (ra, sta) = row_starts(name, &la)?;
+        let (rb, stb) = row_starts(name, &lb)?;
         let rows_per_task = (crate::cpu::PARALLEL_THRESHOLD / inner.max(1)).max(1);
         crate::cpu::pool::for_each_chunk(&mut out, rows_per_task * inner, |c, o| {
             for (r, o) in o.chunks_mut(inner).enumerate() {
@@ -295,34 +297,36 @@ fn broadcast_zip<T: StorageElement, U: StorageElement>(
     Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, &shape)
 }
 
-/// `out[i] = f(x[i])` on a float tensor computed in its compute dtype, cast back to its dtype.
-/// The `*_fn` must write every element of their output.
+/// `out[i] = f(x[i])` on a float tensor computed in its compute dtype, cast back to its dtype,
+/// for op `name`. The `*_fn` must write every element of their output.
 fn float_map(
+    name: &'static str,
     x: &Tensor,
     f32_fn: impl Fn(&[f32], &mut [MaybeUninit<f32>]),
     f64_fn: impl Fn(&[f64], &mut [MaybeUninit<f64>]),
 ) -> Result<Tensor> {
-    let xc = to_compute(x)?;
+    let xc = to_compute(name, x)?;
     let out = if xc.dtype() == DType::F64 {
-        let mut out = crate::cpu::uninit(x.numel());
-        f64_fn(&xc.contig::<f64>("unary")?, &mut out);
+        let mut out = crate::alloc::uninit(name, x.numel())?;
+        f64_fn(&xc.contig::<f64>(name)?, &mut out);
         // SAFETY: the kernel wrote every element.
         Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
     } else {
-        let mut out = crate::cpu::uninit(x.numel());
-        f32_fn(&xc.contig::<f32>("unary")?, &mut out);
+        let mut out = crate::alloc::uninit(name, x.numel())?;
+        f32_fn(&xc.contig::<f32>(name)?, &mut out);
         // SAFETY: the kernel wrote every element.
         Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
     };
-    back_to(out, x.dtype())
+    back_to(name, out, x.dtype())
 }
 
-/// Casts a computed result back to the storage dtype (bf16/f16), without recording.
-pub(crate) fn back_to(t: Tensor, dtype: DType) -> Result<Tensor> {
+/// Casts a result of `op` computed in f32 back to the storage dtype (bf16/f16), without
+/// recording.
+pub(crate) fn back_to(op: &'static str, t: Tensor, dtype: DType) -> Result<Tensor> {
     if t.dtype() == dtype {
         Ok(t)
     } else {
-        Ok(Tensor::from_storage(t.contiguous_storage().cast(dtype), t.shape()))
+        Ok(Tensor::from_storage(t.cast_storage(op, dtype)?, t.shape()))
     }
 }
 
@@ -330,12 +334,12 @@ pub(crate) fn back_to(t: Tensor, dtype: DType) -> Result<Tensor> {
 macro_rules! binary_zip {
     ($x:expr, $y:expr, $op:expr, $T:ty) => {
         match $op {
-            BinaryOp::Add => broadcast_zip($x, $y, |a: $T, b: $T| a + b)?,
-            BinaryOp::Sub => broadcast_zip($x, $y, |a: $T, b: $T| a - b)?,
-            BinaryOp::Mul => broadcast_zip($x, $y, |a: $T, b: $T| a * b)?,
-            BinaryOp::Div => broadcast_zip($x, $y, |a: $T, b: $T| a / b)?,
-            BinaryOp::Maximum => broadcast_zip($x, $y, |a: $T, b: $T| if b > a { b } else { a })?,
-            BinaryOp::Minimum => broadcast_zip($x, $y, |a: $T, b: $T| if b < a { b } else { a })?,
+            BinaryOp::Add => broadcast_zip("binary", $x, $y, |a: $T, b: $T| a + b)?,
+            BinaryOp::Sub => broadcast_zip("binary", $x, $y, |a: $T, b: $T| a - b)?,
+            BinaryOp::Mul => broadcast_zip("binary", $x, $y, |a: $T, b: $T| a * b)?,
+            BinaryOp::Div => broadcast_zip("binary", $x, $y, |a: $T, b: $T| a / b)?,
+            BinaryOp::Maximum => broadcast_zip("binary", $x, $y, |a: $T, b: $T| if b > a { b } else { a })?,
+            BinaryOp::Minimum => broadcast_zip("binary", $x, $y, |a: $T, b: $T| if b < a { b } else { a })?,
             BinaryOp::Pow => return Err(invalid("pow", "pow of tensors needs a float dtype")),
         }
     };
@@ -353,33 +357,39 @@ fn compare_fn<T: PartialOrd>(op: CompareOp) -> fn(T, T) -> bool {
 }
 
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let name = op.name();
     let out = match op {
-        Op::Unary(u) => float_map(inputs[0], |s, d| k::unary_f32(*u, s, d), |s, d| k::unary_f64(*u, s, d))?,
+        Op::Unary(u) => float_map(
+            name,
+            inputs[0],
+            |s, d| k::unary_f32(*u, s, d),
+            |s, d| k::unary_f64(*u, s, d),
+        )?,
         Op::UnaryBackward(u) => {
-            let (x, g) = (to_compute(inputs[0])?, to_compute(inputs[1])?);
+            let (x, g) = (to_compute(name, inputs[0])?, to_compute(name, inputs[1])?);
             let n = x.numel();
             let op = "unary_backward";
             // SAFETY (assume_init): the kernels write every element.
             let out = if x.dtype() == DType::F64 {
-                let mut out = crate::cpu::uninit(n);
+                let mut out = crate::alloc::uninit(name, n)?;
                 k::unary_backward_f64(*u, &x.contig::<f64>(op)?, &g.contig::<f64>(op)?, &mut out);
                 Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
             } else {
-                let mut out = crate::cpu::uninit(n);
+                let mut out = crate::alloc::uninit(name, n)?;
                 k::unary_backward_f32(*u, &x.contig::<f32>(op)?, &g.contig::<f32>(op)?, &mut out);
                 Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
             };
-            back_to(out, inputs[0].dtype())?
+            back_to(name, out, inputs[0].dtype())?
         }
         Op::Binary(b) => {
             let (x, y) = (inputs[0], inputs[1]);
             match x.dtype() {
                 DType::BF16 | DType::F16 => {
-                    let r = forward(op, &[&to_compute(x)?, &to_compute(y)?])?.remove(0);
-                    back_to(r, x.dtype())?
+                    let r = forward(op, &[&to_compute(name, x)?, &to_compute(name, y)?])?.remove(0);
+                    back_to(name, r, x.dtype())?
                 }
-                DType::F32 if *b == BinaryOp::Pow => broadcast_zip(x, y, |a: f32, b: f32| a.powf(b))?,
-                DType::F64 if *b == BinaryOp::Pow => broadcast_zip(x, y, |a: f64, b: f64| a.powf(b))?,
+                DType::F32 if *b == BinaryOp::Pow => broadcast_zip(name, x, y, |a: f32, b: f32| a.powf(b))?,
+                DType::F64 if *b == BinaryOp::Pow => broadcast_zip(name, x, y, |a: f64, b: f64| a.powf(b))?,
                 DType::I64 | DType::I32 | DType::U8 if *b == BinaryOp::Div => {
                     return Err(invalid(
                         "div",
@@ -395,16 +405,17 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         Op::Compare(c) => {
             let (x, y) = (inputs[0], inputs[1]);
             match x.dtype() {
-                DType::BF16 => broadcast_zip(x, y, compare_fn::<bf16>(*c))?,
-                DType::F16 => broadcast_zip(x, y, compare_fn::<f16>(*c))?,
-                DType::Bool => broadcast_zip(x, y, compare_fn::<bool>(*c))?,
-                dt => numeric_dispatch!(dt, "compare", T => broadcast_zip(x, y, compare_fn::<T>(*c))?),
+                DType::BF16 => broadcast_zip(name, x, y, compare_fn::<bf16>(*c))?,
+                DType::F16 => broadcast_zip(name, x, y, compare_fn::<f16>(*c))?,
+                DType::Bool => broadcast_zip(name, x, y, compare_fn::<bool>(*c))?,
+                dt => numeric_dispatch!(dt, "compare", T => broadcast_zip(name, x, y, compare_fn::<T>(*c))?),
             }
         }
         Op::Affine { mul, add } => {
             let (m, a) = (*mul, *add);
             let (mf, af) = (m as f32, a as f32);
             float_map(
+                name,
                 inputs[0],
                 |s, d| k::map(s, d, |x| x * mf + af),
                 |s, d| k::map(s, d, |x| x * m + a),
@@ -414,6 +425,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let e = *e;
             let ef = e as f32;
             float_map(
+                name,
                 inputs[0],
                 |s, d| {
                     if ef == 2.0 {
@@ -431,13 +443,14 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (lo, hi) = (*min, *max);
             let (lof, hif) = (lo as f32, hi as f32);
             float_map(
+                name,
                 inputs[0],
                 |s, d| k::map(s, d, |x| x.max(lof).min(hif)),
                 |s, d| k::map(s, d, |x| x.max(lo).min(hi)),
             )?
         }
         Op::Where => where_forward(inputs[0], inputs[1], inputs[2])?,
-        Op::Cast(d) => Tensor::from_storage(inputs[0].contiguous_storage().cast(*d), inputs[0].shape()),
+        Op::Cast(d) => Tensor::from_storage(inputs[0].cast_storage(name, *d)?, inputs[0].shape()),
         _ => unreachable!("elementwise::forward called with {op:?}"),
     };
     Ok(vec![out])
@@ -445,9 +458,9 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
 
 fn where_forward(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let shape = broadcast_shapes("where", &broadcast_shapes("where", cond.shape(), a.shape())?, b.shape())?;
-    let oc = cond.layout().expand(&shape)?.offsets();
-    let oa = a.layout().expand(&shape)?.offsets();
-    let ob = b.layout().expand(&shape)?.offsets();
+    let oc = cond.layout().expand(&shape)?.offsets("where")?;
+    let oa = a.layout().expand(&shape)?.offsets("where")?;
+    let ob = b.layout().expand(&shape)?.offsets("where")?;
     let gc = cond.storage().read();
     let c = bool::slice(&gc).expect("cond is Bool");
     let (ga, gb) = (a.storage().read(), b.storage().read());
@@ -458,13 +471,14 @@ fn where_forward(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         oa: &[usize],
         b: &CpuStorage,
         ob: &[usize],
-    ) -> CpuStorage {
+    ) -> Result<CpuStorage> {
         let (a, b) = (T::slice(a).expect("dtype checked"), T::slice(b).expect("dtype checked"));
-        T::wrap(
-            (0..oc.len())
-                .map(|i| if c[oc[i]] { a[oa[i]] } else { b[ob[i]] })
-                .collect(),
-        )
+        let n = oc.len();
+        Ok(T::wrap(crate::alloc::collect(
+            "where",
+            n,
+            (0..n).map(|i| if c[oc[i]] { a[oa[i]] } else { b[ob[i]] }),
+        )?))
     }
     let data = match a.dtype() {
         DType::F32 => pick::<f32>(c, &oc, &ga, &oa, &gb, &ob),
@@ -475,7 +489,7 @@ fn where_forward(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         DType::I32 => pick::<i32>(c, &oc, &ga, &oa, &gb, &ob),
         DType::U8 => pick::<u8>(c, &oc, &ga, &oa, &gb, &ob),
         DType::Bool => pick::<bool>(c, &oc, &ga, &oa, &gb, &ob),
-    };
+    }?;
     Ok(Tensor::from_storage(data, &shape))
 }
 

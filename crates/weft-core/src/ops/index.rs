@@ -100,16 +100,11 @@ fn check_scatter_shape(op: &'static str, x: &Tensor, index: &Tensor, dim: usize)
 
 /// Checked indices as usize.
 fn indices(op: &'static str, index: &Tensor, size: usize) -> Result<Vec<usize>> {
-    let v = index.to_vec::<i64>()?;
-    v.iter()
-        .map(|&i| {
-            if i < 0 || i as usize >= size {
-                Err(Error::IndexOutOfRange { op, index: i, size })
-            } else {
-                Ok(i as usize)
-            }
-        })
-        .collect()
+    let v = index.contig::<i64>(op)?;
+    if let Some(&bad) = v.iter().find(|&&i| i < 0 || i as usize >= size) {
+        return Err(Error::IndexOutOfRange { op, index: bad, size });
+    }
+    crate::alloc::collect(op, v.len(), v.iter().map(|&i| i as usize))
 }
 
 /// `(outer, size, inner)` around `dim`.
@@ -117,16 +112,24 @@ fn split_at(shape: &[usize], dim: usize) -> (usize, usize, usize) {
     (numel(&shape[..dim]), shape[dim], numel(&shape[dim + 1..]))
 }
 
-fn index_select_typed<T: StorageElement>(x: &[T], shape: &[usize], dim: usize, idx: &[usize]) -> Vec<T> {
+/// Entries `idx` of dim `dim` of a contiguous `shape` tensor's elements `x`, in a buffer of
+/// `n` elements (the output's count).
+fn index_select_typed<T: StorageElement>(
+    x: &[T],
+    shape: &[usize],
+    dim: usize,
+    idx: &[usize],
+    n: usize,
+) -> Result<Vec<T>> {
     let (outer, size, inner) = split_at(shape, dim);
-    let mut out = Vec::with_capacity(outer * idx.len() * inner);
+    let mut out = crate::alloc::with_capacity("index_select", n)?;
     for o in 0..outer {
         for &i in idx {
             let s = (o * size + i) * inner;
             out.extend_from_slice(&x[s..s + inner]);
         }
     }
-    out
+    Ok(out)
 }
 
 fn add_rows<T: StorageElement + std::ops::AddAssign>(
@@ -151,76 +154,77 @@ fn add_rows<T: StorageElement + std::ops::AddAssign>(
 
 /// For each element of a contiguous `index_shape` tensor, the flat offset in a contiguous `x_shape`
 /// tensor with coordinate `dim` replaced by `idx[element]`.
-fn scatter_offsets(x_shape: &[usize], index_shape: &[usize], dim: usize, idx: &[usize]) -> Vec<usize> {
+fn scatter_offsets(
+    op: &'static str,
+    x_shape: &[usize],
+    index_shape: &[usize],
+    dim: usize,
+    idx: &[usize],
+) -> Result<Vec<usize>> {
     let xs = contiguous_strides(x_shape);
     let is = contiguous_strides(index_shape);
-    (0..idx.len())
-        .map(|flat| {
-            let mut off = 0;
-            let mut rem = flat;
-            for d in 0..index_shape.len() {
-                let c = rem / is[d];
-                rem %= is[d];
-                off += if d == dim { idx[flat] } else { c } * xs[d];
-            }
-            off
-        })
-        .collect()
+    let offsets = (0..idx.len()).map(|flat| {
+        let mut off = 0;
+        let mut rem = flat;
+        for d in 0..index_shape.len() {
+            let c = rem / is[d];
+            rem %= is[d];
+            off += if d == dim { idx[flat] } else { c } * xs[d];
+        }
+        off
+    });
+    crate::alloc::collect(op, idx.len(), offsets)
 }
 
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
+    let name = op.name();
     let out = match op {
         Op::IndexSelect { dim } => {
-            let idx = indices("index_select", inputs[1], x.shape()[*dim])?;
-            let data = x.contiguous_storage();
+            let idx = indices(name, inputs[1], x.shape()[*dim])?;
             let mut shape = x.shape().to_vec();
             shape[*dim] = idx.len();
-            let out = crate::with_storage!(&data, v => {
-                fn wrap<T: StorageElement>(v: &[T], shape: &[usize], dim: usize, idx: &[usize]) -> CpuStorage {
-                    T::wrap(index_select_typed(v, shape, dim, idx))
-                }
-                wrap(v, x.shape(), *dim, &idx)
+            let n = crate::shape::checked_numel(name, &shape)?;
+            // the table is read in place when contiguous (an embedding's weight is)
+            let out = crate::dtype_dispatch!(x.dtype(), T => {
+                T::wrap(index_select_typed(&x.contig::<T>(name)?, x.shape(), *dim, &idx, n)?)
             });
             Tensor::from_storage(out, &shape)
         }
         Op::IndexAdd { dim } => {
-            let idx = indices("index_add", inputs[1], x.shape()[*dim])?;
-            let xc = to_compute(x)?;
-            let src = to_compute(inputs[2])?;
+            let idx = indices(name, inputs[1], x.shape()[*dim])?;
+            let xc = to_compute(name, x)?;
+            let src = to_compute(name, inputs[2])?;
             // src in x's compute dtype, read in place when it already is and is contiguous
             let src = if src.dtype() == xc.dtype() {
                 src
             } else {
-                Tensor::from_storage(src.contiguous_storage().cast(xc.dtype()), src.shape())
+                Tensor::from_storage(src.cast_storage(name, xc.dtype())?, src.shape())
             };
-            let mut data = xc.contiguous_storage();
+            let mut data = xc.contiguous_storage(name)?;
             crate::float_dispatch!(xc.dtype(), T => {
                 let out = T::slice_mut(&mut data).ok_or(Error::UnsupportedDType { op: "index_add", dtype: xc.dtype() })?;
                 add_rows(out, x.shape(), *dim, &idx, &src.contig::<T>("index_add")?);
             });
-            super::elementwise::back_to(Tensor::from_storage(data, x.shape()), x.dtype())?
+            super::elementwise::back_to(name, Tensor::from_storage(data, x.shape()), x.dtype())?
         }
         Op::Gather { dim } => {
             let index = inputs[1];
-            let idx = indices("gather", index, x.shape()[*dim])?;
-            let offs = scatter_offsets(x.shape(), index.shape(), *dim, &idx);
-            let data = x.contiguous_storage();
-            let out = crate::with_storage!(&data, v => {
-                fn pick<T: StorageElement>(v: &[T], offs: &[usize]) -> CpuStorage {
-                    T::wrap(offs.iter().map(|&o| v[o]).collect())
-                }
-                pick(v, &offs)
+            let idx = indices(name, index, x.shape()[*dim])?;
+            let offs = scatter_offsets(name, x.shape(), index.shape(), *dim, &idx)?;
+            let out = crate::dtype_dispatch!(x.dtype(), T => {
+                let v = x.contig::<T>(name)?;
+                T::wrap(crate::alloc::collect(name, offs.len(), offs.iter().map(|&o| v[o]))?)
             });
             Tensor::from_storage(out, index.shape())
         }
         Op::ScatterAdd { dim } => {
             let index = inputs[1];
-            let idx = indices("scatter_add", index, x.shape()[*dim])?;
-            let offs = scatter_offsets(x.shape(), index.shape(), *dim, &idx);
-            let xc = to_compute(x)?;
-            let src = to_compute(inputs[2])?.contiguous_storage().cast(xc.dtype());
-            let mut data = xc.contiguous_storage();
+            let idx = indices(name, index, x.shape()[*dim])?;
+            let offs = scatter_offsets(name, x.shape(), index.shape(), *dim, &idx)?;
+            let xc = to_compute(name, x)?;
+            let src = to_compute(name, inputs[2])?.cast_storage(name, xc.dtype())?;
+            let mut data = xc.contiguous_storage(name)?;
             fn add<T: StorageElement + std::ops::AddAssign>(d: &mut CpuStorage, s: &CpuStorage, offs: &[usize]) {
                 let (d, s) = (T::slice_mut(d).unwrap(), T::slice(s).unwrap());
                 for (&o, &v) in offs.iter().zip(s) {
@@ -237,11 +241,15 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                     })
                 }
             }
-            super::elementwise::back_to(Tensor::from_storage(data, x.shape()), x.dtype())?
+            super::elementwise::back_to(name, Tensor::from_storage(data, x.shape()), x.dtype())?
         }
         Op::OneHot { num_classes } => {
-            let idx = indices("one_hot", x, *num_classes)?;
-            let mut out = vec![0i64; idx.len() * num_classes];
+            let idx = indices(name, x, *num_classes)?;
+            let n = idx
+                .len()
+                .checked_mul(*num_classes)
+                .ok_or_else(|| invalid(name, format!("{} ids x {num_classes} classes overflow", idx.len())))?;
+            let mut out = crate::alloc::filled(name, n, 0i64)?;
             for (r, &c) in idx.iter().enumerate() {
                 out[r * num_classes + c] = 1;
             }

@@ -101,11 +101,14 @@ pub(super) fn forward(inputs: &[&Tensor], act: Option<UnaryOp>) -> Result<Vec<Te
         DType::F32 => linear_typed::<f32>(inputs, act)?,
         DType::F64 => linear_typed::<f64>(inputs, act)?,
         DType::BF16 | DType::F16 => {
-            let inputs = inputs.iter().map(|t| to_compute(t)).collect::<Result<Vec<_>>>()?;
+            let inputs = inputs
+                .iter()
+                .map(|t| to_compute("linear", t))
+                .collect::<Result<Vec<_>>>()?;
             let inputs: Vec<&Tensor> = inputs.iter().collect();
             linear_typed::<f32>(&inputs, act)?
                 .into_iter()
-                .map(|t| super::elementwise::back_to(t, x.dtype()))
+                .map(|t| super::elementwise::back_to("linear", t, x.dtype()))
                 .collect::<Result<_>>()?
         }
         d => return Err(Error::UnsupportedDType { op: "linear", dtype: d }),
@@ -129,9 +132,10 @@ fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
         strided_slice::<T>("linear", x, &gx)?,
         strided_slice::<T>("linear", w, &gw)?,
     );
-    if m * n * k == 0 {
+    let mn = crate::shape::checked_numel("linear", &[m, n])?;
+    if m == 0 || n == 0 || k == 0 {
         // no product: the bias (and the rest) through the unfused ops
-        let mut pre: Vec<T> = Vec::with_capacity(m * n);
+        let mut pre: Vec<T> = crate::alloc::with_capacity("linear", mn)?;
         for _ in 0..m {
             pre.extend_from_slice(&row);
         }
@@ -148,8 +152,8 @@ fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
     }
     // Every element is written by the gemm (it does not read dst) or by the activation, so the
     // buffers start uninitialized.
-    let mut pre = crate::cpu::uninit::<T>(m * n);
-    let mut out = crate::cpu::uninit::<T>(if act.is_some() { m * n } else { 0 });
+    let mut pre = crate::alloc::uninit::<T>("linear", mn)?;
+    let mut out = crate::alloc::uninit::<T>("linear", if act.is_some() { mn } else { 0 })?;
     let one = T::from_f64(1.0);
     let dst = MatMut {
         ptr: pre.as_mut_ptr() as *mut T,
@@ -234,7 +238,7 @@ fn act_backward(act: UnaryOp, pre: &Tensor, grad: &Tensor) -> Result<(Tensor, Te
     let n = pre.shape()[1];
     crate::float_dispatch!(pre.dtype(), T => {
         let (x, g) = (pre.contig::<T>("linear_backward")?, grad.contig::<T>("linear_backward")?);
-        let mut out = crate::cpu::uninit::<T>(x.len());
+        let mut out = crate::alloc::uninit::<T>("linear_backward", x.len())?;
         let sums = crate::cpu::elementwise::unary_backward_column_sums(act, &x, &g, n, &mut out);
         // SAFETY: the kernel wrote every element.
         let out = unsafe { crate::cpu::assume_init(out) };

@@ -5,7 +5,7 @@ use crate::cpu::matmul::{gemm_parallel, MatMut, MatRef};
 use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::op::Op;
-use crate::shape::{broadcast_shapes, numel};
+use crate::shape::{broadcast_shapes, checked_numel, numel};
 use crate::storage::{CpuStorage, StorageElement};
 use crate::tensor::Tensor;
 
@@ -63,8 +63,8 @@ pub(super) fn forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         DType::F32 => matmul_typed::<f32>(a, b, 1.0)?,
         DType::F64 => matmul_typed::<f64>(a, b, 1.0)?,
         DType::BF16 | DType::F16 => {
-            let r = matmul_typed::<f32>(&to_compute(a)?, &to_compute(b)?, 1.0)?;
-            super::elementwise::back_to(r, a.dtype())?
+            let r = matmul_typed::<f32>(&to_compute("matmul", a)?, &to_compute("matmul", b)?, 1.0)?;
+            super::elementwise::back_to("matmul", r, a.dtype())?
         }
         d => return Err(Error::UnsupportedDType { op: "matmul", dtype: d }),
     };
@@ -91,21 +91,26 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
     let la = a.layout().expand(&a_full)?;
     let lb = b.layout().expand(&b_full)?;
     // Offsets of each batch's matrix start.
-    let batch_offsets = |l: &crate::layout::Layout| -> Vec<usize> {
+    let batch_offsets = |l: &crate::layout::Layout| -> Result<Vec<usize>> {
         let nb = l.rank() - 2;
         let bl = crate::layout::Layout {
             shape: l.shape[..nb].to_vec(),
             strides: l.strides[..nb].to_vec(),
             offset: l.offset,
         };
-        bl.offsets()
+        bl.offsets("matmul")
     };
-    let (oa, ob) = (batch_offsets(&la), batch_offsets(&lb));
+    let (oa, ob) = (batch_offsets(&la)?, batch_offsets(&lb)?);
     let nbatch = numel(&batch);
+    let mut shape = batch;
+    shape.extend_from_slice(&[m, n]);
+    // products of expanded views can have more multiply-adds than a usize holds
+    let empty = m == 0 || n == 0 || k == 0;
+    let flops = m.saturating_mul(n).saturating_mul(k);
     // Every element is written by the gemm (it does not read dst), so the buffer starts
     // uninitialized: zeroing 4 MiB costs ~3% of a 1024^3 product.
-    let mut out = crate::cpu::uninit::<T>(nbatch * m * n);
-    if m * n * k == 0 {
+    let mut out = crate::alloc::uninit::<T>("matmul", checked_numel("matmul", &shape)?)?;
+    if empty {
         out.iter_mut().for_each(|v| *v = std::mem::MaybeUninit::new(T::zero()));
     }
     let (ga, gb) = (a.storage().read(), b.storage().read());
@@ -139,17 +144,15 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
             gemm_parallel(m, n, k, d, a, b, one, one)
         }
     };
-    if m * n * k == 0 {
+    if empty {
         // empty product: zeros, written above
-    } else if nbatch > 1 && m * n * k < (1 << 18) {
+    } else if nbatch > 1 && flops < (1 << 18) {
         crate::cpu::pool::for_each_chunk(&mut out, m * n, run);
     } else {
         out.chunks_mut(m * n).enumerate().for_each(|(i, dst)| run(i, dst));
     }
     // SAFETY: every element was written (by the gemms, or the zero fill of an empty product).
     let out = unsafe { crate::cpu::assume_init(out) };
-    let mut shape = batch;
-    shape.extend_from_slice(&[m, n]);
     Tensor::from_vec(out, &shape)
 }
 

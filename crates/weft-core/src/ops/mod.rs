@@ -194,12 +194,13 @@ macro_rules! float_dispatch {
 }
 
 /// Casts a bf16/f16 tensor to f32 for computing (f32 and f64 pass through unchanged). Not
-/// recorded by autograd: for use inside forwards.
-pub(crate) fn to_compute(t: &Tensor) -> Result<Tensor> {
+/// recorded by autograd: for use inside the forward of `op` (named when the copy cannot be
+/// allocated).
+pub(crate) fn to_compute(op: &'static str, t: &Tensor) -> Result<Tensor> {
     let c = t.dtype().compute_float();
     if t.dtype() == c {
         Ok(t.clone())
     } else {
-        Ok(Tensor::from_storage(t.contiguous_storage().cast(c), t.shape()))
+        Ok(Tensor::from_storage(t.cast_storage(op, c)?, t.shape()))
     }
 }

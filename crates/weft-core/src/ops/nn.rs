@@ -137,29 +137,30 @@ impl Tensor {
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
     let dtype = x.dtype();
-    let xc = to_compute(x)?;
+    let name = op.name();
+    let xc = to_compute(name, x)?;
     let last = |t: &Tensor| *t.shape().last().unwrap_or(&1);
     match op {
         Op::Softmax { log } => {
             let len = last(x);
             let y = crate::float_dispatch!(xc.dtype(), T => {
-                let mut y = crate::cpu::uninit::<T>(x.numel());
+                let mut y = crate::alloc::uninit::<T>(name, x.numel())?;
                 k::softmax(&xc.contig::<T>("softmax")?, &mut y, len.max(1), *log);
                 // SAFETY: the kernel wrote every row.
                 Tensor::from_vec(unsafe { crate::cpu::assume_init(y) }, x.shape())?
             });
-            Ok(vec![back_to(y, dtype)?])
+            Ok(vec![back_to(name, y, dtype)?])
         }
         Op::SoftmaxBackward { log } => {
             let len = last(x);
-            let g = to_compute(inputs[1])?;
+            let g = to_compute(name, inputs[1])?;
             let dx = crate::float_dispatch!(xc.dtype(), T => {
-                let mut dx = crate::cpu::uninit::<T>(x.numel());
+                let mut dx = crate::alloc::uninit::<T>(name, x.numel())?;
                 k::softmax_backward(&xc.contig::<T>("softmax")?, &g.contig::<T>("softmax")?, &mut dx, len.max(1), *log);
                 // SAFETY: the kernel wrote every row.
                 Tensor::from_vec(unsafe { crate::cpu::assume_init(dx) }, x.shape())?
             });
-            Ok(vec![back_to(dx, dtype)?])
+            Ok(vec![back_to(name, dx, dtype)?])
         }
         Op::Norm {
             eps,
@@ -170,12 +171,12 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let len = last(x);
             let rows = x.numel() / len.max(1);
             let w = if *has_weight {
-                Some(to_compute(inputs[1])?)
+                Some(to_compute(name, inputs[1])?)
             } else {
                 None
             };
             let b = if *has_bias {
-                Some(to_compute(inputs[1 + *has_weight as usize])?)
+                Some(to_compute(name, inputs[1 + *has_weight as usize])?)
             } else {
                 None
             };
@@ -184,11 +185,11 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let ws = w.as_ref().map(|w| w.contig::<T>("norm")).transpose()?;
                 let bs = b.as_ref().map(|b| b.contig::<T>("norm")).transpose()?;
                 let spec = k::NormSpec { weight: ws.as_deref(), bias: bs.as_deref(), len: len.max(1), eps: *eps as T, rms: *rms };
-                let (mut y, mut mean, mut rstd) = (crate::cpu::uninit::<T>(x.numel()), crate::cpu::uninit::<T>(rows), crate::cpu::uninit::<T>(rows));
+                let (mut y, mut mean, mut rstd) = (crate::alloc::uninit::<T>(name, x.numel())?, crate::alloc::uninit::<T>(name, rows)?, crate::alloc::uninit::<T>(name, rows)?);
                 k::norm(spec, &xs, &mut y, &mut mean, &mut rstd);
                 // SAFETY: the kernel wrote every row and its statistics.
                 let (y, mean, rstd) = unsafe { (crate::cpu::assume_init(y), crate::cpu::assume_init(mean), crate::cpu::assume_init(rstd)) };
-                let y = back_to(Tensor::from_vec(y, x.shape())?, dtype)?;
+                let y = back_to(name, Tensor::from_vec(y, x.shape())?, dtype)?;
                 Ok(vec![y, Tensor::from_vec(mean, &[rows])?, Tensor::from_vec(rstd, &[rows])?])
             })
         }
@@ -199,27 +200,27 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         } => {
             let len = last(x);
             let w = if *has_weight {
-                Some(to_compute(inputs[1])?)
+                Some(to_compute(name, inputs[1])?)
             } else {
                 None
             };
             let rest = &inputs[1 + *has_weight as usize..];
-            let (g, mean, rstd) = (to_compute(rest[0])?, rest[1], rest[2]);
+            let (g, mean, rstd) = (to_compute(name, rest[0])?, rest[1], rest[2]);
             crate::float_dispatch!(xc.dtype(), T => {
                 let xs = xc.contig::<T>("norm_backward")?;
                 let ws = w.as_ref().map(|w| w.contig::<T>("norm_backward")).transpose()?;
                 let (gs, ms, rs) = (g.contig::<T>("norm_backward")?, mean.contig::<T>("norm_backward")?, rstd.contig::<T>("norm_backward")?);
                 let spec = k::NormSpec { weight: ws.as_deref(), bias: None, len: len.max(1), eps: 0 as T, rms: *rms };
-                let mut dx = crate::cpu::uninit::<T>(x.numel());
+                let mut dx = crate::alloc::uninit::<T>(name, x.numel())?;
                 let (dw, db) = k::norm_backward(spec, &xs, &gs, &ms, &rs, &mut dx);
                 // SAFETY: the kernel wrote every row.
                 let dx = unsafe { crate::cpu::assume_init(dx) };
-                let mut out = vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?];
+                let mut out = vec![back_to(name, Tensor::from_vec(dx, x.shape())?, dtype)?];
                 if *has_weight {
-                    out.push(back_to(Tensor::from_vec(dw, &[len])?, dtype)?);
+                    out.push(back_to(name, Tensor::from_vec(dw, &[len])?, dtype)?);
                 }
                 if *has_bias {
-                    out.push(back_to(Tensor::from_vec(db, &[len])?, dtype)?);
+                    out.push(back_to(name, Tensor::from_vec(db, &[len])?, dtype)?);
                 }
                 Ok(out)
             })
@@ -232,7 +233,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let targets = checked_targets(inputs[1], c, *ignore_index)?;
             crate::float_dispatch!(xc.dtype(), T => {
                 let spec = k::CrossEntropySpec { classes: c, ignore_index: *ignore_index, smoothing: *label_smoothing as T };
-                let mut lse = vec![0 as T; n];
+                let mut lse = crate::alloc::filled(name, n, 0 as T)?;
                 let loss = k::cross_entropy(spec, &xc.contig::<T>("cross_entropy")?, &targets, &mut lse);
                 let valid = targets.iter().filter(|&&t| t != *ignore_index).count();
                 let total: f64 = loss.iter().map(|&l| as_f64(l)).sum();
@@ -251,11 +252,11 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             crate::float_dispatch!(xc.dtype(), T => {
                 let spec = k::CrossEntropySpec { classes: c, ignore_index: *ignore_index, smoothing: *label_smoothing as T };
                 let (xs, lse) = (xc.contig::<T>("cross_entropy")?, inputs[2].contig::<T>("cross_entropy")?);
-                let mut dx = crate::cpu::uninit::<T>(x.numel());
+                let mut dx = crate::alloc::uninit::<T>(name, x.numel())?;
                 k::cross_entropy_backward(spec, &xs, &targets, &lse, &mut dx, scale as T);
                 // SAFETY: the kernel wrote every row.
                 let dx = unsafe { crate::cpu::assume_init(dx) };
-                Ok(vec![back_to(Tensor::from_vec(dx, x.shape())?, dtype)?])
+                Ok(vec![back_to(name, Tensor::from_vec(dx, x.shape())?, dtype)?])
             })
         }
         Op::Dropout { p, seed, offset } => {
@@ -263,12 +264,11 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let scale = if p >= 1.0 { 0.0 } else { 1.0 / (1.0 - p) };
             crate::float_dispatch!(xc.dtype(), T => {
                 let xs = xc.contig::<T>("dropout")?;
-                let y: Vec<T> = xs
+                let y: Vec<T> = crate::alloc::collect(name, xs.len(), xs
                     .iter()
                     .enumerate()
-                    .map(|(i, &v)| if rng::uniform(seed, offset + i as u64) < p { 0 as T } else { v * scale as T })
-                    .collect();
-                Ok(vec![back_to(Tensor::from_vec(y, x.shape())?, dtype)?])
+                    .map(|(i, &v)| if rng::uniform(seed, offset + i as u64) < p { 0 as T } else { v * scale as T }))?;
+                Ok(vec![back_to(name, Tensor::from_vec(y, x.shape())?, dtype)?])
             })
         }
         _ => unreachable!("nn::forward called with {op:?}"),
@@ -277,7 +277,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
 
 /// Targets as i64, each in `0..c` or equal to `ignore_index`.
 fn checked_targets(t: &Tensor, c: usize, ignore_index: i64) -> Result<Vec<i64>> {
-    let v = t.to_vec::<i64>()?;
+    let v = crate::alloc::copy("cross_entropy", &t.contig::<i64>("cross_entropy")?)?;
     if let Some(&bad) = v.iter().find(|&&t| t != ignore_index && (t < 0 || t as usize >= c)) {
         return Err(Error::IndexOutOfRange {
             op: "cross_entropy",

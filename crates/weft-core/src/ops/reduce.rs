@@ -117,27 +117,28 @@ impl Tensor {
 }
 
 /// Moves the reduced dims last and returns the contiguous data plus (rows, row length).
-fn rows_of(x: &Tensor, dims: &[usize]) -> Result<(CpuStorage, usize, usize)> {
+fn rows_of(name: &'static str, x: &Tensor, dims: &[usize]) -> Result<(CpuStorage, usize, usize)> {
     let keep: Vec<usize> = (0..x.rank()).filter(|d| !dims.contains(d)).collect();
     let mut perm = keep.clone();
     perm.extend_from_slice(dims);
     let l = x.layout().permute(&perm)?;
-    let data = x.storage().read().gather(&l);
+    let data = x.storage().read().gather(name, &l)?;
     let len = numel(&dims.iter().map(|&d| x.shape()[d]).collect::<Vec<_>>());
     let rows = numel(&keep.iter().map(|&d| x.shape()[d]).collect::<Vec<_>>());
     Ok((data, rows, len))
 }
 
 fn reduce_rows<T: StorageElement, U: StorageElement>(
+    name: &'static str,
     data: &[T],
     rows: usize,
     len: usize,
     f: impl Fn(&[T]) -> U + Sync,
-) -> Vec<U> {
-    let mut out = vec![U::zero(); rows];
+) -> Result<Vec<U>> {
+    let mut out = crate::alloc::filled(name, rows, U::zero())?;
     if len == 0 {
         out.iter_mut().for_each(|o| *o = f(&[]));
-        return out;
+        return Ok(out);
     }
     let per_task = (crate::cpu::PARALLEL_THRESHOLD / len).max(1);
     crate::cpu::pool::for_each_chunk(&mut out, per_task, |i, o| {
@@ -145,28 +146,29 @@ fn reduce_rows<T: StorageElement, U: StorageElement>(
             *o = f(&data[(i * per_task + j) * len..][..len]);
         }
     });
-    out
+    Ok(out)
 }
 
-fn reduce_typed<T: StorageElement>(op: ReduceOp, data: &CpuStorage, rows: usize, len: usize) -> CpuStorage {
+fn reduce_typed<T: StorageElement>(op: ReduceOp, data: &CpuStorage, rows: usize, len: usize) -> Result<CpuStorage> {
     let v = T::slice(data).expect("dtype matches");
+    let name = "reduce";
     let out: Vec<T> = match op {
-        ReduceOp::Sum => reduce_rows(v, rows, len, |r| T::from_f64(r.iter().map(|x| x.to_f64()).sum())),
-        ReduceOp::Mean => reduce_rows(v, rows, len, |r| {
+        ReduceOp::Sum => reduce_rows(name, v, rows, len, |r| T::from_f64(r.iter().map(|x| x.to_f64()).sum()))?,
+        ReduceOp::Mean => reduce_rows(name, v, rows, len, |r| {
             T::from_f64(r.iter().map(|x| x.to_f64()).sum::<f64>() / len as f64)
-        }),
-        ReduceOp::Max => reduce_rows(v, rows, len, |r| {
+        })?,
+        ReduceOp::Max => reduce_rows(name, v, rows, len, |r| {
             r.iter()
                 .copied()
                 .fold(r[0], |a, b| if b > a || is_nan(b) { b } else { a })
-        }),
-        ReduceOp::Min => reduce_rows(v, rows, len, |r| {
+        })?,
+        ReduceOp::Min => reduce_rows(name, v, rows, len, |r| {
             r.iter()
                 .copied()
                 .fold(r[0], |a, b| if b < a || is_nan(b) { b } else { a })
-        }),
+        })?,
     };
-    T::wrap(out)
+    Ok(T::wrap(out))
 }
 
 /// Sum/mean/max/min of a contiguous float tensor over trailing dims (row kernel) or leading dims
@@ -181,12 +183,12 @@ fn fast_float_reduce(x: &Tensor, op: ReduceOp, dims: &[usize]) -> Result<Option<
     if !suffix && !prefix {
         return Ok(None);
     }
-    let xc = to_compute(x)?;
+    let xc = to_compute("reduce", x)?;
     let reduced = numel(&dims.iter().map(|&d| x.shape()[d]).collect::<Vec<_>>());
     let kept = x.numel() / reduced;
     let out = crate::float_dispatch!(xc.dtype(), T => {
         let xs = xc.contig::<T>("reduce")?;
-        let mut out = vec![0 as T; kept];
+        let mut out = crate::alloc::filled("reduce", kept, 0 as T)?;
         if suffix {
             crate::cpu::reduce::reduce_rows(op, &xs, reduced, &mut out);
         } else {
@@ -199,20 +201,27 @@ fn fast_float_reduce(x: &Tensor, op: ReduceOp, dims: &[usize]) -> Result<Option<
 
 pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
+    let name = op.name();
     let out = match op {
         Op::Reduce { op: r, dims, keepdim } => {
             let shape = reduced_shape(x.shape(), dims, *keepdim);
             if let Some(out) = fast_float_reduce(x, *r, dims)? {
-                return Ok(vec![super::elementwise::back_to(out.reshape_raw(&shape), x.dtype())?]);
+                return Ok(vec![super::elementwise::back_to(
+                    name,
+                    out.reshape_raw(&shape),
+                    x.dtype(),
+                )?]);
             }
-            let (data, rows, len) = rows_of(x, dims)?;
+            let (data, rows, len) = rows_of(name, x, dims)?;
             let out = match x.dtype() {
-                DType::F32 => reduce_typed::<f32>(*r, &data, rows, len),
-                DType::F64 => reduce_typed::<f64>(*r, &data, rows, len),
-                DType::BF16 | DType::F16 => reduce_typed::<f32>(*r, &data.cast(DType::F32), rows, len).cast(x.dtype()),
-                DType::I64 => reduce_typed::<i64>(*r, &data, rows, len),
-                DType::I32 => reduce_typed::<i32>(*r, &data, rows, len),
-                DType::U8 => reduce_typed::<u8>(*r, &data, rows, len),
+                DType::F32 => reduce_typed::<f32>(*r, &data, rows, len)?,
+                DType::F64 => reduce_typed::<f64>(*r, &data, rows, len)?,
+                DType::BF16 | DType::F16 => {
+                    reduce_typed::<f32>(*r, &data.cast(name, DType::F32)?, rows, len)?.cast(name, x.dtype())?
+                }
+                DType::I64 => reduce_typed::<i64>(*r, &data, rows, len)?,
+                DType::I32 => reduce_typed::<i32>(*r, &data, rows, len)?,
+                DType::U8 => reduce_typed::<u8>(*r, &data, rows, len)?,
                 DType::Bool => {
                     return Err(Error::UnsupportedDType {
                         op: "reduce",
@@ -224,10 +233,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         }
         Op::ArgMax { dim, keepdim } => {
             let shape = reduced_shape(x.shape(), &[*dim], *keepdim);
-            let (data, rows, len) = rows_of(x, &[*dim])?;
-            let data = data.cast(DType::F64);
+            let (data, rows, len) = rows_of(name, x, &[*dim])?;
+            let data = data.cast(name, DType::F64)?;
             let v = f64::slice(&data).expect("cast to f64");
-            let out: Vec<i64> = reduce_rows(v, rows, len, |r| {
+            let out: Vec<i64> = reduce_rows(name, v, rows, len, |r| {
                 let mut best = 0;
                 for (i, &x) in r.iter().enumerate() {
                     if x > r[best] || (x.is_nan() && !r[best].is_nan()) {
@@ -235,7 +244,7 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                     }
                 }
                 best as i64
-            });
+            })?;
             Tensor::from_vec(out, &shape)?
         }
         Op::Var {
@@ -244,16 +253,16 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             keepdim,
         } => {
             let shape = reduced_shape(x.shape(), dims, *keepdim);
-            let xc = to_compute(x)?;
-            let (data, rows, len) = rows_of(&xc, dims)?;
-            let data = data.cast(DType::F64);
+            let xc = to_compute(name, x)?;
+            let (data, rows, len) = rows_of(name, &xc, dims)?;
+            let data = data.cast(name, DType::F64)?;
             let v = f64::slice(&data).expect("cast to f64");
             let denom = len as f64 - *correction as f64;
-            let out: Vec<f64> = reduce_rows(v, rows, len, |r| {
+            let out: Vec<f64> = reduce_rows(name, v, rows, len, |r| {
                 let mean = r.iter().sum::<f64>() / len as f64;
                 r.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / denom
-            });
-            Tensor::from_storage(CpuStorage::F64(out).cast(x.dtype()), &shape)
+            })?;
+            Tensor::from_storage(CpuStorage::F64(out).cast(name, x.dtype())?, &shape)
         }
         _ => unreachable!("reduce::forward called with {op:?}"),
     };

@@ -6,7 +6,7 @@ use super::apply;
 use crate::error::{invalid, Error, Result};
 use crate::op::Op;
 use crate::shape::{numel, resolve_dim};
-use crate::storage::{CpuStorage, StorageElement};
+use crate::storage::StorageElement;
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -62,6 +62,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         self.layout().expand(shape)?;
+        crate::shape::checked_numel("expand", shape)?;
         apply(Op::Expand(shape.to_vec()), &[self])
     }
 
@@ -103,7 +104,12 @@ impl Tensor {
 
     /// A row-major copy with its own storage, always (not recorded by autograd).
     pub fn contiguous_copy(&self) -> Result<Tensor> {
-        Ok(Tensor::from_storage(self.contiguous_storage(), self.shape()))
+        self.contiguous_copy_for("contiguous_copy")
+    }
+
+    /// [`Tensor::contiguous_copy`] inside op `op` (named when the copy cannot be allocated).
+    pub(crate) fn contiguous_copy_for(&self, op: &'static str) -> Result<Tensor> {
+        Ok(Tensor::from_storage(self.contiguous_storage(op)?, self.shape()))
     }
 
     /// Concatenates along `dim`; all other dims must agree.
@@ -195,7 +201,11 @@ fn infer_shape(from: &[usize], to: &[isize]) -> Result<Vec<usize>> {
     for (i, &d) in to.iter().enumerate() {
         match d {
             -1 if unknown.is_none() => unknown = Some(i),
-            d if d >= 0 => known *= d as usize,
+            d if d >= 0 => {
+                known = known
+                    .checked_mul(d as usize)
+                    .ok_or_else(|| invalid("reshape", format!("bad target shape {to:?}")))?
+            }
             _ => return Err(invalid("reshape", format!("bad target shape {to:?}"))),
         }
     }
@@ -206,7 +216,7 @@ fn infer_shape(from: &[usize], to: &[isize]) -> Result<Vec<usize>> {
         }
         out[i] = n / known;
     }
-    if numel(&out) != n {
+    if crate::shape::checked_numel("reshape", &out)? != n {
         return Err(Error::ShapeMismatch {
             op: "reshape",
             lhs: from.to_vec(),
@@ -221,35 +231,37 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let out = match op {
         Op::Reshape(shape) => match x.layout().reshape_view(shape) {
             Some(view) => x.with_layout(view),
-            None => Tensor::from_storage(x.contiguous_storage(), shape),
+            None => Tensor::from_storage(x.contiguous_storage("reshape")?, shape),
         },
         Op::Permute(perm) => x.with_layout(x.layout().permute(perm)?),
         Op::Narrow { dim, start, len } => x.with_layout(x.layout().narrow(*dim, *start, *len)?),
         Op::Expand(shape) => x.with_layout(x.layout().expand(shape)?),
-        Op::Contiguous => Tensor::from_storage(x.contiguous_storage(), x.shape()),
-        Op::Cat { dim } => cat_forward(inputs, *dim),
+        Op::Contiguous => Tensor::from_storage(x.contiguous_storage("contiguous")?, x.shape()),
+        Op::Cat { dim } => cat_forward(inputs, *dim)?,
         _ => unreachable!("shape::forward called with {op:?}"),
     };
     Ok(vec![out])
 }
 
-fn cat_forward(inputs: &[&Tensor], dim: usize) -> Tensor {
+/// The inputs side by side along `dim`: each is read in place when contiguous (copied first
+/// otherwise) and copied once into the output.
+fn cat_forward(inputs: &[&Tensor], dim: usize) -> Result<Tensor> {
     let mut shape = inputs[0].shape().to_vec();
     shape[dim] = inputs.iter().map(|t| t.shape()[dim]).sum();
+    let n = crate::shape::checked_numel("cat", &shape)?;
     let outer = numel(&shape[..dim]);
-    let parts: Vec<CpuStorage> = inputs.iter().map(|t| t.contiguous_storage()).collect();
     let chunks: Vec<usize> = inputs.iter().map(|t| numel(&t.shape()[dim..])).collect();
-    let data = crate::dtype_dispatch!(parts[0].dtype(), T => {
-        let slices: Vec<&[T]> = parts.iter().map(|p| T::slice(p).expect("dtypes checked")).collect();
-        let mut out = Vec::with_capacity(numel(&shape));
+    let data = crate::dtype_dispatch!(inputs[0].dtype(), T => {
+        let mut out = crate::alloc::with_capacity("cat", n)?;
+        let parts = inputs.iter().map(|t| t.contig::<T>("cat")).collect::<Result<Vec<_>>>()?;
         for o in 0..outer {
-            for (s, &c) in slices.iter().zip(&chunks) {
+            for (s, &c) in parts.iter().zip(&chunks) {
                 out.extend_from_slice(&s[o * c..(o + 1) * c]);
             }
         }
         T::wrap(out)
     });
-    Tensor::from_storage(data, &shape)
+    Ok(Tensor::from_storage(data, &shape))
 }
 
 pub(super) fn backward(op: &Op, inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Tensor>>> {

@@ -1,0 +1,135 @@
+//! `weft checkpoint consolidate DIR -o PATH` writes PATH atomically: through a symlink (the link
+//! stays), never over something that is not a regular file (a device node, a directory), and
+//! after a failed write (a full disk) it leaves one error line and no temporary file.
+#![cfg(unix)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{fixtures, path_set, temp_dir, weft, weft_ok};
+
+/// A checkpoint of the gpt fixture after 5 steps, in `dir/ckpt`.
+fn checkpoint(dir: &Path) -> PathBuf {
+    let ckpt = dir.join("ckpt");
+    let config = fixtures().join("gpt_adamw/run.toml");
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--set", "train.steps=5",
+        "--set", "train.checkpoint_every=5", "--set", &path_set("train.checkpoint_dir", &ckpt)]);
+    ckpt
+}
+
+fn consolidate(ckpt: &Path, output: &Path) -> Output {
+    weft(&[
+        "checkpoint",
+        "consolidate",
+        ckpt.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+    ])
+}
+
+/// Checks that `out` failed with exactly one `weft: error:` line, and returns it.
+fn one_error_line(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("weft: error: "), "{err}");
+    err
+}
+
+/// The tensor names in a safetensors file written by consolidate.
+fn names(path: &Path) -> Vec<String> {
+    let file = weft_core::io::safetensors::load(path).unwrap();
+    file.tensors.keys().cloned().collect()
+}
+
+/// Files under `dir` (recursively) whose name ends in `.tmp`.
+fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+            out.extend(leftovers(&p));
+        } else if p.to_string_lossy().ends_with(".tmp") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn consolidate_writes_through_a_symlink_and_refuses_what_is_not_a_file() {
+    let dir = temp_dir("consolidate-output");
+    let ckpt = checkpoint(&dir);
+    let out_dir = dir.join("out");
+    std::fs::create_dir_all(out_dir.join("releases")).unwrap();
+
+    // a link to an older file: the file is replaced, the link stays
+    let real = out_dir.join("releases/model-v1.safetensors");
+    std::fs::write(&real, b"an older model").unwrap();
+    let link = out_dir.join("model.safetensors");
+    std::os::unix::fs::symlink("releases/model-v1.safetensors", &link).unwrap();
+    let out = consolidate(&ckpt, &link);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        Path::new("releases/model-v1.safetensors")
+    );
+    assert!(names(&real).contains(&"transformer.wte.weight".to_string()));
+    assert_eq!(names(&link), names(&real));
+
+    // a device node: refused, and left as it is
+    let null = Path::new("/dev/null");
+    if null.exists() {
+        use std::os::unix::fs::FileTypeExt;
+        let err = one_error_line(&consolidate(&ckpt, null));
+        assert!(err.contains("/dev/null") && err.contains("a character device"), "{err}");
+        assert!(std::fs::symlink_metadata(null).unwrap().file_type().is_char_device());
+        assert!(!Path::new("/dev/null.tmp").exists());
+    }
+
+    // a directory: refused, and left as it is
+    let sub = out_dir.join("releases");
+    let err = one_error_line(&consolidate(&ckpt, &sub));
+    assert!(
+        err.contains(&*sub.to_string_lossy()) && err.contains("a directory"),
+        "{err}"
+    );
+    assert!(sub.is_dir() && real.is_file());
+
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn consolidate_on_a_full_disk_fails_with_one_line_and_leaves_no_temporary_file() {
+    let dir = temp_dir("consolidate-full");
+    let ckpt = checkpoint(&dir);
+    let output = dir.join("model.safetensors");
+    // files may grow to one 512-byte block (SIGXFSZ ignored, so the write fails with EFBIG
+    // instead of killing the process): the disk is full after the first block
+    let out = std::process::Command::new("sh")
+        .args(["-c", "trap '' XFSZ; ulimit -f 1 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "checkpoint",
+            "consolidate",
+            ckpt.to_str().unwrap(),
+            "-o",
+            output.to_str().unwrap(),
+        ])
+        .env("WEFT_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let err = one_error_line(&out);
+    assert!(
+        err.contains(&*output.to_string_lossy()) && err.contains("too large"),
+        "{err}"
+    );
+    assert!(!output.exists());
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
