@@ -557,13 +557,43 @@ fn unset_removes_a_key_the_new_optimizer_does_not_take() {
 
 #[test]
 fn impossible_sizes_are_refused_with_the_estimate() {
+    // each would need terabytes: refused before anything is allocated, with the estimate (a
+    // single buffer too large for the machine is an error of its own, tested in weft-core's
+    // alloc_errors.rs)
     for (set, what) in [
-        ("data.batch_size=100000000", "activations"),
-        ("model.block_size=100000000", "parameters"),
-        ("model.n_embd=65536", "parameters"),
+        ("data.batch_size=100000000", "activations 226.1 TB"),
+        ("model.block_size=100000000", "parameters 51.2 GB"),
+        ("model.n_embd=65536", "parameters 824.7 GB"),
     ] {
-        let err = fails_with(&["train", "--quiet", "--set", set], &["needs about", "available"]);
-        assert!(err.contains(what), "{set}: {err}");
+        let out = weft(&["train", "--quiet", "--set", set]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{set}: {err}");
+        assert_eq!(err.lines().count(), 1, "{set}: one line: {err}");
+        for n in ["weft: error: ", "needs about", "per rank", "available", what] {
+            assert!(err.contains(n), "{set}: {n:?} in {err}");
+        }
+    }
+}
+
+#[test]
+fn a_thread_count_over_the_limit_or_malformed_is_one_error_line() {
+    for (value, why) in [
+        ("100000", "is more than the limit of 1024 compute threads"),
+        ("0", "is not a positive integer"),
+        ("many", "is not a positive integer"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["train", "--quiet", "--set", "train.steps=1"])
+            .env("WEFT_NUM_THREADS", value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            err.contains(&format!("weft: error: WEFT_NUM_THREADS={value:?} {why}")),
+            "{err}"
+        );
     }
 }
 

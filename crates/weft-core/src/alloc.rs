@@ -49,39 +49,84 @@ fn read_machine_memory() -> Option<u64> {
     None
 }
 
-/// The lowest memory limit of the cgroups this process is in (v2 `memory.max`, v1
-/// `memory.limit_in_bytes`): the mount's root (the container's own cgroup inside one) and the
-/// process's cgroup from `/proc/self/cgroup` with its ancestors. "max" (v2) means none; v1's
-/// "none" is a huge number, which `min` passes over.
+/// Memory the kernel says can be allocated now without swapping (`MemAvailable`), lowered to
+/// what the tightest cgroup of this process leaves (its limit less its usage). Read afresh at
+/// every call; `None` where neither can be read.
+pub fn available_memory() -> Option<u64> {
+    available_now()
+}
+
 #[cfg(target_os = "linux")]
-fn cgroup_limit() -> Option<u64> {
+fn available_now() -> Option<u64> {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kb.checked_mul(1024)
+    });
+    let read = |f: &std::path::Path| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok();
+    let headroom = cgroup_files()
+        .iter()
+        .filter_map(|(limit, usage)| Some(read(limit)?.saturating_sub(read(usage)?)))
+        .min();
+    match (available, headroom) {
+        (Some(a), Some(h)) => Some(a.min(h)),
+        (a, h) => a.or(h),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn available_now() -> Option<u64> {
+    None
+}
+
+/// The `(limit, usage)` files of the cgroups this process is in (v2 `memory.max` and
+/// `memory.current`, v1 `memory.limit_in_bytes` and `memory.usage_in_bytes`): the mount's root
+/// (the container's own cgroup inside one) and the process's cgroup from `/proc/self/cgroup`
+/// with its ancestors.
+#[cfg(target_os = "linux")]
+fn cgroup_files() -> Vec<(std::path::PathBuf, std::path::PathBuf)> {
+    const V2: (&str, &str, &str) = ("/sys/fs/cgroup", "memory.max", "memory.current");
+    const V1: (&str, &str, &str) = (
+        "/sys/fs/cgroup/memory",
+        "memory.limit_in_bytes",
+        "memory.usage_in_bytes",
+    );
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let mut files = vec![
-        "/sys/fs/cgroup/memory.max".to_string(),
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes".to_string(),
+    let mut dirs = vec![
+        (std::path::PathBuf::from(V2.0), V2),
+        (std::path::PathBuf::from(V1.0), V1),
     ];
     for line in own.lines() {
         // "0::/path" (v2) or "N:memory:/path" (v1, possibly "memory,other")
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-        let (root, file) = if controllers.is_empty() {
-            ("/sys/fs/cgroup", "memory.max")
+        let kind = if controllers.is_empty() {
+            V2
         } else if controllers.split(',').any(|c| c == "memory") {
-            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+            V1
         } else {
             continue;
         };
-        let mut dir = std::path::PathBuf::from(format!("{root}{path}"));
-        while dir.starts_with(root) && dir.as_os_str().len() > root.len() {
-            files.push(dir.join(file).to_string_lossy().into_owned());
+        let mut dir = std::path::PathBuf::from(format!("{}{path}", kind.0));
+        while dir.starts_with(kind.0) && dir.as_os_str().len() > kind.0.len() {
+            dirs.push((dir.clone(), kind));
             if !dir.pop() {
                 break;
             }
         }
     }
-    files
+    dirs.into_iter()
+        .map(|(dir, (_, limit, usage))| (dir.join(limit), dir.join(usage)))
+        .collect()
+}
+
+/// The lowest memory limit of the cgroups this process is in. "max" (v2) means none; v1's
+/// "none" is a huge number, which `min` passes over.
+#[cfg(target_os = "linux")]
+fn cgroup_limit() -> Option<u64> {
+    cgroup_files()
         .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok())
+        .filter_map(|(f, _)| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok())
         .min()
 }
 
@@ -229,5 +274,12 @@ mod tests {
         assert_eq!(filled("fill", 3, 7i64).unwrap(), vec![7, 7, 7]);
         assert_eq!(collect("c", 3, (0..3).map(|i| i * 2)).unwrap(), vec![0, 2, 4]);
         assert_eq!(copy("c", &[1u8, 2]).unwrap(), vec![1, 2]);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn available_memory_is_some_and_at_most_the_machines() {
+        let (available, total) = (available_memory().unwrap(), machine_memory().unwrap());
+        assert!(available > 0 && available <= total, "{available} of {total}");
     }
 }

@@ -147,48 +147,17 @@ fn file_bytes(config: &RunConfig, path: &std::path::Path) -> f64 {
     std::fs::metadata(config.resolve(path)).map_or(0.0, |m| m.len() as f64)
 }
 
-/// Bytes of memory available to this process now: the kernel's `MemAvailable`, lowered to what
-/// the cgroup's limit leaves (`memory.max - memory.current`, cgroup v2). `None` where neither
-/// can be read.
-pub fn available_bytes() -> Option<f64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .map(|kb| kb * 1024.0)
-    });
-    let read = |f: &str| -> Option<f64> { std::fs::read_to_string(f).ok()?.trim().parse::<f64>().ok() };
-    let cgroup = match (read("/sys/fs/cgroup/memory.max"), read("/sys/fs/cgroup/memory.current")) {
-        (Some(max), Some(used)) => Some((max - used).max(0.0)),
-        _ => None,
-    };
-    match (meminfo, cgroup) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// `1.5 GiB`, `320.0 MiB`, `12 KiB`.
-pub fn human(bytes: f64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v:.0} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
+/// `bytes` as people read them: `51.2 GB` (decimal units, as the allocation errors).
+fn human(bytes: f64) -> String {
+    weft_core::alloc::human_bytes(bytes as u128)
 }
 
 /// Refuses `config` when its [`estimate`] exceeds the memory available to each of the
-/// `local_ranks` ranks of this machine; returns the estimate otherwise.
+/// `local_ranks` ranks of this machine (what [`weft_core::alloc::available_memory`] reports now,
+/// shared evenly); returns the estimate otherwise.
 pub fn check(config: &RunConfig, local_ranks: usize) -> Result<Estimate> {
     let e = estimate(config);
-    let Some(available) = available_bytes() else {
+    let Some(available) = weft_core::alloc::available_memory().map(|b| b as f64) else {
         return Ok(e);
     };
     let ranks = local_ranks.max(1) as f64;
@@ -242,12 +211,5 @@ mod tests {
             activation: "relu".into(),
         });
         assert_eq!(parameter_count(&mlp), (64 * 32 + 32 + 32 * 10 + 10) as f64);
-    }
-
-    #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(human(512.0), "512 B");
-        assert_eq!(human(1536.0), "1.5 KiB");
-        assert_eq!(human(3.0 * 1024.0 * 1024.0 * 1024.0), "3.0 GiB");
     }
 }
