@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use weft_dist::env::RankEnv;
 use weft_dist::selfcheck::Fault;
 
 #[derive(clap::Args)]
@@ -30,10 +31,12 @@ pub struct BenchArgs {
     /// Collectives to measure, comma-separated (default: all).
     #[arg(long)]
     ops: Option<String>,
-    /// Smallest buffer, in bytes (K and M suffixes allowed).
+    /// Smallest buffer, in bytes (K, M and G suffixes allowed).
     #[arg(long, default_value = "4K")]
     min_bytes: String,
-    /// Largest buffer, in bytes (K and M suffixes allowed); sizes grow by factors of 4.
+    /// Largest buffer, in bytes (K, M and G suffixes allowed); sizes grow by factors of 4. Each
+    /// rank holds about three times the largest size; sizes that do not fit this machine's
+    /// free memory are refused.
     #[arg(long, default_value = "64M")]
     max_bytes: String,
     /// Measuring time per (op, size), in milliseconds.
@@ -56,7 +59,20 @@ fn parse_size(flag: &str, s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{flag} {s:?} is not a size (a number with an optional K, M or G suffix)"))
 }
 
+/// This process's place in its job; an error naming `command` when it runs outside one (no
+/// launcher, Slurm or OpenMPI variables), where it would only measure or check itself.
+fn in_a_job(command: &str) -> Result<RankEnv, String> {
+    weft_dist::env::from_env().map_err(|e| e.to_string())?.ok_or_else(|| {
+        format!(
+            "weft {command} runs across the ranks of a job, and this process is not in one (no weft launch, Slurm \
+             or OpenMPI variables): start it under weft launch, e.g. `weft launch --nproc-per-node 2 -- weft \
+             {command}`"
+        )
+    })
+}
+
 pub fn run_check(args: &CheckArgs) -> Result<(), String> {
+    in_a_job("check collectives")?;
     let sizes = args
         .sizes
         .split(',')
@@ -99,6 +115,13 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
     let sizes: Vec<usize> = std::iter::successors(Some(lo), |&s| s.checked_mul(4))
         .take_while(|&s| s <= hi)
         .collect();
+    let job = in_a_job("bench collectives")?;
+    // refused before anything is allocated, on every rank alike
+    if let Some(&largest) = sizes.last() {
+        let flag = format!("--max-bytes {}", args.max_bytes.trim());
+        weft_dist::bench::check_memory(&flag, largest, job.world_size, job.local_world_size)
+            .map_err(|e| e.to_string())?;
+    }
     let ops: Vec<String> = match &args.ops {
         Some(o) => o.split(',').map(|s| s.trim().to_string()).collect(),
         None => weft_dist::bench::OPS.iter().map(|s| s.to_string()).collect(),
@@ -110,10 +133,10 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
     if pg.rank() != 0 {
         return Ok(());
     }
-    let transport = if pg.size() > 1 && pg.uses_shared_memory(1) {
-        "shm"
-    } else {
-        "tcp"
+    let transport = match pg.size() {
+        1 => "none",
+        _ if pg.uses_shared_memory(1) => "shm",
+        _ => "tcp",
     };
     if args.json {
         for r in &rows {
@@ -132,7 +155,11 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
             );
         }
     } else {
-        weft_core::outln!("{} ranks, {transport} between rank 0 and rank 1", pg.size());
+        if pg.size() == 1 {
+            weft_core::outln!("1 rank: nothing crosses a link");
+        } else {
+            weft_core::outln!("{} ranks, {transport} between rank 0 and rank 1", pg.size());
+        }
         weft_core::outln!("| op | bytes | median µs | algbw GB/s | busbw GB/s |");
         weft_core::outln!("|---|---:|---:|---:|---:|");
         for r in &rows {

@@ -4,12 +4,13 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::time::Duration;
 
-use weft_dist::launch::{parse_nnodes, LaunchConfig, DEFAULT_MASTER_ADDR};
+use weft_dist::launch::{parse_nnodes, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT};
 
 #[derive(clap::Args)]
 #[command(trailing_var_arg = true)]
 pub struct LaunchArgs {
-    /// Worker processes to start on this node, one per rank.
+    /// Worker processes to start on this node, one per rank (at most 1024, fewer when the
+    /// limits on open files or processes, `ulimit -n` / `ulimit -u`, leave room for fewer).
     #[arg(long, alias = "nproc_per_node", value_name = "N", default_value_t = 1)]
     nproc_per_node: usize,
     /// Nodes in the job: N, or MIN:MAX (elastic: the job starts with up to MAX nodes and goes
@@ -29,10 +30,11 @@ pub struct LaunchArgs {
     #[arg(long, alias = "max_restarts", value_name = "K", default_value_t = 0)]
     max_restarts: u32,
     /// Elastic jobs: seconds a rendezvous round waits for more nodes once MIN have joined.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LAST_CALL.as_secs_f64())]
     rdzv_last_call: f64,
-    /// Seconds the workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    /// Seconds the workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL
+    /// (torchrun's 30 s: time for `weft train` to finish its step and write a checkpoint).
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_STOP_TIMEOUT.as_secs_f64())]
     stop_timeout: f64,
     /// The worker program and its arguments, after `--`.
     #[arg(value_name = "PROGRAM", allow_hyphen_values = true)]

@@ -109,6 +109,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             weft_core::errln!("weft: error: {e}");
+            // under `weft launch`: tells the launcher what failed, and whether a peer caused it
+            weft_dist::failure::record(&e);
             ExitCode::FAILURE
         }
     }

@@ -127,11 +127,22 @@ pub fn check_against_pytorch(case: &str, metrics: &Path) -> f64 {
 }
 
 /// `weft launch --nproc-per-node RANKS -- weft train --config CONFIG --quiet [--set S]...`
-/// (`config` `None`: the built-in run), extra flags such as `--resume` in `flags`.
+/// (`config` `None`: the built-in run), extra flags such as `--resume` in `flags`. Workers that
+/// are stopped after another's failure get 5 s (not the default 30) to exit.
 pub fn launch_train(ranks: usize, config: Option<&Path>, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
     let bin = env!("CARGO_BIN_EXE_weft");
     let n = ranks.to_string();
-    let mut args = vec!["launch", "--nproc-per-node", &n, "--", bin, "train", "--quiet"];
+    let mut args = vec![
+        "launch",
+        "--nproc-per-node",
+        &n,
+        "--stop-timeout",
+        "5",
+        "--",
+        bin,
+        "train",
+        "--quiet",
+    ];
     if let Some(c) = config {
         args.extend(["--config", c.to_str().unwrap()]);
     }

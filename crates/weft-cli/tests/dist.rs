@@ -1,7 +1,9 @@
 //! Multi-process tests of the communication runtime: `weft check collectives` (every collective
 //! and dtype, checked element by element) under the real launcher, under Slurm's and OpenMPI's
-//! variables, and with faults: a killed rank, mismatched collectives, a wrong token. Where the
-//! machine allows, two "hosts" in network namespaces joined by a veth pair.
+//! variables, and with faults: a killed rank, mismatched collectives (and the launcher naming the
+//! rank that caused them), a wrong token. `weft check` and `weft bench collectives` outside a
+//! job, and bench sizes too large for the machine. Where the machine allows, two "hosts" in
+//! network namespaces joined by a veth pair.
 
 mod common;
 
@@ -20,7 +22,8 @@ const SIZES: &str = "1,1000,70000";
 fn launch(nproc: usize, env: &[(&str, &str)], args: &[&str]) -> Output {
     let n = nproc.to_string();
     let mut cmd = Command::new(WEFT);
-    cmd.args(["launch", "--nproc-per-node", &n, "--", WEFT]).args(args);
+    cmd.args(["launch", "--nproc-per-node", &n, "--stop-timeout", "5", "--", WEFT])
+        .args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -271,6 +274,214 @@ fn a_killed_rank_under_the_launcher_is_reported() {
     let e = text(&out.stderr);
     assert!(!out.status.success());
     assert!(e.contains("rank 1") && e.contains("signal 9"), "{e}");
+    // the killed rank wrote nothing; rank 0's error file blames it
+    let report = e
+        .lines()
+        .find(|l| l.contains("job failed"))
+        .unwrap_or_else(|| panic!("{e}"));
+    assert!(
+        report.contains("job failed: rank 1 (") && report.contains("killed by signal 9"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_rank_that_gave_up_is_named_as_the_cause() {
+    // rank 1 calls broadcast where the others call another collective: it finds the mismatch,
+    // gives up and aborts the others, who may well exit before it does
+    for n in [2usize, 3] {
+        let out = launch(
+            n,
+            &[("WEFT_DIST_TIMEOUT", "60")],
+            &["check", "collectives", "--sizes", "10", "--inject", "mismatch"],
+        );
+        let e = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "n={n}: {e}");
+        let report = e
+            .lines()
+            .find(|l| l.contains("job failed"))
+            .unwrap_or_else(|| panic!("n={n}: {e}"));
+        assert!(
+            report.starts_with("weft launch: job failed: rank 1 (local rank 1 on node 0, pid ")
+                && report.contains(") caused the failure: "),
+            "n={n}: {e}"
+        );
+        // the others are still listed: failed because of rank 1, or stopped by the launcher
+        let rest: Vec<&str> = e
+            .lines()
+            .filter(|l| l.starts_with("weft launch: also failed") || l.starts_with("weft launch: stopped by"))
+            .collect();
+        for r in (0..n).filter(|&r| r != 1) {
+            assert!(
+                rest.iter()
+                    .any(|l| l.contains(&format!("rank {r} (exit code 1, because of rank 1)"))
+                        || (l.contains("stopped by") && l.contains(&r.to_string()))),
+                "n={n}, rank {r}: {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_rank_that_gave_up_is_named_in_elastic_rounds_too() {
+    // one node of an elastic job (`--nnodes 1:2`, the round closing at once with it alone)
+    let port = free_port().to_string();
+    let out = Command::new(WEFT)
+        .args([
+            "launch",
+            "--nnodes",
+            "1:2",
+            "--rdzv-last-call",
+            "0",
+            "--nproc-per-node",
+            "2",
+        ])
+        .args(["--master-port", &port, "--stop-timeout", "5", "--", WEFT])
+        .args(["check", "collectives", "--sizes", "10", "--inject", "mismatch"])
+        .env("WEFT_JOB_TOKEN", "tok-elastic-cause")
+        .env("WEFT_DIST_TIMEOUT", "60")
+        .env_remove("WEFT_NUM_THREADS")
+        .output()
+        .expect("weft launch runs");
+    let e = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(e.contains("rendezvous round 0: 1 node(s)"), "{e}");
+    let report = e
+        .lines()
+        .find(|l| l.contains("job failed"))
+        .unwrap_or_else(|| panic!("{e}"));
+    assert!(
+        report.starts_with("weft launch: job failed: rank 1 (local rank 1 on node 0, pid ")
+            && report.contains(") caused the failure: "),
+        "{e}"
+    );
+}
+
+/// `weft ARGS` with no variables of a launcher, Slurm or OpenMPI.
+fn outside_a_job(args: &[&str]) -> Output {
+    let mut cmd = Command::new(WEFT);
+    cmd.args(args).env("WEFT_NUM_THREADS", "1");
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "WEFT_LAUNCHED",
+        "SLURM_PROCID",
+        "OMPI_COMM_WORLD_RANK",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.output().expect("weft runs")
+}
+
+#[test]
+fn collectives_outside_a_job_say_how_to_start_them() {
+    for (cmd, args) in [
+        ("check collectives", vec!["check", "collectives", "--sizes", "10"]),
+        (
+            "bench collectives",
+            vec!["bench", "collectives", "--max-bytes", "4K", "--budget-ms", "1"],
+        ),
+    ] {
+        let out = outside_a_job(&args);
+        let (o, e) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {o}\n{e}");
+        assert!(o.is_empty(), "{cmd} printed results:\n{o}");
+        assert_eq!(e.trim().lines().count(), 1, "{cmd}: {e}");
+        assert!(
+            e.contains(&format!(
+                "start it under weft launch, e.g. `weft launch --nproc-per-node 2 -- weft {cmd}`"
+            )),
+            "{cmd}: {e}"
+        );
+    }
+}
+
+/// This machine's memory in bytes (MemTotal, MemAvailable), from /proc/meminfo.
+fn meminfo() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let field = |name: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib * 1024
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}
+
+/// The lines rank `r` wrote to the launcher's stderr.
+fn lines_of(stderr: &str, r: usize) -> Vec<&str> {
+    let prefix = format!("[rank{r}]: ");
+    stderr.lines().filter(|l| l.starts_with(&prefix)).collect()
+}
+
+#[test]
+fn bench_sizes_too_large_for_the_machine_are_refused_before_allocating() {
+    // 64 GiB, or more than the machine has if it has more: refused before anything is allocated
+    // (only that size is asked for, so nothing smaller runs first)
+    let gib = (meminfo().0 >> 30).max(63) + 1;
+    let size = format!("{gib}G");
+    let out = launch(
+        2,
+        &[],
+        &["bench", "collectives", "--min-bytes", &size, "--max-bytes", &size],
+    );
+    let e = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        !e.contains("memory allocation") && !e.contains("SIGABRT") && !e.contains("panicked"),
+        "{e}"
+    );
+    let mut refused = 0;
+    for r in 0..2 {
+        let lines = lines_of(&e, r);
+        assert!(lines.len() <= 1, "rank {r}: {lines:?}");
+        if let Some(l) = lines.first() {
+            assert!(
+                l.starts_with(&format!("[rank{r}]: weft: error: --max-bytes {size} needs "))
+                    && l.contains("bytes on this machine (2 rank(s) here")
+                    && l.contains("bytes are available"),
+                "{l}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "{e}");
+
+    // the smallest size above the largest
+    let out = launch(
+        2,
+        &[],
+        &["bench", "collectives", "--min-bytes", "1M", "--max-bytes", "4K"],
+    );
+    let e = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("--min-bytes 1048576 must be positive and at most --max-bytes 4096"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_memory_check_counts_every_rank_on_the_node() {
+    // a size one rank's buffers fit in, but not two ranks' (each holds about 4.5 times it at 2
+    // ranks): refused by rank 0 of a 2-rank job before it joins (a rank that went on would wait
+    // for rank 1, which never comes, and fail on the timeout instead)
+    let size = (meminfo().1 / 6).to_string();
+    let mut cmd = Command::new(WEFT);
+    cmd.args(["bench", "collectives", "--min-bytes", &size, "--max-bytes", &size]);
+    for (k, v) in launcher_vars(0, 2, free_port(), "tok-memory") {
+        cmd.env(k, v);
+    }
+    cmd.env("WEFT_DIST_TIMEOUT", "5");
+    let out = cmd.output().expect("weft runs");
+    let e = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(
+        e.contains(&format!("--max-bytes {size} needs ")) && e.contains("(2 rank(s) here"),
+        "{e}"
+    );
 }
 
 /// Runs a command, returning whether it succeeded.

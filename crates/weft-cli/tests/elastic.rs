@@ -60,7 +60,17 @@ fn worker_pid(launcher: u32, rank: usize) -> Option<u32> {
 fn run_and_kill_rank_1(run_args: &[String], mut now: impl FnMut() -> bool) -> String {
     let bin = env!("CARGO_BIN_EXE_weft");
     let child = std::process::Command::new(bin)
-        .args(["launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", bin])
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--stop-timeout",
+            "5",
+            "--",
+            bin,
+        ])
         .args(run_args)
         .env("WEFT_NUM_THREADS", "1")
         .stdout(std::process::Stdio::null())

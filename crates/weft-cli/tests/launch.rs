@@ -1,6 +1,8 @@
-//! `weft launch` end to end: the variables each worker gets, prefixed output, failure reports,
-//! restarts, signals, bad flags, and two "nodes" on one machine. Workers are `sh -c` scripts
-//! (and `weft check collectives` where a real rendezvous is needed).
+//! `weft launch` end to end: the variables each worker gets, prefixed output, failure reports
+//! (and the error files that name the rank that caused a failure), restarts, signals (also while
+//! the workers are being started, and while waiting for the store), bad flags and the limit on
+//! workers, and two "nodes" on one machine. Workers are `sh -c` scripts (and `weft check
+//! collectives` where a real rendezvous is needed).
 
 mod common;
 
@@ -53,6 +55,7 @@ fn launcher() -> Command {
         "MASTER_PORT",
         "WEFT_LAUNCHED",
         "WEFT_RESTART_COUNT",
+        "WEFT_ERROR_FILE",
     ] {
         cmd.env_remove(v);
     }
@@ -143,7 +146,7 @@ impl Drop for TempDir {
 const ENV_SCRIPT: &str = "echo \"env RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE \
     LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT \
     WEFT_JOB_TOKEN=$WEFT_JOB_TOKEN WEFT_LAUNCHED=$WEFT_LAUNCHED WEFT_RESTART_COUNT=$WEFT_RESTART_COUNT \
-    WEFT_NUM_THREADS=$WEFT_NUM_THREADS\"";
+    WEFT_NUM_THREADS=$WEFT_NUM_THREADS WEFT_ERROR_FILE=$WEFT_ERROR_FILE\"";
 
 /// The variables each rank printed with ENV_SCRIPT, by global rank.
 fn env_by_rank(stdout: &str) -> HashMap<usize, HashMap<String, String>> {
@@ -196,6 +199,17 @@ fn workers_get_their_variables() {
                 assert_eq!(v[k], val, "rank {rank}, {k}\n{}", r.show());
             }
         }
+        // an error file each, in one private folder that is gone once the launcher is
+        let files: Vec<PathBuf> = (0..n)
+            .map(|rank| PathBuf::from(&env[&rank]["WEFT_ERROR_FILE"]))
+            .collect();
+        let folder = files[0].parent().unwrap().to_path_buf();
+        assert!(folder.is_absolute(), "{}", r.show());
+        for (rank, f) in files.iter().enumerate() {
+            assert_eq!(f.parent(), Some(folder.as_path()), "{}", r.show());
+            assert!(files[..rank].iter().all(|g| g != f), "{}", r.show());
+        }
+        assert!(!folder.exists(), "{} was left behind", folder.display());
     }
 }
 
@@ -287,6 +301,43 @@ fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
 }
 
 #[test]
+fn error_files_name_the_rank_that_caused_the_failure() {
+    // rank 1 writes that it failed on its own, then takes its time to exit; rank 0 then writes
+    // that rank 1 failed it, and exits at once: first, so exit order alone would blame it
+    let dir = TempDir::new("error-files");
+    let script = "record() { printf '{\"rank\":%s,\"time\":%s,\"message\":\"%s\",\"caused_by\":%s}' \"$RANK\" \
+                  \"$(date +%s.%N)\" \"$1\" \"$2\" > \"$WEFT_ERROR_FILE\"; }; \
+                  if [ \"$RANK\" = 1 ]; then record 'disk full' null; touch \"$MARK_DIR/written\"; sleep 1; exit 4; fi; \
+                  while [ ! -e \"$MARK_DIR/written\" ]; do sleep 0.05; done; record 'rank 1 gave up' 1; exit 3";
+    let mut cmd = sh_job(&["--nproc-per-node", "2", "--stop-timeout", "5"], script, &[]);
+    cmd.env("MARK_DIR", &dir.0);
+    let r = run(cmd);
+    assert_eq!(r.code, Some(1), "{}", r.show());
+    let report = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("job failed"))
+        .unwrap_or_else(|| panic!("no report\n{}", r.show()));
+    assert!(
+        report.contains("job failed: rank 1 (local rank 1 on node 0, pid ") && report.contains("caused the failure"),
+        "{}",
+        r.show()
+    );
+    // what rank 1 wrote to its error file is in the report, and rank 0 is still listed
+    assert!(
+        r.stderr.contains("weft launch: rank 1's error: disk full"),
+        "{}",
+        r.show()
+    );
+    assert!(
+        r.stderr
+            .contains("also failed: rank 0 (exit code 3, because of rank 1)"),
+        "{}",
+        r.show()
+    );
+}
+
+#[test]
 fn workers_that_ignore_sigterm_are_killed_after_the_stop_timeout() {
     // rank 0 (and its sleep) ignore SIGTERM: only the SIGKILL after --stop-timeout ends them;
     // rank 1 fails once rank 0 has set that up
@@ -346,7 +397,7 @@ fn max_restarts_starts_all_workers_again() {
 }
 
 /// Runs `weft launch ARGS` and checks it fails with one line on stderr containing `want`.
-fn refused(args: &[&str], env: &[(&str, &str)], want: &str) {
+fn refused(args: &[&str], env: &[(&str, &str)], want: &str) -> Run {
     let mut cmd = launcher();
     cmd.args(args);
     for (k, v) in env {
@@ -357,6 +408,7 @@ fn refused(args: &[&str], env: &[(&str, &str)], want: &str) {
     assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.show());
     assert_eq!(r.stderr.trim().lines().count(), 1, "{args:?}: {}", r.show());
     assert!(r.stderr.contains(want), "{args:?}: want {want:?}\n{}", r.show());
+    r
 }
 
 #[test]
@@ -389,6 +441,18 @@ fn bad_flags_are_refused() {
     refused(&["--rdzv-last-call=-1", "--", "true"], &[], "--rdzv-last-call");
     refused(&["--nnodes", "2", "--", "true"], &[], "WEFT_JOB_TOKEN");
     refused(&["--stop-timeout=-1", "--", "true"], &[], "--stop-timeout");
+}
+
+#[test]
+fn more_workers_than_one_launcher_can_run_are_refused_at_once() {
+    let r = refused(
+        &["--nproc-per-node", "100000", "--", "true"],
+        &[],
+        "--nproc-per-node 100000 is above the limit of ",
+    );
+    // the limit is 1024 unless `ulimit -n` or `ulimit -u` leave room for fewer
+    assert!(r.stderr.contains("1024") || r.stderr.contains("ulimit"), "{}", r.show());
+    assert!(r.elapsed < Duration::from_secs(10), "{}", r.show());
 }
 
 #[test]
@@ -438,6 +502,132 @@ fn sigterm_to_the_launcher_is_forwarded_to_the_workers() {
         );
     }
     assert!(r.stderr.contains("SIGTERM"), "{}", r.show());
+}
+
+/// Whether `pid` is stopped (SIGSTOP), by /proc.
+fn is_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // the state follows the command name's closing parenthesis
+    stat.rsplit_once(") ")
+        .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+}
+
+/// The processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+            found.push(format!(
+                "{name}: {}",
+                String::from_utf8_lossy(&cmdline).replace('\0', " ")
+            ));
+        }
+    }
+    found
+}
+
+/// Sends `sig` to `pid`.
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill has no memory effects; the pid is our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "kill({pid}, {sig})");
+}
+
+#[test]
+fn sigterm_while_the_workers_start_stops_those_started() {
+    // 200 workers of `sleep 60.<digits unique to this test>`, which finds them in /proc later
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let seconds = format!("60.{}{nanos:09}", std::process::id());
+    let mut cmd = launcher();
+    cmd.args([
+        "--nproc-per-node",
+        "200",
+        "--stop-timeout",
+        "5",
+        "--",
+        "sleep",
+        &seconds,
+    ]);
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("weft launch starts");
+    let out = reader(child.stdout.take().unwrap());
+    let err = reader(child.stderr.take().unwrap());
+    let pid = child.id();
+    // the signal lands while the workers are being started whatever the machine's speed: the
+    // launcher is frozen (SIGSTOP) as soon as its first worker exists, signalled, and thawed
+    let children = format!("/proc/{pid}/task/{pid}/children");
+    while std::fs::read_to_string(&children).unwrap_or_default().trim().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no worker started");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    signal(pid, libc::SIGSTOP);
+    while !is_stopped(pid) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    signal(pid, libc::SIGTERM);
+    let signalled = Instant::now();
+    signal(pid, libc::SIGCONT);
+    let r = finish(child, started, out, err);
+    assert_eq!(r.code, Some(143), "{}", r.show());
+    // the stop timeout is 5 s, and `sleep` exits on SIGTERM at once
+    assert!(signalled.elapsed() < Duration::from_secs(20), "{}", r.show());
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("received SIGTERM while starting the workers ("))
+        .unwrap_or_else(|| panic!("the launcher started every worker first\n{}", r.show()));
+    let count: usize = line
+        .split('(')
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(count < 200, "{line}");
+    // every worker it started is gone
+    let left = processes_with(&seconds);
+    assert!(left.is_empty(), "left behind: {left:?}\n{}", r.show());
+}
+
+#[test]
+fn a_signal_while_waiting_for_the_store_ends_the_launcher() {
+    // node 1 of an elastic job whose node 0 never comes: it waits for the store
+    let port = free_port().to_string();
+    let mut cmd = launcher();
+    cmd.args([
+        "--nnodes",
+        "1:2",
+        "--node-rank",
+        "1",
+        "--master-port",
+        &port,
+        "--",
+        "true",
+    ])
+    .env("WEFT_JOB_TOKEN", "tok-no-store");
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("weft launch starts");
+    let out = reader(child.stdout.take().unwrap());
+    let err = reader(child.stderr.take().unwrap());
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(child.id(), libc::SIGTERM);
+    let signalled = Instant::now();
+    let r = finish(child, started, out, err);
+    assert_eq!(r.code, Some(143), "{}", r.show());
+    assert!(signalled.elapsed() < Duration::from_secs(10), "{}", r.show());
+    assert!(
+        r.stderr.contains("received SIGTERM while waiting for the store"),
+        "{}",
+        r.show()
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use weft_core::{DType, Tensor};
+use weft_core::Tensor;
 
 use crate::error::{Error, Result};
 use crate::group::ProcessGroup;
@@ -42,6 +42,43 @@ fn bus_factor(op: &str, n: usize) -> f64 {
         "all_gather" | "reduce_scatter" | "all_to_all" => (n - 1.0) / n,
         _ => 1.0,
     }
+}
+
+/// Bytes one rank holds to measure a buffer of `size` bytes across `ranks` ranks: the two whole
+/// buffers and the share [`run`] allocates, and as much again for what is in flight (frames that
+/// arrive before their receive is posted, up to a whole buffer; reduce-scatter's scratch, two
+/// shares).
+pub fn bytes_per_rank(size: usize, ranks: usize) -> u64 {
+    let (whole, share) = (size as u64, (size / ranks.max(1)) as u64);
+    whole.saturating_mul(3).saturating_add(share.saturating_mul(3))
+}
+
+/// Refuses a largest size whose buffers do not fit the memory this machine has left
+/// ([`crate::memory::available`]) when `local_ranks` ranks of a job of `ranks` each hold
+/// [`bytes_per_rank`]; `flag` (`--max-bytes 64G`) names it in the one-line error. Passes when
+/// the machine does not say how much it has.
+pub fn check_memory(flag: &str, size: usize, ranks: usize, local_ranks: usize) -> Result<()> {
+    let per_rank = bytes_per_rank(size, ranks);
+    let needed = per_rank.saturating_mul(local_ranks.max(1) as u64);
+    match crate::memory::available() {
+        Some(a) if needed > a.bytes => Err(Error::Invalid(format!(
+            "{flag} needs {needed} bytes on this machine ({local_ranks} rank(s) here, each holding {per_rank} \
+             bytes: two buffers of {size} bytes, a share and room for messages in flight), but {} bytes are \
+             available ({}); choose a smaller --max-bytes",
+            a.bytes, a.source
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A zeroed f32 tensor of `elems` elements for `what`; an error when the memory cannot be had,
+/// where the allocator would abort the process.
+fn buffer(elems: usize, what: &str) -> Result<Tensor> {
+    let mut v: Vec<f32> = Vec::new();
+    v.try_reserve_exact(elems)
+        .map_err(|e| Error::Invalid(format!("cannot allocate {} bytes for {what}: {e}", (elems as u128) * 4)))?;
+    v.resize(elems, 0.0);
+    Ok(Tensor::from_vec(v, &[elems])?)
 }
 
 /// Sizes from 4 KiB to 64 MiB, by factors of 4.
@@ -86,9 +123,10 @@ pub fn run(pg: &ProcessGroup, ops: &[&str], sizes: &[usize], budget: Duration) -
         for &size in sizes {
             let per_rank = (size / 4 / n).max(1);
             let elems = per_rank * n;
-            let a = Tensor::zeros(&[elems], DType::F32)?;
-            let b = Tensor::zeros(&[per_rank], DType::F32)?;
-            let c = Tensor::zeros(&[elems], DType::F32)?;
+            let what = format!("{op} at {size} bytes");
+            let a = buffer(elems, &what)?;
+            let b = buffer(per_rank, &what)?;
+            let c = buffer(elems, &what)?;
             // two warm-up calls, then as many calls as fit the budget (the same count on every
             // rank: the slowest rank's estimate decides)
             let t0 = Instant::now();
@@ -118,4 +156,36 @@ pub fn run(pg: &ProcessGroup, ops: &[&str], sizes: &[usize], budget: Duration) -
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_too_large_are_errors_not_aborts() {
+        assert_eq!(buffer(3, "x").unwrap().to_vec::<f32>().unwrap(), vec![0.0; 3]);
+        // more than any address space, and more than any machine has
+        for elems in [usize::MAX / 2, 1 << 60] {
+            let e = buffer(elems, "all_reduce at 4 EiB").unwrap_err().to_string();
+            assert!(
+                e.starts_with("cannot allocate") && e.contains("all_reduce at 4 EiB"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn memory_needed_per_rank_and_node() {
+        assert_eq!(bytes_per_rank(1 << 20, 2), 3 * (1 << 20) + 3 * (1 << 19));
+        assert_eq!(bytes_per_rank(usize::MAX, 1), u64::MAX);
+        check_memory("--max-bytes 4K", 4096, 2, 2).unwrap();
+        if crate::memory::available().is_some() {
+            let e = check_memory("--max-bytes 1E", 1 << 60, 2, 2).unwrap_err().to_string();
+            assert!(
+                e.starts_with("--max-bytes 1E needs ") && e.contains("bytes are available"),
+                "{e}"
+            );
+        }
+    }
 }

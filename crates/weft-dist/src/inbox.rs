@@ -144,7 +144,8 @@ struct InboxState {
     claimed: HashMap<(usize, u64), u64>,
     posts: HashMap<PostId, Post>,
     failed: HashMap<usize, String>,
-    aborted: Option<String>,
+    /// The first abort received: from which peer, and why.
+    aborted: Option<(usize, String)>,
 }
 
 #[derive(Default)]
@@ -167,14 +168,18 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Why waiting on `peer` is pointless now, if it is.
+    /// Why waiting on `peer` is pointless now, if it is; the peer whose abort or closed
+    /// connection it is goes on record as the cause (`failure::blame`).
     fn broken(st: &InboxState, rank: usize, peer: usize, what: &str) -> Option<Error> {
-        if let Some(why) = &st.aborted {
+        if let Some((from, why)) = &st.aborted {
+            crate::failure::blame(*from);
             return Some(Error::PeerFailed(format!("rank {rank}: {what} aborted: {why}")));
         }
-        st.failed
-            .get(&peer)
-            .map(|why| Error::PeerFailed(format!("rank {rank}: {what} failed: rank {peer} {why}")))
+        let why = st.failed.get(&peer)?;
+        crate::failure::blame(peer);
+        Some(Error::PeerFailed(format!(
+            "rank {rank}: {what} failed: rank {peer} {why}"
+        )))
     }
 
     fn timed_out(rank: usize, peer: usize, what: &str, timeout: Duration) -> Error {
@@ -363,7 +368,7 @@ impl Inbox {
     /// Marks this rank aborted by `peer` with its reason.
     fn abort_from(&self, peer: usize, why: &str) {
         let mut st = self.lock();
-        st.aborted.get_or_insert(format!("rank {peer} gave up: {why}"));
+        st.aborted.get_or_insert((peer, format!("rank {peer} gave up: {why}")));
         self.arrived.notify_all();
     }
 
@@ -504,6 +509,7 @@ pub(crate) fn read_peer(peer: usize, mut r: impl Read, inbox: &Inbox, source: So
                 match read_into(&mut r, dst, absorb, peer, &mut staging) {
                     Ok(result) => inbox.finish_post(id, result),
                     Err(e) => {
+                        crate::failure::blame(peer);
                         inbox.finish_post(
                             id,
                             Err(Error::PeerFailed(format!(

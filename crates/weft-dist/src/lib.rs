@@ -14,7 +14,8 @@
 //!
 //! Modules: [`env`] (who this rank is), [`auth`] (job token, handshake), [`store`] (rendezvous
 //! key-value store), [`group`] (process groups and their operations), [`launch`] (starting and
-//! watching workers); the transport (`mesh`) and the algorithms (`collectives`) are internal.
+//! watching workers), [`failure`] (what a failing worker tells its launcher); the transport
+//! (`mesh`) and the algorithms (`collectives`) are internal.
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
@@ -28,10 +29,12 @@ pub mod ddp;
 pub mod device_mesh;
 pub mod env;
 pub mod error;
+pub mod failure;
 pub mod group;
 mod inbox;
 mod init;
 pub mod launch;
+pub mod memory;
 mod mesh;
 pub mod pipeline;
 mod reduce;

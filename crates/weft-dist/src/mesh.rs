@@ -180,9 +180,12 @@ impl Mesh {
             None => write_frame(&mut *link.tcp.lock().unwrap(), h, payload),
         };
         r.map_err(|e| match e.kind() {
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => Error::PeerFailed(format!(
-                "rank {peer} closed its connection (its process exited or was killed)"
-            )),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                crate::failure::blame(peer);
+                Error::PeerFailed(format!(
+                    "rank {peer} closed its connection (its process exited or was killed)"
+                ))
+            }
             _ => Error::PeerFailed(format!("sending to rank {peer} failed: {e}")),
         })
     }

@@ -19,9 +19,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::error_files::ErrorFiles;
 use super::{
-    drain_output, failure, forward_signal, job_env, report, signal_name, signals, start_all, stop, stop_after_failure,
-    watch, End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
+    drain_output, forward_signal, job_env, report, signal_name, signals, start_all, stop, stop_after_failure, watch,
+    End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
 };
 use crate::auth::Token;
 use crate::error::{Error, Result};
@@ -31,6 +32,9 @@ use crate::store::StoreClient;
 const POLL_ELSEWHERE: Duration = Duration::from_millis(100);
 /// How long a launcher waits for a round to gather `MIN` nodes, and to connect to the store.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long one attempt to connect to the store lasts before the launcher looks at its signals
+/// again.
+const CONNECT_SLICE: Duration = Duration::from_secs(1);
 
 /// One closed round, as this node sees it.
 struct Round {
@@ -102,14 +106,52 @@ fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
     }
 }
 
+/// Connects to the store at `addr`, trying until [`JOIN_TIMEOUT`]; `Ok(Err(sig))` when the
+/// launcher received signal `sig` meanwhile.
+fn connect(addr: &str, token: &Token) -> Result<std::result::Result<StoreClient, i32>> {
+    let started = Instant::now();
+    loop {
+        if let Some(sig) = signals::received() {
+            return Ok(Err(sig));
+        }
+        match StoreClient::connect(addr, token, CONNECT_SLICE) {
+            Ok(store) => return Ok(Ok(store)),
+            Err(Error::Timeout(_)) if started.elapsed() < JOIN_TIMEOUT => {}
+            Err(Error::Timeout(_)) => {
+                return Err(Error::Timeout(format!(
+                    "could not connect to the store at {addr} within {} s (is node 0's launcher running, and \
+                     --master-addr/--master-port right?)",
+                    JOIN_TIMEOUT.as_secs()
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Runs this node's part of an elastic job; the launcher's exit code.
-pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bool) -> Result<i32> {
+pub(super) fn run(
+    cfg: &LaunchConfig,
+    token: &Token,
+    port: u16,
+    serves_store: bool,
+    errors: &ErrorFiles,
+) -> Result<i32> {
     let host = if serves_store {
         "127.0.0.1"
     } else {
         cfg.master_addr.trim()
     };
-    let store = StoreClient::connect(&format!("{host}:{port}"), token, JOIN_TIMEOUT)?;
+    let store = match connect(&format!("{host}:{port}"), token)? {
+        Ok(store) => store,
+        Err(sig) => {
+            weft_core::errln!(
+                "weft launch: received {} while waiting for the store; not starting the workers",
+                signal_name(sig)
+            );
+            return Ok(128 + sig);
+        }
+    };
     let mut round = 0u32;
     loop {
         let r = match join(&store, cfg, round)? {
@@ -140,7 +182,6 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
             ..cfg.clone()
         };
         let env = job_env(&node, port, token);
-        let mut workers = start_all(&node, &env, round)?;
         let mut next_look = Instant::now();
         let mut elsewhere = || {
             if Instant::now() < next_look {
@@ -149,7 +190,12 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
             next_look = Instant::now() + POLL_ELSEWHERE;
             peek(&store, &key(round, "failed")).ok().flatten()
         };
-        let why = match watch(&mut workers, &mut elsewhere) {
+        let mut workers = Vec::with_capacity(node.nproc_per_node);
+        let end = match start_all(&node, &env, round, errors, &mut workers, &mut elsewhere)? {
+            Some(end) => end,
+            None => watch(&mut workers, &mut elsewhere),
+        };
+        let why = match end {
             End::Done => {
                 drain_output(&mut workers, OUTPUT_GRACE);
                 store.add(&key(round, "finished"), 1)?;
@@ -158,22 +204,18 @@ pub(super) fn run(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bo
                 }
                 return Ok(0);
             }
-            End::Signal(sig) => return Ok(forward_signal(cfg, &mut workers, sig)),
+            End::Signal(sig) => return Ok(forward_signal(&node, &mut workers, sig)),
             End::Failed(first) => {
-                // the other nodes stop their workers while this one stops its own
-                let why = format!(
-                    "rank {} on node {} failed ({})",
-                    workers[first].rank,
-                    r.node_rank,
-                    failure(&workers, first)
-                );
-                store.set(&key(round, "failed"), why.as_bytes())?;
-                let exited = stop_after_failure(&node, &mut workers);
+                // the other nodes stop their workers while this one stops its own (and then
+                // reads the error files, which may name another rank as the cause)
+                let first_seen = report::first_seen(&workers, first, r.node_rank);
+                store.set(&key(round, "failed"), first_seen.as_bytes())?;
+                let failure = stop_after_failure(&node, &mut workers, first);
                 if round >= cfg.max_restarts || signals::received().is_some() {
-                    weft_core::err!("{}", report(&node, &workers, first, &exited, round));
+                    weft_core::err!("{}", failure.report(&node, &workers, round));
                     return Ok(signals::received().map_or(EXIT_FAILED, |sig| 128 + sig));
                 }
-                why
+                failure.summary(&workers, Some(r.node_rank))
             }
             End::Elsewhere(why) => {
                 stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);

@@ -3,14 +3,16 @@
 //! The launcher of each node starts `nproc_per_node` workers (global rank = node rank x
 //! nproc_per_node + local rank), each with the variables [`crate::env`] reads (`RANK`,
 //! `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `MASTER_ADDR`, `MASTER_PORT`,
-//! `WEFT_JOB_TOKEN`, `WEFT_LAUNCHED=1`, `WEFT_RESTART_COUNT`) on top of its
+//! `WEFT_JOB_TOKEN`, `WEFT_LAUNCHED=1`, `WEFT_RESTART_COUNT`, `WEFT_ERROR_FILE`) on top of its
 //! own environment. The launcher of node 0 serves the rendezvous store for the whole job.
 //!
 //! Every line a worker writes is forwarded with a `[rank{R}]: ` prefix. When a worker fails
 //! (non-zero exit or a signal), the others are stopped (SIGTERM, SIGKILL after
 //! [`LaunchConfig::stop_timeout`]) and the job is restarted ([`LaunchConfig::max_restarts`]) or
-//! a report on the failed rank is printed. SIGINT, SIGTERM and SIGHUP sent to the launcher are
-//! forwarded to the workers.
+//! a report on the rank that caused the failure is printed (`report`, from the workers' error
+//! files). SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded to the workers, at any
+//! moment: while they are being started too. How many workers one launcher may start is
+//! bounded (`limits`).
 //!
 //! ```no_run
 //! # fn main() -> weft_dist::Result<()> {
@@ -20,28 +22,30 @@
 //! # std::process::exit(code) }
 //! ```
 
+mod config;
 mod elastic;
+mod error_files;
+mod limits;
+mod report;
 mod signals;
 mod worker;
 
-use std::ffi::OsString;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::auth::Token;
 use crate::env::DEFAULT_MASTER_PORT;
 use crate::error::{Error, Result};
+use crate::failure::ERROR_FILE_VAR;
 use crate::store::StoreServer;
 
+pub use config::{parse_nnodes, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT};
+use error_files::ErrorFiles;
+pub use limits::{max_nproc_per_node, Limit, MAX_NPROC_PER_NODE};
+use report::{ranks_text, Failure};
 pub use signals::signal_name;
 pub use worker::describe as describe_exit;
 use worker::{drain_output, Spec, Worker};
 
-/// Default of [`LaunchConfig::last_call`]: 10 seconds.
-pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(10);
-/// Default of [`LaunchConfig::stop_timeout`]: 5 seconds.
-pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default of [`LaunchConfig::master_addr`].
-pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
 /// How many of a worker's last stderr lines the failure report shows.
 pub const TAIL_LINES: usize = 20;
 /// The launcher's exit code when a worker failed (and no restarts were left).
@@ -52,155 +56,6 @@ const POLL: Duration = Duration::from_millis(25);
 /// How long the launcher waits, after the workers exit, for the rest of their output (a child
 /// they left behind may hold their pipes open).
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
-
-/// What to launch on this node.
-#[derive(Clone, Debug)]
-pub struct LaunchConfig {
-    /// Worker processes on this node, one per rank (at least 1).
-    pub nproc_per_node: usize,
-    /// Nodes in the job (at least 1; default 1): the most, under elastic membership. See
-    /// [`parse_nnodes`] for torchrun's `MIN:MAX`.
-    pub nnodes: usize,
-    /// The fewest nodes the job may run on (default: `nnodes`). Below `nnodes`, membership is
-    /// elastic (see [`elastic`](LaunchConfig::elastic)).
-    pub min_nnodes: usize,
-    /// Elastic membership: how long a rendezvous round stays open for more nodes once
-    /// `min_nnodes` have joined (torchrun's `last_call_timeout`; default 10 s). Nodes that
-    /// survive a failure must rejoin within it (so it should exceed `stop_timeout`).
-    pub last_call: Duration,
-    /// This node's rank, `0..nnodes` (default 0). The launcher of node 0 serves the store.
-    /// Under elastic membership it only says which node serves the store: each rendezvous round
-    /// numbers the nodes in the order they join.
-    pub node_rank: usize,
-    /// Where the workers reach the store: the host of node 0 (default `127.0.0.1`).
-    pub master_addr: String,
-    /// The store's port. `None` (the default): 29500 when `nnodes > 1`; on a single node any
-    /// free port, which the workers are told.
-    pub master_port: Option<u16>,
-    /// How many times all workers are started again after a failure (default 0). On several
-    /// nodes, every node's launcher restarts its workers together through a new rendezvous
-    /// round (see [`elastic`](LaunchConfig::elastic)).
-    pub max_restarts: u32,
-    /// How long the workers get to exit after the launcher signals them (SIGTERM, or the
-    /// signal it forwards) before they are killed with SIGKILL (default 5 seconds).
-    pub stop_timeout: Duration,
-    /// The job token. `None` (the default): `WEFT_JOB_TOKEN` from the environment, or a freshly
-    /// generated one when `nnodes == 1`.
-    pub token: Option<Token>,
-    /// The worker program: a path, or a name looked up on `PATH`.
-    pub program: OsString,
-    /// The worker program's arguments.
-    pub args: Vec<OsString>,
-}
-
-impl LaunchConfig {
-    /// `nproc_per_node` workers of `program args` on a single node, everything else at its
-    /// default.
-    pub fn new<P, I, A>(nproc_per_node: usize, program: P, args: I) -> LaunchConfig
-    where
-        P: Into<OsString>,
-        I: IntoIterator<Item = A>,
-        A: Into<OsString>,
-    {
-        LaunchConfig {
-            nproc_per_node,
-            nnodes: 1,
-            min_nnodes: 1,
-            last_call: DEFAULT_LAST_CALL,
-            node_rank: 0,
-            master_addr: DEFAULT_MASTER_ADDR.to_string(),
-            master_port: None,
-            max_restarts: 0,
-            stop_timeout: DEFAULT_STOP_TIMEOUT,
-            token: None,
-            program: program.into(),
-            args: args.into_iter().map(Into::into).collect(),
-        }
-    }
-
-    /// Ranks in the whole job: `nnodes * nproc_per_node`.
-    pub fn world_size(&self) -> usize {
-        self.nnodes.saturating_mul(self.nproc_per_node)
-    }
-
-    /// Whether the nodes' launchers meet in rendezvous rounds (`launch::elastic`): with elastic
-    /// membership (`min_nnodes < nnodes`), or with restarts on several nodes.
-    pub fn elastic(&self) -> bool {
-        self.min_nnodes < self.nnodes || (self.nnodes > 1 && self.max_restarts > 0)
-    }
-
-    /// Checks the numbers and the program; every error is one line naming the flag.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Invalid(m));
-        if self.nproc_per_node == 0 {
-            return bad("--nproc-per-node must be at least 1".into());
-        }
-        if self.nnodes == 0 {
-            return bad("--nnodes must be at least 1".into());
-        }
-        if self.node_rank >= self.nnodes {
-            return bad(format!(
-                "--node-rank {} is out of range for --nnodes {} (node ranks are 0 to {})",
-                self.node_rank,
-                self.nnodes,
-                self.nnodes - 1
-            ));
-        }
-        if self.nnodes.checked_mul(self.nproc_per_node).is_none() {
-            return bad("--nnodes times --nproc-per-node is too large".into());
-        }
-        if self.min_nnodes == 0 || self.min_nnodes > self.nnodes {
-            return bad(format!(
-                "--nnodes {}:{}: the fewest nodes must be between 1 and the most",
-                self.min_nnodes, self.nnodes
-            ));
-        }
-        if self.master_addr.trim().is_empty() {
-            return bad("--master-addr is empty".into());
-        }
-        if self.program.is_empty() {
-            return bad("no worker program given: weft launch [OPTIONS] -- PROGRAM [ARGS]...".into());
-        }
-        Ok(())
-    }
-
-    /// The job token: [`LaunchConfig::token`], else `WEFT_JOB_TOKEN`, else (single node) a new one.
-    fn resolve_token(&self) -> Result<Token> {
-        if let Some(t) = &self.token {
-            return Ok(t.clone());
-        }
-        match Token::from_env()? {
-            Some(t) => Ok(t),
-            None if self.nnodes == 1 => Token::generate(),
-            None => Err(Error::Invalid(format!(
-                "WEFT_JOB_TOKEN is not set: a job on {} nodes needs one shared secret; export the same \
-                 WEFT_JOB_TOKEN on every node (e.g. `export WEFT_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An \
-                 -tx1 | tr -d ' \\n')`)",
-                self.nnodes
-            ))),
-        }
-    }
-}
-
-/// Parses `--nnodes`: `N`, or torchrun's `MIN:MAX` (elastic membership: the job runs on at
-/// least MIN and at most MAX nodes); returns `(min, max)`.
-pub fn parse_nnodes(s: &str) -> Result<(usize, usize)> {
-    let num = |t: &str| {
-        t.trim()
-            .parse::<usize>()
-            .map_err(|_| Error::Invalid(format!("--nnodes {s:?} is not a number of nodes (N, or MIN:MAX)")))
-    };
-    match s.split_once(':') {
-        None => num(s).map(|n| (n, n)),
-        Some((lo, hi)) => {
-            let (lo, hi) = (num(lo)?, num(hi)?);
-            if lo == 0 || lo > hi {
-                return Err(Error::Invalid(format!("--nnodes {s}: MIN:MAX needs 1 <= MIN <= MAX")));
-            }
-            Ok((lo, hi))
-        }
-    }
-}
 
 /// How one attempt ended.
 enum End {
@@ -217,8 +72,8 @@ enum End {
 /// Runs the job on this node: starts the workers, forwards their output, and watches them until
 /// they all exit 0 (returns 0), one fails with no restarts left (prints a report on stderr and
 /// returns [`EXIT_FAILED`]) or the launcher receives SIGINT, SIGTERM or SIGHUP (returns 128 +
-/// the signal's number). Errors: a bad config, no job token for a multi-node job, a store that
-/// cannot listen, a program that cannot be started.
+/// the signal's number). Errors: a bad config (more workers than [`max_nproc_per_node`] too), no
+/// job token for a multi-node job, a store that cannot listen, a program that cannot be started.
 ///
 /// It installs process-wide signal handlers while it runs (the previous ones are restored when
 /// it returns), so one process runs one launch at a time.
@@ -243,8 +98,9 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     } else {
         (None, cfg.master_port.unwrap_or(DEFAULT_MASTER_PORT))
     };
+    let errors = ErrorFiles::create();
     if cfg.elastic() {
-        let code = elastic::run(cfg, &token, port, store.is_some());
+        let code = elastic::run(cfg, &token, port, store.is_some(), &errors);
         drop(store);
         return code;
     }
@@ -256,8 +112,12 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             weft_core::errln!("weft launch: received {}; not starting the workers", signal_name(sig));
             break 128 + sig;
         }
-        let mut workers = start_all(cfg, &env, restarts)?;
-        match watch(&mut workers, &mut || None) {
+        let mut workers = Vec::with_capacity(cfg.nproc_per_node);
+        let end = match start_all(cfg, &env, restarts, &errors, &mut workers, &mut || None)? {
+            Some(end) => end,
+            None => watch(&mut workers, &mut || None),
+        };
+        match end {
             End::Done => {
                 drain_output(&mut workers, OUTPUT_GRACE);
                 break 0;
@@ -265,21 +125,18 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             End::Signal(sig) => break forward_signal(cfg, &mut workers, sig),
             End::Elsewhere(_) => unreachable!("a single-node watch has no other node"),
             End::Failed(first) => {
-                let status = failure(&workers, first);
-                let exited_before_stop = stop_after_failure(cfg, &mut workers);
-                let w = &workers[first];
+                let failure = stop_after_failure(cfg, &mut workers, first);
                 if signals::received().is_none() && restarts < cfg.max_restarts {
                     restarts += 1;
                     weft_core::errln!(
-                        "weft launch: rank {} failed ({status}); restarting all workers: attempt {} of {} \
-                         (WEFT_RESTART_COUNT={restarts})",
-                        w.rank,
+                        "weft launch: {}; restarting all workers: attempt {} of {} (WEFT_RESTART_COUNT={restarts})",
+                        failure.summary(&workers, None),
                         restarts + 1,
                         cfg.max_restarts + 1
                     );
                     continue;
                 }
-                weft_core::err!("{}", report(cfg, &workers, first, &exited_before_stop, restarts));
+                weft_core::err!("{}", failure.report(cfg, &workers, restarts));
                 break signals::received().map_or(EXIT_FAILED, |sig| 128 + sig);
             }
         }
@@ -288,19 +145,29 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     Ok(code)
 }
 
-/// Forwards signal `sig`, which the launcher received, to the workers and waits for them; the
-/// launcher's exit code.
+/// Forwards signal `sig`, which the launcher received, to the workers started so far and waits
+/// for them; the launcher's exit code.
 fn forward_signal(cfg: &LaunchConfig, workers: &mut [Worker], sig: i32) -> i32 {
-    weft_core::errln!(
-        "weft launch: received {}; forwarding it to the workers",
-        signal_name(sig)
-    );
+    if workers.len() < cfg.nproc_per_node {
+        weft_core::errln!(
+            "weft launch: received {} while starting the workers ({} of {} started); stopping them",
+            signal_name(sig),
+            workers.len(),
+            cfg.nproc_per_node
+        );
+    } else {
+        weft_core::errln!(
+            "weft launch: received {}; forwarding it to the workers",
+            signal_name(sig)
+        );
+    }
     stop(workers, sig, cfg.stop_timeout);
     drain_output(workers, OUTPUT_GRACE);
     128 + sig
 }
 
-/// The variables every worker of this node gets (besides its ranks and the restart count).
+/// The variables every worker of this node gets (besides its ranks, the restart count and its
+/// error file).
 fn job_env(cfg: &LaunchConfig, port: u16, token: &Token) -> Vec<(String, String)> {
     // WEFT_NUM_THREADS is left alone: each weft worker sizes its pool to the cores divided by
     // LOCAL_WORLD_SIZE itself (weft_core's default), and a value set here is inherited.
@@ -315,32 +182,55 @@ fn job_env(cfg: &LaunchConfig, port: u16, token: &Token) -> Vec<(String, String)
     ]
 }
 
-/// How worker `first`, which [`watch`] saw fail, ended.
-fn failure(workers: &[Worker], first: usize) -> String {
-    worker::describe(workers[first].status.expect("a failed worker has exited"))
-}
-
-/// After a worker failed: stops the others (SIGTERM) and collects their output; which workers
-/// had exited before the stop.
-fn stop_after_failure(cfg: &LaunchConfig, workers: &mut [Worker]) -> Vec<bool> {
+/// After worker `first` failed: stops the others (SIGTERM), collects their output and reads
+/// their error files.
+fn stop_after_failure(cfg: &LaunchConfig, workers: &mut [Worker], first: usize) -> Failure {
     for w in workers.iter_mut() {
         w.poll();
     }
-    let exited_before_stop = workers.iter().map(|w| w.status.is_some()).collect::<Vec<_>>();
+    let on_their_own = workers.iter().map(|w| w.status.is_some()).collect::<Vec<_>>();
+    let stopped_at = SystemTime::now();
     stop(workers, libc::SIGTERM, cfg.stop_timeout);
     drain_output(workers, OUTPUT_GRACE);
-    exited_before_stop
+    Failure::assess(workers, first, &on_their_own, stopped_at)
 }
 
-/// Starts every worker of this node for attempt `restart`; on an error stops those started.
-fn start_all(cfg: &LaunchConfig, env: &[(String, String)], restart: u32) -> Result<Vec<Worker>> {
-    let mut workers: Vec<Worker> = Vec::with_capacity(cfg.nproc_per_node);
+/// Starts every worker of this node for attempt `restart` into `workers`. Between two starts
+/// it looks at the signals, at `elsewhere` (another node's failure) and, every [`POLL`], at
+/// the workers already started (reaping those that exited, so none waits as a zombie): when
+/// one of these ends the attempt early, returns how (the caller stops the workers started).
+/// On an error, stops and reaps those started.
+fn start_all(
+    cfg: &LaunchConfig,
+    env: &[(String, String)],
+    restart: u32,
+    errors: &ErrorFiles,
+    workers: &mut Vec<Worker>,
+    elsewhere: &mut dyn FnMut() -> Option<String>,
+) -> Result<Option<End>> {
+    let mut next_poll = Instant::now() + POLL;
     for local in 0..cfg.nproc_per_node {
+        if let Some(sig) = signals::received() {
+            return Ok(Some(End::Signal(sig)));
+        }
+        if let Some(why) = elsewhere() {
+            return Ok(Some(End::Elsewhere(why)));
+        }
+        if Instant::now() >= next_poll {
+            next_poll = Instant::now() + POLL;
+            if let Some(i) = first_failed(workers) {
+                return Ok(Some(End::Failed(i)));
+            }
+        }
         let rank = cfg.node_rank * cfg.nproc_per_node + local;
         let mut vars = env.to_vec();
         vars.push(("RANK".into(), rank.to_string()));
         vars.push(("LOCAL_RANK".into(), local.to_string()));
         vars.push(("WEFT_RESTART_COUNT".into(), restart.to_string()));
+        let error_file = errors.fresh(rank);
+        if let Some(path) = &error_file {
+            vars.push((ERROR_FILE_VAR.into(), path.to_string_lossy().into_owned()));
+        }
         let spec = Spec {
             program: &cfg.program,
             args: &cfg.args,
@@ -348,17 +238,29 @@ fn start_all(cfg: &LaunchConfig, env: &[(String, String)], restart: u32) -> Resu
             rank,
             local_rank: local,
             tail_lines: TAIL_LINES,
+            error_file,
         };
         match Worker::start(spec) {
             Ok(w) => workers.push(w),
             Err(e) => {
-                stop(&mut workers, libc::SIGKILL, Duration::ZERO);
-                drain_output(&mut workers, OUTPUT_GRACE);
+                stop(workers, libc::SIGKILL, Duration::ZERO);
+                drain_output(workers, OUTPUT_GRACE);
                 return Err(e);
             }
         }
     }
-    Ok(workers)
+    Ok(None)
+}
+
+/// Polls every worker (reaping those that exited); the index of the first that failed.
+fn first_failed(workers: &mut [Worker]) -> Option<usize> {
+    let mut failed = None;
+    for (i, w) in workers.iter_mut().enumerate() {
+        if w.poll().is_some_and(|s| !s.success()) {
+            failed = failed.or(Some(i));
+        }
+    }
+    failed
 }
 
 /// Polls the workers and the signals until every worker exited 0, one failed, a signal came,
@@ -371,15 +273,10 @@ fn watch(workers: &mut [Worker], elsewhere: &mut dyn FnMut() -> Option<String>) 
         if let Some(why) = elsewhere() {
             return End::Elsewhere(why);
         }
-        let mut running = false;
-        for (i, w) in workers.iter_mut().enumerate() {
-            match w.poll() {
-                None => running = true,
-                Some(s) if !s.success() => return End::Failed(i),
-                Some(_) => {}
-            }
+        if let Some(i) = first_failed(workers) {
+            return End::Failed(i);
         }
-        if !running {
+        if workers.iter().all(|w| w.status.is_some()) {
             return End::Done;
         }
         std::thread::sleep(POLL);
@@ -442,104 +339,11 @@ fn stop(workers: &mut [Worker], sig: i32, timeout: Duration) {
     }
 }
 
-/// `rank 3` or `ranks 0, 2, 5`.
-fn ranks_text(ranks: &[usize]) -> String {
-    let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
-    match list.len() {
-        1 => format!("rank {}", list[0]),
-        _ => format!("ranks {}", list.join(", ")),
-    }
-}
-
-/// The failure report: the rank that failed first, its pid, status and last stderr lines, then
-/// the other ranks that failed on their own and those the launcher stopped.
-fn report(cfg: &LaunchConfig, workers: &[Worker], first: usize, exited: &[bool], restarts: u32) -> String {
-    let w = &workers[first];
-    let status = worker::describe(w.status.expect("a failed worker has exited"));
-    let mut out = format!(
-        "weft launch: job failed: rank {} (local rank {} on node {}, pid {}) failed first: {status}\n",
-        w.rank, w.local_rank, cfg.node_rank, w.pid
-    );
-    if restarts > 0 {
-        out += &format!(
-            "weft launch: after {restarts} restart(s) (--max-restarts {})\n",
-            cfg.max_restarts
-        );
-    }
-    let tail = w.tail();
-    if tail.is_empty() {
-        out += &format!("weft launch: rank {} wrote nothing to stderr\n", w.rank);
-    } else {
-        out += &format!("weft launch: last {} stderr line(s) of rank {}:\n", tail.len(), w.rank);
-        for line in tail {
-            out += &format!("    {line}\n");
-        }
-    }
-    let mut also_failed = Vec::new();
-    let mut stopped = Vec::new();
-    for (i, o) in workers.iter().enumerate() {
-        let Some(s) = o.status else { continue };
-        if i == first {
-            continue;
-        }
-        if exited[i] && !s.success() {
-            also_failed.push(format!("rank {} ({})", o.rank, worker::describe(s)));
-        } else if !exited[i] {
-            stopped.push(o.rank);
-        }
-    }
-    if !also_failed.is_empty() {
-        out += &format!("weft launch: also failed: {}\n", also_failed.join(", "));
-    }
-    if !stopped.is_empty() {
-        out += &format!("weft launch: stopped by the launcher: {}\n", ranks_text(&stopped));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt;
     use std::process::ExitStatus;
-
-    #[test]
-    fn nnodes_forms() {
-        assert_eq!(parse_nnodes("2").unwrap(), (2, 2));
-        assert_eq!(parse_nnodes("3:3").unwrap(), (3, 3));
-        assert_eq!(parse_nnodes("1:2").unwrap(), (1, 2));
-        let e = parse_nnodes("2:1").unwrap_err().to_string();
-        assert!(e.contains("1 <= MIN <= MAX"), "{e}");
-        assert!(parse_nnodes("0:2").is_err());
-        assert!(parse_nnodes("x").is_err());
-        assert!(parse_nnodes("1:").is_err());
-    }
-
-    #[test]
-    fn validation() {
-        let ok = LaunchConfig::new(2, "true", Vec::<String>::new());
-        ok.validate().unwrap();
-        assert_eq!(ok.world_size(), 2);
-        let with = |f: &dyn Fn(&mut LaunchConfig)| {
-            let mut c = ok.clone();
-            f(&mut c);
-            c.validate().unwrap_err().to_string()
-        };
-        assert!(with(&|c| c.nproc_per_node = 0).contains("--nproc-per-node"));
-        assert!(with(&|c| c.nnodes = 0).contains("--nnodes"));
-        assert!(with(&|c| {
-            c.nnodes = 2;
-            c.node_rank = 2
-        })
-        .contains("--node-rank 2 is out of range"));
-        assert!(with(&|c| {
-            c.nnodes = 2;
-            c.min_nnodes = 3
-        })
-        .contains("--nnodes 3:2"));
-        assert!(with(&|c| c.min_nnodes = 0).contains("between 1 and the most"));
-        assert!(with(&|c| c.program = OsString::new()).contains("no worker program"));
-    }
 
     #[test]
     fn statuses() {
@@ -549,7 +353,5 @@ mod tests {
             "killed by signal 9 (SIGKILL)"
         );
         assert_eq!(signal_name(15), "SIGTERM");
-        assert_eq!(ranks_text(&[1]), "rank 1");
-        assert_eq!(ranks_text(&[0, 2]), "ranks 0, 2");
     }
 }

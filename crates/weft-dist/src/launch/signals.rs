@@ -1,5 +1,7 @@
 //! The launcher's handlers for SIGINT, SIGTERM and SIGHUP: the handler only records the signal;
-//! the wait loop polls [`received`] and forwards it to the workers.
+//! every loop of the launcher (starting the workers, watching them, stopping them, waiting for
+//! the store or a rendezvous round) polls [`received`], and the signal is forwarded to the
+//! workers started so far.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

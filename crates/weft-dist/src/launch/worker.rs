@@ -1,17 +1,20 @@
 //! One worker process: starting it, forwarding its output line by line with a `[rank{R}]: `
-//! prefix, keeping the tail of its stderr, signalling it and reaping it.
+//! prefix, keeping the tail of its stderr, signalling it and reaping it (a worker dropped
+//! unreaped is killed and reaped then, so no path leaves a zombie or a stray process).
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::signals::signal_name;
 use crate::error::{Error, Result};
+use crate::failure::Record;
 
 /// A line longer than this (in bytes, without a newline) is forwarded in pieces of this size,
 /// so a worker that writes binary junk cannot grow the launcher's memory without bound.
@@ -30,6 +33,8 @@ pub(super) struct Spec<'a> {
     pub local_rank: usize,
     /// How many stderr lines to keep.
     pub tail_lines: usize,
+    /// Where it writes its error record (the `WEFT_ERROR_FILE` in `env`), if it has one.
+    pub error_file: Option<PathBuf>,
 }
 
 /// A started worker.
@@ -40,6 +45,9 @@ pub(super) struct Worker {
     child: Child,
     /// Set once the process has been reaped.
     pub status: Option<ExitStatus>,
+    /// When the launcher found it exited (within its polling interval).
+    pub ended: Option<SystemTime>,
+    error_file: Option<PathBuf>,
     readers: Vec<JoinHandle<()>>,
     tail: Tail,
 }
@@ -111,6 +119,8 @@ impl Worker {
             pid: child.id(),
             child,
             status: None,
+            ended: None,
+            error_file: spec.error_file,
             readers,
             tail,
         })
@@ -120,7 +130,12 @@ impl Worker {
     pub(super) fn poll(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             match self.child.try_wait() {
-                Ok(s) => self.status = s,
+                Ok(s) => {
+                    self.status = s;
+                    if s.is_some() {
+                        self.ended = Some(SystemTime::now());
+                    }
+                }
                 Err(e) => {
                     weft_core::errln!(
                         "weft launch: cannot wait for rank {} (pid {}): {e}; counting it as failed",
@@ -128,6 +143,7 @@ impl Worker {
                         self.pid
                     );
                     self.status = Some(ExitStatus::from_raw(255 << 8));
+                    self.ended = Some(SystemTime::now());
                 }
             }
         }
@@ -138,8 +154,14 @@ impl Worker {
     pub(super) fn wait(&mut self) -> ExitStatus {
         if self.status.is_none() {
             self.status = Some(self.child.wait().unwrap_or_else(|_| ExitStatus::from_raw(255 << 8)));
+            self.ended = Some(SystemTime::now());
         }
         self.status.expect("set above")
+    }
+
+    /// What the worker wrote to its error file, if it wrote a record there.
+    pub(super) fn record(&self) -> Option<Record> {
+        crate::failure::read(self.error_file.as_ref()?)
     }
 
     /// Sends `sig` to the worker's process group (so its children get it too), or to the
@@ -178,6 +200,16 @@ impl Worker {
             .lock()
             .map(|t| t.iter().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // an early return left it running: it must not outlive its launcher, nor stay a zombie
+        if self.status.is_none() {
+            self.signal(libc::SIGKILL);
+            self.wait();
+        }
     }
 }
 

@@ -1,0 +1,213 @@
+//! What to launch: [`LaunchConfig`], its defaults and its checks.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use super::limits;
+use crate::auth::Token;
+use crate::error::{Error, Result};
+
+/// Default of [`LaunchConfig::last_call`]: 10 seconds.
+pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(10);
+/// Default of [`LaunchConfig::stop_timeout`]: 30 seconds, as torchrun gives its workers, and as
+/// long as Kubernetes' default termination grace period and Slurm's default `KillWait`: time for
+/// a `weft train` worker to finish its step and write a checkpoint.
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of [`LaunchConfig::master_addr`].
+pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+
+/// What to launch on this node.
+#[derive(Clone, Debug)]
+pub struct LaunchConfig {
+    /// Worker processes on this node, one per rank (at least 1, at most
+    /// [`limits::max_nproc_per_node`](super::limits::max_nproc_per_node)).
+    pub nproc_per_node: usize,
+    /// Nodes in the job (at least 1; default 1): the most, under elastic membership. See
+    /// [`parse_nnodes`] for torchrun's `MIN:MAX`.
+    pub nnodes: usize,
+    /// The fewest nodes the job may run on (default: `nnodes`). Below `nnodes`, membership is
+    /// elastic (see [`elastic`](LaunchConfig::elastic)).
+    pub min_nnodes: usize,
+    /// Elastic membership: how long a rendezvous round stays open for more nodes once
+    /// `min_nnodes` have joined (torchrun's `last_call_timeout`; default 10 s). Nodes that
+    /// survive a failure must rejoin within it (so it should exceed `stop_timeout`).
+    pub last_call: Duration,
+    /// This node's rank, `0..nnodes` (default 0). The launcher of node 0 serves the store.
+    /// Under elastic membership it only says which node serves the store: each rendezvous round
+    /// numbers the nodes in the order they join.
+    pub node_rank: usize,
+    /// Where the workers reach the store: the host of node 0 (default `127.0.0.1`).
+    pub master_addr: String,
+    /// The store's port. `None` (the default): 29500 when `nnodes > 1`; on a single node any
+    /// free port, which the workers are told.
+    pub master_port: Option<u16>,
+    /// How many times all workers are started again after a failure (default 0). On several
+    /// nodes, every node's launcher restarts its workers together through a new rendezvous
+    /// round (see [`elastic`](LaunchConfig::elastic)).
+    pub max_restarts: u32,
+    /// How long the workers get to exit after the launcher signals them (SIGTERM, or the
+    /// signal it forwards) before they are killed with SIGKILL (default 30 seconds).
+    pub stop_timeout: Duration,
+    /// The job token. `None` (the default): `WEFT_JOB_TOKEN` from the environment, or a freshly
+    /// generated one when `nnodes == 1`.
+    pub token: Option<Token>,
+    /// The worker program: a path, or a name looked up on `PATH`.
+    pub program: OsString,
+    /// The worker program's arguments.
+    pub args: Vec<OsString>,
+}
+
+impl LaunchConfig {
+    /// `nproc_per_node` workers of `program args` on a single node, everything else at its
+    /// default.
+    pub fn new<P, I, A>(nproc_per_node: usize, program: P, args: I) -> LaunchConfig
+    where
+        P: Into<OsString>,
+        I: IntoIterator<Item = A>,
+        A: Into<OsString>,
+    {
+        LaunchConfig {
+            nproc_per_node,
+            nnodes: 1,
+            min_nnodes: 1,
+            last_call: DEFAULT_LAST_CALL,
+            node_rank: 0,
+            master_addr: DEFAULT_MASTER_ADDR.to_string(),
+            master_port: None,
+            max_restarts: 0,
+            stop_timeout: DEFAULT_STOP_TIMEOUT,
+            token: None,
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// Ranks in the whole job: `nnodes * nproc_per_node`.
+    pub fn world_size(&self) -> usize {
+        self.nnodes.saturating_mul(self.nproc_per_node)
+    }
+
+    /// Whether the nodes' launchers meet in rendezvous rounds (`launch::elastic`): with elastic
+    /// membership (`min_nnodes < nnodes`), or with restarts on several nodes.
+    pub fn elastic(&self) -> bool {
+        self.min_nnodes < self.nnodes || (self.nnodes > 1 && self.max_restarts > 0)
+    }
+
+    /// Checks the numbers and the program, and that this process can run that many workers
+    /// ([`limits`](super::limits)); every error is one line naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        if self.nproc_per_node == 0 {
+            return bad("--nproc-per-node must be at least 1".into());
+        }
+        limits::check(self.nproc_per_node)?;
+        if self.nnodes == 0 {
+            return bad("--nnodes must be at least 1".into());
+        }
+        if self.node_rank >= self.nnodes {
+            return bad(format!(
+                "--node-rank {} is out of range for --nnodes {} (node ranks are 0 to {})",
+                self.node_rank,
+                self.nnodes,
+                self.nnodes - 1
+            ));
+        }
+        if self.nnodes.checked_mul(self.nproc_per_node).is_none() {
+            return bad("--nnodes times --nproc-per-node is too large".into());
+        }
+        if self.min_nnodes == 0 || self.min_nnodes > self.nnodes {
+            return bad(format!(
+                "--nnodes {}:{}: the fewest nodes must be between 1 and the most",
+                self.min_nnodes, self.nnodes
+            ));
+        }
+        if self.master_addr.trim().is_empty() {
+            return bad("--master-addr is empty".into());
+        }
+        if self.program.is_empty() {
+            return bad("no worker program given: weft launch [OPTIONS] -- PROGRAM [ARGS]...".into());
+        }
+        Ok(())
+    }
+
+    /// The job token: [`LaunchConfig::token`], else `WEFT_JOB_TOKEN`, else (single node) a new one.
+    pub(super) fn resolve_token(&self) -> Result<Token> {
+        if let Some(t) = &self.token {
+            return Ok(t.clone());
+        }
+        match Token::from_env()? {
+            Some(t) => Ok(t),
+            None if self.nnodes == 1 => Token::generate(),
+            None => Err(Error::Invalid(format!(
+                "WEFT_JOB_TOKEN is not set: a job on {} nodes needs one shared secret; export the same \
+                 WEFT_JOB_TOKEN on every node (e.g. `export WEFT_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An \
+                 -tx1 | tr -d ' \\n')`)",
+                self.nnodes
+            ))),
+        }
+    }
+}
+
+/// Parses `--nnodes`: `N`, or torchrun's `MIN:MAX` (elastic membership: the job runs on at
+/// least MIN and at most MAX nodes); returns `(min, max)`.
+pub fn parse_nnodes(s: &str) -> Result<(usize, usize)> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<usize>()
+            .map_err(|_| Error::Invalid(format!("--nnodes {s:?} is not a number of nodes (N, or MIN:MAX)")))
+    };
+    match s.split_once(':') {
+        None => num(s).map(|n| (n, n)),
+        Some((lo, hi)) => {
+            let (lo, hi) = (num(lo)?, num(hi)?);
+            if lo == 0 || lo > hi {
+                return Err(Error::Invalid(format!("--nnodes {s}: MIN:MAX needs 1 <= MIN <= MAX")));
+            }
+            Ok((lo, hi))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nnodes_forms() {
+        assert_eq!(parse_nnodes("2").unwrap(), (2, 2));
+        assert_eq!(parse_nnodes("3:3").unwrap(), (3, 3));
+        assert_eq!(parse_nnodes("1:2").unwrap(), (1, 2));
+        let e = parse_nnodes("2:1").unwrap_err().to_string();
+        assert!(e.contains("1 <= MIN <= MAX"), "{e}");
+        assert!(parse_nnodes("0:2").is_err());
+        assert!(parse_nnodes("x").is_err());
+        assert!(parse_nnodes("1:").is_err());
+    }
+
+    #[test]
+    fn validation() {
+        let ok = LaunchConfig::new(2, "true", Vec::<String>::new());
+        ok.validate().unwrap();
+        assert_eq!(ok.world_size(), 2);
+        let with = |f: &dyn Fn(&mut LaunchConfig)| {
+            let mut c = ok.clone();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert!(with(&|c| c.nproc_per_node = 0).contains("--nproc-per-node"));
+        assert!(with(&|c| c.nnodes = 0).contains("--nnodes"));
+        assert!(with(&|c| {
+            c.nnodes = 2;
+            c.node_rank = 2
+        })
+        .contains("--node-rank 2 is out of range"));
+        assert!(with(&|c| {
+            c.nnodes = 2;
+            c.min_nnodes = 3
+        })
+        .contains("--nnodes 3:2"));
+        assert!(with(&|c| c.min_nnodes = 0).contains("between 1 and the most"));
+        assert!(with(&|c| c.program = OsString::new()).contains("no worker program"));
+        assert!(with(&|c| c.nproc_per_node = 100_000).contains("--nproc-per-node 100000 is above the limit"));
+    }
+}
