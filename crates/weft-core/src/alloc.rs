@@ -21,113 +21,11 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 
-/// Bytes of memory this process can have at most: the lower of the machine's RAM (`MemTotal` in
-/// `/proc/meminfo`) and its cgroup's limit (`memory.max` of cgroup v2, `memory.limit_in_bytes` of
-/// v1, on the process's cgroup and each one above it). Read once and cached. `None` where unknown
-/// (other systems, or Linux without `/proc`).
+/// Bytes of memory this process can have at most ([`crate::memory::total`]), read once and
+/// cached. `None` where unknown (other systems, or Linux without `/proc`).
 pub fn machine_memory() -> Option<u64> {
     static MEMORY: OnceLock<Option<u64>> = OnceLock::new();
-    *MEMORY.get_or_init(read_machine_memory)
-}
-
-#[cfg(target_os = "linux")]
-fn read_machine_memory() -> Option<u64> {
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        kb.checked_mul(1024)
-    });
-    let cgroup = cgroup_limit();
-    match (total, cgroup) {
-        (Some(t), Some(c)) => Some(t.min(c)),
-        (t, c) => t.or(c),
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn read_machine_memory() -> Option<u64> {
-    None
-}
-
-/// Memory the kernel says can be allocated now without swapping (`MemAvailable`), lowered to
-/// what the tightest cgroup of this process leaves (its limit less its usage). Read afresh at
-/// every call; `None` where neither can be read.
-pub fn available_memory() -> Option<u64> {
-    available_now()
-}
-
-#[cfg(target_os = "linux")]
-fn available_now() -> Option<u64> {
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        kb.checked_mul(1024)
-    });
-    let read = |f: &std::path::Path| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok();
-    let headroom = cgroup_files()
-        .iter()
-        .filter_map(|(limit, usage)| Some(read(limit)?.saturating_sub(read(usage)?)))
-        .min();
-    match (available, headroom) {
-        (Some(a), Some(h)) => Some(a.min(h)),
-        (a, h) => a.or(h),
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn available_now() -> Option<u64> {
-    None
-}
-
-/// The `(limit, usage)` files of the cgroups this process is in (v2 `memory.max` and
-/// `memory.current`, v1 `memory.limit_in_bytes` and `memory.usage_in_bytes`): the mount's root
-/// (the container's own cgroup inside one) and the process's cgroup from `/proc/self/cgroup`
-/// with its ancestors.
-#[cfg(target_os = "linux")]
-fn cgroup_files() -> Vec<(std::path::PathBuf, std::path::PathBuf)> {
-    const V2: (&str, &str, &str) = ("/sys/fs/cgroup", "memory.max", "memory.current");
-    const V1: (&str, &str, &str) = (
-        "/sys/fs/cgroup/memory",
-        "memory.limit_in_bytes",
-        "memory.usage_in_bytes",
-    );
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let mut dirs = vec![
-        (std::path::PathBuf::from(V2.0), V2),
-        (std::path::PathBuf::from(V1.0), V1),
-    ];
-    for line in own.lines() {
-        // "0::/path" (v2) or "N:memory:/path" (v1, possibly "memory,other")
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-        let kind = if controllers.is_empty() {
-            V2
-        } else if controllers.split(',').any(|c| c == "memory") {
-            V1
-        } else {
-            continue;
-        };
-        let mut dir = std::path::PathBuf::from(format!("{}{path}", kind.0));
-        while dir.starts_with(kind.0) && dir.as_os_str().len() > kind.0.len() {
-            dirs.push((dir.clone(), kind));
-            if !dir.pop() {
-                break;
-            }
-        }
-    }
-    dirs.into_iter()
-        .map(|(dir, (_, limit, usage))| (dir.join(limit), dir.join(usage)))
-        .collect()
-}
-
-/// The lowest memory limit of the cgroups this process is in. "max" (v2) means none; v1's
-/// "none" is a huge number, which `min` passes over.
-#[cfg(target_os = "linux")]
-fn cgroup_limit() -> Option<u64> {
-    cgroup_files()
-        .iter()
-        .filter_map(|(f, _)| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok())
-        .min()
+    *MEMORY.get_or_init(crate::memory::total)
 }
 
 /// `bytes` in decimal units with one decimal ("51.2 GB").
@@ -274,12 +172,5 @@ mod tests {
         assert_eq!(filled("fill", 3, 7i64).unwrap(), vec![7, 7, 7]);
         assert_eq!(collect("c", 3, (0..3).map(|i| i * 2)).unwrap(), vec![0, 2, 4]);
         assert_eq!(copy("c", &[1u8, 2]).unwrap(), vec![1, 2]);
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn available_memory_is_some_and_at_most_the_machines() {
-        let (available, total) = (available_memory().unwrap(), machine_memory().unwrap());
-        assert!(available > 0 && available <= total, "{available} of {total}");
     }
 }

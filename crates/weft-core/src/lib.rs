@@ -18,6 +18,7 @@ pub mod error;
 pub mod function;
 pub mod io;
 pub mod layout;
+pub mod memory;
 pub mod op;
 pub mod ops;
 pub mod rng;

@@ -54,13 +54,13 @@ pub fn bytes_per_rank(size: usize, ranks: usize) -> u64 {
 }
 
 /// Refuses a largest size whose buffers do not fit the memory this machine has left
-/// ([`crate::memory::available`]) when `local_ranks` ranks of a job of `ranks` each hold
+/// ([`weft_core::memory::available`]) when `local_ranks` ranks of a job of `ranks` each hold
 /// [`bytes_per_rank`]; `flag` (`--max-bytes 64G`) names it in the one-line error. Passes when
 /// the machine does not say how much it has.
 pub fn check_memory(flag: &str, size: usize, ranks: usize, local_ranks: usize) -> Result<()> {
     let per_rank = bytes_per_rank(size, ranks);
     let needed = per_rank.saturating_mul(local_ranks.max(1) as u64);
-    match crate::memory::available() {
+    match weft_core::memory::available() {
         Some(a) if needed > a.bytes => Err(Error::Invalid(format!(
             "{flag} needs {needed} bytes on this machine ({local_ranks} rank(s) here, each holding {per_rank} \
              bytes: two buffers of {size} bytes, a share and room for messages in flight), but {} bytes are \
@@ -180,7 +180,7 @@ mod tests {
         assert_eq!(bytes_per_rank(1 << 20, 2), 3 * (1 << 20) + 3 * (1 << 19));
         assert_eq!(bytes_per_rank(usize::MAX, 1), u64::MAX);
         check_memory("--max-bytes 4K", 4096, 2, 2).unwrap();
-        if crate::memory::available().is_some() {
+        if weft_core::memory::available().is_some() {
             let e = check_memory("--max-bytes 1E", 1 << 60, 2, 2).unwrap_err().to_string();
             assert!(
                 e.starts_with("--max-bytes 1E needs ") && e.contains("bytes are available"),

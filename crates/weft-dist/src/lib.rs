@@ -34,7 +34,6 @@ pub mod group;
 mod inbox;
 mod init;
 pub mod launch;
-pub mod memory;
 mod mesh;
 pub mod pipeline;
 mod reduce;

@@ -153,11 +153,11 @@ fn human(bytes: f64) -> String {
 }
 
 /// Refuses `config` when its [`estimate`] exceeds the memory available to each of the
-/// `local_ranks` ranks of this machine (what [`weft_core::alloc::available_memory`] reports now,
+/// `local_ranks` ranks of this machine (what [`weft_core::memory::available`] reports now,
 /// shared evenly); returns the estimate otherwise.
 pub fn check(config: &RunConfig, local_ranks: usize) -> Result<Estimate> {
     let e = estimate(config);
-    let Some(available) = weft_core::alloc::available_memory().map(|b| b as f64) else {
+    let Some(available) = weft_core::memory::available().map(|a| a.bytes as f64) else {
         return Ok(e);
     };
     let ranks = local_ranks.max(1) as f64;

@@ -1,8 +1,13 @@
-//! How much memory this process can still take on its machine, so that a request too large for
-//! it is refused with a message before anything is allocated: `MemAvailable` from
-//! `/proc/meminfo` (`MemTotal` on kernels that lack it), lowered by the room left under the
-//! memory limit of this process's cgroup and of each cgroup above it (v2: `memory.max` less
-//! `memory.current`; v1: `memory.limit_in_bytes` less `memory.usage_in_bytes`).
+//! What this machine's memory is, for refusing a request too large for it with a message before
+//! anything is allocated (Linux; elsewhere nothing is known and nothing is refused):
+//!
+//! - [`total`]: the most this process can ever have: `MemTotal` from `/proc/meminfo`, lowered to
+//!   the memory limit of its cgroup and of each cgroup above it (v2 `memory.max`, v1
+//!   `memory.limit_in_bytes`). `crate::alloc` refuses any single buffer larger than this.
+//! - [`available`]: what it can still take now: `MemAvailable` (`MemTotal` on kernels that lack
+//!   it), lowered by the room left under each of those limits (less `memory.current` or
+//!   `memory.usage_in_bytes`). The trainer's up-front estimate and `weft bench collectives`
+//!   check against this.
 
 use std::path::{Path, PathBuf};
 
@@ -38,18 +43,36 @@ pub fn available() -> Option<Available> {
     Some(best)
 }
 
+/// The most memory this process can have, in bytes (see the module docs); `None` when the
+/// machine does not say.
+pub fn total() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let ram = meminfo.as_deref().and_then(|t| field(t, "MemTotal"));
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let limit = cgroup_files(&cgroups)
+        .into_iter()
+        .filter_map(|(dir, limit, _)| room(&std::fs::read_to_string(dir.join(limit)).ok()?, None))
+        .min();
+    match (ram, limit) {
+        (Some(r), Some(l)) => Some(r.min(l)),
+        (r, l) => r.or(l),
+    }
+}
+
+/// Field `name` (in kB) of a `/proc/meminfo` text, in bytes.
+fn field(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+        let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib.saturating_mul(1024))
+    })
+}
+
 /// `MemAvailable` (else `MemTotal`) of a `/proc/meminfo` text, in bytes.
 fn from_meminfo(text: &str) -> Option<Available> {
-    let field = |name: &str| {
-        text.lines().find_map(|l| {
-            let rest = l.strip_prefix(name)?.strip_prefix(':')?;
-            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-            Some(kib.saturating_mul(1024))
-        })
-    };
-    let (bytes, name) = match field("MemAvailable") {
+    let (bytes, name) = match field(text, "MemAvailable") {
         Some(b) => (b, "MemAvailable"),
-        None => (field("MemTotal")?, "MemTotal"),
+        None => (field(text, "MemTotal")?, "MemTotal"),
     };
     Some(Available {
         bytes,
@@ -142,7 +165,8 @@ mod tests {
     #[test]
     fn this_machine_says_something() {
         if Path::new("/proc/meminfo").exists() {
-            assert!(available().unwrap().bytes > 0);
+            let (now, most) = (available().unwrap().bytes, total().unwrap());
+            assert!(now > 0 && now <= most, "{now} of {most}");
         }
     }
 }
