@@ -52,7 +52,7 @@ impl FirstCause {
 
 /// Notes that an operation of this process failed because of global rank `peer` (its abort, or
 /// its closed connection). Only the first call counts: later failures follow from it.
-pub(crate) fn blame(peer: usize) {
+pub fn blame(peer: usize) {
     FIRST_CAUSE.set(peer);
 }
 

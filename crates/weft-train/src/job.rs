@@ -24,10 +24,14 @@ pub fn agree<T>(group: Option<&ProcessGroup>, result: Result<T>, what: &str) -> 
     let worst = t.to_vec::<f64>()?[0] as usize;
     match result {
         Err(e) => Err(e),
-        Ok(_) if worst > 0 => Err(Error::Run(format!(
-            "{what} failed on rank {} (its own message says why)",
-            g.size() - worst
-        ))),
+        Ok(_) if worst > 0 => {
+            let failed = g.ranks()[g.size() - worst];
+            // the launcher's report names that rank as the cause, not this one
+            weft_dist::failure::blame(failed);
+            Err(Error::Run(format!(
+                "{what} failed on rank {failed} (its own message says why)"
+            )))
+        }
         ok => ok,
     }
 }
