@@ -39,6 +39,8 @@ def median_step_ms(path):
 def run(work, dp, steps, bucket_cap_mb, zero=0):
     metrics = os.path.join(work, f"m{dp}-{zero}.jsonl")
     trace = os.path.join(work, f"trace{dp}-{zero}.json")
+    if os.path.exists(metrics):  # a repeat: weft refuses to mix a new run into an old run's records
+        os.remove(metrics)
     cmd = [WEFT, "train", "--quiet", "--set", f"train.steps={steps}",
            "--set", f"train.metrics={json.dumps(metrics)}",
            "--set", f"train.trace={json.dumps(trace)}",

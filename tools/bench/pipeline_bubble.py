@@ -28,6 +28,8 @@ WEFT = os.path.join(ROOT, "target", "release", "weft")
 def run(work, pp, m, schedule, steps):
     trace = os.path.join(work, f"trace-{pp}-{m}-{schedule}.json")
     metrics = os.path.join(work, f"m-{pp}-{m}-{schedule}.jsonl")
+    if os.path.exists(metrics):  # a repeat: weft refuses to mix a new run into an old run's records
+        os.remove(metrics)
     cmd = [WEFT, "launch", "--nproc-per-node", str(pp), "--", WEFT, "train", "--quiet",
            "--set", f"train.steps={steps}", "--set", "train.log_every=1", "--set", "train.eval_every=0",
            "--set", "train.sample_tokens=0", "--set", f"train.trace={json.dumps(trace)}",
