@@ -26,6 +26,20 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// `--set`s that make the built-in gpt small enough to run hundreds of steps a second.
+pub const SMALL_GPT: [&str; 10] = [
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.n_head=2",
+    "--set",
+    "model.block_size=32",
+    "--set",
+    "data.batch_size=8",
+];
+
 /// `weft` with `args` on 2 compute threads, to start.
 pub fn weft_command(args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));

@@ -8,26 +8,12 @@ use std::io::BufRead;
 use std::path::Path;
 use std::process::Stdio;
 
-use common::{fixtures, path_set, read_metrics, temp_dir, wait_for, weft, weft_command, weft_ok};
+use common::{fixtures, path_set, read_metrics, temp_dir, wait_for, weft, weft_command, weft_ok, SMALL_GPT};
 
-/// A built-in gpt small enough to run hundreds of steps a second.
-const SMALL: [&str; 10] = [
-    "--set",
-    "model.n_layer=1",
-    "--set",
-    "model.n_embd=32",
-    "--set",
-    "model.n_head=2",
-    "--set",
-    "model.block_size=32",
-    "--set",
-    "data.batch_size=8",
-];
-
-/// `weft train` on [`SMALL`] with `extra` arguments.
+/// `weft train` on the small built-in gpt ([`SMALL_GPT`]) with `extra` arguments.
 fn small_run<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["train"];
-    args.extend(SMALL);
+    args.extend(SMALL_GPT);
     args.extend(extra);
     args
 }
@@ -133,45 +119,16 @@ fn a_checkpoint_folder_holds_one_runs_checkpoints() {
     // a new run into the same folder is refused, naming what is there and the ways out
     let second = out.join("second.jsonl");
     let m2 = path_set("train.metrics", &second);
-    fails_with(
-        &[
-            "train",
-            "--config",
-            &cfg,
-            "--quiet",
-            "--set",
-            "train.steps=3",
-            "--set",
-            &set,
-            "--set",
-            &m2,
-        ],
-        &[
-            "holds checkpoints of another run",
-            "step-00000005",
-            "--resume",
-            "train.overwrite",
-        ],
-    );
+    #[rustfmt::skip]
+    fails_with(&["train", "--config", &cfg, "--quiet", "--set", "train.steps=3", "--set", &set, "--set", &m2],
+        &["holds checkpoints of another run", "step-00000005", "--resume", "train.overwrite"]);
     assert_eq!(names(&dir), before, "nothing removed");
     assert!(!second.exists(), "refused before its first step");
     // so is a new run into another run's metrics file, which stays as it was
     let other = path_set("train.checkpoint_dir", &out.join("other"));
-    fails_with(
-        &[
-            "train",
-            "--config",
-            &cfg,
-            "--quiet",
-            "--set",
-            "train.steps=3",
-            "--set",
-            &other,
-            "--set",
-            &m1,
-        ],
-        &["train.metrics", "another run's records"],
-    );
+    #[rustfmt::skip]
+    fails_with(&["train", "--config", &cfg, "--quiet", "--set", "train.steps=3", "--set", &other, "--set", &m1],
+        &["train.metrics", "another run's records"]);
     assert_eq!(std::fs::read_to_string(&first).unwrap(), first_text);
     // with train.overwrite the new run removes the old checkpoints and replaces the metrics
     #[rustfmt::skip]

@@ -7,30 +7,15 @@ mod common;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::{last_logged_step, losses, path_set, temp_dir, wait_for, weft_command, weft_ok};
-
-/// A built-in gpt small enough to run hundreds of steps a second, logging every step.
-const SMALL: [&str; 13] = [
-    "--quiet",
-    "--set",
-    "model.n_layer=1",
-    "--set",
-    "model.n_embd=32",
-    "--set",
-    "model.n_head=2",
-    "--set",
-    "model.block_size=32",
-    "--set",
-    "data.batch_size=8",
-    "--set",
-    "train.log_every=1",
-];
+use common::{last_logged_step, losses, path_set, temp_dir, wait_for, weft_command, weft_ok, SMALL_GPT};
 
 /// `train` arguments of the small run into `out` (checkpoints in `out/ckpt`, metrics in
 /// `out/m.jsonl`) with `steps` steps and `extra` arguments.
 fn train_args(out: &Path, steps: usize, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = vec!["train".into()];
-    args.extend(SMALL.iter().map(|s| s.to_string()));
+    let mut args: Vec<String> = ["train", "--quiet", "--set", "train.log_every=1"]
+        .map(String::from)
+        .to_vec();
+    args.extend(SMALL_GPT.iter().map(|s| s.to_string()));
     for s in [
         format!("train.steps={steps}"),
         path_set("train.checkpoint_dir", &out.join("ckpt")),
@@ -91,18 +76,25 @@ fn continues_the_curve(out: &Path, stderr: &str, k: usize, resume: impl Fn(&[Str
     assert_eq!(a, b, "the stopped and resumed run equals the uninterrupted one");
 }
 
-#[test]
-fn sigterm_finishes_the_step_writes_a_checkpoint_and_resume_continues() {
-    let out = temp_dir("sigterm");
+/// Starts the small run alone in a fresh folder `name`, sends it `sig` (`-TERM`) after step 20,
+/// and checks it exited with `code`: the folder, its stderr and the step it stopped after.
+fn stop_one_process(name: &str, sig: &str, code: i32) -> (std::path::PathBuf, String, usize) {
+    let out = temp_dir(name);
     let args = train_args(&out, 1_000_000, &[]);
     let child = weft_command(&refs(&args))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (code, stderr) = stop_at_step_20(child, &out.join("m.jsonl"), "-TERM");
-    assert_eq!(code, Some(143), "{stderr}");
-    let k = stopped_after(&stderr, "SIGTERM");
+    let (got, stderr) = stop_at_step_20(child, &out.join("m.jsonl"), sig);
+    assert_eq!(got, Some(code), "{stderr}");
+    let k = stopped_after(&stderr, &format!("SIG{}", &sig[1..]));
+    (out, stderr, k)
+}
+
+#[test]
+fn sigterm_finishes_the_step_writes_a_checkpoint_and_resume_continues() {
+    let (out, stderr, k) = stop_one_process("sigterm", "-TERM", 143);
     let run = |a: &[String]| {
         weft_ok(&refs(a));
     };
@@ -111,16 +103,7 @@ fn sigterm_finishes_the_step_writes_a_checkpoint_and_resume_continues() {
 
 #[test]
 fn sigint_stops_the_same_way_with_exit_130() {
-    let out = temp_dir("sigint");
-    let args = train_args(&out, 1_000_000, &[]);
-    let child = weft_command(&refs(&args))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, stderr) = stop_at_step_20(child, &out.join("m.jsonl"), "-INT");
-    assert_eq!(code, Some(130), "{stderr}");
-    let k = stopped_after(&stderr, "SIGINT");
+    let (out, _, k) = stop_one_process("sigint", "-INT", 130);
     assert!(weft_train::checkpoint::is_complete(
         &out.join("ckpt").join(format!("step-{k:08}"))
     ));
