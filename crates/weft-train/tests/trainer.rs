@@ -105,3 +105,38 @@ fn the_progress_display_shows_by_default_on_a_terminal_only() {
     assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stderr).contains("step "), "{out:?}");
 }
+
+#[test]
+fn a_checkpoint_of_the_runs_own_folder_continues_the_run() {
+    let dir = temp("own-folder");
+    let policy = CheckpointPolicy {
+        dir: dir.clone(),
+        every: 2,
+        keep: 1,
+        overwrite: false,
+    };
+    let mut first = trainer().with_checkpoints(policy.clone());
+    first.fit(batches(1.0), 0, 4).unwrap();
+    drop(first);
+    // a program that loads the newest checkpoint itself instead of calling resume()
+    let mut again = trainer().with_checkpoints(policy.clone());
+    let start = again.load_checkpoint(&dir).unwrap();
+    assert_eq!(start, 4);
+    again.fit(batches(1.0), start, 6).unwrap();
+    drop(again);
+    // the same run: pruning kept its newest checkpoint only
+    let kept: Vec<usize> = weft_train::checkpoint::list(&dir)
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(kept, [6]);
+    // a new trainer starting afresh in that folder is refused
+    let e = trainer()
+        .with_checkpoints(policy)
+        .fit(batches(1.0), 0, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds checkpoints of another run"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -118,9 +118,25 @@ impl Trainer {
     /// tensors and keeps its own part of them. The checkpoint's model config and tokenizer
     /// (from [`Trainer::checkpoint_extra`]'s `model` and `tokenizer`) must equal this run's:
     /// a difference is an error naming it.
+    ///
+    /// A checkpoint of the policy's own folder continues that run, as [`Trainer::resume`] does
+    /// (the folder is claimed for resuming, and the run keeps its id); any other starts a new run
+    /// from it.
     pub fn load_checkpoint(&mut self, ckpt: &Path) -> Result<usize> {
         let dir = checkpoint::resolve(ckpt)?;
         let loaded = checkpoint::read(&dir)?;
+        let own = self.checkpoints.as_ref().is_some_and(|p| {
+            let canonical = |d: &Path| d.canonicalize().ok();
+            dir.parent()
+                .and_then(canonical)
+                .is_some_and(|d| Some(d) == canonical(&p.dir))
+        });
+        if own {
+            self.claim_checkpoints(ClaimMode::Resume)?;
+            if let Some(run) = &loaded.state.run {
+                self.run_id = run.clone();
+            }
+        }
         self.apply_checkpoint(&dir, loaded)
     }
 

@@ -1,221 +1,27 @@
 //! From a [`RunConfig`] to a finished run: builds the model, data, optimizer, schedule and
-//! callbacks, resumes if asked, trains, and (for gpt on text) prints a sample.
+//! callbacks, checks what the run will need before its first step, resumes if asked, trains,
+//! and (for gpt on text) prints a sample.
+
+mod build;
+mod data;
+mod layout;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use weft_data::{BatchesDataset, CsvDataset, LabelColumn, Split, TextDataset};
-use weft_models::convnet::{ConvNet, ConvNetConfig};
-use weft_models::gpt::Gpt;
-use weft_models::mlp::{MlpConfig, MlpModel};
 use weft_models::Model;
-use weft_nn::layers::Activation;
-use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
-use weft_nn::schedule::Schedule;
 use weft_nn::state_dict;
 
+pub(crate) use build::build_gpt;
+pub use build::{build_model, build_optimizer, build_schedule};
+use data::{build_data, check_data};
+use layout::{job_shape, join_job, with_job_dp};
+
 use crate::checkpoint::{self, ClaimMode};
-use crate::config::{DataConfig, LabelColumnConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig};
+use crate::config::{ModelConfig, RunConfig};
 use crate::error::{Error, Result};
 use crate::metrics::{MetricsFile, MetricsMode};
-use crate::trainer::{shard_rows, BatchFn, CheckpointPolicy, Trainer};
-
-/// The model of a `[model]` section, initialised from `seed`.
-pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
-    Ok(match cfg {
-        ModelConfig::Mlp(m) => {
-            let activation = Activation::parse(&m.activation).ok_or_else(|| {
-                Error::Config(format!(
-                    "model.activation: {:?} is not one of relu, gelu, tanh",
-                    m.activation
-                ))
-            })?;
-            let c = MlpConfig {
-                in_features: m.in_features,
-                hidden: m.hidden.clone(),
-                out_features: m.out_features,
-                activation,
-            };
-            Arc::new(MlpModel::new(c, seed)?)
-        }
-        ModelConfig::Convnet(m) => {
-            let c = ConvNetConfig {
-                in_channels: m.in_channels,
-                image_size: m.image_size,
-                channels: m.channels.clone(),
-                num_classes: m.num_classes,
-            };
-            Arc::new(ConvNet::new(c, seed)?)
-        }
-        ModelConfig::Gpt(_) => Arc::new(build_gpt(cfg, seed)?),
-    })
-}
-
-pub(crate) fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
-    let ModelConfig::Gpt(g) = cfg else {
-        return Err(Error::Config("model.kind: expected gpt".into()));
-    };
-    Ok(Gpt::new(g.to_config(), seed)?)
-}
-
-/// The optimizer of an `[optim]` section.
-pub fn build_optimizer(o: &OptimConfig) -> Result<Box<dyn Optimizer>> {
-    let betas = o.betas.map(|b| (b[0], b[1]));
-    Ok(match o.kind.as_str() {
-        "sgd" => Box::new(Sgd::new(SgdConfig {
-            momentum: o.momentum,
-            dampening: o.dampening,
-            nesterov: o.nesterov,
-        })?),
-        "adam" | "adamw" => {
-            let d = AdamConfig::default();
-            let cfg = AdamConfig {
-                betas: betas.unwrap_or(d.betas),
-                eps: o.eps.unwrap_or(d.eps),
-                decoupled: o.kind == "adamw",
-            };
-            Box::new(Adam::new(cfg)?)
-        }
-        k => {
-            return Err(Error::Config(format!(
-                "optim.kind: {k:?} is not one of sgd, adam, adamw"
-            )))
-        }
-    })
-}
-
-/// The schedule of a `[schedule]` section.
-pub fn build_schedule(s: &ScheduleConfig, lr: f64) -> Result<Schedule> {
-    let schedule = match s {
-        ScheduleConfig::Constant => Schedule::Constant { lr },
-        ScheduleConfig::Cosine(c) => Schedule::Cosine {
-            lr,
-            warmup_steps: c.warmup_steps,
-            decay_steps: c.decay_steps,
-            min_lr: c.min_lr,
-        },
-    };
-    schedule
-        .validate()
-        .map_err(|e| Error::Config(format!("schedule: {e}")))?;
-    Ok(schedule)
-}
-
-/// Training and evaluation batches of a `[data]` section.
-struct Data {
-    train: BatchFn,
-    eval: Option<BatchFn>,
-    text: Option<Arc<TextDataset>>,
-    /// Rows of every training batch (the global batch).
-    batch_rows: usize,
-}
-
-impl Data {
-    /// This data-parallel rank's share of every training batch: the same global batches are
-    /// built on every rank (from the same seed and step) and each keeps its rows, so `ranks`
-    /// ranks see exactly what one process would, in the same order whatever their number.
-    /// Evaluation batches stay whole (ranks share them out by index instead).
-    fn shard(mut self, rank: usize, ranks: usize) -> Result<Data> {
-        if ranks == 1 {
-            return Ok(self);
-        }
-        if !self.batch_rows.is_multiple_of(ranks) {
-            return Err(Error::Config(format!(
-                "parallel.dp: a global batch of {} rows does not split evenly across dp = {ranks} ranks",
-                self.batch_rows
-            )));
-        }
-        let inner = self.train.clone();
-        self.train = Arc::new(move |step| {
-            let (x, y) = inner(step)?;
-            Ok((shard_rows(&x, rank, ranks)?, shard_rows(&y, rank, ranks)?))
-        });
-        Ok(self)
-    }
-}
-
-fn build_data(config: &RunConfig) -> Result<Data> {
-    let seed = config.train.seed;
-    let block_size = match &config.model {
-        ModelConfig::Gpt(g) => g.block_size,
-        _ => 0,
-    };
-    Ok(match &config.data {
-        DataConfig::Batches(b) => {
-            let ds = Arc::new(BatchesDataset::from_file(config.resolve(&b.path))?);
-            let batch_rows = ds.batch_size();
-            Data {
-                train: Arc::new(move |step| Ok(ds.batch(step)?)),
-                eval: None,
-                text: None,
-                batch_rows,
-            }
-        }
-        DataConfig::Text(t) => {
-            let (path, val_fraction) = (&t.path, t.val_fraction);
-            let ds = Arc::new(if path.as_os_str() == "builtin" {
-                TextDataset::from_text(crate::builtin::CORPUS, val_fraction)?
-            } else {
-                TextDataset::from_file(config.resolve(path), val_fraction)?
-            });
-            if let ModelConfig::Gpt(g) = &config.model {
-                if ds.vocab_size() > g.vocab_size {
-                    return Err(Error::Config(format!(
-                        "model.vocab_size: {} is smaller than the {} distinct characters of {}",
-                        g.vocab_size,
-                        ds.vocab_size(),
-                        config.resolve(path).display()
-                    )));
-                }
-            }
-            let bs = t.batch_size;
-            let (t, v) = (ds.clone(), ds.clone());
-            let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, block_size, seed, step)?));
-            let has_val = val_fraction > 0.0;
-            let eval: Option<BatchFn> = has_val
-                .then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, block_size, seed ^ 0x5eed, i)?)) as BatchFn);
-            Data {
-                train,
-                eval,
-                text: Some(ds),
-                batch_rows: bs,
-            }
-        }
-        DataConfig::Csv(c) => {
-            let label = match &c.label_column {
-                LabelColumnConfig::Index(i) if *i < 0 => LabelColumn::Last,
-                LabelColumnConfig::Index(i) => LabelColumn::Index(*i as usize),
-                LabelColumnConfig::Name(n) => LabelColumn::Name(n.clone()),
-            };
-            let ds = Arc::new(CsvDataset::from_file(
-                config.resolve(&c.path),
-                label,
-                c.feature_scale as f32,
-                c.val_fraction,
-            )?);
-            // a label past the model's classes would fail mid-run, naming neither file nor row
-            let classes = match &config.model {
-                ModelConfig::Mlp(m) => Some(m.out_features),
-                ModelConfig::Convnet(m) => Some(m.num_classes),
-                ModelConfig::Gpt(_) => None,
-            };
-            if let Some(classes) = classes {
-                ds.check_labels(classes)?;
-            }
-            let bs = c.batch_size;
-            let (t, v) = (ds.clone(), ds.clone());
-            let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, seed, step)?));
-            let eval: Option<BatchFn> = (c.val_fraction > 0.0)
-                .then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, seed ^ 0x5eed, i)?)) as BatchFn);
-            Data {
-                train,
-                eval,
-                text: None,
-                batch_rows: bs,
-            }
-        }
-    })
-}
+use crate::trainer::{CheckpointPolicy, Trainer};
 
 /// Options of `weft train` besides the config file.
 #[derive(Debug, Clone, Default)]
@@ -239,99 +45,6 @@ pub struct RunOutcome {
     pub summary: Option<crate::trainer::FitSummary>,
     /// The signal that stopped the run early, if one did: `weft train` exits with 128 + it.
     pub stopped_by: Option<i32>,
-}
-
-/// The job this process belongs to, from the launcher's (or Slurm's, OpenMPI's) variables.
-struct JobShape {
-    ranks: usize,
-    rank: usize,
-    /// Ranks of the job on this machine.
-    local_ranks: usize,
-}
-
-impl JobShape {
-    /// `this job has 4 ranks (this is rank 1)`, or that this is a single process.
-    fn describe(&self) -> String {
-        if self.ranks > 1 {
-            format!("this job has {} ranks (this is rank {})", self.ranks, self.rank)
-        } else {
-            "this is a single process (no launcher variables are set)".to_string()
-        }
-    }
-}
-
-fn job_shape() -> Result<JobShape> {
-    let env = weft_dist::env::from_env()?;
-    Ok(JobShape {
-        ranks: env.as_ref().map_or(1, |e| e.world_size),
-        rank: env.as_ref().map_or(0, |e| e.rank),
-        local_ranks: env.as_ref().map_or(1, |e| e.local_world_size),
-    })
-}
-
-/// Joins the job when this process is one of several ranks (started by `weft launch`, Slurm or
-/// OpenMPI), after checking that `[parallel]` describes as many ranks as the job has: every rank
-/// reads the same config, so each stops with the same message before any connection is made.
-fn join_job(config: &RunConfig, job: &JobShape) -> Result<Option<weft_dist::ProcessGroup>> {
-    let p = &config.parallel;
-    let want = p.dp * p.tp * p.pp;
-    let ranks = job.ranks;
-    if want != ranks {
-        let who = job.describe();
-        return Err(Error::Config(format!(
-            "parallel: dp x tp x pp = {} x {} x {} = {want}, but {who}; start {want} ranks, e.g. `weft launch \
-             --nproc-per-node {want} -- weft train ...`, or leave parallel.dp unset to use every rank",
-            p.dp, p.tp, p.pp
-        )));
-    }
-    if ranks == 1 {
-        return Ok(None);
-    }
-    Ok(Some(weft_dist::init()?))
-}
-
-/// `config` with `parallel.dp = 0` (the default) replaced by the data-parallel ranks the job
-/// has: its ranks divided by `tp x pp`.
-fn with_job_dp(config: &RunConfig, job: &JobShape) -> Result<RunConfig> {
-    let mut resolved = config.clone();
-    let p = &config.parallel;
-    if p.dp == 0 {
-        let cut = p.tp * p.pp;
-        if cut == 0 || !job.ranks.is_multiple_of(cut) {
-            return Err(Error::Config(format!(
-                "parallel: dp unset takes the job's ranks divided by tp x pp = {} x {} = {cut}, but {}; start a \
-                 multiple of {cut} ranks, e.g. `weft launch --nproc-per-node {cut} -- weft train ...`",
-                p.tp,
-                p.pp,
-                job.describe()
-            )));
-        }
-        resolved.parallel.dp = job.ranks / cut;
-    }
-    Ok(resolved)
-}
-
-/// Checks before anything is built that the data can serve the run: CSV labels within the
-/// model's classes, and a validation split that gives a batch when the run evaluates.
-fn check_data(config: &RunConfig, data: &Data) -> Result<()> {
-    let t = &config.train;
-    if t.eval_every == 0 {
-        return Ok(());
-    }
-    let Some(eval) = &data.eval else {
-        return Err(Error::Config(format!(
-            "train.eval_every = {}, but the data has no validation split (data.val_fraction = 0, or data of kind \
-             \"batches\"); set train.eval_every = 0, or give the data a validation split",
-            t.eval_every
-        )));
-    };
-    eval(0).map(drop).map_err(|e| {
-        Error::Config(format!(
-            "train.eval_every = {}, but the validation split cannot give a batch: {e}; raise data.val_fraction or \
-             set train.eval_every = 0",
-            t.eval_every
-        ))
-    })
 }
 
 /// Checks, on the rank that writes it (`writes`), that the metrics file of a new run holds no

@@ -1,0 +1,95 @@
+//! The model, optimizer and schedule of a run config's sections.
+
+use std::sync::Arc;
+
+use weft_models::convnet::{ConvNet, ConvNetConfig};
+use weft_models::gpt::Gpt;
+use weft_models::mlp::{MlpConfig, MlpModel};
+use weft_models::Model;
+use weft_nn::layers::Activation;
+use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use weft_nn::schedule::Schedule;
+
+use crate::config::{ModelConfig, OptimConfig, ScheduleConfig};
+use crate::error::{Error, Result};
+
+/// The model of a `[model]` section, initialised from `seed`.
+pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
+    Ok(match cfg {
+        ModelConfig::Mlp(m) => {
+            let activation = Activation::parse(&m.activation).ok_or_else(|| {
+                Error::Config(format!(
+                    "model.activation: {:?} is not one of relu, gelu, tanh",
+                    m.activation
+                ))
+            })?;
+            let c = MlpConfig {
+                in_features: m.in_features,
+                hidden: m.hidden.clone(),
+                out_features: m.out_features,
+                activation,
+            };
+            Arc::new(MlpModel::new(c, seed)?)
+        }
+        ModelConfig::Convnet(m) => {
+            let c = ConvNetConfig {
+                in_channels: m.in_channels,
+                image_size: m.image_size,
+                channels: m.channels.clone(),
+                num_classes: m.num_classes,
+            };
+            Arc::new(ConvNet::new(c, seed)?)
+        }
+        ModelConfig::Gpt(_) => Arc::new(build_gpt(cfg, seed)?),
+    })
+}
+
+pub(crate) fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
+    let ModelConfig::Gpt(g) = cfg else {
+        return Err(Error::Config("model.kind: expected gpt".into()));
+    };
+    Ok(Gpt::new(g.to_config(), seed)?)
+}
+
+/// The optimizer of an `[optim]` section.
+pub fn build_optimizer(o: &OptimConfig) -> Result<Box<dyn Optimizer>> {
+    let betas = o.betas.map(|b| (b[0], b[1]));
+    Ok(match o.kind.as_str() {
+        "sgd" => Box::new(Sgd::new(SgdConfig {
+            momentum: o.momentum,
+            dampening: o.dampening,
+            nesterov: o.nesterov,
+        })?),
+        "adam" | "adamw" => {
+            let d = AdamConfig::default();
+            let cfg = AdamConfig {
+                betas: betas.unwrap_or(d.betas),
+                eps: o.eps.unwrap_or(d.eps),
+                decoupled: o.kind == "adamw",
+            };
+            Box::new(Adam::new(cfg)?)
+        }
+        k => {
+            return Err(Error::Config(format!(
+                "optim.kind: {k:?} is not one of sgd, adam, adamw"
+            )))
+        }
+    })
+}
+
+/// The schedule of a `[schedule]` section.
+pub fn build_schedule(s: &ScheduleConfig, lr: f64) -> Result<Schedule> {
+    let schedule = match s {
+        ScheduleConfig::Constant => Schedule::Constant { lr },
+        ScheduleConfig::Cosine(c) => Schedule::Cosine {
+            lr,
+            warmup_steps: c.warmup_steps,
+            decay_steps: c.decay_steps,
+            min_lr: c.min_lr,
+        },
+    };
+    schedule
+        .validate()
+        .map_err(|e| Error::Config(format!("schedule: {e}")))?;
+    Ok(schedule)
+}
