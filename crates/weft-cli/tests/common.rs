@@ -238,3 +238,42 @@ pub fn sample_of_built_in_run(ranks: usize, layout: &[&str], run: &[&str]) -> St
         .unwrap_or_else(|| panic!("no sample in:\n{stdout}"));
     sample.to_string()
 }
+
+/// `weft train` on the small built-in gpt ([`SMALL_GPT`]) with `extra` arguments.
+pub fn small_run<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["train"];
+    args.extend(SMALL_GPT);
+    args.extend(extra);
+    args
+}
+
+/// The gpt fixture's run config.
+pub fn gpt_fixture() -> String {
+    fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
+}
+
+/// Runs `args`, which must fail with exit status 1 and a last stderr line that holds every
+/// `needle`; that line.
+pub fn fails_with(args: &[&str], needles: &[&str]) -> String {
+    let out = weft(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "weft {args:?}:\n{err}");
+    let last = err.trim().lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("weft: error: "), "{err}");
+    for n in needles {
+        assert!(last.contains(n), "{n:?} in {last:?}");
+    }
+    last
+}
+
+/// The entries of a folder, by name.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}

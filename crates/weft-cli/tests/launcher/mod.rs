@@ -1,0 +1,181 @@
+//! Helpers of the launcher's tests: running a launcher to the end with a deadline, shell-script
+//! workers, temporary folders.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+/// Longest any launcher here may take (they finish in about a second when nothing is wrong).
+pub const LIMIT: Duration = Duration::from_secs(180);
+
+/// What a finished launcher left.
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn show(&self) -> String {
+        format!(
+            "exit {:?} after {:.1} s\n--- stdout\n{}--- stderr\n{}",
+            self.code,
+            self.elapsed.as_secs_f64(),
+            self.stdout,
+            self.stderr
+        )
+    }
+}
+
+/// `weft launch` without the variables of an enclosing job, output piped.
+pub fn launcher() -> Command {
+    let mut cmd = Command::new(WEFT);
+    cmd.arg("launch");
+    for v in [
+        "WEFT_JOB_TOKEN",
+        "WEFT_NUM_THREADS",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WEFT_LAUNCHED",
+        "WEFT_RESTART_COUNT",
+        "WEFT_ERROR_FILE",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+/// `weft launch FLAGS -- sh -c SCRIPT` with extra variables.
+pub fn sh_job(flags: &[&str], script: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = launcher();
+    cmd.args(flags).args(["--", "sh", "-c", script]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+pub fn reader(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        let _ = tx.send(b);
+    });
+    rx
+}
+
+/// Waits for `child` (up to LIMIT; killed and reported past it) and collects its output.
+pub fn finish(mut child: Child, started: Instant, out: mpsc::Receiver<Vec<u8>>, err: mpsc::Receiver<Vec<u8>>) -> Run {
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = |rx: &mpsc::Receiver<Vec<u8>>| {
+                String::from_utf8_lossy(&rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default()).into_owned()
+            };
+            panic!(
+                "weft launch still running after {LIMIT:?}\n--- stdout\n{}--- stderr\n{}",
+                text(&out),
+                text(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let elapsed = started.elapsed();
+    let text = |rx: mpsc::Receiver<Vec<u8>>| {
+        String::from_utf8_lossy(&rx.recv_timeout(Duration::from_secs(30)).expect("output ends")).into_owned()
+    };
+    Run {
+        code: status.code(),
+        stdout: text(out),
+        stderr: text(err),
+        elapsed,
+    }
+}
+
+pub fn run(mut cmd: Command) -> Run {
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("weft launch starts");
+    let out = reader(child.stdout.take().unwrap());
+    let err = reader(child.stderr.take().unwrap());
+    finish(child, started, out, err)
+}
+
+/// A fresh empty folder under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("weft-launch-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub const ENV_SCRIPT: &str = "echo \"env RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE \
+    LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT \
+    WEFT_JOB_TOKEN=$WEFT_JOB_TOKEN WEFT_LAUNCHED=$WEFT_LAUNCHED WEFT_RESTART_COUNT=$WEFT_RESTART_COUNT \
+    WEFT_NUM_THREADS=$WEFT_NUM_THREADS WEFT_ERROR_FILE=$WEFT_ERROR_FILE\"";
+
+/// The variables each rank printed with ENV_SCRIPT, by global rank.
+pub fn env_by_rank(stdout: &str) -> HashMap<usize, HashMap<String, String>> {
+    let mut by_rank = HashMap::new();
+    for line in stdout.lines() {
+        let Some((prefix, rest)) = line.split_once("]: env ") else {
+            continue;
+        };
+        let rank: usize = prefix.strip_prefix("[rank").unwrap().parse().unwrap();
+        let vars: HashMap<String, String> = rest
+            .split(' ')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(
+            vars.get("RANK").map(String::as_str),
+            Some(rank.to_string().as_str()),
+            "{line}"
+        );
+        assert!(by_rank.insert(rank, vars).is_none(), "rank {rank} printed twice");
+    }
+    by_rank
+}
+
+/// Runs `weft launch ARGS` and checks it fails with one line on stderr containing `want`.
+pub fn refused(args: &[&str], env: &[(&str, &str)], want: &str) -> Run {
+    let mut cmd = launcher();
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let r = run(cmd);
+    assert!(r.code.is_some_and(|c| c != 0), "{args:?}: {}", r.show());
+    assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.show());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{args:?}: {}", r.show());
+    assert!(r.stderr.contains(want), "{args:?}: want {want:?}\n{}", r.show());
+    r
+}
