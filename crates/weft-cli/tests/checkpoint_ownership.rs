@@ -162,15 +162,24 @@ fn resume_says_what_it_does_and_refuses_other_text() {
     let out = temp_dir("resume-says");
     // nothing to resume: one line, and the run starts at step 0
     let missing = path_set("train.checkpoint_dir", &out.join("not-yet"));
-    let run = weft_ok(&small_run(&[
-        "--quiet",
-        "--resume",
-        "--set",
-        "train.steps=3",
-        "--set",
-        &missing,
-    ]));
+    // records already in the metrics file (of an attempt killed before its first checkpoint, or
+    // of another run) are kept beside it
+    let metrics = out.join("m.jsonl");
+    std::fs::write(&metrics, "{\"step\": 1, \"loss\": 9.0}\n").unwrap();
+    let m = path_set("train.metrics", &metrics);
+    #[rustfmt::skip]
+    let run = weft_ok(&small_run(&["--quiet", "--resume", "--set", "train.steps=3", "--set", &missing, "--set", &m]));
+    assert_eq!(read_metrics(&metrics).len(), 3);
+    let aside = out.join("m.jsonl.1");
+    assert_eq!(
+        std::fs::read_to_string(&aside).unwrap(),
+        "{\"step\": 1, \"loss\": 9.0}\n"
+    );
     let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("kept the records already in") && err.contains("m.jsonl.1"),
+        "{err}"
+    );
     assert!(
         err.contains("holds no checkpoint to resume; starting at step 0"),
         "{err}"

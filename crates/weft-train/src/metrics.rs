@@ -117,6 +117,21 @@ impl MetricsFile {
     }
 }
 
+/// Moves a non-empty metrics file at `path` aside, to `PATH.<n>` with the first `n` from 1 that is
+/// free; where it went (`None` when there was nothing to keep).
+pub fn set_aside(path: &Path) -> Result<Option<PathBuf>> {
+    if std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
+        return Ok(None);
+    }
+    let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let aside = (1..)
+        .map(|n| path.with_file_name(format!("{name}.{n}")))
+        .find(|p| !p.exists())
+        .unwrap_or_default();
+    std::fs::rename(path, &aside).map_err(|e| Error::Io(format!("train.metrics: {}: {e}", path.display())))?;
+    Ok(Some(aside))
+}
+
 /// Removes from the metrics file at `path` every record of a step after `steps`, and any line
 /// that is not a whole JSON object (cut short by a killed run), through a temporary file renamed
 /// over it.

@@ -20,7 +20,7 @@ use layout::{job_shape, join_job, with_job_dp};
 use crate::checkpoint::{self, ClaimMode};
 use crate::config::{ModelConfig, RunConfig};
 use crate::error::{Error, Result};
-use crate::metrics::{MetricsFile, MetricsMode};
+use crate::metrics::{self, MetricsFile, MetricsMode};
 use crate::trainer::{CheckpointPolicy, Trainer};
 
 /// Options of `weft train` besides the config file.
@@ -266,12 +266,24 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         }
     }
     if let (Some(path), true) = (&t.metrics, logs) {
-        let mode = if options.resume {
-            MetricsMode::Resume { steps: start }
-        } else {
-            MetricsMode::Fresh { overwrite: t.overwrite }
+        let path = config.resolve(path);
+        let mode = match (options.resume, trainer.resumed_from()) {
+            (true, Some(_)) => MetricsMode::Resume { steps: start },
+            (true, None) => {
+                // nothing of this folder was resumed: whatever the file holds (an attempt killed
+                // before its first checkpoint, or another run's records) is kept beside it
+                if let Some(aside) = metrics::set_aside(&path)? {
+                    weft_core::errln!(
+                        "weft: --resume: nothing was resumed; kept the records already in {} as {}",
+                        path.display(),
+                        aside.display()
+                    );
+                }
+                MetricsMode::Fresh { overwrite: false }
+            }
+            (false, _) => MetricsMode::Fresh { overwrite: t.overwrite },
         };
-        trainer = trainer.with_callback(MetricsFile::open(&config.resolve(path), mode)?);
+        trainer = trainer.with_callback(MetricsFile::open(&path, mode)?);
     }
     let mut outcome = RunOutcome::default();
     if start < t.steps {
