@@ -91,9 +91,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     let config = &resolved;
     let t = &config.train;
     let p = &config.parallel;
-    // refuse what cannot fit before allocating any of it (every rank computes the same)
-    crate::memory::check(config, job.local_ranks)?;
     let group = join_job(config, &job)?;
+    // refuse what cannot fit before allocating any of it (the ranks read the free memory at
+    // different moments: they agree, so that none goes on alone)
+    let fits = crate::memory::check(config, job.local_ranks);
+    crate::job::agree(group.as_ref(), fits, "the memory check")?;
     let rank = group.as_ref().map_or(0, |g| g.rank());
     // rank 0 logs, shows progress and samples for the whole job
     let logs = rank == 0;
