@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{fixtures, path_set, temp_dir, weft, weft_ok};
+use common::{consolidate_ok, fixtures, path_set, temp_dir, weft, weft_ok};
 
 fn config() -> String {
     fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
@@ -234,13 +234,7 @@ fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
         assert!(text.contains(want), "{want:?} in:\n{text}");
     }
     let file = dir.join("model.safetensors");
-    weft_ok(&[
-        "checkpoint",
-        "consolidate",
-        ckpt.to_str().unwrap(),
-        "-o",
-        file.to_str().unwrap(),
-    ]);
+    consolidate_ok(&ckpt, &file);
     let written = weft_core::io::safetensors::load(&file).unwrap().tensors;
     let original = weft_train::checkpoint::read(&ckpt.join("step-00000005"))
         .unwrap()

@@ -277,3 +277,25 @@ pub fn names(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Runs `weft checkpoint consolidate CKPT -o FILE`.
+pub fn consolidate(ckpt: &Path, file: &Path) -> Output {
+    weft(&[
+        "checkpoint",
+        "consolidate",
+        ckpt.to_str().unwrap(),
+        "-o",
+        file.to_str().unwrap(),
+    ])
+}
+
+/// [`consolidate`], which must succeed.
+pub fn consolidate_ok(ckpt: &Path, file: &Path) -> Output {
+    let out = consolidate(ckpt, file);
+    assert!(
+        out.status.success(),
+        "consolidate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{fixtures, path_set, temp_dir, weft, weft_ok};
+use common::{consolidate, fixtures, path_set, temp_dir, weft_ok};
 
 /// A checkpoint of the gpt fixture after 5 steps, in `dir/ckpt`.
 fn checkpoint(dir: &Path) -> PathBuf {
@@ -18,16 +18,6 @@ fn checkpoint(dir: &Path) -> PathBuf {
     weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--set", "train.steps=5",
         "--set", "train.checkpoint_every=5", "--set", &path_set("train.checkpoint_dir", &ckpt)]);
     ckpt
-}
-
-fn consolidate(ckpt: &Path, output: &Path) -> Output {
-    weft(&[
-        "checkpoint",
-        "consolidate",
-        ckpt.to_str().unwrap(),
-        "-o",
-        output.to_str().unwrap(),
-    ])
 }
 
 /// Checks that `out` failed with exactly one `weft: error:` line, and returns it.

@@ -297,15 +297,7 @@ fn the_rank_that_gave_up_is_named_as_the_cause() {
         );
         let e = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "n={n}: {e}");
-        let report = e
-            .lines()
-            .find(|l| l.contains("job failed"))
-            .unwrap_or_else(|| panic!("n={n}: {e}"));
-        assert!(
-            report.starts_with("weft launch: job failed: rank 1 (local rank 1 on node 0, pid ")
-                && report.contains(") caused the failure: "),
-            "n={n}: {e}"
-        );
+        names_rank_1_as_the_cause(&e);
         // the others are still listed: failed because of rank 1, or stopped by the launcher
         let rest: Vec<&str> = e
             .lines()
@@ -320,6 +312,19 @@ fn the_rank_that_gave_up_is_named_as_the_cause() {
             );
         }
     }
+}
+
+/// Checks that the launcher's report in `stderr` names rank 1 as the rank that caused the failure.
+fn names_rank_1_as_the_cause(stderr: &str) {
+    let report = stderr
+        .lines()
+        .find(|l| l.contains("job failed"))
+        .unwrap_or_else(|| panic!("no report in:\n{stderr}"));
+    assert!(
+        report.starts_with("weft launch: job failed: rank 1 (local rank 1 on node 0, pid ")
+            && report.contains(") caused the failure: "),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -346,15 +351,7 @@ fn the_rank_that_gave_up_is_named_in_elastic_rounds_too() {
     let e = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{e}");
     assert!(e.contains("rendezvous round 0: 1 node(s)"), "{e}");
-    let report = e
-        .lines()
-        .find(|l| l.contains("job failed"))
-        .unwrap_or_else(|| panic!("{e}"));
-    assert!(
-        report.starts_with("weft launch: job failed: rank 1 (local rank 1 on node 0, pid ")
-            && report.contains(") caused the failure: "),
-        "{e}"
-    );
+    names_rank_1_as_the_cause(&e);
 }
 
 /// `weft ARGS` with no variables of a launcher, Slurm or OpenMPI.

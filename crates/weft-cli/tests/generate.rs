@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{path_set, temp_dir, weft, weft_ok};
+use common::{consolidate_ok, path_set, temp_dir, weft, weft_ok};
 use weft_core::io::safetensors;
 
 /// Trains a small gpt (one block, width 32, block_size 16) for 3 steps on the built-in corpus,
@@ -169,13 +169,7 @@ fn a_consolidated_file_generates_what_its_checkpoint_generates() {
     let dir = temp_dir("gen-consolidated");
     let ckpt = train_tiny(&dir);
     let file = dir.join("model.safetensors");
-    weft_ok(&[
-        "checkpoint",
-        "consolidate",
-        ckpt.to_str().unwrap(),
-        "-o",
-        file.to_str().unwrap(),
-    ]);
+    consolidate_ok(&ckpt, &file);
     let (tensors, meta) = read_file(&file);
     assert_eq!(meta["format"], "pt");
     assert_eq!(meta["weft.step"], "3");
@@ -298,13 +292,7 @@ fn a_config_that_does_not_match_the_tensors_is_refused_before_building_the_model
     std::fs::write(&index_path, &original).unwrap();
     // the same claims in a consolidated file's metadata
     let file = dir.join("model.safetensors");
-    weft_ok(&[
-        "checkpoint",
-        "consolidate",
-        ckpt.to_str().unwrap(),
-        "-o",
-        file.to_str().unwrap(),
-    ]);
+    consolidate_ok(&ckpt, &file);
     let (tensors, meta) = read_file(&file);
     let forged_file = dir.join("forged.safetensors");
     for (forged, needles) in forged_configs(&model) {

@@ -71,14 +71,10 @@ pub fn check_memory(flag: &str, size: usize, ranks: usize, local_ranks: usize) -
     }
 }
 
-/// A zeroed f32 tensor of `elems` elements for `what`; an error when the memory cannot be had,
-/// where the allocator would abort the process.
+/// A zeroed f32 tensor of `elems` elements for `what` (fallible, as every tensor allocation): an
+/// error naming `what` when the memory cannot be had.
 fn buffer(elems: usize, what: &str) -> Result<Tensor> {
-    let mut v: Vec<f32> = Vec::new();
-    v.try_reserve_exact(elems)
-        .map_err(|e| Error::Invalid(format!("cannot allocate {} bytes for {what}: {e}", (elems as u128) * 4)))?;
-    v.resize(elems, 0.0);
-    Ok(Tensor::from_vec(v, &[elems])?)
+    Tensor::zeros(&[elems], weft_core::DType::F32).map_err(|e| Error::Invalid(format!("{what}: {e}")))
 }
 
 /// Sizes from 4 KiB to 64 MiB, by factors of 4.
@@ -169,7 +165,7 @@ mod tests {
         for elems in [usize::MAX / 2, 1 << 60] {
             let e = buffer(elems, "all_reduce at 4 EiB").unwrap_err().to_string();
             assert!(
-                e.starts_with("cannot allocate") && e.contains("all_reduce at 4 EiB"),
+                e.starts_with("all_reduce at 4 EiB: ") && e.contains("cannot allocate"),
                 "{e}"
             );
         }

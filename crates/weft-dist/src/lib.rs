@@ -39,6 +39,7 @@ pub mod pipeline;
 mod reduce;
 pub mod selfcheck;
 mod shm;
+pub mod signal;
 pub mod store;
 pub mod tensor_parallel;
 pub mod trace;

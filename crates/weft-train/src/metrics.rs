@@ -46,13 +46,7 @@ impl MetricsFile {
         }
         let existing = std::fs::metadata(path).map_or(0, |m| m.len());
         match mode {
-            MetricsMode::Fresh { overwrite: false } if existing > 0 => {
-                return Err(Error::Config(format!(
-                    "train.metrics: {} holds another run's records; continue that run with --resume, write this \
-                     one elsewhere, or set train.overwrite = true to replace it",
-                    path.display()
-                )))
-            }
+            MetricsMode::Fresh { overwrite: false } => check_new(path, false)?,
             MetricsMode::Fresh { overwrite: true } if existing > 0 => {
                 weft_core::errln!("weft: train.overwrite: replacing {}", path.display());
                 std::fs::write(path, b"").map_err(|e| bad(&e))?;
@@ -72,16 +66,6 @@ impl MetricsFile {
             len,
             lost: 0,
         })
-    }
-
-    /// `open` for a new run that may replace the file (`append`: keep what is there).
-    pub fn create(path: &Path, append: bool) -> Result<Self> {
-        let mode = if append {
-            MetricsMode::Resume { steps: usize::MAX }
-        } else {
-            MetricsMode::Fresh { overwrite: true }
-        };
-        Self::open(path, mode)
     }
 
     /// How many records could not be written.
@@ -115,6 +99,20 @@ impl MetricsFile {
             }
         }
     }
+}
+
+/// Checks that a new run may write its records to `path`: that it holds no other run's (unless
+/// `overwrite`, which will replace them) and can be written. `train.metrics` names it in errors.
+pub fn check_new(path: &Path, overwrite: bool) -> Result<()> {
+    if !overwrite && std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        return Err(Error::Config(format!(
+            "train.metrics: {} holds another run's records; continue that run with --resume, write this one \
+             elsewhere, or set train.overwrite = true to replace it",
+            path.display()
+        )));
+    }
+    crate::trainer::probe_writable(path)
+        .map_err(|e| Error::Config(format!("train.metrics: cannot write {}: {e}", path.display())))
 }
 
 /// Moves a non-empty metrics file at `path` aside, to `PATH.<n>` with the first `n` from 1 that is

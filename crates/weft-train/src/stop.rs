@@ -29,24 +29,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// was ignored when the process started (`nohup`, a background job) stays ignored.
 pub fn install() -> std::io::Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: sigaction with a zeroed struct, a handler that only touches atomics (and
-        // re-raises), and an empty mask; `old` is written by the kernel.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if old.sa_sigaction == libc::SIG_IGN {
-                continue;
-            }
-            let mut new: libc::sigaction = std::mem::zeroed();
-            new.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            new.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut new.sa_mask);
-            if libc::sigaction(sig, &new, std::ptr::null_mut()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
+        weft_dist::signal::catch(sig, on_signal)?;
     }
     Ok(())
 }
@@ -62,13 +45,4 @@ pub fn requested() -> Option<i32> {
 /// Asks the run to stop after its current step, as signal `sig` would.
 pub fn request(sig: i32) {
     let _ = SIGNAL.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
-}
-
-/// `SIGINT`, `SIGTERM`, or `signal N`.
-pub fn name(sig: i32) -> String {
-    match sig {
-        libc::SIGINT => "SIGINT".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        s => format!("signal {s}"),
-    }
 }

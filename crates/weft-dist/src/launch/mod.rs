@@ -38,11 +38,11 @@ use crate::error::{Error, Result};
 use crate::failure::ERROR_FILE_VAR;
 use crate::store::StoreServer;
 
+pub use crate::signal::signal_name;
 pub use config::{parse_nnodes, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT};
 use error_files::ErrorFiles;
 pub use limits::{max_nproc_per_node, Limit, MAX_NPROC_PER_NODE};
 use report::{ranks_text, Failure};
-pub use signals::signal_name;
 pub use worker::describe as describe_exit;
 use worker::{drain_output, Spec, Worker};
 

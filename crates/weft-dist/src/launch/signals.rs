@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{Error, Result};
+use crate::signal::signal_name;
 
 /// The signals the launcher forwards to its workers.
 pub(super) const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -34,22 +35,7 @@ impl Handlers {
         COUNT.store(0, Ordering::SeqCst);
         let mut handlers = Handlers { previous: Vec::new() };
         for sig in FORWARDED {
-            // SAFETY: sigaction on zeroed, then filled, structs; the handler only touches atomics.
-            unsafe {
-                let mut old: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                    return Err(sig_error(sig));
-                }
-                if old.sa_sigaction == libc::SIG_IGN {
-                    continue;
-                }
-                let mut new: libc::sigaction = std::mem::zeroed();
-                new.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-                new.sa_flags = libc::SA_RESTART;
-                libc::sigemptyset(&mut new.sa_mask);
-                if libc::sigaction(sig, &new, &mut old) != 0 {
-                    return Err(sig_error(sig));
-                }
+            if let Some(old) = crate::signal::catch(sig, on_signal).map_err(|e| sig_error(sig, e))? {
                 handlers.previous.push((sig, old));
             }
         }
@@ -68,12 +54,8 @@ impl Drop for Handlers {
     }
 }
 
-fn sig_error(sig: libc::c_int) -> Error {
-    Error::Io(format!(
-        "cannot install a handler for {}: {}",
-        signal_name(sig),
-        std::io::Error::last_os_error()
-    ))
+fn sig_error(sig: libc::c_int, e: std::io::Error) -> Error {
+    Error::Io(format!("cannot install a handler for {}: {e}", signal_name(sig)))
 }
 
 /// The last forwarded signal received since [`Handlers::install`], if any.
@@ -87,34 +69,4 @@ pub(super) fn received() -> Option<i32> {
 /// How many signals were received since [`Handlers::install`].
 pub(super) fn count() -> usize {
     COUNT.load(Ordering::SeqCst)
-}
-
-/// `SIGKILL` for 9, `signal 64` for a number without a name here.
-pub fn signal_name(sig: i32) -> String {
-    let name = match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGCHLD => "SIGCHLD",
-        libc::SIGCONT => "SIGCONT",
-        libc::SIGSTOP => "SIGSTOP",
-        libc::SIGTSTP => "SIGTSTP",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGXFSZ => "SIGXFSZ",
-        libc::SIGSYS => "SIGSYS",
-        _ => return format!("signal {sig}"),
-    };
-    name.to_string()
 }

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::signals::signal_name;
 use crate::error::{Error, Result};
 use crate::failure::Record;
+use crate::signal::signal_name;
 
 /// A line longer than this (in bytes, without a newline) is forwarded in pieces of this size,
 /// so a worker that writes binary junk cannot grow the launcher's memory without bound.

@@ -108,8 +108,9 @@ impl Claim {
 }
 
 /// Creates and removes a file in `dir`: the cheapest proof that a checkpoint can be written.
+/// Ranks on several hosts probe one shared folder at once: the name holds the host and the pid.
 fn check_writable(dir: &Path) -> std::result::Result<(), String> {
-    let probe = dir.join(format!(".write-test-{}", std::process::id()));
+    let probe = dir.join(format!(".write-test-{}-{}", host_name(), std::process::id()));
     File::create(&probe).map_err(|e| format!("cannot write in {}: {e}", dir.display()))?;
     std::fs::remove_file(&probe).map_err(|e| format!("cannot remove a file in {}: {e}", dir.display()))
 }

@@ -47,37 +47,17 @@ pub struct RunOutcome {
     pub stopped_by: Option<i32>,
 }
 
-/// Checks, on the rank that writes it (`writes`), that the metrics file of a new run holds no
-/// other run's records (unless `train.overwrite`) and that the trace can be written, so that
-/// neither fails after training; every rank of `group` fails if it fails.
-fn check_outputs(config: &RunConfig, options: &TrainOptions, group: Option<&weft_dist::ProcessGroup>) -> Result<()> {
-    let t = &config.train;
+/// Checks, before anything is built, that a new run's metrics file holds no other run's records
+/// (unless `train.overwrite`) and can be written, on the rank that writes it; every rank of
+/// `group` fails if it fails. (The trace's path is checked by `Trainer::fit`, before its first
+/// step.)
+fn check_metrics(config: &RunConfig, options: &TrainOptions, group: Option<&weft_dist::ProcessGroup>) -> Result<()> {
     let writes = group.is_none_or(|g| g.rank() == 0);
-    let check = || -> Result<()> {
-        if !writes {
-            return Ok(());
-        }
-        if let Some(path) = &t.metrics {
-            let path = config.resolve(path);
-            let taken = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
-            if taken && !options.resume && !t.overwrite {
-                return Err(Error::Config(format!(
-                    "train.metrics: {} holds another run's records; continue that run with --resume, write this \
-                     one elsewhere, or set train.overwrite = true to replace it",
-                    path.display()
-                )));
-            }
-            crate::trainer::probe_writable(&path)
-                .map_err(|e| Error::Config(format!("train.metrics: cannot write {}: {e}", path.display())))?;
-        }
-        if let Some(path) = &t.trace {
-            let path = config.resolve(path);
-            crate::trainer::probe_writable(&path)
-                .map_err(|e| Error::Config(format!("train.trace: cannot write {}: {e}", path.display())))?;
-        }
-        Ok(())
+    let checked = match (&config.train.metrics, writes && !options.resume) {
+        (Some(path), true) => metrics::check_new(&config.resolve(path), config.train.overwrite),
+        _ => Ok(()),
     };
-    crate::job::agree(group, check(), "checking train.metrics and train.trace")
+    crate::job::agree(group, checked, "checking train.metrics")
 }
 
 /// Runs the training described by `config`.
@@ -142,7 +122,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         }
         None => None,
     };
-    check_outputs(config, options, group.as_ref())?;
+    check_metrics(config, options, group.as_ref())?;
     let init = config.init.from.as_ref().map(|f| config.resolve(f));
     let load_init = |m: &dyn Model| -> Result<()> {
         if let Some(path) = &init {
@@ -298,7 +278,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             };
             weft_core::errln!(
                 "weft: stopped by {} after step {}; {saved}",
-                crate::stop::name(sig),
+                weft_dist::signal::signal_name(sig),
                 summary.steps
             );
         }

@@ -13,26 +13,26 @@ use crate::checkpoint::{self, CheckpointState, Claim, ClaimMode, Loaded};
 use crate::error::{Error, Result};
 
 impl Trainer {
-    /// The ranks that write a checkpoint together: the job, else the data-parallel group;
-    /// `None` for a single process.
-    pub(super) fn checkpoint_group(&self) -> Result<Option<&ProcessGroup>> {
-        match (&self.job, &self.data_parallel) {
-            (Some(job), _) => Ok(Some(job)),
-            _ if self.tensor_parallel.is_some() || self.pipeline.is_some() => Err(Error::Config(
-                "checkpoints of a tensor-parallel or pipeline run need the job's group (Trainer::with_job)".into(),
-            )),
-            (None, Some((pg, _))) => Ok(Some(pg)),
-            (None, None) => Ok(None),
-        }
+    /// The ranks of the run: the job, else the data-parallel group; `None` for a single process.
+    /// They write checkpoints together, agree on when to stop, and their rank 0 logs.
+    pub(super) fn job_group(&self) -> Option<&ProcessGroup> {
+        self.job.as_ref().or(self.data_parallel.as_ref().map(|(pg, _)| pg))
     }
 
-    /// Whether this rank logs for the job (rank 0 of the job, or of the data-parallel group).
-    pub fn is_logging_rank(&self) -> bool {
-        match (&self.job, &self.data_parallel) {
-            (Some(job), _) => job.rank() == 0,
-            (None, Some((pg, _))) => pg.rank() == 0,
-            (None, None) => true,
+    /// [`Trainer::job_group`], which tensor and pipeline parallelism need to have been given
+    /// ([`Trainer::with_job`]) for checkpoints.
+    pub(super) fn checkpoint_group(&self) -> Result<Option<&ProcessGroup>> {
+        if self.job.is_none() && (self.tensor_parallel.is_some() || self.pipeline.is_some()) {
+            return Err(Error::Config(
+                "checkpoints of a tensor-parallel or pipeline run need the job's group (Trainer::with_job)".into(),
+            ));
         }
+        Ok(self.job_group())
+    }
+
+    /// Whether this rank logs for the job (rank 0 of [`Trainer::job_group`]).
+    pub fn is_logging_rank(&self) -> bool {
+        self.job_group().is_none_or(|g| g.rank() == 0)
     }
 
     /// Claims the checkpoint folder for this run (see [`checkpoint::Claim`]): every rank checks

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use weft_core::Tensor;
-use weft_dist::{ProcessGroup, ReduceOp};
+use weft_dist::ReduceOp;
 
 use super::{BatchFn, Callback, EvalRecord, StepRecord, Trainer};
 use crate::checkpoint::ClaimMode;
@@ -113,11 +113,6 @@ impl Trainer {
             weft_dist::trace::gather_and_write(self.job_group(), path)?;
         }
         Ok(summary)
-    }
-
-    /// The ranks that must agree on when to stop: the job, else the data-parallel group.
-    fn job_group(&self) -> Option<&ProcessGroup> {
-        self.job.as_ref().or(self.data_parallel.as_ref().map(|(pg, _)| pg))
     }
 
     /// The signal that asked this run to stop, agreed by every rank of the job (the first
