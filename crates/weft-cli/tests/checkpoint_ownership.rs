@@ -9,6 +9,7 @@ use std::process::Stdio;
 
 use common::{
     fails_with, gpt_fixture, names, path_set, read_metrics, small_run, temp_dir, wait_for, weft_command, weft_ok,
+    KillOnDrop,
 };
 
 #[test]
@@ -92,23 +93,23 @@ fn a_folder_in_use_is_refused_naming_its_holder_and_freed_when_it_dies() {
     let metrics = out.join("m.jsonl");
     let m = path_set("train.metrics", &metrics);
     #[rustfmt::skip]
-    let mut first = weft_command(&small_run(&["--quiet", "--set", "train.steps=1000000", "--set", "train.log_every=1",
-        "--set", &set, "--set", &m]))
+    let mut first = KillOnDrop(weft_command(&small_run(&["--quiet", "--set", "train.steps=1000000",
+        "--set", "train.log_every=1", "--set", &set, "--set", &m]))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap());
     assert!(
         wait_for(120, || common::last_logged_step(&metrics) > 0),
         "the first run started"
     );
     #[rustfmt::skip]
     let err = fails_with(&small_run(&["--quiet", "--resume", "--set", "train.steps=5", "--set", &set]),
-        &["is in use by another run", &format!("pid {}", first.id())]);
+        &["is in use by another run", &format!("pid {}", first.0.id())]);
     assert!(err.contains("took it"), "{err}");
     // killed, it leaves no stale lock: the folder can be resumed at once
-    first.kill().unwrap();
-    first.wait().unwrap();
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
     #[rustfmt::skip]
     weft_ok(&small_run(&["--quiet", "--resume", "--set", "train.steps=5", "--set", &set]));
 }

@@ -299,3 +299,14 @@ pub fn consolidate_ok(ckpt: &Path, file: &Path) -> Output {
     );
     out
 }
+
+/// A child process killed (and reaped) when this is dropped, so that a failing test leaves no
+/// long run behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
