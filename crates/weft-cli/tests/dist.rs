@@ -298,7 +298,8 @@ fn the_rank_that_gave_up_is_named_as_the_cause() {
         let e = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "n={n}: {e}");
         names_rank_1_as_the_cause(&e);
-        // the others are still listed: failed because of rank 1, or stopped by the launcher
+        // the others are still listed: failed because of another rank (rank 1, or a rank that
+        // relayed rank 1's abort), or stopped by the launcher
         let rest: Vec<&str> = e
             .lines()
             .filter(|l| l.starts_with("weft launch: also failed") || l.starts_with("weft launch: stopped by"))
@@ -306,7 +307,7 @@ fn the_rank_that_gave_up_is_named_as_the_cause() {
         for r in (0..n).filter(|&r| r != 1) {
             assert!(
                 rest.iter()
-                    .any(|l| l.contains(&format!("rank {r} (exit code 1, because of rank 1)"))
+                    .any(|l| l.contains(&format!("rank {r} (exit code 1, because of rank "))
                         || (l.contains("stopped by") && l.contains(&r.to_string()))),
                 "n={n}, rank {r}: {e}"
             );

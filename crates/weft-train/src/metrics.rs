@@ -68,11 +68,6 @@ impl MetricsFile {
         })
     }
 
-    /// How many records could not be written.
-    pub fn lost_records(&self) -> usize {
-        self.lost
-    }
-
     fn write(&mut self, mut v: serde_json::Value) {
         if self.lost > 0 {
             v["lost_records"] = serde_json::json!(self.lost);

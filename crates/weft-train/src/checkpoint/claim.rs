@@ -20,6 +20,9 @@ use crate::error::{Error, Result};
 /// The lock file's name inside a checkpoint folder.
 pub const LOCK: &str = ".lock";
 
+/// How long a claim waits for a lock that is held before it names the holder.
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How the run that claims a folder treats the checkpoints already in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimMode {
@@ -41,7 +44,6 @@ pub fn claim(dir: &Path, group: Option<&weft_dist::ProcessGroup>, mode: ClaimMod
 /// A claimed checkpoint folder: the lock is held while this lives (on the rank that took it).
 #[derive(Debug)]
 pub struct Claim {
-    dir: PathBuf,
     /// The locked file (rank 0 only); closing it releases the lock.
     _lock: Option<File>,
 }
@@ -58,10 +60,7 @@ impl Claim {
             .map_err(|e| Error::Config(format!("{key}: cannot create {}: {e}", dir.display())))?;
         check_writable(dir).map_err(|e| Error::Config(format!("{key}: {e}")))?;
         if !lock {
-            return Ok(Claim {
-                dir: dir.to_path_buf(),
-                _lock: None,
-            });
+            return Ok(Claim { _lock: None });
         }
         let file = take_lock(dir)?;
         if let ClaimMode::Fresh { overwrite } = mode {
@@ -95,15 +94,7 @@ impl Claim {
                 );
             }
         }
-        Ok(Claim {
-            dir: dir.to_path_buf(),
-            _lock: Some(file),
-        })
-    }
-
-    /// The claimed folder.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+        Ok(Claim { _lock: Some(file) })
     }
 }
 
@@ -169,10 +160,21 @@ fn take_lock(dir: &Path) -> Result<File> {
         .truncate(false)
         .open(&path)
         .map_err(|e| Error::Config(format!("train.checkpoint_dir: cannot open {}: {e}", path.display())))?;
-    // SAFETY: flock on a file descriptor this File owns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
+    // A lock can outlive its holder by a moment: a process that forks (starting any child) lends
+    // the child its descriptors until the child's exec closes them. A holder gets a short grace.
+    let deadline = std::time::Instant::now() + LOCK_GRACE;
+    let locked = loop {
+        // SAFETY: flock on a file descriptor this File owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            break Ok(());
+        }
         let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() >= deadline {
+            break Err(err);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    if let Err(err) = locked {
         if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
             return Err(Error::Config(format!(
                 "train.checkpoint_dir: cannot lock {}: {err}",
