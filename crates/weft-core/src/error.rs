@@ -45,6 +45,23 @@ pub enum Error {
     #[error("{0}")]
     Io(String),
 
+    /// A device that cannot be used: no CUDA driver, no such GPU, a library missing, a kernel
+    /// that failed to compile or launch, an op not available on the device; the message names
+    /// the device and the cause.
+    #[error("{0}")]
+    Device(String),
+
+    /// A GPU buffer of `bytes` bytes could not be allocated: the device had `free` of `total`
+    /// bytes free (after the caching allocator released what it held).
+    #[error("{op}: cannot allocate {} ({bytes} bytes) on {device}: {} free of {}", crate::alloc::human_bytes(*.bytes as u128), crate::alloc::human_bytes(*.free as u128), crate::alloc::human_bytes(*.total as u128))]
+    DeviceOutOfMemory {
+        op: &'static str,
+        device: crate::Device,
+        bytes: u64,
+        free: u64,
+        total: u64,
+    },
+
     /// Gradient bookkeeping misuse (backward on a tensor that does not require grad, ...).
     #[error("autograd: {0}")]
     Autograd(String),

@@ -13,6 +13,11 @@ pub mod alloc;
 pub mod autograd;
 pub mod console;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_off.rs"]
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod function;

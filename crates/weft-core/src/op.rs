@@ -91,6 +91,8 @@ pub struct Pool2dParams {
 pub enum Op {
     /// A function defined outside the op set, with its own backward.
     Custom(crate::function::CustomOp),
+    /// The input copied to another device (`Tensor::to`); its gradient goes back to the input's.
+    ToDevice(crate::Device),
     // ---- creation (no inputs) ----
     /// A tensor of `shape` filled with `value`.
     Fill {
@@ -287,6 +289,7 @@ impl Op {
     /// A short name for messages and traces.
     pub fn name(&self) -> &'static str {
         match self {
+            Op::ToDevice(_) => "to",
             Op::Fill { .. } => "fill",
             Op::Arange { .. } => "arange",
             Op::Random { .. } => "random",

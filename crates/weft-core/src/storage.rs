@@ -211,11 +211,17 @@ pub fn gather_slice<T: Copy>(op: &'static str, v: &[T], layout: &Layout) -> Resu
     Ok(out)
 }
 
-/// A shared, lockable buffer on one device.
+/// A shared buffer on one device: host memory behind a lock, or a GPU buffer.
+///
+/// For a GPU storage the host side ([`Storage::read`], [`Storage::write`]) is an empty buffer of
+/// the dtype: host code reaches GPU elements only through copies (`Tensor::to`, `to_vec`), and
+/// the dispatcher sends every op on GPU tensors to `crate::cuda`.
 #[derive(Debug)]
 pub struct Storage {
     data: RwLock<CpuStorage>,
     device: Device,
+    #[cfg(feature = "cuda")]
+    gpu: Option<crate::cuda::Buffer>,
 }
 
 impl Storage {
@@ -223,14 +229,45 @@ impl Storage {
         Storage {
             data: RwLock::new(data),
             device: Device::Cpu,
+            #[cfg(feature = "cuda")]
+            gpu: None,
         }
+    }
+
+    /// A storage holding a GPU buffer.
+    #[cfg(feature = "cuda")]
+    pub fn on_gpu(buffer: crate::cuda::Buffer) -> Self {
+        Storage {
+            data: RwLock::new(CpuStorage::zeros(buffer.dtype(), 0)),
+            device: buffer.device(),
+            gpu: Some(buffer),
+        }
+    }
+
+    /// The GPU buffer of a GPU storage.
+    #[cfg(feature = "cuda")]
+    pub fn gpu_buffer(&self) -> Option<&crate::cuda::Buffer> {
+        self.gpu.as_ref()
     }
 
     pub fn device(&self) -> Device {
         self.device
     }
 
-    /// Read access; many readers at once.
+    /// Elements held, on whichever device.
+    pub fn len(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(b) = &self.gpu {
+            return b.len();
+        }
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Read access to host elements; many readers at once.
     pub fn read(&self) -> RwLockReadGuard<'_, CpuStorage> {
         self.data.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -252,7 +289,7 @@ impl DistinctBytes {
     /// The bytes of `t`'s storage the first time it is seen, 0 after.
     pub fn add(&mut self, t: &crate::Tensor) -> usize {
         if self.seen.insert(std::sync::Arc::as_ptr(t.storage())) {
-            t.storage().read().len() * t.dtype().size_in_bytes()
+            t.storage().len() * t.dtype().size_in_bytes()
         } else {
             0
         }

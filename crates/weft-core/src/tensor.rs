@@ -57,6 +57,45 @@ impl Tensor {
         Tensor::build(Arc::new(Storage::new(data)), Layout::contiguous(shape), dtype, None)
     }
 
+    /// A contiguous tensor owning a GPU buffer (which must hold `numel(shape)` elements).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_gpu(buffer: crate::cuda::Buffer, shape: &[usize]) -> Tensor {
+        debug_assert_eq!(buffer.len(), numel(shape));
+        let dtype = buffer.dtype();
+        Tensor::build(
+            Arc::new(Storage::on_gpu(buffer)),
+            Layout::contiguous(shape),
+            dtype,
+            None,
+        )
+    }
+
+    /// The GPU buffer under this tensor, when it lives on a GPU.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gpu_buffer(&self) -> Option<&crate::cuda::Buffer> {
+        self.0.storage.gpu_buffer()
+    }
+
+    /// A host copy of this tensor when it lives on a GPU (`None` on the CPU): what the host
+    /// accessors (`to_vec`, `item`, `Debug`, ...) read.
+    fn host_copy(&self, _op: &'static str) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if self.device().is_cuda() {
+            return Ok(Some(crate::cuda::to_device(self, Device::Cpu)?));
+        }
+        Ok(None)
+    }
+
+    /// This tensor on `device` (itself when it is there already), differentiable: the gradient
+    /// goes back to the source's device. `device` must exist (`crate::cuda::check`).
+    pub fn to(&self, device: Device) -> Result<Tensor> {
+        if self.device() == device {
+            return Ok(self.clone());
+        }
+        crate::cuda::check(device)?;
+        crate::ops::apply(Op::ToDevice(device), &[self])
+    }
+
     /// The same contiguous storage under another shape of equal size, with no autograd node.
     pub(crate) fn reshape_raw(&self, shape: &[usize]) -> Tensor {
         debug_assert!(self.is_contiguous() && numel(shape) == self.numel());
@@ -151,6 +190,9 @@ impl Tensor {
 
     /// The elements in row-major order. The dtype must be `T`'s.
     pub fn to_vec<T: StorageElement>(&self) -> Result<Vec<T>> {
+        if let Some(h) = self.host_copy("to_vec")? {
+            return h.to_vec();
+        }
         let guard = self.0.storage.read();
         let data = T::slice(&guard).ok_or(Error::DTypeMismatch {
             op: "to_vec",
@@ -164,6 +206,9 @@ impl Tensor {
     /// (aborting when memory runs out): for small tensors, logs and tests;
     /// [`Tensor::try_to_vec_f64`] fails instead.
     pub fn to_vec_f64(&self) -> Vec<f64> {
+        if let Ok(Some(h)) = self.host_copy("to_vec_f64") {
+            return h.to_vec_f64();
+        }
         let mut out = Vec::with_capacity(self.numel());
         self.extend_f64(&mut out);
         out
@@ -171,6 +216,9 @@ impl Tensor {
 
     /// [`Tensor::to_vec_f64`], with an [`Error::OutOfMemory`] when the buffer cannot be allocated.
     pub fn try_to_vec_f64(&self) -> Result<Vec<f64>> {
+        if let Some(h) = self.host_copy("to_vec_f64")? {
+            return h.try_to_vec_f64();
+        }
         let mut out = crate::alloc::with_capacity("to_vec_f64", self.numel())?;
         self.extend_f64(&mut out);
         Ok(out)
@@ -203,6 +251,9 @@ impl Tensor {
     /// surroundings; `offset` 0). An [`Error::OutOfMemory`] naming `op` when it cannot be
     /// allocated.
     pub fn contiguous_storage(&self, op: &'static str) -> Result<CpuStorage> {
+        if let Some(h) = self.host_copy(op)? {
+            return h.contiguous_storage(op);
+        }
         let guard = self.0.storage.read();
         if self.is_contiguous() && self.0.layout.offset == 0 && guard.len() == self.numel() {
             return guard.try_clone(op);
@@ -214,6 +265,9 @@ impl Tensor {
     /// storage when the tensor covers it, a gathered copy first otherwise); `op` is named when a
     /// buffer cannot be allocated.
     pub(crate) fn cast_storage(&self, op: &'static str, dtype: DType) -> Result<CpuStorage> {
+        if let Some(h) = self.host_copy(op)? {
+            return h.cast_storage(op, dtype);
+        }
         let guard = self.0.storage.read();
         if self.is_contiguous() && self.0.layout.offset == 0 && guard.len() == self.numel() {
             return guard.cast(op, dtype);
@@ -234,6 +288,12 @@ impl Tensor {
     /// Runs `f` on this tensor's elements in place, for fused updates (optimizer steps,
     /// collectives). Not recorded by autograd. The tensor must be contiguous and of `T`'s dtype.
     pub fn with_data_mut<T: StorageElement, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        if self.device() != Device::Cpu {
+            return Err(Error::Device(format!(
+                "with_data_mut: the tensor lives on {}; host code cannot update it in place",
+                self.device()
+            )));
+        }
         let l = &self.0.layout;
         if !l.is_contiguous() {
             return Err(crate::error::invalid(
@@ -254,6 +314,9 @@ impl Tensor {
     /// The elements as a row-major slice: borrowed from the storage when the layout is contiguous,
     /// gathered into a new buffer otherwise. Fails when the dtype is not `T`'s.
     pub(crate) fn contig<T: StorageElement>(&self, op: &'static str) -> Result<Contig<'_, T>> {
+        if let Some(h) = self.host_copy(op)? {
+            return Ok(Contig::Owned(h.to_vec()?));
+        }
         let guard = self.0.storage.read();
         if T::slice(&guard).is_none() {
             return Err(Error::DTypeMismatch {
@@ -283,6 +346,10 @@ impl Tensor {
                 lhs: self.shape().to_vec(),
                 rhs: src.shape().to_vec(),
             });
+        }
+        #[cfg(feature = "cuda")]
+        if self.device().is_cuda() {
+            return crate::cuda::copy::copy_from(self, src);
         }
         let data = src.cast_storage("copy_from", self.dtype())?;
         let layout = self.0.layout.clone();
@@ -331,6 +398,9 @@ impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.numel();
         write!(f, "Tensor(shape={:?}, dtype={:?}", self.shape(), self.dtype())?;
+        if self.device() != Device::Cpu {
+            write!(f, ", device={}", self.device())?;
+        }
         if n <= 16 {
             write!(f, ", data={:?}", self.to_vec_f64())?;
         }

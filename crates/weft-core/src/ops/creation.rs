@@ -31,12 +31,32 @@ impl Tensor {
         Tensor::full(shape, 1.0, dtype)
     }
 
-    pub fn zeros_like(t: &Tensor) -> Result<Tensor> {
-        Tensor::zeros(t.shape(), t.dtype())
+    /// A tensor of `shape` filled with `value`, made on `device` (no host copy on a GPU).
+    pub fn full_on(shape: &[usize], value: f64, dtype: DType, device: crate::Device) -> Result<Tensor> {
+        match device {
+            crate::Device::Cpu => Tensor::full(shape, value, dtype),
+            #[cfg(feature = "cuda")]
+            crate::Device::Cuda(_) => {
+                checked_numel("full", shape)?;
+                crate::cuda::copy::full(device, shape, value, dtype)
+            }
+            #[cfg(not(feature = "cuda"))]
+            crate::Device::Cuda(_) => crate::cuda::check(device).and_then(|_| Tensor::full(shape, value, dtype)),
+        }
     }
 
+    pub fn zeros_on(shape: &[usize], dtype: DType, device: crate::Device) -> Result<Tensor> {
+        Tensor::full_on(shape, 0.0, dtype, device)
+    }
+
+    /// Zeros of `t`'s shape and dtype, on `t`'s device.
+    pub fn zeros_like(t: &Tensor) -> Result<Tensor> {
+        Tensor::full_on(t.shape(), 0.0, t.dtype(), t.device())
+    }
+
+    /// Ones of `t`'s shape and dtype, on `t`'s device.
     pub fn ones_like(t: &Tensor) -> Result<Tensor> {
-        Tensor::ones(t.shape(), t.dtype())
+        Tensor::full_on(t.shape(), 1.0, t.dtype(), t.device())
     }
 
     /// `start, start + step, ...` below `end` (as `torch.arange`).

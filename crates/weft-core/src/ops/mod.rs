@@ -24,12 +24,21 @@ use crate::DType;
 /// Executes `op` on `inputs`. The first output is the op's result; any others are tensors the
 /// forward saves for the backward (or further results of a multi-output backward op).
 pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-    for t in inputs.iter().skip(1) {
-        if t.device() != inputs[0].device() {
-            return Err(crate::error::invalid(op.name(), "inputs live on different devices"));
-        }
+    if let Op::ToDevice(device) = op {
+        return Ok(vec![crate::cuda::to_device(inputs[0], *device)?]);
+    }
+    let device = inputs.iter().map(|t| t.device()).find(|d| *d != crate::Device::Cpu);
+    #[cfg(feature = "cuda")]
+    if let (Some(device), false) = (device, matches!(op, Op::Custom(_))) {
+        let moved = same_device(op, inputs, device)?;
+        let inputs: Vec<&Tensor> = moved.iter().collect();
+        return crate::cuda::execute(op, &inputs);
+    }
+    if let Some(device) = device {
+        same_device(op, inputs, device)?;
     }
     match op {
+        Op::ToDevice(_) => unreachable!("handled above"),
         Op::Custom(c) => c.forward(inputs),
         Op::Fill { .. } | Op::Arange { .. } | Op::Random { .. } => creation::forward(op),
         Op::Unary(_)
@@ -72,6 +81,22 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     }
 }
 
+/// The inputs with each 0-d CPU tensor moved to `device` (a scalar may meet GPU tensors, as in
+/// PyTorch); any other input off `device` is an error naming both devices.
+fn same_device(op: &Op, inputs: &[&Tensor], device: crate::Device) -> Result<Vec<Tensor>> {
+    inputs
+        .iter()
+        .map(|&t| match t.device() {
+            d if d == device => Ok(t.clone()),
+            crate::Device::Cpu if t.rank() == 0 => crate::cuda::to_device(t, device),
+            d => Err(crate::error::invalid(
+                op.name(),
+                format!("inputs live on different devices: {device} and {d}"),
+            )),
+        })
+        .collect()
+}
+
 /// Gradients of `op`'s inputs given the gradient of its output; `None` where an input gets none.
 pub(crate) fn backward(
     op: &Op,
@@ -103,6 +128,7 @@ pub(crate) fn backward(
         Op::Attention { .. } | Op::QkvAttention { .. } => attention::backward(op, inputs, output, saved, grad),
         Op::Conv2d(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => conv::backward(op, inputs, saved, grad),
         Op::Custom(c) => c.0.backward(inputs, output, grad),
+        Op::ToDevice(_) => Ok(vec![Some(grad.to(inputs[0].device())?)]),
         _ => Err(Error::Autograd(format!("{} is not differentiable", op.name()))),
     }
 }

@@ -277,7 +277,7 @@ pub(super) fn backward(op: &Op, inputs: &[Tensor], grad: &Tensor) -> Result<Vec<
         }
         Op::Narrow { dim, start, len } => {
             // zeros with the gradient written into the narrowed window (one pass, no cat)
-            let out = Tensor::zeros(x.shape(), grad.dtype())?;
+            let out = Tensor::zeros_on(x.shape(), grad.dtype(), x.device())?;
             out.with_layout(out.layout().narrow(*dim, *start, *len)?)
                 .copy_from(grad)?;
             vec![Some(out)]

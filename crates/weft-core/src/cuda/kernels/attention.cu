@@ -1,0 +1,1 @@
+// attention kernels (see mod.rs); empty until the family is written.

@@ -1,0 +1,1 @@
+// conv kernels (see mod.rs); empty until the family is written.

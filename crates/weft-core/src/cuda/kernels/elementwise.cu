@@ -1,0 +1,1 @@
+// elementwise kernels (see mod.rs); empty until the family is written.

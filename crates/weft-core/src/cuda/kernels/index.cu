@@ -1,0 +1,1 @@
+// index kernels (see mod.rs); empty until the family is written.

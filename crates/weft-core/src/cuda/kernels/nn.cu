@@ -1,0 +1,1 @@
+// nn kernels (see mod.rs); empty until the family is written.

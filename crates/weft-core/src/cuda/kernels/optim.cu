@@ -1,0 +1,1 @@
+// optim kernels (see mod.rs); empty until the family is written.

@@ -1,0 +1,1 @@
+// reduce kernels (see mod.rs); empty until the family is written.

@@ -1,0 +1,1 @@
+//! The conv family on a GPU against the CPU (cases to come with the family's kernels).

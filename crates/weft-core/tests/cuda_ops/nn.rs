@@ -1,0 +1,1 @@
+//! The nn family on a GPU against the CPU (cases to come with the family's kernels).
