@@ -43,16 +43,16 @@ fn views_are_gathered_on_the_gpu() {
         return;
     };
     let x = randn(&[4, 5, 6], DType::F32, 1);
-    compare("permute+contiguous", dev, &[x.clone()], true, 0.0, |t| {
+    compare("permute+contiguous", dev, std::slice::from_ref(&x), true, 0.0, |t| {
         t[0].permute(&[2, 0, 1]).unwrap().contiguous().unwrap()
     });
-    compare("narrow", dev, &[x.clone()], true, 0.0, |t| {
+    compare("narrow", dev, std::slice::from_ref(&x), true, 0.0, |t| {
         t[0].narrow(1, 1, 3).unwrap().contiguous().unwrap()
     });
     compare("expand", dev, &[randn(&[4, 1, 6], DType::F32, 2)], true, 0.0, |t| {
         t[0].expand(&[4, 5, 6]).unwrap().contiguous().unwrap()
     });
-    compare("reshape of a view", dev, &[x.clone()], true, 0.0, |t| {
+    compare("reshape of a view", dev, std::slice::from_ref(&x), true, 0.0, |t| {
         t[0].permute(&[1, 0, 2]).unwrap().reshape(&[20, 6]).unwrap()
     });
     compare(
