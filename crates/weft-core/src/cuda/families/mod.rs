@@ -5,7 +5,6 @@ pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod index;
-/// Matmul and linear run on cuBLAS and launch no kernel of their own modules.
 pub mod matmul;
 pub mod nn;
 pub mod reduce;
@@ -24,6 +23,7 @@ pub fn kernel_names() -> Vec<(&'static Module, &'static [&'static str])> {
         (&kernels::INDEX, index::KERNELS),
         (&kernels::ATTENTION, attention::KERNELS),
         (&kernels::CONV, conv::KERNELS),
+        (&kernels::LINEAR, matmul::KERNELS),
         (&kernels::OPTIM, &[]),
     ]
 }

@@ -35,6 +35,7 @@ modules! {
     INDEX => "index",
     ATTENTION => "attention",
     CONV => "conv",
+    LINEAR => "linear",
     OPTIM => "optim",
 }
 
