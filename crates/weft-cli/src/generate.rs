@@ -32,6 +32,9 @@ pub struct GenerateArgs {
     /// probabilities add up to P (after temperature and top-k); in (0, 1], 1: off.
     #[arg(long, value_name = "P", default_value = "1", allow_hyphen_values = true)]
     top_p: String,
+    /// Where the model runs: cpu, cuda or cuda:N.
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    device: String,
 }
 
 /// `raw` parsed as a `T`, or an error naming `flag` and saying what it must be.
@@ -65,7 +68,9 @@ fn options(args: &GenerateArgs) -> Result<GenerateOptions, String> {
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(format!("--top-p: {top_p} is not {top_p_range}"));
     }
+    let device = args.device.parse().map_err(|e| format!("--device: {e}"))?;
     Ok(GenerateOptions {
+        device,
         prompt: args.prompt.clone(),
         tokens,
         seed,

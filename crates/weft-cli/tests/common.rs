@@ -310,3 +310,18 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Whether a CUDA device can be used; when not, writes one line saying `case` was skipped (past
+/// the test harness's capture, so that it shows).
+#[allow(dead_code)]
+pub fn cuda_or_skip(case: &str) -> bool {
+    use std::io::Write;
+    match weft_core::cuda::device_count() {
+        Ok(n) if n > 0 => true,
+        other => {
+            let why = other.map_or_else(|e| e.to_string(), |_| "no CUDA device".to_string());
+            let _ = writeln!(std::io::stderr(), "skipped {case}: {why}");
+            false
+        }
+    }
+}

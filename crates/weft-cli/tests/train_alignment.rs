@@ -7,9 +7,10 @@ mod common;
 
 use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, weft_ok};
 
-fn check_case(case: &str) {
+/// Trains fixture `case` on `device` and compares it with PyTorch's run (on the CPU).
+fn check_case_on(case: &str, device: &str) {
     let dir = fixtures().join(case);
-    let out = temp_dir(&format!("align-{case}"));
+    let out = temp_dir(&format!("align-{case}-{}", device.replace(':', "")));
     let metrics = out.join("metrics.jsonl");
     let config = dir.join("run.toml");
     weft_ok(&[
@@ -19,9 +20,15 @@ fn check_case(case: &str) {
         "--quiet",
         "--set",
         &format!("train.metrics={:?}", metrics.to_str().unwrap()),
+        "--set",
+        &format!("train.device={device:?}"),
     ]);
     check_against_pytorch(case, &metrics);
     let _ = std::fs::remove_dir_all(&out);
+}
+
+fn check_case(case: &str) {
+    check_case_on(case, "cpu");
 }
 
 macro_rules! cases {
@@ -30,6 +37,16 @@ macro_rules! cases {
         fn $name() {
             check_case(stringify!($name));
         })*
+        /// The same cases with `train.device = "cuda"` (f32, TF32 off): PyTorch's CPU losses
+        /// within the same tolerances. Skipped, one line each, without a CUDA device.
+        mod on_gpu {
+            $(#[test]
+            fn $name() {
+                if super::common::cuda_or_skip(concat!("on_gpu::", stringify!($name))) {
+                    super::check_case_on(stringify!($name), "cuda");
+                }
+            })*
+        }
     };
 }
 

@@ -4,6 +4,9 @@
 #[path = "cuda/cache.rs"]
 pub mod cache;
 
+#[path = "cuda/scalars.rs"]
+pub mod scalars;
+
 pub use cache::MemoryStats;
 
 use crate::error::{Error, Result};
@@ -43,4 +46,27 @@ pub fn synchronize(device: Device) -> Result<()> {
 /// `x` on `device`: itself on the CPU; no other device exists in this build.
 pub fn to_device(x: &crate::Tensor, device: Device) -> Result<crate::Tensor> {
     check(device).map(|_| x.clone())
+}
+
+/// The fused optimizer updates: no GPU tensor exists in this build, so these are never reached
+/// with one; they answer as every device query here does.
+pub mod optim {
+    pub use super::scalars::{AdamScalars, SgdScalars};
+    use crate::{Result, Tensor};
+
+    pub fn adam_step(_: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &AdamScalars) -> Result<()> {
+        Err(super::absent())
+    }
+
+    pub fn sgd_step(_: &Tensor, _: Option<&Tensor>, _: &Tensor, _: &SgdScalars) -> Result<()> {
+        Err(super::absent())
+    }
+
+    pub fn sum_of_squares(_: &Tensor) -> Result<f64> {
+        Err(super::absent())
+    }
+
+    pub fn scale_(_: &Tensor, _: f64) -> Result<()> {
+        Err(super::absent())
+    }
 }

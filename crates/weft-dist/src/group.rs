@@ -259,10 +259,12 @@ impl ProcessGroup {
         f: impl FnOnce(&Ctx) -> Result<()> + Send + 'static,
     ) -> Result<Work> {
         // The extension point for other devices: CPU tensors run the algorithms of
-        // `collectives` over shared memory and TCP. A CUDA `Device` will route its tensors to
-        // NCCL here (this match stops compiling until it does).
-        match device {
-            Device::Cpu => {}
+        // `collectives` over shared memory and TCP. GPU tensors will be staged through host
+        // buffers here (and later handed to NCCL); until then they are refused.
+        if let Device::Cuda(_) = device {
+            return Err(Error::Invalid(format!(
+                "{kind:?} of a tensor on {device}: collectives of GPU tensors are not available yet"
+            )));
         }
         let inner = self.inner.clone();
         let op = op_code(kind, reduce);

@@ -85,6 +85,9 @@ pub fn grad_norm(params: &[Tensor]) -> Result<f64> {
     // going through them, whatever the pool's size.
     let sums = pool::map(grads.len(), |i| {
         let g = &grads[i];
+        if g.device().is_cuda() {
+            return weft_core::cuda::optim::sum_of_squares(g);
+        }
         match g.dtype() {
             DType::F32 => g.with_data::<f32, _>(|s| sum_of_squares(s, |x| x as f64)),
             DType::F64 => g.with_data::<f64, _>(|s| sum_of_squares(s, |x| x)),
@@ -118,6 +121,9 @@ fn sum_of_squares<T: Copy>(xs: &[T], f: impl Fn(T) -> f64) -> f64 {
 
 /// `g *= coef` in place, with `coef` rounded to `g`'s dtype.
 fn scale(g: &Tensor, coef: f64) -> Result<()> {
+    if g.device().is_cuda() && g.is_contiguous() {
+        return weft_core::cuda::optim::scale_(g, coef);
+    }
     if g.is_contiguous() {
         match g.dtype() {
             DType::F32 => {

@@ -43,6 +43,8 @@ pub struct GenerateOptions {
     /// Seed of the draws (unused by greedy decoding).
     pub seed: u64,
     pub sampling: Sampling,
+    /// Where the model runs (checked before the checkpoint is read).
+    pub device: weft_core::Device,
 }
 
 /// The `__metadata__` of a consolidated file of a checkpoint whose state is `state`: `format:
@@ -195,6 +197,7 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
         )));
     }
     options.sampling.validate()?;
+    weft_core::cuda::check(options.device).map_err(|e| Error::Config(format!("--device: {e}")))?;
     let trained = if path.is_file() {
         read_file(path)?
     } else {
@@ -216,7 +219,7 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
         )));
     }
     let ids = encode_prompt(&tok, &options.prompt)?;
-    let gpt = Gpt::new(cfg, 0)?;
+    let gpt = weft_nn::init::with_device(options.device, || Gpt::new(cfg, 0))?;
     state_dict::load_state_dict(&gpt, &trained.params, gpt.aliases(), &path.display().to_string())?;
     continue_ids(&gpt, &tok, ids, options.tokens, &options.sampling, options.seed)
 }

@@ -174,6 +174,9 @@ impl Callback for MetricsFile {
         if r.skipped_steps > 0 {
             v["skipped_steps"] = serde_json::json!(r.skipped_steps);
         }
+        if let Some(b) = r.gpu_mem_bytes {
+            v["gpu_mem_bytes"] = serde_json::json!(b);
+        }
         self.write(v);
         Ok(())
     }

@@ -15,7 +15,9 @@ pub mod buffer;
 pub mod cache;
 pub mod kernels;
 pub mod launch;
+pub mod optim;
 pub mod runtime;
+pub mod scalars;
 
 pub(crate) mod copy;
 pub(crate) mod dispatch;

@@ -109,6 +109,10 @@ impl Tensor {
 
     /// [`Tensor::contiguous_copy`] inside op `op` (named when the copy cannot be allocated).
     pub(crate) fn contiguous_copy_for(&self, op: &'static str) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if self.device().is_cuda() {
+            return crate::cuda::copy::contiguous(self);
+        }
         Ok(Tensor::from_storage(self.contiguous_storage(op)?, self.shape()))
     }
 

@@ -188,7 +188,8 @@ impl Gpt {
         weft_core::no_grad(|| {
             for step in 0..max_new_tokens {
                 let start = tokens.len().saturating_sub(self.config.block_size);
-                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?;
+                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?
+                    .to(self.wte.weight.device())?;
                 let logits = self.forward(&ctx)?;
                 let last = logits.narrow(1, ctx.shape()[1] - 1, 1)?.reshape(&[-1])?.to_vec_f64();
                 let u = if sampling.temperature > 0.0 {

@@ -139,7 +139,7 @@ impl Gpt {
             } else if name.contains(".c_") && name.ends_with(".weight") {
                 Some(init::normal(p.shape(), 0.02, f, &mut rng)?)
             } else if name.contains(".c_") && name.ends_with(".bias") {
-                Some(Tensor::zeros(p.shape(), f)?)
+                Some(Tensor::zeros_on(p.shape(), f, p.device())?)
             } else {
                 None
             };
@@ -224,7 +224,7 @@ impl Gpt {
     fn embed(&self, idx: &Tensor) -> Result<Tensor> {
         self.check_ids(idx, "inputs")?;
         let t = idx.shape()[1];
-        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64)?;
+        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64)?.to(idx.device())?;
         self.drop
             .forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)
     }

@@ -73,7 +73,7 @@ impl CausalSelfAttention {
             let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
             // dropout on the attention probabilities needs them materialized
             let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
-            let mask = causal_mask(t)?;
+            let mask = causal_mask(t)?.to(x.device())?;
             let probs = scores.masked_fill(&mask, f64::NEG_INFINITY)?.softmax(-1)?;
             let y = self.attn_dropout.forward(&probs)?.matmul(&v)?;
             y.transpose(1, 2)?.reshape(&[batch as isize, t as isize, c as isize])?

@@ -8,7 +8,7 @@ use weft_core::cpu::pool::{self, Chunks};
 use weft_core::{DType, Result, Tensor};
 
 use super::{
-    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, in_dtype, invalid, read_step,
+    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, invalid, like_param, read_step,
     split_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
 };
 
@@ -190,6 +190,22 @@ fn update<T: FusedFloat>(w: &Work, s: &AdamState, cfg: &AdamConfig, lr: f64) -> 
         eps: T::from_f64(cfg.eps),
         neg_step_size: T::from_f64(-step_size),
     };
+    if w.param.device().is_cuda() {
+        let f = |x: T| x.to_f64();
+        let scalars = weft_core::cuda::optim::AdamScalars {
+            l2: c.l2.map(f),
+            decay: c.decay.map(f),
+            lerp_w: f(c.lerp_w),
+            lerp_small: c.lerp_small,
+            lerp_w_minus_one: f(c.lerp_w_minus_one),
+            beta2: f(c.beta2),
+            one_minus_beta2: f(c.one_minus_beta2),
+            bias_correction2_sqrt: f(c.bias_correction2_sqrt),
+            eps: f(c.eps),
+            neg_step_size: f(c.neg_step_size),
+        };
+        return weft_core::cuda::optim::adam_step(w.param, &s.exp_avg, &s.exp_avg_sq, &w.grad, &scalars);
+    }
     let parallel = w.param.numel() >= PARALLEL_MIN;
     w.param.with_data_mut::<T, _>(|ps| {
         s.exp_avg.with_data_mut::<T, _>(|ms| {
@@ -238,17 +254,16 @@ impl Optimizer for Adam {
         }
         self.loaded = None;
         for w in &work {
-            let dtype = w.param.dtype();
             let s = match self.state.entry(w.name.to_string()) {
                 Entry::Occupied(e) => {
                     let s = e.into_mut();
-                    s.exp_avg = in_dtype(&s.exp_avg, dtype)?;
-                    s.exp_avg_sq = in_dtype(&s.exp_avg_sq, dtype)?;
+                    s.exp_avg = like_param(&s.exp_avg, w.param)?;
+                    s.exp_avg_sq = like_param(&s.exp_avg_sq, w.param)?;
                     s
                 }
                 Entry::Vacant(e) => e.insert(AdamState {
-                    exp_avg: Tensor::zeros(w.param.shape(), dtype)?,
-                    exp_avg_sq: Tensor::zeros(w.param.shape(), dtype)?,
+                    exp_avg: Tensor::zeros_like(w.param)?,
+                    exp_avg_sq: Tensor::zeros_like(w.param)?,
                     step: 0,
                 }),
             };
@@ -259,12 +274,15 @@ impl Optimizer for Adam {
         // other they would leave the pool idle.
         let states: Vec<&AdamState> = work.iter().map(|w| &self.state[w.name]).collect();
         let cfg = &self.cfg;
-        pool::map(work.len(), |i| match work[i].param.dtype() {
+        let one = |i: usize| match work[i].param.dtype() {
             DType::F32 => update::<f32>(&work[i], states[i], cfg, lr),
             _ => update::<f64>(&work[i], states[i], cfg, lr),
-        })
-        .into_iter()
-        .collect()
+        };
+        if work.iter().any(|w| w.param.device().is_cuda()) {
+            // One kernel per parameter, queued in order on the GPU's stream.
+            return (0..work.len()).try_for_each(one);
+        }
+        pool::map(work.len(), one).into_iter().collect()
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

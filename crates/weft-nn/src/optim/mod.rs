@@ -219,9 +219,20 @@ pub(crate) fn collect_work<'a>(
                     ),
                 ));
             }
+            if grad.device() != param.device() {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "gradient of {name:?} lives on {}, the parameter on {}",
+                        grad.device(),
+                        param.device()
+                    ),
+                ));
+            }
             // The update holds the parameter's storage for writing while it reads the gradient: a
-            // gradient that views the same storage is read from a copy instead.
-            let grad = if grad.same_storage(param) {
+            // gradient that views the same storage is read from a copy instead (and the GPU's
+            // fused updates read a contiguous one).
+            let grad = if grad.same_storage(param) || (param.device().is_cuda() && !grad.is_contiguous()) {
                 grad.contiguous_copy()?
             } else {
                 grad
@@ -263,12 +274,13 @@ pub(crate) fn check_state_shape(op: &'static str, key: &str, state: &Tensor, nam
     Ok(())
 }
 
-/// A state tensor in `dtype`: itself when it already is, a converted copy otherwise.
-pub(crate) fn in_dtype(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    if t.dtype() == dtype {
+/// A state tensor in `param`'s dtype and on its device: itself when it already is, a converted
+/// copy otherwise.
+pub(crate) fn like_param(t: &Tensor, param: &Tensor) -> Result<Tensor> {
+    if t.dtype() == param.dtype() && t.device() == param.device() {
         return Ok(t.clone());
     }
-    let out = Tensor::zeros(t.shape(), dtype)?;
+    let out = Tensor::zeros_on(t.shape(), param.dtype(), param.device())?;
     out.copy_from(t)?;
     Ok(out)
 }

@@ -6,7 +6,7 @@ use weft_core::cpu::pool::{self, Chunks};
 use weft_core::{DType, Result, Tensor};
 
 use super::{
-    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, in_dtype, invalid, split_state,
+    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, invalid, like_param, split_state,
     FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
 };
 
@@ -156,6 +156,18 @@ fn update<T: FusedFloat>(w: &Work, buf: Option<&Tensor>, cfg: &SgdConfig, lr: f6
         first,
         neg_lr: T::from_f64(-lr),
     };
+    if w.param.device().is_cuda() {
+        let f = |x: T| x.to_f64();
+        let scalars = weft_core::cuda::optim::SgdScalars {
+            weight_decay: c.weight_decay.map(f),
+            momentum: f(c.momentum),
+            one_minus_dampening: f(c.one_minus_dampening),
+            nesterov: c.nesterov,
+            first: c.first,
+            neg_lr: f(c.neg_lr),
+        };
+        return weft_core::cuda::optim::sgd_step(w.param, buf, &w.grad, &scalars);
+    }
     let parallel = w.param.numel() >= PARALLEL_MIN;
     w.param.with_data_mut::<T, _>(|ps| match buf {
         None => w.grad.with_data::<T, _>(|gs| {
@@ -205,10 +217,10 @@ impl Optimizer for Sgd {
             let (buf, first) = if !use_momentum {
                 (None, false)
             } else if let Some(b) = self.buffers.get_mut(w.name) {
-                *b = in_dtype(b, dtype)?;
+                *b = like_param(b, w.param)?;
                 (Some(b.clone()), false)
             } else {
-                let b = Tensor::zeros(w.param.shape(), dtype)?;
+                let b = Tensor::zeros_like(w.param)?;
                 self.buffers.insert(w.name.to_string(), b.clone());
                 (Some(b), true)
             };

@@ -307,6 +307,20 @@ pub struct TrainConfig {
     /// metrics as `skipped_steps`), as AMP's gradient scaler does, instead of stopping the run.
     #[serde(default)]
     pub skip_nonfinite: bool,
+    /// Where the model trains: `"cpu"` (the default), `"cuda"` or `"cuda:N"`. In a launched job
+    /// `"cuda"` gives each rank `cuda:(LOCAL_RANK mod the GPUs there are)`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// `"f32"` (the default); `"bf16"` (autocast) is named but not available yet.
+    #[serde(default = "default_precision")]
+    pub precision: String,
+}
+
+fn default_device() -> String {
+    "cpu".to_string()
+}
+fn default_precision() -> String {
+    "f32".to_string()
 }
 
 fn default_seed() -> u64 {
@@ -472,6 +486,19 @@ impl RunConfig {
         }
         if self.train.steps == 0 {
             return bad("train.steps", "must be at least 1".into());
+        }
+        if let Err(e) = self.train.device.parse::<weft_core::Device>() {
+            return bad("train.device", e);
+        }
+        match self.train.precision.as_str() {
+            "f32" => {}
+            "bf16" => {
+                return bad(
+                    "train.precision",
+                    "\"bf16\" (autocast) is not available yet; use \"f32\"".into(),
+                )
+            }
+            p => return bad("train.precision", format!("{p:?} is not one of f32, bf16")),
         }
         if self.train.log_every == 0 {
             return bad("train.log_every", "must be at least 1".into());

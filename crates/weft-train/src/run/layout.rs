@@ -4,7 +4,7 @@ use crate::config::RunConfig;
 use crate::error::{Error, Result};
 
 /// The job this process belongs to, from the launcher's (or Slurm's, OpenMPI's) variables.
-pub(super) struct JobShape {
+pub(crate) struct JobShape {
     pub ranks: usize,
     pub rank: usize,
     /// Ranks of the job on this machine.

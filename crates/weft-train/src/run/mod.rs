@@ -60,6 +60,39 @@ fn check_metrics(config: &RunConfig, options: &TrainOptions, group: Option<&weft
     crate::job::agree(group, checked, "checking train.metrics")
 }
 
+/// The device this rank trains on (`train.device`; a bare `"cuda"` in a launched job is
+/// `cuda:(LOCAL_RANK mod the GPUs there are)`), checked before anything is built or written:
+/// one line naming the device and why it cannot be used.
+fn rank_device(config: &RunConfig, job: &layout::JobShape) -> Result<weft_core::Device> {
+    use weft_core::Device;
+    let named: Device = config
+        .train
+        .device
+        .parse()
+        .map_err(|e: String| Error::Config(format!("train.device: {e}")))?;
+    let bad = |e: weft_core::Error| Error::Config(format!("train.device: {e}"));
+    let device = match (named, config.train.device.trim() == "cuda", job.ranks > 1) {
+        (Device::Cuda(_), true, true) => {
+            let count = weft_core::cuda::device_count()
+                .map_err(|e| bad(weft_core::Error::Device(format!("{named} is not available: {e}"))))?;
+            let local: usize = std::env::var("LOCAL_RANK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            Device::Cuda(local % count.max(1))
+        }
+        (d, _, _) => d,
+    };
+    weft_core::cuda::check(device).map_err(bad)?;
+    if device.is_cuda() && job.ranks > 1 {
+        return Err(Error::Config(format!(
+            "train.device: {device} in a job of {} ranks: collectives of GPU tensors are not available yet (a GPU run is one process for now)",
+            job.ranks
+        )));
+    }
+    Ok(device)
+}
+
 /// Runs the training described by `config`.
 pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     if options.handle_signals {
@@ -71,6 +104,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     let config = &resolved;
     let t = &config.train;
     let p = &config.parallel;
+    let device = rank_device(config, &job)?;
     let group = join_job(config, &job)?;
     // refuse what cannot fit before allocating any of it (the ranks read the free memory at
     // different moments: they agree, so that none goes on alone)
@@ -133,7 +167,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     // a gpt is kept by its own type too, to sample from it after training
     let gpt = match &config.model {
         ModelConfig::Gpt(_) => {
-            let mut g = build_gpt(&config.model, t.seed)?;
+            let mut g = weft_nn::init::with_device(device, || build_gpt(&config.model, t.seed))?;
             load_init(&g)?;
             g.stage_cut = match (&p.stage_blocks, p.balance.as_str()) {
                 (Some(counts), _) => weft_models::gpt::StageCut::Given(counts.clone()),
@@ -151,7 +185,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     let model: Arc<dyn Model> = match &gpt {
         Some(g) => g.clone(),
         None => {
-            let m = build_model(&config.model, t.seed)?;
+            let m = weft_nn::init::with_device(device, || build_model(&config.model, t.seed))?;
             load_init(m.as_ref())?;
             m
         }
@@ -162,7 +196,8 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         .with_grad_clip(config.optim.grad_clip)
         .with_log_every(t.log_every)
         .with_skip_nonfinite(t.skip_nonfinite)
-        .with_progress(options.progress && logs);
+        .with_progress(options.progress && logs)
+        .with_device(device);
     if let Some(m) = &mesh {
         trainer = trainer.with_job(m.world.clone());
         if m.tp > 1 {

@@ -53,6 +53,8 @@ pub struct StepRecord {
     pub skipped: bool,
     /// Steps skipped so far in this run's `fit`, this one included.
     pub skipped_steps: usize,
+    /// On a GPU: the most bytes the caching allocator had handed out during the step.
+    pub gpu_mem_bytes: Option<u64>,
 }
 
 /// What one evaluation found.
@@ -140,6 +142,8 @@ pub struct Trainer {
     skipped_steps: usize,
     /// Show the progress display: `None` on a terminal only.
     progress: Option<bool>,
+    /// Where the model lives: each batch is moved there.
+    device: weft_core::Device,
 }
 
 impl Trainer {
@@ -173,7 +177,19 @@ impl Trainer {
             skip_nonfinite: false,
             skipped_steps: 0,
             progress: None,
+            device: weft_core::Device::Cpu,
         }
+    }
+
+    /// Runs on `device`, where the model's parameters must already be (built under
+    /// `weft_nn::init::with_device`): every batch is moved there before its step.
+    pub fn with_device(mut self, device: weft_core::Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    pub fn device(&self) -> weft_core::Device {
+        self.device
     }
 
     /// A step whose loss or gradients are not finite makes no update and is counted
@@ -343,6 +359,8 @@ impl Trainer {
     /// numbered `step + 1`).
     pub fn train_step(&mut self, step: usize, x: &Tensor, y: &Tensor) -> Result<StepRecord> {
         let t0 = Instant::now();
+        weft_core::cuda::reset_peak(self.device)?;
+        let (x, y) = (&x.to(self.device)?, &y.to(self.device)?);
         let lr = self.schedule.lr_at(step);
         let _step_span = span("compute", "step");
         if let Some(z) = self.zero() {
@@ -420,7 +438,13 @@ impl Trainer {
             Some(z) => z.after_step()?,
             None => params.iter().for_each(|p| p.set_grad(None)),
         }
+        // the step's time includes its GPU work
+        weft_core::cuda::synchronize(self.device)?;
         let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let gpu_mem_bytes = match self.device {
+            weft_core::Device::Cpu => None,
+            d => Some(weft_core::cuda::memory_stats(d)?.peak_allocated),
+        };
         let (items, key) = if x.dtype() == weft_core::DType::I64 {
             (x.numel() * ranks, "tokens_per_s")
         } else {
@@ -438,6 +462,7 @@ impl Trainer {
             activation_bytes,
             skipped,
             skipped_steps: self.skipped_steps,
+            gpu_mem_bytes,
         })
     }
 
@@ -504,6 +529,7 @@ impl Trainer {
             for k in 0..rounds {
                 let i = rank + k * ranks;
                 let (x, y) = batch(i % n)?;
+                let (x, y) = (x.to(self.device)?, y.to(self.device)?);
                 if let Some(z) = zero {
                     z.begin_forward()?;
                 }

@@ -24,6 +24,6 @@ pub fn kernel_names() -> Vec<(&'static Module, &'static [&'static str])> {
         (&kernels::ATTENTION, attention::KERNELS),
         (&kernels::CONV, conv::KERNELS),
         (&kernels::LINEAR, matmul::KERNELS),
-        (&kernels::OPTIM, &[]),
+        (&kernels::OPTIM, super::optim::KERNELS),
     ]
 }

@@ -1,0 +1,1 @@
+// linear kernels (see mod.rs); empty until the family is written.
