@@ -4,9 +4,23 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+/// The repository's root: where these tests were built, or `WEFT_TEST_REPO` (test binaries
+/// carried to another machine, such as the GPU checks of tools/cuda/device-check.sh).
+pub fn repo() -> PathBuf {
+    match std::env::var_os("WEFT_TEST_REPO") {
+        Some(r) => PathBuf::from(r),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    }
+}
+
+/// The `weft` binary under test: Cargo's, or `WEFT_TEST_BIN` (as [`repo`]).
+pub fn weft_bin() -> PathBuf {
+    std::env::var_os("WEFT_TEST_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weft")), PathBuf::from)
+}
+
 /// The training fixtures written by `tools/reference/make_train_fixtures.py`.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../weft-train/tests/fixtures")
+    repo().join("crates/weft-train/tests/fixtures")
 }
 
 /// A free TCP port on the loopback interface (bound and released; good enough for tests).
@@ -42,7 +56,7 @@ pub const SMALL_GPT: [&str; 10] = [
 
 /// `weft` with `args` on 2 compute threads, to start.
 pub fn weft_command(args: &[&str]) -> std::process::Command {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
+    let mut cmd = std::process::Command::new(weft_bin());
     cmd.args(args).env("WEFT_NUM_THREADS", "2");
     cmd
 }
