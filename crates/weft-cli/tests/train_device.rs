@@ -45,10 +45,22 @@ fn misspelt_devices_and_precisions_are_refused_naming_the_key() {
         &small_run(&["--set", "train.precision=\"fp8\""]),
         &["train.precision: \"fp8\" is not one of f32, bf16"],
     );
-    fails_with(
-        &small_run(&["--set", "train.precision=\"bf16\""]),
-        &["train.precision: \"bf16\" (autocast) is not available yet"],
-    );
+}
+
+#[test]
+fn bf16_autocast_trains_close_to_f32() {
+    // bf16 rounds every product: the losses follow the f32 run's closely, not exactly
+    let f32 = losses_on("cpu", 6, &[], "precision-f32");
+    let bf16 = losses_on("cpu", 6, &["--set", "train.precision=\"bf16\""], "precision-bf16");
+    assert_eq!(bf16.len(), f32.len());
+    for (i, (b, f)) in bf16.iter().zip(&f32).enumerate() {
+        assert!((b - f).abs() <= 2e-2 * f.abs(), "step {}: bf16 {b} vs f32 {f}", i + 1);
+        assert!(
+            b != f,
+            "step {}: bf16 gave exactly the f32 loss {f}: was autocast on?",
+            i + 1
+        );
+    }
 }
 
 #[test]

@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod alloc;
+pub mod autocast;
 pub mod autograd;
 pub mod console;
 pub mod cpu;
@@ -33,6 +34,7 @@ pub mod tensor;
 
 mod device;
 
+pub use autocast::{autocast, autocast_dtype};
 pub use autograd::{is_grad_enabled, no_grad, GradModeGuard};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};

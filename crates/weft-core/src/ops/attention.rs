@@ -21,6 +21,10 @@ impl Tensor {
         scale: Option<f64>,
     ) -> Result<Tensor> {
         expect_float("attention", q)?;
+        if crate::autocast::autocast_dtype().is_some() && [q, k, v].iter().any(|t| t.dtype() == crate::DType::F32) {
+            use crate::autocast::low;
+            return Tensor::scaled_dot_product_attention(&low(q)?, &low(k)?, &low(v)?, causal, scale);
+        }
         for t in [k, v] {
             if t.dtype() != q.dtype() {
                 return Err(Error::DTypeMismatch {
@@ -66,6 +70,9 @@ impl Tensor {
     /// `qkv` instead of three added together. `scale` defaults to `1 / sqrt(C / heads)`.
     pub fn qkv_attention(&self, heads: usize, causal: bool, scale: Option<f64>) -> Result<Tensor> {
         expect_float("qkv_attention", self)?;
+        if crate::autocast::autocast_dtype().is_some() && self.dtype() == crate::DType::F32 {
+            return crate::autocast::low(self)?.qkv_attention(heads, causal, scale);
+        }
         let s = self.shape();
         if self.rank() != 3 || heads == 0 || !s[2].is_multiple_of(3 * heads) {
             return Err(invalid(

@@ -13,6 +13,13 @@ impl Tensor {
     /// x `[N, C, H, W]`, weight `[O, C / groups, KH, KW]`, bias `[O]` -> `[N, O, OH, OW]` with
     /// `OH = (H + 2 pad - dil (KH - 1) - 1) / stride + 1`.
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
+        if crate::autocast::autocast_dtype().is_some()
+            && (self.dtype() == crate::DType::F32 || weight.dtype() == crate::DType::F32)
+        {
+            use crate::autocast::low;
+            let b = bias.map(low).transpose()?;
+            return low(self)?.conv2d(&low(weight)?, b.as_ref(), params);
+        }
         conv_dims(self, weight, params)?;
         let y = apply(Op::Conv2d(params), &[self, weight])?;
         match bias {

@@ -90,6 +90,12 @@ impl Tensor {
 
     /// Applies a binary op with broadcasting; both tensors must have the same dtype.
     pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        if crate::autocast::autocast_dtype().is_some() && self.dtype() != rhs.dtype() {
+            let (a, b) = crate::autocast::promote(self, rhs)?;
+            if a.dtype() == b.dtype() {
+                return a.binary(op, &b);
+            }
+        }
         same_dtype("binary", self, rhs)?;
         broadcast_shapes("binary", self.shape(), rhs.shape())?;
         apply(Op::Binary(op), &[self, rhs])

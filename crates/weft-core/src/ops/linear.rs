@@ -37,8 +37,29 @@ impl Tensor {
         self.linear_with(weight, bias, None, Some(residual))
     }
 
-    /// `act(x @ weight^T + bias) (+ residual)`.
+    /// `act(x @ weight^T + bias) (+ residual)`; under autocast the product (and activation) in
+    /// the lower precision and the residual added after (see `crate::autocast`).
     fn linear_with(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        act: Option<UnaryOp>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if crate::autocast::autocast_dtype().is_some() {
+            use crate::autocast::low;
+            let b = bias.map(low).transpose()?;
+            let y = low(self)?.linear_fused(&low(weight)?, b.as_ref(), act, None)?;
+            return match residual {
+                Some(r) => r.add(&y),
+                None => Ok(y),
+            };
+        }
+        self.linear_fused(weight, bias, act, residual)
+    }
+
+    /// [`Tensor::linear_with`] without autocast: one fused op where it pays.
+    fn linear_fused(
         &self,
         weight: &Tensor,
         bias: Option<&Tensor>,

@@ -13,6 +13,9 @@ impl Tensor {
     /// Matrix product (as `torch.matmul`): `[..., M, K] @ [..., K, N] -> [..., M, N]` with batch
     /// dims broadcast; a 1-D operand is treated as a row (left) or column (right) vector.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        if crate::autocast::autocast_dtype().is_some() && (self.dtype() == DType::F32 || rhs.dtype() == DType::F32) {
+            return crate::autocast::low(self)?.matmul(&crate::autocast::low(rhs)?);
+        }
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(invalid(
                 "matmul",

@@ -23,6 +23,9 @@ impl Tensor {
 
     fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
         expect_float("softmax", self)?;
+        if crate::autocast::autocast_dtype().is_some() && self.dtype() != DType::F32 && self.dtype() != DType::F64 {
+            return crate::autocast::high(self)?.softmax_impl(dim, log);
+        }
         if self.rank() == 0 {
             return Err(invalid("softmax", "needs at least one dim"));
         }
@@ -52,6 +55,14 @@ impl Tensor {
     fn norm_impl(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64, rms: bool) -> Result<Tensor> {
         let op = if rms { "rms_norm" } else { "layer_norm" };
         expect_float(op, self)?;
+        if crate::autocast::autocast_dtype().is_some() {
+            use crate::autocast::high;
+            let low = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
+            if low(self) || weight.is_some_and(low) || bias.is_some_and(low) {
+                let (w, b) = (weight.map(high).transpose()?, bias.map(high).transpose()?);
+                return high(self)?.norm_impl(w.as_ref(), b.as_ref(), eps, rms);
+            }
+        }
         let c = *self
             .shape()
             .last()
@@ -90,6 +101,9 @@ impl Tensor {
     /// smoothing: `(1 - ε) * nll + ε * mean_j(-log p_j)`. All rows ignored gives NaN, as in PyTorch.
     pub fn cross_entropy(&self, targets: &Tensor, ignore_index: i64, label_smoothing: f64) -> Result<Tensor> {
         expect_float("cross_entropy", self)?;
+        if crate::autocast::autocast_dtype().is_some() && matches!(self.dtype(), DType::BF16 | DType::F16) {
+            return crate::autocast::high(self)?.cross_entropy(targets, ignore_index, label_smoothing);
+        }
         expect_dtype("cross_entropy", targets, DType::I64)?;
         if self.rank() < 1 || !(0.0..=1.0).contains(&label_smoothing) {
             return Err(invalid(

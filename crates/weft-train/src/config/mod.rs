@@ -311,9 +311,22 @@ pub struct TrainConfig {
     /// `"cuda"` gives each rank `cuda:(LOCAL_RANK mod the GPUs there are)`.
     #[serde(default = "default_device")]
     pub device: String,
-    /// `"f32"` (the default); `"bf16"` (autocast) is named but not available yet.
+    /// `"f32"` (the default) or `"bf16"`: autocast, as `torch.autocast(dtype=torch.bfloat16)`:
+    /// products and attention in bf16, norms, softmax and the loss in f32, parameters, gradients
+    /// and optimizer state in f32 (see `weft_core::autocast`).
     #[serde(default = "default_precision")]
     pub precision: String,
+}
+
+impl TrainConfig {
+    /// The autocast dtype of `precision` (`None` for f32), or why it is not one.
+    pub fn autocast(&self) -> std::result::Result<Option<weft_core::DType>, String> {
+        match self.precision.as_str() {
+            "f32" => Ok(None),
+            "bf16" => Ok(Some(weft_core::DType::BF16)),
+            p => Err(format!("{p:?} is not one of f32, bf16")),
+        }
+    }
 }
 
 fn default_device() -> String {
@@ -490,15 +503,8 @@ impl RunConfig {
         if let Err(e) = self.train.device.parse::<weft_core::Device>() {
             return bad("train.device", e);
         }
-        match self.train.precision.as_str() {
-            "f32" => {}
-            "bf16" => {
-                return bad(
-                    "train.precision",
-                    "\"bf16\" (autocast) is not available yet; use \"f32\"".into(),
-                )
-            }
-            p => return bad("train.precision", format!("{p:?} is not one of f32, bf16")),
+        if let Err(e) = self.train.autocast() {
+            return bad("train.precision", e);
         }
         if self.train.log_every == 0 {
             return bad("train.log_every", "must be at least 1".into());

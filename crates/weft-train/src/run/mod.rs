@@ -197,7 +197,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         .with_log_every(t.log_every)
         .with_skip_nonfinite(t.skip_nonfinite)
         .with_progress(options.progress && logs)
-        .with_device(device);
+        .with_device(device)
+        .with_autocast(
+            t.autocast()
+                .map_err(|e| Error::Config(format!("train.precision: {e}")))?,
+        );
     if let Some(m) = &mesh {
         trainer = trainer.with_job(m.world.clone());
         if m.tp > 1 {

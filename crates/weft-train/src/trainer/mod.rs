@@ -144,6 +144,8 @@ pub struct Trainer {
     progress: Option<bool>,
     /// Where the model lives: each batch is moved there.
     device: weft_core::Device,
+    /// The autocast dtype of the forward passes (`None`: the parameters' dtype throughout).
+    autocast: Option<weft_core::DType>,
 }
 
 impl Trainer {
@@ -178,7 +180,16 @@ impl Trainer {
             skipped_steps: 0,
             progress: None,
             device: weft_core::Device::Cpu,
+            autocast: None,
         }
+    }
+
+    /// Forward passes under autocast to `dtype` (`weft_core::autocast`; `None`: off), as
+    /// `torch.autocast` around the forward and the loss. The backward runs outside it, on the
+    /// dtypes the forward chose.
+    pub fn with_autocast(mut self, dtype: Option<weft_core::DType>) -> Self {
+        self.autocast = dtype;
+        self
     }
 
     /// Runs on `device`, where the model's parameters must already be (built under
@@ -370,13 +381,14 @@ impl Trainer {
         let (local_loss, loss, activation_bytes) = match &self.pipeline {
             Some(p) => {
                 let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
-                let (value, peaks) =
-                    p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))?;
+                let (value, peaks) = weft_core::autocast(self.autocast, || {
+                    p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))
+                })?;
                 (value, None, Some(peaks))
             }
             None => {
                 let _s = span("compute", "forward");
-                let loss = self.model.loss(x, y)?;
+                let loss = weft_core::autocast(self.autocast, || self.model.loss(x, y))?;
                 (loss.item()?, Some(loss), None)
             }
         };
@@ -533,14 +545,16 @@ impl Trainer {
                 if let Some(z) = zero {
                     z.begin_forward()?;
                 }
-                let out = match &self.pipeline {
-                    Some(p) => weft_models::EvalOutput {
-                        loss: p.forward_loss(&x, &y)?,
-                        correct: None,
-                        rows: 0,
-                    },
-                    None => self.model.evaluate(&x, &y)?,
-                };
+                let out = weft_core::autocast(self.autocast, || -> Result<weft_models::EvalOutput> {
+                    Ok(match &self.pipeline {
+                        Some(p) => weft_models::EvalOutput {
+                            loss: p.forward_loss(&x, &y)?,
+                            correct: None,
+                            rows: 0,
+                        },
+                        None => self.model.evaluate(&x, &y)?,
+                    })
+                })?;
                 if let Some(z) = zero {
                     z.end_forward()?;
                 }

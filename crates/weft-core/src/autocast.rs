@@ -1,0 +1,79 @@
+//! Automatic mixed precision, as `torch.autocast`: inside [`autocast`]`(Some(DType::BF16), ..)`
+//! the ops that gain from a lower precision take their f32 inputs in it, the ops that need the
+//! range of f32 take theirs in f32, and everything else runs in its inputs' dtype. Parameters,
+//! gradients of f32 parameters and optimizer state stay f32 (the casts are recorded by
+//! autograd, so a gradient comes back to its parameter in the parameter's dtype).
+//!
+//! The lists follow PyTorch's CUDA autocast ("Autocast Op Reference",
+//! pytorch.org/docs/stable/amp.html#autocast-op-reference):
+//!
+//! - lower precision: `matmul`, `linear` (and its fused activation), attention, `conv2d`;
+//! - f32: `softmax`, `log_softmax`, `layer_norm`, `rms_norm`, `cross_entropy`;
+//! - widest input type: binary ops whose float inputs differ (a bf16 product added to an f32
+//!   residual stream is f32), where outside autocast a dtype mismatch is an error.
+//!
+//! A linear with a fused residual (`linear_add`) becomes the lower-precision product followed by
+//! the f32 add, as PyTorch computes `x + linear(h)` under autocast.
+
+use std::cell::Cell;
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+use crate::DType;
+
+thread_local! {
+    static DTYPE: Cell<Option<DType>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with autocast to `dtype` (`Some(BF16)` or `Some(F16)`; `None` turns it off) on this
+/// thread, restoring the previous setting afterwards.
+pub fn autocast<R>(dtype: Option<DType>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<DType>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DTYPE.with(|d| d.set(self.0));
+        }
+    }
+    let _restore = Restore(DTYPE.with(|d| d.replace(dtype)));
+    f()
+}
+
+/// The autocast dtype in effect on this thread, if any.
+pub fn autocast_dtype() -> Option<DType> {
+    DTYPE.with(|d| d.get())
+}
+
+/// For a lower-precision op: `t` in the autocast dtype when autocast is on and `t` is f32.
+pub(crate) fn low(t: &Tensor) -> Result<Tensor> {
+    match autocast_dtype() {
+        Some(d) if t.dtype() == DType::F32 => t.cast(d),
+        _ => Ok(t.clone()),
+    }
+}
+
+/// For an f32 op: `t` in f32 when autocast is on and `t` is bf16 or f16.
+pub(crate) fn high(t: &Tensor) -> Result<Tensor> {
+    match autocast_dtype() {
+        Some(_) if matches!(t.dtype(), DType::BF16 | DType::F16) => t.cast(DType::F32),
+        _ => Ok(t.clone()),
+    }
+}
+
+/// For a binary op: both inputs in the wider of their float dtypes when autocast is on and they
+/// differ (bf16 with f16 gives f32, as PyTorch promotes); unchanged otherwise.
+pub(crate) fn promote(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (da, db) = (a.dtype(), b.dtype());
+    if autocast_dtype().is_none() || da == db || !da.is_float() || !db.is_float() {
+        return Ok((a.clone(), b.clone()));
+    }
+    let rank = |d: DType| match d {
+        DType::F64 => 2,
+        DType::F32 => 1,
+        _ => 0,
+    };
+    let wide = match rank(da).max(rank(db)) {
+        2 => DType::F64,
+        _ => DType::F32,
+    };
+    Ok((a.cast(wide)?, b.cast(wide)?))
+}

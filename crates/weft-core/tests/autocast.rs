@@ -1,0 +1,105 @@
+//! Autocast (`weft_core::autocast`): which ops run in bf16, which in f32, what crosses between
+//! them, and that gradients come back to f32 parameters in f32.
+
+use weft_core::{autocast, autocast_dtype, DType, Error, Generator, Tensor};
+
+fn randn(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::randn(shape, DType::F32, &mut Generator::new(seed)).unwrap()
+}
+
+fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_vec_f64(), b.to_vec_f64());
+    let scale = b.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+}
+
+#[test]
+fn products_run_in_bf16_and_gradients_reach_f32_parameters_in_f32() {
+    let x = randn(&[4, 8], 1);
+    let w = randn(&[16, 8], 2).requires_grad_().unwrap();
+    let b = randn(&[16], 3).requires_grad_().unwrap();
+    let y = autocast(Some(DType::BF16), || x.linear(&w, Some(&b))).unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    // exactly the product of the bf16-rounded inputs
+    let want = x
+        .cast(DType::BF16)
+        .unwrap()
+        .linear(
+            &w.detach().cast(DType::BF16).unwrap(),
+            Some(&b.detach().cast(DType::BF16).unwrap()),
+        )
+        .unwrap();
+    assert_eq!(y.to_vec_f64(), want.to_vec_f64());
+    y.cast(DType::F32).unwrap().sum_all().unwrap().backward().unwrap();
+    let gw = w.grad().unwrap();
+    assert_eq!(gw.dtype(), DType::F32);
+    // d/dw sum(x w^T + b) = column sums of x, here of x rounded to bf16
+    let want_gw = Tensor::ones(&[4, 16], DType::F32)
+        .unwrap()
+        .t()
+        .unwrap()
+        .matmul(&x)
+        .unwrap();
+    assert!(max_rel(&gw, &want_gw) < 1e-2, "{}", max_rel(&gw, &want_gw));
+    assert_eq!(b.grad().unwrap().to_vec_f64(), vec![4.0; 16]);
+    // matmul and attention too
+    let m = autocast(Some(DType::BF16), || x.matmul(&x.t().unwrap())).unwrap();
+    assert_eq!(m.dtype(), DType::BF16);
+    let qkv = randn(&[2, 5, 12], 4);
+    let a = autocast(Some(DType::BF16), || qkv.qkv_attention(2, true, None)).unwrap();
+    assert_eq!(a.dtype(), DType::BF16);
+}
+
+#[test]
+fn the_residual_stream_norms_and_losses_stay_f32() {
+    let h = randn(&[4, 8], 5);
+    let w = randn(&[8, 8], 6);
+    let b = randn(&[8], 7);
+    let r = randn(&[4, 8], 8);
+    autocast(Some(DType::BF16), || {
+        let y = h.linear_add(&w, Some(&b), &r).unwrap();
+        assert_eq!(y.dtype(), DType::F32, "x + linear(h) is f32");
+        let unfused = r
+            .add(
+                &h.cast(DType::BF16)
+                    .unwrap()
+                    .linear(&w.cast(DType::BF16).unwrap(), Some(&b.cast(DType::BF16).unwrap()))
+                    .unwrap()
+                    .cast(DType::F32)
+                    .unwrap(),
+            )
+            .unwrap();
+        assert_eq!(y.to_vec_f64(), unfused.to_vec_f64());
+        let low = h.cast(DType::BF16).unwrap();
+        assert_eq!(low.softmax(-1).unwrap().dtype(), DType::F32);
+        assert_eq!(low.log_softmax(0).unwrap().dtype(), DType::F32);
+        assert_eq!(low.layer_norm(None, None, 1e-5).unwrap().dtype(), DType::F32);
+        let targets = Tensor::from_vec(vec![0i64, 3, 7, 1], &[4]).unwrap();
+        let loss = low.cross_entropy(&targets, -100, 0.0).unwrap();
+        assert_eq!(loss.dtype(), DType::F32);
+        // an f32 op on f32 inputs is left alone
+        assert_eq!(h.add(&r).unwrap().dtype(), DType::F32);
+    });
+}
+
+#[test]
+fn outside_the_scope_nothing_changes() {
+    let x = randn(&[3, 4], 9);
+    let w = randn(&[2, 4], 10);
+    assert_eq!(autocast_dtype(), None);
+    autocast(Some(DType::BF16), || {
+        assert_eq!(autocast_dtype(), Some(DType::BF16));
+        autocast(None, || assert_eq!(autocast_dtype(), None));
+        assert_eq!(autocast_dtype(), Some(DType::BF16));
+    });
+    assert_eq!(autocast_dtype(), None);
+    assert_eq!(x.linear(&w, None).unwrap().dtype(), DType::F32);
+    assert!(matches!(
+        x.add(&x.cast(DType::BF16).unwrap()),
+        Err(Error::DTypeMismatch { .. })
+    ));
+    // restored when the closure panics, too
+    let caught = std::panic::catch_unwind(|| autocast(Some(DType::BF16), || panic!("inside")));
+    assert!(caught.is_err());
+    assert_eq!(autocast_dtype(), None);
+}
