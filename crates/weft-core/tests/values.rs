@@ -337,3 +337,25 @@ fn large_matmuls_match_a_naive_product() {
         }
     }
 }
+
+#[test]
+fn layer_norm_with_a_bias_and_no_weight_adds_the_bias() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 4.0, -1.0, 0.5, 3.0], &[2, 3]).unwrap();
+    let b = Tensor::from_vec(vec![10.0f32, 20.0, 30.0], &[3]).unwrap();
+    let got = x.layer_norm(None, Some(&b), 1e-5).unwrap();
+    let want = x.layer_norm(None, None, 1e-5).unwrap().add(&b).unwrap();
+    assert_eq!(got.to_vec_f64(), want.to_vec_f64());
+}
+
+#[test]
+fn attention_over_no_positions_has_empty_gradients() {
+    // [B, T, 3C] with T = 0: forward and backward are empty, not a panic
+    let qkv = Tensor::zeros(&[2, 0, 12], DType::F32)
+        .unwrap()
+        .requires_grad_()
+        .unwrap();
+    let y = qkv.qkv_attention(2, true, None).unwrap();
+    assert_eq!(y.shape(), [2, 0, 4]);
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(qkv.grad().unwrap().shape(), [2, 0, 12]);
+}

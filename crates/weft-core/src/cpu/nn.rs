@@ -134,7 +134,12 @@ fn norm_rows<T: Float>(s: NormSpec<'_, T>, x: &[T], y: &mut [MaybeUninit<T>], me
                         y.write((x - mu) * rs * w);
                     }
                 }
-                _ => {
+                (None, Some(b)) => {
+                    for ((y, &x), &b) in y.iter_mut().zip(x).zip(b) {
+                        y.write((x - mu) * rs + b);
+                    }
+                }
+                (None, None) => {
                     for (y, &x) in y.iter_mut().zip(x) {
                         y.write((x - mu) * rs);
                     }

@@ -362,6 +362,10 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 dense_input(name, inputs[3])?,
             );
             let lse = inputs[2];
+            if x.numel() == 0 {
+                // no positions (or no batch): nothing flows back
+                return Ok(vec![Tensor::zeros(x.shape(), dtype)?]);
+            }
             let l = QkvLayout::new(&x, *heads, *causal);
             crate::float_dispatch!(x.dtype(), T => {
                 let (xs, os, gs) = (x.contig::<T>("qkv_attention")?, o.contig::<T>("qkv_attention")?, g.contig::<T>("qkv_attention")?);
