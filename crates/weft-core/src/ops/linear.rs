@@ -256,6 +256,12 @@ pub(super) fn backward(
 /// The gradient through the activation, `grad * act'(pre)` `[M, N]`, and its column sums (the
 /// bias gradient) in one pass.
 fn act_backward(act: UnaryOp, pre: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
+    if pre.device() != crate::Device::Cpu {
+        // the GPU's own UnaryBackward kernel, then the column sums
+        let g = apply(Op::UnaryBackward(act), &[pre, grad])?;
+        let gb = g.sum(&[0], false)?;
+        return Ok((g, gb));
+    }
     let n = pre.shape()[1];
     crate::float_dispatch!(pre.dtype(), T => {
         let (x, g) = (pre.contig::<T>("linear_backward")?, grad.contig::<T>("linear_backward")?);

@@ -333,12 +333,8 @@ fn linear_act_matches_the_cpu_for_every_activation() {
     }
 }
 
-/// The backward of `linear_act` reads the saved pre-activation through `Tensor::contig` in
-/// `ops/linear.rs::act_backward`, which copies it to the host and returns CPU tensors: the GPU
-/// backward then fails with "inputs live on different devices". Not this family's file; run
-/// with `--ignored` once that is fixed.
+/// The backward of `linear_act` through the saved pre-activation (the GPU's UnaryBackward).
 #[test]
-#[ignore = "ops/linear.rs act_backward computes on the host and returns CPU tensors"]
 fn linear_act_backward_matches_the_cpu() {
     let Some(dev) = gpu("linear_act_backward_matches_the_cpu") else {
         return;

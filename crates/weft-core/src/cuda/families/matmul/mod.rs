@@ -30,8 +30,6 @@ static ALLOW_TF32: AtomicBool = AtomicBool::new(false);
 /// Lets f32 products on the GPU use TF32 tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`: inputs
 /// rounded to 10 mantissa bits, about 1e-3 relative error) for the whole process; off by
 /// default, so f32 products match the CPU's to about 1e-6. bf16, f16 and f64 are not affected.
-// Nothing in the crate calls it yet: `crate::cuda` is to re-export it for the trainer's setting.
-#[allow(dead_code)]
 pub fn set_allow_tf32(allow: bool) {
     ALLOW_TF32.store(allow, Ordering::Relaxed);
 }
