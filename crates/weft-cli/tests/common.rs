@@ -158,7 +158,8 @@ pub fn check_against_pytorch(case: &str, metrics: &Path) -> f64 {
 /// (`config` `None`: the built-in run), extra flags such as `--resume` in `flags`. Workers that
 /// are stopped after another's failure get 5 s (not the default 30) to exit.
 pub fn launch_train(ranks: usize, config: Option<&Path>, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
-    let bin = env!("CARGO_BIN_EXE_weft");
+    let bin = weft_bin();
+    let bin = bin.to_str().unwrap();
     let n = ranks.to_string();
     let mut args = vec![
         "launch",

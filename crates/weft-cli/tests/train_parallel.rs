@@ -43,6 +43,31 @@ fn check_case(case: &str) {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Two data-parallel ranks sharing one GPU (`train.device = "cuda"` gives each launched rank
+/// `cuda:(LOCAL_RANK mod count)`; the collectives go through host memory) reproduce PyTorch's
+/// losses as the one-process run does. Skipped, in one line, without a CUDA device.
+#[test]
+fn gpt_adamw_at_dp_2_on_one_gpu() {
+    if !common::cuda_or_skip("gpt_adamw_at_dp_2_on_one_gpu") {
+        return;
+    }
+    let out = temp_dir("dp-gpu");
+    let metrics = out.join("metrics.jsonl");
+    let config = fixtures().join("gpt_adamw").join("run.toml");
+    launch_train_ok(
+        2,
+        Some(&config),
+        &[],
+        &[
+            path_set("train.metrics", &metrics),
+            "parallel.dp=2".to_string(),
+            "train.device=\"cuda\"".to_string(),
+        ],
+    );
+    check_against_pytorch("gpt_adamw", &metrics);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn gpt_adamw_with_clipping_at_dp_2_and_4() {
     check_case("gpt_adamw");

@@ -20,7 +20,8 @@
 //! parameter's gradient-ready hook copies its gradient into its bucket; when a bucket is full its
 //! all-reduce (average) starts on the group's thread while backward goes on, buckets starting in
 //! order on every rank. [`DataParallel::finish`] waits for them and points each gradient at its
-//! slice of the averaged bucket.
+//! slice of the averaged bucket. The buckets live in host memory: a GPU parameter's gradient is
+//! copied into its bucket and its averaged slice copied back to the GPU.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -357,7 +358,13 @@ impl Reducer {
             for (&i, &at) in bucket.members.iter().zip(&bucket.offsets) {
                 let p = &self.params[i].1;
                 let grad = if used_anywhere[i] {
-                    Some(buffer.narrow(0, at, p.numel())?.view(p.shape())?)
+                    // the buckets live in host memory: a GPU parameter's gradient is copied back
+                    let g = buffer.narrow(0, at, p.numel())?.view(p.shape())?;
+                    Some(if p.device() == weft_core::Device::Cpu {
+                        g
+                    } else {
+                        g.to(p.device())?
+                    })
                 } else {
                     None
                 };

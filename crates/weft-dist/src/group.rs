@@ -84,6 +84,19 @@ impl std::fmt::Debug for Work {
 }
 
 impl Work {
+    /// This work, then `dst` (a GPU tensor) overwritten with `src` (its host stand-in that the
+    /// collective wrote): how GPU tensors take part in collectives, through host memory.
+    fn then_copy_back(self, dst: &Tensor, src: Tensor) -> Work {
+        let dst = dst.clone();
+        Work {
+            kind: WorkKind::Deferred(Box::new(move || {
+                self.wait()?;
+                dst.copy_from(&src)?;
+                Ok(())
+            })),
+        }
+    }
+
     /// Blocks until the operation has finished on this rank; its error, if any.
     pub fn wait(self) -> Result<()> {
         match self.kind {
@@ -109,6 +122,15 @@ fn spawn_worker(name: String, world: Arc<World>) -> Result<mpsc::Sender<Job>> {
         })
         .map_err(|e| Error::Io(format!("cannot start a communication thread: {e}")))?;
     Ok(tx)
+}
+
+/// A host copy of `t` when it lives on a GPU (collectives of GPU tensors run on host copies:
+/// the inputs copied out first, the outputs copied back by [`Work::wait`]); `None` on the CPU.
+fn host_copy(t: &Tensor) -> Result<Option<Tensor>> {
+    if t.device() == Device::Cpu {
+        return Ok(None);
+    }
+    Ok(Some(weft_core::no_grad(|| t.to(Device::Cpu))?))
 }
 
 /// The raw bytes of a contiguous tensor, mutably (bool bytes written here are checked 0/1).
@@ -259,11 +281,11 @@ impl ProcessGroup {
         f: impl FnOnce(&Ctx) -> Result<()> + Send + 'static,
     ) -> Result<Work> {
         // The extension point for other devices: CPU tensors run the algorithms of
-        // `collectives` over shared memory and TCP. GPU tensors will be staged through host
-        // buffers here (and later handed to NCCL); until then they are refused.
+        // `collectives` over shared memory and TCP; the public methods have already put GPU
+        // tensors' elements in host copies (NCCL would take them here instead).
         if let Device::Cuda(_) = device {
             return Err(Error::Invalid(format!(
-                "{kind:?} of a tensor on {device}: collectives of GPU tensors are not available yet"
+                "{kind:?} of a tensor on {device}: reached the host algorithms without a host copy"
             )));
         }
         let inner = self.inner.clone();
@@ -324,6 +346,9 @@ impl ProcessGroup {
 
     /// Reduces `t` across the group in place; every rank ends with the result.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        if let Some(h) = host_copy(t)? {
+            return Ok(self.all_reduce(&h, op)?.then_copy_back(t, h));
+        }
         check_contiguous("all_reduce", t)?;
         check_op(op, t.dtype())?;
         let t2 = t.clone();
@@ -335,6 +360,15 @@ impl ProcessGroup {
     /// `output` (`n` elements... of `input.numel() / size`) receives this rank's chunk of the
     /// chunk-wise reduction of every rank's `input` (as `reduce_scatter_tensor`).
     pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
+        if output.device() != Device::Cpu || input.device() != Device::Cpu {
+            let (i, o) = (host_copy(input)?.unwrap_or_else(|| input.clone()), host_copy(output)?);
+            let o_host = o.clone().unwrap_or_else(|| output.clone());
+            let w = self.reduce_scatter(&o_host, &i, op)?;
+            return Ok(match o {
+                Some(h) => w.then_copy_back(output, h),
+                None => w,
+            });
+        }
         check_contiguous("reduce_scatter", output)?;
         check_pair(
             "reduce_scatter",
@@ -359,6 +393,15 @@ impl ProcessGroup {
     /// `output` (`size` chunks of `input.numel()`) receives every rank's `input` in rank order
     /// (as `all_gather_into_tensor`).
     pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        if output.device() != Device::Cpu || input.device() != Device::Cpu {
+            let (i, o) = (host_copy(input)?.unwrap_or_else(|| input.clone()), host_copy(output)?);
+            let o_host = o.clone().unwrap_or_else(|| output.clone());
+            let w = self.all_gather(&o_host, &i)?;
+            return Ok(match o {
+                Some(h) => w.then_copy_back(output, h),
+                None => w,
+            });
+        }
         check_contiguous("all_gather", output)?;
         check_pair(
             "all_gather",
@@ -387,6 +430,9 @@ impl ProcessGroup {
 
     /// Copies `t` from group rank `root` to every rank.
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<Work> {
+        if let Some(h) = host_copy(t)? {
+            return Ok(self.broadcast(&h, root)?.then_copy_back(t, h));
+        }
         check_contiguous("broadcast", t)?;
         self.check_peer("broadcast", root)?;
         let t2 = t.clone();
@@ -398,6 +444,9 @@ impl ProcessGroup {
     /// Reduces `t` onto group rank `root` (other ranks' `t` end with partial results, as
     /// Gloo's).
     pub fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<Work> {
+        if let Some(h) = host_copy(t)? {
+            return Ok(self.reduce(&h, root, op)?.then_copy_back(t, h));
+        }
         check_contiguous("reduce", t)?;
         self.check_peer("reduce", root)?;
         check_op(op, t.dtype())?;
@@ -410,6 +459,15 @@ impl ProcessGroup {
     /// Chunk `j` of `input` (`size` equal chunks) goes to rank `j`; `output` chunk `j` comes
     /// from rank `j` (as `all_to_all_single` with equal splits).
     pub fn all_to_all(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        if output.device() != Device::Cpu || input.device() != Device::Cpu {
+            let (i, o) = (host_copy(input)?.unwrap_or_else(|| input.clone()), host_copy(output)?);
+            let o_host = o.clone().unwrap_or_else(|| output.clone());
+            let w = self.all_to_all(&o_host, &i)?;
+            return Ok(match o {
+                Some(h) => w.then_copy_back(output, h),
+                None => w,
+            });
+        }
         check_contiguous("all_to_all", output)?;
         check_pair("all_to_all", output, input, input.numel(), output.numel(), "output")?;
         if !input.numel().is_multiple_of(self.size()) {
@@ -448,6 +506,9 @@ impl ProcessGroup {
 
     /// Sends `t` to group rank `dst` under `tag`. Messages with one (peer, tag) arrive in order.
     pub fn send(&self, t: &Tensor, dst: usize, tag: u32) -> Result<Work> {
+        if let Some(h) = host_copy(t)? {
+            return self.send(&h, dst, tag);
+        }
         self.check_peer("send", dst)?;
         Self::check_tag(tag)?;
         if dst == self.rank() {
@@ -501,6 +562,9 @@ impl ProcessGroup {
     /// Receives into `t` the next message from group rank `src` under `tag`; the data lands in
     /// `t` when [`Work::wait`] is called. The message must have `t`'s dtype and size.
     pub fn recv(&self, t: &Tensor, src: usize, tag: u32) -> Result<Work> {
+        if let Some(h) = host_copy(t)? {
+            return Ok(self.recv(&h, src, tag)?.then_copy_back(t, h));
+        }
         self.check_peer("recv", src)?;
         Self::check_tag(tag)?;
         check_contiguous("recv", t)?;

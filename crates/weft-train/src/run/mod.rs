@@ -61,8 +61,9 @@ fn check_metrics(config: &RunConfig, options: &TrainOptions, group: Option<&weft
 }
 
 /// The device this rank trains on (`train.device`; a bare `"cuda"` in a launched job is
-/// `cuda:(LOCAL_RANK mod the GPUs there are)`), checked before anything is built or written:
-/// one line naming the device and why it cannot be used.
+/// `cuda:(LOCAL_RANK mod the GPUs there are)`, so ranks share GPUs when there are more ranks
+/// than GPUs), checked before anything is built or written: one line naming the device and why
+/// it cannot be used. GPU ranks run data parallelism only (collectives through host memory).
 fn rank_device(config: &RunConfig, job: &layout::JobShape) -> Result<weft_core::Device> {
     use weft_core::Device;
     let named: Device = config
@@ -84,10 +85,11 @@ fn rank_device(config: &RunConfig, job: &layout::JobShape) -> Result<weft_core::
         (d, _, _) => d,
     };
     weft_core::cuda::check(device).map_err(bad)?;
-    if device.is_cuda() && job.ranks > 1 {
+    let p = &config.parallel;
+    if device.is_cuda() && job.ranks > 1 && (p.tp > 1 || p.pp > 1 || p.zero > 0) {
         return Err(Error::Config(format!(
-            "train.device: {device} in a job of {} ranks: collectives of GPU tensors are not available yet (a GPU run is one process for now)",
-            job.ranks
+            "train.device: {device} with parallel.tp = {}, pp = {}, zero = {}: GPU ranks run data parallelism only for now (tp = pp = 1, zero = 0)",
+            p.tp, p.pp, p.zero
         )));
     }
     Ok(device)
