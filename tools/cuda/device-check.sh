@@ -25,7 +25,7 @@ part() { # name, seconds, command...
   local t0=$(date +%s)
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
-  echo "$name: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$summary"
+  echo "$name: exit $rc in $(( $(date +%s) - t0 )) s" >> "$summary"
   grep -E "^test result|FAILED|panicked" "$OUT/$name.log" | head -20 >> "$summary"
 }
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
