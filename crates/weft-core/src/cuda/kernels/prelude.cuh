@@ -29,6 +29,35 @@ __device__ __forceinline__ f16 f32_to_f16(float f) {
     return r;
 }
 
+// The bf16 nearest an f64 as the `half` crate's bf16::from_f64 (convert::f64_to_bf16) computes it,
+// bit for bit: it rounds on the top 32 bits of the double only. The CPU converts f64 results
+// (casts, var) to bf16 through it.
+__device__ __forceinline__ unsigned short half_f64_to_bf16(double value) {
+    u64 val = (u64)__double_as_longlong(value);
+    u32 x = (u32)(val >> 32);
+    u32 sign = x & 0x80000000u, expo = x & 0x7FF00000u, man = x & 0x000FFFFFu;
+    if (expo == 0x7FF00000u) {
+        u32 nan_bit = (man == 0 && (u32)val == 0) ? 0u : 0x0040u;
+        return (unsigned short)((sign >> 16) | 0x7F80u | nan_bit | (man >> 13));
+    }
+    u32 half_sign = sign >> 16;
+    i64 half_exp = (i64)(expo >> 20) - 1023 + 127;
+    if (half_exp >= 0xFF) return (unsigned short)(half_sign | 0x7F80u);
+    if (half_exp <= 0) {
+        if (7 - half_exp > 21) return (unsigned short)half_sign;
+        u32 m = man | 0x00100000u;
+        u32 half_man = m >> (u32)(14 - half_exp);
+        u32 round_bit = 1u << (u32)(13 - half_exp);
+        if ((m & round_bit) != 0 && (m & (3u * round_bit - 1u)) != 0) half_man += 1;
+        return (unsigned short)(half_sign | half_man);
+    }
+    u32 he = ((u32)half_exp) << 7;
+    u32 hm = man >> 13;
+    u32 round_bit = 0x00001000u;
+    if ((man & round_bit) != 0 && (man & (3u * round_bit - 1u)) != 0) return (unsigned short)((half_sign | he | hm) + 1u);
+    return (unsigned short)(half_sign | he | hm);
+}
+
 // Load/store in the compute type: f32 for f32/bf16/f16, f64 for f64.
 __device__ __forceinline__ float ld(const float* p, u64 i) { return p[i]; }
 __device__ __forceinline__ double ld(const double* p, u64 i) { return p[i]; }
