@@ -4,8 +4,9 @@
 #   device run: bash .gpu/device-check.sh [--bench]     (carry: [".gpu"]) Logs go to $OUT (default
 # ./gpu-out). Each part has its own time limit so one hang cannot eat the device time:
 #   1. the device and its libraries (nvidia-smi);
-#   2. every op on the GPU against the CPU (cuda_ops), and the kernel compile check on the
-#      device's own NVRTC (cuda_kernels);
+#   2. every op on the GPU against the CPU (cuda_ops) and against PyTorch's values
+#      (torch_fixtures on_gpu::*), and the kernel compile check on the device's own NVRTC
+#      (cuda_kernels);
 #   3. train.device = "cuda" against PyTorch's CPU losses (train_alignment on_gpu::*), dropout
 #      and GPU-to-CPU resume (train_device), two data-parallel ranks on one GPU (train_parallel);
 #   4. with --bench: GPT-2 small steps, weft beside PyTorch eager (tools/bench/gpu_gpt2.py).
@@ -31,6 +32,7 @@ part() { # name, seconds, command...
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 part cuda_kernels 60 .gpu/bin/cuda_kernels
 part cuda_ops 240 .gpu/bin/cuda_ops --test-threads 4
+part torch_fixtures_gpu 60 .gpu/bin/torch_fixtures on_gpu
 part train_device 120 .gpu/bin/train_device --test-threads 1
 part train_alignment_gpu 240 .gpu/bin/train_alignment on_gpu --test-threads 2
 part train_parallel_gpu 120 .gpu/bin/train_parallel gpt_adamw_at_dp_2_on_one_gpu

@@ -9,7 +9,7 @@ cargo build --release -p weft-cli
 cp target/release/weft .gpu/bin/weft
 # test binaries: name -> path, from cargo's JSON messages
 cargo test --release --no-run --message-format=json \
-  -p weft-core --test cuda_ops --test cuda_kernels \
+  -p weft-core --test cuda_ops --test cuda_kernels --test torch_fixtures \
   -p weft-cli --test train_alignment --test train_device --test train_parallel 2>/dev/null |
   python3 -c '
 import json, shutil, sys

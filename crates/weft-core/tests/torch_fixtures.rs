@@ -9,7 +9,10 @@
 //!
 //! f32 cases run weft's f32 kernels, whose exp/tanh/erf are branch-free polynomial approximations,
 //! against PyTorch's float32 results: `|got - expected| <= 1e-5 |expected| + 1e-5 max(1, M)` with `M`
-//! the largest magnitude in the expected tensor. The absolute part is relative to the tensor's scale
+//! the largest magnitude in the expected tensor.
+//!
+//! `on_gpu::*` runs the same cases with the inputs on `cuda:0` (skipped, one line each, without
+//! a CUDA device). The absolute part is relative to the tensor's scale
 //! because both sides round: near tanh's saturation, for instance, the tanh-GELU derivative is a
 //! difference of nearly equal f32 values (at x = -5.15 in `unary/f32_gelu_tanh` the exact gradient is
 //! -9.7e-7, PyTorch's float32 gives 0 and weft's -1.8e-6). The largest differences seen are ~7e-7 of
@@ -19,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use weft_core::{Conv2dParams, DType, Pool2dParams, Result, Tensor};
+use weft_core::{Conv2dParams, DType, Device, Pool2dParams, Result, Tensor};
 
 /// f64: (absolute, relative).
 const F64_TOL: (f64, f64) = (1e-10, 1e-9);
@@ -60,6 +63,8 @@ struct Case<'a> {
     v: &'a Value,
     name: &'a str,
     f32: bool,
+    /// Where the inputs are made and the op runs.
+    device: Device,
 }
 
 fn shape_of(t: &Value) -> Vec<usize> {
@@ -81,14 +86,14 @@ fn floats_of(t: &Value) -> Vec<f64> {
 }
 
 impl<'a> Case<'a> {
-    fn new(v: &'a Value) -> Self {
+    fn new(v: &'a Value, device: Device) -> Self {
         let name = v["name"].as_str().expect("case name");
         let f32 = match v["dtype"].as_str() {
             Some("f32") => true,
             Some("f64") => false,
             other => panic!("{name}: unknown dtype {other:?}"),
         };
-        Case { v, name, f32 }
+        Case { v, name, f32, device }
     }
 
     fn op(&self) -> &'a str {
@@ -127,7 +132,7 @@ impl<'a> Case<'a> {
         self.param(key).as_bool().expect("bool param")
     }
 
-    /// A float tensor in the case's dtype.
+    /// A float tensor in the case's dtype, on the case's device.
     fn float_tensor(&self, t: &Value) -> Tensor {
         let (data, shape) = (floats_of(t), shape_of(t));
         if self.f32 {
@@ -135,6 +140,7 @@ impl<'a> Case<'a> {
         } else {
             Tensor::from_vec(data, &shape)
         }
+        .and_then(|t| t.to(self.device))
         .unwrap_or_else(|e| panic!("{}: building a tensor: {e}", self.name))
     }
 
@@ -150,7 +156,7 @@ impl<'a> Case<'a> {
                     .iter()
                     .map(|x| x.as_i64().unwrap())
                     .collect();
-                Tensor::from_vec(ids, &shape_of(t)).unwrap()
+                Tensor::from_vec(ids, &shape_of(t)).and_then(|t| t.to(self.device)).unwrap()
             } else {
                 let x = self.float_tensor(t);
                 if self.v["grads"].get(name).is_some() {
@@ -170,6 +176,7 @@ impl<'a> Case<'a> {
         assert_eq!(got.shape(), &shape[..], "{}: {what}: shape", self.name);
         let want_dtype = if self.f32 { DType::F32 } else { DType::F64 };
         assert_eq!(got.dtype(), want_dtype, "{}: {what}: dtype", self.name);
+        assert_eq!(got.device(), self.device, "{}: {what}: device", self.name);
         let (got, want) = (got.to_vec_f64(), floats_of(expected));
         assert_eq!(got.len(), want.len(), "{}: {what}: element count", self.name);
         let (atol, rtol) = if self.f32 {
@@ -278,9 +285,14 @@ impl<'a> Case<'a> {
 
 /// Runs every case of `op` except the known discrepancies.
 fn run_op(op: &str) {
+    run_op_on(op, Device::Cpu);
+}
+
+/// [`run_op`] with the inputs on `device`.
+fn run_op_on(op: &str, device: Device) {
     let mut ran = 0;
     for v in fixtures() {
-        let case = Case::new(v);
+        let case = Case::new(v, device);
         if case.op() == op && !KNOWN_DISCREPANCIES.contains(&case.name) {
             case.run();
             ran += 1;
@@ -296,14 +308,14 @@ fn run_named(name: &str) {
         .iter()
         .find(|v| v["name"] == name)
         .unwrap_or_else(|| panic!("no fixture case {name}"));
-    Case::new(v).run();
+    Case::new(v, Device::Cpu).run();
 }
 
 #[test]
 fn all_cases_are_known_ops() {
     let mut names = std::collections::BTreeSet::new();
     for v in fixtures() {
-        let case = Case::new(v);
+        let case = Case::new(v, Device::Cpu);
         assert!(OPS.contains(&case.op()), "{}: op {} has no test", case.name, case.op());
         assert!(names.insert(case.name), "duplicate case name {}", case.name);
     }
@@ -311,7 +323,7 @@ fn all_cases_are_known_ops() {
         assert!(names.contains(name), "known discrepancy {name} is not a fixture case");
     }
     // The f32 kernels are covered too.
-    assert!(fixtures().iter().filter(|v| Case::new(v).f32).count() >= 4);
+    assert!(fixtures().iter().filter(|v| Case::new(v, Device::Cpu).f32).count() >= 4);
 }
 
 #[test]
@@ -377,4 +389,49 @@ fn embedding() {
 #[test]
 fn max_ties() {
     run_op("max");
+}
+
+/// The same cases with every input on `cuda:0`, against the same PyTorch values and tolerances.
+/// Each writes one line and passes where no CUDA device can be used.
+mod on_gpu {
+    use weft_core::Device;
+
+    fn gpu(case: &str) -> Option<Device> {
+        use std::io::Write;
+        match weft_core::cuda::device_count() {
+            Ok(n) if n > 0 => Some(Device::Cuda(0)),
+            other => {
+                let why = other.map_or_else(|e| e.to_string(), |_| "no CUDA device".to_string());
+                let _ = writeln!(std::io::stderr(), "skipped on_gpu::{case}: {why}");
+                None
+            }
+        }
+    }
+
+    macro_rules! gpu_cases {
+        ($($test:ident => $op:literal),* $(,)?) => {
+            $(#[test]
+            fn $test() {
+                if let Some(d) = gpu(stringify!($test)) {
+                    super::run_op_on($op, d);
+                }
+            })*
+        };
+    }
+
+    gpu_cases! {
+        cross_entropy => "cross_entropy",
+        unary => "unary",
+        var => "var",
+        layer_norm => "layer_norm",
+        rms_norm => "rms_norm",
+        softmax => "softmax",
+        log_softmax => "log_softmax",
+        attention => "attention",
+        conv2d => "conv2d",
+        max_pool2d => "max_pool2d",
+        avg_pool2d => "avg_pool2d",
+        embedding => "embedding",
+        max_ties => "max",
+    }
 }
