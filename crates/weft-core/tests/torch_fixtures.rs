@@ -9,14 +9,14 @@
 //!
 //! f32 cases run weft's f32 kernels, whose exp/tanh/erf are branch-free polynomial approximations,
 //! against PyTorch's float32 results: `|got - expected| <= 1e-5 |expected| + 1e-5 max(1, M)` with `M`
-//! the largest magnitude in the expected tensor.
-//!
-//! `on_gpu::*` runs the same cases with the inputs on `cuda:0` (skipped, one line each, without
-//! a CUDA device). The absolute part is relative to the tensor's scale
+//! the largest magnitude in the expected tensor. The absolute part is relative to the tensor's scale
 //! because both sides round: near tanh's saturation, for instance, the tanh-GELU derivative is a
 //! difference of nearly equal f32 values (at x = -5.15 in `unary/f32_gelu_tanh` the exact gradient is
 //! -9.7e-7, PyTorch's float32 gives 0 and weft's -1.8e-6). The largest differences seen are ~7e-7 of
 //! the scale.
+//!
+//! `on_gpu::*` runs the same cases with the inputs on `cuda:0` (skipped, one line each, without
+//! a CUDA device).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
