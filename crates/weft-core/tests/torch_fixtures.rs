@@ -156,7 +156,9 @@ impl<'a> Case<'a> {
                     .iter()
                     .map(|x| x.as_i64().unwrap())
                     .collect();
-                Tensor::from_vec(ids, &shape_of(t)).and_then(|t| t.to(self.device)).unwrap()
+                Tensor::from_vec(ids, &shape_of(t))
+                    .and_then(|t| t.to(self.device))
+                    .unwrap()
             } else {
                 let x = self.float_tensor(t);
                 if self.v["grads"].get(name).is_some() {

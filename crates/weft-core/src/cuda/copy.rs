@@ -29,6 +29,10 @@ pub const KERNELS: &[&str] = &[
     "fill_2",
     "fill_4",
     "fill_8",
+    "random_f32",
+    "random_f64",
+    "random_bf16",
+    "random_f16",
 ];
 
 /// `x`'s elements on `device` (a contiguous copy; `x` itself when it is there already). Not
@@ -207,5 +211,53 @@ pub(crate) fn full(device: Device, shape: &[usize], value: f64, dtype: DType) ->
     b.arg(&n64);
     // SAFETY: `out` holds `n` elements of `size` bytes; the pattern is one element of its dtype.
     unsafe { b.launch(cfg) }.map_err(|e| g.fail("full", e))?;
+    Ok(out)
+}
+
+/// Random numbers of `shape` on `device`, element `i` drawn from counter `offset + i` under
+/// `seed` exactly as the CPU's `Op::Random` draws it (the same values, rounded the same way).
+pub(crate) fn random(
+    device: Device,
+    shape: &[usize],
+    dtype: DType,
+    dist: crate::op::Distribution,
+    seed: u64,
+    offset: u64,
+) -> Result<Tensor> {
+    let Device::Cuda(ordinal) = device else {
+        return Err(Error::Device("random: expected a GPU".to_string()));
+    };
+    let g = gpu(ordinal)?;
+    let name = match dtype {
+        DType::F32 => "random_f32",
+        DType::F64 => "random_f64",
+        DType::BF16 => "random_bf16",
+        DType::F16 => "random_f16",
+        d => return Err(Error::UnsupportedDType { op: "random", dtype: d }),
+    };
+    let out = empty(&g, "random", dtype, shape)?;
+    let n = out.numel();
+    if n == 0 {
+        return Ok(out);
+    }
+    let (o, n64, normal) = (
+        buffer(&out)?.ptr(),
+        n as u64,
+        (dist == crate::op::Distribution::Normal) as i32,
+    );
+    let f = g.function(&COPY, name)?;
+    g.bind()?;
+    // SAFETY: `out` holds `n` elements of the kernel's type.
+    unsafe {
+        g.stream()
+            .launch_builder(&f)
+            .arg(&o)
+            .arg(&seed)
+            .arg(&offset)
+            .arg(&n64)
+            .arg(&normal)
+            .launch(for_elements(n))
+    }
+    .map_err(|e| g.fail("random", e))?;
     Ok(out)
 }

@@ -86,6 +86,45 @@ impl Tensor {
         Tensor::random(shape, dtype, Distribution::Normal, generator)
     }
 
+    /// Uniform numbers in `[0, 1)` drawn from `generator`, made on `device`: the same values as
+    /// [`Tensor::rand`] on the CPU (one counter-based stream for every device).
+    pub fn rand_on(shape: &[usize], dtype: DType, generator: &mut Generator, device: crate::Device) -> Result<Tensor> {
+        Tensor::random_on(shape, dtype, Distribution::Uniform, generator, device)
+    }
+
+    /// Standard normal numbers drawn from `generator`, made on `device` (the CPU's values).
+    pub fn randn_on(shape: &[usize], dtype: DType, generator: &mut Generator, device: crate::Device) -> Result<Tensor> {
+        Tensor::random_on(shape, dtype, Distribution::Normal, generator, device)
+    }
+
+    fn random_on(
+        shape: &[usize],
+        dtype: DType,
+        dist: Distribution,
+        generator: &mut Generator,
+        device: crate::Device,
+    ) -> Result<Tensor> {
+        if device == crate::Device::Cpu {
+            return Tensor::random(shape, dtype, dist, generator);
+        }
+        crate::cuda::check(device)?;
+        if !dtype.is_float() {
+            return Err(crate::Error::UnsupportedDType { op: "random", dtype });
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let (seed, offset) = generator.take(checked_numel("random", shape)?);
+            crate::cuda::copy::random(device, shape, dtype, dist, seed, offset)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = generator;
+            Err(crate::Error::Device(format!(
+                "{device}: this build has no CUDA backend"
+            )))
+        }
+    }
+
     fn random(shape: &[usize], dtype: DType, dist: Distribution, generator: &mut Generator) -> Result<Tensor> {
         if !dtype.is_float() {
             return Err(crate::Error::UnsupportedDType { op: "random", dtype });

@@ -123,3 +123,41 @@ fn asking_for_a_missing_device_is_one_clear_error() {
         }
     }
 }
+
+#[test]
+fn random_fills_draw_the_cpu_stream() {
+    let Some(dev) = gpu("random_fills_draw_the_cpu_stream") else {
+        return;
+    };
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        for normal in [false, true] {
+            // an offset past 2^32 counters, as a long run's generator reaches
+            let (mut a, mut b) = (weft_core::Generator::new(5), weft_core::Generator::new(5));
+            a.set_offset((1 << 33) + 7);
+            b.set_offset((1 << 33) + 7);
+            let (cpu, gpu) = if normal {
+                (
+                    Tensor::randn(&[3, 1000], dtype, &mut a),
+                    Tensor::randn_on(&[3, 1000], dtype, &mut b, dev),
+                )
+            } else {
+                (
+                    Tensor::rand(&[3, 1000], dtype, &mut a),
+                    Tensor::rand_on(&[3, 1000], dtype, &mut b, dev),
+                )
+            };
+            let (cpu, gpu) = (cpu.unwrap(), gpu.unwrap());
+            assert_eq!(gpu.device(), dev);
+            assert_eq!(a.offset(), b.offset(), "both streams move on by the same count");
+            // uniforms are exact; normals go through log and cos, whose last bit may differ from
+            // the CPU's libm in f64 (and, rarely, round the other way to a narrower dtype)
+            let tol = match (normal, dtype) {
+                (false, _) => 0.0,
+                (true, DType::F64) => 1e-14,
+                (true, _) => 1e-6,
+            };
+            let what = format!("{dtype:?} {}", if normal { "normal" } else { "uniform" });
+            assert_close(&what, &gpu, &cpu, tol);
+        }
+    }
+}
