@@ -12,6 +12,7 @@ mod copy;
 mod elementwise;
 mod index;
 mod matmul;
+mod memory;
 mod nn;
 mod reduce;
 
