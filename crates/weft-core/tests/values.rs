@@ -359,3 +359,21 @@ fn attention_over_no_positions_has_empty_gradients() {
     y.sum_all().unwrap().backward().unwrap();
     assert_eq!(qkv.grad().unwrap().shape(), [2, 0, 12]);
 }
+
+#[test]
+fn integer_sources_added_into_f64_stay_exact() {
+    // 2^40 + 1 has no f32 form: converting the source through f32 first lost the 1
+    let x = Tensor::zeros(&[2], DType::F64).unwrap();
+    let src = Tensor::from_vec(vec![(1i64 << 40) + 1, (1 << 30) + 1], &[2]).unwrap();
+    let index = Tensor::from_vec(vec![0i64, 1], &[2]).unwrap();
+    let want = vec![((1i64 << 40) + 1) as f64, ((1i64 << 30) + 1) as f64];
+    assert_eq!(x.index_add(0, &index, &src).unwrap().to_vec_f64(), want);
+    assert_eq!(x.scatter_add(0, &index, &src).unwrap().to_vec_f64(), want);
+    let src32 = src.cast(DType::I32).unwrap().narrow(0, 1, 1).unwrap();
+    let one = Tensor::from_vec(vec![0i64], &[1]).unwrap();
+    let got = Tensor::zeros(&[1], DType::F64)
+        .unwrap()
+        .index_add(0, &one, &src32)
+        .unwrap();
+    assert_eq!(got.to_vec_f64(), vec![((1i64 << 30) + 1) as f64]);
+}

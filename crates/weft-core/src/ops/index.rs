@@ -194,10 +194,11 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         Op::IndexAdd { dim } => {
             let idx = indices(name, inputs[1], x.shape()[*dim])?;
             let xc = to_compute(name, x)?;
-            let src = to_compute(name, inputs[2])?;
-            // src in x's compute dtype, read in place when it already is and is contiguous
+            // src converted once, straight to x's compute dtype (an integer source into f64 stays
+            // exact), read in place when it already is and is contiguous
+            let src = inputs[2];
             let src = if src.dtype() == xc.dtype() {
-                src
+                src.clone()
             } else {
                 Tensor::from_storage(src.cast_storage(name, xc.dtype())?, src.shape())
             };
@@ -223,7 +224,8 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             let idx = indices(name, index, x.shape()[*dim])?;
             let offs = scatter_offsets(name, x.shape(), index.shape(), *dim, &idx)?;
             let xc = to_compute(name, x)?;
-            let src = to_compute(name, inputs[2])?.cast_storage(name, xc.dtype())?;
+            // src converted once, straight to x's compute dtype (as index_add)
+            let src = inputs[2].cast_storage(name, xc.dtype())?;
             let mut data = xc.contiguous_storage(name)?;
             fn add<T: StorageElement + std::ops::AddAssign>(d: &mut CpuStorage, s: &CpuStorage, offs: &[usize]) {
                 let (d, s) = (T::slice_mut(d).unwrap(), T::slice(s).unwrap());
