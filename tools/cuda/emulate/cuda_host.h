@@ -6,7 +6,8 @@
 // block; warp shuffles go through per-thread slots and a barrier over the warp. A thread
 // that returns drops out of both barriers (as exited threads do on sm_70+). bf16 is the prelude's
 // own code; the f16 conversions (inline PTX `cvt`) are done with _Float16 (round to nearest even;
-// NaN payloads are not modelled).
+// NaN payloads are not modelled). atomicAdd (float, double, int, unsigned, unsigned long long)
+// is a real atomic read-modify-write on the OS threads.
 //
 // Include this first (it includes the prelude), then the family .cu file, then the checker code.
 // Never change a kernel to make it compile here: extend this file.
@@ -245,6 +246,16 @@ inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
 
 inline void __syncthreads() { cuda_host::g_block->all.arrive_and_wait(); }
+
+// Atomics: the CUDA threads of a block are OS threads here, so these are real read-modify-writes
+// (std::atomic_ref; floats by compare-and-swap, round to nearest). They return the old value.
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline double atomicAdd(double* p, double v) { return std::atomic_ref<double>(*p).fetch_add(v); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
 
 namespace cuda_host {
 // Lane `src` of this warp's value v (every lane of the warp must call it: converged code).
