@@ -237,7 +237,7 @@ template <typename X> constexpr auto store_of() {
 // exact in f32, so the order of the atomics cannot show), NORMAL (f32 sums differ in the order),
 // BIG (integers that f32 cannot hold).
 enum Data { DYADIC, NORMAL, BIG };
-static const char* DATA_NAMES[3] = {"dyadic", "normal", "ints beyond 2^24 (the CPU rounds them to f32 first)"};
+static const char* DATA_NAMES[3] = {"dyadic", "normal", "ints beyond 2^24"};
 template <typename S> std::vector<S> src_values(u64 n, int data) {
     std::vector<S> v(n);
     for (auto& e : v) {
@@ -263,12 +263,10 @@ template <typename S> double to_f64(S v) {
     if constexpr (is_int<S>()) return (double)v;
     else return (double)ld(&v, 0);
 }
-// crate::ops::index::forward's conversion of a source element to x's compute dtype A:
-// to_compute (f64 stays f64; every other dtype goes to f32 through f64, as CpuStorage::cast),
-// then cast to A.
+// crate::ops::index::forward's conversion of a source element to x's compute dtype A: one
+// CpuStorage::cast, through f64 (an integer into f64 x stays exact).
 template <typename S, typename A> A cpu_convert(S v) {
-    if constexpr (std::is_same_v<S, double>) return (A)v;
-    else return (A)(float)to_f64(v);
+    return (A)to_f64(v);
 }
 
 // op = index_add (index 1-D, src shape = x's with dim of the index's length) or scatter_add
@@ -448,8 +446,8 @@ int main() {
         accumulate_case<bf16, float>(scatter, xs, 0, Shape{40, 16}, random_indices(40, 8), CONTIG, CONTIG, CONTIG, NORMAL);
         accumulate_case<f16, bf16>(scatter, xs, 0, Shape{40, 16}, random_indices(40, 8), CONTIG, CONTIG, CONTIG, NORMAL);
     }
-    // integer sources beyond 2^24, one addition per element (distinct indices): the CPU rounds
-    // them to f32 first (to_compute), into f64 x too; index.cu's as_f64 path does not for f64 x
+    // integer sources beyond 2^24, one addition per element (distinct indices): exact into f64
+    // x, rounded once into f32 x
     for (bool scatter : {false, true}) {
         std::vector<i64> perm = {3, 1, 4, 0, 2};
         Shape xs{5, 3};
