@@ -41,20 +41,14 @@ pub fn to_device(x: &Tensor, device: Device) -> Result<Tensor> {
     if x.device() == device {
         return Ok(x.clone());
     }
-    let host = match x.device() {
-        Device::Cpu => None,
-        Device::Cuda(_) => Some(to_host(x)?),
+    // through host memory: a GPU source's elements come back first (GPU to GPU too, for now)
+    let data = match x.device() {
+        Device::Cpu => x.contiguous_storage("to")?,
+        Device::Cuda(_) => to_host(x)?,
     };
     match device {
-        Device::Cpu => Ok(Tensor::from_storage(host.expect("x is on a GPU"), x.shape())),
-        Device::Cuda(n) => {
-            let g = gpu(n)?;
-            let data = match host {
-                Some(h) => h,
-                None => x.contiguous_storage("to")?,
-            };
-            Ok(Tensor::from_gpu(Buffer::from_host(&g, "to", &data)?, x.shape()))
-        }
+        Device::Cpu => Ok(Tensor::from_storage(data, x.shape())),
+        Device::Cuda(n) => Ok(Tensor::from_gpu(Buffer::from_host(&gpu(n)?, "to", &data)?, x.shape())),
     }
 }
 
