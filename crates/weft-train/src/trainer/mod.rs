@@ -186,7 +186,8 @@ impl Trainer {
 
     /// Forward passes under autocast to `dtype` (`weft_core::autocast`; `None`: off), as
     /// `torch.autocast` around the forward and the loss. The backward runs outside it, on the
-    /// dtypes the forward chose.
+    /// dtypes the forward chose (except with a pipeline, whose schedule interleaves forward and
+    /// backward passes: its whole step runs under autocast).
     pub fn with_autocast(mut self, dtype: Option<weft_core::DType>) -> Self {
         self.autocast = dtype;
         self
