@@ -253,24 +253,6 @@ WHERE(u64, where_8)
 #define D_BOOL 7
 
 
-// Rust's `v as i64` / `as i32` / `as u8`: truncate toward zero, saturate, NaN -> 0.
-__device__ __forceinline__ i64 sat_i64(double v) {
-    if (v != v) return 0;
-    if (v >= 9223372036854775807.0) return 0x7fffffffffffffffll;
-    if (v <= -9223372036854775808.0) return (i64)0x8000000000000000ull;
-    return (i64)v;
-}
-__device__ __forceinline__ int sat_i32(double v) {
-    if (v != v) return 0;
-    if (v >= 2147483647.0) return 2147483647;
-    if (v <= -2147483648.0) return (int)0x80000000u;
-    return (int)v;
-}
-__device__ __forceinline__ unsigned char sat_u8(double v) {
-    if (!(v > 0.0)) return 0;  // NaN, negatives and zero
-    if (v >= 255.0) return 255;
-    return (unsigned char)(int)v;
-}
 
 // Element::to_f64 of each source type.
 __device__ __forceinline__ double src_f64(const float* p, u64 i) { return (double)p[i]; }

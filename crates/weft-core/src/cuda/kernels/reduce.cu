@@ -18,24 +18,6 @@ __device__ __forceinline__ double red_f64(const i64* p, u64 i) { return (double)
 __device__ __forceinline__ double red_f64(const int* p, u64 i) { return (double)p[i]; }
 __device__ __forceinline__ double red_f64(const unsigned char* p, u64 i) { return (double)p[i]; }
 
-// Rust's `v as i64` / `as i32` / `as u8`: truncate toward zero, saturate, NaN -> 0.
-__device__ __forceinline__ i64 sat_i64(double v) {
-    if (v != v) return 0;
-    if (v >= 9223372036854775807.0) return 0x7fffffffffffffffll;
-    if (v <= -9223372036854775808.0) return (i64)0x8000000000000000ull;
-    return (i64)v;
-}
-__device__ __forceinline__ int sat_i32(double v) {
-    if (v != v) return 0;
-    if (v >= 2147483647.0) return 2147483647;
-    if (v <= -2147483648.0) return (int)0x80000000u;
-    return (int)v;
-}
-__device__ __forceinline__ unsigned char sat_u8(double v) {
-    if (!(v > 0.0)) return 0;  // NaN, negatives and zero
-    if (v >= 255.0) return 255;
-    return (unsigned char)(int)v;
-}
 
 // A sum or mean (double) stored as the CPU stores it: T::from_f64 for f32/f64/ints; bf16/f16 are
 // reduced as f32 on the CPU and then rounded from f32.
