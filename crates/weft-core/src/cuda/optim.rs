@@ -107,12 +107,10 @@ fn check(op: &'static str, param: &Tensor, others: &[&Tensor]) -> Result<()> {
 pub fn adam_step(param: &Tensor, exp_avg: &Tensor, exp_avg_sq: &Tensor, grad: &Tensor, s: &AdamScalars) -> Result<()> {
     const OP: &str = "Adam::step";
     check(OP, param, &[exp_avg, exp_avg_sq, grad])?;
-    let g = gpu_of(param)?;
-    let n = param.numel();
-    if n == 0 {
+    if param.numel() == 0 {
         return Ok(());
     }
-    let (p, m, v, gr, n64) = (ptr(param)?, ptr(exp_avg)?, ptr(exp_avg_sq)?, ptr(grad)?, n as u64);
+    let (p, m, v, gr) = (ptr(param)?, ptr(exp_avg)?, ptr(exp_avg_sq)?, ptr(grad)?);
     macro_rules! args {
         ($t:ty) => {
             AdamArgs::<$t> {
@@ -132,28 +130,9 @@ pub fn adam_step(param: &Tensor, exp_avg: &Tensor, exp_avg_sq: &Tensor, grad: &T
             }
         };
     }
-    let (a32, a64) = (args!(f32), args!(f64));
-    let f = g.function(
-        &OPTIM,
-        if param.dtype() == DType::F32 {
-            "adam_f32"
-        } else {
-            "adam_f64"
-        },
-    )?;
-    g.bind()?;
-    let mut b = g.stream().launch_builder(&f);
-    b.arg(&p).arg(&m).arg(&v).arg(&gr);
-    if param.dtype() == DType::F32 {
-        b.arg(&a32);
-    } else {
-        b.arg(&a64);
-    }
-    b.arg(&n64);
-    // SAFETY: the four tensors are contiguous GPU tensors of `n` elements of the kernel's type
-    // (checked above).
-    unsafe { b.launch(for_elements(n)) }.map_err(|e| g.fail(OP, e))?;
-    Ok(())
+    // the four tensors are contiguous GPU tensors of `n` elements of the kernel's type (checked
+    // above)
+    launch_update(OP, "adam", param, &[p, m, v, gr], &args!(f32), &args!(f64))
 }
 
 /// One SGD step in place on `param` (and its momentum buffer) from `grad`.
@@ -162,12 +141,10 @@ pub fn sgd_step(param: &Tensor, buf: Option<&Tensor>, grad: &Tensor, s: &SgdScal
     let mut others = vec![grad];
     others.extend(buf);
     check(OP, param, &others)?;
-    let g = gpu_of(param)?;
-    let n = param.numel();
-    if n == 0 {
+    if param.numel() == 0 {
         return Ok(());
     }
-    let (p, gr, n64) = (ptr(param)?, ptr(grad)?, n as u64);
+    let (p, gr) = (ptr(param)?, ptr(grad)?);
     let bp = match buf {
         Some(b) => ptr(b)?,
         None => 0u64,
@@ -186,26 +163,39 @@ pub fn sgd_step(param: &Tensor, buf: Option<&Tensor>, grad: &Tensor, s: &SgdScal
             }
         };
     }
-    let (a32, a64) = (args!(f32), args!(f64));
-    let f = g.function(
-        &OPTIM,
-        if param.dtype() == DType::F32 {
-            "sgd_f32"
-        } else {
-            "sgd_f64"
-        },
-    )?;
+    // as in `adam_step`; a null buffer pointer means no momentum
+    launch_update(OP, "sgd", param, &[p, bp, gr], &args!(f32), &args!(f64))
+}
+
+/// Launches `{kernel}_f32` or `{kernel}_f64` (by `param`'s dtype) over `param`'s elements with
+/// the device pointers `ptrs`, then the per-step scalars (`a32` or `a64`), then the count. The
+/// callers check that every pointer holds `param.numel()` elements of the kernel's type.
+fn launch_update<A: DeviceRepr, B: DeviceRepr>(
+    op: &'static str,
+    kernel: &str,
+    param: &Tensor,
+    ptrs: &[u64],
+    a32: &A,
+    a64: &B,
+) -> Result<()> {
+    let g = gpu_of(param)?;
+    let n = param.numel();
+    let n64 = n as u64;
+    let f32 = param.dtype() == DType::F32;
+    let f = g.function(&OPTIM, &format!("{kernel}_{}", if f32 { "f32" } else { "f64" }))?;
     g.bind()?;
     let mut b = g.stream().launch_builder(&f);
-    b.arg(&p).arg(&bp).arg(&gr);
-    if param.dtype() == DType::F32 {
-        b.arg(&a32);
+    for p in ptrs {
+        b.arg(p);
+    }
+    if f32 {
+        b.arg(a32);
     } else {
-        b.arg(&a64);
+        b.arg(a64);
     }
     b.arg(&n64);
-    // SAFETY: as in `adam_step`; a null buffer pointer means no momentum.
-    unsafe { b.launch(for_elements(n)) }.map_err(|e| g.fail(OP, e))?;
+    // SAFETY: see the callers: every pointer holds `n` elements of the kernel's type.
+    unsafe { b.launch(for_elements(n)) }.map_err(|e| g.fail(op, e))?;
     Ok(())
 }
 
