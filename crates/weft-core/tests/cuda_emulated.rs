@@ -4,10 +4,12 @@
 //! and the family `.cu` files, unchanged) as host C++20 with g++ through a small CUDA shim (one OS
 //! thread per CUDA thread, barriers for `__syncthreads` and the warp shuffles), launches them as
 //! the Rust side does, and compares their results with plain C++ references: elementwise casts
-//! (exhaustive over bf16/f16/u8 sources), row reductions, softmax / norms / cross-entropy /
-//! dropout, fused attention forward and backward, conv2d and pooling, the index ops (select,
-//! gather, the accumulating adds with their atomics, one-hot), linear's epilogue (bias, every
-//! activation, residual), and the optimizer steps.
+//! (exhaustive over bf16/f16/u8 sources), the other elementwise kernels (unary math and its
+//! backward, broadcasting binary arithmetic, comparisons, affine / pow / clamp, where), the copy
+//! kernels (gather / scatter through views, fill, Philox random numbers), row reductions,
+//! softmax / norms / cross-entropy / dropout, fused attention forward and backward, conv2d and
+//! pooling, the index ops (select, gather, the accumulating adds with their atomics, one-hot),
+//! linear's epilogue (bias, every activation, residual), and the optimizer steps.
 //! So it checks the kernels' arithmetic, indexing, block and warp reductions and edge cases.
 //!
 //! It does not check: the launch argument layout the Rust side builds (struct layouts, argument

@@ -9,7 +9,7 @@ root="$(cd "$here/../../.." && pwd)"
 out="${CUDA_EMULATE_OUT:-$root/target/cuda-emulate}"
 cxx="${CXX:-g++}"
 families=("$@")
-[ ${#families[@]} -eq 0 ] && families=(elementwise reduce nn attention conv optim index linear)
+[ ${#families[@]} -eq 0 ] && families=(elementwise elementwise_ops copy reduce nn attention conv optim index linear)
 mkdir -p "$out" || exit 1
 start=$(date +%s)
 
