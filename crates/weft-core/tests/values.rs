@@ -377,3 +377,14 @@ fn integer_sources_added_into_f64_stay_exact() {
         .unwrap();
     assert_eq!(got.to_vec_f64(), vec![((1i64 << 30) + 1) as f64]);
 }
+
+#[test]
+fn uniform_draws_stay_below_one_in_every_float_dtype() {
+    // about one draw in 512 lies above bf16's largest value below 1 (1 - 2^-8) and rounded up to
+    // 1.0 when only f32's cap (1 - 2^-24) applied
+    for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+        let x = Tensor::rand(&[20_000], dtype, &mut weft_core::Generator::new(3)).unwrap();
+        let max = x.to_vec_f64().into_iter().fold(0.0f64, f64::max);
+        assert!(max < 1.0, "{dtype:?}: a draw of {max}");
+    }
+}

@@ -239,6 +239,7 @@ pub(crate) fn random(
         n as u64,
         (dist == crate::op::Distribution::Normal) as i32,
     );
+    let cap = crate::ops::creation::uniform_cap(dtype, dist);
     let f = g.function(&COPY, name)?;
     g.bind()?;
     // SAFETY: `out` holds `n` elements of the kernel's type.
@@ -250,6 +251,7 @@ pub(crate) fn random(
             .arg(&offset)
             .arg(&n64)
             .arg(&normal)
+            .arg(&cap)
             .launch(for_elements(n))
     }
     .map_err(|e| g.fail("random", e))?;

@@ -143,6 +143,20 @@ impl Tensor {
     }
 }
 
+/// The largest value a draw of `dist` may take in `dtype` before rounding: a uniform is capped at
+/// the largest `dtype` value below 1, so that rounding to a narrower float keeps it in `[0, 1)`
+/// (f64 draws have 53 bits and stay below 1; normals are not capped). Shared with the GPU's
+/// random kernels.
+pub(crate) fn uniform_cap(dtype: DType, dist: Distribution) -> f64 {
+    match (dist, dtype) {
+        (Distribution::Normal, _) | (_, DType::F64) => f64::INFINITY,
+        // 24, 8 and 11 significant bits
+        (_, DType::BF16) => 1.0 - f64::powi(2.0, -8),
+        (_, DType::F16) => 1.0 - f64::powi(2.0, -11),
+        _ => 1.0 - f64::powi(2.0, -24),
+    }
+}
+
 pub(super) fn forward(op: &Op) -> Result<Vec<Tensor>> {
     let name = op.name();
     let t = match op {
@@ -172,12 +186,7 @@ pub(super) fn forward(op: &Op) -> Result<Vec<Tensor>> {
             offset,
         } => {
             let (seed, offset, dist) = (*seed, *offset, *dist);
-            // keep [0, 1) after rounding to a narrower float
-            let below_one = if *dtype != DType::F64 && dist == Distribution::Uniform {
-                1.0 - f64::powi(2.0, -24)
-            } else {
-                f64::INFINITY
-            };
+            let below_one = uniform_cap(*dtype, dist);
             const PER_TASK: usize = 4096;
             // drawn in f64 and rounded once, straight into the output
             let data = crate::dtype_dispatch!(dtype, T => {

@@ -32,22 +32,23 @@ FILL(u32, fill_4)
 FILL(u64, fill_8)
 
 // Random numbers as crate::ops::creation's Op::Random: element i is uniform(seed, offset + i) or
-// normal(seed, offset + i) drawn in double, a uniform capped below 1 for narrower floats, and
-// rounded once to the dtype as the CPU's from_f64 rounds (bf16 through the half crate's rule,
-// f16 through f32 as the half crate does on x86 with F16C).
-__device__ __forceinline__ double draw(u64 seed, u64 index, int normal, double below_one) {
+// normal(seed, offset + i) drawn in double, capped at `cap` (the host's uniform_cap: the largest
+// value of the dtype below 1 for a uniform, infinity otherwise), and rounded once to the dtype as
+// the CPU's from_f64 rounds (bf16 through the half crate's rule, f16 through f32 as the half
+// crate does on x86 with F16C).
+__device__ __forceinline__ double draw(u64 seed, u64 index, int normal, double cap) {
     double u = normal ? philox_normal(seed, index) : philox_uniform(seed, index);
-    return u < below_one ? u : below_one;
+    return u < cap ? u : cap;
 }
-extern "C" __global__ void random_f32(float* out, u64 seed, u64 offset, u64 n, int normal) {
-    FOR_EACH(i, n) out[i] = (float)draw(seed, offset + i, normal, normal ? __longlong_as_double(0x7ff0000000000000ll) : 1.0 - 5.9604644775390625e-08);
+extern "C" __global__ void random_f32(float* out, u64 seed, u64 offset, u64 n, int normal, double cap) {
+    FOR_EACH(i, n) out[i] = (float)draw(seed, offset + i, normal, cap);
 }
-extern "C" __global__ void random_f64(double* out, u64 seed, u64 offset, u64 n, int normal) {
-    FOR_EACH(i, n) out[i] = draw(seed, offset + i, normal, __longlong_as_double(0x7ff0000000000000ll));
+extern "C" __global__ void random_f64(double* out, u64 seed, u64 offset, u64 n, int normal, double cap) {
+    FOR_EACH(i, n) out[i] = draw(seed, offset + i, normal, cap);
 }
-extern "C" __global__ void random_bf16(bf16* out, u64 seed, u64 offset, u64 n, int normal) {
-    FOR_EACH(i, n) out[i].bits = half_f64_to_bf16(draw(seed, offset + i, normal, normal ? __longlong_as_double(0x7ff0000000000000ll) : 1.0 - 5.9604644775390625e-08));
+extern "C" __global__ void random_bf16(bf16* out, u64 seed, u64 offset, u64 n, int normal, double cap) {
+    FOR_EACH(i, n) out[i].bits = half_f64_to_bf16(draw(seed, offset + i, normal, cap));
 }
-extern "C" __global__ void random_f16(f16* out, u64 seed, u64 offset, u64 n, int normal) {
-    FOR_EACH(i, n) out[i] = f32_to_f16((float)draw(seed, offset + i, normal, normal ? __longlong_as_double(0x7ff0000000000000ll) : 1.0 - 5.9604644775390625e-08));
+extern "C" __global__ void random_f16(f16* out, u64 seed, u64 offset, u64 n, int normal, double cap) {
+    FOR_EACH(i, n) out[i] = f32_to_f16((float)draw(seed, offset + i, normal, cap));
 }
