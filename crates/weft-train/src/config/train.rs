@@ -1,0 +1,86 @@
+//! `[train]`: the run's length, logging, outputs, device and precision.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[train]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    pub steps: usize,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default = "default_log_every")]
+    pub log_every: usize,
+    /// JSON-lines metrics file.
+    pub metrics: Option<PathBuf>,
+    /// Evaluate on the validation split every this many steps (0: never).
+    #[serde(default)]
+    pub eval_every: usize,
+    /// Batches per evaluation.
+    #[serde(default = "default_eval_batches")]
+    pub eval_batches: usize,
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Where rank 0 writes the run's timeline (Chrome trace format), if anywhere.
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
+    /// Save every this many steps (0: only at the end, when `checkpoint_dir` is set).
+    #[serde(default)]
+    pub checkpoint_every: usize,
+    /// Complete checkpoints to keep (older ones are deleted).
+    #[serde(default = "default_keep")]
+    pub keep_checkpoints: usize,
+    /// For gpt on text data: characters to generate and print after training (0: none).
+    #[serde(default)]
+    pub sample_tokens: usize,
+    /// A fresh run (not `--resume`) may start in a `checkpoint_dir` holding another run's
+    /// checkpoints, which it removes, and replace another run's `metrics` file. Without it such
+    /// a run is refused before it starts.
+    #[serde(default)]
+    pub overwrite: bool,
+    /// A step whose loss or gradients are not finite is skipped (no update; counted in the
+    /// metrics as `skipped_steps`), as AMP's gradient scaler does, instead of stopping the run.
+    #[serde(default)]
+    pub skip_nonfinite: bool,
+    /// Where the model trains: `"cpu"` (the default), `"cuda"` or `"cuda:N"`. In a launched job
+    /// `"cuda"` gives each rank `cuda:(LOCAL_RANK mod the GPUs there are)`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// `"f32"` (the default) or `"bf16"`: autocast, as `torch.autocast(dtype=torch.bfloat16)`:
+    /// products and attention in bf16, norms, softmax and the loss in f32, parameters, gradients
+    /// and optimizer state in f32 (see `weft_core::autocast`).
+    #[serde(default = "default_precision")]
+    pub precision: String,
+}
+
+impl TrainConfig {
+    /// The autocast dtype of `precision` (`None` for f32), or why it is not one.
+    pub fn autocast(&self) -> std::result::Result<Option<weft_core::DType>, String> {
+        match self.precision.as_str() {
+            "f32" => Ok(None),
+            "bf16" => Ok(Some(weft_core::DType::BF16)),
+            p => Err(format!("{p:?} is not one of f32, bf16")),
+        }
+    }
+}
+
+fn default_device() -> String {
+    "cpu".to_string()
+}
+fn default_precision() -> String {
+    "f32".to_string()
+}
+
+fn default_seed() -> u64 {
+    1337
+}
+fn default_log_every() -> usize {
+    10
+}
+fn default_eval_batches() -> usize {
+    10
+}
+fn default_keep() -> usize {
+    3
+}
