@@ -18,69 +18,13 @@ use crate::replicas::{unsharded_bytes, Replicas, StateBytes, ZeroUnits};
 
 mod checkpointing;
 mod fit;
+mod records;
 mod shards;
 mod whole;
 
 pub(crate) use fit::probe_writable;
 pub use fit::FitSummary;
-
-/// What one optimizer step did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepRecord {
-    /// The step's number, counted from 1: once it is done, this many steps are, and the
-    /// checkpoint taken after it is `step-{step}` (the same numbering as the progress display,
-    /// the metrics file and evaluations).
-    pub step: usize,
-    /// Mean loss of the step's batch, computed before the update.
-    pub loss: f64,
-    /// Learning rate used at this step.
-    pub lr: f64,
-    /// Global L2 norm of the gradients before clipping.
-    pub grad_norm: f64,
-    /// Wall time of the whole step (batch, forward, backward, clip, update), milliseconds.
-    pub step_ms: f64,
-    /// Items processed per second: tokens for sequence models, samples otherwise.
-    pub items_per_s: f64,
-    /// `"tokens_per_s"` or `"samples_per_s"`.
-    pub items_key: &'static str,
-    /// Model state this rank held when the gradients were ready, before the update.
-    pub state_bytes: StateBytes,
-    /// With a pipeline: the most activation bytes each stage (in stage order) held at once in
-    /// this step.
-    pub activation_bytes: Option<Vec<usize>>,
-    /// The step's loss or gradients were not finite and it made no update
-    /// ([`Trainer::with_skip_nonfinite`]).
-    pub skipped: bool,
-    /// Steps skipped so far in this run's `fit`, this one included.
-    pub skipped_steps: usize,
-    /// On a GPU: the most bytes the caching allocator had handed out during the step.
-    pub gpu_mem_bytes: Option<u64>,
-}
-
-/// What one evaluation found.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EvalRecord {
-    /// Steps done when it ran (the numbering of [`StepRecord::step`]).
-    pub step: usize,
-    /// Mean loss over the evaluation batches.
-    pub loss: f64,
-    /// For classifiers: the fraction of evaluation rows whose predicted class was right.
-    pub accuracy: Option<f64>,
-}
-
-/// Hooks the trainer calls; metrics files and progress bars are callbacks.
-pub trait Callback: Send {
-    /// After every step whose index is a multiple of the log interval, and after the last.
-    fn on_step(&mut self, record: &StepRecord) -> Result<()>;
-    /// After an evaluation.
-    fn on_eval(&mut self, _record: &EvalRecord) -> Result<()> {
-        Ok(())
-    }
-    /// When [`Trainer::fit`] returns (finished, or stopped by a signal).
-    fn on_end(&mut self, _summary: &FitSummary) -> Result<()> {
-        Ok(())
-    }
-}
+pub use records::{Callback, EvalRecord, StepRecord};
 
 /// A function from a step (or evaluation batch index) to `(inputs, targets)`.
 pub type BatchFn = Arc<dyn Fn(usize) -> Result<(Tensor, Tensor)> + Send + Sync>;
