@@ -111,4 +111,28 @@ inline std::string fmt(const char* f, ...) {
     return buf;
 }
 
+// Shapes and launch sizes shared by the checkers that walk views.
+typedef std::vector<u64> Shape;
+// The Rust side's blocks have 256 threads; the kernels grid-stride, so fewer, smaller blocks run
+// the same code faster here.
+static const unsigned TH = 64;
+static inline u64 blocks_for(u64 n) { return std::clamp<u64>((n + TH - 1) / TH, 1, 3); }
+static inline u64 numel(const Shape& s) {
+    u64 n = 1;
+    for (u64 d : s) n *= d;
+    return n;
+}
+// Row-major strides of `s`.
+static inline Shape contiguous(const Shape& s) {
+    Shape st(s.size());
+    u64 a = 1;
+    for (int d = (int)s.size() - 1; d >= 0; --d) st[d] = a, a *= s[d];
+    return st;
+}
+static inline std::string shape_str(const Shape& s) {
+    std::string o = "[";
+    for (size_t d = 0; d < s.size(); ++d) o += (d ? "," : "") + std::to_string(s[d]);
+    return o + "]";
+}
+
 }  // namespace chk

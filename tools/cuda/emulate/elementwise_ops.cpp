@@ -30,22 +30,8 @@ using namespace chk;
 static Rng rng(23);
 static Report rep("elementwise_ops");
 
-typedef std::vector<u64> Shape;
-static const unsigned TH = 64;  // the Rust side's blocks have 256 threads; the kernels grid-stride
-static u64 blocks_for(u64 n) { return std::clamp<u64>((n + TH - 1) / TH, 1, 3); }
 
 // ---- views ----
-static u64 numel(const Shape& s) {
-    u64 n = 1;
-    for (u64 d : s) n *= d;
-    return n;
-}
-static Shape contiguous(const Shape& s) {
-    Shape st(s.size());
-    u64 a = 1;
-    for (int d = (int)s.size() - 1; d >= 0; --d) st[d] = a, a *= s[d];
-    return st;
-}
 struct View {
     Shape shape, strides;
     u64 offset = 0;
@@ -96,11 +82,6 @@ static Strided strided(const View& v) {  // as crate::cuda::launch::Strided::new
     s.offset = v.offset;
     s.rank = (u32)v.shape.size();
     return s;
-}
-static std::string shape_str(const Shape& s) {
-    std::string o = "[";
-    for (size_t d = 0; d < s.size(); ++d) o += (d ? "," : "") + std::to_string(s[d]);
-    return o + "]";
 }
 
 // ---- storage values (decoded exactly; encoded by this file's own rounding) ----

@@ -52,8 +52,6 @@ template <typename T> constexpr auto epilogue_of() {
 
 static double max_err[2][13];  // [f32, f64][act]
 
-static const unsigned TH = 64;  // the Rust side's blocks have 256 threads; the kernel grid-strides
-static u64 blocks_for(u64 n) { return std::clamp<u64>((n + TH - 1) / TH, 1, 3); }
 
 template <typename T> void epilogue_case(u64 m, u64 cols, u32 act, bool with_res) {
     typedef typename Acc<T>::type A;
