@@ -135,6 +135,16 @@ fn host_copy(t: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(weft_core::no_grad(|| t.to(Device::Cpu))?))
 }
 
+/// A collective from `input` into `output`, at least one of them on a GPU, run by `run` on host
+/// copies of both; the output's copy is written back by [`Work::wait`].
+fn on_host_copies(output: &Tensor, input: &Tensor, run: impl FnOnce(&Tensor, &Tensor) -> Result<Work>) -> Result<Work> {
+    let i = host_copy(input)?.unwrap_or_else(|| input.clone());
+    match host_copy(output)? {
+        Some(o) => Ok(run(&o, &i)?.then_copy_back(output, o)),
+        None => run(output, &i),
+    }
+}
+
 /// The raw bytes of a contiguous tensor, mutably (bool bytes written here are checked 0/1).
 fn with_bytes_mut<R>(t: &Tensor, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
     Ok(weft_core::dtype_dispatch!(t.dtype(), T => t.with_data_mut::<T, R>(|s| {
@@ -363,13 +373,7 @@ impl ProcessGroup {
     /// chunk-wise reduction of every rank's `input` (as `reduce_scatter_tensor`).
     pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
         if output.device() != Device::Cpu || input.device() != Device::Cpu {
-            let (i, o) = (host_copy(input)?.unwrap_or_else(|| input.clone()), host_copy(output)?);
-            let o_host = o.clone().unwrap_or_else(|| output.clone());
-            let w = self.reduce_scatter(&o_host, &i, op)?;
-            return Ok(match o {
-                Some(h) => w.then_copy_back(output, h),
-                None => w,
-            });
+            return on_host_copies(output, input, |o, i| self.reduce_scatter(o, i, op));
         }
         check_contiguous("reduce_scatter", output)?;
         check_pair(
@@ -396,13 +400,7 @@ impl ProcessGroup {
     /// (as `all_gather_into_tensor`).
     pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
         if output.device() != Device::Cpu || input.device() != Device::Cpu {
-            let (i, o) = (host_copy(input)?.unwrap_or_else(|| input.clone()), host_copy(output)?);
-            let o_host = o.clone().unwrap_or_else(|| output.clone());
-            let w = self.all_gather(&o_host, &i)?;
-            return Ok(match o {
-                Some(h) => w.then_copy_back(output, h),
-                None => w,
-            });
+            return on_host_copies(output, input, |o, i| self.all_gather(o, i));
         }
         check_contiguous("all_gather", output)?;
         check_pair(
@@ -462,13 +460,7 @@ impl ProcessGroup {
     /// from rank `j` (as `all_to_all_single` with equal splits).
     pub fn all_to_all(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
         if output.device() != Device::Cpu || input.device() != Device::Cpu {
-            let (i, o) = (host_copy(input)?.unwrap_or_else(|| input.clone()), host_copy(output)?);
-            let o_host = o.clone().unwrap_or_else(|| output.clone());
-            let w = self.all_to_all(&o_host, &i)?;
-            return Ok(match o {
-                Some(h) => w.then_copy_back(output, h),
-                None => w,
-            });
+            return on_host_copies(output, input, |o, i| self.all_to_all(o, i));
         }
         check_contiguous("all_to_all", output)?;
         check_pair("all_to_all", output, input, input.numel(), output.numel(), "output")?;
