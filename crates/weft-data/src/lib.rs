@@ -29,6 +29,7 @@
 pub mod batches;
 pub mod csv;
 pub mod error;
+pub mod objects;
 pub mod prefetch;
 pub mod text;
 pub mod tokenizer;
@@ -36,6 +37,7 @@ pub mod tokenizer;
 pub use batches::BatchesDataset;
 pub use csv::{CsvDataset, LabelColumn};
 pub use error::{Error, Result};
+pub use objects::{LocalFolder, ObjectSink, ObjectSource};
 pub use prefetch::Prefetcher;
 pub use text::TextDataset;
 pub use tokenizer::CharTokenizer;
