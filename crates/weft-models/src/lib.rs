@@ -6,7 +6,14 @@
 
 pub mod convnet;
 pub mod gpt;
+mod lm;
 pub mod mlp;
+pub mod sampling;
+mod stage_cut;
+
+pub use lm::LanguageModel;
+pub use sampling::Sampling;
+pub use stage_cut::{StageCut, StageWeights};
 
 use weft_core::{Result, Tensor};
 use weft_nn::{Context, Module};

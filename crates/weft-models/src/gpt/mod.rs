@@ -11,13 +11,12 @@ use weft_nn::module::{prefixed, Module};
 use weft_nn::parallel::{copy_to_group, Split, TpGroup};
 use weft_nn::Context;
 
-use crate::{config_error, Model};
+use crate::{config_error, LanguageModel, Model};
 
-mod generate;
 mod shapes;
 mod stages;
-pub use generate::Sampling;
-pub use stages::StageCut;
+pub use crate::sampling::Sampling;
+pub use crate::stage_cut::StageCut;
 
 /// nanoGPT's `GPTConfig`.
 #[derive(Clone, Debug, PartialEq)]
@@ -312,5 +311,31 @@ impl Gpt {
         logits
             .reshape(&[-1, v])?
             .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+    }
+}
+
+impl LanguageModel for Gpt {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn block_size(&self) -> usize {
+        self.config.block_size
+    }
+
+    fn device(&self) -> weft_core::Device {
+        self.wte.weight.device()
+    }
+
+    fn forward_ids(&self, idx: &Tensor) -> Result<Tensor> {
+        self.forward(idx)
+    }
+
+    fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()> {
+        Gpt::make_tensor_parallel(self, group)
+    }
+
+    fn set_stage_cut(&mut self, cut: StageCut) {
+        self.stage_cut = cut;
     }
 }

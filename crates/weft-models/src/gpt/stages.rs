@@ -8,97 +8,19 @@ use weft_core::{Result, Tensor};
 use weft_nn::{Context, Module};
 
 use super::Gpt;
-use crate::{config_error, StagedModel};
-
-/// How a gpt's blocks are shared out among pipeline stages.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum StageCut {
-    /// As equal a number of blocks per stage as they allow (earlier stages take the extra).
-    #[default]
-    Blocks,
-    /// The contiguous cut whose largest stage holds the fewest parameters (the embeddings
-    /// count on the first stage; the final LayerNorm and the tied output layer on the last).
-    Parameters,
-    /// So many blocks per stage, in stage order.
-    Given(Vec<usize>),
-}
+use crate::stage_cut::StageWeights;
+use crate::StagedModel;
 
 impl Gpt {
-    /// The blocks of each of `stages` pipeline stages, by [`Gpt::stage_cut`]. Errors when
-    /// there are more stages than blocks, or given block counts do not fit the model.
+    /// The blocks of each of `stages` pipeline stages, by [`Gpt::stage_cut`] (the embeddings
+    /// count on the first stage; the final LayerNorm and the tied output layer on the last).
     pub fn stage_blocks(&self, stages: usize) -> Result<Vec<Range<usize>>> {
-        let n = self.h.len();
-        if stages == 0 || stages > n {
-            return Err(config_error(
-                "n_layer",
-                format!("{n} blocks cannot make parallel.pp = {stages} pipeline stages (at most one stage per block)"),
-            ));
-        }
-        let counts = match &self.stage_cut {
-            StageCut::Blocks => (0..stages).map(|s| n / stages + usize::from(s < n % stages)).collect(),
-            StageCut::Parameters => self.balanced_by_parameters(stages),
-            StageCut::Given(counts) => {
-                if counts.len() != stages || counts.iter().sum::<usize>() != n || counts.contains(&0) {
-                    return Err(weft_core::Error::Invalid {
-                        op: "model config",
-                        msg: format!(
-                            "parallel.stage_blocks: {counts:?} must give each of the {stages} stages at least one \
-                             block, {n} in all"
-                        ),
-                    });
-                }
-                counts.clone()
-            }
-        };
-        let mut out = Vec::with_capacity(stages);
-        let mut start = 0;
-        for len in counts {
-            out.push(start..start + len);
-            start += len;
-        }
-        Ok(out)
-    }
-
-    /// Block counts per stage minimizing the largest stage's parameters.
-    fn balanced_by_parameters(&self, stages: usize) -> Vec<usize> {
-        let n = self.h.len();
         let numel = |params: Vec<(String, Tensor)>| params.iter().map(|(_, t)| t.numel()).sum::<usize>();
-        let block: Vec<usize> = self.h.iter().map(|b| numel(b.parameters())).collect();
-        let first = numel(self.wte.parameters()) + numel(self.wpe.parameters());
-        let last = numel(self.ln_f.parameters()) + numel(self.wte.parameters());
-        let mut prefix = vec![0usize; n + 1];
-        for i in 0..n {
-            prefix[i + 1] = prefix[i] + block[i];
-        }
-        // stage s covering blocks a..b
-        let cost = |s: usize, a: usize, b: usize| {
-            prefix[b] - prefix[a] + if s == 0 { first } else { 0 } + if s + 1 == stages { last } else { 0 }
-        };
-        // best[s][j]: the smallest largest stage when stages 0..=s cover blocks 0..j
-        let mut best = vec![vec![usize::MAX; n + 1]; stages];
-        let mut from = vec![vec![0usize; n + 1]; stages];
-        for (j, b) in best[0].iter_mut().enumerate().skip(1) {
-            *b = cost(0, 0, j);
-        }
-        for s in 1..stages {
-            for j in s + 1..=n {
-                for i in s..j {
-                    let c = best[s - 1][i].max(cost(s, i, j));
-                    if c < best[s][j] {
-                        best[s][j] = c;
-                        from[s][j] = i;
-                    }
-                }
-            }
-        }
-        let mut counts = vec![0; stages];
-        let mut j = n;
-        for s in (0..stages).rev() {
-            let i = if s == 0 { 0 } else { from[s][j] };
-            counts[s] = j - i;
-            j = i;
-        }
-        counts
+        self.stage_cut.ranges(stages, || StageWeights {
+            blocks: self.h.iter().map(|b| numel(b.parameters())).collect(),
+            first: numel(self.wte.parameters()) + numel(self.wpe.parameters()),
+            last: numel(self.ln_f.parameters()) + numel(self.wte.parameters()),
+        }, self.h.len())
     }
 }
 
@@ -147,6 +69,7 @@ impl StagedModel for Gpt {
 mod tests {
     use super::*;
     use crate::gpt::GptConfig;
+    use crate::StageCut;
 
     fn gpt(n_layer: usize, vocab_size: usize) -> Gpt {
         let config = GptConfig {

@@ -1,11 +1,9 @@
-//! Generation: the gpt continues a sequence one token at a time, each drawn from its last
+//! Sampling: how a language model's next token is chosen from its last
 //! logits as Hugging Face's `generate(do_sample=True)` draws it: the logits divided by the
 //! temperature, then the top-k filter, then the top-p (nucleus) filter, then one draw from what
 //! is left. Temperature 0 is greedy decoding (`do_sample=False`): the most likely token, no draw.
 
-use weft_core::{DType, Error, Generator, Result, Tensor};
-
-use super::Gpt;
+use weft_core::{Error, Result};
 
 /// How the next token is chosen from the logits of the last position.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -33,7 +31,7 @@ impl Default for Sampling {
     }
 }
 
-fn invalid(msg: impl Into<String>) -> Error {
+pub(crate) fn invalid(msg: impl Into<String>) -> Error {
     Error::Invalid {
         op: "generate",
         msg: msg.into(),
@@ -144,77 +142,12 @@ fn normalized(weights: Vec<f64>) -> Vec<f64> {
     weights.into_iter().map(|w| w / total).collect()
 }
 
-impl Gpt {
-    /// Appends `max_new_tokens` tokens to the ids `idx` (I64 `[1, T]`, `T >= 1`), each chosen by
-    /// `sampling` from the logits of the last position, conditioning on at most the last
-    /// `block_size` tokens (longer sequences are cropped from the left, as nanoGPT does).
-    /// `vocab_limit`: only ids below it are chosen (a tokenizer that knows fewer tokens than the
-    /// model's vocabulary). Draws one number of `rng` per token when sampling, none when greedy.
-    /// Runs without recording gradients; returns I64 `[1, T + max_new_tokens]`.
-    ///
-    /// Errors before the first step when the sequence does not fit in memory, and at the step
-    /// whose logits are not finite (weights holding NaN or infinity).
-    pub fn generate(
-        &self,
-        idx: &Tensor,
-        max_new_tokens: usize,
-        sampling: &Sampling,
-        vocab_limit: Option<usize>,
-        rng: &mut Generator,
-    ) -> Result<Tensor> {
-        if self.wte.shard.is_some() {
-            return Err(invalid(
-                "generation needs the whole model, not a tensor-parallel part of it",
-            ));
-        }
-        sampling.validate()?;
-        if idx.dtype() != DType::I64 || idx.rank() != 2 || idx.shape()[0] != 1 || idx.shape()[1] == 0 {
-            return Err(invalid(format!(
-                "the ids to continue must be I64 [1, T] with T >= 1, got {:?} {:?}",
-                idx.dtype(),
-                idx.shape()
-            )));
-        }
-        let mut tokens = idx.to_vec::<i64>()?;
-        tokens.try_reserve_exact(max_new_tokens).map_err(|_| {
-            invalid(format!(
-                "{max_new_tokens} new tokens do not fit in memory ({} bytes of ids)",
-                (max_new_tokens as u128) * 8
-            ))
-        })?;
-        let vocab = vocab_limit
-            .unwrap_or(self.config.vocab_size)
-            .min(self.config.vocab_size);
-        weft_core::no_grad(|| {
-            for step in 0..max_new_tokens {
-                let start = tokens.len().saturating_sub(self.config.block_size);
-                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?
-                    .to(self.wte.weight.device())?;
-                let logits = self.forward(&ctx)?;
-                let last = logits.narrow(1, ctx.shape()[1] - 1, 1)?.reshape(&[-1])?.to_vec_f64();
-                let u = if sampling.temperature > 0.0 {
-                    let (seed, counter) = rng.take(1);
-                    weft_core::rng::uniform(seed, counter)
-                } else {
-                    0.0
-                };
-                let next = sampling.choose(&last[..vocab.min(last.len())], u).map_err(|e| {
-                    invalid(format!(
-                        "new token {step}: {e} (do the model's weights hold NaN or infinity?)"
-                    ))
-                })?;
-                tokens.push(next as i64);
-            }
-            let n = tokens.len();
-            Tensor::from_vec(tokens, &[1, n])
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpt::GptConfig;
+    use crate::gpt::{Gpt, GptConfig};
+    use crate::LanguageModel;
+    use weft_core::{DType, Generator, Tensor};
     use weft_nn::Module;
 
     /// Logits whose softmax is `probs` (at temperature 1).
