@@ -6,6 +6,7 @@
 
 pub mod convnet;
 pub mod gpt;
+pub mod hf;
 mod lm;
 pub mod mlp;
 pub mod sampling;

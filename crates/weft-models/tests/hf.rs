@@ -1,0 +1,171 @@
+//! Hugging Face checkpoint folders: configs and names read into weft's terms, damaged folders
+//! refused naming the file, and folders written back read the same. The fixtures come from
+//! tools/reference/make_hf_fixtures.py (transformers' save_pretrained).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use weft_core::io::safetensors;
+use weft_models::hf;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(name)
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("weft-hf-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Copies a fixture folder so a test can damage it.
+fn copy_of(name: &str) -> PathBuf {
+    let d = temp(name);
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+    }
+    d
+}
+
+#[test]
+fn a_gpt2_folder_reads_as_a_gpt_with_linear_weights() {
+    let ck = hf::read_folder(&fixture("gpt2")).unwrap();
+    let want = json!({"kind": "gpt", "vocab_size": 61, "block_size": 16, "n_layer": 2, "n_head": 4,
+                      "n_embd": 32, "bias": true, "activation": "gelu_tanh"});
+    assert_eq!(json!(ck.model), want);
+    assert!(ck.tensors.keys().all(|n| n.starts_with("transformer.")), "{:?}", ck.tensors.keys());
+    // Conv1D [in, out] became Linear [out, in]
+    let raw = safetensors::load(&fixture("gpt2/model.safetensors")).unwrap().tensors;
+    for (name, shape) in [
+        ("transformer.h.0.attn.c_attn.weight", [96, 32]),
+        ("transformer.h.1.mlp.c_fc.weight", [128, 32]),
+        ("transformer.h.1.mlp.c_proj.weight", [32, 128]),
+    ] {
+        let ours = &ck.tensors[name];
+        assert_eq!(ours.shape(), shape, "{name}");
+        let theirs = raw[name].t().unwrap().contiguous().unwrap();
+        assert_eq!(ours.to_vec_f64(), theirs.to_vec_f64(), "{name}");
+    }
+    // what is not a Conv1D weight is as stored
+    let b = "transformer.h.0.attn.c_attn.bias";
+    assert_eq!(ck.tensors[b].to_vec_f64(), raw[b].to_vec_f64());
+    assert_eq!(ck.tensors.len(), raw.len());
+}
+
+#[test]
+fn a_sharded_llama_folder_reads_every_shard() {
+    let ck = hf::read_folder(&fixture("llama_gqa")).unwrap();
+    let want = json!({"kind": "llama", "vocab_size": 53, "block_size": 32, "n_layer": 2, "n_head": 4,
+                      "n_kv_head": 2, "n_embd": 32, "intermediate_size": 48, "rope_theta": 500000.0,
+                      "norm_eps": 1e-5, "tie_embeddings": false});
+    assert_eq!(json!(ck.model), want);
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("llama_gqa/model.safetensors.index.json")).unwrap())
+            .unwrap();
+    let names: Vec<&String> = index["weight_map"].as_object().unwrap().keys().collect();
+    assert_eq!(ck.tensors.keys().collect::<Vec<_>>(), names);
+    assert_eq!(ck.tensors["model.layers.1.self_attn.k_proj.weight"].shape(), [16, 32]);
+    assert_eq!(ck.tensors["lm_head.weight"].shape(), [53, 32]);
+    let tied = hf::read_folder(&fixture("llama_tied")).unwrap();
+    assert_eq!(tied.model["tie_embeddings"], json!(true));
+    assert_eq!(tied.model["rope_theta"], json!(10000.0));
+    assert!(!tied.tensors.contains_key("lm_head.weight"));
+}
+
+#[test]
+fn damaged_folders_are_refused_naming_the_file_and_key() {
+    let err = |d: &Path| match hf::read_folder(d) {
+        Ok(_) => panic!("{} read", d.display()),
+        Err(e) => e.to_string(),
+    };
+    // a shard missing
+    let d = copy_of("llama_gqa");
+    std::fs::remove_file(d.join("model-00002-of-00004.safetensors")).unwrap();
+    let e = err(&d);
+    assert!(e.contains("model-00002-of-00004.safetensors"), "{e}");
+    // an index that puts a tensor in the wrong shard
+    let d = copy_of("llama_gqa");
+    let p = d.join("model.safetensors.index.json");
+    let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let map = index["weight_map"].as_object_mut().unwrap();
+    let (name, file) = map.iter().next().map(|(n, f)| (n.clone(), f.as_str().unwrap().to_string())).unwrap();
+    let other = ["model-00001-of-00004.safetensors", "model-00004-of-00004.safetensors"]
+        .into_iter()
+        .find(|f| *f != file)
+        .unwrap();
+    map.insert(name.clone(), json!(other));
+    std::fs::write(&p, index.to_string()).unwrap();
+    let e = err(&d);
+    assert!(e.contains(&name) && e.contains(other) && e.contains("index.json"), "{e}");
+    // a file name that leaves the folder
+    index["weight_map"][&name] = json!("../model.safetensors");
+    std::fs::write(&p, index.to_string()).unwrap();
+    assert!(err(&d).contains("not a file name in the folder"));
+    // no weights at all
+    let d = temp("empty");
+    std::fs::copy(fixture("gpt2/config.json"), d.join("config.json")).unwrap();
+    assert!(err(&d).contains("neither model.safetensors nor"));
+    // configs weft cannot honour, each naming its key
+    let config = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let d = copy_of(name);
+        let p = d.join("config.json");
+        let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        edit(&mut c);
+        std::fs::write(&p, c.to_string()).unwrap();
+        err(&d)
+    };
+    let e = config("llama_tied", &|c| c["architectures"] = json!(["BertForMaskedLM"]));
+    assert!(e.contains("config.json") && e.contains("architectures") && e.contains("BertForMaskedLM"), "{e}");
+    let e = config("llama_tied", &|c| c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0}));
+    assert!(e.contains("rope_scaling"), "{e}");
+    let e = config("llama_tied", &|c| c["rope_parameters"]["rope_type"] = json!("yarn"));
+    assert!(e.contains("rope_parameters.rope_type"), "{e}");
+    let e = config("llama_tied", &|c| c["attention_bias"] = json!(true));
+    assert!(e.contains("attention_bias"), "{e}");
+    let e = config("llama_tied", &|c| c["hidden_size"] = json!(-3));
+    assert!(e.contains("hidden_size") && e.contains("positive integer"), "{e}");
+    let e = config("gpt2", &|c| c["activation_function"] = json!("relu"));
+    assert!(e.contains("activation_function"), "{e}");
+    let e = config("gpt2", &|c| c["n_inner"] = json!(100));
+    assert!(e.contains("n_inner"), "{e}");
+    let e = config("gpt2", &|c| c["layer_norm_epsilon"] = json!(1e-6));
+    assert!(e.contains("layer_norm_epsilon"), "{e}");
+    let d = copy_of("gpt2");
+    std::fs::write(d.join("config.json"), "{not json").unwrap();
+    assert!(err(&d).contains("not JSON"));
+}
+
+#[test]
+fn a_written_folder_reads_back_the_same() {
+    for name in ["gpt2", "llama_gqa", "llama_tied"] {
+        let ck = hf::read_folder(&fixture(name)).unwrap();
+        let d = temp(&format!("out-{name}"));
+        let aliases: &[(&str, &str)] = if name == "gpt2" {
+            &[("lm_head.weight", "transformer.wte.weight")]
+        } else {
+            &[]
+        };
+        hf::write_folder(&d, &ck.model, &ck.tensors, aliases).unwrap();
+        let back = hf::read_folder(&d).unwrap();
+        assert_eq!(back.model, ck.model, "{name}");
+        let values = |t: &BTreeMap<String, weft_core::Tensor>| {
+            t.iter().map(|(n, v)| (n.clone(), v.shape().to_vec(), v.to_vec_f64())).collect::<Vec<_>>()
+        };
+        assert_eq!(values(&back.tensors), values(&ck.tensors), "{name}");
+        // stored as transformers stores them: Conv1D [in, out], no tied head, format pt
+        let file = safetensors::load(&d.join("model.safetensors")).unwrap();
+        assert_eq!(file.metadata.get("format").map(String::as_str), Some("pt"));
+        assert!(!file.tensors.contains_key("lm_head.weight") || name == "llama_gqa");
+        if name == "gpt2" {
+            assert_eq!(file.tensors["transformer.h.0.attn.c_attn.weight"].shape(), [32, 96]);
+        }
+    }
+    // a gpt without biases has no GPT-2 form
+    let keys = json!({"kind": "gpt", "vocab_size": 8, "block_size": 4, "n_layer": 1, "n_head": 1,
+                      "n_embd": 4, "bias": false});
+    let e = hf::write_folder(&temp("nobias"), keys.as_object().unwrap(), &BTreeMap::new(), &[]).unwrap_err();
+    assert!(e.to_string().contains("model.bias"), "{e}");
+}

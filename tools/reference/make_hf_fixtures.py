@@ -1,0 +1,90 @@
+"""Writes tiny Hugging Face checkpoint folders and the logits transformers computes for them.
+
+Run by hand (needs torch, transformers and safetensors; CI never runs it) from the repository root:
+
+    python3 tools/reference/make_hf_fixtures.py
+
+It writes under crates/weft-models/tests/fixtures/hf/:
+
+    gpt2/        GPT2LMHeadModel (gelu_new, tied head), saved by save_pretrained: config.json,
+                 model.safetensors (names as transformers saves them, Conv1D weights [in, out])
+    llama_gqa/   LlamaForCausalLM, 4 heads sharing 2 key/value heads, untied head, rope_theta
+                 500000, saved in several shards (model.safetensors.index.json)
+    llama_tied/  LlamaForCausalLM, plain multi-head attention, tied embeddings, one file
+    expected.json  for each folder: the input ids [2, T] and the logits [2, T, V] (float32,
+                 eager attention, CPU), flattened
+
+Weights are random (seeded) and scaled up from the default init so that logits differ clearly.
+"""
+
+import json
+import os
+
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+OUT = "crates/weft-models/tests/fixtures/hf"
+
+
+def scaled(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or ".ln_" in name or "ln_f" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def logits_of(model, ids):
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def main():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    expected = {"transformers_version": transformers.__version__, "torch_version": torch.__version__}
+    g = torch.Generator().manual_seed(1)
+
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )
+    )
+    scaled(gpt2, 2)
+    ids = torch.randint(0, 61, (2, 9), generator=g)
+    gpt2.save_pretrained(os.path.join(OUT, "gpt2"), safe_serialization=True)
+    expected["gpt2"] = {"ids": ids.tolist(), "logits": logits_of(gpt2, ids).flatten().tolist()}
+
+    gqa_cfg = LlamaConfig(
+        vocab_size=53, max_position_embeddings=32, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
+    )
+    gqa = scaled(LlamaForCausalLM(gqa_cfg), 3)
+    ids = torch.randint(0, 53, (2, 11), generator=g)
+    gqa.save_pretrained(os.path.join(OUT, "llama_gqa"), safe_serialization=True, max_shard_size="20KB")
+    expected["llama_gqa"] = {"ids": ids.tolist(), "logits": logits_of(gqa, ids).flatten().tolist()}
+
+    tied_cfg = LlamaConfig(
+        vocab_size=47, max_position_embeddings=16, hidden_size=24, intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="eager",
+    )
+    tied = scaled(LlamaForCausalLM(tied_cfg), 4)
+    ids = torch.randint(0, 47, (2, 7), generator=g)
+    tied.save_pretrained(os.path.join(OUT, "llama_tied"), safe_serialization=True)
+    expected["llama_tied"] = {"ids": ids.tolist(), "logits": logits_of(tied, ids).flatten().tolist()}
+
+    with open(os.path.join(OUT, "expected.json"), "w") as f:
+        json.dump(expected, f)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
