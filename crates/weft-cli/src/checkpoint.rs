@@ -17,10 +17,15 @@ pub struct InspectArgs {
 pub struct ConsolidateArgs {
     /// A checkpoint folder, or a checkpoint directory (its newest checkpoint is used).
     pub dir: PathBuf,
-    /// The safetensors file to write (PyTorch's names; `safetensors.torch.load_file` reads it, and
-    /// `weft generate --checkpoint` too: its metadata holds the model config and tokenizer).
+    /// What to write: with `--format safetensors`, one safetensors file (PyTorch's names;
+    /// `safetensors.torch.load_file` reads it, and `weft generate` too: its metadata holds the
+    /// model config and tokenizer); with `--format hf`, a Hugging Face checkpoint folder
+    /// (`config.json`, `model.safetensors`) that `transformers`' `from_pretrained` loads.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
+    /// `safetensors` (one file) or `hf` (a Hugging Face folder; gpt and llama models).
+    #[arg(long, default_value = "safetensors", value_parser = ["safetensors", "hf"])]
+    pub format: String,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -106,6 +111,9 @@ fn print_out(text: &str) -> Result<(), String> {
 pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
     let dir = checkpoint::resolve(&args.dir).map_err(err)?;
     let (index, mut params) = checkpoint::read_params(&dir).map_err(err)?;
+    if args.format == "hf" {
+        return consolidate_hf(args, &index, &params);
+    }
     for (alt, canonical) in &index.aliases {
         if let Some(t) = params.get(canonical).cloned() {
             params.entry(alt.clone()).or_insert(t);
@@ -122,6 +130,26 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
         "wrote {} ({} tensors, {numel} values, from step {})\n",
         args.output.display(),
         params.len(),
+        index.state.step
+    ))
+}
+
+/// `consolidate --format hf`: the checkpoint's model as a Hugging Face folder.
+fn consolidate_hf(
+    args: &ConsolidateArgs,
+    index: &checkpoint::Index,
+    params: &BTreeMap<String, weft_core::Tensor>,
+) -> Result<(), String> {
+    let source = args.dir.display();
+    let model = index.state.extra["model"]
+        .as_object()
+        .ok_or_else(|| format!("{source}: the checkpoint records no model config"))?;
+    let aliases: Vec<(&str, &str)> = index.aliases.iter().map(|(a, c)| (a.as_str(), c.as_str())).collect();
+    weft_models::hf::write_folder(&args.output, model, params, &aliases).map_err(err)?;
+    print_out(&format!(
+        "wrote {} (config.json, model.safetensors: {} tensors, from step {})\n",
+        args.output.display(),
+        params.len() - aliases.iter().filter(|(a, _)| params.contains_key(*a)).count(),
         index.state.step
     ))
 }

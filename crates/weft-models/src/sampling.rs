@@ -338,6 +338,7 @@ mod tests {
             n_embd: 8,
             bias: true,
             dropout: 0.0,
+            activation: weft_core::UnaryOp::Gelu,
         };
         let g = Gpt::new(cfg, 3).unwrap();
         // larger weights than the initialisation's, so the logits differ clearly

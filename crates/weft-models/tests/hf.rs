@@ -169,3 +169,51 @@ fn a_written_folder_reads_back_the_same() {
     let e = hf::write_folder(&temp("nobias"), keys.as_object().unwrap(), &BTreeMap::new(), &[]).unwrap_err();
     assert!(e.to_string().contains("model.bias"), "{e}");
 }
+
+/// The logits transformers computed for a fixture (`expected.json`): ids `[2, T]` and the
+/// logits flattened.
+fn expected(name: &str) -> (weft_core::Tensor, Vec<f64>) {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    let ids: Vec<Vec<i64>> = serde_json::from_value(v[name]["ids"].clone()).unwrap();
+    let t = ids[0].len();
+    let flat: Vec<i64> = ids.concat();
+    let logits: Vec<f64> = serde_json::from_value(v[name]["logits"].clone()).unwrap();
+    (weft_core::Tensor::from_vec(flat, &[2, t]).unwrap(), logits)
+}
+
+fn assert_logits(name: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{name}");
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst <= 1e-5 * scale.max(1.0), "{name}: largest difference {worst} (logits up to {scale})");
+}
+
+#[test]
+fn a_gpt2_folder_computes_the_logits_transformers_does() {
+    use weft_models::gpt::{Gpt, GptConfig};
+    use weft_models::Model;
+    let ck = hf::read_folder(&fixture("gpt2")).unwrap();
+    let n = |k: &str| ck.model[k].as_u64().unwrap() as usize;
+    let config = GptConfig {
+        vocab_size: n("vocab_size"),
+        block_size: n("block_size"),
+        n_layer: n("n_layer"),
+        n_head: n("n_head"),
+        n_embd: n("n_embd"),
+        bias: true,
+        dropout: 0.0,
+        activation: weft_core::UnaryOp::GeluTanh,
+    };
+    let gpt = Gpt::new(config.clone(), 0).unwrap();
+    weft_nn::state_dict::load_state_dict(&gpt, &ck.tensors, gpt.aliases(), "gpt2").unwrap();
+    let (ids, want) = expected("gpt2");
+    let got = gpt.forward(&ids).unwrap().to_vec_f64();
+    assert_logits("gpt2", &got, &want);
+    // the exact GELU is not what GPT-2 computes: the check can tell them apart
+    let exact = Gpt::new(GptConfig { activation: weft_core::UnaryOp::Gelu, ..config }, 0).unwrap();
+    weft_nn::state_dict::load_state_dict(&exact, &ck.tensors, exact.aliases(), "gpt2").unwrap();
+    let off = exact.forward(&ids).unwrap().to_vec_f64();
+    let worst = off.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst > 1e-4, "{worst}");
+}

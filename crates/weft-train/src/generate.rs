@@ -14,6 +14,7 @@ use weft_core::{Generator, Tensor};
 use weft_data::CharTokenizer;
 pub use weft_models::gpt::Sampling;
 use weft_models::gpt::{Gpt, GptConfig};
+use weft_models::LanguageModel;
 use weft_models::Model;
 use weft_nn::state_dict;
 

@@ -202,6 +202,7 @@ mod tests {
             n_embd: 768,
             bias: true,
             dropout: 0.0,
+            activation: "gelu".into(),
         });
         assert_eq!(parameter_count(&gpt2), 124_439_808.0);
         let mlp = ModelConfig::Mlp(MlpKeys {

@@ -4,7 +4,7 @@
 //! implies (and their check against a state dict's) in `shapes.rs`, pipeline stages in
 //! `stages.rs`.
 
-use weft_core::{DType, Error, Generator, Result, Tensor};
+use weft_core::{DType, Error, Generator, Result, Tensor, UnaryOp};
 use weft_nn::init;
 use weft_nn::layers::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Mlp};
 use weft_nn::module::{prefixed, Module};
@@ -31,6 +31,9 @@ pub struct GptConfig {
     /// Biases in every Linear and LayerNorm.
     pub bias: bool,
     pub dropout: f64,
+    /// The MLP's activation: `UnaryOp::Gelu` (exact, nanoGPT's) or `UnaryOp::GeluTanh` (GPT-2's
+    /// `gelu_new`).
+    pub activation: UnaryOp,
 }
 
 impl GptConfig {
@@ -50,6 +53,12 @@ impl GptConfig {
             return Err(config_error(
                 "n_embd",
                 format!("{} does not divide by n_head = {}", self.n_embd, self.n_head),
+            ));
+        }
+        if !matches!(self.activation, UnaryOp::Gelu | UnaryOp::GeluTanh) {
+            return Err(config_error(
+                "activation",
+                format!("{:?} is not one of gelu, gelu_tanh", self.activation),
             ));
         }
         if !(0.0..1.0).contains(&self.dropout) {
@@ -117,7 +126,7 @@ impl Gpt {
                 ln_1: LayerNorm::new(c, config.bias, eps)?,
                 attn: CausalSelfAttention::new(c, config.n_head, config.bias, config.dropout, &ctx, &mut rng)?,
                 ln_2: LayerNorm::new(c, config.bias, eps)?,
-                mlp: Mlp::new(c, config.bias, config.dropout, &ctx, &mut rng)?,
+                mlp: Mlp::new(c, config.bias, config.dropout, &ctx, &mut rng)?.with_activation(config.activation),
             });
         }
         let model = Gpt {

@@ -198,6 +198,7 @@ mod tests {
             n_embd: 8,
             bias,
             dropout: 0.0,
+            activation: weft_core::UnaryOp::Gelu,
         }
     }
 

@@ -80,6 +80,7 @@ mod tests {
             n_embd: 16,
             bias: true,
             dropout: 0.0,
+            activation: weft_core::UnaryOp::Gelu,
         };
         Gpt::new(config, 1).unwrap()
     }

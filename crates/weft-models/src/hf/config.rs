@@ -233,6 +233,8 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
                 "attn_pdrop": 0.0,
                 "initializer_range": 0.02,
                 "tie_word_embeddings": true,
+                "bos_token_id": null,
+                "eos_token_id": null,
                 "torch_dtype": "float32",
             }))
         }

@@ -5,13 +5,14 @@ use crate::context::Context;
 use crate::module::{prefixed, Module};
 use crate::parallel::{Split, TpGroup};
 
-/// The transformer MLP block (nanoGPT's `MLP`): `c_fc` `C -> 4C`, exact GELU, `c_proj` `4C -> C`,
-/// dropout.
+/// The transformer MLP block (nanoGPT's `MLP`): `c_fc` `C -> 4C`, GELU (exact by default; GPT-2's
+/// tanh approximation with [`Mlp::with_activation`]), `c_proj` `4C -> C`, dropout.
 #[derive(Clone, Debug)]
 pub struct Mlp {
     pub c_fc: Linear,
     pub c_proj: Linear,
     dropout: Dropout,
+    act: UnaryOp,
 }
 
 impl Mlp {
@@ -20,14 +21,21 @@ impl Mlp {
             c_fc: Linear::new(n_embd, 4 * n_embd, bias, rng)?,
             c_proj: Linear::new(4 * n_embd, n_embd, bias, rng)?,
             dropout: Dropout::new(dropout, ctx),
+            act: UnaryOp::Gelu,
         })
+    }
+
+    /// The same block with `act` between `c_fc` and `c_proj`.
+    pub fn with_activation(mut self, act: UnaryOp) -> Self {
+        self.act = act;
+        self
     }
 
     /// # Shapes
     /// `[..., C] -> [..., C]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.dropout
-            .forward(&self.c_proj.forward(&self.c_fc.forward_act(x, UnaryOp::Gelu)?)?)
+            .forward(&self.c_proj.forward(&self.c_fc.forward_act(x, self.act)?)?)
     }
 
     /// `residual + forward(x)`: a transformer block's residual connection, added inside
@@ -35,7 +43,7 @@ impl Mlp {
     /// # Shapes
     /// `[..., C] -> [..., C]`, `residual` `[..., C]`.
     pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        let h = self.c_fc.forward_act(x, UnaryOp::Gelu)?;
+        let h = self.c_fc.forward_act(x, self.act)?;
         if self.dropout.active() {
             return residual.add(&self.dropout.forward(&self.c_proj.forward(&h)?)?);
         }

@@ -73,6 +73,17 @@ pub struct GptKeys {
     pub n_embd: usize,
     pub bias: bool,
     pub dropout: f64,
+    /// The MLP's activation: `"gelu"` (exact, the default) or `"gelu_tanh"` (GPT-2's `gelu_new`).
+    #[serde(default = "default_gpt_activation", skip_serializing_if = "is_default_gpt_activation")]
+    pub activation: String,
+}
+
+fn default_gpt_activation() -> String {
+    "gelu".into()
+}
+
+fn is_default_gpt_activation(a: &String) -> bool {
+    a == "gelu"
 }
 
 impl GptKeys {
@@ -86,6 +97,10 @@ impl GptKeys {
             n_embd: self.n_embd,
             bias: self.bias,
             dropout: self.dropout,
+            activation: match self.activation.as_str() {
+                "gelu_tanh" => weft_core::UnaryOp::GeluTanh,
+                _ => weft_core::UnaryOp::Gelu,
+            },
         }
     }
 }
@@ -439,6 +454,11 @@ impl RunConfig {
                     crate::generate::MAX_TOKENS
                 ),
             );
+        }
+        if let ModelConfig::Gpt(g) = &self.model {
+            if !["gelu", "gelu_tanh"].contains(&g.activation.as_str()) {
+                return bad("model.activation", format!("{:?} is not one of gelu, gelu_tanh", g.activation));
+            }
         }
         let p = &self.parallel;
         if p.tp == 0 {
