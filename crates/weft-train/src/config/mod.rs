@@ -389,6 +389,7 @@ impl RunConfig {
             Error::Config(format!("{source}{at}: {}", e.message().trim().replace('\n', " ")))
         })?;
         overrides.apply(&mut table)?;
+        model_from_hf_folder(&mut table, source, &base_dir)?;
         let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let path = e.path().to_string();
             // the deserializer appends "in `section`" on a second line; the path already says it
@@ -565,4 +566,60 @@ impl RunConfig {
         }
         Ok(())
     }
+}
+
+/// `[init] from` naming a Hugging Face checkpoint folder: its `config.json` gives the `[model]`
+/// section when the run has none, and must agree with the one it has (every key config.json
+/// sets; keys it does not, such as `dropout`, are the run's).
+fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_dir: &Path) -> Result<()> {
+    let Some(from) = table
+        .get("init")
+        .and_then(|i| i.get("from"))
+        .and_then(toml::Value::as_str)
+    else {
+        return Ok(());
+    };
+    let dir = if Path::new(from).is_absolute() {
+        PathBuf::from(from)
+    } else {
+        base_dir.join(from)
+    };
+    if !weft_models::hf::is_checkpoint_folder(&dir) {
+        return Ok(());
+    }
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| Error::Config(format!("{}: {e}", config_path.display())))?;
+    let keys = weft_models::hf::to_weft_keys(&text, &config_path.display().to_string())
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let theirs: toml::Table = serde_json::from_value(serde_json::Value::Object(keys))
+        .map_err(|e| Error::Config(format!("{}: {e}", config_path.display())))?;
+    match table.get("model") {
+        None => {
+            let mut model = theirs;
+            if model.get("kind").and_then(toml::Value::as_str) == Some("gpt") {
+                model.insert("dropout".into(), toml::Value::Float(0.0));
+            }
+            table.insert("model".into(), toml::Value::Table(model));
+        }
+        Some(toml::Value::Table(ours)) => {
+            for (key, want) in &theirs {
+                let Some(have) = ours.get(key) else { continue };
+                let same = match (have.as_float().or(have.as_integer().map(|i| i as f64)), want) {
+                    (Some(a), toml::Value::Float(b)) => a == *b,
+                    (Some(a), toml::Value::Integer(b)) => a == *b as f64,
+                    _ => have == want,
+                };
+                if !same {
+                    return Err(Error::Config(format!(
+                        "{source}: model.{key}: {have} here, but {want} in {} (init.from); leave the key out to \
+                         take the checkpoint's",
+                        config_path.display()
+                    )));
+                }
+            }
+        }
+        Some(_) => {}
+    }
+    Ok(())
 }
