@@ -69,14 +69,11 @@ pub trait LanguageModel: Model + StagedModel {
                 (max_new_tokens as u128) * 8
             ))
         })?;
-        let vocab = vocab_limit
-            .unwrap_or(self.vocab_size())
-            .min(self.vocab_size());
+        let vocab = vocab_limit.unwrap_or(self.vocab_size()).min(self.vocab_size());
         weft_core::no_grad(|| {
             for step in 0..max_new_tokens {
                 let start = tokens.len().saturating_sub(self.block_size());
-                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?
-                    .to(self.device())?;
+                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?.to(self.device())?;
                 let logits = self.forward_ids(&ctx)?;
                 let last = logits.narrow(1, ctx.shape()[1] - 1, 1)?.reshape(&[-1])?.to_vec_f64();
                 let u = if sampling.temperature > 0.0 {

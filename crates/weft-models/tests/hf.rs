@@ -10,7 +10,9 @@ use weft_core::io::safetensors;
 use weft_models::hf;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
 }
 
 fn temp(name: &str) -> PathBuf {
@@ -36,7 +38,11 @@ fn a_gpt2_folder_reads_as_a_gpt_with_linear_weights() {
     let want = json!({"kind": "gpt", "vocab_size": 61, "block_size": 16, "n_layer": 2, "n_head": 4,
                       "n_embd": 32, "bias": true, "activation": "gelu_tanh"});
     assert_eq!(json!(ck.model), want);
-    assert!(ck.tensors.keys().all(|n| n.starts_with("transformer.")), "{:?}", ck.tensors.keys());
+    assert!(
+        ck.tensors.keys().all(|n| n.starts_with("transformer.")),
+        "{:?}",
+        ck.tensors.keys()
+    );
     // Conv1D [in, out] became Linear [out, in]
     let raw = safetensors::load(&fixture("gpt2/model.safetensors")).unwrap().tensors;
     for (name, shape) in [
@@ -91,7 +97,11 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
     let p = d.join("model.safetensors.index.json");
     let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     let map = index["weight_map"].as_object_mut().unwrap();
-    let (name, file) = map.iter().next().map(|(n, f)| (n.clone(), f.as_str().unwrap().to_string())).unwrap();
+    let (name, file) = map
+        .iter()
+        .next()
+        .map(|(n, f)| (n.clone(), f.as_str().unwrap().to_string()))
+        .unwrap();
     let other = ["model-00001-of-00004.safetensors", "model-00004-of-00004.safetensors"]
         .into_iter()
         .find(|f| *f != file)
@@ -99,7 +109,10 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
     map.insert(name.clone(), json!(other));
     std::fs::write(&p, index.to_string()).unwrap();
     let e = err(&d);
-    assert!(e.contains(&name) && e.contains(other) && e.contains("index.json"), "{e}");
+    assert!(
+        e.contains(&name) && e.contains(other) && e.contains("index.json"),
+        "{e}"
+    );
     // a file name that leaves the folder
     index["weight_map"][&name] = json!("../model.safetensors");
     std::fs::write(&p, index.to_string()).unwrap();
@@ -118,8 +131,13 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
         err(&d)
     };
     let e = config("llama_tied", &|c| c["architectures"] = json!(["BertForMaskedLM"]));
-    assert!(e.contains("config.json") && e.contains("architectures") && e.contains("BertForMaskedLM"), "{e}");
-    let e = config("llama_tied", &|c| c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0}));
+    assert!(
+        e.contains("config.json") && e.contains("architectures") && e.contains("BertForMaskedLM"),
+        "{e}"
+    );
+    let e = config("llama_tied", &|c| {
+        c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0})
+    });
     assert!(e.contains("rope_scaling"), "{e}");
     let e = config("llama_tied", &|c| c["rope_parameters"]["rope_type"] = json!("yarn"));
     assert!(e.contains("rope_parameters.rope_type"), "{e}");
@@ -152,7 +170,9 @@ fn a_written_folder_reads_back_the_same() {
         let back = hf::read_folder(&d).unwrap();
         assert_eq!(back.model, ck.model, "{name}");
         let values = |t: &BTreeMap<String, weft_core::Tensor>| {
-            t.iter().map(|(n, v)| (n.clone(), v.shape().to_vec(), v.to_vec_f64())).collect::<Vec<_>>()
+            t.iter()
+                .map(|(n, v)| (n.clone(), v.shape().to_vec(), v.to_vec_f64()))
+                .collect::<Vec<_>>()
         };
         assert_eq!(values(&back.tensors), values(&ck.tensors), "{name}");
         // stored as transformers stores them: Conv1D [in, out], no tied head, format pt
@@ -186,7 +206,10 @@ fn assert_logits(name: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{name}");
     let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    assert!(worst <= 1e-5 * scale.max(1.0), "{name}: largest difference {worst} (logits up to {scale})");
+    assert!(
+        worst <= 1e-5 * scale.max(1.0),
+        "{name}: largest difference {worst} (logits up to {scale})"
+    );
 }
 
 #[test]
@@ -211,7 +234,14 @@ fn a_gpt2_folder_computes_the_logits_transformers_does() {
     let got = gpt.forward(&ids).unwrap().to_vec_f64();
     assert_logits("gpt2", &got, &want);
     // the exact GELU is not what GPT-2 computes: the check can tell them apart
-    let exact = Gpt::new(GptConfig { activation: weft_core::UnaryOp::Gelu, ..config }, 0).unwrap();
+    let exact = Gpt::new(
+        GptConfig {
+            activation: weft_core::UnaryOp::Gelu,
+            ..config
+        },
+        0,
+    )
+    .unwrap();
     weft_nn::state_dict::load_state_dict(&exact, &ck.tensors, exact.aliases(), "gpt2").unwrap();
     let off = exact.forward(&ids).unwrap().to_vec_f64();
     let worst = off.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);

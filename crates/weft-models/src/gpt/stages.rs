@@ -16,11 +16,15 @@ impl Gpt {
     /// count on the first stage; the final LayerNorm and the tied output layer on the last).
     pub fn stage_blocks(&self, stages: usize) -> Result<Vec<Range<usize>>> {
         let numel = |params: Vec<(String, Tensor)>| params.iter().map(|(_, t)| t.numel()).sum::<usize>();
-        self.stage_cut.ranges(stages, || StageWeights {
-            blocks: self.h.iter().map(|b| numel(b.parameters())).collect(),
-            first: numel(self.wte.parameters()) + numel(self.wpe.parameters()),
-            last: numel(self.ln_f.parameters()) + numel(self.wte.parameters()),
-        }, self.h.len())
+        self.stage_cut.ranges(
+            stages,
+            || StageWeights {
+                blocks: self.h.iter().map(|b| numel(b.parameters())).collect(),
+                first: numel(self.wte.parameters()) + numel(self.wpe.parameters()),
+                last: numel(self.ln_f.parameters()) + numel(self.wte.parameters()),
+            },
+            self.h.len(),
+        )
     }
 }
 

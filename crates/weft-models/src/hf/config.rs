@@ -29,7 +29,13 @@ pub fn to_weft_keys(text: &str, source: &str) -> Result<Map<String, Value>> {
 fn architecture(c: &Map<String, Value>, source: &str) -> Result<String> {
     let named: Vec<String> = match c.get("architectures") {
         Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_str().map(String::from)).collect(),
-        Some(other) => return Err(bad(source, "architectures", format!("expected a list of names, got {other}"))),
+        Some(other) => {
+            return Err(bad(
+                source,
+                "architectures",
+                format!("expected a list of names, got {other}"),
+            ))
+        }
         None => match c.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => vec!["GPT2LMHeadModel".into()],
             Some("llama") => vec!["LlamaForCausalLM".into()],
@@ -91,7 +97,11 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
             ));
         }
     }
-    let activation = match c.get("activation_function").and_then(Value::as_str).unwrap_or("gelu_new") {
+    let activation = match c
+        .get("activation_function")
+        .and_then(Value::as_str)
+        .unwrap_or("gelu_new")
+    {
         "gelu_new" | "gelu_pytorch_tanh" => "gelu_tanh",
         "gelu" => "gelu",
         other => {
@@ -104,7 +114,11 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
     };
     let eps = f64_key(c, "layer_norm_epsilon", 1e-5, source)?;
     if eps != 1e-5 {
-        return Err(bad(source, "layer_norm_epsilon", format!("{eps}: weft's gpt uses 1e-5")));
+        return Err(bad(
+            source,
+            "layer_norm_epsilon",
+            format!("{eps}: weft's gpt uses 1e-5"),
+        ));
     }
     if !bool_key(c, "tie_word_embeddings", true, source)? {
         return Err(bad(
@@ -113,7 +127,11 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
             "false: weft's gpt ties its output layer to the token embedding",
         ));
     }
-    for key in ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"] {
+    for key in [
+        "scale_attn_by_inverse_layer_idx",
+        "reorder_and_upcast_attn",
+        "add_cross_attention",
+    ] {
         if bool_key(c, key, false, source)? {
             return Err(bad(source, key, "true is not supported"));
         }
@@ -154,7 +172,11 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
         other => return Err(bad(source, "hidden_act", format!("{other:?}: weft's llama uses silu"))),
     }
     if let Some(s) = c.get("rope_scaling").filter(|v| !v.is_null()) {
-        return Err(bad(source, "rope_scaling", format!("{s} is not supported (plain rotary embeddings only)")));
+        return Err(bad(
+            source,
+            "rope_scaling",
+            format!("{s} is not supported (plain rotary embeddings only)"),
+        ));
     }
     // transformers 5 writes `rope_parameters` ({rope_theta, rope_type}); earlier versions a
     // top-level `rope_theta`
@@ -172,7 +194,13 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
             }
             f64_key(p, "rope_theta", 10000.0, &format!("{source}: rope_parameters"))?
         }
-        Some(other) => return Err(bad(source, "rope_parameters", format!("expected an object, got {other}"))),
+        Some(other) => {
+            return Err(bad(
+                source,
+                "rope_parameters",
+                format!("expected an object, got {other}"),
+            ))
+        }
         None => f64_key(c, "rope_theta", 10000.0, source)?,
     };
     for key in ["attention_bias", "mlp_bias"] {
@@ -183,15 +211,24 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
     let mut m = Map::new();
     m.insert("kind".into(), json!("llama"));
     m.insert("vocab_size".into(), json!(usize_key(c, "vocab_size", source)?));
-    m.insert("block_size".into(), json!(usize_key(c, "max_position_embeddings", source)?));
+    m.insert(
+        "block_size".into(),
+        json!(usize_key(c, "max_position_embeddings", source)?),
+    );
     m.insert("n_layer".into(), json!(usize_key(c, "num_hidden_layers", source)?));
     m.insert("n_head".into(), json!(n_head));
     m.insert("n_kv_head".into(), json!(n_kv_head));
     m.insert("n_embd".into(), json!(n_embd));
-    m.insert("intermediate_size".into(), json!(usize_key(c, "intermediate_size", source)?));
+    m.insert(
+        "intermediate_size".into(),
+        json!(usize_key(c, "intermediate_size", source)?),
+    );
     m.insert("rope_theta".into(), json!(rope_theta));
     m.insert("norm_eps".into(), json!(f64_key(c, "rms_norm_eps", 1e-6, source)?));
-    m.insert("tie_embeddings".into(), json!(bool_key(c, "tie_word_embeddings", false, source)?));
+    m.insert(
+        "tie_embeddings".into(),
+        json!(bool_key(c, "tie_word_embeddings", false, source)?),
+    );
     Ok(m)
 }
 
@@ -200,10 +237,7 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
 pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
     let get = |k: &str| keys.get(k).cloned().unwrap_or(Value::Null);
     let num = |k: &str| get(k).as_u64().unwrap_or(0);
-    let unsupported = |msg: String| Error::Invalid {
-        op: "hf export",
-        msg,
-    };
+    let unsupported = |msg: String| Error::Invalid { op: "hf export", msg };
     match keys.get("kind").and_then(Value::as_str) {
         Some("gpt") => {
             if get("bias") != json!(true) {

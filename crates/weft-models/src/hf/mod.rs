@@ -41,8 +41,8 @@ pub fn is_checkpoint_folder(dir: &Path) -> bool {
 /// other (every file the index names exists and holds what it says).
 pub fn read_folder(dir: &Path) -> Result<HfCheckpoint> {
     let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path)
-        .map_err(|e| Error::Io(format!("{}: {e}", config_path.display())))?;
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| Error::Io(format!("{}: {e}", config_path.display())))?;
     let model = to_weft_keys(&text, &config_path.display().to_string())?;
     let raw = read_weights(dir)?;
     let tensors = match model.get("kind").and_then(Value::as_str) {
@@ -80,7 +80,11 @@ fn read_weights(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
         let file = file
             .as_str()
             .filter(|f| !f.is_empty() && !f.contains('/') && !f.contains('\\') && *f != "." && *f != "..")
-            .ok_or_else(|| Error::Io(format!("{source}: weight_map.{name}: {file} is not a file name in the folder")))?;
+            .ok_or_else(|| {
+                Error::Io(format!(
+                    "{source}: weight_map.{name}: {file} is not a file name in the folder"
+                ))
+            })?;
         by_file.entry(file).or_default().push(name);
     }
     let mut out = BTreeMap::new();
@@ -99,7 +103,12 @@ fn read_weights(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
 }
 
 /// GPT-2 `Conv1D` weights (stored `[in, out]`), by their name after `h.{i}.`.
-const CONV1D: [&str; 4] = ["attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"];
+const CONV1D: [&str; 4] = [
+    "attn.c_attn.weight",
+    "attn.c_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+];
 
 fn is_conv1d(name: &str) -> bool {
     name.starts_with("transformer.h.") && CONV1D.iter().any(|c| name.ends_with(&format!(".{c}")))
@@ -119,11 +128,7 @@ fn gpt2_to_weft(raw: BTreeMap<String, Tensor>, source: &str) -> Result<BTreeMap<
             continue; // mask buffers
         }
         let weft = format!("transformer.{bare}");
-        let t = if is_conv1d(&weft) {
-            t.t()?.contiguous()?
-        } else {
-            t
-        };
+        let t = if is_conv1d(&weft) { t.t()?.contiguous()? } else { t };
         out.insert(weft, t);
     }
     if let (Some(head), Some(wte)) = (head, out.get("transformer.wte.weight")) {

@@ -74,7 +74,10 @@ pub struct GptKeys {
     pub bias: bool,
     pub dropout: f64,
     /// The MLP's activation: `"gelu"` (exact, the default) or `"gelu_tanh"` (GPT-2's `gelu_new`).
-    #[serde(default = "default_gpt_activation", skip_serializing_if = "is_default_gpt_activation")]
+    #[serde(
+        default = "default_gpt_activation",
+        skip_serializing_if = "is_default_gpt_activation"
+    )]
     pub activation: String,
 }
 
@@ -458,7 +461,10 @@ impl RunConfig {
         }
         if let ModelConfig::Gpt(g) = &self.model {
             if !["gelu", "gelu_tanh"].contains(&g.activation.as_str()) {
-                return bad("model.activation", format!("{:?} is not one of gelu, gelu_tanh", g.activation));
+                return bad(
+                    "model.activation",
+                    format!("{:?} is not one of gelu, gelu_tanh", g.activation),
+                );
             }
         }
         let p = &self.parallel;
@@ -588,8 +594,8 @@ fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_dir: &Path) 
         return Ok(());
     }
     let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path)
-        .map_err(|e| Error::Config(format!("{}: {e}", config_path.display())))?;
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| Error::Config(format!("{}: {e}", config_path.display())))?;
     let keys = weft_models::hf::to_weft_keys(&text, &config_path.display().to_string())
         .map_err(|e| Error::Config(e.to_string()))?;
     let theirs: toml::Table = serde_json::from_value(serde_json::Value::Object(keys))

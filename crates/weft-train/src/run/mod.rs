@@ -161,8 +161,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     check_metrics(config, options, group.as_ref())?;
     let init = config.init.from.as_ref().map(|f| config.resolve(f));
     let load_init = |m: &dyn Model| -> Result<()> {
-        if let Some(path) = &init {
-            state_dict::load_file(m, path, m.aliases())?;
+        match &init {
+            Some(dir) if weft_models::hf::is_checkpoint_folder(dir) => {
+                let ck = weft_models::hf::read_folder(dir)?;
+                state_dict::load_state_dict(m, &ck.tensors, m.aliases(), &dir.display().to_string())?;
+            }
+            Some(path) => state_dict::load_file(m, path, m.aliases())?,
+            None => {}
         }
         Ok(())
     };
