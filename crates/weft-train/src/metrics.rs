@@ -191,20 +191,30 @@ impl Callback for MetricsFile {
     }
 }
 
-/// A one-line progress bar with the time left on a terminal; plain lines otherwise (logs,
+/// A progress bar (`indicatif`) with the time left on a terminal; plain lines otherwise (logs,
 /// pipes). Steps are numbered from 1 (the numbering of the metrics file and checkpoints).
 pub struct Progress {
     total: usize,
-    tty: bool,
+    /// The bar, on a terminal only.
+    bar: Option<indicatif::ProgressBar>,
     /// The first step shown and when: the time left is extrapolated from there.
     first: Option<(usize, Instant)>,
 }
 
 impl Progress {
     pub fn new(total: usize) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar =
+                indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr());
+            // the template is fixed and valid; a bar without it would still count steps
+            if let Ok(style) = indicatif::ProgressStyle::with_template("[{bar:24}] {msg}") {
+                bar.set_style(style.progress_chars("#>-"));
+            }
+            bar
+        });
         Progress {
             total,
-            tty: std::io::stderr().is_terminal(),
+            bar,
             first: None,
         }
     }
@@ -238,33 +248,36 @@ impl Callback for Progress {
             "step {done:>6}/{} | {what} | lr {:.2e} | grad norm {:.3} | {:.1} ms/step{eta}",
             self.total, r.lr, r.grad_norm, r.step_ms
         );
-        if self.tty {
-            let width = 24;
-            let filled = (width * done / self.total.max(1)).min(width);
-            weft_core::err!("\r[{}{}] {line}   ", "#".repeat(filled), "-".repeat(width - filled));
-            if done == self.total {
-                weft_core::errln!();
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(done as u64);
+                bar.set_message(line);
+                if done >= self.total {
+                    bar.finish();
+                }
             }
-        } else {
-            weft_core::errln!("{line}");
+            None => weft_core::errln!("{line}"),
         }
         Ok(())
     }
 
     fn on_eval(&mut self, e: &EvalRecord) -> Result<()> {
-        if self.tty {
-            weft_core::errln!();
-        }
         let acc = e
             .accuracy
             .map_or(String::new(), |a| format!(" | val accuracy {:.2}%", a * 100.0));
-        weft_core::errln!("step {:>6}/{} | val loss {:.4}{acc}", e.step, self.total, e.loss);
+        let line = format!("step {:>6}/{} | val loss {:.4}{acc}", e.step, self.total, e.loss);
+        match &self.bar {
+            // above the bar, which is drawn again below it
+            Some(bar) => bar.println(line),
+            None => weft_core::errln!("{line}"),
+        }
         Ok(())
     }
 
-    fn on_end(&mut self, s: &FitSummary) -> Result<()> {
-        if self.tty && s.stopped_by.is_some() {
-            weft_core::errln!();
+    fn on_end(&mut self, _: &FitSummary) -> Result<()> {
+        if let Some(bar) = &self.bar {
+            // a run stopped early leaves the bar where it got to
+            bar.abandon();
         }
         Ok(())
     }
