@@ -161,7 +161,7 @@ fn keep_steps_up_to(path: &Path, steps: usize) -> std::io::Result<()> {
 
 impl Callback for MetricsFile {
     fn on_step(&mut self, r: &StepRecord) -> Result<()> {
-        let mut v = serde_json::json!({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_ms": r.step_ms});
+        let mut v = serde_json::json!({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_ms": r.step_ms, "data_wait_ms": r.data_wait_ms});
         v[r.items_key] = serde_json::json!(r.items_per_s);
         let b = &r.state_bytes;
         v["state_bytes"] = serde_json::json!({"params": b.params, "grads": b.grads, "optimizer": b.optimizer});

@@ -38,7 +38,8 @@ pub struct FitSummary {
 
 impl Trainer {
     /// Runs steps `start..end` (`start` steps are done; the records are numbered `start + 1` to
-    /// `end`), fetching batches from `batches` (a background thread prepares the next ones),
+    /// `end`), fetching batches from `batches` (a background thread prepares the next ones;
+    /// with [`Trainer::with_grad_accum`]`(K)` step `i` trains on batches `i K .. i K + K`),
     /// calling callbacks, checkpointing and evaluating as configured (a step's checkpoint is
     /// handed to the writer before its evaluation runs).
     ///
@@ -60,17 +61,30 @@ impl Trainer {
             steps: start,
             ..Default::default()
         };
+        // micro-batch j of step i is batch i K + j: a pure function of the step, so a resumed
+        // run reads exactly what an uninterrupted one would have
+        let k = self.grad_accum;
         let producer = batches.clone();
-        let mut prefetch =
-            weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start..end, 2, move |step| producer(step))?;
+        let mut prefetch = weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(
+            start * k..end * k,
+            (2 * k).max(2),
+            move |index| producer(index),
+        )?;
         // a signal that came while the run was being set up stops it before its first step
         summary.stopped_by = self.stop_requested()?;
         let mut step = start;
         while step < end && summary.stopped_by.is_none() {
-            let (x, y) = prefetch
-                .next()
-                .ok_or_else(|| Error::Run(format!("step {}: the batch producer stopped", step + 1)))??;
-            let record = self.train_step(step, &x, &y)?;
+            let waiting = Instant::now();
+            let micro = (0..k)
+                .map(|_| {
+                    prefetch
+                        .next()
+                        .ok_or_else(|| Error::Run(format!("step {}: the batch producer stopped", step + 1)))?
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let data_wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
+            let mut record = self.train_accumulated(step, &micro)?;
+            record.data_wait_ms = data_wait_ms;
             step += 1;
             if step == start + 1 || step.is_multiple_of(self.log_every) || step == end {
                 notify(&mut self.callbacks, &mut progress, |c| c.on_step(&record))?;

@@ -90,6 +90,8 @@ pub struct Trainer {
     device: weft_core::Device,
     /// The autocast dtype of the forward passes (`None`: the parameters' dtype throughout).
     autocast: Option<weft_core::DType>,
+    /// Micro-batches per optimizer step in [`Trainer::fit`] (gradient accumulation).
+    grad_accum: usize,
 }
 
 impl Trainer {
@@ -125,7 +127,16 @@ impl Trainer {
             progress: None,
             device: weft_core::Device::Cpu,
             autocast: None,
+            grad_accum: 1,
         }
+    }
+
+    /// Accumulates gradients over `k` micro-batches per optimizer step in [`Trainer::fit`]:
+    /// step `i` trains on batches `i k .. i k + k` of the batch function (see
+    /// [`Trainer::train_accumulated`]). 0 is taken as 1.
+    pub fn with_grad_accum(mut self, k: usize) -> Self {
+        self.grad_accum = k.max(1);
+        self
     }
 
     /// Forward passes under autocast to `dtype` (`weft_core::autocast`; `None`: off), as
@@ -314,29 +325,69 @@ impl Trainer {
     /// One step on `(x, y)` at index `step` (0-based: the steps done before it; its record is
     /// numbered `step + 1`).
     pub fn train_step(&mut self, step: usize, x: &Tensor, y: &Tensor) -> Result<StepRecord> {
+        self.train_accumulated(step, &[(x.clone(), y.clone())])
+    }
+
+    /// One optimizer step at index `step` over the `K = batches.len()` micro-batches of
+    /// `batches` (gradient accumulation): each micro-batch's loss is scaled by `1/K` before its
+    /// backward, so that the gradients summed over them are those of the mean loss; the record's
+    /// loss is the mean of the `K` losses (and over the data-parallel group). Data-parallel
+    /// gradients are averaged once, after the last micro-batch (ZeRO stages 2 and 3
+    /// reduce-scatter every micro-batch's gradients and add the shards).
+    pub fn train_accumulated(&mut self, step: usize, batches: &[(Tensor, Tensor)]) -> Result<StepRecord> {
         let t0 = Instant::now();
+        let k = batches.len();
+        if k == 0 {
+            return Err(Error::Run(format!("step {}: no batch to train on", step + 1)));
+        }
         weft_core::cuda::reset_peak(self.device)?;
-        let (x, y) = (&x.to(self.device)?, &y.to(self.device)?);
         let lr = self.schedule.lr_at(step);
         let _step_span = span("compute", "step");
-        if let Some(z) = self.zero() {
-            z.begin_forward()?;
+        let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
+        // the weight of each micro-batch's loss; exactly 1 without accumulation
+        let scale = 1.0 / k as f64;
+        let (mut local_sum, mut activation_bytes) = (0.0, None::<Vec<usize>>);
+        let mut items = 0;
+        let mut tokens = false;
+        for (j, (x, y)) in batches.iter().enumerate() {
+            let last = j + 1 == k;
+            let (x, y) = (&x.to(self.device)?, &y.to(self.device)?);
+            tokens = x.dtype() == weft_core::DType::I64;
+            items += if tokens { x.numel() } else { x.shape()[0] };
+            if let Some(z) = self.zero() {
+                z.begin_forward()?;
+            }
+            // a pipeline runs forward and backward passes together, micro-batch by micro-batch
+            match &self.pipeline {
+                Some(p) => {
+                    let (value, peaks) = weft_core::autocast(self.autocast, || {
+                        p.run_step(x, y, scale, &mut |out, seed, end| {
+                            micro_backward(replicas, &|| out.backward_with(seed), end && last)
+                        })
+                    })?;
+                    local_sum += value;
+                    activation_bytes = Some(match activation_bytes {
+                        Some(before) => before.iter().zip(&peaks).map(|(a, b)| *a.max(b)).collect(),
+                        None => peaks,
+                    });
+                }
+                None => {
+                    let loss = {
+                        let _s = span("compute", "forward");
+                        weft_core::autocast(self.autocast, || self.model.loss(x, y))?
+                    };
+                    local_sum += loss.item()?;
+                    let _s = span("compute", "backward");
+                    if k == 1 {
+                        loss.backward()?;
+                    } else {
+                        let seed = Tensor::from_vec(vec![scale], &[])?.cast(loss.dtype())?;
+                        micro_backward(replicas, &|| loss.backward_with(&seed), last)?;
+                    }
+                }
+            }
         }
-        // a pipeline runs forward and backward passes together, micro-batch by micro-batch
-        let (local_loss, loss, activation_bytes) = match &self.pipeline {
-            Some(p) => {
-                let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
-                let (value, peaks) = weft_core::autocast(self.autocast, || {
-                    p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))
-                })?;
-                (value, None, Some(peaks))
-            }
-            None => {
-                let _s = span("compute", "forward");
-                let loss = weft_core::autocast(self.autocast, || self.model.loss(x, y))?;
-                (loss.item()?, Some(loss), None)
-            }
-        };
+        let local_loss = local_sum / k as f64;
         let (_, ranks) = self.rank_and_size();
         // the mean over the global batch: every rank's share has the same size
         let loss_value = self.sum_over_ranks(vec![local_loss])?[0] / ranks as f64;
@@ -346,10 +397,6 @@ impl Trainer {
                 "step {}: the loss is {loss_value}; set train.skip_nonfinite = true to skip such steps",
                 step + 1
             )));
-        }
-        if let Some(loss) = loss {
-            let _s = span("compute", "backward");
-            loss.backward()?;
         }
         if let Some((_, replicas)) = &self.data_parallel {
             let _s = span("compute", "gradient sync");
@@ -402,10 +449,11 @@ impl Trainer {
             weft_core::Device::Cpu => None,
             d => Some(weft_core::cuda::memory_stats(d)?.peak_allocated),
         };
-        let (items, key) = if x.dtype() == weft_core::DType::I64 {
-            (x.numel() * ranks, "tokens_per_s")
+        // every micro-batch of every data-parallel rank
+        let (items, key) = if tokens {
+            (items * ranks, "tokens_per_s")
         } else {
-            (x.shape()[0] * ranks, "samples_per_s")
+            (items * ranks, "samples_per_s")
         };
         Ok(StepRecord {
             step: step + 1,
@@ -420,6 +468,8 @@ impl Trainer {
             skipped,
             skipped_steps: self.skipped_steps,
             gpu_mem_bytes,
+            micro_batches: k,
+            data_wait_ms: 0.0,
         })
     }
 
@@ -556,13 +606,17 @@ fn whole_dims(params: &[(String, Tensor)]) -> Vec<(String, Tensor, usize)> {
     params.iter().map(|(n, p)| (n.clone(), p.clone(), p.rank())).collect()
 }
 
-/// One micro-batch's backward from `out` with gradient `seed`: gradients accumulate locally
-/// (data-parallel averaging deferred, as `no_sync`) except on the step's `last` micro-batch.
-fn micro_backward(replicas: Option<&Replicas>, out: &Tensor, seed: &Tensor, last: bool) -> Result<()> {
-    let run = || out.backward_with(seed);
+/// One micro-batch's backward (`run`): gradients accumulate locally (data-parallel averaging
+/// deferred, as `no_sync`; ZeRO stages 2 and 3 reduce-scatter them and add the shards) except on
+/// the step's `last` micro-batch, whose gradients the caller synchronises with `finish`.
+fn micro_backward(replicas: Option<&Replicas>, run: &dyn Fn() -> weft_core::Result<()>, last: bool) -> Result<()> {
     match (replicas, last) {
         (Some(Replicas::Plain(ddp)), false) => ddp.no_sync(run)?,
-        (Some(Replicas::Sharded(zero)), false) => zero.no_sync(run)?,
+        (Some(Replicas::Sharded(zero)), false) if zero.stage() == 1 => zero.no_sync(run)?,
+        (Some(Replicas::Sharded(zero)), false) => {
+            run()?;
+            zero.accumulate()?;
+        }
         _ => run()?,
     }
     Ok(())
