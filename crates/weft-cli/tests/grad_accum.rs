@@ -168,7 +168,11 @@ fn a_resumed_run_sees_the_batches_of_an_uninterrupted_one() {
     let whole = losses(&train_one(case, &out, "whole", &[]));
     let ckpt = out.join("ckpt");
     let dir = path_set("train.checkpoint_dir", &ckpt);
-    train_one(case, &out, "first", &[dir.clone(), "train.steps=20".into()]);
+    // (wsd's decay ends at train.steps unless total_steps is given: the stopped run keeps 40)
+    let stop_at_20 = ["train.steps=20".to_string(), "schedule.total_steps=40".to_string()];
+    let mut first = stop_at_20.to_vec();
+    first.push(dir.clone());
+    train_one(case, &out, "first", &first);
     let step20 = ckpt.join("step-00000020");
     let scratch = out.join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
@@ -183,7 +187,8 @@ fn a_resumed_run_sees_the_batches_of_an_uninterrupted_one() {
     let ckpt2 = out.join("ckpt2");
     let dir2 = path_set("train.checkpoint_dir", &ckpt2);
     let mut first = sharded.to_vec();
-    first.extend([dir2.clone(), "train.steps=20".into()]);
+    first.extend(stop_at_20.iter().cloned());
+    first.push(dir2.clone());
     train_launched(case, 2, &out, "first-dp2", &[], &first);
     let scratch2 = out.join("scratch2");
     std::fs::create_dir_all(&scratch2).unwrap();
