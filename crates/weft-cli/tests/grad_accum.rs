@@ -14,7 +14,12 @@ use common::{
     resume_in_one_process, temp_dir, weft_ok,
 };
 
-const CASES: [&str; 4] = ["gpt_adamw_accum2", "gpt_adamw_accum4", "mlp_adamw_accum2", "mlp_adamw_accum4"];
+const CASES: [&str; 4] = [
+    "gpt_adamw_accum2",
+    "gpt_adamw_accum4",
+    "mlp_adamw_accum2",
+    "mlp_adamw_accum4",
+];
 
 fn config(case: &str) -> PathBuf {
     fixtures().join(case).join("run.toml")
@@ -86,7 +91,11 @@ fn k_micro_batches_equal_one_batch_of_k_times_the_rows() {
             &format!("{case}: grad norm"),
         );
         // and tokens (samples) per second count the K micro-batches: the same items per step
-        let key = if case.starts_with("gpt") { "tokens_per_s" } else { "samples_per_s" };
+        let key = if case.starts_with("gpt") {
+            "tokens_per_s"
+        } else {
+            "samples_per_s"
+        };
         let items = |r: &serde_json::Value| r[key].as_f64().unwrap() * r["step_ms"].as_f64().unwrap() / 1e3;
         for (a, b) in read_metrics(&accumulated).iter().zip(read_metrics(&big).iter()) {
             let (ia, ib) = (items(a), items(b));
@@ -106,7 +115,12 @@ fn data_parallel_at_every_zero_stage_matches_pytorch() {
             let metrics = train_launched(case, 2, &out, &format!("dp2-zero{zero}"), &[], &layout);
             let worst = check_against_pytorch(case, &metrics);
             eprintln!("{case} dp=2 zero={zero}: max relative loss difference to PyTorch {worst:.2e}");
-            assert_same_curve(&one, &losses(&metrics), 1e-5, &format!("{case} dp=2 zero={zero} vs one process"));
+            assert_same_curve(
+                &one,
+                &losses(&metrics),
+                1e-5,
+                &format!("{case} dp=2 zero={zero} vs one process"),
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&out);
@@ -125,7 +139,12 @@ fn zero_3_with_bf16_communication_stays_close() {
     };
     let f32_curve = losses(&train_launched(case, 2, &out, "f32", &[], &layout("f32")));
     let bf16_curve = losses(&train_launched(case, 2, &out, "bf16", &[], &layout("bf16")));
-    assert_same_curve(&f32_curve, &bf16_curve, 1e-3, "zero=3 accumulation, bf16 vs f32 communication");
+    assert_same_curve(
+        &f32_curve,
+        &bf16_curve,
+        1e-3,
+        "zero=3 accumulation, bf16 vs f32 communication",
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -197,8 +216,17 @@ fn a_resumed_run_sees_the_batches_of_an_uninterrupted_one() {
     again.push(dir2);
     let tail2 = losses(&train_launched(case, 2, &out, "tail-dp2", &["--resume"], &again));
     assert_eq!(tail2.len(), 20);
-    assert_eq!(&whole2[20..], &tail2[..], "dp=2 zero=2 resumed vs uninterrupted, bit for bit");
-    assert_same_curve(&whole2[20..], &one, 1e-5, "dp=2 zero=2 checkpoint resumed by one process");
+    assert_eq!(
+        &whole2[20..],
+        &tail2[..],
+        "dp=2 zero=2 resumed vs uninterrupted, bit for bit"
+    );
+    assert_same_curve(
+        &whole2[20..],
+        &one,
+        1e-5,
+        "dp=2 zero=2 checkpoint resumed by one process",
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -231,8 +259,16 @@ fn bad_accumulation_and_schedule_settings_fail_in_one_line() {
         fails_with(&args, needles);
     };
     run_wsd(Some("schedule.decay_steps"), &[], &["decay_steps"]);
-    run_wsd(None, &["schedule.decay_shape=\"exp\""], &["schedule.decay_shape", "\"exp\""]);
-    run_wsd(None, &["schedule.decay_steps=36"], &["warmup_steps 5 + decay_steps 36", "total_steps 40"]);
+    run_wsd(
+        None,
+        &["schedule.decay_shape=\"exp\""],
+        &["schedule.decay_shape", "\"exp\""],
+    );
+    run_wsd(
+        None,
+        &["schedule.decay_steps=36"],
+        &["warmup_steps 5 + decay_steps 36", "total_steps 40"],
+    );
     run_wsd(None, &["schedule.total_steps=12"], &["total_steps 12"]);
     run_wsd(None, &["schedule.decay_stpes=3"], &["decay_stpes"]);
 }

@@ -24,7 +24,12 @@ fn linear_warms_up_from_zero_then_decays_to_min_lr() {
         assert!(close(s.lr_at(step), want), "step {step}: {} vs {want}", s.lr_at(step));
     }
     // the peak at the end of warmup, then 0.9 (the span lr - min_lr) shrinking over 10 steps
-    for (step, want) in [(4, 1.0), (5, 0.1 + 0.9 * 0.9), (9, 0.1 + 0.9 * 0.5), (13, 0.1 + 0.9 * 0.1)] {
+    for (step, want) in [
+        (4, 1.0),
+        (5, 0.1 + 0.9 * 0.9),
+        (9, 0.1 + 0.9 * 0.5),
+        (13, 0.1 + 0.9 * 0.1),
+    ] {
         assert!(close(s.lr_at(step), want), "step {step}: {} vs {want}", s.lr_at(step));
     }
     for step in [14, 15, 1000] {
@@ -40,7 +45,10 @@ fn linear_without_warmup_or_decay_length() {
         decay_steps: 4,
         min_lr: 0.0,
     };
-    assert_eq!((0..6).map(|i| s.lr_at(i)).collect::<Vec<_>>(), [2.0, 1.5, 1.0, 0.5, 0.0, 0.0]);
+    assert_eq!(
+        (0..6).map(|i| s.lr_at(i)).collect::<Vec<_>>(),
+        [2.0, 1.5, 1.0, 0.5, 0.0, 0.0]
+    );
     // warmup == decay: the rate falls to min_lr where warmup ends
     let s = Schedule::Linear {
         lr: 2.0,
@@ -78,7 +86,11 @@ fn wsd_warmup_stable_then_each_decay_shape() {
                 DecayShape::Sqrt => 1.0 - p.sqrt(),
             };
             let want = 0.2 + 0.8 * f;
-            assert!(close(s.lr_at(step), want), "{shape:?} step {step}: {} vs {want}", s.lr_at(step));
+            assert!(
+                close(s.lr_at(step), want),
+                "{shape:?} step {step}: {} vs {want}",
+                s.lr_at(step)
+            );
         }
         for step in [10, 11, 99] {
             assert_eq!(s.lr_at(step), 0.2, "{shape:?} step {step}: min_lr after the end");

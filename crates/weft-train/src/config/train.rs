@@ -69,7 +69,10 @@ impl TrainConfig {
         if self.steps.checked_mul(self.grad_accum).is_none() {
             return Err((
                 "train.grad_accum",
-                format!("{} micro-batches per step times {} steps overflows", self.grad_accum, self.steps),
+                format!(
+                    "{} micro-batches per step times {} steps overflows",
+                    self.grad_accum, self.steps
+                ),
             ));
         }
         Ok(())

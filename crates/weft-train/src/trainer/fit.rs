@@ -65,11 +65,10 @@ impl Trainer {
         // run reads exactly what an uninterrupted one would have
         let k = self.grad_accum;
         let producer = batches.clone();
-        let mut prefetch = weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(
-            start * k..end * k,
-            (2 * k).max(2),
-            move |index| producer(index),
-        )?;
+        let mut prefetch =
+            weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start * k..end * k, (2 * k).max(2), move |index| {
+                producer(index)
+            })?;
         // a signal that came while the run was being set up stops it before its first step
         summary.stopped_by = self.stop_requested()?;
         let mut step = start;
