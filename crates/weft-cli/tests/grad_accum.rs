@@ -322,3 +322,35 @@ fn text_data_resumes_exactly_and_splits_across_ranks() {
     assert_same_curve(&whole, &losses(&m("dp2")), 1e-5, "text: dp=2 vs one process");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn data_parallel_averages_gradients_once_per_step() {
+    let out = temp_dir("accum-sync");
+    // gradient all-reduces (averages) in the timeline of 3 steps at dp=2, with K micro-batches
+    let averages = |k: usize| {
+        let trace = out.join(format!("trace-k{k}.json"));
+        let sets = [
+            "parallel.dp=2".to_string(),
+            format!("train.grad_accum={k}"),
+            "train.steps=3".into(),
+            "schedule.total_steps=40".into(),
+            path_set("train.trace", &trace),
+        ];
+        train_launched("gpt_adamw_accum4", 2, &out, &format!("sync-k{k}"), &[], &sets);
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+        let events = doc["traceEvents"].as_array().unwrap();
+        let count = |prefix: &str| {
+            events
+                .iter()
+                .filter(|e| e["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+                .count()
+        };
+        (count("all_reduce(avg"), count("backward"))
+    };
+    let (once, backwards1) = averages(1);
+    let (accumulated, backwards4) = averages(4);
+    assert!(once >= 3, "{once} gradient all-reduces in 3 steps");
+    assert_eq!(backwards4, 4 * backwards1, "4 backward passes per step");
+    assert_eq!(accumulated, once, "the gradients are averaged in the last micro-batch only");
+    let _ = std::fs::remove_dir_all(&out);
+}
