@@ -351,6 +351,9 @@ fn data_parallel_averages_gradients_once_per_step() {
     let (accumulated, backwards4) = averages(4);
     assert!(once >= 3, "{once} gradient all-reduces in 3 steps");
     assert_eq!(backwards4, 4 * backwards1, "4 backward passes per step");
-    assert_eq!(accumulated, once, "the gradients are averaged in the last micro-batch only");
+    assert_eq!(
+        accumulated, once,
+        "the gradients are averaged in the last micro-batch only"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -64,26 +64,25 @@ impl Trainer {
         // micro-batch j of step i is batch i K + j: a pure function of the step, so a resumed
         // run reads exactly what an uninterrupted one would have
         let k = self.grad_accum;
+        let micro_end = end
+            .checked_mul(k)
+            .ok_or_else(|| Error::Config(format!("{end} steps of {k} micro-batches overflow the batch index")))?;
         let producer = batches.clone();
-        let mut prefetch =
-            weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start * k..end * k, (2 * k).max(2), move |index| {
-                producer(index)
-            })?;
+        let mut prefetch = weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(
+            start.saturating_mul(k)..micro_end,
+            k.saturating_mul(2).clamp(2, 64),
+            move |index| producer(index),
+        )?;
         // a signal that came while the run was being set up stops it before its first step
         summary.stopped_by = self.stop_requested()?;
         let mut step = start;
         while step < end && summary.stopped_by.is_none() {
-            let waiting = Instant::now();
-            let micro = (0..k)
-                .map(|_| {
-                    prefetch
-                        .next()
-                        .ok_or_else(|| Error::Run(format!("step {}: the batch producer stopped", step + 1)))?
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let data_wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
-            let mut record = self.train_accumulated(step, &micro)?;
-            record.data_wait_ms = data_wait_ms;
+            // each micro-batch is taken when its forward is due
+            let record = self.accumulated_step(step, k, &mut |_| {
+                prefetch
+                    .next()
+                    .ok_or_else(|| Error::Run(format!("step {}: the batch producer stopped", step + 1)))?
+            })?;
             step += 1;
             if step == start + 1 || step.is_multiple_of(self.log_every) || step == end {
                 notify(&mut self.callbacks, &mut progress, |c| c.on_step(&record))?;

@@ -335,8 +335,20 @@ impl Trainer {
     /// gradients are averaged once, after the last micro-batch (ZeRO stages 2 and 3
     /// reduce-scatter every micro-batch's gradients and add the shards).
     pub fn train_accumulated(&mut self, step: usize, batches: &[(Tensor, Tensor)]) -> Result<StepRecord> {
+        self.accumulated_step(step, batches.len(), &mut |j| Ok(batches[j].clone()))
+    }
+
+    /// [`Trainer::train_accumulated`] over `k` micro-batches that `next(j)` gives when micro-batch
+    /// `j`'s forward is due (so one is held at a time); the time spent in `next` is the record's
+    /// `data_wait_ms`, and is not part of its `step_ms`.
+    pub(crate) fn accumulated_step(
+        &mut self,
+        step: usize,
+        k: usize,
+        next: &mut dyn FnMut(usize) -> Result<(Tensor, Tensor)>,
+    ) -> Result<StepRecord> {
         let t0 = Instant::now();
-        let k = batches.len();
+        let mut waited = std::time::Duration::ZERO;
         if k == 0 {
             return Err(Error::Run(format!("step {}: no batch to train on", step + 1)));
         }
@@ -349,8 +361,11 @@ impl Trainer {
         let (mut local_sum, mut activation_bytes) = (0.0, None::<Vec<usize>>);
         let mut items = 0;
         let mut tokens = false;
-        for (j, (x, y)) in batches.iter().enumerate() {
+        for j in 0..k {
             let last = j + 1 == k;
+            let asked = Instant::now();
+            let (x, y) = next(j)?;
+            waited += asked.elapsed();
             let (x, y) = (&x.to(self.device)?, &y.to(self.device)?);
             tokens = x.dtype() == weft_core::DType::I64;
             items += if tokens { x.numel() } else { x.shape()[0] };
@@ -444,7 +459,7 @@ impl Trainer {
         }
         // the step's time includes its GPU work
         weft_core::cuda::synchronize(self.device)?;
-        let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let step_ms = t0.elapsed().saturating_sub(waited).as_secs_f64() * 1e3;
         let gpu_mem_bytes = match self.device {
             weft_core::Device::Cpu => None,
             d => Some(weft_core::cuda::memory_stats(d)?.peak_allocated),
@@ -469,7 +484,7 @@ impl Trainer {
             skipped_steps: self.skipped_steps,
             gpu_mem_bytes,
             micro_batches: k,
-            data_wait_ms: 0.0,
+            data_wait_ms: waited.as_secs_f64() * 1e3,
         })
     }
 
