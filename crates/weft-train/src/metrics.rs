@@ -7,7 +7,7 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::trainer::{Callback, EvalRecord, FitSummary, StepRecord};
 
-/// Appends one JSON object per logged step (`step`, `loss`, `lr`, `grad_norm`, `step_ms`,
+/// Appends one JSON object per logged step (`step`, `loss`, `lr`, `grad_norm`, `step_ms`, `data_wait_ms`,
 /// `tokens_per_s` or `samples_per_s`, `state_bytes`, ...) and per evaluation (`step`,
 /// `val_loss`, and `val_accuracy` for classifiers).
 ///
