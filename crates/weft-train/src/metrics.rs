@@ -7,9 +7,9 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::trainer::{Callback, EvalRecord, FitSummary, StepRecord};
 
-/// Appends one JSON object per logged step (`step`, `loss`, `lr`, `grad_norm`, `step_ms`, `data_wait_ms`,
-/// `tokens_per_s` or `samples_per_s`, `state_bytes`, ...) and per evaluation (`step`,
-/// `val_loss`, and `val_accuracy` for classifiers).
+/// Appends one JSON object per logged step (`step`, `loss`, `lr`, `grad_norm`, `step_ms`,
+/// `data_wait_ms`, `tokens_per_s` or `samples_per_s`, `state_bytes`, ...) and per evaluation
+/// (`step`, `val_loss`, and `val_accuracy` for classifiers).
 ///
 /// Every record is one `write` of a whole line; when a write fails (a full disk) the file is cut
 /// back to its last whole line, a warning is printed once, and the run goes on: later records
