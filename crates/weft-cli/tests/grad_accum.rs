@@ -1,9 +1,10 @@
 //! Gradient accumulation (`[train] grad_accum = K`) through the real `weft` binary and launcher:
 //! PyTorch's losses, learning rates (the `linear` and `wsd` schedules through `LambdaLR`) and
-//! gradient norms within 1e-4 relative in one process, at dp=2 with ZeRO 0-3, at tp=2 and at pp=2
-//! with pipeline micro-batches; the same run as one batch of `K` times the rows; a resumed run
-//! equal to the uninterrupted one bit for bit; and bad settings refused in one line. Fixtures
-//! from `tools/reference/make_accum_fixtures.py`.
+//! gradient norms within 1e-4 relative in one process, at dp=2 with ZeRO 0-3, at tp=2, at pp=2
+//! with pipeline micro-batches, and on a GPU when there is one; the same run as one batch of `K`
+//! times the rows; a resumed run equal to the uninterrupted one bit for bit (batches and text);
+//! gradients averaged once per step; and bad settings refused in one line. Fixtures from
+//! `tools/reference/make_accum_fixtures.py`.
 
 mod common;
 
@@ -355,5 +356,19 @@ fn data_parallel_averages_gradients_once_per_step() {
         accumulated, once,
         "the gradients are averaged in the last micro-batch only"
     );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn on_a_gpu_accumulation_matches_pytorch() {
+    if !common::cuda_or_skip("on_a_gpu_accumulation_matches_pytorch") {
+        return;
+    }
+    let out = temp_dir("accum-gpu");
+    for case in CASES {
+        let metrics = train_one(case, &out, "gpu", &["train.device=\"cuda\"".to_string()]);
+        let worst = check_against_pytorch(case, &metrics);
+        eprintln!("{case}: on the GPU, max relative loss difference to PyTorch {worst:.2e}");
+    }
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -87,7 +87,8 @@ impl Trainer {
                     if k == 1 {
                         loss.backward()?;
                     } else {
-                        let seed = Tensor::from_vec(vec![scale], &[])?.cast(loss.dtype())?;
+                        // on the loss's device, in its dtype
+                        let seed = Tensor::ones_like(&loss)?.mul_scalar(scale)?;
                         micro_backward(replicas, &|| loss.backward_with(&seed), last)?;
                     }
                 }
