@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::trainer::{Callback, EvalRecord, FitSummary, StepRecord};
 
 /// Appends one JSON object per logged step (`step`, `loss`, `lr`, `grad_norm`, `step_ms`,
-/// `tokens_per_s` or `samples_per_s`, `state_bytes`, ...) and per evaluation (`step`,
-/// `val_loss`, and `val_accuracy` for classifiers).
+/// `data_wait_ms`, `tokens_per_s` or `samples_per_s`, `state_bytes`, ...) and per evaluation
+/// (`step`, `val_loss`, and `val_accuracy` for classifiers).
 ///
 /// Every record is one `write` of a whole line; when a write fails (a full disk) the file is cut
 /// back to its last whole line, a warning is printed once, and the run goes on: later records
@@ -161,7 +161,7 @@ fn keep_steps_up_to(path: &Path, steps: usize) -> std::io::Result<()> {
 
 impl Callback for MetricsFile {
     fn on_step(&mut self, r: &StepRecord) -> Result<()> {
-        let mut v = serde_json::json!({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_ms": r.step_ms});
+        let mut v = serde_json::json!({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_ms": r.step_ms, "data_wait_ms": r.data_wait_ms});
         v[r.items_key] = serde_json::json!(r.items_per_s);
         let b = &r.state_bytes;
         v["state_bytes"] = serde_json::json!({"params": b.params, "grads": b.grads, "optimizer": b.optimizer});

@@ -125,17 +125,19 @@ impl Pipeline {
             .collect()
     }
 
-    /// The forward and backward passes of one step over the micro-batches of `(x, y)`;
-    /// `backward(output, seed, last)` runs one micro-batch's backward (`last`: the step's final
-    /// one, which synchronises data-parallel gradients). Gradients accumulate over the
-    /// micro-batches, each loss weighted `1/m`. Returns, on every stage, the mean loss over the
-    /// micro-batches and the most activation bytes each stage held at once (the autograd
-    /// graphs of the micro-batches between their forward and backward, parameters not
-    /// counted), in stage order.
+    /// The forward and backward passes of one step (or of one of a step's accumulated batches)
+    /// over the micro-batches of `(x, y)`; `backward(output, seed, last)` runs one
+    /// micro-batch's backward (`last`: the final one of this call). Gradients accumulate over
+    /// the micro-batches, each loss weighted `scale / m` (`scale`: 1, or `1/K` for one of `K`
+    /// accumulated batches). Returns, on every stage, the mean loss over the micro-batches and
+    /// the most activation bytes each stage held at once (the autograd graphs of the
+    /// micro-batches between their forward and backward, parameters not counted), in stage
+    /// order.
     pub fn run_step(
         &self,
         x: &Tensor,
         y: &Tensor,
+        scale: f64,
         backward: &mut dyn FnMut(&Tensor, &Tensor, bool) -> Result<()>,
     ) -> Result<(f64, Vec<usize>)> {
         let is_param = |t: &Tensor| self.param_storages.contains(&Arc::as_ptr(t.storage()));
@@ -206,7 +208,7 @@ impl Pipeline {
                         }
                     };
                     let seed = if self.is_last() {
-                        Tensor::from_vec(vec![1.0 / m as f64], &[])?.cast(out.dtype())?
+                        Tensor::from_vec(vec![scale / m as f64], &[])?.cast(out.dtype())?
                     } else {
                         let buf = Tensor::zeros(&shape, out.dtype())?;
                         self.group.recv(&buf, stage + 1, GRADIENTS)?.wait()?;

@@ -41,7 +41,8 @@ pub(crate) struct Engine {
     next_launch: usize,
     /// This rank's averaged gradient shard of each unit (stages 2, 3).
     pub grad_shards: Vec<Tensor>,
-    /// Running reductions, with the bf16 shard they write when communication is in bf16.
+    /// Running reductions, with the shard they write when it is not `grad_shards` itself
+    /// (communication in bf16, or a reduction added to the accumulated shard).
     reducing: Vec<Option<(Work, Option<Tensor>)>>,
     /// Communicate in bf16 (gradients reduced, parameters gathered), keeping f32 shards.
     pub bf16: bool,
@@ -55,6 +56,9 @@ pub(crate) struct Engine {
     pub whole: bool,
     /// The first error met by a hook, reported by `finish`.
     error: Option<Error>,
+    /// `grad_shards` hold the sum of earlier backward passes of this step (gradient
+    /// accumulation): the next reductions are added to them instead of replacing them.
+    pub accumulated: bool,
 }
 
 pub(crate) fn lock(e: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
@@ -100,6 +104,7 @@ impl Engine {
             gathered: units.iter().map(|_| Gathered::Whole).collect(),
             whole: true,
             error: None,
+            accumulated: false,
             bf16,
             params,
             unit_of,
@@ -188,8 +193,9 @@ impl Engine {
         while let Some(&u) = self.order.get(self.next_launch) {
             let Some(flat) = self.flat_grads[u].take() else { break };
             let _s = crate::trace::span("compute", "launch reduce_scatter");
-            let out = if self.bf16 {
-                Some(Tensor::zeros(&[self.units[u].shard], DType::BF16)?)
+            // a separate output when it must be cast into the shard or added to it
+            let out = if self.bf16 || self.accumulated {
+                Some(Tensor::zeros(&[self.units[u].shard], self.comm_dtype(u))?)
             } else {
                 None
             };
@@ -202,8 +208,24 @@ impl Engine {
     }
 
     /// After backward (stages 2, 3): checks every gradient arrived, waits for the reductions
-    /// and (stage 3) frees the root unit. Ready for the next step whatever happened.
+    /// (added to the shards when earlier backward passes of the step were kept by
+    /// [`Engine::accumulate`]) and (stage 3) frees the root unit. Ready for the next step
+    /// whatever happened.
     pub fn finish(&mut self) -> Result<()> {
+        let result = self.finish_backward();
+        self.accumulated = false;
+        result
+    }
+
+    /// After a backward whose gradients the step's next backward passes add to (stages 2, 3):
+    /// as [`Engine::finish`], but the next ones add their reductions to the shards.
+    pub fn accumulate(&mut self) -> Result<()> {
+        let result = self.finish_backward();
+        self.accumulated = result.is_ok();
+        result
+    }
+
+    fn finish_backward(&mut self) -> Result<()> {
         let result = self.finish_inner();
         self.ready.iter_mut().for_each(|r| *r = false);
         for (u, unit) in self.units.iter().enumerate() {
@@ -234,8 +256,13 @@ impl Engine {
         for u in 0..self.units.len() {
             if let Some((work, bf16)) = self.reducing[u].take() {
                 work.wait()?;
-                if let Some(b) = bf16 {
-                    self.grad_shards[u].copy_from(&b)?;
+                match bf16 {
+                    Some(b) if self.accumulated => {
+                        let shard = &self.grad_shards[u];
+                        shard.copy_from(&shard.add(&b.cast(shard.dtype())?)?)?;
+                    }
+                    Some(b) => self.grad_shards[u].copy_from(&b)?,
+                    None => {}
                 }
             }
         }

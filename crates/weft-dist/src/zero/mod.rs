@@ -254,12 +254,33 @@ impl ShardedDataParallel {
     /// Runs `f` (forward and backward passes) without averaging gradients, which accumulate
     /// locally until the next backward outside it (gradient accumulation, micro-batches), as
     /// [`DataParallel::no_sync`]. Stage 1 only: stages 2 and 3 reduce every backward's
-    /// gradients as they come, and a second backward before `finish` is an error there.
+    /// gradients as they come (see [`ShardedDataParallel::accumulate`]), and a second backward
+    /// before `finish` or `accumulate` is an error there.
     pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.ddp {
             Some(ddp) => ddp.no_sync(f),
             None => f(),
         }
+    }
+
+    /// Gradient accumulation at stages 2 and 3, as DeepSpeed does it: after a backward that is
+    /// not the step's last, waits for its gradients' reduce-scatters and keeps them in the
+    /// gradient shards; every later backward's averaged shard is added to them, up to the
+    /// [`ShardedDataParallel::finish`] of the step's last backward. (Stage 3 frees the units
+    /// again: call [`ShardedDataParallel::begin_forward`] before each forward.) At stage 1 use
+    /// [`ShardedDataParallel::no_sync`]; this is an error there.
+    pub fn accumulate(&self) -> Result<()> {
+        let mut e = lock(&self.engine);
+        if e.stage < 2 {
+            return Err(Error::Invalid(
+                "zero: accumulate() is for stages 2 and 3; stage 1 accumulates inside no_sync()".into(),
+            ));
+        }
+        let result = e.accumulate();
+        if let Err(err) = &result {
+            e.pg.abort(&err.to_string());
+        }
+        result
     }
 
     /// After backward: waits for the gradient reductions and sets each piece's gradient to its

@@ -8,7 +8,13 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
+    /// Optimizer steps.
     pub steps: usize,
+    /// Micro-batches per optimizer step (gradient accumulation): each loss scaled by `1/K`
+    /// before its backward, the gradients summed over the `K`, one update. Micro-batch `j` of
+    /// step `i` is the data's batch `i K + j`.
+    #[serde(default = "default_grad_accum")]
+    pub grad_accum: usize,
     #[serde(default = "default_seed")]
     pub seed: u64,
     #[serde(default = "default_log_every")]
@@ -55,6 +61,23 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// Checks the keys whose values serde does not bound: the culprit key and what is wrong.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        if self.grad_accum == 0 {
+            return Err(("train.grad_accum", "must be at least 1".into()));
+        }
+        if self.steps.checked_mul(self.grad_accum).is_none() {
+            return Err((
+                "train.grad_accum",
+                format!(
+                    "{} micro-batches per step times {} steps overflows",
+                    self.grad_accum, self.steps
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The autocast dtype of `precision` (`None` for f32), or why it is not one.
     pub fn autocast(&self) -> std::result::Result<Option<weft_core::DType>, String> {
         match self.precision.as_str() {
@@ -65,6 +88,9 @@ impl TrainConfig {
     }
 }
 
+fn default_grad_accum() -> usize {
+    1
+}
 fn default_device() -> String {
     "cpu".to_string()
 }

@@ -8,7 +8,7 @@ use weft_models::mlp::{MlpConfig, MlpModel};
 use weft_models::Model;
 use weft_nn::layers::Activation;
 use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
-use weft_nn::schedule::Schedule;
+use weft_nn::schedule::{DecayShape, Schedule};
 
 use crate::config::{ModelConfig, OptimConfig, ScheduleConfig};
 use crate::error::{Error, Result};
@@ -77,8 +77,9 @@ pub fn build_optimizer(o: &OptimConfig) -> Result<Box<dyn Optimizer>> {
     })
 }
 
-/// The schedule of a `[schedule]` section.
-pub fn build_schedule(s: &ScheduleConfig, lr: f64) -> Result<Schedule> {
+/// The schedule of a `[schedule]` section, peaking at `lr`, for a run of `steps` optimizer
+/// steps (the end of `wsd`'s decay unless it names `total_steps`).
+pub fn build_schedule(s: &ScheduleConfig, lr: f64, steps: usize) -> Result<Schedule> {
     let schedule = match s {
         ScheduleConfig::Constant => Schedule::Constant { lr },
         ScheduleConfig::Cosine(c) => Schedule::Cosine {
@@ -86,6 +87,25 @@ pub fn build_schedule(s: &ScheduleConfig, lr: f64) -> Result<Schedule> {
             warmup_steps: c.warmup_steps,
             decay_steps: c.decay_steps,
             min_lr: c.min_lr,
+        },
+        ScheduleConfig::Linear(c) => Schedule::Linear {
+            lr,
+            warmup_steps: c.warmup_steps,
+            decay_steps: c.decay_steps,
+            min_lr: c.min_lr,
+        },
+        ScheduleConfig::Wsd(w) => Schedule::Wsd {
+            lr,
+            warmup_steps: w.warmup_steps,
+            decay_steps: w.decay_steps,
+            total_steps: w.total_steps.unwrap_or(steps),
+            min_lr: w.min_lr,
+            shape: DecayShape::parse(&w.decay_shape).ok_or_else(|| {
+                Error::Config(format!(
+                    "schedule.decay_shape: {:?} is not one of linear, cosine, sqrt",
+                    w.decay_shape
+                ))
+            })?,
         },
     };
     schedule

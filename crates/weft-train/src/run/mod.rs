@@ -198,9 +198,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         }
     };
     let optimizer = build_optimizer(&config.optim)?;
-    let schedule = build_schedule(&config.schedule, config.optim.lr)?;
+    let schedule = build_schedule(&config.schedule, config.optim.lr, config.train.steps)?;
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
         .with_grad_clip(config.optim.grad_clip)
+        .with_grad_accum(t.grad_accum)
         .with_log_every(t.log_every)
         .with_skip_nonfinite(t.skip_nonfinite)
         .with_progress(options.progress && logs)

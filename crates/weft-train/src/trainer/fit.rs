@@ -38,7 +38,8 @@ pub struct FitSummary {
 
 impl Trainer {
     /// Runs steps `start..end` (`start` steps are done; the records are numbered `start + 1` to
-    /// `end`), fetching batches from `batches` (a background thread prepares the next ones),
+    /// `end`), fetching batches from `batches` (a background thread prepares the next ones;
+    /// with [`Trainer::with_grad_accum`]`(K)` step `i` trains on batches `i K .. i K + K`),
     /// calling callbacks, checkpointing and evaluating as configured (a step's checkpoint is
     /// handed to the writer before its evaluation runs).
     ///
@@ -60,17 +61,28 @@ impl Trainer {
             steps: start,
             ..Default::default()
         };
+        // micro-batch j of step i is batch i K + j: a pure function of the step, so a resumed
+        // run reads exactly what an uninterrupted one would have
+        let k = self.grad_accum;
+        let micro_end = end
+            .checked_mul(k)
+            .ok_or_else(|| Error::Config(format!("{end} steps of {k} micro-batches overflow the batch index")))?;
         let producer = batches.clone();
-        let mut prefetch =
-            weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(start..end, 2, move |step| producer(step))?;
+        let mut prefetch = weft_data::Prefetcher::<(Tensor, Tensor), Error>::new(
+            start.saturating_mul(k)..micro_end,
+            k.saturating_mul(2).clamp(2, 64),
+            move |index| producer(index),
+        )?;
         // a signal that came while the run was being set up stops it before its first step
         summary.stopped_by = self.stop_requested()?;
         let mut step = start;
         while step < end && summary.stopped_by.is_none() {
-            let (x, y) = prefetch
-                .next()
-                .ok_or_else(|| Error::Run(format!("step {}: the batch producer stopped", step + 1)))??;
-            let record = self.train_step(step, &x, &y)?;
+            // each micro-batch is taken when its forward is due
+            let record = self.accumulated_step(step, k, &mut |_| {
+                prefetch
+                    .next()
+                    .ok_or_else(|| Error::Run(format!("step {}: the batch producer stopped", step + 1)))?
+            })?;
             step += 1;
             if step == start + 1 || step.is_multiple_of(self.log_every) || step == end {
                 notify(&mut self.callbacks, &mut progress, |c| c.on_step(&record))?;

@@ -1,25 +1,23 @@
 //! The training loop, usable from Rust without any config file.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use weft_core::{no_grad, Tensor};
-use weft_dist::trace::span;
 use weft_dist::{DataParallel, DdpOptions, ProcessGroup, ReduceOp, ShardedDataParallel, ZeroOptions};
 use weft_models::Model;
-use weft_nn::clip::{clip_to_norm, grad_norm};
 use weft_nn::optim::{Optimizer, ParamGroup};
 use weft_nn::schedule::Schedule;
 
 use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
-use crate::replicas::{unsharded_bytes, Replicas, StateBytes, ZeroUnits};
+use crate::replicas::{Replicas, ZeroUnits};
 
 mod checkpointing;
 mod fit;
 mod records;
 mod shards;
+mod step;
 mod whole;
 
 pub(crate) use fit::probe_writable;
@@ -90,6 +88,8 @@ pub struct Trainer {
     device: weft_core::Device,
     /// The autocast dtype of the forward passes (`None`: the parameters' dtype throughout).
     autocast: Option<weft_core::DType>,
+    /// Micro-batches per optimizer step in [`Trainer::fit`] (gradient accumulation).
+    grad_accum: usize,
 }
 
 impl Trainer {
@@ -125,7 +125,16 @@ impl Trainer {
             progress: None,
             device: weft_core::Device::Cpu,
             autocast: None,
+            grad_accum: 1,
         }
+    }
+
+    /// Accumulates gradients over `k` micro-batches per optimizer step in [`Trainer::fit`]:
+    /// step `i` trains on batches `i k .. i k + k` of the batch function (see
+    /// [`Trainer::train_accumulated`]). 0 is taken as 1.
+    pub fn with_grad_accum(mut self, k: usize) -> Self {
+        self.grad_accum = k.max(1);
+        self
     }
 
     /// Forward passes under autocast to `dtype` (`weft_core::autocast`; `None`: off), as
@@ -311,157 +320,6 @@ impl Trainer {
         self
     }
 
-    /// One step on `(x, y)` at index `step` (0-based: the steps done before it; its record is
-    /// numbered `step + 1`).
-    pub fn train_step(&mut self, step: usize, x: &Tensor, y: &Tensor) -> Result<StepRecord> {
-        let t0 = Instant::now();
-        weft_core::cuda::reset_peak(self.device)?;
-        let (x, y) = (&x.to(self.device)?, &y.to(self.device)?);
-        let lr = self.schedule.lr_at(step);
-        let _step_span = span("compute", "step");
-        if let Some(z) = self.zero() {
-            z.begin_forward()?;
-        }
-        // a pipeline runs forward and backward passes together, micro-batch by micro-batch
-        let (local_loss, loss, activation_bytes) = match &self.pipeline {
-            Some(p) => {
-                let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
-                let (value, peaks) = weft_core::autocast(self.autocast, || {
-                    p.run_step(x, y, &mut |out, seed, last| micro_backward(replicas, out, seed, last))
-                })?;
-                (value, None, Some(peaks))
-            }
-            None => {
-                let _s = span("compute", "forward");
-                let loss = weft_core::autocast(self.autocast, || self.model.loss(x, y))?;
-                (loss.item()?, Some(loss), None)
-            }
-        };
-        let (_, ranks) = self.rank_and_size();
-        // the mean over the global batch: every rank's share has the same size
-        let loss_value = self.sum_over_ranks(vec![local_loss])?[0] / ranks as f64;
-        // the same value on every rank, so every rank takes the same branch
-        if !loss_value.is_finite() && !self.skip_nonfinite {
-            return Err(Error::Run(format!(
-                "step {}: the loss is {loss_value}; set train.skip_nonfinite = true to skip such steps",
-                step + 1
-            )));
-        }
-        if let Some(loss) = loss {
-            let _s = span("compute", "backward");
-            loss.backward()?;
-        }
-        if let Some((_, replicas)) = &self.data_parallel {
-            let _s = span("compute", "gradient sync");
-            match replicas {
-                Replicas::Plain(ddp) => ddp.finish()?,
-                Replicas::Sharded(zero) => zero.finish()?,
-            }
-        }
-        if let Some(p) = &self.pipeline {
-            p.sum_shared_gradients(&self.params)?;
-        }
-        // the groups hold every parameter (or this rank's pieces of them)
-        let params: Vec<Tensor> = self
-            .groups
-            .iter()
-            .flat_map(|g| g.params.iter().map(|(_, p)| p.clone()))
-            .collect();
-        let state_bytes = self.state_bytes(&params);
-        let _s = span("compute", "clip and optimizer step");
-        // the global norm (the same on every rank), checked before clipping scales by it
-        let grad_norm = if self.zero().is_some() || self.tensor_parallel.is_some() || self.pipeline.is_some() {
-            self.sharded_grad_norm()?
-        } else {
-            grad_norm(&params)?
-        };
-        let skipped = !(grad_norm.is_finite() && loss_value.is_finite());
-        if skipped && !self.skip_nonfinite {
-            return Err(Error::Run(format!(
-                "step {}: the gradient norm is {grad_norm}: {}; set train.skip_nonfinite = true to skip such steps",
-                step + 1,
-                self.first_nonfinite_gradient()
-            )));
-        }
-        if skipped {
-            self.skipped_steps += 1;
-        } else {
-            if let Some(max) = self.grad_clip {
-                clip_to_norm(&params, max, grad_norm)?;
-            }
-            self.optimizer.step(&self.groups, lr)?;
-        }
-        match self.zero() {
-            Some(z) => z.after_step()?,
-            None => params.iter().for_each(|p| p.set_grad(None)),
-        }
-        // the step's time includes its GPU work
-        weft_core::cuda::synchronize(self.device)?;
-        let step_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let gpu_mem_bytes = match self.device {
-            weft_core::Device::Cpu => None,
-            d => Some(weft_core::cuda::memory_stats(d)?.peak_allocated),
-        };
-        let (items, key) = if x.dtype() == weft_core::DType::I64 {
-            (x.numel() * ranks, "tokens_per_s")
-        } else {
-            (x.shape()[0] * ranks, "samples_per_s")
-        };
-        Ok(StepRecord {
-            step: step + 1,
-            loss: loss_value,
-            lr,
-            grad_norm,
-            step_ms,
-            items_per_s: items as f64 / (step_ms / 1e3),
-            items_key: key,
-            state_bytes,
-            activation_bytes,
-            skipped,
-            skipped_steps: self.skipped_steps,
-            gpu_mem_bytes,
-        })
-    }
-
-    /// Which parameter's gradient (the first in registration order, among those this rank
-    /// holds) has a value that is not finite, for the error that stops the run.
-    fn first_nonfinite_gradient(&self) -> String {
-        let order: std::collections::HashMap<&str, usize> = self
-            .params
-            .iter()
-            .enumerate()
-            .map(|(i, (n, _))| (n.as_str(), i))
-            .collect();
-        let mut held: Vec<(&str, &Tensor)> = self
-            .groups
-            .iter()
-            .flat_map(|g| g.params.iter().map(|(n, p)| (n.as_str(), p)))
-            .collect();
-        held.sort_by_key(|(n, _)| order.get(n).copied().unwrap_or(usize::MAX));
-        for (name, p) in held {
-            let Some(g) = p.grad() else { continue };
-            if let Some(v) = g.to_vec_f64().into_iter().find(|v| !v.is_finite()) {
-                return format!("the gradient of {name} holds {v}");
-            }
-        }
-        "every gradient this rank holds is finite (another rank's are not)".to_string()
-    }
-
-    /// The model state this rank holds now; `params` are the optimizer's parameters.
-    fn state_bytes(&self, params: &[Tensor]) -> StateBytes {
-        match self.zero() {
-            Some(z) => {
-                let held = z.held_bytes();
-                StateBytes {
-                    params: held.params,
-                    grads: held.grads,
-                    optimizer: self.optimizer.state_bytes(),
-                }
-            }
-            None => unsharded_bytes(params, self.optimizer.as_ref()),
-        }
-    }
-
     /// Mean loss over the evaluation batches (and, for classifiers, the accuracy), in eval mode
     /// without gradients, as of `steps` steps done. Data-parallel ranks share the batches out
     /// (batch `i` on rank `i mod size`) and sum their results. `None` without evaluation data.
@@ -554,16 +412,4 @@ fn decay_groups(params: Vec<(String, Tensor, usize)>, weight_decay: f64) -> Vec<
 /// Whole parameters with their own dims, for [`decay_groups`].
 fn whole_dims(params: &[(String, Tensor)]) -> Vec<(String, Tensor, usize)> {
     params.iter().map(|(n, p)| (n.clone(), p.clone(), p.rank())).collect()
-}
-
-/// One micro-batch's backward from `out` with gradient `seed`: gradients accumulate locally
-/// (data-parallel averaging deferred, as `no_sync`) except on the step's `last` micro-batch.
-fn micro_backward(replicas: Option<&Replicas>, out: &Tensor, seed: &Tensor, last: bool) -> Result<()> {
-    let run = || out.backward_with(seed);
-    match (replicas, last) {
-        (Some(Replicas::Plain(ddp)), false) => ddp.no_sync(run)?,
-        (Some(Replicas::Sharded(zero)), false) => zero.no_sync(run)?,
-        _ => run()?,
-    }
-    Ok(())
 }

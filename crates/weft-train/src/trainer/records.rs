@@ -12,7 +12,8 @@ pub struct StepRecord {
     /// checkpoint taken after it is `step-{step}` (the same numbering as the progress display,
     /// the metrics file and evaluations).
     pub step: usize,
-    /// Mean loss of the step's batch, computed before the update.
+    /// Mean loss of the step's batch (the mean over its micro-batches' losses with gradient
+    /// accumulation), computed before the update.
     pub loss: f64,
     /// Learning rate used at this step.
     pub lr: f64,
@@ -20,7 +21,8 @@ pub struct StepRecord {
     pub grad_norm: f64,
     /// Wall time of the whole step (batch, forward, backward, clip, update), milliseconds.
     pub step_ms: f64,
-    /// Items processed per second: tokens for sequence models, samples otherwise.
+    /// Items processed per second: tokens for sequence models, samples otherwise, over every
+    /// micro-batch of every data-parallel rank.
     pub items_per_s: f64,
     /// `"tokens_per_s"` or `"samples_per_s"`.
     pub items_key: &'static str,
@@ -36,6 +38,11 @@ pub struct StepRecord {
     pub skipped_steps: usize,
     /// On a GPU: the most bytes the caching allocator had handed out during the step.
     pub gpu_mem_bytes: Option<u64>,
+    /// Micro-batches the step accumulated (`train.grad_accum`; 1 without accumulation).
+    pub micro_batches: usize,
+    /// Milliseconds the training loop waited for the step's batches from the background
+    /// producer, summed over its micro-batches (0 when they were ready; not part of `step_ms`).
+    pub data_wait_ms: f64,
 }
 
 /// What one evaluation found.

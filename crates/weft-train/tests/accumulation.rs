@@ -1,0 +1,115 @@
+//! Gradient accumulation through the `Trainer` API: which batches `fit` reads, the update of `K`
+//! micro-batches against one made by hand from the same gradients, and `data_wait_ms`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{batches, trainer};
+use weft_train::trainer::BatchFn;
+use weft_train::{Callback, StepRecord};
+
+mod common;
+
+/// Keeps every step record.
+struct Keep(Arc<Mutex<Vec<StepRecord>>>);
+
+impl Callback for Keep {
+    fn on_step(&mut self, r: &StepRecord) -> weft_train::Result<()> {
+        self.0.lock().unwrap().push(r.clone());
+        Ok(())
+    }
+}
+
+#[test]
+fn fit_reads_batches_i_k_to_i_k_plus_k_for_step_i() {
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let inner = batches(1.0);
+    let recording: BatchFn = Arc::new(move |i| {
+        seen.lock().unwrap().push(i);
+        inner(i)
+    });
+    let mut t = trainer().with_grad_accum(3);
+    let s = t.fit(recording, 2, 5).unwrap();
+    assert_eq!((s.steps, s.steps_run), (5, 3));
+    let mut got = asked.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(got, (6..15).collect::<Vec<_>>(), "steps 2..5 read batches 6..15");
+    assert_eq!(s.last.unwrap().micro_batches, 3);
+}
+
+#[test]
+fn an_accumulated_step_is_the_mean_of_its_micro_batches() {
+    let k = 4;
+    let data = batches(1.0);
+    let micro: Vec<_> = (0..k).map(|i| data(i).unwrap()).collect();
+    // the step through the trainer
+    let mut t = trainer();
+    let before: Vec<Vec<f32>> = t
+        .model
+        .parameters()
+        .iter()
+        .map(|(_, p)| p.to_vec::<f32>().unwrap())
+        .collect();
+    let rec = t.train_accumulated(0, &micro).unwrap();
+    // by hand: mean loss, summed gradients of loss / K, one SGD update at lr 0.1
+    let reference = trainer();
+    let mut losses = 0.0;
+    for (x, y) in &micro {
+        let loss = reference.model.loss(x, y).unwrap();
+        losses += loss.item().unwrap();
+        loss.mul_scalar(1.0 / k as f64).unwrap().backward().unwrap();
+    }
+    assert!(
+        (rec.loss - losses / k as f64).abs() <= 1e-6 * rec.loss.abs(),
+        "{} vs {}",
+        rec.loss,
+        losses / k as f64
+    );
+    let mut norm2 = 0.0f64;
+    for ((name, p), start) in reference.model.parameters().iter().zip(&before) {
+        let g = p.grad().unwrap().to_vec::<f32>().unwrap();
+        norm2 += g.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
+        let updated = t
+            .model
+            .parameters()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+            .to_vec::<f32>()
+            .unwrap();
+        for ((u, s), g) in updated.iter().zip(start).zip(&g) {
+            let want = s - 0.1 * g;
+            assert!((u - want).abs() <= 1e-6, "{name}: {u} vs {want}");
+        }
+    }
+    assert!((rec.grad_norm - norm2.sqrt()).abs() <= 1e-5 * norm2.sqrt());
+    // samples per second count every micro-batch's 8 rows
+    let items = rec.items_per_s * rec.step_ms / 1e3;
+    assert!((items - 32.0).abs() < 1e-6, "{items} samples in the step");
+}
+
+#[test]
+fn data_wait_ms_sums_the_wait_for_every_micro_batch() {
+    let inner = batches(1.0);
+    let slow: BatchFn = Arc::new(move |i| {
+        std::thread::sleep(Duration::from_millis(30));
+        inner(i)
+    });
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let mut t = trainer().with_grad_accum(2).with_callback(Keep(records.clone()));
+    t.fit(slow, 0, 4).unwrap();
+    let records = records.lock().unwrap();
+    assert_eq!(records.len(), 4);
+    for r in records.iter() {
+        // the step itself takes well under a millisecond: it waits for two 30 ms batches
+        assert!(
+            r.data_wait_ms >= 40.0,
+            "step {}: waited {} ms for two batches that take 30 ms each",
+            r.step,
+            r.data_wait_ms
+        );
+        assert!(r.step_ms < r.data_wait_ms, "step_ms {} counts no wait", r.step_ms);
+    }
+}
