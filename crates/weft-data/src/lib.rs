@@ -44,8 +44,8 @@ pub use error::{Error, Result};
 pub use objects::{LocalFolder, ObjectSink, ObjectSource};
 pub use prefetch::Prefetcher;
 pub use text::TextDataset;
-pub use tokens::{PrepareOptions, TokenDataset};
 pub use tokenizer::{CharTokenizer, Gpt2Tokenizer, HfTokenizer, Tokenizer, TokenizerSpec};
+pub use tokens::{PrepareOptions, TokenDataset};
 
 /// Which part of a dataset to draw from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

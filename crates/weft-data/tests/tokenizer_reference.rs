@@ -14,7 +14,11 @@ fn fixture(name: &str) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -51,7 +55,10 @@ fn gpt2_matches_tiktoken_on_tiny_shakespeare() {
     let first = ids(&f["first_ids"]);
     assert_eq!(&got[..first.len()], &first[..]);
     let le: Vec<u8> = got.iter().flat_map(|i| i.to_le_bytes()).collect();
-    assert_eq!(format!("{:x}", Sha256::digest(&le)), f["sha256_ids_u32le"].as_str().unwrap());
+    assert_eq!(
+        format!("{:x}", Sha256::digest(&le)),
+        f["sha256_ids_u32le"].as_str().unwrap()
+    );
 }
 
 #[test]
@@ -67,6 +74,10 @@ fn tokenizer_json_matches_python_tokenizers() {
         let text = case["text"].as_str().unwrap();
         let want = ids(&case["ids"]);
         assert_eq!(tok.encode(text).unwrap(), want, "{text:?}");
-        assert_eq!(tok.decode(&want).unwrap(), case["decoded"].as_str().unwrap(), "{text:?}");
+        assert_eq!(
+            tok.decode(&want).unwrap(),
+            case["decoded"].as_str().unwrap(),
+            "{text:?}"
+        );
     }
 }

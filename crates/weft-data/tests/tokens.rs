@@ -58,7 +58,10 @@ fn gpt2_dataset(name: &str) -> (PathBuf, Vec<u32>, Vec<u32>) {
     let out = d.join("out");
     let tok = Tokenizer::Gpt2(Gpt2Tokenizer::new());
     let mut seen = 0;
-    prepare(&tok, &files, &LocalFolder::new(&out), &opts(0.25, 7, 8), &mut |b| seen += b).unwrap();
+    prepare(&tok, &files, &LocalFolder::new(&out), &opts(0.25, 7, 8), &mut |b| {
+        seen += b
+    })
+    .unwrap();
     assert_eq!(seen, DOCS.iter().map(|d| d.len() as u64).sum::<u64>());
     // the expected streams: each document cut at floor(0.75 n), each piece followed by <|endoftext|>
     let (mut train, mut val) = (vec![], vec![]);
@@ -92,15 +95,23 @@ fn prepare_then_open_reads_back_both_streams() {
     assert_eq!(index.eot, Some(50256));
     let shards = &index.splits["train"].shards;
     assert_eq!(shards.len(), train.len().div_ceil(7));
-    assert!(shards.iter().all(|s| s.crc32.len() as u64 == (s.tokens * 2).div_ceil(8)));
+    assert!(shards
+        .iter()
+        .all(|s| s.crc32.len() as u64 == (s.tokens * 2).div_ceil(8)));
     // a shard holds raw little-endian u16
     let raw = std::fs::read(out.join(&shards[0].name)).unwrap();
-    let first: Vec<u32> = raw.chunks(2).map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))).collect();
+    let first: Vec<u32> = raw
+        .chunks(2)
+        .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
+        .collect();
     assert_eq!(first, &train[..7]);
     assert!(data.verify().unwrap() > 0);
     // the text decodes back (train pieces of each document, with separators)
     let text = data.tokenizer().decode(&train).unwrap();
-    assert!(text.starts_with("First Citizen:") && text.contains("<|endoftext|>All:"), "{text}");
+    assert!(
+        text.starts_with("First Citizen:") && text.contains("<|endoftext|>All:"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -115,7 +126,10 @@ fn batches_are_shifted_windows_in_a_keyed_order() {
     let (x, y) = (x.to_vec::<i64>().unwrap(), y.to_vec::<i64>().unwrap());
     for row in 0..5 {
         let w = data.window(Split::Train, 3, 5, bs, 1337, row).unwrap() as usize;
-        assert_eq!(w as u64, WindowOrder::new(n, 1337, (15 + row as u64) / n).apply((15 + row as u64) % n));
+        assert_eq!(
+            w as u64,
+            WindowOrder::new(n, 1337, (15 + row as u64) / n).apply((15 + row as u64) % n)
+        );
         let want: Vec<i64> = train[w * bs..w * bs + bs + 1].iter().map(|&t| i64::from(t)).collect();
         assert_eq!(&x[row * bs..(row + 1) * bs], &want[..bs], "row {row}");
         assert_eq!(&y[row * bs..(row + 1) * bs], &want[1..], "row {row}");
@@ -126,8 +140,12 @@ fn batches_are_shifted_windows_in_a_keyed_order() {
     // pure function of the arguments; the seed matters
     let (x2, _) = data.batch(Split::Train, 3, 5, bs, 1337, 0..5).unwrap();
     assert_eq!(x2.to_vec::<i64>().unwrap(), x);
-    let other: Vec<u64> = (0..n).map(|p| data.window(Split::Train, 0, 1, bs, 7, p as usize).unwrap()).collect();
-    let this: Vec<u64> = (0..n).map(|p| data.window(Split::Train, 0, 1, bs, 1337, p as usize).unwrap()).collect();
+    let other: Vec<u64> = (0..n)
+        .map(|p| data.window(Split::Train, 0, 1, bs, 7, p as usize).unwrap())
+        .collect();
+    let this: Vec<u64> = (0..n)
+        .map(|p| data.window(Split::Train, 0, 1, bs, 1337, p as usize).unwrap())
+        .collect();
     assert_ne!(this, other);
     // every epoch visits every window exactly once
     for epoch in 0..3u64 {
@@ -156,7 +174,10 @@ fn char_datasets_have_no_separator_and_wide_vocabularies_use_u32() {
     assert_eq!(index.eot, None);
     assert_eq!(index.splits["val"].tokens, 0);
     let data = open(&out).unwrap();
-    assert_eq!(data.read_tokens(Split::Train, 0..9).unwrap(), vec![0, 1, 2, 0, 1, 2, 2, 0, 1]);
+    assert_eq!(
+        data.read_tokens(Split::Train, 0..9).unwrap(),
+        vec![0, 1, 2, 0, 1, 2, 2, 0, 1]
+    );
     let e = data.windows(Split::Val, 1).unwrap_err().to_string();
     assert!(e.contains("\"val\"") && e.contains("0 tokens"), "{e}");
 
@@ -170,7 +191,10 @@ fn char_datasets_have_no_separator_and_wide_vocabularies_use_u32() {
     let index = prepare(&tok, &files, &LocalFolder::new(&out), &opts(0.0, 100, 8), &mut |_| {}).unwrap();
     assert_eq!(index.dtype, weft_data::tokens::TokenDtype::U32);
     let data = open(&out).unwrap();
-    assert_eq!(data.read_tokens(Split::Train, 8..13).unwrap(), vec![69_998, 69_999, 0, 1, 2]);
+    assert_eq!(
+        data.read_tokens(Split::Train, 8..13).unwrap(),
+        vec![69_998, 69_999, 0, 1, 2]
+    );
     assert_eq!(std::fs::metadata(out.join("train-00000.bin")).unwrap().len(), 13 * 4);
 }
 
@@ -181,7 +205,10 @@ fn a_failed_prepare_writes_no_index() {
     let tok = Tokenizer::Char(CharTokenizer::from_text("abc"));
     let out = d.join("out");
     let e = prepare(&tok, &files, &LocalFolder::new(&out), &opts(0.1, 100, 4), &mut |_| {}).unwrap_err();
-    assert!(e.to_string().contains("doc1.txt") && e.to_string().contains("'d'"), "{e}");
+    assert!(
+        e.to_string().contains("doc1.txt") && e.to_string().contains("'d'"),
+        "{e}"
+    );
     assert!(!out.join(INDEX_NAME).exists());
     files.push(d.join("absent.txt"));
     files.remove(1);
@@ -189,9 +216,18 @@ fn a_failed_prepare_writes_no_index() {
     assert!(e.to_string().contains("absent.txt"), "{e}");
     assert!(!out.join(INDEX_NAME).exists());
     std::fs::write(d.join("latin1.txt"), b"caf\xe9").unwrap();
-    let e = prepare(&tok, &[d.join("latin1.txt")], &LocalFolder::new(&out), &opts(0.1, 100, 4), &mut |_| {})
-        .unwrap_err();
-    assert!(e.to_string().contains("latin1.txt") && e.to_string().contains("UTF-8"), "{e}");
+    let e = prepare(
+        &tok,
+        &[d.join("latin1.txt")],
+        &LocalFolder::new(&out),
+        &opts(0.1, 100, 4),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("latin1.txt") && e.to_string().contains("UTF-8"),
+        "{e}"
+    );
     for bad in [opts(1.0, 100, 4), opts(0.1, 0, 4), opts(0.1, 100, 6)] {
         assert!(prepare(&tok, &files[..1], &LocalFolder::new(&out), &bad, &mut |_| {}).is_err());
     }
@@ -266,7 +302,10 @@ fn damaged_datasets_are_refused_naming_the_file() {
     write_index(&out, &v);
     let data = open(&out).unwrap();
     let e = data.read_tokens(Split::Train, 7..9).unwrap_err().to_string();
-    assert!(e.contains("train-00001.bin") && e.contains("60000") && e.contains("50257"), "{e}");
+    assert!(
+        e.contains("train-00001.bin") && e.contains("60000") && e.contains("50257"),
+        "{e}"
+    );
 }
 
 /// CRC-32 (IEEE), bit by bit: an independent check of what prepare records.
@@ -284,7 +323,9 @@ fn crc32(bytes: &[u8]) -> u32 {
 #[test]
 fn recorded_checksums_are_crc32_of_each_block() {
     let (out, _, _) = gpt2_dataset("crc");
-    let index = Index::parse(&std::fs::read(out.join(INDEX_NAME)).unwrap(), "index.json").unwrap().0;
+    let index = Index::parse(&std::fs::read(out.join(INDEX_NAME)).unwrap(), "index.json")
+        .unwrap()
+        .0;
     for split in index.splits.values() {
         for s in &split.shards {
             let bytes = std::fs::read(out.join(&s.name)).unwrap();

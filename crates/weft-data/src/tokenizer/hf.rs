@@ -53,7 +53,8 @@ impl HfTokenizer {
 
     /// Builds the tokenizer from the content of a `tokenizer.json`.
     pub fn from_json_text(text: &str) -> Result<HfTokenizer> {
-        let value: Value = serde_json::from_str(text).map_err(|e| invalid(format!("tokenizer.json does not parse: {e}")))?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| invalid(format!("tokenizer.json does not parse: {e}")))?;
         Self::from_value(value)
     }
 

@@ -56,7 +56,9 @@ impl FromStr for TokenizerSpec {
 
     fn from_str(s: &str) -> Result<TokenizerSpec> {
         match s {
-            "" => Err(invalid("tokenizer: expected \"char\", \"gpt2\" or the path of a tokenizer.json, got \"\"")),
+            "" => Err(invalid(
+                "tokenizer: expected \"char\", \"gpt2\" or the path of a tokenizer.json, got \"\"",
+            )),
             "char" => Ok(TokenizerSpec::Char),
             "gpt2" => Ok(TokenizerSpec::Gpt2),
             path => Ok(TokenizerSpec::File(PathBuf::from(path))),
@@ -66,8 +68,9 @@ impl FromStr for TokenizerSpec {
 
 impl TokenizerSpec {
     /// The tokenizer, for specs that need no corpus: `gpt2` or a file. A file holding a JSON object
-    /// with a `"type"` key of `"char"`, `"gpt2"` or `"hf"` is read as weft's JSON form, anything
-    /// else as a Hugging Face `tokenizer.json`. `char` errors: its vocabulary comes from a corpus
+    /// with a `"type"` key of `"char"`, `"gpt2"` or `"hf"` is read as weft's JSON form, a token
+    /// dataset's `index.json` gives its `"tokenizer"`, anything else is read as a Hugging Face
+    /// `tokenizer.json`. `char` errors: its vocabulary comes from a corpus
     /// (see [`TokenizerSpec::load_with_corpus`]).
     pub fn load(&self) -> Result<Tokenizer> {
         match self {
@@ -81,10 +84,18 @@ impl TokenizerSpec {
                     path: path.clone(),
                     source,
                 })?;
-                let value: Value = serde_json::from_str(&text)
-                    .map_err(|e| invalid(format!("{}: not JSON: {e}", path.display())))?;
-                let ours = matches!(value.get("type"), Some(Value::String(t)) if ["char", "gpt2", "hf"].contains(&t.as_str()));
-                let tok = if ours {
+                let value: Value =
+                    serde_json::from_str(&text).map_err(|e| invalid(format!("{}: not JSON: {e}", path.display())))?;
+                let ours =
+                    matches!(value.get("type"), Some(Value::String(t)) if ["char", "gpt2", "hf"].contains(&t.as_str()));
+                let dataset =
+                    matches!(value.get("format"), Some(Value::String(f)) if f == crate::tokens::index::FORMAT);
+                let tok = if dataset {
+                    value
+                        .get("tokenizer")
+                        .ok_or_else(|| invalid("a token dataset index without a \"tokenizer\" key"))
+                        .and_then(Tokenizer::from_json_value)
+                } else if ours {
                     Tokenizer::from_json_value(&value)
                 } else {
                     HfTokenizer::from_json_text(&text).map(Tokenizer::Hf)
@@ -195,9 +206,7 @@ impl Tokenizer {
             .as_object()
             .ok_or_else(|| invalid(format!("tokenizer JSON must be an object, got {}", short(value))))?;
         match obj.get("type") {
-            Some(Value::String(t)) if t == "char" => {
-                CharTokenizer::from_json(&value.to_string()).map(Tokenizer::Char)
-            }
+            Some(Value::String(t)) if t == "char" => CharTokenizer::from_json(&value.to_string()).map(Tokenizer::Char),
             Some(Value::String(t)) if t == gpt2::JSON_TYPE => Gpt2Tokenizer::from_json_value(obj).map(Tokenizer::Gpt2),
             Some(Value::String(t)) if t == hf::JSON_TYPE => HfTokenizer::from_json_value(obj).map(Tokenizer::Hf),
             Some(other) => Err(invalid(format!(

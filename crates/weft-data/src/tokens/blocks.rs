@@ -53,7 +53,12 @@ struct Cache {
 }
 
 impl BlockReader {
-    pub(crate) fn new(source: Arc<dyn ObjectSource>, dtype: TokenDtype, block_bytes: u64, vocab_size: u64) -> BlockReader {
+    pub(crate) fn new(
+        source: Arc<dyn ObjectSource>,
+        dtype: TokenDtype,
+        block_bytes: u64,
+        vocab_size: u64,
+    ) -> BlockReader {
         BlockReader {
             source,
             dtype,

@@ -63,7 +63,9 @@ impl TokenDtype {
     /// Appends `ids` to `out` in this dtype, little-endian (ids must fit).
     pub fn extend_bytes(self, out: &mut Vec<u8>, ids: &[u32]) {
         match self {
-            TokenDtype::U16 => ids.iter().for_each(|&i| out.extend_from_slice(&(i as u16).to_le_bytes())),
+            TokenDtype::U16 => ids
+                .iter()
+                .for_each(|&i| out.extend_from_slice(&(i as u16).to_le_bytes())),
             TokenDtype::U32 => ids.iter().for_each(|&i| out.extend_from_slice(&i.to_le_bytes())),
         }
     }
@@ -71,8 +73,14 @@ impl TokenDtype {
     /// The tokens of `bytes` (a whole number of tokens).
     pub fn decode(self, bytes: &[u8]) -> Vec<u32> {
         match self {
-            TokenDtype::U16 => bytes.chunks_exact(2).map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))).collect(),
-            TokenDtype::U32 => bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            TokenDtype::U16 => bytes
+                .chunks_exact(2)
+                .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+            TokenDtype::U32 => bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
         }
     }
 }
@@ -140,7 +148,11 @@ impl Index {
         }
         match value.get("version").and_then(Value::as_u64) {
             Some(VERSION) => {}
-            Some(v) => return Err(bad(format!("version {v} is not supported (this build reads version {VERSION})"))),
+            Some(v) => {
+                return Err(bad(format!(
+                    "version {v} is not supported (this build reads version {VERSION})"
+                )))
+            }
             None => return Err(bad("\"version\" is missing or not an integer".into())),
         }
         let index: Index = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
@@ -153,13 +165,22 @@ impl Index {
             )));
         }
         if index.dtype != TokenDtype::for_vocab(tokenizer.vocab_size()) {
-            return Err(bad(format!("dtype {:?} does not fit vocab_size {}", index.dtype, index.vocab_size)));
+            return Err(bad(format!(
+                "dtype {:?} does not fit vocab_size {}",
+                index.dtype, index.vocab_size
+            )));
         }
         if index.block_bytes == 0 || index.block_bytes % 4 != 0 {
-            return Err(bad(format!("block_bytes {} must be a positive multiple of 4", index.block_bytes)));
+            return Err(bad(format!(
+                "block_bytes {} must be a positive multiple of 4",
+                index.block_bytes
+            )));
         }
         for split in ["train", "val"] {
-            let s = index.splits.get(split).ok_or_else(|| bad(format!("split \"{split}\" is missing")))?;
+            let s = index
+                .splits
+                .get(split)
+                .ok_or_else(|| bad(format!("split \"{split}\" is missing")))?;
             let sum: u64 = s.shards.iter().map(|sh| sh.tokens).sum();
             if sum != s.tokens {
                 return Err(bad(format!(

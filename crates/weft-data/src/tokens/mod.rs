@@ -129,12 +129,24 @@ impl TokenDataset {
     }
 
     /// The window that row `row` of the batch at `step` reads (see the module docs).
-    pub fn window(&self, split: Split, step: u64, batch_size: usize, block_size: usize, seed: u64, row: usize) -> Result<u64> {
+    pub fn window(
+        &self,
+        split: Split,
+        step: u64,
+        batch_size: usize,
+        block_size: usize,
+        seed: u64,
+        row: usize,
+    ) -> Result<u64> {
         let n = self.windows(split, block_size)?;
         let p = step
             .checked_mul(batch_size as u64)
             .and_then(|x| x.checked_add(row as u64))
-            .ok_or_else(|| invalid(format!("token batch: step {step} * batch_size {batch_size} overflows u64")))?;
+            .ok_or_else(|| {
+                invalid(format!(
+                    "token batch: step {step} * batch_size {batch_size} overflows u64"
+                ))
+            })?;
         Ok(WindowOrder::new(n, seed, p / n).apply(p % n))
     }
 
@@ -173,7 +185,10 @@ impl TokenDataset {
             )));
         }
         let n = rows.len().checked_mul(block_size).ok_or_else(|| {
-            invalid(format!("token batch: {} rows * block_size {block_size} overflow", rows.len()))
+            invalid(format!(
+                "token batch: {} rows * block_size {block_size} overflow",
+                rows.len()
+            ))
         })?;
         let mut x: Vec<i64> = weft_core::alloc::with_capacity("token batch", n)?;
         let mut y: Vec<i64> = weft_core::alloc::with_capacity("token batch", n)?;
@@ -182,7 +197,8 @@ impl TokenDataset {
         for row in rows.clone() {
             let w = self.window(split, step, batch_size, block_size, seed, row)?;
             window.clear();
-            self.reader.read(self.stream(split), w * stride..w * stride + stride + 1, &mut window)?;
+            self.reader
+                .read(self.stream(split), w * stride..w * stride + stride + 1, &mut window)?;
             x.extend(window[..block_size].iter().map(|&t| i64::from(t)));
             y.extend(window[1..].iter().map(|&t| i64::from(t)));
         }

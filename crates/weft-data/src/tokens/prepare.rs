@@ -57,7 +57,10 @@ pub fn prepare(
         return Err(invalid("shard_tokens must be at least 1"));
     }
     if opts.block_bytes == 0 || opts.block_bytes % 4 != 0 {
-        return Err(invalid(format!("block_bytes {} must be a positive multiple of 4", opts.block_bytes)));
+        return Err(invalid(format!(
+            "block_bytes {} must be a positive multiple of 4",
+            opts.block_bytes
+        )));
     }
     if inputs.is_empty() {
         return Err(invalid("prepare: no input files"));
@@ -119,7 +122,10 @@ fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Res
             });
         }
     });
-    slots.into_iter().map(|r| r.expect("every document was tokenized")).collect()
+    slots
+        .into_iter()
+        .map(|r| r.expect("every document was tokenized"))
+        .collect()
 }
 
 fn tokenize_file(tokenizer: &Tokenizer, path: &Path) -> Result<(Vec<u32>, u64)> {
@@ -127,8 +133,7 @@ fn tokenize_file(tokenizer: &Tokenizer, path: &Path) -> Result<(Vec<u32>, u64)> 
         path: path.to_path_buf(),
         source,
     })?;
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|e| invalid(format!("{}: not UTF-8 text ({e})", path.display())))?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| invalid(format!("{}: not UTF-8 text ({e})", path.display())))?;
     let ids = tokenizer
         .encode(text)
         .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
@@ -181,7 +186,11 @@ impl<'a> ShardWriter<'a> {
             return Ok(());
         }
         let name = format!("{}-{:05}.bin", self.split, self.shards.len());
-        let crc32 = self.buf.chunks(self.block_bytes as usize).map(crc32fast::hash).collect();
+        let crc32 = self
+            .buf
+            .chunks(self.block_bytes as usize)
+            .map(crc32fast::hash)
+            .collect();
         self.sink.put(&name, &self.buf)?;
         self.shards.push(ShardEntry {
             name,
