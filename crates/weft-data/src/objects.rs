@@ -59,7 +59,9 @@ impl LocalFolder {
         let rel = Path::new(name);
         if name.is_empty()
             || rel.is_absolute()
-            || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
+            || rel
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
         {
             return Err(invalid(format!(
                 "{}: object name {name:?} must be a relative path inside the folder",
