@@ -114,7 +114,7 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
     if opts.shard_tokens == 0 {
         return Err("--shard-tokens: must be at least 1".into());
     }
-    if opts.block_bytes == 0 || opts.block_bytes % 4 != 0 {
+    if opts.block_bytes == 0 || !opts.block_bytes.is_multiple_of(4) {
         return Err(format!(
             "--block-bytes: {} is not a positive multiple of 4",
             opts.block_bytes

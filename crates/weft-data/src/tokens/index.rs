@@ -170,7 +170,7 @@ impl Index {
                 index.dtype, index.vocab_size
             )));
         }
-        if index.block_bytes == 0 || index.block_bytes % 4 != 0 {
+        if index.block_bytes == 0 || !index.block_bytes.is_multiple_of(4) {
             return Err(bad(format!(
                 "block_bytes {} must be a positive multiple of 4",
                 index.block_bytes

@@ -56,7 +56,7 @@ pub fn prepare(
     if opts.shard_tokens == 0 {
         return Err(invalid("shard_tokens must be at least 1"));
     }
-    if opts.block_bytes == 0 || opts.block_bytes % 4 != 0 {
+    if opts.block_bytes == 0 || !opts.block_bytes.is_multiple_of(4) {
         return Err(invalid(format!(
             "block_bytes {} must be a positive multiple of 4",
             opts.block_bytes
@@ -106,9 +106,12 @@ pub fn prepare(
 
 /// Reads and tokenizes `paths` on up to `threads` threads; returns each document's ids and byte
 /// length, in input order.
-fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Result<Vec<(Vec<u32>, u64)>> {
+/// A document's ids and its size in bytes.
+type Tokenized = (Vec<u32>, u64);
+
+fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Result<Vec<Tokenized>> {
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut slots: Vec<Option<Result<(Vec<u32>, u64)>>> = (0..paths.len()).map(|_| None).collect();
+    let mut slots: Vec<Option<Result<Tokenized>>> = (0..paths.len()).map(|_| None).collect();
     let results = std::sync::Mutex::new(&mut slots);
     std::thread::scope(|s| {
         for _ in 0..threads.min(paths.len()) {
@@ -128,7 +131,7 @@ fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Res
         .collect()
 }
 
-fn tokenize_file(tokenizer: &Tokenizer, path: &Path) -> Result<(Vec<u32>, u64)> {
+fn tokenize_file(tokenizer: &Tokenizer, path: &Path) -> Result<Tokenized> {
     let bytes = std::fs::read(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
