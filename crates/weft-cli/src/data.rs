@@ -180,7 +180,7 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
         format!("{name} {} tokens in {} shards", s.tokens, s.shards.len())
     };
     weft_core::outln!(
-        "wrote {} ({}, {}; tokenizer {}, vocab {}, {}) from {} files, {:.1} MB in {:.2} s ({:.1} MB/s, {} threads)",
+        "wrote {} ({}, {}; tokenizer {}, vocab {}, {}) from {} files, {:.1} MB in {:.2} s ({:.1} MB/s, {} thread{})",
         sink.root().join(INDEX_NAME).display(),
         split("train"),
         split("val"),
@@ -191,7 +191,8 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
         total as f64 / 1e6,
         secs,
         total as f64 / 1e6 / secs.max(1e-9),
-        opts.threads
+        opts.threads,
+        if opts.threads == 1 { "" } else { "s" }
     );
     Ok(())
 }

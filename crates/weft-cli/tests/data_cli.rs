@@ -10,9 +10,13 @@ use std::process::{Command, Output, Stdio};
 use common::{temp_dir, weft_bin};
 
 fn weft(args: &[&str], stdin: &[u8]) -> Output {
+    weft_threads(args, stdin, 2)
+}
+
+fn weft_threads(args: &[&str], stdin: &[u8], threads: usize) -> Output {
     let mut child = Command::new(weft_bin())
         .args(args)
-        .env("WEFT_NUM_THREADS", "2")
+        .env("WEFT_NUM_THREADS", threads.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -236,7 +240,8 @@ fn prepare_writes_shards_and_an_index_then_refuses_to_overwrite() {
         "--input",
     ];
     args.extend(inputs.iter().map(String::as_str));
-    stdout(&weft(&args, b""));
+    let line = stdout(&weft_threads(&args, b"", 1));
+    assert!(line.contains("1 thread)"), "{line}");
     let index = read_json(&out.join("index.json"));
     assert_eq!(index["tokenizer"]["type"], "char");
     assert_eq!(index["eot"], serde_json::Value::Null);

@@ -352,3 +352,10 @@ fn recorded_checksums_are_crc32_of_each_block() {
     let e = prepare(&tok, &files, &Refuse, &opts(0.1, 7, 8), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("train-00000.bin"), "{e}");
 }
+
+#[test]
+fn datasets_and_tokenizers_can_be_shared_across_threads() {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<TokenDataset>();
+    shared::<Tokenizer>();
+}
