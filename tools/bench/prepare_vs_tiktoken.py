@@ -6,7 +6,8 @@ pass --weft target/release/weft):
     python3 tools/bench/prepare_vs_tiktoken.py [--weft target/debug/weft] [--copies 45] [--threads 1 2]
 
 The corpus is Tiny Shakespeare (../shared/data/tinyshakespeare.txt) written `--copies` times as
-separate files (45 copies: ~50 MB), one document each, so both sides can spread files over threads.
+separate files (45 copies: ~50 MB), one document each, so both sides can spread files over threads;
+with --one-file, as one file (weft then cuts it into pieces; tiktoken's batch has one text).
 
 - weft: the whole `weft data prepare` (read, tokenize with WEFT_NUM_THREADS threads, cut train/val,
   write u16 shards with block checksums and index.json), wall clock of the process.
@@ -41,16 +42,17 @@ def main():
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--shakespeare", default="../shared/data/tinyshakespeare.txt")
     ap.add_argument("--ranks-dir")
+    ap.add_argument("--one-file", action="store_true", help="all copies in one file (one document)")
     args = ap.parse_args()
     enc, _ = encodings(find_ranks_dir(args.ranks_dir))
     src = open(args.shakespeare, encoding="utf-8").read()
     tmp = tempfile.mkdtemp(prefix="weft-bench-prepare-")
     try:
         files = []
-        for i in range(args.copies):
+        for i in range(1 if args.one_file else args.copies):
             p = os.path.join(tmp, f"doc{i:03}.txt")
             with open(p, "w", encoding="utf-8") as f:
-                f.write(src)
+                f.write(src * (args.copies if args.one_file else 1))
             files.append(p)
         mb = sum(os.path.getsize(p) for p in files) / 1e6
         rows = []

@@ -81,3 +81,37 @@ fn tokenizer_json_matches_python_tokenizers() {
         );
     }
 }
+
+#[test]
+fn gpt2_encoded_in_parallel_pieces_gives_the_same_ids() {
+    let f = fixture("gpt2_torture.json");
+    let torture = f["text"].as_str().unwrap();
+    let tok = Gpt2Tokenizer::new();
+    // the torture text, and text with many cut points, in pieces from 1 byte up
+    let words = "It's the end of the world as we know it. Tabs\there, 12 34 x y\n\n".repeat(40);
+    let mixed = format!("{torture} {words}{torture}");
+    for text in [torture, words.as_str(), mixed.as_str()] {
+        let whole = tok.encode(text);
+        for piece_bytes in [1, 7, 64, 1000] {
+            assert_eq!(
+                tok.encode_parallel(text, 3, piece_bytes),
+                whole,
+                "pieces of {piece_bytes} bytes"
+            );
+        }
+    }
+    // Tiny Shakespeare in ~10 KB pieces: the ids of the reference
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/tinyshakespeare.txt");
+    let Ok(text) = std::fs::read_to_string(path) else {
+        writeln!(std::io::stderr(), "skipped the Tiny Shakespeare part: {path} is absent").unwrap();
+        return;
+    };
+    let ids = tok.encode_parallel(&text, 2, 10_000);
+    let f = fixture("gpt2_shakespeare.json");
+    assert_eq!(ids.len() as u64, f["count"].as_u64().unwrap());
+    let le: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    assert_eq!(
+        format!("{:x}", Sha256::digest(&le)),
+        f["sha256_ids_u32le"].as_str().unwrap()
+    );
+}

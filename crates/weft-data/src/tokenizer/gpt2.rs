@@ -51,6 +51,34 @@ impl Gpt2Tokenizer {
         self.bpe.encode_ordinary(text)
     }
 
+    /// The ids of `text` as [`Gpt2Tokenizer::encode`], computed on up to `threads` threads: the
+    /// text is cut into pieces of about `piece_bytes` bytes at spaces that GPT-2's pre-tokenizer
+    /// always splits at (a space after an ASCII letter or digit and before an ASCII letter: the
+    /// word before ends there and `" word"` starts a new piece), so the ids are exactly those of
+    /// the whole text. Text with no such space (most CJK text) stays in one piece.
+    pub fn encode_parallel(&self, text: &str, threads: usize, piece_bytes: usize) -> Vec<u32> {
+        let pieces = cut_at_word_starts(text, piece_bytes.max(1));
+        if threads <= 1 || pieces.len() <= 1 {
+            return self.encode(text);
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done: std::sync::Mutex<Vec<Option<Vec<u32>>>> = std::sync::Mutex::new(vec![None; pieces.len()]);
+        std::thread::scope(|s| {
+            for _ in 0..threads.min(pieces.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(piece) = pieces.get(i) else { break };
+                    let ids = self.encode(piece);
+                    done.lock().expect("pieces lock")[i] = Some(ids);
+                });
+            }
+        });
+        let done = done.into_inner().expect("pieces lock");
+        done.into_iter()
+            .flat_map(|ids| ids.expect("every piece was encoded"))
+            .collect()
+    }
+
     /// The text of `ids`, invalid UTF-8 replaced by U+FFFD. Errors with
     /// [`Error::TokenOutOfRange`] on the first id `>= 50257`.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -81,4 +109,25 @@ impl Gpt2Tokenizer {
         }
         Ok(Gpt2Tokenizer::new())
     }
+}
+
+/// `text` cut into consecutive pieces of about `piece_bytes` bytes, each cut at a byte `i` with
+/// `text[i] == ' '`, `text[i - 1]` an ASCII letter or digit and `text[i + 1]` an ASCII letter.
+fn cut_at_word_starts(text: &str, piece_bytes: usize) -> Vec<&str> {
+    let b = text.as_bytes();
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut i = piece_bytes;
+    while i + 1 < b.len() {
+        if b[i] == b' ' && b[i - 1].is_ascii_alphanumeric() && b[i + 1].is_ascii_alphabetic() {
+            // all three are ASCII, so `i` is a char boundary
+            pieces.push(&text[start..i]);
+            start = i;
+            i += piece_bytes;
+        } else {
+            i += 1;
+        }
+    }
+    pieces.push(&text[start..]);
+    pieces
 }

@@ -132,6 +132,16 @@ impl Tokenizer {
         }
     }
 
+    /// [`Tokenizer::encode`] on up to `threads` threads where the kind allows cutting a text
+    /// without changing its ids (gpt2: [`Gpt2Tokenizer::encode_parallel`] with 1 MiB pieces);
+    /// other kinds encode on this thread.
+    pub fn encode_parallel(&self, text: &str, threads: usize) -> Result<Vec<u32>> {
+        match self {
+            Tokenizer::Gpt2(t) => Ok(t.encode_parallel(text, threads, 1 << 20)),
+            _ => self.encode(text),
+        }
+    }
+
     /// The text of `ids`. Errors with [`Error::TokenOutOfRange`] on the first id `>=
     /// vocab_size()`. Ids whose bytes are not UTF-8 on their own (part of a multi-byte character)
     /// decode lossily: the broken sequence becomes U+FFFD, as tiktoken's `errors="replace"`.

@@ -113,14 +113,17 @@ fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Res
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut slots: Vec<Option<Result<Tokenized>>> = (0..paths.len()).map(|_| None).collect();
     let results = std::sync::Mutex::new(&mut slots);
+    // fewer documents than threads: each document gets the spare threads (gpt2 cuts it)
+    let workers = threads.min(paths.len());
+    let per_doc = (threads / workers).max(1);
     std::thread::scope(|s| {
-        for _ in 0..threads.min(paths.len()) {
+        for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if i >= paths.len() {
                     break;
                 }
-                let r = tokenize_file(tokenizer, &paths[i]);
+                let r = tokenize_file(tokenizer, &paths[i], per_doc);
                 results.lock().expect("results lock")[i] = Some(r);
             });
         }
@@ -131,14 +134,14 @@ fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Res
         .collect()
 }
 
-fn tokenize_file(tokenizer: &Tokenizer, path: &Path) -> Result<Tokenized> {
+fn tokenize_file(tokenizer: &Tokenizer, path: &Path, threads: usize) -> Result<Tokenized> {
     let bytes = std::fs::read(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
     let text = std::str::from_utf8(&bytes).map_err(|e| invalid(format!("{}: not UTF-8 text ({e})", path.display())))?;
     let ids = tokenizer
-        .encode(text)
+        .encode_parallel(text, threads)
         .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     Ok((ids, bytes.len() as u64))
 }
