@@ -2,7 +2,7 @@
 //!
 //! - [`Tokenizer`]: char, GPT-2 BPE or a Hugging Face `tokenizer.json`, with a JSON form for
 //!   checkpoints ([`CharTokenizer`]: the character-level vocabulary, as nanoGPT's `shakespeare_char`).
-//! - [`TokenDataset`]: token shards plus `index.json` (written by [`tokens::prepare`]), read as
+//! - [`TokenDataset`]: token shards plus `index.json` (written by [`tokens::prepare()`]), read as
 //!   windows in a keyed order through an [`ObjectSource`].
 //! - [`TextDataset`]: a token stream split into train/val, sampled as random windows.
 //! - [`CsvDataset`]: numeric features plus an integer class label, from `.csv` or `.csv.gz`.
