@@ -4,6 +4,7 @@
 
 mod bench;
 mod checkpoint;
+mod data;
 mod dist;
 mod generate;
 mod launch;
@@ -39,11 +40,27 @@ enum Command {
         #[command(subcommand)]
         what: CheckpointCommand,
     },
+    /// Tokenizes text and writes token datasets.
+    Data {
+        #[command(subcommand)]
+        what: DataCommand,
+    },
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
         what: CheckCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Reads text on stdin and prints its token ids as one JSON array.
+    Encode(data::EncodeArgs),
+    /// Reads a JSON array of token ids on stdin and prints their text.
+    Decode(data::DecodeArgs),
+    /// Tokenizes text files (in parallel: WEFT_NUM_THREADS, default all cores) into token shards
+    /// and an index.json.
+    Prepare(data::PrepareArgs),
 }
 
 #[derive(Subcommand)]
@@ -84,6 +101,15 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Check {
             what: CheckCommand::Collectives(args),
         } => dist::run_check(&args),
+        Command::Data {
+            what: DataCommand::Encode(args),
+        } => data::encode(&args),
+        Command::Data {
+            what: DataCommand::Decode(args),
+        } => data::decode(&args),
+        Command::Data {
+            what: DataCommand::Prepare(args),
+        } => data::prepare(&args),
         Command::Launch(args) => launch::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),

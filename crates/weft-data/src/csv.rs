@@ -2,7 +2,7 @@
 //! `.csv.gz`, split once into train/val, and served as shuffled epochs whose batches are a pure
 //! function of `(seed, split, step)`.
 //!
-//! Format: comma-separated values, one row per line, blank lines skipped, no quoting. The first row
+//! Format: comma-separated values, one row per line, blank lines skipped, fields may be quoted. The first row
 //! is a header if any of its fields is neither empty nor a number (an empty field alone does not make
 //! a header: it is reported as a bad value). Every row must have as many values as the first.
 //!
@@ -101,6 +101,45 @@ fn read_text(path: &Path) -> Result<String> {
     }
 }
 
+/// The rows of CSV `text` with their 1-based line numbers, fields trimmed, blank lines skipped
+/// (through the `csv` crate: no header handling, rows of any length, quoted fields unquoted).
+///
+/// Line numbers are counted here from each record's byte offset (the crate's own line count does
+/// not advance over the blank lines it skips).
+fn records<'a>(text: &'a str, origin: &'a Path) -> impl Iterator<Item = Result<(usize, csv::StringRecord)>> + 'a {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let bytes = text.as_bytes();
+    let reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(bytes);
+    // (byte offset, 1-based line at that offset), moving forward only: O(len) in all
+    let mut at = (0usize, 1usize);
+    let mut line_of = move |p: Option<&csv::Position>| {
+        let Some(p) = p else { return at.1 };
+        let mut b = (p.byte() as usize).min(bytes.len());
+        // a record's offset may be that of the blank lines before it
+        while b < bytes.len() && matches!(bytes[b], b'\r' | b'\n') {
+            b += 1;
+        }
+        if b >= at.0 {
+            at = (b, at.1 + bytes[at.0..b].iter().filter(|&&c| c == b'\n').count());
+        }
+        at.1
+    };
+    reader.into_records().filter_map(move |r| match r {
+        Ok(rec) if rec.iter().all(str::is_empty) && rec.len() <= 1 => None,
+        Ok(rec) => Some(Ok((line_of(rec.position()), rec))),
+        Err(e) => Some(Err(Error::Csv {
+            path: origin.into(),
+            line: line_of(e.position()),
+            column: None,
+            msg: e.to_string(),
+        })),
+    })
+}
+
 fn parse_label(field: &str) -> std::result::Result<i64, String> {
     let v = match field.parse::<i64>() {
         Ok(v) => v,
@@ -174,29 +213,19 @@ impl CsvDataset {
             column,
             msg,
         };
-        let mut rows = text
-            .strip_prefix('\u{feff}')
-            .unwrap_or(text)
-            .lines()
-            .enumerate()
-            .map(|(i, l)| (i + 1, l.trim()))
-            .filter(|(_, l)| !l.is_empty())
-            .peekable();
-        let Some(&(first_line, first)) = rows.peek() else {
-            return Err(invalid(format!("{}: no rows", origin.display())));
+        let mut rows = records(text, origin).peekable();
+        let first = match rows.peek() {
+            None => return Err(invalid(format!("{}: no rows", origin.display()))),
+            Some(Err(_)) => return Err(rows.next().expect("peeked").expect_err("peeked an error")),
+            Some(Ok(first)) => first.clone(),
         };
-        let first_fields: Vec<&str> = first.split(',').map(str::trim).collect();
+        let (first_line, first_fields) = first;
         let num_columns = first_fields.len();
         let header = if first_fields.iter().all(|f| f.is_empty() || f.parse::<f64>().is_ok()) {
             None
         } else {
             rows.next();
-            Some(
-                first_fields
-                    .iter()
-                    .map(|f| f.trim_matches('"').to_string())
-                    .collect::<Vec<_>>(),
-            )
+            Some(first_fields.iter().map(str::to_string).collect::<Vec<_>>())
         };
         if num_columns < 2 {
             return Err(at(
@@ -235,9 +264,9 @@ impl CsvDataset {
         };
         let num_features = num_columns - 1;
         let (mut features, mut labels, mut lines) = (Vec::new(), Vec::new(), Vec::new());
-        for (line, row) in rows {
+        for row in rows {
+            let (line, fields) = row?;
             lines.push(line);
-            let fields: Vec<&str> = row.split(',').map(str::trim).collect();
             if fields.len() != num_columns {
                 let msg = format!("ragged row: expected {num_columns} values, found {}", fields.len());
                 return Err(at(line, None, msg));

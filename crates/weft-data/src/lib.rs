@@ -1,6 +1,9 @@
 //! weft's datasets.
 //!
-//! - [`CharTokenizer`]: a character-level vocabulary (as nanoGPT's `shakespeare_char`).
+//! - [`Tokenizer`]: char, GPT-2 BPE or a Hugging Face `tokenizer.json`, with a JSON form for
+//!   checkpoints ([`CharTokenizer`]: the character-level vocabulary, as nanoGPT's `shakespeare_char`).
+//! - [`TokenDataset`]: token shards plus `index.json` (written by [`tokens::prepare()`]), read as
+//!   windows in a keyed order through an [`ObjectSource`].
 //! - [`TextDataset`]: a token stream split into train/val, sampled as random windows.
 //! - [`CsvDataset`]: numeric features plus an integer class label, from `.csv` or `.csv.gz`.
 //! - [`BatchesDataset`]: pre-made batches from a safetensors file, cycled.
@@ -33,6 +36,7 @@ pub mod objects;
 pub mod prefetch;
 pub mod text;
 pub mod tokenizer;
+pub mod tokens;
 
 pub use batches::BatchesDataset;
 pub use csv::{CsvDataset, LabelColumn};
@@ -40,7 +44,8 @@ pub use error::{Error, Result};
 pub use objects::{LocalFolder, ObjectSink, ObjectSource};
 pub use prefetch::Prefetcher;
 pub use text::TextDataset;
-pub use tokenizer::CharTokenizer;
+pub use tokenizer::{CharTokenizer, Gpt2Tokenizer, HfTokenizer, Tokenizer, TokenizerSpec};
+pub use tokens::{PrepareOptions, TokenDataset};
 
 /// Which part of a dataset to draw from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
