@@ -56,7 +56,10 @@ fn open_reads_the_header_only_and_rows_read_only_their_bytes() {
 
     let rows = f.rows("w", 2..4).unwrap();
     assert_eq!(rows.shape(), &[2, 4]);
-    assert_eq!(rows.to_vec::<f32>().unwrap(), (8..16).map(|v| v as f32).collect::<Vec<_>>());
+    assert_eq!(
+        rows.to_vec::<f32>().unwrap(),
+        (8..16).map(|v| v as f32).collect::<Vec<_>>()
+    );
     assert_eq!(f.bytes_copied(), 2 * 4 * 4);
     let els = f.elements("w", 5..7).unwrap();
     assert_eq!(els.to_vec::<f32>().unwrap(), [5.0, 6.0]);
@@ -71,7 +74,10 @@ fn open_reads_the_header_only_and_rows_read_only_their_bytes() {
         f.rows("nope", 0..1).unwrap_err(),
     ] {
         let e = e.to_string();
-        assert!(e.contains("m.safetensors") && (e.contains("\"w\"") || e.contains("\"nope\"")), "{e}");
+        assert!(
+            e.contains("m.safetensors") && (e.contains("\"w\"") || e.contains("\"nope\"")),
+            "{e}"
+        );
     }
     // the eager API reads the same
     let all = safetensors::load(&path).unwrap();
@@ -84,19 +90,32 @@ fn open_reads_the_header_only_and_rows_read_only_their_bytes() {
 fn damaged_or_forged_headers_are_refused_naming_the_tensor() {
     let d = dir("forged");
     let p = d.join("f.safetensors");
-    let entry = |dtype: &str, shape: serde_json::Value, b: u64, e: u64| {
-        serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [b, e]})
-    };
+    let entry = |dtype: &str, shape: serde_json::Value, b: u64, e: u64| serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [b, e]});
     // a dtype the format knows but weft has no storage for
-    raw(&p, serde_json::json!({"w": entry("F8_E4M3", serde_json::json!([2]), 0, 2)}), &[0; 2]);
+    raw(
+        &p,
+        serde_json::json!({"w": entry("F8_E4M3", serde_json::json!([2]), 0, 2)}),
+        &[0; 2],
+    );
     let e = refused(&p);
-    assert!(e.contains("\"w\"") && e.contains("F8_E4M3") && e.contains("not one weft reads"), "{e}");
+    assert!(
+        e.contains("\"w\"") && e.contains("F8_E4M3") && e.contains("not one weft reads"),
+        "{e}"
+    );
     // a dtype the format does not know
-    raw(&p, serde_json::json!({"w": entry("Q4", serde_json::json!([2]), 0, 2)}), &[0; 2]);
+    raw(
+        &p,
+        serde_json::json!({"w": entry("Q4", serde_json::json!([2]), 0, 2)}),
+        &[0; 2],
+    );
     let e = refused(&p);
     assert!(e.contains("\"w\"") && e.contains("Q4"), "{e}");
     // offsets that do not match the shape
-    raw(&p, serde_json::json!({"w": entry("F32", serde_json::json!([2, 3]), 0, 20)}), &[0; 20]);
+    raw(
+        &p,
+        serde_json::json!({"w": entry("F32", serde_json::json!([2, 3]), 0, 20)}),
+        &[0; 20],
+    );
     let e = refused(&p);
     assert!(e.contains("\"w\"") && e.contains("do not hold F32 [2, 3]"), "{e}");
     // a shape whose element count overflows
@@ -113,18 +132,36 @@ fn damaged_or_forged_headers_are_refused_naming_the_tensor() {
     let e = refused(&p);
     assert!(e.contains("overlap"), "{e}");
     // offsets past the end of the file
-    raw(&p, serde_json::json!({"w": entry("F32", serde_json::json!([4]), 0, 16)}), &[0; 8]);
+    raw(
+        &p,
+        serde_json::json!({"w": entry("F32", serde_json::json!([4]), 0, 16)}),
+        &[0; 8],
+    );
     let e = refused(&p);
-    assert!(e.contains("\"w\"") && e.contains("truncated") && e.contains("needs bytes up to 16"), "{e}");
+    assert!(
+        e.contains("\"w\"") && e.contains("truncated") && e.contains("needs bytes up to 16"),
+        "{e}"
+    );
     // bytes after the last tensor
-    raw(&p, serde_json::json!({"w": entry("F32", serde_json::json!([2]), 0, 8)}), &[0; 16]);
+    raw(
+        &p,
+        serde_json::json!({"w": entry("F32", serde_json::json!([2]), 0, 8)}),
+        &[0; 16],
+    );
     let e = refused(&p);
     assert!(e.contains("8 bytes follow the last tensor"), "{e}");
     // a bool byte that is neither 0 nor 1: refused when the tensor is read
-    raw(&p, serde_json::json!({"m": entry("BOOL", serde_json::json!([2]), 0, 2)}), &[1, 7]);
+    raw(
+        &p,
+        serde_json::json!({"m": entry("BOOL", serde_json::json!([2]), 0, 2)}),
+        &[1, 7],
+    );
     let f = SafeTensorsFile::open(&p).unwrap();
     let e = f.tensor("m").unwrap_err().to_string();
-    assert!(e.contains("f.safetensors") && e.contains("\"m\"") && e.contains("bool byte 7"), "{e}");
+    assert!(
+        e.contains("f.safetensors") && e.contains("\"m\"") && e.contains("bool byte 7"),
+        "{e}"
+    );
     // an empty file and a header that is not JSON
     std::fs::write(&p, b"").unwrap();
     assert!(refused(&p).contains("not a safetensors file"));

@@ -38,7 +38,8 @@ pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<SafeTensors> {
     let mut tensors = BTreeMap::new();
     for (name, e) in &header.tensors {
         let data = &bytes[header.data_start + e.begin..header.data_start + e.end];
-        let storage = file::decode(e.dtype, data).map_err(|err| header::bad(path, format!("tensor {name:?}: {err}")))?;
+        let storage =
+            file::decode(e.dtype, data).map_err(|err| header::bad(path, format!("tensor {name:?}: {err}")))?;
         tensors.insert(name.clone(), Tensor::from_storage(storage, &e.shape));
     }
     Ok(SafeTensors {

@@ -52,7 +52,8 @@ impl SafeTensorsFile {
         }
         // SAFETY: the map is read-only and private to this value; the bytes may change only if
         // another program writes the file in place, which weft never does (see the module docs).
-        let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| bad(path, format!("cannot map: {e}")))?;
+        let map =
+            unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| bad(path, format!("cannot map: {e}")))?;
         let header = Header::parse(&map, path)?;
         Ok(SafeTensorsFile {
             path: path.to_path_buf(),
@@ -131,7 +132,10 @@ impl SafeTensorsFile {
         if range.start > range.end || range.end > e.numel() {
             return Err(bad(
                 &self.path,
-                format!("tensor {name:?} has {} elements; {range:?} are not among them", e.numel()),
+                format!(
+                    "tensor {name:?} has {} elements; {range:?} are not among them",
+                    e.numel()
+                ),
             ));
         }
         let n = range.len();

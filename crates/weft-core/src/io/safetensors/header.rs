@@ -213,14 +213,24 @@ fn explain(bytes: &[u8], n: usize, e: SafeTensorError, path: &Path) -> Error {
             }
             bad(path, format!("header is not a safetensors header: {e}"))
         }
-        E::MetadataIncompleteBuffer => match entries.iter().filter_map(|r| Some((r, r.offsets?.1))).max_by_key(|x| x.1) {
+        E::MetadataIncompleteBuffer => match entries
+            .iter()
+            .filter_map(|r| Some((r, r.offsets?.1)))
+            .max_by_key(|x| x.1)
+        {
             Some((r, end)) if end > data_len => bad(
                 path,
-                format!("truncated: tensor {:?} needs bytes up to {end}, the data has {data_len}", r.name),
+                format!(
+                    "truncated: tensor {:?} needs bytes up to {end}, the data has {data_len}",
+                    r.name
+                ),
             ),
             Some((_, end)) => bad(
                 path,
-                format!("{} bytes follow the last tensor's data (the file is damaged)", data_len - end),
+                format!(
+                    "{} bytes follow the last tensor's data (the file is damaged)",
+                    data_len - end
+                ),
             ),
             None if data_len > 0 => bad(path, format!("{data_len} bytes follow a header that names no tensor")),
             None => bad(path, "header does not cover the file"),

@@ -5,9 +5,9 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::rc::Rc;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::rc::Rc;
 
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, View};
