@@ -51,7 +51,11 @@ fn gpt_shapes() -> Vec<(String, Vec<usize>)> {
 #[ignore = "a measurement: run with WEFT_ST_BENCH=write|open|load:PATH (see docs/benchmarks.md)"]
 fn safetensors_bench() {
     let Ok(spec) = std::env::var("WEFT_ST_BENCH") else {
-        writeln!(std::io::stderr(), "skipped: WEFT_ST_BENCH=write|open|load:PATH is not set").unwrap();
+        writeln!(
+            std::io::stderr(),
+            "skipped: WEFT_ST_BENCH=write|open|load:PATH is not set"
+        )
+        .unwrap();
         return;
     };
     let (mode, path) = spec.split_once(':').expect("WEFT_ST_BENCH is MODE:PATH");

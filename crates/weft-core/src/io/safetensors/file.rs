@@ -50,7 +50,7 @@ impl SafeTensorsFile {
                 format!("not a safetensors file: {len} bytes, shorter than the 8-byte header length"),
             ));
         }
-        // SAFETY: the map is read-only and private to this value; the bytes may change only if
+        // SAFETY: the map is read-only and owned by this value; the bytes may change only if
         // another program writes the file in place, which weft never does (see the module docs).
         let map =
             unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| bad(path, format!("cannot map: {e}")))?;
@@ -147,9 +147,28 @@ impl SafeTensorsFile {
     fn copy(&self, name: &str, e: &TensorEntry, range: Range<usize>) -> Result<CpuStorage> {
         let size = e.dtype.size_in_bytes();
         let start = self.header.data_start + e.begin;
-        let bytes = &self.map[start + range.start * size..start + range.end * size];
-        self.copied.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        decode(e.dtype, bytes).map_err(|err| bad(&self.path, format!("tensor {name:?}: {err}")))
+        let (from, to) = (start + range.start * size, start + range.end * size);
+        self.copied.fetch_add((to - from) as u64, Ordering::Relaxed);
+        let out =
+            decode(e.dtype, &self.map[from..to]).map_err(|err| bad(&self.path, format!("tensor {name:?}: {err}")));
+        self.release(from, to - from);
+        out
+    }
+
+    /// Drops the map's pages of bytes `offset..offset + len` from this process (they stay in
+    /// the page cache): the bytes were copied out, and keeping them mapped would double the
+    /// resident memory of a whole load. A later read maps them again from the file.
+    fn release(&self, offset: usize, len: usize) {
+        #[cfg(unix)]
+        if len > 0 {
+            // SAFETY: the map is a read-only map of a file: MADV_DONTNEED only drops its
+            // pages, which read back the file's bytes when touched again; no slice of the map
+            // outlives `copy`, so nothing observes the range while it is dropped.
+            let _ = unsafe {
+                self.map
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+            };
+        }
     }
 }
 
