@@ -19,8 +19,22 @@ pub fn load_state_dict(
     aliases: &[(&str, &str)],
     source: &str,
 ) -> Result<()> {
-    let params = module.parameters();
-    let known: BTreeMap<&str, &Tensor> = params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    load_state_dict_only(module, tensors, aliases, source, &|_| true)
+}
+
+/// [`load_state_dict`] for the parameters `only` accepts (those a pipeline stage trains, when
+/// a checkpoint was read for that stage alone): the others need not be in `tensors` and are
+/// left as they are.
+pub fn load_state_dict_only(
+    module: &dyn Module,
+    tensors: &BTreeMap<String, Tensor>,
+    aliases: &[(&str, &str)],
+    source: &str,
+    only: &dyn Fn(&str) -> bool,
+) -> Result<()> {
+    let params: Vec<(String, Tensor)> = module.parameters().into_iter().filter(|(n, _)| only(n)).collect();
+    let all = module.parameters();
+    let known: BTreeMap<&str, &Tensor> = all.iter().map(|(n, t)| (n.as_str(), t)).collect();
     for name in tensors.keys() {
         let canonical = aliases
             .iter()

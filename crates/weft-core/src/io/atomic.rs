@@ -20,6 +20,13 @@ const MAX_LINKS: usize = 40;
 /// Replaces the file at `path` (or creates it) with `bytes`, atomically (see the module docs).
 /// Errors name `path` (and, through a symlink, the file it leads to).
 pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_with(path, |tmp| std::fs::File::create(tmp)?.write_all(bytes))
+}
+
+/// [`write`] for a writer that makes the temporary file itself: `fill` creates and writes the
+/// file at the path it is given (streaming, so a large file needs no copy in memory); it is
+/// then fsynced and renamed over the target as [`write`] does.
+pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> std::io::Result<()>) -> Result<()> {
     let target = resolve(path)?;
     let name = |t: &Path| {
         if t == path {
@@ -35,10 +42,8 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp_name.push(".tmp");
     let tmp = target.with_file_name(tmp_name);
     let attempt = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
+        fill(&tmp)?;
+        std::fs::OpenOptions::new().write(true).open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, &target)
     };
     attempt().map_err(|e| {

@@ -21,6 +21,9 @@ use weft_nn::parallel::Split;
 use super::{io, CheckpointState};
 use crate::error::{Error, Result};
 
+mod files;
+pub use files::Files;
+
 /// The format an index declares; readers refuse others.
 pub const FORMAT: &str = "weft-checkpoint/2";
 
@@ -199,100 +202,6 @@ pub fn check(index: &Index) -> Result<()> {
         parts(name, rec)?;
     }
     Ok(())
-}
-
-/// The files of a checkpoint folder, read once each.
-pub struct Files<'a> {
-    dir: &'a Path,
-    loaded: BTreeMap<String, BTreeMap<String, Tensor>>,
-}
-
-impl<'a> Files<'a> {
-    pub fn new(dir: &'a Path) -> Self {
-        Files {
-            dir,
-            loaded: BTreeMap::new(),
-        }
-    }
-
-    /// Tensor `name` of `file`, checked against its record.
-    fn piece(&mut self, file: &str, name: &str, rec: &PieceRecord, dtype: &str) -> Result<Tensor> {
-        if file.is_empty() || file.contains(['/', '\\']) || file.starts_with('.') {
-            return Err(io(
-                self.dir,
-                format!("index.json names the file {file:?}, which is not a file of this folder"),
-            ));
-        }
-        let path = self.dir.join(file);
-        if !self.loaded.contains_key(file) {
-            let tensors = safetensors::load(&path)?.tensors;
-            self.loaded.insert(file.to_string(), tensors);
-        }
-        let t = self.loaded[file].get(name).ok_or_else(|| {
-            io(
-                &path,
-                format!("tensor {name:?} is missing (the file is damaged or was replaced)"),
-            )
-        })?;
-        if t.numel() != rec.numel || t.dtype().name() != dtype {
-            return Err(io(
-                &path,
-                format!(
-                    "tensor {name:?} holds {} {} values, the index says {} {dtype} (the file was replaced)",
-                    t.numel(),
-                    t.dtype().name(),
-                    rec.numel
-                ),
-            ));
-        }
-        if checksum(t) != rec.checksum {
-            return Err(io(
-                &path,
-                format!("tensor {name:?} does not match its checksum (the file is damaged)"),
-            ));
-        }
-        Ok(t.clone())
-    }
-
-    /// Every tensor of `records` (checked by [`check`] when read from an index), whole, put
-    /// together from its pieces; errors about a piece name its file.
-    pub fn assemble(&mut self, records: &BTreeMap<String, TensorRecord>) -> Result<BTreeMap<String, Tensor>> {
-        let mut out = BTreeMap::new();
-        for (name, rec) in records {
-            out.insert(name.clone(), self.assemble_one(name, rec)?);
-        }
-        Ok(out)
-    }
-
-    fn assemble_one(&mut self, name: &str, rec: &TensorRecord) -> Result<Tensor> {
-        let mut dtype = None;
-        let mut tp_parts = Vec::new();
-        let parts = parts(name, rec)?;
-        let split = parts[0].0.as_ref().map(|t| Split {
-            dim: t.dim,
-            blocks: t.blocks,
-            len: rec.shape[t.dim],
-        });
-        for (tp, pieces) in parts {
-            let shape = part_shape(name, &rec.shape, &tp)?;
-            // every piece read and checked before anything the size of the whole is allocated
-            let tensors = pieces
-                .iter()
-                .map(|p| self.piece(&p.file, name, p, &rec.dtype))
-                .collect::<Result<Vec<_>>>()?;
-            let mut values = vec![0.0f64; numel(name, &shape)?];
-            for (p, t) in pieces.iter().zip(&tensors) {
-                dtype = Some(t.dtype());
-                values[p.offset..p.offset + p.numel].copy_from_slice(&t.to_vec_f64());
-            }
-            let dtype = dtype.ok_or_else(|| Error::Io(format!("tensor {name:?}: no piece holds it")))?;
-            tp_parts.push(Tensor::from_vec(values, &shape)?.cast(dtype)?);
-        }
-        match split {
-            Some(split) => Ok(split.unshard(&tp_parts)?),
-            None => Ok(tp_parts.remove(0)),
-        }
-    }
 }
 
 /// Writes `pieces` (keyed by their tensor's name) to `path` and returns each tensor's record

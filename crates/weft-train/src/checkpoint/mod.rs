@@ -29,7 +29,7 @@ use weft_core::Tensor;
 
 use crate::error::{Error, Result};
 pub use claim::{claim, Claim, ClaimMode, LOCK};
-pub use index::{checksum, Index, Piece, PieceRecord, Shard, TensorRecord, TpPart};
+pub use index::{checksum, merge, write_pieces, Files, Index, Piece, PieceRecord, Shard, TensorRecord, TpPart};
 pub use writer::{new_nonce, BackgroundWriter, Coordination, Pending};
 
 /// The file that marks a checkpoint folder complete.

@@ -124,7 +124,7 @@ impl Trainer {
     /// from it.
     pub fn load_checkpoint(&mut self, ckpt: &Path) -> Result<usize> {
         let dir = checkpoint::resolve(ckpt)?;
-        let loaded = checkpoint::read(&dir)?;
+        let loaded = self.read_own(&dir)?;
         let own = self.checkpoints.as_ref().is_some_and(|p| {
             let canonical = |d: &Path| d.canonicalize().ok();
             dir.parent()
@@ -144,14 +144,15 @@ impl Trainer {
         same_model(&self.checkpoint_extra, &loaded.state.extra, dir)?;
         self.gather_parameters()?;
         self.tensor_parallel_parts(&mut loaded.params, false)?;
-        weft_nn::state_dict::load_state_dict(
+        // a pipeline stage keeps its own parameters and their state only
+        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
+        weft_nn::state_dict::load_state_dict_only(
             self.model.as_ref(),
             &loaded.params,
             self.model.aliases(),
             &dir.display().to_string(),
+            &|n| mine.contains(n),
         )?;
-        // a pipeline stage keeps the state of its own parameters only
-        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
         loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
         self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
         match self.zero() {

@@ -1,8 +1,10 @@
 //! The trainer's collectives over the layout of a parallel run: the gradient norm across
 //! shards, stages and tensor-parallel parts, the whole parameters (for sampling after a run),
-//! and the cutting of a checkpoint's whole tensors for this rank on resume.
+//! and the reading of a checkpoint for this rank: only its stage's tensors, and of a tensor
+//! cut across the tensor-parallel group only the rows of its part where the cut allows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use weft_core::Tensor;
 use weft_dist::{ProcessGroup, ReduceOp};
@@ -10,6 +12,7 @@ use weft_nn::clip::grad_norm;
 use weft_nn::parallel::Split;
 
 use super::Trainer;
+use crate::checkpoint::{self, Files, Loaded, TensorRecord};
 
 /// The tensor-parallel group a model is cut across, and how each cut parameter is cut.
 pub(super) struct TensorParallel {
@@ -98,9 +101,256 @@ impl Trainer {
         for (key, t) in tensors.iter_mut() {
             let param = if by_param { param_of(key) } else { key.as_str() };
             if let (Some(split), true) = (tp.splits.get(param), t.rank() > 0) {
-                *t = split.shard(t, tp.group.rank(), tp.group.size())?;
+                // [`Trainer::read_own`] reads a tensor cut on dim 0 as this rank's part already
+                // (when a part is as long as the whole, the two cuts agree)
+                if t.shape().get(split.dim) == Some(&split.len) {
+                    *t = split.shard(t, tp.group.rank(), tp.group.size())?;
+                }
             }
         }
         Ok(())
+    }
+
+    /// Reads checkpoint folder `dir` (whatever layout wrote it) for this rank only; see
+    /// [`read_own_tensors`].
+    pub(super) fn read_own(&self, dir: &Path) -> Result<Loaded> {
+        let index = checkpoint::read_index(dir)?;
+        let mine: BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
+        let tp = self
+            .tensor_parallel
+            .as_ref()
+            .map(|t| (&t.splits, t.group.rank(), t.group.size()));
+        let mut files = Files::new(dir);
+        let params = read_own_tensors(&mut files, &index.model, false, &mine, tp)?;
+        let optimizer = read_own_tensors(&mut files, &index.optimizer, true, &mine, tp)?;
+        Ok(Loaded {
+            state: index.state,
+            params,
+            optimizer,
+        })
+    }
+}
+
+/// How a rank's tensor-parallel group cuts parameters: the splits by parameter name, this
+/// rank and the group's size.
+pub(super) type TpCut<'a> = (&'a BTreeMap<String, Split>, usize, usize);
+
+/// The tensors of `records` a rank needs, read from `files` (the checkpoint's pieces):
+/// - only those of parameters in `mine` (a pipeline stage's; with `by_param`, `records` are
+///   optimizer state keyed `"{param}.{field}"`);
+/// - of a parameter cut on dim 0 across the tensor-parallel group (`tp`), only the rows of
+///   this rank's part (read from only the bytes of the pieces holding them), returned as the
+///   part itself, padding included;
+/// - every other tensor whole (one cut on another dim: a rank needs some of every row; under
+///   ZeRO the parameters are whole on every rank, and the optimizer state is cut by
+///   [`crate::zero`] after reading).
+pub(super) fn read_own_tensors(
+    files: &mut Files,
+    records: &BTreeMap<String, TensorRecord>,
+    by_param: bool,
+    mine: &BTreeSet<&str>,
+    tp: Option<TpCut>,
+) -> Result<BTreeMap<String, Tensor>> {
+    let mut out = BTreeMap::new();
+    for (name, rec) in records {
+        let param = if by_param { param_of(name) } else { name.as_str() };
+        if !mine.contains(param) {
+            continue;
+        }
+        let cut = tp.and_then(|(splits, rank, size)| splits.get(param).map(|s| (s, rank, size)));
+        let t = match cut {
+            Some((split, rank, size)) if split.dim == 0 && rec.shape.first() == Some(&split.len) => {
+                part_rows(files, name, rec, split, rank, size)?
+            }
+            _ => files.assemble_one(name, rec)?,
+        };
+        out.insert(name.clone(), t);
+    }
+    Ok(out)
+}
+
+/// Part `rank` of `size` of tensor `name` cut on dim 0 by `split` ([`Split::shard`]'s cut),
+/// read row by row from the checkpoint's pieces.
+fn part_rows(
+    files: &mut Files,
+    name: &str,
+    rec: &TensorRecord,
+    split: &Split,
+    rank: usize,
+    size: usize,
+) -> Result<Tensor> {
+    let block = split.len / split.blocks;
+    let part = split.part(size);
+    let mut pieces = Vec::with_capacity(split.blocks);
+    for b in 0..split.blocks {
+        let end = (b * block + (rank + 1) * part).min((b + 1) * block);
+        let start = (b * block + rank * part).min(end);
+        let rows = files.assemble_rows(name, rec, start..end)?;
+        let pad = part - (end - start);
+        let piece = if pad > 0 {
+            let mut shape = rec.shape.clone();
+            shape[0] = pad;
+            let zeros = Tensor::zeros(&shape, rows.dtype())?;
+            Tensor::cat(&[&rows, &zeros], 0)?
+        } else {
+            rows
+        };
+        pieces.push(piece);
+    }
+    let refs: Vec<&Tensor> = pieces.iter().collect();
+    Ok(Tensor::cat(&refs, 0)?.contiguous_copy()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{merge, write_pieces, Piece, TpPart};
+
+    fn seq(n: usize, shape: &[usize]) -> Tensor {
+        Tensor::from_vec((0..n).map(|v| v as f32).collect::<Vec<_>>(), shape).unwrap()
+    }
+
+    fn whole(name: &str, t: &Tensor) -> Piece {
+        Piece {
+            name: name.into(),
+            shape: t.shape().to_vec(),
+            tp: None,
+            offset: 0,
+            tensor: t.clone(),
+        }
+    }
+
+    fn folder(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("weft-own-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn file_bytes(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum()
+    }
+
+    #[test]
+    fn a_pipeline_stage_reads_its_own_tensors_only() {
+        let dir = folder("stage");
+        // a 2-stage checkpoint: each stage wrote its parameters and their moments
+        let (a, b, c, d) = (seq(64, &[16, 4]), seq(8, &[8]), seq(64, &[16, 4]), seq(8, &[8]));
+        let mut model = BTreeMap::new();
+        let mut optim = BTreeMap::new();
+        for (stage, names) in [(0, [("a", &a), ("b", &b)]), (1, [("c", &c), ("d", &d)])] {
+            let mut pieces: Vec<Piece> = names.iter().map(|(n, t)| whole(n, t)).collect();
+            let moments: Vec<Piece> = names.iter().map(|(n, t)| whole(&format!("{n}.exp_avg"), t)).collect();
+            pieces.extend(moments.clone());
+            let recs = write_pieces(&dir.join(format!("stage{stage}.safetensors")), &pieces).unwrap();
+            for (k, r) in recs {
+                let into = if k.contains('.') { &mut optim } else { &mut model };
+                merge(into, BTreeMap::from([(k, r)])).unwrap();
+            }
+        }
+        let mine = BTreeSet::from(["c", "d"]);
+        let mut files = Files::new(&dir);
+        let params = read_own_tensors(&mut files, &model, false, &mine, None).unwrap();
+        let state = read_own_tensors(&mut files, &optim, true, &mine, None).unwrap();
+        assert_eq!(params.keys().collect::<Vec<_>>(), ["c", "d"]);
+        assert_eq!(state.keys().collect::<Vec<_>>(), ["c.exp_avg", "d.exp_avg"]);
+        assert_eq!(params["c"].to_vec::<f32>().unwrap(), c.to_vec::<f32>().unwrap());
+        // stage 1's tensor bytes only: under half of the checkpoint's files
+        let own = 2 * (64 + 8) * 4;
+        assert_eq!(files.bytes_read(), own);
+        assert!(2 * files.bytes_read() < file_bytes(&dir), "{}", file_bytes(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Writes `w` cut on dim 0 for `ranks` tensor-parallel ranks, each part in `runs` ZeRO
+    /// runs of elements, one file per piece; returns the model records.
+    fn write_cut(dir: &Path, w: &Tensor, split: &Split, ranks: usize, runs: usize) -> BTreeMap<String, TensorRecord> {
+        let mut all = BTreeMap::new();
+        for r in 0..ranks {
+            let part = split.shard(w, r, ranks).unwrap().reshape(&[-1]).unwrap();
+            let n = part.numel();
+            let step = n.div_ceil(runs);
+            for (i, lo) in (0..n).step_by(step).enumerate() {
+                let len = step.min(n - lo);
+                let piece = Piece {
+                    name: "w".into(),
+                    shape: w.shape().to_vec(),
+                    tp: Some(TpPart {
+                        dim: split.dim,
+                        blocks: split.blocks,
+                        rank: r,
+                        ranks,
+                    }),
+                    offset: lo,
+                    tensor: part.narrow(0, lo, len).unwrap().contiguous_copy().unwrap(),
+                };
+                let recs = write_pieces(&dir.join(format!("r{r}-{i}.safetensors")), &[piece]).unwrap();
+                merge(&mut all, recs).unwrap();
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn a_tensor_parallel_rank_reads_only_the_rows_of_its_part() {
+        let mine = BTreeSet::from(["w"]);
+        // 10 rows of 4, fused as 2 blocks of 5 (as q,k,v are 3): written by 2 tensor-parallel
+        // ranks of 2 ZeRO runs each, read by 3 ranks (parts of 2 rows per block, the last one
+        // padding)
+        let w = seq(40, &[10, 4]);
+        let dir = folder("tp");
+        let written = Split {
+            dim: 0,
+            blocks: 2,
+            len: 10,
+        };
+        let records = write_cut(&dir, &w, &written, 2, 2);
+        for rank in 0..3 {
+            let splits = BTreeMap::from([("w".to_string(), written.clone())]);
+            let mut files = Files::new(&dir);
+            let got = read_own_tensors(&mut files, &records, false, &mine, Some((&splits, rank, 3))).unwrap();
+            let want = written.shard(&w, rank, 3).unwrap();
+            assert_eq!(got["w"].shape(), want.shape(), "rank {rank}");
+            assert_eq!(
+                got["w"].to_vec::<f32>().unwrap(),
+                want.to_vec::<f32>().unwrap(),
+                "rank {rank}"
+            );
+            // the rows of its part that hold data: 2 + 2 for ranks 0 and 1, 1 + 1 for rank 2
+            let rows = if rank < 2 { 4 } else { 2 };
+            assert_eq!(files.bytes_read(), rows * 4 * 4, "rank {rank}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // written cut on dim 1 (every part holds some of every row), read cut on dim 0
+        let dir = folder("tp-cols");
+        let cols = Split {
+            dim: 1,
+            blocks: 1,
+            len: 4,
+        };
+        let records = write_cut(&dir, &w, &cols, 2, 3);
+        let rows = Split {
+            dim: 0,
+            blocks: 1,
+            len: 10,
+        };
+        let splits = BTreeMap::from([("w".to_string(), rows.clone())]);
+        let mut files = Files::new(&dir);
+        let got = read_own_tensors(&mut files, &records, false, &mine, Some((&splits, 1, 2))).unwrap();
+        assert_eq!(
+            got["w"].to_vec::<f32>().unwrap(),
+            rows.shard(&w, 1, 2).unwrap().to_vec::<f32>().unwrap()
+        );
+        assert_eq!(files.bytes_read(), 5 * 4 * 4);
+        // a rank whose cut is on dim 1 reads the whole tensor (and cuts it afterwards)
+        let splits = BTreeMap::from([("w".to_string(), cols.clone())]);
+        let mut files = Files::new(&dir);
+        let got = read_own_tensors(&mut files, &records, false, &mine, Some((&splits, 1, 2))).unwrap();
+        assert_eq!(got["w"].to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        assert_eq!(files.bytes_read(), 10 * 4 * 4);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,0 +1,274 @@
+//! The header of a safetensors file, read and checked before any tensor byte is touched.
+//!
+//! The `safetensors` crate parses the header and checks what the format requires: a header of
+//! at most 100 MB that is UTF-8 JSON, tensors whose `data_offsets` follow one another from 0
+//! with no gap or overlap, an end offset that matches `shape` x dtype size (with no overflow),
+//! and data that ends exactly where the file does. On top of that this module refuses dtypes
+//! weft has no storage for, and words every refusal as one line naming the file and, where
+//! one is to blame, the tensor.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensorError};
+use safetensors::SafeTensors as Parsed;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::DType;
+
+/// One tensor as the header describes it. `begin..end` are byte offsets into the data (which
+/// starts at [`Header::data_start`] of the file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorEntry {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub begin: usize,
+    pub end: usize,
+}
+
+impl TensorEntry {
+    /// Elements (the product of `shape`; it fits, the header was checked).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A checked header.
+#[derive(Clone, Debug, Default)]
+pub struct Header {
+    /// Byte offset of the data in the file (8 + the header's length).
+    pub data_start: usize,
+    pub tensors: BTreeMap<String, TensorEntry>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The largest header the format allows (the crate's limit), in bytes.
+const MAX_HEADER: u64 = 100_000_000;
+
+pub(super) fn bad(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Io(format!("{}: {what}", path.display()))
+}
+
+pub(super) fn dtype_from_st(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F16 => DType::F16,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+pub(super) fn dtype_to_st(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+const SUPPORTED: &str = "F32 F64 BF16 F16 I64 I32 U8 BOOL";
+
+impl Header {
+    /// Reads and checks the header of `bytes`, the whole file (a memory map: only the first
+    /// 8 + header-length bytes are read). `path` names the file in errors.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Header> {
+        if bytes.len() < 8 {
+            return Err(bad(
+                path,
+                format!(
+                    "not a safetensors file: {} bytes, shorter than the 8-byte header length",
+                    bytes.len()
+                ),
+            ));
+        }
+        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+        let rest = (bytes.len() - 8) as u64;
+        if n > rest {
+            return Err(bad(
+                path,
+                format!("truncated: header claims {n} bytes but only {rest} follow"),
+            ));
+        }
+        if n > MAX_HEADER {
+            return Err(bad(
+                path,
+                format!("header of {n} bytes is longer than the {MAX_HEADER} bytes a safetensors header may have"),
+            ));
+        }
+        let (n, meta) = Parsed::read_metadata(bytes).map_err(|e| explain(bytes, n as usize, e, path))?;
+        let data_start = 8 + n;
+        let mut tensors = BTreeMap::new();
+        for (name, info) in meta.tensors() {
+            let dtype = dtype_from_st(info.dtype).ok_or_else(|| {
+                bad(
+                    path,
+                    format!(
+                        "tensor {name:?}: dtype {:?} is not one weft reads ({SUPPORTED})",
+                        info.dtype
+                    ),
+                )
+            })?;
+            let (begin, end) = info.data_offsets;
+            tensors.insert(
+                name,
+                TensorEntry {
+                    dtype,
+                    shape: info.shape.clone(),
+                    begin,
+                    end,
+                },
+            );
+        }
+        let metadata = meta
+            .metadata()
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Ok(Header {
+            data_start,
+            tensors,
+            metadata,
+        })
+    }
+}
+
+/// One tensor's fields as written, for naming the culprit of a refusal.
+struct Raw {
+    name: String,
+    dtype: String,
+    shape: Option<Vec<u64>>,
+    offsets: Option<(u64, u64)>,
+}
+
+fn raw_entries(header: &[u8]) -> Vec<Raw> {
+    let Ok(Value::Object(entries)) = serde_json::from_slice::<Value>(header) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Raw> = entries
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .map(|(name, e)| Raw {
+            name,
+            dtype: e.get("dtype").and_then(Value::as_str).unwrap_or_default().to_string(),
+            shape: e
+                .get("shape")
+                .and_then(Value::as_array)
+                .and_then(|a| a.iter().map(Value::as_u64).collect()),
+            offsets: e
+                .get("data_offsets")
+                .and_then(Value::as_array)
+                .and_then(|a| match a.as_slice() {
+                    [b, e] => Some((b.as_u64()?, e.as_u64()?)),
+                    _ => None,
+                }),
+        })
+        .collect();
+    out.sort_by(|a, b| (a.offsets, &a.name).cmp(&(b.offsets, &b.name)));
+    out
+}
+
+/// The bytes of one element of a dtype named as in a header; `None` for a name the format
+/// does not know or a dtype of less than a byte.
+fn element_bytes(name: &str) -> Option<u64> {
+    let d: Dtype = serde_json::from_value(Value::String(name.to_string())).ok()?;
+    let bits = d.bitsize();
+    bits.is_multiple_of(8).then_some(bits as u64 / 8)
+}
+
+/// One line for a refusal by the crate, naming the tensor to blame where there is one.
+fn explain(bytes: &[u8], n: usize, e: SafeTensorError, path: &Path) -> Error {
+    use SafeTensorError as E;
+    let header = &bytes[8..8 + n];
+    let data_len = (bytes.len() - 8 - n) as u64;
+    let entries = raw_entries(header);
+    let tensor = |r: &Raw, what: String| bad(path, format!("tensor {:?}: {what}", r.name));
+    match e {
+        E::InvalidHeader(e) => bad(path, format!("header is not UTF-8: {e}")),
+        E::InvalidHeaderDeserialization(e) if !matches!(e.classify(), serde_json::error::Category::Data) => {
+            bad(path, format!("header is not valid JSON: {e}"))
+        }
+        E::InvalidHeaderDeserialization(e) => {
+            for r in &entries {
+                if element_bytes(&r.dtype).is_none() {
+                    return tensor(r, format!("dtype {:?} is not one weft reads ({SUPPORTED})", r.dtype));
+                }
+                if r.shape.is_none() {
+                    return tensor(r, "shape is not a list of sizes".into());
+                }
+                if r.offsets.is_none() {
+                    return tensor(r, "data_offsets is not [begin, end]".into());
+                }
+            }
+            bad(path, format!("header is not a safetensors header: {e}"))
+        }
+        E::MetadataIncompleteBuffer => match entries
+            .iter()
+            .filter_map(|r| Some((r, r.offsets?.1)))
+            .max_by_key(|x| x.1)
+        {
+            Some((r, end)) if end > data_len => bad(
+                path,
+                format!(
+                    "truncated: tensor {:?} needs bytes up to {end}, the data has {data_len}",
+                    r.name
+                ),
+            ),
+            Some((_, end)) => bad(
+                path,
+                format!(
+                    "{} bytes follow the last tensor's data (the file is damaged)",
+                    data_len - end
+                ),
+            ),
+            None if data_len > 0 => bad(path, format!("{data_len} bytes follow a header that names no tensor")),
+            None => bad(path, "header does not cover the file"),
+        },
+        E::InvalidOffset(name) => {
+            // the crate's order among equal offsets is arbitrary: name the first in name order
+            let mut next = 0;
+            let culprit = entries.iter().find_map(|r| {
+                let (b, e) = r.offsets?;
+                let off = b != next || e < b;
+                next = e;
+                off.then_some(r.name.as_str())
+            });
+            let name = culprit.unwrap_or(&name);
+            bad(
+                path,
+                format!("tensor {name:?}: its data_offsets overlap another tensor's or leave a gap before it"),
+            )
+        }
+        e @ (E::TensorInvalidInfo | E::ValidationOverflow | E::MisalignedSlice) => {
+            for r in &entries {
+                let (Some(shape), Some((begin, end)), Some(size)) = (&r.shape, r.offsets, element_bytes(&r.dtype))
+                else {
+                    continue;
+                };
+                let want = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d));
+                match want {
+                    None => {
+                        return tensor(r, format!("shape {shape:?} has more elements than fit in memory"));
+                    }
+                    Some(w) if begin > end || end - begin != w => {
+                        return tensor(r, format!("offsets {begin}..{end} do not hold {} {shape:?}", r.dtype));
+                    }
+                    _ => {}
+                }
+            }
+            bad(path, format!("header: {e}"))
+        }
+        e => bad(path, format!("header: {e}")),
+    }
+}
