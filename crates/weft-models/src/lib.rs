@@ -1,11 +1,13 @@
 //! Built-in models with PyTorch-compatible parameter names: [`Mlp`](mlp::MlpModel),
-//! [`ConvNet`](convnet::ConvNet) and [`Gpt`](gpt::Gpt) (nanoGPT's layout). Each ends in mean
+//! [`ConvNet`](convnet::ConvNet), [`Gpt`](gpt::Gpt) (nanoGPT's layout) and [`Llama`](llama::Llama)
+//! (transformers' `LlamaForCausalLM` layout). Each ends in mean
 //! cross-entropy over its targets.
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod convnet;
 pub mod gpt;
+pub mod llama;
 mod lm;
 pub mod mlp;
 pub mod sampling;
