@@ -59,7 +59,14 @@ fn data_parallel_and_every_zero_stage_reproduce_transformers() {
     let out = temp_dir("llama-dp");
     for zero in 0..=3 {
         let z = format!("parallel.zero={zero}");
-        let metrics = train("llama_gqa_adamw", 2, &out, &format!("dp2-zero{zero}"), &[], &["parallel.dp=2", &z]);
+        let metrics = train(
+            "llama_gqa_adamw",
+            2,
+            &out,
+            &format!("dp2-zero{zero}"),
+            &[],
+            &["parallel.dp=2", &z],
+        );
         let worst = check_against_pytorch("llama_gqa_adamw", &metrics);
         eprintln!("llama dp=2 zero={zero}: max relative loss difference {worst:.2e}");
     }
@@ -69,7 +76,11 @@ fn data_parallel_and_every_zero_stage_reproduce_transformers() {
 #[test]
 fn tensor_and_pipeline_parallel_layouts_reproduce_transformers() {
     let out = temp_dir("llama-tp-pp");
-    let pipeline = ["parallel.pp=2", "parallel.schedule=\"1f1b\"", "parallel.micro_batches=2"];
+    let pipeline = [
+        "parallel.pp=2",
+        "parallel.schedule=\"1f1b\"",
+        "parallel.micro_batches=2",
+    ];
     for (case, ranks, name, sets) in [
         ("llama_gqa_adamw", 2, "tp2", vec!["parallel.tp=2"]),
         ("llama_gqa_adamw", 2, "pp2-1f1b-m2", pipeline.to_vec()),
@@ -97,7 +108,10 @@ fn a_tensor_parallel_checkpoint_is_whole_and_resumes_in_one_process() {
     // whole tensors under transformers' names, the vocabulary's padding cut away
     assert_eq!(loaded.params["model.embed_tokens.weight"].shape(), [65, 32]);
     assert_eq!(loaded.params["lm_head.weight"].shape(), [65, 32]);
-    assert_eq!(loaded.params["model.layers.0.self_attn.k_proj.weight"].shape(), [16, 32]);
+    assert_eq!(
+        loaded.params["model.layers.0.self_attn.k_proj.weight"].shape(),
+        [16, 32]
+    );
     assert_eq!(loaded.params["model.layers.1.mlp.down_proj.weight"].shape(), [32, 64]);
     let one = resume_in_one_process(&config(case), &step20, &out.join("one"));
     assert_same_curve(&whole[20..], &one, 1e-5, "llama tp=2 checkpoint resumed by one process");
@@ -176,11 +190,28 @@ fn a_llama_trained_on_text_samples_and_generates_from_its_checkpoint() {
     let out = temp_dir("llama-generate");
     let config = text_config(&out, "n_kv_head = 2\nn_embd = 32\nrope_theta = 1000.0", "");
     let ckpt = out.join("ckpt");
-    let run = weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--set", &path_set("train.checkpoint_dir", &ckpt)]);
+    let run = weft_ok(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--quiet",
+        "--set",
+        &path_set("train.checkpoint_dir", &ckpt),
+    ]);
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(stdout.contains("--- sample (20 characters) ---"), "{stdout}");
     let generate = |seed: &str| {
-        let out = weft_ok(&["generate", "--checkpoint", ckpt.to_str().unwrap(), "--prompt", "The ", "--tokens", "30", "--seed", seed]);
+        let out = weft_ok(&[
+            "generate",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--prompt",
+            "The ",
+            "--tokens",
+            "30",
+            "--seed",
+            seed,
+        ]);
         String::from_utf8(out.stdout).unwrap()
     };
     let a = generate("1");
@@ -202,7 +233,10 @@ fn a_llama_trained_on_text_samples_and_generates_from_its_checkpoint() {
     let stderr = String::from_utf8_lossy(&r.stderr);
     assert_eq!(r.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("model.n_kv_head: 4") && stderr.contains("k_proj.weight"), "{stderr}");
+    assert!(
+        stderr.contains("model.n_kv_head: 4") && stderr.contains("k_proj.weight"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -210,9 +244,21 @@ fn a_llama_trained_on_text_samples_and_generates_from_its_checkpoint() {
 fn configs_the_model_cannot_take_are_refused_with_one_line() {
     let out = temp_dir("llama-bad");
     let cases: [(&str, &str, &[&str]); 4] = [
-        ("n_kv_head = 3\nn_embd = 32", "", &["model.n_head: 4 does not divide by n_kv_head = 3"]),
-        ("n_kv_head = 1\nn_embd = 32", "[parallel]\ntp = 2", &["model.n_kv_head", "1 does not divide by parallel.tp = 2"]),
-        ("n_kv_head = 2\nn_embd = 12", "", &["model.n_embd", "head dim of 3", "even"]),
+        (
+            "n_kv_head = 3\nn_embd = 32",
+            "",
+            &["model.n_head: 4 does not divide by n_kv_head = 3"],
+        ),
+        (
+            "n_kv_head = 1\nn_embd = 32",
+            "[parallel]\ntp = 2",
+            &["model.n_kv_head", "1 does not divide by parallel.tp = 2"],
+        ),
+        (
+            "n_kv_head = 2\nn_embd = 12",
+            "",
+            &["model.n_embd", "head dim of 3", "even"],
+        ),
         ("n_kv_head = 2\nn_embd = 32\nrope_scaling = 2.0", "", &["rope_scaling"]),
     ];
     for (i, (model, parallel, needles)) in cases.iter().enumerate() {

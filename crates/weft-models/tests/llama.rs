@@ -10,7 +10,9 @@ use weft_models::{LanguageModel, Model};
 use weft_nn::Module;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// The case's config (from its json) and tensors.
@@ -108,7 +110,10 @@ fn the_initialisation_is_transformers() {
         if name.ends_with("norm.weight") {
             assert!(v.iter().all(|&x| x == 1.0), "{name}");
         } else {
-            assert!(p.rank() == 2 && (std - 0.02).abs() < 0.002 && mean.abs() < 0.002, "{name}: {mean} {std}");
+            assert!(
+                p.rank() == 2 && (std - 0.02).abs() < 0.002 && mean.abs() < 0.002,
+                "{name}: {mean} {std}"
+            );
         }
     }
     // same seed, same weights; another seed, others

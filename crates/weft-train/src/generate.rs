@@ -104,7 +104,13 @@ fn continue_ids(
 
 /// `prompt` continued by `n` characters with the default sampling (temperature 0.8, top-k 40):
 /// the sample printed after training.
-pub(crate) fn sample_text(gpt: &dyn LanguageModel, tok: &CharTokenizer, prompt: &str, n: usize, seed: u64) -> Result<String> {
+pub(crate) fn sample_text(
+    gpt: &dyn LanguageModel,
+    tok: &CharTokenizer,
+    prompt: &str,
+    n: usize,
+    seed: u64,
+) -> Result<String> {
     let ids = encode_prompt(tok, prompt)?;
     continue_ids(gpt, tok, ids, n, &Sampling::default(), seed)
 }
@@ -172,7 +178,11 @@ fn model_config(trained: &Trained) -> Result<(ModelConfig, usize)> {
         ModelConfig::Gpt(g) => (g.to_config().check_shapes(&shapes), g.vocab_size),
         ModelConfig::Llama(l) => (l.to_config().check_shapes(&shapes), l.vocab_size),
         ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => {
-            let kind = if matches!(model, ModelConfig::Mlp(_)) { "mlp" } else { "convnet" };
+            let kind = if matches!(model, ModelConfig::Mlp(_)) {
+                "mlp"
+            } else {
+                "convnet"
+            };
             return Err(Error::Io(format!(
                 "{source}: generate needs a language model (gpt or llama); this is a model of kind {kind:?}"
             )));
@@ -224,5 +234,12 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
         model.aliases(),
         &path.display().to_string(),
     )?;
-    continue_ids(model.as_ref(), &tok, ids, options.tokens, &options.sampling, options.seed)
+    continue_ids(
+        model.as_ref(),
+        &tok,
+        ids,
+        options.tokens,
+        &options.sampling,
+        options.seed,
+    )
 }

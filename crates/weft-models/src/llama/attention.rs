@@ -78,7 +78,9 @@ impl LlamaAttention {
             true,
             None,
         )?;
-        let y = y.transpose(1, 2)?.reshape(&[b as isize, t as isize, (h * hd) as isize])?;
+        let y = y
+            .transpose(1, 2)?
+            .reshape(&[b as isize, t as isize, (h * hd) as isize])?;
         self.o_proj.forward_add(&y, residual)
     }
 

@@ -128,7 +128,10 @@ impl Module for LlamaLayer {
     fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut p = prefixed("input_layernorm", self.input_layernorm.parameters());
         p.extend(prefixed("self_attn", self.self_attn.parameters()));
-        p.extend(prefixed("post_attention_layernorm", self.post_attention_layernorm.parameters()));
+        p.extend(prefixed(
+            "post_attention_layernorm",
+            self.post_attention_layernorm.parameters(),
+        ));
         p.extend(prefixed("mlp", self.mlp.parameters()));
         p
     }
@@ -282,7 +285,10 @@ impl Llama {
         if !self.config.intermediate_size.is_multiple_of(tp) {
             return Err(config_error(
                 "intermediate_size",
-                format!("{} does not divide by parallel.tp = {tp}", self.config.intermediate_size),
+                format!(
+                    "{} does not divide by parallel.tp = {tp}",
+                    self.config.intermediate_size
+                ),
             ));
         }
         let mut splits: Vec<(String, Split)> = Vec::new();

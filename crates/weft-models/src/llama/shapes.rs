@@ -132,10 +132,7 @@ impl LlamaConfig {
         }
         for (name, dims) in layout {
             let want: Vec<usize> = dims.iter().map(|d| d.size).collect();
-            let symbolic = format!(
-                "[{}]",
-                dims.iter().map(|d| d.symbol).collect::<Vec<_>>().join(", ")
-            );
+            let symbolic = format!("[{}]", dims.iter().map(|d| d.symbol).collect::<Vec<_>>().join(", "));
             let Some(have) = shapes.get(&name) else {
                 return Err(weft_core::Error::Invalid {
                     op: "model config",
@@ -145,7 +142,11 @@ impl LlamaConfig {
             let culprit = if have.len() != dims.len() {
                 Some(&dims[0])
             } else {
-                dims.iter().zip(have).zip(&want).find(|((_, h), w)| h != w).map(|((d, _), _)| d)
+                dims.iter()
+                    .zip(have)
+                    .zip(&want)
+                    .find(|((_, h), w)| h != w)
+                    .map(|((d, _), _)| d)
             };
             if let Some(d) = culprit {
                 return Err(config_error(
@@ -224,25 +225,41 @@ mod tests {
             vocab_size: 65,
             ..config(false)
         });
-        assert_names(&e, &["model.vocab_size: 65", "model.embed_tokens.weight has shape [11, 8]"]);
+        assert_names(
+            &e,
+            &["model.vocab_size: 65", "model.embed_tokens.weight has shape [11, 8]"],
+        );
         let e = mismatch(LlamaConfig {
             n_kv_head: 4,
             ..config(false)
         });
         assert_names(
             &e,
-            &["model.n_kv_head: 4", "k_proj.weight has shape [4, 8]", "[n_kv_head * n_embd / n_head, n_embd]"],
+            &[
+                "model.n_kv_head: 4",
+                "k_proj.weight has shape [4, 8]",
+                "[n_kv_head * n_embd / n_head, n_embd]",
+            ],
         );
         let e = mismatch(LlamaConfig {
             intermediate_size: 1_000_000_000,
             ..config(false)
         });
-        assert_names(&e, &["model.intermediate_size: 1000000000", "gate_proj.weight has shape [12, 8]"]);
+        assert_names(
+            &e,
+            &[
+                "model.intermediate_size: 1000000000",
+                "gate_proj.weight has shape [12, 8]",
+            ],
+        );
         let e = mismatch(LlamaConfig {
             n_layer: 1_000_000_000,
             ..config(false)
         });
-        assert_names(&e, &["model.n_layer: 1000000000", "no model.layers.2.*", "holds 2 layers"]);
+        assert_names(
+            &e,
+            &["model.n_layer: 1000000000", "no model.layers.2.*", "holds 2 layers"],
+        );
         let e = mismatch(LlamaConfig {
             n_layer: 1,
             ..config(false)

@@ -354,8 +354,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
                 Ok(_) => "\n".to_string(),
                 Err(_) => tok.decode(&[0])?,
             };
-            let sample =
-                crate::generate::sample_text(whole.as_deref().unwrap_or(lm.as_ref()), tok, &prompt, t.sample_tokens, t.seed)?;
+            let sample = crate::generate::sample_text(
+                whole.as_deref().unwrap_or(lm.as_ref()),
+                tok,
+                &prompt,
+                t.sample_tokens,
+                t.seed,
+            )?;
             weft_core::outln!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
         }
     }
