@@ -2,9 +2,9 @@
 //! second halves are the pairs rotated together), with `inv_freq`, cos and sin computed in f32 as
 //! transformers' `LlamaRotaryEmbedding` computes them.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use weft_core::{DType, Device, Result, Tensor};
+use weft_core::{DType, Device, Function, Result, Tensor};
 
 /// The cos and sin tables of positions `0..T`, computed for the longest `T` seen so far and
 /// kept (a config's `block_size` allocates nothing until sequences that long arrive).
@@ -79,9 +79,37 @@ impl Rotary {
         } else {
             (cos.cast(x.dtype())?, sin.cast(x.dtype())?)
         };
-        let half = d / 2;
-        let swapped = Tensor::cat(&[&x.narrow(-1, half, half)?, &x.narrow(-1, 0, half)?], -1)?;
-        x.mul(&cos)?.add(&swapped.mul(&sin)?)
+        Tensor::apply_function(Arc::new(Rotate { cos, sin }), &[x])
+    }
+}
+
+/// The rotation as one autograd node: `y = x cos + swap(x) sin` (`swap` exchanges the halves of
+/// the last dim; `sin` is signed), whose gradient is `g cos + swap(g sin)` (`swap` is its own
+/// transpose), one pass of the same ops instead of the graph of narrows, cat and products.
+struct Rotate {
+    /// `[1, T, 1, D]` each.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// `x` with the two halves of its last dim exchanged.
+fn swap_halves(x: &Tensor) -> Result<Tensor> {
+    let half = x.dim(-1)? / 2;
+    Tensor::cat(&[&x.narrow(-1, half, half)?, &x.narrow(-1, 0, half)?], -1)
+}
+
+impl Function for Rotate {
+    fn name(&self) -> &'static str {
+        "rotary"
+    }
+
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let x = inputs[0];
+        x.mul(&self.cos)?.add(&swap_halves(x)?.mul(&self.sin)?)
+    }
+
+    fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(grad.mul(&self.cos)?.add(&swap_halves(&grad.mul(&self.sin)?)?)?)])
     }
 }
 
