@@ -109,7 +109,9 @@ impl Function for Rotate {
     }
 
     fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(grad.mul(&self.cos)?.add(&swap_halves(&grad.mul(&self.sin)?)?)?)])
+        Ok(vec![Some(
+            grad.mul(&self.cos)?.add(&swap_halves(&grad.mul(&self.sin)?)?)?,
+        )])
     }
 }
 
