@@ -1,5 +1,6 @@
 //! Built-in models with PyTorch-compatible parameter names: [`Mlp`](mlp::MlpModel),
-//! [`ConvNet`](convnet::ConvNet) and [`Gpt`](gpt::Gpt) (nanoGPT's layout). Each ends in mean
+//! [`ConvNet`](convnet::ConvNet), [`Gpt`](gpt::Gpt) (nanoGPT's layout) and [`Llama`](llama::Llama)
+//! (transformers' `LlamaForCausalLM` layout). Each ends in mean
 //! cross-entropy over its targets.
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
@@ -7,6 +8,7 @@
 pub mod convnet;
 pub mod gpt;
 pub mod hf;
+pub mod llama;
 mod lm;
 pub mod mlp;
 pub mod sampling;

@@ -1,4 +1,4 @@
-//! Sampling text from a trained gpt: after training (`train.sample_tokens`), and from a
+//! Sampling text from a trained language model (gpt, llama): after training (`train.sample_tokens`), and from a
 //! checkpoint folder or a consolidated safetensors file (`weft generate`).
 //!
 //! A consolidated file (`weft checkpoint consolidate`) carries what generation needs besides
@@ -13,9 +13,7 @@ use weft_core::io::safetensors;
 use weft_core::{Generator, Tensor};
 use weft_data::CharTokenizer;
 pub use weft_models::gpt::Sampling;
-use weft_models::gpt::{Gpt, GptConfig};
 use weft_models::LanguageModel;
-use weft_models::Model;
 use weft_nn::state_dict;
 
 use crate::checkpoint::{self, CheckpointState, Tensors};
@@ -85,7 +83,7 @@ fn encode_prompt(tok: &CharTokenizer, prompt: &str) -> Result<Vec<i64>> {
 
 /// `ids` continued by `n` tokens drawn by `sampling` from `seed`, decoded.
 fn continue_ids(
-    gpt: &Gpt,
+    gpt: &dyn LanguageModel,
     tok: &CharTokenizer,
     ids: Vec<i64>,
     n: usize,
@@ -106,7 +104,13 @@ fn continue_ids(
 
 /// `prompt` continued by `n` characters with the default sampling (temperature 0.8, top-k 40):
 /// the sample printed after training.
-pub(crate) fn sample_text(gpt: &Gpt, tok: &CharTokenizer, prompt: &str, n: usize, seed: u64) -> Result<String> {
+pub(crate) fn sample_text(
+    gpt: &dyn LanguageModel,
+    tok: &CharTokenizer,
+    prompt: &str,
+    n: usize,
+    seed: u64,
+) -> Result<String> {
     let ids = encode_prompt(tok, prompt)?;
     continue_ids(gpt, tok, ids, n, &Sampling::default(), seed)
 }
@@ -155,9 +159,9 @@ fn read_file(path: &Path) -> Result<Trained> {
     })
 }
 
-/// The gpt config `trained` records, checked against the shapes of its tensors before
-/// anything of the config's size is built.
-fn gpt_config(trained: &Trained) -> Result<GptConfig> {
+/// The language model config `trained` records (gpt or llama), checked against the shapes of
+/// its tensors before anything of the config's size is built; and its vocabulary size.
+fn model_config(trained: &Trained) -> Result<(ModelConfig, usize)> {
     let source = &trained.source;
     let value = trained
         .model
@@ -165,27 +169,31 @@ fn gpt_config(trained: &Trained) -> Result<GptConfig> {
         .ok_or_else(|| Error::Io(format!("{source}: records no model config")))?;
     let model: ModelConfig = serde_json::from_value(value)
         .map_err(|e| Error::Io(format!("{source}: the model config does not parse: {e}")))?;
-    let ModelConfig::Gpt(g) = model else {
-        let kind = match model {
-            ModelConfig::Mlp(_) => "mlp",
-            _ => "convnet",
-        };
-        return Err(Error::Io(format!(
-            "{source}: generate needs a gpt; this is a model of kind {kind:?}"
-        )));
-    };
-    let cfg = g.to_config();
     let shapes: BTreeMap<String, Vec<usize>> = trained
         .params
         .iter()
         .map(|(n, t)| (n.clone(), t.shape().to_vec()))
         .collect();
-    cfg.check_shapes(&shapes)
-        .map_err(|e| Error::Io(format!("{source}: {e}")))?;
-    Ok(cfg)
+    let (checked, vocab) = match &model {
+        ModelConfig::Gpt(g) => (g.to_config().check_shapes(&shapes), g.vocab_size),
+        ModelConfig::Llama(l) => (l.to_config().check_shapes(&shapes), l.vocab_size),
+        ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => {
+            let kind = if matches!(model, ModelConfig::Mlp(_)) {
+                "mlp"
+            } else {
+                "convnet"
+            };
+            return Err(Error::Io(format!(
+                "{source}: generate needs a language model (gpt or llama); this is a model of kind {kind:?}"
+            )));
+        }
+    };
+    checked.map_err(|e| Error::Io(format!("{source}: {e}")))?;
+    Ok((model, vocab))
 }
 
-/// `weft generate`: continues `options.prompt` by `options.tokens` characters with a gpt read
+/// `weft generate`: continues `options.prompt` by `options.tokens` characters with a language
+/// model (gpt, llama) read
 /// from `path`: a checkpoint folder, a checkpoint directory (its newest checkpoint), or a
 /// safetensors file written by `weft checkpoint consolidate`. Everything read is checked
 /// before the model is built: the options, the model config against the tensors' shapes, the
@@ -205,22 +213,33 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
         read_folder(path)?
     };
     let source = &trained.source;
-    let cfg = gpt_config(&trained)?;
+    let (cfg, vocab_size) = model_config(&trained)?;
     let tok_json = trained.tokenizer.as_deref().ok_or_else(|| {
         Error::Io(format!(
             "{source}: records no tokenizer (the model was not trained on text data)"
         ))
     })?;
     let tok = CharTokenizer::from_json(tok_json).map_err(|e| Error::Io(format!("{source}: {e}")))?;
-    if tok.vocab_size() > cfg.vocab_size {
+    if tok.vocab_size() > vocab_size {
         return Err(Error::Io(format!(
-            "{source}: the tokenizer knows {} characters, more than model.vocab_size = {}",
+            "{source}: the tokenizer knows {} characters, more than model.vocab_size = {vocab_size}",
             tok.vocab_size(),
-            cfg.vocab_size
         )));
     }
     let ids = encode_prompt(&tok, &options.prompt)?;
-    let gpt = weft_nn::init::with_device(options.device, || Gpt::new(cfg, 0))?;
-    state_dict::load_state_dict(&gpt, &trained.params, gpt.aliases(), &path.display().to_string())?;
-    continue_ids(&gpt, &tok, ids, options.tokens, &options.sampling, options.seed)
+    let model = weft_nn::init::with_device(options.device, || crate::run::build_language_model(&cfg, 0))?;
+    state_dict::load_state_dict(
+        model.as_ref(),
+        &trained.params,
+        model.aliases(),
+        &path.display().to_string(),
+    )?;
+    continue_ids(
+        model.as_ref(),
+        &tok,
+        ids,
+        options.tokens,
+        &options.sampling,
+        options.seed,
+    )
 }

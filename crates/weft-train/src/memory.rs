@@ -65,6 +65,15 @@ pub fn parameter_count(cfg: &ModelConfig) -> f64 {
             let block = 12.0 * c * c + 2.0 * c * (1.0 + bias) + 9.0 * c * bias;
             (g.vocab_size + g.block_size) as f64 * c + g.n_layer as f64 * block + c * (1.0 + bias)
         }
+        ModelConfig::Llama(l) => {
+            let (c, inter) = (l.n_embd as f64, l.intermediate_size as f64);
+            let kv = l.n_kv_head as f64 * (l.n_embd / l.n_head.max(1)) as f64;
+            // per layer: two RMSNorms, q and o (C x C), k and v (kv x C), gate, up and down
+            // (I x C each)
+            let layer = 2.0 * c + 2.0 * c * c + 2.0 * kv * c + 3.0 * inter * c;
+            let heads = if l.tie_embeddings { 1.0 } else { 2.0 };
+            heads * l.vocab_size as f64 * c + l.n_layer as f64 * layer + c
+        }
     }
 }
 
@@ -97,6 +106,18 @@ fn activation_bytes(cfg: &ModelConfig, rows: f64, tp: f64, pp: f64) -> f64 {
             // embeddings and the final norm, and the logits with their gradient
             tokens * (layers * block + 3.0 * c + 2.0 * g.vocab_size as f64 / tp) * F32
         }
+        ModelConfig::Llama(l) => {
+            let tokens = rows * l.block_size as f64;
+            let (c, inter) = (l.n_embd as f64, l.intermediate_size as f64);
+            let kv = l.n_kv_head as f64 * (l.n_embd / l.n_head.max(1)) as f64;
+            // per layer and token: the norms' outputs and the residual stream (4C); q, k, v,
+            // the rotated q and k and the attention output (3C + 3kv, cut by tp); the MLP's
+            // gate, its SiLU, up and their product (4I, cut by tp)
+            let block = 4.0 * c + (3.0 * c + 3.0 * kv + 4.0 * inter) / tp;
+            let layers = (l.n_layer as f64 / pp).ceil();
+            // the embedding and the final norm, and the logits with their gradient
+            tokens * (layers * block + 2.0 * c + 2.0 * l.vocab_size as f64 / tp) * F32
+        }
     }
 }
 
@@ -123,7 +144,9 @@ pub fn estimate(config: &RunConfig) -> Estimate {
     let rows = batch / dp;
     let activations = activation_bytes(&config.model, rows, tp, pp);
     let per_row_input = match &config.model {
-        ModelConfig::Gpt(g) => 2.0 * g.block_size as f64 * 8.0,
+        ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
+            2.0 * config.model.language_model_sizes().map_or(0, |(_, block)| block) as f64 * 8.0
+        }
         ModelConfig::Mlp(m) => m.in_features as f64 * F32 + 8.0,
         ModelConfig::Convnet(c) => (c.in_channels * c.image_size * c.image_size) as f64 * F32 + 8.0,
     };
@@ -188,7 +211,7 @@ pub fn check(config: &RunConfig, local_ranks: usize) -> Result<Estimate> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{GptKeys, MlpKeys};
+    use crate::config::{GptKeys, LlamaKeys, MlpKeys};
 
     #[test]
     fn parameter_counts_match_the_models() {
@@ -212,5 +235,33 @@ mod tests {
             activation: "relu".into(),
         });
         assert_eq!(parameter_count(&mlp), (64 * 32 + 32 + 32 * 10 + 10) as f64);
+        // Llama 2 7B (vocab 32000, 32 x 4096, 32 heads, MLP 11008, untied): 6,738,415,616
+        let llama2 = LlamaKeys {
+            vocab_size: 32000,
+            block_size: 4096,
+            n_layer: 32,
+            n_head: 32,
+            n_kv_head: 32,
+            n_embd: 4096,
+            intermediate_size: 11008,
+            rope_theta: 10000.0,
+            norm_eps: 1e-5,
+            tie_embeddings: false,
+        };
+        assert_eq!(parameter_count(&ModelConfig::Llama(llama2.clone())), 6_738_415_616.0);
+        // grouped-query and tied: a model built and counted
+        let small = LlamaKeys {
+            vocab_size: 50,
+            n_layer: 3,
+            n_head: 4,
+            n_kv_head: 2,
+            n_embd: 16,
+            intermediate_size: 24,
+            tie_embeddings: true,
+            ..llama2
+        };
+        let built = weft_models::llama::Llama::new(small.to_config(), 0).unwrap();
+        let n: usize = weft_nn::Module::parameters(&built).iter().map(|(_, t)| t.numel()).sum();
+        assert_eq!(parameter_count(&ModelConfig::Llama(small)), n as f64);
     }
 }

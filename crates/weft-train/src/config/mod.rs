@@ -39,6 +39,18 @@ pub enum ModelConfig {
     Mlp(MlpKeys),
     Convnet(ConvnetKeys),
     Gpt(GptKeys),
+    Llama(LlamaKeys),
+}
+
+impl ModelConfig {
+    /// `(vocab_size, block_size)` of a language model (gpt, llama); `None` for the others.
+    pub fn language_model_sizes(&self) -> Option<(usize, usize)> {
+        match self {
+            ModelConfig::Gpt(g) => Some((g.vocab_size, g.block_size)),
+            ModelConfig::Llama(l) => Some((l.vocab_size, l.block_size)),
+            ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => None,
+        }
+    }
 }
 
 /// `[model]` keys of `kind = "mlp"`.
@@ -108,6 +120,52 @@ impl GptKeys {
     }
 }
 
+/// `[model]` keys of `kind = "llama"` (transformers' `LlamaForCausalLM`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LlamaKeys {
+    pub vocab_size: usize,
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    /// Key/value heads (grouped-query attention); `n_head` must divide by it.
+    pub n_kv_head: usize,
+    pub n_embd: usize,
+    pub intermediate_size: usize,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+    #[serde(default)]
+    pub tie_embeddings: bool,
+}
+
+fn default_rope_theta() -> f64 {
+    weft_models::llama::LlamaConfig::DEFAULT_ROPE_THETA
+}
+
+fn default_norm_eps() -> f64 {
+    weft_models::llama::LlamaConfig::DEFAULT_NORM_EPS
+}
+
+impl LlamaKeys {
+    /// The model's own config.
+    pub fn to_config(&self) -> weft_models::llama::LlamaConfig {
+        weft_models::llama::LlamaConfig {
+            vocab_size: self.vocab_size,
+            block_size: self.block_size,
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+            n_kv_head: self.n_kv_head,
+            n_embd: self.n_embd,
+            intermediate_size: self.intermediate_size,
+            rope_theta: self.rope_theta,
+            norm_eps: self.norm_eps,
+            tie_embeddings: self.tie_embeddings,
+        }
+    }
+}
+
 /// Deserializes a section whose `kind` key picks the struct for the other keys. Unlike serde's
 /// internally tagged enums, errors keep the key's name (`n_layer: invalid value ...`).
 fn by_kind<'de, D: serde::Deserializer<'de>, T>(
@@ -142,10 +200,11 @@ fn by_kind<'de, D: serde::Deserializer<'de>, T>(
 
 impl<'de> Deserialize<'de> for ModelConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["mlp", "convnet", "gpt"], |kind, v| {
+        by_kind(d, &["mlp", "convnet", "gpt", "llama"], |kind, v| {
             Ok(match kind {
                 "mlp" => ModelConfig::Mlp(serde_path_to_error::deserialize(v)?),
                 "convnet" => ModelConfig::Convnet(serde_path_to_error::deserialize(v)?),
+                "llama" => ModelConfig::Llama(serde_path_to_error::deserialize(v)?),
                 _ => ModelConfig::Gpt(serde_path_to_error::deserialize(v)?),
             })
         })
@@ -499,21 +558,30 @@ impl RunConfig {
         if p.tp == 0 {
             return bad("parallel.tp", "must be at least 1".into());
         }
-        if p.tp > 1 && !matches!(self.model, ModelConfig::Gpt(_)) {
+        let lm = self.model.language_model_sizes().is_some();
+        if p.tp > 1 && !lm {
             return bad(
                 "parallel.tp",
-                format!("{}: tensor parallelism cuts gpt models only", p.tp),
+                format!("{}: tensor parallelism cuts language models (gpt, llama) only", p.tp),
             );
+        }
+        if let (true, ModelConfig::Llama(l)) = (p.tp > 1, &self.model) {
+            if !l.n_kv_head.is_multiple_of(p.tp) {
+                return bad(
+                    "model.n_kv_head",
+                    format!("{} does not divide by parallel.tp = {}", l.n_kv_head, p.tp),
+                );
+            }
         }
         for (key, v) in [("parallel.pp", p.pp), ("parallel.micro_batches", p.micro_batches)] {
             if v == 0 {
                 return bad(key, "must be at least 1".into());
             }
         }
-        if p.pp > 1 && !matches!(self.model, ModelConfig::Gpt(_)) {
+        if p.pp > 1 && !lm {
             return bad(
                 "parallel.pp",
-                format!("{}: pipeline parallelism cuts gpt models only", p.pp),
+                format!("{}: pipeline parallelism cuts language models (gpt, llama) only", p.pp),
             );
         }
         if p.pp > 1 && p.zero > 1 {
@@ -595,8 +663,11 @@ impl RunConfig {
             }
             DataConfig::Batches(_) => {}
         }
-        if matches!(self.data, DataConfig::Text(_)) && !matches!(self.model, ModelConfig::Gpt(_)) {
-            return bad("data.kind", "text data needs model.kind = \"gpt\"".into());
+        if matches!(self.data, DataConfig::Text(_)) && !lm {
+            return bad(
+                "data.kind",
+                "text data needs a language model: model.kind = \"gpt\" or \"llama\"".into(),
+            );
         }
         Ok(())
     }

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use weft_models::convnet::{ConvNet, ConvNetConfig};
 use weft_models::gpt::Gpt;
+use weft_models::llama::Llama;
 use weft_models::mlp::{MlpConfig, MlpModel};
-use weft_models::Model;
+use weft_models::{LanguageModel, Model};
 use weft_nn::layers::Activation;
 use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use weft_nn::schedule::{DecayShape, Schedule};
@@ -40,15 +41,24 @@ pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
             };
             Arc::new(ConvNet::new(c, seed)?)
         }
-        ModelConfig::Gpt(_) => Arc::new(build_gpt(cfg, seed)?),
+        ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
+            let lm: Arc<dyn LanguageModel> = Arc::from(build_language_model(cfg, seed)?);
+            lm
+        }
     })
 }
 
-pub(crate) fn build_gpt(cfg: &ModelConfig, seed: u64) -> Result<Gpt> {
-    let ModelConfig::Gpt(g) = cfg else {
-        return Err(Error::Config("model.kind: expected gpt".into()));
-    };
-    Ok(Gpt::new(g.to_config(), seed)?)
+/// The language model (gpt, llama) of a `[model]` section, initialised from `seed`.
+pub(crate) fn build_language_model(cfg: &ModelConfig, seed: u64) -> Result<Box<dyn LanguageModel>> {
+    Ok(match cfg {
+        ModelConfig::Gpt(g) => Box::new(Gpt::new(g.to_config(), seed)?),
+        ModelConfig::Llama(l) => Box::new(Llama::new(l.to_config(), seed)?),
+        ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => {
+            return Err(Error::Config(
+                "model.kind: expected a language model (gpt or llama)".into(),
+            ))
+        }
+    })
 }
 
 /// The optimizer of an `[optim]` section.

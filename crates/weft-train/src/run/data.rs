@@ -44,10 +44,7 @@ impl Data {
 
 pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
     let seed = config.train.seed;
-    let block_size = match &config.model {
-        ModelConfig::Gpt(g) => g.block_size,
-        _ => 0,
-    };
+    let block_size = config.model.language_model_sizes().map_or(0, |(_, block)| block);
     Ok(match &config.data {
         DataConfig::Batches(b) => {
             let ds = Arc::new(BatchesDataset::from_file(config.resolve(&b.path))?);
@@ -66,11 +63,11 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             } else {
                 TextDataset::from_file(config.resolve(path), val_fraction)?
             });
-            if let ModelConfig::Gpt(g) = &config.model {
-                if ds.vocab_size() > g.vocab_size {
+            if let Some((vocab_size, _)) = config.model.language_model_sizes() {
+                if ds.vocab_size() > vocab_size {
                     return Err(Error::Config(format!(
                         "model.vocab_size: {} is smaller than the {} distinct characters of {}",
-                        g.vocab_size,
+                        vocab_size,
                         ds.vocab_size(),
                         config.resolve(path).display()
                     )));
@@ -105,7 +102,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             let classes = match &config.model {
                 ModelConfig::Mlp(m) => Some(m.out_features),
                 ModelConfig::Convnet(m) => Some(m.num_classes),
-                ModelConfig::Gpt(_) => None,
+                ModelConfig::Gpt(_) | ModelConfig::Llama(_) => None,
             };
             if let Some(classes) = classes {
                 ds.check_labels(classes)?;

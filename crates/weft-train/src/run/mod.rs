@@ -9,16 +9,16 @@ mod layout;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use weft_models::Model;
+use weft_models::{LanguageModel, Model, StageCut};
 use weft_nn::state_dict;
 
-pub(crate) use build::build_gpt;
+pub(crate) use build::build_language_model;
 pub use build::{build_model, build_optimizer, build_schedule};
 use data::{build_data, check_data};
 use layout::{job_shape, join_job, with_job_dp};
 
 use crate::checkpoint::{self, ClaimMode};
-use crate::config::{ModelConfig, RunConfig};
+use crate::config::RunConfig;
 use crate::error::{Error, Result};
 use crate::metrics::{self, MetricsFile, MetricsMode};
 use crate::trainer::{CheckpointPolicy, Trainer};
@@ -171,25 +171,25 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         }
         Ok(())
     };
-    // a gpt is kept by its own type too, to sample from it after training
-    let gpt = match &config.model {
-        ModelConfig::Gpt(_) => {
-            let mut g = weft_nn::init::with_device(device, || build_gpt(&config.model, t.seed))?;
-            load_init(&g)?;
-            g.stage_cut = match (&p.stage_blocks, p.balance.as_str()) {
-                (Some(counts), _) => weft_models::gpt::StageCut::Given(counts.clone()),
-                (None, "parameters") => weft_models::gpt::StageCut::Parameters,
-                _ => weft_models::gpt::StageCut::Blocks,
-            };
+    // a language model is kept as one too: for its pipeline stages and to sample from it
+    let lm: Option<Arc<dyn LanguageModel>> = match config.model.language_model_sizes() {
+        Some(_) => {
+            let mut g = weft_nn::init::with_device(device, || build_language_model(&config.model, t.seed))?;
+            load_init(g.as_ref())?;
+            g.set_stage_cut(match (&p.stage_blocks, p.balance.as_str()) {
+                (Some(counts), _) => StageCut::Given(counts.clone()),
+                (None, "parameters") => StageCut::Parameters,
+                _ => StageCut::Blocks,
+            });
             // the whole model is built (and loaded) on every rank, then cut
             if let Some(m) = mesh.as_ref().filter(|m| m.tp > 1) {
                 g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::handle(&m.tp_group))?;
             }
-            Some(Arc::new(g))
+            Some(Arc::from(g))
         }
-        _ => None,
+        None => None,
     };
-    let model: Arc<dyn Model> = match &gpt {
+    let model: Arc<dyn Model> = match &lm {
         Some(g) => g.clone(),
         None => {
             let m = weft_nn::init::with_device(device, || build_model(&config.model, t.seed))?;
@@ -215,7 +215,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         if m.tp > 1 {
             trainer = trainer.with_tensor_parallel(m.tp_group.clone());
         }
-        if let (true, Some(g)) = (m.pp > 1, &gpt) {
+        if let (true, Some(g)) = (m.pp > 1, &lm) {
             let schedule = weft_dist::pipeline::PipelineSchedule::parse(&p.schedule).ok_or_else(|| {
                 Error::Config(format!("parallel.schedule: {:?} is not one of 1f1b, gpipe", p.schedule))
             })?;
@@ -342,13 +342,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     if outcome.stopped_by.is_some() {
         return Ok(outcome);
     }
-    if let (Some(text), Some(gpt), true) = (&data.text, &gpt, t.sample_tokens > 0) {
+    if let (Some(text), Some(lm), true) = (&data.text, &lm, t.sample_tokens > 0) {
         // a model cut across ranks is put together first (every rank takes part): a
         // tensor-parallel model's parts, a pipeline's stages (each trained by its own rank)
         let whole = if p.tp > 1 || p.pp > 1 {
             let params: BTreeMap<String, weft_core::Tensor> = trainer.whole_parameters()?.into_iter().collect();
-            let g = build_gpt(&config.model, t.seed)?;
-            state_dict::load_state_dict(&g, &params, g.aliases(), "the tensor-parallel model")?;
+            let g = build_language_model(&config.model, t.seed)?;
+            state_dict::load_state_dict(g.as_ref(), &params, g.aliases(), "the tensor-parallel model")?;
             Some(g)
         } else {
             None
@@ -360,8 +360,13 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
                 Ok(_) => "\n".to_string(),
                 Err(_) => tok.decode(&[0])?,
             };
-            let sample =
-                crate::generate::sample_text(whole.as_ref().unwrap_or(gpt), tok, &prompt, t.sample_tokens, t.seed)?;
+            let sample = crate::generate::sample_text(
+                whole.as_deref().unwrap_or(lm.as_ref()),
+                tok,
+                &prompt,
+                t.sample_tokens,
+                t.seed,
+            )?;
             weft_core::outln!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
         }
     }

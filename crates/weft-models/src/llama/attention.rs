@@ -1,0 +1,116 @@
+//! Grouped-query causal self-attention (transformers' `LlamaAttention`): separate q, k, v and o
+//! projections without biases, rotary embeddings on q and k, `n_kv_head` key/value heads each
+//! shared by `n_head / n_kv_head` query heads.
+
+use weft_core::{Generator, Result, Tensor};
+use weft_nn::init;
+use weft_nn::layers::Linear;
+use weft_nn::module::{prefixed, Module};
+use weft_nn::parallel::{Split, TpGroup};
+
+use super::rope::Rotary;
+use crate::config_error;
+
+/// `q_proj` `[n_head * hd, C]`, `k_proj` and `v_proj` `[n_kv_head * hd, C]`, `o_proj`
+/// `[C, n_head * hd]`.
+#[derive(Clone, Debug)]
+pub struct LlamaAttention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    /// Query heads this layer computes (all, or this rank's when tensor-parallel).
+    pub n_head: usize,
+    /// Key/value heads this layer computes (all, or this rank's).
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+}
+
+/// A bias-free Linear `in -> out` with weights `N(0, std)`.
+pub(super) fn linear(in_features: usize, out_features: usize, std: f64, rng: &mut Generator) -> Result<Linear> {
+    Ok(Linear {
+        weight: init::normal(&[out_features, in_features], std, weft_core::DType::F32, rng)?,
+        bias: None,
+        parallel: Default::default(),
+    })
+}
+
+impl LlamaAttention {
+    /// Weights `N(0, std)`; `n_embd = n_head * head_dim` (checked by the config).
+    pub fn new(n_embd: usize, n_head: usize, n_kv_head: usize, std: f64, rng: &mut Generator) -> Result<Self> {
+        let hd = n_embd / n_head;
+        Ok(LlamaAttention {
+            q_proj: linear(n_embd, n_head * hd, std, rng)?,
+            k_proj: linear(n_embd, n_kv_head * hd, std, rng)?,
+            v_proj: linear(n_embd, n_kv_head * hd, std, rng)?,
+            o_proj: linear(n_head * hd, n_embd, std, rng)?,
+            n_head,
+            n_kv_head,
+            head_dim: hd,
+        })
+    }
+
+    /// `residual + o_proj(attention(x))`.
+    /// # Shapes
+    /// `x`, `residual` `[B, T, C]` -> `[B, T, C]`; causal, scaled by `1/sqrt(head_dim)`.
+    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor, rope: &Rotary) -> Result<Tensor> {
+        let (b, t, hd) = (x.dim(0)?, x.dim(1)?, self.head_dim);
+        let (h, kvh) = (self.n_head, self.n_kv_head);
+        // [B, T, heads, hd], rotated, then [B, heads, T, hd] views
+        let q = rope.apply(&self.q_proj.forward(x)?.view(&[b, t, h, hd])?)?;
+        let k = rope.apply(&self.k_proj.forward(x)?.view(&[b, t, kvh, hd])?)?;
+        let v = self.v_proj.forward(x)?.view(&[b, t, kvh, hd])?;
+        let (k, v) = if h == kvh {
+            (k, v)
+        } else {
+            // transformers' repeat_kv: query head i reads key/value head i / (h / kvh)
+            let rep = |z: Tensor| -> Result<Tensor> {
+                z.view(&[b, t, kvh, 1, hd])?
+                    .expand(&[b, t, kvh, h / kvh, hd])?
+                    .reshape(&[b as isize, t as isize, h as isize, hd as isize])
+            };
+            (rep(k)?, rep(v)?)
+        };
+        let y = Tensor::scaled_dot_product_attention(
+            &q.transpose(1, 2)?,
+            &k.transpose(1, 2)?,
+            &v.transpose(1, 2)?,
+            true,
+            None,
+        )?;
+        let y = y
+            .transpose(1, 2)?
+            .reshape(&[b as isize, t as isize, (h * hd) as isize])?;
+        self.o_proj.forward_add(&y, residual)
+    }
+
+    /// Cuts the layer across a tensor-parallel group by heads: q, k and v column-parallel (each
+    /// rank its query heads and its key/value heads), o row-parallel. `n_kv_head` (and so
+    /// `n_head`) must divide by the group size. Returns the parameters' splits by name.
+    pub fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<Vec<(String, Split)>> {
+        let tp = group.size();
+        if !self.n_kv_head.is_multiple_of(tp) {
+            return Err(config_error(
+                "n_kv_head",
+                format!("{} does not divide by parallel.tp = {tp}", self.n_kv_head),
+            ));
+        }
+        let mut splits = prefixed("q_proj", self.q_proj.make_column_parallel(group, 1)?);
+        splits.extend(prefixed("k_proj", self.k_proj.make_column_parallel(group, 1)?));
+        splits.extend(prefixed("v_proj", self.v_proj.make_column_parallel(group, 1)?));
+        splits.extend(prefixed("o_proj", self.o_proj.make_row_parallel(group)?));
+        self.n_head /= tp;
+        self.n_kv_head /= tp;
+        Ok(splits)
+    }
+}
+
+impl Module for LlamaAttention {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = prefixed("q_proj", self.q_proj.parameters());
+        p.extend(prefixed("k_proj", self.k_proj.parameters()));
+        p.extend(prefixed("v_proj", self.v_proj.parameters()));
+        p.extend(prefixed("o_proj", self.o_proj.parameters()));
+        p
+    }
+}

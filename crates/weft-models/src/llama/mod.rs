@@ -1,0 +1,385 @@
+//! Llama in transformers' `LlamaForCausalLM` layout: a token embedding, pre-norm decoder layers
+//! of grouped-query causal self-attention with rotary position embeddings and a SwiGLU MLP
+//! (RMSNorm before each, no biases), a final RMSNorm and an output head (`lm_head`, or the token
+//! embedding when tied). Rotary embeddings are in `rope.rs`, the attention in `attention.rs`,
+//! the MLP in `mlp.rs`, pipeline stages in `stages.rs`, the shapes a config implies in
+//! `shapes.rs`.
+
+use weft_core::{DType, Error, Generator, Result, Tensor};
+use weft_nn::init;
+use weft_nn::layers::{Embedding, Linear, RmsNorm};
+use weft_nn::module::{prefixed, Module};
+use weft_nn::parallel::{copy_to_group, Split, TpGroup};
+use weft_nn::Context;
+
+use crate::{config_error, LanguageModel, Model, StageCut};
+
+mod attention;
+mod mlp;
+mod rope;
+mod shapes;
+mod stages;
+
+pub use attention::LlamaAttention;
+pub use mlp::LlamaMlp;
+pub use rope::{inv_freq, Rotary};
+
+/// transformers' `LlamaConfig` (the keys weft takes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    pub vocab_size: usize,
+    /// Longest sequence (positions; transformers' `max_position_embeddings`).
+    pub block_size: usize,
+    pub n_layer: usize,
+    /// Query heads; `n_embd / n_head` is the head dim (even, for the rotary pairs).
+    pub n_head: usize,
+    /// Key/value heads; `n_head` must divide by it (1 = multi-query, `n_head` = multi-head).
+    pub n_kv_head: usize,
+    /// Width `C`.
+    pub n_embd: usize,
+    /// The MLP's hidden size.
+    pub intermediate_size: usize,
+    /// The rotary base (default 10000).
+    pub rope_theta: f64,
+    /// RMSNorm's epsilon (default 1e-5).
+    pub norm_eps: f64,
+    /// The output head is the token embedding (no `lm_head.weight` of its own).
+    pub tie_embeddings: bool,
+}
+
+impl LlamaConfig {
+    /// The rotary base when none is given.
+    pub const DEFAULT_ROPE_THETA: f64 = 10000.0;
+    /// RMSNorm's epsilon when none is given.
+    pub const DEFAULT_NORM_EPS: f64 = 1e-5;
+
+    /// Positive sizes, `n_embd % n_head == 0`, `n_head % n_kv_head == 0`, an even head dim, a
+    /// positive finite `rope_theta` and `norm_eps`. The error names the key.
+    pub fn validate(&self) -> Result<()> {
+        for (key, v) in [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_kv_head", self.n_kv_head),
+            ("n_embd", self.n_embd),
+            ("intermediate_size", self.intermediate_size),
+        ] {
+            if v == 0 {
+                return Err(config_error(key, "must be positive"));
+            }
+        }
+        if !self.n_embd.is_multiple_of(self.n_head) {
+            return Err(config_error(
+                "n_embd",
+                format!("{} does not divide by n_head = {}", self.n_embd, self.n_head),
+            ));
+        }
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
+            return Err(config_error(
+                "n_head",
+                format!("{} does not divide by n_kv_head = {}", self.n_head, self.n_kv_head),
+            ));
+        }
+        let hd = self.n_embd / self.n_head;
+        if !hd.is_multiple_of(2) {
+            return Err(config_error(
+                "n_embd",
+                format!(
+                    "{} / n_head = {} is a head dim of {hd}; rotary embeddings need an even one",
+                    self.n_embd, self.n_head
+                ),
+            ));
+        }
+        for (key, v) in [("rope_theta", self.rope_theta), ("norm_eps", self.norm_eps)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(config_error(key, format!("{v} must be positive and finite")));
+            }
+        }
+        Ok(())
+    }
+
+    /// `n_embd / n_head`.
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+}
+
+/// One decoder layer: `x + attn(input_layernorm(x))`, then `x + mlp(post_attention_layernorm(x))`.
+#[derive(Clone, Debug)]
+pub struct LlamaLayer {
+    pub input_layernorm: RmsNorm,
+    pub self_attn: LlamaAttention,
+    pub post_attention_layernorm: RmsNorm,
+    pub mlp: LlamaMlp,
+}
+
+impl LlamaLayer {
+    fn forward(&self, x: &Tensor, rope: &Rotary) -> Result<Tensor> {
+        let x = self
+            .self_attn
+            .forward_residual(&self.input_layernorm.forward(x)?, x, rope)?;
+        self.mlp
+            .forward_residual(&self.post_attention_layernorm.forward(&x)?, &x)
+    }
+}
+
+impl Module for LlamaLayer {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = prefixed("input_layernorm", self.input_layernorm.parameters());
+        p.extend(prefixed("self_attn", self.self_attn.parameters()));
+        p.extend(prefixed(
+            "post_attention_layernorm",
+            self.post_attention_layernorm.parameters(),
+        ));
+        p.extend(prefixed("mlp", self.mlp.parameters()));
+        p
+    }
+}
+
+/// The Llama language model. With `tie_embeddings`, `lm_head.weight` is
+/// `model.embed_tokens.weight`.
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub embed_tokens: Embedding,
+    pub layers: Vec<LlamaLayer>,
+    pub norm: RmsNorm,
+    /// The output head; `None` when tied to `embed_tokens`.
+    pub lm_head: Option<Linear>,
+    rope: Rotary,
+    ctx: Context,
+    /// How each parameter is cut, when tensor-parallel.
+    splits: Vec<(String, Split)>,
+    /// How the layers are shared out among pipeline stages.
+    pub stage_cut: StageCut,
+}
+
+const TIED: &[(&str, &str)] = &[("lm_head.weight", "model.embed_tokens.weight")];
+
+impl Llama {
+    /// transformers' initialisation: every Linear and the embedding `N(0, 0.02)`
+    /// (`initializer_range`), RMSNorms at ones.
+    pub fn new(config: LlamaConfig, seed: u64) -> Result<Self> {
+        config.validate()?;
+        let ctx = Context::new(seed);
+        let mut rng = Generator::new(seed);
+        let (c, std) = (config.n_embd, 0.02);
+        let embed_tokens = Embedding::from_weight(init::normal(&[config.vocab_size, c], std, DType::F32, &mut rng)?);
+        let mut layers = Vec::with_capacity(config.n_layer);
+        for _ in 0..config.n_layer {
+            layers.push(LlamaLayer {
+                input_layernorm: RmsNorm::new(c, config.norm_eps)?,
+                self_attn: LlamaAttention::new(c, config.n_head, config.n_kv_head, std, &mut rng)?,
+                post_attention_layernorm: RmsNorm::new(c, config.norm_eps)?,
+                mlp: LlamaMlp::new(c, config.intermediate_size, std, &mut rng)?,
+            });
+        }
+        let lm_head = if config.tie_embeddings {
+            None
+        } else {
+            Some(attention::linear(c, config.vocab_size, std, &mut rng)?)
+        };
+        Ok(Llama {
+            rope: Rotary::new(config.head_dim(), config.rope_theta, init::device()),
+            norm: RmsNorm::new(c, config.norm_eps)?,
+            embed_tokens,
+            layers,
+            lm_head,
+            ctx,
+            config,
+            splits: Vec::new(),
+            stage_cut: StageCut::default(),
+        })
+    }
+
+    /// Checks token ids: I64 `[B, T]` with `1 <= T <= block_size` and every id in
+    /// `0..vocab_size`.
+    fn check_ids(&self, idx: &Tensor, what: &str) -> Result<()> {
+        let c = &self.config;
+        if idx.dtype() != DType::I64 || idx.rank() != 2 || idx.shape()[1] > c.block_size || idx.shape()[1] == 0 {
+            return Err(Error::Invalid {
+                op: "llama",
+                msg: format!(
+                    "{what} must be I64 [B, T] with 1 <= T <= block_size = {}, got {:?} {:?}",
+                    c.block_size,
+                    idx.dtype(),
+                    idx.shape()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// # Shapes
+    /// I64 ids `[B, T]` -> logits `[B, T, vocab_size]` (tensor-parallel: this rank's columns of
+    /// the padded vocabulary).
+    pub fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        let x = self.run_layers(self.embed(idx)?, 0..self.layers.len())?;
+        self.logits(&x)
+    }
+
+    /// The token embedding of ids `[B, T]`: `[B, T, C]` (ids outside the vocabulary are an
+    /// error naming the id).
+    fn embed(&self, idx: &Tensor) -> Result<Tensor> {
+        self.check_ids(idx, "inputs")?;
+        self.embed_tokens.forward(idx)
+    }
+
+    /// Layers `layers` on `x` `[B, T, C]`, each run as its unit.
+    fn run_layers(&self, mut x: Tensor, layers: std::ops::Range<usize>) -> Result<Tensor> {
+        for i in layers {
+            let (input, layer) = (x, &self.layers[i]);
+            x = self
+                .ctx
+                .unit(&format!("model.layers.{i}"), || layer.forward(&input, &self.rope))?;
+        }
+        Ok(x)
+    }
+
+    /// The final RMSNorm and the output head: `[B, T, C]` to logits `[B, T, V]`.
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.norm.forward(x)?;
+        match (&self.lm_head, &self.embed_tokens.shard) {
+            (Some(head), _) => head.forward(&x),
+            (None, None) => x.matmul(&self.embed_tokens.weight.t()?),
+            // the tied output layer is column-parallel over the vocabulary
+            (None, Some(s)) => copy_to_group(&x, &s.group)?.matmul(&self.embed_tokens.weight.t()?),
+        }
+    }
+
+    /// Mean cross-entropy of `logits` `[B, T, V]` (tensor-parallel: this rank's vocabulary
+    /// columns) against `targets` `[B, T]`, ignoring target -1.
+    fn loss_of_logits(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        if logits.rank() != 3 || targets.shape() != &logits.shape()[..2] {
+            return Err(Error::ShapeMismatch {
+                op: "llama loss",
+                lhs: logits.shape().to_vec(),
+                rhs: targets.shape().to_vec(),
+            });
+        }
+        // the output head is cut as the embedding is (the same padded rows per rank)
+        if let Some(s) = &self.embed_tokens.shard {
+            let rows = s.rows as isize;
+            return s.cross_entropy(&logits.reshape(&[-1, rows])?, &targets.reshape(&[-1])?, -1);
+        }
+        let v = self.config.vocab_size as isize;
+        logits
+            .reshape(&[-1, v])?
+            .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+    }
+
+    /// Cuts the model across a tensor-parallel group (Megatron's layout): the token embedding by
+    /// vocabulary rows and the output head by vocabulary columns (both padded to a multiple of
+    /// the group size), each attention by query and key/value heads and each MLP on its
+    /// intermediate dimension; the RMSNorms stay whole. Parameter names do not change;
+    /// [`Model::splits`] says how each was cut. Errors, naming the key, when `n_kv_head` or
+    /// `intermediate_size` does not divide by the group size.
+    pub fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()> {
+        let tp = group.size();
+        if !self.config.n_kv_head.is_multiple_of(tp) {
+            return Err(config_error(
+                "n_kv_head",
+                format!("{} does not divide by parallel.tp = {tp}", self.config.n_kv_head),
+            ));
+        }
+        if !self.config.intermediate_size.is_multiple_of(tp) {
+            return Err(config_error(
+                "intermediate_size",
+                format!(
+                    "{} does not divide by parallel.tp = {tp}",
+                    self.config.intermediate_size
+                ),
+            ));
+        }
+        let mut splits: Vec<(String, Split)> = Vec::new();
+        let mut add = |prefix: &str, s: Vec<(String, Split)>| splits.extend(prefixed(prefix, s));
+        add("model.embed_tokens", self.embed_tokens.make_vocab_parallel(group)?);
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            add(
+                &format!("model.layers.{i}.self_attn"),
+                layer.self_attn.make_tensor_parallel(group)?,
+            );
+            add(&format!("model.layers.{i}.mlp"), layer.mlp.make_tensor_parallel(group)?);
+        }
+        if let Some(head) = &mut self.lm_head {
+            add("lm_head", head.make_column_parallel(group, 1)?);
+        }
+        self.splits = splits;
+        Ok(())
+    }
+}
+
+impl Module for Llama {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = prefixed("model.embed_tokens", self.embed_tokens.parameters());
+        for (i, l) in self.layers.iter().enumerate() {
+            p.extend(prefixed(&format!("model.layers.{i}"), l.parameters()));
+        }
+        p.extend(prefixed("model.norm", self.norm.parameters()));
+        if let Some(head) = &self.lm_head {
+            p.extend(prefixed("lm_head", head.parameters()));
+        }
+        p
+    }
+}
+
+impl Model for Llama {
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        if targets.shape() != inputs.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "llama loss",
+                lhs: inputs.shape().to_vec(),
+                rhs: targets.shape().to_vec(),
+            });
+        }
+        let logits = self.forward(inputs)?;
+        self.loss_of_logits(&logits, targets)
+    }
+
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn aliases(&self) -> &'static [(&'static str, &'static str)] {
+        if self.config.tie_embeddings {
+            TIED
+        } else {
+            &[]
+        }
+    }
+
+    /// One unit per decoder layer; the embedding, the final norm and the head are the root.
+    fn units(&self) -> Vec<String> {
+        (0..self.layers.len()).map(|i| format!("model.layers.{i}")).collect()
+    }
+
+    fn splits(&self) -> Vec<(String, Split)> {
+        self.splits.clone()
+    }
+}
+
+impl LanguageModel for Llama {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn block_size(&self) -> usize {
+        self.config.block_size
+    }
+
+    fn device(&self) -> weft_core::Device {
+        self.embed_tokens.weight.device()
+    }
+
+    fn forward_ids(&self, idx: &Tensor) -> Result<Tensor> {
+        self.forward(idx)
+    }
+
+    fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()> {
+        Llama::make_tensor_parallel(self, group)
+    }
+
+    fn set_stage_cut(&mut self, cut: StageCut) {
+        self.stage_cut = cut;
+    }
+}

@@ -1,0 +1,153 @@
+//! Rotary position embeddings in Hugging Face's layout (`rotate_half`: each head's first and
+//! second halves are the pairs rotated together), with `inv_freq`, cos and sin computed in f32 as
+//! transformers' `LlamaRotaryEmbedding` computes them.
+
+use std::sync::{Arc, Mutex};
+
+use weft_core::{DType, Device, Function, Result, Tensor};
+
+/// The cos and sin tables of positions `0..T`, computed for the longest `T` seen so far and
+/// kept (a config's `block_size` allocates nothing until sequences that long arrive).
+#[derive(Debug)]
+pub struct Rotary {
+    inv_freq: Vec<f32>,
+    head_dim: usize,
+    device: Device,
+    /// Positions covered, `cos(pos * inv_freq)` twice side by side `[T, head_dim]`, and
+    /// `sin(pos * inv_freq)` with its first half negated (`[-sin, sin]`, so that
+    /// `rotate_half(x) * sin == swap_halves(x) * signed_sin`), `[T, head_dim]`.
+    tables: Mutex<Option<(usize, Tensor, Tensor)>>,
+}
+
+/// `inv_freq[i] = 1 / theta^(2i / head_dim)`, `i < head_dim / 2`, in f32 as transformers
+/// computes it (`torch.arange(0, dim, 2).float() / dim`, then `base ** that`).
+pub fn inv_freq(head_dim: usize, theta: f64) -> Vec<f32> {
+    let base = theta as f32;
+    (0..head_dim / 2)
+        .map(|i| 1.0f32 / base.powf((2 * i) as f32 / head_dim as f32))
+        .collect()
+}
+
+impl Rotary {
+    /// Rotations of heads of `head_dim` (even) by base `theta`, tables on `device`.
+    pub fn new(head_dim: usize, theta: f64, device: Device) -> Self {
+        Rotary {
+            inv_freq: inv_freq(head_dim, theta),
+            head_dim,
+            device,
+            tables: Mutex::new(None),
+        }
+    }
+
+    /// The cos and signed sin tables of positions `0..t`, `[t, head_dim]` each.
+    fn tables(&self, t: usize) -> Result<(Tensor, Tensor)> {
+        let mut cached = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((len, cos, sin)) = cached.as_ref() {
+            if *len >= t {
+                return Ok((cos.narrow(0, 0, t)?, sin.narrow(0, 0, t)?));
+            }
+        }
+        let d = self.head_dim;
+        let mut cos = Vec::with_capacity(t * d);
+        let mut sin = Vec::with_capacity(t * d);
+        for pos in 0..t {
+            // freqs = position (f32) * inv_freq (f32), as transformers' f32 outer product
+            let freqs: Vec<f32> = self.inv_freq.iter().map(|&f| pos as f32 * f).collect();
+            for sign in [-1.0f32, 1.0] {
+                for &f in &freqs {
+                    cos.push(f.cos());
+                    sin.push(sign * f.sin());
+                }
+            }
+        }
+        let table = |v: Vec<f32>| Tensor::from_vec(v, &[t, d])?.to(self.device);
+        let (cos, sin) = (table(cos)?, table(sin)?);
+        *cached = Some((t, cos.clone(), sin.clone()));
+        Ok((cos, sin))
+    }
+
+    /// Rotates `x` by position.
+    /// # Shapes
+    /// `[B, T, H, head_dim]` -> `[B, T, H, head_dim]`: `x * cos + rotate_half(x) * sin`, with
+    /// `rotate_half(x) = [-x2, x1]` for the halves `x1`, `x2` of each head.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let (t, d) = (x.dim(1)?, self.head_dim);
+        let (cos, sin) = self.tables(t)?;
+        let (cos, sin) = (cos.view(&[1, t, 1, d])?, sin.view(&[1, t, 1, d])?);
+        let (cos, sin) = if x.dtype() == DType::F32 {
+            (cos, sin)
+        } else {
+            (cos.cast(x.dtype())?, sin.cast(x.dtype())?)
+        };
+        Tensor::apply_function(Arc::new(Rotate { cos, sin }), &[x])
+    }
+}
+
+/// The rotation as one autograd node: `y = x cos + swap(x) sin` (`swap` exchanges the halves of
+/// the last dim; `sin` is signed), whose gradient is `g cos + swap(g sin)` (`swap` is its own
+/// transpose), one pass of the same ops instead of the graph of narrows, cat and products.
+struct Rotate {
+    /// `[1, T, 1, D]` each.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// `x` with the two halves of its last dim exchanged.
+fn swap_halves(x: &Tensor) -> Result<Tensor> {
+    let half = x.dim(-1)? / 2;
+    Tensor::cat(&[&x.narrow(-1, half, half)?, &x.narrow(-1, 0, half)?], -1)
+}
+
+impl Function for Rotate {
+    fn name(&self) -> &'static str {
+        "rotary"
+    }
+
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let x = inputs[0];
+        x.mul(&self.cos)?.add(&swap_halves(x)?.mul(&self.sin)?)
+    }
+
+    fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(
+            grad.mul(&self.cos)?.add(&swap_halves(&grad.mul(&self.sin)?)?)?,
+        )])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotating_matches_rotate_half_written_out() {
+        let (t, h, d) = (5, 2, 4);
+        let rot = Rotary::new(d, 500.0, Device::Cpu);
+        let data: Vec<f32> = (0..t * h * d).map(|i| (i as f32 * 0.37).sin()).collect();
+        let x = Tensor::from_vec(data.clone(), &[1, t, h, d]).unwrap();
+        let y = rot.apply(&x).unwrap().to_vec::<f32>().unwrap();
+        let inv = inv_freq(d, 500.0);
+        for p in 0..t {
+            for hh in 0..h {
+                let row = &data[(p * h + hh) * d..(p * h + hh + 1) * d];
+                for j in 0..d {
+                    let f = p as f32 * inv[j % (d / 2)];
+                    let rotated = if j < d / 2 { -row[j + d / 2] } else { row[j - d / 2] };
+                    let want = row[j] * f.cos() + rotated * f.sin();
+                    let got = y[(p * h + hh) * d + j];
+                    assert!((want - got).abs() < 1e-6, "pos {p} head {hh} dim {j}: {got} vs {want}");
+                }
+            }
+        }
+        // position 0 is the identity
+        assert_eq!(&y[..h * d], &data[..h * d]);
+    }
+
+    #[test]
+    fn inv_freq_is_transformers() {
+        let inv = inv_freq(8, 10000.0);
+        assert_eq!(inv[0], 1.0);
+        assert!((inv[1] - 0.1).abs() < 1e-7);
+        assert!((inv[3] - 0.001).abs() < 1e-9);
+    }
+}
