@@ -31,6 +31,7 @@ pub mod csv;
 pub mod error;
 pub mod objects;
 pub mod prefetch;
+pub mod store;
 pub mod text;
 pub mod tokenizer;
 
