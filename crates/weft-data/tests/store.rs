@@ -39,11 +39,7 @@ fn server_and_store(tag: &str, retry_for: Duration) -> (S3Server, Arc<Store>, Pa
     let dir = scratch(tag);
     let server = S3Server::start(&dir.join("server"));
     server.create_bucket("data");
-    let s = store::open_with(
-        "s3://data/run",
-        &options(&server.endpoint(), SECRET_KEY, retry_for),
-    )
-    .unwrap();
+    let s = store::open_with("s3://data/run", &options(&server.endpoint(), SECRET_KEY, retry_for)).unwrap();
     (server, s, dir)
 }
 
@@ -83,7 +79,10 @@ fn put_then_read_whole_and_by_range() {
     assert!(dir.join("server/data/run/shards/train-00000.bin").is_file());
     for r in [99_990..100_001u64, 100_000..100_010] {
         let e = s.read_range("shards/train-00000.bin", r).unwrap_err().to_string();
-        assert!(e.contains("past the end") && e.contains("s3://data/run/shards/train-00000.bin"), "{e}");
+        assert!(
+            e.contains("past the end") && e.contains("s3://data/run/shards/train-00000.bin"),
+            "{e}"
+        );
     }
     assert_eq!(s.describe("a.bin"), "s3://data/run/a.bin");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -104,7 +103,7 @@ fn a_missing_object_or_bucket_is_named_at_once() {
     .unwrap();
     let e = other.read("a.bin").unwrap_err().to_string();
     assert!(e.contains("s3://no-such-bucket/x/a.bin"), "{e}");
-    assert!(!e.lines().nth(1).is_some(), "one line: {e}");
+    assert!(!e.contains('\n'), "one line: {e}");
     assert!(t.elapsed() < Duration::from_secs(5), "not retried: {:?}", t.elapsed());
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -131,15 +130,21 @@ fn bad_credentials_are_named_at_once() {
 #[test]
 fn an_unreachable_endpoint_is_named_within_the_retry_bound() {
     // a port that was free a moment ago: connections are refused
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let s = store::open_with("s3://data/run", &options(&endpoint, SECRET_KEY, Duration::from_secs(2)))
-        .unwrap();
+    let s = store::open_with("s3://data/run", &options(&endpoint, SECRET_KEY, Duration::from_secs(2))).unwrap();
     let t = Instant::now();
     let e = s.read("a.bin").unwrap_err().to_string();
     let took = t.elapsed();
     assert!(e.contains("s3://data/run/a.bin") && e.contains("gave up after"), "{e}");
-    assert!(took >= Duration::from_millis(1000) && took < Duration::from_secs(4), "{took:?}: {e}");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(4),
+        "{took:?}: {e}"
+    );
     assert!(!e.contains('\n'), "one line: {e}");
 }
 
@@ -173,7 +178,10 @@ fn reads_are_retried_while_the_server_is_down_for_3_s() {
     server.resume();
     let (n, longest) = reader.join().unwrap();
     assert!(n > 10, "{n} reads");
-    assert!(longest >= Duration::from_secs(2), "a read waited through the outage: {longest:?}");
+    assert!(
+        longest >= Duration::from_secs(2),
+        "a read waited through the outage: {longest:?}"
+    );
     assert_eq!(s.read("shard.bin").unwrap(), data);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -183,17 +191,26 @@ fn responses_503_are_retried_then_reported_past_the_bound() {
     let (server, s, dir) = server_and_store("503", Duration::from_secs(10));
     s.put("a.bin", b"0123456789").unwrap();
     let front = FlakyFront::start(server.port(), 3);
-    let via = store::open_with("s3://data/run", &options(&front.endpoint(), SECRET_KEY, Duration::from_secs(10)))
-        .unwrap();
+    let via = store::open_with(
+        "s3://data/run",
+        &options(&front.endpoint(), SECRET_KEY, Duration::from_secs(10)),
+    )
+    .unwrap();
     assert_eq!(via.read_range("a.bin", 2..6).unwrap(), b"2345");
     assert_eq!(front.failed.load(std::sync::atomic::Ordering::Relaxed), 3);
 
     let always = FlakyFront::start(server.port(), usize::MAX);
-    let via = store::open_with("s3://data/run", &options(&always.endpoint(), SECRET_KEY, Duration::from_secs(1)))
-        .unwrap();
+    let via = store::open_with(
+        "s3://data/run",
+        &options(&always.endpoint(), SECRET_KEY, Duration::from_secs(1)),
+    )
+    .unwrap();
     let t = Instant::now();
     let e = via.read("a.bin").unwrap_err().to_string();
-    assert!(e.contains("s3://data/run/a.bin") && e.contains("503") && e.contains("gave up"), "{e}");
+    assert!(
+        e.contains("s3://data/run/a.bin") && e.contains("503") && e.contains("gave up"),
+        "{e}"
+    );
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -232,10 +249,21 @@ fn the_cache_stays_within_its_size_limit() {
     let c = CachedSource::new(s.clone(), cache_options(dir.join("cache"), 1024, limit, 0)).unwrap();
     for i in 0..20u64 {
         let r = i * 1024..(i + 1) * 1024;
-        assert_eq!(c.read_range("shard.bin", r.clone()).unwrap(), &data[r.start as usize..r.end as usize]);
-        assert!(c.cached_bytes() <= limit, "{} > {limit} after block {i}", c.cached_bytes());
+        assert_eq!(
+            c.read_range("shard.bin", r.clone()).unwrap(),
+            &data[r.start as usize..r.end as usize]
+        );
+        assert!(
+            c.cached_bytes() <= limit,
+            "{} > {limit} after block {i}",
+            c.cached_bytes()
+        );
     }
-    assert!(c.cached_bytes() >= 2 * 1024, "recent blocks are kept: {}", c.cached_bytes());
+    assert!(
+        c.cached_bytes() >= 2 * 1024,
+        "recent blocks are kept: {}",
+        c.cached_bytes()
+    );
     // the most recent block is a hit, the first is long gone
     let before = c.stats();
     c.read_range("shard.bin", 19 * 1024..20 * 1024).unwrap();

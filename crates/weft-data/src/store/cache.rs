@@ -59,11 +59,7 @@ impl Default for CacheOptions {
 
 /// The user's cache folder for weft's object blocks (see [`CacheOptions::dir`]).
 pub fn default_dir() -> PathBuf {
-    let from = |var: &str| {
-        std::env::var_os(var)
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-    };
+    let from = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());
     if let Some(x) = from("XDG_CACHE_HOME") {
         return x.join("weft").join("objects");
     }
@@ -160,11 +156,7 @@ impl CachedSource {
     pub fn wait_prefetched(&self) {
         let mut q = lock(&self.shared.queue);
         while !q.jobs.is_empty() || q.busy {
-            q = self
-                .shared
-                .queue_cv
-                .wait(q)
-                .unwrap_or_else(|p| p.into_inner());
+            q = self.shared.queue_cv.wait(q).unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -420,10 +412,18 @@ mod tests {
         };
         let c = CachedSource::new(Arc::new(src), opts.clone()).unwrap();
         for r in [0..1000u64, 10..20, 60..70, 63..64, 64..65, 999..1000, 5..5, 130..900] {
-            assert_eq!(c.read_range("obj.bin", r.clone()).unwrap(), &data[r.start as usize..r.end as usize], "{r:?}");
+            assert_eq!(
+                c.read_range("obj.bin", r.clone()).unwrap(),
+                &data[r.start as usize..r.end as usize],
+                "{r:?}"
+            );
         }
         assert_eq!(c.len("obj.bin").unwrap(), 1000);
-        assert!(c.read_range("obj.bin", 990..1001).unwrap_err().to_string().contains("past the end"));
+        assert!(c
+            .read_range("obj.bin", 990..1001)
+            .unwrap_err()
+            .to_string()
+            .contains("past the end"));
         // the source goes away; a new cache over the same folder still serves the object
         std::fs::remove_dir_all(&root).unwrap();
         let c2 = CachedSource::new(Arc::new(LocalFolder::new(&root)), opts.clone()).unwrap();

@@ -238,7 +238,10 @@ mod tests {
         let old = SystemTime::now() - Duration::from_secs(100);
         for (i, k) in ["k0", "k1", "k2"].iter().enumerate() {
             c.put(k, &[i as u8; 100]).unwrap();
-            let f = std::fs::File::options().write(true).open(dir.join(format!("{k}.blk"))).unwrap();
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.join(format!("{k}.blk")))
+                .unwrap();
             f.set_modified(old + Duration::from_secs(i as u64)).unwrap();
         }
         // reading k0 makes it the most recently used

@@ -91,8 +91,7 @@ pub fn open_with(url_or_path: &str, options: &StoreOptions) -> Result<Arc<Store>
             backend: Backend::Local(LocalFolder::new(url_or_path)),
         }));
     };
-    let url = url::Url::parse(url_or_path)
-        .map_err(|e| invalid(format!("{url_or_path}: not a valid URL: {e}")))?;
+    let url = url::Url::parse(url_or_path).map_err(|e| invalid(format!("{url_or_path}: not a valid URL: {e}")))?;
     if scheme.eq_ignore_ascii_case("file") {
         let path = url
             .to_file_path()
@@ -102,9 +101,7 @@ pub fn open_with(url_or_path: &str, options: &StoreOptions) -> Result<Arc<Store>
         }));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err(invalid(format!(
-            "{url_or_path}: names no bucket, container or host"
-        )));
+        return Err(invalid(format!("{url_or_path}: names no bucket, container or host")));
     }
     Ok(Arc::new(Store {
         backend: Backend::Remote(remote::Remote::open(&url, options)?),

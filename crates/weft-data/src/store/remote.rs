@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
-};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
 use super::retry::{self, GaveUp};
 use super::StoreOptions;
@@ -61,8 +59,7 @@ impl Remote {
                 )))
             }
         };
-        let prefix = ObjectPath::parse(prefix.trim_matches('/'))
-            .map_err(|e| config_error(&shown, e))?;
+        let prefix = ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| config_error(&shown, e))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("weft-store")
@@ -85,9 +82,8 @@ impl Remote {
 
     /// The store path of object `name`, refusing empty names and `.`/`..` segments.
     fn path(&self, name: &str) -> Result<ObjectPath> {
-        let bad = name.is_empty()
-            || name.starts_with('/')
-            || name.split('/').any(|s| s.is_empty() || s == "." || s == "..");
+        let bad =
+            name.is_empty() || name.starts_with('/') || name.split('/').any(|s| s.is_empty() || s == "." || s == "..");
         if bad {
             return Err(invalid(format!(
                 "{}: object name {name:?} must be a relative path inside the store",
@@ -123,10 +119,9 @@ impl Remote {
             object_store::Error::NotFound { .. } => {
                 format!("{url}: not found (no such object or bucket): {detail}")
             }
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => format!(
-                "{url}: access denied; check the credentials in the environment: {detail}"
-            ),
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                format!("{url}: access denied; check the credentials in the environment: {detail}")
+            }
             _ if g.transient => format!(
                 "{url}: store unavailable, gave up after {} attempts in {:.1} s (retry bound {:.1} s): {detail}",
                 g.attempts,
@@ -204,9 +199,7 @@ impl Remote {
 
     /// The length of `name` in bytes.
     pub(crate) fn len(&self, name: &str) -> Result<u64> {
-        self.run(name, |store, path| async move {
-            Ok(store.head(&path).await?.size)
-        })
+        self.run(name, |store, path| async move { Ok(store.head(&path).await?.size) })
     }
 
     /// Writes `name` whole (one PUT: the store shows the old object or the new one).
@@ -224,11 +217,7 @@ impl Remote {
 
 /// `s3://bucket/prefix`: `AWS_*` variables (`AWS_ENDPOINT_URL` for S3-compatible stores; an
 /// `http://` endpoint is allowed without `AWS_ALLOW_HTTP`).
-fn build_s3(
-    url: &url::Url,
-    shown: &str,
-    options: &StoreOptions,
-) -> Result<object_store::aws::AmazonS3> {
+fn build_s3(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::aws::AmazonS3> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     let mut b = AmazonS3Builder::from_env().with_url(url.as_str());
     for (k, v) in &options.config {
@@ -249,11 +238,7 @@ fn build_s3(
 }
 
 /// `gs://bucket/prefix`: `GOOGLE_*` variables (`GOOGLE_SERVICE_ACCOUNT`, ...).
-fn build_gcs(
-    url: &url::Url,
-    shown: &str,
-    options: &StoreOptions,
-) -> Result<object_store::gcp::GoogleCloudStorage> {
+fn build_gcs(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::gcp::GoogleCloudStorage> {
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
     let mut b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
     for (k, v) in &options.config {
@@ -269,11 +254,7 @@ fn build_gcs(
 }
 
 /// `az://container/prefix`: `AZURE_*` variables (`AZURE_STORAGE_ACCOUNT_NAME`, ...).
-fn build_azure(
-    url: &url::Url,
-    shown: &str,
-    options: &StoreOptions,
-) -> Result<object_store::azure::MicrosoftAzure> {
+fn build_azure(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::azure::MicrosoftAzure> {
     use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
     let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
     for (k, v) in &options.config {
@@ -290,11 +271,7 @@ fn build_azure(
 
 /// `http(s)://host/path`: objects are `GET`/`HEAD`/`PUT` at `URL/name` (a plain web server reads;
 /// writing needs WebDAV).
-fn build_http(
-    url: &url::Url,
-    shown: &str,
-    options: &StoreOptions,
-) -> Result<object_store::http::HttpStore> {
+fn build_http(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::http::HttpStore> {
     use object_store::ClientConfigKey;
     let mut b = object_store::http::HttpBuilder::new().with_url(url.as_str());
     for (k, v) in &options.config {

@@ -79,7 +79,9 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// The pause before retry number `attempt` (1-based): 100 ms doubling up to 5 s, lengthened by up
 /// to 25% of jitter so that ranks retrying together spread out.
 pub(crate) fn backoff(attempt: u32) -> Duration {
-    let base = 100u64.saturating_mul(1u64 << attempt.saturating_sub(1).min(16)).min(5_000);
+    let base = 100u64
+        .saturating_mul(1u64 << attempt.saturating_sub(1).min(16))
+        .min(5_000);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -102,10 +104,7 @@ pub(crate) struct GaveUp {
 
 /// Runs `op` until it succeeds, fails definitively, or the next attempt would start after `bound`
 /// has passed since the first one.
-pub(crate) fn retry<T>(
-    bound: Duration,
-    mut op: impl FnMut() -> object_store::Result<T>,
-) -> Result<T, GaveUp> {
+pub(crate) fn retry<T>(bound: Duration, mut op: impl FnMut() -> object_store::Result<T>) -> Result<T, GaveUp> {
     let start = Instant::now();
     let mut attempts = 0u32;
     loop {
@@ -143,7 +142,8 @@ mod tests {
 
     #[test]
     fn statuses_and_kinds_are_sorted() {
-        let s503 = generic("Error performing GET x - Server returned non-2xx status code: 503 Service Unavailable: slow");
+        let s503 =
+            generic("Error performing GET x - Server returned non-2xx status code: 503 Service Unavailable: slow");
         let s400 = generic("Error performing GET x - Server returned non-2xx status code: 400 Bad Request: no");
         let s429 = generic("status code: 429 Too Many Requests");
         assert_eq!(classify(&s503), Verdict::Retry);
