@@ -356,3 +356,46 @@ fn ranks_sharing_one_cache_folder_read_the_right_bytes() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_server_that_never_answers_is_given_up_within_the_retry_bound() {
+    // accepts connections and reads, never answers
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+            if held.len() > 100 {
+                break;
+            }
+        }
+    });
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let s = store::open_with("s3://data/run", &options(&endpoint, SECRET_KEY, Duration::from_secs(2))).unwrap();
+    let t = Instant::now();
+    let e = s.read("a.bin").unwrap_err().to_string();
+    let took = t.elapsed();
+    assert!(
+        e.contains("s3://data/run/a.bin") && e.contains("no answer within"),
+        "{e}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "{took:?}: {e}"
+    );
+}
+
+#[test]
+fn a_cache_limit_smaller_than_a_block_is_refused() {
+    let src = Arc::new(weft_data::LocalFolder::new(scratch("cache-bad")));
+    let dir = scratch("cache-bad-dir");
+    let e = CachedSource::new(src, cache_options(dir.clone(), 4096, 1000, 0))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("1000") && e.contains("4096") && e.contains(&dir.display().to_string()),
+        "{e}"
+    );
+}

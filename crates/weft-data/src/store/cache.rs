@@ -118,8 +118,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl CachedSource {
     /// `inner` cached as `options` say; starts the read-ahead thread.
     pub fn new(inner: Arc<dyn ObjectSource>, options: CacheOptions) -> Result<CachedSource> {
-        if options.block_size == 0 {
-            return Err(invalid("cache block_size must be at least 1 byte"));
+        if options.block_size == 0 || options.limit_bytes < options.block_size {
+            return Err(invalid(format!(
+                "{}: the cache limit ({} bytes) must hold at least one block ({} bytes, at least 1)",
+                options.dir.display(),
+                options.limit_bytes,
+                options.block_size
+            )));
         }
         let disk = DiskCache::new(options.dir, options.limit_bytes)?;
         let shared = Arc::new(Shared {

@@ -105,8 +105,20 @@ impl Remote {
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
         let path = self.path(name)?;
-        retry::retry(self.retry_for, || {
-            self.rt.block_on(op(self.store.clone(), path.clone()))
+        retry::retry(self.retry_for, |left| {
+            let attempt = op(self.store.clone(), path.clone());
+            self.rt.block_on(async move {
+                match tokio::time::timeout(left, attempt).await {
+                    Ok(r) => r,
+                    Err(_) => Err(object_store::Error::Generic {
+                        store: "weft",
+                        source: Box::new(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer within {:.1} s", left.as_secs_f64()),
+                        )),
+                    }),
+                }
+            })
         })
         .map_err(|g| self.gave_up(name, g))
     }

@@ -102,14 +102,18 @@ pub(crate) struct GaveUp {
     pub transient: bool,
 }
 
+/// The least time an attempt is given, even when the bound is nearly spent.
+const MIN_ATTEMPT: Duration = Duration::from_secs(1);
+
 /// Runs `op` until it succeeds, fails definitively, or the next attempt would start after `bound`
-/// has passed since the first one.
-pub(crate) fn retry<T>(bound: Duration, mut op: impl FnMut() -> object_store::Result<T>) -> Result<T, GaveUp> {
+/// has passed since the first one. `op` is told how long it may take (what is left of the bound,
+/// at least 1 s), so that a server that never answers costs at most the bound plus 1 s.
+pub(crate) fn retry<T>(bound: Duration, mut op: impl FnMut(Duration) -> object_store::Result<T>) -> Result<T, GaveUp> {
     let start = Instant::now();
     let mut attempts = 0u32;
     loop {
         attempts += 1;
-        match op() {
+        match op(bound.saturating_sub(start.elapsed()).max(MIN_ATTEMPT)) {
             Ok(v) => return Ok(v),
             Err(e) => {
                 let transient = classify(&e) == Verdict::Retry;
@@ -178,7 +182,7 @@ mod tests {
     fn retry_stops_at_the_bound_and_on_definite_errors() {
         let t = Instant::now();
         let mut n = 0;
-        let r: Result<(), GaveUp> = retry(Duration::from_millis(700), || {
+        let r: Result<(), GaveUp> = retry(Duration::from_millis(700), |_| {
             n += 1;
             Err(generic("status code: 500 Internal Server Error"))
         });
@@ -187,7 +191,7 @@ mod tests {
         assert!(t.elapsed() < Duration::from_millis(700), "{:?}", t.elapsed());
 
         let mut m = 0;
-        let r: Result<(), GaveUp> = retry(Duration::from_secs(60), || {
+        let r: Result<(), GaveUp> = retry(Duration::from_secs(60), |_| {
             m += 1;
             Err(generic("status code: 403 Forbidden"))
         });
@@ -195,7 +199,7 @@ mod tests {
         assert_eq!(m, 1);
 
         let mut k = 0;
-        let r = retry(Duration::from_secs(60), || {
+        let r = retry(Duration::from_secs(60), |_| {
             k += 1;
             if k < 3 {
                 Err(generic("status code: 502 Bad Gateway"))
