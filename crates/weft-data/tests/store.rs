@@ -399,3 +399,66 @@ fn a_cache_limit_smaller_than_a_block_is_refused() {
         "{e}"
     );
 }
+
+/// Environment of a child process started by `processes_sharing_one_cache_folder_...`.
+const CHILD_ENV: &str = "WEFT_STORE_TEST_CHILD";
+
+#[test]
+fn processes_sharing_one_cache_folder_read_the_right_bytes() {
+    let (server, s, dir) = server_and_store("cache-procs", Duration::from_secs(10));
+    let data = pattern(64 * 1024, 8);
+    s.put("shard.bin", &data).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--ignored",
+                    "--exact",
+                    "child_rank_reads_through_a_shared_cache",
+                    "--test-threads=1",
+                ])
+                .env(
+                    CHILD_ENV,
+                    format!("{}|{}|{rank}", server.endpoint(), dir.join("cache").display()),
+                )
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // all three run at once
+    for (rank, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "rank {rank}: {text}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// One rank of the test above; run only as its child process.
+#[test]
+#[ignore = "run as a child process by processes_sharing_one_cache_folder_read_the_right_bytes"]
+fn child_rank_reads_through_a_shared_cache() {
+    use std::io::Write;
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        writeln!(
+            std::io::stderr(),
+            "skipped: runs only as a child of processes_sharing_one_cache_folder_read_the_right_bytes"
+        )
+        .unwrap();
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let (endpoint, cache, rank): (&str, &str, u64) = (parts[0], parts[1], parts[2].parse().unwrap());
+    let s = store::open_with("s3://data/run", &options(endpoint, SECRET_KEY, Duration::from_secs(10))).unwrap();
+    let data = pattern(64 * 1024, 8);
+    // a limit that forces eviction while the other processes read and write
+    let c = CachedSource::new(s, cache_options(PathBuf::from(cache), 2048, 10 * 2048, 2)).unwrap();
+    for k in 0..80u64 {
+        let start = (k * 3571 + rank * 997) % (60 * 1024);
+        let r = start..start + 3000;
+        let got = c.read_range("shard.bin", r.clone()).unwrap();
+        assert_eq!(got, &data[r.start as usize..r.end as usize], "rank {rank} {r:?}");
+    }
+}
