@@ -462,3 +462,53 @@ fn child_rank_reads_through_a_shared_cache() {
         assert_eq!(got, &data[r.start as usize..r.end as usize], "rank {rank} {r:?}");
     }
 }
+
+/// Marks a child process started by `the_environment_alone_configures_an_s3_compatible_store`.
+const ENV_CHILD: &str = "WEFT_STORE_TEST_ENV_CHILD";
+
+#[test]
+fn the_environment_alone_configures_an_s3_compatible_store() {
+    let (server, s, dir) = server_and_store("env", Duration::from_secs(10));
+    s.put("from-env.bin", b"configured by AWS_* variables").unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_opens_the_store_from_the_environment",
+            "--test-threads=1",
+        ])
+        .env_clear()
+        .env(ENV_CHILD, "1")
+        .env("AWS_ENDPOINT_URL", server.endpoint()) // plain http, without AWS_ALLOW_HTTP
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The child of the test above: `store::open` with nothing but the environment.
+#[test]
+#[ignore = "run as a child process by the_environment_alone_configures_an_s3_compatible_store"]
+fn child_opens_the_store_from_the_environment() {
+    use std::io::Write;
+    if std::env::var_os(ENV_CHILD).is_none() {
+        writeln!(
+            std::io::stderr(),
+            "skipped: runs only as a child of the_environment_alone_configures_an_s3_compatible_store"
+        )
+        .unwrap();
+        return;
+    }
+    let s = store::open("s3://data/run").unwrap();
+    assert_eq!(s.read("from-env.bin").unwrap(), b"configured by AWS_* variables");
+    s.put("written-from-env.bin", b"ok").unwrap();
+    assert_eq!(s.read_range("written-from-env.bin", 0..2).unwrap(), b"ok");
+}

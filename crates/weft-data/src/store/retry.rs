@@ -39,10 +39,15 @@ fn classify_chain(e: &(dyn std::error::Error + 'static)) -> Verdict {
     }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
-        if err.is::<object_store::client::HttpError>()
-            || err.is::<std::io::Error>()
-            || err.is::<tokio::task::JoinError>()
-        {
+        if let Some(h) = err.downcast_ref::<object_store::client::HttpError>() {
+            // an unknown kind is a request that could not be made (a URL scheme not allowed,
+            // a malformed header): trying again changes nothing
+            return match h.kind() {
+                object_store::client::HttpErrorKind::Unknown => Verdict::Fail,
+                _ => Verdict::Retry,
+            };
+        }
+        if err.is::<std::io::Error>() || err.is::<tokio::task::JoinError>() {
             return Verdict::Retry;
         }
         cur = err.source();
@@ -159,6 +164,15 @@ mod tests {
             source: Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
         };
         assert_eq!(classify(&io), Verdict::Retry);
+        use object_store::client::{HttpError, HttpErrorKind};
+        let http = |kind| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(HttpError::new(kind, std::io::Error::other("x"))),
+        };
+        assert_eq!(classify(&http(HttpErrorKind::Connect)), Verdict::Retry);
+        assert_eq!(classify(&http(HttpErrorKind::Interrupted)), Verdict::Retry);
+        assert_eq!(classify(&http(HttpErrorKind::Timeout)), Verdict::Retry);
+        assert_eq!(classify(&http(HttpErrorKind::Unknown)), Verdict::Fail);
         let missing = object_store::Error::NotFound {
             path: "a".into(),
             source: "gone".into(),

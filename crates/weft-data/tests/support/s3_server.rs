@@ -33,14 +33,25 @@ pub struct S3Server {
 impl S3Server {
     /// Serves `root` (created if missing) on a free loopback port.
     pub fn start(root: &Path) -> S3Server {
-        std::fs::create_dir_all(root).unwrap();
+        S3Server::start_on(root, 0)
+    }
+
+    /// Serves `root` (created if missing) on loopback port `port` (0: a free one).
+    pub fn start_on(root: &Path, port: u16) -> S3Server {
+        S3Server::try_start_on(root, port).unwrap()
+    }
+
+    /// [`S3Server::start_on`], reporting a folder that cannot be made or a port that cannot be
+    /// bound.
+    pub fn try_start_on(root: &Path, port: u16) -> std::io::Result<S3Server> {
+        std::fs::create_dir_all(root).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", root.display())))?;
         let mut s = S3Server {
             root: root.to_path_buf(),
-            port: 0,
+            port,
             rt: None,
         };
-        s.resume();
-        s
+        s.try_resume()?;
+        Ok(s)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -55,7 +66,16 @@ impl S3Server {
 
     /// Makes bucket `name` (a folder under the root, as s3s-fs keeps buckets).
     pub fn create_bucket(&self, name: &str) {
-        std::fs::create_dir_all(self.root.join(name)).unwrap();
+        self.try_create_bucket(name).unwrap()
+    }
+
+    /// [`S3Server::create_bucket`], reporting a name that cannot be a folder.
+    pub fn try_create_bucket(&self, name: &str) -> std::io::Result<()> {
+        let dir = self.root.join(name);
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return Err(std::io::Error::other(format!("bucket name {name:?} is not valid")));
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
     }
 
     /// Closes the listener and all connections.
@@ -67,33 +87,34 @@ impl S3Server {
 
     /// Serves again on the same port (the first call picks a free one).
     pub fn resume(&mut self) {
+        self.try_resume().unwrap()
+    }
+
+    fn try_resume(&mut self) -> std::io::Result<()> {
         assert!(self.rt.is_none(), "already running");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
-            .build()
-            .unwrap();
-        let fs = s3s_fs::FileSystem::new(&self.root).unwrap();
+            .build()?;
+        let fs = s3s_fs::FileSystem::new(&self.root)
+            .map_err(|e| std::io::Error::other(format!("{}: {e:?}", self.root.display())))?;
         let mut b = s3s::service::S3ServiceBuilder::new(fs);
         b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
         let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
         // the port may linger a moment after a stop
-        let listener = {
-            let mut tries = 0;
-            loop {
-                match rt.block_on(tokio::net::TcpListener::bind(addr)) {
-                    Ok(l) => break l,
-                    Err(e) if tries < 50 => {
-                        tries += 1;
-                        let _ = e;
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    Err(e) => panic!("cannot bind {addr}: {e}"),
+        let mut tries = 0;
+        let listener = loop {
+            match rt.block_on(tokio::net::TcpListener::bind(addr)) {
+                Ok(l) => break l,
+                Err(_) if tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(100));
                 }
+                Err(e) => return Err(std::io::Error::new(e.kind(), format!("{addr}: {e}"))),
             }
         };
-        self.port = listener.local_addr().unwrap().port();
+        self.port = listener.local_addr()?.port();
         rt.spawn(async move {
             loop {
                 let Ok((socket, _)) = listener.accept().await else {
@@ -108,6 +129,7 @@ impl S3Server {
             }
         });
         self.rt = Some(rt);
+        Ok(())
     }
 }
 
