@@ -34,6 +34,7 @@ pub mod csv;
 pub mod error;
 pub mod objects;
 pub mod prefetch;
+pub mod store;
 pub mod text;
 pub mod tokenizer;
 pub mod tokens;

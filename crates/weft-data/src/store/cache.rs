@@ -1,0 +1,439 @@
+//! [`CachedSource`]: any [`ObjectSource`] read through fixed-size blocks kept in an on-disk cache,
+//! with read-ahead on a background thread.
+//!
+//! Object `name` is cut into blocks of [`CacheOptions::block_size`] bytes (the last one shorter).
+//! A read fetches the blocks it covers that the cache lacks, one inner `read_range` per block, and
+//! stores them; the object's length is cached too, so an object read once is served again with the
+//! store unreachable. Blocks are keyed by the inner source's URL for the object
+//! ([`ObjectSource::describe`]), the block size and the block index: **objects are assumed not to
+//! change under their URL** (dataset shards are written once). Read small files that may be
+//! rewritten (an `index.json`) from the store itself.
+//!
+//! Read-ahead: after a read that starts where the previous read of the same object ended, the
+//! next [`CacheOptions::read_ahead`] blocks are queued for the background thread; and
+//! [`CachedSource::prefetch`] queues any byte range (a dataset that knows its future windows says
+//! so). A block being fetched by one thread is waited for, not fetched twice, within a process.
+//! Read-ahead errors are dropped: the read that needs the block fetches it again and reports.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::disk::{DiskCache, Lookup};
+use crate::error::{invalid, Result};
+use crate::objects::ObjectSource;
+
+/// Byte ranges queued for read-ahead at most; older hints are dropped past this.
+const QUEUE_CAP: usize = 256;
+
+/// How a [`CachedSource`] caches.
+#[derive(Debug, Clone)]
+pub struct CacheOptions {
+    /// The cache folder; shared safely by processes on this machine. Default
+    /// `$XDG_CACHE_HOME/weft/objects`, else `$HOME/.cache/weft/objects`, else
+    /// `<temp dir>/weft-cache/objects`.
+    pub dir: PathBuf,
+    /// Most bytes the folder's entries may take (least recently used evicted). Default 10 GiB.
+    pub limit_bytes: u64,
+    /// Block size in bytes. Default 4 MiB.
+    pub block_size: u64,
+    /// Blocks fetched ahead after a sequential read (0: none). Default 4.
+    pub read_ahead: usize,
+}
+
+impl Default for CacheOptions {
+    fn default() -> CacheOptions {
+        CacheOptions {
+            dir: default_dir(),
+            limit_bytes: 10 << 30,
+            block_size: 4 << 20,
+            read_ahead: 4,
+        }
+    }
+}
+
+/// The user's cache folder for weft's object blocks (see [`CacheOptions::dir`]).
+pub fn default_dir() -> PathBuf {
+    let from = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(x) = from("XDG_CACHE_HOME") {
+        return x.join("weft").join("objects");
+    }
+    if let Some(h) = from("HOME") {
+        return h.join(".cache").join("weft").join("objects");
+    }
+    std::env::temp_dir().join("weft-cache").join("objects")
+}
+
+/// Counters of a [`CachedSource`]'s work since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Blocks served from the cache folder.
+    pub hits: u64,
+    /// Blocks fetched from the inner source (by reads or read-ahead).
+    pub fetched: u64,
+    /// Of those, blocks fetched by the read-ahead thread.
+    pub fetched_ahead: u64,
+    /// Cached blocks that failed their checksum (removed and fetched again).
+    pub corrupt: u64,
+}
+
+/// An [`ObjectSource`] in front of another, caching its blocks on disk (see the module docs).
+pub struct CachedSource {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<dyn ObjectSource>,
+    disk: DiskCache,
+    block: u64,
+    read_ahead: usize,
+    lens: Mutex<HashMap<String, u64>>,
+    last_end: Mutex<HashMap<String, u64>>,
+    inflight: Mutex<HashSet<String>>,
+    inflight_cv: Condvar,
+    queue: Mutex<Queue>,
+    queue_cv: Condvar,
+    hits: AtomicU64,
+    fetched: AtomicU64,
+    fetched_ahead: AtomicU64,
+    corrupt: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<(String, Range<u64>)>,
+    busy: bool,
+    stop: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl CachedSource {
+    /// `inner` cached as `options` say; starts the read-ahead thread.
+    pub fn new(inner: Arc<dyn ObjectSource>, options: CacheOptions) -> Result<CachedSource> {
+        if options.block_size == 0 || options.limit_bytes < options.block_size {
+            return Err(invalid(format!(
+                "{}: the cache limit ({} bytes) must hold at least one block ({} bytes, at least 1)",
+                options.dir.display(),
+                options.limit_bytes,
+                options.block_size
+            )));
+        }
+        let disk = DiskCache::new(options.dir, options.limit_bytes)?;
+        let shared = Arc::new(Shared {
+            inner,
+            disk,
+            block: options.block_size,
+            read_ahead: options.read_ahead,
+            lens: Mutex::default(),
+            last_end: Mutex::default(),
+            inflight: Mutex::default(),
+            inflight_cv: Condvar::new(),
+            queue: Mutex::default(),
+            queue_cv: Condvar::new(),
+            hits: AtomicU64::new(0),
+            fetched: AtomicU64::new(0),
+            fetched_ahead: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
+        });
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name("weft-read-ahead".into())
+            .spawn(move || worker.work())
+            .map_err(|e| invalid(format!("cannot start the read-ahead thread: {e}")))?;
+        Ok(CachedSource { shared })
+    }
+
+    /// Queues bytes `range` of `name` for the background thread to bring into the cache (clamped
+    /// to the object; errors are dropped). Returns at once.
+    pub fn prefetch(&self, name: &str, range: Range<u64>) {
+        self.shared.enqueue(name, range);
+    }
+
+    /// Waits until the read-ahead queue is empty and the background thread is idle.
+    pub fn wait_prefetched(&self) {
+        let mut q = lock(&self.shared.queue);
+        while !q.jobs.is_empty() || q.busy {
+            q = self.shared.queue_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// What was served from where so far.
+    pub fn stats(&self) -> CacheStats {
+        let s = &self.shared;
+        CacheStats {
+            hits: s.hits.load(Ordering::Relaxed),
+            fetched: s.fetched.load(Ordering::Relaxed),
+            fetched_ahead: s.fetched_ahead.load(Ordering::Relaxed),
+            corrupt: s.corrupt.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The cache folder's entries, in bytes (at most the limit after each insertion).
+    pub fn cached_bytes(&self) -> u64 {
+        self.shared.disk.size()
+    }
+
+    /// The cache folder.
+    pub fn dir(&self) -> &std::path::Path {
+        self.shared.disk.dir()
+    }
+}
+
+impl Drop for CachedSource {
+    /// Stops the read-ahead thread after the block it is fetching (not waited for).
+    fn drop(&mut self) {
+        let mut q = lock(&self.shared.queue);
+        q.stop = true;
+        q.jobs.clear();
+        self.shared.queue_cv.notify_all();
+    }
+}
+
+impl Shared {
+    /// The cache key prefix of `name`: a hash of its URL.
+    fn object_key(&self, name: &str) -> String {
+        let digest = Sha256::digest(self.inner.describe(name).as_bytes());
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn len(&self, name: &str) -> Result<u64> {
+        if let Some(&n) = lock(&self.lens).get(name) {
+            return Ok(n);
+        }
+        let key = format!("{}-len", self.object_key(name));
+        let cached = match self.disk.get(&key) {
+            Lookup::Hit(b) if b.len() == 8 => Some(u64::from_le_bytes(b[..8].try_into().unwrap_or_default())),
+            Lookup::Hit(_) => {
+                self.disk.remove(&key);
+                None
+            }
+            Lookup::Miss | Lookup::Corrupt => None,
+        };
+        let n = match cached {
+            Some(n) => n,
+            None => {
+                let n = self.inner.len(name)?;
+                // a full or read-only cache folder costs speed, not correctness
+                let _ = self.disk.put(&key, &n.to_le_bytes());
+                n
+            }
+        };
+        lock(&self.lens).insert(name.to_string(), n);
+        Ok(n)
+    }
+
+    fn block_key(&self, name: &str, idx: u64) -> String {
+        format!("{}-{}-{idx}", self.object_key(name), self.block)
+    }
+
+    /// Block `idx` of `name` (object length `len`), from the cache or the inner source.
+    fn block(&self, name: &str, idx: u64, len: u64, ahead: bool) -> Result<Vec<u8>> {
+        let start = idx * self.block;
+        let want = (start + self.block).min(len) - start;
+        let key = self.block_key(name, idx);
+        loop {
+            match self.disk.get(&key) {
+                Lookup::Hit(b) if b.len() as u64 == want => {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(b);
+                }
+                Lookup::Hit(_) | Lookup::Corrupt => {
+                    self.disk.remove(&key);
+                    self.corrupt.fetch_add(1, Ordering::Relaxed);
+                }
+                Lookup::Miss => {}
+            }
+            let mut inflight = lock(&self.inflight);
+            if inflight.contains(&key) {
+                // another thread is fetching it: wait, then look in the cache again
+                while inflight.contains(&key) {
+                    inflight = self
+                        .inflight_cv
+                        .wait_timeout(inflight, Duration::from_secs(1))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                continue;
+            }
+            inflight.insert(key.clone());
+            break;
+        }
+        let got = self.inner.read_range(name, start..start + want);
+        if let Ok(b) = &got {
+            self.fetched.fetch_add(1, Ordering::Relaxed);
+            if ahead {
+                self.fetched_ahead.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = self.disk.put(&key, b);
+        }
+        lock(&self.inflight).remove(&key);
+        self.inflight_cv.notify_all();
+        got
+    }
+
+    fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
+        if range.end < range.start {
+            return Err(invalid(format!(
+                "{}: byte range {}..{} is reversed",
+                self.inner.describe(name),
+                range.start,
+                range.end
+            )));
+        }
+        let len = self.len(name)?;
+        if range.end > len {
+            return Err(invalid(format!(
+                "{}: byte range {}..{} is past the end of the object ({len} bytes)",
+                self.inner.describe(name),
+                range.start,
+                range.end
+            )));
+        }
+        let mut out = Vec::with_capacity((range.end - range.start) as usize);
+        if range.is_empty() {
+            return Ok(out);
+        }
+        let (first, last) = (range.start / self.block, (range.end - 1) / self.block);
+        for idx in first..=last {
+            let b = self.block(name, idx, len, false)?;
+            let off = idx * self.block;
+            let lo = (range.start.max(off) - off) as usize;
+            let hi = (range.end.min(off + b.len() as u64) - off) as usize;
+            out.extend_from_slice(&b[lo..hi]);
+        }
+        let prev = lock(&self.last_end).insert(name.to_string(), range.end);
+        if self.read_ahead > 0 && prev == Some(range.start) {
+            let from = (last + 1) * self.block;
+            let to = ((last + 1 + self.read_ahead as u64) * self.block).min(len);
+            if from < to {
+                self.enqueue(name, from..to);
+            }
+        }
+        Ok(out)
+    }
+
+    fn enqueue(&self, name: &str, range: Range<u64>) {
+        if range.is_empty() {
+            return;
+        }
+        let mut q = lock(&self.queue);
+        if q.stop || q.jobs.iter().any(|(n, r)| n == name && *r == range) {
+            return;
+        }
+        if q.jobs.len() >= QUEUE_CAP {
+            q.jobs.pop_front();
+        }
+        q.jobs.push_back((name.to_string(), range));
+        self.queue_cv.notify_all();
+    }
+
+    /// The read-ahead thread: fetch queued ranges' missing blocks until told to stop.
+    fn work(&self) {
+        loop {
+            let (name, range) = {
+                let mut q = lock(&self.queue);
+                q.busy = false;
+                self.queue_cv.notify_all();
+                loop {
+                    if q.stop {
+                        return;
+                    }
+                    if let Some(job) = q.jobs.pop_front() {
+                        q.busy = true;
+                        break job;
+                    }
+                    q = self.queue_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let Ok(len) = self.len(&name) else { continue };
+            let end = range.end.min(len);
+            if range.start >= end {
+                continue;
+            }
+            for idx in range.start / self.block..=(end - 1) / self.block {
+                if lock(&self.queue).stop {
+                    return;
+                }
+                if self.disk.contains(&self.block_key(&name, idx)) {
+                    continue;
+                }
+                if self.block(&name, idx, len, true).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl ObjectSource for CachedSource {
+    fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
+        self.shared.read_range(name, range)
+    }
+
+    fn read(&self, name: &str) -> Result<Vec<u8>> {
+        let len = self.shared.len(name)?;
+        self.shared.read_range(name, 0..len)
+    }
+
+    fn len(&self, name: &str) -> Result<u64> {
+        self.shared.len(name)
+    }
+
+    fn describe(&self, name: &str) -> String {
+        self.shared.inner.describe(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::{LocalFolder, ObjectSink};
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("weft-cache-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn reads_across_blocks_match_the_source_and_survive_its_loss() {
+        let root = tmpdir("src");
+        let src = LocalFolder::new(&root);
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        src.put("obj.bin", &data).unwrap();
+        let opts = CacheOptions {
+            dir: tmpdir("dir"),
+            limit_bytes: 1 << 20,
+            block_size: 64,
+            read_ahead: 0,
+        };
+        let c = CachedSource::new(Arc::new(src), opts.clone()).unwrap();
+        for r in [0..1000u64, 10..20, 60..70, 63..64, 64..65, 999..1000, 5..5, 130..900] {
+            assert_eq!(
+                c.read_range("obj.bin", r.clone()).unwrap(),
+                &data[r.start as usize..r.end as usize],
+                "{r:?}"
+            );
+        }
+        assert_eq!(c.len("obj.bin").unwrap(), 1000);
+        assert!(c
+            .read_range("obj.bin", 990..1001)
+            .unwrap_err()
+            .to_string()
+            .contains("past the end"));
+        // the source goes away; a new cache over the same folder still serves the object
+        std::fs::remove_dir_all(&root).unwrap();
+        let c2 = CachedSource::new(Arc::new(LocalFolder::new(&root)), opts.clone()).unwrap();
+        assert_eq!(c2.read("obj.bin").unwrap(), data);
+        assert_eq!(c2.stats().fetched, 0);
+        std::fs::remove_dir_all(&opts.dir).unwrap();
+    }
+}

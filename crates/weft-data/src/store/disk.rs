@@ -1,0 +1,258 @@
+//! The on-disk cache folder: checksummed entries, written atomically, evicted least recently used
+//! first down to a size limit. Several processes may share one folder.
+//!
+//! An entry is one file `KEY.blk`: the 8-byte magic `WEFTBLK1`, the CRC-32 of the payload (u32,
+//! little-endian), the payload's length in bytes (u64, little-endian), then the payload. A write
+//! goes to a unique temporary file in the same folder and is renamed into place, so a reader sees
+//! a whole entry or none. A reader checks magic, length and checksum; an entry that fails is
+//! removed and treated as absent. Reading an entry sets its modification time to now; eviction
+//! removes the entries with the oldest modification times until the folder's entries fit the
+//! limit.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"WEFTBLK1";
+const HEADER: usize = 8 + 4 + 8;
+const SUFFIX: &str = ".blk";
+/// Temporary files older than this are leftovers of a process that died mid-write.
+const STALE_TMP: Duration = Duration::from_secs(3600);
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// What looking an entry up found.
+#[derive(Debug)]
+pub(crate) enum Lookup {
+    /// A whole, checksum-verified payload.
+    Hit(Vec<u8>),
+    /// No entry.
+    Miss,
+    /// An entry that failed its check (now removed).
+    Corrupt,
+}
+
+/// A cache folder with a size limit in bytes (the entries' file sizes, headers included).
+#[derive(Debug)]
+pub(crate) struct DiskCache {
+    dir: PathBuf,
+    limit: u64,
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+impl DiskCache {
+    /// The folder `dir` (created if missing) with at most `limit` bytes of entries.
+    pub(crate) fn new(dir: PathBuf, limit: u64) -> Result<DiskCache> {
+        std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        Ok(DiskCache { dir, limit })
+    }
+
+    /// The folder.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}{SUFFIX}"))
+    }
+
+    /// The entry `key`, checked; a corrupt entry is removed.
+    pub(crate) fn get(&self, key: &str) -> Lookup {
+        let path = self.path(key);
+        let mut bytes = Vec::new();
+        match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)) {
+            Ok(_) => {}
+            Err(_) => return Lookup::Miss,
+        }
+        match decode(&bytes) {
+            Some(payload) => {
+                // least recently used is judged by modification time
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                bytes.drain(..HEADER);
+                debug_assert_eq!(bytes.len(), payload);
+                Lookup::Hit(bytes)
+            }
+            None => {
+                let _ = std::fs::remove_file(&path);
+                Lookup::Corrupt
+            }
+        }
+    }
+
+    /// Stores `payload` as entry `key` (atomically), then evicts down to the limit. A payload
+    /// larger than the limit is not stored. Returns whether it was stored.
+    pub(crate) fn put(&self, key: &str, payload: &[u8]) -> Result<bool> {
+        let size = (HEADER + payload.len()) as u64;
+        if size > self.limit {
+            return Ok(false);
+        }
+        let path = self.path(key);
+        let tmp = self.dir.join(format!(
+            ".tmp-{}-{}-{key}",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            let mut header = [0u8; HEADER];
+            header[..8].copy_from_slice(MAGIC);
+            header[8..12].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+            header[12..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            f.write_all(&header)?;
+            f.write_all(payload)?;
+            drop(f);
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io_err(&path, e));
+        }
+        self.evict()?;
+        Ok(true)
+    }
+
+    /// Whether entry `key` exists (unchecked).
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        self.path(key).is_file()
+    }
+
+    /// Removes entry `key` if present.
+    pub(crate) fn remove(&self, key: &str) {
+        let _ = std::fs::remove_file(self.path(key));
+    }
+
+    /// Removes the least recently used entries until the entries total at most the limit (the
+    /// newest entry is the last to go). Temporary files left by dead writers are swept too.
+    fn evict(&self) -> Result<()> {
+        let mut entries = Vec::new();
+        let mut total = 0u64;
+        let rd = std::fs::read_dir(&self.dir).map_err(|e| io_err(&self.dir, e))?;
+        let now = SystemTime::now();
+        for ent in rd.flatten() {
+            let name = ent.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Ok(meta) = ent.metadata() else { continue };
+            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            if name.starts_with(".tmp-") {
+                if now.duration_since(mtime).unwrap_or_default() > STALE_TMP {
+                    let _ = std::fs::remove_file(ent.path());
+                }
+                continue;
+            }
+            if !name.ends_with(SUFFIX) || !meta.is_file() {
+                continue;
+            }
+            total += meta.len();
+            entries.push((mtime, name.to_string(), meta.len()));
+        }
+        if total <= self.limit {
+            return Ok(());
+        }
+        entries.sort();
+        for (_, name, len) in entries {
+            if total <= self.limit {
+                break;
+            }
+            // another process may have removed it already; either way it no longer counts
+            let _ = std::fs::remove_file(self.dir.join(&name));
+            total = total.saturating_sub(len);
+        }
+        Ok(())
+    }
+
+    /// The entries' total size in bytes (for tests and reports).
+    pub(crate) fn size(&self) -> u64 {
+        std::fs::read_dir(&self.dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(SUFFIX)))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// The payload's length if `bytes` is a whole, valid entry.
+fn decode(bytes: &[u8]) -> Option<usize> {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes[8..12].try_into().ok()?);
+    let len = u64::from_le_bytes(bytes[12..HEADER].try_into().ok()?);
+    let payload = &bytes[HEADER..];
+    (payload.len() as u64 == len && crc32fast::hash(payload) == crc).then_some(payload.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("weft-disk-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn entries_round_trip_and_corruption_is_caught() {
+        let dir = tmpdir("rt");
+        let c = DiskCache::new(dir.clone(), 1 << 20).unwrap();
+        assert!(matches!(c.get("a"), Lookup::Miss));
+        assert!(c.put("a", b"payload bytes").unwrap());
+        assert!(matches!(c.get("a"), Lookup::Hit(ref b) if b == b"payload bytes"));
+        // flip one payload byte
+        let p = dir.join("a.blk");
+        let mut raw = std::fs::read(&p).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        std::fs::write(&p, &raw).unwrap();
+        assert!(matches!(c.get("a"), Lookup::Corrupt));
+        assert!(!p.exists(), "a corrupt entry is removed");
+        // a truncated entry is caught too
+        c.put("b", b"0123456789").unwrap();
+        let p = dir.join("b.blk");
+        let raw = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &raw[..raw.len() - 3]).unwrap();
+        assert!(matches!(c.get("b"), Lookup::Corrupt));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn eviction_removes_least_recently_used_first() {
+        let dir = tmpdir("lru");
+        let entry = (HEADER + 100) as u64;
+        let c = DiskCache::new(dir.clone(), 3 * entry).unwrap();
+        let old = SystemTime::now() - Duration::from_secs(100);
+        for (i, k) in ["k0", "k1", "k2"].iter().enumerate() {
+            c.put(k, &[i as u8; 100]).unwrap();
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.join(format!("{k}.blk")))
+                .unwrap();
+            f.set_modified(old + Duration::from_secs(i as u64)).unwrap();
+        }
+        // reading k0 makes it the most recently used
+        assert!(matches!(c.get("k0"), Lookup::Hit(_)));
+        c.put("k3", &[3; 100]).unwrap();
+        assert!(c.size() <= 3 * entry);
+        assert!(matches!(c.get("k1"), Lookup::Miss), "k1 was the least recently used");
+        for k in ["k0", "k2", "k3"] {
+            assert!(matches!(c.get(k), Lookup::Hit(_)), "{k}");
+        }
+        assert!(!c.put("huge", &[0; 400]).unwrap(), "larger than the limit: not stored");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

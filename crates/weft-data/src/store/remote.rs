@@ -1,0 +1,302 @@
+//! An object store reached over the network (`s3://`, `gs://`, `az://`, `http(s)://`), through the
+//! `object_store` crate, on a private tokio runtime; every call blocks on it.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+
+use super::retry::{self, GaveUp};
+use super::StoreOptions;
+use crate::error::{invalid, Error, Result};
+
+/// One bucket (or container, or HTTP root) and a prefix inside it.
+pub(crate) struct Remote {
+    /// The URL the store was opened with, without a trailing `/`, for messages.
+    root: String,
+    /// The prefix under which object names are resolved.
+    prefix: ObjectPath,
+    store: Arc<dyn ObjectStore>,
+    rt: tokio::runtime::Runtime,
+    retry_for: Duration,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote").field("root", &self.root).finish()
+    }
+}
+
+/// No retries inside object_store: [`retry::retry`] owns the loop.
+fn no_retry() -> RetryConfig {
+    RetryConfig {
+        max_retries: 0,
+        ..RetryConfig::default()
+    }
+}
+
+fn config_error(url: &str, e: impl std::fmt::Display) -> Error {
+    invalid(format!("{url}: {e}"))
+}
+
+impl Remote {
+    /// Opens `url` (scheme `s3`, `gs`, `az`, `http` or `https`), credentials and endpoints from
+    /// the environment, then `options.config` on top.
+    pub(crate) fn open(url: &url::Url, options: &StoreOptions) -> Result<Remote> {
+        let shown = url.as_str().trim_end_matches('/').to_string();
+        let (store, prefix): (Arc<dyn ObjectStore>, &str) = match url.scheme() {
+            "s3" | "s3a" => (Arc::new(build_s3(url, &shown, options)?), url.path()),
+            "gs" => (Arc::new(build_gcs(url, &shown, options)?), url.path()),
+            "az" | "abfs" | "abfss" | "azure" => {
+                (Arc::new(build_azure(url, &shown, options)?), url.path())
+            }
+            "http" | "https" => (Arc::new(build_http(url, &shown, options)?), ""),
+            other => {
+                return Err(invalid(format!(
+                    "{shown}: unsupported scheme {other:?} (use s3://, gs://, az://, http(s):// or file://, or a plain path)"
+                )))
+            }
+        };
+        let prefix = ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| config_error(&shown, e))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("weft-store")
+            .enable_all()
+            .build()
+            .map_err(|e| invalid(format!("{shown}: cannot start the I/O runtime: {e}")))?;
+        Ok(Remote {
+            root: shown,
+            prefix,
+            store,
+            rt,
+            retry_for: options.retry_for,
+        })
+    }
+
+    /// `root/name` for messages.
+    pub(crate) fn describe(&self, name: &str) -> String {
+        format!("{}/{name}", self.root)
+    }
+
+    /// The store path of object `name`, refusing empty names and `.`/`..` segments.
+    fn path(&self, name: &str) -> Result<ObjectPath> {
+        let bad =
+            name.is_empty() || name.starts_with('/') || name.split('/').any(|s| s.is_empty() || s == "." || s == "..");
+        if bad {
+            return Err(invalid(format!(
+                "{}: object name {name:?} must be a relative path inside the store",
+                self.root
+            )));
+        }
+        let joined = if self.prefix.as_ref().is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.prefix.as_ref())
+        };
+        ObjectPath::parse(&joined).map_err(|e| invalid(format!("{}: {e}", self.describe(name))))
+    }
+
+    /// Runs `op` on the runtime with retries; the error names `name`'s URL.
+    fn run<T, F, Fut>(&self, name: &str, op: F) -> Result<T>
+    where
+        F: Fn(Arc<dyn ObjectStore>, ObjectPath) -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let path = self.path(name)?;
+        retry::retry(self.retry_for, |left| {
+            let attempt = op(self.store.clone(), path.clone());
+            self.rt.block_on(async move {
+                match tokio::time::timeout(left, attempt).await {
+                    Ok(r) => r,
+                    Err(_) => Err(object_store::Error::Generic {
+                        store: "weft",
+                        source: Box::new(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer within {:.1} s", left.as_secs_f64()),
+                        )),
+                    }),
+                }
+            })
+        })
+        .map_err(|g| self.gave_up(name, g))
+    }
+
+    /// One line for an operation that failed: what kind of failure, the URL, the last error.
+    fn gave_up(&self, name: &str, g: GaveUp) -> Error {
+        let url = self.describe(name);
+        let detail = retry::chain(&g.last);
+        let msg = match &g.last {
+            object_store::Error::NotFound { .. } => {
+                format!("{url}: not found (no such object or bucket): {detail}")
+            }
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                format!("{url}: access denied; check the credentials in the environment: {detail}")
+            }
+            _ if g.transient => format!(
+                "{url}: store unavailable, gave up after {} attempts in {:.1} s (retry bound {:.1} s): {detail}",
+                g.attempts,
+                g.elapsed.as_secs_f64(),
+                self.retry_for.as_secs_f64()
+            ),
+            _ => format!("{url}: {detail}"),
+        };
+        Error::Invalid(msg)
+    }
+
+    /// Bytes `range` of `name`.
+    pub(crate) fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
+        if range.end < range.start {
+            return Err(invalid(format!(
+                "{}: byte range {}..{} is reversed",
+                self.describe(name),
+                range.start,
+                range.end
+            )));
+        }
+        if range.start == range.end {
+            let len = self.len(name)?;
+            return if range.end <= len {
+                Ok(Vec::new())
+            } else {
+                Err(self.past_end(name, &range, len))
+            };
+        }
+        let got = self.run(name, |store, path| {
+            let r = range.clone();
+            async move {
+                let opts = GetOptions {
+                    range: Some(GetRange::Bounded(r)),
+                    ..GetOptions::default()
+                };
+                let res = store.get_opts(&path, opts).await?;
+                let size = res.meta.size;
+                let bytes = res.bytes().await?;
+                Ok((bytes, size))
+            }
+        });
+        match got {
+            Ok((bytes, size)) if bytes.len() as u64 == range.end - range.start => {
+                let _ = size;
+                Ok(bytes.into())
+            }
+            Ok((_, size)) => Err(self.past_end(name, &range, size)),
+            Err(e) => {
+                // a range starting past the end is refused by the server (416): say so plainly
+                match self.len(name) {
+                    Ok(len) if len < range.end => Err(self.past_end(name, &range, len)),
+                    _ => Err(e),
+                }
+            }
+        }
+    }
+
+    fn past_end(&self, name: &str, range: &Range<u64>, len: u64) -> Error {
+        invalid(format!(
+            "{}: byte range {}..{} is past the end of the object ({len} bytes)",
+            self.describe(name),
+            range.start,
+            range.end
+        ))
+    }
+
+    /// The whole of `name`.
+    pub(crate) fn read(&self, name: &str) -> Result<Vec<u8>> {
+        self.run(name, |store, path| async move {
+            let bytes = store.get(&path).await?.bytes().await?;
+            Ok(Vec::from(bytes))
+        })
+    }
+
+    /// The length of `name` in bytes.
+    pub(crate) fn len(&self, name: &str) -> Result<u64> {
+        self.run(name, |store, path| async move { Ok(store.head(&path).await?.size) })
+    }
+
+    /// Writes `name` whole (one PUT: the store shows the old object or the new one).
+    pub(crate) fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let payload = PutPayload::from(bytes.to_vec());
+        self.run(name, |store, path| {
+            let payload = payload.clone();
+            async move {
+                store.put(&path, payload).await?;
+                Ok(())
+            }
+        })
+    }
+}
+
+/// `s3://bucket/prefix`: `AWS_*` variables (`AWS_ENDPOINT_URL` for S3-compatible stores; an
+/// `http://` endpoint is allowed without `AWS_ALLOW_HTTP`).
+fn build_s3(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::aws::AmazonS3> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    let mut b = AmazonS3Builder::from_env().with_url(url.as_str());
+    for (k, v) in &options.config {
+        let key: AmazonS3ConfigKey = k
+            .to_ascii_lowercase()
+            .parse()
+            .map_err(|_| config_error(shown, format!("unknown S3 setting {k:?}")))?;
+        b = b.with_config(key, v);
+    }
+    if let Some(ep) = b.get_config_value(&AmazonS3ConfigKey::Endpoint) {
+        if ep.starts_with("http://") {
+            b = b.with_allow_http(true);
+        }
+    }
+    b.with_retry(no_retry())
+        .build()
+        .map_err(|e| config_error(shown, retry::chain(&e)))
+}
+
+/// `gs://bucket/prefix`: `GOOGLE_*` variables (`GOOGLE_SERVICE_ACCOUNT`, ...).
+fn build_gcs(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::gcp::GoogleCloudStorage> {
+    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    let mut b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+    for (k, v) in &options.config {
+        let key: GoogleConfigKey = k
+            .to_ascii_lowercase()
+            .parse()
+            .map_err(|_| config_error(shown, format!("unknown GCS setting {k:?}")))?;
+        b = b.with_config(key, v);
+    }
+    b.with_retry(no_retry())
+        .build()
+        .map_err(|e| config_error(shown, retry::chain(&e)))
+}
+
+/// `az://container/prefix`: `AZURE_*` variables (`AZURE_STORAGE_ACCOUNT_NAME`, ...).
+fn build_azure(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::azure::MicrosoftAzure> {
+    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+    for (k, v) in &options.config {
+        let key: AzureConfigKey = k
+            .to_ascii_lowercase()
+            .parse()
+            .map_err(|_| config_error(shown, format!("unknown Azure setting {k:?}")))?;
+        b = b.with_config(key, v);
+    }
+    b.with_retry(no_retry())
+        .build()
+        .map_err(|e| config_error(shown, retry::chain(&e)))
+}
+
+/// `http(s)://host/path`: objects are `GET`/`HEAD`/`PUT` at `URL/name` (a plain web server reads;
+/// writing needs WebDAV).
+fn build_http(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::http::HttpStore> {
+    use object_store::ClientConfigKey;
+    let mut b = object_store::http::HttpBuilder::new().with_url(url.as_str());
+    for (k, v) in &options.config {
+        let key: ClientConfigKey = k
+            .to_ascii_lowercase()
+            .parse()
+            .map_err(|_| config_error(shown, format!("unknown HTTP client setting {k:?}")))?;
+        b = b.with_config(key, v);
+    }
+    if url.scheme() == "http" {
+        b = b.with_config(ClientConfigKey::AllowHttp, "true");
+    }
+    b.with_retry(no_retry())
+        .build()
+        .map_err(|e| config_error(shown, retry::chain(&e)))
+}
