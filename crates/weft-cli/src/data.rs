@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use weft_data::tokens::{PrepareOptions, DEFAULT_BLOCK_BYTES, INDEX_NAME};
-use weft_data::{LocalFolder, Tokenizer, TokenizerSpec};
+use weft_data::{Tokenizer, TokenizerSpec};
 
 /// The tokenizer flag shared by the three commands.
 #[derive(clap::Args)]
@@ -120,17 +120,12 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
             opts.block_bytes
         ));
     }
-    if args.output.contains("://") {
-        return Err(format!(
-            "--output {}: object-store URLs are not wired into `weft data prepare` yet; give a local folder",
-            args.output
-        ));
-    }
-    let out = PathBuf::from(&args.output);
-    if out.join(INDEX_NAME).exists() {
+    // a folder, or an object store (`s3://bucket/prefix`, ...): written through the same sink
+    let store = weft_data::store::open(&args.output).map_err(|e| format!("--output {}: {e}", args.output))?;
+    if weft_data::ObjectSource::len(&*store, INDEX_NAME).is_ok() {
         return Err(format!(
             "--output {}: already holds an {INDEX_NAME}; choose an empty folder or remove it",
-            out.display()
+            args.output
         ));
     }
     let mut total = 0u64;
@@ -164,8 +159,8 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
         bar
     });
     let start = Instant::now();
-    let sink = LocalFolder::new(&out);
-    let result = weft_data::tokens::prepare(&tok, &args.input, &sink, &opts, &mut |bytes| {
+    let sink: &dyn weft_data::ObjectSink = &*store;
+    let result = weft_data::tokens::prepare(&tok, &args.input, sink, &opts, &mut |bytes| {
         if let Some(bar) = &bar {
             bar.inc(bytes);
         }
@@ -181,7 +176,7 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
     };
     weft_core::outln!(
         "wrote {} ({}, {}; tokenizer {}, vocab {}, {}) from {} files, {:.1} MB in {:.2} s ({:.1} MB/s, {} thread{})",
-        sink.root().join(INDEX_NAME).display(),
+        sink.describe(INDEX_NAME),
         split("train"),
         split("val"),
         tok.kind(),

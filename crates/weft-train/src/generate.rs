@@ -11,7 +11,7 @@ use std::path::Path;
 
 use weft_core::io::safetensors;
 use weft_core::{Generator, Tensor};
-use weft_data::CharTokenizer;
+use weft_data::Tokenizer;
 pub use weft_models::gpt::Sampling;
 use weft_models::LanguageModel;
 use weft_nn::state_dict;
@@ -64,27 +64,38 @@ pub fn consolidated_metadata(state: &CheckpointState) -> BTreeMap<String, String
 }
 
 /// `prompt`'s ids, checked: not empty, every character known to `tok`.
-fn encode_prompt(tok: &CharTokenizer, prompt: &str) -> Result<Vec<i64>> {
+fn encode_prompt(tok: &Tokenizer, prompt: &str) -> Result<Vec<i64>> {
     if prompt.is_empty() {
         return Err(Error::Run(
             "the prompt is empty: give at least one character to continue (the default is a newline)".into(),
         ));
     }
-    tok.encode(prompt).map_err(|e| {
-        let vocab: String = tok.chars().iter().collect();
-        let known = if vocab.chars().count() <= 200 {
-            format!("{} characters: {vocab:?}", tok.vocab_size())
-        } else {
-            format!("{} characters", tok.vocab_size())
+    let ids = tok.encode(prompt).map_err(|e| {
+        let known = match tok {
+            Tokenizer::Char(c) => {
+                let vocab: String = c.chars().iter().collect();
+                if vocab.chars().count() <= 200 {
+                    format!("{} characters: {vocab:?}", c.vocab_size())
+                } else {
+                    format!("{} characters", c.vocab_size())
+                }
+            }
+            other => format!("{}, {} tokens", other.kind(), other.vocab_size()),
         };
         Error::Run(format!("the prompt's {e} of the checkpoint's tokenizer ({known})"))
-    })
+    })?;
+    if ids.is_empty() {
+        return Err(Error::Run(format!(
+            "the prompt {prompt:?} encodes to no tokens with the checkpoint's tokenizer"
+        )));
+    }
+    Ok(ids.into_iter().map(i64::from).collect())
 }
 
 /// `ids` continued by `n` tokens drawn by `sampling` from `seed`, decoded.
 fn continue_ids(
     gpt: &dyn LanguageModel,
-    tok: &CharTokenizer,
+    tok: &Tokenizer,
     ids: Vec<i64>,
     n: usize,
     sampling: &Sampling,
@@ -99,14 +110,16 @@ fn continue_ids(
         Some(tok.vocab_size()),
         &mut Generator::new(seed),
     )?;
-    Ok(tok.decode(&out.to_vec::<i64>()?)?)
+    // the ids are below the tokenizer's vocabulary (vocab_limit), so they fit in u32
+    let ids: Vec<u32> = out.to_vec::<i64>()?.into_iter().map(|t| t as u32).collect();
+    Ok(tok.decode(&ids)?)
 }
 
 /// `prompt` continued by `n` characters with the default sampling (temperature 0.8, top-k 40):
 /// the sample printed after training.
 pub(crate) fn sample_text(
     gpt: &dyn LanguageModel,
-    tok: &CharTokenizer,
+    tok: &Tokenizer,
     prompt: &str,
     n: usize,
     seed: u64,
@@ -219,7 +232,7 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
             "{source}: records no tokenizer (the model was not trained on text data)"
         ))
     })?;
-    let tok = CharTokenizer::from_json(tok_json).map_err(|e| Error::Io(format!("{source}: {e}")))?;
+    let tok = Tokenizer::from_json(tok_json).map_err(|e| Error::Io(format!("{source}: {e}")))?;
     if tok.vocab_size() > vocab_size {
         return Err(Error::Io(format!(
             "{source}: the tokenizer knows {} characters, more than model.vocab_size = {vocab_size}",

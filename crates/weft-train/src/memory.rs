@@ -140,6 +140,8 @@ pub fn estimate(config: &RunConfig) -> Estimate {
         DataConfig::Text(t) => (t.batch_size as f64, file_bytes(config, &t.path) * 8.0),
         DataConfig::Csv(c) => (c.batch_size as f64, file_bytes(config, &c.path) * 2.0),
         DataConfig::Batches(b) => (0.0, file_bytes(config, &b.path)),
+        // token shards are read by block as windows need them: a block cache of a few MiB
+        DataConfig::Tokens(k) => (k.batch_size as f64, 128.0 * 65536.0),
     };
     let rows = batch / dp;
     let activations = activation_bytes(&config.model, rows, tp, pp);

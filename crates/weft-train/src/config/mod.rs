@@ -228,6 +228,44 @@ pub enum DataConfig {
     Text(TextKeys),
     /// Numeric features plus a label column (`.csv` or `.csv.gz`).
     Csv(CsvKeys),
+    /// Token shards written by `weft data prepare`, in a folder or an object store; windows of
+    /// the model's `block_size + 1` tokens.
+    Tokens(TokensKeys),
+}
+
+/// `[data]` keys of `kind = "tokens"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokensKeys {
+    /// A folder (relative to the config file) or a URL (`s3://bucket/prefix`, `gs://`, `az://`,
+    /// `http(s)://`, `file://`) holding `index.json` and the shards.
+    pub path: String,
+    pub batch_size: usize,
+    /// Object stores: the folder of the on-disk block cache (default: the user's cache folder,
+    /// `$XDG_CACHE_HOME/weft/objects` or `~/.cache/weft/objects`).
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// Object stores: most GiB the cache may hold (least recently used blocks are evicted).
+    #[serde(default = "default_cache_gb")]
+    pub cache_gb: f64,
+    /// Object stores: seconds a failing store is retried (with backoff) before the run fails.
+    #[serde(default = "default_retry_seconds")]
+    pub retry_seconds: f64,
+}
+
+fn default_cache_gb() -> f64 {
+    10.0
+}
+
+fn default_retry_seconds() -> f64 {
+    60.0
+}
+
+impl TokensKeys {
+    /// Whether `path` is an object-store URL rather than a folder.
+    pub fn is_url(&self) -> bool {
+        self.path.contains("://") && !self.path.starts_with("file://")
+    }
 }
 
 /// `[data]` keys of `kind = "batches"`.
@@ -262,10 +300,11 @@ pub struct CsvKeys {
 
 impl<'de> Deserialize<'de> for DataConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["batches", "text", "csv"], |kind, v| {
+        by_kind(d, &["batches", "text", "csv", "tokens"], |kind, v| {
             Ok(match kind {
                 "batches" => DataConfig::Batches(serde_path_to_error::deserialize(v)?),
                 "text" => DataConfig::Text(serde_path_to_error::deserialize(v)?),
+                "tokens" => DataConfig::Tokens(serde_path_to_error::deserialize(v)?),
                 _ => DataConfig::Csv(serde_path_to_error::deserialize(v)?),
             })
         })
@@ -659,6 +698,20 @@ impl RunConfig {
                 }
                 if !(0.0..1.0).contains(val_fraction) {
                     return bad("data.val_fraction", format!("{val_fraction} is outside [0, 1)"));
+                }
+            }
+            DataConfig::Tokens(k) => {
+                if k.batch_size == 0 {
+                    return bad("data.batch_size", "must be at least 1".into());
+                }
+                if !(k.cache_gb.is_finite() && k.cache_gb > 0.0) {
+                    return bad("data.cache_gb", format!("{} must be a positive size in GiB", k.cache_gb));
+                }
+                if !(k.retry_seconds.is_finite() && k.retry_seconds >= 0.0) {
+                    return bad("data.retry_seconds", format!("{} must be seconds, >= 0", k.retry_seconds));
+                }
+                if !lm {
+                    return bad("data.kind", "token data needs a language model (model.kind = \"gpt\" or \"llama\")".into());
                 }
             }
             DataConfig::Batches(_) => {}

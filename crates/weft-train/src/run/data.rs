@@ -1,11 +1,13 @@
 //! The batches of a run config's `[data]` section, each data-parallel rank's share of them, and
 //! the checks that they can serve the run.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use weft_data::{BatchesDataset, CsvDataset, LabelColumn, Split, TextDataset};
+use weft_core::Tensor;
+use weft_data::{BatchesDataset, CsvDataset, LabelColumn, Split, TextDataset, TokenDataset, Tokenizer};
 
-use crate::config::{DataConfig, LabelColumnConfig, ModelConfig, RunConfig};
+use crate::config::{DataConfig, LabelColumnConfig, ModelConfig, RunConfig, TokensKeys};
 use crate::error::{Error, Result};
 use crate::trainer::{shard_rows, BatchFn};
 
@@ -13,10 +15,17 @@ use crate::trainer::{shard_rows, BatchFn};
 pub(super) struct Data {
     pub train: BatchFn,
     pub eval: Option<BatchFn>,
-    pub text: Option<Arc<TextDataset>>,
+    /// The tokenizer of text and token data (recorded in checkpoints, used for the sample).
+    pub tokenizer: Option<Tokenizer>,
     /// Rows of every training batch (the global batch).
     pub batch_rows: usize,
+    /// Rows `rows` of the training batch at an index, built without the others (token data):
+    /// a data-parallel rank then reads only its own rows.
+    pub rows: Option<RowsFn>,
 }
+
+/// Rows of the training batch at an index.
+pub(super) type RowsFn = Arc<dyn Fn(usize, Range<usize>) -> Result<(Tensor, Tensor)> + Send + Sync>;
 
 impl Data {
     /// This data-parallel rank's share of every training batch: the same global batches are
@@ -32,6 +41,11 @@ impl Data {
                 "parallel.dp: a global batch of {} rows does not split evenly across dp = {ranks} ranks",
                 self.batch_rows
             )));
+        }
+        if let Some(rows) = self.rows.clone() {
+            let per = self.batch_rows / ranks;
+            self.train = Arc::new(move |step| rows(step, rank * per..(rank + 1) * per));
+            return Ok(self);
         }
         let inner = self.train.clone();
         self.train = Arc::new(move |step| {
@@ -52,8 +66,9 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             Data {
                 train: Arc::new(move |step| Ok(ds.batch(step)?)),
                 eval: None,
-                text: None,
+                tokenizer: None,
                 batch_rows,
+                rows: None,
             }
         }
         DataConfig::Text(t) => {
@@ -82,10 +97,12 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             Data {
                 train,
                 eval,
-                text: Some(ds),
+                tokenizer: Some(Tokenizer::Char(ds.tokenizer().clone())),
                 batch_rows: bs,
+                rows: None,
             }
         }
+        DataConfig::Tokens(k) => tokens_data(config, k, seed, block_size)?,
         DataConfig::Csv(c) => {
             let label = match &c.label_column {
                 LabelColumnConfig::Index(i) if *i < 0 => LabelColumn::Last,
@@ -115,8 +132,9 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             Data {
                 train,
                 eval,
-                text: None,
+                tokenizer: None,
                 batch_rows: bs,
+                rows: None,
             }
         }
     })
@@ -142,5 +160,62 @@ pub(super) fn check_data(config: &RunConfig, data: &Data) -> Result<()> {
              set train.eval_every = 0",
             t.eval_every
         ))
+    })
+}
+
+/// The token dataset of a `[data] kind = "tokens"` section: a folder, or an object store read
+/// through the on-disk block cache. Checked here against the model: the vocabulary fits, and the
+/// training split holds at least one window of `block_size + 1` tokens.
+fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize) -> Result<Data> {
+    use weft_data::store::{self, CacheOptions, CachedSource, StoreOptions};
+    use weft_data::ObjectSource;
+    let source: Arc<dyn ObjectSource> = if k.is_url() {
+        let options = StoreOptions {
+            retry_for: std::time::Duration::from_secs_f64(k.retry_seconds),
+            ..Default::default()
+        };
+        let remote = store::open_with(&k.path, &options)?;
+        let mut cache = CacheOptions {
+            limit_bytes: (k.cache_gb * (1u64 << 30) as f64) as u64,
+            ..Default::default()
+        };
+        if let Some(dir) = &k.cache_dir {
+            cache.dir = config.resolve(dir);
+        }
+        Arc::new(CachedSource::new(remote, cache)?)
+    } else {
+        let path = k.path.strip_prefix("file://").unwrap_or(&k.path);
+        Arc::new(weft_data::LocalFolder::new(config.resolve(std::path::Path::new(path))))
+    };
+    let ds = Arc::new(TokenDataset::open(source)?);
+    if let Some((vocab_size, _)) = config.model.language_model_sizes() {
+        if ds.vocab_size() > vocab_size {
+            return Err(Error::Config(format!(
+                "model.vocab_size: {vocab_size} is smaller than the {} tokens of the tokenizer of {} ({})",
+                ds.vocab_size(),
+                k.path,
+                ds.tokenizer().kind()
+            )));
+        }
+    }
+    ds.windows(Split::Train, block_size)
+        .map_err(|e| Error::Config(format!("model.block_size: {e}")))?;
+    let bs = k.batch_size;
+    let rows_ds = ds.clone();
+    let rows: RowsFn = Arc::new(move |step, rows| {
+        Ok(rows_ds.batch(Split::Train, step as u64, bs, block_size, seed, rows)?)
+    });
+    let whole = rows.clone();
+    let train: BatchFn = Arc::new(move |step| whole(step, 0..bs));
+    let eval: Option<BatchFn> = (ds.tokens(Split::Val) > block_size as u64).then(|| {
+        let v = ds.clone();
+        Arc::new(move |i: usize| Ok(v.batch(Split::Val, i as u64, bs, block_size, seed ^ 0x5eed, 0..bs)?)) as BatchFn
+    });
+    Ok(Data {
+        train,
+        eval,
+        tokenizer: Some(ds.tokenizer().clone()),
+        batch_rows: bs,
+        rows: Some(rows),
     })
 }

@@ -268,7 +268,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     }
     trainer.checkpoint_extra = serde_json::json!({
         "model": config.model,
-        "tokenizer": data.text.as_ref().map(|d| d.tokenizer().to_json()),
+        "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),
         "parallel": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero},
     });
     let mut start = if options.resume { trainer.resume()? } else { 0 };
@@ -342,7 +342,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     if outcome.stopped_by.is_some() {
         return Ok(outcome);
     }
-    if let (Some(text), Some(lm), true) = (&data.text, &lm, t.sample_tokens > 0) {
+    if let (Some(tok), Some(lm), true) = (&data.tokenizer, &lm, t.sample_tokens > 0) {
         // a model cut across ranks is put together first (every rank takes part): a
         // tensor-parallel model's parts, a pipeline's stages (each trained by its own rank)
         let whole = if p.tp > 1 || p.pp > 1 {
@@ -355,7 +355,6 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         };
         if logs {
             // a new line, or the first character of a text that has none
-            let tok = text.tokenizer();
             let prompt = match tok.encode("\n") {
                 Ok(_) => "\n".to_string(),
                 Err(_) => tok.decode(&[0])?,
@@ -367,7 +366,8 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
                 t.sample_tokens,
                 t.seed,
             )?;
-            weft_core::outln!("--- sample ({} characters) ---\n{sample}", t.sample_tokens);
+            let unit = if tok.kind() == "char" { "characters" } else { "tokens" };
+            weft_core::outln!("--- sample ({} {unit}) ---\n{sample}", t.sample_tokens);
         }
     }
     Ok(outcome)

@@ -270,6 +270,23 @@ fn same_model(ours: &serde_json::Value, theirs: &serde_json::Value, dir: &Path) 
                 a.chars().count()
             ));
         }
+        return Ok(());
+    }
+    // other tokenizers (gpt2, tokenizer.json): the same JSON form, or the kinds named
+    let tokenizer = |v: &serde_json::Value| -> Option<serde_json::Value> {
+        serde_json::from_str(v.get("tokenizer")?.as_str()?).ok()
+    };
+    if let (Some(a), Some(b)) = (tokenizer(ours), tokenizer(theirs)) {
+        if a != b {
+            let kind = |v: &serde_json::Value| v.get("type").and_then(|t| t.as_str()).unwrap_or("unknown").to_string();
+            let (ka, kb) = (kind(&a), kind(&b));
+            let detail = if ka == kb {
+                format!("two different {ka} tokenizers")
+            } else {
+                format!("{kb} in the checkpoint, {ka} in this run")
+            };
+            return differ(format!("the checkpoint's tokenizer is not this run's ({detail})"));
+        }
     }
     Ok(())
 }
