@@ -251,6 +251,13 @@ pub struct TokensKeys {
     /// Object stores: seconds a failing store is retried (with backoff) before the run fails.
     #[serde(default = "default_retry_seconds")]
     pub retry_seconds: f64,
+    /// Object stores: the cache's block, MiB: what one request to the store fetches.
+    #[serde(default = "default_cache_block_mb")]
+    pub cache_block_mb: f64,
+}
+
+fn default_cache_block_mb() -> f64 {
+    4.0
 }
 
 fn default_cache_gb() -> f64 {
@@ -705,13 +712,31 @@ impl RunConfig {
                     return bad("data.batch_size", "must be at least 1".into());
                 }
                 if !(k.cache_gb.is_finite() && k.cache_gb > 0.0) {
-                    return bad("data.cache_gb", format!("{} must be a positive size in GiB", k.cache_gb));
+                    return bad(
+                        "data.cache_gb",
+                        format!("{} must be a positive size in GiB", k.cache_gb),
+                    );
+                }
+                if !(k.cache_block_mb.is_finite()
+                    && k.cache_block_mb * 1048576.0 >= 4096.0
+                    && k.cache_block_mb <= 1024.0)
+                {
+                    return bad(
+                        "data.cache_block_mb",
+                        format!("{} must be between 1/256 (4 KiB) and 1024 MiB", k.cache_block_mb),
+                    );
                 }
                 if !(k.retry_seconds.is_finite() && k.retry_seconds >= 0.0) {
-                    return bad("data.retry_seconds", format!("{} must be seconds, >= 0", k.retry_seconds));
+                    return bad(
+                        "data.retry_seconds",
+                        format!("{} must be seconds, >= 0", k.retry_seconds),
+                    );
                 }
                 if !lm {
-                    return bad("data.kind", "token data needs a language model (model.kind = \"gpt\" or \"llama\")".into());
+                    return bad(
+                        "data.kind",
+                        "token data needs a language model (model.kind = \"gpt\" or \"llama\")".into(),
+                    );
                 }
             }
             DataConfig::Batches(_) => {}

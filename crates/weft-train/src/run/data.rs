@@ -177,6 +177,7 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         let remote = store::open_with(&k.path, &options)?;
         let mut cache = CacheOptions {
             limit_bytes: (k.cache_gb * (1u64 << 30) as f64) as u64,
+            block_size: (k.cache_block_mb * (1u64 << 20) as f64) as u64,
             ..Default::default()
         };
         if let Some(dir) = &k.cache_dir {
@@ -202,9 +203,8 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         .map_err(|e| Error::Config(format!("model.block_size: {e}")))?;
     let bs = k.batch_size;
     let rows_ds = ds.clone();
-    let rows: RowsFn = Arc::new(move |step, rows| {
-        Ok(rows_ds.batch(Split::Train, step as u64, bs, block_size, seed, rows)?)
-    });
+    let rows: RowsFn =
+        Arc::new(move |step, rows| Ok(rows_ds.batch(Split::Train, step as u64, bs, block_size, seed, rows)?));
     let whole = rows.clone();
     let train: BatchFn = Arc::new(move |step| whole(step, 0..bs));
     let eval: Option<BatchFn> = (ds.tokens(Split::Val) > block_size as u64).then(|| {
