@@ -26,7 +26,7 @@ enum Command {
     /// Trains a model described by a TOML run config (without one: a character-level GPT on the
     /// built-in corpus).
     Train(train::TrainArgs),
-    /// Continues a prompt with a trained gpt checkpoint.
+    /// Continues a prompt with a trained gpt or llama checkpoint.
     Generate(generate::GenerateArgs),
     /// Benchmarks.
     Bench {

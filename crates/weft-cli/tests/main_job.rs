@@ -139,3 +139,48 @@ fn shakespeare_config_runs_and_generates() {
         "{text:?}"
     );
 }
+
+#[test]
+fn shakespeare_llama_example_prepares_trains_and_generates() {
+    let Some(text) = shared("tinyshakespeare.txt") else {
+        return;
+    };
+    let out = temp_dir("shakespeare-llama");
+    let shards = out.join("shards");
+    weft_ok(&[
+        "data",
+        "prepare",
+        "--tokenizer",
+        "gpt2",
+        "--input",
+        text.to_str().unwrap(),
+        "--output",
+        shards.to_str().unwrap(),
+    ]);
+    let config = repo().join("examples/shakespeare_llama.toml");
+    let ckpt = out.join("ckpt");
+    let m = out.join("m.jsonl");
+    #[rustfmt::skip]
+    weft_ok(&[
+        "train", "--quiet", "--config", config.to_str().unwrap(),
+        "--set", &format!("data.path={:?}", shards.to_str().unwrap()),
+        "--set", "schedule.total_steps=80", "--set", "train.steps=4", "--set", "train.log_every=1",
+        "--set", "train.sample_tokens=0", "--set", "train.eval_every=0",
+        "--set", &format!("train.metrics={:?}", m.to_str().unwrap()),
+        "--set", &format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap()),
+    ]);
+    let l = losses(&m);
+    assert_eq!(l.len(), 4);
+    assert!(l[0] > 10.0 && l[3] < l[0], "{l:?}");
+    let gen = weft_ok(&[
+        "generate",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--prompt",
+        "ROMEO:",
+        "--tokens",
+        "5",
+    ]);
+    let text = String::from_utf8_lossy(&gen.stdout);
+    assert!(text.starts_with("ROMEO:") && text.trim_end().len() > 6, "{text:?}");
+}
