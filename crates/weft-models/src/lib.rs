@@ -5,6 +5,7 @@
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+mod config_check;
 pub mod convnet;
 pub mod gpt;
 pub mod hf;

@@ -38,23 +38,14 @@ pub struct GptConfig {
 
 impl GptConfig {
     pub fn validate(&self) -> Result<()> {
-        for (key, v) in [
+        crate::config_check::positive(&[
             ("vocab_size", self.vocab_size),
             ("block_size", self.block_size),
             ("n_layer", self.n_layer),
             ("n_head", self.n_head),
             ("n_embd", self.n_embd),
-        ] {
-            if v == 0 {
-                return Err(config_error(key, "must be positive"));
-            }
-        }
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(config_error(
-                "n_embd",
-                format!("{} does not divide by n_head = {}", self.n_embd, self.n_head),
-            ));
-        }
+        ])?;
+        crate::config_check::divides("n_embd", self.n_embd, "n_head", self.n_head)?;
         if !matches!(self.activation, UnaryOp::Gelu | UnaryOp::GeluTanh) {
             return Err(config_error(
                 "activation",

@@ -24,14 +24,6 @@ const fn dim(key: &'static str, times: usize) -> Dim {
 
 const C: Dim = dim("n_embd", 1);
 
-/// `"1 block"`, `"2 blocks"`.
-fn count(blocks: usize) -> String {
-    match blocks {
-        1 => "1 block".into(),
-        n => format!("{n} blocks"),
-    }
-}
-
 impl GptConfig {
     fn value(&self, key: &str) -> usize {
         match key {
@@ -90,38 +82,7 @@ impl GptConfig {
     /// its division of `n_embd` is checked.
     pub fn check_shapes(&self, shapes: &BTreeMap<String, Vec<usize>>) -> Result<()> {
         self.validate()?;
-        let mut blocks: Vec<usize> = shapes
-            .keys()
-            .filter_map(|n| n.strip_prefix("transformer.h.")?.split('.').next()?.parse().ok())
-            .collect();
-        blocks.sort_unstable();
-        blocks.dedup();
-        // blocks 0..n_layer, each present: the first one missing or the first one extra
-        if let Some(missing) = (0..self.n_layer.min(blocks.len() + 1)).find(|i| blocks.binary_search(i).is_err()) {
-            return Err(config_error(
-                "n_layer",
-                format!(
-                    "{} needs blocks 0 to {}, but the state dict has no transformer.h.{missing}.* (it holds {})",
-                    self.n_layer,
-                    self.n_layer - 1,
-                    count(blocks.len())
-                ),
-            ));
-        }
-        if let Some(&extra) = blocks.iter().find(|&&b| b >= self.n_layer) {
-            let (name, shape) = shapes
-                .iter()
-                .find(|(n, _)| n.starts_with(&format!("transformer.h.{extra}.")))
-                .expect("a name of that block");
-            return Err(config_error(
-                "n_layer",
-                format!(
-                    "{}, but the state dict holds {name} of shape {shape:?} (it holds {})",
-                    self.n_layer,
-                    count(blocks.len())
-                ),
-            ));
-        }
+        crate::config_check::numbered_blocks(shapes, "transformer.h.", "block", self.n_layer)?;
         let bias = "transformer.ln_f.bias";
         match (self.bias, shapes.get(bias)) {
             (true, None) => {

@@ -56,7 +56,7 @@ impl LlamaConfig {
     /// Positive sizes, `n_embd % n_head == 0`, `n_head % n_kv_head == 0`, an even head dim, a
     /// positive finite `rope_theta` and `norm_eps`. The error names the key.
     pub fn validate(&self) -> Result<()> {
-        for (key, v) in [
+        crate::config_check::positive(&[
             ("vocab_size", self.vocab_size),
             ("block_size", self.block_size),
             ("n_layer", self.n_layer),
@@ -64,23 +64,9 @@ impl LlamaConfig {
             ("n_kv_head", self.n_kv_head),
             ("n_embd", self.n_embd),
             ("intermediate_size", self.intermediate_size),
-        ] {
-            if v == 0 {
-                return Err(config_error(key, "must be positive"));
-            }
-        }
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(config_error(
-                "n_embd",
-                format!("{} does not divide by n_head = {}", self.n_embd, self.n_head),
-            ));
-        }
-        if !self.n_head.is_multiple_of(self.n_kv_head) {
-            return Err(config_error(
-                "n_head",
-                format!("{} does not divide by n_kv_head = {}", self.n_head, self.n_kv_head),
-            ));
-        }
+        ])?;
+        crate::config_check::divides("n_embd", self.n_embd, "n_head", self.n_head)?;
+        crate::config_check::divides("n_head", self.n_head, "n_kv_head", self.n_kv_head)?;
         let hd = self.n_embd / self.n_head;
         if !hd.is_multiple_of(2) {
             return Err(config_error(

@@ -79,39 +79,7 @@ impl LlamaConfig {
     /// may hold `lm_head.weight` (the tied copy written when saving).
     pub fn check_shapes(&self, shapes: &BTreeMap<String, Vec<usize>>) -> Result<()> {
         self.validate()?;
-        let mut layers: Vec<usize> = shapes
-            .keys()
-            .filter_map(|n| n.strip_prefix("model.layers.")?.split('.').next()?.parse().ok())
-            .collect();
-        layers.sort_unstable();
-        layers.dedup();
-        let held = match layers.len() {
-            1 => "1 layer".to_string(),
-            n => format!("{n} layers"),
-        };
-        if let Some(missing) = (0..self.n_layer.min(layers.len() + 1)).find(|i| layers.binary_search(i).is_err()) {
-            return Err(config_error(
-                "n_layer",
-                format!(
-                    "{} needs layers 0 to {}, but the state dict has no model.layers.{missing}.* (it holds {held})",
-                    self.n_layer,
-                    self.n_layer - 1
-                ),
-            ));
-        }
-        if let Some(&extra) = layers.iter().find(|&&l| l >= self.n_layer) {
-            let (name, shape) = shapes
-                .iter()
-                .find(|(n, _)| n.starts_with(&format!("model.layers.{extra}.")))
-                .expect("a name of that layer");
-            return Err(config_error(
-                "n_layer",
-                format!(
-                    "{}, but the state dict holds {name} of shape {shape:?} (it holds {held})",
-                    self.n_layer
-                ),
-            ));
-        }
+        crate::config_check::numbered_blocks(shapes, "model.layers.", "layer", self.n_layer)?;
         if !self.tie_embeddings && !shapes.contains_key("lm_head.weight") {
             return Err(config_error(
                 "tie_embeddings",
