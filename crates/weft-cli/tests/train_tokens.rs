@@ -268,3 +268,53 @@ fn missing_data_bad_credentials_and_a_dead_store_are_one_line_each() {
     );
     assert!(e.contains("s3://data/shakes"), "{e}");
 }
+
+#[test]
+fn text_data_takes_any_tokenizer() {
+    let dir = temp_dir("text-gpt2");
+    let ckpt = dir.join("ckpt");
+    let cfg = dir.join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[model]\nkind = \"llama\"\nvocab_size = 50304\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_kv_head = 1\n\
+             n_embd = 16\nintermediate_size = 32\n\
+             [data]\nkind = \"text\"\npath = \"builtin\"\nbatch_size = 4\ntokenizer = \"gpt2\"\n\
+             [optim]\nkind = \"adamw\"\nlr = 0.003\n\
+             [train]\nsteps = 3\nsample_tokens = 5\ncheckpoint_dir = {ckpt:?}\n"
+        ),
+    )
+    .unwrap();
+    let out = weft_ok(&["train", "--quiet", "--config", cfg.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("--- sample (5 tokens) ---"), "{stdout}");
+    // the checkpoint records the gpt2 tokenizer: generation encodes and decodes with it
+    let gen = weft_ok(&[
+        "generate",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--prompt",
+        " weft",
+        "--tokens",
+        "3",
+    ]);
+    assert!(String::from_utf8_lossy(&gen.stdout).starts_with(" weft"));
+    let index = std::fs::read_to_string(ckpt.join("step-00000003/index.json")).unwrap();
+    assert!(index.contains(r#"\"type\":\"gpt2\""#), "{index}");
+    // a tokenizer file that is not there, and a vocabulary too small for the tokenizer
+    let c = cfg.to_str().unwrap();
+    fails_with(
+        &[
+            "train",
+            "--config",
+            c,
+            "--set",
+            "data.tokenizer=\"nowhere/tokenizer.json\"",
+        ],
+        &["data.tokenizer", "nowhere/tokenizer.json"],
+    );
+    fails_with(
+        &["train", "--config", c, "--set", "model.vocab_size=100"],
+        &["model.vocab_size", "50257", "gpt2"],
+    );
+}

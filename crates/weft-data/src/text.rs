@@ -1,4 +1,4 @@
-//! A character-tokenized text split into train and val, sampled as random windows (nanoGPT's
+//! A tokenized text (characters by default, or any [`Tokenizer`]) split into train and val, sampled as random windows (nanoGPT's
 //! `get_batch`), with each batch a pure function of `(seed, step)`.
 
 use std::path::Path;
@@ -6,14 +6,14 @@ use std::path::Path;
 use weft_core::Tensor;
 
 use crate::error::{invalid, Error, Result};
-use crate::tokenizer::CharTokenizer;
+use crate::tokenizer::{CharTokenizer, Tokenizer};
 use crate::{check_val_fraction, scaled_index, train_len, Split};
 
 /// A token stream and its train/val split: train is the first `floor(n * (1 - val_fraction))` tokens,
 /// val the rest (as nanoGPT's `prepare.py`).
 #[derive(Debug, Clone)]
 pub struct TextDataset {
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     tokens: Vec<i64>,
     n_train: usize,
 }
@@ -36,12 +36,13 @@ impl TextDataset {
         Self::with_tokenizer(text, CharTokenizer::from_text(text), val_fraction)
     }
 
-    /// Tokenizes `text` with a given tokenizer (for example the one stored in a checkpoint) and splits
-    /// it. Errors if `text` has a character outside the vocabulary or `val_fraction` is not in
-    /// `[0, 1)`.
-    pub fn with_tokenizer(text: &str, tokenizer: CharTokenizer, val_fraction: f64) -> Result<TextDataset> {
+    /// Tokenizes `text` with a given tokenizer (a character vocabulary such as the one stored in a
+    /// checkpoint, GPT-2's BPE, a `tokenizer.json`) and splits it. Errors if `text` has a character
+    /// outside a character vocabulary or `val_fraction` is not in `[0, 1)`.
+    pub fn with_tokenizer(text: &str, tokenizer: impl Into<Tokenizer>, val_fraction: f64) -> Result<TextDataset> {
         check_val_fraction(val_fraction)?;
-        let tokens = tokenizer.encode(text)?;
+        let tokenizer = tokenizer.into();
+        let tokens: Vec<i64> = tokenizer.encode(text)?.into_iter().map(i64::from).collect();
         let n_train = train_len(tokens.len(), val_fraction);
         Ok(TextDataset {
             tokenizer,
@@ -51,7 +52,7 @@ impl TextDataset {
     }
 
     /// The tokenizer the text was encoded with.
-    pub fn tokenizer(&self) -> &CharTokenizer {
+    pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
 
@@ -156,7 +157,14 @@ mod tests {
         let d = TextDataset::from_text(&text, 0.1).unwrap();
         assert_eq!(d.num_tokens(Split::Train), 90);
         assert_eq!(d.num_tokens(Split::Val), 10);
-        assert_eq!(d.tokens(Split::Val), &d.tokenizer().encode(&text[90..]).unwrap()[..]);
+        let val: Vec<i64> = d
+            .tokenizer()
+            .encode(&text[90..])
+            .unwrap()
+            .into_iter()
+            .map(i64::from)
+            .collect();
+        assert_eq!(d.tokens(Split::Val), &val[..]);
         assert!(TextDataset::from_text(&text, 1.0).is_err());
     }
 

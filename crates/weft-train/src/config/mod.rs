@@ -288,6 +288,10 @@ pub struct BatchesKeys {
 pub struct TextKeys {
     pub path: PathBuf,
     pub batch_size: usize,
+    /// `"char"` (the default: the text's own characters), `"gpt2"` (GPT-2's BPE), or the path of
+    /// a Hugging Face `tokenizer.json` (relative to the config file).
+    #[serde(default)]
+    pub tokenizer: Option<String>,
     #[serde(default = "default_val_fraction")]
     pub val_fraction: f64,
 }

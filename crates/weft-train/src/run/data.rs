@@ -73,17 +73,14 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
         }
         DataConfig::Text(t) => {
             let (path, val_fraction) = (&t.path, t.val_fraction);
-            let ds = Arc::new(if path.as_os_str() == "builtin" {
-                TextDataset::from_text(crate::builtin::CORPUS, val_fraction)?
-            } else {
-                TextDataset::from_file(config.resolve(path), val_fraction)?
-            });
+            let ds = Arc::new(text_dataset(config, t)?);
             if let Some((vocab_size, _)) = config.model.language_model_sizes() {
                 if ds.vocab_size() > vocab_size {
                     return Err(Error::Config(format!(
-                        "model.vocab_size: {} is smaller than the {} distinct characters of {}",
+                        "model.vocab_size: {} is smaller than the {} tokens of the {} tokenizer of {}",
                         vocab_size,
                         ds.vocab_size(),
+                        ds.tokenizer().kind(),
                         config.resolve(path).display()
                     )));
                 }
@@ -97,7 +94,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             Data {
                 train,
                 eval,
-                tokenizer: Some(Tokenizer::Char(ds.tokenizer().clone())),
+                tokenizer: Some(ds.tokenizer().clone()),
                 batch_rows: bs,
                 rows: None,
             }
@@ -218,4 +215,32 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         batch_rows: bs,
         rows: Some(rows),
     })
+}
+
+/// The text of a `[data] kind = "text"` section, encoded with its `tokenizer` (the text's own
+/// characters by default).
+fn text_dataset(config: &RunConfig, t: &crate::config::TextKeys) -> Result<TextDataset> {
+    use weft_data::TokenizerSpec;
+    let text = if t.path.as_os_str() == "builtin" {
+        crate::builtin::CORPUS.to_string()
+    } else {
+        let path = config.resolve(&t.path);
+        std::fs::read_to_string(&path).map_err(|source| weft_data::Error::Io { path, source })?
+    };
+    let spec = match t.tokenizer.as_deref() {
+        None => TokenizerSpec::Char,
+        Some(s) => s
+            .parse::<TokenizerSpec>()
+            .map_err(|e| Error::Config(format!("data.tokenizer: {e}")))?,
+    };
+    let tokenizer: Tokenizer = match spec {
+        TokenizerSpec::Char => weft_data::CharTokenizer::from_text(&text).into(),
+        TokenizerSpec::File(p) => TokenizerSpec::File(config.resolve(&p))
+            .load()
+            .map_err(|e| Error::Config(format!("data.tokenizer: {e}")))?,
+        other => other
+            .load()
+            .map_err(|e| Error::Config(format!("data.tokenizer: {e}")))?,
+    };
+    Ok(TextDataset::with_tokenizer(&text, tokenizer, t.val_fraction)?)
 }
