@@ -94,3 +94,75 @@ pub trait LanguageModel: Model + StagedModel {
         })
     }
 }
+
+/// Checks the token ids a language model `op` (`"gpt"`, `"llama"`) is given: I64 `[B, T]` with
+/// `1 <= T <= block_size` and every id in `0..vocab_size` (ids come from data: the error names
+/// the first bad one and its flat position). `what` names the ids in the message.
+pub(crate) fn check_ids(
+    op: &'static str,
+    idx: &Tensor,
+    block_size: usize,
+    vocab_size: usize,
+    what: &str,
+) -> Result<()> {
+    if idx.dtype() != DType::I64 || idx.rank() != 2 || idx.shape()[1] > block_size || idx.shape()[1] == 0 {
+        return Err(weft_core::Error::Invalid {
+            op,
+            msg: format!(
+                "{what} must be I64 [B, T] with 1 <= T <= block_size = {block_size}, got {:?} {:?}",
+                idx.dtype(),
+                idx.shape()
+            ),
+        });
+    }
+    let ids = idx.to_vec::<i64>()?;
+    if let Some((pos, &bad)) = ids.iter().enumerate().find(|(_, &t)| t < 0 || t as usize >= vocab_size) {
+        return Err(weft_core::Error::Invalid {
+            op,
+            msg: format!(
+                "{what}: token id {bad} at flat position {pos} is outside the vocabulary (vocab_size = {vocab_size})"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Mean cross-entropy of `logits` `[B, T, V]` against the next ids `targets` `[B, T]`, ignoring
+/// target -1. With `shard` (a tensor-parallel output layer cut as the token embedding is) the
+/// logits are this rank's columns of the padded vocabulary and the loss is the vocab-parallel one.
+/// `op` (`"gpt loss"`) names a shape mismatch.
+pub(crate) fn next_token_loss(
+    op: &'static str,
+    logits: &Tensor,
+    targets: &Tensor,
+    shard: Option<&weft_nn::parallel::VocabShard>,
+    vocab_size: usize,
+) -> Result<Tensor> {
+    if logits.rank() != 3 || targets.shape() != &logits.shape()[..2] {
+        return Err(weft_core::Error::ShapeMismatch {
+            op,
+            lhs: logits.shape().to_vec(),
+            rhs: targets.shape().to_vec(),
+        });
+    }
+    if let Some(s) = shard {
+        let rows = s.rows as isize;
+        return s.cross_entropy(&logits.reshape(&[-1, rows])?, &targets.reshape(&[-1])?, -1);
+    }
+    logits
+        .reshape(&[-1, vocab_size as isize])?
+        .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+}
+
+/// What [`Model::loss`] of a language model checks first: `targets` has the shape of `inputs`
+/// (`op` names a mismatch).
+pub(crate) fn same_shape_targets(op: &'static str, inputs: &Tensor, targets: &Tensor) -> Result<()> {
+    if targets.shape() != inputs.shape() {
+        return Err(weft_core::Error::ShapeMismatch {
+            op,
+            lhs: inputs.shape().to_vec(),
+            rhs: targets.shape().to_vec(),
+        });
+    }
+    Ok(())
+}

@@ -4,7 +4,7 @@
 //! implies (and their check against a state dict's) in `shapes.rs`, pipeline stages in
 //! `stages.rs`.
 
-use weft_core::{DType, Error, Generator, Result, Tensor, UnaryOp};
+use weft_core::{DType, Generator, Result, Tensor, UnaryOp};
 use weft_nn::init;
 use weft_nn::layers::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Mlp};
 use weft_nn::module::{prefixed, Module};
@@ -149,37 +149,6 @@ impl Gpt {
         Ok(model)
     }
 
-    /// Checks token ids: I64 `[B, T]` with `T <= block_size` and every id in `0..vocab_size`.
-    fn check_ids(&self, idx: &Tensor, what: &str) -> Result<()> {
-        let c = &self.config;
-        if idx.dtype() != DType::I64 || idx.rank() != 2 || idx.shape()[1] > c.block_size || idx.shape()[1] == 0 {
-            return Err(Error::Invalid {
-                op: "gpt",
-                msg: format!(
-                    "{what} must be I64 [B, T] with 1 <= T <= block_size = {}, got {:?} {:?}",
-                    c.block_size,
-                    idx.dtype(),
-                    idx.shape()
-                ),
-            });
-        }
-        let ids = idx.to_vec::<i64>()?;
-        if let Some((pos, &bad)) = ids
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t < 0 || t as usize >= c.vocab_size)
-        {
-            return Err(Error::Invalid {
-                op: "gpt",
-                msg: format!(
-                    "{what}: token id {bad} at flat position {pos} is outside the vocabulary (vocab_size = {})",
-                    c.vocab_size
-                ),
-            });
-        }
-        Ok(())
-    }
-
     /// Cuts the model across a tensor-parallel group (Megatron's layout): the token embedding
     /// and the tied output layer by vocabulary rows (padded to a multiple of the group size),
     /// each attention by heads and each MLP on its hidden dimension; LayerNorms and position
@@ -221,7 +190,7 @@ impl Gpt {
 
     /// Token plus position embeddings (then dropout) of ids `[B, T]`: `[B, T, C]`.
     fn embed(&self, idx: &Tensor) -> Result<Tensor> {
-        self.check_ids(idx, "inputs")?;
+        crate::lm::check_ids("gpt", idx, self.config.block_size, self.config.vocab_size, "inputs")?;
         let t = idx.shape()[1];
         let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64)?.to(idx.device())?;
         self.drop
@@ -263,13 +232,7 @@ impl Module for Gpt {
 
 impl Model for Gpt {
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        if targets.shape() != inputs.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "gpt loss",
-                lhs: inputs.shape().to_vec(),
-                rhs: targets.shape().to_vec(),
-            });
-        }
+        crate::lm::same_shape_targets("gpt loss", inputs, targets)?;
         let logits = self.forward(inputs)?;
         self.loss_of_logits(&logits, targets)
     }
@@ -296,21 +259,13 @@ impl Gpt {
     /// Mean cross-entropy of `logits` `[B, T, V]` (tensor-parallel: this rank's vocabulary
     /// columns) against `targets` `[B, T]`, ignoring target -1.
     fn loss_of_logits(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        if logits.rank() != 3 || targets.shape() != &logits.shape()[..2] {
-            return Err(Error::ShapeMismatch {
-                op: "gpt loss",
-                lhs: logits.shape().to_vec(),
-                rhs: targets.shape().to_vec(),
-            });
-        }
-        if let Some(s) = &self.wte.shard {
-            let rows = s.rows as isize;
-            return s.cross_entropy(&logits.reshape(&[-1, rows])?, &targets.reshape(&[-1])?, -1);
-        }
-        let v = self.config.vocab_size as isize;
-        logits
-            .reshape(&[-1, v])?
-            .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+        crate::lm::next_token_loss(
+            "gpt loss",
+            logits,
+            targets,
+            self.wte.shard.as_ref(),
+            self.config.vocab_size,
+        )
     }
 }
 

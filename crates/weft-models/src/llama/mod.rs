@@ -5,7 +5,7 @@
 //! the MLP in `mlp.rs`, pipeline stages in `stages.rs`, the shapes a config implies in
 //! `shapes.rs`.
 
-use weft_core::{DType, Error, Generator, Result, Tensor};
+use weft_core::{DType, Generator, Result, Tensor};
 use weft_nn::init;
 use weft_nn::layers::{Embedding, Linear, RmsNorm};
 use weft_nn::module::{prefixed, Module};
@@ -178,24 +178,6 @@ impl Llama {
         })
     }
 
-    /// Checks token ids: I64 `[B, T]` with `1 <= T <= block_size` and every id in
-    /// `0..vocab_size`.
-    fn check_ids(&self, idx: &Tensor, what: &str) -> Result<()> {
-        let c = &self.config;
-        if idx.dtype() != DType::I64 || idx.rank() != 2 || idx.shape()[1] > c.block_size || idx.shape()[1] == 0 {
-            return Err(Error::Invalid {
-                op: "llama",
-                msg: format!(
-                    "{what} must be I64 [B, T] with 1 <= T <= block_size = {}, got {:?} {:?}",
-                    c.block_size,
-                    idx.dtype(),
-                    idx.shape()
-                ),
-            });
-        }
-        Ok(())
-    }
-
     /// # Shapes
     /// I64 ids `[B, T]` -> logits `[B, T, vocab_size]` (tensor-parallel: this rank's columns of
     /// the padded vocabulary).
@@ -207,7 +189,7 @@ impl Llama {
     /// The token embedding of ids `[B, T]`: `[B, T, C]` (ids outside the vocabulary are an
     /// error naming the id).
     fn embed(&self, idx: &Tensor) -> Result<Tensor> {
-        self.check_ids(idx, "inputs")?;
+        crate::lm::check_ids("llama", idx, self.config.block_size, self.config.vocab_size, "inputs")?;
         self.embed_tokens.forward(idx)
     }
 
@@ -236,22 +218,13 @@ impl Llama {
     /// Mean cross-entropy of `logits` `[B, T, V]` (tensor-parallel: this rank's vocabulary
     /// columns) against `targets` `[B, T]`, ignoring target -1.
     fn loss_of_logits(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        if logits.rank() != 3 || targets.shape() != &logits.shape()[..2] {
-            return Err(Error::ShapeMismatch {
-                op: "llama loss",
-                lhs: logits.shape().to_vec(),
-                rhs: targets.shape().to_vec(),
-            });
-        }
-        // the output head is cut as the embedding is (the same padded rows per rank)
-        if let Some(s) = &self.embed_tokens.shard {
-            let rows = s.rows as isize;
-            return s.cross_entropy(&logits.reshape(&[-1, rows])?, &targets.reshape(&[-1])?, -1);
-        }
-        let v = self.config.vocab_size as isize;
-        logits
-            .reshape(&[-1, v])?
-            .cross_entropy(&targets.reshape(&[-1])?, -1, 0.0)
+        crate::lm::next_token_loss(
+            "llama loss",
+            logits,
+            targets,
+            self.embed_tokens.shard.as_ref(),
+            self.config.vocab_size,
+        )
     }
 
     /// Cuts the model across a tensor-parallel group (Megatron's layout): the token embedding by
@@ -311,13 +284,7 @@ impl Module for Llama {
 
 impl Model for Llama {
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        if targets.shape() != inputs.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "llama loss",
-                lhs: inputs.shape().to_vec(),
-                rhs: targets.shape().to_vec(),
-            });
-        }
+        crate::lm::same_shape_targets("llama loss", inputs, targets)?;
         let logits = self.forward(inputs)?;
         self.loss_of_logits(&logits, targets)
     }
