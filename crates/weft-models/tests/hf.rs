@@ -274,3 +274,22 @@ fn llama_folders_compute_the_logits_transformers_does() {
         assert_logits(name, &got, &want);
     }
 }
+
+#[test]
+fn a_gpt2_head_must_be_the_token_embedding() {
+    let d = copy_of("gpt2");
+    let file = d.join("model.safetensors");
+    let mut tensors = safetensors::load(&file).unwrap().tensors;
+    let wte = tensors["transformer.wte.weight"].clone();
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    // a head equal to the embedding (as older files hold it) is taken
+    tensors.insert("lm_head.weight".into(), wte.contiguous().unwrap());
+    safetensors::save(&file, tensors.iter().map(|(n, t)| (n.as_str(), t)), &meta).unwrap();
+    let ck = hf::read_folder(&d).unwrap();
+    assert!(!ck.tensors.contains_key("lm_head.weight"));
+    // one that differs is not: weft's gpt ties them
+    tensors.insert("lm_head.weight".into(), wte.affine(1.0, 1e-3).unwrap());
+    safetensors::save(&file, tensors.iter().map(|(n, t)| (n.as_str(), t)), &meta).unwrap();
+    let e = hf::read_folder(&d).err().expect("an untied head is refused").to_string();
+    assert!(e.contains("lm_head.weight differs"), "{e}");
+}
