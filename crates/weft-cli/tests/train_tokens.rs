@@ -318,3 +318,34 @@ fn text_data_takes_any_tokenizer() {
         &["model.vocab_size", "50257", "gpt2"],
     );
 }
+
+#[test]
+fn a_dataset_prepared_again_under_the_same_url_is_not_served_from_the_old_cache() {
+    let dir = temp_dir("tokens-reprepare");
+    let server = S3Server::start(&dir.join("s3"));
+    server.create_bucket("data");
+    let url = "s3://data/corpus";
+    let run = |name: &str, cache: &str| {
+        let c = config(&dir, name, url, 3, &format!("cache_dir = {:?}", dir.join(cache)));
+        // TOML refuses a key given twice: keep this cache_dir, drop the one config() wrote
+        let text = std::fs::read_to_string(&c).unwrap();
+        let text: String = text
+            .lines()
+            .filter(|l| !l.starts_with("cache_dir") || l.contains(cache))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&c, text).unwrap();
+        train(&c, 1, Some(&server), &[]);
+        losses(&dir.join(format!("{name}.jsonl")))
+    };
+    prepare(&dir, url, Some(&server), 20_000);
+    let first = run("first", "shared-cache");
+    // the same URL, another corpus: the old objects removed from the bucket, then prepared again
+    std::fs::remove_dir_all(dir.join("s3/data/corpus")).unwrap();
+    std::fs::write(dir.join("corpus.txt"), corpus(30_000).to_uppercase()).unwrap();
+    prepare(&dir, url, Some(&server), 0);
+    let again = run("again", "shared-cache");
+    let fresh = run("fresh", "fresh-cache");
+    assert_eq!(again, fresh, "the run read the old dataset's cached blocks");
+    assert_ne!(again, first);
+}

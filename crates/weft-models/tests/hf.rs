@@ -290,6 +290,9 @@ fn a_gpt2_head_must_be_the_token_embedding() {
     // one that differs is not: weft's gpt ties them
     tensors.insert("lm_head.weight".into(), wte.affine(1.0, 1e-3).unwrap());
     safetensors::save(&file, tensors.iter().map(|(n, t)| (n.as_str(), t)), &meta).unwrap();
-    let e = hf::read_folder(&d).err().expect("an untied head is refused").to_string();
+    let e = hf::read_folder(&d)
+        .err()
+        .expect("an untied head is refused")
+        .to_string();
     assert!(e.contains("lm_head.weight differs"), "{e}");
 }

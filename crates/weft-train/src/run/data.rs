@@ -164,6 +164,7 @@ pub(super) fn check_data(config: &RunConfig, data: &Data) -> Result<()> {
 /// through the on-disk block cache. Checked here against the model: the vocabulary fits, and the
 /// training split holds at least one window of `block_size + 1` tokens.
 fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize) -> Result<Data> {
+    use sha2::Digest;
     use weft_data::store::{self, CacheOptions, CachedSource, StoreOptions};
     use weft_data::ObjectSource;
     let source: Arc<dyn ObjectSource> = if k.is_url() {
@@ -172,6 +173,14 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
             ..Default::default()
         };
         let remote = store::open_with(&k.path, &options)?;
+        // the cache keys blocks by URL; a dataset prepared again under the same URL must not be
+        // served from the old one's blocks, so each version (its index.json, read from the store
+        // itself) gets a folder of its own
+        let index = ObjectSource::read(&*remote, weft_data::tokens::INDEX_NAME)?;
+        let version: String = sha2::Sha256::digest(&index)[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let mut cache = CacheOptions {
             limit_bytes: (k.cache_gb * (1u64 << 30) as f64) as u64,
             block_size: (k.cache_block_mb * (1u64 << 20) as f64) as u64,
@@ -180,6 +189,7 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         if let Some(dir) = &k.cache_dir {
             cache.dir = config.resolve(dir);
         }
+        cache.dir = cache.dir.join(version);
         Arc::new(CachedSource::new(remote, cache)?)
     } else {
         let path = k.path.strip_prefix("file://").unwrap_or(&k.path);
