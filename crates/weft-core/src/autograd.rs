@@ -273,6 +273,9 @@ fn accumulate_into_leaf(leaf: &Tensor, grad: Tensor) -> Result<()> {
 /// Calls the grad-ready hooks of `t` (cloned out of the lock, so a hook may register more).
 fn run_hooks(t: &Tensor) {
     let hooks = t.0.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if !hooks.is_empty() {
+        crate::graph::note_hooks();
+    }
     for hook in hooks {
         hook(t);
     }

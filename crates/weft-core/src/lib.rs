@@ -22,6 +22,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod function;
+pub mod graph;
 pub mod io;
 pub mod layout;
 pub mod memory;

@@ -167,6 +167,10 @@ pub enum Op {
         act: Option<UnaryOp>,
         residual: bool,
     },
+    /// Inputs `(pre [M, N], grad_out [M, N])`: the gradient through `Linear`'s activation,
+    /// `grad_out * act'(pre)` `[M, N]`, and its column sums `[N]` (the bias gradient), in one
+    /// pass; outputs both.
+    LinearActBackward(UnaryOp),
 
     // ---- views and layout (ops/shape.rs) ----
     Reshape(Shape),
@@ -307,6 +311,7 @@ impl Op {
             Op::Var { .. } => "var",
             Op::Matmul => "matmul",
             Op::Linear { .. } => "linear",
+            Op::LinearActBackward(_) => "linear_act_backward",
             Op::Reshape(_) => "reshape",
             Op::Permute(_) => "permute",
             Op::Narrow { .. } => "narrow",

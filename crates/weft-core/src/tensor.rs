@@ -20,6 +20,11 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TensorId(pub(crate) usize);
 
+/// The id the next tensor made will get (every tensor made from now on has this id or a larger one).
+pub(crate) fn next_tensor_id() -> TensorId {
+    TensorId(NEXT_ID.load(Ordering::Relaxed))
+}
+
 pub(crate) struct TensorInner {
     pub(crate) id: TensorId,
     pub(crate) storage: Arc<Storage>,
@@ -190,6 +195,7 @@ impl Tensor {
 
     /// The elements in row-major order. The dtype must be `T`'s.
     pub fn to_vec<T: StorageElement>(&self) -> Result<Vec<T>> {
+        crate::graph::host_access(self, false, "to_vec");
         if let Some(h) = self.host_copy("to_vec")? {
             return h.to_vec();
         }
@@ -206,6 +212,7 @@ impl Tensor {
     /// (aborting when memory runs out): for small tensors, logs and tests;
     /// [`Tensor::try_to_vec_f64`] fails instead.
     pub fn to_vec_f64(&self) -> Vec<f64> {
+        crate::graph::host_access(self, false, "to_vec_f64");
         if let Ok(Some(h)) = self.host_copy("to_vec_f64") {
             return h.to_vec_f64();
         }
@@ -216,6 +223,7 @@ impl Tensor {
 
     /// [`Tensor::to_vec_f64`], with an [`Error::OutOfMemory`] when the buffer cannot be allocated.
     pub fn try_to_vec_f64(&self) -> Result<Vec<f64>> {
+        crate::graph::host_access(self, false, "to_vec_f64");
         if let Some(h) = self.host_copy("to_vec_f64")? {
             return h.try_to_vec_f64();
         }
@@ -282,12 +290,14 @@ impl Tensor {
     /// Runs `f` on the elements as a row-major slice (borrowed when the tensor is contiguous, a
     /// copy otherwise). Fails when the dtype is not `T`'s.
     pub fn with_data<T: StorageElement, R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        crate::graph::host_access(self, false, "with_data");
         Ok(f(&self.contig::<T>("with_data")?))
     }
 
     /// Runs `f` on this tensor's elements in place, for fused updates (optimizer steps,
     /// collectives). Not recorded by autograd. The tensor must be contiguous and of `T`'s dtype.
     pub fn with_data_mut<T: StorageElement, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        crate::graph::host_access(self, true, "with_data_mut");
         if self.device() != Device::Cpu {
             return Err(Error::Device(format!(
                 "with_data_mut: the tensor lives on {}; host code cannot update it in place",
@@ -340,6 +350,7 @@ impl Tensor {
     /// Overwrites this tensor's elements with `src`'s (same shape; `src` is cast to this dtype).
     /// Not recorded by autograd: for optimizer steps, initialisation and collectives.
     pub fn copy_from(&self, src: &Tensor) -> Result<()> {
+        crate::graph::host_access(self, true, "copy_from");
         if src.shape() != self.shape() {
             return Err(Error::ShapeMismatch {
                 op: "copy_from",

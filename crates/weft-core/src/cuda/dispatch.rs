@@ -25,6 +25,12 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         | Op::Cast(_) => families::elementwise::forward(op, inputs),
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => families::reduce::forward(op, inputs),
         Op::Matmul | Op::Linear { .. } => families::matmul::forward(op, inputs),
+        Op::LinearActBackward(act) => {
+            // the GPU's own UnaryBackward kernel, then the column sums
+            let g = families::elementwise::forward(&Op::UnaryBackward(*act), inputs)?.remove(0);
+            let gb = g.sum(&[0], false)?;
+            Ok(vec![g, gb])
+        }
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             families::shape::forward(op, inputs)
         }

@@ -243,7 +243,11 @@ pub(super) fn backward(
 ) -> Result<Vec<Option<Tensor>>> {
     let (x, w) = (&inputs[0], &inputs[1]);
     let (g, gb) = match act {
-        Some(a) => act_backward(a, &saved[0], grad)?,
+        Some(a) => {
+            let mut out = super::apply_multi(Op::LinearActBackward(a), &[&saved[0], grad])?;
+            let gb = out.pop().expect("two outputs");
+            (out.pop().expect("two outputs"), gb)
+        }
         None => (grad.clone(), grad.sum(&[0], false)?),
     };
     let mut grads = vec![Some(g.matmul(w)?), Some(g.t()?.matmul(x)?), Some(gb)];
@@ -253,15 +257,9 @@ pub(super) fn backward(
     Ok(grads)
 }
 
-/// The gradient through the activation, `grad * act'(pre)` `[M, N]`, and its column sums (the
-/// bias gradient) in one pass.
-fn act_backward(act: UnaryOp, pre: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
-    if pre.device() != crate::Device::Cpu {
-        // the GPU's own UnaryBackward kernel, then the column sums
-        let g = apply(Op::UnaryBackward(act), &[pre, grad])?;
-        let gb = g.sum(&[0], false)?;
-        return Ok((g, gb));
-    }
+/// [`Op::LinearActBackward`] on the CPU: the gradient through the activation,
+/// `grad * act'(pre)` `[M, N]`, and its column sums (the bias gradient) in one pass.
+pub(super) fn act_backward(act: UnaryOp, pre: &Tensor, grad: &Tensor) -> Result<Vec<Tensor>> {
     let n = pre.shape()[1];
     crate::float_dispatch!(pre.dtype(), T => {
         let (x, g) = (pre.contig::<T>("linear_backward")?, grad.contig::<T>("linear_backward")?);
@@ -269,6 +267,6 @@ fn act_backward(act: UnaryOp, pre: &Tensor, grad: &Tensor) -> Result<(Tensor, Te
         let sums = crate::cpu::elementwise::unary_backward_column_sums(act, &x, &g, n, &mut out);
         // SAFETY: the kernel wrote every element.
         let out = unsafe { crate::cpu::assume_init(out) };
-        Ok((Tensor::from_vec(out, pre.shape())?, Tensor::from_vec(sums, &[n])?))
+        Ok(vec![Tensor::from_vec(out, pre.shape())?, Tensor::from_vec(sums, &[n])?])
     })
 }

@@ -24,6 +24,17 @@ use crate::DType;
 /// Executes `op` on `inputs`. The first output is the op's result; any others are tensors the
 /// forward saves for the backward (or further results of a multi-output backward op).
 pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if crate::graph::recording() {
+        let _nested = crate::graph::RecordGuard::enter();
+        let outputs = execute_on_backend(op, inputs)?;
+        crate::graph::record_op(op, inputs, &outputs);
+        return Ok(outputs);
+    }
+    execute_on_backend(op, inputs)
+}
+
+/// [`execute`] without the tracer's hook.
+fn execute_on_backend(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     if let Op::ToDevice(device) = op {
         return Ok(vec![crate::cuda::to_device(inputs[0], *device)?]);
     }
@@ -53,6 +64,7 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => reduce::forward(op, inputs),
         Op::Matmul => matmul::forward(inputs),
         Op::Linear { act, .. } => linear::forward(inputs, *act),
+        Op::LinearActBackward(act) => linear::act_backward(*act, inputs[0], inputs[1]),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::forward(op, inputs)
         }
@@ -144,6 +156,7 @@ fn differentiable(op: &Op) -> bool {
             | Op::ArgMax { .. }
             | Op::OneHot { .. }
             | Op::UnaryBackward(_)
+            | Op::LinearActBackward(_)
             | Op::SoftmaxBackward { .. }
             | Op::NormBackward { .. }
             | Op::CrossEntropyBackward { .. }

@@ -110,10 +110,16 @@ impl Tensor {
     /// [`Tensor::contiguous_copy`] inside op `op` (named when the copy cannot be allocated).
     pub(crate) fn contiguous_copy_for(&self, op: &'static str) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
-        if self.device().is_cuda() {
-            return crate::cuda::copy::contiguous(self);
-        }
-        Ok(Tensor::from_storage(self.contiguous_storage(op)?, self.shape()))
+        let copy = if self.device().is_cuda() {
+            crate::cuda::copy::contiguous(self)?
+        } else {
+            Tensor::from_storage(self.contiguous_storage(op)?, self.shape())
+        };
+        #[cfg(not(feature = "cuda"))]
+        let copy = Tensor::from_storage(self.contiguous_storage(op)?, self.shape());
+        // outside the op set, so a capture is told this is the same value
+        crate::graph::note_copy(self, &copy);
+        Ok(copy)
     }
 
     /// Concatenates along `dim`; all other dims must agree.

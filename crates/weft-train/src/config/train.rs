@@ -58,6 +58,11 @@ pub struct TrainConfig {
     /// and optimizer state in f32 (see `weft_core::autocast`).
     #[serde(default = "default_precision")]
     pub precision: String,
+    /// Compiled mode: a step's forward, loss and backward are captured as a graph at the first
+    /// step and replayed after (docs/compiled.md). Layouts and models that cannot be captured
+    /// run eagerly, with one line saying why.
+    #[serde(default)]
+    pub compile: bool,
 }
 
 impl TrainConfig {

@@ -204,6 +204,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         .with_grad_accum(t.grad_accum)
         .with_log_every(t.log_every)
         .with_skip_nonfinite(t.skip_nonfinite)
+        .with_compile(t.compile)
         .with_progress(options.progress && logs)
         .with_device(device)
         .with_autocast(

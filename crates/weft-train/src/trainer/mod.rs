@@ -14,6 +14,7 @@ use crate::pipeline::Pipeline;
 use crate::replicas::{Replicas, ZeroUnits};
 
 mod checkpointing;
+mod compiled;
 mod fit;
 mod records;
 mod shards;
@@ -90,6 +91,8 @@ pub struct Trainer {
     autocast: Option<weft_core::DType>,
     /// Micro-batches per optimizer step in [`Trainer::fit`] (gradient accumulation).
     grad_accum: usize,
+    /// The captured step, when compiled mode is on (and not given up).
+    compiled: Option<compiled::CompiledStep>,
 }
 
 impl Trainer {
@@ -126,7 +129,16 @@ impl Trainer {
             device: weft_core::Device::Cpu,
             autocast: None,
             grad_accum: 1,
+            compiled: None,
         }
+    }
+
+    /// Compiled mode: each micro-batch's forward, loss and backward are captured as a graph at the
+    /// first step and replayed after (see `weft_core::graph`); layouts and models that cannot be
+    /// captured run eagerly, with one line saying why.
+    pub fn with_compile(mut self, on: bool) -> Self {
+        self.compiled = on.then(compiled::CompiledStep::new);
+        self
     }
 
     /// Accumulates gradients over `k` micro-batches per optimizer step in [`Trainer::fit`]:

@@ -46,7 +46,6 @@ impl Trainer {
         weft_core::cuda::reset_peak(self.device)?;
         let lr = self.schedule.lr_at(step);
         let _step_span = span("compute", "step");
-        let replicas = self.data_parallel.as_ref().map(|(_, r)| r);
         // the weight of each micro-batch's loss; exactly 1 without accumulation
         let scale = 1.0 / k as f64;
         let (mut local_sum, mut activation_bytes) = (0.0, None::<Vec<usize>>);
@@ -63,12 +62,13 @@ impl Trainer {
             if let Some(z) = self.zero() {
                 z.begin_forward()?;
             }
+            let compiled = self.use_compiled();
             // a pipeline runs forward and backward passes together, micro-batch by micro-batch
             match &self.pipeline {
                 Some(p) => {
                     let (value, peaks) = weft_core::autocast(self.autocast, || {
                         p.run_step(x, y, scale, &mut |out, seed, end| {
-                            micro_backward(replicas, &|| out.backward_with(seed), end && last)
+                            micro_backward(self.replicas(), &|| out.backward_with(seed), end && last)
                         })
                     })?;
                     local_sum += value;
@@ -76,6 +76,10 @@ impl Trainer {
                         Some(before) => before.iter().zip(&peaks).map(|(a, b)| *a.max(b)).collect(),
                         None => peaks,
                     });
+                }
+                None if compiled => {
+                    let _s = span("compute", "compiled forward and backward");
+                    local_sum += self.compiled_micro_step(x, y, scale, k > 1)?;
                 }
                 None => {
                     let loss = {
@@ -89,7 +93,7 @@ impl Trainer {
                     } else {
                         // on the loss's device, in its dtype
                         let seed = Tensor::ones_like(&loss)?.mul_scalar(scale)?;
-                        micro_backward(replicas, &|| loss.backward_with(&seed), last)?;
+                        micro_backward(self.replicas(), &|| loss.backward_with(&seed), last)?;
                     }
                 }
             }
@@ -178,6 +182,11 @@ impl Trainer {
             micro_batches: k,
             data_wait_ms: waited.as_secs_f64() * 1e3,
         })
+    }
+
+    /// The data-parallel wrapper, if there is one.
+    fn replicas(&self) -> Option<&Replicas> {
+        self.data_parallel.as_ref().map(|(_, r)| r)
     }
 
     /// Which parameter's gradient (the first in registration order, among those this rank

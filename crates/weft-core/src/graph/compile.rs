@@ -1,0 +1,181 @@
+//! [`compile`] and [`GraphCache`]: a function over tensors captured at its first call for each
+//! input signature and replayed after that.
+
+use std::sync::Arc;
+
+use super::ir::Graph;
+use super::passes::{optimize, PassReport};
+use super::trace::trace;
+use crate::error::Result;
+use crate::{DType, Device, Tensor};
+
+/// Graphs kept per compiled function (one per input signature); the least recently used goes.
+pub const DEFAULT_CACHE: usize = 8;
+
+type Signature = Vec<(Vec<usize>, DType, Device)>;
+
+fn signature(inputs: &[Tensor]) -> Signature {
+    inputs
+        .iter()
+        .map(|t| (t.shape().to_vec(), t.dtype(), t.device()))
+        .collect()
+}
+
+/// What the last call did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Captured a new graph (the call itself ran eagerly while being captured).
+    Captured,
+    /// Replayed a cached graph.
+    Replayed,
+    /// Ran eagerly because the function cannot be captured; the reason.
+    Eager(String),
+}
+
+/// The graphs of one function, by input signature (shapes, dtypes, devices). The function is
+/// handed to each [`GraphCache::call`], so it may borrow what its caller holds.
+pub struct GraphCache {
+    cache: Vec<(Signature, Arc<Graph>)>,
+    capacity: usize,
+    refused: Option<String>,
+    /// Whether a capture was already tried again after one that may succeed a second time.
+    retried: bool,
+    last: Option<Outcome>,
+    report: PassReport,
+}
+
+impl Default for GraphCache {
+    fn default() -> Self {
+        GraphCache::new(DEFAULT_CACHE)
+    }
+}
+
+impl GraphCache {
+    /// A cache keeping at most `capacity` graphs (at least one).
+    pub fn new(capacity: usize) -> Self {
+        GraphCache {
+            cache: Vec::new(),
+            capacity: capacity.max(1),
+            refused: None,
+            retried: false,
+            last: None,
+            report: PassReport::default(),
+        }
+    }
+
+    /// Runs `f(inputs)`: replays the graph captured for `inputs`' signature, or captures one by
+    /// running `f` eagerly once (see [`trace`]). Once a capture is refused, every call runs `f`
+    /// eagerly and [`GraphCache::eager_reason`] says why; the one exception is a capture refused
+    /// only for tensors made outside the op set (a cache the function fills at its first call),
+    /// which is tried once more at the next call. `f` must compute the same function at
+    /// every call.
+    pub fn call(&mut self, inputs: &[Tensor], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+        if let Some(reason) = &self.refused {
+            self.last = Some(Outcome::Eager(reason.clone()));
+            return f(inputs);
+        }
+        let sig = signature(inputs);
+        if let Some(pos) = self.cache.iter().position(|(s, _)| *s == sig) {
+            let entry = self.cache.remove(pos);
+            let graph = entry.1.clone();
+            self.cache.push(entry);
+            self.last = Some(Outcome::Replayed);
+            return graph.run(inputs);
+        }
+        let (outputs, captured) = trace(inputs, f)?;
+        match captured {
+            Ok(mut graph) => {
+                self.report = optimize(&mut graph)?;
+                if self.cache.len() >= self.capacity {
+                    self.cache.remove(0);
+                }
+                self.cache.push((sig, Arc::new(graph)));
+                self.last = Some(Outcome::Captured);
+            }
+            Err(e) if e.may_retry && !self.retried => {
+                // a lazily built cache made its tensors during this call: capture again at the next
+                self.retried = true;
+                self.last = Some(Outcome::Eager(e.reason));
+            }
+            Err(e) => {
+                self.refused = Some(e.reason.clone());
+                self.last = Some(Outcome::Eager(e.reason));
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// Why calls run eagerly, once a capture was refused.
+    pub fn eager_reason(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    /// What the last call did.
+    pub fn last_outcome(&self) -> Option<&Outcome> {
+        self.last.as_ref()
+    }
+
+    /// The graph replayed for `inputs`' signature, if one was captured.
+    pub fn graph_for(&self, inputs: &[Tensor]) -> Option<&Graph> {
+        let sig = signature(inputs);
+        self.cache.iter().find(|(s, _)| *s == sig).map(|(_, g)| g.as_ref())
+    }
+
+    /// What the passes did to the newest graph.
+    pub fn pass_report(&self) -> PassReport {
+        self.report
+    }
+
+    /// Graphs held now.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+/// A function compiled by [`compile`]: a [`GraphCache`] with its function.
+pub struct Compiled<F> {
+    f: F,
+    cache: GraphCache,
+}
+
+/// Wraps `f`: its first call with each input signature runs it once eagerly while capturing a
+/// graph, optimizes the graph and keeps it; later calls with that signature replay it. Tensors
+/// `f` reads that are not its arguments (parameters) are read at every replay, so updates made in
+/// place between calls are seen. A function that cannot be captured runs eagerly from then on,
+/// and [`Compiled::eager_reason`] says why.
+///
+/// A compiled function records no autograd: it runs its own backward and returns the gradients
+/// it needs (`loss.backward()`, then each parameter's `grad()`), or runs under `no_grad`.
+pub fn compile<F>(f: F) -> Compiled<F>
+where
+    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    Compiled {
+        f,
+        cache: GraphCache::default(),
+    }
+}
+
+impl<F> Compiled<F>
+where
+    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    /// Keeps at most `n` graphs (at least one).
+    pub fn with_cache_capacity(mut self, n: usize) -> Self {
+        self.cache.capacity = n.max(1);
+        self
+    }
+
+    /// Calls the function on `inputs`: replays a cached graph, or captures one.
+    pub fn call(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let f = &mut self.f;
+        self.cache.call(inputs, |xs| f(xs))
+    }
+}
+
+impl<F> std::ops::Deref for Compiled<F> {
+    type Target = GraphCache;
+    fn deref(&self) -> &GraphCache {
+        &self.cache
+    }
+}

@@ -1,0 +1,133 @@
+//! Text and Graphviz forms of a graph, with its fusion groups and memory plan.
+
+use std::fmt::Write;
+
+use super::ir::{Graph, Source, ValueId};
+
+fn ty(g: &Graph, v: ValueId) -> String {
+    let val = &g.values[v];
+    format!("{}{:?}", format!("{:?}", val.dtype).to_lowercase(), val.shape)
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+impl Graph {
+    /// The graph as text: its inputs, externals and constants, one line per node
+    /// (`%out = op{attributes}(%in, ...) : dtype[shape]`), the fusion groups and the memory plan.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let group_of = group_index(self);
+        let _ = writeln!(s, "graph: {} nodes, {} values", self.nodes.len(), self.values.len());
+        for (v, val) in self.values.iter().enumerate() {
+            let kind = match &val.source {
+                Source::Input(i) => format!("input {i}"),
+                Source::External(_) => "external".into(),
+                Source::Constant(_) => "constant".into(),
+                Source::Node { .. } => continue,
+            };
+            let _ = writeln!(s, "  %{v} = {kind} : {}", ty(self, v));
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            let outs: Vec<String> = n.outputs.iter().map(|v| format!("%{v}")).collect();
+            let ins: Vec<String> = n.inputs.iter().map(|v| format!("%{v}")).collect();
+            let types: Vec<String> = n.outputs.iter().map(|&v| ty(self, v)).collect();
+            let fused = group_of[i].map(|k| format!("  [fusion {k}]")).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "  {} = {:?}({}) : {}{fused}",
+                outs.join(", "),
+                n.op,
+                ins.join(", "),
+                types.join(", ")
+            );
+        }
+        let outs: Vec<String> = self.outputs.iter().map(|v| format!("%{v}")).collect();
+        let _ = writeln!(s, "  return {}", outs.join(", "));
+        let groups = super::fusion::groups(self);
+        let _ = writeln!(s, "fusion groups: {}", groups.len());
+        for (k, grp) in groups.iter().enumerate() {
+            let names: Vec<&str> = grp.iter().map(|&i| self.nodes[i].op.name()).collect();
+            let _ = writeln!(s, "  fusion {k}: {}", names.join(" -> "));
+        }
+        let plan = super::plan::plan(self);
+        let _ = writeln!(
+            s,
+            "memory plan: {} buffers in one arena of {} (peak live {}); inputs, parameters and constants {}",
+            plan.buffers.len(),
+            mib(plan.arena_bytes),
+            mib(plan.peak_live_bytes),
+            mib(plan.outside_bytes)
+        );
+        s
+    }
+
+    /// The graph in Graphviz's dot language: a box per node (fusion groups in clusters), an
+    /// ellipse per input, external and constant.
+    pub fn to_dot(&self) -> String {
+        let mut s = String::from("digraph weft {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n");
+        for (v, val) in self.values.iter().enumerate() {
+            let label = match &val.source {
+                Source::Input(i) => format!("input {i}"),
+                Source::External(_) => "external".into(),
+                Source::Constant(_) => "constant".into(),
+                Source::Node { .. } => continue,
+            };
+            let _ = writeln!(s, "  v{v} [shape=ellipse, label=\"{label}\\n{}\"];", ty(self, v));
+        }
+        let groups = super::fusion::groups(self);
+        let mut grouped = vec![None; self.nodes.len()];
+        for (k, grp) in groups.iter().enumerate() {
+            for &i in grp {
+                grouped[i] = Some(k);
+            }
+        }
+        let node_line = |i: usize| {
+            let n = &self.nodes[i];
+            format!(
+                "  n{i} [shape=box, label=\"{}\\n{}\"];\n",
+                n.op.name(),
+                ty(self, n.outputs[0])
+            )
+        };
+        for (k, grp) in groups.iter().enumerate() {
+            let _ = writeln!(s, "  subgraph cluster_{k} {{\n  label=\"fusion {k}\"; style=dashed;");
+            for &i in grp {
+                s.push_str(&node_line(i));
+            }
+            s.push_str("  }\n");
+        }
+        for i in (0..self.nodes.len()).filter(|&i| grouped[i].is_none()) {
+            s.push_str(&node_line(i));
+        }
+        let from = |v: ValueId| match self.values[v].source {
+            Source::Node { node, .. } => format!("n{node}"),
+            _ => format!("v{v}"),
+        };
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &v in &n.inputs {
+                let _ = writeln!(s, "  {} -> n{i};", from(v));
+            }
+        }
+        for (k, &v) in self.outputs.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  out{k} [shape=doubleoctagon, label=\"result {k}\"];\n  {} -> out{k};",
+                from(v)
+            );
+        }
+        s.push_str("}\n");
+        s
+    }
+}
+
+fn group_index(g: &Graph) -> Vec<Option<usize>> {
+    let mut idx = vec![None; g.nodes.len()];
+    for (k, grp) in super::fusion::groups(g).iter().enumerate() {
+        for &i in grp {
+            idx[i] = Some(k);
+        }
+    }
+    idx
+}

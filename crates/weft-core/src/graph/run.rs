@@ -1,0 +1,111 @@
+//! Replay: the nodes run in order through the dispatcher, each computed buffer dropped after
+//! its last reader.
+
+use std::sync::Arc;
+
+use super::ir::{Graph, Source, ValueId};
+use crate::error::{invalid, Result};
+use crate::Tensor;
+
+impl Graph {
+    /// Runs the graph on `inputs` (the shapes and dtypes it was captured with) and returns its
+    /// results. A computed result never shares a buffer with another result or with anything the
+    /// graph holds, as an eager one would not.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        let last = self.last_reader();
+        let mut is_output = vec![false; self.values.len()];
+        for &v in &self.outputs {
+            is_output[v] = true;
+        }
+        let mut slots: Vec<Option<Tensor>> = vec![None; self.values.len()];
+        let get = |slots: &[Option<Tensor>], v: ValueId| -> Result<Tensor> {
+            match &self.values[v].source {
+                Source::Input(i) => Ok(inputs[*i].clone()),
+                Source::External(t) | Source::Constant(t) => Ok(t.clone()),
+                Source::Node { .. } => slots[v]
+                    .clone()
+                    .ok_or_else(|| invalid("graph", format!("value %{v} is read before it is computed"))),
+            }
+        };
+        for (i, node) in self.nodes.iter().enumerate() {
+            let args = node
+                .inputs
+                .iter()
+                .map(|&v| get(&slots, v))
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<&Tensor> = args.iter().collect();
+            let outs = crate::ops::execute(&node.op, &refs)?;
+            drop(refs);
+            drop(args);
+            if outs.len() < node.outputs.len() {
+                return Err(invalid(
+                    "graph",
+                    format!(
+                        "node {i} ({}) gave {} results, the capture saw {}",
+                        node.op.name(),
+                        outs.len(),
+                        node.outputs.len()
+                    ),
+                ));
+            }
+            for (&v, t) in node.outputs.iter().zip(outs) {
+                if last[v].is_some() || is_output[v] {
+                    slots[v] = Some(t);
+                }
+            }
+            for &v in &node.inputs {
+                if last[v] == Some(i) && !is_output[v] {
+                    slots[v] = None;
+                }
+            }
+        }
+        let results = self
+            .outputs
+            .iter()
+            .map(|&v| get(&slots, v))
+            .collect::<Result<Vec<_>>>()?;
+        drop(slots);
+        // Inputs and parameters come back as themselves, as eagerly. A constant, or a computed
+        // buffer that something else still holds (another result after merging, a constant, a
+        // parameter), would be a fresh buffer eagerly: it gets its own copy.
+        let mut owned = Vec::with_capacity(results.len());
+        for (k, (t, &v)) in results.iter().zip(&self.outputs).enumerate() {
+            let copy = match self.values[v].source {
+                Source::Input(_) | Source::External(_) => false,
+                Source::Constant(_) => true,
+                Source::Node { .. } => {
+                    Arc::strong_count(t.storage()) > 1 || results[..k].iter().any(|r| r.same_storage(t))
+                }
+            };
+            owned.push(if copy { t.contiguous_copy()? } else { t.clone() });
+        }
+        Ok(owned)
+    }
+
+    /// Checks `inputs` against the captured shapes and dtypes, naming the first that differs.
+    fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
+        if inputs.len() != self.inputs.len() {
+            return Err(invalid(
+                "graph",
+                format!("{} inputs given, the graph takes {}", inputs.len(), self.inputs.len()),
+            ));
+        }
+        for (i, (t, &v)) in inputs.iter().zip(&self.inputs).enumerate() {
+            let want = &self.values[v];
+            if t.shape() != want.shape.as_slice() || t.dtype() != want.dtype {
+                return Err(invalid(
+                    "graph",
+                    format!(
+                        "input {i} is {:?} {:?}, the graph was captured with {:?} {:?}",
+                        t.dtype(),
+                        t.shape(),
+                        want.dtype,
+                        want.shape
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,300 @@
+use super::passes::{eliminate_common, eliminate_dead, fold_constants, optimize};
+use super::plan::plan;
+use super::*;
+use crate::{DType, Generator, Result, Tensor, UnaryOp};
+use std::sync::Arc;
+
+fn randn(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::randn(shape, DType::F32, &mut Generator::new(seed)).unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()
+}
+
+fn leaf(shape: &[usize], seed: u64) -> Tensor {
+    randn(shape, seed).requires_grad_().unwrap()
+}
+
+/// A small training step: loss = mean(gelu(x W^T + b)^2), gradients of W and b.
+fn step(w: &Tensor, b: &Tensor, xs: &[Tensor]) -> Result<Vec<Tensor>> {
+    w.set_grad(None);
+    b.set_grad(None);
+    let h = xs[0].linear(w, Some(b))?.gelu()?;
+    let loss = h.mul(&h)?.mean_all()?;
+    loss.backward()?;
+    Ok(vec![loss.detach(), w.grad().unwrap(), b.grad().unwrap()])
+}
+
+fn sgd(params: &[&Tensor], grads: &[Tensor]) {
+    for (p, g) in params.iter().zip(grads) {
+        let g = g.to_vec::<f32>().unwrap();
+        p.with_data_mut::<f32, _>(|d| d.iter_mut().zip(&g).for_each(|(x, g)| *x -= 0.1 * g))
+            .unwrap();
+    }
+}
+
+#[test]
+fn replays_a_training_step_bit_for_bit_and_sees_parameter_updates() {
+    let (we, be) = (leaf(&[6, 5], 1), leaf(&[6], 2));
+    let (wc, bc) = (
+        we.detach().contiguous_copy().unwrap().requires_grad_().unwrap(),
+        be.detach().contiguous_copy().unwrap().requires_grad_().unwrap(),
+    );
+    let mut compiled = compile(|xs: &[Tensor]| step(&wc, &bc, xs));
+    for call in 0..4 {
+        let x = randn(&[3, 5], 10 + call);
+        let eager = step(&we, &be, std::slice::from_ref(&x)).unwrap();
+        let replayed = compiled.call(std::slice::from_ref(&x)).unwrap();
+        let want = if call == 0 {
+            Outcome::Captured
+        } else {
+            Outcome::Replayed
+        };
+        assert_eq!(compiled.last_outcome(), Some(&want));
+        for (e, r) in eager.iter().zip(&replayed) {
+            assert_eq!(bits(e), bits(r), "call {call}");
+        }
+        sgd(&[&we, &be], &eager[1..]);
+        sgd(&[&wc, &bc], &replayed[1..]);
+    }
+    assert_eq!(compiled.cached(), 1);
+}
+
+#[test]
+fn results_own_their_buffers() {
+    let w = leaf(&[4], 3);
+    // the gradient of w in `w + w` reaches the leaf through a copy autograd makes
+    let mut compiled = compile(|xs: &[Tensor]| {
+        w.set_grad(None);
+        let loss = w.add(&w)?.mul(&xs[0])?.sum_all()?;
+        loss.backward()?;
+        Ok(vec![w.grad().unwrap(), xs[0].clone()])
+    });
+    let x = randn(&[4], 4);
+    let first = compiled.call(std::slice::from_ref(&x)).unwrap();
+    let again = compiled.call(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(compiled.last_outcome(), Some(&Outcome::Replayed));
+    assert_eq!(bits(&first[0]), bits(&again[0]));
+    assert_eq!(bits(&again[1]), bits(&x));
+    assert!(
+        again[1].same_storage(&x),
+        "an input returned as a result is the input, as eagerly"
+    );
+    assert_eq!(Arc::strong_count(again[0].storage()), 1, "the gradient owns its buffer");
+}
+
+#[test]
+fn a_new_input_shape_captures_a_new_graph_and_the_cache_is_bounded() {
+    let w = randn(&[5], 5);
+    let mut compiled = compile(|xs: &[Tensor]| Ok(vec![xs[0].mul(&w)?.exp()?])).with_cache_capacity(2);
+    for rows in [1, 2, 3, 1] {
+        let x = randn(&[rows, 5], rows as u64);
+        let out = compiled.call(std::slice::from_ref(&x)).unwrap();
+        assert_eq!(compiled.last_outcome(), Some(&Outcome::Captured), "rows {rows}");
+        assert_eq!(bits(&out[0]), bits(&x.mul(&w).unwrap().exp().unwrap()));
+    }
+    assert_eq!(compiled.cached(), 2);
+    compiled.call(&[randn(&[1, 5], 9)]).unwrap();
+    assert_eq!(compiled.last_outcome(), Some(&Outcome::Replayed));
+}
+
+fn refusal<F>(f: F) -> String
+where
+    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    let mut compiled = compile(f);
+    let x = randn(&[2, 3], 7);
+    let first = compiled.call(std::slice::from_ref(&x)).unwrap();
+    let second = compiled.call(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(first.len(), second.len());
+    match compiled.last_outcome() {
+        Some(Outcome::Eager(reason)) => reason.clone(),
+        other => panic!("expected an eager fallback, got {other:?}"),
+    }
+}
+
+#[test]
+fn what_cannot_be_replayed_runs_eagerly_with_a_reason() {
+    let r = refusal(|xs| Ok(vec![xs[0].dropout(0.5, true, &mut Generator::new(1))?]));
+    assert!(r.contains("dropout"), "{r}");
+    let r = refusal(|xs| {
+        Ok(vec![xs[0].add(&Tensor::rand(
+            &[2, 3],
+            DType::F32,
+            &mut Generator::new(1),
+        )?)?])
+    });
+    assert!(r.contains("random"), "{r}");
+    let r = refusal(|xs| {
+        let s = xs[0].sum_all()?;
+        let y = if s.item()? > 0.0 { xs[0].exp()? } else { xs[0].neg()? };
+        Ok(vec![y])
+    });
+    assert!(r.contains("data-dependent") && r.contains("reduce"), "{r}");
+    let r = refusal(|xs| {
+        let y = xs[0].exp()?;
+        y.with_data_mut::<f32, _>(|d| d[0] = 0.0)?;
+        Ok(vec![y])
+    });
+    assert!(r.contains("in place"), "{r}");
+    // a constant made at every call: tried twice, then given up
+    let r = refusal(|xs| Ok(vec![xs[0].mul(&Tensor::from_vec(vec![2.0f32; 3], &[3])?)?]));
+    assert!(r.contains("outside the op set"), "{r}");
+    let w = leaf(&[3], 8);
+    let r = refusal(|xs| Ok(vec![xs[0].mul(&w)?]));
+    assert!(r.contains("needs gradients"), "{r}");
+    let w = leaf(&[3], 9);
+    w.register_grad_ready_hook(|_| {});
+    let r = refusal(|xs| {
+        w.set_grad(None);
+        xs[0].mul(&w)?.sum_all()?.backward()?;
+        Ok(vec![w.grad().unwrap()])
+    });
+    assert!(r.contains("hooks"), "{r}");
+}
+
+#[test]
+fn a_cache_filled_at_the_first_call_is_captured_at_the_second() {
+    let table: std::sync::Mutex<Option<Tensor>> = std::sync::Mutex::new(None);
+    let mut compiled = compile(|xs: &[Tensor]| {
+        let t = table
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| Tensor::from_vec(vec![3.0f32; 3], &[3]).unwrap())
+            .clone();
+        Ok(vec![xs[0].mul(&t)?])
+    });
+    let x = randn(&[2, 3], 1);
+    let outcomes: Vec<_> = (0..3)
+        .map(|_| {
+            compiled.call(std::slice::from_ref(&x)).unwrap();
+            compiled.last_outcome().cloned().unwrap()
+        })
+        .collect();
+    assert!(matches!(outcomes[0], Outcome::Eager(_)));
+    assert_eq!(outcomes[1..], [Outcome::Captured, Outcome::Replayed]);
+}
+
+#[test]
+fn reading_an_input_on_the_host_is_allowed() {
+    let mut compiled = compile(|xs: &[Tensor]| {
+        let n = xs[0].to_vec::<f32>()?.len();
+        Ok(vec![xs[0].mul_scalar(n as f64)?])
+    });
+    let x = randn(&[2, 3], 1);
+    compiled.call(std::slice::from_ref(&x)).unwrap();
+    compiled.call(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(compiled.last_outcome(), Some(&Outcome::Replayed));
+}
+
+fn traced<F>(x: &Tensor, f: F) -> Graph
+where
+    F: FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    trace(std::slice::from_ref(x), f).unwrap().1.unwrap()
+}
+
+#[test]
+fn common_subexpressions_merge_and_dead_nodes_go() {
+    let x = randn(&[4, 4], 1);
+    let f = |xs: &[Tensor]| {
+        let _unused = xs[0].tanh()?.sigmoid()?;
+        Ok(vec![xs[0].exp()?.add(&xs[0].exp()?)?])
+    };
+    let mut g = traced(&x, f);
+    assert_eq!(g.nodes.len(), 5);
+    assert_eq!(eliminate_common(&mut g), 1);
+    assert_eq!(eliminate_dead(&mut g), 2);
+    let names: Vec<_> = g.nodes.iter().map(|n| n.op.name()).collect();
+    assert_eq!(names, ["unary", "binary"]);
+    let out = g.run(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(bits(&out[0]), bits(&f(std::slice::from_ref(&x)).unwrap()[0]));
+    // different attributes are not merged
+    let mut g = traced(&x, |xs| {
+        Ok(vec![xs[0].unary(UnaryOp::Exp)?.add(&xs[0].unary(UnaryOp::Tanh)?)?])
+    });
+    assert_eq!(eliminate_common(&mut g), 0);
+}
+
+#[test]
+fn constant_subgraphs_fold() {
+    let x = randn(&[3], 2);
+    let f = |xs: &[Tensor]| {
+        let c = Tensor::ones(&[3], DType::F32)?.mul_scalar(2.0)?.exp()?;
+        Ok(vec![xs[0].add(&c)?])
+    };
+    let mut g = traced(&x, f);
+    assert_eq!(g.nodes.len(), 4);
+    assert_eq!(fold_constants(&mut g).unwrap(), 3);
+    assert_eq!(g.nodes.len(), 1);
+    let out = g.run(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(bits(&out[0]), bits(&f(std::slice::from_ref(&x)).unwrap()[0]));
+    // big constants stay nodes
+    let big = passes::FOLD_MAX_ELEMENTS + 1;
+    let y = randn(&[big], 3);
+    let mut g = traced(&y, |xs| Ok(vec![xs[0].add(&Tensor::ones(&[big], DType::F32)?)?]));
+    assert_eq!(fold_constants(&mut g).unwrap(), 0);
+}
+
+#[test]
+fn the_memory_plan_never_overlaps_live_buffers() {
+    let w = leaf(&[8, 8], 4);
+    let x = randn(&[16, 8], 5);
+    let mut g = traced(&x, |xs| {
+        w.set_grad(None);
+        let mut h = xs[0].clone();
+        for _ in 0..3 {
+            h = h.matmul(&w)?.tanh()?;
+        }
+        h.sum_all()?.backward()?;
+        Ok(vec![w.grad().unwrap()])
+    });
+    optimize(&mut g).unwrap();
+    let p = plan(&g);
+    assert!(!p.buffers.is_empty());
+    assert!(p.arena_bytes >= p.peak_live_bytes && p.peak_live_bytes > 0);
+    for a in &p.buffers {
+        for b in &p.buffers {
+            let meet = a.buffer != b.buffer && a.first <= b.last && b.first <= a.last;
+            let overlap = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+            assert!(!(meet && overlap), "{a:?} and {b:?}");
+        }
+    }
+    // three [16, 8] f32 activations alive at once at least (each tanh is kept for the backward)
+    assert!(p.peak_live_bytes >= 3 * 16 * 8 * 4);
+    assert_eq!(p.outside_bytes, 16 * 8 * 4 + 8 * 8 * 4 + 4);
+}
+
+#[test]
+fn the_plan_of_a_chain_reuses_memory() {
+    // x -> exp -> tanh -> exp -> tanh: only two [1024] buffers are alive at once
+    let x = randn(&[1024], 6);
+    let g = traced(&x, |xs| Ok(vec![xs[0].exp()?.tanh()?.exp()?.tanh()?]));
+    let p = plan(&g);
+    assert_eq!(p.buffers.len(), 4);
+    assert_eq!(p.peak_live_bytes, 2 * 4096);
+    assert_eq!(p.arena_bytes, 2 * 4096);
+}
+
+#[test]
+fn elementwise_chains_form_fusion_groups() {
+    let x = randn(&[4, 4], 7);
+    let g = traced(&x, |xs| {
+        let a = xs[0].exp()?.mul_scalar(2.0)?.tanh()?;
+        Ok(vec![a.matmul(&xs[0])?.sigmoid()?])
+    });
+    let groups = fusion::groups(&g);
+    assert_eq!(groups, vec![vec![0, 1, 2]]);
+    assert!(g.to_text().contains("fusion 0: unary -> affine -> unary"));
+    assert!(g.to_dot().starts_with("digraph"));
+}
+
+#[test]
+fn replay_checks_its_inputs() {
+    let x = randn(&[2, 2], 8);
+    let g = traced(&x, |xs| Ok(vec![xs[0].exp()?]));
+    let err = g.run(&[randn(&[3, 2], 1)]).unwrap_err().to_string();
+    assert!(err.contains("input 0") && err.contains("[3, 2]"), "{err}");
+    assert!(g.run(&[]).is_err());
+}

@@ -1,0 +1,121 @@
+//! `[train] compile = true`: a micro-batch's forward, loss and backward captured once as a graph
+//! (`weft_core::graph`) and replayed at later steps. Clipping and the optimizer's update run as
+//! in eager mode after it (each is already one fused pass per parameter).
+
+use std::cell::RefCell;
+
+use weft_core::graph::{GraphCache, Outcome};
+use weft_core::Tensor;
+
+use super::Trainer;
+use crate::error::{Error, Result};
+
+/// The trainer's compiled step: its graphs, and which parameters get a gradient in them.
+pub(crate) struct CompiledStep {
+    cache: GraphCache,
+    /// Per parameter (registration order): whether the captured backward gives it a gradient.
+    has_grad: Vec<bool>,
+}
+
+impl CompiledStep {
+    pub(crate) fn new() -> Self {
+        CompiledStep {
+            cache: GraphCache::default(),
+            has_grad: Vec::new(),
+        }
+    }
+}
+
+impl Trainer {
+    /// Why this trainer's layout cannot be captured yet, if it cannot.
+    fn uncapturable_layout(&self) -> Option<&'static str> {
+        if self.pipeline.is_some() {
+            Some("pipeline parallelism is not captured yet")
+        } else if self.tensor_parallel.is_some() {
+            Some("tensor parallelism is not captured yet")
+        } else if self.data_parallel.is_some() {
+            Some("data parallelism and ZeRO (gradient hooks) are not captured yet")
+        } else {
+            None
+        }
+    }
+
+    /// Whether the next micro-batch goes through the compiled step; says once (on the job's
+    /// first rank) why not when compile was asked for and the layout cannot be captured.
+    pub(crate) fn use_compiled(&mut self) -> bool {
+        if self.compiled.is_none() {
+            return false;
+        }
+        let Some(why) = self.uncapturable_layout() else {
+            return true;
+        };
+        self.tell_eager(why);
+        self.compiled = None;
+        false
+    }
+
+    fn tell_eager(&self, why: &str) {
+        if self.job.as_ref().is_none_or(|j| j.rank() == 0) {
+            weft_core::errln!("weft: train.compile: running eagerly: {why}");
+        }
+    }
+
+    /// One micro-batch through the compiled step: the loss (its value) and each parameter's
+    /// gradient, scaled by `scale` and added to what earlier micro-batches left, as eager
+    /// `backward` would.
+    pub(crate) fn compiled_micro_step(&mut self, x: &Tensor, y: &Tensor, scale: f64, accumulate: bool) -> Result<f64> {
+        let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.clone()).collect();
+        let before: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
+        let Some(compiled) = self.compiled.as_mut() else {
+            return Err(Error::Run("the compiled step is off".into()));
+        };
+        let (model, autocast) = (&self.model, self.autocast);
+        let has_grad = RefCell::new(None);
+        let outputs = compiled.cache.call(&[x.clone(), y.clone()], |xs| {
+            params.iter().for_each(|p| p.set_grad(None));
+            let loss = weft_core::autocast(autocast, || model.loss(&xs[0], &xs[1]))?;
+            if accumulate {
+                let seed = Tensor::ones_like(&loss)?.mul_scalar(scale)?;
+                loss.backward_with(&seed)?;
+            } else {
+                loss.backward()?;
+            }
+            let grads: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
+            *has_grad.borrow_mut() = Some(grads.iter().map(Option::is_some).collect::<Vec<_>>());
+            let mut out = vec![loss.detach()];
+            out.extend(grads.into_iter().flatten());
+            Ok(out)
+        })?;
+        if let Some(mask) = has_grad.into_inner() {
+            compiled.has_grad = mask;
+        }
+        let refused = match compiled.cache.last_outcome() {
+            Some(Outcome::Eager(why)) => Some(why.clone()),
+            _ => None,
+        };
+        let mut results = outputs.into_iter();
+        let loss = results
+            .next()
+            .ok_or_else(|| Error::Run("the compiled step returned no loss".into()))?;
+        for ((p, had), prev) in params.iter().zip(&compiled.has_grad).zip(before) {
+            let grad = if *had {
+                results
+                    .next()
+                    .ok_or_else(|| Error::Run("the compiled step returned too few gradients".into()))?
+            } else {
+                p.set_grad(prev);
+                continue;
+            };
+            p.set_grad(Some(match prev {
+                Some(prev) => prev.add(&grad)?,
+                None => grad,
+            }));
+        }
+        if let Some(why) = refused {
+            // this micro-batch ran eagerly while being captured; the rest run eagerly too
+            self.tell_eager(&why);
+            self.compiled = None;
+        }
+        Ok(loss.item()?)
+    }
+}
