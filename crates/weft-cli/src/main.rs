@@ -7,6 +7,7 @@ mod checkpoint;
 mod data;
 mod dist;
 mod generate;
+mod graph;
 mod launch;
 mod train;
 
@@ -45,11 +46,22 @@ enum Command {
         #[command(subcommand)]
         what: DataCommand,
     },
+    /// Shows the graph compiled mode captures for a run config's training step.
+    Graph {
+        #[command(subcommand)]
+        what: GraphCommand,
+    },
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
         what: CheckCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum GraphCommand {
+    /// Prints the ops, shapes, fusion groups and memory plan of the captured step.
+    Dump(graph::DumpArgs),
 }
 
 #[derive(Subcommand)]
@@ -110,6 +122,9 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Data {
             what: DataCommand::Prepare(args),
         } => data::prepare(&args),
+        Command::Graph {
+            what: GraphCommand::Dump(args),
+        } => graph::dump(&args),
         Command::Launch(args) => launch::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),

@@ -4,6 +4,7 @@
 
 mod build;
 mod data;
+mod graph;
 mod layout;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use weft_nn::state_dict;
 pub(crate) use build::build_language_model;
 pub use build::{build_model, build_optimizer, build_schedule};
 use data::{build_data, check_data};
+pub use graph::{step_graph, StepGraph};
 use layout::{job_shape, join_job, with_job_dp};
 
 use crate::checkpoint::{self, ClaimMode};

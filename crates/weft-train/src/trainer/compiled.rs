@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use weft_core::graph::{GraphCache, Outcome};
+use weft_core::graph::GraphCache;
 use weft_core::Tensor;
 
 use super::Trainer;
@@ -24,6 +24,29 @@ impl CompiledStep {
             has_grad: Vec::new(),
         }
     }
+}
+
+/// The function compiled mode captures: `xs = [inputs, targets]` -> `[loss, gradients...]`, the
+/// loss detached and the gradient of each of `params` that gets one (which do: the mask). The
+/// backward is seeded with `scale` when given (a micro-batch of an accumulated step).
+pub(crate) fn loss_and_grads(
+    model: &dyn weft_models::Model,
+    params: &[Tensor],
+    autocast: Option<weft_core::DType>,
+    scale: Option<f64>,
+    xs: &[Tensor],
+) -> weft_core::Result<(Vec<Tensor>, Vec<bool>)> {
+    params.iter().for_each(|p| p.set_grad(None));
+    let loss = weft_core::autocast(autocast, || model.loss(&xs[0], &xs[1]))?;
+    match scale {
+        Some(s) => loss.backward_with(&Tensor::ones_like(&loss)?.mul_scalar(s)?)?,
+        None => loss.backward()?,
+    }
+    let grads: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
+    let mask = grads.iter().map(Option::is_some).collect();
+    let mut out = vec![loss.detach()];
+    out.extend(grads.into_iter().flatten());
+    Ok((out, mask))
 }
 
 impl Trainer {
@@ -69,30 +92,19 @@ impl Trainer {
         let Some(compiled) = self.compiled.as_mut() else {
             return Err(Error::Run("the compiled step is off".into()));
         };
-        let (model, autocast) = (&self.model, self.autocast);
+        let (model, autocast) = (self.model.as_ref(), self.autocast);
         let has_grad = RefCell::new(None);
+        let scale = accumulate.then_some(scale);
         let outputs = compiled.cache.call(&[x.clone(), y.clone()], |xs| {
-            params.iter().for_each(|p| p.set_grad(None));
-            let loss = weft_core::autocast(autocast, || model.loss(&xs[0], &xs[1]))?;
-            if accumulate {
-                let seed = Tensor::ones_like(&loss)?.mul_scalar(scale)?;
-                loss.backward_with(&seed)?;
-            } else {
-                loss.backward()?;
-            }
-            let grads: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
-            *has_grad.borrow_mut() = Some(grads.iter().map(Option::is_some).collect::<Vec<_>>());
-            let mut out = vec![loss.detach()];
-            out.extend(grads.into_iter().flatten());
+            let (out, mask) = loss_and_grads(model, &params, autocast, scale, xs)?;
+            *has_grad.borrow_mut() = Some(mask);
             Ok(out)
         })?;
         if let Some(mask) = has_grad.into_inner() {
             compiled.has_grad = mask;
         }
-        let refused = match compiled.cache.last_outcome() {
-            Some(Outcome::Eager(why)) => Some(why.clone()),
-            _ => None,
-        };
+        // given up for good (a capture that may succeed at the next call is tried again)
+        let refused = compiled.cache.eager_reason().map(str::to_string);
         let mut results = outputs.into_iter();
         let loss = results
             .next()

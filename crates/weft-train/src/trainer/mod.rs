@@ -14,7 +14,7 @@ use crate::pipeline::Pipeline;
 use crate::replicas::{Replicas, ZeroUnits};
 
 mod checkpointing;
-mod compiled;
+pub(crate) mod compiled;
 mod fit;
 mod records;
 mod shards;

@@ -1,0 +1,49 @@
+//! `weft graph dump`: the graph compiled mode (`[train] compile = true`) captures for a run's
+//! training step, with its fusion groups and memory plan.
+
+use std::path::PathBuf;
+
+use weft_train::config::{Overrides, RunConfig};
+
+#[derive(clap::Args)]
+pub struct DumpArgs {
+    /// The run config (without one: the built-in config of `weft train`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Overrides a config value: `section.key=value` (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    overrides: Vec<String>,
+    /// `text` (ops, shapes, fusion groups, memory plan) or `dot` (Graphviz).
+    #[arg(long, default_value = "text")]
+    format: String,
+}
+
+/// Prints the captured step of the config's model on its first batch.
+pub fn dump(args: &DumpArgs) -> Result<(), String> {
+    if !matches!(args.format.as_str(), "text" | "dot") {
+        return Err(format!("--format: {:?} is not one of text, dot", args.format));
+    }
+    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+    let overrides = Overrides {
+        unset: Vec::new(),
+        set: args.overrides.clone(),
+        cwd: cwd.clone(),
+    };
+    let cfg = match &args.config {
+        Some(path) => RunConfig::load(path, &overrides),
+        None => RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &overrides),
+    }
+    .map_err(|e| e.to_string())?;
+    let step = weft_train::run::step_graph(&cfg).map_err(|e| e.to_string())?;
+    if args.format == "dot" {
+        print!("{}", step.graph.to_dot());
+        return Ok(());
+    }
+    let r = step.report;
+    println!(
+        "captured {} nodes; folded {}, merged {}, removed {}",
+        step.captured_nodes, r.folded, r.merged, r.removed
+    );
+    print!("{}", step.graph.to_text());
+    Ok(())
+}
