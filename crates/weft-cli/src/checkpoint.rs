@@ -96,7 +96,7 @@ pub fn inspect(args: &InspectArgs) -> Result<(), String> {
 }
 
 /// Writes `text` to stdout; a reader that went away (`| head`) is not an error.
-fn print_out(text: &str) -> Result<(), String> {
+pub(crate) fn print_out(text: &str) -> Result<(), String> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),

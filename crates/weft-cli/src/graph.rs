@@ -36,14 +36,15 @@ pub fn dump(args: &DumpArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let step = weft_train::run::step_graph(&cfg).map_err(|e| e.to_string())?;
     if args.format == "dot" {
-        print!("{}", step.graph.to_dot());
-        return Ok(());
+        return crate::checkpoint::print_out(&step.graph.to_dot());
     }
     let r = step.report;
-    println!(
-        "captured {} nodes; folded {}, merged {}, removed {}",
-        step.captured_nodes, r.folded, r.merged, r.removed
-    );
-    print!("{}", step.graph.to_text());
-    Ok(())
+    crate::checkpoint::print_out(&format!(
+        "captured {} nodes; folded {}, merged {}, removed {}\n{}",
+        step.captured_nodes,
+        r.folded,
+        r.merged,
+        r.removed,
+        step.graph.to_text()
+    ))
 }
