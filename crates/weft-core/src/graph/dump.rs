@@ -9,6 +9,16 @@ fn ty(g: &Graph, v: ValueId) -> String {
     format!("{}{:?}", format!("{:?}", val.dtype).to_lowercase(), val.shape)
 }
 
+/// What a value that no node makes is (`None` for node results).
+fn leaf_label(source: &Source) -> Option<String> {
+    match source {
+        Source::Input(i) => Some(format!("input {i}")),
+        Source::External(_) => Some("external".into()),
+        Source::Constant(_) => Some("constant".into()),
+        Source::Node { .. } => None,
+    }
+}
+
 fn mib(bytes: usize) -> String {
     format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
@@ -21,13 +31,9 @@ impl Graph {
         let group_of = group_index(self);
         let _ = writeln!(s, "graph: {} nodes, {} values", self.nodes.len(), self.values.len());
         for (v, val) in self.values.iter().enumerate() {
-            let kind = match &val.source {
-                Source::Input(i) => format!("input {i}"),
-                Source::External(_) => "external".into(),
-                Source::Constant(_) => "constant".into(),
-                Source::Node { .. } => continue,
-            };
-            let _ = writeln!(s, "  %{v} = {kind} : {}", ty(self, v));
+            if let Some(kind) = leaf_label(&val.source) {
+                let _ = writeln!(s, "  %{v} = {kind} : {}", ty(self, v));
+            }
         }
         for (i, n) in self.nodes.iter().enumerate() {
             let outs: Vec<String> = n.outputs.iter().map(|v| format!("%{v}")).collect();
@@ -68,13 +74,9 @@ impl Graph {
     pub fn to_dot(&self) -> String {
         let mut s = String::from("digraph weft {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n");
         for (v, val) in self.values.iter().enumerate() {
-            let label = match &val.source {
-                Source::Input(i) => format!("input {i}"),
-                Source::External(_) => "external".into(),
-                Source::Constant(_) => "constant".into(),
-                Source::Node { .. } => continue,
-            };
-            let _ = writeln!(s, "  v{v} [shape=ellipse, label=\"{label}\\n{}\"];", ty(self, v));
+            if let Some(label) = leaf_label(&val.source) {
+                let _ = writeln!(s, "  v{v} [shape=ellipse, label=\"{label}\\n{}\"];", ty(self, v));
+            }
         }
         let groups = super::fusion::groups(self);
         let mut grouped = vec![None; self.nodes.len()];
