@@ -92,16 +92,7 @@ pub fn inspect(args: &InspectArgs) -> Result<(), String> {
     for (alt, canonical) in &index.aliases {
         let _ = writeln!(out, "{alt} is {canonical} (tied)");
     }
-    print_out(&out)
-}
-
-/// Writes `text` to stdout; a reader that went away (`| head`) is not an error.
-pub(crate) fn print_out(text: &str) -> Result<(), String> {
-    use std::io::Write;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
-        _ => Ok(()),
-    }
+    crate::print_out(&out)
 }
 
 /// Writes the checkpoint's whole model as one safetensors file (tied tensors under both
@@ -126,7 +117,7 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
     )
     .map_err(err)?;
     let numel: usize = params.values().map(|t| t.numel()).sum();
-    print_out(&format!(
+    crate::print_out(&format!(
         "wrote {} ({} tensors, {numel} values, from step {})\n",
         args.output.display(),
         params.len(),
@@ -146,7 +137,7 @@ fn consolidate_hf(
         .ok_or_else(|| format!("{source}: the checkpoint records no model config"))?;
     let aliases: Vec<(&str, &str)> = index.aliases.iter().map(|(a, c)| (a.as_str(), c.as_str())).collect();
     weft_models::hf::write_folder(&args.output, model, params, &aliases).map_err(err)?;
-    print_out(&format!(
+    crate::print_out(&format!(
         "wrote {} (config.json, model.safetensors: {} tensors, from step {})\n",
         args.output.display(),
         params.len() - aliases.iter().filter(|(a, _)| params.contains_key(*a)).count(),

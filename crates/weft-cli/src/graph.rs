@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 
-use weft_train::config::{Overrides, RunConfig};
-
 #[derive(clap::Args)]
 pub struct DumpArgs {
     /// The run config (without one: the built-in config of `weft train`).
@@ -13,6 +11,9 @@ pub struct DumpArgs {
     /// Overrides a config value: `section.key=value` (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     overrides: Vec<String>,
+    /// Removes a key from the config: `section.key` (repeatable; applied before --set).
+    #[arg(long = "unset", value_name = "SECTION.KEY")]
+    unset: Vec<String>,
     /// `text` (ops, shapes, fusion groups, memory plan) or `dot` (Graphviz).
     #[arg(long, default_value = "text")]
     format: String,
@@ -23,25 +24,15 @@ pub fn dump(args: &DumpArgs) -> Result<(), String> {
     if !matches!(args.format.as_str(), "text" | "dot") {
         return Err(format!("--format: {:?} is not one of text, dot", args.format));
     }
-    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
-    let overrides = Overrides {
-        unset: Vec::new(),
-        set: args.overrides.clone(),
-        cwd: cwd.clone(),
-    };
-    let cfg = match &args.config {
-        Some(path) => RunConfig::load(path, &overrides),
-        None => RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &overrides),
-    }
-    .map_err(|e| e.to_string())?;
+    let cfg = crate::train::load_config(args.config.as_deref(), args.overrides.clone(), args.unset.clone())?;
     let step = weft_train::run::step_graph(&cfg).map_err(|e| e.to_string())?;
     if args.format == "dot" {
-        return crate::checkpoint::print_out(&step.graph.to_dot());
+        return crate::print_out(&step.graph.to_dot());
     }
     let r = step.report;
-    crate::checkpoint::print_out(&format!(
+    crate::print_out(&format!(
         "captured {} nodes; folded {}, merged {}, removed {}\n{}",
-        step.captured_nodes,
+        r.captured,
         r.folded,
         r.merged,
         r.removed,

@@ -135,6 +135,15 @@ fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// Writes `text` to stdout; a reader that went away (`| head`) is not an error.
+pub(crate) fn print_out(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // the commands that compute read their thread count (refusing a malformed or too large

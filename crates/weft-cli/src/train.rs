@@ -32,17 +32,7 @@ pub struct TrainArgs {
 /// Runs the training; a run stopped by SIGINT or SIGTERM (after writing its checkpoint) exits
 /// the process with 128 + the signal's number, as a shell reports it.
 pub fn run(args: TrainArgs) -> Result<(), String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
-    let overrides = Overrides {
-        unset: args.unset,
-        set: args.overrides,
-        cwd: cwd.clone(),
-    };
-    let cfg = match &args.config {
-        Some(path) => RunConfig::load(path, &overrides),
-        None => RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &overrides),
-    }
-    .map_err(|e| e.to_string())?;
+    let cfg = load_config(args.config.as_deref(), args.overrides, args.unset)?;
     let options = weft_train::run::TrainOptions {
         resume: args.resume,
         resume_from: args.resume_from,
@@ -54,4 +44,24 @@ pub fn run(args: TrainArgs) -> Result<(), String> {
         std::process::exit(128 + sig);
     }
     Ok(())
+}
+
+/// The run config at `path` (the built-in one without a path), with `--unset` keys removed and
+/// `--set` values applied (their relative paths against the working directory).
+pub(crate) fn load_config(
+    path: Option<&std::path::Path>,
+    set: Vec<String>,
+    unset: Vec<String>,
+) -> Result<RunConfig, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+    let overrides = Overrides {
+        unset,
+        set,
+        cwd: cwd.clone(),
+    };
+    match path {
+        Some(path) => RunConfig::load(path, &overrides),
+        None => RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &overrides),
+    }
+    .map_err(|e| e.to_string())
 }

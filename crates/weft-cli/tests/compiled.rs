@@ -57,7 +57,13 @@ fn compiled_runs_log_the_eager_losses_bit_for_bit() {
     ] {
         let (eager, _) = train(case, &out, false, &[]);
         let (compiled, err) = train(case, &out, true, &[]);
+        // the step really was captured (and so replayed after): the trainer says so once
         assert!(!err.contains("running eagerly"), "{case}: {err}");
+        assert_eq!(
+            err.matches("train.compile: captured the step:").count(),
+            1,
+            "{case}: {err}"
+        );
         for key in ["loss", "grad_norm"] {
             let (a, b) = (column(&eager, key), column(&compiled, key));
             assert!(a.len() >= 10, "{case}: {} {key} records", a.len());

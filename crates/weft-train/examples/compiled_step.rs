@@ -1,108 +1,123 @@
-//! Compiled mode through the library API: a training step (forward, loss, backward) captured as a
-//! graph at its first call and replayed after, checked against the same step run eagerly.
+//! Compiled mode through the library API, without the trainer: a GPT's training step (forward,
+//! loss, backward) captured as a graph at its first call and replayed after, side by side with the
+//! same step run eagerly on a copy of the model. Every loss is checked bit for bit, and the two
+//! step times are printed (medians, the two alternating in one process).
 //!
-//! Run: `cargo run --release -p weft-train --example compiled_step`
+//! Run: `WEFT_NUM_THREADS=2 cargo run --release -p weft-train --example compiled_step [-- --compiled-first]`
+//! The model is the CPU speed-target GPT of `tools/bench/gpt_step.toml` (vocab 65, block 64, 4
+//! layers, 4 heads, n_embd 128, batch 16), trained with AdamW on one fixed batch.
 
 use std::time::Instant;
 
-use weft_core::graph::{compile, Outcome};
-use weft_core::{DType, Generator, Result, Tensor};
-use weft_nn::layers::Linear;
-use weft_nn::module::{prefixed, Module};
+use weft_core::graph::{compile, Compiled, Outcome};
+use weft_core::{Result, Tensor, UnaryOp};
+use weft_models::gpt::{Gpt, GptConfig};
+use weft_models::Model;
 use weft_nn::optim::{Adam, AdamConfig, Optimizer, ParamGroup};
+use weft_nn::Module;
 
-/// Three Linears with GELUs between them.
-struct Net {
-    layers: Vec<Linear>,
-}
-
-impl Net {
-    fn new(widths: &[usize], rng: &mut Generator) -> Result<Net> {
-        let layers = widths
-            .windows(2)
-            .map(|w| Linear::new(w[0], w[1], true, rng))
-            .collect::<Result<_>>()?;
-        Ok(Net { layers })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = x.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            h = layer.forward(&h)?;
-            if i + 1 < self.layers.len() {
-                h = h.gelu()?;
-            }
-        }
-        Ok(h)
-    }
-}
-
-impl Module for Net {
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut p = Vec::new();
-        for (i, l) in self.layers.iter().enumerate() {
-            p.extend(prefixed(&i.to_string(), l.parameters()));
-        }
-        p
-    }
-}
-
-/// The step a compiled function runs: `[x, y]` -> `[loss, gradients...]`.
-fn loss_and_grads(net: &Net, xs: &[Tensor]) -> Result<Vec<Tensor>> {
-    net.zero_grad();
-    let loss = net.forward(&xs[0])?.cross_entropy(&xs[1], -100, 0.0)?;
+/// The step a compiled function runs: `[inputs, targets]` -> `[loss, gradients...]`.
+fn loss_and_grads(model: &Gpt, xs: &[Tensor]) -> Result<Vec<Tensor>> {
+    model.zero_grad();
+    let loss = model.loss(&xs[0], &xs[1])?;
     loss.backward()?;
     let mut out = vec![loss.detach()];
-    out.extend(net.parameters().iter().filter_map(|(_, p)| p.grad()));
+    out.extend(model.parameters().iter().filter_map(|(_, p)| p.grad()));
     Ok(out)
 }
 
+/// One eager step: forward + backward (timed into `ms`), then the optimizer.
+fn eager_step(
+    model: &Gpt,
+    xs: &[Tensor],
+    opt: &mut Adam,
+    groups: &[ParamGroup],
+    ms: &mut Vec<f64>,
+) -> Result<Vec<Tensor>> {
+    let t = Instant::now();
+    let out = loss_and_grads(model, xs)?;
+    ms.push(t.elapsed().as_secs_f64() * 1e3);
+    opt.step(groups, 1e-3)?;
+    Ok(out)
+}
+
+/// One compiled step: the replay (timed into `ms`), its gradients handed to the parameters, then
+/// the optimizer.
+fn compiled_step<F>(
+    step: &mut Compiled<F>,
+    xs: &[Tensor],
+    model: &Gpt,
+    opt: &mut Adam,
+    groups: &[ParamGroup],
+    ms: &mut Vec<f64>,
+) -> Result<Vec<Tensor>>
+where
+    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    let t = Instant::now();
+    let out = step.call(xs)?;
+    ms.push(t.elapsed().as_secs_f64() * 1e3);
+    for ((_, p), g) in model.parameters().iter().zip(&out[1..]) {
+        p.set_grad(Some(g.clone()));
+    }
+    opt.step(groups, 1e-3)?;
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn main() -> Result<()> {
-    let widths = [64, 256, 256, 10];
-    let (eager_net, compiled_net) = (
-        Net::new(&widths, &mut Generator::new(0))?,
-        Net::new(&widths, &mut Generator::new(0))?,
-    );
-    let mut rng = Generator::new(1);
-    let x = Tensor::randn(&[128, 64], DType::F32, &mut rng)?;
-    let y = Tensor::rand(&[128], DType::F32, &mut rng)?
-        .mul_scalar(10.0)?
-        .cast(DType::I64)?;
-    let adam = || {
+    let compiled_first = std::env::args().any(|a| a == "--compiled-first");
+    let config = GptConfig {
+        vocab_size: 65,
+        block_size: 64,
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 128,
+        bias: true,
+        dropout: 0.0,
+        activation: UnaryOp::Gelu,
+    };
+    let (eager_model, compiled_model) = (Gpt::new(config.clone(), 0)?, Gpt::new(config, 0)?);
+    let ids: Vec<i64> = (0..16 * 65).map(|i| (i * 7 + i / 13) % 65).collect();
+    let x = Tensor::from_vec(ids[..16 * 64].to_vec(), &[16, 64])?;
+    let y = Tensor::from_vec(ids[1..16 * 64 + 1].to_vec(), &[16, 64])?;
+    let adamw = || {
         Adam::new(AdamConfig {
             decoupled: true,
             ..AdamConfig::default()
         })
     };
-    let (mut opt_e, mut opt_c) = (adam()?, adam()?);
-    let groups = |net: &Net| {
+    let (mut opt_e, mut opt_c) = (adamw()?, adamw()?);
+    let group = |m: &Gpt| {
         [ParamGroup {
-            params: net.parameters(),
-            weight_decay: 0.0,
+            params: m.parameters(),
+            weight_decay: 0.1,
         }]
     };
-    let (groups_e, groups_c) = (groups(&eager_net), groups(&compiled_net));
+    let (groups_e, groups_c) = (group(&eager_model), group(&compiled_model));
 
-    let mut step = compile(|xs: &[Tensor]| loss_and_grads(&compiled_net, xs));
-    let (mut eager_s, mut compiled_s) = (0.0, 0.0);
-    for i in 0..50 {
-        let t = Instant::now();
-        let eager = loss_and_grads(&eager_net, &[x.clone(), y.clone()])?;
-        eager_s += t.elapsed().as_secs_f64();
-        opt_e.step(&groups_e, 1e-3)?;
-
-        let t = Instant::now();
-        let replayed = step.call(&[x.clone(), y.clone()])?;
-        compiled_s += t.elapsed().as_secs_f64();
-        // the replay returns gradients: hand them to the parameters for the optimizer
-        for ((_, p), g) in compiled_net.parameters().iter().zip(&replayed[1..]) {
-            p.set_grad(Some(g.clone()));
-        }
-        opt_c.step(&groups_c, 1e-3)?;
-
+    let mut step = compile(|xs: &[Tensor]| loss_and_grads(&compiled_model, xs));
+    let (mut eager_ms, mut compiled_ms) = (Vec::new(), Vec::new());
+    for i in 0..60 {
+        let xs = [x.clone(), y.clone()];
+        // which runs first in a pair changes the times by about as much as compiling does
+        let (eager, replayed) = if compiled_first {
+            let r = compiled_step(&mut step, &xs, &compiled_model, &mut opt_c, &groups_c, &mut compiled_ms)?;
+            (eager_step(&eager_model, &xs, &mut opt_e, &groups_e, &mut eager_ms)?, r)
+        } else {
+            let e = eager_step(&eager_model, &xs, &mut opt_e, &groups_e, &mut eager_ms)?;
+            (
+                e,
+                compiled_step(&mut step, &xs, &compiled_model, &mut opt_c, &groups_c, &mut compiled_ms)?,
+            )
+        };
         let (le, lc) = (eager[0].item()?, replayed[0].item()?);
         assert_eq!(le.to_bits(), lc.to_bits(), "step {i}: eager {le}, compiled {lc}");
-        if i % 10 == 0 {
+        if i % 20 == 0 {
             let what = match step.last_outcome() {
                 Some(Outcome::Captured) => "captured".to_string(),
                 Some(Outcome::Replayed) => "replayed".to_string(),
@@ -112,19 +127,16 @@ fn main() -> Result<()> {
             println!("step {i:>2}  loss {lc:.6} (eager {le:.6})  {what}");
         }
     }
-    if let Some(graph) = step.graph_for(&[x.clone(), y.clone()]) {
-        let plan = weft_core::graph::plan::plan(graph);
-        println!(
-            "graph: {} nodes, peak {:.2} MiB planned; passes {:?}",
-            graph.nodes.len(),
-            plan.peak_live_bytes as f64 / (1 << 20) as f64,
-            step.pass_report()
-        );
-    }
+    let r = step.pass_report();
     println!(
-        "time in the step: eager {:.1} ms, compiled {:.1} ms (50 steps)",
-        eager_s * 1e3,
-        compiled_s * 1e3
+        "graph: {} nodes captured, {} folded, {} merged, {} removed",
+        r.captured, r.folded, r.merged, r.removed
+    );
+    // the first 5 steps (the capture among them) are left out
+    println!(
+        "forward + backward, median of 55 steps: eager {:.2} ms, compiled {:.2} ms",
+        median(eager_ms[5..].to_vec()),
+        median(compiled_ms[5..].to_vec())
     );
     Ok(())
 }

@@ -1,10 +1,9 @@
 //! [`compile`] and [`GraphCache`]: a function over tensors captured at its first call for each
 //! input signature and replayed after that.
 
-use std::sync::Arc;
-
 use super::ir::Graph;
 use super::passes::{optimize, PassReport};
+use super::run::Prepared;
 use super::trace::trace;
 use crate::error::Result;
 use crate::{DType, Device, Tensor};
@@ -35,7 +34,8 @@ pub enum Outcome {
 /// The graphs of one function, by input signature (shapes, dtypes, devices). The function is
 /// handed to each [`GraphCache::call`], so it may borrow what its caller holds.
 pub struct GraphCache {
-    cache: Vec<(Signature, Arc<Graph>)>,
+    /// Most recently used last.
+    cache: Vec<(Signature, Prepared)>,
     capacity: usize,
     refused: Option<String>,
     /// Whether a capture was already tried again after one that may succeed a second time.
@@ -77,10 +77,9 @@ impl GraphCache {
         let sig = signature(inputs);
         if let Some(pos) = self.cache.iter().position(|(s, _)| *s == sig) {
             let entry = self.cache.remove(pos);
-            let graph = entry.1.clone();
             self.cache.push(entry);
             self.last = Some(Outcome::Replayed);
-            return graph.run(inputs);
+            return self.cache.last().expect("just pushed").1.run(inputs);
         }
         let (outputs, captured) = trace(inputs, f)?;
         match captured {
@@ -89,7 +88,7 @@ impl GraphCache {
                 if self.cache.len() >= self.capacity {
                     self.cache.remove(0);
                 }
-                self.cache.push((sig, Arc::new(graph)));
+                self.cache.push((sig, Prepared::new(graph)));
                 self.last = Some(Outcome::Captured);
             }
             Err(e) if e.may_retry && !self.retried => {
@@ -118,7 +117,7 @@ impl GraphCache {
     /// The graph replayed for `inputs`' signature, if one was captured.
     pub fn graph_for(&self, inputs: &[Tensor]) -> Option<&Graph> {
         let sig = signature(inputs);
-        self.cache.iter().find(|(s, _)| *s == sig).map(|(_, g)| g.as_ref())
+        self.cache.iter().find(|(s, _)| *s == sig).map(|(_, p)| &p.graph)
     }
 
     /// What the passes did to the newest graph.

@@ -28,7 +28,7 @@ impl Graph {
     /// (`%out = op{attributes}(%in, ...) : dtype[shape]`), the fusion groups and the memory plan.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
-        let group_of = group_index(self);
+        let (groups, group_of) = groups_and_index(self);
         let _ = writeln!(s, "graph: {} nodes, {} values", self.nodes.len(), self.values.len());
         for (v, val) in self.values.iter().enumerate() {
             if let Some(kind) = leaf_label(&val.source) {
@@ -51,7 +51,6 @@ impl Graph {
         }
         let outs: Vec<String> = self.outputs.iter().map(|v| format!("%{v}")).collect();
         let _ = writeln!(s, "  return {}", outs.join(", "));
-        let groups = super::fusion::groups(self);
         let _ = writeln!(s, "fusion groups: {}", groups.len());
         for (k, grp) in groups.iter().enumerate() {
             let names: Vec<&str> = grp.iter().map(|&i| self.nodes[i].op.name()).collect();
@@ -78,13 +77,7 @@ impl Graph {
                 let _ = writeln!(s, "  v{v} [shape=ellipse, label=\"{label}\\n{}\"];", ty(self, v));
             }
         }
-        let groups = super::fusion::groups(self);
-        let mut grouped = vec![None; self.nodes.len()];
-        for (k, grp) in groups.iter().enumerate() {
-            for &i in grp {
-                grouped[i] = Some(k);
-            }
-        }
+        let (groups, grouped) = groups_and_index(self);
         let node_line = |i: usize| {
             let n = &self.nodes[i];
             format!(
@@ -124,12 +117,14 @@ impl Graph {
     }
 }
 
-fn group_index(g: &Graph) -> Vec<Option<usize>> {
+/// The fusion groups of `g`, and for each node the group it belongs to.
+fn groups_and_index(g: &Graph) -> (Vec<Vec<usize>>, Vec<Option<usize>>) {
+    let groups = super::fusion::groups(g);
     let mut idx = vec![None; g.nodes.len()];
-    for (k, grp) in super::fusion::groups(g).iter().enumerate() {
+    for (k, grp) in groups.iter().enumerate() {
         for &i in grp {
             idx[i] = Some(k);
         }
     }
-    idx
+    (groups, idx)
 }

@@ -14,6 +14,8 @@ pub const FOLD_MAX_ELEMENTS: usize = 1 << 16;
 /// What [`optimize`] changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PassReport {
+    /// Nodes before the passes (as captured).
+    pub captured: usize,
     /// Nodes evaluated at build time and replaced by their results.
     pub folded: usize,
     /// Nodes that repeated an earlier node on the same inputs.
@@ -25,11 +27,13 @@ pub struct PassReport {
 /// Runs constant folding, common-subexpression elimination and dead-code elimination, then drops
 /// values nothing refers to.
 pub fn optimize(g: &mut Graph) -> Result<PassReport> {
+    let captured = g.nodes.len();
     let folded = fold_constants(g)?;
     let merged = eliminate_common(g);
     let removed = eliminate_dead(g);
     compact(g);
     Ok(PassReport {
+        captured,
         folded,
         merged,
         removed,

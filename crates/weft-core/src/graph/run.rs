@@ -7,17 +7,49 @@ use super::ir::{Graph, Source, ValueId};
 use crate::error::{invalid, Result};
 use crate::Tensor;
 
+/// A graph with what replay needs to know of its values, worked out once: the last node that
+/// reads each, and which are results.
+pub(crate) struct Prepared {
+    pub(crate) graph: Graph,
+    last: Vec<Option<usize>>,
+    is_output: Vec<bool>,
+}
+
+impl Prepared {
+    pub(crate) fn new(graph: Graph) -> Prepared {
+        let (last, is_output) = graph.lifetimes();
+        Prepared { graph, last, is_output }
+    }
+
+    /// [`Graph::run`].
+    pub(crate) fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.graph.run_with(&self.last, &self.is_output, inputs)
+    }
+}
+
 impl Graph {
     /// Runs the graph on `inputs` (the shapes and dtypes it was captured with) and returns its
     /// results. A computed result never shares a buffer with another result or with anything the
-    /// graph holds, as an eager one would not.
+    /// graph holds, as an eager one would not. (A compiled function's graphs keep what this
+    /// works out about their values between calls.)
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        self.check_inputs(inputs)?;
-        let last = self.last_reader();
+        let (last, is_output) = self.lifetimes();
+        self.run_with(&last, &is_output, inputs)
+    }
+
+    /// For each value, the last node that reads it, and whether it is a result.
+    fn lifetimes(&self) -> (Vec<Option<usize>>, Vec<bool>) {
         let mut is_output = vec![false; self.values.len()];
         for &v in &self.outputs {
             is_output[v] = true;
         }
+        (self.last_reader(), is_output)
+    }
+
+    /// Runs the graph; `last[v]`: the last node reading value `v`, `is_output[v]`: whether it is
+    /// a result.
+    fn run_with(&self, last: &[Option<usize>], is_output: &[bool], inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
         let mut slots: Vec<Option<Tensor>> = vec![None; self.values.len()];
         let get = |slots: &[Option<Tensor>], v: ValueId| -> Result<Tensor> {
             match &self.values[v].source {

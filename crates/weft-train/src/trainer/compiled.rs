@@ -4,16 +4,18 @@
 
 use std::cell::RefCell;
 
-use weft_core::graph::GraphCache;
+use weft_core::graph::{GraphCache, Outcome};
 use weft_core::Tensor;
 
 use super::Trainer;
 use crate::error::{Error, Result};
 
-/// The trainer's compiled step: its graphs, and which parameters get a gradient in them.
+/// The trainer's compiled step: its graphs, the parameters, and which get a gradient in them.
 pub(crate) struct CompiledStep {
     cache: GraphCache,
-    /// Per parameter (registration order): whether the captured backward gives it a gradient.
+    /// The trainer's parameters in registration order (filled at the first micro-batch).
+    params: Vec<Tensor>,
+    /// Per parameter: whether the captured backward gives it a gradient.
     has_grad: Vec<bool>,
 }
 
@@ -21,6 +23,7 @@ impl CompiledStep {
     pub(crate) fn new() -> Self {
         CompiledStep {
             cache: GraphCache::default(),
+            params: Vec::new(),
             has_grad: Vec::new(),
         }
     }
@@ -78,38 +81,47 @@ impl Trainer {
     }
 
     fn tell_eager(&self, why: &str) {
+        self.tell(&format!("running eagerly: {why}"));
+    }
+
+    /// A `train.compile` line, on the job's first rank.
+    fn tell(&self, what: &str) {
         if self.job.as_ref().is_none_or(|j| j.rank() == 0) {
-            weft_core::errln!("weft: train.compile: running eagerly: {why}");
+            weft_core::errln!("weft: train.compile: {what}");
         }
     }
 
     /// One micro-batch through the compiled step: the loss (its value) and each parameter's
-    /// gradient, scaled by `scale` and added to what earlier micro-batches left, as eager
-    /// `backward` would.
-    pub(crate) fn compiled_micro_step(&mut self, x: &Tensor, y: &Tensor, scale: f64, accumulate: bool) -> Result<f64> {
-        let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.clone()).collect();
-        let before: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
+    /// gradient, the backward seeded with `scale` when given (a micro-batch of an accumulated
+    /// step) and added to what earlier micro-batches left, as eager `backward` would.
+    pub(crate) fn compiled_micro_step(&mut self, x: &Tensor, y: &Tensor, scale: Option<f64>) -> Result<f64> {
         let Some(compiled) = self.compiled.as_mut() else {
             return Err(Error::Run("the compiled step is off".into()));
         };
+        if compiled.params.is_empty() {
+            compiled.params = self.params.iter().map(|(_, p)| p.clone()).collect();
+        }
+        let params = &compiled.params;
+        let before: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
         let (model, autocast) = (self.model.as_ref(), self.autocast);
         let has_grad = RefCell::new(None);
-        let scale = accumulate.then_some(scale);
         let outputs = compiled.cache.call(&[x.clone(), y.clone()], |xs| {
-            let (out, mask) = loss_and_grads(model, &params, autocast, scale, xs)?;
+            let (out, mask) = loss_and_grads(model, params, autocast, scale, xs)?;
             *has_grad.borrow_mut() = Some(mask);
             Ok(out)
         })?;
         if let Some(mask) = has_grad.into_inner() {
             compiled.has_grad = mask;
         }
+        let captured =
+            (compiled.cache.last_outcome() == Some(&Outcome::Captured)).then(|| compiled.cache.pass_report());
         // given up for good (a capture that may succeed at the next call is tried again)
         let refused = compiled.cache.eager_reason().map(str::to_string);
         let mut results = outputs.into_iter();
         let loss = results
             .next()
             .ok_or_else(|| Error::Run("the compiled step returned no loss".into()))?;
-        for ((p, had), prev) in params.iter().zip(&compiled.has_grad).zip(before) {
+        for ((p, had), prev) in compiled.params.iter().zip(&compiled.has_grad).zip(before) {
             let grad = if *had {
                 results
                     .next()
@@ -122,6 +134,15 @@ impl Trainer {
                 Some(prev) => prev.add(&grad)?,
                 None => grad,
             }));
+        }
+        if let Some(r) = captured {
+            self.tell(&format!(
+                "captured the step: {} nodes ({} folded, {} merged, {} removed)",
+                r.captured - r.folded - r.merged - r.removed,
+                r.folded,
+                r.merged,
+                r.removed
+            ));
         }
         if let Some(why) = refused {
             // this micro-batch ran eagerly while being captured; the rest run eagerly too

@@ -79,7 +79,7 @@ impl Trainer {
                 }
                 None if compiled => {
                     let _s = span("compute", "compiled forward and backward");
-                    local_sum += self.compiled_micro_step(x, y, scale, k > 1)?;
+                    local_sum += self.compiled_micro_step(x, y, (k > 1).then_some(scale))?;
                 }
                 None => {
                     let loss = {
