@@ -34,10 +34,7 @@ pub(crate) fn numbered_blocks(
     unit: &str,
     n_layer: usize,
 ) -> Result<()> {
-    let mut held: Vec<usize> = shapes
-        .keys()
-        .filter_map(|n| n.strip_prefix(prefix)?.split('.').next()?.parse().ok())
-        .collect();
+    let mut held: Vec<usize> = shapes.keys().filter_map(|n| block_index(n, prefix)).collect();
     held.sort_unstable();
     held.dedup();
     let count = match held.len() {
@@ -63,4 +60,10 @@ pub(crate) fn numbered_blocks(
         }
     }
     Ok(())
+}
+
+/// The block number `i` of a parameter named `{prefix}{i}.…` (`transformer.h.3.attn…` with
+/// prefix `transformer.h.`), `None` for a name outside the blocks.
+pub(crate) fn block_index(name: &str, prefix: &str) -> Option<usize> {
+    name.strip_prefix(prefix)?.split('.').next()?.parse().ok()
 }

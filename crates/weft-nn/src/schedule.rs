@@ -208,31 +208,22 @@ impl Schedule {
                 warmup_steps,
                 decay_steps,
                 min_lr,
-            } => {
-                if !(lr.is_finite() && min_lr.is_finite()) {
-                    return bad(format!("cosine schedule: lr {lr} and min_lr {min_lr} must be finite"));
-                }
-                if !(0.0 <= min_lr && min_lr <= lr) {
-                    return bad(format!(
-                        "cosine schedule: need lr >= min_lr >= 0, got lr {lr}, min_lr {min_lr}"
-                    ));
-                }
-                if warmup_steps > decay_steps {
-                    return bad(format!(
-                        "cosine schedule: warmup_steps {warmup_steps} must be <= decay_steps {decay_steps}"
-                    ));
-                }
             }
-            Schedule::Linear {
+            | Schedule::Linear {
                 lr,
                 warmup_steps,
                 decay_steps,
                 min_lr,
             } => {
-                check_rates("linear", lr, min_lr)?;
+                let kind = if matches!(self, Schedule::Cosine { .. }) {
+                    "cosine"
+                } else {
+                    "linear"
+                };
+                check_rates(kind, lr, min_lr)?;
                 if warmup_steps > decay_steps {
                     return bad(format!(
-                        "linear schedule: warmup_steps {warmup_steps} must be <= decay_steps {decay_steps}"
+                        "{kind} schedule: warmup_steps {warmup_steps} must be <= decay_steps {decay_steps}"
                     ));
                 }
             }

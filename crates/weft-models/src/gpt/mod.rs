@@ -37,6 +37,9 @@ pub struct GptConfig {
 }
 
 impl GptConfig {
+    /// The epsilon of every LayerNorm (nanoGPT's and GPT-2's).
+    pub const LAYER_NORM_EPS: f64 = 1e-5;
+
     pub fn validate(&self) -> Result<()> {
         crate::config_check::positive(&[
             ("vocab_size", self.vocab_size),
@@ -110,7 +113,7 @@ impl Gpt {
         let mut rng = Generator::new(seed);
         let c = config.n_embd;
         let f = DType::F32;
-        let eps = 1e-5;
+        let eps = GptConfig::LAYER_NORM_EPS;
         let mut h = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
             h.push(Block {

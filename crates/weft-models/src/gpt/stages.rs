@@ -8,6 +8,7 @@ use weft_core::{Result, Tensor};
 use weft_nn::{Context, Module};
 
 use super::Gpt;
+use crate::config_check::block_index;
 use crate::stage_cut::StageWeights;
 use crate::StagedModel;
 
@@ -15,13 +16,12 @@ impl Gpt {
     /// The blocks of each of `stages` pipeline stages, by [`Gpt::stage_cut`] (the embeddings
     /// count on the first stage; the final LayerNorm and the tied output layer on the last).
     pub fn stage_blocks(&self, stages: usize) -> Result<Vec<Range<usize>>> {
-        let numel = |params: Vec<(String, Tensor)>| params.iter().map(|(_, t)| t.numel()).sum::<usize>();
         self.stage_cut.ranges(
             stages,
             || StageWeights {
-                blocks: self.h.iter().map(|b| numel(b.parameters())).collect(),
-                first: numel(self.wte.parameters()) + numel(self.wpe.parameters()),
-                last: numel(self.ln_f.parameters()) + numel(self.wte.parameters()),
+                blocks: self.h.iter().map(|b| b.num_parameters()).collect(),
+                first: self.wte.num_parameters() + self.wpe.num_parameters(),
+                last: self.ln_f.num_parameters() + self.wte.num_parameters(),
             },
             self.h.len(),
         )
@@ -41,17 +41,11 @@ impl StagedModel for Gpt {
 
     fn stage_parameters(&self, stage: usize, stages: usize) -> Result<Vec<(String, Tensor)>> {
         let blocks = self.stage_blocks(stages)?[stage].clone();
-        let mine = |name: &str| {
-            let in_block = name
-                .strip_prefix("transformer.h.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|i| i.parse::<usize>().ok());
-            match in_block {
-                Some(i) => blocks.contains(&i),
-                None if name.starts_with("transformer.wte.") => stage == 0 || stage + 1 == stages,
-                None if name.starts_with("transformer.wpe.") => stage == 0,
-                None => stage + 1 == stages,
-            }
+        let mine = |name: &str| match block_index(name, "transformer.h.") {
+            Some(i) => blocks.contains(&i),
+            None if name.starts_with("transformer.wte.") => stage == 0 || stage + 1 == stages,
+            None if name.starts_with("transformer.wpe.") => stage == 0,
+            None => stage + 1 == stages,
         };
         Ok(self.parameters().into_iter().filter(|(n, _)| mine(n)).collect())
     }

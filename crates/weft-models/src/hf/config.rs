@@ -5,6 +5,12 @@
 use serde_json::{json, Map, Value};
 use weft_core::{Error, Result};
 
+use crate::gpt::GptConfig;
+use crate::llama::LlamaConfig;
+
+/// transformers' `LlamaConfig` default `rms_norm_eps`, for a config.json without the key.
+const TRANSFORMERS_RMS_NORM_EPS: f64 = 1e-6;
+
 /// The architectures weft reads and writes.
 pub const ARCHITECTURES: [&str; 2] = ["GPT2LMHeadModel", "LlamaForCausalLM"];
 
@@ -112,12 +118,12 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
             ))
         }
     };
-    let eps = f64_key(c, "layer_norm_epsilon", 1e-5, source)?;
-    if eps != 1e-5 {
+    let eps = f64_key(c, "layer_norm_epsilon", GptConfig::LAYER_NORM_EPS, source)?;
+    if eps != GptConfig::LAYER_NORM_EPS {
         return Err(bad(
             source,
             "layer_norm_epsilon",
-            format!("{eps}: weft's gpt uses 1e-5"),
+            format!("{eps}: weft's gpt uses {}", GptConfig::LAYER_NORM_EPS),
         ));
     }
     if !bool_key(c, "tie_word_embeddings", true, source)? {
@@ -192,7 +198,12 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
                     ))
                 }
             }
-            f64_key(p, "rope_theta", 10000.0, &format!("{source}: rope_parameters"))?
+            f64_key(
+                p,
+                "rope_theta",
+                LlamaConfig::DEFAULT_ROPE_THETA,
+                &format!("{source}: rope_parameters"),
+            )?
         }
         Some(other) => {
             return Err(bad(
@@ -201,7 +212,7 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
                 format!("expected an object, got {other}"),
             ))
         }
-        None => f64_key(c, "rope_theta", 10000.0, source)?,
+        None => f64_key(c, "rope_theta", LlamaConfig::DEFAULT_ROPE_THETA, source)?,
     };
     for key in ["attention_bias", "mlp_bias"] {
         if bool_key(c, key, false, source)? {
@@ -224,7 +235,10 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
         json!(usize_key(c, "intermediate_size", source)?),
     );
     m.insert("rope_theta".into(), json!(rope_theta));
-    m.insert("norm_eps".into(), json!(f64_key(c, "rms_norm_eps", 1e-6, source)?));
+    m.insert(
+        "norm_eps".into(),
+        json!(f64_key(c, "rms_norm_eps", TRANSFORMERS_RMS_NORM_EPS, source)?),
+    );
     m.insert(
         "tie_embeddings".into(),
         json!(bool_key(c, "tie_word_embeddings", false, source)?),
@@ -236,8 +250,12 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
 /// `GPT2LMHeadModel` or `LlamaForCausalLM`. Errors for a model it cannot express.
 pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
     let get = |k: &str| keys.get(k).cloned().unwrap_or(Value::Null);
-    let num = |k: &str| get(k).as_u64().unwrap_or(0);
     let unsupported = |msg: String| Error::Invalid { op: "hf export", msg };
+    let num = |k: &str| {
+        get(k)
+            .as_u64()
+            .ok_or_else(|| unsupported(format!("model.{k} is missing or not a whole number")))
+    };
     match keys.get("kind").and_then(Value::as_str) {
         Some("gpt") => {
             if get("bias") != json!(true) {
@@ -247,21 +265,22 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
             }
             let act = match get("activation").as_str().unwrap_or("gelu") {
                 "gelu_tanh" => "gelu_new",
-                _ => "gelu",
+                "gelu" => "gelu",
+                other => return Err(unsupported(format!("model.activation = {other:?} has no GPT-2 form"))),
             };
-            let n_embd = num("n_embd");
+            let n_embd = num("n_embd")?;
             Ok(json!({
                 "architectures": ["GPT2LMHeadModel"],
                 "model_type": "gpt2",
-                "vocab_size": num("vocab_size"),
-                "n_positions": num("block_size"),
-                "n_ctx": num("block_size"),
+                "vocab_size": num("vocab_size")?,
+                "n_positions": num("block_size")?,
+                "n_ctx": num("block_size")?,
                 "n_embd": n_embd,
-                "n_layer": num("n_layer"),
-                "n_head": num("n_head"),
+                "n_layer": num("n_layer")?,
+                "n_head": num("n_head")?,
                 "n_inner": null,
                 "activation_function": act,
-                "layer_norm_epsilon": 1e-5,
+                "layer_norm_epsilon": GptConfig::LAYER_NORM_EPS,
                 "resid_pdrop": 0.0,
                 "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0,
@@ -275,16 +294,16 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
         Some("llama") => Ok(json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
-            "vocab_size": num("vocab_size"),
-            "max_position_embeddings": num("block_size"),
-            "num_hidden_layers": num("n_layer"),
-            "num_attention_heads": num("n_head"),
-            "num_key_value_heads": num("n_kv_head"),
-            "hidden_size": num("n_embd"),
-            "intermediate_size": num("intermediate_size"),
+            "vocab_size": num("vocab_size")?,
+            "max_position_embeddings": num("block_size")?,
+            "num_hidden_layers": num("n_layer")?,
+            "num_attention_heads": num("n_head")?,
+            "num_key_value_heads": num("n_kv_head")?,
+            "hidden_size": num("n_embd")?,
+            "intermediate_size": num("intermediate_size")?,
             "hidden_act": "silu",
-            "rope_theta": get("rope_theta").as_f64().unwrap_or(10000.0),
-            "rms_norm_eps": get("norm_eps").as_f64().unwrap_or(1e-5),
+            "rope_theta": get("rope_theta").as_f64().unwrap_or(LlamaConfig::DEFAULT_ROPE_THETA),
+            "rms_norm_eps": get("norm_eps").as_f64().unwrap_or(LlamaConfig::DEFAULT_NORM_EPS),
             "tie_word_embeddings": get("tie_embeddings").as_bool().unwrap_or(false),
             "attention_bias": false,
             "mlp_bias": false,
@@ -295,5 +314,32 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
         other => Err(unsupported(format!(
             "model.kind = {other:?}: Hugging Face export writes gpt and llama models only"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt_keys(extra: Value) -> Map<String, Value> {
+        let mut keys = json!({"kind": "gpt", "vocab_size": 50, "block_size": 8, "n_layer": 1, "n_head": 2,
+            "n_embd": 8, "bias": true});
+        keys.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        keys.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn export_names_what_it_cannot_write() {
+        let c = from_weft_keys(&gpt_keys(json!({"activation": "gelu_tanh"}))).unwrap();
+        assert_eq!(c["activation_function"], "gelu_new");
+        assert_eq!(c["layer_norm_epsilon"], GptConfig::LAYER_NORM_EPS);
+        let err = from_weft_keys(&gpt_keys(json!({"activation": "relu"})))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"relu\""), "{err}");
+        let mut keys = gpt_keys(json!({}));
+        keys.remove("n_head");
+        let err = from_weft_keys(&keys).unwrap_err().to_string();
+        assert!(err.contains("model.n_head"), "{err}");
     }
 }

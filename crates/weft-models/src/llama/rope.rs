@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use weft_core::{DType, Device, Function, Result, Tensor};
 
-/// The cos and sin tables of positions `0..T`, computed for the longest `T` seen so far and
-/// kept (a config's `block_size` allocates nothing until sequences that long arrive).
+/// The cos and sin tables of positions `0..T`, computed for the longest `T` seen so far rounded up
+/// to a power of two, and kept (a config's `block_size` allocates nothing until sequences that
+/// long arrive; generation, whose context grows a token at a time, rebuilds them only when the
+/// length doubles).
 #[derive(Debug)]
 pub struct Rotary {
     inv_freq: Vec<f32>,
@@ -47,10 +49,10 @@ impl Rotary {
                 return Ok((cos.narrow(0, 0, t)?, sin.narrow(0, 0, t)?));
             }
         }
-        let d = self.head_dim;
-        let mut cos = Vec::with_capacity(t * d);
-        let mut sin = Vec::with_capacity(t * d);
-        for pos in 0..t {
+        let (d, len) = (self.head_dim, t.next_power_of_two());
+        let mut cos = Vec::with_capacity(len * d);
+        let mut sin = Vec::with_capacity(len * d);
+        for pos in 0..len {
             // freqs = position (f32) * inv_freq (f32), as transformers' f32 outer product
             let freqs: Vec<f32> = self.inv_freq.iter().map(|&f| pos as f32 * f).collect();
             for sign in [-1.0f32, 1.0] {
@@ -60,10 +62,10 @@ impl Rotary {
                 }
             }
         }
-        let table = |v: Vec<f32>| Tensor::from_vec(v, &[t, d])?.to(self.device);
+        let table = |v: Vec<f32>| Tensor::from_vec(v, &[len, d])?.to(self.device);
         let (cos, sin) = (table(cos)?, table(sin)?);
-        *cached = Some((t, cos.clone(), sin.clone()));
-        Ok((cos, sin))
+        *cached = Some((len, cos.clone(), sin.clone()));
+        Ok((cos.narrow(0, 0, t)?, sin.narrow(0, 0, t)?))
     }
 
     /// Rotates `x` by position.

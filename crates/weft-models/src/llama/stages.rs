@@ -8,23 +8,23 @@ use weft_core::{Result, Tensor};
 use weft_nn::{Context, Module};
 
 use super::Llama;
+use crate::config_check::block_index;
 use crate::stage_cut::StageWeights;
 use crate::StagedModel;
 
 impl Llama {
     /// The layers of each of `stages` pipeline stages, by [`Llama::stage_cut`].
     pub fn stage_layers(&self, stages: usize) -> Result<Vec<Range<usize>>> {
-        let numel = |params: Vec<(String, Tensor)>| params.iter().map(|(_, t)| t.numel()).sum::<usize>();
         let head = match &self.lm_head {
-            Some(h) => numel(h.parameters()),
-            None => numel(self.embed_tokens.parameters()),
+            Some(h) => h.num_parameters(),
+            None => self.embed_tokens.num_parameters(),
         };
         self.stage_cut.ranges(
             stages,
             || StageWeights {
-                blocks: self.layers.iter().map(|l| numel(l.parameters())).collect(),
-                first: numel(self.embed_tokens.parameters()),
-                last: numel(self.norm.parameters()) + head,
+                blocks: self.layers.iter().map(|l| l.num_parameters()).collect(),
+                first: self.embed_tokens.num_parameters(),
+                last: self.norm.num_parameters() + head,
             },
             self.layers.len(),
         )
@@ -46,16 +46,10 @@ impl StagedModel for Llama {
         let layers = self.stage_layers(stages)?[stage].clone();
         let (first, last) = (stage == 0, stage + 1 == stages);
         let tied = self.lm_head.is_none();
-        let mine = |name: &str| {
-            let in_layer = name
-                .strip_prefix("model.layers.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|i| i.parse::<usize>().ok());
-            match in_layer {
-                Some(i) => layers.contains(&i),
-                None if name.starts_with("model.embed_tokens.") => first || (tied && last),
-                None => last,
-            }
+        let mine = |name: &str| match block_index(name, "model.layers.") {
+            Some(i) => layers.contains(&i),
+            None if name.starts_with("model.embed_tokens.") => first || (tied && last),
+            None => last,
         };
         Ok(self.parameters().into_iter().filter(|(n, _)| mine(n)).collect())
     }
@@ -81,7 +75,6 @@ impl StagedModel for Llama {
 mod tests {
     use super::*;
     use crate::llama::LlamaConfig;
-    use crate::StageCut;
 
     fn llama(n_layer: usize, tie: bool) -> Llama {
         let config = LlamaConfig {
@@ -102,8 +95,8 @@ mod tests {
     #[test]
     fn every_parameter_is_on_a_stage_and_only_the_tied_embedding_on_two() {
         for tie in [false, true] {
-            let mut m = llama(5, tie);
-            m.stage_cut = StageCut::Blocks;
+            // the default cut: by blocks
+            let m = llama(5, tie);
             assert_eq!(m.stage_layers(2).unwrap(), [0..3, 3..5]);
             let mut seen = std::collections::BTreeMap::<String, usize>::new();
             for s in 0..3 {
