@@ -264,7 +264,31 @@ pub fn small_run<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 
 /// The gpt fixture's run config.
 pub fn gpt_fixture() -> String {
-    fixtures().join("gpt_adamw/run.toml").to_str().unwrap().to_string()
+    fixture_config("gpt_adamw").to_str().unwrap().to_string()
+}
+
+/// The run config of the weft-train fixture `case` (`gpt_adamw`, `llama_gqa_adamw`, ...).
+pub fn fixture_config(case: &str) -> PathBuf {
+    fixtures().join(case).join("run.toml")
+}
+
+/// Trains fixture `case` on `ranks` ranks (one process when 1, else through the launcher) with
+/// `flags` (`--resume`) and `--set`s, its metrics written to `metrics` (removed first); the run's
+/// output, after checking that it succeeded.
+pub fn train_fixture(case: &str, ranks: usize, metrics: &Path, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
+    let _ = std::fs::remove_file(metrics);
+    let mut all = vec![path_set("train.metrics", metrics)];
+    all.extend(sets.iter().map(|s| s.as_ref().to_string()));
+    let config = fixture_config(case);
+    if ranks > 1 {
+        return launch_train_ok(ranks, Some(&config), flags, &all);
+    }
+    let mut args = vec!["train", "--config", config.to_str().unwrap(), "--quiet"];
+    args.extend(flags);
+    for s in &all {
+        args.extend(["--set", s.as_str()]);
+    }
+    weft_ok(&args)
 }
 
 /// Runs `args`, which must fail with exit status 1 and a last stderr line that holds every

@@ -7,34 +7,15 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fails_with, fixtures, launch_train_ok, path_set, read_metrics, temp_dir, weft_ok};
-
-fn config(case: &str) -> PathBuf {
-    fixtures().join(case).join("run.toml")
-}
+use common::{fails_with, fixture_config, read_metrics, temp_dir, train_fixture, weft_ok};
 
 /// Trains fixture `case` in one process with `compile` on or off and extra `--set`s; returns
 /// the metrics file and stderr.
 fn train(case: &str, out: &Path, compile: bool, extra: &[&str]) -> (PathBuf, String) {
     let metrics = out.join(format!("{case}-{compile}.jsonl"));
-    let _ = std::fs::remove_file(&metrics);
-    let m = path_set("train.metrics", &metrics);
-    let c = config(case);
-    let flag = format!("train.compile={compile}");
-    let mut args = vec![
-        "train",
-        "--config",
-        c.to_str().unwrap(),
-        "--quiet",
-        "--set",
-        &m,
-        "--set",
-        &flag,
-    ];
-    for s in extra {
-        args.extend(["--set", s]);
-    }
-    let output = weft_ok(&args);
+    let mut sets = vec![format!("train.compile={compile}")];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let output = train_fixture(case, 1, &metrics, &[], &sets);
     (metrics, String::from_utf8_lossy(&output.stderr).to_string())
 }
 
@@ -88,13 +69,8 @@ fn what_cannot_be_captured_runs_eagerly_saying_why_once() {
     let (eager, _) = train("gpt_adamw", &out, false, &["model.dropout=0.1"]);
     assert_eq!(column(&metrics, "loss"), column(&eager, "loss"));
 
-    let metrics = out.join("dp2.jsonl");
-    let sets = [
-        path_set("train.metrics", &metrics),
-        "train.compile=true".to_string(),
-        "parallel.dp=2".to_string(),
-    ];
-    let output = launch_train_ok(2, Some(&config("gpt_adamw")), &[], &sets);
+    let sets = ["train.compile=true", "parallel.dp=2"];
+    let output = train_fixture("gpt_adamw", 2, &out.join("dp2.jsonl"), &[], &sets);
     let err = String::from_utf8_lossy(&output.stderr);
     let lines = eager_lines(&err);
     assert_eq!(lines.len(), 1, "one line, from rank 0: {err}");
@@ -103,7 +79,7 @@ fn what_cannot_be_captured_runs_eagerly_saying_why_once() {
 
 #[test]
 fn graph_dump_prints_the_captured_step() {
-    let c = config("gpt_adamw");
+    let c = fixture_config("gpt_adamw");
     let c = c.to_str().unwrap();
     let text = String::from_utf8(weft_ok(&["graph", "dump", "--config", c]).stdout).unwrap();
     let first = text.lines().next().unwrap();

@@ -32,11 +32,13 @@ fn stdout(o: &Output) -> String {
     String::from_utf8(o.stdout.clone()).unwrap()
 }
 
-/// The run failed with exactly one stderr line that contains every one of `words`.
+/// The run failed (exit 1) with exactly one stderr line, an error that contains every one of
+/// `words`.
 fn fails_with(o: &Output, words: &[&str]) {
-    assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("weft: error: "), "{err}");
     for w in words {
         assert!(err.contains(w), "{w:?} not in {err}");
     }
@@ -98,6 +100,15 @@ fn bad_input_is_one_line_naming_the_culprit() {
     let i = input.to_str().unwrap();
     let out = d.join("out");
     let o = out.to_str().unwrap();
+    std::fs::write(d.join("bad.txt"), b"\xff").unwrap();
+    let bad = d.join("bad.txt");
+    let prepare = |inputs: &[&str], output: &str, extra: &[&str], words: &[&str]| {
+        let mut args = vec!["data", "prepare", "--tokenizer", "gpt2", "--output", output];
+        args.extend(extra);
+        args.push("--input");
+        args.extend(inputs);
+        fails_with(&weft(&args, b""), words);
+    };
     for (flag, value, words) in [
         ("--val-fraction", "1", &["--val-fraction"][..]),
         ("--val-fraction", "x", &["--val-fraction"]),
@@ -105,68 +116,12 @@ fn bad_input_is_one_line_naming_the_culprit() {
         ("--shard-tokens", "-5", &["--shard-tokens"]),
         ("--block-bytes", "6", &["--block-bytes"]),
     ] {
-        let r = weft(
-            &[
-                "data",
-                "prepare",
-                "--tokenizer",
-                "gpt2",
-                "--input",
-                i,
-                "--output",
-                o,
-                flag,
-                value,
-            ],
-            b"",
-        );
-        fails_with(&r, words);
+        prepare(&[i], o, &[flag, value], words);
     }
-    let r = weft(
-        &[
-            "data",
-            "prepare",
-            "--tokenizer",
-            "gpt2",
-            "--input",
-            i,
-            "--output",
-            "ftp://bucket/x",
-        ],
-        b"",
-    );
     // (writing to a real S3-compatible server is tested in train_tokens.rs)
-    fails_with(&r, &["ftp://bucket/x", "unsupported scheme"]);
-    let r = weft(
-        &[
-            "data",
-            "prepare",
-            "--tokenizer",
-            "gpt2",
-            "--input",
-            "/no/such.txt",
-            "--output",
-            o,
-        ],
-        b"",
-    );
-    fails_with(&r, &["/no/such.txt"]);
-    std::fs::write(d.join("bad.txt"), b"\xff").unwrap();
-    let r = weft(
-        &[
-            "data",
-            "prepare",
-            "--tokenizer",
-            "gpt2",
-            "--input",
-            i,
-            d.join("bad.txt").to_str().unwrap(),
-            "--output",
-            o,
-        ],
-        b"",
-    );
-    fails_with(&r, &["bad.txt", "UTF-8"]);
+    prepare(&[i], "ftp://bucket/x", &[], &["ftp://bucket/x", "unsupported scheme"]);
+    prepare(&["/no/such.txt"], o, &[], &["/no/such.txt"]);
+    prepare(&[i, bad.to_str().unwrap()], o, &[], &["bad.txt", "UTF-8"]);
     assert!(!out.join("index.json").exists());
 }
 

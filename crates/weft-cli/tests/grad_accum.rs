@@ -11,8 +11,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    assert_same_curve, check_against_pytorch, fails_with, fixtures, launch_train_ok, losses, path_set, read_metrics,
-    resume_in_one_process, temp_dir, weft_ok,
+    assert_same_curve, check_against_pytorch, fails_with, fixture_config, fixtures, launch_train_ok, losses, path_set,
+    read_metrics, resume_in_one_process, temp_dir, train_fixture, weft_ok,
 };
 
 const CASES: [&str; 4] = [
@@ -22,32 +22,16 @@ const CASES: [&str; 4] = [
     "mlp_adamw_accum4",
 ];
 
-fn config(case: &str) -> PathBuf {
-    fixtures().join(case).join("run.toml")
-}
-
 /// Runs fixture `case` in one process with extra `--set`s; returns the metrics file.
 fn train_one(case: &str, out: &Path, tag: &str, extra: &[String]) -> PathBuf {
-    let metrics = out.join(format!("{case}-{tag}.jsonl"));
-    let _ = std::fs::remove_file(&metrics);
-    let m = path_set("train.metrics", &metrics);
-    let c = config(case);
-    let mut args = vec!["train", "--config", c.to_str().unwrap(), "--quiet", "--set", &m];
-    for s in extra {
-        args.extend(["--set", s.as_str()]);
-    }
-    weft_ok(&args);
-    metrics
+    train_launched(case, 1, out, tag, &[], extra)
 }
 
-/// Runs fixture `case` on `ranks` launched ranks with `--set`s `layout` (and `flags`); returns
-/// the metrics file.
+/// Runs fixture `case` on `ranks` ranks (launched when more than one) with `--set`s `layout`
+/// (and `flags`); returns the metrics file.
 fn train_launched(case: &str, ranks: usize, out: &Path, tag: &str, flags: &[&str], layout: &[String]) -> PathBuf {
     let metrics = out.join(format!("{case}-{tag}.jsonl"));
-    let _ = std::fs::remove_file(&metrics);
-    let mut sets = vec![path_set("train.metrics", &metrics)];
-    sets.extend(layout.iter().cloned());
-    launch_train_ok(ranks, Some(&config(case)), flags, &sets);
+    train_fixture(case, ranks, &metrics, flags, layout);
     metrics
 }
 
@@ -196,7 +180,7 @@ fn a_resumed_run_sees_the_batches_of_an_uninterrupted_one() {
     let step20 = ckpt.join("step-00000020");
     let scratch = out.join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
-    let tail = resume_in_one_process(&config(case), &step20, &scratch);
+    let tail = resume_in_one_process(&fixture_config(case), &step20, &scratch);
     assert_eq!(tail.len(), 20, "steps 21..40 after resuming");
     assert_eq!(&whole[20..], &tail[..], "resumed run vs uninterrupted run, bit for bit");
 
@@ -212,7 +196,7 @@ fn a_resumed_run_sees_the_batches_of_an_uninterrupted_one() {
     train_launched(case, 2, &out, "first-dp2", &[], &first);
     let scratch2 = out.join("scratch2");
     std::fs::create_dir_all(&scratch2).unwrap();
-    let one = resume_in_one_process(&config(case), &ckpt2.join("step-00000020"), &scratch2);
+    let one = resume_in_one_process(&fixture_config(case), &ckpt2.join("step-00000020"), &scratch2);
     let mut again = sharded.to_vec();
     again.push(dir2);
     let tail2 = losses(&train_launched(case, 2, &out, "tail-dp2", &["--resume"], &again));
@@ -233,24 +217,9 @@ fn a_resumed_run_sees_the_batches_of_an_uninterrupted_one() {
 
 #[test]
 fn bad_accumulation_and_schedule_settings_fail_in_one_line() {
-    let gpt = config("gpt_adamw_accum2");
-    let c = gpt.to_str().unwrap();
-    let run = |sets: &[&str], needles: &[&str]| {
-        let mut args = vec!["train", "--config", c, "--quiet"];
-        for s in sets {
-            args.extend(["--set", s]);
-        }
-        fails_with(&args, needles);
-    };
-    run(&["train.grad_accum=0"], &["train.grad_accum", "at least 1"]);
-    run(&["train.grad_accum=-2"], &["grad_accum"]);
-    run(&["schedule.warmup_steps=50"], &["warmup_steps 50", "decay_steps 40"]);
-    run(&["schedule.min_lr=1.0"], &["min_lr"]);
-    // wsd: a missing key, a bad shape, a warmup and decay longer than the run
-    let wsd = config("gpt_adamw_accum4");
-    let w = wsd.to_str().unwrap();
-    let run_wsd = |unset: Option<&str>, sets: &[&str], needles: &[&str]| {
-        let mut args = vec!["train", "--config", w, "--quiet"];
+    let run_on = |case: &str, unset: Option<&str>, sets: &[&str], needles: &[&str]| {
+        let config = fixture_config(case);
+        let mut args = vec!["train", "--config", config.to_str().unwrap(), "--quiet"];
         if let Some(u) = unset {
             args.extend(["--unset", u]);
         }
@@ -259,6 +228,14 @@ fn bad_accumulation_and_schedule_settings_fail_in_one_line() {
         }
         fails_with(&args, needles);
     };
+    let run = |sets: &[&str], needles: &[&str]| run_on("gpt_adamw_accum2", None, sets, needles);
+    run(&["train.grad_accum=0"], &["train.grad_accum", "at least 1"]);
+    run(&["train.grad_accum=-2"], &["grad_accum"]);
+    run(&["schedule.warmup_steps=50"], &["warmup_steps 50", "decay_steps 40"]);
+    run(&["schedule.min_lr=1.0"], &["min_lr"]);
+    // wsd: a missing key, a bad shape, a warmup and decay longer than the run
+    let run_wsd =
+        |unset: Option<&str>, sets: &[&str], needles: &[&str]| run_on("gpt_adamw_accum4", unset, sets, needles);
     run_wsd(Some("schedule.decay_steps"), &[], &["decay_steps"]);
     run_wsd(
         None,

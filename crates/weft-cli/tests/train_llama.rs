@@ -11,32 +11,15 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    assert_same_curve, check_against_pytorch, fixtures, launch_train_ok, losses, path_set, read_metrics,
-    resume_in_one_process, temp_dir, weft, weft_ok,
+    assert_same_curve, check_against_pytorch, fixture_config, losses, path_set, read_metrics, resume_in_one_process,
+    temp_dir, train_fixture, weft, weft_ok,
 };
-
-fn config(case: &str) -> PathBuf {
-    fixtures().join(case).join("run.toml")
-}
 
 /// Trains fixture `case` on `ranks` ranks (one process when 1) with `sets`; returns the metrics
 /// file.
 fn train(case: &str, ranks: usize, out: &Path, name: &str, flags: &[&str], sets: &[&str]) -> PathBuf {
     let metrics = out.join(format!("{name}.jsonl"));
-    let _ = std::fs::remove_file(&metrics);
-    let mut all = vec![path_set("train.metrics", &metrics)];
-    all.extend(sets.iter().map(|s| s.to_string()));
-    if ranks == 1 {
-        let config = config(case);
-        let mut args = vec!["train", "--config", config.to_str().unwrap(), "--quiet"];
-        args.extend(flags);
-        for s in &all {
-            args.extend(["--set", s.as_str()]);
-        }
-        weft_ok(&args);
-    } else {
-        launch_train_ok(ranks, Some(&config(case)), flags, &all);
-    }
+    train_fixture(case, ranks, &metrics, flags, sets);
     metrics
 }
 
@@ -113,7 +96,7 @@ fn a_tensor_parallel_checkpoint_is_whole_and_resumes_in_one_process() {
         [16, 32]
     );
     assert_eq!(loaded.params["model.layers.1.mlp.down_proj.weight"].shape(), [32, 64]);
-    let one = resume_in_one_process(&config(case), &step20, &out.join("one"));
+    let one = resume_in_one_process(&fixture_config(case), &step20, &out.join("one"));
     assert_same_curve(&whole[20..], &one, 1e-5, "llama tp=2 checkpoint resumed by one process");
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -129,7 +112,7 @@ fn stop_and_resume_reproduce_the_uninterrupted_run_bit_for_bit() {
     let part = train(case, 1, &out, "part", &[], &first);
     // the second run appends to the same metrics file
     let metrics = path_set("train.metrics", &part);
-    let config = config(case);
+    let config = fixture_config(case);
     #[rustfmt::skip]
     weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--resume", "--set", &metrics,
         "--set", sets[0], "--set", sets[1]]);

@@ -254,9 +254,10 @@ impl Engine {
             )));
         }
         for u in 0..self.units.len() {
-            if let Some((work, bf16)) = self.reducing[u].take() {
+            if let Some((work, reduced)) = self.reducing[u].take() {
                 work.wait()?;
-                match bf16 {
+                // a separate buffer when the reduction ran in bf16 or into an accumulation
+                match reduced {
                     Some(b) if self.accumulated => {
                         let shard = &self.grad_shards[u];
                         shard.copy_from(&shard.add(&b.cast(shard.dtype())?)?)?;

@@ -19,7 +19,8 @@ pub struct StepRecord {
     pub lr: f64,
     /// Global L2 norm of the gradients before clipping.
     pub grad_norm: f64,
-    /// Wall time of the whole step (batch, forward, backward, clip, update), milliseconds.
+    /// Wall time of the whole step (forward, backward, gradient sync, clip, update; not the wait
+    /// for data, which is `data_wait_ms`), milliseconds.
     pub step_ms: f64,
     /// Items processed per second: tokens for sequence models, samples otherwise, over every
     /// micro-batch of every data-parallel rank.

@@ -161,11 +161,8 @@ impl Trainer {
             d => Some(weft_core::cuda::memory_stats(d)?.peak_allocated),
         };
         // every micro-batch of every data-parallel rank
-        let (items, key) = if tokens {
-            (items * ranks, "tokens_per_s")
-        } else {
-            (items * ranks, "samples_per_s")
-        };
+        let items = items * ranks;
+        let key = if tokens { "tokens_per_s" } else { "samples_per_s" };
         Ok(StepRecord {
             step: step + 1,
             loss: loss_value,
