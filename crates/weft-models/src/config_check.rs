@@ -67,3 +67,46 @@ pub(crate) fn numbered_blocks(
 pub(crate) fn block_index(name: &str, prefix: &str) -> Option<usize> {
     name.strip_prefix(prefix)?.split('.').next()?.parse().ok()
 }
+
+/// One dimension of a parameter's expected shape, for [`check_layout`].
+pub(crate) struct ExpectedDim {
+    /// The config key it comes from (named when the shapes disagree).
+    pub key: &'static str,
+    /// How messages write it (`n_embd`, `3 n_embd`).
+    pub symbol: String,
+    pub size: usize,
+    /// The key's value in the config.
+    pub value: usize,
+}
+
+/// Checks that `shapes` (a state dict's, by name) holds every parameter of `layout` with its
+/// expected shape. The error names the parameter missing, or the config key of the first
+/// dimension that disagrees (the first dimension's when the ranks differ).
+pub(crate) fn check_layout(
+    shapes: &BTreeMap<String, Vec<usize>>,
+    layout: Vec<(String, Vec<ExpectedDim>)>,
+) -> Result<()> {
+    for (name, dims) in layout {
+        let want: Vec<usize> = dims.iter().map(|d| d.size).collect();
+        let symbols: Vec<&str> = dims.iter().map(|d| d.symbol.as_str()).collect();
+        let symbolic = format!("[{}]", symbols.join(", "));
+        let Some(have) = shapes.get(&name) else {
+            return Err(weft_core::Error::Invalid {
+                op: "model config",
+                msg: format!("the state dict has no {name} (of shape {symbolic} = {want:?})"),
+            });
+        };
+        let culprit = if have.len() != dims.len() {
+            dims.first()
+        } else {
+            dims.iter().zip(have).find(|(d, h)| **h != d.size).map(|(d, _)| d)
+        };
+        if let Some(d) = culprit {
+            return Err(config_error(
+                d.key,
+                format!("{}, but {name} has shape {have:?}, not {symbolic} = {want:?}", d.value),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use weft_core::Result;
 
 use super::GptConfig;
+use crate::config_check::{check_layout, ExpectedDim};
 use crate::config_error;
 
 /// One dimension of a parameter: `times` x the config value `key`.
@@ -99,48 +100,20 @@ impl GptConfig {
             }
             _ => {}
         }
-        for (name, dims) in self.layout() {
-            let want: Vec<usize> = dims.iter().map(|d| self.size(d)).collect();
-            let symbolic: Vec<String> = dims
-                .iter()
-                .map(|d| match d.times {
-                    1 => d.key.to_string(),
-                    t => format!("{t} {}", d.key),
-                })
-                .collect();
-            let symbolic = format!("[{}]", symbolic.join(", "));
-            let Some(have) = shapes.get(&name) else {
-                return Err(weft_core::Error::Invalid {
-                    op: "model config",
-                    msg: format!("the state dict has no {name} (of shape {symbolic} = {want:?})"),
-                });
-            };
-            if have.len() != dims.len() {
-                return Err(config_error(
-                    dims[0].key,
-                    format!(
-                        "{}, but {name} has shape {have:?}, not {symbolic} = {want:?}",
-                        self.value(dims[0].key)
-                    ),
-                ));
-            }
-            if let Some(d) = dims
-                .iter()
-                .zip(have)
-                .zip(&want)
-                .find(|((_, h), w)| h != w)
-                .map(|((d, _), _)| d)
-            {
-                return Err(config_error(
-                    d.key,
-                    format!(
-                        "{}, but {name} has shape {have:?}, not {symbolic} = {want:?}",
-                        self.value(d.key)
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        let expected = |d: &Dim| ExpectedDim {
+            key: d.key,
+            symbol: match d.times {
+                1 => d.key.to_string(),
+                t => format!("{t} {}", d.key),
+            },
+            size: self.size(d),
+            value: self.value(d.key),
+        };
+        let layout = self
+            .layout()
+            .into_iter()
+            .map(|(name, dims)| (name, dims.iter().map(expected).collect()));
+        check_layout(shapes, layout.collect())
     }
 }
 

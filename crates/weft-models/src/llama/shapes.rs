@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use weft_core::Result;
 
 use super::LlamaConfig;
+use crate::config_check::{check_layout, ExpectedDim};
 use crate::config_error;
 
 /// One dimension of a parameter: its size, the config key that sets it, and how it is written.
@@ -98,35 +99,20 @@ impl LlamaConfig {
             let (v, c) = (self.dim("vocab_size"), self.dim("n_embd"));
             layout.push(("lm_head.weight".to_string(), vec![v, c]));
         }
-        for (name, dims) in layout {
-            let want: Vec<usize> = dims.iter().map(|d| d.size).collect();
-            let symbolic = format!("[{}]", dims.iter().map(|d| d.symbol).collect::<Vec<_>>().join(", "));
-            let Some(have) = shapes.get(&name) else {
-                return Err(weft_core::Error::Invalid {
-                    op: "model config",
-                    msg: format!("the state dict has no {name} (of shape {symbolic} = {want:?})"),
-                });
-            };
-            let culprit = if have.len() != dims.len() {
-                Some(&dims[0])
-            } else {
-                dims.iter()
-                    .zip(have)
-                    .zip(&want)
-                    .find(|((_, h), w)| h != w)
-                    .map(|((d, _), _)| d)
-            };
-            if let Some(d) = culprit {
-                return Err(config_error(
-                    d.key,
-                    format!(
-                        "{}, but {name} has shape {have:?}, not {symbolic} = {want:?}",
-                        value(d.key)
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        let expected = |dims: Vec<Dim>| {
+            dims.into_iter()
+                .map(|d| ExpectedDim {
+                    key: d.key,
+                    symbol: d.symbol.to_string(),
+                    size: d.size,
+                    value: value(d.key),
+                })
+                .collect()
+        };
+        check_layout(
+            shapes,
+            layout.into_iter().map(|(name, dims)| (name, expected(dims))).collect(),
+        )
     }
 }
 
