@@ -3,7 +3,7 @@
 //! sampling from it. `gpt` and `llama` implement it.
 
 use weft_core::{DType, Device, Generator, Result, Tensor};
-use weft_nn::parallel::TpGroup;
+use weft_nn::parallel::{copy_to_group, TpGroup};
 
 use crate::sampling::{invalid, Sampling};
 use crate::{Model, StageCut, StagedModel};
@@ -165,4 +165,14 @@ pub(crate) fn same_shape_targets(op: &'static str, inputs: &Tensor, targets: &Te
         });
     }
     Ok(())
+}
+
+/// Logits `[B, T, V]` of normed activations `x` `[B, T, C]` through an output layer tied to the
+/// token embedding `wte` (`x wte^T`). A tensor-parallel embedding cut over the vocabulary makes
+/// the layer column-parallel: this rank's vocabulary columns.
+pub(crate) fn tied_logits(x: &Tensor, wte: &weft_nn::layers::Embedding) -> Result<Tensor> {
+    match &wte.shard {
+        None => x.matmul(&wte.weight.t()?),
+        Some(s) => copy_to_group(x, &s.group)?.matmul(&wte.weight.t()?),
+    }
 }

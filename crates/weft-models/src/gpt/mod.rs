@@ -8,7 +8,7 @@ use weft_core::{DType, Generator, Result, Tensor, UnaryOp};
 use weft_nn::init;
 use weft_nn::layers::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Mlp};
 use weft_nn::module::{prefixed, Module};
-use weft_nn::parallel::{copy_to_group, Split, TpGroup};
+use weft_nn::parallel::{Split, TpGroup};
 use weft_nn::Context;
 
 use crate::{config_error, LanguageModel, Model};
@@ -212,12 +212,7 @@ impl Gpt {
     /// The final LayerNorm and the output layer (tied to the token embedding): `[B, T, C]` to
     /// logits `[B, T, V]`.
     fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        let x = self.ln_f.forward(x)?;
-        match &self.wte.shard {
-            None => x.matmul(&self.wte.weight.t()?),
-            // the output layer is column-parallel over the vocabulary
-            Some(s) => copy_to_group(&x, &s.group)?.matmul(&self.wte.weight.t()?),
-        }
+        crate::lm::tied_logits(&self.ln_f.forward(x)?, &self.wte)
     }
 }
 

@@ -9,7 +9,7 @@ use weft_core::{DType, Generator, Result, Tensor};
 use weft_nn::init;
 use weft_nn::layers::{Embedding, Linear, RmsNorm};
 use weft_nn::module::{prefixed, Module};
-use weft_nn::parallel::{copy_to_group, Split, TpGroup};
+use weft_nn::parallel::{Split, TpGroup};
 use weft_nn::Context;
 
 use crate::{config_error, LanguageModel, Model, StageCut};
@@ -207,11 +207,9 @@ impl Llama {
     /// The final RMSNorm and the output head: `[B, T, C]` to logits `[B, T, V]`.
     fn logits(&self, x: &Tensor) -> Result<Tensor> {
         let x = self.norm.forward(x)?;
-        match (&self.lm_head, &self.embed_tokens.shard) {
-            (Some(head), _) => head.forward(&x),
-            (None, None) => x.matmul(&self.embed_tokens.weight.t()?),
-            // the tied output layer is column-parallel over the vocabulary
-            (None, Some(s)) => copy_to_group(&x, &s.group)?.matmul(&self.embed_tokens.weight.t()?),
+        match &self.lm_head {
+            Some(head) => head.forward(&x),
+            None => crate::lm::tied_logits(&x, &self.embed_tokens),
         }
     }
 
