@@ -58,6 +58,14 @@ impl Split {
         (self.len / self.blocks).div_ceil(size)
     }
 
+    /// The entries along `dim` of block `b` of the whole tensor that rank `rank` of `size` holds
+    /// (its part of the block before padding; empty for a rank entirely in the padding).
+    pub fn held(&self, b: usize, rank: usize, size: usize) -> std::ops::Range<usize> {
+        let (block, part) = (self.len / self.blocks, self.part(size));
+        let end = (b * block + (rank + 1) * part).min((b + 1) * block);
+        (b * block + rank * part).min(end)..end
+    }
+
     /// This rank's part of `whole` (whose `dim` has `len` entries).
     pub fn shard(&self, whole: &Tensor, rank: usize, size: usize) -> Result<Tensor> {
         let shape = whole.shape();
@@ -67,15 +75,13 @@ impl Split {
                 self.blocks, self.dim, self.len
             )));
         }
-        let block = self.len / self.blocks;
         let part = self.part(size);
         let dim = self.dim as isize;
         let mut pieces = Vec::with_capacity(self.blocks);
         for b in 0..self.blocks {
-            let start = b * block + rank * part;
-            let end = (b * block + (rank + 1) * part).min((b + 1) * block);
+            let std::ops::Range { start, end } = self.held(b, rank, size);
             let mut pad_shape = shape.to_vec();
-            pad_shape[self.dim] = part - end.saturating_sub(start).min(part);
+            pad_shape[self.dim] = part - (end - start);
             let mut piece = if end > start {
                 whole.narrow(dim, start, end - start)?.contiguous_copy()?
             } else {

@@ -89,9 +89,12 @@ impl Trainer {
                 dir.display()
             )));
         }
-        let Some((path, loaded)) = found else {
+        let Some((path, mut loaded)) = found else {
             return Ok(0);
         };
+        // verifying the folder read every tensor whole: keep this rank's parts
+        self.tensor_parallel_parts(&mut loaded.params, false)?;
+        self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
         // the run goes on under its own id
         if let Some(run) = &loaded.state.run {
             self.run_id = run.clone();
@@ -114,8 +117,9 @@ impl Trainer {
     }
 
     /// Restores checkpoint folder `ckpt` (or the newest one inside a checkpoint directory),
-    /// whatever layout wrote it; returns the step to continue from. Every rank reads the whole
-    /// tensors and keeps its own part of them. The checkpoint's model config and tokenizer
+    /// whatever layout wrote it; returns the step to continue from. Every rank reads only what it
+    /// holds (a stage's parameters, the rows of a part cut on dim 0). The checkpoint's model
+    /// config and tokenizer
     /// (from [`Trainer::checkpoint_extra`]'s `model` and `tokenizer`) must equal this run's:
     /// a difference is an error naming it.
     ///
@@ -140,10 +144,11 @@ impl Trainer {
         self.apply_checkpoint(&dir, loaded)
     }
 
+    /// Loads `loaded` (this rank's tensor-parallel parts of the cut tensors, the others whole)
+    /// into the model and the optimizer.
     fn apply_checkpoint(&mut self, dir: &Path, mut loaded: Loaded) -> Result<usize> {
         same_model(&self.checkpoint_extra, &loaded.state.extra, dir)?;
         self.gather_parameters()?;
-        self.tensor_parallel_parts(&mut loaded.params, false)?;
         // a pipeline stage keeps its own parameters and their state only
         let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
         weft_nn::state_dict::load_state_dict_only(
@@ -154,7 +159,6 @@ impl Trainer {
             &|n| mine.contains(n),
         )?;
         loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
-        self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
         match self.zero() {
             Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
             None => self.optimizer.load_state(&loaded.optimizer)?,

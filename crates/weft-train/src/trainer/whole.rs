@@ -92,20 +92,17 @@ impl Trainer {
         }
     }
 
-    /// This rank's tensor-parallel part of each whole tensor of `tensors` whose name (or, with
-    /// `by_param`, whose key's parameter prefix) names a cut parameter.
+    /// Replaces each whole tensor of `tensors` whose name (or, with `by_param`, whose key's
+    /// parameter prefix) names a cut parameter by this rank's tensor-parallel part. (A tensor of
+    /// another length along the cut is left whole, for loading to name the mismatch.)
     pub(super) fn tensor_parallel_parts(&self, tensors: &mut BTreeMap<String, Tensor>, by_param: bool) -> Result<()> {
         let Some(tp) = &self.tensor_parallel else {
             return Ok(());
         };
         for (key, t) in tensors.iter_mut() {
             let param = if by_param { param_of(key) } else { key.as_str() };
-            if let (Some(split), true) = (tp.splits.get(param), t.rank() > 0) {
-                // [`Trainer::read_own`] reads a tensor cut on dim 0 as this rank's part already
-                // (when a part is as long as the whole, the two cuts agree)
-                if t.shape().get(split.dim) == Some(&split.len) {
-                    *t = split.shard(t, tp.group.rank(), tp.group.size())?;
-                }
+            if let Some(split) = tp.splits.get(param).filter(|s| t.shape().get(s.dim) == Some(&s.len)) {
+                *t = split.shard(t, tp.group.rank(), tp.group.size())?;
             }
         }
         Ok(())
@@ -138,12 +135,14 @@ pub(super) type TpCut<'a> = (&'a BTreeMap<String, Split>, usize, usize);
 /// The tensors of `records` a rank needs, read from `files` (the checkpoint's pieces):
 /// - only those of parameters in `mine` (a pipeline stage's; with `by_param`, `records` are
 ///   optimizer state keyed `"{param}.{field}"`);
-/// - of a parameter cut on dim 0 across the tensor-parallel group (`tp`), only the rows of
-///   this rank's part (read from only the bytes of the pieces holding them), returned as the
-///   part itself, padding included;
-/// - every other tensor whole (one cut on another dim: a rank needs some of every row; under
-///   ZeRO the parameters are whole on every rank, and the optimizer state is cut by
-///   [`crate::zero`] after reading).
+/// - of a parameter cut across the tensor-parallel group (`tp`), this rank's part, padding
+///   included: on dim 0 read from only the bytes of the pieces holding its rows, on another dim
+///   (a rank needs some of every row) cut from the whole tensor;
+/// - every other tensor whole (under ZeRO the parameters are whole on every rank, and the
+///   optimizer state is cut by [`crate::zero`] after reading).
+///
+/// A tensor whose recorded length along its cut is not the parameter's is returned whole, for
+/// loading to name the mismatch.
 pub(super) fn read_own_tensors(
     files: &mut Files,
     records: &BTreeMap<String, TensorRecord>,
@@ -158,11 +157,10 @@ pub(super) fn read_own_tensors(
             continue;
         }
         let cut = tp.and_then(|(splits, rank, size)| splits.get(param).map(|s| (s, rank, size)));
-        let t = match cut {
-            Some((split, rank, size)) if split.dim == 0 && rec.shape.first() == Some(&split.len) => {
-                part_rows(files, name, rec, split, rank, size)?
-            }
-            _ => files.assemble_one(name, rec)?,
+        let t = match cut.filter(|(s, _, _)| rec.shape.get(s.dim) == Some(&s.len)) {
+            Some((split, rank, size)) if split.dim == 0 => part_rows(files, name, rec, split, rank, size)?,
+            Some((split, rank, size)) => split.shard(&files.assemble_one(name, rec)?, rank, size)?,
+            None => files.assemble_one(name, rec)?,
         };
         out.insert(name.clone(), t);
     }
@@ -179,14 +177,12 @@ fn part_rows(
     rank: usize,
     size: usize,
 ) -> Result<Tensor> {
-    let block = split.len / split.blocks;
     let part = split.part(size);
     let mut pieces = Vec::with_capacity(split.blocks);
     for b in 0..split.blocks {
-        let end = (b * block + (rank + 1) * part).min((b + 1) * block);
-        let start = (b * block + rank * part).min(end);
-        let rows = files.assemble_rows(name, rec, start..end)?;
-        let pad = part - (end - start);
+        let held = split.held(b, rank, size);
+        let pad = part - held.len();
+        let rows = files.assemble_rows(name, rec, held)?;
         let piece = if pad > 0 {
             let mut shape = rec.shape.clone();
             shape[0] = pad;
@@ -345,12 +341,29 @@ mod tests {
             rows.shard(&w, 1, 2).unwrap().to_vec::<f32>().unwrap()
         );
         assert_eq!(files.bytes_read(), 5 * 4 * 4);
-        // a rank whose cut is on dim 1 reads the whole tensor (and cuts it afterwards)
+        // a rank whose cut is on dim 1 reads the whole tensor and returns its part
         let splits = BTreeMap::from([("w".to_string(), cols.clone())]);
         let mut files = Files::new(&dir);
         let got = read_own_tensors(&mut files, &records, false, &mine, Some((&splits, 1, 2))).unwrap();
-        assert_eq!(got["w"].to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        assert_eq!(
+            got["w"].to_vec::<f32>().unwrap(),
+            cols.shard(&w, 1, 2).unwrap().to_vec::<f32>().unwrap()
+        );
         assert_eq!(files.bytes_read(), 10 * 4 * 4);
+        // a part as long as the whole (blocks of one entry, padded for 2 ranks) is still cut
+        // once: the decision reads the checkpoint's recorded shape, not the tensor's
+        let single = Split {
+            dim: 0,
+            blocks: 10,
+            len: 10,
+        };
+        let splits = BTreeMap::from([("w".to_string(), single.clone())]);
+        let mut files = Files::new(&dir);
+        let got = read_own_tensors(&mut files, &records, false, &mine, Some((&splits, 1, 2))).unwrap();
+        assert_eq!(
+            got["w"].to_vec::<f32>().unwrap(),
+            single.shard(&w, 1, 2).unwrap().to_vec::<f32>().unwrap()
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -146,14 +146,14 @@ impl<'a> Files<'a> {
                     blocks: tp.blocks,
                     len,
                 };
-                let (block, part) = (len / tp.blocks, split.part(tp.ranks));
+                let part = split.part(tp.ranks);
                 let mut values = vec![0.0f64; rows.len() * width];
                 for (r, (_, pieces)) in parts.iter().enumerate() {
                     for b in 0..tp.blocks {
                         // whole rows lo..hi are this part's rows b * part + (lo - first)..
-                        let first = b * block + r * part;
-                        let lo = first.max(rows.start);
-                        let hi = (b * block + (r + 1) * part).min((b + 1) * block).min(rows.end);
+                        let held = split.held(b, r, tp.ranks);
+                        let first = held.start;
+                        let (lo, hi) = (first.max(rows.start), held.end.min(rows.end));
                         if lo >= hi {
                             continue;
                         }
