@@ -42,9 +42,11 @@ struct Tracer {
     pins: Vec<Weak<Storage>>,
     /// Tensors with an id at or above this were made during the capture.
     start: TensorId,
+    /// The first reason a replay could never be faithful.
     refusal: Option<String>,
-    /// Whether every refusal was a tensor made outside the op set.
-    may_retry: bool,
+    /// The first tensor made outside the op set: a second capture may not meet it (a cache the
+    /// function fills at its first call).
+    made_outside: Option<String>,
 }
 
 thread_local! {
@@ -67,7 +69,6 @@ fn key(t: &Tensor) -> Key {
 
 impl Tracer {
     fn refuse(&mut self, reason: String) {
-        self.may_retry = false;
         self.refusal.get_or_insert(reason);
     }
 
@@ -102,14 +103,14 @@ impl Tracer {
             return v;
         }
         let source = if t.id() >= self.start {
-            let retry = self.refusal.is_none() || self.may_retry;
-            self.refuse(format!(
-                "a tensor of shape {:?} was made outside the op set during the capture \
-                 (Tensor::from_vec, or a kernel called directly); a replay could not make it again: \
-                 make constants before compiling, or with ops",
-                t.shape()
-            ));
-            self.may_retry = retry;
+            self.made_outside.get_or_insert_with(|| {
+                format!(
+                    "a tensor of shape {:?} was made outside the op set during the capture \
+                     (Tensor::from_vec, or a kernel called directly); a replay could not make it again: \
+                     make constants before compiling, or with ops",
+                    t.shape()
+                )
+            });
             Source::Constant(t.clone())
         } else {
             Source::External(t.clone())
@@ -149,7 +150,7 @@ where
         pins: Vec::new(),
         start: crate::tensor::next_tensor_id(),
         refusal: None,
-        may_retry: false,
+        made_outside: None,
     };
     for (i, t) in inputs.iter().enumerate() {
         let v = tracer.add_value(t, Source::Input(i));
@@ -173,12 +174,16 @@ where
         let v = tracer.value_of(t);
         tracer.graph.outputs.push(v);
     }
-    let result = match tracer.refusal {
-        Some(reason) => Err(CaptureError {
+    let result = match (tracer.refusal, tracer.made_outside) {
+        (Some(reason), _) => Err(CaptureError {
             reason,
-            may_retry: tracer.may_retry,
+            may_retry: false,
         }),
-        None => Ok(tracer.graph),
+        (None, Some(reason)) => Err(CaptureError {
+            reason,
+            may_retry: true,
+        }),
+        (None, None) => Ok(tracer.graph),
     };
     Ok((outputs, result))
 }
