@@ -146,6 +146,16 @@ fn an_unreachable_endpoint_is_named_within_the_retry_bound() {
         "{took:?}: {e}"
     );
     assert!(!e.contains('\n'), "one line: {e}");
+
+    // a ranged read gives up within one bound too (not one for the read and one for a length)
+    let t = Instant::now();
+    let e = s.read_range("a.bin", 0..10).unwrap_err().to_string();
+    let took = t.elapsed();
+    assert!(e.contains("s3://data/run/a.bin") && e.contains("gave up after"), "{e}");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(2600),
+        "{took:?}: {e}"
+    );
 }
 
 #[test]

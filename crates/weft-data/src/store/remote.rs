@@ -105,6 +105,15 @@ impl Remote {
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
         let path = self.path(name)?;
+        self.attempt(&path, op).map_err(|g| self.gave_up(name, g))
+    }
+
+    /// Runs `op` on `path` with retries, returning how it ended when it did not succeed.
+    fn attempt<T, F, Fut>(&self, path: &ObjectPath, op: F) -> std::result::Result<T, GaveUp>
+    where
+        F: Fn(Arc<dyn ObjectStore>, ObjectPath) -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
         retry::retry(self.retry_for, |left| {
             let attempt = op(self.store.clone(), path.clone());
             self.rt.block_on(async move {
@@ -120,7 +129,6 @@ impl Remote {
                 }
             })
         })
-        .map_err(|g| self.gave_up(name, g))
     }
 
     /// One line for an operation that failed: what kind of failure, the URL, the last error.
@@ -163,7 +171,8 @@ impl Remote {
                 Err(self.past_end(name, &range, len))
             };
         }
-        let got = self.run(name, |store, path| {
+        let path = self.path(name)?;
+        let got = self.attempt(&path, |store, path| {
             let r = range.clone();
             async move {
                 let opts = GetOptions {
@@ -177,18 +186,16 @@ impl Remote {
             }
         });
         match got {
-            Ok((bytes, size)) if bytes.len() as u64 == range.end - range.start => {
-                let _ = size;
-                Ok(bytes.into())
-            }
+            Ok((bytes, _)) if bytes.len() as u64 == range.end - range.start => Ok(bytes.into()),
             Ok((_, size)) => Err(self.past_end(name, &range, size)),
-            Err(e) => {
-                // a range starting past the end is refused by the server (416): say so plainly
-                match self.len(name) {
-                    Ok(len) if len < range.end => Err(self.past_end(name, &range, len)),
-                    _ => Err(e),
-                }
-            }
+            // a range starting past the end is refused by the server (416): say so plainly; after
+            // transient failures the bound is spent, so the length is not asked for (that would
+            // be a second retry loop)
+            Err(g) if !g.transient => match self.len(name) {
+                Ok(len) if len < range.end => Err(self.past_end(name, &range, len)),
+                _ => Err(self.gave_up(name, g)),
+            },
+            Err(g) => Err(self.gave_up(name, g)),
         }
     }
 
