@@ -56,6 +56,7 @@ fn cache_options(dir: PathBuf, block: u64, limit: u64, read_ahead: usize) -> Cac
         limit_bytes: limit,
         block_size: block,
         read_ahead,
+        version: String::new(),
     }
 }
 

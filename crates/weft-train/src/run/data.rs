@@ -167,15 +167,15 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
     use sha2::Digest;
     use weft_data::store::{self, CacheOptions, CachedSource, StoreOptions};
     use weft_data::ObjectSource;
-    let source: Arc<dyn ObjectSource> = if k.is_url() {
+    let ds = if k.is_url() {
         let options = StoreOptions {
             retry_for: std::time::Duration::from_secs_f64(k.retry_seconds),
             ..Default::default()
         };
         let remote = store::open_with(&k.path, &options)?;
-        // the cache keys blocks by URL; a dataset prepared again under the same URL must not be
-        // served from the old one's blocks, so each version (its index.json, read from the store
-        // itself) gets a folder of its own
+        // a dataset prepared again under the same URL must not be served from the old one's
+        // blocks: the version (a hash of its index.json, read from the store itself, once) is
+        // part of every cache key; all versions share the one folder and its size limit
         let index = ObjectSource::read(&*remote, weft_data::tokens::INDEX_NAME)?;
         let version: String = sha2::Sha256::digest(&index)[..8]
             .iter()
@@ -184,18 +184,20 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         let mut cache = CacheOptions {
             limit_bytes: (k.cache_gb * (1u64 << 30) as f64) as u64,
             block_size: (k.cache_block_mb * (1u64 << 20) as f64) as u64,
+            version,
             ..Default::default()
         };
         if let Some(dir) = &k.cache_dir {
             cache.dir = config.resolve(dir);
         }
-        cache.dir = cache.dir.join(version);
-        Arc::new(CachedSource::new(remote, cache)?)
+        TokenDataset::open_with_index(Arc::new(CachedSource::new(remote, cache)?), &index)?
     } else {
         let path = k.path.strip_prefix("file://").unwrap_or(&k.path);
-        Arc::new(weft_data::LocalFolder::new(config.resolve(std::path::Path::new(path))))
+        TokenDataset::open(Arc::new(weft_data::LocalFolder::new(
+            config.resolve(std::path::Path::new(path)),
+        )))?
     };
-    let ds = Arc::new(TokenDataset::open(source)?);
+    let ds = Arc::new(ds);
     if let Some((vocab_size, _)) = config.model.language_model_sizes() {
         if ds.vocab_size() > vocab_size {
             return Err(Error::Config(format!(
