@@ -78,13 +78,19 @@ fn put_then_read_whole_and_by_range() {
     assert_eq!(s.read("index.json").unwrap(), b"{}");
     // the objects really are on the server, under the prefix
     assert!(dir.join("server/data/run/shards/train-00000.bin").is_file());
-    for r in [99_990..100_001u64, 100_000..100_010] {
+    for r in [99_990..100_001u64, 100_000..100_010, 100_001..100_001] {
         let e = s.read_range("shards/train-00000.bin", r).unwrap_err().to_string();
         assert!(
             e.contains("past the end") && e.contains("s3://data/run/shards/train-00000.bin"),
             "{e}"
         );
     }
+    #[allow(clippy::reversed_empty_ranges)]
+    let e = s.read_range("shards/train-00000.bin", 10..5).unwrap_err().to_string();
+    assert!(
+        e.contains("reversed") && e.contains("s3://data/run/shards/train-00000.bin"),
+        "{e}"
+    );
     assert_eq!(s.describe("a.bin"), "s3://data/run/a.bin");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::disk::{DiskCache, Lookup};
 use crate::error::{invalid, Result};
-use crate::objects::ObjectSource;
+use crate::objects::{check_range, ObjectSource};
 
 /// Byte ranges queued for read-ahead at most; older hints are dropped past this.
 const QUEUE_CAP: usize = 256;
@@ -294,23 +294,8 @@ impl Shared {
     }
 
     fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
-        if range.end < range.start {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is reversed",
-                self.inner.describe(name),
-                range.start,
-                range.end
-            )));
-        }
         let len = self.len(name)?;
-        if range.end > len {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is past the end of the object ({len} bytes)",
-                self.inner.describe(name),
-                range.start,
-                range.end
-            )));
-        }
+        check_range(&self.inner.describe(name), &range, len)?;
         let mut out = Vec::with_capacity((range.end - range.start) as usize);
         if range.is_empty() {
             return Ok(out);
@@ -444,6 +429,12 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("past the end"));
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = c.read_range("obj.bin", 20..10).unwrap_err().to_string();
+        assert!(
+            reversed.contains("reversed") && reversed.contains("obj.bin"),
+            "{reversed}"
+        );
         // the source goes away; a new cache over the same folder still serves the object
         std::fs::remove_dir_all(&root).unwrap();
         let c2 = CachedSource::new(Arc::new(LocalFolder::new(&root)), opts.clone()).unwrap();

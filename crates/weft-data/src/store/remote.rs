@@ -11,6 +11,7 @@ use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload
 use super::retry::{self, GaveUp};
 use super::StoreOptions;
 use crate::error::{invalid, Error, Result};
+use crate::objects::check_range;
 
 /// One bucket (or container, or HTTP root) and a prefix inside it.
 pub(crate) struct Remote {
@@ -155,21 +156,10 @@ impl Remote {
 
     /// Bytes `range` of `name`.
     pub(crate) fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
-        if range.end < range.start {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is reversed",
-                self.describe(name),
-                range.start,
-                range.end
-            )));
-        }
-        if range.start == range.end {
-            let len = self.len(name)?;
-            return if range.end <= len {
-                Ok(Vec::new())
-            } else {
-                Err(self.past_end(name, &range, len))
-            };
+        if range.end <= range.start {
+            // empty or reversed: no bytes to fetch, only the range to check
+            check_range(&self.describe(name), &range, self.len(name)?)?;
+            return Ok(Vec::new());
         }
         let path = self.path(name)?;
         let got = self.attempt(&path, |store, path| {
@@ -185,27 +175,29 @@ impl Remote {
                 Ok((bytes, size))
             }
         });
+        let what = self.describe(name);
         match got {
             Ok((bytes, _)) if bytes.len() as u64 == range.end - range.start => Ok(bytes.into()),
-            Ok((_, size)) => Err(self.past_end(name, &range, size)),
+            Ok((bytes, size)) => {
+                check_range(&what, &range, size)?;
+                Err(invalid(format!(
+                    "{what}: {} bytes came back for byte range {}..{}",
+                    bytes.len(),
+                    range.start,
+                    range.end
+                )))
+            }
             // a range starting past the end is refused by the server (416): say so plainly; after
             // transient failures the bound is spent, so the length is not asked for (that would
             // be a second retry loop)
-            Err(g) if !g.transient => match self.len(name) {
-                Ok(len) if len < range.end => Err(self.past_end(name, &range, len)),
-                _ => Err(self.gave_up(name, g)),
-            },
+            Err(g) if !g.transient => {
+                if let Ok(len) = self.len(name) {
+                    check_range(&what, &range, len)?;
+                }
+                Err(self.gave_up(name, g))
+            }
             Err(g) => Err(self.gave_up(name, g)),
         }
-    }
-
-    fn past_end(&self, name: &str, range: &Range<u64>, len: u64) -> Error {
-        invalid(format!(
-            "{}: byte range {}..{} is past the end of the object ({len} bytes)",
-            self.describe(name),
-            range.start,
-            range.end
-        ))
     }
 
     /// The whole of `name`.
