@@ -21,7 +21,7 @@ use std::sync::Arc;
 use weft_core::Tensor;
 
 use self::blocks::{BlockReader, Stream};
-pub use self::index::{Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, INDEX_NAME};
+pub use self::index::{check_block_bytes, Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, INDEX_NAME};
 pub use self::order::WindowOrder;
 pub use self::prepare::{prepare, PrepareOptions};
 use crate::error::{invalid, Result};

@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::index::{Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, FORMAT, INDEX_NAME, VERSION};
+use super::index::{
+    check_block_bytes, Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, FORMAT, INDEX_NAME, VERSION,
+};
 use crate::error::{invalid, Error, Result};
 use crate::objects::ObjectSink;
 use crate::tokenizer::Tokenizer;
@@ -57,12 +59,7 @@ pub fn prepare(
     if opts.shard_tokens == 0 {
         return Err(invalid("shard_tokens must be at least 1"));
     }
-    if opts.block_bytes == 0 || !opts.block_bytes.is_multiple_of(4) {
-        return Err(invalid(format!(
-            "block_bytes {} must be a positive multiple of 4",
-            opts.block_bytes
-        )));
-    }
+    check_block_bytes(opts.block_bytes).map_err(|e| invalid(format!("block_bytes: {e}")))?;
     if inputs.is_empty() {
         return Err(invalid("prepare: no input files"));
     }
