@@ -114,12 +114,7 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
     if opts.shard_tokens == 0 {
         return Err("--shard-tokens: must be at least 1".into());
     }
-    if opts.block_bytes == 0 || !opts.block_bytes.is_multiple_of(4) {
-        return Err(format!(
-            "--block-bytes: {} is not a positive multiple of 4",
-            opts.block_bytes
-        ));
-    }
+    weft_data::tokens::check_block_bytes(opts.block_bytes).map_err(|e| format!("--block-bytes: {e}"))?;
     // a folder, or an object store (`s3://bucket/prefix`, ...): written through the same sink
     let store = weft_data::store::open(&args.output).map_err(|e| format!("--output {}: {e}", args.output))?;
     if weft_data::ObjectSource::len(&*store, INDEX_NAME).is_ok() {

@@ -70,6 +70,24 @@ impl LocalFolder {
     }
 }
 
+/// Checks that byte range `range` of an object of `len` bytes (`what`: its path or URL, for the
+/// message) is neither reversed nor past the end.
+pub(crate) fn check_range(what: &str, range: &Range<u64>, len: u64) -> Result<()> {
+    if range.end < range.start {
+        return Err(invalid(format!(
+            "{what}: byte range {}..{} is reversed",
+            range.start, range.end
+        )));
+    }
+    if range.end > len {
+        return Err(invalid(format!(
+            "{what}: byte range {}..{} is past the end of the object ({len} bytes)",
+            range.start, range.end
+        )));
+    }
+    Ok(())
+}
+
 fn io_error(path: PathBuf, source: std::io::Error) -> Error {
     Error::Io { path, source }
 }
@@ -78,24 +96,9 @@ impl ObjectSource for LocalFolder {
     fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
         let path = self.path(name)?;
-        if range.end < range.start {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is reversed",
-                path.display(),
-                range.start,
-                range.end
-            )));
-        }
         let mut f = std::fs::File::open(&path).map_err(|e| io_error(path.clone(), e))?;
         let len = f.metadata().map_err(|e| io_error(path.clone(), e))?.len();
-        if range.end > len {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is past the end of the object ({len} bytes)",
-                path.display(),
-                range.start,
-                range.end
-            )));
-        }
+        check_range(&path.display().to_string(), &range, len)?;
         let n = usize::try_from(range.end - range.start)
             .map_err(|_| invalid(format!("{}: byte range too large", path.display())))?;
         let mut buf = Vec::new();
@@ -152,6 +155,12 @@ mod tests {
         assert_eq!(f.len("sub/a.bin").unwrap(), 10);
         let past = f.read_range("sub/a.bin", 8..11).unwrap_err().to_string();
         assert!(past.contains("past the end") && past.contains("a.bin"), "{past}");
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = f.read_range("sub/a.bin", 5..2).unwrap_err().to_string();
+        assert!(
+            reversed.contains("reversed") && reversed.contains("a.bin"),
+            "{reversed}"
+        );
         let missing = f.read("nope.bin").unwrap_err().to_string();
         assert!(missing.contains("nope.bin"), "{missing}");
         for bad in ["../x", "/etc/passwd", ""] {
@@ -159,5 +168,25 @@ mod tests {
             assert!(f.put(bad, b"x").is_err(), "{bad}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[allow(clippy::reversed_empty_ranges)]
+    fn ranges_are_checked_against_the_length() {
+        assert!(check_range("x", &(0..10), 10).is_ok());
+        assert!(check_range("x", &(10..10), 10).is_ok());
+        assert!(check_range("x", &(0..0), 0).is_ok());
+        let past = check_range("s3://b/x", &(5..11), 10).unwrap_err().to_string();
+        assert_eq!(
+            past,
+            "s3://b/x: byte range 5..11 is past the end of the object (10 bytes)"
+        );
+        let reversed = check_range("s3://b/x", &(4..3), 10).unwrap_err().to_string();
+        assert_eq!(reversed, "s3://b/x: byte range 4..3 is reversed");
+        // reversed is named first, even past the end
+        assert!(check_range("x", &(20..12), 10)
+            .unwrap_err()
+            .to_string()
+            .contains("reversed"));
     }
 }

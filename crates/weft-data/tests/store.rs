@@ -56,6 +56,7 @@ fn cache_options(dir: PathBuf, block: u64, limit: u64, read_ahead: usize) -> Cac
         limit_bytes: limit,
         block_size: block,
         read_ahead,
+        version: String::new(),
     }
 }
 
@@ -77,13 +78,19 @@ fn put_then_read_whole_and_by_range() {
     assert_eq!(s.read("index.json").unwrap(), b"{}");
     // the objects really are on the server, under the prefix
     assert!(dir.join("server/data/run/shards/train-00000.bin").is_file());
-    for r in [99_990..100_001u64, 100_000..100_010] {
+    for r in [99_990..100_001u64, 100_000..100_010, 100_001..100_001] {
         let e = s.read_range("shards/train-00000.bin", r).unwrap_err().to_string();
         assert!(
             e.contains("past the end") && e.contains("s3://data/run/shards/train-00000.bin"),
             "{e}"
         );
     }
+    #[allow(clippy::reversed_empty_ranges)]
+    let e = s.read_range("shards/train-00000.bin", 10..5).unwrap_err().to_string();
+    assert!(
+        e.contains("reversed") && e.contains("s3://data/run/shards/train-00000.bin"),
+        "{e}"
+    );
     assert_eq!(s.describe("a.bin"), "s3://data/run/a.bin");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -146,6 +153,16 @@ fn an_unreachable_endpoint_is_named_within_the_retry_bound() {
         "{took:?}: {e}"
     );
     assert!(!e.contains('\n'), "one line: {e}");
+
+    // a ranged read gives up within one bound too (not one for the read and one for a length)
+    let t = Instant::now();
+    let e = s.read_range("a.bin", 0..10).unwrap_err().to_string();
+    let took = t.elapsed();
+    assert!(e.contains("s3://data/run/a.bin") && e.contains("gave up after"), "{e}");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(2600),
+        "{took:?}: {e}"
+    );
 }
 
 #[test]

@@ -228,8 +228,16 @@ fn a_failed_prepare_writes_no_index() {
         e.to_string().contains("latin1.txt") && e.to_string().contains("UTF-8"),
         "{e}"
     );
-    for bad in [opts(1.0, 100, 4), opts(0.1, 0, 4), opts(0.1, 100, 6)] {
-        assert!(prepare(&tok, &files[..1], &LocalFolder::new(&out), &bad, &mut |_| {}).is_err());
+    for (bad, words) in [
+        (opts(1.0, 100, 4), ["val_fraction", "1"]),
+        (opts(0.1, 0, 4), ["shard_tokens", "1"]),
+        (opts(0.1, 100, 6), ["block_bytes", "6 is not a positive multiple of 4"]),
+        (opts(0.1, 100, 0), ["block_bytes", "0 is not"]),
+    ] {
+        let e = prepare(&tok, &files[..1], &LocalFolder::new(&out), &bad, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(words.iter().all(|w| e.contains(w)), "{e}");
     }
     assert!(!out.join(INDEX_NAME).exists());
 }
@@ -272,6 +280,14 @@ fn damaged_datasets_are_refused_naming_the_file() {
     v["splits"]["train"]["tokens"] = 3.into();
     write_index(&out, &v);
     assert!(err(&out).contains("\"train\""));
+    let mut v: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    v["block_bytes"] = 6.into();
+    write_index(&out, &v);
+    let e = err(&out);
+    assert!(
+        e.contains("index.json") && e.contains("block_bytes: 6 is not a positive multiple of 4"),
+        "{e}"
+    );
     std::fs::write(out.join(INDEX_NAME), &good).unwrap();
     assert!(open(&out).is_ok());
 

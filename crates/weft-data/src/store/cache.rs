@@ -5,9 +5,12 @@
 //! A read fetches the blocks it covers that the cache lacks, one inner `read_range` per block, and
 //! stores them; the object's length is cached too, so an object read once is served again with the
 //! store unreachable. Blocks are keyed by the inner source's URL for the object
-//! ([`ObjectSource::describe`]), the block size and the block index: **objects are assumed not to
-//! change under their URL** (dataset shards are written once). Read small files that may be
-//! rewritten (an `index.json`) from the store itself.
+//! ([`ObjectSource::describe`]), [`CacheOptions::version`], the block size and the block index:
+//! **objects are assumed not to change under their URL within one version** (dataset shards are
+//! written once). A dataset rewritten in place gets another version (the token datasets of a run
+//! use a hash of their `index.json`), so its blocks are never served from the old ones, and the
+//! old version's blocks age out of the one folder under its one size limit. Read small files that
+//! may be rewritten (an `index.json`) from the store itself.
 //!
 //! Read-ahead: after a read that starts where the previous read of the same object ended, the
 //! next [`CacheOptions::read_ahead`] blocks are queued for the background thread; and
@@ -26,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::disk::{DiskCache, Lookup};
 use crate::error::{invalid, Result};
-use crate::objects::ObjectSource;
+use crate::objects::{check_range, ObjectSource};
 
 /// Byte ranges queued for read-ahead at most; older hints are dropped past this.
 const QUEUE_CAP: usize = 256;
@@ -44,6 +47,9 @@ pub struct CacheOptions {
     pub block_size: u64,
     /// Blocks fetched ahead after a sequential read (0: none). Default 4.
     pub read_ahead: usize,
+    /// A label for the version of the objects, mixed into every cache key: objects cached under
+    /// one version are never served under another. Default empty.
+    pub version: String,
 }
 
 impl Default for CacheOptions {
@@ -53,6 +59,7 @@ impl Default for CacheOptions {
             limit_bytes: 10 << 30,
             block_size: 4 << 20,
             read_ahead: 4,
+            version: String::new(),
         }
     }
 }
@@ -92,6 +99,7 @@ struct Shared {
     disk: DiskCache,
     block: u64,
     read_ahead: usize,
+    version: String,
     lens: Mutex<HashMap<String, u64>>,
     last_end: Mutex<HashMap<String, u64>>,
     inflight: Mutex<HashSet<String>>,
@@ -132,6 +140,7 @@ impl CachedSource {
             disk,
             block: options.block_size,
             read_ahead: options.read_ahead,
+            version: options.version,
             lens: Mutex::default(),
             last_end: Mutex::default(),
             inflight: Mutex::default(),
@@ -198,10 +207,15 @@ impl Drop for CachedSource {
 }
 
 impl Shared {
-    /// The cache key prefix of `name`: a hash of its URL.
+    /// The cache key prefix of `name`: a hash of its URL and the version.
     fn object_key(&self, name: &str) -> String {
-        let digest = Sha256::digest(self.inner.describe(name).as_bytes());
-        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+        let mut h = Sha256::new();
+        h.update(self.inner.describe(name).as_bytes());
+        if !self.version.is_empty() {
+            h.update([0u8]);
+            h.update(self.version.as_bytes());
+        }
+        h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
     }
 
     fn len(&self, name: &str) -> Result<u64> {
@@ -280,23 +294,8 @@ impl Shared {
     }
 
     fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
-        if range.end < range.start {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is reversed",
-                self.inner.describe(name),
-                range.start,
-                range.end
-            )));
-        }
         let len = self.len(name)?;
-        if range.end > len {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is past the end of the object ({len} bytes)",
-                self.inner.describe(name),
-                range.start,
-                range.end
-            )));
-        }
+        check_range(&self.inner.describe(name), &range, len)?;
         let mut out = Vec::with_capacity((range.end - range.start) as usize);
         if range.is_empty() {
             return Ok(out);
@@ -414,6 +413,7 @@ mod tests {
             limit_bytes: 1 << 20,
             block_size: 64,
             read_ahead: 0,
+            version: String::new(),
         };
         let c = CachedSource::new(Arc::new(src), opts.clone()).unwrap();
         for r in [0..1000u64, 10..20, 60..70, 63..64, 64..65, 999..1000, 5..5, 130..900] {
@@ -429,11 +429,65 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("past the end"));
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = c.read_range("obj.bin", 20..10).unwrap_err().to_string();
+        assert!(
+            reversed.contains("reversed") && reversed.contains("obj.bin"),
+            "{reversed}"
+        );
         // the source goes away; a new cache over the same folder still serves the object
         std::fs::remove_dir_all(&root).unwrap();
         let c2 = CachedSource::new(Arc::new(LocalFolder::new(&root)), opts.clone()).unwrap();
         assert_eq!(c2.read("obj.bin").unwrap(), data);
         assert_eq!(c2.stats().fetched, 0);
         std::fs::remove_dir_all(&opts.dir).unwrap();
+    }
+
+    #[test]
+    fn two_versions_of_an_object_share_one_folder_and_one_limit() {
+        let root = tmpdir("ver-src");
+        let src = Arc::new(LocalFolder::new(&root));
+        let old: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
+        // room for exactly one version: 10 blocks of 100 bytes and the length, headers included
+        let entry = |payload: u64| payload + 20;
+        let limit = 10 * entry(100) + entry(8);
+        let dir = tmpdir("ver-dir");
+        let opts = |version: &str| CacheOptions {
+            dir: dir.clone(),
+            limit_bytes: limit,
+            block_size: 100,
+            read_ahead: 0,
+            version: version.into(),
+        };
+        src.put("obj.bin", &old).unwrap();
+        let v1 = CachedSource::new(src.clone(), opts("v1")).unwrap();
+        assert_eq!(v1.read("obj.bin").unwrap(), old);
+        assert_eq!(v1.cached_bytes(), limit);
+        drop(v1);
+        // the first version's entries are the least recently used from here on
+        let past = std::time::SystemTime::now() - Duration::from_secs(100);
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let f = std::fs::File::options().write(true).open(e.path()).unwrap();
+            f.set_modified(past).unwrap();
+        }
+        // the object rewritten in place, read as another version through the same folder
+        src.put("obj.bin", &new).unwrap();
+        let v2 = CachedSource::new(src.clone(), opts("v2")).unwrap();
+        assert_eq!(v2.dir(), dir.as_path(), "one folder for every version");
+        assert_eq!(v2.read("obj.bin").unwrap(), new, "served from the old version's blocks");
+        assert_eq!(v2.stats().fetched, 10);
+        assert!(v2.cached_bytes() <= limit, "{} > {limit}", v2.cached_bytes());
+        assert!(
+            std::fs::read_dir(&dir).unwrap().flatten().all(|e| e.path().is_file()),
+            "no folder per version"
+        );
+        // the old version's blocks were evicted to make room: reading it fetches all again
+        let again = CachedSource::new(src.clone(), opts("v1")).unwrap();
+        assert_eq!(again.read("obj.bin").unwrap(), new);
+        assert_eq!(again.stats().fetched, 10);
+        assert!(again.cached_bytes() <= limit);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -11,6 +11,7 @@ use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload
 use super::retry::{self, GaveUp};
 use super::StoreOptions;
 use crate::error::{invalid, Error, Result};
+use crate::objects::check_range;
 
 /// One bucket (or container, or HTTP root) and a prefix inside it.
 pub(crate) struct Remote {
@@ -105,6 +106,15 @@ impl Remote {
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
         let path = self.path(name)?;
+        self.attempt(&path, op).map_err(|g| self.gave_up(name, g))
+    }
+
+    /// Runs `op` on `path` with retries, returning how it ended when it did not succeed.
+    fn attempt<T, F, Fut>(&self, path: &ObjectPath, op: F) -> std::result::Result<T, GaveUp>
+    where
+        F: Fn(Arc<dyn ObjectStore>, ObjectPath) -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
         retry::retry(self.retry_for, |left| {
             let attempt = op(self.store.clone(), path.clone());
             self.rt.block_on(async move {
@@ -120,7 +130,6 @@ impl Remote {
                 }
             })
         })
-        .map_err(|g| self.gave_up(name, g))
     }
 
     /// One line for an operation that failed: what kind of failure, the URL, the last error.
@@ -147,23 +156,13 @@ impl Remote {
 
     /// Bytes `range` of `name`.
     pub(crate) fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
-        if range.end < range.start {
-            return Err(invalid(format!(
-                "{}: byte range {}..{} is reversed",
-                self.describe(name),
-                range.start,
-                range.end
-            )));
+        if range.end <= range.start {
+            // empty or reversed: no bytes to fetch, only the range to check
+            check_range(&self.describe(name), &range, self.len(name)?)?;
+            return Ok(Vec::new());
         }
-        if range.start == range.end {
-            let len = self.len(name)?;
-            return if range.end <= len {
-                Ok(Vec::new())
-            } else {
-                Err(self.past_end(name, &range, len))
-            };
-        }
-        let got = self.run(name, |store, path| {
+        let path = self.path(name)?;
+        let got = self.attempt(&path, |store, path| {
             let r = range.clone();
             async move {
                 let opts = GetOptions {
@@ -176,29 +175,29 @@ impl Remote {
                 Ok((bytes, size))
             }
         });
+        let what = self.describe(name);
         match got {
-            Ok((bytes, size)) if bytes.len() as u64 == range.end - range.start => {
-                let _ = size;
-                Ok(bytes.into())
+            Ok((bytes, _)) if bytes.len() as u64 == range.end - range.start => Ok(bytes.into()),
+            Ok((bytes, size)) => {
+                check_range(&what, &range, size)?;
+                Err(invalid(format!(
+                    "{what}: {} bytes came back for byte range {}..{}",
+                    bytes.len(),
+                    range.start,
+                    range.end
+                )))
             }
-            Ok((_, size)) => Err(self.past_end(name, &range, size)),
-            Err(e) => {
-                // a range starting past the end is refused by the server (416): say so plainly
-                match self.len(name) {
-                    Ok(len) if len < range.end => Err(self.past_end(name, &range, len)),
-                    _ => Err(e),
+            // a range starting past the end is refused by the server (416): say so plainly; after
+            // transient failures the bound is spent, so the length is not asked for (that would
+            // be a second retry loop)
+            Err(g) if !g.transient => {
+                if let Ok(len) = self.len(name) {
+                    check_range(&what, &range, len)?;
                 }
+                Err(self.gave_up(name, g))
             }
+            Err(g) => Err(self.gave_up(name, g)),
         }
-    }
-
-    fn past_end(&self, name: &str, range: &Range<u64>, len: u64) -> Error {
-        invalid(format!(
-            "{}: byte range {}..{} is past the end of the object ({len} bytes)",
-            self.describe(name),
-            range.start,
-            range.end
-        ))
     }
 
     /// The whole of `name`.

@@ -51,7 +51,8 @@ impl Gpt2Tokenizer {
         self.bpe.encode_ordinary(text)
     }
 
-    /// The ids of `text` as [`Gpt2Tokenizer::encode`], computed on up to `threads` threads: the
+    /// The ids of `text` as [`Gpt2Tokenizer::encode`], computed on weft's compute pool when
+    /// `threads` is above 1 (called from a pool task, on the calling thread alone): the
     /// text is cut into pieces of about `piece_bytes` bytes at spaces that GPT-2's pre-tokenizer
     /// always splits at (a space after an ASCII letter or digit and before an ASCII letter: the
     /// word before ends there and `" word"` starts a new piece), so the ids are exactly those of
@@ -61,22 +62,7 @@ impl Gpt2Tokenizer {
         if threads <= 1 || pieces.len() <= 1 {
             return self.encode(text);
         }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let done: std::sync::Mutex<Vec<Option<Vec<u32>>>> = std::sync::Mutex::new(vec![None; pieces.len()]);
-        std::thread::scope(|s| {
-            for _ in 0..threads.min(pieces.len()) {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(piece) = pieces.get(i) else { break };
-                    let ids = self.encode(piece);
-                    done.lock().expect("pieces lock")[i] = Some(ids);
-                });
-            }
-        });
-        let done = done.into_inner().expect("pieces lock");
-        done.into_iter()
-            .flat_map(|ids| ids.expect("every piece was encoded"))
-            .collect()
+        weft_core::cpu::pool::map(pieces.len(), |i| self.encode(pieces[i])).concat()
     }
 
     /// The text of `ids`, invalid UTF-8 replaced by U+FFFD. Errors with

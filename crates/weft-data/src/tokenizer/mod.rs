@@ -132,7 +132,8 @@ impl Tokenizer {
         }
     }
 
-    /// [`Tokenizer::encode`] on up to `threads` threads where the kind allows cutting a text
+    /// [`Tokenizer::encode`] on weft's compute pool (when `threads` is above 1) where the kind
+    /// allows cutting a text
     /// without changing its ids (gpt2: [`Gpt2Tokenizer::encode_parallel`] with 1 MiB pieces);
     /// other kinds encode on this thread.
     pub fn encode_parallel(&self, text: &str, threads: usize) -> Result<Vec<u32>> {

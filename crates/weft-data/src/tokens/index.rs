@@ -32,6 +32,16 @@ pub const INDEX_NAME: &str = "index.json";
 /// Default checksum block: 64 KiB (a random window of 1,025 u16 tokens reads one or two blocks).
 pub const DEFAULT_BLOCK_BYTES: u64 = 64 << 10;
 
+/// Checks a checksum block size in bytes: a positive multiple of 4, so that every block holds
+/// whole tokens of either width. The error gives the value and the rule (the caller names the
+/// setting).
+pub fn check_block_bytes(block_bytes: u64) -> Result<()> {
+    if block_bytes == 0 || !block_bytes.is_multiple_of(4) {
+        return Err(invalid(format!("{block_bytes} is not a positive multiple of 4")));
+    }
+    Ok(())
+}
+
 /// The width of a stored token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -170,12 +180,7 @@ impl Index {
                 index.dtype, index.vocab_size
             )));
         }
-        if index.block_bytes == 0 || !index.block_bytes.is_multiple_of(4) {
-            return Err(bad(format!(
-                "block_bytes {} must be a positive multiple of 4",
-                index.block_bytes
-            )));
-        }
+        check_block_bytes(index.block_bytes).map_err(|e| bad(format!("block_bytes: {e}")))?;
         for split in ["train", "val"] {
             let s = index
                 .splits

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use weft_core::Tensor;
 
 use self::blocks::{BlockReader, Stream};
-pub use self::index::{Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, INDEX_NAME};
+pub use self::index::{check_block_bytes, Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, INDEX_NAME};
 pub use self::order::WindowOrder;
 pub use self::prepare::{prepare, PrepareOptions};
 use crate::error::{invalid, Result};
@@ -56,9 +56,16 @@ impl TokenDataset {
     /// read, not here (a multi-GB dataset opens without reading it); [`TokenDataset::verify`]
     /// reads everything. Errors name the file at fault.
     pub fn open(source: Arc<dyn ObjectSource>) -> Result<TokenDataset> {
-        let what = source.describe(INDEX_NAME);
         let bytes = source.read(INDEX_NAME)?;
-        let (index, tokenizer) = Index::parse(&bytes, &what)?;
+        TokenDataset::open_with_index(source, &bytes)
+    }
+
+    /// As [`TokenDataset::open`], with the bytes of `index.json` already read by the caller (who
+    /// read it from the store itself, say, to name the dataset's version): the index is not read
+    /// again through `source`.
+    pub fn open_with_index(source: Arc<dyn ObjectSource>, index_bytes: &[u8]) -> Result<TokenDataset> {
+        let what = source.describe(INDEX_NAME);
+        let (index, tokenizer) = Index::parse(index_bytes, &what)?;
         for split in index.splits.values() {
             for shard in &split.shards {
                 let want = shard.tokens * index.dtype.width();

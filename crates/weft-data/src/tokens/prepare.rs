@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::index::{Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, FORMAT, INDEX_NAME, VERSION};
+use super::index::{
+    check_block_bytes, Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, FORMAT, INDEX_NAME, VERSION,
+};
 use crate::error::{invalid, Error, Result};
 use crate::objects::ObjectSink;
 use crate::tokenizer::Tokenizer;
@@ -27,7 +29,8 @@ pub struct PrepareOptions {
     pub shard_tokens: u64,
     /// Checksum block size in bytes, a positive multiple of 4.
     pub block_bytes: u64,
-    /// Documents tokenized at once (threads).
+    /// Documents tokenized at once. Above 1 they are tokenized on weft's compute pool (its
+    /// threads: `WEFT_NUM_THREADS`); 1 keeps the work on the calling thread.
     pub threads: usize,
 }
 
@@ -56,12 +59,7 @@ pub fn prepare(
     if opts.shard_tokens == 0 {
         return Err(invalid("shard_tokens must be at least 1"));
     }
-    if opts.block_bytes == 0 || !opts.block_bytes.is_multiple_of(4) {
-        return Err(invalid(format!(
-            "block_bytes {} must be a positive multiple of 4",
-            opts.block_bytes
-        )));
-    }
+    check_block_bytes(opts.block_bytes).map_err(|e| invalid(format!("block_bytes: {e}")))?;
     if inputs.is_empty() {
         return Err(invalid("prepare: no input files"));
     }
@@ -104,33 +102,20 @@ pub fn prepare(
     Ok(index)
 }
 
-/// Reads and tokenizes `paths` on up to `threads` threads; returns each document's ids and byte
-/// length, in input order.
 /// A document's ids and its size in bytes.
 type Tokenized = (Vec<u32>, u64);
 
+/// Reads and tokenizes `paths`, on weft's compute pool when `threads` is above 1; returns each
+/// document's ids and byte length, in input order (the first error by input order).
 fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Result<Vec<Tokenized>> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut slots: Vec<Option<Result<Tokenized>>> = (0..paths.len()).map(|_| None).collect();
-    let results = std::sync::Mutex::new(&mut slots);
-    // fewer documents than threads: each document gets the spare threads (gpt2 cuts it)
-    let workers = threads.min(paths.len());
-    let per_doc = (threads / workers).max(1);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= paths.len() {
-                    break;
-                }
-                let r = tokenize_file(tokenizer, &paths[i], per_doc);
-                results.lock().expect("results lock")[i] = Some(r);
-            });
-        }
-    });
-    slots
+    // fewer documents than threads: gpt2 cuts a document into pieces, so the documents go one
+    // after another, each one's pieces over the whole pool; other kinds take one thread a document
+    let cuts = matches!(tokenizer, Tokenizer::Gpt2(_));
+    if threads <= 1 || (cuts && paths.len() < threads) {
+        return paths.iter().map(|p| tokenize_file(tokenizer, p, threads)).collect();
+    }
+    weft_core::cpu::pool::map(paths.len(), |i| tokenize_file(tokenizer, &paths[i], 1))
         .into_iter()
-        .map(|r| r.expect("every document was tokenized"))
         .collect()
 }
 

@@ -167,16 +167,27 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
     use sha2::Digest;
     use weft_data::store::{self, CacheOptions, CachedSource, StoreOptions};
     use weft_data::ObjectSource;
-    let source: Arc<dyn ObjectSource> = if k.is_url() {
-        let options = StoreOptions {
-            retry_for: std::time::Duration::from_secs_f64(k.retry_seconds),
-            ..Default::default()
-        };
-        let remote = store::open_with(&k.path, &options)?;
-        // the cache keys blocks by URL; a dataset prepared again under the same URL must not be
-        // served from the old one's blocks, so each version (its index.json, read from the store
-        // itself) gets a folder of its own
-        let index = ObjectSource::read(&*remote, weft_data::tokens::INDEX_NAME)?;
+    // a plain path is relative to the config; a URL (file:// included) is taken as it is
+    let target = if k.path.contains("://") {
+        k.path.clone()
+    } else {
+        let path = config.resolve(std::path::Path::new(&k.path));
+        path.to_str()
+            .ok_or_else(|| Error::Config(format!("data.path: {} is not UTF-8", path.display())))?
+            .to_string()
+    };
+    let options = StoreOptions {
+        retry_for: std::time::Duration::from_secs_f64(k.retry_seconds),
+        ..Default::default()
+    };
+    let opened = store::open_with(&target, &options)?;
+    let ds = if opened.is_local() {
+        TokenDataset::open(opened)?
+    } else {
+        // a dataset prepared again under the same URL must not be served from the old one's
+        // blocks: the version (a hash of its index.json, read from the store itself, once) is
+        // part of every cache key; all versions share the one folder and its size limit
+        let index = ObjectSource::read(&*opened, weft_data::tokens::INDEX_NAME)?;
         let version: String = sha2::Sha256::digest(&index)[..8]
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -184,18 +195,15 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         let mut cache = CacheOptions {
             limit_bytes: (k.cache_gb * (1u64 << 30) as f64) as u64,
             block_size: (k.cache_block_mb * (1u64 << 20) as f64) as u64,
+            version,
             ..Default::default()
         };
         if let Some(dir) = &k.cache_dir {
             cache.dir = config.resolve(dir);
         }
-        cache.dir = cache.dir.join(version);
-        Arc::new(CachedSource::new(remote, cache)?)
-    } else {
-        let path = k.path.strip_prefix("file://").unwrap_or(&k.path);
-        Arc::new(weft_data::LocalFolder::new(config.resolve(std::path::Path::new(path))))
+        TokenDataset::open_with_index(Arc::new(CachedSource::new(opened, cache)?), &index)?
     };
-    let ds = Arc::new(TokenDataset::open(source)?);
+    let ds = Arc::new(ds);
     if let Some((vocab_size, _)) = config.model.language_model_sizes() {
         if ds.vocab_size() > vocab_size {
             return Err(Error::Config(format!(
@@ -243,14 +251,13 @@ fn text_dataset(config: &RunConfig, t: &crate::config::TextKeys) -> Result<TextD
             .parse::<TokenizerSpec>()
             .map_err(|e| Error::Config(format!("data.tokenizer: {e}")))?,
     };
-    let tokenizer: Tokenizer = match spec {
-        TokenizerSpec::Char => weft_data::CharTokenizer::from_text(&text).into(),
-        TokenizerSpec::File(p) => TokenizerSpec::File(config.resolve(&p))
-            .load()
-            .map_err(|e| Error::Config(format!("data.tokenizer: {e}")))?,
-        other => other
-            .load()
-            .map_err(|e| Error::Config(format!("data.tokenizer: {e}")))?,
+    // a tokenizer file is relative to the config; char takes the text's own characters
+    let spec = match spec {
+        TokenizerSpec::File(p) => TokenizerSpec::File(config.resolve(&p)),
+        other => other,
     };
+    let tokenizer = spec
+        .load_with_corpus([text.as_str()])
+        .map_err(|e| Error::Config(format!("data.tokenizer: {e}")))?;
     Ok(TextDataset::with_tokenizer(&text, tokenizer, t.val_fraction)?)
 }
