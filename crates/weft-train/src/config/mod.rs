@@ -268,13 +268,6 @@ fn default_retry_seconds() -> f64 {
     60.0
 }
 
-impl TokensKeys {
-    /// Whether `path` is an object-store URL rather than a folder.
-    pub fn is_url(&self) -> bool {
-        self.path.contains("://") && !self.path.starts_with("file://")
-    }
-}
-
 /// `[data]` keys of `kind = "batches"`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
