@@ -4,9 +4,11 @@ use std::path::PathBuf;
 
 use weft_train::config::{Overrides, RunConfig};
 
+/// The run config a command reads: a file or the built-in one, with keys removed and set.
 #[derive(clap::Args)]
-pub struct TrainArgs {
-    /// The run config (relative paths inside it resolve against its folder).
+pub struct ConfigArgs {
+    /// The run config (relative paths inside it resolve against its folder; without one: the
+    /// built-in run).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Overrides a config value: `section.key=value` (repeatable; a relative path given here
@@ -16,6 +18,29 @@ pub struct TrainArgs {
     /// Removes a key from the config: `section.key` (repeatable; applied before --set).
     #[arg(long = "unset", value_name = "SECTION.KEY")]
     unset: Vec<String>,
+}
+
+impl ConfigArgs {
+    /// The run config, with `--unset` keys removed and `--set` values applied.
+    pub(crate) fn load(&self) -> Result<RunConfig, String> {
+        let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+        let overrides = Overrides {
+            unset: self.unset.clone(),
+            set: self.overrides.clone(),
+            cwd: cwd.clone(),
+        };
+        match &self.config {
+            Some(path) => RunConfig::load(path, &overrides),
+            None => RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &overrides),
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
     /// Continue from the newest checkpoint in `train.checkpoint_dir` that verifies (from step 0,
     /// saying so, when there is none).
     #[arg(long)]
@@ -32,7 +57,7 @@ pub struct TrainArgs {
 /// Runs the training; a run stopped by SIGINT or SIGTERM (after writing its checkpoint) exits
 /// the process with 128 + the signal's number, as a shell reports it.
 pub fn run(args: TrainArgs) -> Result<(), String> {
-    let cfg = load_config(args.config.as_deref(), args.overrides, args.unset)?;
+    let cfg = args.config.load()?;
     let options = weft_train::run::TrainOptions {
         resume: args.resume,
         resume_from: args.resume_from,
@@ -44,24 +69,4 @@ pub fn run(args: TrainArgs) -> Result<(), String> {
         std::process::exit(128 + sig);
     }
     Ok(())
-}
-
-/// The run config at `path` (the built-in one without a path), with `--unset` keys removed and
-/// `--set` values applied (their relative paths against the working directory).
-pub(crate) fn load_config(
-    path: Option<&std::path::Path>,
-    set: Vec<String>,
-    unset: Vec<String>,
-) -> Result<RunConfig, String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
-    let overrides = Overrides {
-        unset,
-        set,
-        cwd: cwd.clone(),
-    };
-    match path {
-        Some(path) => RunConfig::load(path, &overrides),
-        None => RunConfig::parse(weft_train::builtin::CONFIG, "built-in config", cwd, &overrides),
-    }
-    .map_err(|e| e.to_string())
 }
