@@ -2,6 +2,8 @@
 //! refused naming the file, and folders written back read the same. The fixtures come from
 //! tools/reference/make_hf_fixtures.py (transformers' save_pretrained).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -250,23 +252,11 @@ fn a_gpt2_folder_computes_the_logits_transformers_does() {
 
 #[test]
 fn llama_folders_compute_the_logits_transformers_does() {
-    use weft_models::llama::{Llama, LlamaConfig};
+    use weft_models::llama::Llama;
     use weft_models::Model;
     for name in ["llama_gqa", "llama_tied"] {
         let ck = hf::read_folder(&fixture(name)).unwrap();
-        let n = |k: &str| ck.model[k].as_u64().unwrap() as usize;
-        let config = LlamaConfig {
-            vocab_size: n("vocab_size"),
-            block_size: n("block_size"),
-            n_layer: n("n_layer"),
-            n_head: n("n_head"),
-            n_kv_head: n("n_kv_head"),
-            n_embd: n("n_embd"),
-            intermediate_size: n("intermediate_size"),
-            rope_theta: ck.model["rope_theta"].as_f64().unwrap(),
-            norm_eps: ck.model["norm_eps"].as_f64().unwrap(),
-            tie_embeddings: ck.model["tie_embeddings"].as_bool().unwrap(),
-        };
+        let config = support::llama_config(&serde_json::Value::Object(ck.model.clone()));
         let llama = Llama::new(config, 0).unwrap();
         weft_nn::state_dict::load_state_dict(&llama, &ck.tensors, llama.aliases(), name).unwrap();
         let (ids, want) = expected(name);

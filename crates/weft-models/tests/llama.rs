@@ -1,6 +1,8 @@
 //! The llama against transformers' `LlamaForCausalLM`: logits, loss and every parameter's
 //! gradient of one batch, from fixtures written by tools/reference/make_llama_fixtures.py.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -19,21 +21,7 @@ fn fixture(name: &str) -> PathBuf {
 fn load(case: &str) -> (LlamaConfig, BTreeMap<String, Tensor>) {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture(&format!("llama_{case}_grads.json"))).unwrap()).unwrap();
-    let m = &json["model"];
-    let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
-    let f = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{k}"));
-    let config = LlamaConfig {
-        vocab_size: n("vocab_size"),
-        block_size: n("block_size"),
-        n_layer: n("n_layer"),
-        n_head: n("n_head"),
-        n_kv_head: n("n_kv_head"),
-        n_embd: n("n_embd"),
-        intermediate_size: n("intermediate_size"),
-        rope_theta: f("rope_theta"),
-        norm_eps: f("norm_eps"),
-        tie_embeddings: m["tie_embeddings"].as_bool().unwrap(),
-    };
+    let config = support::llama_config(&json["model"]);
     let tensors = weft_core::io::safetensors::load(&fixture(&format!("llama_{case}_grads.safetensors")))
         .unwrap()
         .tensors;

@@ -1,0 +1,24 @@
+//! Helpers shared by the model tests.
+
+use weft_models::llama::LlamaConfig;
+
+/// The llama config of weft `[model]` keys as JSON (a fixture's, or a Hugging Face folder's
+/// translated ones); panics naming a missing key.
+pub fn llama_config(m: &serde_json::Value) -> LlamaConfig {
+    let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
+    let f = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{k}"));
+    LlamaConfig {
+        vocab_size: n("vocab_size"),
+        block_size: n("block_size"),
+        n_layer: n("n_layer"),
+        n_head: n("n_head"),
+        n_kv_head: n("n_kv_head"),
+        n_embd: n("n_embd"),
+        intermediate_size: n("intermediate_size"),
+        rope_theta: f("rope_theta"),
+        norm_eps: f("norm_eps"),
+        tie_embeddings: m["tie_embeddings"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("tie_embeddings")),
+    }
+}
