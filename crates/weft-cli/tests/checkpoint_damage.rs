@@ -267,3 +267,41 @@ fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_pipeline_resume_skips_a_checkpoint_whose_later_stage_does_not_verify() {
+    let dir = temp_dir("ckpt-damage-pp");
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let set = path_set("train.checkpoint_dir", &dir);
+    let cfg = config();
+    let run = |steps: &str, resume: bool| {
+        #[rustfmt::skip]
+        let mut args = vec!["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", &cfg, "--quiet",
+            "--set", steps, "--set", "parallel.pp=2", "--set", "train.checkpoint_every=5", "--set", &set];
+        if resume {
+            args.push("--resume");
+        }
+        weft(&args)
+    };
+    let out = run("train.steps=10", false);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // a byte of the second stage's file, which only rank 1 reads
+    let model = newest(&dir).join("model-rank-00001.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x10;
+    std::fs::write(&model, &bytes).unwrap();
+    let out = run("train.steps=8", true);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning: --resume skips")).collect();
+    // rank 1 says what is wrong with its part, rank 0 that rank 1's part failed
+    assert!(
+        warnings.iter().any(|w| w.contains("model-rank-00001.safetensors") && w.contains("checksum")),
+        "{err}"
+    );
+    assert!(warnings.iter().any(|w| w.contains("rank 1's part does not verify")), "{err}");
+    assert!(warnings.iter().all(|w| w.contains("step-00000010")), "{err}");
+    assert!(err.contains("resuming after step 5"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -129,23 +129,6 @@ pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(list(dir)?.pop().map(|(_, p)| p))
 }
 
-/// The newest checkpoint of `dir` that reads back whole (every piece checked against its
-/// checksum), read. Each newer folder that does not is passed to `skipped` with the reason;
-/// nothing is removed. `None` when no folder of `dir` verifies.
-pub fn newest_valid(dir: &Path, mut skipped: impl FnMut(&Path, String)) -> Result<Option<(PathBuf, Loaded)>> {
-    for (_, path, state) in scan(dir)?.into_iter().rev() {
-        match state {
-            FolderState::NoMarker => skipped(&path, format!("it has no {MARKER} marker (its save did not finish)")),
-            FolderState::NoIndex => skipped(&path, format!("its {INDEX} is missing")),
-            FolderState::Complete => match read(&path) {
-                Ok(loaded) => return Ok(Some((path, loaded))),
-                Err(e) => skipped(&path, e.to_string()),
-            },
-        }
-    }
-    Ok(None)
-}
-
 /// The checkpoint folder `path` names: itself when it is one, else the newest complete one
 /// inside it. Errors name the path.
 pub fn resolve(path: &Path) -> Result<PathBuf> {

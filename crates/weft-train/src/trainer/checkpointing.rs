@@ -9,7 +9,7 @@ use weft_dist::trace::span;
 use weft_dist::ProcessGroup;
 
 use super::{whole, Trainer};
-use crate::checkpoint::{self, CheckpointState, Claim, ClaimMode, Loaded};
+use crate::checkpoint::{self, CheckpointState, Claim, ClaimMode, FolderState, Loaded};
 use crate::error::{Error, Result};
 
 impl Trainer {
@@ -52,9 +52,11 @@ impl Trainer {
     }
 
     /// Restores the newest checkpoint of the policy's folder that reads back whole, if any, and
-    /// returns the step to continue from (0 when the folder holds none). Newer folders that do
-    /// not verify are named on stderr with the reason and left as they are; when there are
-    /// checkpoint folders but none verifies, it is an error. The checkpoint must be of this model (and tokenizer): see
+    /// returns the step to continue from (0 when the folder holds none). Each rank reads and
+    /// verifies only what it holds (as [`Trainer::load_checkpoint`]), and a folder counts when
+    /// every rank's part of it verifies. Newer folders that do not are named on stderr with the
+    /// reason and left as they are; when there are checkpoint folders but none verifies, it is an
+    /// error. The checkpoint must be of this model (and tokenizer): see
     /// [`Trainer::load_checkpoint`].
     pub fn resume(&mut self) -> Result<usize> {
         let Some(policy) = &self.checkpoints else {
@@ -62,16 +64,55 @@ impl Trainer {
         };
         let dir = policy.dir.clone();
         self.claim_checkpoints(ClaimMode::Resume)?;
+        let group = self.checkpoint_group()?.cloned();
+        let group = group.as_ref();
         let logs = self.is_logging_rank();
-        // every rank reads the same folders; rank 0 names what it skips
+        let folders = checkpoint::scan(&dir)?;
+        // the ranks try the same folders in the same order, or none
+        let newest = folders.last().map_or(0, |(step, _, _)| step + 1);
+        for value in [folders.len(), newest] {
+            if crate::job::same_everywhere(group, value)?.is_err() {
+                return Err(Error::Run(format!(
+                    "--resume: the ranks see different checkpoint folders in {}; is it on a filesystem every \
+                     rank sees?",
+                    dir.display()
+                )));
+            }
+        }
+        let me = group.map(|g| g.ranks()[g.rank()]);
         let mut skipped = Vec::new();
-        let found = checkpoint::newest_valid(&dir, |path, why| {
-            if logs {
-                weft_core::errln!("weft: warning: --resume skips {}: {why}", path.display());
+        let mut found = None;
+        for (_, path, state) in folders.into_iter().rev() {
+            let mine = match state {
+                FolderState::NoMarker => Err(format!("it has no {} marker (its save did not finish)", checkpoint::MARKER)),
+                FolderState::NoIndex => Err(format!("its {} is missing", checkpoint::INDEX)),
+                FolderState::Complete => self.read_own(&path).map_err(|e| e.to_string()),
+            };
+            let first = crate::job::lowest_failed(group, mine.is_err())?;
+            match mine {
+                Ok(loaded) if first.is_none() => {
+                    found = Some((path, loaded));
+                    break;
+                }
+                // the lowest rank whose part fails says why (replicas would repeat it)
+                Err(why) if first.is_none() || first == me => {
+                    weft_core::errln!("weft: warning: --resume skips {}: {why}", path.display());
+                }
+                _ => {
+                    if let Some(rank) = first.filter(|_| logs) {
+                        weft_core::errln!(
+                            "weft: warning: --resume skips {}: rank {rank}'s part does not verify (its warning says why)",
+                            path.display()
+                        );
+                    }
+                }
             }
             skipped.push(path.file_name().unwrap_or_default().to_string_lossy().into_owned());
-        })?;
-        if found.is_none() && !skipped.is_empty() {
+        }
+        let Some((path, loaded)) = found else {
+            if skipped.is_empty() {
+                return Ok(0);
+            }
             // starting over would bury them: a person should look first
             return Err(Error::Run(format!(
                 "--resume: no checkpoint in {} verifies ({}: see the warnings above); move them aside to start \
@@ -79,22 +120,7 @@ impl Trainer {
                 dir.display(),
                 skipped.join(", ")
             )));
-        }
-        let group = self.checkpoint_group()?.cloned();
-        let step = found.as_ref().map_or(0, |(_, l)| l.state.step);
-        if let Err((lo, hi)) = crate::job::same_everywhere(group.as_ref(), step)? {
-            return Err(Error::Run(format!(
-                "--resume: the ranks found different newest checkpoints (steps {lo} to {hi}) in {}; is it on a \
-                 filesystem every rank sees?",
-                dir.display()
-            )));
-        }
-        let Some((path, mut loaded)) = found else {
-            return Ok(0);
         };
-        // verifying the folder read every tensor whole: keep this rank's parts
-        self.tensor_parallel_parts(&mut loaded.params, false)?;
-        self.tensor_parallel_parts(&mut loaded.optimizer, true)?;
         // the run goes on under its own id
         if let Some(run) = &loaded.state.run {
             self.run_id = run.clone();

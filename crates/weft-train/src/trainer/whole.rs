@@ -92,22 +92,6 @@ impl Trainer {
         }
     }
 
-    /// Replaces each whole tensor of `tensors` whose name (or, with `by_param`, whose key's
-    /// parameter prefix) names a cut parameter by this rank's tensor-parallel part. (A tensor of
-    /// another length along the cut is left whole, for loading to name the mismatch.)
-    pub(super) fn tensor_parallel_parts(&self, tensors: &mut BTreeMap<String, Tensor>, by_param: bool) -> Result<()> {
-        let Some(tp) = &self.tensor_parallel else {
-            return Ok(());
-        };
-        for (key, t) in tensors.iter_mut() {
-            let param = if by_param { param_of(key) } else { key.as_str() };
-            if let Some(split) = tp.splits.get(param).filter(|s| t.shape().get(s.dim) == Some(&s.len)) {
-                *t = split.shard(t, tp.group.rank(), tp.group.size())?;
-            }
-        }
-        Ok(())
-    }
-
     /// Reads checkpoint folder `dir` (whatever layout wrote it) for this rank only; see
     /// [`read_own_tensors`].
     pub(super) fn read_own(&self, dir: &Path) -> Result<Loaded> {
