@@ -6,6 +6,7 @@ mod bench;
 mod checkpoint;
 mod data;
 mod dist;
+mod export;
 mod generate;
 mod graph;
 mod launch;
@@ -46,6 +47,11 @@ enum Command {
         #[command(subcommand)]
         what: DataCommand,
     },
+    /// Writes a trained model in another format.
+    Export {
+        #[command(subcommand)]
+        what: ExportCommand,
+    },
     /// Shows the graph compiled mode captures for a run config's training step.
     Graph {
         #[command(subcommand)]
@@ -56,6 +62,13 @@ enum Command {
         #[command(subcommand)]
         what: CheckCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum ExportCommand {
+    /// Writes a checkpoint's inference forward (its logits) as an ONNX model (opset 17), with
+    /// a dynamic batch axis (and sequence axis, for gpt and llama).
+    Onnx(export::OnnxArgs),
 }
 
 #[derive(Subcommand)]
@@ -125,6 +138,9 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Graph {
             what: GraphCommand::Dump(args),
         } => graph::dump(&args),
+        Command::Export {
+            what: ExportCommand::Onnx(args),
+        } => export::onnx(&args),
         Command::Launch(args) => launch::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),

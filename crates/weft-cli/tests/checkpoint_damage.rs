@@ -297,10 +297,15 @@ fn a_pipeline_resume_skips_a_checkpoint_whose_later_stage_does_not_verify() {
     let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning: --resume skips")).collect();
     // rank 1 says what is wrong with its part, rank 0 that rank 1's part failed
     assert!(
-        warnings.iter().any(|w| w.contains("model-rank-00001.safetensors") && w.contains("checksum")),
+        warnings
+            .iter()
+            .any(|w| w.contains("model-rank-00001.safetensors") && w.contains("checksum")),
         "{err}"
     );
-    assert!(warnings.iter().any(|w| w.contains("rank 1's part does not verify")), "{err}");
+    assert!(
+        warnings.iter().any(|w| w.contains("rank 1's part does not verify")),
+        "{err}"
+    );
     assert!(warnings.iter().all(|w| w.contains("step-00000010")), "{err}");
     assert!(err.contains("resuming after step 5"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -123,6 +123,10 @@ impl Module for ConvNet {
 }
 
 impl Model for ConvNet {
+    fn logits(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.forward(inputs)
+    }
+
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.forward(inputs)?.cross_entropy(targets, -100, 0.0)
     }

@@ -39,6 +39,11 @@ pub trait Model: Module + Send + Sync {
     /// Mean cross-entropy of one batch.
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor>;
 
+    /// The inference forward: class logits `[B, classes]` of a classifier's inputs, or next-token
+    /// logits `[B, T, vocab]` of a language model's ids `[B, T]` (what `weft export onnx`
+    /// exports).
+    fn logits(&self, inputs: &Tensor) -> Result<Tensor>;
+
     /// The loss of one evaluation batch (called without gradients, in eval mode), and the
     /// correct predictions of a classifier. By default the loss alone.
     fn evaluate(&self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutput> {

@@ -98,6 +98,10 @@ impl Module for MlpModel {
 }
 
 impl Model for MlpModel {
+    fn logits(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.forward(inputs)
+    }
+
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.forward(inputs)?.cross_entropy(targets, -100, 0.0)
     }

@@ -33,10 +33,6 @@ impl TwoLayer {
             ctx: Context::new(seed),
         })
     }
-
-    fn logits(&self, x: &Tensor) -> weft_core::Result<Tensor> {
-        self.out.forward(&self.hidden.forward(x)?.gelu()?)
-    }
 }
 
 impl Module for TwoLayer {
@@ -48,6 +44,10 @@ impl Module for TwoLayer {
 }
 
 impl Model for TwoLayer {
+    fn logits(&self, x: &Tensor) -> weft_core::Result<Tensor> {
+        self.out.forward(&self.hidden.forward(x)?.gelu()?)
+    }
+
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> weft_core::Result<Tensor> {
         self.logits(inputs)?.cross_entropy(targets, -100, 0.0)
     }

@@ -128,14 +128,24 @@ pub(crate) fn sample_text(
     continue_ids(gpt, tok, ids, n, &Sampling::default(), seed)
 }
 
-/// What generation reads from a checkpoint folder or a consolidated file.
-struct Trained {
+/// What generation (and export) reads from a checkpoint folder or a consolidated file.
+pub(crate) struct Trained {
     /// Where the model config and tokenizer were read (in messages).
-    source: String,
+    pub(crate) source: String,
     /// The model config's JSON, when there is one.
-    model: Option<serde_json::Value>,
-    tokenizer: Option<String>,
-    params: Tensors,
+    pub(crate) model: Option<serde_json::Value>,
+    pub(crate) tokenizer: Option<String>,
+    pub(crate) params: Tensors,
+}
+
+/// A checkpoint folder, a checkpoint directory (its newest checkpoint) or a consolidated
+/// safetensors file, read whole and checked.
+pub(crate) fn read_trained(path: &Path) -> Result<Trained> {
+    if path.is_file() {
+        read_file(path)
+    } else {
+        read_folder(path)
+    }
 }
 
 /// A checkpoint folder (or the newest one in a checkpoint directory), every piece checked.
@@ -172,9 +182,10 @@ fn read_file(path: &Path) -> Result<Trained> {
     })
 }
 
-/// The language model config `trained` records (gpt or llama), checked against the shapes of
-/// its tensors before anything of the config's size is built; and its vocabulary size.
-fn model_config(trained: &Trained) -> Result<(ModelConfig, usize)> {
+/// The model config `trained` records, parsed; a language model's (gpt, llama) checked against
+/// the shapes of its tensors before anything of the config's size is built (a classifier's are
+/// checked when its parameters are loaded).
+pub(crate) fn recorded_model(trained: &Trained) -> Result<ModelConfig> {
     let source = &trained.source;
     let value = trained
         .model
@@ -187,22 +198,27 @@ fn model_config(trained: &Trained) -> Result<(ModelConfig, usize)> {
         .iter()
         .map(|(n, t)| (n.clone(), t.shape().to_vec()))
         .collect();
-    let (checked, vocab) = match &model {
-        ModelConfig::Gpt(g) => (g.to_config().check_shapes(&shapes), g.vocab_size),
-        ModelConfig::Llama(l) => (l.to_config().check_shapes(&shapes), l.vocab_size),
-        ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => {
-            let kind = if matches!(model, ModelConfig::Mlp(_)) {
-                "mlp"
-            } else {
-                "convnet"
-            };
-            return Err(Error::Io(format!(
-                "{source}: generate needs a language model (gpt or llama); this is a model of kind {kind:?}"
-            )));
-        }
+    let checked = match &model {
+        ModelConfig::Gpt(g) => g.to_config().check_shapes(&shapes),
+        ModelConfig::Llama(l) => l.to_config().check_shapes(&shapes),
+        ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => Ok(()),
     };
     checked.map_err(|e| Error::Io(format!("{source}: {e}")))?;
-    Ok((model, vocab))
+    Ok(model)
+}
+
+/// The language model config `trained` records (gpt or llama), checked as
+/// [`recorded_model`] does, and its vocabulary size.
+fn model_config(trained: &Trained) -> Result<(ModelConfig, usize)> {
+    let model = recorded_model(trained)?;
+    match model.language_model_sizes() {
+        Some((vocab, _)) => Ok((model, vocab)),
+        None => Err(Error::Io(format!(
+            "{}: generate needs a language model (gpt or llama); this is a model of kind {:?}",
+            trained.source,
+            model.kind()
+        ))),
+    }
 }
 
 /// `weft generate`: continues `options.prompt` by `options.tokens` characters with a language
@@ -220,11 +236,7 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
     }
     options.sampling.validate()?;
     weft_core::cuda::check(options.device).map_err(|e| Error::Config(format!("--device: {e}")))?;
-    let trained = if path.is_file() {
-        read_file(path)?
-    } else {
-        read_folder(path)?
-    };
+    let trained = read_trained(path)?;
     let source = &trained.source;
     let (cfg, vocab_size) = model_config(&trained)?;
     let tok_json = trained.tokenizer.as_deref().ok_or_else(|| {

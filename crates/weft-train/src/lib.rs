@@ -7,6 +7,7 @@ pub mod builtin;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod generate;
 pub mod job;
 pub mod memory;

@@ -20,6 +20,7 @@ mod compile;
 mod dump;
 pub mod fusion;
 mod ir;
+pub mod onnx;
 pub mod passes;
 pub mod plan;
 mod run;
@@ -29,7 +30,9 @@ pub use compile::{compile, Compiled, GraphCache, Outcome};
 pub use ir::{Graph, Node, Source, Value, ValueId};
 pub use trace::{trace, CaptureError};
 
-pub(crate) use trace::{host_access, note_copy, note_hooks, record_op, recording, RecordGuard};
+pub(crate) use trace::{
+    host_access, inlining, note_copy, note_hooks, record_op, recording, InlineFunctions, RecordGuard,
+};
 
 #[cfg(test)]
 mod tests;

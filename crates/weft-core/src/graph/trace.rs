@@ -52,6 +52,7 @@ struct Tracer {
 thread_local! {
     static TRACER: RefCell<Option<Tracer>> = const { RefCell::new(None) };
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
+    static INLINE: Cell<bool> = const { Cell::new(false) };
     /// Depth of nested `ops::execute` calls: only the outermost op is a node.
     static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
@@ -192,6 +193,28 @@ where
 /// inside another op's forward).
 pub(crate) fn recording() -> bool {
     ACTIVE.with(|a| a.get()) && DEPTH.with(|d| d.get()) == 0
+}
+
+/// Whether ops inside custom functions are recorded in their place (see [`InlineFunctions`]).
+pub(crate) fn inlining() -> bool {
+    INLINE.with(|i| i.get())
+}
+
+/// While it lives, a capture on this thread records the ops a custom function's forward runs
+/// instead of one node for the function (an export needs ops it knows; a replay needs the
+/// function's own backward, so compiled mode keeps the node).
+pub(crate) struct InlineFunctions(bool);
+
+impl InlineFunctions {
+    pub(crate) fn enter() -> InlineFunctions {
+        InlineFunctions(INLINE.with(|i| i.replace(true)))
+    }
+}
+
+impl Drop for InlineFunctions {
+    fn drop(&mut self) {
+        INLINE.with(|i| i.set(self.0));
+    }
 }
 
 /// Marks the ops executed while it lives as nested in one recorded op.

@@ -23,6 +23,7 @@ mod write;
 
 pub use file::SafeTensorsFile;
 pub use header::{Header, TensorEntry};
+pub(crate) use write::encode as le_bytes;
 pub use write::{save, to_bytes};
 
 /// Tensors by name, plus the file's string metadata.

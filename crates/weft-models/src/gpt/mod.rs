@@ -229,6 +229,10 @@ impl Module for Gpt {
 }
 
 impl Model for Gpt {
+    fn logits(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.forward(inputs)
+    }
+
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         crate::lm::same_shape_targets("gpt loss", inputs, targets)?;
         let logits = self.forward(inputs)?;

@@ -281,6 +281,10 @@ impl Module for Llama {
 }
 
 impl Model for Llama {
+    fn logits(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.forward(inputs)
+    }
+
     fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         crate::lm::same_shape_targets("llama loss", inputs, targets)?;
         let logits = self.forward(inputs)?;

@@ -81,18 +81,16 @@ impl Rotary {
         } else {
             (cos.cast(x.dtype())?, sin.cast(x.dtype())?)
         };
-        Tensor::apply_function(Arc::new(Rotate { cos, sin }), &[x])
+        Tensor::apply_function(Arc::new(Rotate), &[x, &cos, &sin])
     }
 }
 
 /// The rotation as one autograd node: `y = x cos + swap(x) sin` (`swap` exchanges the halves of
 /// the last dim; `sin` is signed), whose gradient is `g cos + swap(g sin)` (`swap` is its own
 /// transpose), one pass of the same ops instead of the graph of narrows, cat and products.
-struct Rotate {
-    /// `[1, T, 1, D]` each.
-    cos: Tensor,
-    sin: Tensor,
-}
+/// Inputs `(x, cos, sin)`, the tables `[1, T, 1, D]` (inputs rather than fields, so that a
+/// traced graph sees them cut from the cached tables for each length).
+struct Rotate;
 
 /// `x` with the two halves of its last dim exchanged.
 fn swap_halves(x: &Tensor) -> Result<Tensor> {
@@ -106,14 +104,17 @@ impl Function for Rotate {
     }
 
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        let x = inputs[0];
-        x.mul(&self.cos)?.add(&swap_halves(x)?.mul(&self.sin)?)
+        let (x, cos, sin) = (inputs[0], inputs[1], inputs[2]);
+        x.mul(cos)?.add(&swap_halves(x)?.mul(sin)?)
     }
 
-    fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(
-            grad.mul(&self.cos)?.add(&swap_halves(&grad.mul(&self.sin)?)?)?,
-        )])
+    fn backward(&self, inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (cos, sin) = (&inputs[1], &inputs[2]);
+        Ok(vec![
+            Some(grad.mul(cos)?.add(&swap_halves(&grad.mul(sin)?)?)?),
+            None,
+            None,
+        ])
     }
 }
 

@@ -51,6 +51,16 @@ impl ModelConfig {
             ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => None,
         }
     }
+
+    /// The `[model] kind` this is.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelConfig::Mlp(_) => "mlp",
+            ModelConfig::Convnet(_) => "convnet",
+            ModelConfig::Gpt(_) => "gpt",
+            ModelConfig::Llama(_) => "llama",
+        }
+    }
 }
 
 /// `[model]` keys of `kind = "mlp"`.

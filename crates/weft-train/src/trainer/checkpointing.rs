@@ -84,7 +84,10 @@ impl Trainer {
         let mut found = None;
         for (_, path, state) in folders.into_iter().rev() {
             let mine = match state {
-                FolderState::NoMarker => Err(format!("it has no {} marker (its save did not finish)", checkpoint::MARKER)),
+                FolderState::NoMarker => Err(format!(
+                    "it has no {} marker (its save did not finish)",
+                    checkpoint::MARKER
+                )),
                 FolderState::NoIndex => Err(format!("its {} is missing", checkpoint::INDEX)),
                 FolderState::Complete => self.read_own(&path).map_err(|e| e.to_string()),
             };

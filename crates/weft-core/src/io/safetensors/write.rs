@@ -54,7 +54,7 @@ impl View for Encoded<'_> {
 }
 
 /// `t`'s elements as little-endian bytes (read in place when `t` is contiguous).
-fn encode(t: &Tensor) -> Result<Vec<u8>> {
+pub(crate) fn encode(t: &Tensor) -> Result<Vec<u8>> {
     let op = "save";
     let mut out = crate::alloc::with_capacity(op, t.numel() * t.dtype().size_in_bytes())?;
     match t.dtype() {
