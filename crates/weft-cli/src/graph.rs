@@ -30,3 +30,31 @@ pub fn dump(args: &DumpArgs) -> Result<(), String> {
         step.graph.to_text()
     ))
 }
+
+#[derive(clap::Args)]
+pub struct TuneArgs {
+    #[command(flatten)]
+    config: crate::train::ConfigArgs,
+    /// Time every kernel call again instead of starting from this machine's cache file.
+    #[arg(long)]
+    fresh: bool,
+}
+
+/// Times each kernel variant of the config's captured step and prints the choices.
+pub fn tune(args: &TuneArgs) -> Result<(), String> {
+    let cfg = args.config.load()?;
+    let r = weft_train::run::tune_step(&cfg, args.fresh).map_err(|e| e.to_string())?;
+    for w in &r.warnings {
+        weft_core::errln!("weft: warning: {w}");
+    }
+    crate::print_out(&format!(
+        "searched {} kernel calls in {:.2} s ({} of the step's calls already chosen, {} choices read from the cache \
+         file); choices written to {}\n{}",
+        r.searched.len(),
+        r.seconds,
+        r.known,
+        r.from_file,
+        weft_core::tune::cache_file().display(),
+        r.to_table()
+    ))
+}

@@ -75,6 +75,9 @@ enum ExportCommand {
 enum GraphCommand {
     /// Prints the ops, shapes, fusion groups and memory plan of the captured step.
     Dump(graph::DumpArgs),
+    /// Times every variant of the captured step's kernel calls (autotuning search), keeps the
+    /// fastest in this machine's cache file, and prints a table per kernel.
+    Tune(graph::TuneArgs),
 }
 
 #[derive(Subcommand)]
@@ -138,6 +141,9 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Graph {
             what: GraphCommand::Dump(args),
         } => graph::dump(&args),
+        Command::Graph {
+            what: GraphCommand::Tune(args),
+        } => graph::tune(&args),
         Command::Export {
             what: ExportCommand::Onnx(args),
         } => export::onnx(&args),

@@ -105,3 +105,85 @@ fn graph_dump_prints_the_captured_step() {
         &["cannot be captured", "dropout"],
     );
 }
+
+#[test]
+fn autotune_search_tunes_the_compiled_step_and_keeps_its_choices() {
+    let out = temp_dir("compiled-autotune");
+    let cache = out.join("cache");
+    let c = fixture_config("convnet_adamw");
+    let c = c.to_str().unwrap();
+    let metrics = out.join("m.jsonl");
+    let set_metrics = common::path_set("train.metrics", &metrics);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--config",
+            c,
+            "--quiet",
+            "--set",
+            &set_metrics,
+            "--set",
+            "train.overwrite=true",
+        ];
+        for e in extra {
+            args.extend(["--set", e]);
+        }
+        let o = common::weft_command(&args)
+            .env("WEFT_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).to_string())
+    };
+    let search = ["train.compile=true", "train.autotune=\"search\""];
+    let (code, err) = run(&search);
+    assert_eq!(code, Some(0), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("train.autotune: searched"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(!line.contains("searched 0 kernel calls"), "{line}");
+    let files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(std::fs::read_to_string(&files[0]).unwrap().contains("conv2d f32 n="));
+    // the next run starts from the file and searches nothing
+    let (code, err) = run(&search);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("train.autotune: searched 0 kernel calls"), "{err}");
+    // a damaged file is named, ignored and rewritten
+    std::fs::write(&files[0], "{").unwrap();
+    let (code, err) = run(&search);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("warning: train.autotune") && err.contains("not JSON"),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(&files[0]).unwrap().contains("weft-autotune-1"));
+    // refusals
+    fails_with(
+        &["train", "--config", c, "--set", "train.autotune=\"search\""],
+        &["train.autotune", "train.compile = true"],
+    );
+    fails_with(
+        &[
+            "train",
+            "--config",
+            c,
+            "--set",
+            "train.compile=true",
+            "--set",
+            "train.autotune=\"fast\"",
+        ],
+        &["train.autotune", "\"fast\""],
+    );
+    // weft graph tune prints a table per kernel
+    let o = common::weft_command(&["graph", "tune", "--config", c, "--fresh"])
+        .env("WEFT_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("conv2d\n| call | heuristic ms | choice |"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -32,6 +32,7 @@ pub mod rng;
 pub mod shape;
 pub mod storage;
 pub mod tensor;
+pub mod tune;
 
 mod device;
 

@@ -133,17 +133,45 @@ fn col2im<T: Float>(d: &ConvDims, cols: &[T], g: usize, dx: &mut [T]) {
 /// allocated.
 pub fn conv2d<T: Float + Default>(d: ConvDims, x: &[T], w: &[T], y: &mut [T]) -> Result<()> {
     let sp = d.spatial();
-    // Images in parallel when there are enough of them (their gemms then run on the task's
-    // thread); otherwise one after the other, each gemm split across the pool.
+    let threads = super::threads::num_threads();
+    // The rule: the shifted products for stride 1, else im2col; images in parallel when there
+    // are enough of them (their gemms then run on the task's thread), otherwise one after the
+    // other, each gemm split across the pool. A tuned choice may say otherwise.
+    let variant = crate::tune::pick(crate::tune::Kernel::Conv2d, || {
+        format!(
+            "{} n={} c={} h={} w={} o={} k={}x{} stride={:?} pad={:?} dil={:?} groups={} threads={threads}",
+            std::any::type_name::<T>(),
+            d.n,
+            d.c,
+            d.h,
+            d.w,
+            d.o,
+            d.kh,
+            d.kw,
+            d.p.stride,
+            d.p.padding,
+            d.p.dilation,
+            d.p.groups
+        )
+    });
+    let stride1 = d.p.stride == (1, 1);
+    let (shifted, images_parallel) = match variant {
+        1 if stride1 => (true, true),
+        2 if stride1 => (true, false),
+        3 => (false, true),
+        4 => (false, false),
+        _ => (stride1, d.n >= threads),
+    };
+    crate::tune::plan(|| format!("conv2d: shifted {shifted}, images in parallel {images_parallel}"));
     let per_image = |i: usize, y: &mut [T]| {
         let xi = &x[i * d.c * d.h * d.w..][..d.c * d.h * d.w];
-        if d.p.stride == (1, 1) {
+        if shifted {
             conv_image_shifted(&d, xi, w, y)
         } else {
             conv_image_im2col(&d, xi, w, y)
         }
     };
-    if d.n >= super::threads::num_threads() {
+    if images_parallel {
         pool::try_for_each_chunk(y, d.o * sp, per_image)
     } else {
         y.chunks_mut(d.o * sp)

@@ -136,13 +136,28 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
     then: impl Fn(Block<T>) + Sync,
 ) {
     let threads = super::threads::num_threads();
-    let along_rows = m >= n;
-    let len = if along_rows { m } else { n };
-    let pieces = if m * n * k < PARALLEL_MIN || super::pool::in_task() {
-        1
+    let (along_rows, pieces) = if super::pool::in_task() {
+        (true, 1)
     } else {
-        threads.min(len / 16).max(1)
+        let variant = crate::tune::pick(crate::tune::Kernel::Gemm, || {
+            format!("{} m={m} n={n} k={k} threads={threads}", std::any::type_name::<T>())
+        });
+        match variant {
+            1 => (true, 1),
+            2 => (true, threads.min(m).max(1)),
+            3 => (false, threads.min(n).max(1)),
+            // the rule: blocks of the longer side, at least 16 rows or columns each
+            _ if m * n * k < PARALLEL_MIN => (true, 1),
+            _ => (m >= n, threads.min(m.max(n) / 16).max(1)),
+        }
     };
+    crate::tune::plan(|| {
+        format!(
+            "gemm: {pieces} blocks of {}",
+            if along_rows { "rows" } else { "columns" }
+        )
+    });
+    let len = if along_rows { m } else { n };
     let chunk = len.div_ceil(pieces);
     let ptrs = SyncPtr(dst.ptr, a.ptr, b.ptr);
     super::pool::run(pieces, |p| {

@@ -1,6 +1,7 @@
 //! [`compile`] and [`GraphCache`]: a function over tensors captured at its first call for each
 //! input signature and replayed after that.
 
+use super::autotune::{Autotune, TuneReport};
 use super::ir::Graph;
 use super::passes::{optimize, PassReport};
 use super::run::Prepared;
@@ -42,6 +43,10 @@ pub struct GraphCache {
     retried: bool,
     last: Option<Outcome>,
     report: PassReport,
+    autotune: Autotune,
+    /// The signatures whose graph was tuned.
+    tuned: Vec<Signature>,
+    tune_report: Option<TuneReport>,
 }
 
 impl Default for GraphCache {
@@ -60,7 +65,23 @@ impl GraphCache {
             retried: false,
             last: None,
             report: PassReport::default(),
+            autotune: Autotune::Heuristic,
+            tuned: Vec::new(),
+            tune_report: None,
         }
+    }
+
+    /// How kernels choose their variants in this cache's graphs: with [`Autotune::Search`], the
+    /// first replay of each graph times the variants of its kernel calls and keeps the fastest
+    /// (see [`crate::tune`]; [`GraphCache::take_tune_report`] says what it did).
+    pub fn with_autotune(mut self, autotune: Autotune) -> Self {
+        self.autotune = autotune;
+        self
+    }
+
+    /// What the newest search did, if one ran since the last call of this method.
+    pub fn take_tune_report(&mut self) -> Option<TuneReport> {
+        self.tune_report.take()
     }
 
     /// Runs `f(inputs)`: replays the graph captured for `inputs`' signature, or captures one by
@@ -79,7 +100,14 @@ impl GraphCache {
             let entry = self.cache.remove(pos);
             self.cache.push(entry);
             self.last = Some(Outcome::Replayed);
-            return self.cache.last().expect("just pushed").1.run(inputs);
+            let prepared = &self.cache.last().expect("just pushed").1;
+            if self.autotune == Autotune::Search && !self.tuned.contains(&sig) {
+                let (outputs, report) = search(prepared, inputs)?;
+                self.tuned.push(sig);
+                self.tune_report = Some(report);
+                return Ok(outputs);
+            }
+            return prepared.run(inputs);
         }
         let (outputs, captured) = trace(inputs, f)?;
         match captured {
@@ -129,6 +157,23 @@ impl GraphCache {
     pub fn cached(&self) -> usize {
         self.cache.len()
     }
+}
+
+/// [`Prepared::tune`], with the machine's cache file read first (once per process) and written
+/// after.
+fn search(prepared: &Prepared, inputs: &[Tensor]) -> Result<(Vec<Tensor>, TuneReport)> {
+    let (from_file, warning) = crate::tune::load_cache_once();
+    let (outputs, mut report) = prepared.tune(inputs)?;
+    report.from_file = from_file;
+    report.warnings.extend(warning);
+    if !report.searched.is_empty() {
+        if let Err(e) = crate::tune::save_cache() {
+            report
+                .warnings
+                .push(format!("the autotuning cache could not be written: {e}"));
+        }
+    }
+    Ok((outputs, report))
 }
 
 /// A function compiled by [`compile`]: a [`GraphCache`] with its function.

@@ -16,6 +16,7 @@
 //! Replay runs the same kernels in the same order as the capture, so its results equal eager
 //! execution bit for bit.
 
+mod autotune;
 mod compile;
 mod dump;
 pub mod fusion;
@@ -26,6 +27,7 @@ pub mod plan;
 mod run;
 mod trace;
 
+pub use autotune::{Autotune, TuneEntry, TuneReport};
 pub use compile::{compile, Compiled, GraphCache, Outcome};
 pub use ir::{Graph, Node, Source, Value, ValueId};
 pub use trace::{trace, CaptureError};

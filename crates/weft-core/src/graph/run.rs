@@ -23,9 +23,20 @@ impl Prepared {
 
     /// [`Graph::run`].
     pub(crate) fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        self.graph.run_with(&self.last, &self.is_output, inputs)
+        self.graph
+            .run_with(&self.last, &self.is_output, inputs, &mut |_, op, args| {
+                crate::ops::execute(op, args)
+            })
+    }
+
+    /// [`Prepared::run`] with `exec(node index, op, inputs)` running each node.
+    pub(crate) fn run_each(&self, inputs: &[Tensor], exec: &mut Exec) -> Result<Vec<Tensor>> {
+        self.graph.run_with(&self.last, &self.is_output, inputs, exec)
     }
 }
+
+/// Runs one node: `(node index, op, inputs) -> outputs`.
+pub(crate) type Exec<'a> = dyn FnMut(usize, &crate::op::Op, &[&Tensor]) -> Result<Vec<Tensor>> + 'a;
 
 impl Graph {
     /// Runs the graph on `inputs` (the shapes and dtypes it was captured with) and returns its
@@ -34,7 +45,9 @@ impl Graph {
     /// works out about their values between calls.)
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let (last, is_output) = self.lifetimes();
-        self.run_with(&last, &is_output, inputs)
+        self.run_with(&last, &is_output, inputs, &mut |_, op, args| {
+            crate::ops::execute(op, args)
+        })
     }
 
     /// For each value, the last node that reads it, and whether it is a result.
@@ -46,9 +59,15 @@ impl Graph {
         (self.last_reader(), is_output)
     }
 
-    /// Runs the graph; `last[v]`: the last node reading value `v`, `is_output[v]`: whether it is
-    /// a result.
-    fn run_with(&self, last: &[Option<usize>], is_output: &[bool], inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// Runs the graph, each node through `exec`; `last[v]`: the last node reading value `v`,
+    /// `is_output[v]`: whether it is a result.
+    fn run_with(
+        &self,
+        last: &[Option<usize>],
+        is_output: &[bool],
+        inputs: &[Tensor],
+        exec: &mut Exec,
+    ) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
         let mut slots: Vec<Option<Tensor>> = vec![None; self.values.len()];
         let get = |slots: &[Option<Tensor>], v: ValueId| -> Result<Tensor> {
@@ -67,7 +86,7 @@ impl Graph {
                 .map(|&v| get(&slots, v))
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&Tensor> = args.iter().collect();
-            let outs = crate::ops::execute(&node.op, &refs)?;
+            let outs = exec(i, &node.op, &refs)?;
             drop(refs);
             drop(args);
             if outs.len() < node.outputs.len() {

@@ -63,6 +63,12 @@ pub struct TrainConfig {
     /// run eagerly, with one line saying why.
     #[serde(default)]
     pub compile: bool,
+    /// `"heuristic"` (the default: kernels choose their variants by their own rules) or
+    /// `"search"`: with `compile`, the first replay times each kernel variant at its shapes and
+    /// keeps the fastest, cached per machine under `WEFT_CACHE_DIR` (docs/compiled.md,
+    /// "Autotuning").
+    #[serde(default = "default_autotune")]
+    pub autotune: String,
 }
 
 impl TrainConfig {
@@ -80,7 +86,21 @@ impl TrainConfig {
                 ),
             ));
         }
+        self.autotune_mode()?;
         Ok(())
+    }
+
+    /// The autotuning mode `autotune` names, or the culprit key and why not.
+    pub fn autotune_mode(&self) -> std::result::Result<weft_core::graph::Autotune, (&'static str, String)> {
+        match (self.autotune.as_str(), self.compile) {
+            ("heuristic", _) => Ok(weft_core::graph::Autotune::Heuristic),
+            ("search", true) => Ok(weft_core::graph::Autotune::Search),
+            ("search", false) => Err((
+                "train.autotune",
+                "\"search\" tunes the kernels of the compiled step: set train.compile = true too".into(),
+            )),
+            (other, _) => Err(("train.autotune", format!("{other:?} is not one of heuristic, search"))),
+        }
     }
 
     /// The autocast dtype of `precision` (`None` for f32), or why it is not one.
@@ -98,6 +118,9 @@ fn default_grad_accum() -> usize {
 }
 fn default_device() -> String {
     "cpu".to_string()
+}
+fn default_autotune() -> String {
+    "heuristic".to_string()
 }
 fn default_precision() -> String {
     "f32".to_string()

@@ -19,6 +19,36 @@ pub struct StepGraph {
 /// matter) and the first batch of its data, and compiles the step the trainer would compile,
 /// on one process. Fails naming the reason when the step cannot be captured.
 pub fn step_graph(config: &RunConfig) -> Result<StepGraph> {
+    with_step(config, GraphCache::new(1), 2, |cache, inputs| {
+        cache.graph_for(inputs).map(|graph| StepGraph {
+            graph: graph.clone(),
+            report: cache.pass_report(),
+        })
+    })
+}
+
+/// Captures the config's step as [`step_graph`] does, then replays it once with an autotuning
+/// search (`weft graph tune`): every kernel call timed in each of its variants, the choices
+/// written to the machine's cache file. With `fresh`, the cache file's choices are not used
+/// (every call is timed again, and its choice replaced).
+pub fn tune_step(config: &RunConfig, fresh: bool) -> Result<weft_core::graph::TuneReport> {
+    if fresh {
+        weft_core::tune::ignore_cache_file();
+    }
+    let cache = GraphCache::new(1).with_autotune(weft_core::graph::Autotune::Search);
+    // capture, then the tuned replay
+    with_step(config, cache, 3, |cache, _| cache.take_tune_report())
+}
+
+/// Calls the config's step through `cache` (up to `calls` times) until `done` gives a result:
+/// a model that fills a cache at its first call (llama's rotary tables) is captured at its
+/// second, as in the trainer.
+fn with_step<T>(
+    config: &RunConfig,
+    mut cache: GraphCache,
+    calls: usize,
+    mut done: impl FnMut(&mut GraphCache, &[Tensor]) -> Option<T>,
+) -> Result<T> {
     let data = build_data(config)?;
     check_data(config, &data)?;
     let (x, y) = (data.train)(0)?;
@@ -30,21 +60,15 @@ pub fn step_graph(config: &RunConfig) -> Result<StepGraph> {
         .map_err(|e| Error::Config(format!("train.precision: {e}")))?;
     let scale = (config.train.grad_accum > 1).then(|| 1.0 / config.train.grad_accum as f64);
     let inputs = [x, y];
-    let mut cache = GraphCache::new(1);
-    // a model that fills a cache at its first call (llama's rotary tables) is captured at its
-    // second, as in the trainer
-    for _ in 0..2 {
+    for _ in 0..calls {
         cache.call(&inputs, |xs| {
             crate::trainer::compiled::loss_and_grads(model.as_ref(), &params, autocast, scale, xs).map(|(out, _)| out)
         })?;
         if let Some(why) = cache.eager_reason() {
             return Err(Error::Run(format!("the training step cannot be captured: {why}")));
         }
-        if let Some(graph) = cache.graph_for(&inputs) {
-            return Ok(StepGraph {
-                graph: graph.clone(),
-                report: cache.pass_report(),
-            });
+        if let Some(out) = done(&mut cache, &inputs) {
+            return Ok(out);
         }
     }
     Err(Error::Run(

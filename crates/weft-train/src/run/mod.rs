@@ -16,7 +16,7 @@ use weft_nn::state_dict;
 pub(crate) use build::build_language_model;
 pub use build::{build_model, build_optimizer, build_schedule};
 use data::{build_data, check_data};
-pub use graph::{step_graph, StepGraph};
+pub use graph::{step_graph, tune_step, StepGraph};
 use layout::{job_shape, join_job, with_job_dp};
 
 use crate::checkpoint::{self, ClaimMode};
@@ -206,6 +206,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         .with_grad_accum(t.grad_accum)
         .with_log_every(t.log_every)
         .with_skip_nonfinite(t.skip_nonfinite)
+        .with_autotune(
+            t.autotune_mode()
+                .map_err(|(key, e)| Error::Config(format!("{key}: {e}")))?,
+        )
         .with_compile(t.compile)
         .with_progress(options.progress && logs)
         .with_device(device)

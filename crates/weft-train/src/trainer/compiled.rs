@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use weft_core::graph::{GraphCache, Outcome};
+use weft_core::graph::{Autotune, GraphCache, Outcome, TuneReport};
 use weft_core::Tensor;
 
 use super::Trainer;
@@ -20,9 +20,9 @@ pub(crate) struct CompiledStep {
 }
 
 impl CompiledStep {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(autotune: Autotune) -> Self {
         CompiledStep {
-            cache: GraphCache::default(),
+            cache: GraphCache::default().with_autotune(autotune),
             params: Vec::new(),
             has_grad: Vec::new(),
         }
@@ -84,6 +84,26 @@ impl Trainer {
         self.tell(&format!("running eagerly: {why}"));
     }
 
+    /// Says what an autotuning search did (and its warnings), on the job's first rank.
+    fn tell_tuned(&self, r: &TuneReport) {
+        if self.job.as_ref().is_some_and(|j| j.rank() != 0) {
+            return;
+        }
+        for w in &r.warnings {
+            weft_core::errln!("weft: warning: train.autotune: {w}");
+        }
+        let changed = r.searched.iter().filter(|e| e.chosen != "heuristic").count();
+        weft_core::errln!(
+            "weft: train.autotune: searched {} kernel calls in {:.2} s, {changed} of them to run another variant than \
+             the rule ({} of the step's calls already chosen, {} choices read from {})",
+            r.searched.len(),
+            r.seconds,
+            r.known,
+            r.from_file,
+            weft_core::tune::cache_file().display()
+        );
+    }
+
     /// A `train.compile` line, on the job's first rank.
     fn tell(&self, what: &str) {
         if self.job.as_ref().is_none_or(|j| j.rank() == 0) {
@@ -113,6 +133,7 @@ impl Trainer {
         if let Some(mask) = has_grad.into_inner() {
             compiled.has_grad = mask;
         }
+        let tuned = compiled.cache.take_tune_report();
         let captured =
             (compiled.cache.last_outcome() == Some(&Outcome::Captured)).then(|| compiled.cache.pass_report());
         // given up for good (a capture that may succeed at the next call is tried again)
@@ -143,6 +164,9 @@ impl Trainer {
                 r.merged,
                 r.removed
             ));
+        }
+        if let Some(r) = tuned {
+            self.tell_tuned(&r);
         }
         if let Some(why) = refused {
             // this micro-batch ran eagerly while being captured; the rest run eagerly too

@@ -93,6 +93,8 @@ pub struct Trainer {
     grad_accum: usize,
     /// The captured step, when compiled mode is on (and not given up).
     compiled: Option<compiled::CompiledStep>,
+    /// How the compiled step's kernels choose their variants.
+    autotune: weft_core::graph::Autotune,
 }
 
 impl Trainer {
@@ -130,6 +132,7 @@ impl Trainer {
             autocast: None,
             grad_accum: 1,
             compiled: None,
+            autotune: weft_core::graph::Autotune::Heuristic,
         }
     }
 
@@ -137,7 +140,18 @@ impl Trainer {
     /// first step and replayed after (see `weft_core::graph`); layouts and models that cannot be
     /// captured run eagerly, with one line saying why.
     pub fn with_compile(mut self, on: bool) -> Self {
-        self.compiled = on.then(compiled::CompiledStep::new);
+        let autotune = self.autotune;
+        self.compiled = on.then(|| compiled::CompiledStep::new(autotune));
+        self
+    }
+
+    /// How the compiled step's kernels choose their variants (see
+    /// `weft_core::graph::Autotune`); heuristic by default. Matters with [`Trainer::with_compile`].
+    pub fn with_autotune(mut self, autotune: weft_core::graph::Autotune) -> Self {
+        self.autotune = autotune;
+        if self.compiled.is_some() {
+            self.compiled = Some(compiled::CompiledStep::new(autotune));
+        }
         self
     }
 

@@ -1,0 +1,154 @@
+//! The autotuning search: one replay of a captured graph that times every variant of each
+//! kernel call it makes (see [`crate::tune`]) and records the fastest per key.
+
+use std::time::Instant;
+
+use super::run::Prepared;
+use crate::error::Result;
+use crate::tune::{self, Kernel};
+use crate::Tensor;
+
+/// How kernels choose their variants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Autotune {
+    /// By their own rules (and choices recorded earlier in the process).
+    #[default]
+    Heuristic,
+    /// Time the variants at the first replay of each graph, keep the fastest (and the choice in
+    /// the machine's cache file).
+    Search,
+}
+
+/// Timed rounds: each round runs every variant once, in turn (so that a machine that slows
+/// down or speeds up during the search weighs on every variant alike); the median counts.
+const ROUNDS: usize = 7;
+
+/// A variant is preferred to the rule only when it is this much faster (noise is not a reason
+/// to leave the rule).
+const MARGIN: f64 = 0.95;
+
+/// One kernel call the search timed.
+#[derive(Clone, Debug)]
+pub struct TuneEntry {
+    pub kernel: Kernel,
+    /// The kernel's key: its name, dtype, shapes and threads.
+    pub key: String,
+    /// Median milliseconds of the rule's variant and of the chosen one.
+    pub heuristic_ms: f64,
+    pub chosen: &'static str,
+    pub chosen_ms: f64,
+}
+
+/// What a search did.
+#[derive(Clone, Debug, Default)]
+pub struct TuneReport {
+    /// Kernel calls timed now.
+    pub searched: Vec<TuneEntry>,
+    /// Kernel calls whose choice was already known (from the cache file, or an earlier graph).
+    pub known: usize,
+    /// Choices read from the cache file at the start.
+    pub from_file: usize,
+    /// Seconds the search took.
+    pub seconds: f64,
+    /// Warnings: a cache file ignored, or one that could not be written.
+    pub warnings: Vec<String>,
+}
+
+impl TuneReport {
+    /// A table per kernel: the key, the rule's time, the choice and its time.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        for kernel in [Kernel::Gemm, Kernel::Conv2d] {
+            let rows: Vec<&TuneEntry> = self.searched.iter().filter(|e| e.kernel == kernel).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            out.push_str(&format!(
+                "{}\n| call | heuristic ms | choice | choice ms | speed-up |\n|---|---:|---|---:|---:|\n",
+                kernel.name()
+            ));
+            for e in rows {
+                out.push_str(&format!(
+                    "| {} | {:.4} | {} | {:.4} | {:.2}x |\n",
+                    e.key.split_once(' ').map_or(e.key.as_str(), |(_, k)| k),
+                    e.heuristic_ms,
+                    e.chosen,
+                    e.chosen_ms,
+                    e.heuristic_ms / e.chosen_ms.max(1e-12)
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl Prepared {
+    /// Replays the graph on `inputs`, timing each variant of every kernel call whose choice is
+    /// not known yet and recording the fastest (see [`crate::tune`]); returns the results and
+    /// the report. Only the nodes that call a kernel with variants run more than once.
+    pub(crate) fn tune(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, TuneReport)> {
+        let start = Instant::now();
+        let mut report = TuneReport::default();
+        let outputs = self.run_each(inputs, &mut |_, op, args| {
+            let (out, seen) = tune::watched(|| crate::ops::execute(op, args));
+            let out = out?;
+            let seen_calls = seen.len();
+            let new: Vec<(Kernel, String)> = seen.into_iter().filter(|(_, k)| tune::chosen(k).is_none()).collect();
+            report.known += seen_calls - new.len();
+            if new.is_empty() {
+                return Ok(out);
+            }
+            let mut out = out;
+            for kernel in [Kernel::Gemm, Kernel::Conv2d] {
+                let keys: Vec<&String> = new.iter().filter(|(k, _)| *k == kernel).map(|(_, k)| k).collect();
+                if keys.is_empty() {
+                    continue;
+                }
+                // the variants that come to a plan of their own at these shapes (one that plans
+                // what an earlier one does is not a choice of its own), each run once untimed
+                let mut variants: Vec<u8> = Vec::new();
+                let mut plans: Vec<Vec<String>> = Vec::new();
+                for v in 0..kernel.variants().len() as u8 {
+                    let (o, plan) = tune::planned(|| tune::forced(kernel, v, || crate::ops::execute(op, args)));
+                    out = o?;
+                    if !plans.contains(&plan) {
+                        plans.push(plan);
+                        variants.push(v);
+                    }
+                }
+                let mut ms: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); variants.len()];
+                for _ in 0..ROUNDS {
+                    for (i, &v) in variants.iter().enumerate() {
+                        let t = Instant::now();
+                        out = tune::forced(kernel, v, || crate::ops::execute(op, args))?;
+                        ms[i].push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                let times: Vec<f64> = ms.into_iter().map(median).collect();
+                let fastest = (0..times.len())
+                    .min_by(|&a, &b| times[a].total_cmp(&times[b]))
+                    .unwrap_or(0);
+                // variants[0] is the rule
+                let best = if times[fastest] < MARGIN * times[0] { fastest } else { 0 };
+                for key in keys {
+                    tune::record(key, variants[best]);
+                    report.searched.push(TuneEntry {
+                        kernel,
+                        key: key.clone(),
+                        heuristic_ms: times[0],
+                        chosen: kernel.variants()[usize::from(variants[best])],
+                        chosen_ms: times[best],
+                    });
+                }
+            }
+            Ok(out)
+        })?;
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok((outputs, report))
+    }
+}
