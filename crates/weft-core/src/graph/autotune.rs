@@ -88,13 +88,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Prepared {
-    /// Replays the graph on `inputs`, timing each variant of every kernel call whose choice is
+    /// Replays the graph on `inputs` (random draws from stream offset `at`), timing each variant of every kernel call whose choice is
     /// not known yet and recording the fastest (see [`crate::tune`]); returns the results and
     /// the report. Only the nodes that call a kernel with variants run more than once.
-    pub(crate) fn tune(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, TuneReport)> {
+    pub(crate) fn tune(&self, inputs: &[Tensor], at: Option<u64>) -> Result<(Vec<Tensor>, TuneReport)> {
         let start = Instant::now();
         let mut report = TuneReport::default();
-        let outputs = self.run_each(inputs, &mut |_, op, args| {
+        let outputs = self.run_each(inputs, at, &mut |_, op, args| {
             let (out, seen) = tune::watched(|| crate::ops::execute(op, args));
             let out = out?;
             let seen_calls = seen.len();

@@ -4,8 +4,8 @@
 use super::autotune::{Autotune, TuneReport};
 use super::ir::Graph;
 use super::passes::{optimize, PassReport};
-use super::run::Prepared;
-use super::trace::trace;
+use super::run::{Draws, Prepared};
+use super::trace::{trace_with, CaptureError};
 use crate::error::Result;
 use crate::{DType, Device, Tensor};
 
@@ -89,8 +89,33 @@ impl GraphCache {
     /// eagerly and [`GraphCache::eager_reason`] says why; the one exception is a capture refused
     /// only for tensors made outside the op set (a cache the function fills at its first call),
     /// which is tried once more at the next call. `f` must compute the same function at
-    /// every call.
+    /// every call. A function that draws random numbers is refused: see
+    /// [`GraphCache::call_with_stream`].
     pub fn call(&mut self, inputs: &[Tensor], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+        self.call_inner(inputs, None, f)
+    }
+
+    /// [`GraphCache::call`] for a function that draws random numbers (dropout masks, random
+    /// tensors) from `stream` (a model's dropout generator): the capture records the draws, and
+    /// each replay moves them to start where the stream is now, then advances the stream by what
+    /// one call takes, so replays draw what eager calls would, bit for bit. Every draw must be
+    /// from `stream` (its offsets inside what the captured call took), else the capture is
+    /// refused.
+    pub fn call_with_stream(
+        &mut self,
+        inputs: &[Tensor],
+        stream: &RandomStream,
+        f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
+        self.call_inner(inputs, Some(stream), f)
+    }
+
+    fn call_inner(
+        &mut self,
+        inputs: &[Tensor],
+        stream: Option<&RandomStream>,
+        f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
         if let Some(reason) = &self.refused {
             self.last = Some(Outcome::Eager(reason.clone()));
             return f(inputs);
@@ -101,22 +126,44 @@ impl GraphCache {
             self.cache.push(entry);
             self.last = Some(Outcome::Replayed);
             let prepared = &self.cache.last().expect("just pushed").1;
+            // where this call's draws start, and the stream moved past them
+            let at = match (prepared.draws, stream) {
+                (Some(d), Some(s)) => {
+                    let at = (s.offset)();
+                    (s.set_offset)(at + d.taken);
+                    Some(at)
+                }
+                (Some(_), None) => {
+                    return Err(crate::error::invalid(
+                        "compiled function",
+                        "its graph draws random numbers: call it with its random stream (call_with_stream)",
+                    ))
+                }
+                (None, _) => None,
+            };
             if self.autotune == Autotune::Search && !self.tuned.contains(&sig) {
-                let (outputs, report) = search(prepared, inputs)?;
+                let (outputs, report) = search(prepared, inputs, at)?;
                 self.tuned.push(sig);
                 self.tune_report = Some(report);
                 return Ok(outputs);
             }
-            return prepared.run(inputs);
+            return prepared.run(inputs, at);
         }
-        let (outputs, captured) = trace(inputs, f)?;
+        let base = stream.map(|s| (s.offset)());
+        let (outputs, captured) = trace_with(inputs, stream.is_some(), f)?;
+        let captured = captured.and_then(|graph| match (base, stream) {
+            (Some(base), Some(s)) => draws_of(&graph, base, (s.offset)()).map(|d| (graph, d)),
+            _ => Ok((graph, None)),
+        });
         match captured {
-            Ok(mut graph) => {
+            Ok((mut graph, draws)) => {
                 self.report = optimize(&mut graph)?;
                 if self.cache.len() >= self.capacity {
                     self.cache.remove(0);
                 }
-                self.cache.push((sig, Prepared::new(graph)));
+                let mut prepared = Prepared::new(graph);
+                prepared.draws = draws;
+                self.cache.push((sig, prepared));
                 self.last = Some(Outcome::Captured);
             }
             Err(e) if e.may_retry && !self.retried => {
@@ -161,9 +208,9 @@ impl GraphCache {
 
 /// [`Prepared::tune`], with the machine's cache file read first (once per process) and written
 /// after.
-fn search(prepared: &Prepared, inputs: &[Tensor]) -> Result<(Vec<Tensor>, TuneReport)> {
+fn search(prepared: &Prepared, inputs: &[Tensor], at: Option<u64>) -> Result<(Vec<Tensor>, TuneReport)> {
     let (from_file, warning) = crate::tune::load_cache_once();
-    let (outputs, mut report) = prepared.tune(inputs)?;
+    let (outputs, mut report) = prepared.tune(inputs, at)?;
     report.from_file = from_file;
     report.warnings.extend(warning);
     if !report.searched.is_empty() {
@@ -174,6 +221,37 @@ fn search(prepared: &Prepared, inputs: &[Tensor]) -> Result<(Vec<Tensor>, TuneRe
         }
     }
     Ok((outputs, report))
+}
+
+/// A random stream's position, read and set (a model's dropout generator: see
+/// [`GraphCache::call_with_stream`]).
+pub struct RandomStream<'a> {
+    pub offset: &'a dyn Fn() -> u64,
+    pub set_offset: &'a dyn Fn(u64),
+}
+
+/// Where the random draws of `graph` lie on the stream, which was at `base` when the capture
+/// started and at `end` when it ended: every draw must be inside, else the capture is refused.
+fn draws_of(graph: &Graph, base: u64, end: u64) -> std::result::Result<Option<Draws>, CaptureError> {
+    let mut any = false;
+    for node in &graph.nodes {
+        if let crate::op::Op::Dropout { offset, .. } | crate::op::Op::Random { offset, .. } = &node.op {
+            any = true;
+            if !(base..end.max(base + 1)).contains(offset) {
+                return Err(CaptureError {
+                    reason: format!(
+                        "a random draw at offset {offset} is not from the function's random stream (which went \
+                         from {base} to {end} during the call); a replay could not move it"
+                    ),
+                    may_retry: false,
+                });
+            }
+        }
+    }
+    Ok(any.then_some(Draws {
+        base,
+        taken: end.saturating_sub(base),
+    }))
 }
 
 /// A function compiled by [`compile`]: a [`GraphCache`] with its function.

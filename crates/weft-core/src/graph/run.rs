@@ -5,38 +5,88 @@ use std::sync::Arc;
 
 use super::ir::{Graph, Source, ValueId};
 use crate::error::{invalid, Result};
+use crate::op::Op;
 use crate::Tensor;
 
 /// A graph with what replay needs to know of its values, worked out once: the last node that
-/// reads each, and which are results.
+/// reads each, and which are results; and where its random draws start on the function's
+/// random stream, when it has any.
 pub(crate) struct Prepared {
     pub(crate) graph: Graph,
     last: Vec<Option<usize>>,
     is_output: Vec<bool>,
+    /// The stream's offset when the graph was captured, and the counters one call takes.
+    pub(crate) draws: Option<Draws>,
+}
+
+/// Where a graph's random draws lie on its function's random stream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Draws {
+    /// The stream's offset at the start of the captured call.
+    pub base: u64,
+    /// Counters one call takes.
+    pub taken: u64,
+}
+
+/// `op` moved from stream offset `from` to `to` when it draws random numbers (a random tensor,
+/// a dropout mask, or a dropout's backward, which draws its mask again); `None` otherwise.
+pub(crate) fn moved(op: &Op, from: u64, to: u64) -> Option<Op> {
+    let at = |offset: u64| offset.wrapping_sub(from).wrapping_add(to);
+    match op {
+        Op::Dropout { p, seed, offset } => Some(Op::Dropout {
+            p: *p,
+            seed: *seed,
+            offset: at(*offset),
+        }),
+        Op::Random {
+            shape,
+            dtype,
+            dist,
+            seed,
+            offset,
+        } => Some(Op::Random {
+            shape: shape.clone(),
+            dtype: *dtype,
+            dist: *dist,
+            seed: *seed,
+            offset: at(*offset),
+        }),
+        _ => None,
+    }
 }
 
 impl Prepared {
     pub(crate) fn new(graph: Graph) -> Prepared {
         let (last, is_output) = graph.lifetimes();
-        Prepared { graph, last, is_output }
+        Prepared {
+            graph,
+            last,
+            is_output,
+            draws: None,
+        }
     }
 
-    /// [`Graph::run`].
-    pub(crate) fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// [`Graph::run`], its random draws starting at stream offset `at` (see [`moved`]).
+    pub(crate) fn run(&self, inputs: &[Tensor], at: Option<u64>) -> Result<Vec<Tensor>> {
+        self.run_each(inputs, at, &mut |_, op, args| crate::ops::execute(op, args))
+    }
+
+    /// [`Prepared::run`] with `exec(node index, op, inputs)` running each node (its random
+    /// draws already moved to start at `at`).
+    pub(crate) fn run_each(&self, inputs: &[Tensor], at: Option<u64>, exec: &mut Exec) -> Result<Vec<Tensor>> {
+        let shift = self.draws.zip(at).map(|(d, at)| (d.base, at));
+        let mut exec_moved =
+            |i: usize, op: &Op, args: &[&Tensor]| match shift.and_then(|(from, to)| moved(op, from, to)) {
+                Some(op) => exec(i, &op, args),
+                None => exec(i, op, args),
+            };
         self.graph
-            .run_with(&self.last, &self.is_output, inputs, &mut |_, op, args| {
-                crate::ops::execute(op, args)
-            })
-    }
-
-    /// [`Prepared::run`] with `exec(node index, op, inputs)` running each node.
-    pub(crate) fn run_each(&self, inputs: &[Tensor], exec: &mut Exec) -> Result<Vec<Tensor>> {
-        self.graph.run_with(&self.last, &self.is_output, inputs, exec)
+            .run_with(&self.last, &self.is_output, inputs, &mut exec_moved)
     }
 }
 
 /// Runs one node: `(node index, op, inputs) -> outputs`.
-pub(crate) type Exec<'a> = dyn FnMut(usize, &crate::op::Op, &[&Tensor]) -> Result<Vec<Tensor>> + 'a;
+pub(crate) type Exec<'a> = dyn FnMut(usize, &Op, &[&Tensor]) -> Result<Vec<Tensor>> + 'a;
 
 impl Graph {
     /// Runs the graph on `inputs` (the shapes and dtypes it was captured with) and returns its

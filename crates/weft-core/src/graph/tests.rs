@@ -298,3 +298,63 @@ fn replay_checks_its_inputs() {
     assert!(err.contains("input 0") && err.contains("[3, 2]"), "{err}");
     assert!(g.run(&[]).is_err());
 }
+
+/// A training step with dropout and a random tensor drawn from `g`: loss and the weight's
+/// gradient.
+fn random_step(w: &Tensor, g: &std::sync::Mutex<Generator>, xs: &[Tensor]) -> Result<Vec<Tensor>> {
+    w.set_grad(None);
+    let mut g = g.lock().unwrap();
+    let h = xs[0].linear(w, None)?.dropout(0.3, true, &mut g)?;
+    let noise = Tensor::rand(h.shape(), DType::F32, &mut g)?;
+    let loss = h.add(&noise)?.gelu()?.mean_all()?;
+    loss.backward()?;
+    Ok(vec![loss.detach(), w.grad().unwrap()])
+}
+
+#[test]
+fn random_draws_replay_along_their_stream_bit_for_bit() {
+    let we = leaf(&[4, 5], 3);
+    let wc = we.detach().contiguous_copy().unwrap().requires_grad_().unwrap();
+    let (ge, gc) = (
+        std::sync::Mutex::new(Generator::new(42)),
+        std::sync::Mutex::new(Generator::new(42)),
+    );
+    let stream = RandomStream {
+        offset: &|| gc.lock().unwrap().offset(),
+        set_offset: &|o| gc.lock().unwrap().set_offset(o),
+    };
+    let mut cache = GraphCache::default();
+    for call in 0..4 {
+        let x = randn(&[3, 5], 20 + call);
+        let eager = random_step(&we, &ge, std::slice::from_ref(&x)).unwrap();
+        let replayed = cache
+            .call_with_stream(std::slice::from_ref(&x), &stream, |xs| random_step(&wc, &gc, xs))
+            .unwrap();
+        let want = if call == 0 {
+            Outcome::Captured
+        } else {
+            Outcome::Replayed
+        };
+        assert_eq!(cache.last_outcome(), Some(&want));
+        for (e, r) in eager.iter().zip(&replayed) {
+            assert_eq!(bits(e), bits(r), "call {call}");
+        }
+        // each call drew new masks, and the streams stand at the same place
+        assert_eq!(ge.lock().unwrap().offset(), gc.lock().unwrap().offset());
+        assert_eq!(ge.lock().unwrap().offset(), (call + 1) * 2 * 12);
+    }
+    // a graph with draws needs its stream
+    let e = cache
+        .call(&[randn(&[3, 5], 9)], |xs| random_step(&wc, &gc, xs))
+        .unwrap_err();
+    assert!(e.to_string().contains("random stream"), "{e}");
+    // a draw from another generator than the stream given is refused
+    let other = std::sync::Mutex::new(Generator::new(7));
+    let mut cache = GraphCache::default();
+    let x = randn(&[3, 5], 1);
+    cache
+        .call_with_stream(std::slice::from_ref(&x), &stream, |xs| random_step(&wc, &other, xs))
+        .unwrap();
+    let reason = cache.eager_reason().unwrap_or_default().to_string();
+    assert!(reason.contains("not from the function's random stream"), "{reason}");
+}

@@ -47,6 +47,9 @@ struct Tracer {
     /// The first tensor made outside the op set: a second capture may not meet it (a cache the
     /// function fills at its first call).
     made_outside: Option<String>,
+    /// Whether random draws (dropout, random tensors) are recorded: the caller gives the
+    /// function's random stream, so that a replay can move them along it.
+    stream: bool,
 }
 
 thread_local! {
@@ -138,6 +141,19 @@ pub fn trace<F>(inputs: &[Tensor], f: F) -> Result<(Vec<Tensor>, std::result::Re
 where
     F: FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 {
+    trace_with(inputs, false, f)
+}
+
+/// [`trace`]; with `stream`, random draws are recorded rather than refused (the caller moves
+/// them along the function's random stream at each replay: see `GraphCache::call_with_stream`).
+pub(crate) fn trace_with<F>(
+    inputs: &[Tensor],
+    stream: bool,
+    f: F,
+) -> Result<(Vec<Tensor>, std::result::Result<Graph, CaptureError>)>
+where
+    F: FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+{
     if ACTIVE.with(|a| a.get()) {
         return Err(crate::error::invalid(
             "trace",
@@ -152,6 +168,7 @@ where
         start: crate::tensor::next_tensor_id(),
         refusal: None,
         made_outside: None,
+        stream,
     };
     for (i, t) in inputs.iter().enumerate() {
         let v = tracer.add_value(t, Source::Input(i));
@@ -245,12 +262,16 @@ fn with_tracer(f: impl FnOnce(&mut Tracer)) {
 pub(crate) fn record_op(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
     with_tracer(|tr| {
         match op {
-            Op::Random { .. } => {
-                tr.refuse("random numbers are drawn at each call; a replay would repeat the captured draw".into())
-            }
-            Op::Dropout { .. } => {
-                tr.refuse("dropout draws a new mask at each call; a replay would repeat the captured one".into())
-            }
+            Op::Random { .. } if !tr.stream => tr.refuse(
+                "random numbers are drawn at each call; a replay would repeat the captured draw (give the \
+                 function's random stream to compile it)"
+                    .into(),
+            ),
+            Op::Dropout { .. } if !tr.stream => tr.refuse(
+                "dropout draws a new mask at each call; a replay would repeat the captured one (give the \
+                 function's random stream to compile it)"
+                    .into(),
+            ),
             _ => {}
         }
         let ins: Vec<ValueId> = inputs.iter().map(|t| tr.value_of(t)).collect();

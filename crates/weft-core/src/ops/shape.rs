@@ -286,6 +286,22 @@ pub(super) fn backward(op: &Op, inputs: &[Tensor], grad: &Tensor) -> Result<Vec<
             vec![Some(grad.permute(&inv)?)]
         }
         Op::Narrow { dim, start, len } => {
+            if crate::graph::recording() {
+                // a captured graph holds ops only: the same values as zeros, the gradient and
+                // zeros side by side
+                let mut pieces = Vec::with_capacity(3);
+                for (at, n) in [(0, *start), (start + len, x.shape()[*dim] - start - len)] {
+                    if n > 0 {
+                        let mut shape = x.shape().to_vec();
+                        shape[*dim] = n;
+                        pieces.push((at, Tensor::zeros_on(&shape, grad.dtype(), x.device())?));
+                    }
+                }
+                pieces.push((*start, grad.clone()));
+                pieces.sort_by_key(|(at, _)| *at);
+                let refs: Vec<&Tensor> = pieces.iter().map(|(_, t)| t).collect();
+                return Ok(vec![Some(Tensor::cat(&refs, *dim as isize)?)]);
+            }
             // zeros with the gradient written into the narrowed window (one pass, no cat)
             let out = Tensor::zeros_on(x.shape(), grad.dtype(), x.device())?;
             out.with_layout(out.layout().narrow(*dim, *start, *len)?)
