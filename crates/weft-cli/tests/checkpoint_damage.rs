@@ -310,3 +310,52 @@ fn a_pipeline_resume_skips_a_checkpoint_whose_later_stage_does_not_verify() {
     assert!(err.contains("resuming after step 5"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Flips a byte in the middle of tensor `name`'s data in safetensors file `path`.
+fn damage_tensor(path: &Path, name: &str) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offsets = &header[name]["data_offsets"];
+    let (lo, hi) = (
+        offsets[0].as_u64().unwrap() as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    let at = 8 + n + (lo + hi) / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(path, &bytes).unwrap();
+}
+
+#[test]
+fn a_tensor_parallel_resume_checks_the_fused_parts_it_reads_in_rows() {
+    let dir = temp_dir("ckpt-damage-tp");
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let set = path_set("train.checkpoint_dir", &dir);
+    let cfg = config();
+    let run = |steps: &str, resume: bool| {
+        #[rustfmt::skip]
+        let mut args = vec!["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", &cfg, "--quiet",
+            "--set", steps, "--set", "parallel.tp=2", "--set", "train.checkpoint_every=5", "--set", &set];
+        if resume {
+            args.push("--resume");
+        }
+        weft(&args)
+    };
+    let out = run("train.steps=10", false);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // q, k and v side by side: each rank reads its rows of each of the three blocks
+    let name = "transformer.h.0.attn.c_attn.weight";
+    damage_tensor(&newest(&dir).join("model-rank-00001.safetensors"), name);
+    let out = run("train.steps=8", true);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.lines().any(|l| l.contains("warning: --resume skips")
+            && l.contains("step-00000010")
+            && l.contains(name)
+            && l.contains("checksum")),
+        "{err}"
+    );
+    assert!(err.contains("resuming after step 5"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

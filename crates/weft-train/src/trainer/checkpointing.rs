@@ -67,7 +67,7 @@ impl Trainer {
         let group = self.checkpoint_group()?.cloned();
         let group = group.as_ref();
         let logs = self.is_logging_rank();
-        let folders = checkpoint::scan(&dir)?;
+        let folders = crate::job::agree(group, checkpoint::scan(&dir), "--resume: listing the checkpoints")?;
         // the ranks try the same folders in the same order, or none
         let newest = folders.last().map_or(0, |(step, _, _)| step + 1);
         for value in [folders.len(), newest] {
@@ -89,7 +89,7 @@ impl Trainer {
                     checkpoint::MARKER
                 )),
                 FolderState::NoIndex => Err(format!("its {} is missing", checkpoint::INDEX)),
-                FolderState::Complete => self.read_own(&path).map_err(|e| e.to_string()),
+                FolderState::Complete => self.read_own(&path, true).map_err(|e| e.to_string()),
             };
             let first = crate::job::lowest_failed(group, mine.is_err())?;
             match mine {
@@ -112,6 +112,15 @@ impl Trainer {
             }
             skipped.push(path.file_name().unwrap_or_default().to_string_lossy().into_owned());
         }
+        // the folders between the newest and the one chosen could differ from rank to rank
+        let chosen = found.as_ref().map_or(0, |(_, l)| l.state.step);
+        if let Err((lo, hi)) = crate::job::same_everywhere(group, chosen)? {
+            return Err(Error::Run(format!(
+                "--resume: the ranks chose different checkpoints (steps {lo} to {hi}) in {}; is it on a filesystem \
+                 every rank sees?",
+                dir.display()
+            )));
+        }
         let Some((path, loaded)) = found else {
             if skipped.is_empty() {
                 return Ok(0);
@@ -128,7 +137,9 @@ impl Trainer {
         if let Some(run) = &loaded.state.run {
             self.run_id = run.clone();
         }
-        let step = self.apply_checkpoint(&path, loaded)?;
+        // a stage or part that does not fit this run fails every rank
+        let applied = self.apply_checkpoint(&path, loaded);
+        let step = crate::job::agree(group, applied, "--resume: loading the checkpoint")?;
         self.resumed_from = Some(path);
         Ok(step)
     }
@@ -157,7 +168,7 @@ impl Trainer {
     /// from it.
     pub fn load_checkpoint(&mut self, ckpt: &Path) -> Result<usize> {
         let dir = checkpoint::resolve(ckpt)?;
-        let loaded = self.read_own(&dir)?;
+        let loaded = self.read_own(&dir, false)?;
         let own = self.checkpoints.as_ref().is_some_and(|p| {
             let canonical = |d: &Path| d.canonicalize().ok();
             dir.parent()

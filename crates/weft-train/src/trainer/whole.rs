@@ -93,8 +93,9 @@ impl Trainer {
     }
 
     /// Reads checkpoint folder `dir` (whatever layout wrote it) for this rank only; see
-    /// [`read_own_tensors`].
-    pub(super) fn read_own(&self, dir: &Path) -> Result<Loaded> {
+    /// [`read_own_tensors`]. With `check_every_piece`, every piece it reads from is checked whole
+    /// against its checksum, even where it needs only some of its rows.
+    pub(super) fn read_own(&self, dir: &Path, check_every_piece: bool) -> Result<Loaded> {
         let index = checkpoint::read_index(dir)?;
         let mine: BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
         let tp = self
@@ -102,6 +103,9 @@ impl Trainer {
             .as_ref()
             .map(|t| (&t.splits, t.group.rank(), t.group.size()));
         let mut files = Files::new(dir);
+        if check_every_piece {
+            files = files.checking_every_piece();
+        }
         let params = read_own_tensors(&mut files, &index.model, false, &mine, tp)?;
         let optimizer = read_own_tensors(&mut files, &index.optimizer, true, &mine, tp)?;
         Ok(Loaded {

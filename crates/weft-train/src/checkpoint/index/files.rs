@@ -1,7 +1,7 @@
 //! Reading a checkpoint folder's pieces back: whole tensors, or only the rows of a tensor a rank
 //! needs, from only the bytes of the pieces that hold them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::Path;
 
@@ -18,6 +18,10 @@ use crate::error::{Error, Result};
 pub struct Files<'a> {
     dir: &'a Path,
     open: BTreeMap<String, SafeTensorsFile>,
+    /// Whether a piece read in part is first checked whole against its checksum.
+    check_parts: bool,
+    /// `(file, tensor)` pieces checked so far.
+    checked: BTreeSet<(String, String)>,
 }
 
 impl<'a> Files<'a> {
@@ -25,7 +29,17 @@ impl<'a> Files<'a> {
         Files {
             dir,
             open: BTreeMap::new(),
+            check_parts: false,
+            checked: BTreeSet::new(),
         }
+    }
+
+    /// Checks every piece a read takes anything from against its checksum, once, even when only
+    /// part of it is needed (which then reads the whole piece): what `--resume` does, so that a
+    /// damaged piece is found whatever part of it a rank reads.
+    pub fn checking_every_piece(mut self) -> Self {
+        self.check_parts = true;
+        self
     }
 
     /// Tensor bytes read out of the folder's files so far.
@@ -77,6 +91,7 @@ impl<'a> Files<'a> {
                 format!("tensor {name:?} does not match its checksum (the file is damaged)"),
             ));
         }
+        self.checked.insert((file.to_string(), name.to_string()));
         Ok(t)
     }
 
@@ -123,8 +138,8 @@ impl<'a> Files<'a> {
     /// Rows `rows` of whole tensor `name` (a range of its first dimension; shape
     /// `[rows.len(), shape[1..]..]`), put together from only the bytes of its pieces that hold
     /// them, whatever tensor-parallel or ZeRO layout wrote them. A piece read whole is checked
-    /// against its checksum; one read in part cannot be (its checksum covers all of it), only
-    /// against its record's size and dtype.
+    /// against its checksum; one read in part only against its record's size and dtype (its
+    /// checksum covers all of it), unless [`Files::checking_every_piece`].
     pub fn assemble_rows(&mut self, name: &str, rec: &TensorRecord, rows: Range<usize>) -> Result<Tensor> {
         let parts = parts(name, rec)?;
         let bad = |msg: String| Error::Io(format!("tensor {name:?}: {msg}"));
@@ -208,7 +223,11 @@ impl<'a> Files<'a> {
             if lo >= hi {
                 continue;
             }
-            let t = if lo == p.offset && hi == p.offset + p.numel {
+            let whole = lo == p.offset && hi == p.offset + p.numel;
+            if !whole && self.check_parts && !self.checked.contains(&(p.file.clone(), name.to_string())) {
+                self.piece(&p.file, name, p, &rec.dtype)?;
+            }
+            let t = if whole {
                 self.piece(&p.file, name, p, &rec.dtype)?
             } else {
                 let f = self.file(&p.file, name, p, &rec.dtype)?;
