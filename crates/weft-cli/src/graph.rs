@@ -47,14 +47,20 @@ pub fn tune(args: &TuneArgs) -> Result<(), String> {
     for w in &r.warnings {
         weft_core::errln!("weft: warning: {w}");
     }
+    let written = if r.searched.is_empty() {
+        "nothing new to write".to_string()
+    } else if !r.warnings.iter().any(|w| w.contains("could not be written")) {
+        format!("choices written to {}", weft_core::tune::cache_file().display())
+    } else {
+        "see the warning above".to_string()
+    };
     crate::print_out(&format!(
         "searched {} kernel calls in {:.2} s ({} of the step's calls already chosen, {} choices read from the cache \
-         file); choices written to {}\n{}",
+         file); {written}\n{}",
         r.searched.len(),
         r.seconds,
         r.known,
         r.from_file,
-        weft_core::tune::cache_file().display(),
         r.to_table()
     ))
 }

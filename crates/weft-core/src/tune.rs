@@ -131,7 +131,10 @@ pub fn chosen(key: &str) -> Option<u8> {
 pub fn record(key: &str, variant: u8) {
     if let Ok(mut table) = CHOSEN.write() {
         table.get_or_insert_with(HashMap::new).insert(key.to_string(), variant);
-        ANY.store(true, Ordering::Relaxed);
+        // a choice of the rule changes nothing: untuned calls need not look keys up for it
+        if variant != HEURISTIC {
+            ANY.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -146,10 +149,15 @@ pub fn clear() {
 /// Runs `f` with `variant` of `kernel` forced on this thread (what a search does; tests use it
 /// to check that every variant computes the same).
 pub fn forced<R>(kernel: Kernel, variant: u8, f: impl FnOnce() -> R) -> R {
-    let before = FORCE.with(|c| c.replace(Some((kernel, variant))));
-    let out = f();
-    FORCE.with(|c| c.set(before));
-    out
+    /// Puts the earlier forced variant back, also when `f` panics.
+    struct Restore(Option<(Kernel, u8)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(FORCE.with(|c| c.replace(Some((kernel, variant)))));
+    f()
 }
 
 /// Runs `f` and returns the keys of the kernel calls it made on this thread.
@@ -229,19 +237,28 @@ pub fn load_cache() -> (usize, Option<String>) {
     let Some(entries) = v["choices"].as_object() else {
         return ignored("no \"choices\" object".into());
     };
-    let mut n = 0;
+    let mut read = Vec::with_capacity(entries.len());
     for (key, name) in entries {
-        let kernel = key.split(' ').next().and_then(Kernel::parse);
-        let variant = kernel.and_then(|k| k.variants().iter().position(|v| Some(*v) == name.as_str()));
-        match variant {
-            Some(variant) => {
-                record(key, variant as u8);
-                n += 1;
-            }
+        match parse_choice(key, name) {
+            Some(variant) => read.push((key, variant)),
             None => return ignored(format!("choice {key:?} = {name} names no variant")),
         }
     }
+    let n = read.len();
+    for (key, variant) in read {
+        record(key, variant);
+    }
     (n, None)
+}
+
+/// The variant `name` names for `key` (whose first word is its kernel).
+fn parse_choice(key: &str, name: &serde_json::Value) -> Option<u8> {
+    let kernel = key.split(' ').next().and_then(Kernel::parse)?;
+    kernel
+        .variants()
+        .iter()
+        .position(|v| Some(*v) == name.as_str())
+        .map(|v| v as u8)
 }
 
 /// Whether this process read the machine's cache file yet (or chose not to).
@@ -262,10 +279,26 @@ pub fn ignore_cache_file() {
     FILE_READ.store(true, Ordering::Relaxed);
 }
 
-/// Writes every recorded choice to this machine's cache file (atomically).
+/// Writes every recorded choice to this machine's cache file (atomically), keeping the choices
+/// the file holds for other keys.
 pub fn save_cache() -> crate::Result<PathBuf> {
     let path = cache_file();
+    // what the file holds now (another run may have written choices of other shapes), then
+    // this process's choices over it
     let mut choices = serde_json::Map::new();
+    if let Some(on_file) = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .filter(|v| v["format"] == FORMAT)
+    {
+        if let Some(entries) = on_file["choices"].as_object() {
+            for (key, name) in entries {
+                if parse_choice(key, name).is_some() {
+                    choices.insert(key.clone(), name.clone());
+                }
+            }
+        }
+    }
     if let Ok(table) = CHOSEN.read() {
         for (key, &v) in table.iter().flatten() {
             let kernel = key.split(' ').next().and_then(Kernel::parse);

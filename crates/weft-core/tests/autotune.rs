@@ -110,12 +110,34 @@ fn every_variant_computes_the_same_and_a_search_keeps_a_choice_per_shape() {
     );
     std::fs::write(&file, br#"{"format": "weft-autotune-0", "choices": {}}"#).unwrap();
     assert!(tune::load_cache().1.unwrap().contains("weft-autotune-0"));
+    // one bad choice: none of the file's choices is taken
+    let good = "gemm f32 m=1 n=2 k=3 threads=1";
+    std::fs::write(
+        &file,
+        format!(r#"{{"format": "weft-autotune-1", "choices": {{"{good}": "one-thread", "gemm x": "fastest"}}}}"#),
+    )
+    .unwrap();
+    let (n, warning) = tune::load_cache();
+    assert_eq!(n, 0);
+    assert!(warning.unwrap().contains("\"fastest\""));
+    assert_eq!(tune::chosen(good), None);
+    // another run's choices of other shapes are kept when this process writes the file
+    std::fs::write(
+        &file,
+        format!(r#"{{"format": "weft-autotune-1", "choices": {{"{good}": "one-thread"}}}}"#),
+    )
+    .unwrap();
     // a search rewrites it
     let mut cache = GraphCache::new(1).with_autotune(Autotune::Search);
     cache.call(std::slice::from_ref(&x), f).unwrap();
     cache.call(std::slice::from_ref(&x), f).unwrap();
     assert_eq!(cache.take_tune_report().unwrap().searched.len(), 2);
-    assert!(std::fs::read_to_string(&file).unwrap().contains("weft-autotune-1"));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("weft-autotune-1") && text.contains("gemm f32 m=256 n=96 k=64"),
+        "{text}"
+    );
+    assert!(text.contains(good), "{text}");
     tune::clear();
     let _ = std::fs::remove_dir_all(&dir);
 }

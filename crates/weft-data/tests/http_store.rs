@@ -74,7 +74,7 @@ fn a_dataset_served_over_http_reads_as_from_its_folder() {
         assert_eq!(a.0.to_vec::<i64>().unwrap(), b.0.to_vec::<i64>().unwrap());
         assert_eq!(a.1.to_vec::<i64>().unwrap(), b.1.to_vec::<i64>().unwrap());
     }
-    // a range read is one ranged GET: the bytes asked for, not the file
+    // a range of a shard, and its length
     let shard = &from_folder.index().splits["train"].shards[1].name;
     let whole = std::fs::read(folder.join(shard)).unwrap();
     assert_eq!(remote.read_range(shard, 3..9).unwrap(), &whole[3..9]);

@@ -94,3 +94,16 @@ impl Default for Context {
         Context::new(0)
     }
 }
+
+/// The dropout stream as compiled mode moves it along (`weft_core::graph::GraphCache::call_with_stream`).
+impl weft_core::graph::RandomSource for Context {
+    fn seed(&self) -> u64 {
+        self.with_rng(|g| g.seed())
+    }
+    fn offset(&self) -> u64 {
+        self.rng_offset()
+    }
+    fn set_offset(&self, offset: u64) {
+        self.set_rng_offset(offset)
+    }
+}

@@ -88,9 +88,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Prepared {
-    /// Replays the graph on `inputs` (random draws from stream offset `at`), timing each variant of every kernel call whose choice is
-    /// not known yet and recording the fastest (see [`crate::tune`]); returns the results and
-    /// the report. Only the nodes that call a kernel with variants run more than once.
+    /// Replays the graph on `inputs` (random draws from stream offset `at`), timing each variant
+    /// of every kernel call whose choice is not known yet and recording the fastest (see
+    /// [`crate::tune`]); returns the results (the rule's) and the report. Only the nodes that
+    /// call a kernel with variants run more than once.
     pub(crate) fn tune(&self, inputs: &[Tensor], at: Option<u64>) -> Result<(Vec<Tensor>, TuneReport)> {
         let start = Instant::now();
         let mut report = TuneReport::default();
@@ -103,29 +104,34 @@ impl Prepared {
             if new.is_empty() {
                 return Ok(out);
             }
-            let mut out = out;
+            // the rule's result goes on through the graph, whatever the timings
             for kernel in [Kernel::Gemm, Kernel::Conv2d] {
                 let keys: Vec<&String> = new.iter().filter(|(k, _)| *k == kernel).map(|(_, k)| k).collect();
                 if keys.is_empty() {
                     continue;
                 }
-                // the variants that come to a plan of their own at these shapes (one that plans
-                // what an earlier one does is not a choice of its own), each run once untimed
+                // the variants that run and come to a plan of their own at these shapes (one that
+                // plans what an earlier one does is not a choice of its own; one that fails, say
+                // for memory, is none), each run once untimed
                 let mut variants: Vec<u8> = Vec::new();
                 let mut plans: Vec<Vec<String>> = Vec::new();
                 for v in 0..kernel.variants().len() as u8 {
-                    let (o, plan) = tune::planned(|| tune::forced(kernel, v, || crate::ops::execute(op, args)));
-                    out = o?;
-                    if !plans.contains(&plan) {
+                    let (ran, plan) = tune::planned(|| tune::forced(kernel, v, || crate::ops::execute(op, args)));
+                    if ran.is_ok() && !plans.contains(&plan) {
                         plans.push(plan);
                         variants.push(v);
                     }
+                }
+                if variants.first() != Some(&0) {
+                    // the rule itself failed when forced: nothing to compare it with
+                    keys.iter().for_each(|key| tune::record(key, 0));
+                    continue;
                 }
                 let mut ms: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); variants.len()];
                 for _ in 0..ROUNDS {
                     for (i, &v) in variants.iter().enumerate() {
                         let t = Instant::now();
-                        out = tune::forced(kernel, v, || crate::ops::execute(op, args))?;
+                        tune::forced(kernel, v, || crate::ops::execute(op, args))?;
                         ms[i].push(t.elapsed().as_secs_f64() * 1e3);
                     }
                 }
@@ -133,16 +139,20 @@ impl Prepared {
                 let fastest = (0..times.len())
                     .min_by(|&a, &b| times[a].total_cmp(&times[b]))
                     .unwrap_or(0);
-                // variants[0] is the rule
-                let best = if times[fastest] < MARGIN * times[0] { fastest } else { 0 };
+                // variants[0] is the rule (its result, from the unforced run, goes on)
+                let best = match (times.get(fastest), times.first()) {
+                    (Some(&f), Some(&rule)) if f < MARGIN * rule => fastest,
+                    _ => 0,
+                };
+                let variant = variants.get(best).copied().unwrap_or(0);
                 for key in keys {
-                    tune::record(key, variants[best]);
+                    tune::record(key, variant);
                     report.searched.push(TuneEntry {
                         kernel,
                         key: key.clone(),
-                        heuristic_ms: times[0],
-                        chosen: kernel.variants()[usize::from(variants[best])],
-                        chosen_ms: times[best],
+                        heuristic_ms: times.first().copied().unwrap_or(0.0),
+                        chosen: kernel.variants()[usize::from(variant)],
+                        chosen_ms: times.get(best).copied().unwrap_or(0.0),
                     });
                 }
             }

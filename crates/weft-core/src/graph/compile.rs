@@ -104,7 +104,7 @@ impl GraphCache {
     pub fn call_with_stream(
         &mut self,
         inputs: &[Tensor],
-        stream: &RandomStream,
+        stream: &dyn RandomSource,
         f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
     ) -> Result<Vec<Tensor>> {
         self.call_inner(inputs, Some(stream), f)
@@ -113,7 +113,7 @@ impl GraphCache {
     fn call_inner(
         &mut self,
         inputs: &[Tensor],
-        stream: Option<&RandomStream>,
+        stream: Option<&dyn RandomSource>,
         f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
     ) -> Result<Vec<Tensor>> {
         if let Some(reason) = &self.refused {
@@ -129,8 +129,8 @@ impl GraphCache {
             // where this call's draws start, and the stream moved past them
             let at = match (prepared.draws, stream) {
                 (Some(d), Some(s)) => {
-                    let at = (s.offset)();
-                    (s.set_offset)(at + d.taken);
+                    let at = s.offset();
+                    s.set_offset(at.wrapping_add(d.taken));
                     Some(at)
                 }
                 (Some(_), None) => {
@@ -149,10 +149,10 @@ impl GraphCache {
             }
             return prepared.run(inputs, at);
         }
-        let base = stream.map(|s| (s.offset)());
+        let base = stream.map(|s| s.offset());
         let (outputs, captured) = trace_with(inputs, stream.is_some(), f)?;
         let captured = captured.and_then(|graph| match (base, stream) {
-            (Some(base), Some(s)) => draws_of(&graph, base, (s.offset)()).map(|d| (graph, d)),
+            (Some(base), Some(s)) => draws_of(&graph, s.seed(), base, s.offset()).map(|d| (graph, d)),
             _ => Ok((graph, None)),
         });
         match captured {
@@ -223,29 +223,55 @@ fn search(prepared: &Prepared, inputs: &[Tensor], at: Option<u64>) -> Result<(Ve
     Ok((outputs, report))
 }
 
-/// A random stream's position, read and set (a model's dropout generator: see
-/// [`GraphCache::call_with_stream`]).
-pub struct RandomStream<'a> {
-    pub offset: &'a dyn Fn() -> u64,
-    pub set_offset: &'a dyn Fn(u64),
+/// A random stream a function draws from (a model's dropout generator): its seed and its
+/// position, read and set (see [`GraphCache::call_with_stream`]).
+pub trait RandomSource {
+    fn seed(&self) -> u64;
+    fn offset(&self) -> u64;
+    fn set_offset(&self, offset: u64);
 }
 
-/// Where the random draws of `graph` lie on the stream, which was at `base` when the capture
-/// started and at `end` when it ended: every draw must be inside, else the capture is refused.
-fn draws_of(graph: &Graph, base: u64, end: u64) -> std::result::Result<Option<Draws>, CaptureError> {
+impl RandomSource for std::sync::Mutex<crate::Generator> {
+    fn seed(&self) -> u64 {
+        self.lock().unwrap_or_else(|e| e.into_inner()).seed()
+    }
+    fn offset(&self) -> u64 {
+        self.lock().unwrap_or_else(|e| e.into_inner()).offset()
+    }
+    fn set_offset(&self, offset: u64) {
+        self.lock().unwrap_or_else(|e| e.into_inner()).set_offset(offset)
+    }
+}
+
+/// Where the random draws of `graph` lie on the stream of seed `seed`, which was at `base` when
+/// the capture started and at `end` when it ended: every draw must be of that seed and inside,
+/// counters and all, else the capture is refused.
+fn draws_of(graph: &Graph, seed: u64, base: u64, end: u64) -> std::result::Result<Option<Draws>, CaptureError> {
     let mut any = false;
     for node in &graph.nodes {
-        if let crate::op::Op::Dropout { offset, .. } | crate::op::Op::Random { offset, .. } = &node.op {
-            any = true;
-            if !(base..end.max(base + 1)).contains(offset) {
-                return Err(CaptureError {
-                    reason: format!(
-                        "a random draw at offset {offset} is not from the function's random stream (which went \
-                         from {base} to {end} during the call); a replay could not move it"
-                    ),
-                    may_retry: false,
-                });
+        let (draw_seed, offset, count) = match &node.op {
+            crate::op::Op::Dropout { seed, offset, .. } => {
+                let n = node
+                    .inputs
+                    .first()
+                    .map_or(0, |&v| graph.values[v].shape.iter().product::<usize>());
+                (*seed, *offset, n as u64)
             }
+            crate::op::Op::Random {
+                seed, offset, shape, ..
+            } => (*seed, *offset, shape.iter().product::<usize>() as u64),
+            _ => continue,
+        };
+        any = true;
+        if draw_seed != seed || offset < base || offset.saturating_add(count) > end {
+            return Err(CaptureError {
+                reason: format!(
+                    "a random draw (seed {draw_seed}, counters {offset}..{}) is not from the function's random \
+                     stream (seed {seed}, counters {base}..{end} during the call); a replay could not move it",
+                    offset.saturating_add(count)
+                ),
+                may_retry: false,
+            });
         }
     }
     Ok(any.then_some(Draws {

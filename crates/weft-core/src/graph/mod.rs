@@ -28,7 +28,7 @@ mod run;
 mod trace;
 
 pub use autotune::{Autotune, TuneEntry, TuneReport};
-pub use compile::{compile, Compiled, GraphCache, Outcome, RandomStream};
+pub use compile::{compile, Compiled, GraphCache, Outcome, RandomSource};
 pub use ir::{Graph, Node, Source, Value, ValueId};
 pub use trace::{trace, CaptureError};
 

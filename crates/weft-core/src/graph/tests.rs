@@ -319,16 +319,12 @@ fn random_draws_replay_along_their_stream_bit_for_bit() {
         std::sync::Mutex::new(Generator::new(42)),
         std::sync::Mutex::new(Generator::new(42)),
     );
-    let stream = RandomStream {
-        offset: &|| gc.lock().unwrap().offset(),
-        set_offset: &|o| gc.lock().unwrap().set_offset(o),
-    };
     let mut cache = GraphCache::default();
     for call in 0..4 {
         let x = randn(&[3, 5], 20 + call);
         let eager = random_step(&we, &ge, std::slice::from_ref(&x)).unwrap();
         let replayed = cache
-            .call_with_stream(std::slice::from_ref(&x), &stream, |xs| random_step(&wc, &gc, xs))
+            .call_with_stream(std::slice::from_ref(&x), &gc, |xs| random_step(&wc, &gc, xs))
             .unwrap();
         let want = if call == 0 {
             Outcome::Captured
@@ -348,13 +344,20 @@ fn random_draws_replay_along_their_stream_bit_for_bit() {
         .call(&[randn(&[3, 5], 9)], |xs| random_step(&wc, &gc, xs))
         .unwrap_err();
     assert!(e.to_string().contains("random stream"), "{e}");
-    // a draw from another generator than the stream given is refused
-    let other = std::sync::Mutex::new(Generator::new(7));
-    let mut cache = GraphCache::default();
-    let x = randn(&[3, 5], 1);
-    cache
-        .call_with_stream(std::slice::from_ref(&x), &stream, |xs| random_step(&wc, &other, xs))
-        .unwrap();
-    let reason = cache.eager_reason().unwrap_or_default().to_string();
-    assert!(reason.contains("not from the function's random stream"), "{reason}");
+    // a draw from another generator than the stream given is refused, even at offsets the
+    // stream's call covers
+    for other_offset in [0, gc.offset()] {
+        let other = std::sync::Mutex::new(Generator::new(7));
+        other.set_offset(other_offset);
+        let both = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+            let out = random_step(&wc, &gc, xs)?;
+            let extra = Tensor::rand(&[2], DType::F32, &mut other.lock().unwrap())?;
+            Ok(vec![out[0].add(&extra.sum_all()?)?, out[1].clone()])
+        };
+        let mut cache = GraphCache::default();
+        let x = randn(&[3, 5], 1);
+        cache.call_with_stream(std::slice::from_ref(&x), &gc, both).unwrap();
+        let reason = cache.eager_reason().unwrap_or_default().to_string();
+        assert!(reason.contains("not from the function's random stream"), "{reason}");
+    }
 }

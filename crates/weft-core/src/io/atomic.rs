@@ -38,8 +38,11 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> std::io::Result<()>) 
     let Some(file_name) = target.file_name() else {
         return Err(Error::Io(format!("{}: names no file", name(&target))));
     };
+    // unique per process and call, so that writers racing on one target never share one
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp_name = file_name.to_os_string();
-    tmp_name.push(".tmp");
+    tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
     let tmp = target.with_file_name(tmp_name);
     let attempt = || -> std::io::Result<()> {
         fill(&tmp)?;

@@ -33,6 +33,8 @@ impl HttpServer {
         rt.spawn(async move {
             loop {
                 let Ok((socket, _)) = listener.accept().await else {
+                    // out of descriptors, say: wait rather than spin
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
                 let service = service.clone();

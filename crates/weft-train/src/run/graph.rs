@@ -60,13 +60,8 @@ fn with_step<T>(
         .map_err(|e| Error::Config(format!("train.precision: {e}")))?;
     let scale = (config.train.grad_accum > 1).then(|| 1.0 / config.train.grad_accum as f64);
     let inputs = [x, y];
-    let ctx = model.context();
-    let stream = weft_core::graph::RandomStream {
-        offset: &|| ctx.rng_offset(),
-        set_offset: &|o| ctx.set_rng_offset(o),
-    };
     for _ in 0..calls {
-        cache.call_with_stream(&inputs, &stream, |xs| {
+        cache.call_with_stream(&inputs, model.context(), |xs| {
             crate::trainer::compiled::loss_and_grads(model.as_ref(), &params, autocast, scale, xs).map(|(out, _)| out)
         })?;
         if let Some(why) = cache.eager_reason() {

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use weft_core::graph::{Autotune, GraphCache, Outcome, RandomStream, TuneReport};
+use weft_core::graph::{Autotune, GraphCache, Outcome, TuneReport};
 use weft_core::Tensor;
 
 use super::Trainer;
@@ -126,14 +126,9 @@ impl Trainer {
         let (model, autocast) = (self.model.as_ref(), self.autocast);
         let has_grad = RefCell::new(None);
         // dropout draws from the model's stream: replays move their masks along it
-        let ctx = model.context();
-        let stream = RandomStream {
-            offset: &|| ctx.rng_offset(),
-            set_offset: &|o| ctx.set_rng_offset(o),
-        };
         let outputs = compiled
             .cache
-            .call_with_stream(&[x.clone(), y.clone()], &stream, |xs| {
+            .call_with_stream(&[x.clone(), y.clone()], model.context(), |xs| {
                 let (out, mask) = loss_and_grads(model, params, autocast, scale, xs)?;
                 *has_grad.borrow_mut() = Some(mask);
                 Ok(out)
