@@ -268,21 +268,25 @@ fn inspect_lists_a_sharded_runs_checkpoint_and_consolidate_writes_one_file() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The gpt fixture on 2 launched ranks with `layout` (`--set`), checkpoints every 5 steps into
+/// `dir`, up to `steps` (`train.steps=N`), resuming when `resume`.
+fn launch_two(dir: &Path, layout: &str, steps: &str, resume: bool) -> Output {
+    let bin = env!("CARGO_BIN_EXE_weft");
+    let set = path_set("train.checkpoint_dir", dir);
+    let cfg = config();
+    #[rustfmt::skip]
+    let mut args = vec!["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", &cfg, "--quiet",
+        "--set", steps, "--set", layout, "--set", "train.checkpoint_every=5", "--set", &set];
+    if resume {
+        args.push("--resume");
+    }
+    weft(&args)
+}
+
 #[test]
 fn a_pipeline_resume_skips_a_checkpoint_whose_later_stage_does_not_verify() {
     let dir = temp_dir("ckpt-damage-pp");
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let set = path_set("train.checkpoint_dir", &dir);
-    let cfg = config();
-    let run = |steps: &str, resume: bool| {
-        #[rustfmt::skip]
-        let mut args = vec!["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", &cfg, "--quiet",
-            "--set", steps, "--set", "parallel.pp=2", "--set", "train.checkpoint_every=5", "--set", &set];
-        if resume {
-            args.push("--resume");
-        }
-        weft(&args)
-    };
+    let run = |steps: &str, resume: bool| launch_two(&dir, "parallel.pp=2", steps, resume);
     let out = run("train.steps=10", false);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // a byte of the second stage's file, which only rank 1 reads
@@ -329,18 +333,7 @@ fn damage_tensor(path: &Path, name: &str) {
 #[test]
 fn a_tensor_parallel_resume_checks_the_fused_parts_it_reads_in_rows() {
     let dir = temp_dir("ckpt-damage-tp");
-    let bin = env!("CARGO_BIN_EXE_weft");
-    let set = path_set("train.checkpoint_dir", &dir);
-    let cfg = config();
-    let run = |steps: &str, resume: bool| {
-        #[rustfmt::skip]
-        let mut args = vec!["launch", "--nproc-per-node", "2", "--", bin, "train", "--config", &cfg, "--quiet",
-            "--set", steps, "--set", "parallel.tp=2", "--set", "train.checkpoint_every=5", "--set", &set];
-        if resume {
-            args.push("--resume");
-        }
-        weft(&args)
-    };
+    let run = |steps: &str, resume: bool| launch_two(&dir, "parallel.tp=2", steps, resume);
     let out = run("train.steps=10", false);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // q, k and v side by side: each rank reads its rows of each of the three blocks
