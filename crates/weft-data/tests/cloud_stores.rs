@@ -13,6 +13,8 @@
 
 #[path = "support/emulators.rs"]
 mod emulators;
+#[path = "support/same_dataset.rs"]
+mod same_dataset;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use emulators::{Azurite, FakeGcs};
 use weft_data::store::{self, CacheOptions, CachedSource, Store};
 use weft_data::tokens::{prepare, PrepareOptions, INDEX_NAME};
-use weft_data::{Gpt2Tokenizer, LocalFolder, ObjectSink, ObjectSource, Split, TokenDataset, Tokenizer};
+use weft_data::{Gpt2Tokenizer, LocalFolder, ObjectSink, ObjectSource, TokenDataset, Tokenizer};
 
 /// A fresh folder for one test.
 fn scratch(tag: &str) -> PathBuf {
@@ -186,32 +188,7 @@ fn token_shards_read_as_from_a_folder(sink: &dyn ObjectSink, remote: Arc<Store>,
     )
     .unwrap();
     for ds in [&plain, &cached] {
-        for split in [Split::Train, Split::Val] {
-            let n = local.tokens(split);
-            assert!(n > 4, "{split:?}: {n} tokens");
-            assert_eq!(ds.tokens(split), n);
-            assert_eq!(
-                ds.read_tokens(split, 0..n).unwrap(),
-                local.read_tokens(split, 0..n).unwrap()
-            );
-            // a range that starts and ends mid-block and mid-shard
-            assert_eq!(
-                ds.read_tokens(split, 3..n - 1).unwrap(),
-                local.read_tokens(split, 3..n - 1).unwrap()
-            );
-        }
-        let (bs, block) = (3, 4);
-        for step in 0..6u64 {
-            let (x, y) = ds.batch(Split::Train, step, bs, block, 1337, 0..bs).unwrap();
-            let (lx, ly) = local.batch(Split::Train, step, bs, block, 1337, 0..bs).unwrap();
-            assert_eq!(x.shape(), &[bs, block]);
-            assert_eq!(x.to_vec::<i64>().unwrap(), lx.to_vec::<i64>().unwrap(), "step {step}");
-            assert_eq!(y.to_vec::<i64>().unwrap(), ly.to_vec::<i64>().unwrap(), "step {step}");
-        }
-        let (xv, _) = ds.batch(Split::Val, 0, 2, 2, 1, 0..2).unwrap();
-        let (lxv, _) = local.batch(Split::Val, 0, 2, 2, 1, 0..2).unwrap();
-        assert_eq!(xv.to_vec::<i64>().unwrap(), lxv.to_vec::<i64>().unwrap());
-        assert!(ds.verify().unwrap() > 0);
+        same_dataset::assert_reads_alike(ds, &local, 3, 4);
     }
 }
 

@@ -4,6 +4,8 @@
 
 #[path = "support/http_server.rs"]
 mod http_server;
+#[path = "support/same_dataset.rs"]
+mod same_dataset;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 use http_server::HttpServer;
 use weft_data::store::{self, StoreOptions};
 use weft_data::tokens::{prepare, PrepareOptions};
-use weft_data::{Gpt2Tokenizer, LocalFolder, ObjectSink, ObjectSource, Split, TokenDataset, Tokenizer};
+use weft_data::{Gpt2Tokenizer, LocalFolder, ObjectSink, ObjectSource, TokenDataset, Tokenizer};
 
 /// A fresh folder for one test.
 fn scratch(tag: &str) -> PathBuf {
@@ -51,29 +53,7 @@ fn a_dataset_served_over_http_reads_as_from_its_folder() {
     let remote = store::open_with(&url, &options(Duration::from_secs(5))).unwrap();
     let from_http = TokenDataset::open(remote.clone()).unwrap();
     let from_folder = TokenDataset::open(Arc::new(LocalFolder::new(&folder))).unwrap();
-    for split in [Split::Train, Split::Val] {
-        let n = from_folder.tokens(split);
-        assert!(n > 0);
-        assert_eq!(from_http.tokens(split), n);
-        // whole, and ranges that start and end inside shards and blocks
-        assert_eq!(
-            from_http.read_tokens(split, 0..n).unwrap(),
-            from_folder.read_tokens(split, 0..n).unwrap()
-        );
-        assert_eq!(
-            from_http.read_tokens(split, 37..n - 11).unwrap(),
-            from_folder.read_tokens(split, 37..n - 11).unwrap()
-        );
-    }
-    assert_eq!(from_http.verify().unwrap(), from_folder.verify().unwrap());
-    // batches of 4 windows, into the second epoch
-    let steps = from_folder.windows(Split::Train, 16).unwrap() / 4 + 2;
-    for step in 0..steps {
-        let a = from_http.batch(Split::Train, step, 4, 16, 7, 0..4).unwrap();
-        let b = from_folder.batch(Split::Train, step, 4, 16, 7, 0..4).unwrap();
-        assert_eq!(a.0.to_vec::<i64>().unwrap(), b.0.to_vec::<i64>().unwrap());
-        assert_eq!(a.1.to_vec::<i64>().unwrap(), b.1.to_vec::<i64>().unwrap());
-    }
+    same_dataset::assert_reads_alike(&from_http, &from_folder, 4, 16);
     // a range of a shard, and its length
     let shard = &from_folder.index().splits["train"].shards[1].name;
     let whole = std::fs::read(folder.join(shard)).unwrap();
