@@ -57,6 +57,15 @@ pub trait Model: Module + Send + Sync {
     /// The train/eval mode and dropout stream shared by the model's layers.
     fn context(&self) -> &Context;
 
+    /// Makes now the tables a model grows on demand (llama's rotary embeddings) for sequences
+    /// of up to `n` positions, so that later forwards only read them (a traced forward then sees
+    /// the same tensors at every length). Fails, without aborting, when they cannot be
+    /// allocated. Nothing by default.
+    fn reserve_positions(&self, n: usize) -> Result<()> {
+        let _ = n;
+        Ok(())
+    }
+
     /// `(alternative, canonical)` parameter names accepted when loading, and written as extra
     /// copies when saving (tied weights).
     fn aliases(&self) -> &'static [(&'static str, &'static str)] {

@@ -90,15 +90,18 @@ pub fn export_model(
                 let v: Vec<i64> = (0..b * t).map(|i| (i % vocab) as i64).collect();
                 Tensor::from_vec(v, &[b, t])
             };
+            if let Some(t) = seq_len.filter(|&t| t == 0 || t > block) {
+                return Err(Error::Config(format!(
+                    "--seq-len: {t} is not from 1 to the model's block_size {block}"
+                )));
+            }
             // tables a model grows on demand (llama's rotary embeddings) are made for the
             // longest sequence first, so that the traces read them and the file holds them whole
-            weft_core::no_grad(|| model.logits(&ids(1, block)?))?;
+            let longest = seq_len.unwrap_or(block);
+            model
+                .reserve_positions(longest)
+                .map_err(|e| Error::Run(format!("{kind}: sequences of {longest} positions: {e}")))?;
             match seq_len {
-                Some(t) if t == 0 || t > block => {
-                    return Err(Error::Config(format!(
-                        "--seq-len: {t} is not from 1 to the model's block_size {block}"
-                    )))
-                }
                 Some(t) => ("input_ids", vec![ids(BATCH[0], t)?, ids(BATCH[1], t)?], vec![batch]),
                 None if block < SEQ[1] => {
                     return Err(Error::Config(format!(

@@ -125,6 +125,42 @@ fn a_llama_exports_with_dynamic_batch_and_sequence() {
 }
 
 #[test]
+fn a_language_model_declares_its_input_with_named_axes() {
+    use tract_onnx::pb::tensor_shape_proto::dimension::Value as D;
+    use tract_onnx::pb::type_proto::Value as T;
+    use tract_onnx::tract_hir::infer::Factoid;
+    let cfg: ModelConfig = serde_json::from_value(serde_json::json!({"kind": "llama", "vocab_size": 40,
+        "block_size": 16, "n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 16, "intermediate_size": 24}))
+    .unwrap();
+    let model = weft_train::run::build_model(&cfg, 3).unwrap();
+    let (exported, _) = export_model(model.as_ref(), &cfg, None, "a test", None).unwrap();
+    // as the file declares it
+    let proto = tract_onnx::onnx()
+        .proto_model_for_read(&mut exported.bytes.as_slice())
+        .unwrap();
+    let graph = proto.graph.unwrap();
+    let input = &graph.input[0];
+    assert_eq!(input.name, "input_ids");
+    let Some(T::TensorType(t)) = input.r#type.as_ref().and_then(|t| t.value.clone()) else {
+        panic!("input 0 has no tensor type: {input:?}")
+    };
+    assert_eq!(t.elem_type, 7, "INT64");
+    let dims: Vec<Option<D>> = t.shape.unwrap().dim.into_iter().map(|d| d.value).collect();
+    assert_eq!(
+        dims,
+        vec![Some(D::DimParam("batch".into())), Some(D::DimParam("seq".into()))]
+    );
+    // and as tract reads it, with no input fact given
+    let model = tract_onnx::onnx()
+        .model_for_read(&mut exported.bytes.as_slice())
+        .unwrap();
+    let fact = model.input_fact(0).unwrap();
+    assert_eq!(fact.datum_type.concretize(), Some(i64::datum_type()));
+    let shape = format!("{:?}", fact.shape);
+    assert!(shape.contains("batch") && shape.contains("seq"), "{shape}");
+}
+
+#[test]
 fn bad_requests_are_refused_with_one_line() {
     let cfg: ModelConfig = serde_json::from_value(serde_json::json!({"kind": "gpt", "vocab_size": 50,
         "block_size": 4, "n_layer": 1, "n_head": 2, "n_embd": 8, "bias": true, "dropout": 0.0}))
@@ -133,10 +169,35 @@ fn bad_requests_are_refused_with_one_line() {
     let e = export_model(model.as_ref(), &cfg, None, "t", Some(5))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("--seq-len: 5") && e.contains("block_size 4"), "{e}");
+    assert!(
+        e.contains("--seq-len: 5") && e.contains("block_size 4") && !e.contains('\n'),
+        "{e}"
+    );
     let e = export_model(model.as_ref(), &cfg, None, "t", None)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("too short") && e.contains("--seq-len"), "{e}");
+    assert!(
+        e.contains("too short") && e.contains("--seq-len") && !e.contains('\n'),
+        "{e}"
+    );
     assert!(export_model(model.as_ref(), &cfg, None, "t", Some(4)).is_ok());
+    // a block_size whose rotary tables cannot be held is refused, without allocating them
+    for block in [1usize << 40, 1 << 62] {
+        let cfg: ModelConfig = serde_json::from_value(serde_json::json!({"kind": "llama", "vocab_size": 40,
+            "block_size": block, "n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 16,
+            "intermediate_size": 24}))
+        .unwrap();
+        let model = weft_train::run::build_model(&cfg, 1).unwrap();
+        let e = export_model(model.as_ref(), &cfg, None, "t", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rotary embeddings") && !e.contains('\n'), "{e}");
+        // a --seq-len beyond it is checked first
+        let e = export_model(model.as_ref(), &cfg, None, "t", Some(block + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--seq-len"), "{e}");
+        // a short fixed length needs short tables only
+        assert!(export_model(model.as_ref(), &cfg, None, "t", Some(4)).is_ok());
+    }
 }

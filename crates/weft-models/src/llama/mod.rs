@@ -291,6 +291,10 @@ impl Model for Llama {
         self.loss_of_logits(&logits, targets)
     }
 
+    fn reserve_positions(&self, n: usize) -> Result<()> {
+        self.rope.reserve(n)
+    }
+
     fn context(&self) -> &Context {
         &self.ctx
     }

@@ -49,9 +49,17 @@ impl Rotary {
                 return Ok((cos.narrow(0, 0, t)?, sin.narrow(0, 0, t)?));
             }
         }
-        let (d, len) = (self.head_dim, t.next_power_of_two());
-        let mut cos = Vec::with_capacity(len * d);
-        let mut sin = Vec::with_capacity(len * d);
+        let d = self.head_dim;
+        let (len, n) = match t.checked_next_power_of_two() {
+            Some(len) => (len, len.checked_mul(d)),
+            None => (t, None),
+        };
+        let n = n.ok_or_else(|| weft_core::Error::Invalid {
+            op: "rotary embeddings",
+            msg: format!("tables for {t} positions of head dim {d} exceed the address space"),
+        })?;
+        let mut cos: Vec<f32> = weft_core::alloc::with_capacity("rotary embeddings", n)?;
+        let mut sin: Vec<f32> = weft_core::alloc::with_capacity("rotary embeddings", n)?;
         for pos in 0..len {
             // freqs = position (f32) * inv_freq (f32), as transformers' f32 outer product
             let freqs: Vec<f32> = self.inv_freq.iter().map(|&f| pos as f32 * f).collect();
@@ -66,6 +74,11 @@ impl Rotary {
         let (cos, sin) = (table(cos)?, table(sin)?);
         *cached = Some((len, cos.clone(), sin.clone()));
         Ok((cos.narrow(0, 0, t)?, sin.narrow(0, 0, t)?))
+    }
+
+    /// Builds the tables for positions `0..n` now (nothing when they cover `n` already).
+    pub fn reserve(&self, n: usize) -> Result<()> {
+        self.tables(n.max(1)).map(|_| ())
     }
 
     /// Rotates `x` by position.

@@ -12,6 +12,10 @@ use crate::graph::ir::{Graph, Node, Source, ValueId};
 use crate::op::{BinaryOp, CompareOp, Op, ReduceOp};
 use crate::DType;
 
+/// The prefix of every name the exporter makes up (intermediate values `/weft/tN`, constants
+/// `/weft/cN`, unnamed tensors read by reference `/weft/const.N`, nodes `/weft/nI_K`).
+pub(crate) const PREFIX: &str = "/weft/";
+
 /// The ONNX element type of `dtype`.
 pub(crate) fn onnx_type(dtype: DType) -> i32 {
     match dtype {
@@ -64,7 +68,7 @@ impl<'a> Emitter<'a> {
 
     fn tmp(&mut self) -> String {
         self.fresh += 1;
-        format!("t{}", self.fresh)
+        format!("{PREFIX}t{}", self.fresh)
     }
 
     /// Adds node `op_type(inputs)` with one fresh output; returns its name.
@@ -74,7 +78,7 @@ impl<'a> Emitter<'a> {
             op_type,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             outputs: vec![out.clone()],
-            name: format!("n{}_{}", self.at, self.nodes.len()),
+            name: format!("{PREFIX}n{}_{}", self.at, self.nodes.len()),
             attrs,
         });
         out
@@ -82,7 +86,7 @@ impl<'a> Emitter<'a> {
 
     /// A constant tensor; returns its name.
     fn constant(&mut self, dims: Vec<i64>, data_type: i32, raw: Vec<u8>) -> String {
-        let name = format!("c{}", self.initializers.len());
+        let name = format!("{PREFIX}c{}", self.initializers.len());
         self.initializers.push(proto::Tensor {
             name: name.clone(),
             dims,
@@ -99,6 +103,7 @@ impl<'a> Emitter<'a> {
             DType::F64 => v.to_le_bytes().to_vec(),
             DType::I64 => (v as i64).to_le_bytes().to_vec(),
             DType::I32 => (v as i32).to_le_bytes().to_vec(),
+            DType::U8 => vec![v as u8],
             DType::Bool => vec![u8::from(v != 0.0)],
             other => return Err(self.unsupported(&format!("a constant of dtype {other:?}"))),
         })
@@ -218,7 +223,6 @@ impl<'a> Emitter<'a> {
         let dtype = self.dtype(out);
         let name = match &node.op {
             Op::ToDevice(_) | Op::Contiguous => self.op("Identity", &a[..1], vec![]),
-            Op::Dropout { p, .. } if *p == 0.0 => self.op("Identity", &a[..1], vec![]),
             Op::Unary(u) => self.unary(*u, a[0], dtype)?,
             Op::Binary(b) => {
                 let t = match b {
@@ -243,13 +247,14 @@ impl<'a> Emitter<'a> {
                 CompareOp::Gt => self.op("Greater", &a, vec![]),
                 CompareOp::Ge => self.op("GreaterOrEqual", &a, vec![]),
             },
+            Op::Affine { mul, add } if *mul == 1.0 && *add == 0.0 => self.op("Identity", &a[..1], vec![]),
             Op::Affine { mul, add } => {
                 let mut x = a[0].to_string();
                 if *mul != 1.0 {
                     let m = self.scalar(dtype, *mul)?;
                     x = self.op("Mul", &[&x, &m], vec![]);
                 }
-                if *add != 0.0 || x == a[0] {
+                if *add != 0.0 {
                     let c = self.scalar(dtype, *add)?;
                     x = self.op("Add", &[&x, &c], vec![]);
                 }
@@ -477,16 +482,31 @@ pub(crate) fn initial_names(
             .ok_or_else(|| invalid("onnx export", format!("input {i} has no name")))?;
     }
     let mut unnamed = 0;
+    let mut held: HashMap<String, &crate::Tensor> = HashMap::new();
     for (v, value) in g.values.iter().enumerate() {
         if let Source::External(t) | Source::Constant(t) = &value.source {
             let name = named
                 .iter()
-                .find(|(_, p)| p.same_storage(t) && p.shape() == t.shape())
+                .find(|(_, p)| p.same_storage(t) && p.layout() == t.layout())
                 .map(|(n, _)| n.clone())
                 .unwrap_or_else(|| {
                     unnamed += 1;
-                    format!("const.{unnamed}")
+                    format!("{PREFIX}const.{unnamed}")
                 });
+            if let Some(other) = held.get(&name) {
+                if !(other.same_storage(t) && other.layout() == t.layout()) {
+                    return Err(invalid(
+                        "onnx export",
+                        format!(
+                            "the name {name:?} would hold two different tensors ({:?} and {:?}); tensors read by \
+                             reference need names of their own",
+                            other.shape(),
+                            t.shape()
+                        ),
+                    ));
+                }
+            }
+            held.insert(name.clone(), t);
             names[v] = name.clone();
             externals.push((v, name));
         }

@@ -16,10 +16,15 @@ mod proto;
 use crate::error::{invalid, Result};
 use crate::graph::ir::Graph;
 use crate::graph::passes;
+use crate::graph::Source;
+use crate::op::Op;
 use crate::Tensor;
 
 use dims::{AxisSizes, SymDim};
 use proto::{Dim, ValueInfo};
+
+/// The prefix of the Identity nodes that give the graph's outputs their names.
+const OUTPUT_NODE: &str = "/weft/output/";
 
 /// The opset the exporter writes.
 pub const OPSET: i64 = 17;
@@ -62,16 +67,30 @@ pub struct Exported {
 }
 
 /// Traces `f(inputs)` (run under `no_grad`, as inference; custom functions' own ops recorded
-/// in their place) and drops what does not lead to its results. Fails when the computation cannot be captured, saying why.
-pub fn trace_inference<F>(inputs: &[Tensor], f: F) -> Result<Graph>
+/// in their place), drops what does not lead to its results and numbers the remaining values
+/// densely. A capture that failed only because a lazily built cache made its tensors during it
+/// is run once more. Fails when the computation cannot be captured, saying why.
+pub fn trace_inference<F>(inputs: &[Tensor], mut f: F) -> Result<Graph>
 where
-    F: FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
 {
     let _inline = crate::graph::InlineFunctions::enter();
-    let (_, graph) = crate::no_grad(|| crate::graph::trace(inputs, f))?;
-    let mut graph =
-        graph.map_err(|e| invalid("onnx export", format!("the forward cannot be captured: {}", e.reason)))?;
+    let mut retried = false;
+    let mut graph = loop {
+        let (_, graph) = crate::no_grad(|| crate::graph::trace(inputs, &mut f))?;
+        match graph {
+            Ok(g) => break g,
+            Err(e) if e.may_retry && !retried => retried = true,
+            Err(e) => {
+                return Err(invalid(
+                    "onnx export",
+                    format!("the forward cannot be captured: {}", e.reason),
+                ))
+            }
+        }
+    };
     passes::eliminate_dead(&mut graph);
+    passes::compact(&mut graph);
     Ok(graph)
 }
 
@@ -86,7 +105,7 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
         )));
     }
     let g = &traces[0];
-    same_structure(traces)?;
+    same_structure(traces, &spec.axes)?;
     let input_size = |t: &Graph, a: &DynamicAxis| -> Result<usize> {
         let v = *t
             .inputs
@@ -126,7 +145,14 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
         let mut dims = Vec::with_capacity(value.shape.len());
         for (d, &base) in value.shape.iter().enumerate() {
             let varied: Vec<usize> = traces[1..].iter().map(|t| t.values[v].shape[d]).collect();
-            dims.push(solve(base, &varied, &|| format!("dim {d} of value %{v}"))?);
+            dims.push(solve(base, &varied, &|| {
+                let seen: Vec<String> = traces.iter().map(|t| format!("{:?}", t.values[v].shape)).collect();
+                format!(
+                    "dim {d} of value %{v} (from {}; shapes {} in the traces)",
+                    producer(g, v),
+                    seen.join(", ")
+                )
+            })?);
         }
         shapes.push(dims);
     }
@@ -140,11 +166,11 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
     e.define_axes(&axis_inputs);
     for (i, node) in g.nodes.iter().enumerate() {
         let start = match &node.op {
-            crate::op::Op::Narrow { start, .. } => {
+            Op::Narrow { start, .. } => {
                 let varied: Vec<usize> = traces[1..]
                     .iter()
                     .map(|t| match &t.nodes[i].op {
-                        crate::op::Op::Narrow { start, .. } => *start,
+                        Op::Narrow { start, .. } => *start,
                         _ => usize::MAX,
                     })
                     .collect();
@@ -162,7 +188,7 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
             continue;
         }
         let t = match &g.values[v].source {
-            crate::graph::Source::External(t) | crate::graph::Source::Constant(t) => t,
+            Source::External(t) | Source::Constant(t) => t,
             _ => continue,
         };
         initializers.push(proto::Tensor {
@@ -218,11 +244,12 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
             op_type: "Identity",
             inputs: vec![inner],
             outputs: vec![name.clone()],
-            name: format!("output_{name}"),
+            name: format!("{OUTPUT_NODE}{name}"),
             attrs: Vec::new(),
         });
         outputs.push(info(v, name));
     }
+    unique_names(&inputs, &initializers, &nodes)?;
     let (n_nodes, n_initializers) = (nodes.len(), initializers.len());
     let model = proto::Model {
         graph_name: spec.name.clone(),
@@ -241,18 +268,92 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
     })
 }
 
+/// Checks that no two of the graph's inputs, initializers and node outputs share a name.
+fn unique_names(inputs: &[ValueInfo], initializers: &[proto::Tensor], nodes: &[proto::Node]) -> Result<()> {
+    let mut seen: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    let named = inputs
+        .iter()
+        .map(|i| (i.name.as_str(), "an input".to_string()))
+        .chain(
+            initializers
+                .iter()
+                .map(|t| (t.name.as_str(), "an initializer".to_string())),
+        )
+        .chain(nodes.iter().flat_map(|n| {
+            n.outputs.iter().map(move |o| match n.name.strip_prefix(OUTPUT_NODE) {
+                Some(_) => (o.as_str(), "a graph output".to_string()),
+                None => (o.as_str(), format!("the output of {} node {}", n.op_type, n.name)),
+            })
+        }));
+    for (name, what) in named {
+        if let Some(first) = seen.get(name) {
+            return Err(bad(format!(
+                "the name {name:?} is both {first} and {what}; names must differ"
+            )));
+        }
+        seen.insert(name, what);
+    }
+    Ok(())
+}
+
 fn bad(what: String) -> crate::Error {
     invalid("onnx export", what)
 }
 
-/// Checks that the traces ran the same ops on the same values (only sizes may differ).
-fn same_structure(traces: &[Graph]) -> Result<()> {
+/// Whether `a` and `b` are the same op, but for attributes that are sizes (a reshape's or
+/// expand's target shape, a narrow's start and length, a fill's shape, a range's length).
+/// Floating-point attributes are compared bit for bit.
+fn same_op_but_sizes(a: &Op, b: &Op) -> bool {
+    let same = |x: f64, y: f64| x.to_bits() == y.to_bits();
+    match (a, b) {
+        (Op::Reshape(_), Op::Reshape(_)) | (Op::Expand(_), Op::Expand(_)) => true,
+        (Op::Narrow { dim: d, .. }, Op::Narrow { dim: e, .. }) => d == e,
+        (Op::Fill { value: v, dtype: t, .. }, Op::Fill { value: w, dtype: u, .. }) => same(*v, *w) && t == u,
+        (
+            Op::Arange {
+                start: s0,
+                step: d0,
+                dtype: t0,
+                ..
+            },
+            Op::Arange {
+                start: s1,
+                step: d1,
+                dtype: t1,
+                ..
+            },
+        ) => same(*s0, *s1) && same(*d0, *d1) && t0 == t1,
+        (Op::Affine { mul: m0, add: a0 }, Op::Affine { mul: m1, add: a1 }) => same(*m0, *m1) && same(*a0, *a1),
+        (Op::PowScalar(p), Op::PowScalar(q)) => same(*p, *q),
+        (Op::Clamp { min: l0, max: h0 }, Op::Clamp { min: l1, max: h1 }) => same(*l0, *l1) && same(*h0, *h1),
+        _ => a == b,
+    }
+}
+
+/// What produces value `v` of `g`, for messages: `node I (op)`, `input I`, or a tensor read by
+/// reference.
+fn producer(g: &Graph, v: usize) -> String {
+    match &g.values[v].source {
+        Source::Node { node, .. } => format!("node {node} ({})", g.nodes[*node].op.name()),
+        Source::Input(i) => format!("input {i}"),
+        Source::External(_) | Source::Constant(_) => {
+            match g.nodes.iter().enumerate().find(|(_, n)| n.inputs.contains(&v)) {
+                Some((i, n)) => format!("a tensor read by node {i} ({})", n.op.name()),
+                None => "a tensor read by reference".to_string(),
+            }
+        }
+    }
+}
+
+/// Checks that the traces ran the same ops, with the same attributes but for sizes, on the
+/// same values, reading the same tensors (only sizes may differ).
+fn same_structure(traces: &[Graph], axes: &[DynamicAxis]) -> Result<()> {
     let g = &traces[0];
     for (k, t) in traces.iter().enumerate().skip(1) {
+        let axis = axes.get(k - 1).map_or("?", |a| a.name.as_str());
         let differs = |what: String| {
             bad(format!(
-                "the computation changes with dynamic axis {} ({what}); it cannot be exported with that axis dynamic",
-                k - 1
+                "the computation changes with dynamic axis {axis} ({what}); it cannot be exported with that axis dynamic"
             ))
         };
         if t.nodes.len() != g.nodes.len() || t.values.len() != g.values.len() {
@@ -268,12 +369,38 @@ fn same_structure(traces: &[Graph]) -> Result<()> {
             if a.op.name() != b.op.name() || a.inputs != b.inputs || a.outputs != b.outputs {
                 return Err(differs(format!("node {i}: {} then {}", a.op.name(), b.op.name())));
             }
+            if !same_op_but_sizes(&a.op, &b.op) {
+                return Err(differs(format!(
+                    "node {i} ({}): {:?} then {:?}",
+                    a.op.name(),
+                    a.op,
+                    b.op
+                )));
+            }
         }
         for (v, (a, b)) in g.values.iter().zip(&t.values).enumerate() {
             if a.dtype != b.dtype || a.shape.len() != b.shape.len() {
                 return Err(differs(format!(
-                    "value %{v}: {:?} {:?} then {:?} {:?}",
-                    a.dtype, a.shape, b.dtype, b.shape
+                    "value %{v} of {}: {:?} {:?} then {:?} {:?}",
+                    producer(g, v),
+                    a.dtype,
+                    a.shape,
+                    b.dtype,
+                    b.shape
+                )));
+            }
+            let same_source = match (&a.source, &b.source) {
+                (Source::External(x), Source::External(y)) | (Source::Constant(x), Source::Constant(y)) => {
+                    x.same_storage(y) && x.layout() == y.layout()
+                }
+                (Source::Input(i), Source::Input(j)) => i == j,
+                (Source::Node { node: n, output: o }, Source::Node { node: m, output: p }) => n == m && o == p,
+                _ => false,
+            };
+            if !same_source {
+                return Err(differs(format!(
+                    "value %{v} of {} is another tensor in each trace",
+                    producer(g, v)
                 )));
             }
         }
@@ -344,6 +471,153 @@ mod tests {
             .map(|&b| trace_inference(&[Tensor::zeros(&[b, 4], DType::F32).unwrap()], f).unwrap())
             .collect();
         let e = to_onnx(&traces, &spec(vec![batch()])).unwrap_err().to_string();
-        assert!(e.contains("changes with dynamic axis"), "{e}");
+        assert!(e.contains("changes with dynamic axis batch"), "{e}");
+    }
+
+    fn seq() -> DynamicAxis {
+        DynamicAxis {
+            name: "seq".into(),
+            input: 0,
+            dim: 1,
+        }
+    }
+
+    #[test]
+    fn a_constant_that_changes_with_an_axis_is_refused() {
+        // the mean over the sequence written as a sum scaled by 1 / T: the scale is an attribute
+        let f = |xs: &[Tensor]| {
+            let t = xs[0].dim(1)? as f64;
+            Ok(vec![xs[0].sum(&[1], false)?.mul_scalar(1.0 / t)?])
+        };
+        let traces: Vec<Graph> = [(2, 3), (3, 3), (2, 5)]
+            .iter()
+            .map(|&(b, t)| trace_inference(&[Tensor::zeros(&[b, t], DType::F32).unwrap()], f).unwrap())
+            .collect();
+        let e = to_onnx(&traces, &spec(vec![batch(), seq()])).unwrap_err().to_string();
+        assert!(
+            e.contains("dynamic axis seq") && e.contains("affine") && e.contains("node 1"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        // with the sequence fixed, the batch alone is dynamic and the scale is right
+        assert!(to_onnx(&traces[..2], &spec(vec![batch()])).is_ok());
+    }
+
+    #[test]
+    fn a_tensor_read_by_reference_must_be_the_same_in_every_trace() {
+        let (a, b) = (
+            Tensor::ones(&[4], DType::F32).unwrap(),
+            Tensor::ones(&[4], DType::F32).unwrap(),
+        );
+        let traces: Vec<Graph> = [(2, &a), (3, &b)]
+            .iter()
+            .map(|&(n, w)| {
+                trace_inference(&[Tensor::zeros(&[n, 4], DType::F32).unwrap()], |xs| {
+                    Ok(vec![xs[0].mul(w)?])
+                })
+                .unwrap()
+            })
+            .collect();
+        let e = to_onnx(&traces, &spec(vec![batch()])).unwrap_err().to_string();
+        assert!(
+            e.contains("another tensor in each trace") && e.contains("node 0 (binary)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_capture_spoiled_by_a_lazy_cache_is_run_again() {
+        let cache = std::cell::OnceCell::new();
+        let g = trace_inference(&[Tensor::zeros(&[2, 3], DType::F32).unwrap()], |xs| {
+            let c = cache.get_or_init(|| Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap());
+            Ok(vec![xs[0].add(c)?])
+        })
+        .unwrap();
+        assert_eq!(g.nodes.len(), 1);
+    }
+
+    #[test]
+    fn dead_values_are_dropped() {
+        let w = Tensor::ones(&[3], DType::F32).unwrap();
+        let g = trace_inference(&[Tensor::zeros(&[2, 3], DType::F32).unwrap()], |xs| {
+            let _unused = xs[0].mul(&w)?.exp()?;
+            Ok(vec![xs[0].exp()?])
+        })
+        .unwrap();
+        assert_eq!((g.nodes.len(), g.values.len()), (1, 2));
+        let mut s = spec(vec![]);
+        s.named = vec![("w".into(), w.clone())];
+        let out = to_onnx(&[g], &s).unwrap();
+        assert_eq!(out.initializers, 0);
+    }
+
+    #[test]
+    fn names_that_clash_are_refused() {
+        let g = trace_inference(&[Tensor::zeros(&[2, 3], DType::F32).unwrap()], |xs| {
+            Ok(vec![xs[0].exp()?])
+        })
+        .unwrap();
+        let mut s = spec(vec![]);
+        s.output_names = vec!["x".into()];
+        let e = to_onnx(std::slice::from_ref(&g), &s).unwrap_err().to_string();
+        assert!(e.contains("\"x\" is both an input and a graph output"), "{e}");
+        // a name the exporter makes up is no clash for an ordinary one
+        s.output_names = vec!["t1".into()];
+        assert!(to_onnx(std::slice::from_ref(&g), &s).is_ok());
+        // but one in its reserved prefix is caught
+        s.output_names = vec!["/weft/t1".into()];
+        let e = to_onnx(&[g], &s).unwrap_err().to_string();
+        assert!(e.contains("\"/weft/t1\" is both"), "{e}");
+    }
+
+    #[test]
+    fn parameters_are_named_by_storage_and_layout() {
+        let p = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+        let row = p.narrow(0, 1, 1).unwrap();
+        let g = trace_inference(&[Tensor::zeros(&[2, 3], DType::F32).unwrap()], |xs| {
+            Ok(vec![xs[0].mul(&p)?.add(&row)?])
+        })
+        .unwrap();
+        let named = vec![("p".to_string(), p.clone())];
+        let (names, externals) = emit::initial_names(&g, &["x".to_string()], &named).unwrap();
+        let mut held: Vec<(String, Vec<usize>)> = externals
+            .iter()
+            .map(|(v, n)| (n.clone(), g.values[*v].shape.clone()))
+            .collect();
+        held.sort();
+        assert_eq!(
+            held,
+            vec![("/weft/const.1".to_string(), vec![1, 3]), ("p".to_string(), vec![2, 3])]
+        );
+        assert_eq!(names[g.inputs[0]], "x");
+        // one name for two different tensors
+        let q = Tensor::ones(&[2, 3], DType::F32).unwrap();
+        let g = trace_inference(&[Tensor::zeros(&[2, 3], DType::F32).unwrap()], |xs| {
+            Ok(vec![xs[0].mul(&p)?.add(&q)?])
+        })
+        .unwrap();
+        let named = vec![("w".to_string(), p.clone()), ("w".to_string(), q.clone())];
+        let e = emit::initial_names(&g, &["x".to_string()], &named)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"w\" would hold two different tensors"), "{e}");
+    }
+
+    #[test]
+    fn an_identity_affine_is_an_identity_and_u8_constants_are_written() {
+        let g = trace_inference(&[Tensor::zeros(&[2, 3], DType::F32).unwrap()], |xs| {
+            Ok(vec![xs[0].affine(1.0, 0.0)?])
+        })
+        .unwrap();
+        let out = to_onnx(&[g], &spec(vec![])).unwrap();
+        // the affine's Identity and the output's
+        assert_eq!((out.nodes, out.initializers), (2, 0));
+        let g = trace_inference(&[Tensor::zeros(&[2, 3], DType::F32).unwrap()], |xs| {
+            Ok(vec![Tensor::full(&[3], 7.0, DType::U8)?
+                .cast(DType::F32)?
+                .add(&xs[0].sum(&[0], false)?)?])
+        })
+        .unwrap();
+        to_onnx(&[g], &spec(vec![])).unwrap();
     }
 }

@@ -258,4 +258,17 @@ mod tests {
         m.string(2, "testing");
         assert_eq!(m.0, [0x12, 0x07, b't', b'e', b's', b't', b'i', b'n', b'g']);
     }
+
+    #[test]
+    fn attributes_are_encoded_as_onnx_attribute_protos() {
+        // name (1) "axis", i (3) 0, type (20) INT = 2
+        let a = attribute("axis", &Attr::Int(0));
+        assert_eq!(a.0, [0x0a, 0x04, b'a', b'x', b'i', b's', 0x18, 0x00, 0xa0, 0x01, 0x02]);
+        // name "perm", ints (8) 1 and 0 unpacked, type INTS = 7
+        let a = attribute("perm", &Attr::Ints(vec![1, 0]));
+        assert_eq!(
+            a.0,
+            [0x0a, 0x04, b'p', b'e', b'r', b'm', 0x40, 0x01, 0x40, 0x00, 0xa0, 0x01, 0x07]
+        );
+    }
 }
