@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{consolidate_ok, fails_with, path_set, temp_dir, train_fixture, weft_ok};
+use common::{consolidate_ok, fails_with, path_set, temp_dir, train_fixture, weft, weft_ok};
 
 #[test]
 fn a_trained_checkpoint_exports_and_bad_requests_write_nothing() {
@@ -64,6 +64,12 @@ fn a_trained_checkpoint_exports_and_bad_requests_write_nothing() {
         ],
         &["--seq-len: 100000", "block_size"],
     );
+    // the whole of stderr is that one line
+    let out = weft(&["export", "onnx", "--checkpoint", c, "--output", o, "--seq-len", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--seq-len: 0"), "{err}");
     let missing = dir.join("nothing");
     fails_with(
         &[

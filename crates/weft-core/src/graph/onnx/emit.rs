@@ -467,7 +467,8 @@ pub(crate) type InitialNames = (Vec<String>, Vec<(ValueId, String)>);
 
 /// The ONNX name of each value that has one before any node is written: the graph's inputs
 /// (`input_names`), and tensors made before the capture: a name from `named` when the tensor
-/// is one of them (a parameter), `const.N` otherwise.
+/// is one of them (the same storage and layout: a parameter), `/weft/const.N` otherwise. Fails
+/// when one name would hold two different tensors.
 pub(crate) fn initial_names(
     g: &Graph,
     input_names: &[String],

@@ -50,7 +50,8 @@ pub struct OnnxSpec {
     pub output_names: Vec<String>,
     /// The dynamic axes; trace `k + 1` of [`to_onnx`] changes axis `k`.
     pub axes: Vec<DynamicAxis>,
-    /// Names for tensors the computation reads (parameters); others are called `const.N`.
+    /// Names for tensors the computation reads (parameters, matched by storage and layout);
+    /// others are called `/weft/const.N`.
     pub named: Vec<(String, Tensor)>,
     /// `metadata_props` of the model.
     pub metadata: Vec<(String, String)>,
