@@ -1,5 +1,7 @@
-//! The few ONNX protobuf messages an export writes, encoded by hand: `ModelProto`, `GraphProto`,
-//! `NodeProto`, `AttributeProto`, `TensorProto` and `ValueInfoProto`. Field numbers are those
+//! The ONNX protobuf messages an export writes, encoded by hand: `ModelProto`, `GraphProto`,
+//! `NodeProto`, `AttributeProto`, `TensorProto`, `ValueInfoProto` and the messages inside them
+//! (`OperatorSetIdProto`, `StringStringEntryProto`, `TypeProto` and its `Tensor`,
+//! `TensorShapeProto` and its `Dimension`). Field numbers are those
 //! of `onnx/onnx.proto` (the ONNX repository's schema, IR version 8). Repeated scalars are
 //! written unpacked, which every protobuf reader accepts for a proto2 schema.
 //!
