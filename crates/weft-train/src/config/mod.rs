@@ -3,13 +3,17 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::error::{Error, Result};
 
+mod data;
+mod model;
 mod overrides;
 mod train;
 
+pub use data::{BatchesKeys, CsvKeys, DataConfig, LabelColumnConfig, TextKeys, TokensKeys};
+pub use model::{ConvnetKeys, GptKeys, LlamaKeys, MlpKeys, ModelConfig};
 pub use overrides::Overrides;
 pub use train::TrainConfig;
 
@@ -32,153 +36,9 @@ pub struct RunConfig {
     pub base_dir: PathBuf,
 }
 
-/// `[model]`: which model (`kind`) and its sizes.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum ModelConfig {
-    Mlp(MlpKeys),
-    Convnet(ConvnetKeys),
-    Gpt(GptKeys),
-    Llama(LlamaKeys),
-}
-
-impl ModelConfig {
-    /// `(vocab_size, block_size)` of a language model (gpt, llama); `None` for the others.
-    pub fn language_model_sizes(&self) -> Option<(usize, usize)> {
-        match self {
-            ModelConfig::Gpt(g) => Some((g.vocab_size, g.block_size)),
-            ModelConfig::Llama(l) => Some((l.vocab_size, l.block_size)),
-            ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => None,
-        }
-    }
-
-    /// The `[model] kind` this is.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ModelConfig::Mlp(_) => "mlp",
-            ModelConfig::Convnet(_) => "convnet",
-            ModelConfig::Gpt(_) => "gpt",
-            ModelConfig::Llama(_) => "llama",
-        }
-    }
-}
-
-/// `[model]` keys of `kind = "mlp"`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct MlpKeys {
-    pub in_features: usize,
-    pub hidden: Vec<usize>,
-    pub out_features: usize,
-    /// `relu` | `gelu` | `tanh`.
-    pub activation: String,
-}
-
-/// `[model]` keys of `kind = "convnet"`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ConvnetKeys {
-    pub in_channels: usize,
-    pub image_size: usize,
-    pub channels: Vec<usize>,
-    pub num_classes: usize,
-}
-
-/// `[model]` keys of `kind = "gpt"`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct GptKeys {
-    pub vocab_size: usize,
-    pub block_size: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
-    pub bias: bool,
-    pub dropout: f64,
-    /// The MLP's activation: `"gelu"` (exact, the default) or `"gelu_tanh"` (GPT-2's `gelu_new`).
-    #[serde(
-        default = "default_gpt_activation",
-        skip_serializing_if = "is_default_gpt_activation"
-    )]
-    pub activation: String,
-}
-
-fn default_gpt_activation() -> String {
-    "gelu".into()
-}
-
-fn is_default_gpt_activation(a: &String) -> bool {
-    a == "gelu"
-}
-
-impl GptKeys {
-    /// The model's own config.
-    pub fn to_config(&self) -> weft_models::gpt::GptConfig {
-        weft_models::gpt::GptConfig {
-            vocab_size: self.vocab_size,
-            block_size: self.block_size,
-            n_layer: self.n_layer,
-            n_head: self.n_head,
-            n_embd: self.n_embd,
-            bias: self.bias,
-            dropout: self.dropout,
-            activation: match self.activation.as_str() {
-                "gelu_tanh" => weft_core::UnaryOp::GeluTanh,
-                _ => weft_core::UnaryOp::Gelu,
-            },
-        }
-    }
-}
-
-/// `[model]` keys of `kind = "llama"` (transformers' `LlamaForCausalLM`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct LlamaKeys {
-    pub vocab_size: usize,
-    pub block_size: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    /// Key/value heads (grouped-query attention); `n_head` must divide by it.
-    pub n_kv_head: usize,
-    pub n_embd: usize,
-    pub intermediate_size: usize,
-    #[serde(default = "default_rope_theta")]
-    pub rope_theta: f64,
-    #[serde(default = "default_norm_eps")]
-    pub norm_eps: f64,
-    #[serde(default)]
-    pub tie_embeddings: bool,
-}
-
-fn default_rope_theta() -> f64 {
-    weft_models::llama::LlamaConfig::DEFAULT_ROPE_THETA
-}
-
-fn default_norm_eps() -> f64 {
-    weft_models::llama::LlamaConfig::DEFAULT_NORM_EPS
-}
-
-impl LlamaKeys {
-    /// The model's own config.
-    pub fn to_config(&self) -> weft_models::llama::LlamaConfig {
-        weft_models::llama::LlamaConfig {
-            vocab_size: self.vocab_size,
-            block_size: self.block_size,
-            n_layer: self.n_layer,
-            n_head: self.n_head,
-            n_kv_head: self.n_kv_head,
-            n_embd: self.n_embd,
-            intermediate_size: self.intermediate_size,
-            rope_theta: self.rope_theta,
-            norm_eps: self.norm_eps,
-            tie_embeddings: self.tie_embeddings,
-        }
-    }
-}
-
 /// Deserializes a section whose `kind` key picks the struct for the other keys. Unlike serde's
 /// internally tagged enums, errors keep the key's name (`n_layer: invalid value ...`).
-fn by_kind<'de, D: serde::Deserializer<'de>, T>(
+pub(super) fn by_kind<'de, D: serde::Deserializer<'de>, T>(
     d: D,
     kinds: &[&str],
     pick: impl Fn(&str, toml::Value) -> std::result::Result<T, serde_path_to_error::Error<toml::de::Error>>,
@@ -208,137 +68,11 @@ fn by_kind<'de, D: serde::Deserializer<'de>, T>(
     })
 }
 
-impl<'de> Deserialize<'de> for ModelConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["mlp", "convnet", "gpt", "llama"], |kind, v| {
-            Ok(match kind {
-                "mlp" => ModelConfig::Mlp(serde_path_to_error::deserialize(v)?),
-                "convnet" => ModelConfig::Convnet(serde_path_to_error::deserialize(v)?),
-                "llama" => ModelConfig::Llama(serde_path_to_error::deserialize(v)?),
-                _ => ModelConfig::Gpt(serde_path_to_error::deserialize(v)?),
-            })
-        })
-    }
-}
-
 /// `[init]`: start from a safetensors state dict instead of the seeded initialisation.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InitConfig {
     pub from: Option<PathBuf>,
-}
-
-/// `[data]`: which data (`kind`) and where.
-#[derive(Debug, Clone)]
-pub enum DataConfig {
-    /// A safetensors file with `inputs` `[S, B, ...]` and `targets` `[S, B, ...]`; step `i` uses
-    /// row `i mod S`.
-    Batches(BatchesKeys),
-    /// Character-level text; windows of the model's `block_size`.
-    Text(TextKeys),
-    /// Numeric features plus a label column (`.csv` or `.csv.gz`).
-    Csv(CsvKeys),
-    /// Token shards written by `weft data prepare`, in a folder or an object store; windows of
-    /// the model's `block_size + 1` tokens.
-    Tokens(TokensKeys),
-}
-
-/// `[data]` keys of `kind = "tokens"`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokensKeys {
-    /// A folder (relative to the config file) or a URL (`s3://bucket/prefix`, `gs://`, `az://`,
-    /// `http(s)://`, `file://`) holding `index.json` and the shards.
-    pub path: String,
-    pub batch_size: usize,
-    /// Object stores: the folder of the on-disk block cache (default: the user's cache folder,
-    /// `$XDG_CACHE_HOME/weft/objects` or `~/.cache/weft/objects`).
-    #[serde(default)]
-    pub cache_dir: Option<PathBuf>,
-    /// Object stores: most GiB the cache may hold (least recently used blocks are evicted).
-    #[serde(default = "default_cache_gb")]
-    pub cache_gb: f64,
-    /// Object stores: seconds a failing store is retried (with backoff) before the run fails.
-    #[serde(default = "default_retry_seconds")]
-    pub retry_seconds: f64,
-    /// Object stores: the cache's block, MiB: what one request to the store fetches.
-    #[serde(default = "default_cache_block_mb")]
-    pub cache_block_mb: f64,
-}
-
-fn default_cache_block_mb() -> f64 {
-    4.0
-}
-
-fn default_cache_gb() -> f64 {
-    10.0
-}
-
-fn default_retry_seconds() -> f64 {
-    60.0
-}
-
-/// `[data]` keys of `kind = "batches"`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BatchesKeys {
-    pub path: PathBuf,
-}
-
-/// `[data]` keys of `kind = "text"`. `path = "builtin"` is the corpus compiled into weft.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TextKeys {
-    pub path: PathBuf,
-    pub batch_size: usize,
-    /// `"char"` (the default: the text's own characters), `"gpt2"` (GPT-2's BPE), or the path of
-    /// a Hugging Face `tokenizer.json` (relative to the config file).
-    #[serde(default)]
-    pub tokenizer: Option<String>,
-    #[serde(default = "default_val_fraction")]
-    pub val_fraction: f64,
-}
-
-/// `[data]` keys of `kind = "csv"`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CsvKeys {
-    pub path: PathBuf,
-    pub label_column: LabelColumnConfig,
-    pub batch_size: usize,
-    #[serde(default = "default_val_fraction")]
-    pub val_fraction: f64,
-    #[serde(default = "default_feature_scale")]
-    pub feature_scale: f64,
-}
-
-impl<'de> Deserialize<'de> for DataConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["batches", "text", "csv", "tokens"], |kind, v| {
-            Ok(match kind {
-                "batches" => DataConfig::Batches(serde_path_to_error::deserialize(v)?),
-                "text" => DataConfig::Text(serde_path_to_error::deserialize(v)?),
-                "tokens" => DataConfig::Tokens(serde_path_to_error::deserialize(v)?),
-                _ => DataConfig::Csv(serde_path_to_error::deserialize(v)?),
-            })
-        })
-    }
-}
-
-/// A label column by index (0-based, negative from the end) or by header name.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum LabelColumnConfig {
-    Index(i64),
-    Name(String),
-}
-
-fn default_val_fraction() -> f64 {
-    0.1
-}
-
-fn default_feature_scale() -> f64 {
-    1.0
 }
 
 /// `[optim]`.
