@@ -167,7 +167,7 @@ fn autotune_search_tunes_the_compiled_step_and_keeps_its_choices() {
         err.contains("warning: train.autotune") && err.contains("not JSON"),
         "{err}"
     );
-    assert!(std::fs::read_to_string(&files[0]).unwrap().contains("weft-autotune-1"));
+    assert!(std::fs::read_to_string(&files[0]).unwrap().contains("weft-autotune-2"));
     // refusals
     fails_with(
         &["train", "--config", c, "--set", "train.autotune=\"search\""],

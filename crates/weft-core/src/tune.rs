@@ -185,7 +185,7 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// The file format's name; a file of another is ignored (with a warning) and rewritten.
-const FORMAT: &str = "weft-autotune-1";
+const FORMAT: &str = "weft-autotune-2";
 
 /// What this machine is, for the cache: the CPU's model name and the threads weft uses.
 pub fn machine() -> String {

@@ -79,7 +79,7 @@ fn every_variant_computes_the_same_and_a_search_keeps_a_choice_per_shape() {
         assert!(e.chosen == "heuristic" || e.chosen_ms < 0.95 * e.heuristic_ms, "{e:?}");
     }
     assert!(
-        report.to_table().contains("| f32 m=256 n=96 k=64 threads="),
+        report.to_table().contains("| f32 m=256 n=96 k=64 a="),
         "{}",
         report.to_table()
     );
@@ -93,7 +93,7 @@ fn every_variant_computes_the_same_and_a_search_keeps_a_choice_per_shape() {
     assert!(file.starts_with(&dir), "{}", file.display());
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(
-        text.contains("weft-autotune-1") && text.contains("gemm f32 m=256 n=96 k=64"),
+        text.contains("weft-autotune-2") && text.contains("gemm f32 m=256 n=96 k=64 a="),
         "{text}"
     );
     tune::clear();
@@ -108,13 +108,13 @@ fn every_variant_computes_the_same_and_a_search_keeps_a_choice_per_shape() {
         warning.contains("not JSON") && warning.contains("rewritten"),
         "{warning}"
     );
-    std::fs::write(&file, br#"{"format": "weft-autotune-0", "choices": {}}"#).unwrap();
-    assert!(tune::load_cache().1.unwrap().contains("weft-autotune-0"));
+    std::fs::write(&file, br#"{"format": "weft-autotune-1", "choices": {}}"#).unwrap();
+    assert!(tune::load_cache().1.unwrap().contains("weft-autotune-1"));
     // one bad choice: none of the file's choices is taken
     let good = "gemm f32 m=1 n=2 k=3 threads=1";
     std::fs::write(
         &file,
-        format!(r#"{{"format": "weft-autotune-1", "choices": {{"{good}": "one-thread", "gemm x": "fastest"}}}}"#),
+        format!(r#"{{"format": "weft-autotune-2", "choices": {{"{good}": "one-thread", "gemm x": "fastest"}}}}"#),
     )
     .unwrap();
     let (n, warning) = tune::load_cache();
@@ -124,7 +124,7 @@ fn every_variant_computes_the_same_and_a_search_keeps_a_choice_per_shape() {
     // another run's choices of other shapes are kept when this process writes the file
     std::fs::write(
         &file,
-        format!(r#"{{"format": "weft-autotune-1", "choices": {{"{good}": "one-thread"}}}}"#),
+        format!(r#"{{"format": "weft-autotune-2", "choices": {{"{good}": "one-thread"}}}}"#),
     )
     .unwrap();
     // a search rewrites it
@@ -134,7 +134,7 @@ fn every_variant_computes_the_same_and_a_search_keeps_a_choice_per_shape() {
     assert_eq!(cache.take_tune_report().unwrap().searched.len(), 2);
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(
-        text.contains("weft-autotune-1") && text.contains("gemm f32 m=256 n=96 k=64"),
+        text.contains("weft-autotune-2") && text.contains("gemm f32 m=256 n=96 k=64 a="),
         "{text}"
     );
     assert!(text.contains(good), "{text}");

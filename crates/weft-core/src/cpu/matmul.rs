@@ -140,7 +140,15 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
         (true, 1)
     } else {
         let variant = crate::tune::pick(crate::tune::Kernel::Gemm, || {
-            format!("{} m={m} n={n} k={k} threads={threads}", std::any::type_name::<T>())
+            // operands read along their rows (n) or down their columns (t): a forward product
+            // and a backward one of the same sizes are different calls
+            let order = |col_stride: isize| if col_stride == 1 { 'n' } else { 't' };
+            format!(
+                "{} m={m} n={n} k={k} a={} b={} threads={threads}",
+                std::any::type_name::<T>(),
+                order(a.col_stride),
+                order(b.col_stride)
+            )
         });
         match variant {
             1 => (true, 1),
