@@ -216,3 +216,47 @@ fn broadcast_binary_f32_match_f64() {
         t[0].sub(&t[1].t()?)
     });
 }
+
+/// The fast path for a run of consecutive middle dims (the sum an `expand`'s gradient takes)
+/// against the generic path, which a non-contiguous layout of the same values takes.
+#[test]
+fn middle_dim_reductions_match_the_generic_path() {
+    for (shape, dims) in [
+        (vec![3, 4, 5, 6], vec![1]),
+        (vec![3, 4, 5, 6], vec![1, 2]),
+        (vec![2, 300, 3], vec![1]),
+        (vec![2, 16, 2, 2, 8], vec![3]),
+    ] {
+        let x = normal(&shape, 9);
+        let rank = shape.len();
+        let reversed: Vec<usize> = (0..rank).rev().collect();
+        // the same values, laid out backwards: not contiguous, so the generic path reduces them
+        let strided = x
+            .permute(&reversed)
+            .unwrap()
+            .contiguous_copy()
+            .unwrap()
+            .permute(&reversed)
+            .unwrap();
+        assert!(!strided.is_contiguous());
+        let dims: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+        for keep in [false, true] {
+            let pairs = [
+                (x.sum(&dims, keep).unwrap(), strided.sum(&dims, keep).unwrap(), 1e-5),
+                (x.mean(&dims, keep).unwrap(), strided.mean(&dims, keep).unwrap(), 1e-5),
+                (x.max(&dims, keep).unwrap(), strided.max(&dims, keep).unwrap(), 0.0),
+                (x.min(&dims, keep).unwrap(), strided.min(&dims, keep).unwrap(), 0.0),
+            ];
+            for (fast, generic, tol) in pairs {
+                assert_eq!(fast.shape(), generic.shape());
+                assert_close(
+                    &format!("{shape:?} over {dims:?}"),
+                    &fast.to_vec_f64(),
+                    &generic.to_vec_f64(),
+                    tol,
+                    tol,
+                );
+            }
+        }
+    }
+}

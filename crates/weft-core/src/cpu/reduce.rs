@@ -96,6 +96,29 @@ pub(crate) fn combine_partials<T: Float>(op: ReduceOp, partials: &[Vec<T>], inne
     acc
 }
 
+/// Reduces the middle dim of `x` (`[outer, mid, inner]`) into `out` (`[outer, inner]`): each
+/// `[mid, inner]` slice as [`reduce_columns`] reduces its rows (blocks of rows combined in
+/// order), the slices in parallel. The sum of a gradient over the heads an `expand` repeated.
+pub fn reduce_middle<T: Float>(op: ReduceOp, x: &[T], mid: usize, inner: usize, out: &mut [T]) {
+    let slice = mid * inner;
+    let per_task = (crate::cpu::PARALLEL_THRESHOLD / slice.max(1)).max(1);
+    let scale = if op == ReduceOp::Mean {
+        T::from_f64(1.0 / mid as f64)
+    } else {
+        T::from_f64(1.0)
+    };
+    pool::for_each_chunk(out, per_task * inner, |c, o| {
+        for (j, o) in o.chunks_mut(inner).enumerate() {
+            let xs = &x[(c * per_task + j) * slice..][..slice];
+            let block_len = (COLUMN_BLOCK_ROWS * inner).max(1);
+            let partials: Vec<Vec<T>> = xs.chunks(block_len).map(|b| block_partial(op, b, inner)).collect();
+            for (o, a) in o.iter_mut().zip(combine_partials(op, &partials, inner)) {
+                *o = a * scale;
+            }
+        }
+    });
+}
+
 /// Reduces the leading `outer` rows of `x` (`[outer, inner]`) into `out` (`[inner]`). Each task
 /// reduces a block of rows into its own accumulator; blocks combine at the end.
 pub fn reduce_columns<T: Float>(op: ReduceOp, x: &[T], outer: usize, inner: usize, out: &mut [T]) {

@@ -171,8 +171,9 @@ fn reduce_typed<T: StorageElement>(op: ReduceOp, data: &CpuStorage, rows: usize,
     Ok(T::wrap(out))
 }
 
-/// Sum/mean/max/min of a contiguous float tensor over trailing dims (row kernel) or leading dims
-/// (column kernel), without copying the input. `None` when neither applies.
+/// Sum/mean/max/min of a contiguous float tensor over trailing dims (row kernel), leading dims
+/// (column kernel) or one run of consecutive dims between (the column kernel per outer index),
+/// without copying the input. `None` when none applies.
 fn fast_float_reduce(x: &Tensor, op: ReduceOp, dims: &[usize]) -> Result<Option<Tensor>> {
     if !x.dtype().is_float() || !x.is_contiguous() || dims.is_empty() || x.numel() == 0 {
         return Ok(None);
@@ -180,19 +181,24 @@ fn fast_float_reduce(x: &Tensor, op: ReduceOp, dims: &[usize]) -> Result<Option<
     let rank = x.rank();
     let suffix = dims.iter().enumerate().all(|(i, &d)| d == rank - dims.len() + i);
     let prefix = dims.iter().enumerate().all(|(i, &d)| d == i);
-    if !suffix && !prefix {
+    // one run of consecutive dims in the middle: [outer, reduced, inner]
+    let block = dims.windows(2).all(|w| w[1] == w[0] + 1);
+    if !suffix && !prefix && !block {
         return Ok(None);
     }
     let xc = to_compute("reduce", x)?;
     let reduced = numel(&dims.iter().map(|&d| x.shape()[d]).collect::<Vec<_>>());
     let kept = x.numel() / reduced;
+    let inner = numel(&x.shape()[dims[dims.len() - 1] + 1..]);
     let out = crate::float_dispatch!(xc.dtype(), T => {
         let xs = xc.contig::<T>("reduce")?;
         let mut out = crate::alloc::filled("reduce", kept, 0 as T)?;
         if suffix {
             crate::cpu::reduce::reduce_rows(op, &xs, reduced, &mut out);
-        } else {
+        } else if prefix {
             crate::cpu::reduce::reduce_columns(op, &xs, reduced, kept, &mut out);
+        } else {
+            crate::cpu::reduce::reduce_middle(op, &xs, reduced, inner, &mut out);
         }
         Tensor::from_vec(out, &[kept])?
     });
