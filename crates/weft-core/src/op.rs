@@ -291,6 +291,25 @@ pub enum Op {
 
 impl Op {
     /// A short name for messages and traces.
+    /// Whether this op computes each output element from the same element of its inputs (with
+    /// broadcasting): the elementwise family, which a fusion group chains. (The dispatchers,
+    /// `ops::execute_on_backend` and `cuda::execute`, list the same ops in exhaustive matches, so
+    /// that a new op must be placed in a family there.)
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_)
+                | Op::UnaryBackward(_)
+                | Op::Binary(_)
+                | Op::Compare(_)
+                | Op::Affine { .. }
+                | Op::PowScalar(_)
+                | Op::Clamp { .. }
+                | Op::Where
+                | Op::Cast(_)
+        )
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::ToDevice(_) => "to",

@@ -2,23 +2,6 @@
 //! the shape of the chain's result, so the chain could run as one pass over memory.
 
 use super::ir::{Graph, Source};
-use crate::op::Op;
-
-/// Whether `op` computes each output element from the same element of its inputs.
-pub fn is_elementwise(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_)
-            | Op::UnaryBackward(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Affine { .. }
-            | Op::PowScalar(_)
-            | Op::Clamp { .. }
-            | Op::Where
-            | Op::Cast(_)
-    )
-}
 
 /// The fusion groups of `g`: each a list of node indices in execution order, at least two long.
 pub fn groups(g: &Graph) -> Vec<Vec<usize>> {
@@ -34,7 +17,7 @@ pub fn groups(g: &Graph) -> Vec<Vec<usize>> {
     // parent[i]: the group leader of node i (union by joining a node to its producer's group)
     let mut group_of: Vec<usize> = (0..g.nodes.len()).collect();
     for (i, n) in g.nodes.iter().enumerate() {
-        if !is_elementwise(&n.op) {
+        if !n.op.is_elementwise() {
             continue;
         }
         let out_shape = &g.values[n.outputs[0]].shape;
@@ -43,7 +26,7 @@ pub fn groups(g: &Graph) -> Vec<Vec<usize>> {
                 continue;
             };
             let producer = &g.nodes[p];
-            if is_elementwise(&producer.op)
+            if producer.op.is_elementwise()
                 && producer.outputs.len() == 1
                 && readers[v] == 1
                 && &g.values[v].shape == out_shape
