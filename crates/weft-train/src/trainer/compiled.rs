@@ -9,6 +9,7 @@ use weft_core::Tensor;
 
 use super::Trainer;
 use crate::error::{Error, Result};
+use crate::replicas::Replicas;
 
 /// The trainer's compiled step: its graphs, the parameters, and which get a gradient in them.
 pub(crate) struct CompiledStep {
@@ -53,16 +54,33 @@ pub(crate) fn loss_and_grads(
 }
 
 impl Trainer {
-    /// Why this trainer's layout cannot be captured yet, if it cannot.
+    /// Why this trainer's layout cannot be captured yet, if it cannot. Data parallelism and ZeRO
+    /// stages 1 and 2 can: their wrappers run without gradient hooks, and reduce the gradients
+    /// the replay installs after it (in `finish` and `accumulate`).
     fn uncapturable_layout(&self) -> Option<&'static str> {
         if self.pipeline.is_some() {
-            Some("pipeline parallelism is not captured yet")
+            Some("pipeline parallelism is not captured yet (its schedule interleaves forward and backward passes across stages)")
         } else if self.tensor_parallel.is_some() {
-            Some("tensor parallelism is not captured yet")
-        } else if self.data_parallel.is_some() {
-            Some("data parallelism and ZeRO (gradient hooks) are not captured yet")
+            Some("tensor parallelism is not captured yet (its collectives run inside forward and backward)")
+        } else if self.zero().is_some_and(|z| z.stage() == 3) {
+            Some("ZeRO stage 3 is not captured yet (it gathers and frees parameters from hooks inside forward and backward)")
+        } else if self.replicas().is_some_and(Replicas::hooked) {
+            Some("the data-parallel gradient hooks were registered by an eager step before compile was turned on")
         } else {
             None
+        }
+    }
+
+    /// Before a step: unless it goes through the compiled step, the data-parallel wrapper's
+    /// gradient hooks are registered (once), so that its reductions overlap backward.
+    pub(crate) fn hook_replicas_unless_compiled(&mut self) {
+        if self.use_compiled() {
+            return;
+        }
+        match self.replicas() {
+            Some(Replicas::Plain(ddp)) => ddp.attach_hooks(),
+            Some(Replicas::Sharded(zero)) => zero.attach_hooks(),
+            None => {}
         }
     }
 

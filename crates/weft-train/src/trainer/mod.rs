@@ -248,10 +248,12 @@ impl Trainer {
 
     /// Trains data-parallel over `pg`: the model's parameters are broadcast from rank 0 now,
     /// gradients are averaged over the group in every step (buckets all-reduced while backward
-    /// runs), the logged loss is the mean over the group, and only rank 0 writes checkpoints.
-    /// Each rank is given its own share of every batch; see [`shard_rows`].
+    /// runs; after the replayed backward in compiled mode), the logged loss is the mean over the
+    /// group, and only rank 0 writes checkpoints. Each rank is given its own share of every
+    /// batch; see [`shard_rows`].
     pub fn with_data_parallel(mut self, pg: ProcessGroup, options: DdpOptions) -> Result<Self> {
-        let ddp = DataParallel::new(self.params.clone(), &pg, options)?;
+        // the gradient hooks are registered at the first step that runs eagerly
+        let ddp = DataParallel::new_unhooked(self.params.clone(), &pg, options)?;
         self.data_parallel = Some((pg, Replicas::Plain(ddp)));
         Ok(self)
     }
@@ -266,7 +268,11 @@ impl Trainer {
         // a pipeline stage shards the units it holds
         let mut units = self.model.units();
         units.retain(|u| self.params.iter().any(|(n, _)| n.starts_with(&format!("{u}."))));
-        let zero = Arc::new(ShardedDataParallel::new(self.params.clone(), &units, &pg, options)?);
+        // stages 1 and 2: the gradient hooks are registered at the first step that runs eagerly
+        let zero = Arc::new(match options.stage {
+            1 | 2 => ShardedDataParallel::new_unhooked(self.params.clone(), &units, &pg, options)?,
+            _ => ShardedDataParallel::new(self.params.clone(), &units, &pg, options)?,
+        });
         let weight_decay = self.groups.first().map_or(0.0, |g| g.weight_decay);
         let pieces = zero
             .pieces()

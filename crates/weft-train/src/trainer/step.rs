@@ -44,6 +44,7 @@ impl Trainer {
             return Err(Error::Run(format!("step {}: no batch to train on", step + 1)));
         }
         weft_core::cuda::reset_peak(self.device)?;
+        self.hook_replicas_unless_compiled();
         let lr = self.schedule.lr_at(step);
         let _step_span = span("compute", "step");
         // the weight of each micro-batch's loss; exactly 1 without accumulation
@@ -80,6 +81,12 @@ impl Trainer {
                 None if compiled => {
                     let _s = span("compute", "compiled forward and backward");
                     local_sum += self.compiled_micro_step(x, y, (k > 1).then_some(scale))?;
+                    // as `micro_backward` after an eager backward: plain data parallelism and
+                    // ZeRO stage 1 keep the sum locally (their wrappers have no hooks here);
+                    // stage 2 reduce-scatters each micro-batch's gradients and adds the shards
+                    if let Some(z) = self.zero().filter(|z| !last && z.stage() >= 2) {
+                        z.accumulate()?;
+                    }
                 }
                 None => {
                     let loss = {
@@ -182,7 +189,7 @@ impl Trainer {
     }
 
     /// The data-parallel wrapper, if there is one.
-    fn replicas(&self) -> Option<&Replicas> {
+    pub(crate) fn replicas(&self) -> Option<&Replicas> {
         self.data_parallel.as_ref().map(|(_, r)| r)
     }
 
