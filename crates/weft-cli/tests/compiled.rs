@@ -199,3 +199,40 @@ fn autotune_search_tunes_the_compiled_step_and_keeps_its_choices() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The "peak live X MiB" of a `weft graph dump`'s memory plan line, in MiB.
+fn planned_peak(dump: &str) -> f64 {
+    let line = dump.lines().find(|l| l.starts_with("memory plan:")).unwrap();
+    let after = line.split("peak live ").nth(1).unwrap();
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn recomputation_keeps_the_losses_and_lowers_the_planned_peak() {
+    let out = temp_dir("compiled-recompute");
+    for case in ["gpt_adamw", "llama_gqa_adamw"] {
+        // on by default: the capture line says what it recomputed
+        let (on, err) = train(case, &out, true, &[]);
+        assert!(err.contains("activations recomputed in the backward"), "{case}: {err}");
+        let (off, err_off) = train(case, &out, true, &["train.compile_recompute=false"]);
+        assert!(!err_off.contains("recomputed"), "{case}: {err_off}");
+        for key in ["loss", "grad_norm"] {
+            assert_eq!(column(&on, key), column(&off, key), "{case}: {key}");
+        }
+        let c = fixture_config(case);
+        let c = c.to_str().unwrap();
+        let dump = |extra: &[&str]| {
+            let mut args = vec!["graph", "dump", "--config", c];
+            args.extend_from_slice(extra);
+            String::from_utf8(weft_ok(&args).stdout).unwrap()
+        };
+        let (with, without) = (dump(&[]), dump(&["--set", "train.compile_recompute=false"]));
+        assert!(with.lines().next().unwrap().contains("recomputed"), "{case}: {with}");
+        assert!(
+            planned_peak(&with) < planned_peak(&without),
+            "{case}: planned peak {} MiB with recomputation, {} without",
+            planned_peak(&with),
+            planned_peak(&without)
+        );
+    }
+}

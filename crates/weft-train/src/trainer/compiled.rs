@@ -21,9 +21,9 @@ pub(crate) struct CompiledStep {
 }
 
 impl CompiledStep {
-    pub(crate) fn new(autotune: Autotune) -> Self {
+    pub(crate) fn new(autotune: Autotune, recompute: bool) -> Self {
         CompiledStep {
-            cache: GraphCache::default().with_autotune(autotune),
+            cache: GraphCache::default().with_autotune(autotune).with_recompute(recompute),
             params: Vec::new(),
             has_grad: Vec::new(),
         }
@@ -155,8 +155,8 @@ impl Trainer {
             compiled.has_grad = mask;
         }
         let tuned = compiled.cache.take_tune_report();
-        let captured =
-            (compiled.cache.last_outcome() == Some(&Outcome::Captured)).then(|| compiled.cache.pass_report());
+        let captured = (compiled.cache.last_outcome() == Some(&Outcome::Captured))
+            .then(|| (compiled.cache.pass_report(), compiled.cache.remat_report()));
         // given up for good (a capture that may succeed at the next call is tried again)
         let refused = compiled.cache.eager_reason().map(str::to_string);
         let mut results = outputs.into_iter();
@@ -177,9 +177,19 @@ impl Trainer {
                 None => grad,
             }));
         }
-        if let Some(r) = captured {
+        if let Some((r, m)) = captured {
+            let recomputed = if m.recomputed > 0 {
+                format!(
+                    "; {} activations recomputed in the backward, peak {} -> {}",
+                    m.recomputed,
+                    weft_core::alloc::human_bytes(m.peak_before as u128),
+                    weft_core::alloc::human_bytes(m.peak_after as u128)
+                )
+            } else {
+                String::new()
+            };
             self.tell(&format!(
-                "captured the step: {} nodes ({} folded, {} merged, {} removed)",
+                "captured the step: {} nodes ({} folded, {} merged, {} removed{recomputed})",
                 r.captured - r.folded - r.merged - r.removed,
                 r.folded,
                 r.merged,

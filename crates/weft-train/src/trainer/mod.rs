@@ -95,6 +95,8 @@ pub struct Trainer {
     compiled: Option<compiled::CompiledStep>,
     /// How the compiled step's kernels choose their variants.
     autotune: weft_core::graph::Autotune,
+    /// Whether the compiled step recomputes cheap activations to lower its peak memory.
+    recompute: bool,
 }
 
 impl Trainer {
@@ -133,6 +135,7 @@ impl Trainer {
             grad_accum: 1,
             compiled: None,
             autotune: weft_core::graph::Autotune::Heuristic,
+            recompute: true,
         }
     }
 
@@ -140,8 +143,20 @@ impl Trainer {
     /// first step and replayed after (see `weft_core::graph`); layouts and models that cannot be
     /// captured run eagerly, with one line saying why.
     pub fn with_compile(mut self, on: bool) -> Self {
-        let autotune = self.autotune;
-        self.compiled = on.then(|| compiled::CompiledStep::new(autotune));
+        let (autotune, recompute) = (self.autotune, self.recompute);
+        self.compiled = on.then(|| compiled::CompiledStep::new(autotune, recompute));
+        self
+    }
+
+    /// Whether the compiled step recomputes cheap activations (elementwise results, norms, the
+    /// activation of a fused linear) next to the backward that reads them, when that lowers the
+    /// graph's peak memory (`weft_core::graph::remat`); on by default. Matters with
+    /// [`Trainer::with_compile`].
+    pub fn with_compile_recompute(mut self, on: bool) -> Self {
+        self.recompute = on;
+        if self.compiled.is_some() {
+            self.compiled = Some(compiled::CompiledStep::new(self.autotune, on));
+        }
         self
     }
 
@@ -150,7 +165,7 @@ impl Trainer {
     pub fn with_autotune(mut self, autotune: weft_core::graph::Autotune) -> Self {
         self.autotune = autotune;
         if self.compiled.is_some() {
-            self.compiled = Some(compiled::CompiledStep::new(autotune));
+            self.compiled = Some(compiled::CompiledStep::new(autotune, self.recompute));
         }
         self
     }
