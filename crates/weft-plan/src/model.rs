@@ -6,6 +6,10 @@
 
 use crate::error::{Error, Result};
 
+/// The most blocks a planned model may have: stage cuts are found by dynamic programming over
+/// the blocks, quadratic in their number (no published model has more than a few hundred).
+pub const MAX_LAYERS: u64 = 1024;
+
 /// Which of weft's language models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelKind {
@@ -90,6 +94,12 @@ impl ModelShape {
         ];
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return Err(Error::BadModel(format!("{name} must be at least 1")));
+        }
+        if self.n_layer > MAX_LAYERS {
+            return Err(Error::BadModel(format!(
+                "n_layer {}: the planner plans models of at most {MAX_LAYERS} layers",
+                self.n_layer
+            )));
         }
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(Error::BadModel(format!(

@@ -32,6 +32,20 @@ impl Default for SearchOptions {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::divisors;
+
+    #[test]
+    fn divisors_in_order() {
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
+        assert_eq!(divisors(97), vec![1, 97]);
+        assert_eq!(divisors(1152).len(), 24);
+    }
+}
+
 /// A layout with its predictions.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
@@ -68,8 +82,26 @@ pub struct PlanReport {
     pub usable_memory: f64,
 }
 
+/// The most devices a plan may have (a bound on the search, far above any job's).
+pub const MAX_DEVICES: usize = 1 << 24;
+/// The most rows a global batch may have.
+pub const MAX_GLOBAL_BATCH: u64 = 1 << 32;
+
+/// Divisors of `n` in increasing order, by trial division up to its square root.
 fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            low.push(d);
+            if d * d != n {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
 }
 
 /// Blocks per stage that minimize the slowest stage's per-micro-batch time (the embeddings on
@@ -143,11 +175,16 @@ fn ruled_out(work: &Workload, device: &DeviceSpec, devices: usize, tp: usize, pp
 /// Plans `work` on `devices` devices of `device`, ranked.
 pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: SearchOptions) -> Result<PlanReport> {
     work.model.check()?;
-    if devices == 0 {
-        return Err(Error::BadRequest("--devices must be at least 1".into()));
+    if devices == 0 || devices > MAX_DEVICES {
+        return Err(Error::BadRequest(format!(
+            "--devices {devices}: must be between 1 and {MAX_DEVICES}"
+        )));
     }
-    if work.global_batch == 0 {
-        return Err(Error::BadRequest("the global batch must be at least 1 row".into()));
+    if work.global_batch == 0 || work.global_batch > MAX_GLOBAL_BATCH {
+        return Err(Error::BadRequest(format!(
+            "the global batch of {} rows: must be between 1 and {MAX_GLOBAL_BATCH}",
+            work.global_batch
+        )));
     }
     let usable = device.usable_memory();
     let mut report = PlanReport {

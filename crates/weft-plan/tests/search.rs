@@ -110,9 +110,19 @@ fn device_counts_no_layout_can_use_are_named() {
     assert!(matches!(e, Error::NoLayout { devices: 13, .. }), "{e}");
     let text = e.to_string();
     assert!(text.contains("dp does not divide the global batch 8"), "{text}");
+    for devices in [0, 1 << 40] {
+        assert!(matches!(
+            plan(&w, &h100(), devices, SearchOptions::default()),
+            Err(Error::BadRequest(_))
+        ));
+    }
+    let huge = Workload {
+        global_batch: u64::MAX,
+        ..w.clone()
+    };
     assert!(matches!(
-        plan(&w, &h100(), 0, SearchOptions::default()),
-        Err(Error::BadRequest(_))
+        plan(&huge, &h100(), 8, SearchOptions::default()),
+        Err(Error::BadRequest(m)) if m.contains("global batch")
     ));
 }
 
