@@ -59,6 +59,33 @@ fn tensor_parallelism_stays_inside_a_node() {
 }
 
 #[test]
+fn grouped_query_attention_bounds_tensor_parallelism() {
+    // 32 query heads but 2 key/value heads: tp may be 1 or 2 only (tp 4 with pp 1 or 2, and
+    // tp 8, are ruled out)
+    let llama = ModelShape {
+        kind: ModelKind::Llama,
+        vocab: 32000,
+        seq_len: 2048,
+        n_layer: 16,
+        n_head: 32,
+        n_kv_head: 2,
+        n_embd: 2048,
+        intermediate: 5632,
+        tied: false,
+        bias: false,
+    };
+    let r = plan(&work(llama, 64), &h100(), 8, SearchOptions::default()).unwrap();
+    assert!(r.plans.iter().all(|p| p.layout.tp <= 2));
+    assert!(r.plans.iter().any(|p| p.layout.tp == 2));
+    assert_eq!(
+        r.ruled_out.get("tp does not divide the heads"),
+        Some(&3),
+        "{:?}",
+        r.ruled_out
+    );
+}
+
+#[test]
 fn pipeline_cuts_balance_predicted_time() {
     // a large vocabulary makes the last stage's output layer worth several blocks
     let w = work(gpt(10, 12, 768, 256_000, 1024), 32);

@@ -43,11 +43,12 @@ pub fn model_shape(model: &ModelConfig) -> Result<ModelShape, String> {
 /// `data.batch_size x train.grad_accum`), `train.precision` and the optimizer's moments.
 pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workload, String> {
     let model = model_shape(&config.model)?;
+    let accum = config.train.grad_accum as u64;
     let global_batch = match (global_batch, &config.data) {
         (Some(b), _) => b,
-        (None, DataConfig::Text(t)) => (t.batch_size * config.train.grad_accum) as u64,
-        (None, DataConfig::Tokens(t)) => (t.batch_size * config.train.grad_accum) as u64,
-        (None, DataConfig::Csv(c)) => (c.batch_size * config.train.grad_accum) as u64,
+        (None, DataConfig::Text(t)) => (t.batch_size as u64).saturating_mul(accum),
+        (None, DataConfig::Tokens(t)) => (t.batch_size as u64).saturating_mul(accum),
+        (None, DataConfig::Csv(c)) => (c.batch_size as u64).saturating_mul(accum),
         (None, DataConfig::Batches(_)) => {
             return Err("data.kind = \"batches\" has no batch_size key: give --global-batch".into())
         }
