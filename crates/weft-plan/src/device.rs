@@ -15,8 +15,7 @@ pub struct Efficiency {
     /// achieved / peak HBM bandwidth. Default 0.70.
     pub memory_bound: f64,
     /// Collectives and point-to-point transfers: achieved bus bandwidth / link bandwidth.
-    /// Default 0.80 (NCCL's all-reduce bus bandwidth on 8 H100 over NVLink is about 360 of
-    /// 450 GB/s).
+    /// Default 0.80, an assumption (not measured here; `weft plan calibrate` is to measure it).
     pub collective: f64,
     /// Share of device memory a plan may not use (the CUDA context, allocator fragmentation,
     /// workspaces). Default 0.10.
@@ -79,7 +78,8 @@ impl DeviceSpec {
     ///   direction).
     ///
     /// Every one: 8 per node, and 8 x 400 Gb/s InfiniBand between nodes (one NIC per GPU, as
-    /// the DGX H100 datasheet lists); latencies 5 us inside a node, 10 us between nodes.
+    /// the DGX H100 datasheet lists); latencies of 5 us inside a node and 10 us between nodes
+    /// per collective step are assumptions, not datasheet numbers.
     pub fn builtin(name: &str) -> Result<DeviceSpec> {
         let (flops_bf16, flops_f32, memory_bytes, memory_bandwidth, nvlink) = match name {
             "h100-sxm-80gb" => (989.5e12, 67e12, 80e9, 3.35e12, 450e9),
