@@ -106,10 +106,12 @@ fn table(r: &PlanReport, work: &Workload, device: &DeviceSpec, devices: usize, t
     let infeasible: usize = r.infeasible_reasons.values().sum();
     let _ = writeln!(
         out,
-        "planned in {seconds:.3} s: {} layouts evaluated, {} feasible ({} dominated dropped), {infeasible} infeasible",
+        "planned in {seconds:.3} s: {} layouts evaluated, {} feasible ({} dominated dropped, {} re-cut to fit), \
+         {infeasible} infeasible",
         r.evaluated,
         r.plans.len() + r.dominated,
-        r.dominated
+        r.dominated,
+        r.recut
     );
     let _ = writeln!(
         out,
@@ -195,6 +197,7 @@ fn json(r: &PlanReport, work: &Workload, device: &DeviceSpec, devices: usize, to
         "evaluated": r.evaluated,
         "feasible_count": r.plans.len() + r.dominated,
         "dominated_dropped": r.dominated,
+        "recut_to_fit": r.recut,
         "infeasible_count": r.infeasible_reasons.values().sum::<usize>(),
         "plans": plans,
     });

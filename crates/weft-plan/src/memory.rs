@@ -90,11 +90,16 @@ pub fn stage_activation_elements_per_token(
 
 /// Bytes a device of stage `stage` holds under `layout` (`layout.stage_blocks` cut).
 pub fn stage_memory(work: &Workload, layout: &Layout, stage: usize) -> MemoryBreakdown {
+    stage_memory_with(work, layout, stage, layout.stage_blocks[stage])
+}
+
+/// Bytes a device of stage `stage` holds under `layout` were that stage given `blocks` blocks
+/// (every term is linear in `blocks`).
+pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks: usize) -> MemoryBreakdown {
     let model = &work.model;
     let (tp, pp) = (layout.tp, layout.pp);
     let dp = layout.dp as f64;
     let zero = if layout.dp > 1 { layout.zero } else { 0 };
-    let blocks = layout.stage_blocks[stage];
     let (first, last) = (stage == 0, stage + 1 == pp);
     let p = stage_params(model, tp, pp, blocks, first, last);
     let comm = layout.comm_dtype.bytes();
@@ -153,6 +158,26 @@ pub fn stage_memory(work: &Workload, layout: &Layout, stage: usize) -> MemoryBre
         activations,
         comm_buffers,
     }
+}
+
+/// The most blocks each stage of `layout` can hold within `usable` bytes per device (0 where
+/// not even one fits).
+pub fn block_caps(work: &Workload, layout: &Layout, usable: f64) -> Vec<usize> {
+    let n_layer = work.model.n_layer as usize;
+    (0..layout.pp)
+        .map(|s| {
+            let none = stage_memory_with(work, layout, s, 0).total();
+            let one = stage_memory_with(work, layout, s, 1).total();
+            if one > usable {
+                return 0;
+            }
+            let per_block = one - none;
+            if per_block <= 0.0 {
+                return n_layer;
+            }
+            (((usable - none) / per_block).floor() as usize).clamp(1, n_layer)
+        })
+        .collect()
 }
 
 /// The stage that needs the most memory under `layout`: `(stage, its bytes)`.

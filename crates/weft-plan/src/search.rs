@@ -16,7 +16,7 @@ use crate::cost::{mfu, stage_time, step_time, unit_times, StepTime, UnitTimes};
 use crate::device::DeviceSpec;
 use crate::error::{human_bytes, Error, Result};
 use crate::layout::{CommDtype, Layout, Schedule};
-use crate::memory::{peak_memory, MemoryBreakdown};
+use crate::memory::{block_caps, peak_memory, MemoryBreakdown};
 use crate::model::Workload;
 
 /// What the search keeps besides the feasible plans.
@@ -78,6 +78,9 @@ pub struct PlanReport {
     pub evaluated: usize,
     /// Feasible plans dropped as dominated.
     pub dominated: usize,
+    /// Plans whose time-balanced cut did not fit and that fit with a cut within each stage's
+    /// memory.
+    pub recut: usize,
     /// Usable memory per device, bytes (the margin taken off).
     pub usable_memory: f64,
 }
@@ -108,23 +111,41 @@ fn divisors(n: usize) -> Vec<usize> {
 /// the first stage, the output layer on the last), by dynamic programming over the cut points:
 /// `best[s][j]` is the least slowest-stage time of the first `j` blocks on stages `0..=s`.
 /// Of equal cuts, the one with more blocks on later stages (which hold fewer micro-batches
-/// under 1F1B) is kept.
+/// under 1F1B) is kept. A layout this cut does not fit in memory is cut again by
+/// [`capped_cut`], each stage held to the blocks its memory allows.
 pub fn balanced_cut(u: &UnitTimes, pp: usize, n_layer: usize, recompute: bool) -> Vec<usize> {
     if pp <= 1 {
         return vec![n_layer];
+    }
+    capped_cut(u, n_layer, recompute, &vec![n_layer; pp]).unwrap_or_else(|| even_cut(n_layer, pp))
+}
+
+/// Blocks as evenly as they go, earlier stages taking the extra ones (weft's `balance =
+/// "blocks"`).
+fn even_cut(n_layer: usize, pp: usize) -> Vec<usize> {
+    let pp = pp.max(1);
+    (0..pp).map(|s| n_layer / pp + usize::from(s < n_layer % pp)).collect()
+}
+
+/// As [`balanced_cut`], with stage `s` given at most `caps[s]` blocks (what its memory
+/// allows): the fastest cut within the caps, or `None` when the caps leave no cut.
+pub fn capped_cut(u: &UnitTimes, n_layer: usize, recompute: bool, caps: &[usize]) -> Option<Vec<usize>> {
+    let pp = caps.len();
+    if pp == 0 || pp > n_layer {
+        return None;
     }
     let cost = |s: usize, k: usize| stage_time(u, k, s == 0, s + 1 == pp, recompute);
     let inf = f64::INFINITY;
     let mut best = vec![vec![inf; n_layer + 1]; pp];
     let mut take = vec![vec![0usize; n_layer + 1]; pp];
-    for j in 1..=n_layer {
+    for j in 1..=n_layer.min(caps[0]) {
         best[0][j] = cost(0, j);
         take[0][j] = j;
     }
     for s in 1..pp {
         // stage s ends at block j; stages 0..s need at least s blocks
         for j in (s + 1)..=n_layer {
-            for k in 1..=(j - s) {
+            for k in 1..=(j - s).min(caps[s]) {
                 let c = cost(s, k);
                 if c > best[s][j] {
                     break; // later k only cost more on this stage
@@ -137,13 +158,16 @@ pub fn balanced_cut(u: &UnitTimes, pp: usize, n_layer: usize, recompute: bool) -
             }
         }
     }
+    if best[pp - 1][n_layer] == inf {
+        return None;
+    }
     let mut cut = vec![0; pp];
     let mut j = n_layer;
     for s in (0..pp).rev() {
         cut[s] = take[s][j];
         j -= take[s][j];
     }
-    cut
+    Some(cut)
 }
 
 /// Why weft cannot run `tp` x `pp` on `devices` devices, if it cannot.
@@ -239,7 +263,22 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
                                     stage_blocks: cut.clone(),
                                 };
                                 report.evaluated += 1;
-                                let plan = evaluate(work, device, layout, usable);
+                                let mut plan = evaluate(work, device, layout, usable);
+                                if !plan.feasible && pp > 1 {
+                                    // the fastest cut whose stages each fit, if there is one
+                                    let caps = block_caps(work, &plan.layout, usable);
+                                    if let Some(cut) = capped_cut(&u, n_layer, recompute, &caps) {
+                                        let layout = Layout {
+                                            stage_blocks: cut,
+                                            ..plan.layout.clone()
+                                        };
+                                        let recut = evaluate(work, device, layout, usable);
+                                        if recut.feasible {
+                                            report.recut += 1;
+                                            plan = recut;
+                                        }
+                                    }
+                                }
                                 if plan.feasible {
                                     group.push(plan);
                                 } else {

@@ -3,7 +3,7 @@
 //! errors, and GPT-3 175B plans on 1024 H100 in seconds with a plausible MFU.
 
 use weft_plan::cost::{stage_time, unit_times};
-use weft_plan::search::balanced_cut;
+use weft_plan::search::{balanced_cut, capped_cut};
 use weft_plan::{plan, DeviceSpec, Error, ModelKind, ModelShape, Precision, SearchOptions, Workload};
 
 fn gpt(n_layer: u64, n_head: u64, n_embd: u64, vocab: u64, seq_len: u64) -> ModelShape {
@@ -108,6 +108,18 @@ fn pipeline_cuts_balance_predicted_time() {
     // and it is not the even cut: the last stage takes fewer blocks
     assert!(cut[2] < cut[0], "{cut:?}");
     assert!(slowest(&cut) < slowest(&[4, 3, 3]));
+    // with the first stage held to 2 blocks (its memory), the best cut within the caps
+    let caps = [2, 10, 10];
+    let capped = capped_cut(&u, 10, false, &caps).unwrap();
+    assert_eq!(capped[0], 2, "{capped:?}");
+    let mut best = f64::INFINITY;
+    for b in 1..=7 {
+        best = best.min(slowest(&[2, b, 8 - b]));
+    }
+    assert_eq!(slowest(&capped), best, "{capped:?}");
+    // caps that leave no cut
+    assert_eq!(capped_cut(&u, 10, false, &[3, 3, 3]), None);
+    assert_eq!(capped_cut(&u, 10, false, &[0, 10, 10]), None);
 }
 
 #[test]
@@ -161,9 +173,10 @@ fn gpt3_175b_on_1024_h100_plans_in_seconds() {
     let secs = start.elapsed().as_secs_f64();
     let best = &r.plans[0];
     println!(
-        "GPT-3 175B on 1024 h100-sxm-80gb, batch 1152: planned in {secs:.3} s ({} layouts evaluated); best {} \
-         cut {:?}: step {:.3} s, MFU {:.1}%, {:.1} GB per device",
+        "GPT-3 175B on 1024 h100-sxm-80gb, batch 1152: planned in {secs:.3} s ({} layouts evaluated, {} re-cut to \
+         fit); best {} cut {:?}: step {:.3} s, MFU {:.1}%, {:.1} GB per device",
         r.evaluated,
+        r.recut,
         best.layout.label(),
         best.layout.stage_blocks,
         best.time.step,
@@ -181,6 +194,12 @@ fn gpt3_175b_on_1024_h100_plans_in_seconds() {
         );
     }
     assert!(secs < 60.0, "{secs} s");
+    // some layouts fit only with fewer blocks on the stages that hold more micro-batches
+    assert!(r.recut > 0);
+    assert!(r
+        .plans
+        .iter()
+        .any(|p| p.layout.stage_blocks.windows(2).any(|w| w[0] != w[1])));
     assert!(best.layout.tp <= 8);
     assert!(best.memory.total() <= r.usable_memory);
     // Megatron-Core: 47% at 96 H100, 42% at 4608
