@@ -217,3 +217,49 @@ fn the_planners_parameter_counts_are_weft_models() {
     let e = weft_train::plan_shape::model_shape(&mlp).unwrap_err();
     assert!(e.contains("gpt and llama"), "{e}");
 }
+
+#[test]
+fn the_planners_memory_terms_are_weft_trains_estimate() {
+    use weft_plan::{CommDtype, Layout, Schedule};
+    let gpt = "kind = \"gpt\"\nvocab_size = 67\nblock_size = 12\nn_layer = 3\nn_head = 2\nn_embd = 16\nbias = true\n\
+               dropout = 0.0";
+    let llama = "kind = \"llama\"\nvocab_size = 50\nblock_size = 8\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
+                 n_embd = 16\nintermediate_size = 24";
+    for model in [gpt, llama] {
+        for (dp, tp, zero) in [(1, 1, 0), (4, 1, 0), (4, 1, 1), (2, 2, 0), (2, 2, 1)] {
+            let mut c = config(model);
+            c.parallel.dp = dp;
+            c.parallel.tp = tp;
+            c.parallel.zero = zero;
+            let weft = weft_train::memory::estimate(&c);
+            let work = weft_train::plan_shape::workload(&c, None).unwrap();
+            let layout = Layout {
+                dp,
+                tp,
+                pp: 1,
+                zero,
+                micro_batches: 1,
+                schedule: Schedule::OneFOneB,
+                recompute: false,
+                comm_dtype: CommDtype::F32,
+                stage_blocks: vec![3],
+            };
+            let plan = weft_plan::memory::stage_memory(&work, &layout, 0);
+            let what = format!("{model:?} dp {dp} tp {tp} zero {zero}");
+            // the same activation elements per token (f32 runs)
+            assert!(
+                (plan.activations - weft.activations).abs() < 1e-6,
+                "{what}: {plan:?} {weft:?}"
+            );
+            if tp == 1 {
+                // whole parameters on one rank: the same bytes of gradients and optimizer state
+                assert_eq!(plan.grads, weft.grads, "{what}");
+                assert!((plan.optimizer - weft.optimizer).abs() < 1e-6, "{what}");
+            } else {
+                // weft's estimate cuts every parameter by tp; the planner keeps norms and
+                // row-parallel biases whole, so it holds a little more
+                assert!(plan.grads > weft.grads && plan.grads < 1.2 * weft.grads, "{what}");
+            }
+        }
+    }
+}
