@@ -209,6 +209,25 @@ fn gpt3_175b_on_1024_h100_plans_in_seconds() {
 }
 
 #[test]
+fn a_1t_model_on_4096_h100_plans_in_seconds() {
+    // Narayanan et al.'s 1T GPT: 128 layers, 160 heads, width 25600, vocab 51200, batch 3072
+    let w = work(gpt(128, 160, 25600, 51200, 2048), 3072);
+    let start = std::time::Instant::now();
+    let r = plan(&w, &h100(), 4096, SearchOptions::default()).unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    let best = &r.plans[0];
+    println!(
+        "GPT 1T on 4096 h100-sxm-80gb, batch 3072: planned in {secs:.3} s ({} layouts); best {}: MFU {:.1}%",
+        r.evaluated,
+        best.layout.label(),
+        100.0 * best.mfu
+    );
+    assert!(secs < 60.0, "{secs} s");
+    assert!(best.layout.tp <= 8 && best.layout.devices() == 4096);
+    assert!(best.mfu > 0.2 && best.mfu < 0.6, "{}", best.mfu);
+}
+
+#[test]
 fn the_gemm_efficiency_is_calibrated_on_megatron_cores_96_h100_run() {
     // 47% MFU for GPT-3 175B on 96 H100 at a global batch of 1152 (the default efficiency is
     // set from this; a change to the cost model that moves it should move the default too)
