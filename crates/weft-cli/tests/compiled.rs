@@ -219,6 +219,19 @@ fn recomputation_keeps_the_losses_and_lowers_the_planned_peak() {
         for key in ["loss", "grad_norm"] {
             assert_eq!(column(&on, key), column(&off, key), "{case}: {key}");
         }
+        // each step's peak of tensor bytes holds at least the model state it logs
+        for r in read_metrics(&on).iter().filter(|r| r.get("loss").is_some()) {
+            let s = &r["state_bytes"];
+            let state: u64 = ["params", "grads", "optimizer"]
+                .iter()
+                .map(|k| s[k].as_u64().unwrap())
+                .sum();
+            let peak = r["host_mem_bytes"].as_u64().unwrap_or(0);
+            assert!(
+                peak >= state,
+                "{case}: host_mem_bytes {peak} below the state {state}: {r}"
+            );
+        }
         let c = fixture_config(case);
         let c = c.to_str().unwrap();
         let dump = |extra: &[&str]| {

@@ -44,6 +44,7 @@ impl Trainer {
             return Err(Error::Run(format!("step {}: no batch to train on", step + 1)));
         }
         weft_core::cuda::reset_peak(self.device)?;
+        weft_core::memory::reset_max_allocated();
         self.hook_replicas_unless_compiled();
         let lr = self.schedule.lr_at(step);
         let _step_span = span("compute", "step");
@@ -163,9 +164,9 @@ impl Trainer {
         // the step's time includes its GPU work
         weft_core::cuda::synchronize(self.device)?;
         let step_ms = t0.elapsed().saturating_sub(waited).as_secs_f64() * 1e3;
-        let gpu_mem_bytes = match self.device {
-            weft_core::Device::Cpu => None,
-            d => Some(weft_core::cuda::memory_stats(d)?.peak_allocated),
+        let (gpu_mem_bytes, host_mem_bytes) = match self.device {
+            weft_core::Device::Cpu => (None, Some(weft_core::memory::max_allocated_bytes() as u64)),
+            d => (Some(weft_core::cuda::memory_stats(d)?.peak_allocated), None),
         };
         // every micro-batch of every data-parallel rank
         let items = items * ranks;
@@ -183,6 +184,7 @@ impl Trainer {
             skipped,
             skipped_steps: self.skipped_steps,
             gpu_mem_bytes,
+            host_mem_bytes,
             micro_batches: k,
             data_wait_ms: waited.as_secs_f64() * 1e3,
         })
