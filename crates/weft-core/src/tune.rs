@@ -1,4 +1,4 @@
-//! Kernel variants chosen per shape (autotuning). Two CPU kernels have variants that no fixed
+//! Kernel variants chosen per shape (autotuning). Three CPU kernels have variants that no fixed
 //! rule picks best for every shape and machine:
 //!
 //! - **gemm** (every matrix product: matmul, linear, the convolutions' products): how
@@ -7,7 +7,9 @@
 //!   blocks of rows, or blocks of columns;
 //! - **conv2d** (the forward of a 2-D convolution): its algorithm (the shifted products of a
 //!   padded copy, for stride 1, or im2col then one product) and whether images run in parallel
-//!   or one after the other with each product split across the threads.
+//!   or one after the other with each product split across the threads;
+//! - **attention** (the fused attention's forward and backward): the queries per tile (the rule:
+//!   16 with the causal mask, 64 without; or 16, 32 or 64).
 //!
 //! By default (`heuristic`) the kernels decide by their rules. A search ([`crate::graph`]'s
 //! tuning replay, `[train] autotune = "search"`) times each variant of each kernel call of a
@@ -26,9 +28,13 @@ use std::sync::RwLock;
 pub enum Kernel {
     Gemm,
     Conv2d,
+    Attention,
 }
 
 impl Kernel {
+    /// Every kernel with variants.
+    pub const ALL: [Kernel; 3] = [Kernel::Gemm, Kernel::Conv2d, Kernel::Attention];
+
     /// The variants' names; variant 0 is the kernel's own rule.
     pub fn variants(self) -> &'static [&'static str] {
         match self {
@@ -40,6 +46,7 @@ impl Kernel {
                 "im2col-images-parallel",
                 "im2col-gemm-parallel",
             ],
+            Kernel::Attention => &["heuristic", "tile-16", "tile-32", "tile-64"],
         }
     }
 
@@ -47,6 +54,7 @@ impl Kernel {
         match self {
             Kernel::Gemm => "gemm",
             Kernel::Conv2d => "conv2d",
+            Kernel::Attention => "attention",
         }
     }
 
@@ -54,6 +62,7 @@ impl Kernel {
         match name {
             "gemm" => Some(Kernel::Gemm),
             "conv2d" => Some(Kernel::Conv2d),
+            "attention" => Some(Kernel::Attention),
             _ => None,
         }
     }
@@ -87,7 +96,7 @@ pub(crate) fn plan(what: impl FnOnce() -> String) {
 }
 
 /// Runs `f` and returns the plans the kernels it ran described (see [`plan`]).
-pub(crate) fn planned<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+pub fn planned<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
     let before = PLANS.with(|p| p.replace(Some(Vec::new())));
     let out = f();
     let plans = PLANS.with(|p| p.replace(before)).unwrap_or_default();

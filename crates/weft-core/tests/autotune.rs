@@ -55,6 +55,50 @@ fn every_variant_computes_the_same_and_a_search_keeps_a_choice_per_shape() {
         }
     }
 
+    // attention: every tile gives the rule's output bit for bit (each row's softmax runs over its
+    // own visible keys, whatever the tile) and its gradients within rounding (the key and value
+    // gradients sum over tiles of queries, grouped by the tile), causal or not, with a last tile
+    // cut short (t = 40) and a problem shorter than one tile (t = 7)
+    for (b, t, heads, hd, causal) in [
+        (2, 40, 2, 16, true),
+        (1, 64, 2, 8, false),
+        (3, 7, 1, 4, true),
+        (1, 100, 1, 32, false),
+    ] {
+        let qkv = randn(&[b, t, 3 * heads * hd], 9);
+        qkv.set_requires_grad(true).unwrap();
+        let go = randn(&[b, t, heads * hd], 10);
+        let run = || {
+            qkv.set_grad(None);
+            let o = qkv.qkv_attention(heads, causal, None).unwrap();
+            o.backward_with(&go).unwrap();
+            (o.detach(), qkv.grad().unwrap())
+        };
+        let (want_o, want_g) = run();
+        for v in 0..Kernel::Attention.variants().len() as u8 {
+            let (o, g) = tune::forced(Kernel::Attention, v, run);
+            let name = format!(
+                "attention t={t} causal={causal} {}",
+                Kernel::Attention.variants()[v as usize]
+            );
+            let (got, want) = (o.to_vec::<f32>().unwrap(), want_o.to_vec::<f32>().unwrap());
+            let first = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(first, None, "{name}: output differs first at element {first:?}");
+            close(&g, &want_g, &format!("{name}: gradient"));
+        }
+        // the variants plan tiles of their own where the problem is long enough
+        let plans: Vec<Vec<String>> = (0..4u8)
+            .map(|v| {
+                tune::planned(|| tune::forced(Kernel::Attention, v, || qkv.qkv_attention(heads, causal, None).unwrap()))
+                    .1
+            })
+            .collect();
+        assert!(plans.iter().all(|p| p.len() == 1), "{plans:?}");
+        if t >= 64 {
+            assert!(plans[1] != plans[2] && plans[2] != plans[3], "t={t}: {plans:?}");
+        }
+    }
+
     // 2. a search in a cache folder of this test
     let dir = std::env::temp_dir().join(format!("weft-autotune-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

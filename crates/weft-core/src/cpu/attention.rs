@@ -14,8 +14,11 @@ use super::pool;
 use super::small_gemm::{product, Lhs, Out, Rhs};
 use crate::dtype::Float;
 
-/// Queries per tile. Causal attention uses tiles of [`BLOCK_Q_CAUSAL`], so that less of each
-/// tile's scores lies above the diagonal (computed, then masked).
+/// Queries per tile, at most (and the rule's tile without the causal mask). Causal attention uses
+/// tiles of [`BLOCK_Q_CAUSAL`] by rule, so that less of each tile's scores lies above the
+/// diagonal (computed, then masked); an autotuning search may choose 16, 32 or 64 for a shape
+/// ([`crate::tune`], kernel `attention`). Each row's softmax runs over its own visible keys
+/// (rounded up to 16), whatever the tile.
 pub const BLOCK_Q: usize = 64;
 pub const BLOCK_Q_CAUSAL: usize = 16;
 
@@ -36,13 +39,33 @@ pub struct AttnDims {
 }
 
 impl AttnDims {
-    /// Queries per tile of this problem.
-    fn block(&self) -> usize {
-        if self.causal {
-            BLOCK_Q_CAUSAL
-        } else {
-            BLOCK_Q
-        }
+    /// Queries per tile of this problem for `pass` (`"forward"` or `"backward"`): the rule's, or
+    /// a tuned choice. Called on the thread that runs the op (a search forces variants there).
+    fn tile<T>(&self, pass: &str) -> usize {
+        let variant = crate::tune::pick(crate::tune::Kernel::Attention, || {
+            format!(
+                "{} {pass} bh={} t={} s={} d={} dv={} causal={} threads={}",
+                std::any::type_name::<T>(),
+                self.bh,
+                self.t,
+                self.s,
+                self.d,
+                self.dv,
+                self.causal,
+                super::threads::num_threads()
+            )
+        });
+        let tile = match variant {
+            1 => 16,
+            2 => 32,
+            3 => 64,
+            _ if self.causal => BLOCK_Q_CAUSAL,
+            _ => BLOCK_Q,
+        };
+        // never more queries than there are (variants that come to the same tile are one choice)
+        let tile = tile.min(self.t.next_multiple_of(16).max(16));
+        crate::tune::plan(|| format!("{tile} queries per tile"));
+        tile
     }
 
     /// Keys a block of `rows` queries from `q0` sees (its scores' width).
@@ -274,8 +297,8 @@ pub fn forward<T: Float + Default>(
     let one = T::from_f64(1.0);
     let o = &o;
     let group = dims.group.max(1);
+    let block = dims.tile::<T>("forward");
     pool::for_each_chunk(lse, t.max(1) * group, |task, lse_group| {
-        let block = dims.block();
         let mut p = vec![T::zero(); block * s];
         let mut kt = vec![T::zero(); d * s];
         for (i, lse) in lse_group.chunks_mut(t.max(1)).enumerate() {
@@ -332,8 +355,8 @@ pub fn backward<T: Float + Default>(
     let one = T::from_f64(1.0);
     let (dq, dk, dv_out) = (&dq, &dk, &dv_out);
     let group = dims.group.max(1);
+    let block = dims.tile::<T>("backward");
     pool::run(dims.bh.div_ceil(group), |task| {
-        let block = dims.block();
         let mut p = vec![T::zero(); block * s];
         let mut dp = vec![T::zero(); block * s];
         let mut kt = vec![T::zero(); d * s];

@@ -58,7 +58,7 @@ impl TuneReport {
     /// A table per kernel: the key, the rule's time, the choice and its time.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
-        for kernel in [Kernel::Gemm, Kernel::Conv2d] {
+        for kernel in Kernel::ALL {
             let rows: Vec<&TuneEntry> = self.searched.iter().filter(|e| e.kernel == kernel).collect();
             if rows.is_empty() {
                 continue;
@@ -105,7 +105,7 @@ impl Prepared {
                 return Ok(out);
             }
             // the rule's result goes on through the graph, whatever the timings
-            for kernel in [Kernel::Gemm, Kernel::Conv2d] {
+            for kernel in Kernel::ALL {
                 let keys: Vec<&String> = new.iter().filter(|(k, _)| *k == kernel).map(|(_, k)| k).collect();
                 if keys.is_empty() {
                     continue;
