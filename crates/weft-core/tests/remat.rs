@@ -1,7 +1,7 @@
 //! Recomputation in compiled graphs (`GraphCache::with_recompute`, `graph::remat`): a training
 //! step of a small two-block network recomputes its activations next to the backward that reads
 //! them, keeps its results bit for bit, and holds fewer bytes at its peak. In a process of its
-//! own: it reads the process-wide count of tensor bytes.
+//! own, its tests one at a time: they read the process-wide count of tensor bytes.
 
 use weft_core::graph::{plan, remat, GraphCache};
 use weft_core::{memory, DType, Generator, Tensor, UnaryOp};
@@ -60,16 +60,20 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()
 }
 
+/// The tests of this file run one at a time: the byte counts are process-wide.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The most tensor bytes alive at once during `f`, above what was alive before it.
 fn peak_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
     let before = memory::allocated_bytes();
     memory::reset_max_allocated();
     let r = f();
-    (r, memory::max_allocated_bytes() - before)
+    (r, memory::max_allocated_bytes().saturating_sub(before))
 }
 
 #[test]
 fn recomputed_activations_keep_the_results_and_lower_the_peak() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (rows, width, hidden) = (256, 64, 256);
     let ps = params(width, hidden);
     let x = randn(&[4, rows / 4, width], 99);
@@ -132,6 +136,7 @@ fn recomputed_activations_keep_the_results_and_lower_the_peak() {
 
 #[test]
 fn a_graph_without_late_readers_is_left_alone() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // a forward alone: every activation dies where it is made
     let ps = params(16, 32);
     let x = randn(&[8, 16], 5);

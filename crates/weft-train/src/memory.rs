@@ -129,7 +129,12 @@ pub fn estimate(config: &RunConfig) -> Estimate {
     // what this rank trains: its tensor-parallel part of its stage
     let trained = params / (tp * pp);
     let zero = if p.dp > 1 { p.zero } else { 0 };
-    let grads = if zero >= 2 { trained / dp } else { trained };
+    // a compiled step returns every gradient whole before ZeRO-2 reduces and shards them
+    let grads = if zero >= 2 && !config.train.compile {
+        trained / dp
+    } else {
+        trained
+    };
     let moments = match config.optim.kind.as_str() {
         "sgd" if config.optim.momentum == 0.0 => 0.0,
         "sgd" => 1.0,
@@ -265,5 +270,20 @@ mod tests {
         let built = weft_models::llama::Llama::new(small.to_config(), 0).unwrap();
         let n: usize = weft_nn::Module::parameters(&built).iter().map(|(_, t)| t.numel()).sum();
         assert_eq!(parameter_count(&ModelConfig::Llama(small)), n as f64);
+    }
+
+    #[test]
+    fn a_compiled_zero2_step_holds_whole_gradients() {
+        let text = "[model]\nkind = \"gpt\"\nvocab_size = 96\nblock_size = 16\nn_layer = 1\nn_head = 2\n\
+                    n_embd = 16\nbias = true\ndropout = 0.0\n[data]\nkind = \"text\"\npath = \"builtin\"\nbatch_size = 8\n\
+                    [optim]\nkind = \"adamw\"\nlr = 0.001\n[parallel]\ndp = 2\nzero = 2\n[train]\nsteps = 1\n";
+        let config = |compile: bool| {
+            let mut c = RunConfig::parse(text, "test", ".".into(), &Default::default()).unwrap();
+            c.train.compile = compile;
+            c
+        };
+        let whole = parameter_count(&config(false).model) * F32;
+        assert_eq!(estimate(&config(false)).grads, whole / 2.0);
+        assert_eq!(estimate(&config(true)).grads, whole);
     }
 }

@@ -24,6 +24,10 @@ use crate::op::Op;
 /// Largest number of recomputations one graph gets (each costs a pass over its buffer).
 const MAX_RECOMPUTED: usize = 256;
 
+/// Largest number of changes tried on one graph (each trial copies the graph and works out its
+/// lifetimes again), so that the pass stays quick on a capture of many thousands of nodes.
+const MAX_TRIALS: usize = 4096;
+
 /// What [`rematerialize`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RematReport {
@@ -38,9 +42,10 @@ pub struct RematReport {
 /// module docs).
 pub fn rematerialize(g: &mut Graph) -> RematReport {
     let peak_before = Lifetimes::of(g).peak().0;
+    // buffers that did not qualify at the current peak (tried again once the graph changes)
     let mut rejected: HashSet<usize> = HashSet::new();
-    let mut recomputed = 0;
-    'search: while recomputed < MAX_RECOMPUTED {
+    let (mut recomputed, mut trials) = (0, 0);
+    'search: while recomputed < MAX_RECOMPUTED && trials < MAX_TRIALS {
         let life = Lifetimes::of(g);
         let (peak, at) = life.peak();
         let mut candidates: Vec<usize> = life
@@ -54,11 +59,16 @@ pub fn rematerialize(g: &mut Graph) -> RematReport {
                 rejected.insert(b);
                 continue;
             };
+            if trials == MAX_TRIALS {
+                break 'search;
+            }
+            trials += 1;
             let mut trial = g.clone();
             change.apply(&mut trial);
             if Lifetimes::of(&trial).peak().0 < peak {
                 *g = trial;
                 recomputed += 1;
+                rejected.clear();
                 continue 'search;
             }
             rejected.insert(b);
