@@ -1,5 +1,8 @@
-//! Fusion groups: chains of elementwise ops in which each intermediate result has one reader and
-//! the shape of the chain's result, so the chain could run as one pass over memory.
+//! Fusion groups: elementwise ops joined to the elementwise producers of their inputs when each
+//! joined result has one reader (no other node, not a graph result) and the shape of its reader's
+//! result, so the group could run as one pass over memory. A group is a tree of such edges ending
+//! at its last node, the only one whose result leaves the group; every member has the last
+//! node's shape (inputs from outside the group may broadcast to it).
 
 use super::ir::{Graph, Source};
 
@@ -14,10 +17,17 @@ pub fn groups(g: &Graph) -> Vec<Vec<usize>> {
     for &v in &g.outputs {
         readers[v] += 1;
     }
-    // parent[i]: the group leader of node i (union by joining a node to its producer's group)
-    let mut group_of: Vec<usize> = (0..g.nodes.len()).collect();
+    // a union-find over nodes: each set's root is its first node
+    let mut parent: Vec<usize> = (0..g.nodes.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
     for (i, n) in g.nodes.iter().enumerate() {
-        if !n.op.is_elementwise() {
+        if !n.op.is_elementwise() || n.outputs.len() != 1 {
             continue;
         }
         let out_shape = &g.values[n.outputs[0]].shape;
@@ -31,15 +41,16 @@ pub fn groups(g: &Graph) -> Vec<Vec<usize>> {
                 && readers[v] == 1
                 && &g.values[v].shape == out_shape
             {
-                let leader = group_of[p];
-                group_of[i] = leader;
-                break;
+                // the producer's group ends at `p` (its result is read only here): join it
+                let (a, b) = (root(&mut parent, p), root(&mut parent, i));
+                parent[a.max(b)] = a.min(b);
             }
         }
     }
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut index_of_leader = std::collections::HashMap::new();
-    for (i, &leader) in group_of.iter().enumerate() {
+    for i in 0..g.nodes.len() {
+        let leader = root(&mut parent, i);
         let k = *index_of_leader.entry(leader).or_insert_with(|| {
             groups.push(Vec::new());
             groups.len() - 1

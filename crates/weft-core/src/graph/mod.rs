@@ -24,12 +24,14 @@ mod ir;
 pub mod onnx;
 pub mod passes;
 pub mod plan;
+mod pointwise;
 mod run;
 mod trace;
 
 pub use autotune::{Autotune, TuneEntry, TuneReport};
 pub use compile::{compile, Compiled, GraphCache, Outcome, RandomSource};
 pub use ir::{Graph, Node, Source, Value, ValueId};
+pub use pointwise::ReplayStats;
 pub use trace::{trace, CaptureError};
 
 pub(crate) use trace::{
