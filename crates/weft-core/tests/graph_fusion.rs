@@ -100,27 +100,30 @@ fn a_chain_of_every_one_pass_op_equals_eager() {
 
 #[test]
 fn broadcast_operands_scalars_and_strided_inputs_equal_eager() {
-    let (n, c) = (300, 257);
-    let w = awkward(&[c], 2);
-    let col = randn(&[n, 1], 3);
-    let s = Tensor::full(&[], 1.5, DType::F32).unwrap();
-    let f = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
-        let x = &xs[0];
-        let t = xs[1].permute(&[1, 0])?; // a strided view, [n, c]
-        let y = x
-            .mul(&w)?
-            .add(&s)?
-            .sub(&col)?
-            .maximum(&t)?
-            .minimum(&x.mul_scalar(4.0)?)?
-            .div(&w)?
-            .pow(&s)?
-            .exp()?;
-        let back = t.tanh()?.mul(&y)?.sigmoid()?;
-        Ok(vec![y, back])
-    };
-    let stats = check(&[awkward(&[n, c], 4), randn(&[c, n], 5)], f);
-    assert!(stats.fused_groups >= 2, "{stats:?}");
+    // rows long enough for row-aligned tiles (broadcast rows read in place), and short ones
+    for (n, c) in [(300, 257), (1000, 10)] {
+        let w = awkward(&[c], 2);
+        let col = randn(&[n, 1], 3);
+        let s = Tensor::full(&[], 1.5, DType::F32).unwrap();
+        let f = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+            let x = &xs[0];
+            let t = xs[1].permute(&[1, 0])?; // a strided view, [n, c]
+            let y = x
+                .mul(&w)?
+                .add(&s)?
+                .sub(&col)?
+                .maximum(&t)?
+                .minimum(&x.mul_scalar(4.0)?)?
+                .div(&w)?
+                .pow(&s)?
+                .exp()?;
+            let back = t.tanh()?.mul(&y)?.sigmoid()?;
+            Ok(vec![y, back])
+        };
+        let stats = check(&[awkward(&[n, c], 4), randn(&[c, n], 5)], f);
+        assert_eq!(stats.fused_groups, 2, "{stats:?}");
+        assert_eq!(stats.fused_nodes, 12, "{stats:?}");
+    }
 }
 
 #[test]
@@ -240,4 +243,23 @@ fn a_backward_replays_fused_bit_for_bit() {
     let x = randn(&[64, 24], 20);
     let stats = check(std::slice::from_ref(&x), |xs| step(&w, &b, xs));
     assert!(stats.fused_groups >= 1, "{stats:?}");
+}
+
+#[test]
+fn groups_with_other_dtypes_run_node_by_node_and_the_dump_says_why() {
+    let zero = Tensor::zeros(&[], DType::F32).unwrap();
+    let f = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+        let keep = xs[0].exp()?.gt(&xs[1])?;
+        let y = Tensor::where_cond(&keep, &xs[0], &zero)?;
+        Ok(vec![xs[1].tanh()?.mul_scalar(2.0)?, y])
+    };
+    let inputs = [randn(&[64, 64], 21), randn(&[64, 64], 22)];
+    let text = graph_of(&inputs, f).to_text();
+    assert!(
+        text.contains("unary -> compare -> where  [node by node: compare on bool]"),
+        "{text}"
+    );
+    assert!(text.contains("unary -> affine  [one pass"), "{text}");
+    let stats = check(&inputs, f);
+    assert_eq!((stats.fused_groups, stats.fused_nodes, stats.in_place), (1, 2, 0));
 }

@@ -228,15 +228,26 @@ impl Program {
         let last = self.insts.len() - 1;
         // registers: one per input (a gathered or donor tile), one per instruction but the last
         let mut regs = vec![0f32; (ni + last) * TILE];
+        // with rows of at least 64 elements, tiles end at row ends, so that a broadcast input's
+        // tile is one run of its storage (read in place) or one value
+        let inner = self.shape.last().copied().unwrap_or(1);
+        let rows = inner >= 64;
         let mut t0 = 0;
         while t0 < out.len() {
-            let m = TILE.min(out.len() - t0);
+            let mut m = TILE.min(out.len() - t0);
+            if rows {
+                m = m.min(inner - (start + t0) % inner);
+            }
             let (inp, res) = regs.split_at_mut(ni * TILE);
             let mut views: Vec<&[f32]> = Vec::with_capacity(ni);
             for (k, reg) in inp.chunks_mut(TILE).enumerate() {
                 let reg = &mut reg[..m];
                 match srcs[k] {
                     Some(Src::Contiguous(d)) => views.push(&d[start + t0..start + t0 + m]),
+                    Some(Src::Strided(d, l)) if rows && l.strides.last() == Some(&1) => {
+                        let off = offset_of(l, start + t0);
+                        views.push(&d[off..off + m]);
+                    }
                     Some(Src::Strided(d, l)) => {
                         gather(d, l, start + t0, reg);
                         views.push(reg);
@@ -296,6 +307,16 @@ enum Src<'a> {
     Strided(&'a [f32], &'a Layout),
 }
 
+/// The storage offset of output element `e` (row-major index) under layout `l`.
+fn offset_of(l: &Layout, mut e: usize) -> usize {
+    let mut off = l.offset;
+    for d in (0..l.rank()).rev() {
+        off += (e % l.shape[d]) * l.strides[d];
+        e /= l.shape[d];
+    }
+    off
+}
+
 /// `dst[i] = data[offset of output element start + i]` under layout `l` (the output's shape).
 fn gather(data: &[f32], l: &Layout, start: usize, dst: &mut [f32]) {
     let rank = l.rank();
@@ -305,17 +326,11 @@ fn gather(data: &[f32], l: &Layout, start: usize, dst: &mut [f32]) {
     }
     let inner = l.shape[rank - 1];
     let inner_stride = l.strides[rank - 1];
-    // multi-index of `start`
-    let mut idx = vec![0usize; rank];
-    let mut rem = start;
-    for d in (0..rank).rev() {
-        idx[d] = rem % l.shape[d];
-        rem /= l.shape[d];
-    }
-    let mut off = l.offset + idx.iter().zip(&l.strides).map(|(i, s)| i * s).sum::<usize>();
     let mut done = 0;
     while done < dst.len() {
-        let run = (inner - idx[rank - 1]).min(dst.len() - done);
+        let e = start + done;
+        let run = (inner - e % inner).min(dst.len() - done);
+        let off = offset_of(l, e);
         let out = &mut dst[done..done + run];
         if inner_stride == 0 {
             out.fill(data[off]);
@@ -327,20 +342,6 @@ fn gather(data: &[f32], l: &Layout, start: usize, dst: &mut [f32]) {
             }
         }
         done += run;
-        // move to the start of the next row
-        off -= idx[rank - 1] * inner_stride;
-        idx[rank - 1] = 0;
-        let mut d = rank - 1;
-        while d > 0 && done < dst.len() {
-            d -= 1;
-            idx[d] += 1;
-            off += l.strides[d];
-            if idx[d] < l.shape[d] {
-                break;
-            }
-            off -= l.strides[d] * l.shape[d];
-            idx[d] = 0;
-        }
     }
 }
 
