@@ -263,3 +263,23 @@ fn groups_with_other_dtypes_run_node_by_node_and_the_dump_says_why() {
     let stats = check(&inputs, f);
     assert_eq!((stats.fused_groups, stats.fused_nodes, stats.in_place), (1, 2, 0));
 }
+
+#[test]
+fn the_f32_part_of_a_group_with_a_comparison_runs_as_one_pass() {
+    let zero = Tensor::zeros(&[], DType::F32).unwrap();
+    let f = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+        let a = xs[0].exp()?.mul_scalar(0.5)?.tanh()?;
+        let keep = a.gt(&xs[1])?;
+        Ok(vec![Tensor::where_cond(&keep, &xs[0], &zero)?])
+    };
+    let inputs = [randn(&[64, 64], 23), randn(&[64, 64], 24)];
+    let g = graph_of(&inputs, f);
+    assert_eq!(fusion::groups(&g).len(), 1);
+    let text = g.to_text();
+    assert!(
+        text.contains("[3 of 5 nodes in one pass; node by node: compare on bool]"),
+        "{text}"
+    );
+    let stats = check(&inputs, f);
+    assert_eq!((stats.fused_groups, stats.fused_nodes), (1, 3));
+}

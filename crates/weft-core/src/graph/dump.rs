@@ -56,9 +56,13 @@ impl Graph {
         let _ = writeln!(s, "fusion groups: {}", groups.len());
         for (k, grp) in groups.iter().enumerate() {
             let names: Vec<&str> = grp.iter().map(|&i| self.nodes[i].op.name()).collect();
-            let how = match super::pointwise::Program::build(self, grp) {
-                Ok(_) => "one pass (f32 on the CPU)".to_string(),
-                Err(why) => format!("node by node: {why}"),
+            let how = match super::fusion::one_pass_parts(self, grp) {
+                (_, None) => "one pass (f32 on the CPU)".to_string(),
+                (parts, Some(why)) if parts.is_empty() => format!("node by node: {why}"),
+                (parts, Some(why)) => {
+                    let n: usize = parts.iter().map(|p| p.nodes.len()).sum();
+                    format!("{n} of {} nodes in one pass; node by node: {why}", grp.len())
+                }
             };
             let _ = writeln!(s, "  fusion {k}: {}  [{how}]", names.join(" -> "));
         }

@@ -5,6 +5,7 @@
 //! node's shape (inputs from outside the group may broadcast to it).
 
 use super::ir::{Graph, Source};
+use super::pointwise::Program;
 
 /// The fusion groups of `g`: each a list of node indices in execution order, at least two long.
 pub fn groups(g: &Graph) -> Vec<Vec<usize>> {
@@ -59,4 +60,46 @@ pub fn groups(g: &Graph) -> Vec<Vec<usize>> {
     }
     groups.retain(|g| g.len() >= 2);
     groups
+}
+
+/// The parts of fusion group `grp` that run as one pass: the group without the nodes the
+/// one-pass evaluator does not take, cut into its connected pieces of two or more nodes (each
+/// again a tree ending at its last node), each as a program; and why the other nodes run node
+/// by node (`None` when the whole group is one program).
+pub(crate) fn one_pass_parts(g: &Graph, grp: &[usize]) -> (Vec<Program>, Option<String>) {
+    let whole = match Program::build(g, grp) {
+        Ok(p) => return (vec![p], None),
+        Err(why) => why,
+    };
+    let ok: Vec<bool> = grp.iter().map(|&i| Program::build(g, &[i]).is_ok()).collect();
+    // part[k]: the index in `grp` of the first node of member k's piece
+    let mut part: Vec<usize> = (0..grp.len()).collect();
+    for (k, &i) in grp.iter().enumerate() {
+        for &v in &g.nodes[i].inputs {
+            let Source::Node { node: p, .. } = g.values[v].source else {
+                continue;
+            };
+            if let Some(j) = grp.iter().position(|&m| m == p) {
+                if ok[j] && ok[k] {
+                    let (a, b) = (part[j], part[k]);
+                    for x in part.iter_mut().filter(|x| **x == a.max(b)) {
+                        *x = a.min(b);
+                    }
+                }
+            }
+        }
+    }
+    let mut parts = Vec::new();
+    for first in 0..grp.len() {
+        let nodes: Vec<usize> = (0..grp.len())
+            .filter(|&k| ok[k] && part[k] == first)
+            .map(|k| grp[k])
+            .collect();
+        if nodes.len() >= 2 {
+            if let Ok(p) = Program::build(g, &nodes) {
+                parts.push(p);
+            }
+        }
+    }
+    (parts, Some(whole))
 }

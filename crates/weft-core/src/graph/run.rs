@@ -325,11 +325,9 @@ impl Schedule {
         let mut programs = Vec::new();
         let mut in_group = vec![false; g.nodes.len()];
         for grp in super::fusion::groups(g) {
-            for &i in &grp {
-                in_group[i] = true;
-            }
-            if let Ok(p) = Program::build(g, &grp) {
-                for &i in &grp {
+            for p in super::fusion::one_pass_parts(g, &grp).0 {
+                for &i in &p.nodes {
+                    in_group[i] = true;
                     role[i] = Role::Deferred;
                 }
                 role[p.nodes[p.nodes.len() - 1]] = Role::Runs(programs.len());
