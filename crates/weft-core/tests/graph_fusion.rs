@@ -283,3 +283,20 @@ fn the_f32_part_of_a_group_with_a_comparison_runs_as_one_pass() {
     let stats = check(&inputs, f);
     assert_eq!((stats.fused_groups, stats.fused_nodes), (1, 3));
 }
+
+#[test]
+fn a_replay_traced_by_an_outer_capture_runs_node_by_node_and_is_recorded() {
+    let w = randn(&[16, 16], 25);
+    let mut inner = compile(|xs: &[Tensor]| Ok(vec![xs[0].matmul(&w)?.exp()?.mul_scalar(0.5)?.tanh()?]));
+    let x = randn(&[16, 16], 26);
+    inner.call(std::slice::from_ref(&x)).unwrap();
+    inner.call(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(inner.replay_stats().unwrap().fused_groups, 1);
+    let (eager, outer) = trace(std::slice::from_ref(&x), |xs| inner.call(xs)).unwrap();
+    assert_eq!(inner.replay_stats().unwrap().fused_groups, 0);
+    let outer = outer.expect("the outer capture sees every op");
+    assert_eq!(outer.nodes.len(), 4);
+    let (replayed, stats) = outer.run_stats(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(bits(&replayed[0]), bits(&eager[0]));
+    assert_eq!((stats.fused_groups, stats.in_place), (1, 1));
+}

@@ -151,7 +151,8 @@ impl Program {
     /// Runs the program on `args` (one tensor per [`Program::inputs`]), writing the result into
     /// the buffer of the first `args[d]`, `d` in `donors`, whose buffer is held by nothing else
     /// (its tensor is then consumed). [`Outcome::NodeByNode`] (the arguments given back) when a
-    /// tensor is not on the CPU or not f32: the caller runs the nodes one by one.
+    /// tensor is not on the CPU or not f32, or a layout does not fit its buffer: the caller runs
+    /// the nodes one by one.
     pub(crate) fn run(&self, mut args: Vec<Tensor>, donors: &[usize]) -> Result<Outcome> {
         if args.len() != self.inputs.len() {
             return Err(invalid("graph", "fused group given the wrong number of inputs"));
@@ -163,27 +164,31 @@ impl Program {
             return Ok(Outcome::NodeByNode(args));
         }
         let n = numel(&self.shape);
-        let reuse = donors.iter().copied().find(|&d| reusable(&args[d], n));
         let layouts = args
             .iter()
             .map(|t| t.layout().expand(&self.shape))
             .collect::<Result<Vec<Layout>>>()?;
+        if args.iter().zip(&layouts).any(|(t, l)| !l.fits(t.storage().len())) {
+            // a buffer released under its view: the kernels report it
+            return Ok(Outcome::NodeByNode(args));
+        }
+        let reuse = donors.iter().copied().find(|&d| reusable(&args[d], n));
         if let Some(d) = reuse {
             let storage = args.remove(d).storage().clone();
             // the donor is no input of the pass any more: it is read from the output itself
-            let (mut others, mut lays) = (args, layouts);
+            let (others, mut lays) = (args, layouts);
             lays.remove(d);
             let mut guard = storage.write();
             let data = f32::slice_mut(&mut guard).ok_or_else(|| invalid("graph", "in-place buffer is not f32"))?;
             // SAFETY: f32 and MaybeUninit<f32> share a layout, and only f32 values are written.
             let out = unsafe { &mut *(&mut data[..n] as *mut [f32] as *mut [MaybeUninit<f32>]) };
-            self.pass(&mut others, &lays, Some(d), out);
+            self.pass(&others, &lays, Some(d), out);
             drop(guard);
             let layout = Layout::contiguous(&self.shape);
             return Ok(Outcome::Fused(Tensor::build(storage, layout, DType::F32, None), true));
         }
         let mut out = crate::alloc::uninit::<f32>("fused elementwise", n)?;
-        self.pass(&mut args, &layouts, None, &mut out);
+        self.pass(&args, &layouts, None, &mut out);
         // SAFETY: `pass` writes every element.
         let t = Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, &self.shape)?;
         Ok(Outcome::Fused(t, false))
@@ -191,7 +196,7 @@ impl Program {
 
     /// Writes every element of `out` (`numel(shape)` elements). `args`/`layouts`: the inputs
     /// other than the donor, in order; input `donor` (when given) is read from `out` itself.
-    fn pass(&self, args: &mut [Tensor], layouts: &[Layout], donor: Option<usize>, out: &mut [MaybeUninit<f32>]) {
+    fn pass(&self, args: &[Tensor], layouts: &[Layout], donor: Option<usize>, out: &mut [MaybeUninit<f32>]) {
         let guards: Vec<_> = args.iter().map(|t| t.storage().read()).collect();
         let empty: &[f32] = &[];
         let srcs: Vec<Src> = guards

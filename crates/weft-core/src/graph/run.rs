@@ -11,9 +11,10 @@ use crate::error::{invalid, Result};
 use crate::op::Op;
 use crate::Tensor;
 
-/// A graph with what replay needs to know of its values, worked out once: the last node that
-/// reads each, and which are results; and where its random draws start on the function's
-/// random stream, when it has any.
+/// A graph with what replay needs to know, worked out once: how each node runs (alone, or in
+/// its fusion group's one-pass program), the step after which each value is dropped, and which
+/// values are results; and where its random draws start on the function's random stream, when
+/// it has any.
 pub(crate) struct Prepared {
     pub(crate) graph: Graph,
     schedule: Schedule,
@@ -176,7 +177,14 @@ impl Graph {
                             None => get(&slots, v)?,
                         });
                     }
-                    let out = match p.run(args, donors)? {
+                    // inside a capture (a replay traced by an outer function) every node goes
+                    // through the dispatcher, so that the outer trace records it
+                    let outcome = if super::recording() {
+                        pointwise::Outcome::NodeByNode(args)
+                    } else {
+                        p.run(args, donors)?
+                    };
+                    let out = match outcome {
                         pointwise::Outcome::Fused(t, in_place) => {
                             stats.in_place += usize::from(in_place);
                             if p.nodes.len() > 1 {
