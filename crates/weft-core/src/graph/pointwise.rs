@@ -31,7 +31,8 @@ pub struct ReplayStats {
     pub fused_groups: usize,
     /// Nodes those groups hold.
     pub fused_nodes: usize,
-    /// Groups with a program that ran node by node at this replay (a tensor on a GPU).
+    /// Groups with a program that ran node by node at this replay (a tensor on a GPU, a layout
+    /// that does not fit its buffer, or a replay inside an outer capture).
     pub fallback_groups: usize,
     /// One-pass results (of a group or a single elementwise node) written into the buffer of an
     /// input that died there, instead of a new buffer.
