@@ -10,8 +10,10 @@ Model and step as tools/bench/compare_gpt_step.py (vocab 65, block 64, 4 layers,
 128, batch 16, AdamW + clipping; tools/bench/gpt_step.toml). Each repeat runs every side once, in a
 rotating order. Per side: the median step time over steps 6-55 (weft) or the 50 timed steps after
 5 warm-up steps (torch), the first step's time (weft: eager run plus capture; torch.compile's
-compile happens in its warm-up and is reported by its own script's total time), and the peak
-resident memory of the process (`wait4`'s ru_maxrss). Prints medians over the repeats.
+compile happens in its warm-up and is reported by its own script's total time), the peak
+resident memory of the process (`wait4`'s ru_maxrss), and for weft the most tensor bytes held at
+once in a step (the metrics' `host_mem_bytes`, largest over steps 6-55). weft compiled runs with
+`compile_recompute` on (the default) and off. Prints medians over the repeats.
 """
 
 import argparse
@@ -46,19 +48,24 @@ def torch_side(threads, batches, compile_):
         cmd.append("--compile")
     out, wall, rss = run(cmd)
     r = json.loads(out.strip().splitlines()[-1])
-    return {"median_ms": r["median_ms"], "first": f"{wall:.1f} s whole script", "rss": rss}
+    return {"median_ms": r["median_ms"], "first": f"{wall:.1f} s whole script", "rss": rss, "tensors": None}
 
 
-def weft_side(weft, threads, workdir, compile_):
+def weft_side(weft, threads, workdir, compile_, recompute=True):
     env = dict(os.environ, WEFT_NUM_THREADS=str(threads))
     metrics = os.path.join(workdir, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = [weft, "train", "--quiet", "--config", os.path.join(workdir, "gpt_step.toml"),
-           "--set", f"train.compile={'true' if compile_ else 'false'}"]
+           "--set", f"train.compile={'true' if compile_ else 'false'}",
+           "--set", f"train.compile_recompute={'true' if recompute else 'false'}"]
     _, _, rss = run(cmd, env)
-    times = [json.loads(line)["step_ms"] for line in open(metrics)]
-    return {"median_ms": statistics.median(times[5:]), "first": f"{times[0]:.1f} ms first step", "rss": rss}
+    records = [json.loads(line) for line in open(metrics)]
+    records = [r for r in records if "step_ms" in r]
+    times = [r["step_ms"] for r in records]
+    tensors = max(r.get("host_mem_bytes", 0) for r in records[5:]) / 2**20
+    return {"median_ms": statistics.median(times[5:]), "first": f"{times[0]:.1f} ms first step", "rss": rss,
+            "tensors": tensors}
 
 
 def main():
@@ -77,6 +84,7 @@ def main():
         "torch eager": lambda: torch_side(args.threads, batches, False),
         "weft eager": lambda: weft_side(args.weft, args.threads, work, False),
         "weft compiled": lambda: weft_side(args.weft, args.threads, work, True),
+        "weft compiled, no recompute": lambda: weft_side(args.weft, args.threads, work, True, recompute=False),
     }
     if not args.no_torch_compile:
         sides["torch.compile"] = lambda: torch_side(args.threads, batches, True)
@@ -88,12 +96,14 @@ def main():
             results[n].append(sides[n]())
             print(f"[{r + 1}/{args.repeat}] {n}: {results[n][-1]}", file=sys.stderr)
     base = statistics.median(x["median_ms"] for x in results["weft eager"])
-    print(f"| {args.threads} threads | median step ms | vs weft eager | peak RSS MiB | first step |")
-    print("|---|---:|---:|---:|---|")
+    print(f"| {args.threads} threads | median step ms | vs weft eager | peak RSS MiB | peak tensor MiB | first step |")
+    print("|---|---:|---:|---:|---:|---|")
     for n in names:
         ms = statistics.median(x["median_ms"] for x in results[n])
         rss = statistics.median(x["rss"] for x in results[n])
-        print(f"| {n} | {ms:.1f} | {base / ms:.2f}x | {rss:.0f} | {results[n][-1]['first']} |")
+        tensors = results[n][-1]["tensors"]
+        tensors = "-" if tensors is None else f"{statistics.median(x['tensors'] for x in results[n]):.1f}"
+        print(f"| {n} | {ms:.1f} | {base / ms:.2f}x | {rss:.0f} | {tensors} | {results[n][-1]['first']} |")
     shutil.rmtree(work)
 
 

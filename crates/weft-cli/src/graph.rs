@@ -20,9 +20,19 @@ pub fn dump(args: &DumpArgs) -> Result<(), String> {
     if args.format == "dot" {
         return crate::print_out(&step.graph.to_dot());
     }
-    let r = step.report;
+    let (r, m) = (step.report, step.remat);
+    let recomputed = if m.recomputed > 0 {
+        format!(
+            "; {} activations recomputed in the backward (train.compile_recompute), peak {:.2} -> {:.2} MiB",
+            m.recomputed,
+            m.peak_before as f64 / (1 << 20) as f64,
+            m.peak_after as f64 / (1 << 20) as f64
+        )
+    } else {
+        String::new()
+    };
     crate::print_out(&format!(
-        "captured {} nodes; folded {}, merged {}, removed {}\n{}",
+        "captured {} nodes; folded {}, merged {}, removed {}{recomputed}\n{}",
         r.captured,
         r.folded,
         r.merged,

@@ -10,6 +10,7 @@ mod export;
 mod generate;
 mod graph;
 mod launch;
+mod plan;
 mod train;
 
 use std::process::ExitCode;
@@ -57,6 +58,9 @@ enum Command {
         #[command(subcommand)]
         what: GraphCommand,
     },
+    /// Ranks the parallel layouts (dp, tp, pp, ZeRO, micro-batches, recompute) of a run
+    /// config's model on N devices by predicted step time and memory (docs/plan.md).
+    Plan(plan::PlanArgs),
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
@@ -148,6 +152,7 @@ fn run(cli: Cli) -> Result<(), String> {
             what: ExportCommand::Onnx(args),
         } => export::onnx(&args),
         Command::Launch(args) => launch::run(&args),
+        Command::Plan(args) => plan::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),
         } => checkpoint::inspect(&args),

@@ -81,12 +81,14 @@ fn dropout_is_replayed_with_new_masks_bit_for_bit() {
 fn what_cannot_be_captured_runs_eagerly_saying_why_once() {
     let out = temp_dir("compiled-eager");
 
-    let sets = ["train.compile=true", "parallel.dp=2"];
-    let output = train_fixture("gpt_adamw", 2, &out.join("dp2.jsonl"), &[], &sets);
+    // data parallelism and ZeRO stages 1 and 2 are captured (tests/compiled_layouts.rs); stage 3
+    // is not
+    let sets = ["train.compile=true", "parallel.dp=2", "parallel.zero=3"];
+    let output = train_fixture("gpt_adamw", 2, &out.join("zero3.jsonl"), &[], &sets);
     let err = String::from_utf8_lossy(&output.stderr);
     let lines = eager_lines(&err);
     assert_eq!(lines.len(), 1, "one line, from rank 0: {err}");
-    assert!(lines[0].contains("data parallelism"), "{}", lines[0]);
+    assert!(lines[0].contains("ZeRO stage 3"), "{}", lines[0]);
 }
 
 #[test]
@@ -196,4 +198,54 @@ fn autotune_search_tunes_the_compiled_step_and_keeps_its_choices() {
         "{text}"
     );
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The "peak live X MiB" of a `weft graph dump`'s memory plan line, in MiB.
+fn planned_peak(dump: &str) -> f64 {
+    let line = dump.lines().find(|l| l.starts_with("memory plan:")).unwrap();
+    let after = line.split("peak live ").nth(1).unwrap();
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn recomputation_keeps_the_losses_and_lowers_the_planned_peak() {
+    let out = temp_dir("compiled-recompute");
+    for case in ["gpt_adamw", "llama_gqa_adamw"] {
+        // on by default: the capture line says what it recomputed
+        let (on, err) = train(case, &out, true, &[]);
+        assert!(err.contains("activations recomputed in the backward"), "{case}: {err}");
+        let (off, err_off) = train(case, &out, true, &["train.compile_recompute=false"]);
+        assert!(!err_off.contains("recomputed"), "{case}: {err_off}");
+        for key in ["loss", "grad_norm"] {
+            assert_eq!(column(&on, key), column(&off, key), "{case}: {key}");
+        }
+        // each step's peak of tensor bytes holds at least the model state it logs
+        for r in read_metrics(&on).iter().filter(|r| r.get("loss").is_some()) {
+            let s = &r["state_bytes"];
+            let state: u64 = ["params", "grads", "optimizer"]
+                .iter()
+                .map(|k| s[k].as_u64().unwrap())
+                .sum();
+            let peak = r["host_mem_bytes"].as_u64().unwrap_or(0);
+            assert!(
+                peak >= state,
+                "{case}: host_mem_bytes {peak} below the state {state}: {r}"
+            );
+        }
+        let c = fixture_config(case);
+        let c = c.to_str().unwrap();
+        let dump = |extra: &[&str]| {
+            let mut args = vec!["graph", "dump", "--config", c];
+            args.extend_from_slice(extra);
+            String::from_utf8(weft_ok(&args).stdout).unwrap()
+        };
+        let (with, without) = (dump(&[]), dump(&["--set", "train.compile_recompute=false"]));
+        assert!(with.lines().next().unwrap().contains("recomputed"), "{case}: {with}");
+        assert!(
+            planned_peak(&with) < planned_peak(&without),
+            "{case}: planned peak {} MiB with recomputation, {} without",
+            planned_peak(&with),
+            planned_peak(&without)
+        );
+    }
 }

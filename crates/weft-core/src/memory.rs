@@ -9,7 +9,46 @@
 //!   `memory.usage_in_bytes`). The trainer's up-front estimate and `weft bench collectives`
 //!   check against this.
 
+//!
+//! And what this process's tensors hold: [`allocated_bytes`] (host bytes of the storages alive
+//! now), [`max_allocated_bytes`] (the most at once since the last [`reset_max_allocated`]), as
+//! `torch.cuda.memory_allocated` and `max_memory_allocated` count a device's tensors.
+
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+static MAX_ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes of host memory held by tensor storages alive now: each storage counted once with the
+/// size it was made with, however many tensors view it. (A storage whose buffer is swapped in
+/// place, as ZeRO-3 does with a parameter it gathers and releases, keeps counting its first
+/// size.) GPU buffers are not counted.
+pub fn allocated_bytes() -> usize {
+    ALLOCATED.load(Ordering::Relaxed)
+}
+
+/// The most [`allocated_bytes`] has been since the process started or the last
+/// [`reset_max_allocated`].
+pub fn max_allocated_bytes() -> usize {
+    MAX_ALLOCATED.load(Ordering::Relaxed)
+}
+
+/// Starts [`max_allocated_bytes`] again from what is allocated now.
+pub fn reset_max_allocated() {
+    MAX_ALLOCATED.store(allocated_bytes(), Ordering::Relaxed);
+}
+
+/// A storage of `bytes` was made.
+pub(crate) fn count_allocated(bytes: usize) {
+    let now = ALLOCATED.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    MAX_ALLOCATED.fetch_max(now, Ordering::Relaxed);
+}
+
+/// A storage that counted `bytes` was dropped.
+pub(crate) fn count_freed(bytes: usize) {
+    ALLOCATED.fetch_sub(bytes, Ordering::Relaxed);
+}
 
 /// Memory this process can still take, in bytes, and where that figure comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]

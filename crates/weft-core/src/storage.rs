@@ -220,15 +220,20 @@ pub fn gather_slice<T: Copy>(op: &'static str, v: &[T], layout: &Layout) -> Resu
 pub struct Storage {
     data: RwLock<CpuStorage>,
     device: Device,
+    /// Host bytes this storage added to [`crate::memory::allocated_bytes`] when it was made.
+    counted: usize,
     #[cfg(feature = "cuda")]
     gpu: Option<crate::cuda::Buffer>,
 }
 
 impl Storage {
     pub fn new(data: CpuStorage) -> Self {
+        let counted = data.len() * data.dtype().size_in_bytes();
+        crate::memory::count_allocated(counted);
         Storage {
             data: RwLock::new(data),
             device: Device::Cpu,
+            counted,
             #[cfg(feature = "cuda")]
             gpu: None,
         }
@@ -240,6 +245,7 @@ impl Storage {
         Storage {
             data: RwLock::new(CpuStorage::zeros(buffer.dtype(), 0)),
             device: buffer.device(),
+            counted: 0,
             gpu: Some(buffer),
         }
     }
@@ -275,6 +281,12 @@ impl Storage {
     /// Write access, for in-place updates (optimizer steps, gradient accumulation, collectives).
     pub fn write(&self) -> RwLockWriteGuard<'_, CpuStorage> {
         self.data.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        crate::memory::count_freed(self.counted);
     }
 }
 

@@ -22,6 +22,11 @@
 //! order on every rank. [`DataParallel::finish`] waits for them and points each gradient at its
 //! slice of the averaged bucket. The buckets live in host memory: a GPU parameter's gradient is
 //! copied into its bucket and its averaged slice copied back to the GPU.
+//!
+//! Without hooks ([`DataParallel::new_unhooked`], for a backward that hooks must stay out of,
+//! such as one captured as a graph and replayed): [`DataParallel::finish`] hands the gradients
+//! the parameters hold to the same buckets, in bucket order, after backward has ended, so the
+//! all-reduces no longer overlap it; the averages are the same, bit for bit.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -89,6 +94,8 @@ struct Reducer {
     find_unused: bool,
     /// The first error met by a hook, reported by `finish`.
     error: Option<Error>,
+    /// The gradient-ready hooks are registered (else `finish` takes the gradients itself).
+    hooked: bool,
 }
 
 impl DataParallel {
@@ -96,6 +103,17 @@ impl DataParallel {
     /// dtypes, in the same order) and registers the gradient hooks. Errors: a parameter that is
     /// not contiguous or not a float tensor, or a failed broadcast.
     pub fn new(params: Vec<(String, Tensor)>, pg: &ProcessGroup, options: DdpOptions) -> Result<DataParallel> {
+        let ddp = Self::new_unhooked(params, pg, options)?;
+        ddp.attach_hooks();
+        Ok(ddp)
+    }
+
+    /// As [`DataParallel::new`] without registering the gradient hooks: backward passes run
+    /// without side effects (they can be captured as a graph), and [`DataParallel::finish`] takes
+    /// the gradients the parameters hold after backward, bucket by bucket in the order the hooks
+    /// would start them (no overlap with backward; the same averages). [`DataParallel::attach_hooks`]
+    /// registers them later.
+    pub fn new_unhooked(params: Vec<(String, Tensor)>, pg: &ProcessGroup, options: DdpOptions) -> Result<DataParallel> {
         for (name, p) in &params {
             if !p.is_contiguous() || !p.dtype().is_float() {
                 return Err(Error::Invalid(format!(
@@ -133,16 +151,35 @@ impl DataParallel {
             sync: true,
             find_unused: options.find_unused_parameters,
             error: None,
+            hooked: false,
         }));
+        Ok(DataParallel { reducer })
+    }
+
+    /// Registers the gradient-ready hooks (once; later calls do nothing): from the next
+    /// backward on, buckets start their all-reduce while backward runs. Hooks cannot be
+    /// removed again.
+    pub fn attach_hooks(&self) {
+        let params = {
+            let mut r = lock(&self.reducer);
+            if std::mem::replace(&mut r.hooked, true) {
+                return;
+            }
+            r.params.clone()
+        };
         for (i, (_, p)) in params.iter().enumerate() {
-            let r = Arc::downgrade(&reducer);
+            let r = Arc::downgrade(&self.reducer);
             p.register_grad_ready_hook(move |leaf| {
                 if let Some(r) = r.upgrade() {
                     lock(&r).gradient_ready(i, leaf);
                 }
             });
         }
-        Ok(DataParallel { reducer })
+    }
+
+    /// Whether the gradient-ready hooks are registered.
+    pub fn hooked(&self) -> bool {
+        lock(&self.reducer).hooked
     }
 
     /// The parameter names of each bucket, in the order their all-reduces start.
@@ -171,13 +208,18 @@ impl DataParallel {
 
     /// After a synchronised backward: starts the buckets still waiting (those with parameters
     /// that got no gradient, when that is allowed), waits for every all-reduce and sets each
-    /// gradient to the group's average. Without `find_unused_parameters`, a parameter without a
-    /// gradient is an error naming it (the group is aborted with the same message, so the other
-    /// ranks stop too). Inside [`DataParallel::no_sync`] this does nothing.
+    /// gradient to the group's average. Without hooks, first takes every gradient the parameters
+    /// hold, in bucket order (what backward and earlier `no_sync` passes accumulated). Without
+    /// `find_unused_parameters`, a parameter without a gradient is an error naming it (the group
+    /// is aborted with the same message, so the other ranks stop too). Inside
+    /// [`DataParallel::no_sync`] this does nothing.
     pub fn finish(&self) -> Result<()> {
         let mut r = lock(&self.reducer);
         if !r.sync {
             return Ok(());
+        }
+        if !r.hooked {
+            r.take_held_gradients();
         }
         let result = r.finish();
         r.reset();
@@ -254,6 +296,18 @@ impl Bucket {
 }
 
 impl Reducer {
+    /// What the hooks would have done during backward, after it: every parameter holding a
+    /// gradient hands it to its bucket, buckets in order (so each starts as soon as it is full).
+    fn take_held_gradients(&mut self) {
+        let order: Vec<usize> = self.buckets.iter().flat_map(|b| b.members.clone()).collect();
+        for i in order {
+            let p = self.params[i].1.clone();
+            if p.grad().is_some() {
+                self.gradient_ready(i, &p);
+            }
+        }
+    }
+
     fn gradient_ready(&mut self, i: usize, leaf: &Tensor) {
         if !self.sync || self.error.is_some() {
             return;

@@ -3,7 +3,8 @@
 //! same step run eagerly on a copy of the model. Every loss is checked bit for bit, and the two
 //! step times are printed (medians, the two alternating in one process).
 //!
-//! Run: `WEFT_NUM_THREADS=2 cargo run --release -p weft-train --example compiled_step [-- --compiled-first]`
+//! Run: `WEFT_NUM_THREADS=2 cargo run --release -p weft-train --example compiled_step [-- --compiled-first] [--recompute]`
+//! (`--recompute`: the graph recomputes cheap activations to lower its peak memory.)
 //! The model is the CPU speed-target GPT of `tools/bench/gpt_step.toml` (vocab 65, block 64, 4
 //! layers, 4 heads, n_embd 128, batch 16), trained with AdamW on one fixed batch.
 
@@ -33,11 +34,16 @@ fn eager_step(
     opt: &mut Adam,
     groups: &[ParamGroup],
     ms: &mut Vec<f64>,
+    peaks: &mut Vec<usize>,
 ) -> Result<Vec<Tensor>> {
+    let start = weft_core::memory::allocated_bytes();
+    weft_core::memory::reset_max_allocated();
     let t = Instant::now();
     let out = loss_and_grads(model, xs)?;
     ms.push(t.elapsed().as_secs_f64() * 1e3);
+    peaks.push(weft_core::memory::max_allocated_bytes() - start);
     opt.step(groups, 1e-3)?;
+    model.zero_grad();
     Ok(out)
 }
 
@@ -50,19 +56,26 @@ fn compiled_step<F>(
     opt: &mut Adam,
     groups: &[ParamGroup],
     ms: &mut Vec<f64>,
+    peaks: &mut Vec<usize>,
 ) -> Result<Vec<Tensor>>
 where
     F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
 {
+    let start = weft_core::memory::allocated_bytes();
+    weft_core::memory::reset_max_allocated();
     let t = Instant::now();
     let out = step.call(xs)?;
     ms.push(t.elapsed().as_secs_f64() * 1e3);
+    peaks.push(weft_core::memory::max_allocated_bytes() - start);
     for ((_, p), g) in model.parameters().iter().zip(&out[1..]) {
         p.set_grad(Some(g.clone()));
     }
     opt.step(groups, 1e-3)?;
+    model.zero_grad();
     Ok(out)
 }
+
+const MIB: f64 = (1 << 20) as f64;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -71,6 +84,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<()> {
     let compiled_first = std::env::args().any(|a| a == "--compiled-first");
+    let recompute = std::env::args().any(|a| a == "--recompute");
     let config = GptConfig {
         vocab_size: 65,
         block_size: 64,
@@ -100,19 +114,39 @@ fn main() -> Result<()> {
     };
     let (groups_e, groups_c) = (group(&eager_model), group(&compiled_model));
 
-    let mut step = compile(|xs: &[Tensor]| loss_and_grads(&compiled_model, xs));
+    let mut step = compile(|xs: &[Tensor]| loss_and_grads(&compiled_model, xs)).with_recompute(recompute);
     let (mut eager_ms, mut compiled_ms) = (Vec::new(), Vec::new());
+    let (mut eager_peak, mut compiled_peak) = (Vec::new(), Vec::new());
     for i in 0..60 {
         let xs = [x.clone(), y.clone()];
         // which runs first in a pair changes the times by about as much as compiling does
         let (eager, replayed) = if compiled_first {
-            let r = compiled_step(&mut step, &xs, &compiled_model, &mut opt_c, &groups_c, &mut compiled_ms)?;
-            (eager_step(&eager_model, &xs, &mut opt_e, &groups_e, &mut eager_ms)?, r)
+            let r = compiled_step(
+                &mut step,
+                &xs,
+                &compiled_model,
+                &mut opt_c,
+                &groups_c,
+                &mut compiled_ms,
+                &mut compiled_peak,
+            )?;
+            (
+                eager_step(&eager_model, &xs, &mut opt_e, &groups_e, &mut eager_ms, &mut eager_peak)?,
+                r,
+            )
         } else {
-            let e = eager_step(&eager_model, &xs, &mut opt_e, &groups_e, &mut eager_ms)?;
+            let e = eager_step(&eager_model, &xs, &mut opt_e, &groups_e, &mut eager_ms, &mut eager_peak)?;
             (
                 e,
-                compiled_step(&mut step, &xs, &compiled_model, &mut opt_c, &groups_c, &mut compiled_ms)?,
+                compiled_step(
+                    &mut step,
+                    &xs,
+                    &compiled_model,
+                    &mut opt_c,
+                    &groups_c,
+                    &mut compiled_ms,
+                    &mut compiled_peak,
+                )?,
             )
         };
         let (le, lc) = (eager[0].item()?, replayed[0].item()?);
@@ -131,6 +165,21 @@ fn main() -> Result<()> {
     println!(
         "graph: {} nodes captured, {} folded, {} merged, {} removed",
         r.captured, r.folded, r.merged, r.removed
+    );
+    let m = step.remat_report();
+    if recompute {
+        println!(
+            "recompute: {} buffers made again; the plan's peak {:.2} -> {:.2} MiB",
+            m.recomputed,
+            m.peak_before as f64 / MIB,
+            m.peak_after as f64 / MIB
+        );
+    }
+    // the tensors a step adds to what is alive between steps (parameters, optimizer state)
+    println!(
+        "tensor bytes at the peak of forward + backward, above those alive between steps: eager {:.2} MiB, compiled {:.2} MiB",
+        eager_peak[5..].iter().max().copied().unwrap_or(0) as f64 / MIB,
+        compiled_peak[5..].iter().max().copied().unwrap_or(0) as f64 / MIB
     );
     // the first 5 steps (the capture among them) are left out
     println!(

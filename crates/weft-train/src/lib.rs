@@ -13,6 +13,7 @@ pub mod job;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
+pub mod plan_shape;
 mod replicas;
 pub mod run;
 pub mod stop;

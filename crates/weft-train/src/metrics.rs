@@ -177,6 +177,9 @@ impl Callback for MetricsFile {
         if let Some(b) = r.gpu_mem_bytes {
             v["gpu_mem_bytes"] = serde_json::json!(b);
         }
+        if let Some(b) = r.host_mem_bytes {
+            v["host_mem_bytes"] = serde_json::json!(b);
+        }
         self.write(v);
         Ok(())
     }

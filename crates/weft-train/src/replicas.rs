@@ -17,6 +17,17 @@ pub(crate) enum Replicas {
     Sharded(Arc<ShardedDataParallel>),
 }
 
+impl Replicas {
+    /// Whether the wrapper's gradient-ready hooks are registered (a backward with them cannot
+    /// be captured as a graph).
+    pub(crate) fn hooked(&self) -> bool {
+        match self {
+            Replicas::Plain(ddp) => ddp.hooked(),
+            Replicas::Sharded(zero) => zero.hooked(),
+        }
+    }
+}
+
 /// Gathers and frees a unit's parameters around its forward (ZeRO stage 3).
 pub(crate) struct ZeroUnits(pub Arc<ShardedDataParallel>);
 

@@ -4,6 +4,7 @@
 use super::autotune::{Autotune, TuneReport};
 use super::ir::Graph;
 use super::passes::{optimize, PassReport};
+use super::remat::{rematerialize, RematReport};
 use super::run::{Draws, Prepared};
 use super::trace::{trace_with, CaptureError};
 use crate::error::Result;
@@ -47,6 +48,9 @@ pub struct GraphCache {
     /// The signatures whose graph was tuned.
     tuned: Vec<Signature>,
     tune_report: Option<TuneReport>,
+    /// Whether captured graphs recompute cheap values to lower their peak memory.
+    recompute: bool,
+    remat: RematReport,
 }
 
 impl Default for GraphCache {
@@ -68,6 +72,8 @@ impl GraphCache {
             autotune: Autotune::Heuristic,
             tuned: Vec::new(),
             tune_report: None,
+            recompute: false,
+            remat: RematReport::default(),
         }
     }
 
@@ -77,6 +83,19 @@ impl GraphCache {
     pub fn with_autotune(mut self, autotune: Autotune) -> Self {
         self.autotune = autotune;
         self
+    }
+
+    /// Whether graphs captured from now on recompute cheap values next to their late readers
+    /// when that lowers their peak memory (see [`super::remat`]): less memory for a training
+    /// step's activations, at the cost of the recomputations. Off by default.
+    pub fn with_recompute(mut self, recompute: bool) -> Self {
+        self.recompute = recompute;
+        self
+    }
+
+    /// What recomputation did to the newest graph (all zero when it is off).
+    pub fn remat_report(&self) -> RematReport {
+        self.remat
     }
 
     /// What the newest search did, if one ran since the last call of this method.
@@ -158,6 +177,11 @@ impl GraphCache {
         match captured {
             Ok((mut graph, draws)) => {
                 self.report = optimize(&mut graph)?;
+                self.remat = if self.recompute {
+                    rematerialize(&mut graph)
+                } else {
+                    RematReport::default()
+                };
                 if self.cache.len() >= self.capacity {
                     self.cache.remove(0);
                 }
@@ -316,6 +340,13 @@ where
     /// Keeps at most `n` graphs (at least one).
     pub fn with_cache_capacity(mut self, n: usize) -> Self {
         self.cache.capacity = n.max(1);
+        self
+    }
+
+    /// Recomputes cheap values to lower the peak memory of graphs captured from now on (see
+    /// [`GraphCache::with_recompute`]).
+    pub fn with_recompute(mut self, recompute: bool) -> Self {
+        self.cache.recompute = recompute;
         self
     }
 

@@ -7,6 +7,8 @@
 //!   *externals*, read by reference at every replay, so in-place updates between calls are seen.
 //! - [`passes`] rewrite the graph: constant folding, common-subexpression elimination,
 //!   dead-code elimination; [`fusion`] groups chains of elementwise ops.
+//! - [`remat`] makes cheap values a second time next to their late readers when that lowers the
+//!   peak memory (a training step's activations; [`GraphCache::with_recompute`]).
 //! - [`plan`] gives the static memory plan: each buffer's lifetime, an offset in one arena, and
 //!   the peak bytes before anything runs.
 //! - [`Graph::run`] replays the nodes in order, freeing each buffer after its last reader.
@@ -25,6 +27,7 @@ pub mod onnx;
 pub mod passes;
 pub mod plan;
 mod pointwise;
+pub mod remat;
 mod run;
 mod trace;
 

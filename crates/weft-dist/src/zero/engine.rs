@@ -59,6 +59,9 @@ pub(crate) struct Engine {
     /// `grad_shards` hold the sum of earlier backward passes of this step (gradient
     /// accumulation): the next reductions are added to them instead of replacing them.
     pub accumulated: bool,
+    /// The gradient-ready hooks are registered (stages 2, 3); else `finish` and `accumulate`
+    /// take the gradients the parameters hold.
+    hooked: bool,
 }
 
 pub(crate) fn lock(e: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
@@ -105,6 +108,7 @@ impl Engine {
             whole: true,
             error: None,
             accumulated: false,
+            hooked: false,
             bf16,
             params,
             unit_of,
@@ -139,9 +143,20 @@ impl Engine {
         (self.units.len() > self.named).then_some(self.named)
     }
 
-    /// Registers each parameter's gradient-ready hook (stages 2, 3).
+    /// Whether [`Engine::register_hooks`] ran.
+    pub fn hooked(&self) -> bool {
+        self.hooked
+    }
+
+    /// Registers each parameter's gradient-ready hook (stages 2, 3), once.
     pub fn register_hooks(engine: &Arc<Mutex<Engine>>) {
-        let params: Vec<Tensor> = lock(engine).params.iter().map(|(_, p)| p.clone()).collect();
+        let params: Vec<Tensor> = {
+            let mut e = lock(engine);
+            if std::mem::replace(&mut e.hooked, true) {
+                return;
+            }
+            e.params.iter().map(|(_, p)| p.clone()).collect()
+        };
         for (i, p) in params.iter().enumerate() {
             let e = Arc::downgrade(engine);
             p.register_grad_ready_hook(move |_| {
@@ -149,6 +164,19 @@ impl Engine {
                     lock(&e).gradient_ready(i);
                 }
             });
+        }
+    }
+
+    /// What the hooks would have done during backward, after it (no hooks registered): every
+    /// parameter holding a gradient hands it over, last parameter first as backward produces
+    /// them; each unit is flattened and its reduce-scatter started, in reduction order, as soon
+    /// as all of its gradients are in. A parameter without a gradient stays missing (the error
+    /// `finish` reports).
+    fn take_held_gradients(&mut self) {
+        for i in (0..self.params.len()).rev() {
+            if self.params[i].1.grad().is_some() {
+                self.gradient_ready(i);
+            }
         }
     }
 
@@ -226,6 +254,9 @@ impl Engine {
     }
 
     fn finish_backward(&mut self) -> Result<()> {
+        if !self.hooked {
+            self.take_held_gradients();
+        }
         let result = self.finish_inner();
         self.ready.iter_mut().for_each(|r| *r = false);
         for (u, unit) in self.units.iter().enumerate() {

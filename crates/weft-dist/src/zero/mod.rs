@@ -100,6 +100,39 @@ impl ShardedDataParallel {
         pg: &ProcessGroup,
         options: ZeroOptions,
     ) -> Result<ShardedDataParallel> {
+        let zero = Self::build(params, units, pg, options)?;
+        zero.attach_hooks();
+        Ok(zero)
+    }
+
+    /// As [`ShardedDataParallel::new`] at stage 1 or 2 without registering gradient-ready hooks:
+    /// backward passes have no side effects (they can be captured as a graph and replayed), and
+    /// [`ShardedDataParallel::finish`] and [`ShardedDataParallel::accumulate`] take the gradients
+    /// the parameters hold after backward, starting the same reductions in the same order (no
+    /// overlap with backward; the same averages). [`ShardedDataParallel::attach_hooks`]
+    /// registers them later. Errors as `new`, and at stage 3, whose parameters are gathered for
+    /// backward by hooks.
+    pub fn new_unhooked(
+        params: Vec<(String, Tensor)>,
+        units: &[String],
+        pg: &ProcessGroup,
+        options: ZeroOptions,
+    ) -> Result<ShardedDataParallel> {
+        if options.stage == 3 {
+            return Err(Error::Invalid(
+                "zero: stage 3 gathers the parameters for backward from hooks; it cannot run without them".into(),
+            ));
+        }
+        Self::build(params, units, pg, options)
+    }
+
+    /// The layout, the broadcast and the pieces; no hooks.
+    fn build(
+        params: Vec<(String, Tensor)>,
+        units: &[String],
+        pg: &ProcessGroup,
+        options: ZeroOptions,
+    ) -> Result<ShardedDataParallel> {
         if !(1..=3).contains(&options.stage) {
             return Err(Error::Invalid(format!(
                 "zero: stage {} is not a ZeRO stage (1, 2 or 3; 0 is plain data parallelism)",
@@ -108,7 +141,7 @@ impl ShardedDataParallel {
         }
         let plan = units::plan(&params, units, pg.size())?;
         let ddp = if options.stage == 1 {
-            Some(DataParallel::new(params.clone(), pg, options.ddp)?)
+            Some(DataParallel::new_unhooked(params.clone(), pg, options.ddp)?)
         } else {
             for (_, p) in &params {
                 pg.broadcast(p, 0)?.wait()?;
@@ -139,10 +172,24 @@ impl ShardedDataParallel {
             }
         }
         let engine = Arc::new(Mutex::new(engine));
-        if options.stage >= 2 {
-            Engine::register_hooks(&engine);
-        }
         Ok(ShardedDataParallel { engine, ddp, pieces })
+    }
+
+    /// Registers the gradient-ready hooks (once; later calls do nothing): from the next
+    /// backward on, reductions start while backward runs. Hooks cannot be removed again.
+    pub fn attach_hooks(&self) {
+        match &self.ddp {
+            Some(ddp) => ddp.attach_hooks(),
+            None => Engine::register_hooks(&self.engine),
+        }
+    }
+
+    /// Whether the gradient-ready hooks are registered.
+    pub fn hooked(&self) -> bool {
+        match &self.ddp {
+            Some(ddp) => ddp.hooked(),
+            None => lock(&self.engine).hooked(),
+        }
     }
 
     pub fn stage(&self) -> usize {

@@ -69,6 +69,11 @@ pub struct TrainConfig {
     /// "Autotuning").
     #[serde(default = "default_autotune")]
     pub autotune: String,
+    /// With `compile`: the captured step makes cheap activations (elementwise results, norms,
+    /// the activation of a fused linear) a second time next to the backward that reads them when
+    /// that lowers its peak memory (docs/compiled.md, "Recomputation"). Default true.
+    #[serde(default = "default_true")]
+    pub compile_recompute: bool,
 }
 
 impl TrainConfig {
@@ -113,6 +118,9 @@ impl TrainConfig {
     }
 }
 
+fn default_true() -> bool {
+    true
+}
 fn default_grad_accum() -> usize {
     1
 }

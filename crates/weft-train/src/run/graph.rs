@@ -1,6 +1,6 @@
 //! `weft graph dump`: the graph compiled mode captures for a run config's training step.
 
-use weft_core::graph::{passes::PassReport, Graph, GraphCache};
+use weft_core::graph::{passes::PassReport, remat::RematReport, Graph, GraphCache};
 use weft_core::Tensor;
 
 use super::build::build_model;
@@ -13,16 +13,20 @@ pub struct StepGraph {
     /// After the passes.
     pub graph: Graph,
     pub report: PassReport,
+    /// What recomputation did (`train.compile_recompute`; all zero when it is off).
+    pub remat: RematReport,
 }
 
 /// Builds the config's model (its initialisation; `[init] from` is not read: shapes are what
 /// matter) and the first batch of its data, and compiles the step the trainer would compile,
-/// on one process. Fails naming the reason when the step cannot be captured.
+/// on one process (recomputing activations as `train.compile_recompute` says). Fails naming the reason when the step cannot be captured.
 pub fn step_graph(config: &RunConfig) -> Result<StepGraph> {
-    with_step(config, GraphCache::new(1), 2, |cache, inputs| {
+    let cache = GraphCache::new(1).with_recompute(config.train.compile_recompute);
+    with_step(config, cache, 2, |cache, inputs| {
         cache.graph_for(inputs).map(|graph| StepGraph {
             graph: graph.clone(),
             report: cache.pass_report(),
+            remat: cache.remat_report(),
         })
     })
 }

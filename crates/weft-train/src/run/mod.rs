@@ -210,6 +210,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             t.autotune_mode()
                 .map_err(|(key, e)| Error::Config(format!("{key}: {e}")))?,
         )
+        .with_compile_recompute(t.compile_recompute)
         .with_compile(t.compile)
         .with_progress(options.progress && logs)
         .with_device(device)

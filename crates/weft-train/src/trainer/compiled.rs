@@ -9,6 +9,7 @@ use weft_core::Tensor;
 
 use super::Trainer;
 use crate::error::{Error, Result};
+use crate::replicas::Replicas;
 
 /// The trainer's compiled step: its graphs, the parameters, and which get a gradient in them.
 pub(crate) struct CompiledStep {
@@ -20,9 +21,9 @@ pub(crate) struct CompiledStep {
 }
 
 impl CompiledStep {
-    pub(crate) fn new(autotune: Autotune) -> Self {
+    pub(crate) fn new(autotune: Autotune, recompute: bool) -> Self {
         CompiledStep {
-            cache: GraphCache::default().with_autotune(autotune),
+            cache: GraphCache::default().with_autotune(autotune).with_recompute(recompute),
             params: Vec::new(),
             has_grad: Vec::new(),
         }
@@ -53,16 +54,33 @@ pub(crate) fn loss_and_grads(
 }
 
 impl Trainer {
-    /// Why this trainer's layout cannot be captured yet, if it cannot.
+    /// Why this trainer's layout cannot be captured yet, if it cannot. Data parallelism and ZeRO
+    /// stages 1 and 2 can: their wrappers run without gradient hooks, and reduce the gradients
+    /// the replay installs after it (in `finish` and `accumulate`).
     fn uncapturable_layout(&self) -> Option<&'static str> {
         if self.pipeline.is_some() {
-            Some("pipeline parallelism is not captured yet")
+            Some("pipeline parallelism is not captured yet (its schedule interleaves forward and backward passes across stages)")
         } else if self.tensor_parallel.is_some() {
-            Some("tensor parallelism is not captured yet")
-        } else if self.data_parallel.is_some() {
-            Some("data parallelism and ZeRO (gradient hooks) are not captured yet")
+            Some("tensor parallelism is not captured yet (its collectives run inside forward and backward)")
+        } else if self.zero().is_some_and(|z| z.stage() == 3) {
+            Some("ZeRO stage 3 is not captured yet (it gathers and frees parameters from hooks inside forward and backward)")
+        } else if self.replicas().is_some_and(Replicas::hooked) {
+            Some("the data-parallel gradient hooks were registered by an eager step before compile was turned on")
         } else {
             None
+        }
+    }
+
+    /// Before a step: unless it goes through the compiled step, the data-parallel wrapper's
+    /// gradient hooks are registered (once), so that its reductions overlap backward.
+    pub(crate) fn hook_replicas_unless_compiled(&mut self) {
+        if self.use_compiled() {
+            return;
+        }
+        match self.replicas() {
+            Some(Replicas::Plain(ddp)) => ddp.attach_hooks(),
+            Some(Replicas::Sharded(zero)) => zero.attach_hooks(),
+            None => {}
         }
     }
 
@@ -137,8 +155,8 @@ impl Trainer {
             compiled.has_grad = mask;
         }
         let tuned = compiled.cache.take_tune_report();
-        let captured =
-            (compiled.cache.last_outcome() == Some(&Outcome::Captured)).then(|| compiled.cache.pass_report());
+        let captured = (compiled.cache.last_outcome() == Some(&Outcome::Captured))
+            .then(|| (compiled.cache.pass_report(), compiled.cache.remat_report()));
         // given up for good (a capture that may succeed at the next call is tried again)
         let refused = compiled.cache.eager_reason().map(str::to_string);
         let mut results = outputs.into_iter();
@@ -159,9 +177,19 @@ impl Trainer {
                 None => grad,
             }));
         }
-        if let Some(r) = captured {
+        if let Some((r, m)) = captured {
+            let recomputed = if m.recomputed > 0 {
+                format!(
+                    "; {} activations recomputed in the backward, peak {} -> {}",
+                    m.recomputed,
+                    weft_core::alloc::human_bytes(m.peak_before as u128),
+                    weft_core::alloc::human_bytes(m.peak_after as u128)
+                )
+            } else {
+                String::new()
+            };
             self.tell(&format!(
-                "captured the step: {} nodes ({} folded, {} merged, {} removed)",
+                "captured the step: {} nodes ({} folded, {} merged, {} removed{recomputed})",
                 r.captured - r.folded - r.merged - r.removed,
                 r.folded,
                 r.merged,

@@ -95,6 +95,8 @@ pub struct Trainer {
     compiled: Option<compiled::CompiledStep>,
     /// How the compiled step's kernels choose their variants.
     autotune: weft_core::graph::Autotune,
+    /// Whether the compiled step recomputes cheap activations to lower its peak memory.
+    recompute: bool,
 }
 
 impl Trainer {
@@ -133,6 +135,7 @@ impl Trainer {
             grad_accum: 1,
             compiled: None,
             autotune: weft_core::graph::Autotune::Heuristic,
+            recompute: true,
         }
     }
 
@@ -140,8 +143,20 @@ impl Trainer {
     /// first step and replayed after (see `weft_core::graph`); layouts and models that cannot be
     /// captured run eagerly, with one line saying why.
     pub fn with_compile(mut self, on: bool) -> Self {
-        let autotune = self.autotune;
-        self.compiled = on.then(|| compiled::CompiledStep::new(autotune));
+        let (autotune, recompute) = (self.autotune, self.recompute);
+        self.compiled = on.then(|| compiled::CompiledStep::new(autotune, recompute));
+        self
+    }
+
+    /// Whether the compiled step recomputes cheap activations (elementwise results, norms, the
+    /// activation of a fused linear) next to the backward that reads them, when that lowers the
+    /// graph's peak memory (`weft_core::graph::remat`); on by default. Matters with
+    /// [`Trainer::with_compile`].
+    pub fn with_compile_recompute(mut self, on: bool) -> Self {
+        self.recompute = on;
+        if self.compiled.is_some() {
+            self.compiled = Some(compiled::CompiledStep::new(self.autotune, on));
+        }
         self
     }
 
@@ -150,7 +165,7 @@ impl Trainer {
     pub fn with_autotune(mut self, autotune: weft_core::graph::Autotune) -> Self {
         self.autotune = autotune;
         if self.compiled.is_some() {
-            self.compiled = Some(compiled::CompiledStep::new(autotune));
+            self.compiled = Some(compiled::CompiledStep::new(autotune, self.recompute));
         }
         self
     }
@@ -248,10 +263,12 @@ impl Trainer {
 
     /// Trains data-parallel over `pg`: the model's parameters are broadcast from rank 0 now,
     /// gradients are averaged over the group in every step (buckets all-reduced while backward
-    /// runs), the logged loss is the mean over the group, and only rank 0 writes checkpoints.
-    /// Each rank is given its own share of every batch; see [`shard_rows`].
+    /// runs; after the replayed backward in compiled mode), the logged loss is the mean over the
+    /// group, and only rank 0 writes checkpoints. Each rank is given its own share of every
+    /// batch; see [`shard_rows`].
     pub fn with_data_parallel(mut self, pg: ProcessGroup, options: DdpOptions) -> Result<Self> {
-        let ddp = DataParallel::new(self.params.clone(), &pg, options)?;
+        // the gradient hooks are registered at the first step that runs eagerly
+        let ddp = DataParallel::new_unhooked(self.params.clone(), &pg, options)?;
         self.data_parallel = Some((pg, Replicas::Plain(ddp)));
         Ok(self)
     }
@@ -266,7 +283,11 @@ impl Trainer {
         // a pipeline stage shards the units it holds
         let mut units = self.model.units();
         units.retain(|u| self.params.iter().any(|(n, _)| n.starts_with(&format!("{u}."))));
-        let zero = Arc::new(ShardedDataParallel::new(self.params.clone(), &units, &pg, options)?);
+        // stages 1 and 2: the gradient hooks are registered at the first step that runs eagerly
+        let zero = Arc::new(match options.stage {
+            1 | 2 => ShardedDataParallel::new_unhooked(self.params.clone(), &units, &pg, options)?,
+            _ => ShardedDataParallel::new(self.params.clone(), &units, &pg, options)?,
+        });
         let weight_decay = self.groups.first().map_or(0.0, |g| g.weight_decay);
         let pieces = zero
             .pieces()

@@ -39,6 +39,10 @@ pub struct StepRecord {
     pub skipped_steps: usize,
     /// On a GPU: the most bytes the caching allocator had handed out during the step.
     pub gpu_mem_bytes: Option<u64>,
+    /// On the CPU: the most host bytes of tensor storages this process held at once during the
+    /// step (`weft_core::memory::max_allocated_bytes`: parameters, optimizer state, gradients,
+    /// activations, and batches the data loader made meanwhile).
+    pub host_mem_bytes: Option<u64>,
     /// Micro-batches the step accumulated (`train.grad_accum`; 1 without accumulation).
     pub micro_batches: usize,
     /// Milliseconds the training loop waited for the step's batches from the background

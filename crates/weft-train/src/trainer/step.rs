@@ -44,6 +44,8 @@ impl Trainer {
             return Err(Error::Run(format!("step {}: no batch to train on", step + 1)));
         }
         weft_core::cuda::reset_peak(self.device)?;
+        weft_core::memory::reset_max_allocated();
+        self.hook_replicas_unless_compiled();
         let lr = self.schedule.lr_at(step);
         let _step_span = span("compute", "step");
         // the weight of each micro-batch's loss; exactly 1 without accumulation
@@ -80,6 +82,12 @@ impl Trainer {
                 None if compiled => {
                     let _s = span("compute", "compiled forward and backward");
                     local_sum += self.compiled_micro_step(x, y, (k > 1).then_some(scale))?;
+                    // as `micro_backward` after an eager backward: plain data parallelism and
+                    // ZeRO stage 1 keep the sum locally (their wrappers have no hooks here);
+                    // stage 2 reduce-scatters each micro-batch's gradients and adds the shards
+                    if let Some(z) = self.zero().filter(|z| !last && z.stage() >= 2) {
+                        z.accumulate()?;
+                    }
                 }
                 None => {
                     let loss = {
@@ -156,9 +164,9 @@ impl Trainer {
         // the step's time includes its GPU work
         weft_core::cuda::synchronize(self.device)?;
         let step_ms = t0.elapsed().saturating_sub(waited).as_secs_f64() * 1e3;
-        let gpu_mem_bytes = match self.device {
-            weft_core::Device::Cpu => None,
-            d => Some(weft_core::cuda::memory_stats(d)?.peak_allocated),
+        let (gpu_mem_bytes, host_mem_bytes) = match self.device {
+            weft_core::Device::Cpu => (None, Some(weft_core::memory::max_allocated_bytes() as u64)),
+            d => (Some(weft_core::cuda::memory_stats(d)?.peak_allocated), None),
         };
         // every micro-batch of every data-parallel rank
         let items = items * ranks;
@@ -176,13 +184,14 @@ impl Trainer {
             skipped,
             skipped_steps: self.skipped_steps,
             gpu_mem_bytes,
+            host_mem_bytes,
             micro_batches: k,
             data_wait_ms: waited.as_secs_f64() * 1e3,
         })
     }
 
     /// The data-parallel wrapper, if there is one.
-    fn replicas(&self) -> Option<&Replicas> {
+    pub(crate) fn replicas(&self) -> Option<&Replicas> {
         self.data_parallel.as_ref().map(|(_, r)| r)
     }
 

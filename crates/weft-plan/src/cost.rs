@@ -1,0 +1,297 @@
+//! Predicted time of a layout's optimizer step, seconds.
+//!
+//! - Compute: FLOPs over `peak x efficiency.gemm`, plus the memory-bound kernels' bytes over
+//!   `HBM bandwidth x efficiency.memory_bound`. Backward is twice the forward; recompute adds
+//!   one forward per micro-batch.
+//! - Tensor parallelism (Megatron-LM's layout, as weft cuts gpt and llama): two all-reduces of
+//!   the hidden states per block in the forward and two in the backward, on the critical path;
+//!   recompute repeats the forward's two.
+//! - Collectives as a ring: all-reduce `2 (n - 1) a + 2 (n - 1) / n x bytes / B`,
+//!   reduce-scatter and all-gather half of that, with `a` and `B` the latency and bus bandwidth
+//!   of the link the group spans ([`DeviceSpec::link`]).
+//! - Pipeline: with per-micro-batch stage times `t_s`, a step of `m` micro-batches takes
+//!   `(m - 1) max t_s + sum t_s` (both of weft's schedules: with equal stages, the bubble is
+//!   `(p - 1) / (m + p - 1)` of the step, `weft_dist::pipeline::ideal_bubble`).
+//! - Data parallelism: weft reduces gradients once per step, in bucket order during the last
+//!   micro-batch's backward; what does not fit under that backward is exposed, and at least the
+//!   last bucket always is. ZeRO 1 and 2 all-gather the updated shards after the step (exposed);
+//!   ZeRO 3 gathers each unit before its forward and again before its backward, prefetching
+//!   the next one under the current one's compute.
+//! - The optimizer step: Adam reads parameters, gradients and two moments and writes three:
+//!   28 bytes per local parameter, memory-bound.
+
+use crate::device::DeviceSpec;
+use crate::layout::Layout;
+use crate::memory::{stage_params, BUCKET_BYTES};
+use crate::model::Workload;
+
+/// Time of a ring all-reduce of `bytes` over `n` devices on a link of `(bandwidth, latency)`.
+pub fn all_reduce(bytes: f64, n: usize, link: (f64, f64)) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let n = n as f64;
+    2.0 * (n - 1.0) * link.1 + 2.0 * (n - 1.0) / n * bytes / link.0
+}
+
+/// Time of a ring reduce-scatter or all-gather of `bytes` (the whole tensor) over `n` devices.
+pub fn gather(bytes: f64, n: usize, link: (f64, f64)) -> f64 {
+    all_reduce(bytes, n, link) / 2.0
+}
+
+/// Per-micro-batch times of a stage's pieces on one device, seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct UnitTimes {
+    /// One block's forward (compute and its tensor-parallel all-reduces).
+    pub block_forward: f64,
+    /// The embeddings' forward (first stage).
+    pub embed_forward: f64,
+    /// The final norm, output layer and loss forward (last stage).
+    pub head_forward: f64,
+    /// Sending one micro-batch's activations (or their gradients) to the next stage.
+    pub p2p: f64,
+}
+
+/// The forward times of a layout's pieces for micro-batches of `rows` rows.
+pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp: usize, rows: f64) -> UnitTimes {
+    let m = &work.model;
+    let eff = &device.efficiency;
+    let gemm = device.peak_flops(work.precision) * eff.gemm;
+    let hbm = device.memory_bandwidth * eff.memory_bound;
+    let act = work.precision.activation_bytes();
+    let tokens = rows * m.seq_len as f64;
+    let tpf = tp as f64;
+    let hidden = tokens * m.n_embd as f64 * act;
+    let tp_link = device.link(1, tp);
+    let tp_ar = all_reduce(hidden, tp, tp_link);
+
+    let (whole, cut) = m.block_memory_elements_per_token();
+    let block_forward =
+        tokens * m.block_flops_per_token() / tpf / gemm + tokens * (whole + cut / tpf) * act / hbm + 2.0 * tp_ar;
+    // the lookup (a vocabulary-parallel one sums its parts over the group)
+    let embed_forward = 2.0 * hidden / hbm + tp_ar;
+    // the final norm and the output layer; the cross-entropy reads and writes the logits
+    // (f32) three times; vocabulary-parallel: two all-reduces of one number per token
+    let logits = tokens * m.vocab as f64 / tpf * 4.0;
+    let head_forward = tokens * m.head_flops_per_token() / tpf / gemm
+        + (2.0 * hidden + 3.0 * logits) / hbm
+        + 2.0 * all_reduce(tokens * 4.0, tp, tp_link);
+    let p2p = if pp > 1 {
+        let link = device.link(tp * dp, 2);
+        link.1 + hidden / link.0
+    } else {
+        0.0
+    };
+    UnitTimes {
+        block_forward,
+        embed_forward,
+        head_forward,
+        p2p,
+    }
+}
+
+/// Per-micro-batch time of a stage of `blocks` blocks: forward, backward (twice the forward's
+/// compute, and its own tensor-parallel all-reduces), recompute, and the sends to neighbours.
+pub fn stage_time(u: &UnitTimes, blocks: usize, first: bool, last: bool, recompute: bool) -> f64 {
+    let mut forward = blocks as f64 * u.block_forward;
+    if first {
+        forward += u.embed_forward;
+    }
+    if last {
+        forward += u.head_forward;
+    }
+    let passes = if recompute { 4.0 } else { 3.0 };
+    let sends = (!last as u8 + !first as u8) as f64 * u.p2p;
+    passes * forward + sends
+}
+
+/// Time of `m` micro-batches through stages of per-micro-batch times `stages`:
+/// `(m - 1) max t_s + sum t_s`.
+pub fn pipeline_time(stages: &[f64], m: usize) -> f64 {
+    let slowest = stages.iter().cloned().fold(0.0, f64::max);
+    (m as f64 - 1.0) * slowest + stages.iter().sum::<f64>()
+}
+
+/// The predicted step of a layout.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepTime {
+    /// The whole optimizer step, seconds.
+    pub step: f64,
+    /// The pipeline part (every micro-batch through every stage), seconds.
+    pub pipeline: f64,
+    /// Data-parallel and ZeRO communication not hidden under compute, seconds.
+    pub exposed_comm: f64,
+    /// The optimizer's update, seconds.
+    pub optimizer: f64,
+    /// Per-micro-batch time of each stage, seconds.
+    pub stages: Vec<f64>,
+}
+
+/// The step time of `layout` (its `stage_blocks` cut) on devices `device`.
+pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepTime {
+    let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
+    let zero = if dp > 1 { layout.zero } else { 0 };
+    let rows = work.global_batch as f64 / dp as f64 / layout.micro_batches as f64;
+    let u = unit_times(work, device, tp, dp, pp, rows);
+    let stages: Vec<f64> = (0..pp)
+        .map(|s| stage_time(&u, layout.stage_blocks[s], s == 0, s + 1 == pp, layout.recompute))
+        .collect();
+    let pipeline = pipeline_time(&stages, layout.micro_batches);
+
+    let dp_link = device.link(tp, dp);
+    let comm = layout.comm_dtype.bytes();
+    let hbm = device.memory_bandwidth * device.efficiency.memory_bound;
+    let mut exposed: f64 = 0.0;
+    let mut optimizer: f64 = 0.0;
+    for s in 0..pp {
+        let blocks = layout.stage_blocks[s];
+        let (first, last) = (s == 0, s + 1 == pp);
+        let p = stage_params(&work.model, tp, pp, blocks, first, last);
+        // the last micro-batch's backward, under which the gradients are reduced
+        let backward = stage_time(&u, blocks, first, last, false) * 2.0 / 3.0;
+        let mut e = 0.0;
+        if dp > 1 {
+            let reduce = if zero >= 2 {
+                gather(p * comm, dp, dp_link)
+            } else {
+                all_reduce(p * 4.0, dp, dp_link)
+            };
+            let last_bucket = if zero >= 2 {
+                gather(BUCKET_BYTES.min(p * comm), dp, dp_link)
+            } else {
+                all_reduce(BUCKET_BYTES.min(p * 4.0), dp, dp_link)
+            };
+            e += (reduce - backward).max(last_bucket).min(reduce);
+            if (1..=2).contains(&zero) {
+                e += gather(p * comm, dp, dp_link);
+            }
+            if zero == 3 {
+                // units gathered for the forward and again for the backward, each under the
+                // previous unit's compute; the first of each pass is exposed
+                let block = stage_params(&work.model, tp, pp, 1, false, false);
+                let g_block = gather(block * comm, dp, dp_link);
+                let g_root = gather((p - blocks as f64 * block) * comm, dp, dp_link);
+                let fwd_hidden = (g_block - u.block_forward).max(0.0) * blocks as f64;
+                let bwd_hidden = (g_block - 2.0 * u.block_forward).max(0.0) * blocks as f64;
+                e += 2.0 * g_root + fwd_hidden + bwd_hidden;
+            }
+        }
+        exposed = exposed.max(e);
+        let local = if zero >= 1 { p / dp as f64 } else { p };
+        optimizer = optimizer.max(28.0 * local / hbm);
+    }
+    StepTime {
+        step: pipeline + exposed + optimizer,
+        pipeline,
+        exposed_comm: exposed,
+        optimizer,
+        stages,
+    }
+}
+
+/// Model FLOPs utilization: the model's FLOPs per step (forward and backward, without
+/// recompute) over the step time and every device's peak.
+pub fn mfu(work: &Workload, device: &DeviceSpec, devices: usize, step_seconds: f64) -> f64 {
+    let flops = 3.0 * work.model.forward_flops_per_token() * work.model.seq_len as f64 * work.global_batch as f64;
+    flops / (step_seconds * devices as f64 * device.peak_flops(work.precision))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{CommDtype, Schedule};
+    use crate::model::{ModelKind, ModelShape, Precision};
+
+    fn work() -> Workload {
+        Workload {
+            model: ModelShape {
+                kind: ModelKind::Gpt,
+                vocab: 50257,
+                seq_len: 1024,
+                n_layer: 12,
+                n_head: 12,
+                n_kv_head: 12,
+                n_embd: 768,
+                intermediate: 3072,
+                tied: true,
+                bias: true,
+            },
+            global_batch: 64,
+            precision: Precision::Bf16,
+            optimizer_moments: 2,
+        }
+    }
+
+    #[test]
+    fn ring_collectives() {
+        // 8 devices, 1 GB at 100 GB/s, no latency: 2 x 7/8 x 10 ms
+        assert!((all_reduce(1e9, 8, (100e9, 0.0)) - 0.0175).abs() < 1e-12);
+        assert!((gather(1e9, 8, (100e9, 0.0)) - 0.00875).abs() < 1e-12);
+        assert_eq!(all_reduce(1e9, 1, (100e9, 1.0)), 0.0);
+        assert!((all_reduce(0.0, 4, (1.0, 1e-6)) - 6e-6).abs() < 1e-15);
+    }
+
+    #[test]
+    fn one_device_is_compute_over_the_effective_peak() {
+        let w = work();
+        let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+        let l = Layout {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            zero: 0,
+            micro_batches: 1,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![12],
+        };
+        let t = step_time(&w, &d, &l);
+        let gemm = 3.0 * w.model.forward_flops_per_token() * 1024.0 * 64.0 / (989.5e12 * 0.65);
+        // the rest is memory-bound work: norms, activations, the f32 logits of the loss
+        assert!(t.step > 1.2 * gemm && t.step < 2.0 * gemm, "{} vs {gemm}", t.step);
+        assert_eq!(t.exposed_comm, 0.0);
+        let mfu_hbm = mfu(&w, &d, 1, t.step);
+        // with unbounded memory bandwidth, only the products remain
+        let fast = DeviceSpec {
+            memory_bandwidth: 1e30,
+            ..d.clone()
+        };
+        let t = step_time(&w, &fast, &l);
+        assert!((t.step / gemm - 1.0).abs() < 1e-9, "{} vs {gemm}", t.step);
+        assert!((mfu(&w, &fast, 1, t.step) - 0.65).abs() < 1e-9);
+        assert!(mfu_hbm < 0.5);
+    }
+
+    #[test]
+    fn the_bubble_is_p_minus_1_over_m_plus_p_minus_1() {
+        let w = work();
+        let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+        let u = UnitTimes {
+            block_forward: 1.0,
+            ..UnitTimes::default()
+        };
+        assert_eq!(stage_time(&u, 3, false, false, false), 9.0);
+        assert_eq!(stage_time(&u, 3, false, false, true), 12.0);
+        let l = Layout {
+            dp: 1,
+            tp: 1,
+            pp: 4,
+            zero: 0,
+            micro_batches: 8,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![3; 4],
+        };
+        let t = step_time(&w, &d, &l);
+        let slowest = t.stages.iter().cloned().fold(0.0, f64::max);
+        assert_eq!(t.pipeline, 7.0 * slowest + t.stages.iter().sum::<f64>());
+        // the last stage also runs the output layer: it is the slowest
+        assert_eq!(slowest, t.stages[3]);
+        // equal stages: the step is (m + p - 1) stage times, a bubble of (p - 1) / (m + p - 1)
+        let busy = 8.0 * 9.0;
+        assert!((pipeline_time(&[9.0; 4], 8) * (1.0 - 3.0 / 11.0) - busy).abs() < 1e-12);
+        assert_eq!(pipeline_time(&[2.0, 5.0], 1), 7.0);
+    }
+}

@@ -1,0 +1,110 @@
+//! A layout: how a job's devices and its batch are shared out (weft's `[parallel]` keys).
+
+/// Pipeline schedule (`parallel.schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// Every forward, then every backward: a stage holds all `m` micro-batches.
+    GPipe,
+    /// `p - 1 - s` warm-up forwards on stage `s`, then one forward and one backward in turn:
+    /// stage `s` holds at most `min(p - s, m)` micro-batches.
+    OneFOneB,
+}
+
+impl Schedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::GPipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+        }
+    }
+
+    /// Micro-batches whose activations stage `stage` of `stages` holds at once with `m`
+    /// micro-batches (`weft_dist::pipeline::PipelineSchedule::peak_in_flight`).
+    pub fn in_flight(self, stage: usize, stages: usize, m: usize) -> usize {
+        match self {
+            Schedule::GPipe => m,
+            Schedule::OneFOneB => (stages - stage).min(m),
+        }
+    }
+}
+
+/// Dtype of ZeRO's parameter gathers and (stages 2 and 3) gradient reduce-scatters
+/// (`parallel.comm_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommDtype {
+    F32,
+    Bf16,
+}
+
+impl CommDtype {
+    pub fn bytes(self) -> f64 {
+        match self {
+            CommDtype::F32 => 4.0,
+            CommDtype::Bf16 => 2.0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CommDtype::F32 => "f32",
+            CommDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// One point of the search space.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    /// ZeRO stage 0-3 across the `dp` ranks.
+    pub zero: usize,
+    /// Micro-batches per step on each data-parallel replica (1 without a pipeline).
+    pub micro_batches: usize,
+    pub schedule: Schedule,
+    pub recompute: bool,
+    pub comm_dtype: CommDtype,
+    /// Blocks per pipeline stage, in stage order (`[n_layer]` without a pipeline).
+    pub stage_blocks: Vec<usize>,
+}
+
+impl Layout {
+    /// Devices the layout uses.
+    pub fn devices(&self) -> usize {
+        self.dp * self.tp * self.pp
+    }
+
+    /// `dp2 tp4 pp8 zero1 m16 1f1b rc bf16`: the layout in one short word list.
+    pub fn label(&self) -> String {
+        let mut s = format!(
+            "dp{} tp{} pp{} zero{} m{} {}",
+            self.dp,
+            self.tp,
+            self.pp,
+            self.zero,
+            self.micro_batches,
+            self.schedule.name()
+        );
+        if self.recompute {
+            s.push_str(" rc");
+        }
+        if self.comm_dtype == CommDtype::Bf16 {
+            s.push_str(" bf16");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_follows_the_schedules() {
+        assert_eq!(Schedule::GPipe.in_flight(0, 4, 8), 8);
+        assert_eq!(Schedule::OneFOneB.in_flight(0, 4, 8), 4);
+        assert_eq!(Schedule::OneFOneB.in_flight(3, 4, 8), 1);
+        assert_eq!(Schedule::OneFOneB.in_flight(0, 4, 2), 2);
+    }
+}

@@ -1,0 +1,281 @@
+//! Bytes per device of a layout, by term, as weft allocates them once the model is cut:
+//! parameters, gradients and optimizer state in f32 (weft's autocast keeps them so), divided by
+//! ZeRO stage as `weft_dist::ShardedDataParallel` shards them (`16 P` bytes per parameter under
+//! plain data parallelism with Adam, `8 P + 8 P / N` at stage 1, `4 P + 12 P / N` at 2,
+//! `16 P / N` at 3); activations per micro-batch with `weft_train::memory`'s element counts,
+//! times the micro-batches the schedule holds at once; communication buffers.
+//!
+//! Not counted: weft today builds the whole model on every rank before cutting it (a transient
+//! peak `weft_train::memory::estimate` does count); the planner plans the steady state.
+
+use crate::layout::Layout;
+use crate::model::{ModelShape, Workload};
+
+/// Bytes one device holds, by term.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MemoryBreakdown {
+    /// Parameters (f32; at ZeRO-3 the shard plus the gathered units).
+    pub params: f64,
+    /// Gradients (f32; at ZeRO 2 and 3 the shard plus one unit's whole gradients).
+    pub grads: f64,
+    /// Optimizer state (f32 moments; f32 master shards when gathering in bf16).
+    pub optimizer: f64,
+    /// Activations of the micro-batches in flight.
+    pub activations: f64,
+    /// Gradient buckets, tensor-parallel and pipeline send/receive buffers, gather buffers.
+    pub comm_buffers: f64,
+}
+
+impl MemoryBreakdown {
+    pub fn total(&self) -> f64 {
+        self.params + self.grads + self.optimizer + self.activations + self.comm_buffers
+    }
+
+    /// The largest term: `(name, bytes)`.
+    pub fn dominant(&self) -> (&'static str, f64) {
+        [
+            ("parameters", self.params),
+            ("gradients", self.grads),
+            ("optimizer state", self.optimizer),
+            ("activations", self.activations),
+            ("communication buffers", self.comm_buffers),
+        ]
+        .into_iter()
+        .fold(("parameters", f64::MIN), |a, b| if b.1 > a.1 { b } else { a })
+    }
+}
+
+/// PyTorch's `bucket_cap_mb` and weft's default (`parallel.bucket_cap_mb`), bytes.
+pub const BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
+
+/// Parameters one tensor-parallel rank of a stage holds: `blocks` blocks, the embeddings on the
+/// first stage, the final norm and output layer on the last (a tied output layer again when
+/// it is a different stage from the first, as weft's pipeline keeps it).
+pub fn stage_params(model: &ModelShape, tp: usize, pp: usize, blocks: usize, first: bool, last: bool) -> f64 {
+    let tp = tp as f64;
+    let (cut, whole) = model.block_params_split();
+    let mut p = blocks as f64 * (cut / tp + whole);
+    if first {
+        let (cut, whole) = model.embedding_params_split();
+        p += cut / tp + whole;
+    }
+    if last {
+        let (cut, whole) = model.head_params_split(pp > 1);
+        p += cut / tp + whole;
+    }
+    p
+}
+
+/// Activation elements one micro-batch keeps per token on a stage (all of it, as without
+/// recompute).
+pub fn stage_activation_elements_per_token(
+    model: &ModelShape,
+    tp: usize,
+    blocks: usize,
+    first: bool,
+    last: bool,
+) -> f64 {
+    let tp = tp as f64;
+    let (whole, cut) = model.block_activation_elements_per_token();
+    let (first_e, last_whole, last_cut) = model.end_activation_elements_per_token();
+    let mut e = blocks as f64 * (whole + cut / tp);
+    if first {
+        e += first_e;
+    }
+    if last {
+        e += last_whole + last_cut / tp;
+    }
+    e
+}
+
+/// Bytes a device of stage `stage` holds under `layout` (`layout.stage_blocks` cut).
+pub fn stage_memory(work: &Workload, layout: &Layout, stage: usize) -> MemoryBreakdown {
+    stage_memory_with(work, layout, stage, layout.stage_blocks[stage])
+}
+
+/// Bytes a device of stage `stage` holds under `layout` were that stage given `blocks` blocks
+/// (every term is linear in `blocks`).
+pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks: usize) -> MemoryBreakdown {
+    let model = &work.model;
+    let (tp, pp) = (layout.tp, layout.pp);
+    let dp = layout.dp as f64;
+    let zero = if layout.dp > 1 { layout.zero } else { 0 };
+    let (first, last) = (stage == 0, stage + 1 == pp);
+    let p = stage_params(model, tp, pp, blocks, first, last);
+    let comm = layout.comm_dtype.bytes();
+    // the largest ZeRO unit on this rank: a block, or the root unit of the rest
+    let block = stage_params(model, tp, pp, 1, false, false);
+    let unit = block.max(p - blocks as f64 * block);
+
+    let params = if zero >= 3 {
+        4.0 * p / dp + 2.0 * unit * comm
+    } else {
+        4.0 * p
+    };
+    let grads = if zero >= 2 { 4.0 * p / dp + 4.0 * unit } else { 4.0 * p };
+    let moments = work.optimizer_moments as f64;
+    let master = if layout.comm_dtype.bytes() < 4.0 && (1..=2).contains(&zero) {
+        4.0 * p / dp
+    } else {
+        0.0
+    };
+    let optimizer = if zero >= 1 {
+        moments * 4.0 * p / dp + master
+    } else {
+        moments * 4.0 * p
+    };
+
+    let rows = (work.global_batch as f64 / dp) / layout.micro_batches as f64;
+    let tokens = rows * model.seq_len as f64;
+    let act = work.precision.activation_bytes();
+    let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
+    let whole_mb = tokens * stage_activation_elements_per_token(model, tp, blocks, first, last) * act;
+    let activations = if layout.recompute {
+        // each micro-batch in flight keeps its input; one at a time is rebuilt whole
+        in_flight * tokens * model.n_embd as f64 * act + whole_mb
+    } else {
+        in_flight * whole_mb
+    };
+
+    let hidden = tokens * model.n_embd as f64 * act;
+    let mut comm_buffers = 0.0;
+    if layout.dp > 1 && zero < 2 {
+        comm_buffers += 2.0 * BUCKET_BYTES;
+    }
+    if (1..=2).contains(&zero) {
+        comm_buffers += unit * comm;
+    }
+    if tp > 1 {
+        comm_buffers += 2.0 * hidden;
+    }
+    if pp > 1 {
+        comm_buffers += 2.0 * hidden;
+    }
+    MemoryBreakdown {
+        params,
+        grads,
+        optimizer,
+        activations,
+        comm_buffers,
+    }
+}
+
+/// The most blocks each stage of `layout` can hold within `usable` bytes per device (0 where
+/// not even one fits).
+pub fn block_caps(work: &Workload, layout: &Layout, usable: f64) -> Vec<usize> {
+    let n_layer = work.model.n_layer as usize;
+    (0..layout.pp)
+        .map(|s| {
+            let none = stage_memory_with(work, layout, s, 0).total();
+            let one = stage_memory_with(work, layout, s, 1).total();
+            if one > usable {
+                return 0;
+            }
+            let per_block = one - none;
+            if per_block <= 0.0 {
+                return n_layer;
+            }
+            (((usable - none) / per_block).floor() as usize).clamp(1, n_layer)
+        })
+        .collect()
+}
+
+/// The stage that needs the most memory under `layout`: `(stage, its bytes)`.
+pub fn peak_memory(work: &Workload, layout: &Layout) -> (usize, MemoryBreakdown) {
+    (0..layout.pp)
+        .map(|s| (s, stage_memory(work, layout, s)))
+        .fold((0, MemoryBreakdown::default()), |a, b| {
+            if b.1.total() > a.1.total() {
+                b
+            } else {
+                a
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{CommDtype, Schedule};
+    use crate::model::{ModelKind, Precision};
+
+    fn work() -> Workload {
+        Workload {
+            model: ModelShape {
+                kind: ModelKind::Gpt,
+                vocab: 50257,
+                seq_len: 1024,
+                n_layer: 12,
+                n_head: 12,
+                n_kv_head: 12,
+                n_embd: 768,
+                intermediate: 3072,
+                tied: true,
+                bias: true,
+            },
+            global_batch: 32,
+            precision: Precision::Bf16,
+            optimizer_moments: 2,
+        }
+    }
+
+    fn layout(dp: usize, zero: usize) -> Layout {
+        Layout {
+            dp,
+            tp: 1,
+            pp: 1,
+            zero,
+            micro_batches: 1,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![12],
+        }
+    }
+
+    #[test]
+    fn zero_stages_shard_as_zeros_accounting() {
+        let w = work();
+        let psi = w.model.parameter_count();
+        let n = 4.0;
+        let m0 = stage_memory(&w, &layout(4, 0), 0);
+        assert_eq!(m0.params + m0.grads + m0.optimizer, 16.0 * psi);
+        let m1 = stage_memory(&w, &layout(4, 1), 0);
+        assert!((m1.params + m1.grads + m1.optimizer - (8.0 * psi + 8.0 * psi / n)).abs() < 1.0);
+        // stages 2 and 3 also hold one unit's whole gradients (and gathered parameters)
+        let m2 = stage_memory(&w, &layout(4, 2), 0);
+        let unit = stage_params(&w.model, 1, 1, 0, true, true);
+        assert!((m2.params + m2.grads + m2.optimizer - (4.0 * psi + 12.0 * psi / n + 4.0 * unit)).abs() < 1.0);
+        let m3 = stage_memory(&w, &layout(4, 3), 0);
+        let expect = 16.0 * psi / n + 4.0 * unit + 2.0 * 4.0 * unit;
+        assert!((m3.params + m3.grads + m3.optimizer - expect).abs() < 1.0);
+        assert!(m0.total() > m1.total() && m1.total() > m2.total() && m2.total() > m3.total());
+        // one replica: nothing to shard
+        assert_eq!(stage_memory(&w, &layout(1, 3), 0).params, 4.0 * psi);
+    }
+
+    #[test]
+    fn activations_follow_weft_and_the_schedule() {
+        let w = work();
+        // weft_train::memory for 32 rows on one rank: tokens x (12 x (4C + 12C) + 3C + 2V) x 4
+        // bytes in f32
+        let f32w = Workload {
+            precision: Precision::F32,
+            ..w.clone()
+        };
+        let c = 768.0;
+        let expect = 32.0 * 1024.0 * (12.0 * 16.0 * c + 3.0 * c + 2.0 * 50257.0) * 4.0;
+        assert_eq!(stage_memory(&f32w, &layout(1, 0), 0).activations, expect);
+        // a pipeline of 4 with 8 micro-batches: 1F1B holds 4 on the first stage, GPipe 8
+        let mut l = layout(1, 0);
+        l.pp = 4;
+        l.micro_batches = 8;
+        l.stage_blocks = vec![3; 4];
+        let one_f = stage_memory(&w, &l, 0).activations;
+        l.schedule = Schedule::GPipe;
+        let gpipe = stage_memory(&w, &l, 0).activations;
+        assert_eq!(gpipe, 2.0 * one_f);
+        l.recompute = true;
+        assert!(stage_memory(&w, &l, 0).activations < one_f / 3.0);
+    }
+}

@@ -1,0 +1,238 @@
+//! The search end to end: tensor parallelism stays inside a node, pipeline cuts balance
+//! predicted time, models that fit nowhere and device counts no layout can use are named
+//! errors, and GPT-3 175B plans on 1024 H100 in seconds with a plausible MFU.
+
+use weft_plan::cost::{stage_time, unit_times};
+use weft_plan::search::{balanced_cut, capped_cut};
+use weft_plan::{plan, DeviceSpec, Error, ModelKind, ModelShape, Precision, SearchOptions, Workload};
+
+fn gpt(n_layer: u64, n_head: u64, n_embd: u64, vocab: u64, seq_len: u64) -> ModelShape {
+    ModelShape {
+        kind: ModelKind::Gpt,
+        vocab,
+        seq_len,
+        n_layer,
+        n_head,
+        n_kv_head: n_head,
+        n_embd,
+        intermediate: 4 * n_embd,
+        tied: true,
+        bias: true,
+    }
+}
+
+fn work(model: ModelShape, global_batch: u64) -> Workload {
+    Workload {
+        model,
+        global_batch,
+        precision: Precision::Bf16,
+        optimizer_moments: 2,
+    }
+}
+
+fn h100() -> DeviceSpec {
+    DeviceSpec::builtin("h100-sxm-80gb").unwrap()
+}
+
+#[test]
+fn tensor_parallelism_stays_inside_a_node() {
+    // 16 heads could be cut 16 ways, but a node has 4 devices
+    let w = work(gpt(8, 16, 1024, 32000, 1024), 64);
+    let node_of_4 = DeviceSpec {
+        devices_per_node: 4,
+        ..h100()
+    };
+    let r = plan(&w, &node_of_4, 16, SearchOptions::default()).unwrap();
+    assert!(!r.plans.is_empty());
+    assert!(r.plans.iter().all(|p| p.layout.tp <= 4));
+    assert!(r.plans.iter().any(|p| p.layout.tp == 4));
+    assert_eq!(
+        r.ruled_out.get("tp does not divide the 4 devices of a node"),
+        Some(&3),
+        "{:?}",
+        r.ruled_out
+    );
+    // and the same job on nodes of 8 may cut 8 ways
+    let r = plan(&w, &h100(), 16, SearchOptions::default()).unwrap();
+    assert!(r.plans.iter().any(|p| p.layout.tp == 8));
+    assert!(r.plans.iter().all(|p| p.layout.dp * p.layout.tp * p.layout.pp == 16));
+}
+
+#[test]
+fn grouped_query_attention_bounds_tensor_parallelism() {
+    // 32 query heads but 2 key/value heads: tp may be 1 or 2 only (tp 4 with pp 1 or 2, and
+    // tp 8, are ruled out)
+    let llama = ModelShape {
+        kind: ModelKind::Llama,
+        vocab: 32000,
+        seq_len: 2048,
+        n_layer: 16,
+        n_head: 32,
+        n_kv_head: 2,
+        n_embd: 2048,
+        intermediate: 5632,
+        tied: false,
+        bias: false,
+    };
+    let r = plan(&work(llama, 64), &h100(), 8, SearchOptions::default()).unwrap();
+    assert!(r.plans.iter().all(|p| p.layout.tp <= 2));
+    assert!(r.plans.iter().any(|p| p.layout.tp == 2));
+    assert_eq!(
+        r.ruled_out.get("tp does not divide the heads"),
+        Some(&3),
+        "{:?}",
+        r.ruled_out
+    );
+}
+
+#[test]
+fn pipeline_cuts_balance_predicted_time() {
+    // a large vocabulary makes the last stage's output layer worth several blocks
+    let w = work(gpt(10, 12, 768, 256_000, 1024), 32);
+    let u = unit_times(&w, &h100(), 1, 1, 3, 4.0);
+    let cut = balanced_cut(&u, 3, 10, false);
+    assert_eq!(cut.iter().sum::<usize>(), 10);
+    let slowest = |c: &[usize]| {
+        (0..c.len())
+            .map(|s| stage_time(&u, c[s], s == 0, s + 1 == c.len(), false))
+            .fold(0.0, f64::max)
+    };
+    // every cut of 10 blocks into 3 stages: none has a faster slowest stage
+    let mut best = f64::INFINITY;
+    for a in 1..=8 {
+        for b in 1..=(9 - a) {
+            best = best.min(slowest(&[a, b, 10 - a - b]));
+        }
+    }
+    assert_eq!(slowest(&cut), best, "{cut:?}");
+    // and it is not the even cut: the last stage takes fewer blocks
+    assert!(cut[2] < cut[0], "{cut:?}");
+    assert!(slowest(&cut) < slowest(&[4, 3, 3]));
+    // with the first stage held to 2 blocks (its memory), the best cut within the caps
+    let caps = [2, 10, 10];
+    let capped = capped_cut(&u, 10, false, &caps).unwrap();
+    assert_eq!(capped[0], 2, "{capped:?}");
+    let mut best = f64::INFINITY;
+    for b in 1..=7 {
+        best = best.min(slowest(&[2, b, 8 - b]));
+    }
+    assert_eq!(slowest(&capped), best, "{capped:?}");
+    // caps that leave no cut
+    assert_eq!(capped_cut(&u, 10, false, &[3, 3, 3]), None);
+    assert_eq!(capped_cut(&u, 10, false, &[0, 10, 10]), None);
+}
+
+#[test]
+fn a_model_that_fits_nowhere_says_what_it_needs() {
+    // GPT-3 175B on 8 H100: 16 bytes a parameter is 2.8 TB; without data parallelism there is
+    // nothing for ZeRO to shard, and Adam's two moments are the largest term
+    let w = work(gpt(96, 96, 12288, 50257, 2048), 8);
+    let e = plan(&w, &h100(), 8, SearchOptions::default()).unwrap_err();
+    let Error::DoesNotFit { term, needed, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(term, "optimizer state", "{e}");
+    assert!(needed.ends_with("GB"), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("the least memory a layout needs is") && text.contains("dominates"),
+        "{text}"
+    );
+}
+
+#[test]
+fn device_counts_no_layout_can_use_are_named() {
+    // 13 devices: 13 > 12 layers for a pipeline, more than a node for tp, and dp 13 does not
+    // divide a batch of 8
+    let w = work(gpt(12, 12, 768, 50257, 1024), 8);
+    let e = plan(&w, &h100(), 13, SearchOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::NoLayout { devices: 13, .. }), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("dp does not divide the global batch 8"), "{text}");
+    for devices in [0, 1 << 40] {
+        assert!(matches!(
+            plan(&w, &h100(), devices, SearchOptions::default()),
+            Err(Error::BadRequest(_))
+        ));
+    }
+    let huge = Workload {
+        global_batch: u64::MAX,
+        ..w.clone()
+    };
+    assert!(matches!(
+        plan(&huge, &h100(), 8, SearchOptions::default()),
+        Err(Error::BadRequest(m)) if m.contains("global batch")
+    ));
+}
+
+#[test]
+fn gpt3_175b_on_1024_h100_plans_in_seconds() {
+    let w = work(gpt(96, 96, 12288, 50257, 2048), 1152);
+    let start = std::time::Instant::now();
+    let r = plan(&w, &h100(), 1024, SearchOptions::default()).unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    let best = &r.plans[0];
+    println!(
+        "GPT-3 175B on 1024 h100-sxm-80gb, batch 1152: planned in {secs:.3} s ({} layouts evaluated, {} re-cut to \
+         fit); best {} cut {:?}: step {:.3} s, MFU {:.1}%, {:.1} GB per device",
+        r.evaluated,
+        r.recut,
+        best.layout.label(),
+        best.layout.stage_blocks,
+        best.time.step,
+        100.0 * best.mfu,
+        best.memory.total() / 1e9
+    );
+    for p in r.plans.iter().take(5) {
+        println!(
+            "  {} {:?} {:.3} s {:.1}% {:.1} GB",
+            p.layout.label(),
+            p.layout.stage_blocks,
+            p.time.step,
+            100.0 * p.mfu,
+            p.memory.total() / 1e9
+        );
+    }
+    assert!(secs < 60.0, "{secs} s");
+    // some layouts fit only with fewer blocks on the stages that hold more micro-batches
+    assert!(r.recut > 0);
+    assert!(r
+        .plans
+        .iter()
+        .any(|p| p.layout.stage_blocks.windows(2).any(|w| w[0] != w[1])));
+    assert!(best.layout.tp <= 8);
+    assert!(best.memory.total() <= r.usable_memory);
+    // Megatron-Core: 47% at 96 H100, 42% at 4608
+    // Megatron-Core reports 47% at 96 H100 and 42% at 4608 with its interleaved schedule;
+    // weft's schedules leave a larger bubble at this scale (docs/plan.md)
+    assert!(best.mfu > 0.30 && best.mfu < 0.55, "{}", best.mfu);
+}
+
+#[test]
+fn a_1t_model_on_4096_h100_plans_in_seconds() {
+    // Narayanan et al.'s 1T GPT: 128 layers, 160 heads, width 25600, vocab 51200, batch 3072
+    let w = work(gpt(128, 160, 25600, 51200, 2048), 3072);
+    let start = std::time::Instant::now();
+    let r = plan(&w, &h100(), 4096, SearchOptions::default()).unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    let best = &r.plans[0];
+    println!(
+        "GPT 1T on 4096 h100-sxm-80gb, batch 3072: planned in {secs:.3} s ({} layouts); best {}: MFU {:.1}%",
+        r.evaluated,
+        best.layout.label(),
+        100.0 * best.mfu
+    );
+    assert!(secs < 60.0, "{secs} s");
+    assert!(best.layout.tp <= 8 && best.layout.devices() == 4096);
+    assert!(best.mfu > 0.2 && best.mfu < 0.6, "{}", best.mfu);
+}
+
+#[test]
+fn the_gemm_efficiency_is_calibrated_on_megatron_cores_96_h100_run() {
+    // 47% MFU for GPT-3 175B on 96 H100 at a global batch of 1152 (the default efficiency is
+    // set from this; a change to the cost model that moves it should move the default too)
+    let w = work(gpt(96, 96, 12288, 50257, 2048), 1152);
+    let r = plan(&w, &h100(), 96, SearchOptions::default()).unwrap();
+    let mfu = r.plans[0].mfu;
+    assert!((mfu - 0.47).abs() < 0.01, "{mfu}");
+}

@@ -1,0 +1,71 @@
+//! A run config as the parallel planner (`weft_plan`) sees it: the model's shapes, the global
+//! batch, the precision and the optimizer's state per parameter. Nothing is allocated.
+
+use weft_plan::{ModelKind, ModelShape, Precision, Workload};
+
+use crate::config::{DataConfig, ModelConfig, RunConfig};
+
+/// The planner's shapes of the `[model]` section; only gpt and llama are planned.
+pub fn model_shape(model: &ModelConfig) -> Result<ModelShape, String> {
+    match model {
+        ModelConfig::Gpt(g) => Ok(ModelShape {
+            kind: ModelKind::Gpt,
+            vocab: g.vocab_size as u64,
+            seq_len: g.block_size as u64,
+            n_layer: g.n_layer as u64,
+            n_head: g.n_head as u64,
+            n_kv_head: g.n_head as u64,
+            n_embd: g.n_embd as u64,
+            intermediate: 4 * g.n_embd as u64,
+            tied: true,
+            bias: g.bias,
+        }),
+        ModelConfig::Llama(l) => Ok(ModelShape {
+            kind: ModelKind::Llama,
+            vocab: l.vocab_size as u64,
+            seq_len: l.block_size as u64,
+            n_layer: l.n_layer as u64,
+            n_head: l.n_head as u64,
+            n_kv_head: l.n_kv_head as u64,
+            n_embd: l.n_embd as u64,
+            intermediate: l.intermediate_size as u64,
+            tied: l.tie_embeddings,
+            bias: false,
+        }),
+        other => Err(format!(
+            "model.kind = {:?}: the planner plans gpt and llama models",
+            other.kind()
+        )),
+    }
+}
+
+/// The workload of `config`: its model, the rows of one optimizer step (`global_batch`, or
+/// `data.batch_size x train.grad_accum`), `train.precision` and the optimizer's moments.
+pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workload, String> {
+    let model = model_shape(&config.model)?;
+    let accum = config.train.grad_accum as u64;
+    let global_batch = match (global_batch, &config.data) {
+        (Some(b), _) => b,
+        (None, DataConfig::Text(t)) => (t.batch_size as u64).saturating_mul(accum),
+        (None, DataConfig::Tokens(t)) => (t.batch_size as u64).saturating_mul(accum),
+        (None, DataConfig::Csv(c)) => (c.batch_size as u64).saturating_mul(accum),
+        (None, DataConfig::Batches(_)) => {
+            return Err("data.kind = \"batches\" has no batch_size key: give --global-batch".into())
+        }
+    };
+    let precision = match config.train.precision.as_str() {
+        "bf16" => Precision::Bf16,
+        _ => Precision::F32,
+    };
+    let optimizer_moments = match config.optim.kind.as_str() {
+        "sgd" if config.optim.momentum == 0.0 => 0,
+        "sgd" => 1,
+        _ => 2,
+    };
+    Ok(Workload {
+        model,
+        global_batch,
+        precision,
+        optimizer_moments,
+    })
+}
