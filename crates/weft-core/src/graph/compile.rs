@@ -224,6 +224,11 @@ impl GraphCache {
         self.report
     }
 
+    /// What the latest replay did with its fusion groups (of the graph used last).
+    pub fn replay_stats(&self) -> Option<super::ReplayStats> {
+        self.cache.last().map(|(_, p)| p.stats())
+    }
+
     /// Graphs held now.
     pub fn cached(&self) -> usize {
         self.cache.len()

@@ -1,4 +1,5 @@
-//! Text and Graphviz forms of a graph, with its fusion groups and memory plan.
+//! Text and Graphviz forms of a graph, with its fusion groups (and whether each runs as one
+//! pass or node by node) and memory plan.
 
 use std::fmt::Write;
 
@@ -25,7 +26,8 @@ fn mib(bytes: usize) -> String {
 
 impl Graph {
     /// The graph as text: its inputs, externals and constants, one line per node
-    /// (`%out = op{attributes}(%in, ...) : dtype[shape]`), the fusion groups and the memory plan.
+    /// (`%out = op{attributes}(%in, ...) : dtype[shape]`), the fusion groups (each `one pass`,
+    /// or `node by node` and why) and the memory plan.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         let (groups, group_of) = groups_and_index(self);
@@ -54,7 +56,15 @@ impl Graph {
         let _ = writeln!(s, "fusion groups: {}", groups.len());
         for (k, grp) in groups.iter().enumerate() {
             let names: Vec<&str> = grp.iter().map(|&i| self.nodes[i].op.name()).collect();
-            let _ = writeln!(s, "  fusion {k}: {}", names.join(" -> "));
+            let how = match super::fusion::one_pass_parts(self, grp) {
+                (_, None) => "one pass (f32 on the CPU)".to_string(),
+                (parts, Some(why)) if parts.is_empty() => format!("node by node: {why}"),
+                (parts, Some(why)) => {
+                    let n: usize = parts.iter().map(|p| p.nodes.len()).sum();
+                    format!("{n} of {} nodes in one pass; node by node: {why}", grp.len())
+                }
+            };
+            let _ = writeln!(s, "  fusion {k}: {}  [{how}]", names.join(" -> "));
         }
         let plan = super::plan::plan(self);
         let _ = writeln!(

@@ -26,6 +26,7 @@ mod ir;
 pub mod onnx;
 pub mod passes;
 pub mod plan;
+mod pointwise;
 pub mod remat;
 mod run;
 mod trace;
@@ -33,6 +34,7 @@ mod trace;
 pub use autotune::{Autotune, TuneEntry, TuneReport};
 pub use compile::{compile, Compiled, GraphCache, Outcome, RandomSource};
 pub use ir::{Graph, Node, Source, Value, ValueId};
+pub use pointwise::ReplayStats;
 pub use trace::{trace, CaptureError};
 
 pub(crate) use trace::{

@@ -1,20 +1,26 @@
 //! Replay: the nodes run in order through the dispatcher, each computed buffer dropped after
-//! its last reader.
+//! its last reader. Fusion groups of f32 elementwise nodes run as one pass
+//! ([`super::pointwise`]) at their last node, writing into a dying input's buffer when nothing
+//! else holds it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::ir::{Graph, Source, ValueId};
+use super::pointwise::{self, Program, ReplayStats};
 use crate::error::{invalid, Result};
 use crate::op::Op;
 use crate::Tensor;
 
-/// A graph with what replay needs to know of its values, worked out once: the last node that
-/// reads each, and which are results; and where its random draws start on the function's
-/// random stream, when it has any.
+/// A graph with what replay needs to know, worked out once: how each node runs (alone, or in
+/// its fusion group's one-pass program), the step after which each value is dropped, and which
+/// values are results; and where its random draws start on the function's random stream, when
+/// it has any.
 pub(crate) struct Prepared {
     pub(crate) graph: Graph,
-    last: Vec<Option<usize>>,
+    schedule: Schedule,
     is_output: Vec<bool>,
+    /// What the latest replay did with its fusion groups.
+    stats: Mutex<ReplayStats>,
     /// The stream's offset when the graph was captured, and the counters one call takes.
     pub(crate) draws: Option<Draws>,
 }
@@ -57,13 +63,20 @@ pub(crate) fn moved(op: &Op, from: u64, to: u64) -> Option<Op> {
 
 impl Prepared {
     pub(crate) fn new(graph: Graph) -> Prepared {
-        let (last, is_output) = graph.lifetimes();
+        let (_, is_output) = graph.lifetimes();
+        let schedule = Schedule::new(&graph, &is_output);
         Prepared {
             graph,
-            last,
+            schedule,
             is_output,
+            stats: Mutex::new(ReplayStats::default()),
             draws: None,
         }
+    }
+
+    /// What the latest replay did with its fusion groups.
+    pub(crate) fn stats(&self) -> ReplayStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// [`Graph::run`], its random draws starting at stream offset `at` (see [`moved`]).
@@ -80,8 +93,11 @@ impl Prepared {
                 Some(op) => exec(i, &op, args),
                 None => exec(i, op, args),
             };
-        self.graph
-            .run_with(&self.last, &self.is_output, inputs, &mut exec_moved)
+        let (outputs, stats) = self
+            .graph
+            .run_with(&self.schedule, &self.is_output, inputs, &mut exec_moved)?;
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+        Ok(outputs)
     }
 }
 
@@ -94,8 +110,14 @@ impl Graph {
     /// graph holds, as an eager one would not. (A compiled function's graphs keep what this
     /// works out about their values between calls.)
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        let (last, is_output) = self.lifetimes();
-        self.run_with(&last, &is_output, inputs, &mut |_, op, args| {
+        Ok(self.run_stats(inputs)?.0)
+    }
+
+    /// [`Graph::run`], with what the replay did with its fusion groups.
+    pub fn run_stats(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, ReplayStats)> {
+        let (_, is_output) = self.lifetimes();
+        let schedule = Schedule::new(self, &is_output);
+        self.run_with(&schedule, &is_output, inputs, &mut |_, op, args| {
             crate::ops::execute(op, args)
         })
     }
@@ -109,16 +131,19 @@ impl Graph {
         (self.last_reader(), is_output)
     }
 
-    /// Runs the graph, each node through `exec`; `last[v]`: the last node reading value `v`,
-    /// `is_output[v]`: whether it is a result.
+    /// Runs the graph, each node through `exec` (fused groups as one pass); `schedule`: how
+    /// each node runs and the step after which each value is dropped, `is_output[v]`: whether
+    /// value `v` is a result.
     fn run_with(
         &self,
-        last: &[Option<usize>],
+        schedule: &Schedule,
         is_output: &[bool],
         inputs: &[Tensor],
         exec: &mut Exec,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<(Vec<Tensor>, ReplayStats)> {
         self.check_inputs(inputs)?;
+        let last = &schedule.last;
+        let mut stats = ReplayStats::default();
         let mut slots: Vec<Option<Tensor>> = vec![None; self.values.len()];
         let get = |slots: &[Option<Tensor>], v: ValueId| -> Result<Tensor> {
             match &self.values[v].source {
@@ -130,15 +155,52 @@ impl Graph {
             }
         };
         for (i, node) in self.nodes.iter().enumerate() {
-            let args = node
-                .inputs
-                .iter()
-                .map(|&v| get(&slots, v))
-                .collect::<Result<Vec<_>>>()?;
-            let refs: Vec<&Tensor> = args.iter().collect();
-            let outs = exec(i, &node.op, &refs)?;
-            drop(refs);
-            drop(args);
+            let (outs, read): (Vec<Tensor>, &[ValueId]) = match schedule.role[i] {
+                Role::Deferred => continue,
+                Role::Alone => {
+                    let args = node
+                        .inputs
+                        .iter()
+                        .map(|&v| get(&slots, v))
+                        .collect::<Result<Vec<_>>>()?;
+                    let refs: Vec<&Tensor> = args.iter().collect();
+                    (exec(i, &node.op, &refs)?, &node.inputs)
+                }
+                Role::Runs(k) => {
+                    let (p, donors) = &schedule.programs[k];
+                    // a donor's slot is emptied first, so that the pass may find its buffer unshared
+                    let mut args = Vec::with_capacity(p.inputs.len());
+                    for (j, &v) in p.inputs.iter().enumerate() {
+                        let taken = if donors.contains(&j) { slots[v].take() } else { None };
+                        args.push(match taken {
+                            Some(t) => t,
+                            None => get(&slots, v)?,
+                        });
+                    }
+                    // inside a capture (a replay traced by an outer function) every node goes
+                    // through the dispatcher, so that the outer trace records it
+                    let outcome = if super::recording() {
+                        pointwise::Outcome::NodeByNode(args)
+                    } else {
+                        p.run(args, donors)?
+                    };
+                    let out = match outcome {
+                        pointwise::Outcome::Fused(t, in_place) => {
+                            stats.in_place += usize::from(in_place);
+                            if p.nodes.len() > 1 {
+                                stats.fused_groups += 1;
+                                stats.fused_nodes += p.nodes.len();
+                            }
+                            t
+                        }
+                        pointwise::Outcome::NodeByNode(args) => {
+                            stats.fallback_groups += usize::from(p.nodes.len() > 1);
+                            self.run_group(p, args, exec)?
+                        }
+                    };
+                    (vec![out], &p.inputs)
+                }
+            };
             if outs.len() < node.outputs.len() {
                 return Err(invalid(
                     "graph",
@@ -155,7 +217,7 @@ impl Graph {
                     slots[v] = Some(t);
                 }
             }
-            for &v in &node.inputs {
+            for &v in read {
                 if last[v] == Some(i) && !is_output[v] {
                     slots[v] = None;
                 }
@@ -181,7 +243,40 @@ impl Graph {
             };
             owned.push(if copy { t.contiguous_copy()? } else { t.clone() });
         }
-        Ok(owned)
+        Ok((owned, stats))
+    }
+
+    /// Runs a group's nodes one by one through `exec` (`args`: the program's inputs), returning
+    /// the last node's result.
+    fn run_group(&self, p: &Program, args: Vec<Tensor>, exec: &mut Exec) -> Result<Tensor> {
+        let mut made: Vec<(ValueId, Tensor)> = Vec::with_capacity(p.nodes.len());
+        for &i in &p.nodes {
+            let node = &self.nodes[i];
+            let ins = node
+                .inputs
+                .iter()
+                .map(|v| match made.iter().find(|(m, _)| m == v) {
+                    Some((_, t)) => Ok(t),
+                    None => p
+                        .inputs
+                        .iter()
+                        .position(|u| u == v)
+                        .map(|k| &args[k])
+                        .ok_or_else(|| invalid("graph", format!("fused node {i} reads %{v} from nowhere"))),
+                })
+                .collect::<Result<Vec<&Tensor>>>()?;
+            let mut outs = exec(i, &node.op, &ins)?;
+            if outs.is_empty() {
+                return Err(invalid(
+                    "graph",
+                    format!("node {i} ({}) gave no result", node.op.name()),
+                ));
+            }
+            made.push((node.outputs[0], outs.swap_remove(0)));
+        }
+        made.pop()
+            .map(|(_, t)| t)
+            .ok_or_else(|| invalid("graph", "empty fused group"))
     }
 
     /// Checks `inputs` against the captured shapes and dtypes, naming the first that differs.
@@ -208,5 +303,89 @@ impl Graph {
             }
         }
         Ok(())
+    }
+}
+
+/// How replay runs a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Through `exec`, by itself.
+    Alone,
+    /// In its group's pass, at the group's last node.
+    Deferred,
+    /// Program `k` of the schedule: a group's last node, or one elementwise node with an input
+    /// whose buffer it may take.
+    Runs(usize),
+}
+
+/// How a graph's nodes are replayed: each node's role, the programs with the inputs each may
+/// write its result into, and for each value the node after which replay drops it (its last
+/// reader's step: a group's readers read at the group's last node).
+pub(crate) struct Schedule {
+    pub(crate) role: Vec<Role>,
+    pub(crate) programs: Vec<(Program, Vec<usize>)>,
+    pub(crate) last: Vec<Option<usize>>,
+}
+
+impl Schedule {
+    pub(crate) fn new(g: &Graph, is_output: &[bool]) -> Schedule {
+        let mut role = vec![Role::Alone; g.nodes.len()];
+        let mut programs = Vec::new();
+        let mut in_group = vec![false; g.nodes.len()];
+        for grp in super::fusion::groups(g) {
+            for p in super::fusion::one_pass_parts(g, &grp).0 {
+                for &i in &p.nodes {
+                    in_group[i] = true;
+                    role[i] = Role::Deferred;
+                }
+                role[p.nodes[p.nodes.len() - 1]] = Role::Runs(programs.len());
+                programs.push((p, Vec::new()));
+            }
+        }
+        let mut last: Vec<Option<usize>> = vec![None; g.values.len()];
+        for (k, (p, _)) in programs.iter().enumerate() {
+            let at = p.nodes[p.nodes.len() - 1];
+            debug_assert_eq!(role[at], Role::Runs(k));
+            for &v in &p.inputs {
+                last[v] = last[v].max(Some(at));
+            }
+        }
+        for (i, n) in g.nodes.iter().enumerate() {
+            if role[i] == Role::Alone {
+                for &v in &n.inputs {
+                    last[v] = last[v].max(Some(i));
+                }
+            }
+        }
+        // inputs of a pass whose buffer it may take: computed f32 values of the result's shape
+        // that die there
+        let dies = |v: ValueId, at: usize, shape: &[usize]| {
+            pointwise::computed(g, v)
+                && !is_output[v]
+                && last[v] == Some(at)
+                && g.values[v].dtype == crate::DType::F32
+                && g.values[v].shape == shape
+        };
+        for (p, donors) in &mut programs {
+            let at = p.nodes[p.nodes.len() - 1];
+            *donors = (0..p.inputs.len())
+                .filter(|&j| dies(p.inputs[j], at, &p.shape))
+                .collect();
+        }
+        for (i, n) in g.nodes.iter().enumerate() {
+            if in_group[i] || !n.op.is_elementwise() {
+                continue;
+            }
+            if let Ok(p) = Program::build(g, &[i]) {
+                let donors: Vec<usize> = (0..p.inputs.len())
+                    .filter(|&j| dies(p.inputs[j], i, &p.shape))
+                    .collect();
+                if !donors.is_empty() {
+                    role[i] = Role::Runs(programs.len());
+                    programs.push((p, donors));
+                }
+            }
+        }
+        Schedule { role, programs, last }
     }
 }
