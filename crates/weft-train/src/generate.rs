@@ -64,7 +64,7 @@ pub fn consolidated_metadata(state: &CheckpointState) -> BTreeMap<String, String
 }
 
 /// `prompt`'s ids, checked: not empty, every character known to `tok`.
-fn encode_prompt(tok: &Tokenizer, prompt: &str) -> Result<Vec<i64>> {
+pub fn encode_prompt(tok: &Tokenizer, prompt: &str) -> Result<Vec<i64>> {
     if prompt.is_empty() {
         return Err(Error::Run(
             "the prompt is empty: give at least one character to continue (the default is a newline)".into(),
@@ -129,18 +129,19 @@ pub(crate) fn sample_text(
 }
 
 /// What generation (and export) reads from a checkpoint folder or a consolidated file.
-pub(crate) struct Trained {
+pub struct Trained {
     /// Where the model config and tokenizer were read (in messages).
-    pub(crate) source: String,
+    pub source: String,
     /// The model config's JSON, when there is one.
-    pub(crate) model: Option<serde_json::Value>,
-    pub(crate) tokenizer: Option<String>,
-    pub(crate) params: Tensors,
+    pub model: Option<serde_json::Value>,
+    /// The tokenizer's JSON, when the model was trained on text.
+    pub tokenizer: Option<String>,
+    pub params: Tensors,
 }
 
 /// A checkpoint folder, a checkpoint directory (its newest checkpoint) or a consolidated
 /// safetensors file, read whole and checked.
-pub(crate) fn read_trained(path: &Path) -> Result<Trained> {
+pub fn read_trained(path: &Path) -> Result<Trained> {
     if path.is_file() {
         read_file(path)
     } else {
@@ -185,7 +186,7 @@ fn read_file(path: &Path) -> Result<Trained> {
 /// The model config `trained` records, parsed; a language model's (gpt, llama) checked against
 /// the shapes of its tensors before anything of the config's size is built (a classifier's are
 /// checked when its parameters are loaded).
-pub(crate) fn recorded_model(trained: &Trained) -> Result<ModelConfig> {
+pub fn recorded_model(trained: &Trained) -> Result<ModelConfig> {
     let source = &trained.source;
     let value = trained
         .model
