@@ -1,0 +1,229 @@
+//! The Open Inference Protocol's (KServe v2) JSON tensors: requests, responses, the models'
+//! metadata, and turning `data` (flat row-major, or nested arrays) into weft tensors.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use weft_core::Tensor;
+
+use crate::error::ApiError;
+use crate::registry::{Served, Signature};
+
+/// The name of a classifier's input, and of every model's output.
+pub const FEATURES: &str = "input";
+/// The name of a language model's input.
+pub const TOKEN_IDS: &str = "input_ids";
+/// The name of every model's output.
+pub const LOGITS: &str = "logits";
+
+/// `POST .../infer`'s body.
+#[derive(Debug, Deserialize)]
+pub struct InferRequest {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub inputs: Vec<RequestInput>,
+    /// The outputs wanted (all when absent).
+    #[serde(default)]
+    pub outputs: Option<Vec<RequestOutput>>,
+}
+
+/// One input tensor: `data` holds `shape`'s product of values in row-major order (flat or
+/// nested).
+#[derive(Debug, Deserialize)]
+pub struct RequestInput {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub datatype: String,
+    pub data: Value,
+}
+
+/// One wanted output.
+#[derive(Debug, Deserialize)]
+pub struct RequestOutput {
+    pub name: String,
+}
+
+/// One output tensor of a response: FP32 values in row-major order.
+#[derive(Debug, Serialize)]
+pub struct ResponseOutput {
+    pub name: &'static str,
+    pub datatype: &'static str,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// A tensor's description in the metadata: `-1` marks a dimension of any size.
+#[derive(Debug, Serialize)]
+pub struct TensorMetadata {
+    pub name: &'static str,
+    pub datatype: &'static str,
+    pub shape: Vec<i64>,
+}
+
+/// `(inputs, outputs)` of the metadata of a model with `sig`.
+pub fn metadata(sig: Signature) -> (Vec<TensorMetadata>, Vec<TensorMetadata>) {
+    let (input, output) = match sig {
+        Signature::Features { features, classes } => (
+            TensorMetadata {
+                name: FEATURES,
+                datatype: "FP32",
+                shape: vec![-1, features as i64],
+            },
+            vec![-1, classes as i64],
+        ),
+        Signature::Images {
+            channels,
+            size,
+            classes,
+        } => (
+            TensorMetadata {
+                name: FEATURES,
+                datatype: "FP32",
+                shape: vec![-1, channels as i64, size as i64, size as i64],
+            },
+            vec![-1, classes as i64],
+        ),
+        Signature::Tokens { vocab, .. } => (
+            TensorMetadata {
+                name: TOKEN_IDS,
+                datatype: "INT64",
+                shape: vec![-1, -1],
+            },
+            vec![-1, -1, vocab as i64],
+        ),
+    };
+    let output = TensorMetadata {
+        name: LOGITS,
+        datatype: "FP32",
+        shape: output,
+    };
+    (vec![input], vec![output])
+}
+
+/// Appends the numbers of `value` (a number, or arrays nested to any depth) to `out`.
+fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
+    match value {
+        Value::Array(items) => items.iter().for_each(|v| flatten(v, out)),
+        other => out.push(other),
+    }
+}
+
+/// The shape of a rectangular nested array (`[]` for a number); `None` when ragged or empty.
+pub fn nested_shape(value: &Value) -> Option<Vec<usize>> {
+    match value {
+        Value::Array(items) => {
+            let first = nested_shape(items.first()?)?;
+            if items[1..].iter().any(|v| nested_shape(v).as_ref() != Some(&first)) {
+                return None;
+            }
+            let mut shape = vec![items.len()];
+            shape.extend(first);
+            Some(shape)
+        }
+        _ => Some(Vec::new()),
+    }
+}
+
+/// The model's input tensor from `input`, checked against `served`'s signature: the name, the
+/// datatype, the shape (every dimension >= 1, as the metadata gives them), the count of values,
+/// each value (FP32 in range; INT64 whole and inside the vocabulary), and the size of the
+/// output (at most `max_outputs` values). Errors name the cause.
+pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -> Result<Tensor, ApiError> {
+    let (want_name, want_type) = match served.signature {
+        Signature::Tokens { .. } => (TOKEN_IDS, "INT64"),
+        _ => (FEATURES, "FP32"),
+    };
+    if input.name != want_name {
+        return Err(ApiError::bad_request(format!(
+            "unknown input {:?}: model {} takes one input named {want_name:?}",
+            input.name, served.name
+        )));
+    }
+    if input.datatype != want_type {
+        return Err(ApiError::bad_request(format!(
+            "input {:?}: datatype {:?}, expected {want_type:?}",
+            input.name, input.datatype
+        )));
+    }
+    let (meta, _) = metadata(served.signature);
+    let want = &meta[0].shape;
+    let shape_ok = input.shape.len() == want.len()
+        && input
+            .shape
+            .iter()
+            .zip(want)
+            .all(|(&g, &w)| g >= 1 && (w == -1 || g == w));
+    if !shape_ok {
+        return Err(ApiError::bad_request(format!(
+            "input {:?}: shape {:?} does not match {want:?} (-1: any size >= 1)",
+            input.name, input.shape
+        )));
+    }
+    let shape: Vec<usize> = input.shape.iter().map(|&d| d as usize).collect();
+    if let Signature::Tokens { block, .. } = served.signature {
+        if shape[1] > block {
+            return Err(ApiError::bad_request(format!(
+                "input {:?}: {} tokens per row, more than the model's block_size = {block}",
+                input.name, shape[1]
+            )));
+        }
+    }
+    let count = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    // logits [B, classes] of a classifier, [B, T, vocab] of a language model
+    let outputs = match served.signature {
+        Signature::Tokens { vocab, .. } => count.and_then(|c| c.checked_mul(vocab)),
+        Signature::Features { classes, .. } | Signature::Images { classes, .. } => shape[0].checked_mul(classes),
+    };
+    let (Some(count), Some(outputs)) = (count, outputs) else {
+        return Err(ApiError::bad_request(format!(
+            "input {:?}: shape {:?} is too large",
+            input.name, input.shape
+        )));
+    };
+    if outputs > max_outputs {
+        return Err(ApiError::bad_request(format!(
+            "input {:?}: shape {:?} gives {outputs} output values, over the limit of {max_outputs}",
+            input.name, input.shape
+        )));
+    }
+    let mut values = Vec::new();
+    flatten(&input.data, &mut values);
+    if values.len() != count {
+        return Err(ApiError::bad_request(format!(
+            "input {:?}: data holds {} values, shape {:?} needs {count}",
+            input.name,
+            values.len(),
+            input.shape
+        )));
+    }
+    let bad_value = |i: usize, v: &Value, what: &str| {
+        ApiError::bad_request(format!("input {:?}: data[{i}] = {v} is not {what}", input.name))
+    };
+    let tensor = match served.signature {
+        Signature::Tokens { vocab, .. } => {
+            let mut ids = Vec::with_capacity(count);
+            for (i, v) in values.iter().enumerate() {
+                let id = v.as_i64().ok_or_else(|| bad_value(i, v, "a whole number (INT64)"))?;
+                if id < 0 || id as u64 >= vocab as u64 {
+                    return Err(ApiError::bad_request(format!(
+                        "input {:?}: token id {id} at data[{i}] is outside the vocabulary (vocab_size = {vocab})",
+                        input.name
+                    )));
+                }
+                ids.push(id);
+            }
+            Tensor::from_vec(ids, &shape)
+        }
+        _ => {
+            let mut xs = Vec::with_capacity(count);
+            for (i, v) in values.iter().enumerate() {
+                let x = v.as_f64().ok_or_else(|| bad_value(i, v, "a number (FP32)"))?;
+                if x.abs() > f64::from(f32::MAX) {
+                    return Err(bad_value(i, v, "inside FP32's range"));
+                }
+                xs.push(x as f32);
+            }
+            Tensor::from_vec(xs, &shape)
+        }
+    };
+    tensor.map_err(|e| ApiError::bad_request(format!("input {:?}: {e}", input.name)))
+}

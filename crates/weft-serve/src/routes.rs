@@ -1,0 +1,296 @@
+//! The inference API's routes: KServe v2 (health, metadata, readiness, infer), TorchServe's
+//! `/ping` and `/predictions`, Triton's generate extension and OpenAI's `/v1/completions`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::{json_response, parse_body, ApiError};
+use crate::generation::{self, GenerateParams, Piece, RequestedParams};
+use crate::protocol::{self, InferRequest, RequestInput};
+use crate::{auth, openai, worker, AppState};
+
+/// Every route; with `state.protect_inference`, all but the health checks need the token.
+pub fn router(state: AppState) -> Router {
+    let mut inference = Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/versions/{version}", get(model_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/versions/{version}/ready", get(model_ready))
+        .route("/v2/models/{name}/infer", post(infer))
+        .route("/v2/models/{name}/versions/{version}/infer", post(infer))
+        .route("/v2/models/{name}/generate", post(generate))
+        .route("/v2/models/{name}/versions/{version}/generate", post(generate))
+        .route("/v2/models/{name}/generate_stream", post(generate_stream))
+        .route(
+            "/v2/models/{name}/versions/{version}/generate_stream",
+            post(generate_stream),
+        )
+        .route("/predictions/{name}", post(predictions))
+        .route("/predictions/{name}/{version}", post(predictions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models));
+    if state.protect_inference {
+        inference = inference.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+    }
+    Router::new()
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/ping", get(ping))
+        .merge(inference)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(state.limits.body_bytes))
+        .with_state(state)
+}
+
+type Params = Path<HashMap<String, String>>;
+
+/// `(name, version)` of a model route's path.
+fn target(params: &HashMap<String, String>) -> (&str, Option<&str>) {
+    let name = params.get("name").map_or("", String::as_str);
+    (name, params.get("version").map(String::as_str))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such endpoint (see docs/serving.md)")
+}
+
+async fn live() -> Response {
+    json_response(StatusCode::OK, &json!({ "live": true }))
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    // models load before the server listens: once it answers, every model is ready
+    json_response(
+        StatusCode::OK,
+        &json!({ "ready": true, "models": state.registry.names().len() }),
+    )
+}
+
+async fn ping() -> Response {
+    json_response(StatusCode::OK, &json!({ "status": "Healthy" }))
+}
+
+async fn server_metadata() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({ "name": "weft", "version": env!("CARGO_PKG_VERSION"), "extensions": ["generate"] }),
+    )
+}
+
+async fn model_metadata(State(state): State<AppState>, Path(params): Params) -> Result<Response, ApiError> {
+    let (name, version) = target(&params);
+    let served = state.registry.get(name, version)?;
+    let (inputs, outputs) = protocol::metadata(served.signature);
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "name": served.name,
+            "versions": state.registry.versions(name),
+            "platform": format!("weft_{}", served.kind),
+            "inputs": inputs,
+            "outputs": outputs,
+        }),
+    ))
+}
+
+async fn model_ready(State(state): State<AppState>, Path(params): Params) -> Result<Response, ApiError> {
+    let (name, version) = target(&params);
+    let served = state.registry.get(name, version)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "name": served.name, "version": served.version, "ready": true }),
+    ))
+}
+
+async fn infer(
+    State(state): State<AppState>,
+    Path(params): Params,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (name, version) = target(&params);
+    let served = state.registry.get(name, version)?;
+    let request: InferRequest = parse_body(body, state.limits.body_bytes)?;
+    let [input] = request.inputs.as_slice() else {
+        return Err(ApiError::bad_request(format!(
+            "inputs: {} tensors given; model {name} takes one",
+            request.inputs.len()
+        )));
+    };
+    for wanted in request.outputs.iter().flatten() {
+        if wanted.name != protocol::LOGITS {
+            return Err(ApiError::bad_request(format!(
+                "unknown output {:?}: model {name} gives one output named {:?}",
+                wanted.name,
+                protocol::LOGITS
+            )));
+        }
+    }
+    let tensor = protocol::input_tensor(&served, input, state.limits.max_output_values)?;
+    let output = worker::run(&served, move |s| worker::logits(s, &tensor)).await?;
+    let mut answer = json!({
+        "model_name": served.name,
+        "model_version": served.version,
+        "outputs": [output],
+    });
+    if let Some(id) = request.id {
+        answer["id"] = json!(id);
+    }
+    Ok(json_response(StatusCode::OK, &answer))
+}
+
+/// TorchServe-style prediction: the body is the model's one input as nested JSON arrays (rows
+/// of features, images `[C][H][W]`, or rows of token ids); the answer is the logits, nested
+/// likewise.
+async fn predictions(
+    State(state): State<AppState>,
+    Path(params): Params,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (name, version) = target(&params);
+    let served = state.registry.get(name, version)?;
+    let bytes = body.map_err(|r| ApiError::new(r.status(), format!("the request body: {r}")))?;
+    let data: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    let shape = protocol::nested_shape(&data)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ApiError::bad_request("the body must be a non-empty rectangular nested JSON array"))?;
+    let (inputs, _) = protocol::metadata(served.signature);
+    let input = RequestInput {
+        name: inputs[0].name.to_string(),
+        shape: shape.iter().map(|&d| d as i64).collect(),
+        datatype: inputs[0].datatype.to_string(),
+        data,
+    };
+    let tensor = protocol::input_tensor(&served, &input, state.limits.max_output_values)?;
+    let output = worker::run(&served, move |s| worker::logits(s, &tensor)).await?;
+    Ok(json_response(StatusCode::OK, &nest(&output.shape, &output.data)))
+}
+
+/// Row-major `data` of `shape` as nested JSON arrays.
+fn nest(shape: &[usize], data: &[f32]) -> Value {
+    match shape.split_first() {
+        None => json!(data.first().copied().unwrap_or(0.0)),
+        Some((_, [])) => json!(data),
+        Some((&n, rest)) => {
+            let step = rest.iter().product::<usize>().max(1);
+            Value::Array((0..n).map(|i| nest(rest, &data[i * step..(i + 1) * step])).collect())
+        }
+    }
+}
+
+/// Triton's generate extension request: `text_input` and `parameters`.
+#[derive(Debug, Deserialize)]
+struct GenerateRequest {
+    text_input: String,
+    #[serde(default)]
+    parameters: GenerateParameters,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct GenerateParameters {
+    max_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_k: Option<u64>,
+    top_p: Option<f64>,
+    seed: Option<u64>,
+}
+
+/// Defaults of the generate extension: `weft generate`'s (200 tokens, temperature 0.8, top-k
+/// 40, top-p off, seed 1337), so that the same request gives the same text.
+const TRITON_DEFAULTS: GenerateParams = GenerateParams {
+    max_tokens: 200,
+    sampling: weft_models::Sampling {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 1.0,
+    },
+    seed: 1337,
+};
+
+/// The model, prompt ids and parameters of a generate request.
+fn generate_request(
+    state: &AppState,
+    params: &HashMap<String, String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(std::sync::Arc<crate::registry::Served>, Vec<i64>, GenerateParams), ApiError> {
+    let (name, version) = target(params);
+    let served = state.registry.get(name, version)?;
+    let request: GenerateRequest = parse_body(body, state.limits.body_bytes)?;
+    let p = request.parameters;
+    let requested = RequestedParams {
+        max_tokens: p.max_tokens,
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        seed: p.seed,
+    };
+    let gen = requested.checked(TRITON_DEFAULTS, state.limits.max_tokens)?;
+    let ids = generation::prompt_ids(&served, &request.text_input)?;
+    Ok((served, ids, gen))
+}
+
+async fn generate(
+    State(state): State<AppState>,
+    Path(params): Params,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (served, ids, gen) = generate_request(&state, &params, body)?;
+    let made = generation::run(&served, ids, gen).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "model_name": served.name, "model_version": served.version, "text_output": made.text }),
+    ))
+}
+
+async fn generate_stream(
+    State(state): State<AppState>,
+    Path(params): Params,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (served, ids, gen) = generate_request(&state, &params, body)?;
+    let rx = generation::start_stream(&served, ids, gen)?;
+    let (name, version) = (served.name.clone(), served.version.clone());
+    let events = pieces(rx).map(move |piece| {
+        let value = match piece {
+            Piece::Text(t) => json!({ "model_name": name, "model_version": version, "text_output": t }),
+            Piece::Failed(e) => json!({ "error": e.message }),
+            Piece::Done(_) => return Vec::new(),
+        };
+        vec![Event::default().data(value.to_string())]
+    });
+    Ok(sse(events))
+}
+
+/// The pieces of a streamed generation; a channel that closed without an end gives `Failed`.
+pub(crate) fn pieces(rx: tokio::sync::mpsc::Receiver<Piece>) -> impl Stream<Item = Piece> {
+    stream::unfold(Some(rx), |rx| async move {
+        let mut rx = rx?;
+        match rx.recv().await {
+            Some(p @ (Piece::Done(_) | Piece::Failed(_))) => Some((p, None)),
+            Some(p) => Some((p, Some(rx))),
+            None => Some((
+                Piece::Failed(ApiError::internal("the generation stopped unexpectedly")),
+                None,
+            )),
+        }
+    })
+}
+
+/// Server-sent events, several per item.
+pub(crate) fn sse(events: impl Stream<Item = Vec<Event>> + Send + 'static) -> Response {
+    let flat = events.flat_map(|batch| stream::iter(batch.into_iter().map(Ok::<Event, Infallible>)));
+    Sse::new(flat).into_response()
+}
