@@ -11,6 +11,7 @@ mod generate;
 mod graph;
 mod launch;
 mod plan;
+mod serve;
 mod train;
 
 use std::process::ExitCode;
@@ -31,6 +32,9 @@ enum Command {
     Train(train::TrainArgs),
     /// Continues a prompt with a trained gpt or llama checkpoint.
     Generate(generate::GenerateArgs),
+    /// Serves checkpoints over HTTP: KServe v2, TorchServe-style and OpenAI-compatible
+    /// endpoints (docs/serving.md).
+    Serve(serve::ServeArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -124,6 +128,7 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Train(args) => train::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench {
             what: BenchCommand::Ops(args),
         } => bench::run_ops(&args).map_err(|e| e.to_string()),

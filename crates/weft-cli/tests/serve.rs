@@ -1,0 +1,473 @@
+//! `weft serve` through the binary and a real HTTP client: every endpoint against checkpoints
+//! trained here (a tiny gpt and a tiny mlp): infer outputs equal the model's forward, generation
+//! equals `weft generate`'s text for the same seed, streams deliver several chunks, the token
+//! guards the inference API, and each bad input is a 4xx naming its cause with the server
+//! answering after it.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+use common::{free_port, path_set, temp_dir, wait_for, weft_command, weft_ok};
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use weft_core::Tensor;
+
+/// Trains a tiny gpt (2 blocks, width 32, block_size 16) for 3 steps on the built-in corpus
+/// into `store/gpt`.
+fn train_gpt(store: &Path) -> PathBuf {
+    let ckpt = store.join("gpt");
+    let set = path_set("train.checkpoint_dir", &ckpt);
+    #[rustfmt::skip]
+    weft_ok(&["train", "--quiet", "--set", "train.steps=3", "--set", "model.n_layer=2",
+        "--set", "model.n_embd=32", "--set", "model.n_head=2", "--set", "model.block_size=16",
+        "--set", "train.eval_every=0", "--set", "train.sample_tokens=0", "--set", &set]);
+    ckpt
+}
+
+/// Trains an mlp (2 features, 8 hidden, 3 classes) for 6 steps on a small CSV into `store/mlp`.
+fn train_mlp(store: &Path) -> PathBuf {
+    let csv = store.join("d.csv");
+    let mut text = String::from("x,y,label\n");
+    for i in 0..40 {
+        text.push_str(&format!(
+            "{:.3},{:.3},{}\n",
+            (i % 7) as f64 / 7.0,
+            (i % 5) as f64 / 5.0,
+            i % 3
+        ));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let cfg = store.join("mlp.toml");
+    let config = format!(
+        "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = 3\nactivation = \"relu\"\n\n\
+         [data]\nkind = \"csv\"\npath = {:?}\nlabel_column = -1\nbatch_size = 4\nval_fraction = 0.25\n\n\
+         [optim]\nkind = \"adam\"\nlr = 0.01\n\n[train]\nsteps = 6\n",
+        csv.to_str().unwrap()
+    );
+    std::fs::write(&cfg, config).unwrap();
+    let ckpt = store.join("mlp");
+    let set = path_set("train.checkpoint_dir", &ckpt);
+    weft_ok(&["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", &set]);
+    ckpt
+}
+
+/// A running `weft serve`, killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    client: Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Starts `weft serve --model-store store` with `args` on a free loopback port and waits
+    /// until it answers.
+    fn start(store: &Path, args: &[&str]) -> Server {
+        let port = free_port().to_string();
+        let mut all = vec!["serve", "--model-store", store.to_str().unwrap(), "--port", &port];
+        all.extend(args);
+        let child = weft_command(&all).stdout(Stdio::null()).spawn().unwrap();
+        let client = Client::builder()
+            .timeout(std::time::Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let mut server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            client,
+        };
+        let url = format!("{}/v2/health/live", server.base);
+        let up = wait_for(60, || server.client.get(&url).send().is_ok_and(|r| r.status() == 200));
+        assert!(up, "weft serve answered no health check: {:?}", server.child.try_wait());
+        server
+    }
+
+    /// `(status, body as JSON)` of a GET.
+    fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.client.get(format!("{}{path}", self.base)).send().unwrap();
+        (r.status().as_u16(), body_json(r))
+    }
+
+    /// `(status, body as JSON)` of a POST of `body`.
+    fn post(&self, path: &str, body: impl Into<reqwest::blocking::Body>) -> (u16, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .body(body)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), body_json(r))
+    }
+
+    /// The `data:` payloads of a server-sent-event POST, in order.
+    fn events(&self, path: &str, body: &Value) -> Vec<String> {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let kind = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(kind.starts_with("text/event-stream"), "{kind}");
+        BufReader::new(r)
+            .lines()
+            .map(Result::unwrap)
+            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+
+    /// Checks that the server still answers.
+    fn alive(&self) {
+        assert_eq!(self.get("/v2/health/live").0, 200, "the server stopped answering");
+    }
+}
+
+/// A response's body as JSON (`null` when it is not JSON).
+fn body_json(r: reqwest::blocking::Response) -> Value {
+    serde_json::from_str(&r.text().unwrap()).unwrap_or(Value::Null)
+}
+
+/// The logits of the checkpoint at `ckpt` for `input`, computed here, without the server.
+fn reference_logits(ckpt: &Path, input: &Tensor) -> (Vec<usize>, Vec<f32>) {
+    let trained = weft_train::generate::read_trained(ckpt).unwrap();
+    let cfg = weft_train::generate::recorded_model(&trained).unwrap();
+    let model = weft_train::run::build_model(&cfg, 0).unwrap();
+    weft_nn::state_dict::load_state_dict(model.as_ref(), &trained.params, model.aliases(), "reference").unwrap();
+    model.context().set_training(false);
+    let out = weft_core::no_grad(|| model.logits(input)).unwrap();
+    (out.shape().to_vec(), out.to_vec::<f32>().unwrap())
+}
+
+/// Asserts that `output` (a v2 output tensor) holds `want` within 1e-6.
+fn assert_output(output: &Value, want: &(Vec<usize>, Vec<f32>)) {
+    assert_eq!(output["name"], "logits");
+    assert_eq!(output["datatype"], "FP32");
+    let shape: Vec<usize> = serde_json::from_value(output["shape"].clone()).unwrap();
+    let data: Vec<f32> = serde_json::from_value(output["data"].clone()).unwrap();
+    assert_eq!(shape, want.0);
+    assert_eq!(data.len(), want.1.len());
+    for (i, (g, w)) in data.iter().zip(&want.1).enumerate() {
+        assert!((g - w).abs() <= 1e-6, "logit {i}: served {g}, forward {w}");
+    }
+}
+
+/// `weft generate`'s text (prompt included, final newline dropped) for `flags`.
+fn weft_generate(ckpt: &Path, flags: &[&str]) -> String {
+    let mut args = vec!["generate", "--checkpoint", ckpt.to_str().unwrap()];
+    args.extend(flags);
+    let out = weft_ok(&args);
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .strip_suffix('\n')
+        .unwrap()
+        .to_string()
+}
+
+fn health_metadata_and_infer(s: &Server, gpt: &Path, mlp: &Path) {
+    assert_eq!(s.get("/v2/health/live"), (200, json!({"live": true})));
+    assert_eq!(s.get("/v2/health/ready").1["ready"], true);
+    assert_eq!(s.get("/ping"), (200, json!({"status": "Healthy"})));
+    assert_eq!(s.get("/v2").1["name"], "weft");
+    let (status, meta) = s.get("/v2/models/cls");
+    assert_eq!(status, 200);
+    assert_eq!(meta["versions"], json!(["1", "2"]));
+    assert_eq!(
+        meta["inputs"],
+        json!([{"name": "input", "datatype": "FP32", "shape": [-1, 2]}])
+    );
+    assert_eq!(
+        meta["outputs"],
+        json!([{"name": "logits", "datatype": "FP32", "shape": [-1, 3]}])
+    );
+    let meta = s.get("/v2/models/gpt/versions/1").1;
+    assert_eq!(
+        meta["inputs"][0],
+        json!({"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]})
+    );
+    let vocab = meta["outputs"][0]["shape"][2].as_u64().unwrap() as i64;
+    assert!(vocab > 10, "{meta}");
+    assert_eq!(s.get("/v2/models/cls/versions/2/ready").1["ready"], true);
+    assert_eq!(s.get("/v2/models/gpt/ready").0, 200);
+
+    // a classifier: FP32 [3, 2] -> logits [3, 3]
+    let x = [0.1f32, -0.5, 0.7, 0.25, 1.5, -2.0];
+    let want = reference_logits(mlp, &Tensor::from_vec(x.to_vec(), &[3, 2]).unwrap());
+    for path in ["/v2/models/cls/infer", "/v2/models/cls/versions/2/infer"] {
+        let body = json!({"id": "r1", "inputs": [{"name": "input", "shape": [3, 2], "datatype": "FP32", "data": x}]});
+        let (status, answer) = s.post(path, body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["id"], "r1");
+        assert_output(&answer["outputs"][0], &want);
+    }
+    // nested data is read row-major too; /predictions answers nested rows
+    let nested = json!([[0.1, -0.5], [0.7, 0.25], [1.5, -2.0]]);
+    let (status, rows) = s.post("/predictions/cls/2", nested.to_string());
+    assert_eq!(status, 200, "{rows}");
+    let flat: Vec<f32> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| serde_json::from_value::<Vec<f32>>(r.clone()).unwrap())
+        .collect();
+    assert_output(
+        &json!({"name": "logits", "datatype": "FP32", "shape": [3, 3], "data": flat}),
+        &want,
+    );
+
+    // a language model: INT64 ids [2, 5] -> logits [2, 5, vocab]
+    let ids: Vec<i64> = (0..10).map(|i| (i * 7) % vocab).collect();
+    let want = reference_logits(gpt, &Tensor::from_vec(ids.clone(), &[2, 5]).unwrap());
+    let body = json!({"inputs": [{"name": "input_ids", "shape": [2, 5], "datatype": "INT64", "data": ids}]});
+    let (status, answer) = s.post("/v2/models/gpt/infer", body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_output(&answer["outputs"][0], &want);
+}
+
+fn generation_matches_weft_generate(s: &Server, gpt: &Path) {
+    let prompt = "\nFirst";
+    let reference = weft_generate(
+        gpt,
+        &[
+            "--prompt",
+            prompt,
+            "--tokens",
+            "24",
+            "--seed",
+            "7",
+            "--temperature",
+            "0.9",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.95",
+        ],
+    );
+    let params = json!({"max_tokens": 24, "seed": 7, "temperature": 0.9, "top_k": 5, "top_p": 0.95});
+    let body = json!({"text_input": prompt, "parameters": params});
+    let (status, answer) = s.post("/v2/models/gpt/generate", body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["text_output"].as_str().unwrap().to_string();
+    assert_eq!(format!("{prompt}{text}"), reference);
+    assert_eq!(text.chars().count(), 24);
+
+    let events = s.events("/v2/models/gpt/generate_stream", &body);
+    assert!(events.len() >= 2, "{events:?}");
+    let streamed: String = events
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["text_output"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+
+    // OpenAI's completions: no top-k (weft generate's --top-k 0)
+    let reference = weft_generate(
+        gpt,
+        &[
+            "--prompt",
+            prompt,
+            "--tokens",
+            "12",
+            "--seed",
+            "3",
+            "--temperature",
+            "1",
+            "--top-k",
+            "0",
+            "--top-p",
+            "0.9",
+        ],
+    );
+    let request = json!({"model": "gpt", "prompt": prompt, "max_tokens": 12, "seed": 3, "top_p": 0.9});
+    let (status, answer) = s.post("/v1/completions", request.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "text_completion");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    assert_eq!(answer["usage"]["completion_tokens"], 12);
+    let text = answer["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(format!("{prompt}{text}"), reference);
+
+    let mut stream = request.clone();
+    stream["stream"] = json!(true);
+    let events = s.events("/v1/completions", &stream);
+    assert!(events.len() >= 4, "{events:?}");
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    let streamed: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(streamed, text);
+}
+
+fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
+    let infer = |name: &str, shape: Value, datatype: &str, data: Value| {
+        json!({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}).to_string()
+    };
+    let gen = |params: Value| json!({"text_input": "\nA", "parameters": params}).to_string();
+    #[rustfmt::skip]
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("/v2/models/cls/infer", "{\"inputs\": [".into(), 400, "not valid JSON"),
+        ("/v2/models/cls/infer", "{}".into(), 400, "missing field `inputs`"),
+        ("/v2/models/cls/infer", infer("x", json!([1, 2]), "FP32", json!([1, 2])), 400, "unknown input \"x\""),
+        ("/v2/models/cls/infer", infer("input", json!([1, 3]), "FP32", json!([1, 2, 3])), 400, "shape [1, 3]"),
+        ("/v2/models/cls/infer", infer("input", json!([1, 2]), "INT64", json!([1, 2])), 400, "datatype \"INT64\""),
+        ("/v2/models/cls/infer", infer("input", json!([2, 2]), "FP32", json!([1, 2])), 400, "data holds 2 values"),
+        ("/v2/models/cls/infer", infer("input", json!([1, 2]), "FP32", json!([1, "a"])), 400, "data[1]"),
+        ("/v2/models/cls/infer", infer("input", json!([1, 2]), "FP32", json!([1, 1e39])), 400, "FP32's range"),
+        ("/v2/models/gpt/infer", infer("input_ids", json!([1, 2]), "INT64", json!([1, 100000])), 400, "token id 100000 at data[1] is outside the vocabulary"),
+        ("/v2/models/gpt/infer", infer("input_ids", json!([1, 17]), "INT64", json!(vec![1; 17])), 400, "block_size = 16"),
+        ("/v2/models/nope/infer", infer("input", json!([1, 2]), "FP32", json!([1, 2])), 404, "unknown model \"nope\""),
+        ("/v2/models/cls/versions/9/infer", infer("input", json!([1, 2]), "FP32", json!([1, 2])), 404, "unknown version \"9\""),
+        ("/predictions/cls", "[[1, 2], [3]]".into(), 400, "rectangular"),
+        ("/v2/models/gpt/generate", gen(json!({"max_tokens": 65})), 400, "max_tokens: 65 is over the limit of 64"),
+        ("/v2/models/gpt/generate", gen(json!({"max_tokens": "many"})), 400, "parameters.max_tokens"),
+        ("/v2/models/gpt/generate", gen(json!({"top_p": 1.5})), 400, "top_p"),
+        ("/v2/models/gpt/generate", json!({"text_input": "\u{20ac}"}).to_string(), 400, "prompt"),
+        ("/v2/models/cls/generate", gen(json!({})), 400, "not a language model"),
+        ("/v1/completions", json!({"model": "nope", "prompt": "a"}).to_string(), 404, "unknown model"),
+        ("/v1/completions", json!({"model": "gpt", "prompt": "\nA", "max_tokens": 1000}).to_string(), 400, "max_tokens"),
+        ("/v1/completions", json!({"model": "gpt", "prompt": [1, 2]}).to_string(), 400, "prompt"),
+    ];
+    for (path, body, status, cause) in cases {
+        let (got, answer) = s.post(path, body.clone());
+        assert_eq!(got, status, "{path} {body}: {answer}");
+        let message = answer["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path} {body}: no error in {answer}"));
+        assert!(
+            message.contains(cause),
+            "{path} {body}: {message:?} should name {cause:?}"
+        );
+        s.alive();
+    }
+    // over the body limit (1 MiB here)
+    let (got, answer) = s.post("/v2/models/cls/infer", vec![b' '; (1 << 20) + 1]);
+    assert_eq!(got, 413, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("over the limit of 1048576 bytes"),
+        "{answer}"
+    );
+    assert_eq!(s.get("/v2/models/nope").0, 404);
+    assert_eq!(
+        s.get("/no/such/path").1["error"]
+            .as_str()
+            .map(|e| e.contains("no such endpoint")),
+        Some(true)
+    );
+    s.alive();
+}
+
+#[test]
+fn every_endpoint_answers_and_bad_input_is_refused() {
+    let store = temp_dir("serve");
+    let gpt = train_gpt(&store);
+    let mlp = train_mlp(&store);
+    #[rustfmt::skip]
+    let s = Server::start(&store, &["--model", "gpt=gpt", "--model", "cls=mlp", "--model", "cls=./mlp:2",
+        "--max-tokens", "64", "--max-body-bytes", "1048576"]);
+    health_metadata_and_infer(&s, &gpt, &mlp);
+    generation_matches_weft_generate(&s, &gpt);
+    bad_inputs_are_4xx_naming_the_cause(&s);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+#[test]
+fn the_token_guards_inference_but_not_health_checks() {
+    let store = temp_dir("serve-token");
+    train_mlp(&store);
+    let token = "s3cret-token-0123456789";
+    let file = store.join("token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let s = Server::start(
+        &store,
+        &[
+            "--model",
+            "cls=mlp",
+            "--token-file",
+            file.to_str().unwrap(),
+            "--inference-token",
+        ],
+    );
+    assert_eq!(s.get("/v2/health/ready").0, 200);
+    assert_eq!(s.get("/ping").0, 200);
+    let url = format!("{}/v2/models/cls", s.base);
+    let r = s.client.get(&url).send().unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(body_json(r)["error"]
+        .as_str()
+        .unwrap()
+        .contains("missing Authorization"));
+    for wrong in [
+        "Bearer s3cret-token-012345678",
+        "Bearer s3cret-token-01234567890",
+        "s3cret-token-0123456789",
+        "Basic abc",
+    ] {
+        let r = s.client.get(&url).header("authorization", wrong).send().unwrap();
+        assert_eq!(r.status(), 401, "{wrong}");
+    }
+    let r = s.client.get(&url).bearer_auth(token).send().unwrap();
+    assert_eq!(r.status(), 200);
+    let body = json!({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 0.5]}]});
+    let r = s
+        .client
+        .post(format!("{url}/infer"))
+        .body(body.to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = s
+        .client
+        .post(format!("{url}/infer"))
+        .bearer_auth(token)
+        .body(body.to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+#[test]
+fn models_outside_the_store_and_bad_flags_are_refused_at_start() {
+    let store = temp_dir("serve-refused");
+    std::fs::create_dir_all(store.join("inside")).unwrap();
+    let s = store.to_str().unwrap();
+    #[rustfmt::skip]
+    let cases: [(&[&str], &str); 5] = [
+        (&["serve", "--model-store", s, "--model", "m=../outside"], "relative to the model store"),
+        (&["serve", "--model-store", s, "--model", "m=/etc"], "relative to the model store"),
+        (&["serve", "--model-store", s, "--model", "m=inside"], "model m version 1"),
+        (&["serve", "--model-store", s, "--model", "m"], "NAME=PATH"),
+        (&["serve", "--model-store", s, "--inference-token"], "--token-file"),
+    ];
+    for (args, cause) in cases {
+        let out = weft_command(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(err.contains(cause), "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&store);
+}
