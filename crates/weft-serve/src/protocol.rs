@@ -227,3 +227,44 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
     };
     tensor.map_err(|e| ApiError::bad_request(format!("input {:?}: {e}", input.name)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nested_arrays_give_their_shape_and_ragged_ones_none() {
+        assert_eq!(nested_shape(&json!([[1, 2, 3], [4, 5, 6]])), Some(vec![2, 3]));
+        assert_eq!(nested_shape(&json!([[[1], [2]]])), Some(vec![1, 2, 1]));
+        assert_eq!(nested_shape(&json!(1.5)), Some(vec![]));
+        assert_eq!(nested_shape(&json!([[1, 2], [3]])), None);
+        assert_eq!(nested_shape(&json!([[1, 2], 3])), None);
+        assert_eq!(nested_shape(&json!([])), None);
+        let nested = json!([[1, 2], [3, [4]]]);
+        let mut flat = Vec::new();
+        flatten(&nested, &mut flat);
+        let flat: Vec<Value> = flat.into_iter().cloned().collect();
+        assert_eq!(flat, [json!(1), json!(2), json!(3), json!(4)]);
+    }
+
+    #[test]
+    fn metadata_marks_dynamic_dimensions() {
+        let (i, o) = metadata(Signature::Images {
+            channels: 1,
+            size: 8,
+            classes: 10,
+        });
+        assert_eq!(
+            (i[0].name, i[0].datatype, i[0].shape.clone()),
+            (FEATURES, "FP32", vec![-1, 1, 8, 8])
+        );
+        assert_eq!((o[0].name, o[0].shape.clone()), (LOGITS, vec![-1, 10]));
+        let (i, o) = metadata(Signature::Tokens { vocab: 65, block: 16 });
+        assert_eq!(
+            (i[0].name, i[0].datatype, i[0].shape.clone()),
+            (TOKEN_IDS, "INT64", vec![-1, -1])
+        );
+        assert_eq!(o[0].shape, vec![-1, -1, 65]);
+    }
+}
