@@ -27,6 +27,21 @@ fn train_gpt(store: &Path) -> PathBuf {
     ckpt
 }
 
+/// Trains a tiny llama (2 blocks, width 32, grouped-query attention, vocab_size 128: more than
+/// the corpus's characters) for 3 steps on the built-in corpus into `store/llama`.
+fn train_llama(store: &Path) -> PathBuf {
+    let cfg = store.join("llama.toml");
+    let config = "[model]\nkind = \"llama\"\nvocab_size = 128\nblock_size = 16\nn_layer = 2\nn_head = 4\n\
+        n_kv_head = 2\nn_embd = 32\nintermediate_size = 64\n\n\
+        [data]\nkind = \"text\"\npath = \"builtin\"\nbatch_size = 4\nval_fraction = 0.1\n\n\
+        [optim]\nkind = \"adamw\"\nlr = 0.003\n\n[train]\nsteps = 3\neval_every = 0\nsample_tokens = 0\n";
+    std::fs::write(&cfg, config).unwrap();
+    let ckpt = store.join("llama");
+    let set = path_set("train.checkpoint_dir", &ckpt);
+    weft_ok(&["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", &set]);
+    ckpt
+}
+
 /// Trains an mlp (2 features, 8 hidden, 3 classes) for 6 steps on a small CSV into `store/mlp`.
 fn train_mlp(store: &Path) -> PathBuf {
     let csv = store.join("d.csv");
@@ -198,6 +213,9 @@ fn health_metadata_and_infer(s: &Server, gpt: &Path, mlp: &Path) {
     assert!(vocab > 10, "{meta}");
     assert_eq!(s.get("/v2/models/cls/versions/2/ready").1["ready"], true);
     assert_eq!(s.get("/v2/models/gpt/ready").0, 200);
+    let meta = s.get("/v2/models/llama").1;
+    assert_eq!(meta["platform"], "weft_llama");
+    assert_eq!(meta["outputs"][0]["shape"], json!([-1, -1, 128]));
 
     // a classifier: FP32 [3, 2] -> logits [3, 3]
     let x = [0.1f32, -0.5, 0.7, 0.25, 1.5, -2.0];
@@ -233,7 +251,7 @@ fn health_metadata_and_infer(s: &Server, gpt: &Path, mlp: &Path) {
     assert_output(&answer["outputs"][0], &want);
 }
 
-fn generation_matches_weft_generate(s: &Server, gpt: &Path) {
+fn generation_matches_weft_generate(s: &Server, gpt: &Path, llama: &Path) {
     let prompt = "\nFirst";
     let reference = weft_generate(
         gpt,
@@ -315,6 +333,31 @@ fn generation_matches_weft_generate(s: &Server, gpt: &Path) {
         .map(|c| c["choices"][0]["text"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(streamed, text);
+
+    // a llama (whose tokenizer knows fewer tokens than its vocabulary)
+    let reference = weft_generate(
+        llama,
+        &[
+            "--prompt",
+            prompt,
+            "--tokens",
+            "16",
+            "--seed",
+            "11",
+            "--temperature",
+            "0.7",
+            "--top-k",
+            "0",
+        ],
+    );
+    let body =
+        json!({"text_input": prompt, "parameters": {"max_tokens": 16, "seed": 11, "temperature": 0.7, "top_k": 0}});
+    let (status, answer) = s.post("/v2/models/llama/generate", body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        format!("{prompt}{}", answer["text_output"].as_str().unwrap()),
+        reference
+    );
 }
 
 fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
@@ -383,11 +426,12 @@ fn every_endpoint_answers_and_bad_input_is_refused() {
     let store = temp_dir("serve");
     let gpt = train_gpt(&store);
     let mlp = train_mlp(&store);
+    let llama = train_llama(&store);
     #[rustfmt::skip]
-    let s = Server::start(&store, &["--model", "gpt=gpt", "--model", "cls=mlp", "--model", "cls=./mlp:2",
+    let s = Server::start(&store, &["--model", "gpt=gpt", "--model", "llama=llama", "--model", "cls=mlp", "--model", "cls=./mlp:2",
         "--max-tokens", "64", "--max-body-bytes", "1048576"]);
     health_metadata_and_infer(&s, &gpt, &mlp);
-    generation_matches_weft_generate(&s, &gpt);
+    generation_matches_weft_generate(&s, &gpt, &llama);
     bad_inputs_are_4xx_naming_the_cause(&s);
     drop(s);
     let _ = std::fs::remove_dir_all(&store);
@@ -446,6 +490,12 @@ fn the_token_guards_inference_but_not_health_checks() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 200);
+    // SIGTERM: the server stops and exits 0
+    let mut s = s;
+    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+    let exited = wait_for(30, || s.child.try_wait().unwrap().is_some());
+    assert!(exited, "weft serve did not stop on SIGTERM");
+    assert_eq!(s.child.try_wait().unwrap().and_then(|st| st.code()), Some(0));
     drop(s);
     let _ = std::fs::remove_dir_all(&store);
 }
