@@ -59,3 +59,79 @@ pub fn logits(served: &Served, input: &Tensor) -> Result<ResponseOutput, ApiErro
         data: out.to_vec::<f32>().map_err(fail)?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::sync::Semaphore;
+    use weft_models::mlp::{MlpConfig, MlpModel};
+    use weft_nn::layers::Activation;
+
+    use super::*;
+    use crate::registry::Signature;
+
+    /// An mlp of 2 features and 3 classes admitting `queue` requests.
+    fn served(queue: usize) -> Arc<Served> {
+        let config = MlpConfig {
+            in_features: 2,
+            hidden: vec![4],
+            out_features: 3,
+            activation: Activation::Relu,
+        };
+        Arc::new(Served {
+            name: "m".into(),
+            version: "1".into(),
+            kind: "mlp",
+            signature: Signature::Features {
+                features: 2,
+                classes: 3,
+            },
+            model: Arc::new(MlpModel::new(config, 0).unwrap()),
+            lm: None,
+            tokenizer: None,
+            running: Mutex::new(()),
+            admitted: Arc::new(Semaphore::new(queue)),
+        })
+    }
+
+    #[test]
+    fn a_full_queue_is_503_and_frees_its_places() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let s = served(2);
+            let (release, wait) = std::sync::mpsc::channel::<()>();
+            let first = spawn(&s, move |_| wait.recv().is_ok()).unwrap();
+            let second = spawn(&s, |_| true).unwrap();
+            let refused = spawn(&s, |_| true).unwrap_err();
+            assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(refused.message.contains("queue is full"), "{}", refused.message);
+            release.send(()).unwrap();
+            assert!(first.await.unwrap() && second.await.unwrap());
+            // the places are free again; a forward runs
+            let x = Tensor::from_vec(vec![0.5f32, -1.0], &[1, 2]).unwrap();
+            let out = run(&s, move |m| logits(m, &x)).await.unwrap();
+            assert_eq!((out.shape, out.data.len()), (vec![1, 3], 3));
+        });
+    }
+
+    #[test]
+    fn a_job_that_panics_is_a_500_and_the_model_keeps_working() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let s = served(1);
+            let err = run(&s, |_| -> Result<(), ApiError> { panic!("boom") })
+                .await
+                .unwrap_err();
+            assert_eq!(err.status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert!(err.message.contains("model m version 1 failed"), "{}", err.message);
+            assert!(run(&s, |_| Ok(7)).await.is_ok_and(|v| v == 7));
+        });
+    }
+}
