@@ -22,6 +22,7 @@
 //! gemm = 0.6
 //! memory_bound = 0.7
 //! collective = 0.8
+//! attention = 1.0
 //! memory_margin = 0.1
 //! ```
 //!
@@ -138,12 +139,17 @@ impl Reader<'_> {
 
 /// Reads a `cluster.toml` text; `source` names it in errors.
 pub fn parse(text: &str, source: &str) -> Result<DeviceSpec> {
-    let r = Reader { source };
     let top: toml::Table = text.parse().map_err(|e: toml::de::Error| Error::ClusterFile {
         source_name: source.to_string(),
         message: e.message().to_string(),
     })?;
-    r.unknown(&top, &TOP, "")?;
+    from_table(&top, source)
+}
+
+/// Reads a parsed `cluster.toml` table (also the `[spec]` of a calibration file).
+pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
+    let r = Reader { source };
+    r.unknown(top, &TOP, "")?;
     let name = match top.get("name") {
         None => source.to_string(),
         Some(toml::Value::String(s)) => s.clone(),
@@ -154,9 +160,9 @@ pub fn parse(text: &str, source: &str) -> Result<DeviceSpec> {
         Some(toml::Value::Integer(i)) if *i >= 1 => *i as usize,
         Some(other) => return Err(r.bad("devices_per_node", format!("must be a whole number >= 1, got {other}"))),
     };
-    let flops = r.table(&top, "flops")?;
-    let intra = r.table(&top, "intra_node")?;
-    let inter = r.table(&top, "inter_node")?;
+    let flops = r.table(top, "flops")?;
+    let intra = r.table(top, "intra_node")?;
+    let inter = r.table(top, "inter_node")?;
     for (t, known, prefix) in [
         (flops, &["bf16", "f32"][..], "flops."),
         (intra, &["bandwidth", "latency"][..], "intra_node."),
@@ -167,16 +173,17 @@ pub fn parse(text: &str, source: &str) -> Result<DeviceSpec> {
         }
     }
     let mut efficiency = Efficiency::default();
-    if let Some(e) = r.table(&top, "efficiency")? {
+    if let Some(e) = r.table(top, "efficiency")? {
         r.unknown(
             e,
-            &["gemm", "memory_bound", "collective", "memory_margin"],
+            &["gemm", "memory_bound", "collective", "attention", "memory_margin"],
             "efficiency.",
         )?;
         efficiency = Efficiency {
             gemm: r.fraction(e, "gemm", efficiency.gemm, true)?,
             memory_bound: r.fraction(e, "memory_bound", efficiency.memory_bound, true)?,
             collective: r.fraction(e, "collective", efficiency.collective, true)?,
+            attention: r.fraction(e, "attention", efficiency.attention, true)?,
             memory_margin: r.fraction(e, "memory_margin", efficiency.memory_margin, false)?,
         };
     }
@@ -185,8 +192,8 @@ pub fn parse(text: &str, source: &str) -> Result<DeviceSpec> {
         devices_per_node: per_node,
         flops_bf16: r.positive(flops, "bf16", "flops.bf16")?,
         flops_f32: r.positive(flops, "f32", "flops.f32")?,
-        memory_bytes: r.positive(Some(&top), "memory_bytes", "memory_bytes")?,
-        memory_bandwidth: r.positive(Some(&top), "memory_bandwidth", "memory_bandwidth")?,
+        memory_bytes: r.positive(Some(top), "memory_bytes", "memory_bytes")?,
+        memory_bandwidth: r.positive(Some(top), "memory_bandwidth", "memory_bandwidth")?,
         intra_bandwidth: r.positive(intra, "bandwidth", "intra_node.bandwidth")?,
         intra_latency: r.latency(intra, "intra_node.latency")?,
         inter_bandwidth: r.positive(inter, "bandwidth", "inter_node.bandwidth")?,

@@ -66,8 +66,12 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
     let tp_ar = all_reduce(hidden, tp, tp_link);
 
     let (whole, cut) = m.block_memory_elements_per_token();
-    let block_forward =
-        tokens * m.block_flops_per_token() / tpf / gemm + tokens * (whole + cut / tpf) * act / hbm + 2.0 * tp_ar;
+    // the attention's products at their own rate (eff.attention of the matrix products')
+    let attention = m.attention_flops_per_token();
+    let block_forward = tokens * (m.block_flops_per_token() - attention) / tpf / gemm
+        + tokens * attention / tpf / (gemm * eff.attention)
+        + tokens * (whole + cut / tpf) * act / hbm
+        + 2.0 * tp_ar;
     // the lookup (a vocabulary-parallel one sums its parts over the group)
     let embed_forward = 2.0 * hidden / hbm + tp_ar;
     // the final norm and the output layer; the cross-entropy reads and writes the logits

@@ -15,8 +15,12 @@ pub struct Efficiency {
     /// achieved / peak HBM bandwidth. Default 0.70.
     pub memory_bound: f64,
     /// Collectives and point-to-point transfers: achieved bus bandwidth / link bandwidth.
-    /// Default 0.80, an assumption (not measured here; `weft plan calibrate` is to measure it).
+    /// Default 0.80, an assumption (`weft plan calibrate` measures the `local` spec's links,
+    /// which then take 1.0).
     pub collective: f64,
+    /// Attention (`q k^T` and `p v`): achieved / the matrix products' achieved rate. Default
+    /// 1.0 (a fused kernel as fast as the products); `weft plan calibrate` measures it.
+    pub attention: f64,
     /// Share of device memory a plan may not use (the CUDA context, allocator fragmentation,
     /// workspaces). Default 0.10.
     pub memory_margin: f64,
@@ -28,6 +32,7 @@ impl Default for Efficiency {
             gemm: 0.65,
             memory_bound: 0.70,
             collective: 0.80,
+            attention: 1.0,
             memory_margin: 0.10,
         }
     }

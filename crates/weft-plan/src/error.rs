@@ -16,6 +16,10 @@ pub enum Error {
         field: String,
         message: String,
     },
+    /// A calibration file (`weft plan calibrate`) that cannot be used: unreadable, not one,
+    /// or written by another version of the format.
+    #[error("{source_name}: {message}")]
+    Calibration { source_name: String, message: String },
     /// `--device-spec` names no built-in spec.
     #[error("unknown device spec {name:?} (one of {known})")]
     UnknownDevice { name: String, known: String },

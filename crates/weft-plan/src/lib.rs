@@ -8,12 +8,14 @@
 //! - [`model`]: [`ModelShape`], its parameter counts and FLOPs.
 //! - [`device`]: [`DeviceSpec`] (the built-in datasheet specs) and [`Efficiency`].
 //! - [`cluster`]: the `cluster.toml` format, checked field by field.
+//! - [`calibration`]: the `local` spec that `weft plan calibrate` measures, as its cache file.
 //! - [`cost`]: time per stage and per step of a [`Layout`].
 //! - [`memory`]: bytes per device of a [`Layout`], by term.
 //! - [`search`]: the layouts, stage cuts by dynamic programming, the ranking.
 
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod calibration;
 pub mod cluster;
 pub mod cost;
 pub mod device;

@@ -205,6 +205,12 @@ impl ModelShape {
         2.0 * weights + 4.0 * t * c
     }
 
+    /// Forward FLOPs of the attention's `q k^T` and `p v` for one token of one block (`4 T C`,
+    /// part of [`Self::block_flops_per_token`]).
+    pub fn attention_flops_per_token(&self) -> f64 {
+        4.0 * self.seq_len as f64 * self.c()
+    }
+
     /// Forward FLOPs of the output layer for one token.
     pub fn head_flops_per_token(&self) -> f64 {
         2.0 * self.vocab as f64 * self.c()
