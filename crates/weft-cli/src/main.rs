@@ -3,6 +3,7 @@
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 mod bench;
+mod calibrate;
 mod checkpoint;
 mod data;
 mod dist;
@@ -63,7 +64,8 @@ enum Command {
         what: GraphCommand,
     },
     /// Ranks the parallel layouts (dp, tp, pp, ZeRO, micro-batches, recompute) of a run
-    /// config's model on N devices by predicted step time and memory (docs/plan.md).
+    /// config's model on N devices by predicted step time and memory (docs/plan.md); `weft
+    /// plan calibrate` measures this machine for `--device-spec local`.
     Plan(plan::PlanArgs),
     /// Checks that parts of the system work on this machine or cluster.
     Check {

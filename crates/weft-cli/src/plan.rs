@@ -13,16 +13,20 @@ use crate::print_out;
 use crate::train::ConfigArgs;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct PlanArgs {
+    #[command(subcommand)]
+    what: Option<PlanCommand>,
     #[command(flatten)]
     config: ConfigArgs,
     /// Devices the job has.
-    #[arg(long)]
-    devices: usize,
+    #[arg(long, required = true)]
+    devices: Option<usize>,
     /// A cluster.toml describing the devices and their links (docs/plan.md).
     #[arg(long, value_name = "PATH", conflicts_with = "device_spec")]
     cluster: Option<PathBuf>,
-    /// A built-in device spec: h100-sxm-80gb (the default), h200-sxm-141gb, a100-sxm-80gb.
+    /// A device spec: h100-sxm-80gb (the default), h200-sxm-141gb, a100-sxm-80gb, or local
+    /// (this machine as `weft plan calibrate` measured it).
     #[arg(long, value_name = "NAME")]
     device_spec: Option<String>,
     /// Rows per optimizer step (default: data.batch_size x train.grad_accum).
@@ -36,25 +40,36 @@ pub struct PlanArgs {
     json: bool,
 }
 
+#[derive(clap::Subcommand)]
+enum PlanCommand {
+    /// Measures this machine (matrix products, attention and memory-bound kernels at the
+    /// model's shapes; the all-reduce between N local ranks) and keeps it as the `local`
+    /// device spec in weft's cache folder.
+    Calibrate(crate::calibrate::CalibrateArgs),
+}
+
 pub fn run(args: &PlanArgs) -> Result<(), String> {
+    if let Some(PlanCommand::Calibrate(c)) = &args.what {
+        return crate::calibrate::run(c);
+    }
+    let devices = args.devices.ok_or("--devices N is required")?;
     let config = args.config.load()?;
     let work = weft_train::plan_shape::workload(&config, args.global_batch)?;
     let device = match (&args.cluster, &args.device_spec) {
-        (Some(path), _) => weft_plan::cluster::load(path),
-        (None, Some(name)) => DeviceSpec::builtin(name),
-        (None, None) => DeviceSpec::builtin("h100-sxm-80gb"),
-    }
-    .map_err(|e| e.to_string())?;
+        (Some(path), _) => weft_plan::cluster::load(path).map_err(|e| e.to_string())?,
+        (None, Some(name)) => weft_train::plan_shape::device_spec(name)?,
+        (None, None) => DeviceSpec::builtin("h100-sxm-80gb").map_err(|e| e.to_string())?,
+    };
     let start = Instant::now();
     let options = SearchOptions {
         keep_infeasible: args.top,
     };
-    let report = weft_plan::plan(&work, &device, args.devices, options).map_err(|e| e.to_string())?;
+    let report = weft_plan::plan(&work, &device, devices, options).map_err(|e| e.to_string())?;
     let seconds = start.elapsed().as_secs_f64();
     let text = if args.json {
-        json(&report, &work, &device, args.devices, args.top, seconds)
+        json(&report, &work, &device, devices, args.top, seconds)
     } else {
-        table(&report, &work, &device, args.devices, args.top, seconds)
+        table(&report, &work, &device, devices, args.top, seconds)
     };
     print_out(&text)
 }

@@ -118,6 +118,17 @@ impl Reader<'_> {
         Ok(v)
     }
 
+    /// An optional ratio in (0, 16] (attention's rate over the products': a causal kernel
+    /// that skips the masked half the FLOP count includes may exceed 1).
+    fn ratio(&self, t: &toml::Table, key: &str, default: f64) -> Result<f64> {
+        let field = format!("efficiency.{key}");
+        match self.number(t, key, &field)? {
+            None => Ok(default),
+            Some(v) if v > 0.0 && v <= 16.0 => Ok(v),
+            Some(v) => Err(self.bad(&field, format!("must be a ratio in (0, 16], got {v}"))),
+        }
+    }
+
     /// An optional fraction in `range` (lower bound exclusive when `open_low`).
     fn fraction(&self, t: &toml::Table, key: &str, default: f64, open_low: bool) -> Result<f64> {
         let field = format!("efficiency.{key}");
@@ -183,7 +194,7 @@ pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
             gemm: r.fraction(e, "gemm", efficiency.gemm, true)?,
             memory_bound: r.fraction(e, "memory_bound", efficiency.memory_bound, true)?,
             collective: r.fraction(e, "collective", efficiency.collective, true)?,
-            attention: r.fraction(e, "attention", efficiency.attention, true)?,
+            attention: r.ratio(e, "attention", efficiency.attention)?,
             memory_margin: r.fraction(e, "memory_margin", efficiency.memory_margin, false)?,
         };
     }

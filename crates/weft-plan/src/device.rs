@@ -18,8 +18,9 @@ pub struct Efficiency {
     /// Default 0.80, an assumption (`weft plan calibrate` measures the `local` spec's links,
     /// which then take 1.0).
     pub collective: f64,
-    /// Attention (`q k^T` and `p v`): achieved / the matrix products' achieved rate. Default
-    /// 1.0 (a fused kernel as fast as the products); `weft plan calibrate` measures it.
+    /// Attention (`q k^T` and `p v`, counted without the causal mask's savings): achieved /
+    /// the matrix products' achieved rate, in (0, 16] (above 1 where a causal kernel skips
+    /// the masked half). Default 1.0; `weft plan calibrate` measures it.
     pub attention: f64,
     /// Share of device memory a plan may not use (the CUDA context, allocator fragmentation,
     /// workspaces). Default 0.10.

@@ -1,7 +1,7 @@
 //! A run config as the parallel planner (`weft_plan`) sees it: the model's shapes, the global
 //! batch, the precision and the optimizer's state per parameter. Nothing is allocated.
 
-use weft_plan::{ModelKind, ModelShape, Precision, Workload};
+use weft_plan::{DeviceSpec, ModelKind, ModelShape, Precision, Workload};
 
 use crate::config::{DataConfig, ModelConfig, RunConfig};
 
@@ -68,4 +68,53 @@ pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workloa
         precision,
         optimizer_moments,
     })
+}
+
+/// The command that measures this machine for the `local` spec.
+pub const CALIBRATE_COMMAND: &str = "weft plan calibrate --nproc N";
+
+/// Where `weft plan calibrate` keeps this machine's calibration: `plan-local.toml` in weft's
+/// cache folder (`WEFT_CACHE_DIR`, else `$XDG_CACHE_HOME/weft`, else `~/.cache/weft`:
+/// [`weft_core::tune::cache_dir`]).
+pub fn calibration_path() -> std::path::PathBuf {
+    weft_core::tune::cache_dir().join("plan-local.toml")
+}
+
+/// The calibration at `path`: `Ok(None)` when there is none, an error when the file cannot be
+/// used (unreadable, broken, another format version).
+pub fn read_calibration(path: &std::path::Path) -> Result<Option<weft_plan::calibration::Calibration>, String> {
+    let text = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let text = String::from_utf8_lossy(&text);
+    weft_plan::calibration::Calibration::parse(&text, &path.display().to_string())
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// The `local` spec from this machine's calibration; without one (or with one that cannot be
+/// used), an error naming the command that measures it.
+pub fn local_spec() -> Result<DeviceSpec, String> {
+    let path = calibration_path();
+    match read_calibration(&path) {
+        Ok(Some(c)) => Ok(c.spec),
+        Ok(None) => Err(format!(
+            "the local device spec needs a calibration of this machine, and there is none yet ({} does not \
+             exist): run `{CALIBRATE_COMMAND}` with N the ranks you will train on",
+            path.display()
+        )),
+        Err(e) => Err(format!(
+            "the local device spec's calibration cannot be used ({e}): run `{CALIBRATE_COMMAND}` to measure again"
+        )),
+    }
+}
+
+/// A device spec by name: `local` (this machine's calibration) or a built-in one.
+pub fn device_spec(name: &str) -> Result<DeviceSpec, String> {
+    match name {
+        "local" => local_spec(),
+        _ => DeviceSpec::builtin(name).map_err(|e| format!("{e}, or local")),
+    }
 }

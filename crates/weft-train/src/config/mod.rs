@@ -201,6 +201,60 @@ pub struct ParallelConfig {
     /// Pipeline: blocks per stage, in stage order (overrides `balance`).
     #[serde(default)]
     pub stage_blocks: Option<Vec<usize>>,
+    /// Plans the layout at the start of the run (`weft_plan`, docs/plan.md) for the ranks the
+    /// job has, and runs the fastest predicted plan: its `dp`, `tp`, `pp`, `zero`,
+    /// `micro_batches`, `schedule`, `recompute`, `comm_dtype` and `stage_blocks` replace these
+    /// keys, which must then be left unset.
+    #[serde(default)]
+    pub auto: bool,
+    /// With `auto`: a cluster.toml of the devices to plan for (default: the `local` spec that
+    /// `weft plan calibrate` measured on this machine).
+    #[serde(default)]
+    pub cluster: Option<PathBuf>,
+}
+
+/// The `[parallel]` keys a plan chooses, refused next to `auto = true`.
+pub const PLANNED_KEYS: [&str; 10] = [
+    "dp",
+    "tp",
+    "pp",
+    "zero",
+    "micro_batches",
+    "schedule",
+    "recompute",
+    "comm_dtype",
+    "stage_blocks",
+    "balance",
+];
+
+/// Refuses `[parallel] auto = true` next to keys the plan chooses (naming them), and
+/// `cluster` without `auto`.
+fn check_auto(table: &toml::Table, source: &str) -> Result<()> {
+    let Some(toml::Value::Table(p)) = table.get("parallel") else {
+        return Ok(());
+    };
+    let auto = matches!(p.get("auto"), Some(toml::Value::Boolean(true)));
+    if auto {
+        let given: Vec<String> = PLANNED_KEYS
+            .iter()
+            .filter(|k| p.contains_key(**k))
+            .map(|k| format!("parallel.{k}"))
+            .collect();
+        if !given.is_empty() {
+            return Err(Error::Config(format!(
+                "{source}: parallel.auto = true chooses the layout, but {} {} given too; remove {} or set \
+                 parallel.auto = false",
+                given.join(", "),
+                if given.len() == 1 { "is" } else { "are" },
+                if given.len() == 1 { "it" } else { "them" },
+            )));
+        }
+    } else if p.contains_key("cluster") {
+        return Err(Error::Config(format!(
+            "{source}: parallel.cluster: applies with parallel.auto = true only"
+        )));
+    }
+    Ok(())
 }
 
 fn default_balance() -> String {
@@ -240,6 +294,8 @@ impl Default for ParallelConfig {
             recompute: false,
             balance: default_balance(),
             stage_blocks: None,
+            auto: false,
+            cluster: None,
         }
     }
 }
@@ -264,6 +320,7 @@ impl RunConfig {
         })?;
         overrides.apply(&mut table)?;
         model_from_hf_folder(&mut table, source, &base_dir)?;
+        check_auto(&table, source)?;
         let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let path = e.path().to_string();
             // the deserializer appends "in `section`" on a second line; the path already says it
@@ -285,7 +342,7 @@ impl RunConfig {
         }
     }
 
-    fn validate(&self, source: &str) -> Result<()> {
+    pub(crate) fn validate(&self, source: &str) -> Result<()> {
         let bad = |key: &str, msg: String| Err(Error::Config(format!("{source}: {key}: {msg}")));
         let o = &self.optim;
         if !["sgd", "adam", "adamw"].contains(&o.kind.as_str()) {

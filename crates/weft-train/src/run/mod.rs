@@ -2,6 +2,7 @@
 //! callbacks, checks what the run will need before its first step, resumes if asked, trains,
 //! and (for gpt on text) prints a sample.
 
+mod auto;
 mod build;
 mod data;
 mod graph;
@@ -103,6 +104,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         crate::stop::install().map_err(|e| Error::Run(format!("cannot install the signal handlers: {e}")))?;
     }
     let job = job_shape()?;
+    let planned = match config.parallel.auto {
+        true => Some(auto::plan(config, job.ranks)?),
+        false => None,
+    };
+    let config = planned.as_ref().map_or(config, |p| &p.config);
     let dp_from_job = config.parallel.dp == 0;
     let resolved = with_job_dp(config, &job)?;
     let config = &resolved;
@@ -110,6 +116,9 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     let p = &config.parallel;
     let device = rank_device(config, &job)?;
     let group = join_job(config, &job)?;
+    if let (Some(g), Some(p)) = (&group, &planned) {
+        auto::agree_on_plan(g, p.fingerprint)?;
+    }
     // refuse what cannot fit before allocating any of it (the ranks read the free memory at
     // different moments: they agree, so that none goes on alone)
     let fits = crate::memory::check(config, job.local_ranks);
@@ -117,6 +126,9 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     let rank = group.as_ref().map_or(0, |g| g.rank());
     // rank 0 logs, shows progress and samples for the whole job
     let logs = rank == 0;
+    if let (true, Some(p)) = (logs, &planned) {
+        weft_core::errln!("{}", p.line);
+    }
     if logs && job.ranks > 1 {
         let from = if dp_from_job {
             " (dp: the job's ranks / (tp x pp))"
