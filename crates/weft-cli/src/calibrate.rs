@@ -12,6 +12,10 @@
 //! - the ring all-reduce between the ranks at 4 KiB and 4 MiB, fitted to `2 (n-1) a + 2 (n-1)/n
 //!   x bytes / B` for its latency `a` and bandwidth `B` (weft_dist::bench).
 //!
+//! The rates are those of one rank computing alone; the products are then measured on every
+//! rank at once, and where that is slower (ranks sharing cores) the spec's `shared_compute` is
+//! the ranks that compute at the full rate together (`ranks x together / alone`).
+//!
 //! The spec: `devices_per_node` = the ranks, `memory_bytes` = this machine's available memory
 //! divided by them, every efficiency 1.0 (attention's the measured fraction), the measured
 //! rates as the peaks. Every measurement has a budget (`--budget-ms`), so the whole takes
@@ -147,7 +151,7 @@ fn summary(c: &Calibration, path: &std::path::Path) -> String {
     format!(
         "local: {} ranks ({}), measured in {:.1} s, written to {}\n  gemm f32 {:.2} GFLOP/s, bf16 {:.2} GFLOP/s, \
          attention {:.2} of gemm, memory-bound {:.2} GB/s, all-reduce latency {:.1} us and bandwidth {:.2} GB/s, \
-         memory {:.2} GB per rank\n",
+         memory {:.2} GB per rank, ranks computing at once {}\n",
         c.ranks,
         c.machine,
         c.measure_seconds,
@@ -158,7 +162,9 @@ fn summary(c: &Calibration, path: &std::path::Path) -> String {
         s.memory_bandwidth / 1e9,
         s.intra_latency * 1e6,
         s.intra_bandwidth / 1e9,
-        s.memory_bytes / 1e9
+        s.memory_bytes / 1e9,
+        s.shared_compute
+            .map_or(format!("{} (own compute)", c.ranks), |k| format!("{k:.2}"))
     )
 }
 
@@ -176,8 +182,8 @@ fn max_over(pg: Option<&weft_dist::ProcessGroup>, x: f64) -> Result<f64, String>
     Ok(t.to_vec::<f64>().map_err(|e| e.to_string())?[0])
 }
 
-/// Median seconds of `f` on the slowest rank, every rank running the same number of calls
-/// (about `budget`, 3 to 200) at the same time.
+/// Mean seconds of a call of `f` on the slowest rank, every rank running the same number of
+/// calls (about `budget`, 3 to 200) at the same time.
 fn timed(
     pg: Option<&weft_dist::ProcessGroup>,
     budget: Duration,
@@ -187,14 +193,13 @@ fn timed(
     f().map_err(|e| e.to_string())?;
     let once = max_over(pg, t0.elapsed().as_secs_f64())?;
     let calls = ((budget.as_secs_f64() / once.max(1e-9)) as usize).clamp(3, 200);
-    let mut times = Vec::with_capacity(calls);
+    // the mean over the calls, not the median of each: ranks sharing cores are descheduled
+    // for whole time slices, which a call's median would leave out
+    let t = Instant::now();
     for _ in 0..calls {
-        let t = Instant::now();
         f().map_err(|e| e.to_string())?;
-        times.push(t.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    max_over(pg, times[calls / 2])
+    max_over(pg, t.elapsed().as_secs_f64() / calls as f64)
 }
 
 /// FLOP/s of a block's and the output layer's products (forward `x w`, backward `dy w^T` and
@@ -302,22 +307,34 @@ fn worker(shapes: Shapes, budget_ms: u64) -> Result<(), String> {
         _ => Some(weft_dist::init().map_err(|e| e.to_string())?),
     };
     let pg = group.as_ref();
-    let f32_rate = gemm_rate(pg, shapes, DType::F32, budget)?.unwrap_or(1.0);
-    let bf16_rate = gemm_rate(pg, shapes, DType::BF16, budget)?;
-    let attention = attention_rate(pg, shapes, budget)?;
-    let memory = memory_rate(pg, shapes, budget)?;
+    // the rates of one rank computing alone (the others wait), then of every rank at once:
+    // their ratio is how many ranks compute at the full rate together
+    let alone = if env.rank == 0 {
+        Some((
+            gemm_rate(None, shapes, DType::F32, budget)?.unwrap_or(1.0),
+            gemm_rate(None, shapes, DType::BF16, budget)?,
+            attention_rate(None, shapes, budget)?,
+            memory_rate(None, shapes, budget)?,
+        ))
+    } else {
+        None
+    };
+    max_over(pg, 0.0)?;
+    let together = gemm_rate(pg, shapes, DType::F32, budget)?.unwrap_or(1.0);
     let (latency, bandwidth) = match pg {
         Some(g) => collective_link(g, budget)?,
-        None => (0.0, memory),
+        None => (0.0, alone.map_or(1e9, |a| a.3)),
     };
-    if env.rank != 0 {
+    let Some((f32_rate, bf16_rate, attention, memory)) = alone else {
         return Ok(());
-    }
+    };
     let ranks = env.world_size;
+    let shared = (ranks as f64 * together / f32_rate).clamp(1.0, ranks as f64);
     let available = weft_core::memory::available()
         .ok_or("this machine does not say how much memory it has available (/proc/meminfo)")?;
     let mut measured = vec![
         ("gemm_f32_flops".to_string(), f32_rate),
+        ("gemm_f32_all_ranks_flops".to_string(), together),
         ("attention_f32_flops".to_string(), attention),
         ("memory_bound_bytes_per_s".to_string(), memory),
         ("all_reduce_latency_s".to_string(), latency),
@@ -339,6 +356,7 @@ fn worker(shapes: Shapes, budget_ms: u64) -> Result<(), String> {
         intra_latency: latency,
         inter_bandwidth: bandwidth,
         inter_latency: latency,
+        shared_compute: (shared < ranks as f64 - 0.5).then_some(shared),
         efficiency: Efficiency {
             gemm: 1.0,
             memory_bound: 1.0,

@@ -56,6 +56,9 @@ fn spec_table(d: &DeviceSpec) -> toml::Table {
     );
     t.insert("memory_bytes".into(), num(d.memory_bytes));
     t.insert("memory_bandwidth".into(), num(d.memory_bandwidth));
+    if let Some(k) = d.shared_compute {
+        t.insert("shared_compute".into(), num(k));
+    }
     t.insert("flops".into(), sub(&[("bf16", d.flops_bf16), ("f32", d.flops_f32)]));
     t.insert(
         "intra_node".into(),
@@ -180,6 +183,7 @@ mod tests {
                 intra_latency: 3.5e-5,
                 inter_bandwidth: 1.25e9,
                 inter_latency: 3.5e-5,
+                shared_compute: Some(2.0),
                 efficiency: Efficiency {
                     gemm: 1.0,
                     memory_bound: 1.0,

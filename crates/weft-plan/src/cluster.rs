@@ -5,6 +5,8 @@
 //! devices_per_node = 8
 //! memory_bytes = 80e9        # bytes per device
 //! memory_bandwidth = 3.35e12 # bytes/s
+//! shared_compute = 2          # optional: devices of a node that compute at once (CPU ranks
+//!                             # sharing cores); absent: each device computes on its own
 //!
 //! [flops]                    # peak FLOP/s by dtype
 //! bf16 = 989.5e12
@@ -33,8 +35,9 @@
 use crate::device::{DeviceSpec, Efficiency};
 use crate::error::{Error, Result};
 
-const TOP: [&str; 8] = [
+const TOP: [&str; 9] = [
     "name",
+    "shared_compute",
     "devices_per_node",
     "memory_bytes",
     "memory_bandwidth",
@@ -209,6 +212,16 @@ pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
         intra_latency: r.latency(intra, "intra_node.latency")?,
         inter_bandwidth: r.positive(inter, "bandwidth", "inter_node.bandwidth")?,
         inter_latency: r.latency(inter, "inter_node.latency")?,
+        shared_compute: match r.number(top, "shared_compute", "shared_compute")? {
+            None => None,
+            Some(v) if v.is_finite() && v >= 1.0 && v <= per_node as f64 => Some(v),
+            Some(v) => {
+                return Err(r.bad(
+                    "shared_compute",
+                    format!("must be a number from 1 to devices_per_node ({per_node}), got {v}"),
+                ))
+            }
+        },
         efficiency,
     })
 }

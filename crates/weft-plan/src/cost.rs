@@ -19,6 +19,10 @@
 //!   the next one under the current one's compute.
 //! - The optimizer step: Adam reads parameters, gradients and two moments and writes three:
 //!   28 bytes per local parameter, memory-bound.
+//! - Devices that share compute ([`DeviceSpec::shared_compute`]: CPU ranks on fewer cores):
+//!   the step takes at least the node's ranks' compute (every stage's micro-batches on every
+//!   rank) divided by the devices that compute at once; a rank computing alone (a pipeline's
+//!   fill and drain) runs at the full rate.
 
 use crate::device::DeviceSpec;
 use crate::layout::Layout;
@@ -184,6 +188,15 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
         let local = if zero >= 1 { p / dp as f64 } else { p };
         optimizer = optimizer.max(28.0 * local / hbm);
     }
+    // devices that share compute: the node's ranks' work at most `shared_compute` at a time
+    let mut pipeline = pipeline;
+    if let Some(k) = device.shared_compute {
+        let devices = (dp * tp * pp) as f64;
+        let per_node = devices.min(device.devices_per_node as f64);
+        let busy: f64 = stages.iter().sum::<f64>() * layout.micro_batches as f64 * (dp * tp) as f64;
+        pipeline = pipeline.max(busy * per_node / devices / k);
+        optimizer *= (per_node / k).max(1.0);
+    }
     StepTime {
         step: pipeline + exposed + optimizer,
         pipeline,
@@ -224,6 +237,43 @@ mod tests {
             precision: Precision::Bf16,
             optimizer_moments: 2,
         }
+    }
+
+    #[test]
+    fn ranks_that_share_compute_take_turns() {
+        let w = work();
+        let d = DeviceSpec {
+            devices_per_node: 4,
+            ..DeviceSpec::builtin("h100-sxm-80gb").unwrap()
+        };
+        let shared = DeviceSpec {
+            shared_compute: Some(2.0),
+            ..d.clone()
+        };
+        let layout = |dp, pp, m| Layout {
+            dp,
+            tp: 1,
+            pp,
+            zero: 0,
+            micro_batches: m,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![12 / pp; pp],
+        };
+        // four data-parallel ranks on two devices' worth of compute: twice the compute
+        let (own, two) = (
+            step_time(&w, &d, &layout(4, 1, 1)),
+            step_time(&w, &shared, &layout(4, 1, 1)),
+        );
+        let compute = |t: &StepTime| t.pipeline + t.optimizer;
+        assert!((compute(&two) / compute(&own) - 2.0).abs() < 1e-9, "{two:?} {own:?}");
+        // one micro-batch through four stages: one rank computes at a time, at the full rate
+        let (own, two) = (
+            step_time(&w, &d, &layout(1, 4, 1)),
+            step_time(&w, &shared, &layout(1, 4, 1)),
+        );
+        assert_eq!(own.pipeline, two.pipeline);
     }
 
     #[test]

@@ -61,6 +61,11 @@ pub struct DeviceSpec {
     pub inter_bandwidth: f64,
     /// Inter-node latency per collective step, seconds.
     pub inter_latency: f64,
+    /// Devices of a node that compute at their full rate at the same time, when they share
+    /// compute (CPU ranks on fewer cores than ranks: the cores divided by each rank's threads,
+    /// as `weft plan calibrate` measures it); `None` for devices with compute of their own.
+    /// The rates above are then those of one device computing alone.
+    pub shared_compute: Option<f64>,
     pub efficiency: Efficiency,
 }
 
@@ -109,6 +114,7 @@ impl DeviceSpec {
             intra_latency: 5e-6,
             inter_bandwidth: IB_400G_PER_GPU,
             inter_latency: 10e-6,
+            shared_compute: None,
             efficiency: Efficiency::default(),
         })
     }
