@@ -1,0 +1,239 @@
+//! `weft plan calibrate` and the `local` spec (the cache file written, read back, a broken one
+//! measured again; no calibration names the command), and `[parallel] auto = true`: a 2-rank
+//! job plans its layout, logs it and trains; a resume on 1 rank plans again and continues from
+//! the 2-rank checkpoint; `auto` next to `dp` is a config error naming the key.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{path_set, read_metrics, temp_dir, weft_bin, weft_command};
+
+/// The tiny gpt of these tests: 2 blocks, width 32, 16 positions.
+const TINY: [&str; 5] = [
+    "model.n_layer=2",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "model.block_size=16",
+    "data.batch_size=8",
+];
+
+fn sets(items: &[&str]) -> Vec<String> {
+    items
+        .iter()
+        .flat_map(|s| ["--set".to_string(), s.to_string()])
+        .collect()
+}
+
+/// `weft args...` with `WEFT_CACHE_DIR=cache`.
+fn weft_in(cache: &Path, args: &[String]) -> Output {
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    weft_command(&args)
+        .env("WEFT_CACHE_DIR", cache)
+        .output()
+        .expect("the weft binary runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Measures this machine for 2 ranks at the tiny gpt's shapes into `cache`.
+fn calibrate(cache: &Path) -> Output {
+    let mut args: Vec<String> = ["plan", "calibrate", "--nproc", "2", "--budget-ms", "20"]
+        .map(String::from)
+        .to_vec();
+    args.extend(sets(&TINY));
+    let out = weft_in(cache, &args);
+    assert!(out.status.success(), "calibrate: {}", stderr(&out));
+    out
+}
+
+fn calibration_file(cache: &Path) -> PathBuf {
+    cache.join("plan-local.toml")
+}
+
+#[test]
+fn calibration_is_written_read_back_and_rebuilt_when_broken() {
+    let dir = temp_dir("plan-calibrate");
+    let cache = dir.join("cache");
+    let out = calibrate(&cache);
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(summary.contains("local: 2 ranks"), "{summary}");
+    let text = std::fs::read_to_string(calibration_file(&cache)).unwrap();
+    let c = weft_plan::calibration::Calibration::parse(&text, "plan-local.toml").unwrap();
+    assert_eq!(
+        (c.ranks, c.spec.devices_per_node, c.spec.name.as_str()),
+        (2, 2, "local")
+    );
+    assert!(c.spec.flops_f32 > 1e6 && c.spec.memory_bandwidth > 1e6, "{c:?}");
+    assert!(c.spec.intra_bandwidth > 0.0 && c.spec.memory_bytes > 0.0, "{c:?}");
+    assert_eq!(
+        weft_plan::calibration::Calibration::parse(&c.to_toml(), "x").unwrap(),
+        c
+    );
+
+    // the planner uses it as --device-spec local
+    let mut plan: Vec<String> = ["plan", "--devices", "2", "--device-spec", "local", "--json"]
+        .map(String::from)
+        .to_vec();
+    plan.extend(sets(&TINY));
+    let out = weft_in(&cache, &plan);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["device"], "local");
+    assert!(!v["plans"].as_array().unwrap().is_empty(), "{v}");
+
+    // a broken file and one of another version are measured again, with a warning
+    for broken in [
+        "format = \"weft-plan-calibration\"\nversion = [",
+        &text.replace("version = 1", "version = 99"),
+    ] {
+        std::fs::write(calibration_file(&cache), broken).unwrap();
+        let out = calibrate(&cache);
+        let err = stderr(&out);
+        assert!(err.contains("warning: ignoring the calibration file"), "{err}");
+        let text = std::fs::read_to_string(calibration_file(&cache)).unwrap();
+        weft_plan::calibration::Calibration::parse(&text, "rebuilt").unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_local_spec_without_a_calibration_names_the_command() {
+    let dir = temp_dir("plan-no-calibration");
+    let args = ["plan", "--devices", "2", "--device-spec", "local"].map(String::from);
+    let out = weft_in(&dir, &args);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("there is none yet") && err.contains("`weft plan calibrate --nproc N`"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // and so does a run that plans itself
+    let mut train = vec!["train".to_string()];
+    train.extend(sets(&["parallel.auto=true", "train.steps=1"]));
+    let err = stderr(&weft_in(&dir, &train));
+    assert!(
+        err.contains("parallel.auto: ") && err.contains("weft plan calibrate --nproc N"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn auto_next_to_layout_keys_is_a_config_error_naming_them() {
+    let dir = temp_dir("plan-auto-dp");
+    let mut args = vec!["train".to_string()];
+    args.extend(sets(&["parallel.auto=true", "parallel.dp=2"]));
+    let out = weft_in(&dir, &args);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("parallel.auto = true chooses the layout, but parallel.dp is given too"),
+        "{err}"
+    );
+    args.extend(sets(&["parallel.pp=2"]));
+    let err = stderr(&weft_in(&dir, &args));
+    assert!(err.contains("parallel.dp, parallel.pp are given too"), "{err}");
+    let mut cluster = vec!["train".to_string()];
+    cluster.extend(sets(&["parallel.cluster=\"c.toml\""]));
+    let err = stderr(&weft_in(&dir, &cluster));
+    assert!(
+        err.contains("parallel.cluster: applies with parallel.auto = true only"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `dp tp pp` of the plan line a run logged.
+fn planned_layout(err: &str, ranks: usize) -> [usize; 3] {
+    let line = err
+        .lines()
+        .find(|l| l.contains(&format!("weft: parallel.auto: planned for {ranks} ranks on local: ")))
+        .unwrap_or_else(|| panic!("no plan line for {ranks} ranks in:\n{err}"));
+    let field = |key: &str| -> usize {
+        let (_, rest) = line.split_once(&format!(" {key} ")).unwrap();
+        rest.split(' ').next().unwrap().parse().unwrap()
+    };
+    for key in [
+        "zero",
+        "micro_batches",
+        "schedule",
+        "recompute",
+        "stage_blocks",
+        "predicted",
+        "MB per rank",
+    ] {
+        assert!(line.contains(key), "{key}: {line}");
+    }
+    [field("dp"), field("tp"), field("pp")]
+}
+
+#[test]
+fn an_auto_job_plans_trains_and_plans_again_on_fewer_ranks() {
+    let dir = temp_dir("plan-auto-job");
+    let cache = dir.join("cache");
+    calibrate(&cache);
+    let (ckpt, metrics) = (dir.join("ckpt"), dir.join("m.jsonl"));
+    let run = |steps: &str| {
+        let mut s = vec![
+            "parallel.auto=true".to_string(),
+            format!("train.steps={steps}"),
+            "train.log_every=1".into(),
+            "train.eval_every=0".into(),
+            "train.sample_tokens=0".into(),
+            "train.checkpoint_every=4".into(),
+            "train.overwrite=true".into(),
+            path_set("train.checkpoint_dir", &ckpt),
+            path_set("train.metrics", &metrics),
+        ];
+        s.extend(TINY.iter().map(|x| x.to_string()));
+        s
+    };
+    let bin = weft_bin().display().to_string();
+    let mut args: Vec<String> = ["launch", "--nproc-per-node", "2", "--stop-timeout", "5", "--"]
+        .map(String::from)
+        .to_vec();
+    args.extend([bin, "train".into(), "--quiet".into(), "--resume".into()]);
+    for s in run("8") {
+        args.extend(["--set".into(), s]);
+    }
+    let out = weft_in(&cache, &args);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let [dp, tp, pp] = planned_layout(&err, 2);
+    assert_eq!(dp * tp * pp, 2, "{err}");
+    let losses: Vec<f64> = read_metrics(&metrics)
+        .iter()
+        .filter_map(|r| r["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 8, "{losses:?}");
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+
+    // the same run resumed on one rank: planned again for 1, from the 2-rank checkpoint of step 8
+    let mut one = vec!["train".to_string(), "--quiet".into(), "--resume".into()];
+    for s in run("12") {
+        one.extend(["--set".into(), s]);
+    }
+    let out = weft_in(&cache, &one);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(planned_layout(&err, 1), [1, 1, 1]);
+    let steps: Vec<(u64, f64)> = read_metrics(&metrics)
+        .iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].as_f64()?)))
+        .collect();
+    // the metrics file goes on after the 2-rank run's 8 steps: 9 to 12, each once
+    let numbers: Vec<u64> = steps.iter().map(|s| s.0).collect();
+    assert_eq!(
+        numbers,
+        (1..=12).collect::<Vec<u64>>(),
+        "resumed after step 8: {steps:?}"
+    );
+    assert_eq!(steps[..8].iter().map(|s| s.1).collect::<Vec<_>>(), losses);
+    assert!(steps.iter().all(|s| s.1.is_finite()), "{steps:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
