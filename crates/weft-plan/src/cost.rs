@@ -21,7 +21,9 @@
 //!   28 bytes per local parameter, memory-bound.
 //! - Devices that share compute ([`DeviceSpec::shared_compute`]: CPU ranks on fewer cores):
 //!   the step takes at least the node's ranks' compute (every stage's micro-batches on every
-//!   rank) divided by the devices that compute at once; a rank computing alone (a pipeline's
+//!   rank, communication left out: a rank waiting on it takes no core) divided by the devices
+//!   that compute at once, plus the tensor-parallel collectives and pipeline sends of the
+//!   stage that communicates most, once per micro-batch; a rank computing alone (a pipeline's
 //!   fill and drain) runs at the full rate.
 
 use crate::device::DeviceSpec;
@@ -193,8 +195,25 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
     if let Some(k) = device.shared_compute {
         let devices = (dp * tp * pp) as f64;
         let per_node = devices.min(device.devices_per_node as f64);
-        let busy: f64 = stages.iter().sum::<f64>() * layout.micro_batches as f64 * (dp * tp) as f64;
-        pipeline = pipeline.max(busy * per_node / devices / k);
+        // compute only: waiting on a collective or a send takes no core
+        let no_comm = DeviceSpec {
+            intra_bandwidth: f64::INFINITY,
+            intra_latency: 0.0,
+            inter_bandwidth: f64::INFINITY,
+            inter_latency: 0.0,
+            ..device.clone()
+        };
+        let uc = unit_times(work, &no_comm, tp, dp, pp, rows);
+        let (mut compute, mut comm) = (0.0, 0.0f64);
+        for (s, &with_comm) in stages.iter().enumerate() {
+            let c = stage_time(&uc, layout.stage_blocks[s], s == 0, s + 1 == pp, layout.recompute);
+            compute += c;
+            comm = comm.max(with_comm - c);
+        }
+        let m = layout.micro_batches as f64;
+        let busy = compute * m * (dp * tp) as f64;
+        // on shared cores a rank's collectives and sends do not hide under the others' compute
+        pipeline = pipeline.max(busy * per_node / devices / k + m * comm);
         optimizer *= (per_node / k).max(1.0);
     }
     StepTime {
