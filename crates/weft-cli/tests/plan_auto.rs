@@ -1,12 +1,16 @@
 //! `weft plan calibrate` and the `local` spec (the cache file written, read back, a broken one
 //! measured again; no calibration names the command), and `[parallel] auto = true`: a 2-rank
 //! job plans its layout, logs it and trains; a resume on 1 rank plans again and continues from
-//! the 2-rank checkpoint; `auto` next to `dp` is a config error naming the key.
+//! the 2-rank checkpoint; a 4-rank job that loses a node plans again for 2 and follows the curve
+//! of a fresh 2-rank run from the same checkpoint; `auto` next to `dp` is a config error naming
+//! the key.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{path_set, read_metrics, temp_dir, weft_bin, weft_command};
 
@@ -41,7 +45,12 @@ fn stderr(out: &Output) -> String {
 
 /// Measures this machine for 2 ranks at the tiny gpt's shapes into `cache`.
 fn calibrate(cache: &Path) -> Output {
-    let mut args: Vec<String> = ["plan", "calibrate", "--nproc", "2", "--budget-ms", "20"]
+    calibrate_for(cache, 2)
+}
+
+fn calibrate_for(cache: &Path, ranks: usize) -> Output {
+    let n = ranks.to_string();
+    let mut args: Vec<String> = ["plan", "calibrate", "--nproc", &n, "--budget-ms", "20"]
         .map(String::from)
         .to_vec();
     args.extend(sets(&TINY));
@@ -235,5 +244,131 @@ fn an_auto_job_plans_trains_and_plans_again_on_fewer_ranks() {
     );
     assert_eq!(steps[..8].iter().map(|s| s.1).collect::<Vec<_>>(), losses);
     assert!(steps.iter().all(|s| s.1.is_finite()), "{steps:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Step -> loss of the last record of each step.
+fn last_losses(metrics: &Path) -> BTreeMap<u64, f64> {
+    read_metrics(metrics)
+        .into_iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].as_f64()?)))
+        .collect()
+}
+
+/// `train --quiet --resume` of the tiny gpt planning itself: 200 steps, a checkpoint every 10.
+fn elastic_run(ckpt: &Path, metrics: &Path) -> Vec<String> {
+    let mut a: Vec<String> = ["train", "--quiet", "--resume"].map(String::from).to_vec();
+    let mut s: Vec<String> = [
+        "parallel.auto=true",
+        "train.steps=200",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.sample_tokens=0",
+        "train.checkpoint_every=10",
+        "train.keep_checkpoints=100",
+    ]
+    .map(String::from)
+    .to_vec();
+    s.extend(TINY.iter().map(|x| x.to_string()));
+    s.extend([
+        path_set("train.checkpoint_dir", ckpt),
+        path_set("train.metrics", metrics),
+    ]);
+    for x in s {
+        a.extend(["--set".into(), x]);
+    }
+    a
+}
+
+#[test]
+fn an_auto_job_that_loses_a_node_plans_again_and_follows_a_fresh_run() {
+    let dir = temp_dir("plan-auto-elastic");
+    let cache = dir.join("cache");
+    calibrate_for(&cache, 4);
+    let (ckpt, metrics) = (dir.join("ckpt"), dir.join("shrunk.jsonl"));
+    let bin = weft_bin();
+    let port = common::free_port().to_string();
+    // two "nodes" of 2 ranks on this machine over TCP (as tests/elastic.rs); node 1 is lost
+    // once step 25 is logged, after the checkpoint of step 20 (or a later one)
+    let node = |rank: &str, stderr: Stdio| -> std::process::Child {
+        std::process::Command::new(&bin)
+            .args([
+                "launch",
+                "--nnodes",
+                "1:2",
+                "--node-rank",
+                rank,
+                "--nproc-per-node",
+                "2",
+            ])
+            .args(["--master-port", &port, "--max-restarts", "1", "--rdzv-last-call", "5"])
+            .args(["--stop-timeout", "2", "--"])
+            .arg(&bin)
+            .args(elastic_run(&ckpt, &metrics))
+            .env("WEFT_JOB_TOKEN", "tok-plan-auto-elastic")
+            .env("WEFT_SHM", "0")
+            .env("WEFT_DIST_TIMEOUT", "30")
+            .env("WEFT_NUM_THREADS", "1")
+            .env("WEFT_CACHE_DIR", &cache)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
+    };
+    // an elastic rendezvous numbers the nodes as they join: either may hold rank 0
+    let (log_a, log_b) = (dir.join("a.err"), dir.join("b.err"));
+    let file = |p: &Path| Stdio::from(std::fs::File::create(p).unwrap());
+    let mut a = node("0", file(&log_a));
+    let mut b = node("1", file(&log_b));
+    let start = Instant::now();
+    while !common::wait_for(0, || common::last_logged_step(&metrics) >= 25) {
+        assert!(start.elapsed() < Duration::from_secs(240), "step 25 never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let status = a.wait().unwrap();
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let err = format!("{}{}", read(&log_b), read(&log_a));
+    assert!(status.success(), "the node left did not finish the job:\n{err}");
+    let [dp, tp, pp] = planned_layout(&err, 4);
+    assert_eq!(dp * tp * pp, 4, "{err}");
+    let [dp, tp, pp] = planned_layout(&err, 2);
+    assert_eq!(dp * tp * pp, 2, "{err}");
+    let resumed: u64 = err
+        .split_once("resuming after step ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no resume in:\n{err}"));
+    assert!((20..200).contains(&resumed), "{err}");
+
+    // a fresh 2-rank job from that checkpoint alone
+    let fresh = dir.join("fresh");
+    let name = format!("step-{resumed:08}");
+    let (from, copy) = (ckpt.join(&name), fresh.join("ckpt").join(&name));
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir(&from).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let fresh_metrics = fresh.join("m.jsonl");
+    let mut args: Vec<String> = ["launch", "--nproc-per-node", "2", "--stop-timeout", "5", "--"]
+        .map(String::from)
+        .to_vec();
+    args.push(bin.display().to_string());
+    args.extend(elastic_run(&fresh.join("ckpt"), &fresh_metrics));
+    let out = weft_in(&cache, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (shrunk, fresh) = (last_losses(&metrics), last_losses(&fresh_metrics));
+    assert_eq!(
+        fresh.keys().copied().collect::<Vec<_>>(),
+        (resumed + 1..=200).collect::<Vec<u64>>()
+    );
+    for (step, loss) in &fresh {
+        let other = shrunk[step];
+        assert!(
+            loss.is_finite() && (loss - other).abs() <= 1e-5 * loss.abs(),
+            "step {step}: {loss} vs {other}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
