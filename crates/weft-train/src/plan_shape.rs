@@ -118,3 +118,47 @@ pub fn device_spec(name: &str) -> Result<DeviceSpec, String> {
         _ => DeviceSpec::builtin(name).map_err(|e| format!("{e}, or local")),
     }
 }
+
+/// The `[parallel]` keys a plan chooses, refused next to `auto = true`.
+pub const PLANNED_KEYS: [&str; 10] = [
+    "dp",
+    "tp",
+    "pp",
+    "zero",
+    "micro_batches",
+    "schedule",
+    "recompute",
+    "comm_dtype",
+    "stage_blocks",
+    "balance",
+];
+
+/// Refuses `[parallel] auto = true` next to keys the plan chooses (naming them), and
+/// `cluster` without `auto`.
+pub(crate) fn check_auto(table: &toml::Table, source: &str) -> crate::error::Result<()> {
+    let Some(toml::Value::Table(p)) = table.get("parallel") else {
+        return Ok(());
+    };
+    let auto = matches!(p.get("auto"), Some(toml::Value::Boolean(true)));
+    if auto {
+        let given: Vec<String> = PLANNED_KEYS
+            .iter()
+            .filter(|k| p.contains_key(**k))
+            .map(|k| format!("parallel.{k}"))
+            .collect();
+        if !given.is_empty() {
+            return Err(crate::error::Error::Config(format!(
+                "{source}: parallel.auto = true chooses the layout, but {} {} given too; remove {} or set \
+                 parallel.auto = false",
+                given.join(", "),
+                if given.len() == 1 { "is" } else { "are" },
+                if given.len() == 1 { "it" } else { "them" },
+            )));
+        }
+    } else if p.contains_key("cluster") {
+        return Err(crate::error::Error::Config(format!(
+            "{source}: parallel.cluster: applies with parallel.auto = true only"
+        )));
+    }
+    Ok(())
+}

@@ -213,50 +213,6 @@ pub struct ParallelConfig {
     pub cluster: Option<PathBuf>,
 }
 
-/// The `[parallel]` keys a plan chooses, refused next to `auto = true`.
-pub const PLANNED_KEYS: [&str; 10] = [
-    "dp",
-    "tp",
-    "pp",
-    "zero",
-    "micro_batches",
-    "schedule",
-    "recompute",
-    "comm_dtype",
-    "stage_blocks",
-    "balance",
-];
-
-/// Refuses `[parallel] auto = true` next to keys the plan chooses (naming them), and
-/// `cluster` without `auto`.
-fn check_auto(table: &toml::Table, source: &str) -> Result<()> {
-    let Some(toml::Value::Table(p)) = table.get("parallel") else {
-        return Ok(());
-    };
-    let auto = matches!(p.get("auto"), Some(toml::Value::Boolean(true)));
-    if auto {
-        let given: Vec<String> = PLANNED_KEYS
-            .iter()
-            .filter(|k| p.contains_key(**k))
-            .map(|k| format!("parallel.{k}"))
-            .collect();
-        if !given.is_empty() {
-            return Err(Error::Config(format!(
-                "{source}: parallel.auto = true chooses the layout, but {} {} given too; remove {} or set \
-                 parallel.auto = false",
-                given.join(", "),
-                if given.len() == 1 { "is" } else { "are" },
-                if given.len() == 1 { "it" } else { "them" },
-            )));
-        }
-    } else if p.contains_key("cluster") {
-        return Err(Error::Config(format!(
-            "{source}: parallel.cluster: applies with parallel.auto = true only"
-        )));
-    }
-    Ok(())
-}
-
 fn default_balance() -> String {
     "blocks".into()
 }
@@ -320,7 +276,7 @@ impl RunConfig {
         })?;
         overrides.apply(&mut table)?;
         model_from_hf_folder(&mut table, source, &base_dir)?;
-        check_auto(&table, source)?;
+        crate::plan_shape::check_auto(&table, source)?;
         let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let path = e.path().to_string();
             // the deserializer appends "in `section`" on a second line; the path already says it
