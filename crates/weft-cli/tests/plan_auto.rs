@@ -339,7 +339,9 @@ fn an_auto_job_that_loses_a_node_plans_again_and_follows_a_fresh_run() {
         .split_once("resuming after step ")
         .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
         .unwrap_or_else(|| panic!("no resume in:\n{err}"));
-    assert!((20..200).contains(&resumed), "{err}");
+    // a checkpoint every 10 steps: the newest one every rank had finished writing when the node
+    // went (step 10 or 20 when it goes after step 25; a slow build may not have finished 20)
+    assert!((10..200).contains(&resumed), "{err}");
 
     // a fresh 2-rank job from that checkpoint alone
     let fresh = dir.join("fresh");
