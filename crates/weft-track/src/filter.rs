@@ -1,0 +1,271 @@
+//! `weft runs list --filter EXPR`: comparisons joined by `and`, e.g.
+//! `optim.lr < 1e-3 and status = 'finished' and metrics.loss <= 2.5 and tags.team != "x"`.
+//!
+//! A key is a param (`optim.lr`), `metrics.<key>` (the metric's last value), `tags.<key>`,
+//! `status`, `name`, `experiment` or `id`. Operators: `=` (or `==`), `!=`, `<`, `<=`, `>`, `>=`.
+//! A value is a number or a quoted string (`'...'` or `"..."`). A number compares with the
+//! key's value read as a number; a run where the key is missing (or not a number) does not
+//! match.
+
+use std::cmp::Ordering;
+
+use crate::error::{Error, Result};
+use crate::RunSummary;
+
+/// A parsed filter: every comparison must hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filter {
+    terms: Vec<Term>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Term {
+    key: String,
+    op: Op,
+    value: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// A value a key is compared with or sorted by.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Number(f64),
+    Text(String),
+}
+
+fn err(expr: &str, at: usize, expected: &str) -> Error {
+    let found = expr[at..].split_whitespace().next().unwrap_or("the end");
+    Error::Filter(format!(
+        "--filter: at character {}: expected {expected}, found {found:?} (in {expr:?})",
+        at + 1
+    ))
+}
+
+impl Filter {
+    /// Parses `expr`; an error says at which character and what was expected.
+    pub fn parse(expr: &str) -> Result<Filter> {
+        let b = expr.as_bytes();
+        let mut i = 0;
+        let skip = |i: &mut usize| {
+            while *i < b.len() && b[*i].is_ascii_whitespace() {
+                *i += 1;
+            }
+        };
+        let mut terms = Vec::new();
+        loop {
+            skip(&mut i);
+            let start = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b"_.-/".contains(&b[i])) {
+                i += 1;
+            }
+            if i == start {
+                return Err(err(
+                    expr,
+                    start,
+                    "a key (a param such as optim.lr, metrics.<key>, tags.<key>, status)",
+                ));
+            }
+            let key = expr[start..i].to_string();
+            skip(&mut i);
+            let ops: [(&str, Op); 7] = [
+                ("==", Op::Eq),
+                ("!=", Op::Ne),
+                ("<=", Op::Le),
+                (">=", Op::Ge),
+                ("=", Op::Eq),
+                ("<", Op::Lt),
+                (">", Op::Gt),
+            ];
+            let Some((text, op)) = ops.iter().find(|(t, _)| expr[i..].starts_with(t)) else {
+                return Err(err(expr, i, "an operator (= != < <= > >=)"));
+            };
+            i += text.len();
+            skip(&mut i);
+            let value = match b.get(i) {
+                Some(&q @ (b'\'' | b'"')) => {
+                    let end = expr[i + 1..]
+                        .find(q as char)
+                        .ok_or_else(|| err(expr, i, "a closing quote"))?;
+                    let s = expr[i + 1..i + 1 + end].to_string();
+                    i += end + 2;
+                    Value::Text(s)
+                }
+                _ => {
+                    let start = i;
+                    while i < b.len() && !b[i].is_ascii_whitespace() {
+                        i += 1;
+                    }
+                    match expr[start..i].parse::<f64>() {
+                        Ok(x) if !expr[start..i].is_empty() => Value::Number(x),
+                        _ => return Err(err(expr, start, "a number or a quoted string")),
+                    }
+                }
+            };
+            terms.push(Term { key, op: *op, value });
+            skip(&mut i);
+            if i == b.len() {
+                return Ok(Filter { terms });
+            }
+            let word_end = expr[i..].find(|c: char| c.is_whitespace()).map_or(b.len(), |n| i + n);
+            if !expr[i..word_end].eq_ignore_ascii_case("and") {
+                return Err(err(expr, i, "`and` or the end"));
+            }
+            i = word_end;
+        }
+    }
+
+    /// Whether `run` passes every comparison.
+    pub fn matches(&self, run: &RunSummary) -> bool {
+        self.terms.iter().all(|t| {
+            let Some(have) = lookup(run, &t.key) else {
+                return false;
+            };
+            let ord = match (&t.value, have) {
+                (Value::Number(want), have) => match as_number(&have) {
+                    Some(x) => x.partial_cmp(want),
+                    None => None,
+                },
+                (Value::Text(want), Value::Text(s)) => Some(s.as_str().cmp(want.as_str())),
+                (Value::Text(want), Value::Number(x)) => Some(x.to_string().as_str().cmp(want.as_str())),
+            };
+            let Some(ord) = ord else {
+                return false;
+            };
+            match t.op {
+                Op::Eq => ord == Ordering::Equal,
+                Op::Ne => ord != Ordering::Equal,
+                Op::Lt => ord == Ordering::Less,
+                Op::Le => ord != Ordering::Greater,
+                Op::Gt => ord == Ordering::Greater,
+                Op::Ge => ord != Ordering::Less,
+            }
+        })
+    }
+}
+
+fn as_number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(x) => Some(*x),
+        Value::Text(s) => s.trim().parse().ok(),
+    }
+}
+
+/// The value of `key` for `run` (see the module's keys); `None` when it has none.
+pub fn lookup(run: &RunSummary, key: &str) -> Option<Value> {
+    if let Some(m) = key.strip_prefix("metrics.") {
+        return run.last.get(m).map(|x| Value::Number(*x));
+    }
+    if let Some(t) = key.strip_prefix("tags.") {
+        return run.tags.get(t).map(|s| Value::Text(s.clone()));
+    }
+    match key {
+        "status" => Some(Value::Text(run.status.clone())),
+        "name" => Some(Value::Text(run.name.clone())),
+        "experiment" => Some(Value::Text(run.experiment.clone())),
+        "id" => Some(Value::Number(run.id as f64)),
+        _ => run.params.get(key).map(|s| Value::Text(s.clone())),
+    }
+}
+
+/// Sorts `runs` by `key` (a leading `-` sorts descending): numbers numerically, text as text,
+/// runs without the key last.
+pub fn sort_runs(runs: &mut [RunSummary], key: &str) {
+    let (key, desc) = match key.strip_prefix('-') {
+        Some(k) => (k, true),
+        None => (key, false),
+    };
+    runs.sort_by(|a, b| {
+        let (va, vb) = (lookup(a, key), lookup(b, key));
+        let ord = match (&va, &vb) {
+            (None, None) => Ordering::Equal,
+            (None, Some(_)) => return Ordering::Greater,
+            (Some(_), None) => return Ordering::Less,
+            (Some(x), Some(y)) => match (as_number(x), as_number(y)) {
+                (Some(x), Some(y)) => x.total_cmp(&y),
+                _ => format!("{x:?}").cmp(&format!("{y:?}")),
+            },
+        };
+        if desc {
+            ord.reverse()
+        } else {
+            ord
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lr: &str, status: &str, loss: f64) -> RunSummary {
+        RunSummary {
+            id: 1,
+            experiment: "default".into(),
+            name: "run-1".into(),
+            status: status.into(),
+            start_time: 0.0,
+            end_time: None,
+            params: [("optim.lr".to_string(), lr.to_string())].into(),
+            tags: [("team".to_string(), "a".to_string())].into(),
+            last: [("loss".to_string(), loss)].into(),
+        }
+    }
+
+    #[test]
+    fn comparisons_and_conjunctions() {
+        let f = Filter::parse("optim.lr < 1e-3 and status = 'finished' and metrics.loss<=2.5").unwrap();
+        assert!(f.matches(&run("0.0005", "finished", 2.0)));
+        assert!(!f.matches(&run("0.001", "finished", 2.0)));
+        assert!(!f.matches(&run("0.0005", "failed", 2.0)));
+        assert!(!f.matches(&run("0.0005", "finished", 3.0)));
+        assert!(Filter::parse("tags.team != \"b\"")
+            .unwrap()
+            .matches(&run("1", "x", 0.0)));
+        assert!(!Filter::parse("tags.missing = 'a'")
+            .unwrap()
+            .matches(&run("1", "x", 0.0)));
+    }
+
+    #[test]
+    fn bad_expressions_say_where_and_what() {
+        for (expr, at, what) in [
+            ("optim.lr", 9, "an operator"),
+            ("optim.lr < ", 12, "a number or a quoted string"),
+            ("optim.lr < abc", 12, "a number or a quoted string"),
+            ("status = 'x", 10, "a closing quote"),
+            ("status = 'x' or id = 1", 14, "`and` or the end"),
+            ("< 3", 1, "a key"),
+        ] {
+            let e = Filter::parse(expr).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("at character {at}:")) && e.contains(what),
+                "{expr}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn sorting_puts_missing_last() {
+        let mut runs = vec![run("0.1", "a", 3.0), run("0.01", "b", 1.0), run("1", "c", 2.0)];
+        runs[2].last.clear();
+        sort_runs(&mut runs, "metrics.loss");
+        assert_eq!(
+            runs.iter().map(|r| r.status.as_str()).collect::<Vec<_>>(),
+            ["b", "a", "c"]
+        );
+        sort_runs(&mut runs, "-optim.lr");
+        assert_eq!(
+            runs.iter().map(|r| r.status.as_str()).collect::<Vec<_>>(),
+            ["c", "a", "b"]
+        );
+    }
+}

@@ -1,0 +1,53 @@
+//! Experiment tracking: every training run recorded in one SQLite file (`runs.db` in the
+//! store's folder, `weft-runs/` by default), with its params, tags, metrics, artifacts and
+//! status.
+//!
+//! - [`Store`] opens (or creates) the file in WAL mode with a busy timeout, so many processes
+//!   (parallel runs, sweeps) write to it at once; a run still `running` whose heartbeat is older
+//!   than [`OpenOptions::stale_after`] is marked `killed` when the store is opened.
+//! - [`RunWriter`] records one run: metrics go through a channel to a background thread that
+//!   writes them in batches, so the training loop never waits for SQLite.
+//! - [`filter`] parses the expressions of `weft runs list --filter`.
+
+mod error;
+pub mod filter;
+mod read;
+mod store;
+mod writer;
+
+pub use error::{Error, Result};
+pub use read::{MetricSummary, RunDetail, RunSummary};
+pub use store::{OpenOptions, Store, STORE_FILE};
+pub use writer::{NewRun, RunWriter, WriterOptions};
+
+/// How a run ended, or that it has not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Still training (its heartbeat is fresh).
+    Running,
+    /// Training returned normally.
+    Finished,
+    /// Training returned an error (recorded with the run).
+    Failed,
+    /// Stopped by a signal, or its heartbeat stopped (the process died).
+    Killed,
+}
+
+impl Status {
+    /// The word stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Finished => "finished",
+            Status::Failed => "failed",
+            Status::Killed => "killed",
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, as stored in the time columns.
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}

@@ -1,0 +1,195 @@
+//! Reading runs back: the run table, one run's details, metric summaries and rows.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, OptionalExtension, Row};
+
+use crate::error::{Error, Result, SqlContext};
+use crate::Store;
+
+/// A run as `weft runs list` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    pub id: i64,
+    pub experiment: String,
+    pub name: String,
+    /// `running`, `finished`, `failed` or `killed`.
+    pub status: String,
+    /// Seconds since the Unix epoch.
+    pub start_time: f64,
+    /// Seconds since the Unix epoch; `None` while running.
+    pub end_time: Option<f64>,
+    pub params: BTreeMap<String, String>,
+    pub tags: BTreeMap<String, String>,
+    /// Each metric's value at its last step.
+    pub last: BTreeMap<String, f64>,
+}
+
+/// A metric's values over a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSummary {
+    /// Values recorded.
+    pub count: i64,
+    /// The value at the last step, and that step.
+    pub last: f64,
+    pub last_step: i64,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// Everything recorded of one run but its metric rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunDetail {
+    pub summary: RunSummary,
+    pub command: String,
+    pub git_commit: Option<String>,
+    pub git_dirty: Option<bool>,
+    pub host: String,
+    pub layout: String,
+    /// Seconds since the Unix epoch.
+    pub heartbeat: f64,
+    /// Why it failed or was killed.
+    pub error: Option<String>,
+    /// `(kind, path)` in the order they were recorded.
+    pub artifacts: Vec<(String, String)>,
+    pub metrics: BTreeMap<String, MetricSummary>,
+}
+
+const RUN_COLUMNS: &str = "r.id, e.name, r.name, r.status, r.start_time, r.end_time";
+
+fn summary_row(r: &Row) -> rusqlite::Result<RunSummary> {
+    Ok(RunSummary {
+        id: r.get(0)?,
+        experiment: r.get(1)?,
+        name: r.get(2)?,
+        status: r.get(3)?,
+        start_time: r.get(4)?,
+        end_time: r.get(5)?,
+        params: BTreeMap::new(),
+        tags: BTreeMap::new(),
+        last: BTreeMap::new(),
+    })
+}
+
+impl Store {
+    /// The runs (of `experiment` when given), oldest first, with their params, tags and last
+    /// metric values.
+    pub fn list_runs(&self, experiment: Option<&str>) -> Result<Vec<RunSummary>> {
+        let p = &self.path;
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs r JOIN experiments e ON e.id = r.experiment_id
+             WHERE ?1 IS NULL OR e.name = ?1 ORDER BY r.id"
+        );
+        let mut stmt = self.conn.prepare(&sql).at(p)?;
+        let mut runs: Vec<RunSummary> = stmt
+            .query_map(params![experiment], summary_row)
+            .at(p)?
+            .collect::<rusqlite::Result<_>>()
+            .at(p)?;
+        for run in &mut runs {
+            self.fill(run)?;
+        }
+        Ok(runs)
+    }
+
+    /// Params, tags and last metric values of `run`.
+    fn fill(&self, run: &mut RunSummary) -> Result<()> {
+        let p = &self.path;
+        let pairs = |sql: &str| -> Result<BTreeMap<String, String>> {
+            let mut stmt = self.conn.prepare_cached(sql).at(p)?;
+            let rows = stmt.query_map(params![run.id], |r| Ok((r.get(0)?, r.get(1)?))).at(p)?;
+            rows.collect::<rusqlite::Result<_>>().at(p)
+        };
+        run.params = pairs("SELECT key, value FROM params WHERE run_id = ?1")?;
+        run.tags = pairs("SELECT key, value FROM tags WHERE run_id = ?1")?;
+        // SQLite takes the bare column `value` from the row holding MAX(step)
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key, value, MAX(step) FROM metrics WHERE run_id = ?1 GROUP BY key")
+            .at(p)?;
+        run.last = stmt
+            .query_map(params![run.id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .at(p)?
+            .collect::<rusqlite::Result<_>>()
+            .at(p)?;
+        Ok(())
+    }
+
+    /// Everything recorded of run `id` but its metric rows.
+    pub fn run_detail(&self, id: i64) -> Result<RunDetail> {
+        let p = &self.path;
+        let sql = format!(
+            "SELECT {RUN_COLUMNS}, r.command, r.git_commit, r.git_dirty, r.host, r.layout, r.heartbeat, r.error
+             FROM runs r JOIN experiments e ON e.id = r.experiment_id WHERE r.id = ?1"
+        );
+        let found = self
+            .conn
+            .query_row(&sql, params![id], |r| {
+                Ok(RunDetail {
+                    summary: summary_row(r)?,
+                    command: r.get(6)?,
+                    git_commit: r.get(7)?,
+                    git_dirty: r.get(8)?,
+                    host: r.get(9)?,
+                    layout: r.get(10)?,
+                    heartbeat: r.get(11)?,
+                    error: r.get(12)?,
+                    artifacts: Vec::new(),
+                    metrics: BTreeMap::new(),
+                })
+            })
+            .optional()
+            .at(p)?;
+        let mut detail = found.ok_or_else(|| Error::UnknownRun(format!("{}: no run with id {id}", p.display())))?;
+        self.fill(&mut detail.summary)?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT kind, path FROM artifacts WHERE run_id = ?1 ORDER BY rowid")
+            .at(p)?;
+        detail.artifacts = stmt
+            .query_map(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .at(p)?
+            .collect::<rusqlite::Result<_>>()
+            .at(p)?;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT key, count(*), MIN(value), MAX(value), MAX(step) FROM metrics WHERE run_id = ?1 GROUP BY key",
+            )
+            .at(p)?;
+        let rows: Vec<(String, i64, f64, f64, i64)> = stmt
+            .query_map(params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .at(p)?
+            .collect::<rusqlite::Result<_>>()
+            .at(p)?;
+        for (key, count, min, max, last_step) in rows {
+            let last = detail.summary.last.get(&key).copied().unwrap_or(f64::NAN);
+            detail.metrics.insert(
+                key,
+                MetricSummary {
+                    count,
+                    last,
+                    last_step,
+                    min,
+                    max,
+                },
+            );
+        }
+        Ok(detail)
+    }
+
+    /// Every metric row of run `id`: `(step, key, value, time)` by key, then step.
+    pub fn metric_rows(&self, id: i64) -> Result<Vec<(i64, String, f64, f64)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT step, key, value, time FROM metrics WHERE run_id = ?1 ORDER BY key, step, rowid")
+            .at(p)?;
+        let rows = stmt
+            .query_map(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+}

@@ -1,0 +1,271 @@
+//! Opening a store: the file, its schema and version, and runs whose heartbeat stopped.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::error::{Error, Result, SqlContext};
+
+/// The store's file inside its folder.
+pub const STORE_FILE: &str = "runs.db";
+
+/// The schema this code writes and reads.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS experiments (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    experiment_id INTEGER NOT NULL REFERENCES experiments(id),
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    start_time REAL NOT NULL,
+    end_time REAL,
+    command TEXT NOT NULL DEFAULT '',
+    git_commit TEXT,
+    git_dirty INTEGER,
+    host TEXT NOT NULL DEFAULT '',
+    layout TEXT NOT NULL DEFAULT '',
+    heartbeat REAL NOT NULL,
+    error TEXT,
+    UNIQUE (experiment_id, name));
+CREATE TABLE IF NOT EXISTS params (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    key TEXT NOT NULL, value TEXT NOT NULL, num REAL,
+    PRIMARY KEY (run_id, key));
+CREATE TABLE IF NOT EXISTS tags (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (run_id, key));
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    step INTEGER NOT NULL, key TEXT NOT NULL, value REAL NOT NULL, time REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS metrics_run_key_step ON metrics (run_id, key, step);
+CREATE TABLE IF NOT EXISTS artifacts (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL, path TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS artifacts_run ON artifacts (run_id);
+";
+
+/// How a store is opened.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// A run still `running` whose heartbeat is older than this is marked `killed` (writers
+    /// beat every [`WriterOptions::heartbeat`](crate::WriterOptions::heartbeat), 10 s by
+    /// default). Default: 60 s.
+    pub stale_after: Duration,
+    /// How long a writer waits for another's lock before failing. Default: 30 s.
+    pub busy_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            stale_after: Duration::from_secs(60),
+            busy_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One run store: a folder holding [`STORE_FILE`].
+pub struct Store {
+    pub(crate) conn: Connection,
+    pub(crate) path: PathBuf,
+    pub(crate) options: OpenOptions,
+}
+
+impl Store {
+    /// Opens the store in folder `dir` (created with the file when missing), with the default
+    /// [`OpenOptions`].
+    pub fn open(dir: &Path) -> Result<Store> {
+        Self::open_with(dir, OpenOptions::default())
+    }
+
+    /// Opens the store in folder `dir`, refusing a file of a newer schema or one that is not a
+    /// store, and marks runs whose heartbeat stopped as killed.
+    pub fn open_with(dir: &Path, options: OpenOptions) -> Result<Store> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(STORE_FILE);
+        let conn = connect(&path, &options)?;
+        init_schema(&conn, &path)?;
+        let store = Store { conn, path, options };
+        store.mark_stale()?;
+        Ok(store)
+    }
+
+    /// Opens an existing store for reading and editing (`weft runs ...`): a folder without a
+    /// store is an error naming it, not a new store.
+    pub fn open_existing(dir: &Path) -> Result<Store> {
+        let path = dir.join(STORE_FILE);
+        if !path.is_file() {
+            return Err(Error::Io {
+                path,
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no run store here (no run recorded yet?)"),
+            });
+        }
+        Self::open(dir)
+    }
+
+    /// The store's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Marks every `running` run whose heartbeat is older than `stale_after` as `killed`, its
+    /// end time its last heartbeat; how many.
+    pub fn mark_stale(&self) -> Result<usize> {
+        let cutoff = crate::now() - self.options.stale_after.as_secs_f64();
+        self.conn
+            .execute(
+                "UPDATE runs SET status = 'killed', end_time = heartbeat,
+                 error = COALESCE(error, 'its heartbeat stopped (the process died)')
+                 WHERE status = 'running' AND heartbeat < ?1",
+                params![cutoff],
+            )
+            .at(&self.path)
+    }
+
+    /// The id of experiment `name`, made when missing.
+    pub(crate) fn experiment_id(&self, name: &str) -> Result<i64> {
+        self.conn
+            .execute(
+                "INSERT OR IGNORE INTO experiments (name, created) VALUES (?1, ?2)",
+                params![name, crate::now()],
+            )
+            .at(&self.path)?;
+        self.conn
+            .query_row("SELECT id FROM experiments WHERE name = ?1", params![name], |r| {
+                r.get(0)
+            })
+            .at(&self.path)
+    }
+
+    /// Deletes run `id` with its params, tags, metrics and artifacts (not the files they name).
+    pub fn delete_run(&mut self, id: i64) -> Result<()> {
+        let tx = self.conn.transaction().at(&self.path)?;
+        for table in ["params", "tags", "metrics", "artifacts"] {
+            tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), params![id])
+                .at(&self.path)?;
+        }
+        tx.execute("DELETE FROM runs WHERE id = ?1", params![id])
+            .at(&self.path)?;
+        tx.commit().at(&self.path)
+    }
+
+    /// Resolves a run named on the command line: its id (a number), or its name (unique across
+    /// experiments, or `experiment/name`).
+    pub fn find_run(&self, what: &str) -> Result<i64> {
+        if let Ok(id) = what.parse::<i64>() {
+            let found: Option<i64> = self
+                .conn
+                .query_row("SELECT id FROM runs WHERE id = ?1", params![id], |r| r.get(0))
+                .optional()
+                .at(&self.path)?;
+            if let Some(id) = found {
+                return Ok(id);
+            }
+        }
+        let (experiment, name) = match what.split_once('/') {
+            Some((e, n)) => (Some(e), n),
+            None => (None, what),
+        };
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT r.id FROM runs r JOIN experiments e ON e.id = r.experiment_id
+                 WHERE r.name = ?1 AND (?2 IS NULL OR e.name = ?2)",
+            )
+            .at(&self.path)?;
+        let ids: Vec<i64> = stmt
+            .query_map(params![name, experiment], |r| r.get(0))
+            .at(&self.path)?
+            .collect::<rusqlite::Result<_>>()
+            .at(&self.path)?;
+        match ids.as_slice() {
+            [id] => Ok(*id),
+            [] => Err(Error::UnknownRun(format!("{}: no run {what:?}", self.path.display()))),
+            _ => Err(Error::UnknownRun(format!(
+                "{}: {} runs are named {what:?}; name one as EXPERIMENT/NAME or by its id",
+                self.path.display(),
+                ids.len()
+            ))),
+        }
+    }
+}
+
+/// A connection to `path` in WAL mode with `busy_timeout`; a file that is not a database is
+/// [`Error::Corrupt`].
+pub(crate) fn connect(path: &Path, options: &OpenOptions) -> Result<Connection> {
+    let conn = Connection::open(path).at(path)?;
+    conn.busy_timeout(options.busy_timeout).at(path)?;
+    // the first statement that reads the file finds out whether it is a database
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).at(path)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!("cannot switch it to WAL mode (journal mode {mode})"),
+        });
+    }
+    conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+        .at(path)?;
+    Ok(conn)
+}
+
+/// Creates the tables (once) and checks the schema version.
+fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
+    let mut conn_tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).at(path)?;
+    conn_tx.set_drop_behavior(rusqlite::DropBehavior::Rollback);
+    let has_meta: bool = conn_tx
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .at(path)?
+        > 0;
+    if has_meta {
+        let found: Option<String> = conn_tx
+            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+            .optional()
+            .at(path)?;
+        let found = found
+            .and_then(|v| v.parse::<i64>().ok())
+            .ok_or_else(|| Error::Corrupt {
+                path: path.to_path_buf(),
+                reason: "its meta table holds no schema_version".into(),
+            })?;
+        if found > SCHEMA_VERSION {
+            return Err(Error::NewerSchema {
+                path: path.to_path_buf(),
+                found,
+                known: SCHEMA_VERSION,
+            });
+        }
+    } else {
+        let tables: i64 = conn_tx
+            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |r| {
+                r.get(0)
+            })
+            .at(path)?;
+        if tables > 0 {
+            return Err(Error::Corrupt {
+                path: path.to_path_buf(),
+                reason: "a SQLite database, but not a weft run store (no meta table)".into(),
+            });
+        }
+    }
+    conn_tx.execute_batch(SCHEMA).at(path)?;
+    conn_tx
+        .execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)",
+            params![SCHEMA_VERSION.to_string()],
+        )
+        .at(path)?;
+    conn_tx.commit().at(path)
+}

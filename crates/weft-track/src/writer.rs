@@ -1,0 +1,392 @@
+//! Recording one run: its row, params and tags at the start, then metrics and artifacts through
+//! a channel to a background thread that writes them in batches, and its status at the end.
+
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, TransactionBehavior};
+
+use crate::error::{Error, Result, SqlContext};
+use crate::{Status, Store};
+
+/// What is known of a run when it starts.
+#[derive(Debug, Clone, Default)]
+pub struct NewRun {
+    /// The experiment it belongs to (made when missing).
+    pub experiment: String,
+    /// Its name, unique in the experiment: `None` generates `run-N`; a name already taken gets
+    /// `-2`, `-3`, ... appended.
+    pub name: Option<String>,
+    /// The command line that started it.
+    pub command: String,
+    /// The git commit of the working directory's work tree, and whether it had changes.
+    pub git: Option<(String, bool)>,
+    /// The machine's host name.
+    pub host: String,
+    /// The parallel layout, e.g. `dp=2 tp=1 pp=1 zero=0`.
+    pub layout: String,
+    /// Flat params (`optim.lr` -> `0.001`), stored as text, and as a number when they parse.
+    pub params: Vec<(String, String)>,
+    /// Tags (`key` -> `value`).
+    pub tags: Vec<(String, String)>,
+}
+
+impl NewRun {
+    /// A run of `experiment` with this process's command line, host and git state filled in.
+    pub fn here(experiment: &str, name: Option<String>) -> NewRun {
+        NewRun {
+            experiment: experiment.to_string(),
+            name,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            git: git_state(Path::new(".")),
+            host: host_name(),
+            ..Default::default()
+        }
+    }
+}
+
+/// How a [`RunWriter`] batches its writes.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// Write once this many records (metrics and artifacts) are waiting. Default: 512.
+    pub batch: usize,
+    /// Write records at most this long after they arrive. Default: 1 s.
+    pub flush_every: Duration,
+    /// How often the run's heartbeat is written while it lives. Default: 10 s.
+    pub heartbeat: Duration,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            batch: 512,
+            flush_every: Duration::from_secs(1),
+            heartbeat: Duration::from_secs(10),
+        }
+    }
+}
+
+enum Msg {
+    Metric {
+        step: i64,
+        key: String,
+        value: f64,
+        time: f64,
+    },
+    Artifact {
+        kind: String,
+        path: String,
+    },
+    End {
+        status: Status,
+        error: Option<String>,
+    },
+}
+
+/// Records one run. Cloning shares it; [`RunWriter::end`] (or dropping the last clone, which
+/// records `failed`) writes what is waiting and the status, and stops the thread.
+#[derive(Clone)]
+pub struct RunWriter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: i64,
+    name: String,
+    tx: Option<Sender<Msg>>,
+    thread: Mutex<Option<JoinHandle<Result<()>>>>,
+}
+
+impl RunWriter {
+    /// Opens the store in `dir` (see [`Store::open`]), records `run` as `running`, and starts
+    /// the writing thread.
+    pub fn start(dir: &Path, run: NewRun, options: WriterOptions) -> Result<RunWriter> {
+        let mut store = Store::open(dir)?;
+        let (id, name) = insert_run(&mut store, &run)?;
+        let Store { conn, path, .. } = store;
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("weft-track".into())
+            .spawn(move || write_loop(conn, &path, id, rx, options))
+            .map_err(|source| Error::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok(RunWriter {
+            inner: Arc::new(Inner {
+                id,
+                name,
+                tx: Some(tx),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The run's id in the store.
+    pub fn id(&self) -> i64 {
+        self.inner.id
+    }
+
+    /// The run's name in its experiment.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Queues a metric value at `step` (never blocks on the store; a few hundred nanoseconds).
+    pub fn log(&self, step: u64, key: &str, value: f64) {
+        self.send(Msg::Metric {
+            step: step as i64,
+            key: key.to_string(),
+            value,
+            time: crate::now(),
+        });
+    }
+
+    /// Queues an artifact (`kind` such as `checkpoint`, and its path).
+    pub fn artifact(&self, kind: &str, path: &Path) {
+        self.send(Msg::Artifact {
+            kind: kind.to_string(),
+            path: path.display().to_string(),
+        });
+    }
+
+    fn send(&self, msg: Msg) {
+        if let Some(tx) = &self.inner.tx {
+            // the thread is gone only after `end`: later records have nowhere to go
+            let _ = tx.send(msg);
+        }
+    }
+
+    /// Writes what is waiting and the run's status (with `error` for a failed run), and stops
+    /// the thread; the first write error the thread met, if any. Later calls do nothing.
+    pub fn end(&self, status: Status, error: Option<String>) -> Result<()> {
+        let Some(thread) = self.inner.thread.lock().ok().and_then(|mut t| t.take()) else {
+            return Ok(());
+        };
+        self.send(Msg::End { status, error });
+        thread.join().unwrap_or_else(|_| {
+            Err(Error::Io {
+                path: self.inner.name.clone().into(),
+                source: std::io::Error::other("the run's writing thread panicked"),
+            })
+        })
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // a run dropped without `end`: the thread sees the channel close and records `failed`
+        self.tx.take();
+        if let Some(thread) = self.thread.get_mut().ok().and_then(|t| t.take()) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Inserts the run with its params and tags in one transaction; its id and name.
+fn insert_run(store: &mut Store, run: &NewRun) -> Result<(i64, String)> {
+    let path = store.path.clone();
+    let experiment = store.experiment_id(&run.experiment)?;
+    let tx = store
+        .conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .at(&path)?;
+    let taken = |name: &str| -> Result<bool> {
+        tx.query_row(
+            "SELECT count(*) FROM runs WHERE experiment_id = ?1 AND name = ?2",
+            params![experiment, name],
+            |r| r.get::<_, i64>(0),
+        )
+        .at(&path)
+        .map(|n| n > 0)
+    };
+    let base = match &run.name {
+        Some(n) => n.clone(),
+        None => {
+            let next: i64 = tx
+                .query_row(
+                    "SELECT count(*) + 1 FROM runs WHERE experiment_id = ?1",
+                    params![experiment],
+                    |r| r.get(0),
+                )
+                .at(&path)?;
+            format!("run-{next}")
+        }
+    };
+    let mut name = base.clone();
+    let mut n = 2;
+    while taken(&name)? {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    let now = crate::now();
+    tx.execute(
+        "INSERT INTO runs (experiment_id, name, status, start_time, command, git_commit, git_dirty, host,
+         layout, heartbeat) VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7, ?8, ?3)",
+        params![
+            experiment,
+            name,
+            now,
+            run.command,
+            run.git.as_ref().map(|g| g.0.clone()),
+            run.git.as_ref().map(|g| g.1),
+            run.host,
+            run.layout
+        ],
+    )
+    .at(&path)?;
+    let id = tx.last_insert_rowid();
+    {
+        let mut p = tx
+            .prepare("INSERT OR REPLACE INTO params (run_id, key, value, num) VALUES (?1, ?2, ?3, ?4)")
+            .at(&path)?;
+        for (k, v) in &run.params {
+            let num = v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
+            p.execute(params![id, k, v, num]).at(&path)?;
+        }
+        let mut t = tx
+            .prepare("INSERT OR REPLACE INTO tags (run_id, key, value) VALUES (?1, ?2, ?3)")
+            .at(&path)?;
+        for (k, v) in &run.tags {
+            t.execute(params![id, k, v]).at(&path)?;
+        }
+    }
+    tx.commit().at(&path)?;
+    Ok((id, name))
+}
+
+/// The writing thread: batches records, beats, and writes the status at the end.
+fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: WriterOptions) -> Result<()> {
+    let mut metrics: Vec<(i64, String, f64, f64)> = Vec::with_capacity(o.batch.min(4096));
+    let mut artifacts: Vec<(String, String)> = Vec::new();
+    let mut oldest: Option<Instant> = None;
+    let mut last_beat = Instant::now();
+    let mut first_error: Option<Error> = None;
+    let keep = |r: Result<()>, first_error: &mut Option<Error>| {
+        if let (Err(e), None) = (r, &*first_error) {
+            *first_error = Some(e);
+        }
+    };
+    let (status, error) = loop {
+        let flush_at = oldest.map(|t| t + o.flush_every);
+        let beat_at = last_beat + o.heartbeat;
+        let wake = flush_at.map_or(beat_at, |f| f.min(beat_at));
+        let msg = rx.recv_timeout(wake.saturating_duration_since(Instant::now()));
+        match msg {
+            Ok(Msg::Metric { step, key, value, time }) => {
+                metrics.push((step, key, value, time));
+                oldest.get_or_insert_with(Instant::now);
+            }
+            Ok(Msg::Artifact { kind, path }) => {
+                artifacts.push((kind, path));
+                oldest.get_or_insert_with(Instant::now);
+            }
+            Ok(Msg::End { status, error }) => break (status, error),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                break (
+                    Status::Failed,
+                    Some("the run ended without recording its status".into()),
+                )
+            }
+        }
+        let due = oldest.is_some_and(|t| t.elapsed() >= o.flush_every);
+        if metrics.len() + artifacts.len() >= o.batch || due {
+            keep(
+                flush(&mut conn, path, id, &mut metrics, &mut artifacts),
+                &mut first_error,
+            );
+            oldest = None;
+            last_beat = Instant::now();
+        } else if last_beat.elapsed() >= o.heartbeat {
+            keep(beat(&conn, path, id), &mut first_error);
+            last_beat = Instant::now();
+        }
+    };
+    keep(
+        flush(&mut conn, path, id, &mut metrics, &mut artifacts),
+        &mut first_error,
+    );
+    let end = conn
+        .execute(
+            "UPDATE runs SET status = ?2, end_time = ?3, heartbeat = ?3, error = ?4 WHERE id = ?1",
+            params![id, status.as_str(), crate::now(), error],
+        )
+        .at(path)
+        .map(|_| ());
+    keep(end, &mut first_error);
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Writes the waiting records and the heartbeat in one transaction.
+fn flush(
+    conn: &mut Connection,
+    path: &Path,
+    id: i64,
+    metrics: &mut Vec<(i64, String, f64, f64)>,
+    artifacts: &mut Vec<(String, String)>,
+) -> Result<()> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .at(path)?;
+    {
+        let mut m = tx
+            .prepare_cached("INSERT INTO metrics (run_id, step, key, value, time) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .at(path)?;
+        for (step, key, value, time) in metrics.drain(..) {
+            m.execute(params![id, step, key, value, time]).at(path)?;
+        }
+        let mut a = tx
+            .prepare_cached("INSERT INTO artifacts (run_id, kind, path) VALUES (?1, ?2, ?3)")
+            .at(path)?;
+        for (kind, p) in artifacts.drain(..) {
+            a.execute(params![id, kind, p]).at(path)?;
+        }
+        tx.execute(
+            "UPDATE runs SET heartbeat = ?2 WHERE id = ?1",
+            params![id, crate::now()],
+        )
+        .at(path)?;
+    }
+    tx.commit().at(path)
+}
+
+fn beat(conn: &Connection, path: &Path, id: i64) -> Result<()> {
+    conn.execute(
+        "UPDATE runs SET heartbeat = ?2 WHERE id = ?1",
+        params![id, crate::now()],
+    )
+    .at(path)
+    .map(|_| ())
+}
+
+/// The commit checked out in the git work tree holding `dir`, and whether the tree has changes;
+/// `None` outside a work tree or without git.
+pub fn git_state(dir: &Path) -> Option<(String, bool)> {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "HEAD"])?;
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    Some((commit, dirty))
+}
+
+/// This machine's host name (`/proc/sys/kernel/hostname`, `HOSTNAME`, or empty).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default()
+}

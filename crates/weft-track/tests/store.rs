@@ -1,0 +1,241 @@
+//! The run store: concurrent writers (threads and processes), heartbeats, batching, and files it
+//! must refuse.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use weft_track::{Error, NewRun, OpenOptions, RunWriter, Status, Store, WriterOptions, STORE_FILE};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weft-track-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn new_run(name: &str) -> NewRun {
+    NewRun {
+        experiment: "exp".into(),
+        name: Some(name.into()),
+        params: vec![("optim.lr".into(), "0.001".into()), ("model.kind".into(), "gpt".into())],
+        tags: vec![("team".into(), "a".into())],
+        ..Default::default()
+    }
+}
+
+/// Records `steps` steps of two metrics with small batches (many transactions).
+fn write_run(dir: &Path, name: &str, steps: u64) {
+    let small = WriterOptions {
+        batch: 7,
+        flush_every: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let w = RunWriter::start(dir, new_run(name), small).unwrap();
+    for s in 1..=steps {
+        w.log(s, "loss", 1.0 / s as f64);
+        w.log(s, "lr", 0.001);
+    }
+    w.end(Status::Finished, None).unwrap();
+}
+
+fn count_metrics(dir: &Path) -> usize {
+    let store = Store::open(dir).unwrap();
+    store
+        .list_runs(None)
+        .unwrap()
+        .iter()
+        .map(|r| store.metric_rows(r.id).unwrap().len())
+        .sum()
+}
+
+#[test]
+fn concurrent_writer_threads_lose_nothing() {
+    let dir = temp_dir("threads");
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let dir = dir.clone();
+            std::thread::spawn(move || write_run(&dir, &format!("t{i}"), 300))
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let store = Store::open(&dir).unwrap();
+    let runs = store.list_runs(Some("exp")).unwrap();
+    assert_eq!(runs.len(), 6);
+    for r in &runs {
+        assert_eq!(r.status, "finished");
+        assert_eq!(store.metric_rows(r.id).unwrap().len(), 600, "{}", r.name);
+        assert_eq!(r.last["loss"], 1.0 / 300.0);
+        assert_eq!(r.params["optim.lr"], "0.001");
+        assert_eq!(r.tags["team"], "a");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The child side of the multi-process tests (does nothing unless started by them).
+#[test]
+fn child_process() {
+    let (Ok(dir), Ok(what)) = (std::env::var("WEFT_TRACK_CHILD_DIR"), std::env::var("WEFT_TRACK_CHILD")) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    match what.as_str() {
+        "abort" => {
+            let w = RunWriter::start(&dir, new_run("doomed"), WriterOptions::default()).unwrap();
+            w.log(1, "loss", 2.0);
+            std::process::abort();
+        }
+        name => write_run(&dir, name, 400),
+    }
+}
+
+fn child(dir: &Path, what: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_process", "--test-threads", "1"])
+        .env("WEFT_TRACK_CHILD_DIR", dir)
+        .env("WEFT_TRACK_CHILD", what)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn concurrent_writer_processes_lose_nothing() {
+    let dir = temp_dir("processes");
+    let mut kids: Vec<_> = (0..3).map(|i| child(&dir, &format!("p{i}"))).collect();
+    // and this process writes at the same time
+    write_run(&dir, "here", 400);
+    for k in &mut kids {
+        assert!(k.wait().unwrap().success());
+    }
+    assert_eq!(count_metrics(&dir), 4 * 800);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_run_whose_process_died_is_marked_killed() {
+    let dir = temp_dir("killed");
+    let status = child(&dir, "abort").wait().unwrap();
+    assert!(!status.success());
+    // a fresh heartbeat: still counted as running
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.list_runs(None).unwrap()[0].status, "running");
+    drop(store);
+    std::thread::sleep(Duration::from_millis(300));
+    let quick = OpenOptions {
+        stale_after: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let store = Store::open_with(&dir, quick).unwrap();
+    let run = &store.list_runs(None).unwrap()[0];
+    assert_eq!(run.status, "killed");
+    let detail = store.run_detail(run.id).unwrap();
+    assert!(detail.error.unwrap().contains("heartbeat"));
+    assert_eq!(detail.summary.end_time, Some(detail.heartbeat));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn batches_wait_until_close_and_are_written_then() {
+    let dir = temp_dir("batch");
+    let slow = WriterOptions {
+        batch: usize::MAX,
+        flush_every: Duration::from_secs(3600),
+        heartbeat: Duration::from_secs(3600),
+    };
+    let w = RunWriter::start(&dir, new_run("b"), slow).unwrap();
+    for s in 0..1000 {
+        w.log(s, "loss", s as f64);
+    }
+    w.artifact("checkpoint", Path::new("/tmp/ck/step-1000"));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        count_metrics(&dir),
+        0,
+        "nothing is written before a batch fills or the run ends"
+    );
+    w.end(Status::Failed, Some("boom".into())).unwrap();
+    assert_eq!(count_metrics(&dir), 1000);
+    let store = Store::open(&dir).unwrap();
+    let d = store.run_detail(w.id()).unwrap();
+    assert_eq!(d.summary.status, "failed");
+    assert_eq!(d.error.as_deref(), Some("boom"));
+    assert_eq!(
+        d.artifacts,
+        vec![("checkpoint".to_string(), "/tmp/ck/step-1000".to_string())]
+    );
+    let m = &d.metrics["loss"];
+    assert_eq!(
+        (m.count, m.min, m.max, m.last, m.last_step),
+        (1000, 0.0, 999.0, 999.0, 999)
+    );
+    // a dropped writer records that the run ended without a status
+    let w = RunWriter::start(&dir, new_run("b"), WriterOptions::default()).unwrap();
+    assert_eq!(w.name(), "b-2");
+    let id = w.id();
+    drop(w);
+    let d = Store::open(&dir).unwrap().run_detail(id).unwrap();
+    assert_eq!(d.summary.status, "failed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_newer_schema_is_refused_naming_the_file() {
+    let dir = temp_dir("newer");
+    drop(Store::open(&dir).unwrap());
+    let file = dir.join(STORE_FILE);
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'", [])
+        .unwrap();
+    drop(conn);
+    let e = Store::open(&dir).err().unwrap();
+    assert!(matches!(e, Error::NewerSchema { found: 99, .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains(&file.display().to_string()) && msg.contains("99"), "{msg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_corrupt_or_foreign_file_is_named() {
+    let dir = temp_dir("corrupt");
+    let file = dir.join(STORE_FILE);
+    std::fs::write(&file, vec![b'x'; 8192]).unwrap();
+    let e = Store::open(&dir).err().unwrap();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains(&file.display().to_string()), "{e}");
+    assert!(RunWriter::start(&dir, new_run("x"), WriterOptions::default()).is_err());
+    // a SQLite database of something else
+    std::fs::remove_file(&file).unwrap();
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.execute("CREATE TABLE other (x)", []).unwrap();
+    drop(conn);
+    let e = Store::open(&dir).err().unwrap();
+    assert!(
+        matches!(e, Error::Corrupt { .. }) && e.to_string().contains("not a weft run store"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn runs_are_found_by_id_or_name_and_deleted() {
+    let dir = temp_dir("find");
+    write_run(&dir, "a", 3);
+    write_run(&dir, "b", 3);
+    let mut store = Store::open(&dir).unwrap();
+    let a = store.find_run("a").unwrap();
+    assert_eq!(store.find_run(&a.to_string()).unwrap(), a);
+    assert_eq!(store.find_run("exp/a").unwrap(), a);
+    assert!(store
+        .find_run("nope")
+        .unwrap_err()
+        .to_string()
+        .contains("no run \"nope\""));
+    store.delete_run(a).unwrap();
+    assert!(store.find_run("a").is_err());
+    assert_eq!(store.list_runs(None).unwrap().len(), 1);
+    assert_eq!(count_metrics(&dir), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
