@@ -17,6 +17,7 @@ pub mod plan_shape;
 mod replicas;
 pub mod run;
 pub mod stop;
+pub mod track;
 pub mod trainer;
 
 pub use error::{Error, Result};

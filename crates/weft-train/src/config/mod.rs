@@ -10,11 +10,13 @@ use crate::error::{Error, Result};
 mod data;
 mod model;
 mod overrides;
+mod track;
 mod train;
 
 pub use data::{BatchesKeys, CsvKeys, DataConfig, LabelColumnConfig, TextKeys, TokensKeys};
 pub use model::{ConvnetKeys, GptKeys, LlamaKeys, MlpKeys, ModelConfig};
 pub use overrides::Overrides;
+pub use track::{value_text as track_value_text, TrackConfig};
 pub use train::TrainConfig;
 
 /// A whole run: what `weft train --config run.toml` reads.
@@ -31,6 +33,8 @@ pub struct RunConfig {
     pub train: TrainConfig,
     #[serde(default)]
     pub parallel: ParallelConfig,
+    #[serde(default)]
+    pub track: TrackConfig,
     /// The folder relative paths are resolved against (the config file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -277,6 +281,7 @@ impl RunConfig {
         overrides.apply(&mut table)?;
         model_from_hf_folder(&mut table, source, &base_dir)?;
         crate::plan_shape::check_auto(&table, source)?;
+        let params = track::flatten(&table);
         let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let path = e.path().to_string();
             // the deserializer appends "in `section`" on a second line; the path already says it
@@ -285,6 +290,7 @@ impl RunConfig {
             Error::Config(format!("{source}: {path}: {first}"))
         })?;
         config.base_dir = base_dir;
+        config.track.params = params;
         config.validate(source)?;
         Ok(config)
     }

@@ -336,7 +336,16 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     }
     let mut outcome = RunOutcome::default();
     if start < t.steps {
-        let summary = trainer.fit(data.train.clone(), start, t.steps)?;
+        // recorded in the run store (rank 0, `[track]`): metrics as they come, the status at the end
+        let tracking = crate::track::Tracking::start(config, logs);
+        if let Some(tr) = &tracking {
+            trainer = trainer.with_callback(tr.callback());
+        }
+        let fitted = trainer.fit(data.train.clone(), start, t.steps);
+        if let Some(tr) = &tracking {
+            tr.end(&fitted);
+        }
+        let summary = fitted?;
         outcome.stopped_by = summary.stopped_by;
         if let (Some(sig), true) = (summary.stopped_by, logs) {
             let saved = match &summary.checkpoint {

@@ -1,0 +1,82 @@
+//! `[track]`: recording the run in a run store (crate `weft-track`, docs/tracking.md).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[track]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackConfig {
+    /// Record the run (rank 0 writes). Default: true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The store's folder. Unset: `WEFT_TRACK_DIR` when that is set, else `weft-runs` in the
+    /// working directory; a relative path in a config file resolves against its folder.
+    pub dir: Option<PathBuf>,
+    /// The experiment the run belongs to. Default: `"default"`.
+    #[serde(default = "default_experiment")]
+    pub experiment: String,
+    /// The run's name, unique in its experiment (unset: `run-N`; a taken name gets `-2`, ...).
+    pub name: Option<String>,
+    /// Tags recorded with the run (values of any TOML type, stored as text).
+    #[serde(default)]
+    pub tags: BTreeMap<String, toml::Value>,
+    /// The whole config as flat params (`optim.lr` -> `0.001`), as read after `--unset` and
+    /// `--set` (keys left out of the file are not listed); filled in by `RunConfig::parse`.
+    #[serde(skip)]
+    pub params: Vec<(String, String)>,
+}
+
+impl Default for TrackConfig {
+    fn default() -> Self {
+        TrackConfig {
+            enabled: true,
+            dir: None,
+            experiment: default_experiment(),
+            name: None,
+            tags: BTreeMap::new(),
+            params: Vec::new(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_experiment() -> String {
+    "default".to_string()
+}
+
+/// `value` as a param's text: strings without quotes, other values as TOML writes them.
+pub fn value_text(value: &toml::Value) -> String {
+    match value {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The config's keys as flat `section.key` params (nested tables joined with `.`), the
+/// `[track]` section left out (its tags are recorded as tags).
+pub fn flatten(table: &toml::Table) -> Vec<(String, String)> {
+    fn walk(prefix: &str, table: &toml::Table, out: &mut Vec<(String, String)>) {
+        for (k, v) in table {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => walk(&key, t, out),
+                v => out.push((key, value_text(v))),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut rest = table.clone();
+    rest.remove("track");
+    walk("", &rest, &mut out);
+    out
+}
