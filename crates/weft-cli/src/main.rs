@@ -12,6 +12,7 @@ mod generate;
 mod graph;
 mod launch;
 mod plan;
+mod runs;
 mod serve;
 mod train;
 
@@ -67,6 +68,12 @@ enum Command {
     /// config's model on N devices by predicted step time and memory (docs/plan.md); `weft
     /// plan calibrate` measures this machine for `--device-spec local`.
     Plan(plan::PlanArgs),
+    /// The runs recorded in a run store (`weft-runs/`): list, show, compare, delete, export
+    /// (docs/tracking.md).
+    Runs {
+        #[command(subcommand)]
+        what: runs::RunsCommand,
+    },
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
@@ -160,6 +167,7 @@ fn run(cli: Cli) -> Result<(), String> {
         } => export::onnx(&args),
         Command::Launch(args) => launch::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Runs { what } => runs::run(what),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),
         } => checkpoint::inspect(&args),
@@ -183,7 +191,7 @@ fn main() -> ExitCode {
     // the commands that compute read their thread count (refusing a malformed or too large
     // WEFT_NUM_THREADS) and set up the allocator before their first tensor (the launcher
     // computes nothing)
-    if !matches!(cli.command, Command::Launch(_)) {
+    if !matches!(cli.command, Command::Launch(_) | Command::Runs { .. }) {
         if let Err(e) = weft_core::cpu::threads::try_init() {
             weft_core::errln!("weft: error: {e}");
             return ExitCode::FAILURE;

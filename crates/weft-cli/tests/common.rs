@@ -54,10 +54,13 @@ pub const SMALL_GPT: [&str; 10] = [
     "data.batch_size=8",
 ];
 
-/// `weft` with `args` on 2 compute threads, to start.
+/// `weft` with `args` on 2 compute threads, to start; runs it records go to a run store in
+/// the temp dir (`WEFT_TRACK_DIR`), not `weft-runs/` of the working directory (this crate's
+/// folder).
 pub fn weft_command(args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(weft_bin());
-    cmd.args(args).env("WEFT_NUM_THREADS", "2");
+    let runs = std::env::temp_dir().join(format!("weft-test-runs-{}", std::process::id()));
+    cmd.args(args).env("WEFT_NUM_THREADS", "2").env("WEFT_TRACK_DIR", runs);
     cmd
 }
 
