@@ -244,6 +244,10 @@ mod tests {
             ("status = 'x", 10, "a closing quote"),
             ("status = 'x' or id = 1", 14, "`and` or the end"),
             ("< 3", 1, "a key"),
+            ("é = 1", 1, "a key"),
+            ("aé = 1", 2, "an operator"),
+            ("a = 'é", 5, "a closing quote"),
+            ("a = 1 andé b = 2", 7, "`and` or the end"),
         ] {
             let e = Filter::parse(expr).unwrap_err().to_string();
             assert!(
