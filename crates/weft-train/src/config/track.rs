@@ -80,3 +80,30 @@ pub fn flatten(table: &toml::Table) -> Vec<(String, String)> {
     walk("", &rest, &mut out);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_flattens_to_params_without_the_track_section() {
+        let table: toml::Table = "[optim]\nkind = \"adamw\"\nlr = 0.001\nbetas = [0.9, 0.95]\n\
+                                  [model]\nkind = \"gpt\"\n[model.extra]\nx = true\n\
+                                  [track]\nname = \"a\"\ntags = { team = \"nlp\" }\n"
+            .parse()
+            .unwrap();
+        let params = flatten(&table);
+        let get = |k: &str| params.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("optim.lr"), Some("0.001"));
+        assert_eq!(get("optim.kind"), Some("adamw"));
+        assert_eq!(get("optim.betas"), Some("[0.9, 0.95]"));
+        assert_eq!(get("model.extra.x"), Some("true"));
+        assert!(params.iter().all(|(k, _)| !k.starts_with("track")), "{params:?}");
+        let track: TrackConfig = toml::Value::Table(table["track"].as_table().unwrap().clone())
+            .try_into()
+            .unwrap();
+        assert!(track.enabled);
+        assert_eq!(track.experiment, "default");
+        assert_eq!(value_text(&track.tags["team"]), "nlp");
+    }
+}
