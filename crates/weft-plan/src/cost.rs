@@ -236,22 +236,12 @@ pub fn mfu(work: &Workload, device: &DeviceSpec, devices: usize, step_seconds: f
 mod tests {
     use super::*;
     use crate::layout::{CommDtype, Schedule};
-    use crate::model::{ModelKind, ModelShape, Precision};
+    use crate::model::tests::gpt2_small;
+    use crate::model::Precision;
 
     fn work() -> Workload {
         Workload {
-            model: ModelShape {
-                kind: ModelKind::Gpt,
-                vocab: 50257,
-                seq_len: 1024,
-                n_layer: 12,
-                n_head: 12,
-                n_kv_head: 12,
-                n_embd: 768,
-                intermediate: 3072,
-                tied: true,
-                bias: true,
-            },
+            model: gpt2_small(),
             global_batch: 64,
             precision: Precision::Bf16,
             optimizer_moments: 2,

@@ -197,22 +197,12 @@ pub fn peak_memory(work: &Workload, layout: &Layout) -> (usize, MemoryBreakdown)
 mod tests {
     use super::*;
     use crate::layout::{CommDtype, Schedule};
-    use crate::model::{ModelKind, Precision};
+    use crate::model::tests::gpt2_small;
+    use crate::model::Precision;
 
     fn work() -> Workload {
         Workload {
-            model: ModelShape {
-                kind: ModelKind::Gpt,
-                vocab: 50257,
-                seq_len: 1024,
-                n_layer: 12,
-                n_head: 12,
-                n_kv_head: 12,
-                n_embd: 768,
-                intermediate: 3072,
-                tied: true,
-                bias: true,
-            },
+            model: gpt2_small(),
             global_batch: 32,
             precision: Precision::Bf16,
             optimizer_moments: 2,

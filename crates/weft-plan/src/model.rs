@@ -264,7 +264,7 @@ impl ModelShape {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn gpt2_small() -> ModelShape {
