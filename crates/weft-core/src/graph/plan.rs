@@ -33,48 +33,8 @@ pub struct MemoryPlan {
 /// overlaps no placed buffer whose lifetime meets its own (greedy by size, as TensorFlow Lite's
 /// arena planner does).
 pub fn plan(g: &Graph) -> MemoryPlan {
-    let end = g.nodes.len();
-    let nb = g.values.iter().map(|v| v.buffer + 1).max().unwrap_or(0);
-    let mut outside = vec![false; nb];
-    let mut bytes = vec![0usize; nb];
-    let mut first = vec![usize::MAX; nb];
-    let mut last = vec![0usize; nb];
-    let mut seen = vec![false; nb];
-    let mut outside_bytes = 0;
-    for v in &g.values {
-        bytes[v.buffer] = bytes[v.buffer].max(v.bytes);
-        if !matches!(v.source, Source::Node { .. }) {
-            if !outside[v.buffer] {
-                outside_bytes += v.bytes;
-            }
-            outside[v.buffer] = true;
-        }
-    }
-    for (i, n) in g.nodes.iter().enumerate() {
-        for &v in &n.outputs {
-            let b = g.values[v].buffer;
-            seen[b] = true;
-            first[b] = first[b].min(i);
-            last[b] = last[b].max(i);
-        }
-        for &v in &n.inputs {
-            let b = g.values[v].buffer;
-            last[b] = last[b].max(i);
-        }
-    }
-    for &v in &g.outputs {
-        last[g.values[v].buffer] = end;
-    }
-    let mut buffers: Vec<BufferPlan> = (0..nb)
-        .filter(|&b| seen[b] && !outside[b])
-        .map(|b| BufferPlan {
-            buffer: b,
-            bytes: bytes[b],
-            first: first[b],
-            last: last[b],
-            offset: 0,
-        })
-        .collect();
+    let mut buffers = lifetimes(g);
+    let outside_bytes = outside_bytes(g);
     let mut order: Vec<usize> = (0..buffers.len()).collect();
     order.sort_by(|&a, &b| buffers[b].bytes.cmp(&buffers[a].bytes).then(a.cmp(&b)));
     let mut placed: Vec<usize> = Vec::with_capacity(buffers.len());
@@ -99,20 +59,77 @@ pub fn plan(g: &Graph) -> MemoryPlan {
         arena_bytes = arena_bytes.max(offset + me.bytes);
         placed.push(i);
     }
-    let mut delta = vec![0i64; end + 2];
-    for b in &buffers {
-        delta[b.first] += b.bytes as i64;
-        delta[b.last + 1] -= b.bytes as i64;
-    }
-    let (mut live, mut peak) = (0i64, 0i64);
-    for d in delta {
-        live += d;
-        peak = peak.max(live);
-    }
+    let peak = live_bytes(&buffers, g.nodes.len()).into_iter().max().unwrap_or(0);
     MemoryPlan {
         buffers,
         arena_bytes,
-        peak_live_bytes: peak as usize,
+        peak_live_bytes: peak,
         outside_bytes,
     }
+}
+
+/// Every buffer a node makes (not inputs, parameters or constants), with its bytes and lifetime
+/// (offsets all 0), in buffer-id order.
+pub(crate) fn lifetimes(g: &Graph) -> Vec<BufferPlan> {
+    let end = g.nodes.len();
+    let nb = g.values.iter().map(|v| v.buffer + 1).max().unwrap_or(0);
+    let mut outside = vec![false; nb];
+    let mut bytes = vec![0usize; nb];
+    let mut first = vec![usize::MAX; nb];
+    let mut last = vec![0usize; nb];
+    for v in &g.values {
+        bytes[v.buffer] = bytes[v.buffer].max(v.bytes);
+        outside[v.buffer] |= !matches!(v.source, Source::Node { .. });
+    }
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &v in &n.outputs {
+            let b = g.values[v].buffer;
+            first[b] = first[b].min(i);
+            last[b] = last[b].max(i);
+        }
+        for &v in &n.inputs {
+            let b = g.values[v].buffer;
+            last[b] = last[b].max(i);
+        }
+    }
+    for &v in &g.outputs {
+        last[g.values[v].buffer] = end;
+    }
+    (0..nb)
+        .filter(|&b| first[b] != usize::MAX && !outside[b])
+        .map(|b| BufferPlan {
+            buffer: b,
+            bytes: bytes[b],
+            first: first[b],
+            last: last[b],
+            offset: 0,
+        })
+        .collect()
+}
+
+/// Bytes of `buffers` alive at each node step `0..=steps` (a result lives to step `steps`).
+pub(crate) fn live_bytes(buffers: &[BufferPlan], steps: usize) -> Vec<usize> {
+    let mut delta = vec![0i64; steps + 2];
+    for b in buffers {
+        delta[b.first] += b.bytes as i64;
+        delta[b.last + 1] -= b.bytes as i64;
+    }
+    let mut now = 0i64;
+    delta[..=steps]
+        .iter()
+        .map(|d| {
+            now += d;
+            now.max(0) as usize
+        })
+        .collect()
+}
+
+/// Bytes of the inputs, parameters and constants the graph reads (each buffer once).
+fn outside_bytes(g: &Graph) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    g.values
+        .iter()
+        .filter(|v| !matches!(v.source, Source::Node { .. }) && seen.insert(v.buffer))
+        .map(|v| v.bytes)
+        .sum()
 }

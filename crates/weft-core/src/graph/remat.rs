@@ -85,7 +85,8 @@ pub fn rematerialize(g: &mut Graph) -> RematReport {
 /// Each buffer's bytes and lifetime in node steps, as the memory plan counts them.
 struct Lifetimes {
     bytes: Vec<usize>,
-    /// The first node that makes a value of the buffer (`usize::MAX`: none does).
+    /// The first node that makes a value of the buffer (`usize::MAX`: none does, or it is an
+    /// input, a parameter or a constant).
     first: Vec<usize>,
     /// The last node that reads it; `nodes.len()` when a result holds it.
     last: Vec<usize>,
@@ -94,48 +95,19 @@ struct Lifetimes {
 }
 
 impl Lifetimes {
+    /// The memory plan's lifetimes ([`super::plan::lifetimes`]), indexed by buffer id.
     fn of(g: &Graph) -> Lifetimes {
+        let buffers = super::plan::lifetimes(g);
         let nb = g.values.iter().map(|v| v.buffer + 1).max().unwrap_or(0);
         let (mut bytes, mut first, mut last) = (vec![0; nb], vec![usize::MAX; nb], vec![0; nb]);
-        let mut outside = vec![false; nb];
-        for v in &g.values {
-            bytes[v.buffer] = bytes[v.buffer].max(v.bytes);
-            outside[v.buffer] |= !matches!(v.source, Source::Node { .. });
-        }
-        for (i, n) in g.nodes.iter().enumerate() {
-            for &v in &n.outputs {
-                let b = g.values[v].buffer;
-                first[b] = first[b].min(i);
-                last[b] = last[b].max(i);
-            }
-            for &v in &n.inputs {
-                let b = g.values[v].buffer;
-                last[b] = last[b].max(i);
-            }
-        }
-        for &v in &g.outputs {
-            last[g.values[v].buffer] = g.nodes.len();
-        }
-        let mut delta = vec![0i64; g.nodes.len() + 2];
-        for b in 0..nb {
-            if outside[b] || first[b] == usize::MAX {
-                first[b] = usize::MAX;
-                continue;
-            }
-            delta[first[b]] += bytes[b] as i64;
-            delta[last[b] + 1] -= bytes[b] as i64;
-        }
-        let mut live = Vec::with_capacity(g.nodes.len() + 1);
-        let mut now = 0i64;
-        for d in &delta[..=g.nodes.len()] {
-            now += d;
-            live.push(now.max(0) as usize);
+        for p in &buffers {
+            (bytes[p.buffer], first[p.buffer], last[p.buffer]) = (p.bytes, p.first, p.last);
         }
         Lifetimes {
             bytes,
             first,
             last,
-            live,
+            live: super::plan::live_bytes(&buffers, g.nodes.len()),
         }
     }
 
