@@ -1,11 +1,14 @@
 //! `weft serve` through the binary and a real HTTP client: every endpoint against checkpoints
 //! trained here (a tiny gpt and a tiny mlp): infer outputs equal the model's forward, generation
 //! equals `weft generate`'s text for the same seed, streams deliver several chunks, the token
-//! guards the inference API, and each bad input is a 4xx naming its cause with the server
-//! answering after it.
+//! guards the inference API, and each bad input is a 4xx naming its cause (in OpenAI's shape on
+//! `/v1/*`) with the server answering after it. The metrics count the requests made, the
+//! management API registers, splits traffic and unregisters with draining, and batched requests
+//! give the unbatched logits.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -73,8 +76,17 @@ fn train_mlp(store: &Path) -> PathBuf {
 struct Server {
     child: Child,
     base: String,
+    /// The management API's base URL.
+    management: String,
+    /// The metrics' base URL.
+    metrics: String,
+    /// The token, in the file `--token-file` names.
+    token: String,
     client: Client,
 }
+
+/// The token the servers here are started with (unless a test gives its own `--token-file`).
+const TOKEN: &str = "management-token-0123456789";
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -87,8 +99,19 @@ impl Server {
     /// Starts `weft serve --model-store store` with `args` on a free loopback port and waits
     /// until it answers.
     fn start(store: &Path, args: &[&str]) -> Server {
-        let port = free_port().to_string();
-        let mut all = vec!["serve", "--model-store", store.to_str().unwrap(), "--port", &port];
+        let (port, mport, xport) = (
+            free_port().to_string(),
+            free_port().to_string(),
+            free_port().to_string(),
+        );
+        let token_file = store.join("management.token");
+        std::fs::write(&token_file, TOKEN).unwrap();
+        #[rustfmt::skip]
+        let mut all = vec!["serve", "--model-store", store.to_str().unwrap(), "--port", &port,
+            "--management-port", &mport, "--metrics-port", &xport];
+        if !args.contains(&"--token-file") {
+            all.extend(["--token-file", token_file.to_str().unwrap()]);
+        }
         all.extend(args);
         let child = weft_command(&all).stdout(Stdio::null()).spawn().unwrap();
         let client = Client::builder()
@@ -98,6 +121,9 @@ impl Server {
         let mut server = Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            management: format!("http://127.0.0.1:{mport}"),
+            metrics: format!("http://127.0.0.1:{xport}"),
+            token: TOKEN.to_string(),
             client,
         };
         let url = format!("{}/v2/health/live", server.base);
@@ -139,6 +165,35 @@ impl Server {
             .map(Result::unwrap)
             .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
             .collect()
+    }
+
+    /// `(status, body as JSON)` of a management call (with the token).
+    fn manage(&self, method: reqwest::Method, path: &str, body: &str) -> (u16, Value) {
+        let r = self
+            .client
+            .request(method, format!("{}{path}", self.management))
+            .bearer_auth(&self.token)
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        (r.status().as_u16(), body_json(r))
+    }
+
+    /// The metrics scraped now: each sample's `name{labels}` and value. Checks the exposition
+    /// format's content type and that every line is a comment or a sample.
+    fn scrape(&self) -> BTreeMap<String, f64> {
+        let r = self.client.get(format!("{}/metrics", self.metrics)).send().unwrap();
+        assert_eq!(r.status(), 200);
+        let kind = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
+        let text = r.text().unwrap();
+        let mut samples = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+            let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+            assert!(samples.insert(key.to_string(), value).is_none(), "{key} twice");
+        }
+        samples
     }
 
     /// Checks that the server still answers.
@@ -392,9 +447,21 @@ fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
     for (path, body, status, cause) in cases {
         let (got, answer) = s.post(path, body.clone());
         assert_eq!(got, status, "{path} {body}: {answer}");
-        let message = answer["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{path} {body}: no error in {answer}"));
+        // OpenAI's shape on /v1, `{"error": "..."}` elsewhere
+        let error = &answer["error"];
+        let message = if path.starts_with("/v1/") {
+            let want_code = if status == 404 {
+                "model_not_found"
+            } else {
+                "invalid_request"
+            };
+            assert_eq!(error["type"], "invalid_request_error", "{answer}");
+            assert_eq!(error["code"], want_code, "{answer}");
+            error["message"].as_str()
+        } else {
+            error.as_str()
+        };
+        let message = message.unwrap_or_else(|| panic!("{path} {body}: no error in {answer}"));
         assert!(
             message.contains(cause),
             "{path} {body}: {message:?} should name {cause:?}"
@@ -412,6 +479,14 @@ fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
         "{answer}"
     );
     assert_eq!(s.get("/v2/models/nope").0, 404);
+    let (got, answer) = s.post("/v1/completions", vec![b' '; (1 << 20) + 1]);
+    assert_eq!(
+        (got, &answer["error"]["code"]),
+        (413, &json!("request_too_large")),
+        "{answer}"
+    );
+    let (got, answer) = s.get("/v1/nothing");
+    assert_eq!((got, &answer["error"]["code"]), (404, &json!("not_found")), "{answer}");
     assert_eq!(
         s.get("/no/such/path").1["error"]
             .as_str()
@@ -466,6 +541,15 @@ fn every_endpoint_answers_and_bad_input_is_refused() {
         "--max-tokens", "64", "--max-body-bytes", "1048576"]);
     health_metadata_and_infer(&s, &gpt, &mlp);
     generation_matches_weft_generate(&s, &gpt, &llama);
+    // tokens generated: gpt 24 + 24 (generate, its stream) + 12 + 12 (completions, its
+    // stream) in 4 requests; llama 16 in 1
+    let m = s.scrape();
+    let gpt1 = "model=\"gpt\",version=\"1\"";
+    assert_eq!(m[&format!("weft_generated_tokens_total{{{gpt1}}}")], 72.0);
+    assert_eq!(m[&format!("weft_time_to_first_token_seconds_count{{{gpt1}}}")], 4.0);
+    assert_eq!(m["weft_generated_tokens_total{model=\"llama\",version=\"1\"}"], 16.0);
+    let key = format!("weft_requests_total{{{gpt1},endpoint=\"generate_stream\",code=\"200\"}}");
+    assert_eq!(m[&key], 1.0);
     bad_inputs_are_4xx_naming_the_cause(&s);
     bad_requests_leak_nothing(&s);
     drop(s);
@@ -479,7 +563,7 @@ fn the_token_guards_inference_but_not_health_checks() {
     let token = "s3cret-token-0123456789";
     let file = store.join("token");
     std::fs::write(&file, format!("{token}\n")).unwrap();
-    let s = Server::start(
+    let mut s = Server::start(
         &store,
         &[
             "--model",
@@ -509,6 +593,21 @@ fn the_token_guards_inference_but_not_health_checks() {
     }
     let r = s.client.get(&url).bearer_auth(token).send().unwrap();
     assert_eq!(r.status(), 200);
+    let r = s.client.get(format!("{}/v1/models", s.base)).send().unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    let error = body_json(r)["error"].clone();
+    assert_eq!(
+        (&error["type"], &error["code"]),
+        (&json!("authentication_error"), &json!("invalid_api_key")),
+        "{error}"
+    );
+    assert!(error["message"].as_str().unwrap().contains("missing Authorization"));
+    // the management API takes the same token
+    let r = s.client.get(format!("{}/models", s.management)).send().unwrap();
+    assert_eq!(r.status(), 401);
+    s.token = token.to_string();
+    assert_eq!(s.manage(reqwest::Method::GET, "/models", "").0, 200);
     let body = json!({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 0.5]}]});
     let r = s
         .client
@@ -526,7 +625,6 @@ fn the_token_guards_inference_but_not_health_checks() {
         .unwrap();
     assert_eq!(r.status(), 200);
     // SIGTERM: the server stops and exits 0
-    let mut s = s;
     assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
     let exited = wait_for(30, || s.child.try_wait().unwrap().is_some());
     assert!(exited, "weft serve did not stop on SIGTERM");
@@ -554,5 +652,256 @@ fn models_outside_the_store_and_bad_flags_are_refused_at_start() {
         assert!(!out.status.success(), "{args:?} started");
         assert!(err.contains(cause), "{args:?}: {err}");
     }
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+/// A v2 infer body of FP32 rows of 2 features.
+fn infer_body(rows: &[[f32; 2]]) -> String {
+    let data: Vec<f32> = rows.iter().flatten().copied().collect();
+    json!({"inputs": [{"name": "input", "shape": [rows.len(), 2], "datatype": "FP32", "data": data}]}).to_string()
+}
+
+#[test]
+fn metrics_count_the_requests_made() {
+    let store = temp_dir("serve-metrics");
+    train_mlp(&store);
+    let s = Server::start(&store, &["--model", "cls=mlp", "--model", "cls=mlp:2"]);
+    for i in 0..7 {
+        let (status, _) = s.post("/v2/models/cls/infer", infer_body(&[[i as f32, 0.5]]));
+        assert_eq!(status, 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(s.post("/v2/models/cls/versions/2/infer", "{}").0, 400);
+    }
+    for _ in 0..2 {
+        assert_eq!(s.post("/predictions/cls/2", "[[1.0, 2.0]]").0, 200);
+    }
+    assert_eq!(s.post("/v2/models/nope/infer", "{}").0, 404);
+    let m = s.scrape();
+    let v1 = "model=\"cls\",version=\"1\"";
+    let v2 = "model=\"cls\",version=\"2\"";
+    #[rustfmt::skip]
+    let counts = [
+        (format!("weft_requests_total{{{v1},endpoint=\"infer\",code=\"200\"}}"), 7.0),
+        (format!("weft_requests_total{{{v2},endpoint=\"infer\",code=\"400\"}}"), 3.0),
+        (format!("weft_requests_total{{{v2},endpoint=\"predictions\",code=\"200\"}}"), 2.0),
+        // an unknown model's name is no label value
+        ("weft_requests_total{model=\"\",version=\"\",endpoint=\"infer\",code=\"404\"}".to_string(), 1.0),
+        (format!("weft_request_duration_seconds_count{{{v1},endpoint=\"infer\"}}"), 7.0),
+        (format!("weft_request_duration_seconds_bucket{{{v1},endpoint=\"infer\",le=\"+Inf\"}}"), 7.0),
+        (format!("weft_batch_size_count{{{v1}}}"), 7.0),
+        (format!("weft_batch_size_sum{{{v1}}}"), 7.0),
+        (format!("weft_inference_duration_seconds_count{{{v2}}}"), 2.0),
+        (format!("weft_queue_depth{{{v1}}}"), 0.0),
+        (format!("weft_queue_capacity{{{v1}}}"), 64.0),
+        (format!("weft_generated_tokens_total{{{v1}}}"), 0.0),
+    ];
+    for (key, want) in counts {
+        assert_eq!(m.get(&key), Some(&want), "{key} in {m:#?}");
+    }
+    // the buckets are cumulative and end with the count
+    let buckets: Vec<f64> = m
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with(&format!(
+                "weft_request_duration_seconds_bucket{{{v1},endpoint=\"infer\""
+            ))
+        })
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(buckets.len(), 17);
+    assert!(buckets.iter().all(|&b| b <= 7.0));
+    assert!(m.contains_key(&format!("weft_model_load_seconds{{{v2}}}")));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+#[test]
+fn management_registers_splits_traffic_and_drains() {
+    use reqwest::Method;
+    let store = temp_dir("serve-manage");
+    let mlp = train_mlp(&store);
+    std::fs::create_dir_all(store.join("../serve-manage-outside")).unwrap();
+    std::os::unix::fs::symlink(store.join("../serve-manage-outside"), store.join("link")).unwrap();
+    let s = Server::start(
+        &store,
+        &[
+            "--model",
+            "cls=mlp",
+            "--max-batch-size",
+            "4",
+            "--max-batch-delay-ms",
+            "2",
+        ],
+    );
+    // the token is always needed
+    let r = s.client.get(format!("{}/models", s.management)).send().unwrap();
+    assert_eq!(r.status(), 401);
+    let (status, list) = s.manage(Method::GET, "/models", "");
+    assert_eq!(status, 200);
+    assert_eq!(list["models"], json!([{"modelName": "cls", "modelUrl": "mlp"}]));
+    // only folders inside the store
+    #[rustfmt::skip]
+    let refused = [
+        ("url=http://example.com/m.mar&model_name=x", 400), ("url=file:///etc&model_name=x", 400),
+        ("url=../serve-manage-outside&model_name=x", 403), ("url=/etc&model_name=x", 403),
+        ("url=link&model_name=x", 403), ("url=missing&model_name=x", 404), ("url=mlp&model_name=cls", 409),
+        ("url=mlp&model_name=a%20b", 400), ("url=mlp", 400), ("url=mlp&model_name=x&batch_size=-1", 400),
+    ];
+    for (q, status) in refused {
+        let (got, answer) = s.manage(Method::POST, &format!("/models?{q}"), "");
+        assert_eq!(got, status, "{q}: {answer}");
+        assert!(answer["error"].is_string(), "{q}: {answer}");
+    }
+    let (status, answer) = s.manage(Method::POST, "/models?url=mlp&model_name=cls&version=2", "");
+    assert_eq!(status, 200, "{answer}");
+    let (_, all) = s.manage(Method::GET, "/models/cls/all", "");
+    assert_eq!(all.as_array().unwrap().len(), 2, "{all}");
+    assert_eq!(
+        (&all[0]["isDefault"], &all[1]["isDefault"]),
+        (&json!(true), &json!(false))
+    );
+    assert_eq!(all[1]["batchSize"], 4);
+    assert_eq!(s.manage(Method::GET, "/models/cls/3", "").0, 404);
+
+    // set-default moves unversioned requests
+    let x = infer_body(&[[0.25, -0.5]]);
+    let answer_version = |body: &str| {
+        let r = s
+            .client
+            .post(format!("{}/v2/models/cls/infer", s.base))
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let header = r.headers()["weft-model-version"].to_str().unwrap().to_string();
+        let v = body_json(r)["model_version"].as_str().unwrap().to_string();
+        assert_eq!(header, v);
+        v
+    };
+    assert_eq!(answer_version(&x), "1");
+    assert_eq!(s.manage(Method::PUT, "/models/cls/2/set-default", "").0, 200);
+    assert_eq!(answer_version(&x), "2");
+    assert_eq!(s.manage(Method::PUT, "/models/cls/1/set-default", "").0, 200);
+
+    // a 70/30 split over 200 requests, then 50/50 set by a JSON body
+    let (status, answer) = s.manage(Method::PUT, "/models/cls?split=1:0.7,2:0.3", "");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["traffic"], json!({"1": 0.7, "2": 0.3}));
+    let ones = (0..200).filter(|_| answer_version(&x) == "1").count();
+    assert!((130..=150).contains(&ones), "version 1 answered {ones} of 200");
+    assert_eq!(s.manage(Method::PUT, "/models/cls?split=1:0.7,9:0.3", "").0, 404);
+    assert_eq!(s.manage(Method::PUT, "/models/cls?split=1:-1", "").0, 400);
+    let (status, answer) = s.manage(Method::PUT, "/models/cls/traffic", "{\"1\": 50, \"2\": 50}");
+    assert_eq!(status, 200, "{answer}");
+    let ones = (0..100).filter(|_| answer_version(&x) == "1").count();
+    assert!((40..=60).contains(&ones), "version 1 answered {ones} of 100");
+    // the default cannot go while another version is there
+    assert_eq!(s.manage(Method::DELETE, "/models/cls/1", "").0, 409);
+
+    // unregistering version 2 under load: every request succeeds, none reaches 2 afterwards
+    let want = reference_logits(&mlp, &Tensor::from_vec(vec![0.25f32, -0.5], &[1, 2]).unwrap());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let deleted = std::sync::atomic::AtomicBool::new(false);
+    let (answers, after) = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (mut answers, mut after_delete) = (Vec::new(), Vec::new());
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let was_deleted = deleted.load(std::sync::atomic::Ordering::SeqCst);
+                        let (status, answer) = s.post("/v2/models/cls/infer", x.clone());
+                        assert_eq!(status, 200, "{answer}");
+                        assert_output(&answer["outputs"][0], &want);
+                        let v = answer["model_version"].as_str().unwrap().to_string();
+                        if was_deleted {
+                            after_delete.push(v.clone());
+                        }
+                        answers.push(v);
+                    }
+                    (answers, after_delete)
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let (status, answer) = s.manage(Method::DELETE, "/models/cls/2", "");
+        assert_eq!(status, 200, "{answer}");
+        deleted.store(true, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut answers = Vec::new();
+        let mut after = Vec::new();
+        for c in clients {
+            let (a, b) = c.join().unwrap();
+            answers.extend(a);
+            after.extend(b);
+        }
+        (answers, after)
+    });
+    assert!(answers.iter().any(|v| v == "2"), "version 2 never answered");
+    assert!(!after.is_empty() && after.iter().all(|v| v == "1"), "{after:?}");
+    assert_eq!(s.get("/v2/models/cls/versions/2").0, 404);
+    let (_, all) = s.manage(Method::GET, "/models/cls/all", "");
+    assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
+    // the last version goes with its name
+    assert_eq!(s.manage(Method::DELETE, "/models/cls/1", "").0, 200);
+    assert_eq!(s.manage(Method::GET, "/models", "").1["models"], json!([]));
+    assert_eq!(s.post("/v2/models/cls/infer", x).0, 404);
+    s.alive();
+    drop(s);
+    let _ = std::fs::remove_dir_all(&store);
+    let _ = std::fs::remove_dir_all(store.join("../serve-manage-outside"));
+}
+
+#[test]
+fn batched_requests_give_the_unbatched_logits() {
+    let store = temp_dir("serve-batch");
+    let mlp = train_mlp(&store);
+    #[rustfmt::skip]
+    let s = Server::start(&store, &["--model", "cls=mlp", "--max-batch-size", "8", "--max-batch-delay-ms", "100"]);
+    let inputs: Vec<Vec<[f32; 2]>> = (0..16)
+        .map(|i| {
+            (0..1 + i % 3)
+                .map(|j| [i as f32 * 0.1 - 0.7, j as f32 * 0.3 - 0.2])
+                .collect()
+        })
+        .collect();
+    let barrier = std::sync::Barrier::new(inputs.len());
+    std::thread::scope(|scope| {
+        for (i, rows) in inputs.iter().enumerate() {
+            let (barrier, s, mlp) = (&barrier, &s, &mlp);
+            scope.spawn(move || {
+                let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+                let want = reference_logits(mlp, &Tensor::from_vec(flat, &[rows.len(), 2]).unwrap());
+                barrier.wait();
+                if i % 2 == 0 {
+                    let (status, answer) = s.post("/v2/models/cls/infer", infer_body(rows));
+                    assert_eq!(status, 200, "{answer}");
+                    assert_output(&answer["outputs"][0], &want);
+                } else {
+                    let (status, answer) = s.post("/predictions/cls", json!(rows).to_string());
+                    assert_eq!(status, 200, "{answer}");
+                    let data: Vec<f32> = answer
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .flat_map(|r| serde_json::from_value::<Vec<f32>>(r.clone()).unwrap())
+                        .collect();
+                    let shape = [rows.len(), want.0[1]];
+                    assert_output(
+                        &json!({"name": "logits", "datatype": "FP32", "shape": shape, "data": data}),
+                        &want,
+                    );
+                }
+            });
+        }
+    });
+    let m = s.scrape();
+    let v1 = "model=\"cls\",version=\"1\"";
+    let forwards = m[&format!("weft_batch_size_count{{{v1}}}")];
+    assert_eq!(m[&format!("weft_batch_size_sum{{{v1}}}")], 16.0);
+    assert!(forwards < 16.0, "16 requests ran as {forwards} forwards");
+    assert!(m[&format!("weft_batch_size_bucket{{{v1},le=\"1\"}}")] < forwards);
+    drop(s);
     let _ = std::fs::remove_dir_all(&store);
 }
