@@ -9,7 +9,6 @@
 //! loading were CVE-2023-43654).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -158,7 +157,7 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
     let spec: ModelSpec = format!("{name}={url}:{version}")
         .parse()
         .map_err(|e: String| ApiError::bad_request(e.replace("--model ", "")))?;
-    if spec.path != PathBuf::from(url) || spec.version == "all" {
+    if spec.path.as_os_str() != url.as_str() || spec.version == "all" {
         return Err(ApiError::bad_request(format!(
             "url {url:?} or version {version:?}: a version is 1 to 64 of A-Z a-z 0-9 . _ - (not `all`)"
         )));

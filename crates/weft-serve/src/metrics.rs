@@ -161,6 +161,9 @@ fn help(out: &mut String, name: &str, kind: &str, text: &str) {
     let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
 }
 
+/// One of a version's histograms.
+type StatsHistogram = fn(&crate::registry::Served) -> &Histogram;
+
 /// Every metric as Prometheus text (exposition format 0.0.4).
 pub fn render(metrics: &Metrics, registry: &Registry) -> String {
     let mut out = String::new();
@@ -234,7 +237,7 @@ pub fn render(metrics: &Metrics, registry: &Registry) -> String {
         let n = s.stats.generated_tokens.load(Ordering::Relaxed);
         let _ = writeln!(out, "weft_generated_tokens_total{{{}}} {n}", model_label(s));
     }
-    let histograms: [(&str, &str, fn(&crate::registry::Served) -> &Histogram); 3] = [
+    let histograms: [(&str, &str, StatsHistogram); 3] = [
         (
             "weft_time_to_first_token_seconds",
             "Seconds from a generation request's arrival to its first new token.",
