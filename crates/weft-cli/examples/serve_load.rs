@@ -1,6 +1,6 @@
 //! A small load generator for `weft serve`: `--clients` threads, each with its own keep-alive
-//! connection, send KServe v2 infer requests of `--rows` rows of `--features` FP32 values to
-//! `--url` back to back for `--seconds` seconds (after one second of warm-up), then it prints
+//! connection, send KServe v2 infer requests of `--rows` rows of `--features` FP32 values (or
+//! of shape `--shape`, e.g. `1,8,8` for an image) to `--url` back to back for `--seconds` seconds (after one second of warm-up), then it prints
 //! one JSON line: requests, failures, requests per second and latency percentiles (ms).
 //!
 //! ```sh
@@ -21,7 +21,8 @@ struct Load {
     clients: usize,
     seconds: f64,
     rows: usize,
-    features: usize,
+    /// The dimensions of one row.
+    row_shape: Vec<usize>,
 }
 
 fn parse_args() -> Result<Load, String> {
@@ -30,7 +31,7 @@ fn parse_args() -> Result<Load, String> {
         clients: 16,
         seconds: 10.0,
         rows: 1,
-        features: 64,
+        row_shape: vec![64],
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -41,7 +42,13 @@ fn parse_args() -> Result<Load, String> {
             "--clients" => load.clients = number(&value)? as usize,
             "--seconds" => load.seconds = number(&value)?,
             "--rows" => load.rows = number(&value)? as usize,
-            "--features" => load.features = number(&value)? as usize,
+            "--features" => load.row_shape = vec![number(&value)? as usize],
+            "--shape" => {
+                load.row_shape = value
+                    .split(',')
+                    .map(|d| number(d).map(|d| d as usize))
+                    .collect::<Result<_, _>>()?
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -58,12 +65,12 @@ fn client(load: &Load, index: usize, measure_from: Instant, end: Instant) -> (Ve
         .timeout(Duration::from_secs(30))
         .build()
         .expect("an HTTP client");
-    let data: Vec<f32> = (0..load.rows * load.features)
+    let mut shape = vec![load.rows];
+    shape.extend(&load.row_shape);
+    let data: Vec<f32> = (0..shape.iter().product::<usize>())
         .map(|i| ((i * 31 + index * 7) % 17) as f32 / 17.0)
         .collect();
-    let body =
-        json!({"inputs": [{"name": "input", "shape": [load.rows, load.features], "datatype": "FP32", "data": data}]})
-            .to_string();
+    let body = json!({"inputs": [{"name": "input", "shape": shape, "datatype": "FP32", "data": data}]}).to_string();
     let (mut latencies, mut failures) = (Vec::new(), 0);
     loop {
         let started = Instant::now();
