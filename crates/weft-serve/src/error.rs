@@ -134,3 +134,33 @@ pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limi
         ApiError::bad_request(format!("invalid request at {path}: {}", e.inner()))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_errors_have_type_and_code() {
+        let e = openai_error(StatusCode::NOT_FOUND, "unknown model \"x\"");
+        assert_eq!(e["error"]["code"], "model_not_found");
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+        assert_eq!(e["error"]["message"], "unknown model \"x\"");
+        assert!(e["error"]["param"].is_null());
+        assert_eq!(
+            openai_error(StatusCode::NOT_FOUND, "no such endpoint")["error"]["code"],
+            "not_found"
+        );
+        assert_eq!(
+            openai_error(StatusCode::UNAUTHORIZED, "m")["error"]["type"],
+            "authentication_error"
+        );
+        assert_eq!(
+            openai_error(StatusCode::SERVICE_UNAVAILABLE, "m")["error"]["code"],
+            "overloaded"
+        );
+        assert_eq!(
+            openai_error(StatusCode::INTERNAL_SERVER_ERROR, "m")["error"]["type"],
+            "server_error"
+        );
+    }
+}

@@ -274,6 +274,12 @@ pub fn load(store: &Path, spec: &ModelSpec, options: LoadOptions) -> Result<Serv
 /// requests and batching up to `max_batch_size` of them (waiting 20 ms for more).
 #[cfg(test)]
 pub(crate) fn test_mlp(queue: usize, max_batch_size: usize) -> Arc<Served> {
+    Arc::new(test_version("1", queue, max_batch_size))
+}
+
+/// Version `version` of the mlp of [`test_mlp`].
+#[cfg(test)]
+pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -> Served {
     let config = weft_models::mlp::MlpConfig {
         in_features: 2,
         hidden: vec![4],
@@ -285,9 +291,9 @@ pub(crate) fn test_mlp(queue: usize, max_batch_size: usize) -> Arc<Served> {
         max_batch_size,
         max_batch_delay: Duration::from_millis(20),
     };
-    Arc::new(Served {
+    Served {
         name: "m".into(),
-        version: "1".into(),
+        version: version.into(),
         kind: "mlp",
         signature: Signature::Features {
             features: 2,
@@ -303,7 +309,7 @@ pub(crate) fn test_mlp(queue: usize, max_batch_size: usize) -> Arc<Served> {
         admitted: Arc::new(Semaphore::new(queue)),
         batcher: OnceLock::new(),
         stats: ModelStats::default(),
-    })
+    }
 }
 
 #[cfg(test)]

@@ -298,3 +298,95 @@ pub async fn drain(served: &Served) {
     }
     served.admitted.close();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::test_version;
+
+    /// Model `m` with versions 1, 2 and 3 (1 the default), each admitting 4 requests.
+    fn three() -> Registry {
+        let r = Registry::default();
+        for v in ["1", "2", "3"] {
+            r.add(test_version(v, 4, 1)).unwrap();
+        }
+        r
+    }
+
+    /// How many of `n` unversioned requests each version answers.
+    fn routed(r: &Registry, n: usize) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for _ in 0..n {
+            let a = r.admit("m", None).unwrap();
+            *counts.entry(a.served.version.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn the_split_routes_in_proportion_and_follows_removals() {
+        let r = three();
+        assert_eq!(r.add(test_version("2", 4, 1)).unwrap_err().status, StatusCode::CONFLICT);
+        assert_eq!(routed(&r, 10)["1"], 10);
+        let w = |v: &str, x: f64| (v.to_string(), x);
+        r.set_split("m", &[w("1", 5.0), w("2", 3.0), w("3", 2.0)]).unwrap();
+        let counts = routed(&r, 1000);
+        for (v, want) in [("1", 500), ("2", 300), ("3", 200)] {
+            assert!(counts[v].abs_diff(want) <= 3, "{counts:?}");
+        }
+        // versioned requests ignore the split
+        assert_eq!(r.admit("m", Some("3")).unwrap().served.version, "3");
+        assert_eq!(
+            r.set_split("m", &[w("9", 1.0)]).unwrap_err().status,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            r.set_split("m", &[w("1", 0.0)]).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            r.set_split("m", &[w("1", f64::NAN)]).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+        // the default stays; a removed version's share goes to the others
+        assert_eq!(r.remove("m", "1").unwrap_err().status, StatusCode::CONFLICT);
+        r.remove("m", "3").unwrap();
+        let view = r.view("m").unwrap();
+        let shares: Vec<(&str, f64)> = view.split.iter().map(|(v, x)| (v.as_str(), *x)).collect();
+        assert!(
+            shares.len() == 2 && (shares[0].1 - 0.625).abs() < 1e-12 && (shares[1].1 - 0.375).abs() < 1e-12,
+            "{shares:?}"
+        );
+        assert_eq!(r.admit("m", Some("3")).err().unwrap().status, StatusCode::NOT_FOUND);
+        r.set_default("m", "2").unwrap();
+        r.set_split("m", &[]).unwrap();
+        assert_eq!(routed(&r, 5)["2"], 5);
+        r.remove("m", "1").unwrap();
+        r.remove("m", "2").unwrap();
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_removed_version_drains_what_it_admitted() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let r = three();
+            let held = r.admit("m", Some("2")).unwrap();
+            let served = r.remove("m", "2").unwrap();
+            assert_eq!(served.queue_depth(), 1);
+            let drained = tokio::spawn(async move {
+                drain(&served).await;
+                served
+            });
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(!drained.is_finished(), "drained while a request was admitted");
+            drop(held);
+            let served = drained.await.unwrap();
+            // closed for good: nothing is admitted to it any more
+            assert!(Admitted::new(&served).is_err());
+        });
+    }
+}
