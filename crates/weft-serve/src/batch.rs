@@ -21,6 +21,8 @@ use crate::worker;
 pub(crate) struct Pending {
     input: Tensor,
     reply: oneshot::Sender<Result<ResponseOutput, ApiError>>,
+    /// When the request was admitted.
+    at: std::time::Instant,
     /// Freed once the answer is sent: the version is not drained before.
     _permit: OwnedSemaphorePermit,
 }
@@ -28,7 +30,7 @@ pub(crate) struct Pending {
 /// Queues `input` for the admitted model's batcher (started by the first request) and waits
 /// for its logits.
 pub async fn submit(admitted: Admitted, input: Tensor) -> Result<ResponseOutput, ApiError> {
-    let Admitted { served, permit } = admitted;
+    let Admitted { served, permit, at } = admitted;
     let queue = served.batcher.get_or_init(|| {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run_batches(Arc::downgrade(&served), rx, served.options));
@@ -39,6 +41,7 @@ pub async fn submit(admitted: Admitted, input: Tensor) -> Result<ResponseOutput,
     let pending = Pending {
         input,
         reply,
+        at,
         _permit: permit,
     };
     queue
@@ -112,6 +115,9 @@ fn join(batch: &[Pending]) -> Result<Tensor, weft_core::Error> {
 /// Runs `batch` as one forward on the calling thread (which holds the worker) and answers each
 /// request with its rows.
 fn run_batch(served: &Served, batch: Vec<Pending>) {
+    for p in &batch {
+        served.stats.queue.observe(p.at.elapsed().as_secs_f64());
+    }
     let out = match batch.as_slice() {
         [one] => worker::logits(served, &one.input, 1),
         _ => join(&batch)

@@ -98,6 +98,9 @@ pub struct ModelStats {
     pub batch_size: Histogram,
     /// Seconds each forward (of one request or a batch) took on the worker.
     pub inference: Histogram,
+    /// Seconds each request waited from its admission until its forward or generation started
+    /// on the worker (in the batcher's queue too).
+    pub queue: Histogram,
 }
 
 impl Default for ModelStats {
@@ -107,6 +110,7 @@ impl Default for ModelStats {
             time_to_first_token: Histogram::new(&SECONDS_BUCKETS),
             batch_size: Histogram::new(&BATCH_BUCKETS),
             inference: Histogram::new(&SECONDS_BUCKETS),
+            queue: Histogram::new(&SECONDS_BUCKETS),
         }
     }
 }
@@ -237,7 +241,12 @@ pub fn render(metrics: &Metrics, registry: &Registry) -> String {
         let n = s.stats.generated_tokens.load(Ordering::Relaxed);
         let _ = writeln!(out, "weft_generated_tokens_total{{{}}} {n}", model_label(s));
     }
-    let histograms: [(&str, &str, StatsHistogram); 3] = [
+    let histograms: [(&str, &str, StatsHistogram); 4] = [
+        (
+            "weft_queue_duration_seconds",
+            "Seconds a request waited from its admission until it started on a model version's worker.",
+            |s| &s.stats.queue,
+        ),
         (
             "weft_time_to_first_token_seconds",
             "Seconds from a generation request's arrival to its first new token.",

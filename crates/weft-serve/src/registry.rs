@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use tokio::sync::OwnedSemaphorePermit;
@@ -17,6 +18,8 @@ pub use crate::model::{load, resolve_in_store, LoadOptions, ModelSpec, Served, S
 pub struct Admitted {
     pub served: Arc<Served>,
     pub(crate) permit: OwnedSemaphorePermit,
+    /// When the request was admitted: its time in the queue is measured from here.
+    pub(crate) at: Instant,
 }
 
 impl Admitted {
@@ -34,6 +37,7 @@ impl Admitted {
         Ok(Admitted {
             served: served.clone(),
             permit,
+            at: Instant::now(),
         })
     }
 }

@@ -19,11 +19,12 @@ pub fn spawn<T: Send + 'static>(
     admitted: Admitted,
     job: impl FnOnce(&Arc<Served>) -> T + Send + 'static,
 ) -> JoinHandle<T> {
-    let Admitted { served, permit } = admitted;
+    let Admitted { served, permit, at } = admitted;
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         // a job that panicked left nothing half-written in the guard's unit value
         let _running = served.running.lock().unwrap_or_else(|p| p.into_inner());
+        served.stats.queue.observe(at.elapsed().as_secs_f64());
         job(&served)
     })
 }

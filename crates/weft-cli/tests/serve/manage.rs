@@ -39,6 +39,7 @@ fn metrics_count_the_requests_made() {
         (format!("weft_batch_size_count{{{v1}}}"), 7.0),
         (format!("weft_batch_size_sum{{{v1}}}"), 7.0),
         (format!("weft_inference_duration_seconds_count{{{v2}}}"), 2.0),
+        (format!("weft_queue_duration_seconds_count{{{v1}}}"), 7.0),
         (format!("weft_queue_depth{{{v1}}}"), 0.0),
         (format!("weft_queue_capacity{{{v1}}}"), 64.0),
         (format!("weft_generated_tokens_total{{{v1}}}"), 0.0),
