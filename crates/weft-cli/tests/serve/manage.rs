@@ -5,7 +5,7 @@
 use serde_json::json;
 use weft_core::Tensor;
 
-use crate::common::temp_dir;
+use crate::common::{temp_dir, wait_for, weft_command};
 use crate::support::{assert_output, body_json, infer_body, reference_logits, train_mlp, Server};
 
 #[test]
@@ -251,5 +251,49 @@ fn batched_requests_give_the_unbatched_logits() {
     assert!(forwards < 16.0, "16 requests ran as {forwards} forwards");
     assert!(m[&format!("weft_batch_size_bucket{{{v1},le=\"1\"}}")] < forwards);
     drop(s);
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+#[test]
+fn without_a_token_file_a_private_one_is_made_and_removed() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::PermissionsExt;
+    let store = temp_dir("serve-gen-token");
+    train_mlp(&store);
+    #[rustfmt::skip]
+    let mut child = weft_command(&["serve", "--model-store", store.to_str().unwrap(), "--model", "cls=mlp",
+        "--port", "0", "--management-port", "0", "--metrics-port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the token file's path, then the three addresses
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().unwrap().unwrap();
+    let first = next();
+    let path = first
+        .strip_prefix("weft serve: the management API's token is in ")
+        .and_then(|rest| rest.strip_suffix(" (0600)"))
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_string();
+    let mut addresses = Vec::new();
+    for _ in 0..3 {
+        let line = next();
+        addresses.push(line.rsplit_once("http://").unwrap().1.to_string());
+    }
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{path}");
+    let token = std::fs::read_to_string(&path).unwrap().trim().to_string();
+    assert_eq!(token.len(), 64);
+    let client = reqwest::blocking::Client::new();
+    let models = format!("http://{}/models", addresses[1]);
+    assert_eq!(client.get(&models).send().unwrap().status(), 401);
+    assert_eq!(client.get(&models).bearer_auth(&token).send().unwrap().status(), 200);
+    // the inference API stays open without --inference-token
+    let ready = format!("http://{}/v2/models/cls/ready", addresses[0]);
+    assert_eq!(client.get(&ready).send().unwrap().status(), 200);
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_for(30, || child.try_wait().unwrap().is_some()));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(!std::path::Path::new(&path).exists(), "{path} is still there");
     let _ = std::fs::remove_dir_all(&store);
 }
