@@ -71,6 +71,8 @@ fn management_registers_splits_traffic_and_drains() {
     let mlp = train_mlp(&store);
     std::fs::create_dir_all(store.join("../serve-manage-outside")).unwrap();
     std::os::unix::fs::symlink(store.join("../serve-manage-outside"), store.join("link")).unwrap();
+    // a folder inside the store that holds no checkpoint: its load fails, the others serve on
+    std::fs::create_dir_all(store.join("empty")).unwrap();
     let s = Server::start(
         &store,
         &[
@@ -94,13 +96,21 @@ fn management_registers_splits_traffic_and_drains() {
         ("url=http://example.com/m.mar&model_name=x", 400), ("url=file:///etc&model_name=x", 400),
         ("url=../serve-manage-outside&model_name=x", 403), ("url=/etc&model_name=x", 403),
         ("url=link&model_name=x", 403), ("url=missing&model_name=x", 404), ("url=mlp&model_name=cls", 409),
-        ("url=mlp&model_name=a%20b", 400), ("url=mlp", 400), ("url=mlp&model_name=x&batch_size=-1", 400),
+        ("url=empty&model_name=x", 400), ("url=mlp&model_name=a%20b", 400), ("url=mlp", 400),
+        ("url=mlp&model_name=x&batch_size=-1", 400),
     ];
     for (q, status) in refused {
         let (got, answer) = s.manage(Method::POST, &format!("/models?{q}"), "");
         assert_eq!(got, status, "{q}: {answer}");
         assert!(answer["error"].is_string(), "{q}: {answer}");
+        if q.starts_with("url=empty") {
+            assert!(
+                answer["error"].as_str().unwrap().contains("model x version 1"),
+                "{answer}"
+            );
+        }
     }
+    s.alive();
     let (status, answer) = s.manage(Method::POST, "/models?url=mlp&model_name=cls&version=2", "");
     assert_eq!(status, 200, "{answer}");
     let (_, all) = s.manage(Method::GET, "/models/cls/all", "");
