@@ -54,7 +54,8 @@ run() { # label, extra serve flags...
         --shape "$SHAPE" --clients "$CLIENTS" --seconds "$SECS" --rows "$ROWS"
     # requests per forward over the whole run (warm-up included), from the server's metrics
     curl -s "http://127.0.0.1:$mport/metrics" | awk '/^weft_batch_size_sum/ {s=$2} /^weft_batch_size_count/ {c=$2}
-        END {printf "  mean requests per forward: %.2f over %d forwards\n", s/c, c}'
+        /^weft_inference_duration_seconds_sum/ {t=$2}
+        END {printf "  mean requests per forward: %.2f over %d forwards of %.3f ms (worker busy %.1f s)\n", s/c, c, 1e3*t/c, t}'
     kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
 }
 run "batching off (--max-batch-size 1):" --max-batch-size 1

@@ -3,8 +3,8 @@
 //! extension and an OpenAI-compatible `/v1/completions` with server-sent-event streaming
 //! (docs/serving.md); a TorchServe-style management API (register, set-default, traffic split,
 //! unregister with draining) and Prometheus metrics, each on its own port. Models run on
-//! tokio's blocking pool, one job (a forward, a batch of forwards, or a generation) per model
-//! at a time; the async threads only move bytes.
+//! tokio's blocking pool, one job (a forward of one request or of a batch, or a generation) per
+//! model at a time; the async threads only move bytes.
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
