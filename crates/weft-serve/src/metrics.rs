@@ -326,7 +326,8 @@ fn path_labels(path: &str, registry: &Registry) -> (String, String) {
 }
 
 /// Counts each request under its model, version, endpoint and status, and times it; the
-/// version that answered (when a handler says) is also sent as `Weft-Model-Version`.
+/// version that answered (when a handler says) is also sent as `Weft-Model-Version`. A refused
+/// request is counted under what its path names (see [`path_labels`]).
 pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let endpoint = request
