@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// How long, in milliseconds, a batch waits for more requests after its first arrives.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     max_batch_delay_ms: u64,
+    /// The most generation requests of one language model decoded together, a token each per
+    /// step (continuous batching; 1: one at a time; the management API takes `max_sequences`).
+    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().max_sequences)]
+    max_sequences: usize,
 }
 
 /// The generated management token's file, removed when dropped.
@@ -92,6 +96,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         queue: args.queue.max(1),
         max_batch_size: args.max_batch_size.max(1),
         max_batch_delay: Duration::from_millis(args.max_batch_delay_ms),
+        max_sequences: args.max_sequences.max(1),
     };
     let registry = Registry::default();
     for raw in &args.models {

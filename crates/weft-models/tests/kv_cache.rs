@@ -238,7 +238,7 @@ fn cached_generation_draws_the_whole_context_loops_tokens_past_block_size() {
         top_p: 1.0,
     };
     for (name, m) in models() {
-        for (s, seed) in [(Sampling::greedy(), 0), (sampled.clone(), 4), (sampled.clone(), 11)] {
+        for (s, seed) in [(Sampling::greedy(), 0), (sampled, 4), (sampled, 11)] {
             let prompt = seq(5, seed as i64);
             // 5 + 20 tokens: the context passes block_size 12 and slides
             let got = m

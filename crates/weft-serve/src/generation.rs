@@ -1,20 +1,16 @@
-//! Text generation with a language model (gpt, llama): the sampling parameters, checked; the
-//! decode loop, which draws exactly the tokens `weft generate` draws for the same checkpoint,
-//! prompt, sampling and seed (it calls [`LanguageModel::generate`] one token at a time with one
-//! random stream); and streaming the text as it is made.
-//!
-//! There is no KV cache yet: each new token runs the model over the whole (cropped) context.
+//! Text generation with a language model (gpt, llama): the sampling parameters, checked, and
+//! the requests' entry points. The decode loop is [`crate::decode`]'s continuous batching, on
+//! the key/value cache: each request draws exactly the tokens `weft generate` draws for the same
+//! checkpoint, prompt, sampling and seed (its own random stream, one draw per sampled token),
+//! and its text streams as it is made.
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
-use weft_core::{Generator, Tensor};
 use weft_models::{LanguageModel, Sampling};
 
 use crate::error::ApiError;
 use crate::registry::{Admitted, Served};
-use crate::worker;
 
 /// How to generate: at most `max_tokens` new tokens, each drawn by `sampling` from `seed`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,60 +109,8 @@ pub fn prompt_ids(served: &Served, prompt: &str) -> Result<Vec<i64>, ApiError> {
     weft_train::generate::encode_prompt(tok, prompt).map_err(|e| ApiError::bad_request(format!("prompt: {e}")))
 }
 
-/// Generates after `ids` on the calling thread (a worker's), giving `emit` each new piece of
-/// text as soon as it decodes whole; `emit` returns false to stop early (the client left).
-/// `arrived` is when the request arrived: the time to the first new token is measured from it.
-pub fn generate(
-    served: &Served,
-    ids: Vec<i64>,
-    params: &GenerateParams,
-    arrived: Instant,
-    mut emit: impl FnMut(&str) -> bool,
-) -> Result<Generated, ApiError> {
-    let (lm, tok) = parts(served)?;
-    let fail = |e: &dyn std::fmt::Display| {
-        ApiError::internal(format!("model {} version {}: {e}", served.name, served.version))
-    };
-    let mut rng = Generator::new(params.seed);
-    let prompt_tokens = ids.len();
-    let mut all = ids;
-    let mut sent = String::new();
-    for step in 0..params.max_tokens {
-        let context = Tensor::from_vec(all.clone(), &[1, all.len()]).map_err(|e| fail(&e))?;
-        let out = lm
-            .generate(&context, 1, &params.sampling, Some(tok.vocab_size()), &mut rng)
-            .map_err(|e| fail(&e))?;
-        let next = out.to_vec::<i64>().map_err(|e| fail(&e))?.last().copied();
-        all.push(next.ok_or_else(|| fail(&"the model returned no token"))?);
-        served.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        if step == 0 {
-            served
-                .stats
-                .time_to_first_token
-                .observe(arrived.elapsed().as_secs_f64());
-        }
-        let text = decode(tok, &all[prompt_tokens..]).map_err(|e| fail(&e))?;
-        // a token that ends inside a character decodes to U+FFFD until the rest arrives
-        if text.ends_with('\u{FFFD}') && step + 1 < params.max_tokens {
-            continue;
-        }
-        if let Some(piece) = text.strip_prefix(sent.as_str()) {
-            if !piece.is_empty() && !emit(piece) {
-                break;
-            }
-            sent = text;
-        }
-    }
-    let completion_tokens = all.len() - prompt_tokens;
-    Ok(Generated {
-        text: decode(tok, &all[prompt_tokens..]).map_err(|e| fail(&e))?,
-        prompt_tokens,
-        completion_tokens,
-    })
-}
-
 /// `ids` (below the tokenizer's vocabulary: the sampler draws no others) decoded.
-fn decode(tok: &weft_data::Tokenizer, ids: &[i64]) -> weft_data::Result<String> {
+pub(crate) fn decode_text(tok: &weft_data::Tokenizer, ids: &[i64]) -> weft_data::Result<String> {
     let ids: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
     tok.decode(&ids)
 }
@@ -182,34 +126,33 @@ pub enum Piece {
     Failed(ApiError),
 }
 
-/// Starts generating on the admitted model's worker; the pieces arrive on the returned
-/// channel, the last one `Done` or `Failed` (a channel that closes without either: the job
-/// died). Dropping the receiver stops the generation at its next token.
+/// Starts generating in the admitted model's running batch ([`crate::decode`]); the pieces
+/// arrive on the returned channel, the last one `Done` or `Failed` (a channel that closes without
+/// either: the decode thread died). Dropping the receiver ends the sequence at its next step.
 pub fn start_stream(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
     arrived: Instant,
-) -> mpsc::Receiver<Piece> {
-    let (tx, rx) = mpsc::channel(64);
-    worker::spawn(admitted, move |s| {
-        let result = generate(s, ids, &params, arrived, |p| {
-            tx.blocking_send(Piece::Text(p.to_string())).is_ok()
-        });
-        let _ = tx.blocking_send(match result {
-            Ok(g) => Piece::Done(g),
-            Err(e) => Piece::Failed(e),
-        });
-    });
-    rx
+) -> mpsc::UnboundedReceiver<Piece> {
+    crate::decode::submit(admitted, ids, params, arrived)
 }
 
-/// Runs a whole generation on the admitted model's worker.
+/// Runs a whole generation in the admitted model's running batch and waits for it.
 pub async fn run(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
     arrived: Instant,
 ) -> Result<Generated, ApiError> {
-    worker::run(admitted, move |s| generate(s, ids, &params, arrived, |_| true)).await
+    let who = format!("model {} version {}", admitted.served.name, admitted.served.version);
+    let mut pieces = start_stream(admitted, ids, params, arrived);
+    while let Some(piece) = pieces.recv().await {
+        match piece {
+            Piece::Text(_) => {}
+            Piece::Done(made) => return Ok(made),
+            Piece::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal(format!("{who} failed while generating")))
 }

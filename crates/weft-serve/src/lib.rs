@@ -10,6 +10,7 @@
 
 pub mod auth;
 mod batch;
+mod decode;
 pub mod error;
 pub mod generation;
 pub mod management;

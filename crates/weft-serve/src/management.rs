@@ -69,6 +69,7 @@ fn describe_version(s: &Served, default: &str, split: &[(String, f64)]) -> Value
         "trafficShare": share,
         "batchSize": s.options.max_batch_size,
         "maxBatchDelay": s.options.max_batch_delay.as_millis() as u64,
+        "maxSequences": s.options.max_sequences,
         "queueCapacity": s.options.queue,
         "queueDepth": s.queue_depth(),
         "loadSeconds": s.load_seconds,
@@ -176,6 +177,9 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
     }
     if let Some(ms) = number(&q, "max_batch_delay")? {
         options.max_batch_delay = Duration::from_millis(ms);
+    }
+    if let Some(n) = number(&q, "max_sequences")? {
+        options.max_sequences = (n as usize).max(1);
     }
     if state.registry.get(&spec.name, Some(&spec.version)).is_ok() {
         return Err(ApiError::new(

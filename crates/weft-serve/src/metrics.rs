@@ -101,6 +101,10 @@ pub struct ModelStats {
     /// Seconds each request waited from its admission until its forward or generation started
     /// on the worker (in the batcher's queue too).
     pub queue: Histogram,
+    /// Sequences run together by each decode step of generation (continuous batching).
+    pub decode_batch: Histogram,
+    /// Seconds each decode step (one cached forward of every running sequence) took.
+    pub decode_step: Histogram,
 }
 
 impl Default for ModelStats {
@@ -111,6 +115,8 @@ impl Default for ModelStats {
             batch_size: Histogram::new(&BATCH_BUCKETS),
             inference: Histogram::new(&SECONDS_BUCKETS),
             queue: Histogram::new(&SECONDS_BUCKETS),
+            decode_batch: Histogram::new(&BATCH_BUCKETS),
+            decode_step: Histogram::new(&SECONDS_BUCKETS),
         }
     }
 }
@@ -241,7 +247,7 @@ pub fn render(metrics: &Metrics, registry: &Registry) -> String {
         let n = s.stats.generated_tokens.load(Ordering::Relaxed);
         let _ = writeln!(out, "weft_generated_tokens_total{{{}}} {n}", model_label(s));
     }
-    let histograms: [(&str, &str, StatsHistogram); 4] = [
+    let histograms: [(&str, &str, StatsHistogram); 6] = [
         (
             "weft_queue_duration_seconds",
             "Seconds a request waited from its admission until it started on a model version's worker.",
@@ -261,6 +267,16 @@ pub fn render(metrics: &Metrics, registry: &Registry) -> String {
             "weft_inference_duration_seconds",
             "Seconds one forward (one request or a batch) took on a model version's worker.",
             |s| &s.stats.inference,
+        ),
+        (
+            "weft_decode_batch_size",
+            "Sequences generated together by one decode step of a model version.",
+            |s| &s.stats.decode_batch,
+        ),
+        (
+            "weft_decode_step_duration_seconds",
+            "Seconds one decode step (a cached forward of every running sequence) took.",
+            |s| &s.stats.decode_step,
         ),
     ];
     for (name, text, get) in histograms {

@@ -140,6 +140,9 @@ pub struct Served {
     pub(crate) admitted: Arc<Semaphore>,
     /// The queue of the dynamic batcher, started by the first batched request.
     pub(crate) batcher: OnceLock<tokio::sync::mpsc::UnboundedSender<Pending>>,
+    /// The queue of the decode thread (continuous batching of generation), started by the
+    /// first generation request.
+    pub(crate) decoder: OnceLock<std::sync::mpsc::Sender<crate::decode::DecodeJob>>,
     /// Counters and histograms of this version (tokens, batch sizes, forward times).
     pub(crate) stats: ModelStats,
 }
@@ -160,15 +163,19 @@ pub struct LoadOptions {
     pub max_batch_size: usize,
     /// How long the batcher waits for more requests after the first of a batch arrives.
     pub max_batch_delay: Duration,
+    /// The most generation requests decoded together, one token each per step (continuous
+    /// batching; 1: one at a time).
+    pub max_sequences: usize,
 }
 
 impl Default for LoadOptions {
-    /// 64 queued requests, no batching.
+    /// 64 queued requests, no batching of infer requests, 8 sequences generated together.
     fn default() -> Self {
         LoadOptions {
             queue: 64,
             max_batch_size: 1,
             max_batch_delay: Duration::ZERO,
+            max_sequences: 8,
         }
     }
 }
@@ -260,12 +267,14 @@ pub fn load(store: &Path, spec: &ModelSpec, options: LoadOptions) -> Result<Serv
         options: LoadOptions {
             queue: options.queue.max(1),
             max_batch_size: options.max_batch_size.max(1),
+            max_sequences: options.max_sequences.max(1),
             ..options
         },
         load_seconds: started.elapsed().as_secs_f64(),
         running: Mutex::new(()),
         admitted: Arc::new(Semaphore::new(options.queue.max(1))),
         batcher: OnceLock::new(),
+        decoder: OnceLock::new(),
         stats: ModelStats::default(),
     })
 }
@@ -290,6 +299,7 @@ pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -
         queue,
         max_batch_size,
         max_batch_delay: Duration::from_millis(20),
+        max_sequences: 8,
     };
     Served {
         name: "m".into(),
@@ -308,6 +318,7 @@ pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -
         running: Mutex::new(()),
         admitted: Arc::new(Semaphore::new(queue)),
         batcher: OnceLock::new(),
+        decoder: OnceLock::new(),
         stats: ModelStats::default(),
     }
 }

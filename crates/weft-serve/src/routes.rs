@@ -306,7 +306,7 @@ async fn generate_stream(
 }
 
 /// The pieces of a streamed generation; a channel that closed without an end gives `Failed`.
-pub(crate) fn pieces(rx: tokio::sync::mpsc::Receiver<Piece>) -> impl Stream<Item = Piece> {
+pub(crate) fn pieces(rx: tokio::sync::mpsc::UnboundedReceiver<Piece>) -> impl Stream<Item = Piece> {
     stream::unfold(Some(rx), |rx| async move {
         let mut rx = rx?;
         match rx.recv().await {

@@ -229,6 +229,29 @@ fn generation_matches_weft_generate(s: &Server, gpt: &Path, llama: &Path) {
     );
 }
 
+/// Requests sent at once share the running batch (continuous batching) and each draws what it
+/// draws alone.
+fn concurrent_generations_equal_their_answers_alone(s: &Server) {
+    let body = |seed: u64| {
+        json!({"text_input": "\nFirst", "parameters": {"max_tokens": 8 + seed as usize * 3, "seed": seed, "temperature": 0.8}})
+            .to_string()
+    };
+    let text = |(status, answer): (u16, Value)| {
+        assert_eq!(status, 200, "{answer}");
+        answer["text_output"].as_str().unwrap().to_string()
+    };
+    let alone: Vec<String> = (0..6)
+        .map(|seed| text(s.post("/v2/models/gpt/generate", body(seed))))
+        .collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6)
+            .map(|seed| scope.spawn(move || text(s.post("/v2/models/gpt/generate", body(seed)))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+}
+
 fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
     let infer = |name: &str, shape: Value, datatype: &str, data: Value| {
         json!({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}).to_string()
@@ -364,6 +387,9 @@ fn every_endpoint_answers_and_bad_input_is_refused() {
     assert_eq!(m["weft_generated_tokens_total{model=\"llama\",version=\"1\"}"], 16.0);
     let key = format!("weft_requests_total{{{gpt1},endpoint=\"generate_stream\",code=\"200\"}}");
     assert_eq!(m[&key], 1.0);
+    concurrent_generations_equal_their_answers_alone(&s);
+    let m = s.scrape();
+    assert!(m[&format!("weft_decode_batch_size_count{{{gpt1}}}")] > 0.0);
     bad_inputs_are_4xx_naming_the_cause(&s);
     bad_requests_leak_nothing(&s);
     drop(s);
