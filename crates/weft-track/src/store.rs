@@ -157,7 +157,10 @@ impl Store {
             )
             .at(&self.path)?;
         if changed == 0 {
-            return Err(Error::UnknownRun(format!("{}: no run with id {id}", self.path.display())));
+            return Err(Error::UnknownRun(format!(
+                "{}: no run with id {id}",
+                self.path.display()
+            )));
         }
         Ok(())
     }

@@ -250,5 +250,8 @@ fn an_ended_run_can_be_marked_pruned() {
     let run = store.run_detail(id).unwrap();
     assert_eq!(run.summary.status, "pruned");
     assert_eq!(run.error.as_deref(), Some("rung 0 (step 4)"));
-    assert!(matches!(store.set_status(id + 100, Status::Pruned, None), Err(Error::UnknownRun(_))));
+    assert!(matches!(
+        store.set_status(id + 100, Status::Pruned, None),
+        Err(Error::UnknownRun(_))
+    ));
 }

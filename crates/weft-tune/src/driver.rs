@@ -24,6 +24,9 @@ use crate::space::Value;
 use crate::spec::SweepSpec;
 use crate::trials::{self, TrialRecord, TAG_SWEEP, TAG_TRIAL};
 
+/// Builds the process of trial `n` from the swept keys' `(key, TOML text)` pairs.
+pub type TrialCommand<'a> = &'a dyn Fn(u64, &[(String, String)]) -> Command;
+
 /// What a sweep needs besides its file.
 pub struct Plan<'a> {
     pub spec: &'a SweepSpec,
@@ -39,7 +42,7 @@ pub struct Plan<'a> {
     /// How often the store is read while trials run.
     pub poll: Duration,
     /// The process of trial `n`, given the swept keys' `(key, TOML text)` pairs.
-    pub command: &'a dyn Fn(u64, &[(String, String)]) -> Command,
+    pub command: TrialCommand<'a>,
 }
 
 /// A trial's process and what the driver has seen of it.
@@ -315,11 +318,20 @@ fn finish(plan: &Plan, store: &Store, mut r: Running, status: ExitStatus) -> Res
         }
         (Some(id), Some(why), false, _) => {
             store.set_status(id, Status::Pruned, Some(&format!("pruned: {why}")))?;
-            Ok(format!("trial {}: stopped ({}), marked pruned, {}", r.number, status, value(id)?))
+            Ok(format!(
+                "trial {}: stopped ({}), marked pruned, {}",
+                r.number,
+                status,
+                value(id)?
+            ))
         }
         (Some(id), None, false, s) => {
             if s == Some("running") {
-                store.set_status(id, Status::Failed, Some(&format!("the trial's process ended: {status}")))?;
+                store.set_status(
+                    id,
+                    Status::Failed,
+                    Some(&format!("the trial's process ended: {status}")),
+                )?;
             }
             let why = run.and_then(|d| d.error).unwrap_or_else(|| last_error(&r.log));
             Ok(format!("trial {}: failed ({status}): {why}", r.number))

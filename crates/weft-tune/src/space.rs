@@ -129,9 +129,12 @@ impl Param {
         .map(Value::Choice)
         .or_else(|| match &self.dist {
             Distribution::IntUniform { .. } => text.trim().parse().ok().map(Value::Int),
-            Distribution::Uniform { .. } | Distribution::LogUniform { .. } => {
-                text.trim().parse().ok().filter(|x: &f64| x.is_finite()).map(Value::Float)
-            }
+            Distribution::Uniform { .. } | Distribution::LogUniform { .. } => text
+                .trim()
+                .parse()
+                .ok()
+                .filter(|x: &f64| x.is_finite())
+                .map(Value::Float),
             Distribution::Values(_) => None,
         })
     }
@@ -172,18 +175,24 @@ impl Space {
     /// line each: the key and what is wrong with it.
     pub fn from_toml(table: &toml::Table, source: &str) -> Result<Space> {
         if table.is_empty() {
-            return Err(Error::Spec(format!("{source}: [sweep.parameters] is empty: name at least one config key")));
+            return Err(Error::Spec(format!(
+                "{source}: [sweep.parameters] is empty: name at least one config key"
+            )));
         }
         let mut params = Vec::with_capacity(table.len());
         for (key, entry) in table {
             let bad = |msg: String| Error::Spec(format!("{source}: sweep.parameters.\"{key}\": {msg}"));
             match key.split_once('.') {
                 Some((s, k)) if !s.is_empty() && !k.is_empty() && !k.contains('.') => {}
-                _ => return Err(bad("the key must be a run-config key, section.key (e.g. \"optim.lr\")".into())),
+                _ => {
+                    return Err(bad(
+                        "the key must be a run-config key, section.key (e.g. \"optim.lr\")".into()
+                    ))
+                }
             }
-            let entry = entry
-                .as_table()
-                .ok_or_else(|| bad("expected a table, e.g. { distribution = \"uniform\", min = 0.0, max = 1.0 }".into()))?;
+            let entry = entry.as_table().ok_or_else(|| {
+                bad("expected a table, e.g. { distribution = \"uniform\", min = 0.0, max = 1.0 }".into())
+            })?;
             if let Some(k) = entry.keys().find(|k| !KEYS.contains(&k.as_str())) {
                 return Err(bad(format!("unknown key {k:?} (expected {})", KEYS.join(", "))));
             }
@@ -215,10 +224,17 @@ fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, 
         }
     };
     if let Some(values) = entry.get("values") {
-        if let Some(k) = ["distribution", "min", "max", "q"].iter().find(|k| entry.contains_key(**k)) {
-            return Err(format!("give either values or a distribution, not both ({k} is set too)"));
+        if let Some(k) = ["distribution", "min", "max", "q"]
+            .iter()
+            .find(|k| entry.contains_key(**k))
+        {
+            return Err(format!(
+                "give either values or a distribution, not both ({k} is set too)"
+            ));
         }
-        let values = values.as_array().ok_or("values must be a list, e.g. values = [2, 4, 6]")?;
+        let values = values
+            .as_array()
+            .ok_or("values must be a list, e.g. values = [2, 4, 6]")?;
         if values.is_empty() {
             return Err("values is empty: list at least one value".into());
         }
@@ -297,7 +313,9 @@ mod tests {
         .unwrap();
         let keys: Vec<&str> = s.params.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(keys, ["model.n_layer", "optim.kind", "optim.lr", "optim.weight_decay"]);
-        let [layers, kind, lr, wd] = &s.params[..] else { panic!() };
+        let [layers, kind, lr, wd] = &s.params[..] else {
+            panic!()
+        };
         assert_eq!(lr.bounds(), (1e-4f64.ln(), 1e-2f64.ln()));
         assert_eq!(lr.from_internal(1e-3f64.ln()), Value::Float(1e-3f64.ln().exp()));
         assert_eq!(lr.text(Value::Float(0.001)), "0.001");
@@ -313,23 +331,53 @@ mod tests {
         assert_eq!(layers.parse_text("3"), Some(Value::Int(3)));
         assert_eq!(s.grid_size(), None);
         assert_eq!(wd.grid_points().unwrap().len(), 5);
-        assert_eq!(layers.grid_points().unwrap(), [Value::Int(1), Value::Int(3), Value::Int(5), Value::Int(7)]);
+        assert_eq!(
+            layers.grid_points().unwrap(),
+            [Value::Int(1), Value::Int(3), Value::Int(5), Value::Int(7)]
+        );
     }
 
     #[test]
     fn bad_entries_are_named_in_one_line() {
         let cases = [
-            ("\"optim.lr\" = { distribution = \"uniform\", min = 0.1, max = 0.01 }", "min (0.1) must be below max (0.01)"),
-            ("\"optim.lr\" = { distribution = \"uniform\", min = 1, max = 1 }", "min (1) must be below max (1)"),
-            ("\"optim.lr\" = { distribution = \"log_uniform\", min = 0.0, max = 0.1 }", "touches 0"),
-            ("\"optim.lr\" = { distribution = \"log_uniform\", min = -1.0, max = 0.1 }", "touches 0"),
+            (
+                "\"optim.lr\" = { distribution = \"uniform\", min = 0.1, max = 0.01 }",
+                "min (0.1) must be below max (0.01)",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"uniform\", min = 1, max = 1 }",
+                "min (1) must be below max (1)",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"log_uniform\", min = 0.0, max = 0.1 }",
+                "touches 0",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"log_uniform\", min = -1.0, max = 0.1 }",
+                "touches 0",
+            ),
             ("\"optim.lr\" = { values = [] }", "values is empty"),
-            ("\"optim.lr\" = { distribution = \"normal\", min = 0, max = 1 }", "\"normal\" is not one of"),
-            ("\"optim.lr\" = { distribution = \"uniform\", min = 0 }", "needs min and max"),
-            ("\"optim.lr\" = { distribution = \"uniform\", min = 0, max = 1, step = 2 }", "unknown key \"step\""),
+            (
+                "\"optim.lr\" = { distribution = \"normal\", min = 0, max = 1 }",
+                "\"normal\" is not one of",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"uniform\", min = 0 }",
+                "needs min and max",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"uniform\", min = 0, max = 1, step = 2 }",
+                "unknown key \"step\"",
+            ),
             ("\"optim.lr\" = { values = [1], min = 0 }", "not both"),
-            ("\"model.n_layer\" = { distribution = \"int_uniform\", min = 1.5, max = 4 }", "whole numbers"),
-            ("\"optim.lr\" = { distribution = \"uniform\", min = 0, max = 1, q = 0 }", "q (0) must be above 0"),
+            (
+                "\"model.n_layer\" = { distribution = \"int_uniform\", min = 1.5, max = 4 }",
+                "whole numbers",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"uniform\", min = 0, max = 1, q = 0 }",
+                "q (0) must be above 0",
+            ),
             ("lr = { values = [1] }", "section.key"),
             ("\"optim.lr\" = 0.1", "expected a table"),
             ("", "is empty"),
@@ -340,7 +388,9 @@ mod tests {
             assert!(e.starts_with("s.toml: "), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }
-        assert!(error("\"optim.lr\" = { distribution = \"uniform\", min = 0.1, max = 0.01 }")
-            .contains("sweep.parameters.\"optim.lr\""));
+        assert!(
+            error("\"optim.lr\" = { distribution = \"uniform\", min = 0.1, max = 0.01 }")
+                .contains("sweep.parameters.\"optim.lr\"")
+        );
     }
 }

@@ -116,7 +116,9 @@ impl SweepSpec {
             path: path.to_path_buf(),
             source,
         })?;
-        let stem = path.file_stem().map_or("sweep".into(), |s| s.to_string_lossy().into_owned());
+        let stem = path
+            .file_stem()
+            .map_or("sweep".into(), |s| s.to_string_lossy().into_owned());
         let folder = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(&text, &path.display().to_string(), &stem, &folder)
     }
@@ -131,16 +133,25 @@ impl SweepSpec {
             Error::Spec(format!("{source}{at}: {}", e.message().trim().replace('\n', " ")))
         })?;
         if let Some(k) = doc.keys().find(|k| *k != "sweep") {
-            return Err(spec(format!("unknown section or key {k:?} (a sweep file holds [sweep] only)")));
+            return Err(spec(format!(
+                "unknown section or key {k:?} (a sweep file holds [sweep] only)"
+            )));
         }
         let sweep = doc
             .get("sweep")
             .and_then(toml::Value::as_table)
             .ok_or_else(|| spec("no [sweep] section".into()))?;
         if let Some(k) = sweep.keys().find(|k| !SWEEP_KEYS.contains(&k.as_str())) {
-            return Err(spec(format!("sweep.{k}: unknown key (expected one of {})", SWEEP_KEYS.join(", "))));
+            return Err(spec(format!(
+                "sweep.{k}: unknown key (expected one of {})",
+                SWEEP_KEYS.join(", ")
+            )));
         }
-        let keys = Keys { table: sweep, source, section: "sweep" };
+        let keys = Keys {
+            table: sweep,
+            source,
+            section: "sweep",
+        };
         let name = keys.string("name")?.unwrap_or_else(|| stem.to_string());
         if name.is_empty() || name.contains('/') {
             return Err(spec(format!("sweep.name: {name:?} must be non-empty and hold no '/'")));
@@ -165,13 +176,20 @@ impl SweepSpec {
         };
         let params = sweep
             .get("parameters")
-            .map(|p| p.as_table().ok_or_else(|| spec("sweep.parameters: expected a table".into())))
+            .map(|p| {
+                p.as_table()
+                    .ok_or_else(|| spec("sweep.parameters: expected a table".into()))
+            })
             .transpose()?
             .ok_or_else(|| spec("[sweep.parameters] is missing: name at least one config key".into()))?;
         let space = Space::from_toml(params, source)?;
         let grid = space.grid_size();
         if method == Method::Grid && grid.is_none() {
-            let p = space.params.iter().find(|p| p.grid_points().is_none()).map_or("", |p| p.key.as_str());
+            let p = space
+                .params
+                .iter()
+                .find(|p| p.grid_points().is_none())
+                .map_or("", |p| p.key.as_str());
             return Err(spec(format!(
                 "sweep.method: grid needs every parameter to list values, be int_uniform, or have q steps; \
                  {p:?} is a continuous range"
@@ -216,9 +234,16 @@ fn parse_pruner(value: &toml::Value, source: &str) -> Result<PrunerSpec> {
         .ok_or_else(|| spec("sweep.pruner: expected a table".into()))?;
     const KEYS: [&str; 3] = ["kind", "min_steps", "reduction_factor"];
     if let Some(k) = table.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(spec(format!("sweep.pruner.{k}: unknown key (expected one of {})", KEYS.join(", "))));
+        return Err(spec(format!(
+            "sweep.pruner.{k}: unknown key (expected one of {})",
+            KEYS.join(", ")
+        )));
     }
-    let keys = Keys { table, source, section: "sweep.pruner" };
+    let keys = Keys {
+        table,
+        source,
+        section: "sweep.pruner",
+    };
     let kind = match keys.string("kind")?.as_deref() {
         Some("asha") => PrunerKind::Asha,
         Some("hyperband") => PrunerKind::Hyperband,
@@ -277,15 +302,22 @@ mod tests {
         SweepSpec::parse(text, "s.toml", "s", Path::new("/sweeps"))
     }
 
-    const PARAMS: &str = "[sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-4, max = 1e-2 }\n";
+    const PARAMS: &str =
+        "[sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-4, max = 1e-2 }\n";
 
     #[test]
     fn defaults_and_every_key() {
-        let s = parse(&format!("[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 8\n{PARAMS}")).unwrap();
+        let s = parse(&format!(
+            "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 8\n{PARAMS}"
+        ))
+        .unwrap();
         assert_eq!(s.name, "s");
         assert_eq!(s.experiment, "s");
         assert_eq!(s.base, Path::new("/sweeps/run.toml"));
-        assert_eq!((s.goal, s.method, s.trials, s.parallel, s.nproc_per_trial), (Goal::Minimize, Method::Tpe, 8, 1, 1));
+        assert_eq!(
+            (s.goal, s.method, s.trials, s.parallel, s.nproc_per_trial),
+            (Goal::Minimize, Method::Tpe, 8, 1, 1)
+        );
         assert_eq!(s.pruner.kind, PrunerKind::None);
         let s = parse(&format!(
             "[sweep]\nname = \"lr\"\nbase = \"/abs/run.toml\"\nmetric = \"val_accuracy\"\ngoal = \"maximize\"\n\
@@ -293,9 +325,19 @@ mod tests {
              [sweep.pruner]\nkind = \"asha\"\nmin_steps = 10\nreduction_factor = 3\n{PARAMS}"
         ))
         .unwrap();
-        assert_eq!((s.name.as_str(), s.goal, s.method, s.parallel, s.nproc_per_trial, s.seed), ("lr", Goal::Maximize, Method::Random, 2, 2, 5));
+        assert_eq!(
+            (s.name.as_str(), s.goal, s.method, s.parallel, s.nproc_per_trial, s.seed),
+            ("lr", Goal::Maximize, Method::Random, 2, 2, 5)
+        );
         assert_eq!(s.base, Path::new("/abs/run.toml"));
-        assert_eq!(s.pruner, PrunerSpec { kind: PrunerKind::Asha, min_steps: 10, reduction_factor: 3 });
+        assert_eq!(
+            s.pruner,
+            PrunerSpec {
+                kind: PrunerKind::Asha,
+                min_steps: 10,
+                reduction_factor: 3
+            }
+        );
         let g = parse("[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\n[sweep.parameters]\n\
                        \"optim.lr\" = { values = [0.1, 0.2] }\n\"model.n_layer\" = { distribution = \"int_uniform\", min = 1, max = 3 }\n")
             .unwrap();
@@ -306,17 +348,41 @@ mod tests {
     fn bad_files_are_one_line_naming_the_key() {
         let head = "[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\ntrials = 2\n";
         let cases = [
-            (format!("{head}method = \"bayes\"\n{PARAMS}"), "sweep.method: \"bayes\" is not one of tpe, random, grid"),
+            (
+                format!("{head}method = \"bayes\"\n{PARAMS}"),
+                "sweep.method: \"bayes\" is not one of tpe, random, grid",
+            ),
             (format!("{head}goal = \"down\"\n{PARAMS}"), "sweep.goal"),
-            (format!("{head}{PARAMS}[sweep.pruner]\nkind = \"sha\"\n"), "sweep.pruner.kind: \"sha\" is not one of"),
-            (format!("{head}{PARAMS}[sweep.pruner]\nkind = \"asha\"\nreduction_factor = 1\n"), "sweep.pruner.reduction_factor"),
-            (format!("{head}parallel = 0\n{PARAMS}"), "sweep.parallel: expected a whole number >= 1"),
+            (
+                format!("{head}{PARAMS}[sweep.pruner]\nkind = \"sha\"\n"),
+                "sweep.pruner.kind: \"sha\" is not one of",
+            ),
+            (
+                format!("{head}{PARAMS}[sweep.pruner]\nkind = \"asha\"\nreduction_factor = 1\n"),
+                "sweep.pruner.reduction_factor",
+            ),
+            (
+                format!("{head}parallel = 0\n{PARAMS}"),
+                "sweep.parallel: expected a whole number >= 1",
+            ),
             (format!("{head}colour = 1\n{PARAMS}"), "sweep.colour: unknown key"),
             (head.to_string(), "[sweep.parameters] is missing"),
-            (format!("[sweep]\nmetric = \"loss\"\ntrials = 2\n{PARAMS}"), "sweep.base: missing"),
-            (format!("[sweep]\nbase = \"r.toml\"\ntrials = 2\n{PARAMS}"), "sweep.metric: missing"),
-            (format!("[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\n{PARAMS}"), "sweep.trials: missing"),
-            (format!("{head}method = \"grid\"\n{PARAMS}"), "grid needs every parameter"),
+            (
+                format!("[sweep]\nmetric = \"loss\"\ntrials = 2\n{PARAMS}"),
+                "sweep.base: missing",
+            ),
+            (
+                format!("[sweep]\nbase = \"r.toml\"\ntrials = 2\n{PARAMS}"),
+                "sweep.metric: missing",
+            ),
+            (
+                format!("[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\n{PARAMS}"),
+                "sweep.trials: missing",
+            ),
+            (
+                format!("{head}method = \"grid\"\n{PARAMS}"),
+                "grid needs every parameter",
+            ),
             (format!("[train]\nsteps = 1\n{head}{PARAMS}"), "unknown section"),
             ("[sweep\n".to_string(), "(line 1)"),
         ];

@@ -86,7 +86,12 @@ pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {
             continue;
         };
         let detail = store.run_detail(run.id)?;
-        let params: Vec<Option<String>> = spec.space.params.iter().map(|p| run.params.get(&p.key).cloned()).collect();
+        let params: Vec<Option<String>> = spec
+            .space
+            .params
+            .iter()
+            .map(|p| run.params.get(&p.key).cloned())
+            .collect();
         let values = spec
             .space
             .params
@@ -145,7 +150,13 @@ pub fn status_text(spec: &SweepSpec, trials: &[TrialRecord]) -> String {
         spec.goal.as_str(),
     );
     let mut rows = vec![{
-        let mut h = vec!["trial".to_string(), "run".into(), "status".into(), "step".into(), spec.metric.clone()];
+        let mut h = vec![
+            "trial".to_string(),
+            "run".into(),
+            "status".into(),
+            "step".into(),
+            spec.metric.clone(),
+        ];
         h.extend(spec.space.params.iter().map(|p| p.key.clone()));
         h
     }];

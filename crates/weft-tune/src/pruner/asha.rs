@@ -94,7 +94,10 @@ mod tests {
     fn rungs_sit_at_min_steps_times_powers_of_eta_below_the_end() {
         let a = Asha::new(2, 3, 60);
         assert_eq!(a.rungs(), 4);
-        assert_eq!((a.rung_step(0), a.rung_step(1), a.rung_step(2), a.rung_step(3)), (2, 6, 18, 54));
+        assert_eq!(
+            (a.rung_step(0), a.rung_step(1), a.rung_step(2), a.rung_step(3)),
+            (2, 6, 18, 54)
+        );
         assert_eq!(Asha::new(2, 3, 54).rungs(), 3); // 54 is the end
         assert_eq!(Asha::new(1, 4, 64).rungs(), 3); // 1, 4, 16 (64 is the end)
         assert_eq!(Asha::new(100, 2, 50).rungs(), 0);
@@ -125,7 +128,9 @@ mod tests {
         assert_eq!(a.recorded(0).len(), 5);
         assert_eq!(a.recorded(1).len(), 3);
         assert_eq!(a.recorded(2).keys().copied().collect::<Vec<_>>(), [2, 4]);
-        let Decision::Prune(why) = a.report(9, 4, 9.0) else { panic!() };
+        let Decision::Prune(why) = a.report(9, 4, 9.0) else {
+            panic!()
+        };
         assert!(why.starts_with("rung 0 (step 1 of 8)"), "{why}");
     }
 

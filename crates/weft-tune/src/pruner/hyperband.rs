@@ -74,12 +74,24 @@ mod tests {
     fn brackets_start_at_growing_rungs_and_get_hyperbands_shares() {
         // min 1, eta 3, 27 steps: s_max = 3, brackets' first rungs at 1, 3, 9, 27 (the last has none)
         let h = Hyperband::new(1, 3, 27);
-        let firsts: Vec<Option<u64>> =
-            h.brackets().iter().map(|a| (a.rungs() > 0).then(|| a.rung_step(0))).collect();
+        let firsts: Vec<Option<u64>> = h
+            .brackets()
+            .iter()
+            .map(|a| (a.rungs() > 0).then(|| a.rung_step(0)))
+            .collect();
         assert_eq!(firsts, [Some(1), Some(3), Some(9), None]);
         // n_s for s = 3, 2, 1, 0: ceil(4 * 27 / 4), ceil(4 * 9 / 3), ceil(4 * 3 / 2), ceil(4 / 1)
         assert_eq!(h.weights, [27, 12, 6, 4]);
-        assert_eq!((h.bracket_of(0), h.bracket_of(26), h.bracket_of(27), h.bracket_of(45), h.bracket_of(49)), (0, 0, 1, 3, 0));
+        assert_eq!(
+            (
+                h.bracket_of(0),
+                h.bracket_of(26),
+                h.bracket_of(27),
+                h.bracket_of(45),
+                h.bracket_of(49)
+            ),
+            (0, 0, 1, 3, 0)
+        );
     }
 
     #[test]

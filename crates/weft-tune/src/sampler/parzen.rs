@@ -136,7 +136,12 @@ mod tests {
 
     #[test]
     fn the_cdf_matches_known_values() {
-        for (z, want) in [(0.0, 0.5), (1.0, 0.841_344_746), (-1.96, 0.024_997_895), (3.0, 0.998_650_102)] {
+        for (z, want) in [
+            (0.0, 0.5),
+            (1.0, 0.841_344_746),
+            (-1.96, 0.024_997_895),
+            (3.0, 0.998_650_102),
+        ] {
             assert!((normal_cdf(z) - want).abs() < 1e-7, "{z}: {}", normal_cdf(z));
         }
     }
@@ -145,7 +150,10 @@ mod tests {
     fn the_mixture_is_a_density_on_its_range_and_peaks_at_its_points() {
         let p = Parzen::new(&[0.2, 0.25, 0.8], 0.0, 1.0);
         let n = 10_000;
-        let integral: f64 = (0..n).map(|i| p.log_pdf((i as f64 + 0.5) / n as f64).exp()).sum::<f64>() / n as f64;
+        let integral: f64 = (0..n)
+            .map(|i| p.log_pdf((i as f64 + 0.5) / n as f64).exp())
+            .sum::<f64>()
+            / n as f64;
         assert!((integral - 1.0).abs() < 1e-3, "{integral}");
         assert!(p.log_pdf(0.22) > p.log_pdf(0.5));
         let mut rng = Rng::new(1);

@@ -220,7 +220,10 @@ mod tests {
     #[test]
     fn the_split_takes_a_quarter_and_pruned_trials_rank_last() {
         assert_eq!((n_good(1), n_good(4), n_good(5), n_good(1000)), (1, 1, 2, 25));
-        let obs = |outcome| Observation { values: vec![], outcome };
+        let obs = |outcome| Observation {
+            values: vec![],
+            outcome,
+        };
         let h = [
             obs(Outcome::Pruned { step: 4, value: 0.1 }),
             obs(Outcome::Finished(2.0)),
@@ -228,9 +231,6 @@ mod tests {
             obs(Outcome::Finished(1.0)),
         ];
         let order: Vec<Outcome> = ranked(&h).iter().map(|o| o.outcome).collect();
-        assert_eq!(
-            order,
-            [h[3].outcome, h[1].outcome, h[2].outcome, h[0].outcome]
-        );
+        assert_eq!(order, [h[3].outcome, h[1].outcome, h[2].outcome, h[0].outcome]);
     }
 }
