@@ -6,10 +6,12 @@
 //! signal), then marks its run `pruned`. A trial that fails is recorded (with a run of its own
 //! when it failed before the trainer recorded one) and the sweep goes on.
 //!
-//! SIGINT and SIGTERM to the driver are passed on to the running trials; the driver waits for
-//! them and returns an error saying the sweep can be resumed.
+//! Each trial runs in its own process group. SIGINT and SIGTERM to the driver are passed on to
+//! the running trials as one SIGTERM; the driver waits for them and returns an error saying the
+//! sweep can be resumed.
 
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -255,7 +257,10 @@ fn start(plan: &Plan, number: u64, values: Vec<Value>, earlier: Vec<i64>) -> Res
     };
     let out = File::create(&log).map_err(io)?;
     let err = out.try_clone().map_err(io)?;
+    // its own process group: a Ctrl-C at the terminal reaches the driver alone, which passes
+    // one SIGTERM on (a second signal would stop the trainer without its clean ending)
     let child = (plan.command)(number, &sets)
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
