@@ -90,7 +90,7 @@ impl Param {
                     Some(q) => {
                         let k = ((x - min) / q).round();
                         let top = ((max - min) / q + 1e-9).floor();
-                        Value::Float(min + k.min(top) * q)
+                        Value::Float(tidy(min + k.min(top) * q))
                     }
                     None => Value::Float(x),
                 }
@@ -148,11 +148,17 @@ impl Param {
             }
             Distribution::Uniform { min, max, q: Some(q) } => {
                 let n = ((max - min) / q + 1e-9).floor() as usize;
-                Some((0..=n).map(|k| Value::Float(min + k as f64 * q)).collect())
+                Some((0..=n).map(|k| Value::Float(tidy(min + k as f64 * q))).collect())
             }
             _ => None,
         }
     }
+}
+
+/// `x` rounded to 12 significant digits: `min + k q` without the binary noise of the product
+/// (`0.15`, not `0.15000000000000002`).
+fn tidy(x: f64) -> f64 {
+    format!("{x:.11e}").parse().unwrap_or(x)
 }
 
 /// Whether TOML number `v` equals the number written as `text` (`1e-3` and `0.001`).
@@ -320,6 +326,8 @@ mod tests {
         assert_eq!(lr.from_internal(1e-3f64.ln()), Value::Float(1e-3f64.ln().exp()));
         assert_eq!(lr.text(Value::Float(0.001)), "0.001");
         assert_eq!(wd.from_internal(0.07), Value::Float(0.05));
+        assert_eq!(wd.from_internal(0.16), Value::Float(0.15));
+        assert_eq!(wd.text(wd.from_internal(0.16)), "0.15");
         assert_eq!(wd.from_internal(9.0), Value::Float(0.2));
         assert_eq!(wd.text(Value::Float(0.0)), "0.0");
         assert_eq!(layers.bounds(), (0.0, 8.0));
