@@ -216,3 +216,61 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).1.contains("train.eval_every > 0"), "{}", text(&out).1);
 }
+
+#[test]
+fn a_sweep_stopped_by_sigint_resumes_without_repeating_finished_trials() {
+    use std::io::{BufRead, BufReader};
+    let sweep = "[sweep]\nname = \"stop\"\nbase = \"run.toml\"\nmetric = \"loss\"\nmethod = \"random\"\ntrials = 4\n\
+                 parallel = 1\n[sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-3, max = 1e-2 }\n";
+    let (_dir, file, store) = setup("sweep-stop", 2000, sweep);
+    let f = file.to_str().unwrap();
+    let mut child = weft_command(&["sweep", "--config", f])
+        .env("WEFT_TRACK_DIR", &store)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    // stop it while trial 1 runs
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.starts_with("trial 1: started") {
+            break;
+        }
+    }
+    // SAFETY: kill with the pid of a child this test started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{seen:?}\n{stderr}");
+    assert!(stderr.contains("--resume"), "{stderr}");
+    let before = runs(&store, "stop");
+    let status = |runs: &[serde_json::Value], name: &str| {
+        runs.iter()
+            .find(|r| r["name"] == name)
+            .map(|r| r["status"].as_str().unwrap().to_string())
+    };
+    assert_eq!(
+        status(&before, "stop-trial-0").as_deref(),
+        Some("finished"),
+        "{before:?}"
+    );
+    // trial 1 was stopped cleanly (killed), or had just finished
+    let one = status(&before, "stop-trial-1");
+    assert!(
+        matches!(one.as_deref(), Some("killed") | Some("finished") | None),
+        "{before:?}"
+    );
+
+    let again = weft_with(&store, &["sweep", "--config", f, "--resume"]);
+    let (stdout, stderr) = text(&again);
+    assert!(again.status.success(), "{stderr}");
+    assert!(!stdout.contains("trial 0: started"), "{stdout}");
+    assert!(stdout.contains("trial 3: started"), "{stdout}");
+    let after = runs(&store, "stop");
+    let trial0 = after.iter().filter(|r| r["tags"]["sweep_trial"] == "0").count();
+    assert_eq!(trial0, 1, "{after:?}");
+    assert!(stdout.contains("4 of 4 trials recorded: 4 finished"), "{stdout}");
+}
