@@ -66,10 +66,13 @@ fn check(path: &Path) -> Result<Checked, String> {
         };
         let set = format!("{}={}", p.key, p.text(first));
         RunConfig::load(&spec.base, &Overrides::set([set.clone()])).map_err(|e| {
-            format!(
-                "{source}: sweep.parameters.\"{}\": not a key this run config takes ({set}: {e})",
-                p.key
-            )
+            let e = e.to_string();
+            let what = if e.contains("unknown field") || e.contains("is not a section") {
+                "not a key this run config takes"
+            } else {
+                "the base config does not load with it"
+            };
+            format!("{source}: sweep.parameters.\"{}\": {what} ({set}: {e})", p.key)
         })?;
     }
     let logged = logged_metrics(&base);

@@ -185,6 +185,11 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
             format!("[sweep]\nbase = \"run.toml\"\nmetric = \"val_acc\"\ntrials = 2\n{lr}"),
             "sweep.metric: the trainer never logs \"val_acc\"",
         ),
+        // a key the config takes, at a value it refuses
+        (
+            format!("{head}[sweep.parameters]\n\"optim.kind\" = {{ values = [\"lion\"] }}\n"),
+            "sweep.parameters.\"optim.kind\": the base config does not load with it (optim.kind=\"lion\": ",
+        ),
         // a gpt reports no accuracy
         (
             format!("[sweep]\nbase = \"run.toml\"\nmetric = \"val_accuracy\"\ntrials = 2\n{lr}"),

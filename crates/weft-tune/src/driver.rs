@@ -129,10 +129,13 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
     })?;
     let mut sampler = sampler::from_spec(spec);
     let mut pruner = pruner::from_spec(&spec.pruner, plan.max_steps);
-    // the pruner learns the ended trials' curves first, in trial order
+    // the pruner learns the ended trials' curves first, in trial order, each up to where the
+    // rule stops it (values a pruned trial logged before its signal took effect are left out)
     for r in records.iter().filter(|r| r.is_done()) {
         for (step, value) in metric_rows(&store, r.run_id, &spec.metric)? {
-            let _ = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value));
+            if let Decision::Prune(_) = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value)) {
+                break;
+            }
         }
     }
     catch_signals();
