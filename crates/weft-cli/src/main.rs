@@ -14,6 +14,7 @@ mod launch;
 mod plan;
 mod runs;
 mod serve;
+mod sweep;
 mod train;
 
 use std::process::ExitCode;
@@ -74,6 +75,10 @@ enum Command {
         #[command(subcommand)]
         what: runs::RunsCommand,
     },
+    /// Hyperparameter sweeps: trials of a run config with swept keys (TPE, random or grid),
+    /// stopped early by a pruner (ASHA, Hyperband, median), each recorded in the run store
+    /// (docs/sweep.md); `weft sweep status` shows a sweep's trials and its best.
+    Sweep(sweep::SweepArgs),
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
@@ -168,6 +173,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Launch(args) => launch::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Runs { what } => runs::run(what),
+        Command::Sweep(args) => sweep::run(args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),
         } => checkpoint::inspect(&args),
@@ -191,7 +197,10 @@ fn main() -> ExitCode {
     // the commands that compute read their thread count (refusing a malformed or too large
     // WEFT_NUM_THREADS) and set up the allocator before their first tensor (the launcher
     // computes nothing)
-    if !matches!(cli.command, Command::Launch(_) | Command::Runs { .. }) {
+    if !matches!(
+        cli.command,
+        Command::Launch(_) | Command::Runs { .. } | Command::Sweep(_)
+    ) {
         if let Err(e) = weft_core::cpu::threads::try_init() {
             weft_core::errln!("weft: error: {e}");
             return ExitCode::FAILURE;

@@ -31,6 +31,8 @@ pub enum Status {
     Failed,
     /// Stopped by a signal, or its heartbeat stopped (the process died).
     Killed,
+    /// Stopped early by a sweep's pruner (a trial whose metric fell behind; `weft sweep`).
+    Pruned,
 }
 
 impl Status {
@@ -41,6 +43,7 @@ impl Status {
             Status::Finished => "finished",
             Status::Failed => "failed",
             Status::Killed => "killed",
+            Status::Pruned => "pruned",
         }
     }
 }

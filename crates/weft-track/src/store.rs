@@ -146,6 +146,25 @@ impl Store {
             .at(&self.path)
     }
 
+    /// Sets the status of run `id` that has ended (a sweep marks a trial it stopped `pruned`),
+    /// with `note` as its error text when given; an unknown run is [`Error::UnknownRun`].
+    pub fn set_status(&self, id: i64, status: crate::Status, note: Option<&str>) -> Result<()> {
+        let changed = self
+            .conn
+            .execute(
+                "UPDATE runs SET status = ?2, error = COALESCE(?3, error) WHERE id = ?1",
+                params![id, status.as_str(), note],
+            )
+            .at(&self.path)?;
+        if changed == 0 {
+            return Err(Error::UnknownRun(format!(
+                "{}: no run with id {id}",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// Deletes run `id` with its params, tags, metrics and artifacts (not the files they name).
     pub fn delete_run(&mut self, id: i64) -> Result<()> {
         let tx = self.conn.transaction().at(&self.path)?;

@@ -239,3 +239,19 @@ fn runs_are_found_by_id_or_name_and_deleted() {
     assert_eq!(count_metrics(&dir), 6);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_ended_run_can_be_marked_pruned() {
+    let dir = temp_dir("pruned");
+    write_run(&dir, "trial-1", 3);
+    let store = Store::open(&dir).unwrap();
+    let id = store.find_run("exp/trial-1").unwrap();
+    store.set_status(id, Status::Pruned, Some("rung 0 (step 4)")).unwrap();
+    let run = store.run_detail(id).unwrap();
+    assert_eq!(run.summary.status, "pruned");
+    assert_eq!(run.error.as_deref(), Some("rung 0 (step 4)"));
+    assert!(matches!(
+        store.set_status(id + 100, Status::Pruned, None),
+        Err(Error::UnknownRun(_))
+    ));
+}

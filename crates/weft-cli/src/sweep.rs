@@ -1,0 +1,227 @@
+//! `weft sweep`: hyperparameter sweeps over a run config (docs/sweep.md). The sweep file is
+//! read and checked by `weft_tune`; here its keys are checked against the run config's, the
+//! metric against what the trainer logs for it, and each trial becomes a `weft train` (or
+//! `weft launch ... train`) command of this same binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use weft_train::config::{ModelConfig, Overrides, RunConfig};
+use weft_tune::trials::{self, TAG_SWEEP, TAG_TRIAL};
+use weft_tune::SweepSpec;
+
+use crate::print_out;
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct SweepArgs {
+    #[command(subcommand)]
+    what: Option<SweepCommand>,
+    /// The sweep file (`[sweep]`, `[sweep.parameters]`, `[sweep.pruner]`).
+    #[arg(long, required = true)]
+    config: Option<PathBuf>,
+    /// Go on with a sweep the run store already holds trials of: trials that finished, were
+    /// pruned or failed are not run again; killed ones are.
+    #[arg(long)]
+    resume: bool,
+}
+
+#[derive(clap::Subcommand)]
+pub enum SweepCommand {
+    /// Prints a sweep's trials (status, steps, metric, values) and its best trial.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// The sweep file.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+pub fn run(args: SweepArgs) -> Result<(), String> {
+    match args.what {
+        Some(SweepCommand::Status(s)) => status(&s.config),
+        None => sweep(args.config.as_deref().ok_or("--config is required")?, args.resume),
+    }
+}
+
+/// A sweep file with its base config, both checked.
+struct Checked {
+    spec: SweepSpec,
+    base: RunConfig,
+    store_dir: PathBuf,
+}
+
+fn check(path: &Path) -> Result<Checked, String> {
+    let spec = SweepSpec::load(path).map_err(|e| e.to_string())?;
+    let source = &spec.source;
+    let base = RunConfig::load(&spec.base, &Overrides::default()).map_err(|e| format!("{source}: sweep.base: {e}"))?;
+    // each key set to one of its values must give a config that loads
+    for p in &spec.space.params {
+        let first = match p.grid_points() {
+            Some(points) => points[0],
+            None => p.from_internal(p.bounds().0),
+        };
+        let set = format!("{}={}", p.key, p.text(first));
+        RunConfig::load(&spec.base, &Overrides::set([set.clone()])).map_err(|e| {
+            let e = e.to_string();
+            let what = if e.contains("unknown field") || e.contains("is not a section") {
+                "not a key this run config takes"
+            } else {
+                "the base config does not load with it"
+            };
+            format!("{source}: sweep.parameters.\"{}\": {what} ({set}: {e})", p.key)
+        })?;
+    }
+    let logged = logged_metrics(&base);
+    if !logged.contains(&spec.metric.as_str()) {
+        let hint = match spec.metric.as_str() {
+            "val_loss" | "val_accuracy" if base.train.eval_every == 0 => {
+                "; it evaluates only with train.eval_every > 0 in the base config"
+            }
+            "val_accuracy" => "; only classifiers (mlp, convnet) report an accuracy",
+            _ => "",
+        };
+        return Err(format!(
+            "{source}: sweep.metric: the trainer never logs {:?} for this base config (it logs {}){hint}",
+            spec.metric,
+            logged.join(", ")
+        ));
+    }
+    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+    let store_dir = cwd.join(weft_train::track::store_dir(&base));
+    Ok(Checked { spec, base, store_dir })
+}
+
+/// The metric keys `weft train` records for `config` (docs/tracking.md, "What is recorded").
+fn logged_metrics(config: &RunConfig) -> Vec<&'static str> {
+    let mut keys = vec!["loss", "lr", "grad_norm", "step_ms", "data_wait_ms"];
+    let language = matches!(config.model, ModelConfig::Gpt(_) | ModelConfig::Llama(_));
+    keys.push(if language { "tokens_per_s" } else { "samples_per_s" });
+    keys.push(if config.train.device == "cpu" {
+        "host_mem_bytes"
+    } else {
+        "gpu_mem_bytes"
+    });
+    if config.train.skip_nonfinite {
+        keys.push("skipped_steps");
+    }
+    if config.train.eval_every > 0 {
+        keys.push("val_loss");
+        if !language {
+            keys.push("val_accuracy");
+        }
+    }
+    keys
+}
+
+/// `value` as a TOML string literal.
+fn toml_string(value: &str) -> String {
+    toml::Value::String(value.to_string()).to_string()
+}
+
+/// A path given by a config, resolved, with `-trial-N` put before its extension.
+fn per_trial_file(config: &RunConfig, path: &Path, number: u64) -> PathBuf {
+    let p = config.resolve(path);
+    let stem = p.file_stem().map_or("out".into(), |s| s.to_string_lossy().into_owned());
+    let name = match p.extension() {
+        Some(ext) => format!("{stem}-trial-{number}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-trial-{number}"),
+    };
+    p.with_file_name(name)
+}
+
+/// The `weft train` arguments of trial `number` with the swept `sets`.
+fn train_args(c: &Checked, number: u64, sets: &[(String, String)]) -> Vec<String> {
+    let (spec, base) = (&c.spec, &c.base);
+    let mut args = vec!["train".to_string(), "--quiet".into(), "--config".into()];
+    args.push(spec.base.display().to_string());
+    let mut set = |kv: String| args.extend(["--set".to_string(), kv]);
+    for (k, v) in sets {
+        set(format!("{k}={v}"));
+    }
+    let mut tags = toml::Table::new();
+    for (k, v) in &base.track.tags {
+        tags.insert(k.clone(), v.clone());
+    }
+    tags.insert(TAG_SWEEP.into(), toml::Value::String(spec.name.clone()));
+    tags.insert(TAG_TRIAL.into(), toml::Value::Integer(number as i64));
+    set("track.enabled=true".into());
+    set(format!("track.dir={}", toml_string(&c.store_dir.display().to_string())));
+    set(format!("track.experiment={}", toml_string(&spec.experiment)));
+    set(format!(
+        "track.name={}",
+        toml_string(&weft_tune::driver::trial_name(spec, number))
+    ));
+    set(format!("track.tags={}", toml::Value::Table(tags)));
+    // each trial writes its own checkpoints, metrics file and trace
+    let t = &base.train;
+    let mut own = false;
+    if let Some(dir) = &t.checkpoint_dir {
+        let d = base.resolve(dir).join(format!("trial-{number}"));
+        set(format!(
+            "train.checkpoint_dir={}",
+            toml_string(&d.display().to_string())
+        ));
+        own = true;
+    }
+    if let Some(m) = &t.metrics {
+        let p = per_trial_file(base, m, number);
+        set(format!("train.metrics={}", toml_string(&p.display().to_string())));
+        own = true;
+    }
+    if let Some(tr) = &t.trace {
+        let p = per_trial_file(base, tr, number);
+        set(format!("train.trace={}", toml_string(&p.display().to_string())));
+    }
+    if own {
+        // a trial run again after a killed sweep replaces its own earlier outputs
+        set("train.overwrite=true".into());
+    }
+    args
+}
+
+fn sweep(path: &Path, resume: bool) -> Result<(), String> {
+    let c = check(path)?;
+    let exe = std::env::current_exe().map_err(|e| format!("finding this weft binary: {e}"))?;
+    let nproc = c.spec.nproc_per_trial;
+    let command = |number: u64, sets: &[(String, String)]| {
+        let train = train_args(&c, number, sets);
+        let mut cmd = Command::new(&exe);
+        if nproc > 1 {
+            cmd.args(["launch", "--nproc-per-node", &nproc.to_string(), "--"]);
+            cmd.arg(&exe);
+        }
+        cmd.args(train);
+        cmd
+    };
+    let plan = weft_tune::driver::Plan {
+        spec: &c.spec,
+        store_dir: c.store_dir.clone(),
+        max_steps: c.base.train.steps as u64,
+        resume,
+        log_dir: c.store_dir.join("sweeps").join(&c.spec.name),
+        poll: Duration::from_millis(250),
+        command: &command,
+    };
+    weft_core::outln!(
+        "sweep {}: {} trials ({} at once), method {}, pruner {}; trial logs in {}",
+        c.spec.name,
+        c.spec.trials,
+        c.spec.parallel,
+        format!("{:?}", c.spec.method).to_lowercase(),
+        format!("{:?}", c.spec.pruner.kind).to_lowercase(),
+        plan.log_dir.display()
+    );
+    let records = weft_tune::driver::run(&plan, &mut |line| weft_core::outln!("{line}")).map_err(|e| e.to_string())?;
+    print_out(&trials::status_text(&c.spec, &records))
+}
+
+fn status(path: &Path) -> Result<(), String> {
+    let c = check(path)?;
+    let store = weft_track::Store::open_existing(&c.store_dir).map_err(|e| e.to_string())?;
+    let records = trials::load(&store, &c.spec).map_err(|e| e.to_string())?;
+    print_out(&trials::status_text(&c.spec, &records))
+}

@@ -1,0 +1,281 @@
+//! `weft sweep`: trials of a tiny gpt on the built-in text, each a run in the store, the ASHA
+//! pruner stopping the trials its rung rule names, `weft sweep status`, `--resume`, a failed
+//! trial, and bad sweep files refused in one line.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{temp_dir, weft_command};
+
+/// A tiny gpt on the built-in corpus: every step logged, evaluated every 2 steps.
+fn base_config(steps: usize) -> String {
+    format!(
+        "[model]\nkind = \"gpt\"\nvocab_size = 128\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 32\n\
+         bias = true\ndropout = 0.0\n\
+         [data]\nkind = \"text\"\npath = \"builtin\"\nbatch_size = 4\nval_fraction = 0.1\n\
+         [optim]\nkind = \"adamw\"\nlr = 0.01\n\
+         [train]\nsteps = {steps}\nlog_every = 1\neval_every = 2\neval_batches = 1\nsample_tokens = 0\n"
+    )
+}
+
+/// `weft ARGS` with the run store in `store`.
+fn weft_with(store: &Path, args: &[&str]) -> Output {
+    weft_command(args)
+        .env("WEFT_TRACK_DIR", store)
+        .output()
+        .expect("the weft binary runs")
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A folder with `run.toml` (the base) and `sweep.toml`.
+fn setup(name: &str, steps: usize, sweep: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("run.toml"), base_config(steps)).unwrap();
+    let file = dir.join("sweep.toml");
+    std::fs::write(&file, sweep).unwrap();
+    let store = dir.join("store");
+    (dir, file, store)
+}
+
+fn runs(store: &Path, experiment: &str) -> Vec<serde_json::Value> {
+    let out = weft_with(store, &["runs", "list", "--json", "--experiment", experiment]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_str::<serde_json::Value>(&stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Grid order (keys sorted, the last fastest): trials 0 and 1 train at lr 0.01 and differ only
+/// in how often they log, so their val_loss curves are equal; trials 2 and 3 have lr 0, so their
+/// val_loss stays at its first value. ASHA (rungs at steps 4, 8, 16, ... with eta 2) keeps a
+/// trial only if fewer than max(1, n/2) of the n values at a rung are strictly better. Trials 2
+/// and 3 start only once trial 0 or 1 has ended, so both good values are at rung 0 before them:
+/// the first of them has 2 better of 3 (keep 1), the second 2 better of 4 (keep 2): both stop
+/// at step 4, whichever comes first. Trials 0 and 1 tie at every rung and go on.
+const ASHA_SWEEP: &str = "[sweep]\nname = \"tiny\"\nbase = \"run.toml\"\nmetric = \"val_loss\"\n\
+    method = \"grid\"\nparallel = 2\n\
+    [sweep.parameters]\n\"optim.lr\" = { values = [0.01, 0.0] }\n\"train.log_every\" = { values = [1, 2] }\n\
+    [sweep.pruner]\nkind = \"asha\"\nmin_steps = 4\nreduction_factor = 2\n";
+
+#[test]
+fn a_grid_sweep_with_asha_records_every_trial_and_prunes_those_the_rungs_name() {
+    let (_dir, file, store) = setup("sweep-asha", 3000, ASHA_SWEEP);
+    let f = file.to_str().unwrap();
+    let out = weft_with(&store, &["sweep", "--config", f]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.matches(": started (").count(), 4, "{stdout}");
+
+    let runs = runs(&store, "tiny");
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    let status: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    let mut status = status;
+    status.sort();
+    assert_eq!(
+        status,
+        [
+            ("tiny-trial-0", "finished"),
+            ("tiny-trial-1", "finished"),
+            ("tiny-trial-2", "pruned"),
+            ("tiny-trial-3", "pruned")
+        ],
+        "{stdout}"
+    );
+    for r in &runs {
+        assert_eq!(r["tags"]["sweep"], "tiny");
+        let n = r["name"].as_str().unwrap().rsplit('-').next().unwrap();
+        assert_eq!(r["tags"]["sweep_trial"], n);
+        let lr = if n == "0" || n == "1" { "0.01" } else { "0.0" };
+        assert_eq!(r["params"]["optim.lr"], lr, "{r}");
+        assert!(r["metrics"]["val_loss"].as_f64().is_some(), "{r}");
+    }
+    // the pruned trials stopped soon after rung 0 (step 4), far from the end
+    let shown = weft_with(&store, &["runs", "show", "tiny/tiny-trial-2", "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&text(&shown).0).unwrap();
+    assert!(shown["error"].as_str().unwrap().contains("rung 0 (step 4"), "{shown}");
+    let last_step = shown["metric_summaries"]["val_loss"]["last_step"].as_i64().unwrap();
+    assert!((4..3000).contains(&last_step), "{shown}");
+
+    let st = weft_with(&store, &["sweep", "status", "--config", f]);
+    let (stdout, stderr) = text(&st);
+    assert!(st.status.success(), "{stderr}");
+    assert!(stdout.contains("2 finished, 2 pruned, 0 failed"), "{stdout}");
+    assert!(stdout.contains("best: trial 0 (tiny-trial-0): val_loss = "), "{stdout}");
+    assert!(stdout.contains("optim.lr=0.01 train.log_every=1"), "{stdout}");
+
+    // a finished sweep resumed runs nothing new; started again without --resume it is refused
+    let again = weft_with(&store, &["sweep", "--config", f, "--resume"]);
+    let (stdout, stderr) = text(&again);
+    assert!(again.status.success(), "{stderr}");
+    assert!(!stdout.contains("started"), "{stdout}");
+    assert_eq!(self::runs(&store, "tiny").len(), 4);
+    let fresh = weft_with(&store, &["sweep", "--config", f]);
+    assert_eq!(fresh.status.code(), Some(1));
+    assert!(text(&fresh).1.contains("--resume"), "{}", text(&fresh).1);
+}
+
+#[test]
+fn a_failed_trial_is_recorded_and_the_sweep_goes_on() {
+    // n_head = 3 does not divide n_embd = 32: that trial fails before its first step
+    let sweep = "[sweep]\nname = \"heads\"\nbase = \"run.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\n\
+                 [sweep.parameters]\n\"model.n_head\" = { values = [3, 2] }\n";
+    let (_dir, file, store) = setup("sweep-fail", 6, sweep);
+    let out = weft_with(&store, &["sweep", "--config", file.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let runs = runs(&store, "heads");
+    let by_name = |n: &str| {
+        runs.iter()
+            .find(|r| r["name"] == n)
+            .unwrap_or_else(|| panic!("{n}: {runs:?}"))
+    };
+    assert_eq!(by_name("heads-trial-0")["status"], "failed");
+    assert_eq!(by_name("heads-trial-0")["params"]["model.n_head"], "3");
+    assert_eq!(by_name("heads-trial-1")["status"], "finished");
+    assert!(stdout.contains("trial 0: failed"), "{stdout}");
+    assert!(stdout.contains("best: trial 1 (heads-trial-1)"), "{stdout}");
+}
+
+#[test]
+fn bad_sweep_files_are_one_line_and_exit_1() {
+    let head = "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 2\n";
+    let lr = "[sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-4, max = 1e-2 }\n";
+    let cases = [
+        (
+            format!("{head}method = \"bayes\"\n{lr}"),
+            "sweep.method: \"bayes\" is not one of tpe, random, grid",
+        ),
+        (
+            format!(
+                "{head}[sweep.parameters]\n\"optim.lrr\" = {{ distribution = \"uniform\", min = 0.1, max = 0.2 }}\n"
+            ),
+            "sweep.parameters.\"optim.lrr\": not a key this run config takes",
+        ),
+        (
+            format!(
+                "{head}[sweep.parameters]\n\"optim.lr\" = {{ distribution = \"uniform\", min = 0.2, max = 0.1 }}\n"
+            ),
+            "min (0.2) must be below max (0.1)",
+        ),
+        (
+            format!(
+                "{head}[sweep.parameters]\n\"optim.lr\" = {{ distribution = \"log_uniform\", min = 0.0, max = 0.1 }}\n"
+            ),
+            "touches 0",
+        ),
+        (
+            format!("{head}{lr}[sweep.pruner]\nkind = \"sha\"\n"),
+            "sweep.pruner.kind: \"sha\" is not one of",
+        ),
+        (
+            format!("[sweep]\nbase = \"run.toml\"\nmetric = \"val_acc\"\ntrials = 2\n{lr}"),
+            "sweep.metric: the trainer never logs \"val_acc\"",
+        ),
+        // a key the config takes, at a value it refuses
+        (
+            format!("{head}[sweep.parameters]\n\"optim.kind\" = {{ values = [\"lion\"] }}\n"),
+            "sweep.parameters.\"optim.kind\": the base config does not load with it (optim.kind=\"lion\": ",
+        ),
+        // a gpt reports no accuracy
+        (
+            format!("[sweep]\nbase = \"run.toml\"\nmetric = \"val_accuracy\"\ntrials = 2\n{lr}"),
+            "only classifiers",
+        ),
+        (
+            format!("[sweep]\nbase = \"nope.toml\"\nmetric = \"loss\"\ntrials = 2\n{lr}"),
+            "sweep.base: ",
+        ),
+    ];
+    for (i, (sweep, want)) in cases.iter().enumerate() {
+        let (_dir, file, store) = setup(&format!("sweep-bad-{i}"), 4, sweep);
+        let out = weft_with(&store, &["sweep", "--config", file.to_str().unwrap()]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{sweep}\n{stdout}\n{stderr}");
+        assert!(stderr.contains(want), "{sweep}\n=> {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("weft: error: "), "{stderr}");
+        assert!(!store.join("runs.db").exists(), "nothing runs before the checks pass");
+    }
+    // a metric the base config does not evaluate
+    let (dir, file, store) = setup("sweep-bad-noeval", 4, &format!("{head}{lr}"));
+    std::fs::write(
+        dir.join("run.toml"),
+        base_config(4).replace("eval_every = 2", "eval_every = 0"),
+    )
+    .unwrap();
+    let out = weft_with(&store, &["sweep", "--config", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("train.eval_every > 0"), "{}", text(&out).1);
+}
+
+#[test]
+fn a_sweep_stopped_by_sigint_resumes_without_repeating_finished_trials() {
+    use std::io::{BufRead, BufReader};
+    let sweep = "[sweep]\nname = \"stop\"\nbase = \"run.toml\"\nmetric = \"loss\"\nmethod = \"random\"\ntrials = 4\n\
+                 parallel = 1\n[sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-3, max = 1e-2 }\n";
+    let (_dir, file, store) = setup("sweep-stop", 2000, sweep);
+    let f = file.to_str().unwrap();
+    let mut child = weft_command(&["sweep", "--config", f])
+        .env("WEFT_TRACK_DIR", &store)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    // stop it while trial 1 runs
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.starts_with("trial 1: started") {
+            break;
+        }
+    }
+    // SAFETY: kill with the pid of a child this test started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{seen:?}\n{stderr}");
+    assert!(stderr.contains("--resume"), "{stderr}");
+    let before = runs(&store, "stop");
+    let status = |runs: &[serde_json::Value], name: &str| {
+        runs.iter()
+            .find(|r| r["name"] == name)
+            .map(|r| r["status"].as_str().unwrap().to_string())
+    };
+    assert_eq!(
+        status(&before, "stop-trial-0").as_deref(),
+        Some("finished"),
+        "{before:?}"
+    );
+    // trial 1 was stopped cleanly (killed), or had just finished
+    let one = status(&before, "stop-trial-1");
+    assert!(
+        matches!(one.as_deref(), Some("killed") | Some("finished") | None),
+        "{before:?}"
+    );
+
+    let again = weft_with(&store, &["sweep", "--config", f, "--resume"]);
+    let (stdout, stderr) = text(&again);
+    assert!(again.status.success(), "{stderr}");
+    assert!(!stdout.contains("trial 0: started"), "{stdout}");
+    assert!(stdout.contains("trial 3: started"), "{stdout}");
+    let after = runs(&store, "stop");
+    let trial0 = after.iter().filter(|r| r["tags"]["sweep_trial"] == "0").count();
+    assert_eq!(trial0, 1, "{after:?}");
+    assert!(stdout.contains("4 of 4 trials recorded: 4 finished"), "{stdout}");
+}

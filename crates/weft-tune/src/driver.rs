@@ -1,0 +1,400 @@
+//! Running a sweep: up to `parallel` trials at once, each a child process (the command the
+//! caller builds: `weft train --set ...`, or `weft launch ... train`), recorded in the run
+//! store. The driver polls the store for each running trial's metric (the trainer writes its
+//! metrics about once a second), asks the pruner about every new value, and stops a pruned
+//! trial with SIGTERM (the trainer stops cleanly after its step; `weft launch` forwards the
+//! signal), then marks its run `pruned`. A trial that fails is recorded (with a run of its own
+//! when it failed before the trainer recorded one) and the sweep goes on.
+//!
+//! Each trial runs in its own process group. SIGINT and SIGTERM to the driver are passed on to
+//! the running trials as one SIGTERM; the driver waits for them and returns an error saying the
+//! sweep can be resumed.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use weft_track::{NewRun, RunWriter, Status, Store, WriterOptions};
+
+use crate::error::{Error, Result};
+use crate::pruner::{self, Decision};
+use crate::sampler::{self, Observation};
+use crate::space::Value;
+use crate::spec::SweepSpec;
+use crate::trials::{self, TrialRecord, TAG_SWEEP, TAG_TRIAL};
+
+/// Builds the process of trial `n` from the swept keys' `(key, TOML text)` pairs.
+pub type TrialCommand<'a> = &'a dyn Fn(u64, &[(String, String)]) -> Command;
+
+/// What a sweep needs besides its file.
+pub struct Plan<'a> {
+    pub spec: &'a SweepSpec,
+    /// The run store's folder (the trials must record into it).
+    pub store_dir: PathBuf,
+    /// Training steps of a whole trial (the base config's `train.steps`): rungs at or past it
+    /// are left out.
+    pub max_steps: u64,
+    /// Go on with a sweep the store already holds trials of.
+    pub resume: bool,
+    /// Where each trial's output goes (`trial-N.log`).
+    pub log_dir: PathBuf,
+    /// How often the store is read while trials run.
+    pub poll: Duration,
+    /// The process of trial `n`, given the swept keys' `(key, TOML text)` pairs.
+    pub command: TrialCommand<'a>,
+}
+
+/// A trial's process and what the driver has seen of it.
+struct Running {
+    number: u64,
+    child: Child,
+    values: Vec<Value>,
+    log: PathBuf,
+    /// Runs of this trial number in the store before it started (earlier attempts).
+    earlier: Vec<i64>,
+    run_id: Option<i64>,
+    /// The last step of the metric already reported to the pruner.
+    seen_step: i64,
+    /// Why the pruner stopped it (SIGTERM sent).
+    pruned: Option<String>,
+}
+
+/// Kills (SIGTERM, then waits) the trials still running when the driver returns early.
+struct Children(Vec<Running>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for r in &self.0 {
+            terminate(&r.child);
+        }
+        for r in &mut self.0 {
+            let _ = r.child.wait();
+        }
+    }
+}
+
+/// Sends SIGTERM to `child`.
+fn terminate(child: &Child) {
+    // SAFETY: kill with a pid this process started and has not reaped.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+}
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// Catches SIGINT and SIGTERM for the sweep's life (recorded; the loop passes them on).
+fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Runs the sweep to its end (or until the grid is done); every trial in the store after.
+/// `say` gets one line per event (a trial started, pruned, ended).
+pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
+    let spec = plan.spec;
+    let store = Store::open(&plan.store_dir)?;
+    let mut records = trials::load(&store, spec)?;
+    if !records.is_empty() && !plan.resume {
+        return Err(Error::State(format!(
+            "{}: sweep {:?} already has {} trial(s) in {}; run with --resume to go on with it, or give the sweep \
+             another name (sweep.name)",
+            spec.source,
+            spec.name,
+            records.len(),
+            store.path().display()
+        )));
+    }
+    if let Some(r) = records.iter().find(|r| r.status == "running") {
+        return Err(Error::State(format!(
+            "{}: trial {} (run {}) is still running (another sweep process?); stop it, or wait a minute for its \
+             heartbeat to go stale",
+            spec.source, r.number, r.run_name
+        )));
+    }
+    std::fs::create_dir_all(&plan.log_dir).map_err(|source| Error::Io {
+        path: plan.log_dir.clone(),
+        source,
+    })?;
+    let mut sampler = sampler::from_spec(spec);
+    let mut pruner = pruner::from_spec(&spec.pruner, plan.max_steps);
+    // the pruner learns the ended trials' curves first, in trial order, each up to where the
+    // rule stops it (values a pruned trial logged before its signal took effect are left out)
+    for r in records.iter().filter(|r| r.is_done()) {
+        for (step, value) in metric_rows(&store, r.run_id, &spec.metric)? {
+            if let Decision::Prune(_) = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value)) {
+                break;
+            }
+        }
+    }
+    catch_signals();
+    let mut running = Children(Vec::new());
+    let mut next = 0u64;
+    let mut exhausted = false;
+    loop {
+        if let Some(sig) = stop_signal() {
+            for r in &running.0 {
+                terminate(&r.child);
+            }
+            for r in &mut running.0 {
+                let _ = r.child.wait();
+            }
+            running.0.clear();
+            return Err(Error::State(format!(
+                "the sweep was stopped by signal {sig}; `weft sweep --config {} --resume` goes on with it",
+                spec.source
+            )));
+        }
+        // start trials while there is room
+        while running.0.len() < spec.parallel && !exhausted {
+            let done = |n: u64| records.iter().any(|r| r.number == n && r.is_done());
+            while next < spec.trials && done(next) {
+                next += 1;
+            }
+            if next >= spec.trials {
+                exhausted = true;
+                break;
+            }
+            let history: Vec<Observation> = records.iter().filter_map(|r| r.observation(spec)).collect();
+            let Some(values) = sampler.suggest(next, &spec.space, &history) else {
+                exhausted = true;
+                break;
+            };
+            let earlier = records.iter().filter(|r| r.number == next).map(|r| r.run_id).collect();
+            let r = start(plan, next, values, earlier)?;
+            say(&format!("trial {next}: started ({})", describe(spec, &r.values)));
+            running.0.push(r);
+            next += 1;
+        }
+        if running.0.is_empty() {
+            break;
+        }
+        std::thread::sleep(plan.poll);
+        let mut ended = false;
+        let mut i = 0;
+        while i < running.0.len() {
+            let r = &mut running.0[i];
+            if r.run_id.is_none() {
+                r.run_id = find_run(&store, spec, r.number, &r.earlier)?;
+            }
+            if let (Some(id), None) = (r.run_id, &r.pruned) {
+                for (step, value) in metric_rows(&store, id, &spec.metric)? {
+                    if step <= r.seen_step {
+                        continue;
+                    }
+                    r.seen_step = step;
+                    if let Decision::Prune(why) = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value)) {
+                        say(&format!("trial {}: pruned at step {step}: {why}", r.number));
+                        terminate(&r.child);
+                        r.pruned = Some(why);
+                        break;
+                    }
+                }
+            }
+            let status = r.child.try_wait().map_err(|source| Error::Io {
+                path: r.log.clone(),
+                source,
+            })?;
+            match status {
+                Some(status) => {
+                    let r = running.0.remove(i);
+                    let line = finish(plan, &store, r, status)?;
+                    say(&line);
+                    ended = true;
+                }
+                None => i += 1,
+            }
+        }
+        if ended {
+            records = trials::load(&store, spec)?;
+        }
+    }
+    trials::load(&store, spec)
+}
+
+/// The signal that asked the sweep to stop, if any.
+fn stop_signal() -> Option<i32> {
+    match SIGNAL.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// `key=value ...` of a trial's values.
+fn describe(spec: &SweepSpec, values: &[Value]) -> String {
+    let parts: Vec<String> = spec
+        .space
+        .params
+        .iter()
+        .zip(values)
+        .map(|(p, v)| format!("{}={}", p.key, p.text(*v)))
+        .collect();
+    parts.join(" ")
+}
+
+/// Starts trial `number`'s process, its output to `trial-N.log`.
+fn start(plan: &Plan, number: u64, values: Vec<Value>, earlier: Vec<i64>) -> Result<Running> {
+    let sets: Vec<(String, String)> = plan
+        .spec
+        .space
+        .params
+        .iter()
+        .zip(&values)
+        .map(|(p, v)| (p.key.clone(), p.text(*v)))
+        .collect();
+    let log = plan.log_dir.join(format!("trial-{number}.log"));
+    let io = |source| Error::Io {
+        path: log.clone(),
+        source,
+    };
+    let out = File::create(&log).map_err(io)?;
+    let err = out.try_clone().map_err(io)?;
+    // its own process group: a Ctrl-C at the terminal reaches the driver alone, which passes
+    // one SIGTERM on (a second signal would stop the trainer without its clean ending)
+    let child = (plan.command)(number, &sets)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(io)?;
+    Ok(Running {
+        number,
+        child,
+        values,
+        log,
+        earlier,
+        run_id: None,
+        seen_step: i64::MIN,
+        pruned: None,
+    })
+}
+
+/// The run of trial `number` started after the runs in `earlier`, if it is recorded yet.
+fn find_run(store: &Store, spec: &SweepSpec, number: u64, earlier: &[i64]) -> Result<Option<i64>> {
+    let n = number.to_string();
+    Ok(store
+        .list_runs(Some(&spec.experiment))?
+        .into_iter()
+        .filter(|r| r.tags.get(TAG_SWEEP) == Some(&spec.name) && r.tags.get(TAG_TRIAL) == Some(&n))
+        .map(|r| r.id)
+        .filter(|id| !earlier.contains(id))
+        .max())
+}
+
+/// The `(step, value)` rows of `key` in run `id`, by step.
+fn metric_rows(store: &Store, id: i64, key: &str) -> Result<Vec<(i64, f64)>> {
+    Ok(store
+        .metric_rows(id)?
+        .into_iter()
+        .filter(|(_, k, _, _)| k == key)
+        .map(|(step, _, value, _)| (step, value))
+        .collect())
+}
+
+/// Records how trial `r` ended; the line to say about it.
+fn finish(plan: &Plan, store: &Store, mut r: Running, status: ExitStatus) -> Result<String> {
+    let spec = plan.spec;
+    if r.run_id.is_none() {
+        r.run_id = find_run(store, spec, r.number, &r.earlier)?;
+    }
+    let run = match r.run_id {
+        Some(id) => Some(store.run_detail(id)?),
+        None => None,
+    };
+    let run_status = run.as_ref().map(|d| d.summary.status.clone());
+    let value = |id: i64| -> Result<String> {
+        Ok(metric_rows(store, id, &spec.metric)?
+            .last()
+            .map_or("no value".into(), |(s, v)| format!("{} = {v} at step {s}", spec.metric)))
+    };
+    match (r.run_id, r.pruned.take(), status.success(), run_status.as_deref()) {
+        // it finished before the signal arrived: it stays finished
+        (Some(id), _, true, _) | (Some(id), _, _, Some("finished")) => {
+            Ok(format!("trial {}: finished, {}", r.number, value(id)?))
+        }
+        (Some(id), Some(why), false, _) => {
+            store.set_status(id, Status::Pruned, Some(&format!("pruned: {why}")))?;
+            Ok(format!(
+                "trial {}: stopped ({}), marked pruned, {}",
+                r.number,
+                status,
+                value(id)?
+            ))
+        }
+        (Some(id), None, false, s) => {
+            if s == Some("running") {
+                store.set_status(
+                    id,
+                    Status::Failed,
+                    Some(&format!("the trial's process ended: {status}")),
+                )?;
+            }
+            let why = run.and_then(|d| d.error).unwrap_or_else(|| last_error(&r.log));
+            Ok(format!("trial {}: failed ({status}): {why}", r.number))
+        }
+        (None, _, ok, _) => {
+            // ended before the trainer recorded a run (a config error, a crash at start)
+            let why = if ok {
+                "the trial ended without recording a run (is track.enabled false in the base config?)".to_string()
+            } else {
+                last_error(&r.log)
+            };
+            record_failure(plan, r.number, &r.values, &why)?;
+            Ok(format!("trial {}: failed ({status}): {why}", r.number))
+        }
+    }
+}
+
+/// A run of trial `number` with its values, marked failed with `why`.
+fn record_failure(plan: &Plan, number: u64, values: &[Value], why: &str) -> Result<()> {
+    let spec = plan.spec;
+    let run = NewRun {
+        params: values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (spec.space.params[i].key.clone(), trials::param_text(&spec.space, i, *v)))
+            .collect(),
+        tags: vec![
+            (TAG_SWEEP.to_string(), spec.name.clone()),
+            (TAG_TRIAL.to_string(), number.to_string()),
+        ],
+        ..NewRun::here(&spec.experiment, Some(trial_name(spec, number)))
+    };
+    let w = RunWriter::start(&plan.store_dir, run, WriterOptions::default())?;
+    w.end(Status::Failed, Some(why.to_string()))?;
+    Ok(())
+}
+
+/// The run name of trial `number`: `SWEEP-trial-N`.
+pub fn trial_name(spec: &SweepSpec, number: u64) -> String {
+    format!("{}-trial-{number}", spec.name)
+}
+
+/// The last error line of a trial's log (`weft: error: ...`), else its last line.
+fn last_error(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let line = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("error:"))
+        .or(lines.last())
+        .map_or("no output", |l| l);
+    let mut line: String = line.chars().take(400).collect();
+    if line.is_empty() {
+        line = format!("see {}", log.display());
+    }
+    line
+}

@@ -1,0 +1,25 @@
+//! Hyperparameter sweeps: a search space over run-config keys, samplers that pick each trial's
+//! values (TPE, random, grid), pruners that stop trials falling behind (ASHA, Hyperband, the
+//! median rule), and a driver that runs each trial as a `weft train` (or `weft launch`) process
+//! recorded in the run store (crate `weft-track`), reading their metrics back from it.
+//!
+//! - [`spec::SweepSpec`]: the sweep file (`[sweep]`, `[sweep.parameters]`, `[sweep.pruner]`).
+//! - [`space`]: the parameters and their distributions.
+//! - [`sampler`]: [`sampler::Tpe`], [`sampler::Random`], [`sampler::Grid`].
+//! - [`pruner`]: [`pruner::Asha`], [`pruner::Hyperband`], [`pruner::Median`].
+//! - [`trials`]: a sweep's trials as they are recorded in the store (the sweep's state).
+//! - [`driver`]: running trials in parallel, pruning them, recording failures.
+//!
+//! docs/sweep.md describes the file format and the methods.
+
+pub mod driver;
+mod error;
+pub mod pruner;
+pub mod rng;
+pub mod sampler;
+pub mod space;
+pub mod spec;
+pub mod trials;
+
+pub use error::{Error, Result};
+pub use spec::SweepSpec;

@@ -1,0 +1,236 @@
+//! The tree-structured Parzen estimator (Bergstra et al., NeurIPS 2011, section 4).
+//!
+//! After `startup` random trials, the ended trials are ranked (see [`super::ranked`]) and split:
+//! the best `n_good = ceil(gamma n)` (`gamma = 0.25`, at most 25, at least 1) make `l(x)`, the
+//! rest `g(x)`, one estimator of each per parameter ([`Parzen`] for numeric parameters,
+//! [`Categorical`] for listed values). Expected improvement is monotone in `l(x) / g(x)`
+//! (the paper's equation 3 onward), so each parameter takes, among `CANDIDATES` draws from its
+//! `l`, the one with the largest `log l(x) - log g(x)`. The parameters are independent, as in
+//! the paper's flat spaces (and Optuna's default, non-multivariate TPE).
+
+use super::{random, ranked, Categorical, Observation, Parzen, Sampler};
+use crate::rng::Rng;
+use crate::space::{Param, Space, Value};
+
+/// Draws from `l` scored per parameter (Optuna's `n_ei_candidates` default).
+const CANDIDATES: usize = 24;
+/// The quantile of trials counted good.
+const GAMMA: f64 = 0.25;
+/// The most trials counted good.
+const MAX_GOOD: usize = 25;
+
+/// TPE with `startup` random trials first.
+#[derive(Debug, Clone)]
+pub struct Tpe {
+    seed: u64,
+    startup: usize,
+}
+
+impl Tpe {
+    pub fn new(seed: u64, startup: usize) -> Tpe {
+        Tpe { seed, startup }
+    }
+}
+
+/// How many of `n` ranked trials count as good.
+pub fn n_good(n: usize) -> usize {
+    ((GAMMA * n as f64).ceil() as usize).clamp(1, MAX_GOOD)
+}
+
+impl Sampler for Tpe {
+    fn suggest(&mut self, trial: u64, space: &Space, history: &[Observation]) -> Option<Vec<Value>> {
+        let mut rng = Rng::stream(self.seed, trial);
+        let usable: Vec<Observation> = history
+            .iter()
+            .filter(|o| o.values.len() == space.params.len())
+            .cloned()
+            .collect();
+        if usable.len() < self.startup.max(2) {
+            return Some(space.params.iter().map(|p| random::draw(p, &mut rng)).collect());
+        }
+        let order = ranked(&usable);
+        let split = n_good(order.len());
+        let (good, bad) = order.split_at(split);
+        Some(
+            space
+                .params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let column = |set: &[&Observation]| -> Vec<Value> { set.iter().map(|o| o.values[i]).collect() };
+                    suggest_one(p, &column(good), &column(bad), &mut rng)
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The candidate drawn from `l` (built from `good`) with the largest `l / g`.
+fn suggest_one(param: &Param, good: &[Value], bad: &[Value], rng: &mut Rng) -> Value {
+    if param.is_categorical() {
+        let n = param.bounds().1 as usize;
+        let index = |v: &Value| match v {
+            Value::Choice(c) => (*c).min(n - 1),
+            _ => 0,
+        };
+        let l = Categorical::new(&good.iter().map(index).collect::<Vec<_>>(), n);
+        let g = Categorical::new(&bad.iter().map(index).collect::<Vec<_>>(), n);
+        let best = (0..CANDIDATES)
+            .map(|_| l.sample(rng))
+            .max_by(|a, b| (l.log_pmf(*a) - g.log_pmf(*a)).total_cmp(&(l.log_pmf(*b) - g.log_pmf(*b))))
+            .unwrap_or(0);
+        return Value::Choice(best);
+    }
+    let (lo, hi) = param.bounds();
+    let points = |set: &[Value]| -> Vec<f64> { set.iter().map(|v| param.internal(*v)).collect() };
+    let l = Parzen::new(&points(good), lo, hi);
+    let g = Parzen::new(&points(bad), lo, hi);
+    // a candidate is scored where it lands once rounded to the parameter's steps
+    let score = |x: f64| {
+        let at = param.internal(param.from_internal(x));
+        l.log_pdf(at) - g.log_pdf(at)
+    };
+    let best = (0..CANDIDATES)
+        .map(|_| l.sample(rng))
+        .max_by(|a, b| score(*a).total_cmp(&score(*b)))
+        .unwrap_or(0.5 * (lo + hi));
+    param.from_internal(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::{Outcome, Random};
+
+    fn space(text: &str) -> Space {
+        Space::from_toml(&text.parse::<toml::Table>().unwrap(), "s").unwrap()
+    }
+
+    /// The best value `sampler` finds of `f` in `budget` sequential trials.
+    fn best_of(sampler: &mut dyn Sampler, space: &Space, budget: u64, f: &dyn Fn(&[f64]) -> f64) -> f64 {
+        let mut history: Vec<Observation> = Vec::new();
+        for trial in 0..budget {
+            let values = sampler.suggest(trial, space, &history).unwrap();
+            let x: Vec<f64> = values
+                .iter()
+                .map(|v| match v {
+                    Value::Float(x) => *x,
+                    Value::Int(i) => *i as f64,
+                    Value::Choice(c) => *c as f64,
+                })
+                .collect();
+            history.push(Observation {
+                values,
+                outcome: Outcome::Finished(f(&x)),
+            });
+        }
+        history
+            .iter()
+            .map(|o| match o.outcome {
+                Outcome::Finished(v) => v,
+                Outcome::Pruned { value, .. } => value,
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+
+    /// Over `seeds` seeds: TPE's median best value, and random search's.
+    fn compare(space: &Space, budget: u64, f: &dyn Fn(&[f64]) -> f64) -> (f64, f64, usize) {
+        let seeds = 0..9u64;
+        let mut tpe = Vec::new();
+        let mut rnd = Vec::new();
+        let mut wins = 0;
+        for seed in seeds {
+            let t = best_of(&mut Tpe::new(seed, 10), space, budget, f);
+            let r = best_of(&mut Random::new(seed + 1000), space, budget, f);
+            wins += usize::from(t <= r);
+            tpe.push(t);
+            rnd.push(r);
+        }
+        (median(tpe), median(rnd), wins)
+    }
+
+    #[test]
+    fn tpe_beats_random_search_on_a_1d_log_scaled_bowl() {
+        // a learning-rate-like optimum at 3e-3 on [1e-5, 1]: (log10 x - log10 3e-3)^2
+        let s = space("\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-5, max = 1.0 }");
+        let f = |x: &[f64]| (x[0].log10() - 3e-3f64.log10()).powi(2);
+        let (tpe, rnd, wins) = compare(&s, 40, &f);
+        assert!(tpe < rnd && wins >= 6, "tpe {tpe} random {rnd} wins {wins}/9");
+        assert!(tpe < 0.01, "tpe {tpe}");
+    }
+
+    #[test]
+    fn tpe_beats_random_search_on_2d_branin() {
+        // Branin on [-5, 10] x [0, 15]: minimum 0.397887 at three points
+        let s = space(
+            "\"a.x\" = { distribution = \"uniform\", min = -5.0, max = 10.0 }\n\
+             \"a.y\" = { distribution = \"uniform\", min = 0.0, max = 15.0 }\n",
+        );
+        let branin = |v: &[f64]| {
+            let (x, y) = (v[0], v[1]);
+            let pi = std::f64::consts::PI;
+            let b = 5.1 / (4.0 * pi * pi);
+            (y - b * x * x + 5.0 / pi * x - 6.0).powi(2) + 10.0 * (1.0 - 1.0 / (8.0 * pi)) * x.cos() + 10.0
+        };
+        let (tpe, rnd, wins) = compare(&s, 60, &branin);
+        assert!(tpe < rnd && wins >= 6, "tpe {tpe} random {rnd} wins {wins}/9");
+        assert!(tpe < 1.0, "tpe {tpe}");
+    }
+
+    #[test]
+    fn tpe_concentrates_on_the_good_choice_and_integer() {
+        let s = space(
+            "\"m.kind\" = { values = [\"a\", \"b\", \"c\", \"d\"] }\n\
+             \"m.n\" = { distribution = \"int_uniform\", min = 1, max = 20 }\n",
+        );
+        // choice 2 and n = 13 are best
+        let f = |x: &[f64]| f64::from(x[0] != 2.0) + 0.1 * (x[1] - 13.0).abs();
+        let mut history = Vec::new();
+        let mut tpe = Tpe::new(3, 10);
+        let mut late = Vec::new();
+        for trial in 0..60 {
+            let values = tpe.suggest(trial, &s, &history).unwrap();
+            let x: Vec<f64> = values
+                .iter()
+                .map(|v| match v {
+                    Value::Int(i) => *i as f64,
+                    Value::Choice(c) => *c as f64,
+                    Value::Float(x) => *x,
+                })
+                .collect();
+            if trial >= 40 {
+                late.push(x.clone());
+            }
+            history.push(Observation {
+                values,
+                outcome: Outcome::Finished(f(&x)),
+            });
+        }
+        let right_kind = late.iter().filter(|x| x[0] == 2.0).count();
+        let near_n = late.iter().filter(|x| (x[1] - 13.0).abs() <= 2.0).count();
+        assert!(right_kind >= 14, "{right_kind}/20 picked the best choice");
+        assert!(near_n >= 10, "{near_n}/20 within 2 of the best integer");
+    }
+
+    #[test]
+    fn the_split_takes_a_quarter_and_pruned_trials_rank_last() {
+        assert_eq!((n_good(1), n_good(4), n_good(5), n_good(1000)), (1, 1, 2, 25));
+        let obs = |outcome| Observation {
+            values: vec![],
+            outcome,
+        };
+        let h = [
+            obs(Outcome::Pruned { step: 4, value: 0.1 }),
+            obs(Outcome::Finished(2.0)),
+            obs(Outcome::Pruned { step: 16, value: 3.0 }),
+            obs(Outcome::Finished(1.0)),
+        ];
+        let order: Vec<Outcome> = ranked(&h).iter().map(|o| o.outcome).collect();
+        assert_eq!(order, [h[3].outcome, h[1].outcome, h[2].outcome, h[0].outcome]);
+    }
+}

@@ -1,0 +1,396 @@
+//! The sweep file: `[sweep]`, `[sweep.parameters]` (see [`crate::space`]) and
+//! `[sweep.pruner]`, read and checked before anything runs. Every error is one line naming the
+//! file and the key.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::space::Space;
+
+/// Whether lower or higher values of the metric are better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Goal {
+    Minimize,
+    Maximize,
+}
+
+impl Goal {
+    /// `value` turned into a loss: lower is better (maximized metrics are negated).
+    pub fn loss(self, value: f64) -> f64 {
+        match self {
+            Goal::Minimize => value,
+            Goal::Maximize => -value,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Goal::Minimize => "minimize",
+            Goal::Maximize => "maximize",
+        }
+    }
+}
+
+/// How each trial's parameters are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Tree-structured Parzen estimators after `startup_trials` random trials.
+    Tpe,
+    Random,
+    /// Every point of the product of the parameters' values, in order.
+    Grid,
+}
+
+/// Which pruner stops trials early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrunerKind {
+    Asha,
+    Hyperband,
+    Median,
+    None,
+}
+
+/// `[sweep.pruner]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrunerSpec {
+    pub kind: PrunerKind,
+    /// Training steps before the first rung (ASHA, Hyperband's most aggressive bracket), or
+    /// before the median rule applies. Default 1.
+    pub min_steps: u64,
+    /// `eta`: rungs are `min_steps * eta^k` steps apart, and `1/eta` of a rung's trials go on.
+    /// Default 4 (Ray Tune's ASHA and Optuna's successive halving).
+    pub reduction_factor: u64,
+}
+
+/// A whole sweep file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepSpec {
+    /// The file it was read from, as given (names it in errors).
+    pub source: String,
+    /// The sweep's name (`[sweep] name`, default the file's stem): trials are tagged with it and
+    /// named `NAME-trial-N`.
+    pub name: String,
+    /// The experiment its trials are recorded under (default: the name).
+    pub experiment: String,
+    /// The run config each trial starts from, resolved against the sweep file's folder.
+    pub base: PathBuf,
+    /// The metric the trials are ranked by (`val_loss`, `loss`, `val_accuracy`, ...): its last
+    /// recorded value is a trial's result.
+    pub metric: String,
+    pub goal: Goal,
+    pub method: Method,
+    /// How many trials (a grid: at most its size; default its size).
+    pub trials: u64,
+    /// Trials run at once. Default 1.
+    pub parallel: usize,
+    /// Processes per trial (above 1 each trial is a `weft launch` job). Default 1.
+    pub nproc_per_trial: usize,
+    /// Seeds every draw of the samplers. Default 0.
+    pub seed: u64,
+    /// TPE: random trials before the estimators are used. Default 10.
+    pub startup_trials: u64,
+    pub space: Space,
+    pub pruner: PrunerSpec,
+}
+
+const SWEEP_KEYS: [&str; 13] = [
+    "name",
+    "experiment",
+    "base",
+    "metric",
+    "goal",
+    "method",
+    "trials",
+    "parallel",
+    "nproc_per_trial",
+    "seed",
+    "startup_trials",
+    "parameters",
+    "pruner",
+];
+
+impl SweepSpec {
+    /// Reads and checks the sweep file at `path`.
+    pub fn load(path: &Path) -> Result<SweepSpec> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let stem = path
+            .file_stem()
+            .map_or("sweep".into(), |s| s.to_string_lossy().into_owned());
+        let folder = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::parse(&text, &path.display().to_string(), &stem, &folder)
+    }
+
+    /// Parses sweep-file text; `source` names it in errors, `stem` is the default name, and the
+    /// base config resolves against `folder`.
+    pub fn parse(text: &str, source: &str, stem: &str, folder: &Path) -> Result<SweepSpec> {
+        let spec = |msg: String| Error::Spec(format!("{source}: {msg}"));
+        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
+            let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
+            Error::Spec(format!("{source}{at}: {}", e.message().trim().replace('\n', " ")))
+        })?;
+        if let Some(k) = doc.keys().find(|k| *k != "sweep") {
+            return Err(spec(format!(
+                "unknown section or key {k:?} (a sweep file holds [sweep] only)"
+            )));
+        }
+        let sweep = doc
+            .get("sweep")
+            .and_then(toml::Value::as_table)
+            .ok_or_else(|| spec("no [sweep] section".into()))?;
+        if let Some(k) = sweep.keys().find(|k| !SWEEP_KEYS.contains(&k.as_str())) {
+            return Err(spec(format!(
+                "sweep.{k}: unknown key (expected one of {})",
+                SWEEP_KEYS.join(", ")
+            )));
+        }
+        let keys = Keys {
+            table: sweep,
+            source,
+            section: "sweep",
+        };
+        let name = keys.string("name")?.unwrap_or_else(|| stem.to_string());
+        if name.is_empty() || name.contains('/') {
+            return Err(spec(format!("sweep.name: {name:?} must be non-empty and hold no '/'")));
+        }
+        let experiment = keys.string("experiment")?.unwrap_or_else(|| name.clone());
+        let base = keys
+            .string("base")?
+            .ok_or_else(|| spec("sweep.base: missing: the run config each trial starts from".into()))?;
+        let metric = keys
+            .string("metric")?
+            .ok_or_else(|| spec("sweep.metric: missing: the metric to rank trials by (e.g. \"val_loss\")".into()))?;
+        let goal = match keys.string("goal")?.as_deref() {
+            None | Some("minimize") => Goal::Minimize,
+            Some("maximize") => Goal::Maximize,
+            Some(other) => return Err(spec(format!("sweep.goal: {other:?} is not one of minimize, maximize"))),
+        };
+        let method = match keys.string("method")?.as_deref() {
+            None | Some("tpe") => Method::Tpe,
+            Some("random") => Method::Random,
+            Some("grid") => Method::Grid,
+            Some(other) => return Err(spec(format!("sweep.method: {other:?} is not one of tpe, random, grid"))),
+        };
+        let params = sweep
+            .get("parameters")
+            .map(|p| {
+                p.as_table()
+                    .ok_or_else(|| spec("sweep.parameters: expected a table".into()))
+            })
+            .transpose()?
+            .ok_or_else(|| spec("[sweep.parameters] is missing: name at least one config key".into()))?;
+        let space = Space::from_toml(params, source)?;
+        let grid = space.grid_size();
+        if method == Method::Grid && grid.is_none() {
+            let p = space
+                .params
+                .iter()
+                .find(|p| p.grid_points().is_none())
+                .map_or("", |p| p.key.as_str());
+            return Err(spec(format!(
+                "sweep.method: grid needs every parameter to list values, be int_uniform, or have q steps; \
+                 {p:?} is a continuous range"
+            )));
+        }
+        let trials = match (keys.count("trials", 1)?, method) {
+            (Some(n), _) => n,
+            (None, Method::Grid) => grid.unwrap_or(1) as u64,
+            (None, _) => return Err(spec("sweep.trials: missing: how many trials to run".into())),
+        };
+        let pruner = match sweep.get("pruner") {
+            None => PrunerSpec {
+                kind: PrunerKind::None,
+                min_steps: 1,
+                reduction_factor: 4,
+            },
+            Some(p) => parse_pruner(p, source)?,
+        };
+        Ok(SweepSpec {
+            source: source.to_string(),
+            name,
+            experiment,
+            base: folder.join(base),
+            metric,
+            goal,
+            method,
+            trials,
+            parallel: keys.count("parallel", 1)?.unwrap_or(1) as usize,
+            nproc_per_trial: keys.count("nproc_per_trial", 1)?.unwrap_or(1) as usize,
+            seed: keys.count("seed", 0)?.unwrap_or(0),
+            startup_trials: keys.count("startup_trials", 0)?.unwrap_or(10),
+            space,
+            pruner,
+        })
+    }
+}
+
+fn parse_pruner(value: &toml::Value, source: &str) -> Result<PrunerSpec> {
+    let spec = |msg: String| Error::Spec(format!("{source}: {msg}"));
+    let table = value
+        .as_table()
+        .ok_or_else(|| spec("sweep.pruner: expected a table".into()))?;
+    const KEYS: [&str; 3] = ["kind", "min_steps", "reduction_factor"];
+    if let Some(k) = table.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(spec(format!(
+            "sweep.pruner.{k}: unknown key (expected one of {})",
+            KEYS.join(", ")
+        )));
+    }
+    let keys = Keys {
+        table,
+        source,
+        section: "sweep.pruner",
+    };
+    let kind = match keys.string("kind")?.as_deref() {
+        Some("asha") => PrunerKind::Asha,
+        Some("hyperband") => PrunerKind::Hyperband,
+        Some("median") => PrunerKind::Median,
+        Some("none") | None => PrunerKind::None,
+        Some(other) => {
+            return Err(spec(format!(
+                "sweep.pruner.kind: {other:?} is not one of asha, hyperband, median, none"
+            )))
+        }
+    };
+    Ok(PrunerSpec {
+        kind,
+        min_steps: keys.count("min_steps", 1)?.unwrap_or(1),
+        reduction_factor: keys.count("reduction_factor", 2)?.unwrap_or(4),
+    })
+}
+
+/// Typed reads of one section's keys, with errors naming `section.key`.
+struct Keys<'a> {
+    table: &'a toml::Table,
+    source: &'a str,
+    section: &'a str,
+}
+
+impl Keys<'_> {
+    fn string(&self, key: &str) -> Result<Option<String>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(Error::Spec(format!(
+                "{}: {}.{key}: expected a string, got {other}",
+                self.source, self.section
+            ))),
+        }
+    }
+
+    /// A whole number of at least `min`.
+    fn count(&self, key: &str, min: u64) -> Result<Option<u64>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(i)) if *i >= min as i64 => Ok(Some(*i as u64)),
+            Some(other) => Err(Error::Spec(format!(
+                "{}: {}.{key}: expected a whole number >= {min}, got {other}",
+                self.source, self.section
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<SweepSpec> {
+        SweepSpec::parse(text, "s.toml", "s", Path::new("/sweeps"))
+    }
+
+    const PARAMS: &str =
+        "[sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-4, max = 1e-2 }\n";
+
+    #[test]
+    fn defaults_and_every_key() {
+        let s = parse(&format!(
+            "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 8\n{PARAMS}"
+        ))
+        .unwrap();
+        assert_eq!(s.name, "s");
+        assert_eq!(s.experiment, "s");
+        assert_eq!(s.base, Path::new("/sweeps/run.toml"));
+        assert_eq!(
+            (s.goal, s.method, s.trials, s.parallel, s.nproc_per_trial),
+            (Goal::Minimize, Method::Tpe, 8, 1, 1)
+        );
+        assert_eq!(s.pruner.kind, PrunerKind::None);
+        let s = parse(&format!(
+            "[sweep]\nname = \"lr\"\nbase = \"/abs/run.toml\"\nmetric = \"val_accuracy\"\ngoal = \"maximize\"\n\
+             method = \"random\"\ntrials = 3\nparallel = 2\nnproc_per_trial = 2\nseed = 5\n\
+             [sweep.pruner]\nkind = \"asha\"\nmin_steps = 10\nreduction_factor = 3\n{PARAMS}"
+        ))
+        .unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.goal, s.method, s.parallel, s.nproc_per_trial, s.seed),
+            ("lr", Goal::Maximize, Method::Random, 2, 2, 5)
+        );
+        assert_eq!(s.base, Path::new("/abs/run.toml"));
+        assert_eq!(
+            s.pruner,
+            PrunerSpec {
+                kind: PrunerKind::Asha,
+                min_steps: 10,
+                reduction_factor: 3
+            }
+        );
+        let g = parse("[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\n[sweep.parameters]\n\
+                       \"optim.lr\" = { values = [0.1, 0.2] }\n\"model.n_layer\" = { distribution = \"int_uniform\", min = 1, max = 3 }\n")
+            .unwrap();
+        assert_eq!(g.trials, 6);
+    }
+
+    #[test]
+    fn bad_files_are_one_line_naming_the_key() {
+        let head = "[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\ntrials = 2\n";
+        let cases = [
+            (
+                format!("{head}method = \"bayes\"\n{PARAMS}"),
+                "sweep.method: \"bayes\" is not one of tpe, random, grid",
+            ),
+            (format!("{head}goal = \"down\"\n{PARAMS}"), "sweep.goal"),
+            (
+                format!("{head}{PARAMS}[sweep.pruner]\nkind = \"sha\"\n"),
+                "sweep.pruner.kind: \"sha\" is not one of",
+            ),
+            (
+                format!("{head}{PARAMS}[sweep.pruner]\nkind = \"asha\"\nreduction_factor = 1\n"),
+                "sweep.pruner.reduction_factor",
+            ),
+            (
+                format!("{head}parallel = 0\n{PARAMS}"),
+                "sweep.parallel: expected a whole number >= 1",
+            ),
+            (format!("{head}colour = 1\n{PARAMS}"), "sweep.colour: unknown key"),
+            (head.to_string(), "[sweep.parameters] is missing"),
+            (
+                format!("[sweep]\nmetric = \"loss\"\ntrials = 2\n{PARAMS}"),
+                "sweep.base: missing",
+            ),
+            (
+                format!("[sweep]\nbase = \"r.toml\"\ntrials = 2\n{PARAMS}"),
+                "sweep.metric: missing",
+            ),
+            (
+                format!("[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\n{PARAMS}"),
+                "sweep.trials: missing",
+            ),
+            (
+                format!("{head}method = \"grid\"\n{PARAMS}"),
+                "grid needs every parameter",
+            ),
+            (format!("[train]\nsteps = 1\n{head}{PARAMS}"), "unknown section"),
+            ("[sweep\n".to_string(), "(line 1)"),
+        ];
+        for (text, want) in cases {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}\n=> {e}");
+            assert!(e.starts_with("s.toml"), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+}

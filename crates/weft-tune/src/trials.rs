@@ -1,0 +1,203 @@
+//! A sweep's state, kept in the run store: each trial is a run of the sweep's experiment tagged
+//! `sweep = NAME` and `sweep_trial = N`, whose params hold the values it was given and whose
+//! metrics hold what it reported. Nothing else is stored, so `weft runs` shows the same trials
+//! and a killed sweep resumes from the store alone.
+
+use std::collections::BTreeMap;
+
+use weft_track::Store;
+
+use crate::error::Result;
+use crate::sampler::{Observation, Outcome};
+use crate::space::{Space, Value};
+use crate::spec::SweepSpec;
+
+/// The tag holding the sweep's name.
+pub const TAG_SWEEP: &str = "sweep";
+/// The tag holding the trial's number (0-based).
+pub const TAG_TRIAL: &str = "sweep_trial";
+
+/// One trial as recorded (its latest run, or the one that ended when it was run again).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialRecord {
+    pub number: u64,
+    pub run_id: i64,
+    pub run_name: String,
+    /// The run's status: `running`, `finished`, `pruned`, `failed` or `killed`.
+    pub status: String,
+    /// The swept keys' recorded values, as text, in the space's order (`None`: not recorded).
+    pub params: Vec<Option<String>>,
+    /// The swept values read back (`None` when one does not parse).
+    pub values: Option<Vec<Value>>,
+    /// The metric's last recorded value and its step.
+    pub last: Option<(i64, f64)>,
+    /// Why it failed, was killed or was pruned.
+    pub error: Option<String>,
+}
+
+impl TrialRecord {
+    /// Whether the trial has ended for good (finished, pruned or failed); a killed or running
+    /// one is run again by `--resume`.
+    pub fn is_done(&self) -> bool {
+        matches!(self.status.as_str(), "finished" | "pruned" | "failed")
+    }
+
+    /// What the samplers learn from it (finished and pruned trials with a metric value).
+    pub fn observation(&self, spec: &SweepSpec) -> Option<Observation> {
+        let (step, value) = self.last?;
+        let value = spec.goal.loss(value);
+        let outcome = match self.status.as_str() {
+            "finished" => Outcome::Finished(value),
+            "pruned" => Outcome::Pruned {
+                step: step.max(0) as u64,
+                value,
+            },
+            _ => return None,
+        };
+        Some(Observation {
+            values: self.values.clone()?,
+            outcome,
+        })
+    }
+}
+
+/// The param text a run records for `v` (strings without quotes, as the trainer flattens its
+/// config).
+pub fn param_text(space: &Space, i: usize, v: Value) -> String {
+    let p = &space.params[i];
+    match (v, &p.dist) {
+        (Value::Choice(c), crate::space::Distribution::Values(vals)) => match &vals[c] {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        },
+        _ => p.text(v),
+    }
+}
+
+/// Every trial of `spec`'s sweep in the store, by number: for a number run more than once, the
+/// run that ended for good, else the latest.
+pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {
+    let mut by_number: BTreeMap<u64, TrialRecord> = BTreeMap::new();
+    for run in store.list_runs(Some(&spec.experiment))? {
+        if run.tags.get(TAG_SWEEP) != Some(&spec.name) {
+            continue;
+        }
+        let Some(number) = run.tags.get(TAG_TRIAL).and_then(|t| t.parse::<u64>().ok()) else {
+            continue;
+        };
+        let detail = store.run_detail(run.id)?;
+        let params: Vec<Option<String>> = spec
+            .space
+            .params
+            .iter()
+            .map(|p| run.params.get(&p.key).cloned())
+            .collect();
+        let values = spec
+            .space
+            .params
+            .iter()
+            .zip(&params)
+            .map(|(p, t)| p.parse_text(t.as_deref()?))
+            .collect::<Option<Vec<Value>>>();
+        let record = TrialRecord {
+            number,
+            run_id: run.id,
+            run_name: run.name.clone(),
+            status: run.status.clone(),
+            params,
+            values,
+            last: detail.metrics.get(&spec.metric).map(|m| (m.last_step, m.last)),
+            error: detail.error.clone(),
+        };
+        match by_number.get(&number) {
+            Some(old) if old.is_done() && !record.is_done() => {}
+            _ => {
+                by_number.insert(number, record);
+            }
+        }
+    }
+    Ok(by_number.into_values().collect())
+}
+
+/// The best finished trial (by the metric's last value and the goal; the lowest number wins a
+/// tie).
+pub fn best<'a>(spec: &SweepSpec, trials: &'a [TrialRecord]) -> Option<&'a TrialRecord> {
+    trials
+        .iter()
+        .filter(|t| t.status == "finished" && t.last.is_some_and(|(_, v)| !v.is_nan()))
+        .min_by(|a, b| {
+            let (la, lb) = (spec.goal.loss(a.last.unwrap().1), spec.goal.loss(b.last.unwrap().1));
+            la.total_cmp(&lb).then(a.number.cmp(&b.number))
+        })
+}
+
+/// The sweep's trials as a table, then the best trial, as `weft sweep status` prints them.
+pub fn status_text(spec: &SweepSpec, trials: &[TrialRecord]) -> String {
+    let count = |s: &str| trials.iter().filter(|t| t.status == s).count();
+    let mut out = format!(
+        "sweep {} (experiment {}): {} of {} trials recorded: {} finished, {} pruned, {} failed, {} killed, {} running; \
+         {} ({})\n",
+        spec.name,
+        spec.experiment,
+        trials.len(),
+        spec.trials,
+        count("finished"),
+        count("pruned"),
+        count("failed"),
+        count("killed"),
+        count("running"),
+        spec.metric,
+        spec.goal.as_str(),
+    );
+    let mut rows = vec![{
+        let mut h = vec![
+            "trial".to_string(),
+            "run".into(),
+            "status".into(),
+            "step".into(),
+            spec.metric.clone(),
+        ];
+        h.extend(spec.space.params.iter().map(|p| p.key.clone()));
+        h
+    }];
+    for t in trials {
+        let mut r = vec![
+            t.number.to_string(),
+            t.run_name.clone(),
+            t.status.clone(),
+            t.last.map_or("-".into(), |(s, _)| s.to_string()),
+            t.last.map_or("-".into(), |(_, v)| format!("{v:.6}")),
+        ];
+        r.extend(t.params.iter().map(|p| p.clone().unwrap_or_else(|| "-".into())));
+        rows.push(r);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    match best(spec, trials) {
+        Some(b) => {
+            let params: Vec<String> = spec
+                .space
+                .params
+                .iter()
+                .zip(&b.params)
+                .map(|(p, v)| format!("{}={}", p.key, v.as_deref().unwrap_or("-")))
+                .collect();
+            let (step, value) = b.last.unwrap_or((0, f64::NAN));
+            out.push_str(&format!(
+                "best: trial {} ({}): {} = {value} at step {step}; {}\n",
+                b.number,
+                b.run_name,
+                spec.metric,
+                params.join(" ")
+            ));
+        }
+        None => out.push_str("best: none yet (no trial has finished with a value of the metric)\n"),
+    }
+    out
+}

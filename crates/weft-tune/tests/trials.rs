@@ -1,0 +1,89 @@
+//! A sweep's state read back from the run store: trials found by their tags, a re-run trial
+//! preferring the attempt that ended, the samplers' observations, the best trial and the table.
+
+use std::path::{Path, PathBuf};
+
+use weft_track::{NewRun, RunWriter, Status, Store, WriterOptions};
+use weft_tune::sampler::Outcome;
+use weft_tune::space::Value;
+use weft_tune::trials::{self, TAG_SWEEP, TAG_TRIAL};
+use weft_tune::SweepSpec;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weft-tune-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Records a run of trial `n` of sweep `sweep` with `lr`, its val_loss curve, and `status`.
+fn trial(dir: &Path, sweep: &str, n: u64, lr: &str, curve: &[(u64, f64)], status: Status) -> i64 {
+    let run = NewRun {
+        experiment: "exp".into(),
+        name: Some(format!("{sweep}-trial-{n}")),
+        params: vec![("optim.lr".into(), lr.into()), ("model.kind".into(), "gpt".into())],
+        tags: vec![(TAG_SWEEP.into(), sweep.into()), (TAG_TRIAL.into(), n.to_string())],
+        ..Default::default()
+    };
+    let w = RunWriter::start(dir, run, WriterOptions::default()).unwrap();
+    for (step, v) in curve {
+        w.log(*step, "val_loss", *v);
+    }
+    let id = w.id();
+    w.end(status, None).unwrap();
+    id
+}
+
+#[test]
+fn trials_are_read_back_by_tag_and_ranked() {
+    let dir = temp_dir("trials");
+    let spec = SweepSpec::parse(
+        "[sweep]\nname = \"s\"\nexperiment = \"exp\"\nbase = \"r.toml\"\nmetric = \"val_loss\"\ntrials = 5\n\
+         [sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-4, max = 1e-1 }\n",
+        "s.toml",
+        "s",
+        Path::new("."),
+    )
+    .unwrap();
+    trial(&dir, "s", 0, "0.001", &[(2, 3.0), (4, 2.0)], Status::Finished);
+    let pruned = trial(&dir, "s", 1, "0.05", &[(2, 3.5)], Status::Killed);
+    // trial 2 killed once, then run again to the end
+    trial(&dir, "s", 2, "0.01", &[(2, 3.1)], Status::Killed);
+    trial(&dir, "s", 2, "0.01", &[(2, 2.9), (4, 1.5)], Status::Finished);
+    trial(&dir, "s", 3, "0.02", &[], Status::Failed);
+    // another sweep's trial in the same experiment is not this sweep's
+    trial(&dir, "other", 0, "0.001", &[(4, 0.1)], Status::Finished);
+    let store = Store::open(&dir).unwrap();
+    store
+        .set_status(pruned, Status::Pruned, Some("pruned: rung 0"))
+        .unwrap();
+
+    let t = trials::load(&store, &spec).unwrap();
+    let numbers: Vec<(u64, &str)> = t.iter().map(|r| (r.number, r.status.as_str())).collect();
+    assert_eq!(
+        numbers,
+        [(0, "finished"), (1, "pruned"), (2, "finished"), (3, "failed")]
+    );
+    assert_eq!(t[2].run_name, "s-trial-2-2");
+    assert_eq!(t[2].last, Some((4, 1.5)));
+    assert_eq!(t[0].values, Some(vec![Value::Float(0.001)]));
+    assert!(t.iter().all(|r| r.is_done()));
+    assert_eq!(
+        t[1].observation(&spec).unwrap().outcome,
+        Outcome::Pruned { step: 2, value: 3.5 }
+    );
+    assert_eq!(t[2].observation(&spec).unwrap().outcome, Outcome::Finished(1.5));
+    assert_eq!(t[3].observation(&spec), None);
+    let best = trials::best(&spec, &t).unwrap();
+    assert_eq!(best.number, 2);
+    let text = trials::status_text(&spec, &t);
+    assert!(
+        text.contains("4 of 5 trials recorded: 2 finished, 1 pruned, 1 failed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("best: trial 2 (s-trial-2-2): val_loss = 1.5 at step 4; optim.lr=0.01"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 7, "{text}");
+}
