@@ -39,7 +39,8 @@ pub enum RunsCommand {
     Compare(CompareArgs),
     /// Deletes runs with their records (not the checkpoints they name).
     Delete(DeleteArgs),
-    /// Writes one run's metrics (`step,key,value,time`, time in seconds since the Unix epoch).
+    /// Writes one run's metrics: CSV (`step,key,value,time`, time in seconds since the Unix
+    /// epoch) or a TensorBoard event file.
     Export(ExportArgs),
 }
 
@@ -100,9 +101,12 @@ pub struct ExportArgs {
     dir: DirArg,
     /// The run (id or name).
     run: String,
-    /// `csv` (TensorBoard event files are not written yet).
+    /// `csv` (to standard output) or `tensorboard` (an `events.out.tfevents.*` file in --output).
     #[arg(long, default_value = "csv")]
     format: String,
+    /// The folder the TensorBoard event file goes to (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
 }
 
 pub fn run(what: RunsCommand) -> Result<(), String> {
@@ -320,14 +324,22 @@ fn delete(a: &DeleteArgs) -> Result<(), String> {
 }
 
 fn export(a: &ExportArgs) -> Result<(), String> {
-    if a.format != "csv" {
+    if !["csv", "tensorboard"].contains(&a.format.as_str()) {
         return Err(format!(
-            "--format: {:?} is not supported (csv is; TensorBoard event files are not written yet)",
+            "--format: {:?} is not supported (csv and tensorboard are)",
             a.format
         ));
     }
+    if a.format == "csv" && a.output.is_some() {
+        return Err("--output: only for --format tensorboard (csv goes to standard output)".into());
+    }
     let store = a.dir.open()?;
     let id = store.find_run(&a.run).map_err(|e| e.to_string())?;
+    if a.format == "tensorboard" {
+        let out = a.output.clone().unwrap_or_else(|| PathBuf::from("."));
+        let file = weft_track::tensorboard::export_run(&store, id, &out).map_err(|e| e.to_string())?;
+        return print_out(&format!("{}\n", file.display()));
+    }
     let mut out = String::from("step,key,value,time\n");
     for (step, key, value, time) in store.metric_rows(id).map_err(|e| e.to_string())? {
         out += &format!("{step},{key},{value},{time:.3}\n");

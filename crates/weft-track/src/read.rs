@@ -120,7 +120,7 @@ impl Store {
             }
         }
         for (id, key, value) in last {
-            if let Some(i) = runs.binary_search_by_key(&id, |r| r.id).ok() {
+            if let Ok(i) = runs.binary_search_by_key(&id, |r| r.id) {
                 runs[i].last.insert(key, value);
             }
         }

@@ -48,7 +48,12 @@ fn ten_thousand_runs_list_and_filter() {
     eprintln!("open + list {n} runs: {} ms (debug build)", listed.as_millis());
     assert_eq!(all.len(), n);
     for (i, r) in all.iter().enumerate() {
-        assert_eq!(r.params["optim.lr"], format!("{}", (i % 100) as f64 * 1e-5), "run {}", r.id);
+        assert_eq!(
+            r.params["optim.lr"],
+            format!("{}", (i % 100) as f64 * 1e-5),
+            "run {}",
+            r.id
+        );
         assert_eq!(r.tags["group"], format!("g{}", i % 7));
         assert_eq!(r.last["loss"], i as f64 + 1.0 / 3.0);
         assert_eq!(r.last["lr"], -1.0);
@@ -59,9 +64,12 @@ fn ten_thousand_runs_list_and_filter() {
 
     let odd = store.list_runs(Some("odd")).unwrap();
     assert_eq!(odd.len(), n / 2);
-    assert!(odd.iter().all(|r| r.experiment == "odd" && r.last["loss"] as usize % 2 == 1));
+    assert!(odd
+        .iter()
+        .all(|r| r.experiment == "odd" && r.last["loss"] as usize % 2 == 1));
 
-    let f = Filter::parse("optim.lr < 1e-4 and status = 'finished' and tags.group = 'g3' and metrics.loss > 5000").unwrap();
+    let f =
+        Filter::parse("optim.lr < 1e-4 and status = 'finished' and tags.group = 'g3' and metrics.loss > 5000").unwrap();
     let mut matched: Vec<_> = all.iter().filter(|r| f.matches(r)).cloned().collect();
     let expected = (0..n)
         .filter(|i| i % 100 < 10 && i % 10 != 0 && i % 7 == 3 && *i as f64 + 1.0 / 3.0 > 5000.0)
