@@ -15,6 +15,7 @@ mod plan;
 mod runs;
 mod serve;
 mod train;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -74,6 +75,9 @@ enum Command {
         #[command(subcommand)]
         what: runs::RunsCommand,
     },
+    /// Serves the dashboard of a run store in the browser: the run table, run details and
+    /// metric curves, and its JSON API (docs/tracking.md).
+    Ui(ui::UiArgs),
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
@@ -168,6 +172,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Launch(args) => launch::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Runs { what } => runs::run(what),
+        Command::Ui(args) => ui::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),
         } => checkpoint::inspect(&args),
@@ -191,7 +196,7 @@ fn main() -> ExitCode {
     // the commands that compute read their thread count (refusing a malformed or too large
     // WEFT_NUM_THREADS) and set up the allocator before their first tensor (the launcher
     // computes nothing)
-    if !matches!(cli.command, Command::Launch(_) | Command::Runs { .. }) {
+    if !matches!(cli.command, Command::Launch(_) | Command::Runs { .. } | Command::Ui(_)) {
         if let Err(e) = weft_core::cpu::threads::try_init() {
             weft_core::errln!("weft: error: {e}");
             return ExitCode::FAILURE;

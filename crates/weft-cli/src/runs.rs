@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 use weft_track::filter::{sort_runs, Filter};
-use weft_track::{RunDetail, RunSummary, Store};
+use weft_track::{RunDetail, Store};
 
 use crate::print_out;
 
@@ -119,24 +119,7 @@ pub fn run(what: RunsCommand) -> Result<(), String> {
     }
 }
 
-fn summary_json(r: &RunSummary) -> Value {
-    json!({
-        "id": r.id,
-        "experiment": r.experiment,
-        "name": r.name,
-        "status": r.status,
-        "start_time": r.start_time,
-        "end_time": r.end_time,
-        "params": r.params,
-        "tags": r.tags,
-        "metrics": r.last.iter().map(|(k, v)| (k.clone(), num(*v))).collect::<serde_json::Map<_, _>>(),
-    })
-}
-
-/// A number for JSON (non-finite values become null).
-fn num(x: f64) -> Value {
-    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
-}
+use weft_track::ui::json::{detail as detail_json, num, summary as summary_json};
 
 fn list(a: &ListArgs) -> Result<(), String> {
     // the filter is checked before the store is opened
@@ -171,29 +154,6 @@ fn list(a: &ListArgs) -> Result<(), String> {
         ]);
     }
     print_out(&table(&rows))
-}
-
-fn detail_json(d: &RunDetail) -> Value {
-    let mut v = summary_json(&d.summary);
-    v["command"] = json!(d.command);
-    v["git_commit"] = json!(d.git_commit);
-    v["git_dirty"] = json!(d.git_dirty);
-    v["host"] = json!(d.host);
-    v["layout"] = json!(d.layout);
-    v["heartbeat"] = json!(d.heartbeat);
-    v["error"] = json!(d.error);
-    v["artifacts"] = d.artifacts.iter().map(|(k, p)| json!({"kind": k, "path": p})).collect();
-    v["metric_summaries"] = d
-        .metrics
-        .iter()
-        .map(|(k, m)| {
-            let s = json!({"count": m.count, "last": num(m.last), "last_step": m.last_step,
-                           "min": num(m.min), "max": num(m.max)});
-            (k.clone(), s)
-        })
-        .collect::<serde_json::Map<_, _>>()
-        .into();
-    v
 }
 
 fn show(a: &ShowArgs) -> Result<(), String> {

@@ -9,12 +9,15 @@
 //!   writes them in batches, so the training loop never waits for SQLite.
 //! - [`filter`] parses the expressions of `weft runs list --filter`.
 //! - [`tensorboard`] writes TensorBoard event files of a run's scalars.
+//! - `ui` (feature `ui`) serves the dashboard of `weft ui` and its JSON API.
 
 mod error;
 pub mod filter;
 mod read;
 mod store;
 pub mod tensorboard;
+#[cfg(feature = "ui")]
+pub mod ui;
 mod writer;
 
 pub use error::{Error, Result};

@@ -258,4 +258,60 @@ impl Store {
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
+
+    /// Every experiment: `(name, runs, running runs)`, by name.
+    pub fn experiments(&self) -> Result<Vec<(String, i64, i64)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT e.name, count(r.id), COALESCE(SUM(r.status = 'running'), 0)
+                 FROM experiments e LEFT JOIN runs r ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.name",
+            )
+            .at(p)?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+
+    /// Whether run `id` is in the store.
+    pub fn has_run(&self, id: i64) -> Result<bool> {
+        self.conn
+            .query_row("SELECT count(*) FROM runs WHERE id = ?1", params![id], |r| {
+                r.get::<_, i64>(0)
+            })
+            .at(&self.path)
+            .map(|n| n > 0)
+    }
+
+    /// The metric keys run `id` recorded, by name (one index seek each).
+    pub fn metric_keys(&self, id: i64) -> Result<Vec<String>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "WITH RECURSIVE k(key) AS (
+                    SELECT (SELECT key FROM metrics WHERE run_id = ?1 ORDER BY key LIMIT 1)
+                  UNION ALL
+                    SELECT (SELECT m.key FROM metrics m WHERE m.run_id = ?1 AND m.key > k.key ORDER BY m.key LIMIT 1)
+                    FROM k WHERE k.key IS NOT NULL)
+                 SELECT key FROM k WHERE key IS NOT NULL",
+            )
+            .at(p)?;
+        let rows = stmt.query_map(params![id], |r| r.get(0)).at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+
+    /// Run `id`'s values of metric `key`: `(step, value, time)` by step (time in seconds since
+    /// the Unix epoch), in the order they were written within a step.
+    pub fn metric_series(&self, id: i64, key: &str) -> Result<Vec<(i64, f64, f64)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT step, value, time FROM metrics WHERE run_id = ?1 AND key = ?2 ORDER BY step, rowid")
+            .at(p)?;
+        let rows = stmt
+            .query_map(params![id, key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
 }
