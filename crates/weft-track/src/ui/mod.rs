@@ -11,9 +11,9 @@
 //!   metric's `[step, value, time]` points, down-sampled on the server to at most `N` (default
 //!   1000) by min and max per bucket; without `key`, every metric's.
 //!
-//! Every request opens no new connection: one store connection, behind a lock, serves them in
-//! turn on a blocking thread; each run table request first marks runs whose heartbeat stopped
-//! as killed (as `weft runs` does when it opens the store).
+//! Requests share one store connection, behind a lock, taking it in turn on tokio's blocking
+//! pool; each run table request first marks runs whose heartbeat stopped as killed (as
+//! `weft runs` does when it opens the store).
 
 mod downsample;
 pub mod json;
