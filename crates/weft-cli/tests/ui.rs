@@ -246,3 +246,16 @@ fn browser_check(base: &str) {
     eprintln!("chromium drew the run table and {curves} curves");
     let _ = std::fs::remove_dir_all(&profile);
 }
+
+#[test]
+fn a_folder_without_a_store_is_named() {
+    let dir = temp_dir("ui-empty");
+    let out = Command::new(weft_bin())
+        .args(["ui", "--port", "0", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("runs.db") && err.contains("no run store here"), "{err}");
+}
