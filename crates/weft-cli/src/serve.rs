@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use weft_serve::{AppState, Limits, ModelSpec, Registry, Token};
+use weft_serve::{AppState, Limits, Listeners, LoadOptions, ModelSpec, Registry, Token};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -18,11 +19,18 @@ pub struct ServeArgs {
     /// The address to listen on (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
-    /// The port to listen on (0: any free port, printed at start).
+    /// The port of the inference API (0: any free port, printed at start).
     #[arg(long, default_value_t = 8080)]
     port: u16,
+    /// The port of the management API, on loopback, always behind the token (0: any free port).
+    #[arg(long, default_value_t = 8081)]
+    management_port: u16,
+    /// The port of the Prometheus metrics (`GET /metrics`), on loopback (0: any free port).
+    #[arg(long, default_value_t = 8082)]
+    metrics_port: u16,
     /// A file holding the bearer token (at least 16 printable characters) that requests send as
-    /// `Authorization: Bearer TOKEN`.
+    /// `Authorization: Bearer TOKEN`. Without it, a token for the management API is generated
+    /// at start and written to a new 0600 file whose path is printed.
     #[arg(long, value_name = "F")]
     token_file: Option<PathBuf>,
     /// Require the token on the inference API too (the health checks stay open).
@@ -34,22 +42,61 @@ pub struct ServeArgs {
     /// The most new tokens one generation request may ask for.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_tokens)]
     max_tokens: usize,
+    /// Requests each model admits at once, running or waiting (over it: 503).
+    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().queue)]
+    queue: usize,
+    /// The most infer/predictions requests of one model run as one forward (1: no batching),
+    /// for the `--model`s given here (the management API takes `batch_size` per model).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    max_batch_size: usize,
+    /// How long, in milliseconds, a batch waits for more requests after its first arrives.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    max_batch_delay_ms: u64,
+}
+
+/// The generated management token's file, removed when dropped.
+struct TokenFile(PathBuf);
+
+impl Drop for TokenFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 pub fn run(args: ServeArgs) -> Result<(), String> {
     if !args.model_store.is_dir() {
         return Err(format!("--model-store {}: not a folder", args.model_store.display()));
     }
-    let token = args.token_file.as_deref().map(Token::from_file).transpose()?;
+    let mut generated = None;
+    let token = match args.token_file.as_deref() {
+        Some(path) => Token::from_file(path)?,
+        None => {
+            let text = weft_serve::management::generate_token().map_err(|e| format!("cannot make a token: {e}"))?;
+            let path = std::env::temp_dir().join(format!("weft-serve-{}.token", std::process::id()));
+            weft_serve::management::write_token_file(&path, &text)
+                .map_err(|e| format!("cannot write the token file {}: {e}", path.display()))?;
+            crate::print_out(&format!(
+                "weft serve: the management API's token is in {} (0600)\n",
+                path.display()
+            ))?;
+            generated = Some(TokenFile(path));
+            Token::new(&text)?
+        }
+    };
     let limits = Limits {
         body_bytes: args.max_body_bytes,
         max_tokens: args.max_tokens,
         ..Limits::default()
     };
-    let mut registry = Registry::default();
+    let load = LoadOptions {
+        queue: args.queue.max(1),
+        max_batch_size: args.max_batch_size.max(1),
+        max_batch_delay: Duration::from_millis(args.max_batch_delay_ms),
+    };
+    let registry = Registry::default();
     for raw in &args.models {
         let spec: ModelSpec = raw.parse()?;
-        let served = weft_serve::registry::load(&args.model_store, &spec, limits.queue)?;
+        let served = weft_serve::registry::load(&args.model_store, &spec, load)?;
         weft_core::errln!(
             "weft serve: loaded model {} version {} ({}) from {}",
             spec.name,
@@ -57,7 +104,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             served.kind,
             spec.path.display()
         );
-        registry.add(served)?;
+        registry.add(served).map_err(|e| e.message)?;
     }
     if registry.is_empty() {
         weft_core::errln!("weft serve: no --model given; serving the health checks only");
@@ -72,21 +119,37 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let state = AppState {
         registry: Arc::new(registry),
         limits,
-        token: token.map(Arc::new),
+        token: Some(Arc::new(token)),
         protect_inference: args.inference_token,
+        store: Arc::new(args.model_store.clone()),
+        load,
+        metrics: Arc::default(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+    let served = runtime.block_on(async move {
+        let bind = |host: &str, port: u16, what: &'static str| {
+            let host = host.to_string();
+            async move {
+                let listener = tokio::net::TcpListener::bind((host.as_str(), port))
+                    .await
+                    .map_err(|e| format!("cannot listen on {host}:{port} ({what}): {e}"))?;
+                let addr = listener.local_addr().map_err(|e| e.to_string())?;
+                crate::print_out(&format!("weft serve: {what} on http://{addr}\n"))?;
+                Ok::<_, String>(listener)
+            }
+        };
+        let listeners = Listeners {
+            inference: bind(&args.host, args.port, "listening").await?,
+            management: Some(bind("127.0.0.1", args.management_port, "management API").await?),
+            metrics: Some(bind("127.0.0.1", args.metrics_port, "metrics").await?),
+        };
+        weft_serve::serve(listeners, state, weft_serve::shutdown_signal())
             .await
-            .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        crate::print_out(&format!("weft serve: listening on http://{addr}\n"))?;
-        weft_serve::serve(listener, state, weft_serve::shutdown_signal())
-            .await
-            .map_err(|e| format!("serving on {addr}: {e}"))
-    })
+            .map_err(|e| format!("serving: {e}"))
+    });
+    drop(generated);
+    served
 }

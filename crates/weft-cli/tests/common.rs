@@ -59,9 +59,16 @@ pub const SMALL_GPT: [&str; 10] = [
 /// folder).
 pub fn weft_command(args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(weft_bin());
-    let runs = std::env::temp_dir().join(format!("weft-test-runs-{}", std::process::id()));
-    cmd.args(args).env("WEFT_NUM_THREADS", "2").env("WEFT_TRACK_DIR", runs);
+    cmd.args(args)
+        .env("WEFT_NUM_THREADS", "2")
+        .env("WEFT_TRACK_DIR", test_runs_dir());
     cmd
+}
+
+/// The run store this test process's `weft` runs record into (`WEFT_TRACK_DIR`): a folder of
+/// the temp dir, so that tests never write `weft-runs/` into this crate's folder.
+pub fn test_runs_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("weft-test-runs-{}", std::process::id()))
 }
 
 /// Runs `weft` with `args` on 2 compute threads.

@@ -23,7 +23,8 @@ fn launch(nproc: usize, env: &[(&str, &str)], args: &[&str]) -> Output {
     let n = nproc.to_string();
     let mut cmd = Command::new(WEFT);
     cmd.args(["launch", "--nproc-per-node", &n, "--stop-timeout", "5", "--", WEFT])
-        .args(args);
+        .args(args)
+        .env("WEFT_TRACK_DIR", common::test_runs_dir());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -64,6 +65,7 @@ fn spawn(n: usize, args: &[&str], vars: impl Fn(usize) -> Vec<(String, String)>)
             let mut cmd = Command::new(WEFT);
             cmd.args(args)
                 .env("WEFT_NUM_THREADS", "1")
+                .env("WEFT_TRACK_DIR", common::test_runs_dir())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             for v in [
@@ -333,6 +335,7 @@ fn the_rank_that_gave_up_is_named_in_elastic_rounds_too() {
     // one node of an elastic job (`--nnodes 1:2`, the round closing at once with it alone)
     let port = free_port().to_string();
     let out = Command::new(WEFT)
+        .env("WEFT_TRACK_DIR", common::test_runs_dir())
         .args([
             "launch",
             "--nnodes",
@@ -358,7 +361,9 @@ fn the_rank_that_gave_up_is_named_in_elastic_rounds_too() {
 /// `weft ARGS` with no variables of a launcher, Slurm or OpenMPI.
 fn outside_a_job(args: &[&str]) -> Output {
     let mut cmd = Command::new(WEFT);
-    cmd.args(args).env("WEFT_NUM_THREADS", "1");
+    cmd.args(args)
+        .env("WEFT_NUM_THREADS", "1")
+        .env("WEFT_TRACK_DIR", common::test_runs_dir());
     for v in [
         "RANK",
         "WORLD_SIZE",

@@ -60,6 +60,7 @@ fn worker_pid(launcher: u32, rank: usize) -> Option<u32> {
 fn run_and_kill_rank_1(run_args: &[String], mut now: impl FnMut() -> bool) -> String {
     let bin = env!("CARGO_BIN_EXE_weft");
     let child = std::process::Command::new(bin)
+        .env("WEFT_TRACK_DIR", common::test_runs_dir())
         .args([
             "launch",
             "--nproc-per-node",
@@ -210,6 +211,7 @@ fn a_job_that_loses_a_node_goes_on_with_fewer_ranks() {
     // last call (5 s) leaves a loaded machine time to start both before round 0 closes
     let node = |rank: &str, stderr: std::process::Stdio| {
         std::process::Command::new(bin)
+            .env("WEFT_TRACK_DIR", common::test_runs_dir())
             .args([
                 "launch",
                 "--nnodes",

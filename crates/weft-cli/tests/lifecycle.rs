@@ -337,6 +337,7 @@ fn a_thread_count_over_the_limit_or_malformed_is_one_error_line() {
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
             .args(["train", "--quiet", "--set", "train.steps=1"])
+            .env("WEFT_TRACK_DIR", common::test_runs_dir())
             .env("WEFT_NUM_THREADS", value)
             .output()
             .unwrap();

@@ -292,6 +292,7 @@ fn an_auto_job_that_loses_a_node_plans_again_and_follows_a_fresh_run() {
     // once step 25 is logged, after the checkpoint of step 20 (or a later one)
     let node = |rank: &str, stderr: Stdio| -> std::process::Child {
         std::process::Command::new(&bin)
+            .env("WEFT_TRACK_DIR", common::test_runs_dir())
             .args([
                 "launch",
                 "--nnodes",

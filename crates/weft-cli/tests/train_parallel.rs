@@ -117,6 +117,7 @@ fn a_layout_that_does_not_match_the_job_is_refused() {
     for r in 0..2 {
         let out = std::process::Command::new(bin)
             .args(["train", "--config", config, "--quiet", "--set", "parallel.dp=1"])
+            .env("WEFT_TRACK_DIR", common::test_runs_dir())
             .env("RANK", r.to_string())
             .env("WORLD_SIZE", "2")
             .env("LOCAL_RANK", r.to_string())

@@ -9,12 +9,14 @@ mod config_check;
 pub mod convnet;
 pub mod gpt;
 pub mod hf;
+mod kv_cache;
 pub mod llama;
 mod lm;
 pub mod mlp;
 pub mod sampling;
 mod stage_cut;
 
+pub use kv_cache::{CachedTokens, KvCache};
 pub use lm::LanguageModel;
 pub use sampling::Sampling;
 pub use stage_cut::{StageCut, StageWeights};

@@ -5,6 +5,7 @@
 use weft_core::{DType, Device, Generator, Result, Tensor};
 use weft_nn::parallel::{copy_to_group, TpGroup};
 
+use crate::kv_cache::{CachedTokens, KvCache};
 use crate::sampling::{invalid, Sampling};
 use crate::{Model, StageCut, StagedModel};
 
@@ -25,6 +26,16 @@ pub trait LanguageModel: Model + StagedModel {
     /// the padded vocabulary).
     fn forward_ids(&self, idx: &Tensor) -> Result<Tensor>;
 
+    /// An empty key/value cache for one sequence of this model ([`LanguageModel::forward_cached`]).
+    fn new_cache(&self) -> KvCache;
+
+    /// Runs the new tokens of several sequences against their caches (appending to them) and
+    /// returns the logits of each sequence's last new token, `[sequences, vocab_size]`: the
+    /// same, within rounding, as the last position of [`LanguageModel::forward_ids`] over each
+    /// whole sequence. Errors when a sequence's cached and new tokens pass `block_size`, when
+    /// an id is outside the vocabulary, or on a tensor-parallel part of a model.
+    fn forward_cached(&self, seqs: &mut [CachedTokens]) -> Result<Tensor>;
+
     /// Cuts the model in place across a tensor-parallel group (Megatron's layout); parameter
     /// names do not change and [`Model::splits`] says how each was cut.
     fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()>;
@@ -37,7 +48,8 @@ pub trait LanguageModel: Model + StagedModel {
     /// `block_size` tokens (longer sequences are cropped from the left, as nanoGPT does).
     /// `vocab_limit`: only ids below it are chosen (a tokenizer that knows fewer tokens than the
     /// model's vocabulary). Draws one number of `rng` per token when sampling, none when greedy.
-    /// Runs without recording gradients; returns I64 `[1, T + max_new_tokens]`.
+    /// Runs without recording gradients, with a key/value cache (one row through the model per
+    /// new token); returns I64 `[1, T + max_new_tokens]`.
     ///
     /// Errors before the first step when the sequence does not fit in memory, and at the step
     /// whose logits are not finite (weights holding NaN or infinity).
@@ -70,12 +82,23 @@ pub trait LanguageModel: Model + StagedModel {
             ))
         })?;
         let vocab = vocab_limit.unwrap_or(self.vocab_size()).min(self.vocab_size());
+        let block = self.block_size();
         weft_core::no_grad(|| {
+            let mut cache = self.new_cache();
             for step in 0..max_new_tokens {
-                let start = tokens.len().saturating_sub(self.block_size());
-                let ctx = Tensor::from_vec(tokens[start..].to_vec(), &[1, tokens.len() - start])?.to(self.device())?;
-                let logits = self.forward_ids(&ctx)?;
-                let last = logits.narrow(1, ctx.shape()[1] - 1, 1)?.reshape(&[-1])?.to_vec_f64();
+                // the whole (cropped) context at first and whenever it no longer fits: positions
+                // move then, as they do for nanoGPT's crop; otherwise only the newest token
+                let new: Vec<i64> = if cache.is_empty() || cache.room() == 0 {
+                    cache.clear();
+                    tokens[tokens.len().saturating_sub(block)..].to_vec()
+                } else {
+                    vec![tokens[tokens.len() - 1]]
+                };
+                let logits = self.forward_cached(&mut [CachedTokens {
+                    tokens: &new,
+                    cache: &mut cache,
+                }])?;
+                let last = logits.reshape(&[-1])?.to_vec_f64();
                 let u = if sampling.temperature > 0.0 {
                     let (seed, counter) = rng.take(1);
                     weft_core::rng::uniform(seed, counter)

@@ -5,14 +5,15 @@
 //!
 //! There is no KV cache yet: each new token runs the model over the whole (cropped) context.
 
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 use weft_core::{Generator, Tensor};
 use weft_models::{LanguageModel, Sampling};
 
 use crate::error::ApiError;
-use crate::registry::Served;
+use crate::registry::{Admitted, Served};
 use crate::worker;
 
 /// How to generate: at most `max_tokens` new tokens, each drawn by `sampling` from `seed`.
@@ -89,7 +90,7 @@ pub struct Generated {
 }
 
 /// The language model and tokenizer of `served`, or 400 saying why it cannot generate.
-fn parts(served: &Served) -> Result<(&Arc<dyn LanguageModel>, &weft_data::Tokenizer), ApiError> {
+fn parts(served: &Served) -> Result<(&std::sync::Arc<dyn LanguageModel>, &weft_data::Tokenizer), ApiError> {
     let who = format!("model {} version {}", served.name, served.version);
     let lm = served.lm.as_ref().ok_or_else(|| {
         ApiError::bad_request(format!(
@@ -114,10 +115,12 @@ pub fn prompt_ids(served: &Served, prompt: &str) -> Result<Vec<i64>, ApiError> {
 
 /// Generates after `ids` on the calling thread (a worker's), giving `emit` each new piece of
 /// text as soon as it decodes whole; `emit` returns false to stop early (the client left).
+/// `arrived` is when the request arrived: the time to the first new token is measured from it.
 pub fn generate(
     served: &Served,
     ids: Vec<i64>,
     params: &GenerateParams,
+    arrived: Instant,
     mut emit: impl FnMut(&str) -> bool,
 ) -> Result<Generated, ApiError> {
     let (lm, tok) = parts(served)?;
@@ -135,6 +138,13 @@ pub fn generate(
             .map_err(|e| fail(&e))?;
         let next = out.to_vec::<i64>().map_err(|e| fail(&e))?.last().copied();
         all.push(next.ok_or_else(|| fail(&"the model returned no token"))?);
+        served.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        if step == 0 {
+            served
+                .stats
+                .time_to_first_token
+                .observe(arrived.elapsed().as_secs_f64());
+        }
         let text = decode(tok, &all[prompt_tokens..]).map_err(|e| fail(&e))?;
         // a token that ends inside a character decodes to U+FFFD until the rest arrives
         if text.ends_with('\u{FFFD}') && step + 1 < params.max_tokens {
@@ -172,28 +182,34 @@ pub enum Piece {
     Failed(ApiError),
 }
 
-/// Starts generating on `served`'s worker; the pieces arrive on the returned channel, the last
-/// one `Done` or `Failed` (a channel that closes without either: the job died). Dropping the
-/// receiver stops the generation at its next token.
+/// Starts generating on the admitted model's worker; the pieces arrive on the returned
+/// channel, the last one `Done` or `Failed` (a channel that closes without either: the job
+/// died). Dropping the receiver stops the generation at its next token.
 pub fn start_stream(
-    served: &Arc<Served>,
+    admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
-) -> Result<mpsc::Receiver<Piece>, ApiError> {
+    arrived: Instant,
+) -> mpsc::Receiver<Piece> {
     let (tx, rx) = mpsc::channel(64);
-    worker::spawn(served, move |s| {
-        let result = generate(s, ids, &params, |p| {
+    worker::spawn(admitted, move |s| {
+        let result = generate(s, ids, &params, arrived, |p| {
             tx.blocking_send(Piece::Text(p.to_string())).is_ok()
         });
         let _ = tx.blocking_send(match result {
             Ok(g) => Piece::Done(g),
             Err(e) => Piece::Failed(e),
         });
-    })?;
-    Ok(rx)
+    });
+    rx
 }
 
-/// Runs a whole generation on `served`'s worker.
-pub async fn run(served: &Arc<Served>, ids: Vec<i64>, params: GenerateParams) -> Result<Generated, ApiError> {
-    worker::run(served, move |s| generate(s, ids, &params, |_| true)).await
+/// Runs a whole generation on the admitted model's worker.
+pub async fn run(
+    admitted: Admitted,
+    ids: Vec<i64>,
+    params: GenerateParams,
+    arrived: Instant,
+) -> Result<Generated, ApiError> {
+    worker::run(admitted, move |s| generate(s, ids, &params, arrived, |_| true)).await
 }

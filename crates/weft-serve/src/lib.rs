@@ -1,25 +1,33 @@
 //! `weft serve`: an HTTP server for weft checkpoints. KServe v2 / Open Inference Protocol
 //! (health, metadata, infer), TorchServe-style `/ping` and `/predictions`, Triton's generate
 //! extension and an OpenAI-compatible `/v1/completions` with server-sent-event streaming
-//! (docs/serving.md). Models run on tokio's blocking pool, one job per model at a time; the
-//! async threads only move bytes.
+//! (docs/serving.md); a TorchServe-style management API (register, set-default, traffic split,
+//! unregister with draining) and Prometheus metrics, each on its own port. Models run on
+//! tokio's blocking pool, one job (a forward of one request or of a batch, or a generation) per
+//! model at a time; the async threads only move bytes.
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod auth;
+mod batch;
 pub mod error;
 pub mod generation;
+pub mod management;
+pub mod metrics;
+mod model;
 mod openai;
 pub mod protocol;
 pub mod registry;
 mod routes;
 mod worker;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use auth::Token;
-pub use registry::{ModelSpec, Registry};
+pub use metrics::Metrics;
+pub use registry::{LoadOptions, ModelSpec, Registry};
 
 /// Request limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,18 +38,15 @@ pub struct Limits {
     pub max_tokens: usize,
     /// The most values one infer request's output may hold (`B x classes`, `B x T x vocab`).
     pub max_output_values: usize,
-    /// Requests each model admits at once, running or waiting (over it: 503).
-    pub queue: usize,
 }
 
 impl Default for Limits {
-    /// 16 MiB bodies, 4096 new tokens, 2^24 output values (64 MiB of FP32), 64 queued requests.
+    /// 16 MiB bodies, 4096 new tokens, 2^24 output values (64 MiB of FP32).
     fn default() -> Self {
         Limits {
             body_bytes: 16 << 20,
             max_tokens: 4096,
             max_output_values: 1 << 24,
-            queue: 64,
         }
     }
 }
@@ -51,26 +56,69 @@ impl Default for Limits {
 pub struct AppState {
     pub registry: Arc<Registry>,
     pub limits: Limits,
-    /// The bearer token, when one is set.
+    /// The bearer token, when one is set. The management API needs it always (and refuses
+    /// everything without one).
     pub token: Option<Arc<Token>>,
     /// Whether the inference API needs the token too (the health checks never do).
     pub protect_inference: bool,
+    /// The model store: the management API registers folders inside it only.
+    pub store: Arc<PathBuf>,
+    /// Queueing and batching of models registered through the management API without their own.
+    pub load: LoadOptions,
+    /// Request counters and latencies.
+    pub metrics: Arc<Metrics>,
 }
 
-/// The server's routes over `state`.
+/// The inference API's routes over `state`.
 pub fn router(state: AppState) -> axum::Router {
     routes::router(state)
 }
 
-/// Serves `state` on `listener` until `shutdown` completes, then finishes the requests in flight.
+/// The management API's routes over `state` (all behind the token).
+pub fn management_router(state: AppState) -> axum::Router {
+    management::router(state)
+}
+
+/// `GET /metrics` over `state`.
+pub fn metrics_router(state: AppState) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics::scrape))
+        .with_state(state)
+}
+
+/// Where the server listens: the inference API, and (when given) the management API and the
+/// metrics.
+pub struct Listeners {
+    pub inference: tokio::net::TcpListener,
+    pub management: Option<tokio::net::TcpListener>,
+    pub metrics: Option<tokio::net::TcpListener>,
+}
+
+/// Serves `state` on `listeners` until `shutdown` completes, then finishes the requests in
+/// flight on every port.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listeners: Listeners,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let side = |listener: Option<tokio::net::TcpListener>, app: axum::Router, rx| async move {
+        match listener {
+            Some(l) => axum::serve(l, app).with_graceful_shutdown(wait(rx)).await,
+            None => Ok(()),
+        }
+    };
+    let management = side(listeners.management, management_router(state.clone()), stopped.clone());
+    let metrics = side(listeners.metrics, metrics_router(state.clone()), stopped.clone());
+    let inference = axum::serve(listeners.inference, router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let (a, b, c) = tokio::join!(inference.into_future(), management, metrics);
+    a.and(b).and(c)
 }
 
 /// Completes on SIGINT or SIGTERM.

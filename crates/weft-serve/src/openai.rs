@@ -3,7 +3,7 @@
 //! `data: [DONE]`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -15,9 +15,9 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{json_response, parse_body, ApiError};
+use crate::error::{json_response, openai_error, parse_body, ApiError};
 use crate::generation::{self, GenerateParams, Piece, RequestedParams};
-use crate::routes::{pieces, sse};
+use crate::routes::{answered, pieces, sse};
 use crate::AppState;
 
 /// OpenAI's defaults: 16 tokens, temperature 1, top-p 1, no top-k; the seed, when absent, is
@@ -75,12 +75,14 @@ pub async fn completions(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let request: CompletionRequest = parse_body(body, state.limits.body_bytes)?;
     let (name, version) = match request.model.split_once(':') {
         Some((n, v)) => (n, Some(v)),
         None => (request.model.as_str(), None),
     };
-    let served = state.registry.get(name, version)?;
+    let admitted = state.registry.admit(name, version)?;
+    let served = admitted.served.clone();
     if request.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("n: only 1 completion per request is supported"));
     }
@@ -110,16 +112,16 @@ pub async fn completions(
         })
     };
     if !request.stream {
-        let made = generation::run(&served, ids, params).await?;
+        let made = generation::run(admitted, ids, params, arrived).await?;
         let mut answer = chunk(&made.text, json!("length"));
         answer["usage"] = json!({
             "prompt_tokens": made.prompt_tokens,
             "completion_tokens": made.completion_tokens,
             "total_tokens": made.prompt_tokens + made.completion_tokens,
         });
-        return Ok(json_response(StatusCode::OK, &answer));
+        return Ok(answered(json_response(StatusCode::OK, &answer), &served));
     }
-    let rx = generation::start_stream(&served, ids, params)?;
+    let rx = generation::start_stream(admitted, ids, params, arrived);
     let events = pieces(rx).map(move |piece| match piece {
         Piece::Text(t) => vec![Event::default().data(chunk(&t, Value::Null).to_string())],
         Piece::Done(_) => vec![
@@ -127,11 +129,11 @@ pub async fn completions(
             Event::default().data("[DONE]"),
         ],
         Piece::Failed(e) => vec![
-            Event::default().data(json!({ "error": e.message }).to_string()),
+            Event::default().data(openai_error(e.status, &e.message).to_string()),
             Event::default().data("[DONE]"),
         ],
     });
-    Ok(sse(events))
+    Ok(answered(sse(events), &served))
 }
 
 /// A seed from the clock, for requests that give none.

@@ -1,221 +1,45 @@
-//! The models a server holds: `NAME=PATH[:VERSION]` specs, paths kept inside the model store,
-//! loading weft checkpoints (safetensors and JSON only), and lookup by name and version.
+//! Every loaded model by name and version, changed at run time by the management API: which
+//! version answers requests that name none (the default, or a weighted traffic split between
+//! versions for A/B tests), admission into a version's queue, and unregistering.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
 
-use tokio::sync::Semaphore;
-use weft_data::Tokenizer;
-use weft_models::convnet::{ConvNet, ConvNetConfig};
-use weft_models::gpt::Gpt;
-use weft_models::llama::Llama;
-use weft_models::{LanguageModel, Model};
-use weft_train::config::ModelConfig;
+use axum::http::StatusCode;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::ApiError;
+pub use crate::model::{load, resolve_in_store, LoadOptions, ModelSpec, Served, Signature, DEFAULT_VERSION};
 
-/// The version a `--model` spec without `:VERSION` gets.
-pub const DEFAULT_VERSION: &str = "1";
-
-/// One `--model NAME=PATH[:VERSION]`: PATH is relative to the model store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelSpec {
-    pub name: String,
-    pub path: PathBuf,
-    pub version: String,
+/// A request admitted into a version's queue: it holds one of the version's queue places
+/// until it is dropped, and the version is not drained before that.
+pub struct Admitted {
+    pub served: Arc<Served>,
+    pub(crate) permit: OwnedSemaphorePermit,
+    /// When the request was admitted: its time in the queue is measured from here.
+    pub(crate) at: Instant,
 }
 
-/// Whether `s` is a usable model name or version: 1 to 64 of `A-Z a-z 0-9 . _ -`, not
-/// starting with `.` (they appear in URL paths).
-fn is_label(s: &str) -> bool {
-    (1..=64).contains(&s.len())
-        && !s.starts_with('.')
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
-impl std::str::FromStr for ModelSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<ModelSpec, String> {
-        let Some((name, rest)) = s.split_once('=') else {
-            return Err(format!("--model {s:?}: expected NAME=PATH[:VERSION]"));
-        };
-        if !is_label(name) {
-            return Err(format!(
-                "--model {s:?}: the name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)"
-            ));
-        }
-        let (path, version) = match rest.rsplit_once(':') {
-            Some((p, v)) if !v.contains('/') => (p, v),
-            _ => (rest, DEFAULT_VERSION),
-        };
-        if !is_label(version) {
-            return Err(format!(
-                "--model {s:?}: the version {version:?} must be 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)"
-            ));
-        }
-        if path.is_empty() {
-            return Err(format!("--model {s:?}: the path is empty"));
-        }
-        Ok(ModelSpec {
-            name: name.to_string(),
-            path: PathBuf::from(path),
-            version: version.to_string(),
+impl Admitted {
+    /// Takes one of `served`'s queue places; 503 (with `Retry-After`) when none is left.
+    pub fn new(served: &Arc<Served>) -> Result<Admitted, ApiError> {
+        let permit = served.admitted.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "model {} version {}: its queue is full, retry later",
+                    served.name, served.version
+                ),
+            )
+        })?;
+        Ok(Admitted {
+            served: served.clone(),
+            permit,
+            at: Instant::now(),
         })
     }
-}
-
-/// `rel` inside the model store `store`, refused when it is absolute, has a `..` component, or
-/// resolves (through links) outside the store.
-pub fn resolve_in_store(store: &Path, rel: &Path) -> Result<PathBuf, String> {
-    let shown = rel.display();
-    if rel.is_absolute()
-        || rel
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err(format!(
-            "{shown}: a model path must be relative to the model store, without `..`"
-        ));
-    }
-    let root = store
-        .canonicalize()
-        .map_err(|e| format!("--model-store {}: {e}", store.display()))?;
-    let full = root
-        .join(rel)
-        .canonicalize()
-        .map_err(|e| format!("{shown} in the model store {}: {e}", root.display()))?;
-    if !full.starts_with(&root) {
-        return Err(format!(
-            "{shown}: resolves to {}, outside the model store {}",
-            full.display(),
-            root.display()
-        ));
-    }
-    Ok(full)
-}
-
-/// What a model takes and gives (the v2 metadata): `Features` and `Images` are classifiers
-/// (FP32 in, FP32 logits `[B, classes]` out), `Tokens` a language model (INT64 ids `[B, T]` in,
-/// FP32 logits `[B, T, vocab]` out).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signature {
-    /// mlp: FP32 `[B, features]`.
-    Features { features: usize, classes: usize },
-    /// convnet: FP32 `[B, channels, size, size]`.
-    Images {
-        channels: usize,
-        size: usize,
-        classes: usize,
-    },
-    /// gpt, llama: INT64 `[B, T]` with `1 <= T <= block` and ids below `vocab`.
-    Tokens { vocab: usize, block: usize },
-}
-
-/// A loaded model version, ready to run.
-pub struct Served {
-    pub name: String,
-    pub version: String,
-    /// `mlp`, `convnet`, `gpt` or `llama`.
-    pub kind: &'static str,
-    pub signature: Signature,
-    pub model: Arc<dyn Model>,
-    /// The same model as a language model (gpt, llama), for generation.
-    pub lm: Option<Arc<dyn LanguageModel>>,
-    /// The tokenizer the checkpoint records (language models trained on text).
-    pub tokenizer: Option<Tokenizer>,
-    /// Held while the model runs: one forward or generation at a time (its worker).
-    pub(crate) running: Mutex<()>,
-    /// Requests admitted (running or waiting); when none are left, 503.
-    pub(crate) admitted: Arc<Semaphore>,
-}
-
-impl std::fmt::Debug for Served {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Served({} v{} {})", self.name, self.version, self.kind)
-    }
-}
-
-/// The checkpoint `spec` names inside `store`, read, checked and built on the CPU;
-/// `queue` requests may wait for it at once. Errors name the model and the cause.
-pub fn load(store: &Path, spec: &ModelSpec, queue: usize) -> Result<Served, String> {
-    let who = format!("model {} version {}", spec.name, spec.version);
-    let path = resolve_in_store(store, &spec.path).map_err(|e| format!("{who}: {e}"))?;
-    let fail = |e: &dyn std::fmt::Display| format!("{who}: {e}");
-    let trained = weft_train::generate::read_trained(&path).map_err(|e| fail(&e))?;
-    let cfg = weft_train::generate::recorded_model(&trained).map_err(|e| fail(&e))?;
-    let (model, lm, signature): (Arc<dyn Model>, Option<Arc<dyn LanguageModel>>, Signature) = match &cfg {
-        ModelConfig::Gpt(g) => {
-            let m = Arc::new(Gpt::new(g.to_config(), 0).map_err(|e| fail(&e))?);
-            let sig = Signature::Tokens {
-                vocab: g.vocab_size,
-                block: g.block_size,
-            };
-            (m.clone(), Some(m), sig)
-        }
-        ModelConfig::Llama(l) => {
-            let m = Arc::new(Llama::new(l.to_config(), 0).map_err(|e| fail(&e))?);
-            let sig = Signature::Tokens {
-                vocab: l.vocab_size,
-                block: l.block_size,
-            };
-            (m.clone(), Some(m), sig)
-        }
-        ModelConfig::Mlp(m) => {
-            let sig = Signature::Features {
-                features: m.in_features,
-                classes: m.out_features,
-            };
-            (weft_train::run::build_model(&cfg, 0).map_err(|e| fail(&e))?, None, sig)
-        }
-        ModelConfig::Convnet(c) => {
-            let net = ConvNet::new(
-                ConvNetConfig {
-                    in_channels: c.in_channels,
-                    image_size: c.image_size,
-                    channels: c.channels.clone(),
-                    num_classes: c.num_classes,
-                },
-                0,
-            )
-            .map_err(|e| fail(&e))?;
-            let sig = Signature::Images {
-                channels: c.in_channels,
-                size: c.image_size,
-                classes: c.num_classes,
-            };
-            (Arc::new(net), None, sig)
-        }
-    };
-    weft_nn::state_dict::load_state_dict(model.as_ref(), &trained.params, model.aliases(), &trained.source)
-        .map_err(|e| fail(&e))?;
-    model.context().set_training(false);
-    let tokenizer = match (&lm, &trained.tokenizer) {
-        (Some(lm), Some(json)) => {
-            let tok = Tokenizer::from_json(json).map_err(|e| fail(&e))?;
-            if tok.vocab_size() > lm.vocab_size() {
-                return Err(format!(
-                    "{who}: the tokenizer knows {} tokens, more than the model's vocab_size = {}",
-                    tok.vocab_size(),
-                    lm.vocab_size()
-                ));
-            }
-            Some(tok)
-        }
-        _ => None,
-    };
-    Ok(Served {
-        name: spec.name.clone(),
-        version: spec.version.clone(),
-        kind: cfg.kind(),
-        signature,
-        model,
-        lm,
-        tokenizer,
-        running: Mutex::new(()),
-        admitted: Arc::new(Semaphore::new(queue.max(1))),
-    })
 }
 
 /// The versions of one model name, and which answers requests that name no version.
@@ -223,49 +47,126 @@ pub fn load(store: &Path, spec: &ModelSpec, queue: usize) -> Result<Served, Stri
 struct Entry {
     default: String,
     versions: BTreeMap<String, Arc<Served>>,
+    /// `(version, share)` with shares summing to 1; empty: the default answers.
+    split: Vec<(String, f64)>,
+    /// Unversioned requests routed by the split so far (the router's position).
+    routed: AtomicU64,
+}
+
+impl Entry {
+    /// The version that answers the next request naming none: the default, or the split's
+    /// pick. The pick follows a Weyl sequence (`frac(n * golden ratio)`), so over any `n`
+    /// requests each version's count is within a few of `n * share`, and the same sequence of
+    /// requests is routed the same way every time.
+    fn route(&self) -> &str {
+        if self.split.is_empty() {
+            return &self.default;
+        }
+        let n = self.routed.fetch_add(1, Ordering::Relaxed) + 1;
+        let u = (n as f64 * 0.618_033_988_749_894_9).fract();
+        let mut acc = 0.0;
+        for (v, share) in &self.split {
+            acc += share;
+            if u < acc {
+                return v;
+            }
+        }
+        self.split.last().map_or(self.default.as_str(), |(v, _)| v.as_str())
+    }
 }
 
 /// Every loaded model by name and version.
 #[derive(Debug, Default)]
 pub struct Registry {
-    models: BTreeMap<String, Entry>,
+    models: RwLock<BTreeMap<String, Entry>>,
+}
+
+/// A description of one model name: its default version, split and versions.
+#[derive(Debug, Clone)]
+pub struct ModelView {
+    pub default: String,
+    pub split: Vec<(String, f64)>,
+    pub versions: Vec<Arc<Served>>,
+}
+
+fn conflict(message: String) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, message)
 }
 
 impl Registry {
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, Entry>> {
+        // every change below is made whole before the lock is released
+        self.models.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<String, Entry>> {
+        self.models.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Adds a loaded version; the first version added for a name is its default. A name and
-    /// version given twice is refused.
-    pub fn add(&mut self, served: Served) -> Result<(), String> {
-        let entry = self.models.entry(served.name.clone()).or_insert_with(|| Entry {
+    /// version already served is refused (409).
+    pub fn add(&self, served: Served) -> Result<(), ApiError> {
+        let mut models = self.write();
+        let entry = models.entry(served.name.clone()).or_insert_with(|| Entry {
             default: served.version.clone(),
             versions: BTreeMap::new(),
+            split: Vec::new(),
+            routed: AtomicU64::new(0),
         });
         if entry.versions.contains_key(&served.version) {
-            return Err(format!(
-                "model {} version {} is given twice",
+            return Err(conflict(format!(
+                "model {} version {} is already served",
                 served.name, served.version
-            ));
+            )));
         }
         entry.versions.insert(served.version.clone(), Arc::new(served));
         Ok(())
     }
 
+    fn unknown_model(models: &BTreeMap<String, Entry>, name: &str) -> ApiError {
+        let known: Vec<&str> = models.keys().map(String::as_str).collect();
+        ApiError::not_found(format!("unknown model {name:?} (served: {known:?})"))
+    }
+
+    fn unknown_version(entry: &Entry, name: &str, v: &str) -> ApiError {
+        let known: Vec<&str> = entry.versions.keys().map(String::as_str).collect();
+        ApiError::not_found(format!("unknown version {v:?} of model {name:?} (versions: {known:?})"))
+    }
+
     /// The model `name` at `version` (its default version when `None`); 404 naming what is
     /// unknown.
     pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<Served>, ApiError> {
-        let entry = self.models.get(name).ok_or_else(|| {
-            let known: Vec<&str> = self.models.keys().map(String::as_str).collect();
-            ApiError::not_found(format!("unknown model {name:?} (served: {known:?})"))
-        })?;
+        let models = self.read();
+        let entry = models.get(name).ok_or_else(|| Self::unknown_model(&models, name))?;
         let v = version.unwrap_or(&entry.default);
-        entry.versions.get(v).cloned().ok_or_else(|| {
-            let known: Vec<&str> = entry.versions.keys().map(String::as_str).collect();
-            ApiError::not_found(format!("unknown version {v:?} of model {name:?} (versions: {known:?})"))
-        })
+        entry
+            .versions
+            .get(v)
+            .cloned()
+            .ok_or_else(|| Self::unknown_version(entry, name, v))
+    }
+
+    /// A request to run `name` at `version` (routed by the traffic split, or the default, when
+    /// `None`) admitted into that version's queue: 404 naming what is unknown, 503 when the
+    /// queue is full. Admission happens under the registry's lock, so a version removed by
+    /// [`Registry::remove`] admits nothing after it.
+    pub fn admit(&self, name: &str, version: Option<&str>) -> Result<Admitted, ApiError> {
+        let models = self.read();
+        let entry = models.get(name).ok_or_else(|| Self::unknown_model(&models, name))?;
+        let v = match version {
+            Some(v) => v,
+            None => entry.route(),
+        };
+        let served = entry
+            .versions
+            .get(v)
+            .ok_or_else(|| Self::unknown_version(entry, name, v))?;
+        Admitted::new(served)
     }
 
     /// The versions of `name`, in order.
     pub fn versions(&self, name: &str) -> Vec<String> {
-        self.models
+        self.read()
             .get(name)
             .map(|e| e.versions.keys().cloned().collect())
             .unwrap_or_default()
@@ -273,57 +174,223 @@ impl Registry {
 
     /// Every `(name, default version)`.
     pub fn names(&self) -> Vec<(String, String)> {
-        self.models
+        self.read()
             .iter()
             .map(|(n, e)| (n.clone(), e.default.clone()))
             .collect()
     }
 
+    /// Every loaded version of every model.
+    pub fn all(&self) -> Vec<Arc<Served>> {
+        self.read()
+            .values()
+            .flat_map(|e| e.versions.values().cloned())
+            .collect()
+    }
+
+    /// Whether `name` is served, and whether `version` of it is.
+    pub fn knows(&self, name: &str, version: Option<&str>) -> (bool, bool) {
+        let models = self.read();
+        let entry = models.get(name);
+        let version_known = match (entry, version) {
+            (Some(e), Some(v)) => e.versions.contains_key(v),
+            _ => false,
+        };
+        (entry.is_some(), version_known)
+    }
+
+    /// The default version, split and versions of `name`; 404 when unknown.
+    pub fn view(&self, name: &str) -> Result<ModelView, ApiError> {
+        let models = self.read();
+        let entry = models.get(name).ok_or_else(|| Self::unknown_model(&models, name))?;
+        Ok(ModelView {
+            default: entry.default.clone(),
+            split: entry.split.clone(),
+            versions: entry.versions.values().cloned().collect(),
+        })
+    }
+
     /// Whether no model is loaded.
     pub fn is_empty(&self) -> bool {
-        self.models.is_empty()
+        self.read().is_empty()
     }
+
+    /// Makes `version` answer requests to `name` that name no version (when no split is set).
+    pub fn set_default(&self, name: &str, version: &str) -> Result<(), ApiError> {
+        let mut models = self.write();
+        let entry = models
+            .get_mut(name)
+            .ok_or_else(|| ApiError::not_found(format!("unknown model {name:?}")))?;
+        if !entry.versions.contains_key(version) {
+            return Err(Self::unknown_version(entry, name, version));
+        }
+        entry.default = version.to_string();
+        Ok(())
+    }
+
+    /// Routes requests to `name` that name no version among the versions in `weights` in
+    /// proportion to their weights (any non-negative numbers, at least one above 0); an empty
+    /// `weights` clears the split (the default answers). 400 for a bad weight, 404 for an
+    /// unknown version.
+    pub fn set_split(&self, name: &str, weights: &[(String, f64)]) -> Result<(), ApiError> {
+        let mut models = self.write();
+        let entry = models
+            .get_mut(name)
+            .ok_or_else(|| ApiError::not_found(format!("unknown model {name:?}")))?;
+        for (v, w) in weights {
+            if !entry.versions.contains_key(v) {
+                return Err(Self::unknown_version(entry, name, v));
+            }
+            if !(w.is_finite() && *w >= 0.0) {
+                return Err(ApiError::bad_request(format!(
+                    "the weight of version {v:?} is {w}: give a finite number >= 0"
+                )));
+            }
+        }
+        let total: f64 = weights.iter().map(|(_, w)| w).sum();
+        if !weights.is_empty() && total <= 0.0 {
+            return Err(ApiError::bad_request("the weights sum to 0: give at least one above 0"));
+        }
+        entry.split = weights
+            .iter()
+            .filter(|(_, w)| *w > 0.0)
+            .map(|(v, w)| (v.clone(), w / total))
+            .collect();
+        entry.routed.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes `version` of `name`: it admits no request after this, and the split's share of
+    /// it goes to the others. The default version cannot be removed while others remain (409:
+    /// set another default first); removing the last version removes the name. The caller
+    /// drains what it returns ([`drain`]).
+    pub fn remove(&self, name: &str, version: &str) -> Result<Arc<Served>, ApiError> {
+        let mut models = self.write();
+        let entry = models
+            .get_mut(name)
+            .ok_or_else(|| ApiError::not_found(format!("unknown model {name:?}")))?;
+        if !entry.versions.contains_key(version) {
+            return Err(Self::unknown_version(entry, name, version));
+        }
+        if entry.default == version && entry.versions.len() > 1 {
+            return Err(conflict(format!(
+                "version {version} is the default of model {name:?}: set another default first \
+                 (PUT /models/{name}/VERSION/set-default)"
+            )));
+        }
+        let served = entry.versions.remove(version).expect("checked above");
+        entry.split.retain(|(v, _)| v != version);
+        let total: f64 = entry.split.iter().map(|(_, w)| w).sum();
+        if total > 0.0 {
+            entry.split.iter_mut().for_each(|(_, w)| *w /= total);
+        } else {
+            entry.split.clear();
+        }
+        if entry.versions.is_empty() {
+            models.remove(name);
+        }
+        Ok(served)
+    }
+}
+
+/// Waits until every request admitted to `served` has finished (its queue places are all
+/// free again), then closes its queue for good.
+pub async fn drain(served: &Served) {
+    let places = u32::try_from(served.options.queue).unwrap_or(u32::MAX);
+    if let Ok(all) = served.admitted.acquire_many(places).await {
+        all.forget();
+    }
+    served.admitted.close();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::test_version;
 
-    #[test]
-    fn specs_parse_and_bad_ones_are_refused() {
-        let s: ModelSpec = "gpt=runs/a/ckpt:2".parse().unwrap();
-        assert_eq!(
-            (s.name.as_str(), s.path.as_path(), s.version.as_str()),
-            ("gpt", Path::new("runs/a/ckpt"), "2")
-        );
-        let s: ModelSpec = "m=dir".parse().unwrap();
-        assert_eq!(s.version, DEFAULT_VERSION);
-        for bad in ["noequals", "=dir", "a b=dir", "m=", "m=dir:", "m=dir:v/1", ".m=dir"] {
-            let r: Result<ModelSpec, _> = bad.parse();
-            if bad == "m=dir:v/1" {
-                // a colon followed by a path is part of the path
-                assert_eq!(r.unwrap().path, Path::new("dir:v/1"));
-            } else {
-                assert!(r.is_err(), "{bad:?} should be refused");
-            }
+    /// Model `m` with versions 1, 2 and 3 (1 the default), each admitting 4 requests.
+    fn three() -> Registry {
+        let r = Registry::default();
+        for v in ["1", "2", "3"] {
+            r.add(test_version(v, 4, 1)).unwrap();
         }
+        r
+    }
+
+    /// How many of `n` unversioned requests each version answers.
+    fn routed(r: &Registry, n: usize) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for _ in 0..n {
+            let a = r.admit("m", None).unwrap();
+            *counts.entry(a.served.version.clone()).or_insert(0) += 1;
+        }
+        counts
     }
 
     #[test]
-    fn paths_outside_the_store_are_refused() {
-        let root = std::env::temp_dir().join(format!("weft-serve-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("store/m")).unwrap();
-        std::fs::create_dir_all(root.join("outside")).unwrap();
-        let store = root.join("store");
-        assert!(resolve_in_store(&store, Path::new("m")).is_ok());
-        for bad in ["../outside", "m/../../outside", "/tmp"] {
-            let e = resolve_in_store(&store, Path::new(bad)).unwrap_err();
-            assert!(e.contains("relative to the model store"), "{bad}: {e}");
+    fn the_split_routes_in_proportion_and_follows_removals() {
+        let r = three();
+        assert_eq!(r.add(test_version("2", 4, 1)).unwrap_err().status, StatusCode::CONFLICT);
+        assert_eq!(routed(&r, 10)["1"], 10);
+        let w = |v: &str, x: f64| (v.to_string(), x);
+        r.set_split("m", &[w("1", 5.0), w("2", 3.0), w("3", 2.0)]).unwrap();
+        let counts = routed(&r, 1000);
+        for (v, want) in [("1", 500), ("2", 300), ("3", 200)] {
+            assert!(counts[v].abs_diff(want) <= 3, "{counts:?}");
         }
-        std::os::unix::fs::symlink(root.join("outside"), store.join("link")).unwrap();
-        let e = resolve_in_store(&store, Path::new("link")).unwrap_err();
-        assert!(e.contains("outside the model store"), "{e}");
-        let _ = std::fs::remove_dir_all(&root);
+        // versioned requests ignore the split
+        assert_eq!(r.admit("m", Some("3")).unwrap().served.version, "3");
+        assert_eq!(
+            r.set_split("m", &[w("9", 1.0)]).unwrap_err().status,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            r.set_split("m", &[w("1", 0.0)]).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            r.set_split("m", &[w("1", f64::NAN)]).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+        // the default stays; a removed version's share goes to the others
+        assert_eq!(r.remove("m", "1").unwrap_err().status, StatusCode::CONFLICT);
+        r.remove("m", "3").unwrap();
+        let view = r.view("m").unwrap();
+        let shares: Vec<(&str, f64)> = view.split.iter().map(|(v, x)| (v.as_str(), *x)).collect();
+        assert!(
+            shares.len() == 2 && (shares[0].1 - 0.625).abs() < 1e-12 && (shares[1].1 - 0.375).abs() < 1e-12,
+            "{shares:?}"
+        );
+        assert_eq!(r.admit("m", Some("3")).err().unwrap().status, StatusCode::NOT_FOUND);
+        r.set_default("m", "2").unwrap();
+        r.set_split("m", &[]).unwrap();
+        assert_eq!(routed(&r, 5)["2"], 5);
+        r.remove("m", "1").unwrap();
+        r.remove("m", "2").unwrap();
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_removed_version_drains_what_it_admitted() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let r = three();
+            let held = r.admit("m", Some("2")).unwrap();
+            let served = r.remove("m", "2").unwrap();
+            assert_eq!(served.queue_depth(), 1);
+            let drained = tokio::spawn(async move {
+                drain(&served).await;
+                served
+            });
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(!drained.is_finished(), "drained while a request was admitted");
+            drop(held);
+            let served = drained.await.unwrap();
+            // closed for good: nothing is admitted to it any more
+            assert!(Admitted::new(&served).is_err());
+        });
     }
 }

@@ -3,11 +3,12 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -16,13 +17,19 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{json_response, parse_body, ApiError};
+use crate::error::{json_response, openai_response, parse_body, ApiError};
 use crate::generation::{self, GenerateParams, Piece, RequestedParams};
+use crate::metrics::Answered;
 use crate::protocol::{self, InferRequest, RequestInput};
-use crate::{auth, openai, worker, AppState};
+use crate::registry::{Admitted, Served};
+use crate::{auth, error, metrics, openai, worker, AppState};
 
 /// Every route; with `state.protect_inference`, all but the health checks need the token.
+/// Errors on `/v1/*` take OpenAI's shape; every route is counted in the metrics.
 pub fn router(state: AppState) -> Router {
+    let mut v1 = Router::new()
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models));
     let mut inference = Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/models/{name}", get(model_metadata))
@@ -39,17 +46,20 @@ pub fn router(state: AppState) -> Router {
             post(generate_stream),
         )
         .route("/predictions/{name}", post(predictions))
-        .route("/predictions/{name}/{version}", post(predictions))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/models", get(openai::models));
+        .route("/predictions/{name}/{version}", post(predictions));
     if state.protect_inference {
-        inference = inference.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+        let auth = middleware::from_fn_with_state(state.clone(), auth::require_token);
+        inference = inference.route_layer(auth.clone());
+        v1 = v1.route_layer(auth);
     }
+    let v1 = v1.route_layer(middleware::from_fn(error::openai_errors));
     Router::new()
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/ping", get(ping))
         .merge(inference)
+        .merge(v1)
+        .route_layer(middleware::from_fn_with_state(state.clone(), metrics::track))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.limits.body_bytes))
         .with_state(state)
@@ -63,8 +73,22 @@ fn target(params: &HashMap<String, String>) -> (&str, Option<&str>) {
     (name, params.get("version").map(String::as_str))
 }
 
-async fn not_found() -> ApiError {
-    ApiError::not_found("no such endpoint (see docs/serving.md)")
+async fn not_found(uri: Uri) -> Response {
+    let message = "no such endpoint (see docs/serving.md)";
+    if uri.path().starts_with("/v1/") {
+        return openai_response(StatusCode::NOT_FOUND, message);
+    }
+    ApiError::not_found(message).into_response()
+}
+
+/// `response` marked with the version that answered (the metrics' labels and the
+/// `Weft-Model-Version` header).
+pub(crate) fn answered(mut response: Response, served: &Served) -> Response {
+    response.extensions_mut().insert(Answered {
+        model: served.name.clone(),
+        version: served.version.clone(),
+    });
+    response
 }
 
 async fn live() -> Response {
@@ -121,7 +145,8 @@ async fn infer(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (name, version) = target(&params);
-    let served = state.registry.get(name, version)?;
+    let admitted = state.registry.admit(name, version)?;
+    let served = admitted.served.clone();
     let request: InferRequest = parse_body(body, state.limits.body_bytes)?;
     let [input] = request.inputs.as_slice() else {
         return Err(ApiError::bad_request(format!(
@@ -139,7 +164,7 @@ async fn infer(
         }
     }
     let tensor = protocol::input_tensor(&served, input, state.limits.max_output_values)?;
-    let output = worker::run(&served, move |s| worker::logits(s, &tensor)).await?;
+    let output = worker::forward(admitted, tensor).await?;
     let mut answer = json!({
         "model_name": served.name,
         "model_version": served.version,
@@ -148,7 +173,7 @@ async fn infer(
     if let Some(id) = request.id {
         answer["id"] = json!(id);
     }
-    Ok(json_response(StatusCode::OK, &answer))
+    Ok(answered(json_response(StatusCode::OK, &answer), &served))
 }
 
 /// TorchServe-style prediction: the body is the model's one input as nested JSON arrays (rows
@@ -160,7 +185,8 @@ async fn predictions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (name, version) = target(&params);
-    let served = state.registry.get(name, version)?;
+    let admitted = state.registry.admit(name, version)?;
+    let served = admitted.served.clone();
     let bytes = body.map_err(|r| ApiError::new(r.status(), format!("the request body: {r}")))?;
     let data: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
@@ -175,8 +201,11 @@ async fn predictions(
         data,
     };
     let tensor = protocol::input_tensor(&served, &input, state.limits.max_output_values)?;
-    let output = worker::run(&served, move |s| worker::logits(s, &tensor)).await?;
-    Ok(json_response(StatusCode::OK, &nest(&output.shape, &output.data)))
+    let output = worker::forward(admitted, tensor).await?;
+    Ok(answered(
+        json_response(StatusCode::OK, &nest(&output.shape, &output.data)),
+        &served,
+    ))
 }
 
 /// Row-major `data` of `shape` as nested JSON arrays.
@@ -225,9 +254,9 @@ fn generate_request(
     state: &AppState,
     params: &HashMap<String, String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(std::sync::Arc<crate::registry::Served>, Vec<i64>, GenerateParams), ApiError> {
+) -> Result<(Admitted, Vec<i64>, GenerateParams), ApiError> {
     let (name, version) = target(params);
-    let served = state.registry.get(name, version)?;
+    let admitted = state.registry.admit(name, version)?;
     let request: GenerateRequest = parse_body(body, state.limits.body_bytes)?;
     let p = request.parameters;
     let requested = RequestedParams {
@@ -238,8 +267,8 @@ fn generate_request(
         seed: p.seed,
     };
     let gen = requested.checked(TRITON_DEFAULTS, state.limits.max_tokens)?;
-    let ids = generation::prompt_ids(&served, &request.text_input)?;
-    Ok((served, ids, gen))
+    let ids = generation::prompt_ids(&admitted.served, &request.text_input)?;
+    Ok((admitted, ids, gen))
 }
 
 async fn generate(
@@ -247,12 +276,12 @@ async fn generate(
     Path(params): Params,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (served, ids, gen) = generate_request(&state, &params, body)?;
-    let made = generation::run(&served, ids, gen).await?;
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({ "model_name": served.name, "model_version": served.version, "text_output": made.text }),
-    ))
+    let arrived = Instant::now();
+    let (admitted, ids, gen) = generate_request(&state, &params, body)?;
+    let served = admitted.served.clone();
+    let made = generation::run(admitted, ids, gen, arrived).await?;
+    let answer = json!({ "model_name": served.name, "model_version": served.version, "text_output": made.text });
+    Ok(answered(json_response(StatusCode::OK, &answer), &served))
 }
 
 async fn generate_stream(
@@ -260,8 +289,10 @@ async fn generate_stream(
     Path(params): Params,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (served, ids, gen) = generate_request(&state, &params, body)?;
-    let rx = generation::start_stream(&served, ids, gen)?;
+    let arrived = Instant::now();
+    let (admitted, ids, gen) = generate_request(&state, &params, body)?;
+    let served = admitted.served.clone();
+    let rx = generation::start_stream(admitted, ids, gen, arrived);
     let (name, version) = (served.name.clone(), served.version.clone());
     let events = pieces(rx).map(move |piece| {
         let value = match piece {
@@ -271,7 +302,7 @@ async fn generate_stream(
         };
         vec![Event::default().data(value.to_string())]
     });
-    Ok(sse(events))
+    Ok(answered(sse(events), &served))
 }
 
 /// The pieces of a streamed generation; a channel that closed without an end gives `Failed`.

@@ -1,99 +1,80 @@
 //! Running a model off the async runtime: each job runs on tokio's blocking pool while it holds
-//! its model's worker (one job per model at a time), after taking one of the model's queue
-//! places (none left: 503 with `Retry-After`).
+//! its model's worker (one job per model at a time) and the queue place it was admitted with
+//! ([`Admitted`]; none left: 503 with `Retry-After`). Forwards of models that batch go through
+//! their batcher ([`crate::batch`]).
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::http::StatusCode;
 use tokio::task::JoinHandle;
 use weft_core::Tensor;
 
 use crate::error::ApiError;
 use crate::protocol::{ResponseOutput, LOGITS};
-use crate::registry::Served;
+use crate::registry::{Admitted, Served};
 
-/// Starts `job` on the blocking pool with `served`'s worker held; 503 when its queue is full.
+/// Starts `job` on the blocking pool with the admitted model's worker held; the queue place is
+/// freed when the job ends.
 pub fn spawn<T: Send + 'static>(
-    served: &Arc<Served>,
-    job: impl FnOnce(&Served) -> T + Send + 'static,
-) -> Result<JoinHandle<T>, ApiError> {
-    let permit = served.admitted.clone().try_acquire_owned().map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "model {} version {}: its queue is full, retry later",
-                served.name, served.version
-            ),
-        )
-    })?;
-    let served = served.clone();
-    Ok(tokio::task::spawn_blocking(move || {
+    admitted: Admitted,
+    job: impl FnOnce(&Arc<Served>) -> T + Send + 'static,
+) -> JoinHandle<T> {
+    let Admitted { served, permit, at } = admitted;
+    tokio::task::spawn_blocking(move || {
         let _permit = permit;
         // a job that panicked left nothing half-written in the guard's unit value
         let _running = served.running.lock().unwrap_or_else(|p| p.into_inner());
+        served.stats.queue.observe(at.elapsed().as_secs_f64());
         job(&served)
-    }))
+    })
 }
 
 /// Runs `job` as [`spawn`] does and waits for it; a job that panicked is a 500.
 pub async fn run<T: Send + 'static>(
-    served: &Arc<Served>,
-    job: impl FnOnce(&Served) -> Result<T, ApiError> + Send + 'static,
+    admitted: Admitted,
+    job: impl FnOnce(&Arc<Served>) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let name = format!("model {} version {}", served.name, served.version);
-    spawn(served, job)?
+    let name = format!("model {} version {}", admitted.served.name, admitted.served.version);
+    spawn(admitted, job)
         .await
         .map_err(|e| ApiError::internal(format!("{name} failed: {e}")))?
 }
 
+/// The admitted model's logits for `input`: batched with other requests when the model batches
+/// (`max_batch_size > 1`), else run alone.
+pub async fn forward(admitted: Admitted, input: Tensor) -> Result<ResponseOutput, ApiError> {
+    if admitted.served.options.max_batch_size > 1 {
+        crate::batch::submit(admitted, input).await
+    } else {
+        run(admitted, move |s| logits(s, &input, 1)).await
+    }
+}
+
 /// The model's logits for `input` (classifier: `[B, classes]`; language model: `[B, T,
-/// vocab]`), as an FP32 output tensor.
-pub fn logits(served: &Served, input: &Tensor) -> Result<ResponseOutput, ApiError> {
+/// vocab]`), as an FP32 output tensor; `requests` is how many requests `input` holds (for the
+/// batch-size and forward-time metrics).
+pub fn logits(served: &Served, input: &Tensor, requests: usize) -> Result<ResponseOutput, ApiError> {
     let fail =
         |e: weft_core::Error| ApiError::internal(format!("model {} version {}: {e}", served.name, served.version));
+    let started = Instant::now();
     let out = weft_core::no_grad(|| served.model.logits(input)).map_err(fail)?;
+    let data = out.to_vec::<f32>().map_err(fail)?;
+    served.stats.inference.observe(started.elapsed().as_secs_f64());
+    served.stats.batch_size.observe(requests as f64);
     Ok(ResponseOutput {
         name: LOGITS,
         datatype: "FP32",
         shape: out.shape().to_vec(),
-        data: out.to_vec::<f32>().map_err(fail)?,
+        data,
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use tokio::sync::Semaphore;
-    use weft_models::mlp::{MlpConfig, MlpModel};
-    use weft_nn::layers::Activation;
+    use axum::http::StatusCode;
 
     use super::*;
-    use crate::registry::Signature;
-
-    /// An mlp of 2 features and 3 classes admitting `queue` requests.
-    fn served(queue: usize) -> Arc<Served> {
-        let config = MlpConfig {
-            in_features: 2,
-            hidden: vec![4],
-            out_features: 3,
-            activation: Activation::Relu,
-        };
-        Arc::new(Served {
-            name: "m".into(),
-            version: "1".into(),
-            kind: "mlp",
-            signature: Signature::Features {
-                features: 2,
-                classes: 3,
-            },
-            model: Arc::new(MlpModel::new(config, 0).unwrap()),
-            lm: None,
-            tokenizer: None,
-            running: Mutex::new(()),
-            admitted: Arc::new(Semaphore::new(queue)),
-        })
-    }
+    use crate::model::test_mlp;
 
     #[test]
     fn a_full_queue_is_503_and_frees_its_places() {
@@ -102,18 +83,20 @@ mod tests {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let s = served(2);
+            let s = test_mlp(2, 1);
             let (release, wait) = std::sync::mpsc::channel::<()>();
-            let first = spawn(&s, move |_| wait.recv().is_ok()).unwrap();
-            let second = spawn(&s, |_| true).unwrap();
-            let refused = spawn(&s, |_| true).unwrap_err();
+            let first = spawn(Admitted::new(&s).unwrap(), move |_| wait.recv().is_ok());
+            let second = spawn(Admitted::new(&s).unwrap(), |_| true);
+            assert_eq!(s.queue_depth(), 2);
+            let refused = Admitted::new(&s).err().unwrap();
             assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
             assert!(refused.message.contains("queue is full"), "{}", refused.message);
             release.send(()).unwrap();
             assert!(first.await.unwrap() && second.await.unwrap());
             // the places are free again; a forward runs
+            assert_eq!(s.queue_depth(), 0);
             let x = Tensor::from_vec(vec![0.5f32, -1.0], &[1, 2]).unwrap();
-            let out = run(&s, move |m| logits(m, &x)).await.unwrap();
+            let out = forward(Admitted::new(&s).unwrap(), x).await.unwrap();
             assert_eq!((out.shape, out.data.len()), (vec![1, 3], 3));
         });
     }
@@ -125,13 +108,15 @@ mod tests {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let s = served(1);
-            let err = run(&s, |_| -> Result<(), ApiError> { panic!("boom") })
-                .await
-                .unwrap_err();
+            let s = test_mlp(1, 1);
+            let err = run(Admitted::new(&s).unwrap(), |_| -> Result<(), ApiError> {
+                panic!("boom")
+            })
+            .await
+            .unwrap_err();
             assert_eq!(err.status, StatusCode::INTERNAL_SERVER_ERROR);
             assert!(err.message.contains("model m version 1 failed"), "{}", err.message);
-            assert!(run(&s, |_| Ok(7)).await.is_ok_and(|v| v == 7));
+            assert!(run(Admitted::new(&s).unwrap(), |_| Ok(7)).await.is_ok_and(|v| v == 7));
         });
     }
 }

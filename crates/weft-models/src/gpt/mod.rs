@@ -13,6 +13,7 @@ use weft_nn::Context;
 
 use crate::{config_error, LanguageModel, Model};
 
+mod decode;
 mod shapes;
 mod stages;
 pub use crate::sampling::Sampling;
@@ -286,6 +287,14 @@ impl LanguageModel for Gpt {
 
     fn forward_ids(&self, idx: &Tensor) -> Result<Tensor> {
         self.forward(idx)
+    }
+
+    fn new_cache(&self) -> crate::KvCache {
+        crate::KvCache::new(self.h.len(), self.config.block_size)
+    }
+
+    fn forward_cached(&self, seqs: &mut [crate::CachedTokens]) -> Result<Tensor> {
+        Gpt::forward_cached(self, seqs)
     }
 
     fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()> {

@@ -15,6 +15,7 @@ use weft_nn::Context;
 use crate::{config_error, LanguageModel, Model, StageCut};
 
 mod attention;
+mod decode;
 mod mlp;
 mod rope;
 mod shapes;
@@ -332,6 +333,14 @@ impl LanguageModel for Llama {
 
     fn forward_ids(&self, idx: &Tensor) -> Result<Tensor> {
         self.forward(idx)
+    }
+
+    fn new_cache(&self) -> crate::KvCache {
+        crate::KvCache::new(self.layers.len(), self.config.block_size)
+    }
+
+    fn forward_cached(&self, seqs: &mut [crate::CachedTokens]) -> Result<Tensor> {
+        Llama::forward_cached(self, seqs)
     }
 
     fn make_tensor_parallel(&mut self, group: &TpGroup) -> Result<()> {

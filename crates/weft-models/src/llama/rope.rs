@@ -86,8 +86,16 @@ impl Rotary {
     /// `[B, T, H, head_dim]` -> `[B, T, H, head_dim]`: `x * cos + rotate_half(x) * sin`, with
     /// `rotate_half(x) = [-x2, x1]` for the halves `x1`, `x2` of each head.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        self.apply_at(x, 0)
+    }
+
+    /// Rotates `x` as positions `offset..offset + T` (new tokens after `offset` cached ones).
+    /// # Shapes
+    /// `[B, T, H, head_dim]` -> `[B, T, H, head_dim]`.
+    pub fn apply_at(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (t, d) = (x.dim(1)?, self.head_dim);
-        let (cos, sin) = self.tables(t)?;
+        let (cos, sin) = self.tables(offset + t)?;
+        let (cos, sin) = (cos.narrow(0, offset, t)?, sin.narrow(0, offset, t)?);
         let (cos, sin) = (cos.view(&[1, t, 1, d])?, sin.view(&[1, t, 1, d])?);
         let (cos, sin) = if x.dtype() == DType::F32 {
             (cos, sin)

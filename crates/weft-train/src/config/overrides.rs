@@ -6,13 +6,24 @@ use crate::error::{Error, Result};
 
 /// Keys whose values are paths. A relative path given on the command line resolves against the
 /// working directory (as every other path argument does), one written in a config file against
-/// the file's folder.
-const PATH_KEYS: [(&str, &str); 5] = [
+/// the file's folder. A URL (`s3://...`, anything with `://`) and the names that are not paths
+/// (`data.path = "builtin"`, `data.tokenizer = "char"` or `"gpt2"`) are taken as they are.
+const PATH_KEYS: [(&str, &str); 8] = [
     ("init", "from"),
     ("data", "path"),
+    ("data", "tokenizer"),
     ("train", "metrics"),
     ("train", "checkpoint_dir"),
     ("train", "trace"),
+    ("parallel", "cluster"),
+    ("track", "dir"),
+];
+
+/// Values of path keys that name something built in rather than a file.
+const NOT_PATHS: [(&str, &str, &str); 3] = [
+    ("data", "path", "builtin"),
+    ("data", "tokenizer", "char"),
+    ("data", "tokenizer", "gpt2"),
 ];
 
 /// What the command line changes in a config: keys removed, then keys set.
@@ -70,7 +81,7 @@ impl Overrides {
             .unwrap_or_else(|| toml::Value::String(raw.to_string()));
         if PATH_KEYS.contains(&(section, name)) {
             if let toml::Value::String(p) = &value {
-                let builtin = (section, name) == ("data", "path") && p == "builtin";
+                let builtin = NOT_PATHS.contains(&(section, name, p.as_str())) || p.contains("://");
                 let path = PathBuf::from(p);
                 if !builtin && path.is_relative() {
                     value = toml::Value::String(self.cwd.join(path).to_string_lossy().into_owned());
@@ -138,6 +149,9 @@ mod tests {
                 "train.metrics=\"/abs/m.jsonl\"".into(),
                 "data.path=builtin".into(),
                 "train.seed=3".into(),
+                "parallel.cluster=c.toml".into(),
+                "track.dir=runs".into(),
+                "data.tokenizer=gpt2".into(),
             ],
             cwd: PathBuf::from("/work/here"),
         };
@@ -146,5 +160,20 @@ mod tests {
         assert_eq!(t["train"]["metrics"].as_str(), Some("/abs/m.jsonl"));
         assert_eq!(t["data"]["path"].as_str(), Some("builtin"));
         assert_eq!(t["train"]["seed"].as_integer(), Some(3));
+        assert_eq!(t["parallel"]["cluster"].as_str(), Some("/work/here/c.toml"));
+        assert_eq!(t["track"]["dir"].as_str(), Some("/work/here/runs"));
+        assert_eq!(t["data"]["tokenizer"].as_str(), Some("gpt2"));
+        // a URL and a tokenizer file
+        let o = Overrides {
+            unset: vec![],
+            set: vec![
+                "data.path=s3://bucket/shards".into(),
+                "data.tokenizer=tok/tokenizer.json".into(),
+            ],
+            cwd: PathBuf::from("/work/here"),
+        };
+        o.apply(&mut t).unwrap();
+        assert_eq!(t["data"]["path"].as_str(), Some("s3://bucket/shards"));
+        assert_eq!(t["data"]["tokenizer"].as_str(), Some("/work/here/tok/tokenizer.json"));
     }
 }

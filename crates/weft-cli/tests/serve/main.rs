@@ -1,18 +1,21 @@
 //! `weft serve` through the binary and a real HTTP client: every endpoint against checkpoints
 //! trained here (a tiny gpt and a tiny mlp): infer outputs equal the model's forward, generation
 //! equals `weft generate`'s text for the same seed, streams deliver several chunks, the token
-//! guards the inference API, and each bad input is a 4xx naming its cause with the server
-//! answering after it.
+//! guards the inference API, and each bad input is a 4xx naming its cause (in OpenAI's shape on
+//! `/v1/*`) with the server answering after it. The metrics count the requests made, the
+//! management API registers, splits traffic and unregisters with draining, and batched requests
+//! give the unbatched logits.
 
+#[path = "../common.rs"]
 mod common;
+mod manage;
+mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 
-use common::{free_port, path_set, temp_dir, wait_for, weft_command, weft_ok};
-use reqwest::blocking::Client;
+use common::{path_set, temp_dir, wait_for, weft_command, weft_ok};
 use serde_json::{json, Value};
+use support::{assert_output, body_json, reference_logits, train_mlp, Server};
 use weft_core::Tensor;
 
 /// Trains a tiny gpt (2 blocks, width 32, block_size 16) for 3 steps on the built-in corpus
@@ -40,140 +43,6 @@ fn train_llama(store: &Path) -> PathBuf {
     let set = path_set("train.checkpoint_dir", &ckpt);
     weft_ok(&["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", &set]);
     ckpt
-}
-
-/// Trains an mlp (2 features, 8 hidden, 3 classes) for 6 steps on a small CSV into `store/mlp`.
-fn train_mlp(store: &Path) -> PathBuf {
-    let csv = store.join("d.csv");
-    let mut text = String::from("x,y,label\n");
-    for i in 0..40 {
-        text.push_str(&format!(
-            "{:.3},{:.3},{}\n",
-            (i % 7) as f64 / 7.0,
-            (i % 5) as f64 / 5.0,
-            i % 3
-        ));
-    }
-    std::fs::write(&csv, text).unwrap();
-    let cfg = store.join("mlp.toml");
-    let config = format!(
-        "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = 3\nactivation = \"relu\"\n\n\
-         [data]\nkind = \"csv\"\npath = {:?}\nlabel_column = -1\nbatch_size = 4\nval_fraction = 0.25\n\n\
-         [optim]\nkind = \"adam\"\nlr = 0.01\n\n[train]\nsteps = 6\n",
-        csv.to_str().unwrap()
-    );
-    std::fs::write(&cfg, config).unwrap();
-    let ckpt = store.join("mlp");
-    let set = path_set("train.checkpoint_dir", &ckpt);
-    weft_ok(&["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", &set]);
-    ckpt
-}
-
-/// A running `weft serve`, killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    client: Client,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    /// Starts `weft serve --model-store store` with `args` on a free loopback port and waits
-    /// until it answers.
-    fn start(store: &Path, args: &[&str]) -> Server {
-        let port = free_port().to_string();
-        let mut all = vec!["serve", "--model-store", store.to_str().unwrap(), "--port", &port];
-        all.extend(args);
-        let child = weft_command(&all).stdout(Stdio::null()).spawn().unwrap();
-        let client = Client::builder()
-            .timeout(std::time::Duration::from_secs(120))
-            .build()
-            .unwrap();
-        let mut server = Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            client,
-        };
-        let url = format!("{}/v2/health/live", server.base);
-        let up = wait_for(60, || server.client.get(&url).send().is_ok_and(|r| r.status() == 200));
-        assert!(up, "weft serve answered no health check: {:?}", server.child.try_wait());
-        server
-    }
-
-    /// `(status, body as JSON)` of a GET.
-    fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.client.get(format!("{}{path}", self.base)).send().unwrap();
-        (r.status().as_u16(), body_json(r))
-    }
-
-    /// `(status, body as JSON)` of a POST of `body`.
-    fn post(&self, path: &str, body: impl Into<reqwest::blocking::Body>) -> (u16, Value) {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .body(body)
-            .send()
-            .unwrap();
-        (r.status().as_u16(), body_json(r))
-    }
-
-    /// The `data:` payloads of a server-sent-event POST, in order.
-    fn events(&self, path: &str, body: &Value) -> Vec<String> {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .body(body.to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status(), 200, "{path}");
-        let kind = r.headers()["content-type"].to_str().unwrap().to_string();
-        assert!(kind.starts_with("text/event-stream"), "{kind}");
-        BufReader::new(r)
-            .lines()
-            .map(Result::unwrap)
-            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-            .collect()
-    }
-
-    /// Checks that the server still answers.
-    fn alive(&self) {
-        assert_eq!(self.get("/v2/health/live").0, 200, "the server stopped answering");
-    }
-}
-
-/// A response's body as JSON (`null` when it is not JSON).
-fn body_json(r: reqwest::blocking::Response) -> Value {
-    serde_json::from_str(&r.text().unwrap()).unwrap_or(Value::Null)
-}
-
-/// The logits of the checkpoint at `ckpt` for `input`, computed here, without the server.
-fn reference_logits(ckpt: &Path, input: &Tensor) -> (Vec<usize>, Vec<f32>) {
-    let trained = weft_train::generate::read_trained(ckpt).unwrap();
-    let cfg = weft_train::generate::recorded_model(&trained).unwrap();
-    let model = weft_train::run::build_model(&cfg, 0).unwrap();
-    weft_nn::state_dict::load_state_dict(model.as_ref(), &trained.params, model.aliases(), "reference").unwrap();
-    model.context().set_training(false);
-    let out = weft_core::no_grad(|| model.logits(input)).unwrap();
-    (out.shape().to_vec(), out.to_vec::<f32>().unwrap())
-}
-
-/// Asserts that `output` (a v2 output tensor) holds `want` within 1e-6.
-fn assert_output(output: &Value, want: &(Vec<usize>, Vec<f32>)) {
-    assert_eq!(output["name"], "logits");
-    assert_eq!(output["datatype"], "FP32");
-    let shape: Vec<usize> = serde_json::from_value(output["shape"].clone()).unwrap();
-    let data: Vec<f32> = serde_json::from_value(output["data"].clone()).unwrap();
-    assert_eq!(shape, want.0);
-    assert_eq!(data.len(), want.1.len());
-    for (i, (g, w)) in data.iter().zip(&want.1).enumerate() {
-        assert!((g - w).abs() <= 1e-6, "logit {i}: served {g}, forward {w}");
-    }
 }
 
 /// `weft generate`'s text (prompt included, final newline dropped) for `flags`.
@@ -392,9 +261,21 @@ fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
     for (path, body, status, cause) in cases {
         let (got, answer) = s.post(path, body.clone());
         assert_eq!(got, status, "{path} {body}: {answer}");
-        let message = answer["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{path} {body}: no error in {answer}"));
+        // OpenAI's shape on /v1, `{"error": "..."}` elsewhere
+        let error = &answer["error"];
+        let message = if path.starts_with("/v1/") {
+            let want_code = if status == 404 {
+                "model_not_found"
+            } else {
+                "invalid_request"
+            };
+            assert_eq!(error["type"], "invalid_request_error", "{answer}");
+            assert_eq!(error["code"], want_code, "{answer}");
+            error["message"].as_str()
+        } else {
+            error.as_str()
+        };
+        let message = message.unwrap_or_else(|| panic!("{path} {body}: no error in {answer}"));
         assert!(
             message.contains(cause),
             "{path} {body}: {message:?} should name {cause:?}"
@@ -412,6 +293,14 @@ fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
         "{answer}"
     );
     assert_eq!(s.get("/v2/models/nope").0, 404);
+    let (got, answer) = s.post("/v1/completions", vec![b' '; (1 << 20) + 1]);
+    assert_eq!(
+        (got, &answer["error"]["code"]),
+        (413, &json!("request_too_large")),
+        "{answer}"
+    );
+    let (got, answer) = s.get("/v1/nothing");
+    assert_eq!((got, &answer["error"]["code"]), (404, &json!("not_found")), "{answer}");
     assert_eq!(
         s.get("/no/such/path").1["error"]
             .as_str()
@@ -466,6 +355,15 @@ fn every_endpoint_answers_and_bad_input_is_refused() {
         "--max-tokens", "64", "--max-body-bytes", "1048576"]);
     health_metadata_and_infer(&s, &gpt, &mlp);
     generation_matches_weft_generate(&s, &gpt, &llama);
+    // tokens generated: gpt 24 + 24 (generate, its stream) + 12 + 12 (completions, its
+    // stream) in 4 requests; llama 16 in 1
+    let m = s.scrape();
+    let gpt1 = "model=\"gpt\",version=\"1\"";
+    assert_eq!(m[&format!("weft_generated_tokens_total{{{gpt1}}}")], 72.0);
+    assert_eq!(m[&format!("weft_time_to_first_token_seconds_count{{{gpt1}}}")], 4.0);
+    assert_eq!(m["weft_generated_tokens_total{model=\"llama\",version=\"1\"}"], 16.0);
+    let key = format!("weft_requests_total{{{gpt1},endpoint=\"generate_stream\",code=\"200\"}}");
+    assert_eq!(m[&key], 1.0);
     bad_inputs_are_4xx_naming_the_cause(&s);
     bad_requests_leak_nothing(&s);
     drop(s);
@@ -479,7 +377,7 @@ fn the_token_guards_inference_but_not_health_checks() {
     let token = "s3cret-token-0123456789";
     let file = store.join("token");
     std::fs::write(&file, format!("{token}\n")).unwrap();
-    let s = Server::start(
+    let mut s = Server::start(
         &store,
         &[
             "--model",
@@ -509,6 +407,21 @@ fn the_token_guards_inference_but_not_health_checks() {
     }
     let r = s.client.get(&url).bearer_auth(token).send().unwrap();
     assert_eq!(r.status(), 200);
+    let r = s.client.get(format!("{}/v1/models", s.base)).send().unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    let error = body_json(r)["error"].clone();
+    assert_eq!(
+        (&error["type"], &error["code"]),
+        (&json!("authentication_error"), &json!("invalid_api_key")),
+        "{error}"
+    );
+    assert!(error["message"].as_str().unwrap().contains("missing Authorization"));
+    // the management API takes the same token
+    let r = s.client.get(format!("{}/models", s.management)).send().unwrap();
+    assert_eq!(r.status(), 401);
+    s.token = token.to_string();
+    assert_eq!(s.manage(reqwest::Method::GET, "/models", "").0, 200);
     let body = json!({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 0.5]}]});
     let r = s
         .client
@@ -526,7 +439,6 @@ fn the_token_guards_inference_but_not_health_checks() {
         .unwrap();
     assert_eq!(r.status(), 200);
     // SIGTERM: the server stops and exits 0
-    let mut s = s;
     assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
     let exited = wait_for(30, || s.child.try_wait().unwrap().is_some());
     assert!(exited, "weft serve did not stop on SIGTERM");

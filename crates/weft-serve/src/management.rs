@@ -1,0 +1,344 @@
+//! The management API, in TorchServe's shape, on its own port and always behind the token:
+//! list and describe models, register a checkpoint folder inside the model store, set the
+//! default version, split traffic between versions (A/B tests), and unregister a version once
+//! the requests admitted to it have finished.
+//!
+//! Only folders inside `--model-store` are registered: a `url` with a scheme (`http://`,
+//! `file:`, ...), an absolute path or a `..` component is refused, and so is a path that
+//! resolves through a link outside the store (TorchServe's open management API and URL
+//! loading were CVE-2023-43654).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::Router;
+use serde_json::{json, Value};
+
+use crate::error::{json_response, ApiError};
+use crate::registry::{self, ModelSpec, Served};
+use crate::{auth, AppState};
+
+/// The management routes over `state`; every one needs the token (with no token set, every
+/// one is refused).
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/models", get(list).post(register))
+        .route("/models/{name}", get(describe).put(split_query))
+        .route(
+            "/models/{name}/{version}",
+            get(describe).put(put_version).delete(unregister),
+        )
+        .route("/models/{name}/{version}/set-default", put(set_default))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .fallback(|| async { ApiError::not_found("no such management endpoint (see docs/serving.md)") })
+        .with_state(state)
+}
+
+/// The token check of [`auth::require_token`], refusing everything when no token is set.
+async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if state.token.is_none() {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "the management API has no token set").into_response();
+    }
+    auth::require_token(State(state), request, next).await
+}
+
+type Query2 = Result<Query<HashMap<String, String>>, QueryRejection>;
+
+/// The query's parameters; 400 when it cannot be read.
+fn query(q: Query2) -> Result<HashMap<String, String>, ApiError> {
+    q.map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request(format!("the query string: {e}")))
+}
+
+/// One version as the management API describes it.
+fn describe_version(s: &Served, default: &str, split: &[(String, f64)]) -> Value {
+    let share = split.iter().find(|(v, _)| *v == s.version).map(|(_, w)| *w);
+    json!({
+        "modelName": s.name,
+        "modelVersion": s.version,
+        "modelUrl": s.source.display().to_string(),
+        "kind": s.kind,
+        "isDefault": s.version == default,
+        "trafficShare": share,
+        "batchSize": s.options.max_batch_size,
+        "maxBatchDelay": s.options.max_batch_delay.as_millis() as u64,
+        "queueCapacity": s.options.queue,
+        "queueDepth": s.queue_depth(),
+        "loadSeconds": s.load_seconds,
+        "workers": 1,
+    })
+}
+
+/// `GET /models`: every model's name and its default version's path.
+async fn list(State(state): State<AppState>) -> Response {
+    let models: Vec<Value> = state
+        .registry
+        .names()
+        .into_iter()
+        .filter_map(|(name, default)| {
+            let s = state.registry.get(&name, Some(&default)).ok()?;
+            Some(json!({ "modelName": name, "modelUrl": s.source.display().to_string() }))
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({ "models": models }))
+}
+
+/// `GET /models/{name}` (the default version), `/models/{name}/{version}` or
+/// `/models/{name}/all`: a list of version descriptions.
+async fn describe(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let name = params.get("name").map_or("", String::as_str);
+    let view = state.registry.view(name)?;
+    let wanted = params.get("version").map(String::as_str);
+    let chosen: Vec<Value> = view
+        .versions
+        .iter()
+        .filter(|s| match wanted {
+            Some("all") => true,
+            Some(v) => s.version == v,
+            None => s.version == view.default,
+        })
+        .map(|s| describe_version(s, &view.default, &view.split))
+        .collect();
+    if chosen.is_empty() {
+        state.registry.get(name, wanted)?;
+    }
+    Ok(json_response(StatusCode::OK, &Value::Array(chosen)))
+}
+
+/// Whether `url` starts with a URL scheme (`http:`, `file:`, `s3:`, ...).
+fn has_scheme(url: &str) -> bool {
+    match url.split_once(':') {
+        Some((scheme, _)) => {
+            !scheme.is_empty()
+                && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+        }
+        None => false,
+    }
+}
+
+/// A whole number parameter of the query; 400 naming it when it is not one.
+fn number(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
+    q.get(key)
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("{key}: {v:?} is not a whole number >= 0")))
+        })
+        .transpose()
+}
+
+/// `POST /models?url=PATH&model_name=N[&version=V][&batch_size=B][&max_batch_delay=MS]`:
+/// loads the checkpoint folder PATH (relative to the model store) off the async threads and
+/// serves it as model N version V (default 1). Requests to other models go on meanwhile.
+async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, ApiError> {
+    let q = query(q)?;
+    let url = q
+        .get("url")
+        .ok_or_else(|| ApiError::bad_request("url: give the checkpoint folder's path inside the model store"))?;
+    if has_scheme(url) {
+        return Err(ApiError::bad_request(format!(
+            "url {url:?}: only folders inside the model store are registered, not URLs"
+        )));
+    }
+    let name = q
+        .get("model_name")
+        .ok_or_else(|| ApiError::bad_request("model_name: give the model's name"))?;
+    let version = q.get("version").map_or(registry::DEFAULT_VERSION, String::as_str);
+    let spec: ModelSpec = format!("{name}={url}:{version}")
+        .parse()
+        .map_err(|e: String| ApiError::bad_request(e.replace("--model ", "")))?;
+    if spec.path.as_os_str() != url.as_str() || spec.version == "all" {
+        return Err(ApiError::bad_request(format!(
+            "url {url:?} or version {version:?}: a version is 1 to 64 of A-Z a-z 0-9 . _ - (not `all`)"
+        )));
+    }
+    registry::resolve_in_store(&state.store, &spec.path).map_err(|e| {
+        let status = if e.contains("relative to the model store") || e.contains("outside the model store") {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::NOT_FOUND
+        };
+        ApiError::new(status, e)
+    })?;
+    let mut options = state.load;
+    if let Some(b) = number(&q, "batch_size")? {
+        options.max_batch_size = (b as usize).max(1);
+    }
+    if let Some(ms) = number(&q, "max_batch_delay")? {
+        options.max_batch_delay = Duration::from_millis(ms);
+    }
+    if state.registry.get(&spec.name, Some(&spec.version)).is_ok() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("model {} version {} is already served", spec.name, spec.version),
+        ));
+    }
+    let store = state.store.clone();
+    let spec2 = spec.clone();
+    let loaded = tokio::task::spawn_blocking(move || registry::load(&store, &spec2, options))
+        .await
+        .map_err(|e| ApiError::internal(format!("loading failed: {e}")))?
+        .map_err(ApiError::bad_request)?;
+    state.registry.add(loaded)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "status": format!("Model \"{}\" Version: {} registered with 1 initial workers", spec.name, spec.version) }),
+    ))
+}
+
+/// `PUT /models/{name}/{version}/set-default`.
+async fn set_default(
+    State(state): State<AppState>,
+    Path((name, version)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    state.registry.set_default(&name, &version)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "status": format!("Default version successfully updated for model \"{name}\" to \"{version}\"") }),
+    ))
+}
+
+/// `DELETE /models/{name}/{version}`: no request is admitted to the version after this; the
+/// answer comes once those admitted before have finished.
+async fn unregister(
+    State(state): State<AppState>,
+    Path((name, version)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let served = state.registry.remove(&name, &version)?;
+    registry::drain(&served).await;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "status": format!("Model \"{name}\" version {version} unregistered") }),
+    ))
+}
+
+/// A split `1:0.9,2:0.1` as `(version, weight)` pairs.
+fn parse_split(text: &str) -> Result<Vec<(String, f64)>, ApiError> {
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    text.split(',')
+        .map(|part| {
+            let (v, w) = part.rsplit_once(':').ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "split: {part:?} is not VERSION:WEIGHT (e.g. split=1:0.9,2:0.1)"
+                ))
+            })?;
+            let w: f64 = w.parse().map_err(|_| {
+                ApiError::bad_request(format!("split: the weight {w:?} of version {v:?} is not a number"))
+            })?;
+            Ok((v.to_string(), w))
+        })
+        .collect()
+}
+
+/// Sets `name`'s split and answers with the shares now in force.
+fn apply_split(state: &AppState, name: &str, weights: &[(String, f64)]) -> Result<Response, ApiError> {
+    state.registry.set_split(name, weights)?;
+    let view = state.registry.view(name)?;
+    let shares: BTreeMap<String, f64> = view.split.into_iter().collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "modelName": name, "defaultVersion": view.default, "traffic": shares }),
+    ))
+}
+
+/// `PUT /models/{name}?split=1:0.9,2:0.1` (an empty split clears it).
+async fn split_query(State(state): State<AppState>, Path(name): Path<String>, q: Query2) -> Result<Response, ApiError> {
+    let q = query(q)?;
+    let text = q.get("split").ok_or_else(|| {
+        ApiError::bad_request("give split=VERSION:WEIGHT,... (scaling workers is not supported: one worker per model)")
+    })?;
+    apply_split(&state, &name, &parse_split(text)?)
+}
+
+/// `PUT /models/{name}/traffic` with a JSON body `{"1": 90, "2": 10}` (weights of versions).
+async fn put_version(
+    State(state): State<AppState>,
+    Path((name, version)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if version != "traffic" {
+        return Err(ApiError::bad_request(
+            "PUT /models/{name}/{version} scales workers, which is not supported (one worker per model); \
+             use /set-default or PUT /models/{name}/traffic",
+        ));
+    }
+    let weights: BTreeMap<String, f64> = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body must be a JSON object of version: weight, e.g. {{\"1\": 90, \"2\": 10}}: {e}"
+        ))
+    })?;
+    apply_split(&state, &name, &weights.into_iter().collect::<Vec<_>>())
+}
+
+/// A fresh random token (64 hex digits from the system's random source).
+pub fn generate_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes `token` to a new file at `path` readable and writable by its owner only (0600),
+/// replacing whatever was there (a link is replaced, not followed).
+pub fn write_token_file(path: &std::path::Path, token: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(f, "{token}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_and_splits_parse() {
+        for url in ["http://x/m.mar", "file:///etc", "s3://b/k", "C:m"] {
+            assert!(has_scheme(url), "{url}");
+        }
+        for path in ["mlp", "runs/a/ckpt", "./m", "a:b/c"] {
+            assert_eq!(has_scheme(path), path == "a:b/c", "{path}");
+        }
+        assert_eq!(
+            parse_split("1:0.9,2:0.1").unwrap(),
+            vec![("1".to_string(), 0.9), ("2".to_string(), 0.1)]
+        );
+        assert!(parse_split("1=0.9").is_err());
+        assert!(parse_split("1:x").is_err());
+        assert!(parse_split("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_token_file_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("weft-serve-token-test-{}", std::process::id()));
+        let t = generate_token().unwrap();
+        assert_eq!(t.len(), 64);
+        write_token_file(&path, &t).unwrap();
+        write_token_file(&path, &t).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), t);
+        let _ = std::fs::remove_file(&path);
+    }
+}

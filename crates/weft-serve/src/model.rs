@@ -1,0 +1,356 @@
+//! One served model version: `NAME=PATH[:VERSION]` specs, paths kept inside the model store,
+//! and loading weft checkpoints (safetensors and JSON only) into a [`Served`].
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use weft_data::Tokenizer;
+use weft_models::convnet::{ConvNet, ConvNetConfig};
+use weft_models::gpt::Gpt;
+use weft_models::llama::Llama;
+use weft_models::{LanguageModel, Model};
+use weft_train::config::ModelConfig;
+
+use crate::batch::Pending;
+use crate::metrics::ModelStats;
+
+/// The version a `--model` spec without `:VERSION` gets.
+pub const DEFAULT_VERSION: &str = "1";
+
+/// One `--model NAME=PATH[:VERSION]`: PATH is relative to the model store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpec {
+    pub name: String,
+    pub path: PathBuf,
+    pub version: String,
+}
+
+/// Whether `s` is a usable model name or version: 1 to 64 of `A-Z a-z 0-9 . _ -`, not
+/// starting with `.` (they appear in URL paths).
+fn is_label(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && !s.starts_with('.')
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+impl std::str::FromStr for ModelSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ModelSpec, String> {
+        let Some((name, rest)) = s.split_once('=') else {
+            return Err(format!("--model {s:?}: expected NAME=PATH[:VERSION]"));
+        };
+        if !is_label(name) {
+            return Err(format!(
+                "--model {s:?}: the name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)"
+            ));
+        }
+        let (path, version) = match rest.rsplit_once(':') {
+            Some((p, v)) if !v.contains('/') => (p, v),
+            _ => (rest, DEFAULT_VERSION),
+        };
+        if !is_label(version) {
+            return Err(format!(
+                "--model {s:?}: the version {version:?} must be 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)"
+            ));
+        }
+        if path.is_empty() {
+            return Err(format!("--model {s:?}: the path is empty"));
+        }
+        Ok(ModelSpec {
+            name: name.to_string(),
+            path: PathBuf::from(path),
+            version: version.to_string(),
+        })
+    }
+}
+
+/// `rel` inside the model store `store`, refused when it is absolute, has a `..` component, or
+/// resolves (through links) outside the store.
+pub fn resolve_in_store(store: &Path, rel: &Path) -> Result<PathBuf, String> {
+    let shown = rel.display();
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "{shown}: a model path must be relative to the model store, without `..`"
+        ));
+    }
+    let root = store
+        .canonicalize()
+        .map_err(|e| format!("--model-store {}: {e}", store.display()))?;
+    let full = root
+        .join(rel)
+        .canonicalize()
+        .map_err(|e| format!("{shown} in the model store {}: {e}", root.display()))?;
+    if !full.starts_with(&root) {
+        return Err(format!(
+            "{shown}: resolves to {}, outside the model store {}",
+            full.display(),
+            root.display()
+        ));
+    }
+    Ok(full)
+}
+
+/// What a model takes and gives (the v2 metadata): `Features` and `Images` are classifiers
+/// (FP32 in, FP32 logits `[B, classes]` out), `Tokens` a language model (INT64 ids `[B, T]` in,
+/// FP32 logits `[B, T, vocab]` out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signature {
+    /// mlp: FP32 `[B, features]`.
+    Features { features: usize, classes: usize },
+    /// convnet: FP32 `[B, channels, size, size]`.
+    Images {
+        channels: usize,
+        size: usize,
+        classes: usize,
+    },
+    /// gpt, llama: INT64 `[B, T]` with `1 <= T <= block` and ids below `vocab`.
+    Tokens { vocab: usize, block: usize },
+}
+
+/// A loaded model version, ready to run.
+pub struct Served {
+    pub name: String,
+    pub version: String,
+    /// `mlp`, `convnet`, `gpt` or `llama`.
+    pub kind: &'static str,
+    pub signature: Signature,
+    pub model: Arc<dyn Model>,
+    /// The same model as a language model (gpt, llama), for generation.
+    pub lm: Option<Arc<dyn LanguageModel>>,
+    /// The tokenizer the checkpoint records (language models trained on text).
+    pub tokenizer: Option<Tokenizer>,
+    /// The checkpoint's path relative to the model store, as it was given.
+    pub source: PathBuf,
+    /// How requests are queued and batched.
+    pub options: LoadOptions,
+    /// Seconds reading, checking and building the model took.
+    pub load_seconds: f64,
+    /// Held while the model runs: one forward (of one request or a batch) or one generation
+    /// at a time (its worker).
+    pub(crate) running: Mutex<()>,
+    /// Requests admitted (running or waiting); when none are left, 503. Closed once the version
+    /// is unregistered and drained.
+    pub(crate) admitted: Arc<Semaphore>,
+    /// The queue of the dynamic batcher, started by the first batched request.
+    pub(crate) batcher: OnceLock<tokio::sync::mpsc::UnboundedSender<Pending>>,
+    /// Counters and histograms of this version (tokens, batch sizes, forward times).
+    pub(crate) stats: ModelStats,
+}
+
+impl Served {
+    /// Requests admitted now (running or waiting for the worker).
+    pub fn queue_depth(&self) -> usize {
+        self.options.queue.saturating_sub(self.admitted.available_permits())
+    }
+}
+
+/// How a model's requests are queued and batched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Requests admitted at once, running or waiting (over it: 503).
+    pub queue: usize,
+    /// The most infer/predictions requests run as one forward (1: no batching).
+    pub max_batch_size: usize,
+    /// How long the batcher waits for more requests after the first of a batch arrives.
+    pub max_batch_delay: Duration,
+}
+
+impl Default for LoadOptions {
+    /// 64 queued requests, no batching.
+    fn default() -> Self {
+        LoadOptions {
+            queue: 64,
+            max_batch_size: 1,
+            max_batch_delay: Duration::ZERO,
+        }
+    }
+}
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Served({} v{} {})", self.name, self.version, self.kind)
+    }
+}
+
+/// The checkpoint `spec` names inside `store`, read, checked and built on the CPU, queued and
+/// batched as `options` say. Errors name the model and the cause.
+pub fn load(store: &Path, spec: &ModelSpec, options: LoadOptions) -> Result<Served, String> {
+    let started = Instant::now();
+    let who = format!("model {} version {}", spec.name, spec.version);
+    let path = resolve_in_store(store, &spec.path).map_err(|e| format!("{who}: {e}"))?;
+    let fail = |e: &dyn std::fmt::Display| format!("{who}: {e}");
+    let trained = weft_train::generate::read_trained(&path).map_err(|e| fail(&e))?;
+    let cfg = weft_train::generate::recorded_model(&trained).map_err(|e| fail(&e))?;
+    let (model, lm, signature): (Arc<dyn Model>, Option<Arc<dyn LanguageModel>>, Signature) = match &cfg {
+        ModelConfig::Gpt(g) => {
+            let m = Arc::new(Gpt::new(g.to_config(), 0).map_err(|e| fail(&e))?);
+            let sig = Signature::Tokens {
+                vocab: g.vocab_size,
+                block: g.block_size,
+            };
+            (m.clone(), Some(m), sig)
+        }
+        ModelConfig::Llama(l) => {
+            let m = Arc::new(Llama::new(l.to_config(), 0).map_err(|e| fail(&e))?);
+            let sig = Signature::Tokens {
+                vocab: l.vocab_size,
+                block: l.block_size,
+            };
+            (m.clone(), Some(m), sig)
+        }
+        ModelConfig::Mlp(m) => {
+            let sig = Signature::Features {
+                features: m.in_features,
+                classes: m.out_features,
+            };
+            (weft_train::run::build_model(&cfg, 0).map_err(|e| fail(&e))?, None, sig)
+        }
+        ModelConfig::Convnet(c) => {
+            let net = ConvNet::new(
+                ConvNetConfig {
+                    in_channels: c.in_channels,
+                    image_size: c.image_size,
+                    channels: c.channels.clone(),
+                    num_classes: c.num_classes,
+                },
+                0,
+            )
+            .map_err(|e| fail(&e))?;
+            let sig = Signature::Images {
+                channels: c.in_channels,
+                size: c.image_size,
+                classes: c.num_classes,
+            };
+            (Arc::new(net), None, sig)
+        }
+    };
+    weft_nn::state_dict::load_state_dict(model.as_ref(), &trained.params, model.aliases(), &trained.source)
+        .map_err(|e| fail(&e))?;
+    model.context().set_training(false);
+    let tokenizer = match (&lm, &trained.tokenizer) {
+        (Some(lm), Some(json)) => {
+            let tok = Tokenizer::from_json(json).map_err(|e| fail(&e))?;
+            if tok.vocab_size() > lm.vocab_size() {
+                return Err(format!(
+                    "{who}: the tokenizer knows {} tokens, more than the model's vocab_size = {}",
+                    tok.vocab_size(),
+                    lm.vocab_size()
+                ));
+            }
+            Some(tok)
+        }
+        _ => None,
+    };
+    Ok(Served {
+        name: spec.name.clone(),
+        version: spec.version.clone(),
+        kind: cfg.kind(),
+        signature,
+        model,
+        lm,
+        tokenizer,
+        source: spec.path.clone(),
+        options: LoadOptions {
+            queue: options.queue.max(1),
+            max_batch_size: options.max_batch_size.max(1),
+            ..options
+        },
+        load_seconds: started.elapsed().as_secs_f64(),
+        running: Mutex::new(()),
+        admitted: Arc::new(Semaphore::new(options.queue.max(1))),
+        batcher: OnceLock::new(),
+        stats: ModelStats::default(),
+    })
+}
+
+/// An mlp of 2 features, 4 hidden and 3 classes named `m` version `1`, admitting `queue`
+/// requests and batching up to `max_batch_size` of them (waiting 20 ms for more).
+#[cfg(test)]
+pub(crate) fn test_mlp(queue: usize, max_batch_size: usize) -> Arc<Served> {
+    Arc::new(test_version("1", queue, max_batch_size))
+}
+
+/// Version `version` of the mlp of [`test_mlp`].
+#[cfg(test)]
+pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -> Served {
+    let config = weft_models::mlp::MlpConfig {
+        in_features: 2,
+        hidden: vec![4],
+        out_features: 3,
+        activation: weft_nn::layers::Activation::Relu,
+    };
+    let options = LoadOptions {
+        queue,
+        max_batch_size,
+        max_batch_delay: Duration::from_millis(20),
+    };
+    Served {
+        name: "m".into(),
+        version: version.into(),
+        kind: "mlp",
+        signature: Signature::Features {
+            features: 2,
+            classes: 3,
+        },
+        model: Arc::new(weft_models::mlp::MlpModel::new(config, 0).unwrap()),
+        lm: None,
+        tokenizer: None,
+        source: PathBuf::from("m"),
+        options,
+        load_seconds: 0.0,
+        running: Mutex::new(()),
+        admitted: Arc::new(Semaphore::new(queue)),
+        batcher: OnceLock::new(),
+        stats: ModelStats::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_bad_ones_are_refused() {
+        let s: ModelSpec = "gpt=runs/a/ckpt:2".parse().unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.path.as_path(), s.version.as_str()),
+            ("gpt", Path::new("runs/a/ckpt"), "2")
+        );
+        let s: ModelSpec = "m=dir".parse().unwrap();
+        assert_eq!(s.version, DEFAULT_VERSION);
+        for bad in ["noequals", "=dir", "a b=dir", "m=", "m=dir:", "m=dir:v/1", ".m=dir"] {
+            let r: Result<ModelSpec, _> = bad.parse();
+            if bad == "m=dir:v/1" {
+                // a colon followed by a path is part of the path
+                assert_eq!(r.unwrap().path, Path::new("dir:v/1"));
+            } else {
+                assert!(r.is_err(), "{bad:?} should be refused");
+            }
+        }
+    }
+
+    #[test]
+    fn paths_outside_the_store_are_refused() {
+        let root = std::env::temp_dir().join(format!("weft-serve-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("store/m")).unwrap();
+        std::fs::create_dir_all(root.join("outside")).unwrap();
+        let store = root.join("store");
+        assert!(resolve_in_store(&store, Path::new("m")).is_ok());
+        for bad in ["../outside", "m/../../outside", "/tmp"] {
+            let e = resolve_in_store(&store, Path::new(bad)).unwrap_err();
+            assert!(e.contains("relative to the model store"), "{bad}: {e}");
+        }
+        std::os::unix::fs::symlink(root.join("outside"), store.join("link")).unwrap();
+        let e = resolve_in_store(&store, Path::new("link")).unwrap_err();
+        assert!(e.contains("outside the model store"), "{e}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
