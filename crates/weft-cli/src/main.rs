@@ -16,6 +16,7 @@ mod runs;
 mod serve;
 mod sweep;
 mod train;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -79,6 +80,9 @@ enum Command {
     /// stopped early by a pruner (ASHA, Hyperband, median), each recorded in the run store
     /// (docs/sweep.md); `weft sweep status` shows a sweep's trials and its best.
     Sweep(sweep::SweepArgs),
+    /// Serves the dashboard of a run store in the browser: the run table, run details and
+    /// metric curves, and its JSON API (docs/tracking.md).
+    Ui(ui::UiArgs),
     /// Checks that parts of the system work on this machine or cluster.
     Check {
         #[command(subcommand)]
@@ -174,6 +178,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Plan(args) => plan::run(&args),
         Command::Runs { what } => runs::run(what),
         Command::Sweep(args) => sweep::run(args),
+        Command::Ui(args) => ui::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),
         } => checkpoint::inspect(&args),
@@ -199,7 +204,7 @@ fn main() -> ExitCode {
     // computes nothing)
     if !matches!(
         cli.command,
-        Command::Launch(_) | Command::Runs { .. } | Command::Sweep(_)
+        Command::Launch(_) | Command::Runs { .. } | Command::Sweep(_) | Command::Ui(_)
     ) {
         if let Err(e) = weft_core::cpu::threads::try_init() {
             weft_core::errln!("weft: error: {e}");

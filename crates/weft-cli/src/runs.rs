@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 use weft_track::filter::{sort_runs, Filter};
-use weft_track::{RunDetail, RunSummary, Store};
+use weft_track::{RunDetail, Store};
 
 use crate::print_out;
 
@@ -39,7 +39,8 @@ pub enum RunsCommand {
     Compare(CompareArgs),
     /// Deletes runs with their records (not the checkpoints they name).
     Delete(DeleteArgs),
-    /// Writes one run's metrics (`step,key,value,time`, time in seconds since the Unix epoch).
+    /// Writes one run's metrics: CSV (`step,key,value,time`, time in seconds since the Unix
+    /// epoch) or a TensorBoard event file.
     Export(ExportArgs),
 }
 
@@ -100,9 +101,12 @@ pub struct ExportArgs {
     dir: DirArg,
     /// The run (id or name).
     run: String,
-    /// `csv` (TensorBoard event files are not written yet).
+    /// `csv` (to standard output) or `tensorboard` (an `events.out.tfevents.*` file in --output).
     #[arg(long, default_value = "csv")]
     format: String,
+    /// The folder the TensorBoard event file goes to (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
 }
 
 pub fn run(what: RunsCommand) -> Result<(), String> {
@@ -115,24 +119,7 @@ pub fn run(what: RunsCommand) -> Result<(), String> {
     }
 }
 
-fn summary_json(r: &RunSummary) -> Value {
-    json!({
-        "id": r.id,
-        "experiment": r.experiment,
-        "name": r.name,
-        "status": r.status,
-        "start_time": r.start_time,
-        "end_time": r.end_time,
-        "params": r.params,
-        "tags": r.tags,
-        "metrics": r.last.iter().map(|(k, v)| (k.clone(), num(*v))).collect::<serde_json::Map<_, _>>(),
-    })
-}
-
-/// A number for JSON (non-finite values become null).
-fn num(x: f64) -> Value {
-    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
-}
+use weft_track::ui::json::{detail as detail_json, num, summary as summary_json};
 
 fn list(a: &ListArgs) -> Result<(), String> {
     // the filter is checked before the store is opened
@@ -167,29 +154,6 @@ fn list(a: &ListArgs) -> Result<(), String> {
         ]);
     }
     print_out(&table(&rows))
-}
-
-fn detail_json(d: &RunDetail) -> Value {
-    let mut v = summary_json(&d.summary);
-    v["command"] = json!(d.command);
-    v["git_commit"] = json!(d.git_commit);
-    v["git_dirty"] = json!(d.git_dirty);
-    v["host"] = json!(d.host);
-    v["layout"] = json!(d.layout);
-    v["heartbeat"] = json!(d.heartbeat);
-    v["error"] = json!(d.error);
-    v["artifacts"] = d.artifacts.iter().map(|(k, p)| json!({"kind": k, "path": p})).collect();
-    v["metric_summaries"] = d
-        .metrics
-        .iter()
-        .map(|(k, m)| {
-            let s = json!({"count": m.count, "last": num(m.last), "last_step": m.last_step,
-                           "min": num(m.min), "max": num(m.max)});
-            (k.clone(), s)
-        })
-        .collect::<serde_json::Map<_, _>>()
-        .into();
-    v
 }
 
 fn show(a: &ShowArgs) -> Result<(), String> {
@@ -320,14 +284,22 @@ fn delete(a: &DeleteArgs) -> Result<(), String> {
 }
 
 fn export(a: &ExportArgs) -> Result<(), String> {
-    if a.format != "csv" {
+    if !["csv", "tensorboard"].contains(&a.format.as_str()) {
         return Err(format!(
-            "--format: {:?} is not supported (csv is; TensorBoard event files are not written yet)",
+            "--format: {:?} is not supported (csv and tensorboard are)",
             a.format
         ));
     }
+    if a.format == "csv" && a.output.is_some() {
+        return Err("--output: only for --format tensorboard (csv goes to standard output)".into());
+    }
     let store = a.dir.open()?;
     let id = store.find_run(&a.run).map_err(|e| e.to_string())?;
+    if a.format == "tensorboard" {
+        let out = a.output.clone().unwrap_or_else(|| PathBuf::from("."));
+        let file = weft_track::tensorboard::export_run(&store, id, &out).map_err(|e| e.to_string())?;
+        return print_out(&format!("{}\n", file.display()));
+    }
     let mut out = String::from("step,key,value,time\n");
     for (step, key, value, time) in store.metric_rows(id).map_err(|e| e.to_string())? {
         out += &format!("{step},{key},{value},{time:.3}\n");

@@ -8,11 +8,16 @@
 //! - [`RunWriter`] records one run: metrics go through a channel to a background thread that
 //!   writes them in batches, so the training loop never waits for SQLite.
 //! - [`filter`] parses the expressions of `weft runs list --filter`.
+//! - [`tensorboard`] writes TensorBoard event files of a run's scalars.
+//! - `ui` (feature `ui`) serves the dashboard of `weft ui` and its JSON API.
 
 mod error;
 pub mod filter;
 mod read;
 mod store;
+pub mod tensorboard;
+#[cfg(feature = "ui")]
+pub mod ui;
 mod writer;
 
 pub use error::{Error, Result};
@@ -46,6 +51,14 @@ impl Status {
             Status::Pruned => "pruned",
         }
     }
+}
+
+/// A run's own folder in the store's folder `dir`: `dir/<experiment>/<name>` (a `/` or `\` in
+/// either becomes `_`). TensorBoard event files go here, so `tensorboard --logdir <dir>` names
+/// each run `<experiment>/<name>`.
+pub fn run_folder(dir: &std::path::Path, experiment: &str, name: &str) -> std::path::PathBuf {
+    let clean = |s: &str| s.replace(['/', '\\'], "_");
+    dir.join(clean(experiment)).join(clean(name))
 }
 
 /// Seconds since the Unix epoch, as stored in the time columns.

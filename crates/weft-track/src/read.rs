@@ -73,9 +73,13 @@ fn summary_row(r: &Row) -> rusqlite::Result<RunSummary> {
 
 impl Store {
     /// The runs (of `experiment` when given), oldest first, with their params, tags and last
-    /// metric values.
+    /// metric values: four queries whatever the number of runs (the run rows, every param, every
+    /// tag, and each run's last value of each metric found through the metrics index, so a
+    /// store of 10,000 runs lists in well under a second: docs/tracking.md).
     pub fn list_runs(&self, experiment: Option<&str>) -> Result<Vec<RunSummary>> {
         let p = &self.path;
+        // reads through a memory map (up to 1 GiB of the file) rather than one read call per page
+        self.conn.pragma_update(None, "mmap_size", 1i64 << 30).at(p)?;
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs r JOIN experiments e ON e.id = r.experiment_id
              WHERE ?1 IS NULL OR e.name = ?1 ORDER BY r.id"
@@ -86,10 +90,69 @@ impl Store {
             .at(p)?
             .collect::<rusqlite::Result<_>>()
             .at(p)?;
-        for run in &mut runs {
-            self.fill(run)?;
+        // run id -> index in `runs` (ids ascend, so a binary search)
+        let at = |id: i64| runs.binary_search_by_key(&id, |r| r.id).ok();
+        let in_experiment = "SELECT r.id FROM runs r JOIN experiments e ON e.id = r.experiment_id
+                             WHERE ?1 IS NULL OR e.name = ?1";
+        let mut found: Vec<(usize, u8, String, String)> = Vec::new();
+        for (which, table) in [(0u8, "params"), (1, "tags")] {
+            let sql = format!("SELECT run_id, key, value FROM {table} WHERE run_id IN ({in_experiment})");
+            let mut stmt = self.conn.prepare(&sql).at(p)?;
+            let rows = stmt
+                .query_map(params![experiment], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                })
+                .at(p)?;
+            for row in rows {
+                let (id, k, v) = row.at(p)?;
+                if let Some(i) = at(id) {
+                    found.push((i, which, k, v));
+                }
+            }
+        }
+        let last = self.last_values(experiment)?;
+        for (i, which, k, v) in found {
+            let run = &mut runs[i];
+            if which == 0 {
+                run.params.insert(k, v);
+            } else {
+                run.tags.insert(k, v);
+            }
+        }
+        for (id, key, value) in last {
+            if let Ok(i) = runs.binary_search_by_key(&id, |r| r.id) {
+                runs[i].last.insert(key, value);
+            }
         }
         Ok(runs)
+    }
+
+    /// `(run, key, value at the key's last step)` for every run (of `experiment`) and key, in one
+    /// query. The keys of a run are walked through the `(run_id, key, step)` index one seek
+    /// each (a recursive "skip scan"), and each last value is one more seek, so the cost grows
+    /// with runs x keys, not with the number of metric rows.
+    fn last_values(&self, experiment: Option<&str>) -> Result<Vec<(i64, String, f64)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "WITH RECURSIVE k(run_id, key) AS (
+                    SELECT r.id, (SELECT m.key FROM metrics m WHERE m.run_id = r.id ORDER BY m.key LIMIT 1)
+                    FROM runs r JOIN experiments e ON e.id = r.experiment_id
+                    WHERE ?1 IS NULL OR e.name = ?1
+                  UNION ALL
+                    SELECT k.run_id, (SELECT m.key FROM metrics m WHERE m.run_id = k.run_id AND m.key > k.key
+                                      ORDER BY m.key LIMIT 1)
+                    FROM k WHERE k.key IS NOT NULL)
+                 SELECT k.run_id, k.key, (SELECT m.value FROM metrics m WHERE m.run_id = k.run_id AND m.key = k.key
+                                          ORDER BY m.step DESC, m.rowid DESC LIMIT 1)
+                 FROM k WHERE k.key IS NOT NULL",
+            )
+            .at(p)?;
+        let rows = stmt
+            .query_map(params![experiment], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
     }
 
     /// Params, tags and last metric values of `run`.
@@ -102,10 +165,13 @@ impl Store {
         };
         run.params = pairs("SELECT key, value FROM params WHERE run_id = ?1")?;
         run.tags = pairs("SELECT key, value FROM tags WHERE run_id = ?1")?;
-        // SQLite takes the bare column `value` from the row holding MAX(step)
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT key, value, MAX(step) FROM metrics WHERE run_id = ?1 GROUP BY key")
+            .prepare_cached(
+                "SELECT key, (SELECT m.value FROM metrics m WHERE m.run_id = ?1 AND m.key = k.key
+                              ORDER BY m.step DESC, m.rowid DESC LIMIT 1)
+                 FROM (SELECT DISTINCT key FROM metrics WHERE run_id = ?1) k",
+            )
             .at(p)?;
         run.last = stmt
             .query_map(params![run.id], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -189,6 +255,62 @@ impl Store {
             .at(p)?;
         let rows = stmt
             .query_map(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+
+    /// Every experiment: `(name, runs, running runs)`, by name.
+    pub fn experiments(&self) -> Result<Vec<(String, i64, i64)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT e.name, count(r.id), COALESCE(SUM(r.status = 'running'), 0)
+                 FROM experiments e LEFT JOIN runs r ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.name",
+            )
+            .at(p)?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+
+    /// Whether run `id` is in the store.
+    pub fn has_run(&self, id: i64) -> Result<bool> {
+        self.conn
+            .query_row("SELECT count(*) FROM runs WHERE id = ?1", params![id], |r| {
+                r.get::<_, i64>(0)
+            })
+            .at(&self.path)
+            .map(|n| n > 0)
+    }
+
+    /// The metric keys run `id` recorded, by name (one index seek each).
+    pub fn metric_keys(&self, id: i64) -> Result<Vec<String>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "WITH RECURSIVE k(key) AS (
+                    SELECT (SELECT key FROM metrics WHERE run_id = ?1 ORDER BY key LIMIT 1)
+                  UNION ALL
+                    SELECT (SELECT m.key FROM metrics m WHERE m.run_id = ?1 AND m.key > k.key ORDER BY m.key LIMIT 1)
+                    FROM k WHERE k.key IS NOT NULL)
+                 SELECT key FROM k WHERE key IS NOT NULL",
+            )
+            .at(p)?;
+        let rows = stmt.query_map(params![id], |r| r.get(0)).at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+
+    /// Run `id`'s values of metric `key`: `(step, value, time)` by step (time in seconds since
+    /// the Unix epoch), in the order they were written within a step.
+    pub fn metric_series(&self, id: i64, key: &str) -> Result<Vec<(i64, f64, f64)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT step, value, time FROM metrics WHERE run_id = ?1 AND key = ?2 ORDER BY step, rowid")
+            .at(p)?;
+        let rows = stmt
+            .query_map(params![id, key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }

@@ -1,10 +1,14 @@
 //! Recording a run in the run store (`[track]`, docs/tracking.md): the run's params, tags,
 //! layout and host when it starts, every logged step's and evaluation's metrics, checkpoint
 //! folders and the trace as artifacts, and how it ended. Rank 0 records; a store that cannot be
-//! opened turns tracking off with a warning, and the run trains.
+//! opened turns tracking off with a warning, and the run trains. With `track.tensorboard` the
+//! same metrics also go to a TensorBoard event file in the run's folder of the store.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use weft_track::tensorboard::EventWriter;
 use weft_track::{NewRun, RunWriter, Status, WriterOptions};
 
 use crate::config::RunConfig;
@@ -24,6 +28,7 @@ pub fn store_dir(config: &RunConfig) -> PathBuf {
 /// A run being recorded.
 pub struct Tracking {
     writer: RunWriter,
+    tensorboard: Tensorboard,
     checkpoint_dir: Option<PathBuf>,
     trace: Option<PathBuf>,
 }
@@ -50,6 +55,7 @@ impl Tracking {
         let dir = store_dir(config);
         match RunWriter::start(&dir, run, WriterOptions::default()) {
             Ok(writer) => Some(Tracking {
+                tensorboard: Tensorboard::start(tc.tensorboard, &dir, &tc.experiment, &writer),
                 writer,
                 checkpoint_dir: config.train.checkpoint_dir.as_ref().map(|d| config.resolve(d)),
                 trace: config.train.trace.as_ref().map(|t| config.resolve(t)),
@@ -65,12 +71,16 @@ impl Tracking {
     pub fn callback(&self) -> TrackCallback {
         TrackCallback {
             writer: self.writer.clone(),
+            tensorboard: self.tensorboard.clone(),
         }
     }
 
     /// Records the checkpoint folders and trace the run left, and how `fit` ended: finished,
     /// killed (stopped by a signal) or failed (with its error).
     pub fn end(&self, fitted: &Result<FitSummary>) {
+        if let Some(path) = self.tensorboard.close() {
+            self.writer.artifact("tensorboard", &path);
+        }
         if let Some(dir) = &self.checkpoint_dir {
             for folder in checkpoint_folders(dir) {
                 self.writer.artifact("checkpoint", &folder);
@@ -115,35 +125,107 @@ fn checkpoint_folders(dir: &Path) -> Vec<PathBuf> {
 /// the step never waits for the store).
 pub struct TrackCallback {
     writer: RunWriter,
+    tensorboard: Tensorboard,
+}
+
+impl TrackCallback {
+    /// Records `key` at `step` in the store, and in the event file when there is one.
+    fn log(&self, step: u64, key: &str, value: f64) {
+        self.writer.log(step, key, value);
+        self.tensorboard.scalar(step, key, value);
+    }
 }
 
 impl Callback for TrackCallback {
     fn on_step(&mut self, r: &StepRecord) -> Result<()> {
-        let w = &self.writer;
         let step = r.step as u64;
-        w.log(step, "loss", r.loss);
-        w.log(step, "lr", r.lr);
-        w.log(step, "grad_norm", r.grad_norm);
-        w.log(step, "step_ms", r.step_ms);
-        w.log(step, r.items_key, r.items_per_s);
-        w.log(step, "data_wait_ms", r.data_wait_ms);
+        self.log(step, "loss", r.loss);
+        self.log(step, "lr", r.lr);
+        self.log(step, "grad_norm", r.grad_norm);
+        self.log(step, "step_ms", r.step_ms);
+        self.log(step, r.items_key, r.items_per_s);
+        self.log(step, "data_wait_ms", r.data_wait_ms);
         if r.skipped_steps > 0 {
-            w.log(step, "skipped_steps", r.skipped_steps as f64);
+            self.log(step, "skipped_steps", r.skipped_steps as f64);
         }
         if let Some(b) = r.gpu_mem_bytes {
-            w.log(step, "gpu_mem_bytes", b as f64);
+            self.log(step, "gpu_mem_bytes", b as f64);
         }
         if let Some(b) = r.host_mem_bytes {
-            w.log(step, "host_mem_bytes", b as f64);
+            self.log(step, "host_mem_bytes", b as f64);
         }
+        self.tensorboard.flush_now_and_then();
         Ok(())
     }
 
     fn on_eval(&mut self, r: &EvalRecord) -> Result<()> {
-        self.writer.log(r.step as u64, "val_loss", r.loss);
+        self.log(r.step as u64, "val_loss", r.loss);
         if let Some(a) = r.accuracy {
-            self.writer.log(r.step as u64, "val_accuracy", a);
+            self.log(r.step as u64, "val_accuracy", a);
         }
         Ok(())
+    }
+}
+
+/// The run's TensorBoard event file (`track.tensorboard`), shared by the callback and
+/// [`Tracking::end`]; `None` inside when off, or after a write failed (warned once).
+#[derive(Clone, Default)]
+struct Tensorboard(Arc<Mutex<Option<(EventWriter, Instant)>>>);
+
+impl Tensorboard {
+    /// How often buffered events reach the file while the run lives.
+    const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+    /// Creates the event file in the run's folder of the store in `dir` when `on`.
+    fn start(on: bool, dir: &Path, experiment: &str, writer: &RunWriter) -> Tensorboard {
+        if !on {
+            return Tensorboard::default();
+        }
+        let folder = weft_track::run_folder(dir, experiment, writer.name());
+        match EventWriter::create_in(&folder) {
+            Ok(w) => Tensorboard(Arc::new(Mutex::new(Some((w, Instant::now()))))),
+            Err(e) => {
+                weft_core::errln!("weft: warning: track.tensorboard: {e}; no event file is written");
+                Tensorboard::default()
+            }
+        }
+    }
+
+    /// Runs `f` on the writer; a failure is warned and turns the file off.
+    fn with(&self, f: impl FnOnce(&mut EventWriter, &mut Instant) -> weft_track::Result<()>) {
+        let Ok(mut slot) = self.0.lock() else { return };
+        if let Some((w, flushed)) = slot.as_mut() {
+            if let Err(e) = f(w, flushed) {
+                weft_core::errln!("weft: warning: track.tensorboard: {e}; the event file stops here");
+                *slot = None;
+            }
+        }
+    }
+
+    fn scalar(&self, step: u64, key: &str, value: f64) {
+        self.with(|w, _| w.scalar(key, step as i64, value, weft_track::now()));
+    }
+
+    /// Pushes buffered events to the file once [`Self::FLUSH_EVERY`] has passed since the last.
+    fn flush_now_and_then(&self) {
+        self.with(|w, flushed| {
+            if flushed.elapsed() < Self::FLUSH_EVERY {
+                return Ok(());
+            }
+            *flushed = Instant::now();
+            w.flush()
+        });
+    }
+
+    /// Flushes and closes the file; its path.
+    fn close(&self) -> Option<PathBuf> {
+        let (mut w, _) = self.0.lock().ok()?.take()?;
+        match w.flush() {
+            Ok(()) => Some(w.path().to_path_buf()),
+            Err(e) => {
+                weft_core::errln!("weft: warning: track.tensorboard: {e}");
+                None
+            }
+        }
     }
 }

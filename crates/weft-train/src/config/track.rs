@@ -23,6 +23,10 @@ pub struct TrackConfig {
     /// Tags recorded with the run (values of any TOML type, stored as text).
     #[serde(default)]
     pub tags: BTreeMap<String, toml::Value>,
+    /// Also write the run's metrics as a TensorBoard event file in the run's folder of the store
+    /// (`<dir>/<experiment>/<name>/events.out.tfevents.*`). Default: false.
+    #[serde(default)]
+    pub tensorboard: bool,
     /// The whole config as flat params (`optim.lr` -> `0.001`), as read after `--unset` and
     /// `--set` (keys left out of the file are not listed); filled in by `RunConfig::parse`.
     #[serde(skip)]
@@ -37,6 +41,7 @@ impl Default for TrackConfig {
             experiment: default_experiment(),
             name: None,
             tags: BTreeMap::new(),
+            tensorboard: false,
             params: Vec::new(),
         }
     }
@@ -104,6 +109,7 @@ mod tests {
             .unwrap();
         assert!(track.enabled);
         assert_eq!(track.experiment, "default");
+        assert!(!track.tensorboard);
         assert_eq!(value_text(&track.tags["team"]), "nlp");
     }
 }

@@ -1,0 +1,48 @@
+//! `weft ui`: the dashboard of a run store, served over HTTP (docs/tracking.md).
+
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct UiArgs {
+    /// The run store's folder (default: `WEFT_TRACK_DIR`, else `weft-runs`).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// The address to listen on (loopback by default: the dashboard has no login).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 5000)]
+    port: u16,
+}
+
+pub fn run(args: &UiArgs) -> Result<(), String> {
+    let dir = match (&args.dir, std::env::var_os("WEFT_TRACK_DIR")) {
+        (Some(d), _) => d.clone(),
+        (None, Some(env)) if !env.is_empty() => PathBuf::from(env),
+        _ => PathBuf::from("weft-runs"),
+    };
+    let loopback = matches!(args.host.as_str(), "127.0.0.1" | "::1" | "localhost");
+    if !loopback {
+        weft_core::errln!(
+            "weft ui: warning: listening on {}: anyone who reaches it can read (and see the commands of) every run",
+            args.host
+        );
+    }
+    let store = weft_track::Store::open_existing(&dir).map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        crate::print_out(&format!(
+            "weft ui: serving {} on http://{addr}/\n",
+            store.path().display()
+        ))?;
+        weft_track::ui::serve(listener, store, weft_serve::shutdown_signal()).await
+    })
+}

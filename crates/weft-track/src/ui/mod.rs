@@ -1,0 +1,252 @@
+//! `weft ui`: the dashboard, served over HTTP from one process (feature `ui`).
+//!
+//! `GET /` is one HTML page with its script inline (embedded in the binary at build time; no
+//! build step, nothing fetched from elsewhere). It reads the JSON API:
+//!
+//! - `GET /api/experiments`: `[{name, runs, running}]`;
+//! - `GET /api/runs?experiment=E&filter=EXPR&sort=KEY`: the run table as `weft runs list --json`
+//!   prints it (a bad filter: 400 with the position and what was expected);
+//! - `GET /api/runs/{id}`: one run as `weft runs show --json` prints it (unknown: 404);
+//! - `GET /api/runs/{id}/metrics?key=K&max_points=N` (or `/api/runs/{id}/metrics/{key}`): a
+//!   metric's `[step, value, time]` points, down-sampled on the server to at most `N` (default
+//!   1000) by min and max per bucket; without `key`, every metric's.
+//!
+//! Requests share one store connection, behind a lock, taking it in turn on tokio's blocking
+//! pool; each run table request first marks runs whose heartbeat stopped as killed (as
+//! `weft runs` does when it opens the store).
+
+mod downsample;
+pub mod json;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::{json, Value};
+
+pub use downsample::min_max;
+
+use crate::filter::{sort_runs, Filter};
+use crate::{Error, Store};
+
+/// The page, embedded at build time.
+const INDEX_HTML: &str = include_str!("index.html");
+
+/// The most points a metric's series is sent with when the request does not say.
+pub const DEFAULT_MAX_POINTS: usize = 1000;
+
+type Shared = Arc<Mutex<Store>>;
+
+/// Serves the dashboard of `store` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    store: Store,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    axum::serve(listener, router(Arc::new(Mutex::new(store))))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn router(store: Shared) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/api/experiments", get(experiments))
+        .route("/api/runs", get(runs))
+        .route("/api/runs/{id}", get(run))
+        .route("/api/runs/{id}/metrics", get(metrics))
+        .route("/api/runs/{id}/metrics/{key}", get(metric_by_path))
+        .with_state(store)
+}
+
+async fn index() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        INDEX_HTML,
+    )
+        .into_response()
+}
+
+/// A failed request: its status and `{"error": message}`.
+struct Failure(StatusCode, String);
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let code = match e {
+            Error::UnknownRun(_) => StatusCode::NOT_FOUND,
+            Error::Filter(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Failure(code, e.to_string())
+    }
+}
+
+fn reply(result: Result<Value, Failure>) -> Response {
+    let (code, body) = match result {
+        Ok(v) => (StatusCode::OK, v),
+        Err(Failure(code, message)) => (code, json!({ "error": message })),
+    };
+    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// Runs `f` on the store on a blocking thread.
+async fn with_store(store: Shared, f: impl FnOnce(&Store) -> Result<Value, Failure> + Send + 'static) -> Response {
+    let done = tokio::task::spawn_blocking(move || {
+        let store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&store)
+    })
+    .await;
+    reply(done.unwrap_or_else(|e| Err(Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))))
+}
+
+async fn experiments(State(store): State<Shared>) -> Response {
+    with_store(store, |s| {
+        let all = s.experiments()?;
+        Ok(all
+            .into_iter()
+            .map(|(name, runs, running)| json!({"name": name, "runs": runs, "running": running}))
+            .collect())
+    })
+    .await
+}
+
+async fn runs(State(store): State<Shared>, RawQuery(q): RawQuery) -> Response {
+    let q = query_pairs(q.as_deref().unwrap_or(""));
+    let get = |k: &str| {
+        q.iter()
+            .find(|(key, v)| key == k && !v.is_empty())
+            .map(|(_, v)| v.clone())
+    };
+    let (experiment, filter, sort) = (get("experiment"), get("filter"), get("sort"));
+    with_store(store, move |s| {
+        let filter = filter.as_deref().map(Filter::parse).transpose()?;
+        s.mark_stale()?;
+        let mut runs = s.list_runs(experiment.as_deref())?;
+        if let Some(f) = &filter {
+            runs.retain(|r| f.matches(r));
+        }
+        if let Some(key) = &sort {
+            sort_runs(&mut runs, key);
+        }
+        Ok(runs.iter().map(json::summary).collect())
+    })
+    .await
+}
+
+fn run_id(raw: &str) -> Result<i64, Failure> {
+    raw.parse()
+        .map_err(|_| Failure(StatusCode::NOT_FOUND, format!("no run with id {raw:?}")))
+}
+
+async fn run(State(store): State<Shared>, UrlPath(id): UrlPath<String>) -> Response {
+    with_store(store, move |s| Ok(json::detail(&s.run_detail(run_id(&id)?)?))).await
+}
+
+async fn metrics(State(store): State<Shared>, UrlPath(id): UrlPath<String>, RawQuery(q): RawQuery) -> Response {
+    let q = query_pairs(q.as_deref().unwrap_or(""));
+    let key = q.iter().find(|(k, _)| k == "key").map(|(_, v)| v.clone());
+    series(store, id, key, &q).await
+}
+
+async fn metric_by_path(
+    State(store): State<Shared>,
+    UrlPath((id, key)): UrlPath<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let q = query_pairs(q.as_deref().unwrap_or(""));
+    series(store, id, Some(key), &q).await
+}
+
+/// `{"run": id, "metrics": {key: {"count": n, "points": [[step, value, time], ...]}}}`, one key
+/// or all, each down-sampled to `max_points`.
+async fn series(store: Shared, id: String, key: Option<String>, q: &[(String, String)]) -> Response {
+    let max_points = match q.iter().find(|(k, _)| k == "max_points") {
+        None => Ok(DEFAULT_MAX_POINTS),
+        Some((_, v)) => v.parse::<usize>().map_err(|_| {
+            Failure(
+                StatusCode::BAD_REQUEST,
+                format!("max_points: expected a whole number, found {v:?}"),
+            )
+        }),
+    };
+    with_store(store, move |s| {
+        let max_points = max_points?;
+        let id = run_id(&id)?;
+        if !s.has_run(id)? {
+            return Err(Failure(StatusCode::NOT_FOUND, format!("no run with id {id}")));
+        }
+        let keys = match key {
+            Some(k) => vec![k],
+            None => s.metric_keys(id)?,
+        };
+        let mut out = serde_json::Map::new();
+        for key in keys {
+            let all = s.metric_series(id, &key)?;
+            let points: Vec<Value> = min_max(&all, max_points, |p| p.1)
+                .iter()
+                .map(|(step, value, time)| json!([step, json::num(*value), time]))
+                .collect();
+            out.insert(key, json!({"count": all.len(), "points": points}));
+        }
+        Ok(json!({"run": id, "metrics": out}))
+    })
+    .await
+}
+
+/// `a=1&b=x%20y` as pairs, percent-escapes and `+` decoded.
+fn query_pairs(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn query_strings_decode() {
+        let q = super::query_pairs("filter=optim.lr+%3C+1e-3+and+status+%3D+%27finished%27&sort=-id&x=%zz&y=%4");
+        assert_eq!(
+            q[0],
+            ("filter".into(), "optim.lr < 1e-3 and status = 'finished'".into())
+        );
+        assert_eq!(q[1], ("sort".into(), "-id".into()));
+        assert_eq!(q[2], ("x".into(), "%zz".into()));
+        assert_eq!(q[3], ("y".into(), "%4".into()));
+    }
+}
