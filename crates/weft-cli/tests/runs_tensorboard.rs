@@ -148,13 +148,22 @@ fn event_files_from_training_and_from_the_store() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("csv and tensorboard"));
 
     // TensorBoard's own reader
-    let python = std::env::var("WEFT_PYTHON").unwrap_or_else(|_| "python3".into());
+    // WEFT_PYTHON, else the environment tools/reference/install-tensorboard.sh makes (.ci/run
+    // calls it), else python3
+    let venv = repo().join(".cache/tensorboard-venv/bin/python");
+    let python = std::env::var("WEFT_PYTHON").unwrap_or_else(|_| {
+        if venv.exists() {
+            venv.to_string_lossy().into_owned()
+        } else {
+            "python3".into()
+        }
+    });
     let has_tb = Command::new(&python)
         .args(["-c", "import tensorboard"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_tb {
-        eprintln!("skipped: TensorBoard's reader check ({python} cannot import tensorboard; pip install tensorboard)");
+        eprintln!("skipped: TensorBoard's reader check ({python} cannot import tensorboard; tools/reference/install-tensorboard.sh installs it)");
         return;
     }
     let read = Command::new(&python)
