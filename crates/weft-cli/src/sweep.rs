@@ -149,6 +149,8 @@ fn train_args(c: &Checked, number: u64, sets: &[(String, String)]) -> Vec<String
     tags.insert(TAG_SWEEP.into(), toml::Value::String(spec.name.clone()));
     tags.insert(TAG_TRIAL.into(), toml::Value::Integer(number as i64));
     set("track.enabled=true".into());
+    // the driver polls every 100 ms: the trial's metrics reach the store as often
+    set("track.flush_ms=100".into());
     set(format!("track.dir={}", toml_string(&c.store_dir.display().to_string())));
     set(format!("track.experiment={}", toml_string(&spec.experiment)));
     set(format!(
@@ -203,7 +205,7 @@ fn sweep(path: &Path, resume: bool) -> Result<(), String> {
         max_steps: c.base.train.steps as u64,
         resume,
         log_dir: c.store_dir.join("sweeps").join(&c.spec.name),
-        poll: Duration::from_millis(250),
+        poll: Duration::from_millis(100),
         command: &command,
     };
     weft_core::outln!(

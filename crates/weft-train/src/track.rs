@@ -53,7 +53,11 @@ impl Tracking {
             ..NewRun::here(&tc.experiment, tc.name.clone())
         };
         let dir = store_dir(config);
-        match RunWriter::start(&dir, run, WriterOptions::default()) {
+        let options = WriterOptions {
+            flush_every: std::time::Duration::from_millis(tc.flush_ms),
+            ..WriterOptions::default()
+        };
+        match RunWriter::start(&dir, run, options) {
             Ok(writer) => Some(Tracking {
                 tensorboard: Tensorboard::start(tc.tensorboard, &dir, &tc.experiment, &writer),
                 writer,

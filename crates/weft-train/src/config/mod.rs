@@ -306,6 +306,12 @@ impl RunConfig {
 
     pub(crate) fn validate(&self, source: &str) -> Result<()> {
         let bad = |key: &str, msg: String| Err(Error::Config(format!("{source}: {key}: {msg}")));
+        if !(1..=60_000).contains(&self.track.flush_ms) {
+            return bad(
+                "track.flush_ms",
+                format!("{} is outside 1 to 60000 milliseconds", self.track.flush_ms),
+            );
+        }
         let o = &self.optim;
         if !["sgd", "adam", "adamw"].contains(&o.kind.as_str()) {
             return bad("optim.kind", format!("{:?} is not one of sgd, adam, adamw", o.kind));

@@ -27,6 +27,11 @@ pub struct TrackConfig {
     /// (`<dir>/<experiment>/<name>/events.out.tfevents.*`). Default: false.
     #[serde(default)]
     pub tensorboard: bool,
+    /// Metrics reach the store at most this many milliseconds after they are logged (1 to
+    /// 60000). Default: 1000. A sweep sets 100 for its trials, so that its pruner sees each
+    /// evaluation promptly.
+    #[serde(default = "default_flush_ms")]
+    pub flush_ms: u64,
     /// The whole config as flat params (`optim.lr` -> `0.001`), as read after `--unset` and
     /// `--set` (keys left out of the file are not listed); filled in by `RunConfig::parse`.
     #[serde(skip)]
@@ -42,6 +47,7 @@ impl Default for TrackConfig {
             name: None,
             tags: BTreeMap::new(),
             tensorboard: false,
+            flush_ms: default_flush_ms(),
             params: Vec::new(),
         }
     }
@@ -49,6 +55,10 @@ impl Default for TrackConfig {
 
 fn yes() -> bool {
     true
+}
+
+fn default_flush_ms() -> u64 {
+    1000
 }
 
 fn default_experiment() -> String {

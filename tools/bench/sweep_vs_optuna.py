@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""`weft sweep` (TPE + ASHA) beside Optuna (TPE + SuccessiveHalving) on the same trainer, search
+space and budget, in one run.
+
+Both drive the same `weft train` binary on the digits mlp (../shared/data/digits.csv.gz; the
+base is examples/digits_mlp.toml with `train.steps`, `eval_every` and `eval_batches` set below)
+and rank trials by `val_loss` (its last value). The space: `optim.lr` log-uniform on
+[1e-3, 0.5], `optim.momentum` uniform on [0, 0.99], `optim.weight_decay` log-uniform on
+[1e-6, 1e-2]. For each seed:
+
+- weft, TPE + ASHA (`min_steps`, `reduction_factor` below) and TPE without pruning;
+- Optuna, `TPESampler(seed)` + `SuccessiveHalvingPruner(min_resource, reduction_factor)`: its
+  objective starts `weft train` with the trial's values, reads `val_loss` from the metrics file as
+  it is written, reports it at each evaluation and kills the process when told to prune.
+
+Every trial runs one at a time (parallel = 1) on the same threads. Prints the best value of each
+and the wall-clock seconds of each sweep, then medians over the seeds.
+
+    cargo build -p weft-cli            # or --release, with --weft target/release/weft
+    python3 tools/bench/sweep_vs_optuna.py [--seeds 5] [--trials 20] [--steps 800] [--weft target/debug/weft]
+
+Needs optuna (a venv outside the repository); CI does not run it.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS = ROOT.parent / "shared" / "data" / "digits.csv.gz"
+# trial length (set by --steps): evaluations every STEPS / 8 steps, the first rung at the first
+STEPS, EVAL_EVERY, EVAL_BATCHES = 800, 100, 3
+MIN_STEPS, ETA = 100, 3
+SPACE = {
+    "optim.lr": ("log_uniform", 1e-3, 0.5),
+    "optim.momentum": ("uniform", 0.0, 0.99),
+    "optim.weight_decay": ("log_uniform", 1e-6, 1e-2),
+}
+
+
+def base_config(work: Path) -> Path:
+    text = (ROOT / "examples" / "digits_mlp.toml").read_text()
+    text = text.replace('path = "../../shared/data/digits.csv.gz"', f'path = "{DIGITS}"')
+    text = text.replace("steps = 500", f"steps = {STEPS}")
+    text = text.replace("eval_every = 100", f"eval_every = {EVAL_EVERY}")
+    text = text.replace("eval_batches = 2", f"eval_batches = {EVAL_BATCHES}")
+    path = work / "base.toml"
+    path.write_text(text)
+    return path
+
+
+def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str):
+    name = f"w{seed}{pruner}"
+    params = "\n".join(
+        f'"{k}" = {{ distribution = "{d}", min = {lo}, max = {hi} }}' for k, (d, lo, hi) in SPACE.items())
+    prune = f'kind = "asha"\nmin_steps = {MIN_STEPS}\nreduction_factor = {ETA}' if pruner == "asha" else 'kind = "none"'
+    sweep = work / f"{name}.toml"
+    sweep.write_text(f'[sweep]\nbase = "{base}"\nname = "{name}"\nmetric = "val_loss"\ngoal = "minimize"\n'
+                     f'method = "tpe"\ntrials = {trials}\nparallel = 1\nseed = {seed}\n\n'
+                     f'[sweep.parameters]\n{params}\n\n[sweep.pruner]\n{prune}\n')
+    env = dict(os.environ, WEFT_TRACK_DIR=str(work / "store"), WEFT_NUM_THREADS="2")
+    t = time.perf_counter()
+    subprocess.run([weft, "sweep", "--config", str(sweep)], env=env, check=True, capture_output=True)
+    wall = time.perf_counter() - t
+    runs = json.loads(subprocess.run([weft, "runs", "list", "--experiment", name, "--json"], env=env, check=True,
+                                     capture_output=True, text=True).stdout)
+    finished = [r["metrics"]["val_loss"] for r in runs if r["status"] == "finished" and "val_loss" in r["metrics"]]
+    pruned = sum(r["status"] == "pruned" for r in runs)
+    return min(finished), wall, pruned
+
+
+def optuna_sweep(weft, work: Path, base: Path, seed: int, trials: int):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    env = dict(os.environ, WEFT_NUM_THREADS="2")
+
+    def objective(trial):
+        sets = []
+        for k, (d, lo, hi) in SPACE.items():
+            v = trial.suggest_float(k, lo, hi, log=(d == "log_uniform"))
+            sets += ["--set", f"{k}={v!r}"]
+        metrics = work / f"o{seed}-{trial.number}.jsonl"
+        cmd = [weft, "train", "--config", str(base), "--quiet", "--set", "track.enabled=false",
+               "--set", f'train.metrics="{metrics}"', *sets]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        seen, last = 0, None
+        while True:
+            done = proc.poll() is not None
+            if metrics.exists():
+                lines = metrics.read_text().splitlines()
+                for line in lines[seen:]:
+                    if not line.endswith("}"):
+                        break  # a record being written
+                    seen += 1
+                    rec = json.loads(line)
+                    if "val_loss" in rec:
+                        last = rec["val_loss"]
+                        trial.report(last, rec["step"])
+                        if trial.should_prune():
+                            proc.kill()
+                            proc.wait()
+                            raise optuna.TrialPruned()
+            if done:
+                break
+            time.sleep(0.05)
+        if proc.returncode != 0 or last is None:
+            raise RuntimeError(f"trial {trial.number} failed: {' '.join(cmd)}")
+        return last
+
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
+                                pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=MIN_STEPS,
+                                                                              reduction_factor=ETA))
+    t = time.perf_counter()
+    study.optimize(objective, n_trials=trials)
+    wall = time.perf_counter() - t
+    pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)
+    return study.best_value, wall, pruned
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--weft", default=str(ROOT / "target" / "debug" / "weft"))
+    ap.add_argument("--steps", type=int, default=800, help="training steps per trial (a multiple of 8)")
+    a = ap.parse_args()
+    global STEPS, EVAL_EVERY, MIN_STEPS
+    STEPS, EVAL_EVERY, MIN_STEPS = a.steps, a.steps // 8, a.steps // 8
+    if not DIGITS.exists():
+        sys.exit(f"{DIGITS} is missing (../shared/data)")
+    rows = []
+    for seed in range(a.seeds):
+        work = Path(tempfile.mkdtemp(prefix="weft-sweep-bench-"))
+        try:
+            base = base_config(work)
+            w = weft_sweep(a.weft, work, base, seed, a.trials, "asha")
+            n = weft_sweep(a.weft, work, base, seed, a.trials, "none")
+            o = optuna_sweep(a.weft, work, base, seed, a.trials)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        rows.append((seed, w, n, o))
+        print(f"seed {seed}: weft asha best {w[0]:.4f} in {w[1]:.1f} s ({w[2]} pruned) | "
+              f"weft no pruning {n[0]:.4f} in {n[1]:.1f} s | optuna sha {o[0]:.4f} in {o[1]:.1f} s ({o[2]} pruned)",
+              flush=True)
+    med = lambda i, j: statistics.median(r[i][j] for r in rows)  # noqa: E731
+    print(f"\n{a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
+    print("| | best val_loss | sweep wall s | trials pruned |")
+    print("|---|---:|---:|---:|")
+    print(f"| weft TPE + ASHA | {med(1, 0):.4f} | {med(1, 1):.1f} | {med(1, 2):.0f} |")
+    print(f"| weft TPE, no pruning | {med(2, 0):.4f} | {med(2, 1):.1f} | 0 |")
+    print(f"| Optuna TPE + SuccessiveHalving | {med(3, 0):.4f} | {med(3, 1):.1f} | {med(3, 2):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
