@@ -263,3 +263,113 @@ fn the_planners_memory_terms_are_weft_trains_estimate() {
         }
     }
 }
+
+/// A tensor-parallel group of 2 ranks whose all-reduces leave their tensors as they are: the
+/// numbers differ from a real group's, what the autograd graph keeps does not.
+struct PairOfOne;
+
+impl weft_nn::parallel::TensorParallelGroup for PairOfOne {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        2
+    }
+    fn all_reduce(&self, _: &weft_core::Tensor, _: weft_nn::parallel::GroupReduce) -> weft_core::Result<()> {
+        Ok(())
+    }
+    fn all_gather(&self, _: &weft_core::Tensor, _: &weft_core::Tensor) -> weft_core::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes the autograd graph of one forward keeps (parameters left out), as weft's pipeline
+/// measures its `activation_bytes`, and the planner's prediction for the same rows.
+fn held_and_predicted(model: &str, tp: usize, precision: &str) -> (f64, f64) {
+    use std::sync::Arc;
+    use weft_core::{DType, Tensor};
+    use weft_models::Model;
+    use weft_plan::{CommDtype, Layout, Schedule};
+    let mut c = config(model);
+    c.train.precision = precision.to_string();
+    let group: weft_nn::parallel::TpGroup = Arc::new(PairOfOne);
+    let built: Box<dyn Model> = match &c.model {
+        ModelConfig::Gpt(g) => {
+            let mut m = weft_models::gpt::Gpt::new(g.to_config(), 0).unwrap();
+            if tp > 1 {
+                m.make_tensor_parallel(&group).unwrap();
+            }
+            Box::new(m)
+        }
+        ModelConfig::Llama(l) => {
+            let mut m = weft_models::llama::Llama::new(l.to_config(), 0).unwrap();
+            if tp > 1 {
+                m.make_tensor_parallel(&group).unwrap();
+            }
+            Box::new(m)
+        }
+        _ => unreachable!(),
+    };
+    let shape = weft_train::plan_shape::model_shape(&c.model).unwrap();
+    let (rows, t) = (8usize, shape.seq_len as usize);
+    let ids: Vec<i64> = (0..rows * t).map(|i| (i * 7 % 40) as i64).collect();
+    let x = Tensor::from_vec(ids.clone(), &[rows, t]).unwrap();
+    let y = Tensor::from_vec(ids.iter().map(|i| (i + 1) % 40).collect::<Vec<_>>(), &[rows, t]).unwrap();
+    let params: std::collections::HashSet<_> = weft_nn::Module::parameters(built.as_ref())
+        .iter()
+        .map(|(_, p)| Arc::as_ptr(p.storage()))
+        .collect();
+    let dtype = (precision == "bf16").then_some(DType::BF16);
+    let loss = weft_core::autocast(dtype, || built.loss(&x, &y)).unwrap();
+    let held = loss.graph_bytes(&|t: &Tensor| params.contains(&Arc::as_ptr(t.storage()))) as f64;
+    let work = weft_train::plan_shape::workload(&c, Some(rows as u64)).unwrap();
+    let layout = Layout {
+        dp: 1,
+        tp,
+        pp: 1,
+        zero: 0,
+        micro_batches: 1,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![shape.n_layer as usize],
+    };
+    let predicted = weft_plan::memory::stage_memory(&work, &layout, 0).activations;
+    (held, predicted)
+}
+
+#[test]
+fn the_planners_activations_are_what_weft_holds() {
+    let gpt = "kind = \"gpt\"\nvocab_size = 67\nblock_size = 32\nn_layer = 3\nn_head = 2\nn_embd = 64\nbias = true\n\
+               dropout = 0.0";
+    let llama = "kind = \"llama\"\nvocab_size = 50\nblock_size = 32\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
+                 n_embd = 64\nintermediate_size = 96";
+    let ratio = |model: &str, tp: usize, precision: &str| {
+        let (held, predicted) = held_and_predicted(model, tp, precision);
+        let name = if model.contains("llama") { "llama" } else { "gpt" };
+        println!("{name} tp {tp} {precision}: held {held}, predicted {predicted}");
+        predicted / held
+    };
+    // f32: what the graph keeps, within 3%, tensor-parallel or not (a tp rank keeps its
+    // row-parallel layers' partial sums and sums whole)
+    for tp in [1, 2] {
+        let r = ratio(gpt, tp, "f32");
+        assert!((r - 1.0).abs() < 0.03, "gpt tp {tp} f32: {r}");
+    }
+    let r = ratio(llama, 2, "f32");
+    assert!((r - 1.0).abs() < 0.03, "llama tp 2 f32: {r}");
+    // llama without tensor parallelism keeps about 4C a layer more than counted (docs/plan.md,
+    // "Known errors")
+    let r = ratio(llama, 1, "f32");
+    assert!(r > 0.75 && r < 1.0, "llama tp 1 f32: {r}");
+    // bf16: the norms, the residual stream and the loss's inputs in f32 (every element at 2
+    // bytes gave about 0.45 of what is kept); autocast's bf16 copies of the weights and of the
+    // norms' outputs, and the f32 copies of the products added to the residual stream, are
+    // not counted yet, so the prediction stays under
+    for model in [gpt, llama] {
+        for tp in [1, 2] {
+            let r = ratio(model, tp, "bf16");
+            assert!(r > 0.55 && r < 1.0, "{model} tp {tp} bf16: {r}");
+        }
+    }
+}

@@ -4,14 +4,18 @@
 //!   `HBM bandwidth x efficiency.memory_bound`. Backward is twice the forward; recompute adds
 //!   one forward per micro-batch.
 //! - Tensor parallelism (Megatron-LM's layout, as weft cuts gpt and llama): two all-reduces of
-//!   the hidden states per block in the forward and two in the backward, on the critical path;
-//!   recompute repeats the forward's two.
+//!   the hidden states per block in the forward (in the products' dtype) and two in the
+//!   backward (f32), on the critical path and apart from compute; recompute repeats the
+//!   forward's two. The embedding adds one in the forward, the loss two of one or two numbers
+//!   per token in the forward and one of the hidden states in the backward.
 //! - Collectives as a ring: all-reduce `2 (n - 1) a + 2 (n - 1) / n x bytes / B`,
 //!   reduce-scatter and all-gather half of that, with `a` and `B` the latency and bus bandwidth
 //!   of the link the group spans ([`DeviceSpec::link`]).
 //! - Pipeline: with per-micro-batch stage times `t_s`, a step of `m` micro-batches takes
 //!   `(m - 1) max t_s + sum t_s` (both of weft's schedules: with equal stages, the bubble is
 //!   `(p - 1) / (m + p - 1)` of the step, `weft_dist::pipeline::ideal_bubble`).
+//! - Gradient accumulation: `grad_accum` passes of the pipeline per step, each over
+//!   `global_batch / grad_accum` rows.
 //! - Data parallelism: weft reduces gradients once per step, in bucket order during the last
 //!   micro-batch's backward; what does not fit under that backward is exposed, and at least the
 //!   last bucket always is. ZeRO 1 and 2 all-gather the updated shards after the step (exposed);
@@ -45,15 +49,33 @@ pub fn gather(bytes: f64, n: usize, link: (f64, f64)) -> f64 {
     all_reduce(bytes, n, link) / 2.0
 }
 
-/// Per-micro-batch times of a stage's pieces on one device, seconds.
+/// Tensor-parallel communication of one piece per micro-batch, seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TpComm {
+    /// In its forward (run again by recompute).
+    pub forward: f64,
+    /// In its backward.
+    pub backward: f64,
+}
+
+/// Per-micro-batch times of a stage's pieces on one device, seconds: compute, and apart from
+/// it the tensor-parallel all-reduces (weft runs them on the critical path).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct UnitTimes {
-    /// One block's forward (compute and its tensor-parallel all-reduces).
+    /// One block's forward compute.
     pub block_forward: f64,
-    /// The embeddings' forward (first stage).
+    /// The embeddings' forward compute (first stage).
     pub embed_forward: f64,
-    /// The final norm, output layer and loss forward (last stage).
+    /// The final norm, output layer and loss forward compute (last stage).
     pub head_forward: f64,
+    /// One block's all-reduces: two in the forward (after the row-parallel `c_proj`s), two in
+    /// the backward (the gradients of the column-parallel layers' inputs).
+    pub block_comm: TpComm,
+    /// The vocabulary-parallel embedding's all-reduce (forward only).
+    pub embed_comm: TpComm,
+    /// The vocabulary-parallel loss's two all-reduces of one or two numbers per token
+    /// (forward), and the gradient of the output layer's input (backward).
+    pub head_comm: TpComm,
     /// Sending one micro-batch's activations (or their gradients) to the next stage.
     pub p2p: f64,
 }
@@ -67,28 +89,32 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
     let act = work.precision.activation_bytes();
     let tokens = rows * m.seq_len as f64;
     let tpf = tp as f64;
-    let hidden = tokens * m.n_embd as f64 * act;
+    // hidden states of the micro-batch: the products' partial sums are in the compute dtype;
+    // the norms' outputs, whose gradients the backward sums, and the residual stream the
+    // pipeline sends are f32
+    let hidden = tokens * m.n_embd as f64;
     let tp_link = device.link(1, tp);
-    let tp_ar = all_reduce(hidden, tp, tp_link);
+    let ar_low = all_reduce(hidden * act, tp, tp_link);
+    let ar_f32 = all_reduce(hidden * 4.0, tp, tp_link);
 
     let (whole, cut) = m.block_memory_elements_per_token();
     // the attention's products at their own rate (eff.attention of the matrix products')
     let attention = m.attention_flops_per_token();
     let block_forward = tokens * (m.block_flops_per_token() - attention) / tpf / gemm
         + tokens * attention / tpf / (gemm * eff.attention)
-        + tokens * (whole + cut / tpf) * act / hbm
-        + 2.0 * tp_ar;
-    // the lookup (a vocabulary-parallel one sums its parts over the group)
-    let embed_forward = 2.0 * hidden / hbm + tp_ar;
+        + tokens * (4.0 * whole + cut / tpf * act) / hbm;
+    // the lookup of f32 rows
+    let embed_forward = 2.0 * hidden * 4.0 / hbm;
     // the final norm and the output layer; the cross-entropy reads and writes the logits
-    // (f32) three times; vocabulary-parallel: two all-reduces of one number per token
+    // (f32) three times
     let logits = tokens * m.vocab as f64 / tpf * 4.0;
-    let head_forward = tokens * m.head_flops_per_token() / tpf / gemm
-        + (2.0 * hidden + 3.0 * logits) / hbm
-        + 2.0 * all_reduce(tokens * 4.0, tp, tp_link);
+    let head_forward = tokens * m.head_flops_per_token() / tpf / gemm + (2.0 * hidden * 4.0 + 3.0 * logits) / hbm;
+    // weft's vocabulary-parallel loss reduces its maxima and then its sums and target logits,
+    // in f64
+    let loss_ar = all_reduce(tokens * 8.0, tp, tp_link) + all_reduce(tokens * 16.0, tp, tp_link);
     let p2p = if pp > 1 {
         let link = device.link(tp * dp, 2);
-        link.1 + hidden / link.0
+        link.1 + hidden * 4.0 / link.0
     } else {
         0.0
     };
@@ -96,23 +122,57 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
         block_forward,
         embed_forward,
         head_forward,
+        block_comm: TpComm {
+            forward: 2.0 * ar_low,
+            backward: 2.0 * ar_f32,
+        },
+        embed_comm: TpComm {
+            forward: ar_f32,
+            backward: 0.0,
+        },
+        head_comm: TpComm {
+            forward: loss_ar,
+            backward: ar_f32,
+        },
         p2p,
     }
 }
 
 /// Per-micro-batch time of a stage of `blocks` blocks: forward, backward (twice the forward's
-/// compute, and its own tensor-parallel all-reduces), recompute, and the sends to neighbours.
+/// compute), recompute (the forward again), their tensor-parallel all-reduces, and the sends
+/// to neighbours.
 pub fn stage_time(u: &UnitTimes, blocks: usize, first: bool, last: bool, recompute: bool) -> f64 {
-    let mut forward = blocks as f64 * u.block_forward;
+    let k = blocks as f64;
+    let mut forward = k * u.block_forward;
+    let mut comm_forward = k * u.block_comm.forward;
+    let mut comm_backward = k * u.block_comm.backward;
     if first {
         forward += u.embed_forward;
+        comm_forward += u.embed_comm.forward;
+        comm_backward += u.embed_comm.backward;
     }
     if last {
         forward += u.head_forward;
+        comm_forward += u.head_comm.forward;
+        comm_backward += u.head_comm.backward;
     }
-    let passes = if recompute { 4.0 } else { 3.0 };
+    let passes = if recompute { 2.0 } else { 1.0 };
     let sends = (!last as u8 + !first as u8) as f64 * u.p2p;
-    passes * forward + sends
+    (passes + 2.0) * forward + passes * comm_forward + comm_backward + sends
+}
+
+/// Per-micro-batch time of a stage's backward alone: twice its forward compute and the
+/// backward's all-reduces.
+pub fn stage_backward_time(u: &UnitTimes, blocks: usize, first: bool, last: bool) -> f64 {
+    let k = blocks as f64;
+    let mut t = k * (2.0 * u.block_forward + u.block_comm.backward);
+    if first {
+        t += 2.0 * u.embed_forward + u.embed_comm.backward;
+    }
+    if last {
+        t += 2.0 * u.head_forward + u.head_comm.backward;
+    }
+    t
 }
 
 /// Time of `m` micro-batches through stages of per-micro-batch times `stages`:
@@ -141,12 +201,13 @@ pub struct StepTime {
 pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepTime {
     let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
     let zero = if dp > 1 { layout.zero } else { 0 };
-    let rows = work.global_batch as f64 / dp as f64 / layout.micro_batches as f64;
+    let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
     let u = unit_times(work, device, tp, dp, pp, rows);
     let stages: Vec<f64> = (0..pp)
         .map(|s| stage_time(&u, layout.stage_blocks[s], s == 0, s + 1 == pp, layout.recompute))
         .collect();
-    let pipeline = pipeline_time(&stages, layout.micro_batches);
+    let passes = work.grad_accum.max(1) as f64;
+    let pipeline = passes * pipeline_time(&stages, layout.micro_batches);
 
     let dp_link = device.link(tp, dp);
     let comm = layout.comm_dtype.bytes();
@@ -158,7 +219,7 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
         let (first, last) = (s == 0, s + 1 == pp);
         let p = stage_params(&work.model, tp, pp, blocks, first, last);
         // the last micro-batch's backward, under which the gradients are reduced
-        let backward = stage_time(&u, blocks, first, last, false) * 2.0 / 3.0;
+        let backward = stage_backward_time(&u, blocks, first, last);
         let mut e = 0.0;
         if dp > 1 {
             let reduce = if zero >= 2 {
@@ -210,7 +271,7 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             compute += c;
             comm = comm.max(with_comm - c);
         }
-        let m = layout.micro_batches as f64;
+        let m = passes * layout.micro_batches as f64;
         let busy = compute * m * (dp * tp) as f64;
         // on shared cores a rank's collectives and sends do not hide under the others' compute
         pipeline = pipeline.max(busy * per_node / devices / k + m * comm);
@@ -244,6 +305,7 @@ mod tests {
             model: gpt2_small(),
             global_batch: 64,
             precision: Precision::Bf16,
+            grad_accum: 1,
             optimizer_moments: 2,
         }
     }
@@ -310,9 +372,10 @@ mod tests {
             stage_blocks: vec![12],
         };
         let t = step_time(&w, &d, &l);
-        let gemm = 3.0 * w.model.forward_flops_per_token() * 1024.0 * 64.0 / (989.5e12 * 0.65);
-        // the rest is memory-bound work: norms, activations, the f32 logits of the loss
-        assert!(t.step > 1.2 * gemm && t.step < 2.0 * gemm, "{} vs {gemm}", t.step);
+        let gemm = 3.0 * w.model.forward_flops_per_token() * 1024.0 * 64.0 / (989.5e12 * 0.83);
+        // the rest is memory-bound work: norms and the residual stream (f32), activations, the
+        // f32 logits of the loss
+        assert!(t.step > 1.2 * gemm && t.step < 2.5 * gemm, "{} vs {gemm}", t.step);
         assert_eq!(t.exposed_comm, 0.0);
         let mfu_hbm = mfu(&w, &d, 1, t.step);
         // with unbounded memory bandwidth, only the products remain
@@ -322,7 +385,7 @@ mod tests {
         };
         let t = step_time(&w, &fast, &l);
         assert!((t.step / gemm - 1.0).abs() < 1e-9, "{} vs {gemm}", t.step);
-        assert!((mfu(&w, &fast, 1, t.step) - 0.65).abs() < 1e-9);
+        assert!((mfu(&w, &fast, 1, t.step) - 0.83).abs() < 1e-9);
         assert!(mfu_hbm < 0.5);
     }
 
@@ -356,5 +419,63 @@ mod tests {
         let busy = 8.0 * 9.0;
         assert!((pipeline_time(&[9.0; 4], 8) * (1.0 - 3.0 / 11.0) - busy).abs() < 1e-12);
         assert_eq!(pipeline_time(&[2.0, 5.0], 1), 7.0);
+    }
+
+    #[test]
+    fn tensor_parallel_all_reduces_run_twice_a_micro_batch() {
+        // weft's blocks: two all-reduces in the forward (bf16 partial sums), two in the
+        // backward (f32 gradients of the norms' outputs); recompute repeats the forward's
+        let w = work();
+        let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+        let rows = 4.0;
+        let u = unit_times(&w, &d, 8, 1, 2, rows);
+        let hidden = rows * 1024.0 * 768.0;
+        let link = d.link(1, 8);
+        let (f, b) = (all_reduce(hidden * 2.0, 8, link), all_reduce(hidden * 4.0, 8, link));
+        let block = stage_time(&u, 1, false, false, false) - 3.0 * u.block_forward - 2.0 * u.p2p;
+        assert!(
+            (block - (2.0 * f + 2.0 * b)).abs() < 1e-12,
+            "{block} vs {}",
+            2.0 * f + 2.0 * b
+        );
+        let rc = stage_time(&u, 1, false, false, true) - 4.0 * u.block_forward - 2.0 * u.p2p;
+        assert!((rc - (4.0 * f + 2.0 * b)).abs() < 1e-12, "{rc}");
+        // the embedding's one (forward) and the loss's (forward) and output layer's (backward)
+        // are counted once each
+        let first = stage_time(&u, 0, true, false, false) - 3.0 * u.embed_forward - u.p2p;
+        assert!((first - b).abs() < 1e-12, "{first} vs {b}");
+        let loss = all_reduce(rows * 1024.0 * 8.0, 8, link) + all_reduce(rows * 1024.0 * 16.0, 8, link);
+        let last = stage_time(&u, 0, false, true, false) - 3.0 * u.head_forward - u.p2p;
+        assert!((last - (loss + b)).abs() < 1e-12, "{last}");
+        // no tensor parallelism: no all-reduces
+        let one = unit_times(&w, &d, 1, 1, 1, rows);
+        assert_eq!(stage_time(&one, 2, false, false, true), 8.0 * one.block_forward);
+    }
+
+    #[test]
+    fn gradient_accumulation_runs_the_pipeline_once_a_pass() {
+        // 64 rows a step as 4 passes of 16: four pipelines of 16 rows, one reduction
+        let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+        let l = Layout {
+            dp: 2,
+            tp: 1,
+            pp: 2,
+            zero: 0,
+            micro_batches: 2,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![6, 6],
+        };
+        let accum = Workload {
+            grad_accum: 4,
+            ..work()
+        };
+        let t = step_time(&accum, &d, &l);
+        let u = unit_times(&accum, &d, 1, 2, 2, 4.0);
+        assert_eq!(t.stages[0], stage_time(&u, 6, true, false, false));
+        assert!((t.pipeline - 4.0 * pipeline_time(&t.stages, 2)).abs() < 1e-12);
+        let once = step_time(&work(), &d, &l);
+        assert_eq!(t.exposed_comm, once.exposed_comm);
     }
 }

@@ -9,12 +9,13 @@
 //! peak `weft_train::memory::estimate` does count); the planner plans the steady state.
 
 use crate::layout::Layout;
-use crate::model::{ModelShape, Workload};
+use crate::model::{ModelShape, Precision, Workload};
 
 /// Bytes one device holds, by term.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct MemoryBreakdown {
-    /// Parameters (f32; at ZeRO-3 the shard plus the gathered units).
+    /// Parameters (f32; at ZeRO-3 the shard plus the unit running, in f32, and the next one's
+    /// gather buffer in `comm_dtype`).
     pub params: f64,
     /// Gradients (f32; at ZeRO 2 and 3 the shard plus one unit's whole gradients).
     pub grads: f64,
@@ -66,26 +67,37 @@ pub fn stage_params(model: &ModelShape, tp: usize, pp: usize, blocks: usize, fir
     p
 }
 
-/// Activation elements one micro-batch keeps per token on a stage (all of it, as without
-/// recompute).
-pub fn stage_activation_elements_per_token(
+/// Activation bytes one micro-batch keeps per token on a stage (all of it, as without
+/// recompute), with `weft_train::memory`'s element counts: what the matrix products write
+/// (cut by tp inside a block) at the precision's bytes, the rest in f32 (norm outputs, the
+/// residual stream, the embeddings' outputs, the logits and their gradient: weft's autocast
+/// keeps them so), and with `tp > 1` what a tensor-parallel rank keeps whole beyond that
+/// ([`ModelShape::tp_activation_elements_per_token`]).
+pub fn stage_activation_bytes_per_token(
     model: &ModelShape,
+    precision: Precision,
     tp: usize,
     blocks: usize,
     first: bool,
     last: bool,
 ) -> f64 {
-    let tp = tp as f64;
     let (whole, cut) = model.block_activation_elements_per_token();
     let (first_e, last_whole, last_cut) = model.end_activation_elements_per_token();
-    let mut e = blocks as f64 * (whole + cut / tp);
+    let (tp_block, tp_first) = if tp > 1 {
+        model.tp_activation_elements_per_token()
+    } else {
+        (0.0, 0.0)
+    };
+    let tp = tp as f64;
+    let mut f32_elements = blocks as f64 * (whole + tp_block);
+    let low_elements = blocks as f64 * cut / tp;
     if first {
-        e += first_e;
+        f32_elements += first_e + tp_first;
     }
     if last {
-        e += last_whole + last_cut / tp;
+        f32_elements += last_whole + last_cut / tp;
     }
-    e
+    4.0 * f32_elements + precision.activation_bytes() * low_elements
 }
 
 /// Bytes a device of stage `stage` holds under `layout` (`layout.stage_blocks` cut).
@@ -107,8 +119,10 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
     let block = stage_params(model, tp, pp, 1, false, false);
     let unit = block.max(p - blocks as f64 * block);
 
+    // ZeRO 3: the unit running, its parameters filled in f32 from the gathered flat buffer
+    // (cast when gathered in bf16), and the next unit's flat buffer being gathered
     let params = if zero >= 3 {
-        4.0 * p / dp + 2.0 * unit * comm
+        4.0 * p / dp + (4.0 + comm) * unit
     } else {
         4.0 * p
     };
@@ -125,19 +139,21 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
         moments * 4.0 * p
     };
 
-    let rows = (work.global_batch as f64 / dp) / layout.micro_batches as f64;
+    let rows = (work.pass_rows() as f64 / dp) / layout.micro_batches as f64;
     let tokens = rows * model.seq_len as f64;
-    let act = work.precision.activation_bytes();
     let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
-    let whole_mb = tokens * stage_activation_elements_per_token(model, tp, blocks, first, last) * act;
+    let whole_mb = tokens * stage_activation_bytes_per_token(model, work.precision, tp, blocks, first, last);
     let activations = if layout.recompute {
-        // each micro-batch in flight keeps its input; one at a time is rebuilt whole
-        in_flight * tokens * model.n_embd as f64 * act + whole_mb
+        // each micro-batch in flight keeps its input (the token ids on the first stage, the f32
+        // residual stream on the others); one at a time is rebuilt whole
+        let input = if first { 8.0 } else { 4.0 * model.n_embd as f64 };
+        in_flight * tokens * input + whole_mb
     } else {
         in_flight * whole_mb
     };
 
-    let hidden = tokens * model.n_embd as f64 * act;
+    // tensor-parallel all-reduces carry the products' dtype, pipeline sends the f32 stream
+    let hidden = tokens * model.n_embd as f64;
     let mut comm_buffers = 0.0;
     if layout.dp > 1 && zero < 2 {
         comm_buffers += 2.0 * BUCKET_BYTES;
@@ -146,10 +162,10 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
         comm_buffers += unit * comm;
     }
     if tp > 1 {
-        comm_buffers += 2.0 * hidden;
+        comm_buffers += 2.0 * hidden * work.precision.activation_bytes();
     }
     if pp > 1 {
-        comm_buffers += 2.0 * hidden;
+        comm_buffers += 2.0 * hidden * 4.0;
     }
     MemoryBreakdown {
         params,
@@ -205,6 +221,7 @@ mod tests {
             model: gpt2_small(),
             global_batch: 32,
             precision: Precision::Bf16,
+            grad_accum: 1,
             optimizer_moments: 2,
         }
     }
@@ -267,5 +284,113 @@ mod tests {
         assert_eq!(gpipe, 2.0 * one_f);
         l.recompute = true;
         assert!(stage_memory(&w, &l, 0).activations < one_f / 3.0);
+    }
+}
+
+#[cfg(test)]
+mod weft_holds {
+    //! Activations and gathered units as weft holds them: f32 where autocast keeps f32, the
+    //! whole tensors a tensor-parallel rank keeps, ZeRO-3's f32 units.
+    use super::*;
+    use crate::layout::{CommDtype, Schedule};
+    use crate::model::tests::gpt2_small;
+    use crate::model::{ModelKind, Precision};
+
+    fn layout(dp: usize, tp: usize, pp: usize, zero: usize, m: usize, stage_blocks: Vec<usize>) -> Layout {
+        Layout {
+            dp,
+            tp,
+            pp,
+            zero,
+            micro_batches: m,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks,
+        }
+    }
+
+    #[test]
+    fn bf16_keeps_norms_the_residual_stream_and_the_loss_in_f32() {
+        let w = Workload {
+            model: gpt2_small(),
+            global_batch: 32,
+            precision: Precision::Bf16,
+            grad_accum: 1,
+            optimizer_moments: 2,
+        };
+        let (c, v) = (768.0, 50257.0);
+        // per block: norm outputs and residual stream (4C) in f32, q, k, v, the attention's
+        // output and the MLP's (4C + 8C) in bf16; the embeddings (2C), the final norm (C) and
+        // the logits with their gradient (2V) in f32
+        let per_token = 12.0 * (4.0 * c * 4.0 + 12.0 * c * 2.0) + (3.0 * c + 2.0 * v) * 4.0;
+        let got = stage_memory(&w, &layout(1, 1, 1, 0, 1, vec![12]), 0).activations;
+        assert_eq!(got, 32.0 * 1024.0 * per_token);
+        // more than half the f32 run's (what every element at 2 bytes gave)
+        let f32w = Workload {
+            precision: Precision::F32,
+            ..w.clone()
+        };
+        let all_f32 = stage_memory(&f32w, &layout(1, 1, 1, 0, 1, vec![12]), 0).activations;
+        assert!(got > 0.6 * all_f32 && got < all_f32, "{got} {all_f32}");
+    }
+
+    #[test]
+    fn tensor_parallel_ranks_keep_what_weft_measured() {
+        // weft's built-in GPT (vocab 128, block 64, 4 layers, width 128, biases, f32, batch 16)
+        // as dp1 tp2 pp2 m4 1f1b on [2, 2]: rank 0's pipeline logged 9.53 MB of activations
+        // (docs/benchmarks.md, the local-truth runs), where 5.77 MB were predicted with the cut
+        // parts divided by tp alone
+        let model = ModelShape {
+            kind: ModelKind::Gpt,
+            vocab: 128,
+            seq_len: 64,
+            n_layer: 4,
+            n_head: 4,
+            n_kv_head: 4,
+            n_embd: 128,
+            intermediate: 512,
+            tied: true,
+            bias: true,
+        };
+        let w = Workload {
+            model,
+            global_batch: 16,
+            precision: Precision::F32,
+            grad_accum: 1,
+            optimizer_moments: 2,
+        };
+        let got = stage_memory(&w, &layout(1, 2, 2, 0, 4, vec![2, 2]), 0).activations;
+        assert!((got / 9.53e6 - 1.0).abs() < 0.03, "{got}");
+        // the same with recompute: 4.77 MB logged
+        let mut rc = layout(1, 2, 2, 0, 4, vec![2, 2]);
+        rc.recompute = true;
+        let got = stage_memory(&w, &rc, 0).activations;
+        assert!((got / 4.77e6 - 1.0).abs() < 0.06, "{got}");
+        // without tensor parallelism (dp1 tp1 pp4 m4, one block a stage): 9.61 MB logged
+        let got = stage_memory(&w, &layout(1, 1, 4, 0, 4, vec![1; 4]), 0).activations;
+        assert!((got / 9.61e6 - 1.0).abs() < 0.03, "{got}");
+    }
+
+    #[test]
+    fn zero3_fills_gathered_units_in_f32() {
+        let w = Workload {
+            model: gpt2_small(),
+            global_batch: 32,
+            precision: Precision::Bf16,
+            grad_accum: 1,
+            optimizer_moments: 2,
+        };
+        let psi = w.model.parameter_count();
+        // the largest unit: the root (embeddings, final norm)
+        let unit = stage_params(&w.model, 1, 1, 0, true, true);
+        let mut l = layout(4, 1, 1, 3, 1, vec![12]);
+        l.comm_dtype = CommDtype::Bf16;
+        // the running unit in f32 and the next one's bf16 gather buffer
+        let m = stage_memory(&w, &l, 0);
+        assert!((m.params - (4.0 * psi / 4.0 + (4.0 + 2.0) * unit)).abs() < 1.0, "{m:?}");
+        l.comm_dtype = CommDtype::F32;
+        let f = stage_memory(&w, &l, 0);
+        assert!((f.params - (4.0 * psi / 4.0 + 8.0 * unit)).abs() < 1.0, "{f:?}");
     }
 }

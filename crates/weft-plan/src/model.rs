@@ -46,12 +46,16 @@ pub struct ModelShape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
     F32,
-    /// Autocast: products in bf16 on the tensor cores; activations taken as bf16.
+    /// Autocast (`weft_core::autocast`): products in bf16 on the tensor cores, and their outputs
+    /// (q, k, v, attention, the MLP's) in bf16; norms, softmax and the loss run in f32, and a bf16
+    /// product added to the f32 residual stream gives f32, so norm outputs, the residual stream
+    /// and the loss's inputs stay f32.
     Bf16,
 }
 
 impl Precision {
-    /// Bytes of one activation element as the planner counts them.
+    /// Bytes of one element of what the matrix products write (the activations that are cut by
+    /// tensor parallelism inside a block); the rest is f32 either way.
     pub fn activation_bytes(self) -> f64 {
         match self {
             Precision::F32 => 4.0,
@@ -75,9 +79,21 @@ pub struct Workload {
     /// Rows (sequences) per optimizer step, over every data-parallel replica.
     pub global_batch: u64,
     pub precision: Precision,
+    /// Forward and backward passes per optimizer step (`train.grad_accum`): each runs
+    /// `global_batch / grad_accum` rows (`data.batch_size`), which the data-parallel replicas
+    /// share; gradients are reduced once, after the last.
+    pub grad_accum: u64,
     /// f32 state tensors per parameter: 2 for Adam and AdamW (two moments), 1 for SGD with
     /// momentum, 0 for plain SGD.
     pub optimizer_moments: u32,
+}
+
+impl Workload {
+    /// Rows of one forward and backward pass over every replica (`data.batch_size`): the global
+    /// batch over `grad_accum`.
+    pub fn pass_rows(&self) -> u64 {
+        self.global_batch / self.grad_accum.max(1)
+    }
 }
 
 impl ModelShape {
@@ -248,6 +264,17 @@ impl ModelShape {
             ModelKind::Gpt => (4.0 * c, 4.0 * c + 2.0 * i),
             ModelKind::Llama => (4.0 * c, 3.0 * c + 3.0 * self.kv() + 4.0 * i),
         }
+    }
+
+    /// f32 activation elements a tensor-parallel rank keeps per token beyond the cut model's
+    /// (only when `tp > 1`), as `(per block, first stage)`: each row-parallel layer (gpt's two
+    /// `c_proj`, llama's `o_proj` and `down_proj`) keeps its whole partial sum and the summed
+    /// output (weft's `reduce_from_group` holds its input, the bias or residual addition its),
+    /// and gpt's bias addition its output too, where a whole layer adds bias and residual in one
+    /// op; the vocabulary-parallel embedding keeps its lookup and the masked partial sum.
+    pub fn tp_activation_elements_per_token(&self) -> (f64, f64) {
+        let c = self.c();
+        (2.0 * (2.0 + self.bias()) * c, 2.0 * c)
     }
 
     /// Activation elements the first stage keeps per token besides its blocks (the embeddings'

@@ -5,9 +5,11 @@
 //! by predicted step time.
 //!
 //! The rules are weft's own (`weft_train::config` refuses the rest) and one of the planner's:
-//! tp dividing the devices of a node (so that no tensor-parallel group straddles two) and `n_head`, `n_kv_head` and the MLP width; `pp <= n_layer`; `dp` dividing the global
-//! batch and `micro_batches` dividing each replica's rows; micro-batches, recompute and
-//! schedules only with a pipeline; ZeRO 2 and 3 not with one; `comm_dtype = bf16` only with
+//! tp dividing the devices of a node (so that no tensor-parallel group straddles two) and
+//! `n_head`, `n_kv_head` and the MLP width; `pp <= n_layer`; `dp` dividing the rows of one
+//! forward and backward pass (`data.batch_size`, which weft shards over the replicas; the
+//! global batch is `grad_accum` of them) and `micro_batches` dividing each replica's rows of it;
+//! micro-batches, recompute and schedules only with a pipeline; ZeRO 2 and 3 not with one; `comm_dtype = bf16` only with
 //! ZeRO; ZeRO only with `dp > 1`.
 
 use std::collections::BTreeMap;
@@ -190,8 +192,9 @@ fn ruled_out(work: &Workload, device: &DeviceSpec, devices: usize, tp: usize, pp
         return Some("pp > n_layer".into());
     }
     let dp = devices / (tp * pp);
-    if !work.global_batch.is_multiple_of(dp as u64) {
-        return Some(format!("dp does not divide the global batch {}", work.global_batch));
+    // weft shards each pass's rows (`data.batch_size`) over the replicas
+    if !work.pass_rows().is_multiple_of(dp as u64) {
+        return Some(format!("dp does not divide the batch of {} rows", work.pass_rows()));
     }
     None
 }
@@ -210,6 +213,12 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
             work.global_batch
         )));
     }
+    if work.grad_accum == 0 || !work.global_batch.is_multiple_of(work.grad_accum) {
+        return Err(Error::BadRequest(format!(
+            "grad_accum {}: must be at least 1 and divide the global batch of {} rows",
+            work.grad_accum, work.global_batch
+        )));
+    }
     let usable = device.usable_memory();
     let mut report = PlanReport {
         usable_memory: usable,
@@ -225,7 +234,7 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
                 continue;
             }
             let dp = devices / (tp * pp);
-            let rows = (work.global_batch / dp as u64) as usize;
+            let rows = (work.pass_rows() / dp as u64) as usize;
             let ms = if pp == 1 { vec![1] } else { divisors(rows) };
             for m in ms {
                 let u = unit_times(work, device, tp, dp, pp, (rows / m) as f64);

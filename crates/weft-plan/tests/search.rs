@@ -26,6 +26,7 @@ fn work(model: ModelShape, global_batch: u64) -> Workload {
         model,
         global_batch,
         precision: Precision::Bf16,
+        grad_accum: 1,
         optimizer_moments: 2,
     }
 }
@@ -148,7 +149,7 @@ fn device_counts_no_layout_can_use_are_named() {
     let e = plan(&w, &h100(), 13, SearchOptions::default()).unwrap_err();
     assert!(matches!(e, Error::NoLayout { devices: 13, .. }), "{e}");
     let text = e.to_string();
-    assert!(text.contains("dp does not divide the global batch 8"), "{text}");
+    assert!(text.contains("dp does not divide the batch of 8 rows"), "{text}");
     for devices in [0, 1 << 40] {
         assert!(matches!(
             plan(&w, &h100(), devices, SearchOptions::default()),
@@ -235,4 +236,30 @@ fn the_gemm_efficiency_is_calibrated_on_megatron_cores_96_h100_run() {
     let r = plan(&w, &h100(), 96, SearchOptions::default()).unwrap();
     let mfu = r.plans[0].mfu;
     assert!((mfu - 0.47).abs() < 0.01, "{mfu}");
+}
+
+#[test]
+fn data_parallelism_shards_each_pass_of_an_accumulated_batch() {
+    // 64 rows a step as 8 passes of 8 rows: weft shards each pass's 8 rows over the replicas,
+    // so dp 16 is ruled out and dp x micro_batches divides 8
+    let w = Workload {
+        grad_accum: 8,
+        ..work(gpt(12, 12, 768, 50257, 1024), 64)
+    };
+    let r = plan(&w, &h100(), 16, SearchOptions::default()).unwrap();
+    assert!(
+        r.ruled_out.contains_key("dp does not divide the batch of 8 rows"),
+        "{:?}",
+        r.ruled_out
+    );
+    assert!(!r.plans.is_empty());
+    for p in &r.plans {
+        assert_eq!(8 % (p.layout.dp * p.layout.micro_batches), 0, "{}", p.layout.label());
+    }
+    // a global batch grad_accum does not divide
+    let bad = Workload { grad_accum: 3, ..w };
+    assert!(matches!(
+        plan(&bad, &h100(), 16, SearchOptions::default()),
+        Err(Error::BadRequest(m)) if m.contains("grad_accum 3")
+    ));
 }

@@ -77,6 +77,15 @@ pub fn parameter_count(cfg: &ModelConfig) -> f64 {
     }
 }
 
+/// `elements` when the model is cut over `tp > 1` ranks (what each keeps whole only then), else 0.
+fn tp_whole(tp: f64, elements: f64) -> f64 {
+    if tp > 1.0 {
+        elements
+    } else {
+        0.0
+    }
+}
+
 /// Activation bytes one step keeps for `rows` rows of the model of `cfg`, with its layers cut
 /// over `tp` tensor-parallel ranks and `pp` stages.
 fn activation_bytes(cfg: &ModelConfig, rows: f64, tp: f64, pp: f64) -> f64 {
@@ -100,11 +109,15 @@ fn activation_bytes(cfg: &ModelConfig, rows: f64, tp: f64, pp: f64) -> f64 {
             let c = g.n_embd as f64;
             // per block and token: the norms' outputs and the residual stream (4C), q, k, v
             // and the attention output (4C, cut by tp), the MLP's pre-activation and GELU
-            // output (8C, cut by tp)
-            let block = 4.0 * c + 12.0 * c / tp;
+            // output (8C, cut by tp); tensor-parallel, the two row-parallel c_proj keep their
+            // whole partial sums, the sums and (with biases) the sums plus bias
+            let bias = if g.bias { 1.0 } else { 0.0 };
+            let block = 4.0 * c + 12.0 * c / tp + tp_whole(tp, 2.0 * (2.0 + bias) * c);
             let layers = (g.n_layer as f64 / pp).ceil();
-            // embeddings and the final norm, and the logits with their gradient
-            tokens * (layers * block + 3.0 * c + 2.0 * g.vocab_size as f64 / tp) * F32
+            // embeddings (tensor-parallel: the lookup and its masked partial sum too) and the
+            // final norm, and the logits with their gradient
+            let ends = 3.0 * c + tp_whole(tp, 2.0 * c) + 2.0 * g.vocab_size as f64 / tp;
+            tokens * (layers * block + ends) * F32
         }
         ModelConfig::Llama(l) => {
             let tokens = rows * l.block_size as f64;
@@ -112,11 +125,14 @@ fn activation_bytes(cfg: &ModelConfig, rows: f64, tp: f64, pp: f64) -> f64 {
             let kv = l.n_kv_head as f64 * (l.n_embd / l.n_head.max(1)) as f64;
             // per layer and token: the norms' outputs and the residual stream (4C); q, k, v,
             // the rotated q and k and the attention output (3C + 3kv, cut by tp); the MLP's
-            // gate, its SiLU, up and their product (4I, cut by tp)
-            let block = 4.0 * c + (3.0 * c + 3.0 * kv + 4.0 * inter) / tp;
+            // gate, its SiLU, up and their product (4I, cut by tp); tensor-parallel, the
+            // row-parallel o_proj and down_proj keep their whole partial sums and the sums
+            let block = 4.0 * c + (3.0 * c + 3.0 * kv + 4.0 * inter) / tp + tp_whole(tp, 4.0 * c);
             let layers = (l.n_layer as f64 / pp).ceil();
-            // the embedding and the final norm, and the logits with their gradient
-            tokens * (layers * block + 2.0 * c + 2.0 * l.vocab_size as f64 / tp) * F32
+            // the embedding (and its lookup and partial sum) and the final norm, and the logits
+            // with their gradient
+            let ends = 2.0 * c + tp_whole(tp, 2.0 * c) + 2.0 * l.vocab_size as f64 / tp;
+            tokens * (layers * block + ends) * F32
         }
     }
 }

@@ -39,11 +39,17 @@ pub fn model_shape(model: &ModelConfig) -> Result<ModelShape, String> {
     }
 }
 
-/// The workload of `config`: its model, the rows of one optimizer step (`global_batch`, or
-/// `data.batch_size x train.grad_accum`), `train.precision` and the optimizer's moments.
+/// The workload of `config`: its model, the rows of one optimizer step (`global_batch` in one
+/// pass, or `train.grad_accum` passes of `data.batch_size`), `train.precision` and the
+/// optimizer's moments.
 pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workload, String> {
     let model = model_shape(&config.model)?;
-    let accum = config.train.grad_accum as u64;
+    // `--global-batch B`: B rows in one forward and backward; else `grad_accum` passes of
+    // `data.batch_size` rows each
+    let accum = match global_batch {
+        Some(_) => 1,
+        None => config.train.grad_accum.max(1) as u64,
+    };
     let global_batch = match (global_batch, &config.data) {
         (Some(b), _) => b,
         (None, DataConfig::Text(t)) => (t.batch_size as u64).saturating_mul(accum),
@@ -66,6 +72,7 @@ pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workloa
         model,
         global_batch,
         precision,
+        grad_accum: accum,
         optimizer_moments,
     })
 }

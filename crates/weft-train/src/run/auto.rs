@@ -30,8 +30,8 @@ fn auto_error(message: String) -> Error {
 
 /// Plans `config`'s model for `ranks` ranks and returns the config with the chosen layout.
 ///
-/// The rows planned are those of one forward and backward (`data.batch_size`; gradient
-/// accumulation repeats them). Only plans that reduce in f32 (`comm_dtype = "f32"`) are chosen,
+/// The rows weft shards are those of one forward and backward (`data.batch_size`); the
+/// predicted step runs `train.grad_accum` of them. Only plans that reduce in f32 (`comm_dtype = "f32"`) are chosen,
 /// so the plan changes where the numbers of a step are computed, not the numbers; GPU ranks
 /// take data-parallel plans only (`tp = pp = 1`, `zero = 0`), as weft runs them.
 pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
@@ -40,8 +40,7 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
         Some(path) => weft_plan::cluster::load(&config.resolve(path)).map_err(|e| auto_error(e.to_string()))?,
         None => plan_shape::local_spec().map_err(auto_error)?,
     };
-    let mut work = plan_shape::workload(config, None).map_err(auto_error)?;
-    work.global_batch /= config.train.grad_accum.max(1) as u64;
+    let work = plan_shape::workload(config, None).map_err(auto_error)?;
     let report = weft_plan::plan(&work, &device, ranks, SearchOptions { keep_infeasible: 0 })
         .map_err(|e| auto_error(e.to_string()))?;
     let gpu = config.train.device.trim().starts_with("cuda") && ranks > 1;
