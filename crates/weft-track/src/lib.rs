@@ -57,7 +57,15 @@ impl Status {
 /// either becomes `_`). TensorBoard event files go here, so `tensorboard --logdir <dir>` names
 /// each run `<experiment>/<name>`.
 pub fn run_folder(dir: &std::path::Path, experiment: &str, name: &str) -> std::path::PathBuf {
-    let clean = |s: &str| s.replace(['/', '\\'], "_");
+    // one path component whatever the name: no separators, and never `.` or `..`
+    let clean = |s: &str| {
+        let s = s.replace(['/', '\\'], "_");
+        if s.is_empty() || s == "." || s == ".." {
+            format!("_{s}")
+        } else {
+            s
+        }
+    };
     dir.join(clean(experiment)).join(clean(name))
 }
 

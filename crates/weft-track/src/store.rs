@@ -147,13 +147,15 @@ impl Store {
     }
 
     /// Sets the status of run `id` that has ended (a sweep marks a trial it stopped `pruned`),
-    /// with `note` as its error text when given; an unknown run is [`Error::UnknownRun`].
+    /// with `note` as its error text when given, and its end time when it has none yet; an
+    /// unknown run is [`Error::UnknownRun`].
     pub fn set_status(&self, id: i64, status: crate::Status, note: Option<&str>) -> Result<()> {
         let changed = self
             .conn
             .execute(
-                "UPDATE runs SET status = ?2, error = COALESCE(?3, error) WHERE id = ?1",
-                params![id, status.as_str(), note],
+                "UPDATE runs SET status = ?2, error = COALESCE(?3, error), end_time = COALESCE(end_time, ?4) \
+                 WHERE id = ?1",
+                params![id, status.as_str(), note, crate::now()],
             )
             .at(&self.path)?;
         if changed == 0 {

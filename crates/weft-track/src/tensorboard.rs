@@ -88,6 +88,11 @@ pub fn scalar_event(wall_time: f64, step: i64, tag: &str, value: f32) -> Vec<u8>
 /// The file name TensorBoard looks for: `events.out.tfevents.<seconds>.<host>`.
 pub fn file_name(wall_time: f64, host: &str) -> String {
     let host = if host.is_empty() { "localhost" } else { host };
+    // the host comes from the store: one file name whatever it holds
+    let host: String = host
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') { c } else { '_' })
+        .collect();
     format!("events.out.tfevents.{}.{host}", wall_time as u64)
 }
 
@@ -192,5 +197,6 @@ mod tests {
         assert_eq!(&e[9..11], &[0x1a, 13]);
         assert_eq!(&e[11..], FILE_VERSION.as_bytes());
         assert_eq!(file_name(1.7e9, "h"), "events.out.tfevents.1700000000.h");
+        assert_eq!(file_name(1.7e9, "../x/.."), "events.out.tfevents.1700000000.___x___");
     }
 }

@@ -136,7 +136,12 @@ impl RunWriter {
     }
 
     /// Queues a metric value at `step` (never blocks on the store; a few hundred nanoseconds).
+    /// A NaN is not recorded: SQLite has no NaN (it would be NULL, which a metric cannot be);
+    /// infinities are.
     pub fn log(&self, step: u64, key: &str, value: f64) {
+        if value.is_nan() {
+            return;
+        }
         self.send(Msg::Metric {
             step: step as i64,
             key: key.to_string(),

@@ -255,3 +255,43 @@ fn an_ended_run_can_be_marked_pruned() {
         Err(Error::UnknownRun(_))
     ));
 }
+
+#[test]
+fn nan_values_are_left_out_and_everything_else_of_the_flush_is_kept() {
+    let dir = temp_dir("nan");
+    let w = RunWriter::start(&dir, new_run("nan"), WriterOptions::default()).unwrap();
+    w.log(1, "loss", 2.0);
+    w.log(2, "loss", f64::NAN);
+    w.log(2, "val_loss", f64::INFINITY);
+    w.log(3, "loss", 1.0);
+    w.end(Status::Finished, None).unwrap();
+    let store = Store::open(&dir).unwrap();
+    let run = &store.list_runs(Some("exp")).unwrap()[0];
+    assert_eq!(run.status, "finished");
+    let rows: Vec<(i64, String, f64)> = store
+        .metric_rows(run.id)
+        .unwrap()
+        .into_iter()
+        .map(|(step, key, value, _)| (step, key, value))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (1, "loss".to_string(), 2.0),
+            (3, "loss".to_string(), 1.0),
+            (2, "val_loss".to_string(), f64::INFINITY)
+        ]
+    );
+    // a status set after the end keeps the end time; one set on a run without it gives one
+    store.set_status(run.id, Status::Pruned, Some("stopped")).unwrap();
+    assert!(store.list_runs(Some("exp")).unwrap()[0].end_time.is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_folders_stay_inside_the_store() {
+    let dir = Path::new("/store");
+    assert_eq!(weft_track::run_folder(dir, "..", "a/b"), Path::new("/store/_../a_b"));
+    assert_eq!(weft_track::run_folder(dir, "e", "."), Path::new("/store/e/_."));
+    assert_eq!(weft_track::run_folder(dir, "e", ""), Path::new("/store/e/_"));
+}
