@@ -68,6 +68,9 @@ impl Drop for TokenFile {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), String> {
+    if args.max_tokens == 0 {
+        return Err("--max-tokens: 0 lets a request generate nothing; give at least 1".into());
+    }
     if !args.model_store.is_dir() {
         return Err(format!("--model-store {}: not a folder", args.model_store.display()));
     }

@@ -24,10 +24,14 @@ fn spread(m: &dyn Module) {
 }
 
 fn gpt() -> Gpt {
+    gpt_of_block(BLOCK)
+}
+
+fn gpt_of_block(block_size: usize) -> Gpt {
     let g = Gpt::new(
         GptConfig {
             vocab_size: VOCAB,
-            block_size: BLOCK,
+            block_size,
             n_layer: 2,
             n_head: 2,
             n_embd: 16,
@@ -44,10 +48,14 @@ fn gpt() -> Gpt {
 
 /// Grouped-query (4 query heads on 2 key/value heads) or plain, tied or not.
 fn llama(n_kv_head: usize, tie: bool) -> Llama {
+    llama_of_block(n_kv_head, tie, BLOCK)
+}
+
+fn llama_of_block(n_kv_head: usize, tie: bool, block_size: usize) -> Llama {
     let l = Llama::new(
         LlamaConfig {
             vocab_size: VOCAB,
-            block_size: BLOCK,
+            block_size,
             n_layer: 2,
             n_head: 4,
             n_kv_head,
@@ -126,6 +134,40 @@ fn one_token_at_a_time_matches_the_whole_sequence() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("exceed block_size 12"), "{name}: {e}");
+    }
+}
+
+#[test]
+fn caches_grow_by_doubling_and_keep_what_they_held() {
+    // block_size 64: the buffers start at 16 positions and grow to 32 and 64 on the way
+    let models: Vec<(&str, Box<dyn LanguageModel>)> = vec![
+        ("gpt", Box::new(gpt_of_block(64))),
+        ("llama gqa", Box::new(llama_of_block(2, false, 64))),
+    ];
+    for (name, m) in models {
+        let ids = seq(50, 6);
+        let mut cache = m.new_cache();
+        let mut sizes = Vec::new();
+        let mut at = 0;
+        for len in [5, 14, 17, 29, 33, 50] {
+            let got = m
+                .forward_cached(&mut [CachedTokens {
+                    tokens: &ids[at..len],
+                    cache: &mut cache,
+                }])
+                .unwrap();
+            assert_close(
+                &format!("{name} up to {len}"),
+                &got.to_vec_f64(),
+                &last_logits(&*m, &ids[..len]),
+            );
+            sizes.push(cache.bytes());
+            at = len;
+        }
+        // 16, 16, 32, 32, 64, 64 positions of 2 layers' keys and values (f32)
+        let per_position = 2 * 2 * 16 / if name == "gpt" { 1 } else { 2 } * 4;
+        let want: Vec<usize> = [16, 16, 32, 32, 64, 64].iter().map(|p| p * per_position).collect();
+        assert_eq!(sizes, want, "{name}");
     }
 }
 

@@ -7,7 +7,13 @@
 //! places, so the model's `queue` still bounds what is admitted).
 //!
 //! Each sequence keeps its own random stream (one draw per token when sampling) and key/value
-//! cache, so it draws the tokens it would draw alone, as `weft generate` does.
+//! cache, so it draws the tokens it would draw alone, as `weft generate` does: checked on the
+//! CPU, whose products give each row the same sums whatever rows run beside it. A backend whose
+//! products change their summation order with the number of rows may move a logit by rounding,
+//! which can change a token drawn at a near tie.
+//!
+//! A step that panics fails the sequences it was running and the thread goes on; a step whose
+//! batched forward fails runs each sequence alone, so only the one that cannot run fails.
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Weak};
@@ -156,7 +162,35 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        step(&s, lm.as_ref(), &mut running);
+        // a client that left costs no step; a request for no tokens is answered at once
+        for seq in running.iter_mut().filter(|seq| seq.job.params.max_tokens == 0) {
+            let _ = seq.job.out.send(Piece::Done(Generated {
+                text: String::new(),
+                prompt_tokens: seq.prompt_tokens,
+                completion_tokens: 0,
+            }));
+            seq.done = true;
+        }
+        running.retain(|seq| !seq.done && !seq.job.out.is_closed());
+        if running.is_empty() {
+            continue;
+        }
+        // a panic fails the sequences of this step, not the thread: later requests still run
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            step(&s, lm.as_ref(), &mut running);
+        }));
+        if let Err(panic) = stepped {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            let e = ApiError::internal(format!(
+                "model {} version {} failed while generating: {why}",
+                s.name, s.version
+            ));
+            running.iter_mut().for_each(|seq| seq.fail(e.clone()));
+        }
         running.retain(|seq| !seq.done);
     }
 }
@@ -171,39 +205,31 @@ fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) {
         return;
     };
     let block = lm.block_size();
+    let starting: Vec<bool> = running.iter().map(|seq| seq.cache.is_empty()).collect();
     for seq in running.iter_mut() {
-        if seq.cache.is_empty() {
-            served.stats.queue.observe(seq.job.admitted_at.elapsed().as_secs_f64());
-        }
         seq.next_feed(block);
     }
-    let logits = {
+    let rows = {
         let _worker = served.running.lock().unwrap_or_else(|p| p.into_inner());
-        let mut seqs: Vec<CachedTokens> = running
-            .iter_mut()
-            .map(|seq| CachedTokens {
-                tokens: &seq.feed,
-                cache: &mut seq.cache,
-            })
-            .collect();
-        let started = Instant::now();
-        let out = weft_core::no_grad(|| lm.forward_cached(&mut seqs)).map(|l| l.to_vec_f64());
-        served.stats.decode_step.observe(started.elapsed().as_secs_f64());
-        served.stats.decode_batch.observe(seqs.len() as f64);
-        out
-    };
-    let logits = match logits {
-        Ok(l) => l,
-        Err(e) => {
-            let e = ApiError::internal(format!("{who}: {e}"));
-            running.iter_mut().for_each(|seq| seq.fail(e.clone()));
-            return;
+        for (seq, _) in running.iter().zip(&starting).filter(|(_, &s)| s) {
+            served.stats.queue.observe(seq.job.admitted_at.elapsed().as_secs_f64());
         }
+        let started = Instant::now();
+        let rows = forward_rows(lm, running);
+        served.stats.decode_step.observe(started.elapsed().as_secs_f64());
+        served.stats.decode_batch.observe(running.len() as f64);
+        rows
     };
-    let vocab = logits.len() / running.len().max(1);
-    let limit = tok.vocab_size().min(vocab);
-    for (i, seq) in running.iter_mut().enumerate() {
-        let row = &logits[i * vocab..i * vocab + limit];
+    let limit = tok.vocab_size();
+    for (seq, row) in running.iter_mut().zip(rows) {
+        let row = match row {
+            Ok(r) => r,
+            Err(e) => {
+                seq.fail(ApiError::internal(format!("{who}: {e}")));
+                continue;
+            }
+        };
+        let row = &row[..limit.min(row.len())];
         let sampling = &seq.job.params.sampling;
         let u = if sampling.temperature > 0.0 {
             let (seed, counter) = seq.rng.take(1);
@@ -237,9 +263,40 @@ fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) {
     }
 }
 
+/// Each running sequence's logits of its last new token, `[vocab]`: one cached forward of all of
+/// them, or, when that fails, one of each alone, so that a sequence that cannot run (its cache
+/// no longer fits in memory) fails alone. Caches move on only when their forward succeeds.
+fn forward_rows(lm: &dyn LanguageModel, running: &mut [Sequence]) -> Vec<weft_core::Result<Vec<f64>>> {
+    let mut seqs: Vec<CachedTokens> = running
+        .iter_mut()
+        .map(|seq| CachedTokens {
+            tokens: &seq.feed,
+            cache: &mut seq.cache,
+        })
+        .collect();
+    let n = seqs.len();
+    match weft_core::no_grad(|| lm.forward_cached(&mut seqs)).and_then(|l| {
+        let vocab = l.dim(1)?;
+        Ok((l.to_vec_f64(), vocab))
+    }) {
+        Ok((all, vocab)) => (0..n).map(|i| Ok(all[i * vocab..(i + 1) * vocab].to_vec())).collect(),
+        Err(e) if n == 1 => vec![Err(e)],
+        Err(_) => seqs
+            .iter_mut()
+            .map(|one| {
+                let mut alone = [CachedTokens {
+                    tokens: one.tokens,
+                    cache: &mut *one.cache,
+                }];
+                weft_core::no_grad(|| lm.forward_cached(&mut alone)).map(|l| l.to_vec_f64())
+            })
+            .collect(),
+    }
+}
+
 /// Sends `seq`'s new text (once it decodes whole) and, after its last token, the answer.
 fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) {
-    let last = made == seq.job.params.max_tokens;
+    let last = made >= seq.job.params.max_tokens;
     let text = match decode_text(tok, &seq.tokens[seq.prompt_tokens..]) {
         Ok(t) => t,
         Err(e) => return seq.fail(ApiError::internal(format!("{who}: {e}"))),

@@ -1,8 +1,8 @@
 //! Text generation with a language model (gpt, llama): the sampling parameters, checked, and
 //! the requests' entry points. The decode loop is [`crate::decode`]'s continuous batching, on
-//! the key/value cache: each request draws exactly the tokens `weft generate` draws for the same
-//! checkpoint, prompt, sampling and seed (its own random stream, one draw per sampled token),
-//! and its text streams as it is made.
+//! the key/value cache: each request draws the tokens `weft generate` draws for the same
+//! checkpoint, prompt, sampling and seed (its own random stream, one draw per sampled token;
+//! bit for bit on the CPU), and its text streams as it is made.
 
 use std::time::Instant;
 

@@ -91,7 +91,13 @@ pub fn file_name(wall_time: f64, host: &str) -> String {
     // the host comes from the store: one file name whatever it holds
     let host: String = host
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("events.out.tfevents.{}.{host}", wall_time as u64)
 }

@@ -479,12 +479,13 @@ fn models_outside_the_store_and_bad_flags_are_refused_at_start() {
     std::fs::create_dir_all(store.join("inside")).unwrap();
     let s = store.to_str().unwrap();
     #[rustfmt::skip]
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["serve", "--model-store", s, "--model", "m=../outside"], "relative to the model store"),
         (&["serve", "--model-store", s, "--model", "m=/etc"], "relative to the model store"),
         (&["serve", "--model-store", s, "--model", "m=inside"], "model m version 1"),
         (&["serve", "--model-store", s, "--model", "m"], "NAME=PATH"),
         (&["serve", "--model-store", s, "--inference-token"], "--token-file"),
+        (&["serve", "--model-store", s, "--max-tokens", "0"], "--max-tokens: 0"),
     ];
     for (args, cause) in cases {
         let out = weft_command(args).output().unwrap();

@@ -41,8 +41,10 @@ impl Gpt {
             x = block.attn.c_proj.forward_add(&y, &x)?;
             x = block.mlp.forward_residual(&block.ln_2.forward(&x)?, &x)?;
         }
-        kv_cache::advance_all(seqs);
+        // the caches move on only once nothing can fail any more
         let last = kv_cache::last_rows(&x, seqs)?;
-        crate::lm::tied_logits(&self.ln_f.forward(&last)?, &self.wte)
+        let logits = crate::lm::tied_logits(&self.ln_f.forward(&last)?, &self.wte)?;
+        kv_cache::advance_all(seqs);
+        Ok(logits)
     }
 }

@@ -44,8 +44,10 @@ impl Llama {
             x = a.o_proj.forward_add(&y, &x)?;
             x = l.mlp.forward_residual(&l.post_attention_layernorm.forward(&x)?, &x)?;
         }
-        kv_cache::advance_all(seqs);
+        // the caches move on only once nothing can fail any more
         let last = kv_cache::last_rows(&x, seqs)?;
-        self.logits(&last)
+        let logits = self.logits(&last)?;
+        kv_cache::advance_all(seqs);
+        Ok(logits)
     }
 }
