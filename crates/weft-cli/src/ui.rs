@@ -43,6 +43,16 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
             "weft ui: serving {} on http://{addr}/\n",
             store.path().display()
         ))?;
-        weft_track::ui::serve(listener, store, weft_serve::shutdown_signal()).await
+        // on loopback, only requests naming loopback in their Host: a web page the user visits
+        // cannot read the runs by rebinding its name to 127.0.0.1
+        let guard = addr.ip().is_loopback();
+        weft_track::ui::serve(listener, store, weft_serve::shutdown_signal(), move |app| {
+            if guard {
+                app.layer(axum::middleware::from_fn(weft_serve::host::loopback_only))
+            } else {
+                app
+            }
+        })
+        .await
     })
 }

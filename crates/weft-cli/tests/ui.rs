@@ -192,6 +192,15 @@ fn the_api_answers_what_the_cli_shows_and_a_browser_draws_the_runs() {
         "the page fetches nothing from elsewhere"
     );
 
+    // a page elsewhere whose name was rebound to 127.0.0.1 reads nothing
+    let rebound = reqwest::blocking::Client::new()
+        .get(format!("{base}/api/runs"))
+        .header("Host", "evil.example")
+        .send()
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
+    assert!(rebound.text().unwrap().contains("loopback"));
+
     browser_check(&base);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     logger.join().unwrap();

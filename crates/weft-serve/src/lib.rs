@@ -13,6 +13,7 @@ mod batch;
 mod decode;
 pub mod error;
 pub mod generation;
+pub mod host;
 pub mod management;
 pub mod metrics;
 mod model;
@@ -108,18 +109,31 @@ pub async fn serve(
     };
     let side = |listener: Option<tokio::net::TcpListener>, app: axum::Router, rx| async move {
         match listener {
-            Some(l) => axum::serve(l, app).with_graceful_shutdown(wait(rx)).await,
+            Some(l) => {
+                let app = guard_loopback(&l, app);
+                axum::serve(l, app).with_graceful_shutdown(wait(rx)).await
+            }
             None => Ok(()),
         }
     };
     let management = side(listeners.management, management_router(state.clone()), stopped.clone());
     let metrics = side(listeners.metrics, metrics_router(state.clone()), stopped.clone());
-    let inference = axum::serve(listeners.inference, router(state)).with_graceful_shutdown(async move {
+    let inference_app = guard_loopback(&listeners.inference, router(state));
+    let inference = axum::serve(listeners.inference, inference_app).with_graceful_shutdown(async move {
         shutdown.await;
         let _ = stop.send(true);
     });
     let (a, b, c) = tokio::join!(inference.into_future(), management, metrics);
     a.and(b).and(c)
+}
+
+/// `app`, answering only requests that name loopback in their `Host` when `listener` is on a
+/// loopback address ([`host`]: the guard against DNS rebinding).
+fn guard_loopback(listener: &tokio::net::TcpListener, app: axum::Router) -> axum::Router {
+    match listener.local_addr() {
+        Ok(a) if a.ip().is_loopback() => app.layer(axum::middleware::from_fn(host::loopback_only)),
+        _ => app,
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -253,6 +253,16 @@ fn concurrent_generations_equal_their_answers_alone(s: &Server) {
 }
 
 fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
+    // a page elsewhere whose name was rebound to 127.0.0.1 runs nothing, on any of the ports
+    for base in [&s.base, &s.management, &s.metrics] {
+        let r = s
+            .client
+            .get(format!("{base}/v2/health/ready"))
+            .header("Host", "evil.example:8080")
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 403, "{base}");
+    }
     let infer = |name: &str, shape: Value, datatype: &str, data: Value| {
         json!({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}).to_string()
     };

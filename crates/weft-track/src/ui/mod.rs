@@ -41,13 +41,15 @@ pub const DEFAULT_MAX_POINTS: usize = 1000;
 
 type Shared = Arc<Mutex<Store>>;
 
-/// Serves the dashboard of `store` on `listener` until `shutdown` completes.
+/// Serves the dashboard of `store` on `listener` until `shutdown` completes; `wrap` adds the
+/// caller's layers to the routes (`weft ui` adds the loopback `Host` guard).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     store: Store,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    wrap: impl FnOnce(Router) -> Router,
 ) -> Result<(), String> {
-    axum::serve(listener, router(Arc::new(Mutex::new(store))))
+    axum::serve(listener, wrap(router(Arc::new(Mutex::new(store)))))
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| e.to_string())
