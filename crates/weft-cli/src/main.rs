@@ -12,6 +12,7 @@ mod generate;
 mod graph;
 mod launch;
 mod models;
+mod pipeline;
 mod plan;
 mod runs;
 mod serve;
@@ -88,6 +89,13 @@ enum Command {
     Models {
         #[command(subcommand)]
         what: models::ModelsCommand,
+    },
+    /// Pipelines: a DAG of steps (train, sweep, command, condition, register) run in
+    /// dependency order, independent ones at once, a step matching a finished execution in the
+    /// run store skipped (docs/pipeline.md).
+    Pipeline {
+        #[command(subcommand)]
+        what: pipeline::PipelineCommand,
     },
     /// Serves the dashboard of a run store in the browser: the run table, run details and
     /// metric curves, and its JSON API (docs/tracking.md).
@@ -188,6 +196,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Runs { what } => runs::run(what),
         Command::Sweep(args) => sweep::run(args),
         Command::Models { what } => models::run(what),
+        Command::Pipeline { what } => pipeline::run(what),
         Command::Ui(args) => ui::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),
@@ -214,7 +223,12 @@ fn main() -> ExitCode {
     // computes nothing)
     if !matches!(
         cli.command,
-        Command::Launch(_) | Command::Runs { .. } | Command::Sweep(_) | Command::Ui(_) | Command::Models { .. }
+        Command::Launch(_)
+            | Command::Runs { .. }
+            | Command::Sweep(_)
+            | Command::Ui(_)
+            | Command::Models { .. }
+            | Command::Pipeline { .. }
     ) {
         if let Err(e) = weft_core::cpu::threads::try_init() {
             weft_core::errln!("weft: error: {e}");
