@@ -92,7 +92,7 @@ enum Command {
     },
     /// Pipelines: a DAG of steps (train, sweep, command, condition, register) run in
     /// dependency order, independent ones at once, a step matching a finished execution in the
-    /// run store skipped (docs/pipeline.md).
+    /// run store skipped (docs/registry.md).
     Pipeline {
         #[command(subcommand)]
         what: pipeline::PipelineCommand,

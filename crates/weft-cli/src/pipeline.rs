@@ -1,7 +1,7 @@
 //! `weft pipeline run|show`: runs a pipeline file's steps (crate weft-tune's
 //! [`weft_tune::pipeline`] reads and checks it), independent steps at once on threads of their
 //! own, skipping a step whose cache key matches a finished execution recorded in the run
-//! store (docs/pipeline.md).
+//! store (docs/registry.md).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

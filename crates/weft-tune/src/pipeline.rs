@@ -1,7 +1,7 @@
 //! Pipelines: a DAG of `[[step]]` entries read from a TOML file, checked (kinds, settings,
 //! dependencies, cycles), put in order, and the cache of step executions kept in the run
 //! store's SQLite file (`pipeline_executions`, a table of its own). Running the steps is the
-//! CLI's (`weft pipeline run`, crates/weft-cli/src/pipeline.rs); docs/pipeline.md describes
+//! CLI's (`weft pipeline run`, crates/weft-cli/src/pipeline.rs); docs/registry.md describes
 //! the file.
 
 use std::collections::{BTreeMap, BTreeSet};
