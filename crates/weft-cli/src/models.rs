@@ -111,8 +111,9 @@ fn table(versions: &[ModelVersion]) -> String {
     out
 }
 
+/// The registry of an existing store (a folder without one is an error naming it).
 fn open(dir: &DirArg) -> Result<ModelRegistry, String> {
-    ModelRegistry::open(&store_dir(dir.dir.as_ref())).map_err(|e| e.to_string())
+    ModelRegistry::open_existing(&store_dir(dir.dir.as_ref())).map_err(|e| e.to_string())
 }
 
 pub fn run(what: ModelsCommand) -> Result<(), String> {

@@ -262,7 +262,11 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                 let (ctx, step, tx) = (ctx.clone(), step.clone(), tx.clone());
                 std::thread::spawn(move || {
                     let start = weft_track::now();
-                    let result = execute_with_retries(&ctx, &step, &inputs);
+                    // a panic is the step's failure, not a pipeline waiting for ever
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        execute_with_retries(&ctx, &step, &inputs)
+                    }))
+                    .unwrap_or_else(|_| Err("the step's thread panicked".into()));
                     let _ = tx.send((step.name.clone(), hash, start, result));
                 });
             }

@@ -105,6 +105,8 @@ fn models_register_promote_list_show_and_serve_follows_promotions() {
     assert!(err.contains("unknown stage"), "{err}");
     let err = refused(&runs, &["models", "show", "nope"]);
     assert!(err.contains("nope"), "{err}");
+    let err = refused(&dir.join("no-store"), &["models", "list"]);
+    assert!(err.contains("no run store"), "{err}");
 
     r(&["models", "promote", "cls", "1", "--stage", "production"]);
     r(&["models", "promote", "other", "1", "--stage", "staging"]);
