@@ -161,3 +161,56 @@ fn bad_pipelines_are_refused_in_one_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn independent_steps_run_at_once_and_failures_retry_then_stop_what_follows() {
+    let dir = temp_dir("pipeline-threads");
+    let runs = dir.join("runs");
+    // each of a and b waits (up to 20 s) for the other's file: run one after the other, the
+    // first would fail
+    let meet = |me: &str, other: &str| {
+        format!(
+            "argv = [\"sh\", \"-c\", \"touch {me}; i=0; while [ ! -f {other} ]; do i=$((i+1)); \
+             [ $i -gt 200 ] && exit 1; sleep 0.1; done\"]\n"
+        )
+    };
+    let text = format!(
+        "[[step]]\nname = \"a\"\nkind = \"command\"\n{}\n\
+         [[step]]\nname = \"b\"\nkind = \"command\"\n{}\n\
+         [[step]]\nname = \"flaky\"\nkind = \"command\"\nretries = 1\n\
+         argv = [\"sh\", \"-c\", \"[ -f tried ] && exit 0; touch tried; exit 1\"]\ndepends_on = [\"a\", \"b\"]\n\n\
+         [[step]]\nname = \"broken\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"exit 3\"]\nretries = 2\n\n\
+         [[step]]\nname = \"after\"\nkind = \"command\"\nargv = [\"true\"]\ndepends_on = [\"broken\"]\n",
+        meet("a.flag", "b.flag"),
+        meet("b.flag", "a.flag")
+    );
+    let file = dir.join("threads.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = weft_with(&runs, &["pipeline", "run", file.to_str().unwrap()]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    for step in ["a", "b", "flaky"] {
+        assert!(stdout.contains(&format!("step {step}: finished")), "{stdout}\n{stderr}");
+    }
+    assert!(stdout.contains("step broken: failed"), "{stdout}");
+    assert!(stdout.contains("step after: skipped"), "{stdout}");
+    assert_eq!(stderr.matches("step broken:").count(), 2, "two retries: {stderr}");
+    assert!(stderr.contains("the steps [\"broken\"] failed"), "{stderr}");
+    // the failed step is not cached: it runs again, the finished ones do not
+    let again = ok_fails(&runs, &file);
+    assert!(
+        again.contains("step a: cached") && again.contains("step broken: failed"),
+        "{again}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The stdout of a pipeline run that fails.
+fn ok_fails(runs: &Path, file: &Path) -> String {
+    let out = weft_with(runs, &["pipeline", "run", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
