@@ -1,7 +1,8 @@
 //! `weft pipeline`: a tiny train -> condition -> register pipeline (with an independent
 //! command step) runs end to end; a second run takes every step from the cache; `--no-cache`
-//! runs them again; a condition that does not hold skips the steps after it; a cycle, a
-//! missing dependency and an unknown kind are refused in one line.
+//! runs them again; a condition that does not hold skips the steps after it; independent steps
+//! run at once; a failing step is retried, then stops the steps after it; a cycle, a missing
+//! dependency and an unknown kind are refused in one line.
 
 mod common;
 
