@@ -1,7 +1,8 @@
 //! `weft models` and `weft serve --registry`: versions registered from tiny mlp runs (by run
 //! name and by checkpoint path), promoted, listed and shown as JSON; bad input refused in one
 //! line; a server on the registry answering with the production version and following a
-//! promotion made while a client sends requests non-stop, with no request failing.
+//! promotion made while a client sends requests non-stop, with no request failing; a promoted
+//! version that does not load leaves the previous one serving.
 
 mod common;
 
@@ -240,6 +241,16 @@ fn models_register_promote_list_show_and_serve_follows_promotions() {
     let show = json_of(&r(&["models", "show", "cls", "--json"]));
     assert_eq!(show["production"], 2);
     assert_eq!(show["versions"][0]["stage"], "archived");
+
+    // a promoted version that does not load leaves the previous one serving
+    let broken = dir.join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("COMPLETE"), "").unwrap();
+    std::fs::write(broken.join("index.json"), "{}").unwrap();
+    assert!(r(&["models", "register", broken.to_str().unwrap(), "--name", "cls"]).contains("version 3"));
+    r(&["models", "promote", "cls", "3", "--stage", "production"]);
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert_eq!(ask(&client), (200, "2".to_string()));
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
