@@ -234,7 +234,16 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                     })
                     .collect();
                 let Some(deps) = deps else { continue };
-                let hash = p.hash(step, &deps).map_err(|e| e.to_string())?;
+                progressed = true;
+                let hash = match p.hash(step, &deps) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        // a file it names cannot be read: the step fails, the others go on
+                        print_out(&format!("step {}: failed: {e}\n", step.name))?;
+                        state.insert(step.name.clone(), State::Failed);
+                        continue;
+                    }
+                };
                 keys.insert(step.name.clone(), hash.clone());
                 // what the step reads: the outputs of every step done so far (its ancestors
                 // among them)
@@ -245,7 +254,6 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                         _ => None,
                     })
                     .collect();
-                progressed = true;
                 if !a.no_cache {
                     if let Some(e) = cache.finished(&hash).map_err(|e| e.to_string())? {
                         print_out(&format!(

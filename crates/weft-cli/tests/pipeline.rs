@@ -181,7 +181,8 @@ fn independent_steps_run_at_once_and_failures_retry_then_stop_what_follows() {
          [[step]]\nname = \"flaky\"\nkind = \"command\"\nretries = 1\n\
          argv = [\"sh\", \"-c\", \"[ -f tried ] && exit 0; touch tried; exit 1\"]\ndepends_on = [\"a\", \"b\"]\n\n\
          [[step]]\nname = \"broken\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"exit 3\"]\nretries = 2\n\n\
-         [[step]]\nname = \"after\"\nkind = \"command\"\nargv = [\"true\"]\ndepends_on = [\"broken\"]\n",
+         [[step]]\nname = \"after\"\nkind = \"command\"\nargv = [\"true\"]\ndepends_on = [\"broken\"]\n\n\
+         [[step]]\nname = \"missing\"\nkind = \"train\"\nconfig = \"nope.toml\"\n",
         meet("a.flag", "b.flag"),
         meet("b.flag", "a.flag")
     );
@@ -199,7 +200,14 @@ fn independent_steps_run_at_once_and_failures_retry_then_stop_what_follows() {
     assert!(stdout.contains("step broken: failed"), "{stdout}");
     assert!(stdout.contains("step after: skipped"), "{stdout}");
     assert_eq!(stderr.matches("step broken:").count(), 2, "two retries: {stderr}");
-    assert!(stderr.contains("the steps [\"broken\"] failed"), "{stderr}");
+    assert!(
+        stdout.contains("step missing: failed") && stdout.contains("nope.toml"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("the steps [\"broken\", \"missing\"] failed"),
+        "{stderr}"
+    );
     // the failed step is not cached: it runs again, the finished ones do not
     let again = ok_fails(&runs, &file);
     assert!(
