@@ -11,9 +11,12 @@ mod export;
 mod generate;
 mod graph;
 mod launch;
+mod models;
+mod pipeline;
 mod plan;
 mod runs;
 mod serve;
+mod serve_registry;
 mod sweep;
 mod train;
 mod ui;
@@ -80,6 +83,20 @@ enum Command {
     /// stopped early by a pruner (ASHA, Hyperband, median), each recorded in the run store
     /// (docs/sweep.md); `weft sweep status` shows a sweep's trials and its best.
     Sweep(sweep::SweepArgs),
+    /// The model registry in a run store: register a run's checkpoint as a model's next
+    /// version, list, show, promote to staging/production (docs/registry.md); `weft serve
+    /// --registry` serves each model's production version.
+    Models {
+        #[command(subcommand)]
+        what: models::ModelsCommand,
+    },
+    /// Pipelines: a DAG of steps (train, sweep, command, condition, register) run in
+    /// dependency order, independent ones at once, a step matching a finished execution in the
+    /// run store skipped (docs/registry.md).
+    Pipeline {
+        #[command(subcommand)]
+        what: pipeline::PipelineCommand,
+    },
     /// Serves the dashboard of a run store in the browser: the run table, run details and
     /// metric curves, and its JSON API (docs/tracking.md).
     Ui(ui::UiArgs),
@@ -178,6 +195,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Plan(args) => plan::run(&args),
         Command::Runs { what } => runs::run(what),
         Command::Sweep(args) => sweep::run(args),
+        Command::Models { what } => models::run(what),
+        Command::Pipeline { what } => pipeline::run(what),
         Command::Ui(args) => ui::run(&args),
         Command::Checkpoint {
             what: CheckpointCommand::Inspect(args),
@@ -204,7 +223,12 @@ fn main() -> ExitCode {
     // computes nothing)
     if !matches!(
         cli.command,
-        Command::Launch(_) | Command::Runs { .. } | Command::Sweep(_) | Command::Ui(_)
+        Command::Launch(_)
+            | Command::Runs { .. }
+            | Command::Sweep(_)
+            | Command::Ui(_)
+            | Command::Models { .. }
+            | Command::Pipeline { .. }
     ) {
         if let Err(e) = weft_core::cpu::threads::try_init() {
             weft_core::errln!("weft: error: {e}");

@@ -8,9 +8,19 @@ use weft_serve::{AppState, Limits, Listeners, LoadOptions, ModelSpec, Registry, 
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// The folder models are served from: every `--model` path lies inside it.
+    /// The folder models are served from: every `--model` path lies inside it (and every
+    /// folder the management API registers). Required unless `--registry` is given.
+    #[arg(long, value_name = "DIR", required_unless_present = "registry")]
+    model_store: Option<PathBuf>,
+    /// A run store whose model registry is served (`weft models`): each model's production
+    /// version under its name, its registry version as the version label. Promotions are
+    /// followed while serving: the new version loads, becomes the default, and the old one is
+    /// unregistered once its requests have finished.
     #[arg(long, value_name = "DIR")]
-    model_store: PathBuf,
+    registry: Option<PathBuf>,
+    /// How often the registry is read for promotions, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, requires = "registry")]
+    registry_poll_ms: u64,
     /// A model to serve: NAME=PATH[:VERSION], PATH a checkpoint folder (or a checkpoint
     /// directory: its newest checkpoint) relative to the model store; VERSION defaults to 1.
     /// Repeat for more models or versions (a name's first version is its default).
@@ -71,8 +81,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if args.max_tokens == 0 {
         return Err("--max-tokens: 0 lets a request generate nothing; give at least 1".into());
     }
-    if !args.model_store.is_dir() {
-        return Err(format!("--model-store {}: not a folder", args.model_store.display()));
+    let model_store = match (&args.model_store, &args.registry) {
+        (Some(store), _) => store.clone(),
+        (None, Some(registry)) => registry.clone(),
+        (None, None) => return Err("give --model-store DIR or --registry DIR".into()),
+    };
+    if !model_store.is_dir() {
+        return Err(format!("--model-store {}: not a folder", model_store.display()));
     }
     let mut generated = None;
     let token = match args.token_file.as_deref() {
@@ -104,7 +119,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let registry = Registry::default();
     for raw in &args.models {
         let spec: ModelSpec = raw.parse()?;
-        let served = weft_serve::registry::load(&args.model_store, &spec, load)?;
+        let served = weft_serve::registry::load(&model_store, &spec, load)?;
         weft_core::errln!(
             "weft serve: loaded model {} version {} ({}) from {}",
             spec.name,
@@ -114,6 +129,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         );
         registry.add(served).map_err(|e| e.message)?;
     }
+    let follower = match &args.registry {
+        Some(dir) => Some(crate::serve_registry::Follower::start(dir, &registry, load)?),
+        None => None,
+    };
     if registry.is_empty() {
         weft_core::errln!("weft serve: no --model given; serving the health checks only");
     }
@@ -124,12 +143,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             args.host
         );
     }
+    let registry = Arc::new(registry);
     let state = AppState {
-        registry: Arc::new(registry),
+        registry: registry.clone(),
         limits,
         token: Some(Arc::new(token)),
         protect_inference: args.inference_token,
-        store: Arc::new(args.model_store.clone()),
+        store: Arc::new(model_store.clone()),
         load,
         metrics: Arc::default(),
     };
@@ -137,6 +157,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    if let Some(follower) = follower {
+        let every = Duration::from_millis(args.registry_poll_ms.max(10));
+        follower.follow(registry, runtime.handle().clone(), every);
+    }
     let served = runtime.block_on(async move {
         let bind = |host: &str, port: u16, what: &'static str| {
             let host = host.to_string();

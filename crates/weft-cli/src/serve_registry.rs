@@ -1,0 +1,154 @@
+//! `weft serve --registry DIR`: serves each model's production version of a run store's model
+//! registry (`weft models`) and follows promotions while serving (docs/registry.md).
+//!
+//! A thread reads the registry every `--registry-poll-ms` (1000 ms by default). When a model's
+//! production version changed, the new version is loaded (on that thread: the server goes on
+//! answering), added, made the default, and the old version is removed from the serving
+//! registry and drained (its admitted requests finish; none is refused), as the management
+//! API's unregister does. A model with no production version any more is unregistered the same
+//! way.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weft_serve::registry::Served;
+use weft_serve::{LoadOptions, ModelSpec, Registry};
+use weft_tune::registry::{ModelRegistry, ModelVersion};
+
+/// What the registry thread keeps between reads.
+pub struct Follower {
+    registry: ModelRegistry,
+    load: LoadOptions,
+    /// The registry version served as each model's default, by name.
+    served: BTreeMap<String, i64>,
+    /// Versions whose load failed (not tried again).
+    failed: BTreeSet<(String, i64)>,
+}
+
+/// Loads version `v`'s checkpoint folder (its parent folder as the model store).
+fn load_version(v: &ModelVersion, load: LoadOptions) -> Result<Served, String> {
+    let store = v.path.parent().unwrap_or(Path::new("/"));
+    let folder = v.path.file_name().map(PathBuf::from).unwrap_or_default();
+    let spec = ModelSpec {
+        name: v.name.clone(),
+        path: folder,
+        version: v.version.to_string(),
+    };
+    weft_serve::registry::load(store, &spec, load)
+}
+
+impl Follower {
+    /// Opens the registry in `dir` and loads every production version into `registry`: a
+    /// version that does not load is an error (the server does not start).
+    pub fn start(dir: &Path, registry: &Registry, load: LoadOptions) -> Result<Follower, String> {
+        let reg = ModelRegistry::open_existing(dir).map_err(|e| format!("--registry {}: {e}", dir.display()))?;
+        let mut follower = Follower {
+            registry: reg,
+            load,
+            served: BTreeMap::new(),
+            failed: BTreeSet::new(),
+        };
+        let production = follower.registry.production().map_err(|e| e.to_string())?;
+        if production.is_empty() {
+            weft_core::errln!(
+                "weft serve: the registry in {} has no production version yet; serving what gets promoted",
+                dir.display()
+            );
+        }
+        for v in production {
+            let served = load_version(&v, load)?;
+            weft_core::errln!(
+                "weft serve: loaded model {} version {} ({}) from the registry ({})",
+                v.name,
+                v.version,
+                served.kind,
+                v.path.display()
+            );
+            registry.add(served).map_err(|e| e.message)?;
+            follower.served.insert(v.name.clone(), v.version);
+        }
+        Ok(follower)
+    }
+
+    /// Follows the registry on a thread of its own, reading it every `every`; drains run on
+    /// `runtime`.
+    pub fn follow(mut self, registry: Arc<Registry>, runtime: tokio::runtime::Handle, every: Duration) {
+        std::thread::Builder::new()
+            .name("weft-serve-registry".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                self.step(&registry, &runtime);
+            })
+            .expect("a thread starts");
+    }
+
+    /// One read of the registry and the changes it calls for.
+    fn step(&mut self, registry: &Registry, runtime: &tokio::runtime::Handle) {
+        let production = match self.registry.production() {
+            Ok(p) => p,
+            Err(e) => {
+                weft_core::errln!("weft serve: warning: reading the registry: {e}");
+                return;
+            }
+        };
+        let wanted: BTreeSet<String> = production.iter().map(|v| v.name.clone()).collect();
+        for v in production {
+            if self.served.get(&v.name) == Some(&v.version) || self.failed.contains(&(v.name.clone(), v.version)) {
+                continue;
+            }
+            let label = v.version.to_string();
+            if !registry.knows(&v.name, Some(&label)).1 {
+                match load_version(&v, self.load) {
+                    Ok(served) => {
+                        if let Err(e) = registry.add(served) {
+                            weft_core::errln!("weft serve: warning: {}", e.message);
+                        }
+                    }
+                    Err(e) => {
+                        weft_core::errln!("weft serve: warning: promoted {e}; still serving the previous version");
+                        self.failed.insert((v.name.clone(), v.version));
+                        continue;
+                    }
+                }
+            }
+            if let Err(e) = registry.set_default(&v.name, &label) {
+                weft_core::errln!("weft serve: warning: {}", e.message);
+                continue;
+            }
+            weft_core::errln!(
+                "weft serve: model {} version {} is promoted: it is the default now",
+                v.name,
+                v.version
+            );
+            if let Some(old) = self.served.insert(v.name.clone(), v.version) {
+                self.retire(registry, runtime, &v.name, old);
+            }
+        }
+        let gone: Vec<(String, i64)> = self
+            .served
+            .iter()
+            .filter(|(n, _)| !wanted.contains(*n))
+            .map(|(n, v)| (n.clone(), *v))
+            .collect();
+        for (name, old) in gone {
+            self.served.remove(&name);
+            self.retire(registry, runtime, &name, old);
+        }
+    }
+
+    /// Unregisters version `old` of `name` and drains it on `runtime`.
+    fn retire(&self, registry: &Registry, runtime: &tokio::runtime::Handle, name: &str, old: i64) {
+        match registry.remove(name, &old.to_string()) {
+            Ok(served) => {
+                let name = name.to_string();
+                runtime.spawn(async move {
+                    weft_serve::registry::drain(&served).await;
+                    weft_core::errln!("weft serve: model {name} version {old} is unregistered (drained)");
+                });
+            }
+            Err(e) => weft_core::errln!("weft serve: warning: unregistering: {}", e.message),
+        }
+    }
+}

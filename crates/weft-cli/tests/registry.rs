@@ -1,0 +1,257 @@
+//! `weft models` and `weft serve --registry`: versions registered from tiny mlp runs (by run
+//! name and by checkpoint path), promoted, listed and shown as JSON; bad input refused in one
+//! line; a server on the registry answering with the production version and following a
+//! promotion made while a client sends requests non-stop, with no request failing; a promoted
+//! version that does not load leaves the previous one serving.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::{free_port, path_set, temp_dir, wait_for, weft_command};
+use serde_json::{json, Value};
+
+/// `weft ARGS` with the run store in `runs`.
+fn weft_with(runs: &Path, args: &[&str]) -> Output {
+    weft_command(args)
+        .env("WEFT_TRACK_DIR", runs)
+        .output()
+        .expect("the weft binary runs")
+}
+
+fn ok(runs: &Path, args: &[&str]) -> String {
+    let out = weft_with(runs, args);
+    assert!(
+        out.status.success(),
+        "weft {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Exit 1 with one line on stderr.
+fn refused(runs: &Path, args: &[&str]) -> String {
+    let out = weft_with(runs, args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "weft {args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "weft {args:?}: {err}");
+    err
+}
+
+/// Trains an mlp (2 features, 8 hidden, 3 classes) for `steps` steps into `dir/NAME`, recorded
+/// as run `NAME` in `runs`.
+fn train_mlp(dir: &Path, runs: &Path, name: &str, steps: usize) -> PathBuf {
+    let csv = dir.join("d.csv");
+    let mut text = String::from("x,y,label\n");
+    for i in 0..40 {
+        text.push_str(&format!(
+            "{:.3},{:.3},{}\n",
+            (i % 7) as f64 / 7.0,
+            (i % 5) as f64 / 5.0,
+            i % 3
+        ));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let cfg = dir.join("mlp.toml");
+    let config = format!(
+        "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = 3\nactivation = \"relu\"\n\n\
+         [data]\nkind = \"csv\"\npath = {:?}\nlabel_column = -1\nbatch_size = 4\nval_fraction = 0.25\n\n\
+         [optim]\nkind = \"adam\"\nlr = 0.01\n\n[train]\nsteps = 6\n",
+        csv.to_str().unwrap()
+    );
+    std::fs::write(&cfg, config).unwrap();
+    let ckpt = dir.join(name);
+    let (set, steps, track) = (
+        path_set("train.checkpoint_dir", &ckpt),
+        format!("train.steps={steps}"),
+        format!("track.name={name:?}"),
+    );
+    #[rustfmt::skip]
+    ok(runs, &["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", &set, "--set", &steps,
+        "--set", &track]);
+    ckpt
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn models_register_promote_list_show_and_serve_follows_promotions() {
+    let dir = temp_dir("registry");
+    let runs = dir.join("runs");
+    let a = train_mlp(&dir, &runs, "mlp-a", 4);
+    let b = train_mlp(&dir, &runs, "mlp-b", 12);
+    let r = |args: &[&str]| ok(&runs, args);
+
+    // by run name, then by checkpoint directory: versions 1, 2
+    assert!(r(&["models", "register", "mlp-a", "--name", "cls"]).contains("version 1"));
+    assert!(r(&["models", "register", b.to_str().unwrap(), "--name", "cls"]).contains("version 2"));
+    assert!(r(&["models", "register", "default/mlp-b", "--name", "other"]).contains("version 1"));
+
+    // bad input: one line, exit 1
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = refused(&runs, &["models", "register", "no-such-run", "--name", "cls"]);
+    assert!(err.contains("no-such-run"), "{err}");
+    let err = refused(&runs, &["models", "register", empty.to_str().unwrap(), "--name", "cls"]);
+    assert!(err.contains("no complete checkpoint"), "{err}");
+    refused(&runs, &["models", "register", "mlp-a", "--name", "bad/name"]);
+    let err = refused(&runs, &["models", "promote", "cls", "9", "--stage", "production"]);
+    assert!(err.contains("no version 9"), "{err}");
+    let err = refused(&runs, &["models", "promote", "cls", "1", "--stage", "live"]);
+    assert!(err.contains("unknown stage"), "{err}");
+    let err = refused(&runs, &["models", "show", "nope"]);
+    assert!(err.contains("nope"), "{err}");
+    let err = refused(&dir.join("no-store"), &["models", "list"]);
+    assert!(err.contains("no run store"), "{err}");
+
+    r(&["models", "promote", "cls", "1", "--stage", "production"]);
+    r(&["models", "promote", "other", "1", "--stage", "staging"]);
+    let list = json_of(&r(&["models", "list", "--json"]));
+    let rows: Vec<(String, i64, String)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap().to_string(),
+                v["version"].as_i64().unwrap(),
+                v["stage"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = |n: &str, v: i64, s: &str| (n.to_string(), v, s.to_string());
+    assert_eq!(
+        rows,
+        [
+            want("cls", 1, "production"),
+            want("cls", 2, "none"),
+            want("other", 1, "staging")
+        ]
+    );
+    assert_eq!(list[0]["run_name"], "default/mlp-a");
+    assert!(list[0]["source_run"].as_i64().is_some());
+    assert!(list[1]["source_run"].is_null());
+    let a_ckpt = Path::new(list[0]["path"].as_str().unwrap());
+    assert!(a_ckpt.starts_with(a.canonicalize().unwrap()), "{a_ckpt:?}");
+    let show = json_of(&r(&["models", "show", "cls", "--json"]));
+    assert_eq!(show["production"], 1);
+    assert_eq!(show["versions"].as_array().unwrap().len(), 2);
+
+    // the server answers with version 1, then follows the promotion of version 2
+    let (port, mport, xport) = (
+        free_port().to_string(),
+        free_port().to_string(),
+        free_port().to_string(),
+    );
+    let token = dir.join("token");
+    std::fs::write(&token, "management-token-0123456789").unwrap();
+    #[rustfmt::skip]
+    let mut child = weft_command(&["serve", "--registry", runs.to_str().unwrap(), "--registry-poll-ms", "200",
+        "--port", &port, "--management-port", &mport, "--metrics-port", &xport,
+        "--token-file", token.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let infer_url = format!("{base}/v2/models/cls/infer");
+    let body =
+        json!({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.3, 0.6]}]}).to_string();
+    let up = wait_for(60, || {
+        client
+            .get(format!("{base}/v2/health/live"))
+            .send()
+            .is_ok_and(|r| r.status() == 200)
+    });
+    assert!(up, "weft serve answered no health check: {:?}", child.try_wait());
+    let (url, payload) = (infer_url.clone(), body.clone());
+    let ask = move |client: &reqwest::blocking::Client| -> (u16, String) {
+        match client.post(&url).body(payload.clone()).send() {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let v: Value = serde_json::from_str(&resp.text().unwrap_or_default()).unwrap_or(Value::Null);
+                (status, v["model_version"].as_str().unwrap_or("").to_string())
+            }
+            Err(e) => (0, e.to_string()),
+        }
+    };
+    assert_eq!(ask(&client), (200, "1".to_string()));
+    // `other` has no production version: not served
+    let other = client
+        .post(format!("{base}/v2/models/other/infer"))
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(other.status(), 404);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let sender = {
+        let (stop, answers, client, ask) = (stop.clone(), answers.clone(), client.clone(), ask.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let got = ask(&client);
+                answers.lock().unwrap().push(got);
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    r(&["models", "promote", "cls", "2", "--stage", "production"]);
+    let moved = wait_for(30, || {
+        let a = answers.lock().unwrap();
+        a.len() > 20 && a[a.len() - 20..].iter().all(|(_, v)| v == "2")
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    let answers = answers.lock().unwrap().clone();
+    assert!(
+        moved,
+        "the answers never moved to version 2: {:?}",
+        &answers[answers.len().saturating_sub(5)..]
+    );
+    let failed: Vec<&(u16, String)> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        answers.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        answers.iter().any(|(_, v)| v == "1"),
+        "no answer came from version 1 before the promotion"
+    );
+    assert_eq!(answers.last().unwrap().1, "2");
+    // version 1 is archived and no longer served
+    let v1 = client
+        .post(format!("{base}/v2/models/cls/versions/1/infer"))
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(v1.status(), 404);
+    let show = json_of(&r(&["models", "show", "cls", "--json"]));
+    assert_eq!(show["production"], 2);
+    assert_eq!(show["versions"][0]["stage"], "archived");
+
+    // a promoted version that does not load leaves the previous one serving
+    let broken = dir.join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("COMPLETE"), "").unwrap();
+    std::fs::write(broken.join("index.json"), "{}").unwrap();
+    assert!(r(&["models", "register", broken.to_str().unwrap(), "--name", "cls"]).contains("version 3"));
+    r(&["models", "promote", "cls", "3", "--stage", "production"]);
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert_eq!(ask(&client), (200, "2".to_string()));
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
