@@ -60,19 +60,46 @@ struct Running {
     seen_step: i64,
     /// Why the pruner stopped it (SIGTERM sent).
     pruned: Option<String>,
+    /// When SIGTERM was sent: a trial still running [`STOP_GRACE`] later is killed.
+    stopping_since: Option<std::time::Instant>,
 }
+
+/// How long a trial told to stop (SIGTERM) may take to finish its step and write its checkpoint
+/// before its process group is killed (SIGKILL).
+const STOP_GRACE: Duration = Duration::from_secs(60);
 
 /// Kills (SIGTERM, then waits) the trials still running when the driver returns early.
 struct Children(Vec<Running>);
 
 impl Drop for Children {
     fn drop(&mut self) {
-        for r in &self.0 {
-            terminate(&r.child);
+        stop_all(&mut self.0);
+    }
+}
+
+/// Stops every trial of `running`: SIGTERM, then SIGKILL to the process group of any still
+/// running [`STOP_GRACE`] later; waits for all.
+fn stop_all(running: &mut [Running]) {
+    for r in running.iter() {
+        terminate(&r.child);
+    }
+    let deadline = std::time::Instant::now() + STOP_GRACE;
+    for r in running.iter_mut() {
+        while matches!(r.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
         }
-        for r in &mut self.0 {
-            let _ = r.child.wait();
+        if matches!(r.child.try_wait(), Ok(None)) {
+            kill_group(&r.child);
         }
+        let _ = r.child.wait();
+    }
+}
+
+/// Sends SIGKILL to `child`'s process group (each trial runs in its own).
+fn kill_group(child: &Child) {
+    // SAFETY: kill with the process group of a child this process started and has not reaped.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
     }
 }
 
@@ -144,12 +171,7 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
     let mut exhausted = false;
     loop {
         if let Some(sig) = stop_signal() {
-            for r in &running.0 {
-                terminate(&r.child);
-            }
-            for r in &mut running.0 {
-                let _ = r.child.wait();
-            }
+            stop_all(&mut running.0);
             running.0.clear();
             return Err(Error::State(format!(
                 "the sweep was stopped by signal {sig}; `weft sweep --config {} --resume` goes on with it",
@@ -198,9 +220,14 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
                         say(&format!("trial {}: pruned at step {step}: {why}", r.number));
                         terminate(&r.child);
                         r.pruned = Some(why);
+                        r.stopping_since = Some(std::time::Instant::now());
                         break;
                     }
                 }
+            }
+            if r.stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
+                kill_group(&r.child);
+                r.stopping_since = None;
             }
             let status = r.child.try_wait().map_err(|source| Error::Io {
                 path: r.log.clone(),
@@ -278,6 +305,7 @@ fn start(plan: &Plan, number: u64, values: Vec<Value>, earlier: Vec<i64>) -> Res
         run_id: None,
         seen_step: i64::MIN,
         pruned: None,
+        stopping_since: None,
     })
 }
 
@@ -296,10 +324,9 @@ fn find_run(store: &Store, spec: &SweepSpec, number: u64, earlier: &[i64]) -> Re
 /// The `(step, value)` rows of `key` in run `id`, by step.
 fn metric_rows(store: &Store, id: i64, key: &str) -> Result<Vec<(i64, f64)>> {
     Ok(store
-        .metric_rows(id)?
+        .metric_series(id, key)?
         .into_iter()
-        .filter(|(_, k, _, _)| k == key)
-        .map(|(step, _, value, _)| (step, value))
+        .map(|(step, value, _)| (step, value))
         .collect())
 }
 
