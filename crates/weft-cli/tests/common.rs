@@ -374,3 +374,27 @@ pub fn cuda_or_skip(case: &str) -> bool {
         }
     }
 }
+
+/// Writes a 40-row CSV of 2 features and 3 classes (`dir/d.csv`) and a config of a tiny mlp
+/// (2 -> 8 -> 3, adam) reading it (`dir/mlp.toml`, its `[train]` section `train`, e.g.
+/// `"steps = 6\n"`); the config's path.
+pub fn write_tiny_mlp(dir: &Path, train: &str) -> PathBuf {
+    let mut text = String::from("x,y,label\n");
+    for i in 0..40 {
+        text.push_str(&format!(
+            "{:.3},{:.3},{}\n",
+            (i % 7) as f64 / 7.0,
+            (i % 5) as f64 / 5.0,
+            i % 3
+        ));
+    }
+    std::fs::write(dir.join("d.csv"), text).unwrap();
+    let config = format!(
+        "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = 3\nactivation = \"relu\"\n\n\
+         [data]\nkind = \"csv\"\npath = \"d.csv\"\nlabel_column = -1\nbatch_size = 4\nval_fraction = 0.25\n\n\
+         [optim]\nkind = \"adam\"\nlr = 0.01\n\n[train]\n{train}"
+    );
+    let path = dir.join("mlp.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}

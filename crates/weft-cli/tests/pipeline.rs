@@ -32,20 +32,7 @@ fn ok(runs: &Path, args: &[&str]) -> String {
 
 /// Writes a tiny mlp config and its CSV into `dir`.
 fn write_mlp(dir: &Path) {
-    let mut text = String::from("x,y,label\n");
-    for i in 0..40 {
-        text.push_str(&format!(
-            "{:.3},{:.3},{}\n",
-            (i % 7) as f64 / 7.0,
-            (i % 5) as f64 / 5.0,
-            i % 3
-        ));
-    }
-    std::fs::write(dir.join("d.csv"), text).unwrap();
-    let config = "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = 3\nactivation = \"relu\"\n\n\
-         [data]\nkind = \"csv\"\npath = \"d.csv\"\nlabel_column = -1\nbatch_size = 4\nval_fraction = 0.25\n\n\
-         [optim]\nkind = \"adam\"\nlr = 0.01\n\n[train]\nsteps = 4\nlog_every = 1\n";
-    std::fs::write(dir.join("mlp.toml"), config).unwrap();
+    common::write_tiny_mlp(dir, "steps = 4\nlog_every = 1\n");
 }
 
 fn pipeline(op: &str, value: f64) -> String {
@@ -222,4 +209,29 @@ fn ok_fails(runs: &Path, file: &Path) -> String {
     let out = weft_with(runs, &["pipeline", "run", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_example_pipeline_runs_and_then_comes_from_the_cache() {
+    let dir = temp_dir("pipeline-example");
+    let runs = dir.join("runs");
+    let file = common::repo().join("examples/pipeline_char_gpt.toml");
+    let file = file.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let mut all = vec!["pipeline", "run", file, "--dir", runs.to_str().unwrap()];
+        all.extend(args);
+        ok(&runs, &all)
+    };
+    let first = run(&[]);
+    assert!(
+        first.contains("step register: finished: model=char_gpt version=1"),
+        "{first}"
+    );
+    let v = versions(&runs);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0]["name"], "char_gpt");
+    let second = run(&[]);
+    assert_eq!(second.matches(": cached (").count(), 4, "{second}");
+    assert_eq!(versions(&runs).len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
 }

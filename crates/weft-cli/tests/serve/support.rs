@@ -14,25 +14,7 @@ use crate::common::{free_port, path_set, wait_for, weft_command, weft_ok};
 
 /// Trains an mlp (2 features, 8 hidden, 3 classes) for 6 steps on a small CSV into `store/mlp`.
 pub fn train_mlp(store: &Path) -> PathBuf {
-    let csv = store.join("d.csv");
-    let mut text = String::from("x,y,label\n");
-    for i in 0..40 {
-        text.push_str(&format!(
-            "{:.3},{:.3},{}\n",
-            (i % 7) as f64 / 7.0,
-            (i % 5) as f64 / 5.0,
-            i % 3
-        ));
-    }
-    std::fs::write(&csv, text).unwrap();
-    let cfg = store.join("mlp.toml");
-    let config = format!(
-        "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = 3\nactivation = \"relu\"\n\n\
-         [data]\nkind = \"csv\"\npath = {:?}\nlabel_column = -1\nbatch_size = 4\nval_fraction = 0.25\n\n\
-         [optim]\nkind = \"adam\"\nlr = 0.01\n\n[train]\nsteps = 6\n",
-        csv.to_str().unwrap()
-    );
-    std::fs::write(&cfg, config).unwrap();
+    let cfg = crate::common::write_tiny_mlp(store, "steps = 6\n");
     let ckpt = store.join("mlp");
     let set = path_set("train.checkpoint_dir", &ckpt);
     weft_ok(&["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", &set]);
