@@ -359,8 +359,21 @@ fn an_auto_job_that_loses_a_node_plans_again_and_follows_a_fresh_run() {
         .to_vec();
     args.push(bin.display().to_string());
     args.extend(elastic_run(&fresh.join("ckpt"), &fresh_metrics));
-    let out = weft_in(&cache, &args);
+    // as the shrunk job ran: one thread a rank, over TCP, so that it plans and reduces as it did
+    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let out = weft_command(&refs)
+        .env("WEFT_CACHE_DIR", &cache)
+        .env("WEFT_NUM_THREADS", "1")
+        .env("WEFT_SHM", "0")
+        .output()
+        .expect("the weft binary runs");
     assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        planned_layout(&stderr(&out), 2),
+        planned_layout(&err, 2),
+        "the fresh job planned another layout:\n{}",
+        stderr(&out)
+    );
     let (shrunk, fresh) = (last_losses(&metrics), last_losses(&fresh_metrics));
     assert_eq!(
         fresh.keys().copied().collect::<Vec<_>>(),
