@@ -225,8 +225,21 @@ impl Store {
 pub(crate) fn connect(path: &Path, options: &OpenOptions) -> Result<Connection> {
     let conn = Connection::open(path).at(path)?;
     conn.busy_timeout(options.busy_timeout).at(path)?;
-    // the first statement that reads the file finds out whether it is a database
-    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).at(path)?;
+    // the first statement that reads the file finds out whether it is a database. Switching a
+    // new file to WAL takes an exclusive lock and SQLite answers BUSY at once, without its busy
+    // handler, while another connection creates or switches the same file: wait as the handler
+    // would.
+    let deadline = std::time::Instant::now() + options.busy_timeout;
+    let mode: String = loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => break other.at(path)?,
+        }
+    };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(Error::Corrupt {
             path: path.to_path_buf(),
