@@ -398,3 +398,24 @@ pub fn write_tiny_mlp(dir: &Path, train: &str) -> PathBuf {
     std::fs::write(&path, config).unwrap();
     path
 }
+
+/// `weft` with `args` recording into the run store `runs` (`WEFT_TRACK_DIR`), as
+/// [`weft_command`] starts it.
+pub fn weft_with_store(runs: &Path, args: &[&str]) -> Output {
+    weft_command(args)
+        .env("WEFT_TRACK_DIR", runs)
+        .output()
+        .expect("the weft binary runs")
+}
+
+/// [`weft_with_store`], which must succeed; its stdout.
+pub fn weft_ok_with_store(runs: &Path, args: &[&str]) -> String {
+    let out = weft_with_store(runs, args);
+    assert!(
+        out.status.success(),
+        "weft {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -9,25 +9,15 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{temp_dir, weft_command};
+use common::temp_dir;
 use serde_json::Value;
 
 fn weft_with(runs: &Path, args: &[&str]) -> Output {
-    weft_command(args)
-        .env("WEFT_TRACK_DIR", runs)
-        .output()
-        .expect("the weft binary runs")
+    common::weft_with_store(runs, args)
 }
 
 fn ok(runs: &Path, args: &[&str]) -> String {
-    let out = weft_with(runs, args);
-    assert!(
-        out.status.success(),
-        "weft {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    common::weft_ok_with_store(runs, args)
 }
 
 /// Writes a tiny mlp config and its CSV into `dir`.

@@ -16,20 +16,11 @@ use serde_json::{json, Value};
 
 /// `weft ARGS` with the run store in `runs`.
 fn weft_with(runs: &Path, args: &[&str]) -> Output {
-    weft_command(args)
-        .env("WEFT_TRACK_DIR", runs)
-        .output()
-        .expect("the weft binary runs")
+    common::weft_with_store(runs, args)
 }
 
 fn ok(runs: &Path, args: &[&str]) -> String {
-    let out = weft_with(runs, args);
-    assert!(
-        out.status.success(),
-        "weft {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    common::weft_ok_with_store(runs, args)
 }
 
 /// Exit 1 with one line on stderr.
