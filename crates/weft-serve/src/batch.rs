@@ -23,8 +23,18 @@ pub(crate) struct Pending {
     reply: oneshot::Sender<Result<ResponseOutput, ApiError>>,
     /// When the request was admitted.
     at: std::time::Instant,
-    /// Freed once the answer is sent: the version is not drained before.
-    _permit: OwnedSemaphorePermit,
+    /// Given back just before the answer is sent (a client that has its answer sees the place
+    /// free): the version is not drained before.
+    permit: OwnedSemaphorePermit,
+}
+
+impl Pending {
+    /// Gives the queue place back, then sends `answer`.
+    fn answer(self, answer: Result<ResponseOutput, ApiError>) {
+        let Pending { reply, permit, .. } = self;
+        drop(permit);
+        let _ = reply.send(answer);
+    }
 }
 
 /// Queues `input` for the admitted model's batcher (started by the first request) and waits
@@ -42,7 +52,7 @@ pub async fn submit(admitted: Admitted, input: Tensor) -> Result<ResponseOutput,
         input,
         reply,
         at,
-        _permit: permit,
+        permit,
     };
     queue
         .send(pending)
@@ -128,7 +138,7 @@ fn run_batch(served: &Served, batch: Vec<Pending>) {
         Ok(out) => out,
         Err(e) => {
             for p in batch {
-                let _ = p.reply.send(Err(e.clone()));
+                p.answer(Err(e.clone()));
             }
             return;
         }
@@ -142,7 +152,7 @@ fn run_batch(served: &Served, batch: Vec<Pending>) {
         shape[0] = n;
         let data = out.data[at * per_row..(at + n) * per_row].to_vec();
         at += n;
-        let _ = p.reply.send(Ok(ResponseOutput {
+        p.answer(Ok(ResponseOutput {
             name: out.name,
             datatype: out.datatype,
             shape,

@@ -37,8 +37,17 @@ pub(crate) struct DecodeJob {
     /// When it was admitted (its time in the queue is measured from here).
     admitted_at: Instant,
     out: UnboundedSender<Piece>,
-    /// Freed when the sequence ends: the version is not drained before.
-    _permit: OwnedSemaphorePermit,
+    /// Given back when the sequence ends, just before its last piece is sent (so a client
+    /// that has its answer sees the place free): the version is not drained before.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl DecodeJob {
+    /// Ends the sequence: gives its queue place back, then sends `last` (`Done` or `Failed`).
+    fn end(&mut self, last: Piece) {
+        self.permit.take();
+        let _ = self.out.send(last);
+    }
 }
 
 /// Queues a generation of `params.max_tokens` tokens after the prompt `ids` (checked by the
@@ -58,7 +67,7 @@ pub(crate) fn submit(
         arrived,
         admitted_at: at,
         out,
-        _permit: permit,
+        permit: Some(permit),
     };
     let queue = served.decoder.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -76,8 +85,8 @@ pub(crate) fn submit(
         }
         tx
     });
-    if let Err(std::sync::mpsc::SendError(job)) = queue.send(job) {
-        let _ = job.out.send(Piece::Failed(ApiError::internal(format!(
+    if let Err(std::sync::mpsc::SendError(mut job)) = queue.send(job) {
+        job.end(Piece::Failed(ApiError::internal(format!(
             "model {} version {}: its decode thread is not running",
             served.name, served.version
         ))));
@@ -127,7 +136,7 @@ impl Sequence {
     }
 
     fn fail(&mut self, e: ApiError) {
-        let _ = self.job.out.send(Piece::Failed(e));
+        self.job.end(Piece::Failed(e));
         self.done = true;
     }
 }
@@ -164,7 +173,7 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
         }
         // a client that left costs no step; a request for no tokens is answered at once
         for seq in running.iter_mut().filter(|seq| seq.job.params.max_tokens == 0) {
-            let _ = seq.job.out.send(Piece::Done(Generated {
+            seq.job.end(Piece::Done(Generated {
                 text: String::new(),
                 prompt_tokens: seq.prompt_tokens,
                 completion_tokens: 0,
@@ -313,7 +322,7 @@ fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) 
         }
     }
     if last {
-        let _ = seq.job.out.send(Piece::Done(Generated {
+        seq.job.end(Piece::Done(Generated {
             text,
             prompt_tokens: seq.prompt_tokens,
             completion_tokens: made,
