@@ -9,8 +9,9 @@ use weft_train::generate::{GenerateOptions, Sampling, MAX_TOKENS};
 /// out-of-range value is one error line naming the flag.
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// A checkpoint folder, a checkpoint directory (its newest checkpoint is used), or a
-    /// safetensors file written by `weft checkpoint consolidate`.
+    /// A checkpoint folder, a checkpoint directory (its newest checkpoint is used), a
+    /// safetensors file written by `weft checkpoint consolidate`, or a Hugging Face checkpoint
+    /// folder (config.json, its weights and a tokenizer.json).
     #[arg(long)]
     checkpoint: PathBuf,
     /// The text to continue (each character must be in the checkpoint's vocabulary).

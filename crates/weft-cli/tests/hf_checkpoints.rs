@@ -225,3 +225,86 @@ fn consolidate_as_hf_writes_a_folder_a_run_can_start_from() {
     );
     assert!(!dir.join("x").exists());
 }
+
+/// A `tokenizer.json` (a BPE without merges, so one character is one token) whose vocabulary is
+/// `chars`, character `i` as id `i`, decoded by joining the tokens.
+fn char_tokenizer_json(chars: &[char]) -> String {
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        chars.iter().enumerate().map(|(i, c)| (c.to_string(), i.into())).collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": []}
+    })
+    .to_string()
+}
+
+/// A copy of fixture `name`'s folder under `dir`.
+fn fixture_copy(dir: &Path, name: &str) -> PathBuf {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    for entry in std::fs::read_dir(hf_fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), folder.join(entry.file_name())).unwrap();
+    }
+    folder
+}
+
+#[test]
+fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_predicts() {
+    let dir = temp_dir("hf-generate");
+    // 26 + 26 + 10 characters: at least every fixture's vocabulary
+    let alphabet: Vec<char> = ('A'..='Z').chain('a'..='z').chain('0'..='9').collect();
+    for (name, vocab) in [("gpt2", 61), ("llama_gqa", 53), ("llama_tied", 47)] {
+        let folder = fixture_copy(&dir, name);
+        let chars = &alphabet[..vocab];
+        std::fs::write(folder.join("tokenizer.json"), char_tokenizer_json(chars)).unwrap();
+        // the prompt is the first row of ids transformers ran; greedy's one new token is the
+        // largest of transformers' logits at its last position
+        let (ids, logits) = expected(name);
+        let t = ids[0].len();
+        let prompt: String = ids[0].iter().map(|&i| chars[i as usize]).collect();
+        let last = &logits[(t - 1) * vocab..t * vocab];
+        let mut order: Vec<usize> = (0..vocab).collect();
+        order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
+        assert!(last[order[0]] - last[order[1]] > 1e-3, "{name}: no clear greedy choice");
+        let out = weft_ok(&[
+            "generate",
+            "--checkpoint",
+            folder.to_str().unwrap(),
+            "--prompt",
+            &prompt,
+            "--tokens",
+            "1",
+            "--temperature",
+            "0",
+        ]);
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(text, format!("{prompt}{}\n", chars[order[0]]), "{name}");
+    }
+
+    // without a tokenizer.json, or with a broken one: one line naming the file
+    let folder = fixture_copy(&dir.join("bad"), "gpt2");
+    let gen = |folder: &Path| {
+        weft(&["generate", "--checkpoint", folder.to_str().unwrap(), "--prompt", "ab", "--tokens", "2"])
+    };
+    for (tokenizer, needles) in [
+        (None, &["gpt2", "no tokenizer.json beside config.json"][..]),
+        (Some("{\"model\": 3}"), &["tokenizer.json", "not a Hugging Face tokenizer.json"][..]),
+    ] {
+        if let Some(text) = tokenizer {
+            std::fs::write(folder.join("tokenizer.json"), text).unwrap();
+        }
+        let out = gen(&folder);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "{stderr:?} should name {n:?}");
+        }
+        assert!(out.stdout.is_empty());
+    }
+}

@@ -139,14 +139,41 @@ pub struct Trained {
     pub params: Tensors,
 }
 
-/// A checkpoint folder, a checkpoint directory (its newest checkpoint) or a consolidated
-/// safetensors file, read whole and checked.
+/// A checkpoint folder, a checkpoint directory (its newest checkpoint), a consolidated
+/// safetensors file or a Hugging Face checkpoint folder, read whole and checked.
 pub fn read_trained(path: &Path) -> Result<Trained> {
-    if path.is_file() {
+    if weft_models::hf::is_checkpoint_folder(path) {
+        read_hf_folder(path)
+    } else if path.is_file() {
         read_file(path)
     } else {
         read_folder(path)
     }
+}
+
+/// A Hugging Face checkpoint folder (`config.json` and its weights, docs/hugging-face.md), with
+/// the folder's `tokenizer.json` as the tokenizer when it holds one.
+fn read_hf_folder(dir: &Path) -> Result<Trained> {
+    let mut hf = weft_models::hf::read_folder(dir)?;
+    // config.json does not set a gpt's dropout; inference runs without it (as `[init] from` a
+    // folder does when the run has no `[model]`)
+    if hf.model.get("kind").and_then(serde_json::Value::as_str) == Some("gpt") {
+        hf.model.insert("dropout".into(), 0.0.into());
+    }
+    let tok_path = dir.join("tokenizer.json");
+    let tokenizer = if tok_path.is_file() {
+        let tok = weft_data::HfTokenizer::from_file(&tok_path)
+            .map_err(|e| Error::Io(format!("{}: {e}", tok_path.display())))?;
+        Some(Tokenizer::Hf(tok).to_json())
+    } else {
+        None
+    };
+    Ok(Trained {
+        source: dir.join("config.json").display().to_string(),
+        model: Some(serde_json::Value::Object(hf.model)),
+        tokenizer,
+        params: hf.tensors,
+    })
 }
 
 /// A checkpoint folder (or the newest one in a checkpoint directory), every piece checked.
@@ -240,10 +267,14 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
     let trained = read_trained(path)?;
     let source = &trained.source;
     let (cfg, vocab_size) = model_config(&trained)?;
-    let tok_json = trained.tokenizer.as_deref().ok_or_else(|| {
-        Error::Io(format!(
+    let tok_json = trained.tokenizer.as_deref().ok_or_else(|| match path.join("config.json").is_file() {
+        true => Error::Io(format!(
+            "{}: no tokenizer.json beside config.json, so the prompt cannot be encoded",
+            path.display()
+        )),
+        false => Error::Io(format!(
             "{source}: records no tokenizer (the model was not trained on text data)"
-        ))
+        )),
     })?;
     let tok = Tokenizer::from_json(tok_json).map_err(|e| Error::Io(format!("{source}: {e}")))?;
     if tok.vocab_size() > vocab_size {
