@@ -229,8 +229,11 @@ fn consolidate_as_hf_writes_a_folder_a_run_can_start_from() {
 /// A `tokenizer.json` (a BPE without merges, so one character is one token) whose vocabulary is
 /// `chars`, character `i` as id `i`, decoded by joining the tokens.
 fn char_tokenizer_json(chars: &[char]) -> String {
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        chars.iter().enumerate().map(|(i, c)| (c.to_string(), i.into())).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = chars
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), i.into()))
+        .collect();
     serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": null, "post_processor": null,
@@ -289,11 +292,22 @@ fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_pred
     // without a tokenizer.json, or with a broken one: one line naming the file
     let folder = fixture_copy(&dir.join("bad"), "gpt2");
     let gen = |folder: &Path| {
-        weft(&["generate", "--checkpoint", folder.to_str().unwrap(), "--prompt", "ab", "--tokens", "2"])
+        weft(&[
+            "generate",
+            "--checkpoint",
+            folder.to_str().unwrap(),
+            "--prompt",
+            "ab",
+            "--tokens",
+            "2",
+        ])
     };
     for (tokenizer, needles) in [
         (None, &["gpt2", "no tokenizer.json beside config.json"][..]),
-        (Some("{\"model\": 3}"), &["tokenizer.json", "not a Hugging Face tokenizer.json"][..]),
+        (
+            Some("{\"model\": 3}"),
+            &["tokenizer.json", "not a Hugging Face tokenizer.json"][..],
+        ),
     ] {
         if let Some(text) = tokenizer {
             std::fs::write(folder.join("tokenizer.json"), text).unwrap();

@@ -267,15 +267,18 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
     let trained = read_trained(path)?;
     let source = &trained.source;
     let (cfg, vocab_size) = model_config(&trained)?;
-    let tok_json = trained.tokenizer.as_deref().ok_or_else(|| match path.join("config.json").is_file() {
-        true => Error::Io(format!(
-            "{}: no tokenizer.json beside config.json, so the prompt cannot be encoded",
-            path.display()
-        )),
-        false => Error::Io(format!(
-            "{source}: records no tokenizer (the model was not trained on text data)"
-        )),
-    })?;
+    let tok_json = trained
+        .tokenizer
+        .as_deref()
+        .ok_or_else(|| match path.join("config.json").is_file() {
+            true => Error::Io(format!(
+                "{}: no tokenizer.json beside config.json, so the prompt cannot be encoded",
+                path.display()
+            )),
+            false => Error::Io(format!(
+                "{source}: records no tokenizer (the model was not trained on text data)"
+            )),
+        })?;
     let tok = Tokenizer::from_json(tok_json).map_err(|e| Error::Io(format!("{source}: {e}")))?;
     if tok.vocab_size() > vocab_size {
         return Err(Error::Io(format!(

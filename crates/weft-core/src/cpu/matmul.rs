@@ -54,6 +54,37 @@ pub unsafe fn gemm<T: 'static + Copy + Default>(
     one: T,
     scale: T,
 ) {
+    // a few rows against a matrix read down its columns (a linear layer's forward in a decode
+    // step): the gemm crate would pack b for every call (skinny.rs)
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && m <= super::skinny::MAX_ROWS
+        && a.col_stride == 1
+        && b.row_stride == 1
+        && a.row_stride >= 0
+        && b.col_stride >= 0
+        && dst.row_stride >= 0
+    {
+        // SAFETY: T is f32 (checked just above), so the casts are identities; the strides are
+        // the caller's, which it vouched for.
+        let ran = unsafe {
+            super::skinny::product_f32(
+                m,
+                n,
+                k,
+                a.ptr.cast::<f32>(),
+                a.row_stride as usize,
+                b.ptr.cast::<f32>(),
+                b.col_stride as usize,
+                dst.ptr.cast::<f32>(),
+                dst.row_stride as usize,
+                dst.accumulate,
+                *(&scale as *const T).cast::<f32>(),
+            )
+        };
+        if ran {
+            return;
+        }
+    }
     gemm::gemm(
         m,
         n,

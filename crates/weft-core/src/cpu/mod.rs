@@ -11,6 +11,7 @@ pub mod matmul;
 pub mod nn;
 pub mod pool;
 pub mod reduce;
+pub mod skinny;
 pub mod small_gemm;
 pub mod threads;
 pub mod transpose;
