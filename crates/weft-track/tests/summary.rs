@@ -94,7 +94,11 @@ fn check(dir: &Path) {
     let mut seen = 0;
     for r in &runs {
         let detail = store.run_detail(r.id).unwrap();
-        let keys: Vec<String> = want.keys().filter(|(id, _)| *id == r.id).map(|(_, k)| k.clone()).collect();
+        let keys: Vec<String> = want
+            .keys()
+            .filter(|(id, _)| *id == r.id)
+            .map(|(_, k)| k.clone())
+            .collect();
         assert_eq!(store.metric_keys(r.id).unwrap(), keys, "run {}", r.id);
         assert_eq!(r.last.len(), keys.len(), "run {}", r.id);
         assert_eq!(detail.metrics.len(), keys.len(), "run {}", r.id);
@@ -103,7 +107,10 @@ fn check(dir: &Path) {
             assert_eq!(r.last[&k], last, "run {} {k}", r.id);
             assert_eq!(detail.summary.last[&k], last, "run {} {k}", r.id);
             let m = &detail.metrics[&k];
-            assert_eq!((m.last, m.last_step, m.min, m.max, m.count), (last, last_step, min, max, count));
+            assert_eq!(
+                (m.last, m.last_step, m.min, m.max, m.count),
+                (last, last_step, min, max, count)
+            );
             seen += 1;
         }
     }
@@ -125,7 +132,11 @@ fn check(dir: &Path) {
             .collect();
     }
     let ids = |rs: &[RunSummary]| rs.iter().map(|r| r.id).collect::<Vec<_>>();
-    for expr in ["metrics.loss < 0.05", "metrics.acc >= 5 and optim.lr < 5e-4", "metrics.gnorm > 1e300"] {
+    for expr in [
+        "metrics.loss < 0.05",
+        "metrics.acc >= 5 and optim.lr < 5e-4",
+        "metrics.gnorm > 1e300",
+    ] {
         let f = Filter::parse(expr).unwrap();
         let got: Vec<RunSummary> = runs.iter().filter(|r| f.matches(r)).cloned().collect();
         let want: Vec<RunSummary> = reference.iter().filter(|r| f.matches(r)).cloned().collect();
@@ -152,7 +163,12 @@ fn list_and_detail_values_equal_a_direct_query_over_the_metrics() {
     w.end(Status::Finished, None).unwrap();
     check(&dir);
     let store = Store::open(&dir).unwrap();
-    let r = store.list_runs(None).unwrap().into_iter().find(|r| r.id == empty).unwrap();
+    let r = store
+        .list_runs(None)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id == empty)
+        .unwrap();
     assert!(r.last.is_empty());
     // a deleted run leaves no summary behind
     let mut store = store;
@@ -160,7 +176,11 @@ fn list_and_detail_values_equal_a_direct_query_over_the_metrics() {
     store.delete_run(gone).unwrap();
     let conn = Connection::open(dir.join(STORE_FILE)).unwrap();
     let left: i64 = conn
-        .query_row("SELECT count(*) FROM metric_summary WHERE run_id = ?1", params![gone], |r| r.get(0))
+        .query_row(
+            "SELECT count(*) FROM metric_summary WHERE run_id = ?1",
+            params![gone],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(left, 0);
     drop(conn);
