@@ -48,7 +48,12 @@ fn generate_both(s: &Server, params: Value) -> (String, String) {
     let streamed = s
         .events("/v2/models/gpt/generate_stream", &body)
         .iter()
-        .map(|e| serde_json::from_str::<Value>(e).unwrap()["text_output"].as_str().unwrap().to_string())
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["text_output"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     (answer["text_output"].as_str().unwrap().to_string(), streamed)
 }
@@ -61,7 +66,10 @@ fn cut(text: &str, stops: &[&str]) -> (String, usize) {
         .filter_map(|s| text.find(s).map(|at| (at, *s)))
         .min()
         .expect("a stop in the text");
-    (text[..at].to_string(), text[..at].chars().count() + stop.chars().count())
+    (
+        text[..at].to_string(),
+        text[..at].chars().count() + stop.chars().count(),
+    )
 }
 
 pub fn stop_sequences_end_the_text(s: &Server) {
@@ -83,7 +91,11 @@ pub fn stop_sequences_end_the_text(s: &Server) {
         // generation ended with the stop sequence's last token, not at max_tokens
         assert_eq!(tokens, stop_tokens as u64);
         // a stream sends the same text: nothing of the stop sequence, nothing after it
-        assert_eq!(complete_streamed(s, &body), (want.clone(), "stop".to_string()), "stop {stops}");
+        assert_eq!(
+            complete_streamed(s, &body),
+            (want.clone(), "stop".to_string()),
+            "stop {stops}"
+        );
     }
 
     // the earliest of several stops wins, whichever is listed first
