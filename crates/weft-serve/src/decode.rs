@@ -520,4 +520,21 @@ mod tests {
         );
         assert!(sequences / steps as f64 <= 2.0);
     }
+
+    #[test]
+    fn a_stop_sequence_ends_the_sequence_before_max_tokens() {
+        let s = served_gpt(8);
+        let (ids, p) = request(&s, "to be", 30, 0.8, 2);
+        let full = answer(submit_one(&s, &ids, p));
+        assert_eq!((full.completion_tokens, full.finish), (30, Finish::Length));
+        let stop: String = full.text.chars().skip(12).take(2).collect();
+        let at = full.text.find(&stop).unwrap();
+        let rx = submit(Admitted::new(&s).unwrap(), ids, p, vec![stop.clone()], Instant::now());
+        let cut = answer(rx);
+        assert_eq!(cut.text, full.text[..at]);
+        assert_eq!(cut.finish, Finish::Stop);
+        // one token a character: the sequence ended with the stop's last token
+        assert_eq!(cut.completion_tokens, full.text[..at].chars().count() + 2);
+        assert_eq!(s.queue_depth(), 0);
+    }
 }
