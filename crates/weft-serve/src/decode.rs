@@ -24,14 +24,17 @@ use tokio::sync::OwnedSemaphorePermit;
 use weft_core::Generator;
 use weft_models::{CachedTokens, KvCache, LanguageModel};
 
+use crate::detok::{Detokenizer, StopText};
 use crate::error::ApiError;
-use crate::generation::{decode_text, GenerateParams, Generated, Piece};
+use crate::generation::{Finish, GenerateParams, Generated, Piece};
 use crate::registry::{Admitted, Served};
 
 /// A generation request waiting for, or in, its model's running batch.
 pub(crate) struct DecodeJob {
     ids: Vec<i64>,
     params: GenerateParams,
+    /// Its stop sequences (not empty strings).
+    stop: Vec<String>,
     /// When the request arrived (the time to its first token is measured from here).
     arrived: Instant,
     /// When it was admitted (its time in the queue is measured from here).
@@ -51,12 +54,14 @@ impl DecodeJob {
 }
 
 /// Queues a generation of `params.max_tokens` tokens after the prompt `ids` (checked by the
-/// caller) on the admitted model's decode thread. Its pieces arrive on the returned channel, the
+/// caller), ended early by the first of the stop sequences `stop` that its text holds, on the
+/// admitted model's decode thread. Its pieces arrive on the returned channel, the
 /// last one `Done` or `Failed`; dropping the receiver ends the sequence at its next step.
 pub(crate) fn submit(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
+    stop: Vec<String>,
     arrived: Instant,
 ) -> UnboundedReceiver<Piece> {
     let Admitted { served, permit, at } = admitted;
@@ -64,6 +69,7 @@ pub(crate) fn submit(
     let job = DecodeJob {
         ids,
         params,
+        stop,
         arrived,
         admitted_at: at,
         out,
@@ -104,6 +110,10 @@ struct Sequence {
     rng: Generator,
     /// The ids to run at the next step.
     feed: Vec<i64>,
+    /// Turns each new token into new text.
+    detok: Detokenizer,
+    /// Ends the text at a stop sequence, holding back what could start one.
+    stops: StopText,
     /// The text sent so far.
     sent: String,
     /// Over: answered, failed, or its client left.
@@ -118,6 +128,8 @@ impl Sequence {
             cache: lm.new_cache(),
             rng: Generator::new(job.params.seed),
             feed: Vec::new(),
+            detok: Detokenizer::new(job.ids.len()),
+            stops: StopText::new(job.stop.clone()),
             sent: String::new(),
             done: false,
             job,
@@ -177,6 +189,7 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
                 text: String::new(),
                 prompt_tokens: seq.prompt_tokens,
                 completion_tokens: 0,
+                finish: Finish::Length,
             }));
             seq.done = true;
         }
@@ -303,29 +316,29 @@ fn forward_rows(lm: &dyn LanguageModel, running: &mut [Sequence]) -> Vec<weft_co
     }
 }
 
-/// Sends `seq`'s new text (once it decodes whole) and, after its last token, the answer.
+/// Sends `seq`'s new text (once it decodes whole, and without what could start a stop
+/// sequence) and, after its last token or at a stop sequence, the answer.
 fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) {
     let last = made >= seq.job.params.max_tokens;
-    let text = match decode_text(tok, &seq.tokens[seq.prompt_tokens..]) {
+    let new = match seq.detok.next(tok, &seq.tokens, last) {
         Ok(t) => t,
         Err(e) => return seq.fail(ApiError::internal(format!("{who}: {e}"))),
     };
-    // a token that ends inside a character decodes to U+FFFD until the rest arrives
-    if !text.ends_with('\u{FFFD}') || last {
-        if let Some(piece) = text.strip_prefix(seq.sent.as_str()) {
-            if !piece.is_empty() && seq.job.out.send(Piece::Text(piece.to_string())).is_err() {
-                // the client left
-                seq.done = true;
-                return;
-            }
-            seq.sent = text.clone();
+    let (piece, stopped) = seq.stops.push(&new, last);
+    if !piece.is_empty() {
+        if seq.job.out.send(Piece::Text(piece.clone())).is_err() {
+            // the client left
+            seq.done = true;
+            return;
         }
+        seq.sent.push_str(&piece);
     }
-    if last {
+    if last || stopped {
         seq.job.end(Piece::Done(Generated {
-            text,
+            text: std::mem::take(&mut seq.sent),
             prompt_tokens: seq.prompt_tokens,
             completion_tokens: made,
+            finish: if stopped { Finish::Stop } else { Finish::Length },
         }));
         seq.done = true;
     }
@@ -417,7 +430,13 @@ mod tests {
     }
 
     fn submit_one(s: &Arc<Served>, ids: &[i64], params: GenerateParams) -> UnboundedReceiver<Piece> {
-        submit(Admitted::new(s).unwrap(), ids.to_vec(), params, Instant::now())
+        submit(
+            Admitted::new(s).unwrap(),
+            ids.to_vec(),
+            params,
+            Vec::new(),
+            Instant::now(),
+        )
     }
 
     #[test]
@@ -500,5 +519,22 @@ mod tests {
             "{steps} steps, {sequences} sequence-steps"
         );
         assert!(sequences / steps as f64 <= 2.0);
+    }
+
+    #[test]
+    fn a_stop_sequence_ends_the_sequence_before_max_tokens() {
+        let s = served_gpt(8);
+        let (ids, p) = request(&s, "to be", 30, 0.8, 2);
+        let full = answer(submit_one(&s, &ids, p));
+        assert_eq!((full.completion_tokens, full.finish), (30, Finish::Length));
+        let stop: String = full.text.chars().skip(12).take(2).collect();
+        let at = full.text.find(&stop).unwrap();
+        let rx = submit(Admitted::new(&s).unwrap(), ids, p, vec![stop.clone()], Instant::now());
+        let cut = answer(rx);
+        assert_eq!(cut.text, full.text[..at]);
+        assert_eq!(cut.finish, Finish::Stop);
+        // one token a character: the sequence ended with the stop's last token
+        assert_eq!(cut.completion_tokens, full.text[..at].chars().count() + 2);
+        assert_eq!(s.queue_depth(), 0);
     }
 }

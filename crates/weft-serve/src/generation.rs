@@ -9,6 +9,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use weft_models::{LanguageModel, Sampling};
 
+use crate::detok::MAX_STOPS;
 use crate::error::ApiError;
 use crate::registry::{Admitted, Served};
 
@@ -76,13 +77,69 @@ impl RequestedParams {
     }
 }
 
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// It made the tokens asked for.
+    Length,
+    /// Its text reached a stop sequence.
+    Stop,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`: `"length"` or `"stop"`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Finish::Length => "length",
+            Finish::Stop => "stop",
+        }
+    }
+}
+
 /// What a generation made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Generated {
-    /// The new text (without the prompt).
+    /// The new text (without the prompt; at a stop sequence, the text before it).
     pub text: String,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    pub finish: Finish,
+}
+
+/// The stop sequences of a request's `field` (OpenAI's `stop`, Triton's `parameters.stop`):
+/// absent or null (none), one string, or an array of at most [`MAX_STOPS`] strings; no string
+/// may be empty. 400 naming `field` otherwise.
+pub fn stop_sequences(field: &str, value: Option<&serde_json::Value>) -> Result<Vec<String>, ApiError> {
+    use serde_json::Value;
+    let stops: Vec<&Value> = match value {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(one @ Value::String(_)) => vec![one],
+        Some(Value::Array(items)) if items.len() <= MAX_STOPS => items.iter().collect(),
+        Some(Value::Array(items)) => {
+            return Err(ApiError::bad_request(format!(
+                "{field}: {} stop sequences, at most {MAX_STOPS} are allowed",
+                items.len()
+            )))
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "{field}: expected a string or an array of at most {MAX_STOPS} strings, got {other}"
+            )))
+        }
+    };
+    stops
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::String(s) if s.is_empty() => Err(ApiError::bad_request(format!(
+                "{field}: a stop sequence is empty (give at least one character)"
+            ))),
+            Value::String(s) => Ok(s.clone()),
+            other => Err(ApiError::bad_request(format!(
+                "{field}[{i}]: expected a string, got {other}"
+            ))),
+        })
+        .collect()
 }
 
 /// The language model and tokenizer of `served`, or 400 saying why it cannot generate.
@@ -126,27 +183,30 @@ pub enum Piece {
     Failed(ApiError),
 }
 
-/// Starts generating in the admitted model's running batch ([`crate::decode`]); the pieces
+/// Starts generating in the admitted model's running batch ([`crate::decode`]), until
+/// `params.max_tokens` or the first of the stop sequences `stop` (not empty strings); the pieces
 /// arrive on the returned channel, the last one `Done` or `Failed` (a channel that closes without
 /// either: the decode thread died). Dropping the receiver ends the sequence at its next step.
 pub fn start_stream(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
+    stop: Vec<String>,
     arrived: Instant,
 ) -> mpsc::UnboundedReceiver<Piece> {
-    crate::decode::submit(admitted, ids, params, arrived)
+    crate::decode::submit(admitted, ids, params, stop, arrived)
 }
 
-/// Runs a whole generation in the admitted model's running batch and waits for it.
+/// Runs a whole generation ([`start_stream`]) and waits for it.
 pub async fn run(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
+    stop: Vec<String>,
     arrived: Instant,
 ) -> Result<Generated, ApiError> {
     let who = format!("model {} version {}", admitted.served.name, admitted.served.version);
-    let mut pieces = start_stream(admitted, ids, params, arrived);
+    let mut pieces = start_stream(admitted, ids, params, stop, arrived);
     while let Some(piece) = pieces.recv().await {
         match piece {
             Piece::Text(_) => {}

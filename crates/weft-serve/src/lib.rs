@@ -11,6 +11,7 @@
 pub mod auth;
 mod batch;
 mod decode;
+mod detok;
 pub mod error;
 pub mod generation;
 pub mod host;

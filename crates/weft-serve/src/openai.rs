@@ -89,9 +89,7 @@ pub async fn completions(
     if request.echo {
         return Err(ApiError::bad_request("echo: not supported"));
     }
-    if request.stop.as_ref().is_some_and(|s| !s.is_null()) {
-        return Err(ApiError::bad_request("stop: stop sequences are not supported yet"));
-    }
+    let stop = generation::stop_sequences("stop", request.stop.as_ref())?;
     let requested = RequestedParams {
         max_tokens: request.max_tokens,
         temperature: request.temperature,
@@ -112,8 +110,8 @@ pub async fn completions(
         })
     };
     if !request.stream {
-        let made = generation::run(admitted, ids, params, arrived).await?;
-        let mut answer = chunk(&made.text, json!("length"));
+        let made = generation::run(admitted, ids, params, stop, arrived).await?;
+        let mut answer = chunk(&made.text, json!(made.finish.reason()));
         answer["usage"] = json!({
             "prompt_tokens": made.prompt_tokens,
             "completion_tokens": made.completion_tokens,
@@ -121,11 +119,11 @@ pub async fn completions(
         });
         return Ok(answered(json_response(StatusCode::OK, &answer), &served));
     }
-    let rx = generation::start_stream(admitted, ids, params, arrived);
+    let rx = generation::start_stream(admitted, ids, params, stop, arrived);
     let events = pieces(rx).map(move |piece| match piece {
         Piece::Text(t) => vec![Event::default().data(chunk(&t, Value::Null).to_string())],
-        Piece::Done(_) => vec![
-            Event::default().data(chunk("", json!("length")).to_string()),
+        Piece::Done(made) => vec![
+            Event::default().data(chunk("", json!(made.finish.reason())).to_string()),
             Event::default().data("[DONE]"),
         ],
         Piece::Failed(e) => vec![

@@ -235,6 +235,9 @@ struct GenerateParameters {
     top_k: Option<u64>,
     top_p: Option<f64>,
     seed: Option<u64>,
+    /// Stop sequences: a string or an array of at most 4 (checked by
+    /// [`generation::stop_sequences`]).
+    stop: Option<Value>,
 }
 
 /// Defaults of the generate extension: `weft generate`'s (200 tokens, temperature 0.8, top-k
@@ -249,12 +252,16 @@ const TRITON_DEFAULTS: GenerateParams = GenerateParams {
     seed: 1337,
 };
 
-/// The model, prompt ids and parameters of a generate request.
+/// What a generate request asks for: the admitted model, the prompt's ids, the parameters and
+/// the stop sequences.
+type GenerateAsk = (Admitted, Vec<i64>, GenerateParams, Vec<String>);
+
+/// The model, prompt ids, parameters and stop sequences of a generate request.
 fn generate_request(
     state: &AppState,
     params: &HashMap<String, String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(Admitted, Vec<i64>, GenerateParams), ApiError> {
+) -> Result<GenerateAsk, ApiError> {
     let (name, version) = target(params);
     let admitted = state.registry.admit(name, version)?;
     let request: GenerateRequest = parse_body(body, state.limits.body_bytes)?;
@@ -267,8 +274,9 @@ fn generate_request(
         seed: p.seed,
     };
     let gen = requested.checked(TRITON_DEFAULTS, state.limits.max_tokens)?;
+    let stop = generation::stop_sequences("parameters.stop", p.stop.as_ref())?;
     let ids = generation::prompt_ids(&admitted.served, &request.text_input)?;
-    Ok((admitted, ids, gen))
+    Ok((admitted, ids, gen, stop))
 }
 
 async fn generate(
@@ -277,9 +285,9 @@ async fn generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let (admitted, ids, gen) = generate_request(&state, &params, body)?;
+    let (admitted, ids, gen, stop) = generate_request(&state, &params, body)?;
     let served = admitted.served.clone();
-    let made = generation::run(admitted, ids, gen, arrived).await?;
+    let made = generation::run(admitted, ids, gen, stop, arrived).await?;
     let answer = json!({ "model_name": served.name, "model_version": served.version, "text_output": made.text });
     Ok(answered(json_response(StatusCode::OK, &answer), &served))
 }
@@ -290,9 +298,9 @@ async fn generate_stream(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let (admitted, ids, gen) = generate_request(&state, &params, body)?;
+    let (admitted, ids, gen, stop) = generate_request(&state, &params, body)?;
     let served = admitted.served.clone();
-    let rx = generation::start_stream(admitted, ids, gen, arrived);
+    let rx = generation::start_stream(admitted, ids, gen, stop, arrived);
     let (name, version) = (served.name.clone(), served.version.clone());
     let events = pieces(rx).map(move |piece| {
         let value = match piece {

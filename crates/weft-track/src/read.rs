@@ -74,8 +74,8 @@ fn summary_row(r: &Row) -> rusqlite::Result<RunSummary> {
 impl Store {
     /// The runs (of `experiment` when given), oldest first, with their params, tags and last
     /// metric values: four queries whatever the number of runs (the run rows, every param, every
-    /// tag, and each run's last value of each metric found through the metrics index, so a
-    /// store of 10,000 runs lists in well under a second: docs/tracking.md).
+    /// tag, and each run's last value of each metric from the summary table), none of which
+    /// reads a metric row (docs/tracking.md).
     pub fn list_runs(&self, experiment: Option<&str>) -> Result<Vec<RunSummary>> {
         let p = &self.path;
         // reads through a memory map (up to 1 GiB of the file) rather than one read call per page
@@ -127,26 +127,18 @@ impl Store {
         Ok(runs)
     }
 
-    /// `(run, key, value at the key's last step)` for every run (of `experiment`) and key, in one
-    /// query. The keys of a run are walked through the `(run_id, key, step)` index one seek
-    /// each (a recursive "skip scan"), and each last value is one more seek, so the cost grows
-    /// with runs x keys, not with the number of metric rows.
+    /// `(run, key, value at the key's last step)` for every run (of `experiment`) and key, from
+    /// the summary table the writer keeps (`metric_summary`: one row a run and key, written in
+    /// the transaction of the metric rows it sums up), so the cost grows with runs x keys and
+    /// not at all with the number of metric rows.
     fn last_values(&self, experiment: Option<&str>) -> Result<Vec<(i64, String, f64)>> {
         let p = &self.path;
         let mut stmt = self
             .conn
             .prepare_cached(
-                "WITH RECURSIVE k(run_id, key) AS (
-                    SELECT r.id, (SELECT m.key FROM metrics m WHERE m.run_id = r.id ORDER BY m.key LIMIT 1)
-                    FROM runs r JOIN experiments e ON e.id = r.experiment_id
-                    WHERE ?1 IS NULL OR e.name = ?1
-                  UNION ALL
-                    SELECT k.run_id, (SELECT m.key FROM metrics m WHERE m.run_id = k.run_id AND m.key > k.key
-                                      ORDER BY m.key LIMIT 1)
-                    FROM k WHERE k.key IS NOT NULL)
-                 SELECT k.run_id, k.key, (SELECT m.value FROM metrics m WHERE m.run_id = k.run_id AND m.key = k.key
-                                          ORDER BY m.step DESC, m.rowid DESC LIMIT 1)
-                 FROM k WHERE k.key IS NOT NULL",
+                "SELECT s.run_id, s.key, s.last FROM metric_summary s
+                 WHERE ?1 IS NULL OR s.run_id IN (SELECT r.id FROM runs r JOIN experiments e ON e.id = r.experiment_id
+                                                  WHERE e.name = ?1)",
             )
             .at(p)?;
         let rows = stmt
@@ -155,7 +147,31 @@ impl Store {
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
 
-    /// Params, tags and last metric values of `run`.
+    /// Run `id`'s summary of each metric key (from `metric_summary`), by key.
+    fn metric_summaries(&self, id: i64) -> Result<BTreeMap<String, MetricSummary>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key, count, last, last_step, min, max FROM metric_summary WHERE run_id = ?1")
+            .at(p)?;
+        let rows = stmt
+            .query_map(params![id], |r| {
+                Ok((
+                    r.get(0)?,
+                    MetricSummary {
+                        count: r.get(1)?,
+                        last: r.get(2)?,
+                        last_step: r.get(3)?,
+                        min: r.get(4)?,
+                        max: r.get(5)?,
+                    },
+                ))
+            })
+            .at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+
+    /// Params and tags of `run`.
     fn fill(&self, run: &mut RunSummary) -> Result<()> {
         let p = &self.path;
         let pairs = |sql: &str| -> Result<BTreeMap<String, String>> {
@@ -165,19 +181,6 @@ impl Store {
         };
         run.params = pairs("SELECT key, value FROM params WHERE run_id = ?1")?;
         run.tags = pairs("SELECT key, value FROM tags WHERE run_id = ?1")?;
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT key, (SELECT m.value FROM metrics m WHERE m.run_id = ?1 AND m.key = k.key
-                              ORDER BY m.step DESC, m.rowid DESC LIMIT 1)
-                 FROM (SELECT DISTINCT key FROM metrics WHERE run_id = ?1) k",
-            )
-            .at(p)?;
-        run.last = stmt
-            .query_map(params![run.id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .at(p)?
-            .collect::<rusqlite::Result<_>>()
-            .at(p)?;
         Ok(())
     }
 
@@ -217,32 +220,8 @@ impl Store {
             .at(p)?
             .collect::<rusqlite::Result<_>>()
             .at(p)?;
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT key, count(*), MIN(value), MAX(value), MAX(step) FROM metrics WHERE run_id = ?1 GROUP BY key",
-            )
-            .at(p)?;
-        let rows: Vec<(String, i64, f64, f64, i64)> = stmt
-            .query_map(params![id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .at(p)?
-            .collect::<rusqlite::Result<_>>()
-            .at(p)?;
-        for (key, count, min, max, last_step) in rows {
-            let last = detail.summary.last.get(&key).copied().unwrap_or(f64::NAN);
-            detail.metrics.insert(
-                key,
-                MetricSummary {
-                    count,
-                    last,
-                    last_step,
-                    min,
-                    max,
-                },
-            );
-        }
+        detail.metrics = self.metric_summaries(id)?;
+        detail.summary.last = detail.metrics.iter().map(|(k, m)| (k.clone(), m.last)).collect();
         Ok(detail)
     }
 
@@ -283,19 +262,12 @@ impl Store {
             .map(|n| n > 0)
     }
 
-    /// The metric keys run `id` recorded, by name (one index seek each).
+    /// The metric keys run `id` recorded, by name (from `metric_summary`).
     pub fn metric_keys(&self, id: i64) -> Result<Vec<String>> {
         let p = &self.path;
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "WITH RECURSIVE k(key) AS (
-                    SELECT (SELECT key FROM metrics WHERE run_id = ?1 ORDER BY key LIMIT 1)
-                  UNION ALL
-                    SELECT (SELECT m.key FROM metrics m WHERE m.run_id = ?1 AND m.key > k.key ORDER BY m.key LIMIT 1)
-                    FROM k WHERE k.key IS NOT NULL)
-                 SELECT key FROM k WHERE key IS NOT NULL",
-            )
+            .prepare_cached("SELECT key FROM metric_summary WHERE run_id = ?1 ORDER BY key")
             .at(p)?;
         let rows = stmt.query_map(params![id], |r| r.get(0)).at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)

@@ -10,8 +10,9 @@ use crate::error::{Error, Result, SqlContext};
 /// The store's file inside its folder.
 pub const STORE_FILE: &str = "runs.db";
 
-/// The schema this code writes and reads.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+/// The schema this code writes and reads: 2 added `metric_summary` (version 1 stores get it,
+/// filled from their metrics, when opened).
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,6 +45,12 @@ CREATE TABLE IF NOT EXISTS metrics (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     step INTEGER NOT NULL, key TEXT NOT NULL, value REAL NOT NULL, time REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS metrics_run_key_step ON metrics (run_id, key, step);
+CREATE TABLE IF NOT EXISTS metric_summary (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    key TEXT NOT NULL,
+    last REAL NOT NULL, last_step INTEGER NOT NULL,
+    min REAL NOT NULL, max REAL NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (run_id, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS artifacts (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     kind TEXT NOT NULL, path TEXT NOT NULL);
@@ -170,7 +177,7 @@ impl Store {
     /// Deletes run `id` with its params, tags, metrics and artifacts (not the files they name).
     pub fn delete_run(&mut self, id: i64) -> Result<()> {
         let tx = self.conn.transaction().at(&self.path)?;
-        for table in ["params", "tags", "metrics", "artifacts"] {
+        for table in ["params", "tags", "metrics", "metric_summary", "artifacts"] {
             tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), params![id])
                 .at(&self.path)?;
         }
@@ -251,10 +258,25 @@ pub(crate) fn connect(path: &Path, options: &OpenOptions) -> Result<Connection> 
     Ok(conn)
 }
 
-/// Creates the tables (once) and checks the schema version.
+/// Fills `metric_summary` from the metric rows (a store written before it existed): each run's
+/// and key's value at its last step (the last written among rows of that step), its min, max
+/// and count. One pass over the metrics, once.
+const FILL_SUMMARY: &str = "
+INSERT OR REPLACE INTO metric_summary (run_id, key, last, last_step, min, max, count)
+SELECT g.run_id, g.key,
+       (SELECT m.value FROM metrics m WHERE m.run_id = g.run_id AND m.key = g.key
+        ORDER BY m.step DESC, m.rowid DESC LIMIT 1),
+       g.last_step, g.min, g.max, g.count
+FROM (SELECT run_id, key, MAX(step) AS last_step, MIN(value) AS min, MAX(value) AS max, count(*) AS count
+      FROM metrics GROUP BY run_id, key) g";
+
+/// Creates the tables (once), checks the schema version, and brings a store of an older
+/// version up to this one (in the same transaction, so one opener migrates and the others wait
+/// for it).
 fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
     let mut conn_tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).at(path)?;
     conn_tx.set_drop_behavior(rusqlite::DropBehavior::Rollback);
+    let mut migrate_from = None;
     let has_meta: bool = conn_tx
         .query_row(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
@@ -281,6 +303,9 @@ fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
                 known: SCHEMA_VERSION,
             });
         }
+        if found < SCHEMA_VERSION {
+            migrate_from = Some(found);
+        }
     } else {
         let tables: i64 = conn_tx
             .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |r| {
@@ -295,9 +320,16 @@ fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
         }
     }
     conn_tx.execute_batch(SCHEMA).at(path)?;
+    if migrate_from.is_some_and(|v| v < 2) {
+        conn_tx.execute_batch(FILL_SUMMARY).at(path)?;
+    }
     conn_tx
         .execute(
-            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)",
+            if migrate_from.is_some() {
+                "UPDATE meta SET value = ?1 WHERE key = 'schema_version'"
+            } else {
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)"
+            },
             params![SCHEMA_VERSION.to_string()],
         )
         .at(path)?;

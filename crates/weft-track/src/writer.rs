@@ -341,8 +341,27 @@ fn flush(
         let mut m = tx
             .prepare_cached("INSERT INTO metrics (run_id, step, key, value, time) VALUES (?1, ?2, ?3, ?4, ?5)")
             .at(path)?;
-        for (step, key, value, time) in metrics.drain(..) {
+        // the batch is gone whatever happens to it (as before: a failed write is not retried)
+        let rows = std::mem::take(metrics);
+        for (step, key, value, time) in &rows {
             m.execute(params![id, step, key, value, time]).at(path)?;
+        }
+        // the run's summary of each key, in the same transaction: the batch's own (its rows
+        // come after every row already written), merged into the stored one
+        let mut u = tx
+            .prepare_cached(
+                "INSERT INTO metric_summary (run_id, key, last, last_step, min, max, count)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (run_id, key) DO UPDATE SET
+                   last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
+                   last_step = MAX(last_step, excluded.last_step),
+                   min = MIN(min, excluded.min), max = MAX(max, excluded.max),
+                   count = count + excluded.count",
+            )
+            .at(path)?;
+        for (key, s) in batch_summary(&rows) {
+            u.execute(params![id, key, s.last, s.last_step, s.min, s.max, s.count])
+                .at(path)?;
         }
         let mut a = tx
             .prepare_cached("INSERT INTO artifacts (run_id, kind, path) VALUES (?1, ?2, ?3)")
@@ -357,6 +376,52 @@ fn flush(
         .at(path)?;
     }
     tx.commit().at(path)
+}
+
+/// One key's summary over a batch of metric rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct KeySummary {
+    last: f64,
+    last_step: i64,
+    min: f64,
+    max: f64,
+    count: i64,
+}
+
+/// Each key's summary over `rows` (`(step, key, value, time)` in the order written): the value
+/// at its largest step (the last written of that step), min, max (no NaN is recorded) and count.
+fn batch_summary(rows: &[(i64, String, f64, f64)]) -> Vec<(&str, KeySummary)> {
+    let mut out: Vec<(&str, KeySummary)> = Vec::new();
+    let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (step, key, value, _) in rows {
+        let (step, value) = (*step, *value);
+        match at.get(key.as_str()) {
+            Some(&i) => {
+                let s = &mut out[i].1;
+                if step >= s.last_step {
+                    s.last = value;
+                    s.last_step = step;
+                }
+                s.min = s.min.min(value);
+                s.max = s.max.max(value);
+                s.count += 1;
+            }
+            None => {
+                at.insert(key, out.len());
+                out.push((
+                    key,
+                    KeySummary {
+                        last: value,
+                        last_step: step,
+                        min: value,
+                        max: value,
+                        count: 1,
+                    },
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn beat(conn: &Connection, path: &Path, id: i64) -> Result<()> {

@@ -9,6 +9,7 @@
 #[path = "../common.rs"]
 mod common;
 mod manage;
+mod stop;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -290,6 +291,11 @@ fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
         ("/v1/completions", json!({"model": "nope", "prompt": "a"}).to_string(), 404, "unknown model"),
         ("/v1/completions", json!({"model": "gpt", "prompt": "\nA", "max_tokens": 1000}).to_string(), 400, "max_tokens"),
         ("/v1/completions", json!({"model": "gpt", "prompt": [1, 2]}).to_string(), 400, "prompt"),
+        ("/v1/completions", json!({"model": "gpt", "prompt": "a", "stop": 5}).to_string(), 400, "stop: expected a string or an array"),
+        ("/v1/completions", json!({"model": "gpt", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400, "stop: 5 stop sequences, at most 4"),
+        ("/v1/completions", json!({"model": "gpt", "prompt": "a", "stop": ["a", ""]}).to_string(), 400, "stop: a stop sequence is empty"),
+        ("/v2/models/gpt/generate", gen(json!({"stop": [1]})), 400, "parameters.stop[0]: expected a string"),
+        ("/v2/models/gpt/generate", gen(json!({"stop": ""})), 400, "parameters.stop: a stop sequence is empty"),
     ];
     for (path, body, status, cause) in cases {
         let (got, answer) = s.post(path, body.clone());
@@ -400,6 +406,7 @@ fn every_endpoint_answers_and_bad_input_is_refused() {
     concurrent_generations_equal_their_answers_alone(&s);
     let m = s.scrape();
     assert!(m[&format!("weft_decode_batch_size_count{{{gpt1}}}")] > 0.0);
+    stop::stop_sequences_end_the_text(&s);
     bad_inputs_are_4xx_naming_the_cause(&s);
     bad_requests_leak_nothing(&s);
     drop(s);
