@@ -250,6 +250,10 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
     trials::load(&store, spec)
 }
 
+/// A trial's recorded curve of the sweep's metric: its number and `(step, loss, time)` rows (the
+/// loss: the value, negated when maximized; the time in seconds since the Unix epoch).
+pub type Curve = (u64, Vec<(i64, f64, f64)>);
+
 /// Gives `pruner` the recorded curves of ended trials, `(trial, [(step, loss, time)])`, in the
 /// order the values were recorded (by time; trial number, then step, break ties), which is the
 /// order the live driver gave them in: an asynchronous pruner such as ASHA judges a trial against
@@ -257,7 +261,7 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
 /// reached a rung late against values recorded after it. As live, a trial's values at a step at
 /// or before one already given are left out, and so are its values after the one that pruned it
 /// (logged before its signal took effect). Returns the `(trial, step)` of each decision to prune.
-pub fn replay(pruner: &mut dyn Pruner, curves: &[(u64, Vec<(i64, f64, f64)>)]) -> Vec<(u64, i64)> {
+pub fn replay(pruner: &mut dyn Pruner, curves: &[Curve]) -> Vec<(u64, i64)> {
     let mut events: Vec<(f64, u64, i64, f64)> = curves
         .iter()
         .flat_map(|(trial, rows)| rows.iter().map(|&(step, loss, time)| (time, *trial, step, loss)))

@@ -2,7 +2,7 @@
 //! recorded: on a case where trials reached ASHA's rungs in another order than their numbers,
 //! the replay makes the decisions the live sweep made, where replaying trial by trial does not.
 
-use weft_tune::driver::replay;
+use weft_tune::driver::{replay, Curve};
 use weft_tune::pruner::{Asha, Decision, Pruner};
 
 /// `(trial, [(step, loss, time)])` in trial order, as a resumed sweep reads them from the store.
@@ -10,7 +10,7 @@ use weft_tune::pruner::{Asha, Decision, Pruner};
 /// the best value), then trial 1 (time 2, worse: pruned), then trial 0 (time 3, worse than trial
 /// 2: pruned); trial 0 logged a good value at step 4 (time 3.2) before its stop took effect.
 /// Trial 2 reaches rung 1 alone (time 4) and goes on.
-fn curves() -> Vec<(u64, Vec<(i64, f64, f64)>)> {
+fn curves() -> Vec<Curve> {
     vec![
         (0, vec![(2, 2.0, 3.0), (4, 0.1, 3.2)]),
         (1, vec![(2, 3.0, 2.0)]),
