@@ -1,14 +1,16 @@
 //! `weft pipeline run|show`: runs a pipeline file's steps (crate weft-tune's
 //! [`weft_tune::pipeline`] reads and checks it), independent steps at once on threads of their
 //! own, skipping a step whose cache key matches a finished execution recorded in the run
-//! store (docs/registry.md).
+//! store (docs/registry.md). A sweep step's output records its best trial's values, which a
+//! train step with `from_sweep` takes as overrides ([`weft_tune::pipeline::handover`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc;
 
 use weft_track::Store;
+use weft_tune::pipeline::handover::{self, Best};
 use weft_tune::pipeline::{Action, Cache, Pipeline, Step};
 use weft_tune::registry::ModelRegistry;
 
@@ -29,8 +31,13 @@ pub struct RunArgs {
     /// The pipeline file (TOML, `[[step]]` entries).
     file: PathBuf,
     /// Run every step, whatever the cache holds.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from")]
     no_cache: bool,
+    /// Run step STEP and every step depending on it even when cached; the steps it depends on
+    /// come from the cache (an error, before anything runs, when one is not cached); other
+    /// steps run or come from the cache as usual.
+    #[arg(long, value_name = "STEP")]
+    from: Option<String>,
     /// The run store's folder (default: `WEFT_TRACK_DIR`, else `weft-runs`).
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
@@ -93,7 +100,16 @@ fn spawn_status(mut cmd: Command, what: &str) -> Result<(), String> {
 /// (those it depends on among them).
 fn execute(ctx: &Context, step: &Step, inputs: &BTreeMap<String, String>) -> Result<String, String> {
     match &step.action {
-        Action::Train { config, set } => {
+        Action::Train {
+            config,
+            set,
+            from_sweep,
+        } => {
+            // the best trial's values first, the step's own `set` on top
+            let best = match from_sweep {
+                Some(from) => handover::best_sets(from, inputs.get(from).map(String::as_str))?,
+                None => Vec::new(),
+            };
             let millis = (weft_track::now() * 1000.0) as u64;
             let name = format!("{}-{}-{millis}", ctx.pipeline, step.name);
             let mut cmd = Command::new(&ctx.exe);
@@ -101,7 +117,7 @@ fn execute(ctx: &Context, step: &Step, inputs: &BTreeMap<String, String>) -> Res
                 .env("WEFT_TRACK_DIR", &ctx.dir)
                 .args(["train", "--config"])
                 .arg(ctx.root.join(config));
-            for s in set {
+            for s in best.iter().chain(set) {
                 cmd.args(["--set", s]);
             }
             if !set.iter().any(|s| s.trim_start().starts_with("train.checkpoint_dir")) {
@@ -123,7 +139,7 @@ fn execute(ctx: &Context, step: &Step, inputs: &BTreeMap<String, String>) -> Res
                 .args(["sweep", "--config"])
                 .arg(ctx.root.join(config));
             spawn_status(cmd, "weft sweep")?;
-            Ok(format!("sweep={}", config.display()))
+            sweep_best(ctx, config)
         }
         Action::Command { argv } => {
             let mut cmd = Command::new(&argv[0]);
@@ -152,6 +168,42 @@ fn execute(ctx: &Context, step: &Step, inputs: &BTreeMap<String, String>) -> Res
             Ok(format!("model={} version={}", v.name, v.version))
         }
     }
+}
+
+/// The output of a sweep step whose sweep (file `config`) has run: its best finished trial and
+/// that trial's values ([`handover::sweep_output`]), as `weft sweep status --json` gives them
+/// with the store and folder the sweep ran with.
+fn sweep_best(ctx: &Context, config: &Path) -> Result<String, String> {
+    let out = Command::new(&ctx.exe)
+        .current_dir(&ctx.root)
+        .env("WEFT_TRACK_DIR", &ctx.dir)
+        .args(["sweep", "status", "--json", "--config"])
+        .arg(ctx.root.join(config))
+        .output()
+        .map_err(|e| format!("cannot start weft sweep status: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("weft sweep status: {}", err.trim()));
+    }
+    let status: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("weft sweep status --json: {e}"))?;
+    let name = status["sweep"].as_str().unwrap_or_default();
+    let best = &status["best"];
+    if best.is_null() {
+        return Ok(handover::sweep_output(name, None));
+    }
+    let mut params = toml::Table::new();
+    for (k, v) in best["params"].as_object().into_iter().flatten() {
+        let v = toml::Value::try_from(v).map_err(|e| format!("sweep {name}: best value of {k}: {e}"))?;
+        params.insert(k.clone(), v);
+    }
+    let best = Best {
+        trial: best["id"].as_u64().unwrap_or_default(),
+        run: best["run"].as_str().unwrap_or_default().to_string(),
+        value: best["value"].as_f64().unwrap_or(f64::NAN),
+        params,
+    };
+    Ok(handover::sweep_output(name, Some(&best)))
 }
 
 /// Runs `step` up to `retries + 1` times; the last error when every try failed.
@@ -204,10 +256,29 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", p.root.display()))?,
         pipeline: p.name.clone(),
     };
+    // --from STEP: it and the steps after it miss the cache on purpose
+    let forced: BTreeSet<String> = match &a.from {
+        None => BTreeSet::new(),
+        Some(from) => {
+            if p.step(from).is_none() {
+                let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+                return Err(format!(
+                    "{}: --from {from:?}: no such step (steps: {names:?})",
+                    a.file.display()
+                ));
+            }
+            cached_before(&p, &cache, from)?;
+            let mut forced = p.descendants(from);
+            forced.insert(from.clone());
+            forced
+        }
+    };
     let mut state: BTreeMap<String, State> = p.steps.iter().map(|s| (s.name.clone(), State::Waiting)).collect();
     let (tx, rx) = mpsc::channel::<(String, String, f64, Result<String, String>)>();
     let mut running = 0usize;
     let mut keys: BTreeMap<String, String> = BTreeMap::new();
+    // why each failed step failed
+    let mut why: BTreeMap<String, String> = BTreeMap::new();
     loop {
         // start (or take from the cache) every step whose dependencies are done
         let mut progressed = true;
@@ -240,6 +311,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                     Err(e) => {
                         // a file it names cannot be read: the step fails, the others go on
                         print_out(&format!("step {}: failed: {e}\n", step.name))?;
+                        why.insert(step.name.clone(), e.to_string());
                         state.insert(step.name.clone(), State::Failed);
                         continue;
                     }
@@ -254,7 +326,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                         _ => None,
                     })
                     .collect();
-                if !a.no_cache {
+                if !a.no_cache && !forced.contains(&step.name) {
                     if let Some(e) = cache.finished(&hash).map_err(|e| e.to_string())? {
                         print_out(&format!(
                             "step {}: cached (execution {} of {}/{}): {}\n",
@@ -298,6 +370,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
             }
             Err(e) => {
                 print_out(&format!("step {name}: failed: {e}\n"))?;
+                why.insert(name.clone(), e);
                 state.insert(name, State::Failed);
             }
         }
@@ -308,7 +381,52 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
         .map(|(n, _)| n)
         .collect();
     if !failed.is_empty() {
-        return Err(format!("pipeline {}: the steps {failed:?} failed", p.name));
+        let reasons: Vec<String> = failed
+            .iter()
+            .filter_map(|n| why.get(*n).map(|e| format!("{n}: {e}")))
+            .collect();
+        let reasons = if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", reasons.join("; ").replace('\n', " "))
+        };
+        return Err(format!("pipeline {}: the steps {failed:?} failed{reasons}", p.name));
+    }
+    Ok(())
+}
+
+/// For `--from STEP`: checks that every step STEP depends on has a finished execution with
+/// the cache key it has now (keys chained through the cached outputs, as a run computes them);
+/// an error naming the first that has none.
+fn cached_before(p: &Pipeline, cache: &Cache, from: &str) -> Result<(), String> {
+    let before = p.ancestors(from);
+    // step -> (cache key, output)
+    let mut done: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for step in p.steps.iter().filter(|s| before.contains(&s.name)) {
+        let deps: BTreeMap<String, String> = step
+            .depends_on
+            .iter()
+            .filter_map(|d| done.get(d).map(|(key, out)| (d.clone(), format!("{key}:{out}"))))
+            .collect();
+        let not_cached = |why: &str| {
+            format!(
+                "pipeline {}: --from {from:?}: step {:?}, which it depends on, {why}; run the pipeline without --from first",
+                p.name, step.name
+            )
+        };
+        let key = p
+            .hash(step, &deps)
+            .map_err(|e| not_cached(&format!("cannot be keyed ({e})")))?;
+        match cache.finished(&key).map_err(|e| e.to_string())? {
+            Some(e) => {
+                done.insert(step.name.clone(), (key, e.output));
+            }
+            None => {
+                return Err(not_cached(
+                    "has no cached execution with its current settings, files and inputs",
+                ))
+            }
+        }
     }
     Ok(())
 }

@@ -38,11 +38,16 @@ pub struct StatusArgs {
     /// The sweep file.
     #[arg(long)]
     config: PathBuf,
+    /// One JSON object: the sweep's name, experiment, metric, goal, planned trial count, its
+    /// trials (id, run, status, params, step, value, error) and its best finished trial (or
+    /// null).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(args: SweepArgs) -> Result<(), String> {
     match args.what {
-        Some(SweepCommand::Status(s)) => status(&s.config),
+        Some(SweepCommand::Status(s)) => status(&s.config, s.json),
         None => sweep(args.config.as_deref().ok_or("--config is required")?, args.resume),
     }
 }
@@ -221,9 +226,48 @@ fn sweep(path: &Path, resume: bool) -> Result<(), String> {
     print_out(&trials::status_text(&c.spec, &records))
 }
 
-fn status(path: &Path) -> Result<(), String> {
+fn status(path: &Path, json: bool) -> Result<(), String> {
     let c = check(path)?;
     let store = weft_track::Store::open_existing(&c.store_dir).map_err(|e| e.to_string())?;
     let records = trials::load(&store, &c.spec).map_err(|e| e.to_string())?;
+    if json {
+        let text = serde_json::to_string_pretty(&status_json(&c.spec, &records)).map_err(|e| e.to_string())?;
+        return print_out(&format!("{text}\n"));
+    }
     print_out(&trials::status_text(&c.spec, &records))
+}
+
+/// `weft sweep status --json`: `{sweep, experiment, metric, goal, trials_planned, trials,
+/// best}`; each trial `{id, run, run_id, status, params, step, value, error}` (params by key,
+/// typed: numbers, or the listed value; step and value of the metric's last record, null
+/// when none), `best` one of them (the best finished trial) or null.
+fn status_json(spec: &SweepSpec, records: &[trials::TrialRecord]) -> serde_json::Value {
+    let trial = |t: &trials::TrialRecord| {
+        let mut params = serde_json::Map::new();
+        for (i, (p, text)) in spec.space.params.iter().zip(&t.params).enumerate() {
+            let v = text.as_deref().map_or(serde_json::Value::Null, |text| {
+                serde_json::to_value(trials::param_value(&spec.space, i, text)).unwrap_or(serde_json::Value::Null)
+            });
+            params.insert(p.key.clone(), v);
+        }
+        serde_json::json!({
+            "id": t.number,
+            "run": t.run_name,
+            "run_id": t.run_id,
+            "status": t.status,
+            "params": params,
+            "step": t.last.map(|(s, _)| s),
+            "value": t.last.map(|(_, v)| v),
+            "error": t.error,
+        })
+    };
+    serde_json::json!({
+        "sweep": spec.name,
+        "experiment": spec.experiment,
+        "metric": spec.metric,
+        "goal": spec.goal.as_str(),
+        "trials_planned": spec.trials,
+        "trials": records.iter().map(trial).collect::<Vec<_>>(),
+        "best": trials::best(spec, records).map(trial),
+    })
 }

@@ -2,7 +2,9 @@
 //! command step) runs end to end; a second run takes every step from the cache; `--no-cache`
 //! runs them again; a condition that does not hold skips the steps after it; independent steps
 //! run at once; a failing step is retried, then stops the steps after it; a cycle, a missing
-//! dependency and an unknown kind are refused in one line.
+//! dependency and an unknown kind are refused in one line; a train step takes a sweep step's
+//! best values (`from_sweep`), and fails in one line when the sweep finished no trial;
+//! `--from STEP` reruns that step and those after it.
 
 mod common;
 
@@ -125,6 +127,11 @@ fn bad_pipelines_are_refused_in_one_line() {
         ),
         ("[[step]]\nname = \"a\"\nkind = \"juggle\"\n", "unknown kind \"juggle\""),
         ("[[step]]\nname = \"a\"\nkind = \"deploy\"\n", "not built yet"),
+        (
+            "[[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"true\"]\n\
+             [[step]]\nname = \"b\"\nkind = \"train\"\nconfig = \"x.toml\"\nfrom_sweep = \"a\"\ndepends_on = [\"a\"]\n",
+            "step \"b\": \"a\" is no sweep step",
+        ),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
         let file = dir.join(format!("bad{i}.toml"));
@@ -213,6 +220,11 @@ fn the_example_pipeline_runs_and_then_comes_from_the_cache() {
         ok(&runs, &all)
     };
     let first = run(&[]);
+    // the train step ran after the sweep, with its best values
+    assert!(
+        first.contains("step sweep: finished: sweep=sweep_char_gpt best=trial-"),
+        "{first}"
+    );
     assert!(
         first.contains("step register: finished: model=char_gpt version=1"),
         "{first}"
@@ -223,5 +235,236 @@ fn the_example_pipeline_runs_and_then_comes_from_the_cache() {
     let second = run(&[]);
     assert_eq!(second.matches(": cached (").count(), 4, "{second}");
     assert_eq!(versions(&runs).len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A grid sweep of the tiny mlp (`mlp.toml`, 4 steps, `loss` logged every step) named `name`
+/// over `lr` values and two hidden widths.
+fn sweep_file(name: &str, lrs: &str) -> String {
+    format!(
+        "[sweep]\nname = \"{name}\"\nbase = \"mlp.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\nparallel = 2\n\
+         [sweep.parameters]\n\"optim.lr\" = {{ values = [{lrs}] }}\n\"model.hidden\" = {{ values = [[8], [5]] }}\n"
+    )
+}
+
+/// sweep `tune`, then train `long`: the best trial's values, then `train.steps=6` on top.
+const HAND_OVER: &str = "[[step]]\nname = \"tune\"\nkind = \"sweep\"\nconfig = \"sweep.toml\"\n\n\
+    [[step]]\nname = \"long\"\nkind = \"train\"\nconfig = \"mlp.toml\"\nfrom_sweep = \"tune\"\n\
+    set = [\"train.steps=6\"]\ndepends_on = [\"tune\"]\n";
+
+/// The run of the store whose `key` is `value`, as `weft runs list --json` gives it.
+fn run_where(runs: &Path, key: &str, value: Value) -> Value {
+    let list: Value = serde_json::from_str(&ok(runs, &["runs", "list", "--json"])).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[key] == value)
+        .unwrap_or_else(|| panic!("no run with {key} {value}: {list}"))
+        .clone()
+}
+
+/// Checks that the `long` run of pipeline output `out` got the best trial's values of `weft
+/// sweep status --json` (and the step's own `train.steps` on top); the best trial's run name.
+fn check_handed_over(dir: &Path, runs: &Path, out: &str) -> String {
+    let status: Value = serde_json::from_str(&ok(
+        runs,
+        &[
+            "sweep",
+            "status",
+            "--json",
+            "--config",
+            dir.join("sweep.toml").to_str().unwrap(),
+        ],
+    ))
+    .unwrap();
+    let best = &status["best"];
+    let trial = run_where(runs, "name", best["run"].clone());
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("step long: finished: run="))
+        .expect(out);
+    let id: i64 = line.rsplit('=').next().unwrap().parse().unwrap();
+    let long = run_where(runs, "id", Value::from(id));
+    for key in ["optim.lr", "model.hidden"] {
+        assert_eq!(long["params"][key], trial["params"][key], "{key}: {long}\n{trial}");
+    }
+    assert_eq!(trial["params"]["train.steps"], "4");
+    assert_eq!(long["params"]["train.steps"], "6", "the step's own set goes on top");
+    // the status's best is the finished trial with the lowest loss
+    let finished: Vec<&Value> = status["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["status"] == "finished")
+        .collect();
+    let lowest = finished
+        .iter()
+        .min_by(|a, b| a["value"].as_f64().unwrap().total_cmp(&b["value"].as_f64().unwrap()))
+        .unwrap();
+    assert_eq!(lowest["id"], best["id"], "{status}");
+    best["run"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_train_step_takes_the_best_values_of_a_sweep_step() {
+    let dir = temp_dir("pipeline-handover");
+    let runs = dir.join("runs");
+    write_mlp(&dir);
+    std::fs::write(dir.join("sweep.toml"), sweep_file("tune", "0.0, 0.05")).unwrap();
+    let file = dir.join("flow.toml");
+    std::fs::write(&file, HAND_OVER).unwrap();
+    let f = file.to_str().unwrap();
+
+    let first = ok(&runs, &["pipeline", "run", f]);
+    assert!(first.contains("step tune: finished: sweep=tune best=trial-"), "{first}");
+    let best = check_handed_over(&dir, &runs, &first);
+
+    // `weft sweep status --json`: the sweep, its metric and goal, every trial typed
+    let status: Value = serde_json::from_str(&ok(
+        &runs,
+        &[
+            "sweep",
+            "status",
+            "--json",
+            "--config",
+            dir.join("sweep.toml").to_str().unwrap(),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(
+        (
+            &status["sweep"],
+            &status["metric"],
+            &status["goal"],
+            &status["trials_planned"]
+        ),
+        (
+            &Value::from("tune"),
+            &Value::from("loss"),
+            &Value::from("minimize"),
+            &Value::from(4)
+        )
+    );
+    let trials = status["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "{status}");
+    for (i, t) in trials.iter().enumerate() {
+        assert_eq!(t["id"], i, "{t}");
+        assert_eq!(t["run"], format!("tune-trial-{i}"));
+        assert_eq!(t["status"], "finished");
+        assert_eq!(t["step"], 4, "{t}");
+        assert!(t["value"].as_f64().is_some(), "{t}");
+        // grid order: the keys sorted (model.hidden first), the last fastest
+        let lr = if i % 2 == 0 { 0.0 } else { 0.05 };
+        assert_eq!(t["params"]["optim.lr"].as_f64(), Some(lr), "{t}");
+        assert_eq!(
+            t["params"]["model.hidden"],
+            serde_json::json!([if i < 2 { 8 } else { 5 }]),
+            "{t}"
+        );
+    }
+    assert_eq!(status["best"]["run"], best.as_str());
+
+    // a second run takes both from the cache
+    let second = ok(&runs, &["pipeline", "run", f]);
+    assert!(
+        second.contains("step tune: cached") && second.contains("step long: cached"),
+        "{second}"
+    );
+
+    // another sweep (only lr 0 now: a different best) runs the train step again with its best
+    std::fs::write(dir.join("sweep.toml"), sweep_file("tune2", "0.0")).unwrap();
+    let third = ok(&runs, &["pipeline", "run", f]);
+    assert!(third.contains("step long: finished"), "{third}");
+    let best2 = check_handed_over(&dir, &runs, &third);
+    assert!(best2.starts_with("tune2-trial-"), "{best2}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_sweep_that_finished_no_trial_fails_the_train_step_that_takes_its_best() {
+    let dir = temp_dir("pipeline-handover-none");
+    let runs = dir.join("runs");
+    write_mlp(&dir);
+    // every trial reads a file that is not there: each fails, none finishes
+    let sweep = "[sweep]\nname = \"none\"\nbase = \"mlp.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\n\
+                 [sweep.parameters]\n\"data.path\" = { values = [\"missing.csv\"] }\n";
+    std::fs::write(dir.join("sweep.toml"), sweep).unwrap();
+    let file = dir.join("flow.toml");
+    std::fs::write(&file, HAND_OVER).unwrap();
+    let out = weft_with(&runs, &["pipeline", "run", file.to_str().unwrap()]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("step tune: finished: sweep=none best=none"), "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("the steps [\"long\"] failed (long: from_sweep \"tune\": its sweep finished no trial"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn from_step_reruns_it_and_what_follows_and_takes_what_precedes_from_the_cache() {
+    let dir = temp_dir("pipeline-from");
+    let runs = dir.join("runs");
+    // a -> b -> c, d on its own; each appends its name to log.txt
+    let step = |name: &str, deps: &str| {
+        format!(
+            "[[step]]\nname = \"{name}\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"echo {name} >> log.txt\"]\n\
+             depends_on = [{deps}]\n\n"
+        )
+    };
+    let text = [step("a", ""), step("b", "\"a\""), step("c", "\"b\""), step("d", "")].concat();
+    let file = dir.join("flow.toml");
+    std::fs::write(&file, text).unwrap();
+    let f = file.to_str().unwrap();
+    let log = || std::fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
+
+    // nothing cached yet: refused before anything runs, naming the step before it
+    let out = weft_with(&runs, &["pipeline", "run", f, "--from", "b"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--from \"b\": step \"a\", which it depends on, has no cached execution"),
+        "{err}"
+    );
+    assert_eq!(log(), "");
+
+    ok(&runs, &["pipeline", "run", f]);
+    let mut first: Vec<String> = log().lines().map(str::to_string).collect();
+    first.sort();
+    assert_eq!(first, ["a", "b", "c", "d"]);
+    std::fs::write(dir.join("log.txt"), "").unwrap();
+
+    let again = ok(&runs, &["pipeline", "run", f, "--from", "b"]);
+    assert!(
+        again.contains("step a: cached") && again.contains("step d: cached"),
+        "{again}"
+    );
+    assert!(
+        again.contains("step b: finished") && again.contains("step c: finished"),
+        "{again}"
+    );
+    assert_eq!(log(), "b\nc\n");
+
+    // --from the first step runs everything after it; an unknown step is refused
+    std::fs::write(dir.join("log.txt"), "").unwrap();
+    ok(&runs, &["pipeline", "run", f, "--from", "a"]);
+    assert_eq!(log(), "a\nb\nc\n");
+    for (args, want) in [
+        (vec!["--from", "zz"], "--from \"zz\": no such step"),
+        (vec!["--from", "a", "--no-cache"], "cannot be used with"),
+    ] {
+        let mut all = vec!["pipeline", "run", f];
+        all.extend(args);
+        let out = weft_with(&runs, &all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{err}");
+        assert!(err.contains(want), "{want}: {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

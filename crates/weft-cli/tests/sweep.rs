@@ -148,6 +148,32 @@ fn a_failed_trial_is_recorded_and_the_sweep_goes_on() {
     assert_eq!(by_name("heads-trial-1")["status"], "finished");
     assert!(stdout.contains("trial 0: failed"), "{stdout}");
     assert!(stdout.contains("best: trial 1 (heads-trial-1)"), "{stdout}");
+
+    // the same as JSON: the failed trial with its typed value and error, the best trial
+    let st = weft_with(
+        &store,
+        &["sweep", "status", "--json", "--config", file.to_str().unwrap()],
+    );
+    let (stdout, stderr) = text(&st);
+    assert!(st.status.success(), "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(status["sweep"], "heads");
+    assert_eq!(status["metric"], "loss");
+    assert_eq!(status["goal"], "minimize");
+    let trials = status["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "{status}");
+    assert_eq!(trials[0]["id"], 0);
+    assert_eq!(trials[0]["status"], "failed");
+    assert_eq!(trials[0]["params"]["model.n_head"], 3);
+    assert!(
+        trials[0]["value"].is_null() && trials[0]["error"].is_string(),
+        "{status}"
+    );
+    assert_eq!(trials[1]["status"], "finished");
+    assert!(trials[1]["value"].as_f64().is_some(), "{status}");
+    assert_eq!(status["best"]["id"], 1);
+    assert_eq!(status["best"]["run"], "heads-trial-1");
+    assert_eq!(status["best"]["params"]["model.n_head"], 2);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! the running trials as one SIGTERM; the driver waits for them and returns an error saying the
 //! sweep can be resumed.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use std::time::Duration;
 use weft_track::{NewRun, RunWriter, Status, Store, WriterOptions};
 
 use crate::error::{Error, Result};
-use crate::pruner::{self, Decision};
+use crate::pruner::{self, Decision, Pruner};
 use crate::sampler::{self, Observation};
 use crate::space::Value;
 use crate::spec::SweepSpec;
@@ -156,15 +157,14 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
     })?;
     let mut sampler = sampler::from_spec(spec);
     let mut pruner = pruner::from_spec(&spec.pruner, plan.max_steps);
-    // the pruner learns the ended trials' curves first, in trial order, each up to where the
-    // rule stops it (values a pruned trial logged before its signal took effect are left out)
+    // the pruner learns the ended trials' curves first, in the order their values were recorded
+    let mut curves = Vec::new();
     for r in records.iter().filter(|r| r.is_done()) {
-        for (step, value) in metric_rows(&store, r.run_id, &spec.metric)? {
-            if let Decision::Prune(_) = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value)) {
-                break;
-            }
-        }
+        let rows = store.metric_series(r.run_id, &spec.metric)?;
+        let rows: Vec<(i64, f64, f64)> = rows.into_iter().map(|(s, v, t)| (s, spec.goal.loss(v), t)).collect();
+        curves.push((r.number, rows));
     }
+    replay(pruner.as_mut(), &curves);
     catch_signals();
     let mut running = Children(Vec::new());
     let mut next = 0u64;
@@ -248,6 +248,37 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
         }
     }
     trials::load(&store, spec)
+}
+
+/// A trial's recorded curve of the sweep's metric: its number and `(step, loss, time)` rows (the
+/// loss: the value, negated when maximized; the time in seconds since the Unix epoch).
+pub type Curve = (u64, Vec<(i64, f64, f64)>);
+
+/// Gives `pruner` the recorded curves of ended trials, `(trial, [(step, loss, time)])`, in the
+/// order the values were recorded (by time; trial number, then step, break ties), which is the
+/// order the live driver gave them in: an asynchronous pruner such as ASHA judges a trial against
+/// the trials that reached a rung before it, so replaying trial by trial would judge a trial that
+/// reached a rung late against values recorded after it. As live, a trial's values at a step at
+/// or before one already given are left out, and so are its values after the one that pruned it
+/// (logged before its signal took effect). Returns the `(trial, step)` of each decision to prune.
+pub fn replay(pruner: &mut dyn Pruner, curves: &[Curve]) -> Vec<(u64, i64)> {
+    let mut events: Vec<(f64, u64, i64, f64)> = curves
+        .iter()
+        .flat_map(|(trial, rows)| rows.iter().map(|&(step, loss, time)| (time, *trial, step, loss)))
+        .collect();
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut seen: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut pruned = Vec::new();
+    for (_, trial, step, loss) in events {
+        if pruned.iter().any(|(t, _)| *t == trial) || seen.get(&trial).is_some_and(|s| step <= *s) {
+            continue;
+        }
+        seen.insert(trial, step);
+        if let Decision::Prune(_) = pruner.report(trial, step.max(0) as u64, loss) {
+            pruned.push((trial, step));
+        }
+    }
+    pruned
 }
 
 /// The signal that asked the sweep to stop, if any.

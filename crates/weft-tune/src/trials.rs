@@ -74,6 +74,18 @@ pub fn param_text(space: &Space, i: usize, v: Value) -> String {
     }
 }
 
+/// The typed value of parameter `i` recorded as param text `text`: a float, an integer, or the
+/// listed TOML value it names; text the parameter cannot take stays a string.
+pub fn param_value(space: &Space, i: usize, text: &str) -> toml::Value {
+    let p = &space.params[i];
+    match (p.parse_text(text), &p.dist) {
+        (Some(Value::Float(x)), _) => toml::Value::Float(x),
+        (Some(Value::Int(n)), _) => toml::Value::Integer(n),
+        (Some(Value::Choice(c)), crate::space::Distribution::Values(vals)) => vals[c].clone(),
+        _ => toml::Value::String(text.to_string()),
+    }
+}
+
 /// Every trial of `spec`'s sweep in the store, by number: for a number run more than once, the
 /// run that ended for good, else the latest.
 pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {

@@ -2,7 +2,9 @@
 //! dependencies, cycles), put in order, and the cache of step executions kept in the run
 //! store's SQLite file (`pipeline_executions`, a table of its own). Running the steps is the
 //! CLI's (`weft pipeline run`, crates/weft-cli/src/pipeline.rs); docs/registry.md describes
-//! the file.
+//! the file. [`handover`]: a sweep step's best values handed to a train step (`from_sweep`).
+
+pub mod handover;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -58,8 +60,14 @@ impl Op {
 /// What a step does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// `weft train --config CONFIG --set ...` (CONFIG relative to the pipeline file).
-    Train { config: PathBuf, set: Vec<String> },
+    /// `weft train --config CONFIG --set ...` (CONFIG relative to the pipeline file). With
+    /// `from_sweep`, the best finished trial of that sweep step gives its values as `--set`
+    /// overrides first, then `set` applies on top.
+    Train {
+        config: PathBuf,
+        set: Vec<String>,
+        from_sweep: Option<String>,
+    },
     /// `weft sweep --config CONFIG`.
     Sweep { config: PathBuf },
     /// A program and its arguments, run in the pipeline file's folder.
@@ -129,7 +137,7 @@ fn parse_step(file: &Path, t: &toml::Table) -> Result<Step> {
     let name = string(file, t, "?", "name")?;
     let kind = string(file, t, &name, "kind")?;
     let allowed: &[&str] = match kind.as_str() {
-        "train" => &["config", "set"],
+        "train" => &["config", "set", "from_sweep"],
         "sweep" => &["config"],
         "command" => &["argv"],
         "condition" => &["metric", "run", "op", "value"],
@@ -159,6 +167,10 @@ fn parse_step(file: &Path, t: &toml::Table) -> Result<Step> {
         "train" => Action::Train {
             config: string(file, t, &name, "config")?.into(),
             set: strings(file, t, &name, "set")?,
+            from_sweep: match t.get("from_sweep") {
+                None => None,
+                Some(_) => Some(string(file, t, &name, "from_sweep")?),
+            },
         },
         "sweep" => Action::Sweep {
             config: string(file, t, &name, "config")?.into(),
@@ -256,20 +268,19 @@ impl Pipeline {
                     ));
                 }
             }
-            let needs = match &s.action {
-                Action::Condition { run, .. } => Some(run),
-                Action::Register { step, .. } => Some(step),
-                _ => None,
-            };
-            if let Some(n) = needs {
-                if kinds.get(n.as_str()) != Some(&"train") {
-                    return Err(spec(file, format!("step {:?}: {n:?} is no train step", s.name)));
+            if let Some((n, kind)) = uses(s) {
+                match kinds.get(n) {
+                    None => return Err(spec(file, format!("step {:?} uses {n:?}, which is no step", s.name))),
+                    Some(k) if *k != kind => {
+                        return Err(spec(file, format!("step {:?}: {n:?} is no {kind} step", s.name)))
+                    }
+                    Some(_) => {}
                 }
             }
         }
         let steps = order(file, steps)?;
         for s in &steps {
-            if let Action::Condition { run: n, .. } | Action::Register { step: n, .. } = &s.action {
+            if let Some((n, _)) = uses(s) {
                 if !ancestors(&steps, &s.name).contains(n) {
                     return Err(spec(
                         file,
@@ -295,9 +306,28 @@ impl Pipeline {
         self.steps.iter().find(|s| s.name == name)
     }
 
+    /// Every step step `name` depends on, directly or not.
+    pub fn ancestors(&self, name: &str) -> BTreeSet<String> {
+        ancestors(&self.steps, name)
+    }
+
+    /// Every step that depends on step `name`, directly or not.
+    pub fn descendants(&self, name: &str) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        // the steps are in dependency order: one pass reaches every descendant
+        for s in &self.steps {
+            if s.depends_on.iter().any(|d| d == name || seen.contains(d)) {
+                seen.insert(s.name.clone());
+            }
+        }
+        seen
+    }
+
     /// The cache key of `step`: SHA-256 (hex) of its kind and settings, the bytes of the files
     /// it names (a train or sweep config), and what `deps` gives for each dependency (by step
-    /// name: the CLI gives its cache key and output, so keys chain along the DAG).
+    /// name: the CLI gives its cache key and output, so keys chain along the DAG). A train step's
+    /// `from_sweep` step is one of its dependencies, and that step's output holds the best
+    /// trial's values ([`handover`]), so a changed best changes the train step's key.
     pub fn hash(&self, step: &Step, deps: &BTreeMap<String, String>) -> Result<String> {
         let mut h = Sha256::new();
         let mut table = step.table.clone();
@@ -313,6 +343,18 @@ impl Pipeline {
             h.update(format!("\0dep\0{d}\0{}", deps.get(d).map_or("", String::as_str)).as_bytes());
         }
         Ok(format!("{:x}", h.finalize()))
+    }
+}
+
+/// The step whose results `s` reads, and the kind that step must be: a condition's `run` and a
+/// register's `step` (train steps), a train step's `from_sweep` (a sweep step).
+fn uses(s: &Step) -> Option<(&str, &'static str)> {
+    match &s.action {
+        Action::Condition { run: n, .. } | Action::Register { step: n, .. } => Some((n.as_str(), "train")),
+        Action::Train {
+            from_sweep: Some(n), ..
+        } => Some((n.as_str(), "sweep")),
+        _ => None,
     }
 }
 
@@ -454,54 +496,4 @@ impl Cache {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn load(name: &str, text: &str) -> Result<Pipeline> {
-        let dir = std::env::temp_dir().join(format!("weft-tune-pipeline-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join(format!("{name}.toml"));
-        std::fs::write(&file, text).unwrap();
-        Pipeline::load(&file)
-    }
-
-    #[test]
-    fn steps_are_ordered_and_bad_files_refused() {
-        let p = load(
-            "ok",
-            "[[step]]\nname = \"gate\"\nkind = \"condition\"\nmetric = \"loss\"\nrun = \"t\"\nop = \"<\"\nvalue = 9\n\
-             depends_on = [\"t\"]\n\
-             [[step]]\nname = \"t\"\nkind = \"command\"\nargv = [\"true\"]\n",
-        );
-        assert!(p.unwrap_err().to_string().contains("no train step"));
-        let p = load(
-            "ok2",
-            "[[step]]\nname = \"b\"\nkind = \"command\"\nargv = [\"true\"]\ndepends_on = [\"a\"]\n\
-             [[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"true\"]\n",
-        )
-        .unwrap();
-        let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["a", "b"]);
-        let cases = [
-            ("[[step]]\nname = \"a\"\nkind = \"teleport\"\n", "unknown kind"),
-            ("[[step]]\nname = \"a\"\nkind = \"deploy\"\n", "not built yet"),
-            (
-                "[[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"x\"]\ndepends_on = [\"z\"]\n",
-                "no step",
-            ),
-            (
-                "[[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"x\"]\ndepends_on = [\"b\"]\n\
-                 [[step]]\nname = \"b\"\nkind = \"command\"\nargv = [\"x\"]\ndepends_on = [\"a\"]\n",
-                "cycle",
-            ),
-            (
-                "[[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"x\"]\nfoo = 1\n",
-                "unknown key",
-            ),
-        ];
-        for (text, want) in cases {
-            let e = load("bad", text).unwrap_err().to_string();
-            assert!(e.contains(want) && !e.contains('\n'), "{e}");
-        }
-    }
-}
+mod tests;
