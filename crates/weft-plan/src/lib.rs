@@ -10,11 +10,13 @@
 //! - [`cluster`]: the `cluster.toml` format, checked field by field.
 //! - [`calibration`]: the `local` spec that `weft plan calibrate` measures, as its cache file.
 //! - [`cost`]: time per stage and per step of a [`Layout`].
+//! - [`activations`]: what weft's autograd graph keeps of a micro-batch, tensor by tensor.
 //! - [`memory`]: bytes per device of a [`Layout`], by term.
 //! - [`search`]: the layouts, stage cuts by dynamic programming, the ranking.
 
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod activations;
 pub mod calibration;
 pub mod cluster;
 pub mod cost;

@@ -2,14 +2,16 @@
 //! parameters, gradients and optimizer state in f32 (weft's autocast keeps them so), divided by
 //! ZeRO stage as `weft_dist::ShardedDataParallel` shards them (`16 P` bytes per parameter under
 //! plain data parallelism with Adam, `8 P + 8 P / N` at stage 1, `4 P + 12 P / N` at 2,
-//! `16 P / N` at 3); activations per micro-batch with `weft_train::memory`'s element counts,
-//! times the micro-batches the schedule holds at once; communication buffers.
+//! `16 P / N` at 3); activations per micro-batch as weft's autograd graph keeps them
+//! ([`crate::activations`], which `weft_train::memory` shares), times the micro-batches the
+//! schedule holds at once; communication buffers.
 //!
 //! Not counted: weft today builds the whole model on every rank before cutting it (a transient
 //! peak `weft_train::memory::estimate` does count); the planner plans the steady state.
 
+use crate::activations;
 use crate::layout::Layout;
-use crate::model::{ModelShape, Precision, Workload};
+use crate::model::{ModelShape, Workload};
 
 /// Bytes one device holds, by term.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -67,39 +69,6 @@ pub fn stage_params(model: &ModelShape, tp: usize, pp: usize, blocks: usize, fir
     p
 }
 
-/// Activation bytes one micro-batch keeps per token on a stage (all of it, as without
-/// recompute), with `weft_train::memory`'s element counts: what the matrix products write
-/// (cut by tp inside a block) at the precision's bytes, the rest in f32 (norm outputs, the
-/// residual stream, the embeddings' outputs, the logits and their gradient: weft's autocast
-/// keeps them so), and with `tp > 1` what a tensor-parallel rank keeps whole beyond that
-/// ([`ModelShape::tp_activation_elements_per_token`]).
-pub fn stage_activation_bytes_per_token(
-    model: &ModelShape,
-    precision: Precision,
-    tp: usize,
-    blocks: usize,
-    first: bool,
-    last: bool,
-) -> f64 {
-    let (whole, cut) = model.block_activation_elements_per_token();
-    let (first_e, last_whole, last_cut) = model.end_activation_elements_per_token();
-    let (tp_block, tp_first) = if tp > 1 {
-        model.tp_activation_elements_per_token()
-    } else {
-        (0.0, 0.0)
-    };
-    let tp = tp as f64;
-    let mut f32_elements = blocks as f64 * (whole + tp_block);
-    let low_elements = blocks as f64 * cut / tp;
-    if first {
-        f32_elements += first_e + tp_first;
-    }
-    if last {
-        f32_elements += last_whole + last_cut / tp;
-    }
-    4.0 * f32_elements + precision.activation_bytes() * low_elements
-}
-
 /// Bytes a device of stage `stage` holds under `layout` (`layout.stage_blocks` cut).
 pub fn stage_memory(work: &Workload, layout: &Layout, stage: usize) -> MemoryBreakdown {
     stage_memory_with(work, layout, stage, layout.stage_blocks[stage])
@@ -142,7 +111,7 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
     let rows = (work.pass_rows() as f64 / dp) / layout.micro_batches as f64;
     let tokens = rows * model.seq_len as f64;
     let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
-    let whole_mb = tokens * stage_activation_bytes_per_token(model, work.precision, tp, blocks, first, last);
+    let whole_mb = activations::micro_batch_bytes(model, work.precision, tp, blocks, (first, last), tokens);
     let activations = if layout.recompute {
         // each micro-batch in flight keeps its input (the token ids on the first stage, the f32
         // residual stream on the others); one at a time is rebuilt whole
@@ -264,14 +233,19 @@ mod tests {
     #[test]
     fn activations_follow_weft_and_the_schedule() {
         let w = work();
-        // weft_train::memory for 32 rows on one rank: tokens x (12 x (4C + 12C) + 3C + 2V) x 4
-        // bytes in f32
+        // 32 rows of 1024 tokens on one rank, f32: a block keeps 4C f32 (norms, residual sums),
+        // 4C + 2I products (I = 4C), 4 norm statistics and 12 heads' log-sum-exp (c_proj adds
+        // bias and residual in its own op); the ends the ids (8 bytes), the embeddings (2C), the
+        // final norm (C + 2), the logits and their gradient (2V), the loss's 3 numbers; the
+        // micro-batch the position embeddings (T C)
         let f32w = Workload {
             precision: Precision::F32,
             ..w.clone()
         };
-        let c = 768.0;
-        let expect = 32.0 * 1024.0 * (12.0 * 16.0 * c + 3.0 * c + 2.0 * 50257.0) * 4.0;
+        let (c, v) = (768.0, 50257.0);
+        let block = 4.0 * (16.0 * c + 4.0 + 12.0);
+        let ends = 8.0 + 8.0 * c + 4.0 * (c + 2.0) + 8.0 * v + 12.0;
+        let expect = 32.0 * 1024.0 * (12.0 * block + ends) + 4.0 * 1024.0 * c;
         assert_eq!(stage_memory(&f32w, &layout(1, 0), 0).activations, expect);
         // a pipeline of 4 with 8 micro-batches: 1F1B holds 4 on the first stage, GPipe 8
         let mut l = layout(1, 0);
@@ -320,19 +294,55 @@ mod weft_holds {
             optimizer_moments: 2,
         };
         let (c, v) = (768.0, 50257.0);
-        // per block: norm outputs and residual stream (4C) in f32, q, k, v, the attention's
-        // output and the MLP's (4C + 8C) in bf16; the embeddings (2C), the final norm (C) and
-        // the logits with their gradient (2V) in f32
-        let per_token = 12.0 * (4.0 * c * 4.0 + 12.0 * c * 2.0) + (3.0 * c + 2.0 * v) * 4.0;
+        // per block: norm outputs and residual sums (4C), norm statistics and log-sum-exp in
+        // f32; q, k, v, the attention's output (4C), the MLP's product, its sum with the bias
+        // and the GELU (3I = 12C) in bf16; each product's bf16 copy of its norm output (2C);
+        // each c_proj's bf16 output and its f32 copy added to the residual stream (2 x 6C
+        // bytes): as many bytes per token as f32 keeps
+        let block = 4.0 * (4.0 * c + 4.0 + 12.0) + 2.0 * 16.0 * c + 2.0 * 2.0 * c + 2.0 * 6.0 * c;
+        assert_eq!(block, 4.0 * (16.0 * c + 4.0 + 12.0));
+        // the ends: ids, embeddings (2C) in f32; the final norm (C + 2) in f32 and its bf16
+        // copy, the bf16 logits, their f32 copy and gradient, the loss's 3 numbers
+        let ends = 8.0 + 8.0 * c + 4.0 * (c + 2.0) + 2.0 * c + 2.0 * v + 8.0 * v + 12.0;
+        // and the bf16 copy of every product's weights and biases, the output layer's too
+        let copies = 2.0 * (12.0 * (12.0 * c * c + 9.0 * c) + v * c);
         let got = stage_memory(&w, &layout(1, 1, 1, 0, 1, vec![12]), 0).activations;
-        assert_eq!(got, 32.0 * 1024.0 * per_token);
-        // more than half the f32 run's (what every element at 2 bytes gave)
+        assert_eq!(got, 32.0 * 1024.0 * (12.0 * block + ends) + copies + 4.0 * 1024.0 * c);
+        // more than the f32 run's: the copies outweigh the halved products
         let f32w = Workload {
             precision: Precision::F32,
             ..w.clone()
         };
         let all_f32 = stage_memory(&f32w, &layout(1, 1, 1, 0, 1, vec![12]), 0).activations;
-        assert!(got > 0.6 * all_f32 && got < all_f32, "{got} {all_f32}");
+        assert!(got > all_f32, "{got} {all_f32}");
+    }
+
+    #[test]
+    fn bf16_weight_copies_are_held_per_micro_batch_in_flight() {
+        let w = Workload {
+            model: gpt2_small(),
+            global_batch: 32,
+            precision: Precision::Bf16,
+            grad_accum: 1,
+            optimizer_moments: 2,
+        };
+        // pp 4, 8 micro-batches of 4 rows: stage 0 of 1F1B holds 4 graphs, each with its own
+        // bf16 copy of the stage's 3 blocks' product weights
+        let mut l = layout(1, 1, 4, 0, 8, vec![3; 4]);
+        let tokens = 4.0 * 1024.0;
+        let copies = activations::weight_copy_bytes(&w.model, Precision::Bf16, 1, 3, false);
+        assert_eq!(copies, 2.0 * 3.0 * (12.0 * 768.0 * 768.0 + 9.0 * 768.0));
+        let one = activations::micro_batch_bytes(&w.model, Precision::Bf16, 1, 3, (true, false), tokens);
+        assert_eq!(stage_memory(&w, &l, 0).activations, 4.0 * one);
+        // recomputed: each keeps its ids, and only the micro-batch rebuilt holds a graph and
+        // its copies (the forward under no_grad keeps none)
+        l.recompute = true;
+        assert_eq!(stage_memory(&w, &l, 0).activations, 4.0 * tokens * 8.0 + one);
+        // f32 makes no copies
+        assert_eq!(
+            activations::weight_copy_bytes(&w.model, Precision::F32, 1, 3, false),
+            0.0
+        );
     }
 
     #[test]

@@ -251,43 +251,6 @@ impl ModelShape {
         };
         (whole, cut)
     }
-
-    /// Activation elements one block keeps per token between its forward and backward, as
-    /// `(whole, cut by tp)`, with weft's own accounting (`weft_train::memory`): gpt keeps the
-    /// norms' outputs and the residual stream (`4C`), q, k, v and the attention output (`4C`)
-    /// and the MLP's pre-activation and GELU output (`2I`); llama the same `4C`, q, k, v, the
-    /// rotated q and k and the attention output (`3C + 3kv`) and the MLP's gate, its SiLU, up
-    /// and their product (`4I`).
-    pub fn block_activation_elements_per_token(&self) -> (f64, f64) {
-        let (c, i) = (self.c(), self.intermediate as f64);
-        match self.kind {
-            ModelKind::Gpt => (4.0 * c, 4.0 * c + 2.0 * i),
-            ModelKind::Llama => (4.0 * c, 3.0 * c + 3.0 * self.kv() + 4.0 * i),
-        }
-    }
-
-    /// f32 activation elements a tensor-parallel rank keeps per token beyond the cut model's
-    /// (only when `tp > 1`), as `(per block, first stage)`: each row-parallel layer (gpt's two
-    /// `c_proj`, llama's `o_proj` and `down_proj`) keeps its whole partial sum and the summed
-    /// output (weft's `reduce_from_group` holds its input, the bias or residual addition its),
-    /// and gpt's bias addition its output too, where a whole layer adds bias and residual in one
-    /// op; the vocabulary-parallel embedding keeps its lookup and the masked partial sum.
-    pub fn tp_activation_elements_per_token(&self) -> (f64, f64) {
-        let c = self.c();
-        (2.0 * (2.0 + self.bias()) * c, 2.0 * c)
-    }
-
-    /// Activation elements the first stage keeps per token besides its blocks (the embeddings'
-    /// outputs), and the last (the final norm, and the logits with their gradient, cut by tp),
-    /// as weft's accounting: `(first, last whole, last cut by tp)`.
-    pub fn end_activation_elements_per_token(&self) -> (f64, f64, f64) {
-        let c = self.c();
-        let first = match self.kind {
-            ModelKind::Gpt => 2.0 * c,
-            ModelKind::Llama => c,
-        };
-        (first, c, 2.0 * self.vocab as f64)
-    }
 }
 
 #[cfg(test)]

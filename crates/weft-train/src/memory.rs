@@ -13,6 +13,7 @@
 
 use crate::config::{DataConfig, ModelConfig, RunConfig};
 use crate::error::{Error, Result};
+use weft_plan::Precision;
 
 /// Bytes one rank needs for a run, by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -77,18 +78,11 @@ pub fn parameter_count(cfg: &ModelConfig) -> f64 {
     }
 }
 
-/// `elements` when the model is cut over `tp > 1` ranks (what each keeps whole only then), else 0.
-fn tp_whole(tp: f64, elements: f64) -> f64 {
-    if tp > 1.0 {
-        elements
-    } else {
-        0.0
-    }
-}
-
 /// Activation bytes one step keeps for `rows` rows of the model of `cfg`, with its layers cut
-/// over `tp` tensor-parallel ranks and `pp` stages.
-fn activation_bytes(cfg: &ModelConfig, rows: f64, tp: f64, pp: f64) -> f64 {
+/// over `tp` tensor-parallel ranks and `pp` stages, its products in `precision`. Gpt and llama
+/// as the planner counts them ([`weft_plan::activations`]): the blocks of the largest stage
+/// and both ends of the model, bf16 weight copies included.
+fn activation_bytes(cfg: &ModelConfig, precision: Precision, rows: f64, tp: f64, pp: f64) -> f64 {
     match cfg {
         ModelConfig::Mlp(m) => {
             let widths: f64 = m.hidden.iter().map(|&h| 2.0 * h as f64).sum();
@@ -104,35 +98,13 @@ fn activation_bytes(cfg: &ModelConfig, rows: f64, tp: f64, pp: f64) -> f64 {
             }
             rows * (per_row + 2.0 * c.num_classes as f64) * F32
         }
-        ModelConfig::Gpt(g) => {
-            let tokens = rows * g.block_size as f64;
-            let c = g.n_embd as f64;
-            // per block and token: the norms' outputs and the residual stream (4C), q, k, v
-            // and the attention output (4C, cut by tp), the MLP's pre-activation and GELU
-            // output (8C, cut by tp); tensor-parallel, the two row-parallel c_proj keep their
-            // whole partial sums, the sums and (with biases) the sums plus bias
-            let bias = if g.bias { 1.0 } else { 0.0 };
-            let block = 4.0 * c + 12.0 * c / tp + tp_whole(tp, 2.0 * (2.0 + bias) * c);
-            let layers = (g.n_layer as f64 / pp).ceil();
-            // embeddings (tensor-parallel: the lookup and its masked partial sum too) and the
-            // final norm, and the logits with their gradient
-            let ends = 3.0 * c + tp_whole(tp, 2.0 * c) + 2.0 * g.vocab_size as f64 / tp;
-            tokens * (layers * block + ends) * F32
-        }
-        ModelConfig::Llama(l) => {
-            let tokens = rows * l.block_size as f64;
-            let (c, inter) = (l.n_embd as f64, l.intermediate_size as f64);
-            let kv = l.n_kv_head as f64 * (l.n_embd / l.n_head.max(1)) as f64;
-            // per layer and token: the norms' outputs and the residual stream (4C); q, k, v,
-            // the rotated q and k and the attention output (3C + 3kv, cut by tp); the MLP's
-            // gate, its SiLU, up and their product (4I, cut by tp); tensor-parallel, the
-            // row-parallel o_proj and down_proj keep their whole partial sums and the sums
-            let block = 4.0 * c + (3.0 * c + 3.0 * kv + 4.0 * inter) / tp + tp_whole(tp, 4.0 * c);
-            let layers = (l.n_layer as f64 / pp).ceil();
-            // the embedding (and its lookup and partial sum) and the final norm, and the logits
-            // with their gradient
-            let ends = 2.0 * c + tp_whole(tp, 2.0 * c) + 2.0 * l.vocab_size as f64 / tp;
-            tokens * (layers * block + ends) * F32
+        ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
+            let Ok(shape) = crate::plan_shape::model_shape(cfg) else {
+                return 0.0;
+            };
+            let layers = (shape.n_layer as f64 / pp).ceil() as usize;
+            let tokens = rows * shape.seq_len as f64;
+            weft_plan::activations::micro_batch_bytes(&shape, precision, tp as usize, layers, (true, true), tokens)
         }
     }
 }
@@ -165,7 +137,11 @@ pub fn estimate(config: &RunConfig) -> Estimate {
         DataConfig::Tokens(k) => (k.batch_size as f64, 128.0 * 65536.0),
     };
     let rows = batch / dp;
-    let activations = activation_bytes(&config.model, rows, tp, pp);
+    let precision = match config.train.precision.as_str() {
+        "bf16" => Precision::Bf16,
+        _ => Precision::F32,
+    };
+    let activations = activation_bytes(&config.model, precision, rows, tp, pp);
     let per_row_input = match &config.model {
         ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
             2.0 * config.model.language_model_sizes().map_or(0, |(_, block)| block) as f64 * 8.0
@@ -301,5 +277,30 @@ mod tests {
         let whole = parameter_count(&config(false).model) * F32;
         assert_eq!(estimate(&config(false)).grads, whole / 2.0);
         assert_eq!(estimate(&config(true)).grads, whole);
+    }
+    #[test]
+    fn bf16_activations_are_counted_as_the_planner_counts_them() {
+        let text = "[model]\nkind = \"llama\"\nvocab_size = 96\nblock_size = 16\nn_layer = 2\nn_head = 4\n\
+                    n_kv_head = 2\nn_embd = 32\nintermediate_size = 48\n[data]\nkind = \"text\"\npath = \"builtin\"\n\
+                    batch_size = 8\n[optim]\nkind = \"adamw\"\nlr = 0.001\n[train]\nsteps = 1\n";
+        let config = |precision: &str| {
+            let mut c = RunConfig::parse(text, "test", ".".into(), &Default::default()).unwrap();
+            c.train.precision = precision.into();
+            c
+        };
+        let shape = crate::plan_shape::model_shape(&config("bf16").model).unwrap();
+        for (precision, p) in [("f32", Precision::F32), ("bf16", Precision::Bf16)] {
+            // 8 rows of 16 tokens through both layers and both ends
+            let planned = weft_plan::activations::micro_batch_bytes(&shape, p, 1, 2, (true, true), 128.0);
+            assert_eq!(estimate(&config(precision)).activations, planned, "{precision}");
+        }
+        // bf16 is not f32 at 4 bytes an element: the products at 2 and autocast's copies (of
+        // the weights among them) counted
+        let copies = weft_plan::activations::weight_copy_bytes(&shape, Precision::Bf16, 1, 2, true);
+        assert!(copies > 0.0);
+        assert_ne!(
+            estimate(&config("bf16")).activations,
+            estimate(&config("f32")).activations
+        );
     }
 }
