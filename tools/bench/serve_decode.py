@@ -6,7 +6,7 @@ server without continuous batching runs them) against `--max-sequences 8`.
     cargo build --release -p weft-cli
     python3 tools/bench/serve_decode.py [--weft target/release/weft] [--clients 8] [--tokens 64]
 
-The model is a gpt trained for two steps on the built-in corpus (n_layer 4, n_embd 256, 8 heads,
+The model is a gpt trained for two steps on the built-in corpus (n_layer 6, n_embd 512, 8 heads,
 block_size 256: big enough that a decode step is a few milliseconds); what it says does not
 matter, only how long it takes. Every request is greedy (`temperature 0`) with `max_tokens` fixed,
 so every run does the same work. Prints, per setting: the wall time for `--clients` concurrent
@@ -106,8 +106,8 @@ def main():
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="weft-serve-decode-"))
     store = work / "store"
-    subprocess.run([a.weft, "train", "--quiet", "--set", "train.steps=2", "--set", "model.n_layer=4",
-                    "--set", "model.n_embd=256", "--set", "model.n_head=8", "--set", "model.block_size=256",
+    subprocess.run([a.weft, "train", "--quiet", "--set", "train.steps=2", "--set", "model.n_layer=6",
+                    "--set", "model.n_embd=512", "--set", "model.n_head=8", "--set", "model.block_size=256",
                     "--set", "train.eval_every=0", "--set", "train.sample_tokens=0", "--set", "track.enabled=false",
                     "--set", f"train.checkpoint_dir={store / 'ckpt'}"], check=True, cwd=work)
     rows = []

@@ -192,15 +192,27 @@ fn sweep_best(ctx: &Context, config: &Path) -> Result<String, String> {
     if best.is_null() {
         return Ok(handover::sweep_output(name, None));
     }
+    let trial = best["id"]
+        .as_u64()
+        .ok_or_else(|| format!("sweep {name}: weft sweep status --json gave a best trial without an id"))?;
+    let field = |key: &str| format!("sweep {name}: trial {trial}, the best, has no {key} in weft sweep status --json");
     let mut params = toml::Table::new();
-    for (k, v) in best["params"].as_object().into_iter().flatten() {
-        let v = toml::Value::try_from(v).map_err(|e| format!("sweep {name}: best value of {k}: {e}"))?;
+    for (k, v) in best["params"].as_object().ok_or_else(|| field("params"))? {
+        // a parameter the trial did not draw (the sweep file gained it on a resume) is left to the
+        // train step's own config
+        if v.is_null() {
+            weft_core::errln!(
+                "weft pipeline: sweep {name}: trial {trial}, the best, has no value of {k}; not handed over"
+            );
+            continue;
+        }
+        let v = toml::Value::try_from(v).map_err(|e| format!("sweep {name}: trial {trial}'s value of {k}: {e}"))?;
         params.insert(k.clone(), v);
     }
     let best = Best {
-        trial: best["id"].as_u64().unwrap_or_default(),
-        run: best["run"].as_str().unwrap_or_default().to_string(),
-        value: best["value"].as_f64().unwrap_or(f64::NAN),
+        trial,
+        run: best["run"].as_str().ok_or_else(|| field("run"))?.to_string(),
+        value: best["value"].as_f64().ok_or_else(|| field("value"))?,
         params,
     };
     Ok(handover::sweep_output(name, Some(&best)))

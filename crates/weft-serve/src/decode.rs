@@ -334,8 +334,13 @@ fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) 
         seq.sent.push_str(&piece);
     }
     if last || stopped {
+        let sent = std::mem::take(&mut seq.sent);
+        let text = match stopped {
+            true => sent,
+            false => crate::detok::final_text(tok, &seq.tokens[seq.prompt_tokens..], sent),
+        };
         seq.job.end(Piece::Done(Generated {
-            text: std::mem::take(&mut seq.sent),
+            text,
             prompt_tokens: seq.prompt_tokens,
             completion_tokens: made,
             finish: if stopped { Finish::Stop } else { Finish::Length },

@@ -55,8 +55,19 @@ impl Detokenizer {
     }
 }
 
+/// The answer's text when a completion ends by length: the whole completion decoded once (the
+/// text the pieces sent add up to, except for a tokenizer whose later tokens change earlier
+/// text, which sent pieces cannot take back), or `sent` if that decode fails.
+pub(crate) fn final_text(tok: &Tokenizer, completion: &[i64], sent: String) -> String {
+    decode_text(tok, completion).unwrap_or(sent)
+}
+
 /// The most stop sequences a request may give.
 pub const MAX_STOPS: usize = 4;
+
+/// The longest stop sequence a request may give, in bytes: every new piece of text is checked
+/// against every prefix of every stop sequence on the decode thread that all sequences share.
+pub const MAX_STOP_BYTES: usize = 256;
 
 /// Stop sequences: [`StopText::push`] takes the new text and gives back the part that can be
 /// sent (no part of a stop sequence), and whether a stop sequence ended the text.
@@ -207,6 +218,30 @@ mod tests {
         let pieces = windowed_pieces(&tok, &[3], &completion);
         assert_eq!(pieces, whole_decode_pieces(&tok, &completion));
         assert_eq!(pieces.concat(), whole);
+    }
+
+    #[test]
+    fn a_tokenizer_that_rewrites_earlier_text_loses_nothing_of_the_answer() {
+        // a decoder that replaces "ab" with "X" in the joined text: "ca" becomes "cX" once "b"
+        // comes, so the pieces cannot add up to the whole text; the answer's text is the whole
+        // decode
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"pre_tokenizer":null,"post_processor":null,
+            "decoder":{"type":"Sequence","decoders":[{"type":"Fuse"},
+                {"type":"Replace","pattern":{"String":"ab"},"content":"X"}]},
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"a":1,"b":2,"c":3},"unk_token":"[UNK]"}}"#;
+        let tok = Tokenizer::Hf(weft_data::HfTokenizer::from_json_text(json).unwrap());
+        let completion = [3, 1, 2];
+        let whole = decode_text(&tok, &completion).unwrap();
+        assert_eq!(whole, "cX");
+        let pieces = windowed_pieces(&tok, &[3], &completion);
+        assert_ne!(pieces.concat(), whole, "the case this test is about: {pieces:?}");
+        assert_eq!(final_text(&tok, &completion, pieces.concat()), whole);
+        // and where the pieces do add up, the answer is their text
+        let gpt2 = Tokenizer::Gpt2(weft_data::Gpt2Tokenizer::new());
+        let ids = ids(&gpt2, "naïve café 🦀");
+        let pieces = windowed_pieces(&gpt2, &[], &ids);
+        assert_eq!(final_text(&gpt2, &ids, pieces.concat()), pieces.concat());
     }
 
     #[test]

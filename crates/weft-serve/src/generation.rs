@@ -9,7 +9,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use weft_models::{LanguageModel, Sampling};
 
-use crate::detok::MAX_STOPS;
+use crate::detok::{MAX_STOPS, MAX_STOP_BYTES};
 use crate::error::ApiError;
 use crate::registry::{Admitted, Served};
 
@@ -108,7 +108,7 @@ pub struct Generated {
 
 /// The stop sequences of a request's `field` (OpenAI's `stop`, Triton's `parameters.stop`):
 /// absent or null (none), one string, or an array of at most [`MAX_STOPS`] strings; no string
-/// may be empty. 400 naming `field` otherwise.
+/// may be empty or longer than [`MAX_STOP_BYTES`]. 400 naming `field` otherwise.
 pub fn stop_sequences(field: &str, value: Option<&serde_json::Value>) -> Result<Vec<String>, ApiError> {
     use serde_json::Value;
     let stops: Vec<&Value> = match value {
@@ -133,6 +133,10 @@ pub fn stop_sequences(field: &str, value: Option<&serde_json::Value>) -> Result<
         .map(|(i, v)| match v {
             Value::String(s) if s.is_empty() => Err(ApiError::bad_request(format!(
                 "{field}: a stop sequence is empty (give at least one character)"
+            ))),
+            Value::String(s) if s.len() > MAX_STOP_BYTES => Err(ApiError::bad_request(format!(
+                "{field}: a stop sequence of {} bytes, at most {MAX_STOP_BYTES} are allowed",
+                s.len()
             ))),
             Value::String(s) => Ok(s.clone()),
             other => Err(ApiError::bad_request(format!(

@@ -203,28 +203,39 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
             break;
         }
         std::thread::sleep(plan.poll);
-        let mut ended = false;
-        let mut i = 0;
-        while i < running.0.len() {
-            let r = &mut running.0[i];
+        // every running trial's new values, given to the pruner in the order they were recorded
+        // (row time; trial number, then step, break ties), as a resumed sweep replays them
+        let mut fresh: Vec<(f64, u64, i64, f64, usize)> = Vec::new();
+        for (i, r) in running.0.iter_mut().enumerate() {
             if r.run_id.is_none() {
                 r.run_id = find_run(&store, spec, r.number, &r.earlier)?;
             }
             if let (Some(id), None) = (r.run_id, &r.pruned) {
-                for (step, value) in metric_rows(&store, id, &spec.metric)? {
-                    if step <= r.seen_step {
-                        continue;
-                    }
-                    r.seen_step = step;
-                    if let Decision::Prune(why) = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value)) {
-                        say(&format!("trial {}: pruned at step {step}: {why}", r.number));
-                        terminate(&r.child);
-                        r.pruned = Some(why);
-                        r.stopping_since = Some(std::time::Instant::now());
-                        break;
+                for (step, value, time) in store.metric_series(id, &spec.metric)? {
+                    if step > r.seen_step {
+                        fresh.push((time, r.number, step, value, i));
                     }
                 }
             }
+        }
+        fresh.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        for (_, _, step, value, i) in fresh {
+            let r = &mut running.0[i];
+            if r.pruned.is_some() || step <= r.seen_step {
+                continue;
+            }
+            r.seen_step = step;
+            if let Decision::Prune(why) = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value)) {
+                say(&format!("trial {}: pruned at step {step}: {why}", r.number));
+                terminate(&r.child);
+                r.pruned = Some(why);
+                r.stopping_since = Some(std::time::Instant::now());
+            }
+        }
+        let mut ended = false;
+        let mut i = 0;
+        while i < running.0.len() {
+            let r = &mut running.0[i];
             if r.stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
                 kill_group(&r.child);
                 r.stopping_since = None;

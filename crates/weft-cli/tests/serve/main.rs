@@ -293,6 +293,7 @@ fn bad_inputs_are_4xx_naming_the_cause(s: &Server) {
         ("/v1/completions", json!({"model": "gpt", "prompt": [1, 2]}).to_string(), 400, "prompt"),
         ("/v1/completions", json!({"model": "gpt", "prompt": "a", "stop": 5}).to_string(), 400, "stop: expected a string or an array"),
         ("/v1/completions", json!({"model": "gpt", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400, "stop: 5 stop sequences, at most 4"),
+        ("/v1/completions", json!({"model": "gpt", "prompt": "a", "stop": ["a", "x".repeat(257)]}).to_string(), 400, "stop: a stop sequence of 257 bytes, at most 256"),
         ("/v1/completions", json!({"model": "gpt", "prompt": "a", "stop": ["a", ""]}).to_string(), 400, "stop: a stop sequence is empty"),
         ("/v2/models/gpt/generate", gen(json!({"stop": [1]})), 400, "parameters.stop[0]: expected a string"),
         ("/v2/models/gpt/generate", gen(json!({"stop": ""})), 400, "parameters.stop: a stop sequence is empty"),
