@@ -23,13 +23,22 @@ pub fn fixtures() -> PathBuf {
     repo().join("crates/weft-train/tests/fixtures")
 }
 
-/// A free TCP port on the loopback interface (bound and released; good enough for tests).
+/// A free TCP port on the loopback interface (bound and released), never one this test process
+/// was given before: the system may hand the same free port to two tests that ask at once.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A fresh empty folder under the system temp dir.

@@ -46,9 +46,20 @@ pub fn find(command: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago and that no other emulator of this process was
+/// given. (The system may hand the same free port to two tests that ask at once; an emulator that
+/// then fails to bind it would look ready while the other one answers on its port, and be
+/// refused once that one stops.)
 fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
 }
 
 /// A fresh scratch folder for one emulator.
@@ -105,6 +116,12 @@ impl Emulator {
                 return Err(format!("{} exited ({status}) at start: {}", self.name, self.log_tail()));
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                // something listens; an emulator that lost the port to another process exits
+                // at once (its bind failed), so it must still be running a moment later
+                std::thread::sleep(Duration::from_millis(200));
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return Err(format!("{} exited ({status}) at start: {}", self.name, self.log_tail()));
+                }
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
