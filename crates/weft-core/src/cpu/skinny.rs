@@ -3,19 +3,27 @@
 //! is `w^T` for a weight `w [n, k]`, as a linear layer's forward reads it) and `m` is at most
 //! [`MAX_ROWS`]: the projections of a decode step that runs a few sequences at once.
 //!
-//! The `gemm` crate packs `b` for such a product on every call: measured on the development
-//! machine (AVX-512, 2 threads, `cargo run --release -p weft-core --example linear_rows [k] [n]`),
-//! 250 to 330 us for m = 2 to 16 at k 256, n 768 (2.2 to 4.2 ms at k 768, n 2304) against 10 us
-//! (130 us) for m = 1, which takes its matrix-vector path. Here each output element is the dot
-//! product of a row of `a` and a column of `b`, accumulated in 16 lanes along `k` and then summed
-//! across the lanes in a fixed order, 4 rows by 4 columns (1 or 2 rows by 8) at a time with
-//! nothing packed: at k 256, n 768, m = 8 takes 57 us, m = 32 281 us (the crate: 360-400) and
-//! m = 64 445 us (the crate: 580-630); at m = 128 and 256 the crate is as fast or faster, hence
-//! [`MAX_ROWS`]. An element's value depends only on its row and column, never on `m` or on the
-//! other rows: a sequence decoded in a batch gets, bit for bit, the values it gets alone, as long
-//! as every product of the step has at most [`MAX_ROWS`] rows and the CPU has AVX-512 (a prompt
-//! of more tokens than that, prefilled beside others, goes through the crate, whose rounding
-//! depends on the rows around it).
+//! The `gemm` crate packs `b` for such a product on every call, so its cost hardly falls with
+//! the row count. Here each output element is the dot product of a row of `a` and a column of
+//! `b`, accumulated in 16 lanes along `k` and then summed across the lanes in a fixed order, 4
+//! rows by 4 columns (1 or 2 rows by 8) at a time with nothing packed. A linear layer's forward
+//! (`x [m, k] @ w^T`, 2 threads, the development machine quiet; `cargo run --release -p
+//! weft-core --example linear_rows [k] [n]`, binaries before and after alternated twice), in us:
+//!
+//! | m | k 256, n 768: crate | here | k 768, n 2304: crate | here |
+//! |---:|---:|---:|---:|---:|
+//! | 2 | 88-91 | 13 | 761-798 | 52-55 |
+//! | 8 | 98-104 | 20-26 | 875-899 | 145-182 |
+//! | 16 | 111-121 | 40-45 | 974-994 | 284-307 |
+//! | 32 | 150-153 | 72-97 | 1246-1254 | 588-637 |
+//! | 64 | 195-218 | 154-170 | 1853-1856 | 1149-1172 |
+//!
+//! At 128 rows and more the crate is as fast or faster (it reaches this core's FMA rate on
+//! training shapes), hence [`MAX_ROWS`]. An element's value depends only on its row and column,
+//! never on `m` or on the other rows: a sequence decoded in a batch gets, bit for bit, the values
+//! it gets alone, as long as every product of the step has at most [`MAX_ROWS`] rows and the CPU
+//! has AVX-512 (a prompt of more tokens than that, prefilled beside others, goes through the
+//! crate, whose rounding depends on the rows around it).
 //!
 //! Only f32 on a CPU with AVX-512 takes this path ([`product_f32`] says whether it ran); anything
 //! else stays with the `gemm` crate.
