@@ -148,18 +148,9 @@ fn generation_matches_weft_generate(s: &Server, gpt: &Path, llama: &Path) {
     assert_eq!(format!("{prompt}{text}"), reference);
     assert_eq!(text.chars().count(), 24);
 
-    let events = s.events("/v2/models/gpt/generate_stream", &body);
-    assert!(events.len() >= 2, "{events:?}");
-    let streamed: String = events
-        .iter()
-        .map(|e| {
-            serde_json::from_str::<Value>(e).unwrap()["text_output"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    assert_eq!(streamed, text);
+    let pieces = s.stream_texts("/v2/models/gpt/generate_stream", &body);
+    assert!(pieces.len() >= 2, "{pieces:?}");
+    assert_eq!(pieces.concat(), text);
 
     // OpenAI's completions: no top-k (weft generate's --top-k 0)
     let reference = weft_generate(

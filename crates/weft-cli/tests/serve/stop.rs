@@ -45,16 +45,7 @@ fn generate_both(s: &Server, params: Value) -> (String, String) {
     let body = json!({"text_input": "\nFirst", "parameters": params});
     let (status, answer) = s.post("/v2/models/gpt/generate", body.to_string());
     assert_eq!(status, 200, "{answer}");
-    let streamed = s
-        .events("/v2/models/gpt/generate_stream", &body)
-        .iter()
-        .map(|e| {
-            serde_json::from_str::<Value>(e).unwrap()["text_output"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let streamed = s.stream_texts("/v2/models/gpt/generate_stream", &body).concat();
     (answer["text_output"].as_str().unwrap().to_string(), streamed)
 }
 

@@ -116,6 +116,17 @@ impl Server {
             .collect()
     }
 
+    /// The `text_output` of each event of Triton's `generate_stream` at `path`, in order.
+    pub fn stream_texts(&self, path: &str, body: &Value) -> Vec<String> {
+        self.events(path, body)
+            .iter()
+            .map(|e| {
+                let v: Value = serde_json::from_str(e).unwrap();
+                v["text_output"].as_str().unwrap().to_string()
+            })
+            .collect()
+    }
+
     /// `(status, body as JSON)` of a management call (with the token).
     pub fn manage(&self, method: reqwest::Method, path: &str, body: &str) -> (u16, Value) {
         let r = self
