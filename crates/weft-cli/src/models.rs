@@ -80,7 +80,8 @@ pub struct PromoteArgs {
     dir: DirArg,
 }
 
-fn version_json(v: &ModelVersion) -> Value {
+/// A version as `weft models list --json` prints it (and the dashboard's `/api/models` returns it).
+pub(crate) fn version_json(v: &ModelVersion) -> Value {
     json!({
         "name": v.name,
         "version": v.version,

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use weft_train::config::{ModelConfig, Overrides, RunConfig};
-use weft_tune::trials::{self, TAG_SWEEP, TAG_TRIAL};
+use weft_tune::trials::{self, TAG_GOAL, TAG_METRIC, TAG_SWEEP, TAG_TRIAL};
 use weft_tune::SweepSpec;
 
 use crate::print_out;
@@ -153,6 +153,8 @@ fn train_args(c: &Checked, number: u64, sets: &[(String, String)]) -> Vec<String
     }
     tags.insert(TAG_SWEEP.into(), toml::Value::String(spec.name.clone()));
     tags.insert(TAG_TRIAL.into(), toml::Value::Integer(number as i64));
+    tags.insert(TAG_METRIC.into(), toml::Value::String(spec.metric.clone()));
+    tags.insert(TAG_GOAL.into(), toml::Value::String(spec.goal.as_str().into()));
     set("track.enabled=true".into());
     // the driver polls every 100 ms: the trial's metrics reach the store as often
     set("track.flush_ms=100".into());

@@ -29,6 +29,9 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
         );
     }
     let store = weft_track::Store::open_existing(&dir).map_err(|e| e.to_string())?;
+    // the model registry's table lives in the same file (made there when missing)
+    let registry = weft_tune::registry::ModelRegistry::open(&dir).map_err(|e| e.to_string())?;
+    let registry = std::sync::Arc::new(std::sync::Mutex::new(registry));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -47,6 +50,7 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
         // cannot read the runs by rebinding its name to 127.0.0.1
         let guard = addr.ip().is_loopback();
         weft_track::ui::serve(listener, store, weft_serve::shutdown_signal(), move |app| {
+            let app = app.route("/api/models", axum::routing::get(move || models(registry.clone())));
             if guard {
                 app.layer(axum::middleware::from_fn(weft_serve::host::loopback_only))
             } else {
@@ -55,4 +59,31 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
         })
         .await
     })
+}
+
+/// `GET /api/models`: every registered version, as `weft models list --json` prints them.
+async fn models(
+    registry: std::sync::Arc<std::sync::Mutex<weft_tune::registry::ModelRegistry>>,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let listed = tokio::task::spawn_blocking(move || {
+        let registry = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        registry.list().map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    let (code, body) = match listed {
+        Ok(versions) => (
+            StatusCode::OK,
+            serde_json::Value::Array(versions.iter().map(crate::models::version_json).collect()),
+        ),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({ "error": e })),
+    };
+    (
+        code,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }

@@ -2,6 +2,7 @@
 //! returns against what `weft runs` prints), and the page in a real headless browser (Debian's
 //! Chromium) when one is installed.
 
+mod cdp;
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -22,6 +23,25 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Starts `weft ui` on `dir` at a free port: the server and its base URL.
+fn start_ui(dir: &Path) -> (Server, String) {
+    let port = free_port();
+    let mut child = Command::new(weft_bin())
+        .args(["ui", "--port", &port.to_string(), "--dir"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    assert!(first.contains(&format!("{base}/")), "{first}");
+    (Server(child), base)
 }
 
 fn record(dir: &Path, experiment: &str, name: &str, lr: &str, steps: u64) -> i64 {
@@ -101,21 +121,7 @@ fn the_api_answers_what_the_cli_shows_and_a_browser_draws_the_runs() {
         })
     };
 
-    let port = free_port();
-    let mut child = Command::new(weft_bin())
-        .args(["ui", "--port", &port.to_string(), "--dir"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let _server = Server(child);
-    let base = format!("http://127.0.0.1:{port}");
-    assert!(first.contains(&format!("{base}/")), "{first}");
+    let (_server, base) = start_ui(&dir);
 
     let (code, experiments) = get(&format!("{base}/api/experiments"));
     assert_eq!(code, 200);
@@ -207,53 +213,400 @@ fn the_api_answers_what_the_cli_shows_and_a_browser_draws_the_runs() {
     live.end(Status::Finished, None).unwrap();
 }
 
-/// Loads the page in headless Chromium and checks the dumped DOM: the run table and a chart
-/// with the newest two runs' curves.
+/// Loads the page in headless Chromium (driven over the DevTools protocol) and checks what it
+/// drew: the run table and a chart with the newest two runs' curves.
 fn browser_check(base: &str) {
-    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file());
-    let Some(chromium) = chromium else {
+    let Some(chromium) = cdp::chromium() else {
         eprintln!("skipped: the browser check (no chromium; tools/browser/install.sh installs it)");
         return;
     };
-    let profile = temp_dir("ui-chromium");
-    let out = Command::new("timeout")
-        .arg("120")
-        .arg(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--virtual-time-budget=5000", "--dump-dom"])
-        .arg(format!("{base}/"))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !dom.is_empty(),
-        "chromium: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut page = cdp::Page::open(chromium, &format!("{base}/"), temp_dir("ui-chromium"), 1400, 900);
+    let names = "[...document.querySelectorAll('#runs a.run-name')].map(a => a.textContent).sort().join(',')";
+    page.wait_for("the three runs in the table", names, Duration::from_secs(60), |v| {
+        v == "alpha,beta,gamma"
+    });
+    let curves = "document.querySelectorAll('#chart-svg polyline.curve').length";
+    page.wait_for("the newest two runs drawn", curves, Duration::from_secs(60), |v| v == 2);
+    assert_eq!(
+        page.eval("document.getElementById('live').textContent"),
+        "1 running (live)"
     );
-    for name in ["alpha", "beta", "gamma"] {
-        assert!(
-            dom.contains(&format!("class=\"run-name\">{name}</a>")),
-            "run {name} in the table:\n{dom}"
-        );
+    page.screenshot(&screenshots_dir().join("runs-table.png"));
+    eprintln!("chromium drew the run table and 2 curves");
+}
+
+/// Where the browser checks keep their screenshots: `WEFT_UI_SCREENSHOTS`, else
+/// `CARGO_TARGET_TMPDIR/ui-screenshots` (`target/tmp/ui-screenshots`).
+fn screenshots_dir() -> std::path::PathBuf {
+    let shots = std::env::var_os("WEFT_UI_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots"));
+    std::fs::create_dir_all(&shots).unwrap();
+    shots
+}
+
+/// A live run writing to `dir` (its values reach the store within 50 ms).
+fn live_run(dir: &Path, name: &str) -> RunWriter {
+    let run = NewRun {
+        experiment: "live".into(),
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let options = WriterOptions {
+        flush_every: Duration::from_millis(50),
+        ..Default::default()
+    };
+    RunWriter::start(dir, run, options).unwrap()
+}
+
+/// One server-sent event: its name, id and data.
+#[derive(Debug, Default, Clone)]
+struct SseEvent {
+    event: String,
+    id: Option<i64>,
+    data: Value,
+}
+
+/// Reads `url`'s event stream on a thread: its events, then `None` when it closes.
+fn sse(url: &str, last_event_id: Option<i64>) -> std::sync::mpsc::Receiver<Option<SseEvent>> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut request = client.get(url);
+    if let Some(id) = last_event_id {
+        request = request.header("Last-Event-ID", id.to_string());
     }
-    assert!(dom.contains("id=\"chart-svg\""), "a chart:\n{dom}");
-    let curves = dom.matches("class=\"curve\"").count();
-    assert_eq!(curves, 2, "the newest two runs drawn:\n{dom}");
-    assert!(dom.contains("1 running (refreshing)"), "{dom}");
-    eprintln!("chromium drew the run table and {curves} curves");
-    let _ = std::fs::remove_dir_all(&profile);
+    let response = request.send().unwrap();
+    assert_eq!(response.status(), 200, "{url}");
+    let kind = response.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(kind.starts_with("text/event-stream"), "{kind}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut event = SseEvent::default();
+        for line in BufReader::new(response).lines() {
+            let Ok(line) = line else { break };
+            if line.is_empty() {
+                if !event.event.is_empty() && tx.send(Some(std::mem::take(&mut event))).is_err() {
+                    return;
+                }
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                event.event = v.into();
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                event.id = Some(v.parse().unwrap());
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                event.data = serde_json::from_str(v).unwrap();
+            }
+        }
+        let _ = tx.send(None);
+    });
+    rx
+}
+
+/// The next event (or the stream's end, `None`) within 20 s.
+fn next(rx: &std::sync::mpsc::Receiver<Option<SseEvent>>) -> Option<SseEvent> {
+    rx.recv_timeout(Duration::from_secs(20)).expect("an event within 20 s")
+}
+
+/// The steps of a `metrics` event's loss values.
+fn loss_steps(e: &SseEvent) -> Vec<u64> {
+    assert_eq!(e.event, "metrics", "{e:?}");
+    e.data["points"]["loss"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_runs_event_stream_sends_its_new_values_then_ends_with_the_run() {
+    let dir = temp_dir("ui-events").join("weft-runs");
+    let live = live_run(&dir, "streamed");
+    for s in 0..5 {
+        live.log(s, "loss", 1.0 / (s + 1) as f64);
+    }
+    let id = live.id();
+    let (_server, base) = start_ui(&dir);
+    let read = |after: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, m) = get(&format!("{base}/api/runs/{id}/metrics{after}"));
+            assert_eq!(code, 200);
+            if m["metrics"]["loss"]["count"] == 5 || Instant::now() > deadline {
+                return m;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let m = read("");
+    assert_eq!(m["metrics"]["loss"]["count"], 5);
+    let cursor = m["cursor"].as_i64().unwrap();
+
+    // from the series' cursor: only what the run writes next, in order, then the end
+    let events = sse(&format!("{base}/api/runs/{id}/events?after={cursor}"), None);
+    for s in 5..15 {
+        live.log(s, "loss", 1.0 / (s + 1) as f64);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut per_event, mut ids) = (Vec::new(), Vec::new());
+    while per_event.iter().map(Vec::len).sum::<usize>() < 10 {
+        let e = next(&events).expect("the stream goes on while the run runs");
+        per_event.push(loss_steps(&e));
+        ids.push(e.id.expect("a metrics event has an id"));
+    }
+    assert_eq!(per_event.concat(), (5..15).collect::<Vec<u64>>());
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    live.end(Status::Finished, None).unwrap();
+    let end = next(&events).expect("an end event");
+    assert_eq!(end.event, "end");
+    assert_eq!(end.data["status"], "finished");
+    assert!(next(&events).is_none(), "the stream closes after its end");
+
+    // a reconnect from an event's id (as a browser does) sends the rest; with no cursor, a
+    // finished run's stream is its end alone
+    let resumed = sse(&format!("{base}/api/runs/{id}/events"), Some(ids[0]));
+    let mut rest = Vec::new();
+    let last = loop {
+        let e = next(&resumed).expect("events");
+        if e.event != "metrics" {
+            break e;
+        }
+        rest.extend(loss_steps(&e));
+    };
+    assert_eq!(rest, per_event[1..].concat());
+    assert_eq!(last.event, "end");
+    let fresh = sse(&format!("{base}/api/runs/{id}/events"), None);
+    assert_eq!(next(&fresh).map(|e| e.event).as_deref(), Some("end"));
+    let whole = sse(&format!("{base}/api/runs/{id}/events?after=0"), None);
+    let all = loss_steps(&next(&whole).unwrap());
+    assert_eq!(all, (0..15).collect::<Vec<u64>>());
+
+    assert_eq!(get(&format!("{base}/api/runs/999/events")).0, 404);
+    let (code, bad) = get(&format!("{base}/api/runs/{id}/events?after=x"));
+    assert_eq!(code, 400);
+    assert!(bad["error"].as_str().unwrap().starts_with("after:"), "{bad}");
+}
+
+/// The page in a real headless browser while a run trains: its curve grows through the run's
+/// event stream (one fetch of its series, then events), and the run's row turns finished when
+/// it ends. Screenshots before, while and after are kept in `CARGO_TARGET_TMPDIR/ui-screenshots`
+/// (or `WEFT_UI_SCREENSHOTS`).
+#[test]
+fn a_live_runs_curve_grows_in_the_browser() {
+    let Some(chromium) = cdp::chromium() else {
+        eprintln!("skipped: the live browser check (no chromium; tools/browser/install.sh installs it)");
+        return;
+    };
+    let dir = temp_dir("ui-live").join("weft-runs");
+    record(&dir, "exp", "done", "0.001", 120);
+    let live = live_run(&dir, "growing");
+    let id = live.id();
+    for s in 0..30 {
+        live.log(s, "loss", 3.0 * (-(s as f64) / 40.0).exp() + 0.5);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let (_server, base) = start_ui(&dir);
+    let shots = screenshots_dir();
+    let mut page = cdp::Page::open(chromium, &format!("{base}/"), temp_dir("ui-live-chromium"), 1400, 900);
+
+    let points = format!("Number(document.querySelector('polyline[data-run=\"{id}\"]')?.dataset.points ?? -1)");
+    let streaming = format!("state.streams[{id}] instanceof EventSource && state.streams[{id}].readyState === 1");
+    page.wait_for("30 points drawn", &points, Duration::from_secs(30), |v| v == 30);
+    page.wait_for("the run's stream open", &streaming, Duration::from_secs(30), |v| {
+        v == true
+    });
+    page.screenshot(&shots.join("live-1-start.png"));
+
+    for s in 30..90 {
+        live.log(s, "loss", 3.0 * (-(s as f64) / 40.0).exp() + 0.5);
+        std::thread::sleep(Duration::from_millis(20));
+        if s == 60 {
+            page.wait_for("the curve growing", &points, Duration::from_secs(30), |v| {
+                v.as_u64() > Some(30)
+            });
+            page.screenshot(&shots.join("live-2-growing.png"));
+        }
+    }
+    page.wait_for("90 points drawn", &points, Duration::from_secs(30), |v| v == 90);
+    let fetches = format!(
+        "performance.getEntriesByType('resource').filter(e => e.name.includes('/api/runs/{id}/metrics')).length"
+    );
+    assert_eq!(
+        page.eval(&fetches),
+        1,
+        "the series is fetched once; the rest came as events"
+    );
+    assert_eq!(page.eval(&format!("state.series[{id}].loss.count")), 90);
+    assert_eq!(
+        page.eval("document.getElementById('live').textContent"),
+        "1 running (live)"
+    );
+
+    live.end(Status::Finished, None).unwrap();
+    let finished = format!("document.querySelector('tr[data-run=\"{id}\"] td.status-finished') !== null");
+    page.wait_for("the run's row finished", &finished, Duration::from_secs(30), |v| {
+        v == true
+    });
+    page.wait_for(
+        "its stream closed",
+        &format!("{id} in state.streams"),
+        Duration::from_secs(30),
+        |v| v == false,
+    );
+    assert_eq!(page.eval("document.getElementById('live').textContent"), "");
+    assert_eq!(page.eval(&points), 90);
+    page.screenshot(&shots.join("live-3-finished.png"));
+    let read = |n: &str| std::fs::read(shots.join(n)).unwrap();
+    assert_ne!(read("live-1-start.png"), read("live-3-finished.png"));
+    eprintln!(
+        "chromium drew the live curve growing 30 -> 90 points; screenshots in {}",
+        shots.display()
+    );
+}
+
+/// A finished or pruned trial of sweep `sweep` (tagged as `weft sweep` tags them) whose
+/// `val_loss` ends at `last`, with a checkpoint folder recorded as its artifact.
+fn trial(dir: &Path, sweep: &str, n: u64, last: f64, status: Status) -> i64 {
+    let run = NewRun {
+        experiment: "tune".into(),
+        name: Some(format!("{sweep}-trial-{n}")),
+        params: vec![("optim.lr".into(), format!("{}", 0.001 * (n + 1) as f64))],
+        tags: [("sweep", sweep.to_string()), ("sweep_trial", n.to_string())]
+            .into_iter()
+            .chain([("sweep_metric", "val_loss".into()), ("sweep_goal", "minimize".into())])
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        ..Default::default()
+    };
+    let w = RunWriter::start(dir, run, WriterOptions::default()).unwrap();
+    for s in 0..20 {
+        w.log(s * 10, "val_loss", last + 2.0 / (1.0 + s as f64) - 2.0 / 20.0);
+    }
+    let ckpt = dir.join(format!("ckpt-{sweep}-{n}"));
+    std::fs::create_dir_all(&ckpt).unwrap();
+    std::fs::write(ckpt.join("COMPLETE"), "").unwrap();
+    std::fs::write(ckpt.join("index.json"), "{}").unwrap();
+    w.artifact("checkpoint", &ckpt);
+    w.end(status, None).unwrap();
+    w.id()
+}
+
+#[test]
+fn the_sweep_and_model_views_show_the_store() {
+    let dir = temp_dir("ui-views").join("weft-runs");
+    record(&dir, "exp", "plain", "0.001", 30);
+    let finals = [2.0, 1.5, 1.8, 2.4];
+    let ids: Vec<i64> = finals
+        .iter()
+        .enumerate()
+        .map(|(n, &v)| {
+            let status = if n == 3 { Status::Pruned } else { Status::Finished };
+            trial(&dir, "lr-search", n as u64, v, status)
+        })
+        .collect();
+    let mut registry = weft_tune::registry::ModelRegistry::open(&dir).unwrap();
+    registry.register(&dir, "tune/lr-search-trial-0", "char_gpt").unwrap();
+    registry.register(&dir, &ids[1].to_string(), "char_gpt").unwrap();
+    registry
+        .promote("char_gpt", 2, weft_tune::registry::Stage::Production)
+        .unwrap();
+    drop(registry);
+    let (_server, base) = start_ui(&dir);
+
+    let (code, sweeps) = get(&format!("{base}/api/sweeps"));
+    assert_eq!(code, 200);
+    assert_eq!(sweeps.as_array().unwrap().len(), 1, "{sweeps}");
+    let sweep = &sweeps[0];
+    assert_eq!(sweep["name"], "lr-search");
+    assert_eq!(sweep["experiment"], "tune");
+    assert_eq!(sweep["trials"], 4);
+    assert_eq!(sweep["by_status"]["finished"], 3);
+    assert_eq!(sweep["by_status"]["pruned"], 1);
+    assert_eq!(sweep["metric"], "val_loss");
+    assert_eq!(sweep["best"]["run"], ids[1]);
+    assert_eq!(sweep["best"]["name"], "lr-search-trial-1");
+    assert!(
+        (sweep["best"]["value"].as_f64().unwrap() - 1.5).abs() < 1e-12,
+        "{sweep}"
+    );
+    let (code, models) = get(&format!("{base}/api/models"));
+    assert_eq!(code, 200);
+    assert_eq!(models, cli_json(&dir, &["models", "list", "--json"]));
+    assert_eq!(models[1]["stage"], "production");
+    assert_eq!(models[1]["source_run"], ids[1]);
+
+    let Some(chromium) = cdp::chromium() else {
+        eprintln!(
+            "skipped: the sweep and model views in the browser (no chromium; tools/browser/install.sh installs it)"
+        );
+        return;
+    };
+    let shots = screenshots_dir();
+    let mut page = cdp::Page::open(chromium, &format!("{base}/"), temp_dir("ui-views-chromium"), 1400, 900);
+    let rows = "document.querySelectorAll('#runs tbody tr').length";
+    page.wait_for("the run table", rows, Duration::from_secs(30), |v| v == 5);
+    page.wait_for(
+        "the models tab shown",
+        "!document.querySelector('#views a[data-view=\"models\"]').hidden",
+        Duration::from_secs(30),
+        |v| v == true,
+    );
+
+    page.eval("document.querySelector('#views a[data-view=\"sweeps\"]').click()");
+    let sweep_row = "document.querySelector('#sweeps tr[data-sweep=\"lr-search\"]')?.innerText ?? ''";
+    let text = page.wait_for("the sweep's row", sweep_row, Duration::from_secs(30), |v| {
+        v.as_str().is_some_and(|t| !t.is_empty())
+    });
+    let cells: Vec<&str> = text.as_str().unwrap().split('\t').map(str::trim).collect();
+    assert_eq!(
+        cells[..5],
+        ["lr-search", "tune", "4", "3", "1"],
+        "sweep, experiment, trials, finished, pruned: {cells:?}"
+    );
+    assert!(
+        cells.contains(&"1.5") && cells.contains(&"lr-search-trial-1"),
+        "{cells:?}"
+    );
+    assert_eq!(page.eval("document.getElementById('runs-view').hidden"), true);
+    page.screenshot(&shots.join("views-1-sweeps.png"));
+
+    // a sweep's name: its trials in the table, best first, the best five (here four) drawn
+    page.eval("document.querySelector('#sweeps a.sweep-name').click()");
+    let names = "[...document.querySelectorAll('#runs tbody a.run-name')].map(a => a.textContent).join(',')";
+    page.wait_for("the sweep's trials by val_loss", names, Duration::from_secs(30), |v| {
+        v == "lr-search-trial-1,lr-search-trial-2,lr-search-trial-0,lr-search-trial-3"
+    });
+    page.wait_for(
+        "four curves of val_loss",
+        "document.querySelectorAll('#chart-svg polyline').length + ':' + document.getElementById('key').value",
+        Duration::from_secs(30),
+        |v| v == "4:val_loss",
+    );
+    assert_eq!(
+        page.eval("document.getElementById('filter').value"),
+        "tags.sweep = 'lr-search'"
+    );
+    page.screenshot(&shots.join("views-2-sweep-trials.png"));
+
+    page.eval("document.querySelector('#views a[data-view=\"models\"]').click()");
+    let model_rows = "[...document.querySelectorAll('#models tbody tr')].map(r => r.dataset.model + ' ' + r.children[2].textContent).join(',')";
+    page.wait_for("the model versions", model_rows, Duration::from_secs(30), |v| {
+        v == "char_gpt/1 none,char_gpt/2 production"
+    });
+    page.screenshot(&shots.join("views-3-models.png"));
+    // a version's run opens its details
+    page.eval("document.querySelectorAll('#models tbody tr')[1].children[3].querySelector('a').click()");
+    page.wait_for(
+        "the source run's details",
+        "document.querySelector('#details h3')?.textContent ?? ''",
+        Duration::from_secs(30),
+        |v| v.as_str() == Some(&format!("run {}: tune/lr-search-trial-1", ids[1])),
+    );
+    eprintln!(
+        "chromium showed the sweep, its trials and the model versions; screenshots in {}",
+        shots.display()
+    );
 }
 
 #[test]

@@ -15,6 +15,7 @@ mod error;
 pub mod filter;
 mod read;
 mod store;
+pub mod sweep_tags;
 pub mod tensorboard;
 #[cfg(feature = "ui")]
 pub mod ui;

@@ -25,7 +25,7 @@ use crate::pruner::{self, Decision, Pruner};
 use crate::sampler::{self, Observation};
 use crate::space::Value;
 use crate::spec::SweepSpec;
-use crate::trials::{self, TrialRecord, TAG_SWEEP, TAG_TRIAL};
+use crate::trials::{self, TrialRecord, TAG_GOAL, TAG_METRIC, TAG_SWEEP, TAG_TRIAL};
 
 /// Builds the process of trial `n` from the swept keys' `(key, TOML text)` pairs.
 pub type TrialCommand<'a> = &'a dyn Fn(u64, &[(String, String)]) -> Command;
@@ -438,6 +438,8 @@ fn record_failure(plan: &Plan, number: u64, values: &[Value], why: &str) -> Resu
         tags: vec![
             (TAG_SWEEP.to_string(), spec.name.clone()),
             (TAG_TRIAL.to_string(), number.to_string()),
+            (TAG_METRIC.to_string(), spec.metric.clone()),
+            (TAG_GOAL.to_string(), spec.goal.as_str().to_string()),
         ],
         ..NewRun::here(&spec.experiment, Some(trial_name(spec, number)))
     };

@@ -12,10 +12,7 @@ use crate::sampler::{Observation, Outcome};
 use crate::space::{Space, Value};
 use crate::spec::SweepSpec;
 
-/// The tag holding the sweep's name.
-pub const TAG_SWEEP: &str = "sweep";
-/// The tag holding the trial's number (0-based).
-pub const TAG_TRIAL: &str = "sweep_trial";
+pub use weft_track::sweep_tags::{TAG_GOAL, TAG_METRIC, TAG_SWEEP, TAG_TRIAL};
 
 /// One trial as recorded (its latest run, or the one that ended when it was run again).
 #[derive(Debug, Clone, PartialEq)]

@@ -9,7 +9,14 @@
 //! - `GET /api/runs/{id}`: one run as `weft runs show --json` prints it (unknown: 404);
 //! - `GET /api/runs/{id}/metrics?key=K&max_points=N` (or `/api/runs/{id}/metrics/{key}`): a
 //!   metric's `[step, value, time]` points, down-sampled on the server to at most `N` (default
-//!   1000) by min and max per bucket; without `key`, every metric's.
+//!   1000) by min and max per bucket; without `key`, every metric's; with `cursor`, the newest
+//!   metric row's id when it was read;
+//! - `GET /api/runs/{id}/events?after=CURSOR`: the run's new values as server-sent events while
+//!   it runs ([`live`]);
+//! - `GET /api/sweeps`: the sweeps, from their trials' tags ([`sweeps`]).
+//!
+//! The caller's `wrap` may add routes (`weft ui` adds `GET /api/models`, the model registry);
+//! the page shows their views when they answer.
 //!
 //! Requests share one store connection, behind a lock, taking it in turn on tokio's blocking
 //! pool; each run table request first marks runs whose heartbeat stopped as killed (as
@@ -17,6 +24,8 @@
 
 mod downsample;
 pub mod json;
+pub mod live;
+pub mod sweeps;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -63,6 +72,8 @@ fn router(store: Shared) -> Router {
         .route("/api/runs/{id}", get(run))
         .route("/api/runs/{id}/metrics", get(metrics))
         .route("/api/runs/{id}/metrics/{key}", get(metric_by_path))
+        .route("/api/runs/{id}/events", get(live::events))
+        .route("/api/sweeps", get(sweep_list))
         .with_state(store)
 }
 
@@ -143,6 +154,10 @@ async fn runs(State(store): State<Shared>, RawQuery(q): RawQuery) -> Response {
     .await
 }
 
+async fn sweep_list(State(store): State<Shared>) -> Response {
+    with_store(store, |s| Ok(s.sweeps()?.iter().map(sweeps::json).collect())).await
+}
+
 fn run_id(raw: &str) -> Result<i64, Failure> {
     raw.parse()
         .map_err(|_| Failure(StatusCode::NOT_FOUND, format!("no run with id {raw:?}")))
@@ -167,8 +182,9 @@ async fn metric_by_path(
     series(store, id, Some(key), &q).await
 }
 
-/// `{"run": id, "metrics": {key: {"count": n, "points": [[step, value, time], ...]}}}`, one key
-/// or all, each down-sampled to `max_points`.
+/// `{"run": id, "cursor": c, "metrics": {key: {"count": n, "points": [[step, value, time], ...]}}}`,
+/// one key or all, each down-sampled to `max_points`; `cursor` (read before the series) is where
+/// the run's event stream takes over.
 async fn series(store: Shared, id: String, key: Option<String>, q: &[(String, String)]) -> Response {
     let max_points = match q.iter().find(|(k, _)| k == "max_points") {
         None => Ok(DEFAULT_MAX_POINTS),
@@ -185,6 +201,7 @@ async fn series(store: Shared, id: String, key: Option<String>, q: &[(String, St
         if !s.has_run(id)? {
             return Err(Failure(StatusCode::NOT_FOUND, format!("no run with id {id}")));
         }
+        let cursor = s.metric_cursor()?;
         let keys = match key {
             Some(k) => vec![k],
             None => s.metric_keys(id)?,
@@ -198,7 +215,7 @@ async fn series(store: Shared, id: String, key: Option<String>, q: &[(String, St
                 .collect();
             out.insert(key, json!({"count": all.len(), "points": points}));
         }
-        Ok(json!({"run": id, "metrics": out}))
+        Ok(json!({"run": id, "cursor": cursor, "metrics": out}))
     })
     .await
 }
