@@ -8,7 +8,8 @@ and rank trials by `val_loss` (its last value). The space: `optim.lr` log-unifor
 [1e-3, 0.5], `optim.momentum` uniform on [0, 0.99], `optim.weight_decay` log-uniform on
 [1e-6, 1e-2]. For each seed:
 
-- weft, TPE + ASHA (`min_steps`, `reduction_factor` below) and TPE without pruning;
+- weft, TPE + ASHA (`min_steps`, `reduction_factor` below), TPE without pruning, and
+  multivariate TPE (`[sweep] multivariate = true`) + ASHA;
 - Optuna, `TPESampler(seed)` + `SuccessiveHalvingPruner(min_resource, reduction_factor)`: its
   objective starts `weft train` with the trial's values, reads `val_loss` from the metrics file as
   it is written, reports it at each evaluation and kills the process when told to prune.
@@ -56,14 +57,14 @@ def base_config(work: Path) -> Path:
     return path
 
 
-def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str):
-    name = f"w{seed}{pruner}"
+def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str, multivariate=False):
+    name = f"w{seed}{pruner}{'mv' if multivariate else ''}"
     params = "\n".join(
         f'"{k}" = {{ distribution = "{d}", min = {lo}, max = {hi} }}' for k, (d, lo, hi) in SPACE.items())
     prune = f'kind = "asha"\nmin_steps = {MIN_STEPS}\nreduction_factor = {ETA}' if pruner == "asha" else 'kind = "none"'
     sweep = work / f"{name}.toml"
     sweep.write_text(f'[sweep]\nbase = "{base}"\nname = "{name}"\nmetric = "val_loss"\ngoal = "minimize"\n'
-                     f'method = "tpe"\ntrials = {trials}\nparallel = 1\nseed = {seed}\n\n'
+                     f'method = "tpe"\nmultivariate = {str(multivariate).lower()}\ntrials = {trials}\nparallel = 1\nseed = {seed}\n\n'
                      f'[sweep.parameters]\n{params}\n\n[sweep.pruner]\n{prune}\n')
     env = dict(os.environ, WEFT_TRACK_DIR=str(work / "store"), WEFT_NUM_THREADS="2")
     t = time.perf_counter()
@@ -143,12 +144,14 @@ def main():
             base = base_config(work)
             w = weft_sweep(a.weft, work, base, seed, a.trials, "asha")
             n = weft_sweep(a.weft, work, base, seed, a.trials, "none")
+            m = weft_sweep(a.weft, work, base, seed, a.trials, "asha", multivariate=True)
             o = optuna_sweep(a.weft, work, base, seed, a.trials)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        rows.append((seed, w, n, o))
+        rows.append((seed, w, n, o, m))
         print(f"seed {seed}: weft asha best {w[0]:.4f} in {w[1]:.1f} s ({w[2]} pruned) | "
-              f"weft no pruning {n[0]:.4f} in {n[1]:.1f} s | optuna sha {o[0]:.4f} in {o[1]:.1f} s ({o[2]} pruned)",
+              f"weft no pruning {n[0]:.4f} in {n[1]:.1f} s | optuna sha {o[0]:.4f} in {o[1]:.1f} s ({o[2]} pruned) | "
+              f"weft multivariate asha {m[0]:.4f} in {m[1]:.1f} s ({m[2]} pruned)",
               flush=True)
     med = lambda i, j: statistics.median(r[i][j] for r in rows)  # noqa: E731
     print(f"\n{a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
@@ -156,7 +159,11 @@ def main():
     print("|---|---:|---:|---:|")
     print(f"| weft TPE + ASHA | {med(1, 0):.4f} | {med(1, 1):.1f} | {med(1, 2):.0f} |")
     print(f"| weft TPE, no pruning | {med(2, 0):.4f} | {med(2, 1):.1f} | 0 |")
+    print(f"| weft multivariate TPE + ASHA | {med(4, 0):.4f} | {med(4, 1):.1f} | {med(4, 2):.0f} |")
     print(f"| Optuna TPE + SuccessiveHalving | {med(3, 0):.4f} | {med(3, 1):.1f} | {med(3, 2):.0f} |")
+    wins = lambda i: sum(r[i][0] <= r[3][0] for r in rows)  # noqa: E731
+    print(f"\nseeds where weft's best is at least as good as Optuna's: TPE + ASHA {wins(1)}/{len(rows)}, "
+          f"no pruning {wins(2)}/{len(rows)}, multivariate + ASHA {wins(4)}/{len(rows)}")
 
 
 if __name__ == "__main__":

@@ -89,11 +89,14 @@ pub struct SweepSpec {
     pub seed: u64,
     /// TPE: random trials before the estimators are used. Default 10.
     pub startup_trials: u64,
+    /// TPE: one joint estimator over all parameters instead of one per parameter. Default false
+    /// (as Optuna's `TPESampler`).
+    pub multivariate: bool,
     pub space: Space,
     pub pruner: PrunerSpec,
 }
 
-const SWEEP_KEYS: [&str; 13] = [
+const SWEEP_KEYS: [&str; 14] = [
     "name",
     "experiment",
     "base",
@@ -105,6 +108,7 @@ const SWEEP_KEYS: [&str; 13] = [
     "nproc_per_trial",
     "seed",
     "startup_trials",
+    "multivariate",
     "parameters",
     "pruner",
 ];
@@ -221,6 +225,15 @@ impl SweepSpec {
             nproc_per_trial: keys.count("nproc_per_trial", 1)?.unwrap_or(1) as usize,
             seed: keys.count("seed", 0)?.unwrap_or(0),
             startup_trials: keys.count("startup_trials", 0)?.unwrap_or(10),
+            multivariate: match sweep.get("multivariate") {
+                None => false,
+                Some(toml::Value::Boolean(b)) => *b,
+                Some(other) => {
+                    return Err(spec(format!(
+                        "sweep.multivariate: expected true or false, found {other}"
+                    )))
+                }
+            },
             space,
             pruner,
         })
@@ -319,6 +332,12 @@ mod tests {
             (Goal::Minimize, Method::Tpe, 8, 1, 1)
         );
         assert_eq!(s.pruner.kind, PrunerKind::None);
+        assert!(!s.multivariate);
+        let mv = parse(&format!(
+            "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 8\nmultivariate = true\n{PARAMS}"
+        ))
+        .unwrap();
+        assert!(mv.multivariate);
         let s = parse(&format!(
             "[sweep]\nname = \"lr\"\nbase = \"/abs/run.toml\"\nmetric = \"val_accuracy\"\ngoal = \"maximize\"\n\
              method = \"random\"\ntrials = 3\nparallel = 2\nnproc_per_trial = 2\nseed = 5\n\
@@ -366,6 +385,10 @@ mod tests {
                 "sweep.parallel: expected a whole number >= 1",
             ),
             (format!("{head}colour = 1\n{PARAMS}"), "sweep.colour: unknown key"),
+            (
+                format!("{head}multivariate = 1\n{PARAMS}"),
+                "sweep.multivariate: expected true or false, found 1",
+            ),
             (head.to_string(), "[sweep.parameters] is missing"),
             (
                 format!("[sweep]\nmetric = \"loss\"\ntrials = 2\n{PARAMS}"),

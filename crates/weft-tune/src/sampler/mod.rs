@@ -5,6 +5,7 @@
 //! sweep gives a re-run trial the parameters it would have had.
 
 mod grid;
+mod joint;
 mod parzen;
 mod random;
 mod tpe;
@@ -44,6 +45,7 @@ pub trait Sampler {
 /// The sampler `spec.method` names.
 pub fn from_spec(spec: &SweepSpec) -> Box<dyn Sampler + Send> {
     match spec.method {
+        Method::Tpe if spec.multivariate => Box::new(Tpe::multivariate(spec.seed, spec.startup_trials as usize)),
         Method::Tpe => Box::new(Tpe::new(spec.seed, spec.startup_trials as usize)),
         Method::Random => Box::new(Random::new(spec.seed)),
         Method::Grid => Box::new(Grid),
