@@ -95,8 +95,8 @@ enum Command {
         what: models::ModelsCommand,
     },
     /// Pipelines: a DAG of steps (prepare, train, sweep, evaluate, command, condition,
-    /// register, deploy) run in dependency order, independent ones at once, a step matching a finished execution in the
-    /// run store skipped (docs/registry.md).
+    /// register, deploy) run in dependency order, independent ones at once, a step matching a
+    /// finished execution in the run store skipped (docs/registry.md).
     Pipeline {
         #[command(subcommand)]
         what: pipeline::PipelineCommand,
