@@ -459,3 +459,92 @@ fn weft_evaluate_refuses_bad_input_in_one_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `text` with `from` replaced by `to`, which must be there (the example changed otherwise).
+fn swap(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "the example no longer holds {from:?}");
+    text.replace(from, to)
+}
+
+#[test]
+fn the_shakespeare_example_runs_on_tiny_settings_then_comes_from_the_cache() {
+    let corpus = common::repo().join("../shared/data/tinyshakespeare.txt");
+    if !corpus.is_file() {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "skipped: {} is not there", corpus.display());
+        return;
+    }
+    let dir = temp_dir("pipeline-shakespeare");
+    let runs = dir.join("runs");
+    let examples = common::repo().join("examples");
+    let read = |name: &str| std::fs::read_to_string(examples.join(name)).unwrap();
+    // the example's files, shrunk: a 1-layer gpt of width 16 on windows of 16 tokens, 2 steps a
+    // trial, 2 trials, 4 steps for the best, 2 evaluation batches
+    let mut flow = swap(
+        &read("pipeline_shakespeare.toml"),
+        "\"../../shared/data/tinyshakespeare.txt\"",
+        &format!("{:?}", corpus.canonicalize().unwrap()),
+    );
+    flow = swap(
+        &flow,
+        "[\"train.steps=300\", \"train.eval_every=100\"]",
+        "[\"train.steps=4\", \"train.eval_every=4\"]",
+    );
+    flow = swap(&flow, "batches = 16", "batches = 2");
+    flow = swap(&flow, "value = 8.0", "value = 100.0");
+    let mut gpt = read("pipeline_shakespeare_gpt.toml");
+    for (from, to) in [
+        ("n_layer = 2", "n_layer = 1"),
+        ("n_embd = 64", "n_embd = 16"),
+        ("block_size = 64", "block_size = 16"),
+        ("steps = 100", "steps = 2"),
+        ("log_every = 25", "log_every = 1"),
+        ("eval_every = 50", "eval_every = 2"),
+        ("eval_batches = 4", "eval_batches = 2"),
+    ] {
+        gpt = swap(&gpt, from, to);
+    }
+    let sweep = swap(
+        &read("pipeline_shakespeare_sweep.toml"),
+        "[0.001, 0.003, 0.01]",
+        "[0.001, 0.01]",
+    );
+    std::fs::write(dir.join("pipeline_shakespeare.toml"), flow).unwrap();
+    std::fs::write(dir.join("pipeline_shakespeare_gpt.toml"), gpt).unwrap();
+    std::fs::write(dir.join("pipeline_shakespeare_sweep.toml"), sweep).unwrap();
+    let file = dir.join("pipeline_shakespeare.toml");
+    let run = || {
+        ok(
+            &runs,
+            &[
+                "pipeline",
+                "run",
+                file.to_str().unwrap(),
+                "--dir",
+                runs.to_str().unwrap(),
+            ],
+        )
+    };
+    let first = run();
+    let steps = [
+        "prepare", "link", "sweep", "train", "evaluate", "gate", "register", "deploy",
+    ];
+    for step in steps {
+        assert!(first.contains(&format!("step {step}: finished")), "{step}: {first}");
+    }
+    // GPT-2's tokens of Tiny Shakespeare, as docs/data.md gives them
+    let prep = output_of(&first, "prepare");
+    assert_eq!(
+        (prep["train_tokens"].as_str(), prep["val_tokens"].as_str()),
+        ("304223", "33804"),
+        "{prep:?}"
+    );
+    assert!(first.contains("step gate: finished: true"), "{first}");
+    assert!(
+        first.contains("step deploy: finished: model=shakespeare_gpt version=1 stage=production"),
+        "{first}"
+    );
+    let second = run();
+    assert_eq!(second.matches(": cached (").count(), steps.len(), "{second}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
