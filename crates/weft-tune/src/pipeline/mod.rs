@@ -1,7 +1,7 @@
 //! Pipelines: a DAG of `[[step]]` entries read from a TOML file, checked (kinds, settings,
 //! dependencies, cycles), put in order, and the cache of step executions kept in the run
 //! store's SQLite file (`pipeline_executions`, a table of its own). Running the steps is the
-//! CLI's (`weft pipeline run`, crates/weft-cli/src/pipeline.rs); docs/registry.md describes
+//! CLI's (`weft pipeline run`, crates/weft-cli/src/pipeline/); docs/registry.md describes
 //! the file. [`handover`]: a sweep step's best values handed to a train step (`from_sweep`);
 //! [`refs`]: outputs as `key=value` text and `${steps.NAME.KEY}` references to them;
 //! [`kinds`]: the settings of `prepare`, `evaluate`, `deploy` and `condition`; [`cache`]: the
