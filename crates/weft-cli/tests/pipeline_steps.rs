@@ -31,7 +31,8 @@ const GPT: &str = "[model]\nkind = \"gpt\"\nvocab_size = 64\nblock_size = 16\nn_
     [optim]\nkind = \"adamw\"\nlr = 0.01\n\n[train]\nsteps = 6\nlog_every = 1\neval_every = 6\neval_batches = 2\n\
     sample_tokens = 0\n";
 
-/// corpus (a command) -> prep -> train -> eval -> gate -> reg -> ship.
+/// corpus (a command) -> prep -> train -> eval -> gate -> reg -> ship, and `again` (an
+/// evaluate step given the data) beside eval.
 const FLOW: &str = "[[step]]\nname = \"corpus\"\nkind = \"command\"\n\
     argv = [\"sh\", \"-c\", \"for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo 'to be or not to be, that is the question'; done > corpus.txt\"]\n\n\
     [[step]]\nname = \"prep\"\nkind = \"prepare\"\ntokenizer = \"char\"\ninput = [\"corpus.txt\"]\noutput = \"data\"\n\
@@ -40,12 +41,14 @@ const FLOW: &str = "[[step]]\nname = \"corpus\"\nkind = \"command\"\n\
     set = [\"data.path=\\\"${steps.prep.data}\\\"\", \"model.vocab_size=${steps.prep.vocab_size}\"]\n\
     depends_on = [\"prep\"]\n\n\
     [[step]]\nname = \"eval\"\nkind = \"evaluate\"\nstep = \"train\"\nbatches = 2\ndepends_on = [\"train\"]\n\n\
+    [[step]]\nname = \"again\"\nkind = \"evaluate\"\nstep = \"train\"\nbatches = 2\ndata = \"${steps.prep.data}\"\n\
+    depends_on = [\"train\"]\n\n\
     [[step]]\nname = \"gate\"\nkind = \"condition\"\nstep = \"eval\"\nkey = \"value\"\nop = \"<\"\nvalue = 100\n\
     depends_on = [\"eval\"]\n\n\
     [[step]]\nname = \"reg\"\nkind = \"register\"\nstep = \"train\"\nmodel = \"lm\"\ndepends_on = [\"gate\"]\n\n\
     [[step]]\nname = \"ship\"\nkind = \"deploy\"\nstep = \"reg\"\nmodel = \"lm\"\ndepends_on = [\"reg\"]\n";
 
-const ALL: [&str; 7] = ["corpus", "prep", "train", "eval", "gate", "reg", "ship"];
+const ALL: [&str; 8] = ["corpus", "prep", "train", "eval", "again", "gate", "reg", "ship"];
 
 /// The output of step `step` in a pipeline run's stdout (`step S: finished: OUT` or `step S:
 /// cached (...): OUT`), as key -> value.
@@ -161,6 +164,8 @@ fn a_prepared_corpus_is_trained_evaluated_gated_registered_and_deployed() {
     assert_eq!(run["metrics"]["val_loss"].as_f64(), Some(value), "{run}");
     assert_eq!(run["metrics"]["eval/val_loss"].as_f64(), Some(value), "{run}");
     assert_eq!(run["metric_summaries"]["eval/val_loss"]["last_step"], 6, "{run}");
+    // `data` set to the same folder: the same value
+    assert_eq!(output_of(&first, "again")["value"], eval["value"]);
 
     assert!(first.contains("step gate: finished: true"), "{first}");
     assert!(
