@@ -7,6 +7,7 @@ mod calibrate;
 mod checkpoint;
 mod data;
 mod dist;
+mod evaluate;
 mod export;
 mod generate;
 mod graph;
@@ -39,6 +40,9 @@ enum Command {
     Train(train::TrainArgs),
     /// Continues a prompt with a trained gpt or llama checkpoint.
     Generate(generate::GenerateArgs),
+    /// Evaluates a checkpoint on a run config's validation data: the loss (and a classifier's
+    /// accuracy) the trainer's evaluation computes.
+    Evaluate(evaluate::EvaluateArgs),
     /// Serves checkpoints over HTTP: KServe v2, TorchServe-style and OpenAI-compatible
     /// endpoints (docs/serving.md).
     Serve(serve::ServeArgs),
@@ -90,9 +94,9 @@ enum Command {
         #[command(subcommand)]
         what: models::ModelsCommand,
     },
-    /// Pipelines: a DAG of steps (train, sweep, command, condition, register) run in
-    /// dependency order, independent ones at once, a step matching a finished execution in the
-    /// run store skipped (docs/registry.md).
+    /// Pipelines: a DAG of steps (prepare, train, sweep, evaluate, command, condition,
+    /// register, deploy) run in dependency order, independent ones at once, a step matching a
+    /// finished execution in the run store skipped (docs/registry.md).
     Pipeline {
         #[command(subcommand)]
         what: pipeline::PipelineCommand,
@@ -163,6 +167,7 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Train(args) => train::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Evaluate(args) => evaluate::run(&args),
         Command::Serve(args) => serve::run(args),
         Command::Bench {
             what: BenchCommand::Ops(args),

@@ -2,9 +2,10 @@
 //! command step) runs end to end; a second run takes every step from the cache; `--no-cache`
 //! runs them again; a condition that does not hold skips the steps after it; independent steps
 //! run at once; a failing step is retried, then stops the steps after it; a cycle, a missing
-//! dependency and an unknown kind are refused in one line; a train step takes a sweep step's
-//! best values (`from_sweep`), and fails in one line when the sweep finished no trial;
-//! `--from STEP` reruns that step and those after it.
+//! dependency, an unknown kind and a deploy step naming no version are refused in one line; a
+//! train step takes a sweep step's best values (`from_sweep`), and fails in one line when the
+//! sweep finished no trial; `--from STEP` reruns that step and those after it. The kinds
+//! prepare, evaluate and deploy and `${steps.NAME.KEY}` references: tests/pipeline_steps.rs.
 
 mod common;
 
@@ -126,7 +127,10 @@ fn bad_pipelines_are_refused_in_one_line() {
             "\"zz\", which is no step",
         ),
         ("[[step]]\nname = \"a\"\nkind = \"juggle\"\n", "unknown kind \"juggle\""),
-        ("[[step]]\nname = \"a\"\nkind = \"deploy\"\n", "not built yet"),
+        (
+            "[[step]]\nname = \"a\"\nkind = \"deploy\"\nmodel = \"m\"\n",
+            "give either `step` (a register step) or `version`",
+        ),
         (
             "[[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"true\"]\n\
              [[step]]\nname = \"b\"\nkind = \"train\"\nconfig = \"x.toml\"\nfrom_sweep = \"a\"\ndepends_on = [\"a\"]\n",

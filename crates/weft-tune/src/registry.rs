@@ -123,6 +123,17 @@ pub fn checkpoint_in(path: &Path) -> Option<PathBuf> {
     steps.pop().map(|(_, p)| p)
 }
 
+/// The checkpoint of the last `checkpoint` artifact `run` recorded that is still a complete
+/// checkpoint on disk (a folder, or the newest complete `step-N` folder of a directory): what
+/// registering the run, or an evaluate step of a pipeline, reads.
+pub fn last_checkpoint(run: &weft_track::RunDetail) -> Option<PathBuf> {
+    run.artifacts
+        .iter()
+        .rev()
+        .filter(|(kind, _)| kind == "checkpoint")
+        .find_map(|(_, p)| checkpoint_in(Path::new(p)))
+}
+
 fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
     move |e| Error::State(format!("{}: {e}", path.display()))
 }
@@ -183,13 +194,7 @@ impl ModelRegistry {
             let store = Store::open_existing(dir)?;
             let id = store.find_run(source)?;
             let detail = store.run_detail(id)?;
-            let ckpt = detail
-                .artifacts
-                .iter()
-                .rev()
-                .filter(|(kind, _)| kind == "checkpoint")
-                .find_map(|(_, p)| checkpoint_in(Path::new(p)))
-                .ok_or_else(|| {
+            let ckpt = last_checkpoint(&detail).ok_or_else(|| {
                     Error::Spec(format!(
                         "run {source:?} recorded no checkpoint that is still there (train it with train.checkpoint_dir set)"
                     ))

@@ -5,6 +5,7 @@
 mod auto;
 mod build;
 mod data;
+mod evaluate;
 mod graph;
 mod layout;
 
@@ -17,6 +18,7 @@ use weft_nn::state_dict;
 pub(crate) use build::build_language_model;
 pub use build::{build_model, build_optimizer, build_schedule};
 use data::{build_data, check_data};
+pub use evaluate::{evaluate, Evaluation};
 pub use graph::{step_graph, tune_step, StepGraph};
 use layout::{job_shape, join_job, with_job_dp};
 

@@ -1,24 +1,38 @@
 //! Pipelines: a DAG of `[[step]]` entries read from a TOML file, checked (kinds, settings,
 //! dependencies, cycles), put in order, and the cache of step executions kept in the run
 //! store's SQLite file (`pipeline_executions`, a table of its own). Running the steps is the
-//! CLI's (`weft pipeline run`, crates/weft-cli/src/pipeline.rs); docs/registry.md describes
-//! the file. [`handover`]: a sweep step's best values handed to a train step (`from_sweep`).
+//! CLI's (`weft pipeline run`, crates/weft-cli/src/pipeline/); docs/registry.md describes
+//! the file. [`handover`]: a sweep step's best values handed to a train step (`from_sweep`);
+//! [`refs`]: outputs as `key=value` text and `${steps.NAME.KEY}` references to them;
+//! [`kinds`]: the settings of `prepare`, `evaluate`, `deploy` and `condition`; [`cache`]: the
+//! executions table.
 
+pub mod cache;
 pub mod handover;
+pub mod kinds;
+pub mod refs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
+
+pub use cache::{Cache, Execution};
+pub use kinds::{Deploy, Evaluate, Gate, Prepare};
 
 use crate::error::{Error, Result};
 
-/// The step kinds that run.
-pub const KINDS: [&str; 5] = ["train", "sweep", "command", "condition", "register"];
-/// The step kinds of the design that do not run yet.
-pub const NOT_BUILT: [&str; 3] = ["prepare", "evaluate", "deploy"];
+/// The step kinds.
+pub const KINDS: [&str; 8] = [
+    "prepare",
+    "train",
+    "sweep",
+    "evaluate",
+    "command",
+    "condition",
+    "register",
+    "deploy",
+];
 
 /// A condition's comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,17 +86,18 @@ pub enum Action {
     Sweep { config: PathBuf },
     /// A program and its arguments, run in the pipeline file's folder.
     Command { argv: Vec<String> },
-    /// Goes on only when the last value of `metric` of the run that train step `run` made
-    /// compares to `value` as `op` says; otherwise the steps after it are skipped.
-    Condition {
-        metric: String,
-        run: String,
-        op: Op,
-        value: f64,
-    },
+    /// Goes on only when what `gate` reads compares to `value` (a number, or a reference to
+    /// one) as `op` says; otherwise the steps after it are skipped.
+    Condition { gate: Gate, op: Op, value: String },
     /// Registers the checkpoint of the run that train step `step` made as the next version of
     /// model `model`.
     Register { step: String, model: String },
+    /// `weft data prepare`.
+    Prepare(Prepare),
+    /// `weft evaluate` of a train step's last checkpoint.
+    Evaluate(Evaluate),
+    /// Promotes a registered version (and tells a server).
+    Deploy(Deploy),
 }
 
 /// One `[[step]]`.
@@ -98,6 +113,35 @@ pub struct Step {
     pub table: toml::Table,
 }
 
+impl Step {
+    /// The references in the step's settings, each once (their syntax was checked when the
+    /// file was loaded).
+    pub fn references(&self) -> Vec<refs::Reference> {
+        let mut all: Vec<refs::Reference> = self
+            .action
+            .templates()
+            .iter()
+            .flat_map(|(_, t)| refs::references(t).unwrap_or_default())
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// The values of the step's references read from `outputs` (step name -> output), keyed
+    /// `NAME.KEY`; an error (one line, naming the reference and the output) for a key that an
+    /// output does not have.
+    pub fn values(&self, outputs: &BTreeMap<String, String>) -> std::result::Result<BTreeMap<String, String>, String> {
+        refs::values(&self.references(), outputs)
+    }
+
+    /// Whether the step runs even when the cache holds it: a deploy step that tells a server
+    /// (which may have restarted since, or been told otherwise).
+    pub fn never_cached(&self) -> bool {
+        matches!(&self.action, Action::Deploy(d) if d.server.is_some())
+    }
+}
+
 /// A pipeline file: its steps in dependency order.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
@@ -109,11 +153,11 @@ pub struct Pipeline {
     pub steps: Vec<Step>,
 }
 
-fn spec(file: &Path, msg: impl std::fmt::Display) -> Error {
+pub(super) fn spec(file: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Spec(format!("{}: {msg}", file.display()))
 }
 
-fn string(file: &Path, t: &toml::Table, step: &str, key: &str) -> Result<String> {
+pub(super) fn string(file: &Path, t: &toml::Table, step: &str, key: &str) -> Result<String> {
     match t.get(key) {
         Some(toml::Value::String(s)) => Ok(s.clone()),
         Some(_) => Err(spec(file, format!("step {step:?}: `{key}` must be a string"))),
@@ -121,7 +165,7 @@ fn string(file: &Path, t: &toml::Table, step: &str, key: &str) -> Result<String>
     }
 }
 
-fn strings(file: &Path, t: &toml::Table, step: &str, key: &str) -> Result<Vec<String>> {
+pub(super) fn strings(file: &Path, t: &toml::Table, step: &str, key: &str) -> Result<Vec<String>> {
     match t.get(key) {
         None => Ok(Vec::new()),
         Some(toml::Value::Array(a)) => a
@@ -140,14 +184,20 @@ fn parse_step(file: &Path, t: &toml::Table) -> Result<Step> {
         "train" => &["config", "set", "from_sweep"],
         "sweep" => &["config"],
         "command" => &["argv"],
-        "condition" => &["metric", "run", "op", "value"],
+        "condition" => &["metric", "run", "step", "key", "op", "value"],
         "register" => &["step", "model"],
-        k if NOT_BUILT.contains(&k) => {
-            return Err(spec(
-                file,
-                format!("step {name:?}: kind {k:?} is not built yet (kinds: {KINDS:?})"),
-            ))
-        }
+        "prepare" => &["tokenizer", "input", "output", "val_fraction", "shard_tokens"],
+        "evaluate" => &["step", "config", "batches", "data"],
+        "deploy" => &[
+            "model",
+            "step",
+            "version",
+            "stage",
+            "server",
+            "token_file",
+            "model_store",
+            "timeout",
+        ],
         k => {
             return Err(spec(
                 file,
@@ -182,26 +232,10 @@ fn parse_step(file: &Path, t: &toml::Table) -> Result<Step> {
             }
             Action::Command { argv }
         }
-        "condition" => {
-            let op_text = string(file, t, &name, "op")?;
-            let op = Op::parse(&op_text).ok_or_else(|| {
-                spec(
-                    file,
-                    format!("step {name:?}: op {op_text:?}: give <, <=, >, >=, == or !="),
-                )
-            })?;
-            let value = match t.get("value") {
-                Some(toml::Value::Float(f)) => *f,
-                Some(toml::Value::Integer(i)) => *i as f64,
-                _ => return Err(spec(file, format!("step {name:?}: `value` must be a number"))),
-            };
-            Action::Condition {
-                metric: string(file, t, &name, "metric")?,
-                run: string(file, t, &name, "run")?,
-                op,
-                value,
-            }
-        }
+        "condition" => kinds::condition(file, t, &name)?,
+        "prepare" => kinds::prepare(file, t, &name)?,
+        "evaluate" => kinds::evaluate(file, t, &name)?,
+        "deploy" => kinds::deploy(file, t, &name)?,
         _ => Action::Register {
             step: string(file, t, &name, "step")?,
             model: string(file, t, &name, "model")?,
@@ -268,24 +302,46 @@ impl Pipeline {
                     ));
                 }
             }
-            if let Some((n, kind)) = uses(s) {
-                match kinds.get(n) {
-                    None => return Err(spec(file, format!("step {:?} uses {n:?}, which is no step", s.name))),
-                    Some(k) if *k != kind => {
+            for (n, kind) in uses(s) {
+                match (kinds.get(n), kind) {
+                    (None, _) => return Err(spec(file, format!("step {:?} uses {n:?}, which is no step", s.name))),
+                    (Some(k), Some(kind)) if *k != kind => {
                         return Err(spec(file, format!("step {:?}: {n:?} is no {kind} step", s.name)))
                     }
-                    Some(_) => {}
+                    _ => {}
                 }
             }
         }
         let steps = order(file, steps)?;
         for s in &steps {
-            if let Some((n, _)) = uses(s) {
-                if !ancestors(&steps, &s.name).contains(n) {
+            let before = ancestors(&steps, &s.name);
+            for (n, _) in uses(s) {
+                if !before.contains(n) {
                     return Err(spec(
                         file,
                         format!("step {:?} uses step {n:?}: list it in depends_on", s.name),
                     ));
+                }
+            }
+            for (key, text) in s.action.templates() {
+                let found =
+                    refs::references(&text).map_err(|e| spec(file, format!("step {:?}: `{key}`: {e}", s.name)))?;
+                for r in found {
+                    if !names.contains(&r.step) {
+                        return Err(spec(
+                            file,
+                            format!("step {:?}: `{key}`: {r} names no step {:?}", s.name, r.step),
+                        ));
+                    }
+                    if !before.contains(&r.step) {
+                        return Err(spec(
+                            file,
+                            format!(
+                                "step {:?}: `{key}`: {r}: step {:?} is not a step it depends on (list it in depends_on)",
+                                s.name, r.step
+                            ),
+                        ));
+                    }
                 }
             }
         }
@@ -323,21 +379,50 @@ impl Pipeline {
         seen
     }
 
-    /// The cache key of `step`: SHA-256 (hex) of its kind and settings, the bytes of the files
-    /// it names (a train or sweep config), and what `deps` gives for each dependency (by step
-    /// name: the CLI gives its cache key and output, so keys chain along the DAG). A train step's
-    /// `from_sweep` step is one of its dependencies, and that step's output holds the best
-    /// trial's values ([`handover`]), so a changed best changes the train step's key.
-    pub fn hash(&self, step: &Step, deps: &BTreeMap<String, String>) -> Result<String> {
+    /// The cache key of `step`: SHA-256 (hex) of its kind and settings, the values of its
+    /// references (`values`, as [`Step::values`] gives them), the bytes of the files it names (a
+    /// train, sweep or evaluate config; every input of a prepare step, and its tokenizer file:
+    /// the data's lineage), and what `deps` gives for each dependency (by step name: the CLI
+    /// gives its cache key and output, so keys chain along the DAG). A train step's `from_sweep`
+    /// step is one of its dependencies, and that step's output holds the best trial's values
+    /// ([`handover`]), so a changed best changes the train step's key.
+    pub fn hash(
+        &self,
+        step: &Step,
+        deps: &BTreeMap<String, String>,
+        values: &BTreeMap<String, String>,
+    ) -> Result<String> {
         let mut h = Sha256::new();
         let mut table = step.table.clone();
         table.remove("retries");
         h.update(toml::to_string(&table).unwrap_or_default().as_bytes());
-        if let Action::Train { config, .. } | Action::Sweep { config } = &step.action {
-            let path = self.root.join(config);
-            let bytes = std::fs::read(&path).map_err(|source| Error::Io { path, source })?;
+        for (r, v) in values {
+            h.update(format!("\0ref\0{r}\0{v}").as_bytes());
+        }
+        let action = step
+            .action
+            .resolve(values)
+            .map_err(|e| Error::Spec(format!("step {:?}: {e}", step.name)))?;
+        let mut files: Vec<PathBuf> = Vec::new();
+        match &action {
+            Action::Train { config, .. } | Action::Sweep { config } => files.push(config.clone()),
+            Action::Evaluate(Evaluate { config: Some(c), .. }) => files.push(c.into()),
+            Action::Prepare(p) => {
+                files.extend(p.input.iter().map(PathBuf::from));
+                if !["gpt2", "char"].contains(&p.tokenizer.as_str()) {
+                    files.push(p.tokenizer.clone().into());
+                }
+            }
+            _ => {}
+        }
+        for f in files {
+            let path = self.root.join(f);
+            let mut file = std::fs::File::open(&path).map_err(|source| Error::Io {
+                path: path.clone(),
+                source,
+            })?;
             h.update(b"\0file\0");
-            h.update(&bytes);
+            std::io::copy(&mut file, &mut h).map_err(|source| Error::Io { path, source })?;
         }
         for d in &step.depends_on {
             h.update(format!("\0dep\0{d}\0{}", deps.get(d).map_or("", String::as_str)).as_bytes());
@@ -346,15 +431,26 @@ impl Pipeline {
     }
 }
 
-/// The step whose results `s` reads, and the kind that step must be: a condition's `run` and a
-/// register's `step` (train steps), a train step's `from_sweep` (a sweep step).
-fn uses(s: &Step) -> Option<(&str, &'static str)> {
+/// The steps whose results `s` reads, and the kind each must be (`None`: any): a condition's
+/// `run`, a register's and an evaluate's `step` (train steps), a condition's `step` (any), a
+/// train step's `from_sweep` (a sweep step), a deploy's `step` (a register step).
+fn uses(s: &Step) -> Vec<(&str, Option<&'static str>)> {
     match &s.action {
-        Action::Condition { run: n, .. } | Action::Register { step: n, .. } => Some((n.as_str(), "train")),
+        Action::Condition {
+            gate: Gate::Metric { run: n, .. },
+            ..
+        }
+        | Action::Register { step: n, .. }
+        | Action::Evaluate(Evaluate { step: n, .. }) => vec![(n.as_str(), Some("train"))],
+        Action::Condition {
+            gate: Gate::Output { step: n, .. },
+            ..
+        } => vec![(n.as_str(), None)],
         Action::Train {
             from_sweep: Some(n), ..
-        } => Some((n.as_str(), "sweep")),
-        _ => None,
+        } => vec![(n.as_str(), Some("sweep"))],
+        Action::Deploy(Deploy { step: Some(n), .. }) => vec![(n.as_str(), Some("register"))],
+        _ => Vec::new(),
     }
 }
 
@@ -392,107 +488,6 @@ fn order(file: &Path, mut left: Vec<Step>) -> Result<Vec<Step>> {
         out.push(s);
     }
     Ok(out)
-}
-
-/// A finished execution of a step, as the cache keeps it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Execution {
-    pub id: i64,
-    pub pipeline: String,
-    pub step: String,
-    pub hash: String,
-    /// `finished` or `failed`.
-    pub status: String,
-    /// What the step made (a train step: `run=ID`; a condition: `true`/`false`; a register:
-    /// `model=NAME version=N`), or the error of a failed one.
-    pub output: String,
-    /// Seconds since the Unix epoch.
-    pub start: f64,
-    pub end: f64,
-}
-
-/// The executions table in the run store's file.
-pub struct Cache {
-    conn: Connection,
-    path: PathBuf,
-}
-
-fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
-    move |e| Error::State(format!("{}: {e}", path.display()))
-}
-
-impl Cache {
-    /// Opens the cache of the run store in folder `dir` (store and table made when missing).
-    pub fn open(dir: &Path) -> Result<Cache> {
-        let path = weft_track::Store::open(dir)?.path().to_path_buf();
-        let conn = Connection::open(&path).map_err(sql(&path))?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS pipeline_executions (
-                id INTEGER PRIMARY KEY, pipeline TEXT NOT NULL, step TEXT NOT NULL, hash TEXT NOT NULL,
-                status TEXT NOT NULL, output TEXT NOT NULL, start REAL NOT NULL, end REAL NOT NULL);
-             CREATE INDEX IF NOT EXISTS pipeline_executions_hash ON pipeline_executions (hash);",
-        )
-        .map_err(sql(&path))?;
-        Ok(Cache { conn, path })
-    }
-
-    /// The latest finished execution with cache key `hash`.
-    pub fn finished(&self, hash: &str) -> Result<Option<Execution>> {
-        self.conn
-            .query_row(
-                "SELECT id, pipeline, step, hash, status, output, start, end FROM pipeline_executions
-                 WHERE hash = ?1 AND status = 'finished' ORDER BY id DESC LIMIT 1",
-                params![hash],
-                |r| {
-                    Ok(Execution {
-                        id: r.get(0)?,
-                        pipeline: r.get(1)?,
-                        step: r.get(2)?,
-                        hash: r.get(3)?,
-                        status: r.get(4)?,
-                        output: r.get(5)?,
-                        start: r.get(6)?,
-                        end: r.get(7)?,
-                    })
-                },
-            )
-            .optional()
-            .map_err(sql(&self.path))
-    }
-
-    /// Records an execution; its id.
-    pub fn record(&self, pipeline: &str, step: &str, hash: &str, ok: bool, output: &str, start: f64) -> Result<i64> {
-        self.conn
-            .execute(
-                "INSERT INTO pipeline_executions (pipeline, step, hash, status, output, start, end)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    pipeline,
-                    step,
-                    hash,
-                    if ok { "finished" } else { "failed" },
-                    output,
-                    start,
-                    weft_track::now()
-                ],
-            )
-            .map_err(sql(&self.path))?;
-        Ok(self.conn.last_insert_rowid())
-    }
-
-    /// The latest execution of step `step` of pipeline `pipeline`: `(status, output, end)`.
-    pub fn last(&self, pipeline: &str, step: &str) -> Result<Option<(String, String, f64)>> {
-        self.conn
-            .query_row(
-                "SELECT status, output, end FROM pipeline_executions WHERE pipeline = ?1 AND step = ?2
-                 ORDER BY id DESC LIMIT 1",
-                params![pipeline, step],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(sql(&self.path))
-    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ fn steps_are_ordered_and_bad_files_refused() {
     assert_eq!(names, ["a", "b"]);
     let cases = [
         ("[[step]]\nname = \"a\"\nkind = \"teleport\"\n", "unknown kind"),
-        ("[[step]]\nname = \"a\"\nkind = \"deploy\"\n", "not built yet"),
+        ("[[step]]\nname = \"a\"\nkind = \"deploy\"\n", "give either `step`"),
         (
             "[[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"x\"]\ndepends_on = [\"z\"]\n",
             "no step",
@@ -119,12 +119,285 @@ fn the_values_handed_over_are_in_the_cache_key() {
     };
     let key = |lr: f64| {
         let out = handover::sweep_output("s", Some(&best(lr)));
-        p.hash(step, &BTreeMap::from([("tune".to_string(), format!("KEY:{out}"))]))
-            .unwrap()
+        p.hash(
+            step,
+            &BTreeMap::from([("tune".to_string(), format!("KEY:{out}"))]),
+            &BTreeMap::new(),
+        )
+        .unwrap()
     };
     assert_eq!(key(0.01), key(0.01));
     assert_ne!(key(0.01), key(0.02));
     assert_eq!(p.descendants("tune"), BTreeSet::from(["long".to_string()]));
     assert_eq!(p.ancestors("long"), BTreeSet::from(["tune".to_string()]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// prepare -> train on its data -> evaluate -> a gate on the evaluated value -> register ->
+/// deploy, each step after the one before.
+const FLOW: &str = "[[step]]\nname = \"prep\"\nkind = \"prepare\"\ntokenizer = \"char\"\ninput = [\"a.txt\"]\n\
+    output = \"data\"\nval_fraction = 0.2\nshard_tokens = 1000\n\n\
+    [[step]]\nname = \"train\"\nkind = \"train\"\nconfig = \"r.toml\"\n\
+    set = [\"data.path=\\\"${steps.prep.data}\\\"\", \"model.vocab_size=${steps.prep.vocab_size}\"]\n\
+    depends_on = [\"prep\"]\n\n\
+    [[step]]\nname = \"eval\"\nkind = \"evaluate\"\nstep = \"train\"\nbatches = 2\ndepends_on = [\"train\"]\n\n\
+    [[step]]\nname = \"gate\"\nkind = \"condition\"\nstep = \"eval\"\nop = \"<\"\nvalue = 9\ndepends_on = [\"eval\"]\n\n\
+    [[step]]\nname = \"reg\"\nkind = \"register\"\nstep = \"train\"\nmodel = \"m\"\ndepends_on = [\"gate\"]\n\n\
+    [[step]]\nname = \"ship\"\nkind = \"deploy\"\nstep = \"reg\"\nmodel = \"m\"\ndepends_on = [\"reg\"]\n";
+
+#[test]
+fn the_new_kinds_parse_with_their_defaults() {
+    let p = load("flow", FLOW).unwrap();
+    let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["prep", "train", "eval", "gate", "reg", "ship"]);
+    assert_eq!(
+        p.step("prep").unwrap().action,
+        Action::Prepare(Prepare {
+            tokenizer: "char".into(),
+            input: vec!["a.txt".into()],
+            output: "data".into(),
+            val_fraction: Some(0.2),
+            shard_tokens: Some(1000),
+        })
+    );
+    assert_eq!(
+        p.step("eval").unwrap().action,
+        Action::Evaluate(Evaluate {
+            step: "train".into(),
+            config: None,
+            batches: Some(2),
+            data: None,
+        })
+    );
+    assert_eq!(
+        p.step("gate").unwrap().action,
+        Action::Condition {
+            gate: Gate::Output {
+                step: "eval".into(),
+                key: "value".into()
+            },
+            op: Op::Lt,
+            value: "9".into()
+        }
+    );
+    let Action::Deploy(d) = &p.step("ship").unwrap().action else {
+        panic!()
+    };
+    assert_eq!(
+        (
+            d.step.as_deref(),
+            d.version.as_deref(),
+            d.stage.as_str(),
+            d.server.as_deref(),
+            d.timeout
+        ),
+        (Some("reg"), None, "production", None, 60.0)
+    );
+    assert!(!p.step("ship").unwrap().never_cached());
+    let refs: Vec<String> = p
+        .step("train")
+        .unwrap()
+        .references()
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    assert_eq!(refs, ["${steps.prep.data}", "${steps.prep.vocab_size}"]);
+    // the values substitute into the action
+    let values = p
+        .step("train")
+        .unwrap()
+        .values(&BTreeMap::from([(
+            "prep".to_string(),
+            refs::output(&[("data", "/d d".into()), ("vocab_size", "12".into())]),
+        )]))
+        .unwrap();
+    let Action::Train { set, .. } = p.step("train").unwrap().action.resolve(&values).unwrap() else {
+        panic!()
+    };
+    assert_eq!(set, ["data.path=\"/d d\"", "model.vocab_size=12"]);
+    // a deploy that tells a server always runs
+    let server = FLOW.replace(
+        "model = \"m\"\ndepends_on = [\"reg\"]",
+        "model = \"m\"\nserver = \"http://127.0.0.1:1\"\ntoken_file = \"t\"\ntimeout = 5\ndepends_on = [\"reg\"]",
+    );
+    assert!(load("flow-server", &server)
+        .unwrap()
+        .step("ship")
+        .unwrap()
+        .never_cached());
+}
+
+#[test]
+fn references_must_be_well_formed_and_name_a_step_depended_on() {
+    let cmd = |name: &str, argv: &str, deps: &str| {
+        format!("[[step]]\nname = \"{name}\"\nkind = \"command\"\nargv = [{argv}]\ndepends_on = [{deps}]\n")
+    };
+    // an indirect dependency is enough; a shell's own ${VAR} is text
+    let ok = [
+        cmd("a", "\"true\"", ""),
+        cmd("b", "\"true\"", "\"a\""),
+        cmd("c", "\"echo\", \"${steps.a.exit} ${HOME}\"", "\"b\""),
+    ]
+    .concat();
+    assert!(load("refs-ok", &ok).is_ok());
+    let cases = [
+        (
+            [
+                cmd("a", "\"true\"", ""),
+                cmd("c", "\"echo\", \"${steps.zz.exit}\"", "\"a\""),
+            ]
+            .concat(),
+            "step \"c\": `argv`: ${steps.zz.exit} names no step \"zz\"",
+        ),
+        (
+            [cmd("a", "\"true\"", ""), cmd("c", "\"echo\", \"${steps.a.exit}\"", "")].concat(),
+            "step \"c\": `argv`: ${steps.a.exit}: step \"a\" is not a step it depends on",
+        ),
+        (
+            [cmd("a", "\"true\"", ""), cmd("c", "\"echo\", \"${steps.a}\"", "\"a\"")].concat(),
+            "step \"c\": `argv`: ${steps.a} in \"${steps.a}\": a reference is ${steps.STEP.KEY}",
+        ),
+        (
+            [
+                cmd("a", "\"true\"", ""),
+                cmd("c", "\"echo\", \"${steps.a.exit\"", "\"a\""),
+            ]
+            .concat(),
+            "is not closed",
+        ),
+        // a step after it is no dependency either
+        (
+            [
+                cmd("c", "\"echo\", \"${steps.a.exit}\"", ""),
+                cmd("a", "\"true\"", "\"c\""),
+            ]
+            .concat(),
+            "step \"a\" is not a step it depends on",
+        ),
+        (
+            FLOW.replace("set = [\"data.path", "set = [\"x=${steps.eval.value}\", \"data.path"),
+            "step \"train\": `set`: ${steps.eval.value}: step \"eval\" is not a step it depends on",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = load("refs-bad", &text).unwrap_err().to_string();
+        assert!(e.contains(want) && !e.contains('\n'), "{want}: {e}");
+    }
+}
+
+#[test]
+fn bad_settings_of_the_new_kinds_are_refused_in_one_line() {
+    let cases = [
+        (
+            FLOW.replace("step = \"train\"\nbatches", "step = \"prep\"\nbatches"),
+            "step \"eval\": \"prep\" is no train step",
+        ),
+        (
+            FLOW.replace("batches = 2", "batches = 0"),
+            "`batches` must be a whole number >= 1",
+        ),
+        (
+            FLOW.replace("input = [\"a.txt\"]", "input = []"),
+            "`input` must list at least one file",
+        ),
+        (
+            FLOW.replace("val_fraction = 0.2", "val_fraction = 1.5"),
+            "`val_fraction` 1.5 is not in [0, 1)",
+        ),
+        (FLOW.replace("output = \"data\"\n", ""), "`output` is missing"),
+        (
+            FLOW.replace("step = \"reg\"\nmodel", "step = \"train\"\nmodel"),
+            "\"train\" is no register step",
+        ),
+        (
+            FLOW.replace("step = \"reg\"\nmodel", "version = 1\nstep = \"reg\"\nmodel"),
+            "give either `step`",
+        ),
+        (
+            FLOW.replace("step = \"reg\"\nmodel", "version = \"x\"\nmodel"),
+            "`version` \"x\" is not a version",
+        ),
+        (
+            FLOW.replace("step = \"reg\"\nmodel", "step = \"reg\"\nstage = \"live\"\nmodel"),
+            "unknown stage \"live\"",
+        ),
+        (
+            FLOW.replace(
+                "step = \"reg\"\nmodel",
+                "step = \"reg\"\nserver = \"http://h:1\"\nmodel",
+            ),
+            "`server` needs `token_file`",
+        ),
+        (
+            FLOW.replace(
+                "step = \"reg\"\nmodel",
+                "step = \"reg\"\nserver = \"h:1\"\ntoken_file = \"t\"\nmodel",
+            ),
+            "must be the management API's URL",
+        ),
+        (
+            FLOW.replace(
+                "step = \"reg\"\nmodel",
+                "step = \"reg\"\nserver = \"http://h:1\"\ntoken_file = \"t\"\nstage = \"staging\"\nmodel",
+            ),
+            "give `model_store`",
+        ),
+        (
+            FLOW.replace("step = \"reg\"\nmodel", "step = \"reg\"\ntoken_file = \"t\"\nmodel"),
+            "`token_file` needs `server`",
+        ),
+        (
+            FLOW.replace("step = \"eval\"\nop", "step = \"eval\"\nrun = \"train\"\nop"),
+            "give either `run` and `metric`",
+        ),
+        (
+            FLOW.replace("value = 9", "value = \"x\""),
+            "`value` \"x\" must be a number",
+        ),
+        (
+            FLOW.replace("step = \"eval\"\nop", "step = \"eval\"\nmetric = \"m\"\nop"),
+            "`metric` goes with `run`",
+        ),
+        (
+            FLOW.replace("step = \"eval\"\nop", "step = \"zz\"\nop"),
+            "uses \"zz\", which is no step",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = load("kinds-bad", &text).unwrap_err().to_string();
+        assert!(e.contains(want) && !e.contains('\n'), "{want}: {e}");
+    }
+}
+
+#[test]
+fn input_bytes_and_reference_values_are_in_the_cache_key() {
+    let dir = std::env::temp_dir().join(format!("weft-tune-pipeline-lineage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.txt"), "hello").unwrap();
+    std::fs::write(dir.join("r.toml"), "[train]\nsteps = 1\n").unwrap();
+    let file = dir.join("flow.toml");
+    std::fs::write(&file, FLOW).unwrap();
+    let p = Pipeline::load(&file).unwrap();
+    let prep = p.step("prep").unwrap();
+    let none = BTreeMap::new();
+    let first = p.hash(prep, &none, &none).unwrap();
+    assert_eq!(first, p.hash(prep, &none, &none).unwrap());
+    std::fs::write(dir.join("a.txt"), "hellO").unwrap();
+    let changed = p.hash(prep, &none, &none).unwrap();
+    assert_ne!(first, changed);
+    std::fs::remove_file(dir.join("a.txt")).unwrap();
+    let e = p.hash(prep, &none, &none).unwrap_err().to_string();
+    assert!(e.contains("a.txt") && !e.contains('\n'), "{e}");
+    // the train step's key follows the values of its references
+    let train = p.step("train").unwrap();
+    let key = |data: &str| {
+        let outputs = BTreeMap::from([(
+            "prep".to_string(),
+            refs::output(&[("data", data.into()), ("vocab_size", "5".into())]),
+        )]);
+        p.hash(train, &none, &train.values(&outputs).unwrap()).unwrap()
+    };
+    assert_eq!(key("/x"), key("/x"));
+    assert_ne!(key("/x"), key("/y"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,17 +2,20 @@
 //! [`weft_tune::pipeline`] reads and checks it), independent steps at once on threads of their
 //! own, skipping a step whose cache key matches a finished execution recorded in the run
 //! store (docs/registry.md). A sweep step's output records its best trial's values, which a
-//! train step with `from_sweep` takes as overrides ([`weft_tune::pipeline::handover`]).
+//! train step with `from_sweep` takes as overrides ([`weft_tune::pipeline::handover`]); a
+//! step's `${steps.NAME.KEY}` references are resolved from the outputs of the steps before it
+//! ([`weft_tune::pipeline::refs`]) before its cache key is made. [`execute`] runs one step,
+//! [`data`] the prepare and evaluate steps, [`deploy`] the deploy steps.
+
+mod data;
+mod deploy;
+mod execute;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::mpsc;
 
-use weft_track::Store;
-use weft_tune::pipeline::handover::{self, Best};
-use weft_tune::pipeline::{Action, Cache, Pipeline, Step};
-use weft_tune::registry::ModelRegistry;
+use weft_tune::pipeline::{Cache, Pipeline};
 
 use crate::print_out;
 
@@ -58,8 +61,11 @@ struct Context {
     exe: PathBuf,
     /// The run store's folder (absolute).
     dir: PathBuf,
+    /// The pipeline file's folder (absolute).
     root: PathBuf,
     pipeline: String,
+    /// The pipeline (an evaluate step reads its train step's settings).
+    steps: std::sync::Arc<Pipeline>,
 }
 
 /// Where a step stands.
@@ -77,165 +83,6 @@ fn store_dir(dir: Option<&PathBuf>) -> Result<PathBuf, String> {
     let dir = crate::models::store_dir(dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))
-}
-
-/// The run id in a train step's output `run=ID`.
-fn run_of(output: &str) -> Result<i64, String> {
-    output
-        .strip_prefix("run=")
-        .and_then(|id| id.parse().ok())
-        .ok_or_else(|| format!("its train step's output {output:?} names no run"))
-}
-
-fn spawn_status(mut cmd: Command, what: &str) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("cannot start {what}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{what} exited with {status}"))
-    }
-}
-
-/// Runs `step` once; its output. `inputs` holds the outputs of the steps done before it
-/// (those it depends on among them).
-fn execute(ctx: &Context, step: &Step, inputs: &BTreeMap<String, String>) -> Result<String, String> {
-    match &step.action {
-        Action::Train {
-            config,
-            set,
-            from_sweep,
-        } => {
-            // the best trial's values first, the step's own `set` on top
-            let best = match from_sweep {
-                Some(from) => handover::best_sets(from, inputs.get(from).map(String::as_str))?,
-                None => Vec::new(),
-            };
-            let millis = (weft_track::now() * 1000.0) as u64;
-            let name = format!("{}-{}-{millis}", ctx.pipeline, step.name);
-            let mut cmd = Command::new(&ctx.exe);
-            cmd.current_dir(&ctx.root)
-                .env("WEFT_TRACK_DIR", &ctx.dir)
-                .args(["train", "--config"])
-                .arg(ctx.root.join(config));
-            for s in best.iter().chain(set) {
-                cmd.args(["--set", s]);
-            }
-            if !set.iter().any(|s| s.trim_start().starts_with("train.checkpoint_dir")) {
-                // each execution keeps its own checkpoints (a registered version's files stay)
-                let ckpt = ctx.dir.join("pipeline-checkpoints").join(&ctx.pipeline).join(&name);
-                cmd.args(["--set", &format!("train.checkpoint_dir={:?}", ckpt.to_string_lossy())]);
-            }
-            cmd.args(["--set", "track.enabled=true", "--set", &format!("track.name={name:?}")])
-                .args(["--set", &format!("track.dir={:?}", ctx.dir.to_string_lossy())]);
-            spawn_status(cmd, "weft train")?;
-            let store = Store::open_existing(&ctx.dir).map_err(|e| e.to_string())?;
-            let id = store.find_run(&name).map_err(|e| e.to_string())?;
-            Ok(format!("run={id}"))
-        }
-        Action::Sweep { config } => {
-            let mut cmd = Command::new(&ctx.exe);
-            cmd.current_dir(&ctx.root)
-                .env("WEFT_TRACK_DIR", &ctx.dir)
-                .args(["sweep", "--config"])
-                .arg(ctx.root.join(config));
-            spawn_status(cmd, "weft sweep")?;
-            sweep_best(ctx, config)
-        }
-        Action::Command { argv } => {
-            let mut cmd = Command::new(&argv[0]);
-            cmd.current_dir(&ctx.root)
-                .args(&argv[1..])
-                .env("WEFT_TRACK_DIR", &ctx.dir);
-            spawn_status(cmd, &format!("{:?}", argv[0]))?;
-            Ok("exit=0".into())
-        }
-        Action::Condition { metric, run, op, value } => {
-            let id = run_of(inputs.get(run).map_or("", String::as_str))?;
-            let store = Store::open_existing(&ctx.dir).map_err(|e| e.to_string())?;
-            let detail = store.run_detail(id).map_err(|e| e.to_string())?;
-            let got = detail.metrics.get(metric).ok_or_else(|| {
-                let known: Vec<&String> = detail.metrics.keys().collect();
-                format!("run {id} (step {run:?}) logged no metric {metric:?} (logged: {known:?})")
-            })?;
-            Ok(if op.holds(got.last, *value) { "true" } else { "false" }.to_string())
-        }
-        Action::Register { step: from, model } => {
-            let id = run_of(inputs.get(from).map_or("", String::as_str))?;
-            let mut reg = ModelRegistry::open(&ctx.dir).map_err(|e| e.to_string())?;
-            let v = reg
-                .register(&ctx.dir, &id.to_string(), model)
-                .map_err(|e| e.to_string())?;
-            Ok(format!("model={} version={}", v.name, v.version))
-        }
-    }
-}
-
-/// The output of a sweep step whose sweep (file `config`) has run: its best finished trial and
-/// that trial's values ([`handover::sweep_output`]), as `weft sweep status --json` gives them
-/// with the store and folder the sweep ran with.
-fn sweep_best(ctx: &Context, config: &Path) -> Result<String, String> {
-    let out = Command::new(&ctx.exe)
-        .current_dir(&ctx.root)
-        .env("WEFT_TRACK_DIR", &ctx.dir)
-        .args(["sweep", "status", "--json", "--config"])
-        .arg(ctx.root.join(config))
-        .output()
-        .map_err(|e| format!("cannot start weft sweep status: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("weft sweep status: {}", err.trim()));
-    }
-    let status: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("weft sweep status --json: {e}"))?;
-    let name = status["sweep"].as_str().unwrap_or_default();
-    let best = &status["best"];
-    if best.is_null() {
-        return Ok(handover::sweep_output(name, None));
-    }
-    let trial = best["id"]
-        .as_u64()
-        .ok_or_else(|| format!("sweep {name}: weft sweep status --json gave a best trial without an id"))?;
-    let field = |key: &str| format!("sweep {name}: trial {trial}, the best, has no {key} in weft sweep status --json");
-    let mut params = toml::Table::new();
-    for (k, v) in best["params"].as_object().ok_or_else(|| field("params"))? {
-        // a parameter the trial did not draw (the sweep file gained it on a resume) is left to the
-        // train step's own config
-        if v.is_null() {
-            weft_core::errln!(
-                "weft pipeline: sweep {name}: trial {trial}, the best, has no value of {k}; not handed over"
-            );
-            continue;
-        }
-        let v = toml::Value::try_from(v).map_err(|e| format!("sweep {name}: trial {trial}'s value of {k}: {e}"))?;
-        params.insert(k.clone(), v);
-    }
-    let best = Best {
-        trial,
-        run: best["run"].as_str().ok_or_else(|| field("run"))?.to_string(),
-        value: best["value"].as_f64().ok_or_else(|| field("value"))?,
-        params,
-    };
-    Ok(handover::sweep_output(name, Some(&best)))
-}
-
-/// Runs `step` up to `retries + 1` times; the last error when every try failed.
-fn execute_with_retries(ctx: &Context, step: &Step, inputs: &BTreeMap<String, String>) -> Result<String, String> {
-    let mut tries = 0;
-    loop {
-        match execute(ctx, step, inputs) {
-            Ok(out) => return Ok(out),
-            Err(e) if tries < step.retries => {
-                tries += 1;
-                weft_core::errln!(
-                    "weft pipeline: step {}: {e}; try {} of {}",
-                    step.name,
-                    tries + 1,
-                    step.retries + 1
-                );
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// Whether `dep`'s state stops the steps after it: failed, skipped, or a condition that
@@ -267,6 +114,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
             .canonicalize()
             .map_err(|e| format!("{}: {e}", p.root.display()))?,
         pipeline: p.name.clone(),
+        steps: std::sync::Arc::new(p.clone()),
     };
     // --from STEP: it and the steps after it miss the cache on purpose
     let forced: BTreeSet<String> = match &a.from {
@@ -318,7 +166,28 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                     .collect();
                 let Some(deps) = deps else { continue };
                 progressed = true;
-                let hash = match p.hash(step, &deps) {
+                // what the step reads: the outputs of every step done so far (its ancestors
+                // among them), and the values of its references in them
+                let outputs: BTreeMap<String, String> = state
+                    .iter()
+                    .filter_map(|(n, s)| match s {
+                        State::Done(out) => Some((n.clone(), out.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                let resolved = step
+                    .values(&outputs)
+                    .and_then(|values| Ok((step.action.resolve(&values)?, values)));
+                let (action, values) = match resolved {
+                    Ok(r) => r,
+                    Err(e) => {
+                        print_out(&format!("step {}: failed: {e}\n", step.name))?;
+                        why.insert(step.name.clone(), e);
+                        state.insert(step.name.clone(), State::Failed);
+                        continue;
+                    }
+                };
+                let hash = match p.hash(step, &deps, &values) {
                     Ok(h) => h,
                     Err(e) => {
                         // a file it names cannot be read: the step fails, the others go on
@@ -329,16 +198,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                     }
                 };
                 keys.insert(step.name.clone(), hash.clone());
-                // what the step reads: the outputs of every step done so far (its ancestors
-                // among them)
-                let inputs: BTreeMap<String, String> = state
-                    .iter()
-                    .filter_map(|(n, s)| match s {
-                        State::Done(out) => Some((n.clone(), out.clone())),
-                        _ => None,
-                    })
-                    .collect();
-                if !a.no_cache && !forced.contains(&step.name) {
+                if !a.no_cache && !forced.contains(&step.name) && !step.never_cached() {
                     if let Some(e) = cache.finished(&hash).map_err(|e| e.to_string())? {
                         print_out(&format!(
                             "step {}: cached (execution {} of {}/{}): {}\n",
@@ -356,7 +216,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                     let start = weft_track::now();
                     // a panic is the step's failure, not a pipeline waiting for ever
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        execute_with_retries(&ctx, &step, &inputs)
+                        execute::execute_with_retries(&ctx, &step, &action, &outputs, &hash)
                     }))
                     .unwrap_or_else(|_| Err("the step's thread panicked".into()));
                     let _ = tx.send((step.name.clone(), hash, start, result));
@@ -415,6 +275,7 @@ fn cached_before(p: &Pipeline, cache: &Cache, from: &str) -> Result<(), String> 
     // step -> (cache key, output)
     let mut done: BTreeMap<String, (String, String)> = BTreeMap::new();
     for step in p.steps.iter().filter(|s| before.contains(&s.name)) {
+        let outputs: BTreeMap<String, String> = done.iter().map(|(n, (_, out))| (n.clone(), out.clone())).collect();
         let deps: BTreeMap<String, String> = step
             .depends_on
             .iter()
@@ -426,8 +287,11 @@ fn cached_before(p: &Pipeline, cache: &Cache, from: &str) -> Result<(), String> 
                 p.name, step.name
             )
         };
+        let values = step
+            .values(&outputs)
+            .map_err(|e| not_cached(&format!("cannot be keyed ({e})")))?;
         let key = p
-            .hash(step, &deps)
+            .hash(step, &deps, &values)
             .map_err(|e| not_cached(&format!("cannot be keyed ({e})")))?;
         match cache.finished(&key).map_err(|e| e.to_string())? {
             Some(e) => {

@@ -1,0 +1,150 @@
+//! The cache of step executions: the `pipeline_executions` table in the run store's SQLite
+//! file, and the one write a pipeline makes into a run's own records (an evaluate step's metric).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::error::{Error, Result};
+
+/// A finished execution of a step, as the cache keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execution {
+    pub id: i64,
+    pub pipeline: String,
+    pub step: String,
+    pub hash: String,
+    /// `finished` or `failed`.
+    pub status: String,
+    /// What the step made (a train step: `run=ID`; a condition: `true`/`false`; a register:
+    /// `model=NAME version=N`), or the error of a failed one.
+    pub output: String,
+    /// Seconds since the Unix epoch.
+    pub start: f64,
+    pub end: f64,
+}
+
+/// The executions table in the run store's file.
+pub struct Cache {
+    conn: Connection,
+    path: PathBuf,
+}
+
+fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
+    move |e| Error::State(format!("{}: {e}", path.display()))
+}
+
+impl Cache {
+    /// Opens the cache of the run store in folder `dir` (store and table made when missing).
+    pub fn open(dir: &Path) -> Result<Cache> {
+        let path = weft_track::Store::open(dir)?.path().to_path_buf();
+        let conn = Connection::open(&path).map_err(sql(&path))?;
+        conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS pipeline_executions (
+                id INTEGER PRIMARY KEY, pipeline TEXT NOT NULL, step TEXT NOT NULL, hash TEXT NOT NULL,
+                status TEXT NOT NULL, output TEXT NOT NULL, start REAL NOT NULL, end REAL NOT NULL);
+             CREATE INDEX IF NOT EXISTS pipeline_executions_hash ON pipeline_executions (hash);",
+        )
+        .map_err(sql(&path))?;
+        Ok(Cache { conn, path })
+    }
+
+    /// The latest finished execution with cache key `hash`.
+    pub fn finished(&self, hash: &str) -> Result<Option<Execution>> {
+        self.conn
+            .query_row(
+                "SELECT id, pipeline, step, hash, status, output, start, end FROM pipeline_executions
+                 WHERE hash = ?1 AND status = 'finished' ORDER BY id DESC LIMIT 1",
+                params![hash],
+                |r| {
+                    Ok(Execution {
+                        id: r.get(0)?,
+                        pipeline: r.get(1)?,
+                        step: r.get(2)?,
+                        hash: r.get(3)?,
+                        status: r.get(4)?,
+                        output: r.get(5)?,
+                        start: r.get(6)?,
+                        end: r.get(7)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(sql(&self.path))
+    }
+
+    /// Records an execution; its id.
+    pub fn record(&self, pipeline: &str, step: &str, hash: &str, ok: bool, output: &str, start: f64) -> Result<i64> {
+        self.conn
+            .execute(
+                "INSERT INTO pipeline_executions (pipeline, step, hash, status, output, start, end)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    pipeline,
+                    step,
+                    hash,
+                    if ok { "finished" } else { "failed" },
+                    output,
+                    start,
+                    weft_track::now()
+                ],
+            )
+            .map_err(sql(&self.path))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Records `value` as metric `key` of run `run` at `step`, as the run's own writer records
+    /// its metrics: a row of `metrics` and the run's summary of the key, in one transaction (an
+    /// evaluate step's `eval/val_loss`). `weft_track` has no call that adds a metric to a run
+    /// already ended, so this writes its two tables itself, column by column.
+    pub fn log_metric(&mut self, run: i64, step: i64, key: &str, value: f64) -> Result<()> {
+        if !value.is_finite() {
+            return Err(Error::State(format!(
+                "run {run}: metric {key} = {value} is not a finite number"
+            )));
+        }
+        let p = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql(&p))?;
+        let known: i64 = tx
+            .query_row("SELECT count(*) FROM runs WHERE id = ?1", params![run], |r| r.get(0))
+            .map_err(sql(&p))?;
+        if known == 0 {
+            return Err(Error::State(format!("{}: no run with id {run}", p.display())));
+        }
+        tx.execute(
+            "INSERT INTO metrics (run_id, step, key, value, time) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![run, step, key, value, weft_track::now()],
+        )
+        .map_err(sql(&p))?;
+        tx.execute(
+            "INSERT INTO metric_summary (run_id, key, last, last_step, min, max, count)
+             VALUES (?1, ?2, ?3, ?4, ?3, ?3, 1)
+             ON CONFLICT (run_id, key) DO UPDATE SET
+               last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
+               last_step = MAX(last_step, excluded.last_step),
+               min = MIN(min, excluded.min), max = MAX(max, excluded.max),
+               count = count + 1",
+            params![run, key, value, step],
+        )
+        .map_err(sql(&p))?;
+        tx.commit().map_err(sql(&p))
+    }
+
+    /// The latest execution of step `step` of pipeline `pipeline`: `(status, output, end)`.
+    pub fn last(&self, pipeline: &str, step: &str) -> Result<Option<(String, String, f64)>> {
+        self.conn
+            .query_row(
+                "SELECT status, output, end FROM pipeline_executions WHERE pipeline = ?1 AND step = ?2
+                 ORDER BY id DESC LIMIT 1",
+                params![pipeline, step],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(sql(&self.path))
+    }
+}
