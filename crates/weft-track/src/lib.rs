@@ -6,7 +6,8 @@
 //!   (parallel runs, sweeps) write to it at once; a run still `running` whose heartbeat is older
 //!   than [`OpenOptions::stale_after`] is marked `killed` when the store is opened.
 //! - [`RunWriter`] records one run: metrics go through a channel to a background thread that
-//!   writes them in batches, so the training loop never waits for SQLite.
+//!   writes them in batches, so the training loop never waits for SQLite; a run resumed from a
+//!   checkpoint continues its run ([`RunWriter::resume`]).
 //! - [`filter`] parses the expressions of `weft runs list --filter`.
 //! - [`tensorboard`] writes TensorBoard event files of a run's scalars.
 //! - `ui` (feature `ui`) serves the dashboard of `weft ui` and its JSON API.
@@ -14,6 +15,7 @@
 mod error;
 pub mod filter;
 mod read;
+mod resume;
 mod store;
 pub mod sweep_tags;
 pub mod tensorboard;
@@ -23,6 +25,7 @@ mod writer;
 
 pub use error::{Error, Result};
 pub use read::{MetricSummary, RunDetail, RunSummary};
+pub use resume::{NotContinued, Resumed, RunRef, RESUMED_TAG};
 pub use store::{OpenOptions, Store, STORE_FILE};
 pub use writer::{NewRun, RunWriter, WriterOptions};
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::error::{Error, Result, SqlContext};
+use crate::resume::RunRef;
 use crate::{Status, Store};
 
 /// What is known of a run when it starts.
@@ -94,8 +95,7 @@ pub struct RunWriter {
 }
 
 struct Inner {
-    id: i64,
-    name: String,
+    run_ref: RunRef,
     tx: Option<Sender<Msg>>,
     thread: Mutex<Option<JoinHandle<Result<()>>>>,
 }
@@ -105,8 +105,14 @@ impl RunWriter {
     /// the writing thread.
     pub fn start(dir: &Path, run: NewRun, options: WriterOptions) -> Result<RunWriter> {
         let mut store = Store::open(dir)?;
-        let (id, name) = insert_run(&mut store, &run)?;
+        let run_ref = insert_run(&mut store, &run)?;
+        Self::spawn(store, dir, run_ref, options)
+    }
+
+    /// Starts the writing thread of run `run_ref` (recorded as `running`) on `store`.
+    pub(crate) fn spawn(store: Store, dir: &Path, run_ref: RunRef, options: WriterOptions) -> Result<RunWriter> {
         let Store { conn, path, .. } = store;
+        let id = run_ref.run;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("weft-track".into())
@@ -117,8 +123,7 @@ impl RunWriter {
             })?;
         Ok(RunWriter {
             inner: Arc::new(Inner {
-                id,
-                name,
+                run_ref,
                 tx: Some(tx),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -127,12 +132,18 @@ impl RunWriter {
 
     /// The run's id in the store.
     pub fn id(&self) -> i64 {
-        self.inner.id
+        self.inner.run_ref.run
     }
 
     /// The run's name in its experiment.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        &self.inner.run_ref.name
+    }
+
+    /// Which run of which store this is: what a checkpoint keeps so that a run resumed from it
+    /// continues this one ([`RunWriter::resume`]).
+    pub fn run_ref(&self) -> &RunRef {
+        &self.inner.run_ref
     }
 
     /// Queues a metric value at `step` (never blocks on the store; a few hundred nanoseconds).
@@ -150,7 +161,8 @@ impl RunWriter {
         });
     }
 
-    /// Queues an artifact (`kind` such as `checkpoint`, and its path).
+    /// Queues an artifact (`kind` such as `checkpoint`, and its path). An artifact the run
+    /// already has (the same kind and path) is not recorded twice.
     pub fn artifact(&self, kind: &str, path: &Path) {
         self.send(Msg::Artifact {
             kind: kind.to_string(),
@@ -174,7 +186,7 @@ impl RunWriter {
         self.send(Msg::End { status, error });
         thread.join().unwrap_or_else(|_| {
             Err(Error::Io {
-                path: self.inner.name.clone().into(),
+                path: self.inner.run_ref.name.clone().into(),
                 source: std::io::Error::other("the run's writing thread panicked"),
             })
         })
@@ -191,14 +203,16 @@ impl Drop for Inner {
     }
 }
 
-/// Inserts the run with its params and tags in one transaction; its id and name.
-fn insert_run(store: &mut Store, run: &NewRun) -> Result<(i64, String)> {
+/// Inserts the run with its params and tags in one transaction (making the store's id when it
+/// has none); which run it is.
+fn insert_run(store: &mut Store, run: &NewRun) -> Result<RunRef> {
     let path = store.path.clone();
     let experiment = store.experiment_id(&run.experiment)?;
     let tx = store
         .conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .at(&path)?;
+    let store_id = crate::resume::store_id(&tx, &path)?;
     let taken = |name: &str| -> Result<bool> {
         tx.query_row(
             "SELECT count(*) FROM runs WHERE experiment_id = ?1 AND name = ?2",
@@ -244,23 +258,33 @@ fn insert_run(store: &mut Store, run: &NewRun) -> Result<(i64, String)> {
     )
     .at(&path)?;
     let id = tx.last_insert_rowid();
-    {
-        let mut p = tx
-            .prepare("INSERT OR REPLACE INTO params (run_id, key, value, num) VALUES (?1, ?2, ?3, ?4)")
-            .at(&path)?;
-        for (k, v) in &run.params {
-            let num = v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
-            p.execute(params![id, k, v, num]).at(&path)?;
-        }
-        let mut t = tx
-            .prepare("INSERT OR REPLACE INTO tags (run_id, key, value) VALUES (?1, ?2, ?3)")
-            .at(&path)?;
-        for (k, v) in &run.tags {
-            t.execute(params![id, k, v]).at(&path)?;
-        }
-    }
+    insert_params_and_tags(&tx, &path, id, run)?;
     tx.commit().at(&path)?;
-    Ok((id, name))
+    Ok(RunRef {
+        store: store_id,
+        run: id,
+        experiment: run.experiment.clone(),
+        name,
+        start_time: now,
+    })
+}
+
+/// Writes `run`'s params and tags for run `id` (replacing those of the same keys).
+pub(crate) fn insert_params_and_tags(conn: &Connection, path: &Path, id: i64, run: &NewRun) -> Result<()> {
+    let mut p = conn
+        .prepare("INSERT OR REPLACE INTO params (run_id, key, value, num) VALUES (?1, ?2, ?3, ?4)")
+        .at(path)?;
+    for (k, v) in &run.params {
+        let num = v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
+        p.execute(params![id, k, v, num]).at(path)?;
+    }
+    let mut t = conn
+        .prepare("INSERT OR REPLACE INTO tags (run_id, key, value) VALUES (?1, ?2, ?3)")
+        .at(path)?;
+    for (k, v) in &run.tags {
+        t.execute(params![id, k, v]).at(path)?;
+    }
+    Ok(())
 }
 
 /// The writing thread: batches records, beats, and writes the status at the end.
@@ -364,7 +388,10 @@ fn flush(
                 .at(path)?;
         }
         let mut a = tx
-            .prepare_cached("INSERT INTO artifacts (run_id, kind, path) VALUES (?1, ?2, ?3)")
+            .prepare_cached(
+                "INSERT INTO artifacts (run_id, kind, path) SELECT ?1, ?2, ?3 WHERE NOT EXISTS
+                 (SELECT 1 FROM artifacts WHERE run_id = ?1 AND kind = ?2 AND path = ?3)",
+            )
             .at(path)?;
         for (kind, p) in artifacts.drain(..) {
             a.execute(params![id, kind, p]).at(path)?;

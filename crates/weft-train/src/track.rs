@@ -3,13 +3,17 @@
 //! folders and the trace as artifacts, and how it ended. Rank 0 records; a store that cannot be
 //! opened turns tracking off with a warning, and the run trains. With `track.tensorboard` the
 //! same metrics also go to a TensorBoard event file in the run's folder of the store.
+//!
+//! Checkpoints name the run they were recorded under (key [`CHECKPOINT_KEY`] of their extra
+//! state), and a run resumed from one continues that run in the store when it can
+//! ([`weft_track::RunWriter::resume`]; docs/tracking.md, "Resumed runs").
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weft_track::tensorboard::EventWriter;
-use weft_track::{NewRun, RunWriter, Status, WriterOptions};
+use weft_track::{NewRun, NotContinued, Resumed, RunRef, RunWriter, Status, WriterOptions};
 
 use crate::config::RunConfig;
 use crate::error::Result;
@@ -36,7 +40,13 @@ pub struct Tracking {
 impl Tracking {
     /// Starts recording the run on the rank that `logs` (rank 0), when `track.enabled`; `None`
     /// otherwise, or when the store cannot be opened (after a warning naming it).
-    pub fn start(config: &RunConfig, logs: bool) -> Option<Tracking> {
+    ///
+    /// `continues`: the extra state of the checkpoint this run continues (its own folder's) and
+    /// the steps it holds. When the checkpoint names a run of this store that can go on, that run
+    /// is continued after those steps; otherwise (after one warning saying why, unless the
+    /// checkpoint names no run: one written before runs were named, or untracked) a new run is
+    /// recorded.
+    pub fn start(config: &RunConfig, logs: bool, continues: Option<(&serde_json::Value, usize)>) -> Option<Tracking> {
         let tc = &config.track;
         if !(tc.enabled && logs) {
             return None;
@@ -57,7 +67,28 @@ impl Tracking {
             flush_every: std::time::Duration::from_millis(tc.flush_ms),
             ..WriterOptions::default()
         };
-        match RunWriter::start(&dir, run, options) {
+        let prior = continues.and_then(|(extra, steps)| match run_ref_of(extra) {
+            Ok(Some(r)) => Some((r, steps)),
+            Ok(None) => None,
+            Err(why) => {
+                weft_core::errln!(
+                    "weft: warning: track: the checkpoint's {CHECKPOINT_KEY:?} entry {why}; recording a new run"
+                );
+                None
+            }
+        });
+        let started = match prior {
+            Some((r, steps)) => match RunWriter::resume(&dir, &r, steps as u64, run.clone(), options.clone()) {
+                Ok(Resumed::Continued(w)) => Ok(w),
+                Ok(Resumed::NotContinued(why)) => {
+                    warn_new_run(&r, &why);
+                    RunWriter::start(&dir, run, options)
+                }
+                Err(e) => Err(e),
+            },
+            None => RunWriter::start(&dir, run, options),
+        };
+        match started {
             Ok(writer) => Some(Tracking {
                 tensorboard: Tensorboard::start(tc.tensorboard, &dir, &tc.experiment, &writer),
                 writer,
@@ -68,6 +99,24 @@ impl Tracking {
                 weft_core::errln!("weft: warning: track: {e}; this run is not recorded (training goes on)");
                 None
             }
+        }
+    }
+
+    /// Names the run in `extra` (a checkpoint's extra state, an object) under [`CHECKPOINT_KEY`],
+    /// so that a run resumed from the checkpoint continues this one.
+    pub fn name_in(&self, extra: &mut serde_json::Value) {
+        let r = self.writer.run_ref();
+        if let Some(map) = extra.as_object_mut() {
+            map.insert(
+                CHECKPOINT_KEY.to_string(),
+                serde_json::json!({
+                    "store": r.store,
+                    "run": r.run,
+                    "experiment": r.experiment,
+                    "name": r.name,
+                    "start_time": r.start_time,
+                }),
+            );
         }
     }
 
@@ -107,6 +156,52 @@ impl Tracking {
             weft_core::errln!("weft: warning: track: {e}; the run's record may be incomplete");
         }
     }
+}
+
+/// The key of a checkpoint's extra state that names the run it was recorded under: `{"store":
+/// the store's id, "run": the run's id, "experiment", "name", "start_time": seconds since the
+/// Unix epoch}`.
+pub const CHECKPOINT_KEY: &str = "track";
+
+/// The run named in a checkpoint's extra state: `None` when it names none; why not, when its
+/// entry cannot be read (the checkpoint is outside input: a bad entry is never a panic).
+fn run_ref_of(extra: &serde_json::Value) -> std::result::Result<Option<RunRef>, String> {
+    let entry = match extra.get(CHECKPOINT_KEY) {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(e) => e,
+    };
+    let text = |key: &str| {
+        entry
+            .get(key)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| format!("has no text {key:?}"))
+    };
+    let run = entry
+        .get("run")
+        .and_then(|v| v.as_i64())
+        .ok_or_else(|| "has no integer \"run\"".to_string())?;
+    let start_time = entry
+        .get("start_time")
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| "has no number \"start_time\"".to_string())?;
+    Ok(Some(RunRef {
+        store: text("store")?,
+        run,
+        experiment: text("experiment")?,
+        name: text("name")?,
+        start_time,
+    }))
+}
+
+/// The one warning of a resumed run that is recorded as a new run.
+fn warn_new_run(r: &RunRef, why: &NotContinued) {
+    weft_core::errln!(
+        "weft: warning: track: not continuing run {}/{} (id {}) of the checkpoint: {why}; recording a new run",
+        r.experiment,
+        r.name,
+        r.run
+    );
 }
 
 /// The `step-N` folders in `dir`, by step.
@@ -231,5 +326,48 @@ impl Tensorboard {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_checkpoint_names_its_run_or_says_why_not() {
+        let entry = json!({"store": "ab", "run": 3, "experiment": "e", "name": "r", "start_time": 1.5});
+        let got = run_ref_of(&json!({ "model": {}, "track": entry })).unwrap().unwrap();
+        assert_eq!(
+            got,
+            RunRef {
+                store: "ab".into(),
+                run: 3,
+                experiment: "e".into(),
+                name: "r".into(),
+                start_time: 1.5
+            }
+        );
+        // an older checkpoint, or an untracked run's: no run
+        assert_eq!(run_ref_of(&json!({"model": {}})), Ok(None));
+        assert_eq!(run_ref_of(&json!({"track": null})), Ok(None));
+        assert_eq!(run_ref_of(&serde_json::Value::Null), Ok(None));
+        // outside input of the wrong types: a reason, never a panic
+        let mut bad = entry.clone();
+        bad["run"] = json!("3");
+        assert_eq!(
+            run_ref_of(&json!({ "track": bad })),
+            Err("has no integer \"run\"".into())
+        );
+        bad["run"] = json!(3.5);
+        assert!(run_ref_of(&json!({ "track": bad })).is_err());
+        let mut bad = entry.clone();
+        bad["store"] = json!(7);
+        assert_eq!(
+            run_ref_of(&json!({ "track": bad })),
+            Err("has no text \"store\"".into())
+        );
+        assert!(run_ref_of(&json!({"track": [1, 2]})).is_err());
+        assert!(run_ref_of(&json!({"track": "x"})).is_err());
     }
 }

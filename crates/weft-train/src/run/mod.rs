@@ -339,8 +339,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     let mut outcome = RunOutcome::default();
     if start < t.steps {
         // recorded in the run store (rank 0, `[track]`): metrics as they come, the status at the end
-        let tracking = crate::track::Tracking::start(config, logs);
+        // a run resumed from its own checkpoint continues the run that checkpoint names
+        let continues = trainer.continued_extra().map(|e| (e, start));
+        let tracking = crate::track::Tracking::start(config, logs, continues);
         if let Some(tr) = &tracking {
+            tr.name_in(&mut trainer.checkpoint_extra);
             trainer = trainer.with_callback(tr.callback());
         }
         let fitted = trainer.fit(data.train.clone(), start, t.steps);

@@ -137,11 +137,19 @@ impl Trainer {
         if let Some(run) = &loaded.state.run {
             self.run_id = run.clone();
         }
+        self.continued_extra = Some(loaded.state.extra.clone());
         // a stage or part that does not fit this run fails every rank
         let applied = self.apply_checkpoint(&path, loaded);
         let step = crate::job::agree(group, applied, "--resume: loading the checkpoint")?;
         self.resumed_from = Some(path);
         Ok(step)
+    }
+
+    /// The extra state ([`Trainer::checkpoint_extra`]) of the checkpoint this run continues: the
+    /// one [`Trainer::resume`] restored, or one of the policy's own folder that
+    /// [`Trainer::load_checkpoint`] restored. `None` when the run continues none.
+    pub fn continued_extra(&self) -> Option<&serde_json::Value> {
+        self.continued_extra.as_ref()
     }
 
     /// The checkpoint [`Trainer::resume`] restored, if it restored one.
@@ -180,6 +188,7 @@ impl Trainer {
             if let Some(run) = &loaded.state.run {
                 self.run_id = run.clone();
             }
+            self.continued_extra = Some(loaded.state.extra.clone());
         }
         self.apply_checkpoint(&dir, loaded)
     }

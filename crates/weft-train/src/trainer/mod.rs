@@ -77,6 +77,8 @@ pub struct Trainer {
     run_id: String,
     /// The checkpoint `resume` restored.
     resumed_from: Option<std::path::PathBuf>,
+    /// The extra state of the checkpoint this run continues (its own folder's), once restored.
+    continued_extra: Option<serde_json::Value>,
     /// The checkpoint folder, once claimed (locked on the job's rank 0) for this run.
     claim: Option<checkpoint::Claim>,
     /// Skip steps with a non-finite loss or gradient instead of failing.
@@ -127,6 +129,7 @@ impl Trainer {
             run_id: format!("{:013x}", checkpoint::new_nonce()),
             claim: None,
             resumed_from: None,
+            continued_extra: None,
             skip_nonfinite: false,
             skipped_steps: 0,
             progress: None,
