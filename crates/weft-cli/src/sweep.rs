@@ -156,8 +156,8 @@ fn train_args(c: &Checked, number: u64, sets: &[(String, String)]) -> Vec<String
     tags.insert(TAG_METRIC.into(), toml::Value::String(spec.metric.clone()));
     tags.insert(TAG_GOAL.into(), toml::Value::String(spec.goal.as_str().into()));
     set("track.enabled=true".into());
-    // the driver polls every 100 ms: the trial's metrics reach the store as often
-    set("track.flush_ms=100".into());
+    // the driver polls every 50 ms: the trial's metrics reach the store as often
+    set("track.flush_ms=50".into());
     set(format!("track.dir={}", toml_string(&c.store_dir.display().to_string())));
     set(format!("track.experiment={}", toml_string(&spec.experiment)));
     set(format!(
@@ -212,7 +212,7 @@ fn sweep(path: &Path, resume: bool) -> Result<(), String> {
         max_steps: c.base.train.steps as u64,
         resume,
         log_dir: c.store_dir.join("sweeps").join(&c.spec.name),
-        poll: Duration::from_millis(100),
+        poll: Duration::from_millis(50),
         command: &command,
     };
     weft_core::outln!(
