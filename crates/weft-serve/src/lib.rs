@@ -15,6 +15,7 @@ mod detok;
 pub mod error;
 pub mod generation;
 pub mod host;
+pub mod logprobs;
 pub mod management;
 pub mod metrics;
 mod model;
@@ -23,6 +24,7 @@ pub mod protocol;
 pub mod registry;
 mod routes;
 mod worker;
+pub mod workers;
 
 use std::future::{Future, IntoFuture};
 use std::path::PathBuf;
