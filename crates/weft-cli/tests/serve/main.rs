@@ -6,11 +6,12 @@
 //! single requests and the model's forward (completions.rs). The metrics count the requests
 //! made, the management API registers, splits traffic and unregisters with draining, batched
 //! requests give the unbatched logits, workers run requests at once and scale down without a
-//! failure (workers.rs).
+//! failure (workers.rs), and the Kubernetes manifest's args and probes work (k8s.rs).
 
 #[path = "../common.rs"]
 mod common;
 mod completions;
+mod k8s;
 mod manage;
 mod stop;
 mod support;
