@@ -223,4 +223,29 @@ mod tests {
             assert_eq!(alone.stats.generated_tokens.load(Ordering::Relaxed), 0);
         });
     }
+
+    #[test]
+    fn a_batch_runs_on_a_free_worker_while_another_is_busy() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let s = test_mlp(16, 4);
+            s.workers.scale(2);
+            // one worker held for the whole test: the batch must run on the other
+            let held = s.workers.acquire_async().await;
+            let x = Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25], &[2, 2]).unwrap();
+            // bounded, so that a batcher waiting for the held worker fails here instead of hanging
+            let answer = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                submit(Admitted::new(&s).unwrap(), x),
+            );
+            let out = answer.await.expect("the batch waited for the held worker").unwrap();
+            assert_eq!(out.shape, vec![2, 3]);
+            assert_eq!((s.workers.busy(), s.workers.peak()), (1, 2));
+            drop(held);
+        });
+    }
 }
