@@ -244,7 +244,8 @@ mod tests {
             );
             let out = answer.await.expect("the batch waited for the held worker").unwrap();
             assert_eq!(out.shape, vec![2, 3]);
-            assert_eq!((s.workers.busy(), s.workers.peak()), (1, 2));
+            // (the batch's worker is given back just after its answer: `busy` may still say 2)
+            assert_eq!(s.workers.peak(), 2);
             drop(held);
         });
     }

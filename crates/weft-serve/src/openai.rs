@@ -98,7 +98,8 @@ struct Echo {
 }
 
 impl Echo {
-    /// The prompt's legacy logprobs object, and where the completion's tokens start.
+    /// The prompt's legacy logprobs object (empty without `logprobs`); the completion's tokens
+    /// are pushed after it.
     fn legacy(&self, tok: &Tokenizer) -> Legacy {
         let mut legacy = Legacy::default();
         if let Some(lps) = &self.logprobs {
@@ -173,9 +174,10 @@ pub async fn completions(
             })
         }
     };
+    // checked by prompt_ids; read through the version, not cloned (a tokenizer.json's is large)
     let tok = served
         .tokenizer
-        .clone()
+        .as_ref()
         .ok_or_else(|| ApiError::bad_request("the model records no tokenizer"))?;
     let (id, created, model) = (completion_id(), now(), request.model.clone());
     let chunk = move |choices: Vec<Value>| {
@@ -207,7 +209,7 @@ pub async fn completions(
             let made = made?;
             completion_tokens += made.completion_tokens;
             let (mut text, mut legacy) = match &echo {
-                Some(e) => (e.text.clone(), e.legacy(&tok)),
+                Some(e) => (e.text.clone(), e.legacy(tok)),
                 None => (String::new(), Legacy::default()),
             };
             text.push_str(&made.text);
@@ -215,7 +217,7 @@ pub async fn completions(
                 None => Value::Null,
                 Some(_) => {
                     for lp in &made.logprobs {
-                        legacy.push(&tok, lp.id, Some(lp));
+                        legacy.push(tok, lp.id, Some(lp));
                     }
                     legacy.to_json()
                 }
@@ -236,14 +238,14 @@ pub async fn completions(
     for (i, (a, p)) in asks.into_iter().enumerate() {
         let mut legacy = Legacy::default();
         if let Some(e) = &echo {
-            legacy = e.legacy(&tok);
+            legacy = e.legacy(tok);
             let lp = if with_logprobs { legacy.to_json() } else { Value::Null };
             first.push(Event::default().data(chunk(vec![choice(i, &e.text, lp, Value::Null)]).to_string()));
         }
         // each chunk's logprobs: the tokens made since the last chunk, offsets running on
         let mut offset = legacy.offset();
         let mut sent = 0;
-        let (tok, chunk, choice) = (tok.clone(), chunk.clone(), choice);
+        let (version, chunk, choice) = (served.clone(), chunk.clone(), choice);
         let rx = generation::start_stream(a, ids.clone(), p, stop.clone(), arrived);
         let events = pieces(rx).map(move |piece| {
             let mut logprobs = |lps: &[TokenLogprob], sent: &mut usize| {
@@ -251,8 +253,11 @@ pub async fn completions(
                 if !with_logprobs {
                     return Value::Null;
                 }
+                let Some(tok) = version.tokenizer.as_ref() else {
+                    return Value::Null;
+                };
                 let mut l = Legacy::at(offset);
-                lps.iter().for_each(|lp| l.push(&tok, lp.id, Some(lp)));
+                lps.iter().for_each(|lp| l.push(tok, lp.id, Some(lp)));
                 offset = l.offset();
                 l.to_json()
             };
