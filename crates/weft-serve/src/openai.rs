@@ -136,8 +136,10 @@ pub async fn completions(
         }
     }
     let stop = generation::stop_sequences("stop", request.stop.as_ref())?;
+    // `echo` with `max_tokens: 0` scores the prompt alone (lm-eval-harness's loglikelihood)
+    let score_only = request.echo && request.max_tokens == Some(0);
     let requested = RequestedParams {
-        max_tokens: request.max_tokens,
+        max_tokens: if score_only { None } else { request.max_tokens },
         temperature: request.temperature,
         top_k: None,
         top_p: request.top_p,
@@ -145,6 +147,9 @@ pub async fn completions(
     };
     let mut params = requested.checked(OPENAI_DEFAULTS, state.limits.max_tokens)?;
     params.logprobs = request.logprobs.map(|k| k as usize);
+    if score_only {
+        params.max_tokens = 0;
+    }
     if n * params.max_tokens > state.limits.max_tokens {
         return Err(ApiError::bad_request(format!(
             "n x max_tokens = {n} x {} = {} is over the limit of {} new tokens per request",

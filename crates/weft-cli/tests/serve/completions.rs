@@ -141,6 +141,17 @@ fn greedy_logprobs_equal_the_forwards_log_softmax(s: &Server, gpt: &Path) {
         assert!((2..=3).contains(&top.len()), "{top:?}");
         assert_eq!(lp["text_offset"][j], j);
     }
+    // echo with max_tokens 0 scores the prompt alone: the same prompt logprobs, no new token
+    let scored = complete(
+        s,
+        json!({"model": "gpt", "prompt": PROMPT, "max_tokens": 0, "logprobs": 2, "echo": true}),
+    );
+    let c = &scored["choices"][0];
+    assert_eq!(text(c), PROMPT);
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(scored["usage"]["completion_tokens"], 0);
+    let prompt_lp = &lp["token_logprobs"].as_array().unwrap()[..p];
+    assert_eq!(c["logprobs"]["token_logprobs"].as_array().unwrap()[..], prompt_lp[..]);
     let plain = complete(
         s,
         json!({"model": "gpt", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "echo": true}),
