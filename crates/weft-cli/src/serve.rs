@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// step (continuous batching; 1: one at a time; the management API takes `max_sequences`).
     #[arg(long, value_name = "N", default_value_t = LoadOptions::default().max_sequences)]
     max_sequences: usize,
+    /// Workers of each `--model` given here: how many of its jobs (forwards, batches, decode
+    /// steps) run at once, 1 to 64 (the management API takes `workers` per model and scales it).
+    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().workers)]
+    workers: usize,
 }
 
 /// The generated management token's file, removed when dropped.
@@ -78,6 +82,13 @@ impl Drop for TokenFile {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), String> {
+    if !(1..=weft_serve::workers::MAX_WORKERS).contains(&args.workers) {
+        return Err(format!(
+            "--workers {}: give a whole number from 1 to {}",
+            args.workers,
+            weft_serve::workers::MAX_WORKERS
+        ));
+    }
     if args.max_tokens == 0 {
         return Err("--max-tokens: 0 lets a request generate nothing; give at least 1".into());
     }
@@ -115,6 +126,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         max_batch_size: args.max_batch_size.max(1),
         max_batch_delay: Duration::from_millis(args.max_batch_delay_ms),
         max_sequences: args.max_sequences.max(1),
+        workers: args.workers,
     };
     let registry = Registry::default();
     for raw in &args.models {

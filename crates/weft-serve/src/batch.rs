@@ -2,8 +2,9 @@
 //! (`max_batch_size > 1`) has a batcher task. It takes the first queued request, waits up to
 //! `max_batch_delay` for more (up to `max_batch_size` requests whose inputs agree on every
 //! dimension but the first), joins their inputs along the batch dimension, runs one forward on
-//! the model's worker and hands each request its rows of the logits. Requests that queue while
-//! a batch runs form the next one, so under load batches fill even with no delay.
+//! one of the model's workers and hands each request its rows of the logits. Requests that
+//! queue while every worker is busy form the next batch, so under load batches fill even with
+//! no delay; with several workers, each free worker takes the next batch.
 
 use std::sync::{Arc, Weak};
 
@@ -69,7 +70,9 @@ fn joinable(a: &Tensor, b: &Tensor) -> bool {
 }
 
 /// The batcher loop of one model version; it ends when the version is dropped (its queue's
-/// sender goes with it).
+/// sender goes with it). After a batch's first request it waits for a free worker, then up to
+/// `max_batch_delay` (from the first's arrival) for more; the batch runs on that worker while
+/// the next one forms, so with N workers up to N batches run at once.
 async fn run_batches(served: Weak<Served>, mut queue: UnboundedReceiver<Pending>, options: LoadOptions) {
     let mut carried: Option<Pending> = None;
     loop {
@@ -81,6 +84,11 @@ async fn run_batches(served: Weak<Served>, mut queue: UnboundedReceiver<Pending>
             },
         };
         let deadline = tokio::time::Instant::now() + options.max_batch_delay;
+        let Some(workers) = served.upgrade().map(|s| s.workers.clone()) else {
+            return;
+        };
+        // requests that arrive while every worker is busy join this batch
+        let worker = workers.acquire_async().await;
         let mut batch = vec![first];
         while batch.len() < options.max_batch_size {
             // a request already queued is taken even once the deadline has passed
@@ -94,12 +102,12 @@ async fn run_batches(served: Weak<Served>, mut queue: UnboundedReceiver<Pending>
             }
         }
         let Some(served) = served.upgrade() else { return };
-        let job = tokio::task::spawn_blocking(move || {
-            let _running = served.running.lock().unwrap_or_else(|p| p.into_inner());
+        // a forward that panics drops its replies (each request is answered with a 500) and
+        // gives its worker back while unwinding
+        tokio::task::spawn_blocking(move || {
+            let _worker = worker;
             run_batch(&served, batch);
         });
-        // a forward that panicked dropped its replies: each request is answered with a 500
-        let _ = job.await;
     }
 }
 
@@ -213,6 +221,32 @@ mod tests {
             assert!(d.0 < 8, "forwards: {d:?}");
             assert_eq!(batched.queue_depth(), 0);
             assert_eq!(alone.stats.generated_tokens.load(Ordering::Relaxed), 0);
+        });
+    }
+
+    #[test]
+    fn a_batch_runs_on_a_free_worker_while_another_is_busy() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let s = test_mlp(16, 4);
+            s.workers.scale(2);
+            // one worker held for the whole test: the batch must run on the other
+            let held = s.workers.acquire_async().await;
+            let x = Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25], &[2, 2]).unwrap();
+            // bounded, so that a batcher waiting for the held worker fails here instead of hanging
+            let answer = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                submit(Admitted::new(&s).unwrap(), x),
+            );
+            let out = answer.await.expect("the batch waited for the held worker").unwrap();
+            assert_eq!(out.shape, vec![2, 3]);
+            // (the batch's worker is given back just after its answer: `busy` may still say 2)
+            assert_eq!(s.workers.peak(), 2);
+            drop(held);
         });
     }
 }

@@ -27,6 +27,7 @@ use weft_models::{CachedTokens, KvCache, LanguageModel};
 use crate::detok::{Detokenizer, StopText};
 use crate::error::ApiError;
 use crate::generation::{Finish, GenerateParams, Generated, Piece};
+use crate::logprobs::TokenLogprob;
 use crate::registry::{Admitted, Served};
 
 /// A generation request waiting for, or in, its model's running batch.
@@ -116,6 +117,9 @@ struct Sequence {
     stops: StopText,
     /// The text sent so far.
     sent: String,
+    /// With `logprobs`, each new token's; the first `logprobs_sent` went with a text piece.
+    logprobs: Vec<TokenLogprob>,
+    logprobs_sent: usize,
     /// Over: answered, failed, or its client left.
     done: bool,
 }
@@ -131,6 +135,8 @@ impl Sequence {
             detok: Detokenizer::new(job.ids.len()),
             stops: StopText::new(job.stop.clone()),
             sent: String::new(),
+            logprobs: Vec::new(),
+            logprobs_sent: 0,
             done: false,
             job,
         }
@@ -190,6 +196,7 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
                 prompt_tokens: seq.prompt_tokens,
                 completion_tokens: 0,
                 finish: Finish::Length,
+                logprobs: Vec::new(),
             }));
             seq.done = true;
         }
@@ -232,7 +239,7 @@ fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) {
         seq.next_feed(block);
     }
     let rows = {
-        let _worker = served.running.lock().unwrap_or_else(|p| p.into_inner());
+        let _worker = served.workers.acquire();
         for (seq, _) in running.iter().zip(&starting).filter(|(_, &s)| s) {
             served.stats.queue.observe(seq.job.admitted_at.elapsed().as_secs_f64());
         }
@@ -269,6 +276,9 @@ fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) {
                 continue;
             }
         };
+        if let Some(k) = seq.job.params.logprobs {
+            seq.logprobs.push(crate::logprobs::from_row(row, next as usize, k));
+        }
         seq.tokens.push(next);
         let made = made + 1;
         served
@@ -326,7 +336,9 @@ fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) 
     };
     let (piece, stopped) = seq.stops.push(&new, last);
     if !piece.is_empty() {
-        if seq.job.out.send(Piece::Text(piece.clone())).is_err() {
+        let logprobs = seq.logprobs[seq.logprobs_sent..].to_vec();
+        seq.logprobs_sent = seq.logprobs.len();
+        if seq.job.out.send(Piece::Text(piece.clone(), logprobs)).is_err() {
             // the client left
             seq.done = true;
             return;
@@ -344,6 +356,7 @@ fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) 
             prompt_tokens: seq.prompt_tokens,
             completion_tokens: made,
             finish: if stopped { Finish::Stop } else { Finish::Length },
+            logprobs: std::mem::take(&mut seq.logprobs),
         }));
         seq.done = true;
     }
@@ -351,7 +364,7 @@ fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) 
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Mutex, OnceLock};
+    use std::sync::OnceLock;
 
     use tokio::sync::Semaphore;
     use weft_models::gpt::{Gpt, GptConfig};
@@ -395,7 +408,7 @@ mod tests {
                 ..LoadOptions::default()
             },
             load_seconds: 0.0,
-            running: Mutex::new(()),
+            workers: crate::workers::Workers::new(1),
             admitted: Arc::new(Semaphore::new(64)),
             batcher: OnceLock::new(),
             decoder: OnceLock::new(),
@@ -414,6 +427,7 @@ mod tests {
                 top_p: 1.0,
             },
             seed,
+            logprobs: None,
         };
         (ids.into_iter().map(i64::from).collect(), params)
     }
@@ -423,7 +437,7 @@ mod tests {
         let mut streamed = String::new();
         loop {
             match pieces.blocking_recv() {
-                Some(Piece::Text(t)) => streamed.push_str(&t),
+                Some(Piece::Text(t, _)) => streamed.push_str(&t),
                 Some(Piece::Done(g)) => {
                     assert_eq!(streamed, g.text);
                     return g;
@@ -461,7 +475,7 @@ mod tests {
         let (steps_alone, _) = s.stats.decode_batch.snapshot();
         assert_eq!(steps_alone, 39, "one step per token when alone");
         // all four queued while the worker is held: the short ones join the long one's batch
-        let worker = s.running.lock().unwrap();
+        let worker = s.workers.acquire();
         let mut pending: Vec<Option<UnboundedReceiver<Piece>>> =
             requests.iter().map(|(ids, p)| Some(submit_one(&s, ids, *p))).collect();
         drop(worker);
@@ -477,7 +491,7 @@ mod tests {
                             *slot = None;
                         }
                         Ok(Piece::Failed(e)) => panic!("{}", e.message),
-                        Ok(Piece::Text(_)) | Err(_) => {}
+                        Ok(Piece::Text(..)) | Err(_) => {}
                     }
                 }
             }
@@ -498,7 +512,7 @@ mod tests {
     #[test]
     fn at_most_max_sequences_run_together_and_a_client_that_leaves_ends_its_sequence() {
         let s = served_gpt(2);
-        let worker = s.running.lock().unwrap();
+        let worker = s.workers.acquire();
         let pending: Vec<_> = (0..4)
             .map(|i| {
                 let (ids, p) = request(&s, "be", 5, 0.0, i);

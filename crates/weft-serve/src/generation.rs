@@ -11,14 +11,18 @@ use weft_models::{LanguageModel, Sampling};
 
 use crate::detok::{MAX_STOPS, MAX_STOP_BYTES};
 use crate::error::ApiError;
+use crate::logprobs::TokenLogprob;
 use crate::registry::{Admitted, Served};
 
-/// How to generate: at most `max_tokens` new tokens, each drawn by `sampling` from `seed`.
+/// How to generate: at most `max_tokens` new tokens, each drawn by `sampling` from `seed`;
+/// with `logprobs: Some(k)`, each new token's log-probability and the `k` most likely tokens at
+/// its position are kept ([`crate::logprobs`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GenerateParams {
     pub max_tokens: usize,
     pub sampling: Sampling,
     pub seed: u64,
+    pub logprobs: Option<usize>,
 }
 
 /// The parameters as a request gives them (any may be absent).
@@ -73,6 +77,7 @@ impl RequestedParams {
                 top_p,
             },
             seed: self.seed.unwrap_or(defaults.seed),
+            logprobs: defaults.logprobs,
         })
     }
 }
@@ -97,13 +102,16 @@ impl Finish {
 }
 
 /// What a generation made.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Generated {
     /// The new text (without the prompt; at a stop sequence, the text before it).
     pub text: String,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub finish: Finish,
+    /// With `logprobs`, one entry per new token (the stop sequence's tokens included); else
+    /// empty.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// The stop sequences of a request's `field` (OpenAI's `stop`, Triton's `parameters.stop`):
@@ -179,8 +187,9 @@ pub(crate) fn decode_text(tok: &weft_data::Tokenizer, ids: &[i64]) -> weft_data:
 /// One message of a streamed generation.
 #[derive(Debug)]
 pub enum Piece {
-    /// New text.
-    Text(String),
+    /// New text, with the log-probabilities (when asked for) of the tokens made since the last
+    /// piece; those of tokens whose text never came are only in `Done`'s.
+    Text(String, Vec<TokenLogprob>),
     /// The end, with all that was made.
     Done(Generated),
     /// The generation failed; nothing follows.
@@ -213,7 +222,7 @@ pub async fn run(
     let mut pieces = start_stream(admitted, ids, params, stop, arrived);
     while let Some(piece) = pieces.recv().await {
         match piece {
-            Piece::Text(_) => {}
+            Piece::Text(..) => {}
             Piece::Done(made) => return Ok(made),
             Piece::Failed(e) => return Err(e),
         }

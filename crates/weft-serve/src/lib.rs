@@ -2,9 +2,10 @@
 //! (health, metadata, infer), TorchServe-style `/ping` and `/predictions`, Triton's generate
 //! extension and an OpenAI-compatible `/v1/completions` with server-sent-event streaming
 //! (docs/serving.md); a TorchServe-style management API (register, set-default, traffic split,
-//! unregister with draining) and Prometheus metrics, each on its own port. Models run on
-//! tokio's blocking pool, one job (a forward of one request or of a batch, or a generation) per
-//! model at a time; the async threads only move bytes.
+//! unregister with draining, scaling workers) and Prometheus metrics, each on its own port.
+//! Models run on tokio's blocking pool and their decode threads, each job (a forward of one
+//! request or of a batch, or a decode step) on one of the version's workers ([`workers`]); the
+//! async threads only move bytes.
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
@@ -15,6 +16,7 @@ mod detok;
 pub mod error;
 pub mod generation;
 pub mod host;
+pub mod logprobs;
 pub mod management;
 pub mod metrics;
 mod model;
@@ -23,6 +25,7 @@ pub mod protocol;
 pub mod registry;
 mod routes;
 mod worker;
+pub mod workers;
 
 use std::future::{Future, IntoFuture};
 use std::path::PathBuf;

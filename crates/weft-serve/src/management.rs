@@ -1,7 +1,7 @@
 //! The management API, in TorchServe's shape, on its own port and always behind the token:
 //! list and describe models, register a checkpoint folder inside the model store, set the
-//! default version, split traffic between versions (A/B tests), and unregister a version once
-//! the requests admitted to it have finished.
+//! default version, split traffic between versions (A/B tests), scale a version's workers, and
+//! unregister a version once the requests admitted to it have finished.
 //!
 //! Only folders inside `--model-store` are registered: a `url` with a scheme (`http://`,
 //! `file:`, ...), an absolute path or a `..` component is refused, and so is a path that
@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 use crate::error::{json_response, ApiError};
 use crate::registry::{self, ModelSpec, Served};
+use crate::workers::MAX_WORKERS;
 use crate::{auth, AppState};
 
 /// The management routes over `state`; every one needs the token (with no token set, every
@@ -73,7 +74,8 @@ fn describe_version(s: &Served, default: &str, split: &[(String, f64)]) -> Value
         "queueCapacity": s.options.queue,
         "queueDepth": s.queue_depth(),
         "loadSeconds": s.load_seconds,
-        "workers": 1,
+        "workers": s.workers.count(),
+        "workersBusy": s.workers.busy(),
     })
 }
 
@@ -181,6 +183,9 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
     if let Some(n) = number(&q, "max_sequences")? {
         options.max_sequences = (n as usize).max(1);
     }
+    if q.contains_key("workers") {
+        options.workers = workers_param(&q)?;
+    }
     if state.registry.get(&spec.name, Some(&spec.version)).is_ok() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -196,7 +201,7 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
     state.registry.add(loaded)?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({ "status": format!("Model \"{}\" Version: {} registered with 1 initial workers", spec.name, spec.version) }),
+        &json!({ "status": format!("Model \"{}\" Version: {} registered with {} initial workers", spec.name, spec.version, options.workers) }),
     ))
 }
 
@@ -257,25 +262,66 @@ fn apply_split(state: &AppState, name: &str, weights: &[(String, f64)]) -> Resul
     ))
 }
 
-/// `PUT /models/{name}?split=1:0.9,2:0.1` (an empty split clears it).
+/// `workers=N` of the query: a whole number in `1..=MAX_WORKERS`; 400 naming the limit.
+fn workers_param(q: &HashMap<String, String>) -> Result<usize, ApiError> {
+    let text = q.get("workers").map_or("", String::as_str);
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
+        _ => Err(ApiError::bad_request(format!(
+            "workers: {text:?} is not a whole number from 1 to {MAX_WORKERS}"
+        ))),
+    }
+}
+
+/// `PUT /models/{name}[/{version}]?workers=N`: sets the version's workers (the default
+/// version's when none is named) and answers once at most N are busy: a stopped worker ends
+/// after its current job, and no request fails.
+async fn scale(state: &AppState, name: &str, version: Option<&str>, n: usize) -> Result<Response, ApiError> {
+    let served = state.registry.get(name, version)?;
+    let before = served.workers.scale(n);
+    served.workers.drained().await;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "status": format!(
+                "Model \"{name}\" version {}: workers scaled from {before} to {n}",
+                served.version
+            ),
+            "modelName": name,
+            "modelVersion": served.version,
+            "workers": n,
+        }),
+    ))
+}
+
+/// `PUT /models/{name}?split=1:0.9,2:0.1` (an empty split clears it) or
+/// `PUT /models/{name}?workers=N` (the default version's workers).
 async fn split_query(State(state): State<AppState>, Path(name): Path<String>, q: Query2) -> Result<Response, ApiError> {
     let q = query(q)?;
-    let text = q.get("split").ok_or_else(|| {
-        ApiError::bad_request("give split=VERSION:WEIGHT,... (scaling workers is not supported: one worker per model)")
-    })?;
+    if q.contains_key("workers") {
+        return scale(&state, &name, None, workers_param(&q)?).await;
+    }
+    let text = q
+        .get("split")
+        .ok_or_else(|| ApiError::bad_request("give split=VERSION:WEIGHT,... or workers=N"))?;
     apply_split(&state, &name, &parse_split(text)?)
 }
 
-/// `PUT /models/{name}/traffic` with a JSON body `{"1": 90, "2": 10}` (weights of versions).
+/// `PUT /models/{name}/traffic` with a JSON body `{"1": 90, "2": 10}` (weights of versions), or
+/// `PUT /models/{name}/{version}?workers=N`.
 async fn put_version(
     State(state): State<AppState>,
     Path((name, version)): Path<(String, String)>,
+    q: Query2,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let q = query(q)?;
+    if q.contains_key("workers") {
+        return scale(&state, &name, Some(&version), workers_param(&q)?).await;
+    }
     if version != "traffic" {
         return Err(ApiError::bad_request(
-            "PUT /models/{name}/{version} scales workers, which is not supported (one worker per model); \
-             use /set-default or PUT /models/{name}/traffic",
+            "PUT /models/{name}/{version} takes workers=N; use /set-default or PUT /models/{name}/traffic",
         ));
     }
     let weights: BTreeMap<String, f64> = serde_json::from_slice(&body).map_err(|e| {

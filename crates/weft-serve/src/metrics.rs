@@ -174,6 +174,9 @@ fn help(out: &mut String, name: &str, kind: &str, text: &str) {
 /// One of a version's histograms.
 type StatsHistogram = fn(&crate::registry::Served) -> &Histogram;
 
+/// One of a version's gauges (worker counts).
+type StatsGauge = fn(&crate::registry::Served) -> usize;
+
 /// Every metric as Prometheus text (exposition format 0.0.4).
 pub fn render(metrics: &Metrics, registry: &Registry) -> String {
     let mut out = String::new();
@@ -227,6 +230,21 @@ pub fn render(metrics: &Metrics, registry: &Registry) -> String {
     );
     for s in &versions {
         let _ = writeln!(out, "weft_queue_capacity{{{}}} {}", model_label(s), s.options.queue);
+    }
+    let gauges: [(&str, &str, StatsGauge); 3] = [
+        ("weft_workers", "Workers of a model version (jobs it runs at once).", |s| s.workers.count()),
+        ("weft_workers_busy", "Workers of a model version running a job now.", |s| s.workers.busy()),
+        (
+            "weft_workers_busy_peak",
+            "The most workers of a model version busy at once since it loaded or a scaling of its workers was answered.",
+            |s| s.workers.peak(),
+        ),
+    ];
+    for (name, text, get) in gauges {
+        help(&mut out, name, "gauge", text);
+        for s in &versions {
+            let _ = writeln!(out, "{name}{{{}}} {}", model_label(s), get(s));
+        }
     }
     help(
         &mut out,

@@ -2,7 +2,7 @@
 //! and loading weft checkpoints (safetensors and JSON only) into a [`Served`].
 
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
@@ -15,6 +15,7 @@ use weft_train::config::ModelConfig;
 
 use crate::batch::Pending;
 use crate::metrics::ModelStats;
+use crate::workers::Workers;
 
 /// The version a `--model` spec without `:VERSION` gets.
 pub const DEFAULT_VERSION: &str = "1";
@@ -132,9 +133,9 @@ pub struct Served {
     pub options: LoadOptions,
     /// Seconds reading, checking and building the model took.
     pub load_seconds: f64,
-    /// Held while the model runs: one forward (of one request or a batch) or one generation
-    /// at a time (its worker).
-    pub(crate) running: Mutex<()>,
+    /// Its workers: a job (a forward of one request or of a batch, or one decode step) holds
+    /// one while it runs; `options.workers` at load, changed by the management API.
+    pub workers: Arc<Workers>,
     /// Requests admitted (running or waiting); when none are left, 503. Closed once the version
     /// is unregistered and drained.
     pub(crate) admitted: Arc<Semaphore>,
@@ -166,16 +167,20 @@ pub struct LoadOptions {
     /// The most generation requests decoded together, one token each per step (continuous
     /// batching; 1: one at a time).
     pub max_sequences: usize,
+    /// Jobs of the version run at once (its workers, 1 to [`crate::workers::MAX_WORKERS`]).
+    pub workers: usize,
 }
 
 impl Default for LoadOptions {
-    /// 64 queued requests, no batching of infer requests, 8 sequences generated together.
+    /// 64 queued requests, no batching of infer requests, 8 sequences generated together, one
+    /// worker.
     fn default() -> Self {
         LoadOptions {
             queue: 64,
             max_batch_size: 1,
             max_batch_delay: Duration::ZERO,
             max_sequences: 8,
+            workers: 1,
         }
     }
 }
@@ -268,10 +273,11 @@ pub fn load(store: &Path, spec: &ModelSpec, options: LoadOptions) -> Result<Serv
             queue: options.queue.max(1),
             max_batch_size: options.max_batch_size.max(1),
             max_sequences: options.max_sequences.max(1),
+            workers: options.workers.clamp(1, crate::workers::MAX_WORKERS),
             ..options
         },
         load_seconds: started.elapsed().as_secs_f64(),
-        running: Mutex::new(()),
+        workers: Workers::new(options.workers.clamp(1, crate::workers::MAX_WORKERS)),
         admitted: Arc::new(Semaphore::new(options.queue.max(1))),
         batcher: OnceLock::new(),
         decoder: OnceLock::new(),
@@ -300,6 +306,7 @@ pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -
         max_batch_size,
         max_batch_delay: Duration::from_millis(20),
         max_sequences: 8,
+        workers: 1,
     };
     Served {
         name: "m".into(),
@@ -315,7 +322,7 @@ pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -
         source: PathBuf::from("m"),
         options,
         load_seconds: 0.0,
-        running: Mutex::new(()),
+        workers: Workers::new(1),
         admitted: Arc::new(Semaphore::new(queue)),
         batcher: OnceLock::new(),
         decoder: OnceLock::new(),

@@ -1,8 +1,11 @@
 //! OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), in the shapes the `openai`
 //! Python client reads; `"stream": true` sends `data: {chunk}` server-sent events ending with
-//! `data: [DONE]`.
+//! `data: [DONE]`. `n` completions of one prompt run as `n` sequences of the decode loop (seeds
+//! [`choice_seed`]), `logprobs` and `echo` follow the legacy completions API
+//! ([`crate::logprobs`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -11,14 +14,17 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::Response;
-use futures_util::StreamExt;
+use futures_util::stream::{self, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use weft_data::Tokenizer;
 
 use crate::error::{json_response, openai_error, parse_body, ApiError};
 use crate::generation::{self, GenerateParams, Piece, RequestedParams};
+use crate::logprobs::{Legacy, TokenLogprob, MAX_LOGPROBS};
+use crate::registry::{Admitted, Served};
 use crate::routes::{answered, pieces, sse};
-use crate::AppState;
+use crate::{worker, AppState};
 
 /// OpenAI's defaults: 16 tokens, temperature 1, top-p 1, no top-k; the seed, when absent, is
 /// drawn from the clock.
@@ -30,6 +36,7 @@ const OPENAI_DEFAULTS: GenerateParams = GenerateParams {
         top_p: 1.0,
     },
     seed: 0,
+    logprobs: None,
 };
 
 /// The fields of a completion request weft reads; others the client may send are ignored.
@@ -47,6 +54,8 @@ struct CompletionRequest {
     #[serde(default)]
     echo: bool,
     stop: Option<Value>,
+    /// The most likely tokens to list at each position (0 to [`MAX_LOGPROBS`]).
+    logprobs: Option<u64>,
 }
 
 /// Seconds since the Unix epoch.
@@ -71,6 +80,37 @@ fn prompt_text(prompt: &Value) -> Result<&str, ApiError> {
     }
 }
 
+/// The most completions one request may ask for (`n` above it: 400).
+pub const MAX_N: u64 = 16;
+
+/// The seed of completion `i` of a request with seed `seed`: `seed + i` (wrapping), so choice
+/// `i` of `n` is what a request for one completion with that seed answers.
+pub fn choice_seed(seed: u64, i: usize) -> u64 {
+    seed.wrapping_add(i as u64)
+}
+
+/// The prompt part of an `echo` choice: its text, and with `logprobs`, its tokens (the first
+/// with a `null` log-probability).
+struct Echo {
+    text: String,
+    ids: Vec<i64>,
+    logprobs: Option<Vec<TokenLogprob>>,
+}
+
+impl Echo {
+    /// The prompt's legacy logprobs object (empty without `logprobs`); the completion's tokens
+    /// are pushed after it.
+    fn legacy(&self, tok: &Tokenizer) -> Legacy {
+        let mut legacy = Legacy::default();
+        if let Some(lps) = &self.logprobs {
+            for (j, &id) in self.ids.iter().enumerate() {
+                legacy.push(tok, id, j.checked_sub(1).and_then(|j| lps.get(j)));
+            }
+        }
+        legacy
+    }
+}
+
 pub async fn completions(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
@@ -83,55 +123,185 @@ pub async fn completions(
     };
     let admitted = state.registry.admit(name, version)?;
     let served = admitted.served.clone();
-    if request.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request("n: only 1 completion per request is supported"));
+    let n = request.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::bad_request(format!("n: {n} completions; give 1 to {MAX_N}")));
     }
-    if request.echo {
-        return Err(ApiError::bad_request("echo: not supported"));
+    let n = n as usize;
+    if let Some(k) = request.logprobs {
+        if k > MAX_LOGPROBS as u64 {
+            return Err(ApiError::bad_request(format!(
+                "logprobs: {k} is over {MAX_LOGPROBS} (the most likely tokens to list, 0 to {MAX_LOGPROBS})"
+            )));
+        }
     }
     let stop = generation::stop_sequences("stop", request.stop.as_ref())?;
+    // `echo` with `max_tokens: 0` scores the prompt alone (lm-eval-harness's loglikelihood)
+    let score_only = request.echo && request.max_tokens == Some(0);
     let requested = RequestedParams {
-        max_tokens: request.max_tokens,
+        max_tokens: if score_only { None } else { request.max_tokens },
         temperature: request.temperature,
         top_k: None,
         top_p: request.top_p,
         seed: Some(request.seed.unwrap_or_else(clock_seed)),
     };
-    let params = requested.checked(OPENAI_DEFAULTS, state.limits.max_tokens)?;
-    let ids = generation::prompt_ids(&served, prompt_text(&request.prompt)?)?;
+    let mut params = requested.checked(OPENAI_DEFAULTS, state.limits.max_tokens)?;
+    params.logprobs = request.logprobs.map(|k| k as usize);
+    if score_only {
+        params.max_tokens = 0;
+    }
+    if n * params.max_tokens > state.limits.max_tokens {
+        return Err(ApiError::bad_request(format!(
+            "n x max_tokens = {n} x {} = {} is over the limit of {} new tokens per request",
+            params.max_tokens,
+            n * params.max_tokens,
+            state.limits.max_tokens
+        )));
+    }
+    let prompt = prompt_text(&request.prompt)?.to_string();
+    let ids = generation::prompt_ids(&served, &prompt)?;
+    // a queue place for each further completion (and the prompt's forward): 503 when full
+    let mut places = vec![admitted];
+    for _ in 1..n {
+        places.push(Admitted::new(&served)?);
+    }
+    let echo = match request.echo {
+        false => None,
+        true => {
+            let logprobs = match params.logprobs {
+                None => None,
+                Some(k) => Some(echo_logprobs(&served, &ids, k).await?),
+            };
+            Some(Echo {
+                text: prompt.clone(),
+                ids: ids.clone(),
+                logprobs,
+            })
+        }
+    };
+    // checked by prompt_ids; read through the version, not cloned (a tokenizer.json's is large)
+    let tok = served
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| ApiError::bad_request("the model records no tokenizer"))?;
     let (id, created, model) = (completion_id(), now(), request.model.clone());
-    let chunk = move |text: &str, finish: Value| {
+    let chunk = move |choices: Vec<Value>| {
         json!({
             "id": id,
             "object": "text_completion",
             "created": created,
             "model": model,
-            "choices": [{ "text": text, "index": 0, "logprobs": null, "finish_reason": finish }],
+            "choices": choices,
         })
     };
+    let choice = |index: usize, text: &str, logprobs: Value, finish: Value| json!({ "text": text, "index": index, "logprobs": logprobs, "finish_reason": finish });
+    let asks: Vec<_> = places
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mut p = params;
+            p.seed = choice_seed(params.seed, i);
+            (a, p)
+        })
+        .collect();
     if !request.stream {
-        let made = generation::run(admitted, ids, params, stop, arrived).await?;
-        let mut answer = chunk(&made.text, json!(made.finish.reason()));
+        let runs = asks
+            .into_iter()
+            .map(|(a, p)| generation::run(a, ids.clone(), p, stop.clone(), arrived));
+        let made = futures_util::future::join_all(runs).await;
+        let (mut choices, mut completion_tokens) = (Vec::new(), 0);
+        for (i, made) in made.into_iter().enumerate() {
+            let made = made?;
+            completion_tokens += made.completion_tokens;
+            let (mut text, mut legacy) = match &echo {
+                Some(e) => (e.text.clone(), e.legacy(tok)),
+                None => (String::new(), Legacy::default()),
+            };
+            text.push_str(&made.text);
+            let logprobs = match params.logprobs {
+                None => Value::Null,
+                Some(_) => {
+                    for lp in &made.logprobs {
+                        legacy.push(tok, lp.id, Some(lp));
+                    }
+                    legacy.to_json()
+                }
+            };
+            choices.push(choice(i, &text, logprobs, json!(made.finish.reason())));
+        }
+        let mut answer = chunk(choices);
         answer["usage"] = json!({
-            "prompt_tokens": made.prompt_tokens,
-            "completion_tokens": made.completion_tokens,
-            "total_tokens": made.prompt_tokens + made.completion_tokens,
+            "prompt_tokens": ids.len(),
+            "completion_tokens": completion_tokens,
+            "total_tokens": ids.len() + completion_tokens,
         });
         return Ok(answered(json_response(StatusCode::OK, &answer), &served));
     }
-    let rx = generation::start_stream(admitted, ids, params, stop, arrived);
-    let events = pieces(rx).map(move |piece| match piece {
-        Piece::Text(t) => vec![Event::default().data(chunk(&t, Value::Null).to_string())],
-        Piece::Done(made) => vec![
-            Event::default().data(chunk("", json!(made.finish.reason())).to_string()),
-            Event::default().data("[DONE]"),
-        ],
-        Piece::Failed(e) => vec![
-            Event::default().data(openai_error(e.status, &e.message).to_string()),
-            Event::default().data("[DONE]"),
-        ],
-    });
+    let with_logprobs = params.logprobs.is_some();
+    let mut first = Vec::new();
+    let mut streams = Vec::new();
+    for (i, (a, p)) in asks.into_iter().enumerate() {
+        let mut legacy = Legacy::default();
+        if let Some(e) = &echo {
+            legacy = e.legacy(tok);
+            let lp = if with_logprobs { legacy.to_json() } else { Value::Null };
+            first.push(Event::default().data(chunk(vec![choice(i, &e.text, lp, Value::Null)]).to_string()));
+        }
+        // each chunk's logprobs: the tokens made since the last chunk, offsets running on
+        let mut offset = legacy.offset();
+        let mut sent = 0;
+        let (version, chunk, choice) = (served.clone(), chunk.clone(), choice);
+        let rx = generation::start_stream(a, ids.clone(), p, stop.clone(), arrived);
+        let events = pieces(rx).map(move |piece| {
+            let mut logprobs = |lps: &[TokenLogprob], sent: &mut usize| {
+                *sent += lps.len();
+                if !with_logprobs {
+                    return Value::Null;
+                }
+                let Some(tok) = version.tokenizer.as_ref() else {
+                    return Value::Null;
+                };
+                let mut l = Legacy::at(offset);
+                lps.iter().for_each(|lp| l.push(tok, lp.id, Some(lp)));
+                offset = l.offset();
+                l.to_json()
+            };
+            let c = match piece {
+                Piece::Text(t, lps) => choice(i, &t, logprobs(&lps, &mut sent), Value::Null),
+                Piece::Done(made) => {
+                    let rest = made.logprobs.get(sent..).unwrap_or(&[]);
+                    choice(i, "", logprobs(rest, &mut sent), json!(made.finish.reason()))
+                }
+                Piece::Failed(e) => return Event::default().data(openai_error(e.status, &e.message).to_string()),
+            };
+            Event::default().data(chunk(vec![c]).to_string())
+        });
+        streams.push(events.boxed());
+    }
+    let events = stream::iter(first)
+        .chain(stream::select_all(streams))
+        .chain(stream::once(async { Event::default().data("[DONE]") }))
+        .map(|e| vec![e]);
     Ok(answered(sse(events), &served))
+}
+
+/// The prompt's log-probabilities for `echo` with `logprobs: k`: one forward of the prompt on
+/// one of the model's workers. The prompt must fit in `block_size` (400 otherwise).
+async fn echo_logprobs(served: &Arc<Served>, ids: &[i64], k: usize) -> Result<Vec<TokenLogprob>, ApiError> {
+    if let Some(lm) = &served.lm {
+        if ids.len() > lm.block_size() {
+            return Err(ApiError::bad_request(format!(
+                "echo with logprobs: the prompt's {} tokens are more than block_size = {}",
+                ids.len(),
+                lm.block_size()
+            )));
+        }
+    }
+    let ids = ids.to_vec();
+    worker::run(Admitted::new(served)?, move |s| {
+        crate::logprobs::prompt_logprobs(s, &ids, k)
+    })
+    .await
 }
 
 /// A seed from the clock, for requests that give none.

@@ -250,6 +250,7 @@ const TRITON_DEFAULTS: GenerateParams = GenerateParams {
         top_p: 1.0,
     },
     seed: 1337,
+    logprobs: None,
 };
 
 /// What a generate request asks for: the admitted model, the prompt's ids, the parameters and
@@ -304,7 +305,7 @@ async fn generate_stream(
     let (name, version) = (served.name.clone(), served.version.clone());
     let events = pieces(rx).map(move |piece| {
         let value = match piece {
-            Piece::Text(t) => json!({ "model_name": name, "model_version": version, "text_output": t }),
+            Piece::Text(t, _) => json!({ "model_name": name, "model_version": version, "text_output": t }),
             Piece::Failed(e) => json!({ "error": e.message }),
             Piece::Done(_) => return Vec::new(),
         };

@@ -22,8 +22,8 @@ pub fn spawn<T: Send + 'static>(
     let Admitted { served, permit, at } = admitted;
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        // a job that panicked left nothing half-written in the guard's unit value
-        let _running = served.running.lock().unwrap_or_else(|p| p.into_inner());
+        // given back when the job ends, or unwinds
+        let _worker = served.workers.acquire();
         served.stats.queue.observe(at.elapsed().as_secs_f64());
         job(&served)
     })

@@ -2,15 +2,20 @@
 //! trained here (a tiny gpt and a tiny mlp): infer outputs equal the model's forward, generation
 //! equals `weft generate`'s text for the same seed, streams deliver several chunks, the token
 //! guards the inference API, and each bad input is a 4xx naming its cause (in OpenAI's shape on
-//! `/v1/*`) with the server answering after it. The metrics count the requests made, the
-//! management API registers, splits traffic and unregisters with draining, and batched requests
-//! give the unbatched logits.
+//! `/v1/*`) with the server answering after it; OpenAI's `n`, `logprobs` and `echo` agree with
+//! single requests and the model's forward (completions.rs). The metrics count the requests
+//! made, the management API registers, splits traffic and unregisters with draining, batched
+//! requests give the unbatched logits, workers run requests at once and scale down without a
+//! failure (workers.rs), and the Kubernetes manifest's args and probes work (k8s.rs).
 
 #[path = "../common.rs"]
 mod common;
+mod completions;
+mod k8s;
 mod manage;
 mod stop;
 mod support;
+mod workers;
 
 use std::path::{Path, PathBuf};
 
@@ -401,6 +406,7 @@ fn every_endpoint_answers_and_bad_input_is_refused() {
     stop::stop_sequences_end_the_text(&s);
     bad_inputs_are_4xx_naming_the_cause(&s);
     bad_requests_leak_nothing(&s);
+    completions::n_logprobs_and_echo(&s, &gpt);
     drop(s);
     let _ = std::fs::remove_dir_all(&store);
 }
