@@ -257,3 +257,30 @@ fn a_corrupt_store_is_named_and_the_run_trains_untracked() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&off);
 }
+
+#[test]
+fn a_runs_generated_sample_is_one_of_its_artifacts() {
+    let dir = temp_dir("runs-sample");
+    let out = ok(
+        weft_in(
+            &dir,
+            &train_args("train.steps=3", &["train.sample_tokens=24", "track.name=\"s\""]),
+        ),
+        "run s",
+    );
+    let heading = "--- sample (24 characters) ---\n";
+    let at = out.find(heading).unwrap_or_else(|| panic!("a sample printed:\n{out}"));
+    let printed = out[at + heading.len()..].strip_suffix('\n').unwrap();
+    assert_eq!(printed.chars().count(), 25, "a new line and 24 characters: {printed:?}");
+    let run = json(&dir, &["runs", "show", "s", "--json"]);
+    let samples: Vec<&serde_json::Value> = run["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"] == "sample")
+        .collect();
+    assert_eq!(samples.len(), 1, "{run}");
+    let path = Path::new(samples[0]["path"].as_str().unwrap());
+    assert_eq!(path, dir.join("weft-runs/default/s/sample.txt"), "recorded absolute");
+    assert_eq!(std::fs::read_to_string(path).unwrap(), printed);
+}

@@ -14,6 +14,9 @@ pub enum Error {
     /// A run named on the command line is not in the store.
     #[error("{0}")]
     UnknownRun(String),
+    /// A value the store does not take (a metric that is not a finite number).
+    #[error("{0}")]
+    Invalid(String),
     /// A `--filter` expression that does not parse (its position and what was expected).
     #[error("{0}")]
     Filter(String),

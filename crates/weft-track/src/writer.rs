@@ -161,9 +161,11 @@ impl RunWriter {
         });
     }
 
-    /// Queues an artifact (`kind` such as `checkpoint`, and its path). An artifact the run
-    /// already has (the same kind and path) is not recorded twice.
+    /// Queues an artifact (`kind` such as `checkpoint`, and its path, recorded absolute so that
+    /// it names the same file from any working directory). An artifact the run already has
+    /// (the same kind and path) is not recorded twice.
     pub fn artifact(&self, kind: &str, path: &Path) {
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         self.send(Msg::Artifact {
             kind: kind.to_string(),
             path: path.display().to_string(),
@@ -362,31 +364,9 @@ fn flush(
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .at(path)?;
     {
-        let mut m = tx
-            .prepare_cached("INSERT INTO metrics (run_id, step, key, value, time) VALUES (?1, ?2, ?3, ?4, ?5)")
-            .at(path)?;
         // the batch is gone whatever happens to it (as before: a failed write is not retried)
         let rows = std::mem::take(metrics);
-        for (step, key, value, time) in &rows {
-            m.execute(params![id, step, key, value, time]).at(path)?;
-        }
-        // the run's summary of each key, in the same transaction: the batch's own (its rows
-        // come after every row already written), merged into the stored one
-        let mut u = tx
-            .prepare_cached(
-                "INSERT INTO metric_summary (run_id, key, last, last_step, min, max, count)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (run_id, key) DO UPDATE SET
-                   last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
-                   last_step = MAX(last_step, excluded.last_step),
-                   min = MIN(min, excluded.min), max = MAX(max, excluded.max),
-                   count = count + excluded.count",
-            )
-            .at(path)?;
-        for (key, s) in batch_summary(&rows) {
-            u.execute(params![id, key, s.last, s.last_step, s.min, s.max, s.count])
-                .at(path)?;
-        }
+        insert_metrics(&tx, path, id, &rows)?;
         let mut a = tx
             .prepare_cached(
                 "INSERT INTO artifacts (run_id, kind, path) SELECT ?1, ?2, ?3 WHERE NOT EXISTS
@@ -403,6 +383,61 @@ fn flush(
         .at(path)?;
     }
     tx.commit().at(path)
+}
+
+/// Inserts metric rows `(step, key, value, time)` of run `id` and merges each key's summary
+/// over them into `metric_summary`, inside the caller's transaction.
+fn insert_metrics(tx: &rusqlite::Transaction, path: &Path, id: i64, rows: &[(i64, String, f64, f64)]) -> Result<()> {
+    let mut m = tx
+        .prepare_cached("INSERT INTO metrics (run_id, step, key, value, time) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .at(path)?;
+    for (step, key, value, time) in rows {
+        m.execute(params![id, step, key, value, time]).at(path)?;
+    }
+    // the run's summary of each key: the batch's own (its rows come after every row already
+    // written), merged into the stored one
+    let mut u = tx
+        .prepare_cached(
+            "INSERT INTO metric_summary (run_id, key, last, last_step, min, max, count)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (run_id, key) DO UPDATE SET
+               last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
+               last_step = MAX(last_step, excluded.last_step),
+               min = MIN(min, excluded.min), max = MAX(max, excluded.max),
+               count = count + excluded.count",
+        )
+        .at(path)?;
+    for (key, s) in batch_summary(rows) {
+        u.execute(params![id, key, s.last, s.last_step, s.min, s.max, s.count])
+            .at(path)?;
+    }
+    Ok(())
+}
+
+impl crate::Store {
+    /// Records `key = value` at `step` in run `id`, which may have ended (a value computed
+    /// afterwards, as a pipeline's evaluate step does): the row and the run's summary of the key
+    /// in one transaction. An unknown run or a value that is not finite is refused.
+    pub fn add_metric(&mut self, id: i64, step: i64, key: &str, value: f64) -> Result<()> {
+        if !value.is_finite() {
+            return Err(crate::Error::Invalid(format!(
+                "run {id}: metric {key} = {value} is not a finite number"
+            )));
+        }
+        if !self.has_run(id)? {
+            return Err(crate::Error::UnknownRun(format!(
+                "{}: no run with id {id}",
+                self.path.display()
+            )));
+        }
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .at(&path)?;
+        insert_metrics(&tx, &path, id, &[(step, key.to_string(), value, crate::now())])?;
+        tx.commit().at(&path)
+    }
 }
 
 /// One key's summary over a batch of metric rows.

@@ -278,3 +278,28 @@ fn concurrent_writers_keep_the_summary_right() {
     assert_eq!(store.list_runs(None).unwrap().len(), 8);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_value_added_to_an_ended_run_keeps_the_summary_right() {
+    let dir = temp_dir("add-metric");
+    let id = write_run(&dir, "b", "a", 3, 8);
+    let mut store = Store::open(&dir).unwrap();
+    // a later step becomes the last value, an earlier one only the count and range
+    store.add_metric(id, 8, "eval/val_loss", 1.25).unwrap();
+    store.add_metric(id, 20, "loss", -5.0).unwrap();
+    store.add_metric(id, 2, "acc", 99.0).unwrap();
+    drop(store);
+    check(&dir);
+    let store = Store::open(&dir).unwrap();
+    let detail = store.run_detail(id).unwrap();
+    let loss = &detail.metrics["loss"];
+    assert_eq!((loss.last, loss.last_step, loss.min), (-5.0, 20, -5.0));
+    assert_eq!(detail.metrics["acc"].max, 99.0);
+    assert_eq!(detail.metrics["eval/val_loss"].count, 1);
+    drop(store);
+    let mut store = Store::open(&dir).unwrap();
+    let unknown = store.add_metric(999, 1, "loss", 1.0).unwrap_err().to_string();
+    assert!(unknown.contains("no run with id 999"), "{unknown}");
+    let nan = store.add_metric(id, 1, "loss", f64::NAN).unwrap_err().to_string();
+    assert!(nan.contains("not a finite number"), "{nan}");
+}

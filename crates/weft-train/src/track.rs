@@ -35,6 +35,9 @@ pub struct Tracking {
     tensorboard: Tensorboard,
     checkpoint_dir: Option<PathBuf>,
     trace: Option<PathBuf>,
+    /// The run's own folder in the store (`weft_track::run_folder`): the event file and the
+    /// sample go there.
+    folder: PathBuf,
 }
 
 impl Tracking {
@@ -91,6 +94,7 @@ impl Tracking {
         match started {
             Ok(writer) => Some(Tracking {
                 tensorboard: Tensorboard::start(tc.tensorboard, &dir, &tc.experiment, &writer),
+                folder: weft_track::run_folder(&dir, &tc.experiment, writer.name()),
                 writer,
                 checkpoint_dir: config.train.checkpoint_dir.as_ref().map(|d| config.resolve(d)),
                 trace: config.train.trace.as_ref().map(|t| config.resolve(t)),
@@ -125,6 +129,20 @@ impl Tracking {
         TrackCallback {
             writer: self.writer.clone(),
             tensorboard: self.tensorboard.clone(),
+        }
+    }
+
+    /// Writes the run's generated sample to `sample.txt` in its folder of the store and records
+    /// it as an artifact (kind `sample`); a write that fails is a warning.
+    pub fn sample(&self, text: &str) {
+        let path = self.folder.join("sample.txt");
+        let written = std::fs::create_dir_all(&self.folder).and_then(|()| std::fs::write(&path, text));
+        match written {
+            Ok(()) => self.writer.artifact("sample", &path),
+            Err(e) => weft_core::errln!(
+                "weft: warning: track: {}: {e}; the sample is not recorded",
+                path.display()
+            ),
         }
     }
 

@@ -337,6 +337,8 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         trainer = trainer.with_callback(MetricsFile::open(&path, mode)?);
     }
     let mut outcome = RunOutcome::default();
+    // the sample printed at the end: `(heading, text)` on the rank that logs
+    let mut sample_text = None;
     if start < t.steps {
         // recorded in the run store (rank 0, `[track]`): metrics as they come, the status at the end
         // a run resumed from its own checkpoint continues the run that checkpoint names
@@ -347,10 +349,20 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             trainer = trainer.with_callback(tr.callback());
         }
         let fitted = trainer.fit(data.train.clone(), start, t.steps);
+        // the sample of a run that trained to its end is one of its artifacts, so it is made
+        // before the run's record ends
+        let sampled = match &fitted {
+            Ok(s) if s.stopped_by.is_none() => sample(config, &data, lm.as_deref(), &trainer, logs),
+            _ => Ok(None),
+        };
         if let Some(tr) = &tracking {
+            if let Ok(Some((_, text))) = &sampled {
+                tr.sample(text);
+            }
             tr.end(&fitted);
         }
         let summary = fitted?;
+        sample_text = sampled?;
         outcome.stopped_by = summary.stopped_by;
         if let (Some(sig), true) = (summary.stopped_by, logs) {
             let saved = match &summary.checkpoint {
@@ -376,33 +388,50 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     if outcome.stopped_by.is_some() {
         return Ok(outcome);
     }
-    if let (Some(tok), Some(lm), true) = (&data.tokenizer, &lm, t.sample_tokens > 0) {
-        // a model cut across ranks is put together first (every rank takes part): a
-        // tensor-parallel model's parts, a pipeline's stages (each trained by its own rank)
-        let whole = if p.tp > 1 || p.pp > 1 {
-            let params: BTreeMap<String, weft_core::Tensor> = trainer.whole_parameters()?.into_iter().collect();
-            let g = build_language_model(&config.model, t.seed)?;
-            state_dict::load_state_dict(g.as_ref(), &params, g.aliases(), "the tensor-parallel model")?;
-            Some(g)
-        } else {
-            None
-        };
-        if logs {
-            // a new line, or the first character of a text that has none
-            let prompt = match tok.encode("\n") {
-                Ok(_) => "\n".to_string(),
-                Err(_) => tok.decode(&[0])?,
-            };
-            let sample = crate::generate::sample_text(
-                whole.as_deref().unwrap_or(lm.as_ref()),
-                tok,
-                &prompt,
-                t.sample_tokens,
-                t.seed,
-            )?;
-            let unit = if tok.kind() == "char" { "characters" } else { "tokens" };
-            weft_core::outln!("--- sample ({} {unit}) ---\n{sample}", t.sample_tokens);
-        }
+    if start >= t.steps {
+        // nothing trained here: a sample of the model as loaded
+        sample_text = sample(config, &data, lm.as_deref(), &trainer, logs)?;
+    }
+    if let Some((heading, text)) = sample_text {
+        weft_core::outln!("--- {heading} ---\n{text}");
     }
     Ok(outcome)
+}
+
+/// The sample a language model on text or token data writes at the end of a run: `(heading,
+/// text)` on the rank that `logs` (`train.sample_tokens` tokens, or characters, after a new
+/// line), `None` elsewhere or when there is nothing to sample. A model cut across ranks is put
+/// together first, and every rank takes part in that.
+fn sample(
+    config: &RunConfig,
+    data: &data::Data,
+    lm: Option<&dyn LanguageModel>,
+    trainer: &Trainer,
+    logs: bool,
+) -> Result<Option<(String, String)>> {
+    let t = &config.train;
+    let p = &config.parallel;
+    let (Some(tok), Some(lm), true) = (&data.tokenizer, lm, t.sample_tokens > 0) else {
+        return Ok(None);
+    };
+    // a tensor-parallel model's parts, a pipeline's stages (each trained by its own rank)
+    let whole = if p.tp > 1 || p.pp > 1 {
+        let params: BTreeMap<String, weft_core::Tensor> = trainer.whole_parameters()?.into_iter().collect();
+        let g = build_language_model(&config.model, t.seed)?;
+        state_dict::load_state_dict(g.as_ref(), &params, g.aliases(), "the tensor-parallel model")?;
+        Some(g)
+    } else {
+        None
+    };
+    if !logs {
+        return Ok(None);
+    }
+    // a new line, or the first character of a text that has none
+    let prompt = match tok.encode("\n") {
+        Ok(_) => "\n".to_string(),
+        Err(_) => tok.decode(&[0])?,
+    };
+    let text = crate::generate::sample_text(whole.as_deref().unwrap_or(lm), tok, &prompt, t.sample_tokens, t.seed)?;
+    let unit = if tok.kind() == "char" { "characters" } else { "tokens" };
+    Ok(Some((format!("sample ({} {unit})", t.sample_tokens), text)))
 }

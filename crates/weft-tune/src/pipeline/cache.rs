@@ -97,42 +97,11 @@ impl Cache {
 
     /// Records `value` as metric `key` of run `run` at `step`, as the run's own writer records
     /// its metrics: a row of `metrics` and the run's summary of the key, in one transaction (an
-    /// evaluate step's `eval/val_loss`). `weft_track` has no call that adds a metric to a run
-    /// already ended, so this writes its two tables itself, column by column.
+    /// evaluate step's `eval/val_loss`; `weft_track::Store::add_metric`).
     pub fn log_metric(&mut self, run: i64, step: i64, key: &str, value: f64) -> Result<()> {
-        if !value.is_finite() {
-            return Err(Error::State(format!(
-                "run {run}: metric {key} = {value} is not a finite number"
-            )));
-        }
-        let p = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(sql(&p))?;
-        let known: i64 = tx
-            .query_row("SELECT count(*) FROM runs WHERE id = ?1", params![run], |r| r.get(0))
-            .map_err(sql(&p))?;
-        if known == 0 {
-            return Err(Error::State(format!("{}: no run with id {run}", p.display())));
-        }
-        tx.execute(
-            "INSERT INTO metrics (run_id, step, key, value, time) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![run, step, key, value, weft_track::now()],
-        )
-        .map_err(sql(&p))?;
-        tx.execute(
-            "INSERT INTO metric_summary (run_id, key, last, last_step, min, max, count)
-             VALUES (?1, ?2, ?3, ?4, ?3, ?3, 1)
-             ON CONFLICT (run_id, key) DO UPDATE SET
-               last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
-               last_step = MAX(last_step, excluded.last_step),
-               min = MIN(min, excluded.min), max = MAX(max, excluded.max),
-               count = count + 1",
-            params![run, key, value, step],
-        )
-        .map_err(sql(&p))?;
-        tx.commit().map_err(sql(&p))
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let mut store = weft_track::Store::open(dir)?;
+        Ok(store.add_metric(run, step, key, value)?)
     }
 
     /// The latest execution of step `step` of pipeline `pipeline`: `(status, output, end)`.
