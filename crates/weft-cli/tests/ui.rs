@@ -365,7 +365,8 @@ fn a_runs_event_stream_sends_its_new_values_then_ends_with_the_run() {
 
     // a reconnect from an event's id (as a browser does) sends the rest; with no cursor, a
     // finished run's stream is its end alone
-    let resumed = sse(&format!("{base}/api/runs/{id}/events"), Some(ids[0]));
+    // (the browser reconnects to the URL it opened, `?after=` and all: the header wins)
+    let resumed = sse(&format!("{base}/api/runs/{id}/events?after={cursor}"), Some(ids[0]));
     let mut rest = Vec::new();
     let last = loop {
         let e = next(&resumed).expect("events");
@@ -607,6 +608,41 @@ fn the_sweep_and_model_views_show_the_store() {
         "chromium showed the sweep, its trials and the model versions; screenshots in {}",
         shots.display()
     );
+}
+
+#[test]
+fn a_runs_trace_and_sample_files_are_served_and_nothing_else() {
+    let dir = temp_dir("ui-artifacts").join("weft-runs");
+    let files = dir.parent().unwrap().join("files");
+    std::fs::create_dir_all(files.join("step-3")).unwrap();
+    std::fs::write(files.join("trace.json"), br#"{"traceEvents": []}"#).unwrap();
+    std::fs::write(files.join("sample.txt"), "\nTo be").unwrap();
+    let w = live_run(&dir, "with-files");
+    w.artifact("trace", &files.join("trace.json"));
+    w.artifact("sample", &files.join("sample.txt"));
+    w.artifact("checkpoint", &files.join("step-3"));
+    w.artifact("tensorboard", &files.join("gone.tfevents"));
+    w.end(Status::Finished, None).unwrap();
+    let id = w.id();
+    let (_server, base) = start_ui(&dir);
+    let fetch = |kind: &str| {
+        let r = reqwest::blocking::get(format!("{base}/api/runs/{id}/artifacts/{kind}")).unwrap();
+        let (code, kind) = (r.status().as_u16(), r.headers().get("content-type").cloned());
+        (code, kind, r.text().unwrap())
+    };
+    let (code, kind, body) = fetch("trace");
+    assert_eq!((code, body.as_str()), (200, r#"{"traceEvents": []}"#));
+    assert_eq!(kind.unwrap(), "application/json");
+    assert_eq!(fetch("sample").2, "\nTo be");
+    // a folder, a kind not served, a file gone, a run unknown
+    let (code, _, body) = fetch("checkpoint");
+    assert_eq!(code, 404);
+    assert!(body.contains("served are trace, sample, tensorboard"), "{body}");
+    let (code, _, body) = fetch("tensorboard");
+    assert_eq!(code, 404);
+    assert!(body.contains("gone.tfevents"), "{body}");
+    assert_eq!(get(&format!("{base}/api/runs/999/artifacts/trace")).0, 404);
+    assert_eq!(get(&format!("{base}/api/runs/{id}/artifacts/..%2F..%2Fetc")).0, 404);
 }
 
 #[test]

@@ -60,12 +60,22 @@ pub fn prompt_logprobs(served: &Arc<Served>, ids: &[i64], k: usize) -> Result<Ve
     let input = Tensor::from_vec(ids.to_vec(), &[1, ids.len()]).map_err(fail)?;
     let logits = weft_core::no_grad(|| served.model.logits(&input)).map_err(fail)?;
     let vocab = *logits.shape().last().unwrap_or(&0);
-    let all = logits.to_vec_f64();
+    let width = limit.min(vocab);
+    // f32 logits are read as they are (a row widened to f64 at a time), not copied whole to f64
+    let rows: Box<dyn Fn(usize) -> Vec<f64>> = match logits.to_vec::<f32>() {
+        Ok(all) => Box::new(move |j| {
+            all[j * vocab..j * vocab + width]
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect()
+        }),
+        Err(_) => {
+            let all = logits.try_to_vec_f64().map_err(fail)?;
+            Box::new(move |j| all[j * vocab..j * vocab + width].to_vec())
+        }
+    };
     Ok((1..ids.len())
-        .map(|j| {
-            let row = &all[(j - 1) * vocab..j * vocab];
-            from_row(&row[..limit.min(vocab)], ids[j] as usize, k)
-        })
+        .map(|j| from_row(&rows(j - 1), ids[j] as usize, k))
         .collect())
 }
 

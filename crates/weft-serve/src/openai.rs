@@ -158,6 +158,20 @@ pub async fn completions(
             state.limits.max_tokens
         )));
     }
+    let places_needed = n + usize::from(request.echo && params.logprobs.is_some());
+    if places_needed > served.options.queue {
+        return Err(ApiError::bad_request(format!(
+            "n = {n}{} needs {places_needed} queue places, more than model {} version {} has ({}); lower n",
+            if places_needed > n {
+                " with echo and logprobs"
+            } else {
+                ""
+            },
+            served.name,
+            served.version,
+            served.options.queue
+        )));
+    }
     let prompt = prompt_text(&request.prompt)?.to_string();
     let ids = generation::prompt_ids(&served, &prompt)?;
     // a queue place for each further completion (and the prompt's forward): 503 when full

@@ -218,7 +218,7 @@ pub(crate) fn store_id(conn: &Connection, path: &Path) -> Result<String> {
 /// Fills `metric_summary` for run `?1` from its metric rows (as the store's migration does for
 /// every run): each key's value at its last step (the last written of that step), that step,
 /// min, max and count.
-const FILL_RUN_SUMMARY: &str = "
+pub(crate) const FILL_RUN_SUMMARY: &str = "
 INSERT INTO metric_summary (run_id, key, last, last_step, min, max, count)
 SELECT g.run_id, g.key,
        (SELECT m.value FROM metrics m WHERE m.run_id = g.run_id AND m.key = g.key

@@ -417,7 +417,9 @@ fn insert_metrics(tx: &rusqlite::Transaction, path: &Path, id: i64, rows: &[(i64
 impl crate::Store {
     /// Records `key = value` at `step` in run `id`, which may have ended (a value computed
     /// afterwards, as a pipeline's evaluate step does): the row and the run's summary of the key
-    /// in one transaction. An unknown run or a value that is not finite is refused.
+    /// in one transaction. A value the run already has for `key` at `step` is replaced (an
+    /// evaluation made again), not added beside it. An unknown run or a value that is not finite
+    /// is refused.
     pub fn add_metric(&mut self, id: i64, step: i64, key: &str, value: f64) -> Result<()> {
         if !value.is_finite() {
             return Err(crate::Error::Invalid(format!(
@@ -435,7 +437,19 @@ impl crate::Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .at(&path)?;
+        let replaced = tx
+            .execute(
+                "DELETE FROM metrics WHERE run_id = ?1 AND key = ?2 AND step = ?3",
+                params![id, key, step],
+            )
+            .at(&path)?;
         insert_metrics(&tx, &path, id, &[(step, key.to_string(), value, crate::now())])?;
+        if replaced > 0 {
+            // the merged summary counted the replaced rows: made again from the rows
+            tx.execute("DELETE FROM metric_summary WHERE run_id = ?1", params![id])
+                .at(&path)?;
+            tx.execute(crate::resume::FILL_RUN_SUMMARY, params![id]).at(&path)?;
+        }
         tx.commit().at(&path)
     }
 }

@@ -288,6 +288,9 @@ fn a_value_added_to_an_ended_run_keeps_the_summary_right() {
     store.add_metric(id, 8, "eval/val_loss", 1.25).unwrap();
     store.add_metric(id, 20, "loss", -5.0).unwrap();
     store.add_metric(id, 2, "acc", 99.0).unwrap();
+    // made again at the same step: replaced, not added beside
+    store.add_metric(id, 8, "eval/val_loss", 1.5).unwrap();
+    store.add_metric(id, 8, "eval/val_loss", 1.25).unwrap();
     drop(store);
     check(&dir);
     let store = Store::open(&dir).unwrap();

@@ -72,20 +72,31 @@ fn failed(base: &str, what: &str, status: StatusCode, body: &str) -> String {
 
 /// The version server `base` answers model `name` with (its default), `None` when it serves no
 /// such model.
-fn served(client: &Client, base: &str, token: &str, name: &str) -> Result<Option<String>, String> {
+/// A failed look at a server: its message, and whether the server refused the token (which a
+/// later try will not change).
+struct Unserved {
+    message: String,
+    refused: bool,
+}
+
+fn served(client: &Client, base: &str, token: &str, name: &str) -> Result<Option<String>, Unserved> {
+    let gone = |message: String| Unserved {
+        message,
+        refused: false,
+    };
     let what = format!("GET /models/{name}");
     let r = client
         .get(format!("{base}/models/{name}"))
         .bearer_auth(token)
         .send()
-        .map_err(|e| format!("server {base}: {what}: {e}"))?;
+        .map_err(|e| gone(format!("server {base}: {what}: {e}")))?;
     let status = r.status();
     let body = r.text().unwrap_or_default();
     match status {
         StatusCode::NOT_FOUND => Ok(None),
         StatusCode::OK => {
             let list: serde_json::Value =
-                serde_json::from_str(&body).map_err(|e| format!("server {base}: {what}: {e}"))?;
+                serde_json::from_str(&body).map_err(|e| gone(format!("server {base}: {what}: {e}")))?;
             Ok(list
                 .as_array()
                 .into_iter()
@@ -93,7 +104,10 @@ fn served(client: &Client, base: &str, token: &str, name: &str) -> Result<Option
                 .find(|v| v["isDefault"] == true)
                 .and_then(|v| v["modelVersion"].as_str().map(str::to_string)))
         }
-        s => Err(failed(base, &what, s, &body)),
+        s => Err(Unserved {
+            message: failed(base, &what, s, &body),
+            refused: s == StatusCode::UNAUTHORIZED,
+        }),
     }
 }
 
@@ -160,8 +174,8 @@ fn tell(ctx: &Context, d: &Deploy, base: &str, v: &ModelVersion) -> Result<(), S
             Ok(Some(now)) => format!("it answers with version {now}"),
             Ok(None) => format!("it serves no model {name}"),
             // a refused token will not be accepted later
-            Err(e) if e.contains("401") => return Err(e),
-            Err(e) => e,
+            Err(e) if e.refused => return Err(e.message),
+            Err(e) => e.message,
         };
         if Instant::now() >= deadline {
             break;

@@ -65,7 +65,7 @@ impl Page {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec. The pipe
+        // SAFETY: only async-signal-safe calls (fcntl, dup2, close) between fork and exec. The pipe
         // ends are first copied above 9 so that dup2 onto 3 and 4 never aliases its source.
         unsafe {
             command.pre_exec(move || {
@@ -74,6 +74,9 @@ impl Page {
                 if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // the copies above 9 lost close-on-exec: only 3 and 4 go to the browser
+                libc::close(a);
+                libc::close(b);
                 Ok(())
             });
         }

@@ -1,15 +1,20 @@
 //! `GET /api/runs/{id}/events`: a run's new metric values as server-sent events while it runs.
 //!
-//! The stream starts after a cursor: `?after=N`, else the `Last-Event-ID` header a browser's
-//! `EventSource` sends when it reconnects, else the newest metric row of the store (only values
-//! written from now on). The cursor is a metric row's id; `GET /api/runs/{id}/metrics` returns
+//! The stream starts after a cursor: the `Last-Event-ID` header a browser's `EventSource` sends
+//! when it reconnects (the last event it got), else `?after=N`, else the newest metric row of the
+//! store (only values written from now on). The cursor is a metric row's id; `GET /api/runs/{id}/metrics` returns
 //! one (`cursor`, taken before its series), so a page that draws the series and then streams
 //! from its cursor misses nothing (a value read twice has a step the page already holds).
 //!
 //! Events, every [`POLL`] while there is something new:
 //! - `metrics`: `{"points": {key: [[step, value, time], ...]}}`, its `id` the cursor after it;
 //! - `end`: `{"status": "finished" | "failed" | "killed" | "deleted"}` once the run no longer
-//!   runs and every value it wrote was sent; the stream then closes.
+//!   runs (or its heartbeat stopped: `killed`) and every value it wrote was sent; the stream
+//!   then closes;
+//! - `reset`: `{"cursor": c}` when the store's newest row id fell below the cursor (rows with
+//!   the newest ids were deleted: a run resumed or deleted, and SQLite hands their ids out
+//!   again). The stream goes on from `c`; a page fetches the run's series again, since values
+//!   written meanwhile under reused ids may have been passed over.
 //!
 //! A store error ends the stream with `error`: `{"error": message}`. An idle stream carries a
 //! comment every 15 s, so proxies keep it open.
@@ -72,17 +77,26 @@ impl Store {
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
 
-    /// Run `id`'s status (`running`, `finished`, ...), `None` when the store has no such run.
+    /// Run `id`'s status (`running`, `finished`, ...), `None` when the store has no such run; a
+    /// `running` run whose heartbeat is older than the store's `stale_after` reads `killed` (as
+    /// the next open of the store will mark it; nothing is written here).
     pub fn run_status(&self, id: i64) -> Result<Option<String>> {
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT status FROM runs WHERE id = ?1")
+            .prepare_cached("SELECT status, heartbeat FROM runs WHERE id = ?1")
             .at(&self.path)?;
         let mut rows = stmt.query(params![id]).at(&self.path)?;
-        match rows.next().at(&self.path)? {
-            Some(row) => Ok(Some(row.get(0).at(&self.path)?)),
-            None => Ok(None),
-        }
+        let Some(row) = rows.next().at(&self.path)? else {
+            return Ok(None);
+        };
+        let status: String = row.get(0).at(&self.path)?;
+        let heartbeat: f64 = row.get(1).at(&self.path)?;
+        let stale = crate::now() - heartbeat > self.options.stale_after.as_secs_f64();
+        Ok(Some(if status == "running" && stale {
+            "killed".into()
+        } else {
+            status
+        }))
     }
 }
 
@@ -93,6 +107,8 @@ struct Look {
     cursor: i64,
     /// The run's status once every row it wrote was read and it no longer runs.
     ended: Option<String>,
+    /// The newest row id fell below the cursor: the cursor was moved back to it.
+    reset: bool,
 }
 
 /// Reads what run `id` wrote after `cursor`.
@@ -100,6 +116,8 @@ fn look(store: &Store, id: i64, cursor: i64) -> Result<Look> {
     // the status first: a run seen ended has written its last row before this read
     let status = store.run_status(id)?;
     let upto = store.metric_cursor()?;
+    let reset = upto < cursor;
+    let cursor = cursor.min(upto);
     let rows = store.metrics_after(id, cursor, upto, BATCH)?;
     let drained = (rows.len() as i64) < BATCH;
     let cursor = if drained {
@@ -112,7 +130,12 @@ fn look(store: &Store, id: i64, cursor: i64) -> Result<Look> {
         Some(s) => drained.then_some(s),
         None => Some("deleted".to_string()),
     };
-    Ok(Look { rows, cursor, ended })
+    Ok(Look {
+        rows,
+        cursor,
+        ended,
+        reset,
+    })
 }
 
 /// The `metrics` event of `rows`, its id `cursor`.
@@ -130,17 +153,14 @@ fn metrics_event(rows: &[Row], cursor: i64) -> Event {
         .data(json!({ "points": points }).to_string())
 }
 
-/// Where a stream starts: `?after=N`, else the `Last-Event-ID` header; `None` when neither.
+/// Where a stream starts: the `Last-Event-ID` header (a reconnect: the last event the client
+/// got), else `?after=N` (the URL it first opened); `None` when neither.
 fn start_cursor(query: Option<&str>, headers: &HeaderMap) -> std::result::Result<Option<i64>, Failure> {
     let q = query_pairs(query.unwrap_or(""));
-    let given = q
-        .iter()
-        .find(|(k, _)| k == "after")
-        .map(|(_, v)| ("after", v.clone()))
-        .or_else(|| {
-            let h = headers.get("last-event-id")?;
-            Some(("Last-Event-ID", String::from_utf8_lossy(h.as_bytes()).into_owned()))
-        });
+    let given = headers
+        .get("last-event-id")
+        .map(|h| ("Last-Event-ID", String::from_utf8_lossy(h.as_bytes()).into_owned()))
+        .or_else(|| q.iter().find(|(k, _)| k == "after").map(|(_, v)| ("after", v.clone())));
     match given {
         None => Ok(None),
         Some((what, v)) => match v.trim().parse::<i64>() {
@@ -221,6 +241,14 @@ pub(super) async fn events(
         match on_store(&t.store, move |s| look(s, id, cursor)).await {
             Ok(look) => {
                 t.cursor = look.cursor;
+                if look.reset {
+                    out.push(
+                        Event::default()
+                            .event("reset")
+                            .id(look.cursor.to_string())
+                            .data(json!({ "cursor": look.cursor }).to_string()),
+                    );
+                }
                 if !look.rows.is_empty() {
                     out.push(metrics_event(&look.rows, look.cursor));
                 }
@@ -296,6 +324,32 @@ mod tests {
         assert!(again.rows.is_empty());
         assert_eq!(store.run_status(999).unwrap(), None);
         assert_eq!(look(&store, 999, 0).unwrap().ended.as_deref(), Some("deleted"));
+        // a cursor past the newest row (its rows deleted): moved back, and said so
+        let past = look(&store, a.id(), upto + 50).unwrap();
+        assert!(past.reset && past.cursor == upto && past.rows.is_empty());
+        assert!(!look(&store, a.id(), upto).unwrap().reset);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_running_run_whose_heartbeat_stopped_reads_killed() {
+        let dir = temp("stale");
+        // no beat or flush of its own during the test
+        let quiet = WriterOptions {
+            heartbeat: Duration::from_secs(3600),
+            flush_every: Duration::from_secs(3600),
+            ..WriterOptions::default()
+        };
+        let w = RunWriter::start(&dir, NewRun::default(), quiet).unwrap();
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(store.run_status(w.id()).unwrap().as_deref(), Some("running"));
+        store
+            .conn
+            .execute("UPDATE runs SET heartbeat = 0 WHERE id = ?1", params![w.id()])
+            .unwrap();
+        assert_eq!(store.run_status(w.id()).unwrap().as_deref(), Some("killed"));
+        assert_eq!(look(&store, w.id(), 0).unwrap().ended.as_deref(), Some("killed"));
+        drop(w);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -306,7 +360,9 @@ mod tests {
         assert_eq!(start_cursor(Some("after=12"), &h).ok(), Some(Some(12)));
         h.insert("last-event-id", "7".parse().unwrap());
         assert_eq!(start_cursor(None, &h).ok(), Some(Some(7)));
-        assert_eq!(start_cursor(Some("after=3"), &h).ok(), Some(Some(3)));
+        // a reconnect keeps its URL: the header says where it got to
+        assert_eq!(start_cursor(Some("after=3"), &h).ok(), Some(Some(7)));
+        let h = HeaderMap::new();
         for bad in ["after=-1", "after=x", "after=1.5"] {
             let Err(Failure(code, msg)) = start_cursor(Some(bad), &h) else {
                 panic!("{bad} accepted")

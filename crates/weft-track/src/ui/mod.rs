@@ -13,7 +13,9 @@
 //!   metric row's id when it was read;
 //! - `GET /api/runs/{id}/events?after=CURSOR`: the run's new values as server-sent events while
 //!   it runs ([`live`]);
-//! - `GET /api/sweeps`: the sweeps, from their trials' tags ([`sweeps`]).
+//! - `GET /api/sweeps`: the sweeps, from their trials' tags ([`sweeps`]);
+//! - `GET /api/runs/{id}/artifacts/{kind}`: the file of a run's trace, sample or event file
+//!   ([`artifact`]).
 //!
 //! The caller's `wrap` may add routes (`weft ui` adds `GET /api/models`, the model registry);
 //! the page shows their views when they answer.
@@ -22,6 +24,7 @@
 //! pool; each run table request first marks runs whose heartbeat stopped as killed (as
 //! `weft runs` does when it opens the store).
 
+mod artifact;
 mod downsample;
 pub mod json;
 pub mod live;
@@ -74,6 +77,7 @@ fn router(store: Shared) -> Router {
         .route("/api/runs/{id}/metrics/{key}", get(metric_by_path))
         .route("/api/runs/{id}/events", get(live::events))
         .route("/api/sweeps", get(sweep_list))
+        .route("/api/runs/{id}/artifacts/{kind}", get(artifact::artifact))
         .with_state(store)
 }
 

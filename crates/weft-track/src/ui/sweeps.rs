@@ -9,7 +9,14 @@ use rusqlite::params;
 use serde_json::{json, Value};
 
 use crate::error::SqlContext;
-use crate::sweep_tags::{TAG_GOAL, TAG_METRIC, TAG_SWEEP};
+use crate::sweep_tags::{TAG_GOAL, TAG_METRIC, TAG_SWEEP, TAG_TRIAL};
+
+/// The runs that count for their sweeps: a trial run again (a resumed sweep) counts by its
+/// latest run, as `weft sweep status` counts it. `?1` is the sweep tag's name, `?4` the trial's.
+const LATEST: &str = "WITH latest AS (
+    SELECT max(r.id) AS id FROM tags t JOIN runs r ON r.id = t.run_id
+    LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?4
+    WHERE t.key = ?1 GROUP BY r.experiment_id, t.value, COALESCE(n.value, 'run ' || r.id))";
 use crate::{Result, Store};
 
 /// One sweep as the dashboard lists it.
@@ -17,7 +24,8 @@ use crate::{Result, Store};
 pub struct SweepSummary {
     pub name: String,
     pub experiment: String,
-    /// Trials recorded, by run status (`finished`, `pruned`, `failed`, `killed`, `running`).
+    /// Trials recorded (each by its latest run), by status (`finished`, `pruned`, `failed`,
+    /// `killed`, `running`).
     pub by_status: BTreeMap<String, i64>,
     /// The metric and goal, when the trials name them (sweeps recorded before they did not).
     pub metric: Option<String>,
@@ -32,19 +40,18 @@ impl Store {
     /// Every sweep recorded in the store, newest first.
     pub fn sweeps(&self) -> Result<Vec<SweepSummary>> {
         let p = &self.path;
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT t.value, e.name, r.status, count(*), min(r.start_time),
-                        max(CASE WHEN m.key = ?2 THEN m.value END), max(CASE WHEN g.key = ?3 THEN g.value END)
-                 FROM tags t JOIN runs r ON r.id = t.run_id JOIN experiments e ON e.id = r.experiment_id
-                 LEFT JOIN tags m ON m.run_id = r.id AND m.key = ?2
-                 LEFT JOIN tags g ON g.run_id = r.id AND g.key = ?3
-                 WHERE t.key = ?1 GROUP BY t.value, e.name, r.status",
-            )
-            .at(p)?;
+        let sql = format!(
+            "{LATEST}
+             SELECT t.value, e.name, r.status, count(*), min(r.start_time),
+                    max(CASE WHEN m.key = ?2 THEN m.value END), max(CASE WHEN g.key = ?3 THEN g.value END)
+             FROM tags t JOIN runs r ON r.id = t.run_id JOIN experiments e ON e.id = r.experiment_id
+             LEFT JOIN tags m ON m.run_id = r.id AND m.key = ?2
+             LEFT JOIN tags g ON g.run_id = r.id AND g.key = ?3
+             WHERE t.key = ?1 AND r.id IN (SELECT id FROM latest) GROUP BY t.value, e.name, r.status"
+        );
+        let mut stmt = self.conn.prepare(&sql).at(p)?;
         let rows = stmt
-            .query_map(params![TAG_SWEEP, TAG_METRIC, TAG_GOAL], |r| {
+            .query_map(params![TAG_SWEEP, TAG_METRIC, TAG_GOAL, TAG_TRIAL], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -87,7 +94,8 @@ impl Store {
     }
 
     /// The finished trial of sweep `name` in `experiment` with the lowest (or, with `maximize`,
-    /// highest) last value of `metric`; the earliest run wins a tie.
+    /// highest) last value of `metric`; the lowest trial number wins a tie (as `weft sweep
+    /// status` picks).
     fn best_trial(
         &self,
         experiment: &str,
@@ -97,15 +105,23 @@ impl Store {
     ) -> Result<Option<(i64, String, f64)>> {
         let order = if maximize { "DESC" } else { "ASC" };
         let sql = format!(
-            "SELECT r.id, r.name, s.last FROM tags t JOIN runs r ON r.id = t.run_id
+            "WITH latest AS (
+                SELECT max(r.id) AS id FROM tags t JOIN runs r ON r.id = t.run_id
+                LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?5
+                WHERE t.key = ?4 GROUP BY r.experiment_id, t.value, COALESCE(n.value, 'run ' || r.id))
+             SELECT r.id, r.name, s.last FROM tags t JOIN runs r ON r.id = t.run_id
              JOIN experiments e ON e.id = r.experiment_id
              JOIN metric_summary s ON s.run_id = r.id AND s.key = ?3
+             LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?5
              WHERE t.key = ?4 AND t.value = ?2 AND e.name = ?1 AND r.status = 'finished' AND s.last = s.last
-             ORDER BY s.last {order}, r.id LIMIT 1"
+               AND r.id IN (SELECT id FROM latest)
+             ORDER BY s.last {order}, CAST(n.value AS INTEGER), r.id LIMIT 1"
         );
         let p = &self.path;
         let mut stmt = self.conn.prepare(&sql).at(p)?;
-        let mut rows = stmt.query(params![experiment, name, metric, TAG_SWEEP]).at(p)?;
+        let mut rows = stmt
+            .query(params![experiment, name, metric, TAG_SWEEP, TAG_TRIAL])
+            .at(p)?;
         match rows.next().at(p)? {
             Some(r) => Ok(Some((r.get(0).at(p)?, r.get(1).at(p)?, r.get(2).at(p)?))),
             None => Ok(None),
@@ -165,6 +181,8 @@ mod tests {
         // pruned lower than the best finished: not the best
         trial(&dir, "a", 2, Some(1.0), Status::Killed, true);
         trial(&dir, "a", 3, None, Status::Failed, true);
+        // trial 2 run again by a resumed sweep: its latest run counts
+        trial(&dir, "a", 2, Some(1.7), Status::Finished, true);
         // an older sweep without metric tags
         trial(&dir, "b", 0, Some(0.5), Status::Finished, false);
         let untagged = RunWriter::start(&dir, NewRun::default(), WriterOptions::default()).unwrap();
@@ -173,8 +191,8 @@ mod tests {
         assert_eq!(s.len(), 2);
         let a = s.iter().find(|s| s.name == "a").unwrap();
         assert_eq!(a.experiment, "tune");
-        assert_eq!(a.by_status.get("finished"), Some(&2));
-        assert_eq!(a.by_status.get("killed"), Some(&1));
+        assert_eq!(a.by_status.get("finished"), Some(&3));
+        assert_eq!(a.by_status.get("killed"), None);
         assert_eq!(a.by_status.get("failed"), Some(&1));
         assert_eq!(a.metric.as_deref(), Some("val_loss"));
         assert_eq!(a.goal.as_deref(), Some("minimize"));
@@ -185,7 +203,7 @@ mod tests {
         // newest first
         assert_eq!(s[0].name, "b");
         let j = super::json(a);
-        assert_eq!(j["trials"], 4);
+        assert_eq!(j["trials"], 4, "trial 2's two runs count once");
         assert_eq!(j["best"]["value"], 1.5);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -114,8 +114,16 @@ fn suggest_joint(space: &Space, good: &[&Observation], bad: &[&Observation], rng
             })
             .collect()
     };
-    let l = JointParzen::new(&good.iter().map(|o| point(o)).collect::<Vec<_>>(), &dims);
-    let g = JointParzen::new(&bad.iter().map(|o| point(o)).collect::<Vec<_>>(), &dims);
+    // a recorded value that no longer fits its parameter (a value <= 0 of a parameter made
+    // log-scaled since) has no place on its scale: that trial is left out
+    let points = |set: &[&Observation]| -> Vec<Vec<f64>> {
+        set.iter()
+            .map(|o| point(o))
+            .filter(|p| p.iter().all(|x| x.is_finite()))
+            .collect()
+    };
+    let l = JointParzen::new(&points(good), &dims);
+    let g = JointParzen::new(&points(bad), &dims);
     // a candidate is scored where it lands once rounded to each parameter's steps
     let value = |p: &Param, x: f64| {
         if p.is_categorical() {
@@ -164,7 +172,13 @@ fn suggest_one(param: &Param, good: &[Value], bad: &[Value], rng: &mut Rng) -> V
         return Value::Choice(best);
     }
     let (lo, hi) = param.bounds();
-    let points = |set: &[Value]| -> Vec<f64> { set.iter().map(|v| param.internal(*v)).collect() };
+    // values that no longer fit the parameter's scale (not finite there) are left out
+    let points = |set: &[Value]| -> Vec<f64> {
+        set.iter()
+            .map(|v| param.internal(*v))
+            .filter(|x| x.is_finite())
+            .collect()
+    };
     let l = Parzen::new(&points(good), lo, hi);
     let g = Parzen::new(&points(bad), lo, hi);
     // a candidate is scored where it lands once rounded to the parameter's steps
@@ -327,7 +341,7 @@ mod tests {
                     Value::Float(x) => *x,
                 })
                 .collect();
-            if trial >= 20 && trial < 40 {
+            if trial >= 40 {
                 late.push(x.clone());
             }
             history.push(Observation {
