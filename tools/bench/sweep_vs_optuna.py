@@ -6,7 +6,9 @@ Both drive the same `weft train` binary on the digits mlp (../shared/data/digits
 base is examples/digits_mlp.toml with `train.steps`, `eval_every` and `eval_batches` set below)
 and rank trials by `val_loss` (its last value). The space: `optim.lr` log-uniform on
 [1e-3, 0.5], `optim.momentum` uniform on [0, 0.99], `optim.weight_decay` log-uniform on
-[1e-6, 1e-2]. For each seed:
+[1e-6, 1e-2]. With `--model gpt`: the tiny character gpt of examples/char_gpt_tiny.toml on the
+built-in corpus (AdamW), `optim.lr` log-uniform on [3e-4, 3e-2], `optim.weight_decay` uniform on
+[0, 0.2], `optim.grad_clip` log-uniform on [0.1, 10]. For each seed:
 
 - weft, TPE + ASHA (`min_steps`, `reduction_factor` below), TPE without pruning, and
   multivariate TPE (`[sweep] multivariate = true`) + ASHA;
@@ -18,7 +20,7 @@ Every trial runs one at a time (parallel = 1) on the same threads. Prints the be
 and the wall-clock seconds of each sweep, then medians over the seeds.
 
     cargo build -p weft-cli            # or --release, with --weft target/release/weft
-    python3 tools/bench/sweep_vs_optuna.py [--seeds 5] [--trials 20] [--steps 800] [--weft target/debug/weft]
+    python3 tools/bench/sweep_vs_optuna.py [--seeds 5] [--trials 20] [--steps 800] [--model mlp|gpt] [--weft target/debug/weft]
 
 Needs optuna (a venv outside the repository); CI does not run it.
 """
@@ -44,9 +46,24 @@ SPACE = {
     "optim.momentum": ("uniform", 0.0, 0.99),
     "optim.weight_decay": ("log_uniform", 1e-6, 1e-2),
 }
+# --model gpt: the tiny character gpt of examples/char_gpt_tiny.toml on the built-in corpus
+# (AdamW), its learning rate, weight decay and clipping norm
+GPT_SPACE = {
+    "optim.lr": ("log_uniform", 3e-4, 3e-2),
+    "optim.weight_decay": ("uniform", 0.0, 0.2),
+    "optim.grad_clip": ("log_uniform", 0.1, 10.0),
+}
+MODEL = "mlp"
 
 
 def base_config(work: Path) -> Path:
+    if MODEL == "gpt":
+        text = (ROOT / "examples" / "char_gpt_tiny.toml").read_text()
+        text = text.replace("steps = 300", f"steps = {STEPS}").replace("log_every = 25", f"log_every = {EVAL_EVERY}")
+        text = text.replace("eval_every = 25", f"eval_every = {EVAL_EVERY}")
+        path = work / "base.toml"
+        path.write_text(text)
+        return path
     text = (ROOT / "examples" / "digits_mlp.toml").read_text()
     text = text.replace('path = "../../shared/data/digits.csv.gz"', f'path = "{DIGITS}"')
     text = text.replace("steps = 500", f"steps = {STEPS}")
@@ -132,10 +149,15 @@ def main():
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--weft", default=str(ROOT / "target" / "debug" / "weft"))
     ap.add_argument("--steps", type=int, default=800, help="training steps per trial (a multiple of 8)")
+    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
+                    help="the digits mlp (../shared/data) or the tiny character gpt on the built-in corpus")
     a = ap.parse_args()
-    global STEPS, EVAL_EVERY, MIN_STEPS
+    global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE
+    MODEL = a.model
+    if MODEL == "gpt":
+        SPACE = GPT_SPACE
     STEPS, EVAL_EVERY, MIN_STEPS = a.steps, a.steps // 8, a.steps // 8
-    if not DIGITS.exists():
+    if MODEL == "mlp" and not DIGITS.exists():
         sys.exit(f"{DIGITS} is missing (../shared/data)")
     rows = []
     for seed in range(a.seeds):
@@ -154,7 +176,7 @@ def main():
               f"weft multivariate asha {m[0]:.4f} in {m[1]:.1f} s ({m[2]} pruned)",
               flush=True)
     med = lambda i, j: statistics.median(r[i][j] for r in rows)  # noqa: E731
-    print(f"\n{a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
+    print(f"\n{MODEL}: {a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
     print("| | best val_loss | sweep wall s | trials pruned |")
     print("|---|---:|---:|---:|")
     print(f"| weft TPE + ASHA | {med(1, 0):.4f} | {med(1, 1):.1f} | {med(1, 2):.0f} |")

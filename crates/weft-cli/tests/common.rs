@@ -428,3 +428,39 @@ pub fn weft_ok_with_store(runs: &Path, args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A tiny gpt (2 layers, 32 wide, block 16) of the built-in run, every step logged, no sample:
+/// `--set`s for tests that train many short runs. Its schedule (cosine, 50 warmup steps, decay
+/// over 1000) does not depend on `train.steps`, so the first steps of a short run are those of
+/// a longer one.
+pub const TINY_GPT: [&str; 7] = [
+    "model.n_layer=2",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "model.block_size=16",
+    "data.batch_size=4",
+    "train.log_every=1",
+    "train.sample_tokens=0",
+];
+
+/// `weft ARGS` run in `cwd` with 2 threads, its run store in `cwd/weft-runs` (whatever
+/// `WEFT_TRACK_DIR` says) unless `track.dir` says otherwise.
+pub fn weft_in(cwd: &Path, args: &[&str]) -> Output {
+    std::process::Command::new(weft_bin())
+        .args(args)
+        .current_dir(cwd)
+        .env("WEFT_NUM_THREADS", "2")
+        .env_remove("WEFT_TRACK_DIR")
+        .output()
+        .unwrap()
+}
+
+/// `out`'s stdout, after checking that it succeeded (its stderr in the panic, with `what`).
+pub fn ok_stdout(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

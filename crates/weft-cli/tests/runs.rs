@@ -4,52 +4,21 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::{path_set, read_metrics, temp_dir, wait_for, weft_bin};
+use common::{ok_stdout, path_set, read_metrics, temp_dir, wait_for, weft_bin, weft_in, TINY_GPT};
 
-/// A tiny gpt (2 layers, 32 wide, block 16), every step logged.
-const TINY: [&str; 7] = [
-    "model.n_layer=2",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.block_size=16",
-    "data.batch_size=4",
-    "train.log_every=1",
-    "train.sample_tokens=0",
-];
-
-/// `weft ARGS` run in `cwd` (the store goes to `cwd/weft-runs`, whatever the environment says).
-fn weft_in(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(weft_bin())
-        .args(args)
-        .current_dir(cwd)
-        .env("WEFT_NUM_THREADS", "2")
-        .env_remove("WEFT_TRACK_DIR")
-        .output()
-        .unwrap()
-}
-
-/// `train` of [`TINY`] for `steps` steps with more `--set`s.
+/// `train` of [`TINY_GPT`] for `steps` steps with more `--set`s.
 fn train_args<'a>(steps: &'a str, sets: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["train", "--quiet", "--set", steps];
-    for s in TINY.iter().chain(sets) {
+    for s in TINY_GPT.iter().chain(sets) {
         args.extend(["--set", s]);
     }
     args
 }
 
-fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn json(cwd: &Path, args: &[&str]) -> serde_json::Value {
-    serde_json::from_str(&ok(weft_in(cwd, args), &format!("{args:?}"))).unwrap()
+    serde_json::from_str(&ok_stdout(weft_in(cwd, args), &format!("{args:?}"))).unwrap()
 }
 
 #[test]
@@ -57,14 +26,14 @@ fn two_runs_are_listed_filtered_compared_exported_and_deleted() {
     let dir = temp_dir("runs-two");
     let metrics = dir.join("a.jsonl");
     let m = path_set("train.metrics", &metrics);
-    ok(
+    ok_stdout(
         weft_in(
             &dir,
             &train_args("train.steps=5", &["optim.lr=0.001", "track.name=\"a\"", &m]),
         ),
         "run a",
     );
-    ok(
+    ok_stdout(
         weft_in(
             &dir,
             &train_args("train.steps=5", &["optim.lr=0.002", "track.name=\"b\""]),
@@ -133,13 +102,13 @@ fn two_runs_are_listed_filtered_compared_exported_and_deleted() {
     );
     assert_eq!(cmp["params"]["optim.lr"], serde_json::json!(["0.001", "0.002"]));
     assert_eq!(cmp["metrics"]["loss"].as_array().unwrap().len(), 2);
-    let text = ok(weft_in(&dir, &["runs", "compare", "a", "b"]), "compare");
+    let text = ok_stdout(weft_in(&dir, &["runs", "compare", "a", "b"]), "compare");
     assert!(
         text.contains("optim.lr") && text.contains("loss last/min/max"),
         "{text}"
     );
 
-    let csv = ok(weft_in(&dir, &["runs", "export", "a", "--format", "csv"]), "export");
+    let csv = ok_stdout(weft_in(&dir, &["runs", "export", "a", "--format", "csv"]), "export");
     let losses: Vec<f64> = csv
         .lines()
         .filter_map(|l| {
@@ -159,7 +128,7 @@ fn two_runs_are_listed_filtered_compared_exported_and_deleted() {
     assert!(shown["command"].as_str().unwrap().contains("train"));
     assert_eq!(shown["metric_summaries"]["loss"]["count"], 5);
 
-    ok(weft_in(&dir, &["runs", "delete", "a"]), "delete");
+    ok_stdout(weft_in(&dir, &["runs", "delete", "a"]), "delete");
     let left = json(&dir, &["runs", "list", "--json"]);
     assert_eq!(left.as_array().unwrap().len(), 1);
     assert_eq!(left[0]["name"], "b");
@@ -249,7 +218,7 @@ fn a_corrupt_store_is_named_and_the_run_trains_untracked() {
     assert!(String::from_utf8_lossy(&list.stderr).contains("not a weft run store"));
     // tracking off: nothing is written
     let off = temp_dir("runs-off");
-    ok(
+    ok_stdout(
         weft_in(&off, &train_args("train.steps=5", &["track.enabled=false"])),
         "untracked run",
     );
@@ -261,7 +230,7 @@ fn a_corrupt_store_is_named_and_the_run_trains_untracked() {
 #[test]
 fn a_runs_generated_sample_is_one_of_its_artifacts() {
     let dir = temp_dir("runs-sample");
-    let out = ok(
+    let out = ok_stdout(
         weft_in(
             &dir,
             &train_args("train.steps=3", &["train.sample_tokens=24", "track.name=\"s\""]),

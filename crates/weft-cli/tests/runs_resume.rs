@@ -6,41 +6,21 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::{path_set, temp_dir, weft_bin};
+use common::{path_set, temp_dir, weft_in, TINY_GPT};
 
-/// A tiny gpt (2 layers, 32 wide, block 16) of the built-in run, every step logged. Its
-/// schedule (cosine, 50 warmup steps, decay over 1000) does not depend on `train.steps`, so the
-/// first steps of an 8-step run are those of a 12-step run.
-const TINY: [&str; 7] = [
-    "model.n_layer=2",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.block_size=16",
-    "data.batch_size=4",
-    "train.log_every=1",
-    "train.sample_tokens=0",
-];
-
-/// `weft ARGS` run in `cwd` (its store in `cwd/weft-runs` unless `track.dir` says otherwise).
-fn weft_in(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(weft_bin())
-        .args(args)
-        .current_dir(cwd)
-        .env("WEFT_NUM_THREADS", "2")
-        .env_remove("WEFT_TRACK_DIR")
-        .output()
-        .unwrap()
-}
-
-/// `weft train` of [`TINY`] for `steps` steps with more `--set`s and flags, in `cwd`; its
+/// `weft train` of [`TINY_GPT`] for `steps` steps with more `--set`s and flags, in `cwd`; its
 /// stderr, after checking that it succeeded.
 fn train(cwd: &Path, steps: usize, flags: &[&str], sets: &[&str]) -> String {
     let steps = format!("train.steps={steps}");
     let mut args = vec!["train", "--quiet"];
     args.extend(flags);
-    for s in TINY.iter().copied().chain([steps.as_str()]).chain(sets.iter().copied()) {
+    for s in TINY_GPT
+        .iter()
+        .copied()
+        .chain([steps.as_str()])
+        .chain(sets.iter().copied())
+    {
         args.extend(["--set", s]);
     }
     let out = weft_in(cwd, &args);

@@ -10,28 +10,9 @@ mod tfevents;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use common::{repo, temp_dir, weft_bin};
-
-fn weft_in(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(weft_bin())
-        .args(args)
-        .current_dir(cwd)
-        .env("WEFT_NUM_THREADS", "2")
-        .env_remove("WEFT_TRACK_DIR")
-        .output()
-        .unwrap()
-}
-
-fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{ok_stdout, repo, temp_dir, weft_in};
 
 /// The one `events.out.tfevents.*` file in `dir`.
 fn event_file(dir: &Path) -> PathBuf {
@@ -52,7 +33,7 @@ fn event_file(dir: &Path) -> PathBuf {
 
 /// `(key, step) -> (value, time)` of the store's CSV export.
 fn store_rows(cwd: &Path, run: &str) -> BTreeMap<(String, i64), (f64, f64)> {
-    let csv = ok(weft_in(cwd, &["runs", "export", run]), "csv export");
+    let csv = ok_stdout(weft_in(cwd, &["runs", "export", run]), "csv export");
     csv.lines()
         .skip(1)
         .map(|l| {
@@ -102,7 +83,7 @@ fn event_files_from_training_and_from_the_store() {
     for s in &sets {
         args.extend(["--set", s]);
     }
-    ok(weft_in(&dir, &args), "train");
+    ok_stdout(weft_in(&dir, &args), "train");
     let rows = store_rows(&dir, "tb");
     assert_eq!(rows.keys().filter(|(k, _)| k == "loss").count(), 6, "{rows:?}");
 
@@ -111,12 +92,12 @@ fn event_files_from_training_and_from_the_store() {
     let (_, scalars) = file_scalars(&trained);
     let expected: BTreeMap<(String, i64), f32> = rows.iter().map(|(k, (v, _))| (k.clone(), *v as f32)).collect();
     assert_eq!(scalars, expected);
-    let show = ok(weft_in(&dir, &["runs", "show", "tb"]), "show");
+    let show = ok_stdout(weft_in(&dir, &["runs", "show", "tb"]), "show");
     assert!(show.contains("artifact tensorboard:"), "{show}");
 
     // exported from the store: the same scalars, each at the time the store holds
     let out = dir.join("export");
-    let printed = ok(
+    let printed = ok_stdout(
         weft_in(
             &dir,
             &[
@@ -171,7 +152,7 @@ fn event_files_from_training_and_from_the_store() {
         .arg(&out)
         .output()
         .unwrap();
-    let read: serde_json::Value = serde_json::from_str(&ok(read, "read_tensorboard.py")).unwrap();
+    let read: serde_json::Value = serde_json::from_str(&ok_stdout(read, "read_tensorboard.py")).unwrap();
     // EventAccumulator keeps the number after "brain.Event:"
     assert_eq!(read["file_version"], 2.0);
     let mut seen = 0;

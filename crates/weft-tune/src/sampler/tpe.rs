@@ -260,19 +260,26 @@ mod tests {
         assert!(tpe < 0.01, "tpe {tpe}");
     }
 
+    /// Branin's space, `[-5, 10] x [0, 15]`.
+    fn branin_space() -> Space {
+        space(
+            "\"a.x\" = { distribution = \"uniform\", min = -5.0, max = 10.0 }\n\
+             \"a.y\" = { distribution = \"uniform\", min = 0.0, max = 15.0 }\n",
+        )
+    }
+
+    /// Branin's function: minimum 0.397887 at three points.
+    fn branin(v: &[f64]) -> f64 {
+        let (x, y) = (v[0], v[1]);
+        let pi = std::f64::consts::PI;
+        let b = 5.1 / (4.0 * pi * pi);
+        (y - b * x * x + 5.0 / pi * x - 6.0).powi(2) + 10.0 * (1.0 - 1.0 / (8.0 * pi)) * x.cos() + 10.0
+    }
+
     #[test]
     fn tpe_beats_random_search_on_2d_branin() {
         // Branin on [-5, 10] x [0, 15]: minimum 0.397887 at three points
-        let s = space(
-            "\"a.x\" = { distribution = \"uniform\", min = -5.0, max = 10.0 }\n\
-             \"a.y\" = { distribution = \"uniform\", min = 0.0, max = 15.0 }\n",
-        );
-        let branin = |v: &[f64]| {
-            let (x, y) = (v[0], v[1]);
-            let pi = std::f64::consts::PI;
-            let b = 5.1 / (4.0 * pi * pi);
-            (y - b * x * x + 5.0 / pi * x - 6.0).powi(2) + 10.0 * (1.0 - 1.0 / (8.0 * pi)) * x.cos() + 10.0
-        };
+        let s = branin_space();
         let (tpe, rnd, wins) = compare(&s, 60, &branin);
         assert!(tpe < rnd && wins >= 6, "tpe {tpe} random {rnd} wins {wins}/9");
         assert!(tpe < 1.0, "tpe {tpe}");
@@ -280,16 +287,7 @@ mod tests {
 
     #[test]
     fn multivariate_tpe_beats_random_search_on_branin_and_choices() {
-        let s = space(
-            "\"a.x\" = { distribution = \"uniform\", min = -5.0, max = 10.0 }\n\
-             \"a.y\" = { distribution = \"uniform\", min = 0.0, max = 15.0 }\n",
-        );
-        let branin = |v: &[f64]| {
-            let (x, y) = (v[0], v[1]);
-            let pi = std::f64::consts::PI;
-            let b = 5.1 / (4.0 * pi * pi);
-            (y - b * x * x + 5.0 / pi * x - 6.0).powi(2) + 10.0 * (1.0 - 1.0 / (8.0 * pi)) * x.cos() + 10.0
-        };
+        let s = branin_space();
         let (mut joint, mut rnd, mut wins) = (Vec::new(), Vec::new(), 0);
         for seed in 0..9u64 {
             let j = best_of(&mut Tpe::multivariate(seed, 10), &s, 60, &branin);
