@@ -53,6 +53,10 @@ fn two_runs_are_listed_filtered_compared_exported_and_deleted() {
         assert_eq!(r["params"]["model.n_layer"], "2");
     }
     assert_eq!(runs[0]["params"]["optim.lr"], "0.001");
+    // the machine, as system tags
+    let cpus: usize = runs[0]["tags"]["sys.cpus"].as_str().unwrap().parse().unwrap();
+    assert!(cpus >= 1);
+    assert!(runs[0]["tags"]["sys.os"].as_str().unwrap().contains('/'));
     assert_eq!(runs[1]["params"]["optim.lr"], "0.002");
     // the last loss is the metrics file's last step's
     let file = read_metrics(&metrics);

@@ -476,6 +476,7 @@ fn trial(dir: &Path, sweep: &str, n: u64, last: f64, status: Status) -> i64 {
         tags: [("sweep", sweep.to_string()), ("sweep_trial", n.to_string())]
             .into_iter()
             .chain([("sweep_metric", "val_loss".into()), ("sweep_goal", "minimize".into())])
+            .chain([("sys.cpus", "2".to_string())])
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
         ..Default::default()
@@ -604,6 +605,9 @@ fn the_sweep_and_model_views_show_the_store() {
         Duration::from_secs(30),
         |v| v.as_str() == Some(&format!("run {}: tune/lr-search-trial-1", ids[1])),
     );
+    // the machine's tags apart, as "system"
+    let system = page.eval("document.getElementById('run-system')?.innerText ?? ''");
+    assert!(system.as_str().unwrap().contains("cpus\t2"), "{system}");
     eprintln!(
         "chromium showed the sweep, its trials and the model versions; screenshots in {}",
         shots.display()

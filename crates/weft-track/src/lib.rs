@@ -18,6 +18,7 @@ mod read;
 mod resume;
 mod store;
 pub mod sweep_tags;
+pub mod system;
 pub mod tensorboard;
 #[cfg(feature = "ui")]
 pub mod ui;

@@ -58,10 +58,12 @@ impl Tracking {
         let run = NewRun {
             layout: format!("dp={} tp={} pp={} zero={}", p.dp.max(1), p.tp, p.pp, p.zero),
             params: tc.params.clone(),
+            // the config's tags, then the machine's (`sys.*`: os, cpus, cpu, memory, weft)
             tags: tc
                 .tags
                 .iter()
                 .map(|(k, v)| (k.clone(), crate::config::track_value_text(v)))
+                .chain(weft_track::system::system_tags())
                 .collect(),
             ..NewRun::here(&tc.experiment, tc.name.clone())
         };
