@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{ok_stdout, repo, temp_dir, weft_in};
+use common::{ok_stdout, repo, temp_dir, weft_in, TINY_GPT};
 
 /// The one `events.out.tfevents.*` file in `dir`.
 fn event_file(dir: &Path) -> PathBuf {
@@ -67,20 +67,13 @@ fn file_scalars(path: &Path) -> (Vec<tfevents::Event>, BTreeMap<(String, i64), f
 fn event_files_from_training_and_from_the_store() {
     let dir = temp_dir("runs-tensorboard");
     let mut args = vec!["train", "--quiet"];
-    let sets = [
+    let own = [
         "train.steps=6",
-        "model.n_layer=2",
-        "model.n_embd=32",
-        "model.n_head=2",
-        "model.block_size=16",
-        "data.batch_size=4",
-        "train.log_every=1",
-        "train.sample_tokens=0",
         "track.name=\"tb\"",
         "track.experiment=\"exp\"",
         "track.tensorboard=true",
     ];
-    for s in &sets {
+    for s in TINY_GPT.iter().chain(&own) {
         args.extend(["--set", s]);
     }
     ok_stdout(weft_in(&dir, &args), "train");
