@@ -54,6 +54,7 @@ GPT_SPACE = {
     "optim.grad_clip": ("log_uniform", 0.1, 10.0),
 }
 MODEL = "mlp"
+GAMMA = None  # --gamma: weft's TPE good-split quantile (default: weft's own, 0.25)
 
 
 def base_config(work: Path) -> Path:
@@ -81,7 +82,8 @@ def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str
     prune = f'kind = "asha"\nmin_steps = {MIN_STEPS}\nreduction_factor = {ETA}' if pruner == "asha" else 'kind = "none"'
     sweep = work / f"{name}.toml"
     sweep.write_text(f'[sweep]\nbase = "{base}"\nname = "{name}"\nmetric = "val_loss"\ngoal = "minimize"\n'
-                     f'method = "tpe"\nmultivariate = {str(multivariate).lower()}\ntrials = {trials}\nparallel = 1\nseed = {seed}\n\n'
+                     f'method = "tpe"\nmultivariate = {str(multivariate).lower()}\ntrials = {trials}\nparallel = 1\nseed = {seed}\n'
+                     f'{"" if GAMMA is None else f"gamma = {GAMMA}"}\n\n'
                      f'[sweep.parameters]\n{params}\n\n[sweep.pruner]\n{prune}\n')
     env = dict(os.environ, WEFT_TRACK_DIR=str(work / "store"), WEFT_NUM_THREADS="2")
     t = time.perf_counter()
@@ -151,8 +153,14 @@ def main():
     ap.add_argument("--steps", type=int, default=800, help="training steps per trial (a multiple of 8)")
     ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
                     help="the digits mlp (../shared/data) or the tiny character gpt on the built-in corpus")
+    ap.add_argument("--gamma", type=float, help="weft's TPE good-split quantile (default 0.25; Optuna's is 0.1)")
+    ap.add_argument("--variants", default="asha,none,optuna,mv",
+                    help="which sweeps to run: asha, none (weft TPE without pruning), optuna, mv (multivariate + asha)")
     a = ap.parse_args()
-    global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE
+    global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE, GAMMA
+    GAMMA = a.gamma
+    variants = set(a.variants.split(","))
+    skipped = (float("nan"), float("nan"), float("nan"))
     MODEL = a.model
     if MODEL == "gpt":
         SPACE = GPT_SPACE
@@ -164,10 +172,11 @@ def main():
         work = Path(tempfile.mkdtemp(prefix="weft-sweep-bench-"))
         try:
             base = base_config(work)
-            w = weft_sweep(a.weft, work, base, seed, a.trials, "asha")
-            n = weft_sweep(a.weft, work, base, seed, a.trials, "none")
-            m = weft_sweep(a.weft, work, base, seed, a.trials, "asha", multivariate=True)
-            o = optuna_sweep(a.weft, work, base, seed, a.trials)
+            w = weft_sweep(a.weft, work, base, seed, a.trials, "asha") if "asha" in variants else skipped
+            n = weft_sweep(a.weft, work, base, seed, a.trials, "none") if "none" in variants else skipped
+            m = (weft_sweep(a.weft, work, base, seed, a.trials, "asha", multivariate=True)
+                 if "mv" in variants else skipped)
+            o = optuna_sweep(a.weft, work, base, seed, a.trials) if "optuna" in variants else skipped
         finally:
             shutil.rmtree(work, ignore_errors=True)
         rows.append((seed, w, n, o, m))
@@ -176,7 +185,7 @@ def main():
               f"weft multivariate asha {m[0]:.4f} in {m[1]:.1f} s ({m[2]} pruned)",
               flush=True)
     med = lambda i, j: statistics.median(r[i][j] for r in rows)  # noqa: E731
-    print(f"\n{MODEL}: {a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
+    print(f"\n{MODEL}{'' if GAMMA is None else f', weft gamma {GAMMA}'}: {a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
     print("| | best val_loss | sweep wall s | trials pruned |")
     print("|---|---:|---:|---:|")
     print(f"| weft TPE + ASHA | {med(1, 0):.4f} | {med(1, 1):.1f} | {med(1, 2):.0f} |")

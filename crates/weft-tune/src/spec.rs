@@ -92,11 +92,14 @@ pub struct SweepSpec {
     /// TPE: one joint estimator over all parameters instead of one per parameter. Default false
     /// (as Optuna's `TPESampler`).
     pub multivariate: bool,
+    /// TPE: the quantile of ended trials counted good (`l(x)`), in `(0, 1]`. Default 0.25
+    /// (Optuna's is 0.1).
+    pub gamma: f64,
     pub space: Space,
     pub pruner: PrunerSpec,
 }
 
-const SWEEP_KEYS: [&str; 14] = [
+const SWEEP_KEYS: [&str; 15] = [
     "name",
     "experiment",
     "base",
@@ -109,6 +112,7 @@ const SWEEP_KEYS: [&str; 14] = [
     "seed",
     "startup_trials",
     "multivariate",
+    "gamma",
     "parameters",
     "pruner",
 ];
@@ -225,6 +229,13 @@ impl SweepSpec {
             nproc_per_trial: keys.count("nproc_per_trial", 1)?.unwrap_or(1) as usize,
             seed: keys.count("seed", 0)?.unwrap_or(0),
             startup_trials: keys.count("startup_trials", 0)?.unwrap_or(10),
+            gamma: match sweep.get("gamma") {
+                None => crate::sampler::GAMMA,
+                Some(v) => match v.as_float().or_else(|| v.as_integer().map(|i| i as f64)) {
+                    Some(g) if g > 0.0 && g <= 1.0 => g,
+                    _ => return Err(spec(format!("sweep.gamma: expected a number in (0, 1], found {v}"))),
+                },
+            },
             multivariate: match sweep.get("multivariate") {
                 None => false,
                 Some(toml::Value::Boolean(b)) => *b,
@@ -338,6 +349,12 @@ mod tests {
         ))
         .unwrap();
         assert!(mv.multivariate);
+        assert_eq!(s.gamma, 0.25);
+        let g = parse(&format!(
+            "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 8\ngamma = 0.1\n{PARAMS}"
+        ))
+        .unwrap();
+        assert_eq!(g.gamma, 0.1);
         let s = parse(&format!(
             "[sweep]\nname = \"lr\"\nbase = \"/abs/run.toml\"\nmetric = \"val_accuracy\"\ngoal = \"maximize\"\n\
              method = \"random\"\ntrials = 3\nparallel = 2\nnproc_per_trial = 2\nseed = 5\n\
@@ -388,6 +405,14 @@ mod tests {
             (
                 format!("{head}multivariate = 1\n{PARAMS}"),
                 "sweep.multivariate: expected true or false, found 1",
+            ),
+            (
+                format!("{head}gamma = 0.0\n{PARAMS}"),
+                "sweep.gamma: expected a number in (0, 1]",
+            ),
+            (
+                format!("{head}gamma = 1.5\n{PARAMS}"),
+                "sweep.gamma: expected a number in (0, 1]",
             ),
             (head.to_string(), "[sweep.parameters] is missing"),
             (

@@ -13,7 +13,7 @@ mod tpe;
 pub use grid::Grid;
 pub use parzen::{normal_cdf, Categorical, Parzen};
 pub use random::Random;
-pub use tpe::Tpe;
+pub use tpe::{Tpe, GAMMA};
 
 use crate::space::{Space, Value};
 use crate::spec::{Method, SweepSpec};
@@ -45,8 +45,10 @@ pub trait Sampler {
 /// The sampler `spec.method` names.
 pub fn from_spec(spec: &SweepSpec) -> Box<dyn Sampler + Send> {
     match spec.method {
-        Method::Tpe if spec.multivariate => Box::new(Tpe::multivariate(spec.seed, spec.startup_trials as usize)),
-        Method::Tpe => Box::new(Tpe::new(spec.seed, spec.startup_trials as usize)),
+        Method::Tpe if spec.multivariate => {
+            Box::new(Tpe::multivariate(spec.seed, spec.startup_trials as usize).with_gamma(spec.gamma))
+        }
+        Method::Tpe => Box::new(Tpe::new(spec.seed, spec.startup_trials as usize).with_gamma(spec.gamma)),
         Method::Random => Box::new(Random::new(spec.seed)),
         Method::Grid => Box::new(Grid),
     }

@@ -1,7 +1,8 @@
 //! The tree-structured Parzen estimator (Bergstra et al., NeurIPS 2011, section 4).
 //!
 //! After `startup` random trials, the ended trials are ranked (see [`super::ranked`]) and split:
-//! the best `n_good = ceil(gamma n)` (`gamma = 0.25`, at most 25, at least 1) make `l(x)`, the
+//! the best `n_good = ceil(gamma n)` (`gamma`: 0.25 unless the sweep says, at most 25, at
+//! least 1) make `l(x)`, the
 //! rest `g(x)`, one estimator of each per parameter ([`Parzen`] for numeric parameters,
 //! [`Categorical`] for listed values). Expected improvement is monotone in `l(x) / g(x)`
 //! (the paper's equation 3 onward), so each parameter takes, among `CANDIDATES` draws from its
@@ -20,8 +21,8 @@ use crate::space::{Param, Space, Value};
 
 /// Draws from `l` scored per parameter (Optuna's `n_ei_candidates` default).
 const CANDIDATES: usize = 24;
-/// The quantile of trials counted good.
-const GAMMA: f64 = 0.25;
+/// The quantile of trials counted good, unless the sweep says (`[sweep] gamma`).
+pub const GAMMA: f64 = 0.25;
 /// The most trials counted good.
 const MAX_GOOD: usize = 25;
 
@@ -31,6 +32,7 @@ pub struct Tpe {
     seed: u64,
     startup: usize,
     multivariate: bool,
+    gamma: f64,
 }
 
 impl Tpe {
@@ -40,7 +42,13 @@ impl Tpe {
             seed,
             startup,
             multivariate: false,
+            gamma: GAMMA,
         }
+    }
+
+    /// The quantile of trials counted good (in `(0, 1]`).
+    pub fn with_gamma(self, gamma: f64) -> Tpe {
+        Tpe { gamma, ..self }
     }
 
     /// One joint estimator over all parameters (multivariate TPE).
@@ -52,9 +60,9 @@ impl Tpe {
     }
 }
 
-/// How many of `n` ranked trials count as good.
-pub fn n_good(n: usize) -> usize {
-    ((GAMMA * n as f64).ceil() as usize).clamp(1, MAX_GOOD)
+/// How many of `n` ranked trials count as good with quantile `gamma`.
+pub fn n_good(n: usize, gamma: f64) -> usize {
+    ((gamma * n as f64).ceil() as usize).clamp(1, MAX_GOOD)
 }
 
 impl Sampler for Tpe {
@@ -69,7 +77,7 @@ impl Sampler for Tpe {
             return Some(space.params.iter().map(|p| random::draw(p, &mut rng)).collect());
         }
         let order = ranked(&usable);
-        let split = n_good(order.len());
+        let split = n_good(order.len(), self.gamma);
         let (good, bad) = order.split_at(split);
         if self.multivariate {
             return Some(suggest_joint(space, good, bad, &mut rng));
@@ -355,7 +363,17 @@ mod tests {
 
     #[test]
     fn the_split_takes_a_quarter_and_pruned_trials_rank_last() {
-        assert_eq!((n_good(1), n_good(4), n_good(5), n_good(1000)), (1, 1, 2, 25));
+        assert_eq!(
+            (
+                n_good(1, GAMMA),
+                n_good(4, GAMMA),
+                n_good(5, GAMMA),
+                n_good(1000, GAMMA)
+            ),
+            (1, 1, 2, 25)
+        );
+        // Optuna's default split: a tenth
+        assert_eq!((n_good(20, 0.1), n_good(21, 0.1), n_good(1000, 0.1)), (2, 3, 25));
         let obs = |outcome| Observation {
             values: vec![],
             outcome,
