@@ -160,41 +160,46 @@ def main():
     global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE, GAMMA
     GAMMA = a.gamma
     variants = set(a.variants.split(","))
-    skipped = (float("nan"), float("nan"), float("nan"))
+    if not variants <= {"asha", "none", "optuna", "mv"}:
+        sys.exit(f"--variants: unknown {sorted(variants - {'asha', 'none', 'optuna', 'mv'})}")
     MODEL = a.model
     if MODEL == "gpt":
         SPACE = GPT_SPACE
     STEPS, EVAL_EVERY, MIN_STEPS = a.steps, a.steps // 8, a.steps // 8
     if MODEL == "mlp" and not DIGITS.exists():
         sys.exit(f"{DIGITS} is missing (../shared/data)")
+    # (key, label, runs it) in the order printed
+    kinds = [("asha", "weft TPE + ASHA"), ("none", "weft TPE, no pruning"),
+             ("mv", "weft multivariate TPE + ASHA"), ("optuna", "Optuna TPE + SuccessiveHalving")]
+    kinds = [(k, label) for k, label in kinds if k in variants]
     rows = []
     for seed in range(a.seeds):
         work = Path(tempfile.mkdtemp(prefix="weft-sweep-bench-"))
+        got = {}
         try:
             base = base_config(work)
-            w = weft_sweep(a.weft, work, base, seed, a.trials, "asha") if "asha" in variants else skipped
-            n = weft_sweep(a.weft, work, base, seed, a.trials, "none") if "none" in variants else skipped
-            m = (weft_sweep(a.weft, work, base, seed, a.trials, "asha", multivariate=True)
-                 if "mv" in variants else skipped)
-            o = optuna_sweep(a.weft, work, base, seed, a.trials) if "optuna" in variants else skipped
+            for k, _ in kinds:
+                if k == "optuna":
+                    got[k] = optuna_sweep(a.weft, work, base, seed, a.trials)
+                else:
+                    got[k] = weft_sweep(a.weft, work, base, seed, a.trials, "none" if k == "none" else "asha",
+                                        multivariate=(k == "mv"))
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        rows.append((seed, w, n, o, m))
-        print(f"seed {seed}: weft asha best {w[0]:.4f} in {w[1]:.1f} s ({w[2]} pruned) | "
-              f"weft no pruning {n[0]:.4f} in {n[1]:.1f} s | optuna sha {o[0]:.4f} in {o[1]:.1f} s ({o[2]} pruned) | "
-              f"weft multivariate asha {m[0]:.4f} in {m[1]:.1f} s ({m[2]} pruned)",
-              flush=True)
-    med = lambda i, j: statistics.median(r[i][j] for r in rows)  # noqa: E731
-    print(f"\n{MODEL}{'' if GAMMA is None else f', weft gamma {GAMMA}'}: {a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
+        rows.append(got)
+        print(f"seed {seed}: " + " | ".join(f"{label} {got[k][0]:.4f} in {got[k][1]:.1f} s ({got[k][2]} pruned)"
+                                             for k, label in kinds), flush=True)
+    gamma = "" if GAMMA is None else f", weft gamma {GAMMA}"
+    print(f"\n{MODEL}{gamma}: {a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
     print("| | best val_loss | sweep wall s | trials pruned |")
     print("|---|---:|---:|---:|")
-    print(f"| weft TPE + ASHA | {med(1, 0):.4f} | {med(1, 1):.1f} | {med(1, 2):.0f} |")
-    print(f"| weft TPE, no pruning | {med(2, 0):.4f} | {med(2, 1):.1f} | 0 |")
-    print(f"| weft multivariate TPE + ASHA | {med(4, 0):.4f} | {med(4, 1):.1f} | {med(4, 2):.0f} |")
-    print(f"| Optuna TPE + SuccessiveHalving | {med(3, 0):.4f} | {med(3, 1):.1f} | {med(3, 2):.0f} |")
-    wins = lambda i: sum(r[i][0] <= r[3][0] for r in rows)  # noqa: E731
-    print(f"\nseeds where weft's best is at least as good as Optuna's: TPE + ASHA {wins(1)}/{len(rows)}, "
-          f"no pruning {wins(2)}/{len(rows)}, multivariate + ASHA {wins(4)}/{len(rows)}")
+    for k, label in kinds:
+        med = [statistics.median(r[k][j] for r in rows) for j in range(3)]
+        print(f"| {label} | {med[0]:.4f} | {med[1]:.1f} | {med[2]:.0f} |")
+    if "optuna" in variants:
+        wins = [f"{label} {sum(r[k][0] <= r['optuna'][0] for r in rows)}/{len(rows)}"
+                for k, label in kinds if k != "optuna"]
+        print("\nseeds where weft's best is at least as good as Optuna's: " + ", ".join(wins))
 
 
 if __name__ == "__main__":

@@ -65,25 +65,15 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
 async fn models(
     registry: std::sync::Arc<std::sync::Mutex<weft_tune::registry::ModelRegistry>>,
 ) -> axum::response::Response {
-    use axum::http::StatusCode;
-    use axum::response::IntoResponse;
     let listed = tokio::task::spawn_blocking(move || {
         let registry = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         registry.list().map_err(|e| e.to_string())
     })
     .await
     .unwrap_or_else(|e| Err(e.to_string()));
-    let (code, body) = match listed {
-        Ok(versions) => (
-            StatusCode::OK,
-            serde_json::Value::Array(versions.iter().map(crate::models::version_json).collect()),
-        ),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({ "error": e })),
-    };
-    (
-        code,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
+    weft_track::ui::json_reply(
+        listed
+            .map(|versions| serde_json::Value::Array(versions.iter().map(crate::models::version_json).collect()))
+            .map_err(|e| (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e)),
     )
-        .into_response()
 }

@@ -124,10 +124,16 @@ impl Store {
         &self.path
     }
 
+    /// The time (seconds since the Unix epoch) before which a `running` run's heartbeat means
+    /// its process died: now less `stale_after`.
+    pub(crate) fn stale_before(&self) -> f64 {
+        crate::now() - self.options.stale_after.as_secs_f64()
+    }
+
     /// Marks every `running` run whose heartbeat is older than `stale_after` as `killed`, its
     /// end time its last heartbeat; how many.
     pub fn mark_stale(&self) -> Result<usize> {
-        let cutoff = crate::now() - self.options.stale_after.as_secs_f64();
+        let cutoff = self.stale_before();
         self.conn
             .execute(
                 "UPDATE runs SET status = 'killed', end_time = heartbeat,

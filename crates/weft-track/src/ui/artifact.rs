@@ -7,7 +7,7 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::{reply, run_id, Failure, Shared};
+use super::{on_store, reply, run_id, Failure, Shared};
 
 /// The kinds served, with their content types.
 const KINDS: [(&str, &str); 3] = [
@@ -42,20 +42,18 @@ async fn read(store: Shared, id: String, kind: String) -> Result<(Vec<u8>, &'sta
         ));
     };
     let id = run_id(&id)?;
+    let detail = on_store(&store, move |s| Ok(s.run_detail(id)?)).await?;
+    let path = detail
+        .artifacts
+        .iter()
+        .rev()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, p)| std::path::PathBuf::from(p))
+        .ok_or_else(|| Failure(StatusCode::NOT_FOUND, format!("run {id} has no {kind} artifact")))?;
+    // the file is read off the store's lock, on the blocking pool
     let kind_ = kind.clone();
     let (bytes, path) = tokio::task::spawn_blocking(move || {
-        let detail = {
-            let store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            store.run_detail(id).map_err(Failure::from)?
-        };
         let kind = kind_;
-        let path = detail
-            .artifacts
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, p)| std::path::PathBuf::from(p))
-            .ok_or_else(|| Failure(StatusCode::NOT_FOUND, format!("run {id} has no {kind} artifact")))?;
         let gone = |e: std::io::Error| {
             Failure(
                 StatusCode::NOT_FOUND,
@@ -83,7 +81,7 @@ async fn read(store: Shared, id: String, kind: String) -> Result<(Vec<u8>, &'sta
         Ok((bytes, path))
     })
     .await
-    .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    .unwrap_or_else(|e| Err(Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().replace(['"', '\\'], "_"))

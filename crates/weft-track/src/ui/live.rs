@@ -30,7 +30,7 @@ use futures_util::stream::{self, StreamExt};
 use rusqlite::params;
 use serde_json::{json, Value};
 
-use super::{query_pairs, reply, run_id, Failure, Shared};
+use super::{on_store, query_pairs, reply, run_id, Failure, Shared};
 use crate::error::SqlContext;
 use crate::{Result, Store};
 
@@ -91,7 +91,7 @@ impl Store {
         };
         let status: String = row.get(0).at(&self.path)?;
         let heartbeat: f64 = row.get(1).at(&self.path)?;
-        let stale = crate::now() - heartbeat > self.options.stale_after.as_secs_f64();
+        let stale = heartbeat < self.stale_before();
         Ok(Some(if status == "running" && stale {
             "killed".into()
         } else {
@@ -173,26 +173,6 @@ fn start_cursor(query: Option<&str>, headers: &HeaderMap) -> std::result::Result
     }
 }
 
-/// Runs `f` on the store on a blocking thread.
-async fn on_store<T: Send + 'static>(
-    store: &Shared,
-    f: impl FnOnce(&Store) -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let store = store.clone();
-    match tokio::task::spawn_blocking(move || {
-        let store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        f(&store)
-    })
-    .await
-    {
-        Ok(r) => r,
-        Err(e) => Err(crate::Error::Io {
-            path: "dashboard".into(),
-            source: std::io::Error::other(e.to_string()),
-        }),
-    }
-}
-
 /// A stream's state between looks.
 struct Tail {
     store: Shared,
@@ -219,7 +199,7 @@ pub(super) async fn events(
             return reply(Err(Failure(StatusCode::NOT_FOUND, format!("no run with id {id}"))));
         }
         Ok((true, newest)) => given.unwrap_or(newest),
-        Err(e) => return reply(Err(e.into())),
+        Err(e) => return reply(Err(e)),
     };
     let tail = Tail {
         store,
@@ -238,7 +218,7 @@ pub(super) async fn events(
         t.first = false;
         let (id, cursor) = (t.id, t.cursor);
         let mut out = Vec::new();
-        match on_store(&t.store, move |s| look(s, id, cursor)).await {
+        match on_store(&t.store, move |s| Ok(look(s, id, cursor)?)).await {
             Ok(look) => {
                 t.cursor = look.cursor;
                 if look.reset {
@@ -261,12 +241,8 @@ pub(super) async fn events(
                     t.done = true;
                 }
             }
-            Err(e) => {
-                out.push(
-                    Event::default()
-                        .event("error")
-                        .data(json!({ "error": e.to_string() }).to_string()),
-                );
+            Err(Failure(_, e)) => {
+                out.push(Event::default().event("error").data(json!({ "error": e }).to_string()));
                 t.done = true;
             }
         }

@@ -107,21 +107,36 @@ impl From<Error> for Failure {
 }
 
 fn reply(result: Result<Value, Failure>) -> Response {
+    json_reply(result.map_err(|Failure(code, message)| (code, message)))
+}
+
+/// The API's answer: `200` and the JSON value, or the status and `{"error": message}` (for
+/// routes the caller's `wrap` adds, as `weft ui`'s `/api/models`).
+pub fn json_reply(result: Result<Value, (StatusCode, String)>) -> Response {
     let (code, body) = match result {
         Ok(v) => (StatusCode::OK, v),
-        Err(Failure(code, message)) => (code, json!({ "error": message })),
+        Err((code, message)) => (code, json!({ "error": message })),
     };
     (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-/// Runs `f` on the store on a blocking thread.
-async fn with_store(store: Shared, f: impl FnOnce(&Store) -> Result<Value, Failure> + Send + 'static) -> Response {
-    let done = tokio::task::spawn_blocking(move || {
+/// Runs `f` on the store (taking its lock) on tokio's blocking pool.
+async fn on_store<T: Send + 'static>(
+    store: &Shared,
+    f: impl FnOnce(&Store) -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || {
         let store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&store)
     })
-    .await;
-    reply(done.unwrap_or_else(|e| Err(Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))))
+    .await
+    .unwrap_or_else(|e| Err(Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())))
+}
+
+/// Runs `f` on the store and answers with its JSON.
+async fn with_store(store: Shared, f: impl FnOnce(&Store) -> Result<Value, Failure> + Send + 'static) -> Response {
+    reply(on_store(&store, f).await)
 }
 
 async fn experiments(State(store): State<Shared>) -> Response {

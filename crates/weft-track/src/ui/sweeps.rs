@@ -12,7 +12,8 @@ use crate::error::SqlContext;
 use crate::sweep_tags::{TAG_GOAL, TAG_METRIC, TAG_SWEEP, TAG_TRIAL};
 
 /// The runs that count for their sweeps: a trial run again (a resumed sweep) counts by its
-/// latest run, as `weft sweep status` counts it. `?1` is the sweep tag's name, `?4` the trial's.
+/// latest run, as `weft sweep status` counts it. `?1` is the sweep tag's name, `?4` the trial's
+/// (the queries that use it number their other parameters around these).
 const LATEST: &str = "WITH latest AS (
     SELECT max(r.id) AS id FROM tags t JOIN runs r ON r.id = t.run_id
     LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?4
@@ -104,23 +105,21 @@ impl Store {
         maximize: bool,
     ) -> Result<Option<(i64, String, f64)>> {
         let order = if maximize { "DESC" } else { "ASC" };
+        // the parameters' numbers are LATEST's (?1 the sweep tag, ?4 the trial tag)
         let sql = format!(
-            "WITH latest AS (
-                SELECT max(r.id) AS id FROM tags t JOIN runs r ON r.id = t.run_id
-                LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?5
-                WHERE t.key = ?4 GROUP BY r.experiment_id, t.value, COALESCE(n.value, 'run ' || r.id))
+            "{LATEST}
              SELECT r.id, r.name, s.last FROM tags t JOIN runs r ON r.id = t.run_id
              JOIN experiments e ON e.id = r.experiment_id
              JOIN metric_summary s ON s.run_id = r.id AND s.key = ?3
-             LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?5
-             WHERE t.key = ?4 AND t.value = ?2 AND e.name = ?1 AND r.status = 'finished' AND s.last = s.last
+             LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?4
+             WHERE t.key = ?1 AND t.value = ?2 AND e.name = ?5 AND r.status = 'finished' AND s.last = s.last
                AND r.id IN (SELECT id FROM latest)
              ORDER BY s.last {order}, CAST(n.value AS INTEGER), r.id LIMIT 1"
         );
         let p = &self.path;
         let mut stmt = self.conn.prepare(&sql).at(p)?;
         let mut rows = stmt
-            .query(params![experiment, name, metric, TAG_SWEEP, TAG_TRIAL])
+            .query(params![TAG_SWEEP, name, metric, TAG_TRIAL, experiment])
             .at(p)?;
         match rows.next().at(p)? {
             Some(r) => Ok(Some((r.get(0).at(p)?, r.get(1).at(p)?, r.get(2).at(p)?))),
