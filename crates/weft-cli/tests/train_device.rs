@@ -55,12 +55,16 @@ fn bf16_autocast_trains_close_to_f32() {
     assert_eq!(bf16.len(), f32.len());
     for (i, (b, f)) in bf16.iter().zip(&f32).enumerate() {
         assert!((b - f).abs() <= 2e-2 * f.abs(), "step {}: bf16 {b} vs f32 {f}", i + 1);
-        assert!(
-            b != f,
-            "step {}: bf16 gave exactly the f32 loss {f}: was autocast on?",
-            i + 1
-        );
     }
+    // autocast off would give every step's f32 loss exactly; on, a step's mean loss can still
+    // round to the f32 one now and then (the built-in corpus holds this repository's README and
+    // docs/architecture.md, so which step does changes with them)
+    let same = bf16.iter().zip(&f32).filter(|(b, f)| b == f).count();
+    assert!(
+        same <= 1,
+        "{same} of {} steps gave exactly the f32 loss: was autocast on?\nbf16 {bf16:?}\nf32 {f32:?}",
+        f32.len()
+    );
 }
 
 #[test]
