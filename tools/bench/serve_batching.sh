@@ -4,12 +4,13 @@
 # (examples/digits_convnet.toml: 1x8x8 images, channels 16 and 32), loopback only, bounded in
 # time (two runs of SECONDS + 1 s each).
 #
-#   [MODEL=mlp|convnet] tools/bench/serve_batching.sh [PROFILE] [CLIENTS] [SECONDS] [BATCH] [DELAY_MS] [ROWS]
+#   [MODEL=mlp|convnet] [SETS="model.channels=[64,128]"] tools/bench/serve_batching.sh [PROFILE] [CLIENTS] [SECONDS] [BATCH] [DELAY_MS] [ROWS]
 #
 # PROFILE is the cargo profile the binaries are built with (release by default; debug works),
 # CLIENTS the concurrent clients (16), SECONDS each run's measured seconds (10), BATCH and
 # DELAY_MS the batching run's --max-batch-size (16) and --max-batch-delay-ms (2), ROWS the rows
-# per request (1). Builds `weft` and the load generator (crates/weft-cli/examples/serve_load.rs),
+# per request (1). SETS: further `KEY=VALUE` overrides of the example's config, space-separated
+# (a wider model). Builds `weft` and the load generator (crates/weft-cli/examples/serve_load.rs),
 # trains the model for 50 steps into a temporary model store (weights do not change the cost of
 # a forward), then serves it with --max-batch-size 1 and with batching, and prints one JSON line
 # per run (requests, failures, requests/s, p50 and p99 latency in ms) and the mean batch size.
@@ -34,7 +35,9 @@ BIN=$ROOT/target/$PROFILE
 STORE=$(mktemp -d)
 trap 'kill $SERVER 2>/dev/null || true; rm -rf "$STORE"' EXIT
 SERVER=
-"$BIN/weft" train --config "examples/digits_$MODEL.toml" --quiet \
+EXTRA=()
+for kv in ${SETS:-}; do EXTRA+=(--set "$kv"); done
+"$BIN/weft" train --config "examples/digits_$MODEL.toml" --quiet "${EXTRA[@]}" \
     --set train.steps=50 --set train.eval_every=0 --set "train.checkpoint_dir=\"$STORE/digits\""
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STORE/token"

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Continuous batching in `weft serve`, measured over HTTP: many clients generating at once, and a
 short request sent while a long one runs, with `--max-sequences 1` (one sequence at a time, as a
-server without continuous batching runs them) against `--max-sequences 8`.
+server without continuous batching runs them) against `--max-sequences 8` (or the values of
+`--sequences`).
 
     cargo build --release -p weft-cli
     python3 tools/bench/serve_decode.py [--weft target/release/weft] [--clients 8] [--tokens 64]
+                                        [--sequences 1,8]
 
 The model is a gpt trained for two steps on the built-in corpus (n_layer 6, n_embd 512, 8 heads,
 block_size 256: big enough that a decode step is a few milliseconds); what it says does not
 matter, only how long it takes. Every request is greedy (`temperature 0`) with `max_tokens` fixed,
 so every run does the same work. Prints, per setting: the wall time for `--clients` concurrent
-requests of `--tokens` tokens each and the tokens per second that makes, and the latency of an
-8-token request sent 100 ms after a 240-token one (median of 3). Standard library only.
+requests of `--tokens` tokens each (streamed) and the tokens per second that makes, the median
+and the slowest client's time to its first token, and the latency of an 8-token request sent
+100 ms after a 240-token one (medians of 3 runs). Standard library only.
 """
 
 import argparse
@@ -48,6 +51,26 @@ def complete(port, tokens, prompt="ROMEO:"):
     return made
 
 
+def streamed(port, tokens, prompt="ROMEO:"):
+    """Seconds from sending to the first streamed text, for a streamed completion of `tokens`."""
+    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                       "stream": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t = time.perf_counter()
+    first = None
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            if first is None and json.loads(line[6:])["choices"][0]["text"]:
+                first = time.perf_counter() - t
+    if first is None:
+        raise SystemExit("a streamed completion sent no text")
+    return first
+
+
 def serve(weft, store, max_sequences):
     port, mport, xport = free_port(), free_port(), free_port()
     p = subprocess.Popen([weft, "serve", "--model-store", str(store), "--model", "m=ckpt", "--port", str(port),
@@ -67,12 +90,13 @@ def serve(weft, store, max_sequences):
 
 
 def concurrent(port, clients, tokens):
-    errors = []
+    """Wall seconds for `clients` streamed completions at once, and their times to first text."""
+    errors, firsts = [], []
 
     def one():
         try:
-            complete(port, tokens)
-        except Exception as e:  # noqa: BLE001 (reported below)
+            firsts.append(streamed(port, tokens))
+        except BaseException as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
     threads = [threading.Thread(target=one) for _ in range(clients)]
@@ -84,7 +108,7 @@ def concurrent(port, clients, tokens):
     wall = time.perf_counter() - t
     if errors:
         raise SystemExit(f"a request failed: {errors[0]}")
-    return wall
+    return wall, statistics.median(firsts), max(firsts)
 
 
 def short_behind_long(port):
@@ -103,6 +127,7 @@ def main():
     ap.add_argument("--weft", default=str(ROOT / "target/release/weft"))
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--sequences", default="1,8", help="the --max-sequences values to run, comma-separated")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="weft-serve-decode-"))
     store = work / "store"
@@ -111,22 +136,25 @@ def main():
                     "--set", "train.eval_every=0", "--set", "train.sample_tokens=0", "--set", "track.enabled=false",
                     "--set", f"train.checkpoint_dir={store / 'ckpt'}"], check=True, cwd=work)
     rows = []
-    for seqs in (1, 8):
+    for seqs in [int(v) for v in a.sequences.split(",")]:
         p, port = serve(a.weft, store, seqs)
         try:
             complete(port, 4)  # warm-up
-            walls = [concurrent(port, a.clients, a.tokens) for _ in range(3)]
+            runs = [concurrent(port, a.clients, a.tokens) for _ in range(3)]
             shorts = [short_behind_long(port) for _ in range(3)]
         finally:
             p.terminate()
             p.wait()
-        wall = statistics.median(walls)
-        rows.append((seqs, wall, a.clients * a.tokens / wall, statistics.median(shorts)))
-    print(f"{a.clients} clients x {a.tokens} tokens, greedy; medians of 3 ({os.cpu_count()} CPUs)")
-    print("| --max-sequences | wall s | tokens/s | 8-token request behind a 240-token one, s |")
-    print("|---:|---:|---:|---:|")
-    for seqs, wall, rate, short in rows:
-        print(f"| {seqs} | {wall:.2f} | {rate:.0f} | {short:.3f} |")
+        wall = statistics.median(r[0] for r in runs)
+        ttft = statistics.median(r[1] for r in runs)
+        slowest = statistics.median(r[2] for r in runs)
+        rows.append((seqs, wall, a.clients * a.tokens / wall, ttft, slowest, statistics.median(shorts)))
+    print(f"{a.clients} clients x {a.tokens} tokens, greedy, streamed; medians of 3 ({os.cpu_count()} CPUs)")
+    print("| --max-sequences | wall s | tokens/s | time to first token, median s | slowest client's, s "
+          "| 8-token request behind a 240-token one, s |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for seqs, wall, rate, ttft, slowest, short in rows:
+        print(f"| {seqs} | {wall:.2f} | {rate:.0f} | {ttft:.3f} | {slowest:.3f} | {short:.3f} |")
 
 
 if __name__ == "__main__":

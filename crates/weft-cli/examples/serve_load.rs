@@ -2,6 +2,8 @@
 //! connection, send KServe v2 infer requests of `--rows` rows of `--features` FP32 values (or
 //! of shape `--shape`, e.g. `1,8,8` for an image) to `--url` back to back for `--seconds` seconds (after one second of warm-up), then it prints
 //! one JSON line: requests, failures, requests per second and latency percentiles (ms).
+//! `--body nested` sends the rows as nested JSON arrays instead (the body of TorchServe-style
+//! `/predictions/NAME`, which `weft serve` and a TorchServe handler both take).
 //!
 //! ```sh
 //! cargo run --example serve_load -- --url http://127.0.0.1:8080/v2/models/digits/infer \
@@ -23,6 +25,8 @@ struct Load {
     rows: usize,
     /// The dimensions of one row.
     row_shape: Vec<usize>,
+    /// Send the rows as nested arrays (`/predictions`) rather than a KServe v2 tensor.
+    nested: bool,
 }
 
 fn parse_args() -> Result<Load, String> {
@@ -32,6 +36,7 @@ fn parse_args() -> Result<Load, String> {
         seconds: 10.0,
         rows: 1,
         row_shape: vec![64],
+        nested: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -48,6 +53,13 @@ fn parse_args() -> Result<Load, String> {
                     .split(',')
                     .map(|d| number(d).map(|d| d as usize))
                     .collect::<Result<_, _>>()?
+            }
+            "--body" => {
+                load.nested = match value.as_str() {
+                    "v2" => false,
+                    "nested" => true,
+                    _ => return Err(format!("--body: {value:?} is neither v2 nor nested")),
+                }
             }
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -70,7 +82,11 @@ fn client(load: &Load, index: usize, measure_from: Instant, end: Instant) -> (Ve
     let data: Vec<f32> = (0..shape.iter().product::<usize>())
         .map(|i| ((i * 31 + index * 7) % 17) as f32 / 17.0)
         .collect();
-    let body = json!({"inputs": [{"name": "input", "shape": shape, "datatype": "FP32", "data": data}]}).to_string();
+    let body = if load.nested {
+        nest(&data, &shape).to_string()
+    } else {
+        json!({"inputs": [{"name": "input", "shape": shape, "datatype": "FP32", "data": data}]}).to_string()
+    };
     let (mut latencies, mut failures) = (Vec::new(), 0);
     loop {
         let started = Instant::now();
@@ -94,6 +110,17 @@ fn client(load: &Load, index: usize, measure_from: Instant, end: Instant) -> (Ve
         }
     }
     (latencies, failures)
+}
+
+/// `data` (row-major, `shape`) as nested JSON arrays.
+fn nest(data: &[f32], shape: &[usize]) -> serde_json::Value {
+    match shape {
+        [] | [_] => json!(data),
+        [n, rest @ ..] => {
+            let step = data.len() / n.max(&1);
+            serde_json::Value::Array((0..*n).map(|i| nest(&data[i * step..(i + 1) * step], rest)).collect())
+        }
+    }
 }
 
 /// The `p`-th percentile (0 to 100) of sorted `xs`.

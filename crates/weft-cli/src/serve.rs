@@ -32,12 +32,19 @@ pub struct ServeArgs {
     /// The port of the inference API (0: any free port, printed at start).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// The port of the management API, on loopback, always behind the token (0: any free port).
+    /// The port of the management API, always behind the token (0: any free port).
     #[arg(long, default_value_t = 8081)]
     management_port: u16,
-    /// The port of the Prometheus metrics (`GET /metrics`), on loopback (0: any free port).
+    /// The address the management API listens on (loopback by default).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    management_host: String,
+    /// The port of the Prometheus metrics (`GET /metrics`, no token) (0: any free port).
     #[arg(long, default_value_t = 8082)]
     metrics_port: u16,
+    /// The address the metrics listen on (loopback by default; `0.0.0.0` in a pod lets
+    /// Prometheus scrape it).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    metrics_host: String,
     /// A file holding the bearer token (at least 16 printable characters) that requests send as
     /// `Authorization: Bearer TOKEN`. Without it, a token for the management API is generated
     /// at start and written to a new 0600 file whose path is printed.
@@ -187,8 +194,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         };
         let listeners = Listeners {
             inference: bind(&args.host, args.port, "listening").await?,
-            management: Some(bind("127.0.0.1", args.management_port, "management API").await?),
-            metrics: Some(bind("127.0.0.1", args.metrics_port, "metrics").await?),
+            management: Some(bind(&args.management_host, args.management_port, "management API").await?),
+            metrics: Some(bind(&args.metrics_host, args.metrics_port, "metrics").await?),
         };
         weft_serve::serve(listeners, state, weft_serve::shutdown_signal())
             .await

@@ -58,6 +58,13 @@ fn the_kubernetes_manifest_starts_a_server_whose_probes_answer() {
     assert!(args.iter().any(|a| a == "--inference-token"), "{args:?}");
     let port = flag(&args, "--port").to_string();
     assert_eq!(value(&block(&lines, "ports:"), "containerPort"), port);
+    // the metrics on the pod's address, on the port its annotations and containerPort name
+    assert_eq!(flag(&args, "--metrics-host"), "0.0.0.0");
+    let metrics_port = flag(&args, "--metrics-port").to_string();
+    assert_eq!(value(&block(&lines, "- name: metrics"), "containerPort"), metrics_port);
+    let annotations = block(&lines, "annotations:");
+    assert_eq!(value(&annotations, "prometheus.io/port"), metrics_port);
+    assert_eq!(value(&annotations, "prometheus.io/path"), "/metrics");
     let mut probes = Vec::new();
     for probe in ["readinessProbe:", "livenessProbe:", "startupProbe:"] {
         let get = block(&block(&lines, probe), "httpGet:");
@@ -80,13 +87,13 @@ fn the_kubernetes_manifest_starts_a_server_whose_probes_answer() {
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            // Server::start gives the store and the port
-            "--model-store" | "--port" => {
+            // Server::start gives the store and the ports
+            "--model-store" | "--port" | "--metrics-port" | "--management-port" => {
                 it.next();
             }
-            "--host" => {
+            "--host" | "--metrics-host" | "--management-host" => {
                 it.next();
-                local.extend(["--host".into(), "127.0.0.1".into()]);
+                local.extend([a.clone(), "127.0.0.1".into()]);
             }
             "--token-file" => {
                 it.next();
@@ -102,6 +109,9 @@ fn the_kubernetes_manifest_starts_a_server_whose_probes_answer() {
         assert_eq!(status, 200, "{path}: {answer}");
     }
     assert_eq!(s.get("/v2/health/ready").1["models"], 1);
+    let metrics = s.client.get(format!("{}/metrics", s.metrics)).send().unwrap();
+    assert_eq!(metrics.status(), 200);
+    assert!(metrics.text().unwrap().contains("weft_"), "the metrics page");
     // inference needs the token
     let body = json!({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 0.5]}]});
     let url = format!("{}/v2/models/{name}/infer", s.base);
