@@ -1,13 +1,10 @@
 //! The built-in run of `weft train` without `--config`: a character-level GPT on a small corpus
-//! compiled into the binary (this project's own documentation), so the main job needs no download
-//! and no data folder.
+//! compiled into the binary, so the main job needs no download and no data folder.
 
-/// Text of the built-in corpus.
-pub const CORPUS: &str = concat!(
-    include_str!("../../../README.md"),
-    "\n",
-    include_str!("../../../docs/architecture.md")
-);
+/// Text of the built-in corpus: `builtin_corpus.txt`, a fixed copy of this project's README and
+/// architecture notes as they once were. It is a file of its own, not the documents themselves,
+/// so that editing the documentation does not change the built-in run's batches and losses.
+pub const CORPUS: &str = include_str!("builtin_corpus.txt");
 
 /// The built-in run config (paths: `builtin` is [`CORPUS`]).
 pub const CONFIG: &str = r#"
