@@ -75,15 +75,16 @@ def base_config(work: Path) -> Path:
     return path
 
 
-def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str, multivariate=False):
-    name = f"w{seed}{pruner}{'mv' if multivariate else ''}"
+def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str, multivariate=False, gamma=None):
+    gamma = GAMMA if gamma is None else gamma
+    name = f"w{seed}{pruner}{'mv' if multivariate else ''}{'' if gamma is None else f'g{gamma}'}"
     params = "\n".join(
         f'"{k}" = {{ distribution = "{d}", min = {lo}, max = {hi} }}' for k, (d, lo, hi) in SPACE.items())
     prune = f'kind = "asha"\nmin_steps = {MIN_STEPS}\nreduction_factor = {ETA}' if pruner == "asha" else 'kind = "none"'
     sweep = work / f"{name}.toml"
     sweep.write_text(f'[sweep]\nbase = "{base}"\nname = "{name}"\nmetric = "val_loss"\ngoal = "minimize"\n'
                      f'method = "tpe"\nmultivariate = {str(multivariate).lower()}\ntrials = {trials}\nparallel = 1\nseed = {seed}\n'
-                     f'{"" if GAMMA is None else f"gamma = {GAMMA}"}\n\n'
+                     f'{"" if gamma is None else f"gamma = {gamma}"}\n\n'
                      f'[sweep.parameters]\n{params}\n\n[sweep.pruner]\n{prune}\n')
     env = dict(os.environ, WEFT_TRACK_DIR=str(work / "store"), WEFT_NUM_THREADS="2")
     t = time.perf_counter()
@@ -155,13 +156,15 @@ def main():
                     help="the digits mlp (../shared/data) or the tiny character gpt on the built-in corpus")
     ap.add_argument("--gamma", type=float, help="weft's TPE good-split quantile (default 0.25; Optuna's is 0.1)")
     ap.add_argument("--variants", default="asha,none,optuna,mv",
-                    help="which sweeps to run: asha, none (weft TPE without pruning), optuna, mv (multivariate + asha)")
+                    help="which sweeps to run: asha, none (weft TPE without pruning), optuna, mv (multivariate + asha), "
+                         "asha10 (weft TPE with gamma 0.1 + asha)")
     a = ap.parse_args()
     global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE, GAMMA
     GAMMA = a.gamma
     variants = set(a.variants.split(","))
-    if not variants <= {"asha", "none", "optuna", "mv"}:
-        sys.exit(f"--variants: unknown {sorted(variants - {'asha', 'none', 'optuna', 'mv'})}")
+    known = {"asha", "none", "optuna", "mv", "asha10"}
+    if not variants <= known:
+        sys.exit(f"--variants: unknown {sorted(variants - known)}")
     MODEL = a.model
     if MODEL == "gpt":
         SPACE = GPT_SPACE
@@ -169,7 +172,7 @@ def main():
     if MODEL == "mlp" and not DIGITS.exists():
         sys.exit(f"{DIGITS} is missing (../shared/data)")
     # (key, label, runs it) in the order printed
-    kinds = [("asha", "weft TPE + ASHA"), ("none", "weft TPE, no pruning"),
+    kinds = [("asha", "weft TPE + ASHA"), ("asha10", "weft TPE (gamma 0.1) + ASHA"), ("none", "weft TPE, no pruning"),
              ("mv", "weft multivariate TPE + ASHA"), ("optuna", "Optuna TPE + SuccessiveHalving")]
     kinds = [(k, label) for k, label in kinds if k in variants]
     rows = []
@@ -183,7 +186,7 @@ def main():
                     got[k] = optuna_sweep(a.weft, work, base, seed, a.trials)
                 else:
                     got[k] = weft_sweep(a.weft, work, base, seed, a.trials, "none" if k == "none" else "asha",
-                                        multivariate=(k == "mv"))
+                                        multivariate=(k == "mv"), gamma=0.1 if k == "asha10" else None)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         rows.append(got)
