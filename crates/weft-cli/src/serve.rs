@@ -136,23 +136,47 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         workers: args.workers,
     };
     let registry = Registry::default();
-    for raw in &args.models {
-        let spec: ModelSpec = raw.parse()?;
-        let served = weft_serve::registry::load(&model_store, &spec, load)?;
-        weft_core::errln!(
-            "weft serve: loaded model {} version {} ({}) from {}",
-            spec.name,
-            spec.version,
-            served.kind,
-            spec.path.display()
-        );
-        registry.add(served).map_err(|e| e.message)?;
+    let specs = args
+        .models
+        .iter()
+        .map(|raw| raw.parse::<ModelSpec>())
+        .collect::<Result<Vec<_>, _>>()?;
+    for spec in &specs {
+        // a path outside the store is a refused flag, not a model that failed to load
+        if let Err(e) = weft_serve::registry::resolve_in_store(&model_store, &spec.path) {
+            if e.contains("relative to the model store") || e.contains("outside the model store") {
+                return Err(e);
+            }
+        }
+    }
+    for spec in &specs {
+        match weft_serve::registry::load(&model_store, spec, load) {
+            Ok(served) => {
+                weft_core::errln!(
+                    "weft serve: loaded model {} version {} ({}) from {}",
+                    spec.name,
+                    spec.version,
+                    served.kind,
+                    spec.path.display()
+                );
+                registry.add(served).map_err(|e| e.message)?;
+            }
+            Err(e) => {
+                // the others are served; readiness says 503 until this one is registered
+                weft_core::errln!("weft serve: error: {e}; serving the other models, not ready until it is registered");
+                registry.record_failure(weft_serve::registry::LoadFailure {
+                    name: spec.name.clone(),
+                    version: spec.version.clone(),
+                    error: e,
+                });
+            }
+        }
     }
     let follower = match &args.registry {
         Some(dir) => Some(crate::serve_registry::Follower::start(dir, &registry, load)?),
         None => None,
     };
-    if registry.is_empty() {
+    if registry.is_empty() && registry.failures().is_empty() {
         weft_core::errln!("weft serve: no --model given; serving the health checks only");
     }
     let loopback = matches!(args.host.as_str(), "127.0.0.1" | "::1" | "localhost");

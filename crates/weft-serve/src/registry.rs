@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
 use axum::http::StatusCode;
@@ -79,6 +79,16 @@ impl Entry {
 #[derive(Debug, Default)]
 pub struct Registry {
     models: RwLock<BTreeMap<String, Entry>>,
+    /// Models asked for at start that failed to load, until that name and version is added.
+    failed: Mutex<Vec<LoadFailure>>,
+}
+
+/// A model asked for at start (`--model`) that could not be loaded, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadFailure {
+    pub name: String,
+    pub version: String,
+    pub error: String,
 }
 
 /// A description of one model name: its default version, split and versions.
@@ -119,8 +129,23 @@ impl Registry {
                 served.name, served.version
             )));
         }
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|f| f.name != served.name || f.version != served.version);
         entry.versions.insert(served.version.clone(), Arc::new(served));
         Ok(())
+    }
+
+    /// Records a model asked for at start that failed to load: the server is not ready
+    /// (`/v2/health/ready` answers 503 naming it) until that name and version is added.
+    pub fn record_failure(&self, failure: LoadFailure) {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).push(failure);
+    }
+
+    /// The models asked for at start that failed to load and are not served since.
+    pub fn failures(&self) -> Vec<LoadFailure> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn unknown_model(models: &BTreeMap<String, Entry>, name: &str) -> ApiError {

@@ -96,10 +96,20 @@ async fn live() -> Response {
 }
 
 async fn ready(State(state): State<AppState>) -> Response {
-    // models load before the server listens: once it answers, every model is ready
+    // models load before the server listens: once it answers, every model that loaded is
+    // ready; one asked for at start that failed keeps the server unready until it is registered
+    let models = state.registry.names().len();
+    let failed = state.registry.failures();
+    if failed.is_empty() {
+        return json_response(StatusCode::OK, &json!({ "ready": true, "models": models }));
+    }
+    let failed: Vec<serde_json::Value> = failed
+        .iter()
+        .map(|f| json!({ "model": f.name, "version": f.version, "error": f.error }))
+        .collect();
     json_response(
-        StatusCode::OK,
-        &json!({ "ready": true, "models": state.registry.names().len() }),
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({ "ready": false, "models": models, "failed": failed }),
     )
 }
 

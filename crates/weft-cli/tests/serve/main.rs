@@ -13,6 +13,7 @@ mod common;
 mod completions;
 mod k8s;
 mod manage;
+mod start_failures;
 mod stop;
 mod support;
 mod workers;
@@ -497,7 +498,8 @@ fn models_outside_the_store_and_bad_flags_are_refused_at_start() {
     let cases: [(&[&str], &str); 6] = [
         (&["serve", "--model-store", s, "--model", "m=../outside"], "relative to the model store"),
         (&["serve", "--model-store", s, "--model", "m=/etc"], "relative to the model store"),
-        (&["serve", "--model-store", s, "--model", "m=inside"], "model m version 1"),
+        // refused before any model loads, even after one that loads or fails
+        (&["serve", "--model-store", s, "--model", "m=inside", "--model", "n=../x"], "relative to the model store"),
         (&["serve", "--model-store", s, "--model", "m"], "NAME=PATH"),
         (&["serve", "--model-store", s, "--inference-token"], "--token-file"),
         (&["serve", "--model-store", s, "--max-tokens", "0"], "--max-tokens: 0"),

@@ -367,12 +367,7 @@ mod tests {
     #[test]
     fn the_split_takes_its_quantile_and_pruned_trials_rank_last() {
         assert_eq!(
-            (
-                n_good(1, 0.25),
-                n_good(4, 0.25),
-                n_good(5, 0.25),
-                n_good(1000, 0.25)
-            ),
+            (n_good(1, 0.25), n_good(4, 0.25), n_good(5, 0.25), n_good(1000, 0.25)),
             (1, 1, 2, 25)
         );
         // the default, Optuna's split: a tenth
