@@ -19,7 +19,11 @@ and the slowest client's time to its first token, and the latency of an 8-token 
 `--max-sequences 8`, the settings alternated run by run): 4 streamed requests of 96 tokens each
 with a short prompt, and 300 ms after they start a request whose prompt is 240 tokens long (8 new
 tokens); the longest gap between two consecutive tokens of the short streams, their median gap,
-and the long request's time to its first token (medians of 3 runs). Standard library only.
+and the long request's time to its first token (medians of 3 runs). With `--shared-prompt`: 8
+completions of 16 tokens of the 240-token prompt (temperature 1, seeds 1 to 8), as one request
+with `n: 8` (the prompt runs once) and as 8 requests with `n: 1` sent at once (each runs it, as
+`n` did before its prompt was shared): the wall time and the prompt tokens the server ran
+(`weft_prefill_tokens_total`), medians of 3. Standard library only.
 """
 
 import argparse
@@ -128,6 +132,58 @@ def long_prompt_joins(port, streams=4, tokens=96):
     return max(gaps), statistics.median(gaps), long_first
 
 
+def sampled(port, n, seed, tokens=16):
+    """A completion request of the long prompt with `n` choices (temperature 1, seed `seed`)."""
+    body = json.dumps({"model": "m", "prompt": LONG_PROMPT, "max_tokens": tokens, "temperature": 1,
+                       "seed": seed, "n": n}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.loads(r.read())
+    return [c["text"] for c in out["choices"]]
+
+
+def prefilled(xport):
+    with urllib.request.urlopen(f"http://127.0.0.1:{xport}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("weft_prefill_tokens_total{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise SystemExit("no weft_prefill_tokens_total in the metrics")
+
+
+def shared_prompt(port, xport):
+    """Wall seconds and prompt tokens run for 8 completions as one `n: 8` request and as 8
+    single requests at once, and how many of the 8 texts differ between the two."""
+    before = prefilled(xport)
+    t = time.perf_counter()
+    together = sampled(port, 8, 1)
+    wall_n = time.perf_counter() - t
+    ran_n = prefilled(xport) - before
+    texts, errors = [None] * 8, []
+
+    def one(i):
+        try:
+            texts[i] = sampled(port, 1, 1 + i)[0]
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    before = prefilled(xport)
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall_single = time.perf_counter() - t
+    ran_single = prefilled(xport) - before
+    if errors:
+        raise SystemExit(f"a request failed: {errors[0]}")
+    # a prompt of more than 64 rows beside others goes through the gemm crate, whose rounding
+    # depends on the rows around it: a draw at a near tie may differ, so this is counted, not fatal
+    differ = sum(a != b for a, b in zip(texts, together))
+    return wall_n, ran_n, wall_single, ran_single, differ
+
+
 def serve(weft, store, max_sequences, prefill_chunk=None):
     port, mport, xport = free_port(), free_port(), free_port()
     chunk = [] if prefill_chunk is None else ["--prefill-chunk", str(prefill_chunk)]
@@ -140,6 +196,7 @@ def serve(weft, store, max_sequences, prefill_chunk=None):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
+                    serve.metrics_port = xport
                     return p, port
         except OSError:
             time.sleep(0.1)
@@ -188,7 +245,9 @@ def main():
     ap.add_argument("--sequences", default="1,8", help="the --max-sequences values to run, comma-separated")
     ap.add_argument("--prefill-chunks", default="",
                     help="the --prefill-chunk values of the long-prompt case, comma-separated (none: skip it)")
-    ap.add_argument("--only-prefill", action="store_true", help="run only the long-prompt case")
+    ap.add_argument("--shared-prompt", action="store_true", help="run the n: 8 case too")
+    ap.add_argument("--only-prefill", action="store_true",
+                    help="skip the concurrent clients and the short request behind a long one")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="weft-serve-decode-"))
     store = work / "store"
@@ -222,6 +281,15 @@ def main():
             finally:
                 p.terminate()
                 p.wait()
+    shared = []
+    if a.shared_prompt:
+        p, port = serve(a.weft, store, 8)
+        try:
+            complete(port, 4)  # warm-up
+            shared = [shared_prompt(port, serve.metrics_port) for _ in range(3)]
+        finally:
+            p.terminate()
+            p.wait()
     if rows:
         print(f"{a.clients} clients x {a.tokens} tokens, greedy, streamed; medians of 3 ({os.cpu_count()} CPUs)")
         print("| --max-sequences | wall s | tokens/s | time to first token, median s | slowest client's, s "
@@ -239,6 +307,14 @@ def main():
             cols = [[r[k] for r in runs] for k in range(3)]
             cell = lambda v: f"{statistics.median(v):.3f} ({', '.join(f'{x:.3f}' for x in v)})"
             print(f"| {c} | {cell(cols[0])} | {cell(cols[1])} | {cell(cols[2])} |")
+    if shared:
+        med = lambda k: statistics.median(r[k] for r in shared)
+        print(f"8 completions x 16 tokens of a 240-token prompt, temperature 1; --max-sequences 8; medians of 3")
+        print("| asked as | wall s | prompt tokens run |")
+        print("|---|---:|---:|")
+        print(f"| one request, n: 8 | {med(0):.3f} ({', '.join(f'{r[0]:.3f}' for r in shared)}) | {med(1):.0f} |")
+        print(f"| 8 requests at once, n: 1 | {med(2):.3f} ({', '.join(f'{r[2]:.3f}' for r in shared)}) | {med(3):.0f} |")
+        print(f"choices that differ from the single request with their seed, per run: {[r[4] for r in shared]}")
 
 
 if __name__ == "__main__":
