@@ -20,7 +20,8 @@
 //! which can change a token drawn at a near tie. A chunked prompt is not bit for bit the whole
 //! prompt's forward: the chunks after the first attend through the cache with the masked product
 //! ([`weft_models`]' `kv_cache::attend`), not the fused causal kernel, whose row sums run in
-//! another order (docs/serving.md, "Chunked prefill").
+//! another order, and a prompt of more than 64 tokens runs whole through other products than
+//! its chunks do (docs/serving.md, "Chunked prefill").
 //!
 //! A step that panics fails the sequences it was running and the thread goes on; a step whose
 //! batched forward fails runs each sequence alone, so only the one that cannot run fails.
