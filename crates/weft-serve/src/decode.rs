@@ -855,34 +855,50 @@ mod tests {
     #[test]
     fn chunked_prompts_give_the_whole_prompts_logits_within_rounding() {
         let s = served_gpt(8);
-        let lm = s.lm.as_ref().unwrap().as_ref();
-        let ids: Vec<i64> = s
-            .tokenizer
-            .as_ref()
-            .unwrap()
+        let tok = s.tokenizer.as_ref().unwrap();
+        let llama = weft_models::llama::Llama::new(
+            weft_models::llama::LlamaConfig {
+                vocab_size: tok.vocab_size(),
+                block_size: 16,
+                n_layer: 2,
+                n_head: 4,
+                n_kv_head: 2,
+                n_embd: 16,
+                intermediate_size: 32,
+                rope_theta: weft_models::llama::LlamaConfig::DEFAULT_ROPE_THETA,
+                norm_eps: weft_models::llama::LlamaConfig::DEFAULT_NORM_EPS,
+                tie_embeddings: false,
+            },
+            5,
+        )
+        .unwrap();
+        let ids: Vec<i64> = tok
             .encode("to be, or not to b")
             .unwrap()
             .into_iter()
             .take(16)
             .map(i64::from)
             .collect();
-        let (mut bitwise, mut largest) = (0, 0.0f64);
-        for chunk in 1..ids.len() {
-            let (whole, chunked) = whole_and_chunked(lm, &ids, chunk);
-            let worst = whole
-                .iter()
-                .zip(&chunked)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            assert!(worst <= 1e-6, "chunk {chunk}: logits differ by {worst}");
-            bitwise += usize::from(worst == 0.0);
-            largest = largest.max(worst);
-            let argmax = |r: &[f64]| (0..r.len()).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap();
-            assert_eq!(argmax(&whole), argmax(&chunked), "chunk {chunk}");
+        let models: [(&str, &dyn LanguageModel); 2] = [("gpt", s.lm.as_ref().unwrap().as_ref()), ("llama", &llama)];
+        for (name, lm) in models {
+            let (mut bitwise, mut largest) = (0, 0.0f64);
+            for chunk in 1..ids.len() {
+                let (whole, chunked) = whole_and_chunked(lm, &ids, chunk);
+                let worst = whole
+                    .iter()
+                    .zip(&chunked)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(worst <= 1e-6, "{name}, chunk {chunk}: logits differ by {worst}");
+                bitwise += usize::from(worst == 0.0);
+                largest = largest.max(worst);
+                let argmax = |r: &[f64]| (0..r.len()).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap();
+                assert_eq!(argmax(&whole), argmax(&chunked), "{name}, chunk {chunk}");
+            }
+            eprintln!(
+                "{name}: {bitwise} of {} chunk sizes gave the same bits; the largest difference {largest:e}",
+                ids.len() - 1
+            );
         }
-        eprintln!(
-            "{bitwise} of {} chunk sizes gave the same bits; the largest difference {largest:e}",
-            ids.len() - 1
-        );
     }
 }
