@@ -1,8 +1,8 @@
 //! OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), in the shapes the `openai`
 //! Python client reads; `"stream": true` sends `data: {chunk}` server-sent events ending with
 //! `data: [DONE]`. `n` completions of one prompt run as `n` sequences of the decode loop (seeds
-//! [`choice_seed`]) that share the prompt's forward, `logprobs` and `echo` follow the legacy completions API
-//! ([`crate::logprobs`]).
+//! [`choice_seed`]) that share the prompt's forward; `logprobs` and `echo` follow the legacy
+//! completions API ([`crate::logprobs`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
