@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// step (continuous batching; 1: one at a time; the management API takes `max_sequences`).
     #[arg(long, value_name = "N", default_value_t = LoadOptions::default().max_sequences)]
     max_sequences: usize,
+    /// The most prompt tokens one sequence runs per decode step: a longer prompt runs in chunks
+    /// of N while the other sequences go on decoding (0: whole, in one step; the management API
+    /// takes `prefill_chunk`).
+    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().prefill_chunk)]
+    prefill_chunk: usize,
     /// Workers of each `--model` given here: how many of its jobs (forwards, batches, decode
     /// steps) run at once, 1 to 64 (the management API takes `workers` per model and scales it).
     #[arg(long, value_name = "N", default_value_t = LoadOptions::default().workers)]
@@ -133,6 +138,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         max_batch_size: args.max_batch_size.max(1),
         max_batch_delay: Duration::from_millis(args.max_batch_delay_ms),
         max_sequences: args.max_sequences.max(1),
+        prefill_chunk: args.prefill_chunk,
         workers: args.workers,
     };
     let registry = Registry::default();

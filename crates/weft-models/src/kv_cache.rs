@@ -50,6 +50,35 @@ impl KvCache {
         self.len = 0;
     }
 
+    /// A copy of this cache that shares no buffer with it (a clone shares them: both would
+    /// write the same positions): the same positions, keys and values, for a sequence that goes
+    /// on from the same tokens (several completions of one prompt, which runs once).
+    pub fn fork(&self) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|slot| {
+                slot.as_ref()
+                    .map(|(k, v)| -> Result<(Tensor, Tensor)> {
+                        let copy = |z: &Tensor| -> Result<Tensor> {
+                            let fresh = Tensor::zeros_on(z.shape(), z.dtype(), z.device())?;
+                            if self.len > 0 {
+                                fresh.narrow(1, 0, self.len)?.copy_from(&z.narrow(1, 0, self.len)?)?;
+                            }
+                            Ok(fresh)
+                        };
+                        Ok((copy(k)?, copy(v)?))
+                    })
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            len: self.len,
+            max_len: self.max_len,
+        })
+    }
+
     /// Bytes the buffers hold (allocated capacity, not only the used positions).
     pub fn bytes(&self) -> usize {
         self.layers

@@ -6,15 +6,27 @@
 //! `max_sequences` run together; the rest wait in the thread's queue (holding their queue
 //! places, so the model's `queue` still bounds what is admitted).
 //!
+//! A prompt longer than the model's `prefill_chunk` ([`crate::model::LoadOptions`]) runs a chunk
+//! of that many tokens per step while the other sequences go on decoding a token each, so that
+//! it does not stall them for the whole prompt's forward; the sequence draws its first token after
+//! its last chunk. The `n` completions of one prompt (OpenAI's `n`) run the prompt once: after
+//! its last chunk its cache is copied into each completion ([`KvCache::fork`]), and each draws its
+//! first token from the same logits with its own random stream.
+//!
 //! Each sequence keeps its own random stream (one draw per token when sampling) and key/value
 //! cache, so it draws the tokens it would draw alone, as `weft generate` does: checked on the
 //! CPU, whose products give each row the same sums whatever rows run beside it. A backend whose
 //! products change their summation order with the number of rows may move a logit by rounding,
-//! which can change a token drawn at a near tie.
+//! which can change a token drawn at a near tie. A chunked prompt is not bit for bit the whole
+//! prompt's forward: the chunks after the first attend through the cache with the masked product
+//! ([`weft_models`]' `kv_cache::attend`), not the fused causal kernel, whose row sums run in
+//! another order, and a prompt of more than 64 tokens runs whole through other products than
+//! its chunks do (docs/serving.md, "Chunked prefill").
 //!
 //! A step that panics fails the sequences it was running and the thread goes on; a step whose
 //! batched forward fails runs each sequence alone, so only the one that cannot run fails.
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -44,6 +56,9 @@ pub(crate) struct DecodeJob {
     /// Given back when the sequence ends, just before its last piece is sent (so a client
     /// that has its answer sees the place free): the version is not drained before.
     permit: Option<OwnedSemaphorePermit>,
+    /// The further completions of the same prompt (their own parameters, seed, channel and
+    /// queue place; their `ids` unused): the prompt runs once, for all of them.
+    siblings: Vec<DecodeJob>,
 }
 
 impl DecodeJob {
@@ -65,17 +80,43 @@ pub(crate) fn submit(
     stop: Vec<String>,
     arrived: Instant,
 ) -> UnboundedReceiver<Piece> {
-    let Admitted { served, permit, at } = admitted;
-    let (out, pieces) = unbounded_channel();
-    let job = DecodeJob {
-        ids,
-        params,
-        stop,
-        arrived,
-        admitted_at: at,
-        out,
-        permit: Some(permit),
+    let mut one = submit_group(vec![(admitted, params)], ids, stop, arrived);
+    one.pop().expect("one completion asked for")
+}
+
+/// Queues several completions of one prompt ([`submit`]), each with its queue place (all of one
+/// model version) and its parameters (their seeds differ): the prompt runs once, and each
+/// completion then draws what a request for it alone draws. One channel per completion, in order.
+pub(crate) fn submit_group(
+    asks: Vec<(Admitted, GenerateParams)>,
+    ids: Vec<i64>,
+    stop: Vec<String>,
+    arrived: Instant,
+) -> Vec<UnboundedReceiver<Piece>> {
+    let mut receivers = Vec::with_capacity(asks.len());
+    let mut jobs = Vec::with_capacity(asks.len());
+    let mut version = None;
+    for (admitted, params) in asks {
+        let Admitted { served, permit, at } = admitted;
+        let (out, pieces) = unbounded_channel();
+        receivers.push(pieces);
+        jobs.push(DecodeJob {
+            ids: if jobs.is_empty() { ids.clone() } else { Vec::new() },
+            params,
+            stop: stop.clone(),
+            arrived,
+            admitted_at: at,
+            out,
+            permit: Some(permit),
+            siblings: Vec::new(),
+        });
+        version.get_or_insert(served);
+    }
+    let (Some(served), false) = (version, jobs.is_empty()) else {
+        return receivers;
     };
+    let mut job = jobs.remove(0);
+    job.siblings = jobs;
     let queue = served.decoder.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         let weak = Arc::downgrade(&served);
@@ -93,12 +134,16 @@ pub(crate) fn submit(
         tx
     });
     if let Err(std::sync::mpsc::SendError(mut job)) = queue.send(job) {
-        job.end(Piece::Failed(ApiError::internal(format!(
+        let e = ApiError::internal(format!(
             "model {} version {}: its decode thread is not running",
             served.name, served.version
-        ))));
+        ));
+        for mut sibling in std::mem::take(&mut job.siblings) {
+            sibling.end(Piece::Failed(e.clone()));
+        }
+        job.end(Piece::Failed(e));
     }
-    pieces
+    receivers
 }
 
 /// One sequence of the running batch.
@@ -109,8 +154,15 @@ struct Sequence {
     prompt_tokens: usize,
     cache: KvCache,
     rng: Generator,
+    /// Ids of the (cropped) context still to run before the next token is drawn: the prompt,
+    /// or the context again once it slides past the cache, a chunk per step.
+    prefill: Vec<i64>,
     /// The ids to run at the next step.
     feed: Vec<i64>,
+    /// Whether its first step has run (its time in the queue is counted then).
+    started: bool,
+    /// The further completions of its prompt, forked from it once the prompt has run.
+    siblings: Vec<DecodeJob>,
     /// Turns each new token into new text.
     detok: Detokenizer,
     /// Ends the text at a stop sequence, holding back what could start one.
@@ -125,13 +177,16 @@ struct Sequence {
 }
 
 impl Sequence {
-    fn new(job: DecodeJob, lm: &dyn LanguageModel) -> Sequence {
+    fn new(mut job: DecodeJob, lm: &dyn LanguageModel) -> Sequence {
         Sequence {
             tokens: job.ids.clone(),
             prompt_tokens: job.ids.len(),
             cache: lm.new_cache(),
             rng: Generator::new(job.params.seed),
+            prefill: Vec::new(),
             feed: Vec::new(),
+            started: false,
+            siblings: std::mem::take(&mut job.siblings),
             detok: Detokenizer::new(job.ids.len()),
             stops: StopText::new(job.stop.clone()),
             sent: String::new(),
@@ -142,20 +197,62 @@ impl Sequence {
         }
     }
 
-    /// Sets the ids of the next step: the whole (cropped) context at first and whenever it no
-    /// longer fits in the cache (positions move, as for `weft generate`), else the newest token.
-    fn next_feed(&mut self, block: usize) {
-        if self.cache.is_empty() || self.cache.room() == 0 {
-            self.cache.clear();
-            self.feed = self.tokens[self.tokens.len().saturating_sub(block)..].to_vec();
-        } else {
-            self.feed = vec![self.tokens[self.tokens.len() - 1]];
+    /// Completion `job` of the same prompt, going on from this sequence once its prompt has
+    /// run (before it draws its first token): the same tokens, `cache` (a copy of its cache),
+    /// its own random stream.
+    fn fork(&self, job: DecodeJob, cache: KvCache) -> Sequence {
+        Sequence {
+            tokens: self.tokens.clone(),
+            prompt_tokens: self.prompt_tokens,
+            cache,
+            rng: Generator::new(job.params.seed),
+            prefill: Vec::new(),
+            feed: Vec::new(),
+            started: true,
+            siblings: Vec::new(),
+            detok: Detokenizer::new(self.prompt_tokens),
+            stops: StopText::new(job.stop.clone()),
+            sent: String::new(),
+            logprobs: Vec::new(),
+            logprobs_sent: 0,
+            done: false,
+            job,
         }
     }
 
+    /// Sets the ids of the next step and returns how many of them are context (prompt) ids:
+    /// the whole (cropped) context at first and whenever it no longer fits in the cache
+    /// (positions move, as for `weft generate`), `chunk` of its ids per step when `chunk > 0`;
+    /// else the newest token.
+    fn next_feed(&mut self, block: usize, chunk: usize) -> usize {
+        if self.prefill.is_empty() && (self.cache.is_empty() || self.cache.room() == 0) {
+            self.cache.clear();
+            self.prefill = self.tokens[self.tokens.len().saturating_sub(block)..].to_vec();
+        }
+        if self.prefill.is_empty() {
+            self.feed = vec![self.tokens[self.tokens.len() - 1]];
+            return 0;
+        }
+        let take = match chunk {
+            0 => self.prefill.len(),
+            c => c.min(self.prefill.len()),
+        };
+        self.feed = self.prefill.drain(..take).collect();
+        take
+    }
+
+    /// Fails the sequence, and the completions of its prompt not yet forked from it.
     fn fail(&mut self, e: ApiError) {
+        for mut sibling in std::mem::take(&mut self.siblings) {
+            sibling.end(Piece::Failed(e.clone()));
+        }
         self.job.end(Piece::Failed(e));
         self.done = true;
+    }
+
+    /// Whether a client still reads it (or one of the completions to fork from it).
+    fn wanted(&self) -> bool {
+        !self.done && (!self.job.out.is_closed() || self.siblings.iter().any(|j| !j.out.is_closed()))
     }
 }
 
@@ -163,8 +260,11 @@ impl Sequence {
 /// sender goes with it) and nothing is running.
 fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
     let mut running: Vec<Sequence> = Vec::new();
+    // completions forked from a prompt that found the running batch full: they hold their
+    // first token and wait for a place before anything new from the queue
+    let mut ready: VecDeque<Sequence> = VecDeque::new();
     loop {
-        let first = if running.is_empty() {
+        let first = if running.is_empty() && ready.is_empty() {
             match queue.recv() {
                 Ok(job) => Some(job),
                 Err(_) => return,
@@ -174,7 +274,7 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
         };
         let Some(s) = served.upgrade() else {
             let gone = |seq: &mut Sequence| seq.fail(ApiError::internal("the model version was unloaded"));
-            running.iter_mut().for_each(gone);
+            running.iter_mut().chain(ready.iter_mut()).for_each(gone);
             return;
         };
         let Some(lm) = s.lm.clone() else {
@@ -183,7 +283,12 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
         };
         running.extend(first.map(|job| Sequence::new(job, lm.as_ref())));
         let cap = s.options.max_sequences.max(1);
+        ready.retain(Sequence::wanted);
         while running.len() < cap {
+            if let Some(seq) = ready.pop_front() {
+                running.push(seq);
+                continue;
+            }
             match queue.try_recv() {
                 Ok(job) => running.push(Sequence::new(job, lm.as_ref())),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
@@ -191,57 +296,88 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
         }
         // a client that left costs no step; a request for no tokens is answered at once
         for seq in running.iter_mut().filter(|seq| seq.job.params.max_tokens == 0) {
-            seq.job.end(Piece::Done(Generated {
-                text: String::new(),
-                prompt_tokens: seq.prompt_tokens,
-                completion_tokens: 0,
-                finish: Finish::Length,
-                logprobs: Vec::new(),
-            }));
+            let nothing = || {
+                Piece::Done(Generated {
+                    text: String::new(),
+                    prompt_tokens: seq.prompt_tokens,
+                    completion_tokens: 0,
+                    finish: Finish::Length,
+                    logprobs: Vec::new(),
+                })
+            };
+            for mut sibling in std::mem::take(&mut seq.siblings) {
+                sibling.end(nothing());
+            }
+            seq.job.end(nothing());
             seq.done = true;
         }
-        running.retain(|seq| !seq.done && !seq.job.out.is_closed());
+        running.retain(Sequence::wanted);
         if running.is_empty() {
             continue;
         }
         // a panic fails the sequences of this step, not the thread: later requests still run
-        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            step(&s, lm.as_ref(), &mut running);
-        }));
-        if let Err(panic) = stepped {
-            let why = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("a panic");
-            let e = ApiError::internal(format!(
-                "model {} version {} failed while generating: {why}",
-                s.name, s.version
-            ));
-            running.iter_mut().for_each(|seq| seq.fail(e.clone()));
-        }
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(&s, lm.as_ref(), &mut running)));
+        let forked = match stepped {
+            Ok(forked) => forked,
+            Err(panic) => {
+                fail_all(&s, &mut running, panic.as_ref());
+                Vec::new()
+            }
+        };
         running.retain(|seq| !seq.done);
+        for seq in forked.into_iter().filter(|seq| !seq.done) {
+            if running.len() < cap {
+                running.push(seq);
+            } else {
+                ready.push_back(seq);
+            }
+        }
     }
 }
 
+/// Fails every sequence of a step that panicked with `panic`.
+fn fail_all(s: &Served, running: &mut [Sequence], panic: &(dyn std::any::Any + Send)) {
+    let why = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic");
+    let e = ApiError::internal(format!(
+        "model {} version {} failed while generating: {why}",
+        s.name, s.version
+    ));
+    running.iter_mut().for_each(|seq| seq.fail(e.clone()));
+}
+
 /// One decode step of every running sequence: one cached forward on the model's worker, one
-/// token drawn for each, its new text sent, and the finished ones answered.
-fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) {
+/// token drawn for each whose prompt has run whole, its new text sent, and the finished ones
+/// answered. Returns the completions forked from prompts that ran their last chunk.
+fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) -> Vec<Sequence> {
     let who = format!("model {} version {}", served.name, served.version);
     let Some(tok) = served.tokenizer.as_ref() else {
         let e = ApiError::internal(format!("{who} has no tokenizer"));
         running.iter_mut().for_each(|seq| seq.fail(e.clone()));
-        return;
+        return Vec::new();
     };
     let block = lm.block_size();
-    let starting: Vec<bool> = running.iter().map(|seq| seq.cache.is_empty()).collect();
+    let chunk = served.options.prefill_chunk;
+    let starting: Vec<bool> = running.iter().map(|seq| !seq.started).collect();
+    let mut prefilled = 0;
     for seq in running.iter_mut() {
-        seq.next_feed(block);
+        prefilled += seq.next_feed(block, chunk);
+        seq.started = true;
     }
+    served
+        .stats
+        .prefill_tokens
+        .fetch_add(prefilled as u64, std::sync::atomic::Ordering::Relaxed);
     let rows = {
         let _worker = served.workers.acquire();
         for (seq, _) in running.iter().zip(&starting).filter(|(_, &s)| s) {
             served.stats.queue.observe(seq.job.admitted_at.elapsed().as_secs_f64());
+            for sibling in &seq.siblings {
+                served.stats.queue.observe(sibling.admitted_at.elapsed().as_secs_f64());
+            }
         }
         let started = Instant::now();
         let rows = forward_rows(lm, running);
@@ -250,6 +386,7 @@ fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) {
         rows
     };
     let limit = tok.vocab_size();
+    let mut forked = Vec::new();
     for (seq, row) in running.iter_mut().zip(rows) {
         let row = match row {
             Ok(r) => r,
@@ -258,41 +395,74 @@ fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) {
                 continue;
             }
         };
+        if !seq.prefill.is_empty() {
+            // a chunk of its prompt: no token until the last one has run
+            continue;
+        }
         let row = &row[..limit.min(row.len())];
-        let sampling = &seq.job.params.sampling;
-        let u = if sampling.temperature > 0.0 {
-            let (seed, counter) = seq.rng.take(1);
-            weft_core::rng::uniform(seed, counter)
-        } else {
-            0.0
-        };
-        let made = seq.tokens.len() - seq.prompt_tokens;
-        let next = match sampling.choose(row, u) {
-            Ok(t) => t as i64,
-            Err(e) => {
-                seq.fail(ApiError::internal(format!(
-                    "{who}: new token {made}: {e} (do the model's weights hold NaN or infinity?)"
-                )));
+        for job in std::mem::take(&mut seq.siblings) {
+            if job.out.is_closed() {
                 continue;
             }
-        };
-        if let Some(k) = seq.job.params.logprobs {
-            seq.logprobs.push(crate::logprobs::from_row(row, next as usize, k));
+            match seq.cache.fork() {
+                Ok(cache) => {
+                    let mut sibling = seq.fork(job, cache);
+                    draw(served, tok, &who, &mut sibling, row);
+                    forked.push(sibling);
+                }
+                Err(e) => {
+                    // its cache does not fit in memory: that completion fails alone
+                    let mut job = job;
+                    job.end(Piece::Failed(ApiError::internal(format!("{who}: {e}"))));
+                }
+            }
         }
-        seq.tokens.push(next);
-        let made = made + 1;
+        if seq.job.out.is_closed() {
+            // its client left: only the completions forked from it go on
+            seq.done = true;
+        } else {
+            draw(served, tok, &who, seq, row);
+        }
+    }
+    forked
+}
+
+/// Draws `seq`'s next token from `row` (the logits of its last position, cut to the tokenizer's
+/// vocabulary) with its own random stream, and sends what it makes.
+fn draw(served: &Served, tok: &weft_data::Tokenizer, who: &str, seq: &mut Sequence, row: &[f64]) {
+    let sampling = &seq.job.params.sampling;
+    let u = if sampling.temperature > 0.0 {
+        let (seed, counter) = seq.rng.take(1);
+        weft_core::rng::uniform(seed, counter)
+    } else {
+        0.0
+    };
+    let made = seq.tokens.len() - seq.prompt_tokens;
+    let next = match sampling.choose(row, u) {
+        Ok(t) => t as i64,
+        Err(e) => {
+            seq.fail(ApiError::internal(format!(
+                "{who}: new token {made}: {e} (do the model's weights hold NaN or infinity?)"
+            )));
+            return;
+        }
+    };
+    if let Some(k) = seq.job.params.logprobs {
+        seq.logprobs.push(crate::logprobs::from_row(row, next as usize, k));
+    }
+    seq.tokens.push(next);
+    let made = made + 1;
+    served
+        .stats
+        .generated_tokens
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if made == 1 {
         served
             .stats
-            .generated_tokens
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if made == 1 {
-            served
-                .stats
-                .time_to_first_token
-                .observe(seq.job.arrived.elapsed().as_secs_f64());
-        }
-        emit(seq, tok, made, &who);
+            .time_to_first_token
+            .observe(seq.job.arrived.elapsed().as_secs_f64());
     }
+    emit(seq, tok, made, who);
 }
 
 /// Each running sequence's logits of its last new token, `[vocab]`: one cached forward of all of
@@ -377,8 +547,13 @@ mod tests {
     const CORPUS: &str = "to be, or not to be: that is the question";
 
     /// A tiny gpt (block_size 16) with a character tokenizer, decoding up to `max_sequences`
-    /// sequences together.
+    /// sequences together, prompts whole.
     fn served_gpt(max_sequences: usize) -> Arc<Served> {
+        served_gpt_chunked(max_sequences, 0)
+    }
+
+    /// [`served_gpt`] running prompts in chunks of `prefill_chunk` tokens (0: whole).
+    fn served_gpt_chunked(max_sequences: usize, prefill_chunk: usize) -> Arc<Served> {
         let tok = weft_data::TokenizerSpec::Char.load_with_corpus([CORPUS]).unwrap();
         let config = GptConfig {
             vocab_size: tok.vocab_size(),
@@ -405,6 +580,7 @@ mod tests {
             source: "g".into(),
             options: LoadOptions {
                 max_sequences,
+                prefill_chunk,
                 ..LoadOptions::default()
             },
             load_seconds: 0.0,
@@ -555,5 +731,174 @@ mod tests {
         // one token a character: the sequence ended with the stop's last token
         assert_eq!(cut.completion_tokens, full.text[..at].chars().count() + 2);
         assert_eq!(s.queue_depth(), 0);
+    }
+
+    /// The context tokens the decode steps ran.
+    fn prefilled(s: &Served) -> u64 {
+        s.stats.prefill_tokens.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn n_completions_run_their_prompt_once_and_draw_what_each_draws_alone() {
+        // 2 running at most: two of the four forked completions wait for a place
+        for max_sequences in [8, 2] {
+            let s = served_gpt(max_sequences);
+            // 6 + 6 tokens: the context does not slide past block_size
+            let (ids, p) = request(&s, "not to", 6, 0.9, 11);
+            let seeds = [11, 12, 13, 14];
+            let alone: Vec<Generated> = seeds
+                .iter()
+                .map(|&seed| answer(submit_one(&s, &ids, GenerateParams { seed, ..p })))
+                .collect();
+            assert_eq!(prefilled(&s), 4 * ids.len() as u64, "each alone runs its prompt");
+            assert!(alone.iter().any(|g| g.text != alone[0].text), "{alone:?}");
+            let (steps_alone, _) = s.stats.decode_batch.snapshot();
+            let asks = seeds
+                .iter()
+                .map(|&seed| (Admitted::new(&s).unwrap(), GenerateParams { seed, ..p }))
+                .collect();
+            let together: Vec<Generated> = submit_group(asks, ids.clone(), Vec::new(), Instant::now())
+                .into_iter()
+                .map(answer)
+                .collect();
+            assert_eq!(together, alone, "max_sequences {max_sequences}");
+            assert_eq!(
+                prefilled(&s),
+                5 * ids.len() as u64,
+                "the four completions ran their prompt once"
+            );
+            let (steps, sequences) = s.stats.decode_batch.snapshot();
+            // one step of the prompt, then 5 more tokens each, at most max_sequences a step
+            let rows = sequences as u64 - 4 * 6;
+            assert_eq!(rows, 1 + 4 * 5, "max_sequences {max_sequences}");
+            let want_steps = if max_sequences >= 4 { 6 } else { 1 + 10 };
+            assert_eq!(steps - steps_alone, want_steps, "max_sequences {max_sequences}");
+            assert_eq!(s.queue_depth(), 0, "every queue place was given back");
+        }
+    }
+
+    #[test]
+    fn completions_whose_clients_left_are_not_forked() {
+        let s = served_gpt(8);
+        let (ids, p) = request(&s, "to be", 4, 0.7, 3);
+        let asks = (0..3)
+            .map(|i| (Admitted::new(&s).unwrap(), GenerateParams { seed: 3 + i, ..p }))
+            .collect();
+        let worker = s.workers.acquire();
+        let mut rxs = submit_group(asks, ids.clone(), Vec::new(), Instant::now());
+        // the first (whose sequence runs the prompt) and the third leave before it runs
+        drop(rxs.remove(2));
+        drop(rxs.remove(0));
+        drop(worker);
+        let kept = answer(rxs.pop().unwrap());
+        let alone = answer(submit_one(&s, &ids, GenerateParams { seed: 4, ..p }));
+        assert_eq!(kept, alone);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while s.queue_depth() > 0 && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(s.queue_depth(), 0);
+        assert_eq!(s.stats.generated_tokens.load(std::sync::atomic::Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn a_chunked_prompt_lets_the_others_decode_and_draws_its_first_token_after_its_last_chunk() {
+        let long = "to be, or not"; // 13 tokens: chunks of 4, 4, 4 and 1
+        for chunk in [0, 4] {
+            let s = served_gpt_chunked(8, chunk);
+            let (short_ids, short) = request(&s, "o", 3, 0.0, 0);
+            let (long_ids, long_p) = request(&s, long, 1, 0.0, 0);
+            let worker = s.workers.acquire();
+            let short_rx = submit_one(&s, &short_ids, short);
+            let long_rx = submit_one(&s, &long_ids, long_p);
+            // both join by the second step (the worker was held while they were sent)
+            drop(worker);
+            assert_eq!(answer(short_rx).completion_tokens, 3);
+            let got = answer(long_rx);
+            let (steps, rows) = s.stats.decode_batch.snapshot();
+            assert_eq!(prefilled(&s), 14, "chunk {chunk}");
+            if chunk == 0 {
+                // the long prompt runs whole in one step and draws its token there
+                assert_eq!(rows, 3.0 + 1.0, "chunk {chunk}");
+            } else {
+                // its 4 chunks take 4 steps, the short one's 3 tokens running beside them
+                assert_eq!(rows, 3.0 + 4.0, "chunk {chunk}");
+                assert!((4..=5).contains(&steps), "chunk {chunk}: {steps} steps");
+            }
+            // greedy: the same tokens as the prompt whole (see the logits test below)
+            let want = answer(submit_one(&served_gpt(8), &long_ids, long_p));
+            assert_eq!(got, want, "chunk {chunk}");
+        }
+    }
+
+    /// The logits of a prompt's last position run whole and in chunks of `chunk` (each after
+    /// the cached ones).
+    fn whole_and_chunked(lm: &dyn LanguageModel, ids: &[i64], chunk: usize) -> (Vec<f64>, Vec<f64>) {
+        let run = |parts: Vec<&[i64]>| {
+            let mut cache = lm.new_cache();
+            let mut last = Vec::new();
+            for part in parts {
+                let l = weft_core::no_grad(|| {
+                    lm.forward_cached(&mut [CachedTokens {
+                        tokens: part,
+                        cache: &mut cache,
+                    }])
+                })
+                .unwrap();
+                last = l.to_vec_f64();
+            }
+            last
+        };
+        (run(vec![ids]), run(ids.chunks(chunk).collect()))
+    }
+
+    #[test]
+    fn chunked_prompts_give_the_whole_prompts_logits_within_rounding() {
+        let s = served_gpt(8);
+        let tok = s.tokenizer.as_ref().unwrap();
+        let llama = weft_models::llama::Llama::new(
+            weft_models::llama::LlamaConfig {
+                vocab_size: tok.vocab_size(),
+                block_size: 16,
+                n_layer: 2,
+                n_head: 4,
+                n_kv_head: 2,
+                n_embd: 16,
+                intermediate_size: 32,
+                rope_theta: weft_models::llama::LlamaConfig::DEFAULT_ROPE_THETA,
+                norm_eps: weft_models::llama::LlamaConfig::DEFAULT_NORM_EPS,
+                tie_embeddings: false,
+            },
+            5,
+        )
+        .unwrap();
+        let ids: Vec<i64> = tok
+            .encode("to be, or not to b")
+            .unwrap()
+            .into_iter()
+            .take(16)
+            .map(i64::from)
+            .collect();
+        let models: [(&str, &dyn LanguageModel); 2] = [("gpt", s.lm.as_ref().unwrap().as_ref()), ("llama", &llama)];
+        for (name, lm) in models {
+            let (mut bitwise, mut largest) = (0, 0.0f64);
+            for chunk in 1..ids.len() {
+                let (whole, chunked) = whole_and_chunked(lm, &ids, chunk);
+                let worst = whole
+                    .iter()
+                    .zip(&chunked)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(worst <= 1e-6, "{name}, chunk {chunk}: logits differ by {worst}");
+                bitwise += usize::from(worst == 0.0);
+                largest = largest.max(worst);
+                let argmax = |r: &[f64]| (0..r.len()).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap();
+                assert_eq!(argmax(&whole), argmax(&chunked), "{name}, chunk {chunk}");
+            }
+            eprintln!(
+                "{name}: {bitwise} of {} chunk sizes gave the same bits; the largest difference {largest:e}",
+                ids.len() - 1
+            );
+        }
     }
 }

@@ -210,6 +210,18 @@ pub fn start_stream(
     crate::decode::submit(admitted, ids, params, stop, arrived)
 }
 
+/// Starts several completions of one prompt ([`start_stream`]), each with its queue place (of
+/// one model version) and parameters: the prompt runs once for all of them, and each draws
+/// what a request for it alone would. One channel per completion, in order.
+pub fn start_streams(
+    asks: Vec<(Admitted, GenerateParams)>,
+    ids: Vec<i64>,
+    stop: Vec<String>,
+    arrived: Instant,
+) -> Vec<mpsc::UnboundedReceiver<Piece>> {
+    crate::decode::submit_group(asks, ids, stop, arrived)
+}
+
 /// Runs a whole generation ([`start_stream`]) and waits for it.
 pub async fn run(
     admitted: Admitted,
@@ -219,7 +231,11 @@ pub async fn run(
     arrived: Instant,
 ) -> Result<Generated, ApiError> {
     let who = format!("model {} version {}", admitted.served.name, admitted.served.version);
-    let mut pieces = start_stream(admitted, ids, params, stop, arrived);
+    finish(start_stream(admitted, ids, params, stop, arrived), &who).await
+}
+
+/// Waits for the end of a started generation of model `who` (its pieces' channel).
+pub async fn finish(mut pieces: mpsc::UnboundedReceiver<Piece>, who: &str) -> Result<Generated, ApiError> {
     while let Some(piece) = pieces.recv().await {
         match piece {
             Piece::Text(..) => {}

@@ -71,6 +71,7 @@ fn describe_version(s: &Served, default: &str, split: &[(String, f64)]) -> Value
         "batchSize": s.options.max_batch_size,
         "maxBatchDelay": s.options.max_batch_delay.as_millis() as u64,
         "maxSequences": s.options.max_sequences,
+        "prefillChunk": s.options.prefill_chunk,
         "queueCapacity": s.options.queue,
         "queueDepth": s.queue_depth(),
         "loadSeconds": s.load_seconds,
@@ -182,6 +183,9 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
     }
     if let Some(n) = number(&q, "max_sequences")? {
         options.max_sequences = (n as usize).max(1);
+    }
+    if let Some(n) = number(&q, "prefill_chunk")? {
+        options.prefill_chunk = usize::try_from(n).unwrap_or(usize::MAX);
     }
     if q.contains_key("workers") {
         options.workers = workers_param(&q)?;

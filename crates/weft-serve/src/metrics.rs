@@ -92,6 +92,9 @@ impl Histogram {
 pub struct ModelStats {
     /// New tokens generated (all generation endpoints, streams cut short included).
     pub generated_tokens: AtomicU64,
+    /// Context tokens run through the decode steps: prompts (once for the `n` completions of
+    /// one) and a context run again once it slides past `block_size`.
+    pub prefill_tokens: AtomicU64,
     /// Seconds from a generation request's arrival to its first new token.
     pub time_to_first_token: Histogram,
     /// Requests run by each forward (1 without batching).
@@ -111,6 +114,7 @@ impl Default for ModelStats {
     fn default() -> Self {
         ModelStats {
             generated_tokens: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
             time_to_first_token: Histogram::new(&SECONDS_BUCKETS),
             batch_size: Histogram::new(&BATCH_BUCKETS),
             inference: Histogram::new(&SECONDS_BUCKETS),
@@ -264,6 +268,16 @@ pub fn render(metrics: &Metrics, registry: &Registry) -> String {
     for s in &versions {
         let n = s.stats.generated_tokens.load(Ordering::Relaxed);
         let _ = writeln!(out, "weft_generated_tokens_total{{{}}} {n}", model_label(s));
+    }
+    help(
+        &mut out,
+        "weft_prefill_tokens_total",
+        "counter",
+        "Prompt tokens run by a model version's decode steps (a prompt shared by n completions once; a context sliding past block_size again).",
+    );
+    for s in &versions {
+        let n = s.stats.prefill_tokens.load(Ordering::Relaxed);
+        let _ = writeln!(out, "weft_prefill_tokens_total{{{}}} {n}", model_label(s));
     }
     let histograms: [(&str, &str, StatsHistogram); 6] = [
         (

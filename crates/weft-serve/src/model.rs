@@ -155,6 +155,10 @@ impl Served {
     }
 }
 
+/// The prompt tokens a sequence runs per decode step unless a model is loaded with another
+/// `prefill_chunk` (docs/serving.md, "Chunked prefill").
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
 /// How a model's requests are queued and batched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -167,19 +171,23 @@ pub struct LoadOptions {
     /// The most generation requests decoded together, one token each per step (continuous
     /// batching; 1: one at a time).
     pub max_sequences: usize,
+    /// The most prompt tokens one sequence runs per decode step: a longer prompt runs in
+    /// chunks of this many while the other sequences go on decoding (0: whole, in one step).
+    pub prefill_chunk: usize,
     /// Jobs of the version run at once (its workers, 1 to [`crate::workers::MAX_WORKERS`]).
     pub workers: usize,
 }
 
 impl Default for LoadOptions {
-    /// 64 queued requests, no batching of infer requests, 8 sequences generated together, one
-    /// worker.
+    /// 64 queued requests, no batching of infer requests, 8 sequences generated together,
+    /// prompts run in chunks of [`DEFAULT_PREFILL_CHUNK`] tokens, one worker.
     fn default() -> Self {
         LoadOptions {
             queue: 64,
             max_batch_size: 1,
             max_batch_delay: Duration::ZERO,
             max_sequences: 8,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
             workers: 1,
         }
     }
@@ -306,6 +314,7 @@ pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -
         max_batch_size,
         max_batch_delay: Duration::from_millis(20),
         max_sequences: 8,
+        prefill_chunk: DEFAULT_PREFILL_CHUNK,
         workers: 1,
     };
     Served {

@@ -1,8 +1,8 @@
 //! OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), in the shapes the `openai`
 //! Python client reads; `"stream": true` sends `data: {chunk}` server-sent events ending with
 //! `data: [DONE]`. `n` completions of one prompt run as `n` sequences of the decode loop (seeds
-//! [`choice_seed`]), `logprobs` and `echo` follow the legacy completions API
-//! ([`crate::logprobs`]).
+//! [`choice_seed`]) that share the prompt's forward; `logprobs` and `echo` follow the legacy
+//! completions API ([`crate::logprobs`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -218,10 +218,11 @@ pub async fn completions(
             (a, p)
         })
         .collect();
+    // the prompt runs once; each completion goes on from its cache with its own seed
+    let receivers = generation::start_streams(asks, ids.clone(), stop.clone(), arrived);
     if !request.stream {
-        let runs = asks
-            .into_iter()
-            .map(|(a, p)| generation::run(a, ids.clone(), p, stop.clone(), arrived));
+        let who = format!("model {} version {}", served.name, served.version);
+        let runs = receivers.into_iter().map(|rx| generation::finish(rx, &who));
         let made = futures_util::future::join_all(runs).await;
         let (mut choices, mut completion_tokens) = (Vec::new(), 0);
         for (i, made) in made.into_iter().enumerate() {
@@ -254,7 +255,7 @@ pub async fn completions(
     let with_logprobs = params.logprobs.is_some();
     let mut first = Vec::new();
     let mut streams = Vec::new();
-    for (i, (a, p)) in asks.into_iter().enumerate() {
+    for (i, rx) in receivers.into_iter().enumerate() {
         let mut legacy = Legacy::default();
         if let Some(e) = &echo {
             legacy = e.legacy(tok);
@@ -265,7 +266,6 @@ pub async fn completions(
         let mut offset = legacy.offset();
         let mut sent = 0;
         let (version, chunk, choice) = (served.clone(), chunk.clone(), choice);
-        let rx = generation::start_stream(a, ids.clone(), p, stop.clone(), arrived);
         let events = pieces(rx).map(move |piece| {
             let mut logprobs = |lps: &[TokenLogprob], sent: &mut usize| {
                 *sent += lps.len();

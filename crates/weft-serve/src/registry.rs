@@ -11,7 +11,9 @@ use axum::http::StatusCode;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::ApiError;
-pub use crate::model::{load, resolve_in_store, LoadOptions, ModelSpec, Served, Signature, DEFAULT_VERSION};
+pub use crate::model::{
+    load, resolve_in_store, LoadOptions, ModelSpec, Served, Signature, DEFAULT_PREFILL_CHUNK, DEFAULT_VERSION,
+};
 
 /// A request admitted into a version's queue: it holds one of the version's queue places
 /// until it is dropped, and the version is not drained before that.

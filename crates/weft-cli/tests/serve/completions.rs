@@ -37,14 +37,25 @@ fn text(choice: &Value) -> String {
     choice["text"].as_str().unwrap().to_string()
 }
 
+/// The prompt tokens the gpt's decode steps have run (`weft_prefill_tokens_total`).
+fn prefilled(s: &Server) -> f64 {
+    s.scrape()["weft_prefill_tokens_total{model=\"gpt\",version=\"1\"}"]
+}
+
 fn n_choices_equal_single_requests_with_the_derived_seeds(s: &Server) {
     let ask = |n: u64, seed: u64| json!({"model": "gpt", "prompt": PROMPT, "max_tokens": 10, "temperature": 0.9, "seed": seed, "n": n});
+    let before = prefilled(s);
     let three = complete(s, ask(3, 5));
+    // the three completions ran their prompt once (6 + 10 tokens: no slide past block_size 16)
+    let prompt_tokens = PROMPT.chars().count() as f64;
+    assert_eq!(prefilled(s) - before, prompt_tokens);
     let choices = three["choices"].as_array().unwrap();
     assert_eq!(choices.len(), 3);
+    let before = prefilled(s);
     let alone: Vec<String> = (0..3)
         .map(|i| text(&complete(s, ask(1, 5 + i))["choices"][0]))
         .collect();
+    assert_eq!(prefilled(s) - before, 3.0 * prompt_tokens);
     for (i, c) in choices.iter().enumerate() {
         assert_eq!(c["index"], i);
         assert_eq!(text(c), alone[i], "choice {i}");

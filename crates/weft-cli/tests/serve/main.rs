@@ -227,6 +227,44 @@ fn generation_matches_weft_generate(s: &Server, gpt: &Path, llama: &Path) {
     );
 }
 
+/// The gpt registered again with `prefill_chunk=3`: its prompts run 3 tokens a step (and again
+/// when the context slides past block_size 16), and greedy generation still draws the tokens of
+/// `weft generate` (a chunked prompt's logits agree with the whole prompt's within rounding,
+/// docs/serving.md, "Chunked prefill"); the request runs beside another that streams.
+fn chunked_prompts_draw_weft_generates_greedy_tokens(s: &Server, gpt: &Path) {
+    let (status, answer) = s.manage(
+        reqwest::Method::POST,
+        "/models?url=gpt&model_name=chunked&prefill_chunk=3",
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        s.manage(reqwest::Method::GET, "/models/chunked", "").1[0]["prefillChunk"],
+        3
+    );
+    let prompt = "\nFirst Citizen";
+    #[rustfmt::skip]
+    let reference = weft_generate(gpt, &["--prompt", prompt, "--tokens", "20", "--temperature", "0"]);
+    let request = json!({"model": "chunked", "prompt": prompt, "max_tokens": 20, "temperature": 0});
+    let (answer, beside) = std::thread::scope(|scope| {
+        let beside = scope.spawn(|| {
+            let body = json!({"model": "chunked", "prompt": "a", "max_tokens": 30, "temperature": 0, "stream": true});
+            s.events("/v1/completions", &body).len()
+        });
+        (s.post("/v1/completions", request.to_string()), beside.join().unwrap())
+    });
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    let text = answer.1["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(format!("{prompt}{text}"), reference);
+    assert!(beside > 2);
+    // the prompts (14 + 1 tokens), then, once a context fills block_size, all 16 again per token
+    let m = s.scrape();
+    assert!(
+        m["weft_prefill_tokens_total{model=\"chunked\",version=\"1\"}"] > 15.0 + 16.0,
+        "{m:?}"
+    );
+}
+
 /// Requests sent at once share the running batch (continuous batching) and each draws what it
 /// draws alone.
 fn concurrent_generations_equal_their_answers_alone(s: &Server) {
@@ -408,6 +446,7 @@ fn every_endpoint_answers_and_bad_input_is_refused() {
     bad_inputs_are_4xx_naming_the_cause(&s);
     bad_requests_leak_nothing(&s);
     completions::n_logprobs_and_echo(&s, &gpt);
+    chunked_prompts_draw_weft_generates_greedy_tokens(&s, &gpt);
     drop(s);
     let _ = std::fs::remove_dir_all(&store);
 }
@@ -495,7 +534,7 @@ fn models_outside_the_store_and_bad_flags_are_refused_at_start() {
     std::fs::create_dir_all(store.join("inside")).unwrap();
     let s = store.to_str().unwrap();
     #[rustfmt::skip]
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["serve", "--model-store", s, "--model", "m=../outside"], "relative to the model store"),
         (&["serve", "--model-store", s, "--model", "m=/etc"], "relative to the model store"),
         // refused before any model loads, even after one that loads or fails
@@ -503,6 +542,8 @@ fn models_outside_the_store_and_bad_flags_are_refused_at_start() {
         (&["serve", "--model-store", s, "--model", "m"], "NAME=PATH"),
         (&["serve", "--model-store", s, "--inference-token"], "--token-file"),
         (&["serve", "--model-store", s, "--max-tokens", "0"], "--max-tokens: 0"),
+        (&["serve", "--model-store", s, "--prefill-chunk=-1"], "--prefill-chunk"),
+        (&["serve", "--model-store", s, "--prefill-chunk", "many"], "--prefill-chunk"),
     ];
     for (args, cause) in cases {
         let out = weft_command(args).output().unwrap();

@@ -97,12 +97,16 @@ fn management_registers_splits_traffic_and_drains() {
         ("url=../serve-manage-outside&model_name=x", 403), ("url=/etc&model_name=x", 403),
         ("url=link&model_name=x", 403), ("url=missing&model_name=x", 404), ("url=mlp&model_name=cls", 409),
         ("url=empty&model_name=x", 400), ("url=mlp&model_name=a%20b", 400), ("url=mlp", 400),
-        ("url=mlp&model_name=x&batch_size=-1", 400),
+        ("url=mlp&model_name=x&batch_size=-1", 400), ("url=mlp&model_name=x&prefill_chunk=-1", 400),
+        ("url=mlp&model_name=x&prefill_chunk=many", 400),
     ];
     for (q, status) in refused {
         let (got, answer) = s.manage(Method::POST, &format!("/models?{q}"), "");
         assert_eq!(got, status, "{q}: {answer}");
         assert!(answer["error"].is_string(), "{q}: {answer}");
+        if q.contains("prefill_chunk") {
+            assert!(answer["error"].as_str().unwrap().contains("prefill_chunk"), "{answer}");
+        }
         if q.starts_with("url=empty") {
             assert!(
                 answer["error"].as_str().unwrap().contains("model x version 1"),
@@ -111,7 +115,11 @@ fn management_registers_splits_traffic_and_drains() {
         }
     }
     s.alive();
-    let (status, answer) = s.manage(Method::POST, "/models?url=mlp&model_name=cls&version=2", "");
+    let (status, answer) = s.manage(
+        Method::POST,
+        "/models?url=mlp&model_name=cls&version=2&prefill_chunk=32",
+        "",
+    );
     assert_eq!(status, 200, "{answer}");
     let (_, all) = s.manage(Method::GET, "/models/cls/all", "");
     assert_eq!(all.as_array().unwrap().len(), 2, "{all}");
@@ -120,6 +128,10 @@ fn management_registers_splits_traffic_and_drains() {
         (&json!(true), &json!(false))
     );
     assert_eq!(all[1]["batchSize"], 4);
+    assert_eq!(
+        (&all[0]["prefillChunk"], &all[1]["prefillChunk"]),
+        (&json!(256), &json!(32))
+    );
     assert_eq!(s.manage(Method::GET, "/models/cls/3", "").0, 404);
 
     // set-default moves unversioned requests
