@@ -36,8 +36,9 @@ STORE=$(mktemp -d)
 trap 'kill $SERVER 2>/dev/null || true; rm -rf "$STORE"' EXIT
 SERVER=
 EXTRA=()
-for kv in ${SETS:-}; do EXTRA+=(--set "$kv"); done
-"$BIN/weft" train --config "examples/digits_$MODEL.toml" --quiet "${EXTRA[@]}" \
+read -r -a KVS <<< "${SETS:-}"
+for kv in ${KVS[@]+"${KVS[@]}"}; do EXTRA+=(--set "$kv"); done
+"$BIN/weft" train --config "examples/digits_$MODEL.toml" --quiet ${EXTRA[@]+"${EXTRA[@]}"} \
     --set train.steps=50 --set train.eval_every=0 --set "train.checkpoint_dir=\"$STORE/digits\""
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STORE/token"

@@ -13,8 +13,8 @@
 # then on (16 requests, 2 ms delay, on both). TorchServe runs TS_WORKERS backend workers (2,
 # one per core of the development machine); weft its default single worker, whose products use
 # WEFT_NUM_THREADS threads. Prints one JSON line per run (requests, failures, requests/s, p50 and
-# p99 latency in ms). Before each run, one request's answer is kept; the script fails unless
-# TorchServe's logits equal weft's within 1e-4.
+# p99 latency in ms). Before each run one request's answer is kept; at the end the script fails
+# unless the last TorchServe answer's logits equal the last weft answer's within 1e-4.
 #
 # PYTHON must have torch, safetensors, torchserve and torch-model-archiver; without PYTHON the
 # script makes a virtual environment in target/bench-venv-torchserve and installs them from
@@ -39,7 +39,7 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 BINDIR=$(dirname "$PYTHON")
 if ! command -v java > /dev/null; then
-    apt-get install -y -q openjdk-17-jre-headless > /dev/null
+    apt-get update -q > /dev/null && apt-get install -y -q openjdk-17-jre-headless > /dev/null
 fi
 cargo build --release -p weft-cli --bin weft --example serve_load
 BIN=$ROOT/target/release
@@ -57,7 +57,7 @@ cp "$WORK"/store/digits/step-*/model-rank-00000.safetensors "$WORK/model.safeten
     --export-path "$WORK/ts-store" --force
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_for() { # url
-    for _ in $(seq 300); do
+    for _ in $(seq 900); do
         curl -sf "$1" > /dev/null && return 0
         sleep 0.1
     done

@@ -84,6 +84,45 @@ pub struct ServeArgs {
     workers: usize,
 }
 
+/// How often a `--model` that failed to load at start is tried again.
+const RETRY_EVERY: Duration = Duration::from_secs(5);
+
+/// Tries the `--model`s that failed to load at start again every [`RETRY_EVERY`] (a volume still
+/// mounting, a checkpoint still being copied), until each loads or its name and version is
+/// served otherwise (registered through the management API). A new cause is reported once.
+fn retry_failed(registry: &Registry, store: &std::path::Path, mut failed: Vec<(ModelSpec, String)>, load: LoadOptions) {
+    while !failed.is_empty() {
+        std::thread::sleep(RETRY_EVERY);
+        failed.retain_mut(|(spec, last)| {
+            if registry.get(&spec.name, Some(&spec.version)).is_ok() {
+                return false;
+            }
+            match weft_serve::registry::load(store, spec, load) {
+                Ok(served) => {
+                    let kind = served.kind;
+                    // (an error: registered meanwhile through the management API)
+                    if registry.add(served).is_ok() {
+                        weft_core::errln!(
+                            "weft serve: loaded model {} version {} ({kind}) from {} on a later try",
+                            spec.name,
+                            spec.version,
+                            spec.path.display()
+                        );
+                    }
+                    false
+                }
+                Err(e) => {
+                    if e != *last {
+                        weft_core::errln!("weft serve: error: {e}; tried again in {} s", RETRY_EVERY.as_secs());
+                        *last = e;
+                    }
+                    true
+                }
+            }
+        });
+    }
+}
+
 /// The generated management token's file, removed when dropped.
 struct TokenFile(PathBuf);
 
@@ -147,7 +186,16 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .iter()
         .map(|raw| raw.parse::<ModelSpec>())
         .collect::<Result<Vec<_>, _>>()?;
-    for spec in &specs {
+    for (i, spec) in specs.iter().enumerate() {
+        if specs[..i]
+            .iter()
+            .any(|s| s.name == spec.name && s.version == spec.version)
+        {
+            return Err(format!(
+                "--model {}: model {} version {} is given twice",
+                args.models[i], spec.name, spec.version
+            ));
+        }
         // a path outside the store is a refused flag, not a model that failed to load
         if let Err(e) = weft_serve::registry::resolve_in_store(&model_store, &spec.path) {
             if e.contains("relative to the model store") || e.contains("outside the model store") {
@@ -155,6 +203,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             }
         }
     }
+    let mut failed = Vec::new();
     for spec in &specs {
         match weft_serve::registry::load(&model_store, spec, load) {
             Ok(served) => {
@@ -168,13 +217,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 registry.add(served).map_err(|e| e.message)?;
             }
             Err(e) => {
-                // the others are served; readiness says 503 until this one is registered
-                weft_core::errln!("weft serve: error: {e}; serving the other models, not ready until it is registered");
+                // the others are served; readiness says 503 until this one loads
+                weft_core::errln!(
+                    "weft serve: error: {e}; serving the other models, not ready until it loads (tried again every {} s) or is registered",
+                    RETRY_EVERY.as_secs()
+                );
                 registry.record_failure(weft_serve::registry::LoadFailure {
                     name: spec.name.clone(),
                     version: spec.version.clone(),
-                    error: e,
+                    error: e.clone(),
                 });
+                failed.push((spec.clone(), e));
             }
         }
     }
@@ -193,6 +246,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         );
     }
     let registry = Arc::new(registry);
+    if !failed.is_empty() {
+        let (registry, store) = (registry.clone(), model_store.clone());
+        let retrying = std::thread::Builder::new()
+            .name("weft-serve-retry".into())
+            .spawn(move || retry_failed(&registry, &store, failed, load));
+        if let Err(e) = retrying {
+            weft_core::errln!("weft serve: warning: cannot start the thread that retries failed models: {e}");
+        }
+    }
     let state = AppState {
         registry: registry.clone(),
         limits,

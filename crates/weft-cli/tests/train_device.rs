@@ -57,8 +57,7 @@ fn bf16_autocast_trains_close_to_f32() {
         assert!((b - f).abs() <= 2e-2 * f.abs(), "step {}: bf16 {b} vs f32 {f}", i + 1);
     }
     // autocast off would give every step's f32 loss exactly; on, a step's mean loss can still
-    // round to the f32 one now and then (the built-in corpus holds this repository's README and
-    // docs/architecture.md, so which step does changes with them)
+    // round to the f32 one now and then
     let same = bf16.iter().zip(&f32).filter(|(b, f)| b == f).count();
     assert!(
         same <= 1,

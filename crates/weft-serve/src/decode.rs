@@ -19,8 +19,8 @@
 //! products change their summation order with the number of rows may move a logit by rounding,
 //! which can change a token drawn at a near tie. A chunked prompt is not bit for bit the whole
 //! prompt's forward: the chunks after the first attend through the cache with the masked product
-//! ([`weft_models`]' `kv_cache::attend`), not the fused causal kernel, whose row sums run in
-//! another order, and a prompt of more than 64 tokens runs whole through other products than
+//! ([`weft_models`]' `kv_cache::attend`; a chunk of one token, the fused kernel without the
+//! mask), not the fused causal kernel with its mask, whose row sums run in another order, and a prompt of more than 64 tokens runs whole through other products than
 //! its chunks do (docs/serving.md, "Chunked prefill").
 //!
 //! A step that panics fails the sequences it was running and the thread goes on; a step whose

@@ -103,9 +103,12 @@ async fn ready(State(state): State<AppState>) -> Response {
     if failed.is_empty() {
         return json_response(StatusCode::OK, &json!({ "ready": true, "models": models }));
     }
+    // the cause (paths, checksums) goes to the server's log only: the health checks need no token
     let failed: Vec<serde_json::Value> = failed
         .iter()
-        .map(|f| json!({ "model": f.name, "version": f.version, "error": f.error }))
+        .map(
+            |f| json!({ "model": f.name, "version": f.version, "error": "failed to load (the server's log says why)" }),
+        )
         .collect();
     json_response(
         StatusCode::SERVICE_UNAVAILABLE,
