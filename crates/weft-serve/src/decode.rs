@@ -153,6 +153,11 @@ struct Sequence {
     tokens: Vec<i64>,
     prompt_tokens: usize,
     cache: KvCache,
+    /// A completion forked from a prompt, until it first runs: the prompt's cache, one copy
+    /// shared by all its completions still waiting for a place (each takes its own copy when it
+    /// joins the running batch, the last one this copy itself), so waiting completions hold one
+    /// cache between them rather than one each.
+    snapshot: Option<Arc<KvCache>>,
     rng: Generator,
     /// Ids of the (cropped) context still to run before the next token is drawn: the prompt,
     /// or the context again once it slides past the cache, a chunk per step.
@@ -182,6 +187,7 @@ impl Sequence {
             tokens: job.ids.clone(),
             prompt_tokens: job.ids.len(),
             cache: lm.new_cache(),
+            snapshot: None,
             rng: Generator::new(job.params.seed),
             prefill: Vec::new(),
             feed: Vec::new(),
@@ -200,11 +206,12 @@ impl Sequence {
     /// Completion `job` of the same prompt, going on from this sequence once its prompt has
     /// run (before it draws its first token): the same tokens, `cache` (a copy of its cache),
     /// its own random stream.
-    fn fork(&self, job: DecodeJob, cache: KvCache) -> Sequence {
+    fn fork(&self, job: DecodeJob, snapshot: Arc<KvCache>, empty: KvCache) -> Sequence {
         Sequence {
             tokens: self.tokens.clone(),
             prompt_tokens: self.prompt_tokens,
-            cache,
+            cache: empty,
+            snapshot: Some(snapshot),
             rng: Generator::new(job.params.seed),
             prefill: Vec::new(),
             feed: Vec::new(),
@@ -248,6 +255,18 @@ impl Sequence {
         }
         self.job.end(Piece::Failed(e));
         self.done = true;
+    }
+
+    /// Before its first step, a forked completion takes its own copy of its prompt's cache (the
+    /// shared copy itself when no other completion waits on it); one that does not fit in
+    /// memory fails alone.
+    fn take_snapshot(&mut self, who: &str) {
+        if let Some(shared) = self.snapshot.take() {
+            match Arc::try_unwrap(shared).or_else(|shared| shared.fork()) {
+                Ok(cache) => self.cache = cache,
+                Err(e) => self.fail(ApiError::internal(format!("{who}: {e}"))),
+            }
+        }
     }
 
     /// Whether a client still reads it (or one of the completions to fork from it).
@@ -311,6 +330,8 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
             seq.job.end(nothing());
             seq.done = true;
         }
+        let who = format!("model {} version {}", s.name, s.version);
+        running.iter_mut().for_each(|seq| seq.take_snapshot(&who));
         running.retain(Sequence::wanted);
         if running.is_empty() {
             continue;
@@ -400,22 +421,28 @@ fn step(served: &Served, lm: &dyn LanguageModel, running: &mut [Sequence]) -> Ve
             continue;
         }
         let row = &row[..limit.min(row.len())];
+        // one copy of the prompt's cache for all its completions (each copies it again only
+        // when it joins the running batch)
+        let mut snapshot: Option<Arc<KvCache>> = None;
         for job in std::mem::take(&mut seq.siblings) {
             if job.out.is_closed() {
                 continue;
             }
-            match seq.cache.fork() {
-                Ok(cache) => {
-                    let mut sibling = seq.fork(job, cache);
-                    draw(served, tok, &who, &mut sibling, row);
-                    forked.push(sibling);
-                }
-                Err(e) => {
-                    // its cache does not fit in memory: that completion fails alone
-                    let mut job = job;
-                    job.end(Piece::Failed(ApiError::internal(format!("{who}: {e}"))));
+            if snapshot.is_none() {
+                match seq.cache.fork() {
+                    Ok(cache) => snapshot = Some(Arc::new(cache)),
+                    Err(e) => {
+                        // the copy does not fit in memory: that completion fails alone
+                        let mut job = job;
+                        job.end(Piece::Failed(ApiError::internal(format!("{who}: {e}"))));
+                        continue;
+                    }
                 }
             }
+            let shared = snapshot.clone().expect("made above");
+            let mut sibling = seq.fork(job, shared, lm.new_cache());
+            draw(served, tok, &who, &mut sibling, row);
+            forked.push(sibling);
         }
         if seq.job.out.is_closed() {
             // its client left: only the completions forked from it go on
