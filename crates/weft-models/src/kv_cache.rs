@@ -9,7 +9,7 @@ use weft_core::{DType, Result, Tensor};
 use crate::sampling::invalid;
 
 /// Keys and values of one sequence's cached positions, per layer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KvCache {
     /// Per layer: keys and values `[heads, capacity, head_dim]` each (key/value heads for
     /// grouped-query attention); positions `0..len` hold data. `None` until the first token.
@@ -50,9 +50,10 @@ impl KvCache {
         self.len = 0;
     }
 
-    /// A copy of this cache that shares no buffer with it (a clone shares them: both would
-    /// write the same positions): the same positions, keys and values, for a sequence that goes
-    /// on from the same tokens (several completions of one prompt, which runs once).
+    /// A copy of this cache that shares no buffer with it: the same positions, keys and values,
+    /// for a sequence that goes on from the same tokens (several completions of one prompt,
+    /// which runs once). The cache is not `Clone`: tensors share their storage when cloned, so a
+    /// clone would write the same positions as its original.
     pub fn fork(&self) -> Result<KvCache> {
         let layers = self
             .layers
