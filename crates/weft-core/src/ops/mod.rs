@@ -13,6 +13,7 @@ pub mod linear;
 pub mod matmul;
 pub mod nn;
 pub mod reduce;
+pub mod rotary;
 pub mod shape;
 
 use crate::autograd::{is_grad_enabled, Node};
