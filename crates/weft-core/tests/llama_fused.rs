@@ -1,6 +1,7 @@
 //! The fused pieces of a llama layer against the compositions they replace: the rotation of
 //! halves (`Tensor::rotate_halves`) against narrow, cat, mul and add, and grouped-query
-//! attention (`Tensor::grouped_query_attention`) against repeating k and v and plain attention.
+//! attention (`Tensor::grouped_query_attention`) against repeating k and v and plain attention,
+//! and SwiGLU's `Tensor::silu_mul` against `silu` then `mul`.
 //! Outputs and gradients, in f32, f64 and (rotation) bf16, contiguous and strided inputs.
 
 mod common;
@@ -225,4 +226,36 @@ fn grouped_query_attention_rank_3_and_errors() {
     );
     // plain attention still wants equal heads
     assert!(Tensor::scaled_dot_product_attention(&q, &k, &v, false, None).is_err());
+}
+
+#[test]
+fn silu_mul_equals_silu_then_mul() {
+    // sizes below and above the parallel threshold, ragged
+    for shape in [vec![3, 5, 7], vec![4, 77, 131]] {
+        let x = normal(&shape, 5).mul_scalar(3.0).unwrap();
+        let u = normal(&shape, 6);
+        for dtype in [DType::F32, DType::F64] {
+            for strided in [false, true] {
+                let inputs = [x.clone(), u.clone()];
+                let fl = [strided; 2];
+                let fused = run(&inputs, dtype, &fl, &|a| a[0].silu_mul(&a[1]));
+                let composed = run(&inputs, dtype, &fl, &|a| a[0].silu()?.mul(&a[1]));
+                let what = format!("{shape:?} {dtype:?} strided={strided}");
+                if dtype == DType::F32 {
+                    assert_eq!(fused.0, composed.0, "{what}: output");
+                    assert_eq!(fused.1, composed.1, "{what}: gradients");
+                } else {
+                    // the composition's own derivative formula against the silu op's
+                    assert_eq!(fused.0, composed.0, "{what}: output");
+                    for (g, c) in fused.1.iter().zip(&composed.1) {
+                        for (a, b) in g.iter().zip(c) {
+                            assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{what}: {a} vs {b}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let (a, b) = (normal(&[2, 3], 1), normal(&[3, 2], 2));
+    assert!(a.silu_mul(&b).is_err(), "shapes differ");
 }

@@ -16,8 +16,9 @@
 //!   output (`4C`) and MLP pre-activation and GELU output (`2I`; under bf16 with biases the
 //!   product, its sum with the bias and the GELU, `3I`, as bf16 does not fuse them); llama's
 //!   q, k, v (`C + 2kv`), rotated q and k (`C + kv`), attention output (`C`), under bf16 the
-//!   heads merged into rows (`C`: f32 attention writes them in place), and the MLP's gate,
-//!   SiLU, up and product (`4I`); grouped-query attention reads the shared key/value heads in
+//!   heads merged into rows (`C`: f32 attention writes them in place), and the MLP's gate, up
+//!   and product (`3I`: in f32 `silu_mul` takes the gate before its activation; under bf16 the
+//!   SiLU's output too, `4I`); grouped-query attention reads the shared key/value heads in
 //!   place on CPU (on a GPU, which repeats them to every query head first, the copies add `2C`
 //!   where a rank holds more than one key/value head, not counted here);
 //! - each of the two row-parallel products (gpt's `c_proj`s, llama's `o_proj` and
@@ -76,7 +77,8 @@ pub fn block_bytes_per_token(model: &ModelShape, precision: Precision, tp: usize
         }
         ModelKind::Llama => {
             let merged = if bf16 { c } else { 0.0 };
-            (3.0 * c + 3.0 * kv + merged + 4.0 * i, 5.0 * c)
+            let mlp = if bf16 { 4.0 * i } else { 3.0 * i };
+            (3.0 * c + 3.0 * kv + merged + mlp, 5.0 * c)
         }
     };
     let row = if tp == 1 {

@@ -475,6 +475,9 @@ pub fn backward<T: Float + Default>(
 /// # Safety
 /// The rows must lie inside the buffer and belong to the calling task.
 unsafe fn add_rows<T: Float>(m: &MatsMut<T>, i: usize, part: &[T], rows: usize, cols: usize) {
+    if cols == 0 {
+        return;
+    }
     for (r, src) in part.chunks_exact(cols).take(rows).enumerate() {
         let o = m.at(i, r);
         // SAFETY: as the caller promises.

@@ -15,6 +15,7 @@ pub mod nn;
 pub mod reduce;
 pub mod rotary;
 pub mod shape;
+pub mod swiglu;
 
 use crate::autograd::{is_grad_enabled, Node};
 use crate::error::{Error, Result};
