@@ -353,7 +353,7 @@ fn the_planners_activations_are_what_weft_holds() {
                dropout = 0.0";
     let llama = "kind = \"llama\"\nvocab_size = 50\nblock_size = 32\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
                  n_embd = 64\nintermediate_size = 96";
-    // two key/value heads per rank at tp 2: repeated to the query heads there too
+    // two key/value heads per rank at tp 2: grouped-query attention there too
     let grouped = "kind = \"llama\"\nvocab_size = 50\nblock_size = 32\nn_layer = 3\nn_head = 8\nn_kv_head = 4\n\
                    n_embd = 64\nintermediate_size = 96";
     let ratio = |model: &str, tp: usize, precision: &str| {
@@ -367,9 +367,9 @@ fn the_planners_activations_are_what_weft_holds() {
     };
     // what the graph keeps, within 1%: f32 and bf16 (autocast's bf16 copies of the weights and
     // of the norms' outputs, the f32 copies of the products added to the residual stream),
-    // tensor-parallel or not, llama's unfused row-parallel products and repeated keys and
-    // values included (before those were counted: 0.80 of the graph for llama at tp 1 in f32,
-    // 0.56-0.84 in bf16)
+    // tensor-parallel or not, llama's unfused row-parallel products and grouped-query
+    // attention included (before those were counted: 0.80 of the graph for llama at tp 1 in
+    // f32, 0.56-0.84 in bf16)
     for model in [gpt, llama, grouped] {
         for tp in [1, 2] {
             for precision in ["f32", "bf16"] {

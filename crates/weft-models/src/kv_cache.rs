@@ -195,20 +195,21 @@ pub(crate) fn attend(q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut KvCache, la
     let (heads, t, hd) = (q.dim(0)?, q.dim(1)?, q.dim(2)?);
     let (k, v) = cache.append(layer, k, v)?;
     let (kv_heads, s) = (k.dim(0)?, k.dim(1)?);
-    let (k, v) = if kv_heads == heads {
-        (k, v)
-    } else {
-        let rep = |z: Tensor| -> Result<Tensor> {
-            z.view(&[kv_heads, 1, s, hd])?
-                .expand(&[kv_heads, heads / kv_heads, s, hd])?
-                .reshape(&[heads as isize, s as isize, hd as isize])
-        };
-        (rep(k)?, rep(v)?)
-    };
     let y = if before == 0 || t == 1 {
-        // the whole prompt (t == s, causal) or one new token (it sees every key)
-        Tensor::scaled_dot_product_attention(q, &k, &v, before == 0 && t > 1, None)?
+        // the whole prompt (t == s, causal) or one new token (it sees every key); the key/value
+        // heads read in place by their query heads
+        Tensor::grouped_query_attention(q, &k, &v, before == 0 && t > 1, None)?
     } else {
+        let (k, v) = if kv_heads == heads {
+            (k, v)
+        } else {
+            let rep = |z: Tensor| -> Result<Tensor> {
+                z.view(&[kv_heads, 1, s, hd])?
+                    .expand(&[kv_heads, heads / kv_heads, s, hd])?
+                    .reshape(&[heads as isize, s as isize, hd as isize])
+            };
+            (rep(k)?, rep(v)?)
+        };
         // new tokens after cached ones: query i sees keys 0..=before + i
         let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
         let j = Tensor::arange(0.0, s as f64, 1.0, DType::F64)?;

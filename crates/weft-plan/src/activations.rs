@@ -15,10 +15,12 @@
 //! - in the products' dtype (4 bytes in f32, 2 in bf16), cut by tp: gpt's q, k, v and attention
 //!   output (`4C`) and MLP pre-activation and GELU output (`2I`; under bf16 with biases the
 //!   product, its sum with the bias and the GELU, `3I`, as bf16 does not fuse them); llama's
-//!   q, k, v (`C + 2kv`), rotated q and k (`C + kv`), attention output (`C`), the keys and
-//!   values repeated to every query head where a rank holds more than one key/value head of a
-//!   grouped-query attention (`2C`), under bf16 the heads merged into rows (`C`: f32 attention
-//!   writes them in place), and the MLP's gate, SiLU, up and product (`4I`);
+//!   q, k, v (`C + 2kv`), rotated q and k (`C + kv`), attention output (`C`), under bf16 the
+//!   heads merged into rows (`C`: f32 attention writes them in place), and the MLP's gate, up
+//!   and product (`3I`: in f32 `silu_mul` takes the gate before its activation; under bf16 the
+//!   SiLU's output too, `4I`); grouped-query attention reads the shared key/value heads in
+//!   place on CPU (on a GPU, which repeats them to every query head first, the copies add `2C`
+//!   where a rank holds more than one key/value head, not counted here);
 //! - each of the two row-parallel products (gpt's `c_proj`s, llama's `o_proj` and
 //!   `down_proj`), whole: at `tp = 1` its output (`C`, products' dtype) unless an f32 layer with
 //!   a bias adds bias and residual in the product's own op; at `tp > 1` its partial sum and the
@@ -74,14 +76,9 @@ pub fn block_bytes_per_token(model: &ModelShape, precision: Precision, tp: usize
             (4.0 * c + mlp, 2.0 * c)
         }
         ModelKind::Llama => {
-            let kv_heads = model.n_kv_head as f64 / t;
-            let repeated = if model.n_kv_head != model.n_head && kv_heads > 1.0 {
-                2.0 * c
-            } else {
-                0.0
-            };
             let merged = if bf16 { c } else { 0.0 };
-            (3.0 * c + 3.0 * kv + repeated + merged + 4.0 * i, 5.0 * c)
+            let mlp = if bf16 { 4.0 * i } else { 3.0 * i };
+            (3.0 * c + 3.0 * kv + merged + mlp, 5.0 * c)
         }
     };
     let row = if tp == 1 {

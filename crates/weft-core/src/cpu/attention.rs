@@ -35,7 +35,12 @@ pub struct AttnDims {
     /// Consecutive problems per parallel task (at least 1). Problems whose outputs interleave in
     /// memory (the heads of one batch element in a `[B, T, H * D]` output: 128-byte pieces of each
     /// row, unaligned to cache lines) go to one task, or two cores would write the same lines.
+    /// A multiple of `kv_group`.
     pub group: usize,
+    /// Query problems per key/value problem (grouped-query attention; 1 without): problem `b`
+    /// reads keys and values `b / kv_group`, and the backward sums the `kv_group` problems'
+    /// gradients of them, in order of `b`.
+    pub kv_group: usize,
 }
 
 impl AttnDims {
@@ -297,13 +302,20 @@ pub fn forward<T: Float + Default>(
     let one = T::from_f64(1.0);
     let o = &o;
     let group = dims.group.max(1);
+    let kv_group = dims.kv_group.max(1);
     let block = dims.tile::<T>("forward");
     pool::for_each_chunk(lse, t.max(1) * group, |task, lse_group| {
         let mut p = vec![T::zero(); block * s];
         let mut kt = vec![T::zero(); d * s];
+        let mut kt_of = None;
         for (i, lse) in lse_group.chunks_mut(t.max(1)).enumerate() {
             let b = task * group + i;
-            transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
+            let kb = b / kv_group;
+            if kt_of != Some(kb) {
+                // the problems of a group share their keys: transposed once
+                transpose_into(k.at(kb, 0), k.row_stride, s, d, &mut kt);
+                kt_of = Some(kb);
+            }
             for q0 in (0..t).step_by(block) {
                 let rows = block.min(t - q0);
                 let kv = dims.keys_of_block(q0, rows);
@@ -327,7 +339,7 @@ pub fn forward<T: Float + Default>(
                     Lse::Compute(&mut lse[q0..q0 + rows]),
                 );
                 let lhs = Lhs::rows(&*p, kv);
-                let rhs = Rhs::rows(v.at(b, 0), v.row_stride);
+                let rhs = Rhs::rows(v.at(kb, 0), v.row_stride);
                 // SAFETY: rows q0.. of this task's matrix of o.
                 unsafe { product(rows, dv, kv, lhs, rhs, o.at(b, q0), one, false) };
             }
@@ -355,6 +367,11 @@ pub fn backward<T: Float + Default>(
     let one = T::from_f64(1.0);
     let (dq, dk, dv_out) = (&dq, &dk, &dv_out);
     let group = dims.group.max(1);
+    let kv_group = dims.kv_group.max(1);
+    assert!(
+        group.is_multiple_of(kv_group),
+        "attention tasks of {group} problems, groups of {kv_group}"
+    );
     let block = dims.tile::<T>("backward");
     pool::run(dims.bh.div_ceil(group), |task| {
         let mut p = vec![T::zero(); block * s];
@@ -362,15 +379,36 @@ pub fn backward<T: Float + Default>(
         let mut kt = vec![T::zero(); d * s];
         let mut vt = vec![T::zero(); dv * s];
         let mut di = vec![T::zero(); block];
+        // the gradients of shared keys and values from a group's later problems, added to the
+        // first's once complete (the sum a repeat of k and v would take over the repeats)
+        let (mut dk_part, mut dv_part) = if kv_group > 1 {
+            (vec![T::zero(); s * d], vec![T::zero(); s * dv])
+        } else {
+            (Vec::new(), Vec::new())
+        };
         for b in task * group..((task + 1) * group).min(dims.bh) {
             let lse_b = &lse[b * t..(b + 1) * t];
-            // SAFETY (zero, product): every output written below is this problem's own matrix.
-            unsafe {
-                dk.zero(b, s, d);
-                dv_out.zero(b, s, dv);
+            let kb = b / kv_group;
+            let first = b.is_multiple_of(kv_group);
+            if first {
+                // SAFETY: key/value problem kb's gradients belong to this task (its problems
+                // include the whole group).
+                unsafe {
+                    dk.zero(kb, s, d);
+                    dv_out.zero(kb, s, dv);
+                }
+                transpose_into(k.at(kb, 0), k.row_stride, s, d, &mut kt);
+                transpose_into(v.at(kb, 0), v.row_stride, s, dv, &mut vt);
+            } else {
+                dk_part.fill(T::zero());
+                dv_part.fill(T::zero());
             }
-            transpose_into(k.at(b, 0), k.row_stride, s, d, &mut kt);
-            transpose_into(v.at(b, 0), v.row_stride, s, dv, &mut vt);
+            // where this problem's dk and dv accumulate
+            let (dk_b, dv_b) = if first {
+                (dk.at(kb, 0), dv_out.at(kb, 0))
+            } else {
+                (out(&mut dk_part, d), out(&mut dv_part, dv))
+            };
             for q0 in (0..t).step_by(block) {
                 let rows = block.min(t - q0);
                 let kv = dims.keys_of_block(q0, rows);
@@ -401,7 +439,7 @@ pub fn backward<T: Float + Default>(
                 unsafe {
                     // dV[:kv] += P^T dO
                     let pt = Lhs::transposed(&*p, kv);
-                    product(kv, dv, rows, pt, g_rows, dv_out.at(b, 0), one, true);
+                    product(kv, dv, rows, pt, g_rows, dv_b, one, true);
                     // dP = dO V^T
                     let vtr = Rhs::rows(&vt, s);
                     product(rows, kv, dv, g, vtr, out(dp, kv), one, false);
@@ -413,14 +451,39 @@ pub fn backward<T: Float + Default>(
                 unsafe {
                     // dQ = scale dS K
                     let ds = Lhs::rows(&*dp, kv);
-                    let kr = Rhs::rows(k.at(b, 0), k.row_stride);
+                    let kr = Rhs::rows(k.at(kb, 0), k.row_stride);
                     product(rows, d, kv, ds, kr, dq.at(b, q0), scale, false);
                     // dK[:kv] += scale dS^T Q
                     let dst = Lhs::transposed(&*dp, kv);
                     let qr = Rhs::rows(qb, qs);
-                    product(kv, d, rows, dst, qr, dk.at(b, 0), scale, true);
+                    product(kv, d, rows, dst, qr, dk_b, scale, true);
+                }
+            }
+            if !first {
+                // SAFETY: key/value problem kb's gradients belong to this task.
+                unsafe {
+                    add_rows(dk, kb, &dk_part, s, d);
+                    add_rows(dv_out, kb, &dv_part, s, dv);
                 }
             }
         }
     });
+}
+
+/// Adds `part` (`rows x cols`, dense) into matrix `i` of `m`.
+///
+/// # Safety
+/// The rows must lie inside the buffer and belong to the calling task.
+unsafe fn add_rows<T: Float>(m: &MatsMut<T>, i: usize, part: &[T], rows: usize, cols: usize) {
+    if cols == 0 {
+        return;
+    }
+    for (r, src) in part.chunks_exact(cols).take(rows).enumerate() {
+        let o = m.at(i, r);
+        // SAFETY: as the caller promises.
+        let dst = unsafe { std::slice::from_raw_parts_mut(o.ptr, cols) };
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d += x;
+        }
+    }
 }

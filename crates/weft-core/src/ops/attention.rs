@@ -62,6 +62,81 @@ impl Tensor {
         apply(Op::Attention { causal, scale }, &[q, k, v])
     }
 
+    /// Grouped-query attention (`F.scaled_dot_product_attention(..., enable_gqa=True)`): `k` and
+    /// `v` have `Hkv` heads, fewer than `q`'s `H` (`H % Hkv == 0`), and query head `h` attends
+    /// with key/value head `h / (H / Hkv)`. Equal to repeating each key/value head `H / Hkv`
+    /// times (transformers' `repeat_kv`) and calling [`Tensor::scaled_dot_product_attention`],
+    /// without the copies on CPU: the kernel reads the shared heads in place, and its backward
+    /// sums their gradients over each group (in order of the query heads). On other devices k
+    /// and v are repeated first. `scale` defaults to `1 / sqrt(D)`.
+    /// # Shapes
+    /// q `[..., H, T, D]`, k `[..., Hkv, S, D]`, v `[..., Hkv, S, Dv]` -> `[..., H, T, Dv]`.
+    pub fn grouped_query_attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<Tensor> {
+        let r = q.rank();
+        let shapes_ok = r >= 3
+            && k.rank() == r
+            && v.rank() == r
+            && q.shape()[..r - 3] == k.shape()[..r - 3]
+            && k.shape()[..r - 2] == v.shape()[..r - 2]
+            && k.shape()[r - 3] > 0
+            && q.shape()[r - 3].is_multiple_of(k.shape()[r - 3]);
+        if !shapes_ok {
+            return Err(invalid(
+                "grouped_query_attention",
+                format!(
+                    "expected q [..., H, T, D], k [..., Hkv, S, D], v [..., Hkv, S, Dv] with H a \
+                     multiple of Hkv, got {:?} {:?} {:?}",
+                    q.shape(),
+                    k.shape(),
+                    v.shape()
+                ),
+            ));
+        }
+        let (h, hkv) = (q.shape()[r - 3], k.shape()[r - 3]);
+        if h == hkv {
+            return Tensor::scaled_dot_product_attention(q, k, v, causal, scale);
+        }
+        if [q, k, v].iter().any(|t| t.device() != crate::Device::Cpu) {
+            // repeat each key/value head (the kernels of other devices take equal heads)
+            let repeat = |z: &Tensor| -> Result<Tensor> {
+                let mut wide = z.shape().to_vec();
+                wide.insert(r - 2, h / hkv);
+                let mut merged: Vec<isize> = z.shape().iter().map(|&d| d as isize).collect();
+                merged[r - 3] = h as isize;
+                z.unsqueeze((r - 2) as isize)?.expand(&wide)?.reshape(&merged)
+            };
+            return Tensor::scaled_dot_product_attention(q, &repeat(k)?, &repeat(v)?, causal, scale);
+        }
+        expect_float("attention", q)?;
+        if crate::autocast::autocast_dtype().is_some() && [q, k, v].iter().any(|t| t.dtype() == crate::DType::F32) {
+            use crate::autocast::low;
+            return Tensor::grouped_query_attention(&low(q)?, &low(k)?, &low(v)?, causal, scale);
+        }
+        for t in [k, v] {
+            if t.dtype() != q.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op: "attention",
+                    lhs: q.dtype(),
+                    rhs: t.dtype(),
+                });
+            }
+        }
+        if q.shape()[r - 1] != k.shape()[r - 1] {
+            return Err(invalid(
+                "grouped_query_attention",
+                format!("q and k head dims differ: {:?} {:?}", q.shape(), k.shape()),
+            ));
+        }
+        let scale = scale.unwrap_or(1.0 / (q.shape()[r - 1] as f64).sqrt());
+        apply(Op::Attention { causal, scale }, &[q, k, v])
+    }
+
     /// Multi-head self-attention on a fused projection (nanoGPT's `c_attn` output): `self` is
     /// `[B, T, 3C]` with q, k and v side by side, each split into `heads` heads of `C / heads`.
     /// Returns `[B, T, C]` with head `h` in columns `h * C / heads..`: the same as splitting,
@@ -119,6 +194,7 @@ impl QkvLayout {
                 dv: hd,
                 causal,
                 group: task_group(b, heads),
+                kv_group: 1,
             },
             width,
             c,
@@ -172,19 +248,25 @@ fn task_group(batches: usize, heads: usize) -> usize {
 
 fn dims_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> AttnDims {
     let r = q.rank();
+    let bh = numel(&q.shape()[..r - 2]);
+    // grouped-query attention: k and v have fewer heads (dim -3) than q
+    let kv_group = bh.checked_div(numel(&k.shape()[..r - 2])).unwrap_or(1).max(1);
+    // a rank-4 output is stored [B, T, H, Dv]: its heads interleave
+    let group = if r == 4 {
+        task_group(q.shape()[0], q.shape()[1])
+    } else {
+        1
+    };
     AttnDims {
-        bh: numel(&q.shape()[..r - 2]),
+        bh,
         t: q.shape()[r - 2],
         s: k.shape()[r - 2],
         d: q.shape()[r - 1],
         dv: v.shape()[r - 1],
         causal,
-        // a rank-4 output is stored [B, T, H, Dv]: its heads interleave
-        group: if r == 4 {
-            task_group(q.shape()[0], q.shape()[1])
-        } else {
-            1
-        },
+        // a task takes whole groups (it alone writes their dk and dv)
+        group: group.next_multiple_of(kv_group),
+        kv_group,
     }
 }
 
@@ -321,9 +403,11 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
                 let (ov, gv) = (MatView::<T>::new(&oc)?, MatView::<T>::new(&gc)?);
                 let ls = lse.contig::<T>("attention")?;
                 let mut dq = crate::alloc::uninit::<T>(name, dims.bh * dims.t * dims.d)?;
-                let mut dk = crate::alloc::uninit::<T>(name, dims.bh * dims.s * dims.d)?;
-                let mut dv = crate::alloc::uninit::<T>(name, dims.bh * dims.s * dims.dv)?;
-                let (oq, ok, ov_) = (dense_offsets(dims.bh, dims.t * dims.d), dense_offsets(dims.bh, dims.s * dims.d), dense_offsets(dims.bh, dims.s * dims.dv));
+                // k and v (and so dk and dv) hold bh / kv_group problems
+                let kv_bh = dims.bh / dims.kv_group;
+                let mut dk = crate::alloc::uninit::<T>(name, kv_bh * dims.s * dims.d)?;
+                let mut dv = crate::alloc::uninit::<T>(name, kv_bh * dims.s * dims.dv)?;
+                let (oq, ok, ov_) = (dense_offsets(dims.bh, dims.t * dims.d), dense_offsets(kv_bh, dims.s * dims.d), dense_offsets(kv_bh, dims.s * dims.dv));
                 k::backward(
                     dims, qv.mats(), kv.mats(), vv.mats(), ov.mats(), &ls, gv.mats(), *scale as T,
                     mats_out(&mut dq, &oq, dims.d), mats_out(&mut dk, &ok, dims.d), mats_out(&mut dv, &ov_, dims.dv),

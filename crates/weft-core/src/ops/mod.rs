@@ -13,7 +13,9 @@ pub mod linear;
 pub mod matmul;
 pub mod nn;
 pub mod reduce;
+pub mod rotary;
 pub mod shape;
+pub mod swiglu;
 
 use crate::autograd::{is_grad_enabled, Node};
 use crate::error::{Error, Result};

@@ -60,18 +60,8 @@ impl LlamaAttention {
         let q = rope.apply(&self.q_proj.forward(x)?.view(&[b, t, h, hd])?)?;
         let k = rope.apply(&self.k_proj.forward(x)?.view(&[b, t, kvh, hd])?)?;
         let v = self.v_proj.forward(x)?.view(&[b, t, kvh, hd])?;
-        let (k, v) = if h == kvh {
-            (k, v)
-        } else {
-            // transformers' repeat_kv: query head i reads key/value head i / (h / kvh)
-            let rep = |z: Tensor| -> Result<Tensor> {
-                z.view(&[b, t, kvh, 1, hd])?
-                    .expand(&[b, t, kvh, h / kvh, hd])?
-                    .reshape(&[b as isize, t as isize, h as isize, hd as isize])
-            };
-            (rep(k)?, rep(v)?)
-        };
-        let y = Tensor::scaled_dot_product_attention(
+        // grouped-query: query head i reads key/value head i / (h / kvh), no repeated copies
+        let y = Tensor::grouped_query_attention(
             &q.transpose(1, 2)?,
             &k.transpose(1, 2)?,
             &v.transpose(1, 2)?,

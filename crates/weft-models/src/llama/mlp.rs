@@ -1,6 +1,6 @@
 //! The SwiGLU MLP (transformers' `LlamaMLP`): `down(silu(gate(x)) * up(x))`, no biases.
 
-use weft_core::{Generator, Result, Tensor, UnaryOp};
+use weft_core::{DType, Device, Generator, Result, Tensor, UnaryOp};
 use weft_nn::layers::Linear;
 use weft_nn::module::{prefixed, Module};
 use weft_nn::parallel::{Split, TpGroup};
@@ -30,10 +30,19 @@ impl LlamaMlp {
     /// # Shapes
     /// `x`, `residual` `[B, T, C]` -> `[B, T, C]`.
     pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        let h = self
-            .gate_proj
-            .forward_act(x, UnaryOp::Silu)?
-            .mul(&self.up_proj.forward(x)?)?;
+        let w = &self.gate_proj.weight;
+        let f32_cpu = w.device() == Device::Cpu
+            && w.dtype() == DType::F32
+            && x.dtype() == DType::F32
+            && weft_core::autocast_dtype().is_none();
+        let h = if f32_cpu {
+            // silu and the product in one pass each way (the same values as below)
+            self.gate_proj.forward(x)?.silu_mul(&self.up_proj.forward(x)?)?
+        } else {
+            self.gate_proj
+                .forward_act(x, UnaryOp::Silu)?
+                .mul(&self.up_proj.forward(x)?)?
+        };
         self.down_proj.forward_add(&h, residual)
     }
 

@@ -2,9 +2,9 @@
 //! second halves are the pairs rotated together), with `inv_freq`, cos and sin computed in f32 as
 //! transformers' `LlamaRotaryEmbedding` computes them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use weft_core::{DType, Device, Function, Result, Tensor};
+use weft_core::{DType, Device, Result, Tensor};
 
 /// The cos and sin tables of positions `0..T`, computed for the longest `T` seen so far rounded up
 /// to a power of two, and kept (a config's `block_size` allocates nothing until sequences that
@@ -102,40 +102,7 @@ impl Rotary {
         } else {
             (cos.cast(x.dtype())?, sin.cast(x.dtype())?)
         };
-        Tensor::apply_function(Arc::new(Rotate), &[x, &cos, &sin])
-    }
-}
-
-/// The rotation as one autograd node: `y = x cos + swap(x) sin` (`swap` exchanges the halves of
-/// the last dim; `sin` is signed), whose gradient is `g cos + swap(g sin)` (`swap` is its own
-/// transpose), one pass of the same ops instead of the graph of narrows, cat and products.
-/// Inputs `(x, cos, sin)`, the tables `[1, T, 1, D]` (inputs rather than fields, so that a
-/// traced graph sees them cut from the cached tables for each length).
-struct Rotate;
-
-/// `x` with the two halves of its last dim exchanged.
-fn swap_halves(x: &Tensor) -> Result<Tensor> {
-    let half = x.dim(-1)? / 2;
-    Tensor::cat(&[&x.narrow(-1, half, half)?, &x.narrow(-1, 0, half)?], -1)
-}
-
-impl Function for Rotate {
-    fn name(&self) -> &'static str {
-        "rotary"
-    }
-
-    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        let (x, cos, sin) = (inputs[0], inputs[1], inputs[2]);
-        x.mul(cos)?.add(&swap_halves(x)?.mul(sin)?)
-    }
-
-    fn backward(&self, inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (cos, sin) = (&inputs[1], &inputs[2]);
-        Ok(vec![
-            Some(grad.mul(cos)?.add(&swap_halves(&grad.mul(sin)?)?)?),
-            None,
-            None,
-        ])
+        x.rotate_halves(&cos, &sin)
     }
 }
 

@@ -214,8 +214,26 @@ pub fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// q `[..., T, D]`, k `[..., S, D]`, v `[..., S, Dv]` -> out `[..., T, Dv]` (input dtype; a
 /// rank-4 result is stored `[B, T, H, Dv]` and returned as its `[B, H, T, Dv]` view, as on the
 /// CPU) and lse `[..., T]` (compute dtype).
+/// The kernels take k and v with q's leading dims: grouped-query attention repeats the key/value
+/// heads before it reaches a GPU (`Tensor::grouped_query_attention`).
+fn equal_heads(name: &'static str, q: &Tensor, k: &Tensor) -> Result<()> {
+    let r = q.rank();
+    if k.rank() != r || q.shape()[..r - 2] != k.shape()[..r - 2] {
+        return Err(invalid(
+            name,
+            format!(
+                "k's leading dims {:?} differ from q's {:?} (grouped-query attention runs with repeated heads on GPUs)",
+                &k.shape()[..k.rank().saturating_sub(2)],
+                &q.shape()[..r - 2]
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn attention(name: &'static str, sfx: &str, inputs: &[&Tensor], causal: bool, scale: f64) -> Result<Vec<Tensor>> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+    equal_heads(name, q, k)?;
     let g = gpu_of(q)?;
     let r = q.rank();
     let n = Dims::of(q, k, v, causal, scale);
@@ -310,6 +328,7 @@ fn attention_backward(
     scale: f64,
 ) -> Result<Vec<Tensor>> {
     let (q, k, v, o, lse, go) = (inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5]);
+    equal_heads(name, q, k)?;
     let g = gpu_of(q)?;
     let r = q.rank();
     let n = Dims::of(q, k, v, causal, scale);

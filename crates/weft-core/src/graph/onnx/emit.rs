@@ -211,6 +211,30 @@ impl<'a> Emitter<'a> {
         self.shapes[v].len()
     }
 
+    /// `x` (value `v`, `[..., Hkv, S, D]`) with each head repeated for `heads / Hkv` query heads
+    /// in a row (`[..., heads, S, D]`, transformers' `repeat_kv`): Unsqueeze, Expand, Reshape.
+    fn repeat_heads(&mut self, x: &str, v: ValueId, heads: &SymDim) -> Result<String> {
+        let s = &self.shapes[v];
+        let r = s.len();
+        let (hkv, d) = (&s[r - 3], &s[r - 1]);
+        let fixed = heads.is_fixed() && hkv.is_fixed() && d.is_fixed();
+        if !fixed || hkv.coef <= 0 || heads.coef % hkv.coef != 0 {
+            return Err(self.unsupported("grouped-query attention whose head counts change"));
+        }
+        let (rep, d) = (heads.coef / hkv.coef, d.coef);
+        let axis = self.int64s(&[r as i64 - 2]);
+        let wide = self.op("Unsqueeze", &[x, &axis], vec![]);
+        let mut ones = vec![1i64; r + 1];
+        ones[r - 2] = rep;
+        let ones = self.int64s(&ones);
+        let wide = self.op("Expand", &[&wide, &ones], vec![]);
+        // leading dims copied (0), the heads merged, S inferred
+        let mut merged = vec![0i64; r - 3];
+        merged.extend([heads.coef, -1, d]);
+        let merged = self.int64s(&merged);
+        Ok(self.op("Reshape", &[&wide, &merged], vec![]))
+    }
+
     /// Writes node `i`; its first output's name goes into [`Emitter::names`].
     pub(crate) fn node(&mut self, i: usize, narrow_start: Option<&SymDim>) -> Result<()> {
         self.at = i;
@@ -341,15 +365,22 @@ impl<'a> Emitter<'a> {
                 has_bias,
             } => self.norm(&a, *eps, *rms, *has_weight, *has_bias, dtype)?,
             Op::Attention { causal, scale } => {
-                let (q, k) = (node.inputs[0], node.inputs[1]);
+                let (q, k, v) = (node.inputs[0], node.inputs[1], node.inputs[2]);
                 let (tq, tk) = (
                     self.shapes[q][self.rank(q) - 2].clone(),
                     self.shapes[k][self.rank(k) - 2].clone(),
                 );
+                let (mut kr, mut vr) = (a[1].to_string(), a[2].to_string());
+                let r = self.rank(q);
+                if r >= 3 && self.shapes[q][r - 3] != self.shapes[k][r - 3] {
+                    // grouped-query attention: each key/value head repeated for its query heads
+                    kr = self.repeat_heads(a[1], k, &self.shapes[q][r - 3].clone())?;
+                    vr = self.repeat_heads(a[2], v, &self.shapes[q][r - 3].clone())?;
+                }
                 self.attention(
                     a[0],
-                    a[1],
-                    a[2],
+                    &kr,
+                    &vr,
                     self.rank(q),
                     (*causal).then_some((tq, tk)),
                     *scale,
