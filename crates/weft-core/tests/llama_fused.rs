@@ -2,7 +2,8 @@
 //! halves (`Tensor::rotate_halves`) against narrow, cat, mul and add, and grouped-query
 //! attention (`Tensor::grouped_query_attention`) against repeating k and v and plain attention,
 //! and SwiGLU's `Tensor::silu_mul` against `silu` then `mul`.
-//! Outputs and gradients, in f32, f64 and (rotation) bf16, contiguous and strided inputs.
+//! Outputs and gradients, in f32 and f64, contiguous and strided inputs (the rotation's bf16
+//! case runs the composition on both sides: the kernel takes f32 and f64 only).
 
 mod common;
 
@@ -63,16 +64,18 @@ fn swap_halves(x: &Tensor) -> Result<Tensor> {
     Tensor::cat(&[&x.narrow(-1, half, half)?, &x.narrow(-1, 0, half)?], -1)
 }
 
-/// Tables like the rotary embeddings': cos `[T, D]` with equal halves, sin `[-s, s]`.
+/// Tables shaped like the rotary embeddings' (cos and sin `[T, D]`), but whose two halves
+/// differ (the embeddings' cos halves are equal and sin's differ only in sign), so that a kernel
+/// reading the wrong half of either gives other values.
 fn tables(t: usize, d: usize) -> (Tensor, Tensor) {
     let mut cos = Vec::new();
     let mut sin = Vec::new();
     for p in 0..t {
-        for sign in [-1.0, 1.0] {
+        for (sign, stretch) in [(-1.0, 1.0), (1.0, 1.37)] {
             for i in 0..d / 2 {
                 let f = p as f64 * 0.7f64.powi(i as i32);
-                cos.push(f.cos());
-                sin.push(sign * f.sin());
+                cos.push((f * stretch).cos());
+                sin.push(sign * (f / stretch).sin());
             }
         }
     }
@@ -137,6 +140,17 @@ fn rotate_halves_written_out() {
         x.narrow(-1, 0, 5).unwrap().rotate_halves(&cos, &sin).is_err(),
         "odd last dim"
     );
+    // tables that do not broadcast to the input (more positions) are refused
+    let (more_cos, more_sin) = tables(t + 1, d);
+    assert!(
+        x.rotate_halves(
+            &more_cos.view(&[1, t + 1, 1, d]).unwrap(),
+            &more_sin.view(&[1, t + 1, 1, d]).unwrap()
+        )
+        .is_err(),
+        "tables of {} positions for {t}",
+        t + 1
+    );
 }
 
 /// k or v `[B, Hkv, S, D]` with each head repeated `rep` times in a row: `[B, Hkv * rep, S, D]`.
@@ -154,7 +168,9 @@ fn repeat_heads(z: &Tensor, rep: usize) -> Result<Tensor> {
 fn grouped_query_attention_equals_repeated_heads() {
     let (h, t, d) = (4, 19, 8);
     // one batch element: tasks of one group each; two: of all heads of an element
-    for (b, kv_heads) in [(2, 4), (2, 2), (2, 1), (1, 2), (1, 1)] {
+    // (8 batch elements: tasks of all heads of an element, several groups each, on machines of
+    // up to 8 threads)
+    for (b, kv_heads) in [(2, 4), (2, 2), (2, 1), (1, 2), (1, 1), (8, 2)] {
         let rep = h / kv_heads;
         for causal in [true, false] {
             for dtype in [DType::F32, DType::F64] {
@@ -219,10 +235,51 @@ fn grouped_query_attention_rank_3_and_errors() {
             assert!((x - y).abs() <= 1e-6 * y.abs().max(1e-3), "input {i}: {x} vs {y}");
         }
     }
+    // causal with fewer queries than keys
+    for causal in [true, false] {
+        let q = normal(&[6, 5, 4], 4);
+        let grouped = run(&[q.clone(), k.clone(), v.clone()], DType::F64, &fl, &|a| {
+            Tensor::grouped_query_attention(&a[0], &a[1], &a[2], causal, None)
+        });
+        let repeated = run(&[q, k.clone(), v.clone()], DType::F64, &fl, &|a| {
+            Tensor::scaled_dot_product_attention(
+                &a[0],
+                &repeat_heads(&a[1], 3)?,
+                &repeat_heads(&a[2], 3)?,
+                causal,
+                None,
+            )
+        });
+        assert_eq!(grouped.0, repeated.0, "causal {causal}");
+        for i in 0..3 {
+            for (x, y) in grouped.1[i].iter().zip(&repeated.1[i]) {
+                assert!(
+                    (x - y).abs() <= 1e-12 * y.abs().max(1e-3),
+                    "causal {causal} input {i}: {x} vs {y}"
+                );
+            }
+        }
+    }
     let k4 = normal(&[4, 9, 4], 2);
     assert!(
         Tensor::grouped_query_attention(&q, &k4, &k4, false, None).is_err(),
         "6 heads over 4"
+    );
+    // k and v with different numbers of keys, and no query heads
+    let v_short = normal(&[2, 8, 4], 3);
+    assert!(
+        Tensor::grouped_query_attention(&q, &k, &v_short, false, None).is_err(),
+        "S 9 and 8"
+    );
+    let v_long = normal(&[2, 10, 4], 3);
+    assert!(
+        Tensor::grouped_query_attention(&q, &k, &v_long, false, None).is_err(),
+        "S 9 and 10"
+    );
+    let q0 = normal(&[0, 5, 4], 1);
+    assert!(
+        Tensor::grouped_query_attention(&q0, &k, &v, false, None).is_err(),
+        "no query heads"
     );
     // plain attention still wants equal heads
     assert!(Tensor::scaled_dot_product_attention(&q, &k, &v, false, None).is_err());

@@ -35,7 +35,8 @@ pub struct AttnDims {
     /// Consecutive problems per parallel task (at least 1). Problems whose outputs interleave in
     /// memory (the heads of one batch element in a `[B, T, H * D]` output: 128-byte pieces of each
     /// row, unaligned to cache lines) go to one task, or two cores would write the same lines.
-    /// A multiple of `kv_group`.
+    /// The backward rounds it up to a multiple of `kv_group` (a task alone writes a group's
+    /// key and value gradients).
     pub group: usize,
     /// Query problems per key/value problem (grouped-query attention; 1 without): problem `b`
     /// reads keys and values `b / kv_group`, and the backward sums the `kv_group` problems'
@@ -366,12 +367,9 @@ pub fn backward<T: Float + Default>(
     let AttnDims { t, s, d, dv, .. } = dims;
     let one = T::from_f64(1.0);
     let (dq, dk, dv_out) = (&dq, &dk, &dv_out);
-    let group = dims.group.max(1);
     let kv_group = dims.kv_group.max(1);
-    assert!(
-        group.is_multiple_of(kv_group),
-        "attention tasks of {group} problems, groups of {kv_group}"
-    );
+    // whole groups per task: it alone writes their dk and dv
+    let group = dims.group.max(1).next_multiple_of(kv_group);
     let block = dims.tile::<T>("backward");
     pool::run(dims.bh.div_ceil(group), |task| {
         let mut p = vec![T::zero(); block * s];

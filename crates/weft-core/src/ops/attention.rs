@@ -83,7 +83,8 @@ impl Tensor {
             && k.rank() == r
             && v.rank() == r
             && q.shape()[..r - 3] == k.shape()[..r - 3]
-            && k.shape()[..r - 2] == v.shape()[..r - 2]
+            && k.shape()[..r - 1] == v.shape()[..r - 1]
+            && q.shape()[r - 3] > 0
             && k.shape()[r - 3] > 0
             && q.shape()[r - 3].is_multiple_of(k.shape()[r - 3]);
         if !shapes_ok {
@@ -91,7 +92,7 @@ impl Tensor {
                 "grouped_query_attention",
                 format!(
                     "expected q [..., H, T, D], k [..., Hkv, S, D], v [..., Hkv, S, Dv] with H a \
-                     multiple of Hkv, got {:?} {:?} {:?}",
+                     positive multiple of Hkv, got {:?} {:?} {:?}",
                     q.shape(),
                     k.shape(),
                     v.shape()
@@ -264,8 +265,9 @@ fn dims_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> AttnDims {
         d: q.shape()[r - 1],
         dv: v.shape()[r - 1],
         causal,
-        // a task takes whole groups (it alone writes their dk and dv)
-        group: group.next_multiple_of(kv_group),
+        // (the backward rounds it up to whole groups of kv_group: a task alone writes their dk
+        // and dv; the forward writes each problem's own output and needs no rounding)
+        group,
         kv_group,
     }
 }

@@ -35,6 +35,18 @@ impl Tensor {
                 format!("the last dim must be even, got {:?}", self.shape()),
             ));
         }
+        for (name, table) in [("cos", cos), ("sin", sin)] {
+            if table.layout().expand(self.shape()).is_err() {
+                return Err(invalid(
+                    "rotate_halves",
+                    format!(
+                        "{name} {:?} does not broadcast to the input's shape {:?}",
+                        table.shape(),
+                        self.shape()
+                    ),
+                ));
+            }
+        }
         Tensor::apply_function(Arc::new(RotateHalves { transposed: false }), &[self, cos, sin])
     }
 }

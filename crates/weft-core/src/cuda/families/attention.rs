@@ -211,9 +211,6 @@ pub fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     }
 }
 
-/// q `[..., T, D]`, k `[..., S, D]`, v `[..., S, Dv]` -> out `[..., T, Dv]` (input dtype; a
-/// rank-4 result is stored `[B, T, H, Dv]` and returned as its `[B, H, T, Dv]` view, as on the
-/// CPU) and lse `[..., T]` (compute dtype).
 /// The kernels take k and v with q's leading dims: grouped-query attention repeats the key/value
 /// heads before it reaches a GPU (`Tensor::grouped_query_attention`).
 fn equal_heads(name: &'static str, q: &Tensor, k: &Tensor) -> Result<()> {
@@ -231,6 +228,9 @@ fn equal_heads(name: &'static str, q: &Tensor, k: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// q `[..., T, D]`, k `[..., S, D]`, v `[..., S, Dv]` -> out `[..., T, Dv]` (input dtype; a
+/// rank-4 result is stored `[B, T, H, Dv]` and returned as its `[B, H, T, Dv]` view, as on the
+/// CPU) and lse `[..., T]` (compute dtype).
 fn attention(name: &'static str, sfx: &str, inputs: &[&Tensor], causal: bool, scale: f64) -> Result<Vec<Tensor>> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     equal_heads(name, q, k)?;
