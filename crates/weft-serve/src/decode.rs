@@ -183,16 +183,25 @@ struct Sequence {
 
 impl Sequence {
     fn new(mut job: DecodeJob, lm: &dyn LanguageModel) -> Sequence {
+        let siblings = std::mem::take(&mut job.siblings);
+        let mut seq = Sequence::of(job, lm.new_cache());
+        seq.siblings = siblings;
+        seq
+    }
+
+    /// `job`'s sequence before its first step: its prompt as its tokens, `cache` (empty), its
+    /// own random stream.
+    fn of(job: DecodeJob, cache: KvCache) -> Sequence {
         Sequence {
             tokens: job.ids.clone(),
             prompt_tokens: job.ids.len(),
-            cache: lm.new_cache(),
+            cache,
             snapshot: None,
             rng: Generator::new(job.params.seed),
             prefill: Vec::new(),
             feed: Vec::new(),
             started: false,
-            siblings: std::mem::take(&mut job.siblings),
+            siblings: Vec::new(),
             detok: Detokenizer::new(job.ids.len()),
             stops: StopText::new(job.stop.clone()),
             sent: String::new(),
@@ -204,27 +213,16 @@ impl Sequence {
     }
 
     /// Completion `job` of the same prompt, going on from this sequence once its prompt has
-    /// run (before it draws its first token): the same tokens, `cache` (a copy of its cache),
-    /// its own random stream.
+    /// run (before it draws its first token): the same tokens, the prompt's cache as the
+    /// `snapshot` it copies when it first runs (`empty` until then), its own random stream.
     fn fork(&self, job: DecodeJob, snapshot: Arc<KvCache>, empty: KvCache) -> Sequence {
-        Sequence {
-            tokens: self.tokens.clone(),
-            prompt_tokens: self.prompt_tokens,
-            cache: empty,
-            snapshot: Some(snapshot),
-            rng: Generator::new(job.params.seed),
-            prefill: Vec::new(),
-            feed: Vec::new(),
-            started: true,
-            siblings: Vec::new(),
-            detok: Detokenizer::new(self.prompt_tokens),
-            stops: StopText::new(job.stop.clone()),
-            sent: String::new(),
-            logprobs: Vec::new(),
-            logprobs_sent: 0,
-            done: false,
-            job,
-        }
+        let mut seq = Sequence::of(job, empty);
+        seq.tokens = self.tokens.clone();
+        seq.prompt_tokens = self.prompt_tokens;
+        seq.detok = Detokenizer::new(self.prompt_tokens);
+        seq.snapshot = Some(snapshot);
+        seq.started = true;
+        seq
     }
 
     /// Sets the ids of the next step and returns how many of them are context (prompt) ids:

@@ -25,15 +25,7 @@ impl Tensor {
             use crate::autocast::low;
             return Tensor::scaled_dot_product_attention(&low(q)?, &low(k)?, &low(v)?, causal, scale);
         }
-        for t in [k, v] {
-            if t.dtype() != q.dtype() {
-                return Err(Error::DTypeMismatch {
-                    op: "attention",
-                    lhs: q.dtype(),
-                    rhs: t.dtype(),
-                });
-            }
-        }
+        same_dtypes(q, k, v)?;
         let r = q.rank();
         if r < 2 || k.rank() != r || v.rank() != r {
             return Err(invalid(
@@ -119,15 +111,7 @@ impl Tensor {
             use crate::autocast::low;
             return Tensor::grouped_query_attention(&low(q)?, &low(k)?, &low(v)?, causal, scale);
         }
-        for t in [k, v] {
-            if t.dtype() != q.dtype() {
-                return Err(Error::DTypeMismatch {
-                    op: "attention",
-                    lhs: q.dtype(),
-                    rhs: t.dtype(),
-                });
-            }
-        }
+        same_dtypes(q, k, v)?;
         if q.shape()[r - 1] != k.shape()[r - 1] {
             return Err(invalid(
                 "grouped_query_attention",
@@ -234,6 +218,20 @@ fn dense_input(name: &'static str, t: &Tensor) -> Result<Tensor> {
     } else {
         c.contiguous_copy_for(name)
     }
+}
+
+/// An error unless `k` and `v` have `q`'s dtype.
+fn same_dtypes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+    for t in [k, v] {
+        if t.dtype() != q.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "attention",
+                lhs: q.dtype(),
+                rhs: t.dtype(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Problems per attention task for `batches` x `heads` problems whose outputs interleave by head
