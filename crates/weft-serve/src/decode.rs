@@ -344,13 +344,9 @@ fn run(served: Weak<Served>, queue: Receiver<DecodeJob>) {
             }
         };
         running.retain(|seq| !seq.done);
-        for seq in forked.into_iter().filter(|seq| !seq.done) {
-            if running.len() < cap {
-                running.push(seq);
-            } else {
-                ready.push_back(seq);
-            }
-        }
+        // behind the completions already waiting: the next round fills the running batch from
+        // `ready` in order, before the queue
+        ready.extend(forked.into_iter().filter(|seq| !seq.done));
     }
 }
 
