@@ -60,26 +60,6 @@ def complete(port, tokens, prompt="ROMEO:"):
     return made
 
 
-def streamed(port, tokens, prompt="ROMEO:"):
-    """Seconds from sending to the first streamed text, for a streamed completion of `tokens`."""
-    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-                       "stream": True}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    t = time.perf_counter()
-    first = None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            if first is None and json.loads(line[6:])["choices"][0]["text"]:
-                first = time.perf_counter() - t
-    if first is None:
-        raise SystemExit("a streamed completion sent no text")
-    return first
-
-
 def token_times(port, tokens, prompt="ROMEO:"):
     """The arrival time (perf_counter) of each streamed text piece of a completion of `tokens`."""
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
@@ -95,6 +75,15 @@ def token_times(port, tokens, prompt="ROMEO:"):
             if json.loads(line[6:])["choices"][0]["text"]:
                 times.append(time.perf_counter())
     return times
+
+
+def streamed(port, tokens, prompt="ROMEO:"):
+    """Seconds from sending to the first streamed text, for a streamed completion of `tokens`."""
+    t = time.perf_counter()
+    times = token_times(port, tokens, prompt)
+    if not times:
+        raise SystemExit("a streamed completion sent no text")
+    return times[0] - t
 
 
 # 240 characters: 240 tokens of the built-in corpus's character tokenizer

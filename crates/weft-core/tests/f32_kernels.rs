@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_close, normal};
+use common::{assert_close, leaf, normal, values_and_grads};
 use weft_core::{Conv2dParams, DType, Pool2dParams, Result, Tensor, UnaryOp};
 
 /// Runs `f` on `inputs` in f64 and in f32 (inputs cast), comparing outputs and the gradients of
@@ -12,26 +12,10 @@ use weft_core::{Conv2dParams, DType, Pool2dParams, Result, Tensor, UnaryOp};
 fn compare(name: &str, inputs: &[Tensor], rtol: f64, f: impl Fn(&[Tensor]) -> Result<Tensor>) {
     let mut results = Vec::new();
     for dtype in [DType::F64, DType::F32] {
-        let leaves: Vec<Tensor> = inputs
-            .iter()
-            .map(|t| {
-                t.cast(dtype)
-                    .unwrap()
-                    .contiguous_copy()
-                    .unwrap()
-                    .requires_grad_()
-                    .unwrap()
-            })
-            .collect();
+        let leaves: Vec<Tensor> = inputs.iter().map(|t| leaf(&t.cast(dtype).unwrap())).collect();
         let out = f(&leaves).unwrap_or_else(|e| panic!("{name} {dtype:?}: {e}"));
         assert_eq!(out.dtype(), dtype, "{name}: output dtype");
-        let w = normal(out.shape(), 999).cast(dtype).unwrap();
-        out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
-        let grads: Vec<Vec<f64>> = leaves
-            .iter()
-            .map(|l| l.grad().map(|g| g.to_vec_f64()).unwrap_or_default())
-            .collect();
-        results.push((out.to_vec_f64(), grads));
+        results.push(values_and_grads(&out, &leaves, 999));
     }
     let scale = |v: &[f64]| v.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0);
     let (ref64, ref32) = (&results[0], &results[1]);

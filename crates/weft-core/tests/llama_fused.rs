@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::normal;
+use common::{leaf, normal, values_and_grads};
 use weft_core::{DType, Result, Tensor};
 
 /// Values of `t` as f64 (exact for every float dtype).
@@ -24,17 +24,7 @@ fn run(
     strided: &[bool],
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
 ) -> (Vec<f64>, Vec<Vec<f64>>) {
-    let leaves: Vec<Tensor> = inputs
-        .iter()
-        .map(|t| {
-            t.cast(dtype)
-                .unwrap()
-                .contiguous_copy()
-                .unwrap()
-                .requires_grad_()
-                .unwrap()
-        })
-        .collect();
+    let leaves: Vec<Tensor> = inputs.iter().map(|t| leaf(&t.cast(dtype).unwrap())).collect();
     let args: Vec<Tensor> = leaves
         .iter()
         .zip(strided)
@@ -48,14 +38,7 @@ fn run(
             }
         })
         .collect();
-    let out = f(&args).unwrap();
-    let w = normal(out.shape(), 99).cast(dtype).unwrap();
-    out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
-    let grads = leaves
-        .iter()
-        .map(|l| l.grad().map(|g| values(&g)).unwrap_or_default())
-        .collect();
-    (values(&out), grads)
+    values_and_grads(&f(&args).unwrap(), &leaves, 99)
 }
 
 /// `x` with the halves of its last dim exchanged (the composition the fused rotation replaces).

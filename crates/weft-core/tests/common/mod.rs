@@ -23,6 +23,18 @@ pub fn leaf(t: &Tensor) -> Tensor {
     t.contiguous_copy().unwrap().requires_grad_().unwrap()
 }
 
+/// `out`'s values and the gradient of `sum(out * w)` for each of `leaves` (empty where none
+/// reaches it), `w` drawn from `seed` in `out`'s dtype; all as f64.
+pub fn values_and_grads(out: &Tensor, leaves: &[Tensor], seed: u64) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let w = normal(out.shape(), seed).cast(out.dtype()).unwrap();
+    out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let grads = leaves
+        .iter()
+        .map(|l| l.grad().map(|g| g.to_vec_f64()).unwrap_or_default())
+        .collect();
+    (out.to_vec_f64(), grads)
+}
+
 /// Checks the gradient of `f` with respect to every input against central finite differences in
 /// f64. The scalar differentiated is `sum(f(inputs) * w)` with a fixed random `w`, so that errors
 /// in individual output positions cannot cancel.
