@@ -12,6 +12,7 @@ mod export;
 mod generate;
 mod graph;
 mod launch;
+mod lineage;
 mod models;
 mod pipeline;
 mod plan;

@@ -1,5 +1,6 @@
 //! `weft models`: the model registry in a run store (docs/registry.md): register a run's
-//! checkpoint (or a checkpoint folder) as a model's next version, list, show, promote.
+//! checkpoint (or a checkpoint folder) as a model's next version, list, show, promote, and a
+//! version's lineage.
 
 use std::path::PathBuf;
 
@@ -36,6 +37,20 @@ pub enum ModelsCommand {
     Show(ShowArgs),
     /// Moves a version to a stage; promoting one to production archives the previous one.
     Promote(PromoteArgs),
+    /// Where a version came from: the run that made it, what that run read (data and its
+    /// digest, initial weights), the runs before it, and the pipeline steps that made them.
+    Lineage(LineageArgs),
+}
+
+#[derive(clap::Args)]
+pub struct LineageArgs {
+    name: String,
+    version: i64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    dir: DirArg,
 }
 
 #[derive(clap::Args)]
@@ -150,6 +165,15 @@ pub fn run(what: ModelsCommand) -> Result<(), String> {
                 ))
             } else {
                 print_out(&table(&versions))
+            }
+        }
+        ModelsCommand::Lineage(a) => {
+            let l = weft_tune::lineage::lineage(&store_dir(a.dir.dir.as_ref()), &a.name, a.version)
+                .map_err(|e| e.to_string())?;
+            if a.json {
+                print_out(&format!("{}\n", crate::lineage::json(&l)))
+            } else {
+                print_out(&crate::lineage::text(&l))
             }
         }
         ModelsCommand::Promote(a) => {

@@ -33,7 +33,7 @@ impl DirArg {
 pub enum RunsCommand {
     /// Lists runs: id, experiment, name, status, start, duration and last loss.
     List(ListArgs),
-    /// Shows one run: status, command, git, host, layout, params, tags, metrics, artifacts.
+    /// Shows one run: status, command, git, host, layout, params, tags, metrics, inputs, artifacts.
     Show(ShowArgs),
     /// Compares runs: the params that differ, and each metric's last/min/max side by side.
     Compare(CompareArgs),
@@ -201,10 +201,26 @@ fn show(a: &ShowArgs) -> Result<(), String> {
             m.last, m.last_step, m.min, m.max, m.count
         );
     }
+    for i in &d.inputs {
+        out += &format!("input {}\n", input_line(i));
+    }
     for (kind, p) in &d.artifacts {
         out += &format!("artifact {kind}: {p}\n");
     }
     print_out(&out)
+}
+
+/// `KIND: URI [DIGEST] [(from run N)]`: one input of a run, as `runs show` and `models show`
+/// print it.
+pub(crate) fn input_line(i: &weft_track::RunInput) -> String {
+    let mut line = format!("{}: {}", i.kind, i.uri);
+    if let Some(d) = &i.digest {
+        line += &format!(" {d}");
+    }
+    if let Some(r) = i.source_run {
+        line += &format!(" (from run {r})");
+    }
+    line
 }
 
 fn compare(a: &CompareArgs) -> Result<(), String> {
@@ -344,7 +360,7 @@ fn table(rows: &[impl AsRef<[String]>]) -> String {
 }
 
 /// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
-fn utc(t: f64) -> String {
+pub(crate) fn utc(t: f64) -> String {
     let secs = t.max(0.0) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // civil from days (Howard Hinnant's algorithm)

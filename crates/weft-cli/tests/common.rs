@@ -408,6 +408,13 @@ pub fn write_tiny_mlp(dir: &Path, train: &str) -> PathBuf {
     path
 }
 
+/// `sha256:HEX` of a file's bytes (as the run store records data digests).
+pub fn sha256_of(path: &Path) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(std::fs::read(path).unwrap());
+    format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
 /// `weft` with `args` recording into the run store `runs` (`WEFT_TRACK_DIR`), as
 /// [`weft_command`] starts it.
 pub fn weft_with_store(runs: &Path, args: &[&str]) -> Output {

@@ -549,6 +549,15 @@ fn the_shakespeare_example_runs_on_tiny_settings_then_comes_from_the_cache() {
         first.contains("step deploy: finished: model=shakespeare_gpt version=1 stage=production"),
         "{first}"
     );
+    // the version's lineage: the train step's run, which read the prepare step's folder (through
+    // the link step's fixed path), its digest that of the folder's index.json
+    let l = json_of(&ok(&runs, &["models", "lineage", "shakespeare_gpt", "1", "--json"]));
+    let made = &l["runs"][0];
+    assert_eq!(made["made_by"][0]["step"], "train", "{l}");
+    assert_eq!(made["inputs"][0]["kind"], "data", "{l}");
+    assert_eq!(made["inputs"][0]["made_by"][0]["step"], "prepare", "{l}");
+    let index = std::path::Path::new(&prep["data"]).join("index.json");
+    assert_eq!(made["inputs"][0]["digest"], common::sha256_of(&index), "{l}");
     let second = run();
     assert_eq!(second.matches(": cached (").count(), steps.len(), "{second}");
     let _ = std::fs::remove_dir_all(&dir);

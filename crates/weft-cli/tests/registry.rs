@@ -2,7 +2,8 @@
 //! name and by checkpoint path), promoted, listed and shown as JSON; bad input refused in one
 //! line; a server on the registry answering with the production version and following a
 //! promotion made while a client sends requests non-stop, with no request failing; a promoted
-//! version that does not load leaves the previous one serving.
+//! version that does not load leaves the previous one serving; a version's lineage (its run,
+//! that run's data and initial weights, the run those came from).
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::process::{Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{free_port, path_set, temp_dir, wait_for, weft_command};
+use common::{free_port, path_set, sha256_of, temp_dir, wait_for, weft_command};
 use serde_json::{json, Value};
 
 /// `weft ARGS` with the run store in `runs`.
@@ -50,6 +51,95 @@ fn train_mlp(dir: &Path, runs: &Path, name: &str, steps: usize) -> PathBuf {
 
 fn json_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn a_versions_lineage_names_its_run_the_data_it_read_and_the_run_its_weights_came_from() {
+    let dir = temp_dir("lineage");
+    let runs = dir.join("runs");
+    let a = train_mlp(&dir, &runs, "mlp-a", 4);
+    // run b starts from a's weights: a file inside a's checkpoint folder
+    let a_weights = a.join("step-00000004").join("model-rank-00000.safetensors");
+    assert!(a_weights.is_file(), "{}", a_weights.display());
+    let cfg = dir.join("mlp.toml");
+    let (init, ckpt) = (
+        path_set("init.from", &a_weights),
+        path_set("train.checkpoint_dir", &dir.join("mlp-b")),
+    );
+    #[rustfmt::skip]
+    ok(&runs, &["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", &init, "--set", &ckpt,
+        "--set", "train.steps=2", "--set", "track.name=\"mlp-b\""]);
+    ok(&runs, &["models", "register", "mlp-b", "--name", "m"]);
+    // a version registered by folder: the run that recorded the folder
+    ok(&runs, &["models", "register", a.to_str().unwrap(), "--name", "m"]);
+    let id_of = |name: &str| -> i64 {
+        let all = json_of(&ok(&runs, &["runs", "list", "--json"]));
+        let run = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()
+            .clone();
+        run["id"].as_i64().unwrap()
+    };
+    let (a_id, b_id) = (id_of("mlp-a"), id_of("mlp-b"));
+    let data_uri = dir.join("d.csv").canonicalize().unwrap().display().to_string();
+    let data_digest = sha256_of(&dir.join("d.csv"));
+
+    let l = json_of(&ok(&runs, &["models", "lineage", "m", "1", "--json"]));
+    assert_eq!(l["model"]["version"], 1, "{l}");
+    let chain: Vec<i64> = l["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(chain, [b_id, a_id], "{l}");
+    let inputs = &l["runs"][0]["inputs"];
+    assert_eq!(
+        inputs[0],
+        json!({"kind": "data", "uri": data_uri, "digest": data_digest, "source_run": null, "made_by": []}),
+        "{l}"
+    );
+    assert_eq!(inputs[1]["kind"], "init", "{l}");
+    assert_eq!(inputs[1]["uri"], a_weights.display().to_string(), "{l}");
+    assert_eq!(inputs[1]["digest"], sha256_of(&a_weights), "{l}");
+    assert_eq!(inputs[1]["source_run"], a_id, "{l}");
+    // a's own inputs: the same data, no initial weights
+    assert_eq!(l["runs"][1]["inputs"].as_array().unwrap().len(), 1, "{l}");
+    assert_eq!(l["runs"][1]["inputs"][0]["digest"], data_digest, "{l}");
+    assert_eq!(l["runs"][1]["params"]["optim.lr"], "0.01", "{l}");
+
+    let by_folder = json_of(&ok(&runs, &["models", "lineage", "m", "2", "--json"]));
+    assert_eq!(by_folder["model"]["source_run"], Value::Null, "{by_folder}");
+    assert_eq!(by_folder["runs"][0]["id"], a_id, "{by_folder}");
+
+    let text = ok(&runs, &["models", "lineage", "m", "1"]);
+    assert!(text.contains(&format!("(from run {a_id})")), "{text}");
+    assert!(text.contains(&format!("data: {data_uri} {data_digest}")), "{text}");
+    let shown = ok(&runs, &["runs", "show", "mlp-b"]);
+    assert!(
+        shown.contains(&format!("input data: {data_uri} {data_digest}")),
+        "{shown}"
+    );
+
+    // changed data: the next run's digest says so
+    let mut csv = std::fs::read_to_string(dir.join("d.csv")).unwrap();
+    csv.push_str("0.5,0.5,1\n");
+    std::fs::write(dir.join("d.csv"), csv).unwrap();
+    // (train_mlp would write the data again)
+    #[rustfmt::skip]
+    ok(&runs, &["train", "--config", cfg.to_str().unwrap(), "--quiet", "--set", "train.steps=2",
+        "--set", "track.name=\"mlp-c\""]);
+    let c = json_of(&ok(&runs, &["runs", "show", "mlp-c", "--json"]));
+    assert_eq!(c["inputs"][0]["uri"], data_uri, "{c}");
+    assert_ne!(c["inputs"][0]["digest"], data_digest, "{c}");
+    assert_eq!(c["inputs"][0]["digest"], sha256_of(&dir.join("d.csv")), "{c}");
+
+    let err = refused(&runs, &["models", "lineage", "m", "7"]);
+    assert!(err.contains("no version 7"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

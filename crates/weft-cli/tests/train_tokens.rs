@@ -348,4 +348,26 @@ fn a_dataset_prepared_again_under_the_same_url_is_not_served_from_the_old_cache(
     let fresh = run("fresh", "fresh-cache");
     assert_eq!(again, fresh, "the run read the old dataset's cached blocks");
     assert_ne!(again, first);
+    // the run store tells the two datasets apart: each run's data input is the URL with the
+    // digest of the index.json it read (the bucket's folder holds the current one)
+    let store = weft_track::Store::open_existing(&common::test_runs_dir()).unwrap();
+    let data_of = |name: &str| {
+        let runs = store.list_runs(None).unwrap();
+        let metrics = format!("{name}.jsonl");
+        let r = runs
+            .iter()
+            .find(|r| r.params.get("train.metrics") == Some(&metrics))
+            .unwrap_or_else(|| panic!("no run wrote {metrics}"));
+        let inputs = store.inputs(r.id).unwrap();
+        assert_eq!(
+            (inputs[0].kind.as_str(), inputs[0].uri.as_str()),
+            ("data", url),
+            "{inputs:?}"
+        );
+        inputs[0].digest.clone().unwrap()
+    };
+    let now = common::sha256_of(&dir.join("s3/data/corpus/index.json"));
+    assert_eq!(data_of("again"), now);
+    assert_eq!(data_of("fresh"), now);
+    assert_ne!(data_of("first"), now);
 }

@@ -479,6 +479,12 @@ fn trial(dir: &Path, sweep: &str, n: u64, last: f64, status: Status) -> i64 {
             .chain([("sys.cpus", "2".to_string())])
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
+        inputs: vec![weft_track::RunInput {
+            kind: "data".into(),
+            uri: "s3://corpus/shards".into(),
+            digest: Some(format!("sha256:{n:064}")),
+            source_run: None,
+        }],
         ..Default::default()
     };
     let w = RunWriter::start(dir, run, WriterOptions::default()).unwrap();
@@ -608,6 +614,15 @@ fn the_sweep_and_model_views_show_the_store() {
     // the machine's tags apart, as "system"
     let system = page.eval("document.getElementById('run-system')?.innerText ?? ''");
     assert!(system.as_str().unwrap().contains("cpus\t2"), "{system}");
+    // what it read
+    let inputs = page.eval("document.getElementById('run-inputs')?.innerText ?? ''");
+    assert!(
+        inputs
+            .as_str()
+            .unwrap()
+            .contains(&format!("data\ts3://corpus/shards\tsha256:{:064}", 1)),
+        "{inputs}"
+    );
     eprintln!(
         "chromium showed the sweep, its trials and the model versions; screenshots in {}",
         shots.display()

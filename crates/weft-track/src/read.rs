@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use rusqlite::{params, OptionalExtension, Row};
 
 use crate::error::{Error, Result, SqlContext};
+use crate::writer::RunInput;
 use crate::Store;
 
 /// A run as `weft runs list` shows it.
@@ -52,6 +53,8 @@ pub struct RunDetail {
     pub error: Option<String>,
     /// `(kind, path)` in the order they were recorded.
     pub artifacts: Vec<(String, String)>,
+    /// What it read (data, initial weights, config), in the order recorded.
+    pub inputs: Vec<RunInput>,
     pub metrics: BTreeMap<String, MetricSummary>,
 }
 
@@ -204,6 +207,7 @@ impl Store {
                     heartbeat: r.get(11)?,
                     error: r.get(12)?,
                     artifacts: Vec::new(),
+                    inputs: Vec::new(),
                     metrics: BTreeMap::new(),
                 })
             })
@@ -220,9 +224,49 @@ impl Store {
             .at(p)?
             .collect::<rusqlite::Result<_>>()
             .at(p)?;
+        detail.inputs = self.inputs(id)?;
         detail.metrics = self.metric_summaries(id)?;
         detail.summary.last = detail.metrics.iter().map(|(k, m)| (k.clone(), m.last)).collect();
         Ok(detail)
+    }
+
+    /// What run `id` read, in the order recorded (`[]` for an unknown run).
+    pub fn inputs(&self, id: i64) -> Result<Vec<RunInput>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT kind, uri, digest, source_run FROM run_inputs WHERE run_id = ?1 ORDER BY rowid")
+            .at(p)?;
+        let rows = stmt
+            .query_map(params![id], |r| {
+                Ok(RunInput {
+                    kind: r.get(0)?,
+                    uri: r.get(1)?,
+                    digest: r.get(2)?,
+                    source_run: r.get(3)?,
+                })
+            })
+            .at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
+    }
+
+    /// The latest run whose recorded `checkpoint` artifact is `path` or a folder holding it
+    /// (the run that wrote a checkpoint, or a file inside one).
+    pub fn checkpoint_owner(&self, path: &str) -> Result<Option<i64>> {
+        checkpoint_owner(&self.conn, &self.path, None, path)
+    }
+
+    /// The runs that read `uri` (as any kind of input), oldest first: `(run id, kind, digest)`.
+    pub fn readers_of(&self, uri: &str) -> Result<Vec<(i64, String, Option<String>)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT run_id, kind, digest FROM run_inputs WHERE uri = ?1 ORDER BY run_id, rowid")
+            .at(p)?;
+        let rows = stmt
+            .query_map(params![uri], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .at(p)?;
+        rows.collect::<rusqlite::Result<_>>().at(p)
     }
 
     /// Every metric row of run `id`: `(step, key, value, time)` by key, then step.
@@ -286,4 +330,22 @@ impl Store {
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
+}
+
+/// As [`Store::checkpoint_owner`], leaving out run `except`.
+pub(crate) fn checkpoint_owner(
+    conn: &rusqlite::Connection,
+    path: &std::path::Path,
+    except: Option<i64>,
+    uri: &str,
+) -> Result<Option<i64>> {
+    conn.query_row(
+        "SELECT run_id FROM artifacts WHERE kind = 'checkpoint' AND run_id IS NOT ?2
+         AND (?1 = path OR substr(?1, 1, length(path) + 1) = path || '/')
+         ORDER BY run_id DESC LIMIT 1",
+        params![uri, except],
+        |r| r.get(0),
+    )
+    .optional()
+    .at(path)
 }

@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS artifacts (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     kind TEXT NOT NULL, path TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS artifacts_run ON artifacts (run_id);
+CREATE TABLE IF NOT EXISTS run_inputs (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL, uri TEXT NOT NULL, digest TEXT, source_run INTEGER);
+CREATE INDEX IF NOT EXISTS run_inputs_run ON run_inputs (run_id);
+CREATE INDEX IF NOT EXISTS run_inputs_uri ON run_inputs (uri);
 ";
 
 /// How a store is opened.

@@ -33,6 +33,24 @@ pub struct NewRun {
     pub params: Vec<(String, String)>,
     /// Tags (`key` -> `value`).
     pub tags: Vec<(String, String)>,
+    /// What the run read: its data, initial weights, config (lineage). An input without a
+    /// `source_run` gets the run whose recorded checkpoint folder holds it, if any.
+    pub inputs: Vec<RunInput>,
+}
+
+/// One thing a run read, as the store records it (table `run_inputs`): MLflow's dataset
+/// inputs, widened to any file or folder a run starts from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunInput {
+    /// What it is to the run: `data`, `val_data`, `init`, `config`, ...
+    pub kind: String,
+    /// Where it is: an absolute path, or an object store URL, or `builtin:NAME`.
+    pub uri: String,
+    /// What it held when the run read it, `sha256:HEX` (of the file, or of a token folder's
+    /// `index.json`, which lists its shards' checksums); `None` where nothing was hashed.
+    pub digest: Option<String>,
+    /// The run of this store that wrote it (a checkpoint's run), when known.
+    pub source_run: Option<i64>,
 }
 
 impl NewRun {
@@ -271,7 +289,8 @@ fn insert_run(store: &mut Store, run: &NewRun) -> Result<RunRef> {
     })
 }
 
-/// Writes `run`'s params and tags for run `id` (replacing those of the same keys).
+/// Writes `run`'s params and tags for run `id` (replacing those of the same keys), and its
+/// inputs (adding those it does not have yet).
 pub(crate) fn insert_params_and_tags(conn: &Connection, path: &Path, id: i64, run: &NewRun) -> Result<()> {
     let mut p = conn
         .prepare("INSERT OR REPLACE INTO params (run_id, key, value, num) VALUES (?1, ?2, ?3, ?4)")
@@ -285,6 +304,22 @@ pub(crate) fn insert_params_and_tags(conn: &Connection, path: &Path, id: i64, ru
         .at(path)?;
     for (k, v) in &run.tags {
         t.execute(params![id, k, v]).at(path)?;
+    }
+    // an input recorded before (a resumed run reading the same data) is not recorded twice
+    let mut i = conn
+        .prepare(
+            "INSERT INTO run_inputs (run_id, kind, uri, digest, source_run) SELECT ?1, ?2, ?3, ?4, ?5
+             WHERE NOT EXISTS (SELECT 1 FROM run_inputs WHERE run_id = ?1 AND kind = ?2 AND uri = ?3
+                               AND digest IS ?4 AND source_run IS ?5)",
+        )
+        .at(path)?;
+    for input in &run.inputs {
+        let source_run = match input.source_run {
+            Some(r) => Some(r),
+            None => crate::read::checkpoint_owner(conn, path, Some(id), &input.uri)?,
+        };
+        i.execute(params![id, input.kind, input.uri, input.digest, source_run])
+            .at(path)?;
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod export;
 pub mod generate;
 pub mod job;
+pub mod lineage;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;

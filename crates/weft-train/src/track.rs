@@ -41,15 +41,21 @@ pub struct Tracking {
 }
 
 impl Tracking {
-    /// Starts recording the run on the rank that `logs` (rank 0), when `track.enabled`; `None`
-    /// otherwise, or when the store cannot be opened (after a warning naming it).
+    /// Starts recording the run on the rank that `logs` (rank 0), when `track.enabled`, with
+    /// its inputs (`crate::lineage`; `tokens_digest` as [`crate::lineage::run_inputs`] takes
+    /// it); `None` otherwise, or when the store cannot be opened (after a warning naming it).
     ///
     /// `continues`: the extra state of the checkpoint this run continues (its own folder's) and
     /// the steps it holds. When the checkpoint names a run of this store that can go on, that run
     /// is continued after those steps; otherwise (after one warning saying why, unless the
     /// checkpoint names no run: one written before runs were named, or untracked) a new run is
     /// recorded.
-    pub fn start(config: &RunConfig, logs: bool, continues: Option<(&serde_json::Value, usize)>) -> Option<Tracking> {
+    pub fn start(
+        config: &RunConfig,
+        logs: bool,
+        continues: Option<(&serde_json::Value, usize)>,
+        tokens_digest: Option<&str>,
+    ) -> Option<Tracking> {
         let tc = &config.track;
         if !(tc.enabled && logs) {
             return None;
@@ -65,6 +71,7 @@ impl Tracking {
                 .map(|(k, v)| (k.clone(), crate::config::track_value_text(v)))
                 .chain(weft_track::system::system_tags())
                 .collect(),
+            inputs: crate::lineage::run_inputs(config, tokens_digest),
             ..NewRun::here(&tc.experiment, tc.name.clone())
         };
         let dir = store_dir(config);

@@ -16,6 +16,7 @@
 
 pub mod driver;
 mod error;
+pub mod lineage;
 pub mod pipeline;
 pub mod pruner;
 pub mod registry;

@@ -39,6 +39,7 @@ pub fn detail(d: &RunDetail) -> Value {
     v["heartbeat"] = json!(d.heartbeat);
     v["error"] = json!(d.error);
     v["artifacts"] = d.artifacts.iter().map(|(k, p)| json!({"kind": k, "path": p})).collect();
+    v["inputs"] = d.inputs.iter().map(input).collect();
     v["metric_summaries"] = d
         .metrics
         .iter()
@@ -50,4 +51,9 @@ pub fn detail(d: &RunDetail) -> Value {
         .collect::<Map<_, _>>()
         .into();
     v
+}
+
+/// One input of a run: `{"kind", "uri", "digest", "source_run"}` (the last two may be null).
+pub fn input(i: &crate::RunInput) -> Value {
+    json!({"kind": i.kind, "uri": i.uri, "digest": i.digest, "source_run": i.source_run})
 }

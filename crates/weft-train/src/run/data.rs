@@ -22,6 +22,8 @@ pub(super) struct Data {
     /// Rows `rows` of the training batch at an index, built without the others (token data):
     /// a data-parallel rank then reads only its own rows.
     pub rows: Option<RowsFn>,
+    /// A token dataset's `index.json` digest as read (`crate::lineage`).
+    pub tokens_digest: Option<String>,
 }
 
 /// Rows of the training batch at an index.
@@ -69,6 +71,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                 tokenizer: None,
                 batch_rows,
                 rows: None,
+                tokens_digest: None,
             }
         }
         DataConfig::Text(t) => {
@@ -97,6 +100,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                 tokenizer: Some(ds.tokenizer().clone()),
                 batch_rows: bs,
                 rows: None,
+                tokens_digest: None,
             }
         }
         DataConfig::Tokens(k) => tokens_data(config, k, seed, block_size)?,
@@ -132,6 +136,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                 tokenizer: None,
                 batch_rows: bs,
                 rows: None,
+                tokens_digest: None,
             }
         }
     })
@@ -181,13 +186,14 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         ..Default::default()
     };
     let opened = store::open_with(&target, &options)?;
+    let index = ObjectSource::read(&*opened, weft_data::tokens::INDEX_NAME)?;
+    let tokens_digest = Some(crate::lineage::digest_of(&index));
     let ds = if opened.is_local() {
-        TokenDataset::open(opened)?
+        TokenDataset::open_with_index(opened, &index)?
     } else {
         // a dataset prepared again under the same URL must not be served from the old one's
         // blocks: the version (a hash of its index.json, read from the store itself, once) is
         // part of every cache key; all versions share the one folder and its size limit
-        let index = ObjectSource::read(&*opened, weft_data::tokens::INDEX_NAME)?;
         let version: String = sha2::Sha256::digest(&index)[..8]
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -232,6 +238,7 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         tokenizer: Some(ds.tokenizer().clone()),
         batch_rows: bs,
         rows: Some(rows),
+        tokens_digest,
     })
 }
 

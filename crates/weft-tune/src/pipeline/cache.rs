@@ -35,6 +35,20 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
     move |e| Error::State(format!("{}: {e}", path.display()))
 }
 
+/// An execution from a row of `SELECT id, pipeline, step, hash, status, output, start, end`.
+fn execution_row(r: &rusqlite::Row) -> rusqlite::Result<Execution> {
+    Ok(Execution {
+        id: r.get(0)?,
+        pipeline: r.get(1)?,
+        step: r.get(2)?,
+        hash: r.get(3)?,
+        status: r.get(4)?,
+        output: r.get(5)?,
+        start: r.get(6)?,
+        end: r.get(7)?,
+    })
+}
+
 impl Cache {
     /// Opens the cache of the run store in folder `dir` (store and table made when missing).
     pub fn open(dir: &Path) -> Result<Cache> {
@@ -58,18 +72,7 @@ impl Cache {
                 "SELECT id, pipeline, step, hash, status, output, start, end FROM pipeline_executions
                  WHERE hash = ?1 AND status = 'finished' ORDER BY id DESC LIMIT 1",
                 params![hash],
-                |r| {
-                    Ok(Execution {
-                        id: r.get(0)?,
-                        pipeline: r.get(1)?,
-                        step: r.get(2)?,
-                        hash: r.get(3)?,
-                        status: r.get(4)?,
-                        output: r.get(5)?,
-                        start: r.get(6)?,
-                        end: r.get(7)?,
-                    })
-                },
+                execution_row,
             )
             .optional()
             .map_err(sql(&self.path))
@@ -102,6 +105,28 @@ impl Cache {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         let mut store = weft_track::Store::open(dir)?;
         Ok(store.add_metric(run, step, key, value)?)
+    }
+
+    /// The finished executions whose output has a `key` that `is` accepts (`data` and a
+    /// prepare step's folder, `run` and a train step's run id), oldest first: what made a run's
+    /// input, or the run.
+    pub fn made(&self, key: &str, is: impl Fn(&str) -> bool) -> Result<Vec<Execution>> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, pipeline, step, hash, status, output, start, end FROM pipeline_executions
+                 WHERE status = 'finished' AND instr(output, ?1) > 0 ORDER BY id",
+            )
+            .map_err(sql(&self.path))?;
+        let rows = stmt
+            .query_map(params![format!("{key}=")], execution_row)
+            .map_err(sql(&self.path))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql(&self.path))?;
+        Ok(rows
+            .into_iter()
+            .filter(|e| super::refs::parse_output(&e.output).get(key).is_some_and(|v| is(v)))
+            .collect())
     }
 
     /// The latest execution of step `step` of pipeline `pipeline`: `(status, output, end)`.
