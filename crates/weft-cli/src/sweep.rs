@@ -25,6 +25,22 @@ pub struct SweepArgs {
     /// pruned or failed are not run again; killed ones are.
     #[arg(long)]
     resume: bool,
+    #[command(flatten)]
+    given: Given,
+}
+
+/// What the command line changes of a sweep file (`weft sweep` and `weft sweep status` take
+/// the same, to find the same trials).
+#[derive(clap::Args, Default)]
+pub struct Given {
+    /// The sweep's name instead of the file's `[sweep] name` (its trials are `NAME-trial-N`; the
+    /// experiment stays the file's).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// `section.key=value` set in the base config of every trial (as `weft train --set`), before
+    /// the swept values; a swept key cannot be set.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -43,26 +59,50 @@ pub struct StatusArgs {
     /// null).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    given: Given,
 }
 
 pub fn run(args: SweepArgs) -> Result<(), String> {
     match args.what {
-        Some(SweepCommand::Status(s)) => status(&s.config, s.json),
-        None => sweep(args.config.as_deref().ok_or("--config is required")?, args.resume),
+        Some(SweepCommand::Status(s)) => status(&s.config, &s.given, s.json),
+        None => sweep(
+            args.config.as_deref().ok_or("--config is required")?,
+            &args.given,
+            args.resume,
+        ),
     }
 }
 
 /// A sweep file with its base config, both checked.
 struct Checked {
     spec: SweepSpec,
+    /// The base config with the command line's `--set`s.
     base: RunConfig,
     store_dir: PathBuf,
+    /// The command line's `--set`s, given to every trial.
+    sets: Vec<String>,
 }
 
-fn check(path: &Path) -> Result<Checked, String> {
-    let spec = SweepSpec::load(path).map_err(|e| e.to_string())?;
+fn check(path: &Path, given: &Given) -> Result<Checked, String> {
+    let mut spec = SweepSpec::load(path).map_err(|e| e.to_string())?;
+    if let Some(name) = &given.name {
+        if name.is_empty() || name.contains('/') {
+            return Err(format!(
+                "--name {name:?}: a sweep's name must be non-empty and hold no '/'"
+            ));
+        }
+        spec.name = name.clone();
+    }
     let source = &spec.source;
-    let base = RunConfig::load(&spec.base, &Overrides::default()).map_err(|e| format!("{source}: sweep.base: {e}"))?;
+    for kv in &given.set {
+        let key = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k).trim();
+        if spec.space.params.iter().any(|p| p.key == key) {
+            return Err(format!("--set {kv}: {key} is swept by {source} (sweep.parameters)"));
+        }
+    }
+    let with = |more: Option<String>| Overrides::set(given.set.iter().cloned().chain(more));
+    let base = RunConfig::load(&spec.base, &with(None)).map_err(|e| format!("{source}: sweep.base: {e}"))?;
     // each key set to one of its values must give a config that loads
     for p in &spec.space.params {
         let first = match p.grid_points() {
@@ -70,7 +110,7 @@ fn check(path: &Path) -> Result<Checked, String> {
             None => p.from_internal(p.bounds().0),
         };
         let set = format!("{}={}", p.key, p.text(first));
-        RunConfig::load(&spec.base, &Overrides::set([set.clone()])).map_err(|e| {
+        RunConfig::load(&spec.base, &with(Some(set.clone()))).map_err(|e| {
             let e = e.to_string();
             let what = if e.contains("unknown field") || e.contains("is not a section") {
                 "not a key this run config takes"
@@ -97,7 +137,12 @@ fn check(path: &Path) -> Result<Checked, String> {
     }
     let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
     let store_dir = cwd.join(weft_train::track::store_dir(&base));
-    Ok(Checked { spec, base, store_dir })
+    Ok(Checked {
+        spec,
+        base,
+        store_dir,
+        sets: given.set.clone(),
+    })
 }
 
 /// The metric keys `weft train` records for `config` (docs/tracking.md, "What is recorded").
@@ -144,6 +189,9 @@ fn train_args(c: &Checked, number: u64, sets: &[(String, String)]) -> Vec<String
     let mut args = vec!["train".to_string(), "--quiet".into(), "--config".into()];
     args.push(spec.base.display().to_string());
     let mut set = |kv: String| args.extend(["--set".to_string(), kv]);
+    for kv in &c.sets {
+        set(kv.clone());
+    }
     for (k, v) in sets {
         set(format!("{k}={v}"));
     }
@@ -192,8 +240,8 @@ fn train_args(c: &Checked, number: u64, sets: &[(String, String)]) -> Vec<String
     args
 }
 
-fn sweep(path: &Path, resume: bool) -> Result<(), String> {
-    let c = check(path)?;
+fn sweep(path: &Path, given: &Given, resume: bool) -> Result<(), String> {
+    let c = check(path, given)?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this weft binary: {e}"))?;
     let nproc = c.spec.nproc_per_trial;
     let command = |number: u64, sets: &[(String, String)]| {
@@ -228,8 +276,8 @@ fn sweep(path: &Path, resume: bool) -> Result<(), String> {
     print_out(&trials::status_text(&c.spec, &records))
 }
 
-fn status(path: &Path, json: bool) -> Result<(), String> {
-    let c = check(path)?;
+fn status(path: &Path, given: &Given, json: bool) -> Result<(), String> {
+    let c = check(path, given)?;
     let store = weft_track::Store::open_existing(&c.store_dir).map_err(|e| e.to_string())?;
     let records = trials::load(&store, &c.spec).map_err(|e| e.to_string())?;
     if json {

@@ -226,7 +226,7 @@ fn the_example_pipeline_runs_and_then_comes_from_the_cache() {
     let first = run(&[]);
     // the train step ran after the sweep, with its best values
     assert!(
-        first.contains("step sweep: finished: sweep=sweep_char_gpt best=trial-"),
+        first.contains("step sweep: finished: sweep=pipeline_char_gpt-sweep-") && first.contains(" best=trial-"),
         "{first}"
     );
     assert!(
@@ -251,10 +251,33 @@ fn sweep_file(name: &str, lrs: &str) -> String {
     )
 }
 
-/// sweep `tune`, then train `long`: the best trial's values, then `train.steps=6` on top.
-const HAND_OVER: &str = "[[step]]\nname = \"tune\"\nkind = \"sweep\"\nconfig = \"sweep.toml\"\n\n\
+/// sweep `tune` (every trial with `train.seed=7`), then train `long`: the best trial's values,
+/// then `train.steps=6` on top.
+const HAND_OVER: &str = "[[step]]\nname = \"tune\"\nkind = \"sweep\"\nconfig = \"sweep.toml\"\n\
+    set = [\"train.seed=7\"]\n\n\
     [[step]]\nname = \"long\"\nkind = \"train\"\nconfig = \"mlp.toml\"\nfrom_sweep = \"tune\"\n\
     set = [\"train.steps=6\"]\ndepends_on = [\"tune\"]\n";
+
+/// The name of the sweep that step `tune` of pipeline output `out` ran (`sweep=NAME`).
+fn sweep_name(out: &str) -> String {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("step tune: finished: sweep="))
+        .unwrap_or_else(|| panic!("step tune did not finish: {out}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("sweep="))
+        .unwrap()
+        .to_string()
+}
+
+/// `weft sweep status --json` of the sweep file `dir/sweep.toml` run as sweep `name`.
+fn sweep_status(dir: &Path, runs: &Path, name: &str) -> Value {
+    let file = dir.join("sweep.toml");
+    #[rustfmt::skip]
+    let out = ok(runs, &["sweep", "status", "--json", "--config", file.to_str().unwrap(), "--name", name,
+        "--set", "train.seed=7"]);
+    serde_json::from_str(&out).unwrap()
+}
 
 /// The run of the store whose `key` is `value`, as `weft runs list --json` gives it.
 fn run_where(runs: &Path, key: &str, value: Value) -> Value {
@@ -270,17 +293,7 @@ fn run_where(runs: &Path, key: &str, value: Value) -> Value {
 /// Checks that the `long` run of pipeline output `out` got the best trial's values of `weft
 /// sweep status --json` (and the step's own `train.steps` on top); the best trial's run name.
 fn check_handed_over(dir: &Path, runs: &Path, out: &str) -> String {
-    let status: Value = serde_json::from_str(&ok(
-        runs,
-        &[
-            "sweep",
-            "status",
-            "--json",
-            "--config",
-            dir.join("sweep.toml").to_str().unwrap(),
-        ],
-    ))
-    .unwrap();
+    let status = sweep_status(dir, runs, &sweep_name(out));
     let best = &status["best"];
     let trial = run_where(runs, "name", best["run"].clone());
     let line = out
@@ -294,6 +307,9 @@ fn check_handed_over(dir: &Path, runs: &Path, out: &str) -> String {
     }
     assert_eq!(trial["params"]["train.steps"], "4");
     assert_eq!(long["params"]["train.steps"], "6", "the step's own set goes on top");
+    // the sweep step's set reached every trial, not the train step
+    assert_eq!(trial["params"]["train.seed"], "7", "{trial}");
+    assert_ne!(long["params"]["train.seed"], "7", "{long}");
     // the status's best is the finished trial with the lowest loss
     let finished: Vec<&Value> = status["trials"]
         .as_array()
@@ -320,21 +336,14 @@ fn a_train_step_takes_the_best_values_of_a_sweep_step() {
     let f = file.to_str().unwrap();
 
     let first = ok(&runs, &["pipeline", "run", f]);
-    assert!(first.contains("step tune: finished: sweep=tune best=trial-"), "{first}");
+    // each execution a sweep of its own, PIPELINE-STEP-MILLIS
+    let name = sweep_name(&first);
+    assert!(name.starts_with("flow-tune-"), "{first}");
+    assert!(first.contains(&format!("sweep={name} best=trial-")), "{first}");
     let best = check_handed_over(&dir, &runs, &first);
 
     // `weft sweep status --json`: the sweep, its metric and goal, every trial typed
-    let status: Value = serde_json::from_str(&ok(
-        &runs,
-        &[
-            "sweep",
-            "status",
-            "--json",
-            "--config",
-            dir.join("sweep.toml").to_str().unwrap(),
-        ],
-    ))
-    .unwrap();
+    let status = sweep_status(&dir, &runs, &name);
     assert_eq!(
         (
             &status["sweep"],
@@ -343,7 +352,7 @@ fn a_train_step_takes_the_best_values_of_a_sweep_step() {
             &status["trials_planned"]
         ),
         (
-            &Value::from("tune"),
+            &Value::from(name.as_str()),
             &Value::from("loss"),
             &Value::from("minimize"),
             &Value::from(4)
@@ -353,7 +362,7 @@ fn a_train_step_takes_the_best_values_of_a_sweep_step() {
     assert_eq!(trials.len(), 4, "{status}");
     for (i, t) in trials.iter().enumerate() {
         assert_eq!(t["id"], i, "{t}");
-        assert_eq!(t["run"], format!("tune-trial-{i}"));
+        assert_eq!(t["run"], format!("{name}-trial-{i}"));
         assert_eq!(t["status"], "finished");
         assert_eq!(t["step"], 4, "{t}");
         assert!(t["value"].as_f64().is_some(), "{t}");
@@ -375,12 +384,17 @@ fn a_train_step_takes_the_best_values_of_a_sweep_step() {
         "{second}"
     );
 
-    // another sweep (only lr 0 now: a different best) runs the train step again with its best
-    std::fs::write(dir.join("sweep.toml"), sweep_file("tune2", "0.0")).unwrap();
+    // the sweep file changed (only lr 0 now: a different best), its name kept: the step runs
+    // as a new sweep beside the first one's trials, and the train step again with its best
+    std::fs::write(dir.join("sweep.toml"), sweep_file("tune", "0.0")).unwrap();
     let third = ok(&runs, &["pipeline", "run", f]);
     assert!(third.contains("step long: finished"), "{third}");
+    let name2 = sweep_name(&third);
+    assert_ne!(name2, name);
     let best2 = check_handed_over(&dir, &runs, &third);
-    assert!(best2.starts_with("tune2-trial-"), "{best2}");
+    assert!(best2.starts_with(&format!("{name2}-trial-")), "{best2}");
+    // the first sweep's trials are still the store's
+    assert_eq!(sweep_status(&dir, &runs, &name)["trials"].as_array().unwrap().len(), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -401,7 +415,10 @@ fn a_sweep_that_finished_no_trial_fails_the_train_step_that_takes_its_best() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    assert!(stdout.contains("step tune: finished: sweep=none best=none"), "{stdout}");
+    assert!(
+        stdout.contains("step tune: finished: sweep=flow-tune-") && stdout.contains(" best=none"),
+        "{stdout}"
+    );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains("the steps [\"long\"] failed (long: from_sweep \"tune\": its sweep finished no trial"),

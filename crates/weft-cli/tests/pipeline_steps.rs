@@ -492,8 +492,8 @@ fn the_shakespeare_example_runs_on_tiny_settings_then_comes_from_the_cache() {
     );
     flow = swap(
         &flow,
-        "[\"train.steps=300\", \"train.eval_every=100\"]",
-        "[\"train.steps=4\", \"train.eval_every=4\"]",
+        "[\"train.steps=300\", \"train.eval_every=100\",",
+        "[\"train.steps=4\", \"train.eval_every=4\",",
     );
     flow = swap(&flow, "batches = 16", "batches = 2");
     flow = swap(&flow, "value = 8.0", "value = 100.0");
@@ -531,9 +531,7 @@ fn the_shakespeare_example_runs_on_tiny_settings_then_comes_from_the_cache() {
         )
     };
     let first = run();
-    let steps = [
-        "prepare", "link", "sweep", "train", "evaluate", "gate", "register", "deploy",
-    ];
+    let steps = ["prepare", "sweep", "train", "evaluate", "gate", "register", "deploy"];
     for step in steps {
         assert!(first.contains(&format!("step {step}: finished")), "{step}: {first}");
     }
@@ -549,8 +547,8 @@ fn the_shakespeare_example_runs_on_tiny_settings_then_comes_from_the_cache() {
         first.contains("step deploy: finished: model=shakespeare_gpt version=1 stage=production"),
         "{first}"
     );
-    // the version's lineage: the train step's run, which read the prepare step's folder (through
-    // the link step's fixed path), its digest that of the folder's index.json
+    // the version's lineage: the train step's run, which read the prepare step's folder, its
+    // digest that of the folder's index.json
     let l = json_of(&ok(&runs, &["models", "lineage", "shakespeare_gpt", "1", "--json"]));
     let made = &l["runs"][0];
     assert_eq!(made["made_by"][0]["step"], "train", "{l}");

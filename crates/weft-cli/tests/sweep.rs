@@ -246,6 +246,30 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
     let out = weft_with(&store, &["sweep", "--config", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).1.contains("train.eval_every > 0"), "{}", text(&out).1);
+    // the command line's name and overrides of the base config
+    let (_dir, file, store) = setup("sweep-bad-given", 4, &format!("{head}{lr}"));
+    for (given, want) in [
+        (
+            vec!["--set", "optim.lr=0.1"],
+            "--set optim.lr=0.1: optim.lr is swept by",
+        ),
+        (vec!["--set", "optim.kind=\"lion\""], "sweep.base: "),
+        (
+            vec!["--name", "a/b"],
+            "--name \"a/b\": a sweep's name must be non-empty and hold no '/'",
+        ),
+        // the overrides reach the metric check: no evaluation, no val_loss
+        (vec!["--set", "train.eval_every=0"], "train.eval_every > 0"),
+    ] {
+        let mut args = vec!["sweep", "--config", file.to_str().unwrap()];
+        args.extend(&given);
+        let out = weft_with(&store, &args);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{given:?}\n{stdout}\n{stderr}");
+        assert!(stderr.contains(want), "{given:?} => {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(!store.join("runs.db").exists(), "nothing runs before the checks pass");
+    }
 }
 
 #[test]

@@ -106,14 +106,18 @@ pub(super) fn execute(
             let id = store.find_run(&name).map_err(|e| e.to_string())?;
             Ok(format!("run={id}"))
         }
-        Action::Sweep { config } => {
+        Action::Sweep { config, set } => {
+            // each execution a sweep of its own (a re-run never meets the trials of an earlier one)
+            let millis = (weft_track::now() * 1000.0) as u64;
+            let name = format!("{}-{}-{millis}", ctx.pipeline, step.name);
             let mut cmd = Command::new(&ctx.exe);
             cmd.current_dir(&ctx.root)
                 .env("WEFT_TRACK_DIR", &ctx.dir)
                 .args(["sweep", "--config"])
-                .arg(ctx.root.join(config));
+                .arg(ctx.root.join(config))
+                .args(sweep_given(&name, set));
             spawn_status(cmd, "weft sweep")?;
-            sweep_best(ctx, config)
+            sweep_best(ctx, config, &name, set)
         }
         Action::Command { argv } => {
             let mut cmd = Command::new(&argv[0]);
@@ -167,12 +171,23 @@ pub(super) fn execute(
 /// The output of a sweep step whose sweep (file `config`) has run: its best finished trial and
 /// that trial's values ([`handover::sweep_output`]), as `weft sweep status --json` gives them
 /// with the store and folder the sweep ran with.
-fn sweep_best(ctx: &Context, config: &Path) -> Result<String, String> {
+/// `--name NAME --set KV...`: a sweep step's execution as `weft sweep` and `weft sweep status`
+/// take it.
+fn sweep_given(name: &str, set: &[String]) -> Vec<String> {
+    let mut args = vec!["--name".to_string(), name.to_string()];
+    for kv in set {
+        args.extend(["--set".to_string(), kv.clone()]);
+    }
+    args
+}
+
+fn sweep_best(ctx: &Context, config: &Path, name: &str, set: &[String]) -> Result<String, String> {
     let out = Command::new(&ctx.exe)
         .current_dir(&ctx.root)
         .env("WEFT_TRACK_DIR", &ctx.dir)
         .args(["sweep", "status", "--json", "--config"])
         .arg(ctx.root.join(config))
+        .args(sweep_given(name, set))
         .output()
         .map_err(|e| format!("cannot start weft sweep status: {e}"))?;
     if !out.status.success() {

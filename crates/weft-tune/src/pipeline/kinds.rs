@@ -309,7 +309,11 @@ impl Action {
                 op: *op,
                 value: f("value", value)?,
             },
-            a @ (Action::Sweep { .. } | Action::Register { .. }) => a.clone(),
+            Action::Sweep { config, set } => Action::Sweep {
+                config: config.clone(),
+                set: each(f, "set", set)?,
+            },
+            a @ Action::Register { .. } => a.clone(),
         })
     }
 

@@ -82,8 +82,13 @@ pub enum Action {
         set: Vec<String>,
         from_sweep: Option<String>,
     },
-    /// `weft sweep --config CONFIG`.
-    Sweep { config: PathBuf },
+    /// `weft sweep --config CONFIG --name NAME --set ...` (the name the execution's own:
+    /// `PIPELINE-STEP-MILLIS`).
+    Sweep {
+        config: PathBuf,
+        /// Overrides of the sweep's base config for every trial (`weft sweep --set`).
+        set: Vec<String>,
+    },
     /// A program and its arguments, run in the pipeline file's folder.
     Command { argv: Vec<String> },
     /// Goes on only when what `gate` reads compares to `value` (a number, or a reference to
@@ -182,7 +187,7 @@ fn parse_step(file: &Path, t: &toml::Table) -> Result<Step> {
     let kind = string(file, t, &name, "kind")?;
     let allowed: &[&str] = match kind.as_str() {
         "train" => &["config", "set", "from_sweep"],
-        "sweep" => &["config"],
+        "sweep" => &["config", "set"],
         "command" => &["argv"],
         "condition" => &["metric", "run", "step", "key", "op", "value"],
         "register" => &["step", "model"],
@@ -224,6 +229,7 @@ fn parse_step(file: &Path, t: &toml::Table) -> Result<Step> {
         },
         "sweep" => Action::Sweep {
             config: string(file, t, &name, "config")?.into(),
+            set: strings(file, t, &name, "set")?,
         },
         "command" => {
             let argv = strings(file, t, &name, "argv")?;
@@ -405,7 +411,7 @@ impl Pipeline {
             .map_err(|e| Error::Spec(format!("step {:?}: {e}", step.name)))?;
         let mut files: Vec<PathBuf> = Vec::new();
         match &action {
-            Action::Train { config, .. } | Action::Sweep { config } => files.push(config.clone()),
+            Action::Train { config, .. } | Action::Sweep { config, .. } => files.push(config.clone()),
             Action::Evaluate(Evaluate { config: Some(c), .. }) => files.push(c.into()),
             Action::Prepare(p) => {
                 files.extend(p.input.iter().map(PathBuf::from));

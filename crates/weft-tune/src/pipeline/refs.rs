@@ -1,5 +1,5 @@
 //! Step outputs as `key=value` text, and references to them: `${steps.NAME.KEY}` in a step's
-//! string settings (a train step's `set`, a command's `argv`, a prepare step's `tokenizer`,
+//! string settings (a train or sweep step's `set`, a command's `argv`, a prepare step's `tokenizer`,
 //! `input` and `output`, an evaluate step's `config` and `data`, a deploy step's `model` and
 //! `version`, a condition's `value`) is replaced by the value of `KEY` in the output of step
 //! `NAME`, which must be a step it depends on (directly or not).
