@@ -33,7 +33,7 @@ pub fn text(l: &Lineage) -> String {
         v.path.display()
     );
     if l.runs.is_empty() {
-        out += "  made by no run of this store (registered from a folder no run recorded)\n";
+        out += "  made by no run of this store (registered from a folder no run recorded, or its run was deleted)\n";
     }
     for r in &l.runs {
         out += &format!("run {} ({}): {}\n", r.id, r.name, r.status);

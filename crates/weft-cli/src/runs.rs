@@ -210,7 +210,7 @@ fn show(a: &ShowArgs) -> Result<(), String> {
     print_out(&out)
 }
 
-/// `KIND: URI [DIGEST] [(from run N)]`: one input of a run, as `runs show` and `models show`
+/// `KIND: URI [DIGEST] [(from run N)]`: one input of a run, as `runs show` and `models lineage`
 /// print it.
 pub(crate) fn input_line(i: &weft_track::RunInput) -> String {
     let mut line = format!("{}: {}", i.kind, i.uri);

@@ -300,7 +300,21 @@ fn check_handed_over(dir: &Path, runs: &Path, out: &str) -> String {
         .lines()
         .find(|l| l.starts_with("step long: finished: run="))
         .expect(out);
-    let id: i64 = line.rsplit('=').next().unwrap().parse().unwrap();
+    let id: i64 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("run="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // and the checkpoint it wrote, under the store's pipeline-checkpoints folder
+    let ckpt = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("checkpoint="))
+        .expect(line);
+    assert!(
+        ckpt.contains("pipeline-checkpoints") && Path::new(ckpt).join("COMPLETE").is_file(),
+        "{line}"
+    );
     let long = run_where(runs, "id", Value::from(id));
     for key in ["optim.lr", "model.hidden"] {
         assert_eq!(long["params"][key], trial["params"][key], "{key}: {long}\n{trial}");

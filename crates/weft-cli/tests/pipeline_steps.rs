@@ -423,6 +423,42 @@ fn bad_references_and_kinds_fail_in_one_line() {
         stdout.contains("step a: finished") && stdout.contains("step c: skipped"),
         "{stdout}"
     );
+
+    // a program hands values to later steps through WEFT_STEP_OUTPUT: key=value lines
+    let file = dir.join("handed.toml");
+    let text = [
+        cmd(
+            "a",
+            "\"sh\", \"-c\", \"printf 'lr=0.003\\\\nnote=two words\\\\n\\\\nlr=0.01\\\\n' > \\\"$WEFT_STEP_OUTPUT\\\"\"",
+            "",
+        ),
+        cmd("b", "\"sh\", \"-c\", \"echo $0 \\\"$1\\\" > got.txt\", \"${steps.a.lr}\", \"${steps.a.note}\"", "\"a\""),
+    ]
+    .concat();
+    std::fs::write(&file, text).unwrap();
+    let out = ok(&runs, &["pipeline", "run", file.to_str().unwrap()]);
+    assert!(
+        out.contains("step a: finished: exit=0 lr=0.01 note=\"two words\""),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("got.txt")).unwrap(),
+        "0.01 two words\n"
+    );
+    // a line that is not key=value fails the step, naming the line
+    let file = dir.join("badline.toml");
+    std::fs::write(
+        &file,
+        cmd("a", "\"sh\", \"-c\", \"echo oops > \\\"$WEFT_STEP_OUTPUT\\\"\"", ""),
+    )
+    .unwrap();
+    let out = weft_with(&runs, &["pipeline", "run", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("WEFT_STEP_OUTPUT line 1: \"oops\": not key=value"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

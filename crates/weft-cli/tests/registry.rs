@@ -58,12 +58,18 @@ fn a_versions_lineage_names_its_run_the_data_it_read_and_the_run_its_weights_cam
     let dir = temp_dir("lineage");
     let runs = dir.join("runs");
     let a = train_mlp(&dir, &runs, "mlp-a", 4);
-    // run b starts from a's weights: a file inside a's checkpoint folder
+    // run b starts from a's weights: a file inside a's checkpoint folder, named through a link
     let a_weights = a.join("step-00000004").join("model-rank-00000.safetensors");
     assert!(a_weights.is_file(), "{}", a_weights.display());
+    std::os::unix::fs::symlink(&a, dir.join("link-to-a")).unwrap();
+    let linked = dir
+        .join("link-to-a")
+        .join("step-00000004")
+        .join("model-rank-00000.safetensors");
+    let a_weights = a_weights.canonicalize().unwrap();
     let cfg = dir.join("mlp.toml");
     let (init, ckpt) = (
-        path_set("init.from", &a_weights),
+        path_set("init.from", &linked),
         path_set("train.checkpoint_dir", &dir.join("mlp-b")),
     );
     #[rustfmt::skip]
@@ -136,6 +142,33 @@ fn a_versions_lineage_names_its_run_the_data_it_read_and_the_run_its_weights_cam
     assert_eq!(c["inputs"][0]["uri"], data_uri, "{c}");
     assert_ne!(c["inputs"][0]["digest"], data_digest, "{c}");
     assert_eq!(c["inputs"][0]["digest"], sha256_of(&dir.join("d.csv")), "{c}");
+
+    // run d resumed from a's checkpoint directory (--resume-from): the folder it loaded, from a
+    let (resume, ckpt) = (
+        format!("--resume-from={}", a.display()),
+        path_set("train.checkpoint_dir", &dir.join("mlp-d")),
+    );
+    #[rustfmt::skip]
+    ok(&runs, &["train", "--config", cfg.to_str().unwrap(), "--quiet", &resume, "--set", &ckpt,
+        "--set", "train.steps=6", "--set", "track.name=\"mlp-d\""]);
+    ok(&runs, &["models", "register", "mlp-d", "--name", "m"]);
+    let d = json_of(&ok(&runs, &["models", "lineage", "m", "3", "--json"]));
+    let chain: Vec<i64> = d["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(chain, [id_of("mlp-d"), a_id], "{d}");
+    let from = &d["runs"][0]["inputs"][1];
+    assert_eq!(from["kind"], "resume_from", "{d}");
+    let a_step = a.join("step-00000004").canonicalize().unwrap();
+    assert_eq!(from["uri"], a_step.display().to_string(), "{d}");
+    assert_eq!(
+        (&from["digest"], &from["source_run"]),
+        (&Value::Null, &json!(a_id)),
+        "{d}"
+    );
 
     let err = refused(&runs, &["models", "lineage", "m", "7"]);
     assert!(err.contains("no version 7"), "{err}");

@@ -53,7 +53,7 @@ pub struct RunDetail {
     pub error: Option<String>,
     /// `(kind, path)` in the order they were recorded.
     pub artifacts: Vec<(String, String)>,
-    /// What it read (data, initial weights, config), in the order recorded.
+    /// What it read (data, initial weights), in the order recorded.
     pub inputs: Vec<RunInput>,
     pub metrics: BTreeMap<String, MetricSummary>,
 }
@@ -254,19 +254,6 @@ impl Store {
     /// (the run that wrote a checkpoint, or a file inside one).
     pub fn checkpoint_owner(&self, path: &str) -> Result<Option<i64>> {
         checkpoint_owner(&self.conn, &self.path, None, path)
-    }
-
-    /// The runs that read `uri` (as any kind of input), oldest first: `(run id, kind, digest)`.
-    pub fn readers_of(&self, uri: &str) -> Result<Vec<(i64, String, Option<String>)>> {
-        let p = &self.path;
-        let mut stmt = self
-            .conn
-            .prepare("SELECT run_id, kind, digest FROM run_inputs WHERE uri = ?1 ORDER BY run_id, rowid")
-            .at(p)?;
-        let rows = stmt
-            .query_map(params![uri], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .at(p)?;
-        rows.collect::<rusqlite::Result<_>>().at(p)
     }
 
     /// Every metric row of run `id`: `(step, key, value, time)` by key, then step.

@@ -59,7 +59,6 @@ CREATE TABLE IF NOT EXISTS run_inputs (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     kind TEXT NOT NULL, uri TEXT NOT NULL, digest TEXT, source_run INTEGER);
 CREATE INDEX IF NOT EXISTS run_inputs_run ON run_inputs (run_id);
-CREATE INDEX IF NOT EXISTS run_inputs_uri ON run_inputs (uri);
 ";
 
 /// How a store is opened.
@@ -185,13 +184,20 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes run `id` with its params, tags, metrics and artifacts (not the files they name).
+    /// Deletes run `id` with its params, tags, metrics, artifacts and inputs (not the files they
+    /// name); the inputs of other runs that came from it no longer name it.
     pub fn delete_run(&mut self, id: i64) -> Result<()> {
         let tx = self.conn.transaction().at(&self.path)?;
-        for table in ["params", "tags", "metrics", "metric_summary", "artifacts"] {
+        for table in ["params", "tags", "metrics", "metric_summary", "artifacts", "run_inputs"] {
             tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), params![id])
                 .at(&self.path)?;
         }
+        // inputs of other runs name it no more (its id may be given to a later run)
+        tx.execute(
+            "UPDATE run_inputs SET source_run = NULL WHERE source_run = ?1",
+            params![id],
+        )
+        .at(&self.path)?;
         tx.execute("DELETE FROM runs WHERE id = ?1", params![id])
             .at(&self.path)?;
         tx.commit().at(&self.path)

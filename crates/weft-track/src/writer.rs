@@ -33,8 +33,9 @@ pub struct NewRun {
     pub params: Vec<(String, String)>,
     /// Tags (`key` -> `value`).
     pub tags: Vec<(String, String)>,
-    /// What the run read: its data, initial weights, config (lineage). An input without a
-    /// `source_run` gets the run whose recorded checkpoint folder holds it, if any.
+    /// What the run read: its data and initial weights (lineage). Initial weights (`init`,
+    /// `resume_from`) without a `source_run` get the run whose recorded checkpoint folder holds
+    /// them, if any.
     pub inputs: Vec<RunInput>,
 }
 
@@ -42,12 +43,15 @@ pub struct NewRun {
 /// inputs, widened to any file or folder a run starts from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunInput {
-    /// What it is to the run: `data`, `val_data`, `init`, `config`, ...
+    /// What it is to the run: `data`, `init` (`[init] from`) or `resume_from` (`weft train
+    /// --resume-from`).
     pub kind: String,
-    /// Where it is: an absolute path, or an object store URL, or `builtin:NAME`.
+    /// Where it is: an absolute path (links resolved), or an object store URL, or
+    /// `builtin:NAME`.
     pub uri: String,
     /// What it held when the run read it, `sha256:HEX` (of the file, or of a token folder's
-    /// `index.json`, which lists its shards' checksums); `None` where nothing was hashed.
+    /// `index.json`, which lists its shards' checksums); `None` where nothing was hashed (a
+    /// folder of weights, a file too large to hash at the start).
     pub digest: Option<String>,
     /// The run of this store that wrote it (a checkpoint's run), when known.
     pub source_run: Option<i64>,
@@ -179,11 +183,14 @@ impl RunWriter {
         });
     }
 
-    /// Queues an artifact (`kind` such as `checkpoint`, and its path, recorded absolute so that
-    /// it names the same file from any working directory). An artifact the run already has
-    /// (the same kind and path) is not recorded twice.
+    /// Queues an artifact (`kind` such as `checkpoint`, and its path, recorded absolute with
+    /// links resolved where it exists, so that it names the same file from any working
+    /// directory and a run's inputs are matched with it: [`Store::checkpoint_owner`]). An
+    /// artifact the run already has (the same kind and path) is not recorded twice.
     pub fn artifact(&self, kind: &str, path: &Path) {
-        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let path = std::fs::canonicalize(path)
+            .or_else(|_| std::path::absolute(path))
+            .unwrap_or_else(|_| path.to_path_buf());
         self.send(Msg::Artifact {
             kind: kind.to_string(),
             path: path.display().to_string(),
@@ -262,9 +269,20 @@ fn insert_run(store: &mut Store, run: &NewRun) -> Result<RunRef> {
         n += 1;
     }
     let now = crate::now();
+    // ids are never handed out twice, also after the newest run was deleted (what names a run by
+    // id, a checkpoint, a model version, another run's input, keeps naming that run or none):
+    // the highest id ever given is kept in `meta`
+    let id: i64 = tx
+        .query_row(
+            "SELECT max(coalesce((SELECT max(id) FROM runs), 0),
+                        coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'last_run_id'), 0)) + 1",
+            [],
+            |r| r.get(0),
+        )
+        .at(&path)?;
     tx.execute(
-        "INSERT INTO runs (experiment_id, name, status, start_time, command, git_commit, git_dirty, host,
-         layout, heartbeat) VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7, ?8, ?3)",
+        "INSERT INTO runs (id, experiment_id, name, status, start_time, command, git_commit, git_dirty, host,
+         layout, heartbeat) VALUES (?9, ?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7, ?8, ?3)",
         params![
             experiment,
             name,
@@ -273,11 +291,16 @@ fn insert_run(store: &mut Store, run: &NewRun) -> Result<RunRef> {
             run.git.as_ref().map(|g| g.0.clone()),
             run.git.as_ref().map(|g| g.1),
             run.host,
-            run.layout
+            run.layout,
+            id
         ],
     )
     .at(&path)?;
-    let id = tx.last_insert_rowid();
+    tx.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_run_id', ?1)",
+        params![id.to_string()],
+    )
+    .at(&path)?;
     insert_params_and_tags(&tx, &path, id, run)?;
     tx.commit().at(&path)?;
     Ok(RunRef {
@@ -310,13 +333,15 @@ pub(crate) fn insert_params_and_tags(conn: &Connection, path: &Path, id: i64, ru
         .prepare(
             "INSERT INTO run_inputs (run_id, kind, uri, digest, source_run) SELECT ?1, ?2, ?3, ?4, ?5
              WHERE NOT EXISTS (SELECT 1 FROM run_inputs WHERE run_id = ?1 AND kind = ?2 AND uri = ?3
-                               AND digest IS ?4 AND source_run IS ?5)",
+                               AND digest IS ?4)",
         )
         .at(path)?;
     for input in &run.inputs {
-        let source_run = match input.source_run {
-            Some(r) => Some(r),
-            None => crate::read::checkpoint_owner(conn, path, Some(id), &input.uri)?,
+        let source_run = match (input.source_run, input.kind.as_str()) {
+            (Some(r), _) => Some(r),
+            // weights: from another run's checkpoint?
+            (None, "init" | "resume_from") => crate::read::checkpoint_owner(conn, path, Some(id), &input.uri)?,
+            (None, _) => None,
         };
         i.execute(params![id, input.kind, input.uri, input.digest, source_run])
             .at(path)?;

@@ -1,7 +1,7 @@
 //! A run's inputs (`run_inputs`): recorded with the run, read back in order; initial weights
 //! inside another run's recorded checkpoint folder name that run (and only a folder that holds
-//! them: `step-4` is not `step-40`); a resumed run records an input it already has once, and one
-//! that changed beside it.
+//! them: `step-4` is not `step-40`; data never); deleting that run clears the link; a resumed
+//! run records an input it already has once, and one that changed beside it.
 
 use std::path::{Path, PathBuf};
 
@@ -88,9 +88,16 @@ fn inputs_are_recorded_and_initial_weights_name_the_run_whose_checkpoint_holds_t
     assert_eq!(store.inputs(d.id()).unwrap()[0].source_run, Some(a.id()));
     assert_eq!(store.checkpoint_owner(&inside).unwrap(), Some(a.id()));
     assert_eq!(store.checkpoint_owner(&beside).unwrap(), None);
-    let readers: Vec<i64> = store.readers_of(&data).unwrap().into_iter().map(|r| r.0).collect();
-    assert_eq!(readers, [a.id(), b.id()]);
     assert_eq!(store.inputs(999).unwrap(), []);
+    // a data input is never "from" a run, even inside a checkpoint folder
+    let e = record(&dir, "e", vec![input("data", &inside, None)], &[]);
+    assert_eq!(store.inputs(e.id()).unwrap()[0].source_run, None);
+    // deleting a: its inputs go, and b's weights no longer name it
+    drop(store);
+    let mut store = Store::open_existing(&dir).unwrap();
+    store.delete_run(a.id()).unwrap();
+    assert_eq!(store.inputs(a.id()).unwrap(), []);
+    assert_eq!(store.inputs(b.id()).unwrap()[1].source_run, None);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

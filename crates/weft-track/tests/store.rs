@@ -220,7 +220,7 @@ fn a_corrupt_or_foreign_file_is_named() {
 }
 
 #[test]
-fn runs_are_found_by_id_or_name_and_deleted() {
+fn runs_are_found_by_id_or_name_and_deleted_and_ids_are_never_given_twice() {
     let dir = temp_dir("find");
     write_run(&dir, "a", 3);
     write_run(&dir, "b", 3);
@@ -237,6 +237,14 @@ fn runs_are_found_by_id_or_name_and_deleted() {
     assert!(store.find_run("a").is_err());
     assert_eq!(store.list_runs(None).unwrap().len(), 1);
     assert_eq!(count_metrics(&dir), 6);
+    // the newest run deleted: the next run still gets a new id, never b's again
+    let b = store.find_run("b").unwrap();
+    store.delete_run(b).unwrap();
+    drop(store);
+    write_run(&dir, "c", 3);
+    let store = Store::open(&dir).unwrap();
+    let c = store.find_run("c").unwrap();
+    assert!(c > b && c > a, "ids a {a}, b {b}, then c {c}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,5 +1,5 @@
 //! What a run read, recorded as its inputs in the run store (`run_inputs`, docs/tracking.md,
-//! "Lineage"): its data (its real path with links resolved, or its URL, and a SHA-256 of what
+//! "What is recorded"): its data (its real path with links resolved, or its URL, and a SHA-256 of what
 //! it held) and its initial weights (where, and the run whose checkpoint they are, which the
 //! store finds by its recorded checkpoint folders). Its config is its params. Computed on the
 //! rank that records, when it starts.
@@ -22,9 +22,18 @@ fn hex_digest(d: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
+/// Files larger than this are not hashed when a run starts (reading them once more would hold
+/// up the first step): their inputs are recorded without a digest.
+pub const HASH_LIMIT_BYTES: u64 = 1 << 30;
+
 /// `sha256:HEX` of a file's bytes, read in 1 MiB pieces; `None` when it cannot be read (the
-/// run read it a moment ago: the input is still recorded, without a digest).
+/// run read it a moment ago: the input is still recorded, without a digest), is not a file or
+/// is larger than [`HASH_LIMIT_BYTES`].
 fn file_digest(path: &Path) -> Option<String> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > HASH_LIMIT_BYTES {
+        return None;
+    }
     let mut f = std::fs::File::open(path).ok()?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -39,36 +48,28 @@ fn file_digest(path: &Path) -> Option<String> {
     Some(hex_digest(h.finalize().as_slice()))
 }
 
-/// An absolute path as text (as the store records artifacts).
-fn absolute(path: &Path) -> String {
-    std::path::absolute(path)
+/// The path absolute with links and `..` resolved (as the store records artifacts), or absolute
+/// where it cannot be resolved: data read through a link (a pipeline's fixed path to the folder a
+/// prepare step wrote) names the folder itself, and weights the checkpoint folder another run
+/// recorded.
+fn canonical(path: &Path) -> String {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
         .unwrap_or_else(|_| path.to_path_buf())
         .display()
         .to_string()
 }
 
-/// The path with links resolved (absolute where it cannot be): data read through a link
-/// (a pipeline's fixed path to the folder a prepare step wrote) names the folder itself.
-fn canonical(path: &Path) -> String {
-    std::fs::canonicalize(path).map_or_else(|_| absolute(path), |p| p.display().to_string())
-}
-
-/// The run's inputs: `data` (and `init` with `[init] from`). `tokens_digest` is the digest of
-/// a token dataset's `index.json` as the run read it (from the store itself for a URL).
-pub fn run_inputs(config: &RunConfig, tokens_digest: Option<&str>) -> Vec<RunInput> {
-    // data by its real path; initial weights as the store records checkpoint folders
-    let file = |kind: &str, path: &Path| {
-        let path = config.resolve(path);
-        RunInput {
-            kind: kind.into(),
-            uri: if kind == "data" {
-                canonical(&path)
-            } else {
-                absolute(&path)
-            },
-            digest: file_digest(&path),
-            source_run: None,
-        }
+/// The run's inputs: `data`, `init` with `[init] from`, and `resume_from`: the checkpoint folder
+/// `weft train --resume-from` started it from (when that is not its own). `tokens_digest` is the
+/// digest of a token dataset's `index.json` as the run read it (from the store itself for a
+/// URL). A folder (of Hugging Face weights, a checkpoint) is named, not hashed.
+pub fn run_inputs(config: &RunConfig, tokens_digest: Option<&str>, resumed_from: Option<&Path>) -> Vec<RunInput> {
+    let file = |kind: &str, path: &Path| RunInput {
+        kind: kind.into(),
+        uri: canonical(path),
+        digest: file_digest(path),
+        source_run: None,
     };
     let data = match &config.data {
         DataConfig::Text(t) if t.path.as_os_str() == "builtin" => RunInput {
@@ -77,9 +78,9 @@ pub fn run_inputs(config: &RunConfig, tokens_digest: Option<&str>) -> Vec<RunInp
             digest: Some(digest_of(crate::builtin::CORPUS.as_bytes())),
             source_run: None,
         },
-        DataConfig::Text(t) => file("data", &t.path),
-        DataConfig::Csv(c) => file("data", &c.path),
-        DataConfig::Batches(b) => file("data", &b.path),
+        DataConfig::Text(t) => file("data", &config.resolve(&t.path)),
+        DataConfig::Csv(c) => file("data", &config.resolve(&c.path)),
+        DataConfig::Batches(b) => file("data", &config.resolve(&b.path)),
         DataConfig::Tokens(k) => RunInput {
             kind: "data".into(),
             uri: if k.path.contains("://") {
@@ -93,20 +94,10 @@ pub fn run_inputs(config: &RunConfig, tokens_digest: Option<&str>) -> Vec<RunInp
     };
     let mut inputs = vec![data];
     if let Some(from) = &config.init.from {
-        let path = config.resolve(from);
-        let init = if path.is_dir() {
-            // a Hugging Face folder: its config.json names the model (the weights may be many
-            // GB, and are named by their folder)
-            RunInput {
-                kind: "init".into(),
-                uri: absolute(&path),
-                digest: file_digest(&path.join("config.json")),
-                source_run: None,
-            }
-        } else {
-            file("init", from)
-        };
-        inputs.push(init);
+        inputs.push(file("init", &config.resolve(from)));
+    }
+    if let Some(folder) = resumed_from {
+        inputs.push(file("resume_from", folder));
     }
     inputs
 }
@@ -130,6 +121,8 @@ mod tests {
         std::fs::write(&f, &bytes).unwrap();
         assert_eq!(file_digest(&f), Some(digest_of(&bytes)));
         assert_eq!(file_digest(&dir.join("missing")), None);
+        // a folder is named, not hashed
+        assert_eq!(file_digest(&dir), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

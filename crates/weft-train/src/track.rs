@@ -42,8 +42,8 @@ pub struct Tracking {
 
 impl Tracking {
     /// Starts recording the run on the rank that `logs` (rank 0), when `track.enabled`, with
-    /// its inputs (`crate::lineage`; `tokens_digest` as [`crate::lineage::run_inputs`] takes
-    /// it); `None` otherwise, or when the store cannot be opened (after a warning naming it).
+    /// its `inputs` (called only then: [`crate::lineage::run_inputs`] hashes files); `None`
+    /// otherwise, or when the store cannot be opened (after a warning naming it).
     ///
     /// `continues`: the extra state of the checkpoint this run continues (its own folder's) and
     /// the steps it holds. When the checkpoint names a run of this store that can go on, that run
@@ -54,7 +54,7 @@ impl Tracking {
         config: &RunConfig,
         logs: bool,
         continues: Option<(&serde_json::Value, usize)>,
-        tokens_digest: Option<&str>,
+        inputs: impl FnOnce() -> Vec<weft_track::RunInput>,
     ) -> Option<Tracking> {
         let tc = &config.track;
         if !(tc.enabled && logs) {
@@ -71,7 +71,7 @@ impl Tracking {
                 .map(|(k, v)| (k.clone(), crate::config::track_value_text(v)))
                 .chain(weft_track::system::system_tags())
                 .collect(),
-            inputs: crate::lineage::run_inputs(config, tokens_digest),
+            inputs: inputs(),
             ..NewRun::here(&tc.experiment, tc.name.clone())
         };
         let dir = store_dir(config);

@@ -1,6 +1,6 @@
 //! Where a model version came from (`weft models lineage`): the run that made its checkpoint,
-//! what that run read (data with its digest, initial weights), the run whose checkpoint those
-//! weights were, and so on back; with each run and each data folder the pipeline step
+//! what that run read (data with its digest, initial weights or a checkpoint it started from),
+//! the run whose checkpoint those weights were, and so on back; with each run and each data folder the pipeline step
 //! executions that made them (a train step's `run=ID`, a prepare step's `data=FOLDER`).
 
 use std::collections::BTreeSet;
@@ -47,7 +47,14 @@ pub fn lineage(dir: &Path, name: &str, version: i64) -> Result<Lineage> {
     let registry = ModelRegistry::open_existing(dir)?;
     let v = registry.version(name, version)?;
     let store = Store::open_existing(dir)?;
-    let cache = Cache::open(dir)?;
+    let cache = Cache::open_existing(dir)?;
+    // the executions (none without the table) whose output's `key` is accepted
+    let made = |key: &str, is: &dyn Fn(&str) -> bool| -> Result<Vec<Execution>> {
+        match &cache {
+            Some(c) => c.made(key, is),
+            None => Ok(Vec::new()),
+        }
+    };
     // a version registered from a folder: the run that recorded the folder, if one did
     let first = match v.source_run {
         Some(r) => Some(r),
@@ -56,7 +63,10 @@ pub fn lineage(dir: &Path, name: &str, version: i64) -> Result<Lineage> {
     let mut runs = Vec::new();
     let mut seen = BTreeSet::new();
     let mut next = first;
-    while let Some(id) = next.filter(|id| seen.insert(*id)) {
+    while let Some(id) = next {
+        if !seen.insert(id) {
+            break;
+        }
         let d = match store.run_detail(id) {
             Ok(d) => d,
             // a run deleted since: the chain ends where the store does
@@ -70,7 +80,7 @@ pub fn lineage(dir: &Path, name: &str, version: i64) -> Result<Lineage> {
                 let made_by = if i.kind == "data" {
                     // a prepare step's folder as it wrote it, or with links resolved as runs
                     // record their data
-                    cache.made("data", |folder| {
+                    made("data", &|folder| {
                         folder == i.uri || std::fs::canonicalize(folder).is_ok_and(|c| c.display().to_string() == i.uri)
                     })?
                 } else {
@@ -82,13 +92,17 @@ pub fn lineage(dir: &Path, name: &str, version: i64) -> Result<Lineage> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        next = d.inputs.iter().find(|i| i.kind == "init").and_then(|i| i.source_run);
+        // the weights it started from: a checkpoint it was resumed from, else its initial ones
+        next = ["resume_from", "init"]
+            .iter()
+            .find_map(|kind| d.inputs.iter().find(|i| i.kind == *kind))
+            .and_then(|i| i.source_run);
         runs.push(RunLineage {
             id,
             name: format!("{}/{}", d.summary.experiment, d.summary.name),
             status: d.summary.status.clone(),
             params: d.summary.params.clone(),
-            made_by: cache.made("run", |run| run == id.to_string())?,
+            made_by: made("run", &|run| run == id.to_string())?,
             inputs,
         });
     }

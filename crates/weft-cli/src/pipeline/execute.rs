@@ -104,7 +104,13 @@ pub(super) fn execute(
             spawn_status(cmd, "weft train")?;
             let store = Store::open_existing(&ctx.dir).map_err(|e| e.to_string())?;
             let id = store.find_run(&name).map_err(|e| e.to_string())?;
-            Ok(format!("run={id}"))
+            // and its last checkpoint, when it wrote one (what a command step may take)
+            let detail = store.run_detail(id).map_err(|e| e.to_string())?;
+            let mut out = vec![("run", id.to_string())];
+            if let Some(ckpt) = weft_tune::registry::last_checkpoint(&detail) {
+                out.push(("checkpoint", ckpt.display().to_string()));
+            }
+            Ok(weft_tune::pipeline::refs::output(&out))
         }
         Action::Sweep { config, set } => {
             // each execution a sweep of its own (a re-run never meets the trials of an earlier one)
@@ -120,12 +126,27 @@ pub(super) fn execute(
             sweep_best(ctx, config, &name, set)
         }
         Action::Command { argv } => {
+            // the program may hand values to later steps: `key=value` lines in this file
+            let millis = (weft_track::now() * 1000.0) as u64;
+            let handed = ctx
+                .dir
+                .join("pipeline-outputs")
+                .join(format!("{}-{}-{millis}", ctx.pipeline, step.name));
+            std::fs::create_dir_all(handed.parent().unwrap_or(&ctx.dir))
+                .map_err(|e| format!("{}: {e}", ctx.dir.display()))?;
             let mut cmd = Command::new(&argv[0]);
             cmd.current_dir(&ctx.root)
                 .args(&argv[1..])
-                .env("WEFT_TRACK_DIR", &ctx.dir);
-            spawn_status(cmd, &format!("{:?}", argv[0]))?;
-            Ok("exit=0".into())
+                .env("WEFT_TRACK_DIR", &ctx.dir)
+                .env("WEFT_STEP_OUTPUT", &handed);
+            let ran = spawn_status(cmd, &format!("{:?}", argv[0]));
+            let text = std::fs::read_to_string(&handed).ok();
+            let _ = std::fs::remove_file(&handed);
+            ran?;
+            let mut out = vec![("exit".to_string(), "0".to_string())];
+            out.extend(handed_values(text.as_deref().unwrap_or(""))?);
+            let pairs: Vec<(&str, String)> = out.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            Ok(weft_tune::pipeline::refs::output(&pairs))
         }
         Action::Condition { gate, op, value } => {
             let value: f64 = value
@@ -171,6 +192,37 @@ pub(super) fn execute(
 /// The output of a sweep step whose sweep (file `config`) has run: its best finished trial and
 /// that trial's values ([`handover::sweep_output`]), as `weft sweep status --json` gives them
 /// with the store and folder the sweep ran with.
+/// The values a command step's program wrote to `WEFT_STEP_OUTPUT`: one `key=value` a line (the
+/// value the rest of the line; blank lines skipped), a key of letters, digits, `_`, `-` and `.`,
+/// not `exit`; a later line of the same key replaces the earlier one's value (in its place). A
+/// line that is none of these fails the step, naming it.
+fn handed_values(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut values: Vec<(String, String)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |why: &str| format!("WEFT_STEP_OUTPUT line {}: {line:?}: {why}", n + 1);
+        let (key, value) = line.split_once('=').ok_or_else(|| bad("not key=value"))?;
+        let key = key.trim();
+        let key_ok = !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !key_ok {
+            return Err(bad("a key is letters, digits, '_', '-' and '.'"));
+        }
+        if key == "exit" {
+            return Err(bad("`exit` is the step's own key"));
+        }
+        match values.iter_mut().find(|(k, _)| k == key) {
+            Some(kv) => kv.1 = value.to_string(),
+            None => values.push((key.to_string(), value.to_string())),
+        }
+    }
+    Ok(values)
+}
+
 /// `--name NAME --set KV...`: a sweep step's execution as `weft sweep` and `weft sweep status`
 /// take it.
 fn sweep_given(name: &str, set: &[String]) -> Vec<String> {

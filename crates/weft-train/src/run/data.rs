@@ -169,7 +169,6 @@ pub(super) fn check_data(config: &RunConfig, data: &Data) -> Result<()> {
 /// through the on-disk block cache. Checked here against the model: the vocabulary fits, and the
 /// training split holds at least one window of `block_size + 1` tokens.
 fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize) -> Result<Data> {
-    use sha2::Digest;
     use weft_data::store::{self, CacheOptions, CachedSource, StoreOptions};
     use weft_data::ObjectSource;
     // a plain path is relative to the config; a URL (file:// included) is taken as it is
@@ -187,17 +186,17 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
     };
     let opened = store::open_with(&target, &options)?;
     let index = ObjectSource::read(&*opened, weft_data::tokens::INDEX_NAME)?;
-    let tokens_digest = Some(crate::lineage::digest_of(&index));
+    // `sha256:HEX` of the index as read: the run's data digest (lineage)
+    let digest = crate::lineage::digest_of(&index);
     let ds = if opened.is_local() {
         TokenDataset::open_with_index(opened, &index)?
     } else {
         // a dataset prepared again under the same URL must not be served from the old one's
-        // blocks: the version (a hash of its index.json, read from the store itself, once) is
-        // part of every cache key; all versions share the one folder and its size limit
-        let version: String = sha2::Sha256::digest(&index)[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        // blocks: the version (the first 16 hex digits of its index.json's SHA-256, read from the
+        // store itself, once) is part of every cache key; all versions share the one folder and
+        // its size limit
+        let hex = &digest["sha256:".len()..];
+        let version = hex[..16].to_string();
         let mut cache = CacheOptions {
             limit_bytes: (k.cache_gb * (1u64 << 30) as f64) as u64,
             block_size: (k.cache_block_mb * (1u64 << 20) as f64) as u64,
@@ -238,7 +237,7 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         tokenizer: Some(ds.tokenizer().clone()),
         batch_rows: bs,
         rows: Some(rows),
-        tokens_digest,
+        tokens_digest: Some(digest),
     })
 }
 

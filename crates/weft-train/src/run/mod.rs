@@ -343,7 +343,15 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         // recorded in the run store (rank 0, `[track]`): metrics as they come, the status at the end
         // a run resumed from its own checkpoint continues the run that checkpoint names
         let continues = trainer.continued_extra().map(|e| (e, start));
-        let tracking = crate::track::Tracking::start(config, logs, continues, data.tokens_digest.as_deref());
+        // started from another run's checkpoint folder (lineage), not resumed from its own
+        let resumed_from = options
+            .resume_from
+            .as_deref()
+            .filter(|_| loaded_elsewhere && trainer.continued_extra().is_none())
+            .and_then(|from| checkpoint::resolve(from).ok());
+        let tracking = crate::track::Tracking::start(config, logs, continues, || {
+            crate::lineage::run_inputs(config, data.tokens_digest.as_deref(), resumed_from.as_deref())
+        });
         if let Some(tr) = &tracking {
             tr.name_in(&mut trainer.checkpoint_extra);
             trainer = trainer.with_callback(tr.callback());

@@ -17,7 +17,7 @@ pub struct Execution {
     pub hash: String,
     /// `finished` or `failed`.
     pub status: String,
-    /// What the step made (a train step: `run=ID`; a condition: `true`/`false`; a register:
+    /// What the step made (a train step: `run=ID checkpoint=FOLDER`; a condition: `true`/`false`; a register:
     /// `model=NAME version=N`), or the error of a failed one.
     pub output: String,
     /// Seconds since the Unix epoch.
@@ -63,6 +63,22 @@ impl Cache {
         )
         .map_err(sql(&path))?;
         Ok(Cache { conn, path })
+    }
+
+    /// Opens the cache of the existing run store in folder `dir` for reading: `None` when the
+    /// store has no executions table (no pipeline ran on it); nothing is created.
+    pub fn open_existing(dir: &Path) -> Result<Option<Cache>> {
+        let path = weft_track::Store::open_existing(dir)?.path().to_path_buf();
+        let conn = Connection::open(&path).map_err(sql(&path))?;
+        conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'pipeline_executions'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql(&path))?;
+        Ok((tables > 0).then_some(Cache { conn, path }))
     }
 
     /// The latest finished execution with cache key `hash`.
