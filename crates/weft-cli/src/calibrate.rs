@@ -373,6 +373,8 @@ fn worker(shapes: Shapes, budget_ms: u64) -> Result<(), String> {
         inter_bandwidth: bandwidth,
         inter_latency: latency,
         shared_compute: (shared < ranks as f64 - 0.5).then_some(shared),
+        // measured on CPU ranks
+        gpu: false,
         efficiency: Efficiency {
             gemm: 1.0,
             memory_bound: 1.0,

@@ -54,12 +54,14 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     }
     let devices = args.devices.ok_or("--devices N is required")?;
     let config = args.config.load()?;
-    let work = weft_train::plan_shape::workload(&config, args.global_batch)?;
+    let mut work = weft_train::plan_shape::workload(&config, args.global_batch)?;
     let device = match (&args.cluster, &args.device_spec) {
         (Some(path), _) => weft_plan::cluster::load(path).map_err(|e| e.to_string())?,
         (None, Some(name)) => weft_train::plan_shape::device_spec(name)?,
         (None, None) => DeviceSpec::builtin("h100-sxm-80gb").map_err(|e| e.to_string())?,
     };
+    // planned for these devices, whatever the config's train.device
+    work.kv_repeated = device.gpu;
     let start = Instant::now();
     let options = SearchOptions {
         keep_infeasible: args.top,

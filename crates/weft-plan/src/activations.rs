@@ -19,8 +19,9 @@
 //!   heads merged into rows (`C`: f32 attention writes them in place), and the MLP's gate, up
 //!   and product (`3I`: in f32 `silu_mul` takes the gate before its activation; under bf16 the
 //!   SiLU's output too, `4I`); grouped-query attention reads the shared key/value heads in
-//!   place on CPU (on a GPU, which repeats them to every query head first, the copies add `2C`
-//!   where a rank holds more than one key/value head, not counted here);
+//!   place on CPU; on a GPU (`kv_repeated`), which repeats them to every query head first, the
+//!   repeated keys and values (`2C`) where a rank holds more than one key/value head (one head
+//!   repeated is a view of it);
 //! - each of the two row-parallel products (gpt's `c_proj`s, llama's `o_proj` and
 //!   `down_proj`), whole: at `tp = 1` its output (`C`, products' dtype) unless an f32 layer with
 //!   a bias adds bias and residual in the product's own op; at `tp > 1` its partial sum and the
@@ -63,8 +64,9 @@ fn dtypes(precision: Precision) -> Dtypes {
     }
 }
 
-/// Activation bytes one block keeps per token on one rank of `tp`.
-pub fn block_bytes_per_token(model: &ModelShape, precision: Precision, tp: usize) -> f64 {
+/// Activation bytes one block keeps per token on one rank of `tp`; `kv_repeated`: the device
+/// repeats grouped-query keys and values to the query heads ([`crate::Workload::kv_repeated`]).
+pub fn block_bytes_per_token(model: &ModelShape, precision: Precision, tp: usize, kv_repeated: bool) -> f64 {
     let d = dtypes(precision);
     let bf16 = precision == Precision::Bf16;
     let (c, i, kv, t) = (model.n_embd as f64, model.intermediate as f64, kv(model), tp as f64);
@@ -78,7 +80,13 @@ pub fn block_bytes_per_token(model: &ModelShape, precision: Precision, tp: usize
         ModelKind::Llama => {
             let merged = if bf16 { c } else { 0.0 };
             let mlp = if bf16 { 4.0 * i } else { 3.0 * i };
-            (3.0 * c + 3.0 * kv + merged + mlp, 5.0 * c)
+            let kv_heads_here = model.n_kv_head / tp.max(1) as u64;
+            let repeated = if kv_repeated && model.n_kv_head < model.n_head && kv_heads_here > 1 {
+                2.0 * c
+            } else {
+                0.0
+            };
+            (3.0 * c + 3.0 * kv + merged + mlp + repeated, 5.0 * c)
         }
     };
     let row = if tp == 1 {
@@ -148,10 +156,12 @@ pub fn weight_copy_bytes(model: &ModelShape, precision: Precision, tp: usize, bl
 /// Activation bytes one micro-batch of `tokens` tokens keeps on a rank of `tp` holding `blocks`
 /// blocks, the embeddings (`first`) and the final norm, output layer and loss (`last`): what its
 /// graph keeps between forward and backward, weight copies included.
+#[allow(clippy::too_many_arguments)]
 pub fn micro_batch_bytes(
     model: &ModelShape,
     precision: Precision,
     tp: usize,
+    kv_repeated: bool,
     blocks: usize,
     (first, last): (bool, bool),
     tokens: f64,
@@ -167,7 +177,7 @@ pub fn micro_batch_bytes(
             blocks as f64 * dtypes(precision).cast_low * 4.0 * t * hd
         }
     };
-    tokens * stage_bytes_per_token(model, precision, tp, blocks, first, last)
+    tokens * stage_bytes_per_token(model, precision, tp, kv_repeated, blocks, first, last)
         + weight_copy_bytes(model, precision, tp, blocks, last)
         + per_batch
 }
@@ -177,11 +187,12 @@ pub fn stage_bytes_per_token(
     model: &ModelShape,
     precision: Precision,
     tp: usize,
+    kv_repeated: bool,
     blocks: usize,
     first: bool,
     last: bool,
 ) -> f64 {
-    let mut b = blocks as f64 * block_bytes_per_token(model, precision, tp);
+    let mut b = blocks as f64 * block_bytes_per_token(model, precision, tp, kv_repeated);
     if first {
         b += first_bytes_per_token(model, tp);
     }
@@ -189,4 +200,53 @@ pub fn stage_bytes_per_token(
         b += last_bytes_per_token(model, precision, tp);
     }
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama(n_head: u64, n_kv_head: u64) -> ModelShape {
+        ModelShape {
+            kind: ModelKind::Llama,
+            vocab: 512,
+            seq_len: 256,
+            n_layer: 4,
+            n_head,
+            n_kv_head,
+            n_embd: 256,
+            intermediate: 688,
+            tied: false,
+            bias: false,
+        }
+    }
+
+    #[test]
+    fn a_gpu_keeps_the_repeated_keys_and_values_where_a_rank_holds_several_key_value_heads() {
+        let gqa = llama(8, 4);
+        let extra = |m: &ModelShape, p: Precision, tp: usize| {
+            block_bytes_per_token(m, p, tp, true) - block_bytes_per_token(m, p, tp, false)
+        };
+        // k and v repeated to the rank's query heads: 2 C / tp elements in the products' dtype
+        assert_eq!(extra(&gqa, Precision::F32, 1), 4.0 * 2.0 * 256.0);
+        assert_eq!(extra(&gqa, Precision::Bf16, 1), 2.0 * 2.0 * 256.0);
+        assert_eq!(extra(&gqa, Precision::F32, 2), 4.0 * 2.0 * 256.0 / 2.0);
+        // one key/value head a rank: its repeat is a view
+        assert_eq!(extra(&gqa, Precision::F32, 4), 0.0);
+        // plain multi-head attention and gpt repeat nothing
+        assert_eq!(extra(&llama(8, 8), Precision::F32, 1), 0.0);
+        let gpt = ModelShape {
+            kind: ModelKind::Gpt,
+            bias: true,
+            ..llama(8, 8)
+        };
+        assert_eq!(extra(&gpt, Precision::F32, 1), 0.0);
+        // through a whole micro-batch: per block and token
+        let tokens = 1024.0;
+        let whole = |kv| micro_batch_bytes(&gqa, Precision::F32, 1, kv, 4, (true, true), tokens);
+        assert_eq!(
+            whole(true) - whole(false),
+            4.0 * tokens * extra(&gqa, Precision::F32, 1)
+        );
+    }
 }

@@ -56,6 +56,9 @@ fn spec_table(d: &DeviceSpec) -> toml::Table {
     );
     t.insert("memory_bytes".into(), num(d.memory_bytes));
     t.insert("memory_bandwidth".into(), num(d.memory_bandwidth));
+    if !d.gpu {
+        t.insert("gpu".into(), toml::Value::Boolean(false));
+    }
     if let Some(k) = d.shared_compute {
         t.insert("shared_compute".into(), num(k));
     }
@@ -140,10 +143,12 @@ impl Calibration {
                 .collect::<Result<Vec<_>>>()?,
             _ => Vec::new(),
         };
-        let spec = match top.get("spec") {
+        let mut spec = match top.get("spec") {
             Some(toml::Value::Table(t)) => crate::cluster::from_table(t, source)?,
             _ => return Err(bad("no `[spec]` table".into())),
         };
+        // `weft plan calibrate` measures CPU ranks (files written before `gpu` was kept too)
+        spec.gpu = false;
         if spec.devices_per_node != ranks {
             return Err(bad(format!(
                 "`spec.devices_per_node` = {} but `ranks` = {ranks}",
@@ -184,6 +189,7 @@ mod tests {
                 inter_bandwidth: 1.25e9,
                 inter_latency: 3.5e-5,
                 shared_compute: Some(2.0),
+                gpu: false,
                 efficiency: Efficiency {
                     gemm: 1.0,
                     memory_bound: 1.0,

@@ -7,6 +7,8 @@
 //! memory_bandwidth = 3.35e12 # bytes/s
 //! shared_compute = 2          # optional: devices of a node that compute at once (CPU ranks
 //!                             # sharing cores); absent: each device computes on its own
+//! gpu = true                  # optional (default true): false for CPU ranks (grouped-query
+//!                             # attention reads shared key/value heads in place there)
 //!
 //! [flops]                    # peak FLOP/s by dtype
 //! bf16 = 989.5e12
@@ -35,9 +37,10 @@
 use crate::device::{DeviceSpec, Efficiency};
 use crate::error::{Error, Result};
 
-const TOP: [&str; 9] = [
+const TOP: [&str; 10] = [
     "name",
     "shared_compute",
+    "gpu",
     "devices_per_node",
     "memory_bytes",
     "memory_bandwidth",
@@ -222,6 +225,11 @@ pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
                 ))
             }
         },
+        gpu: match top.get("gpu") {
+            None => true,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(v) => return Err(r.bad("gpu", format!("must be true or false, got {v}"))),
+        },
         efficiency,
     })
 }
@@ -266,6 +274,15 @@ gemm = 0.5
         assert_eq!(d.efficiency.gemm, 0.5);
         assert_eq!(d.efficiency.memory_bound, Efficiency::default().memory_bound);
         assert_eq!(d.name, "c.toml");
+        // GPUs unless said otherwise
+        assert!(d.gpu);
+        let cpu = format!("gpu = false\n{GOOD}");
+        assert!(!parse(&cpu, "c.toml").unwrap().gpu);
+        let e = parse(&format!("gpu = 1\n{GOOD}"), "c.toml").unwrap_err();
+        assert!(
+            e.to_string().contains("`gpu`") && e.to_string().contains("true or false"),
+            "{e}"
+        );
     }
 
     #[test]

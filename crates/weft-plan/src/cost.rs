@@ -307,6 +307,7 @@ mod tests {
             precision: Precision::Bf16,
             grad_accum: 1,
             optimizer_moments: 2,
+            kv_repeated: false,
         }
     }
 

@@ -66,6 +66,10 @@ pub struct DeviceSpec {
     /// as `weft plan calibrate` measures it); `None` for devices with compute of their own.
     /// The rates above are then those of one device computing alone.
     pub shared_compute: Option<f64>,
+    /// A GPU, whose attention kernels take as many key/value heads as query heads: weft repeats
+    /// a grouped-query model's keys and values to every query head first (and the backward
+    /// keeps the copies); `false` for CPU ranks, whose kernel reads shared heads in place.
+    pub gpu: bool,
     pub efficiency: Efficiency,
 }
 
@@ -115,6 +119,7 @@ impl DeviceSpec {
             inter_bandwidth: IB_400G_PER_GPU,
             inter_latency: 10e-6,
             shared_compute: None,
+            gpu: true,
             efficiency: Efficiency::default(),
         })
     }

@@ -111,7 +111,15 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
     let rows = (work.pass_rows() as f64 / dp) / layout.micro_batches as f64;
     let tokens = rows * model.seq_len as f64;
     let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
-    let whole_mb = activations::micro_batch_bytes(model, work.precision, tp, blocks, (first, last), tokens);
+    let whole_mb = activations::micro_batch_bytes(
+        model,
+        work.precision,
+        tp,
+        work.kv_repeated,
+        blocks,
+        (first, last),
+        tokens,
+    );
     let activations = if layout.recompute {
         // each micro-batch in flight keeps its input (the token ids on the first stage, the f32
         // residual stream on the others); one at a time is rebuilt whole
@@ -192,6 +200,7 @@ mod tests {
             precision: Precision::Bf16,
             grad_accum: 1,
             optimizer_moments: 2,
+            kv_repeated: false,
         }
     }
 
@@ -292,6 +301,7 @@ mod weft_holds {
             precision: Precision::Bf16,
             grad_accum: 1,
             optimizer_moments: 2,
+            kv_repeated: false,
         };
         let (c, v) = (768.0, 50257.0);
         // per block: norm outputs and residual sums (4C), norm statistics and log-sum-exp in
@@ -325,6 +335,7 @@ mod weft_holds {
             precision: Precision::Bf16,
             grad_accum: 1,
             optimizer_moments: 2,
+            kv_repeated: false,
         };
         // pp 4, 8 micro-batches of 4 rows: stage 0 of 1F1B holds 4 graphs, each with its own
         // bf16 copy of the stage's 3 blocks' product weights
@@ -332,7 +343,7 @@ mod weft_holds {
         let tokens = 4.0 * 1024.0;
         let copies = activations::weight_copy_bytes(&w.model, Precision::Bf16, 1, 3, false);
         assert_eq!(copies, 2.0 * 3.0 * (12.0 * 768.0 * 768.0 + 9.0 * 768.0));
-        let one = activations::micro_batch_bytes(&w.model, Precision::Bf16, 1, 3, (true, false), tokens);
+        let one = activations::micro_batch_bytes(&w.model, Precision::Bf16, 1, false, 3, (true, false), tokens);
         assert_eq!(stage_memory(&w, &l, 0).activations, 4.0 * one);
         // recomputed: each keeps its ids, and only the micro-batch rebuilt holds a graph and
         // its copies (the forward under no_grad keeps none)
@@ -369,6 +380,7 @@ mod weft_holds {
             precision: Precision::F32,
             grad_accum: 1,
             optimizer_moments: 2,
+            kv_repeated: false,
         };
         let got = stage_memory(&w, &layout(1, 2, 2, 0, 4, vec![2, 2]), 0).activations;
         assert!((got / 9.53e6 - 1.0).abs() < 0.03, "{got}");
@@ -390,6 +402,7 @@ mod weft_holds {
             precision: Precision::Bf16,
             grad_accum: 1,
             optimizer_moments: 2,
+            kv_repeated: false,
         };
         let psi = w.model.parameter_count();
         // the largest unit: the root (embeddings, final norm)

@@ -86,6 +86,9 @@ pub struct Workload {
     /// f32 state tensors per parameter: 2 for Adam and AdamW (two moments), 1 for SGD with
     /// momentum, 0 for plain SGD.
     pub optimizer_moments: u32,
+    /// Whether the devices repeat a grouped-query model's keys and values to its query heads
+    /// before attention (GPUs: [`crate::DeviceSpec::gpu`]), which the backward then keeps.
+    pub kv_repeated: bool,
 }
 
 impl Workload {

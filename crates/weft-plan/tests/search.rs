@@ -28,6 +28,7 @@ fn work(model: ModelShape, global_batch: u64) -> Workload {
         precision: Precision::Bf16,
         grad_accum: 1,
         optimizer_moments: 2,
+        kv_repeated: false,
     }
 }
 

@@ -81,8 +81,9 @@ pub fn parameter_count(cfg: &ModelConfig) -> f64 {
 /// Activation bytes one step keeps for `rows` rows of the model of `cfg`, with its layers cut
 /// over `tp` tensor-parallel ranks and `pp` stages, its products in `precision`. Gpt and llama
 /// as the planner counts them ([`weft_plan::activations`]): the blocks of the largest stage
-/// and both ends of the model, bf16 weight copies included.
-fn activation_bytes(cfg: &ModelConfig, precision: Precision, rows: f64, tp: f64, pp: f64) -> f64 {
+/// and both ends of the model, bf16 weight copies included (and on a GPU, `kv_repeated`, the
+/// repeated keys and values of grouped-query attention).
+fn activation_bytes(cfg: &ModelConfig, precision: Precision, rows: f64, tp: f64, pp: f64, kv_repeated: bool) -> f64 {
     match cfg {
         ModelConfig::Mlp(m) => {
             let widths: f64 = m.hidden.iter().map(|&h| 2.0 * h as f64).sum();
@@ -104,7 +105,15 @@ fn activation_bytes(cfg: &ModelConfig, precision: Precision, rows: f64, tp: f64,
             };
             let layers = (shape.n_layer as f64 / pp).ceil() as usize;
             let tokens = rows * shape.seq_len as f64;
-            weft_plan::activations::micro_batch_bytes(&shape, precision, tp as usize, layers, (true, true), tokens)
+            weft_plan::activations::micro_batch_bytes(
+                &shape,
+                precision,
+                tp as usize,
+                kv_repeated,
+                layers,
+                (true, true),
+                tokens,
+            )
         }
     }
 }
@@ -141,7 +150,8 @@ pub fn estimate(config: &RunConfig) -> Estimate {
         "bf16" => Precision::Bf16,
         _ => Precision::F32,
     };
-    let activations = activation_bytes(&config.model, precision, rows, tp, pp);
+    let on_gpu = config.train.device.trim().starts_with("cuda");
+    let activations = activation_bytes(&config.model, precision, rows, tp, pp, on_gpu);
     let per_row_input = match &config.model {
         ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
             2.0 * config.model.language_model_sizes().map_or(0, |(_, block)| block) as f64 * 8.0
@@ -291,7 +301,7 @@ mod tests {
         let shape = crate::plan_shape::model_shape(&config("bf16").model).unwrap();
         for (precision, p) in [("f32", Precision::F32), ("bf16", Precision::Bf16)] {
             // 8 rows of 16 tokens through both layers and both ends
-            let planned = weft_plan::activations::micro_batch_bytes(&shape, p, 1, 2, (true, true), 128.0);
+            let planned = weft_plan::activations::micro_batch_bytes(&shape, p, 1, false, 2, (true, true), 128.0);
             assert_eq!(estimate(&config(precision)).activations, planned, "{precision}");
         }
         // bf16 is not f32 at 4 bytes an element: the products at 2 and autocast's copies (of

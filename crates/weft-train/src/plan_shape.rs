@@ -74,6 +74,8 @@ pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workloa
         precision,
         grad_accum: accum,
         optimizer_moments,
+        // the run's own devices; `weft plan` sets it from the spec it plans for
+        kv_repeated: config.train.device.trim().starts_with("cuda"),
     })
 }
 
