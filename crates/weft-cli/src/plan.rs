@@ -132,13 +132,13 @@ fn table(r: &PlanReport, work: &Workload, device: &DeviceSpec, devices: usize, t
     );
     let _ = writeln!(
         out,
-        "{:>4}  {:<36} {:>10} {:>10} {:>12} {:>6}  memory/device GB = params + grads + optimizer + activations + comm",
+        "{:>4}  {:<48} {:>10} {:>10} {:>12} {:>6}  memory/device GB = params + grads + optimizer + activations + comm",
         "rank", "layout", "stages", "step ms", "tokens/s", "MFU"
     );
     for (i, p) in r.plans.iter().take(top).enumerate() {
         let _ = writeln!(
             out,
-            "{:>4}  {:<36} {:>10} {:>10.1} {:>12.0} {:>5.1}%  {}",
+            "{:>4}  {:<48} {:>10} {:>10.1} {:>12.0} {:>5.1}%  {}",
             i + 1,
             p.layout.label(),
             stages(&p.layout.stage_blocks),
@@ -178,6 +178,7 @@ fn plan_json(p: &Plan) -> serde_json::Value {
         "zero": l.zero,
         "micro_batches": l.micro_batches,
         "schedule": l.schedule.name(),
+        "virtual_stages": l.schedule.chunks(),
         "recompute": l.recompute,
         "comm_dtype": l.comm_dtype.name(),
         "stage_blocks": l.stage_blocks,

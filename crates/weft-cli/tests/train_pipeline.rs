@@ -2,7 +2,8 @@
 //! micro-batch counts, and pipelines inside dp = 2, tp = 2 and dp = 2 with ZeRO stage 1 meshes,
 //! reproduce the PyTorch gpt fixture (gradient clipping on, tied embedding across the first and
 //! last stage); checkpoints resume exactly and load into one process; the timeline shows each
-//! stage's micro-batches; layouts the model or batch cannot take are refused on every rank.
+//! stage's micro-batches; layouts the model or batch cannot take are refused on every rank; the
+//! interleaved schedule (2 model chunks a rank) trains the built-in gpt as one process does.
 
 mod common;
 
@@ -120,6 +121,79 @@ fn the_timeline_shows_each_stages_micro_batches_and_the_built_in_run_samples() {
 }
 
 #[test]
+fn the_interleaved_schedule_trains_the_built_in_gpt_as_one_process_does() {
+    // the built-in gpt (4 blocks): pp = 2 with 2 chunks a rank is 4 virtual stages of one block
+    let out = temp_dir("pp-interleaved");
+    let run = [
+        "train.steps=6",
+        "train.log_every=1",
+        "train.eval_every=3",
+        "model.dropout=0.0",
+    ];
+    let curve = |ranks: usize, name: &str, layout: &[&str]| {
+        let metrics = out.join(format!("{name}.jsonl"));
+        let mut sets = vec![path_set("train.metrics", &metrics)];
+        sets.extend(run.iter().chain(layout).map(|s| s.to_string()));
+        if ranks == 1 {
+            let mut args = vec!["train", "--quiet"];
+            for s in &sets {
+                args.extend(["--set", s.as_str()]);
+            }
+            common::weft_ok(&args);
+        } else {
+            launch_train_ok(ranks, None, &[], &sets);
+        }
+        let records = read_metrics(&metrics);
+        let val: Vec<f64> = records.iter().filter_map(|r| r["val_loss"].as_f64()).collect();
+        (losses(&metrics), val)
+    };
+    let (one, one_val) = curve(1, "one", &[]);
+    assert_eq!((one.len(), one_val.len()), (6, 2));
+    for (name, layout) in [
+        ("1f1b", vec!["parallel.pp=2", "parallel.micro_batches=2"]),
+        (
+            "interleaved-m2",
+            vec![
+                "parallel.pp=2",
+                "parallel.schedule=\"interleaved\"",
+                "parallel.micro_batches=2",
+            ],
+        ),
+        (
+            "interleaved-m4-recompute",
+            vec![
+                "parallel.pp=2",
+                "parallel.schedule=\"interleaved\"",
+                "parallel.virtual_stages=2",
+                "parallel.micro_batches=4",
+                "parallel.recompute=true",
+            ],
+        ),
+    ] {
+        let (losses, val) = curve(2, name, &layout);
+        assert_same_curve(&one, &losses, 1e-5, &format!("{name} vs one process"));
+        assert_same_curve(&one_val, &val, 1e-5, &format!("{name} val_loss vs one process"));
+    }
+    // the sample: the trained chunks put together give the one process's
+    let run = [
+        "train.steps=6",
+        "train.eval_every=3",
+        "train.sample_tokens=40",
+        "model.dropout=0.0",
+    ];
+    let interleaved = [
+        "parallel.pp=2",
+        "parallel.schedule=\"interleaved\"",
+        "parallel.micro_batches=2",
+    ];
+    assert_eq!(
+        sample_of_built_in_run(2, &interleaved, &run),
+        sample_of_built_in_run(1, &[], &run)
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
     let config = config();
     // 2 blocks cannot make 3 stages; 4 rows do not cut into 3 micro-batches
@@ -151,6 +225,38 @@ fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
         (
             vec!["parallel.micro_batches=2"],
             vec!["parallel.micro_batches", "pp > 1"],
+        ),
+        // the interleaved schedule: micro-batches in groups of the stages, a chunk per block
+        (
+            vec![
+                "parallel.pp=2",
+                "parallel.schedule=\"interleaved\"",
+                "parallel.micro_batches=3",
+            ],
+            vec!["parallel.micro_batches", "not a multiple of 2"],
+        ),
+        (
+            vec![
+                "parallel.pp=2",
+                "parallel.schedule=\"interleaved\"",
+                "parallel.micro_batches=2",
+            ],
+            vec![
+                "parallel.virtual_stages",
+                "4 virtual stages, more than the model's 2 blocks",
+            ],
+        ),
+        (
+            vec!["parallel.pp=2", "parallel.virtual_stages=2", "parallel.micro_batches=2"],
+            vec!["parallel.virtual_stages", "interleaved"],
+        ),
+        (
+            vec![
+                "parallel.pp=2",
+                "parallel.schedule=\"interleaved\"",
+                "parallel.virtual_stages=1",
+            ],
+            vec!["parallel.virtual_stages", "at least 2"],
         ),
     ] {
         let mut args = vec!["train", "--config", config.to_str().unwrap(), "--quiet"];

@@ -8,14 +8,26 @@
 //!   alternates one forward and one backward, then drains the remaining backwards. A stage holds
 //!   at most `p - s` micro-batches of activations.
 //!
-//! With equal forward and backward times per stage both leave the same idle share, the bubble
-//! `(p - 1) / (m + p - 1)`; 1F1B saves activation memory, not time.
+//! - [`PipelineSchedule::Interleaved`] (Narayanan et al., "Efficient Large-Scale Language Model
+//!   Training on GPU Clusters Using Megatron-LM", SC'21, section 2.2.2): each rank holds `v`
+//!   chunks of the model, rank `r` chunk `c` being virtual stage `c p + r` of `v p`, and runs
+//!   1F1B over the `v m` (chunk, micro-batch) passes in Megatron-LM's order: forwards in groups
+//!   of `p` micro-batches through chunk 0, then chunk 1, ..., backwards through the chunks in
+//!   reverse; `(p - 1 - r) 2 + (v - 1) p` warm-up forwards (every forward first when `m = p`).
+//!   `m` must be a multiple of `p`.
+//!
+//! With equal forward and backward times per stage GPipe and 1F1B leave the same idle share, the
+//! bubble `(p - 1) / (m + p - 1)`; 1F1B saves activation memory, not time. The interleaved
+//! schedule divides the bubble's time by `v` (passes of a chunk take `1/v` of a stage's), for
+//! `v` times the sends between ranks.
 
 /// A pipeline schedule; see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PipelineSchedule {
     GPipe,
     OneFOneB,
+    /// Interleaved 1F1B over this many model chunks per rank (at least 2).
+    Interleaved(usize),
 }
 
 /// One step of a stage's schedule: the forward or the backward pass of micro-batch `i`.
@@ -35,12 +47,84 @@ impl PipelineSchedule {
         }
     }
 
+    /// Model chunks each rank holds: `v` for [`PipelineSchedule::Interleaved`], else 1.
+    pub fn chunks(&self) -> usize {
+        match self {
+            PipelineSchedule::Interleaved(v) => *v,
+            _ => 1,
+        }
+    }
+
+    /// Why this schedule cannot run `micro` micro-batches on `stages` stages, if it cannot (the
+    /// interleaved schedule needs `micro` a multiple of `stages`, and 2 chunks or more).
+    pub fn check(&self, stages: usize, micro: usize) -> Option<String> {
+        match self {
+            PipelineSchedule::Interleaved(v) if *v < 2 => Some(format!(
+                "{v} model chunks per rank: the interleaved schedule needs at least 2"
+            )),
+            PipelineSchedule::Interleaved(_) if stages < 2 => {
+                Some(format!("{stages} stage: the interleaved schedule needs at least 2"))
+            }
+            PipelineSchedule::Interleaved(_) if !micro.is_multiple_of(stages) => Some(format!(
+                "the interleaved schedule runs micro-batches in groups of the {stages} stages: {micro} is not a \
+                 multiple of {stages}"
+            )),
+            _ => None,
+        }
+    }
+
+    /// The actions of stage `stage` (of `stages`) for `micro` micro-batches, in order, each with
+    /// the model chunk it runs (always 0 but for [`PipelineSchedule::Interleaved`], which must
+    /// pass [`PipelineSchedule::check`]). Every (chunk, micro-batch) forward comes once and
+    /// before its backward; within a chunk forwards and backwards each run in micro-batch order.
+    pub fn chunk_actions(&self, stage: usize, stages: usize, micro: usize) -> Vec<(usize, Action)> {
+        let PipelineSchedule::Interleaved(v) = *self else {
+            return self.actions(stage, stages, micro).into_iter().map(|a| (0, a)).collect();
+        };
+        let (p, m) = (stages, micro);
+        let total = m * v;
+        // the k-th forward of a rank: chunk and micro-batch, in groups of p micro-batches
+        let forward = |k: usize| {
+            let in_group = k % (p * v);
+            (in_group / p, (k / (p * v)) * p + in_group % p)
+        };
+        let backward = |k: usize| {
+            let (c, i) = forward(k);
+            (v - 1 - c, i)
+        };
+        let warmup = if m == p {
+            total
+        } else {
+            ((p - 1 - stage) * 2 + (v - 1) * p).min(total)
+        };
+        let mut out = Vec::with_capacity(2 * total);
+        for k in 0..warmup {
+            let (c, i) = forward(k);
+            out.push((c, Action::Forward(i)));
+        }
+        for k in 0..total - warmup {
+            let (c, i) = forward(warmup + k);
+            out.push((c, Action::Forward(i)));
+            let (c, i) = backward(k);
+            out.push((c, Action::Backward(i)));
+        }
+        for k in total - warmup..total {
+            let (c, i) = backward(k);
+            out.push((c, Action::Backward(i)));
+        }
+        out
+    }
+
     /// The actions of stage `stage` (of `stages`) for `micro` micro-batches, in order. Every
     /// micro-batch's forward comes once and before its backward; forwards and backwards each
-    /// run in micro-batch order.
+    /// run in micro-batch order. For [`PipelineSchedule::Interleaved`], the passes of
+    /// [`PipelineSchedule::chunk_actions`] without their chunks.
     pub fn actions(&self, stage: usize, stages: usize, micro: usize) -> Vec<Action> {
         let mut out = Vec::with_capacity(2 * micro);
         match self {
+            PipelineSchedule::Interleaved(_) => {
+                out.extend(self.chunk_actions(stage, stages, micro).into_iter().map(|(_, a)| a));
+            }
             PipelineSchedule::GPipe => {
                 out.extend((0..micro).map(Action::Forward));
                 out.extend((0..micro).map(Action::Backward));
@@ -171,6 +255,125 @@ mod tests {
         }
         let end = *busy_until.iter().max().unwrap();
         (0..p).map(|_| 1.0 - (2 * m) as f64 / end as f64).collect()
+    }
+
+    /// The interleaved schedule's lists against each other, one time unit a chunk pass: a
+    /// forward of virtual stage `c p + r` needs the forward of the one before (rank `r - 1`'s
+    /// chunk `c`, or for rank 0 rank `p - 1`'s chunk `c - 1`), a backward the backward of the
+    /// one after. Also checks that every pair of ranks sees its messages of one kind in the
+    /// order they are sent (the transport's queues are first in, first out). Returns each
+    /// rank's idle share; panics on a deadlock.
+    fn simulate_interleaved(v: usize, p: usize, m: usize) -> Vec<f64> {
+        let s = PipelineSchedule::Interleaved(v);
+        assert_eq!(s.check(p, m), None);
+        let lists: Vec<Vec<(usize, Action)>> = (0..p).map(|r| s.chunk_actions(r, p, m)).collect();
+        let vs = |r: usize, c: usize| c * p + r;
+        let n = p * v;
+        let mut fwd_done = vec![vec![None; m]; n];
+        let mut bwd_done = vec![vec![None; m]; n];
+        let (mut pos, mut busy_until, mut time) = (vec![0; p], vec![0usize; p], 0);
+        while pos.iter().zip(&lists).any(|(i, l)| *i < l.len()) {
+            for r in 0..p {
+                if pos[r] == lists[r].len() || busy_until[r] > time {
+                    continue;
+                }
+                let (c, a) = lists[r][pos[r]];
+                let me = vs(r, c);
+                let ready = match a {
+                    F(i) => me == 0 || fwd_done[me - 1][i].is_some_and(|t: usize| t <= time),
+                    B(i) => {
+                        fwd_done[me][i].is_some()
+                            && (me == n - 1 || bwd_done[me + 1][i].is_some_and(|t: usize| t <= time))
+                    }
+                };
+                if ready {
+                    match a {
+                        F(i) => fwd_done[me][i] = Some(time + 1),
+                        B(i) => bwd_done[me][i] = Some(time + 1),
+                    }
+                    busy_until[r] = time + 1;
+                    pos[r] += 1;
+                }
+            }
+            time += 1;
+            assert!(time < 10 * v * (m + p) + 10, "deadlock: v={v} p={p} m={m}");
+        }
+        // first in, first out: what rank r sends to a neighbour, in its order, is what the
+        // neighbour takes, in its order
+        for r in 0..p {
+            let sent_fwd: Vec<(usize, usize)> = lists[r]
+                .iter()
+                .filter_map(|&(c, a)| match a {
+                    F(i) if vs(r, c) + 1 < n => Some((vs(r, c) + 1, i)),
+                    _ => None,
+                })
+                .collect();
+            let next = (r + 1) % p;
+            let taken_fwd: Vec<(usize, usize)> = lists[next]
+                .iter()
+                .filter_map(|&(c, a)| match a {
+                    F(i) if vs(next, c) > 0 && (vs(next, c) - 1) % p == r => Some((vs(next, c), i)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(sent_fwd, taken_fwd, "activations {r} -> {next}, v={v} p={p} m={m}");
+            let sent_bwd: Vec<(usize, usize)> = lists[r]
+                .iter()
+                .filter_map(|&(c, a)| match a {
+                    B(i) if vs(r, c) > 0 => Some((vs(r, c) - 1, i)),
+                    _ => None,
+                })
+                .collect();
+            let prev = (r + p - 1) % p;
+            let taken_bwd: Vec<(usize, usize)> = lists[prev]
+                .iter()
+                .filter_map(|&(c, a)| match a {
+                    B(i) if vs(prev, c) + 1 < n && (vs(prev, c) + 1) % p == r => Some((vs(prev, c), i)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(sent_bwd, taken_bwd, "gradients {r} -> {prev}, v={v} p={p} m={m}");
+        }
+        let end = *busy_until.iter().max().unwrap();
+        (0..p).map(|_| 1.0 - (2 * m * v) as f64 / end as f64).collect()
+    }
+
+    #[test]
+    fn the_interleaved_schedule_runs_every_chunk_pass_once_without_deadlock_and_a_smaller_bubble() {
+        for v in [2, 3, 4] {
+            for p in [2, 3, 4] {
+                for m in [p, 2 * p, 3 * p] {
+                    let s = PipelineSchedule::Interleaved(v);
+                    for r in 0..p {
+                        let acts = s.chunk_actions(r, p, m);
+                        assert_eq!(acts.len(), 2 * v * m);
+                        for c in 0..v {
+                            let of = |fwd: bool| -> Vec<usize> {
+                                acts.iter()
+                                    .filter(|(k, _)| *k == c)
+                                    .filter_map(|(_, a)| match (a, fwd) {
+                                        (F(i), true) | (B(i), false) => Some(*i),
+                                        _ => None,
+                                    })
+                                    .collect()
+                            };
+                            assert_eq!(of(true), (0..m).collect::<Vec<_>>(), "v={v} p={p} m={m} r={r} c={c}");
+                            assert_eq!(of(false), (0..m).collect::<Vec<_>>(), "v={v} p={p} m={m} r={r} c={c}");
+                        }
+                    }
+                    for idle in simulate_interleaved(v, p, m) {
+                        // the bubble of 1F1B with passes v times as short: (p - 1) / (v m + p - 1)
+                        let ideal = (p - 1) as f64 / (v * m + p - 1) as f64;
+                        assert!(idle <= ideal + 1e-12, "v={v} p={p} m={m}: {idle} against {ideal}");
+                        assert!(idle < ideal_bubble(p, m), "v={v} p={p} m={m}: {idle}");
+                    }
+                }
+            }
+        }
+        let s = PipelineSchedule::Interleaved(2);
+        assert!(s.check(4, 6).unwrap().contains("not a multiple of 4"));
+        assert!(PipelineSchedule::Interleaved(1).check(4, 8).is_some());
+        assert_eq!(s.chunks(), 2);
     }
 
     #[test]

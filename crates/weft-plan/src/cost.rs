@@ -12,8 +12,11 @@
 //!   reduce-scatter and all-gather half of that, with `a` and `B` the latency and bus bandwidth
 //!   of the link the group spans ([`DeviceSpec::link`]).
 //! - Pipeline: with per-micro-batch stage times `t_s`, a step of `m` micro-batches takes
-//!   `(m - 1) max t_s + sum t_s` (both of weft's schedules: with equal stages, the bubble is
-//!   `(p - 1) / (m + p - 1)` of the step, `weft_dist::pipeline::ideal_bubble`).
+//!   `(m - 1) max t_s + sum t_s` (GPipe and 1F1B: with equal stages, the bubble is
+//!   `(p - 1) / (m + p - 1)` of the step, `weft_dist::pipeline::ideal_bubble`); interleaved over
+//!   `v` chunks, whose passes take `1/v` of a stage's, `(m - 1/v) max t_s + sum t_s / v` (with
+//!   equal stages a bubble of `(p - 1) / (v m + p - 1)`), every chunk pass sending its
+//!   activations on and its input's gradient back (`2 v` sends a micro-batch on every stage).
 //! - Gradient accumulation: `grad_accum` passes of the pipeline per step, each over
 //!   `global_batch / grad_accum` rows.
 //! - Data parallelism: weft reduces gradients once per step, in bucket order during the last
@@ -178,8 +181,15 @@ pub fn stage_backward_time(u: &UnitTimes, blocks: usize, first: bool, last: bool
 /// Time of `m` micro-batches through stages of per-micro-batch times `stages`:
 /// `(m - 1) max t_s + sum t_s`.
 pub fn pipeline_time(stages: &[f64], m: usize) -> f64 {
+    pipeline_time_chunked(stages, m, 1)
+}
+
+/// [`pipeline_time`] with each stage run as `chunks` interleaved chunks:
+/// `(m - 1/v) max t_s + sum t_s / v`.
+pub fn pipeline_time_chunked(stages: &[f64], m: usize, chunks: usize) -> f64 {
     let slowest = stages.iter().cloned().fold(0.0, f64::max);
-    (m as f64 - 1.0) * slowest + stages.iter().sum::<f64>()
+    let v = chunks.max(1) as f64;
+    (m as f64 - 1.0 / v) * slowest + stages.iter().sum::<f64>() / v
 }
 
 /// The predicted step of a layout.
@@ -203,11 +213,21 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
     let zero = if dp > 1 { layout.zero } else { 0 };
     let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
     let u = unit_times(work, device, tp, dp, pp, rows);
+    let chunks = layout.schedule.chunks();
+    // interleaved: every chunk pass sends on and back, besides the stage's own ends' sends
+    let extra_sends = |s: usize| {
+        let own = usize::from(s > 0) + usize::from(s + 1 < pp);
+        if chunks > 1 {
+            (2 * chunks - own) as f64 * u.p2p
+        } else {
+            0.0
+        }
+    };
     let stages: Vec<f64> = (0..pp)
-        .map(|s| stage_time(&u, layout.stage_blocks[s], s == 0, s + 1 == pp, layout.recompute))
+        .map(|s| stage_time(&u, layout.stage_blocks[s], s == 0, s + 1 == pp, layout.recompute) + extra_sends(s))
         .collect();
     let passes = work.grad_accum.max(1) as f64;
-    let pipeline = passes * pipeline_time(&stages, layout.micro_batches);
+    let pipeline = passes * pipeline_time_chunked(&stages, layout.micro_batches, chunks);
 
     let dp_link = device.link(tp, dp);
     let comm = layout.comm_dtype.bytes();
@@ -420,6 +440,22 @@ mod tests {
         let busy = 8.0 * 9.0;
         assert!((pipeline_time(&[9.0; 4], 8) * (1.0 - 3.0 / 11.0) - busy).abs() < 1e-12);
         assert_eq!(pipeline_time(&[2.0, 5.0], 1), 7.0);
+        // interleaved over v chunks: a bubble of (p - 1) / (v m + p - 1)
+        for v in [2, 4] {
+            let t = pipeline_time_chunked(&[9.0; 4], 8, v);
+            let bubble = 3.0 / (8.0 * v as f64 + 3.0);
+            assert!((t * (1.0 - bubble) - busy).abs() < 1e-9, "v={v}: {t}");
+        }
+        // through step_time: shorter than 1F1B for the same stages, with 2 v sends a micro-batch
+        let interleaved = Layout {
+            schedule: Schedule::Interleaved(2),
+            ..l.clone()
+        };
+        let ti = step_time(&w, &d, &interleaved);
+        assert!(ti.pipeline < t.pipeline, "{} vs {}", ti.pipeline, t.pipeline);
+        let u = unit_times(&w, &d, 1, 1, 4, (w.pass_rows() / 8) as f64);
+        assert!((ti.stages[1] - (t.stages[1] + 2.0 * u.p2p)).abs() < 1e-15);
+        assert!((ti.stages[0] - (t.stages[0] + 3.0 * u.p2p)).abs() < 1e-15);
     }
 
     #[test]

@@ -8,6 +8,10 @@ pub enum Schedule {
     /// `p - 1 - s` warm-up forwards on stage `s`, then one forward and one backward in turn:
     /// stage `s` holds at most `min(p - s, m)` micro-batches.
     OneFOneB,
+    /// Interleaved 1F1B over this many model chunks per stage (Megatron-LM's virtual stages,
+    /// `weft_dist::pipeline::PipelineSchedule::Interleaved`): `m` a multiple of `p`; the chunk
+    /// passes of stage `s` after `(p - 1 - s) 2 + (v - 1) p` warm-up forwards alternate.
+    Interleaved(usize),
 }
 
 impl Schedule {
@@ -15,15 +19,34 @@ impl Schedule {
         match self {
             Schedule::GPipe => "gpipe",
             Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved(_) => "interleaved",
         }
     }
 
-    /// Micro-batches whose activations stage `stage` of `stages` holds at once with `m`
-    /// micro-batches (`weft_dist::pipeline::PipelineSchedule::peak_in_flight`).
+    /// Model chunks per stage: `v` interleaved, else 1.
+    pub fn chunks(self) -> usize {
+        match self {
+            Schedule::Interleaved(v) => v,
+            _ => 1,
+        }
+    }
+
+    /// Passes whose activations stage `stage` of `stages` holds at once with `m` micro-batches
+    /// (`weft_dist::pipeline::PipelineSchedule::peak_in_flight`): micro-batches, or under
+    /// interleaving (chunk, micro-batch) passes, each holding `1 / chunks` of the stage's.
     pub fn in_flight(self, stage: usize, stages: usize, m: usize) -> usize {
         match self {
             Schedule::GPipe => m,
             Schedule::OneFOneB => (stages - stage).min(m),
+            Schedule::Interleaved(v) => {
+                let total = m * v;
+                let warmup = if m == stages {
+                    total
+                } else {
+                    ((stages - 1 - stage) * 2 + (v - 1) * stages).min(total)
+                };
+                (warmup + 1).min(total)
+            }
         }
     }
 }
@@ -75,16 +98,16 @@ impl Layout {
         self.dp * self.tp * self.pp
     }
 
-    /// `dp2 tp4 pp8 zero1 m16 1f1b rc bf16`: the layout in one short word list.
+    /// `dp2 tp4 pp8 zero1 m16 1f1b rc bf16` (`interleaved-v2` for two chunks a stage): the
+    /// layout in one short word list.
     pub fn label(&self) -> String {
+        let schedule = match self.schedule {
+            Schedule::Interleaved(v) => format!("interleaved-v{v}"),
+            s => s.name().to_string(),
+        };
         let mut s = format!(
-            "dp{} tp{} pp{} zero{} m{} {}",
-            self.dp,
-            self.tp,
-            self.pp,
-            self.zero,
-            self.micro_batches,
-            self.schedule.name()
+            "dp{} tp{} pp{} zero{} m{} {schedule}",
+            self.dp, self.tp, self.pp, self.zero, self.micro_batches,
         );
         if self.recompute {
             s.push_str(" rc");
@@ -106,5 +129,10 @@ mod tests {
         assert_eq!(Schedule::OneFOneB.in_flight(0, 4, 8), 4);
         assert_eq!(Schedule::OneFOneB.in_flight(3, 4, 8), 1);
         assert_eq!(Schedule::OneFOneB.in_flight(0, 4, 2), 2);
+        // 2 chunks on 4 stages, 8 micro-batches: (4 - 1 - s) 2 + 4 warm-up passes, then one more
+        assert_eq!(Schedule::Interleaved(2).in_flight(0, 4, 8), 11);
+        assert_eq!(Schedule::Interleaved(2).in_flight(3, 4, 8), 5);
+        // as many micro-batches as stages: every forward first
+        assert_eq!(Schedule::Interleaved(2).in_flight(3, 4, 4), 8);
     }
 }

@@ -110,7 +110,10 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
 
     let rows = (work.pass_rows() as f64 / dp) / layout.micro_batches as f64;
     let tokens = rows * model.seq_len as f64;
+    // passes in flight: micro-batches, or interleaved (chunk, micro-batch) passes, each of which
+    // holds 1 / chunks of the stage's activations
     let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
+    let chunks = layout.schedule.chunks() as f64;
     let whole_mb = activations::micro_batch_bytes(
         model,
         work.precision,
@@ -121,12 +124,17 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
         tokens,
     );
     let activations = if layout.recompute {
-        // each micro-batch in flight keeps its input (the token ids on the first stage, the f32
-        // residual stream on the others); one at a time is rebuilt whole
-        let input = if first { 8.0 } else { 4.0 * model.n_embd as f64 };
-        in_flight * tokens * input + whole_mb
+        // each pass in flight keeps its input (the token ids on the first stage, the f32
+        // residual stream on the others, and on every chunk but the first stage's first); one
+        // at a time is rebuilt whole
+        let input = if first && chunks == 1.0 {
+            8.0
+        } else {
+            4.0 * model.n_embd as f64
+        };
+        in_flight * tokens * input + whole_mb / chunks
     } else {
-        in_flight * whole_mb
+        in_flight * whole_mb / chunks
     };
 
     // tensor-parallel all-reduces carry the products' dtype, pipeline sends the f32 stream

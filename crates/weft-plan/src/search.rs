@@ -36,7 +36,16 @@ impl Default for SearchOptions {
 
 #[cfg(test)]
 mod tests {
-    use super::divisors;
+    use super::{divisors, interleaved_cut};
+
+    #[test]
+    fn an_interleaved_cut_sums_each_stages_virtual_stages() {
+        // 10 blocks into 2 x 2 virtual stages: 3, 3, 2, 2; stage 0 holds virtual 0 and 2
+        assert_eq!(interleaved_cut(10, 2, 2), vec![5, 5]);
+        // 9 into 4 x 2: 2, 1, 1, 1, 1, 1, 1, 1
+        assert_eq!(interleaved_cut(9, 4, 2), vec![3, 2, 2, 2]);
+        assert_eq!(interleaved_cut(96, 16, 2).iter().sum::<usize>(), 96);
+    }
 
     #[test]
     fn divisors_in_order() {
@@ -107,6 +116,15 @@ fn divisors(n: usize) -> Vec<usize> {
     }
     low.extend(high.into_iter().rev());
     low
+}
+
+/// Blocks per stage of an interleaved layout: the model's blocks cut as evenly as they allow
+/// into `pp v` virtual stages (weft's `balance = "blocks"`, earlier ones taking the extra), stage
+/// `r` holding virtual stages `r, r + pp, ...`.
+pub fn interleaved_cut(n_layer: usize, pp: usize, v: usize) -> Vec<usize> {
+    let n = pp * v;
+    let count = |vs: usize| n_layer / n + usize::from(vs < n_layer % n);
+    (0..pp).map(|r| (0..v).map(|c| count(c * pp + r)).sum()).collect()
 }
 
 /// Blocks per stage that minimize the slowest stage's per-micro-batch time (the embeddings on
@@ -242,17 +260,27 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
                 let mut group: Vec<Plan> = Vec::new();
                 for &recompute in recomputes {
                     let cut = balanced_cut(&u, pp, n_layer, recompute);
-                    let schedules: &[Schedule] = if pp == 1 {
-                        &[Schedule::OneFOneB]
+                    let mut schedules: Vec<Schedule> = if pp == 1 {
+                        vec![Schedule::OneFOneB]
                     } else {
-                        &[Schedule::OneFOneB, Schedule::GPipe]
+                        vec![Schedule::OneFOneB, Schedule::GPipe]
                     };
+                    // two chunks a stage, as weft runs them: micro-batches in groups of the
+                    // stages, a block at least a chunk
+                    if pp > 1 && m.is_multiple_of(pp) && n_layer >= 2 * pp {
+                        schedules.push(Schedule::Interleaved(2));
+                    }
                     let zeros: Vec<usize> = match (dp, pp) {
                         (1, _) => vec![0],
                         (_, 1) => vec![0, 1, 2, 3],
                         _ => vec![0, 1],
                     };
-                    for &schedule in schedules {
+                    for &schedule in &schedules {
+                        // interleaved: the runtime's even cut into virtual stages, summed per stage
+                        let cut = match schedule {
+                            Schedule::Interleaved(v) => interleaved_cut(n_layer, pp, v),
+                            _ => cut.clone(),
+                        };
                         for &zero in &zeros {
                             let dtypes: &[CommDtype] = if zero == 0 {
                                 &[CommDtype::F32]
@@ -273,7 +301,7 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
                                 };
                                 report.evaluated += 1;
                                 let mut plan = evaluate(work, device, layout, usable);
-                                if !plan.feasible && pp > 1 {
+                                if !plan.feasible && pp > 1 && schedule.chunks() == 1 {
                                     // the fastest cut whose stages each fit, if there is one
                                     let caps = block_caps(work, &plan.layout, usable);
                                     if let Some(cut) = capped_cut(&u, n_layer, recompute, &caps) {

@@ -1,7 +1,10 @@
 //! Pipeline parallelism in the trainer: this rank runs one stage of a [`StagedModel`] over the
 //! micro-batches of each step, in the order its [`PipelineSchedule`] gives, passing activations
 //! forward and their gradients back to the neighbouring stages (sends are asynchronous;
-//! receives block until the neighbour's message is there).
+//! receives block until the neighbour's message is there). Under the interleaved schedule the
+//! model is cut into `v p` virtual stages and this rank runs `v` of them (chunk `c` is virtual
+//! stage `c p + rank`); the last rank's chunk `c` hands its activations to the first rank's
+//! chunk `c + 1`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -24,13 +27,15 @@ pub struct Pipeline {
     model: Arc<dyn StagedModel>,
     group: ProcessGroup,
     schedule: PipelineSchedule,
+    /// Model chunks this rank holds (virtual stages: `schedule.chunks()`).
+    chunks: usize,
     micro_batches: usize,
     ends: Option<ProcessGroup>,
     recompute: bool,
     /// The parameters this stage trains, and their storages (left out of activation bytes).
     params: Vec<(String, Tensor)>,
     param_storages: HashSet<*const Storage>,
-    /// The stage that owns each of the model's parameters: the first that uses it.
+    /// The stage (rank) that owns each of the model's parameters: the first that uses it.
     owners: BTreeMap<String, usize>,
     /// Parameters held by the first and the last stage (tied weights).
     shared: Vec<String>,
@@ -62,19 +67,33 @@ impl Pipeline {
         recompute: bool,
     ) -> Result<Pipeline> {
         let stages = group.size();
+        if let Some(why) = schedule.check(stages, micro_batches) {
+            return Err(Error::Config(format!("parallel.schedule: {why}")));
+        }
+        let chunks = schedule.chunks();
+        let virtual_stages = stages * chunks;
         let mut owners = BTreeMap::new();
-        for s in (0..stages).rev() {
-            for (name, _) in model.stage_parameters(s, stages)? {
-                owners.insert(name, s);
+        for v in (0..virtual_stages).rev() {
+            for (name, _) in model.stage_parameters(v, virtual_stages)? {
+                owners.insert(name, v % stages);
             }
         }
-        let params = model.stage_parameters(group.rank(), stages)?;
+        // this rank's chunks' parameters, each once
+        let mut params: Vec<(String, Tensor)> = Vec::new();
+        for c in 0..chunks {
+            for (name, t) in model.stage_parameters(c * stages + group.rank(), virtual_stages)? {
+                if !params.iter().any(|(n, _)| *n == name) {
+                    params.push((name, t));
+                }
+            }
+        }
         let param_storages = params.iter().map(|(_, p)| Arc::as_ptr(p.storage())).collect();
         let shared = model.shared_parameters();
         Ok(Pipeline {
             model,
             group,
             schedule,
+            chunks,
             micro_batches,
             ends,
             recompute,
@@ -104,6 +123,21 @@ impl Pipeline {
 
     fn is_last(&self) -> bool {
         self.stage() + 1 == self.stages()
+    }
+
+    /// This rank's chunk `c` as a virtual stage of all of them: `(index, count)`.
+    fn virtual_stage(&self, c: usize) -> (usize, usize) {
+        (c * self.stages() + self.stage(), self.stages() * self.chunks)
+    }
+
+    /// The ranks before and after this one around the ring of stages (under interleaving the
+    /// last rank's chunk feeds the first rank's next chunk).
+    fn prev_rank(&self) -> usize {
+        (self.stage() + self.stages() - 1) % self.stages()
+    }
+
+    fn next_rank(&self) -> usize {
+        (self.stage() + 1) % self.stages()
     }
 
     /// The parameters this stage trains.
@@ -141,45 +175,59 @@ impl Pipeline {
         backward: &mut dyn FnMut(&Tensor, &Tensor, bool) -> Result<()>,
     ) -> Result<(f64, Vec<usize>)> {
         let is_param = |t: &Tensor| self.param_storages.contains(&Arc::as_ptr(t.storage()));
-        let (mut held, mut peak) = (vec![0usize; self.micro_batches], 0usize);
-        let (xs, ys) = (self.split(x)?, self.split(y)?);
         let m = self.micro_batches;
+        // activations of each (chunk, micro-batch), at `c * m + i`
+        let (mut held, mut peak) = (vec![0usize; self.chunks * m], 0usize);
+        let (xs, ys) = (self.split(x)?, self.split(y)?);
         let shape = self.model.activation_shape(xs[0].shape());
         let (stage, stages) = (self.stage(), self.stages());
-        let mut live: Vec<Option<Live>> = (0..m).map(|_| None).collect();
+        let mut live: Vec<Option<Live>> = (0..self.chunks * m).map(|_| None).collect();
         let ctx = self.model.stage_context();
         let mut sends: Vec<Work> = Vec::new();
         let mut loss = 0.0;
-        for action in self.schedule.actions(stage, stages, m) {
+        let actions = self.schedule.chunk_actions(stage, stages, m);
+        let last_backward = actions
+            .iter()
+            .rposition(|(_, a)| matches!(a, Action::Backward(_)))
+            .unwrap_or(0);
+        for (at, (c, action)) in actions.into_iter().enumerate() {
+            let (vstage, vstages) = self.virtual_stage(c);
+            let (first, last) = (vstage == 0, vstage + 1 == vstages);
+            // what a span names: the micro-batch, and its chunk under interleaving
+            let pass = |what: &str, i: usize| match self.chunks {
+                1 => format!("{what} {i}"),
+                _ => format!("{what} {i} (chunk {c})"),
+            };
             match action {
                 Action::Forward(i) => {
-                    let input = if self.is_first() {
+                    let input = if first {
                         xs[i].clone()
                     } else {
                         let buf = Tensor::zeros(&shape, weft_core::DType::F32)?;
-                        self.group.recv(&buf, stage - 1, ACTIVATIONS)?.wait()?;
+                        self.group.recv(&buf, self.prev_rank(), ACTIVATIONS)?.wait()?;
                         buf.requires_grad_()?
                     };
-                    let _s = span("compute", format!("forward {i}"));
+                    let _s = span("compute", pass("forward", i));
                     let rng_offset = ctx.rng_offset();
                     let out = if self.recompute {
-                        weft_core::no_grad(|| self.model.stage_forward(stage, stages, &input, &ys[i]))?
+                        weft_core::no_grad(|| self.model.stage_forward(vstage, vstages, &input, &ys[i]))?
                     } else {
-                        self.model.stage_forward(stage, stages, &input, &ys[i])?
+                        self.model.stage_forward(vstage, vstages, &input, &ys[i])?
                     };
-                    if self.is_last() {
+                    if last {
                         loss += out.item()?;
                     } else {
-                        sends.push(self.group.send(&out.detach(), stage + 1, ACTIVATIONS)?);
+                        sends.push(self.group.send(&out.detach(), self.next_rank(), ACTIVATIONS)?);
                     }
-                    held[i] = if self.recompute {
+                    let slot = c * m + i;
+                    held[slot] = if self.recompute {
                         input.numel() * input.dtype().size_in_bytes()
                     } else {
                         out.graph_bytes(&is_param)
                     };
                     peak = peak.max(held.iter().sum());
                     let output = (!self.recompute).then_some(out);
-                    live[i] = Some(Live {
+                    live[slot] = Some(Live {
                         input,
                         output,
                         rng_offset,
@@ -190,40 +238,43 @@ impl Pipeline {
                         input,
                         output,
                         rng_offset,
-                    } = live[i].take().ok_or_else(|| {
-                        Error::Run(format!("pipeline: backward of micro-batch {i} before its forward"))
+                    } = live[c * m + i].take().ok_or_else(|| {
+                        Error::Run(format!(
+                            "pipeline: backward of {} before its forward",
+                            pass("micro-batch", i)
+                        ))
                     })?;
                     let out = match output {
                         Some(out) => out,
                         None => {
-                            let _s = span("compute", format!("recompute {i}"));
+                            let _s = span("compute", pass("recompute", i));
                             let now = ctx.rng_offset();
                             ctx.set_rng_offset(rng_offset);
-                            let out = self.model.stage_forward(stage, stages, &input, &ys[i]);
+                            let out = self.model.stage_forward(vstage, vstages, &input, &ys[i]);
                             ctx.set_rng_offset(now);
                             let out = out?;
-                            held[i] = out.graph_bytes(&is_param);
+                            held[c * m + i] = out.graph_bytes(&is_param);
                             peak = peak.max(held.iter().sum());
                             out
                         }
                     };
-                    let seed = if self.is_last() {
+                    let seed = if last {
                         Tensor::from_vec(vec![scale / m as f64], &[])?.cast(out.dtype())?
                     } else {
                         let buf = Tensor::zeros(&shape, out.dtype())?;
-                        self.group.recv(&buf, stage + 1, GRADIENTS)?.wait()?;
+                        self.group.recv(&buf, self.next_rank(), GRADIENTS)?.wait()?;
                         buf
                     };
                     {
-                        let _s = span("compute", format!("backward {i}"));
-                        backward(&out, &seed, i + 1 == m)?;
+                        let _s = span("compute", pass("backward", i));
+                        backward(&out, &seed, at == last_backward)?;
                     }
-                    held[i] = 0;
-                    if !self.is_first() {
+                    held[c * m + i] = 0;
+                    if !first {
                         let g = input
                             .grad()
                             .ok_or_else(|| Error::Run(format!("pipeline: stage {stage} got no input gradient")))?;
-                        sends.push(self.group.send(&g, stage - 1, GRADIENTS)?);
+                        sends.push(self.group.send(&g, self.prev_rank(), GRADIENTS)?);
                     }
                 }
             }
@@ -248,23 +299,26 @@ impl Pipeline {
         Ok((v[0], v[1..].iter().map(|&x| x as usize).collect()))
     }
 
-    /// The loss of one batch through every stage, forward only (evaluation), on every stage.
+    /// The loss of one batch through every stage (every chunk, in virtual-stage order),
+    /// forward only (evaluation), on every stage.
     pub fn forward_loss(&self, x: &Tensor, y: &Tensor) -> Result<f64> {
-        let (stage, stages) = (self.stage(), self.stages());
-        let input = if self.is_first() {
-            x.clone()
-        } else {
-            let buf = Tensor::zeros(&self.model.activation_shape(x.shape()), weft_core::DType::F32)?;
-            self.group.recv(&buf, stage - 1, ACTIVATIONS)?.wait()?;
-            buf
-        };
-        let out = self.model.stage_forward(stage, stages, &input, y)?;
-        let loss = if self.is_last() {
-            out.item()?
-        } else {
-            self.group.send(&out, stage + 1, ACTIVATIONS)?.wait()?;
-            0.0
-        };
+        let mut loss = 0.0;
+        for c in 0..self.chunks {
+            let (vstage, vstages) = self.virtual_stage(c);
+            let input = if vstage == 0 {
+                x.clone()
+            } else {
+                let buf = Tensor::zeros(&self.model.activation_shape(x.shape()), weft_core::DType::F32)?;
+                self.group.recv(&buf, self.prev_rank(), ACTIVATIONS)?.wait()?;
+                buf
+            };
+            let out = self.model.stage_forward(vstage, vstages, &input, y)?;
+            if vstage + 1 == vstages {
+                loss = out.item()?;
+            } else {
+                self.group.send(&out, self.next_rank(), ACTIVATIONS)?.wait()?;
+            }
+        }
         Ok(self.share(loss, 0)?.0)
     }
 

@@ -129,13 +129,14 @@ pub fn device_spec(name: &str) -> Result<DeviceSpec, String> {
 }
 
 /// The `[parallel]` keys a plan chooses, refused next to `auto = true`.
-pub const PLANNED_KEYS: [&str; 10] = [
+pub const PLANNED_KEYS: [&str; 11] = [
     "dp",
     "tp",
     "pp",
     "zero",
     "micro_batches",
     "schedule",
+    "virtual_stages",
     "recompute",
     "comm_dtype",
     "stage_blocks",
@@ -170,4 +171,33 @@ pub(crate) fn check_auto(table: &toml::Table, source: &str) -> crate::error::Res
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use weft_dist::pipeline::{peak_in_flight, PipelineSchedule};
+    use weft_plan::Schedule;
+
+    #[test]
+    fn the_planners_passes_in_flight_are_the_runtime_schedules() {
+        for (plan, run) in [
+            (Schedule::GPipe, PipelineSchedule::GPipe),
+            (Schedule::OneFOneB, PipelineSchedule::OneFOneB),
+            (Schedule::Interleaved(2), PipelineSchedule::Interleaved(2)),
+            (Schedule::Interleaved(3), PipelineSchedule::Interleaved(3)),
+        ] {
+            assert_eq!(plan.chunks(), run.chunks());
+            for p in 2..6 {
+                for m in [p, 2 * p, 3 * p, 5 * p] {
+                    for s in 0..p {
+                        assert_eq!(
+                            plan.in_flight(s, p, m),
+                            peak_in_flight(&run.actions(s, p, m)),
+                            "{plan:?} p={p} m={m} s={s}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -182,8 +182,13 @@ pub struct ParallelConfig {
     pub zero: usize,
     #[serde(default = "one")]
     pub micro_batches: usize,
+    /// Pipeline schedule: `"1f1b"` (default), `"gpipe"` or `"interleaved"`.
     #[serde(default = "default_pp_schedule")]
     pub schedule: String,
+    /// With `schedule = "interleaved"`: model chunks per pipeline rank (default 2; Megatron-LM's
+    /// virtual pipeline size).
+    #[serde(default)]
+    pub virtual_stages: Option<usize>,
     /// Data parallelism: size cap of the first gradient bucket (the last parameters), MiB.
     #[serde(default = "default_first_bucket_mb")]
     pub first_bucket_mb: f64,
@@ -239,6 +244,19 @@ fn default_pp_schedule() -> String {
     "1f1b".into()
 }
 
+impl ParallelConfig {
+    /// The pipeline schedule `schedule` (and `virtual_stages`) names; `None` for an unknown
+    /// name.
+    pub fn pipeline_schedule(&self) -> Option<weft_dist::pipeline::PipelineSchedule> {
+        match self.schedule.as_str() {
+            "interleaved" => Some(weft_dist::pipeline::PipelineSchedule::Interleaved(
+                self.virtual_stages.unwrap_or(2),
+            )),
+            name => weft_dist::pipeline::PipelineSchedule::parse(name),
+        }
+    }
+}
+
 impl Default for ParallelConfig {
     fn default() -> Self {
         ParallelConfig {
@@ -248,6 +266,7 @@ impl Default for ParallelConfig {
             zero: 0,
             micro_batches: 1,
             schedule: default_pp_schedule(),
+            virtual_stages: None,
             first_bucket_mb: default_first_bucket_mb(),
             bucket_cap_mb: default_bucket_cap_mb(),
             comm_dtype: default_comm_dtype(),
@@ -449,11 +468,48 @@ impl RunConfig {
             }
             other => return bad("parallel.comm_dtype", format!("{other:?} is not one of f32, bf16")),
         }
-        if !["1f1b", "gpipe"].contains(&p.schedule.as_str()) {
+        if !["1f1b", "gpipe", "interleaved"].contains(&p.schedule.as_str()) {
             return bad(
                 "parallel.schedule",
-                format!("{:?} is not one of 1f1b, gpipe", p.schedule),
+                format!("{:?} is not one of 1f1b, gpipe, interleaved", p.schedule),
             );
+        }
+        if let Some(schedule) = p.pipeline_schedule() {
+            let v = schedule.chunks();
+            if p.virtual_stages.is_some() && p.schedule != "interleaved" {
+                return bad(
+                    "parallel.virtual_stages",
+                    format!(
+                        "chunks of the interleaved schedule; parallel.schedule is {:?}",
+                        p.schedule
+                    ),
+                );
+            }
+            if let Some(why) = schedule.check(p.pp, p.micro_batches) {
+                let key = match (v < 2, p.pp < 2) {
+                    (true, _) => "parallel.virtual_stages",
+                    (false, true) => "parallel.pp",
+                    (false, false) => "parallel.micro_batches",
+                };
+                return bad(key, why);
+            }
+            let n_layer = match &self.model {
+                ModelConfig::Gpt(g) => Some(g.n_layer),
+                ModelConfig::Llama(l) => Some(l.n_layer),
+                ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => None,
+            };
+            if let (true, Some(n_layer)) = (v > 1, n_layer) {
+                if n_layer < p.pp * v {
+                    return bad(
+                        "parallel.virtual_stages",
+                        format!(
+                            "{v} chunks on each of pp = {} ranks make {} virtual stages, more than the model's {n_layer} blocks",
+                            p.pp,
+                            p.pp * v
+                        ),
+                    );
+                }
+            }
         }
         match &self.data {
             DataConfig::Text(TextKeys {

@@ -72,7 +72,10 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     q.schedule = l.schedule.name().to_string();
     q.recompute = l.recompute;
     q.comm_dtype = l.comm_dtype.name().to_string();
-    q.stage_blocks = (l.pp > 1).then(|| l.stage_blocks.clone());
+    // an interleaved plan's stages are the even cut into virtual stages (balance = "blocks")
+    let chunks = l.schedule.chunks();
+    q.virtual_stages = (chunks > 1).then_some(chunks);
+    q.stage_blocks = (l.pp > 1 && chunks == 1).then(|| l.stage_blocks.clone());
     resolved.validate("the planned layout")?;
     let line = format!(
         "weft: parallel.auto: planned for {ranks} ranks on {}: dp {} tp {} pp {} zero {} micro_batches {} schedule {} \

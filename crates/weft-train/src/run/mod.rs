@@ -238,8 +238,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             trainer = trainer.with_tensor_parallel(m.tp_group.clone());
         }
         if let (true, Some(g)) = (m.pp > 1, &lm) {
-            let schedule = weft_dist::pipeline::PipelineSchedule::parse(&p.schedule).ok_or_else(|| {
-                Error::Config(format!("parallel.schedule: {:?} is not one of 1f1b, gpipe", p.schedule))
+            let schedule = p.pipeline_schedule().ok_or_else(|| {
+                Error::Config(format!(
+                    "parallel.schedule: {:?} is not one of 1f1b, gpipe, interleaved",
+                    p.schedule
+                ))
             })?;
             let pipeline = crate::pipeline::Pipeline::new(
                 g.clone(),
