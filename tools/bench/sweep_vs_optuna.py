@@ -17,7 +17,10 @@ built-in corpus (AdamW), `optim.lr` log-uniform on [3e-4, 3e-2], `optim.weight_d
   it is written, reports it at each evaluation and kills the process when told to prune.
 
 Every trial runs one at a time (parallel = 1) on the same threads. Prints the best value of each
-and the wall-clock seconds of each sweep, then medians over the seeds.
+and the wall-clock seconds of each sweep, then medians over the seeds. With `none` and an ASHA
+variant (`asha2x`: TPE + ASHA with twice the trials), also the wall-clock time each took to reach
+the no-pruning sweep's best value (from the sweep's start to the end of the trial that reached
+it): the time ASHA saves at an equal best value.
 
     cargo build -p weft-cli            # or --release, with --weft target/release/weft
     python3 tools/bench/sweep_vs_optuna.py [--seeds 5] [--trials 20] [--steps 800] [--model mlp|gpt] [--weft target/debug/weft]
@@ -77,7 +80,7 @@ def base_config(work: Path) -> Path:
 
 def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str, multivariate=False, gamma=None):
     gamma = GAMMA if gamma is None else gamma
-    name = f"w{seed}{pruner}{'mv' if multivariate else ''}{'' if gamma is None else f'g{gamma}'}"
+    name = f"w{seed}{pruner}{trials}{'mv' if multivariate else ''}{'' if gamma is None else f'g{gamma}'}"
     params = "\n".join(
         f'"{k}" = {{ distribution = "{d}", min = {lo}, max = {hi} }}' for k, (d, lo, hi) in SPACE.items())
     prune = f'kind = "asha"\nmin_steps = {MIN_STEPS}\nreduction_factor = {ETA}' if pruner == "asha" else 'kind = "none"'
@@ -88,13 +91,22 @@ def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str
                      f'[sweep.parameters]\n{params}\n\n[sweep.pruner]\n{prune}\n')
     env = dict(os.environ, WEFT_TRACK_DIR=str(work / "store"), WEFT_NUM_THREADS="2")
     t = time.perf_counter()
+    started = time.time()
     subprocess.run([weft, "sweep", "--config", str(sweep)], env=env, check=True, capture_output=True)
     wall = time.perf_counter() - t
     runs = json.loads(subprocess.run([weft, "runs", "list", "--experiment", name, "--json"], env=env, check=True,
                                      capture_output=True, text=True).stdout)
-    finished = [r["metrics"]["val_loss"] for r in runs if r["status"] == "finished" and "val_loss" in r["metrics"]]
+    done = [r for r in runs if r["status"] == "finished" and "val_loss" in r["metrics"]]
+    finished = [r["metrics"]["val_loss"] for r in done]
     pruned = sum(r["status"] == "pruned" for r in runs)
-    return min(finished), wall, pruned
+    # (seconds from the sweep's start to the trial's end, its value), in the order they ended
+    trace = sorted((r["end_time"] - started, r["metrics"]["val_loss"]) for r in done)
+    return min(finished), wall, pruned, trace
+
+
+def time_to(trace, target):
+    """Seconds until a finished trial's value was at most `target`, or None."""
+    return next((t for t, v in trace if v <= target), None)
 
 
 def optuna_sweep(weft, work: Path, base: Path, seed: int, trials: int):
@@ -158,12 +170,13 @@ def main():
                     help="weft's TPE good-split quantile of the asha, none and mv sweeps (default weft's, 0.1, as Optuna's)")
     ap.add_argument("--variants", default="asha,none,optuna,mv",
                     help="which sweeps to run: asha, none (weft TPE without pruning), optuna, mv (multivariate + asha), "
-                         "asha10 and asha25 (weft TPE with gamma 0.1 or 0.25 + asha)")
+                         "asha10 and asha25 (weft TPE with gamma 0.1 or 0.25 + asha), asha2x (weft TPE + asha with "
+                         "twice the trials)")
     a = ap.parse_args()
     global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE, GAMMA
     GAMMA = a.gamma
     variants = set(a.variants.split(","))
-    known = {"asha", "none", "optuna", "mv", "asha10", "asha25"}
+    known = {"asha", "none", "optuna", "mv", "asha10", "asha25", "asha2x"}
     if not variants <= known:
         sys.exit(f"--variants: unknown {sorted(variants - known)}")
     MODEL = a.model
@@ -174,7 +187,8 @@ def main():
         sys.exit(f"{DIGITS} is missing (../shared/data)")
     # (key, label, runs it) in the order printed
     kinds = [("asha", "weft TPE + ASHA"), ("asha10", "weft TPE (gamma 0.1) + ASHA"),
-             ("asha25", "weft TPE (gamma 0.25) + ASHA"), ("none", "weft TPE, no pruning"),
+             ("asha25", "weft TPE (gamma 0.25) + ASHA"), ("asha2x", "weft TPE + ASHA, twice the trials"),
+             ("none", "weft TPE, no pruning"),
              ("mv", "weft multivariate TPE + ASHA"), ("optuna", "Optuna TPE + SuccessiveHalving")]
     kinds = [(k, label) for k, label in kinds if k in variants]
     rows = []
@@ -187,7 +201,8 @@ def main():
                 if k == "optuna":
                     got[k] = optuna_sweep(a.weft, work, base, seed, a.trials)
                 else:
-                    got[k] = weft_sweep(a.weft, work, base, seed, a.trials, "none" if k == "none" else "asha",
+                    trials = 2 * a.trials if k == "asha2x" else a.trials
+                    got[k] = weft_sweep(a.weft, work, base, seed, trials, "none" if k == "none" else "asha",
                                         multivariate=(k == "mv"), gamma={"asha10": 0.1, "asha25": 0.25}.get(k))
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -205,6 +220,26 @@ def main():
         wins = [f"{label} {sum(r[k][0] <= r['optuna'][0] for r in rows)}/{len(rows)}"
                 for k, label in kinds if k != "optuna"]
         print("\nseeds where weft's best is at least as good as Optuna's: " + ", ".join(wins))
+    if "none" in variants:
+        # the time each weft sweep took to reach the no-pruning sweep's best (its own: when its
+        # best trial ended)
+        print("\nwall-clock s to the no-pruning sweep's best value (median over the seeds that reached it)")
+        print("| | seeds that reached it | median s | median s of no pruning on those seeds | ratio |")
+        print("|---|---:|---:|---:|---:|")
+        for k, label in kinds:
+            if k in ("optuna",) or k not in variants:
+                continue
+            pairs = []
+            for r in rows:
+                reached = time_to(r[k][3], r["none"][0])
+                if reached is not None:
+                    pairs.append((reached, time_to(r["none"][3], r["none"][0])))
+            if pairs:
+                mine = statistics.median(p[0] for p in pairs)
+                theirs = statistics.median(p[1] for p in pairs)
+                print(f"| {label} | {len(pairs)}/{len(rows)} | {mine:.1f} | {theirs:.1f} | {mine / theirs:.2f} |")
+            else:
+                print(f"| {label} | 0/{len(rows)} | | | |")
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ fn plan_json(p: &Plan) -> serde_json::Value {
         "virtual_stages": l.schedule.chunks(),
         "recompute": l.recompute,
         "comm_dtype": l.comm_dtype.name(),
-        "stage_blocks": l.stage_blocks,
+        "stage_blocks": l.config_stage_blocks(),
         "predicted_step_ms": p.time.step * 1e3,
         "predicted_mfu": p.mfu,
         "tokens_per_second": p.tokens_per_second,

@@ -136,6 +136,11 @@ fn bad_pipelines_are_refused_in_one_line() {
              [[step]]\nname = \"b\"\nkind = \"train\"\nconfig = \"x.toml\"\nfrom_sweep = \"a\"\ndepends_on = [\"a\"]\n",
             "step \"b\": \"a\" is no sweep step",
         ),
+        // a name a reference, a run or a sweep could not carry
+        (
+            "[[step]]\nname = \"a/b\"\nkind = \"command\"\nargv = [\"true\"]\n",
+            "step \"a/b\": a step's name is letters, digits, '_' and '-'",
+        ),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
         let file = dir.join(format!("bad{i}.toml"));

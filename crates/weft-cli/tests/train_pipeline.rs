@@ -149,28 +149,51 @@ fn the_interleaved_schedule_trains_the_built_in_gpt_as_one_process_does() {
     };
     let (one, one_val) = curve(1, "one", &[]);
     assert_eq!((one.len(), one_val.len()), (6, 2));
-    for (name, layout) in [
-        ("1f1b", vec!["parallel.pp=2", "parallel.micro_batches=2"]),
+    let interleaved = "parallel.schedule=\"interleaved\"";
+    for (ranks, name, layout) in [
+        (2, "1f1b", vec!["parallel.pp=2", "parallel.micro_batches=2"]),
         (
+            2,
             "interleaved-m2",
-            vec![
-                "parallel.pp=2",
-                "parallel.schedule=\"interleaved\"",
-                "parallel.micro_batches=2",
-            ],
+            vec!["parallel.pp=2", interleaved, "parallel.micro_batches=2"],
         ),
         (
+            2,
             "interleaved-m4-recompute",
             vec![
                 "parallel.pp=2",
-                "parallel.schedule=\"interleaved\"",
+                interleaved,
                 "parallel.virtual_stages=2",
                 "parallel.micro_batches=4",
                 "parallel.recompute=true",
             ],
         ),
+        // inside data parallelism (each chunk's gradients reduced after its last backward),
+        // plain with the virtual stages' blocks given, and with ZeRO stage 1
+        (
+            4,
+            "dp2-interleaved",
+            vec![
+                "parallel.dp=2",
+                "parallel.pp=2",
+                interleaved,
+                "parallel.micro_batches=2",
+                "parallel.stage_blocks=[1, 1, 1, 1]",
+            ],
+        ),
+        (
+            4,
+            "dp2-zero1-interleaved",
+            vec![
+                "parallel.dp=2",
+                "parallel.zero=1",
+                "parallel.pp=2",
+                interleaved,
+                "parallel.micro_batches=2",
+            ],
+        ),
     ] {
-        let (losses, val) = curve(2, name, &layout);
+        let (losses, val) = curve(ranks, name, &layout);
         assert_same_curve(&one, &losses, 1e-5, &format!("{name} vs one process"));
         assert_same_curve(&one_val, &val, 1e-5, &format!("{name} val_loss vs one process"));
     }
@@ -249,6 +272,15 @@ fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
         (
             vec!["parallel.pp=2", "parallel.virtual_stages=2", "parallel.micro_batches=2"],
             vec!["parallel.virtual_stages", "interleaved"],
+        ),
+        (
+            vec![
+                "parallel.pp=2",
+                "parallel.schedule=\"interleaved\"",
+                "parallel.micro_batches=2",
+                "parallel.stage_blocks=[1, 1]",
+            ],
+            vec!["parallel.stage_blocks", "4 virtual stages need one each"],
         ),
         (
             vec![

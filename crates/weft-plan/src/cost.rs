@@ -16,7 +16,8 @@
 //!   `(p - 1) / (m + p - 1)` of the step, `weft_dist::pipeline::ideal_bubble`); interleaved over
 //!   `v` chunks, whose passes take `1/v` of a stage's, `(m - 1/v) max t_s + sum t_s / v` (with
 //!   equal stages a bubble of `(p - 1) / (v m + p - 1)`), every chunk pass sending its
-//!   activations on and its input's gradient back (`2 v` sends a micro-batch on every stage).
+//!   activations on and its input's gradient back (`2 v` sends a micro-batch, `2 v - 1` on the
+//!   first and last stage).
 //! - Gradient accumulation: `grad_accum` passes of the pipeline per step, each over
 //!   `global_batch / grad_accum` rows.
 //! - Data parallelism: weft reduces gradients once per step, in bucket order during the last
@@ -214,11 +215,14 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
     let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
     let u = unit_times(work, device, tp, dp, pp, rows);
     let chunks = layout.schedule.chunks();
-    // interleaved: every chunk pass sends on and back, besides the stage's own ends' sends
+    // interleaved: every chunk pass sends its activations on and its input's gradient back,
+    // but the first virtual stage's gradient and the last one's activations (2 v sends a
+    // micro-batch, one fewer on the first and the last stage); stage_time counts 1F1B's
     let extra_sends = |s: usize| {
         let own = usize::from(s > 0) + usize::from(s + 1 < pp);
+        let all = 2 * chunks - usize::from(s == 0) - usize::from(s + 1 == pp);
         if chunks > 1 {
-            (2 * chunks - own) as f64 * u.p2p
+            (all - own) as f64 * u.p2p
         } else {
             0.0
         }
@@ -454,8 +458,10 @@ mod tests {
         let ti = step_time(&w, &d, &interleaved);
         assert!(ti.pipeline < t.pipeline, "{} vs {}", ti.pipeline, t.pipeline);
         let u = unit_times(&w, &d, 1, 1, 4, (w.pass_rows() / 8) as f64);
+        // a middle stage sends 4 times a micro-batch (1F1B: 2), the first 3 (1F1B: 1)
         assert!((ti.stages[1] - (t.stages[1] + 2.0 * u.p2p)).abs() < 1e-15);
-        assert!((ti.stages[0] - (t.stages[0] + 3.0 * u.p2p)).abs() < 1e-15);
+        assert!((ti.stages[0] - (t.stages[0] + 2.0 * u.p2p)).abs() < 1e-15);
+        assert!((ti.stages[3] - (t.stages[3] + 2.0 * u.p2p)).abs() < 1e-15);
     }
 
     #[test]

@@ -88,11 +88,21 @@ pub struct Layout {
     pub schedule: Schedule,
     pub recompute: bool,
     pub comm_dtype: CommDtype,
-    /// Blocks per pipeline stage, in stage order (`[n_layer]` without a pipeline).
+    /// Blocks per pipeline stage, in stage order (`[n_layer]` without a pipeline; interleaved,
+    /// the sums of each stage's virtual stages: [`Layout::config_stage_blocks`] gives those).
     pub stage_blocks: Vec<usize>,
 }
 
 impl Layout {
+    /// `parallel.stage_blocks` of this layout: blocks per stage, or interleaved, per virtual
+    /// stage (`pp x chunks` of them, the even cut the search assumed).
+    pub fn config_stage_blocks(&self) -> Vec<usize> {
+        match self.schedule {
+            Schedule::Interleaved(v) => crate::search::virtual_stage_blocks(self.stage_blocks.iter().sum(), self.pp, v),
+            _ => self.stage_blocks.clone(),
+        }
+    }
+
     /// Devices the layout uses.
     pub fn devices(&self) -> usize {
         self.dp * self.tp * self.pp

@@ -32,4 +32,4 @@ pub use error::{Error, Result};
 pub use layout::{CommDtype, Layout, Schedule};
 pub use memory::MemoryBreakdown;
 pub use model::{ModelKind, ModelShape, Precision, Workload};
-pub use search::{plan, Plan, PlanReport, SearchOptions};
+pub use search::{plan, virtual_stage_blocks, Plan, PlanReport, SearchOptions};

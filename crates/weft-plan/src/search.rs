@@ -122,9 +122,15 @@ fn divisors(n: usize) -> Vec<usize> {
 /// into `pp v` virtual stages (weft's `balance = "blocks"`, earlier ones taking the extra), stage
 /// `r` holding virtual stages `r, r + pp, ...`.
 pub fn interleaved_cut(n_layer: usize, pp: usize, v: usize) -> Vec<usize> {
+    let counts = virtual_stage_blocks(n_layer, pp, v);
+    (0..pp).map(|r| (0..v).map(|c| counts[c * pp + r]).sum()).collect()
+}
+
+/// Blocks per virtual stage of an interleaved layout, in virtual-stage order (what
+/// `parallel.stage_blocks` takes with the interleaved schedule): as even as the blocks allow.
+pub fn virtual_stage_blocks(n_layer: usize, pp: usize, v: usize) -> Vec<usize> {
     let n = pp * v;
-    let count = |vs: usize| n_layer / n + usize::from(vs < n_layer % n);
-    (0..pp).map(|r| (0..v).map(|c| count(c * pp + r)).sum()).collect()
+    (0..n).map(|vs| n_layer / n + usize::from(vs < n_layer % n)).collect()
 }
 
 /// Blocks per stage that minimize the slowest stage's per-micro-batch time (the embeddings on

@@ -161,7 +161,9 @@ impl Pipeline {
 
     /// The forward and backward passes of one step (or of one of a step's accumulated batches)
     /// over the micro-batches of `(x, y)`; `backward(output, seed, last)` runs one
-    /// micro-batch's backward (`last`: the final one of this call). Gradients accumulate over
+    /// micro-batch's backward (`last`: the final one of its chunk in this call, after which the
+    /// gradients of that chunk's parameters are whole: data parallelism reduces them then, each
+    /// chunk's once). Gradients accumulate over
     /// the micro-batches, each loss weighted `scale / m` (`scale`: 1, or `1/K` for one of `K`
     /// accumulated batches). Returns, on every stage, the mean loss over the micro-batches and
     /// the most activation bytes each stage held at once (the autograd graphs of the
@@ -186,11 +188,7 @@ impl Pipeline {
         let mut sends: Vec<Work> = Vec::new();
         let mut loss = 0.0;
         let actions = self.schedule.chunk_actions(stage, stages, m);
-        let last_backward = actions
-            .iter()
-            .rposition(|(_, a)| matches!(a, Action::Backward(_)))
-            .unwrap_or(0);
-        for (at, (c, action)) in actions.into_iter().enumerate() {
+        for (c, action) in actions {
             let (vstage, vstages) = self.virtual_stage(c);
             let (first, last) = (vstage == 0, vstage + 1 == vstages);
             // what a span names: the micro-batch, and its chunk under interleaving
@@ -267,7 +265,7 @@ impl Pipeline {
                     };
                     {
                         let _s = span("compute", pass("backward", i));
-                        backward(&out, &seed, at == last_backward)?;
+                        backward(&out, &seed, i + 1 == m)?;
                     }
                     held[c * m + i] = 0;
                     if !first {

@@ -189,12 +189,9 @@ pub(super) fn execute(
     }
 }
 
-/// The output of a sweep step whose sweep (file `config`) has run: its best finished trial and
-/// that trial's values ([`handover::sweep_output`]), as `weft sweep status --json` gives them
-/// with the store and folder the sweep ran with.
 /// The values a command step's program wrote to `WEFT_STEP_OUTPUT`: one `key=value` a line (the
-/// value the rest of the line; blank lines skipped), a key of letters, digits, `_`, `-` and `.`,
-/// not `exit`; a later line of the same key replaces the earlier one's value (in its place). A
+/// value the rest of the line; blank lines skipped), a key of letters, digits, `_` and `-` (what a
+/// reference can name), not `exit`; a later line of the same key replaces the earlier one's value (in its place). A
 /// line that is none of these fails the step, naming it.
 fn handed_values(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut values: Vec<(String, String)> = Vec::new();
@@ -205,12 +202,8 @@ fn handed_values(text: &str) -> Result<Vec<(String, String)>, String> {
         let bad = |why: &str| format!("WEFT_STEP_OUTPUT line {}: {line:?}: {why}", n + 1);
         let (key, value) = line.split_once('=').ok_or_else(|| bad("not key=value"))?;
         let key = key.trim();
-        let key_ok = !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-        if !key_ok {
-            return Err(bad("a key is letters, digits, '_', '-' and '.'"));
+        if key.is_empty() || !key.chars().all(weft_tune::pipeline::refs::key_char) {
+            return Err(bad("a key is letters, digits, '_' and '-'"));
         }
         if key == "exit" {
             return Err(bad("`exit` is the step's own key"));
@@ -233,6 +226,9 @@ fn sweep_given(name: &str, set: &[String]) -> Vec<String> {
     args
 }
 
+/// The output of a sweep step whose sweep (file `config`, run as sweep `name` with `set`) has run: its best finished trial and
+/// that trial's values ([`handover::sweep_output`]), as `weft sweep status --json` gives them
+/// with the store and folder the sweep ran with.
 fn sweep_best(ctx: &Context, config: &Path, name: &str, set: &[String]) -> Result<String, String> {
     let out = Command::new(&ctx.exe)
         .current_dir(&ctx.root)

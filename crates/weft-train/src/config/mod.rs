@@ -498,6 +498,18 @@ impl RunConfig {
                 ModelConfig::Llama(l) => Some(l.n_layer),
                 ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => None,
             };
+            if let (true, Some(b)) = (v > 1, &p.stage_blocks) {
+                if b.len() != p.pp * v {
+                    return bad(
+                        "parallel.stage_blocks",
+                        format!(
+                            "{} counts, but the interleaved schedule's pp x virtual_stages = {} virtual stages need one each",
+                            b.len(),
+                            p.pp * v
+                        ),
+                    );
+                }
+            }
             if let (true, Some(n_layer)) = (v > 1, n_layer) {
                 if n_layer < p.pp * v {
                     return bad(

@@ -72,10 +72,9 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     q.schedule = l.schedule.name().to_string();
     q.recompute = l.recompute;
     q.comm_dtype = l.comm_dtype.name().to_string();
-    // an interleaved plan's stages are the even cut into virtual stages (balance = "blocks")
     let chunks = l.schedule.chunks();
     q.virtual_stages = (chunks > 1).then_some(chunks);
-    q.stage_blocks = (l.pp > 1 && chunks == 1).then(|| l.stage_blocks.clone());
+    q.stage_blocks = (l.pp > 1).then(|| l.config_stage_blocks());
     resolved.validate("the planned layout")?;
     let line = format!(
         "weft: parallel.auto: planned for {ranks} ranks on {}: dp {} tp {} pp {} zero {} micro_batches {} schedule {} \
@@ -88,7 +87,7 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
         l.micro_batches,
         l.schedule.name(),
         l.recompute,
-        l.stage_blocks,
+        l.config_stage_blocks(),
         chosen.time.step * 1e3,
         chosen.memory.total() / 1e6,
         report.evaluated

@@ -184,6 +184,13 @@ pub(super) fn strings(file: &Path, t: &toml::Table, step: &str, key: &str) -> Re
 
 fn parse_step(file: &Path, t: &toml::Table) -> Result<Step> {
     let name = string(file, t, "?", "name")?;
+    // what `${steps.NAME.KEY}` can name, and what run, sweep and file names are made of
+    if name.is_empty() || !name.chars().all(refs::key_char) {
+        return Err(spec(
+            file,
+            format!("step {name:?}: a step's name is letters, digits, '_' and '-'"),
+        ));
+    }
     let kind = string(file, t, &name, "kind")?;
     let allowed: &[&str] = match kind.as_str() {
         "train" => &["config", "set", "from_sweep"],

@@ -40,8 +40,8 @@ enum Piece {
 
 const OPEN: &str = "${steps.";
 
-/// Whether `c` may be part of an output key.
-fn key_char(c: char) -> bool {
+/// Whether `c` may be part of an output key or a step's name (letters, digits, `_`, `-`).
+pub fn key_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == '-'
 }
 
