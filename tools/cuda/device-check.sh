@@ -7,8 +7,10 @@
 #   2. every op on the GPU against the CPU (cuda_ops) and against PyTorch's values
 #      (torch_fixtures on_gpu::*), and the kernel compile check on the device's own NVRTC
 #      (cuda_kernels);
-#   3. train.device = "cuda" against PyTorch's CPU losses (train_alignment on_gpu::*), dropout
-#      and GPU-to-CPU resume (train_device), two data-parallel ranks on one GPU (train_parallel);
+#   3. train.device = "cuda" against PyTorch's CPU losses (train_alignment on_gpu::*, and the
+#      llama fixtures: train_llama on_gpu::*, grouped-query attention with the key/value heads
+#      repeated), dropout and GPU-to-CPU resume (train_device), two data-parallel ranks on one
+#      GPU (train_parallel);
 #   4. with --bench: GPT-2 small steps, weft beside PyTorch eager (tools/bench/gpu_gpt2.py).
 set -uo pipefail
 if [ ! -x .gpu/bin/weft ]; then
@@ -35,6 +37,7 @@ part cuda_ops 240 .gpu/bin/cuda_ops --test-threads 4
 part torch_fixtures_gpu 60 .gpu/bin/torch_fixtures on_gpu
 part train_device 120 .gpu/bin/train_device --test-threads 1
 part train_alignment_gpu 240 .gpu/bin/train_alignment on_gpu --test-threads 2
+part train_llama_gpu 120 .gpu/bin/train_llama on_gpu --test-threads 1
 part train_parallel_gpu 120 .gpu/bin/train_parallel gpt_adamw_at_dp_2_on_one_gpu
 if [ "${1:-}" = "--bench" ]; then
   part gpu_gpt2 300 python3 tools/bench/gpu_gpt2.py --weft .gpu/bin/weft --out "$OUT/gpu_gpt2"

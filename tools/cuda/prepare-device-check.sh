@@ -10,7 +10,7 @@ cp target/release/weft .gpu/bin/weft
 # test binaries: name -> path, from cargo's JSON messages
 cargo test --release --no-run --message-format=json \
   -p weft-core --test cuda_ops --test cuda_kernels --test torch_fixtures \
-  -p weft-cli --test train_alignment --test train_device --test train_parallel 2>/dev/null |
+  -p weft-cli --test train_alignment --test train_device --test train_parallel --test train_llama 2>/dev/null |
   python3 -c '
 import json, shutil, sys
 for line in sys.stdin:

@@ -37,6 +37,32 @@ fn llama_tied_adamw() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Both fixtures with `train.device = "cuda"` (f32): transformers' CPU losses within the same
+/// tolerances (on a GPU, grouped-query attention repeats the key/value heads before the kernel).
+/// Skipped, one line each, without a CUDA device; tools/cuda/device-check.sh runs them.
+mod on_gpu {
+    use super::*;
+
+    fn on_cuda(case: &str) {
+        if !common::cuda_or_skip(&format!("on_gpu::{case}")) {
+            return;
+        }
+        let out = temp_dir(&format!("{case}-gpu"));
+        check_against_pytorch(case, &train(case, 1, &out, "gpu", &[], &["train.device=\"cuda\""]));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
+    fn llama_gqa_adamw() {
+        on_cuda("llama_gqa_adamw");
+    }
+
+    #[test]
+    fn llama_tied_adamw() {
+        on_cuda("llama_tied_adamw");
+    }
+}
+
 #[test]
 fn data_parallel_and_every_zero_stage_reproduce_transformers() {
     let out = temp_dir("llama-dp");
