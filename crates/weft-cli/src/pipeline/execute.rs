@@ -190,9 +190,9 @@ pub(super) fn execute(
 }
 
 /// The values a command step's program wrote to `WEFT_STEP_OUTPUT`: one `key=value` a line (the
-/// value the rest of the line; blank lines skipped), a key of letters, digits, `_` and `-` (what a
-/// reference can name), not `exit`; a later line of the same key replaces the earlier one's value (in its place). A
-/// line that is none of these fails the step, naming it.
+/// value the rest of the line; blank lines skipped), a key of letters, digits, `_` and `-` (what
+/// a reference can name), not `exit`; a later line of the same key replaces the earlier one's
+/// value (in its place). A line that is none of these fails the step, naming it.
 fn handed_values(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut values: Vec<(String, String)> = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -226,9 +226,9 @@ fn sweep_given(name: &str, set: &[String]) -> Vec<String> {
     args
 }
 
-/// The output of a sweep step whose sweep (file `config`, run as sweep `name` with `set`) has run: its best finished trial and
-/// that trial's values ([`handover::sweep_output`]), as `weft sweep status --json` gives them
-/// with the store and folder the sweep ran with.
+/// The output of a sweep step whose sweep (file `config`, run as sweep `name` with `set`) has
+/// run: its best finished trial and that trial's values ([`handover::sweep_output`]), as `weft
+/// sweep status --json` gives them with the store and folder the sweep ran with.
 fn sweep_best(ctx: &Context, config: &Path, name: &str, set: &[String]) -> Result<String, String> {
     let out = Command::new(&ctx.exe)
         .current_dir(&ctx.root)
