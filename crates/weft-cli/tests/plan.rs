@@ -379,3 +379,63 @@ fn the_planners_activations_are_what_weft_holds() {
         }
     }
 }
+
+#[test]
+fn an_interleaved_pipelines_activations_are_what_its_stages_held() {
+    // the built-in gpt (4 blocks, f32) at pp = 2 with 2 chunks a stage, 4 micro-batches, and at
+    // 1F1B for reference: each stage's logged peak of activation bytes beside the planner's
+    use weft_plan::{CommDtype, Layout, Schedule};
+    let out = temp_dir("plan-interleaved-memory");
+    let built = RunConfig::parse(
+        weft_train::builtin::CONFIG,
+        "built-in",
+        std::env::current_dir().unwrap(),
+        &Overrides::default(),
+    )
+    .unwrap();
+    let shape = weft_train::plan_shape::model_shape(&built.model).unwrap();
+    let work = weft_train::plan_shape::workload(&built, None).unwrap();
+    for (schedule, set) in [
+        (Schedule::Interleaved(2), "parallel.schedule=\"interleaved\""),
+        (Schedule::OneFOneB, "parallel.schedule=\"1f1b\""),
+    ] {
+        let metrics = out.join(format!("{}.jsonl", schedule.name()));
+        let sets = [
+            common::path_set("train.metrics", &metrics),
+            "train.steps=1".into(),
+            "parallel.pp=2".into(),
+            "parallel.micro_batches=4".into(),
+            set.into(),
+        ];
+        common::launch_train_ok(2, None, &[], &sets);
+        let logged: Vec<f64> = common::read_metrics(&metrics)[0]["activation_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_f64().unwrap())
+            .collect();
+        let blocks = shape.n_layer as usize / 2;
+        let layout = Layout {
+            dp: 1,
+            tp: 1,
+            pp: 2,
+            zero: 0,
+            micro_batches: 4,
+            schedule,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![blocks, blocks],
+        };
+        for (stage, &held) in logged.iter().enumerate() {
+            let predicted = weft_plan::memory::stage_memory(&work, &layout, stage).activations;
+            println!("{} stage {stage}: held {held}, predicted {predicted}", schedule.name());
+            // measured: 1F1B within 0.02%, interleaved within 4% (each virtual stage counted
+            // with its own blocks and ends, in the runtime's order of passes)
+            assert!(
+                (predicted / held - 1.0).abs() < 0.05,
+                "{schedule:?} stage {stage}: {predicted} vs {held}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

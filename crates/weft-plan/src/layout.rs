@@ -33,21 +33,54 @@ impl Schedule {
 
     /// Passes whose activations stage `stage` of `stages` holds at once with `m` micro-batches
     /// (`weft_dist::pipeline::PipelineSchedule::peak_in_flight`): micro-batches, or under
-    /// interleaving (chunk, micro-batch) passes, each holding `1 / chunks` of the stage's.
+    /// interleaving (chunk, micro-batch) passes.
     pub fn in_flight(self, stage: usize, stages: usize, m: usize) -> usize {
         match self {
             Schedule::GPipe => m,
             Schedule::OneFOneB => (stages - stage).min(m),
-            Schedule::Interleaved(v) => {
-                let total = m * v;
-                let warmup = if m == stages {
-                    total
-                } else {
-                    ((stages - 1 - stage) * 2 + (v - 1) * stages).min(total)
-                };
-                (warmup + 1).min(total)
+            Schedule::Interleaved(_) => {
+                let (mut live, mut peak) = (0usize, 0usize);
+                for (_, forward) in self.chunk_order(stage, stages, m) {
+                    if forward {
+                        live += 1;
+                        peak = peak.max(live);
+                    } else {
+                        live -= 1;
+                    }
+                }
+                peak
             }
         }
+    }
+
+    /// The chunk of each pass of stage `stage` in order, with whether it is a forward (the
+    /// runtime's order: `weft_dist::pipeline::PipelineSchedule::chunk_actions`): chunk 0 for
+    /// GPipe and 1F1B, whose passes' order [`Schedule::in_flight`] sums up.
+    pub fn chunk_order(self, stage: usize, stages: usize, m: usize) -> Vec<(usize, bool)> {
+        let Schedule::Interleaved(v) = self else {
+            return Vec::new();
+        };
+        let (p, total) = (stages, m * v);
+        let chunk = |k: usize, forward: bool| {
+            let c = (k % (p * v)) / p;
+            if forward {
+                c
+            } else {
+                v - 1 - c
+            }
+        };
+        let warmup = if m == p {
+            total
+        } else {
+            ((p - 1 - stage) * 2 + (v - 1) * p).min(total)
+        };
+        let mut out: Vec<(usize, bool)> = (0..warmup).map(|k| (chunk(k, true), true)).collect();
+        for k in 0..total - warmup {
+            out.push((chunk(warmup + k, true), true));
+            out.push((chunk(k, false), false));
+        }
+        out.extend((total - warmup..total).map(|k| (chunk(k, false), false)));
+        out
     }
 }
 

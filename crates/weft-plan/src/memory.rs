@@ -69,6 +69,50 @@ pub fn stage_params(model: &ModelShape, tp: usize, pp: usize, blocks: usize, fir
     p
 }
 
+/// The most activation bytes stage `stage` of an interleaved layout holds at once: its passes
+/// in the runtime's order ([`crate::layout::Schedule::chunk_order`]), each (chunk, micro-batch)
+/// holding what its virtual stage keeps (its blocks of the even cut, with the embeddings on
+/// the first virtual stage and the output layer on the last), or under recompute its input
+/// until its backward rebuilds it whole.
+fn interleaved_activations(work: &Workload, layout: &Layout, stage: usize, tokens: f64) -> f64 {
+    let model = &work.model;
+    let (pp, v) = (layout.pp, layout.schedule.chunks());
+    let counts = layout.config_stage_blocks();
+    let per_pass: Vec<(f64, f64)> = (0..v)
+        .map(|c| {
+            let vs = c * pp + stage;
+            let (first, last) = (vs == 0, vs + 1 == pp * v);
+            let whole = activations::micro_batch_bytes(
+                model,
+                work.precision,
+                layout.tp,
+                work.kv_repeated,
+                counts[vs],
+                (first, last),
+                tokens,
+            );
+            let input = tokens * if first { 8.0 } else { 4.0 * model.n_embd as f64 };
+            (whole, input)
+        })
+        .collect();
+    let (mut held, mut peak) = (0.0f64, 0.0f64);
+    for (c, forward) in layout.schedule.chunk_order(stage, pp, layout.micro_batches) {
+        let (whole, input) = per_pass[c];
+        match (layout.recompute, forward) {
+            (false, true) => held += whole,
+            (false, false) => held -= whole,
+            (true, true) => held += input,
+            (true, false) => {
+                // rebuilt whole for its backward, then gone
+                peak = peak.max(held + whole);
+                held -= input;
+            }
+        }
+        peak = peak.max(held);
+    }
+    peak
+}
+
 /// Bytes a device of stage `stage` holds under `layout` (`layout.stage_blocks` cut).
 pub fn stage_memory(work: &Workload, layout: &Layout, stage: usize) -> MemoryBreakdown {
     stage_memory_with(work, layout, stage, layout.stage_blocks[stage])
@@ -110,31 +154,27 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
 
     let rows = (work.pass_rows() as f64 / dp) / layout.micro_batches as f64;
     let tokens = rows * model.seq_len as f64;
-    // passes in flight: micro-batches, or interleaved (chunk, micro-batch) passes, each of which
-    // holds 1 / chunks of the stage's activations
-    let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
-    let chunks = layout.schedule.chunks() as f64;
-    let whole_mb = activations::micro_batch_bytes(
-        model,
-        work.precision,
-        tp,
-        work.kv_repeated,
-        blocks,
-        (first, last),
-        tokens,
-    );
-    let activations = if layout.recompute {
-        // each pass in flight keeps its input (the token ids on the first stage, the f32
-        // residual stream on the others, and on every chunk but the first stage's first); one
-        // at a time is rebuilt whole
-        let input = if first && chunks == 1.0 {
-            8.0
-        } else {
-            4.0 * model.n_embd as f64
-        };
-        in_flight * tokens * input + whole_mb / chunks
+    let activations = if layout.schedule.chunks() > 1 {
+        interleaved_activations(work, layout, stage, tokens)
     } else {
-        in_flight * whole_mb / chunks
+        let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
+        let whole_mb = activations::micro_batch_bytes(
+            model,
+            work.precision,
+            tp,
+            work.kv_repeated,
+            blocks,
+            (first, last),
+            tokens,
+        );
+        if layout.recompute {
+            // each micro-batch in flight keeps its input (the token ids on the first stage, the
+            // f32 residual stream on the others); one at a time is rebuilt whole
+            let input = if first { 8.0 } else { 4.0 * model.n_embd as f64 };
+            in_flight * tokens * input + whole_mb
+        } else {
+            in_flight * whole_mb
+        }
     };
 
     // tensor-parallel all-reduces carry the products' dtype, pipeline sends the f32 stream

@@ -188,6 +188,21 @@ mod tests {
         ] {
             assert_eq!(plan.chunks(), run.chunks());
             for p in 2..6 {
+                for m in [p, 2 * p, 3 * p] {
+                    for s in 0..p {
+                        if plan.chunks() > 1 {
+                            // the planner's order of an interleaved stage's passes is the runtime's
+                            let runtime: Vec<(usize, bool)> = run
+                                .chunk_actions(s, p, m)
+                                .into_iter()
+                                .map(|(c, a)| (c, matches!(a, weft_dist::pipeline::Action::Forward(_))))
+                                .collect();
+                            assert_eq!(plan.chunk_order(s, p, m), runtime, "{plan:?} p={p} m={m} s={s}");
+                        }
+                    }
+                }
+            }
+            for p in 2..6 {
                 for m in [p, 2 * p, 3 * p, 5 * p] {
                     for s in 0..p {
                         assert_eq!(
