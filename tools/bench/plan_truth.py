@@ -7,7 +7,7 @@ ranks is predicted (`weft plan --json --device-spec local`) and run (`weft launc
         [--max-layouts 16] [--models builtin,bench] [--json out.json]
 
 Models: `builtin` is `weft train`'s default GPT (vocab 128, block 64, 4 layers, 4 heads, width
-128, batch 16); `bench` is tools/bench/gpt_step.toml's shape on the built-in text (vocab 92).
+128, batch 16); `bench` is tools/bench/gpt_step.toml's shape on the built-in text (vocab 96: the built-in corpus has 94 characters).
 Before predicting, `weft plan calibrate --nproc N` measures this machine at that model's shapes
 (in a private WEFT_CACHE_DIR, so the user's calibration is left alone).
 
@@ -35,7 +35,7 @@ import time
 MODELS = {
     "builtin": [],
     "bench": [
-        "model.vocab_size=92",
+        "model.vocab_size=96",
         "model.block_size=64",
         "model.n_layer=4",
         "model.n_head=4",
