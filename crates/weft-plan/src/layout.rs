@@ -53,9 +53,10 @@ impl Schedule {
         }
     }
 
-    /// The chunk of each pass of stage `stage` in order, with whether it is a forward (the
-    /// runtime's order: `weft_dist::pipeline::PipelineSchedule::chunk_actions`): chunk 0 for
-    /// GPipe and 1F1B, whose passes' order [`Schedule::in_flight`] sums up.
+    /// The chunk of each pass of stage `stage` in order, with whether it is a forward, under
+    /// the interleaved schedule (empty for the others, whose [`Schedule::in_flight`] has a closed
+    /// form): the runtime's order, `weft_dist::pipeline::PipelineSchedule::chunk_actions`, which
+    /// this crate does not depend on; `weft_train::plan_shape`'s tests hold the two equal.
     pub fn chunk_order(self, stage: usize, stages: usize, m: usize) -> Vec<(usize, bool)> {
         let Schedule::Interleaved(v) = self else {
             return Vec::new();

@@ -27,8 +27,6 @@ pub struct Pipeline {
     model: Arc<dyn StagedModel>,
     group: ProcessGroup,
     schedule: PipelineSchedule,
-    /// Model chunks this rank holds (virtual stages: `schedule.chunks()`).
-    chunks: usize,
     micro_batches: usize,
     ends: Option<ProcessGroup>,
     recompute: bool,
@@ -93,7 +91,6 @@ impl Pipeline {
             model,
             group,
             schedule,
-            chunks,
             micro_batches,
             ends,
             recompute,
@@ -125,9 +122,14 @@ impl Pipeline {
         self.stage() + 1 == self.stages()
     }
 
+    /// Model chunks this rank holds (its virtual stages: 1 but under interleaving).
+    fn chunks(&self) -> usize {
+        self.schedule.chunks()
+    }
+
     /// This rank's chunk `c` as a virtual stage of all of them: `(index, count)`.
     fn virtual_stage(&self, c: usize) -> (usize, usize) {
-        (c * self.stages() + self.stage(), self.stages() * self.chunks)
+        (c * self.stages() + self.stage(), self.stages() * self.chunks())
     }
 
     /// The ranks before and after this one around the ring of stages (under interleaving the
@@ -179,11 +181,11 @@ impl Pipeline {
         let is_param = |t: &Tensor| self.param_storages.contains(&Arc::as_ptr(t.storage()));
         let m = self.micro_batches;
         // activations of each (chunk, micro-batch), at `c * m + i`
-        let (mut held, mut peak) = (vec![0usize; self.chunks * m], 0usize);
+        let (mut held, mut peak) = (vec![0usize; self.chunks() * m], 0usize);
         let (xs, ys) = (self.split(x)?, self.split(y)?);
         let shape = self.model.activation_shape(xs[0].shape());
         let (stage, stages) = (self.stage(), self.stages());
-        let mut live: Vec<Option<Live>> = (0..self.chunks * m).map(|_| None).collect();
+        let mut live: Vec<Option<Live>> = (0..self.chunks() * m).map(|_| None).collect();
         let ctx = self.model.stage_context();
         let mut sends: Vec<Work> = Vec::new();
         let mut loss = 0.0;
@@ -192,7 +194,7 @@ impl Pipeline {
             let (vstage, vstages) = self.virtual_stage(c);
             let (first, last) = (vstage == 0, vstage + 1 == vstages);
             // what a span names: the micro-batch, and its chunk under interleaving
-            let pass = |what: &str, i: usize| match self.chunks {
+            let pass = |what: &str, i: usize| match self.chunks() {
                 1 => format!("{what} {i}"),
                 _ => format!("{what} {i} (chunk {c})"),
             };
@@ -301,7 +303,7 @@ impl Pipeline {
     /// forward only (evaluation), on every stage.
     pub fn forward_loss(&self, x: &Tensor, y: &Tensor) -> Result<f64> {
         let mut loss = 0.0;
-        for c in 0..self.chunks {
+        for c in 0..self.chunks() {
             let (vstage, vstages) = self.virtual_stage(c);
             let input = if vstage == 0 {
                 x.clone()

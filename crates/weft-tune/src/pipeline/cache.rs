@@ -35,6 +35,16 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
     move |e| Error::State(format!("{}: {e}", path.display()))
 }
 
+/// A connection of its own to `store`'s file (waiting up to 30 s for other writers), and the
+/// file's path.
+fn connect(store: weft_track::Store) -> Result<(Connection, PathBuf)> {
+    let path = store.path().to_path_buf();
+    drop(store);
+    let conn = Connection::open(&path).map_err(sql(&path))?;
+    conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
+    Ok((conn, path))
+}
+
 /// An execution from a row of `SELECT id, pipeline, step, hash, status, output, start, end`.
 fn execution_row(r: &rusqlite::Row) -> rusqlite::Result<Execution> {
     Ok(Execution {
@@ -52,9 +62,7 @@ fn execution_row(r: &rusqlite::Row) -> rusqlite::Result<Execution> {
 impl Cache {
     /// Opens the cache of the run store in folder `dir` (store and table made when missing).
     pub fn open(dir: &Path) -> Result<Cache> {
-        let path = weft_track::Store::open(dir)?.path().to_path_buf();
-        let conn = Connection::open(&path).map_err(sql(&path))?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
+        let (conn, path) = connect(weft_track::Store::open(dir)?)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS pipeline_executions (
                 id INTEGER PRIMARY KEY, pipeline TEXT NOT NULL, step TEXT NOT NULL, hash TEXT NOT NULL,
@@ -68,9 +76,7 @@ impl Cache {
     /// Opens the cache of the existing run store in folder `dir` for reading: `None` when the
     /// store has no executions table (no pipeline ran on it); nothing is created.
     pub fn open_existing(dir: &Path) -> Result<Option<Cache>> {
-        let path = weft_track::Store::open_existing(dir)?.path().to_path_buf();
-        let conn = Connection::open(&path).map_err(sql(&path))?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
+        let (conn, path) = connect(weft_track::Store::open_existing(dir)?)?;
         let tables: i64 = conn
             .query_row(
                 "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'pipeline_executions'",
