@@ -21,6 +21,24 @@ pub struct ConfigArgs {
 }
 
 impl ConfigArgs {
+    /// The same choice as command-line arguments, for a process started in the same working
+    /// directory (the config file's path made absolute).
+    pub(crate) fn to_args(&self) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        if let Some(path) = &self.config {
+            let path = std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            out.push("--config".to_string());
+            out.push(path.display().to_string());
+        }
+        for key in &self.unset {
+            out.extend(["--unset".to_string(), key.clone()]);
+        }
+        for set in &self.overrides {
+            out.extend(["--set".to_string(), set.clone()]);
+        }
+        Ok(out)
+    }
+
     /// The run config, with `--unset` keys removed and `--set` values applied.
     pub(crate) fn load(&self) -> Result<RunConfig, String> {
         let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;

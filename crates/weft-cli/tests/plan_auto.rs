@@ -78,6 +78,17 @@ fn calibration_is_written_read_back_and_rebuilt_when_broken() {
     );
     assert!(c.spec.flops_f32 > 1e6 && c.spec.memory_bandwidth > 1e6, "{c:?}");
     assert!(c.spec.intra_bandwidth > 0.0 && c.spec.memory_bytes > 0.0, "{c:?}");
+    // the model's own passes were timed (one block and two, at one row and at a rank's
+    // share of the batch) and fitted
+    for blocks in [1, 2] {
+        for rows in [1, 4] {
+            let t = c.get(&format!("pass_{blocks}_blocks_{rows}_rows_s"));
+            assert!(t.is_some_and(|t| t > 0.0), "{blocks} blocks, {rows} rows: {c:?}");
+        }
+    }
+    let pc = c.spec.pass_cost;
+    assert!(pc.time_scale > 0.0 && pc.block >= 0.0 && pc.ends >= 0.0, "{pc:?}");
+    assert!(summary.contains("model passes"), "{summary}");
     assert_eq!(
         weft_plan::calibration::Calibration::parse(&c.to_toml(), "x").unwrap(),
         c
@@ -97,7 +108,7 @@ fn calibration_is_written_read_back_and_rebuilt_when_broken() {
     // a broken file and one of another version are measured again, with a warning
     for broken in [
         "format = \"weft-plan-calibration\"\nversion = [",
-        &text.replace("version = 1", "version = 99"),
+        &text.replace("version = 2", "version = 99"),
     ] {
         std::fs::write(calibration_file(&cache), broken).unwrap();
         let out = calibrate(&cache);

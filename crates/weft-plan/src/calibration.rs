@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! format = "weft-plan-calibration"
-//! version = 1
+//! version = 2
 //! machine = "AMD EPYC 7B13; 1 threads"   # the CPU and the compute threads of each rank
 //! ranks = 2                              # ranks measured together
 //! measure_seconds = 3.1
@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 /// The `format` key of a calibration file.
 pub const FORMAT: &str = "weft-plan-calibration";
 /// The version this build writes and reads.
-pub const VERSION: i64 = 1;
+pub const VERSION: i64 = 2;
 
 /// A measured machine.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,6 +70,11 @@ fn spec_table(d: &DeviceSpec) -> toml::Table {
     t.insert(
         "inter_node".into(),
         sub(&[("bandwidth", d.inter_bandwidth), ("latency", d.inter_latency)]),
+    );
+    let c = &d.pass_cost;
+    t.insert(
+        "pass_cost".into(),
+        sub(&[("time_scale", c.time_scale), ("block", c.block), ("ends", c.ends)]),
     );
     let e = &d.efficiency;
     t.insert(
@@ -197,6 +202,11 @@ mod tests {
                     attention: 0.25,
                     memory_margin: 0.1,
                 },
+                pass_cost: crate::device::PassCost {
+                    time_scale: 1.1,
+                    block: 2.5e-4,
+                    ends: 5e-4,
+                },
             },
             ranks: 4,
             machine: "cpu; 1 threads".into(),
@@ -218,8 +228,8 @@ mod tests {
         let text = sample().to_toml();
         for (broken, want) in [
             (
-                text.replace("version = 1", "version = 2"),
-                "version 2, but this weft reads version 1",
+                text.replace("version = 2", "version = 1"),
+                "version 1, but this weft reads version 2",
             ),
             (text.replace(FORMAT, "something-else"), "not a calibration file"),
             (text[..text.len() / 2].to_string(), "c.toml: "),

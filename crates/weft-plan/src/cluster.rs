@@ -28,17 +28,23 @@
 //! collective = 0.8
 //! attention = 1.0
 //! memory_margin = 0.1
+//!
+//! [pass_cost]                # optional; every key optional (defaults: device::PassCost)
+//! time_scale = 1.0           # measured / analytic time of whole passes
+//! block = 0.0                # seconds per block and micro-batch beyond its compute
+//! ends = 0.0                 # the same for the embeddings, output layer and loss together
 //! ```
 //!
 //! Every field is checked here: a missing one is [`Error::MissingField`], a negative, zero or
 //! non-finite one [`Error::BadField`], an unknown key [`Error::ClusterFile`], each naming the
 //! field.
 
-use crate::device::{DeviceSpec, Efficiency};
+use crate::device::{DeviceSpec, Efficiency, PassCost};
 use crate::error::{Error, Result};
 
-const TOP: [&str; 10] = [
+const TOP: [&str; 11] = [
     "name",
+    "pass_cost",
     "shared_compute",
     "gpu",
     "devices_per_node",
@@ -204,6 +210,27 @@ pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
             memory_margin: r.fraction(e, "memory_margin", efficiency.memory_margin, false)?,
         };
     }
+    let mut pass_cost = PassCost::default();
+    if let Some(t) = r.table(top, "pass_cost")? {
+        r.unknown(t, &["time_scale", "block", "ends"], "pass_cost.")?;
+        let seconds = |key: &str| -> Result<f64> {
+            let field = format!("pass_cost.{key}");
+            match r.number(t, key, &field)? {
+                None => Ok(0.0),
+                Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
+                Some(v) => Err(r.bad(&field, format!("must be a number of seconds >= 0, got {v}"))),
+            }
+        };
+        pass_cost = PassCost {
+            time_scale: match r.number(t, "time_scale", "pass_cost.time_scale")? {
+                None => 1.0,
+                Some(v) if v > 0.0 && v <= 16.0 => v,
+                Some(v) => return Err(r.bad("pass_cost.time_scale", format!("must be a ratio in (0, 16], got {v}"))),
+            },
+            block: seconds("block")?,
+            ends: seconds("ends")?,
+        };
+    }
     Ok(DeviceSpec {
         name,
         devices_per_node: per_node,
@@ -231,6 +258,7 @@ pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
             Some(v) => return Err(r.bad("gpu", format!("must be true or false, got {v}"))),
         },
         efficiency,
+        pass_cost,
     })
 }
 
@@ -276,6 +304,20 @@ gemm = 0.5
         assert_eq!(d.name, "c.toml");
         // GPUs unless said otherwise
         assert!(d.gpu);
+        // passes cost their compute alone unless said otherwise
+        assert_eq!(d.pass_cost, PassCost::default());
+        let costed = GOOD.replace(
+            "[efficiency]",
+            "[pass_cost]\ntime_scale = 1.25\nblock = 2e-4\n[efficiency]",
+        );
+        let c = parse(&costed, "c.toml").unwrap().pass_cost;
+        assert_eq!((c.time_scale, c.block, c.ends), (1.25, 2e-4, 0.0));
+        let e = parse(
+            &GOOD.replace("[efficiency]", "[pass_cost]\nlaunch = 1\n[efficiency]"),
+            "c.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`pass_cost.launch`"), "{e}");
         let cpu = format!("gpu = false\n{GOOD}");
         assert!(!parse(&cpu, "c.toml").unwrap().gpu);
         let e = parse(&format!("gpu = 1\n{GOOD}"), "c.toml").unwrap_err();
@@ -324,6 +366,14 @@ gemm = 0.5
                 GOOD.replace("devices_per_node = 4", "devices_per_node = -2"),
             ),
             ("efficiency.gemm", GOOD.replace("gemm = 0.5", "gemm = 1.5")),
+            (
+                "pass_cost.block",
+                GOOD.replace("[efficiency]", "[pass_cost]\nblock = -1e-4\n[efficiency]"),
+            ),
+            (
+                "pass_cost.time_scale",
+                GOOD.replace("[efficiency]", "[pass_cost]\ntime_scale = 0\n[efficiency]"),
+            ),
         ] {
             match parse(&text, "c.toml") {
                 Err(Error::BadField { field: f, .. }) => assert_eq!(f, field),

@@ -25,19 +25,26 @@
 //!   last bucket always is. ZeRO 1 and 2 all-gather the updated shards after the step (exposed);
 //!   ZeRO 3 gathers each unit before its forward and again before its backward, prefetching
 //!   the next one under the current one's compute.
+//! - What a pass costs beyond its FLOPs and bytes ([`DeviceSpec::pass_cost`], measured on
+//!   the model's own passes by `weft plan calibrate`): the compute above is scaled by
+//!   `time_scale`, and every block's forward and backward of a micro-batch adds `block`
+//!   seconds, the embeddings' and the output layer's together `ends`. So more, smaller
+//!   micro-batches cost more than their FLOPs alone say.
 //! - The optimizer step: Adam reads parameters, gradients and two moments and writes three:
 //!   28 bytes per local parameter, memory-bound.
 //! - Devices that share compute ([`DeviceSpec::shared_compute`]: CPU ranks on fewer cores):
-//!   the step takes at least the node's ranks' compute (every stage's micro-batches on every
-//!   rank, communication left out: a rank waiting on it takes no core) divided by the devices
-//!   that compute at once, plus the tensor-parallel collectives and pipeline sends of the
-//!   stage that communicates most, once per micro-batch; a rank computing alone (a pipeline's
-//!   fill and drain) runs at the full rate.
+//!   the pipeline is simulated pass by pass ([`crate::shared`]), the ranks computing at any
+//!   moment sharing the cores equally; a pass's compute and the transfers of its collectives
+//!   and messages are CPU work (weft's ranks copy and reduce on the CPU, the receiver's copy
+//!   as well as the sender's), the latencies waiting. Data-parallel and ZeRO communication
+//!   hides under nothing there: its transfers are CPU work of every rank of the node at once.
+//!   Pipelines too long to simulate take the node's compute over its cores as a bound.
 
 use crate::device::DeviceSpec;
 use crate::layout::Layout;
 use crate::memory::{stage_params, BUCKET_BYTES};
 use crate::model::Workload;
+use crate::shared::{PassTime, SharedPipeline};
 
 /// Time of a ring all-reduce of `bytes` over `n` devices on a link of `(bandwidth, latency)`.
 pub fn all_reduce(bytes: f64, n: usize, link: (f64, f64)) -> f64 {
@@ -104,15 +111,23 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
     let (whole, cut) = m.block_memory_elements_per_token();
     // the attention's products at their own rate (eff.attention of the matrix products')
     let attention = m.attention_flops_per_token();
-    let block_forward = tokens * (m.block_flops_per_token() - attention) / tpf / gemm
-        + tokens * attention / tpf / (gemm * eff.attention)
-        + tokens * (4.0 * whole + cut / tpf * act) / hbm;
+    // what a pass costs beyond its compute, a third of it in the forward (the backward's
+    // two thirds follow from it, as its compute does), the same on every tensor-parallel rank
+    let pc = &device.pass_cost;
+    let scale = pc.time_scale;
+    let block_forward = scale
+        * (tokens * (m.block_flops_per_token() - attention) / tpf / gemm
+            + tokens * attention / tpf / (gemm * eff.attention)
+            + tokens * (4.0 * whole + cut / tpf * act) / hbm)
+        + pc.block / 3.0;
     // the lookup of f32 rows
-    let embed_forward = 2.0 * hidden * 4.0 / hbm;
+    let embed_forward = scale * 2.0 * hidden * 4.0 / hbm + pc.ends / 6.0;
     // the final norm and the output layer; the cross-entropy reads and writes the logits
     // (f32) three times
     let logits = tokens * m.vocab as f64 / tpf * 4.0;
-    let head_forward = tokens * m.head_flops_per_token() / tpf / gemm + (2.0 * hidden * 4.0 + 3.0 * logits) / hbm;
+    let head_forward = scale
+        * (tokens * m.head_flops_per_token() / tpf / gemm + (2.0 * hidden * 4.0 + 3.0 * logits) / hbm)
+        + pc.ends / 6.0;
     // weft's vocabulary-parallel loss reduces its maxima and then its sums and target logits,
     // in f64
     let loss_ar = all_reduce(tokens * 8.0, tp, tp_link) + all_reduce(tokens * 16.0, tp, tp_link);
@@ -270,6 +285,28 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
                 let bwd_hidden = (g_block - 2.0 * u.block_forward).max(0.0) * blocks as f64;
                 e += 2.0 * g_root + fwd_hidden + bwd_hidden;
             }
+            if let Some(k) = device.shared_compute {
+                // on shared cores nothing hides it: every transfer is CPU work of each of the
+                // node's ranks (they copy and reduce on the CPU), at `k` of them at a time
+                let full = |link: (f64, f64)| {
+                    let mut t = if zero >= 2 {
+                        gather(p * comm, dp, link)
+                    } else {
+                        all_reduce(p * 4.0, dp, link)
+                    };
+                    if (1..=2).contains(&zero) {
+                        t += gather(p * comm, dp, link);
+                    }
+                    if zero == 3 {
+                        // every unit gathered for the forward and again for the backward
+                        t += 2.0 * gather(p * comm, dp, link);
+                    }
+                    t
+                };
+                let per_node = ((dp * tp * pp) as f64).min(device.devices_per_node as f64);
+                let transfer = full((dp_link.0, 0.0));
+                e = transfer * (per_node / k).max(1.0) + (full(dp_link) - transfer);
+            }
         }
         exposed = exposed.max(e);
         let local = if zero >= 1 { p / dp as f64 } else { p };
@@ -289,16 +326,32 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             ..device.clone()
         };
         let uc = unit_times(work, &no_comm, tp, dp, pp, rows);
-        let (mut compute, mut comm) = (0.0, 0.0f64);
-        for (s, &with_comm) in stages.iter().enumerate() {
-            let c = stage_time(&uc, layout.stage_blocks[s], s == 0, s + 1 == pp, layout.recompute);
-            compute += c;
-            comm = comm.max(with_comm - c);
-        }
-        let m = passes * layout.micro_batches as f64;
-        let busy = compute * m * (dp * tp) as f64;
-        // on shared cores a rank's collectives and sends do not hide under the others' compute
-        pipeline = pipeline.max(busy * per_node / devices / k + m * comm);
+        // the links' transfers alone (their latencies left out)
+        let no_latency = DeviceSpec {
+            intra_latency: 0.0,
+            inter_latency: 0.0,
+            ..device.clone()
+        };
+        let ut = unit_times(work, &no_latency, tp, dp, pp, rows);
+        let cores = (devices / per_node).max(1.0) * k;
+        let simulated = shared_pipeline([&u, &uc, &ut], device, layout, cores).step();
+        pipeline = match simulated {
+            Some(t) => passes * t,
+            None => {
+                // too long to simulate: at least the node's compute over its cores
+                let (mut compute, mut comm) = (0.0, 0.0f64);
+                for (s, &with_comm) in stages.iter().enumerate() {
+                    let c = stage_time(&uc, layout.stage_blocks[s], s == 0, s + 1 == pp, layout.recompute);
+                    compute += c;
+                    comm = comm.max(with_comm - c);
+                }
+                let m = passes * layout.micro_batches as f64;
+                let busy = compute * m * (dp * tp) as f64;
+                // on shared cores a rank's collectives and sends do not hide under the others'
+                // compute
+                pipeline.max(busy * per_node / devices / k + m * comm)
+            }
+        };
         optimizer *= (per_node / k).max(1.0);
     }
     StepTime {
@@ -307,6 +360,58 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
         exposed_comm: exposed,
         optimizer,
         stages,
+    }
+}
+
+/// The passes of `layout`'s pipeline on ranks that share `cores`, from its unit times with
+/// communication (`u`), without it (`uc`) and without the links' latencies (`ut`): on shared
+/// cores, a pass's compute and the transfers of its tensor-parallel collectives and of the
+/// activations (or gradients) it receives and sends are CPU work (weft's ranks copy and reduce
+/// them on the CPU); the collectives' latencies are waiting, and a send's latency delays the
+/// pass that waits for it.
+fn shared_pipeline([u, uc, ut]: [&UnitTimes; 3], device: &DeviceSpec, layout: &Layout, cores: f64) -> SharedPipeline {
+    let (pp, chunks) = (layout.pp, layout.schedule.chunks());
+    let virtual_stages = pp * chunks;
+    let latency = if pp > 1 {
+        device.link(layout.tp * layout.dp, 2).1
+    } else {
+        0.0
+    };
+    let transfer = (u.p2p - latency).max(0.0);
+    let (mut forward, mut backward) = (Vec::new(), Vec::new());
+    for vs in 0..virtual_stages {
+        let s = vs % pp;
+        let blocks = layout.stage_blocks[s] as f64 / chunks as f64;
+        let (first, last) = (vs == 0, vs + 1 == virtual_stages);
+        let part = |block: f64, embed: f64, head: f64| {
+            blocks * block + if first { embed } else { 0.0 } + if last { head } else { 0.0 }
+        };
+        let compute = part(uc.block_forward, uc.embed_forward, uc.head_forward);
+        let fwd = |x: &UnitTimes| part(x.block_comm.forward, x.embed_comm.forward, x.head_comm.forward);
+        let bwd = |x: &UnitTimes| part(x.block_comm.backward, x.embed_comm.backward, x.head_comm.backward);
+        // (transfer, latency) of the collectives
+        let comm_fwd = (fwd(ut), fwd(u) - fwd(ut));
+        let comm_bwd = (bwd(ut), bwd(u) - bwd(ut));
+        let messages = (!first as u8 + !last as u8) as f64 * transfer;
+        let again = if layout.recompute { 1.0 } else { 0.0 };
+        forward.push(PassTime {
+            work: compute + comm_fwd.0 + messages,
+            wait: comm_fwd.1,
+        });
+        backward.push(PassTime {
+            work: (2.0 + again) * compute + comm_bwd.0 + again * comm_fwd.0 + messages,
+            wait: comm_bwd.1 + again * comm_fwd.1,
+        });
+    }
+    SharedPipeline {
+        stages: pp,
+        schedule: layout.schedule,
+        micro_batches: layout.micro_batches,
+        forward,
+        backward,
+        ranks_per_stage: (layout.dp * layout.tp) as f64,
+        cores,
+        handoff: latency,
     }
 }
 
@@ -364,12 +469,31 @@ mod tests {
         );
         let compute = |t: &StepTime| t.pipeline + t.optimizer;
         assert!((compute(&two) / compute(&own) - 2.0).abs() < 1e-9, "{two:?} {own:?}");
-        // one micro-batch through four stages: one rank computes at a time, at the full rate
+        // one micro-batch through four stages: one rank computes at a time, at the full rate;
+        // on shared cores the receiver's copy of each of the 6 messages is CPU work too
         let (own, two) = (
             step_time(&w, &d, &layout(1, 4, 1)),
             step_time(&w, &shared, &layout(1, 4, 1)),
         );
-        assert_eq!(own.pipeline, two.pipeline);
+        let u = unit_times(&w, &shared, 1, 1, 4, 64.0);
+        let transfer = u.p2p - shared.link(1, 2).1;
+        assert!(
+            (two.pipeline - own.pipeline - 6.0 * transfer).abs() < 1e-12,
+            "{two:?} {own:?}"
+        );
+        // many micro-batches through four stages on two cores: more than the work over the
+        // cores, less than the pipeline with a core each plus that
+        let (own, two) = (
+            step_time(&w, &d, &layout(1, 4, 16)),
+            step_time(&w, &shared, &layout(1, 4, 16)),
+        );
+        let work: f64 = own.stages.iter().sum::<f64>() * 16.0 / 2.0;
+        assert!(
+            two.pipeline > work && two.pipeline < own.pipeline + work,
+            "{} vs {work}, {}",
+            two.pipeline,
+            own.pipeline
+        );
     }
 
     #[test]
@@ -412,6 +536,64 @@ mod tests {
         assert!((t.step / gemm - 1.0).abs() < 1e-9, "{} vs {gemm}", t.step);
         assert!((mfu(&w, &fast, 1, t.step) - 0.83).abs() < 1e-9);
         assert!(mfu_hbm < 0.5);
+    }
+
+    #[test]
+    fn a_pass_cost_makes_small_micro_batches_dearer() {
+        let w = work();
+        let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+        let costed = DeviceSpec {
+            pass_cost: crate::device::PassCost {
+                time_scale: 1.0,
+                block: 3e-3,
+                ends: 6e-3,
+            },
+            ..d.clone()
+        };
+        let rows = 8.0;
+        let (u, c) = (
+            unit_times(&w, &d, 1, 1, 2, rows),
+            unit_times(&w, &costed, 1, 1, 2, rows),
+        );
+        // a third of each pass's cost in the forward; the backward's two thirds follow
+        assert!((c.block_forward - u.block_forward - 1e-3).abs() < 1e-12);
+        assert!((c.embed_forward - u.embed_forward - 1e-3).abs() < 1e-12);
+        assert!((c.head_forward - u.head_forward - 1e-3).abs() < 1e-12);
+        assert!(
+            (stage_time(&c, 6, true, false, false) - stage_time(&u, 6, true, false, false) - (6.0 * 3e-3 + 3e-3)).abs()
+                < 1e-12
+        );
+        // the scale multiplies the compute alone, not the communication
+        let doubled = DeviceSpec {
+            pass_cost: crate::device::PassCost {
+                time_scale: 2.0,
+                ..Default::default()
+            },
+            ..d.clone()
+        };
+        let s = unit_times(&w, &doubled, 2, 1, 2, rows);
+        let u2 = unit_times(&w, &d, 2, 1, 2, rows);
+        assert!((s.block_forward - 2.0 * u2.block_forward).abs() < 1e-15);
+        assert_eq!((s.block_comm, s.p2p), (u2.block_comm, u2.p2p));
+        // through the pipeline: (m - 1) x the slowest stage's cost + every stage's, so more
+        // micro-batches of the same batch cost more
+        let layout = |m| Layout {
+            dp: 1,
+            tp: 1,
+            pp: 2,
+            zero: 0,
+            micro_batches: m,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![6, 6],
+        };
+        for m in [1usize, 8] {
+            let extra = step_time(&w, &costed, &layout(m)).pipeline - step_time(&w, &d, &layout(m)).pipeline;
+            let stage = 6.0 * 3e-3 + 3e-3;
+            let want = (m as f64 - 1.0) * stage + 2.0 * stage;
+            assert!((extra - want).abs() < 1e-9, "m={m}: {extra} vs {want}");
+        }
     }
 
     #[test]

@@ -39,6 +39,32 @@ impl Default for Efficiency {
     }
 }
 
+/// What a micro-batch's pass costs beyond its FLOPs and bytes: the per-op dispatch,
+/// allocation and autograd bookkeeping that a small pass pays whatever its size, and a scale
+/// on the analytic time for what the op-by-op count leaves out. `weft plan calibrate`
+/// measures both on the model's own passes; the built-in (GPU) specs leave them at no cost
+/// and a scale of 1, as their efficiencies are fitted to a published anchor instead.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PassCost {
+    /// Measured over analytic time of whole passes (forward and backward), in (0, 16].
+    pub time_scale: f64,
+    /// Seconds a block's forward and backward of one micro-batch take beyond their compute.
+    pub block: f64,
+    /// Seconds the embeddings', output layer's and loss's forward and backward take beyond
+    /// their compute, together (split evenly between the first and the last stage).
+    pub ends: f64,
+}
+
+impl Default for PassCost {
+    fn default() -> Self {
+        PassCost {
+            time_scale: 1.0,
+            block: 0.0,
+            ends: 0.0,
+        }
+    }
+}
+
 /// A device and how devices of its kind are connected.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceSpec {
@@ -71,6 +97,8 @@ pub struct DeviceSpec {
     /// keeps the copies); `false` for CPU ranks, whose kernel reads shared heads in place.
     pub gpu: bool,
     pub efficiency: Efficiency,
+    /// What a pass costs beyond its FLOPs and bytes (measured for the `local` spec).
+    pub pass_cost: PassCost,
 }
 
 /// The built-in specs' names.
@@ -121,6 +149,7 @@ impl DeviceSpec {
             shared_compute: None,
             gpu: true,
             efficiency: Efficiency::default(),
+            pass_cost: PassCost::default(),
         })
     }
 

@@ -26,8 +26,9 @@ pub mod layout;
 pub mod memory;
 pub mod model;
 pub mod search;
+pub mod shared;
 
-pub use device::{DeviceSpec, Efficiency};
+pub use device::{DeviceSpec, Efficiency, PassCost};
 pub use error::{Error, Result};
 pub use layout::{CommDtype, Layout, Schedule};
 pub use memory::MemoryBreakdown;

@@ -100,6 +100,8 @@ pub struct PlanReport {
 pub const MAX_DEVICES: usize = 1 << 24;
 /// The most rows a global batch may have.
 pub const MAX_GLOBAL_BATCH: u64 = 1 << 32;
+/// The most model chunks a stage an interleaved plan is tried with.
+pub const MAX_CHUNKS: usize = 4;
 
 /// Divisors of `n` in increasing order, by trial division up to its square root.
 fn divisors(n: usize) -> Vec<usize> {
@@ -271,10 +273,14 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
                     } else {
                         vec![Schedule::OneFOneB, Schedule::GPipe]
                     };
-                    // two chunks a stage, as weft runs them: micro-batches in groups of the
-                    // stages, a block at least a chunk
-                    if pp > 1 && m.is_multiple_of(pp) && n_layer >= 2 * pp {
-                        schedules.push(Schedule::Interleaved(2));
+                    // 2 to MAX_CHUNKS chunks a stage, as weft runs them: micro-batches in
+                    // groups of the stages, a block at least a chunk
+                    if pp > 1 && m.is_multiple_of(pp) {
+                        schedules.extend(
+                            (2..=MAX_CHUNKS)
+                                .filter(|&v| n_layer >= v * pp)
+                                .map(Schedule::Interleaved),
+                        );
                     }
                     let zeros: Vec<usize> = match (dp, pp) {
                         (1, _) => vec![0],

@@ -185,6 +185,7 @@ mod tests {
             (Schedule::OneFOneB, PipelineSchedule::OneFOneB),
             (Schedule::Interleaved(2), PipelineSchedule::Interleaved(2)),
             (Schedule::Interleaved(3), PipelineSchedule::Interleaved(3)),
+            (Schedule::Interleaved(4), PipelineSchedule::Interleaved(4)),
         ] {
             assert_eq!(plan.chunks(), run.chunks());
             for p in 2..6 {

@@ -9,6 +9,9 @@
 //!   `f32` rate, and the `bf16` one where this CPU computes in bf16; else the f32 rate);
 //! - attention's forward and backward, as a fraction of the products' rate;
 //! - the memory-bound kernels (layer norm, GELU, residual addition), bytes/s;
+//! - the model's own passes (one block and two, at one row and at a rank's share of the
+//!   batch), fitted to the planner's analytic time for what a pass costs beyond it
+//!   ([`weft_plan::PassCost`], `passes`);
 //! - the ring all-reduce between the ranks at 4 KiB and 4 MiB, fitted to `2 (n-1) a + 2 (n-1)/n
 //!   x bytes / B` for its latency `a` and bandwidth `B` (weft_dist::bench).
 //!
@@ -21,11 +24,13 @@
 //! rates as the peaks. Every measurement has a budget (`--budget-ms`), so the whole takes
 //! seconds.
 
+mod passes;
+
 use std::time::{Duration, Instant};
 
 use weft_core::{DType, Generator, Tensor};
 use weft_plan::calibration::Calibration;
-use weft_plan::{DeviceSpec, Efficiency};
+use weft_plan::{DeviceSpec, Efficiency, PassCost};
 use weft_train::plan_shape;
 
 use crate::train::ConfigArgs;
@@ -92,7 +97,7 @@ pub fn run(args: &CalibrateArgs) -> Result<(), String> {
         return Err(format!("--budget-ms {}: must be 1 to 2000", args.budget_ms));
     }
     if let Some(shapes) = &args.worker {
-        return worker(Shapes::decode(shapes)?, args.budget_ms);
+        return worker(&args.config, Shapes::decode(shapes)?, args.budget_ms);
     }
     if weft_dist::env::from_env().map_err(|e| e.to_string())?.is_some() {
         return Err(
@@ -128,7 +133,7 @@ pub fn run(args: &CalibrateArgs) -> Result<(), String> {
         args.budget_ms
     );
     let exe = std::env::current_exe().map_err(|e| format!("the weft executable: {e}"))?;
-    let worker_args = vec![
+    let mut worker_args = vec![
         "plan".to_string(),
         "calibrate".to_string(),
         "--budget-ms".to_string(),
@@ -136,6 +141,8 @@ pub fn run(args: &CalibrateArgs) -> Result<(), String> {
         "--worker".to_string(),
         shapes.encode(),
     ];
+    // the ranks build the model's own passes from the same config
+    worker_args.extend(args.config.to_args()?);
     let cfg = weft_dist::launch::LaunchConfig::new(nproc, exe, worker_args);
     match weft_dist::launch::run(&cfg).map_err(|e| e.to_string())? {
         0 => {}
@@ -151,7 +158,8 @@ fn summary(c: &Calibration, path: &std::path::Path) -> String {
     format!(
         "local: {} ranks ({}), measured in {:.1} s, written to {}\n  gemm f32 {:.2} GFLOP/s, bf16 {:.2} GFLOP/s, \
          attention {:.2} of gemm, memory-bound {:.2} GB/s, all-reduce latency {:.1} us and bandwidth {:.2} GB/s, \
-         memory {:.2} GB per rank, ranks computing at once {}\n",
+         memory {:.2} GB per rank, ranks computing at once {}\n  model passes {:.2}x their analytic time, \
+         plus {:.3} ms a block and {:.3} ms the embeddings and output layer per micro-batch\n",
         c.ranks,
         c.machine,
         c.measure_seconds,
@@ -164,7 +172,10 @@ fn summary(c: &Calibration, path: &std::path::Path) -> String {
         s.intra_bandwidth / 1e9,
         s.memory_bytes / 1e9,
         s.shared_compute
-            .map_or(format!("{} (own compute)", c.ranks), |k| format!("{k:.2}"))
+            .map_or(format!("{} (own compute)", c.ranks), |k| format!("{k:.2}")),
+        s.pass_cost.time_scale,
+        s.pass_cost.block * 1e3,
+        s.pass_cost.ends * 1e3,
     )
 }
 
@@ -296,7 +307,36 @@ fn collective_link(pg: &weft_dist::ProcessGroup, budget: Duration) -> Result<(f6
     Ok((latency, bandwidth))
 }
 
-fn worker(shapes: Shapes, budget_ms: u64) -> Result<(), String> {
+/// The spec of one rank computing alone at the measured rates (FLOP/s, bytes/s), every
+/// efficiency 1.0 but attention's, its links and memory still to be measured.
+fn spec_of(f32_rate: f64, bf16_rate: Option<f64>, attention: f64, memory: f64) -> DeviceSpec {
+    DeviceSpec {
+        name: "local".into(),
+        devices_per_node: 1,
+        flops_bf16: bf16_rate.unwrap_or(f32_rate),
+        flops_f32: f32_rate,
+        memory_bytes: 1.0,
+        memory_bandwidth: memory,
+        intra_bandwidth: memory,
+        intra_latency: 0.0,
+        inter_bandwidth: memory,
+        inter_latency: 0.0,
+        shared_compute: None,
+        // measured on CPU ranks
+        gpu: false,
+        efficiency: Efficiency {
+            gemm: 1.0,
+            memory_bound: 1.0,
+            collective: 1.0,
+            attention: (attention / f32_rate).clamp(1e-3, 16.0),
+            memory_margin: Efficiency::default().memory_margin,
+        },
+        pass_cost: PassCost::default(),
+    }
+}
+
+fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), String> {
+    let config = config.load()?;
     let start = Instant::now();
     let budget = Duration::from_millis(budget_ms);
     let env = weft_dist::env::from_env()
@@ -319,6 +359,20 @@ fn worker(shapes: Shapes, budget_ms: u64) -> Result<(), String> {
     } else {
         None
     };
+    // the model's own passes, on rank 0 alone as the rates above
+    let pass_fit = alone.map(|a| {
+        passes::pass_cost(
+            &config,
+            &spec_of(a.0, a.1, a.2, a.3),
+            shapes.tokens / shapes.seq,
+            budget,
+        )
+        .unwrap_or_else(|e| {
+            // a model too large to build here still gets the rates above
+            weft_core::errln!("weft: warning: the model's passes were not measured ({e}); planning without their cost");
+            (PassCost::default(), Vec::new())
+        })
+    });
     max_over(pg, 0.0)?;
     // three turns of alone and together (this machine may be shared with other work): the
     // median of the three ratios
@@ -345,6 +399,7 @@ fn worker(shapes: Shapes, budget_ms: u64) -> Result<(), String> {
     };
     let ranks = env.world_size;
     let together = ratios[1] * f32_rate;
+    let (pass_cost, pass_times) = pass_fit.ok_or("rank 0 measured no model passes")?;
     let shared = (ranks as f64 * ratios[1]).clamp(1.0, ranks as f64);
     let available = weft_core::memory::available()
         .ok_or("this machine does not say how much memory it has available (/proc/meminfo)")?;
@@ -361,27 +416,17 @@ fn worker(shapes: Shapes, budget_ms: u64) -> Result<(), String> {
     if let Some(r) = bf16_rate {
         measured.push(("gemm_bf16_flops".to_string(), r));
     }
+    measured.extend(pass_times);
     let spec = DeviceSpec {
-        name: "local".into(),
         devices_per_node: ranks,
-        flops_bf16: bf16_rate.unwrap_or(f32_rate),
-        flops_f32: f32_rate,
         memory_bytes: available.bytes as f64 / ranks as f64,
-        memory_bandwidth: memory,
         intra_bandwidth: bandwidth,
         intra_latency: latency,
         inter_bandwidth: bandwidth,
         inter_latency: latency,
         shared_compute: (shared < ranks as f64 - 0.5).then_some(shared),
-        // measured on CPU ranks
-        gpu: false,
-        efficiency: Efficiency {
-            gemm: 1.0,
-            memory_bound: 1.0,
-            collective: 1.0,
-            attention: (attention / f32_rate).clamp(1e-3, 16.0),
-            memory_margin: Efficiency::default().memory_margin,
-        },
+        pass_cost,
+        ..spec_of(f32_rate, bf16_rate, attention, memory)
     };
     let c = Calibration {
         spec,
