@@ -69,8 +69,9 @@ fn json_ranks_feasible_plans_best_first() {
         last = step;
         assert!(p["memory_bytes_per_device"].as_f64().unwrap() <= 0.9 * 80e9);
     }
+    // docs/plan.md: 27% (a pass for gradient accumulation, recompute, the bubble at this scale)
     let mfu = feasible[0]["predicted_mfu"].as_f64().unwrap();
-    assert!(mfu > 0.3 && mfu < 0.55, "{mfu}");
+    assert!(mfu > 0.2 && mfu < 0.55, "{mfu}");
     // infeasible ones follow, with their reasons
     for p in plans.iter().filter(|p| p["feasible"] == false) {
         assert!(p["reason"].as_str().unwrap().starts_with("memory: "), "{p}");

@@ -78,16 +78,30 @@ fn calibration_is_written_read_back_and_rebuilt_when_broken() {
     );
     assert!(c.spec.flops_f32 > 1e6 && c.spec.memory_bandwidth > 1e6, "{c:?}");
     assert!(c.spec.intra_bandwidth > 0.0 && c.spec.memory_bytes > 0.0, "{c:?}");
-    // the model's own passes were timed (one block and two, at one row and at a rank's
-    // share of the batch) and fitted
+    // the model's own passes were timed (one block and two, at a rank's share of the batch,
+    // half of it and one row of 16 tokens) and fitted: the fit explains each timing within a
+    // factor of 2, and a pass of two blocks takes longer than one of one
+    let pc = c.spec.pass_cost;
+    let mut times = Vec::new();
     for blocks in [1, 2] {
-        for rows in [1, 4] {
-            let t = c.get(&format!("pass_{blocks}_blocks_{rows}_rows_s"));
-            assert!(t.is_some_and(|t| t > 0.0), "{blocks} blocks, {rows} rows: {c:?}");
+        for rows in [1, 2, 4] {
+            let t = c
+                .get(&format!("pass_{blocks}_blocks_{rows}x16_tokens_s"))
+                .unwrap_or_else(|| panic!("{blocks} blocks, {rows} rows: {c:?}"));
+            times.push(t);
+            let fitted = c
+                .get(&format!("pass_{blocks}_blocks_{rows}x16_tokens_analytic_s"))
+                .unwrap()
+                * pc.time_scale
+                + blocks as f64 * pc.block
+                + pc.ends;
+            assert!(
+                fitted > t / 2.0 && fitted < 2.0 * t,
+                "{blocks} x {rows}: {t} s, fitted {fitted} s: {c:?}"
+            );
         }
     }
-    let pc = c.spec.pass_cost;
-    assert!(pc.time_scale > 0.0 && pc.block >= 0.0 && pc.ends >= 0.0, "{pc:?}");
+    assert!(times[3] > times[0] && times[5] > times[2], "{times:?}");
     assert!(summary.contains("model passes"), "{summary}");
     assert_eq!(
         weft_plan::calibration::Calibration::parse(&c.to_toml(), "x").unwrap(),
@@ -182,7 +196,9 @@ fn planned_layout(err: &str, ranks: usize) -> [usize; 3] {
         "zero",
         "micro_batches",
         "schedule",
+        "virtual_stages",
         "recompute",
+        "comm_dtype",
         "stage_blocks",
         "predicted",
         "MB per rank",

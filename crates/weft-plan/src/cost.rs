@@ -30,6 +30,11 @@
 //!   `time_scale`, and every block's forward and backward of a micro-batch adds `block`
 //!   seconds, the embeddings' and the output layer's together `ends`. So more, smaller
 //!   micro-batches cost more than their FLOPs alone say.
+//! - Gradient accumulation inside a step: every micro-batch but the step's first adds its f32
+//!   gradients to the step's, 12 bytes a parameter of its stage (read both, write the sum),
+//!   memory-bound, in its backward (weft adds them as autograd makes them; Megatron-LM's
+//!   gradient-accumulation fusion, which has the weight-gradient product add into them, is not
+//!   weft's).
 //! - The optimizer step: Adam reads parameters, gradients and two moments and writes three:
 //!   28 bytes per local parameter, memory-bound.
 //! - Devices that share compute ([`DeviceSpec::shared_compute`]: CPU ranks on fewer cores):
@@ -89,6 +94,20 @@ pub struct UnitTimes {
     pub head_comm: TpComm,
     /// Sending one micro-batch's activations (or their gradients) to the next stage.
     pub p2p: f64,
+    /// Adding one micro-batch's gradients of a block's parameters to the step's (f32: both
+    /// read, the sum written, 12 bytes a parameter), averaged over the step's micro-batches,
+    /// of which the first has nothing to add to.
+    pub block_accumulate: f64,
+    /// The same for the embeddings (first stage).
+    pub embed_accumulate: f64,
+    /// The same for the final norm and output layer (last stage).
+    pub head_accumulate: f64,
+}
+
+/// Seconds to add a micro-batch's f32 gradients of `params` parameters to the accumulated ones
+/// (read both, write the sum) on `device`, memory-bound.
+pub fn accumulate_time(params: f64, device: &DeviceSpec) -> f64 {
+    12.0 * params / (device.memory_bandwidth * device.efficiency.memory_bound)
 }
 
 /// The forward times of a layout's pieces for micro-batches of `rows` rows.
@@ -131,6 +150,15 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
     // weft's vocabulary-parallel loss reduces its maxima and then its sums and target logits,
     // in f64
     let loss_ar = all_reduce(tokens * 8.0, tp, tp_link) + all_reduce(tokens * 16.0, tp, tp_link);
+    // every micro-batch of the step but the first adds its gradients to the others'
+    let micro_batches = (work.global_batch as f64 / (dp as f64 * rows)).max(1.0);
+    let accumulate = |params: f64| {
+        if work.fused_accumulation {
+            0.0
+        } else {
+            scale * (micro_batches - 1.0) / micro_batches * accumulate_time(params, device)
+        }
+    };
     let p2p = if pp > 1 {
         let link = device.link(tp * dp, 2);
         link.1 + hidden * 4.0 / link.0
@@ -154,12 +182,15 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
             backward: ar_f32,
         },
         p2p,
+        block_accumulate: accumulate(stage_params(m, tp, pp, 1, false, false)),
+        embed_accumulate: accumulate(stage_params(m, tp, pp, 0, true, false)),
+        head_accumulate: accumulate(stage_params(m, tp, pp, 0, false, true)),
     }
 }
 
 /// Per-micro-batch time of a stage of `blocks` blocks: forward, backward (twice the forward's
-/// compute), recompute (the forward again), their tensor-parallel all-reduces, and the sends
-/// to neighbours.
+/// compute), recompute (the forward again), their tensor-parallel all-reduces, the sends to
+/// neighbours and the gradients' accumulation.
 pub fn stage_time(u: &UnitTimes, blocks: usize, first: bool, last: bool, recompute: bool) -> f64 {
     let k = blocks as f64;
     let mut forward = k * u.block_forward;
@@ -177,11 +208,18 @@ pub fn stage_time(u: &UnitTimes, blocks: usize, first: bool, last: bool, recompu
     }
     let passes = if recompute { 2.0 } else { 1.0 };
     let sends = (!last as u8 + !first as u8) as f64 * u.p2p;
-    (passes + 2.0) * forward + passes * comm_forward + comm_backward + sends
+    (passes + 2.0) * forward + passes * comm_forward + comm_backward + sends + accumulate(u, blocks, first, last)
 }
 
-/// Per-micro-batch time of a stage's backward alone: twice its forward compute and the
-/// backward's all-reduces.
+/// Per-micro-batch time of a stage's gradient accumulation.
+fn accumulate(u: &UnitTimes, blocks: usize, first: bool, last: bool) -> f64 {
+    blocks as f64 * u.block_accumulate
+        + if first { u.embed_accumulate } else { 0.0 }
+        + if last { u.head_accumulate } else { 0.0 }
+}
+
+/// Per-micro-batch time of a stage's backward alone: twice its forward compute, the
+/// backward's all-reduces and the gradients' accumulation.
 pub fn stage_backward_time(u: &UnitTimes, blocks: usize, first: bool, last: bool) -> f64 {
     let k = blocks as f64;
     let mut t = k * (2.0 * u.block_forward + u.block_comm.backward);
@@ -191,7 +229,7 @@ pub fn stage_backward_time(u: &UnitTimes, blocks: usize, first: bool, last: bool
     if last {
         t += 2.0 * u.head_forward + u.head_comm.backward;
     }
-    t
+    t + accumulate(u, blocks, first, last)
 }
 
 /// Time of `m` micro-batches through stages of per-micro-batch times `stages`:
@@ -378,15 +416,21 @@ fn shared_pipeline([u, uc, ut]: [&UnitTimes; 3], device: &DeviceSpec, layout: &L
         0.0
     };
     let transfer = (u.p2p - latency).max(0.0);
+    // blocks per virtual stage: the runtime's even cut under interleaving
+    let per_virtual: Vec<usize> = if chunks > 1 {
+        crate::search::virtual_stage_blocks(layout.stage_blocks.iter().sum(), pp, chunks)
+    } else {
+        layout.stage_blocks.clone()
+    };
     let (mut forward, mut backward) = (Vec::new(), Vec::new());
-    for vs in 0..virtual_stages {
-        let s = vs % pp;
-        let blocks = layout.stage_blocks[s] as f64 / chunks as f64;
+    for (vs, &blocks) in per_virtual.iter().enumerate() {
+        let blocks = blocks as f64;
         let (first, last) = (vs == 0, vs + 1 == virtual_stages);
         let part = |block: f64, embed: f64, head: f64| {
             blocks * block + if first { embed } else { 0.0 } + if last { head } else { 0.0 }
         };
         let compute = part(uc.block_forward, uc.embed_forward, uc.head_forward);
+        let accumulate = part(uc.block_accumulate, uc.embed_accumulate, uc.head_accumulate);
         let fwd = |x: &UnitTimes| part(x.block_comm.forward, x.embed_comm.forward, x.head_comm.forward);
         let bwd = |x: &UnitTimes| part(x.block_comm.backward, x.embed_comm.backward, x.head_comm.backward);
         // (transfer, latency) of the collectives
@@ -399,7 +443,7 @@ fn shared_pipeline([u, uc, ut]: [&UnitTimes; 3], device: &DeviceSpec, layout: &L
             wait: comm_fwd.1,
         });
         backward.push(PassTime {
-            work: (2.0 + again) * compute + comm_bwd.0 + again * comm_fwd.0 + messages,
+            work: (2.0 + again) * compute + accumulate + comm_bwd.0 + again * comm_fwd.0 + messages,
             wait: comm_bwd.1 + again * comm_fwd.1,
         });
     }
@@ -437,6 +481,7 @@ mod tests {
             grad_accum: 1,
             optimizer_moments: 2,
             kv_repeated: false,
+            fused_accumulation: false,
         }
     }
 
@@ -647,6 +692,51 @@ mod tests {
     }
 
     #[test]
+    fn micro_batches_after_the_first_add_their_gradients() {
+        // the global batch of 64 rows in one micro-batch: nothing to add; over 2 replicas in
+        // micro-batches of 4 rows, 8 a step: 7 of 8 add 12 bytes a parameter
+        let w = work();
+        let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+        let one = unit_times(&w, &d, 1, 1, 1, 64.0);
+        assert_eq!(
+            (one.block_accumulate, one.embed_accumulate, one.head_accumulate),
+            (0.0, 0.0, 0.0)
+        );
+        let u = unit_times(&w, &d, 1, 2, 1, 4.0);
+        let block = stage_params(&w.model, 1, 1, 1, false, false);
+        let want = 7.0 / 8.0 * 12.0 * block / (3.35e12 * 0.70);
+        assert!(
+            (u.block_accumulate - want).abs() < 1e-15,
+            "{} vs {want}",
+            u.block_accumulate
+        );
+        assert!(u.embed_accumulate > 0.0 && u.head_accumulate > 0.0);
+        // in the stage's time once a micro-batch, and in its backward
+        let with = stage_time(&u, 12, true, true, false);
+        let without = stage_time(
+            &UnitTimes {
+                block_accumulate: 0.0,
+                embed_accumulate: 0.0,
+                head_accumulate: 0.0,
+                ..u
+            },
+            12,
+            true,
+            true,
+            false,
+        );
+        let all = 12.0 * u.block_accumulate + u.embed_accumulate + u.head_accumulate;
+        assert!((with - without - all).abs() < 1e-15);
+        assert!(
+            (stage_backward_time(&u, 12, true, true)
+                - 2.0 * (12.0 * u.block_forward + u.embed_forward + u.head_forward)
+                - all)
+                .abs()
+                < 1e-15
+        );
+    }
+
+    #[test]
     fn tensor_parallel_all_reduces_run_twice_a_micro_batch() {
         // weft's blocks: two all-reduces in the forward (bf16 partial sums), two in the
         // backward (f32 gradients of the norms' outputs); recompute repeats the forward's
@@ -657,24 +747,27 @@ mod tests {
         let hidden = rows * 1024.0 * 768.0;
         let link = d.link(1, 8);
         let (f, b) = (all_reduce(hidden * 2.0, 8, link), all_reduce(hidden * 4.0, 8, link));
-        let block = stage_time(&u, 1, false, false, false) - 3.0 * u.block_forward - 2.0 * u.p2p;
+        let block = stage_time(&u, 1, false, false, false) - 3.0 * u.block_forward - 2.0 * u.p2p - u.block_accumulate;
         assert!(
             (block - (2.0 * f + 2.0 * b)).abs() < 1e-12,
             "{block} vs {}",
             2.0 * f + 2.0 * b
         );
-        let rc = stage_time(&u, 1, false, false, true) - 4.0 * u.block_forward - 2.0 * u.p2p;
+        let rc = stage_time(&u, 1, false, false, true) - 4.0 * u.block_forward - 2.0 * u.p2p - u.block_accumulate;
         assert!((rc - (4.0 * f + 2.0 * b)).abs() < 1e-12, "{rc}");
         // the embedding's one (forward) and the loss's (forward) and output layer's (backward)
         // are counted once each
-        let first = stage_time(&u, 0, true, false, false) - 3.0 * u.embed_forward - u.p2p;
+        let first = stage_time(&u, 0, true, false, false) - 3.0 * u.embed_forward - u.p2p - u.embed_accumulate;
         assert!((first - b).abs() < 1e-12, "{first} vs {b}");
         let loss = all_reduce(rows * 1024.0 * 8.0, 8, link) + all_reduce(rows * 1024.0 * 16.0, 8, link);
-        let last = stage_time(&u, 0, false, true, false) - 3.0 * u.head_forward - u.p2p;
+        let last = stage_time(&u, 0, false, true, false) - 3.0 * u.head_forward - u.p2p - u.head_accumulate;
         assert!((last - (loss + b)).abs() < 1e-12, "{last}");
         // no tensor parallelism: no all-reduces
         let one = unit_times(&w, &d, 1, 1, 1, rows);
-        assert_eq!(stage_time(&one, 2, false, false, true), 8.0 * one.block_forward);
+        assert_eq!(
+            stage_time(&one, 2, false, false, true),
+            8.0 * one.block_forward + 2.0 * one.block_accumulate
+        );
     }
 
     #[test]

@@ -249,6 +249,7 @@ mod tests {
             grad_accum: 1,
             optimizer_moments: 2,
             kv_repeated: false,
+            fused_accumulation: false,
         }
     }
 
@@ -350,6 +351,7 @@ mod weft_holds {
             grad_accum: 1,
             optimizer_moments: 2,
             kv_repeated: false,
+            fused_accumulation: false,
         };
         let (c, v) = (768.0, 50257.0);
         // per block: norm outputs and residual sums (4C), norm statistics and log-sum-exp in
@@ -384,6 +386,7 @@ mod weft_holds {
             grad_accum: 1,
             optimizer_moments: 2,
             kv_repeated: false,
+            fused_accumulation: false,
         };
         // pp 4, 8 micro-batches of 4 rows: stage 0 of 1F1B holds 4 graphs, each with its own
         // bf16 copy of the stage's 3 blocks' product weights
@@ -429,6 +432,7 @@ mod weft_holds {
             grad_accum: 1,
             optimizer_moments: 2,
             kv_repeated: false,
+            fused_accumulation: false,
         };
         let got = stage_memory(&w, &layout(1, 2, 2, 0, 4, vec![2, 2]), 0).activations;
         assert!((got / 9.53e6 - 1.0).abs() < 0.03, "{got}");
@@ -451,6 +455,7 @@ mod weft_holds {
             grad_accum: 1,
             optimizer_moments: 2,
             kv_repeated: false,
+            fused_accumulation: false,
         };
         let psi = w.model.parameter_count();
         // the largest unit: the root (embeddings, final norm)

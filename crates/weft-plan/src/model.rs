@@ -89,6 +89,11 @@ pub struct Workload {
     /// Whether the devices repeat a grouped-query model's keys and values to its query heads
     /// before attention (GPUs: [`crate::DeviceSpec::gpu`]), which the backward then keeps.
     pub kv_repeated: bool,
+    /// Whether the weight-gradient products add into the step's accumulated gradients
+    /// (Megatron-LM's gradient-accumulation fusion), so that a micro-batch's gradients cost no
+    /// pass of their own; `false` for weft, which adds each micro-batch's gradients after
+    /// autograd makes them ([`crate::cost::accumulate_time`]).
+    pub fused_accumulation: bool,
 }
 
 impl Workload {

@@ -29,6 +29,7 @@ fn work(model: ModelShape, global_batch: u64) -> Workload {
         grad_accum: 1,
         optimizer_moments: 2,
         kv_repeated: false,
+        fused_accumulation: false,
     }
 }
 
@@ -204,10 +205,10 @@ fn gpt3_175b_on_1024_h100_plans_in_seconds() {
         .any(|p| p.layout.stage_blocks.windows(2).any(|w| w[0] != w[1])));
     assert!(best.layout.tp <= 8);
     assert!(best.memory.total() <= r.usable_memory);
-    // Megatron-Core: 47% at 96 H100, 42% at 4608
     // Megatron-Core reports 47% at 96 H100 and 42% at 4608 with its interleaved schedule;
-    // weft's schedules leave a larger bubble at this scale (docs/plan.md)
-    assert!(best.mfu > 0.30 && best.mfu < 0.55, "{}", best.mfu);
+    // weft's schedules leave a larger bubble at this scale, and weft's gradient accumulation
+    // is a pass of its own (docs/plan.md)
+    assert!(best.mfu > 0.20 && best.mfu < 0.55, "{}", best.mfu);
 }
 
 #[test]
@@ -232,11 +233,26 @@ fn a_1t_model_on_4096_h100_plans_in_seconds() {
 #[test]
 fn the_gemm_efficiency_is_calibrated_on_megatron_cores_96_h100_run() {
     // 47% MFU for GPT-3 175B on 96 H100 at a global batch of 1152 (the default efficiency is
-    // set from this; a change to the cost model that moves it should move the default too)
-    let w = work(gpt(96, 96, 12288, 50257, 2048), 1152);
-    let r = plan(&w, &h100(), 96, SearchOptions::default()).unwrap();
+    // set from this; a change to the cost model that moves it should move the default too),
+    // planned as Megatron-Core ran it: its weight-gradient products add into the accumulated
+    // gradients
+    let megatron = Workload {
+        fused_accumulation: true,
+        ..work(gpt(96, 96, 12288, 50257, 2048), 1152)
+    };
+    let r = plan(&megatron, &h100(), 96, SearchOptions::default()).unwrap();
     let mfu = r.plans[0].mfu;
     assert!((mfu - 0.47).abs() < 0.01, "{mfu}");
+    // weft adds each micro-batch's gradients after its backward: a pass over 12 bytes of every
+    // parameter of a stage per micro-batch, a quarter or so of this plan's compute
+    let weft = plan(
+        &work(gpt(96, 96, 12288, 50257, 2048), 1152),
+        &h100(),
+        96,
+        SearchOptions::default(),
+    )
+    .unwrap();
+    assert!(weft.plans[0].mfu < mfu - 0.02, "{} vs {mfu}", weft.plans[0].mfu);
 }
 
 #[test]

@@ -9,11 +9,14 @@
 //!   `f32` rate, and the `bf16` one where this CPU computes in bf16; else the f32 rate);
 //! - attention's forward and backward, as a fraction of the products' rate;
 //! - the memory-bound kernels (layer norm, GELU, residual addition), bytes/s;
-//! - the model's own passes (one block and two, at one row and at a rank's share of the
-//!   batch), fitted to the planner's analytic time for what a pass costs beyond it
+//! - the model's own passes (one block and two, at one row, half a rank's share of the batch
+//!   and all of it), fitted to the planner's analytic time for what a pass costs beyond it
 //!   ([`weft_plan::PassCost`], `passes`);
 //! - the ring all-reduce between the ranks at 4 KiB and 4 MiB, fitted to `2 (n-1) a + 2 (n-1)/n
-//!   x bytes / B` for its latency `a` and bandwidth `B` (weft_dist::bench).
+//!   x bytes / B` for its latency `a` and bandwidth `B` (weft_dist::bench); where the ranks
+//!   share cores, among as many of them as compute at once (at least 2), the others waiting,
+//!   so that the link is measured unshared (the planner shares the cores among transfers
+//!   itself).
 //!
 //! The rates are those of one rank computing alone; the products are then measured on every
 //! rank at once, and where that is slower (ranks sharing cores) the spec's `shared_compute` is
@@ -293,6 +296,60 @@ fn memory_rate(pg: Option<&weft_dist::ProcessGroup>, s: Shapes, budget: Duration
     Ok(bytes / seconds)
 }
 
+/// Seconds a step of a small ring all-reduce among `members` takes while the other ranks
+/// compute (products at the model's shapes), on rank 0; `None` where every rank is a member.
+fn loaded_latency(
+    pg: Option<&weft_dist::ProcessGroup>,
+    members: &[usize],
+    rank: usize,
+    shapes: Shapes,
+    budget: Duration,
+) -> Result<Option<f64>, String> {
+    let Some(g) = pg else { return Ok(None) };
+    let sub = g.new_group(members).map_err(|e| e.to_string())?;
+    if members.len() == g.size() {
+        return Ok(None);
+    }
+    let e = |r: weft_core::Result<Tensor>| r.map_err(|e| e.to_string());
+    max_over(pg, 0.0)?;
+    let start = Instant::now();
+    let mut result = None;
+    match &sub {
+        Some(sub) => {
+            let t = e(randn(&[1024], 30))?;
+            let call = || {
+                sub.all_reduce(&t, weft_dist::ReduceOp::Sum)
+                    .and_then(|w| w.wait())
+                    .map_err(|e| e.to_string())
+            };
+            // 10 calls, then as many as half the budget holds by the slowest member's count
+            for _ in 0..10 {
+                call()?;
+            }
+            let first = max_over(Some(sub), start.elapsed().as_secs_f64() / 10.0)?;
+            let calls = ((budget.as_secs_f64() / 2.0 / first.max(1e-9)) as usize).clamp(10, 10_000);
+            let t0 = Instant::now();
+            for _ in 0..calls {
+                call()?;
+            }
+            let per_call = t0.elapsed().as_secs_f64() / calls as f64;
+            let n = members.len() as f64;
+            if rank == 0 {
+                result = Some(per_call / (2.0 * (n - 1.0)));
+            }
+        }
+        None => {
+            let x = e(randn(&[shapes.tokens, shapes.embd], 31))?;
+            let w = e(randn(&[shapes.embd, shapes.embd], 32))?;
+            while start.elapsed() < budget {
+                e(x.matmul(&w))?;
+            }
+        }
+    }
+    max_over(pg, 0.0)?;
+    Ok(result)
+}
+
 /// `(latency s, bandwidth bytes/s)` of the ring all-reduce between the job's ranks.
 fn collective_link(pg: &weft_dist::ProcessGroup, budget: Duration) -> Result<(f64, f64), String> {
     let sizes = [4096usize, 4 << 20];
@@ -364,11 +421,11 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         passes::pass_cost(
             &config,
             &spec_of(a.0, a.1, a.2, a.3),
-            shapes.tokens / shapes.seq,
+            (shapes.tokens / shapes.seq, env.world_size),
             budget,
         )
         .unwrap_or_else(|e| {
-            // a model too large to build here still gets the rates above
+            // a model too large to measure here still gets the rates above
             weft_core::errln!("weft: warning: the model's passes were not measured ({e}); planning without their cost");
             (PassCost::default(), Vec::new())
         })
@@ -390,9 +447,40 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         }
     }
     ratios.sort_by(f64::total_cmp);
-    let (latency, bandwidth) = match pg {
-        Some(g) => collective_link(g, budget)?,
-        None => (0.0, alone.map_or(1e9, |a| a.3)),
+    // the link between ranks that each have a core: on shared cores, as many ranks as compute at
+    // once (at least 2; the others wait), since the planner shares the cores among the
+    // transfers itself; rank 0 knows how many
+    let share_link = |ratio: f64| {
+        let ranks = env.world_size as f64;
+        if ranks * ratio < ranks - 0.5 {
+            ((ranks * ratio).floor() as usize).clamp(2, env.world_size)
+        } else {
+            env.world_size
+        }
+    };
+    let ((unloaded_latency, bandwidth), link_ranks, loaded_latency) = match pg {
+        Some(g) => {
+            let mine = ratios.get(1).map_or(0, |&r| share_link(r));
+            let n = max_over(pg, mine as f64)? as usize;
+            let members: Vec<usize> = (0..n.clamp(2, env.world_size)).collect();
+            // twice, the faster kept: two ranks that the scheduler puts on one core at first
+            // measure that core, not the link
+            let link = match g.new_group(&members).map_err(|e| e.to_string())? {
+                Some(sub) => {
+                    let (a, b) = (collective_link(&sub, budget / 2)?, collective_link(&sub, budget / 2)?);
+                    if a.1 >= b.1 {
+                        a
+                    } else {
+                        b
+                    }
+                }
+                None => (0.0, 0.0),
+            };
+            max_over(pg, 0.0)?;
+            let loaded = loaded_latency(pg, &members, env.rank, shapes, budget)?;
+            (link, members.len(), loaded)
+        }
+        None => ((0.0, alone.map_or(1e9, |a| a.3)), 1, None),
     };
     let Some((f32_rate, bf16_rate, attention, memory)) = alone else {
         return Ok(());
@@ -401,6 +489,12 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
     let together = ratios[1] * f32_rate;
     let (pass_cost, pass_times) = pass_fit.ok_or("rank 0 measured no model passes")?;
     let shared = (ranks as f64 * ratios[1]).clamp(1.0, ranks as f64);
+    // on shared cores a message waits for its receiver to get a core: the latency measured
+    // while the other ranks compute
+    let latency = match loaded_latency {
+        Some(l) if shared < ranks as f64 - 0.5 => l.max(unloaded_latency),
+        _ => unloaded_latency,
+    };
     let available = weft_core::memory::available()
         .ok_or("this machine does not say how much memory it has available (/proc/meminfo)")?;
     let mut measured = vec![
@@ -410,11 +504,16 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         ("memory_bound_bytes_per_s".to_string(), memory),
         ("all_reduce_latency_s".to_string(), latency),
         ("all_reduce_bandwidth_bytes_per_s".to_string(), bandwidth),
+        ("all_reduce_ranks".to_string(), link_ranks as f64),
+        ("all_reduce_unloaded_latency_s".to_string(), unloaded_latency),
         ("available_memory_bytes".to_string(), available.bytes as f64),
         ("tokens".to_string(), shapes.tokens as f64),
     ];
     if let Some(r) = bf16_rate {
         measured.push(("gemm_bf16_flops".to_string(), r));
+    }
+    if let Some(l) = loaded_latency {
+        measured.push(("all_reduce_loaded_latency_s".to_string(), l));
     }
     measured.extend(pass_times);
     let spec = DeviceSpec {

@@ -3,10 +3,13 @@
 //! allocation and autograd bookkeeping, which a small micro-batch pays as a large one does).
 //!
 //! The configured model is built with one block and with two, and each runs forwards (with
-//! the loss) and backwards at one row, half a rank's share of the batch (`rows`) and all of
-//! it, on one rank computing alone, as the trainer runs a micro-batch: fresh ids, the loss
-//! read, the backward seeded with the micro-batch's weight, the gradients adding up from pass
-//! to pass. Each time `T` (the median of three) is fitted, by least squares, to
+//! the loss) and backwards at three sizes, on one rank computing alone: a rank's share of the
+//! batch (`rows` whole sequences), half of it and one row; or, where such a pass would take
+//! more than a twelfth of the budget, the largest size that does not (fewer rows, or one
+//! shorter sequence of at least [`MIN_TOKENS`]) and a half and a quarter of it. Each runs as
+//! the trainer runs a micro-batch: fresh ids, the loss read, the backward seeded with the
+//! micro-batch's weight, the gradients adding up from pass to pass. Each time `T` (the median
+//! of three) is fitted, by least squares, to
 //! `T = time_scale x analytic + blocks x block + ends`, with `analytic` the cost model's own
 //! time of that pass ([`weft_plan::cost::unit_times`] at the rates just measured) and
 //! `block`, `ends` not negative.
@@ -14,10 +17,15 @@
 use std::time::Duration;
 
 use weft_core::Tensor;
-use weft_plan::cost::unit_times;
+use weft_plan::cost::{accumulate_time, unit_times};
 use weft_plan::{DeviceSpec, PassCost, Precision, Workload};
 use weft_train::config::{ModelConfig, RunConfig};
 use weft_train::plan_shape;
+
+/// The fewest tokens a measured pass has (or the model's sequence, if shorter): below that, a
+/// large model's products are so thin that reading the weights, not a fixed cost, sets their
+/// time, and the fit would take one for the other.
+const MIN_TOKENS: usize = 64;
 
 /// One measured pass: the cost model's time of it, its blocks and its measured seconds.
 struct Point {
@@ -51,7 +59,7 @@ fn with_blocks(model: &ModelConfig, n: usize) -> Result<ModelConfig, String> {
 pub(super) fn pass_cost(
     config: &RunConfig,
     spec: &DeviceSpec,
-    rows: usize,
+    (rows, ranks): (usize, usize),
     budget: Duration,
 ) -> Result<(PassCost, Vec<(String, f64)>), String> {
     let work = plan_shape::workload(config, None)?;
@@ -63,17 +71,66 @@ pub(super) fn pass_cost(
     };
     let m = &work.model;
     let (seq, vocab) = (m.seq_len as usize, m.vocab as usize);
+    // the two-block model's parameters and gradients, and the largest pass's logits (read and
+    // written three times), must fit in a share of this rank's memory
+    let available = weft_core::memory::available().map_or(f64::INFINITY, |a| a.bytes as f64);
+    let logits = |r: usize| 3.0 * 4.0 * (r * seq) as f64 * vocab as f64;
+    let needed = 2.0 * 4.0 * weft_plan::memory::stage_params(m, 1, 1, 2, true, true) + logits(rows.max(2));
+    if needed > available / ranks.max(1) as f64 / 2.0 {
+        return Err(format!(
+            "they need about {:.1} GB, more than half of a rank's share of this machine's memory",
+            needed / 1e9
+        ));
+    }
+    // (rows, tokens a row) of the passes: the largest whose two-block pass the cost model puts
+    // at a twelfth of the budget or less (3 timings of at least 4 calls each, so that the other
+    // ranks' wait stays short; whole sequences up to a rank's share of the batch, else one
+    // shorter sequence, down to MIN_TOKENS), then half and a quarter of it
+    let analytic = |blocks: usize, (r, t): (usize, usize)| {
+        let w = Workload {
+            model: weft_plan::ModelShape {
+                seq_len: t as u64,
+                ..work.model.clone()
+            },
+            ..work.clone()
+        };
+        let u = unit_times(&w, spec, 1, 1, 1, r as f64);
+        // every call adds its gradients to the ones before
+        let params = weft_plan::memory::stage_params(&w.model, 1, 1, blocks, true, true);
+        3.0 * (blocks as f64 * u.block_forward + u.embed_forward + u.head_forward) + accumulate_time(params, spec)
+    };
+    let mut candidates: Vec<(usize, usize)> = (1..=rows.max(2)).rev().map(|r| (r, seq)).collect();
+    candidates.extend((1..).map(|k| seq >> k).take_while(|&t| t >= MIN_TOKENS).map(|t| (1, t)));
+    let Some(&(r, t)) = candidates
+        .iter()
+        .find(|&&shape| analytic(2, shape) <= budget.as_secs_f64() / 12.0)
+    else {
+        return Err(format!(
+            "a pass of two blocks takes longer than a twelfth of --budget-ms ({} ms) even at {} tokens; \
+             a larger --budget-ms (up to 2000) measures them",
+            budget.as_millis(),
+            MIN_TOKENS.min(seq)
+        ));
+    };
+    let mut sizes = if r > 1 {
+        vec![(r, t), ((r / 2).max(1), t), (1, t)]
+    } else {
+        vec![(1, t), (1, t / 2), (1, t / 4)]
+    };
+    sizes.retain(|&(_, t)| t >= MIN_TOKENS.min(seq));
+    sizes.dedup();
+    if sizes.len() < 2 {
+        return Err("no two pass sizes to fit from".into());
+    }
     let mut points = Vec::new();
     let mut measured = Vec::new();
     for blocks in [1usize, 2] {
         let model = weft_train::run::build_model(&with_blocks(&config.model, blocks)?, 0).map_err(|e| e.to_string())?;
         let params = model.parameters();
-        let mut sizes = vec![1, (rows / 2).max(1), rows.max(2)];
-        sizes.dedup();
-        for r in sizes {
+        for &(r, t) in &sizes {
             let ids = |shift: usize| {
-                let v: Vec<i64> = (0..r * seq).map(|i| ((i * 7919 + shift) % vocab) as i64).collect();
-                Tensor::from_vec(v, &[r, seq])
+                let v: Vec<i64> = (0..r * t).map(|i| ((i * 7919 + shift) % vocab) as i64).collect();
+                Tensor::from_vec(v, &[r, t])
             };
             // as the trainer runs a micro-batch: its ids made, the loss read, the backward
             // seeded with the micro-batch's weight, the gradients adding up from pass to pass
@@ -95,25 +152,30 @@ pub(super) fn pass_cost(
             times.sort_by(f64::total_cmp);
             let seconds = times[1];
             params.iter().for_each(|(_, p)| p.set_grad(None));
-            let u = unit_times(&work, spec, 1, 1, 1, r as f64);
             points.push(Point {
-                analytic: 3.0 * (blocks as f64 * u.block_forward + u.embed_forward + u.head_forward),
+                analytic: analytic(blocks, (r, t)),
                 blocks: blocks as f64,
                 seconds,
             });
-            measured.push((format!("pass_{blocks}_blocks_{r}_rows_s"), seconds));
+            measured.push((format!("pass_{blocks}_blocks_{r}x{t}_tokens_s"), seconds));
+            measured.push((
+                format!("pass_{blocks}_blocks_{r}x{t}_tokens_analytic_s"),
+                analytic(blocks, (r, t)),
+            ));
         }
     }
     Ok((fit(&points), measured))
 }
 
 /// Least squares of `seconds = time_scale x analytic + blocks x block + ends` with `block` and
-/// `ends` held at 0 when free they would come out negative.
+/// `ends` not negative and `time_scale` positive: every choice of the fixed costs left free
+/// (both, one, none; the others held at 0) is solved, and the best fit that keeps to those
+/// bounds is taken. No cost at all (a scale of 1) when none does.
 fn fit(points: &[Point]) -> PassCost {
     // columns: analytic, blocks, 1
     let column = |p: &Point, c: usize| [p.analytic, p.blocks, 1.0][c];
-    let mut free = vec![0usize, 1, 2];
-    loop {
+    let mut best: Option<(f64, PassCost)> = None;
+    for free in [&[0usize, 1, 2][..], &[0, 1], &[0, 2], &[0]] {
         let n = free.len();
         let mut a = vec![vec![0.0f64; n + 1]; n];
         for p in points {
@@ -124,27 +186,25 @@ fn fit(points: &[Point]) -> PassCost {
                 a[i][n] += column(p, ci) * p.seconds;
             }
         }
-        let Some(x) = solve(a) else {
-            return PassCost::default();
-        };
+        let Some(x) = solve(a) else { continue };
         let value = |c: usize| free.iter().position(|&f| f == c).map_or(0.0, |i| x[i]);
-        // the most negative fixed cost leaves the fit, and it is made again
-        let negative = free
+        let cost = PassCost {
+            time_scale: value(0),
+            block: value(1),
+            ends: value(2),
+        };
+        if !(cost.time_scale > 0.0 && cost.time_scale <= 16.0 && cost.block >= 0.0 && cost.ends >= 0.0) {
+            continue;
+        }
+        let residual: f64 = points
             .iter()
-            .copied()
-            .filter(|&c| c > 0 && value(c) < 0.0)
-            .min_by(|&a, &b| value(a).total_cmp(&value(b)));
-        match negative {
-            Some(c) => free.retain(|&f| f != c),
-            None => {
-                return PassCost {
-                    time_scale: value(0).clamp(1.0 / 16.0, 16.0),
-                    block: value(1),
-                    ends: value(2),
-                }
-            }
+            .map(|p| (cost.time_scale * p.analytic + p.blocks * cost.block + cost.ends - p.seconds).powi(2))
+            .sum();
+        if residual.is_finite() && best.as_ref().is_none_or(|(r, _)| residual < *r) {
+            best = Some((residual, cost));
         }
     }
+    best.map_or_else(PassCost::default, |(_, c)| c)
 }
 
 /// Solves the augmented `n x (n + 1)` system by elimination with partial pivoting; `None`
@@ -197,11 +257,23 @@ mod tests {
     #[test]
     fn a_cost_that_would_be_negative_is_held_at_zero() {
         // passes that run below their analytic time's line at one block: the fixed cost of the
-        // ends would come out negative
-        let c = fit(&points(1.0, 4e-4, -2e-4));
+        // ends would come out negative; held at 0, the block's cost and the scale still fit
+        // the points better than with both held
+        let pts = points(1.0, 4e-4, -2e-4);
+        let c = fit(&pts);
         assert_eq!(c.ends, 0.0, "{c:?}");
-        assert!(c.block >= 0.0 && c.time_scale > 0.0, "{c:?}");
-        // nothing to fit from
+        assert!(c.block > 0.0 && c.time_scale > 0.0, "{c:?}");
+        let residual = |c: &PassCost| -> f64 {
+            pts.iter()
+                .map(|p| (c.time_scale * p.analytic + p.blocks * c.block + c.ends - p.seconds).powi(2))
+                .sum()
+        };
+        let scale_only = PassCost { block: 0.0, ..c };
+        assert!(residual(&c) < residual(&scale_only), "{c:?}");
+        // nothing to fit from, or a timing that is not a number: no cost
         assert_eq!(fit(&[]), PassCost::default());
+        let mut broken = points(1.2, 3e-4, 5e-4);
+        broken[1].seconds = f64::NAN;
+        assert_eq!(fit(&broken), PassCost::default());
     }
 }

@@ -78,7 +78,7 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     resolved.validate("the planned layout")?;
     let line = format!(
         "weft: parallel.auto: planned for {ranks} ranks on {}: dp {} tp {} pp {} zero {} micro_batches {} schedule {} \
-         recompute {} stage_blocks {:?}; predicted {:.1} ms per step, {:.1} MB per rank ({} layouts evaluated)",
+         virtual_stages {} recompute {} comm_dtype {} stage_blocks {:?}; predicted {:.1} ms per step, {:.1} MB per rank ({} layouts evaluated)",
         device.name,
         l.dp,
         l.tp,
@@ -86,24 +86,17 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
         l.zero,
         l.micro_batches,
         l.schedule.name(),
+        l.schedule.chunks(),
         l.recompute,
+        l.comm_dtype.name(),
         l.config_stage_blocks(),
         chosen.time.step * 1e3,
         chosen.memory.total() / 1e6,
         report.evaluated
     );
-    // FNV-1a of the layout's keys
-    let key = format!(
-        "{} {} {} {} {} {} {} {:?}",
-        l.dp,
-        l.tp,
-        l.pp,
-        l.zero,
-        l.micro_batches,
-        l.schedule.name(),
-        l.recompute,
-        l.stage_blocks
-    );
+    // FNV-1a of every key the plan sets (the label names the chunks a stage and the comm
+    // dtype; the cut is per virtual stage under interleaving)
+    let key = format!("{} {:?}", l.label(), l.config_stage_blocks());
     let fingerprint = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
