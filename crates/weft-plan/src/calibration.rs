@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! format = "weft-plan-calibration"
-//! version = 2
+//! version = 3
 //! machine = "AMD EPYC 7B13; 1 threads"   # the CPU and the compute threads of each rank
 //! ranks = 2                              # ranks measured together
 //! measure_seconds = 3.1
@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 /// The `format` key of a calibration file.
 pub const FORMAT: &str = "weft-plan-calibration";
 /// The version this build writes and reads.
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 /// A measured machine.
 #[derive(Clone, Debug, PartialEq)]
@@ -228,8 +228,8 @@ mod tests {
         let text = sample().to_toml();
         for (broken, want) in [
             (
-                text.replace("version = 2", "version = 1"),
-                "version 1, but this weft reads version 2",
+                text.replace("version = 3", "version = 2"),
+                "version 2, but this weft reads version 3",
             ),
             (text.replace(FORMAT, "something-else"), "not a calibration file"),
             (text[..text.len() / 2].to_string(), "c.toml: "),

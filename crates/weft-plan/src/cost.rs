@@ -31,7 +31,8 @@
 //!   seconds, the embeddings' and the output layer's together `ends`. So more, smaller
 //!   micro-batches cost more than their FLOPs alone say.
 //! - Gradient accumulation inside a step: every micro-batch but the step's first adds its f32
-//!   gradients to the step's, 12 bytes a parameter of its stage (read both, write the sum),
+//!   gradients to the step's, 12 bytes a parameter of its stage (read both, write the sum; of
+//!   the rank's shard under ZeRO 2 and 3, which reduce-scatter each micro-batch's first),
 //!   memory-bound, in its backward (weft adds them as autograd makes them; Megatron-LM's
 //!   gradient-accumulation fusion, which has the weight-gradient product add into them, is not
 //!   weft's).
@@ -266,7 +267,14 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
     let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
     let zero = if dp > 1 { layout.zero } else { 0 };
     let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
-    let u = unit_times(work, device, tp, dp, pp, rows);
+    let mut u = unit_times(work, device, tp, dp, pp, rows);
+    // ZeRO 2 and 3 reduce-scatter each micro-batch's gradients and add the rank's shard
+    if zero >= 2 {
+        let shard = 1.0 / dp as f64;
+        u.block_accumulate *= shard;
+        u.embed_accumulate *= shard;
+        u.head_accumulate *= shard;
+    }
     let chunks = layout.schedule.chunks();
     // interleaved: every chunk pass sends its activations on and its input's gradient back,
     // but the first virtual stage's gradient and the last one's activations (2 v sends a
@@ -363,7 +371,10 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             inter_latency: 0.0,
             ..device.clone()
         };
-        let uc = unit_times(work, &no_comm, tp, dp, pp, rows);
+        let mut uc = unit_times(work, &no_comm, tp, dp, pp, rows);
+        uc.block_accumulate = u.block_accumulate;
+        uc.embed_accumulate = u.embed_accumulate;
+        uc.head_accumulate = u.head_accumulate;
         // the links' transfers alone (their latencies left out)
         let no_latency = DeviceSpec {
             intra_latency: 0.0,

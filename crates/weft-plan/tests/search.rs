@@ -244,7 +244,7 @@ fn the_gemm_efficiency_is_calibrated_on_megatron_cores_96_h100_run() {
     let mfu = r.plans[0].mfu;
     assert!((mfu - 0.47).abs() < 0.01, "{mfu}");
     // weft adds each micro-batch's gradients after its backward: a pass over 12 bytes of every
-    // parameter of a stage per micro-batch, a quarter or so of this plan's compute
+    // parameter of a stage per micro-batch (about a tenth of this plan's step)
     let weft = plan(
         &work(gpt(96, 96, 12288, 50257, 2048), 1152),
         &h100(),

@@ -463,16 +463,13 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
             let mine = ratios.get(1).map_or(0, |&r| share_link(r));
             let n = max_over(pg, mine as f64)? as usize;
             let members: Vec<usize> = (0..n.clamp(2, env.world_size)).collect();
-            // twice, the faster kept: two ranks that the scheduler puts on one core at first
-            // measure that core, not the link
+            // twice, the better latency and bandwidth kept: two ranks that the scheduler puts
+            // on one core at first measure that core, not the link (where fewer than 2 ranks
+            // compute at once, the two measuring share one anyway)
             let link = match g.new_group(&members).map_err(|e| e.to_string())? {
                 Some(sub) => {
                     let (a, b) = (collective_link(&sub, budget / 2)?, collective_link(&sub, budget / 2)?);
-                    if a.1 >= b.1 {
-                        a
-                    } else {
-                        b
-                    }
+                    (a.0.min(b.0), a.1.max(b.1))
                 }
                 None => (0.0, 0.0),
             };

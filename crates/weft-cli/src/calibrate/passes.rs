@@ -6,10 +6,10 @@
 //! the loss) and backwards at three sizes, on one rank computing alone: a rank's share of the
 //! batch (`rows` whole sequences), half of it and one row; or, where such a pass would take
 //! more than a twelfth of the budget, the largest size that does not (fewer rows, or one
-//! shorter sequence of at least [`MIN_TOKENS`]) and a half and a quarter of it. Each runs as
-//! the trainer runs a micro-batch: fresh ids, the loss read, the backward seeded with the
-//! micro-batch's weight, the gradients adding up from pass to pass. Each time `T` (the median
-//! of three) is fitted, by least squares, to
+//! shorter sequence of at least twice [`MIN_TOKENS`]) and a half and a quarter of it (not
+//! below [`MIN_TOKENS`]). Each runs as the trainer runs a micro-batch: fresh ids, the loss
+//! read, the backward seeded with the micro-batch's weight, the gradients adding up from pass
+//! to pass. Each time `T` (the median of three) is fitted, by least squares, to
 //! `T = time_scale x analytic + blocks x block + ends`, with `analytic` the cost model's own
 //! time of that pass ([`weft_plan::cost::unit_times`] at the rates just measured) and
 //! `block`, `ends` not negative.
@@ -22,9 +22,10 @@ use weft_plan::{DeviceSpec, PassCost, Precision, Workload};
 use weft_train::config::{ModelConfig, RunConfig};
 use weft_train::plan_shape;
 
-/// The fewest tokens a measured pass has (or the model's sequence, if shorter): below that, a
-/// large model's products are so thin that reading the weights, not a fixed cost, sets their
-/// time, and the fit would take one for the other.
+/// The fewest tokens a measured pass has (or half the model's sequence, if that is shorter;
+/// the largest pass measured has at least twice as many): below that, a large model's
+/// products are so thin that reading the weights, not a fixed cost, sets their time, and the
+/// fit would take one for the other.
 const MIN_TOKENS: usize = 64;
 
 /// One measured pass: the cost model's time of it, its blocks and its measured seconds.
@@ -71,21 +72,11 @@ pub(super) fn pass_cost(
     };
     let m = &work.model;
     let (seq, vocab) = (m.seq_len as usize, m.vocab as usize);
-    // the two-block model's parameters and gradients, and the largest pass's logits (read and
-    // written three times), must fit in a share of this rank's memory
-    let available = weft_core::memory::available().map_or(f64::INFINITY, |a| a.bytes as f64);
-    let logits = |r: usize| 3.0 * 4.0 * (r * seq) as f64 * vocab as f64;
-    let needed = 2.0 * 4.0 * weft_plan::memory::stage_params(m, 1, 1, 2, true, true) + logits(rows.max(2));
-    if needed > available / ranks.max(1) as f64 / 2.0 {
-        return Err(format!(
-            "they need about {:.1} GB, more than half of a rank's share of this machine's memory",
-            needed / 1e9
-        ));
-    }
     // (rows, tokens a row) of the passes: the largest whose two-block pass the cost model puts
     // at a twelfth of the budget or less (3 timings of at least 4 calls each, so that the other
     // ranks' wait stays short; whole sequences up to a rank's share of the batch, else one
-    // shorter sequence, down to MIN_TOKENS), then half and a quarter of it
+    // shorter sequence, down to twice the floor), then half and a quarter of it (not below the
+    // floor)
     let analytic = |blocks: usize, (r, t): (usize, usize)| {
         let w = Workload {
             model: weft_plan::ModelShape {
@@ -99,25 +90,42 @@ pub(super) fn pass_cost(
         let params = weft_plan::memory::stage_params(&w.model, 1, 1, blocks, true, true);
         3.0 * (blocks as f64 * u.block_forward + u.embed_forward + u.head_forward) + accumulate_time(params, spec)
     };
+    // the smallest size measured: MIN_TOKENS, or half the sequence where that is shorter
+    let floor = MIN_TOKENS.min(seq / 2).max(1);
     let mut candidates: Vec<(usize, usize)> = (1..=rows.max(2)).rev().map(|r| (r, seq)).collect();
-    candidates.extend((1..).map(|k| seq >> k).take_while(|&t| t >= MIN_TOKENS).map(|t| (1, t)));
+    candidates.extend((1..).map(|k| seq >> k).take_while(|&t| t >= 2 * floor).map(|t| (1, t)));
     let Some(&(r, t)) = candidates
         .iter()
         .find(|&&shape| analytic(2, shape) <= budget.as_secs_f64() / 12.0)
     else {
+        let larger = if budget.as_millis() < 2000 {
+            "; a larger --budget-ms (up to 2000) may measure them"
+        } else {
+            ""
+        };
         return Err(format!(
-            "a pass of two blocks takes longer than a twelfth of --budget-ms ({} ms) even at {} tokens; \
-             a larger --budget-ms (up to 2000) measures them",
+            "a pass of two blocks takes longer than a twelfth of --budget-ms ({} ms) even at {} tokens{larger}",
             budget.as_millis(),
-            MIN_TOKENS.min(seq)
+            (2 * floor).min(seq)
         ));
     };
+    // the two-block model's parameters and gradients, and the largest pass's logits (read and
+    // written three times), must fit in a share of this rank's memory
+    let available = weft_core::memory::available().map_or(f64::INFINITY, |a| a.bytes as f64);
+    let logits = 3.0 * 4.0 * (r * t) as f64 * vocab as f64;
+    let needed = 2.0 * 4.0 * weft_plan::memory::stage_params(m, 1, 1, 2, true, true) + logits;
+    if needed > available / ranks.max(1) as f64 / 2.0 {
+        return Err(format!(
+            "they need about {:.1} GB, more than half of a rank's share of this machine's memory",
+            needed / 1e9
+        ));
+    }
     let mut sizes = if r > 1 {
         vec![(r, t), ((r / 2).max(1), t), (1, t)]
     } else {
         vec![(1, t), (1, t / 2), (1, t / 4)]
     };
-    sizes.retain(|&(_, t)| t >= MIN_TOKENS.min(seq));
+    sizes.retain(|&(_, t)| t >= floor);
     sizes.dedup();
     if sizes.len() < 2 {
         return Err("no two pass sizes to fit from".into());
