@@ -1,0 +1,330 @@
+//! The cost model's tests: each term against its formula, on the built-in specs.
+
+use super::*;
+use crate::layout::{CommDtype, Schedule};
+use crate::model::tests::gpt2_small;
+use crate::model::Precision;
+
+fn work() -> Workload {
+    Workload {
+        model: gpt2_small(),
+        global_batch: 64,
+        precision: Precision::Bf16,
+        grad_accum: 1,
+        optimizer_moments: 2,
+        kv_repeated: false,
+        fused_accumulation: false,
+    }
+}
+
+#[test]
+fn ranks_that_share_compute_take_turns() {
+    let w = work();
+    let d = DeviceSpec {
+        devices_per_node: 4,
+        ..DeviceSpec::builtin("h100-sxm-80gb").unwrap()
+    };
+    let shared = DeviceSpec {
+        shared_compute: Some(2.0),
+        ..d.clone()
+    };
+    let layout = |dp, pp, m| Layout {
+        dp,
+        tp: 1,
+        pp,
+        zero: 0,
+        micro_batches: m,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![12 / pp; pp],
+    };
+    // four data-parallel ranks on two devices' worth of compute: twice the compute
+    let (own, two) = (
+        step_time(&w, &d, &layout(4, 1, 1)),
+        step_time(&w, &shared, &layout(4, 1, 1)),
+    );
+    let compute = |t: &StepTime| t.pipeline + t.optimizer;
+    assert!((compute(&two) / compute(&own) - 2.0).abs() < 1e-9, "{two:?} {own:?}");
+    // one micro-batch through four stages: one rank computes at a time, at the full rate;
+    // on shared cores the receiver's copy of each of the 6 messages is CPU work too
+    let (own, two) = (
+        step_time(&w, &d, &layout(1, 4, 1)),
+        step_time(&w, &shared, &layout(1, 4, 1)),
+    );
+    let u = unit_times(&w, &shared, 1, 1, 4, 64.0);
+    let transfer = u.p2p - shared.link(1, 2).1;
+    assert!(
+        (two.pipeline - own.pipeline - 6.0 * transfer).abs() < 1e-12,
+        "{two:?} {own:?}"
+    );
+    // many micro-batches through four stages on two cores: more than the work over the
+    // cores, less than the pipeline with a core each plus that
+    let (own, two) = (
+        step_time(&w, &d, &layout(1, 4, 16)),
+        step_time(&w, &shared, &layout(1, 4, 16)),
+    );
+    let work: f64 = own.stages.iter().sum::<f64>() * 16.0 / 2.0;
+    assert!(
+        two.pipeline > work && two.pipeline < own.pipeline + work,
+        "{} vs {work}, {}",
+        two.pipeline,
+        own.pipeline
+    );
+}
+
+#[test]
+fn ring_collectives() {
+    // 8 devices, 1 GB at 100 GB/s, no latency: 2 x 7/8 x 10 ms
+    assert!((all_reduce(1e9, 8, (100e9, 0.0)) - 0.0175).abs() < 1e-12);
+    assert!((gather(1e9, 8, (100e9, 0.0)) - 0.00875).abs() < 1e-12);
+    assert_eq!(all_reduce(1e9, 1, (100e9, 1.0)), 0.0);
+    assert!((all_reduce(0.0, 4, (1.0, 1e-6)) - 6e-6).abs() < 1e-15);
+}
+
+#[test]
+fn one_device_is_compute_over_the_effective_peak() {
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let l = Layout {
+        dp: 1,
+        tp: 1,
+        pp: 1,
+        zero: 0,
+        micro_batches: 1,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![12],
+    };
+    let t = step_time(&w, &d, &l);
+    let gemm = 3.0 * w.model.forward_flops_per_token() * 1024.0 * 64.0 / (989.5e12 * 0.83);
+    // the rest is memory-bound work: norms and the residual stream (f32), activations, the
+    // f32 logits of the loss
+    assert!(t.step > 1.2 * gemm && t.step < 2.5 * gemm, "{} vs {gemm}", t.step);
+    assert_eq!(t.exposed_comm, 0.0);
+    let mfu_hbm = mfu(&w, &d, 1, t.step);
+    // with unbounded memory bandwidth, only the products remain
+    let fast = DeviceSpec {
+        memory_bandwidth: 1e30,
+        ..d.clone()
+    };
+    let t = step_time(&w, &fast, &l);
+    assert!((t.step / gemm - 1.0).abs() < 1e-9, "{} vs {gemm}", t.step);
+    assert!((mfu(&w, &fast, 1, t.step) - 0.83).abs() < 1e-9);
+    assert!(mfu_hbm < 0.5);
+}
+
+#[test]
+fn a_pass_cost_makes_small_micro_batches_dearer() {
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let costed = DeviceSpec {
+        pass_cost: crate::device::PassCost {
+            time_scale: 1.0,
+            block: 3e-3,
+            ends: 6e-3,
+        },
+        ..d.clone()
+    };
+    let rows = 8.0;
+    let (u, c) = (
+        unit_times(&w, &d, 1, 1, 2, rows),
+        unit_times(&w, &costed, 1, 1, 2, rows),
+    );
+    // a third of each pass's cost in the forward; the backward's two thirds follow
+    assert!((c.block_forward - u.block_forward - 1e-3).abs() < 1e-12);
+    assert!((c.embed_forward - u.embed_forward - 1e-3).abs() < 1e-12);
+    assert!((c.head_forward - u.head_forward - 1e-3).abs() < 1e-12);
+    assert!(
+        (stage_time(&c, 6, true, false, false) - stage_time(&u, 6, true, false, false) - (6.0 * 3e-3 + 3e-3)).abs()
+            < 1e-12
+    );
+    // the scale multiplies the compute alone, not the communication
+    let doubled = DeviceSpec {
+        pass_cost: crate::device::PassCost {
+            time_scale: 2.0,
+            ..Default::default()
+        },
+        ..d.clone()
+    };
+    let s = unit_times(&w, &doubled, 2, 1, 2, rows);
+    let u2 = unit_times(&w, &d, 2, 1, 2, rows);
+    assert!((s.block_forward - 2.0 * u2.block_forward).abs() < 1e-15);
+    assert_eq!((s.block_comm, s.p2p), (u2.block_comm, u2.p2p));
+    // through the pipeline: (m - 1) x the slowest stage's cost + every stage's, so more
+    // micro-batches of the same batch cost more
+    let layout = |m| Layout {
+        dp: 1,
+        tp: 1,
+        pp: 2,
+        zero: 0,
+        micro_batches: m,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![6, 6],
+    };
+    for m in [1usize, 8] {
+        let extra = step_time(&w, &costed, &layout(m)).pipeline - step_time(&w, &d, &layout(m)).pipeline;
+        let stage = 6.0 * 3e-3 + 3e-3;
+        let want = (m as f64 - 1.0) * stage + 2.0 * stage;
+        assert!((extra - want).abs() < 1e-9, "m={m}: {extra} vs {want}");
+    }
+}
+
+#[test]
+fn the_bubble_is_p_minus_1_over_m_plus_p_minus_1() {
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let u = UnitTimes {
+        block_forward: 1.0,
+        ..UnitTimes::default()
+    };
+    assert_eq!(stage_time(&u, 3, false, false, false), 9.0);
+    assert_eq!(stage_time(&u, 3, false, false, true), 12.0);
+    let l = Layout {
+        dp: 1,
+        tp: 1,
+        pp: 4,
+        zero: 0,
+        micro_batches: 8,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![3; 4],
+    };
+    let t = step_time(&w, &d, &l);
+    let slowest = t.stages.iter().cloned().fold(0.0, f64::max);
+    assert_eq!(t.pipeline, 7.0 * slowest + t.stages.iter().sum::<f64>());
+    // the last stage also runs the output layer: it is the slowest
+    assert_eq!(slowest, t.stages[3]);
+    // equal stages: the step is (m + p - 1) stage times, a bubble of (p - 1) / (m + p - 1)
+    let busy = 8.0 * 9.0;
+    assert!((pipeline_time(&[9.0; 4], 8) * (1.0 - 3.0 / 11.0) - busy).abs() < 1e-12);
+    assert_eq!(pipeline_time(&[2.0, 5.0], 1), 7.0);
+    // interleaved over v chunks: a bubble of (p - 1) / (v m + p - 1)
+    for v in [2, 4] {
+        let t = pipeline_time_chunked(&[9.0; 4], 8, v);
+        let bubble = 3.0 / (8.0 * v as f64 + 3.0);
+        assert!((t * (1.0 - bubble) - busy).abs() < 1e-9, "v={v}: {t}");
+    }
+    // through step_time: shorter than 1F1B for the same stages, with 2 v sends a micro-batch
+    let interleaved = Layout {
+        schedule: Schedule::Interleaved(2),
+        ..l.clone()
+    };
+    let ti = step_time(&w, &d, &interleaved);
+    assert!(ti.pipeline < t.pipeline, "{} vs {}", ti.pipeline, t.pipeline);
+    let u = unit_times(&w, &d, 1, 1, 4, (w.pass_rows() / 8) as f64);
+    // a middle stage sends 4 times a micro-batch (1F1B: 2), the first 3 (1F1B: 1)
+    assert!((ti.stages[1] - (t.stages[1] + 2.0 * u.p2p)).abs() < 1e-15);
+    assert!((ti.stages[0] - (t.stages[0] + 2.0 * u.p2p)).abs() < 1e-15);
+    assert!((ti.stages[3] - (t.stages[3] + 2.0 * u.p2p)).abs() < 1e-15);
+}
+
+#[test]
+fn micro_batches_after_the_first_add_their_gradients() {
+    // the global batch of 64 rows in one micro-batch: nothing to add; over 2 replicas in
+    // micro-batches of 4 rows, 8 a step: 7 of 8 add 12 bytes a parameter
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let one = unit_times(&w, &d, 1, 1, 1, 64.0);
+    assert_eq!(
+        (one.block_accumulate, one.embed_accumulate, one.head_accumulate),
+        (0.0, 0.0, 0.0)
+    );
+    let u = unit_times(&w, &d, 1, 2, 1, 4.0);
+    let block = stage_params(&w.model, 1, 1, 1, false, false);
+    let want = 7.0 / 8.0 * 12.0 * block / (3.35e12 * 0.70);
+    assert!(
+        (u.block_accumulate - want).abs() < 1e-15,
+        "{} vs {want}",
+        u.block_accumulate
+    );
+    assert!(u.embed_accumulate > 0.0 && u.head_accumulate > 0.0);
+    // in the stage's time once a micro-batch, and in its backward
+    let with = stage_time(&u, 12, true, true, false);
+    let without = stage_time(
+        &UnitTimes {
+            block_accumulate: 0.0,
+            embed_accumulate: 0.0,
+            head_accumulate: 0.0,
+            ..u
+        },
+        12,
+        true,
+        true,
+        false,
+    );
+    let all = 12.0 * u.block_accumulate + u.embed_accumulate + u.head_accumulate;
+    assert!((with - without - all).abs() < 1e-15);
+    assert!(
+        (stage_backward_time(&u, 12, true, true)
+            - 2.0 * (12.0 * u.block_forward + u.embed_forward + u.head_forward)
+            - all)
+            .abs()
+            < 1e-15
+    );
+}
+
+#[test]
+fn tensor_parallel_all_reduces_run_twice_a_micro_batch() {
+    // weft's blocks: two all-reduces in the forward (bf16 partial sums), two in the
+    // backward (f32 gradients of the norms' outputs); recompute repeats the forward's
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let rows = 4.0;
+    let u = unit_times(&w, &d, 8, 1, 2, rows);
+    let hidden = rows * 1024.0 * 768.0;
+    let link = d.link(1, 8);
+    let (f, b) = (all_reduce(hidden * 2.0, 8, link), all_reduce(hidden * 4.0, 8, link));
+    let block = stage_time(&u, 1, false, false, false) - 3.0 * u.block_forward - 2.0 * u.p2p - u.block_accumulate;
+    assert!(
+        (block - (2.0 * f + 2.0 * b)).abs() < 1e-12,
+        "{block} vs {}",
+        2.0 * f + 2.0 * b
+    );
+    let rc = stage_time(&u, 1, false, false, true) - 4.0 * u.block_forward - 2.0 * u.p2p - u.block_accumulate;
+    assert!((rc - (4.0 * f + 2.0 * b)).abs() < 1e-12, "{rc}");
+    // the embedding's one (forward) and the loss's (forward) and output layer's (backward)
+    // are counted once each
+    let first = stage_time(&u, 0, true, false, false) - 3.0 * u.embed_forward - u.p2p - u.embed_accumulate;
+    assert!((first - b).abs() < 1e-12, "{first} vs {b}");
+    let loss = all_reduce(rows * 1024.0 * 8.0, 8, link) + all_reduce(rows * 1024.0 * 16.0, 8, link);
+    let last = stage_time(&u, 0, false, true, false) - 3.0 * u.head_forward - u.p2p - u.head_accumulate;
+    assert!((last - (loss + b)).abs() < 1e-12, "{last}");
+    // no tensor parallelism: no all-reduces
+    let one = unit_times(&w, &d, 1, 1, 1, rows);
+    assert_eq!(
+        stage_time(&one, 2, false, false, true),
+        8.0 * one.block_forward + 2.0 * one.block_accumulate
+    );
+}
+
+#[test]
+fn gradient_accumulation_runs_the_pipeline_once_a_pass() {
+    // 64 rows a step as 4 passes of 16: four pipelines of 16 rows, one reduction
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let l = Layout {
+        dp: 2,
+        tp: 1,
+        pp: 2,
+        zero: 0,
+        micro_batches: 2,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![6, 6],
+    };
+    let accum = Workload {
+        grad_accum: 4,
+        ..work()
+    };
+    let t = step_time(&accum, &d, &l);
+    let u = unit_times(&accum, &d, 1, 2, 2, 4.0);
+    assert_eq!(t.stages[0], stage_time(&u, 6, true, false, false));
+    assert!((t.pipeline - 4.0 * pipeline_time(&t.stages, 2)).abs() < 1e-12);
+    let once = step_time(&work(), &d, &l);
+    assert_eq!(t.exposed_comm, once.exposed_comm);
+}
