@@ -36,6 +36,8 @@
 //!   memory-bound, in its backward (weft adds them as autograd makes them; Megatron-LM's
 //!   gradient-accumulation fusion, which has the weight-gradient product add into them, is not
 //!   weft's).
+//! - The step's own all-reduces over every rank, of one number each: the loss, and where the
+//!   gradients are sharded (ZeRO, tensor or pipeline parallelism) their norm for clipping.
 //! - The optimizer step: Adam reads parameters, gradients and two moments and writes three:
 //!   28 bytes per local parameter, memory-bound.
 //! - Devices that share compute ([`DeviceSpec::shared_compute`]: CPU ranks on fewer cores):
@@ -254,7 +256,8 @@ pub struct StepTime {
     pub step: f64,
     /// The pipeline part (every micro-batch through every stage), seconds.
     pub pipeline: f64,
-    /// Data-parallel and ZeRO communication not hidden under compute, seconds.
+    /// Data-parallel and ZeRO communication not hidden under compute, and the step's
+    /// all-reduces of its loss and gradient norm, seconds.
     pub exposed_comm: f64,
     /// The optimizer's update, seconds.
     pub optimizer: f64,
@@ -402,6 +405,13 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             }
         };
         optimizer *= (per_node / k).max(1.0);
+    }
+    // the step's own all-reduces of one number over every rank: the loss, and where the
+    // gradients are sharded (ZeRO, tensor or pipeline parallelism) their norm
+    let devices = dp * tp * pp;
+    if devices > 1 {
+        let sharded = zero > 0 || tp > 1 || pp > 1;
+        exposed += (1.0 + f64::from(u8::from(sharded))) * all_reduce(8.0, devices, device.link(1, devices));
     }
     StepTime {
         step: pipeline + exposed + optimizer,

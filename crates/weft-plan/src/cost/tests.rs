@@ -328,3 +328,32 @@ fn gradient_accumulation_runs_the_pipeline_once_a_pass() {
     let once = step_time(&work(), &d, &l);
     assert_eq!(t.exposed_comm, once.exposed_comm);
 }
+
+#[test]
+fn the_steps_loss_and_norm_are_reduced_over_every_rank() {
+    // tensor parallelism alone: no data-parallel reduction, two all-reduces of one number (the
+    // loss, and the norm of the sharded gradients) over the 2 ranks
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let layout = Layout {
+        dp: 1,
+        tp: 2,
+        pp: 1,
+        zero: 0,
+        micro_batches: 1,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![12],
+    };
+    let t = step_time(&w, &d, &layout);
+    let one = all_reduce(8.0, 2, d.link(1, 2));
+    assert!(
+        one > 0.0 && (t.exposed_comm - 2.0 * one).abs() < 1e-15,
+        "{} vs {one}",
+        t.exposed_comm
+    );
+    // one rank: nothing to reduce
+    let alone = step_time(&w, &d, &Layout { tp: 1, ..layout });
+    assert_eq!(alone.exposed_comm, 0.0);
+}
