@@ -364,6 +364,15 @@ fn collective_link(pg: &weft_dist::ProcessGroup, budget: Duration) -> Result<(f6
     Ok((latency, bandwidth))
 }
 
+/// How many of `ranks` compute at the full rate at once, from the rate of all at once over one
+/// alone (`ratio`, per rank), where that is clearly fewer than the ranks (they share cores);
+/// `None` where each has its own.
+fn shared_compute(ranks: usize, ratio: f64) -> Option<f64> {
+    let n = ranks as f64;
+    let k = (n * ratio).clamp(1.0, n);
+    (k < n - 0.5).then_some(k)
+}
+
 /// The spec of one rank computing alone at the measured rates (FLOP/s, bytes/s), every
 /// efficiency 1.0 but attention's, its links and memory still to be measured.
 fn spec_of(f32_rate: f64, bf16_rate: Option<f64>, attention: f64, memory: f64) -> DeviceSpec {
@@ -447,20 +456,18 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         }
     }
     ratios.sort_by(f64::total_cmp);
+    // rank 0's reading of how many ranks compute at once, where they share cores
+    let shared = ratios.get(1).and_then(|&r| shared_compute(env.world_size, r));
     // the link between ranks that each have a core: on shared cores, as many ranks as compute at
     // once (at least 2; the others wait), since the planner shares the cores among the
     // transfers itself; rank 0 knows how many
-    let share_link = |ratio: f64| {
-        let ranks = env.world_size as f64;
-        if ranks * ratio < ranks - 0.5 {
-            ((ranks * ratio).floor() as usize).clamp(2, env.world_size)
-        } else {
-            env.world_size
-        }
-    };
     let ((unloaded_latency, bandwidth), link_ranks, loaded_latency) = match pg {
         Some(g) => {
-            let mine = ratios.get(1).map_or(0, |&r| share_link(r));
+            let mine = match (env.rank, shared) {
+                (0, Some(k)) => (k.floor() as usize).clamp(2, env.world_size),
+                (0, None) => env.world_size,
+                _ => 0,
+            };
             let n = max_over(pg, mine as f64)? as usize;
             let members: Vec<usize> = (0..n.clamp(2, env.world_size)).collect();
             // twice, the better latency and bandwidth kept: two ranks that the scheduler puts
@@ -485,11 +492,10 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
     let ranks = env.world_size;
     let together = ratios[1] * f32_rate;
     let (pass_cost, pass_times) = pass_fit.ok_or("rank 0 measured no model passes")?;
-    let shared = (ranks as f64 * ratios[1]).clamp(1.0, ranks as f64);
     // on shared cores a message waits for its receiver to get a core: the latency measured
     // while the other ranks compute
     let latency = match loaded_latency {
-        Some(l) if shared < ranks as f64 - 0.5 => l.max(unloaded_latency),
+        Some(l) if shared.is_some() => l.max(unloaded_latency),
         _ => unloaded_latency,
     };
     let available = weft_core::memory::available()
@@ -520,7 +526,7 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         intra_latency: latency,
         inter_bandwidth: bandwidth,
         inter_latency: latency,
-        shared_compute: (shared < ranks as f64 - 0.5).then_some(shared),
+        shared_compute: shared,
         pass_cost,
         ..spec_of(f32_rate, bf16_rate, attention, memory)
     };

@@ -265,19 +265,24 @@ pub struct StepTime {
     pub stages: Vec<f64>,
 }
 
-/// The step time of `layout` (its `stage_blocks` cut) on devices `device`.
-pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepTime {
-    let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
-    let zero = if dp > 1 { layout.zero } else { 0 };
-    let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
-    let mut u = unit_times(work, device, tp, dp, pp, rows);
-    // ZeRO 2 and 3 reduce-scatter each micro-batch's gradients and add the rank's shard
+/// `u` with ZeRO 2 and 3's accumulation: they reduce-scatter each micro-batch's gradients and
+/// add the rank's shard, a `1/dp` of the stage's parameters.
+fn sharded_accumulation(mut u: UnitTimes, zero: usize, dp: usize) -> UnitTimes {
     if zero >= 2 {
         let shard = 1.0 / dp as f64;
         u.block_accumulate *= shard;
         u.embed_accumulate *= shard;
         u.head_accumulate *= shard;
     }
+    u
+}
+
+/// The step time of `layout` (its `stage_blocks` cut) on devices `device`.
+pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepTime {
+    let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
+    let zero = if dp > 1 { layout.zero } else { 0 };
+    let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
+    let u = sharded_accumulation(unit_times(work, device, tp, dp, pp, rows), zero, dp);
     let chunks = layout.schedule.chunks();
     // interleaved: every chunk pass sends its activations on and its input's gradient back,
     // but the first virtual stage's gradient and the last one's activations (2 v sends a
@@ -374,10 +379,7 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             inter_latency: 0.0,
             ..device.clone()
         };
-        let mut uc = unit_times(work, &no_comm, tp, dp, pp, rows);
-        uc.block_accumulate = u.block_accumulate;
-        uc.embed_accumulate = u.embed_accumulate;
-        uc.head_accumulate = u.head_accumulate;
+        let uc = sharded_accumulation(unit_times(work, &no_comm, tp, dp, pp, rows), zero, dp);
         // the links' transfers alone (their latencies left out)
         let no_latency = DeviceSpec {
             intra_latency: 0.0,

@@ -5,6 +5,21 @@ use crate::layout::{CommDtype, Schedule};
 use crate::model::tests::gpt2_small;
 use crate::model::Precision;
 
+/// gpt2-small's 12 blocks cut evenly over `pp` stages, ZeRO 0, 1F1B, no recompute, f32.
+fn plain(dp: usize, tp: usize, pp: usize, micro_batches: usize) -> Layout {
+    Layout {
+        dp,
+        tp,
+        pp,
+        zero: 0,
+        micro_batches,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm_dtype: CommDtype::F32,
+        stage_blocks: vec![12 / pp; pp],
+    }
+}
+
 fn work() -> Workload {
     Workload {
         model: gpt2_small(),
@@ -28,17 +43,7 @@ fn ranks_that_share_compute_take_turns() {
         shared_compute: Some(2.0),
         ..d.clone()
     };
-    let layout = |dp, pp, m| Layout {
-        dp,
-        tp: 1,
-        pp,
-        zero: 0,
-        micro_batches: m,
-        schedule: Schedule::OneFOneB,
-        recompute: false,
-        comm_dtype: CommDtype::F32,
-        stage_blocks: vec![12 / pp; pp],
-    };
+    let layout = |dp, pp, m| plain(dp, 1, pp, m);
     // four data-parallel ranks on two devices' worth of compute: twice the compute
     let (own, two) = (
         step_time(&w, &d, &layout(4, 1, 1)),
@@ -86,17 +91,7 @@ fn ring_collectives() {
 fn one_device_is_compute_over_the_effective_peak() {
     let w = work();
     let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
-    let l = Layout {
-        dp: 1,
-        tp: 1,
-        pp: 1,
-        zero: 0,
-        micro_batches: 1,
-        schedule: Schedule::OneFOneB,
-        recompute: false,
-        comm_dtype: CommDtype::F32,
-        stage_blocks: vec![12],
-    };
+    let l = plain(1, 1, 1, 1);
     let t = step_time(&w, &d, &l);
     let gemm = 3.0 * w.model.forward_flops_per_token() * 1024.0 * 64.0 / (989.5e12 * 0.83);
     // the rest is memory-bound work: norms and the residual stream (f32), activations, the
@@ -154,17 +149,7 @@ fn a_pass_cost_makes_small_micro_batches_dearer() {
     assert_eq!((s.block_comm, s.p2p), (u2.block_comm, u2.p2p));
     // through the pipeline: (m - 1) x the slowest stage's cost + every stage's, so more
     // micro-batches of the same batch cost more
-    let layout = |m| Layout {
-        dp: 1,
-        tp: 1,
-        pp: 2,
-        zero: 0,
-        micro_batches: m,
-        schedule: Schedule::OneFOneB,
-        recompute: false,
-        comm_dtype: CommDtype::F32,
-        stage_blocks: vec![6, 6],
-    };
+    let layout = |m| plain(1, 1, 2, m);
     for m in [1usize, 8] {
         let extra = step_time(&w, &costed, &layout(m)).pipeline - step_time(&w, &d, &layout(m)).pipeline;
         let stage = 6.0 * 3e-3 + 3e-3;
@@ -183,17 +168,7 @@ fn the_bubble_is_p_minus_1_over_m_plus_p_minus_1() {
     };
     assert_eq!(stage_time(&u, 3, false, false, false), 9.0);
     assert_eq!(stage_time(&u, 3, false, false, true), 12.0);
-    let l = Layout {
-        dp: 1,
-        tp: 1,
-        pp: 4,
-        zero: 0,
-        micro_batches: 8,
-        schedule: Schedule::OneFOneB,
-        recompute: false,
-        comm_dtype: CommDtype::F32,
-        stage_blocks: vec![3; 4],
-    };
+    let l = plain(1, 1, 4, 8);
     let t = step_time(&w, &d, &l);
     let slowest = t.stages.iter().cloned().fold(0.0, f64::max);
     assert_eq!(t.pipeline, 7.0 * slowest + t.stages.iter().sum::<f64>());
@@ -306,17 +281,7 @@ fn tensor_parallel_all_reduces_run_twice_a_micro_batch() {
 fn gradient_accumulation_runs_the_pipeline_once_a_pass() {
     // 64 rows a step as 4 passes of 16: four pipelines of 16 rows, one reduction
     let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
-    let l = Layout {
-        dp: 2,
-        tp: 1,
-        pp: 2,
-        zero: 0,
-        micro_batches: 2,
-        schedule: Schedule::OneFOneB,
-        recompute: false,
-        comm_dtype: CommDtype::F32,
-        stage_blocks: vec![6, 6],
-    };
+    let l = plain(2, 1, 2, 2);
     let accum = Workload {
         grad_accum: 4,
         ..work()
@@ -335,17 +300,7 @@ fn the_steps_loss_and_norm_are_reduced_over_every_rank() {
     // loss, and the norm of the sharded gradients) over the 2 ranks
     let w = work();
     let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
-    let layout = Layout {
-        dp: 1,
-        tp: 2,
-        pp: 1,
-        zero: 0,
-        micro_batches: 1,
-        schedule: Schedule::OneFOneB,
-        recompute: false,
-        comm_dtype: CommDtype::F32,
-        stage_blocks: vec![12],
-    };
+    let layout = plain(1, 2, 1, 1);
     let t = step_time(&w, &d, &layout);
     let one = all_reduce(8.0, 2, d.link(1, 2));
     assert!(
@@ -356,4 +311,24 @@ fn the_steps_loss_and_norm_are_reduced_over_every_rank() {
     // one rank: nothing to reduce
     let alone = step_time(&w, &d, &Layout { tp: 1, ..layout });
     assert_eq!(alone.exposed_comm, 0.0);
+}
+
+#[test]
+fn zero_2_and_3_accumulate_their_shard() {
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let u = unit_times(&w, &d, 1, 4, 1, 4.0);
+    assert!(u.block_accumulate > 0.0);
+    for zero in [0, 1] {
+        assert_eq!(sharded_accumulation(u, zero, 4), u);
+    }
+    for zero in [2, 3] {
+        let s = sharded_accumulation(u, zero, 4);
+        assert_eq!(s.block_accumulate, u.block_accumulate / 4.0);
+        assert_eq!(
+            (s.embed_accumulate, s.head_accumulate),
+            (u.embed_accumulate / 4.0, u.head_accumulate / 4.0)
+        );
+        assert_eq!(s.block_forward, u.block_forward);
+    }
 }
