@@ -314,7 +314,7 @@ fn impossible_sizes_are_refused_with_the_estimate() {
     // single buffer too large for the machine is an error of its own, tested in weft-core's
     // alloc_errors.rs)
     for (set, what) in [
-        ("data.batch_size=100000000", "activations 227.1 TB"),
+        ("data.batch_size=100000000", "activations 223.8 TB"),
         ("model.block_size=100000000", "parameters 51.2 GB"),
         ("model.n_embd=65536", "parameters 824.7 GB"),
     ] {

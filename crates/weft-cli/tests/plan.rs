@@ -367,10 +367,10 @@ fn the_planners_activations_are_what_weft_holds() {
         predicted / (held + 4.0 * 256.0 * vocab / tp as f64)
     };
     // what the graph keeps, within 1%: f32 and bf16 (autocast's bf16 copies of the weights and
-    // of the norms' outputs, the f32 copies of the products added to the residual stream),
-    // tensor-parallel or not, llama's unfused row-parallel products and grouped-query
-    // attention included (before those were counted: 0.80 of the graph for llama at tp 1 in
-    // f32, 0.56-0.84 in bf16)
+    // of the norms' outputs), tensor-parallel or not, llama's grouped-query attention included;
+    // what no backward reads (the row-parallel products' outputs, their f32 copies, the biases'
+    // bf16 copies, the unrotated q and k) is not held (when it was, the graph held 1.02-2.26x
+    // what it holds now)
     for model in [gpt, llama, grouped] {
         for tp in [1, 2] {
             for precision in ["f32", "bf16"] {

@@ -134,7 +134,8 @@ impl Tensor {
         let mut stack = vec![self.clone()];
         let mut bytes = 0;
         while let Some(t) = stack.pop() {
-            if !seen_tensor.insert(t.id()) {
+            // a tensor and its backward handles share an id, not a storage
+            if !seen_tensor.insert((t.id(), Arc::as_ptr(t.storage()))) {
                 continue;
             }
             if !skip(&t) {

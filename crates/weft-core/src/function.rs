@@ -21,6 +21,68 @@ pub trait Function: Send + Sync {
     /// The gradient of each input (`None` where an input gets none), given the inputs, the
     /// output and `grad`, the gradient of the output (its shape). Runs with recording off.
     fn backward(&self, inputs: &[Tensor], output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>>;
+
+    /// Which of the inputs' and the output's elements `backward` reads. Autograd keeps only
+    /// those alive until the backward (the others are passed with their shape, dtype and
+    /// device, and no elements). The default, everything, is always safe.
+    fn backward_reads(&self) -> BackwardReads {
+        BackwardReads::ALL
+    }
+}
+
+/// Which tensors an op's backward formula reads the elements of: the inputs named by a bit
+/// mask (bit `i` for input `i`; inputs past the 64th count as read unless no input is), and
+/// whether the output is read. Shapes, dtypes and devices can always be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardReads {
+    /// Bit `i`: input `i`'s elements are read.
+    pub inputs: u64,
+    /// The output's elements are read.
+    pub output: bool,
+}
+
+impl BackwardReads {
+    /// Every input and the output.
+    pub const ALL: BackwardReads = BackwardReads {
+        inputs: u64::MAX,
+        output: true,
+    };
+    /// Nothing but shapes (a sum, a reshape, the identity).
+    pub const NOTHING: BackwardReads = BackwardReads {
+        inputs: 0,
+        output: false,
+    };
+
+    /// The inputs at `indices`, and not the output.
+    pub const fn inputs(indices: &[usize]) -> BackwardReads {
+        let mut mask = 0u64;
+        let mut i = 0;
+        while i < indices.len() {
+            mask |= 1 << indices[i];
+            i += 1;
+        }
+        BackwardReads {
+            inputs: mask,
+            output: false,
+        }
+    }
+
+    /// Also the output.
+    pub const fn and_output(self) -> BackwardReads {
+        BackwardReads {
+            inputs: self.inputs,
+            output: true,
+        }
+    }
+
+    /// Whether input `i`'s elements are read.
+    pub fn reads_input(&self, i: usize) -> bool {
+        if i < 64 {
+            self.inputs & (1 << i) != 0
+        } else {
+            self.inputs != 0
+        }
+    }
 }
 
 /// A [`Function`] as a value of the op set ([`Op::Custom`]); two are equal when they are the

@@ -41,7 +41,7 @@ pub use autograd::{is_grad_enabled, no_grad, GradModeGuard};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};
-pub use function::Function;
+pub use function::{BackwardReads, Function};
 pub use layout::Layout;
 pub use op::{BinaryOp, CompareOp, Conv2dParams, Distribution, Op, Pool2dParams, ReduceOp, UnaryOp};
 pub use rng::Generator;

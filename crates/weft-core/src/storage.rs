@@ -239,6 +239,18 @@ impl Storage {
         }
     }
 
+    /// A storage with no elements standing for one whose buffer autograd let go
+    /// ([`crate::Tensor`]'s backward handle): it reports `device` and holds nothing.
+    pub(crate) fn released(dtype: crate::DType, device: Device) -> Self {
+        Storage {
+            data: RwLock::new(CpuStorage::zeros(dtype, 0)),
+            device,
+            counted: 0,
+            #[cfg(feature = "cuda")]
+            gpu: None,
+        }
+    }
+
     /// A storage holding a GPU buffer.
     #[cfg(feature = "cuda")]
     pub fn on_gpu(buffer: crate::cuda::Buffer) -> Self {

@@ -31,9 +31,12 @@ pub(crate) struct TensorInner {
     pub(crate) layout: Layout,
     pub(crate) dtype: DType,
     pub(crate) requires_grad: AtomicBool,
-    pub(crate) node: Option<Node>,
+    /// What produced this tensor (non-leaves); shared with the tensor's backward handle
+    /// ([`Tensor::backward_handle`]).
+    pub(crate) node: Option<Arc<Node>>,
     pub(crate) grad: Mutex<Option<Tensor>>,
-    pub(crate) hooks: Mutex<Vec<GradHook>>,
+    /// Grad-ready hooks, shared with the tensor's backward handle.
+    pub(crate) hooks: Arc<Mutex<Vec<GradHook>>>,
 }
 
 /// An n-dimensional array. Cloning is cheap (a reference count); clones share data and gradient.
@@ -49,9 +52,27 @@ impl Tensor {
             layout,
             dtype,
             requires_grad: AtomicBool::new(requires_grad),
-            node,
+            node: node.map(Arc::new),
             grad: Mutex::new(None),
-            hooks: Mutex::new(Vec::new()),
+            hooks: Arc::new(Mutex::new(Vec::new())),
+        }))
+    }
+
+    /// This tensor as autograd's graph needs it when no backward formula reads its elements:
+    /// the same id, shape, dtype, device, node and hooks, over an empty storage. A node keeps
+    /// this in place of an input whose data its backward does not read, so that the input's
+    /// buffer is freed when nothing else holds it (what PyTorch's saved-tensor rule does).
+    /// Reading its elements is a bug of the formula that claimed not to read them.
+    pub(crate) fn backward_handle(&self) -> Tensor {
+        Tensor(Arc::new(TensorInner {
+            id: self.0.id,
+            storage: Arc::new(Storage::released(self.dtype(), self.device())),
+            layout: self.0.layout.clone(),
+            dtype: self.0.dtype,
+            requires_grad: AtomicBool::new(self.requires_grad()),
+            node: self.0.node.clone(),
+            grad: Mutex::new(None),
+            hooks: self.0.hooks.clone(),
         }))
     }
 

@@ -176,9 +176,40 @@ fn graph_bytes_counts_each_activation_buffer_once_and_skips_what_it_is_told() {
     let w = param(&[1.0; 12], &[3, 4]);
     let x = t(&[1.0; 6], &[2, 3]);
     let h = x.matmul(&w).unwrap(); // [2, 4] f64
-    let y = h.tanh().unwrap().add(&h).unwrap(); // tanh output and the sum: 2 more [2, 4]
+    let y = h.tanh().unwrap().add(&h).unwrap(); // the sum: 1 more [2, 4]
     let is_w = |t: &Tensor| t.same_storage(&w);
-    // x (6), h (8), tanh (8), y (8) f64 values; w skipped
-    assert_eq!(y.graph_bytes(&is_w), (6 + 8 + 8 + 8) * 8);
-    assert_eq!(y.graph_bytes(&|_| false), (6 + 8 + 8 + 8 + 12) * 8);
+    // x (6), h (8), y (8) f64 values; w skipped; the tanh's output is not held: the sum's
+    // backward reads neither input, and tanh's reads its input (h)
+    assert_eq!(y.graph_bytes(&is_w), (6 + 8 + 8) * 8);
+    assert_eq!(y.graph_bytes(&|_| false), (6 + 8 + 8 + 12) * 8);
+}
+
+#[test]
+fn a_node_keeps_only_what_its_backward_reads() {
+    // a 4 MiB intermediate that only sums read: the graph behind the loss must not hold it, and
+    // the gradient must stay right
+    let w = param(&[0.5; 4], &[2, 2]);
+    let x = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let big = x
+        .matmul(&w)
+        .unwrap()
+        .expand(&[64, 1024, 2, 2])
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let s = big.add(&big).unwrap().sum_all().unwrap();
+    drop(big);
+    // x (4 f64, read by the product's backward), the loss itself (1), w (4)
+    assert_eq!(s.graph_bytes(&|_| false), (4 + 1 + 4) * 8);
+    s.backward().unwrap();
+    // d/dw of sum(2 * expand(x @ w)) = 2 * 65536 * x^T 1
+    let n = 2.0 * 65536.0;
+    assert_eq!(w.grad().unwrap().to_vec_f64(), vec![n * 4.0, n * 4.0, n * 6.0, n * 6.0]);
+    // an op whose backward reads its output (softmax) keeps it, though its reader (a sum) would not
+    let z = x.matmul(&w).unwrap().softmax(-1).unwrap();
+    let z_bytes = 4 * 8;
+    let loss = z.sum_all().unwrap();
+    drop(z);
+    // x, the softmax's output, the loss, w (the product's output: softmax reads only its output)
+    assert_eq!(loss.graph_bytes(&|_| false), 4 * 8 + z_bytes + 8 + 4 * 8);
 }

@@ -15,7 +15,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use weft_core::{DType, Error, Function, Result, Tensor};
+use weft_core::{BackwardReads, DType, Error, Function, Result, Tensor};
 
 /// A reduction over the group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,6 +147,9 @@ impl Function for CopyToGroup {
     fn name(&self) -> &'static str {
         "copy_to_tensor_parallel_group"
     }
+    fn backward_reads(&self) -> BackwardReads {
+        BackwardReads::NOTHING
+    }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
         Ok(inputs[0].clone())
     }
@@ -162,6 +165,9 @@ struct ReduceFromGroup(TpGroup);
 impl Function for ReduceFromGroup {
     fn name(&self) -> &'static str {
         "reduce_from_tensor_parallel_group"
+    }
+    fn backward_reads(&self) -> BackwardReads {
+        BackwardReads::NOTHING
     }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
         let out = inputs[0].contiguous_copy()?;

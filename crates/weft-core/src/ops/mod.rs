@@ -19,6 +19,7 @@ pub mod swiglu;
 
 use crate::autograd::{is_grad_enabled, Node};
 use crate::error::{Error, Result};
+use crate::function::BackwardReads;
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::DType;
@@ -151,6 +152,61 @@ pub(crate) fn backward(
     }
 }
 
+/// What of an input a node keeps for the backward: the tensor itself when `read` (its formula
+/// reads the elements), when it is a leaf that takes a gradient (the gradient lands in it), or
+/// when the op that made it reads its own output in its backward; otherwise its backward
+/// handle, which holds no elements, so that the buffer is freed once nothing else holds it.
+fn kept_for_backward(t: &Tensor, read: bool) -> Tensor {
+    let output_read = t.0.node.as_ref().is_some_and(|n| backward_reads(&n.op).output);
+    if read || output_read || (t.requires_grad() && t.is_leaf()) {
+        t.clone()
+    } else {
+        t.backward_handle()
+    }
+}
+
+/// Which inputs' and outputs' elements `op`'s backward formula (in [`backward`]) reads; every
+/// arm is checked against the formula it names. Shapes, dtypes and devices are always there.
+pub(crate) fn backward_reads(op: &Op) -> BackwardReads {
+    use crate::op::{BinaryOp, ReduceOp};
+    const X: BackwardReads = BackwardReads::inputs(&[0]);
+    const X_Y: BackwardReads = BackwardReads::inputs(&[0, 1]);
+    match op {
+        // elementwise::backward
+        Op::Unary(_) | Op::PowScalar(_) | Op::Clamp { .. } | Op::Where => X,
+        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => BackwardReads::NOTHING,
+        Op::Binary(BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum) => X_Y,
+        Op::Binary(BinaryOp::Div) => BackwardReads::inputs(&[1]).and_output(),
+        Op::Binary(BinaryOp::Pow) => X_Y.and_output(),
+        Op::Affine { .. } | Op::Cast(_) => BackwardReads::NOTHING,
+        // reduce::backward
+        Op::Reduce {
+            op: ReduceOp::Sum | ReduceOp::Mean,
+            ..
+        } => BackwardReads::NOTHING,
+        Op::Reduce { .. } => X.and_output(),
+        Op::Var { .. } => X,
+        // matmul::backward, linear::backward (the bias and the residual: shapes only)
+        Op::Matmul | Op::Linear { .. } => X_Y,
+        // shape::backward
+        Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
+            BackwardReads::NOTHING
+        }
+        // index::backward: the index only
+        Op::IndexSelect { .. } | Op::IndexAdd { .. } | Op::Gather { .. } | Op::ScatterAdd { .. } => {
+            BackwardReads::inputs(&[1])
+        }
+        // nn::backward
+        Op::Softmax { .. } => BackwardReads::inputs(&[]).and_output(),
+        Op::Norm { .. } | Op::CrossEntropy { .. } => X_Y,
+        Op::Dropout { .. } => BackwardReads::NOTHING,
+        Op::ToDevice(_) => BackwardReads::NOTHING,
+        Op::Custom(c) => c.0.backward_reads(),
+        // attention and convolution formulas, and anything not differentiable
+        _ => BackwardReads::ALL,
+    }
+}
+
 /// Whether `op` records an autograd node when an input requires grad.
 fn differentiable(op: &Op) -> bool {
     !matches!(
@@ -182,9 +238,14 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     if !record {
         return Ok(out);
     }
+    let reads = backward_reads(&op);
     let node = Node {
+        inputs: inputs
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| kept_for_backward(t, reads.reads_input(i)))
+            .collect(),
         op,
-        inputs: inputs.iter().map(|&t| t.clone()).collect(),
         saved: outputs,
     };
     Ok(Tensor::build(

@@ -81,6 +81,11 @@ impl Function for RotateHalves {
         }
     }
 
+    fn backward_reads(&self) -> crate::BackwardReads {
+        // the cos and sin tables
+        crate::BackwardReads::inputs(&[1, 2])
+    }
+
     fn backward(&self, inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let f = Arc::new(RotateHalves {
             transposed: !self.transposed,

@@ -70,6 +70,10 @@ impl Function for SiluMul {
         Tensor::from_vec(out, x.shape())
     }
 
+    fn backward_reads(&self) -> crate::BackwardReads {
+        crate::BackwardReads::inputs(&[0, 1])
+    }
+
     fn backward(&self, inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let (x, u) = (&inputs[0], &inputs[1]);
         if on_kernel(&[x, u, grad]) && x.numel() > 0 {
