@@ -14,27 +14,48 @@
 //!
 //! A linear with a fused residual (`linear_add`) becomes the lower-precision product followed by
 //! the f32 add, as PyTorch computes `x + linear(h)` under autocast.
+//!
+//! Parameters are cast once per region, as PyTorch's autocast cache does: the outermost
+//! [`autocast`] call with a dtype keeps the cast of each f32 leaf that requires grad (a
+//! parameter) made with gradients on, and every later use of that parameter in the region reads
+//! the same copy (one autograd node, whose backward adds each use's gradient into the
+//! parameter). A pipeline running all its micro-batches in one region so holds one bf16 copy of
+//! its weights, not one per micro-batch in flight. The region must not change a parameter in
+//! place between uses (as in PyTorch, it wraps forward passes, not optimizer steps). Casts made
+//! with gradients off (a recomputation's first forward) or while a graph is being captured
+//! (whose replays must cast again) are not kept.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorId};
 use crate::DType;
 
 thread_local! {
     static DTYPE: Cell<Option<DType>> = const { Cell::new(None) };
+    /// The casts of parameters made in the outermost region running on this thread.
+    static CASTS: RefCell<Option<HashMap<(TensorId, DType), Tensor>>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` with autocast to `dtype` (`Some(BF16)` or `Some(F16)`; `None` turns it off) on this
-/// thread, restoring the previous setting afterwards.
+/// thread, restoring the previous setting afterwards. The outermost call with a dtype keeps the
+/// parameters' casts until it returns (see the module's documentation).
 pub fn autocast<R>(dtype: Option<DType>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<DType>);
+    struct Restore(Option<DType>, bool);
     impl Drop for Restore {
         fn drop(&mut self) {
             DTYPE.with(|d| d.set(self.0));
+            if self.1 {
+                CASTS.with(|c| c.borrow_mut().take());
+            }
         }
     }
-    let _restore = Restore(DTYPE.with(|d| d.replace(dtype)));
+    let owns_casts = dtype.is_some() && CASTS.with(|c| c.borrow().is_none());
+    if owns_casts {
+        CASTS.with(|c| *c.borrow_mut() = Some(HashMap::new()));
+    }
+    let _restore = Restore(DTYPE.with(|d| d.replace(dtype)), owns_casts);
     f()
 }
 
@@ -43,10 +64,27 @@ pub fn autocast_dtype() -> Option<DType> {
     DTYPE.with(|d| d.get())
 }
 
-/// For a lower-precision op: `t` in the autocast dtype when autocast is on and `t` is f32.
+/// For a lower-precision op: `t` in the autocast dtype when autocast is on and `t` is f32 (a
+/// parameter's cast made once per region).
 pub(crate) fn low(t: &Tensor) -> Result<Tensor> {
     match autocast_dtype() {
-        Some(d) if t.dtype() == DType::F32 => t.cast(d),
+        Some(d) if t.dtype() == DType::F32 => {
+            let keep = t.is_leaf() && t.requires_grad() && crate::is_grad_enabled() && !crate::graph::recording();
+            if !keep {
+                return t.cast(d);
+            }
+            let key = (t.id(), d);
+            if let Some(cast) = CASTS.with(|c| c.borrow().as_ref().and_then(|m| m.get(&key).cloned())) {
+                return Ok(cast);
+            }
+            let cast = t.cast(d)?;
+            CASTS.with(|c| {
+                if let Some(m) = c.borrow_mut().as_mut() {
+                    m.insert(key, cast.clone());
+                }
+            });
+            Ok(cast)
+        }
         _ => Ok(t.clone()),
     }
 }

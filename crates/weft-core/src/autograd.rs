@@ -115,7 +115,8 @@ impl Tensor {
     /// value). On a non-leaf, once every consumer has passed its gradient back and before this
     /// tensor's own op runs its backward (as PyTorch's `Tensor.register_hook`, without access to
     /// the gradient): the place to prepare what that backward needs, such as gathering sharded
-    /// parameters.
+    /// parameters. A non-leaf that no backward formula reads is handed over with its shape,
+    /// dtype and device but no elements (autograd did not keep them).
     pub fn register_grad_ready_hook(&self, hook: impl Fn(&Tensor) + Send + Sync + 'static) {
         self.0
             .hooks
@@ -129,9 +130,15 @@ impl Tensor {
     /// that `skip` returns true for (parameters, say). What a backward still to run keeps
     /// alive: the activations of a forward pass.
     pub fn graph_bytes(&self, skip: &dyn Fn(&Tensor) -> bool) -> usize {
+        Tensor::graphs_bytes(std::slice::from_ref(self), skip)
+    }
+
+    /// [`Tensor::graph_bytes`] of several graphs together: a storage two of them hold (a
+    /// parameter's autocast copy that micro-batches share) counted once.
+    pub fn graphs_bytes(roots: &[Tensor], skip: &dyn Fn(&Tensor) -> bool) -> usize {
         let mut storages = crate::storage::DistinctBytes::default();
         let mut seen_tensor = std::collections::HashSet::new();
-        let mut stack = vec![self.clone()];
+        let mut stack = roots.to_vec();
         let mut bytes = 0;
         while let Some(t) = stack.pop() {
             // a tensor and its backward handles share an id, not a storage
@@ -190,9 +197,17 @@ fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
         if let Some(node) = &t.0.node {
             for input in node.inputs.iter().filter(|i| i.requires_grad()) {
                 *deps.entry(input.id()).or_insert(0) += 1;
-                if let std::collections::hash_map::Entry::Vacant(slot) = tensors.entry(input.id()) {
-                    slot.insert(input.clone());
-                    stack.push(input.clone());
+                match tensors.entry(input.id()) {
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        slot.insert(input.clone());
+                        stack.push(input.clone());
+                    }
+                    // hooks are handed the tensor itself where any node kept it
+                    std::collections::hash_map::Entry::Occupied(mut slot) => {
+                        if slot.get().is_backward_handle() && !input.is_backward_handle() {
+                            slot.insert(input.clone());
+                        }
+                    }
                 }
             }
         }

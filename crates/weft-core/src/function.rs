@@ -58,6 +58,7 @@ impl BackwardReads {
         let mut mask = 0u64;
         let mut i = 0;
         while i < indices.len() {
+            assert!(indices[i] < 64, "BackwardReads::inputs names inputs 0 to 63");
             mask |= 1 << indices[i];
             i += 1;
         }

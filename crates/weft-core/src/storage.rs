@@ -222,6 +222,8 @@ pub struct Storage {
     device: Device,
     /// Host bytes this storage added to [`crate::memory::allocated_bytes`] when it was made.
     counted: usize,
+    /// Stands for a buffer autograd let go ([`Storage::released`]): no elements to read.
+    released: bool,
     #[cfg(feature = "cuda")]
     gpu: Option<crate::cuda::Buffer>,
 }
@@ -234,6 +236,7 @@ impl Storage {
             data: RwLock::new(data),
             device: Device::Cpu,
             counted,
+            released: false,
             #[cfg(feature = "cuda")]
             gpu: None,
         }
@@ -246,9 +249,15 @@ impl Storage {
             data: RwLock::new(CpuStorage::zeros(dtype, 0)),
             device,
             counted: 0,
+            released: true,
             #[cfg(feature = "cuda")]
             gpu: None,
         }
+    }
+
+    /// Whether this storage stands for a buffer autograd let go (it holds no elements).
+    pub(crate) fn is_released(&self) -> bool {
+        self.released
     }
 
     /// A storage holding a GPU buffer.
@@ -258,6 +267,7 @@ impl Storage {
             data: RwLock::new(CpuStorage::zeros(buffer.dtype(), 0)),
             device: buffer.device(),
             counted: 0,
+            released: false,
             gpu: Some(buffer),
         }
     }

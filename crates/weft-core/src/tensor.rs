@@ -58,11 +58,30 @@ impl Tensor {
         }))
     }
 
+    /// An error when this is a backward handle, whose elements autograd let go: a backward
+    /// formula read an input its op's [`crate::BackwardReads`] says it does not.
+    pub(crate) fn check_not_released(&self, op: &'static str) -> Result<()> {
+        if self.0.storage.is_released() {
+            return Err(Error::Autograd(format!(
+                "{op}: reads the elements of a tensor of shape {:?} that autograd did not keep (an op's \
+                 backward reads more than its backward_reads says)",
+                self.shape()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether this is a backward handle ([`Tensor::backward_handle`]).
+    pub(crate) fn is_backward_handle(&self) -> bool {
+        self.0.storage.is_released()
+    }
+
     /// This tensor as autograd's graph needs it when no backward formula reads its elements:
     /// the same id, shape, dtype, device, node and hooks, over an empty storage. A node keeps
     /// this in place of an input whose data its backward does not read, so that the input's
     /// buffer is freed when nothing else holds it (what PyTorch's saved-tensor rule does).
-    /// Reading its elements is a bug of the formula that claimed not to read them.
+    /// Reading its elements is an error ([`Tensor::check_not_released`]). Its `requires_grad`
+    /// is the tensor's when the op was recorded (as PyTorch's graph edges are fixed then).
     pub(crate) fn backward_handle(&self) -> Tensor {
         Tensor(Arc::new(TensorInner {
             id: self.0.id,
@@ -104,7 +123,8 @@ impl Tensor {
 
     /// A host copy of this tensor when it lives on a GPU (`None` on the CPU): what the host
     /// accessors (`to_vec`, `item`, `Debug`, ...) read.
-    fn host_copy(&self, _op: &'static str) -> Result<Option<Tensor>> {
+    fn host_copy(&self, op: &'static str) -> Result<Option<Tensor>> {
+        self.check_not_released(op)?;
         #[cfg(feature = "cuda")]
         if self.device().is_cuda() {
             return Ok(Some(crate::cuda::to_device(self, Device::Cpu)?));
@@ -319,6 +339,7 @@ impl Tensor {
     /// collectives). Not recorded by autograd. The tensor must be contiguous and of `T`'s dtype.
     pub fn with_data_mut<T: StorageElement, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         crate::graph::host_access(self, true, "with_data_mut");
+        self.check_not_released("with_data_mut")?;
         if self.device() != Device::Cpu {
             return Err(Error::Device(format!(
                 "with_data_mut: the tensor lives on {}; host code cannot update it in place",

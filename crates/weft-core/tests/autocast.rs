@@ -103,3 +103,71 @@ fn outside_the_scope_nothing_changes() {
     assert!(caught.is_err());
     assert_eq!(autocast_dtype(), None);
 }
+
+#[test]
+fn a_parameter_is_cast_once_per_region_and_its_gradient_sums_every_use() {
+    let w = randn(&[16, 8], 2).requires_grad_().unwrap();
+    let (x1, x2) = (randn(&[4, 8], 1), randn(&[4, 8], 3));
+    // two micro-batches in one region (as a pipeline runs them): one bf16 copy of w
+    let (l1, l2) = autocast(Some(DType::BF16), || {
+        let l1 = x1
+            .linear(&w, None)
+            .unwrap()
+            .cast(DType::F32)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let l2 = x2
+            .linear(&w, None)
+            .unwrap()
+            .cast(DType::F32)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        (l1, l2)
+    });
+    let skip_w = |t: &Tensor| t.same_storage(&w);
+    let copy_bytes = 16 * 8 * 2;
+    let (b1, b2) = (l1.graph_bytes(&skip_w), l2.graph_bytes(&skip_w));
+    let both = l1.add(&l2).unwrap().graph_bytes(&skip_w);
+    // the copy counted once; the two losses (4 bytes each, which the sum's backward does not
+    // read) give way to the sum (4 bytes)
+    assert_eq!(both + copy_bytes + 4, b1 + b2, "one copy of w for both");
+    // each backward brings its own use's gradient, added in w
+    l1.backward().unwrap();
+    l2.backward().unwrap();
+    let got = w.grad().unwrap();
+    // the same as two regions, each with its own copy
+    let w2 = w.detach().requires_grad_().unwrap();
+    for x in [&x1, &x2] {
+        let l = autocast(Some(DType::BF16), || {
+            x.linear(&w2, None).unwrap().cast(DType::F32).unwrap().sum_all()
+        })
+        .unwrap();
+        l.backward().unwrap();
+    }
+    assert_eq!(got.to_vec_f64(), w2.grad().unwrap().to_vec_f64());
+    // regions do not share: a new region (after an update in place, say) casts again
+    let c1 = autocast(Some(DType::BF16), || x1.linear(&w, None).unwrap());
+    let c2 = autocast(Some(DType::BF16), || x1.linear(&w, None).unwrap());
+    assert_eq!(c1.to_vec_f64(), c2.to_vec_f64());
+    w.with_data_mut::<f32, _>(|d| d[0] += 1.0).unwrap();
+    let c3 = autocast(Some(DType::BF16), || x1.linear(&w, None).unwrap());
+    assert_ne!(c1.to_vec_f64(), c3.to_vec_f64());
+}
+
+#[test]
+fn a_cast_made_without_gradients_is_not_reused_with_them() {
+    let w = randn(&[16, 8], 2).requires_grad_().unwrap();
+    let x = randn(&[4, 8], 1);
+    let l = autocast(Some(DType::BF16), || {
+        // a recomputation's first forward runs without gradients
+        let _ = weft_core::no_grad(|| x.linear(&w, None).unwrap());
+        x.linear(&w, None).unwrap().cast(DType::F32).unwrap().sum_all().unwrap()
+    });
+    l.backward().unwrap();
+    assert!(
+        w.grad().is_some(),
+        "the gradient reaches w through a cast recorded by autograd"
+    );
+}

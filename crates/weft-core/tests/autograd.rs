@@ -213,3 +213,31 @@ fn a_node_keeps_only_what_its_backward_reads() {
     // x, the softmax's output, the loss, w (the product's output: softmax reads only its output)
     assert_eq!(loss.graph_bytes(&|_| false), 4 * 8 + z_bytes + 8 + 4 * 8);
 }
+
+/// Declares that its backward reads nothing, then reads its input: a wrong declaration.
+struct ReadsWhatItDenies;
+
+impl weft_core::Function for ReadsWhatItDenies {
+    fn name(&self) -> &'static str {
+        "reads_what_it_denies"
+    }
+    fn forward(&self, inputs: &[&Tensor]) -> weft_core::Result<Tensor> {
+        inputs[0].mul_scalar(2.0)
+    }
+    fn backward(&self, inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> weft_core::Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(grad.mul(&inputs[0])?)])
+    }
+    fn backward_reads(&self) -> weft_core::BackwardReads {
+        weft_core::BackwardReads::NOTHING
+    }
+}
+
+#[test]
+fn a_formula_reading_what_autograd_did_not_keep_is_an_error_not_a_panic() {
+    let w = param(&[1.0, 2.0], &[2]);
+    let h = w.mul_scalar(3.0).unwrap(); // a non-leaf: the function's node keeps only its handle
+    let out = Tensor::apply_function(Arc::new(ReadsWhatItDenies), &[&h]).unwrap();
+    drop(h);
+    let err = out.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(err.contains("autograd did not keep"), "{err}");
+}

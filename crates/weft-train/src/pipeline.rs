@@ -180,8 +180,15 @@ impl Pipeline {
     ) -> Result<(f64, Vec<usize>)> {
         let is_param = |t: &Tensor| self.param_storages.contains(&Arc::as_ptr(t.storage()));
         let m = self.micro_batches;
-        // activations of each (chunk, micro-batch), at `c * m + i`
+        // under recompute, the input each (chunk, micro-batch) keeps, at `c * m + i`
         let (mut held, mut peak) = (vec![0usize; self.chunks() * m], 0usize);
+        // the bytes of the graphs of `live` and of `extra` together (micro-batches share their
+        // parameters' autocast copies) and of the inputs kept for recompute
+        let measure = |live: &[Option<Live>], extra: Option<&Tensor>, held: &[usize]| {
+            let mut roots: Vec<Tensor> = live.iter().flatten().filter_map(|l| l.output.clone()).collect();
+            roots.extend(extra.cloned());
+            Tensor::graphs_bytes(&roots, &is_param) + held.iter().sum::<usize>()
+        };
         let (xs, ys) = (self.split(x)?, self.split(y)?);
         let shape = self.model.activation_shape(xs[0].shape());
         let (stage, stages) = (self.stage(), self.stages());
@@ -220,18 +227,16 @@ impl Pipeline {
                         sends.push(self.group.send(&out.detach(), self.next_rank(), ACTIVATIONS)?);
                     }
                     let slot = c * m + i;
-                    held[slot] = if self.recompute {
-                        input.numel() * input.dtype().size_in_bytes()
-                    } else {
-                        out.graph_bytes(&is_param)
-                    };
-                    peak = peak.max(held.iter().sum());
+                    if self.recompute {
+                        held[slot] = input.numel() * input.dtype().size_in_bytes();
+                    }
                     let output = (!self.recompute).then_some(out);
                     live[slot] = Some(Live {
                         input,
                         output,
                         rng_offset,
                     });
+                    peak = peak.max(measure(&live, None, &held));
                 }
                 Action::Backward(i) => {
                     let Live {
@@ -253,8 +258,8 @@ impl Pipeline {
                             let out = self.model.stage_forward(vstage, vstages, &input, &ys[i]);
                             ctx.set_rng_offset(now);
                             let out = out?;
-                            held[c * m + i] = out.graph_bytes(&is_param);
-                            peak = peak.max(held.iter().sum());
+                            held[c * m + i] = 0;
+                            peak = peak.max(measure(&live, Some(&out), &held));
                             out
                         }
                     };

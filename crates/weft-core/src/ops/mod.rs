@@ -27,6 +27,9 @@ use crate::DType;
 /// Executes `op` on `inputs`. The first output is the op's result; any others are tensors the
 /// forward saves for the backward (or further results of a multi-output backward op).
 pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    for t in inputs {
+        t.check_not_released(op.name())?;
+    }
     if crate::graph::recording() {
         if matches!(op, Op::Custom(_)) && crate::graph::inlining() {
             // the function's own ops are recorded
@@ -198,7 +201,9 @@ pub(crate) fn backward_reads(op: &Op) -> BackwardReads {
         }
         // nn::backward
         Op::Softmax { .. } => BackwardReads::inputs(&[]).and_output(),
-        Op::Norm { .. } | Op::CrossEntropy { .. } => X_Y,
+        // the input and the weight (input 1 only when there is one; else the bias)
+        Op::Norm { has_weight: true, .. } | Op::CrossEntropy { .. } => X_Y,
+        Op::Norm { .. } => X,
         Op::Dropout { .. } => BackwardReads::NOTHING,
         Op::ToDevice(_) => BackwardReads::NOTHING,
         Op::Custom(c) => c.0.backward_reads(),
