@@ -23,7 +23,9 @@
 //! its weights, not one per micro-batch in flight. The region must not change a parameter in
 //! place between uses (as in PyTorch, it wraps forward passes, not optimizer steps). Casts made
 //! with gradients off (a recomputation's first forward) or while a graph is being captured
-//! (whose replays must cast again) are not kept.
+//! (whose replays must cast again) are not kept. [`autocast_with_cache`] turns the cache off for
+//! a region (PyTorch's `cache_enabled=False`): a pipeline that recomputes its micro-batches
+//! holds only the copies of the one it rebuilds, and a cache would keep every chunk's.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -32,16 +34,27 @@ use crate::error::Result;
 use crate::tensor::{Tensor, TensorId};
 use crate::DType;
 
+/// The casts a region keeps: a parameter's id and the dtype it was cast to, and the cast.
+type Casts = HashMap<(TensorId, DType), Tensor>;
+
 thread_local! {
     static DTYPE: Cell<Option<DType>> = const { Cell::new(None) };
-    /// The casts of parameters made in the outermost region running on this thread.
-    static CASTS: RefCell<Option<HashMap<(TensorId, DType), Tensor>>> = const { RefCell::new(None) };
+    /// The outermost region with a dtype running on this thread: `Some(Some(casts))` keeping
+    /// the parameters' casts, `Some(None)` with the cache off, `None` outside any.
+    static CASTS: RefCell<Option<Option<Casts>>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` with autocast to `dtype` (`Some(BF16)` or `Some(F16)`; `None` turns it off) on this
 /// thread, restoring the previous setting afterwards. The outermost call with a dtype keeps the
 /// parameters' casts until it returns (see the module's documentation).
 pub fn autocast<R>(dtype: Option<DType>, f: impl FnOnce() -> R) -> R {
+    autocast_with_cache(dtype, true, f)
+}
+
+/// [`autocast`], with the parameters' casts kept for the region (`cache_enabled`, as
+/// `torch.autocast(cache_enabled=...)`) or made at every use. Only the outermost region with a
+/// dtype decides.
+pub fn autocast_with_cache<R>(dtype: Option<DType>, cache_enabled: bool, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<DType>, bool);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -51,11 +64,11 @@ pub fn autocast<R>(dtype: Option<DType>, f: impl FnOnce() -> R) -> R {
             }
         }
     }
-    let owns_casts = dtype.is_some() && CASTS.with(|c| c.borrow().is_none());
-    if owns_casts {
-        CASTS.with(|c| *c.borrow_mut() = Some(HashMap::new()));
+    let outermost = dtype.is_some() && CASTS.with(|c| c.borrow().is_none());
+    if outermost {
+        CASTS.with(|c| *c.borrow_mut() = Some(cache_enabled.then(HashMap::new)));
     }
-    let _restore = Restore(DTYPE.with(|d| d.replace(dtype)), owns_casts);
+    let _restore = Restore(DTYPE.with(|d| d.replace(dtype)), outermost);
     f()
 }
 
@@ -74,12 +87,12 @@ pub(crate) fn low(t: &Tensor) -> Result<Tensor> {
                 return t.cast(d);
             }
             let key = (t.id(), d);
-            if let Some(cast) = CASTS.with(|c| c.borrow().as_ref().and_then(|m| m.get(&key).cloned())) {
+            if let Some(cast) = CASTS.with(|c| c.borrow().as_ref().and_then(|m| m.as_ref()?.get(&key).cloned())) {
                 return Ok(cast);
             }
             let cast = t.cast(d)?;
             CASTS.with(|c| {
-                if let Some(m) = c.borrow_mut().as_mut() {
+                if let Some(Some(m)) = c.borrow_mut().as_mut() {
                     m.insert(key, cast.clone());
                 }
             });

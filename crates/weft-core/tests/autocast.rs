@@ -171,3 +171,18 @@ fn a_cast_made_without_gradients_is_not_reused_with_them() {
         "the gradient reaches w through a cast recorded by autograd"
     );
 }
+
+#[test]
+fn with_the_cache_off_every_use_casts_again() {
+    let w = randn(&[16, 8], 2).requires_grad_().unwrap();
+    let x = randn(&[4, 8], 1);
+    let skip_w = |t: &Tensor| t.same_storage(&w);
+    let (l1, l2) = weft_core::autocast_with_cache(Some(DType::BF16), false, || {
+        let l = || x.linear(&w, None).unwrap().cast(DType::F32).unwrap().sum_all().unwrap();
+        // a nested region does not turn the cache on again
+        (l(), autocast(Some(DType::BF16), l))
+    });
+    let both = l1.add(&l2).unwrap().graph_bytes(&skip_w);
+    // two copies of w (16 x 8 bf16 each): what the two graphs hold apart
+    assert_eq!(both + 4, l1.graph_bytes(&skip_w) + l2.graph_bytes(&skip_w));
+}

@@ -147,6 +147,11 @@ impl Pipeline {
         &self.params
     }
 
+    /// Whether forwards run without recording and are rebuilt before their backward.
+    pub fn recomputes(&self) -> bool {
+        self.recompute
+    }
+
     /// The micro-batches of `(x, y)`: `micro_batches` equal runs of rows.
     fn split(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let rows = t.shape().first().copied().unwrap_or(0);

@@ -68,7 +68,9 @@ impl Trainer {
             // a pipeline runs forward and backward passes together, micro-batch by micro-batch
             match &self.pipeline {
                 Some(p) => {
-                    let (value, peaks) = weft_core::autocast(self.autocast, || {
+                    // one region for the step's micro-batches: each weight cast once, unless
+                    // they are recomputed (a cache would then keep every chunk's copies)
+                    let (value, peaks) = weft_core::autocast_with_cache(self.autocast, !p.recomputes(), || {
                         p.run_step(x, y, scale, &mut |out, seed, end| {
                             micro_backward(self.replicas(), &|| out.backward_with(seed), end && last)
                         })
