@@ -314,6 +314,10 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
         // the last micro-batch's backward, under which the gradients are reduced
         let backward = stage_backward_time(&u, blocks, first, last);
         let mut e = 0.0;
+        // ZeRO 2 and 3 reduce-scatter every pass's gradients (and stage 3 gathers its units
+        // for every pass); plain data parallelism and ZeRO 1 reduce under the step's last pass
+        let reductions = if zero >= 2 { passes } else { 1.0 };
+        let gathers = if zero == 3 { passes } else { 0.0 };
         if dp > 1 {
             let reduce = if zero >= 2 {
                 gather(p * comm, dp, dp_link)
@@ -325,7 +329,7 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             } else {
                 all_reduce(BUCKET_BYTES.min(p * 4.0), dp, dp_link)
             };
-            e += (reduce - backward).max(last_bucket).min(reduce);
+            e += reductions * (reduce - backward).max(last_bucket).min(reduce);
             if (1..=2).contains(&zero) {
                 e += gather(p * comm, dp, dp_link);
             }
@@ -337,24 +341,23 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
                 let g_root = gather((p - blocks as f64 * block) * comm, dp, dp_link);
                 let fwd_hidden = (g_block - u.block_forward).max(0.0) * blocks as f64;
                 let bwd_hidden = (g_block - 2.0 * u.block_forward).max(0.0) * blocks as f64;
-                e += 2.0 * g_root + fwd_hidden + bwd_hidden;
+                e += gathers * (2.0 * g_root + fwd_hidden + bwd_hidden);
             }
             if let Some(k) = device.shared_compute {
                 // on shared cores nothing hides it: every transfer is CPU work of each of the
                 // node's ranks (they copy and reduce on the CPU), at `k` of them at a time
                 let full = |link: (f64, f64)| {
-                    let mut t = if zero >= 2 {
-                        gather(p * comm, dp, link)
-                    } else {
-                        all_reduce(p * 4.0, dp, link)
-                    };
+                    let mut t = reductions
+                        * if zero >= 2 {
+                            gather(p * comm, dp, link)
+                        } else {
+                            all_reduce(p * 4.0, dp, link)
+                        };
                     if (1..=2).contains(&zero) {
                         t += gather(p * comm, dp, link);
                     }
-                    if zero == 3 {
-                        // every unit gathered for the forward and again for the backward
-                        t += 2.0 * gather(p * comm, dp, link);
-                    }
+                    // every unit gathered for the forward and again for the backward
+                    t += gathers * 2.0 * gather(p * comm, dp, link);
                     t
                 };
                 let per_node = ((dp * tp * pp) as f64).min(device.devices_per_node as f64);

@@ -332,3 +332,35 @@ fn zero_2_and_3_accumulate_their_shard() {
         assert_eq!(s.block_forward, u.block_forward);
     }
 }
+
+#[test]
+fn zero_2_and_3_communicate_for_every_accumulated_pass() {
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    // the same rows a pass, one pass or four a step
+    let one = Workload {
+        global_batch: 16,
+        ..work()
+    };
+    let four = Workload {
+        global_batch: 64,
+        grad_accum: 4,
+        ..work()
+    };
+    for zero in 0..=3 {
+        let layout = Layout {
+            zero,
+            ..plain(8, 1, 1, 1)
+        };
+        let (a, b) = (step_time(&one, &d, &layout), step_time(&four, &d, &layout));
+        // plain data parallelism and ZeRO 1 reduce once a step; ZeRO 2 and 3 reduce-scatter
+        // (what backward does not hide of it) every pass, and ZeRO 3 gathers every pass (the
+        // step's own all-reduces and ZeRO 1-2's gather of the updated parameters are once a
+        // step either way)
+        let ratio = b.exposed_comm / a.exposed_comm;
+        if zero >= 2 {
+            assert!(ratio > 1.1, "zero {zero}: {a:?} {b:?}");
+        } else {
+            assert!((ratio - 1.0).abs() < 1e-9, "zero {zero}: {a:?} {b:?}");
+        }
+    }
+}
