@@ -109,23 +109,8 @@ fn a_parameter_is_cast_once_per_region_and_its_gradient_sums_every_use() {
     let w = randn(&[16, 8], 2).requires_grad_().unwrap();
     let (x1, x2) = (randn(&[4, 8], 1), randn(&[4, 8], 3));
     // two micro-batches in one region (as a pipeline runs them): one bf16 copy of w
-    let (l1, l2) = autocast(Some(DType::BF16), || {
-        let l1 = x1
-            .linear(&w, None)
-            .unwrap()
-            .cast(DType::F32)
-            .unwrap()
-            .sum_all()
-            .unwrap();
-        let l2 = x2
-            .linear(&w, None)
-            .unwrap()
-            .cast(DType::F32)
-            .unwrap()
-            .sum_all()
-            .unwrap();
-        (l1, l2)
-    });
+    let loss = |x: &Tensor| x.linear(&w, None).unwrap().cast(DType::F32).unwrap().sum_all().unwrap();
+    let (l1, l2) = autocast(Some(DType::BF16), || (loss(&x1), loss(&x2)));
     let skip_w = |t: &Tensor| t.same_storage(&w);
     let copy_bytes = 16 * 8 * 2;
     let (b1, b2) = (l1.graph_bytes(&skip_w), l2.graph_bytes(&skip_w));
