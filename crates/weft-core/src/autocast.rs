@@ -16,8 +16,8 @@
 //! the f32 add, as PyTorch computes `x + linear(h)` under autocast.
 //!
 //! Parameters are cast once per region, as PyTorch's autocast cache does: the outermost
-//! [`autocast`] call with a dtype keeps the cast of each f32 leaf that requires grad (a
-//! parameter) made with gradients on, and every later use of that parameter in the region reads
+//! [`autocast`] call with a dtype keeps the cast of each f32 leaf that requires grad and was
+//! made before the region began (a parameter) made with gradients on, and every later use of that parameter in the region reads
 //! the same copy (one autograd node, whose backward adds each use's gradient into the
 //! parameter). A pipeline running all its micro-batches in one region so holds one bf16 copy of
 //! its weights, not one per micro-batch in flight. The region must not change a parameter in
@@ -34,8 +34,13 @@ use crate::error::Result;
 use crate::tensor::{Tensor, TensorId};
 use crate::DType;
 
-/// The casts a region keeps: a parameter's id and the dtype it was cast to, and the cast.
-type Casts = HashMap<(TensorId, DType), Tensor>;
+/// The casts a region keeps: a parameter's id and the dtype it was cast to, and the cast; and
+/// the first id of a tensor made in the region (only tensors made before it are kept: the
+/// parameters, not a pipeline's received activations).
+struct Casts {
+    made: HashMap<(TensorId, DType), Tensor>,
+    region_start: TensorId,
+}
 
 thread_local! {
     static DTYPE: Cell<Option<DType>> = const { Cell::new(None) };
@@ -66,10 +71,23 @@ pub fn autocast_with_cache<R>(dtype: Option<DType>, cache_enabled: bool, f: impl
     }
     let outermost = dtype.is_some() && CASTS.with(|c| c.borrow().is_none());
     if outermost {
-        CASTS.with(|c| *c.borrow_mut() = Some(cache_enabled.then(HashMap::new)));
+        let casts = cache_enabled.then(|| Casts {
+            made: HashMap::new(),
+            region_start: crate::tensor::next_tensor_id(),
+        });
+        CASTS.with(|c| *c.borrow_mut() = Some(casts));
     }
     let _restore = Restore(DTYPE.with(|d| d.replace(dtype)), outermost);
     f()
+}
+
+/// The parameters' casts the region running on this thread keeps (none outside a region or
+/// with its cache off): memory a pipeline counts as its step's.
+pub fn autocast_cached_casts() -> Vec<Tensor> {
+    CASTS.with(|c| match c.borrow().as_ref() {
+        Some(Some(casts)) => casts.made.values().cloned().collect(),
+        _ => Vec::new(),
+    })
 }
 
 /// The autocast dtype in effect on this thread, if any.
@@ -87,16 +105,23 @@ pub(crate) fn low(t: &Tensor) -> Result<Tensor> {
                 return t.cast(d);
             }
             let key = (t.id(), d);
-            if let Some(cast) = CASTS.with(|c| c.borrow().as_ref().and_then(|m| m.as_ref()?.get(&key).cloned())) {
-                return Ok(cast);
-            }
-            let cast = t.cast(d)?;
-            CASTS.with(|c| {
-                if let Some(Some(m)) = c.borrow_mut().as_mut() {
-                    m.insert(key, cast.clone());
-                }
+            let kept = CASTS.with(|c| match c.borrow().as_ref() {
+                Some(Some(casts)) if t.id() < casts.region_start => Some(casts.made.get(&key).cloned()),
+                _ => None,
             });
-            Ok(cast)
+            match kept {
+                None => t.cast(d),
+                Some(Some(cast)) => Ok(cast),
+                Some(None) => {
+                    let cast = t.cast(d)?;
+                    CASTS.with(|c| {
+                        if let Some(Some(casts)) = c.borrow_mut().as_mut() {
+                            casts.made.insert(key, cast.clone());
+                        }
+                    });
+                    Ok(cast)
+                }
+            }
         }
         _ => Ok(t.clone()),
     }

@@ -136,24 +136,37 @@ impl Tensor {
     /// [`Tensor::graph_bytes`] of several graphs together: a storage two of them hold (a
     /// parameter's autocast copy that micro-batches share) counted once.
     pub fn graphs_bytes(roots: &[Tensor], skip: &dyn Fn(&Tensor) -> bool) -> usize {
+        Tensor::graph_storages(roots, skip)
+            .iter()
+            .map(|&(_, bytes)| bytes)
+            .sum()
+    }
+
+    /// The distinct storages the graphs behind `roots` hold (those `skip` returns true for left
+    /// out), each as its address (an identity while it is alive) and its bytes: for a running
+    /// count of what several graphs hold as they come and go.
+    pub fn graph_storages(roots: &[Tensor], skip: &dyn Fn(&Tensor) -> bool) -> Vec<(usize, usize)> {
         let mut storages = crate::storage::DistinctBytes::default();
         let mut seen_tensor = std::collections::HashSet::new();
         let mut stack = roots.to_vec();
-        let mut bytes = 0;
+        let mut out = Vec::new();
         while let Some(t) = stack.pop() {
             // a tensor and its backward handles share an id, not a storage
             if !seen_tensor.insert((t.id(), Arc::as_ptr(t.storage()))) {
                 continue;
             }
             if !skip(&t) {
-                bytes += storages.add(&t);
+                let bytes = storages.add(&t);
+                if bytes > 0 {
+                    out.push((Arc::as_ptr(t.storage()) as usize, bytes));
+                }
             }
             if let Some(node) = &t.0.node {
                 stack.extend(node.inputs.iter().cloned());
                 stack.extend(node.saved.iter().cloned());
             }
         }
-        bytes
+        out
     }
 
     /// Backward from a one-element tensor (seed gradient 1).

@@ -162,12 +162,32 @@ fn with_the_cache_off_every_use_casts_again() {
     let w = randn(&[16, 8], 2).requires_grad_().unwrap();
     let x = randn(&[4, 8], 1);
     let skip_w = |t: &Tensor| t.same_storage(&w);
-    let (l1, l2) = weft_core::autocast_with_cache(Some(DType::BF16), false, || {
-        let l = || x.linear(&w, None).unwrap().cast(DType::F32).unwrap().sum_all().unwrap();
+    let l = || x.linear(&w, None).unwrap().cast(DType::F32).unwrap().sum_all().unwrap();
+    let (l1, l2, l3) = weft_core::autocast_with_cache(Some(DType::BF16), false, || {
         // a nested region does not turn the cache on again
-        (l(), autocast(Some(DType::BF16), l))
+        let (l2, l3) = autocast(Some(DType::BF16), || (l(), l()));
+        (l(), l2, l3)
     });
-    let both = l1.add(&l2).unwrap().graph_bytes(&skip_w);
-    // two copies of w (16 x 8 bf16 each): what the two graphs hold apart
-    assert_eq!(both + 4, l1.graph_bytes(&skip_w) + l2.graph_bytes(&skip_w));
+    assert!(weft_core::autocast_cached_casts().is_empty());
+    // three copies of w (16 x 8 bf16 each): what the three graphs hold apart
+    let all = l1.add(&l2).unwrap().add(&l3).unwrap().graph_bytes(&skip_w);
+    let apart: usize = [&l1, &l2, &l3].iter().map(|l| l.graph_bytes(&skip_w)).sum();
+    // the three losses (4 bytes each, read by no backward) give way to the sum (4 bytes)
+    assert_eq!(all + 8, apart);
+}
+
+#[test]
+fn only_tensors_made_before_the_region_are_kept() {
+    let w = randn(&[16, 8], 2).requires_grad_().unwrap();
+    let x = randn(&[4, 8], 1);
+    autocast(Some(DType::BF16), || {
+        // a pipeline stage's received activations: a leaf that requires grad, made in the region
+        let received = randn(&[4, 8], 3).requires_grad_().unwrap();
+        let _ = x.linear(&w, None).unwrap();
+        let _ = received.linear(&w, None).unwrap();
+        let kept = weft_core::autocast_cached_casts();
+        assert_eq!(kept.len(), 1, "w's cast only");
+        assert_eq!(kept[0].shape(), &[16, 8]);
+    });
+    assert!(weft_core::autocast_cached_casts().is_empty(), "gone with the region");
 }

@@ -241,3 +241,25 @@ fn a_formula_reading_what_autograd_did_not_keep_is_an_error_not_a_panic() {
     let err = out.sum_all().unwrap().backward().unwrap_err().to_string();
     assert!(err.contains("autograd did not keep"), "{err}");
 }
+
+#[test]
+fn a_hook_gets_the_tensor_itself_when_any_node_kept_it() {
+    // h is read by a product's backward (kept) and by a sum's (not kept): whichever the walk
+    // meets first, the hook is handed h with its elements
+    for product_first in [true, false] {
+        let w = param(&[1.0, 2.0], &[2]);
+        let h = w.mul_scalar(3.0).unwrap();
+        let seen: Arc<Mutex<Vec<Vec<f64>>>> = Arc::default();
+        let s = seen.clone();
+        h.register_grad_ready_hook(move |t| s.lock().unwrap().push(t.to_vec_f64()));
+        let product = h.mul(&w).unwrap();
+        let sum = h.add(&w).unwrap();
+        let (a, b) = if product_first { (product, sum) } else { (sum, product) };
+        a.add(&b).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![vec![3.0, 6.0]],
+            "product first: {product_first}"
+        );
+    }
+}

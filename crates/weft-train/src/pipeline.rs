@@ -6,7 +6,7 @@
 //! stage `c p + rank`); the last rank's chunk `c` hands its activations to the first rank's
 //! chunk `c + 1`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use weft_core::storage::Storage;
@@ -40,6 +40,67 @@ pub struct Pipeline {
 }
 
 /// What a stage keeps of a micro-batch between its forward and its backward.
+/// A running count of the bytes the autograd graphs in flight hold together: each storage once
+/// however many graphs reach it, a graph's storages walked once when it is added and forgotten
+/// when it is removed (a step with many micro-batches in flight does not walk them all again at
+/// every pass).
+struct HeldGraphs {
+    /// Per storage address: its bytes and how many held graphs reach it.
+    storages: HashMap<usize, (usize, usize)>,
+    /// The storages of the graph held at each slot.
+    slots: Vec<Vec<(usize, usize)>>,
+    total: usize,
+}
+
+impl HeldGraphs {
+    fn new(slots: usize) -> HeldGraphs {
+        HeldGraphs {
+            storages: HashMap::new(),
+            slots: vec![Vec::new(); slots],
+            total: 0,
+        }
+    }
+
+    /// The graph behind `out` held at `slot` (replacing what was there).
+    fn add(&mut self, slot: usize, out: &Tensor, skip: &dyn Fn(&Tensor) -> bool) {
+        self.remove(slot);
+        let held = Tensor::graph_storages(std::slice::from_ref(out), skip);
+        for &(addr, bytes) in &held {
+            let e = self.storages.entry(addr).or_insert((bytes, 0));
+            if e.1 == 0 {
+                self.total += bytes;
+            }
+            e.1 += 1;
+        }
+        self.slots[slot] = held;
+    }
+
+    /// The graph at `slot` is gone (its backward ran).
+    fn remove(&mut self, slot: usize) {
+        for (addr, _) in std::mem::take(&mut self.slots[slot]) {
+            if let Some(e) = self.storages.get_mut(&addr) {
+                e.1 -= 1;
+                if e.1 == 0 {
+                    self.total -= e.0;
+                    self.storages.remove(&addr);
+                }
+            }
+        }
+    }
+
+    /// The held graphs' bytes, and the autocast copies the step's region keeps that no held
+    /// graph reaches any more.
+    fn bytes(&self, skip: &dyn Fn(&Tensor) -> bool) -> usize {
+        let cached = Tensor::graph_storages(&weft_core::autocast_cached_casts(), skip);
+        self.total
+            + cached
+                .iter()
+                .filter(|(addr, _)| !self.storages.contains_key(addr))
+                .map(|&(_, bytes)| bytes)
+                .sum::<usize>()
+    }
+}
+
 struct Live {
     input: Tensor,
     /// The recorded output; `None` when it is recomputed.
@@ -187,13 +248,9 @@ impl Pipeline {
         let m = self.micro_batches;
         // under recompute, the input each (chunk, micro-batch) keeps, at `c * m + i`
         let (mut held, mut peak) = (vec![0usize; self.chunks() * m], 0usize);
-        // the bytes of the graphs of `live` and of `extra` together (micro-batches share their
-        // parameters' autocast copies) and of the inputs kept for recompute
-        let measure = |live: &[Option<Live>], extra: Option<&Tensor>, held: &[usize]| {
-            let mut roots: Vec<Tensor> = live.iter().flatten().filter_map(|l| l.output.clone()).collect();
-            roots.extend(extra.cloned());
-            Tensor::graphs_bytes(&roots, &is_param) + held.iter().sum::<usize>()
-        };
+        // the graphs held at `c * m + i`, counted together (micro-batches share their
+        // parameters' autocast copies)
+        let mut graphs = HeldGraphs::new(self.chunks() * m);
         let (xs, ys) = (self.split(x)?, self.split(y)?);
         let shape = self.model.activation_shape(xs[0].shape());
         let (stage, stages) = (self.stage(), self.stages());
@@ -235,13 +292,16 @@ impl Pipeline {
                     if self.recompute {
                         held[slot] = input.numel() * input.dtype().size_in_bytes();
                     }
+                    if !self.recompute {
+                        graphs.add(slot, &out, &is_param);
+                    }
                     let output = (!self.recompute).then_some(out);
                     live[slot] = Some(Live {
                         input,
                         output,
                         rng_offset,
                     });
-                    peak = peak.max(measure(&live, None, &held));
+                    peak = peak.max(graphs.bytes(&is_param) + held.iter().sum::<usize>());
                 }
                 Action::Backward(i) => {
                     let Live {
@@ -264,7 +324,8 @@ impl Pipeline {
                             ctx.set_rng_offset(now);
                             let out = out?;
                             held[c * m + i] = 0;
-                            peak = peak.max(measure(&live, Some(&out), &held));
+                            graphs.add(c * m + i, &out, &is_param);
+                            peak = peak.max(graphs.bytes(&is_param) + held.iter().sum::<usize>());
                             out
                         }
                     };
@@ -280,6 +341,7 @@ impl Pipeline {
                         backward(&out, &seed, i + 1 == m)?;
                     }
                     held[c * m + i] = 0;
+                    graphs.remove(c * m + i);
                     if !first {
                         let g = input
                             .grad()
