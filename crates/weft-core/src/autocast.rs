@@ -16,10 +16,10 @@
 //! the f32 add, as PyTorch computes `x + linear(h)` under autocast.
 //!
 //! Parameters are cast once per region, as PyTorch's autocast cache does: the outermost
-//! [`autocast`] call with a dtype keeps the cast of each f32 leaf that requires grad and was
-//! made before the region began (a parameter) made with gradients on, and every later use of that parameter in the region reads
-//! the same copy (one autograd node, whose backward adds each use's gradient into the
-//! parameter). A pipeline running all its micro-batches in one region so holds one bf16 copy of
+//! [`autocast`] call with a dtype keeps the cast, made with gradients on, of each f32 leaf that
+//! requires grad and was made before the region began (a parameter), and every later use of
+//! that parameter in the region reads the same copy (one autograd node, whose backward adds
+//! each use's gradient into the parameter). A pipeline running all its micro-batches in one region so holds one bf16 copy of
 //! its weights, not one per micro-batch in flight. The region must not change a parameter in
 //! place between uses (as in PyTorch, it wraps forward passes, not optimizer steps). Casts made
 //! with gradients off (a recomputation's first forward) or while a graph is being captured
