@@ -383,11 +383,13 @@ fn the_planners_activations_are_what_weft_holds() {
 
 #[test]
 fn an_interleaved_pipelines_activations_are_what_its_stages_held() {
-    // the built-in gpt (4 blocks, f32) at pp = 2 with 2 chunks a stage, 4 micro-batches, and at
-    // 1F1B for reference: each stage's logged peak of activation bytes beside the planner's
+    // the built-in gpt (4 blocks) at pp = 2 with 2 chunks a stage, 4 micro-batches, and at 1F1B
+    // for reference, in f32 and in bf16 (whose micro-batches in flight share one autocast copy
+    // of their stage's weights): each stage's logged peak of activation bytes beside the
+    // planner's
     use weft_plan::{CommDtype, Layout, Schedule};
     let out = temp_dir("plan-interleaved-memory");
-    let built = RunConfig::parse(
+    let mut built = RunConfig::parse(
         weft_train::builtin::CONFIG,
         "built-in",
         std::env::current_dir().unwrap(),
@@ -395,17 +397,21 @@ fn an_interleaved_pipelines_activations_are_what_its_stages_held() {
     )
     .unwrap();
     let shape = weft_train::plan_shape::model_shape(&built.model).unwrap();
-    let work = weft_train::plan_shape::workload(&built, None).unwrap();
-    for (schedule, set) in [
-        (Schedule::Interleaved(2), "parallel.schedule=\"interleaved\""),
-        (Schedule::OneFOneB, "parallel.schedule=\"1f1b\""),
+    for (precision, schedule, set) in [
+        ("f32", Schedule::Interleaved(2), "parallel.schedule=\"interleaved\""),
+        ("f32", Schedule::OneFOneB, "parallel.schedule=\"1f1b\""),
+        ("bf16", Schedule::Interleaved(2), "parallel.schedule=\"interleaved\""),
+        ("bf16", Schedule::OneFOneB, "parallel.schedule=\"1f1b\""),
     ] {
-        let metrics = out.join(format!("{}.jsonl", schedule.name()));
+        built.train.precision = precision.into();
+        let work = weft_train::plan_shape::workload(&built, None).unwrap();
+        let metrics = out.join(format!("{}-{precision}.jsonl", schedule.name()));
         let sets = [
             common::path_set("train.metrics", &metrics),
             "train.steps=1".into(),
             "parallel.pp=2".into(),
             "parallel.micro_batches=4".into(),
+            format!("train.precision=\"{precision}\""),
             set.into(),
         ];
         common::launch_train_ok(2, None, &[], &sets);
@@ -429,12 +435,18 @@ fn an_interleaved_pipelines_activations_are_what_its_stages_held() {
         };
         for (stage, &held) in logged.iter().enumerate() {
             let predicted = weft_plan::memory::stage_memory(&work, &layout, stage).activations;
-            println!("{} stage {stage}: held {held}, predicted {predicted}", schedule.name());
-            // measured: 1F1B within 0.02%, interleaved within 4% (each virtual stage counted
-            // with its own blocks and ends, in the runtime's order of passes)
+            println!(
+                "{} {precision} stage {stage}: held {held}, predicted {predicted}",
+                schedule.name()
+            );
+            // measured: 1F1B within 0.02% (f32) and 0.1% (bf16); interleaved 1.2-5.4% under
+            // (each virtual stage counted with its own blocks and ends, in the runtime's order
+            // of passes; stage 1 holds 256 KB more than counted in both precisions, two f32
+            // micro-batch inputs, a larger share of bf16's smaller total)
+            let within = if schedule.chunks() > 1 { 0.06 } else { 0.01 };
             assert!(
-                (predicted / held - 1.0).abs() < 0.05,
-                "{schedule:?} stage {stage}: {predicted} vs {held}"
+                (predicted / held - 1.0).abs() < within,
+                "{schedule:?} {precision} stage {stage}: {predicted} vs {held}"
             );
         }
     }
