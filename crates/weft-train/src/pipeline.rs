@@ -39,7 +39,6 @@ pub struct Pipeline {
     shared: Vec<String>,
 }
 
-/// What a stage keeps of a micro-batch between its forward and its backward.
 /// A running count of the bytes the autograd graphs in flight hold together: each storage once
 /// however many graphs reach it, a graph's storages walked once when it is added and forgotten
 /// when it is removed (a step with many micro-batches in flight does not walk them all again at
@@ -101,6 +100,7 @@ impl HeldGraphs {
     }
 }
 
+/// What a stage keeps of a micro-batch between its forward and its backward.
 struct Live {
     input: Tensor,
     /// The recorded output; `None` when it is recomputed.
@@ -291,8 +291,7 @@ impl Pipeline {
                     let slot = c * m + i;
                     if self.recompute {
                         held[slot] = input.numel() * input.dtype().size_in_bytes();
-                    }
-                    if !self.recompute {
+                    } else {
                         graphs.add(slot, &out, &is_param);
                     }
                     let output = (!self.recompute).then_some(out);
