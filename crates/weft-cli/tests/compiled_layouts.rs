@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{read_metrics, temp_dir, train_fixture};
+use common::{path_set, read_metrics, temp_dir, train_fixture};
 
 /// Steps of every run: enough for the Adam moments and the warmup to move every step's update.
 const STEPS: usize = 8;
@@ -72,6 +72,67 @@ fn zero_stages_1_and_2_compiled_log_the_eager_losses_bit_for_bit() {
         // stage 2 reduce-scatters each micro-batch's gradients and adds the shards
         let accum = ["parallel.dp=2", &zero, "train.grad_accum=2"];
         same_as_eager(&out, &format!("zero{stage}-accum2"), &accum);
+    }
+}
+
+/// Rank 0's spans of a run's trace: `(name, start µs, end µs)`.
+fn rank0_spans(trace: &Path) -> Vec<(String, f64, f64)> {
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trace).unwrap()).unwrap();
+    doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["pid"] == 0 && e["ph"] == "X")
+        .map(|e| {
+            let ts = e["ts"].as_f64().unwrap();
+            (
+                e["name"].as_str().unwrap().to_string(),
+                ts,
+                ts + e["dur"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn replayed_steps_start_their_gradient_reductions_during_backward() {
+    let out = temp_dir("compiled-overlap");
+    // small buckets, so that the first ones fill early in backward
+    let buckets = ["parallel.first_bucket_mb=0.001", "parallel.bucket_cap_mb=0.001"];
+    for (tag, zero, reduction) in [
+        ("dp2", "parallel.zero=0", "launch all_reduce"),
+        ("zero2", "parallel.zero=2", "launch reduce_scatter"),
+    ] {
+        let trace = out.join(format!("{tag}.json"));
+        let mut layout = vec![
+            "parallel.dp=2".to_string(),
+            zero.to_string(),
+            path_set("train.trace", &trace),
+        ];
+        layout.extend(buckets.iter().map(|s| s.to_string()));
+        let layout: Vec<&str> = layout.iter().map(String::as_str).collect();
+        let (_, err) = train(&out, tag, true, &layout);
+        assert!(err.contains("captured the step"), "{tag}: {err}");
+        let spans = rank0_spans(&trace);
+        let passes: Vec<&(String, f64, f64)> = spans
+            .iter()
+            .filter(|(n, ..)| n == "compiled forward and backward")
+            .collect();
+        assert_eq!(passes.len(), STEPS, "{tag}");
+        // the first step captured the graph (its backward ran eagerly, without hooks); every
+        // replay starts reductions before it ends (without handing the gradients over, all
+        // would start after it, in `gradient sync`)
+        for (step, (_, start, end)) in passes.iter().enumerate().skip(1) {
+            let early = spans
+                .iter()
+                .filter(|(n, s, _)| n == reduction && s > start && s < end)
+                .count();
+            assert!(
+                early > 0,
+                "{tag}: step {}: no {reduction} started during the replay",
+                step + 1
+            );
+        }
     }
 }
 

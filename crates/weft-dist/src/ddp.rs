@@ -24,9 +24,10 @@
 //! copied into its bucket and its averaged slice copied back to the GPU.
 //!
 //! Without hooks ([`DataParallel::new_unhooked`], for a backward that hooks must stay out of,
-//! such as one captured as a graph and replayed): [`DataParallel::finish`] hands the gradients
-//! the parameters hold to the same buckets, in bucket order, after backward has ended, so the
-//! all-reduces no longer overlap it; the averages are the same, bit for bit.
+//! such as one captured as a graph and replayed): the caller hands each gradient over as it is
+//! made ([`DataParallel::hand_gradient`], what the hook would do), and [`DataParallel::finish`]
+//! hands the rest the parameters hold to the same buckets, in bucket order, after backward has
+//! ended (those all-reduces no longer overlap it); the averages are the same, bit for bit.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -182,6 +183,26 @@ impl DataParallel {
         lock(&self.reducer).hooked
     }
 
+    /// Without hooks: parameter `i` (in the order given to [`DataParallel::new_unhooked`]) holds
+    /// its final gradient of this backward; hands it to its bucket now, as its hook would (a
+    /// full bucket starts its all-reduce). [`DataParallel::finish`] takes the gradients not
+    /// handed over this way. An error (a second gradient, one that does not match the
+    /// parameter, an index out of range) is reported by `finish`, as a hook's is. Inside
+    /// [`DataParallel::no_sync`] this does nothing.
+    pub fn hand_gradient(&self, i: usize) {
+        let mut r = lock(&self.reducer);
+        match r.params.get(i).map(|(_, p)| p.clone()) {
+            Some(p) => r.gradient_ready(i, &p),
+            None if r.error.is_none() => {
+                let n = r.params.len();
+                r.error = Some(Error::Invalid(format!(
+                    "data parallel: hand_gradient({i}) names no parameter (there are {n})"
+                )));
+            }
+            None => {}
+        }
+    }
+
     /// The parameter names of each bucket, in the order their all-reduces start.
     pub fn buckets(&self) -> Vec<Vec<String>> {
         let r = lock(&self.reducer);
@@ -297,12 +318,13 @@ impl Bucket {
 
 impl Reducer {
     /// What the hooks would have done during backward, after it: every parameter holding a
-    /// gradient hands it to its bucket, buckets in order (so each starts as soon as it is full).
+    /// gradient not handed over yet hands it to its bucket, buckets in order (so each starts as
+    /// soon as it is full).
     fn take_held_gradients(&mut self) {
         let order: Vec<usize> = self.buckets.iter().flat_map(|b| b.members.clone()).collect();
         for i in order {
             let p = self.params[i].1.clone();
-            if p.grad().is_some() {
+            if p.grad().is_some() && !self.ready[i] {
                 self.gradient_ready(i, &p);
             }
         }
@@ -361,6 +383,7 @@ impl Reducer {
     }
 
     fn launch(&mut self, b: usize) -> Result<()> {
+        let _s = crate::trace::span("compute", "launch all_reduce");
         let bucket = &mut self.buckets[b];
         let buffer = bucket.buffer()?;
         // parameters without a gradient here (allowed by find_unused_parameters) count as zero

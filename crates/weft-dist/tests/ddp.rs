@@ -190,3 +190,36 @@ fn unused_parameters_count_as_zero_when_allowed() {
         assert!(net.get("w1").grad().is_some(), "rank {r}");
     });
 }
+
+#[test]
+fn without_hooks_gradients_handed_over_early_and_the_rest_give_the_same_averages() {
+    let reference = Net::new(11);
+    let x = batch(8, 4);
+    reference.loss(&x, true).backward().unwrap();
+    let want = reference.grads();
+    ranks(2, T, |pg| {
+        let r = pg.rank();
+        let net = Net::new(11);
+        let ddp = DataParallel::new_unhooked(net.params.clone(), &pg, small_buckets()).unwrap();
+        for step in 0..2 {
+            net.loss(&share(&x, r, 4), true).backward().unwrap();
+            // "extra" and "w2" (the first bucket) handed over at once; finish takes the rest
+            ddp.hand_gradient(3);
+            ddp.hand_gradient(2);
+            ddp.finish().unwrap();
+            assert_grads(&net, &want, &format!("rank {r} step {step}"));
+            net.params.iter().for_each(|(_, p)| p.set_grad(None));
+        }
+        // handing one over twice, or one that is not there, is an error of finish, on every rank
+        net.loss(&share(&x, r, 4), true).backward().unwrap();
+        ddp.hand_gradient(if r == 0 { 1 } else { 9 });
+        ddp.hand_gradient(1);
+        let e = ddp.finish().unwrap_err().to_string();
+        let named = if r == 0 {
+            "\"b1\" got a second gradient"
+        } else {
+            "hand_gradient(9)"
+        };
+        assert!(e.contains(named), "rank {r}: {e}");
+    });
+}

@@ -26,6 +26,21 @@ impl Replicas {
             Replicas::Sharded(zero) => zero.hooked(),
         }
     }
+
+    /// Without hooks: parameter `i` (the trainer's registration order) holds its final gradient
+    /// of this backward; the wrapper takes it now, as its hook would.
+    pub(crate) fn hand_gradient(&self, i: usize) {
+        match self {
+            Replicas::Plain(ddp) => ddp.hand_gradient(i),
+            Replicas::Sharded(zero) => zero.hand_gradient(i),
+        }
+    }
+
+    /// Whether a backward's gradients go to the wrapper at once (ZeRO stages 2 and 3, which
+    /// reduce-scatter every micro-batch's), or only on the step's last micro-batch.
+    pub(crate) fn reduces_every_backward(&self) -> bool {
+        matches!(self, Replicas::Sharded(zero) if zero.stage() >= 2)
+    }
 }
 
 /// Gathers and frees a unit's parameters around its forward (ZeRO stage 3).

@@ -5,7 +5,7 @@ use super::autotune::{Autotune, TuneReport};
 use super::ir::Graph;
 use super::passes::{optimize, PassReport};
 use super::remat::{rematerialize, RematReport};
-use super::run::{Draws, Prepared};
+use super::run::{all_present, Draws, Prepared, Ready};
 use super::trace::{trace_with, CaptureError};
 use crate::error::Result;
 use crate::{DType, Device, Tensor};
@@ -111,7 +111,7 @@ impl GraphCache {
     /// every call. A function that draws random numbers is refused: see
     /// [`GraphCache::call_with_stream`].
     pub fn call(&mut self, inputs: &[Tensor], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) -> Result<Vec<Tensor>> {
-        self.call_inner(inputs, None, f)
+        self.call_inner(inputs, None, f, None).and_then(all_present)
     }
 
     /// [`GraphCache::call`] for a function that draws random numbers (dropout masks, random
@@ -126,7 +126,24 @@ impl GraphCache {
         stream: &dyn RandomSource,
         f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
     ) -> Result<Vec<Tensor>> {
-        self.call_inner(inputs, Some(stream), f)
+        self.call_inner(inputs, Some(stream), f, None).and_then(all_present)
+    }
+
+    /// [`GraphCache::call_with_stream`] (with no stream: [`GraphCache::call`]) whose replay hands
+    /// result `k` to `ready(k, result)` as soon as it is made, when nothing later in the graph
+    /// reads it or can change it (a training step's gradients, so that their reduction can
+    /// start while the rest of backward runs); the replay then holds it no longer. Returns the
+    /// results, `None` for those `ready` got. It gets none when the call captured the graph,
+    /// ran eagerly or searched kernel variants, nor a result whose buffer something else held
+    /// when it was made.
+    pub fn call_handing(
+        &mut self,
+        inputs: &[Tensor],
+        stream: Option<&dyn RandomSource>,
+        ready: &mut Ready,
+        f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        self.call_inner(inputs, stream, f, Some(ready))
     }
 
     fn call_inner(
@@ -134,10 +151,12 @@ impl GraphCache {
         inputs: &[Tensor],
         stream: Option<&dyn RandomSource>,
         f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
-    ) -> Result<Vec<Tensor>> {
+        ready: Option<&mut Ready>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let none_handed = |out: Vec<Tensor>| out.into_iter().map(Some).collect();
         if let Some(reason) = &self.refused {
             self.last = Some(Outcome::Eager(reason.clone()));
-            return f(inputs);
+            return f(inputs).map(none_handed);
         }
         let sig = signature(inputs);
         if let Some(pos) = self.cache.iter().position(|(s, _)| *s == sig) {
@@ -164,9 +183,12 @@ impl GraphCache {
                 let (outputs, report) = search(prepared, inputs, at)?;
                 self.tuned.push(sig);
                 self.tune_report = Some(report);
-                return Ok(outputs);
+                return Ok(none_handed(outputs));
             }
-            return prepared.run(inputs, at);
+            return match ready {
+                Some(ready) => prepared.run_handing(inputs, at, ready),
+                None => prepared.run(inputs, at).map(none_handed),
+            };
         }
         let base = stream.map(|s| s.offset());
         let (outputs, captured) = trace_with(inputs, stream.is_some(), f)?;
@@ -200,7 +222,7 @@ impl GraphCache {
                 self.last = Some(Outcome::Eager(e.reason));
             }
         }
-        Ok(outputs)
+        Ok(none_handed(outputs))
     }
 
     /// Why calls run eagerly, once a capture was refused.

@@ -35,6 +35,7 @@ pub use autotune::{Autotune, TuneEntry, TuneReport};
 pub use compile::{compile, Compiled, GraphCache, Outcome, RandomSource};
 pub use ir::{Graph, Node, Source, Value, ValueId};
 pub use pointwise::ReplayStats;
+pub use run::Ready;
 pub use trace::{trace, CaptureError};
 
 pub(crate) use trace::{

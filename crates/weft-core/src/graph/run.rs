@@ -19,6 +19,9 @@ pub(crate) struct Prepared {
     pub(crate) graph: Graph,
     schedule: Schedule,
     is_output: Vec<bool>,
+    /// Per value: its position among the results when a replay may hand it over as soon as it
+    /// is computed (see [`Prepared::run_handing`]).
+    early: Vec<Option<usize>>,
     /// What the latest replay did with its fusion groups.
     stats: Mutex<ReplayStats>,
     /// The stream's offset when the graph was captured, and the counters one call takes.
@@ -65,10 +68,12 @@ impl Prepared {
     pub(crate) fn new(graph: Graph) -> Prepared {
         let (_, is_output) = graph.lifetimes();
         let schedule = Schedule::new(&graph, &is_output);
+        let early = early_results(&graph, &schedule);
         Prepared {
             graph,
             schedule,
             is_output,
+            early,
             stats: Mutex::new(ReplayStats::default()),
             draws: None,
         }
@@ -87,6 +92,36 @@ impl Prepared {
     /// [`Prepared::run`] with `exec(node index, op, inputs)` running each node (its random
     /// draws already moved to start at `at`).
     pub(crate) fn run_each(&self, inputs: &[Tensor], at: Option<u64>, exec: &mut Exec) -> Result<Vec<Tensor>> {
+        all_present(self.replay(inputs, at, exec, None)?)
+    }
+
+    /// [`Prepared::run`] that calls `ready(k, result)` for result `k` as soon as the replay has
+    /// made it, when nothing the replay does later can touch it: a value a node computes that no
+    /// later node reads, that is no other result, and whose buffer nothing else holds at that
+    /// moment. (A training step's gradients are such results: a data-parallel reduction can
+    /// start on each while the rest of backward runs.) The replay keeps no reference to a
+    /// result it handed over. Returns the results, `None` for those `ready` got.
+    pub(crate) fn run_handing(
+        &self,
+        inputs: &[Tensor],
+        at: Option<u64>,
+        ready: &mut Ready,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let hand = Handing {
+            early: &self.early,
+            ready,
+        };
+        self.replay(inputs, at, &mut |_, op, args| crate::ops::execute(op, args), Some(hand))
+    }
+
+    /// The replay behind [`Prepared::run_each`] and [`Prepared::run_handing`].
+    fn replay(
+        &self,
+        inputs: &[Tensor],
+        at: Option<u64>,
+        exec: &mut Exec,
+        hand: Option<Handing>,
+    ) -> Result<Vec<Option<Tensor>>> {
         let shift = self.draws.zip(at).map(|(d, at)| (d.base, at));
         let mut exec_moved =
             |i: usize, op: &Op, args: &[&Tensor]| match shift.and_then(|(from, to)| moved(op, from, to)) {
@@ -95,14 +130,48 @@ impl Prepared {
             };
         let (outputs, stats) = self
             .graph
-            .run_with(&self.schedule, &self.is_output, inputs, &mut exec_moved)?;
+            .run_with(&self.schedule, &self.is_output, inputs, &mut exec_moved, hand)?;
         *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
         Ok(outputs)
     }
 }
 
+/// The results of a replay that handed none over.
+pub(crate) fn all_present(outputs: Vec<Option<Tensor>>) -> Result<Vec<Tensor>> {
+    outputs
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| invalid("graph", "a replay that hands no result over returned none for one"))
+}
+
 /// Runs one node: `(node index, op, inputs) -> outputs`.
 pub(crate) type Exec<'a> = dyn FnMut(usize, &Op, &[&Tensor]) -> Result<Vec<Tensor>> + 'a;
+
+/// Takes result `k` of a replay as soon as it is made: `(k, result)`.
+pub type Ready<'a> = dyn FnMut(usize, &Tensor) -> Result<()> + 'a;
+
+/// The results a replay hands over early: per value its result position, and where to.
+struct Handing<'a, 'b> {
+    early: &'a [Option<usize>],
+    ready: &'a mut Ready<'b>,
+}
+
+/// Per value of `g`: its position among the results when a replay may hand it over as soon as
+/// its node has run: computed by a node, read by no node, and a result once only.
+fn early_results(g: &Graph, schedule: &Schedule) -> Vec<Option<usize>> {
+    let mut early = vec![None; g.values.len()];
+    let mut seen = vec![0usize; g.values.len()];
+    for &v in &g.outputs {
+        seen[v] += 1;
+    }
+    for (k, &v) in g.outputs.iter().enumerate() {
+        let computed = matches!(g.values[v].source, Source::Node { .. });
+        if computed && seen[v] == 1 && schedule.last[v].is_none() {
+            early[v] = Some(k);
+        }
+    }
+    early
+}
 
 impl Graph {
     /// Runs the graph on `inputs` (the shapes and dtypes it was captured with) and returns its
@@ -117,9 +186,14 @@ impl Graph {
     pub fn run_stats(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, ReplayStats)> {
         let (_, is_output) = self.lifetimes();
         let schedule = Schedule::new(self, &is_output);
-        self.run_with(&schedule, &is_output, inputs, &mut |_, op, args| {
-            crate::ops::execute(op, args)
-        })
+        let (outputs, stats) = self.run_with(
+            &schedule,
+            &is_output,
+            inputs,
+            &mut |_, op, args| crate::ops::execute(op, args),
+            None,
+        )?;
+        Ok((all_present(outputs)?, stats))
     }
 
     /// For each value, the last node that reads it, and whether it is a result.
@@ -133,15 +207,19 @@ impl Graph {
 
     /// Runs the graph, each node through `exec` (fused groups as one pass); `schedule`: how
     /// each node runs and the step after which each value is dropped, `is_output[v]`: whether
-    /// value `v` is a result.
+    /// value `v` is a result; `hand`: results to hand over as soon as they are made (see
+    /// [`Prepared::run_handing`]). Returns the results (`None` for those handed over) and the
+    /// fusion groups' statistics.
     fn run_with(
         &self,
         schedule: &Schedule,
         is_output: &[bool],
         inputs: &[Tensor],
         exec: &mut Exec,
-    ) -> Result<(Vec<Tensor>, ReplayStats)> {
+        mut hand: Option<Handing>,
+    ) -> Result<(Vec<Option<Tensor>>, ReplayStats)> {
         self.check_inputs(inputs)?;
+        let mut handed = vec![false; self.outputs.len()];
         let last = &schedule.last;
         let mut stats = ReplayStats::default();
         let mut slots: Vec<Option<Tensor>> = vec![None; self.values.len()];
@@ -222,11 +300,22 @@ impl Graph {
                     slots[v] = None;
                 }
             }
+            if let Some(h) = hand.as_mut() {
+                for &v in &node.outputs {
+                    let Some(k) = h.early[v] else { continue };
+                    // a view of a buffer something else still holds is returned at the end
+                    if let Some(t) = slots[v].take_if(|t| Arc::strong_count(t.storage()) == 1) {
+                        (h.ready)(k, &t)?;
+                        handed[k] = true;
+                    }
+                }
+            }
         }
         let results = self
             .outputs
             .iter()
-            .map(|&v| get(&slots, v))
+            .zip(&handed)
+            .map(|(&v, &gone)| if gone { Ok(None) } else { get(&slots, v).map(Some) })
             .collect::<Result<Vec<_>>>()?;
         drop(slots);
         // Inputs and parameters come back as themselves, as eagerly. A constant, or a computed
@@ -234,14 +323,18 @@ impl Graph {
         // parameter), would be a fresh buffer eagerly: it gets its own copy.
         let mut owned = Vec::with_capacity(results.len());
         for (k, (t, &v)) in results.iter().zip(&self.outputs).enumerate() {
+            let Some(t) = t else {
+                owned.push(None);
+                continue;
+            };
             let copy = match self.values[v].source {
                 Source::Input(_) | Source::External(_) => false,
                 Source::Constant(_) => true,
                 Source::Node { .. } => {
-                    Arc::strong_count(t.storage()) > 1 || results[..k].iter().any(|r| r.same_storage(t))
+                    Arc::strong_count(t.storage()) > 1 || results[..k].iter().flatten().any(|r| r.same_storage(t))
                 }
             };
-            owned.push(if copy { t.contiguous_copy()? } else { t.clone() });
+            owned.push(Some(if copy { t.contiguous_copy()? } else { t.clone() }));
         }
         Ok((owned, stats))
     }

@@ -361,3 +361,69 @@ fn random_draws_replay_along_their_stream_bit_for_bit() {
         assert!(reason.contains("not from the function's random stream"), "{reason}");
     }
 }
+
+/// Two layers: loss, both weights' gradients, the hidden activation and the input.
+fn two_layer_step(w1: &Tensor, w2: &Tensor, xs: &[Tensor]) -> Result<Vec<Tensor>> {
+    w1.set_grad(None);
+    w2.set_grad(None);
+    let h = xs[0].linear(w1, None)?.gelu()?;
+    let loss = h.linear(w2, None)?.tanh()?.mean_all()?;
+    loss.backward()?;
+    Ok(vec![
+        loss.detach(),
+        w1.grad().unwrap(),
+        w2.grad().unwrap(),
+        h.detach(),
+        xs[0].clone(),
+    ])
+}
+
+#[test]
+fn a_replay_hands_over_each_result_no_later_node_reads_as_soon_as_it_is_made() {
+    let (w1e, w2e) = (leaf(&[6, 5], 1), leaf(&[3, 6], 2));
+    let (w1c, w2c) = (
+        w1e.detach().contiguous_copy().unwrap().requires_grad_().unwrap(),
+        w2e.detach().contiguous_copy().unwrap().requires_grad_().unwrap(),
+    );
+    let mut cache = GraphCache::default();
+    for call in 0..3 {
+        let x = randn(&[4, 5], 30 + call);
+        let eager = two_layer_step(&w1e, &w2e, std::slice::from_ref(&x)).unwrap();
+        let mut got: Vec<(usize, Tensor)> = Vec::new();
+        let mut ready = |k: usize, t: &Tensor| -> Result<()> {
+            got.push((k, t.clone()));
+            Ok(())
+        };
+        let out = cache
+            .call_handing(std::slice::from_ref(&x), None, &mut ready, |xs| {
+                two_layer_step(&w1c, &w2c, xs)
+            })
+            .unwrap();
+        let handed: Vec<bool> = out.iter().map(Option::is_none).collect();
+        // every result, whether handed over or returned, is eager's
+        let mut all: Vec<Option<Tensor>> = out.clone();
+        for (k, t) in &got {
+            all[*k] = Some(t.clone());
+        }
+        for (e, r) in eager.iter().zip(&all) {
+            assert_eq!(bits(e), bits(r.as_ref().unwrap()), "call {call}");
+        }
+        if call == 0 {
+            // the capture runs the function eagerly: nothing is handed over
+            assert!(got.is_empty() && handed.iter().all(|h| !h));
+            continue;
+        }
+        // the gradients are handed over in the order backward makes them (the second layer's
+        // first, although it is the later result), the loss before both; the activation (read by
+        // the second layer) and the input are not
+        let order: Vec<usize> = got.iter().map(|(k, _)| *k).collect();
+        assert_eq!(order, vec![0, 2, 1], "call {call}");
+        assert_eq!(handed, vec![true, true, true, false, false]);
+        // the replay let go of what it handed over: the receiver holds the only reference
+        for (k, t) in &got {
+            assert_eq!(Arc::strong_count(t.storage()), 1, "result {k}");
+        }
+        let (h, input) = (out[3].as_ref().unwrap(), out[4].as_ref().unwrap());
+        assert!(input.same_storage(&x) && !got.iter().any(|(_, t)| t.same_storage(h)));
+    }
+}

@@ -168,20 +168,29 @@ impl Engine {
     }
 
     /// What the hooks would have done during backward, after it (no hooks registered): every
-    /// parameter holding a gradient hands it over, last parameter first as backward produces
-    /// them; each unit is flattened and its reduce-scatter started, in reduction order, as soon
-    /// as all of its gradients are in. A parameter without a gradient stays missing (the error
-    /// `finish` reports).
+    /// parameter holding a gradient not handed over yet hands it over, last parameter first as
+    /// backward produces them; each unit is flattened and its reduce-scatter started, in
+    /// reduction order, as soon as all of its gradients are in. A parameter without a gradient
+    /// stays missing (the error `finish` reports).
     fn take_held_gradients(&mut self) {
         for i in (0..self.params.len()).rev() {
-            if self.params[i].1.grad().is_some() {
+            if self.params[i].1.grad().is_some() && !self.ready[i] {
                 self.gradient_ready(i);
             }
         }
     }
 
-    fn gradient_ready(&mut self, i: usize) {
+    /// Parameter `i`'s gradient is final for this backward (its hook, or a caller without
+    /// hooks); an error is kept for `finish`.
+    pub fn gradient_ready(&mut self, i: usize) {
         if self.error.is_some() {
+            return;
+        }
+        if i >= self.params.len() {
+            self.error = Some(Error::Invalid(format!(
+                "zero: gradient {i} names no parameter (there are {})",
+                self.params.len()
+            )));
             return;
         }
         if let Err(e) = self.take_gradient(i) {

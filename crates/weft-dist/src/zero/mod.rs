@@ -192,6 +192,19 @@ impl ShardedDataParallel {
         }
     }
 
+    /// Without hooks (stages 1 and 2): parameter `i` (in the order given to
+    /// [`ShardedDataParallel::new_unhooked`]) holds its final gradient of this backward; hands it
+    /// over now, as its hook would: at stage 1 into its data-parallel bucket, at stage 2 into
+    /// its unit, whose reduce-scatter starts once the unit is complete (and earlier units have
+    /// started). [`ShardedDataParallel::finish`] and [`ShardedDataParallel::accumulate`] take
+    /// the gradients not handed over this way; errors are reported there.
+    pub fn hand_gradient(&self, i: usize) {
+        match &self.ddp {
+            Some(ddp) => ddp.hand_gradient(i),
+            None => lock(&self.engine).gradient_ready(i),
+        }
+    }
+
     pub fn stage(&self) -> usize {
         lock(&self.engine).stage
     }

@@ -1,6 +1,8 @@
 //! `[train] compile = true`: a micro-batch's forward, loss and backward captured once as a graph
 //! (`weft_core::graph`) and replayed at later steps. Clipping and the optimizer's update run as
-//! in eager mode after it (each is already one fused pass per parameter).
+//! in eager mode after it (each is already one fused pass per parameter). Under data
+//! parallelism the replay hands each gradient to the wrapper as soon as it is made, so that its
+//! reduction overlaps the rest of backward as the eager hooks' do.
 
 use std::cell::RefCell;
 
@@ -131,8 +133,17 @@ impl Trainer {
 
     /// One micro-batch through the compiled step: the loss (its value) and each parameter's
     /// gradient, the backward seeded with `scale` when given (a micro-batch of an accumulated
-    /// step) and added to what earlier micro-batches left, as eager `backward` would.
-    pub(crate) fn compiled_micro_step(&mut self, x: &Tensor, y: &Tensor, scale: Option<f64>) -> Result<f64> {
+    /// step) and added to what earlier micro-batches left, as eager `backward` would. With a
+    /// data-parallel wrapper, each gradient a replay makes is installed and handed to it at
+    /// once, as its hook would be: on the step's `last` micro-batch, or on every one at ZeRO
+    /// stage 2 (the gradients it cannot hand over early are taken by `finish` or `accumulate`).
+    pub(crate) fn compiled_micro_step(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        scale: Option<f64>,
+        last: bool,
+    ) -> Result<f64> {
         let Some(compiled) = self.compiled.as_mut() else {
             return Err(Error::Run("the compiled step is off".into()));
         };
@@ -143,14 +154,50 @@ impl Trainer {
         let before: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
         let (model, autocast) = (self.model.as_ref(), self.autocast);
         let has_grad = RefCell::new(None);
-        // dropout draws from the model's stream: replays move their masks along it
-        let outputs = compiled
-            .cache
-            .call_with_stream(&[x.clone(), y.clone()], model.context(), |xs| {
-                let (out, mask) = loss_and_grads(model, params, autocast, scale, xs)?;
-                *has_grad.borrow_mut() = Some(mask);
-                Ok(out)
+        // result k > 0 is the gradient of parameter result_param[k - 1] (as the last capture saw)
+        let result_param: Vec<usize> = (0..params.len())
+            .filter(|&i| compiled.has_grad.get(i).copied().unwrap_or(false))
+            .collect();
+        let replicas = self
+            .data_parallel
+            .as_ref()
+            .map(|(_, r)| r)
+            .filter(|r| last || r.reduces_every_backward());
+        // the loss when the replay hands it over early
+        let mut early_loss = None;
+        // a gradient made: on its parameter (added to what earlier micro-batches left), then to
+        // the wrapper
+        let mut ready = |k: usize, grad: &Tensor| -> weft_core::Result<()> {
+            let Some(j) = k.checked_sub(1) else {
+                early_loss = Some(grad.clone());
+                return Ok(());
+            };
+            let &i = result_param.get(j).ok_or_else(|| weft_core::Error::Invalid {
+                op: "compiled step",
+                msg: format!(
+                    "result {k} is no parameter's gradient ({} were captured)",
+                    result_param.len()
+                ),
             })?;
+            let p = &params[i];
+            p.set_grad(Some(match &before[i] {
+                Some(prev) => prev.add(grad)?,
+                None => grad.clone(),
+            }));
+            if let Some(r) = replicas {
+                r.hand_gradient(i);
+            }
+            Ok(())
+        };
+        // dropout draws from the model's stream: replays move their masks along it
+        let outputs =
+            compiled
+                .cache
+                .call_handing(&[x.clone(), y.clone()], Some(model.context()), &mut ready, |xs| {
+                    let (out, mask) = loss_and_grads(model, params, autocast, scale, xs)?;
+                    *has_grad.borrow_mut() = Some(mask);
+                    Ok(out)
+                })?;
         if let Some(mask) = has_grad.into_inner() {
             compiled.has_grad = mask;
         }
@@ -162,12 +209,16 @@ impl Trainer {
         let mut results = outputs.into_iter();
         let loss = results
             .next()
+            .and_then(|l| l.or(early_loss))
             .ok_or_else(|| Error::Run("the compiled step returned no loss".into()))?;
         for ((p, had), prev) in compiled.params.iter().zip(&compiled.has_grad).zip(before) {
             let grad = if *had {
-                results
-                    .next()
-                    .ok_or_else(|| Error::Run("the compiled step returned too few gradients".into()))?
+                match results.next() {
+                    Some(Some(grad)) => grad,
+                    // installed and handed over when the replay made it
+                    Some(None) => continue,
+                    None => return Err(Error::Run("the compiled step returned too few gradients".into())),
+                }
             } else {
                 p.set_grad(prev);
                 continue;

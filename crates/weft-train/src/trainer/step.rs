@@ -83,7 +83,7 @@ impl Trainer {
                 }
                 None if compiled => {
                     let _s = span("compute", "compiled forward and backward");
-                    local_sum += self.compiled_micro_step(x, y, (k > 1).then_some(scale))?;
+                    local_sum += self.compiled_micro_step(x, y, (k > 1).then_some(scale), last)?;
                     // as `micro_backward` after an eager backward: plain data parallelism and
                     // ZeRO stage 1 keep the sum locally (their wrappers have no hooks here);
                     // stage 2 reduce-scatters each micro-batch's gradients and adds the shards
