@@ -99,14 +99,18 @@ fn replayed_steps_start_their_gradient_reductions_during_backward() {
     let out = temp_dir("compiled-overlap");
     // small buckets, so that the first ones fill early in backward
     let buckets = ["parallel.first_bucket_mb=0.001", "parallel.bucket_cap_mb=0.001"];
-    for (tag, zero, reduction) in [
-        ("dp2", "parallel.zero=0", "launch all_reduce"),
-        ("zero2", "parallel.zero=2", "launch reduce_scatter"),
+    for (tag, zero, accum, reduction) in [
+        ("dp2", 0, 1, "launch all_reduce"),
+        ("dp2-accum2", 0, 2, "launch all_reduce"),
+        ("zero1", 1, 1, "launch all_reduce"),
+        ("zero2", 2, 1, "launch reduce_scatter"),
+        ("zero2-accum2", 2, 2, "launch reduce_scatter"),
     ] {
         let trace = out.join(format!("{tag}.json"));
         let mut layout = vec![
             "parallel.dp=2".to_string(),
-            zero.to_string(),
+            format!("parallel.zero={zero}"),
+            format!("train.grad_accum={accum}"),
             path_set("train.trace", &trace),
         ];
         layout.extend(buckets.iter().map(|s| s.to_string()));
@@ -114,24 +118,30 @@ fn replayed_steps_start_their_gradient_reductions_during_backward() {
         let (_, err) = train(&out, tag, true, &layout);
         assert!(err.contains("captured the step"), "{tag}: {err}");
         let spans = rank0_spans(&trace);
-        let passes: Vec<&(String, f64, f64)> = spans
-            .iter()
-            .filter(|(n, ..)| n == "compiled forward and backward")
-            .collect();
-        assert_eq!(passes.len(), STEPS, "{tag}");
-        // the first step captured the graph (its backward ran eagerly, without hooks); every
-        // replay starts reductions before it ends (without handing the gradients over, all
-        // would start after it, in `gradient sync`)
-        for (step, (_, start, end)) in passes.iter().enumerate().skip(1) {
-            let early = spans
+        let named = |name: &str| -> Vec<(f64, f64)> {
+            spans
                 .iter()
-                .filter(|(n, s, _)| n == reduction && s > start && s < end)
-                .count();
-            assert!(
-                early > 0,
-                "{tag}: step {}: no {reduction} started during the replay",
-                step + 1
-            );
+                .filter(|(n, ..)| n == name)
+                .map(|(_, s, e)| (*s, *e))
+                .collect()
+        };
+        let (steps, passes) = (named("step"), named("compiled forward and backward"));
+        assert_eq!((steps.len(), passes.len()), (STEPS, STEPS * accum), "{tag}");
+        // the first step captured the graph (its first backward ran eagerly, without hooks);
+        // in every later step the last micro-batch's replay (at ZeRO-2 every one) starts
+        // reductions before it ends (without handing the gradients over, all would start
+        // after it, in `gradient sync` or `accumulate`)
+        for (step, (s0, s1)) in steps.iter().enumerate().skip(1) {
+            let mine: Vec<&(f64, f64)> = passes.iter().filter(|(s, e)| s >= s0 && e <= s1).collect();
+            assert_eq!(mine.len(), accum, "{tag}: step {}", step + 1);
+            let reducing = if zero == 2 { &mine[..] } else { &mine[accum - 1..] };
+            for (j, (start, end)) in reducing.iter().enumerate() {
+                let early = spans
+                    .iter()
+                    .filter(|(n, s, _)| n == reduction && s > start && s < end)
+                    .count();
+                assert!(early > 0, "{tag}: step {}: no {reduction} during replay {j}", step + 1);
+            }
         }
     }
 }

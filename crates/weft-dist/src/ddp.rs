@@ -110,10 +110,11 @@ impl DataParallel {
     }
 
     /// As [`DataParallel::new`] without registering the gradient hooks: backward passes run
-    /// without side effects (they can be captured as a graph), and [`DataParallel::finish`] takes
-    /// the gradients the parameters hold after backward, bucket by bucket in the order the hooks
-    /// would start them (no overlap with backward; the same averages). [`DataParallel::attach_hooks`]
-    /// registers them later.
+    /// without side effects (they can be captured as a graph). The caller hands gradients over
+    /// as they are made ([`DataParallel::hand_gradient`]), and [`DataParallel::finish`] takes
+    /// those the parameters hold that were not, bucket by bucket in the order the hooks would
+    /// start them (those do not overlap backward; the averages are the same).
+    /// [`DataParallel::attach_hooks`] registers the hooks later.
     pub fn new_unhooked(params: Vec<(String, Tensor)>, pg: &ProcessGroup, options: DdpOptions) -> Result<DataParallel> {
         for (name, p) in &params {
             if !p.is_contiguous() || !p.dtype().is_float() {
@@ -187,19 +188,32 @@ impl DataParallel {
     /// its final gradient of this backward; hands it to its bucket now, as its hook would (a
     /// full bucket starts its all-reduce). [`DataParallel::finish`] takes the gradients not
     /// handed over this way. An error (a second gradient, one that does not match the
-    /// parameter, an index out of range) is reported by `finish`, as a hook's is. Inside
+    /// parameter, an index out of range, a wrapper whose hooks are registered, which take every
+    /// gradient themselves) is reported by `finish`, as a hook's is. Inside
     /// [`DataParallel::no_sync`] this does nothing.
     pub fn hand_gradient(&self, i: usize) {
         let mut r = lock(&self.reducer);
-        match r.params.get(i).map(|(_, p)| p.clone()) {
-            Some(p) => r.gradient_ready(i, &p),
-            None if r.error.is_none() => {
-                let n = r.params.len();
-                r.error = Some(Error::Invalid(format!(
-                    "data parallel: hand_gradient({i}) names no parameter (there are {n})"
-                )));
+        if !r.sync || r.error.is_some() {
+            return;
+        }
+        let n = r.params.len();
+        let wrong = if r.hooked {
+            Some(format!(
+                "data parallel: hand_gradient({i}) on a wrapper whose hooks are registered (they take every gradient)"
+            ))
+        } else if i >= n {
+            Some(format!(
+                "data parallel: hand_gradient({i}) names no parameter (there are {n})"
+            ))
+        } else {
+            None
+        };
+        match wrong {
+            Some(msg) => r.error = Some(Error::Invalid(msg)),
+            None => {
+                let p = r.params[i].1.clone();
+                r.gradient_ready(i, &p);
             }
-            None => {}
         }
     }
 
@@ -230,7 +244,8 @@ impl DataParallel {
     /// After a synchronised backward: starts the buckets still waiting (those with parameters
     /// that got no gradient, when that is allowed), waits for every all-reduce and sets each
     /// gradient to the group's average. Without hooks, first takes every gradient the parameters
-    /// hold, in bucket order (what backward and earlier `no_sync` passes accumulated). Without
+    /// hold that was not handed over, in bucket order (what backward and earlier `no_sync` passes
+    /// accumulated). Without
     /// `find_unused_parameters`, a parameter without a gradient is an error naming it (the group
     /// is aborted with the same message, so the other ranks stop too). Inside
     /// [`DataParallel::no_sync`] this does nothing.

@@ -333,3 +333,69 @@ fn bf16_communication_computes_with_rounded_parameters_and_keeps_f32_master_weig
         });
     }
 }
+
+#[test]
+fn without_hooks_stages_1_and_2_take_gradients_handed_over_early_and_refuse_misuse() {
+    let (want, _) = reference();
+    for stage in [1, 2] {
+        ranks(2, T, |pg| {
+            let r = pg.rank();
+            let net = Net::new(7);
+            let units: Vec<String> = UNITS.iter().map(|u| u.to_string()).collect();
+            let z = ShardedDataParallel::new_unhooked(net.params.clone(), &units, &pg, options(stage)).unwrap();
+            let mut opt = adamw();
+            let g = piece_groups(z.pieces());
+            for step in 0..STEPS {
+                z.begin_forward().unwrap();
+                net.loss(&share(&batch(step), r, 2), Some(&z), |_| {}, false)
+                    .backward()
+                    .unwrap();
+                // unit l1 (l1.w, l1.b) handed over now, then its gradients spoiled: only what
+                // was taken when it was handed over can give the right step
+                z.hand_gradient(4);
+                z.hand_gradient(3);
+                for i in [3, 4] {
+                    let p = &net.params[i].1;
+                    p.set_grad(Some(Tensor::zeros(p.shape(), DType::F32).unwrap()));
+                }
+                z.finish().unwrap();
+                opt.step(&g, LR).unwrap();
+                z.after_step().unwrap();
+            }
+            z.gather_parameters().unwrap();
+            for ((name, _), (got, w)) in net.params.iter().zip(net.values().iter().zip(&want)) {
+                assert_close(got, w, &format!("stage {stage} rank {r}: {name}"));
+            }
+            // a gradient handed over twice, or one that is not there: an error of finish
+            z.begin_forward().unwrap();
+            net.loss(&share(&batch(0), r, 2), Some(&z), |_| {}, false)
+                .backward()
+                .unwrap();
+            let (first, second) = if r == 0 { (1, 1) } else { (99, 1) };
+            z.hand_gradient(first);
+            z.hand_gradient(second);
+            let e = z.finish().unwrap_err().to_string();
+            let named = if r == 0 {
+                "\"l0.w\" got a second gradient"
+            } else {
+                "hand_gradient(99)"
+            };
+            assert!(e.contains(named), "stage {stage} rank {r}: {e}");
+        });
+    }
+    // a wrapper whose hooks are registered takes every gradient itself
+    ranks(2, T, |pg| {
+        let net = Net::new(7);
+        let units: Vec<String> = UNITS.iter().map(|u| u.to_string()).collect();
+        let z = ShardedDataParallel::new(net.params.clone(), &units, &pg, options(2)).unwrap();
+        z.begin_forward().unwrap();
+        net.loss(&share(&batch(0), pg.rank(), 2), Some(&z), |_| {}, false)
+            .backward()
+            .unwrap();
+        z.hand_gradient(0);
+        // both ranks past their hooks' reductions before either reports (and aborts)
+        pg.barrier().unwrap().wait().unwrap();
+        let e = z.finish().unwrap_err().to_string();
+        assert!(e.contains("hooks are registered"), "{e}");
+    });
+}

@@ -126,7 +126,8 @@ pub fn estimate(config: &RunConfig) -> Estimate {
     // what this rank trains: its tensor-parallel part of its stage
     let trained = params / (tp * pp);
     let zero = if p.dp > 1 { p.zero } else { 0 };
-    // a compiled step returns every gradient whole before ZeRO-2 reduces and shards them
+    // a compiled step's capture returns every gradient whole before ZeRO-2 reduces and shards
+    // them (its replays hand each unit over as it is made)
     let grads = if zero >= 2 && !config.train.compile {
         trained / dp
     } else {

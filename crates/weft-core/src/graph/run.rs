@@ -303,8 +303,10 @@ impl Graph {
             if let Some(h) = hand.as_mut() {
                 for &v in &node.outputs {
                     let Some(k) = h.early[v] else { continue };
-                    // a view of a buffer something else still holds is returned at the end
-                    if let Some(t) = slots[v].take_if(|t| Arc::strong_count(t.storage()) == 1) {
+                    // a view of a buffer something else still holds (or the tensor itself, held
+                    // by another slot) is returned at the end
+                    let alone = |t: &mut Tensor| Arc::strong_count(&t.0) == 1 && Arc::strong_count(t.storage()) == 1;
+                    if let Some(t) = slots[v].take_if(alone) {
                         (h.ready)(k, &t)?;
                         handed[k] = true;
                     }

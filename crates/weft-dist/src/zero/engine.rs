@@ -180,17 +180,32 @@ impl Engine {
         }
     }
 
-    /// Parameter `i`'s gradient is final for this backward (its hook, or a caller without
-    /// hooks); an error is kept for `finish`.
-    pub fn gradient_ready(&mut self, i: usize) {
+    /// A caller without hooks: parameter `i`'s gradient is final for this backward (see
+    /// [`Engine::gradient_ready`]); an error is kept for `finish`.
+    pub fn hand_gradient(&mut self, i: usize) {
         if self.error.is_some() {
             return;
         }
-        if i >= self.params.len() {
-            self.error = Some(Error::Invalid(format!(
-                "zero: gradient {i} names no parameter (there are {})",
-                self.params.len()
-            )));
+        let n = self.params.len();
+        let wrong = if self.hooked {
+            Some(format!(
+                "zero: hand_gradient({i}) on a wrapper whose hooks are registered (they take every gradient)"
+            ))
+        } else if i >= n {
+            Some(format!("zero: hand_gradient({i}) names no parameter (there are {n})"))
+        } else {
+            None
+        };
+        match wrong {
+            Some(msg) => self.error = Some(Error::Invalid(msg)),
+            None => self.gradient_ready(i),
+        }
+    }
+
+    /// Parameter `i`'s gradient is final for this backward (its hook, or
+    /// [`Engine::hand_gradient`]); an error is kept for `finish`.
+    fn gradient_ready(&mut self, i: usize) {
+        if self.error.is_some() {
             return;
         }
         if let Err(e) = self.take_gradient(i) {

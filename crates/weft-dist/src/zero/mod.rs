@@ -106,10 +106,11 @@ impl ShardedDataParallel {
     }
 
     /// As [`ShardedDataParallel::new`] at stage 1 or 2 without registering gradient-ready hooks:
-    /// backward passes have no side effects (they can be captured as a graph and replayed), and
-    /// [`ShardedDataParallel::finish`] and [`ShardedDataParallel::accumulate`] take the gradients
-    /// the parameters hold after backward, starting the same reductions in the same order (no
-    /// overlap with backward; the same averages). [`ShardedDataParallel::attach_hooks`]
+    /// backward passes have no side effects (they can be captured as a graph and replayed). The
+    /// caller hands gradients over as they are made ([`ShardedDataParallel::hand_gradient`]);
+    /// [`ShardedDataParallel::finish`] and [`ShardedDataParallel::accumulate`] take those the
+    /// parameters hold that were not, starting the same reductions in the same order (those do
+    /// not overlap backward; the averages are the same). [`ShardedDataParallel::attach_hooks`]
     /// registers them later. Errors as `new`, and at stage 3, whose parameters are gathered for
     /// backward by hooks.
     pub fn new_unhooked(
@@ -197,11 +198,12 @@ impl ShardedDataParallel {
     /// over now, as its hook would: at stage 1 into its data-parallel bucket, at stage 2 into
     /// its unit, whose reduce-scatter starts once the unit is complete (and earlier units have
     /// started). [`ShardedDataParallel::finish`] and [`ShardedDataParallel::accumulate`] take
-    /// the gradients not handed over this way; errors are reported there.
+    /// the gradients not handed over this way; errors are reported there (as is handing one to
+    /// a wrapper whose hooks are registered, which take every gradient themselves).
     pub fn hand_gradient(&self, i: usize) {
         match &self.ddp {
             Some(ddp) => ddp.hand_gradient(i),
-            None => lock(&self.engine).gradient_ready(i),
+            None => lock(&self.engine).hand_gradient(i),
         }
     }
 

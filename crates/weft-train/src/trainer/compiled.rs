@@ -14,12 +14,16 @@ use crate::error::{Error, Result};
 use crate::replicas::Replicas;
 
 /// The trainer's compiled step: its graphs, the parameters, and which get a gradient in them.
+type Signature = Vec<(Vec<usize>, weft_core::DType)>;
+
 pub(crate) struct CompiledStep {
     cache: GraphCache,
     /// The trainer's parameters in registration order (filled at the first micro-batch).
     params: Vec<Tensor>,
-    /// Per parameter: whether the captured backward gives it a gradient.
-    has_grad: Vec<bool>,
+    /// Per input signature (the shapes and dtypes of inputs and targets) captured: whether the
+    /// captured backward gives each parameter a gradient (result `k > 0` of that graph is the
+    /// gradient of the `k`-th parameter that gets one).
+    has_grad: Vec<(Signature, Vec<bool>)>,
 }
 
 impl CompiledStep {
@@ -57,8 +61,8 @@ pub(crate) fn loss_and_grads(
 
 impl Trainer {
     /// Why this trainer's layout cannot be captured yet, if it cannot. Data parallelism and ZeRO
-    /// stages 1 and 2 can: their wrappers run without gradient hooks, and reduce the gradients
-    /// the replay installs after it (in `finish` and `accumulate`).
+    /// stages 1 and 2 can: their wrappers run without gradient hooks and are handed each
+    /// gradient as a replay makes it (`finish` and `accumulate` take the rest).
     fn uncapturable_layout(&self) -> Option<&'static str> {
         if self.pipeline.is_some() {
             Some("pipeline parallelism is not captured yet (its schedule interleaves forward and backward passes across stages)")
@@ -154,10 +158,13 @@ impl Trainer {
         let before: Vec<Option<Tensor>> = params.iter().map(|p| p.grad()).collect();
         let (model, autocast) = (self.model.as_ref(), self.autocast);
         let has_grad = RefCell::new(None);
-        // result k > 0 is the gradient of parameter result_param[k - 1] (as the last capture saw)
-        let result_param: Vec<usize> = (0..params.len())
-            .filter(|&i| compiled.has_grad.get(i).copied().unwrap_or(false))
-            .collect();
+        let sig: Signature = [x, y].iter().map(|t| (t.shape().to_vec(), t.dtype())).collect();
+        let mask = |c: &CompiledStep| c.has_grad.iter().find(|(s, _)| *s == sig).map(|(_, m)| m.clone());
+        // result k > 0 of a replay is the gradient of parameter result_param[k - 1] (as the
+        // capture of this signature saw)
+        let result_param: Vec<usize> = mask(compiled)
+            .map(|m| (0..m.len()).filter(|&i| m[i]).collect())
+            .unwrap_or_default();
         let replicas = self
             .data_parallel
             .as_ref()
@@ -198,9 +205,11 @@ impl Trainer {
                     *has_grad.borrow_mut() = Some(mask);
                     Ok(out)
                 })?;
-        if let Some(mask) = has_grad.into_inner() {
-            compiled.has_grad = mask;
+        if let Some(m) = has_grad.into_inner() {
+            compiled.has_grad.retain(|(s, _)| *s != sig);
+            compiled.has_grad.push((sig.clone(), m));
         }
+        let had_grad = mask(compiled).unwrap_or_else(|| vec![true; compiled.params.len()]);
         let tuned = compiled.cache.take_tune_report();
         let captured = (compiled.cache.last_outcome() == Some(&Outcome::Captured))
             .then(|| (compiled.cache.pass_report(), compiled.cache.remat_report()));
@@ -211,7 +220,7 @@ impl Trainer {
             .next()
             .and_then(|l| l.or(early_loss))
             .ok_or_else(|| Error::Run("the compiled step returned no loss".into()))?;
-        for ((p, had), prev) in compiled.params.iter().zip(&compiled.has_grad).zip(before) {
+        for ((p, had), prev) in compiled.params.iter().zip(&had_grad).zip(before) {
             let grad = if *had {
                 match results.next() {
                     Some(Some(grad)) => grad,

@@ -266,7 +266,8 @@ impl Trainer {
 
     /// Trains data-parallel over `pg`: the model's parameters are broadcast from rank 0 now,
     /// gradients are averaged over the group in every step (buckets all-reduced while backward
-    /// runs, eager or replayed), the logged loss is the mean over the
+    /// runs, eager or replayed; after it at the step that captures a compiled graph), the logged
+    /// loss is the mean over the
     /// group, and only rank 0 writes checkpoints. Each rank is given its own share of every
     /// batch; see [`shard_rows`].
     pub fn with_data_parallel(mut self, pg: ProcessGroup, options: DdpOptions) -> Result<Self> {
