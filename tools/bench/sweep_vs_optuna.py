@@ -16,7 +16,9 @@ built-in corpus (AdamW), `optim.lr` log-uniform on [3e-4, 3e-2], `optim.weight_d
   objective starts `weft train` with the trial's values, reads `val_loss` from the metrics file as
   it is written, reports it at each evaluation and kills the process when told to prune.
 
-Every trial runs one at a time (parallel = 1) on the same threads. Prints the best value of each
+Every trial runs one at a time (parallel = 1) on the same threads, unless `--parallel N` gives
+weft's sweeps N trials at once (Optuna's stay sequential); `asha-noliar` and `none-noliar` are
+the `asha` and `none` sweeps with `[sweep] constant_liar = false`. Prints the best value of each
 and the wall-clock seconds of each sweep, then medians over the seeds. With `none` and an ASHA
 variant (`asha2x`: TPE + ASHA with twice the trials), also the wall-clock time each took to reach
 the no-pruning sweep's best value (from the sweep's start to the end of the trial that reached
@@ -24,6 +26,7 @@ it): the time ASHA saves at an equal best value.
 
     cargo build -p weft-cli            # or --release, with --weft target/release/weft
     python3 tools/bench/sweep_vs_optuna.py [--seeds 5] [--trials 20] [--steps 800] [--model mlp|gpt] [--weft target/debug/weft]
+    python3 tools/bench/sweep_vs_optuna.py --parallel 4 --variants asha,asha-noliar,none,none-noliar   # no optuna needed
 
 Needs optuna (a venv outside the repository); CI does not run it.
 """
@@ -57,6 +60,7 @@ GPT_SPACE = {
     "optim.grad_clip": ("log_uniform", 0.1, 10.0),
 }
 MODEL = "mlp"
+PARALLEL = 1  # --parallel: trials at once in weft's sweeps
 GAMMA = None  # --gamma: weft's TPE good-split quantile of the asha, none and mv sweeps (default: weft's own, 0.1)
 
 
@@ -78,15 +82,18 @@ def base_config(work: Path) -> Path:
     return path
 
 
-def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str, multivariate=False, gamma=None):
+def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str, multivariate=False, gamma=None,
+               liar=True):
     gamma = GAMMA if gamma is None else gamma
-    name = f"w{seed}{pruner}{trials}{'mv' if multivariate else ''}{'' if gamma is None else f'g{gamma}'}"
+    name = (f"w{seed}{pruner}{trials}{'mv' if multivariate else ''}{'' if gamma is None else f'g{gamma}'}"
+            f"{'' if liar else 'nl'}")
     params = "\n".join(
         f'"{k}" = {{ distribution = "{d}", min = {lo}, max = {hi} }}' for k, (d, lo, hi) in SPACE.items())
     prune = f'kind = "asha"\nmin_steps = {MIN_STEPS}\nreduction_factor = {ETA}' if pruner == "asha" else 'kind = "none"'
     sweep = work / f"{name}.toml"
     sweep.write_text(f'[sweep]\nbase = "{base}"\nname = "{name}"\nmetric = "val_loss"\ngoal = "minimize"\n'
-                     f'method = "tpe"\nmultivariate = {str(multivariate).lower()}\ntrials = {trials}\nparallel = 1\nseed = {seed}\n'
+                     f'method = "tpe"\nmultivariate = {str(multivariate).lower()}\ntrials = {trials}\n'
+                     f'parallel = {PARALLEL}\nconstant_liar = {str(liar).lower()}\nseed = {seed}\n'
                      f'{"" if gamma is None else f"gamma = {gamma}"}\n\n'
                      f'[sweep.parameters]\n{params}\n\n[sweep.pruner]\n{prune}\n')
     env = dict(os.environ, WEFT_TRACK_DIR=str(work / "store"), WEFT_NUM_THREADS="2")
@@ -168,15 +175,16 @@ def main():
                     help="the digits mlp (../shared/data) or the tiny character gpt on the built-in corpus")
     ap.add_argument("--gamma", type=float,
                     help="weft's TPE good-split quantile of the asha, none and mv sweeps (default weft's, 0.1, as Optuna's)")
+    ap.add_argument("--parallel", type=int, default=1, help="trials at once in weft's sweeps")
     ap.add_argument("--variants", default="asha,none,optuna,mv",
                     help="which sweeps to run: asha, none (weft TPE without pruning), optuna, mv (multivariate + asha), "
                          "asha10 and asha25 (weft TPE with gamma 0.1 or 0.25 + asha), asha2x (weft TPE + asha with "
-                         "twice the trials)")
+                         "twice the trials), asha-noliar and none-noliar (asha and none with constant_liar = false)")
     a = ap.parse_args()
-    global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE, GAMMA
-    GAMMA = a.gamma
+    global STEPS, EVAL_EVERY, MIN_STEPS, MODEL, SPACE, GAMMA, PARALLEL
+    GAMMA, PARALLEL = a.gamma, a.parallel
     variants = set(a.variants.split(","))
-    known = {"asha", "none", "optuna", "mv", "asha10", "asha25", "asha2x"}
+    known = {"asha", "none", "optuna", "mv", "asha10", "asha25", "asha2x", "asha-noliar", "none-noliar"}
     if not variants <= known:
         sys.exit(f"--variants: unknown {sorted(variants - known)}")
     MODEL = a.model
@@ -188,7 +196,8 @@ def main():
     # (key, label, runs it) in the order printed
     kinds = [("asha", "weft TPE + ASHA"), ("asha10", "weft TPE (gamma 0.1) + ASHA"),
              ("asha25", "weft TPE (gamma 0.25) + ASHA"), ("asha2x", "weft TPE + ASHA, twice the trials"),
-             ("none", "weft TPE, no pruning"),
+             ("asha-noliar", "weft TPE + ASHA, no constant liar"),
+             ("none", "weft TPE, no pruning"), ("none-noliar", "weft TPE, no pruning, no constant liar"),
              ("mv", "weft multivariate TPE + ASHA"), ("optuna", "Optuna TPE + SuccessiveHalving")]
     kinds = [(k, label) for k, label in kinds if k in variants]
     rows = []
@@ -202,15 +211,17 @@ def main():
                     got[k] = optuna_sweep(a.weft, work, base, seed, a.trials)
                 else:
                     trials = 2 * a.trials if k == "asha2x" else a.trials
-                    got[k] = weft_sweep(a.weft, work, base, seed, trials, "none" if k == "none" else "asha",
-                                        multivariate=(k == "mv"), gamma={"asha10": 0.1, "asha25": 0.25}.get(k))
+                    got[k] = weft_sweep(a.weft, work, base, seed, trials, "none" if k.startswith("none") else "asha",
+                                        multivariate=(k == "mv"), gamma={"asha10": 0.1, "asha25": 0.25}.get(k),
+                                        liar=not k.endswith("-noliar"))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         rows.append(got)
         print(f"seed {seed}: " + " | ".join(f"{label} {got[k][0]:.4f} in {got[k][1]:.1f} s ({got[k][2]} pruned)"
                                              for k, label in kinds), flush=True)
     gamma = "" if GAMMA is None else f", weft gamma {GAMMA}"
-    print(f"\n{MODEL}{gamma}: {a.trials} trials per sweep, {STEPS} steps per trial, {a.seeds} seeds (medians)")
+    print(f"\n{MODEL}{gamma}: {a.trials} trials per sweep, {STEPS} steps per trial, {PARALLEL} at once (weft), "
+          f"{a.seeds} seeds (medians)")
     print("| | best val_loss | sweep wall s | trials pruned |")
     print("|---|---:|---:|---:|")
     for k, label in kinds:

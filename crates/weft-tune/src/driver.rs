@@ -22,7 +22,7 @@ use weft_track::{NewRun, RunWriter, Status, Store, WriterOptions};
 
 use crate::error::{Error, Result};
 use crate::pruner::{self, Decision, Pruner};
-use crate::sampler::{self, Observation};
+use crate::sampler::{self, Observation, Outcome};
 use crate::space::Value;
 use crate::spec::SweepSpec;
 use crate::trials::{self, TrialRecord, TAG_GOAL, TAG_METRIC, TAG_SWEEP, TAG_TRIAL};
@@ -188,7 +188,14 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
                 exhausted = true;
                 break;
             }
-            let history: Vec<Observation> = records.iter().filter_map(|r| r.observation(spec)).collect();
+            let mut history: Vec<Observation> = records.iter().filter_map(|r| r.observation(spec)).collect();
+            if spec.constant_liar {
+                // the trials running now, as the worst: the next one looks elsewhere
+                history.extend(running.0.iter().map(|r| Observation {
+                    values: r.values.clone(),
+                    outcome: Outcome::Running,
+                }));
+            }
             let Some(values) = sampler.suggest(next, &spec.space, &history) else {
                 exhausted = true;
                 break;

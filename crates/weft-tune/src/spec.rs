@@ -95,11 +95,14 @@ pub struct SweepSpec {
     /// TPE: the quantile of ended trials counted good (`l(x)`), in `(0, 1]`. Default 0.1 (as
     /// Optuna's), which did better than 0.25 on both of docs/sweep.md's benchmarks.
     pub gamma: f64,
+    /// TPE with `parallel > 1`: trials still running count as the worst when the next trial's
+    /// parameters are chosen (the constant liar). Default true.
+    pub constant_liar: bool,
     pub space: Space,
     pub pruner: PrunerSpec,
 }
 
-const SWEEP_KEYS: [&str; 15] = [
+const SWEEP_KEYS: [&str; 16] = [
     "name",
     "experiment",
     "base",
@@ -113,6 +116,7 @@ const SWEEP_KEYS: [&str; 15] = [
     "startup_trials",
     "multivariate",
     "gamma",
+    "constant_liar",
     "parameters",
     "pruner",
 ];
@@ -245,6 +249,15 @@ impl SweepSpec {
                     )))
                 }
             },
+            constant_liar: match sweep.get("constant_liar") {
+                None => true,
+                Some(toml::Value::Boolean(b)) => *b,
+                Some(other) => {
+                    return Err(spec(format!(
+                        "sweep.constant_liar: expected true or false, found {other}"
+                    )))
+                }
+            },
             space,
             pruner,
         })
@@ -344,6 +357,12 @@ mod tests {
         );
         assert_eq!(s.pruner.kind, PrunerKind::None);
         assert!(!s.multivariate);
+        assert!(s.constant_liar);
+        let honest = parse(&format!(
+            "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 8\nconstant_liar = false\n{PARAMS}"
+        ))
+        .unwrap();
+        assert!(!honest.constant_liar);
         let mv = parse(&format!(
             "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 8\nmultivariate = true\n{PARAMS}"
         ))
@@ -389,6 +408,10 @@ mod tests {
                 "sweep.method: \"bayes\" is not one of tpe, random, grid",
             ),
             (format!("{head}goal = \"down\"\n{PARAMS}"), "sweep.goal"),
+            (
+                format!("{head}constant_liar = \"yes\"\n{PARAMS}"),
+                "sweep.constant_liar: expected true or false, found \"yes\"",
+            ),
             (
                 format!("{head}{PARAMS}[sweep.pruner]\nkind = \"sha\"\n"),
                 "sweep.pruner.kind: \"sha\" is not one of",

@@ -26,6 +26,10 @@ pub enum Outcome {
     Finished(f64),
     /// Stopped by the pruner after `step` training steps, its metric then `value`.
     Pruned { step: u64, value: f64 },
+    /// Started and not ended yet: counted worse than every ended trial (the "constant liar" of
+    /// Ginsbourger et al., as Optuna's `TPESampler(constant_liar=True)`), so that trials started
+    /// while others run are steered away from the points those are trying.
+    Running,
 }
 
 /// A trial that ended, with the values it was given (one per parameter of the space, in order).
@@ -55,11 +59,12 @@ pub fn from_spec(spec: &SweepSpec) -> Box<dyn Sampler + Send> {
 }
 
 /// `history` best first: finished trials by value, then pruned ones, those that got further
-/// first and then by value (Optuna ranks pruned trials the same way).
+/// first and then by value (Optuna ranks pruned trials the same way), then running ones.
 pub fn ranked(history: &[Observation]) -> Vec<&Observation> {
     let key = |o: &Observation| match o.outcome {
         Outcome::Finished(v) => (0, 0, v),
         Outcome::Pruned { step, value } => (1, u64::MAX - step, value),
+        Outcome::Running => (2, 0, 0.0),
     };
     let mut out: Vec<&Observation> = history.iter().collect();
     out.sort_by(|a, b| {

@@ -15,7 +15,7 @@
 //! and its momentum) are suggested together.
 
 use super::joint::{Dim, JointParzen};
-use super::{random, ranked, Categorical, Observation, Parzen, Sampler};
+use super::{random, ranked, Categorical, Observation, Outcome, Parzen, Sampler};
 use crate::rng::Rng;
 use crate::space::{Param, Space, Value};
 
@@ -73,7 +73,9 @@ impl Sampler for Tpe {
             .filter(|o| o.values.len() == space.params.len())
             .cloned()
             .collect();
-        if usable.len() < self.startup.max(2) {
+        // trials still running (the constant liar) do not count towards the random start
+        let ended = usable.iter().filter(|o| o.outcome != Outcome::Running).count();
+        if ended < self.startup.max(2) {
             return Some(space.params.iter().map(|p| random::draw(p, &mut rng)).collect());
         }
         let order = ranked(&usable);
@@ -204,7 +206,7 @@ fn suggest_one(param: &Param, good: &[Value], bad: &[Value], rng: &mut Rng) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::{Outcome, Random};
+    use crate::sampler::Random;
 
     fn space(text: &str) -> Space {
         Space::from_toml(&text.parse::<toml::Table>().unwrap(), "s").unwrap()
@@ -233,6 +235,7 @@ mod tests {
             .map(|o| match o.outcome {
                 Outcome::Finished(v) => v,
                 Outcome::Pruned { value, .. } => value,
+                Outcome::Running => f64::INFINITY,
             })
             .fold(f64::INFINITY, f64::min)
     }
@@ -385,5 +388,54 @@ mod tests {
         ];
         let order: Vec<Outcome> = ranked(&h).iter().map(|o| o.outcome).collect();
         assert_eq!(order, [h[3].outcome, h[1].outcome, h[2].outcome, h[0].outcome]);
+    }
+
+    #[test]
+    fn running_trials_steer_the_next_suggestions_away_from_their_points() {
+        let s = space("\"a.x\" = { distribution = \"uniform\", min = 0.0, max = 1.0 }");
+        let f = |x: f64| (x - 0.3) * (x - 0.3);
+        // 30 ended trials spread over the range
+        let history: Vec<Observation> = (0..30)
+            .map(|i| {
+                let x = (i as f64 + 0.5) / 30.0;
+                Observation {
+                    values: vec![Value::Float(x)],
+                    outcome: Outcome::Finished(f(x)),
+                }
+            })
+            .collect();
+        // four trials running at the optimum
+        let mut lying = history.clone();
+        lying.extend((0..4).map(|_| Observation {
+            values: vec![Value::Float(0.3)],
+            outcome: Outcome::Running,
+        }));
+        let near = |h: &[Observation]| {
+            let mut tpe = Tpe::new(5, 10);
+            (30..130u64)
+                .filter(|&t| match tpe.suggest(t, &s, h).unwrap()[0] {
+                    Value::Float(x) => (x - 0.3).abs() < 0.02,
+                    _ => false,
+                })
+                .count()
+        };
+        let (alone, with_liars) = (near(&history), near(&lying));
+        assert!(
+            alone >= 20,
+            "{alone} of 100 suggestions near the optimum without running trials"
+        );
+        assert!(
+            with_liars * 2 < alone,
+            "{with_liars} of 100 near the running trials' point, {alone} without them"
+        );
+        // running trials rank last and do not count towards the random start
+        let order: Vec<Outcome> = ranked(&lying).iter().map(|o| o.outcome).collect();
+        assert!(order[30..].iter().all(|o| *o == Outcome::Running));
+        let starting: Vec<Observation> = lying[..5].iter().chain(&lying[30..]).cloned().collect();
+        let draws: Vec<Vec<Value>> = (0..3)
+            .map(|t| Tpe::new(5, 8).suggest(t, &s, &starting).unwrap())
+            .collect();
+        let random: Vec<Vec<Value>> = (0..3).map(|t| Tpe::new(5, 8).suggest(t, &s, &[]).unwrap()).collect();
+        assert_eq!(draws, random, "5 ended + 4 running is still the random start of 8");
     }
 }
