@@ -57,7 +57,13 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     let mut work = weft_train::plan_shape::workload(&config, args.global_batch)?;
     let device = match (&args.cluster, &args.device_spec) {
         (Some(path), _) => weft_plan::cluster::load(path).map_err(|e| e.to_string())?,
-        (None, Some(name)) => weft_train::plan_shape::device_spec(name)?,
+        (None, Some(name)) => {
+            let (spec, note) = weft_train::plan_shape::device_spec(name, devices)?;
+            if let Some(note) = note {
+                weft_core::errln!("weft: note: {note}");
+            }
+            spec
+        }
         (None, None) => DeviceSpec::builtin("h100-sxm-80gb").map_err(|e| e.to_string())?,
     };
     // planned for these devices, whatever the config's train.device

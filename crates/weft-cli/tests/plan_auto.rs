@@ -140,6 +140,58 @@ fn calibration_is_written_read_back_and_rebuilt_when_broken() {
 }
 
 #[test]
+fn each_number_of_ranks_plans_on_its_own_calibration() {
+    let dir = temp_dir("plan-calibrate-per-ranks");
+    let cache = dir.join("cache");
+    calibrate_for(&cache, 1);
+    calibrate_for(&cache, 2);
+    let ranks_of = |name: &str| {
+        let text = std::fs::read_to_string(cache.join(name)).unwrap();
+        weft_plan::calibration::Calibration::parse(&text, name).unwrap().ranks
+    };
+    // one file per number of ranks, and the latest
+    assert_eq!(
+        (
+            ranks_of("plan-local-1.toml"),
+            ranks_of("plan-local-2.toml"),
+            ranks_of("plan-local.toml")
+        ),
+        (1, 2, 2)
+    );
+    let plan = |devices: usize| {
+        let mut args: Vec<String> = ["plan", "--device-spec", "local", "--json", "--devices"]
+            .map(String::from)
+            .to_vec();
+        args.push(devices.to_string());
+        args.extend(sets(&TINY));
+        weft_in(&cache, &args)
+    };
+    // 1 and 2 ranks have their own; 4 plan on the latest, saying so
+    for devices in [1, 2] {
+        let out = plan(devices);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("note:"), "{devices}: {}", stderr(&out));
+    }
+    let out = plan(4);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("planning 4 ranks with the calibration of 2 ranks"),
+        "{}",
+        stderr(&out)
+    );
+    // the 1-rank plan reads the 1-rank file: a broken one is named, not passed over
+    std::fs::write(cache.join("plan-local-1.toml"), "format = [").unwrap();
+    let out = plan(1);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("calibration for 1 ranks cannot be used"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn the_local_spec_without_a_calibration_names_the_command() {
     let dir = temp_dir("plan-no-calibration");
     let args = ["plan", "--devices", "2", "--device-spec", "local"].map(String::from);

@@ -83,11 +83,17 @@ pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workloa
 /// The command that measures this machine for the `local` spec.
 pub const CALIBRATE_COMMAND: &str = "weft plan calibrate --nproc N";
 
-/// Where `weft plan calibrate` keeps this machine's calibration: `plan-local.toml` in weft's
-/// cache folder (`WEFT_CACHE_DIR`, else `$XDG_CACHE_HOME/weft`, else `~/.cache/weft`:
+/// Where `weft plan calibrate` keeps this machine's latest calibration: `plan-local.toml` in
+/// weft's cache folder (`WEFT_CACHE_DIR`, else `$XDG_CACHE_HOME/weft`, else `~/.cache/weft`:
 /// [`weft_core::tune::cache_dir`]).
 pub fn calibration_path() -> std::path::PathBuf {
     weft_core::tune::cache_dir().join("plan-local.toml")
+}
+
+/// Where the calibration measured with `ranks` ranks is kept as well: `plan-local-{ranks}.toml`
+/// beside [`calibration_path`].
+pub fn calibration_path_for(ranks: usize) -> std::path::PathBuf {
+    weft_core::tune::cache_dir().join(format!("plan-local-{ranks}.toml"))
 }
 
 /// The calibration at `path`: `Ok(None)` when there is none, an error when the file cannot be
@@ -104,8 +110,36 @@ pub fn read_calibration(path: &std::path::Path) -> Result<Option<weft_plan::cali
         .map_err(|e| e.to_string())
 }
 
-/// The `local` spec from this machine's calibration; without one (or with one that cannot be
-/// used), an error naming the command that measures it.
+/// The `local` spec for planning `ranks` ranks: the calibration measured with that many ranks
+/// when there is one, else the latest one, with a note saying for how many ranks it was
+/// measured (its per-rank rates, its link and how many ranks computed at once are those of
+/// that job size). Without any calibration (or with one that cannot be used), an error naming
+/// the command that measures it.
+pub fn local_spec_for(ranks: usize) -> Result<(DeviceSpec, Option<String>), String> {
+    let own = calibration_path_for(ranks);
+    match read_calibration(&own) {
+        Ok(Some(c)) => return Ok((c.spec, None)),
+        Ok(None) => {}
+        Err(e) => {
+            return Err(format!(
+                "the local device spec's calibration for {ranks} ranks cannot be used ({e}): run                  `weft plan calibrate --nproc {ranks}` to measure again"
+            ))
+        }
+    }
+    let latest = read_calibration(&calibration_path()).ok().flatten();
+    let spec = local_spec()?;
+    let note = latest.filter(|c| c.ranks != ranks).map(|c| {
+        format!(
+            "planning {ranks} ranks with the calibration of {} ranks (none was measured for {ranks}: `weft plan \
+             calibrate --nproc {ranks}` measures one)",
+            c.ranks
+        )
+    });
+    Ok((spec, note))
+}
+
+/// The `local` spec from this machine's latest calibration; without one (or with one that
+/// cannot be used), an error naming the command that measures it.
 pub fn local_spec() -> Result<DeviceSpec, String> {
     let path = calibration_path();
     match read_calibration(&path) {
@@ -121,11 +155,14 @@ pub fn local_spec() -> Result<DeviceSpec, String> {
     }
 }
 
-/// A device spec by name: `local` (this machine's calibration) or a built-in one.
-pub fn device_spec(name: &str) -> Result<DeviceSpec, String> {
+/// A device spec by name for planning `devices` devices: `local` (this machine's calibration
+/// for that many ranks, see [`local_spec_for`], with its note) or a built-in one.
+pub fn device_spec(name: &str, devices: usize) -> Result<(DeviceSpec, Option<String>), String> {
     match name {
-        "local" => local_spec(),
-        _ => DeviceSpec::builtin(name).map_err(|e| format!("{e}, or local")),
+        "local" => local_spec_for(devices),
+        _ => DeviceSpec::builtin(name)
+            .map(|d| (d, None))
+            .map_err(|e| format!("{e}, or local")),
     }
 }
 

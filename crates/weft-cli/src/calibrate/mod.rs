@@ -537,11 +537,15 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         measure_seconds: start.elapsed().as_secs_f64(),
         measured,
     };
-    let path = plan_shape::calibration_path();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // kept for this number of ranks, and as the latest
+    let text = c.to_toml();
+    for path in [plan_shape::calibration_path_for(ranks), plan_shape::calibration_path()] {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, c.to_toml()).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+    Ok(())
 }

@@ -36,9 +36,12 @@ fn auto_error(message: String) -> Error {
 /// take data-parallel plans only (`tp = pp = 1`, `zero = 0`), as weft runs them.
 pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     let p = &config.parallel;
-    let device = match &p.cluster {
-        Some(path) => weft_plan::cluster::load(&config.resolve(path)).map_err(|e| auto_error(e.to_string()))?,
-        None => plan_shape::local_spec().map_err(auto_error)?,
+    let (device, note) = match &p.cluster {
+        Some(path) => (
+            weft_plan::cluster::load(&config.resolve(path)).map_err(|e| auto_error(e.to_string()))?,
+            None,
+        ),
+        None => plan_shape::local_spec_for(ranks).map_err(auto_error)?,
     };
     let work = plan_shape::workload(config, None).map_err(auto_error)?;
     let report = weft_plan::plan(&work, &device, ranks, SearchOptions { keep_infeasible: 0 })
@@ -94,6 +97,10 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
         chosen.memory.total() / 1e6,
         report.evaluated
     );
+    let line = match note {
+        Some(note) => format!("{line}\nweft: parallel.auto: note: {note}"),
+        None => line,
+    };
     // FNV-1a of every key the plan sets (the label names the chunks a stage and the comm
     // dtype; the cut is per virtual stage under interleaving)
     let key = format!("{} {:?}", l.label(), l.config_stage_blocks());
