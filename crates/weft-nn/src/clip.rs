@@ -67,8 +67,13 @@ pub fn clip_to_norm(params: &[Tensor], max_norm: f64, total_norm: f64) -> Result
 /// The global L2 norm of the gradients of `params` (those without a gradient are skipped), the
 /// value [`clip_grad_norm`] clips against, without changing anything. Errors on a non-float gradient.
 pub fn grad_norm(params: &[Tensor]) -> Result<f64> {
-    const OP: &str = "grad_norm";
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
+    norm_of(&grads)
+}
+
+/// The global L2 norm of `grads`, summed in their order (see [`grad_norm`]).
+pub(crate) fn norm_of(grads: &[Tensor]) -> Result<f64> {
+    const OP: &str = "grad_norm";
     for (i, g) in grads.iter().enumerate() {
         if !g.dtype().is_float() {
             return Err(Error::Invalid {
@@ -120,7 +125,7 @@ fn sum_of_squares<T: Copy>(xs: &[T], f: impl Fn(T) -> f64) -> f64 {
 }
 
 /// `g *= coef` in place, with `coef` rounded to `g`'s dtype.
-fn scale(g: &Tensor, coef: f64) -> Result<()> {
+pub(crate) fn scale(g: &Tensor, coef: f64) -> Result<()> {
     if g.device().is_cuda() && g.is_contiguous() {
         return weft_core::cuda::optim::scale_(g, coef);
     }

@@ -12,6 +12,7 @@ pub mod optim;
 pub mod parallel;
 pub mod schedule;
 pub mod state_dict;
+pub mod step_ops;
 
 pub use context::{Context, UnitHooks};
 pub use module::Module;

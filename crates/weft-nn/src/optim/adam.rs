@@ -3,13 +3,16 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use weft_core::cpu::pool::{self, Chunks};
-use weft_core::{DType, Result, Tensor};
+use weft_core::{DType, Function, Result, Tensor};
+
+use crate::step_ops::{node_inputs, read_scalars, read_step_count, UpdateInputs, UpdateItem};
 
 use super::{
-    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, invalid, like_param, read_step,
-    split_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
+    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, grad_for_update, invalid,
+    like_param, read_step, split_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
 };
 
 /// Hyper-parameters of [`Adam`] other than the learning rate and weight decay (which come with each
@@ -230,6 +233,72 @@ fn update<T: FusedFloat>(w: &Work, s: &AdamState, cfg: &AdamConfig, lr: f64) -> 
 
 const FIELDS: &[&str] = &["exp_avg", "exp_avg_sq", "step"];
 
+/// Adam's update of several parameters as one graph node: inputs `[lr, loss, norm]` then
+/// `[param, grad, exp_avg, exp_avg_sq, step]` per parameter; the gradients clipped in place
+/// when `max_norm` says so, the parameters and moments written in place by [`update`], one
+/// parallel job over the parameters as [`Adam::step`]. Its output (0-d f64) is 1 when it
+/// updated, 0 when the loss or norm was not finite.
+struct AdamUpdateFn {
+    cfg: AdamConfig,
+    weight_decays: Vec<f64>,
+    max_norm: Option<f64>,
+}
+
+/// Inputs per parameter of [`AdamUpdateFn`].
+const ADAM_PER_PARAM: usize = 5;
+
+impl Function for AdamUpdateFn {
+    fn name(&self) -> &'static str {
+        "adam_update"
+    }
+
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let Some((lr, coef)) = read_scalars(inputs, self.max_norm)? else {
+            return Ok(Tensor::scalar(0.0f64));
+        };
+        let of = |i: usize| &inputs[3 + ADAM_PER_PARAM * i..][..ADAM_PER_PARAM];
+        let n = self.weight_decays.len();
+        let states = (0..n)
+            .map(|i| {
+                let x = of(i);
+                Ok(AdamState {
+                    exp_avg: x[2].clone(),
+                    exp_avg_sq: x[3].clone(),
+                    step: read_step_count(x[4])?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let cfg = &self.cfg;
+        let one = |i: usize| -> Result<()> {
+            let (param, grad) = (of(i)[0], of(i)[1]);
+            // clipping first, in place, as the eager step's `clip_to_norm`
+            if let Some(c) = coef {
+                crate::clip::scale(grad, c)?;
+            }
+            let w = Work {
+                name: "",
+                param,
+                grad: grad_for_update(param, grad)?,
+                weight_decay: self.weight_decays[i],
+            };
+            match param.dtype() {
+                DType::F32 => update::<f32>(&w, &states[i], cfg, lr),
+                _ => update::<f64>(&w, &states[i], cfg, lr),
+            }
+        };
+        if (0..n).any(|i| of(i)[0].device().is_cuda()) {
+            (0..n).try_for_each(one)?;
+        } else {
+            pool::map(n, one).into_iter().collect::<Result<()>>()?;
+        }
+        Ok(Tensor::scalar(1.0f64))
+    }
+
+    fn backward(&self, _: &[Tensor], _: &Tensor, _: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Err(invalid("adam_update", "an optimizer update has no gradient"))
+    }
+}
+
 impl Optimizer for Adam {
     fn step(&mut self, groups: &[ParamGroup], lr: f64) -> Result<()> {
         const OP: &str = "Adam::step";
@@ -283,6 +352,56 @@ impl Optimizer for Adam {
             return (0..work.len()).try_for_each(one);
         }
         pool::map(work.len(), one).into_iter().collect()
+    }
+
+    fn update_node(&self, items: &[UpdateItem], inputs: &UpdateInputs) -> Result<Option<Tensor>> {
+        if self.loaded.is_some() {
+            return Ok(None);
+        }
+        let mut states = Vec::with_capacity(items.len());
+        for item in items {
+            let Some(s) = self.state.get(item.name) else {
+                return Ok(None);
+            };
+            let p = item.param;
+            let fits = |t: &Tensor| t.shape() == p.shape() && t.dtype() == p.dtype() && t.device() == p.device();
+            let usable = matches!(p.dtype(), DType::F32 | DType::F64)
+                && p.is_contiguous()
+                && fits(item.grad)
+                && fits(&s.exp_avg)
+                && fits(&s.exp_avg_sq)
+                && item.weight_decay.is_finite()
+                && item.weight_decay >= 0.0;
+            if !usable {
+                return Ok(None);
+            }
+            states.push(s);
+        }
+        let mut args = node_inputs(inputs)?;
+        for (item, s) in items.iter().zip(states) {
+            args.extend([item.param, item.grad, &s.exp_avg, &s.exp_avg_sq, item.step]);
+        }
+        let f = AdamUpdateFn {
+            cfg: self.cfg,
+            weight_decays: items.iter().map(|i| i.weight_decay).collect(),
+            max_norm: inputs.max_norm,
+        };
+        Tensor::apply_function(Arc::new(f), &args).map(Some)
+    }
+
+    fn next_step(&self, name: &str) -> Option<u64> {
+        match &self.loaded {
+            Some(_) => None,
+            None => self.state.get(name).map(|s| s.step + 1),
+        }
+    }
+
+    fn count_updates(&mut self, names: &[&str]) {
+        for name in names {
+            if let Some(s) = self.state.get_mut(*name) {
+                s.step += 1;
+            }
+        }
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

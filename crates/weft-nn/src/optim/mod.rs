@@ -80,6 +80,36 @@ pub trait Optimizer: Send {
     /// are cast to the parameter's dtype there, as PyTorch's `load_state_dict` does.
     fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()>;
 
+    /// Compiled mode: this step's update of `items` (the parameters that have a gradient) as
+    /// one node a graph can capture (a custom function that, when it runs, clips the gradients
+    /// in place when `inputs.max_norm` says so and writes the parameters and their state in
+    /// place; see [`crate::step_ops`]): the arithmetic of [`crate::clip::clip_to_norm`] and
+    /// [`Optimizer::step`], one parallel job over the parameters, the learning rate and step
+    /// counts read from the inputs, nothing changed when the step's loss or gradient norm is not
+    /// finite. The node holds the state's tensors, so a graph that captured it updates them at
+    /// every replay; the caller counts the updates with [`Optimizer::count_updates`]. Run it
+    /// under `no_grad`. `Ok(None)` when this optimizer has no such node, when an item has no
+    /// state yet (its first update, by `step`, makes it), when the state was just restored by
+    /// `load_state` (`step` checks it first), or when a parameter, its gradient and its state do
+    /// not fit together (`step` names the problem).
+    fn update_node(
+        &self,
+        _items: &[crate::step_ops::UpdateItem],
+        _inputs: &crate::step_ops::UpdateInputs,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    /// The step count parameter `name`'s next update uses (its updates so far plus one), when it
+    /// has state an update node can use.
+    fn next_step(&self, _name: &str) -> Option<u64> {
+        None
+    }
+
+    /// Counts one update of each parameter in `names`, made by update nodes, as `step` counts
+    /// its own.
+    fn count_updates(&mut self, _names: &[&str]) {}
+
     /// Bytes the state holds now (moments and step counts), without copying it.
     fn state_bytes(&self) -> usize {
         self.state()
@@ -156,6 +186,17 @@ pub(crate) struct Work<'a> {
     pub weight_decay: f64,
 }
 
+/// The gradient an update reads: a copy when it views the parameter's storage (the update holds
+/// the parameter's storage for writing while it reads the gradient) or when a GPU update needs
+/// it contiguous, else itself.
+pub(crate) fn grad_for_update(param: &Tensor, grad: &Tensor) -> Result<Tensor> {
+    if grad.same_storage(param) || (param.device().is_cuda() && !grad.is_contiguous()) {
+        grad.contiguous_copy()
+    } else {
+        Ok(grad.clone())
+    }
+}
+
 /// Checks `lr`, every group's weight decay, names, dtypes, contiguity and gradient shapes, and
 /// returns the parameters that have a gradient in order, plus the set of all parameter names.
 pub(crate) fn collect_work<'a>(
@@ -229,14 +270,7 @@ pub(crate) fn collect_work<'a>(
                     ),
                 ));
             }
-            // The update holds the parameter's storage for writing while it reads the gradient: a
-            // gradient that views the same storage is read from a copy instead (and the GPU's
-            // fused updates read a contiguous one).
-            let grad = if grad.same_storage(param) || (param.device().is_cuda() && !grad.is_contiguous()) {
-                grad.contiguous_copy()?
-            } else {
-                grad
-            };
+            let grad = grad_for_update(param, &grad)?;
             work.push(Work {
                 name,
                 param,

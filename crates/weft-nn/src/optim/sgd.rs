@@ -1,13 +1,16 @@
 //! Stochastic gradient descent with momentum, dampening and Nesterov momentum: `torch.optim.SGD`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use weft_core::cpu::pool::{self, Chunks};
-use weft_core::{DType, Result, Tensor};
+use weft_core::{DType, Function, Result, Tensor};
+
+use crate::step_ops::{node_inputs, read_scalars, UpdateInputs, UpdateItem};
 
 use super::{
-    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, invalid, like_param, split_state,
-    FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
+    check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, grad_for_update, invalid,
+    like_param, split_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
 };
 
 /// Hyper-parameters of [`Sgd`] other than the learning rate and weight decay (which come with each
@@ -196,6 +199,57 @@ fn update<T: FusedFloat>(w: &Work, buf: Option<&Tensor>, cfg: &SgdConfig, lr: f6
 
 const FIELDS: &[&str] = &["momentum_buffer"];
 
+/// SGD's update of several parameters as one graph node: inputs `[lr, loss, norm]` then
+/// `[param, grad, step]` per parameter, with its momentum buffer after the gradient when there
+/// is momentum; the gradients clipped in place when `max_norm` says so, the parameters and
+/// buffers written in place by [`update`] (never a buffer's first step: the node is made once
+/// the buffers exist), one parameter after another as [`Sgd::step`]. Its output (0-d f64) is 1
+/// when it updated, 0 when the loss or norm was not finite.
+struct SgdUpdateFn {
+    cfg: SgdConfig,
+    weight_decays: Vec<f64>,
+    max_norm: Option<f64>,
+}
+
+impl Function for SgdUpdateFn {
+    fn name(&self) -> &'static str {
+        "sgd_update"
+    }
+
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let Some((lr, coef)) = read_scalars(inputs, self.max_norm)? else {
+            return Ok(Tensor::scalar(0.0f64));
+        };
+        let momentum = self.cfg.momentum != 0.0;
+        let per = if momentum { 4 } else { 3 };
+        let of = |i: usize| &inputs[3 + per * i..][..per];
+        // the eager step clips every gradient first, then updates
+        if let Some(c) = coef {
+            (0..self.weight_decays.len()).try_for_each(|i| crate::clip::scale(of(i)[1], c))?;
+        }
+        for (i, &weight_decay) in self.weight_decays.iter().enumerate() {
+            let x = of(i);
+            let (param, grad) = (x[0], x[1]);
+            let buf = momentum.then(|| x[2]);
+            let w = Work {
+                name: "",
+                param,
+                grad: grad_for_update(param, grad)?,
+                weight_decay,
+            };
+            match param.dtype() {
+                DType::F32 => update::<f32>(&w, buf, &self.cfg, lr, false)?,
+                _ => update::<f64>(&w, buf, &self.cfg, lr, false)?,
+            }
+        }
+        Ok(Tensor::scalar(1.0f64))
+    }
+
+    fn backward(&self, _: &[Tensor], _: &Tensor, _: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Err(invalid("sgd_update", "an optimizer update has no gradient"))
+    }
+}
+
 impl Optimizer for Sgd {
     fn step(&mut self, groups: &[ParamGroup], lr: f64) -> Result<()> {
         const OP: &str = "Sgd::step";
@@ -236,6 +290,43 @@ impl Optimizer for Sgd {
             }
         }
         Ok(())
+    }
+
+    fn update_node(&self, items: &[UpdateItem], inputs: &UpdateInputs) -> Result<Option<Tensor>> {
+        let mut args = node_inputs(inputs)?;
+        for item in items {
+            let p = item.param;
+            if self.next_step(item.name).is_none() {
+                return Ok(None);
+            }
+            let fits = |t: &Tensor| t.shape() == p.shape() && t.dtype() == p.dtype() && t.device() == p.device();
+            let buf = self.buffers.get(item.name);
+            let usable = matches!(p.dtype(), DType::F32 | DType::F64)
+                && p.is_contiguous()
+                && fits(item.grad)
+                && buf.is_none_or(fits)
+                && item.weight_decay.is_finite()
+                && item.weight_decay >= 0.0;
+            if !usable {
+                return Ok(None);
+            }
+            args.extend([item.param, item.grad]);
+            args.extend(buf);
+            args.push(item.step);
+        }
+        let f = SgdUpdateFn {
+            cfg: self.cfg,
+            weight_decays: items.iter().map(|i| i.weight_decay).collect(),
+            max_norm: inputs.max_norm,
+        };
+        Tensor::apply_function(Arc::new(f), &args).map(Some)
+    }
+
+    /// SGD counts no steps: 1 when an update node can be made (always without momentum; with
+    /// it, once the parameter's buffer exists).
+    fn next_step(&self, name: &str) -> Option<u64> {
+        let ready = self.loaded.is_none() && (self.cfg.momentum == 0.0 || self.buffers.contains_key(name));
+        ready.then_some(1)
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

@@ -6,6 +6,8 @@
 
 use std::cell::RefCell;
 
+use weft_core::graph::passes::PassReport;
+use weft_core::graph::remat::RematReport;
 use weft_core::graph::{Autotune, GraphCache, Outcome, TuneReport};
 use weft_core::Tensor;
 
@@ -24,14 +26,18 @@ pub(crate) struct CompiledStep {
     /// captured backward gives each parameter a gradient (result `k > 0` of that graph is the
     /// gradient of the `k`-th parameter that gets one).
     has_grad: Vec<(Signature, Vec<bool>)>,
+    /// The whole step (with clipping and the update) as one graph, where it can be.
+    pub(super) whole: super::captured_update::WholeStep,
 }
 
 impl CompiledStep {
     pub(crate) fn new(autotune: Autotune, recompute: bool) -> Self {
+        let cache = || GraphCache::default().with_autotune(autotune).with_recompute(recompute);
         CompiledStep {
-            cache: GraphCache::default().with_autotune(autotune).with_recompute(recompute),
+            cache: cache(),
             params: Vec::new(),
             has_grad: Vec::new(),
+            whole: super::captured_update::WholeStep::new(cache()),
         }
     }
 }
@@ -57,6 +63,27 @@ pub(crate) fn loss_and_grads(
     let mut out = vec![loss.detach()];
     out.extend(grads.into_iter().flatten());
     Ok((out, mask))
+}
+
+/// What a capture did, for the log: `captured {what}: N nodes (...)`.
+pub(super) fn capture_line(what: &str, r: &PassReport, m: &RematReport) -> String {
+    let recomputed = if m.recomputed > 0 {
+        format!(
+            "; {} activations recomputed in the backward, peak {} -> {}",
+            m.recomputed,
+            weft_core::alloc::human_bytes(m.peak_before as u128),
+            weft_core::alloc::human_bytes(m.peak_after as u128)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "captured {what}: {} nodes ({} folded, {} merged, {} removed{recomputed})",
+        r.captured - r.folded - r.merged - r.removed,
+        r.folded,
+        r.merged,
+        r.removed
+    )
 }
 
 impl Trainer {
@@ -109,7 +136,7 @@ impl Trainer {
     }
 
     /// Says what an autotuning search did (and its warnings), on the job's first rank.
-    fn tell_tuned(&self, r: &TuneReport) {
+    pub(super) fn tell_tuned(&self, r: &TuneReport) {
         if self.job.as_ref().is_some_and(|j| j.rank() != 0) {
             return;
         }
@@ -129,7 +156,7 @@ impl Trainer {
     }
 
     /// A `train.compile` line, on the job's first rank.
-    fn tell(&self, what: &str) {
+    pub(super) fn tell(&self, what: &str) {
         if self.job.as_ref().is_none_or(|j| j.rank() == 0) {
             weft_core::errln!("weft: train.compile: {what}");
         }
@@ -238,23 +265,7 @@ impl Trainer {
             }));
         }
         if let Some((r, m)) = captured {
-            let recomputed = if m.recomputed > 0 {
-                format!(
-                    "; {} activations recomputed in the backward, peak {} -> {}",
-                    m.recomputed,
-                    weft_core::alloc::human_bytes(m.peak_before as u128),
-                    weft_core::alloc::human_bytes(m.peak_after as u128)
-                )
-            } else {
-                String::new()
-            };
-            self.tell(&format!(
-                "captured the step: {} nodes ({} folded, {} merged, {} removed{recomputed})",
-                r.captured - r.folded - r.merged - r.removed,
-                r.folded,
-                r.merged,
-                r.removed
-            ));
+            self.tell(&capture_line("the step", &r, &m));
         }
         if let Some(r) = tuned {
             self.tell_tuned(&r);

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use crate::replicas::{Replicas, ZeroUnits};
 
+pub(crate) mod captured_update;
 mod checkpointing;
 pub(crate) mod compiled;
 mod fit;

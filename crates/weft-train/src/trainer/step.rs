@@ -53,6 +53,9 @@ impl Trainer {
         let (mut local_sum, mut activation_bytes) = (0.0, None::<Vec<usize>>);
         let mut items = 0;
         let mut tokens = false;
+        // compiled mode with one micro-batch on one process: the update is in the graph too
+        let whole = self.whole_step_ready(k);
+        let mut whole_out = None;
         for j in 0..k {
             let last = j + 1 == k;
             let asked = Instant::now();
@@ -80,6 +83,12 @@ impl Trainer {
                         Some(before) => before.iter().zip(&peaks).map(|(a, b)| *a.max(b)).collect(),
                         None => peaks,
                     });
+                }
+                None if whole => {
+                    let _s = span("compute", "compiled step");
+                    let out = self.whole_compiled_step(x, y, lr)?;
+                    local_sum += out.loss;
+                    whole_out = Some(out);
                 }
                 None if compiled => {
                     let _s = span("compute", "compiled forward and backward");
@@ -135,24 +144,41 @@ impl Trainer {
             .iter()
             .flat_map(|g| g.params.iter().map(|(_, p)| p.clone()))
             .collect();
-        let state_bytes = self.state_bytes(&params);
+        let state_bytes = match &whole_out {
+            // the whole step's gradients lived inside its graph
+            Some(o) => StateBytes {
+                grads: o.grad_bytes,
+                ..unsharded_bytes(&params, self.optimizer.as_ref())
+            },
+            None => self.state_bytes(&params),
+        };
         let _s = span("compute", "clip and optimizer step");
         // the global norm (the same on every rank), checked before clipping scales by it
-        let grad_norm = if self.zero().is_some() || self.tensor_parallel.is_some() || self.pipeline.is_some() {
+        let grad_norm = if let Some(o) = &whole_out {
+            o.grad_norm
+        } else if self.zero().is_some() || self.tensor_parallel.is_some() || self.pipeline.is_some() {
             self.sharded_grad_norm()?
         } else {
             grad_norm(&params)?
         };
         let skipped = !(grad_norm.is_finite() && loss_value.is_finite());
         if skipped && !self.skip_nonfinite {
+            let which = match whole_out {
+                // its update changed nothing; the gradients were not kept
+                Some(_) => "the compiled step keeps no gradient to name (train.compile = false names the first \
+                            parameter whose gradient is not finite)"
+                    .to_string(),
+                None => self.first_nonfinite_gradient(),
+            };
             return Err(Error::Run(format!(
-                "step {}: the gradient norm is {grad_norm}: {}; set train.skip_nonfinite = true to skip such steps",
+                "step {}: the gradient norm is {grad_norm}: {which}; set train.skip_nonfinite = true to skip such steps",
                 step + 1,
-                self.first_nonfinite_gradient()
             )));
         }
         if skipped {
             self.skipped_steps += 1;
+        } else if whole_out.is_some() {
+            // clipped and updated inside the graph
         } else {
             if let Some(max) = self.grad_clip {
                 clip_to_norm(&params, max, grad_norm)?;
