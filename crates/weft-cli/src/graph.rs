@@ -10,16 +10,50 @@ pub struct DumpArgs {
     format: String,
 }
 
-/// Prints the captured step of the config's model on its first batch.
+/// Prints the steps compiled mode captures for the config's model on its first batches: the
+/// whole step it replays at every step after the first (the last micro-batch's forward and
+/// backward, the gradients' norm, clipping and the update), and with `train.grad_accum` above 1
+/// the graph of each earlier micro-batch. `dot` prints the whole step alone. When the whole step
+/// cannot be captured, the micro-batch graph, saying why.
 pub fn dump(args: &DumpArgs) -> Result<(), String> {
     if !matches!(args.format.as_str(), "text" | "dot") {
         return Err(format!("--format: {:?} is not one of text, dot", args.format));
     }
     let cfg = args.config.load()?;
-    let step = weft_train::run::step_graph(&cfg).map_err(|e| e.to_string())?;
+    let micro = || weft_train::run::step_graph(&cfg).map_err(|e| e.to_string());
+    let whole = weft_train::run::whole_step_graph(&cfg).map_err(|e| e.to_string());
     if args.format == "dot" {
+        let step = match whole {
+            Ok(w) => w,
+            Err(why) => {
+                weft_core::errln!("weft: {why}; printing the micro-batch graph");
+                micro()?
+            }
+        };
         return crate::print_out(&step.graph.to_dot());
     }
+    let mut text = String::new();
+    match whole {
+        Ok(w) => {
+            text += "the whole step, replayed at every step after the first (the last micro-batch's forward and \
+                     backward, the gradients' norm, clipping and the optimizer's update):\n";
+            text += &describe(&w);
+            if cfg.train.grad_accum > 1 {
+                text += "\neach earlier micro-batch of a step (forward and backward; its gradients are added to \
+                         the parameters'):\n";
+                text += &describe(&micro()?);
+            }
+        }
+        Err(why) => {
+            text += &format!("{why}; the micro-batch graph (forward and backward), the update running eagerly:\n");
+            text += &describe(&micro()?);
+        }
+    }
+    crate::print_out(&text)
+}
+
+/// A captured graph in text: what the passes did, then its nodes, fusion groups and memory plan.
+fn describe(step: &weft_train::run::StepGraph) -> String {
     let (r, m) = (step.report, step.remat);
     let recomputed = if m.recomputed > 0 {
         format!(
@@ -31,14 +65,14 @@ pub fn dump(args: &DumpArgs) -> Result<(), String> {
     } else {
         String::new()
     };
-    crate::print_out(&format!(
+    format!(
         "captured {} nodes; folded {}, merged {}, removed {}{recomputed}\n{}",
         r.captured,
         r.folded,
         r.merged,
         r.removed,
         step.graph.to_text()
-    ))
+    )
 }
 
 #[derive(clap::Args)]

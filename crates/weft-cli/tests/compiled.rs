@@ -29,28 +29,32 @@ fn column(metrics: &Path, key: &str) -> Vec<f64> {
 #[test]
 fn compiled_runs_log_the_eager_losses_bit_for_bit() {
     let out = temp_dir("compiled-same");
-    for case in [
-        "gpt_adamw",
-        "gpt_adamw_accum2",
-        "llama_gqa_adamw",
-        "mlp_adamw",
-        "convnet_adamw",
+    for (case, extra) in [
+        ("gpt_adamw", None),
+        ("gpt_adamw_accum2", None),
+        ("gpt_adamw_accum2", Some("train.precision=bf16")),
+        ("llama_gqa_adamw", None),
+        ("llama_gqa_adamw", Some("train.grad_accum=3")),
+        ("mlp_adamw", None),
+        ("convnet_adamw", None),
     ] {
-        let (eager, _) = train(case, &out, false, &[]);
-        let (compiled, err) = train(case, &out, true, &[]);
-        // the step really was captured (and so replayed after): the trainer says so once. With
-        // one micro-batch, from the second step on the whole step is one graph, clipping and the
-        // update included (the first makes the optimizer's state); with two, each micro-batch's
-        // forward and backward are (llama's is first captured at its second call, its rotary
-        // tables made at the first: there, by then, the whole step)
+        let extra: Vec<&str> = extra.into_iter().collect();
+        let (eager, _) = train(case, &out, false, &extra);
+        let (compiled, err) = train(case, &out, true, &extra);
+        let case = format!("{case} {extra:?}");
+        // the step really was captured (and so replayed after): the trainer says so once. From
+        // the second step on, the last micro-batch's forward and backward, clipping and the
+        // update are one graph (the first step makes the optimizer's state); the micro-batch
+        // graph runs the first step and, with two micro-batches, every first one (llama's is first
+        // captured at its second call, its rotary tables made at the first: there, by then, the
+        // whole step)
         assert!(!err.contains("running eagerly"), "{case}: {err}");
         let whole = err
             .matches("train.compile: captured the whole step (forward, backward, clipping and the optimizer's update):")
             .count();
         let micro = err.matches("train.compile: captured the step:").count();
-        let want = match case {
-            "gpt_adamw_accum2" => (0, 1),
-            "llama_gqa_adamw" => (1, 0),
+        let want = match case.as_str() {
+            "llama_gqa_adamw []" => (1, 0),
             _ => (1, 1),
         };
         assert_eq!((whole, micro), want, "{case}: {err}");
@@ -67,9 +71,6 @@ fn the_whole_step_skips_non_finite_steps_as_eager_mode_does() {
     let out = temp_dir("compiled-nonfinite");
     // at this learning rate the first update overflows the weights: every later loss is NaN
     let sets = ["optim.lr=1e37", "train.skip_nonfinite=true"];
-    let (eager, _) = train("gpt_adamw", &out, false, &sets);
-    let (compiled, err) = train("gpt_adamw", &out, true, &sets);
-    assert!(err.contains("captured the whole step"), "{err}");
     let fields = |m: &Path| -> Vec<String> {
         read_metrics(m)
             .iter()
@@ -82,9 +83,19 @@ fn the_whole_step_skips_non_finite_steps_as_eager_mode_does() {
             })
             .collect()
     };
-    let (a, b) = (fields(&eager), fields(&compiled));
-    assert!(a.len() >= 10 && a[1].contains("true"), "{a:?}");
-    assert_eq!(a, b);
+    // with two micro-batches, the earlier one's loss is an input of the last one's graph
+    for case in ["gpt_adamw", "gpt_adamw_accum2"] {
+        let (eager, _) = train(case, &out, false, &sets);
+        let (compiled, err) = train(case, &out, true, &sets);
+        assert!(err.contains("captured the whole step"), "{case}: {err}");
+        let (a, b) = (fields(&eager), fields(&compiled));
+        // (the first update runs at the warm-up's learning rate of 0)
+        assert!(
+            a.len() >= 10 && a[..3].iter().any(|r| r.contains("true")),
+            "{case}: {a:?}"
+        );
+        assert_eq!(a, b, "{case}");
+    }
     // without skipping, the run stops at the first NaN, as eagerly
     let metrics = out.join("stops.jsonl");
     let m = common::path_set("train.metrics", &metrics);
@@ -179,18 +190,37 @@ fn graph_dump_prints_the_captured_step() {
     let c = fixture_config("gpt_adamw");
     let c = c.to_str().unwrap();
     let text = String::from_utf8(weft_ok(&["graph", "dump", "--config", c]).stdout).unwrap();
-    let first = text.lines().next().unwrap();
+    let mut lines = text.lines();
+    let (title, first) = (lines.next().unwrap(), lines.next().unwrap());
+    assert!(title.starts_with("the whole step"), "{title}");
     assert!(first.starts_with("captured ") && first.contains("folded"), "{first}");
     for needle in [
         "input 0 : i64",
         "external : f32",
         "Linear",
         "CrossEntropyBackward",
+        "CustomOp(grad_norm)",
+        "CustomOp(adam_update)",
         "return %",
         "memory plan:",
     ] {
         assert!(text.contains(needle), "{needle:?} in:\n{text}");
     }
+    // one graph a step: the micro-batch graph only runs the first step
+    assert_eq!(text.matches("memory plan:").count(), 1, "{text}");
+    // with accumulation, also the graph of the earlier micro-batches, which has no update
+    let accum = fixture_config("gpt_adamw_accum2");
+    let text = String::from_utf8(weft_ok(&["graph", "dump", "--config", accum.to_str().unwrap()]).stdout).unwrap();
+    let (whole, micro) = text.split_once("\neach earlier micro-batch").expect("two graphs");
+    assert!(
+        whole.contains("CustomOp(adam_update)") && whole.contains("memory plan:"),
+        "{whole}"
+    );
+    assert!(!micro.contains("CustomOp") && micro.contains("memory plan:"), "{micro}");
+    // SGD's update node
+    let sgd = fixture_config("gpt_sgd");
+    let sgd = weft_ok(&["graph", "dump", "--config", sgd.to_str().unwrap()]).stdout;
+    assert!(String::from_utf8_lossy(&sgd).contains("CustomOp(sgd_update)"));
     let dot = String::from_utf8(weft_ok(&["graph", "dump", "--config", c, "--format", "dot"]).stdout).unwrap();
     assert!(dot.starts_with("digraph") && dot.trim_end().ends_with('}'), "{dot}");
     fails_with(
@@ -323,7 +353,9 @@ fn recomputation_keeps_the_losses_and_lowers_the_planned_peak() {
             String::from_utf8(weft_ok(&args).stdout).unwrap()
         };
         let (with, without) = (dump(&[]), dump(&["--set", "train.compile_recompute=false"]));
-        assert!(with.lines().next().unwrap().contains("recomputed"), "{case}: {with}");
+        let captured = |dump: &str| dump.lines().find(|l| l.starts_with("captured ")).unwrap().to_string();
+        assert!(captured(&with).contains("recomputed"), "{case}: {with}");
+        assert!(!captured(&without).contains("recomputed"), "{case}: {without}");
         assert!(
             planned_peak(&with) < planned_peak(&without),
             "{case}: planned peak {} MiB with recomputation, {} without",

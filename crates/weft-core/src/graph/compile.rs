@@ -241,6 +241,11 @@ impl GraphCache {
         self.cache.iter().find(|(s, _)| *s == sig).map(|(_, p)| &p.graph)
     }
 
+    /// The graph used last (replayed or captured), if one was captured.
+    pub fn newest_graph(&self) -> Option<&Graph> {
+        self.cache.last().map(|(_, p)| &p.graph)
+    }
+
     /// What the passes did to the newest graph.
     pub fn pass_report(&self) -> PassReport {
         self.report

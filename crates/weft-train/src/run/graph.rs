@@ -3,10 +3,11 @@
 use weft_core::graph::{passes::PassReport, remat::RematReport, Graph, GraphCache};
 use weft_core::Tensor;
 
-use super::build::build_model;
+use super::build::{build_model, build_optimizer, build_schedule};
 use super::data::{build_data, check_data};
 use crate::config::RunConfig;
 use crate::error::{Error, Result};
+use crate::trainer::Trainer;
 
 /// The captured step of a run: one micro-batch's forward, loss and backward.
 pub struct StepGraph {
@@ -29,6 +30,41 @@ pub fn step_graph(config: &RunConfig) -> Result<StepGraph> {
             remat: cache.remat_report(),
         })
     })
+}
+
+/// The whole step compiled mode replays on one process from the second step on: the last
+/// micro-batch's forward, loss and backward (added to the earlier micro-batches' gradients with
+/// `train.grad_accum` above 1), the gradients' norm, clipping and the optimizer's update. Trains
+/// the config's model (initialised as [`step_graph`]'s) for the steps it takes to capture it,
+/// at most three, on the first batches of its data, on the CPU; nothing is written. Fails naming
+/// the reason when the whole step is not captured.
+pub fn whole_step_graph(config: &RunConfig) -> Result<StepGraph> {
+    let data = build_data(config)?;
+    check_data(config, &data)?;
+    let model = build_model(&config.model, config.train.seed)?;
+    let optimizer = build_optimizer(&config.optim)?;
+    let schedule = build_schedule(&config.schedule, config.optim.lr, config.train.steps)?;
+    let t = &config.train;
+    let mut trainer = Trainer::new(model, optimizer, schedule, config.optim.weight_decay)
+        .with_grad_clip(config.optim.grad_clip)
+        .with_grad_accum(t.grad_accum)
+        .with_compile_recompute(t.compile_recompute)
+        .with_compile(true)
+        .with_autocast(
+            t.autocast()
+                .map_err(|e| Error::Config(format!("train.precision: {e}")))?,
+        );
+    let k = t.grad_accum.max(1);
+    let mut why = String::new();
+    for step in 0..3 {
+        let batches = (0..k).map(|j| (data.train)(step * k + j)).collect::<Result<Vec<_>>>()?;
+        trainer.train_accumulated(step, &batches)?;
+        match trainer.whole_step_graph() {
+            Ok((graph, report, remat)) => return Ok(StepGraph { graph, report, remat }),
+            Err(w) => why = w,
+        }
+    }
+    Err(Error::Run(format!("the whole step cannot be captured: {why}")))
 }
 
 /// Captures the config's step as [`step_graph`] does, then replays it once with an autotuning

@@ -19,7 +19,7 @@ pub(crate) use build::build_language_model;
 pub use build::{build_model, build_optimizer, build_schedule};
 use data::{build_data, check_data};
 pub use evaluate::{evaluate, Evaluation};
-pub use graph::{step_graph, tune_step, StepGraph};
+pub use graph::{step_graph, tune_step, whole_step_graph, StepGraph};
 use layout::{job_shape, join_job, with_job_dp};
 
 use crate::checkpoint::{self, ClaimMode};

@@ -1,4 +1,4 @@
-//! Compiled mode's whole step: with one micro-batch on a single process, forward, loss,
+//! Compiled mode's whole step: on a single process, the last micro-batch's forward, loss and
 //! backward, the gradients' global norm, clipping and the optimizer's update are captured as one
 //! graph (`weft_nn::step_ops`: the norm, the clipping and each parameter's update are nodes that
 //! run the eager step's own code) and replayed at every later step. The learning rate and each
@@ -6,11 +6,18 @@
 //! finite changes nothing (the eager step skips it), and the step counts advance only for
 //! updates that ran.
 //!
+//! With gradient accumulation (`K > 1` micro-batches), the first `K - 1` run through the
+//! micro-batch graph, which leaves their summed gradients on the parameters; the whole step then
+//! takes those sums as inputs, adds the last micro-batch's gradients to them as eager backward
+//! would, and checks the sum of the earlier losses (an input) with the last for finiteness.
+//!
 //! The whole step needs the optimizer's state to exist before it is captured (the graph holds
 //! its tensors), so the first step runs through the micro-batch graph and the eager update,
 //! which makes it; the whole step is captured at the second and replayed from the third.
 
-use weft_core::graph::{GraphCache, Outcome};
+use weft_core::graph::passes::PassReport;
+use weft_core::graph::remat::RematReport;
+use weft_core::graph::{Graph, GraphCache, Outcome};
 use weft_core::Tensor;
 use weft_nn::optim::Optimizer;
 use weft_nn::step_ops::{grad_norm_node, UpdateInputs, UpdateItem};
@@ -25,8 +32,9 @@ type Signature = Vec<(Vec<usize>, weft_core::DType)>;
 pub(crate) struct WholeStep {
     pub(super) cache: GraphCache,
     updated: Vec<(Signature, Vec<bool>)>,
-    /// Given up (a capture refused): the micro-batch graph and the eager update from then on.
-    off: bool,
+    /// Given up (a capture refused, the reason): the micro-batch graph and the eager update from
+    /// then on.
+    off: Option<String>,
 }
 
 impl WholeStep {
@@ -34,7 +42,7 @@ impl WholeStep {
         WholeStep {
             cache,
             updated: Vec::new(),
-            off: false,
+            off: None,
         }
     }
 }
@@ -48,22 +56,48 @@ pub(crate) struct WholeOutcome {
 }
 
 /// The function the whole step captures: `xs = [inputs, targets, lr, step counts...]` (a step
-/// count per parameter of `flat`, the groups' parameters in order) -> `[loss, gradient norm]`,
-/// and which parameters got a gradient.
+/// count per parameter of `flat`, the groups' parameters in order), followed when
+/// `accumulated` by `[earlier gradients..., earlier losses' sum, loss scale]` (a gradient per
+/// parameter of `flat`, the sum and scale 0-d f64) -> `[loss, gradient norm]`, and which
+/// parameters got a gradient.
 fn whole_step_fn(
     model: &dyn weft_models::Model,
     flat: &[(String, Tensor, f64)],
     optimizer: &dyn Optimizer,
     autocast: Option<weft_core::DType>,
     clip: Option<f64>,
+    accumulated: bool,
     xs: &[Tensor],
 ) -> weft_core::Result<(Vec<Tensor>, Vec<bool>)> {
+    let n = flat.len();
     flat.iter().for_each(|(_, p, _)| p.set_grad(None));
     let loss = weft_core::autocast(autocast, || model.loss(&xs[0], &xs[1]))?;
-    loss.backward()?;
+    if accumulated {
+        // the seed eager mode gives a micro-batch's backward: `ones_like(loss) * scale`, the
+        // scale rounded to f32 first (then to the loss's dtype)
+        let mut seed = xs[3 + 2 * n + 1].cast(weft_core::DType::F32)?;
+        if loss.dtype() != seed.dtype() {
+            seed = seed.cast(loss.dtype())?;
+        }
+        loss.backward_with(&seed)?;
+    } else {
+        loss.backward()?;
+    }
     let loss = loss.detach();
     weft_core::no_grad(|| {
-        let grads: Vec<Option<Tensor>> = flat.iter().map(|(_, p, _)| p.grad()).collect();
+        let mut grads: Vec<Option<Tensor>> = flat.iter().map(|(_, p, _)| p.grad()).collect();
+        // the step's loss as far as finiteness goes: the earlier micro-batches' sum and this one
+        let mut checked = loss.clone();
+        if accumulated {
+            for (i, g) in grads.iter_mut().enumerate() {
+                let held = &xs[3 + n + i];
+                *g = Some(match g.take() {
+                    Some(g) => held.add(&g)?,
+                    None => held.clone(),
+                });
+            }
+            checked = loss.cast(weft_core::DType::F64)?.add(&xs[3 + 2 * n])?;
+        }
         let mask = grads.iter().map(Option::is_some).collect();
         // summed in the groups' order, as the eager step's norm
         let present: Vec<Tensor> = grads.iter().flatten().cloned().collect();
@@ -84,7 +118,7 @@ fn whole_step_fn(
             .collect();
         let inputs = UpdateInputs {
             lr: &xs[2],
-            loss: &loss,
+            loss: &checked,
             norm: &norm,
             max_norm: clip,
         };
@@ -108,18 +142,19 @@ impl Trainer {
             .collect()
     }
 
-    /// Whether a step of `k` micro-batches runs as the whole-step graph: compiled mode on and
-    /// not given up, one micro-batch, a single process (the data-parallel reductions and the
-    /// other layouts sit between backward and the update), and an optimizer with update nodes
-    /// and state for every parameter.
-    pub(crate) fn whole_step_ready(&mut self, k: usize) -> bool {
-        if k != 1 || self.data_parallel.is_some() || !self.use_compiled() {
+    /// Whether a step's last micro-batch may run as the whole-step graph: compiled mode on and
+    /// not given up, a single process (the data-parallel reductions and the other layouts sit
+    /// between backward and the update), and an optimizer with update nodes and state for every
+    /// parameter. With accumulation, [`Trainer::holds_every_gradient`] decides at the last
+    /// micro-batch.
+    pub(crate) fn whole_step_ready(&mut self) -> bool {
+        if self.data_parallel.is_some() || !self.use_compiled() {
             return false;
         }
         let Some(whole) = self.compiled.as_ref().map(|c| &c.whole) else {
             return false;
         };
-        !whole.off
+        whole.off.is_none()
             && self
                 .groups
                 .iter()
@@ -127,9 +162,46 @@ impl Trainer {
                 .all(|(name, _)| self.optimizer.next_step(name).is_some())
     }
 
-    /// One step through the whole-step graph at learning rate `lr`: forward, backward, the
-    /// norm, clipping and (when the loss and norm are finite) the update.
-    pub(crate) fn whole_compiled_step(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Result<WholeOutcome> {
+    /// The whole-step graph used last, with what the passes and recomputation did at its capture
+    /// (`weft graph dump`); `Err` says why there is none.
+    pub(crate) fn whole_step_graph(&self) -> std::result::Result<(Graph, PassReport, RematReport), String> {
+        let whole = match &self.compiled {
+            Some(c) => &c.whole,
+            None => return Err("compiled mode is off".into()),
+        };
+        if let Some(why) = &whole.off {
+            return Err(why.clone());
+        }
+        let graph = whole
+            .cache
+            .newest_graph()
+            .ok_or("no step has reached it yet (the first makes the optimizer's state)")?;
+        Ok((graph.clone(), whole.cache.pass_report(), whole.cache.remat_report()))
+    }
+
+    /// Whether every parameter holds a gradient (what the earlier micro-batches of an
+    /// accumulated step left): the whole step then takes them as inputs. (A parameter the earlier
+    /// micro-batches gave none leaves the update to eager mode: which ones have a gradient is not
+    /// part of a graph's input signature.)
+    pub(crate) fn holds_every_gradient(&self) -> bool {
+        self.groups
+            .iter()
+            .flat_map(|g| &g.params)
+            .all(|(_, p)| p.grad().is_some())
+    }
+
+    /// One step (or its last micro-batch, of `accumulated = Some((scale, earlier))`: each
+    /// micro-batch's loss weighed by `scale`, `earlier` the sum of the earlier micro-batches'
+    /// losses, whose gradients the parameters hold) through the whole-step graph at learning
+    /// rate `lr`: forward, backward, the norm, clipping and (when the loss and norm are finite)
+    /// the update. The outcome's loss is this micro-batch's.
+    pub(crate) fn whole_compiled_step(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        lr: f64,
+        accumulated: Option<(f64, f64)>,
+    ) -> Result<WholeOutcome> {
         let flat = self.flat_params();
         let mut inputs = vec![x.clone(), y.clone(), Tensor::scalar(lr)];
         for (name, _, _) in &flat {
@@ -138,6 +210,16 @@ impl Trainer {
                 .next_step(name)
                 .ok_or_else(|| Error::Run(format!("the optimizer has no state for {name}")))?;
             inputs.push(Tensor::scalar(t as f64));
+        }
+        if let Some((scale, earlier)) = accumulated {
+            for (name, p, _) in &flat {
+                let g = p
+                    .grad()
+                    .ok_or_else(|| Error::Run(format!("{name} holds no gradient of the earlier micro-batches")))?;
+                inputs.push(g);
+                p.set_grad(None);
+            }
+            inputs.extend([Tensor::scalar(earlier), Tensor::scalar(scale)]);
         }
         let sig: Signature = inputs.iter().map(|t| (t.shape().to_vec(), t.dtype())).collect();
         let (model, autocast, clip) = (self.model.as_ref(), self.autocast, self.grad_clip);
@@ -148,7 +230,7 @@ impl Trainer {
         let whole = &mut compiled.whole;
         let mut mask = None;
         let outputs = whole.cache.call_with_stream(&inputs, model.context(), |xs| {
-            let (out, m) = whole_step_fn(model, &flat, optimizer, autocast, clip, xs)?;
+            let (out, m) = whole_step_fn(model, &flat, optimizer, autocast, clip, accumulated.is_some(), xs)?;
             mask = Some(m);
             Ok(out)
         })?;
@@ -161,7 +243,7 @@ impl Trainer {
         let tuned = whole.cache.take_tune_report();
         let refused = whole.cache.eager_reason().map(str::to_string);
         if refused.is_some() {
-            whole.off = true;
+            whole.off.clone_from(&refused);
         }
         let updated = whole
             .updated
@@ -177,7 +259,8 @@ impl Trainer {
             .filter(|(_, u)| **u)
             .map(|((n, _, _), _)| n.as_str())
             .collect();
-        if loss.is_finite() && grad_norm.is_finite() {
+        let checked = loss + accumulated.map_or(0.0, |(_, earlier)| earlier);
+        if checked.is_finite() && grad_norm.is_finite() {
             self.optimizer.count_updates(&names);
         }
         let grad_bytes = flat

@@ -53,8 +53,8 @@ impl Trainer {
         let (mut local_sum, mut activation_bytes) = (0.0, None::<Vec<usize>>);
         let mut items = 0;
         let mut tokens = false;
-        // compiled mode with one micro-batch on one process: the update is in the graph too
-        let whole = self.whole_step_ready(k);
+        // compiled mode on one process: the last micro-batch's graph holds the update too
+        let whole = self.whole_step_ready();
         let mut whole_out = None;
         for j in 0..k {
             let last = j + 1 == k;
@@ -84,9 +84,9 @@ impl Trainer {
                         None => peaks,
                     });
                 }
-                None if whole => {
+                None if whole && last && (k == 1 || self.holds_every_gradient()) => {
                     let _s = span("compute", "compiled step");
-                    let out = self.whole_compiled_step(x, y, lr)?;
+                    let out = self.whole_compiled_step(x, y, lr, (k > 1).then_some((scale, local_sum)))?;
                     local_sum += out.loss;
                     whole_out = Some(out);
                 }
