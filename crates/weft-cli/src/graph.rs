@@ -11,7 +11,8 @@ pub struct DumpArgs {
 }
 
 /// Prints the steps compiled mode captures for the config's model on its first batches: the
-/// whole step it replays at every step after the first (the last micro-batch's forward and
+/// whole step it replays at every step once captured (from the second; the first for SGD without
+/// momentum) (the last micro-batch's forward and
 /// backward, the gradients' norm, clipping and the update), and with `train.grad_accum` above 1
 /// the graph of each earlier micro-batch. `dot` prints the whole step alone. When the whole step
 /// cannot be captured, the micro-batch graph, saying why.
@@ -35,7 +36,7 @@ pub fn dump(args: &DumpArgs) -> Result<(), String> {
     let mut text = String::new();
     match whole {
         Ok(w) => {
-            text += "the whole step, replayed at every step after the first (the last micro-batch's forward and \
+            text += "the whole step, replayed at every step once captured (the last micro-batch's forward and \
                      backward, the gradients' norm, clipping and the optimizer's update):\n";
             text += &describe(&w);
             if cfg.train.grad_accum > 1 {

@@ -91,6 +91,21 @@ pub(crate) fn read_scalars(inputs: &[&Tensor], max_norm: Option<f64>) -> Result<
     Ok(Some((lr, coef)))
 }
 
+/// The gradients an update node clips and reads, each in a buffer of its own: eagerly every
+/// parameter's gradient has one (autograd copies a gradient it hands to a second leaf), but a
+/// captured graph records that copy as the same value, so two parameters' gradients may share a
+/// buffer at a replay; clipping it in place once per parameter would scale it twice. `grads[i]`
+/// is copied when its storage is an earlier one's.
+pub(crate) fn own_gradients<'a>(grads: impl Iterator<Item = &'a Tensor>) -> Result<Vec<Tensor>> {
+    let mut seen = std::collections::HashSet::new();
+    grads
+        .map(|g| match seen.insert(Arc::as_ptr(g.storage())) {
+            true => Ok(g.clone()),
+            false => g.contiguous_copy(),
+        })
+        .collect()
+}
+
 /// A step count input: a whole number >= 1.
 pub(crate) fn read_step_count(t: &Tensor) -> Result<u64> {
     let t = t.item()?;

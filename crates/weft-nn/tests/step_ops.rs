@@ -194,3 +194,64 @@ fn a_captured_update_replays_the_eager_steps_bit_for_bit() {
         );
     }
 }
+
+/// Two parameters whose gradients are one buffer (as a replayed graph may hand them: it records
+/// autograd's copy for the second leaf as the same value) are clipped and updated as eagerly,
+/// where each has a copy: the buffer is not scaled twice.
+#[test]
+fn an_update_node_clips_a_gradient_two_parameters_share_once() {
+    for (name, make) in optimizers() {
+        let pairs = [(), ()].map(|_| [randn(&[5], 1), randn(&[5], 2)]);
+        let groups = |ps: &[Tensor; 2]| {
+            vec![ParamGroup::new(
+                vec![("p".into(), ps[0].clone()), ("q".into(), ps[1].clone())],
+                0.1,
+            )]
+        };
+        let (mut opt_e, opt_n) = (make(), make());
+        let mut opt_n = opt_n;
+        // a first eager step each makes the state (Adam's moments, SGD's momentum)
+        for (ps, opt) in [(&pairs[0], &mut opt_e), (&pairs[1], &mut opt_n)] {
+            ps.iter().for_each(|p| p.set_grad(Some(randn(&[5], 3))));
+            opt.step(&groups(ps), 0.01).unwrap();
+        }
+        let g = randn(&[5], 4).mul_scalar(10.0).unwrap();
+        // eagerly: a copy each, clipped against the norm of both
+        pairs[0]
+            .iter()
+            .for_each(|p| p.set_grad(Some(g.contiguous_copy().unwrap())));
+        let norm = grad_norm(&pairs[0]).unwrap();
+        assert!(norm > MAX_NORM, "{name}: the step must clip");
+        clip_to_norm(&pairs[0], MAX_NORM, norm).unwrap();
+        opt_e.step(&groups(&pairs[0]), 0.01).unwrap();
+        // the node: the same buffer for both
+        let shared = g.contiguous_copy().unwrap();
+        let (lr, loss) = (Tensor::scalar(0.01f64), Tensor::scalar(1.0f32));
+        let steps = ["p", "q"].map(|n| Tensor::scalar(opt_n.next_step(n).unwrap() as f64));
+        weft_core::no_grad(|| {
+            let norm = grad_norm_node(&[shared.clone(), shared.clone()]).unwrap();
+            let items: Vec<UpdateItem> = ["p", "q"]
+                .iter()
+                .zip(&pairs[1])
+                .zip(&steps)
+                .map(|((n, p), step)| UpdateItem {
+                    name: n,
+                    param: p,
+                    grad: &shared,
+                    weight_decay: 0.1,
+                    step,
+                })
+                .collect();
+            let inputs = UpdateInputs {
+                lr: &lr,
+                loss: &loss,
+                norm: &norm,
+                max_norm: Some(MAX_NORM),
+            };
+            assert!(opt_n.update_node(&items, &inputs).unwrap().is_some(), "{name}");
+        });
+        for (a, b) in pairs[0].iter().zip(&pairs[1]) {
+            assert_eq!(bits(a), bits(b), "{name}");
+        }
+    }
+}

@@ -5,8 +5,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{batches, trainer};
+use weft_models::mlp::{MlpConfig, MlpModel};
+use weft_nn::layers::Activation;
+use weft_nn::module::Module;
+use weft_nn::optim::{Adam, AdamConfig};
+use weft_nn::schedule::Schedule;
 use weft_train::trainer::BatchFn;
-use weft_train::{Callback, StepRecord};
+use weft_train::{Callback, StepRecord, Trainer};
 
 mod common;
 
@@ -112,4 +117,45 @@ fn data_wait_ms_sums_the_wait_for_every_micro_batch() {
         );
         assert!(r.step_ms < r.data_wait_ms, "step_ms {} counts no wait", r.step_ms);
     }
+}
+
+/// A compiled step of two micro-batches whose first alone has a loss that is not finite (every
+/// target ignored: the loss is 0/0, its gradients zero) is skipped as eagerly: the whole-step
+/// graph of the last micro-batch, whose own loss is finite, reads the earlier losses' sum. The
+/// same losses, norms and skips step by step, and the same parameters after.
+#[test]
+fn a_compiled_step_whose_earlier_micro_batch_is_not_finite_is_skipped_as_eagerly() {
+    let data = batches(1.0);
+    let run = |compile: bool| {
+        let mlp = MlpConfig {
+            in_features: 4,
+            hidden: vec![8],
+            out_features: 3,
+            activation: Activation::Relu,
+        };
+        let model = Arc::new(MlpModel::new(mlp, 0).unwrap());
+        let adam = Box::new(Adam::new(AdamConfig::default()).unwrap());
+        let mut t = Trainer::new(model.clone(), adam, Schedule::Constant { lr: 0.01 }, 0.0)
+            .with_progress(false)
+            .with_grad_clip(Some(0.5))
+            .with_grad_accum(2)
+            .with_skip_nonfinite(true)
+            .with_compile(compile);
+        let mut rows = Vec::new();
+        for step in 0..6 {
+            let mut micro: Vec<_> = (0..2).map(|j| data(2 * step + j).unwrap()).collect();
+            if step == 3 {
+                let y = &micro[0].1;
+                micro[0].1 = weft_core::Tensor::full(y.shape(), -100.0, y.dtype()).unwrap();
+            }
+            let r = t.train_accumulated(step, &micro).unwrap();
+            rows.push((r.loss.to_bits(), r.grad_norm.to_bits(), r.skipped, r.skipped_steps));
+        }
+        let params: Vec<Vec<f64>> = model.parameters().iter().map(|(_, p)| p.to_vec_f64()).collect();
+        (rows, params)
+    };
+    let (eager, compiled) = (run(false), run(true));
+    assert!(eager.0[3].2 && !eager.0[2].2 && !eager.0[4].2, "{:?}", eager.0);
+    assert!(f64::from_bits(eager.0[3].1).is_finite(), "only the loss is not finite");
+    assert_eq!(eager, compiled);
 }

@@ -6,8 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::{batches, plain_trainer, temp, trainer};
+use weft_models::mlp::{MlpConfig, MlpModel};
+use weft_nn::layers::Activation;
+use weft_nn::optim::{Adam, AdamConfig};
+use weft_nn::schedule::Schedule;
 use weft_train::trainer::{BatchFn, CheckpointPolicy};
-use weft_train::Error;
+use weft_train::{Error, Trainer};
 
 mod common;
 
@@ -138,5 +142,53 @@ fn a_checkpoint_of_the_runs_own_folder_continues_the_run() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("holds checkpoints of another run"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A compiled trainer whose whole step (holding the optimizer's state tensors) was captured,
+/// then given a checkpoint by `load_checkpoint`, goes on as the run that wrote it: the graph
+/// is captured again around the loaded state.
+#[test]
+fn a_checkpoint_loaded_into_a_compiled_trainer_is_what_its_update_reads() {
+    let dir = temp("compiled-load");
+    let adam = || {
+        let model = MlpModel::new(
+            MlpConfig {
+                in_features: 4,
+                hidden: vec![8],
+                out_features: 3,
+                activation: Activation::Relu,
+            },
+            0,
+        )
+        .unwrap();
+        let adam = Adam::new(AdamConfig::default()).unwrap();
+        Trainer::new(Arc::new(model), Box::new(adam), Schedule::Constant { lr: 0.01 }, 0.0)
+            .with_progress(false)
+            .with_compile(true)
+    };
+    let data = batches(1.0);
+    let losses = |t: &mut Trainer, steps: std::ops::Range<usize>| -> Vec<u64> {
+        steps
+            .map(|i| {
+                let (x, y) = data(i).unwrap();
+                t.train_step(i, &x, &y).unwrap().loss.to_bits()
+            })
+            .collect()
+    };
+    let policy = CheckpointPolicy {
+        dir: dir.clone(),
+        every: 3,
+        keep: 1,
+        overwrite: false,
+    };
+    let mut run = adam().with_checkpoints(policy);
+    run.fit(data.clone(), 0, 3).unwrap();
+    let want = losses(&mut run, 3..7);
+    // another trainer, its whole step captured and replayed over other steps, then loaded
+    let mut other = adam();
+    losses(&mut other, 0..5);
+    assert_eq!(other.load_checkpoint(&dir).unwrap(), 3);
+    assert_eq!(losses(&mut other, 3..7), want);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -268,9 +268,10 @@ impl Function for AdamUpdateFn {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let grads = crate::step_ops::own_gradients((0..n).map(|i| of(i)[1]))?;
         let cfg = &self.cfg;
         let one = |i: usize| -> Result<()> {
-            let (param, grad) = (of(i)[0], of(i)[1]);
+            let (param, grad) = (of(i)[0], &grads[i]);
             // clipping first, in place, as the eager step's `clip_to_norm`
             if let Some(c) = coef {
                 crate::clip::scale(grad, c)?;

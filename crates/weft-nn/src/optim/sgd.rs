@@ -223,13 +223,14 @@ impl Function for SgdUpdateFn {
         let momentum = self.cfg.momentum != 0.0;
         let per = if momentum { 4 } else { 3 };
         let of = |i: usize| &inputs[3 + per * i..][..per];
+        let grads = crate::step_ops::own_gradients((0..self.weight_decays.len()).map(|i| of(i)[1]))?;
         // the eager step clips every gradient first, then updates
         if let Some(c) = coef {
-            (0..self.weight_decays.len()).try_for_each(|i| crate::clip::scale(of(i)[1], c))?;
+            grads.iter().try_for_each(|g| crate::clip::scale(g, c))?;
         }
         for (i, &weight_decay) in self.weight_decays.iter().enumerate() {
             let x = of(i);
-            let (param, grad) = (x[0], x[1]);
+            let (param, grad) = (x[0], &grads[i]);
             let buf = momentum.then(|| x[2]);
             let w = Work {
                 name: "",

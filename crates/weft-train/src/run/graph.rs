@@ -37,7 +37,8 @@ pub fn step_graph(config: &RunConfig) -> Result<StepGraph> {
 /// `train.grad_accum` above 1), the gradients' norm, clipping and the optimizer's update. Trains
 /// the config's model (initialised as [`step_graph`]'s) for the steps it takes to capture it,
 /// at most three, on the first batches of its data, on the CPU; nothing is written. Fails naming
-/// the reason when the whole step is not captured.
+/// the reason when the whole step is not captured. It holds the optimizer's state as a run does
+/// (Adam: two more tensors the size of the parameters).
 pub fn whole_step_graph(config: &RunConfig) -> Result<StepGraph> {
     let data = build_data(config)?;
     check_data(config, &data)?;
@@ -48,6 +49,7 @@ pub fn whole_step_graph(config: &RunConfig) -> Result<StepGraph> {
     let mut trainer = Trainer::new(model, optimizer, schedule, config.optim.weight_decay)
         .with_grad_clip(config.optim.grad_clip)
         .with_grad_accum(t.grad_accum)
+        .with_skip_nonfinite(t.skip_nonfinite)
         .with_compile_recompute(t.compile_recompute)
         .with_compile(true)
         .with_autocast(
@@ -58,7 +60,9 @@ pub fn whole_step_graph(config: &RunConfig) -> Result<StepGraph> {
     let mut why = String::new();
     for step in 0..3 {
         let batches = (0..k).map(|j| (data.train)(step * k + j)).collect::<Result<Vec<_>>>()?;
-        trainer.train_accumulated(step, &batches)?;
+        trainer
+            .train_accumulated(step, &batches)
+            .map_err(|e| Error::Run(format!("step {} of the capture failed: {e}", step + 1)))?;
         match trainer.whole_step_graph() {
             Ok((graph, report, remat)) => return Ok(StepGraph { graph, report, remat }),
             Err(w) => why = w,

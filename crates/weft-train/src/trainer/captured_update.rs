@@ -73,12 +73,13 @@ fn whole_step_fn(
     flat.iter().for_each(|(_, p, _)| p.set_grad(None));
     let loss = weft_core::autocast(autocast, || model.loss(&xs[0], &xs[1]))?;
     if accumulated {
-        // the seed eager mode gives a micro-batch's backward: `ones_like(loss) * scale`, the
-        // scale rounded to f32 first (then to the loss's dtype)
-        let mut seed = xs[3 + 2 * n + 1].cast(weft_core::DType::F32)?;
-        if loss.dtype() != seed.dtype() {
-            seed = seed.cast(loss.dtype())?;
-        }
+        // the seed eager mode gives a micro-batch's backward: `ones_like(loss) * scale`, whose
+        // arithmetic is f64 for an f64 loss and f32 otherwise (then rounded to the loss's dtype)
+        let scale = &xs[3 + 2 * n + 1];
+        let seed = match loss.dtype() {
+            weft_core::DType::F64 => scale.clone(),
+            dt => scale.cast(weft_core::DType::F32)?.cast(dt)?,
+        };
         loss.backward_with(&seed)?;
     } else {
         loss.backward()?;
@@ -172,11 +173,30 @@ impl Trainer {
         if let Some(why) = &whole.off {
             return Err(why.clone());
         }
-        let graph = whole
-            .cache
-            .newest_graph()
-            .ok_or("no step has reached it yet (the first makes the optimizer's state)")?;
+        let stateless = self
+            .groups
+            .iter()
+            .flat_map(|g| &g.params)
+            .find(|(name, _)| self.optimizer.next_step(name).is_none());
+        let graph = match (whole.cache.newest_graph(), stateless) {
+            (Some(g), _) => g,
+            (None, Some((name, _))) => {
+                return Err(format!(
+                    "the optimizer holds no state for {name} (made at its first update, or checked after a \
+                     checkpoint's), so its update runs eagerly"
+                ))
+            }
+            (None, None) => return Err("no step has reached it yet".into()),
+        };
         Ok((graph.clone(), whole.cache.pass_report(), whole.cache.remat_report()))
+    }
+
+    /// Drops the whole-step graphs (they hold the optimizer's state tensors, which a checkpoint
+    /// load replaces): the next steps capture them again.
+    pub(crate) fn forget_whole_step(&mut self) {
+        if let Some(c) = self.compiled.as_mut() {
+            c.whole = WholeStep::new(super::compiled::step_cache(self.autotune, self.recompute));
+        }
     }
 
     /// Whether every parameter holds a gradient (what the earlier micro-batches of an
@@ -211,14 +231,20 @@ impl Trainer {
                 .ok_or_else(|| Error::Run(format!("the optimizer has no state for {name}")))?;
             inputs.push(Tensor::scalar(t as f64));
         }
+        if self.compiled.as_ref().is_none_or(|c| c.whole.off.is_some()) {
+            return Err(Error::Run("the whole compiled step is off".into()));
+        }
+        // the earlier micro-batches' gradients, given back should the step fail
+        let mut held = Vec::new();
         if let Some((scale, earlier)) = accumulated {
             for (name, p, _) in &flat {
                 let g = p
                     .grad()
                     .ok_or_else(|| Error::Run(format!("{name} holds no gradient of the earlier micro-batches")))?;
-                inputs.push(g);
-                p.set_grad(None);
+                held.push(g);
             }
+            flat.iter().for_each(|(_, p, _)| p.set_grad(None));
+            inputs.extend(held.iter().cloned());
             inputs.extend([Tensor::scalar(earlier), Tensor::scalar(scale)]);
         }
         let sig: Signature = inputs.iter().map(|t| (t.shape().to_vec(), t.dtype())).collect();
@@ -233,7 +259,16 @@ impl Trainer {
             let (out, m) = whole_step_fn(model, &flat, optimizer, autocast, clip, accumulated.is_some(), xs)?;
             mask = Some(m);
             Ok(out)
-        })?;
+        });
+        let outputs = match outputs {
+            Ok(o) => o,
+            Err(e) => {
+                for ((_, p, _), g) in flat.iter().zip(held) {
+                    p.set_grad(Some(g));
+                }
+                return Err(e.into());
+            }
+        };
         if let Some(m) = mask {
             whole.updated.retain(|(s, _)| *s != sig);
             whole.updated.push((sig.clone(), m));

@@ -213,6 +213,8 @@ impl Trainer {
             None => self.optimizer.load_state(&loaded.optimizer)?,
         }
         self.model.context().set_rng_offset(loaded.state.rng_offset);
+        // a whole-step graph holds the optimizer's state tensors, which loading replaced
+        self.forget_whole_step();
         Ok(loaded.state.step)
     }
 

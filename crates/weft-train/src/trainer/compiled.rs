@@ -32,14 +32,19 @@ pub(crate) struct CompiledStep {
 
 impl CompiledStep {
     pub(crate) fn new(autotune: Autotune, recompute: bool) -> Self {
-        let cache = || GraphCache::default().with_autotune(autotune).with_recompute(recompute);
         CompiledStep {
-            cache: cache(),
+            cache: step_cache(autotune, recompute),
             params: Vec::new(),
             has_grad: Vec::new(),
-            whole: super::captured_update::WholeStep::new(cache()),
+            whole: super::captured_update::WholeStep::new(step_cache(autotune, recompute)),
         }
     }
+}
+
+/// An empty cache for a step's graphs, choosing kernels by `autotune`, recomputing activations
+/// when `recompute`.
+pub(super) fn step_cache(autotune: Autotune, recompute: bool) -> GraphCache {
+    GraphCache::default().with_autotune(autotune).with_recompute(recompute)
 }
 
 /// The function compiled mode captures: `xs = [inputs, targets]` -> `[loss, gradients...]`, the

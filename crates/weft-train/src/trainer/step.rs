@@ -53,8 +53,6 @@ impl Trainer {
         let (mut local_sum, mut activation_bytes) = (0.0, None::<Vec<usize>>);
         let mut items = 0;
         let mut tokens = false;
-        // compiled mode on one process: the last micro-batch's graph holds the update too
-        let whole = self.whole_step_ready();
         let mut whole_out = None;
         for j in 0..k {
             let last = j + 1 == k;
@@ -68,6 +66,10 @@ impl Trainer {
                 z.begin_forward()?;
             }
             let compiled = self.use_compiled();
+            // compiled mode on one process: the last micro-batch's graph holds the update too
+            // (asked at the last micro-batch: an earlier one's refused capture turns it off)
+            let whole =
+                last && self.pipeline.is_none() && self.whole_step_ready() && (k == 1 || self.holds_every_gradient());
             // a pipeline runs forward and backward passes together, micro-batch by micro-batch
             match &self.pipeline {
                 Some(p) => {
@@ -84,7 +86,7 @@ impl Trainer {
                         None => peaks,
                     });
                 }
-                None if whole && last && (k == 1 || self.holds_every_gradient()) => {
+                None if whole => {
                     let _s = span("compute", "compiled step");
                     let out = self.whole_compiled_step(x, y, lr, (k > 1).then_some((scale, local_sum)))?;
                     local_sum += out.loss;
