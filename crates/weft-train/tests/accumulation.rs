@@ -159,3 +159,58 @@ fn a_compiled_step_whose_earlier_micro_batch_is_not_finite_is_skipped_as_eagerly
     assert!(f64::from_bits(eager.0[3].1).is_finite(), "only the loss is not finite");
     assert_eq!(eager, compiled);
 }
+
+/// A linear classifier of f64 parameters: its loss is f64, so eager mode seeds each micro-batch's
+/// backward with the scale in f64.
+struct F64Linear {
+    w: weft_core::Tensor,
+    ctx: weft_nn::context::Context,
+}
+
+impl Module for F64Linear {
+    fn parameters(&self) -> Vec<(String, weft_core::Tensor)> {
+        vec![("w".into(), self.w.clone())]
+    }
+}
+
+impl weft_models::Model for F64Linear {
+    fn loss(&self, x: &weft_core::Tensor, y: &weft_core::Tensor) -> weft_core::Result<weft_core::Tensor> {
+        self.logits(x)?.cross_entropy(y, -100, 0.0)
+    }
+
+    fn logits(&self, x: &weft_core::Tensor) -> weft_core::Result<weft_core::Tensor> {
+        x.cast(weft_core::DType::F64)?.matmul(&self.w)
+    }
+
+    fn context(&self) -> &weft_nn::context::Context {
+        &self.ctx
+    }
+}
+
+/// With three micro-batches (a scale of 1/3, not exact in f32) an f64 model's compiled steps
+/// log the eager losses and leave its parameters as eager steps do, bit for bit.
+#[test]
+fn a_compiled_f64_model_accumulates_as_eagerly() {
+    let data = batches(1.0);
+    let run = |compile: bool| {
+        let mut g = weft_core::Generator::new(5);
+        let w = weft_core::Tensor::randn(&[4, 3], weft_core::DType::F64, &mut g).unwrap();
+        let model = Arc::new(F64Linear {
+            w: w.requires_grad_().unwrap(),
+            ctx: weft_nn::context::Context::new(0),
+        });
+        let adam = Box::new(Adam::new(AdamConfig::default()).unwrap());
+        let mut t = Trainer::new(model.clone(), adam, Schedule::Constant { lr: 0.01 }, 0.0)
+            .with_progress(false)
+            .with_grad_accum(3)
+            .with_compile(compile);
+        let losses: Vec<u64> = (0..5)
+            .map(|step| {
+                let micro: Vec<_> = (0..3).map(|j| data(3 * step + j).unwrap()).collect();
+                t.train_accumulated(step, &micro).unwrap().loss.to_bits()
+            })
+            .collect();
+        (losses, model.w.to_vec::<f64>().unwrap())
+    };
+    assert_eq!(run(false), run(true));
+}
