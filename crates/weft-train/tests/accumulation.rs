@@ -4,9 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{batches, trainer};
-use weft_models::mlp::{MlpConfig, MlpModel};
-use weft_nn::layers::Activation;
+use common::{adam_trainer, batches, mlp, trainer};
 use weft_nn::module::Module;
 use weft_nn::optim::{Adam, AdamConfig};
 use weft_nn::schedule::Schedule;
@@ -127,16 +125,8 @@ fn data_wait_ms_sums_the_wait_for_every_micro_batch() {
 fn a_compiled_step_whose_earlier_micro_batch_is_not_finite_is_skipped_as_eagerly() {
     let data = batches(1.0);
     let run = |compile: bool| {
-        let mlp = MlpConfig {
-            in_features: 4,
-            hidden: vec![8],
-            out_features: 3,
-            activation: Activation::Relu,
-        };
-        let model = Arc::new(MlpModel::new(mlp, 0).unwrap());
-        let adam = Box::new(Adam::new(AdamConfig::default()).unwrap());
-        let mut t = Trainer::new(model.clone(), adam, Schedule::Constant { lr: 0.01 }, 0.0)
-            .with_progress(false)
+        let model = mlp();
+        let mut t = adam_trainer(model.clone())
             .with_grad_clip(Some(0.5))
             .with_grad_accum(2)
             .with_skip_nonfinite(true)

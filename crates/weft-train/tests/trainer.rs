@@ -5,11 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{batches, plain_trainer, temp, trainer};
-use weft_models::mlp::{MlpConfig, MlpModel};
-use weft_nn::layers::Activation;
-use weft_nn::optim::{Adam, AdamConfig};
-use weft_nn::schedule::Schedule;
+use common::{adam_trainer, batches, mlp, plain_trainer, temp, trainer};
 use weft_train::trainer::{BatchFn, CheckpointPolicy};
 use weft_train::{Error, Trainer};
 
@@ -151,22 +147,7 @@ fn a_checkpoint_of_the_runs_own_folder_continues_the_run() {
 #[test]
 fn a_checkpoint_loaded_into_a_compiled_trainer_is_what_its_update_reads() {
     let dir = temp("compiled-load");
-    let adam = || {
-        let model = MlpModel::new(
-            MlpConfig {
-                in_features: 4,
-                hidden: vec![8],
-                out_features: 3,
-                activation: Activation::Relu,
-            },
-            0,
-        )
-        .unwrap();
-        let adam = Adam::new(AdamConfig::default()).unwrap();
-        Trainer::new(Arc::new(model), Box::new(adam), Schedule::Constant { lr: 0.01 }, 0.0)
-            .with_progress(false)
-            .with_compile(true)
-    };
+    let adam = || adam_trainer(mlp()).with_compile(true);
     let data = batches(1.0);
     let losses = |t: &mut Trainer, steps: std::ops::Range<usize>| -> Vec<u64> {
         steps

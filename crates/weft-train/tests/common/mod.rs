@@ -6,7 +6,7 @@ use std::sync::Arc;
 use weft_core::{DType, Generator, Tensor};
 use weft_models::mlp::{MlpConfig, MlpModel};
 use weft_nn::layers::Activation;
-use weft_nn::optim::Sgd;
+use weft_nn::optim::{Adam, AdamConfig, Sgd};
 use weft_nn::schedule::Schedule;
 use weft_train::trainer::BatchFn;
 use weft_train::Trainer;
@@ -23,18 +23,25 @@ pub fn trainer() -> Trainer {
 
 /// [`trainer`] with the progress display at its default.
 pub fn plain_trainer() -> Trainer {
-    let model = MlpModel::new(
-        MlpConfig {
-            in_features: 4,
-            hidden: vec![8],
-            out_features: 3,
-            activation: Activation::Relu,
-        },
-        0,
-    )
-    .unwrap();
     let sgd = Sgd::new(Default::default()).unwrap();
-    Trainer::new(Arc::new(model), Box::new(sgd), Schedule::Constant { lr: 0.1 }, 0.0)
+    Trainer::new(mlp(), Box::new(sgd), Schedule::Constant { lr: 0.1 }, 0.0)
+}
+
+/// The tests' classifier: 4 features, a hidden layer of 8, 3 classes.
+pub fn mlp() -> Arc<MlpModel> {
+    let config = MlpConfig {
+        in_features: 4,
+        hidden: vec![8],
+        out_features: 3,
+        activation: Activation::Relu,
+    };
+    Arc::new(MlpModel::new(config, 0).unwrap())
+}
+
+/// A trainer of `model` with Adam at a constant learning rate of 0.01, no progress display.
+pub fn adam_trainer(model: Arc<MlpModel>) -> Trainer {
+    let adam = Adam::new(AdamConfig::default()).unwrap();
+    Trainer::new(model, Box::new(adam), Schedule::Constant { lr: 0.01 }, 0.0).with_progress(false)
 }
 
 /// Batch `i`: 8 seeded rows labelled by the largest of their first 3 features, scaled by `scale`.
