@@ -1,7 +1,14 @@
 //! The static memory plan: every buffer a node makes, its lifetime in node steps, and an offset
 //! in one arena such that buffers alive at the same time never overlap. Known before running.
+//!
+//! Lifetimes are the replay's ([`super::run`], on the CPU): a fusion group that runs as one pass
+//! never makes its intermediates, reads its inputs at its last node (they live until then), and
+//! writes its result into the first input that dies there when that input's buffer is a computed
+//! f32 value of the result's shape that no later node reads (the replay does so when nothing else
+//! holds that buffer at run time); one elementwise node with such an input does the same.
 
 use super::ir::{Graph, Source};
+use super::run::{Role, Schedule};
 
 /// One computed buffer (shared by all views of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,9 +75,26 @@ pub fn plan(g: &Graph) -> MemoryPlan {
     }
 }
 
-/// Every buffer a node makes (not inputs, parameters or constants), with its bytes and lifetime
+/// Every buffer the replay makes (not inputs, parameters or constants; not a group's
+/// intermediates; not a result written into an input's buffer), with its bytes and lifetime
 /// (offsets all 0), in buffer-id order.
 pub(crate) fn lifetimes(g: &Graph) -> Vec<BufferPlan> {
+    buffers(g, true)
+}
+
+/// The most bytes the replay holds at one node step ([`plan`]'s `peak_live_bytes`).
+pub(crate) fn peak(g: &Graph) -> usize {
+    live_bytes(&lifetimes(g), g.nodes.len()).into_iter().max().unwrap_or(0)
+}
+
+/// Every buffer a node makes, as if each node ran by itself (every value made, in a buffer of
+/// its own): what recomputation searches on (see [`super::remat`]).
+pub(crate) fn node_lifetimes(g: &Graph) -> Vec<BufferPlan> {
+    buffers(g, false)
+}
+
+/// [`lifetimes`] (`replay`) or [`node_lifetimes`].
+fn buffers(g: &Graph, replay: bool) -> Vec<BufferPlan> {
     let end = g.nodes.len();
     let nb = g.values.iter().map(|v| v.buffer + 1).max().unwrap_or(0);
     let mut outside = vec![false; nb];
@@ -95,8 +119,12 @@ pub(crate) fn lifetimes(g: &Graph) -> Vec<BufferPlan> {
     for &v in &g.outputs {
         last[g.values[v].buffer] = end;
     }
+    let made = match replay {
+        true => replay_buffers(g, &mut last),
+        false => vec![true; nb],
+    };
     (0..nb)
-        .filter(|&b| first[b] != usize::MAX && !outside[b])
+        .filter(|&b| first[b] != usize::MAX && !outside[b] && made[b])
         .map(|b| BufferPlan {
             buffer: b,
             bytes: bytes[b],
@@ -105,6 +133,46 @@ pub(crate) fn lifetimes(g: &Graph) -> Vec<BufferPlan> {
             offset: 0,
         })
         .collect()
+}
+
+/// Which buffers the replay makes, `last` (per buffer, node by node) moved to the replay's: a
+/// one-pass program's inputs are read at its last node, and a result it writes into a dying
+/// input's buffer keeps that buffer alive as long as the result lives.
+fn replay_buffers(g: &Graph, last: &mut [usize]) -> Vec<bool> {
+    let mut made = vec![true; last.len()];
+    let (_, is_output) = g.lifetimes();
+    let schedule = Schedule::new(g, &is_output);
+    for (n, role) in g.nodes.iter().zip(&schedule.role) {
+        if *role == Role::Deferred {
+            n.outputs.iter().for_each(|&v| made[g.values[v].buffer] = false);
+        }
+    }
+    let at = |p: &super::pointwise::Program| p.nodes[p.nodes.len() - 1];
+    for (p, _) in &schedule.programs {
+        for &v in &p.inputs {
+            let b = g.values[v].buffer;
+            last[b] = last[b].max(at(p));
+        }
+    }
+    // in node order, each buffer id standing for the buffer that holds it (an in-place result
+    // lives in its donor's)
+    let mut programs: Vec<_> = schedule.programs.iter().collect();
+    programs.sort_by_key(|(p, _)| at(p));
+    let mut holder: Vec<usize> = (0..last.len()).collect();
+    for (p, donors) in programs {
+        let result = g.values[g.nodes[at(p)].outputs[0]].buffer;
+        // the first donor whose whole buffer dies here (no other view of it read later)
+        let donor = donors
+            .iter()
+            .map(|&d| holder[g.values[p.inputs[d]].buffer])
+            .find(|&b| last[b] == at(p) && made[b] && b != result);
+        if let Some(b) = donor {
+            last[b] = last[result];
+            made[result] = false;
+            holder[result] = b;
+        }
+    }
+    made
 }
 
 /// Bytes of `buffers` alive at each node step `0..=steps` (a result lives to step `steps`).

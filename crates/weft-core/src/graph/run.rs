@@ -197,7 +197,7 @@ impl Graph {
     }
 
     /// For each value, the last node that reads it, and whether it is a result.
-    fn lifetimes(&self) -> (Vec<Option<usize>>, Vec<bool>) {
+    pub(crate) fn lifetimes(&self) -> (Vec<Option<usize>>, Vec<bool>) {
         let mut is_output = vec![false; self.values.len()];
         for &v in &self.outputs {
             is_output[v] = true;

@@ -268,13 +268,49 @@ fn the_memory_plan_never_overlaps_live_buffers() {
 
 #[test]
 fn the_plan_of_a_chain_reuses_memory() {
-    // x -> exp -> tanh -> exp -> tanh: only two [1024] buffers are alive at once
-    let x = randn(&[1024], 6);
-    let g = traced(&x, |xs| Ok(vec![xs[0].exp()?.tanh()?.exp()?.tanh()?]));
+    // x -> x x -> (x x) x -> ...: only two [32, 32] buffers are alive at once
+    let x = randn(&[32, 32], 6);
+    let g = traced(&x, |xs| {
+        Ok(vec![xs[0]
+            .matmul(&xs[0])?
+            .matmul(&xs[0])?
+            .matmul(&xs[0])?
+            .matmul(&xs[0])?])
+    });
     let p = plan(&g);
     assert_eq!(p.buffers.len(), 4);
     assert_eq!(p.peak_live_bytes, 2 * 4096);
     assert_eq!(p.arena_bytes, 2 * 4096);
+}
+
+#[test]
+fn the_plan_counts_a_one_pass_group_as_its_result_alone() {
+    // x -> exp -> tanh -> exp -> tanh runs as one pass: its intermediates are never made
+    let x = randn(&[1024], 6);
+    let g = traced(&x, |xs| Ok(vec![xs[0].exp()?.tanh()?.exp()?.tanh()?]));
+    assert_eq!(fusion::groups(&g), vec![vec![0, 1, 2, 3]]);
+    let p = plan(&g);
+    assert_eq!(p.buffers.len(), 1);
+    assert_eq!((p.peak_live_bytes, p.arena_bytes), (4096, 4096));
+    // tanh(x x + b): the sum and the tanh are written into the product's buffer, which dies
+    // there; with the product also returned, they are not
+    let b = randn(&[32], 7);
+    let x = randn(&[32, 32], 8);
+    let g = traced(&x, |xs| Ok(vec![xs[0].matmul(&xs[0])?.add(&b)?.tanh()?]));
+    let p = plan(&g);
+    assert_eq!(p.buffers.len(), 1, "{p:?}");
+    assert_eq!(
+        p.buffers[0].last,
+        g.nodes.len(),
+        "the product's buffer holds the result"
+    );
+    assert_eq!(p.peak_live_bytes, 4096);
+    let g = traced(&x, |xs| {
+        let h = xs[0].matmul(&xs[0])?;
+        Ok(vec![h.add(&b)?.tanh()?, h])
+    });
+    let p = plan(&g);
+    assert_eq!((p.buffers.len(), p.peak_live_bytes), (2, 2 * 4096), "{p:?}");
 }
 
 #[test]
