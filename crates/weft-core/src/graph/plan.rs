@@ -1,14 +1,18 @@
 //! The static memory plan: every buffer a node makes, its lifetime in node steps, and an offset
 //! in one arena such that buffers alive at the same time never overlap. Known before running.
 //!
-//! Lifetimes are the replay's ([`super::run`], on the CPU): a fusion group that runs as one pass
-//! never makes its intermediates, reads its inputs at its last node (they live until then), and
-//! writes its result into the first input that dies there when that input's buffer is a computed
-//! f32 value of the result's shape that no later node reads (the replay does so when nothing else
-//! holds that buffer at run time); one elementwise node with such an input does the same.
+//! Lifetimes are the replay's ([`super::run`], f32 on the CPU): a fusion group that runs as one
+//! pass never makes its intermediates, reads its inputs at its last node (they live until then),
+//! and writes its result into the first input that dies there when that input is a computed f32
+//! value of the result's shape covering its whole buffer contiguously (a node's own result, or a
+//! reshape of one), no later node reads that buffer, and no other input of the pass reads it;
+//! one elementwise node with such an input does the same. The replay checks at run time that
+//! nothing else holds the buffer; on a GPU, or inside an outer capture, it runs node by node and
+//! holds more than planned.
 
-use super::ir::{Graph, Source};
+use super::ir::{Graph, Source, ValueId};
 use super::run::{Role, Schedule};
+use crate::op::Op;
 
 /// One computed buffer (shared by all views of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +124,7 @@ fn buffers(g: &Graph, replay: bool) -> Vec<BufferPlan> {
         last[g.values[v].buffer] = end;
     }
     let made = match replay {
-        true => replay_buffers(g, &mut last),
+        true => replay_buffers(g, &mut last, &outside),
         false => vec![true; nb],
     };
     (0..nb)
@@ -137,8 +141,9 @@ fn buffers(g: &Graph, replay: bool) -> Vec<BufferPlan> {
 
 /// Which buffers the replay makes, `last` (per buffer, node by node) moved to the replay's: a
 /// one-pass program's inputs are read at its last node, and a result it writes into a dying
-/// input's buffer keeps that buffer alive as long as the result lives.
-fn replay_buffers(g: &Graph, last: &mut [usize]) -> Vec<bool> {
+/// input's buffer keeps that buffer alive as long as the result lives. (`outside`: the buffers of
+/// inputs, parameters and constants, which the caller holds.)
+fn replay_buffers(g: &Graph, last: &mut [usize], outside: &[bool]) -> Vec<bool> {
     let mut made = vec![true; last.len()];
     let (_, is_output) = g.lifetimes();
     let schedule = Schedule::new(g, &is_output);
@@ -161,11 +166,16 @@ fn replay_buffers(g: &Graph, last: &mut [usize]) -> Vec<bool> {
     let mut holder: Vec<usize> = (0..last.len()).collect();
     for (p, donors) in programs {
         let result = g.values[g.nodes[at(p)].outputs[0]].buffer;
-        // the first donor whose whole buffer dies here (no other view of it read later)
+        let held = |v: ValueId| holder[g.values[v].buffer];
+        // the first donor the replay can write into: a computed buffer that dies here (no
+        // other view of it read later), read by this pass through one input only (two would
+        // hold it twice), which that input covers whole and contiguously
         let donor = donors
             .iter()
-            .map(|&d| holder[g.values[p.inputs[d]].buffer])
-            .find(|&b| last[b] == at(p) && made[b] && b != result);
+            .map(|&d| p.inputs[d])
+            .filter(|&v| whole_buffer(g, v) && p.inputs.iter().filter(|&&u| held(u) == held(v)).count() == 1)
+            .map(held)
+            .find(|&b| last[b] == at(p) && made[b] && !outside[b] && b != result);
         if let Some(b) = donor {
             last[b] = last[result];
             made[result] = false;
@@ -173,6 +183,28 @@ fn replay_buffers(g: &Graph, last: &mut [usize]) -> Vec<bool> {
         }
     }
     made
+}
+
+/// Whether value `v` covers its whole buffer from its start, contiguously (what an in-place
+/// write needs): made by a node into a buffer of its own (kernels write contiguous results), or
+/// a reshape of such a value, with as many bytes as the buffer.
+fn whole_buffer(g: &Graph, mut v: ValueId) -> bool {
+    let val = &g.values[v];
+    if val.shape.iter().product::<usize>() * val.dtype.size_in_bytes() != val.bytes {
+        return false;
+    }
+    loop {
+        let Source::Node { node, .. } = g.values[v].source else {
+            return false;
+        };
+        let n = &g.nodes[node];
+        let b = g.values[v].buffer;
+        match n.inputs.iter().find(|&&i| g.values[i].buffer == b) {
+            None => return true,
+            Some(&i) if matches!(n.op, Op::Reshape(_)) => v = i,
+            Some(_) => return false,
+        }
+    }
 }
 
 /// Bytes of `buffers` alive at each node step `0..=steps` (a result lives to step `steps`).

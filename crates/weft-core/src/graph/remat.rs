@@ -11,8 +11,9 @@
 //! reaches that far). It inserts the recomputation (and the views the late readers read) just
 //! before the first late reader, points the late readers at it, and keeps the change only if the
 //! peak went down. It repeats until no buffer at the peak qualifies. The search counts each
-//! node's values in buffers of their own; its report gives the memory plan's peaks, which count
-//! them as the replay holds them (one-pass groups, results written into dying inputs).
+//! node's values in buffers of their own; the memory plan counts them as the replay holds them
+//! (one-pass groups, results written into dying inputs), and the pass's changes are kept only
+//! when the plan's peak went down too. Its report gives the plan's peaks.
 //!
 //! A recomputation runs the same kernel on the same inputs as the first computation (the fused
 //! `Linear`'s activation runs the per-element function the `Linear` applies to its blocks), so
@@ -45,6 +46,7 @@ pub struct RematReport {
 /// module docs).
 pub fn rematerialize(g: &mut Graph) -> RematReport {
     let peak_before = super::plan::peak(g);
+    let original = g.clone();
     // buffers that did not qualify at the current peak (tried again once the graph changes)
     let mut rejected: HashSet<usize> = HashSet::new();
     let (mut recomputed, mut trials) = (0, 0);
@@ -78,10 +80,20 @@ pub fn rematerialize(g: &mut Graph) -> RematReport {
         }
         break;
     }
+    // the search counts each node's values apart; what the plan counts must go down too
+    let peak_after = super::plan::peak(g);
+    if recomputed > 0 && peak_after >= peak_before {
+        *g = original;
+        return RematReport {
+            recomputed: 0,
+            peak_before,
+            peak_after: peak_before,
+        };
+    }
     RematReport {
         recomputed,
         peak_before,
-        peak_after: super::plan::peak(g),
+        peak_after,
     }
 }
 

@@ -314,6 +314,36 @@ fn the_plan_counts_a_one_pass_group_as_its_result_alone() {
 }
 
 #[test]
+fn the_plan_writes_in_place_only_where_the_replay_can() {
+    let x = randn(&[32, 32], 9);
+    // an input seen through a view: the caller holds its buffer
+    let g = traced(&x, |xs| Ok(vec![xs[0].reshape(&[1024])?.tanh()?]));
+    assert_eq!(plan(&g).buffers.len(), 1, "the result in a buffer of its own");
+    type Case = (&'static str, fn(&Tensor) -> Result<Tensor>);
+    let cases: [Case; 3] = [
+        // half of a dying product: not the whole buffer
+        ("narrow", |x| x.matmul(x)?.narrow(0, 0, 16)?.tanh()),
+        // a dying product read twice by the pass, once transposed
+        ("read twice", |x| {
+            let h = x.matmul(x)?;
+            h.add(&h.transpose(0, 1)?)
+        }),
+        // a transposed view of a dying product: not contiguous
+        ("transposed", |x| x.matmul(x)?.transpose(0, 1)?.tanh()),
+    ];
+    for (name, f) in cases {
+        let g = traced(&x, |xs| Ok(vec![f(&xs[0])?]));
+        let (_, stats) = g.run_stats(std::slice::from_ref(&x)).unwrap();
+        assert_eq!(stats.in_place, 0, "{name}: the replay writes a new buffer");
+        assert_eq!(plan(&g).buffers.len(), 2, "{name}: {:?}", plan(&g));
+    }
+    // and where it can, it does: a reshape of a dying product
+    let g = traced(&x, |xs| Ok(vec![xs[0].matmul(&xs[0])?.reshape(&[1024])?.tanh()?]));
+    let (_, stats) = g.run_stats(std::slice::from_ref(&x)).unwrap();
+    assert_eq!((stats.in_place, plan(&g).buffers.len()), (1, 1));
+}
+
+#[test]
 fn elementwise_chains_form_fusion_groups() {
     let x = randn(&[4, 4], 7);
     let g = traced(&x, |xs| {

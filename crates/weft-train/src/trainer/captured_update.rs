@@ -195,7 +195,10 @@ impl Trainer {
     /// load replaces): the next steps capture them again.
     pub(crate) fn forget_whole_step(&mut self) {
         if let Some(c) = self.compiled.as_mut() {
+            // a whole step given up stays given up
+            let off = c.whole.off.take();
             c.whole = WholeStep::new(super::compiled::step_cache(self.autotune, self.recompute));
+            c.whole.off = off;
         }
     }
 
