@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::ranks;
+use common::{ranks, settle};
 use weft_core::{DType, Generator, Tensor};
 use weft_dist::{DataParallel, DdpOptions};
 
@@ -216,6 +216,8 @@ fn without_hooks_gradients_handed_over_early_and_the_rest_give_the_same_averages
             net.params.iter().for_each(|(_, p)| p.set_grad(None));
         }
         // handing one over twice, or one that is not there, is an error of finish, on every rank
+        // (both ranks past the last reduction first)
+        settle(&pg);
         net.loss(&share(&x, r, 4), true).backward().unwrap();
         ddp.hand_gradient(if r == 0 { 1 } else { 9 });
         ddp.hand_gradient(1);

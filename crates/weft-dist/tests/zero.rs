@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::ranks;
+use common::{ranks, settle};
 use weft_core::{DType, Generator, Tensor};
 use weft_dist::zero::Piece;
 use weft_dist::{DdpOptions, ShardedDataParallel, ZeroOptions};
@@ -366,7 +366,9 @@ fn without_hooks_stages_1_and_2_take_gradients_handed_over_early_and_refuse_misu
             for ((name, _), (got, w)) in net.params.iter().zip(net.values().iter().zip(&want)) {
                 assert_close(got, w, &format!("stage {stage} rank {r}: {name}"));
             }
-            // a gradient handed over twice, or one that is not there: an error of finish
+            // a gradient handed over twice, or one that is not there: an error of finish (both
+            // ranks past the gather first)
+            settle(&pg);
             z.begin_forward().unwrap();
             net.loss(&share(&batch(0), r, 2), Some(&z), |_| {}, false)
                 .backward()
@@ -394,7 +396,7 @@ fn without_hooks_stages_1_and_2_take_gradients_handed_over_early_and_refuse_misu
             .unwrap();
         z.hand_gradient(0);
         // both ranks past their hooks' reductions before either reports (and aborts)
-        pg.barrier().unwrap().wait().unwrap();
+        settle(&pg);
         let e = z.finish().unwrap_err().to_string();
         assert!(e.contains("hooks are registered"), "{e}");
     });
