@@ -13,7 +13,8 @@
 //!
 //! The whole step needs the optimizer's state to exist before it is captured (the graph holds
 //! its tensors), so the first step runs through the micro-batch graph and the eager update,
-//! which makes it; the whole step is captured at the second and replayed from the third.
+//! which makes it; the whole step is captured at the second and replayed from the third (SGD
+//! without momentum keeps no state: captured at the first).
 
 use weft_core::graph::passes::PassReport;
 use weft_core::graph::remat::RematReport;
