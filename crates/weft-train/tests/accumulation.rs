@@ -142,6 +142,7 @@ fn a_compiled_step_whose_earlier_micro_batch_is_not_finite_is_skipped_as_eagerly
             rows.push((r.loss.to_bits(), r.grad_norm.to_bits(), r.skipped, r.skipped_steps));
         }
         let params: Vec<Vec<f64>> = model.parameters().iter().map(|(_, p)| p.to_vec_f64()).collect();
+        assert_eq!(t.whole_step_captured(), compile, "the whole step was captured");
         (rows, params)
     };
     let (eager, compiled) = (run(false), run(true));
@@ -200,6 +201,7 @@ fn a_compiled_f64_model_accumulates_as_eagerly() {
                 t.train_accumulated(step, &micro).unwrap().loss.to_bits()
             })
             .collect();
+        assert_eq!(t.whole_step_captured(), compile, "the whole step was captured");
         (losses, model.w.to_vec::<f64>().unwrap())
     };
     assert_eq!(run(false), run(true));

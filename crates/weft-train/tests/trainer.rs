@@ -169,6 +169,7 @@ fn a_checkpoint_loaded_into_a_compiled_trainer_is_what_its_update_reads() {
     // another trainer, its whole step captured and replayed over other steps, then loaded
     let mut other = adam();
     losses(&mut other, 0..5);
+    assert!(other.whole_step_captured());
     assert_eq!(other.load_checkpoint(&dir).unwrap(), 3);
     assert_eq!(losses(&mut other, 3..7), want);
     let _ = std::fs::remove_dir_all(&dir);

@@ -164,6 +164,12 @@ impl Trainer {
                 .all(|(name, _)| self.optimizer.next_step(name).is_some())
     }
 
+    /// Whether compiled mode holds a captured whole step (forward, backward, clipping and the
+    /// update as one graph), which the next step will replay when its shapes match.
+    pub fn whole_step_captured(&self) -> bool {
+        self.whole_step_graph().is_ok()
+    }
+
     /// The whole-step graph used last, with what the passes and recomputation did at its capture
     /// (`weft graph dump`); `Err` says why there is none.
     pub(crate) fn whole_step_graph(&self) -> std::result::Result<(Graph, PassReport, RematReport), String> {
