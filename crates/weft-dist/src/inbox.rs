@@ -49,7 +49,7 @@ pub(crate) struct Header {
     pub count: u64,
 }
 
-const HEADER_BYTES: usize = 8 + 8 + 1 + 1 + 8 + 8;
+pub(crate) const HEADER_BYTES: usize = 8 + 8 + 1 + 1 + 8 + 8;
 
 pub(crate) struct Frame {
     pub header: Header,
@@ -363,6 +363,11 @@ impl Inbox {
                 Some(true) => st = self.wait_for_reader(st, deadline, &mut severed, sever),
             }
         }
+    }
+
+    /// The peer that gave up and why (its words, naming it), if one did.
+    pub fn aborted_by(&self) -> Option<(usize, String)> {
+        self.lock().aborted.clone()
     }
 
     /// Marks this rank aborted by `peer` with its reason.

@@ -179,14 +179,21 @@ impl Mesh {
             Some(ring) => write_frame(&mut *ring.lock().unwrap(), h, payload),
             None => write_frame(&mut *link.tcp.lock().unwrap(), h, payload),
         };
-        r.map_err(|e| match e.kind() {
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
-                crate::failure::blame(peer);
-                Error::PeerFailed(format!(
-                    "rank {peer} closed its connection (its process exited or was killed)"
-                ))
+        r.map_err(|e| {
+            // a peer that gave up closes its connections after saying why: report the why
+            if let Some((from, why)) = self.inbox.aborted_by() {
+                crate::failure::blame(from);
+                return Error::PeerFailed(why);
             }
-            _ => Error::PeerFailed(format!("sending to rank {peer} failed: {e}")),
+            match e.kind() {
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                    crate::failure::blame(peer);
+                    Error::PeerFailed(format!(
+                        "rank {peer} closed its connection (its process exited or was killed)"
+                    ))
+                }
+                _ => Error::PeerFailed(format!("sending to rank {peer} failed: {e}")),
+            }
         })
     }
 
@@ -230,7 +237,10 @@ impl Mesh {
     }
 
     /// Tells every peer this rank gave up (so they fail at once instead of at their timeout),
-    /// with `reason`.
+    /// with `reason`. The abort travels behind the data already sent to the peer: through its
+    /// shared-memory ring when the peer has one and the ring has room for it now (else through
+    /// TCP, which a peer reads beside the ring and may read first), so the peer still completes
+    /// every operation this rank finished sending before it gave up.
     pub fn abort(&self, reason: &str) {
         let h = Header {
             stream: ABORT,
@@ -239,8 +249,15 @@ impl Mesh {
             dtype: 0,
             count: 0,
         };
+        let frame_bytes = crate::inbox::HEADER_BYTES + reason.len();
         for link in self.links.iter().flatten() {
             // a send stuck on this peer holds the lock; it fails by itself at the write timeout
+            if let Some(Ok(mut ring)) = link.shm.as_ref().map(|r| r.try_lock()) {
+                // with room for the whole frame the write does not wait for the peer's reader
+                if ring.free_bytes() >= frame_bytes && write_frame(&mut *ring, &h, reason.as_bytes()).is_ok() {
+                    continue;
+                }
+            }
             if let Ok(mut w) = link.tcp.try_lock() {
                 let _ = write_frame(&mut *w, &h, reason.as_bytes());
             }

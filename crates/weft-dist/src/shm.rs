@@ -204,6 +204,13 @@ impl Ring {
         futex_wake(&c.head_seq);
     }
 
+    /// Bytes the writer can put into the ring now without waiting for the reader.
+    pub fn free_bytes(&self) -> usize {
+        let c = self.ctl();
+        let (head, tail) = (c.head.load(Ordering::Relaxed), c.tail.load(Ordering::Acquire));
+        RING_BYTES - (head - tail) as usize
+    }
+
     /// Waits until `ready()` or until woken through `seq`; `flag` tells the other side to wake us.
     fn wait(&self, seq: &AtomicU32, flag: &AtomicU32, ready: impl Fn() -> bool) {
         for _ in 0..SPINS {

@@ -445,6 +445,54 @@ fn a_dead_rank_fails_the_others_fast_with_its_name() {
     }
 }
 
+/// A rank that gives up right after sending: its peer still receives everything sent before the
+/// abort, on either transport, and fails only the operation after it. Through shared memory the
+/// data and the abort used to travel apart (the ring and the TCP connection), and the abort
+/// could fail a receive whose frame was already in the ring. Two frames of 2 MiB make the second
+/// one's header reach the reader well after the sender's `abort` returns.
+#[test]
+fn an_abort_arrives_after_the_frames_sent_before_it() {
+    for (setup, options) in transports(2).into_iter().take(2) {
+        for round in 0..5 {
+            let got = ranks_with(2, &options, |pg| -> Result<String, String> {
+                check_links(&pg, setup);
+                let n = 512 * 1024;
+                if pg.rank() == 1 {
+                    pg.barrier().unwrap().wait().unwrap();
+                    let a = Tensor::full(&[n], 1.0, DType::F32).unwrap();
+                    let b = Tensor::full(&[n], 2.0, DType::F32).unwrap();
+                    let (wa, wb) = (pg.send(&a, 0, 0).unwrap(), pg.send(&b, 0, 0).unwrap());
+                    wa.wait().unwrap();
+                    wb.wait().unwrap();
+                    pg.abort("stopping on purpose");
+                    return Ok(String::new());
+                }
+                let (ra, rb) = (
+                    Tensor::zeros(&[n], DType::F32).unwrap(),
+                    Tensor::zeros(&[n], DType::F32).unwrap(),
+                );
+                let (wa, wb) = (pg.recv(&ra, 1, 0).unwrap(), pg.recv(&rb, 1, 0).unwrap());
+                pg.barrier().unwrap().wait().unwrap();
+                wa.wait().map_err(|e| format!("first receive: {e}"))?;
+                wb.wait().map_err(|e| format!("second receive: {e}"))?;
+                assert!(ra.to_vec::<f32>().unwrap().iter().all(|&x| x == 1.0));
+                assert!(rb.to_vec::<f32>().unwrap().iter().all(|&x| x == 2.0));
+                let t = Tensor::zeros(&[4], DType::F32).unwrap();
+                Ok(pg
+                    .all_reduce(&t, ReduceOp::Sum)
+                    .unwrap()
+                    .wait()
+                    .unwrap_err()
+                    .to_string())
+            });
+            let e = got[0]
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{setup}, round {round}: {e}"));
+            assert!(e.contains("rank 1 gave up: stopping on purpose"), "{setup}: {e}");
+        }
+    }
+}
+
 #[test]
 fn a_silent_rank_times_out_naming_it() {
     let errs = ranks(2, Duration::from_secs(2), |pg| {

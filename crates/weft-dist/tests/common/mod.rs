@@ -54,11 +54,11 @@ pub fn ranks<R: Send>(n: usize, timeout: Duration, f: impl Fn(ProcessGroup) -> R
 }
 
 /// Waits until every rank has reached this point, before a test makes one of them give up on
-/// purpose: a rank that gives up aborts the group's collectives at once, and the abort (sent
-/// over TCP) can reach a peer before that peer has taken the last frames of a collective both
-/// finished (sent through shared memory), failing it there. After this barrier every earlier
-/// collective has completed on every rank; the barrier itself may be the one the abort fails,
-/// which the caller does not mind.
+/// purpose: a rank that gives up aborts the group's collectives at once. The abort reaches a
+/// peer after the frames this rank had sent, but a collective this rank started and did not wait
+/// for may not have sent its frames yet (its sends are queued to the group's thread), and the
+/// peer then fails it. After this barrier every earlier collective has completed on every rank;
+/// the barrier itself may be the one the abort fails, which the caller does not mind.
 pub fn settle(pg: &ProcessGroup) {
     let _ = pg.barrier().and_then(|b| b.wait());
 }
