@@ -159,7 +159,14 @@ pub(crate) fn copy_from(dst: &Tensor, src: &Tensor) -> Result<()> {
         } else {
             s.cast(dst.dtype())?
         };
-        dense(&s)
+        // a source in the destination's own buffer (overlapping views of one tensor) is read
+        // whole before any element is written, as on the CPU: the scatter's threads would
+        // otherwise read elements others already overwrote
+        if Arc::ptr_eq(s.storage(), dst.storage()) {
+            s.contiguous_copy()
+        } else {
+            dense(&s)
+        }
     })?;
     write_into(dst, &src)
 }

@@ -174,6 +174,9 @@ impl Gpu {
         let ptr = match first {
             Ok(p) => p,
             Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
+                // cached blocks may still be read or written by queued kernels (the stream
+                // orders reuse, not freeing): let them finish before the driver takes the blocks
+                self.synchronize()?;
                 for (p, _) in cache.drain() {
                     // SAFETY: cached blocks are owned by the cache alone.
                     unsafe { cudarc::driver::result::free_sync(p) }.map_err(|e| self.fail("free", e))?;

@@ -87,6 +87,36 @@ fn copy_from_and_fill_write_on_the_gpu() {
     assert_eq!(ones.to_vec_f64(), vec![2.5; 5]);
 }
 
+/// Overlapping views of one buffer: the source is read whole before the destination is written,
+/// as on the CPU (a shift by one element each way, and a reversal through a transpose).
+#[test]
+fn copy_from_between_overlapping_views_of_one_tensor() {
+    let Some(dev) = gpu("copy_from_between_overlapping_views_of_one_tensor") else {
+        return;
+    };
+    let n = 100_000;
+    let host = randn(&[n], DType::F32, 7);
+    for (to, from) in [(0, 1), (1, 0)] {
+        let want = host.contiguous_copy().unwrap();
+        want.narrow(0, to, n - 1)
+            .unwrap()
+            .copy_from(&want.narrow(0, from, n - 1).unwrap())
+            .unwrap();
+        let got = host.to(dev).unwrap();
+        got.narrow(0, to, n - 1)
+            .unwrap()
+            .copy_from(&got.narrow(0, from, n - 1).unwrap())
+            .unwrap();
+        assert_close(&format!("shift {from} -> {to}"), &got, &want, 0.0);
+    }
+    let square = randn(&[300, 300], DType::F32, 8);
+    let want = square.contiguous_copy().unwrap();
+    want.copy_from(&want.permute(&[1, 0]).unwrap()).unwrap();
+    let got = square.to(dev).unwrap();
+    got.copy_from(&got.permute(&[1, 0]).unwrap()).unwrap();
+    assert_close("transpose in place", &got, &want, 0.0);
+}
+
 #[test]
 fn mixed_devices_are_refused_naming_both() {
     let Some(dev) = gpu("mixed_devices_are_refused_naming_both") else {
