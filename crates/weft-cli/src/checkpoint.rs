@@ -102,6 +102,12 @@ pub fn inspect(args: &InspectArgs) -> Result<(), String> {
 pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
     let dir = checkpoint::resolve(&args.dir).map_err(err)?;
     let (index, mut params) = checkpoint::read_params(&dir).map_err(err)?;
+    if params.is_empty() {
+        return Err(format!(
+            "{}: the checkpoint holds no model tensors (its index.json lists none); nothing to consolidate",
+            dir.display()
+        ));
+    }
     if args.format == "hf" {
         return consolidate_hf(args, &index, &params);
     }

@@ -25,8 +25,13 @@ pub fn run(args: &EvaluateArgs) -> Result<(), String> {
     let batches = match &args.batches {
         None => None,
         Some(raw) => match raw.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Some(n),
-            _ => return Err(format!("--batches: {raw:?} is not a whole number >= 1")),
+            Ok(n) if (1..=weft_train::MAX_EVAL_BATCHES).contains(&n) => Some(n),
+            _ => {
+                return Err(format!(
+                    "--batches: {raw:?} is not a whole number from 1 to {}",
+                    weft_train::MAX_EVAL_BATCHES
+                ))
+            }
         },
     };
     let cfg = args.config.load()?;

@@ -212,3 +212,74 @@ fn token_id_out_of_vocabulary() {
         &["token id", "vocab_size = 10"],
     );
 }
+
+/// Sizes far past any machine (whose products would overflow), optimizer settings out of
+/// range, empty paths and keys that do nothing in the layout are refused from the config, naming
+/// the key, before any file is written (the run's metrics file and checkpoint folder are set).
+#[test]
+fn config_values_are_refused_before_anything_is_written() {
+    let dir = temp_dir("refused-before-writing");
+    let (ckpt, metrics) = (dir.join("ckpt"), dir.join("m.jsonl"));
+    let huge = "4611686018427387904";
+    #[rustfmt::skip]
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["model.n_embd", huge, "model.n_head", "1"], &["model.n_embd", "more than"]),
+        (&["parallel.dp", huge, "parallel.tp", "4"], &["parallel.dp", "more than"]),
+        (&["parallel.tp", huge, "parallel.pp", "4"], &["parallel.tp", "more than"]),
+        (&["parallel.pp", huge, "parallel.schedule", "\"interleaved\"", "parallel.virtual_stages", "4",
+           "parallel.micro_batches", huge], &["parallel.pp", "more than"]),
+        (&["train.eval_batches", huge], &["train.eval_batches", "more than"]),
+        (&["optim.weight_decay", "-1"], &["optim.weight_decay", "-1"]),
+        (&["optim.weight_decay", "nan"], &["optim.weight_decay", "NaN"]),
+        (&["optim.betas", "[1.0, 0.95]"], &["optim.betas", "beta1 = 1"]),
+        (&["optim.eps", "-1e-8"], &["optim.eps"]),
+        (&["train.checkpoint_dir", "\"\""], &["train.checkpoint_dir", "empty"]),
+        (&["parallel.stage_blocks", "[1, 1]"], &["parallel.stage_blocks", "pp > 1"]),
+        (&["schedule.warmup_steps", "50"], &["schedule", "warmup_steps"]),
+    ];
+    for (sets, needles) in cases {
+        let mut args = vec!["train".to_string(), "--quiet".into(), "--config".into(), gpt_config()];
+        for pair in sets.chunks(2) {
+            args.extend(["--set".to_string(), format!("{}={}", pair[0], pair[1])]);
+        }
+        for (key, path) in [("train.checkpoint_dir", &ckpt), ("train.metrics", &metrics)] {
+            if !sets.contains(&key) {
+                args.extend(["--set".to_string(), format!("{key}={:?}", path.to_str().unwrap())]);
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_naming(&args, needles);
+        let out = weft(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("::"), "{sets:?}: the message names a function: {err}");
+        assert!(
+            !ckpt.exists() && !metrics.exists(),
+            "{sets:?} wrote files before failing"
+        );
+    }
+    // a metrics path that is a folder says so
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            &format!("train.metrics={:?}", dir.to_str().unwrap()),
+        ],
+        &["train.metrics", "is a folder"],
+    );
+    // and evaluate's own count
+    let out = weft(&[
+        "evaluate",
+        "--config",
+        &gpt_config(),
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--batches",
+        "18446744073709551615",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--batches") && err.contains("from 1 to"), "{err}");
+}

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{consolidate, fixtures, path_set, temp_dir, weft_ok};
+use common::{consolidate, fixtures, path_set, temp_dir, weft, weft_ok};
 
 /// A checkpoint of the gpt fixture after 5 steps, in `dir/ckpt`.
 fn checkpoint(dir: &Path) -> PathBuf {
@@ -47,6 +47,27 @@ fn leftovers(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A checkpoint whose index.json lists no model tensors consolidates to nothing: refused, in
+/// both formats, and nothing is written.
+#[test]
+fn a_checkpoint_without_model_tensors_is_refused() {
+    let dir = temp_dir("consolidate-empty");
+    let ckpt = checkpoint(&dir).join("step-00000005");
+    let index = ckpt.join("index.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    v["model"] = serde_json::json!({});
+    std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+    for format in ["safetensors", "hf"] {
+        let output = dir.join(format!("out-{format}"));
+        #[rustfmt::skip]
+        let out = weft(&["checkpoint", "consolidate", ckpt.to_str().unwrap(), "-o", output.to_str().unwrap(),
+            "--format", format]);
+        let err = one_error_line(&out);
+        assert!(err.contains("holds no model tensors"), "{format}: {err}");
+        assert!(!output.exists(), "{format}: {} was written", output.display());
+    }
 }
 
 #[test]

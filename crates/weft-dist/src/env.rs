@@ -6,6 +6,10 @@ use crate::error::{Error, Result};
 /// Default rendezvous port (torchrun's).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// The most ranks a job may have: far beyond any cluster, small enough that every rank can
+/// hold a slot per peer (connections, sequence numbers) without the sizes overflowing.
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
 /// What started this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Starter {
@@ -101,6 +105,11 @@ pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>
     } else {
         return Ok(None);
     };
+    if world > MAX_WORLD_SIZE || local_world > MAX_WORLD_SIZE {
+        return Err(Error::Invalid(format!(
+            "a world of {world} ranks ({local_world} on this host) is more than the {MAX_WORLD_SIZE} weft accepts"
+        )));
+    }
     if world == 0 || rank >= world {
         return Err(Error::Invalid(format!(
             "rank {rank} is out of range for a world of {world}"
@@ -237,6 +246,10 @@ mod tests {
     fn bad_values_name_the_variable() {
         let e = env(&[("RANK", "x"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
         assert!(e.contains("RANK=\"x\""), "{e}");
+        let e = env(&[("RANK", "0"), ("WORLD_SIZE", "18446744073709551614")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than the 1048576 weft accepts"), "{e}");
         let e = env(&[("RANK", "2"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
         assert!(e.contains("rank 2 is out of range"), "{e}");
         let e = env(&[("RANK", "0")]).unwrap_err().to_string();

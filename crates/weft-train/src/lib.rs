@@ -21,6 +21,7 @@ pub mod stop;
 pub mod track;
 pub mod trainer;
 
+pub use config::MAX_EVAL_BATCHES;
 pub use error::{Error, Result};
 pub use replicas::StateBytes;
 pub use trainer::{Callback, EvalRecord, FitSummary, StepRecord, Trainer};

@@ -99,6 +99,13 @@ impl MetricsFile {
 /// Checks that a new run may write its records to `path`: that it holds no other run's (unless
 /// `overwrite`, which will replace them) and can be written. `train.metrics` names it in errors.
 pub fn check_new(path: &Path, overwrite: bool) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::Config(format!(
+            "train.metrics: {} is a folder; name a file (for example {})",
+            path.display(),
+            path.join("metrics.jsonl").display()
+        )));
+    }
     if !overwrite && std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
         return Err(Error::Config(format!(
             "train.metrics: {} holds another run's records; continue that run with --resume, write this one \

@@ -112,8 +112,16 @@ impl LaunchConfig {
                 self.nnodes - 1
             ));
         }
-        if self.nnodes.checked_mul(self.nproc_per_node).is_none() {
-            return bad("--nnodes times --nproc-per-node is too large".into());
+        match self.nnodes.checked_mul(self.nproc_per_node) {
+            Some(world) if world <= crate::env::MAX_WORLD_SIZE => {}
+            _ => {
+                return bad(format!(
+                    "--nnodes {} times --nproc-per-node {} is more than the {} ranks weft accepts",
+                    self.nnodes,
+                    self.nproc_per_node,
+                    crate::env::MAX_WORLD_SIZE
+                ))
+            }
         }
         if self.min_nnodes == 0 || self.min_nnodes > self.nnodes {
             return bad(format!(
@@ -196,6 +204,12 @@ mod tests {
         };
         assert!(with(&|c| c.nproc_per_node = 0).contains("--nproc-per-node"));
         assert!(with(&|c| c.nnodes = 0).contains("--nnodes"));
+        // the world the launcher would hand its ranks: refused here, not by every rank's setup
+        assert!(with(&|c| {
+            c.nnodes = usize::MAX / 2;
+            c.min_nnodes = c.nnodes
+        })
+        .contains("is more than the 1048576 ranks weft accepts"));
         assert!(with(&|c| {
             c.nnodes = 2;
             c.node_rank = 2

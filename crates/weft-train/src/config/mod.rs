@@ -7,12 +7,14 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 
+mod bounds;
 mod data;
 mod model;
 mod overrides;
 mod track;
 mod train;
 
+pub use bounds::MAX_EVAL_BATCHES;
 pub use data::{BatchesKeys, CsvKeys, DataConfig, LabelColumnConfig, TextKeys, TokensKeys};
 pub use model::{ConvnetKeys, GptKeys, LlamaKeys, MlpKeys, ModelConfig};
 pub use overrides::Overrides;
@@ -325,6 +327,9 @@ impl RunConfig {
 
     pub(crate) fn validate(&self, source: &str) -> Result<()> {
         let bad = |key: &str, msg: String| Err(Error::Config(format!("{source}: {key}: {msg}")));
+        if let Some((key, msg)) = bounds::check(self) {
+            return bad(&key, msg);
+        }
         if !(1..=60_000).contains(&self.track.flush_ms) {
             return bad(
                 "track.flush_ms",
@@ -347,6 +352,35 @@ impl RunConfig {
                 format!("apply to sgd, not {}", o.kind),
             );
         }
+        if let Some(betas) = o.betas {
+            for (i, b) in betas.iter().enumerate() {
+                if !(0.0..1.0).contains(b) {
+                    return bad("optim.betas", format!("beta{} = {b} must be in [0, 1)", i + 1));
+                }
+            }
+        }
+        if let Some(eps) = o.eps {
+            if !(eps.is_finite() && eps >= 0.0) {
+                return bad("optim.eps", format!("{eps} must be a finite number >= 0"));
+            }
+        }
+        for (key, v) in [("optim.weight_decay", o.weight_decay), ("optim.momentum", o.momentum)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(key, format!("{v} must be a finite number >= 0"));
+            }
+        }
+        if !o.dampening.is_finite() {
+            return bad("optim.dampening", format!("{} must be finite", o.dampening));
+        }
+        if o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0) {
+            return bad(
+                "optim.nesterov",
+                format!(
+                    "Nesterov momentum needs optim.momentum > 0 and optim.dampening = 0, got {} and {}",
+                    o.momentum, o.dampening
+                ),
+            );
+        }
         if let Some(c) = o.grad_clip {
             if !(c.is_finite() && c > 0.0) {
                 return bad("optim.grad_clip", format!("{c} must be positive"));
@@ -354,6 +388,10 @@ impl RunConfig {
         }
         if self.train.steps == 0 {
             return bad("train.steps", "must be at least 1".into());
+        }
+        // the schedule's own checks, here rather than when the run has begun writing
+        if let Err(Error::Config(msg)) = crate::run::build::build_schedule(&self.schedule, o.lr, self.train.steps) {
+            return Err(Error::Config(format!("{source}: {msg}")));
         }
         if let Err(e) = self.train.device.parse::<weft_core::Device>() {
             return bad("train.device", e);
@@ -435,6 +473,12 @@ impl RunConfig {
             return bad(
                 "parallel.recompute",
                 "recomputes pipeline stages; it needs pp > 1".into(),
+            );
+        }
+        if p.pp == 1 && p.stage_blocks.is_some() {
+            return bad(
+                "parallel.stage_blocks",
+                "cuts the model into pipeline stages; it needs pp > 1".into(),
             );
         }
         if p.pp == 1 && p.micro_batches > 1 {

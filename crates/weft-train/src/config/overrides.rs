@@ -83,7 +83,8 @@ impl Overrides {
             if let toml::Value::String(p) = &value {
                 let builtin = NOT_PATHS.contains(&(section, name, p.as_str())) || p.contains("://");
                 let path = PathBuf::from(p);
-                if !builtin && path.is_relative() {
+                // an empty path stays empty, for the config's checks to refuse
+                if !builtin && !p.is_empty() && path.is_relative() {
                     value = toml::Value::String(self.cwd.join(path).to_string_lossy().into_owned());
                 }
             }

@@ -91,6 +91,14 @@ impl TrainConfig {
                 ),
             ));
         }
+        for (key, path) in [
+            ("train.checkpoint_dir", &self.checkpoint_dir),
+            ("train.metrics", &self.metrics),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err((key, "is empty: name a path, or leave the key out".into()));
+            }
+        }
         self.autotune_mode()?;
         Ok(())
     }

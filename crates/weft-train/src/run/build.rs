@@ -118,8 +118,10 @@ pub fn build_schedule(s: &ScheduleConfig, lr: f64, steps: usize) -> Result<Sched
             })?,
         },
     };
-    schedule
-        .validate()
-        .map_err(|e| Error::Config(format!("schedule: {e}")))?;
+    schedule.validate().map_err(|e| match e {
+        // the message names the key; the function that checked it means nothing to a user
+        weft_core::Error::Invalid { msg, .. } => Error::Config(format!("schedule: {msg}")),
+        other => Error::Config(format!("schedule: {other}")),
+    })?;
     Ok(schedule)
 }

@@ -391,7 +391,7 @@ impl Trainer {
             let rounds = if zero.is_some_and(|z| z.stage() == 3) {
                 n.div_ceil(ranks)
             } else {
-                (*n + ranks - 1 - rank) / ranks
+                n.saturating_sub(rank).div_ceil(ranks)
             };
             for k in 0..rounds {
                 let i = rank + k * ranks;

@@ -1,0 +1,79 @@
+//! Upper bounds on the config's sizes: far above any model or job that can run, low enough
+//! that the products the planner, the memory estimate and the layouts form from them (parameters,
+//! activations, ranks) stay inside 64-bit integers, so a mistyped size is refused naming its key
+//! rather than overflowing somewhere later.
+
+use super::{DataConfig, ModelConfig, RunConfig};
+
+/// A model's widths (embedding, features, classes, vocabulary, context).
+const WIDTH: usize = 1 << 24;
+/// Counts of layers, heads, channels, and image sides.
+const COUNT: usize = 1 << 16;
+/// Evaluation batches of one evaluation (`train.eval_batches`, `weft evaluate --batches`).
+pub const MAX_EVAL_BATCHES: usize = 1 << 24;
+/// Ranks along one parallel dimension, micro-batches, rows in a batch, accumulation steps.
+const RANKS: usize = 1 << 20;
+
+/// The first size above its bound, as (key, message).
+pub(super) fn check(config: &RunConfig) -> Option<(String, String)> {
+    let mut sizes: Vec<(String, usize, usize)> = Vec::new();
+    let mut add = |key: &str, v: usize, max: usize| sizes.push((key.to_string(), v, max));
+    match &config.model {
+        ModelConfig::Gpt(g) => {
+            add("model.vocab_size", g.vocab_size, WIDTH);
+            add("model.block_size", g.block_size, WIDTH);
+            add("model.n_embd", g.n_embd, WIDTH);
+            add("model.n_layer", g.n_layer, COUNT);
+            add("model.n_head", g.n_head, COUNT);
+        }
+        ModelConfig::Llama(l) => {
+            add("model.vocab_size", l.vocab_size, WIDTH);
+            add("model.block_size", l.block_size, WIDTH);
+            add("model.n_embd", l.n_embd, WIDTH);
+            add("model.intermediate_size", l.intermediate_size, WIDTH);
+            add("model.n_layer", l.n_layer, COUNT);
+            add("model.n_head", l.n_head, COUNT);
+            add("model.n_kv_head", l.n_kv_head, COUNT);
+        }
+        ModelConfig::Mlp(m) => {
+            add("model.in_features", m.in_features, WIDTH);
+            add("model.out_features", m.out_features, WIDTH);
+            add("model.hidden (count)", m.hidden.len(), COUNT);
+            for (i, &h) in m.hidden.iter().enumerate() {
+                add(&format!("model.hidden[{i}]"), h, WIDTH);
+            }
+        }
+        ModelConfig::Convnet(c) => {
+            add("model.in_channels", c.in_channels, COUNT);
+            add("model.image_size", c.image_size, COUNT);
+            add("model.num_classes", c.num_classes, WIDTH);
+            add("model.channels (count)", c.channels.len(), COUNT);
+            for (i, &ch) in c.channels.iter().enumerate() {
+                add(&format!("model.channels[{i}]"), ch, COUNT);
+            }
+        }
+    }
+    let p = &config.parallel;
+    add("parallel.dp", p.dp, RANKS);
+    add("parallel.tp", p.tp, RANKS);
+    add("parallel.pp", p.pp, RANKS);
+    add("parallel.micro_batches", p.micro_batches, RANKS);
+    if let Some(v) = p.virtual_stages {
+        add("parallel.virtual_stages", v, COUNT);
+    }
+    add("train.grad_accum", config.train.grad_accum, RANKS);
+    add("train.eval_batches", config.train.eval_batches, MAX_EVAL_BATCHES);
+    let batch = match &config.data {
+        DataConfig::Text(k) => Some(k.batch_size),
+        DataConfig::Csv(k) => Some(k.batch_size),
+        DataConfig::Tokens(k) => Some(k.batch_size),
+        DataConfig::Batches(_) => None,
+    };
+    if let Some(b) = batch {
+        add("data.batch_size", b, RANKS);
+    }
+    sizes
+        .into_iter()
+        .find(|(_, v, max)| v > max)
+        .map(|(key, v, max)| (key, format!("{v} is more than the {max} weft accepts")))
+}
