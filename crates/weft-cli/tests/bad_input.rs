@@ -257,6 +257,37 @@ fn config_values_are_refused_before_anything_is_written() {
             "{sets:?} wrote files before failing"
         );
     }
+    // a batches file made for another model: named with the key, nothing written
+    let mlp = fixtures().join("mlp_adamw/run.toml");
+    #[rustfmt::skip]
+    let mismatched: &[(&str, &str, &[&str])] = &[
+        (mlp.to_str().unwrap(), "model.in_features=19", &["model.in_features", "[20]", "[19]"]),
+        (mlp.to_str().unwrap(), "model.out_features=2", &["targets of step", "the model's classes"]),
+        (&gpt_config(), "model.vocab_size=10", &["inputs of step", "model.vocab_size"]),
+        (&gpt_config(), "model.block_size=8", &["model.block_size = 8", "T <= 8"]),
+    ];
+    for (config, set, needles) in mismatched {
+        let (ckpt_set, metrics_set) = (
+            format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap()),
+            format!("train.metrics={:?}", metrics.to_str().unwrap()),
+        );
+        fails_naming(
+            &[
+                "train",
+                "--quiet",
+                "--config",
+                config,
+                "--set",
+                set,
+                "--set",
+                &ckpt_set,
+                "--set",
+                &metrics_set,
+            ],
+            needles,
+        );
+        assert!(!ckpt.exists() && !metrics.exists(), "{set} wrote files before failing");
+    }
     // a metrics path that is a folder says so
     fails_naming(
         &[

@@ -64,6 +64,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
     Ok(match &config.data {
         DataConfig::Batches(b) => {
             let ds = Arc::new(BatchesDataset::from_file(config.resolve(&b.path))?);
+            check_batches(&config.model, &ds)?;
             let batch_rows = ds.batch_size();
             Data {
                 train: Arc::new(move |step| Ok(ds.batch(step)?)),
@@ -140,6 +141,63 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             }
         }
     })
+}
+
+/// Checks a batches file against the model before anything is written, so that a file made for
+/// another model fails naming it and the key rather than at the first step: the inputs' shape
+/// per row (mlp `[in_features]`, convnet `[in_channels, image_size, image_size]`, a language
+/// model's `[T]` with `T <= block_size`), and the targets: a classifier's class ids within its
+/// classes, a language model's token ids within its vocabulary (negative ids are left to the
+/// loss, which ignores them); and a language model's input ids within the vocabulary.
+fn check_batches(model: &ModelConfig, ds: &BatchesDataset) -> Result<()> {
+    let file = ds.path().display();
+    let (x, _) = ds.batch(0)?;
+    let row: Vec<usize> = x.shape()[1..].to_vec();
+    let (want, key, classes): (Option<Vec<usize>>, &str, usize) = match model {
+        ModelConfig::Mlp(m) => (Some(vec![m.in_features]), "model.in_features", m.out_features),
+        ModelConfig::Convnet(c) => (
+            Some(vec![c.in_channels, c.image_size, c.image_size]),
+            "model.in_channels/image_size",
+            c.num_classes,
+        ),
+        ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
+            let (vocab, block) = model.language_model_sizes().expect("a language model");
+            if row.len() != 1 || row[0] > block {
+                return Err(Error::Config(format!(
+                    "data.path: {file}: inputs of shape {:?} per step; model.block_size = {block} takes [B, T] with                      T <= {block}",
+                    x.shape()
+                )));
+            }
+            (None, "model.vocab_size", vocab)
+        }
+    };
+    if let Some(want) = &want {
+        if &row != want {
+            return Err(Error::Config(format!(
+                "data.path: {file}: inputs of shape {:?} per step hold rows of {row:?}, but {key} makes the model                  take {want:?}",
+                x.shape()
+            )));
+        }
+    }
+    let lm = want.is_none();
+    let limit = if lm { "model.vocab_size" } else { "the model's classes" };
+    for step in 0..ds.steps_per_cycle() {
+        let (x, y) = ds.batch(step)?;
+        for (what, ids) in [("inputs", &x), ("targets", &y)] {
+            // a classifier's float inputs are features, not ids
+            if !ids.dtype().is_int() || (what == "inputs" && !lm) {
+                continue;
+            }
+            let outside = |v: f64| v >= classes as f64 || (v < 0.0 && (what == "inputs" || !lm));
+            if let Some(bad) = ids.to_vec_f64().into_iter().find(|&v| outside(v)) {
+                return Err(Error::Config(format!(
+                    "data.path: {file}: {what} of step {step} hold {bad}, outside {limit} ({classes}: 0 to {})",
+                    classes.saturating_sub(1)
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks before anything is built that the data can serve the run: CSV labels within the
