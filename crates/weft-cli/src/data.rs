@@ -70,6 +70,17 @@ fn load(arg: &TokenizerArg) -> Result<Tokenizer, String> {
     spec(arg)?.load().map_err(|e| format!("--tokenizer: {e}"))
 }
 
+/// An error of encode or decode: about the input read on stdin (an id past the vocabulary, a
+/// character outside it), or about the tokenizer (a tokenizer.json the `tokenizers` library fails
+/// on: the message names the file).
+fn tokenizing_error(e: weft_data::Error) -> String {
+    match e {
+        weft_data::Error::TokenOutOfRange { .. } | weft_data::Error::UnknownChar { .. } => format!("stdin: {e}"),
+        other => format!("--tokenizer: {other}"),
+    }
+}
+
+/// Standard input, read whole: the user's own stream, not bounded here.
 fn stdin_bytes() -> Result<Vec<u8>, String> {
     let mut buf = Vec::new();
     std::io::stdin()
@@ -83,7 +94,7 @@ pub fn encode(args: &EncodeArgs) -> Result<(), String> {
     let tok = load(&args.tok)?;
     let bytes = stdin_bytes()?;
     let text = std::str::from_utf8(&bytes).map_err(|e| format!("stdin: not UTF-8 text ({e})"))?;
-    let ids = tok.encode(text).map_err(|e| format!("stdin: {e}"))?;
+    let ids = tok.encode(text).map_err(tokenizing_error)?;
     let json = serde_json::to_string(&ids).map_err(|e| e.to_string())?;
     weft_core::outln!("{json}");
     Ok(())
@@ -95,7 +106,7 @@ pub fn decode(args: &DecodeArgs) -> Result<(), String> {
     let bytes = stdin_bytes()?;
     let ids: Vec<u32> = serde_json::from_slice(&bytes)
         .map_err(|e| format!("stdin: expected a JSON array of token ids (whole numbers from 0 to 2^32 - 1): {e}"))?;
-    let text = tok.decode(&ids).map_err(|e| format!("stdin: {e}"))?;
+    let text = tok.decode(&ids).map_err(tokenizing_error)?;
     weft_core::out!("{text}");
     Ok(())
 }

@@ -213,3 +213,86 @@ fn prepare_writes_shards_and_an_index_then_refuses_to_overwrite() {
     ));
     assert_eq!(back, "Speak");
 }
+
+#[test]
+fn a_tokenizer_json_the_library_panics_on_is_one_error_line_naming_it() {
+    let d = temp_dir("data-cli-damaged-tokenizer");
+    let file = |name: &str, text: &str| {
+        let p = d.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    // found by fuzzing: each made the tokenizers crate panic (exit 101, "thread 'main' panicked at")
+    let merge = file(
+        "merge.json",
+        r#"{"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"]}}"#,
+    );
+    let charsmap = file(
+        "charsmap.json",
+        r#"{"normalizer":{"type":"Precompiled","precompiled_charsmap":"AAAA"},
+            "model":{"type":"WordLevel","vocab":{"a":0,"<unk>":1},"unk_token":"<unk>"}}"#,
+    );
+    let strip = file(
+        "strip.json",
+        r#"{"decoder":{"type":"Strip","content":" ","start":0,"stop":2},
+            "model":{"type":"WordLevel","vocab":{" ":0,"<unk>":1},"unk_token":"<unk>"}}"#,
+    );
+    for (tok, doing) in [
+        (&merge, "cannot load"),
+        (&charsmap, "cannot load"),
+        (&strip, "cannot decode"),
+    ] {
+        fails_with(
+            &weft(&["data", "decode", "--tokenizer", tok], b"[0]"),
+            &["--tokenizer", tok, doing, "the tokenizers library failed"],
+        );
+    }
+    fails_with(
+        &weft(&["data", "encode", "--tokenizer", &charsmap], b"a"),
+        &[&charsmap, "cannot load"],
+    );
+    // prepare: the same line, and no index.json
+    let input = d.join("in.txt");
+    std::fs::write(&input, "a a a").unwrap();
+    let out = d.join("out");
+    fails_with(
+        &weft(
+            &[
+                "data",
+                "prepare",
+                "--tokenizer",
+                &charsmap,
+                "--output",
+                out.to_str().unwrap(),
+                "--input",
+                input.to_str().unwrap(),
+            ],
+            b"",
+        ),
+        &[&charsmap, "cannot load"],
+    );
+    assert!(!out.join("index.json").exists());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_tokenizer_path_that_is_not_a_file_is_refused_before_reading() {
+    // /dev/zero never ends: it was read until memory ran out
+    fails_with(
+        &weft(&["data", "decode", "--tokenizer", "/dev/zero"], b"[0]"),
+        &["--tokenizer", "/dev/zero: not a file (a character device)"],
+    );
+    let d = temp_dir("data-cli-not-a-file");
+    let link = d.join("tokenizer.json");
+    std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+    let link = link.to_str().unwrap();
+    fails_with(
+        &weft(&["data", "encode", "--tokenizer", link], b"a"),
+        &[link, "not a file"],
+    );
+    let dir = d.to_str().unwrap();
+    fails_with(
+        &weft(&["data", "encode", "--tokenizer", dir], b"a"),
+        &[dir, "not a file (a directory)"],
+    );
+}

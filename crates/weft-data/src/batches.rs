@@ -18,14 +18,19 @@ pub struct BatchesDataset {
 }
 
 impl BatchesDataset {
-    /// Reads `path`. Errors name the path and the missing tensor (`inputs` or `targets`), or the
-    /// tensor and both shapes when they have rank below 2, `S = 0`, or disagree in `S` or `B`.
+    /// Reads `path`. Errors name the path and the missing tensor (`inputs` or `targets`, listing
+    /// the tensors the file has), or the tensor and both shapes when they have rank below 2,
+    /// `S = 0`, disagree in `S` or `B`, or have a dimension of size 0 (`B = 0` rows: every batch
+    /// would be empty, and its loss NaN). A path that is not a regular file (a directory,
+    /// `/dev/zero`) is refused before reading.
     pub fn from_file(path: impl AsRef<Path>) -> Result<BatchesDataset> {
         let path = path.as_ref();
+        crate::files::check_regular(path)?;
         let mut file = weft_core::io::safetensors::load(path)?;
+        // the names as the file has them, before either is taken out
+        let names: Vec<String> = file.tensors.keys().cloned().collect();
         let mut take = |name: &str| {
             file.tensors.remove(name).ok_or_else(|| {
-                let names: Vec<&String> = file.tensors.keys().collect();
                 invalid(format!(
                     "{}: no tensor named {name:?} (the file has {names:?})",
                     path.display()
@@ -49,6 +54,18 @@ impl BatchesDataset {
         }
         if si[0] == 0 {
             return Err(mismatch("the file holds no steps"));
+        }
+        for (name, shape) in [("inputs", si), ("targets", st)] {
+            if let Some(d) = shape.iter().position(|&n| n == 0) {
+                let what = match d {
+                    1 => "(batch) is 0: every batch would have no rows".to_string(),
+                    _ => "is 0: every batch would be empty".to_string(),
+                };
+                return Err(invalid(format!(
+                    "{}: tensor {name:?} has shape {shape:?}: dimension {d} {what}",
+                    path.display()
+                )));
+            }
         }
         Ok(BatchesDataset {
             path: path.into(),

@@ -83,13 +83,14 @@ fn split_slot(split: Split) -> usize {
     }
 }
 
-/// The file's text, gunzipped if it starts with the gzip magic bytes.
+/// The file's text, gunzipped if it starts with the gzip magic bytes. A path that is not a regular
+/// file (a directory, `/dev/zero`) is refused before reading.
 fn read_text(path: &Path) -> Result<String> {
     let io = |source| Error::Io {
         path: path.into(),
         source,
     };
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = crate::files::read(path)?;
     if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut text = String::new();
         flate2::read::MultiGzDecoder::new(&bytes[..])

@@ -8,6 +8,7 @@
 //! - [`CsvDataset`]: numeric features plus an integer class label, from `.csv` or `.csv.gz`.
 //! - [`BatchesDataset`]: pre-made batches from a safetensors file, cycled.
 //! - [`Prefetcher`]: produces batches a few steps ahead on a background thread.
+//! - [`files`]: reading the files a config names, regular files only (never `/dev/zero`).
 //!
 //! The rule every dataset follows: **a batch is a pure function of its arguments** (`seed`, `split`,
 //! `step`), with all randomness drawn from `weft_core::rng::uniform(seed, counter)`. There is no
@@ -32,6 +33,7 @@
 pub mod batches;
 pub mod csv;
 pub mod error;
+pub mod files;
 pub mod objects;
 pub mod prefetch;
 pub mod store;

@@ -96,6 +96,7 @@ impl ObjectSource for LocalFolder {
     fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
         let path = self.path(name)?;
+        crate::files::check_regular(&path)?;
         let mut f = std::fs::File::open(&path).map_err(|e| io_error(path.clone(), e))?;
         let len = f.metadata().map_err(|e| io_error(path.clone(), e))?.len();
         check_range(&path.display().to_string(), &range, len)?;
@@ -111,14 +112,14 @@ impl ObjectSource for LocalFolder {
         Ok(buf)
     }
 
+    /// Refuses an object that is not a regular file (a link to `/dev/zero`, a pipe) before
+    /// reading it.
     fn read(&self, name: &str) -> Result<Vec<u8>> {
-        let path = self.path(name)?;
-        std::fs::read(&path).map_err(|e| io_error(path, e))
+        crate::files::read(&self.path(name)?)
     }
 
     fn len(&self, name: &str) -> Result<u64> {
-        let path = self.path(name)?;
-        Ok(std::fs::metadata(&path).map_err(|e| io_error(path, e))?.len())
+        Ok(crate::files::check_regular(&self.path(name)?)?.len())
     }
 
     fn describe(&self, name: &str) -> String {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use weft_core::Tensor;
 
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, Result};
 use crate::tokenizer::{CharTokenizer, Tokenizer};
 use crate::{check_val_fraction, scaled_index, train_len, Split};
 
@@ -20,13 +20,10 @@ pub struct TextDataset {
 
 impl TextDataset {
     /// Reads a UTF-8 text file and builds its vocabulary and split (see [`TextDataset::from_text`]).
-    /// Errors name the path.
+    /// Errors name the path; a path that is not a regular file (a directory, `/dev/zero`) is
+    /// refused before reading ([`crate::files::read_to_string`]).
     pub fn from_file(path: impl AsRef<Path>, val_fraction: f64) -> Result<TextDataset> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?;
+        let text = crate::files::read_to_string(path.as_ref())?;
         Self::from_text(&text, val_fraction)
     }
 

@@ -68,7 +68,11 @@ fn mismatched_or_missing_tensors_are_rejected() {
         ),
         (&[("inputs", &a), ("targets", &c)], &["[3, 4]", "[3, 2, 2]"]),
         (&[("inputs", &a), ("targets", &flat)], &["[3]", "[steps, batch, ...]"]),
-        (&[("inputs", &a)], &["\"targets\""]),
+        // the list names what the file has, "inputs" included
+        (
+            &[("inputs", &a)],
+            &["no tensor named \"targets\" (the file has [\"inputs\"])"],
+        ),
         (&[("x", &a), ("targets", &a)], &["\"inputs\"", "\"x\""]),
     ];
     for (tensors, needles) in cases {
@@ -89,5 +93,41 @@ fn mismatched_or_missing_tensors_are_rejected() {
         .unwrap_err()
         .to_string()
         .contains("missing.safetensors"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_empty_batch_dimension_is_refused_naming_the_tensor() {
+    let dir = temp_dir("empty-batch");
+    let path = dir.join("b.safetensors");
+    // S = 3 steps of B = 0 rows: every batch would be empty and its loss NaN
+    let inputs = Tensor::from_vec(Vec::<i64>::new(), &[3, 0, 4]).unwrap();
+    let targets = Tensor::from_vec(Vec::<i64>::new(), &[3, 0]).unwrap();
+    save(&path, &[("inputs", &inputs), ("targets", &targets)]);
+    let msg = BatchesDataset::from_file(&path).unwrap_err().to_string();
+    assert_eq!(
+        msg,
+        format!(
+            "{}: tensor \"inputs\" has shape [3, 0, 4]: dimension 1 (batch) is 0: every batch would have no rows",
+            path.display()
+        )
+    );
+    // a row of zero features, and zero targets per row
+    let inputs = Tensor::from_vec(Vec::<f32>::new(), &[3, 2, 0]).unwrap();
+    let targets = Tensor::from_vec(vec![0i64; 6], &[3, 2]).unwrap();
+    save(&path, &[("inputs", &inputs), ("targets", &targets)]);
+    let msg = BatchesDataset::from_file(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains("\"inputs\" has shape [3, 2, 0]: dimension 2 is 0"),
+        "{msg}"
+    );
+    let inputs = Tensor::from_vec(vec![0i64; 24], &[3, 2, 4]).unwrap();
+    let targets = Tensor::from_vec(Vec::<i64>::new(), &[3, 2, 0]).unwrap();
+    save(&path, &[("inputs", &inputs), ("targets", &targets)]);
+    let msg = BatchesDataset::from_file(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains("\"targets\" has shape [3, 2, 0]: dimension 2 is 0"),
+        "{msg}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

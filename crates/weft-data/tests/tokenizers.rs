@@ -126,3 +126,119 @@ fn specs_load_gpt2_files_and_refuse_a_bare_char() {
     assert!(e.contains("not_tok.json"), "{e}");
     assert!("".parse::<TokenizerSpec>().is_err());
 }
+
+/// tokenizer.json files on which the `tokenizers` crate panics (found by fuzzing): the file, and
+/// whether the panic comes while loading it or while decoding `[0]`.
+const DAMAGED: [(&str, &str); 3] = [
+    // a merge whose pieces are longer than any token of the vocabulary
+    (
+        "merge.json",
+        r#"{"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"]}}"#,
+    ),
+    // a Precompiled normalizer whose charsmap does not parse
+    (
+        "charsmap.json",
+        r#"{"normalizer":{"type":"Precompiled","precompiled_charsmap":"AAAA"},
+            "model":{"type":"WordLevel","vocab":{"a":0,"<unk>":1},"unk_token":"<unk>"}}"#,
+    ),
+    // a Strip decoder that strips more characters than the token has
+    (
+        "strip.json",
+        r#"{"decoder":{"type":"Strip","content":" ","start":0,"stop":2},
+            "model":{"type":"WordLevel","vocab":{" ":0,"<unk>":1},"unk_token":"<unk>"}}"#,
+    ),
+];
+
+/// What loading then decoding `[0]` and encoding "a b" gives: the first error.
+fn load_and_use(load: impl FnOnce() -> weft_data::Result<Tokenizer>) -> weft_data::Result<()> {
+    let t = load()?;
+    t.decode(&[0])?;
+    t.encode("a b")?;
+    Ok(())
+}
+
+#[test]
+fn a_tokenizer_json_that_panics_the_tokenizers_crate_is_an_error_naming_the_file() {
+    for (name, text) in DAMAGED {
+        let path = tmp(name);
+        std::fs::write(&path, text).unwrap();
+        // through every way in: a spec, the file, its JSON form (as a checkpoint records it)
+        let via_spec = load_and_use(|| TokenizerSpec::File(path.clone()).load()).unwrap_err();
+        let via_file = load_and_use(|| HfTokenizer::from_file(&path).map(Tokenizer::Hf)).unwrap_err();
+        for e in [via_spec.to_string(), via_file.to_string()] {
+            assert!(e.starts_with(&format!("{}: cannot ", path.display())), "{name}: {e}");
+            assert!(
+                e.contains("the tokenizers library failed on this tokenizer (it panicked: "),
+                "{name}: {e}"
+            );
+        }
+        let form = format!(r#"{{"type":"hf","tokenizer":{text}}}"#);
+        let e = load_and_use(|| Tokenizer::from_json(&form)).unwrap_err().to_string();
+        assert!(e.contains("cannot ") && e.contains("(it panicked: "), "{name}: {e}");
+    }
+    // where each one fails, and a message of the library's own
+    let strip = tmp("strip.json");
+    let t = TokenizerSpec::File(strip.clone()).load().unwrap();
+    let e = t.decode(&[0]).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: cannot decode: ", strip.display())), "{e}");
+    // (the panic's own words depend on the build: an overflow check, or the index it leads to)
+    assert!(e.contains("(it panicked: "), "{e}");
+    let charsmap = tmp("charsmap.json");
+    let e = TokenizerSpec::File(charsmap.clone()).load().unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: cannot load: ", charsmap.display())), "{e}");
+    assert!(e.contains("precompiled_charsmap"), "{e}");
+    // the process goes on: a sound tokenizer still works, and decoding an id past the vocabulary
+    // is still TokenOutOfRange, checked before the library is called
+    let tiny = TokenizerSpec::File(TINY.into()).load().unwrap();
+    let ids = tiny.encode("the quick brown fox").unwrap();
+    assert_eq!(tiny.decode(&ids).unwrap(), "the quick brown fox");
+    assert!(matches!(
+        t.decode(&[2]).unwrap_err(),
+        Error::TokenOutOfRange { id: 2, .. }
+    ));
+}
+
+/// The tiny fixture with `extra` merged into its top level.
+fn tiny_with(extra: serde_json::Value) -> std::path::PathBuf {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(TINY).unwrap()).unwrap();
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    let path = tmp(&format!(
+        "tiny-{}.json",
+        extra.as_object().unwrap().keys().next().unwrap()
+    ));
+    std::fs::write(&path, v.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn padding_and_truncation_settings_of_the_file_are_not_applied() {
+    let plain = TokenizerSpec::File(TINY.into()).load().unwrap();
+    let text = "the quick brown fox jumps over the lazy dog ".repeat(20);
+    let want = plain.encode(&text).unwrap();
+    assert!(want.len() > 64, "{}", want.len());
+    let padded = tiny_with(serde_json::json!({"padding": {
+        "strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+        "pad_id": 3, "pad_type_id": 0, "pad_token": "[PAD]"}}));
+    let truncated = tiny_with(serde_json::json!({"truncation": {
+        "direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0}}));
+    for path in [padded, truncated] {
+        let t = TokenizerSpec::File(path.clone()).load().unwrap();
+        // no pad ids after a short text, no document cut to max_length
+        assert_eq!(
+            t.encode("the").unwrap(),
+            plain.encode("the").unwrap(),
+            "{}",
+            path.display()
+        );
+        assert_eq!(t.encode(&text).unwrap(), want, "{}", path.display());
+        // the recorded form keeps the file as it was; read back, the settings stay off
+        let form = t.to_json();
+        assert!(
+            form.contains("\"padding\":{") || form.contains("\"truncation\":{"),
+            "{form}"
+        );
+        assert_eq!(Tokenizer::from_json(&form).unwrap().encode(&text).unwrap(), want);
+    }
+}

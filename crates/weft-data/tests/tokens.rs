@@ -375,3 +375,54 @@ fn datasets_and_tokenizers_can_be_shared_across_threads() {
     shared::<TokenDataset>();
     shared::<Tokenizer>();
 }
+
+#[test]
+fn token_counts_that_overflow_are_refused_naming_index_json_and_the_field() {
+    let (out, _, _) = gpt2_dataset("overflow");
+    let good: serde_json::Value = read_index(&out);
+    let refused = |v: &serde_json::Value, words: &[&str]| {
+        write_index(&out, v);
+        let e = err(&out);
+        assert!(e.contains("index.json"), "{e}");
+        for w in words {
+            assert!(e.contains(w), "{w:?} not in {e}");
+        }
+    };
+    // 2^63 u16 tokens: 2^64 bytes, one past what 64 bits hold
+    let mut v = good.clone();
+    let huge = 1u64 << 63;
+    v["splits"]["train"]["tokens"] = huge.into();
+    v["splits"]["train"]["shards"] = serde_json::json!([
+        {"name": "train-00000.bin", "tokens": huge, "crc32": [1, 2]}
+    ]);
+    refused(&v, &["splits.train.shards[0].tokens", "9223372036854775808", "64 bits"]);
+    // two shards whose counts add up past u64::MAX
+    let mut v = good.clone();
+    v["splits"]["val"]["tokens"] = 8071.into();
+    v["splits"]["val"]["shards"] = serde_json::json!([
+        {"name": "val-00000.bin", "tokens": 8072, "crc32": [1]},
+        {"name": "val-00001.bin", "tokens": u64::MAX, "crc32": [1]}
+    ]);
+    refused(&v, &["splits.val.shards[1].tokens", "18446744073709551615", "2^64 - 1"]);
+}
+
+#[test]
+fn an_end_of_text_id_outside_the_vocabulary_is_refused() {
+    let (out, _, _) = gpt2_dataset("eot");
+    let mut v = read_index(&out);
+    for eot in [50257u64, u64::from(u32::MAX)] {
+        v["eot"] = eot.into();
+        write_index(&out, &v);
+        let e = err(&out);
+        assert!(
+            e.contains("index.json") && e.contains(&format!("eot {eot}")) && e.contains("0..50257"),
+            "{e}"
+        );
+    }
+    v["eot"] = 50256.into();
+    write_index(&out, &v);
+    assert!(open(&out).is_ok());
+    v["eot"] = serde_json::Value::Null;
+    write_index(&out, &v);
+    assert!(open(&out).is_ok());
+}

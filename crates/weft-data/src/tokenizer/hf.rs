@@ -7,10 +7,22 @@
 //! Decoding keeps special tokens and is as lossy as the file's decoder (byte-level decoders replace
 //! invalid UTF-8 with U+FFFD).
 //!
+//! The file's `padding` and `truncation` settings are not applied: weft tokenizes whole documents,
+//! so padding would insert pad ids (a `Fixed` length of 10^9 would allocate without bound) and
+//! truncation would silently cut every document. They are kept in the recorded JSON form (which is
+//! the file as read) and dropped again whenever it is loaded.
+//!
 //! The JSON form embeds the whole `tokenizer.json`, so a checkpoint or a token dataset can rebuild
 //! the tokenizer without the original file.
+//!
+//! The `tokenizers` crate panics on some damaged files (a BPE merge longer than any token, a
+//! `Precompiled` normalizer whose charsmap does not parse, a `Strip` decoder that strips more than
+//! a token holds): every call into it goes through [`contained`], which turns a panic into an error
+//! naming the tokenizer file, without the panic's message on stderr.
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Once};
 
 use serde_json::{json, Value};
 
@@ -22,6 +34,57 @@ pub(crate) const JSON_TYPE: &str = "hf";
 /// Names tried, in order, for the end-of-text token.
 const EOT_NAMES: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>"];
 
+/// What errors call a tokenizer whose file is not known (one built from a JSON form).
+const NO_ORIGIN: &str = "tokenizer.json";
+
+thread_local! {
+    /// Set while this thread runs a call into the `tokenizers` crate under [`contained`].
+    static CONTAINED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Installs, once per process, a panic hook that stays silent for panics raised under
+/// [`contained`] on the same thread and hands every other panic to the hook it replaced (the
+/// default one, or whatever the program had set), so that they print as before.
+fn install_quiet_hook() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CONTAINED.try_with(Cell::get).unwrap_or(false) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs `f` (a call into the `tokenizers` crate), turning a panic inside it into an error that
+/// says `doing` failed and quotes the panic's message. The panic hook stays quiet for it (see
+/// [`install_quiet_hook`]), so the user sees the one error line, not "thread panicked at ...".
+///
+/// What this cannot silence: a panic on a thread the `tokenizers` crate spawns itself (its rayon
+/// pool serves only the batch methods, which weft does not call: encoding and decoding run on the
+/// calling thread), and anything after a program replaces the hook with its own that ignores the
+/// one it replaced. The panic is contained in either case; only its message would print.
+fn contained<T>(doing: &str, f: impl FnOnce() -> T) -> Result<T> {
+    install_quiet_hook();
+    let outer = CONTAINED.with(|c| c.replace(true));
+    // AssertUnwindSafe: a tokenizer a panic left half-updated (a cache, a lock poisoned) is only
+    // ever called through this function again, where a second panic is one more error
+    let result = catch_unwind(AssertUnwindSafe(f));
+    CONTAINED.with(|c| c.set(outer));
+    result.map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        invalid(format!(
+            "{doing}: the tokenizers library failed on this tokenizer (it panicked: {msg}); the file is damaged or \
+             uses a setting the library cannot handle"
+        ))
+    })
+}
+
 /// A tokenizer read from a `tokenizer.json`. Cheap to clone.
 #[derive(Clone)]
 pub struct HfTokenizer {
@@ -30,6 +93,9 @@ pub struct HfTokenizer {
     json: Arc<Value>,
     vocab_size: usize,
     eot: Option<u32>,
+    /// Where it was read from, for the errors of encode and decode: the file's path, or
+    /// [`NO_ORIGIN`].
+    origin: Arc<str>,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -42,13 +108,19 @@ impl std::fmt::Debug for HfTokenizer {
 }
 
 impl HfTokenizer {
-    /// Reads a `tokenizer.json` file. Errors name the file.
+    /// Reads a `tokenizer.json` file. Errors name the file (one that is not a regular file, such
+    /// as `/dev/zero`, is refused before reading), and so do later errors of encode and decode.
     pub fn from_file(path: &std::path::Path) -> Result<HfTokenizer> {
-        let text = std::fs::read_to_string(path).map_err(|source| crate::Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_json_text(&text).map_err(|e| invalid(format!("{}: {e}", path.display())))
+        let text = crate::files::read_to_string(path)?;
+        Self::from_json_text(&text)
+            .map(|t| t.with_origin(path.display().to_string()))
+            .map_err(|e| invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// The same tokenizer, naming `origin` (its file, say) in the errors of encode and decode.
+    pub fn with_origin(mut self, origin: impl Into<String>) -> HfTokenizer {
+        self.origin = Arc::from(origin.into());
+        self
     }
 
     /// Builds the tokenizer from the content of a `tokenizer.json`.
@@ -59,24 +131,33 @@ impl HfTokenizer {
     }
 
     fn from_value(value: Value) -> Result<HfTokenizer> {
-        if !value.is_object() {
+        let Some(fields) = value.as_object() else {
             return Err(invalid("tokenizer.json must be a JSON object"));
-        }
-        let inner: tokenizers::Tokenizer = value
-            .to_string()
-            .parse()
-            .map_err(|e| invalid(format!("not a Hugging Face tokenizer.json: {e}")))?;
-        let vocab = inner.get_vocab(true);
-        let vocab_size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        };
+        // padding and truncation are not applied (module docs): removed before the crate sees
+        // them, so neither can take effect, nor fail to parse
+        let mut used = fields.clone();
+        used.remove("padding");
+        used.remove("truncation");
+        let text = Value::Object(used).to_string();
+        let (inner, vocab_size, eot) = contained("cannot load", || {
+            let inner: tokenizers::Tokenizer = text
+                .parse()
+                .map_err(|e| invalid(format!("not a Hugging Face tokenizer.json: {e}")))?;
+            let vocab = inner.get_vocab(true);
+            let vocab_size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+            let eot = EOT_NAMES.iter().find_map(|name| inner.token_to_id(name));
+            Ok::<_, crate::Error>((inner, vocab_size, eot))
+        })??;
         if vocab_size == 0 {
             return Err(invalid("tokenizer.json has an empty vocabulary"));
         }
-        let eot = EOT_NAMES.iter().find_map(|name| inner.token_to_id(name));
         Ok(HfTokenizer {
             inner: Arc::new(inner),
             json: Arc::new(value),
             vocab_size,
             eot,
+            origin: Arc::from(NO_ORIGIN),
         })
     }
 
@@ -91,22 +172,24 @@ impl HfTokenizer {
         self.eot
     }
 
-    /// The ids of `text` (no post-processor special tokens added).
+    /// The ids of `text` (no post-processor special tokens added). Errors name the tokenizer's
+    /// file.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| invalid(format!("tokenizer.json: cannot encode: {e}")))?;
+        let origin = &*self.origin;
+        let enc = contained(&format!("{origin}: cannot encode"), || {
+            self.inner.encode_fast(text, false)
+        })?
+        .map_err(|e| invalid(format!("{origin}: cannot encode: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// The text of `ids`, special tokens kept. Errors with `TokenOutOfRange` on the first id
-    /// `>= vocab_size()`.
+    /// `>= vocab_size()`; other errors name the tokenizer's file.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         super::check_ids(ids, self.vocab_size)?;
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| invalid(format!("tokenizer.json: cannot decode: {e}")))
+        let origin = &*self.origin;
+        contained(&format!("{origin}: cannot decode"), || self.inner.decode(ids, false))?
+            .map_err(|e| invalid(format!("{origin}: cannot decode: {e}")))
     }
 
     /// `{"type": "hf", "tokenizer": <the tokenizer.json content>}`.

@@ -71,7 +71,9 @@ impl TokenizerSpec {
     /// with a `"type"` key of `"char"`, `"gpt2"` or `"hf"` is read as weft's JSON form, a token
     /// dataset's `index.json` gives its `"tokenizer"`, anything else is read as a Hugging Face
     /// `tokenizer.json`. `char` errors: its vocabulary comes from a corpus
-    /// (see [`TokenizerSpec::load_with_corpus`]).
+    /// (see [`TokenizerSpec::load_with_corpus`]). Errors name the file, one that is not a regular
+    /// file (`/dev/zero`, a directory) refused before reading; a tokenizer.json's later errors of
+    /// encode and decode name it too.
     pub fn load(&self) -> Result<Tokenizer> {
         match self {
             TokenizerSpec::Char => Err(invalid(
@@ -80,10 +82,7 @@ impl TokenizerSpec {
             )),
             TokenizerSpec::Gpt2 => Ok(Tokenizer::Gpt2(Gpt2Tokenizer::new())),
             TokenizerSpec::File(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-                    path: path.clone(),
-                    source,
-                })?;
+                let text = crate::files::read_to_string(path)?;
                 let value: Value =
                     serde_json::from_str(&text).map_err(|e| invalid(format!("{}: not JSON: {e}", path.display())))?;
                 let ours =
@@ -100,7 +99,8 @@ impl TokenizerSpec {
                 } else {
                     HfTokenizer::from_json_text(&text).map(Tokenizer::Hf)
                 };
-                tok.map_err(|e| invalid(format!("{}: {e}", path.display())))
+                tok.map(|t| t.with_origin(path.display().to_string()))
+                    .map_err(|e| invalid(format!("{}: {e}", path.display())))
             }
         }
     }
@@ -173,6 +173,15 @@ impl Tokenizer {
             Tokenizer::Char(_) => None,
             Tokenizer::Gpt2(_) => Some(gpt2::EOT),
             Tokenizer::Hf(t) => t.eot(),
+        }
+    }
+
+    /// The same tokenizer, naming `origin` (the file it came from) in the errors of encode and
+    /// decode where the kind can fail on its own (a tokenizer.json); other kinds are unchanged.
+    pub fn with_origin(self, origin: impl Into<String>) -> Tokenizer {
+        match self {
+            Tokenizer::Hf(t) => Tokenizer::Hf(t.with_origin(origin)),
+            other => other,
         }
     }
 

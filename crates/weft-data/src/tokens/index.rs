@@ -146,8 +146,9 @@ pub struct Index {
 impl Index {
     /// Parses and checks an index.json's bytes; `what` names the file in messages. Returns the
     /// index and its tokenizer. Checks: JSON, format and version (before anything else, so a newer
-    /// file says so), every field's type, the tokenizer, vocab_size and dtype agreeing, block size,
-    /// splits present, token counts adding up, one checksum per block.
+    /// file says so), every field's type, the tokenizer, vocab_size and dtype agreeing, `eot` below
+    /// vocab_size, block size, splits present, token counts adding up (without overflow: a count
+    /// whose bytes do not fit in 64 bits is refused), one checksum per block.
     pub fn parse(bytes: &[u8], what: &str) -> Result<(Index, Tokenizer)> {
         let bad = |msg: String| invalid(format!("{what}: {msg}"));
         let value: Value = serde_json::from_slice(bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -166,7 +167,9 @@ impl Index {
             None => return Err(bad("\"version\" is missing or not an integer".into())),
         }
         let index: Index = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
-        let tokenizer = Tokenizer::from_json_value(&index.tokenizer).map_err(|e| bad(e.to_string()))?;
+        let tokenizer = Tokenizer::from_json_value(&index.tokenizer)
+            .map_err(|e| bad(e.to_string()))?
+            .with_origin(what);
         if tokenizer.vocab_size() as u64 != index.vocab_size {
             return Err(bad(format!(
                 "vocab_size {} disagrees with its tokenizer's {}",
@@ -180,21 +183,43 @@ impl Index {
                 index.dtype, index.vocab_size
             )));
         }
+        if let Some(eot) = index.eot.filter(|&e| u64::from(e) >= index.vocab_size) {
+            return Err(bad(format!(
+                "eot {eot} is not a token id: the vocabulary runs 0..{}",
+                index.vocab_size
+            )));
+        }
         check_block_bytes(index.block_bytes).map_err(|e| bad(format!("block_bytes: {e}")))?;
         for split in ["train", "val"] {
             let s = index
                 .splits
                 .get(split)
                 .ok_or_else(|| bad(format!("split \"{split}\" is missing")))?;
-            let sum: u64 = s.shards.iter().map(|sh| sh.tokens).sum();
+            let mut sum = 0u64;
+            for (i, sh) in s.shards.iter().enumerate() {
+                sum = sum.checked_add(sh.tokens).ok_or_else(|| {
+                    bad(format!(
+                        "splits.{split}.shards[{i}].tokens: {} ({}) takes the split's total past 2^64 - 1",
+                        sh.tokens, sh.name
+                    ))
+                })?;
+            }
             if sum != s.tokens {
                 return Err(bad(format!(
                     "split \"{split}\" says {} tokens but its shards hold {sum}",
                     s.tokens
                 )));
             }
-            for sh in &s.shards {
-                let want = (sh.tokens * index.dtype.width()).div_ceil(index.block_bytes);
+            for (i, sh) in s.shards.iter().enumerate() {
+                let bytes = sh.tokens.checked_mul(index.dtype.width()).ok_or_else(|| {
+                    bad(format!(
+                        "splits.{split}.shards[{i}].tokens: {} ({}) is too large: at {} bytes a token, its length does not fit in 64 bits",
+                        sh.tokens,
+                        sh.name,
+                        index.dtype.width()
+                    ))
+                })?;
+                let want = bytes.div_ceil(index.block_bytes);
                 if sh.crc32.len() as u64 != want {
                     return Err(bad(format!(
                         "shard {} lists {} checksums, expected {want} for {} tokens",

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use super::index::{
     check_block_bytes, Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, FORMAT, INDEX_NAME, VERSION,
 };
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, Result};
 use crate::objects::ObjectSink;
 use crate::tokenizer::Tokenizer;
 
@@ -120,10 +120,7 @@ fn tokenize_all(tokenizer: &Tokenizer, paths: &[PathBuf], threads: usize) -> Res
 }
 
 fn tokenize_file(tokenizer: &Tokenizer, path: &Path, threads: usize) -> Result<Tokenized> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = crate::files::read(path)?;
     let text = std::str::from_utf8(&bytes).map_err(|e| invalid(format!("{}: not UTF-8 text ({e})", path.display())))?;
     let ids = tokenizer
         .encode_parallel(text, threads)
