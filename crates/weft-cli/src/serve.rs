@@ -57,27 +57,32 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().body_bytes)]
     max_body_bytes: usize,
     /// The most new tokens one generation request may ask for.
-    #[arg(long, value_name = "N", default_value_t = Limits::default().max_tokens)]
-    max_tokens: usize,
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_tokens as u64)]
+    max_tokens: u64,
     /// Requests each model admits at once, running or waiting (over it: 503).
-    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().queue)]
-    queue: usize,
+    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().queue as u64)]
+    queue: u64,
     /// The most infer/predictions requests of one model run as one forward (1: no batching),
     /// for the `--model`s given here (the management API takes `batch_size` per model).
     #[arg(long, value_name = "N", default_value_t = 1)]
-    max_batch_size: usize,
+    max_batch_size: u64,
     /// How long, in milliseconds, a batch waits for more requests after its first arrives.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     max_batch_delay_ms: u64,
     /// The most generation requests of one language model decoded together, a token each per
     /// step (continuous batching; 1: one at a time; the management API takes `max_sequences`).
-    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().max_sequences)]
-    max_sequences: usize,
+    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().max_sequences as u64)]
+    max_sequences: u64,
     /// The most prompt tokens one sequence runs per decode step: a longer prompt runs in chunks
     /// of N while the other sequences go on decoding (0: whole, in one step; the management API
     /// takes `prefill_chunk`).
-    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().prefill_chunk)]
-    prefill_chunk: usize,
+    #[arg(long, value_name = "N", default_value_t = LoadOptions::default().prefill_chunk as u64)]
+    prefill_chunk: u64,
+    /// How long a connection may take to send a request's headers (an idle keep-alive
+    /// connection: its next request's), and the longest pause inside a request's body, in
+    /// milliseconds; past it the connection is closed (a body: 408).
+    #[arg(long, value_name = "MS", default_value_t = Limits::default().read_timeout.as_millis() as u64)]
+    read_timeout_ms: u64,
     /// Workers of each `--model` given here: how many of its jobs (forwards, batches, decode
     /// steps) run at once, 1 to 64 (the management API takes `workers` per model and scales it).
     #[arg(long, value_name = "N", default_value_t = LoadOptions::default().workers)]
@@ -143,6 +148,23 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if args.max_tokens == 0 {
         return Err("--max-tokens: 0 lets a request generate nothing; give at least 1".into());
     }
+    use weft_serve::registry::{
+        bounded, MAX_BATCH_DELAY_MS, MAX_BATCH_SIZE, MAX_PREFILL_CHUNK, MAX_QUEUE, MAX_SEQUENCES,
+    };
+    let flag = |what: &str, value: u64, min: u64, max: u64| bounded(what, value, min, max).map(|v| v as usize);
+    let max_tokens = flag("--max-tokens", args.max_tokens, 1, weft_serve::MAX_TOKENS_LIMIT as u64)?;
+    let queue = flag("--queue", args.queue, 1, MAX_QUEUE as u64)?;
+    let max_batch_size = flag("--max-batch-size", args.max_batch_size, 1, MAX_BATCH_SIZE as u64)?;
+    let max_batch_delay = bounded("--max-batch-delay-ms", args.max_batch_delay_ms, 0, MAX_BATCH_DELAY_MS)
+        .map_err(|e| format!("{e} (milliseconds a batch's first request waits for more; docs/serving.md)"))?;
+    let max_sequences = flag("--max-sequences", args.max_sequences, 1, MAX_SEQUENCES as u64)?;
+    let prefill_chunk = flag("--prefill-chunk", args.prefill_chunk, 0, MAX_PREFILL_CHUNK as u64)?;
+    let read_timeout_ms = bounded(
+        "--read-timeout-ms",
+        args.read_timeout_ms,
+        1,
+        weft_serve::MAX_READ_TIMEOUT_MS,
+    )?;
     let model_store = match (&args.model_store, &args.registry) {
         (Some(store), _) => store.clone(),
         (None, Some(registry)) => registry.clone(),
@@ -169,15 +191,16 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     };
     let limits = Limits {
         body_bytes: args.max_body_bytes,
-        max_tokens: args.max_tokens,
+        max_tokens,
+        read_timeout: Duration::from_millis(read_timeout_ms),
         ..Limits::default()
     };
     let load = LoadOptions {
-        queue: args.queue.max(1),
-        max_batch_size: args.max_batch_size.max(1),
-        max_batch_delay: Duration::from_millis(args.max_batch_delay_ms),
-        max_sequences: args.max_sequences.max(1),
-        prefill_chunk: args.prefill_chunk,
+        queue,
+        max_batch_size,
+        max_batch_delay: Duration::from_millis(max_batch_delay),
+        max_sequences,
+        prefill_chunk,
         workers: args.workers,
     };
     let registry = Registry::default();

@@ -25,6 +25,10 @@ pub struct Follower {
     served: BTreeMap<String, i64>,
     /// Versions whose load failed (not tried again).
     failed: BTreeSet<(String, i64)>,
+    /// Warnings about the registry's rows already given: each once, not at every read.
+    warned: BTreeSet<String>,
+    /// The last error reading the registry, said once until the registry reads again.
+    read_error: Option<String>,
 }
 
 /// Loads version `v`'s checkpoint folder (its parent folder as the model store).
@@ -49,8 +53,11 @@ impl Follower {
             load,
             served: BTreeMap::new(),
             failed: BTreeSet::new(),
+            warned: BTreeSet::new(),
+            read_error: None,
         };
         let production = follower.registry.production().map_err(|e| e.to_string())?;
+        let production = follower.choose(production);
         if production.is_empty() {
             weft_core::errln!(
                 "weft serve: the registry in {} has no production version yet; serving what gets promoted",
@@ -87,9 +94,18 @@ impl Follower {
     /// One read of the registry and the changes it calls for.
     fn step(&mut self, registry: &Registry, runtime: &tokio::runtime::Handle) {
         let production = match self.registry.production() {
-            Ok(p) => p,
+            Ok(p) => {
+                self.read_error = None;
+                self.choose(p)
+            }
             Err(e) => {
-                weft_core::errln!("weft serve: warning: reading the registry: {e}");
+                let e = e.to_string();
+                if self.read_error.as_ref() != Some(&e) {
+                    weft_core::errln!(
+                        "weft serve: warning: reading the registry: {e} (said once; read again every poll)"
+                    );
+                    self.read_error = Some(e);
+                }
                 return;
             }
         };
@@ -138,6 +154,45 @@ impl Follower {
         }
     }
 
+    /// Says `message` on stderr the first time only.
+    fn warn_once(&mut self, message: String) {
+        if self.warned.insert(message.clone()) {
+            weft_core::errln!("weft serve: warning: {message}");
+        }
+    }
+
+    /// The production versions to serve, one per name: a name `weft serve` cannot serve (not 1
+    /// to 64 of `A-Z a-z 0-9 . _ -`, or starting with `.`) is skipped, and of several production
+    /// versions of one name (rows edited by hand: `weft models promote` keeps one) the highest
+    /// is served; each with one warning.
+    fn choose(&mut self, production: Vec<ModelVersion>) -> Vec<ModelVersion> {
+        let mut by_name: BTreeMap<String, Vec<ModelVersion>> = BTreeMap::new();
+        for v in production {
+            if !weft_tune::registry::is_model_name(&v.name) {
+                self.warn_once(format!(
+                    "the registry's model name {} is not 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .): not served",
+                    weft_serve::error::echo(&v.name)
+                ));
+                continue;
+            }
+            by_name.entry(v.name.clone()).or_default().push(v);
+        }
+        let mut chosen = Vec::new();
+        for (name, mut versions) in by_name {
+            versions.sort_by_key(|v| v.version);
+            if versions.len() > 1 {
+                let all: Vec<i64> = versions.iter().map(|v| v.version).collect();
+                self.warn_once(format!(
+                    "model {name} has {} production versions in the registry ({all:?}): serving the highest, {}",
+                    all.len(),
+                    all[all.len() - 1]
+                ));
+            }
+            chosen.extend(versions.pop());
+        }
+        chosen
+    }
+
     /// Unregisters version `old` of `name` and drains it on `runtime`.
     fn retire(&self, registry: &Registry, runtime: &tokio::runtime::Handle, name: &str, old: i64) {
         match registry.remove(name, &old.to_string()) {
@@ -150,5 +205,64 @@ impl Follower {
             }
             Err(e) => weft_core::errln!("weft serve: warning: unregistering: {}", e.message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(name: &str, version: i64) -> ModelVersion {
+        ModelVersion {
+            name: name.into(),
+            version,
+            stage: "production".into(),
+            source_run: None,
+            run_name: None,
+            path: PathBuf::from("/nowhere"),
+            created: 0.0,
+            stage_time: 0.0,
+        }
+    }
+
+    #[test]
+    fn one_production_version_per_name_and_bad_names_skipped_warning_once() {
+        let dir = std::env::temp_dir().join(format!("weft-serve-registry-choose-{}", std::process::id()));
+        let mut f = Follower {
+            registry: ModelRegistry::open(&dir).unwrap(),
+            load: LoadOptions::default(),
+            served: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            warned: BTreeSet::new(),
+            read_error: None,
+        };
+        let rows = || {
+            vec![
+                version("a", 3),
+                version("a", 7),
+                version("a", 5),
+                version("b c", 1),
+                version(&"x".repeat(65), 1),
+                version(".hidden", 1),
+                version("ok", 2),
+            ]
+        };
+        for _ in 0..3 {
+            // the same answer at every read, whatever the rows' order
+            let mut shuffled = rows();
+            shuffled.reverse();
+            for production in [rows(), shuffled] {
+                let chosen: Vec<(String, i64)> =
+                    f.choose(production).into_iter().map(|v| (v.name, v.version)).collect();
+                assert_eq!(chosen, [("a".to_string(), 7), ("ok".to_string(), 2)]);
+            }
+        }
+        // one warning per cause, however many reads
+        assert_eq!(f.warned.len(), 4, "{:?}", f.warned);
+        assert!(f
+            .warned
+            .iter()
+            .any(|w| w.contains("model a has 3 production versions") && w.ends_with("serving the highest, 7")));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -160,12 +160,15 @@ fn run_batch(served: &Served, batch: Vec<Pending>) {
         shape[0] = n;
         let data = out.data[at * per_row..(at + n) * per_row].to_vec();
         at += n;
-        p.answer(Ok(ResponseOutput {
+        let mine = ResponseOutput {
             name: out.name,
             datatype: out.datatype,
             shape,
             data,
-        }));
+        };
+        // a request whose rows overflow fails alone
+        let answer = worker::finite(served, &mine).map(|()| mine);
+        p.answer(answer);
     }
 }
 

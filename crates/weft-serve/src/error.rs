@@ -18,11 +18,41 @@ pub struct ApiError {
     pub message: String,
 }
 
+/// The longest message an error keeps, in bytes: past it the message is cut (its JSON, even
+/// with every character escaped, stays within the [`MAX_ERROR_BODY`] that OpenAI's rewrite
+/// reads).
+pub const MAX_MESSAGE_BYTES: usize = 8 << 10;
+
+/// The most characters of a client's value (a model name, a field) an error message echoes.
+pub const MAX_ECHO_CHARS: usize = 80;
+
+/// `value` quoted as `{:?}` does, its first [`MAX_ECHO_CHARS`] characters only (then `...` and
+/// its length): a name sent with 100,000 characters is not sent back whole.
+pub fn echo(value: &str) -> String {
+    match value.char_indices().nth(MAX_ECHO_CHARS) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!("{:?}... ({} bytes)", &value[..end], value.len()),
+    }
+}
+
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] (on a character boundary).
+fn cut(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES - 16;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("... (cut)");
+    }
+    message
+}
+
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
-            message: message.into(),
+            message: cut(message.into()),
         }
     }
 
@@ -131,13 +161,67 @@ pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limi
     }
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        ApiError::bad_request(format!("invalid request at {path}: {}", e.inner()))
+        ApiError::bad_request(format!("invalid request at {path}: {}", plain(&e.inner().to_string())))
     })
+}
+
+/// serde's message with weft's type names said as what the client must send: `expected
+/// struct GenerateParameters` (or `... with 6 elements`, for an array) becomes `expected a JSON
+/// object`.
+fn plain(message: &str) -> String {
+    // an array where an object goes: serde reads it as the fields in order and counts them
+    if message.starts_with("invalid length")
+        && (message.contains("expected struct ") || message.contains("expected fewer elements in array"))
+    {
+        return "expected a JSON object, not an array".to_string();
+    }
+    let Some(at) = message.find("expected struct ") else {
+        return message.to_string();
+    };
+    let head = &message[..at];
+    let rest = &message[at + "expected struct ".len()..];
+    let name_end = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    format!("{head}expected a JSON object{}", &rest[name_end..])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_name_no_internal_type_and_echo_little() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Inner {
+            a: Option<u64>,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Outer {
+            p: Inner,
+        }
+        for (body, want) in [
+            (
+                r#"{"p": [1, 2]}"#,
+                "invalid request at p: expected a JSON object, not an array",
+            ),
+            (
+                r#"{"p": 3}"#,
+                "invalid request at p: invalid type: integer `3`, expected a JSON object",
+            ),
+        ] {
+            let e = parse_body::<Outer>(Ok(Bytes::from(body)), 100).unwrap_err();
+            assert_eq!(e.message, want);
+        }
+        let long = "m".repeat(100_000);
+        let shown = echo(&long);
+        assert!(shown.len() < 120 && shown.ends_with("(100000 bytes)"), "{shown}");
+        assert_eq!(echo("gpt"), "\"gpt\"");
+        let e = ApiError::bad_request("é".repeat(100_000));
+        assert!(e.message.len() <= MAX_MESSAGE_BYTES && e.message.ends_with("(cut)"));
+    }
 
     #[test]
     fn openai_errors_have_type_and_code() {

@@ -16,6 +16,9 @@ mod detok;
 pub mod error;
 pub mod generation;
 pub mod host;
+#[cfg(test)]
+mod http_tests;
+pub mod listen;
 pub mod logprobs;
 pub mod management;
 pub mod metrics;
@@ -27,7 +30,7 @@ mod routes;
 mod worker;
 pub mod workers;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -44,15 +47,27 @@ pub struct Limits {
     pub max_tokens: usize,
     /// The most values one infer request's output may hold (`B x classes`, `B x T x vocab`).
     pub max_output_values: usize,
+    /// How long a connection may take to send a request's headers (an idle keep-alive
+    /// connection: its next request's), and the longest pause inside a body; past it the
+    /// connection is closed (a body: 408) ([`listen`]).
+    pub read_timeout: std::time::Duration,
 }
 
+/// The largest `--max-tokens`: 2^20 new tokens for one request, far past any model's use.
+pub const MAX_TOKENS_LIMIT: usize = 1 << 20;
+
+/// The longest `--read-timeout-ms`: 10 minutes.
+pub const MAX_READ_TIMEOUT_MS: u64 = 600_000;
+
 impl Default for Limits {
-    /// 16 MiB bodies, 4096 new tokens, 2^24 output values (64 MiB of FP32).
+    /// 16 MiB bodies, 4096 new tokens, 2^24 output values (64 MiB of FP32), 30 s to send the
+    /// headers.
     fn default() -> Self {
         Limits {
             body_bytes: 16 << 20,
             max_tokens: 4096,
             max_output_values: 1 << 24,
+            read_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -111,11 +126,12 @@ pub async fn serve(
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let timeout = state.limits.read_timeout;
     let side = |listener: Option<tokio::net::TcpListener>, app: axum::Router, rx| async move {
         match listener {
             Some(l) => {
                 let app = guard_loopback(&l, app);
-                axum::serve(l, app).with_graceful_shutdown(wait(rx)).await
+                listen::serve(l, app, timeout, wait(rx)).await
             }
             None => Ok(()),
         }
@@ -123,11 +139,11 @@ pub async fn serve(
     let management = side(listeners.management, management_router(state.clone()), stopped.clone());
     let metrics = side(listeners.metrics, metrics_router(state.clone()), stopped.clone());
     let inference_app = guard_loopback(&listeners.inference, router(state));
-    let inference = axum::serve(listeners.inference, inference_app).with_graceful_shutdown(async move {
+    let inference = listen::serve(listeners.inference, inference_app, timeout, async move {
         shutdown.await;
         let _ = stop.send(true);
     });
-    let (a, b, c) = tokio::join!(inference.into_future(), management, metrics);
+    let (a, b, c) = tokio::join!(inference, management, metrics);
     a.and(b).and(c)
 }
 

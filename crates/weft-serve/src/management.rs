@@ -37,6 +37,7 @@ pub fn router(state: AppState) -> Router {
             get(describe).put(put_version).delete(unregister),
         )
         .route("/models/{name}/{version}/set-default", put(set_default))
+        .route_layer(middleware::from_fn_with_state(state.clone(), crate::listen::read_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .fallback(|| async { ApiError::not_found("no such management endpoint (see docs/serving.md)") })
         .with_state(state)
@@ -131,12 +132,29 @@ fn has_scheme(url: &str) -> bool {
     }
 }
 
-/// A whole number parameter of the query; 400 naming it when it is not one.
-fn number(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
-    q.get(key)
+/// A whole number parameter of the query in `min..=max`; 400 naming it and the bounds otherwise.
+fn bounded_number(q: &HashMap<String, String>, key: &str, min: u64, max: u64) -> Result<Option<u64>, ApiError> {
+    let Some(text) = q.get(key) else {
+        return Ok(None);
+    };
+    let value = match text.parse::<u64>() {
+        Ok(v) => Ok(v),
+        // digits past u64: out of bounds as well
+        Err(_) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => Ok(u64::MAX),
+        Err(_) => Err(ApiError::bad_request(format!(
+            "{key}: {text:?} is not a whole number from {min} to {max}"
+        ))),
+    }?;
+    Some(value)
         .map(|v| {
-            v.parse::<u64>()
-                .map_err(|_| ApiError::bad_request(format!("{key}: {v:?} is not a whole number >= 0")))
+            registry::bounded(key, v, min, max).map_err(|e| {
+                let why = if key == "max_batch_delay" {
+                    " (milliseconds; a batch's first request waits that long)"
+                } else {
+                    ""
+                };
+                ApiError::bad_request(format!("{e}{why}"))
+            })
         })
         .transpose()
 }
@@ -166,6 +184,22 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
             "url {url:?} or version {version:?}: a version is 1 to 64 of A-Z a-z 0-9 . _ - (not `all`)"
         )));
     }
+    let mut options = state.load;
+    if let Some(b) = bounded_number(&q, "batch_size", 1, registry::MAX_BATCH_SIZE as u64)? {
+        options.max_batch_size = b as usize;
+    }
+    if let Some(ms) = bounded_number(&q, "max_batch_delay", 0, registry::MAX_BATCH_DELAY_MS)? {
+        options.max_batch_delay = Duration::from_millis(ms);
+    }
+    if let Some(n) = bounded_number(&q, "max_sequences", 1, registry::MAX_SEQUENCES as u64)? {
+        options.max_sequences = n as usize;
+    }
+    if let Some(n) = bounded_number(&q, "prefill_chunk", 0, registry::MAX_PREFILL_CHUNK as u64)? {
+        options.prefill_chunk = n as usize;
+    }
+    if q.contains_key("workers") {
+        options.workers = workers_param(&q)?;
+    }
     registry::resolve_in_store(&state.store, &spec.path).map_err(|e| {
         let status = if e.contains("relative to the model store") || e.contains("outside the model store") {
             StatusCode::FORBIDDEN
@@ -174,22 +208,6 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
         };
         ApiError::new(status, e)
     })?;
-    let mut options = state.load;
-    if let Some(b) = number(&q, "batch_size")? {
-        options.max_batch_size = (b as usize).max(1);
-    }
-    if let Some(ms) = number(&q, "max_batch_delay")? {
-        options.max_batch_delay = Duration::from_millis(ms);
-    }
-    if let Some(n) = number(&q, "max_sequences")? {
-        options.max_sequences = (n as usize).max(1);
-    }
-    if let Some(n) = number(&q, "prefill_chunk")? {
-        options.prefill_chunk = usize::try_from(n).unwrap_or(usize::MAX);
-    }
-    if q.contains_key("workers") {
-        options.workers = workers_param(&q)?;
-    }
     if state.registry.get(&spec.name, Some(&spec.version)).is_ok() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -302,6 +320,11 @@ async fn scale(state: &AppState, name: &str, version: Option<&str>, n: usize) ->
 /// `PUT /models/{name}?workers=N` (the default version's workers).
 async fn split_query(State(state): State<AppState>, Path(name): Path<String>, q: Query2) -> Result<Response, ApiError> {
     let q = query(q)?;
+    if q.contains_key("workers") && q.contains_key("split") {
+        return Err(ApiError::bad_request(
+            "workers and split: give one of them per call (the split is not applied with workers)",
+        ));
+    }
     if q.contains_key("workers") {
         return scale(&state, &name, None, workers_param(&q)?).await;
     }
@@ -328,12 +351,36 @@ async fn put_version(
             "PUT /models/{name}/{version} takes workers=N; use /set-default or PUT /models/{name}/traffic",
         ));
     }
-    let weights: BTreeMap<String, f64> = serde_json::from_slice(&body).map_err(|e| {
+    let Weights(weights) = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "the body must be a JSON object of version: weight, e.g. {{\"1\": 90, \"2\": 10}}: {e}"
         ))
     })?;
-    apply_split(&state, &name, &weights.into_iter().collect::<Vec<_>>())
+    apply_split(&state, &name, &weights)
+}
+
+/// A JSON object of version: weight, in its order, a repeated version kept (and refused by
+/// [`registry::Registry::set_split`]) rather than overwritten as a map would.
+struct Weights(Vec<(String, f64)>);
+
+impl<'de> serde::Deserialize<'de> for Weights {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Weights;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of version: weight")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Weights, A::Error> {
+                let mut all = Vec::new();
+                while let Some(pair) = map.next_entry::<String, f64>()? {
+                    all.push(pair);
+                }
+                Ok(Weights(all))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 /// A fresh random token (64 hex digits from the system's random source).

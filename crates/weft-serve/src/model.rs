@@ -159,6 +159,36 @@ impl Served {
 /// `prefill_chunk` (docs/serving.md, "Chunked prefill").
 pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 
+/// The most requests a model admits at once (`--queue`): far past what one process runs, and
+/// small enough that draining counts every place.
+pub const MAX_QUEUE: usize = 1 << 20;
+
+/// The most requests one dynamic batch holds (`--max-batch-size`, `batch_size`).
+pub const MAX_BATCH_SIZE: usize = 1024;
+
+/// The longest a batch waits for more requests after its first arrived, in milliseconds
+/// (`--max-batch-delay-ms`, `max_batch_delay`): the first request of a batch waits this long
+/// for company, so a delay past 10 s is a request no client waits for (and a version being
+/// unregistered waits for it too). Batching gains come from delays of a few milliseconds.
+pub const MAX_BATCH_DELAY_MS: u64 = 10_000;
+
+/// The most generation requests of one model decoded together (`--max-sequences`,
+/// `max_sequences`).
+pub const MAX_SEQUENCES: usize = 1024;
+
+/// The largest `--prefill-chunk` / `prefill_chunk` (past any model's `block_size`; 0: whole).
+pub const MAX_PREFILL_CHUNK: usize = 1 << 20;
+
+/// `value` of the setting `what` (a flag or a query parameter) when it lies in `min..=max`, else
+/// an error naming `what` and the bounds.
+pub fn bounded(what: &str, value: u64, min: u64, max: u64) -> Result<u64, String> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{what}: {value} is outside {min} to {max}"))
+    }
+}
+
 /// How a model's requests are queued and batched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -303,9 +333,15 @@ pub(crate) fn test_mlp(queue: usize, max_batch_size: usize) -> Arc<Served> {
 /// Version `version` of the mlp of [`test_mlp`].
 #[cfg(test)]
 pub(crate) fn test_version(version: &str, queue: usize, max_batch_size: usize) -> Served {
+    test_version_hidden(version, queue, max_batch_size, vec![4])
+}
+
+/// [`test_version`] with the hidden layers `hidden`.
+#[cfg(test)]
+pub(crate) fn test_version_hidden(version: &str, queue: usize, max_batch_size: usize, hidden: Vec<usize>) -> Served {
     let config = weft_models::mlp::MlpConfig {
         in_features: 2,
-        hidden: vec![4],
+        hidden,
         out_features: 3,
         activation: weft_nn::layers::Activation::Relu,
     };

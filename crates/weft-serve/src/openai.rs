@@ -150,12 +150,13 @@ pub async fn completions(
     if score_only {
         params.max_tokens = 0;
     }
-    if n * params.max_tokens > state.limits.max_tokens {
+    // checked: with a large --max-tokens the product can pass usize
+    let total = n.checked_mul(params.max_tokens);
+    if total.is_none_or(|t| t > state.limits.max_tokens) {
+        let product = total.map_or_else(|| "more than fits in a number".to_string(), |t| t.to_string());
         return Err(ApiError::bad_request(format!(
-            "n x max_tokens = {n} x {} = {} is over the limit of {} new tokens per request",
-            params.max_tokens,
-            n * params.max_tokens,
-            state.limits.max_tokens
+            "n x max_tokens = {n} x {} = {product} is over the limit of {} new tokens per request",
+            params.max_tokens, state.limits.max_tokens
         )));
     }
     let places_needed = n + usize::from(request.echo && params.logprobs.is_some());

@@ -185,6 +185,17 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
             input.name, input.shape
         )));
     }
+    // nested arrays must nest as the shape says; flat data is any row-major list
+    if let Value::Array(items) = &input.data {
+        if items.iter().any(Value::is_array) && nested_shape(&input.data).as_deref() != Some(&shape[..]) {
+            return Err(ApiError::bad_request(format!(
+                "input {:?}: data nests as {}, not as shape {:?} (give nested arrays of that shape, or a flat array)",
+                input.name,
+                nested_shape(&input.data).map_or_else(|| "ragged arrays".to_string(), |s| format!("{s:?}")),
+                input.shape
+            )));
+        }
+    }
     let mut values = Vec::new();
     flatten(&input.data, &mut values);
     if values.len() != count {

@@ -10,9 +10,10 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::error::ApiError;
+use crate::error::{echo, ApiError};
 pub use crate::model::{
-    load, resolve_in_store, LoadOptions, ModelSpec, Served, Signature, DEFAULT_PREFILL_CHUNK, DEFAULT_VERSION,
+    bounded, load, resolve_in_store, LoadOptions, ModelSpec, Served, Signature, DEFAULT_PREFILL_CHUNK, DEFAULT_VERSION,
+    MAX_BATCH_DELAY_MS, MAX_BATCH_SIZE, MAX_PREFILL_CHUNK, MAX_QUEUE, MAX_SEQUENCES,
 };
 
 /// A request admitted into a version's queue: it holds one of the version's queue places
@@ -152,12 +153,16 @@ impl Registry {
 
     fn unknown_model(models: &BTreeMap<String, Entry>, name: &str) -> ApiError {
         let known: Vec<&str> = models.keys().map(String::as_str).collect();
-        ApiError::not_found(format!("unknown model {name:?} (served: {known:?})"))
+        ApiError::not_found(format!("unknown model {} (served: {known:?})", echo(name)))
     }
 
     fn unknown_version(entry: &Entry, name: &str, v: &str) -> ApiError {
         let known: Vec<&str> = entry.versions.keys().map(String::as_str).collect();
-        ApiError::not_found(format!("unknown version {v:?} of model {name:?} (versions: {known:?})"))
+        ApiError::not_found(format!(
+            "unknown version {} of model {} (versions: {known:?})",
+            echo(v),
+            echo(name)
+        ))
     }
 
     /// The model `name` at `version` (its default version when `None`); 404 naming what is
@@ -247,7 +252,7 @@ impl Registry {
         let mut models = self.write();
         let entry = models
             .get_mut(name)
-            .ok_or_else(|| ApiError::not_found(format!("unknown model {name:?}")))?;
+            .ok_or_else(|| ApiError::not_found(format!("unknown model {}", echo(name))))?;
         if !entry.versions.contains_key(version) {
             return Err(Self::unknown_version(entry, name, version));
         }
@@ -263,8 +268,13 @@ impl Registry {
         let mut models = self.write();
         let entry = models
             .get_mut(name)
-            .ok_or_else(|| ApiError::not_found(format!("unknown model {name:?}")))?;
-        for (v, w) in weights {
+            .ok_or_else(|| ApiError::not_found(format!("unknown model {}", echo(name))))?;
+        for (i, (v, w)) in weights.iter().enumerate() {
+            if weights[..i].iter().any(|(u, _)| u == v) {
+                return Err(ApiError::bad_request(format!(
+                    "version {v:?} is given twice in the split: give each version once"
+                )));
+            }
             if !entry.versions.contains_key(v) {
                 return Err(Self::unknown_version(entry, name, v));
             }
@@ -277,6 +287,11 @@ impl Registry {
         let total: f64 = weights.iter().map(|(_, w)| w).sum();
         if !weights.is_empty() && total <= 0.0 {
             return Err(ApiError::bad_request("the weights sum to 0: give at least one above 0"));
+        }
+        if !total.is_finite() {
+            return Err(ApiError::bad_request(format!(
+                "the weights sum to {total}, past the largest number: give smaller weights (only their proportions count)"
+            )));
         }
         entry.split = weights
             .iter()
@@ -295,7 +310,7 @@ impl Registry {
         let mut models = self.write();
         let entry = models
             .get_mut(name)
-            .ok_or_else(|| ApiError::not_found(format!("unknown model {name:?}")))?;
+            .ok_or_else(|| ApiError::not_found(format!("unknown model {}", echo(name))))?;
         if !entry.versions.contains_key(version) {
             return Err(Self::unknown_version(entry, name, version));
         }

@@ -47,6 +47,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/predictions/{name}", post(predictions))
         .route("/predictions/{name}/{version}", post(predictions));
+    // bodies are read (under the limit and the read timeout) after the token check
+    let read_body = middleware::from_fn_with_state(state.clone(), crate::listen::read_body);
+    inference = inference.route_layer(read_body.clone());
+    v1 = v1.route_layer(read_body);
     if state.protect_inference {
         let auth = middleware::from_fn_with_state(state.clone(), auth::require_token);
         inference = inference.route_layer(auth.clone());

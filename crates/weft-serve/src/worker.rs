@@ -46,7 +46,26 @@ pub async fn forward(admitted: Admitted, input: Tensor) -> Result<ResponseOutput
     if admitted.served.options.max_batch_size > 1 {
         crate::batch::submit(admitted, input).await
     } else {
-        run(admitted, move |s| logits(s, &input, 1)).await
+        run(admitted, move |s| {
+            let out = logits(s, &input, 1)?;
+            finite(s, &out)?;
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// 400 when `out` holds a value that is not finite: the input passed its checks (every value
+/// inside FP32's range) but drives the model past it (an overflow to infinity, or NaN after
+/// one), so the request must change, not be retried; JSON cannot carry the value anyway.
+pub fn finite(served: &Served, out: &ResponseOutput) -> Result<(), ApiError> {
+    match out.data.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(ApiError::bad_request(format!(
+            "model {} version {} gives {} at {}[{i}] for this input: its values drive the model \
+             outside FP32's range (give smaller values)",
+            served.name, served.version, out.data[i], out.name
+        ))),
     }
 }
 

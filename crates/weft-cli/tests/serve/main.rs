@@ -12,6 +12,7 @@
 mod common;
 mod completions;
 mod k8s;
+mod limits;
 mod manage;
 mod start_failures;
 mod stop;

@@ -1,0 +1,120 @@
+//! Settings past their bounds (found by a fuzzing pass): flags are refused at start naming the
+//! flag and its bounds, the management API's registration settings are 400s naming the
+//! parameter, and connections that stop halfway through a request are closed after
+//! `--read-timeout-ms`. (The requests themselves: `crates/weft-serve/src/http_tests.rs`.)
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+
+use crate::common::{temp_dir, wait_for, weft_command};
+use crate::support::{infer_body, train_mlp, Server};
+
+#[test]
+fn flags_past_their_bounds_stop_the_start_naming_the_flag() {
+    let store = temp_dir("serve-flag-bounds");
+    let u = "18446744073709551615";
+    for (flag, value, want) in [
+        (
+            "--max-tokens",
+            u,
+            "--max-tokens: 18446744073709551615 is outside 1 to 1048576",
+        ),
+        (
+            "--max-batch-delay-ms",
+            u,
+            "--max-batch-delay-ms: 18446744073709551615 is outside 0 to 10000",
+        ),
+        (
+            "--max-batch-size",
+            u,
+            "--max-batch-size: 18446744073709551615 is outside 1 to 1024",
+        ),
+        ("--max-batch-size", "0", "--max-batch-size: 0 is outside 1 to 1024"),
+        ("--max-sequences", "0", "--max-sequences: 0 is outside 1 to 1024"),
+        (
+            "--max-sequences",
+            u,
+            "--max-sequences: 18446744073709551615 is outside 1 to 1024",
+        ),
+        (
+            "--prefill-chunk",
+            u,
+            "--prefill-chunk: 18446744073709551615 is outside 0 to 1048576",
+        ),
+        ("--queue", u, "--queue: 18446744073709551615 is outside 1 to 1048576"),
+        ("--queue", "0", "--queue: 0 is outside 1 to 1048576"),
+        ("--read-timeout-ms", "0", "--read-timeout-ms: 0 is outside 1 to 600000"),
+    ] {
+        #[rustfmt::skip]
+        let mut child = weft_command(&["serve", "--model-store", store.to_str().unwrap(), "--port", "0",
+            "--management-port", "0", "--metrics-port", "0", flag, value])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let exited = wait_for(30, || child.try_wait().unwrap().is_some());
+        if !exited {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{flag} {value}: the server started");
+        }
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(!status.success(), "{flag} {value}");
+        assert!(err.contains(want), "{flag} {value}: {err}");
+        assert!(!err.contains("panicked"), "{flag} {value}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+#[test]
+fn a_batch_delay_past_the_bound_is_refused_and_half_sent_requests_are_closed() {
+    let store = temp_dir("serve-delay-bound");
+    train_mlp(&store);
+    let s = Server::start(&store, &["--model", "m=mlp", "--read-timeout-ms", "2000"]);
+    let u = u64::MAX;
+    // registered, this delay held the batch's first request (and the version's removal) forever
+    for query in [
+        format!("max_batch_delay={u}"),
+        format!("batch_size={u}"),
+        "max_sequences=0".into(),
+        format!("prefill_chunk={u}"),
+    ] {
+        let path = format!("/models?url=mlp&model_name=h1&batch_size=2&{query}");
+        let (status, answer) = s.manage(Method::POST, &path, "");
+        assert_eq!(status, 400, "{query}: {answer}");
+        let key = query.split('=').next().unwrap();
+        assert!(
+            answer["error"].as_str().unwrap().starts_with(&format!("{key}: ")),
+            "{answer}"
+        );
+    }
+    // a delay within the bound: the lone request is answered after it, and the version goes
+    let (status, answer) = s.manage(
+        Method::POST,
+        "/models?url=mlp&model_name=h1&batch_size=2&max_batch_delay=200",
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = s.post("/v2/models/h1/infer", infer_body(&[[0.5, -0.5]]));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(s.manage(Method::DELETE, "/models/h1/1", "").0, 200);
+
+    // half a request line and headers, then nothing: closed after --read-timeout-ms
+    let started = Instant::now();
+    let mut c = TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.write_all(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = c.read_to_end(&mut rest);
+    assert!(closed.is_ok(), "the half-sent request held its connection: {closed:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    s.alive();
+    drop(s);
+    let _ = std::fs::remove_dir_all(&store);
+}

@@ -1,0 +1,151 @@
+//! Connections and request bodies under time limits: every port is served by hyper's HTTP/1
+//! server with a header-read timeout (`axum::serve` sets none: a client that sends half a
+//! request line, or opens a connection and sends nothing, would hold it, and its file
+//! descriptor, forever), and request bodies are read before the handlers with the body limit
+//! taken from `Content-Length` at once (413 without waiting for the body) and a limit on each
+//! pause inside the body (408).
+
+use std::future::Future;
+use std::io;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use futures_util::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::{openai_response, ApiError};
+use crate::AppState;
+
+/// Serves `app` on `listener` until `shutdown` completes, then stops accepting and waits for
+/// the connections' requests in flight (idle connections close at once). A connection that has
+/// not sent a whole request head within `header_timeout` of its start (or, kept alive, of its
+/// last response) is closed.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    header_timeout: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let (signal_tx, signal_rx) = watch::channel(());
+    tokio::spawn(async move {
+        shutdown.await;
+        drop(signal_rx);
+    });
+    // each connection's task holds a receiver; all dropped: every connection has ended
+    let (close_tx, close_rx) = watch::channel(());
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // out of file descriptors and the like: wait a little rather than spin
+                    if !is_connection_error(&e) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    continue;
+                }
+            },
+            _ = signal_tx.closed() => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let (signal_tx, close_rx) = (signal_tx.clone(), close_rx.clone());
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = signal_tx.closed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(close_rx);
+        });
+    }
+    drop(close_rx);
+    drop(listener);
+    close_tx.closed().await;
+    Ok(())
+}
+
+/// Errors of one connection that the accept loop passes over at once.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// The middleware that reads a request's body before its handler: 413 at once when its
+/// `Content-Length` (or what arrives) is over `state.limits.body_bytes`, 408 when the client
+/// pauses longer than `state.limits.read_timeout` inside it. The handler gets the whole body.
+/// On `/v1/*` the refusals take OpenAI's shape.
+pub async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let limit = state.limits.body_bytes;
+    let openai = request.uri().path().starts_with("/v1/");
+    let refuse = |status: StatusCode, message: String| {
+        if openai {
+            openai_response(status, &message)
+        } else {
+            ApiError::new(status, message).into_response()
+        }
+    };
+    let too_large = || format!("the request body is over the limit of {limit} bytes");
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().parse::<u64>());
+    let capacity = match declared {
+        Some(Ok(n)) if n > limit as u64 => return refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
+        Some(Ok(n)) => n as usize,
+        Some(Err(_)) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "the Content-Length header is not a whole number".into(),
+            )
+        }
+        None => 0,
+    };
+    let (parts, body) = request.into_parts();
+    let mut chunks = body.into_data_stream();
+    let mut bytes = Vec::with_capacity(capacity);
+    loop {
+        match tokio::time::timeout(state.limits.read_timeout, chunks.next()).await {
+            Err(_) => {
+                return refuse(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body stopped arriving for {} ms",
+                        state.limits.read_timeout.as_millis()
+                    ),
+                )
+            }
+            Ok(None) => break,
+            Ok(Some(Ok(chunk))) => {
+                if bytes.len() + chunk.len() > limit {
+                    return refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large());
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(Some(Err(e))) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("the request body could not be read: {e}"),
+                )
+            }
+        }
+    }
+    next.run(Request::from_parts(parts, Body::from(Bytes::from(bytes))))
+        .await
+}
