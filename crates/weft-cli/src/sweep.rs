@@ -101,25 +101,11 @@ fn check(path: &Path, given: &Given) -> Result<Checked, String> {
             return Err(format!("--set {kv}: {key} is swept by {source} (sweep.parameters)"));
         }
     }
-    let with = |more: Option<String>| Overrides::set(given.set.iter().cloned().chain(more));
-    let base = RunConfig::load(&spec.base, &with(None)).map_err(|e| format!("{source}: sweep.base: {e}"))?;
-    // each key set to one of its values must give a config that loads
-    for p in &spec.space.params {
-        let first = match p.grid_points() {
-            Some(points) => points[0],
-            None => p.from_internal(p.bounds().0),
-        };
-        let set = format!("{}={}", p.key, p.text(first));
-        RunConfig::load(&spec.base, &with(Some(set.clone()))).map_err(|e| {
-            let e = e.to_string();
-            let what = if e.contains("unknown field") || e.contains("is not a section") {
-                "not a key this run config takes"
-            } else {
-                "the base config does not load with it"
-            };
-            format!("{source}: sweep.parameters.\"{}\": {what} ({set}: {e})", p.key)
-        })?;
-    }
+    let with = |more: &[String]| Overrides::set(given.set.iter().cloned().chain(more.iter().cloned()));
+    let base = RunConfig::load(&spec.base, &with(&[])).map_err(|e| format!("{source}: sweep.base: {e}"))?;
+    check_values(&spec, &|sets| {
+        RunConfig::load(&spec.base, &with(sets)).map_err(|e| e.to_string())
+    })?;
     let logged = logged_metrics(&base);
     if !logged.contains(&spec.metric.as_str()) {
         let hint = match spec.metric.as_str() {
@@ -143,6 +129,147 @@ fn check(path: &Path, given: &Given) -> Result<Checked, String> {
         store_dir,
         sets: given.set.clone(),
     })
+}
+
+/// Combinations of the other swept keys' checked values tried with a value the base config
+/// refuses alone, before the value is refused (a value may need another swept key's: a head
+/// count that divides only a swept width).
+const MAX_COMBINATIONS: usize = 256;
+
+/// Checks every swept key against the run config (`load` reads the base config with the
+/// given `key=value` sets): each key must be one the config takes, and each of its checked
+/// values (every listed value, a range's two ends) must pass [`trainer_check`], with the other
+/// swept keys at the base config's values or, failing that, at one of the first
+/// [`MAX_COMBINATIONS`] combinations of their own checked values. Values between a range's ends,
+/// and combinations past those, are not checked: a trial that fails with one is recorded as
+/// failed and the sweep goes on.
+fn check_values(spec: &SweepSpec, load: &dyn Fn(&[String]) -> Result<RunConfig, String>) -> Result<(), String> {
+    let source = &spec.source;
+    let params = &spec.space.params;
+    let sets: Vec<Vec<String>> = params
+        .iter()
+        .map(|p| {
+            p.checked_values()
+                .into_iter()
+                .map(|v| format!("{}={}", p.key, p.text(v)))
+                .collect()
+        })
+        .collect();
+    let unknown_key = |e: &str| e.contains("unknown field") || e.contains("is not a section");
+    // every key first: a combination with a key the config does not take proves nothing
+    for (p, sets) in params.iter().zip(&sets) {
+        if let Err(e) = load(&sets[..1]) {
+            if unknown_key(&e) {
+                return Err(format!(
+                    "{source}: sweep.parameters.\"{}\": not a key this run config takes ({}: {e})",
+                    p.key, sets[0]
+                ));
+            }
+        }
+    }
+    let check = |point: &[String]| -> Result<(), (&'static str, String)> {
+        let config = load(point).map_err(|e| ("the base config does not load with it", e))?;
+        trainer_check(&config).map_err(|e| ("weft train refuses the base config with it", e))
+    };
+    for (i, p) in params.iter().enumerate() {
+        let others: Vec<&Vec<String>> = sets
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, s)| s)
+            .collect();
+        for set in &sets[i] {
+            let Err((what, e)) = check(std::slice::from_ref(set)) else {
+                continue;
+            };
+            // the value may need another swept key's value: try their combinations
+            let accepted = some_combination_passes(&others, set, &|point| check(point).is_ok());
+            if !accepted {
+                let tried = if others.is_empty() {
+                    ""
+                } else {
+                    "; nor with the other swept keys at their listed values or range ends"
+                };
+                return Err(format!(
+                    "{source}: sweep.parameters.\"{}\": {what} ({set}: {e}){tried}",
+                    p.key
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `set` passes `check` with the other swept keys at one of the first
+/// [`MAX_COMBINATIONS`] combinations of their checked values (`others`, the last key changing
+/// fastest).
+fn some_combination_passes(others: &[&Vec<String>], set: &str, check: &dyn Fn(&[String]) -> bool) -> bool {
+    if others.is_empty() {
+        return false;
+    }
+    let mut index = vec![0usize; others.len()];
+    for _ in 0..MAX_COMBINATIONS {
+        let mut point: Vec<String> = others.iter().zip(&index).map(|(s, &k)| s[k].clone()).collect();
+        point.push(set.to_string());
+        if check(&point) {
+            return true;
+        }
+        let mut d = index.len();
+        loop {
+            if d == 0 {
+                return false; // every combination was tried
+            }
+            d -= 1;
+            index[d] += 1;
+            if index[d] < others[d].len() {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    false
+}
+
+/// What `weft train` checks of `config` before its first step, where that is cheap and does
+/// not depend on the job or the data: the model's sizes as the model checks them when it is
+/// built (without building it), the optimizer and the learning-rate schedule as the trainer
+/// builds them, and that a `cuda` device is there. ([`RunConfig::load`] has checked the rest
+/// of the config's keys.) Not checked: the data (not read here), the memory the run needs, the
+/// layout against the job's ranks, and `parallel.auto`'s plan.
+fn trainer_check(config: &RunConfig) -> Result<(), String> {
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    match &config.model {
+        ModelConfig::Gpt(g) => g.to_config().validate().map_err(|e| text(&e))?,
+        ModelConfig::Llama(l) => l.to_config().validate().map_err(|e| text(&e))?,
+        ModelConfig::Mlp(m) => {
+            // the trainer's own build, one unit wide: its checks (the activation, sizes of 0)
+            // without the allocation
+            let mut narrow = m.clone();
+            narrow.in_features = m.in_features.min(1);
+            narrow.out_features = m.out_features.min(1);
+            narrow.hidden = m.hidden.iter().map(|&h| h.min(1)).collect();
+            weft_train::run::build_model(&ModelConfig::Mlp(narrow), 0).map_err(|e| text(&e))?;
+        }
+        ModelConfig::Convnet(c) => weft_models::convnet::ConvNetConfig {
+            in_channels: c.in_channels,
+            image_size: c.image_size,
+            channels: c.channels.clone(),
+            num_classes: c.num_classes,
+        }
+        .validate()
+        .map_err(|e| text(&e))?,
+    }
+    weft_train::run::build_optimizer(&config.optim).map_err(|e| text(&e))?;
+    weft_train::run::build_schedule(&config.schedule, config.optim.lr, config.train.steps).map_err(|e| text(&e))?;
+    let device: weft_core::Device = config
+        .train
+        .device
+        .parse()
+        .map_err(|e: String| format!("train.device: {e}"))?;
+    if device.is_cuda() {
+        weft_core::cuda::check(device).map_err(|e| format!("train.device: {e}"))?;
+    }
+    Ok(())
 }
 
 /// The metric keys `weft train` records for `config` (docs/tracking.md, "What is recorded").

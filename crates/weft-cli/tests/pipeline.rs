@@ -136,6 +136,13 @@ fn bad_pipelines_are_refused_in_one_line() {
              [[step]]\nname = \"b\"\nkind = \"train\"\nconfig = \"x.toml\"\nfrom_sweep = \"a\"\ndepends_on = [\"a\"]\n",
             "step \"b\": \"a\" is no sweep step",
         ),
+        // a comparison with NaN or infinity says nothing (`!=` held for NaN)
+        (
+            "[[step]]\nname = \"a\"\nkind = \"command\"\nargv = [\"true\"]\n\
+             [[step]]\nname = \"gate\"\nkind = \"condition\"\nstep = \"a\"\nkey = \"exit\"\nop = \"!=\"\n\
+             value = nan\ndepends_on = [\"a\"]\n",
+            "step \"gate\": `value` \"NaN\" must be a finite number",
+        ),
         // a name a reference, a run or a sweep could not carry
         (
             "[[step]]\nname = \"a/b\"\nkind = \"command\"\nargv = [\"true\"]\n",
@@ -153,6 +160,50 @@ fn bad_pipelines_are_refused_in_one_line() {
             assert!(err.contains(want), "{want}: {err}");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A NaN a step hands over fails the condition that compares it, in one line naming both,
+/// and the steps after it are skipped: `!=` held for NaN (`nan != 0`), so they ran. A
+/// reference that resolves to `inf` as the value fails the same way.
+#[test]
+fn a_condition_on_nan_fails_and_skips_what_follows() {
+    let dir = temp_dir("pipeline-nan");
+    let runs = dir.join("runs");
+    let text = "[[step]]\nname = \"score\"\nkind = \"command\"\n\
+                argv = [\"sh\", \"-c\", \"echo loss=nan >> $WEFT_STEP_OUTPUT; echo cap=inf >> $WEFT_STEP_OUTPUT\"]\n\n\
+                [[step]]\nname = \"gate\"\nkind = \"condition\"\nstep = \"score\"\nkey = \"loss\"\nop = \"!=\"\n\
+                value = 0\ndepends_on = [\"score\"]\n\n\
+                [[step]]\nname = \"capped\"\nkind = \"condition\"\nstep = \"score\"\nkey = \"exit\"\nop = \"<\"\n\
+                value = \"${steps.score.cap}\"\ndepends_on = [\"score\"]\n\n\
+                [[step]]\nname = \"after\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"touch ran\"]\n\
+                depends_on = [\"gate\"]\n\n\
+                [[step]]\nname = \"after_cap\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"touch ran\"]\n\
+                depends_on = [\"capped\"]\n";
+    let file = dir.join("nan.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = weft_with(&runs, &["pipeline", "run", file.to_str().unwrap()]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("step score: finished"), "{stdout}");
+    assert!(
+        stdout.contains("step gate: failed: step \"score\"'s loss is NaN, which a condition does not compare"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("step capped: failed: `value` \"inf\" is not a finite number"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("step after: skipped") && stdout.contains("step after_cap: skipped"),
+        "{stdout}"
+    );
+    assert!(!dir.join("ran").exists(), "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("the steps [\"capped\", \"gate\"] failed"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

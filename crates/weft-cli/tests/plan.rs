@@ -155,6 +155,56 @@ fn bad_input_is_one_line_and_exit_1() {
     );
 }
 
+/// A cluster.toml of values no device has (a subnormal rate or efficiency, a latency of
+/// 1e308) planned every layout at `inf` ms and 0 tokens/s and printed the "best" of them,
+/// exit 0; an integer past 2^63 was refused without naming its key.
+#[test]
+fn a_cluster_of_impossible_values_is_refused_naming_the_field() {
+    let dir = temp_dir("plan-impossible");
+    let good = "devices_per_node = 8\nmemory_bytes = 80e9\nmemory_bandwidth = 1e12\n[flops]\nbf16 = 1e14\nf32 = 1e13\n\
+                [intra_node]\nbandwidth = 1e11\nlatency = 1e-6\n[inter_node]\nbandwidth = 1e10\nlatency = 1e-5\n\
+                [efficiency]\ngemm = 0.5\n";
+    let gpt3 = gpt3();
+    for (i, (from, to, expect)) in [
+        (
+            "memory_bandwidth = 1e12",
+            "memory_bandwidth = 5e-324",
+            "`memory_bandwidth` must be from 1e6 to 1e15 bytes/s, got 5e-324",
+        ),
+        (
+            "gemm = 0.5",
+            "gemm = 5e-324",
+            "`efficiency.gemm` must be from 0.01 to 1, got 5e-324",
+        ),
+        (
+            "latency = 1e-5",
+            "latency = 1e308",
+            "`inter_node.latency` must be from 0 to 1 seconds, got 1e308",
+        ),
+        (
+            "memory_bandwidth = 1e12",
+            "memory_bandwidth = 18446744073709551615",
+            "`memory_bandwidth` (line 3): ",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cluster = write(&dir, &format!("cluster-{i}.toml"), &good.replace(from, to));
+        let cluster = cluster.display().to_string();
+        let out = weft(&["plan", "--config", &gpt3, "--devices", "64", "--cluster", &cluster]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{to}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{to}: {stderr}");
+        assert!(stderr.contains(&format!("{cluster}: {expect}")), "{to}: {stderr}");
+        assert!(out.stdout.is_empty(), "{to}");
+    }
+    // the same file with sensible values plans
+    let cluster = write(&dir, "cluster.toml", good).display().to_string();
+    let out = weft(&["plan", "--config", &gpt3, "--devices", "64", "--cluster", &cluster]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn config(model: &str) -> RunConfig {
     let text = format!(
         "[model]\n{model}\n[data]\nkind = \"text\"\npath = \"builtin\"\nbatch_size = 8\n\

@@ -130,9 +130,10 @@ fn a_grid_sweep_with_asha_records_every_trial_and_prunes_those_the_rungs_name() 
 
 #[test]
 fn a_failed_trial_is_recorded_and_the_sweep_goes_on() {
-    // n_head = 3 does not divide n_embd = 32: that trial fails before its first step
-    let sweep = "[sweep]\nname = \"heads\"\nbase = \"run.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\n\
-                 [sweep.parameters]\n\"model.n_head\" = { values = [3, 2] }\n";
+    // n_head = 3 does not divide n_embd = 32: that trial fails before its first step. (It
+    // divides the swept n_embd = 48, so the check before the first trial lets it through.)
+    let sweep = "[sweep]\nname = \"heads\"\nbase = \"run.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\ntrials = 2\n\
+                 [sweep.parameters]\n\"model.n_head\" = { values = [3, 2] }\n\"model.n_embd\" = { values = [32, 48] }\n";
     let (_dir, file, store) = setup("sweep-fail", 6, sweep);
     let out = weft_with(&store, &["sweep", "--config", file.to_str().unwrap()]);
     let (stdout, stderr) = text(&out);
@@ -176,6 +177,29 @@ fn a_failed_trial_is_recorded_and_the_sweep_goes_on() {
     assert_eq!(status["best"]["params"]["model.n_head"], 2);
 }
 
+/// A seed drawn from 2^52 integers and a learning rate on steps of 1e-20: the check before the
+/// first trial listed every value of each range to find its first, which aborted on a
+/// 72-petabyte allocation (a seed range of 10^9 asked for 16 GB), or panicked.
+#[test]
+fn huge_ranges_are_drawn_without_listing_them() {
+    for method in ["random", "tpe"] {
+        let sweep = format!(
+            "[sweep]\nname = \"huge\"\nbase = \"run.toml\"\nmetric = \"val_loss\"\nmethod = \"{method}\"\ntrials = 1\n\
+             [sweep.parameters]\n\"train.seed\" = {{ distribution = \"int_uniform\", min = 0, max = 4503599627370496 }}\n\
+             \"optim.lr\" = {{ distribution = \"uniform\", min = 0.0, max = 0.01, q = 1e-20 }}\n"
+        );
+        let (_dir, file, store) = setup(&format!("sweep-huge-{method}"), 2, &sweep);
+        let out = weft_with(&store, &["sweep", "--config", file.to_str().unwrap()]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{method}: {stdout}\n{stderr}");
+        let runs = runs(&store, "huge");
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        assert_eq!(runs[0]["status"], "finished", "{runs:?}");
+        let seed: u64 = runs[0]["params"]["train.seed"].as_str().unwrap().parse().unwrap();
+        assert!(seed <= 4503599627370496, "{seed}");
+    }
+}
+
 #[test]
 fn bad_sweep_files_are_one_line_and_exit_1() {
     let head = "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\ntrials = 2\n";
@@ -215,6 +239,46 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
         (
             format!("{head}[sweep.parameters]\n\"optim.kind\" = {{ values = [\"lion\"] }}\n"),
             "sweep.parameters.\"optim.kind\": the base config does not load with it (optim.kind=\"lion\": ",
+        ),
+        // values weft train refuses, found before the first trial: the model's own checks,
+        // for every listed value (not only the first) and for a range's ends
+        (
+            format!("{head}[sweep.parameters]\n\"model.n_layer\" = {{ values = [1, 0] }}\n"),
+            "sweep.parameters.\"model.n_layer\": weft train refuses the base config with it (model.n_layer=0: ",
+        ),
+        (
+            format!(
+                "{head}[sweep.parameters]\n\"model.n_head\" = {{ distribution = \"int_uniform\", min = 2, max = 3 }}\n"
+            ),
+            "sweep.parameters.\"model.n_head\": weft train refuses the base config with it (model.n_head=3: ",
+        ),
+        // n_head = 3 divides no width the sweep gives
+        (
+            format!(
+                "{head}[sweep.parameters]\n\"model.n_head\" = {{ values = [2, 3] }}\n\
+                 \"model.n_embd\" = {{ values = [32, 64] }}\n"
+            ),
+            "(model.n_head=3: model config: model.n_embd: 32 does not divide by n_head = 3); nor with the other \
+             swept keys at their listed values or range ends",
+        ),
+        (
+            format!("{head}[sweep.parameters]\n\"optim.betas\" = {{ values = [[0.9, 0.999], [0.9, 1.5]] }}\n"),
+            // refused by the optimizer as the trainer builds it (or by the config's own checks)
+            "it (optim.betas=[0.9, 1.5]: ",
+        ),
+        // numbers weft cannot take, named
+        (
+            format!(
+                "{head}[sweep.parameters]\n\"train.seed\" = {{ distribution = \"int_uniform\", min = -9223372036854775808, max = 0 }}\n"
+            ),
+            "sweep.parameters.\"train.seed\": int_uniform min = -9223372036854775808 is outside the whole numbers weft accepts there",
+        ),
+        (
+            "[sweep]\nbase = \"run.toml\"\nmetric = \"val_loss\"\nmethod = \"grid\"\n[sweep.parameters]\n\
+             \"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 1000000000 }\n"
+                .to_string(),
+            "sweep.method: the grid has 1000000001 points, more than the 100000 a grid sweep may have; \
+             sweep.parameters.\"train.seed\" alone has 1000000001",
         ),
         // a gpt reports no accuracy
         (

@@ -35,12 +35,41 @@
 //! ends = 0.0                 # the same for the embeddings, output layer and loss together
 //! ```
 //!
-//! Every field is checked here: a missing one is [`Error::MissingField`], a negative, zero or
-//! non-finite one [`Error::BadField`], an unknown key [`Error::ClusterFile`], each naming the
-//! field.
+//! Every field is checked here: a missing one is [`Error::MissingField`], a negative, zero,
+//! non-finite or out-of-range one ([`LIMITS`]) [`Error::BadField`], an unknown key or a value
+//! TOML cannot read (an integer past 2^63) [`Error::ClusterFile`], each naming the field.
 
 use crate::device::{DeviceSpec, Efficiency, PassCost};
 use crate::error::{Error, Result};
+
+/// What a value must lie in: `(field, low, high, unit)`. The rates' and sizes' lows are far
+/// below any device weft plans on (a CPU rank computes about 10^10 FLOP/s and moves about
+/// 10^9 bytes/s), the highs far above any (an H200: 10^15 FLOP/s, 4.8 x 10^12 bytes/s of HBM,
+/// 141 GB); inside them every predicted time is a finite number of seconds, where a rate of
+/// 5e-324 or a latency of 1e308 made every plan's step take forever.
+pub const LIMITS: [(&str, f64, f64, &str); 10] = [
+    ("flops", 1e6, 1e18, "FLOP/s"),
+    ("memory_bandwidth", 1e6, 1e15, "bytes/s"),
+    ("bandwidth", 1e6, 1e15, "bytes/s"),
+    ("memory_bytes", 1e6, 1e15, "bytes"),
+    ("latency", 0.0, 1.0, "seconds"),
+    // gemm, memory_bound and collective: the achieved share of a peak
+    ("efficiency", 0.01, 1.0, ""),
+    // as `weft plan calibrate` clamps the measured ratio
+    ("attention", 1e-3, 16.0, ""),
+    ("memory_margin", 0.0, 0.99, ""),
+    ("time_scale", 1e-3, 16.0, ""),
+    // pass_cost.block and pass_cost.ends
+    ("pass_seconds", 0.0, 60.0, "seconds"),
+];
+
+/// The `(low, high, unit)` of [`LIMITS`] row `name`.
+fn limits(name: &str) -> (f64, f64, &'static str) {
+    LIMITS
+        .iter()
+        .find(|l| l.0 == name)
+        .map_or((f64::MIN, f64::MAX, ""), |l| (l.1, l.2, l.3))
+}
 
 const TOP: [&str; 11] = [
     "name",
@@ -104,8 +133,8 @@ impl Reader<'_> {
         }
     }
 
-    /// A required number that must be positive and finite.
-    fn positive(&self, table: Option<&toml::Table>, key: &str, field: &str) -> Result<f64> {
+    /// A required rate or size: positive, and within [`LIMITS`] row `limit`.
+    fn positive(&self, table: Option<&toml::Table>, key: &str, field: &str, limit: &str) -> Result<f64> {
         let v = match table {
             Some(t) => self.number(t, key, field)?,
             None => None,
@@ -114,57 +143,91 @@ impl Reader<'_> {
         if !(v.is_finite() && v > 0.0) {
             return Err(self.bad(field, format!("must be a positive number, got {v}")));
         }
-        Ok(v)
+        self.within(v, field, limit)
     }
 
-    /// A required latency: finite and not negative.
+    /// `v` if it lies within [`LIMITS`] row `limit`, else an error naming `field`.
+    fn within(&self, v: f64, field: &str, limit: &str) -> Result<f64> {
+        let (low, high, unit) = limits(limit);
+        if v.is_finite() && (low..=high).contains(&v) {
+            return Ok(v);
+        }
+        let unit = if unit.is_empty() {
+            String::new()
+        } else {
+            format!(" {unit}")
+        };
+        Err(self.bad(
+            field,
+            format!("must be from {} to {}{unit}, got {}", num(low), num(high), num(v)),
+        ))
+    }
+
+    /// A required latency: seconds within [`LIMITS`].
     fn latency(&self, table: Option<&toml::Table>, field: &str) -> Result<f64> {
         let v = match table {
             Some(t) => self.number(t, "latency", field)?,
             None => None,
         };
         let v = v.ok_or_else(|| self.missing(field))?;
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(self.bad(field, format!("must be a number of seconds >= 0, got {v}")));
-        }
-        Ok(v)
+        self.within(v, field, "latency")
     }
 
-    /// An optional ratio in (0, 16] (attention's rate over the products': a causal kernel
-    /// that skips the masked half the FLOP count includes may exceed 1).
-    fn ratio(&self, t: &toml::Table, key: &str, default: f64) -> Result<f64> {
-        let field = format!("efficiency.{key}");
+    /// An optional number of `[efficiency]` or `[pass_cost]` (`section`) within [`LIMITS`] row
+    /// `limit`, or `default`.
+    fn optional(&self, t: &toml::Table, section: &str, key: &str, limit: &str, default: f64) -> Result<f64> {
+        let field = format!("{section}.{key}");
         match self.number(t, key, &field)? {
             None => Ok(default),
-            Some(v) if v > 0.0 && v <= 16.0 => Ok(v),
-            Some(v) => Err(self.bad(&field, format!("must be a ratio in (0, 16], got {v}"))),
+            Some(v) => self.within(v, &field, limit),
         }
     }
+}
 
-    /// An optional fraction in `range` (lower bound exclusive when `open_low`).
-    fn fraction(&self, t: &toml::Table, key: &str, default: f64, open_low: bool) -> Result<f64> {
-        let field = format!("efficiency.{key}");
-        let Some(v) = self.number(t, key, &field)? else {
-            return Ok(default);
-        };
-        let ok = if open_low {
-            v > 0.0 && v <= 1.0
-        } else {
-            (0.0..1.0).contains(&v)
-        };
-        if !ok {
-            let range = if open_low { "(0, 1]" } else { "[0, 1)" };
-            return Err(self.bad(&field, format!("must be a fraction in {range}, got {v}")));
-        }
-        Ok(v)
+/// A bound or a value as a short number: `1e6`, `0.01`, `5e-324`.
+fn num(v: f64) -> String {
+    if v == 0.0 || (1e-3..1e4).contains(&v.abs()) {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
     }
+}
+
+/// The `section.key` (or `key`) whose line holds byte `at` of a TOML text, if that line is a
+/// `key = value` line: TOML's own errors (an integer past 2^63) name a line, not the field.
+fn field_at(text: &str, at: usize) -> Option<String> {
+    let at = at.min(text.len());
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let key = line.split_once('=')?.0.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
+        return None;
+    }
+    let section = text[..start].lines().rev().find_map(|l| {
+        let l = l.trim();
+        l.starts_with('[')
+            .then(|| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+    });
+    Some(match section {
+        Some(s) if !s.is_empty() => format!("{s}.{key}"),
+        _ => key.to_string(),
+    })
 }
 
 /// Reads a `cluster.toml` text; `source` names it in errors.
 pub fn parse(text: &str, source: &str) -> Result<DeviceSpec> {
-    let top: toml::Table = text.parse().map_err(|e: toml::de::Error| Error::ClusterFile {
-        source_name: source.to_string(),
-        message: e.message().to_string(),
+    let top: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        let message = e.message().trim().replace('\n', " ");
+        let at = e.span().map(|s| s.start);
+        let line = at.map(|a| text[..a.min(text.len())].lines().count().max(1));
+        Error::ClusterFile {
+            source_name: source.to_string(),
+            message: match (at.and_then(|a| field_at(text, a)), line) {
+                (Some(field), Some(line)) => format!("`{field}` (line {line}): {message}"),
+                (None, Some(line)) => format!("line {line}: {message}"),
+                _ => message,
+            },
+        }
     })?;
     from_table(&top, source)
 }
@@ -202,45 +265,35 @@ pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
             &["gemm", "memory_bound", "collective", "attention", "memory_margin"],
             "efficiency.",
         )?;
+        let d = efficiency;
         efficiency = Efficiency {
-            gemm: r.fraction(e, "gemm", efficiency.gemm, true)?,
-            memory_bound: r.fraction(e, "memory_bound", efficiency.memory_bound, true)?,
-            collective: r.fraction(e, "collective", efficiency.collective, true)?,
-            attention: r.ratio(e, "attention", efficiency.attention)?,
-            memory_margin: r.fraction(e, "memory_margin", efficiency.memory_margin, false)?,
+            gemm: r.optional(e, "efficiency", "gemm", "efficiency", d.gemm)?,
+            memory_bound: r.optional(e, "efficiency", "memory_bound", "efficiency", d.memory_bound)?,
+            collective: r.optional(e, "efficiency", "collective", "efficiency", d.collective)?,
+            // a causal kernel that skips the masked half the FLOP count includes exceeds 1
+            attention: r.optional(e, "efficiency", "attention", "attention", d.attention)?,
+            memory_margin: r.optional(e, "efficiency", "memory_margin", "memory_margin", d.memory_margin)?,
         };
     }
     let mut pass_cost = PassCost::default();
     if let Some(t) = r.table(top, "pass_cost")? {
         r.unknown(t, &["time_scale", "block", "ends"], "pass_cost.")?;
-        let seconds = |key: &str| -> Result<f64> {
-            let field = format!("pass_cost.{key}");
-            match r.number(t, key, &field)? {
-                None => Ok(0.0),
-                Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
-                Some(v) => Err(r.bad(&field, format!("must be a number of seconds >= 0, got {v}"))),
-            }
-        };
         pass_cost = PassCost {
-            time_scale: match r.number(t, "time_scale", "pass_cost.time_scale")? {
-                None => 1.0,
-                Some(v) if v > 0.0 && v <= 16.0 => v,
-                Some(v) => return Err(r.bad("pass_cost.time_scale", format!("must be a ratio in (0, 16], got {v}"))),
-            },
-            block: seconds("block")?,
-            ends: seconds("ends")?,
+            time_scale: r.optional(t, "pass_cost", "time_scale", "time_scale", 1.0)?,
+            block: r.optional(t, "pass_cost", "block", "pass_seconds", 0.0)?,
+            ends: r.optional(t, "pass_cost", "ends", "pass_seconds", 0.0)?,
         };
     }
     Ok(DeviceSpec {
         name,
         devices_per_node: per_node,
-        flops_bf16: r.positive(flops, "bf16", "flops.bf16")?,
-        flops_f32: r.positive(flops, "f32", "flops.f32")?,
-        memory_bytes: r.positive(Some(top), "memory_bytes", "memory_bytes")?,
-        memory_bandwidth: r.positive(Some(top), "memory_bandwidth", "memory_bandwidth")?,
-        intra_bandwidth: r.positive(intra, "bandwidth", "intra_node.bandwidth")?,
+        flops_bf16: r.positive(flops, "bf16", "flops.bf16", "flops")?,
+        flops_f32: r.positive(flops, "f32", "flops.f32", "flops")?,
+        memory_bytes: r.positive(Some(top), "memory_bytes", "memory_bytes", "memory_bytes")?,
+        memory_bandwidth: r.positive(Some(top), "memory_bandwidth", "memory_bandwidth", "memory_bandwidth")?,
+        intra_bandwidth: r.positive(intra, "bandwidth", "intra_node.bandwidth", "bandwidth")?,
         intra_latency: r.latency(intra, "intra_node.latency")?,
-        inter_bandwidth: r.positive(inter, "bandwidth", "inter_node.bandwidth")?,
+        inter_bandwidth: r.positive(inter, "bandwidth", "inter_node.bandwidth", "bandwidth")?,
         inter_latency: r.latency(inter, "inter_node.latency")?,
         shared_compute: match r.number(top, "shared_compute", "shared_compute")? {
             None => None,
@@ -380,6 +433,112 @@ gemm = 0.5
                 other => panic!("{field}: {other:?}"),
             }
         }
+        let e = parse(&format!("{GOOD}\nspeed = 3\n"), "c.toml").unwrap_err();
+        assert!(e.to_string().contains("`efficiency.speed`"), "{e}");
+        let e = parse("devices_per_node = [", "c.toml").unwrap_err();
+        assert!(matches!(e, Error::ClusterFile { .. }), "{e}");
+    }
+
+    /// Values that are positive and finite but no device's: a subnormal rate or efficiency, or
+    /// a latency of 1e308, made every plan's step time infinite and its rate 0 tokens/s, and
+    /// `weft plan` printed the "best" of them.
+    #[test]
+    fn values_outside_what_any_device_has_are_named() {
+        let with = |extra: &str| GOOD.replace("[efficiency]", &format!("[pass_cost]\n[efficiency]\n{extra}"));
+        for (field, text, want) in [
+            (
+                "memory_bandwidth",
+                GOOD.replace("memory_bandwidth = 1e12", "memory_bandwidth = 5e-324"),
+                "must be from 1e6 to 1e15 bytes/s, got 5e-324",
+            ),
+            (
+                "memory_bandwidth",
+                GOOD.replace("memory_bandwidth = 1e12", "memory_bandwidth = 1e300"),
+                "must be from 1e6 to 1e15 bytes/s, got 1e300",
+            ),
+            (
+                "flops.f32",
+                GOOD.replace("f32 = 50e12", "f32 = 1e-3"),
+                "must be from 1e6 to 1e18 FLOP/s, got 0.001",
+            ),
+            (
+                "intra_node.bandwidth",
+                GOOD.replace("bandwidth = 32e9", "bandwidth = 5e-324"),
+                "must be from 1e6 to 1e15 bytes/s",
+            ),
+            (
+                "memory_bytes",
+                GOOD.replace("memory_bytes = 24e9", "memory_bytes = 1"),
+                "must be from 1e6 to 1e15 bytes, got 1",
+            ),
+            (
+                "inter_node.latency",
+                GOOD.replace("latency = 0", "latency = 1e308"),
+                "must be from 0 to 1 seconds, got 1e308",
+            ),
+            (
+                "efficiency.gemm",
+                GOOD.replace("gemm = 0.5", "gemm = 5e-324"),
+                "must be from 0.01 to 1, got 5e-324",
+            ),
+            (
+                "efficiency.memory_bound",
+                with("memory_bound = 5e-324"),
+                "from 0.01 to 1",
+            ),
+            ("efficiency.collective", with("collective = 5e-324"), "from 0.01 to 1"),
+            ("efficiency.attention", with("attention = 5e-324"), "from 0.001 to 16"),
+            ("efficiency.memory_margin", with("memory_margin = 1"), "from 0 to 0.99"),
+            (
+                "pass_cost.time_scale",
+                GOOD.replace("[efficiency]", "[pass_cost]\ntime_scale = 5e-324\n[efficiency]"),
+                "from 0.001 to 16",
+            ),
+            (
+                "pass_cost.block",
+                GOOD.replace("[efficiency]", "[pass_cost]\nblock = 1e308\n[efficiency]"),
+                "from 0 to 60 seconds",
+            ),
+        ] {
+            let e = parse(&text, "c.toml").unwrap_err();
+            assert!(
+                matches!(&e, Error::BadField { field: f, .. } if f == field),
+                "{field}: {e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!("c.toml: `{field}` {}", e.to_string().split_once("` ").unwrap().1)
+            );
+            assert!(e.to_string().contains(want), "{field}: {e}");
+        }
+        // the ends of each range are taken
+        let edges = GOOD
+            .replace("memory_bandwidth = 1e12", "memory_bandwidth = 1e15")
+            .replace("f32 = 50e12", "f32 = 1e6")
+            .replace("latency = 0", "latency = 1")
+            .replace("gemm = 0.5", "gemm = 0.01");
+        let d = parse(&edges, "c.toml").unwrap();
+        assert_eq!(
+            (d.memory_bandwidth, d.flops_f32, d.inter_latency, d.efficiency.gemm),
+            (1e15, 1e6, 1.0, 0.01)
+        );
+    }
+
+    /// TOML's own errors name a line; the field is named too (an integer past 2^63 read
+    /// `number too large to fit in target type` and nothing else).
+    #[test]
+    fn a_value_toml_cannot_read_names_its_field() {
+        let text = GOOD.replace("memory_bandwidth = 1e12", "memory_bandwidth = 18446744073709551615");
+        let e = parse(&text, "c.toml").unwrap_err().to_string();
+        assert!(e.starts_with("c.toml: `memory_bandwidth` (line 4): "), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+        let text = GOOD.replace("latency = 8e-6", "latency = 99999999999999999999");
+        let e = parse(&text, "c.toml").unwrap_err().to_string();
+        assert!(e.starts_with("c.toml: `intra_node.latency` (line 10): "), "{e}");
+    }
+
+    #[test]
+    fn more_bad_files_are_named() {
         let e = parse(&format!("{GOOD}\nspeed = 3\n"), "c.toml").unwrap_err();
         assert!(e.to_string().contains("`efficiency.speed`"), "{e}");
         let e = parse("devices_per_node = [", "c.toml").unwrap_err();

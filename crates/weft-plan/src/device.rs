@@ -19,7 +19,7 @@ pub struct Efficiency {
     /// which then take 1.0).
     pub collective: f64,
     /// Attention (`q k^T` and `p v`, counted without the causal mask's savings): achieved /
-    /// the matrix products' achieved rate, in (0, 16] (above 1 where a causal kernel skips
+    /// the matrix products' achieved rate, in [0.001, 16] (above 1 where a causal kernel skips
     /// the masked half). Default 1.0; `weft plan calibrate` measures it.
     pub attention: f64,
     /// Share of device memory a plan may not use (the CUDA context, allocator fragmentation,
@@ -46,7 +46,7 @@ impl Default for Efficiency {
 /// and a scale of 1, as their efficiencies are fitted to a published anchor instead.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PassCost {
-    /// Measured over analytic time of whole passes (forward and backward), in (0, 16].
+    /// Measured over analytic time of whole passes (forward and backward), in [0.001, 16].
     pub time_scale: f64,
     /// Seconds a block's forward and backward of one micro-batch take beyond their compute.
     pub block: f64,

@@ -32,6 +32,19 @@ pub enum Error {
     /// No `dp x tp x pp` of this many devices is a layout weft can run for this model and batch.
     #[error("no layout uses {devices} devices: {why}")]
     NoLayout { devices: usize, why: String },
+    /// No layout that fits has a finite, positive predicted step time: the device spec's rates
+    /// are too low or its latencies too long (a `cluster.toml` is held to [`crate::cluster::LIMITS`],
+    /// so this is a spec made some other way).
+    #[error(
+        "no layout on {devices} x {device} has a finite predicted step time (the closest, {layout}, predicts {step} s): \
+         the device spec's rates are too low or its latencies too long"
+    )]
+    NoFiniteTime {
+        devices: usize,
+        device: String,
+        layout: String,
+        step: f64,
+    },
     /// Every layout needs more memory per device than there is.
     #[error(
         "the model fits no layout on {devices} devices of {capacity}: the least memory a layout needs is {needed} \

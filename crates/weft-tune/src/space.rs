@@ -139,18 +139,50 @@ impl Param {
         })
     }
 
-    /// Every value a grid visits: the listed values, the integers by `q`, or `min + k q`.
-    pub fn grid_points(&self) -> Option<Vec<Value>> {
+    /// How many values a grid of this parameter visits (the listed values, the integers by `q`,
+    /// or `min + k q` up to `max`), counted without listing them; `None` for a continuous range.
+    /// A count past `u64::MAX` reads as `u64::MAX`.
+    pub fn grid_len(&self) -> Option<u64> {
         match &self.dist {
-            Distribution::Values(v) => Some((0..v.len()).map(Value::Choice).collect()),
-            Distribution::IntUniform { min, max, q } => {
-                Some((0..=(max - min) / q).map(|k| Value::Int(min + k * q)).collect())
-            }
+            Distribution::Values(v) => Some(v.len() as u64),
+            // |min|, |max| <= 2^53 (checked when read): the difference fits
+            Distribution::IntUniform { min, max, q } => Some(((max - min) / q) as u64 + 1),
+            // a float-to-integer cast saturates
             Distribution::Uniform { min, max, q: Some(q) } => {
-                let n = ((max - min) / q + 1e-9).floor() as usize;
-                Some((0..=n).map(|k| Value::Float(tidy(min + k as f64 * q))).collect())
+                Some((((max - min) / q + 1e-9).floor() as u64).saturating_add(1))
             }
             _ => None,
+        }
+    }
+
+    /// Grid value `k` (`k < grid_len()`; a larger `k` gives the last value) of a parameter
+    /// with a grid; for a continuous range, its lower end.
+    pub fn grid_point(&self, k: u64) -> Value {
+        let last = self.grid_len().map_or(0, |n| n - 1);
+        let k = k.min(last);
+        match &self.dist {
+            Distribution::Values(_) => Value::Choice(k as usize),
+            Distribution::IntUniform { min, q, .. } => Value::Int(min + k as i64 * q),
+            Distribution::Uniform { min, max, q: Some(q) } => {
+                // the last step as a float (a count past u64::MAX saturated `last`)
+                let top = ((max - min) / q + 1e-9).floor();
+                let k = if k == last { top } else { (k as f64).min(top) };
+                Value::Float(tidy(min + k * q))
+            }
+            _ => self.from_internal(self.bounds().0),
+        }
+    }
+
+    /// The values `weft sweep` checks against the run config before the first trial: every
+    /// listed value, or a range's two ends (its lowest and highest value, as drawn).
+    pub fn checked_values(&self) -> Vec<Value> {
+        match (&self.dist, self.grid_len()) {
+            (Distribution::Values(v), _) => (0..v.len()).map(Value::Choice).collect(),
+            (_, Some(n)) => vec![self.grid_point(0), self.grid_point(n - 1)],
+            (Distribution::Uniform { min, max, .. } | Distribution::LogUniform { min, max }, None) => {
+                vec![Value::Float(*min), Value::Float(*max)]
+            }
+            (Distribution::IntUniform { min, max, .. }, None) => vec![Value::Int(*min), Value::Int(*max)],
         }
     }
 }
@@ -210,14 +242,18 @@ impl Space {
         Ok(Space { params })
     }
 
-    /// How many points a grid over the space has (`None` when a parameter is a continuous
-    /// range without `q`: it has no grid).
-    pub fn grid_size(&self) -> Option<usize> {
+    /// How many points a grid over the space has, counted without listing them (`None` when a
+    /// parameter is a continuous range without `q`: it has no grid; `u64::MAX` past it).
+    pub fn grid_size(&self) -> Option<u64> {
         self.params
             .iter()
-            .try_fold(1usize, |n, p| Some(n.saturating_mul(p.grid_points()?.len())))
+            .try_fold(1u64, |n, p| Some(n.saturating_mul(p.grid_len()?)))
     }
 }
+
+/// The largest magnitude of an `int_uniform` bound or step: 2^53, up to which every integer is
+/// also a float (the samplers draw on floats).
+pub const MAX_INT: i64 = 1 << 53;
 
 /// One parameter's distribution, or why the entry is not one.
 fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, String> {
@@ -251,12 +287,20 @@ fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, 
         Some(other) => return Err(format!("distribution must be a string, got {other}")),
         None => return Err(format!("give values = [...] or distribution = one of {DISTRIBUTIONS}")),
     };
+    if kind == "int_uniform" {
+        return parse_int_uniform(entry);
+    }
     let (min, max) = match (number("min")?, number("max")?) {
         (Some(min), Some(max)) => (min, max),
         _ => return Err(format!("distribution {kind:?} needs min and max")),
     };
     if min >= max {
         return Err(format!("min ({min}) must be below max ({max})"));
+    }
+    if !(max - min).is_finite() {
+        return Err(format!(
+            "the range [{min:?}, {max:?}] is too wide: max - min is not a finite number"
+        ));
     }
     let q = number("q")?;
     if let Some(q) = q {
@@ -265,6 +309,11 @@ fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, 
         }
         if q > max - min {
             return Err(format!("q ({q}) is wider than the range max - min ({})", max - min));
+        }
+        if !((max - min) / q).is_finite() {
+            return Err(format!(
+                "q ({q:?}) is too small for the range: (max - min) / q is not a finite number"
+            ));
         }
     }
     match kind {
@@ -280,20 +329,49 @@ fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, 
             }
             Ok(Distribution::LogUniform { min, max })
         }
-        "int_uniform" => {
-            let int = |x: f64, k: &str| {
-                (x.fract() == 0.0 && x.abs() < 9e15)
-                    .then_some(x as i64)
-                    .ok_or(format!("int_uniform needs whole numbers, but {k} = {x}"))
-            };
-            Ok(Distribution::IntUniform {
-                min: int(min, "min")?,
-                max: int(max, "max")?,
-                q: q.map_or(Ok(1), |q| int(q, "q"))?,
-            })
-        }
         other => Err(format!("distribution {other:?} is not one of {DISTRIBUTIONS}")),
     }
+}
+
+/// `int_uniform`'s `min`, `max` and `q`: whole numbers (integers, or floats without a
+/// fraction) of at most [`MAX_INT`] in magnitude, read as written (an integer is not rounded
+/// through a float first).
+fn parse_int_uniform(entry: &toml::Table) -> std::result::Result<Distribution, String> {
+    let int = |k: &str| -> std::result::Result<Option<i64>, String> {
+        let outside = |v: &toml::Value| {
+            format!(
+                "int_uniform {k} = {v} is outside the whole numbers weft accepts there (-{MAX_INT} to {MAX_INT}, 2^53)"
+            )
+        };
+        match entry.get(k) {
+            None => Ok(None),
+            Some(v @ toml::Value::Integer(i)) => match i.unsigned_abs() <= MAX_INT as u64 {
+                true => Ok(Some(*i)),
+                false => Err(outside(v)),
+            },
+            Some(v @ toml::Value::Float(f)) if f.is_finite() => match (f.fract() == 0.0, f.abs() <= MAX_INT as f64) {
+                (false, _) => Err(format!("int_uniform needs whole numbers, but {k} = {f}")),
+                (true, false) => Err(outside(v)),
+                (true, true) => Ok(Some(*f as i64)),
+            },
+            Some(other) => Err(format!("{k} must be a finite number, got {other}")),
+        }
+    };
+    let (min, max) = match (int("min")?, int("max")?) {
+        (Some(min), Some(max)) => (min, max),
+        _ => return Err("distribution \"int_uniform\" needs min and max".into()),
+    };
+    if min >= max {
+        return Err(format!("min ({min}) must be below max ({max})"));
+    }
+    let q = int("q")?.unwrap_or(1);
+    if q <= 0 {
+        return Err(format!("q ({q}) must be above 0"));
+    }
+    if q > max - min {
+        return Err(format!("q ({q}) is wider than the range max - min ({})", max - min));
+    }
+    Ok(Distribution::IntUniform { min, max, q })
 }
 
 #[cfg(test)]
@@ -338,11 +416,47 @@ mod tests {
         assert_eq!(lr.parse_text("0.001"), Some(Value::Float(0.001)));
         assert_eq!(layers.parse_text("3"), Some(Value::Int(3)));
         assert_eq!(s.grid_size(), None);
-        assert_eq!(wd.grid_points().unwrap().len(), 5);
-        assert_eq!(
-            layers.grid_points().unwrap(),
-            [Value::Int(1), Value::Int(3), Value::Int(5), Value::Int(7)]
-        );
+        assert_eq!(wd.grid_len(), Some(5));
+        let points: Vec<Value> = (0..4).map(|k| layers.grid_point(k)).collect();
+        assert_eq!(points, [Value::Int(1), Value::Int(3), Value::Int(5), Value::Int(7)]);
+        assert_eq!(layers.grid_len(), Some(4));
+        let wd_points: Vec<String> = (0..5).map(|k| wd.text(wd.grid_point(k))).collect();
+        assert_eq!(wd_points, ["0.0", "0.05", "0.1", "0.15", "0.2"]);
+        assert_eq!(kind.grid_len(), Some(2));
+        assert_eq!(lr.grid_len(), None);
+        // what weft sweep checks before the first trial: every listed value, a range's ends
+        assert_eq!(kind.checked_values(), [Value::Choice(0), Value::Choice(1)]);
+        assert_eq!(layers.checked_values(), [Value::Int(1), Value::Int(7)]);
+        assert_eq!(wd.checked_values(), [Value::Float(0.0), Value::Float(0.2)]);
+        assert_eq!(lr.checked_values(), [Value::Float(1e-4), Value::Float(1e-2)]);
+    }
+
+    /// Ranges of 2^52 integers, or of 10^18 q steps, are drawn and counted arithmetically:
+    /// listing their values (as grid points) tried to allocate petabytes and aborted, or
+    /// overflowed the capacity of a vector.
+    #[test]
+    fn huge_ranges_are_counted_and_drawn_without_listing_them() {
+        let s = space(
+            "\"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 4503599627370496 }\n\
+             \"optim.lr\" = { distribution = \"uniform\", min = 0.0, max = 0.01, q = 1e-20 }\n\
+             \"optim.eps\" = { distribution = \"uniform\", min = 0.0, max = 0.01, q = 1e-300 }\n",
+        )
+        .unwrap();
+        let [eps, lr, seed] = &s.params[..] else { panic!() };
+        assert_eq!(seed.grid_len(), Some(4503599627370497));
+        assert!(lr.grid_len().unwrap().abs_diff(1_000_000_000_000_000_001) < 1000);
+        assert_eq!(eps.grid_len(), Some(u64::MAX));
+        assert_eq!(s.grid_size(), Some(u64::MAX));
+        assert_eq!(seed.grid_point(4503599627370496), Value::Int(4503599627370496));
+        assert_eq!(seed.checked_values(), [Value::Int(0), Value::Int(4503599627370496)]);
+        for p in [eps, lr] {
+            assert_eq!(p.checked_values(), [Value::Float(0.0), Value::Float(0.01)]);
+            let Value::Float(x) = p.from_internal(0.00123) else {
+                panic!()
+            };
+            assert!((x - 0.00123).abs() < 1e-15, "{x}");
+        }
+        assert_eq!(seed.from_internal(1e15 + 0.3), Value::Int(1_000_000_000_000_000));
     }
 
     #[test]
@@ -385,6 +499,30 @@ mod tests {
             (
                 "\"optim.lr\" = { distribution = \"uniform\", min = 0, max = 1, q = 0 }",
                 "q (0) must be above 0",
+            ),
+            (
+                "\"train.seed\" = { distribution = \"int_uniform\", min = -9223372036854775808, max = 0 }",
+                "int_uniform min = -9223372036854775808 is outside the whole numbers weft accepts there (-9007199254740992 to 9007199254740992",
+            ),
+            (
+                "\"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 1e20 }",
+                "is outside the whole numbers weft accepts there",
+            ),
+            (
+                "\"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 9007199254740993 }",
+                "int_uniform max = 9007199254740993 is outside the whole numbers",
+            ),
+            (
+                "\"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 10, q = 0 }",
+                "q (0) must be above 0",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"uniform\", min = -1e308, max = 1e308 }",
+                "max - min is not a finite number",
+            ),
+            (
+                "\"optim.lr\" = { distribution = \"uniform\", min = 0.0, max = 0.01, q = 5e-324 }",
+                "q (5e-324) is too small for the range",
             ),
             ("lr = { values = [1] }", "section.key"),
             ("\"optim.lr\" = 0.1", "expected a table"),

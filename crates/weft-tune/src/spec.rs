@@ -196,20 +196,34 @@ impl SweepSpec {
             .ok_or_else(|| spec("[sweep.parameters] is missing: name at least one config key".into()))?;
         let space = Space::from_toml(params, source)?;
         let grid = space.grid_size();
-        if method == Method::Grid && grid.is_none() {
-            let p = space
-                .params
-                .iter()
-                .find(|p| p.grid_points().is_none())
-                .map_or("", |p| p.key.as_str());
-            return Err(spec(format!(
-                "sweep.method: grid needs every parameter to list values, be int_uniform, or have q steps; \
-                 {p:?} is a continuous range"
-            )));
+        if method == Method::Grid {
+            let Some(size) = grid else {
+                let p = space
+                    .params
+                    .iter()
+                    .find(|p| p.grid_len().is_none())
+                    .map_or("", |p| p.key.as_str());
+                return Err(spec(format!(
+                    "sweep.method: grid needs every parameter to list values, be int_uniform, or have q steps; \
+                     {p:?} is a continuous range"
+                )));
+            };
+            if size > MAX_GRID {
+                // the parameter with the most points is the one to narrow
+                let widest = space.params.iter().max_by_key(|p| p.grid_len().unwrap_or(0));
+                let (key, len) = widest.map_or(("", 0), |p| (p.key.as_str(), p.grid_len().unwrap_or(0)));
+                let total: f64 = space.params.iter().map(|p| p.grid_len().unwrap_or(1) as f64).product();
+                return Err(spec(format!(
+                    "sweep.method: the grid has {} points, more than the {MAX_GRID} a grid sweep may have; \
+                     sweep.parameters.\"{key}\" alone has {len} (list fewer values, take larger q steps, or use \
+                     method = \"random\" or \"tpe\")",
+                    count(total)
+                )));
+            }
         }
         let trials = match (keys.count("trials", 1)?, method) {
             (Some(n), _) => n,
-            (None, Method::Grid) => grid.unwrap_or(1) as u64,
+            (None, Method::Grid) => grid.unwrap_or(1),
             (None, _) => return Err(spec("sweep.trials: missing: how many trials to run".into())),
         };
         let pruner = match sweep.get("pruner") {
@@ -261,6 +275,19 @@ impl SweepSpec {
             space,
             pruner,
         })
+    }
+}
+
+/// The most points a grid sweep may have (each is a training run; a sweep of more is a
+/// mistake, or wants `random` or `tpe`).
+pub const MAX_GRID: u64 = 100_000;
+
+/// A count as a whole number, or in scientific notation past 2^53.
+fn count(n: f64) -> String {
+    if n <= (1u64 << 53) as f64 {
+        format!("{n}")
+    } else {
+        format!("{n:.3e}")
     }
 }
 
@@ -339,6 +366,10 @@ mod tests {
         SweepSpec::parse(text, "s.toml", "s", Path::new("/sweeps"))
     }
 
+    /// Trials 0-3 of a random sweep (seed 0) over `model.n_layer` in 1..=8 and `optim.wd` in
+    /// [0, 0.2] by 0.05, as the samplers drew them before ranges were counted arithmetically.
+    const DRAWN_BEFORE: [&str; 4] = ["8 0.1", "7 0.15", "8 0.15", "3 0.05"];
+
     const PARAMS: &str =
         "[sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-4, max = 1e-2 }\n";
 
@@ -397,6 +428,96 @@ mod tests {
                        \"optim.lr\" = { values = [0.1, 0.2] }\n\"model.n_layer\" = { distribution = \"int_uniform\", min = 1, max = 3 }\n")
             .unwrap();
         assert_eq!(g.trials, 6);
+    }
+
+    /// A seed range of 2^52 integers (or a q of 1e-20) is drawn from, not listed: reading the
+    /// file listed every value to count the grid, whatever the method, and aborted on a
+    /// petabyte allocation (or a vector's capacity overflow). A grid that large is refused,
+    /// naming the parameter.
+    #[test]
+    fn huge_ranges_sample_and_a_huge_grid_is_refused_by_name() {
+        use crate::sampler::{from_spec, Random, Sampler};
+        use crate::space::Value;
+        let head = "[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\ntrials = 1\n";
+        let params = "[sweep.parameters]\n\
+                      \"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 4503599627370496 }\n\
+                      \"optim.lr\" = { distribution = \"uniform\", min = 0.0, max = 0.01, q = 1e-20 }\n";
+        for method in ["random", "tpe"] {
+            let s = parse(&format!("{head}method = \"{method}\"\n{params}")).unwrap();
+            let mut sampler = from_spec(&s);
+            let v = sampler.suggest(0, &s.space, &[]).unwrap();
+            let [Value::Float(lr), Value::Int(seed)] = v[..] else {
+                panic!("{v:?}")
+            };
+            assert!(
+                (0.0..=0.01).contains(&lr) && (0..=4503599627370496).contains(&seed),
+                "{v:?}"
+            );
+        }
+        // past its random start, TPE's estimators over the same ranges stay inside them
+        let s = parse(&format!("{head}method = \"tpe\"\nstartup_trials = 2\n{params}")).unwrap();
+        let mut tpe = from_spec(&s);
+        let mut history = Vec::new();
+        for n in 0..6 {
+            let values = tpe.suggest(n, &s.space, &history).unwrap();
+            let [Value::Float(lr), Value::Int(seed)] = values[..] else {
+                panic!("{values:?}")
+            };
+            assert!(
+                (0.0..=0.01).contains(&lr) && (0..=4503599627370496).contains(&seed),
+                "{values:?}"
+            );
+            history.push(crate::sampler::Observation {
+                values,
+                outcome: crate::sampler::Outcome::Finished((lr - 0.005).abs()),
+            });
+        }
+        // ordinary ranges draw what they drew before (the first draws of seed 0)
+        let small = parse(&format!(
+            "{head}method = \"random\"\n[sweep.parameters]\n\
+             \"model.n_layer\" = {{ distribution = \"int_uniform\", min = 1, max = 8 }}\n\
+             \"optim.wd\" = {{ distribution = \"uniform\", min = 0.0, max = 0.2, q = 0.05 }}\n"
+        ))
+        .unwrap();
+        let drawn: Vec<String> = (0..4)
+            .map(|n| {
+                let v = Random::new(0).suggest(n, &small.space, &[]).unwrap();
+                let text: Vec<String> = v.iter().zip(&small.space.params).map(|(v, p)| p.text(*v)).collect();
+                text.join(" ")
+            })
+            .collect();
+        assert_eq!(drawn, DRAWN_BEFORE);
+        let e = parse(&format!("{head}method = \"grid\"\n{params}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "sweep.method: the grid has 4.504e33 points, more than the 100000 a grid sweep may have; \
+                        sweep.parameters.\"optim.lr\" alone has 1000000000000000129"
+            ),
+            "{e}"
+        );
+        let seed = params.lines().take(2).collect::<Vec<_>>().join("\n");
+        let e = parse(&format!("{head}method = \"grid\"\n{seed}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the grid has 4503599627370497 points")
+                && e.contains("\"train.seed\" alone has 4503599627370497"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "{head}method = \"grid\"\n[sweep.parameters]\n\
+             \"a.b\" = {{ distribution = \"int_uniform\", min = 1, max = 1000 }}\n\
+             \"c.d\" = {{ distribution = \"int_uniform\", min = 1, max = 101 }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("the grid has 101000 points") && e.contains("\"a.b\" alone has 1000"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]

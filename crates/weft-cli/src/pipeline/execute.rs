@@ -149,10 +149,12 @@ pub(super) fn execute(
             Ok(weft_tune::pipeline::refs::output(&pairs))
         }
         Action::Condition { gate, op, value } => {
-            let value: f64 = value
-                .trim()
-                .parse()
-                .map_err(|_| format!("`value` {value:?} is not a number"))?;
+            // a reference may resolve to `nan` or `inf`, which parse
+            let value: f64 = match value.trim().parse::<f64>() {
+                Ok(v) if v.is_finite() => v,
+                Ok(_) => return Err(format!("`value` {value:?} is not a finite number")),
+                Err(_) => return Err(format!("`value` {value:?} is not a number")),
+            };
             let got = match gate {
                 Gate::Metric { run, metric } => {
                     let id = run_of(outputs.get(run).map_or("", String::as_str))?;
@@ -162,6 +164,11 @@ pub(super) fn execute(
                         let known: Vec<&String> = detail.metrics.keys().collect();
                         format!("run {id} (step {run:?}) logged no metric {metric:?} (logged: {known:?})")
                     })?;
+                    if got.last.is_nan() {
+                        return Err(format!(
+                            "run {id} (step {run:?}) logged {metric} = NaN last, which a condition does not compare"
+                        ));
+                    }
                     got.last
                 }
                 Gate::Output { step: from, key } => {
@@ -169,8 +176,15 @@ pub(super) fn execute(
                     let text = parse_output(out)
                         .remove(key)
                         .ok_or_else(|| format!("the output of step {from:?} ({out:?}) has no key {key:?}"))?;
-                    text.parse()
-                        .map_err(|_| format!("step {from:?}'s {key} = {text:?} is not a number"))?
+                    let got: f64 = text
+                        .parse()
+                        .map_err(|_| format!("step {from:?}'s {key} = {text:?} is not a number"))?;
+                    if got.is_nan() {
+                        return Err(format!(
+                            "step {from:?}'s {key} is NaN, which a condition does not compare"
+                        ));
+                    }
+                    got
                 }
             };
             Ok(if op.holds(got, value) { "true" } else { "false" }.to_string())

@@ -228,11 +228,23 @@ pub(super) fn condition(file: &Path, t: &toml::Table, name: &str) -> Result<Acti
     })?;
     let value = text_or_number(file, t, name, "value")?
         .ok_or_else(|| spec(file, format!("step {name:?}: `value` must be a number")))?;
-    if !has_ref(&value) && value.trim().parse::<f64>().is_err() {
-        return Err(spec(
-            file,
-            format!("step {name:?}: `value` {value:?} must be a number (or a reference to one)"),
-        ));
+    if !has_ref(&value) {
+        match value.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() => {}
+            // `nan` and `inf` parse (as TOML and as text): a comparison with them says nothing
+            Ok(_) => {
+                return Err(spec(
+                    file,
+                    format!("step {name:?}: `value` {value:?} must be a finite number"),
+                ))
+            }
+            Err(_) => {
+                return Err(spec(
+                    file,
+                    format!("step {name:?}: `value` {value:?} must be a number (or a reference to one)"),
+                ))
+            }
+        }
     }
     let gate = match (t.contains_key("run"), t.contains_key("step")) {
         (true, false) => Gate::Metric {

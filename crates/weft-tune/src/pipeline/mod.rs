@@ -91,8 +91,12 @@ pub enum Action {
     },
     /// A program and its arguments, run in the pipeline file's folder.
     Command { argv: Vec<String> },
-    /// Goes on only when what `gate` reads compares to `value` (a number, or a reference to
-    /// one) as `op` says; otherwise the steps after it are skipped.
+    /// Goes on only when what `gate` reads compares to `value` (a finite number, or a reference
+    /// to one) as `op` says; otherwise the steps after it are skipped. A `value` of NaN or an
+    /// infinity is refused with the file (and fails the step when a reference resolves to one),
+    /// and a NaN read by `gate` fails the step, naming it: no comparison with NaN says anything
+    /// of the value (`!=` would hold), and a diverged run should not pass a gate, nor fail it
+    /// as quietly as a worse value does.
     Condition { gate: Gate, op: Op, value: String },
     /// Registers the checkpoint of the run that train step `step` made as the next version of
     /// model `model`.

@@ -354,6 +354,19 @@ fn bad_settings_of_the_new_kinds_are_refused_in_one_line() {
             FLOW.replace("value = 9", "value = \"x\""),
             "`value` \"x\" must be a number",
         ),
+        // a comparison with NaN or an infinity says nothing: `!=` held for NaN
+        (
+            FLOW.replace("value = 9", "value = nan"),
+            "step \"gate\": `value` \"NaN\" must be a finite number",
+        ),
+        (
+            FLOW.replace("value = 9", "value = -inf"),
+            "step \"gate\": `value` \"-inf\" must be a finite number",
+        ),
+        (
+            FLOW.replace("value = 9", "value = \"nan\""),
+            "step \"gate\": `value` \"nan\" must be a finite number",
+        ),
         (
             FLOW.replace("step = \"eval\"\nop", "step = \"eval\"\nmetric = \"m\"\nop"),
             "`metric` goes with `run`",

@@ -10,12 +10,12 @@ pub struct Grid;
 
 impl Sampler for Grid {
     fn suggest(&mut self, trial: u64, space: &Space, _history: &[Observation]) -> Option<Vec<Value>> {
-        let axes: Vec<Vec<Value>> = space.params.iter().map(|p| p.grid_points()).collect::<Option<_>>()?;
+        // each axis's value is computed from its index: a long axis is never listed
+        let lens: Vec<u64> = space.params.iter().map(|p| p.grid_len()).collect::<Option<_>>()?;
         let mut rest = trial;
-        let mut out = vec![Value::Int(0); axes.len()];
-        for (slot, axis) in out.iter_mut().zip(&axes).rev() {
-            let n = axis.len() as u64;
-            *slot = axis[(rest % n) as usize];
+        let mut out = vec![Value::Int(0); lens.len()];
+        for ((slot, &n), p) in out.iter_mut().zip(&lens).zip(&space.params).rev() {
+            *slot = p.grid_point(rest % n);
             rest /= n;
         }
         (rest == 0).then_some(out)
