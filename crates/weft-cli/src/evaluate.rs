@@ -28,7 +28,7 @@ pub fn run(args: &EvaluateArgs) -> Result<(), String> {
             Ok(n) if (1..=weft_train::MAX_EVAL_BATCHES).contains(&n) => Some(n),
             _ => {
                 return Err(format!(
-                    "--batches: {raw:?} is not a whole number from 1 to {}",
+                    "--batches: {raw:?} is not a whole number >= 1 (and at most {})",
                     weft_train::MAX_EVAL_BATCHES
                 ))
             }

@@ -35,6 +35,8 @@ pub enum LabelColumn {
     Name(String),
     /// The last column.
     Last,
+    /// The `k`-th column from the end, `k >= 1` (1: the last), as Python's index `-k`.
+    FromEnd(usize),
 }
 
 /// A cached epoch order: (seed, epoch, permutation of positions in the split).
@@ -244,6 +246,11 @@ impl CsvDataset {
                     origin.display()
                 )))
             }
+            LabelColumn::FromEnd(k) if (1..=num_columns).contains(k) => num_columns - k,
+            LabelColumn::FromEnd(k) => return Err(invalid(format!(
+                "{}: label column index -{k} is out of range: rows have {num_columns} columns (-1 to -{num_columns})",
+                origin.display()
+            ))),
             LabelColumn::Name(name) => match &header {
                 Some(names) => names.iter().position(|n| n == name).ok_or_else(|| {
                     invalid(format!(

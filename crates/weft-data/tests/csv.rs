@@ -59,6 +59,18 @@ fn with_header_and_label_by_name_or_index() {
             .unwrap(),
         vec![1, 0]
     );
+    // counted from the end: -3 of three columns is the first, -1 the last
+    let from_end = load_str(text, LabelColumn::FromEnd(3), 0.0).unwrap();
+    assert_eq!(from_end.label_index(), 0);
+    let classes = "label,a,b\n1,0,2\n0,1,3\n";
+    assert_eq!(
+        load_str(classes, LabelColumn::FromEnd(1), 0.0).unwrap().label_index(),
+        2
+    );
+    assert_eq!(
+        load_str(classes, LabelColumn::FromEnd(2), 0.0).unwrap().label_index(),
+        1
+    );
     // label in the middle: features keep the other columns in order
     let mid = load_str("3,1,4\n", LabelColumn::Index(1), 0.0).unwrap();
     let (x, y) = mid.eval_batches(Split::Train, 1).next().unwrap().unwrap();
@@ -91,6 +103,10 @@ fn label_column_errors() {
         out_of_range.contains("index 2") && out_of_range.contains("2 columns"),
         "{out_of_range}"
     );
+    for k in [3, usize::MAX] {
+        let e = load_str("1,2\n", LabelColumn::FromEnd(k), 0.0).unwrap_err().to_string();
+        assert!(e.contains(&format!("index -{k}")) && e.contains("-1 to -2"), "{e}");
+    }
 }
 
 #[test]

@@ -100,6 +100,10 @@ pub struct PlanReport {
 pub const MAX_DEVICES: usize = 1 << 24;
 /// The most rows a global batch may have.
 pub const MAX_GLOBAL_BATCH: u64 = 1 << 32;
+/// The most micro-batches a pipeline plan is given: past any run's (published plans use a few
+/// hundred), and a bound on the schedule simulations, whose work grows with the count (a replica
+/// of 2^30 rows would otherwise be simulated at 2^30 micro-batches).
+pub const MAX_MICRO_BATCHES: usize = 1 << 12;
 /// The most model chunks a stage an interleaved plan is tried with.
 pub const MAX_CHUNKS: usize = 4;
 
@@ -261,7 +265,11 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
             }
             let dp = devices / (tp * pp);
             let rows = (work.pass_rows() / dp as u64) as usize;
-            let ms = if pp == 1 { vec![1] } else { divisors(rows) };
+            let ms = if pp == 1 {
+                vec![1]
+            } else {
+                divisors(rows).into_iter().filter(|&m| m <= MAX_MICRO_BATCHES).collect()
+            };
             for m in ms {
                 let u = unit_times(work, device, tp, dp, pp, (rows / m) as f64);
                 let recomputes: &[bool] = if pp == 1 { &[false] } else { &[false, true] };
@@ -355,6 +363,15 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
     feasible.sort_by(by_time);
     infeasible.sort_by(|a, b| a.memory.total().total_cmp(&b.memory.total()));
     if feasible.is_empty() {
+        // a layout that fits but has no finite time is the device spec's fault, not the memory's
+        if let Some(p) = infeasible.iter().find(|p| p.memory.total() <= usable) {
+            return Err(Error::NoFiniteTime {
+                devices,
+                device: device.name.clone(),
+                layout: p.layout.label(),
+                step: p.time.step,
+            });
+        }
         if let Some(least) = infeasible.first() {
             let (term, bytes) = least.memory.dominant();
             return Err(Error::DoesNotFit {
@@ -386,9 +403,15 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
 pub fn evaluate(work: &Workload, device: &DeviceSpec, layout: Layout, usable: f64) -> Plan {
     let time = step_time(work, device, &layout);
     let (peak_stage, memory) = peak_memory(work, &layout);
-    let feasible = memory.total() <= usable;
-    let reason = (!feasible).then(|| format!("memory: {} dominates", memory.dominant().0));
     let tokens = work.global_batch as f64 * work.model.seq_len as f64;
+    // a plan is only as good as its time: one of forever (or of no time) is none
+    let timed = time.step.is_finite() && time.step > 0.0 && (tokens / time.step).is_finite();
+    let feasible = timed && memory.total() <= usable;
+    let reason = match (timed, feasible) {
+        (false, _) => Some(format!("time: predicted step of {} s", time.step)),
+        (true, false) => Some(format!("memory: {} dominates", memory.dominant().0)),
+        (true, true) => None,
+    };
     Plan {
         tokens_per_second: tokens / time.step,
         mfu: mfu(work, device, layout.devices(), time.step),

@@ -143,6 +143,51 @@ fn a_model_that_fits_nowhere_says_what_it_needs() {
     );
 }
 
+/// A replica of 8192 rows: pipelines are planned at most MAX_MICRO_BATCHES micro-batches (the
+/// schedule simulation's work grows with the count: a global batch of 2^30 rows ran for over
+/// ten minutes and took gigabytes before the bound).
+#[test]
+fn micro_batch_counts_are_bounded() {
+    use weft_plan::search::MAX_MICRO_BATCHES;
+    let w = work(gpt(4, 4, 256, 512, 128), 1 << 14);
+    let options = SearchOptions {
+        keep_infeasible: usize::MAX,
+    };
+    let report = plan(&w, &h100(), 2, options).unwrap();
+    let all: Vec<_> = report.plans.iter().chain(&report.infeasible).collect();
+    assert!(all.iter().any(|p| p.layout.pp == 2), "pipelines are planned");
+    let most = all.iter().map(|p| p.layout.micro_batches).max().unwrap();
+    assert_eq!(most, MAX_MICRO_BATCHES, "the largest count planned");
+}
+
+/// A spec whose rates make every step take forever (a memory bandwidth of 5e-324 bytes/s,
+/// which a cluster.toml may no longer give but a spec built in code can): no plan is "best";
+/// `weft plan` printed one at `inf` ms and 0 tokens/s.
+#[test]
+fn a_plan_whose_predicted_time_is_not_finite_is_refused() {
+    let w = work(gpt(12, 12, 768, 50257, 1024), 8);
+    for crawl in [
+        DeviceSpec {
+            memory_bandwidth: 5e-324,
+            ..h100()
+        },
+        DeviceSpec {
+            inter_latency: f64::INFINITY,
+            intra_latency: f64::INFINITY,
+            ..h100()
+        },
+    ] {
+        let e = plan(&w, &crawl, 8, SearchOptions::default()).unwrap_err();
+        assert!(matches!(e, Error::NoFiniteTime { devices: 8, .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("no layout on 8 x h100-sxm-80gb has a finite predicted step time")
+                && text.contains("predicts inf s"),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn device_counts_no_layout_can_use_are_named() {
     // 13 devices: 13 > 12 layers for a pipeline, more than a node for tp, and dp 13 does not

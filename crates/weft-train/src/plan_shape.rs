@@ -122,7 +122,7 @@ pub fn local_spec_for(ranks: usize) -> Result<(DeviceSpec, Option<String>), Stri
         Ok(None) => {}
         Err(e) => {
             return Err(format!(
-                "the local device spec's calibration for {ranks} ranks cannot be used ({e}): run                  `weft plan calibrate --nproc {ranks}` to measure again"
+                "the local device spec's calibration for {ranks} ranks cannot be used ({e}): run `weft plan calibrate --nproc {ranks}` to measure again"
             ))
         }
     }

@@ -5,13 +5,13 @@
 
 use super::{DataConfig, ModelConfig, RunConfig};
 
-/// A model's widths (embedding, features, classes, vocabulary, context).
-const WIDTH: usize = 1 << 24;
+/// A model's widths (embedding, features, classes, vocabulary, context), and rows of a batch.
+const WIDTH: usize = 1 << 30;
 /// Counts of layers, heads, channels, and image sides.
 const COUNT: usize = 1 << 16;
 /// Evaluation batches of one evaluation (`train.eval_batches`, `weft evaluate --batches`).
 pub const MAX_EVAL_BATCHES: usize = 1 << 24;
-/// Ranks along one parallel dimension, micro-batches, rows in a batch, accumulation steps.
+/// Ranks along one parallel dimension, micro-batches, accumulation steps.
 const RANKS: usize = 1 << 20;
 
 /// The first size above its bound, as (key, message).
@@ -70,7 +70,7 @@ pub(super) fn check(config: &RunConfig) -> Option<(String, String)> {
         DataConfig::Batches(_) => None,
     };
     if let Some(b) = batch {
-        add("data.batch_size", b, RANKS);
+        add("data.batch_size", b, WIDTH);
     }
     sizes
         .into_iter()

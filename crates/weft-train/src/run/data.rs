@@ -107,7 +107,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
         DataConfig::Tokens(k) => tokens_data(config, k, seed, block_size)?,
         DataConfig::Csv(c) => {
             let label = match &c.label_column {
-                LabelColumnConfig::Index(i) if *i < 0 => LabelColumn::Last,
+                LabelColumnConfig::Index(i) if *i < 0 => LabelColumn::FromEnd(i.unsigned_abs() as usize),
                 LabelColumnConfig::Index(i) => LabelColumn::Index(*i as usize),
                 LabelColumnConfig::Name(n) => LabelColumn::Name(n.clone()),
             };
@@ -180,7 +180,6 @@ fn check_batches(model: &ModelConfig, ds: &BatchesDataset) -> Result<()> {
         }
     }
     let lm = want.is_none();
-    let limit = if lm { "model.vocab_size" } else { "the model's classes" };
     for step in 0..ds.steps_per_cycle() {
         let (x, y) = ds.batch(step)?;
         for (what, ids) in [("inputs", &x), ("targets", &y)] {
@@ -190,9 +189,14 @@ fn check_batches(model: &ModelConfig, ds: &BatchesDataset) -> Result<()> {
             }
             let outside = |v: f64| v >= classes as f64 || (v < 0.0 && (what == "inputs" || !lm));
             if let Some(bad) = ids.to_vec_f64().into_iter().find(|&v| outside(v)) {
+                let last = classes.saturating_sub(1);
+                let outside = if lm {
+                    format!("token id {bad}, outside model.vocab_size = {classes} (ids 0 to {last})")
+                } else {
+                    format!("class {bad}, outside the model's {classes} classes (0 to {last})")
+                };
                 return Err(Error::Config(format!(
-                    "data.path: {file}: {what} of step {step} hold {bad}, outside {limit} ({classes}: 0 to {})",
-                    classes.saturating_sub(1)
+                    "data.path: {file}: {what} of step {step} hold {outside}"
                 )));
             }
         }
@@ -285,7 +289,9 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         Arc::new(move |step, rows| Ok(rows_ds.batch(Split::Train, step as u64, bs, block_size, seed, rows)?));
     let whole = rows.clone();
     let train: BatchFn = Arc::new(move |step| whole(step, 0..bs));
-    let eval: Option<BatchFn> = (ds.tokens(Split::Val) > block_size as u64).then(|| {
+    // a split too short for one window still makes `eval`, so that its first batch's error
+    // (naming the split and both sizes) is what `check_data` reports
+    let eval: Option<BatchFn> = (ds.tokens(Split::Val) > 0).then(|| {
         let v = ds.clone();
         Arc::new(move |i: usize| Ok(v.batch(Split::Val, i as u64, bs, block_size, seed ^ 0x5eed, 0..bs)?)) as BatchFn
     });
@@ -306,8 +312,7 @@ fn text_dataset(config: &RunConfig, t: &crate::config::TextKeys) -> Result<TextD
     let text = if t.path.as_os_str() == "builtin" {
         crate::builtin::CORPUS.to_string()
     } else {
-        let path = config.resolve(&t.path);
-        std::fs::read_to_string(&path).map_err(|source| weft_data::Error::Io { path, source })?
+        weft_data::files::read_to_string(&config.resolve(&t.path))?
     };
     let spec = match t.tokenizer.as_deref() {
         None => TokenizerSpec::Char,
