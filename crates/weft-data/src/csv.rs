@@ -247,10 +247,12 @@ impl CsvDataset {
                 )))
             }
             LabelColumn::FromEnd(k) if (1..=num_columns).contains(k) => num_columns - k,
-            LabelColumn::FromEnd(k) => return Err(invalid(format!(
+            LabelColumn::FromEnd(k) => {
+                return Err(invalid(format!(
                 "{}: label column index -{k} is out of range: rows have {num_columns} columns (-1 to -{num_columns})",
                 origin.display()
-            ))),
+            )))
+            }
             LabelColumn::Name(name) => match &header {
                 Some(names) => names.iter().position(|n| n == name).ok_or_else(|| {
                     invalid(format!(
