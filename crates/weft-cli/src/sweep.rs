@@ -84,7 +84,10 @@ struct Checked {
     sets: Vec<String>,
 }
 
-fn check(path: &Path, given: &Given) -> Result<Checked, String> {
+/// `values`: whether each swept value is checked against the trainer's own checks (a new or
+/// resumed sweep); `status` reads what the store holds and skips it, so a sweep stays
+/// inspectable on a machine without its device, or after a value it ran became refused.
+fn check(path: &Path, given: &Given, values: bool) -> Result<Checked, String> {
     let mut spec = SweepSpec::load(path).map_err(|e| e.to_string())?;
     if let Some(name) = &given.name {
         if name.is_empty() || name.contains('/') {
@@ -103,9 +106,11 @@ fn check(path: &Path, given: &Given) -> Result<Checked, String> {
     }
     let with = |more: &[String]| Overrides::set(given.set.iter().cloned().chain(more.iter().cloned()));
     let base = RunConfig::load(&spec.base, &with(&[])).map_err(|e| format!("{source}: sweep.base: {e}"))?;
-    check_values(&spec, &|sets| {
-        RunConfig::load(&spec.base, &with(sets)).map_err(|e| e.to_string())
-    })?;
+    if values {
+        check_values(&spec, &|sets| {
+            RunConfig::load(&spec.base, &with(sets)).map_err(|e| e.to_string())
+        })?;
+    }
     let logged = logged_metrics(&base);
     if !logged.contains(&spec.metric.as_str()) {
         let hint = match spec.metric.as_str() {
@@ -200,12 +205,20 @@ fn check_values(spec: &SweepSpec, load: &dyn Fn(&[String]) -> Result<RunConfig, 
     Ok(())
 }
 
-/// Whether `set` passes `check` with the other swept keys at one of the first
-/// [`MAX_COMBINATIONS`] combinations of their checked values (`others`, the last key changing
-/// fastest).
+/// Whether `set` passes `check` with the other swept keys at one of their values: first each
+/// other key changed alone (every one of its checked values, the rest at the base config's),
+/// then the first [`MAX_COMBINATIONS`] combinations of all their checked values (the last key
+/// changing fastest).
 fn some_combination_passes(others: &[&Vec<String>], set: &str, check: &dyn Fn(&[String]) -> bool) -> bool {
     if others.is_empty() {
         return false;
+    }
+    for values in others {
+        for v in values.iter() {
+            if check(&[v.clone(), set.to_string()]) {
+                return true;
+            }
+        }
     }
     let mut index = vec![0usize; others.len()];
     for _ in 0..MAX_COMBINATIONS {
@@ -368,7 +381,7 @@ fn train_args(c: &Checked, number: u64, sets: &[(String, String)]) -> Vec<String
 }
 
 fn sweep(path: &Path, given: &Given, resume: bool) -> Result<(), String> {
-    let c = check(path, given)?;
+    let c = check(path, given, true)?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this weft binary: {e}"))?;
     let nproc = c.spec.nproc_per_trial;
     let command = |number: u64, sets: &[(String, String)]| {
@@ -404,7 +417,7 @@ fn sweep(path: &Path, given: &Given, resume: bool) -> Result<(), String> {
 }
 
 fn status(path: &Path, given: &Given, json: bool) -> Result<(), String> {
-    let c = check(path, given)?;
+    let c = check(path, given, false)?;
     let store = weft_track::Store::open_existing(&c.store_dir).map_err(|e| e.to_string())?;
     let records = trials::load(&store, &c.spec).map_err(|e| e.to_string())?;
     if json {
@@ -447,4 +460,27 @@ fn status_json(spec: &SweepSpec, records: &[trials::TrialRecord]) -> serde_json:
         "trials": records.iter().map(trial).collect::<Vec<_>>(),
         "best": trials::best(spec, records).map(trial),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value that needs one other key changed: found even when that key's second value lies
+    /// past the first combinations of all the others (keys in name order, the last changing
+    /// fastest: 4^4 = 256 combinations keep the first key at its first value).
+    #[test]
+    fn a_value_needing_one_other_key_is_found_past_the_first_combinations() {
+        let values = |key: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{key}={i}")).collect() };
+        let width = vec!["model.n_embd=128".to_string(), "model.n_embd=192".to_string()];
+        let rest: Vec<Vec<String>> = ["optim.lr", "optim.weight_decay", "train.grad_accum", "train.seed"]
+            .iter()
+            .map(|k| values(k, 4))
+            .collect();
+        let mut others: Vec<&Vec<String>> = vec![&width];
+        others.extend(rest.iter());
+        let needs_192 = |point: &[String]| point.iter().any(|s| s == "model.n_embd=192");
+        assert!(some_combination_passes(&others, "model.n_head=3", &needs_192));
+        assert!(!some_combination_passes(&others, "model.n_head=3", &|_| false));
+    }
 }

@@ -261,7 +261,7 @@ fn config_values_are_refused_before_anything_is_written() {
     let mlp = fixtures().join("mlp_adamw/run.toml");
     #[rustfmt::skip]
     let mismatched: &[(&str, &str, &[&str])] = &[
-        (mlp.to_str().unwrap(), "model.in_features=19", &["model.in_features", "[20]", "[19]"]),
+        (mlp.to_str().unwrap(), "model.in_features=19", &["model.in_features", "[20] (20 values)", "take 19"]),
         (mlp.to_str().unwrap(), "model.out_features=2", &["targets of step", "hold class", "the model's 2 classes"]),
         (&gpt_config(), "model.vocab_size=10", &["inputs of step", "model.vocab_size"]),
         (&gpt_config(), "model.block_size=8", &["model.block_size = 8", "T <= 8"]),
@@ -313,4 +313,36 @@ fn config_values_are_refused_before_anything_is_written() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--batches") && err.contains("at most 16777216"), "{err}");
+}
+
+/// What the batches-file check lets through: a convnet's rows flattened to `C*H*W` values (the
+/// model reshapes them) and a classifier's targets of -100, which its loss skips; the run trains.
+#[test]
+fn batches_the_models_accept_are_not_refused() {
+    use weft_core::io::safetensors;
+    let dir = temp_dir("batches-accepted");
+    let src = fixtures().join("convnet_adamw");
+    let file = safetensors::load(&src.join("batches.safetensors")).unwrap();
+    let inputs = file.tensors["inputs"].reshape(&[8, 4, 64]).unwrap();
+    let mut targets = file.tensors["targets"].to_vec::<i64>().unwrap();
+    targets[1] = -100;
+    let targets = weft_core::Tensor::from_vec(targets, &[8, 4]).unwrap();
+    let path = dir.join("batches.safetensors");
+    let tensors = [("inputs", &inputs), ("targets", &targets)];
+    safetensors::save(&path, tensors, &Default::default()).unwrap();
+    let config = src.join("run.toml");
+    let init = src.join("init.safetensors");
+    let out = weft(&[
+        "train",
+        "--quiet",
+        "--config",
+        config.to_str().unwrap(),
+        "--set",
+        &format!("data.path={:?}", path.to_str().unwrap()),
+        "--set",
+        &format!("init.from={:?}", init.to_str().unwrap()),
+        "--set",
+        "train.steps=2",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

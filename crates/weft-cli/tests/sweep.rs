@@ -116,6 +116,15 @@ fn a_grid_sweep_with_asha_records_every_trial_and_prunes_those_the_rungs_name() 
     assert!(stdout.contains("2 finished, 2 pruned, 0 failed"), "{stdout}");
     assert!(stdout.contains("best: trial 0 (tiny-trial-0): val_loss = "), "{stdout}");
     assert!(stdout.contains("optim.lr=0.01 train.log_every=1"), "{stdout}");
+    // status reads the store: it does not run the values' checks, so it answers where the base
+    // config could not train (a cuda device this machine lacks)
+    let st = weft_with(
+        &store,
+        &["sweep", "status", "--config", f, "--set", "train.device=\"cuda\""],
+    );
+    let (stdout, stderr) = text(&st);
+    assert!(st.status.success(), "{stderr}");
+    assert!(stdout.contains("2 finished, 2 pruned, 0 failed"), "{stdout}");
 
     // a finished sweep resumed runs nothing new; started again without --resume it is refused
     let again = weft_with(&store, &["sweep", "--config", f, "--resume"]);

@@ -119,7 +119,8 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
     };
     let (parts, body) = request.into_parts();
     let mut chunks = body.into_data_stream();
-    let mut bytes = Vec::with_capacity(capacity);
+    // reserved as it arrives past 1 MiB: a client sending only headers reserves little
+    let mut bytes = Vec::with_capacity(capacity.min(1 << 20));
     loop {
         match tokio::time::timeout(state.limits.read_timeout, chunks.next()).await {
             Err(_) => {

@@ -196,6 +196,7 @@ impl SweepSpec {
             .ok_or_else(|| spec("[sweep.parameters] is missing: name at least one config key".into()))?;
         let space = Space::from_toml(params, source)?;
         let grid = space.grid_size();
+        let given_trials = keys.count("trials", 1)?;
         if method == Method::Grid {
             let Some(size) = grid else {
                 let p = space
@@ -208,7 +209,8 @@ impl SweepSpec {
                      {p:?} is a continuous range"
                 )));
             };
-            if size > MAX_GRID {
+            // a grid larger than the bound is fine when `trials` runs only a part of it
+            if size > MAX_GRID && given_trials.is_none_or(|n| n > MAX_GRID) {
                 // the parameter with the most points is the one to narrow
                 let widest = space.params.iter().max_by_key(|p| p.grid_len().unwrap_or(0));
                 let (key, len) = widest.map_or(("", 0), |p| (p.key.as_str(), p.grid_len().unwrap_or(0)));
@@ -221,7 +223,7 @@ impl SweepSpec {
                 )));
             }
         }
-        let trials = match (keys.count("trials", 1)?, method) {
+        let trials = match (given_trials, method) {
             (Some(n), _) => n,
             (None, Method::Grid) => grid.unwrap_or(1),
             (None, _) => return Err(spec("sweep.trials: missing: how many trials to run".into())),
@@ -487,6 +489,10 @@ mod tests {
             })
             .collect();
         assert_eq!(drawn, DRAWN_BEFORE);
+        // a grid sweep runs every point unless `trials` says fewer
+        let head = "[sweep]\nbase = \"r.toml\"\nmetric = \"loss\"\n";
+        let part = parse(&format!("{head}trials = 20\nmethod = \"grid\"\n{params}")).unwrap();
+        assert_eq!(part.trials, 20);
         let e = parse(&format!("{head}method = \"grid\"\n{params}"))
             .unwrap_err()
             .to_string();

@@ -201,7 +201,17 @@ fn fit(points: &[Point]) -> PassCost {
             block: value(1),
             ends: value(2),
         };
-        if !(cost.time_scale > 0.0 && cost.time_scale <= 16.0 && cost.block >= 0.0 && cost.ends >= 0.0) {
+        // only fits the calibration file's reader takes back (`weft_plan::cluster::LIMITS`)
+        let within = |name: &str, v: f64| {
+            weft_plan::cluster::LIMITS
+                .iter()
+                .find(|l| l.0 == name)
+                .is_some_and(|l| (l.1..=l.2).contains(&v))
+        };
+        if !(within("time_scale", cost.time_scale)
+            && within("pass_seconds", cost.block)
+            && within("pass_seconds", cost.ends))
+        {
             continue;
         }
         let residual: f64 = points
@@ -260,6 +270,19 @@ mod tests {
         assert!((c.time_scale - 1.2).abs() < 1e-9, "{c:?}");
         assert!((c.block - 3e-4).abs() < 1e-12, "{c:?}");
         assert!((c.ends - 5e-4).abs() < 1e-12, "{c:?}");
+    }
+
+    /// Passes that are nearly all fixed cost: the free fit's scale (1e-5) is below what the
+    /// calibration file's reader takes back (`weft_plan::cluster::LIMITS`: at least 1e-3), so
+    /// the fit taken is one within the reader's bounds.
+    #[test]
+    fn the_fit_stays_within_what_the_calibration_file_reads_back() {
+        let c = fit(&points(1e-5, 4e-3, 2e-3));
+        assert!(c.time_scale >= 1e-3 && c.time_scale <= 16.0, "{c:?}");
+        assert!(
+            (0.0..=60.0).contains(&c.block) && (0.0..=60.0).contains(&c.ends),
+            "{c:?}"
+        );
     }
 
     #[test]

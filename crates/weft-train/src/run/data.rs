@@ -145,36 +145,41 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
 
 /// Checks a batches file against the model before anything is written, so that a file made for
 /// another model fails naming it and the key rather than at the first step: the inputs' shape
-/// per row (mlp `[in_features]`, convnet `[in_channels, image_size, image_size]`, a language
-/// model's `[T]` with `T <= block_size`), and the targets: a classifier's class ids within its
-/// classes, a language model's token ids within its vocabulary (negative ids are left to the
-/// loss, which ignores them); and a language model's input ids within the vocabulary.
+/// per row (mlp `in_features` values, convnet `in_channels x image_size x image_size` in any
+/// shape, a language model's `[T]` with `T <= block_size`), and the targets: a classifier's class ids within its
+/// classes, a language model's token ids within its vocabulary (besides the ids the losses
+/// ignore: -1 for a language model, -100 for a classifier); and a language model's input ids
+/// within the vocabulary.
 fn check_batches(model: &ModelConfig, ds: &BatchesDataset) -> Result<()> {
     let file = ds.path().display();
     let (x, _) = ds.batch(0)?;
     let row: Vec<usize> = x.shape()[1..].to_vec();
-    let (want, key, classes): (Option<Vec<usize>>, &str, usize) = match model {
-        ModelConfig::Mlp(m) => (Some(vec![m.in_features]), "model.in_features", m.out_features),
+    // a classifier's rows: their element count is what the model takes (a convnet reshapes
+    // `[C*H*W]` or `[C, H, W]` rows alike)
+    let (want, key, classes): (Option<usize>, &str, usize) = match model {
+        ModelConfig::Mlp(m) => (Some(m.in_features), "model.in_features", m.out_features),
         ModelConfig::Convnet(c) => (
-            Some(vec![c.in_channels, c.image_size, c.image_size]),
-            "model.in_channels/image_size",
+            Some(c.in_channels * c.image_size * c.image_size),
+            "model.in_channels x image_size x image_size",
             c.num_classes,
         ),
         ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
             let (vocab, block) = model.language_model_sizes().expect("a language model");
             if row.len() != 1 || row[0] > block {
                 return Err(Error::Config(format!(
-                    "data.path: {file}: inputs of shape {:?} per step; model.block_size = {block} takes [B, T] with                      T <= {block}",
+                    "data.path: {file}: inputs of shape {:?} per step; model.block_size = {block} takes [B, T] with T <= {block}",
                     x.shape()
                 )));
             }
             (None, "model.vocab_size", vocab)
         }
     };
-    if let Some(want) = &want {
-        if &row != want {
+    if let Some(want) = want {
+        let have: usize = row.iter().product();
+        if have != want {
             return Err(Error::Config(format!(
-                "data.path: {file}: inputs of shape {:?} per step hold rows of {row:?}, but {key} makes the model                  take {want:?}",
+                "data.path: {file}: inputs of shape {:?} per step hold rows of {row:?} ({have} values), but {key} \
+                 makes the model take {want}",
                 x.shape()
             )));
         }
@@ -187,7 +192,13 @@ fn check_batches(model: &ModelConfig, ds: &BatchesDataset) -> Result<()> {
             if !ids.dtype().is_int() || (what == "inputs" && !lm) {
                 continue;
             }
-            let outside = |v: f64| v >= classes as f64 || (v < 0.0 && (what == "inputs" || !lm));
+            // the ids the losses skip: a language model's -1, a classifier's -100 (PyTorch's)
+            let ignored = match (what, lm) {
+                ("targets", true) => -1.0,
+                ("targets", false) => -100.0,
+                _ => f64::NAN,
+            };
+            let outside = |v: f64| v >= classes as f64 || (v < 0.0 && v != ignored);
             if let Some(bad) = ids.to_vec_f64().into_iter().find(|&v| outside(v)) {
                 let last = classes.saturating_sub(1);
                 let outside = if lm {
