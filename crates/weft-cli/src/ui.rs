@@ -13,9 +13,19 @@ pub struct UiArgs {
     /// The port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 5000)]
     port: u16,
+    /// Milliseconds a connection has to send its request head (from its start, or from its
+    /// last answer when kept alive) before it is closed.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    read_timeout_ms: u64,
 }
 
 pub fn run(args: &UiArgs) -> Result<(), String> {
+    let read_timeout = weft_serve::registry::bounded(
+        "--read-timeout-ms",
+        args.read_timeout_ms,
+        1,
+        weft_serve::MAX_READ_TIMEOUT_MS,
+    )?;
     let dir = match (&args.dir, std::env::var_os("WEFT_TRACK_DIR")) {
         (Some(d), _) => d.clone(),
         (None, Some(env)) if !env.is_empty() => PathBuf::from(env),
@@ -49,15 +59,23 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
         // on loopback, only requests naming loopback in their Host: a web page the user visits
         // cannot read the runs by rebinding its name to 127.0.0.1
         let guard = addr.ip().is_loopback();
-        weft_track::ui::serve(listener, store, weft_serve::shutdown_signal(), move |app| {
+        let app = weft_track::ui::app(store, move |app| {
             let app = app.route("/api/models", axum::routing::get(move || models(registry.clone())));
             if guard {
                 app.layer(axum::middleware::from_fn(weft_serve::host::loopback_only))
             } else {
                 app
             }
-        })
+        });
+        // half-sent and idle connections are closed, as on weft serve's ports
+        weft_serve::listen::serve(
+            listener,
+            app,
+            std::time::Duration::from_millis(read_timeout),
+            weft_serve::shutdown_signal(),
+        )
         .await
+        .map_err(|e| e.to_string())
     })
 }
 

@@ -27,9 +27,16 @@ impl Drop for Server {
 
 /// Starts `weft ui` on `dir` at a free port: the server and its base URL.
 fn start_ui(dir: &Path) -> (Server, String) {
+    start_ui_with(dir, &[])
+}
+
+/// [`start_ui`] with more flags.
+fn start_ui_with(dir: &Path, flags: &[&str]) -> (Server, String) {
     let port = free_port();
     let mut child = Command::new(weft_bin())
-        .args(["ui", "--port", &port.to_string(), "--dir"])
+        .args(["ui", "--port", &port.to_string()])
+        .args(flags)
+        .arg("--dir")
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -317,6 +324,46 @@ fn loss_steps(e: &SseEvent) -> Vec<u64> {
         .iter()
         .map(|p| p[0].as_u64().unwrap())
         .collect()
+}
+
+/// A connection that sends half a request head, or nothing, is closed after `--read-timeout-ms`
+/// (it held its file descriptor forever before), and the dashboard answers afterwards.
+#[test]
+fn half_sent_and_silent_connections_are_closed() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("ui-timeout").join("weft-runs");
+    record(&dir, "exp", "one", "0.1", 3);
+    let (_server, base) = start_ui_with(&dir, &["--read-timeout-ms", "300"]);
+    let addr = base.trim_start_matches("http://").to_string();
+    for raw in [
+        &b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAcc"[..],
+        b"GET /api",
+        b"",
+    ] {
+        let started = Instant::now();
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(raw).unwrap();
+        let mut rest = Vec::new();
+        let closed = c.read_to_end(&mut rest);
+        assert!(closed.is_ok(), "{raw:?}: still open after 10 s: {closed:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{raw:?}: {:?}",
+            started.elapsed()
+        );
+    }
+    let (code, runs) = get(&format!("{base}/api/runs"));
+    assert_eq!(code, 200, "{runs}");
+    // the flag's bounds
+    let out = Command::new(weft_bin())
+        .args(["ui", "--port", "0", "--read-timeout-ms", "0", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--read-timeout-ms"), "{err}");
 }
 
 #[test]
