@@ -11,33 +11,9 @@ use std::path::Path;
 
 use crate::error::{invalid, Error, Result};
 
-/// What a non-regular file is, for the message.
-fn kind(meta: &std::fs::Metadata) -> &'static str {
-    let ty = meta.file_type();
-    if ty.is_dir() {
-        return "a directory";
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if ty.is_char_device() {
-            return "a character device";
-        }
-        if ty.is_block_device() {
-            return "a block device";
-        }
-        if ty.is_fifo() {
-            return "a pipe";
-        }
-        if ty.is_socket() {
-            return "a socket";
-        }
-    }
-    "not a regular file"
-}
-
 fn not_a_file(path: &Path, meta: &std::fs::Metadata) -> Error {
-    invalid(format!("{}: not a file ({})", path.display(), kind(meta)))
+    let kind = weft_core::io::atomic::describe(&meta.file_type());
+    invalid(format!("{}: not a file ({kind})", path.display()))
 }
 
 /// The metadata of `path` (symlinks followed), or an error naming it when it is missing,

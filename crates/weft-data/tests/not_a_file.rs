@@ -69,7 +69,7 @@ fn a_device_a_pipe_or_a_directory_is_refused_naming_the_path() {
     for (path, kind) in [
         (Path::new("/dev/zero"), "a character device"),
         (&zero, "a character device"),
-        (&pipe, "a pipe"),
+        (&pipe, "a FIFO"),
         (&sub, "a directory"),
     ] {
         for (loader, e) in every_loader(path) {

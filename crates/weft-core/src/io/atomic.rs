@@ -94,8 +94,9 @@ fn resolve(path: &Path) -> Result<PathBuf> {
     )))
 }
 
-/// "a directory", "a FIFO", ... for a file type that is not a regular file or a symlink.
-fn describe(kind: &std::fs::FileType) -> &'static str {
+/// "a directory", "a FIFO", ... for a file type that is not a regular file or a symlink (for
+/// messages refusing it).
+pub fn describe(kind: &std::fs::FileType) -> &'static str {
     if kind.is_dir() {
         return "a directory";
     }
