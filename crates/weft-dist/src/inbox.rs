@@ -365,6 +365,26 @@ impl Inbox {
         }
     }
 
+    /// Waits, at most `timeout`, until the reader of `peer` has recorded how its connection
+    /// ended (closed or broken) or some peer's abort has arrived: a send that failed on a closed
+    /// connection then sees an abort the peer wrote before closing, which its reader may not
+    /// have taken yet.
+    pub fn wait_until_ended(&self, peer: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        while st.aborted.is_none() && !st.failed.contains_key(&peer) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            st = self
+                .arrived
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// The peer that gave up and why (its words, naming it), if one did.
     pub fn aborted_by(&self) -> Option<(usize, String)> {
         self.lock().aborted.clone()

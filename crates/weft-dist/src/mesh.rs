@@ -180,7 +180,9 @@ impl Mesh {
             None => write_frame(&mut *link.tcp.lock().unwrap(), h, payload),
         };
         r.map_err(|e| {
-            // a peer that gave up closes its connections after saying why: report the why
+            // a peer that gave up closes its connections after saying why: report the why, once
+            // this side's reader has read up to the end of the connection (bounded wait)
+            self.inbox.wait_until_ended(peer, Duration::from_secs(2));
             if let Some((from, why)) = self.inbox.aborted_by() {
                 crate::failure::blame(from);
                 return Error::PeerFailed(why);
