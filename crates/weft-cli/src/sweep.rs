@@ -245,9 +245,8 @@ fn some_combination_passes(others: &[&Vec<String>], set: &str, check: &dyn Fn(&[
 
 /// What `weft train` checks of `config` before its first step, where that is cheap and does
 /// not depend on the job or the data: the model's sizes as the model checks them when it is
-/// built (without building it), the optimizer and the learning-rate schedule as the trainer
-/// builds them, and that a `cuda` device is there. ([`RunConfig::load`] has checked the rest
-/// of the config's keys.) Not checked: the data (not read here), the memory the run needs, the
+/// built (without building it), and that a `cuda` device is there. ([`RunConfig::load`] has
+/// checked the rest of the config's keys, the optimizer's and the schedule's among them.) Not checked: the data (not read here), the memory the run needs, the
 /// layout against the job's ranks, and `parallel.auto`'s plan.
 fn trainer_check(config: &RunConfig) -> Result<(), String> {
     let text = |e: &dyn std::fmt::Display| e.to_string();
@@ -272,8 +271,6 @@ fn trainer_check(config: &RunConfig) -> Result<(), String> {
         .validate()
         .map_err(|e| text(&e))?,
     }
-    weft_train::run::build_optimizer(&config.optim).map_err(|e| text(&e))?;
-    weft_train::run::build_schedule(&config.schedule, config.optim.lr, config.train.steps).map_err(|e| text(&e))?;
     let device: weft_core::Device = config
         .train
         .device

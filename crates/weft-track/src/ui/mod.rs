@@ -30,7 +30,6 @@ pub mod json;
 pub mod live;
 pub mod sweeps;
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path as UrlPath, RawQuery, State};
@@ -53,23 +52,9 @@ pub const DEFAULT_MAX_POINTS: usize = 1000;
 
 type Shared = Arc<Mutex<Store>>;
 
-/// Serves the dashboard of `store` on `listener` until `shutdown` completes; `wrap` adds the
-/// caller's layers to the routes. `weft ui` serves [`app`] itself instead, through weft-serve's
-/// connection loop, which closes connections that do not send their request head in time.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    store: Store,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    wrap: impl FnOnce(Router) -> Router,
-) -> Result<(), String> {
-    axum::serve(listener, app(store, wrap))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| e.to_string())
-}
-
 /// The dashboard of `store` as a router, with the caller's layers added by `wrap` (`weft ui`
-/// adds the loopback `Host` guard and its `/api/models`).
+/// adds the loopback `Host` guard and its `/api/models`, and serves it through
+/// `weft_serve::listen`, which closes connections that do not send their request head in time).
 pub fn app(store: Store, wrap: impl FnOnce(Router) -> Router) -> Router {
     wrap(router(Arc::new(Mutex::new(store))))
 }

@@ -390,7 +390,7 @@ impl RunConfig {
             return bad("train.steps", "must be at least 1".into());
         }
         // the schedule's own checks, here rather than when the run has begun writing
-        if let Err(Error::Config(msg)) = crate::run::build::build_schedule(&self.schedule, o.lr, self.train.steps) {
+        if let Err(Error::Config(msg)) = crate::run::build_schedule(&self.schedule, o.lr, self.train.steps) {
             return Err(Error::Config(format!("{source}: {msg}")));
         }
         if let Err(e) = self.train.device.parse::<weft_core::Device>() {

@@ -3,7 +3,7 @@
 //! and (for gpt on text) prints a sample.
 
 mod auto;
-pub(crate) mod build;
+mod build;
 mod data;
 mod evaluate;
 mod graph;
