@@ -189,7 +189,7 @@ fn half_sent_and_idle_connections_are_closed_on_every_port() {
 }
 
 #[test]
-fn a_body_over_the_limit_is_413_from_its_length_and_a_stalled_body_is_408() {
+fn a_body_over_the_limit_is_413_and_a_stalled_body_is_408() {
     let s = start(Limits {
         body_bytes: 1 << 10,
         read_timeout: Duration::from_secs(2),
@@ -199,8 +199,10 @@ fn a_body_over_the_limit_is_413_from_its_length_and_a_stalled_body_is_408() {
         (s.inference, "/v2/models/m/infer", false),
         (s.inference, "/v1/completions", true),
     ] {
-        // the header says 1025 bytes; 2 come: the answer comes at once, not after the timeout
-        let raw = format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1025\r\n\r\n{{}}");
+        // the header says 1025 bytes and the client waits for 100 Continue before sending
+        // them: the answer comes at once, not after the timeout
+        let raw =
+            format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1025\r\nExpect: 100-continue\r\n\r\n");
         let started = Instant::now();
         let got = exchange(addr, raw.as_bytes(), Duration::from_secs(10)).expect("no answer");
         assert!(
@@ -216,6 +218,14 @@ fn a_body_over_the_limit_is_413_from_its_length_and_a_stalled_body_is_408() {
             openai,
             "{body}"
         );
+        // a client sending all of its 1025 bytes at once reads the 413 (the body is read up to
+        // the limit first, so the connection does not close under its writes)
+        let raw = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1025\r\n\r\n{}",
+            "x".repeat(1025)
+        );
+        let got = exchange(addr, raw.as_bytes(), Duration::from_secs(10)).expect("no answer");
+        assert_eq!(parse(&got).expect("an HTTP answer").0, 413);
         // 10 bytes announced, 2 sent, then nothing: 408
         let raw = format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n{{}}");
         let got = exchange(addr, raw.as_bytes(), Duration::from_secs(10)).expect("no answer");

@@ -2,8 +2,8 @@
 //! server with a header-read timeout (`axum::serve` sets none: a client that sends half a
 //! request line, or opens a connection and sends nothing, would hold it, and its file
 //! descriptor, forever), and request bodies are read before the handlers with the body limit
-//! taken from `Content-Length` at once (413 without waiting for the body) and a limit on each
-//! pause inside the body (408).
+//! (413; from `Content-Length` at once when the client waits for `100 Continue`) and a limit
+//! on each pause inside the body (408).
 
 use std::future::Future;
 use std::io;
@@ -86,8 +86,9 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
-/// The middleware that reads a request's body before its handler: 413 at once when its
-/// `Content-Length` (or what arrives) is over `state.limits.body_bytes`, 408 when the client
+/// The middleware that reads a request's body before its handler: 413 when what arrives is over
+/// `state.limits.body_bytes` (at once, from the `Content-Length`, for a client that sent
+/// `Expect: 100-continue` and waits before sending the body), 408 when the client
 /// pauses longer than `state.limits.read_timeout` inside it. The handler gets the whole body.
 /// On `/v1/*` the refusals take OpenAI's shape.
 pub async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -106,8 +107,16 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim().parse::<u64>());
+    // a client that waits for `100 Continue` before sending its body is answered from the
+    // header; any other is read up to the limit first, as it may be writing the body already and
+    // would see the connection close under it (a broken pipe) rather than the 413
+    let waits_to_send = request
+        .headers()
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let capacity = match declared {
-        Some(Ok(n)) if n > limit as u64 => return refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
+        Some(Ok(n)) if n > limit as u64 && waits_to_send => return refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
+        Some(Ok(n)) if n > limit as u64 => limit,
         Some(Ok(n)) => n as usize,
         Some(Err(_)) => {
             return refuse(
