@@ -154,15 +154,58 @@ pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limi
             ApiError::new(status, format!("the request body could not be read: {rejection}"))
         }
     })?;
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        // not an object: say whether it is JSON at all (read without keeping anything)
+        return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+            Ok(_) => ApiError::bad_request("the request body must be a JSON object"),
+            Err(e) => ApiError::bad_request(format!("the request body is not valid JSON: {e}")),
+        });
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        ApiError::bad_request(format!("invalid request at {path}: {}", plain(&e.inner().to_string())))
+    parse_json(&bytes).map_err(|e| match e {
+        JsonError::Syntax(e) => ApiError::bad_request(format!("the request body is not valid JSON: {e}")),
+        JsonError::Data { path, message } => {
+            ApiError::bad_request(format!("invalid request at {path}: {}", plain(&message)))
+        }
     })
+}
+
+/// Why [`parse_json`] failed.
+#[derive(Debug)]
+pub enum JsonError {
+    /// Not JSON (or cut short).
+    Syntax(serde_json::Error),
+    /// JSON, but not a `T`: where (`inputs[0].data[3]`, `.` for the whole) and serde's message
+    /// without its line and column.
+    Data { path: String, message: String },
+}
+
+/// `bytes` read as a `T` straight from the bytes (no `serde_json::Value` of the whole body is
+/// built: crate::json keeps the large fields small), nothing after it but whitespace.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let classify = |path: String, e: serde_json::Error| match e.classify() {
+        serde_json::error::Category::Data => {
+            let mut message = e.to_string();
+            let at = format!(" at line {} column {}", e.line(), e.column());
+            if message.ends_with(&at) {
+                message.truncate(message.len() - at.len());
+            }
+            JsonError::Data { path, message }
+        }
+        // serde_json reads a struct from an array's first items, then finds more of them and
+        // calls that a syntax error; the body is JSON, just not a `T`
+        _ if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => JsonError::Data {
+            path,
+            message: "invalid length: expected fewer elements in array".to_string(),
+        },
+        _ => JsonError::Syntax(e),
+    };
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        classify(path, e.into_inner())
+    })?;
+    de.end().map_err(|e| classify(".".to_string(), e))?;
+    Ok(value)
 }
 
 /// serde's message with weft's type names said as what the client must send: `expected
@@ -214,6 +257,28 @@ mod tests {
         ] {
             let e = parse_body::<Outer>(Ok(Bytes::from(body)), 100).unwrap_err();
             assert_eq!(e.message, want);
+        }
+        // read straight from the bytes: what follows the object, and bodies that are not one
+        for (body, want) in [
+            (
+                r#"{"p": {}} x"#,
+                "the request body is not valid JSON: trailing characters",
+            ),
+            (
+                r#"{"p": {"a": 1"#,
+                "the request body is not valid JSON: EOF while parsing",
+            ),
+            (" [1, 2]", "the request body must be a JSON object"),
+            ("\"p\"", "the request body must be a JSON object"),
+            ("[1, 2", "the request body is not valid JSON"),
+            (
+                r#"{"p": {"a": -1}}"#,
+                "invalid request at p.a: invalid value: integer `-1`",
+            ),
+        ] {
+            let e = parse_body::<Outer>(Ok(Bytes::from(body)), 100).unwrap_err();
+            assert!(e.message.starts_with(want), "{body}: {}", e.message);
+            assert!(!e.message.contains("struct"), "{}", e.message);
         }
         let long = "m".repeat(100_000);
         let shown = echo(&long);

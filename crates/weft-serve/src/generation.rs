@@ -11,6 +11,7 @@ use weft_models::{LanguageModel, Sampling};
 
 use crate::detok::{MAX_STOPS, MAX_STOP_BYTES};
 use crate::error::ApiError;
+use crate::json::{Shallow, StringOrList, KEPT_ITEMS};
 use crate::logprobs::TokenLogprob;
 use crate::registry::{Admitted, Served};
 
@@ -117,19 +118,17 @@ pub struct Generated {
 /// The stop sequences of a request's `field` (OpenAI's `stop`, Triton's `parameters.stop`):
 /// absent or null (none), one string, or an array of at most [`MAX_STOPS`] strings; no string
 /// may be empty or longer than [`MAX_STOP_BYTES`]. 400 naming `field` otherwise.
-pub fn stop_sequences(field: &str, value: Option<&serde_json::Value>) -> Result<Vec<String>, ApiError> {
-    use serde_json::Value;
-    let stops: Vec<&Value> = match value {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(one @ Value::String(_)) => vec![one],
-        Some(Value::Array(items)) if items.len() <= MAX_STOPS => items.iter().collect(),
-        Some(Value::Array(items)) => {
+pub fn stop_sequences(field: &str, value: Option<&StringOrList>) -> Result<Vec<String>, ApiError> {
+    let stops: Vec<&Shallow> = match value {
+        None | Some(StringOrList::Other(Shallow::Null)) => return Ok(Vec::new()),
+        Some(StringOrList::One(s)) => return checked_stop(field, s).map(|s| vec![s]),
+        Some(StringOrList::List { items, len }) if *len <= MAX_STOPS => items.iter().collect(),
+        Some(StringOrList::List { len, .. }) => {
             return Err(ApiError::bad_request(format!(
-                "{field}: {} stop sequences, at most {MAX_STOPS} are allowed",
-                items.len()
+                "{field}: {len} stop sequences, at most {MAX_STOPS} are allowed"
             )))
         }
-        Some(other) => {
+        Some(StringOrList::Other(other)) => {
             return Err(ApiError::bad_request(format!(
                 "{field}: expected a string or an array of at most {MAX_STOPS} strings, got {other}"
             )))
@@ -139,19 +138,31 @@ pub fn stop_sequences(field: &str, value: Option<&serde_json::Value>) -> Result<
         .into_iter()
         .enumerate()
         .map(|(i, v)| match v {
-            Value::String(s) if s.is_empty() => Err(ApiError::bad_request(format!(
-                "{field}: a stop sequence is empty (give at least one character)"
-            ))),
-            Value::String(s) if s.len() > MAX_STOP_BYTES => Err(ApiError::bad_request(format!(
-                "{field}: a stop sequence of {} bytes, at most {MAX_STOP_BYTES} are allowed",
-                s.len()
-            ))),
-            Value::String(s) => Ok(s.clone()),
+            Shallow::String(s) => checked_stop(field, s),
             other => Err(ApiError::bad_request(format!(
                 "{field}[{i}]: expected a string, got {other}"
             ))),
         })
         .collect()
+}
+
+// an array of stop sequences keeps all it may hold
+const _: () = assert!(MAX_STOPS <= KEPT_ITEMS);
+
+/// One stop sequence, not empty and at most [`MAX_STOP_BYTES`] long.
+fn checked_stop(field: &str, s: &str) -> Result<String, ApiError> {
+    if s.is_empty() {
+        Err(ApiError::bad_request(format!(
+            "{field}: a stop sequence is empty (give at least one character)"
+        )))
+    } else if s.len() > MAX_STOP_BYTES {
+        Err(ApiError::bad_request(format!(
+            "{field}: a stop sequence of {} bytes, at most {MAX_STOP_BYTES} are allowed",
+            s.len()
+        )))
+    } else {
+        Ok(s.to_string())
+    }
 }
 
 /// The language model and tokenizer of `served`, or 400 saying why it cannot generate.

@@ -18,6 +18,7 @@ pub mod generation;
 pub mod host;
 #[cfg(test)]
 mod http_tests;
+pub mod json;
 pub mod listen;
 pub mod logprobs;
 pub mod management;

@@ -21,6 +21,7 @@ use weft_data::Tokenizer;
 
 use crate::error::{json_response, openai_error, parse_body, ApiError};
 use crate::generation::{self, GenerateParams, Piece, RequestedParams};
+use crate::json::{Shallow, StringOrList};
 use crate::logprobs::{Legacy, TokenLogprob, MAX_LOGPROBS};
 use crate::registry::{Admitted, Served};
 use crate::routes::{answered, pieces, sse};
@@ -43,7 +44,7 @@ const OPENAI_DEFAULTS: GenerateParams = GenerateParams {
 #[derive(Debug, Deserialize)]
 struct CompletionRequest {
     model: String,
-    prompt: Value,
+    prompt: StringOrList,
     max_tokens: Option<u64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
@@ -53,7 +54,7 @@ struct CompletionRequest {
     n: Option<u64>,
     #[serde(default)]
     echo: bool,
-    stop: Option<Value>,
+    stop: Option<StringOrList>,
     /// The most likely tokens to list at each position (0 to [`MAX_LOGPROBS`]).
     logprobs: Option<u64>,
 }
@@ -70,10 +71,13 @@ fn completion_id() -> String {
 }
 
 /// The one prompt of a request: a string, or an array holding one string.
-fn prompt_text(prompt: &Value) -> Result<&str, ApiError> {
+fn prompt_text(prompt: &StringOrList) -> Result<&str, ApiError> {
     match prompt {
-        Value::String(s) => Ok(s),
-        Value::Array(items) if items.len() == 1 && items[0].is_string() => Ok(items[0].as_str().unwrap_or("")),
+        StringOrList::One(s) => Ok(s),
+        StringOrList::List { items, len: 1 } if matches!(&items[..], [Shallow::String(_)]) => match &items[0] {
+            Shallow::String(s) => Ok(s),
+            _ => Ok(""),
+        },
         _ => Err(ApiError::bad_request(
             "prompt: give one string (batches of prompts and token-id prompts are not supported)",
         )),

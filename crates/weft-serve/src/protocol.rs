@@ -2,10 +2,10 @@
 //! metadata, and turning `data` (flat row-major, or nested arrays) into weft tensors.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use weft_core::Tensor;
 
 use crate::error::ApiError;
+use crate::json::TensorData;
 use crate::registry::{Served, Signature};
 
 /// The name of a classifier's input, and of every model's output.
@@ -33,7 +33,7 @@ pub struct RequestInput {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
-    pub data: Value,
+    pub data: TensorData,
 }
 
 /// One wanted output.
@@ -99,30 +99,6 @@ pub fn metadata(sig: Signature) -> (Vec<TensorMetadata>, Vec<TensorMetadata>) {
     (vec![input], vec![output])
 }
 
-/// Appends the numbers of `value` (a number, or arrays nested to any depth) to `out`.
-fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
-    match value {
-        Value::Array(items) => items.iter().for_each(|v| flatten(v, out)),
-        other => out.push(other),
-    }
-}
-
-/// The shape of a rectangular nested array (`[]` for a number); `None` when ragged or empty.
-pub fn nested_shape(value: &Value) -> Option<Vec<usize>> {
-    match value {
-        Value::Array(items) => {
-            let first = nested_shape(items.first()?)?;
-            if items[1..].iter().any(|v| nested_shape(v).as_ref() != Some(&first)) {
-                return None;
-            }
-            let mut shape = vec![items.len()];
-            shape.extend(first);
-            Some(shape)
-        }
-        _ => Some(Vec::new()),
-    }
-}
-
 /// The model's input tensor from `input`, checked against `served`'s signature: the name, the
 /// datatype, the shape (every dimension >= 1, as the metadata gives them), the count of values,
 /// each value (FP32 in range; INT64 whole and inside the vocabulary), and the size of the
@@ -186,18 +162,18 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
         )));
     }
     // nested arrays must nest as the shape says; flat data is any row-major list
-    if let Value::Array(items) = &input.data {
-        if items.iter().any(Value::is_array) && nested_shape(&input.data).as_deref() != Some(&shape[..]) {
-            return Err(ApiError::bad_request(format!(
-                "input {:?}: data nests as {}, not as shape {:?} (give nested arrays of that shape, or a flat array)",
-                input.name,
-                nested_shape(&input.data).map_or_else(|| "ragged arrays".to_string(), |s| format!("{s:?}")),
-                input.shape
-            )));
-        }
+    let data = &input.data;
+    if data.nested && data.nesting.as_deref() != Some(&shape[..]) {
+        return Err(ApiError::bad_request(format!(
+            "input {:?}: data nests as {}, not as shape {:?} (give nested arrays of that shape, or a flat array)",
+            input.name,
+            data.nesting
+                .as_ref()
+                .map_or_else(|| "ragged arrays".to_string(), |s| format!("{s:?}")),
+            input.shape
+        )));
     }
-    let mut values = Vec::new();
-    flatten(&input.data, &mut values);
+    let values = &data.values;
     if values.len() != count {
         return Err(ApiError::bad_request(format!(
             "input {:?}: data holds {} values, shape {:?} needs {count}",
@@ -206,14 +182,19 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
             input.shape
         )));
     }
-    let bad_value = |i: usize, v: &Value, what: &str| {
+    let bad_value = |i: usize, v: &dyn std::fmt::Display, what: &str| {
         ApiError::bad_request(format!("input {:?}: data[{i}] = {v} is not {what}", input.name))
     };
     let tensor = match served.signature {
         Signature::Tokens { vocab, .. } => {
+            if let Some((i, v)) = &data.first_not_whole {
+                return Err(bad_value(*i, v, "a whole number (INT64)"));
+            }
             let mut ids = Vec::with_capacity(count);
-            for (i, v) in values.iter().enumerate() {
-                let id = v.as_i64().ok_or_else(|| bad_value(i, v, "a whole number (INT64)"))?;
+            for (i, &v) in values.iter().enumerate() {
+                // a whole number inside i64 (checked above); past 2^53 rounded, far outside
+                // any vocabulary either way
+                let id = v as i64;
                 if id < 0 || id as u64 >= vocab as u64 {
                     return Err(ApiError::bad_request(format!(
                         "input {:?}: token id {id} at data[{i}] is outside the vocabulary (vocab_size = {vocab})",
@@ -226,10 +207,9 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
         }
         _ => {
             let mut xs = Vec::with_capacity(count);
-            for (i, v) in values.iter().enumerate() {
-                let x = v.as_f64().ok_or_else(|| bad_value(i, v, "a number (FP32)"))?;
+            for (i, &x) in values.iter().enumerate() {
                 if x.abs() > f64::from(f32::MAX) {
-                    return Err(bad_value(i, v, "inside FP32's range"));
+                    return Err(bad_value(i, &format!("{x:?}"), "inside FP32's range"));
                 }
                 xs.push(x as f32);
             }
@@ -242,22 +222,6 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn nested_arrays_give_their_shape_and_ragged_ones_none() {
-        assert_eq!(nested_shape(&json!([[1, 2, 3], [4, 5, 6]])), Some(vec![2, 3]));
-        assert_eq!(nested_shape(&json!([[[1], [2]]])), Some(vec![1, 2, 1]));
-        assert_eq!(nested_shape(&json!(1.5)), Some(vec![]));
-        assert_eq!(nested_shape(&json!([[1, 2], [3]])), None);
-        assert_eq!(nested_shape(&json!([[1, 2], 3])), None);
-        assert_eq!(nested_shape(&json!([])), None);
-        let nested = json!([[1, 2], [3, [4]]]);
-        let mut flat = Vec::new();
-        flatten(&nested, &mut flat);
-        let flat: Vec<Value> = flat.into_iter().cloned().collect();
-        assert_eq!(flat, [json!(1), json!(2), json!(3), json!(4)]);
-    }
 
     #[test]
     fn metadata_marks_dynamic_dimensions() {

@@ -17,8 +17,9 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{json_response, openai_response, parse_body, ApiError};
+use crate::error::{json_response, openai_response, parse_body, parse_json, ApiError, JsonError};
 use crate::generation::{self, GenerateParams, Piece, RequestedParams};
+use crate::json::{StringOrList, TensorData};
 use crate::metrics::Answered;
 use crate::protocol::{self, InferRequest, RequestInput};
 use crate::registry::{Admitted, Served};
@@ -205,9 +206,11 @@ async fn predictions(
     let admitted = state.registry.admit(name, version)?;
     let served = admitted.served.clone();
     let bytes = body.map_err(|r| ApiError::new(r.status(), format!("the request body: {r}")))?;
-    let data: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
-    let shape = protocol::nested_shape(&data)
+    let data: TensorData = parse_json(&bytes).map_err(|e| match e {
+        JsonError::Syntax(e) => ApiError::bad_request(format!("the request body is not valid JSON: {e}")),
+        JsonError::Data { path, message } => ApiError::bad_request(format!("the request body at {path}: {message}")),
+    })?;
+    let shape = (data.nesting.clone())
         .filter(|s| !s.is_empty())
         .ok_or_else(|| ApiError::bad_request("the body must be a non-empty rectangular nested JSON array"))?;
     let (inputs, _) = protocol::metadata(served.signature);
@@ -254,7 +257,7 @@ struct GenerateParameters {
     seed: Option<u64>,
     /// Stop sequences: a string or an array of at most 4 (checked by
     /// [`generation::stop_sequences`]).
-    stop: Option<Value>,
+    stop: Option<StringOrList>,
 }
 
 /// Defaults of the generate extension: `weft generate`'s (200 tokens, temperature 0.8, top-k
