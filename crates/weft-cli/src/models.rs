@@ -127,6 +127,14 @@ fn table(versions: &[ModelVersion]) -> String {
     out
 }
 
+/// The versions of `listing`, after a warning on stderr for each row that is not one.
+fn warned(listing: weft_tune::registry::Listing) -> Vec<ModelVersion> {
+    for bad in &listing.unreadable {
+        weft_core::errln!("weft models: warning: {bad}");
+    }
+    listing.versions
+}
+
 /// The registry of an existing store (a folder without one is an error naming it).
 fn open(dir: &DirArg) -> Result<ModelRegistry, String> {
     ModelRegistry::open_existing(&store_dir(dir.dir.as_ref())).map_err(|e| e.to_string())
@@ -146,7 +154,7 @@ pub fn run(what: ModelsCommand) -> Result<(), String> {
             ))
         }
         ModelsCommand::List(a) => {
-            let versions = open(&a.dir)?.list().map_err(|e| e.to_string())?;
+            let versions = warned(open(&a.dir)?.list().map_err(|e| e.to_string())?);
             if a.json {
                 let all: Vec<Value> = versions.iter().map(version_json).collect();
                 print_out(&format!("{}\n", Value::Array(all)))
@@ -155,7 +163,7 @@ pub fn run(what: ModelsCommand) -> Result<(), String> {
             }
         }
         ModelsCommand::Show(a) => {
-            let versions = open(&a.dir)?.versions(&a.name).map_err(|e| e.to_string())?;
+            let versions = warned(open(&a.dir)?.versions(&a.name).map_err(|e| e.to_string())?);
             if a.json {
                 let production = versions.iter().find(|v| v.stage == "production").map(|v| v.version);
                 let all: Vec<Value> = versions.iter().map(version_json).collect();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use weft_serve::registry::Served;
 use weft_serve::{LoadOptions, ModelSpec, Registry};
-use weft_tune::registry::{ModelRegistry, ModelVersion};
+use weft_tune::registry::{Listing, ModelRegistry, ModelVersion};
 
 /// What the registry thread keeps between reads.
 pub struct Follower {
@@ -161,13 +161,17 @@ impl Follower {
         }
     }
 
-    /// The production versions to serve, one per name: a name `weft serve` cannot serve (not 1
+    /// The production versions to serve, one per name: a row that is not a version is left out
+    /// with one warning, a name `weft serve` cannot serve (not 1
     /// to 64 of `A-Z a-z 0-9 . _ -`, or starting with `.`) is skipped, and of several production
     /// versions of one name (rows edited by hand: `weft models promote` keeps one) the highest
     /// is served; each with one warning.
-    fn choose(&mut self, production: Vec<ModelVersion>) -> Vec<ModelVersion> {
+    fn choose(&mut self, production: Listing) -> Vec<ModelVersion> {
+        for bad in &production.unreadable {
+            self.warn_once(bad.to_string());
+        }
         let mut by_name: BTreeMap<String, Vec<ModelVersion>> = BTreeMap::new();
-        for v in production {
+        for v in production.versions {
             if !weft_tune::registry::is_model_name(&v.name) {
                 self.warn_once(format!(
                     "the registry's model name {} is not 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .): not served",
@@ -252,8 +256,14 @@ mod tests {
             let mut shuffled = rows();
             shuffled.reverse();
             for production in [rows(), shuffled] {
-                let chosen: Vec<(String, i64)> =
-                    f.choose(production).into_iter().map(|v| (v.name, v.version)).collect();
+                let chosen: Vec<(String, i64)> = f
+                    .choose(Listing {
+                        versions: production,
+                        unreadable: Vec::new(),
+                    })
+                    .into_iter()
+                    .map(|v| (v.name, v.version))
+                    .collect();
                 assert_eq!(chosen, [("a".to_string(), 7), ("ok".to_string(), 2)]);
             }
         }

@@ -85,7 +85,17 @@ async fn models(
 ) -> axum::response::Response {
     let listed = tokio::task::spawn_blocking(move || {
         let registry = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        registry.list().map_err(|e| e.to_string())
+        let listing = registry.list().map_err(|e| e.to_string())?;
+        // the dashboard asks every few seconds: each row's warning once
+        static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+            std::sync::Mutex::new(std::collections::BTreeSet::new());
+        let mut warned = WARNED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for bad in &listing.unreadable {
+            if warned.insert(bad.to_string()) {
+                weft_core::errln!("weft ui: warning: {bad}");
+            }
+        }
+        Ok(listing.versions)
     })
     .await
     .unwrap_or_else(|e| Err(e.to_string()));

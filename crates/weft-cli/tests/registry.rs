@@ -176,6 +176,65 @@ fn a_versions_lineage_names_its_run_the_data_it_read_and_the_run_its_weights_cam
 }
 
 #[test]
+fn a_row_that_is_no_version_is_left_out_with_a_warning_and_the_rest_listed_and_served() {
+    let dir = temp_dir("registry-bad-row");
+    let runs = dir.join("runs");
+    train_mlp(&dir, &runs, "mlp-a", 4);
+    ok(&runs, &["models", "register", "mlp-a", "--name", "cls"]);
+    ok(&runs, &["models", "promote", "cls", "1", "--stage", "production"]);
+    // another program wrote a path as a blob; before, every read of the registry failed on it
+    let db = rusqlite::Connection::open(runs.join("runs.db")).unwrap();
+    db.execute(
+        "INSERT INTO model_versions VALUES ('blobby', 1, 'production', NULL, NULL, x'2f', 0, 0)",
+        [],
+    )
+    .unwrap();
+    drop(db);
+    let warning = "warning: the registry's row for model \"blobby\" version 1 cannot be read (column path holds a blob); it is left out";
+    let out = weft_with(&runs, &["models", "list", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(warning), "{err}");
+    let listed = json_of(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["name"], "cls");
+
+    let (port, mport, xport) = (
+        free_port().to_string(),
+        free_port().to_string(),
+        free_port().to_string(),
+    );
+    let token = dir.join("token");
+    std::fs::write(&token, "management-token-0123456789").unwrap();
+    #[rustfmt::skip]
+    let mut child = weft_command(&["serve", "--registry", runs.to_str().unwrap(), "--registry-poll-ms", "100",
+        "--port", &port, "--management-port", &mport, "--metrics-port", &xport,
+        "--token-file", token.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = reqwest::blocking::Client::new();
+    let body =
+        json!({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.3, 0.6]}]}).to_string();
+    let answered = wait_for(60, || {
+        client
+            .post(format!("http://127.0.0.1:{port}/v2/models/cls/infer"))
+            .body(body.clone())
+            .send()
+            .is_ok_and(|r| r.status() == 200)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500)); // a few more reads of the registry
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(answered, "the registry's good version was not served: {err}");
+    // said once, not at every read
+    assert_eq!(err.matches(warning).count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn models_register_promote_list_show_and_serve_follows_promotions() {
     let dir = temp_dir("registry");
     let runs = dir.join("runs");

@@ -138,17 +138,133 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
     move |e| Error::State(format!("{}: {e}", path.display()))
 }
 
-fn row(r: &rusqlite::Row) -> rusqlite::Result<ModelVersion> {
-    Ok(ModelVersion {
-        name: r.get(0)?,
-        version: r.get(1)?,
-        stage: r.get(2)?,
-        source_run: r.get(3)?,
-        run_name: r.get(4)?,
-        path: PathBuf::from(r.get::<_, String>(5)?),
-        created: r.get(6)?,
-        stage_time: r.get(7)?,
-    })
+/// A row of the table that is not a version as weft writes them (edited by hand, or by another
+/// program): a column of another type, text that is not UTF-8.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnreadableRow {
+    /// Its `name` and `version` where those read.
+    pub name: Option<String>,
+    pub version: Option<i64>,
+    /// Its `stage` where it reads.
+    pub stage: Option<String>,
+    /// Which column, and what it holds.
+    pub why: String,
+}
+
+impl std::fmt::Display for UnreadableRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let name = self
+            .name
+            .as_deref()
+            .map_or("(unreadable)".to_string(), |n| format!("{n:?}"));
+        let version = self.version.map_or("(unreadable)".to_string(), |v| v.to_string());
+        write!(
+            f,
+            "the registry's row for model {name} version {version} cannot be read ({}); it is left out",
+            self.why
+        )
+    }
+}
+
+/// What a read of several rows found: the versions, and the rows that are not one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    pub versions: Vec<ModelVersion>,
+    pub unreadable: Vec<UnreadableRow>,
+}
+
+/// The SQLite type of a column's value, in words.
+fn kind(v: rusqlite::types::ValueRef) -> &'static str {
+    match v {
+        rusqlite::types::ValueRef::Null => "null",
+        rusqlite::types::ValueRef::Integer(_) => "an integer",
+        rusqlite::types::ValueRef::Real(_) => "a real number",
+        rusqlite::types::ValueRef::Text(_) => "text",
+        rusqlite::types::ValueRef::Blob(_) => "a blob",
+    }
+}
+
+/// Column `i` of `r` as a `T`, or what it holds instead (`column path holds a blob`). Errors of
+/// SQLite itself are errors.
+fn column<T: rusqlite::types::FromSql>(
+    r: &rusqlite::Row,
+    i: usize,
+) -> rusqlite::Result<std::result::Result<T, String>> {
+    const NAMES: [&str; 8] = [
+        "name",
+        "version",
+        "stage",
+        "source_run",
+        "run_name",
+        "path",
+        "created",
+        "stage_time",
+    ];
+    match r.get::<_, T>(i) {
+        Ok(v) => Ok(Ok(v)),
+        Err(e @ (rusqlite::Error::InvalidColumnType(..) | rusqlite::Error::FromSqlConversionFailure(..))) => {
+            let what = match (r.get_ref(i)?, e) {
+                (rusqlite::types::ValueRef::Text(_), rusqlite::Error::FromSqlConversionFailure(..)) => {
+                    "text that is not UTF-8"
+                }
+                (other, _) => kind(other),
+            };
+            Ok(Err(format!("column {} holds {what}", NAMES[i])))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// One row (the columns of [`COLUMNS`]) as a version, or why it is not one.
+fn row(r: &rusqlite::Row) -> rusqlite::Result<std::result::Result<ModelVersion, UnreadableRow>> {
+    let name = column::<String>(r, 0)?;
+    let version = column::<i64>(r, 1)?;
+    let stage = column::<String>(r, 2)?;
+    let source_run = column::<Option<i64>>(r, 3)?;
+    let run_name = column::<Option<String>>(r, 4)?;
+    let path = column::<String>(r, 5)?;
+    let created = column::<f64>(r, 6)?;
+    let stage_time = column::<f64>(r, 7)?;
+    if let (Ok(name), Ok(version), Ok(stage), Ok(source_run), Ok(run_name), Ok(path), Ok(created), Ok(stage_time)) = (
+        &name,
+        &version,
+        &stage,
+        &source_run,
+        &run_name,
+        &path,
+        &created,
+        &stage_time,
+    ) {
+        return Ok(Ok(ModelVersion {
+            name: name.clone(),
+            version: *version,
+            stage: stage.clone(),
+            source_run: *source_run,
+            run_name: run_name.clone(),
+            path: PathBuf::from(path),
+            created: *created,
+            stage_time: *stage_time,
+        }));
+    }
+    let why: Vec<&String> = [
+        name.as_ref().err(),
+        version.as_ref().err(),
+        stage.as_ref().err(),
+        source_run.as_ref().err(),
+        run_name.as_ref().err(),
+        path.as_ref().err(),
+        created.as_ref().err(),
+        stage_time.as_ref().err(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    Ok(Err(UnreadableRow {
+        why: why.iter().map(|w| w.as_str()).collect::<Vec<_>>().join(", "),
+        name: name.ok(),
+        version: version.ok(),
+        stage: stage.ok(),
+    }))
 }
 
 const COLUMNS: &str = "name, version, stage, source_run, run_name, path, created, stage_time";
@@ -236,21 +352,38 @@ impl ModelRegistry {
         self.version(name, next)
     }
 
-    /// Every version of every model, by name then version.
-    pub fn list(&self) -> Result<Vec<ModelVersion>> {
+    /// Every version of every model, by name then version, and the rows that are not a version
+    /// (each left out of the versions, not of the file).
+    pub fn list(&self) -> Result<Listing> {
         let p = &self.path;
         let mut stmt = self
             .conn
             .prepare(&format!("SELECT {COLUMNS} FROM model_versions ORDER BY name, version"))
             .map_err(sql(p))?;
         let rows = stmt.query_map([], row).map_err(sql(p))?;
-        rows.collect::<rusqlite::Result<_>>().map_err(sql(p))
+        let mut listing = Listing::default();
+        for r in rows {
+            match r.map_err(sql(p))? {
+                Ok(v) => listing.versions.push(v),
+                Err(bad) => listing.unreadable.push(bad),
+            }
+        }
+        Ok(listing)
     }
 
-    /// The versions of model `name`, oldest first; an unknown name is an error.
-    pub fn versions(&self, name: &str) -> Result<Vec<ModelVersion>> {
-        let found: Vec<ModelVersion> = self.list()?.into_iter().filter(|v| v.name == name).collect();
-        if found.is_empty() {
+    /// The versions of model `name`, oldest first, and its rows that are not a version; a name
+    /// with no row is an error.
+    pub fn versions(&self, name: &str) -> Result<Listing> {
+        let all = self.list()?;
+        let found = Listing {
+            versions: all.versions.into_iter().filter(|v| v.name == name).collect(),
+            unreadable: all
+                .unreadable
+                .into_iter()
+                .filter(|u| u.name.as_deref() == Some(name))
+                .collect(),
+        };
+        if found.versions.is_empty() && found.unreadable.is_empty() {
             return Err(Error::Spec(format!(
                 "no model named {name:?} in {}",
                 self.path.display()
@@ -272,9 +405,14 @@ impl ModelRegistry {
             .optional()
             .map_err(sql(p))?;
         match found {
-            Some(v) => Ok(v),
+            Some(Ok(v)) => Ok(v),
+            Some(Err(bad)) => Err(Error::State(format!(
+                "{}: the row for model {name:?} version {version} cannot be read ({})",
+                p.display(),
+                bad.why
+            ))),
             None => {
-                let known: Vec<i64> = self.versions(name)?.iter().map(|v| v.version).collect();
+                let known: Vec<i64> = self.versions(name)?.versions.iter().map(|v| v.version).collect();
                 Err(Error::Spec(format!(
                     "model {name:?} has no version {version} (versions: {known:?})"
                 )))
@@ -319,9 +457,18 @@ impl ModelRegistry {
         Ok(archived)
     }
 
-    /// Each model's production version, by name.
-    pub fn production(&self) -> Result<Vec<ModelVersion>> {
-        Ok(self.list()?.into_iter().filter(|v| v.stage == "production").collect())
+    /// Each model's production version, by name, and the rows that are not a version whose
+    /// stage is production or does not read.
+    pub fn production(&self) -> Result<Listing> {
+        let all = self.list()?;
+        Ok(Listing {
+            versions: all.versions.into_iter().filter(|v| v.stage == "production").collect(),
+            unreadable: all
+                .unreadable
+                .into_iter()
+                .filter(|u| u.stage.as_deref().is_none_or(|s| s == "production"))
+                .collect(),
+        })
     }
 }
 
@@ -366,9 +513,56 @@ mod tests {
         assert_eq!(reg.promote("m", 1, Stage::Production).unwrap(), None);
         assert_eq!(reg.promote("m", 2, Stage::Production).unwrap(), Some(1));
         assert_eq!(reg.version("m", 1).unwrap().stage, "archived");
-        let prod = reg.production().unwrap();
+        let prod = reg.production().unwrap().versions;
         assert_eq!(prod.len(), 1);
         assert_eq!((prod[0].name.as_str(), prod[0].version), ("m", 2));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn rows_written_by_hand_that_are_no_version_are_left_out_by_name_and_the_rest_read() {
+        let dir = std::env::temp_dir().join(format!("weft-tune-registry-rows-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ckpt = dir.join("ckpt");
+        fake_checkpoint(&ckpt);
+        let store = dir.join("store");
+        let mut reg = ModelRegistry::open(&store).unwrap();
+        reg.register(&store, ckpt.to_str().unwrap(), "m").unwrap();
+        reg.promote("m", 1, Stage::Production).unwrap();
+        let insert = |sql: &str| reg.conn.execute(sql, []).unwrap();
+        // a path as a blob; a version as text; a name that is not UTF-8; a created time as text
+        insert("INSERT INTO model_versions VALUES ('blob', 1, 'production', NULL, NULL, x'2f746d70', 0, 0)");
+        insert("INSERT INTO model_versions VALUES ('vtext', 'two', 'staging', NULL, NULL, '/tmp', 0, 0)");
+        insert("INSERT INTO model_versions VALUES (CAST(x'ff00' AS TEXT), 1, 'production', NULL, NULL, '/tmp', 0, 0)");
+        insert("INSERT INTO model_versions VALUES ('when', 1, 'none', NULL, NULL, '/tmp', 'noon', 0)");
+        let all = reg.list().unwrap();
+        assert_eq!(all.versions.len(), 1, "{all:?}");
+        assert_eq!((all.versions[0].name.as_str(), all.versions[0].version), ("m", 1));
+        let said: Vec<String> = all.unreadable.iter().map(|u| u.to_string()).collect();
+        assert_eq!(said.len(), 4, "{said:?}");
+        for want in [
+            "the registry's row for model \"blob\" version 1 cannot be read (column path holds a blob); it is left out",
+            "the registry's row for model \"vtext\" version (unreadable) cannot be read (column version holds text)",
+            "the registry's row for model (unreadable) version 1 cannot be read (column name holds text that is not UTF-8)",
+            "the registry's row for model \"when\" version 1 cannot be read (column created holds text)",
+        ] {
+            assert!(said.iter().any(|s| s.starts_with(want)), "{want}\nin {said:?}");
+        }
+        // production: the readable version and the bad rows that are (or may be) production
+        let prod = reg.production().unwrap();
+        assert_eq!(prod.versions.len(), 1);
+        let names: Vec<Option<&str>> = prod.unreadable.iter().map(|u| u.name.as_deref()).collect();
+        assert_eq!(names, [Some("blob"), None]);
+        // one model's rows; one version's row
+        let blob = reg.versions("blob").unwrap();
+        assert_eq!((blob.versions.len(), blob.unreadable.len()), (0, 1));
+        let e = reg.version("blob", 1).unwrap_err().to_string();
+        assert!(
+            e.contains("the row for model \"blob\" version 1 cannot be read (column path holds a blob)"),
+            "{e}"
+        );
+        assert!(reg.versions("nope").is_err());
+        assert_eq!(reg.version("m", 1).unwrap().stage, "production");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
