@@ -119,7 +119,9 @@ fn worker() {
         }
         std::thread::yield_now();
     };
-    let mut seen = pool.epoch.load(Ordering::Acquire);
+    // the epoch the pool was made with: a job posted before this thread got here (the caller
+    // posts its first one right after starting the workers) is still picked up
+    let mut seen = 0;
     loop {
         let start = Instant::now();
         let mut looks = 0u32;
