@@ -46,8 +46,15 @@ impl Gpt2Tokenizer {
         }
     }
 
-    /// The ids of `text`, `<|endoftext|>` included as plain text.
+    /// The ids of `text`, `<|endoftext|>` included as plain text. On a thread of weft's compute
+    /// pool (a task of [`Gpt2Tokenizer::encode_parallel`] or of `weft data prepare`), through
+    /// that thread's own copy of the tables ([`on_this_thread`]).
     pub fn encode(&self, text: &str) -> Vec<u32> {
+        if weft_core::cpu::pool::in_task() {
+            if let Some(ids) = on_this_thread(|bpe| bpe.encode_ordinary(text)) {
+                return ids;
+            }
+        }
         self.bpe.encode_ordinary(text)
     }
 
@@ -95,6 +102,20 @@ impl Gpt2Tokenizer {
         }
         Ok(Gpt2Tokenizer::new())
     }
+}
+
+/// `f` of this thread's own `r50k_base` tables, built at its first call on the thread (about
+/// 0.1 s); `None` when they do not build (then the shared ones serve). The shared tables' regexes
+/// keep one pool of search caches for all the threads using them, which only the thread that
+/// made the pool takes from without a lock: with two threads encoding at once, `weft data
+/// prepare` took twice the CPU time for the same work and ran no faster than on one thread
+/// (docs/data.md, "Throughput"). Used on the compute pool's threads only, so there are at most
+/// as many copies as those threads.
+fn on_this_thread<R>(f: impl FnOnce(&CoreBPE) -> R) -> Option<R> {
+    thread_local! {
+        static OWN: std::cell::OnceCell<Option<CoreBPE>> = const { std::cell::OnceCell::new() };
+    }
+    OWN.with(|own| own.get_or_init(|| tiktoken_rs::r50k_base().ok()).as_ref().map(f))
 }
 
 /// `text` cut into consecutive pieces of about `piece_bytes` bytes, each cut at a byte `i` with
