@@ -22,6 +22,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("weft-dist sends tensors in the machine's byte order and supports little-endian hosts only");
 
+mod accept;
 pub mod auth;
 pub mod bench;
 mod collectives;

@@ -7,12 +7,13 @@
 //! connection or an abort message marks the peer failed, and anyone waiting on it gets an error
 //! naming it instead of hanging; waits end after the job's timeout.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::accept::accept_loop;
 use crate::auth::{client_handshake, server_handshake, Token};
 use crate::error::{io, Error, Result};
 use crate::inbox::{read_peer, write_frame, Inbox, Source, ABORT};
@@ -65,21 +66,45 @@ impl Mesh {
         options: &crate::Options,
     ) -> Result<Mesh> {
         let timeout = options.timeout;
-        let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| io("cannot open a listening socket", e))?;
-        let port = listener.local_addr().map_err(|e| io("listening socket", e))?.port();
-        let ip = std::env::var("WEFT_ADVERTISE_ADDR")
-            .ok()
-            .unwrap_or_else(|| store.local_ip().to_string());
-        store.set(&format!("{prefix}mesh/{rank}"), format!("{ip}:{port}").as_bytes())?;
+        same_world_as_rank_0(rank, world, store, prefix, timeout)?;
+        // listen where peers are told to connect: the interface that reaches the store (only
+        // loopback when the store is on it), unless another address is advertised
+        let advertised = std::env::var("WEFT_ADVERTISE_ADDR").ok();
+        let bind = match &advertised {
+            Some(_) => "0.0.0.0:0".to_string(),
+            None => SocketAddr::new(store.local_ip(), 0).to_string(),
+        };
+        let listener = TcpListener::bind(&bind).map_err(|e| io(format!("cannot listen on {bind}"), e))?;
+        let local = listener.local_addr().map_err(|e| io("listening socket", e))?;
+        let ip = advertised.unwrap_or_else(|| store.local_ip().to_string());
+        store.set(
+            &format!("{prefix}mesh/{rank}"),
+            format!("{ip}:{}", local.port()).as_bytes(),
+        )?;
 
         // accept the higher ranks on a thread while connecting to the lower ones
         let expected = world - 1 - rank;
-        let (tx, rx) = mpsc::channel::<(usize, TcpStream)>();
-        let token2 = token.clone();
+        let (tx, rx) = mpsc::channel::<Arrival>();
+        let accepting = Arc::new(AtomicBool::new(expected > 0));
         if expected > 0 {
+            let (token, accepting) = (token.clone(), accepting.clone());
             std::thread::Builder::new()
                 .name("weft-mesh-accept".into())
-                .spawn(move || accept_peers(listener, &token2, rank, world, expected, tx))
+                .spawn(move || {
+                    accept_loop(
+                        listener,
+                        format!("rank {rank}"),
+                        "weft-mesh-conn",
+                        || !accepting.load(Ordering::SeqCst),
+                        move |s, by, pending| {
+                            let arrival = handshake_peer(s, by, &token);
+                            drop(pending);
+                            if let Some(arrival) = arrival {
+                                let _ = tx.send(arrival);
+                            }
+                        },
+                    )
+                })
                 .map_err(|e| io("cannot start the accept thread", e))?;
         }
         let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
@@ -95,10 +120,30 @@ impl Mesh {
             *slot = Some(s);
         }
         let deadline = Instant::now() + timeout;
-        for _ in 0..expected {
+        let mut got = 0;
+        while got < expected {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok((peer, s)) => streams[peer] = Some(s),
+                Ok(Arrival { peer, stream, from }) => {
+                    if peer <= rank || peer >= world || streams[peer].is_some() {
+                        let why = if peer >= world {
+                            format!(
+                                " (this job has {world} ranks: do all nodes run the same number of processes, \
+                                 with the same WORLD_SIZE?)"
+                            )
+                        } else if peer > rank {
+                            " (that rank connected already)".to_string()
+                        } else {
+                            String::new()
+                        };
+                        weft_core::errln!(
+                            "weft: rank {rank} refused a connection from {from} claiming rank {peer}{why}"
+                        );
+                        continue;
+                    }
+                    streams[peer] = Some(stream);
+                    got += 1;
+                }
                 Err(_) => {
                     let missing: Vec<usize> = (rank + 1..world).filter(|&p| streams[p].is_none()).collect();
                     return Err(Error::Timeout(format!(
@@ -107,6 +152,10 @@ impl Mesh {
                     )));
                 }
             }
+        }
+        if accepting.swap(false, Ordering::SeqCst) {
+            // wake the accept loop so it sees that it is done and closes the listener
+            let _ = TcpStream::connect_timeout(&local, Duration::from_secs(1));
         }
         let (host_of, rings) = shared_memory(rank, world, store, prefix, options)?;
         let inbox = Arc::new(Inbox::default());
@@ -284,46 +333,53 @@ impl Drop for Mesh {
     }
 }
 
-fn accept_peers(
-    listener: TcpListener,
-    token: &Token,
-    rank: usize,
-    world: usize,
-    expected: usize,
-    tx: mpsc::Sender<(usize, TcpStream)>,
-) {
-    let mut seen = vec![false; world];
-    let mut got = 0;
-    for conn in listener.incoming() {
-        let Ok(mut s) = conn else { continue };
-        let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        if let Err(e) = server_handshake(&mut s, token, ROLE) {
-            weft_core::errln!("weft: rank {rank} refused a connection from {from}: {e}");
-            continue;
-        }
-        let mut b = [0u8; 8];
-        let _ = s.set_read_timeout(Some(crate::auth::HANDSHAKE_TIMEOUT));
-        let peer = match s.read_exact(&mut b) {
-            Ok(()) => u64::from_le_bytes(b) as usize,
-            Err(e) => {
-                weft_core::errln!("weft: rank {rank}: a peer from {from} did not say its rank: {e}");
-                continue;
-            }
-        };
-        let _ = s.set_read_timeout(None);
-        if peer <= rank || peer >= world || seen[peer] {
-            weft_core::errln!("weft: rank {rank} refused a connection from {from} claiming rank {peer}");
-            continue;
-        }
-        seen[peer] = true;
-        if tx.send((peer, s)).is_err() {
-            return;
-        }
-        got += 1;
-        if got == expected {
-            return;
+/// A connection from a higher rank that passed the handshake and said its rank.
+struct Arrival {
+    peer: usize,
+    stream: TcpStream,
+    from: String,
+}
+
+/// The token handshake with a connecting peer and the rank it says it is, all by `by`; `None`
+/// (said on stderr) when either fails.
+fn handshake_peer(mut s: TcpStream, by: Instant, token: &Token) -> Option<Arrival> {
+    let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    if let Err(e) = server_handshake(&mut s, token, ROLE, by) {
+        weft_core::errln!("weft: refused a connection from {from}: {e}");
+        return None;
+    }
+    let mut b = [0u8; 8];
+    let said = crate::auth::read_exact_by(&mut s, &mut b, by);
+    let _ = s.set_read_timeout(None);
+    match said {
+        Ok(()) => Some(Arrival {
+            peer: usize::try_from(u64::from_le_bytes(b)).unwrap_or(usize::MAX),
+            stream: s,
+            from,
+        }),
+        Err(e) => {
+            weft_core::errln!("weft: a peer from {from} did not say its rank: {e}");
+            None
         }
     }
+}
+
+/// Checks that rank 0 runs with the same world size as this rank: ranks started with different
+/// `WORLD_SIZE`s (two nodes' launchers with different `--nproc-per-node`) would otherwise wait
+/// for ranks that never come until the timeout, with nothing naming the cause.
+fn same_world_as_rank_0(rank: usize, world: usize, store: &StoreClient, prefix: &str, timeout: Duration) -> Result<()> {
+    store.set(&format!("{prefix}world/{rank}"), world.to_string().as_bytes())?;
+    if rank == 0 {
+        return Ok(());
+    }
+    let theirs = String::from_utf8_lossy(&store.get(&format!("{prefix}world/0"), timeout)?).into_owned();
+    if theirs != world.to_string() {
+        return Err(Error::Invalid(format!(
+            "rank {rank} runs with WORLD_SIZE={world} but rank 0 with {theirs}: every rank of a job must have the \
+             same world size (do all nodes run the same number of processes?)"
+        )));
+    }
+    Ok(())
 }
 
 /// Every rank's host index, and per peer its shared-memory segment (None: TCP only).

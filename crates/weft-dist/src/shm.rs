@@ -228,6 +228,19 @@ impl Ring {
     }
 }
 
+/// The bytes between `tail` and `head`, which both sides of a ring keep at most [`RING_BYTES`]
+/// apart; other values (the shared file written by something else) are an error rather than a
+/// copy outside the ring.
+fn used(head: u64, tail: u64) -> std::io::Result<usize> {
+    match head.checked_sub(tail) {
+        Some(n) if n <= RING_BYTES as u64 => Ok(n as usize),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the shared-memory ring with the peer is corrupt (head {head}, tail {tail})"),
+        )),
+    }
+}
+
 impl Write for Ring {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if buf.is_empty() {
@@ -237,7 +250,7 @@ impl Write for Ring {
         loop {
             let head = c.head.load(Ordering::Relaxed);
             let tail = c.tail.load(Ordering::Acquire);
-            let free = RING_BYTES - (head - tail) as usize;
+            let free = RING_BYTES - used(head, tail)?;
             if free > 0 {
                 let n = free.min(buf.len());
                 let at = (head % RING_BYTES as u64) as usize;
@@ -278,7 +291,7 @@ impl Read for Ring {
         loop {
             let tail = c.tail.load(Ordering::Relaxed);
             let head = c.head.load(Ordering::Acquire);
-            let avail = (head - tail) as usize;
+            let avail = used(head, tail)?;
             if avail > 0 {
                 let n = avail.min(buf.len());
                 let at = (tail % RING_BYTES as u64) as usize;
@@ -326,4 +339,20 @@ pub(crate) fn host_key() -> String {
         return format!("pid{}-{:?}", std::process::id(), std::time::SystemTime::now());
     }
     format!("{boot}|{}|{netns}", read("/proc/sys/kernel/hostname"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_positions_further_apart_than_the_ring_are_an_error() {
+        assert_eq!(used(10, 10).unwrap(), 0);
+        assert_eq!(used(RING_BYTES as u64 + 5, 5).unwrap(), RING_BYTES);
+        for (head, tail) in [(5, 10), (RING_BYTES as u64 + 6, 5), (u64::MAX, 0)] {
+            let e = used(head, tail).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+            assert!(e.to_string().contains("corrupt"), "{e}");
+        }
+    }
 }

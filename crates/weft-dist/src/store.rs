@@ -1,21 +1,25 @@
 //! The rendezvous key-value store (torchrun's c10d store): served by the launcher, or by rank 0
 //! when ranks start without it (Slurm, mpirun), at `MASTER_ADDR:MASTER_PORT`. Ranks publish their
 //! addresses in it and wait for each other's. Every connection first passes the token handshake
-//! ([`crate::auth`]); one that fails is refused and logged, and the store goes on serving.
+//! ([`crate::auth`]), each on a thread of its own ([`crate::accept`]); one that fails is refused
+//! and logged, and the store goes on serving. A client waits for each reply at most the time the
+//! request asks the store to wait plus [`REPLY_TIMEOUT`], so a store that stops answering (its
+//! host hung, the network cut without a reset) is an error naming it, not a wait forever.
 //!
 //! Protocol after the handshake: requests `[op u8][key bytes][value bytes]`, replies
 //! `[status u8][value bytes]` (byte strings length-prefixed, see `wire`).
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::accept::{accept_loop, Pending};
 use crate::auth::{client_handshake, server_handshake, Token};
 use crate::error::{io, Error, Result};
-use crate::wire::{read_bytes, read_u8, write_bytes};
+use crate::wire::{read_bytes, read_u64, read_u8, write_bytes};
 
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
@@ -26,6 +30,8 @@ const ST_BAD: u8 = 2;
 /// Largest key or value the store accepts.
 pub const MAX_VALUE: usize = 16 << 20;
 const ROLE: &str = "store";
+/// How long a client waits for the store's reply beyond the wait it asked for.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Table {
@@ -51,16 +57,13 @@ impl StoreServer {
         std::thread::Builder::new()
             .name("weft-store".into())
             .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let (table, token) = (table.clone(), token.clone());
-                    let _ = std::thread::Builder::new()
-                        .name("weft-store-conn".into())
-                        .spawn(move || serve(conn, &table, &token));
-                }
+                accept_loop(
+                    listener,
+                    format!("the store at {addr}"),
+                    "weft-store-conn",
+                    || stop2.load(Ordering::SeqCst),
+                    move |conn, by, pending| serve(conn, by, pending, &table, &token),
+                )
             })
             .map_err(|e| io("store: cannot start its thread", e))?;
         Ok(StoreServer { addr, stop })
@@ -84,12 +87,13 @@ impl Drop for StoreServer {
     }
 }
 
-fn serve(mut conn: TcpStream, table: &Table, token: &Token) {
+fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, token: &Token) {
     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-    if let Err(e) = server_handshake(&mut conn, token, ROLE) {
+    if let Err(e) = server_handshake(&mut conn, token, ROLE, by) {
         weft_core::errln!("weft store: refused a connection from {peer}: {e}");
         return;
     }
+    drop(pending);
     let _ = conn.set_nodelay(true);
     let Ok(read_half) = conn.try_clone() else { return };
     let mut r = BufReader::new(read_half);
@@ -147,10 +151,16 @@ fn serve(mut conn: TcpStream, table: &Table, token: &Token) {
     }
 }
 
-/// A connection to the store. Calls are serialized; share it behind an `Arc`.
+/// The two halves of a client's connection.
+type Halves = (BufReader<TcpStream>, BufWriter<TcpStream>);
+
+/// A connection to the store. Calls are serialized; share it behind an `Arc`. A call that fails
+/// on the connection (no reply in time, the connection lost) leaves it unusable: its replies
+/// would no longer match the requests, so later calls fail at once, naming the first failure.
 pub struct StoreClient {
-    conn: Mutex<(BufReader<TcpStream>, BufWriter<TcpStream>)>,
+    conn: Mutex<std::result::Result<Halves, String>>,
     addr: String,
+    reply_timeout: Duration,
     local: std::net::IpAddr,
 }
 
@@ -192,11 +202,20 @@ impl StoreClient {
         let _ = conn.set_nodelay(true);
         let local = conn.local_addr().map_err(|e| io(&what, e))?.ip();
         let read_half = conn.try_clone().map_err(|e| io(&what, e))?;
+        conn.set_write_timeout(Some(REPLY_TIMEOUT)).map_err(|e| io(&what, e))?;
         Ok(StoreClient {
-            conn: Mutex::new((BufReader::new(read_half), BufWriter::new(conn))),
+            conn: Mutex::new(Ok((BufReader::new(read_half), BufWriter::new(conn)))),
             addr: addr.to_string(),
+            reply_timeout: REPLY_TIMEOUT,
             local,
         })
+    }
+
+    /// This client with replies awaited `reply_timeout` beyond the wait a request asks for
+    /// (default [`REPLY_TIMEOUT`]).
+    pub fn with_reply_timeout(mut self, reply_timeout: Duration) -> StoreClient {
+        self.reply_timeout = reply_timeout;
+        self
     }
 
     /// This side's address on the connection: the interface that routes to the store, which
@@ -205,16 +224,51 @@ impl StoreClient {
         self.local
     }
 
-    fn call(&self, op: u8, key: &str, val: &[u8]) -> Result<(u8, Vec<u8>)> {
+    /// Sends one request and reads its reply, waiting at most `wait` (what the request asks the
+    /// store to wait) plus the reply timeout.
+    fn call(&self, op: u8, key: &str, val: &[u8], wait: Duration) -> Result<(u8, Vec<u8>)> {
         let what = format!("store at {}", self.addr);
-        let mut g = self.conn.lock().unwrap();
-        let (r, w) = &mut *g;
-        w.write_all(&[op]).map_err(|e| io(&what, e))?;
-        write_bytes(w, key.as_bytes()).map_err(|e| io(&what, e))?;
-        write_bytes(w, val).map_err(|e| io(&what, e))?;
-        w.flush().map_err(|e| io(&what, e))?;
-        let status = read_u8(r).map_err(|e| io(&what, e))?;
-        let out = read_bytes(r, MAX_VALUE, &what)?;
+        let mut g = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let (r, w) = match &mut *g {
+            Ok(halves) => halves,
+            Err(first) => {
+                return Err(Error::Io(format!(
+                    "{what}: the connection failed earlier ({first}); no further requests are sent on it"
+                )))
+            }
+        };
+        let limit = wait.saturating_add(self.reply_timeout);
+        let timed = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout(format!(
+                "the {what} did not answer within {:.0} s (its host hung, or the network to it is cut?)",
+                limit.as_secs_f64()
+            )),
+            _ => io(&what, e),
+        };
+        let exchanged = (|| -> Result<(u8, Vec<u8>)> {
+            r.get_ref().set_read_timeout(Some(limit)).map_err(|e| io(&what, e))?;
+            w.write_all(&[op]).map_err(timed)?;
+            write_bytes(w, key.as_bytes()).map_err(timed)?;
+            write_bytes(w, val).map_err(timed)?;
+            w.flush().map_err(timed)?;
+            let status = read_u8(r).map_err(timed)?;
+            let len = read_u64(r).map_err(timed)?;
+            if len > MAX_VALUE as u64 {
+                return Err(Error::Io(format!(
+                    "{what}: a reply of {len} bytes exceeds the limit of {MAX_VALUE}"
+                )));
+            }
+            let mut out = vec![0u8; len as usize];
+            r.read_exact(&mut out).map_err(timed)?;
+            Ok((status, out))
+        })();
+        let (status, out) = match exchanged {
+            Ok(reply) => reply,
+            Err(e) => {
+                *g = Err(e.to_string());
+                return Err(e);
+            }
+        };
         if status == ST_BAD {
             return Err(Error::Invalid(format!("{what} rejected a request for key {key:?}")));
         }
@@ -223,13 +277,13 @@ impl StoreClient {
 
     /// Sets `key` to `value`.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.call(OP_SET, key, value).map(|_| ())
+        self.call(OP_SET, key, value, Duration::ZERO).map(|_| ())
     }
 
     /// The value of `key`, waiting up to `timeout` for some rank to set it.
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let ms = timeout.as_millis().min(u64::MAX as u128) as u64;
-        match self.call(OP_GET, key, &ms.to_le_bytes())? {
+        match self.call(OP_GET, key, &ms.to_le_bytes(), timeout)? {
             (ST_OK, v) => Ok(v),
             _ => Err(Error::Timeout(format!(
                 "store key {key:?} was not set within {:.0} s (a rank did not arrive)",
@@ -240,7 +294,7 @@ impl StoreClient {
 
     /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let (_, v) = self.call(OP_ADD, key, &delta.to_le_bytes())?;
+        let (_, v) = self.call(OP_ADD, key, &delta.to_le_bytes(), Duration::ZERO)?;
         let b = <[u8; 8]>::try_from(v.as_slice())
             .map_err(|_| Error::Io(format!("store at {}: malformed reply to add", self.addr)))?;
         Ok(i64::from_le_bytes(b))

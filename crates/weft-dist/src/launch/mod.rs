@@ -77,6 +77,19 @@ enum End {
 ///
 /// It installs process-wide signal handlers while it runs (the previous ones are restored when
 /// it returns), so one process runs one launch at a time.
+/// Where node 0's store listens: only on loopback for a one-node job whose workers reach it
+/// there (`--master-addr` 127.0.0.1, the default, or `localhost`; strangers on the network
+/// cannot connect at all then), else on every interface.
+fn store_host(cfg: &LaunchConfig) -> &'static str {
+    let addr = cfg.master_addr.trim();
+    let loopback = addr == "localhost" || addr.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    match addr.parse::<std::net::IpAddr>() {
+        _ if cfg.nnodes != 1 || !loopback => "0.0.0.0",
+        Ok(std::net::IpAddr::V6(_)) => "[::1]",
+        _ => "127.0.0.1",
+    }
+}
+
 pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     cfg.validate()?;
     let token = cfg.resolve_token()?;
@@ -87,7 +100,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             None if cfg.nnodes > 1 => DEFAULT_MASTER_PORT,
             None => 0,
         };
-        let store = StoreServer::start(&format!("0.0.0.0:{port}"), token.clone()).map_err(|e| match e {
+        let store = StoreServer::start(&format!("{}:{port}", store_host(cfg)), token.clone()).map_err(|e| match e {
             Error::Io(m) if port != 0 => Error::Io(format!(
                 "{m} (another job may hold that port: choose another with --master-port)"
             )),
