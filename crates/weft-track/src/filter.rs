@@ -176,30 +176,65 @@ pub fn lookup(run: &RunSummary, key: &str) -> Option<Value> {
     }
 }
 
-/// Sorts `runs` by `key` (a leading `-` sorts descending): numbers numerically, text as text,
-/// runs without the key last.
+/// What a run's value of the sort key is, in the order [`sort_runs`] puts them: numbers
+/// (numerically), then other text (as text), then no value.
+#[derive(PartialEq, PartialOrd)]
+enum SortKey {
+    Number(TotalF64),
+    Text(String),
+}
+
+/// An f64 ordered by `total_cmp`.
+#[derive(PartialEq)]
+struct TotalF64(f64);
+
+impl PartialOrd for TotalF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.0.total_cmp(&other.0))
+    }
+}
+
+fn sort_key(v: Value) -> SortKey {
+    match as_number(&v) {
+        Some(x) => SortKey::Number(TotalF64(x)),
+        None => SortKey::Text(match v {
+            Value::Text(s) => s,
+            Value::Number(x) => x.to_string(),
+        }),
+    }
+}
+
+/// Sorts `runs` by `key` (a leading `-` sorts descending): values that read as numbers
+/// numerically, then other text as text, then runs without the key (the three kinds in that
+/// order in either direction; within each, the direction asked). A total order, as sorting needs: comparing each pair as numbers when both read
+/// as numbers and as text otherwise was not one ("9" < "10" < "5x" < "9"), and Rust's sort
+/// panicked on it.
 pub fn sort_runs(runs: &mut [RunSummary], key: &str) {
     let (key, desc) = match key.strip_prefix('-') {
         Some(k) => (k, true),
         None => (key, false),
     };
-    runs.sort_by(|a, b| {
-        let (va, vb) = (lookup(a, key), lookup(b, key));
-        let ord = match (&va, &vb) {
-            (None, None) => Ordering::Equal,
-            (None, Some(_)) => return Ordering::Greater,
-            (Some(_), None) => return Ordering::Less,
-            (Some(x), Some(y)) => match (as_number(x), as_number(y)) {
-                (Some(x), Some(y)) => x.total_cmp(&y),
-                _ => format!("{x:?}").cmp(&format!("{y:?}")),
-            },
-        };
-        if desc {
-            ord.reverse()
-        } else {
-            ord
+    let mut keyed: Vec<(Option<SortKey>, RunSummary)> = runs
+        .iter()
+        .map(|r| (lookup(r, key).map(sort_key), r.clone()))
+        .collect();
+    keyed.sort_by(|(a, _), (b, _)| match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Greater,
+        (Some(_), None) => Ordering::Less,
+        (Some(x), Some(y)) => {
+            let ord = x.partial_cmp(y).unwrap_or(Ordering::Equal);
+            let same_kind = matches!((x, y), (SortKey::Number(_), SortKey::Number(_)) | (SortKey::Text(_), SortKey::Text(_)));
+            if desc && same_kind {
+                ord.reverse()
+            } else {
+                ord
+            }
         }
     });
+    for (slot, (_, r)) in runs.iter_mut().zip(keyed) {
+        *slot = r;
+    }
 }
 
 #[cfg(test)]
@@ -217,6 +252,42 @@ mod tests {
             params: [("optim.lr".to_string(), lr.to_string())].into(),
             tags: [("team".to_string(), "a".to_string())].into(),
             last: [("loss".to_string(), loss)].into(),
+        }
+    }
+
+    #[test]
+    fn sorting_mixed_numbers_and_text_is_a_total_order() {
+        // numbers and text in one key: more than 20 runs, where the sort checks its order
+        let values = ["10", "5x", "abc", " 7", "9", "-1", "1e3", "", "NaN", "x10"];
+        let mut runs: Vec<RunSummary> = (0..400)
+            .map(|i| {
+                let mut r = run(values[i * 7 % values.len()], "finished", i as f64);
+                r.id = i as i64;
+                if i % 13 == 0 {
+                    r.params.clear();
+                }
+                r
+            })
+            .collect();
+        for key in ["optim.lr", "-optim.lr"] {
+            sort_runs(&mut runs, key);
+            let shown: Vec<Option<String>> = runs.iter().map(|r| r.params.get("optim.lr").cloned()).collect();
+            let firsts: Vec<&str> = {
+                let mut seen: Vec<&str> = Vec::new();
+                for v in shown.iter().flatten() {
+                    if seen.last() != Some(&v.as_str()) {
+                        seen.push(v);
+                    }
+                }
+                seen
+            };
+            if key.starts_with('-') {
+                assert_eq!(firsts, ["NaN", "1e3", "10", "9", " 7", "-1", "x10", "abc", "5x", ""]);
+            } else {
+                assert_eq!(firsts, ["-1", " 7", "9", "10", "1e3", "NaN", "", "5x", "abc", "x10"]);
+            }
+            // runs without the key last either way
+            assert!(shown.iter().skip_while(|v| v.is_some()).all(|v| v.is_none()));
         }
     }
 
