@@ -709,6 +709,47 @@ fn a_runs_trace_and_sample_files_are_served_and_nothing_else() {
     assert!(body.contains("gone.tfevents"), "{body}");
     assert_eq!(get(&format!("{base}/api/runs/999/artifacts/trace")).0, 404);
     assert_eq!(get(&format!("{base}/api/runs/{id}/artifacts/..%2F..%2Fetc")).0, 404);
+
+    // a file of several 64 KiB pieces arrives whole, under a name no header may hold, cleaned
+    // (a 500 in plain text before); a recorded path swapped for a link is not followed
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let odd = files.join("odd\nname.tfevents");
+    std::fs::write(&odd, &big).unwrap();
+    std::fs::write(files.join("real.txt"), "not the run's").unwrap();
+    std::fs::write(files.join("swapped.txt"), "the run's").unwrap();
+    let w2 = live_run(&dir, "odd-files");
+    w2.artifact("tensorboard", &odd);
+    w2.artifact("sample", &files.join("swapped.txt"));
+    w2.end(Status::Finished, None).unwrap();
+    std::fs::remove_file(files.join("swapped.txt")).unwrap();
+    std::os::unix::fs::symlink(files.join("real.txt"), files.join("swapped.txt")).unwrap();
+    let id2 = w2.id();
+    let r = reqwest::blocking::get(format!("{base}/api/runs/{id2}/artifacts/tensorboard")).unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["content-disposition"],
+        "attachment; filename=\"odd_name.tfevents\""
+    );
+    assert_eq!(r.bytes().unwrap().as_ref(), &big[..]);
+    let (code, body) = get(&format!("{base}/api/runs/{id2}/artifacts/sample"));
+    assert_eq!(code, 404);
+    assert!(body["error"].as_str().unwrap().contains("is a symbolic link"), "{body}");
+
+    // a series asked for with more points than any page draws; routes and methods not served:
+    // each a JSON error
+    let (code, body) = get(&format!("{base}/api/runs/{id}/metrics?max_points=18446744073709551615"));
+    assert_eq!(code, 400);
+    assert!(body["error"].as_str().unwrap().contains("from 1 to 100000"), "{body}");
+    let (code, body) = get(&format!("{base}/api/nope"));
+    assert_eq!(code, 404);
+    assert!(body["error"].as_str().unwrap().contains("/api/nope"), "{body}");
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{base}/api/runs"))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    let body: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    assert!(body["error"].as_str().unwrap().contains("GET"), "{body}");
 }
 
 #[test]

@@ -214,17 +214,18 @@ pub fn sort_runs(runs: &mut [RunSummary], key: &str) {
         Some(k) => (k, true),
         None => (key, false),
     };
-    let mut keyed: Vec<(Option<SortKey>, RunSummary)> = runs
-        .iter()
-        .map(|r| (lookup(r, key).map(sort_key), r.clone()))
-        .collect();
+    let mut keyed: Vec<(Option<SortKey>, RunSummary)> =
+        runs.iter().map(|r| (lookup(r, key).map(sort_key), r.clone())).collect();
     keyed.sort_by(|(a, _), (b, _)| match (a, b) {
         (None, None) => Ordering::Equal,
         (None, Some(_)) => Ordering::Greater,
         (Some(_), None) => Ordering::Less,
         (Some(x), Some(y)) => {
             let ord = x.partial_cmp(y).unwrap_or(Ordering::Equal);
-            let same_kind = matches!((x, y), (SortKey::Number(_), SortKey::Number(_)) | (SortKey::Text(_), SortKey::Text(_)));
+            let same_kind = matches!(
+                (x, y),
+                (SortKey::Number(_), SortKey::Number(_)) | (SortKey::Text(_), SortKey::Text(_))
+            );
             if desc && same_kind {
                 ord.reverse()
             } else {

@@ -57,3 +57,12 @@ pub fn detail(d: &RunDetail) -> Value {
 pub fn input(i: &crate::RunInput) -> Value {
     json!({"kind": i.kind, "uri": i.uri, "digest": i.digest, "source_run": i.source_run})
 }
+
+/// `value` quoted, its first 80 characters only (then `...` and its length), for echoing a
+/// client's value in an error.
+pub fn short(value: &str) -> String {
+    match value.char_indices().nth(80) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!("{:?}... ({} bytes)", &value[..end], value.len()),
+    }
+}

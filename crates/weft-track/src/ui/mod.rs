@@ -50,6 +50,11 @@ const INDEX_HTML: &str = include_str!("index.html");
 /// The most points a metric's series is sent with when the request does not say.
 pub const DEFAULT_MAX_POINTS: usize = 1000;
 
+/// The most points a request may ask for (`max_points` above it: 400): each point is about 40
+/// bytes of JSON, and an unbounded value sent a 2-million-point series whole (a 71 MB answer,
+/// 600 MB of the server's memory while it was built).
+pub const MAX_MAX_POINTS: usize = 100_000;
+
 type Shared = Arc<Mutex<Store>>;
 
 /// The dashboard of `store` as a router, with the caller's layers added by `wrap` (`weft ui`
@@ -70,6 +75,18 @@ fn router(store: Shared) -> Router {
         .route("/api/runs/{id}/events", get(live::events))
         .route("/api/sweeps", get(sweep_list))
         .route("/api/runs/{id}/artifacts/{kind}", get(artifact::artifact))
+        .method_not_allowed_fallback(|| async {
+            reply(Err(Failure(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the dashboard's API answers GET (and HEAD) only".into(),
+            )))
+        })
+        .fallback(|uri: axum::http::Uri| async move {
+            reply(Err(Failure(
+                StatusCode::NOT_FOUND,
+                format!("no such page or API route: {}", crate::ui::json::short(uri.path())),
+            )))
+        })
         .with_state(store)
 }
 
@@ -199,12 +216,16 @@ async fn metric_by_path(
 async fn series(store: Shared, id: String, key: Option<String>, q: &[(String, String)]) -> Response {
     let max_points = match q.iter().find(|(k, _)| k == "max_points") {
         None => Ok(DEFAULT_MAX_POINTS),
-        Some((_, v)) => v.parse::<usize>().map_err(|_| {
-            Failure(
+        Some((_, v)) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_MAX_POINTS).contains(&n) => Ok(n),
+            _ => Err(Failure(
                 StatusCode::BAD_REQUEST,
-                format!("max_points: expected a whole number, found {v:?}"),
-            )
-        }),
+                format!(
+                    "max_points: expected a whole number from 1 to {MAX_MAX_POINTS}, found {}",
+                    crate::ui::json::short(v)
+                ),
+            )),
+        },
     };
     with_store(store, move |s| {
         let max_points = max_points?;
