@@ -74,6 +74,52 @@ fn summary_row(r: &Row) -> rusqlite::Result<RunSummary> {
     })
 }
 
+/// Which run a failing row belongs to: its id in a column of the row, or known to the query.
+#[derive(Clone, Copy)]
+enum RunOf {
+    Column(usize),
+    Id(i64),
+}
+
+/// `read` of a row of `table`, a column of another type than weft writes there (the file edited
+/// by hand or by another program) made an error naming the run, the table and the column: before,
+/// `weft runs list` failed for every run with only `Invalid column type Text at index: 4, name:
+/// start_time`.
+fn naming_run<T>(
+    table: &'static str,
+    run: RunOf,
+    mut read: impl FnMut(&Row) -> rusqlite::Result<T>,
+) -> impl FnMut(&Row) -> rusqlite::Result<T> {
+    move |r| {
+        read(r).map_err(|e| {
+            let (column, holds) = match &e {
+                rusqlite::Error::InvalidColumnType(_, name, ty) => (name.clone(), format!("{ty}").to_lowercase()),
+                rusqlite::Error::FromSqlConversionFailure(i, ty, why) => (
+                    r.as_ref()
+                        .column_name(*i)
+                        .map_or_else(|_| format!("#{i}"), str::to_string),
+                    format!("{} ({why})", format!("{ty}").to_lowercase()),
+                ),
+                _ => return e,
+            };
+            let id = match run {
+                RunOf::Id(id) => id.to_string(),
+                RunOf::Column(i) => r
+                    .get::<_, i64>(i)
+                    .map_or_else(|_| "(unreadable id)".to_string(), |id| id.to_string()),
+            };
+            // the variant whose message is the one given (rusqlite makes no other of its own)
+            rusqlite::Error::ToSqlConversionFailure(
+                format!(
+                    "run {id}'s row in table {table} is damaged: column {column} holds {holds}, not what weft \
+                     writes there (fix the row, or delete the run with `weft runs delete {id}`)"
+                )
+                .into(),
+            )
+        })
+    }
+}
+
 impl Store {
     /// The runs (of `experiment` when given), oldest first, with their params, tags and last
     /// metric values: four queries whatever the number of runs (the run rows, every param, every
@@ -89,7 +135,7 @@ impl Store {
         );
         let mut stmt = self.conn.prepare(&sql).at(p)?;
         let mut runs: Vec<RunSummary> = stmt
-            .query_map(params![experiment], summary_row)
+            .query_map(params![experiment], naming_run("runs", RunOf::Column(0), summary_row))
             .at(p)?
             .collect::<rusqlite::Result<_>>()
             .at(p)?;
@@ -102,9 +148,12 @@ impl Store {
             let sql = format!("SELECT run_id, key, value FROM {table} WHERE run_id IN ({in_experiment})");
             let mut stmt = self.conn.prepare(&sql).at(p)?;
             let rows = stmt
-                .query_map(params![experiment], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
-                })
+                .query_map(
+                    params![experiment],
+                    naming_run(table, RunOf::Column(0), |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                    }),
+                )
                 .at(p)?;
             for row in rows {
                 let (id, k, v) = row.at(p)?;
@@ -145,7 +194,12 @@ impl Store {
             )
             .at(p)?;
         let rows = stmt
-            .query_map(params![experiment], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_map(
+                params![experiment],
+                naming_run("metric_summary", RunOf::Column(0), |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                }),
+            )
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
@@ -158,18 +212,21 @@ impl Store {
             .prepare_cached("SELECT key, count, last, last_step, min, max FROM metric_summary WHERE run_id = ?1")
             .at(p)?;
         let rows = stmt
-            .query_map(params![id], |r| {
-                Ok((
-                    r.get(0)?,
-                    MetricSummary {
-                        count: r.get(1)?,
-                        last: r.get(2)?,
-                        last_step: r.get(3)?,
-                        min: r.get(4)?,
-                        max: r.get(5)?,
-                    },
-                ))
-            })
+            .query_map(
+                params![id],
+                naming_run("metric_summary", RunOf::Id(id), |r| {
+                    Ok((
+                        r.get(0)?,
+                        MetricSummary {
+                            count: r.get(1)?,
+                            last: r.get(2)?,
+                            last_step: r.get(3)?,
+                            min: r.get(4)?,
+                            max: r.get(5)?,
+                        },
+                    ))
+                }),
+            )
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
@@ -177,13 +234,19 @@ impl Store {
     /// Params and tags of `run`.
     fn fill(&self, run: &mut RunSummary) -> Result<()> {
         let p = &self.path;
-        let pairs = |sql: &str| -> Result<BTreeMap<String, String>> {
+        let id = run.id;
+        let pairs = |table: &'static str, sql: &str| -> Result<BTreeMap<String, String>> {
             let mut stmt = self.conn.prepare_cached(sql).at(p)?;
-            let rows = stmt.query_map(params![run.id], |r| Ok((r.get(0)?, r.get(1)?))).at(p)?;
+            let rows = stmt
+                .query_map(
+                    params![id],
+                    naming_run(table, RunOf::Id(id), |r| Ok((r.get(0)?, r.get(1)?))),
+                )
+                .at(p)?;
             rows.collect::<rusqlite::Result<_>>().at(p)
         };
-        run.params = pairs("SELECT key, value FROM params WHERE run_id = ?1")?;
-        run.tags = pairs("SELECT key, value FROM tags WHERE run_id = ?1")?;
+        run.params = pairs("params", "SELECT key, value FROM params WHERE run_id = ?1")?;
+        run.tags = pairs("tags", "SELECT key, value FROM tags WHERE run_id = ?1")?;
         Ok(())
     }
 
@@ -196,21 +259,25 @@ impl Store {
         );
         let found = self
             .conn
-            .query_row(&sql, params![id], |r| {
-                Ok(RunDetail {
-                    summary: summary_row(r)?,
-                    command: r.get(6)?,
-                    git_commit: r.get(7)?,
-                    git_dirty: r.get(8)?,
-                    host: r.get(9)?,
-                    layout: r.get(10)?,
-                    heartbeat: r.get(11)?,
-                    error: r.get(12)?,
-                    artifacts: Vec::new(),
-                    inputs: Vec::new(),
-                    metrics: BTreeMap::new(),
-                })
-            })
+            .query_row(
+                &sql,
+                params![id],
+                naming_run("runs", RunOf::Id(id), |r| {
+                    Ok(RunDetail {
+                        summary: summary_row(r)?,
+                        command: r.get(6)?,
+                        git_commit: r.get(7)?,
+                        git_dirty: r.get(8)?,
+                        host: r.get(9)?,
+                        layout: r.get(10)?,
+                        heartbeat: r.get(11)?,
+                        error: r.get(12)?,
+                        artifacts: Vec::new(),
+                        inputs: Vec::new(),
+                        metrics: BTreeMap::new(),
+                    })
+                }),
+            )
             .optional()
             .at(p)?;
         let mut detail = found.ok_or_else(|| Error::UnknownRun(format!("{}: no run with id {id}", p.display())))?;
@@ -220,7 +287,10 @@ impl Store {
             .prepare("SELECT kind, path FROM artifacts WHERE run_id = ?1 ORDER BY rowid")
             .at(p)?;
         detail.artifacts = stmt
-            .query_map(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(
+                params![id],
+                naming_run("artifacts", RunOf::Id(id), |r| Ok((r.get(0)?, r.get(1)?))),
+            )
             .at(p)?
             .collect::<rusqlite::Result<_>>()
             .at(p)?;
@@ -238,14 +308,17 @@ impl Store {
             .prepare("SELECT kind, uri, digest, source_run FROM run_inputs WHERE run_id = ?1 ORDER BY rowid")
             .at(p)?;
         let rows = stmt
-            .query_map(params![id], |r| {
-                Ok(RunInput {
-                    kind: r.get(0)?,
-                    uri: r.get(1)?,
-                    digest: r.get(2)?,
-                    source_run: r.get(3)?,
-                })
-            })
+            .query_map(
+                params![id],
+                naming_run("run_inputs", RunOf::Id(id), |r| {
+                    Ok(RunInput {
+                        kind: r.get(0)?,
+                        uri: r.get(1)?,
+                        digest: r.get(2)?,
+                        source_run: r.get(3)?,
+                    })
+                }),
+            )
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
@@ -313,7 +386,10 @@ impl Store {
             .prepare_cached("SELECT step, value, time FROM metrics WHERE run_id = ?1 AND key = ?2 ORDER BY step, rowid")
             .at(p)?;
         let rows = stmt
-            .query_map(params![id, key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_map(
+                params![id, key],
+                naming_run("metrics", RunOf::Id(id), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))),
+            )
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }

@@ -303,3 +303,64 @@ fn run_folders_stay_inside_the_store() {
     assert_eq!(weft_track::run_folder(dir, "e", "."), Path::new("/store/e/_."));
     assert_eq!(weft_track::run_folder(dir, "e", ""), Path::new("/store/e/_"));
 }
+
+#[test]
+fn a_damaged_row_is_named_by_its_run_table_and_column() {
+    // each damage in a store of its own: two runs of 3 steps, then one row edited by hand
+    let damaged = |n: usize, sql: &dyn Fn(&[i64]) -> String| {
+        let dir = temp_dir(&format!("damaged-row-{n}"));
+        write_run(&dir, "a", 3);
+        write_run(&dir, "b", 3);
+        let ids: Vec<i64> = Store::open(&dir)
+            .unwrap()
+            .list_runs(None)
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        let conn = rusqlite::Connection::open(dir.join(STORE_FILE)).unwrap();
+        conn.execute(&sql(&ids), []).unwrap();
+        (dir, ids)
+    };
+    let cases: [(&dyn Fn(&[i64]) -> String, &str, usize); 3] = [
+        (
+            &|ids| format!("UPDATE runs SET start_time = 'yesterday' WHERE id = {}", ids[1]),
+            "runs is damaged: column start_time holds text",
+            1,
+        ),
+        (
+            &|ids| format!("UPDATE params SET value = x'00ff' WHERE run_id = {}", ids[0]),
+            "params is damaged: column value holds blob",
+            0,
+        ),
+        (
+            &|ids| format!("UPDATE metric_summary SET last = 'many' WHERE run_id = {}", ids[0]),
+            "metric_summary is damaged: column last holds text",
+            0,
+        ),
+    ];
+    for (n, (sql, want, which)) in cases.into_iter().enumerate() {
+        let (dir, ids) = damaged(n, sql);
+        let e = Store::open(&dir).unwrap().list_runs(None).unwrap_err().to_string();
+        let want = format!("run {}'s row in table {want}", ids[which]);
+        assert!(
+            e.contains(&dir.join(STORE_FILE).display().to_string()) && e.contains(&want),
+            "{e}"
+        );
+        assert!(e.contains(&format!("weft runs delete {}", ids[which])), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // one run's detail names its own damage
+    let (dir, ids) = damaged(3, &|ids| {
+        format!("UPDATE runs SET heartbeat = 'soon' WHERE id = {}", ids[0])
+    });
+    let e = Store::open(&dir).unwrap().run_detail(ids[0]).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "run {}'s row in table runs is damaged: column heartbeat holds text",
+            ids[0]
+        )),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
