@@ -106,7 +106,7 @@ impl Store {
         let conn = connect(&path, &options)?;
         init_schema(&conn, &path)?;
         let store = Store { conn, path, options };
-        store.mark_stale()?;
+        store.mark_stale_unless_busy()?;
         Ok(store)
     }
 
@@ -146,6 +146,29 @@ impl Store {
                 params![cutoff],
             )
             .at(&self.path)
+    }
+
+    /// [`Store::mark_stale`] when the store's write lock is free within 200 ms, else nothing (0):
+    /// a process holding a long write transaction (another program, a stuck writer) made every
+    /// open, and every read of the dashboard's run table, wait 30 s for it and fail. The next
+    /// open marks what this one left.
+    pub fn mark_stale_unless_busy(&self) -> Result<usize> {
+        self.conn
+            .busy_timeout(std::time::Duration::from_millis(200))
+            .at(&self.path)?;
+        let marked = self.mark_stale();
+        self.conn.busy_timeout(self.options.busy_timeout).at(&self.path)?;
+        match marked {
+            Err(Error::Sql { source, .. })
+                if matches!(
+                    source.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) =>
+            {
+                Ok(0)
+            }
+            other => other,
+        }
     }
 
     /// The id of experiment `name`, made when missing.
@@ -291,6 +314,14 @@ FROM (SELECT run_id, key, MAX(step) AS last_step, MIN(value) AS min, MAX(value) 
 /// version up to this one (in the same transaction, so one opener migrates and the others wait
 /// for it).
 fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
+    // a store of this version needs nothing: say so without the write lock, which another
+    // process may hold for long (reads would wait for it, 30 s, and fail)
+    let version: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+        .ok();
+    if version.and_then(|v| v.parse::<i64>().ok()) == Some(SCHEMA_VERSION) {
+        return Ok(());
+    }
     let mut conn_tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).at(path)?;
     conn_tx.set_drop_behavior(rusqlite::DropBehavior::Rollback);
     let mut migrate_from = None;

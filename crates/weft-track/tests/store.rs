@@ -364,3 +364,23 @@ fn a_damaged_row_is_named_by_its_run_table_and_column() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn reads_do_not_wait_for_a_write_lock_another_process_holds() {
+    let dir = temp_dir("held-lock");
+    write_run(&dir, "a", 3);
+    // another program holds a write transaction (for as long as it likes)
+    let holder = rusqlite::Connection::open(dir.join(STORE_FILE)).unwrap();
+    holder
+        .execute_batch("BEGIN IMMEDIATE; UPDATE runs SET name = name;")
+        .unwrap();
+    let t = std::time::Instant::now();
+    // opening checked the schema and marked stale runs under the write lock: 30 s, then
+    // "database is locked"
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.list_runs(None).unwrap().len(), 1);
+    assert_eq!(store.mark_stale_unless_busy().unwrap(), 0);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    holder.execute_batch("ROLLBACK").unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

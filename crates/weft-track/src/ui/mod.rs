@@ -169,7 +169,7 @@ async fn runs(State(store): State<Shared>, RawQuery(q): RawQuery) -> Response {
     let (experiment, filter, sort) = (get("experiment"), get("filter"), get("sort"));
     with_store(store, move |s| {
         let filter = filter.as_deref().map(Filter::parse).transpose()?;
-        s.mark_stale()?;
+        s.mark_stale_unless_busy()?;
         let mut runs = s.list_runs(experiment.as_deref())?;
         if let Some(f) = &filter {
             runs.retain(|r| f.matches(r));
