@@ -25,6 +25,14 @@ pub trait ObjectSource: Send + Sync {
 
     /// The object's full path or URL, for messages.
     fn describe(&self, name: &str) -> String;
+
+    /// Drops what a cache in front of the objects keeps of `name` (its length, and its bytes
+    /// in `range`), so the next read asks the store; `true` when there was such a cache. A
+    /// reader whose check fails on what it read (a checksum, the length an index lists) calls
+    /// it and reads once more, so a damaged cache is not taken for a damaged object, nor kept.
+    fn forget(&self, _name: &str, _range: Range<u64>) -> bool {
+        false
+    }
 }
 
 /// Writes objects under one root.

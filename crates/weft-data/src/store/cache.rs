@@ -296,7 +296,18 @@ impl Shared {
     fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
         let len = self.len(name)?;
         check_range(&self.inner.describe(name), &range, len)?;
-        let mut out = Vec::with_capacity((range.end - range.start) as usize);
+        // fallibly: a range from a damaged index or a length a server made up must be an error,
+        // not an allocation that aborts the process
+        let mut out = Vec::new();
+        let want = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
+        out.try_reserve_exact(want).map_err(|_| {
+            crate::error::invalid(format!(
+                "{}: bytes {}..{} do not fit in memory",
+                self.inner.describe(name),
+                range.start,
+                range.end
+            ))
+        })?;
         if range.is_empty() {
             return Ok(out);
         }
@@ -379,6 +390,13 @@ impl ObjectSource for CachedSource {
 
     fn read(&self, name: &str) -> Result<Vec<u8>> {
         let len = self.shared.len(name)?;
+        if len > super::MAX_WHOLE_OBJECT {
+            return Err(crate::error::invalid(format!(
+                "{}: {len} bytes, over the {} bytes weft reads of one object whole",
+                self.describe(name),
+                super::MAX_WHOLE_OBJECT
+            )));
+        }
         self.shared.read_range(name, 0..len)
     }
 
@@ -388,6 +406,18 @@ impl ObjectSource for CachedSource {
 
     fn describe(&self, name: &str) -> String {
         self.shared.inner.describe(name)
+    }
+
+    fn forget(&self, name: &str, range: Range<u64>) -> bool {
+        let s = &self.shared;
+        lock(&s.lens).remove(name);
+        s.disk.remove(&format!("{}-len", s.object_key(name)));
+        if !range.is_empty() {
+            for idx in range.start / s.block..=(range.end - 1) / s.block {
+                s.disk.remove(&s.block_key(name, idx));
+            }
+        }
+        true
     }
 }
 

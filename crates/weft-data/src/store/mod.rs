@@ -36,6 +36,11 @@ use std::time::Duration;
 pub use cache::{default_dir, CacheOptions, CacheStats, CachedSource};
 
 use crate::error::{invalid, Result};
+
+/// The largest object read whole, in bytes (`index.json` and the like; shards are read by
+/// ranges). A larger one, or a server that claims one, is an error naming it before anything
+/// is allocated for it.
+pub const MAX_WHOLE_OBJECT: u64 = 1 << 30;
 use crate::objects::{LocalFolder, ObjectSink, ObjectSource};
 
 /// How a store is opened.

@@ -5,11 +5,12 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
 use super::retry::{self, GaveUp};
-use super::StoreOptions;
+use super::{StoreOptions, MAX_WHOLE_OBJECT};
 use crate::error::{invalid, Error, Result};
 use crate::objects::check_range;
 
@@ -164,6 +165,7 @@ impl Remote {
         let path = self.path(name)?;
         let got = self.attempt(&path, |store, path| {
             let r = range.clone();
+            let want = range.end - range.start;
             async move {
                 let opts = GetOptions {
                     range: Some(GetRange::Bounded(r)),
@@ -171,14 +173,20 @@ impl Remote {
                 };
                 let res = store.get_opts(&path, opts).await?;
                 let size = res.meta.size;
-                let bytes = res.bytes().await?;
+                let bytes = body_within(res, want).await?;
                 Ok((bytes, size))
             }
         });
         let what = self.describe(name);
         match got {
-            Ok((bytes, _)) if bytes.len() as u64 == range.end - range.start => Ok(bytes.into()),
-            Ok((bytes, size)) => {
+            Ok((Ok(bytes), _)) if bytes.len() as u64 == range.end - range.start => Ok(bytes),
+            Ok((Err(more), _)) => Err(invalid(format!(
+                "{what}: more than {} bytes came back for byte range {}..{} ({more} or more)",
+                range.end - range.start,
+                range.start,
+                range.end
+            ))),
+            Ok((Ok(bytes), size)) => {
                 check_range(&what, &range, size)?;
                 Err(invalid(format!(
                     "{what}: {} bytes came back for byte range {}..{}",
@@ -200,15 +208,20 @@ impl Remote {
         }
     }
 
-    /// The whole of `name`.
+    /// The whole of `name`, at most [`MAX_WHOLE_OBJECT`] bytes.
     pub(crate) fn read(&self, name: &str) -> Result<Vec<u8>> {
-        self.run(name, |store, path| async move {
-            let bytes = store.get(&path).await?.bytes().await?;
-            Ok(Vec::from(bytes))
+        let got = self.run(name, |store, path| async move {
+            body_within(store.get(&path).await?, MAX_WHOLE_OBJECT).await
+        })?;
+        got.map_err(|size| {
+            invalid(format!(
+                "{}: {size} bytes or more, over the {MAX_WHOLE_OBJECT} bytes weft reads of one object whole",
+                self.describe(name)
+            ))
         })
     }
 
-    /// The length of `name` in bytes.
+    /// The length of `name` in bytes (as the store says: checked where it is used).
     pub(crate) fn len(&self, name: &str) -> Result<u64> {
         self.run(name, |store, path| async move { Ok(store.head(&path).await?.size) })
     }
@@ -298,4 +311,26 @@ fn build_http(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<obj
     b.with_retry(no_retry())
         .build()
         .map_err(|e| config_error(shown, retry::chain(&e)))
+}
+
+/// The body of `res` as it arrives, at most `limit` bytes; `Ok(Err(n))` when the response claims
+/// or brings more (`n`: the bytes claimed, or seen so far). object_store's `bytes()` reserves the
+/// length the response claims before reading: a server that claimed 100 GB made that allocation
+/// fail and the process abort.
+async fn body_within(res: GetResult, limit: u64) -> object_store::Result<std::result::Result<Vec<u8>, u64>> {
+    let claimed = res.range.end.saturating_sub(res.range.start);
+    if claimed > limit {
+        return Ok(Err(claimed));
+    }
+    let mut out = Vec::with_capacity(claimed as usize);
+    let mut body = res.into_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        let seen = out.len() as u64 + chunk.len() as u64;
+        if seen > limit {
+            return Ok(Err(seen));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(Ok(out))
 }

@@ -9,8 +9,13 @@ use super::index::{ShardEntry, TokenDtype};
 use crate::error::{invalid, Result};
 use crate::objects::ObjectSource;
 
-/// Blocks kept in memory (at the default 64 KiB: 8 MiB).
+/// Blocks kept in memory: at most this many...
 const CACHE_BLOCKS: usize = 128;
+/// ...and at most this many bytes of decoded ids (4 bytes a token), the newest block always. At
+/// the default 64 KiB of u16 tokens a block decodes to 128 KiB, so the 128 blocks take 16 MiB;
+/// larger blocks are kept fewer (with `block_bytes` unbounded, 128 blocks of 1 GiB each could be
+/// held).
+const CACHE_BYTES: usize = 32 << 20;
 
 /// A split's shards laid end to end as one stream of tokens.
 pub(crate) struct Stream {
@@ -50,6 +55,8 @@ pub(crate) struct BlockReader {
 struct Cache {
     blocks: HashMap<(String, u64), Arc<Vec<u32>>>,
     order: VecDeque<(String, u64)>,
+    /// Bytes of the ids in `blocks`.
+    bytes: usize,
 }
 
 impl BlockReader {
@@ -108,9 +115,12 @@ impl BlockReader {
         let mut cache = self.cache.lock().expect("cache lock");
         if cache.blocks.insert(key.clone(), block.clone()).is_none() {
             cache.order.push_back(key);
-            while cache.order.len() > CACHE_BLOCKS {
+            cache.bytes += block.len() * 4;
+            while cache.order.len() > CACHE_BLOCKS || (cache.order.len() > 1 && cache.bytes > CACHE_BYTES) {
                 let old = cache.order.pop_front().expect("order is not empty");
-                cache.blocks.remove(&old);
+                if let Some(gone) = cache.blocks.remove(&old) {
+                    cache.bytes -= gone.len() * 4;
+                }
             }
         }
         Ok(block)
@@ -121,9 +131,15 @@ impl BlockReader {
         let len = shard.tokens * self.dtype.width();
         let start = b * self.block_bytes;
         let end = (start + self.block_bytes).min(len);
-        let bytes = self.source.read_range(&shard.name, start..end)?;
         let want = shard.crc32[b as usize];
-        let got = crc32fast::hash(&bytes);
+        let mut bytes = self.source.read_range(&shard.name, start..end)?;
+        let mut got = crc32fast::hash(&bytes);
+        // what a cache kept (from one bad answer, or damaged on its disk) is read again from
+        // the store before the shard is called damaged
+        if got != want && self.source.forget(&shard.name, start..end) {
+            bytes = self.source.read_range(&shard.name, start..end)?;
+            got = crc32fast::hash(&bytes);
+        }
         if got != want {
             return Err(invalid(format!(
                 "{}: checksum mismatch in bytes {start}..{end} (crc32 {got:08x}, index.json says {want:08x}): the shard is damaged or was rewritten",

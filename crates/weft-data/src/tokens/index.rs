@@ -39,8 +39,16 @@ pub fn check_block_bytes(block_bytes: u64) -> Result<()> {
     if block_bytes == 0 || !block_bytes.is_multiple_of(4) {
         return Err(invalid(format!("{block_bytes} is not a positive multiple of 4")));
     }
+    if block_bytes > MAX_BLOCK_BYTES {
+        return Err(invalid(format!(
+            "{block_bytes} is over the limit of {MAX_BLOCK_BYTES} (16 MiB): a reader holds whole blocks in memory"
+        )));
+    }
     Ok(())
 }
+
+/// The largest checksum block a dataset may have, in bytes.
+pub const MAX_BLOCK_BYTES: u64 = 16 << 20;
 
 /// The width of a stored token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,7 +21,9 @@ use std::sync::Arc;
 use weft_core::Tensor;
 
 use self::blocks::{BlockReader, Stream};
-pub use self::index::{check_block_bytes, Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, INDEX_NAME};
+pub use self::index::{
+    check_block_bytes, Index, ShardEntry, SplitEntry, TokenDtype, DEFAULT_BLOCK_BYTES, INDEX_NAME, MAX_BLOCK_BYTES,
+};
 pub use self::order::WindowOrder;
 pub use self::prepare::{prepare, PrepareOptions};
 use crate::error::{invalid, Result};
@@ -69,7 +71,11 @@ impl TokenDataset {
         for split in index.splits.values() {
             for shard in &split.shards {
                 let want = shard.tokens * index.dtype.width();
-                let got = source.len(&shard.name)?;
+                let mut got = source.len(&shard.name)?;
+                // a length a cache kept from an earlier answer is asked for again
+                if got != want && source.forget(&shard.name, 0..0) {
+                    got = source.len(&shard.name)?;
+                }
                 if got != want {
                     return Err(invalid(format!(
                         "{}: {got} bytes, but {INDEX_NAME} lists {} tokens ({want} bytes)",
