@@ -322,7 +322,9 @@ fn a_damaged_row_is_named_by_its_run_table_and_column() {
         conn.execute(&sql(&ids), []).unwrap();
         (dir, ids)
     };
-    let cases: [(&dyn Fn(&[i64]) -> String, &str, usize); 3] = [
+    // (the edit, given the runs' ids; what the error says after the table name; whose run)
+    type Case<'a> = (&'a dyn Fn(&[i64]) -> String, &'a str, usize);
+    let cases: [Case; 3] = [
         (
             &|ids| format!("UPDATE runs SET start_time = 'yesterday' WHERE id = {}", ids[1]),
             "runs is damaged: column start_time holds text",
