@@ -426,3 +426,59 @@ fn an_end_of_text_id_outside_the_vocabulary_is_refused() {
     write_index(&out, &v);
     assert!(open(&out).is_ok());
 }
+
+/// A folder whose `len` takes 5 ms, counting the calls in flight at once.
+struct SlowLengths {
+    inner: LocalFolder,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl weft_data::ObjectSource for SlowLengths {
+    fn read_range(&self, name: &str, range: std::ops::Range<u64>) -> weft_data::Result<Vec<u8>> {
+        self.inner.read_range(name, range)
+    }
+    fn read(&self, name: &str) -> weft_data::Result<Vec<u8>> {
+        self.inner.read(name)
+    }
+    fn len(&self, name: &str) -> weft_data::Result<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        self.now.fetch_sub(1, SeqCst);
+        self.inner.len(name)
+    }
+    fn describe(&self, name: &str) -> String {
+        weft_data::ObjectSource::describe(&self.inner, name)
+    }
+}
+
+#[test]
+fn shard_lengths_are_asked_for_several_at_once_and_checked_in_order() {
+    let d = dir("lengths");
+    let text = "to be or not to be that is the question ".repeat(40);
+    let files = inputs(&d, &[&text]);
+    let out = d.join("out");
+    let tok = Tokenizer::Char(CharTokenizer::from_text(&text));
+    let index = prepare(&tok, &files, &LocalFolder::new(&out), &opts(0.1, 20, 64), &mut |_| {}).unwrap();
+    let shards: usize = index.splits.values().map(|s| s.shards.len()).sum();
+    assert!(shards > 40, "{shards} shards");
+    let slow = Arc::new(SlowLengths {
+        inner: LocalFolder::new(&out),
+        now: Default::default(),
+        most: Default::default(),
+    });
+    let ds = TokenDataset::open(slow.clone()).unwrap();
+    assert_eq!(
+        ds.read_tokens(Split::Train, 0..100).unwrap(),
+        open(&out).unwrap().read_tokens(Split::Train, 0..100).unwrap()
+    );
+    let most = slow.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most > 1, "one length at a time");
+    // a shard whose length disagrees is still named, the first in the index's order
+    let second = &index.splits["train"].shards[1].name;
+    std::fs::write(out.join(second), b"xx").unwrap();
+    let e = err(&out);
+    assert!(e.contains(second.as_str()) && e.contains("2 bytes"), "{e}");
+}
