@@ -49,6 +49,27 @@ fn train_mlp(dir: &Path, runs: &Path, name: &str, steps: usize) -> PathBuf {
     ckpt
 }
 
+/// `weft serve --registry runs` on free ports, reading the registry every `poll_ms`, its
+/// stderr to `stderr`; the child and its inference port.
+fn serve_registry(dir: &Path, runs: &Path, poll_ms: &str, stderr: Stdio) -> (std::process::Child, String) {
+    let (port, mport, xport) = (
+        free_port().to_string(),
+        free_port().to_string(),
+        free_port().to_string(),
+    );
+    let token = dir.join("token");
+    std::fs::write(&token, "management-token-0123456789").unwrap();
+    #[rustfmt::skip]
+    let child = weft_command(&["serve", "--registry", runs.to_str().unwrap(), "--registry-poll-ms", poll_ms,
+        "--port", &port, "--management-port", &mport, "--metrics-port", &xport,
+        "--token-file", token.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    (child, port)
+}
+
 fn json_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
@@ -199,21 +220,7 @@ fn a_row_that_is_no_version_is_left_out_with_a_warning_and_the_rest_listed_and_s
     assert_eq!(listed.as_array().unwrap().len(), 1);
     assert_eq!(listed[0]["name"], "cls");
 
-    let (port, mport, xport) = (
-        free_port().to_string(),
-        free_port().to_string(),
-        free_port().to_string(),
-    );
-    let token = dir.join("token");
-    std::fs::write(&token, "management-token-0123456789").unwrap();
-    #[rustfmt::skip]
-    let mut child = weft_command(&["serve", "--registry", runs.to_str().unwrap(), "--registry-poll-ms", "100",
-        "--port", &port, "--management-port", &mport, "--metrics-port", &xport,
-        "--token-file", token.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut child, port) = serve_registry(&dir, &runs, "100", Stdio::piped());
     let client = reqwest::blocking::Client::new();
     let body =
         json!({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.3, 0.6]}]}).to_string();
@@ -298,20 +305,7 @@ fn models_register_promote_list_show_and_serve_follows_promotions() {
     assert_eq!(show["versions"].as_array().unwrap().len(), 2);
 
     // the server answers with version 1, then follows the promotion of version 2
-    let (port, mport, xport) = (
-        free_port().to_string(),
-        free_port().to_string(),
-        free_port().to_string(),
-    );
-    let token = dir.join("token");
-    std::fs::write(&token, "management-token-0123456789").unwrap();
-    #[rustfmt::skip]
-    let mut child = weft_command(&["serve", "--registry", runs.to_str().unwrap(), "--registry-poll-ms", "200",
-        "--port", &port, "--management-port", &mport, "--metrics-port", &xport,
-        "--token-file", token.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, port) = serve_registry(&dir, &runs, "200", Stdio::inherit());
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::blocking::Client::builder()
         .timeout(std::time::Duration::from_secs(60))
