@@ -90,8 +90,18 @@ fn read_header(r: &mut impl Read) -> std::io::Result<(Header, usize)> {
     Ok((header, len as usize))
 }
 
+/// A frame's payload of `len` bytes; memory for it is asked for fallibly, so a frame this
+/// process cannot hold is an error on the link (naming the peer where it is reported), not an
+/// abort of the process.
 fn read_payload(r: &mut impl Read, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut payload = vec![0u8; len];
+    let mut payload = Vec::new();
+    payload.try_reserve_exact(len).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!("no memory for a frame of {len} bytes"),
+        )
+    })?;
+    payload.resize(len, 0);
     r.read_exact(&mut payload)?;
     Ok(payload)
 }
