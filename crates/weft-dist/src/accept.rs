@@ -28,6 +28,46 @@ type InHandshake = Arc<Mutex<VecDeque<(u64, TcpStream)>>>;
 pub(crate) struct Pending {
     id: u64,
     all: InHandshake,
+    said: Arc<Refusals>,
+}
+
+impl Pending {
+    /// Says on stderr that a connection was refused (`line`), at most [`SAID_PER_MINUTE`] such
+    /// lines a minute per listener: a flood of strangers printed a line each.
+    pub(crate) fn refused(&self, line: String) {
+        self.said.say(line);
+    }
+}
+
+/// Refusal lines said per listener and minute; the rest are counted and the count said.
+const SAID_PER_MINUTE: u32 = 10;
+
+/// The refusals a listener said in the current minute, and those it did not.
+#[derive(Default)]
+struct Refusals(Mutex<Option<(Instant, u32, u32)>>);
+
+impl Refusals {
+    fn say(&self, line: String) {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let (since, said, held) = g.get_or_insert((now, 0, 0));
+        if now.duration_since(*since) >= Duration::from_secs(60) {
+            if *held > 0 {
+                weft_core::errln!("weft: ... and {held} more refused connections in that minute");
+            }
+            (*since, *said, *held) = (now, 0, 0);
+        }
+        if *said < SAID_PER_MINUTE {
+            *said += 1;
+            if *said == SAID_PER_MINUTE {
+                weft_core::errln!("{line} (more refusals this minute are counted, not shown)");
+            } else {
+                weft_core::errln!("{line}");
+            }
+        } else {
+            *held += 1;
+        }
+    }
 }
 
 impl Drop for Pending {
@@ -53,6 +93,7 @@ pub(crate) fn accept_loop<F>(
 {
     let handle = Arc::new(handle);
     let pending: InHandshake = Arc::default();
+    let said: Arc<Refusals> = Arc::default();
     let (full_said, error_said) = (AtomicBool::new(false), AtomicBool::new(false));
     let mut next_id = 0u64;
     for conn in listener.incoming() {
@@ -98,6 +139,7 @@ pub(crate) fn accept_loop<F>(
         let place = Pending {
             id: next_id,
             all: pending.clone(),
+            said: said.clone(),
         };
         let handle = handle.clone();
         let spawned = std::thread::Builder::new()
@@ -110,5 +152,21 @@ pub(crate) fn accept_loop<F>(
             }
             std::thread::sleep(ACCEPT_PAUSE);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_past_ten_a_minute_are_counted_not_said() {
+        let r = Refusals::default();
+        for i in 0..25 {
+            r.say(format!("refused connection {i}"));
+        }
+        let g = r.0.lock().unwrap();
+        let (_, said, held) = g.unwrap();
+        assert_eq!((said, held), (SAID_PER_MINUTE, 15));
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::accept::accept_loop;
+use crate::accept::{accept_loop, Pending};
 use crate::auth::{client_handshake, server_handshake, Token};
 use crate::error::{io, Error, Result};
 use crate::inbox::{read_peer, write_frame, Inbox, Source, ABORT};
@@ -97,7 +97,7 @@ impl Mesh {
                         "weft-mesh-conn",
                         || !accepting.load(Ordering::SeqCst),
                         move |s, by, pending| {
-                            let arrival = handshake_peer(s, by, &token);
+                            let arrival = handshake_peer(s, by, &token, &pending);
                             drop(pending);
                             if let Some(arrival) = arrival {
                                 let _ = tx.send(arrival);
@@ -342,10 +342,10 @@ struct Arrival {
 
 /// The token handshake with a connecting peer and the rank it says it is, all by `by`; `None`
 /// (said on stderr) when either fails.
-fn handshake_peer(mut s: TcpStream, by: Instant, token: &Token) -> Option<Arrival> {
+fn handshake_peer(mut s: TcpStream, by: Instant, token: &Token, pending: &Pending) -> Option<Arrival> {
     let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     if let Err(e) = server_handshake(&mut s, token, ROLE, by) {
-        weft_core::errln!("weft: refused a connection from {from}: {e}");
+        pending.refused(format!("weft: refused a connection from {from}: {e}"));
         return None;
     }
     let mut b = [0u8; 8];
@@ -358,7 +358,7 @@ fn handshake_peer(mut s: TcpStream, by: Instant, token: &Token) -> Option<Arriva
             from,
         }),
         Err(e) => {
-            weft_core::errln!("weft: a peer from {from} did not say its rank: {e}");
+            pending.refused(format!("weft: a peer from {from} did not say its rank: {e}"));
             None
         }
     }

@@ -90,7 +90,7 @@ impl Drop for StoreServer {
 fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, token: &Token) {
     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     if let Err(e) = server_handshake(&mut conn, token, ROLE, by) {
-        weft_core::errln!("weft store: refused a connection from {peer}: {e}");
+        pending.refused(format!("weft store: refused a connection from {peer}: {e}"));
         return;
     }
     drop(pending);
