@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// The largest request body, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().body_bytes)]
     max_body_bytes: usize,
+    /// The most bytes of request bodies the server holds at once, across all connections (being
+    /// read or handled); a request past it is answered 503 with Retry-After. At least
+    /// --max-body-bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().body_bytes_in_flight)]
+    max_body_bytes_in_flight: usize,
     /// The most new tokens one generation request may ask for.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_tokens as u64)]
     max_tokens: u64,
@@ -189,8 +194,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             Token::new(&text)?
         }
     };
+    if args.max_body_bytes_in_flight < args.max_body_bytes {
+        return Err(format!(
+            "--max-body-bytes-in-flight: {} is below --max-body-bytes ({}): one request at the limit would not fit",
+            args.max_body_bytes_in_flight, args.max_body_bytes
+        ));
+    }
     let limits = Limits {
         body_bytes: args.max_body_bytes,
+        body_bytes_in_flight: args.max_body_bytes_in_flight,
         max_tokens,
         read_timeout: Duration::from_millis(read_timeout_ms),
         ..Limits::default()
@@ -286,6 +298,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         store: Arc::new(model_store.clone()),
         load,
         metrics: Arc::default(),
+        bodies: weft_serve::listen::BodyBudget::new(limits.body_bytes_in_flight),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

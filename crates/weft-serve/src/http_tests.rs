@@ -50,6 +50,7 @@ fn start(limits: Limits) -> Running {
         store: Arc::new(std::env::temp_dir()),
         load: LoadOptions::default(),
         metrics: Arc::default(),
+        bodies: crate::listen::BodyBudget::new(limits.body_bytes_in_flight),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (addrs_tx, addrs_rx) = std::sync::mpsc::channel();

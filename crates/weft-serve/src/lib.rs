@@ -44,6 +44,9 @@ pub use registry::{LoadOptions, ModelSpec, Registry};
 pub struct Limits {
     /// The largest request body, in bytes (over it: 413).
     pub body_bytes: usize,
+    /// The most bytes of request bodies held at once across connections (over it: 503 with
+    /// `Retry-After`); at least `body_bytes`.
+    pub body_bytes_in_flight: usize,
     /// The most new tokens one generation request may ask for.
     pub max_tokens: usize,
     /// The most values one infer request's output may hold (`B x classes`, `B x T x vocab`).
@@ -66,6 +69,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             body_bytes: 16 << 20,
+            body_bytes_in_flight: 1 << 30,
             max_tokens: 4096,
             max_output_values: 1 << 24,
             read_timeout: std::time::Duration::from_secs(30),
@@ -89,6 +93,8 @@ pub struct AppState {
     pub load: LoadOptions,
     /// Request counters and latencies.
     pub metrics: Arc<Metrics>,
+    /// The request bodies held at once, across connections ([`Limits::body_bytes_in_flight`]).
+    pub bodies: Arc<listen::BodyBudget>,
 }
 
 /// The inference API's routes over `state`.

@@ -3,10 +3,14 @@
 //! request line, or opens a connection and sends nothing, would hold it, and its file
 //! descriptor, forever), and request bodies are read before the handlers with the body limit
 //! (413; from `Content-Length` at once when the client waits for `100 Continue`) and a limit
-//! on each pause inside the body (408).
+//! on each pause inside the body (408), and all bodies held at once (being read or handled) under
+//! one budget across connections ([`BodyBudget`]; past it 503), so that many clients sending
+//! bodies at the limit cannot hold more memory than the budget.
 
 use std::future::Future;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -23,6 +27,50 @@ use tokio::sync::watch;
 
 use crate::error::{openai_response, ApiError};
 use crate::AppState;
+
+/// The bytes of request bodies the server holds at once (being read, or in a request being
+/// handled), across all connections, and their limit.
+#[derive(Debug)]
+pub struct BodyBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl BodyBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// The bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    /// Takes `n` more bytes when they fit.
+    fn take(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                u.checked_add(n).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+}
+
+/// The bytes one request holds of a [`BodyBudget`], given back when it is dropped.
+struct Held {
+    budget: Arc<BodyBudget>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting and waits for
 /// the connections' requests in flight (idle connections close at once). A connection that has
@@ -128,6 +176,10 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
     };
     let (parts, body) = request.into_parts();
     let mut chunks = body.into_data_stream();
+    let mut held = Held {
+        budget: state.bodies.clone(),
+        bytes: 0,
+    };
     // reserved as it arrives past 1 MiB: a client sending only headers reserves little
     let mut bytes = Vec::with_capacity(capacity.min(1 << 20));
     loop {
@@ -146,6 +198,19 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
                 if bytes.len() + chunk.len() > limit {
                     return refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large());
                 }
+                if !held.budget.take(chunk.len()) {
+                    let mut busy = refuse(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "the server holds {} bytes of request bodies already (--max-body-bytes-in-flight); retry later",
+                            held.budget.limit
+                        ),
+                    );
+                    busy.headers_mut()
+                        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                    return busy;
+                }
+                held.bytes += chunk.len();
                 bytes.extend_from_slice(&chunk);
             }
             Ok(Some(Err(e))) => {
@@ -156,6 +221,10 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
             }
         }
     }
-    next.run(Request::from_parts(parts, Body::from(Bytes::from(bytes))))
-        .await
+    let response = next
+        .run(Request::from_parts(parts, Body::from(Bytes::from(bytes))))
+        .await;
+    // the handler has let go of the body (a streamed response keeps what it made of it)
+    drop(held);
+    response
 }

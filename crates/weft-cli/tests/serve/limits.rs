@@ -164,3 +164,70 @@ fn bodies_at_the_size_limit_are_read_in_a_few_times_their_size() {
     drop(s);
     let _ = std::fs::remove_dir_all(&store);
 }
+
+#[test]
+fn bodies_held_at_once_past_the_budget_are_answered_503_and_the_budget_comes_back() {
+    let store = temp_dir("serve-body-budget");
+    train_mlp(&store);
+    #[rustfmt::skip]
+    let s = Server::start(&store, &["--model", "m=mlp", "--max-body-bytes", "400000",
+        "--max-body-bytes-in-flight", "1000000"]);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    // clients that send most of a 390 kB body and pause: the server holds what arrived
+    let stalled = || -> TcpStream {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let head = "POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                    Content-Length: 390000\r\n\r\n";
+        c.write_all(head.as_bytes()).unwrap();
+        let _ = c.write_all(&[b' '; 389_990]);
+        c
+    };
+    let first = stalled();
+    let second = stalled();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut third = stalled();
+    let mut answer = String::new();
+    let _ = third.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "{}",
+        &answer[..answer.len().min(300)]
+    );
+    assert!(answer.to_ascii_lowercase().contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("--max-body-bytes-in-flight"), "{answer}");
+    // the stalled clients leave: what they held is given back, and a request fits again
+    drop((first, second));
+    let answered = wait_for(10, || s.post("/v2/models/m/infer", infer_body(&[[0.5, -0.5]])).0 == 200);
+    assert!(answered, "the budget did not come back");
+    s.alive();
+    drop(s);
+    // a budget below one body is refused at start
+    let mut child = weft_command(&[
+        "serve",
+        "--model-store",
+        store.to_str().unwrap(),
+        "--port",
+        "0",
+        "--management-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--max-body-bytes",
+        "1000",
+        "--max-body-bytes-in-flight",
+        "999",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(
+        !status.success() && err.contains("--max-body-bytes-in-flight: 999 is below --max-body-bytes (1000)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&store);
+}
