@@ -174,6 +174,18 @@ fn damaged_or_forged_headers_are_refused_naming_the_tensor() {
     let gone = d.join("gone.safetensors");
     let e = SafeTensorsFile::open(&gone).unwrap_err().to_string();
     assert!(e.contains("gone.safetensors"), "{e}");
+    // not a regular file: a folder, and a FIFO (opening it waited for a writer, forever)
+    assert!(refused(&d).contains("not a file (a directory)"));
+    #[cfg(unix)]
+    {
+        let fifo = d.join("fifo.safetensors");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            assert!(refused(&fifo).contains("not a file (a FIFO)"));
+        } else {
+            eprintln!("skipped the FIFO case: mkfifo is not available");
+        }
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
 

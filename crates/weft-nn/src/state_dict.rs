@@ -49,6 +49,16 @@ pub fn load_state_dict_only(
     }
     for (name, param) in &params {
         let alias = aliases.iter().find(|(_, c)| c == name).map(|(a, _)| *a);
+        // both names: one tensor twice, or the file disagrees with itself (a tied head whose
+        // second copy was changed loaded without a word, the changed copy unread)
+        if let (Some(a), Some(t), Some(u)) = (alias, tensors.get(name), alias.and_then(|a| tensors.get(a))) {
+            if !same_values(t, u)? {
+                return Err(Error::Io(format!(
+                    "{source}: tensors {name:?} and {a:?} are one tied weight of the model, but the file holds \
+                     different values for them"
+                )));
+            }
+        }
         let src = tensors
             .get(name)
             .or_else(|| alias.and_then(|a| tensors.get(a)))
@@ -63,6 +73,32 @@ pub fn load_state_dict_only(
         param.copy_from(src)?;
     }
     Ok(())
+}
+
+/// Whether `a` and `b` have one shape and the same values (bit for bit as f64), compared about
+/// a million values at a time.
+fn same_values(a: &Tensor, b: &Tensor) -> Result<bool> {
+    if a.shape() != b.shape() {
+        return Ok(false);
+    }
+    let same = |x: &Tensor, y: &Tensor| {
+        let (x, y) = (x.to_vec_f64(), y.to_vec_f64());
+        x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits())
+    };
+    let rows = match a.shape().first() {
+        Some(&r) if r > 0 => r,
+        _ => return Ok(same(a, b)),
+    };
+    let per = ((1usize << 20) / (a.numel() / rows).max(1)).max(1);
+    let mut start = 0;
+    while start < rows {
+        let n = per.min(rows - start);
+        if !same(&a.narrow(0, start, n)?, &b.narrow(0, start, n)?) {
+            return Ok(false);
+        }
+        start += n;
+    }
+    Ok(true)
 }
 
 /// Loads a safetensors file into `module` (see [`load_state_dict`]).
@@ -87,4 +123,44 @@ pub fn save_file(
         }
     }
     safetensors::save(path, named.iter().map(|(n, t)| (n.as_str(), t)), metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::Linear;
+
+    #[test]
+    fn a_tied_weight_given_under_both_names_must_hold_one_value() {
+        let mut rng = weft_core::Generator::new(0);
+        let layer = Linear::new(3, 2, false, &mut rng).unwrap();
+        let aliases = [("head.weight", "weight")];
+        let w = Tensor::from_vec((0..6).map(|v| v as f32).collect::<Vec<_>>(), &[2, 3]).unwrap();
+        let one = |alt: Tensor| BTreeMap::from([("weight".to_string(), w.clone()), ("head.weight".to_string(), alt)]);
+        // the same values twice (and one name alone) load
+        load_state_dict(&layer, &one(w.clone()), &aliases, "f").unwrap();
+        load_state_dict(
+            &layer,
+            &BTreeMap::from([("head.weight".to_string(), w.clone())]),
+            &aliases,
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            layer.parameters()[0].1.to_vec::<f32>().unwrap(),
+            w.to_vec::<f32>().unwrap()
+        );
+        // a second copy that differs in one value, or is all zeros, is refused naming both
+        let mut changed = w.to_vec::<f32>().unwrap();
+        changed[5] = 7.5;
+        for alt in [
+            Tensor::from_vec(changed, &[2, 3]).unwrap(),
+            Tensor::zeros(&[2, 3], weft_core::DType::F32).unwrap(),
+        ] {
+            let e = load_state_dict(&layer, &one(alt), &aliases, "f")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("\"weight\" and \"head.weight\" are one tied weight"), "{e}");
+        }
+    }
 }

@@ -152,6 +152,17 @@ fn parts<'a>(name: &str, rec: &'a TensorRecord) -> Result<Vec<(Option<TpPart>, V
             rec.pieces.len()
         )));
     }
+    // a file holds a tensor under its name once: two pieces naming one file are one piece read
+    // twice (an index edited so; one piece claimed again K times made K copies of a tensor's
+    // size in memory, and the process aborted on the allocation)
+    let mut files: Vec<&str> = rec.pieces.iter().map(|p| p.file.as_str()).collect();
+    files.sort_unstable();
+    if let Some(w) = files.windows(2).find(|w| w[0] == w[1]) {
+        return Err(bad(format!(
+            "two of its pieces are in file {:?}, which holds it once",
+            w[0]
+        )));
+    }
     let mut out: Vec<(Option<TpPart>, Vec<&PieceRecord>)> = Vec::with_capacity(ranks);
     for r in 0..ranks {
         let tp = first.tp.as_ref().map(|t| TpPart { rank: r, ..t.clone() });
@@ -266,8 +277,9 @@ mod tests {
             dtype: "float32".into(),
             pieces: pieces
                 .iter()
-                .map(|(tp, offset, numel)| PieceRecord {
-                    file: "f".into(),
+                .enumerate()
+                .map(|(i, (tp, offset, numel))| PieceRecord {
+                    file: format!("rank-{i}.safetensors"),
                     tp: tp.clone(),
                     offset: *offset,
                     numel: *numel,
@@ -306,6 +318,15 @@ mod tests {
         assert!(huge.to_string().contains("too many elements"), "{huge}");
         let mixed = parts("w", &record(&[5, 2], &[(tp(0), 0, 6), (tp(1), 0, 6), (None, 0, 10)])).unwrap_err();
         assert!(mixed.to_string().contains("different ways"), "{mixed}");
+        // one file's piece claimed again for more of a grown shape: the file holds it once
+        let mut twice = record(&[4, 3], &[(None, 0, 6), (None, 6, 6)]);
+        twice.pieces[1].file = twice.pieces[0].file.clone();
+        let e = parts("w", &twice).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("two of its pieces are in file \"rank-0.safetensors\""),
+            "{e}"
+        );
     }
 
     #[test]

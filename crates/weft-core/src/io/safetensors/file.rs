@@ -42,6 +42,13 @@ impl SafeTensorsFile {
     /// Opens and maps `path`, and reads and checks its header (see [`Header::parse`]); no
     /// tensor byte is read. Errors name the file (and the tensor to blame).
     pub fn open(path: &Path) -> Result<SafeTensorsFile> {
+        // checked before opening: opening a FIFO for reading waits for a writer, forever (a
+        // checkpoint whose shard was replaced by one hung every command that read it)
+        let meta = std::fs::metadata(path).map_err(|e| bad(path, e))?;
+        if !meta.is_file() {
+            let kind = crate::io::atomic::describe(&meta.file_type());
+            return Err(bad(path, format!("not a file ({kind})")));
+        }
         let file = std::fs::File::open(path).map_err(|e| bad(path, e))?;
         let len = file.metadata().map_err(|e| bad(path, e))?.len();
         if len < 8 {

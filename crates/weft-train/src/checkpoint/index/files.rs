@@ -121,7 +121,14 @@ impl<'a> Files<'a> {
                 .iter()
                 .map(|p| self.piece(&p.file, name, p, &rec.dtype))
                 .collect::<Result<Vec<_>>>()?;
-            let mut values = vec![0.0f64; numel(name, &shape)?];
+            let n = numel(name, &shape)?;
+            let mut values = Vec::new();
+            values.try_reserve_exact(n).map_err(|_| {
+                Error::Io(format!(
+                    "tensor {name:?}: {n} values of shape {shape:?} do not fit in memory"
+                ))
+            })?;
+            values.resize(n, 0.0f64);
             for (p, t) in pieces.iter().zip(&tensors) {
                 dtype = Some(t.dtype());
                 values[p.offset..p.offset + p.numel].copy_from_slice(&t.to_vec_f64());
