@@ -69,7 +69,8 @@ impl std::str::FromStr for ModelSpec {
 }
 
 /// `rel` inside the model store `store`, refused when it is absolute, has a `..` component, or
-/// resolves (through links) outside the store.
+/// resolves (through links) outside the store, or when a file inside it does (a checkpoint's
+/// shard linked to a file elsewhere was loaded before: only the folder was checked).
 pub fn resolve_in_store(store: &Path, rel: &Path) -> Result<PathBuf, String> {
     let shown = rel.display();
     if rel.is_absolute()
@@ -95,7 +96,37 @@ pub fn resolve_in_store(store: &Path, rel: &Path) -> Result<PathBuf, String> {
             root.display()
         ));
     }
+    if let Some(entry) = escaping_entry(&full, &root, 0) {
+        return Err(format!(
+            "{shown}: {} resolves outside the model store {}",
+            entry.display(),
+            root.display()
+        ));
+    }
     Ok(full)
+}
+
+/// The first entry under `dir` (files and folders, `depth` levels down at most 4) that resolves
+/// outside `root`, or that cannot be resolved; `None` when all stay inside.
+fn escaping_entry(dir: &Path, root: &Path, depth: usize) -> Option<PathBuf> {
+    if depth > 4 || !dir.is_dir() {
+        return None;
+    }
+    let entries = std::fs::read_dir(dir).ok()?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        match path.canonicalize() {
+            Ok(real) if real.starts_with(root) => {
+                if let Some(bad) = escaping_entry(&real, root, depth + 1) {
+                    return Some(bad);
+                }
+            }
+            // a dangling link is left to the load, which names a missing file
+            Err(_) if entry.file_type().is_ok_and(|t| t.is_symlink()) => {}
+            _ => return Some(path),
+        }
+    }
+    None
 }
 
 /// What a model takes and gives (the v2 metadata): `Features` and `Images` are classifiers
@@ -414,6 +445,18 @@ mod tests {
         std::os::unix::fs::symlink(root.join("outside"), store.join("link")).unwrap();
         let e = resolve_in_store(&store, Path::new("link")).unwrap_err();
         assert!(e.contains("outside the model store"), "{e}");
+        // a file inside a checkpoint folder (two levels down) linked to one outside
+        std::fs::create_dir_all(store.join("m/step-00000004")).unwrap();
+        std::fs::write(root.join("outside/secret.safetensors"), b"x").unwrap();
+        let shard = store.join("m/step-00000004/rank-00000.safetensors");
+        std::os::unix::fs::symlink(root.join("outside/secret.safetensors"), &shard).unwrap();
+        let e = resolve_in_store(&store, Path::new("m")).unwrap_err();
+        assert!(e.contains("rank-00000.safetensors resolves outside the model store"), "{e}");
+        // linked within the store: fine
+        std::fs::remove_file(&shard).unwrap();
+        std::fs::write(store.join("m/real.safetensors"), b"x").unwrap();
+        std::os::unix::fs::symlink(store.join("m/real.safetensors"), &shard).unwrap();
+        assert!(resolve_in_store(&store, Path::new("m")).is_ok());
         let _ = std::fs::remove_dir_all(&root);
     }
 }
