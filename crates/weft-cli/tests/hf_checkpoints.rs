@@ -118,10 +118,25 @@ fn a_damaged_folder_is_refused_before_training() {
         &["train", "--config", run.to_str().unwrap()],
         &["config.json", "architectures", "GPT2ForQuestionAnswering"],
     );
-    std::fs::write(folder.join("config.json"), config).unwrap();
+    std::fs::write(folder.join("config.json"), &config).unwrap();
     let bytes = std::fs::read(folder.join("model.safetensors")).unwrap();
     std::fs::write(folder.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
     fails_with(&["train", "--config", run.to_str().unwrap()], &["model.safetensors"]);
+    // a config.json wider than its weights: named from the weights' shapes, before a model of
+    // the config's size is built (one of n_embd 2048 was built first, about 1 GB, to fail after)
+    std::fs::copy(hf_fixture("gpt2/model.safetensors"), folder.join("model.safetensors")).unwrap();
+    std::fs::write(
+        folder.join("config.json"),
+        config.replace("\"n_embd\": 32", "\"n_embd\": 2048"),
+    )
+    .unwrap();
+    fails_with(
+        &["train", "--config", run.to_str().unwrap()],
+        &[
+            "gpt2: model config: model.n_embd: 2048",
+            "transformer.wte.weight has shape [61, 32]",
+        ],
+    );
     assert!(!dir.join("metrics.jsonl").exists());
 }
 

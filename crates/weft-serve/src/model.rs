@@ -451,7 +451,10 @@ mod tests {
         let shard = store.join("m/step-00000004/rank-00000.safetensors");
         std::os::unix::fs::symlink(root.join("outside/secret.safetensors"), &shard).unwrap();
         let e = resolve_in_store(&store, Path::new("m")).unwrap_err();
-        assert!(e.contains("rank-00000.safetensors resolves outside the model store"), "{e}");
+        assert!(
+            e.contains("rank-00000.safetensors resolves outside the model store"),
+            "{e}"
+        );
         // linked within the store: fine
         std::fs::remove_file(&shard).unwrap();
         std::fs::write(store.join("m/real.safetensors"), b"x").unwrap();
