@@ -352,3 +352,36 @@ fn a_tensor_parallel_resume_checks_the_fused_parts_it_reads_in_rows() {
     assert!(err.contains("resuming after step 5"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn optimizer_state_missing_a_parameter_is_said_when_the_run_resumes() {
+    let dir = temp_dir("ckpt-opt-missing");
+    train_with_checkpoints(&dir);
+    // drop one parameter's Adam moments from the newest checkpoint's index
+    let index_path = newest(&dir).join("index.json");
+    let mut index: serde_json::Value = serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let optimizer = index["optimizer"].as_object_mut().unwrap();
+    let victim = optimizer
+        .keys()
+        .find(|k| k.ends_with(".exp_avg"))
+        .unwrap()
+        .trim_end_matches(".exp_avg")
+        .to_string();
+    optimizer.retain(|k, _| !k.starts_with(&format!("{victim}.")));
+    std::fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+    let out = resume(&dir, 12, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("resuming after step 10"), "{err}");
+    // its moments start from zero, which the run says (it resumed without a word before)
+    let warning = err
+        .lines()
+        .find(|l| l.contains("restored optimizer state holds nothing for parameter"))
+        .unwrap_or_else(|| panic!("no warning in:\n{err}"));
+    assert!(warning.contains(&format!("{victim:?}")), "{warning}");
+    assert_eq!(
+        err.matches("restored optimizer state holds nothing").count(),
+        1,
+        "{err}"
+    );
+}

@@ -12,7 +12,8 @@ use crate::step_ops::{node_inputs, read_scalars, read_step_count, UpdateInputs, 
 
 use super::{
     check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, grad_for_update, invalid,
-    like_param, read_step, split_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
+    like_param, missing_state, read_step, split_state, warn_missing_state, FusedFloat, Optimizer, ParamGroup, Work,
+    CHUNK, PARALLEL_MIN,
 };
 
 /// Hyper-parameters of [`Adam`] other than the learning rate and weight decay (which come with each
@@ -306,6 +307,7 @@ impl Optimizer for Adam {
         let (work, names) = collect_work(OP, groups, lr)?;
         if let Some(loaded) = &self.loaded {
             check_loaded_names(OP, loaded, &names)?;
+            warn_missing_state(OP, &missing_state(loaded, &names));
         }
         for w in &work {
             if let Some(s) = self.state.get(w.name) {

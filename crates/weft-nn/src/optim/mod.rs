@@ -293,6 +293,28 @@ pub(crate) fn check_loaded_names(op: &'static str, loaded: &BTreeSet<String>, na
     }
 }
 
+/// After [`Optimizer::load_state`]: the step's parameters the restored state holds nothing for,
+/// in name order (they start from zero, as in a fresh run, so the run no longer continues the
+/// saved one exactly: an optimizer state with entries dropped from its checkpoint resumed
+/// without a word).
+pub(crate) fn missing_state<'a>(loaded: &BTreeSet<String>, names: &BTreeSet<&'a str>) -> Vec<&'a str> {
+    names.iter().copied().filter(|n| !loaded.contains(*n)).collect()
+}
+
+/// Says on stderr (once per restore) which parameters the restored state of `op` misses.
+pub(crate) fn warn_missing_state(op: &str, missing: &[&str]) {
+    if let Some(first) = missing.first() {
+        let more = match missing.len() {
+            1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        weft_core::errln!(
+            "weft: warning: {op}: the restored optimizer state holds nothing for parameter {first:?}{more}; \
+             that state starts from zero, so this run no longer continues the saved one exactly"
+        );
+    }
+}
+
 /// Checks that state tensor `key` has the shape of parameter `name`.
 pub(crate) fn check_state_shape(op: &'static str, key: &str, state: &Tensor, name: &str, param: &Tensor) -> Result<()> {
     if state.shape() != param.shape() {

@@ -10,7 +10,8 @@ use crate::step_ops::{node_inputs, read_scalars, UpdateInputs, UpdateItem};
 
 use super::{
     check_loaded_names, check_state_shape, collect_work, copy_moment, fma_dispatch, grad_for_update, invalid,
-    like_param, split_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK, PARALLEL_MIN,
+    like_param, missing_state, split_state, warn_missing_state, FusedFloat, Optimizer, ParamGroup, Work, CHUNK,
+    PARALLEL_MIN,
 };
 
 /// Hyper-parameters of [`Sgd`] other than the learning rate and weight decay (which come with each
@@ -255,10 +256,13 @@ impl Optimizer for Sgd {
     fn step(&mut self, groups: &[ParamGroup], lr: f64) -> Result<()> {
         const OP: &str = "Sgd::step";
         let (work, names) = collect_work(OP, groups, lr)?;
+        let use_momentum = self.cfg.momentum != 0.0;
         if let Some(loaded) = &self.loaded {
             check_loaded_names(OP, loaded, &names)?;
+            if use_momentum {
+                warn_missing_state(OP, &missing_state(loaded, &names));
+            }
         }
-        let use_momentum = self.cfg.momentum != 0.0;
         if use_momentum {
             for w in &work {
                 if let Some(b) = self.buffers.get(w.name) {
