@@ -58,9 +58,9 @@ pub struct ServeArgs {
     max_body_bytes: usize,
     /// The most bytes of request bodies the server holds at once, across all connections (being
     /// read or handled); a request past it is answered 503 with Retry-After. At least
-    /// --max-body-bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().body_bytes_in_flight)]
-    max_body_bytes_in_flight: usize,
+    /// --max-body-bytes [default: 1 GiB, or --max-body-bytes when that is larger]
+    #[arg(long, value_name = "BYTES")]
+    max_body_bytes_in_flight: Option<usize>,
     /// The most new tokens one generation request may ask for.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_tokens as u64)]
     max_tokens: u64,
@@ -194,15 +194,18 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             Token::new(&text)?
         }
     };
-    if args.max_body_bytes_in_flight < args.max_body_bytes {
+    let in_flight = args
+        .max_body_bytes_in_flight
+        .unwrap_or_else(|| Limits::default().body_bytes_in_flight.max(args.max_body_bytes));
+    if in_flight < args.max_body_bytes {
         return Err(format!(
-            "--max-body-bytes-in-flight: {} is below --max-body-bytes ({}): one request at the limit would not fit",
-            args.max_body_bytes_in_flight, args.max_body_bytes
+            "--max-body-bytes-in-flight: {in_flight} is below --max-body-bytes ({}): one request at the limit would not fit",
+            args.max_body_bytes
         ));
     }
     let limits = Limits {
         body_bytes: args.max_body_bytes,
-        body_bytes_in_flight: args.max_body_bytes_in_flight,
+        body_bytes_in_flight: in_flight,
         max_tokens,
         read_timeout: Duration::from_millis(read_timeout_ms),
         ..Limits::default()

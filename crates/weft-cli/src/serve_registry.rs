@@ -93,9 +93,20 @@ impl Follower {
 
     /// One read of the registry and the changes it calls for.
     fn step(&mut self, registry: &Registry, runtime: &tokio::runtime::Handle) {
+        // a model whose production row does not read (or any model, when a row's name does not)
+        // keeps what it serves: the row may still name it, and retiring it would stop serving it
+        let mut unreadable: Option<BTreeSet<String>> = Some(BTreeSet::new());
         let production = match self.registry.production() {
             Ok(p) => {
                 self.read_error = None;
+                for bad in &p.unreadable {
+                    match (&bad.name, unreadable.as_mut()) {
+                        (Some(n), Some(names)) => {
+                            names.insert(n.clone());
+                        }
+                        _ => unreadable = None,
+                    }
+                }
                 self.choose(p)
             }
             Err(e) => {
@@ -142,10 +153,11 @@ impl Follower {
                 self.retire(registry, runtime, &v.name, old);
             }
         }
+        let Some(unreadable) = unreadable else { return };
         let gone: Vec<(String, i64)> = self
             .served
             .iter()
-            .filter(|(n, _)| !wanted.contains(*n))
+            .filter(|(n, _)| !wanted.contains(*n) && !unreadable.contains(*n))
             .map(|(n, v)| (n.clone(), *v))
             .collect();
         for (name, old) in gone {

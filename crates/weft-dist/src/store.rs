@@ -30,8 +30,9 @@ const ST_BAD: u8 = 2;
 /// Largest key or value the store accepts.
 pub const MAX_VALUE: usize = 16 << 20;
 const ROLE: &str = "store";
-/// How long a client waits for the store's reply beyond the wait it asked for.
-pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client waits for the store's reply beyond the wait it asked for: long enough for
+/// a store host paused a while (a debugger attached, swapping), short of forever.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Default)]
 struct Table {
@@ -239,7 +240,8 @@ impl StoreClient {
         };
         let limit = wait.saturating_add(self.reply_timeout);
         let timed = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout(format!(
+            // not `Error::Timeout`, which callers read as "the key was not set in time"
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Io(format!(
                 "the {what} did not answer within {:.0} s (its host hung, or the network to it is cut?)",
                 limit.as_secs_f64()
             )),

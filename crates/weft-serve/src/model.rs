@@ -106,8 +106,10 @@ pub fn resolve_in_store(store: &Path, rel: &Path) -> Result<PathBuf, String> {
     Ok(full)
 }
 
-/// The first entry under `dir` (files and folders, `depth` levels down at most 4) that resolves
-/// outside `root`, or that cannot be resolved; `None` when all stay inside.
+/// The first file a load reads (`*.safetensors`, `*.json`) or checkpoint folder (`step-*`) under
+/// `dir` (`depth` levels down at most 4) that resolves outside `root`, or that cannot be resolved;
+/// `None` when all stay inside. Other entries (a run folder's link to its data elsewhere) are not
+/// refused.
 fn escaping_entry(dir: &Path, root: &Path, depth: usize) -> Option<PathBuf> {
     if depth > 4 || !dir.is_dir() {
         return None;
@@ -115,12 +117,20 @@ fn escaping_entry(dir: &Path, root: &Path, depth: usize) -> Option<PathBuf> {
     let entries = std::fs::read_dir(dir).ok()?;
     for entry in entries.flatten() {
         let path = entry.path();
+        let name = entry.file_name();
+        let read_by_a_load = path.extension().is_some_and(|e| e == "safetensors" || e == "json")
+            || (path.is_dir() && name.to_string_lossy().starts_with("step-"));
+        if !read_by_a_load && !path.is_dir() {
+            continue;
+        }
         match path.canonicalize() {
             Ok(real) if real.starts_with(root) => {
                 if let Some(bad) = escaping_entry(&real, root, depth + 1) {
                     return Some(bad);
                 }
             }
+            // a folder elsewhere that no load reads (a run's link to its data)
+            Ok(_) if !read_by_a_load => {}
             // a dangling link is left to the load, which names a missing file
             Err(_) if entry.file_type().is_ok_and(|t| t.is_symlink()) => {}
             _ => return Some(path),
@@ -460,6 +470,13 @@ mod tests {
         std::fs::write(store.join("m/real.safetensors"), b"x").unwrap();
         std::os::unix::fs::symlink(store.join("m/real.safetensors"), &shard).unwrap();
         assert!(resolve_in_store(&store, Path::new("m")).is_ok());
+        // a link to a folder elsewhere that no load reads (a run's data): fine; a checkpoint
+        // folder elsewhere: refused
+        std::os::unix::fs::symlink(root.join("outside"), store.join("m/data")).unwrap();
+        assert!(resolve_in_store(&store, Path::new("m")).is_ok());
+        std::os::unix::fs::symlink(root.join("outside"), store.join("m/step-00000008")).unwrap();
+        let e = resolve_in_store(&store, Path::new("m")).unwrap_err();
+        assert!(e.contains("step-00000008 resolves outside the model store"), "{e}");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -310,16 +310,41 @@ SELECT g.run_id, g.key,
 FROM (SELECT run_id, key, MAX(step) AS last_step, MIN(value) AS min, MAX(value) AS max, count(*) AS count
       FROM metrics GROUP BY run_id, key) g";
 
+/// The names of the tables and indexes [`SCHEMA`] creates.
+fn schema_objects() -> impl Iterator<Item = &'static str> {
+    SCHEMA.lines().filter_map(|l| {
+        let rest = l
+            .trim()
+            .strip_prefix("CREATE TABLE IF NOT EXISTS ")
+            .or_else(|| l.trim().strip_prefix("CREATE INDEX IF NOT EXISTS "))?;
+        rest.split(|c: char| c.is_whitespace() || c == '(').next()
+    })
+}
+
+/// Whether the file has every table and index of [`SCHEMA`] (a plain read).
+fn has_every_schema_object(conn: &Connection) -> bool {
+    schema_objects().all(|name| {
+        conn.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = ?1",
+            params![name],
+            |r| r.get::<_, i64>(0),
+        )
+        .is_ok_and(|n| n > 0)
+    })
+}
+
 /// Creates the tables (once), checks the schema version, and brings a store of an older
 /// version up to this one (in the same transaction, so one opener migrates and the others wait
 /// for it).
 fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
     // a store of this version needs nothing: say so without the write lock, which another
     // process may hold for long (reads would wait for it, 30 s, and fail)
+    // (and every table and index of SCHEMA already there: some were added without a new
+    // version, and a store made before them gets them at its next open)
     let version: Option<String> = conn
         .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
         .ok();
-    if version.and_then(|v| v.parse::<i64>().ok()) == Some(SCHEMA_VERSION) {
+    if version.and_then(|v| v.parse::<i64>().ok()) == Some(SCHEMA_VERSION) && has_every_schema_object(conn) {
         return Ok(());
     }
     let mut conn_tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).at(path)?;
@@ -382,4 +407,24 @@ fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
         )
         .at(path)?;
     conn_tx.commit().at(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_names_its_tables_and_indexes() {
+        let names: Vec<&str> = schema_objects().collect();
+        for want in [
+            "meta",
+            "runs",
+            "metrics",
+            "metrics_run_key_step",
+            "run_inputs",
+            "run_inputs_run",
+        ] {
+            assert!(names.contains(&want), "{want} in {names:?}");
+        }
+    }
 }

@@ -36,9 +36,7 @@ pub const DEFAULT_BLOCK_BYTES: u64 = 64 << 10;
 /// whole tokens of either width. The error gives the value and the rule (the caller names the
 /// setting).
 pub fn check_block_bytes(block_bytes: u64) -> Result<()> {
-    if block_bytes == 0 || !block_bytes.is_multiple_of(4) {
-        return Err(invalid(format!("{block_bytes} is not a positive multiple of 4")));
-    }
+    check_block_layout(block_bytes)?;
     if block_bytes > MAX_BLOCK_BYTES {
         return Err(invalid(format!(
             "{block_bytes} is over the limit of {MAX_BLOCK_BYTES} (16 MiB): a reader holds whole blocks in memory"
@@ -47,7 +45,17 @@ pub fn check_block_bytes(block_bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// The largest checksum block a dataset may have, in bytes.
+/// What a dataset's blocks must be to be read at all: a positive multiple of 4 bytes. Datasets
+/// written with blocks over [`MAX_BLOCK_BYTES`] (before there was a limit) are still read; their
+/// reads reserve memory fallibly, and the reader keeps fewer of their blocks.
+fn check_block_layout(block_bytes: u64) -> Result<()> {
+    if block_bytes == 0 || !block_bytes.is_multiple_of(4) {
+        return Err(invalid(format!("{block_bytes} is not a positive multiple of 4")));
+    }
+    Ok(())
+}
+
+/// The largest checksum block `weft data prepare` writes, in bytes.
 pub const MAX_BLOCK_BYTES: u64 = 16 << 20;
 
 /// The width of a stored token.
@@ -197,7 +205,7 @@ impl Index {
                 index.vocab_size
             )));
         }
-        check_block_bytes(index.block_bytes).map_err(|e| bad(format!("block_bytes: {e}")))?;
+        check_block_layout(index.block_bytes).map_err(|e| bad(format!("block_bytes: {e}")))?;
         for split in ["train", "val"] {
             let s = index
                 .splits

@@ -58,21 +58,34 @@ const LENGTH_THREADS: usize = 16;
 /// The length of each of `shards` in `source`, asked on up to [`LENGTH_THREADS`] threads: one
 /// request after another, a dataset of 20,000 shards in an object store waited 20,000 round
 /// trips before its first step.
-fn lengths(source: &dyn ObjectSource, shards: &[&ShardEntry]) -> Vec<Result<u64>> {
+/// `None` for a shard not asked for (past a failure, or lost with a panicked thread): the caller
+/// asks for it when it gets there.
+fn lengths(source: &dyn ObjectSource, shards: &[&ShardEntry]) -> Vec<Option<Result<u64>>> {
     let threads = LENGTH_THREADS.min(shards.len());
     if threads <= 1 {
-        return shards.iter().map(|s| source.len(&s.name)).collect();
+        return shards.iter().map(|_| None).collect();
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    // the lowest shard whose length could not be had: none past it is asked for (a store that
+    // fails after the index was read would otherwise be retried for every shard)
+    let failed = AtomicUsize::new(usize::MAX);
     let mut out: Vec<(usize, Result<u64>)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
                     let mut mine = Vec::new();
                     loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i > failed.load(Ordering::Relaxed) {
+                            break;
+                        }
                         let Some(shard) = shards.get(i) else { break };
-                        mine.push((i, source.len(&shard.name)));
+                        let len = source.len(&shard.name);
+                        if len.is_err() {
+                            failed.fetch_min(i, Ordering::Relaxed);
+                        }
+                        mine.push((i, len));
                     }
                     mine
                 })
@@ -81,15 +94,11 @@ fn lengths(source: &dyn ObjectSource, shards: &[&ShardEntry]) -> Vec<Result<u64>
         workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
     });
     out.sort_by_key(|(i, _)| *i);
-    // a thread that panicked lost its lengths: ask again for those here
     let mut got: Vec<Option<Result<u64>>> = (0..shards.len()).map(|_| None).collect();
     for (i, r) in out {
         got[i] = Some(r);
     }
-    got.into_iter()
-        .zip(shards)
-        .map(|(r, s)| r.unwrap_or_else(|| source.len(&s.name)))
-        .collect()
+    got
 }
 
 impl TokenDataset {
@@ -112,7 +121,10 @@ impl TokenDataset {
         let lens = lengths(&*source, &shards);
         for (shard, got) in shards.iter().zip(lens) {
             let want = shard.tokens * index.dtype.width();
-            let mut got = got?;
+            let mut got = match got {
+                Some(asked) => asked?,
+                None => source.len(&shard.name)?,
+            };
             // a length a cache kept from an earlier answer is asked for again
             if got != want && source.forget(&shard.name, 0..0) {
                 got = source.len(&shard.name)?;

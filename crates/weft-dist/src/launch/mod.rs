@@ -80,13 +80,17 @@ enum End {
 /// Where node 0's store listens: only on loopback for a one-node job whose workers reach it
 /// there (`--master-addr` 127.0.0.1, the default, or `localhost`; strangers on the network
 /// cannot connect at all then), else on every interface.
-fn store_host(cfg: &LaunchConfig) -> &'static str {
+fn store_host(cfg: &LaunchConfig) -> String {
     let addr = cfg.master_addr.trim();
-    let loopback = addr == "localhost" || addr.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if cfg.nnodes != 1 {
+        return "0.0.0.0".into();
+    }
     match addr.parse::<std::net::IpAddr>() {
-        _ if cfg.nnodes != 1 || !loopback => "0.0.0.0",
-        Ok(std::net::IpAddr::V6(_)) => "[::1]",
-        _ => "127.0.0.1",
+        // the loopback address the workers are given (127.0.1.1 is a host name's on some systems)
+        Ok(ip @ std::net::IpAddr::V4(_)) if ip.is_loopback() => ip.to_string(),
+        Ok(ip @ std::net::IpAddr::V6(_)) if ip.is_loopback() => format!("[{ip}]"),
+        _ if addr == "localhost" => "127.0.0.1".into(),
+        _ => "0.0.0.0".into(),
     }
 }
 

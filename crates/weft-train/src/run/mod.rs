@@ -231,6 +231,9 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             m
         }
     };
+    // the parameters hold the initial weights now: the read copies go (a large model's would
+    // stay for the whole run otherwise)
+    drop(init_tensors);
     let optimizer = build_optimizer(&config.optim)?;
     let schedule = build_schedule(&config.schedule, config.optim.lr, config.train.steps)?;
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
