@@ -11,23 +11,18 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use weft_core::Tensor;
-use weft_dist::env::{RankEnv, Starter};
 use weft_dist::store::{StoreClient, StoreServer};
-use weft_dist::{init_with, Options, Token};
+use weft_dist::{init_with, Options, ProcessGroup, Token};
 
 const T: Duration = Duration::from_secs(30);
 
-fn env(rank: usize, world: usize, port: u16) -> RankEnv {
-    RankEnv {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        local_world_size: world,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        restart_count: 0,
-        starter: Starter::Launcher,
-    }
+/// Rank `rank` of a job of `world` ranks with the store at `127.0.0.1:port`.
+fn join(rank: usize, world: usize, port: u16, token: &Token, timeout: Duration) -> weft_dist::Result<ProcessGroup> {
+    let options = Options {
+        timeout,
+        ..Options::default()
+    };
+    init_with(Some(common::env(rank, world, port)), Some(token.clone()), &options)
 }
 
 /// The process's thread count (Linux), or `None`.
@@ -68,15 +63,7 @@ fn strangers_at_a_ranks_port_do_not_keep_the_next_rank_out() {
     let started = Instant::now();
     std::thread::scope(|s| {
         let rank0 = s.spawn(|| {
-            let pg = init_with(
-                Some(env(0, 2, port)),
-                Some(token.clone()),
-                &Options {
-                    timeout: T,
-                    ..Options::default()
-                },
-            )
-            .unwrap();
+            let pg = join(0, 2, port, &token, T).unwrap();
             let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
             pg.all_reduce(&t, weft_dist::ReduceOp::Sum).unwrap().wait().unwrap();
             t.to_vec::<f32>().unwrap()
@@ -92,15 +79,7 @@ fn strangers_at_a_ranks_port_do_not_keep_the_next_rank_out() {
             s.spawn(move || trickle(c, b"WEFTAUTH", Duration::from_millis(900), Duration::from_secs(30)))
         };
         std::thread::sleep(Duration::from_millis(300));
-        let pg = init_with(
-            Some(env(1, 2, port)),
-            Some(token.clone()),
-            &Options {
-                timeout: T,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let pg = join(1, 2, port, &token, T).unwrap();
         let joined = started.elapsed();
         let t = Tensor::from_vec(vec![10.0f32, 20.0], &[2]).unwrap();
         pg.all_reduce(&t, weft_dist::ReduceOp::Sum).unwrap().wait().unwrap();
@@ -177,15 +156,12 @@ fn ranks_with_different_world_sizes_say_so() {
     let token = Token::new("test-token").unwrap();
     let server = StoreServer::start("127.0.0.1:0", token.clone()).unwrap();
     let port = server.addr().port();
-    let options = Options {
-        timeout: Duration::from_secs(3),
-        ..Options::default()
-    };
+    let three = Duration::from_secs(3);
     std::thread::scope(|s| {
-        let rank0 = s.spawn(|| init_with(Some(env(0, 2, port)), Some(token.clone()), &options).err());
+        let rank0 = s.spawn(|| join(0, 2, port, &token, three).err());
         // rank 2 of a job its launcher thinks has 4 ranks
         let t = Instant::now();
-        let Err(e) = init_with(Some(env(2, 4, port)), Some(token.clone()), &options) else {
+        let Err(e) = join(2, 4, port, &token, three) else {
             panic!("rank 2 of 4 joined a job of 2")
         };
         let e = e.to_string();

@@ -8,7 +8,8 @@ use weft_dist::env::{RankEnv, Starter};
 use weft_dist::store::StoreServer;
 use weft_dist::{init_with, Options, ProcessGroup, Token};
 
-fn env(rank: usize, n: usize, port: u16) -> RankEnv {
+/// Rank `rank` of `n`, all on this host, with the store at `127.0.0.1:port`.
+pub fn env(rank: usize, n: usize, port: u16) -> RankEnv {
     RankEnv {
         rank,
         world_size: n,
