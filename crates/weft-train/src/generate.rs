@@ -191,9 +191,10 @@ fn read_folder(path: &Path) -> Result<Trained> {
 
 /// A safetensors file, which must carry weft's metadata.
 fn read_file(path: &Path) -> Result<Trained> {
-    let file = safetensors::load(path)?;
+    // the header first: a file without weft's metadata is refused before any tensor is made
+    let file = safetensors::SafeTensorsFile::open(path)?;
     let source = path.display().to_string();
-    let Some(model) = file.metadata.get(MODEL_KEY) else {
+    let Some(model) = file.metadata().get(MODEL_KEY) else {
         return Err(Error::Io(format!(
             "{source}: the file holds tensors but no model config (no {MODEL_KEY:?} in its safetensors \
              metadata, as in a state dict saved by PyTorch): generate from a checkpoint folder, or from the \
@@ -202,11 +203,15 @@ fn read_file(path: &Path) -> Result<Trained> {
     };
     let model: serde_json::Value = serde_json::from_str(model)
         .map_err(|e| Error::Io(format!("{source}: metadata {MODEL_KEY:?} is not JSON: {e}")))?;
+    let mut params = Tensors::new();
+    for name in file.names() {
+        params.insert(name.to_string(), file.tensor(name)?);
+    }
     Ok(Trained {
         source,
         model: Some(model),
-        tokenizer: file.metadata.get(TOKENIZER_KEY).cloned(),
-        params: file.tensors,
+        tokenizer: file.metadata().get(TOKENIZER_KEY).cloned(),
+        params,
     })
 }
 
