@@ -14,6 +14,7 @@ mod graph;
 mod launch;
 mod lineage;
 mod models;
+mod open_files;
 mod pipeline;
 mod plan;
 mod runs;

@@ -88,6 +88,11 @@ pub struct ServeArgs {
     /// milliseconds; past it the connection is closed (a body: 408).
     #[arg(long, value_name = "MS", default_value_t = Limits::default().read_timeout.as_millis() as u64)]
     read_timeout_ms: u64,
+    /// The most connections each port (inference, management, metrics) holds open at once;
+    /// more wait, unaccepted, until one closes. Lowered, with a warning, to what the limit on
+    /// open files (raised to its hard limit) leaves.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().connections)]
+    max_connections: usize,
     /// Workers of each `--model` given here: how many of its jobs (forwards, batches, decode
     /// steps) run at once, 1 to 64 (the management API takes `workers` per model and scales it).
     #[arg(long, value_name = "N", default_value_t = LoadOptions::default().workers)]
@@ -203,8 +208,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             args.max_body_bytes
         ));
     }
+    let connections = crate::open_files::connections_per_port("weft serve", args.max_connections, 3)?;
     let limits = Limits {
         body_bytes: args.max_body_bytes,
+        connections,
         body_bytes_in_flight: in_flight,
         max_tokens,
         read_timeout: Duration::from_millis(read_timeout_ms),

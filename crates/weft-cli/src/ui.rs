@@ -17,6 +17,10 @@ pub struct UiArgs {
     /// last answer when kept alive) before it is closed.
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     read_timeout_ms: u64,
+    /// The most connections open at once; more wait, unaccepted, until one closes. Lowered,
+    /// with a warning, to what the limit on open files (raised to its hard limit) leaves.
+    #[arg(long, value_name = "N", default_value_t = weft_serve::Limits::default().connections)]
+    max_connections: usize,
 }
 
 pub fn run(args: &UiArgs) -> Result<(), String> {
@@ -26,6 +30,7 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
         1,
         weft_serve::MAX_READ_TIMEOUT_MS,
     )?;
+    let connections = crate::open_files::connections_per_port("weft ui", args.max_connections, 1)?;
     let dir = match (&args.dir, std::env::var_os("WEFT_TRACK_DIR")) {
         (Some(d), _) => d.clone(),
         (None, Some(env)) if !env.is_empty() => PathBuf::from(env),
@@ -72,6 +77,7 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
             listener,
             app,
             std::time::Duration::from_millis(read_timeout),
+            connections,
             weft_serve::shutdown_signal(),
         )
         .await

@@ -366,6 +366,48 @@ fn half_sent_and_silent_connections_are_closed() {
     assert!(err.contains("--read-timeout-ms"), "{err}");
 }
 
+/// Past `--max-connections` open connections, a new one waits unaccepted (its request gets no
+/// answer) until one of the open ones closes; then it is answered.
+#[test]
+fn connections_past_the_limit_wait_until_one_closes() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("ui-connections").join("weft-runs");
+    record(&dir, "exp", "one", "0.1", 3);
+    let (_server, base) = start_ui_with(&dir, &["--max-connections", "2", "--read-timeout-ms", "60000"]);
+    let addr = base.trim_start_matches("http://").to_string();
+    let first = std::net::TcpStream::connect(&addr).unwrap();
+    let _second = std::net::TcpStream::connect(&addr).unwrap();
+    let mut third = std::net::TcpStream::connect(&addr).unwrap();
+    third
+        .write_all(b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    third.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    let mut byte = [0u8; 1];
+    let waited = third.read(&mut byte);
+    assert!(
+        waited.as_ref().is_err_and(|e| matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )),
+        "the third connection was served while two were open: {waited:?}"
+    );
+    drop(first);
+    third.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = Vec::new();
+    third.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // the flag's bounds
+    let out = Command::new(weft_bin())
+        .args(["ui", "--port", "0", "--max-connections", "0", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--max-connections"), "{err}");
+}
+
 #[test]
 fn a_runs_event_stream_sends_its_new_values_then_ends_with_the_run() {
     let dir = temp_dir("ui-events").join("weft-runs");

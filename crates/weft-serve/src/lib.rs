@@ -55,6 +55,9 @@ pub struct Limits {
     /// connection: its next request's), and the longest pause inside a body; past it the
     /// connection is closed (a body: 408) ([`listen`]).
     pub read_timeout: std::time::Duration,
+    /// The most connections each port holds open at once; past it new ones wait, unaccepted,
+    /// until one closes ([`listen::serve`]).
+    pub connections: usize,
 }
 
 /// The largest `--max-tokens`: 2^20 new tokens for one request, far past any model's use.
@@ -65,7 +68,7 @@ pub const MAX_READ_TIMEOUT_MS: u64 = 600_000;
 
 impl Default for Limits {
     /// 16 MiB bodies, 4096 new tokens, 2^24 output values (64 MiB of FP32), 30 s to send the
-    /// headers.
+    /// headers, 1024 connections a port.
     fn default() -> Self {
         Limits {
             body_bytes: 16 << 20,
@@ -73,6 +76,7 @@ impl Default for Limits {
             max_tokens: 4096,
             max_output_values: 1 << 24,
             read_timeout: std::time::Duration::from_secs(30),
+            connections: 1024,
         }
     }
 }
@@ -133,12 +137,12 @@ pub async fn serve(
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let timeout = state.limits.read_timeout;
+    let (timeout, connections) = (state.limits.read_timeout, state.limits.connections);
     let side = |listener: Option<tokio::net::TcpListener>, app: axum::Router, rx| async move {
         match listener {
             Some(l) => {
                 let app = guard_loopback(&l, app);
-                listen::serve(l, app, timeout, wait(rx)).await
+                listen::serve(l, app, timeout, connections, wait(rx)).await
             }
             None => Ok(()),
         }
@@ -146,7 +150,7 @@ pub async fn serve(
     let management = side(listeners.management, management_router(state.clone()), stopped.clone());
     let metrics = side(listeners.metrics, metrics_router(state.clone()), stopped.clone());
     let inference_app = guard_loopback(&listeners.inference, router(state));
-    let inference = listen::serve(listeners.inference, inference_app, timeout, async move {
+    let inference = listen::serve(listeners.inference, inference_app, timeout, connections, async move {
         shutdown.await;
         let _ = stop.send(true);
     });

@@ -5,7 +5,10 @@
 //! (413; from `Content-Length` at once when the client waits for `100 Continue`) and a limit
 //! on each pause inside the body (408), and all bodies held at once (being read or handled) under
 //! one budget across connections ([`BodyBudget`]; past it 503), so that many clients sending
-//! bodies at the limit cannot hold more memory than the budget.
+//! bodies at the limit cannot hold more memory than the budget. Each port holds at most
+//! `max_connections` connections open at once; past that, new ones wait in the kernel's backlog,
+//! unaccepted, until one closes, so clients that open connections without end cannot take
+//! the file descriptors the server needs for its own files.
 
 use std::future::Future;
 use std::io;
@@ -72,16 +75,23 @@ impl Drop for Held {
     }
 }
 
+/// How often at most the accept loop says that a port is at its connection limit.
+const FULL_NOTICE_EVERY: Duration = Duration::from_secs(60);
+
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting and waits for
 /// the connections' requests in flight (idle connections close at once). A connection that has
 /// not sent a whole request head within `header_timeout` of its start (or, kept alive, of its
-/// last response) is closed.
+/// last response) is closed. At most `max_connections` (at least 1) are open at once; the next
+/// is accepted when one closes, and reaching the limit is logged (at most once a minute).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     header_timeout: Duration,
+    max_connections: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    let mut noticed: Option<std::time::Instant> = None;
     let (signal_tx, signal_rx) = watch::channel(());
     tokio::spawn(async move {
         shutdown.await;
@@ -90,6 +100,23 @@ pub async fn serve(
     // each connection's task holds a receiver; all dropped: every connection has ended
     let (close_tx, close_rx) = watch::channel(());
     loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if noticed.is_none_or(|t| t.elapsed() >= FULL_NOTICE_EVERY) {
+                    noticed = Some(std::time::Instant::now());
+                    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                    weft_core::errln!(
+                        "weft: {addr}: {max_connections} connections open, the most allowed (--max-connections); \
+                         new ones wait until one closes"
+                    );
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+                    _ = signal_tx.closed() => break,
+                }
+            }
+        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -118,6 +145,7 @@ pub async fn serve(
                 }
             }
             drop(close_rx);
+            drop(slot);
         });
     }
     drop(close_rx);
