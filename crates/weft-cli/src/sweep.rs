@@ -90,14 +90,26 @@ struct Checked {
 fn check(path: &Path, given: &Given, values: bool) -> Result<Checked, String> {
     let mut spec = SweepSpec::load(path).map_err(|e| e.to_string())?;
     if let Some(name) = &given.name {
-        if name.is_empty() || name.contains('/') {
-            return Err(format!(
-                "--name {name:?}: a sweep's name must be non-empty and hold no '/'"
-            ));
-        }
+        weft_tune::spec::check_name(name).map_err(|e| format!("--name {e}"))?;
         spec.name = name.clone();
     }
     let source = &spec.source;
+    for p in &spec.space.params {
+        if set_per_trial(&p.key) {
+            return Err(format!(
+                "{source}: sweep.parameters.\"{}\": the sweep sets it for each trial itself (its run store, name \
+                 and tags; its own checkpoints, metrics and trace files)",
+                p.key
+            ));
+        }
+    }
+    let most = weft_dist::launch::max_nproc_per_node();
+    if spec.nproc_per_trial > most.workers {
+        return Err(format!(
+            "{source}: sweep.nproc_per_trial: {} is above the {} workers weft launch starts on one node: {}",
+            spec.nproc_per_trial, most.workers, most.why
+        ));
+    }
     for kv in &given.set {
         let key = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k).trim();
         if spec.space.params.iter().any(|p| p.key == key) {
@@ -134,6 +146,16 @@ fn check(path: &Path, given: &Given, values: bool) -> Result<Checked, String> {
         store_dir,
         sets: given.set.clone(),
     })
+}
+
+/// Whether `key` is one [`train_args`] sets for every trial (so a swept value would be
+/// overridden, or would send every trial's outputs to one place).
+fn set_per_trial(key: &str) -> bool {
+    key.starts_with("track.")
+        || matches!(
+            key,
+            "train.checkpoint_dir" | "train.metrics" | "train.trace" | "train.overwrite"
+        )
 }
 
 /// Combinations of the other swept keys' checked values tried with a value the base config

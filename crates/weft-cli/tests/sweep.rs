@@ -298,6 +298,23 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
             format!("[sweep]\nbase = \"nope.toml\"\nmetric = \"loss\"\ntrials = 2\n{lr}"),
             "sweep.base: ",
         ),
+        // keys the sweep sets for each trial itself: a swept value would be overridden
+        (
+            format!("{head}[sweep.parameters]\n\"track.dir\" = {{ values = [\"a\", \"b\"] }}\n"),
+            "sweep.parameters.\"track.dir\": the sweep sets it for each trial itself",
+        ),
+        (
+            format!("{head}[sweep.parameters]\n\"train.metrics\" = {{ values = [\"m.jsonl\"] }}\n"),
+            "sweep.parameters.\"train.metrics\": the sweep sets it for each trial itself",
+        ),
+        (
+            format!("{head}nproc_per_trial = 100000\n{lr}"),
+            "sweep.nproc_per_trial: 100000 is above the ",
+        ),
+        (
+            format!("{head}name = \"..\"\n{lr}"),
+            "sweep.name: \"..\": a sweep's name must be non-empty, not",
+        ),
     ];
     for (i, (sweep, want)) in cases.iter().enumerate() {
         let (_dir, file, store) = setup(&format!("sweep-bad-{i}"), 4, sweep);
@@ -329,8 +346,9 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
         (vec!["--set", "optim.kind=\"lion\""], "sweep.base: "),
         (
             vec!["--name", "a/b"],
-            "--name \"a/b\": a sweep's name must be non-empty and hold no '/'",
+            "--name \"a/b\": a sweep's name must be non-empty, not \".\" or \"..\", and hold no '/'",
         ),
+        (vec!["--name", "."], "--name \".\": a sweep's name must be non-empty"),
         // the overrides reach the metric check: no evaluation, no val_loss
         (vec!["--set", "train.eval_every=0"], "train.eval_every > 0"),
     ] {

@@ -121,6 +121,17 @@ const SWEEP_KEYS: [&str; 16] = [
     "pruner",
 ];
 
+/// Refuses a sweep name that cannot name its folder of trial logs (`sweeps/NAME` in the run
+/// store): empty, `.`, `..`, or holding a `/` or a NUL.
+pub fn check_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(format!(
+            "{name:?}: a sweep's name must be non-empty, not \".\" or \"..\", and hold no '/' (it names a folder)"
+        ));
+    }
+    Ok(())
+}
+
 impl SweepSpec {
     /// Reads and checks the sweep file at `path`.
     pub fn load(path: &Path) -> Result<SweepSpec> {
@@ -165,9 +176,7 @@ impl SweepSpec {
             section: "sweep",
         };
         let name = keys.string("name")?.unwrap_or_else(|| stem.to_string());
-        if name.is_empty() || name.contains('/') {
-            return Err(spec(format!("sweep.name: {name:?} must be non-empty and hold no '/'")));
-        }
+        check_name(&name).map_err(|e| spec(format!("sweep.name: {e}")))?;
         let experiment = keys.string("experiment")?.unwrap_or_else(|| name.clone());
         let base = keys
             .string("base")?
