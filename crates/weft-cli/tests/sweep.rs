@@ -420,3 +420,77 @@ fn a_sweep_stopped_by_sigint_resumes_without_repeating_finished_trials() {
     assert_eq!(trial0, 1, "{after:?}");
     assert!(stdout.contains("4 of 4 trials recorded: 4 finished"), "{stdout}");
 }
+
+/// The pids of processes whose command line holds `needle`.
+fn pids_with(needle: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Whether `pid` is a process that has not ended (a zombie has).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+/// A second driver of the same sweep is refused while the first runs (it ran every trial again
+/// beside the first's), and trials stop when their driver is killed with SIGKILL (they ran on,
+/// unsupervised, before).
+#[test]
+fn a_second_driver_is_refused_and_a_killed_drivers_trials_stop() {
+    use std::io::{BufRead, BufReader};
+    let sweep = "[sweep]\nname = \"held\"\nbase = \"run.toml\"\nmetric = \"loss\"\nmethod = \"random\"\ntrials = 1\n\
+                 [sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-3, max = 1e-2 }\n";
+    let (_dir, file, store) = setup("sweep-held", 200_000, sweep);
+    let f = file.to_str().unwrap();
+    let mut driver = weft_command(&["sweep", "--config", f])
+        .env("WEFT_TRACK_DIR", &store)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(driver.stdout.take().unwrap()).lines();
+    assert!(lines
+        .by_ref()
+        .any(|l| l.is_ok_and(|l| l.starts_with("trial 0: started"))));
+    // (bounded: a second driver that is not refused runs the trial again, for a long time)
+    let mut second = weft_command(&["sweep", "--config", f, "--resume"])
+        .env("WEFT_TRACK_DIR", &store)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let since = std::time::Instant::now();
+    while second.try_wait().unwrap().is_none() && since.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    if second.try_wait().unwrap().is_none() {
+        // SAFETY: kill with the pid of a child this test started and has not reaped.
+        unsafe { libc::kill(second.id() as i32, libc::SIGINT) };
+        let _ = driver.kill();
+    }
+    let second = second.wait_with_output().unwrap();
+    let (_, stderr) = text(&second);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("sweep \"held\" is being run by another process"),
+        "{stderr}"
+    );
+    let trials = pids_with("held-trial-0");
+    assert_eq!(trials.len(), 1, "the trial's process: {trials:?}");
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+    let since = std::time::Instant::now();
+    while alive(trials[0]) && since.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(!alive(trials[0]), "the trial runs on after its driver was killed");
+}

@@ -8,7 +8,9 @@
 //!
 //! Each trial runs in its own process group. SIGINT and SIGTERM to the driver are passed on to
 //! the running trials as one SIGTERM; the driver waits for them and returns an error saying the
-//! sweep can be resumed.
+//! sweep can be resumed. A driver killed outright takes its trials with it (they get SIGTERM:
+//! [`crate::children::die_with_parent`]), and one sweep has one driver at a time (a lock on its
+//! folder of trial logs).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -132,6 +134,9 @@ fn catch_signals() {
 /// `say` gets one line per event (a trial started, pruned, ended).
 pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
     let spec = plan.spec;
+    // one driver per sweep: a second would run every trial again beside the first's, and could
+    // take the first's runs for its own
+    let _lock = crate::children::FolderLock::take(&plan.log_dir, &format!("sweep {:?}", spec.name))?;
     let store = Store::open(&plan.store_dir)?;
     let mut records = trials::load(&store, spec)?;
     if !records.is_empty() && !plan.resume {
@@ -151,10 +156,6 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
             spec.source, r.number, r.run_name
         )));
     }
-    std::fs::create_dir_all(&plan.log_dir).map_err(|source| Error::Io {
-        path: plan.log_dir.clone(),
-        source,
-    })?;
     let mut sampler = sampler::from_spec(spec);
     let mut pruner = pruner::from_spec(&spec.pruner, plan.max_steps);
     // the pruner learns the ended trials' curves first, in the order their values were recorded
@@ -338,7 +339,10 @@ fn start(plan: &Plan, number: u64, values: Vec<Value>, earlier: Vec<i64>) -> Res
     let err = out.try_clone().map_err(io)?;
     // its own process group: a Ctrl-C at the terminal reaches the driver alone, which passes
     // one SIGTERM on (a second signal would stop the trainer without its clean ending)
-    let child = (plan.command)(number, &sets)
+    let mut cmd = (plan.command)(number, &sets);
+    // a driver killed with SIGKILL (no handler sees it) takes its trials with it
+    crate::children::die_with_parent(&mut cmd);
+    let child = cmd
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(out)

@@ -9,11 +9,13 @@
 //! - [`pruner`]: [`pruner::Asha`], [`pruner::Hyperband`], [`pruner::Median`].
 //! - [`trials`]: a sweep's trials as they are recorded in the store (the sweep's state).
 //! - [`driver`]: running trials in parallel, pruning them, recording failures.
+//! - [`children`]: child processes that die with their driver, and one driver per sweep.
 //! - [`registry`]: the model registry (named models, versions and stages) in the run store.
 //! - [`pipeline`]: pipeline files (a DAG of steps) and the cache of their executions.
 //!
 //! docs/sweep.md describes the file format and the methods.
 
+pub mod children;
 pub mod driver;
 mod error;
 pub mod lineage;
