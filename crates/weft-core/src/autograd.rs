@@ -24,6 +24,29 @@ pub(crate) struct Node {
     pub(crate) saved: Vec<Tensor>,
 }
 
+/// Frees the graph behind a node without recursion: dropping a node drops its inputs, each of
+/// which drops its own node, one stack frame pair per op, so a graph of a few hundred thousand
+/// ops (a 12,000-layer model) overflowed the stack when the step's loss was dropped. The inputs
+/// and saved tensors this node held last are moved onto a list, and each one's node, when
+/// nothing else holds it, gives its own up to the list before it is dropped.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let mut pending = std::mem::take(&mut self.inputs);
+        pending.append(&mut self.saved);
+        while let Some(mut tensor) = pending.pop() {
+            let Some(inner) = Arc::get_mut(&mut tensor.0) else {
+                continue;
+            };
+            if let Some(node) = inner.node.take() {
+                if let Ok(mut node) = Arc::try_unwrap(node) {
+                    pending.append(&mut node.inputs);
+                    pending.append(&mut node.saved);
+                }
+            }
+        }
+    }
+}
+
 /// A callback run with a leaf once its gradient of the current backward pass is final.
 pub type GradHook = Arc<dyn Fn(&Tensor) + Send + Sync>;
 

@@ -263,3 +263,23 @@ fn a_hook_gets_the_tensor_itself_when_any_node_kept_it() {
         );
     }
 }
+
+/// A graph of 300,000 ops is freed without running out of stack (dropping it recursed once per
+/// op, and a 12,000-layer model's step overflowed the main thread's stack).
+#[test]
+fn a_very_deep_graph_is_dropped_without_recursion() {
+    let x = param(&[1.0], &[1]);
+    // on a thread of a small stack of its own, so the test does not depend on the harness's
+    std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let mut y = x.clone();
+            for _ in 0..300_000 {
+                y = y.mul_scalar(1.0).unwrap();
+            }
+            drop(y);
+        })
+        .unwrap()
+        .join()
+        .expect("the graph was dropped on a 256 KiB stack");
+}
