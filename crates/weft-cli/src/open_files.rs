@@ -22,10 +22,10 @@ fn raise_to_hard_limit() -> Option<u64> {
             rlim_max: limit.rlim_max,
         };
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            return Some(raised.rlim_cur as u64);
+            return Some(raised.rlim_cur);
         }
     }
-    Some(limit.rlim_cur as u64)
+    Some(limit.rlim_cur)
 }
 
 /// The connections a port may hold open: `wanted` (`--max-connections`, at least 1), lowered

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{temp_dir, weft_command};
+use common::{alive, pids_with, temp_dir, weft_command};
 
 /// A tiny gpt on the built-in corpus: every step logged, evaluated every 2 steps.
 fn base_config(steps: usize) -> String {
@@ -419,27 +419,6 @@ fn a_sweep_stopped_by_sigint_resumes_without_repeating_finished_trials() {
     let trial0 = after.iter().filter(|r| r["tags"]["sweep_trial"] == "0").count();
     assert_eq!(trial0, 1, "{after:?}");
     assert!(stdout.contains("4 of 4 trials recorded: 4 finished"), "{stdout}");
-}
-
-/// The pids of processes whose command line holds `needle`.
-fn pids_with(needle: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// Whether `pid` is a process that has not ended (a zombie has).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
 }
 
 /// A second driver of the same sweep is refused while the first runs (it ran every trial again

@@ -385,10 +385,9 @@ fn connections_past_the_limit_wait_until_one_closes() {
     let mut byte = [0u8; 1];
     let waited = third.read(&mut byte);
     assert!(
-        waited.as_ref().is_err_and(|e| matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        )),
+        waited
+            .as_ref()
+            .is_err_and(|e| matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
         "the third connection was served while two were open: {waited:?}"
     );
     drop(first);

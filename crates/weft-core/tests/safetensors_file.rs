@@ -238,6 +238,9 @@ fn a_header_of_more_tensors_than_weft_reads_is_refused_before_parsing() {
     bytes.extend_from_slice(head.as_bytes());
     std::fs::write(&p, bytes).unwrap();
     let e = refused(&p);
-    assert!(e.contains(&format!("more than {} tensors", safetensors::header::MAX_TENSORS)), "{e}");
+    assert!(
+        e.contains(&format!("more than {} tensors", safetensors::header::MAX_TENSORS)),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -22,8 +22,10 @@ pub(super) fn run_of(output: &str) -> Result<i64, String> {
         .ok_or_else(|| format!("its train step's output {output:?} names no run"))
 }
 
-pub(super) fn spawn_status(mut cmd: Command, what: &str) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("cannot start {what}: {e}"))?;
+pub(super) fn spawn_status(cmd: Command, what: &str) -> Result<(), String> {
+    let status = super::children::run(cmd, false)
+        .map_err(|e| format!("cannot start {what}: {e}"))?
+        .status;
     if status.success() {
         Ok(())
     } else {
@@ -33,8 +35,8 @@ pub(super) fn spawn_status(mut cmd: Command, what: &str) -> Result<(), String> {
 
 /// Runs `cmd` capturing its output; its stdout, or an error of one line: `what` and the last
 /// line it wrote on stderr (its `weft: error: ...`, without the prefix).
-pub(super) fn captured(mut cmd: Command, what: &str) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("cannot start {what}: {e}"))?;
+pub(super) fn captured(cmd: Command, what: &str) -> Result<String, String> {
+    let out = super::children::run(cmd, true).map_err(|e| format!("cannot start {what}: {e}"))?;
     if out.status.success() {
         return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
@@ -244,14 +246,13 @@ fn sweep_given(name: &str, set: &[String]) -> Vec<String> {
 /// run: its best finished trial and that trial's values ([`handover::sweep_output`]), as `weft
 /// sweep status --json` gives them with the store and folder the sweep ran with.
 fn sweep_best(ctx: &Context, config: &Path, name: &str, set: &[String]) -> Result<String, String> {
-    let out = Command::new(&ctx.exe)
-        .current_dir(&ctx.root)
+    let mut cmd = Command::new(&ctx.exe);
+    cmd.current_dir(&ctx.root)
         .env("WEFT_TRACK_DIR", &ctx.dir)
         .args(["sweep", "status", "--json", "--config"])
         .arg(ctx.root.join(config))
-        .args(sweep_given(name, set))
-        .output()
-        .map_err(|e| format!("cannot start weft sweep status: {e}"))?;
+        .args(sweep_given(name, set));
+    let out = super::children::run(cmd, true).map_err(|e| format!("cannot start weft sweep status: {e}"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(format!("weft sweep status: {}", err.trim()));

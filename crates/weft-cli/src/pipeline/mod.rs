@@ -5,8 +5,10 @@
 //! train step with `from_sweep` takes as overrides ([`weft_tune::pipeline::handover`]); a
 //! step's `${steps.NAME.KEY}` references are resolved from the outputs of the steps before it
 //! ([`weft_tune::pipeline::refs`]) before its cache key is made. [`execute`] runs one step,
-//! [`data`] the prepare and evaluate steps, [`deploy`] the deploy steps.
+//! [`data`] the prepare and evaluate steps, [`deploy`] the deploy steps; [`children`] keeps
+//! the step processes tied to the pipeline (a signal to it stops them; none outlives it).
 
+mod children;
 mod data;
 mod deploy;
 mod execute;
@@ -133,6 +135,9 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
             forced
         }
     };
+    children::catch_signals();
+    // signals passed on to the step processes so far
+    let mut passed = 0usize;
     let mut state: BTreeMap<String, State> = p.steps.iter().map(|s| (s.name.clone(), State::Waiting)).collect();
     let (tx, rx) = mpsc::channel::<(String, String, f64, Result<String, String>)>();
     let mut running = 0usize;
@@ -141,7 +146,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
     let mut why: BTreeMap<String, String> = BTreeMap::new();
     loop {
         // start (or take from the cache) every step whose dependencies are done
-        let mut progressed = true;
+        let mut progressed = children::caught().is_none();
         while progressed {
             progressed = false;
             for step in &p.steps {
@@ -226,7 +231,24 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
         if running == 0 {
             break;
         }
-        let (name, hash, start, result) = rx.recv().map_err(|e| format!("a step's thread ended early: {e}"))?;
+        let received = rx.recv_timeout(std::time::Duration::from_millis(100));
+        if let Some((sig, n)) = children::caught() {
+            if n > passed {
+                if passed == 0 {
+                    print_out(&format!(
+                        "pipeline {}: stopping on signal {sig}: the running steps get SIGTERM (another signal: SIGKILL)\n",
+                        p.name
+                    ))?;
+                }
+                children::signal_all(if passed == 0 { libc::SIGTERM } else { libc::SIGKILL });
+                passed = n;
+            }
+        }
+        let (name, hash, start, result) = match received {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(e) => return Err(format!("a step's thread ended early: {e}")),
+        };
         running -= 1;
         let (ok, text) = match &result {
             Ok(out) => (true, out.as_str()),
@@ -246,6 +268,19 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                 state.insert(name, State::Failed);
             }
         }
+    }
+    if let Some((sig, _)) = children::caught() {
+        let left: Vec<&String> = state
+            .iter()
+            .filter(|(_, s)| !matches!(s, State::Done(_) | State::Skipped))
+            .map(|(n, _)| n)
+            .collect();
+        return Err(format!(
+            "pipeline {}: stopped by signal {sig}; the steps {left:?} did not finish; `weft pipeline run {}` goes on \
+             (finished steps come from the cache)",
+            p.name,
+            a.file.display()
+        ));
     }
     let failed: Vec<&String> = state
         .iter()
