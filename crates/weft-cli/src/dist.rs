@@ -72,12 +72,19 @@ fn in_a_job(command: &str) -> Result<RankEnv, String> {
 }
 
 pub fn run_check(args: &CheckArgs) -> Result<(), String> {
-    in_a_job("check collectives")?;
+    let job = in_a_job("check collectives")?;
     let sizes = args
         .sizes
         .split(',')
         .map(|s| parse_size("--sizes", s))
         .collect::<Result<Vec<_>, _>>()?;
+    // refused before anything is allocated, on every rank alike, as `weft bench collectives` does
+    if let Some(&largest) = sizes.iter().max() {
+        let bytes = weft_dist::selfcheck::largest_buffer(largest, job.world_size).map_err(|e| e.to_string())?;
+        let flag = format!("--sizes {}", args.sizes.trim());
+        weft_dist::bench::check_memory(&flag, bytes, job.world_size, job.local_world_size)
+            .map_err(|e| e.to_string())?;
+    }
     let fault = args.inject.as_deref().map(|k| match k {
         "kill" => Fault::Kill {
             rank: args.inject_rank,

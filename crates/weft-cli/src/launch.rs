@@ -2,9 +2,9 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::time::Duration;
-
-use weft_dist::launch::{parse_nnodes, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT};
+use weft_dist::launch::{
+    parse_nnodes, parse_seconds, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT,
+};
 
 #[derive(clap::Args)]
 #[command(trailing_var_arg = true)]
@@ -33,7 +33,8 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LAST_CALL.as_secs_f64())]
     rdzv_last_call: f64,
     /// Seconds the workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL
-    /// (torchrun's 30 s: time for `weft train` to finish its step and write a checkpoint).
+    /// (torchrun's 30 s: time for `weft train` to finish its step and write a checkpoint); at
+    /// most a year.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_STOP_TIMEOUT.as_secs_f64())]
     stop_timeout: f64,
     /// The worker program and its arguments, after `--`.
@@ -43,15 +44,10 @@ pub struct LaunchArgs {
 
 /// Runs the job; exits the process with the launcher's code when it is not 0.
 pub fn run(args: &LaunchArgs) -> Result<(), String> {
-    let stop_timeout = Duration::try_from_secs_f64(args.stop_timeout)
-        .map_err(|_| format!("--stop-timeout {} is not a number of seconds >= 0", args.stop_timeout))?;
+    // at least 0 and at most a year (weft_dist::MAX_TIMEOUT), or one line naming the flag
+    let stop_timeout = parse_seconds("--stop-timeout", args.stop_timeout).map_err(|e| e.to_string())?;
     let (min_nnodes, nnodes) = parse_nnodes(&args.nnodes).map_err(|e| e.to_string())?;
-    let last_call = Duration::try_from_secs_f64(args.rdzv_last_call).map_err(|_| {
-        format!(
-            "--rdzv-last-call {} is not a number of seconds >= 0",
-            args.rdzv_last_call
-        )
-    })?;
+    let last_call = parse_seconds("--rdzv-last-call", args.rdzv_last_call).map_err(|e| e.to_string())?;
     let (program, rest) = match args.command.split_first() {
         Some((p, rest)) => (p.clone(), rest.to_vec()),
         None => (OsString::new(), Vec::new()),

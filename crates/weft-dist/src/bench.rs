@@ -55,8 +55,8 @@ pub fn bytes_per_rank(size: usize, ranks: usize) -> u64 {
 
 /// Refuses a largest size whose buffers do not fit the memory this machine has left
 /// ([`weft_core::memory::available`]) when `local_ranks` ranks of a job of `ranks` each hold
-/// [`bytes_per_rank`]; `flag` (`--max-bytes 64G`) names it in the one-line error. Passes when
-/// the machine does not say how much it has.
+/// [`bytes_per_rank`]; `flag` (`--max-bytes 64G`, or `--sizes ...` for `weft check collectives`)
+/// names it in the one-line error. Passes when the machine does not say how much it has.
 pub fn check_memory(flag: &str, size: usize, ranks: usize, local_ranks: usize) -> Result<()> {
     let per_rank = bytes_per_rank(size, ranks);
     let needed = per_rank.saturating_mul(local_ranks.max(1) as u64);
@@ -64,8 +64,10 @@ pub fn check_memory(flag: &str, size: usize, ranks: usize, local_ranks: usize) -
         Some(a) if needed > a.bytes => Err(Error::Invalid(format!(
             "{flag} needs {needed} bytes on this machine ({local_ranks} rank(s) here, each holding {per_rank} \
              bytes: two buffers of {size} bytes, a share and room for messages in flight), but {} bytes are \
-             available ({}); choose a smaller --max-bytes",
-            a.bytes, a.source
+             available ({}); choose a smaller {}",
+            a.bytes,
+            a.source,
+            flag.split(' ').next().unwrap_or(flag)
         ))),
         _ => Ok(()),
     }

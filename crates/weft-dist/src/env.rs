@@ -62,10 +62,17 @@ pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>
     };
     let port = match get("MASTER_PORT") {
         None => DEFAULT_MASTER_PORT,
-        Some(p) => p
-            .trim()
-            .parse::<u16>()
-            .map_err(|_| Error::Invalid(format!("MASTER_PORT={p:?} is not a port number")))?,
+        Some(p) => match p.trim().parse::<u16>() {
+            // rank 0 would serve the store on some free port no other rank knows
+            Ok(0) => {
+                return Err(Error::Invalid(format!(
+                    "MASTER_PORT={p:?}: the ranks must all know the store's port; give a fixed one, 1 to 65535 \
+                     (default {DEFAULT_MASTER_PORT})"
+                )))
+            }
+            Ok(port) => port,
+            Err(_) => return Err(Error::Invalid(format!("MASTER_PORT={p:?} is not a port number"))),
+        },
     };
     let restart_count = num("WEFT_RESTART_COUNT")?.unwrap_or(0) as u64;
     let (rank, world, local, local_world, addr, starter) = if get("RANK").is_some() {
@@ -266,5 +273,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("MASTER_PORT"), "{e}");
+        for starter in [
+            [("RANK", "0"), ("WORLD_SIZE", "2")],
+            [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
+        ] {
+            let mut vars = starter.to_vec();
+            vars.push(("MASTER_PORT", "0"));
+            let e = env(&vars).unwrap_err().to_string();
+            assert!(
+                e.starts_with("MASTER_PORT=\"0\": the ranks must all know the store's port"),
+                "{e}"
+            );
+        }
     }
 }

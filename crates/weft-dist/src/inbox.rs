@@ -211,7 +211,7 @@ impl Inbox {
         what: &str,
         timeout: Duration,
     ) -> Result<Frame> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let mut st = self.lock();
         loop {
             if let Some(q) = st.queues.get_mut(&(peer, stream)) {
@@ -286,7 +286,7 @@ impl Inbox {
         sever: &dyn Fn(),
     ) -> Result<PostOutcome> {
         let (peer, stream, index) = id;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let mut severed = false;
         let mut st = self.lock();
         loop {
@@ -360,7 +360,7 @@ impl Inbox {
     /// Withdraws post `id` if it is still waiting; if the reader is writing into it, waits until
     /// it is done (calling `sever` after `timeout`). Afterwards nobody touches its destination.
     pub fn withdraw(&self, id: PostId, timeout: Duration, sever: &dyn Fn()) {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let mut severed = false;
         let mut st = self.lock();
         loop {
@@ -380,7 +380,7 @@ impl Inbox {
     /// connection then sees an abort the peer wrote before closing, which its reader may not
     /// have taken yet.
     pub fn wait_until_ended(&self, peer: usize, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let mut st = self.lock();
         while st.aborted.is_none() && !st.failed.contains_key(&peer) {
             let now = Instant::now();

@@ -16,6 +16,11 @@ use crate::store::{StoreClient, StoreServer};
 /// long for a stuck job, weft uses 5).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The longest timeout weft accepts from outside (`WEFT_DIST_TIMEOUT`, `weft launch
+/// --stop-timeout` and `--rdzv-last-call`): a year (365 days), in seconds 31536000. Longer
+/// values are refused in one line rather than overflowing the clock.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// How a rank communicates.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -41,19 +46,12 @@ impl Default for Options {
 }
 
 impl Options {
-    /// From the environment: `WEFT_DIST_TIMEOUT` (seconds, default 300), `WEFT_SHM` (`0`
-    /// turns shared memory off) and `WEFT_HOST_ID`.
+    /// From the environment: `WEFT_DIST_TIMEOUT` (seconds, default 300, at most
+    /// [`MAX_TIMEOUT`]), `WEFT_SHM` (`0` turns shared memory off) and `WEFT_HOST_ID`.
     pub fn from_env() -> Result<Options> {
         let timeout = match std::env::var("WEFT_DIST_TIMEOUT") {
             Err(_) => DEFAULT_TIMEOUT,
-            Ok(v) => match v.trim().parse::<f64>() {
-                Ok(s) if s > 0.0 && s.is_finite() => Duration::from_secs_f64(s),
-                _ => {
-                    return Err(Error::Invalid(format!(
-                        "WEFT_DIST_TIMEOUT={v:?} is not a positive number of seconds"
-                    )))
-                }
-            },
+            Ok(v) => parse_timeout(&v)?,
         };
         let shared_memory = match std::env::var("WEFT_SHM").as_deref() {
             Err(_) | Ok("1") => true,
@@ -66,6 +64,20 @@ impl Options {
             shared_memory,
             host_id,
         })
+    }
+}
+
+/// `WEFT_DIST_TIMEOUT`'s value `v`: a positive number of seconds, at most [`MAX_TIMEOUT`].
+fn parse_timeout(v: &str) -> Result<Duration> {
+    match v.trim().parse::<f64>() {
+        Ok(s) if s > MAX_TIMEOUT.as_secs_f64() && s.is_finite() => Err(Error::Invalid(format!(
+            "WEFT_DIST_TIMEOUT={v:?} is above the limit of {} s (a year)",
+            MAX_TIMEOUT.as_secs()
+        ))),
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
+        _ => Err(Error::Invalid(format!(
+            "WEFT_DIST_TIMEOUT={v:?} is not a positive number of seconds"
+        ))),
     }
 }
 
@@ -106,4 +118,26 @@ pub fn init_with(env: Option<RankEnv>, token: Option<Token>, options: &Options) 
     let mesh = Mesh::connect(env.rank, env.world_size, &store, &token, &prefix, options)?;
     let world = Arc::new(World::new(mesh, Some(store), server));
     ProcessGroup::new(world, 0, (0..env.world_size).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_bounded() {
+        assert_eq!(parse_timeout("2.5").unwrap(), Duration::from_millis(2500));
+        assert_eq!(parse_timeout("31536000").unwrap(), MAX_TIMEOUT);
+        for v in ["1e19", "31536001", "1.9e19"] {
+            let e = parse_timeout(v).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("WEFT_DIST_TIMEOUT=\"{v}\" is above the limit of 31536000 s")),
+                "{e}"
+            );
+        }
+        for v in ["0", "-1", "inf", "NaN", "x"] {
+            let e = parse_timeout(v).unwrap_err().to_string();
+            assert!(e.contains("is not a positive number of seconds"), "{e}");
+        }
+    }
 }

@@ -119,7 +119,7 @@ impl Mesh {
             s.write_all(&(rank as u64).to_le_bytes()).map_err(|e| io(&what, e))?;
             *slot = Some(s);
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let mut got = 0;
         while got < expected {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -147,7 +147,8 @@ impl Mesh {
                 Err(_) => {
                     let missing: Vec<usize> = (rank + 1..world).filter(|&p| streams[p].is_none()).collect();
                     return Err(Error::Timeout(format!(
-                        "rank {rank}: ranks {missing:?} did not connect within {:.0} s",
+                        "rank {rank}: {} did not connect within {:.0} s",
+                        some_ranks(&missing),
                         timeout.as_secs_f64()
                     )));
                 }
@@ -342,6 +343,21 @@ struct Arrival {
 
 /// The token handshake with a connecting peer and the rank it says it is, all by `by`; `None`
 /// (said on stderr) when either fails.
+/// How many ranks [`some_ranks`] names before it counts the rest.
+const RANKS_NAMED: usize = 8;
+
+/// `1 rank (5)`, `3 ranks (1, 2, 3)`, `1048575 ranks (1, 2, 3, 4, 5, 6, 7, 8 and 1048567 more)`: a message
+/// about many ranks stays one short line.
+fn some_ranks(ranks: &[usize]) -> String {
+    let named: Vec<String> = ranks.iter().take(RANKS_NAMED).map(|r| r.to_string()).collect();
+    let more = match ranks.len().saturating_sub(RANKS_NAMED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    format!("{} {noun} ({}{more})", ranks.len(), named.join(", "))
+}
+
 fn handshake_peer(mut s: TcpStream, by: Instant, token: &Token, pending: &Pending) -> Option<Arrival> {
     let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     if let Err(e) = server_handshake(&mut s, token, ROLE, by) {
@@ -461,4 +477,20 @@ fn nonce() -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_missing_ranks_make_one_short_line() {
+        assert_eq!(some_ranks(&[5]), "1 rank (5)");
+        assert_eq!(some_ranks(&[1, 2, 3]), "3 ranks (1, 2, 3)");
+        let all: Vec<usize> = (1..1 << 20).collect();
+        assert_eq!(
+            some_ranks(&all),
+            "1048575 ranks (1, 2, 3, 4, 5, 6, 7, 8 and 1048567 more)"
+        );
+    }
 }

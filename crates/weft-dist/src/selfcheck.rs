@@ -41,8 +41,26 @@ fn value(dtype: DType, rank: usize, i: usize) -> f64 {
 }
 
 fn input(dtype: DType, rank: usize, n: usize) -> Result<Tensor> {
-    let v: Vec<f64> = (0..n).map(|i| value(dtype, rank, i)).collect();
+    // asked for fallibly, as tensors are: a size that does not fit is an error, not an abort
+    let mut v: Vec<f64> = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::Invalid(format!("no memory for a check buffer of {n} values")))?;
+    v.extend((0..n).map(|i| value(dtype, rank, i)));
     Ok(Tensor::from_vec(v, &[n])?.cast(dtype)?)
+}
+
+/// Bytes of the largest buffer [`run`] builds for `k` elements per rank on `ranks` ranks: the
+/// inputs of reduce_scatter and all_to_all, `ranks x k` values made as f64 (8 bytes each). An
+/// error naming `--sizes` when that is beyond what this machine can address (`isize::MAX`).
+pub fn largest_buffer(k: usize, ranks: usize) -> Result<usize> {
+    k.checked_mul(ranks)
+        .and_then(|n| n.checked_mul(8))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "--sizes {k}: {k} elements per rank on {ranks} ranks are more than this machine can address"
+            ))
+        })
 }
 
 fn reduced(dtype: DType, op: ReduceOp, world: usize, i: usize) -> f64 {
@@ -80,6 +98,9 @@ fn compare(what: &str, rank: usize, dtype: DType, got: &Tensor, want: impl Fn(us
 /// element counts per rank.
 pub fn run(pg: &ProcessGroup, sizes: &[usize], fault: Option<Fault>) -> Result<usize> {
     let (r, n) = (pg.rank(), pg.size());
+    for &k in sizes {
+        largest_buffer(k, n)?;
+    }
     let mut calls = 0usize;
     let mut checked = 0usize;
     // called before each collective: injects the fault when its turn comes

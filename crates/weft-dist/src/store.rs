@@ -24,6 +24,9 @@ use crate::wire::{read_bytes, read_u64, read_u8, write_bytes};
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_ADD: u8 = 3;
+const OP_ON_CLOSE: u8 = 4;
+/// How many keys one connection may ask the store to set when it closes.
+const MAX_ON_CLOSE: usize = 4096;
 const ST_OK: u8 = 0;
 const ST_TIMEOUT: u8 = 1;
 const ST_BAD: u8 = 2;
@@ -99,6 +102,10 @@ fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, toke
     let Ok(read_half) = conn.try_clone() else { return };
     let mut r = BufReader::new(read_half);
     let mut w = BufWriter::new(conn);
+    let mut on_close = OnClose {
+        table,
+        keys: Vec::new(),
+    };
     // the loop ends when the client disconnects or sends garbage
     while let Ok(op) = read_u8(&mut r) {
         let (Ok(key), Ok(val)) = (
@@ -115,7 +122,7 @@ fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, toke
             }
             OP_GET => match <[u8; 8]>::try_from(val.as_slice()) {
                 Ok(ms) => {
-                    let deadline = Instant::now() + Duration::from_millis(u64::from_le_bytes(ms));
+                    let deadline = crate::deadline::after(Duration::from_millis(u64::from_le_bytes(ms)));
                     let mut map = table.map.lock().unwrap();
                     loop {
                         if let Some(v) = map.get(&key) {
@@ -144,11 +151,35 @@ fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, toke
                 }
                 Err(_) => (ST_BAD, Vec::new()),
             },
+            OP_ON_CLOSE if on_close.keys.len() < MAX_ON_CLOSE => {
+                on_close.keys.push(key);
+                (ST_OK, Vec::new())
+            }
             _ => (ST_BAD, Vec::new()),
         };
         if w.write_all(&[status]).is_err() || write_bytes(&mut w, &out).is_err() || w.flush().is_err() {
             return;
         }
+    }
+}
+
+/// The keys the store sets (to `1`) when the connection that asked for them ends, however it
+/// ends ([`StoreClient::set_on_close`]).
+struct OnClose<'a> {
+    table: &'a Table,
+    keys: Vec<Vec<u8>>,
+}
+
+impl Drop for OnClose<'_> {
+    fn drop(&mut self) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let mut map = self.table.map.lock().unwrap_or_else(|e| e.into_inner());
+        for key in self.keys.drain(..) {
+            map.insert(key, b"1".to_vec());
+        }
+        self.table.changed.notify_all();
     }
 }
 
@@ -169,7 +200,7 @@ impl StoreClient {
     /// Connects to the store at `addr` (`host:port`), retrying until `timeout` (the server may
     /// still be starting), then runs the token handshake.
     pub fn connect(addr: &str, token: &Token, timeout: Duration) -> Result<StoreClient> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let what = format!("the store at {addr}");
         // A name that does not resolve yet (a Kubernetes service or a Slurm node still coming
         // up) is retried like a refused connection, until the deadline.
@@ -294,6 +325,13 @@ impl StoreClient {
         }
     }
 
+    /// Asks the store to set `key` to `1` when this connection closes, however it closes (this
+    /// process exits or is killed, the client is dropped): how its peers learn that it is gone.
+    /// At most 4096 keys per connection.
+    pub fn set_on_close(&self, key: &str) -> Result<()> {
+        self.call(OP_ON_CLOSE, key, &[], Duration::ZERO).map(|_| ())
+    }
+
     /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let (_, v) = self.call(OP_ADD, key, &delta.to_le_bytes(), Duration::ZERO)?;
@@ -309,5 +347,30 @@ impl StoreClient {
             self.set(&format!("{name}/done"), b"1")?;
         }
         self.get(&format!("{name}/done"), timeout).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_close_keys_are_set_when_the_connection_ends() {
+        let token = Token::generate().unwrap();
+        let server = StoreServer::start("127.0.0.1:0", token.clone()).unwrap();
+        let addr = server.addr().to_string();
+        let (a, b) = (
+            StoreClient::connect(&addr, &token, Duration::from_secs(10)).unwrap(),
+            StoreClient::connect(&addr, &token, Duration::from_secs(10)).unwrap(),
+        );
+        a.set_on_close("gone/a").unwrap();
+        a.set("x", b"1").unwrap();
+        assert!(matches!(
+            b.get("gone/a", Duration::from_millis(1)),
+            Err(Error::Timeout(_))
+        ));
+        drop(a);
+        assert_eq!(b.get("gone/a", Duration::from_secs(10)).unwrap(), b"1");
+        assert_eq!(b.get("x", Duration::from_secs(1)).unwrap(), b"1");
     }
 }

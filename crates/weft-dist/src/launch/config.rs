@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::limits;
 use crate::auth::Token;
 use crate::error::{Error, Result};
+use crate::init::MAX_TIMEOUT;
 
 /// Default of [`LaunchConfig::last_call`]: 10 seconds.
 pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(10);
@@ -46,7 +47,8 @@ pub struct LaunchConfig {
     /// round (see [`elastic`](LaunchConfig::elastic)).
     pub max_restarts: u32,
     /// How long the workers get to exit after the launcher signals them (SIGTERM, or the
-    /// signal it forwards) before they are killed with SIGKILL (default 30 seconds).
+    /// signal it forwards) before they are killed with SIGKILL (default 30 seconds, at most
+    /// [`MAX_TIMEOUT`], a year).
     pub stop_timeout: Duration,
     /// The job token. `None` (the default): `WEFT_JOB_TOKEN` from the environment, or a freshly
     /// generated one when `nnodes == 1`.
@@ -129,6 +131,21 @@ impl LaunchConfig {
                 self.min_nnodes, self.nnodes
             ));
         }
+        for (flag, d) in [
+            ("--stop-timeout", self.stop_timeout),
+            ("--rdzv-last-call", self.last_call),
+        ] {
+            if d > MAX_TIMEOUT {
+                return bad(above_the_limit(flag, d.as_secs_f64()));
+            }
+        }
+        if self.master_port == Some(0) && self.nnodes > 1 {
+            return bad(
+                "--master-port 0 with --nnodes above 1: the other nodes must know the store's port; give a fixed \
+                 one (default 29500)"
+                    .into(),
+            );
+        }
         if self.master_addr.trim().is_empty() {
             return bad("--master-addr is empty".into());
         }
@@ -154,6 +171,24 @@ impl LaunchConfig {
             ))),
         }
     }
+}
+
+/// `--stop-timeout 1e19 is above the limit of 31536000 s (a year)`.
+fn above_the_limit(flag: &str, secs: f64) -> String {
+    format!(
+        "{flag} {secs} is above the limit of {} s (a year)",
+        MAX_TIMEOUT.as_secs()
+    )
+}
+
+/// Parses a number of seconds given to `flag` (`--stop-timeout`, `--rdzv-last-call`): at least 0,
+/// at most [`MAX_TIMEOUT`] (a year); the error is one line naming the flag and the value.
+pub fn parse_seconds(flag: &str, secs: f64) -> Result<Duration> {
+    if secs.is_finite() && secs > MAX_TIMEOUT.as_secs_f64() {
+        return Err(Error::Invalid(above_the_limit(flag, secs)));
+    }
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| Error::Invalid(format!("{flag} {secs} is not a number of seconds >= 0")))
 }
 
 /// Parses `--nnodes`: `N`, or torchrun's `MIN:MAX` (elastic membership: the job runs on at
@@ -223,5 +258,35 @@ mod tests {
         assert!(with(&|c| c.min_nnodes = 0).contains("between 1 and the most"));
         assert!(with(&|c| c.program = OsString::new()).contains("no worker program"));
         assert!(with(&|c| c.nproc_per_node = 100_000).contains("--nproc-per-node 100000 is above the limit"));
+        assert!(with(&|c| c.stop_timeout = Duration::MAX).contains("--stop-timeout 18446744073709552000 is above"));
+        assert!(with(&|c| c.last_call = MAX_TIMEOUT * 2).contains("--rdzv-last-call 63072000 is above the limit"));
+        assert!(with(&|c| {
+            c.nnodes = 2;
+            c.master_port = Some(0)
+        })
+        .contains("--master-port 0 with --nnodes above 1"));
+    }
+
+    #[test]
+    fn seconds_are_bounded() {
+        assert_eq!(
+            parse_seconds("--stop-timeout", 1.5).unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(parse_seconds("--stop-timeout", 31536000.0).unwrap(), MAX_TIMEOUT);
+        for v in [1e19, 1.8e19, 1.9e19, 31536000.5] {
+            let e = parse_seconds("--stop-timeout", v).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!("--stop-timeout {v} is above the limit of 31536000 s (a year)")
+            );
+        }
+        for v in [-1.0, f64::NAN, f64::INFINITY] {
+            let e = parse_seconds("--rdzv-last-call", v).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("--rdzv-last-call {v} is not a number of seconds >= 0")),
+                "{e}"
+            );
+        }
     }
 }

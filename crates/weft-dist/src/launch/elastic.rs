@@ -12,8 +12,12 @@
 //!   others see it within [`POLL_ELSEWHERE`] and stop theirs. While restarts are left, every
 //!   survivor joins round `k + 1`. A node that is gone (its launcher killed) writes nothing, but
 //!   its peers' collectives fail, and their launchers report it.
-//! - a launcher whose workers all exited 0 counts itself in `finished`; node 0's launcher waits
-//!   for every node of the round before it stops serving the store.
+//! - a launcher whose workers all exited 0 sets `done/<node rank>`; node 0's launcher waits for
+//!   every node of the round before it stops serving the store. Each member asks the store to
+//!   set `gone/<node rank>` when its connection closes, so a node whose launcher died (killed,
+//!   its machine rebooted) ends that wait: node 0's launcher says so and exits 1.
+//! - a worker that stopped on a SIGTERM or SIGINT sent to it ends the job on this node as on a
+//!   single node (`finish_stopping`): no restart, no `failed`.
 //!
 //! Node 0's launcher must outlive the job: it serves the store.
 
@@ -21,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use super::error_files::ErrorFiles;
 use super::{
-    drain_output, forward_signal, job_env, report, signal_name, signals, start_all, stop, stop_after_failure, watch,
-    End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
+    drain_output, finish_stopping, forward_signal, job_env, report, signal_name, signals, start_all, stop,
+    stop_after_failure, watch, End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
 };
 use crate::auth::Token;
 use crate::error::{Error, Result};
@@ -168,6 +172,8 @@ pub(super) fn run(
                 return Ok(EXIT_FAILED);
             }
         };
+        // the store tells the others if this launcher goes away before the round ends
+        store.set_on_close(&key(round, &format!("gone/{}", r.node_rank)))?;
         weft_core::errln!(
             "weft launch: rendezvous round {round}: {} node(s), this is node {} (ranks {} to {})",
             r.nodes,
@@ -197,14 +203,22 @@ pub(super) fn run(
         };
         let why = match end {
             End::Done => {
+                store.set(&key(round, &format!("done/{}", r.node_rank)), b"1")?;
+                stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
                 drain_output(&mut workers, OUTPUT_GRACE);
-                store.add(&key(round, "finished"), 1)?;
                 if serves_store {
-                    wait_for_the_others(&store, round, r.nodes);
+                    if let Err(lost) = wait_for_the_others(&store, round, r.nodes, r.node_rank) {
+                        weft_core::errln!(
+                            "weft launch: job failed: node {lost} of rendezvous round {round} went away (its \
+                             launcher's connection to the store closed) before its workers finished"
+                        );
+                        return Ok(EXIT_FAILED);
+                    }
                 }
                 return Ok(0);
             }
             End::Signal(sig) => return Ok(forward_signal(&node, &mut workers, sig)),
+            End::Stopped(first) => return Ok(finish_stopping(&node, &mut workers, first)),
             End::Failed(first) => {
                 // the other nodes stop their workers while this one stops its own (and then
                 // reads the error files, which may name another rank as the cause)
@@ -240,14 +254,30 @@ pub(super) fn run(
     }
 }
 
-/// Node 0, its workers done: keeps serving the store until every node of the round is done too
-/// (or one failed, or a signal came).
-fn wait_for_the_others(store: &StoreClient, round: u32, nodes: usize) {
+/// Node 0 (node `me` of the round), its workers done: keeps serving the store until every node
+/// of the round is done too (or one failed, a signal came, or the store cannot be asked).
+/// `Err(node)` when a node went away (its launcher's connection to the store closed) before
+/// it was done.
+fn wait_for_the_others(store: &StoreClient, round: u32, nodes: usize, me: usize) -> std::result::Result<(), usize> {
     loop {
-        let done = store.add(&key(round, "finished"), 0).unwrap_or(nodes as i64) as usize;
-        let failed = peek(store, &key(round, "failed")).ok().flatten().is_some();
-        if done >= nodes || failed || signals::received().is_some() {
-            return;
+        let failed = peek(store, &key(round, "failed"));
+        if !matches!(failed, Ok(None)) || signals::received().is_some() {
+            return Ok(());
+        }
+        let mut waiting = false;
+        for node in (0..nodes).filter(|&n| n != me) {
+            // gone before done: a node sets done before its connection closes
+            let gone = peek(store, &key(round, &format!("gone/{node}")));
+            let done = peek(store, &key(round, &format!("done/{node}")));
+            match (gone, done) {
+                (_, Ok(Some(_))) => {}
+                (Ok(Some(_)), Ok(None)) => return Err(node),
+                (Ok(None), Ok(None)) => waiting = true,
+                _ => return Ok(()),
+            }
+        }
+        if !waiting {
+            return Ok(());
         }
         std::thread::sleep(POLL_ELSEWHERE);
     }

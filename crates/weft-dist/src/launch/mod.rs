@@ -39,7 +39,9 @@ use crate::failure::ERROR_FILE_VAR;
 use crate::store::StoreServer;
 
 pub use crate::signal::signal_name;
-pub use config::{parse_nnodes, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT};
+pub use config::{
+    parse_nnodes, parse_seconds, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT,
+};
 use error_files::ErrorFiles;
 pub use limits::{max_nproc_per_node, Limit, MAX_NPROC_PER_NODE};
 use report::{ranks_text, Failure};
@@ -65,6 +67,9 @@ enum End {
     Signal(i32),
     /// The worker at this index failed first.
     Failed(usize),
+    /// The worker at this index stopped on a SIGTERM or SIGINT sent to it, not to the launcher
+    /// (Slurm's step kill, a node shutdown): the job is being stopped, not failing.
+    Stopped(usize),
     /// Another node's launcher reported a failure (elastic rounds).
     Elsewhere(String),
 }
@@ -98,6 +103,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     cfg.validate()?;
     let token = cfg.resolve_token()?;
     let _handlers = signals::Handlers::install()?;
+    let _reaper = worker::Reaper::install();
     let (store, port) = if cfg.node_rank == 0 {
         let port = match cfg.master_port {
             Some(p) => p,
@@ -136,10 +142,14 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
         };
         match end {
             End::Done => {
+                // what the workers started and left behind is stopped before the output is
+                // drained (it may hold their pipes open)
+                stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
                 drain_output(&mut workers, OUTPUT_GRACE);
                 break 0;
             }
             End::Signal(sig) => break forward_signal(cfg, &mut workers, sig),
+            End::Stopped(first) => break finish_stopping(cfg, &mut workers, first),
             End::Elsewhere(_) => unreachable!("a single-node watch has no other node"),
             End::Failed(first) => {
                 let failure = stop_after_failure(cfg, &mut workers, first);
@@ -181,6 +191,53 @@ fn forward_signal(cfg: &LaunchConfig, workers: &mut [Worker], sig: i32) -> i32 {
     stop(workers, sig, cfg.stop_timeout);
     drain_output(workers, OUTPUT_GRACE);
     128 + sig
+}
+
+/// After worker `first` stopped on a SIGTERM or SIGINT sent to it, not to the launcher (as
+/// Slurm's step kill or a node shutdown send them to every process): the job is being stopped,
+/// so nothing is restarted, and the other workers are not sent a signal of their own while they
+/// stop (a second SIGTERM ends a `weft train` worker at once, in the middle of its stop
+/// checkpoint). They got the signal too, or their next collective fails on the rank that left.
+/// Those still running [`LaunchConfig::stop_timeout`] later are stopped as after a failure
+/// (SIGTERM, then SIGKILL after the stop timeout). A first signal to the launcher meanwhile is
+/// not forwarded (the workers are stopping already); a second one kills them at once. Returns
+/// the launcher's exit code: 128 + the worker's signal, or + the launcher's if it got one.
+fn finish_stopping(cfg: &LaunchConfig, workers: &mut [Worker], first: usize) -> i32 {
+    let sig = workers[first].stop_signal().unwrap_or(libc::SIGTERM);
+    weft_core::errln!(
+        "weft launch: rank {} stopped on {} ({}): the job is being stopped, not restarted; waiting up to {} s for \
+         the other workers to stop",
+        workers[first].rank,
+        signal_name(sig),
+        workers[first].status.map(describe_exit).unwrap_or_default(),
+        cfg.stop_timeout.as_secs_f64()
+    );
+    let seen = signals::count();
+    let deadline = crate::deadline::after(cfg.stop_timeout);
+    let mut now = false;
+    while workers.iter_mut().any(|w| w.poll().is_none()) && Instant::now() < deadline {
+        if signals::count() >= seen + 2 {
+            weft_core::errln!("weft launch: received a second signal; killing the workers (SIGKILL)");
+            now = true;
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    if now {
+        stop(workers, libc::SIGKILL, Duration::ZERO);
+    } else {
+        stop(workers, libc::SIGTERM, cfg.stop_timeout);
+    }
+    drain_output(workers, OUTPUT_GRACE);
+    let others: Vec<String> = workers
+        .iter()
+        .filter(|w| w.status.is_some_and(|s| !s.success()) && w.stop_signal().is_none())
+        .map(|w| format!("rank {} ({})", w.rank, w.status.map(describe_exit).unwrap_or_default()))
+        .collect();
+    if !others.is_empty() {
+        weft_core::errln!("weft launch: while the job stopped, also ended: {}", others.join(", "));
+    }
+    128 + signals::received().unwrap_or(sig)
 }
 
 /// The variables every worker of this node gets (besides its ranks, the restart count and its
@@ -235,8 +292,8 @@ fn start_all(
         }
         if Instant::now() >= next_poll {
             next_poll = Instant::now() + POLL;
-            if let Some(i) = first_failed(workers) {
-                return Ok(Some(End::Failed(i)));
+            if let Some(end) = first_ended(workers) {
+                return Ok(Some(end));
             }
         }
         let rank = cfg.node_rank * cfg.nproc_per_node + local;
@@ -269,15 +326,20 @@ fn start_all(
     Ok(None)
 }
 
-/// Polls every worker (reaping those that exited); the index of the first that failed.
-fn first_failed(workers: &mut [Worker]) -> Option<usize> {
-    let mut failed = None;
+/// Polls every worker (reaping those that exited): [`End::Stopped`] when one stopped on a
+/// SIGTERM or SIGINT sent to it ([`Worker::stop_signal`]), else [`End::Failed`] with the first
+/// that failed; None while none did.
+fn first_ended(workers: &mut [Worker]) -> Option<End> {
+    let (mut failed, mut stopped) = (None, None);
     for (i, w) in workers.iter_mut().enumerate() {
         if w.poll().is_some_and(|s| !s.success()) {
             failed = failed.or(Some(i));
+            if w.stop_signal().is_some() {
+                stopped = stopped.or(Some(i));
+            }
         }
     }
-    failed
+    stopped.map(End::Stopped).or(failed.map(End::Failed))
 }
 
 /// Polls the workers and the signals until every worker exited 0, one failed, a signal came,
@@ -290,8 +352,8 @@ fn watch(workers: &mut [Worker], elsewhere: &mut dyn FnMut() -> Option<String>) 
         if let Some(why) = elsewhere() {
             return End::Elsewhere(why);
         }
-        if let Some(i) = first_failed(workers) {
-            return End::Failed(i);
+        if let Some(end) = first_ended(workers) {
+            return end;
         }
         if workers.iter().all(|w| w.status.is_some()) {
             return End::Done;
@@ -300,23 +362,34 @@ fn watch(workers: &mut [Worker], elsewhere: &mut dyn FnMut() -> Option<String>) 
     }
 }
 
-/// Sends `sig` to every running worker, waits up to `timeout` for them to exit and kills the
-/// rest with SIGKILL. A signal to the launcher while it stops them is forwarded too if none
-/// came before; a further one kills them at once.
+/// Sends `sig` to every running worker and to what the workers that exited left behind in
+/// their process groups, waits up to `timeout` for all of it to exit and kills the rest with
+/// SIGKILL. Returns at once when nothing runs. A signal to the launcher while it stops them is
+/// forwarded too if none came before; a further one kills them at once.
 fn stop(workers: &mut [Worker], sig: i32, timeout: Duration) {
+    let left: Vec<usize> = workers.iter().filter(|w| w.left_behind()).map(|w| w.rank).collect();
+    if !left.is_empty() {
+        weft_core::errln!(
+            "weft launch: {} exited but left processes running in {} process group; stopping them ({})",
+            ranks_text(&left),
+            if left.len() == 1 { "its" } else { "their" },
+            signal_name(sig)
+        );
+    }
     for w in workers.iter() {
         w.signal(sig);
     }
     let mut seen = signals::count();
     // stopping because of a signal: a further one means "now"
     let mut forwarded = seen > 0;
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::deadline::after(timeout);
     loop {
         let running: Vec<usize> = workers
             .iter_mut()
             .filter_map(|w| w.poll().is_none().then_some(w.rank))
             .collect();
-        if running.is_empty() {
+        let left: Vec<usize> = workers.iter().filter(|w| w.left_behind()).map(|w| w.rank).collect();
+        if running.is_empty() && left.is_empty() {
             return;
         }
         if signals::count() != seen {
@@ -336,10 +409,18 @@ fn stop(workers: &mut [Worker], sig: i32, timeout: Duration) {
             forwarded = true;
         }
         if Instant::now() >= deadline {
-            if !timeout.is_zero() {
+            if !timeout.is_zero() && !running.is_empty() {
                 weft_core::errln!(
                     "weft launch: {} still running {} s after {}; killing (SIGKILL)",
                     ranks_text(&running),
+                    timeout.as_secs_f64(),
+                    signal_name(sig)
+                );
+            }
+            if !timeout.is_zero() && !left.is_empty() {
+                weft_core::errln!(
+                    "weft launch: processes left behind by {} still running {} s after {}; killing (SIGKILL)",
+                    ranks_text(&left),
                     timeout.as_secs_f64(),
                     signal_name(sig)
                 );

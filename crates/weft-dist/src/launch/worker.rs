@@ -165,18 +165,46 @@ impl Worker {
     }
 
     /// Sends `sig` to the worker's process group (so its children get it too), or to the
-    /// worker alone if it left that group; nothing once it has been reaped.
+    /// worker alone if it left that group. Once the worker has been reaped, to what is left of
+    /// its group: the processes it started and left behind.
     pub(super) fn signal(&self, sig: i32) {
-        if self.status.is_some() {
-            return;
-        }
         let pid = self.pid as libc::pid_t;
-        // SAFETY: the pid is our unreaped child, so neither it nor its group id can be reused.
+        // SAFETY: kill has no memory effects. The group id is the worker's pid, which the kernel
+        // does not give to a new process while the worker is unreaped or any member of its
+        // group lives; once none does, the group is gone and this finds nobody (ESRCH), unless
+        // the pid was handed out again meanwhile and its new owner leads a group (Linux hands
+        // pids out in order, wrapping at pid_max, so not within a launcher's stop).
         unsafe {
-            if libc::kill(-pid, sig) != 0 {
+            if libc::kill(-pid, sig) != 0 && self.status.is_none() {
                 libc::kill(pid, sig);
             }
         }
+    }
+
+    /// Whether the worker has been reaped but processes of its group (children it started and
+    /// left behind) still live. Reaps those of them that ended as this process's children (as
+    /// happens when the launcher is PID 1 or a subreaper), so they do not count as alive.
+    pub(super) fn left_behind(&self) -> bool {
+        if self.status.is_none() {
+            return false;
+        }
+        let pid = self.pid as libc::pid_t;
+        // SAFETY: waitpid on the worker's (already reaped) group only reaps members of that
+        // group, never another worker (each has a group of its own); kill with signal 0 only
+        // checks that the group has members.
+        unsafe {
+            while libc::waitpid(-pid, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+            libc::kill(-pid, 0) == 0
+        }
+    }
+
+    /// The signal a worker that ended this way was asked to stop by: it exited with 128 +
+    /// SIGTERM or SIGINT (the code of a clean stop on that signal, as `weft train`'s), or was
+    /// killed by one of them. None for any other end, and while it runs.
+    pub(super) fn stop_signal(&self) -> Option<i32> {
+        let status = self.status?;
+        let sig = status.code().map_or(status.signal(), |c| c.checked_sub(128))?;
+        [libc::SIGTERM, libc::SIGINT].contains(&sig).then_some(sig)
     }
 
     /// Whether both output threads have seen the end of their pipe.
@@ -205,10 +233,47 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // an early return left it running: it must not outlive its launcher, nor stay a zombie
+        // an early return left it (or what it started) running: nothing may outlive its
+        // launcher, nor stay a zombie
+        self.signal(libc::SIGKILL);
         if self.status.is_none() {
-            self.signal(libc::SIGKILL);
             self.wait();
+        }
+    }
+}
+
+/// While it lives, this process is a child subreaper (Linux): what the workers start and leave
+/// behind becomes its child when they exit, so [`Worker::left_behind`] reaps it as soon as it
+/// ends, rather than waiting for PID 1 to (which may take seconds, or never happen in a
+/// container). The previous setting comes back when it is dropped.
+pub(super) struct Reaper {
+    #[cfg(target_os = "linux")]
+    previous: libc::c_int,
+}
+
+impl Reaper {
+    pub(super) fn install() -> Reaper {
+        #[cfg(target_os = "linux")]
+        {
+            let mut previous: libc::c_int = 0;
+            // SAFETY: prctl reads and sets an attribute of this process; `previous` outlives the call.
+            unsafe {
+                libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &mut previous as *mut libc::c_int);
+                libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
+            }
+            Reaper { previous }
+        }
+        #[cfg(not(target_os = "linux"))]
+        Reaper {}
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: sets an attribute of this process back.
+        unsafe {
+            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, self.previous as libc::c_ulong);
         }
     }
 }

@@ -1,0 +1,200 @@
+//! How `weft launch` ends: huge stop timeouts refused in one line; processes the workers started
+//! and left behind stopped before the launcher exits (after success and after a failure); node 0
+//! of an elastic job not waiting forever for a node whose launcher died; and workers stopped by a
+//! SIGTERM or SIGINT sent to them (not to the launcher) not restarted nor signalled again.
+
+mod common;
+mod launcher;
+
+use std::io::{BufRead, BufReader};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::free_port;
+use launcher::*;
+
+/// The pids of the processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// `60.<digits unique to this test process and call>`: a `sleep` argument that finds its
+/// processes in /proc.
+fn unique_seconds() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("60.{}{nanos:09}", std::process::id())
+}
+
+#[test]
+fn huge_stop_timeouts_are_refused_in_one_line() {
+    for v in ["1e19", "1.9e19", "31536001"] {
+        refused(
+            &["--nproc-per-node", "2", "--stop-timeout", v, "--", "false"],
+            &[],
+            &format!(
+                "--stop-timeout {} is above the limit of 31536000 s (a year)",
+                v.parse::<f64>().unwrap()
+            ),
+        );
+    }
+    refused(
+        &["--rdzv-last-call", "1e10", "--", "true"],
+        &[],
+        "--rdzv-last-call 10000000000 is above the limit of 31536000 s (a year)",
+    );
+    refused(
+        &["--nnodes", "2", "--master-port", "0", "--", "true"],
+        &[("WEFT_JOB_TOKEN", "tok-port-0")],
+        "--master-port 0 with --nnodes above 1",
+    );
+}
+
+#[test]
+fn processes_left_behind_by_the_workers_are_stopped() {
+    for code in [0, 1] {
+        let seconds = unique_seconds();
+        let script = format!("sleep {seconds} & echo started; exit {code}");
+        let r = run(sh_job(&["--nproc-per-node", "2", "--stop-timeout", "20"], &script, &[]));
+        let left = processes_with(&seconds);
+        for &pid in &left {
+            // SAFETY: kill has no memory effects; these are the test's own leftovers.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert_eq!(r.code, Some(code), "{}", r.show());
+        assert!(
+            left.is_empty(),
+            "worker exit {code}: left behind {left:?}\n{}",
+            r.show()
+        );
+        // stopped with SIGTERM, not waited out
+        assert!(r.elapsed < Duration::from_secs(15), "{}", r.show());
+        assert!(r.stderr.contains("left processes running in"), "{}", r.show());
+    }
+}
+
+#[test]
+fn node_0_does_not_wait_for_a_node_whose_launcher_died() {
+    let port = free_port().to_string();
+    let seconds = unique_seconds();
+    let node = |rank: &str, script: &str| {
+        let mut cmd = launcher();
+        cmd.args(["--nnodes", "1:2", "--node-rank", rank, "--master-port", &port])
+            .args([
+                "--rdzv-last-call",
+                "60",
+                "--stop-timeout",
+                "2",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .env("WEFT_JOB_TOKEN", "tok-dead-node");
+        cmd.spawn().expect("weft launch starts")
+    };
+    // node 0's worker is done at once; node 1's would run for a minute
+    let started = Instant::now();
+    let mut a = node("0", "exit 0");
+    let mut b = node("1", &format!("exec sleep {seconds}"));
+    let (a_out, a_err) = (reader(a.stdout.take().unwrap()), reader(a.stderr.take().unwrap()));
+    let _b_out = reader(b.stdout.take().unwrap());
+    let (tx, b_lines) = mpsc::channel();
+    let b_err = b.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(b_err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // node 1 is in the round (which closes once both joined): its launcher is then killed
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("rendezvous round 0: 2 node(s)"))
+    {
+        match b_lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => seen.push(l),
+            Err(_) => {
+                let _ = (a.kill(), b.kill(), a.wait(), b.wait());
+                panic!("node 1 never joined: {seen:?}");
+            }
+        }
+    }
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let r = finish(a, started, a_out, a_err);
+    assert_eq!(r.code, Some(1), "{}", r.show());
+    assert!(
+        r.stderr
+            .contains("went away (its launcher's connection to the store closed)"),
+        "{}",
+        r.show()
+    );
+    // node 1's worker died with its launcher
+    assert!(
+        common::wait_for(10, || processes_with(&seconds).is_empty()),
+        "{}",
+        r.show()
+    );
+}
+
+/// A 2-rank job whose rank 1 ends with `rank1` (having marked that it got there) while rank 0,
+/// as a worker writing its stop checkpoint, ends a moment later with exit code `code0`; rank 0
+/// marks any SIGTERM it gets. Returns the run and whether rank 0 got a SIGTERM.
+fn stopping_job(rank1: &str, code0: i32) -> (Run, bool) {
+    let dir = TempDir::new("stopped");
+    let script = format!(
+        "if [ \"$RANK\" = 1 ]; then touch \"$MARK_DIR/r1\"; {rank1}; fi; \
+         trap 'touch \"$MARK_DIR/term\"; exit 9' TERM; \
+         while [ ! -e \"$MARK_DIR/r1\" ]; do sleep 0.05; done; sleep 0.5; exit {code0}"
+    );
+    let mut cmd = sh_job(
+        &["--nproc-per-node", "2", "--max-restarts", "1", "--stop-timeout", "30"],
+        &script,
+        &[],
+    );
+    cmd.env("MARK_DIR", &dir.0);
+    let r = run(cmd);
+    let got_term = dir.0.join("term").exists();
+    (r, got_term)
+}
+
+#[test]
+fn workers_stopped_by_a_signal_sent_to_them_are_neither_restarted_nor_signalled_again() {
+    for (rank1, code0, want) in [
+        // a clean stop on SIGTERM, as `weft train`'s, and one on SIGINT
+        ("exit 143", 143, 143),
+        ("exit 130", 130, 130),
+        // a program killed by the SIGTERM itself
+        ("kill -TERM $$", 143, 143),
+        // rank 0 fails once rank 1 is gone (its collective would): no restart either
+        ("exit 143", 1, 143),
+    ] {
+        let (r, got_term) = stopping_job(rank1, code0);
+        assert_eq!(r.code, Some(want), "{rank1}: {}", r.show());
+        assert!(!got_term, "{rank1}: rank 0 got a SIGTERM while stopping\n{}", r.show());
+        assert!(!r.stderr.contains("restarting"), "{rank1}: {}", r.show());
+        assert!(
+            r.stderr.contains("weft launch: rank 1 stopped on SIG") && r.stderr.contains("not restarted"),
+            "{rank1}: {}",
+            r.show()
+        );
+        if code0 == 1 {
+            assert!(r.stderr.contains("also ended: rank 0 (exit code 1)"), "{}", r.show());
+        }
+    }
+}
