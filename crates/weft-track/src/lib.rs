@@ -28,7 +28,7 @@ pub use error::{Error, Result};
 pub use read::{MetricSummary, RunDetail, RunSummary};
 pub use resume::{NotContinued, Resumed, RunRef, RESUMED_TAG};
 pub use store::{OpenOptions, Store, STORE_FILE};
-pub use writer::{NewRun, RunInput, RunWriter, WriterOptions};
+pub use writer::{nan_tag, NewRun, RunInput, RunWriter, WriterOptions};
 
 /// How a run ended, or that it has not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

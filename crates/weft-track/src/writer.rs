@@ -169,12 +169,11 @@ impl RunWriter {
     }
 
     /// Queues a metric value at `step` (never blocks on the store; a few hundred nanoseconds).
-    /// A NaN is not recorded: SQLite has no NaN (it would be NULL, which a metric cannot be);
-    /// infinities are.
+    /// A NaN is not a metric row: SQLite has no NaN (it would be NULL, which a metric cannot
+    /// be); the run's tag [`nan_tag`]`(key)` records the last step it was NaN at instead, so that
+    /// a run whose metric ended NaN (it diverged) is not read as ending on its last number.
+    /// Infinities are rows.
     pub fn log(&self, step: u64, key: &str, value: f64) {
-        if value.is_nan() {
-            return;
-        }
         self.send(Msg::Metric {
             step: step as i64,
             key: key.to_string(),
@@ -425,8 +424,18 @@ fn flush(
         .at(path)?;
     {
         // the batch is gone whatever happens to it (as before: a failed write is not retried)
-        let rows = std::mem::take(metrics);
+        let (nan, rows): (Vec<_>, Vec<_>) = std::mem::take(metrics).into_iter().partition(|r| r.2.is_nan());
         insert_metrics(&tx, path, id, &rows)?;
+        let mut t = tx
+            .prepare_cached(
+                "INSERT INTO tags (run_id, key, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (run_id, key) DO UPDATE SET value = CASE
+                   WHEN CAST(excluded.value AS INTEGER) > CAST(value AS INTEGER) THEN excluded.value ELSE value END",
+            )
+            .at(path)?;
+        for (step, key, _, _) in nan {
+            t.execute(params![id, nan_tag(&key), step.to_string()]).at(path)?;
+        }
         let mut a = tx
             .prepare_cached(
                 "INSERT INTO artifacts (run_id, kind, path) SELECT ?1, ?2, ?3 WHERE NOT EXISTS
@@ -443,6 +452,11 @@ fn flush(
         .at(path)?;
     }
     tx.commit().at(path)
+}
+
+/// The tag that holds the last step metric `key` was NaN at (a number, as text).
+pub fn nan_tag(key: &str) -> String {
+    format!("nan_step.{key}")
 }
 
 /// Inserts metric rows `(step, key, value, time)` of run `id` and merges each key's summary

@@ -374,14 +374,6 @@ fn find_run(store: &Store, spec: &SweepSpec, number: u64, earlier: &[i64]) -> Re
         .max())
 }
 
-/// The `(step, value)` rows of `key` in run `id`, by step.
-fn metric_rows(store: &Store, id: i64, key: &str) -> Result<Vec<(i64, f64)>> {
-    Ok(store
-        .metric_series(id, key)?
-        .into_iter()
-        .map(|(step, value, _)| (step, value))
-        .collect())
-}
 
 /// Records how trial `r` ended; the line to say about it.
 fn finish(plan: &Plan, store: &Store, mut r: Running, status: ExitStatus) -> Result<String> {
@@ -395,8 +387,8 @@ fn finish(plan: &Plan, store: &Store, mut r: Running, status: ExitStatus) -> Res
     };
     let run_status = run.as_ref().map(|d| d.summary.status.clone());
     let value = |id: i64| -> Result<String> {
-        Ok(metric_rows(store, id, &spec.metric)?
-            .last()
+        let detail = store.run_detail(id)?;
+        Ok(trials::last_value(&detail, &spec.metric)
             .map_or("no value".into(), |(s, v)| format!("{} = {v} at step {s}", spec.metric)))
     };
     match (r.run_id, r.pruned.take(), status.success(), run_status.as_deref()) {

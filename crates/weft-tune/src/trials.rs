@@ -26,7 +26,8 @@ pub struct TrialRecord {
     pub params: Vec<Option<String>>,
     /// The swept values read back (`None` when one does not parse).
     pub values: Option<Vec<Value>>,
-    /// The metric's last recorded value and its step.
+    /// The metric's last value and its step: NaN when the run recorded it NaN at its last
+    /// step ([`weft_track::nan_tag`]: the trial diverged).
     pub last: Option<(i64, f64)>,
     /// Why it failed, was killed or was pruned.
     pub error: Option<String>,
@@ -39,9 +40,10 @@ impl TrialRecord {
         matches!(self.status.as_str(), "finished" | "pruned" | "failed")
     }
 
-    /// What the samplers learn from it (finished and pruned trials with a metric value).
+    /// What the samplers learn from it (finished and pruned trials with a metric value; one
+    /// that ended NaN teaches nothing, as a failed one, which is how Optuna counts it).
     pub fn observation(&self, spec: &SweepSpec) -> Option<Observation> {
-        let (step, value) = self.last?;
+        let (step, value) = self.last.filter(|(_, v)| !v.is_nan())?;
         let value = spec.goal.loss(value);
         let outcome = match self.status.as_str() {
             "finished" => Outcome::Finished(value),
@@ -83,6 +85,22 @@ pub fn param_value(space: &Space, i: usize, text: &str) -> toml::Value {
     }
 }
 
+/// Metric `key`'s last value in run `detail` and its step; NaN when the run recorded it NaN at
+/// that step or later (the store holds no NaN row: [`weft_track::nan_tag`]).
+pub fn last_value(detail: &weft_track::RunDetail, key: &str) -> Option<(i64, f64)> {
+    let last = detail.metrics.get(key).map(|m| (m.last_step, m.last));
+    let nan = detail
+        .summary
+        .tags
+        .get(&weft_track::nan_tag(key))
+        .and_then(|s| s.parse::<i64>().ok());
+    match (last, nan) {
+        (Some((step, _)), Some(at)) if at >= step => Some((at, f64::NAN)),
+        (None, Some(at)) => Some((at, f64::NAN)),
+        (last, _) => last,
+    }
+}
+
 /// Every trial of `spec`'s sweep in the store, by number: for a number run more than once, the
 /// run that ended for good, else the latest.
 pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {
@@ -115,7 +133,7 @@ pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {
             status: run.status.clone(),
             params,
             values,
-            last: detail.metrics.get(&spec.metric).map(|m| (m.last_step, m.last)),
+            last: last_value(&detail, &spec.metric),
             error: detail.error.clone(),
         };
         match by_number.get(&number) {

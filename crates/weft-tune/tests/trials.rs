@@ -87,3 +87,37 @@ fn trials_are_read_back_by_tag_and_ranked() {
     );
     assert_eq!(text.lines().count(), 7, "{text}");
 }
+
+/// A trial whose metric ended NaN (it diverged; the store holds no NaN row) ends on NaN: it is
+/// not ranked on its last number, not named best under either goal, and teaches the samplers
+/// nothing. A NaN before a later number does not count.
+#[test]
+fn a_trial_whose_metric_ended_nan_is_not_ranked_on_an_earlier_value() {
+    let dir = temp_dir("trials-nan");
+    for goal in ["minimize", "maximize"] {
+        let spec = SweepSpec::parse(
+            &format!(
+                "[sweep]\nname = \"n{goal}\"\nexperiment = \"exp\"\nbase = \"r.toml\"\nmetric = \"val_loss\"\n\
+                 goal = \"{goal}\"\ntrials = 3\n\
+                 [sweep.parameters]\n\"optim.lr\" = {{ distribution = \"log_uniform\", min = 1e-4, max = 1e-1 }}\n"
+            ),
+            "s.toml",
+            "s",
+            Path::new("."),
+        )
+        .unwrap();
+        let name = format!("n{goal}");
+        trial(&dir, &name, 0, "0.001", &[(10, 2.0), (20, 1.9)], Status::Finished);
+        // diverged: a huge value, then NaN at the last evaluation
+        trial(&dir, &name, 1, "0.05", &[(10, 1e8), (20, f64::NAN)], Status::Finished);
+        // NaN once, then a number again
+        trial(&dir, &name, 2, "0.01", &[(10, f64::NAN), (20, 1.0)], Status::Finished);
+        let store = Store::open(&dir).unwrap();
+        let t = trials::load(&store, &spec).unwrap();
+        assert!(t[1].last.is_some_and(|(s, v)| s == 20 && v.is_nan()), "{:?}", t[1].last);
+        assert_eq!(t[1].observation(&spec), None);
+        assert_eq!(t[2].last, Some((20, 1.0)));
+        let best = trials::best(&spec, &t).unwrap().number;
+        assert_eq!(best, if goal == "minimize" { 2 } else { 0 }, "{goal}");
+    }
+}
