@@ -1,11 +1,13 @@
 //! `weft checkpoint inspect` and `weft checkpoint consolidate`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use weft_core::io::safetensors;
+use weft_data::Tokenizer;
 use weft_train::checkpoint;
+use weft_train::config::ModelConfig;
 
 #[derive(Args)]
 pub struct InspectArgs {
@@ -108,6 +110,7 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
             dir.display()
         ));
     }
+    check_recorded(&dir, &index, &params, args.format != "hf")?;
     if args.format == "hf" {
         return consolidate_hf(args, &index, &params);
     }
@@ -129,6 +132,50 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
         params.len(),
         index.state.step
     ))
+}
+
+/// Checks what the checkpoint at `dir` records beside its tensors `params` before an export
+/// copies it into a file that would then fail to load: the model config parses and (a gpt's
+/// or llama's) agrees with the tensors' shapes, as `weft generate` checks it
+/// (`weft_train::generate::recorded_model`), and, with `tokenizer` (it is written too), the
+/// tokenizer loads and fits the model's vocabulary. `index.json` has no checksum of its own,
+/// so both are claims. The error names `index.json`, the key and the value.
+fn check_recorded(
+    dir: &Path,
+    index: &checkpoint::Index,
+    params: &checkpoint::Tensors,
+    tokenizer: bool,
+) -> Result<(), String> {
+    let extra = &index.state.extra;
+    let source = dir.join(checkpoint::INDEX).display().to_string();
+    if extra["model"].is_null() {
+        return Ok(()); // nothing recorded, nothing copied (an hf export refuses it)
+    }
+    let model: ModelConfig = serde_json::from_value(extra["model"].clone())
+        .map_err(|e| format!("{source}: the model config does not parse: {e}"))?;
+    let shapes: BTreeMap<String, Vec<usize>> = params.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
+    let checked = match &model {
+        ModelConfig::Gpt(g) => g.to_config().check_shapes(&shapes),
+        ModelConfig::Llama(l) => l.to_config().check_shapes(&shapes),
+        ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => Ok(()),
+    };
+    checked.map_err(|e| format!("{source}: {e}"))?;
+    let tok = &extra["tokenizer"];
+    if tokenizer && !tok.is_null() {
+        let text = tok
+            .as_str()
+            .ok_or_else(|| format!("{source}: state.extra.tokenizer: expected the tokenizer's JSON as a string"))?;
+        let tok = Tokenizer::from_json(text).map_err(|e| format!("{source}: state.extra.tokenizer: {e}"))?;
+        if let Some((vocab, _)) = model.language_model_sizes() {
+            if tok.vocab_size() > vocab {
+                return Err(format!(
+                    "{source}: state.extra.tokenizer knows {} tokens, more than model.vocab_size = {vocab}",
+                    tok.vocab_size()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `consolidate --format hf`: the checkpoint's model as a Hugging Face folder.

@@ -144,3 +144,82 @@ fn consolidate_on_a_full_disk_fails_with_one_line_and_leaves_no_temporary_file()
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The model config and tokenizer a checkpoint records are checked before they are copied into
+/// an export (they were copied as they stood, and the outputs then failed to load): a config
+/// that disagrees with the tensors, names another kind or an impossible size, and a tokenizer
+/// that does not load or is wider than the vocabulary are refused with one line naming
+/// index.json and the key, in both formats, and nothing is written.
+#[test]
+fn a_tampered_model_config_or_tokenizer_is_refused_before_writing() {
+    let dir = temp_dir("consolidate-tampered");
+    let ckpt = checkpoint(&dir).join("step-00000005");
+    let index = ckpt.join("index.json");
+    let original = std::fs::read(&index).unwrap();
+    let tamper = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_slice(&original).unwrap();
+        edit(&mut v);
+        std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+    };
+    let export = |format: &str| {
+        let output = dir.join(format!("out-{format}"));
+        #[rustfmt::skip]
+        let out = weft(&["checkpoint", "consolidate", ckpt.to_str().unwrap(), "-o", output.to_str().unwrap(),
+            "--format", format]);
+        (out, output)
+    };
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(Edit, &[&str], &[&str])> = vec![
+        (
+            Box::new(|v| v["state"]["extra"]["model"]["vocab_size"] = 999.into()),
+            &["safetensors", "hf"],
+            &["model.vocab_size: 999", "transformer.wte.weight has shape"],
+        ),
+        (
+            Box::new(|v| v["state"]["extra"]["model"]["kind"] = "mlp".into()),
+            &["safetensors", "hf"],
+            &["the model config does not parse", "unknown field"],
+        ),
+        (
+            Box::new(|v| v["state"]["extra"]["model"]["n_head"] = 0.into()),
+            &["safetensors", "hf"],
+            &["model.n_head: must be positive"],
+        ),
+        (
+            Box::new(|v| v["state"]["extra"]["model"]["dropout"] = 5.into()),
+            &["safetensors", "hf"],
+            &["model.dropout: 5 is outside [0, 1)"],
+        ),
+        (
+            Box::new(|v| v["state"]["extra"]["tokenizer"] = "{not json".into()),
+            &["safetensors"],
+            &["state.extra.tokenizer", "does not parse"],
+        ),
+        (
+            Box::new(|v| {
+                let vocab: String = (0..1000).filter_map(|i| char::from_u32(0x100 + i)).collect();
+                v["state"]["extra"]["tokenizer"] =
+                    serde_json::json!({"type": "char", "vocab": vocab}).to_string().into();
+            }),
+            &["safetensors"],
+            &["state.extra.tokenizer knows 1000 tokens, more than model.vocab_size"],
+        ),
+    ];
+    for (edit, formats, needles) in &cases {
+        tamper(edit.as_ref());
+        for format in *formats {
+            let (out, output) = export(format);
+            let err = one_error_line(&out);
+            assert!(err.contains(&*index.to_string_lossy()), "{format}: {err}");
+            for n in *needles {
+                assert!(err.contains(n), "{format}: {n:?} in {err}");
+            }
+            assert!(!output.exists(), "{format}: {} was written", output.display());
+        }
+    }
+    // a Hugging Face folder holds no tokenizer: a damaged one is not its concern
+    let (out, output) = export("hf");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(output.join("config.json").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}

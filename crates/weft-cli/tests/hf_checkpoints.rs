@@ -337,3 +337,82 @@ fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_pred
         assert!(out.stdout.is_empty());
     }
 }
+
+/// `consolidate --format hf -o FOLDER` into a folder holding a sharded checkpoint is refused
+/// with one line naming the folder and the files in the way, and the folder is left as it was:
+/// it wrote model.safetensors and config.json beside the old index and shards, and weft (which
+/// reads the index first) and transformers (model.safetensors first) then loaded different
+/// weights from one folder. A folder an export wrote before is replaced.
+#[test]
+fn consolidate_as_hf_refuses_a_folder_holding_other_weights() {
+    let dir = temp_dir("hf-consolidate-over");
+    let ckpt = dir.join("ckpt");
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", &gpt_fixture(), "--set", "train.steps=1",
+        "--set", &path_set("train.checkpoint_dir", &ckpt)]);
+    let sharded = fixture_copy(&dir, "llama_gqa");
+    let before: Vec<(String, Vec<u8>)> = names(&sharded)
+        .into_iter()
+        .map(|n| (n.clone(), std::fs::read(sharded.join(&n)).unwrap()))
+        .collect();
+    let export = |out: &Path| {
+        weft(&[
+            "checkpoint",
+            "consolidate",
+            ckpt.to_str().unwrap(),
+            "--format",
+            "hf",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+    };
+    let out = export(&sharded);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}: holds model-00001-of-00004.safetensors,",
+            sharded.display()
+        )) && err.contains("model.safetensors.index.json"),
+        "{err}"
+    );
+    let after: Vec<(String, Vec<u8>)> = names(&sharded)
+        .into_iter()
+        .map(|n| (n.clone(), std::fs::read(sharded.join(&n)).unwrap()))
+        .collect();
+    assert!(after == before, "the folder changed: {:?}", names(&sharded));
+    // an empty folder, then the same folder again (its config.json and model.safetensors replaced)
+    let fresh = dir.join("fresh");
+    std::fs::create_dir_all(&fresh).unwrap();
+    for _ in 0..2 {
+        let out = export(&fresh);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(names(&fresh), ["config.json", "model.safetensors"]);
+    }
+}
+
+/// A folder whose index is there but is not a regular file is named as such (it was taken for
+/// a missing file: "holds neither model.safetensors nor model.safetensors.index.json").
+#[cfg(unix)]
+#[test]
+fn an_index_that_is_not_a_file_is_named_as_such() {
+    let dir = temp_dir("hf-index-not-a-file");
+    let folder = fixture_copy(&dir, "llama_gqa");
+    let index = folder.join("model.safetensors.index.json");
+    std::fs::remove_file(&index).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &index).unwrap();
+    #[rustfmt::skip]
+    fails_with(&["generate", "--checkpoint", folder.to_str().unwrap(), "--prompt", "ab", "--tokens", "1"],
+        &["model.safetensors.index.json: not a file (a character device)"]);
+    std::fs::remove_file(&index).unwrap();
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&index)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mkfifo");
+    #[rustfmt::skip]
+    fails_with(&["generate", "--checkpoint", folder.to_str().unwrap(), "--prompt", "ab", "--tokens", "1"],
+        &["model.safetensors.index.json: not a file (a FIFO)"]);
+}

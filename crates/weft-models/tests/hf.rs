@@ -26,7 +26,13 @@ fn temp(name: &str) -> PathBuf {
 
 /// Copies a fixture folder so a test can damage it.
 fn copy_of(name: &str) -> PathBuf {
-    let d = temp(name);
+    copy_as(name, name)
+}
+
+/// Copies fixture folder `name` into a folder of its own, `tag` (tests run at the same time
+/// must not share one).
+fn copy_as(name: &str, tag: &str) -> PathBuf {
+    let d = temp(tag);
     for e in std::fs::read_dir(fixture(name)).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
@@ -285,4 +291,172 @@ fn a_gpt2_head_must_be_the_token_embedding() {
         .expect("an untied head is refused")
         .to_string();
     assert!(e.contains("lm_head.weight differs"), "{e}");
+}
+
+/// Replaces tensor `name` of `file` by `t`.
+fn replace_tensor(file: &Path, name: &str, t: weft_core::Tensor) {
+    let mut tensors = safetensors::load(file).unwrap().tensors;
+    tensors.insert(name.into(), t);
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::save(file, tensors.iter().map(|(n, t)| (n.as_str(), t)), &meta).unwrap();
+}
+
+/// A GPT-2 Conv1D weight that is not a matrix is named with its file and its shape as stored,
+/// before the transpose (which failed with only "t: needs rank >= 2, got shape [768]", or
+/// quoted a 3-D shape transposed).
+#[test]
+fn a_gpt2_conv1d_weight_of_another_rank_is_named_as_stored() {
+    let name = "transformer.h.0.attn.c_attn.weight";
+    for shape in [vec![3072], vec![2, 32, 48]] {
+        let d = copy_as("gpt2", &format!("conv1d-rank-{}", shape.len()));
+        let file = d.join("model.safetensors");
+        let shape_i: Vec<isize> = shape.iter().map(|&n| n as isize).collect();
+        let raw = safetensors::load(&file).unwrap().tensors[name]
+            .reshape(&shape_i)
+            .unwrap();
+        replace_tensor(&file, name, raw);
+        let e = hf::read_folder(&d)
+            .err()
+            .expect("a Conv1D weight that is not a matrix is refused")
+            .to_string();
+        let want = format!(
+            "{}: {name} has shape {shape:?}, but a GPT-2 Conv1D weight is a matrix",
+            file.display()
+        );
+        assert!(e.contains(&want), "{e}\nshould contain {want}");
+    }
+}
+
+/// Makes a FIFO at `path`.
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+/// A weights file or index that is there but is not a regular file (a FIFO, a directory, a
+/// link to /dev/zero) is named as such, not taken for a missing one ("holds neither ...").
+#[cfg(unix)]
+#[test]
+fn weights_that_are_not_files_are_named_as_such() {
+    let cases: [(&str, &str, &str); 6] = [
+        ("llama_gqa", "model.safetensors.index.json", "fifo"),
+        ("llama_gqa", "model.safetensors.index.json", "dir"),
+        ("llama_gqa", "model.safetensors.index.json", "zero"),
+        ("gpt2", "model.safetensors", "fifo"),
+        ("gpt2", "model.safetensors", "dir"),
+        ("gpt2", "model.safetensors", "zero"),
+    ];
+    for (fixture_name, file, kind) in cases {
+        let d = copy_as(fixture_name, &format!("not-a-file-{fixture_name}-{kind}"));
+        let p = d.join(file);
+        std::fs::remove_file(&p).unwrap();
+        let want = match kind {
+            "fifo" => {
+                mkfifo(&p);
+                "not a file (a FIFO)"
+            }
+            "dir" => {
+                std::fs::create_dir(&p).unwrap();
+                "not a file (a directory)"
+            }
+            _ => {
+                std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+                "not a file (a character device)"
+            }
+        };
+        let e = match hf::read_folder(&d) {
+            Ok(_) => panic!("{file} as a {kind} read"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&format!("{}: {want}", p.display())), "{file} ({kind}): {e}");
+    }
+}
+
+/// Writing into a folder that holds a sharded checkpoint (or any weights the write would not
+/// replace) is refused naming them, and nothing is written: the new model.safetensors beside the
+/// old index made weft (index first) and transformers (model.safetensors first) load different
+/// weights from one folder. A folder written before is replaced.
+#[test]
+fn writing_over_other_weights_is_refused() {
+    let ck = hf::read_folder(&fixture("llama_tied")).unwrap();
+    let d = copy_as("llama_gqa", "over-shards");
+    let before: Vec<(String, Vec<u8>)> = {
+        let mut v: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let e = hf::write_folder(&d, &ck.model, &ck.tensors, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "{}: holds model-00001-of-00004.safetensors, model-00002-of-00004.safetensors, \
+             model-00003-of-00004.safetensors, model-00004-of-00004.safetensors, model.safetensors.index.json: \
+             weights an export would leave beside",
+            d.display()
+        )),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+    let mut after: Vec<(String, Vec<u8>)> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    after.sort();
+    assert!(after == before, "the folder changed");
+    // PyTorch weights too
+    let d = temp("over-bin");
+    std::fs::write(d.join("pytorch_model.bin"), b"x").unwrap();
+    let e = hf::write_folder(&d, &ck.model, &ck.tensors, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds pytorch_model.bin: weights"), "{e}");
+    assert!(!d.join("config.json").exists() && !d.join("model.safetensors").exists());
+    // many shards: the first few are listed, the rest counted
+    let d = temp("over-many");
+    for i in 1..=9 {
+        std::fs::write(d.join(format!("model-{i:05}-of-00009.safetensors")), b"x").unwrap();
+    }
+    let e = hf::write_folder(&d, &ck.model, &ck.tensors, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model-00006-of-00009.safetensors and 3 more: weights"),
+        "{e}"
+    );
+    // a config.json that is not a file is refused before model.safetensors is written
+    let d = temp("over-config-dir");
+    std::fs::create_dir(d.join("config.json")).unwrap();
+    let e = hf::write_folder(&d, &ck.model, &ck.tensors, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("config.json: not a file (a directory)"), "{e}");
+    assert!(!d.join("model.safetensors").exists());
+    // a folder written before (config.json, model.safetensors, a tokenizer.json) is replaced
+    let d = temp("over-written");
+    let gpt = hf::read_folder(&fixture("gpt2")).unwrap();
+    hf::write_folder(&d, &gpt.model, &gpt.tensors, &[]).unwrap();
+    std::fs::write(d.join("tokenizer.json"), "{}").unwrap();
+    hf::write_folder(&d, &ck.model, &ck.tensors, &[]).unwrap();
+    assert_eq!(hf::read_folder(&d).unwrap().model, ck.model);
 }

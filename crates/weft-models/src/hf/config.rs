@@ -95,11 +95,15 @@ fn bool_key(c: &Map<String, Value>, key: &str, default: bool, source: &str) -> R
 fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>> {
     let n_embd = usize_key(c, "n_embd", source)?;
     if let Some(inner) = c.get("n_inner").filter(|v| !v.is_null()) {
-        if inner.as_u64() != Some(4 * n_embd as u64) {
+        // checked: an n_embd of 2^62 or more has no MLP width (4 x n_embd wrapped around to 0)
+        let width = n_embd
+            .checked_mul(4)
+            .ok_or_else(|| bad(source, "n_embd", format!("{n_embd}: the MLP's 4 x n_embd overflows")))?;
+        if inner.as_u64() != u64::try_from(width).ok() {
             return Err(bad(
                 source,
                 "n_inner",
-                format!("{inner}: weft's gpt has an MLP of 4 x n_embd = {}", 4 * n_embd),
+                format!("{inner}: weft's gpt has an MLP of 4 x n_embd = {width}"),
             ));
         }
     }
@@ -341,5 +345,34 @@ mod tests {
         keys.remove("n_head");
         let err = from_weft_keys(&keys).unwrap_err().to_string();
         assert!(err.contains("model.n_head"), "{err}");
+    }
+
+    /// A GPT-2 config.json's `n_inner` is compared with 4 x `n_embd` without wrapping around: an
+    /// `n_embd` of 2^63 made it 0 ("MLP of 4 x n_embd = 0").
+    #[test]
+    fn gpt2_mlp_width_does_not_wrap_around() {
+        let config = |n_embd: u64, n_inner: u64| {
+            json!({"architectures": ["GPT2LMHeadModel"], "vocab_size": 50, "n_positions": 8, "n_layer": 1,
+                   "n_head": 2, "n_embd": n_embd, "n_inner": n_inner})
+            .to_string()
+        };
+        let err = to_weft_keys(&config(1 << 63, 5), "x/config.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("x/config.json: n_embd: 9223372036854775808: the MLP's 4 x n_embd overflows"),
+            "{err}"
+        );
+        let err = to_weft_keys(&config(1 << 62, 0), "x/config.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("n_embd") && err.contains("overflows"), "{err}");
+        let err = to_weft_keys(&config(8, 33), "x/config.json").unwrap_err().to_string();
+        assert!(
+            err.contains("n_inner: 33: weft's gpt has an MLP of 4 x n_embd = 32"),
+            "{err}"
+        );
+        let keys = to_weft_keys(&config(8, 32), "x/config.json").unwrap();
+        assert_eq!(keys["n_embd"], 8);
     }
 }

@@ -10,9 +10,10 @@
 //! dropped. Tied output layers are not written (as `transformers` saves them).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
+use weft_core::io::atomic::describe;
 use weft_core::io::safetensors;
 use weft_core::{Error, Result, Tensor};
 
@@ -44,29 +45,51 @@ pub fn read_folder(dir: &Path) -> Result<HfCheckpoint> {
     let text =
         std::fs::read_to_string(&config_path).map_err(|e| Error::Io(format!("{}: {e}", config_path.display())))?;
     let model = to_weft_keys(&text, &config_path.display().to_string())?;
-    let raw = read_weights(dir)?;
+    let files = read_weights(dir)?;
     let tensors = match model.get("kind").and_then(Value::as_str) {
-        Some("gpt") => gpt2_to_weft(raw, &dir.display().to_string())?,
-        _ => raw
+        Some("gpt") => gpt2_to_weft(files, &dir.display().to_string())?,
+        _ => files
             .into_iter()
+            .flat_map(|(_, tensors)| tensors)
             .filter(|(n, _)| !n.ends_with("rotary_emb.inv_freq"))
             .collect(),
     };
     Ok(HfCheckpoint { model, tensors })
 }
 
-/// The tensors of `model.safetensors`, or of every shard `model.safetensors.index.json` lists.
-fn read_weights(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
+/// The tensors of one weights file, with its path (for messages).
+type WeightsFile = (PathBuf, BTreeMap<String, Tensor>);
+
+/// Whether `path` is a regular file (symlinks followed): `false` when nothing is there, an
+/// error naming it when something else is (a directory, a FIFO, a link to `/dev/zero`), which
+/// must not be taken for a missing file (nor be opened: a FIFO waits for a writer forever).
+fn is_regular_file(path: &Path) -> Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(true),
+        Ok(meta) => Err(Error::Io(format!(
+            "{}: not a file ({})",
+            path.display(),
+            describe(&meta.file_type())
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::Io(format!("{}: {e}", path.display()))),
+    }
+}
+
+/// The tensors of `model.safetensors`, or of every shard `model.safetensors.index.json` lists,
+/// by file.
+fn read_weights(dir: &Path) -> Result<Vec<WeightsFile>> {
     let single = dir.join(WEIGHTS);
     let index = dir.join(WEIGHTS_INDEX);
-    if !index.is_file() {
-        if !single.is_file() {
+    if !is_regular_file(&index)? {
+        if !is_regular_file(&single)? {
             return Err(Error::Io(format!(
                 "{}: holds neither {WEIGHTS} nor {WEIGHTS_INDEX}",
                 dir.display()
             )));
         }
-        return Ok(safetensors::load(&single)?.tensors);
+        let tensors = safetensors::load(&single)?.tensors;
+        return Ok(vec![(single, tensors)]);
     }
     let source = index.display().to_string();
     let text = std::fs::read_to_string(&index).map_err(|e| Error::Io(format!("{source}: {e}")))?;
@@ -87,17 +110,20 @@ fn read_weights(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
             })?;
         by_file.entry(file).or_default().push(name);
     }
-    let mut out = BTreeMap::new();
+    let mut out = Vec::with_capacity(by_file.len());
     for (file, names) in by_file {
-        let mut shard = safetensors::load(&dir.join(file))?.tensors;
+        let path = dir.join(file);
+        let mut shard = safetensors::load(&path)?.tensors;
+        let mut tensors = BTreeMap::new();
         for name in names {
             let t = shard.remove(name).ok_or_else(|| {
                 Error::Io(format!(
                     "{source}: weight_map puts {name:?} in {file}, which does not hold it"
                 ))
             })?;
-            out.insert(name.to_string(), t);
+            tensors.insert(name.to_string(), t);
         }
+        out.push((path, tensors));
     }
     Ok(out)
 }
@@ -114,22 +140,43 @@ fn is_conv1d(name: &str) -> bool {
     name.starts_with("transformer.h.") && CONV1D.iter().any(|c| name.ends_with(&format!(".{c}")))
 }
 
-/// A GPT-2 state dict in weft's names and layout (see the module's notes).
-fn gpt2_to_weft(raw: BTreeMap<String, Tensor>, source: &str) -> Result<BTreeMap<String, Tensor>> {
+/// A GPT-2 `Conv1D` weight `[in, out]` as a Linear weight `[out, in]`, or back (the transpose
+/// is its own inverse). A tensor that is not a matrix is an error naming `file`, the tensor's
+/// `name` and its shape as given, before anything is transposed.
+fn transpose_conv1d(t: &Tensor, name: &str, file: &str) -> Result<Tensor> {
+    if t.rank() != 2 {
+        return Err(Error::Io(format!(
+            "{file}: {name} has shape {:?}, but a GPT-2 Conv1D weight is a matrix ([in, out] in the file)",
+            t.shape()
+        )));
+    }
+    t.t()?.contiguous()
+}
+
+/// A GPT-2 state dict (by file) in weft's names and layout (see the module's notes); `source`
+/// (the folder) is named in errors that are not one file's.
+fn gpt2_to_weft(files: Vec<WeightsFile>, source: &str) -> Result<BTreeMap<String, Tensor>> {
     let mut out = BTreeMap::new();
     let mut head = None;
-    for (name, t) in raw {
-        if name == "lm_head.weight" {
-            head = Some(t);
-            continue;
+    for (path, tensors) in files {
+        let file = path.display().to_string();
+        for (name, t) in tensors {
+            if name == "lm_head.weight" {
+                head = Some(t);
+                continue;
+            }
+            let bare = name.strip_prefix("transformer.").unwrap_or(&name);
+            if bare.ends_with(".attn.bias") && t.rank() == 4 || bare.ends_with(".attn.masked_bias") {
+                continue; // mask buffers
+            }
+            let weft = format!("transformer.{bare}");
+            let t = if is_conv1d(&weft) {
+                transpose_conv1d(&t, &name, &file)?
+            } else {
+                t
+            };
+            out.insert(weft, t);
         }
-        let bare = name.strip_prefix("transformer.").unwrap_or(&name);
-        if bare.ends_with(".attn.bias") && t.rank() == 4 || bare.ends_with(".attn.masked_bias") {
-            continue; // mask buffers
-        }
-        let weft = format!("transformer.{bare}");
-        let t = if is_conv1d(&weft) { t.t()?.contiguous()? } else { t };
-        out.insert(weft, t);
     }
     if let (Some(head), Some(wte)) = (head, out.get("transformer.wte.weight")) {
         // compared in place (a GPT-2 head is 50257 x 768: no f64 copies of it)
@@ -145,10 +192,79 @@ fn gpt2_to_weft(raw: BTreeMap<String, Tensor>, source: &str) -> Result<BTreeMap<
     Ok(out)
 }
 
+/// Weights files `transformers` writes or reads besides [`WEIGHTS`], by the start of their
+/// names (`pytorch_model.bin`, `pytorch_model-00001-of-00002.bin`, `tf_model.h5`,
+/// `flax_model.msgpack`).
+const OTHER_WEIGHTS: [&str; 3] = ["pytorch_model", "tf_model", "flax_model"];
+
+/// The most names an error lists of the files in an output folder's way.
+const LISTED: usize = 6;
+
+/// Whether a file named `name` in a checkpoint folder holds weights (or indexes them) that a
+/// folder written by [`write_folder`] would not replace: shards and indexes
+/// (`model-00001-of-00002.safetensors`, `model.safetensors.index.json`), any other
+/// `.safetensors` file (a weft checkpoint's too), PyTorch, TensorFlow and Flax weights.
+fn is_stale_weights(name: &str) -> bool {
+    name != WEIGHTS
+        && (name.ends_with(".safetensors")
+            || name.ends_with(".index.json")
+            || OTHER_WEIGHTS.iter().any(|p| name.starts_with(p)))
+}
+
+/// Checks that `dir` (when it exists) can take a written folder: no weights or index there
+/// that the write would leave beside the new `model.safetensors` (weft reads the index first,
+/// `transformers` `model.safetensors`: the two would load different weights from one folder),
+/// and a `config.json` that is a regular file or nothing. The error names the folder and the
+/// files in the way.
+fn check_output_folder(dir: &Path) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::Io(format!("{}: {e}", dir.display()))),
+    };
+    let mut stale = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_stale_weights(&name) {
+            stale.push(name);
+        }
+    }
+    if !stale.is_empty() {
+        stale.sort();
+        let more = stale.len().saturating_sub(LISTED);
+        stale.truncate(LISTED);
+        let mut listed = stale.join(", ");
+        if more > 0 {
+            listed.push_str(&format!(" and {more} more"));
+        }
+        return Err(Error::Io(format!(
+            "{}: holds {listed}: weights an export would leave beside its config.json and {WEIGHTS} (weft \
+             reads an index first, transformers {WEIGHTS}: they would load different weights); remove them \
+             or write to another folder",
+            dir.display()
+        )));
+    }
+    let config = dir.join("config.json");
+    if let Ok(meta) = std::fs::metadata(&config) {
+        if !meta.is_file() {
+            return Err(Error::Io(format!(
+                "{}: not a file ({}); refusing to replace it",
+                config.display(),
+                describe(&meta.file_type())
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Writes weft parameters `tensors` of a model with `[model]` keys `model` into `dir` as a
 /// Hugging Face checkpoint folder (`config.json`, `model.safetensors` with `format: pt`),
 /// loadable by `transformers`' `from_pretrained`. `aliases` (`(alternative, canonical)` names
-/// of tied weights) are left out, as `transformers` leaves them out.
+/// of tied weights) are left out, as `transformers` leaves them out. An existing `dir` holding
+/// other weights or an index (shards, `model.safetensors.index.json`, PyTorch weights) is
+/// refused before anything is written; an earlier `config.json` and `model.safetensors` are
+/// replaced.
 pub fn write_folder(
     dir: &Path,
     model: &Map<String, Value>,
@@ -156,6 +272,7 @@ pub fn write_folder(
     aliases: &[(&str, &str)],
 ) -> Result<()> {
     let config = from_weft_keys(model)?;
+    check_output_folder(dir)?;
     let gpt = model.get("kind").and_then(Value::as_str) == Some("gpt");
     let mut out: Vec<(String, Tensor)> = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
@@ -163,7 +280,7 @@ pub fn write_folder(
             continue;
         }
         let t = if gpt && is_conv1d(name) {
-            t.t()?.contiguous()?
+            transpose_conv1d(t, name, "hf export")?
         } else {
             t.clone()
         };
