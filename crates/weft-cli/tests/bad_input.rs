@@ -154,6 +154,11 @@ fn missing_files() {
         &["generate", "--checkpoint", dir.join("no-ckpt").to_str().unwrap()],
         &["no-ckpt"],
     );
+    // a config that never ends was read until memory ran out
+    fails_naming(
+        &["train", "--quiet", "--config", "/dev/zero"],
+        &["/dev/zero", "not a run config"],
+    );
 }
 
 #[test]

@@ -315,19 +315,64 @@ pub fn from_table(top: &toml::Table, source: &str) -> Result<DeviceSpec> {
     })
 }
 
-/// Reads the `cluster.toml` at `path`.
+/// The largest cluster file read, in bytes (one is a few hundred).
+const MAX_CLUSTER_FILE: u64 = 1 << 20;
+
+/// Reads the `cluster.toml` at `path`: a regular file (a FIFO would wait for a writer, a device
+/// such as `/dev/zero` never end) of at most 1 MiB.
 pub fn load(path: &std::path::Path) -> Result<DeviceSpec> {
+    use std::io::Read;
     let source = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| Error::ClusterFile {
+    let refuse = |message: String| Error::ClusterFile {
         source_name: source.clone(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file".into()));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CLUSTER_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| refuse(e.to_string()))?;
+    if text.len() as u64 > MAX_CLUSTER_FILE {
+        return Err(refuse(format!(
+            "longer than {MAX_CLUSTER_FILE} bytes: not a cluster file"
+        )));
+    }
     parse(&text, &source)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::print_stderr)] // a case skipped for want of mkfifo says so
+    fn devices_folders_and_pipes_are_refused_before_reading() {
+        // /dev/zero was read until memory ran out; a FIFO waited for a writer for ever
+        for path in ["/dev/zero", "/"] {
+            let e = load(std::path::Path::new(path)).unwrap_err().to_string();
+            assert!(e.contains(path) && e.contains("not a regular file"), "{e}");
+        }
+        let fifo = std::env::temp_dir().join(format!("weft-plan-fifo-{}", std::process::id()));
+        if std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let e = load(&fifo).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+            let _ = std::fs::remove_file(&fifo);
+        } else {
+            eprintln!("skipped the FIFO case: mkfifo is not available");
+        }
+        let long = std::env::temp_dir().join(format!("weft-plan-long-{}", std::process::id()));
+        std::fs::write(&long, vec![b'#'; (MAX_CLUSTER_FILE + 1) as usize]).unwrap();
+        let e = load(&long).unwrap_err().to_string();
+        assert!(e.contains("longer than"), "{e}");
+        let _ = std::fs::remove_file(&long);
+    }
 
     const GOOD: &str = r#"
 devices_per_node = 4

@@ -374,7 +374,6 @@ fn find_run(store: &Store, spec: &SweepSpec, number: u64, earlier: &[i64]) -> Re
         .max())
 }
 
-
 /// Records how trial `r` ended; the line to say about it.
 fn finish(plan: &Plan, store: &Store, mut r: Running, status: ExitStatus) -> Result<String> {
     let spec = plan.spec;

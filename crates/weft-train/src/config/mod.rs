@@ -281,12 +281,27 @@ impl Default for ParallelConfig {
     }
 }
 
+/// The longest run config read, in bytes (one is a few kilobytes).
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 impl RunConfig {
     /// Reads `path`, applies `overrides` (`--unset` and `--set`), and validates. Relative paths
     /// in the file resolve against its folder, those given in `overrides` against the working
     /// directory.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<RunConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        use std::io::Read;
+        // at most MAX_CONFIG_BYTES: `/dev/zero` was read until memory ran out (a pipe, as from
+        // the shell's `<(...)`, is still read)
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(Error::Config(format!(
+                "{}: longer than {MAX_CONFIG_BYTES} bytes: not a run config",
+                path.display()
+            )));
+        }
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(&text, &path.display().to_string(), base, overrides)
     }
@@ -649,8 +664,7 @@ fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_dir: &Path) 
         return Ok(());
     }
     let config_path = dir.join("config.json");
-    let text =
-        std::fs::read_to_string(&config_path).map_err(|e| Error::Config(format!("{}: {e}", config_path.display())))?;
+    let text = weft_data::files::read_to_string(&config_path).map_err(|e| Error::Config(e.to_string()))?;
     let keys = weft_models::hf::to_weft_keys(&text, &config_path.display().to_string())
         .map_err(|e| Error::Config(e.to_string()))?;
     let theirs: toml::Table = serde_json::from_value(serde_json::Value::Object(keys))

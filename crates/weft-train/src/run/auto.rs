@@ -38,7 +38,8 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     let p = &config.parallel;
     let (device, note) = match &p.cluster {
         Some(path) => (
-            weft_plan::cluster::load(&config.resolve(path)).map_err(|e| auto_error(e.to_string()))?,
+            weft_plan::cluster::load(&config.resolve(path))
+                .map_err(|e| Error::Config(format!("parallel.cluster: {e}")))?,
             None,
         ),
         None => plan_shape::local_spec_for(ranks).map_err(auto_error)?,
