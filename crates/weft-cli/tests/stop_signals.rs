@@ -139,3 +139,44 @@ fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step() {
     };
     continues_the_curve(&out, &stderr, k, run, run);
 }
+
+/// A rank told to stop while it waits for the others to join (rank 1 never comes; and a rank 1
+/// whose store never answers) ends at once with 143, saying nothing was trained; it waited out
+/// the job's timeout before (300 s by default, 60 s here).
+#[test]
+fn sigterm_while_joining_the_job_ends_at_once() {
+    for rank in ["0", "1"] {
+        let port = common::free_port().to_string();
+        let mut child = weft_command(&["train", "--quiet", "--set", "train.steps=3"])
+            .env("RANK", rank)
+            .env("WORLD_SIZE", "2")
+            .env("LOCAL_RANK", rank)
+            .env("LOCAL_WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .env("WEFT_JOB_TOKEN", "a-token-for-this-test-only")
+            .env("WEFT_DIST_TIMEOUT", "60")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // long past the start, when the handlers are in place and it waits
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let sent = std::time::Instant::now();
+        // SAFETY: kill with the pid of a child this test started and has not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                sent.elapsed() < std::time::Duration::from_secs(20),
+                "rank {rank} still waits after SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(143), "rank {rank}: {stderr}");
+        assert!(
+            stderr.contains("stopped by signal 15") && stderr.contains("nothing was trained"),
+            "rank {rank}: {stderr}"
+        );
+    }
+}

@@ -35,6 +35,7 @@ pub mod failure;
 pub mod group;
 mod inbox;
 mod init;
+pub mod interrupt;
 pub mod launch;
 mod mesh;
 pub mod pipeline;

@@ -123,7 +123,12 @@ impl Mesh {
         let mut got = 0;
         while got < expected {
             let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
+            let wait = if crate::interrupt::is_set() {
+                left.min(crate::interrupt::SLICE)
+            } else {
+                left
+            };
+            match rx.recv_timeout(wait) {
                 Ok(Arrival { peer, stream, from }) => {
                     if peer <= rank || peer >= world || streams[peer].is_some() {
                         let why = if peer >= world {
@@ -143,6 +148,11 @@ impl Mesh {
                     }
                     streams[peer] = Some(stream);
                     got += 1;
+                }
+                Err(_) if Instant::now() < deadline => {
+                    if let Some(e) = crate::interrupt::stopped("waiting for the other ranks to connect") {
+                        return Err(e);
+                    }
                 }
                 Err(_) => {
                     let missing: Vec<usize> = (rank + 1..world).filter(|&p| streams[p].is_none()).collect();

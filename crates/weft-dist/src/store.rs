@@ -227,7 +227,12 @@ impl StoreClient {
                         timeout.as_secs_f64()
                     )))
                 }
-                None => std::thread::sleep(Duration::from_millis(100)),
+                None => {
+                    if let Some(e) = crate::interrupt::stopped(&format!("connecting to {what}")) {
+                        return Err(e);
+                    }
+                    std::thread::sleep(Duration::from_millis(100))
+                }
             }
         };
         client_handshake(&mut conn, token, ROLE, &what)?;
@@ -315,13 +320,28 @@ impl StoreClient {
 
     /// The value of `key`, waiting up to `timeout` for some rank to set it.
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let ms = timeout.as_millis().min(u64::MAX as u128) as u64;
-        match self.call(OP_GET, key, &ms.to_le_bytes(), timeout)? {
-            (ST_OK, v) => Ok(v),
-            _ => Err(Error::Timeout(format!(
-                "store key {key:?} was not set within {:.0} s (a rank did not arrive)",
-                timeout.as_secs_f64()
-            ))),
+        // asked in slices when a stop check is set, looking at it between them
+        let deadline = crate::deadline::after(timeout);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = if crate::interrupt::is_set() {
+                left.min(crate::interrupt::SLICE)
+            } else {
+                left
+            };
+            let ms = wait.as_millis().min(u64::MAX as u128) as u64;
+            if let (ST_OK, v) = self.call(OP_GET, key, &ms.to_le_bytes(), wait)? {
+                return Ok(v);
+            }
+            if let Some(e) = crate::interrupt::stopped(&format!("waiting for store key {key:?}")) {
+                return Err(e);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "store key {key:?} was not set within {:.0} s (a rank did not arrive)",
+                    timeout.as_secs_f64()
+                )));
+            }
         }
     }
 

@@ -322,8 +322,13 @@ pub fn load(store: &Path, spec: &ModelSpec, options: LoadOptions) -> Result<Serv
             (Arc::new(net), None, sig)
         }
     };
-    weft_nn::state_dict::load_state_dict(model.as_ref(), &trained.params, model.aliases(), &trained.source)
-        .map_err(|e| fail(&e))?;
+    weft_nn::state_dict::load_state_dict(
+        model.as_ref(),
+        trained.params.as_ref(),
+        model.aliases(),
+        &trained.source,
+    )
+    .map_err(|e| fail(&e))?;
     model.context().set_training(false);
     let tokenizer = match (&lm, &trained.tokenizer) {
         (Some(lm), Some(json)) => {

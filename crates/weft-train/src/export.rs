@@ -39,7 +39,7 @@ pub fn export_onnx(checkpoint: &Path, output: &Path, seq_len: Option<usize>) -> 
     let model = crate::run::build_model(&cfg, 0)?;
     state_dict::load_state_dict(
         model.as_ref(),
-        &trained.params,
+        trained.params.as_ref(),
         model.aliases(),
         &checkpoint.display().to_string(),
     )?;

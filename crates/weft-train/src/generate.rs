@@ -16,7 +16,7 @@ pub use weft_models::gpt::Sampling;
 use weft_models::LanguageModel;
 use weft_nn::state_dict;
 
-use crate::checkpoint::{self, CheckpointState, Tensors};
+use crate::checkpoint::{self, CheckpointState};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 
@@ -136,7 +136,9 @@ pub struct Trained {
     pub model: Option<serde_json::Value>,
     /// The tokenizer's JSON, when the model was trained on text.
     pub tokenizer: Option<String>,
-    pub params: Tensors,
+    /// The weights: held (a checkpoint folder's pieces, assembled; a Hugging Face folder's,
+    /// converted), or a file's read a tensor at a time when they are loaded.
+    pub params: Box<dyn state_dict::TensorSource + Send + Sync>,
 }
 
 /// A checkpoint folder, a checkpoint directory (its newest checkpoint), a consolidated
@@ -172,7 +174,7 @@ fn read_hf_folder(dir: &Path) -> Result<Trained> {
         source: dir.join("config.json").display().to_string(),
         model: Some(serde_json::Value::Object(hf.model)),
         tokenizer,
-        params: hf.tensors,
+        params: Box::new(hf.tensors),
     })
 }
 
@@ -185,7 +187,7 @@ fn read_folder(path: &Path) -> Result<Trained> {
         source: ckpt.join(checkpoint::INDEX).display().to_string(),
         model: Some(extra["model"].clone()).filter(|m| !m.is_null()),
         tokenizer: extra["tokenizer"].as_str().map(str::to_string),
-        params,
+        params: Box::new(params),
     })
 }
 
@@ -203,15 +205,11 @@ fn read_file(path: &Path) -> Result<Trained> {
     };
     let model: serde_json::Value = serde_json::from_str(model)
         .map_err(|e| Error::Io(format!("{source}: metadata {MODEL_KEY:?} is not JSON: {e}")))?;
-    let mut params = Tensors::new();
-    for name in file.names() {
-        params.insert(name.to_string(), file.tensor(name)?);
-    }
     Ok(Trained {
         source,
         model: Some(model),
         tokenizer: file.metadata().get(TOKENIZER_KEY).cloned(),
-        params,
+        params: Box::new(file),
     })
 }
 
@@ -228,8 +226,9 @@ pub fn recorded_model(trained: &Trained) -> Result<ModelConfig> {
         .map_err(|e| Error::Io(format!("{source}: the model config does not parse: {e}")))?;
     let shapes: BTreeMap<String, Vec<usize>> = trained
         .params
-        .iter()
-        .map(|(n, t)| (n.clone(), t.shape().to_vec()))
+        .names()
+        .into_iter()
+        .filter_map(|n| Some((n.to_string(), trained.params.shape(n)?)))
         .collect();
     let checked = match &model {
         ModelConfig::Gpt(g) => g.to_config().check_shapes(&shapes),
@@ -295,7 +294,7 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
     let model = weft_nn::init::with_device(options.device, || crate::run::build_language_model(&cfg, 0))?;
     state_dict::load_state_dict(
         model.as_ref(),
-        &trained.params,
+        trained.params.as_ref(),
         model.aliases(),
         &path.display().to_string(),
     )?;

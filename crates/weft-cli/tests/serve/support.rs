@@ -181,7 +181,8 @@ pub fn reference_logits(ckpt: &Path, input: &Tensor) -> (Vec<usize>, Vec<f32>) {
     let trained = weft_train::generate::read_trained(ckpt).unwrap();
     let cfg = weft_train::generate::recorded_model(&trained).unwrap();
     let model = weft_train::run::build_model(&cfg, 0).unwrap();
-    weft_nn::state_dict::load_state_dict(model.as_ref(), &trained.params, model.aliases(), "reference").unwrap();
+    weft_nn::state_dict::load_state_dict(model.as_ref(), trained.params.as_ref(), model.aliases(), "reference")
+        .unwrap();
     model.context().set_training(false);
     let out = weft_core::no_grad(|| model.logits(input)).unwrap();
     (out.shape().to_vec(), out.to_vec::<f32>().unwrap())

@@ -57,6 +57,16 @@ pub fn evaluate(config: &RunConfig, ckpt: &Path, batches: Option<usize>) -> Resu
             "the validation split cannot give a batch: {e}; raise data.val_fraction"
         ))
     })?;
+    let extra = serde_json::json!({
+        "model": config.model,
+        "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),
+    });
+    // before a model of the config's size is built
+    crate::trainer::check_checkpoint_model(
+        &extra,
+        &dir,
+        "evaluate it with the run config that trained it (weft checkpoint inspect shows its model)",
+    )?;
     let model = weft_nn::init::with_device(device, || build_model(&config.model, t.seed))?;
     let optimizer = build_optimizer(&config.optim)?;
     let schedule = build_schedule(&config.schedule, config.optim.lr, t.steps)?;
@@ -68,10 +78,7 @@ pub fn evaluate(config: &RunConfig, ckpt: &Path, batches: Option<usize>) -> Resu
         )
         .with_eval(1, batches, eval);
     // what `load_checkpoint` compares with the checkpoint's own record
-    trainer.checkpoint_extra = serde_json::json!({
-        "model": config.model,
-        "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),
-    });
+    trainer.checkpoint_extra = extra;
     let step = trainer.load_checkpoint(&dir)?;
     let record = trainer
         .evaluate(step)?

@@ -104,6 +104,9 @@ fn rank_device(config: &RunConfig, job: &layout::JobShape) -> Result<weft_core::
 pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     if options.handle_signals {
         crate::stop::install().map_err(|e| Error::Run(format!("cannot install the signal handlers: {e}")))?;
+        // joining the job looks at it too: a rank told to stop while it waits for the others
+        // ends at once, not at the job's timeout
+        weft_dist::interrupt::set_stop_check(crate::stop::requested);
     }
     let job = job_shape()?;
     let planned = match config.parallel.auto {
@@ -117,7 +120,19 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     let t = &config.train;
     let p = &config.parallel;
     let device = rank_device(config, &job)?;
-    let group = join_job(config, &job)?;
+    let group = match join_job(config, &job) {
+        Ok(group) => group,
+        Err(e) => match crate::stop::requested() {
+            Some(sig) => {
+                weft_core::errln!("weft: {e}; nothing was trained");
+                return Ok(RunOutcome {
+                    summary: None,
+                    stopped_by: Some(sig),
+                });
+            }
+            None => return Err(e),
+        },
+    };
     if let (Some(g), Some(p)) = (&group, &planned) {
         auto::agree_on_plan(g, p.fingerprint)?;
     }
@@ -175,23 +190,40 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         None => None,
     };
     check_metrics(config, options, group.as_ref())?;
+    // a checkpoint of another model is refused from its index, before this one is built
+    if let Some(from) = &options.resume_from {
+        let ours = serde_json::json!({
+            "model": config.model,
+            "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),
+        });
+        crate::trainer::check_checkpoint_model(
+            &ours,
+            from,
+            "start from a checkpoint of this run's model, or give the run the checkpoint's model",
+        )?;
+    }
     // the initial weights are read (mapped) and their shapes checked against the model config
     // before the model is built: a config.json that disagreed with its weights built a model
     // of its size first (979 MB and 12 s for n_embd 2048 over 128-wide weights) to fail after
     let init = config.init.from.as_ref().map(|f| config.resolve(f));
-    let init_tensors = match &init {
-        Some(dir) if weft_models::hf::is_checkpoint_folder(dir) => {
-            Some((weft_models::hf::read_folder(dir)?.tensors, dir.display().to_string()))
-        }
+    // (a file is read a tensor at a time as it is loaded, its names and shapes checked first)
+    let init_tensors: Option<(Box<dyn state_dict::TensorSource>, String)> = match &init {
+        Some(dir) if weft_models::hf::is_checkpoint_folder(dir) => Some((
+            Box::new(weft_models::hf::read_folder(dir)?.tensors),
+            dir.display().to_string(),
+        )),
         Some(path) => Some((
-            weft_core::io::safetensors::load(path)?.tensors,
+            Box::new(weft_core::io::safetensors::SafeTensorsFile::open(path)?),
             path.display().to_string(),
         )),
         None => None,
     };
     if let Some((tensors, source)) = &init_tensors {
-        let shapes: BTreeMap<String, Vec<usize>> =
-            tensors.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
+        let shapes: BTreeMap<String, Vec<usize>> = tensors
+            .names()
+            .into_iter()
+            .filter_map(|n| Some((n.to_string(), tensors.shape(n)?)))
+            .collect();
         let checked = match &config.model {
             crate::config::ModelConfig::Gpt(g) => g.to_config().check_shapes(&shapes),
             crate::config::ModelConfig::Llama(l) => l.to_config().check_shapes(&shapes),
@@ -201,7 +233,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     }
     let load_init = |m: &dyn Model| -> Result<()> {
         if let Some((tensors, source)) = &init_tensors {
-            state_dict::load_state_dict(m, tensors, m.aliases(), source)?;
+            state_dict::load_state_dict(m, tensors.as_ref(), m.aliases(), source)?;
         }
         Ok(())
     };

@@ -196,7 +196,7 @@ impl Trainer {
     /// Loads `loaded` (this rank's tensor-parallel parts of the cut tensors, the others whole)
     /// into the model and the optimizer.
     fn apply_checkpoint(&mut self, dir: &Path, mut loaded: Loaded) -> Result<usize> {
-        same_model(&self.checkpoint_extra, &loaded.state.extra, dir)?;
+        same_model(&self.checkpoint_extra, &loaded.state.extra, dir, RESUME_ADVICE)?;
         self.gather_parameters()?;
         // a pipeline stage keeps its own parameters and their state only
         let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
@@ -278,19 +278,27 @@ impl Trainer {
 /// Checks that a checkpoint (whose extra JSON is `theirs`) holds this run's model: every key of
 /// the model config equal, and the same tokenizer. Either side without a model config (a
 /// library run that records none) is not checked.
-fn same_model(ours: &serde_json::Value, theirs: &serde_json::Value, dir: &Path) -> Result<()> {
+/// What a run that resumes (or starts from) a checkpoint of another model is told.
+const RESUME_ADVICE: &str = "resume with the checkpoint's model, or start a new run (another train.checkpoint_dir)";
+
+/// Checks, from its index alone, that the checkpoint at `ckpt` (a folder, or a directory's
+/// newest) records the model (and tokenizer) of `ours` (a run's [`Trainer::checkpoint_extra`]),
+/// before a model of the run's size is built; `advice` ends the message when it does not.
+pub(crate) fn check_checkpoint_model(ours: &serde_json::Value, ckpt: &Path, advice: &str) -> Result<()> {
+    let dir = checkpoint::resolve(ckpt)?;
+    let index = checkpoint::read_index(&dir)?;
+    same_model(ours, &index.state.extra, &dir, advice)
+}
+
+fn same_model(ours: &serde_json::Value, theirs: &serde_json::Value, dir: &Path, advice: &str) -> Result<()> {
     let (Some(mine), Some(saved)) = (ours.get("model"), theirs.get("model")) else {
         return Ok(());
     };
-    let differ = |what: String| {
-        Err(Error::Config(format!(
-            "{}: {what}; resume with the checkpoint's model, or start a new run (another train.checkpoint_dir)",
-            dir.display()
-        )))
-    };
+    let differ = |what: String| Err(Error::Config(format!("{}: {what}; {advice}", dir.display())));
     if let (Some(a), Some(b)) = (mine.as_object(), saved.as_object()) {
         let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-        keys.sort();
+        // the kind first: other keys differ because it does
+        keys.sort_by_key(|k| (k.as_str() != "kind", k.as_str()));
         keys.dedup();
         for k in keys {
             let (x, y) = (a.get(k), b.get(k));
@@ -356,20 +364,20 @@ mod tests {
         let dir = Path::new("/c/step-00000010");
         let tok = |v: &str| json!({"type": "char", "vocab": v}).to_string();
         let ours = json!({"model": {"kind": "gpt", "n_head": 4, "n_embd": 32}, "tokenizer": tok("abc")});
-        assert!(same_model(&ours, &ours, dir).is_ok());
+        assert!(same_model(&ours, &ours, dir, RESUME_ADVICE).is_ok());
         let heads = json!({"model": {"kind": "gpt", "n_head": 2, "n_embd": 32}, "tokenizer": tok("abc")});
-        let e = same_model(&ours, &heads, dir).unwrap_err().to_string();
+        let e = same_model(&ours, &heads, dir, RESUME_ADVICE).unwrap_err().to_string();
         assert!(
             e.contains("model.n_head is 2 in the checkpoint but 4 in this run"),
             "{e}"
         );
         let text = json!({"model": {"kind": "gpt", "n_head": 4, "n_embd": 32}, "tokenizer": tok("abd")});
-        let e = same_model(&ours, &text, dir).unwrap_err().to_string();
+        let e = same_model(&ours, &text, dir, RESUME_ADVICE).unwrap_err().to_string();
         assert!(
             e.contains("tokenizer") && e.contains("\"c\"") && e.contains("\"d\""),
             "{e}"
         );
         // a library run without a recorded model is not checked
-        assert!(same_model(&serde_json::Value::Null, &heads, dir).is_ok());
+        assert!(same_model(&serde_json::Value::Null, &heads, dir, RESUME_ADVICE).is_ok());
     }
 }
