@@ -137,6 +137,17 @@ fn a_damaged_folder_is_refused_before_training() {
             "transformer.wte.weight has shape [61, 32]",
         ],
     );
+    // a size past weft's bounds is config.json's (it was blamed on the run config, which has
+    // no [model])
+    std::fs::write(
+        folder.join("config.json"),
+        config.replace("\"n_layer\": 2", "\"n_layer\": 1000000000"),
+    )
+    .unwrap();
+    fails_with(
+        &["train", "--config", run.to_str().unwrap()],
+        &["config.json: gives model.n_layer = 1000000000, outside the 0 to 65536"],
+    );
     assert!(!dir.join("metrics.jsonl").exists());
 }
 
@@ -335,7 +346,17 @@ fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_pred
             assert!(stderr.contains(n), "{stderr:?} should name {n:?}");
         }
         assert!(out.stdout.is_empty());
+        // the file is named once
+        let file = folder.join("tokenizer.json").display().to_string();
+        assert!(stderr.matches(&file).count() <= 1, "{stderr}");
     }
+    // a tokenizer.json that is there but no file is named as such (it read as absent)
+    let _ = std::fs::remove_file(folder.join("tokenizer.json"));
+    std::fs::create_dir(folder.join("tokenizer.json")).unwrap();
+    let out = gen(&folder);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("tokenizer.json: not a file (a directory)"), "{stderr}");
 }
 
 /// `consolidate --format hf -o FOLDER` into a folder holding a sharded checkpoint is refused

@@ -163,9 +163,10 @@ fn read_hf_folder(dir: &Path) -> Result<Trained> {
         hf.model.insert("dropout".into(), 0.0.into());
     }
     let tok_path = dir.join("tokenizer.json");
-    let tokenizer = if tok_path.is_file() {
-        let tok = weft_data::HfTokenizer::from_file(&tok_path)
-            .map_err(|e| Error::Io(format!("{}: {e}", tok_path.display())))?;
+    // one that is there but no file (a folder, a FIFO, a device) is refused by name
+    let tokenizer = if tok_path.exists() {
+        // (its errors name the file)
+        let tok = weft_data::HfTokenizer::from_file(&tok_path).map_err(|e| Error::Io(e.to_string()))?;
         Some(Tokenizer::Hf(tok).to_json())
     } else {
         None

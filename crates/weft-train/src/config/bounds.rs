@@ -14,6 +14,15 @@ pub const MAX_EVAL_BATCHES: usize = 1 << 24;
 /// Ranks along one parallel dimension, micro-batches, accumulation steps.
 const RANKS: usize = 1 << 20;
 
+/// The bound on a gpt's or llama's `[model]` size `key` (without `model.`), if it has one.
+pub(super) fn language_model_bound(key: &str) -> Option<usize> {
+    match key {
+        "vocab_size" | "block_size" | "n_embd" | "intermediate_size" => Some(WIDTH),
+        "n_layer" | "n_head" | "n_kv_head" => Some(COUNT),
+        _ => None,
+    }
+}
+
 /// The first size above its bound, as (key, message).
 pub(super) fn check(config: &RunConfig) -> Option<(String, String)> {
     let mut sizes: Vec<(String, usize, usize)> = Vec::new();

@@ -669,6 +669,18 @@ fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_dir: &Path) 
         .map_err(|e| Error::Config(e.to_string()))?;
     let theirs: toml::Table = serde_json::from_value(serde_json::Value::Object(keys))
         .map_err(|e| Error::Config(format!("{}: {e}", config_path.display())))?;
+    // sizes past weft's bounds are config.json's, not the run config's
+    for (key, value) in &theirs {
+        let (Some(max), Some(v)) = (bounds::language_model_bound(key), value.as_integer()) else {
+            continue;
+        };
+        if v < 0 || v as u64 > max as u64 {
+            return Err(Error::Config(format!(
+                "{}: gives model.{key} = {v}, outside the 0 to {max} weft accepts",
+                config_path.display()
+            )));
+        }
+    }
     match table.get("model") {
         None => {
             let mut model = theirs;
