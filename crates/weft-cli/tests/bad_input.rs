@@ -129,6 +129,24 @@ fn bad_values() {
         &["train", "--quiet", "--config", &gpt_config(), "--set", "model.n_head=3"],
         &["n_embd", "n_head"],
     );
+    // an empty path named no key; evaluating 0 batches every few steps evaluated nothing
+    fails_naming(
+        &["train", "--quiet", "--config", &gpt_config(), "--set", "data.path=\"\""],
+        &["data.path", "is empty"],
+    );
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "train.eval_every=1",
+            "--set",
+            "train.eval_batches=0",
+        ],
+        &["train.eval_batches", "evaluate nothing"],
+    );
 }
 
 #[test]

@@ -420,6 +420,22 @@ impl RunConfig {
         if self.train.log_every == 0 {
             return bad("train.log_every", "must be at least 1".into());
         }
+        let data_path = match &self.data {
+            DataConfig::Batches(d) => d.path.as_os_str().is_empty(),
+            DataConfig::Text(d) => d.path.as_os_str().is_empty(),
+            DataConfig::Csv(d) => d.path.as_os_str().is_empty(),
+            DataConfig::Tokens(d) => d.path.is_empty(),
+        };
+        if data_path {
+            return bad("data.path", "is empty: name the data's file or folder".into());
+        }
+        if self.train.eval_every > 0 && self.train.eval_batches == 0 {
+            return bad(
+                "train.eval_batches",
+                "0 with train.eval_every > 0 would evaluate nothing: give at least 1, or set train.eval_every = 0"
+                    .into(),
+            );
+        }
         if self.train.sample_tokens > crate::generate::MAX_TOKENS {
             return bad(
                 "train.sample_tokens",
