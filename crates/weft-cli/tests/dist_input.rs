@@ -114,3 +114,32 @@ fn missing_ranks_are_counted_not_listed() {
         "{e}"
     );
 }
+
+/// An IPv6 master address, bare (`::1`, as torchrun takes it) or in brackets, reaches the store
+/// and the ranks reach each other over TCP: a rank published `::1:PORT`, which no peer could
+/// parse, and `[::1]` made the store listen on IPv4 only.
+#[test]
+fn an_ipv6_master_address_works_bare_or_bracketed() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this machine has no IPv6 loopback");
+        return;
+    }
+    for addr in ["::1", "[::1]"] {
+        let out = Command::new(WEFT)
+            .args(["launch", "--nproc-per-node", "2", "--master-addr", addr, "--"])
+            .arg(WEFT)
+            .args(["check", "collectives", "--sizes", "1K"])
+            .env("WEFT_SHM", "0")
+            .env("WEFT_DIST_TIMEOUT", "30")
+            .env_remove("WEFT_NUM_THREADS")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "--master-addr {addr}: {text}");
+        assert!(text.contains("1 over TCP"), "--master-addr {addr}: {text}");
+    }
+}

@@ -106,13 +106,13 @@ pub fn init_with(env: Option<RankEnv>, token: Option<Token>, options: &Options) 
     })?;
     let server = if env.serves_store() {
         Some(StoreServer::start(
-            &format!("0.0.0.0:{}", env.master_port),
+            &format!("{}:{}", crate::addr::any_interface(&env.master_addr), env.master_port),
             token.clone(),
         )?)
     } else {
         None
     };
-    let addr = format!("{}:{}", env.master_addr, env.master_port);
+    let addr = crate::addr::host_port(&env.master_addr, env.master_port);
     let store = StoreClient::connect(&addr, &token, timeout)?;
     let prefix = format!("attempt{}/", env.restart_count);
     let mesh = Mesh::connect(env.rank, env.world_size, &store, &token, &prefix, options)?;

@@ -23,6 +23,7 @@
 compile_error!("weft-dist sends tensors in the machine's byte order and supports little-endian hosts only");
 
 mod accept;
+pub mod addr;
 pub mod auth;
 pub mod bench;
 mod collectives;

@@ -71,7 +71,7 @@ impl Mesh {
         // loopback when the store is on it), unless another address is advertised
         let advertised = std::env::var("WEFT_ADVERTISE_ADDR").ok();
         let bind = match &advertised {
-            Some(_) => "0.0.0.0:0".to_string(),
+            Some(a) => format!("{}:0", crate::addr::any_interface(a)),
             None => SocketAddr::new(store.local_ip(), 0).to_string(),
         };
         let listener = TcpListener::bind(&bind).map_err(|e| io(format!("cannot listen on {bind}"), e))?;
@@ -79,7 +79,7 @@ impl Mesh {
         let ip = advertised.unwrap_or_else(|| store.local_ip().to_string());
         store.set(
             &format!("{prefix}mesh/{rank}"),
-            format!("{ip}:{}", local.port()).as_bytes(),
+            crate::addr::host_port(&ip, local.port()).as_bytes(),
         )?;
 
         // accept the higher ranks on a thread while connecting to the lower ones

@@ -146,7 +146,7 @@ pub(super) fn run(
     } else {
         cfg.master_addr.trim()
     };
-    let store = match connect(&format!("{host}:{port}"), token)? {
+    let store = match connect(&crate::addr::host_port(host, port), token)? {
         Ok(store) => store,
         Err(sig) => {
             weft_core::errln!(

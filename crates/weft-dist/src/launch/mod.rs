@@ -86,16 +86,17 @@ enum End {
 /// there (`--master-addr` 127.0.0.1, the default, or `localhost`; strangers on the network
 /// cannot connect at all then), else on every interface.
 fn store_host(cfg: &LaunchConfig) -> String {
-    let addr = cfg.master_addr.trim();
+    let addr = crate::addr::bare(&cfg.master_addr);
+    let every = crate::addr::any_interface(addr).to_string();
     if cfg.nnodes != 1 {
-        return "0.0.0.0".into();
+        return every;
     }
     match addr.parse::<std::net::IpAddr>() {
         // the loopback address the workers are given (127.0.1.1 is a host name's on some systems)
         Ok(ip @ std::net::IpAddr::V4(_)) if ip.is_loopback() => ip.to_string(),
         Ok(ip @ std::net::IpAddr::V6(_)) if ip.is_loopback() => format!("[{ip}]"),
         _ if addr == "localhost" => "127.0.0.1".into(),
-        _ => "0.0.0.0".into(),
+        _ => every,
     }
 }
 
