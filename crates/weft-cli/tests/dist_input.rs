@@ -143,3 +143,27 @@ fn an_ipv6_master_address_works_bare_or_bracketed() {
         assert!(text.contains("1 over TCP"), "--master-addr {addr}: {text}");
     }
 }
+
+/// A fault asked of a rank the job does not have, or past the check's last collective, is
+/// refused (it injected nothing and the check passed).
+#[test]
+fn an_injected_fault_that_cannot_happen_is_refused() {
+    let out = rank(0, 1, &["--sizes", "1", "--inject", "kill", "--inject-rank", "5"], &[]);
+    refused(&out, "--inject-rank 5: the job has ranks 0 to 0");
+    let out = rank(
+        0,
+        1,
+        &[
+            "--sizes",
+            "1",
+            "--inject",
+            "mismatch",
+            "--inject-rank",
+            "0",
+            "--inject-at",
+            "100000",
+        ],
+        &[],
+    );
+    refused(&out, "--inject-at 100000: the check made");
+}

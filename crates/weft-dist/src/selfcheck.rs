@@ -101,6 +101,14 @@ pub fn run(pg: &ProcessGroup, sizes: &[usize], fault: Option<Fault>) -> Result<u
     for &k in sizes {
         largest_buffer(k, n)?;
     }
+    if let Some(Fault::Kill { rank, .. } | Fault::Mismatch { rank, .. }) = fault {
+        if rank >= n {
+            return Err(Error::Invalid(format!(
+                "--inject-rank {rank}: the job has ranks 0 to {}",
+                n - 1
+            )));
+        }
+    }
     let mut calls = 0usize;
     let mut checked = 0usize;
     // called before each collective: injects the fault when its turn comes
@@ -208,5 +216,14 @@ pub fn run(pg: &ProcessGroup, sizes: &[usize], fault: Option<Fault>) -> Result<u
         }
     }
     pg.barrier()?.wait()?;
+    // every rank counted the same schedule: a fault past its end was never injected
+    if let Some(Fault::Kill { at, .. } | Fault::Mismatch { at, .. }) = fault {
+        if at >= calls {
+            return Err(Error::Invalid(format!(
+                "--inject-at {at}: the check made {calls} collectives (0 to {}), so nothing was injected",
+                calls.saturating_sub(1)
+            )));
+        }
+    }
     Ok(checked)
 }
