@@ -804,4 +804,14 @@ fn a_folder_without_a_store_is_named() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("runs.db") && err.contains("no run store here"), "{err}");
+    // a runs.db that is a folder is named as such (it read as no store at all)
+    std::fs::create_dir(dir.join("runs.db")).unwrap();
+    let out = Command::new(weft_bin())
+        .args(["runs", "list", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("runs.db") && err.contains("a directory"), "{err}");
 }

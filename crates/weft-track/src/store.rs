@@ -114,13 +114,16 @@ impl Store {
     /// store is an error naming it, not a new store.
     pub fn open_existing(dir: &Path) -> Result<Store> {
         let path = dir.join(STORE_FILE);
-        if !path.is_file() {
-            return Err(Error::Io {
-                path,
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no run store here (no run recorded yet?)"),
-            });
-        }
-        Self::open(dir)
+        let why: String = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => return Self::open(dir),
+            Ok(meta) if meta.is_dir() => "a directory, not a run store's file".into(),
+            Ok(_) => "not a regular file, so not a run store".into(),
+            Err(_) => "no run store here (no run recorded yet?)".into(),
+        };
+        Err(Error::Io {
+            path,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+        })
     }
 
     /// The store's file.

@@ -85,6 +85,25 @@ pub fn param_value(space: &Space, i: usize, text: &str) -> toml::Value {
     }
 }
 
+/// `v` in a table cell: six decimals, or six significant digits with an exponent when it is
+/// that small or large (1e-300 took 300 characters).
+fn short(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e9).contains(&v.abs()) {
+        format!("{v:.6e}")
+    } else {
+        format!("{v:.6}")
+    }
+}
+
+/// A recorded param's text in a table cell: a long number in its shortest exact form
+/// (`1e-300`), anything else as recorded.
+fn short_text(text: &str) -> String {
+    match text.parse::<f64>() {
+        Ok(v) if text.len() > 24 => format!("{v:?}"),
+        _ => text.to_string(),
+    }
+}
+
 /// Metric `key`'s last value in run `detail` and its step; NaN when the run recorded it NaN at
 /// that step or later (the store holds no NaN row: [`weft_track::nan_tag`]).
 pub fn last_value(detail: &weft_track::RunDetail, key: &str) -> Option<(i64, f64)> {
@@ -193,9 +212,9 @@ pub fn status_text(spec: &SweepSpec, trials: &[TrialRecord]) -> String {
             t.run_name.clone(),
             t.status.clone(),
             t.last.map_or("-".into(), |(s, _)| s.to_string()),
-            t.last.map_or("-".into(), |(_, v)| format!("{v:.6}")),
+            t.last.map_or("-".into(), |(_, v)| short(v)),
         ];
-        r.extend(t.params.iter().map(|p| p.clone().unwrap_or_else(|| "-".into())));
+        r.extend(t.params.iter().map(|p| p.as_deref().map_or("-".into(), short_text)));
         rows.push(r);
     }
     let widths: Vec<usize> = (0..rows[0].len())

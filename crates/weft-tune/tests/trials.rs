@@ -121,3 +121,24 @@ fn a_trial_whose_metric_ended_nan_is_not_ranked_on_an_earlier_value() {
         assert_eq!(best, if goal == "minimize" { 2 } else { 0 }, "{goal}");
     }
 }
+
+/// Values far from 1 are shown with an exponent in the table (1e-300 took 300 characters).
+#[test]
+fn tiny_and_huge_values_stay_short_in_the_table() {
+    let dir = temp_dir("trials-short");
+    let spec = SweepSpec::parse(
+        "[sweep]\nname = \"t\"\nexperiment = \"exp\"\nbase = \"r.toml\"\nmetric = \"val_loss\"\ntrials = 2\n\
+         [sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-300, max = 1e-1 }\n",
+        "s.toml",
+        "s",
+        Path::new("."),
+    )
+    .unwrap();
+    let tiny = format!("{}", 1e-300f64);
+    trial(&dir, "t", 0, &tiny, &[(2, 1e300)], Status::Finished);
+    let store = Store::open(&dir).unwrap();
+    let text = trials::status_text(&spec, &trials::load(&store, &spec).unwrap());
+    let row = text.lines().find(|l| l.starts_with("0 ")).unwrap();
+    assert!(row.len() < 100, "{row}");
+    assert!(row.contains("1.000000e300") && row.contains("1e-300"), "{row}");
+}
