@@ -188,8 +188,15 @@ fn workers_stopped_by_a_signal_sent_to_them_are_neither_restarted_nor_signalled_
         assert_eq!(r.code, Some(want), "{rank1}: {}", r.show());
         assert!(!got_term, "{rank1}: rank 0 got a SIGTERM while stopping\n{}", r.show());
         assert!(!r.stderr.contains("restarting"), "{rank1}: {}", r.show());
+        // (rank 0 also stops on the signal's code in the first three: on a loaded machine the
+        // launcher may first look after both have ended, and name either)
+        let named = if code0 == 1 {
+            "weft launch: rank 1 stopped on SIG"
+        } else {
+            "stopped on SIG"
+        };
         assert!(
-            r.stderr.contains("weft launch: rank 1 stopped on SIG") && r.stderr.contains("not restarted"),
+            r.stderr.contains(named) && r.stderr.contains("not restarted"),
             "{rank1}: {}",
             r.show()
         );

@@ -159,8 +159,18 @@ fn sigterm_while_joining_the_job_ends_at_once() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // long past the start, when the handlers are in place and it waits
-        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // once its SIGTERM handler is in place (on a loaded machine the start can take seconds)
+        let caught = || {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+        };
+        assert!(wait_for(60, caught), "rank {rank} never caught SIGTERM");
+        // and well into its wait for the others
+        std::thread::sleep(std::time::Duration::from_millis(500));
         let sent = std::time::Instant::now();
         // SAFETY: kill with the pid of a child this test started and has not reaped.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -149,7 +149,7 @@ impl Mesh {
                     streams[peer] = Some(stream);
                     got += 1;
                 }
-                Err(_) if Instant::now() < deadline => {
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
                     if let Some(e) = crate::interrupt::stopped("waiting for the other ranks to connect") {
                         return Err(e);
                     }
@@ -351,8 +351,6 @@ struct Arrival {
     from: String,
 }
 
-/// The token handshake with a connecting peer and the rank it says it is, all by `by`; `None`
-/// (said on stderr) when either fails.
 /// How many ranks [`some_ranks`] names before it counts the rest.
 const RANKS_NAMED: usize = 8;
 
@@ -368,6 +366,8 @@ fn some_ranks(ranks: &[usize]) -> String {
     format!("{} {noun} ({}{more})", ranks.len(), named.join(", "))
 }
 
+/// The token handshake with a connecting peer and the rank it says it is, all by `by`; `None`
+/// (said on stderr) when either fails.
 fn handshake_peer(mut s: TcpStream, by: Instant, token: &Token, pending: &Pending) -> Option<Arrival> {
     let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     if let Err(e) = server_handshake(&mut s, token, ROLE, by) {

@@ -121,6 +121,13 @@ impl RunWriter {
             params![run_id, from_step],
         )
         .at(&path)?;
+        // a NaN the run met after its checkpoint is gone with the steps that met it
+        tx.execute(
+            "DELETE FROM tags WHERE run_id = ?1 AND key LIKE 'nan\\_step.%' ESCAPE '\\'
+             AND CAST(value AS INTEGER) > ?2",
+            params![run_id, from_step],
+        )
+        .at(&path)?;
         tx.execute("DELETE FROM metric_summary WHERE run_id = ?1", params![run_id])
             .at(&path)?;
         tx.execute(FILL_RUN_SUMMARY, params![run_id]).at(&path)?;

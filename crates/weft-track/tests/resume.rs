@@ -269,3 +269,25 @@ fn a_run_that_cannot_be_continued_is_left_as_it_was() {
     let store = Store::open_existing(&dir).unwrap();
     assert_eq!(store.run_detail(prior.run).unwrap().summary.status, "finished");
 }
+
+/// A NaN the run met after the step it resumes from goes with those steps (its `nan_step`
+/// tag, which holds the last step a metric was NaN at); one last met before stays.
+#[test]
+fn a_nan_after_the_resumed_step_is_forgotten() {
+    let dir = temp_dir("nan");
+    let w = RunWriter::start(&dir, new_run("e", &[]), options()).unwrap();
+    let id = w.id();
+    let prior: RunRef = w.run_ref().clone();
+    w.log(2, "val_loss", f64::NAN);
+    w.log(4, "val_loss", 1.0);
+    w.log(8, "val_loss", f64::NAN);
+    w.log(3, "loss", f64::NAN);
+    w.end(Status::Killed, None).unwrap();
+    let tags = |dir: &Path| Store::open(dir).unwrap().run_detail(id).unwrap().summary.tags;
+    assert_eq!(tags(&dir).get("nan_step.val_loss").map(String::as_str), Some("8"));
+    let w = continued(RunWriter::resume(&dir, &prior, 6, new_run("e", &[]), options()).unwrap());
+    w.end(Status::Finished, None).unwrap();
+    let after = tags(&dir);
+    assert_eq!(after.get("nan_step.val_loss"), None, "{after:?}");
+    assert_eq!(after.get("nan_step.loss").map(String::as_str), Some("3"), "{after:?}");
+}

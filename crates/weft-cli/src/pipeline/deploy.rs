@@ -180,6 +180,11 @@ fn tell(ctx: &Context, d: &Deploy, base: &str, v: &ModelVersion) -> Result<(), S
         if Instant::now() >= deadline {
             break;
         }
+        if let Some((sig, _)) = super::children::caught() {
+            return Err(format!(
+                "stopped by signal {sig} while waiting for the server to serve {name} version {version} ({last})"
+            ));
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
     let how = if d.model_store.is_some() {

@@ -302,7 +302,8 @@ pub(super) fn execute_with_retries(
     loop {
         match execute(ctx, step, action, outputs, key) {
             Ok(out) => return Ok(out),
-            Err(e) if tries < step.retries => {
+            // a stopping pipeline retries nothing
+            Err(e) if tries < step.retries && super::children::caught().is_none() => {
                 tries += 1;
                 weft_core::errln!(
                     "weft pipeline: step {}: {e}; try {} of {}",

@@ -136,8 +136,8 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
         }
     };
     children::catch_signals();
-    // signals passed on to the step processes so far
-    let mut passed = 0usize;
+    // whether a signal was passed on to the step processes
+    let mut stopping = false;
     let mut state: BTreeMap<String, State> = p.steps.iter().map(|s| (s.name.clone(), State::Waiting)).collect();
     let (tx, rx) = mpsc::channel::<(String, String, f64, Result<String, String>)>();
     let mut running = 0usize;
@@ -233,15 +233,22 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
         }
         let received = rx.recv_timeout(std::time::Duration::from_millis(100));
         if let Some((sig, n)) = children::caught() {
-            if n > passed {
-                if passed == 0 {
-                    print_out(&format!(
-                        "pipeline {}: stopping on signal {sig}: the running steps get SIGTERM (another signal: SIGKILL)\n",
-                        p.name
-                    ))?;
-                }
-                children::signal_all(if passed == 0 { libc::SIGTERM } else { libc::SIGKILL });
-                passed = n;
+            if !stopping {
+                print_out(&format!(
+                    "pipeline {}: stopping on signal {sig}: the running steps get SIGTERM (another signal: SIGKILL)\n",
+                    p.name
+                ))?;
+                children::signal_all(libc::SIGTERM);
+                stopping = true;
+            }
+            if n > 1 {
+                // a second signal: the step processes are killed and the pipeline ends now
+                // (a step running in this process, a deploy's wait, is not waited for)
+                children::signal_all(libc::SIGKILL);
+                return Err(format!(
+                    "pipeline {}: stopped by a second signal ({sig}); the running steps were killed",
+                    p.name
+                ));
             }
         }
         let (name, hash, start, result) = match received {
@@ -269,12 +276,12 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
             }
         }
     }
-    if let Some((sig, _)) = children::caught() {
-        let left: Vec<&String> = state
-            .iter()
-            .filter(|(_, s)| !matches!(s, State::Done(_) | State::Skipped))
-            .map(|(n, _)| n)
-            .collect();
+    let left: Vec<&String> = state
+        .iter()
+        .filter(|(_, s)| !matches!(s, State::Done(_) | State::Skipped))
+        .map(|(n, _)| n)
+        .collect();
+    if let (Some((sig, _)), false) = (children::caught(), left.is_empty()) {
         return Err(format!(
             "pipeline {}: stopped by signal {sig}; the steps {left:?} did not finish; `weft pipeline run {}` goes on \
              (finished steps come from the cache)",

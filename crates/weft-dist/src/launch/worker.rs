@@ -50,6 +50,10 @@ pub(super) struct Worker {
     error_file: Option<PathBuf>,
     readers: Vec<JoinHandle<()>>,
     tail: Tail,
+    /// Set once the worker's process group was seen empty after the worker was reaped: its id
+    /// (the worker's pid) may then be handed to a new process, whose group must never be
+    /// signalled. Looked at on every poll, so the window is one polling interval.
+    group_gone: std::cell::Cell<bool>,
 }
 
 impl Worker {
@@ -123,11 +127,15 @@ impl Worker {
             error_file: spec.error_file,
             readers,
             tail,
+            group_gone: std::cell::Cell::new(false),
         })
     }
 
     /// The exit status if the worker has exited (reaping it), else None.
     pub(super) fn poll(&mut self) -> Option<ExitStatus> {
+        if self.status.is_some() {
+            self.group_alive();
+        }
         if self.status.is_none() {
             match self.child.try_wait() {
                 Ok(s) => {
@@ -168,12 +176,14 @@ impl Worker {
     /// worker alone if it left that group. Once the worker has been reaped, to what is left of
     /// its group: the processes it started and left behind.
     pub(super) fn signal(&self, sig: i32) {
+        if self.status.is_some() && !self.group_alive() {
+            return;
+        }
         let pid = self.pid as libc::pid_t;
         // SAFETY: kill has no memory effects. The group id is the worker's pid, which the kernel
         // does not give to a new process while the worker is unreaped or any member of its
-        // group lives; once none does, the group is gone and this finds nobody (ESRCH), unless
-        // the pid was handed out again meanwhile and its new owner leads a group (Linux hands
-        // pids out in order, wrapping at pid_max, so not within a launcher's stop).
+        // group lives; a reaped worker's group is signalled only while it was seen alive at
+        // the last poll (group_alive), so a pid handed out again after that is not.
         unsafe {
             if libc::kill(-pid, sig) != 0 && self.status.is_none() {
                 libc::kill(pid, sig);
@@ -185,17 +195,28 @@ impl Worker {
     /// left behind) still live. Reaps those of them that ended as this process's children (as
     /// happens when the launcher is PID 1 or a subreaper), so they do not count as alive.
     pub(super) fn left_behind(&self) -> bool {
-        if self.status.is_none() {
+        if self.status.is_none() || self.group_gone.get() {
             return false;
         }
         let pid = self.pid as libc::pid_t;
         // SAFETY: waitpid on the worker's (already reaped) group only reaps members of that
-        // group, never another worker (each has a group of its own); kill with signal 0 only
-        // checks that the group has members.
-        unsafe {
-            while libc::waitpid(-pid, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
-            libc::kill(-pid, 0) == 0
+        // group, never another worker (each has a group of its own).
+        unsafe { while libc::waitpid(-pid, std::ptr::null_mut(), libc::WNOHANG) > 0 {} }
+        self.group_alive()
+    }
+
+    /// Whether the reaped worker's process group still has members; once it has none it is
+    /// marked gone for good (its id may name another process's group later).
+    fn group_alive(&self) -> bool {
+        if self.group_gone.get() {
+            return false;
         }
+        // SAFETY: kill with signal 0 only checks that the group has members we may signal.
+        let alive = unsafe { libc::kill(-(self.pid as libc::pid_t), 0) } == 0;
+        if !alive {
+            self.group_gone.set(true);
+        }
+        alive
     }
 
     /// The signal a worker that ended this way was asked to stop by: it exited with 128 +

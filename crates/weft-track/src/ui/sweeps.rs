@@ -95,7 +95,8 @@ impl Store {
     }
 
     /// The finished trial of sweep `name` in `experiment` with the lowest (or, with `maximize`,
-    /// highest) last value of `metric`; the lowest trial number wins a tie (as `weft sweep
+    /// highest) last value of `metric`; the lowest trial number wins a tie, and a trial whose
+    /// metric ended NaN (its `nan_step` tag at or past the last value) is none (as `weft sweep
     /// status` picks).
     fn best_trial(
         &self,
@@ -114,6 +115,8 @@ impl Store {
              LEFT JOIN tags n ON n.run_id = r.id AND n.key = ?4
              WHERE t.key = ?1 AND t.value = ?2 AND e.name = ?5 AND r.status = 'finished' AND s.last = s.last
                AND r.id IN (SELECT id FROM latest)
+               AND NOT EXISTS (SELECT 1 FROM tags x WHERE x.run_id = r.id AND x.key = 'nan_step.' || ?3
+                               AND CAST(x.value AS INTEGER) >= s.last_step)
              ORDER BY s.last {order}, CAST(n.value AS INTEGER), r.id LIMIT 1"
         );
         let p = &self.path;

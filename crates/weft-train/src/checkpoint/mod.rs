@@ -1,7 +1,8 @@
 //! Sharded checkpoints. `DIR/step-NNNNNNNN/` holds:
 //! - `model-rank-RRRRR.safetensors` and `optimizer-rank-RRRRR.safetensors`: the pieces of
 //!   tensors rank `R` owns, under the whole tensor's name: its ZeRO shard (a flat run of a
-//!   parameter's elements), its tensor-parallel slice, its pipeline stage's parameters.
+//!   parameter's elements), its tensor-parallel slice, its pipeline stage's parameters
+//!   (continued in `...-rank-RRRRR-N.safetensors` past the tensors one file may hold).
 //!   Data-parallel replicas are written once (by data-parallel rank 0), so a rank that owns
 //!   nothing writes no file;
 //! - `index.json` ([`Index`]): every whole tensor (the model's by PyTorch name, the

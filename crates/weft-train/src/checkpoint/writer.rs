@@ -168,21 +168,37 @@ fn gather_reports(
 /// This rank's files in `tmp`: their records (model, optimizer).
 type Records = (BTreeMap<String, TensorRecord>, BTreeMap<String, TensorRecord>);
 
+/// This rank's files of `kind` (`model`, `optimizer`): `KIND-rank-RRRRR.safetensors`, and when
+/// the rank has more tensors of that kind than one file may hold (the readers' limit,
+/// [`weft_core::io::safetensors::header::MAX_TENSORS`]: Adam's three tensors a parameter pass it at about
+/// 87,000 parameters) more files `KIND-rank-RRRRR-N.safetensors`, N from 1.
+fn shard_file(kind: &str, rank: usize, part: usize) -> String {
+    match part {
+        0 => format!("{kind}-rank-{rank:05}.safetensors"),
+        n => format!("{kind}-rank-{rank:05}-{n}.safetensors"),
+    }
+}
+
 fn write_shard(tmp: &Path, rank: usize, shard: &Shard) -> Result<Records> {
     std::fs::create_dir_all(tmp).map_err(|e| io(tmp, e))?;
     let mut out: Records = Default::default();
+    let mut written = Vec::new();
     for (kind, pieces, records) in [
         ("model", &shard.model, &mut out.0),
         ("optimizer", &shard.optimizer, &mut out.1),
     ] {
-        if !pieces.is_empty() {
-            let file = tmp.join(format!("{kind}-rank-{rank:05}.safetensors"));
-            match index::write_pieces(&file, pieces) {
-                Ok(r) => *records = r,
+        for (part, chunk) in pieces
+            .chunks(weft_core::io::safetensors::header::MAX_TENSORS)
+            .enumerate()
+        {
+            let file = tmp.join(shard_file(kind, rank, part));
+            written.push(file.clone());
+            match index::write_pieces(&file, chunk) {
+                Ok(r) => records.extend(r),
                 Err(e) => {
                     // this rank's files only: the others may still be writing theirs
-                    for kind in ["model", "optimizer"] {
-                        let _ = std::fs::remove_file(tmp.join(format!("{kind}-rank-{rank:05}.safetensors")));
+                    for f in &written {
+                        let _ = std::fs::remove_file(f);
                     }
                     return Err(e);
                 }
@@ -353,5 +369,48 @@ impl Drop for BackgroundWriter {
     /// A run that stops on an error still completes the checkpoint being written.
     fn drop(&mut self) {
         let _ = self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_core::io::safetensors::{header::MAX_TENSORS, SafeTensorsFile};
+    use weft_core::Tensor;
+
+    /// A rank with more tensors than one file may hold writes them over several files, each
+    /// readable, the records naming where each tensor went (the optimizer file of a model of
+    /// about 87,000 parameter tensors was written whole and could not be read back).
+    #[test]
+    fn more_tensors_than_a_file_holds_go_to_several_files() {
+        let dir = std::env::temp_dir().join(format!("weft-shard-files-{}", std::process::id()));
+        let one = Tensor::from_vec(vec![1.0f32], &[1]).unwrap();
+        let pieces: Vec<index::Piece> = (0..MAX_TENSORS + 2)
+            .map(|i| index::Piece {
+                name: format!("p{i:07}"),
+                shape: vec![1],
+                tp: None,
+                offset: 0,
+                tensor: one.clone(),
+            })
+            .collect();
+        let shard = Shard {
+            model: pieces[..3].to_vec(),
+            optimizer: pieces,
+        };
+        let (model, optimizer) = write_shard(&dir, 7, &shard).unwrap();
+        assert_eq!(model.len(), 3);
+        assert_eq!(optimizer.len(), MAX_TENSORS + 2);
+        let files: std::collections::BTreeSet<&str> = optimizer.values().map(|r| r.pieces[0].file.as_str()).collect();
+        assert_eq!(
+            files.into_iter().collect::<Vec<_>>(),
+            ["optimizer-rank-00007-1.safetensors", "optimizer-rank-00007.safetensors"]
+        );
+        for f in ["optimizer-rank-00007.safetensors", "optimizer-rank-00007-1.safetensors"] {
+            SafeTensorsFile::open(&dir.join(f)).unwrap();
+        }
+        let last = &optimizer[&format!("p{:07}", MAX_TENSORS + 1)];
+        assert_eq!(last.pieces[0].file, "optimizer-rank-00007-1.safetensors");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -190,8 +190,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         None => None,
     };
     check_metrics(config, options, group.as_ref())?;
-    // a checkpoint of another model is refused from its index, before this one is built
-    if let Some(from) = &options.resume_from {
+    // a checkpoint of another model is refused from its index, before this one is built (with
+    // --resume, FROM may never be read: the run's own checkpoint comes first, and loading
+    // FROM compares the models then)
+    if let (Some(from), false) = (&options.resume_from, options.resume) {
         let ours = serde_json::json!({
             "model": config.model,
             "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),

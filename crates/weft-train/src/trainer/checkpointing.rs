@@ -275,9 +275,6 @@ impl Trainer {
     }
 }
 
-/// Checks that a checkpoint (whose extra JSON is `theirs`) holds this run's model: every key of
-/// the model config equal, and the same tokenizer. Either side without a model config (a
-/// library run that records none) is not checked.
 /// What a run that resumes (or starts from) a checkpoint of another model is told.
 const RESUME_ADVICE: &str = "resume with the checkpoint's model, or start a new run (another train.checkpoint_dir)";
 
@@ -290,6 +287,9 @@ pub(crate) fn check_checkpoint_model(ours: &serde_json::Value, ckpt: &Path, advi
     same_model(ours, &index.state.extra, &dir, advice)
 }
 
+/// Checks that a checkpoint (whose extra JSON is `theirs`) holds this run's model: every key of
+/// the model config equal, and the same tokenizer. Either side without a model config (a
+/// library run that records none) is not checked. `advice` ends the message when they differ.
 fn same_model(ours: &serde_json::Value, theirs: &serde_json::Value, dir: &Path, advice: &str) -> Result<()> {
     let (Some(mine), Some(saved)) = (ours.get("model"), theirs.get("model")) else {
         return Ok(());

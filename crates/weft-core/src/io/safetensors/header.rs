@@ -156,8 +156,8 @@ impl Header {
     }
 }
 
-/// Whether a header's top-level object has more entries than `limit` tensors and
-/// `__metadata__`, found by a pass that keeps nothing of what it reads and stops at the first
+/// Whether a header's top-level object has more than `limit` tensors (entries besides
+/// `__metadata__`), found by a pass that keeps nothing of what it reads and stops at the first
 /// entry past the limit. A header that is not a JSON object passes, for the crate to refuse
 /// in its words.
 fn too_many_tensors(header: &[u8], limit: usize) -> bool {
@@ -171,9 +171,12 @@ fn too_many_tensors(header: &[u8], limit: usize) -> bool {
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
             let mut n = 0;
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-                n += 1;
-                if n > self.1 + 1 {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                map.next_value::<IgnoredAny>()?;
+                if key != "__metadata__" {
+                    n += 1;
+                }
+                if n > self.1 {
                     self.0.set(true);
                     return Err(serde::de::Error::custom("too many entries"));
                 }
@@ -330,8 +333,10 @@ mod tests {
         assert!(too_many_tensors(header(&["a", "b", "c", "d", "e"]).as_bytes(), 3));
         // keys written with escapes, and values with nested objects and strings holding braces
         let odd = header(&[r"\u0061", r#"b\"}"#, "c{", "d", "e"]);
-        assert!(too_many_tensors(odd.as_bytes(), 3));
-        assert!(!too_many_tensors(odd.as_bytes(), 4));
+        assert!(too_many_tensors(odd.as_bytes(), 4));
+        assert!(!too_many_tensors(odd.as_bytes(), 5));
+        // the metadata is no tensor, and its slot is no spare one: four tensors pass three
+        assert!(too_many_tensors(header(&["a", "b", "c", "d"]).as_bytes(), 3));
         // not an object, or not JSON: left to the crate's refusal
         assert!(!too_many_tensors(b"[1,2,3,4,5,6]", 3));
         assert!(!too_many_tensors(b"{\"a\":", 0));
