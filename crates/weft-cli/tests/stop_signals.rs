@@ -140,6 +140,71 @@ fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step() {
     continues_the_curve(&out, &stderr, k, run, run);
 }
 
+/// The pids of `parent`'s child processes.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ppid ...`: the fields after the command's closing parenthesis
+        let ppid = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// SIGTERM to every process of a launched job at once, as Slurm's `scancel` or a node's
+/// shutdown sends it: each worker gets it twice (its own, and the one the launcher passes on),
+/// which is one request, not a second signal that ends it in the middle of its stop checkpoint.
+#[test]
+fn sigterm_to_the_launcher_and_its_workers_at_once_still_stops_cleanly() {
+    let out = temp_dir("sigterm-all");
+    // steps long enough (tens of milliseconds) that the launcher's copy arrives mid-step
+    let wider = [
+        "--set",
+        "model.n_embd=256",
+        "--set",
+        "model.n_head=4",
+        "--set",
+        "model.n_layer=2",
+    ];
+    let args = train_args(&out, 1_000_000, &wider);
+    let child = launched(&args)
+        .env("WEFT_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(120, || last_logged_step(&out.join("m.jsonl")) >= 20));
+    let workers = children_of(child.id());
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    for pid in workers.iter().chain([child.id()].iter()) {
+        // SAFETY: kill of a process of the job this test started
+        unsafe { libc::kill(*pid as i32, libc::SIGTERM) };
+        // (the workers' handlers have run when the launcher's copy comes)
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+    assert_eq!(done.status.code(), Some(143), "{stderr}");
+    assert!(!stderr.contains("SIGKILL"), "every rank stopped by itself:\n{stderr}");
+    let k = stopped_after(&stderr, "SIGTERM");
+    let run = |a: &[String]| {
+        let mut a = a.to_vec();
+        a.extend(wider.iter().map(|s| s.to_string()));
+        let out = launched(&a).env("WEFT_NUM_THREADS", "1").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    continues_the_curve(&out, &stderr, k, run, run);
+}
+
 /// A rank told to stop while it waits for the others to join (rank 1 never comes; and a rank 1
 /// whose store never answers) ends at once with 143, saying nothing was trained; it waited out
 /// the job's timeout before (300 s by default, 60 s here).
