@@ -89,6 +89,26 @@ fn a_sharded_llama_folder_reads_every_shard() {
     assert!(!tied.tensors.contains_key("lm_head.weight"));
 }
 
+/// Opening a folder reads no tensor (a llama's; a GPT-2's reads its output layer and token
+/// embedding, to compare them): names and shapes come from the headers, in weft's layout, and a
+/// tensor's bytes are read when it is asked for.
+#[test]
+fn opening_a_folder_reads_no_tensor_until_one_is_asked_for() {
+    use weft_nn::state_dict::TensorSource;
+    let f = hf::open_folder(&fixture("llama_gqa")).unwrap();
+    assert_eq!(f.weights.bytes_read(), 0);
+    let k = "model.layers.1.self_attn.k_proj.weight";
+    assert_eq!(f.weights.shape(k), Some(vec![16, 32]));
+    let t = f.weights.read(k).unwrap();
+    assert_eq!(f.weights.bytes_read(), 16 * 32 * t.dtype().size_in_bytes() as u64);
+    let g = hf::open_folder(&fixture("gpt2")).unwrap();
+    // a Conv1D weight's shape is weft's [out, in]
+    let whole = hf::read_folder(&fixture("gpt2")).unwrap();
+    for name in g.weights.names() {
+        assert_eq!(g.weights.shape(name).unwrap(), whole.tensors[name].shape(), "{name}");
+    }
+}
+
 #[test]
 fn damaged_folders_are_refused_naming_the_file_and_key() {
     let err = |d: &Path| match hf::read_folder(d) {

@@ -156,7 +156,7 @@ pub fn read_trained(path: &Path) -> Result<Trained> {
 /// A Hugging Face checkpoint folder (`config.json` and its weights, docs/hugging-face.md), with
 /// the folder's `tokenizer.json` as the tokenizer when it holds one.
 fn read_hf_folder(dir: &Path) -> Result<Trained> {
-    let mut hf = weft_models::hf::read_folder(dir)?;
+    let mut hf = weft_models::hf::open_folder(dir)?;
     // config.json does not set a gpt's dropout; inference runs without it (as `[init] from` a
     // folder does when the run has no `[model]`)
     if hf.model.get("kind").and_then(serde_json::Value::as_str) == Some("gpt") {
@@ -175,7 +175,7 @@ fn read_hf_folder(dir: &Path) -> Result<Trained> {
         source: dir.join("config.json").display().to_string(),
         model: Some(serde_json::Value::Object(hf.model)),
         tokenizer,
-        params: Box::new(hf.tensors),
+        params: Box::new(hf.weights),
     })
 }
 

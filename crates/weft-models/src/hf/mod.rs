@@ -10,7 +10,7 @@
 //! dropped. Tied output layers are not written (as `transformers` saves them).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Map, Value};
 use weft_core::io::atomic::describe;
@@ -18,7 +18,9 @@ use weft_core::io::safetensors;
 use weft_core::{Error, Result, Tensor};
 
 mod config;
+mod weights;
 pub use config::{from_weft_keys, to_weft_keys, ARCHITECTURES};
+pub use weights::HfWeights;
 
 /// The single-file weights of a checkpoint folder.
 pub const WEIGHTS: &str = "model.safetensors";
@@ -38,27 +40,36 @@ pub fn is_checkpoint_folder(dir: &Path) -> bool {
     dir.is_dir() && dir.join("config.json").is_file()
 }
 
-/// Reads the checkpoint folder `dir`: its config and all its weights, checked against each
-/// other (every file the index names exists and holds what it says).
-pub fn read_folder(dir: &Path) -> Result<HfCheckpoint> {
+/// A Hugging Face checkpoint opened: its config read, its weights mapped and their names and
+/// shapes known in weft's terms, no tensor read yet.
+pub struct HfFolder {
+    /// weft's `[model]` keys, with `kind`.
+    pub model: Map<String, Value>,
+    /// The parameters, by weft name, read when asked for.
+    pub weights: HfWeights,
+}
+
+/// Opens the checkpoint folder `dir`: its config, and its weights checked against each other
+/// (every file the index names exists and holds what it says) without reading a tensor but
+/// GPT-2's output layer and token embedding (compared: weft ties them).
+pub fn open_folder(dir: &Path) -> Result<HfFolder> {
     let config_path = dir.join("config.json");
     let text =
         std::fs::read_to_string(&config_path).map_err(|e| Error::Io(format!("{}: {e}", config_path.display())))?;
     let model = to_weft_keys(&text, &config_path.display().to_string())?;
-    let files = read_weights(dir)?;
-    let tensors = match model.get("kind").and_then(Value::as_str) {
-        Some("gpt") => gpt2_to_weft(files, &dir.display().to_string())?,
-        _ => files
-            .into_iter()
-            .flat_map(|(_, tensors)| tensors)
-            .filter(|(n, _)| !n.ends_with("rotary_emb.inv_freq"))
-            .collect(),
-    };
-    Ok(HfCheckpoint { model, tensors })
+    let weights = weights::open(dir, model.get("kind").and_then(Value::as_str))?;
+    Ok(HfFolder { model, weights })
 }
 
-/// The tensors of one weights file, with its path (for messages).
-type WeightsFile = (PathBuf, BTreeMap<String, Tensor>);
+/// Reads the checkpoint folder `dir` whole: [`open_folder`], every tensor read.
+pub fn read_folder(dir: &Path) -> Result<HfCheckpoint> {
+    let folder = open_folder(dir)?;
+    let tensors = folder.weights.read_all()?;
+    Ok(HfCheckpoint {
+        model: folder.model,
+        tensors,
+    })
+}
 
 /// Whether `path` is a regular file (symlinks followed): `false` when nothing is there, an
 /// error naming it when something else is (a directory, a FIFO, a link to `/dev/zero`), which
@@ -74,58 +85,6 @@ fn is_regular_file(path: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::Io(format!("{}: {e}", path.display()))),
     }
-}
-
-/// The tensors of `model.safetensors`, or of every shard `model.safetensors.index.json` lists,
-/// by file.
-fn read_weights(dir: &Path) -> Result<Vec<WeightsFile>> {
-    let single = dir.join(WEIGHTS);
-    let index = dir.join(WEIGHTS_INDEX);
-    if !is_regular_file(&index)? {
-        if !is_regular_file(&single)? {
-            return Err(Error::Io(format!(
-                "{}: holds neither {WEIGHTS} nor {WEIGHTS_INDEX}",
-                dir.display()
-            )));
-        }
-        let tensors = safetensors::load(&single)?.tensors;
-        return Ok(vec![(single, tensors)]);
-    }
-    let source = index.display().to_string();
-    let text = std::fs::read_to_string(&index).map_err(|e| Error::Io(format!("{source}: {e}")))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| Error::Io(format!("{source}: not JSON: {e}")))?;
-    let map = v
-        .get("weight_map")
-        .and_then(Value::as_object)
-        .ok_or_else(|| Error::Io(format!("{source}: weight_map: missing, or not an object")))?;
-    let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (name, file) in map {
-        let file = file
-            .as_str()
-            .filter(|f| !f.is_empty() && !f.contains('/') && !f.contains('\\') && *f != "." && *f != "..")
-            .ok_or_else(|| {
-                Error::Io(format!(
-                    "{source}: weight_map.{name}: {file} is not a file name in the folder"
-                ))
-            })?;
-        by_file.entry(file).or_default().push(name);
-    }
-    let mut out = Vec::with_capacity(by_file.len());
-    for (file, names) in by_file {
-        let path = dir.join(file);
-        let mut shard = safetensors::load(&path)?.tensors;
-        let mut tensors = BTreeMap::new();
-        for name in names {
-            let t = shard.remove(name).ok_or_else(|| {
-                Error::Io(format!(
-                    "{source}: weight_map puts {name:?} in {file}, which does not hold it"
-                ))
-            })?;
-            tensors.insert(name.to_string(), t);
-        }
-        out.push((path, tensors));
-    }
-    Ok(out)
 }
 
 /// GPT-2 `Conv1D` weights (stored `[in, out]`), by their name after `h.{i}.`.
@@ -151,45 +110,6 @@ fn transpose_conv1d(t: &Tensor, name: &str, file: &str) -> Result<Tensor> {
         )));
     }
     t.t()?.contiguous()
-}
-
-/// A GPT-2 state dict (by file) in weft's names and layout (see the module's notes); `source`
-/// (the folder) is named in errors that are not one file's.
-fn gpt2_to_weft(files: Vec<WeightsFile>, source: &str) -> Result<BTreeMap<String, Tensor>> {
-    let mut out = BTreeMap::new();
-    let mut head = None;
-    for (path, tensors) in files {
-        let file = path.display().to_string();
-        for (name, t) in tensors {
-            if name == "lm_head.weight" {
-                head = Some(t);
-                continue;
-            }
-            let bare = name.strip_prefix("transformer.").unwrap_or(&name);
-            if bare.ends_with(".attn.bias") && t.rank() == 4 || bare.ends_with(".attn.masked_bias") {
-                continue; // mask buffers
-            }
-            let weft = format!("transformer.{bare}");
-            let t = if is_conv1d(&weft) {
-                transpose_conv1d(&t, &name, &file)?
-            } else {
-                t
-            };
-            out.insert(weft, t);
-        }
-    }
-    if let (Some(head), Some(wte)) = (head, out.get("transformer.wte.weight")) {
-        // compared in place (a GPT-2 head is 50257 x 768: no f64 copies of it)
-        let same = head.shape() == wte.shape()
-            && head.dtype() == wte.dtype()
-            && head.sub(wte)?.abs()?.sum_all()?.item()? == 0.0;
-        if !same {
-            return Err(Error::Io(format!(
-                "{source}: lm_head.weight differs from transformer.wte.weight; weft's gpt ties them"
-            )));
-        }
-    }
-    Ok(out)
 }
 
 /// Weights files `transformers` writes or reads besides [`WEIGHTS`], by the start of their

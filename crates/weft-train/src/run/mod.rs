@@ -211,7 +211,7 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     // (a file is read a tensor at a time as it is loaded, its names and shapes checked first)
     let init_tensors: Option<(Box<dyn state_dict::TensorSource>, String)> = match &init {
         Some(dir) if weft_models::hf::is_checkpoint_folder(dir) => Some((
-            Box::new(weft_models::hf::read_folder(dir)?.tensors),
+            Box::new(weft_models::hf::open_folder(dir)?.weights),
             dir.display().to_string(),
         )),
         Some(path) => Some((
