@@ -145,6 +145,27 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
     index["weight_map"][&name] = json!("../model.safetensors");
     std::fs::write(&p, index.to_string()).unwrap();
     assert!(err(&d).contains("not a file name in the folder"));
+    // a GPT-2 file naming one parameter twice, with and without `transformer.` (one was
+    // dropped unread)
+    let d = copy_as("gpt2", "gpt2-twice");
+    let file = d.join("model.safetensors");
+    let mut tensors = safetensors::load(&file).unwrap().tensors;
+    let (name, t) = tensors
+        .iter()
+        .find(|(n, _)| n.ends_with("ln_f.weight"))
+        .map(|(n, t)| (n.clone(), t.clone()))
+        .unwrap();
+    let twin = match name.strip_prefix("transformer.") {
+        Some(bare) => bare.to_string(),
+        None => format!("transformer.{name}"),
+    };
+    tensors.insert(twin.clone(), t);
+    safetensors::save(&file, tensors.iter().map(|(n, t)| (n.as_str(), t)), &Default::default()).unwrap();
+    let e = err(&d);
+    assert!(
+        e.contains(&name) && e.contains(&twin) && e.contains("holds both"),
+        "{e}"
+    );
     // no weights at all
     let d = temp("empty");
     std::fs::copy(fixture("gpt2/config.json"), d.join("config.json")).unwrap();

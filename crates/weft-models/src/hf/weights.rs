@@ -169,6 +169,13 @@ pub(super) fn open(dir: &Path, kind: Option<&str>) -> Result<HfWeights> {
             } else {
                 shape
             };
+            if let Some(other) = entries.get(&weft) {
+                // `h.0.x` and `transformer.h.0.x`: one of them would be dropped unread
+                return Err(Error::Io(format!(
+                    "{path}: holds both {:?} and {stored:?}, one parameter ({weft}) of weft's gpt",
+                    other.stored
+                )));
+            }
             entries.insert(
                 weft,
                 Entry {
