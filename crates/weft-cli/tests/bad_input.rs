@@ -164,9 +164,25 @@ fn missing_files() {
     // the data is the fixture's own; only the init file is missing
     let data = fixtures().join("gpt_adamw/batches.safetensors");
     let data = format!("data.path={:?}", data.to_str().unwrap());
+    // nothing of the run's is left behind, its checkpoint folder's lock included
+    let ckpt = dir.join("ckpt");
+    let ckpt_set = format!("train.checkpoint_dir={:?}", ckpt.to_str().unwrap());
     fails_naming(
-        &["train", "--quiet", "--config", cfg.to_str().unwrap(), "--set", &data],
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--set",
+            &data,
+            "--set",
+            &ckpt_set,
+        ],
         &["nowhere.safetensors"],
+    );
+    assert!(
+        !ckpt.join(weft_train::checkpoint::LOCK).exists(),
+        "a run that never started left its lock"
     );
     fails_naming(
         &["generate", "--checkpoint", dir.join("no-ckpt").to_str().unwrap()],

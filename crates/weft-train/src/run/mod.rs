@@ -177,18 +177,6 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             data.batch_rows / dp_size
         )));
     }
-    // the run's outputs, before the model is built: a folder of its own, files it can write
-    let claim = match &t.checkpoint_dir {
-        Some(dir) => {
-            let mode = if options.resume {
-                ClaimMode::Resume
-            } else {
-                ClaimMode::Fresh { overwrite: t.overwrite }
-            };
-            Some(checkpoint::claim(&config.resolve(dir), group.as_ref(), mode)?)
-        }
-        None => None,
-    };
     check_metrics(config, options, group.as_ref())?;
     // a checkpoint of another model is refused from its index, before this one is built (with
     // --resume, FROM may never be read: the run's own checkpoint comes first, and loading
@@ -233,6 +221,20 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         };
         checked.map_err(|e| Error::Io(format!("{source}: {e}")))?;
     }
+    // the run's outputs, before the model is built: a folder of its own, files it can write
+    // (after the checks of what it starts from, which write nothing: a bad init.from or
+    // --resume-from left the folder's lock behind)
+    let claim = match &t.checkpoint_dir {
+        Some(dir) => {
+            let mode = if options.resume {
+                ClaimMode::Resume
+            } else {
+                ClaimMode::Fresh { overwrite: t.overwrite }
+            };
+            Some(checkpoint::claim(&config.resolve(dir), group.as_ref(), mode)?)
+        }
+        None => None,
+    };
     let load_init = |m: &dyn Model| -> Result<()> {
         if let Some((tensors, source)) = &init_tensors {
             state_dict::load_state_dict(m, tensors.as_ref(), m.aliases(), source)?;
