@@ -129,6 +129,24 @@ fn bad_values() {
         &["train", "--quiet", "--config", &gpt_config(), "--set", "model.n_head=3"],
         &["n_embd", "n_head"],
     );
+    // a text shorter than one window named neither the file nor the key
+    let dir = temp_dir("short-text");
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "hello world").unwrap();
+    let path = format!("data.path={:?}", short.to_str().unwrap());
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--set",
+            &path,
+            "--set",
+            "model.block_size=100",
+            "--set",
+            "train.eval_every=0",
+        ],
+        &["model.block_size: 100", "short.txt", "9 tokens"],
+    );
     // an empty path named no key; evaluating 0 batches every few steps evaluated nothing
     fails_naming(
         &["train", "--quiet", "--config", &gpt_config(), "--set", "data.path=\"\""],

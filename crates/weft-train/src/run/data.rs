@@ -89,6 +89,15 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                     )));
                 }
             }
+            let have = ds.num_tokens(Split::Train);
+            if have < block_size + 1 {
+                return Err(Error::Config(format!(
+                    "model.block_size: {block_size}, but the training split of {} has {have} tokens, fewer than \
+                     block_size + 1 = {}; give more text, or a smaller model.block_size",
+                    config.resolve(path).display(),
+                    block_size + 1
+                )));
+            }
             let bs = t.batch_size;
             let (t, v) = (ds.clone(), ds.clone());
             let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, block_size, seed, step)?));
