@@ -154,12 +154,7 @@ fn check_recorded(
     let model: ModelConfig = serde_json::from_value(extra["model"].clone())
         .map_err(|e| format!("{source}: the model config does not parse: {e}"))?;
     let shapes: BTreeMap<String, Vec<usize>> = params.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
-    let checked = match &model {
-        ModelConfig::Gpt(g) => g.to_config().check_shapes(&shapes),
-        ModelConfig::Llama(l) => l.to_config().check_shapes(&shapes),
-        ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => Ok(()),
-    };
-    checked.map_err(|e| format!("{source}: {e}"))?;
+    model.check_shapes(&shapes).map_err(|e| format!("{source}: {e}"))?;
     let tok = &extra["tokenizer"];
     if tokenizer && !tok.is_null() {
         let text = tok

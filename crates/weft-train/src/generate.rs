@@ -231,12 +231,9 @@ pub fn recorded_model(trained: &Trained) -> Result<ModelConfig> {
         .into_iter()
         .filter_map(|n| Some((n.to_string(), trained.params.shape(n)?)))
         .collect();
-    let checked = match &model {
-        ModelConfig::Gpt(g) => g.to_config().check_shapes(&shapes),
-        ModelConfig::Llama(l) => l.to_config().check_shapes(&shapes),
-        ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => Ok(()),
-    };
-    checked.map_err(|e| Error::Io(format!("{source}: {e}")))?;
+    model
+        .check_shapes(&shapes)
+        .map_err(|e| Error::Io(format!("{source}: {e}")))?;
     Ok(model)
 }
 

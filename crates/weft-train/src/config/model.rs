@@ -15,6 +15,17 @@ pub enum ModelConfig {
 }
 
 impl ModelConfig {
+    /// Checks a language model's config (gpt, llama) against the shapes of the tensors it is to
+    /// be loaded from, before anything of the config's size is built: the error names the key
+    /// and the tensor. A classifier's (mlp, convnet) are checked when its parameters load.
+    pub fn check_shapes(&self, shapes: &std::collections::BTreeMap<String, Vec<usize>>) -> weft_core::Result<()> {
+        match self {
+            ModelConfig::Gpt(g) => g.to_config().check_shapes(shapes),
+            ModelConfig::Llama(l) => l.to_config().check_shapes(shapes),
+            ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => Ok(()),
+        }
+    }
+
     /// `(vocab_size, block_size)` of a language model (gpt, llama); `None` for the others.
     pub fn language_model_sizes(&self) -> Option<(usize, usize)> {
         match self {

@@ -214,12 +214,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             .into_iter()
             .filter_map(|n| Some((n.to_string(), tensors.shape(n)?)))
             .collect();
-        let checked = match &config.model {
-            crate::config::ModelConfig::Gpt(g) => g.to_config().check_shapes(&shapes),
-            crate::config::ModelConfig::Llama(l) => l.to_config().check_shapes(&shapes),
-            crate::config::ModelConfig::Mlp(_) | crate::config::ModelConfig::Convnet(_) => Ok(()),
-        };
-        checked.map_err(|e| Error::Io(format!("{source}: {e}")))?;
+        config
+            .model
+            .check_shapes(&shapes)
+            .map_err(|e| Error::Io(format!("{source}: {e}")))?;
     }
     // the run's outputs, before the model is built: a folder of its own, files it can write
     // (after the checks of what it starts from, which write nothing: a bad init.from or
