@@ -3,7 +3,8 @@
 use std::ffi::OsString;
 use std::io::Write;
 use weft_dist::launch::{
-    parse_nnodes, parse_seconds, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT,
+    parse_nnodes, parse_seconds, LaunchConfig, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR,
+    DEFAULT_STOP_TIMEOUT,
 };
 
 #[derive(clap::Args)]
@@ -32,6 +33,11 @@ pub struct LaunchArgs {
     /// Elastic jobs: seconds a rendezvous round waits for more nodes once MIN have joined.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LAST_CALL.as_secs_f64())]
     rdzv_last_call: f64,
+    /// Elastic jobs: seconds node 0, its workers done, waits to hear from a node still running
+    /// before counting it lost (each launcher says it is alive every fifth of this, at most
+    /// every 5 s); at least 1. Give every node the same value.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_HEARTBEAT_TIMEOUT.as_secs_f64())]
+    rdzv_heartbeat_timeout: f64,
     /// Seconds the workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL
     /// (torchrun's 30 s: time for `weft train` to finish its step and write a checkpoint); at
     /// most a year.
@@ -48,6 +54,8 @@ pub fn run(args: &LaunchArgs) -> Result<(), String> {
     let stop_timeout = parse_seconds("--stop-timeout", args.stop_timeout).map_err(|e| e.to_string())?;
     let (min_nnodes, nnodes) = parse_nnodes(&args.nnodes).map_err(|e| e.to_string())?;
     let last_call = parse_seconds("--rdzv-last-call", args.rdzv_last_call).map_err(|e| e.to_string())?;
+    let heartbeat_timeout =
+        parse_seconds("--rdzv-heartbeat-timeout", args.rdzv_heartbeat_timeout).map_err(|e| e.to_string())?;
     let (program, rest) = match args.command.split_first() {
         Some((p, rest)) => (p.clone(), rest.to_vec()),
         None => (OsString::new(), Vec::new()),
@@ -57,6 +65,7 @@ pub fn run(args: &LaunchArgs) -> Result<(), String> {
         nnodes,
         min_nnodes,
         last_call,
+        heartbeat_timeout,
         node_rank: args.node_rank,
         master_addr: args.master_addr.clone(),
         master_port: args.master_port,

@@ -1,6 +1,7 @@
 //! How `weft launch` ends: huge stop timeouts refused in one line; processes the workers started
 //! and left behind stopped before the launcher exits (after success and after a failure); node 0
-//! of an elastic job not waiting forever for a node whose launcher died; and workers stopped by a
+//! of an elastic job not waiting forever for a node whose launcher died or fell silent; and
+//! workers stopped by a
 //! SIGTERM or SIGINT sent to them (not to the launcher) not restarted nor signalled again.
 
 mod common;
@@ -89,6 +90,46 @@ fn processes_left_behind_by_the_workers_are_stopped() {
 
 #[test]
 fn node_0_does_not_wait_for_a_node_whose_launcher_died() {
+    node_0_with_node_1_ended(
+        |b| {
+            b.kill().unwrap();
+            b.wait().unwrap();
+        },
+        "went away (its launcher's connection to the store closed)",
+    );
+}
+
+#[test]
+fn node_0_does_not_wait_for_a_node_that_fell_silent() {
+    // a stopped launcher keeps its connection open, as a node cut off the network does
+    let r = node_0_with_node_1_ended(
+        |b| {
+            // SAFETY: kill has no memory effects; b is this test's child
+            unsafe { libc::kill(b.id() as i32, libc::SIGSTOP) };
+        },
+        "node 1 of rendezvous round 0 has not been heard from for 3 s (its launcher says it is alive every 0.6 s",
+    );
+    assert!(r.elapsed < Duration::from_secs(45), "{}", r.show());
+}
+
+#[test]
+fn heartbeat_timeouts_out_of_range_are_refused() {
+    refused(
+        &["--rdzv-heartbeat-timeout", "0.5", "--", "true"],
+        &[],
+        "--rdzv-heartbeat-timeout 0.5 is below the shortest, 1 s",
+    );
+    refused(
+        &["--rdzv-heartbeat-timeout", "1e10", "--", "true"],
+        &[],
+        "--rdzv-heartbeat-timeout 10000000000 is above the limit of 31536000 s (a year)",
+    );
+}
+
+/// A two-node elastic job (heartbeat timeout 3 s) whose node 0 is done at once while node 1's
+/// worker would run a minute; `end` ends node 1's launcher once it is in the round. Node 0 must
+/// exit 1 saying `why`, and node 1's worker be gone.
+fn node_0_with_node_1_ended(end: impl FnOnce(&mut std::process::Child), why: &str) -> Run {
     let port = free_port().to_string();
     let seconds = unique_seconds();
     let node = |rank: &str, script: &str| {
@@ -99,6 +140,8 @@ fn node_0_does_not_wait_for_a_node_whose_launcher_died() {
                 "60",
                 "--stop-timeout",
                 "2",
+                "--rdzv-heartbeat-timeout",
+                "3",
                 "--",
                 "sh",
                 "-c",
@@ -134,22 +177,18 @@ fn node_0_does_not_wait_for_a_node_whose_launcher_died() {
             }
         }
     }
-    b.kill().unwrap();
-    b.wait().unwrap();
+    end(&mut b);
     let r = finish(a, started, a_out, a_err);
+    let _ = (b.kill(), b.wait());
     assert_eq!(r.code, Some(1), "{}", r.show());
-    assert!(
-        r.stderr
-            .contains("went away (its launcher's connection to the store closed)"),
-        "{}",
-        r.show()
-    );
+    assert!(r.stderr.contains(why), "{}", r.show());
     // node 1's worker died with its launcher
     assert!(
         common::wait_for(10, || processes_with(&seconds).is_empty()),
         "{}",
         r.show()
     );
+    r
 }
 
 /// A 2-rank job whose rank 1 ends with `rank1` (having marked that it got there) while rank 0,

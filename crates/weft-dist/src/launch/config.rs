@@ -14,6 +14,11 @@ pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(10);
 /// long as Kubernetes' default termination grace period and Slurm's default `KillWait`: time for
 /// a `weft train` worker to finish its step and write a checkpoint.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of [`LaunchConfig::heartbeat_timeout`]: 60 seconds (twelve of the launchers'
+/// heartbeats, one every 5 seconds as torchrun's `keep_alive_interval`).
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shortest [`LaunchConfig::heartbeat_timeout`]: 1 second.
+pub const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default of [`LaunchConfig::master_addr`].
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
 
@@ -33,6 +38,12 @@ pub struct LaunchConfig {
     /// `min_nnodes` have joined (torchrun's `last_call_timeout`; default 10 s). Nodes that
     /// survive a failure must rejoin within it (so it should exceed `stop_timeout`).
     pub last_call: Duration,
+    /// Elastic membership: how long node 0's launcher, its workers done, waits to hear from a
+    /// node whose workers still run before it counts the node as lost (default 60 s, at least
+    /// 1 s). Every member launcher tells the store it is alive every fifth of this, at most
+    /// every 5 s; a node that drops off the network without its connection closing, or whose
+    /// launcher is stopped, falls silent. Give every node the same value.
+    pub heartbeat_timeout: Duration,
     /// This node's rank, `0..nnodes` (default 0). The launcher of node 0 serves the store.
     /// Under elastic membership it only says which node serves the store: each rendezvous round
     /// numbers the nodes in the order they join.
@@ -73,6 +84,7 @@ impl LaunchConfig {
             nnodes: 1,
             min_nnodes: 1,
             last_call: DEFAULT_LAST_CALL,
+            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
             node_rank: 0,
             master_addr: DEFAULT_MASTER_ADDR.to_string(),
             master_port: None,
@@ -134,10 +146,17 @@ impl LaunchConfig {
         for (flag, d) in [
             ("--stop-timeout", self.stop_timeout),
             ("--rdzv-last-call", self.last_call),
+            ("--rdzv-heartbeat-timeout", self.heartbeat_timeout),
         ] {
             if d > MAX_TIMEOUT {
                 return bad(above_the_limit(flag, d.as_secs_f64()));
             }
+        }
+        if self.heartbeat_timeout < MIN_HEARTBEAT_TIMEOUT {
+            return bad(format!(
+                "--rdzv-heartbeat-timeout {} is below the shortest, 1 s",
+                self.heartbeat_timeout.as_secs_f64()
+            ));
         }
         if self.master_port == Some(0) && self.nnodes > 1 {
             return bad(

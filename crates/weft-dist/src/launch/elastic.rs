@@ -15,12 +15,18 @@
 //! - a launcher whose workers all exited 0 sets `done/<node rank>`; node 0's launcher waits for
 //!   every node of the round before it stops serving the store. Each member asks the store to
 //!   set `gone/<node rank>` when its connection closes, so a node whose launcher died (killed,
-//!   its machine rebooted) ends that wait: node 0's launcher says so and exits 1.
+//!   its machine rebooted) ends that wait: node 0's launcher says so and exits 1. Each member
+//!   also counts up `alive/<node rank>` from a thread of its own ([`Heartbeat`]), so a node that
+//!   drops off the network without its connection closing, or whose launcher is stopped, ends
+//!   the wait too once it has been silent for [`LaunchConfig::heartbeat_timeout`].
 //! - a worker that stopped on a SIGTERM or SIGINT sent to it ends the job on this node as on a
 //!   single node (`finish_stopping`): no restart, no `failed`.
 //!
 //! Node 0's launcher must outlive the job: it serves the store.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error_files::ErrorFiles;
@@ -36,6 +42,9 @@ use crate::store::StoreClient;
 const POLL_ELSEWHERE: Duration = Duration::from_millis(100);
 /// How long a launcher waits for a round to gather `MIN` nodes, and to connect to the store.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+/// The longest time between two of a member launcher's heartbeats (torchrun's
+/// `keep_alive_interval`).
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 /// How long one attempt to connect to the store lasts before the launcher looks at its signals
 /// again.
 const CONNECT_SLICE: Duration = Duration::from_secs(1);
@@ -147,7 +156,7 @@ pub(super) fn run(
         cfg.master_addr.trim()
     };
     let store = match connect(&crate::addr::host_port(host, port), token)? {
-        Ok(store) => store,
+        Ok(store) => Arc::new(store),
         Err(sig) => {
             weft_core::errln!(
                 "weft launch: received {} while waiting for the store; not starting the workers",
@@ -174,6 +183,12 @@ pub(super) fn run(
         };
         // the store tells the others if this launcher goes away before the round ends
         store.set_on_close(&key(round, &format!("gone/{}", r.node_rank)))?;
+        // and tells it this launcher is alive until the round ends here
+        let _heartbeat = Heartbeat::start(
+            store.clone(),
+            key(round, &format!("alive/{}", r.node_rank)),
+            heartbeat_every(cfg.heartbeat_timeout),
+        )?;
         weft_core::errln!(
             "weft launch: rendezvous round {round}: {} node(s), this is node {} (ranks {} to {})",
             r.nodes,
@@ -207,13 +222,23 @@ pub(super) fn run(
                 stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
                 drain_output(&mut workers, OUTPUT_GRACE);
                 if serves_store {
-                    if let Err(lost) = wait_for_the_others(&store, round, r.nodes, r.node_rank) {
-                        weft_core::errln!(
-                            "weft launch: job failed: node {lost} of rendezvous round {round} went away (its \
-                             launcher's connection to the store closed) before its workers finished"
-                        );
-                        return Ok(EXIT_FAILED);
-                    }
+                    let lost = wait_for_the_others(&store, round, r.nodes, r.node_rank, cfg.heartbeat_timeout);
+                    let why = match lost {
+                        Ok(()) => return Ok(0),
+                        Err(Lost::Closed(node)) => format!(
+                            "node {node} of rendezvous round {round} went away (its launcher's connection to the \
+                             store closed)"
+                        ),
+                        Err(Lost::Silent(node)) => format!(
+                            "node {node} of rendezvous round {round} has not been heard from for {} s (its \
+                             launcher says it is alive every {} s; the node dropped off the network, or its \
+                             launcher was stopped)",
+                            cfg.heartbeat_timeout.as_secs_f64(),
+                            heartbeat_every(cfg.heartbeat_timeout).as_secs_f64()
+                        ),
+                    };
+                    weft_core::errln!("weft launch: job failed: {why} before its workers finished");
+                    return Ok(EXIT_FAILED);
                 }
                 return Ok(0);
             }
@@ -254,11 +279,71 @@ pub(super) fn run(
     }
 }
 
+/// How often a member launcher says it is alive, for a heartbeat timeout of `timeout`: a fifth
+/// of it, at most [`HEARTBEAT_EVERY`].
+fn heartbeat_every(timeout: Duration) -> Duration {
+    (timeout / 5).min(HEARTBEAT_EVERY)
+}
+
+/// A thread that counts up a key of the store every `every` until dropped: a member launcher
+/// telling node 0's that it is alive. It ends on its own when the store cannot be asked (the
+/// launcher's next call to the store fails the same way).
+struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(store: Arc<StoreClient>, key: String, every: Duration) -> Result<Heartbeat> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("weft-heartbeat".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::SeqCst) && store.add(&key, 1).is_ok() {
+                    let next = Instant::now() + every;
+                    while !stopping.load(Ordering::SeqCst) && Instant::now() < next {
+                        std::thread::sleep(Duration::from_millis(20).min(every));
+                    }
+                }
+            })
+            .map_err(|e| crate::error::io("weft launch: cannot start the heartbeat thread", e))?;
+        Ok(Heartbeat {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Why node 0 stopped waiting for a node that was not done.
+enum Lost {
+    /// Its launcher's connection to the store closed.
+    Closed(usize),
+    /// Its heartbeat stopped for the heartbeat timeout.
+    Silent(usize),
+}
+
 /// Node 0 (node `me` of the round), its workers done: keeps serving the store until every node
 /// of the round is done too (or one failed, a signal came, or the store cannot be asked).
-/// `Err(node)` when a node went away (its launcher's connection to the store closed) before
-/// it was done.
-fn wait_for_the_others(store: &StoreClient, round: u32, nodes: usize, me: usize) -> std::result::Result<(), usize> {
+/// `Err` names a node that went away or fell silent for `timeout` before it was done.
+fn wait_for_the_others(
+    store: &StoreClient,
+    round: u32,
+    nodes: usize,
+    me: usize,
+    timeout: Duration,
+) -> std::result::Result<(), Lost> {
+    // each node's heartbeat count when it last changed, and when that was
+    let mut heard: Vec<(i64, Instant)> = vec![(-1, Instant::now()); nodes];
     loop {
         let failed = peek(store, &key(round, "failed"));
         if !matches!(failed, Ok(None)) || signals::received().is_some() {
@@ -271,8 +356,19 @@ fn wait_for_the_others(store: &StoreClient, round: u32, nodes: usize, me: usize)
             let done = peek(store, &key(round, &format!("done/{node}")));
             match (gone, done) {
                 (_, Ok(Some(_))) => {}
-                (Ok(Some(_)), Ok(None)) => return Err(node),
-                (Ok(None), Ok(None)) => waiting = true,
+                (Ok(Some(_)), Ok(None)) => return Err(Lost::Closed(node)),
+                (Ok(None), Ok(None)) => {
+                    let Ok(beats) = store.add(&key(round, &format!("alive/{node}")), 0) else {
+                        return Ok(());
+                    };
+                    let (last, since) = &mut heard[node];
+                    if beats != *last {
+                        (*last, *since) = (beats, Instant::now());
+                    } else if since.elapsed() >= timeout {
+                        return Err(Lost::Silent(node));
+                    }
+                    waiting = true;
+                }
                 _ => return Ok(()),
             }
         }

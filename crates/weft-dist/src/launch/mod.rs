@@ -40,7 +40,8 @@ use crate::store::StoreServer;
 
 pub use crate::signal::signal_name;
 pub use config::{
-    parse_nnodes, parse_seconds, LaunchConfig, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR, DEFAULT_STOP_TIMEOUT,
+    parse_nnodes, parse_seconds, LaunchConfig, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR,
+    DEFAULT_STOP_TIMEOUT,
 };
 use error_files::ErrorFiles;
 pub use limits::{max_nproc_per_node, Limit, MAX_NPROC_PER_NODE};
