@@ -349,7 +349,17 @@ impl StoreClient {
     /// process exits or is killed, the client is dropped): how its peers learn that it is gone.
     /// At most 4096 keys per connection.
     pub fn set_on_close(&self, key: &str) -> Result<()> {
-        self.call(OP_ON_CLOSE, key, &[], Duration::ZERO).map(|_| ())
+        self.call(OP_ON_CLOSE, key, &[], Duration::ZERO)
+            .map(|_| ())
+            .map_err(|e| match e {
+                // a store of an older weft answers requests it does not know this way too
+                Error::Invalid(m) => Error::Invalid(format!(
+                    "{m} to be set when this connection closes: this connection asked for {MAX_ON_CLOSE} such keys \
+                 already, or the store is an older weft's that does not know the request (run the same weft on \
+                 every node)"
+                )),
+                e => e,
+            })
     }
 
     /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
@@ -392,5 +402,14 @@ mod tests {
         drop(a);
         assert_eq!(b.get("gone/a", Duration::from_secs(10)).unwrap(), b"1");
         assert_eq!(b.get("x", Duration::from_secs(1)).unwrap(), b"1");
+        // past the limit, the refusal says what may be wrong
+        for i in 0..MAX_ON_CLOSE {
+            b.set_on_close(&format!("gone/b{i}")).unwrap();
+        }
+        let e = b.set_on_close("gone/one-more").unwrap_err().to_string();
+        assert!(
+            e.contains("asked for 4096 such keys already, or the store is an older weft's"),
+            "{e}"
+        );
     }
 }
