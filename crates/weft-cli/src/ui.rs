@@ -64,7 +64,9 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
         // on loopback, only requests naming loopback in their Host: a web page the user visits
         // cannot read the runs by rebinding its name to 127.0.0.1
         let guard = addr.ip().is_loopback();
-        let app = weft_track::ui::app(store, move |app| {
+        // live event streams last as long as their runs: the shutdown ends them
+        let (closing_tx, closing) = tokio::sync::watch::channel(false);
+        let app = weft_track::ui::app(store, closing, move |app| {
             let app = app.route("/api/models", axum::routing::get(move || models(registry.clone())));
             if guard {
                 app.layer(axum::middleware::from_fn(weft_serve::host::loopback_only))
@@ -78,7 +80,10 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
             app,
             std::time::Duration::from_millis(read_timeout),
             connections,
-            weft_serve::shutdown_signal(),
+            async move {
+                weft_serve::shutdown_signal().await;
+                let _ = closing_tx.send(true);
+            },
         )
         .await
         .map_err(|e| e.to_string())

@@ -477,6 +477,37 @@ fn a_runs_event_stream_sends_its_new_values_then_ends_with_the_run() {
     assert!(bad["error"].as_str().unwrap().starts_with("after:"), "{bad}");
 }
 
+/// SIGINT or SIGTERM to `weft ui` ends the live event streams it serves, so it stops while a
+/// browser follows a running run (the graceful shutdown waited for the stream, which lasts as
+/// long as the run: hours).
+#[test]
+fn a_shutdown_ends_the_live_event_streams() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let dir = temp_dir(&format!("ui-shutdown-{signal}")).join("weft-runs");
+        let live = live_run(&dir, "running");
+        live.log(0, "loss", 1.0);
+        let (mut server, base) = start_ui(&dir);
+        let events = sse(&format!("{base}/api/runs/{}/events?after=0", live.id()), None);
+        assert_eq!(next(&events).map(|e| e.event).as_deref(), Some("metrics"));
+        let sent = Instant::now();
+        // SAFETY: kill has no memory effects; the pid is this test's child
+        unsafe { libc::kill(server.0.id() as i32, signal) };
+        let status = loop {
+            if let Some(status) = server.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                sent.elapsed() < Duration::from_secs(15),
+                "weft ui still runs 15 s after signal {signal}, a stream open"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status:?}");
+        assert!(next(&events).is_none(), "the stream closes");
+        live.end(Status::Finished, None).unwrap();
+    }
+}
+
 /// The page in a real headless browser while a run trains: its curve grows through the run's
 /// event stream (one fetch of its series, then events), and the run's row turns finished when
 /// it ends. Screenshots before, while and after are kept in `CARGO_TARGET_TMPDIR/ui-screenshots`
@@ -775,6 +806,28 @@ fn a_runs_trace_and_sample_files_are_served_and_nothing_else() {
     let (code, body) = get(&format!("{base}/api/runs/{id2}/artifacts/sample"));
     assert_eq!(code, 404);
     assert!(body["error"].as_str().unwrap().contains("is a symbolic link"), "{body}");
+    // nor is a FIFO put in a recorded file's place opened (that waited for a writer forever,
+    // and kept the server from stopping)
+    let fifo = files.join("fifo.json");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: c_path is a valid NUL-terminated path
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let w3 = live_run(&dir, "fifo");
+    w3.artifact("trace", &fifo);
+    w3.end(Status::Finished, None).unwrap();
+    let r = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+        .get(format!("{base}/api/runs/{}/artifacts/trace", w3.id()))
+        .send()
+        .expect("an answer within 10 s");
+    assert_eq!(r.status().as_u16(), 404);
+    let body: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("fifo.json is not a file"),
+        "{body}"
+    );
 
     // a series asked for with more points than any page draws; routes and methods not served:
     // each a JSON error

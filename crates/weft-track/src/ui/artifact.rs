@@ -6,6 +6,7 @@
 //! read, 64 KiB at a time, so a client that reads slowly holds a chunk of it, not the whole file.
 
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, State};
@@ -104,7 +105,14 @@ async fn open(store: Shared, id: String, kind: String) -> Result<(std::fs::File,
                 format!("run {id}'s {kind}: {}: {e}", path.display()),
             )
         };
-        if std::fs::symlink_metadata(&path).map_err(gone)?.file_type().is_symlink() {
+        let not_a_file = || {
+            Failure(
+                StatusCode::NOT_FOUND,
+                format!("run {id}'s {kind}: {} is not a file", path.display()),
+            )
+        };
+        let found = std::fs::symlink_metadata(&path).map_err(gone)?.file_type();
+        if found.is_symlink() {
             return Err(Failure(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -113,7 +121,18 @@ async fn open(store: Shared, id: String, kind: String) -> Result<(std::fs::File,
                 ),
             ));
         }
-        let file = std::fs::File::open(&path).map_err(gone)?;
+        // a FIFO or a device is refused before it is opened (opening a FIFO waits for a
+        // writer, forever); one swapped in after this look opens without waiting, and is
+        // refused below
+        if !found.is_file() {
+            return Err(not_a_file());
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            // opens a FIFO without waiting for a writer; changes nothing for a regular file
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(gone)?;
         let meta = file.metadata().map_err(gone)?;
         if !meta.is_file() {
             return Err(Failure(

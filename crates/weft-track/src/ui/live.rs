@@ -16,7 +16,8 @@
 //!   again). The stream goes on from `c`; a page fetches the run's series again, since values
 //!   written meanwhile under reused ids may have been passed over.
 //!
-//! A store error ends the stream with `error`: `{"error": message}`. An idle stream carries a
+//! The server's shutdown ends the stream without an event (the browser's `EventSource` tries
+//! to connect again, as after any lost connection). A store error ends the stream with `error`: `{"error": message}`. An idle stream carries a
 //! comment every 15 s, so proxies keep it open.
 
 use std::convert::Infallible;
@@ -184,9 +185,14 @@ fn start_cursor(query: Option<&str>, headers: &HeaderMap) -> std::result::Result
     }
 }
 
+/// Turns true when the server shuts down: the streams then end ([`super::app`]).
+#[derive(Clone)]
+pub(super) struct Closing(pub(super) tokio::sync::watch::Receiver<bool>);
+
 /// A stream's state between looks.
 struct Tail {
     store: Shared,
+    closing: tokio::sync::watch::Receiver<bool>,
     id: i64,
     cursor: i64,
     first: bool,
@@ -195,6 +201,7 @@ struct Tail {
 
 pub(super) async fn events(
     State(store): State<Shared>,
+    axum::Extension(Closing(closing)): axum::Extension<Closing>,
     UrlPath(id): UrlPath<String>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
@@ -214,17 +221,22 @@ pub(super) async fn events(
     };
     let tail = Tail {
         store,
+        closing,
         id,
         cursor,
         first: true,
         done: false,
     };
     let events = stream::unfold(tail, |mut t| async move {
-        if t.done {
+        if t.done || *t.closing.borrow() {
             return None;
         }
         if !t.first {
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                // the server is shutting down (or the sender is gone with it)
+                _ = t.closing.wait_for(|closing| *closing) => return None,
+            }
         }
         t.first = false;
         let (id, cursor) = (t.id, t.cursor);

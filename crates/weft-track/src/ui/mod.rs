@@ -60,8 +60,11 @@ type Shared = Arc<Mutex<Store>>;
 /// The dashboard of `store` as a router, with the caller's layers added by `wrap` (`weft ui`
 /// adds the loopback `Host` guard and its `/api/models`, and serves it through
 /// `weft_serve::listen`, which closes connections that do not send their request head in time).
-pub fn app(store: Store, wrap: impl FnOnce(Router) -> Router) -> Router {
-    wrap(router(Arc::new(Mutex::new(store))))
+/// Once `closing` turns true (the server is shutting down), every live event stream ends within
+/// [`live::POLL`]: a stream lasts as long as its run otherwise, and a graceful shutdown waits
+/// for the requests in flight.
+pub fn app(store: Store, closing: tokio::sync::watch::Receiver<bool>, wrap: impl FnOnce(Router) -> Router) -> Router {
+    wrap(router(Arc::new(Mutex::new(store))).layer(axum::Extension(live::Closing(closing))))
 }
 
 fn router(store: Shared) -> Router {
