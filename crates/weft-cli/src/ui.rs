@@ -44,8 +44,8 @@ pub fn run(args: &UiArgs) -> Result<(), String> {
         );
     }
     let store = weft_track::Store::open_existing(&dir).map_err(|e| e.to_string())?;
-    // the model registry's table lives in the same file (made there when missing)
-    let registry = weft_tune::registry::ModelRegistry::open(&dir).map_err(|e| e.to_string())?;
+    // the model registry's table lives in the same file (read only: none yet lists nothing)
+    let registry = weft_tune::registry::ModelRegistry::open_existing(&dir).map_err(|e| e.to_string())?;
     let registry = std::sync::Arc::new(std::sync::Mutex::new(registry));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

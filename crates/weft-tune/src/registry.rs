@@ -274,19 +274,40 @@ impl ModelRegistry {
     /// when missing).
     pub fn open(dir: &Path) -> Result<ModelRegistry> {
         let store = Store::open(dir)?;
-        let path = store.path().to_path_buf();
+        let registry = Self::connect(store.path())?;
         drop(store);
+        registry.conn.execute_batch(SCHEMA).map_err(sql(&registry.path))?;
+        Ok(registry)
+    }
+
+    /// Opens the registry of an existing run store for reading (`weft models list`, `weft ui`,
+    /// `weft serve --registry`): a folder without a store is an error naming it. The table is
+    /// not made here (that takes the store's write lock, which a reader must not wait for); a
+    /// store without it lists no versions.
+    pub fn open_existing(dir: &Path) -> Result<ModelRegistry> {
+        let store = Store::open_existing(dir)?;
+        let registry = Self::connect(store.path())?;
+        drop(store);
+        Ok(registry)
+    }
+
+    fn connect(path: &Path) -> Result<ModelRegistry> {
+        let path = path.to_path_buf();
         let conn = Connection::open(&path).map_err(sql(&path))?;
         conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
-        conn.execute_batch(SCHEMA).map_err(sql(&path))?;
         Ok(ModelRegistry { conn, path })
     }
 
-    /// Opens the registry of an existing run store for reading (`weft serve --registry`): a
-    /// folder without a store is an error naming it.
-    pub fn open_existing(dir: &Path) -> Result<ModelRegistry> {
-        drop(Store::open_existing(dir)?);
-        Self::open(dir)
+    /// Whether the store has the registry's table yet (none before the first version).
+    fn has_table(&self) -> Result<bool> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'model_versions'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n > 0)
+            .map_err(sql(&self.path))
     }
 
     /// Registers `source` as the next version of model `name`: `source` is a checkpoint folder
@@ -327,6 +348,8 @@ impl ModelRegistry {
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql(&p))?;
+        // the table, where a reader opened the store before any version was registered
+        tx.execute_batch(SCHEMA).map_err(sql(&p))?;
         let next: i64 = tx
             .query_row(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM model_versions WHERE name = ?1",
@@ -356,6 +379,9 @@ impl ModelRegistry {
     /// (each left out of the versions, not of the file).
     pub fn list(&self) -> Result<Listing> {
         let p = &self.path;
+        if !self.has_table()? {
+            return Ok(Listing::default());
+        }
         let mut stmt = self
             .conn
             .prepare(&format!("SELECT {COLUMNS} FROM model_versions ORDER BY name, version"))
@@ -395,6 +421,10 @@ impl ModelRegistry {
     /// Version `version` of model `name`; unknown ones are errors.
     pub fn version(&self, name: &str, version: i64) -> Result<ModelVersion> {
         let p = &self.path;
+        if !self.has_table()? {
+            // no model at all: the error names the model
+            self.versions(name)?;
+        }
         let found = self
             .conn
             .query_row(
@@ -480,6 +510,32 @@ mod tests {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("COMPLETE"), "").unwrap();
         std::fs::write(dir.join("index.json"), "{}").unwrap();
+    }
+
+    #[test]
+    fn a_reader_of_a_store_without_versions_takes_no_write_lock() {
+        let dir = std::env::temp_dir().join(format!("weft-tune-registry-reader-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = dir.join("store");
+        drop(Store::open(&store).unwrap());
+        // another process holds the write lock (a long write transaction)
+        let holder = Connection::open(store.join("runs.db")).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let started = std::time::Instant::now();
+        let reader = ModelRegistry::open_existing(&store).unwrap();
+        assert_eq!(reader.list().unwrap(), Listing::default());
+        assert!(reader.production().unwrap().versions.is_empty());
+        let e = reader.version("m", 1).unwrap_err().to_string();
+        assert!(e.contains("no model named \"m\""), "{e}");
+        // it waited 30 s for the lock and failed, to make the table
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        holder.execute_batch("COMMIT").unwrap();
+        // a registry opened that way still registers (and makes the table then)
+        let ckpt = dir.join("ckpt");
+        fake_checkpoint(&ckpt);
+        let mut reader = reader;
+        assert_eq!(reader.register(&store, ckpt.to_str().unwrap(), "m").unwrap().version, 1);
+        assert_eq!(reader.list().unwrap().versions.len(), 1);
     }
 
     #[test]
