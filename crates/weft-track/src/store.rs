@@ -111,11 +111,22 @@ impl Store {
     }
 
     /// Opens an existing store for reading and editing (`weft runs ...`): a folder without a
-    /// store is an error naming it, not a new store.
+    /// store is an error naming it, not a new store. A store in a folder that cannot be written
+    /// (a read-only volume) opens for reading only ([`Store::open_read_only`]); a write to it is
+    /// then an error.
     pub fn open_existing(dir: &Path) -> Result<Store> {
         let path = dir.join(STORE_FILE);
         let why: String = match std::fs::metadata(&path) {
-            Ok(meta) if meta.is_file() => return Self::open(dir),
+            Ok(meta) if meta.is_file() => {
+                return match Self::open(dir) {
+                    Err(e) if cannot_write(&e) && !writable(dir) => {
+                        let store = Self::open_read_only(dir)?;
+                        warn_read_only(dir);
+                        Ok(store)
+                    }
+                    opened => opened,
+                }
+            }
             Ok(meta) if meta.is_dir() => "a directory, not a run store's file".into(),
             Ok(_) => "not a regular file, so not a run store".into(),
             Err(_) => "no run store here (no run recorded yet?)".into(),
@@ -124,6 +135,52 @@ impl Store {
             path,
             source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
         })
+    }
+
+    /// Opens the store in folder `dir` for reading only, as it is on disk: SQLite's write-ahead
+    /// log needs its `-shm` file next to the store, which a folder that cannot be written does
+    /// not let it make, so the file is opened `immutable` (nothing is locked, nothing written).
+    /// Rows still in a `-wal` file left there are not read.
+    pub fn open_read_only(dir: &Path) -> Result<Store> {
+        let path = dir.join(STORE_FILE);
+        let uri = format!("file:{}?immutable=1", uri_path(&path));
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+            | rusqlite::OpenFlags::SQLITE_OPEN_URI
+            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&uri, flags).at(&path)?;
+        let version: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+            .optional()
+            .at(&path)?;
+        match version.and_then(|v| v.parse::<i64>().ok()) {
+            Some(v) if v == SCHEMA_VERSION && has_every_schema_object(&conn) => {}
+            Some(found) if found > SCHEMA_VERSION => {
+                return Err(Error::NewerSchema {
+                    path,
+                    found,
+                    known: SCHEMA_VERSION,
+                })
+            }
+            _ => {
+                return Err(Error::Corrupt {
+                    path,
+                    reason: "its folder cannot be written, and the file is of an older weft's layout, which \
+                             opening it where it can be written brings up to date"
+                        .into(),
+                })
+            }
+        }
+        Ok(Store {
+            conn,
+            path,
+            options: OpenOptions::default(),
+        })
+    }
+
+    /// The store's connection and file, for tables kept beside the runs' (the model registry's):
+    /// opened as the store was, read-only where [`Store::open_existing`] found the folder so.
+    pub fn into_connection(self) -> (Connection, PathBuf) {
+        (self.conn, self.path)
     }
 
     /// The store's file.
@@ -268,6 +325,76 @@ impl Store {
             ))),
         }
     }
+}
+
+/// Says once per process and folder that the store in `dir` is read as it is.
+fn warn_read_only(dir: &Path) {
+    static WARNED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if warned.iter().any(|d| d == dir) {
+        return;
+    }
+    warned.push(dir.to_path_buf());
+    let path = dir.join(STORE_FILE);
+    let wal = dir.join(format!("{STORE_FILE}-wal"));
+    let pending = std::fs::metadata(&wal).map(|m| m.len() > 0).unwrap_or(false);
+    // the one thing this library says itself: every command reading such a store needs it
+    #[allow(clippy::print_stderr)]
+    {
+        let unread = if pending {
+            format!(" (what {} still holds is not read)", wal.display())
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "weft: warning: {}: its folder cannot be written; reading the store as it is{unread}",
+            path.display()
+        );
+    }
+}
+
+/// Whether opening the store failed for want of writing its folder: SQLite could not open or
+/// make a file there (the store's `-shm`), or the folder refused.
+fn cannot_write(e: &Error) -> bool {
+    match e {
+        Error::Sql { source, .. } => matches!(
+            source.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly)
+        ),
+        Error::Io { source, .. } => matches!(
+            source.kind(),
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+        ),
+        _ => false,
+    }
+}
+
+/// Whether a file can be made in `dir` (a read-only mount, an immutable folder and missing
+/// permissions all say no; so does root's view of an immutable folder, where permissions alone
+/// would say yes).
+fn writable(dir: &Path) -> bool {
+    let probe = dir.join(format!(".weft-write-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// `path` as the path of an SQLite `file:` URI: `%`, `?` and `#` escaped.
+fn uri_path(path: &Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '?' => out.push_str("%3f"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A connection to `path` in WAL mode with `busy_timeout`; a file that is not a database is

@@ -273,9 +273,7 @@ impl ModelRegistry {
     /// Opens the registry of the run store in folder `dir` (the store and the table are made
     /// when missing).
     pub fn open(dir: &Path) -> Result<ModelRegistry> {
-        let store = Store::open(dir)?;
-        let registry = Self::connect(store.path())?;
-        drop(store);
+        let registry = Self::of(Store::open(dir)?)?;
         registry.conn.execute_batch(SCHEMA).map_err(sql(&registry.path))?;
         Ok(registry)
     }
@@ -285,15 +283,12 @@ impl ModelRegistry {
     /// not made here (that takes the store's write lock, which a reader must not wait for); a
     /// store without it lists no versions.
     pub fn open_existing(dir: &Path) -> Result<ModelRegistry> {
-        let store = Store::open_existing(dir)?;
-        let registry = Self::connect(store.path())?;
-        drop(store);
-        Ok(registry)
+        Self::of(Store::open_existing(dir)?)
     }
 
-    fn connect(path: &Path) -> Result<ModelRegistry> {
-        let path = path.to_path_buf();
-        let conn = Connection::open(&path).map_err(sql(&path))?;
+    /// The registry on `store`'s connection (read-only where the store's folder is).
+    fn of(store: Store) -> Result<ModelRegistry> {
+        let (conn, path) = store.into_connection();
         conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
         Ok(ModelRegistry { conn, path })
     }
