@@ -95,6 +95,8 @@ fn node_0_does_not_wait_for_a_node_whose_launcher_died() {
             b.kill().unwrap();
             b.wait().unwrap();
         },
+        // the default: a loaded machine cannot delay node 1's heartbeats past it
+        "60",
         "went away (its launcher's connection to the store closed)",
     );
 }
@@ -107,7 +109,9 @@ fn node_0_does_not_wait_for_a_node_that_fell_silent() {
             // SAFETY: kill has no memory effects; b is this test's child
             unsafe { libc::kill(b.id() as i32, libc::SIGSTOP) };
         },
-        "node 1 of rendezvous round 0 has not been heard from for 3 s (its launcher says it is alive every 0.6 s",
+        "3",
+        // (the round numbers nodes in the order they joined: the stopped one may be node 0)
+        "of rendezvous round 0 has not been heard from for 3 s (its launcher says it is alive every 0.6 s",
     );
     assert!(r.elapsed < Duration::from_secs(45), "{}", r.show());
 }
@@ -126,10 +130,10 @@ fn heartbeat_timeouts_out_of_range_are_refused() {
     );
 }
 
-/// A two-node elastic job (heartbeat timeout 3 s) whose node 0 is done at once while node 1's
-/// worker would run a minute; `end` ends node 1's launcher once it is in the round. Node 0 must
-/// exit 1 saying `why`, and node 1's worker be gone.
-fn node_0_with_node_1_ended(end: impl FnOnce(&mut std::process::Child), why: &str) -> Run {
+/// A two-node elastic job (heartbeat timeout `heartbeat_timeout` seconds) whose node 0 is done
+/// at once while node 1's worker would run a minute; `end` ends node 1's launcher once it is in
+/// the round. Node 0 must exit 1 saying `why`, and node 1's worker be gone.
+fn node_0_with_node_1_ended(end: impl FnOnce(&mut std::process::Child), heartbeat_timeout: &str, why: &str) -> Run {
     let port = free_port().to_string();
     let seconds = unique_seconds();
     let node = |rank: &str, script: &str| {
@@ -141,7 +145,7 @@ fn node_0_with_node_1_ended(end: impl FnOnce(&mut std::process::Child), why: &st
                 "--stop-timeout",
                 "2",
                 "--rdzv-heartbeat-timeout",
-                "3",
+                heartbeat_timeout,
                 "--",
                 "sh",
                 "-c",
