@@ -13,17 +13,20 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR", required_unless_present = "registry")]
     model_store: Option<PathBuf>,
     /// A run store whose model registry is served (`weft models`): each model's production
-    /// version under its name, its registry version as the version label. Promotions are
-    /// followed while serving: the new version loads, becomes the default, and the old one is
-    /// unregistered once its requests have finished.
+    /// version under its name, its registry version as the version label, the default of its
+    /// name. Promotions are followed while serving: the new version loads, becomes the default,
+    /// and the old one is unregistered once its requests have finished. A version that does not
+    /// load is reported and tried again; versions given otherwise (--model, POST /models) are
+    /// left alone, a registry version whose label they hold not loaded (docs/registry.md).
     #[arg(long, value_name = "DIR")]
     registry: Option<PathBuf>,
-    /// How often the registry is read for promotions, in milliseconds.
+    /// How often the registry is read for promotions, in milliseconds (10 to 600000).
     #[arg(long, value_name = "MS", default_value_t = 1000, requires = "registry")]
     registry_poll_ms: u64,
     /// A model to serve: NAME=PATH[:VERSION], PATH a checkpoint folder (or a checkpoint
     /// directory: its newest checkpoint) relative to the model store; VERSION defaults to 1.
-    /// Repeat for more models or versions (a name's first version is its default).
+    /// Repeat for more models or versions (a name's first version is its default, unless
+    /// --registry serves a production version of that name).
     #[arg(long = "model", value_name = "NAME=PATH[:VERSION]")]
     models: Vec<String>,
     /// The address to listen on (loopback by default).
@@ -53,12 +56,13 @@ pub struct ServeArgs {
     /// Require the token on the inference API too (the health checks stay open).
     #[arg(long, requires = "token_file")]
     inference_token: bool,
-    /// The largest request body, in bytes.
+    /// The largest request body, in bytes (256 to 1073741824: 1 GiB).
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().body_bytes)]
     max_body_bytes: usize,
     /// The most bytes of request bodies the server holds at once, across all connections (being
-    /// read or handled); a request past it is answered 503 with Retry-After. At least
-    /// --max-body-bytes [default: 1 GiB, or --max-body-bytes when that is larger]
+    /// read or handled); a request past it is answered 503 with Retry-After. From
+    /// --max-body-bytes to 1099511627776 (1 TiB) [default: 1 GiB, or --max-body-bytes when that
+    /// is larger]
     #[arg(long, value_name = "BYTES")]
     max_body_bytes_in_flight: Option<usize>,
     /// The most new tokens one generation request may ask for.
@@ -99,8 +103,9 @@ pub struct ServeArgs {
     workers: usize,
 }
 
-/// How often a `--model` that failed to load at start is tried again.
-const RETRY_EVERY: Duration = Duration::from_secs(5);
+/// How often a `--model` that failed to load at start is tried again (and a production version
+/// of `--registry` that failed to load: serve_registry.rs).
+pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(5);
 
 /// Tries the `--model`s that failed to load at start again every [`RETRY_EVERY`] (a volume still
 /// mounting, a checkpoint still being copied), until each loads or its name and version is
@@ -137,6 +142,18 @@ fn retry_failed(registry: &Registry, store: &std::path::Path, mut failed: Vec<(M
         });
     }
 }
+
+/// `--registry-poll-ms`'s bounds: a read of the registry (one SQLite query) every 10 ms at most,
+/// and a promotion followed within 10 minutes at least.
+const MIN_REGISTRY_POLL_MS: u64 = 10;
+const MAX_REGISTRY_POLL_MS: u64 = 600_000;
+/// `--max-body-bytes`' bounds: room for a short request (a generate or completions call with
+/// its parameters), and 1 GiB (a body is read whole, and JSON's tensors take 2 to 20 bytes a
+/// value: far past any forward a CPU answers in time).
+const MIN_BODY_BYTES: u64 = 256;
+const MAX_BODY_BYTES: u64 = 1 << 30;
+/// `--max-body-bytes-in-flight`'s upper bound (1 TiB); its lower bound is `--max-body-bytes`.
+const MAX_BODY_BYTES_IN_FLIGHT: u64 = 1 << 40;
 
 /// The generated management token's file, removed when dropped.
 struct TokenFile(PathBuf);
@@ -175,6 +192,19 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         1,
         weft_serve::MAX_READ_TIMEOUT_MS,
     )?;
+    let registry_poll_ms = bounded(
+        "--registry-poll-ms",
+        args.registry_poll_ms,
+        MIN_REGISTRY_POLL_MS,
+        MAX_REGISTRY_POLL_MS,
+    )
+    .map_err(|e| format!("{e} (milliseconds between reads of the registry)"))?;
+    let max_body_bytes = bounded(
+        "--max-body-bytes",
+        args.max_body_bytes as u64,
+        MIN_BODY_BYTES,
+        MAX_BODY_BYTES,
+    )? as usize;
     let model_store = match (&args.model_store, &args.registry) {
         (Some(store), _) => store.clone(),
         (None, Some(registry)) => registry.clone(),
@@ -201,16 +231,21 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     };
     let in_flight = args
         .max_body_bytes_in_flight
-        .unwrap_or_else(|| Limits::default().body_bytes_in_flight.max(args.max_body_bytes));
-    if in_flight < args.max_body_bytes {
+        .unwrap_or_else(|| Limits::default().body_bytes_in_flight.max(max_body_bytes));
+    if in_flight < max_body_bytes {
         return Err(format!(
-            "--max-body-bytes-in-flight: {in_flight} is below --max-body-bytes ({}): one request at the limit would not fit",
-            args.max_body_bytes
+            "--max-body-bytes-in-flight: {in_flight} is below --max-body-bytes ({max_body_bytes}): one request at the limit would not fit"
         ));
     }
+    let in_flight = bounded(
+        "--max-body-bytes-in-flight",
+        in_flight as u64,
+        max_body_bytes as u64,
+        MAX_BODY_BYTES_IN_FLIGHT,
+    )? as usize;
     let connections = crate::open_files::connections_per_port("weft serve", args.max_connections, 3)?;
     let limits = Limits {
-        body_bytes: args.max_body_bytes,
+        body_bytes: max_body_bytes,
         connections,
         body_bytes_in_flight: in_flight,
         max_tokens,
@@ -315,7 +350,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     if let Some(follower) = follower {
-        let every = Duration::from_millis(args.registry_poll_ms.max(10));
+        let every = Duration::from_millis(registry_poll_ms);
         follower.follow(registry, runtime.handle().clone(), every);
     }
     let served = runtime.block_on(async move {

@@ -11,6 +11,8 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
+use crate::json::Checked;
+
 /// A failed request: its HTTP status and a message naming the cause.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -156,7 +158,7 @@ pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limi
     })?;
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         // not an object: say whether it is JSON at all (read without keeping anything)
-        return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        return Err(match serde_json::from_slice::<Checked>(&bytes) {
             Ok(_) => ApiError::bad_request("the request body must be a JSON object"),
             Err(e) => ApiError::bad_request(format!("the request body is not valid JSON: {e}")),
         });
@@ -193,11 +195,15 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
             JsonError::Data { path, message }
         }
         // serde_json reads a struct from an array's first items, then finds more of them and
-        // calls that a syntax error; the body is JSON, just not a `T`
-        _ if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => JsonError::Data {
-            path,
-            message: "invalid length: expected fewer elements in array".to_string(),
-        },
+        // calls that a syntax error (trailing characters); the body is JSON, just not a `T`.
+        // Checked, not IgnoredAny: IgnoredAny passes what is not JSON (a number past f64's
+        // range, a lone surrogate escape, a string that is not UTF-8), whose own error is meant
+        _ if e.to_string().starts_with("trailing characters") && serde_json::from_slice::<Checked>(bytes).is_ok() => {
+            JsonError::Data {
+                path,
+                message: "invalid length: expected fewer elements in array".to_string(),
+            }
+        }
         _ => JsonError::Syntax(e),
     };
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -286,6 +292,64 @@ mod tests {
         assert_eq!(echo("gpt"), "\"gpt\"");
         let e = ApiError::bad_request("é".repeat(100_000));
         assert!(e.message.len() <= MAX_MESSAGE_BYTES && e.message.ends_with("(cut)"));
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_is_named_for_its_own_cause_not_an_array() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Params {
+            temperature: Option<f64>,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Body {
+            prompt: Option<crate::json::StringOrList>,
+            parameters: Option<Params>,
+            data: Option<crate::json::TensorData>,
+        }
+        let bodies: [(&[u8], &str); 7] = [
+            (
+                br#"{"parameters": {"temperature": 1e400}}"#,
+                "number out of range at line 1 column",
+            ),
+            (br#"{"data": [20, 43, 1e400]}"#, "number out of range at line 1 column"),
+            (br#"{"prompt": "\ud800"}"#, "hex escape at line 1 column"),
+            (
+                b"{\"prompt\": \"\xff\xfe\"}",
+                "invalid unicode code point at line 1 column",
+            ),
+            (
+                b"{\"prompt\": \"a\tb\"}",
+                "control character (\\u0000-\\u001F) found while parsing a string",
+            ),
+            (br#"{"prompt": "ab",}"#, "trailing comma at line 1 column"),
+            // past the items a list keeps (8), what is skipped is checked too
+            (
+                br#"{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 1e400]}"#,
+                "number out of range",
+            ),
+        ];
+        for (body, cause) in bodies {
+            let e = parse_body::<Body>(Ok(Bytes::copy_from_slice(body)), 1000).unwrap_err();
+            let shown = String::from_utf8_lossy(body);
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(
+                e.message.starts_with("the request body is not valid JSON: ") && e.message.contains(cause),
+                "{shown}: {}",
+                e.message
+            );
+            assert!(!e.message.contains("array"), "{shown}: {}", e.message);
+        }
+        // an array where an object goes is still said so, whatever follows
+        let e = parse_body::<Body>(Ok(Bytes::from(r#"{"parameters": [1, 2], "prompt": "a"}"#)), 1000).unwrap_err();
+        assert_eq!(
+            e.message,
+            "invalid request at parameters: expected a JSON object, not an array"
+        );
+        // and a body that is not an object is named for what is wrong with it
+        let e = parse_body::<Body>(Ok(Bytes::from("[1e400]")), 1000).unwrap_err();
+        assert!(e.message.contains("number out of range"), "{}", e.message);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 /// A tensor's values as JSON gives them: one number, a flat array, or arrays nested to any
@@ -121,8 +121,59 @@ impl<'de> Deserialize<'de> for TensorData {
     }
 }
 
+/// Any JSON value, read through and dropped as serde's `IgnoredAny` is, but checked as
+/// serde_json checks what it keeps: numbers within f64's range, strings of valid UTF-8 without a
+/// lone surrogate escape (`"\ud800"`), nesting within serde_json's limit of 128. `IgnoredAny`
+/// skips past all of these unchecked, so a body it reads may still not be JSON. Nothing is kept
+/// (a string with escapes passes through serde_json's one scratch buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked;
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+}
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Checked)
+    }
+}
+
 /// A JSON value of which only a scalar is kept: strings, numbers, booleans and null whole,
-/// arrays and objects as their kind (their content is read past, not kept).
+/// arrays and objects as their kind (their content is read past, [`Checked`], not kept).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shallow {
     Null,
@@ -181,11 +232,11 @@ impl<'de> Visitor<'de> for ShallowVisitor {
         Ok(Shallow::String(v))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shallow, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        while seq.next_element::<Checked>()?.is_some() {}
         Ok(Shallow::Array)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shallow, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
         Ok(Shallow::Object)
     }
 }
@@ -242,7 +293,7 @@ impl<'de> Visitor<'de> for StringOrListVisitor {
             }
         }
         len += items.len();
-        while seq.next_element::<IgnoredAny>()?.is_some() {
+        while seq.next_element::<Checked>()?.is_some() {
             len += 1;
         }
         Ok(StringOrList::List { items, len })

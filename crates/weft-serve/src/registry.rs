@@ -117,8 +117,9 @@ impl Registry {
     }
 
     /// Adds a loaded version; the first version added for a name is its default. A name and
-    /// version already served is refused (409).
-    pub fn add(&self, served: Served) -> Result<(), ApiError> {
+    /// version already served is refused (409). Returns the version as served (whoever added it
+    /// can later tell it from another version registered under the same name and version).
+    pub fn add(&self, served: Served) -> Result<Arc<Served>, ApiError> {
         let mut models = self.write();
         let entry = models.entry(served.name.clone()).or_insert_with(|| Entry {
             default: served.version.clone(),
@@ -136,14 +137,24 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|f| f.name != served.name || f.version != served.version);
-        entry.versions.insert(served.version.clone(), Arc::new(served));
-        Ok(())
+        let served = Arc::new(served);
+        entry.versions.insert(served.version.clone(), served.clone());
+        Ok(served)
     }
 
     /// Records a model asked for at start that failed to load: the server is not ready
     /// (`/v2/health/ready` answers 503 naming it) until that name and version is added.
     pub fn record_failure(&self, failure: LoadFailure) {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).push(failure);
+    }
+
+    /// Forgets a failure [`Registry::record_failure`] recorded for `name` and `version` (what was
+    /// asked for is asked for no longer: the registry's production version changed).
+    pub fn clear_failure(&self, name: &str, version: &str) {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|f| f.name != name || f.version != version);
     }
 
     /// The models asked for at start that failed to load and are not served since.
@@ -307,7 +318,25 @@ impl Registry {
     /// set another default first); removing the last version removes the name. The caller
     /// drains what it returns ([`drain`]).
     pub fn remove(&self, name: &str, version: &str) -> Result<Arc<Served>, ApiError> {
+        Self::remove_from(&mut self.write(), name, version)
+    }
+
+    /// Removes `served` as [`Registry::remove`] does, if it is still what its name and version
+    /// serve: `Ok(None)` when that version was unregistered since, or is another one registered
+    /// under the same name and version (which stays).
+    pub fn remove_if_same(&self, served: &Arc<Served>) -> Result<Option<Arc<Served>>, ApiError> {
         let mut models = self.write();
+        let same = models
+            .get(&served.name)
+            .and_then(|e| e.versions.get(&served.version))
+            .is_some_and(|s| Arc::ptr_eq(s, served));
+        if !same {
+            return Ok(None);
+        }
+        Self::remove_from(&mut models, &served.name, &served.version).map(Some)
+    }
+
+    fn remove_from(models: &mut BTreeMap<String, Entry>, name: &str, version: &str) -> Result<Arc<Served>, ApiError> {
         let entry = models
             .get_mut(name)
             .ok_or_else(|| ApiError::not_found(format!("unknown model {}", echo(name))))?;
@@ -410,6 +439,32 @@ mod tests {
         r.remove("m", "1").unwrap();
         r.remove("m", "2").unwrap();
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn only_the_version_added_is_removed_by_remove_if_same() {
+        let r = three();
+        let two = r.get("m", Some("2")).unwrap();
+        // unregistered, then another checkpoint registered as version 2: that one stays
+        r.remove("m", "2").unwrap();
+        let other = r.add(test_version("2", 4, 1)).unwrap();
+        assert!(r.remove_if_same(&two).unwrap().is_none());
+        assert!(Arc::ptr_eq(&r.get("m", Some("2")).unwrap(), &other));
+        assert!(Arc::ptr_eq(&r.remove_if_same(&other).unwrap().unwrap(), &other));
+        assert_eq!(r.versions("m"), ["1", "3"]);
+        // the default is refused as by remove
+        let one = r.get("m", Some("1")).unwrap();
+        assert_eq!(r.remove_if_same(&one).unwrap_err().status, StatusCode::CONFLICT);
+        // a failure recorded at start is forgotten when cleared
+        let failure = |v: &str| LoadFailure {
+            name: "n".into(),
+            version: v.into(),
+            error: "e".into(),
+        };
+        r.record_failure(failure("1"));
+        r.record_failure(failure("2"));
+        r.clear_failure("n", "1");
+        assert_eq!(r.failures(), [failure("2")]);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 #[path = "../common.rs"]
 mod common;
+mod bounds_and_bodies;
 mod completions;
 mod k8s;
 mod limits;
