@@ -134,29 +134,66 @@ fn heartbeat_timeouts_out_of_range_are_refused() {
 /// at once while node 1's worker would run a minute; `end` ends node 1's launcher once it is in
 /// the round. Node 0 must exit 1 saying `why`, and node 1's worker be gone.
 fn node_0_with_node_1_ended(end: impl FnOnce(&mut std::process::Child), heartbeat_timeout: &str, why: &str) -> Run {
+    let flags = ["--rdzv-last-call", "60", "--rdzv-heartbeat-timeout", heartbeat_timeout];
+    two_nodes_with_node_1_ended(|_| "exit 0".into(), &flags, end, 1, why)
+}
+
+/// While both nodes' workers run, node 1's launcher stops (SIGSTOP, as a node cut off the
+/// network): node 0's launcher notices its silence within the heartbeat timeout, stops its own
+/// workers and goes on alone in the next round (before, its workers' collectives would have
+/// waited out WEFT_DIST_TIMEOUT, and workers that do not talk to node 1 waited forever).
+#[test]
+fn a_node_that_falls_silent_while_the_workers_run_is_left_behind() {
+    let r = two_nodes_with_node_1_ended(
+        |seconds| format!("if [ \"$WEFT_RESTART_COUNT\" = 1 ]; then exit 0; fi; exec sleep {seconds}"),
+        &[
+            "--rdzv-last-call",
+            "1",
+            "--rdzv-heartbeat-timeout",
+            "3",
+            "--max-restarts",
+            "1",
+        ],
+        |b| {
+            // SAFETY: kill has no memory effects; b is this test's child
+            unsafe { libc::kill(b.id() as i32, libc::SIGSTOP) };
+        },
+        0,
+        "of rendezvous round 0 has not been heard from for 3 s",
+    );
+    assert!(
+        r.stderr.contains("restarting all workers: rendezvous round 1"),
+        "{}",
+        r.show()
+    );
+    assert!(r.stderr.contains("rendezvous round 1: 1 node(s)"), "{}", r.show());
+    assert!(r.elapsed < Duration::from_secs(45), "{}", r.show());
+}
+
+/// A two-node elastic job (`flags` added to each launcher's) whose node 0 runs
+/// `node0_script(seconds)` and node 1 `exec sleep <seconds>` (a minute, and a marker to find the
+/// process by); `end` ends node 1's launcher once it is in the round. Node 0 must exit
+/// `expect_code` saying `why`, and the workers of both be gone.
+fn two_nodes_with_node_1_ended(
+    node0_script: impl Fn(&str) -> String,
+    flags: &[&str],
+    end: impl FnOnce(&mut std::process::Child),
+    expect_code: i32,
+    why: &str,
+) -> Run {
     let port = free_port().to_string();
     let seconds = unique_seconds();
     let node = |rank: &str, script: &str| {
         let mut cmd = launcher();
         cmd.args(["--nnodes", "1:2", "--node-rank", rank, "--master-port", &port])
-            .args([
-                "--rdzv-last-call",
-                "60",
-                "--stop-timeout",
-                "2",
-                "--rdzv-heartbeat-timeout",
-                heartbeat_timeout,
-                "--",
-                "sh",
-                "-c",
-                script,
-            ])
+            .args(["--stop-timeout", "2"])
+            .args(flags)
+            .args(["--", "sh", "-c", script])
             .env("WEFT_JOB_TOKEN", "tok-dead-node");
         cmd.spawn().expect("weft launch starts")
     };
-    // node 0's worker is done at once; node 1's would run for a minute
     let started = Instant::now();
-    let mut a = node("0", "exit 0");
+    let mut a = node("0", &node0_script(&seconds));
     let mut b = node("1", &format!("exec sleep {seconds}"));
     let (a_out, a_err) = (reader(a.stdout.take().unwrap()), reader(a.stderr.take().unwrap()));
     let _b_out = reader(b.stdout.take().unwrap());
@@ -184,9 +221,9 @@ fn node_0_with_node_1_ended(end: impl FnOnce(&mut std::process::Child), heartbea
     end(&mut b);
     let r = finish(a, started, a_out, a_err);
     let _ = (b.kill(), b.wait());
-    assert_eq!(r.code, Some(1), "{}", r.show());
+    assert_eq!(r.code, Some(expect_code), "{}", r.show());
     assert!(r.stderr.contains(why), "{}", r.show());
-    // node 1's worker died with its launcher
+    // node 0's workers were stopped or done; node 1's died with its launcher
     assert!(
         common::wait_for(10, || processes_with(&seconds).is_empty()),
         "{}",

@@ -18,7 +18,11 @@
 //!   its machine rebooted) ends that wait: node 0's launcher says so and exits 1. Each member
 //!   also counts up `alive/<node rank>` from a thread of its own ([`Heartbeat`]), so a node that
 //!   drops off the network without its connection closing, or whose launcher is stopped, ends
-//!   the wait too once it has been silent for [`LaunchConfig::heartbeat_timeout`].
+//!   the wait too once it has been silent for [`LaunchConfig::heartbeat_timeout`]. While its own
+//!   workers run, node 0's launcher watches the same way ([`Others`]) and fails the round for
+//!   every node when one goes away or falls silent, so the survivors restart without it (a
+//!   stopped or cut-off node's ranks would hold the others' collectives until
+//!   `WEFT_DIST_TIMEOUT`).
 //! - a worker that stopped on a SIGTERM or SIGINT sent to it ends the job on this node as on a
 //!   single node (`finish_stopping`): no restart, no `failed`.
 //!
@@ -45,6 +49,8 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 /// The longest time between two of a member launcher's heartbeats (torchrun's
 /// `keep_alive_interval`).
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+/// How often node 0 looks at the other nodes' heartbeats while its workers run.
+const HEARTBEAT_LOOK: Duration = Duration::from_secs(1);
 /// How long one attempt to connect to the store lasts before the launcher looks at its signals
 /// again.
 const CONNECT_SLICE: Duration = Duration::from_secs(1);
@@ -204,11 +210,26 @@ pub(super) fn run(
         };
         let env = job_env(&node, port, token);
         let mut next_look = Instant::now();
+        // node 0 also watches the other nodes' launchers: one that went away or fell silent
+        // before it was done fails the round for every node (their workers' collectives would
+        // notice only after WEFT_DIST_TIMEOUT, and not at all between collectives)
+        let mut others = serves_store.then(|| Others::new(round, r.nodes, r.node_rank, cfg.heartbeat_timeout));
+        let mut next_heartbeat_look = Instant::now() + HEARTBEAT_LOOK;
         let mut elsewhere = || {
             if Instant::now() < next_look {
                 return None;
             }
             next_look = Instant::now() + POLL_ELSEWHERE;
+            if let Some(others) = others.as_mut().filter(|_| Instant::now() >= next_heartbeat_look) {
+                next_heartbeat_look = Instant::now() + HEARTBEAT_LOOK;
+                if let Ok(Err(lost)) = others.look(&store) {
+                    let why = lost.describe(round, cfg.heartbeat_timeout);
+                    // the other nodes stop their workers too (if the store cannot take it,
+                    // their workers' collectives fail on the lost node's ranks)
+                    let _ = store.set(&key(round, "failed"), why.as_bytes());
+                    return Some(why);
+                }
+            }
             peek(&store, &key(round, "failed")).ok().flatten()
         };
         let mut workers = Vec::with_capacity(node.nproc_per_node);
@@ -223,22 +244,12 @@ pub(super) fn run(
                 drain_output(&mut workers, OUTPUT_GRACE);
                 if serves_store {
                     let lost = wait_for_the_others(&store, round, r.nodes, r.node_rank, cfg.heartbeat_timeout);
-                    let why = match lost {
-                        Ok(()) => return Ok(0),
-                        Err(Lost::Closed(node)) => format!(
-                            "node {node} of rendezvous round {round} went away (its launcher's connection to the \
-                             store closed)"
-                        ),
-                        Err(Lost::Silent(node)) => format!(
-                            "node {node} of rendezvous round {round} has not been heard from for {} s (its \
-                             launcher says it is alive every {} s; the node dropped off the network, or its \
-                             launcher was stopped)",
-                            cfg.heartbeat_timeout.as_secs_f64(),
-                            heartbeat_every(cfg.heartbeat_timeout).as_secs_f64()
-                        ),
-                    };
-                    weft_core::errln!("weft launch: job failed: {why} before its workers finished");
-                    return Ok(EXIT_FAILED);
+                    if let Err(lost) = lost {
+                        let why = lost.describe(round, cfg.heartbeat_timeout);
+                        weft_core::errln!("weft launch: job failed: {why} before its workers finished");
+                        return Ok(EXIT_FAILED);
+                    }
+                    return Ok(0);
                 }
                 return Ok(0);
             }
@@ -324,12 +335,79 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Why node 0 stopped waiting for a node that was not done.
+/// Why node 0 counts a node that was not done as lost.
 enum Lost {
     /// Its launcher's connection to the store closed.
     Closed(usize),
     /// Its heartbeat stopped for the heartbeat timeout.
     Silent(usize),
+}
+
+impl Lost {
+    /// `node N of rendezvous round R went away (...)`, or `has not been heard from for ...`.
+    fn describe(&self, round: u32, timeout: Duration) -> String {
+        match self {
+            Lost::Closed(node) => format!(
+                "node {node} of rendezvous round {round} went away (its launcher's connection to the store closed)"
+            ),
+            Lost::Silent(node) => format!(
+                "node {node} of rendezvous round {round} has not been heard from for {} s (its launcher says it is \
+                 alive every {} s; the node dropped off the network, or its launcher was stopped)",
+                timeout.as_secs_f64(),
+                heartbeat_every(timeout).as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// Node 0's watch over the other nodes of a round: which are done, which went away or fell
+/// silent before they were done.
+struct Others {
+    round: u32,
+    me: usize,
+    timeout: Duration,
+    /// Each node's heartbeat count when it last changed, and when that was.
+    heard: Vec<(i64, Instant)>,
+}
+
+impl Others {
+    fn new(round: u32, nodes: usize, me: usize, timeout: Duration) -> Others {
+        Others {
+            round,
+            me,
+            timeout,
+            heard: vec![(-1, Instant::now()); nodes],
+        }
+    }
+
+    /// Looks at every other node once: `Ok(Err(lost))` for the first that went away or fell
+    /// silent before it was done, `Ok(Ok(waiting))` otherwise (whether any is not done yet),
+    /// `Err(())` when the store cannot be asked.
+    fn look(&mut self, store: &StoreClient) -> std::result::Result<std::result::Result<bool, Lost>, ()> {
+        let round = self.round;
+        let mut waiting = false;
+        for node in (0..self.heard.len()).filter(|&n| n != self.me) {
+            // gone before done: a node sets done before its connection closes
+            let gone = peek(store, &key(round, &format!("gone/{node}")));
+            let done = peek(store, &key(round, &format!("done/{node}")));
+            match (gone, done) {
+                (_, Ok(Some(_))) => {}
+                (Ok(Some(_)), Ok(None)) => return Ok(Err(Lost::Closed(node))),
+                (Ok(None), Ok(None)) => {
+                    let beats = store.add(&key(round, &format!("alive/{node}")), 0).map_err(|_| ())?;
+                    let (last, since) = &mut self.heard[node];
+                    if beats != *last {
+                        (*last, *since) = (beats, Instant::now());
+                    } else if since.elapsed() >= self.timeout {
+                        return Ok(Err(Lost::Silent(node)));
+                    }
+                    waiting = true;
+                }
+                _ => return Err(()),
+            }
+        }
+        Ok(Ok(waiting))
+    }
 }
 
 /// Node 0 (node `me` of the round), its workers done: keeps serving the store until every node
@@ -342,38 +420,16 @@ fn wait_for_the_others(
     me: usize,
     timeout: Duration,
 ) -> std::result::Result<(), Lost> {
-    // each node's heartbeat count when it last changed, and when that was
-    let mut heard: Vec<(i64, Instant)> = vec![(-1, Instant::now()); nodes];
+    let mut others = Others::new(round, nodes, me, timeout);
     loop {
         let failed = peek(store, &key(round, "failed"));
         if !matches!(failed, Ok(None)) || signals::received().is_some() {
             return Ok(());
         }
-        let mut waiting = false;
-        for node in (0..nodes).filter(|&n| n != me) {
-            // gone before done: a node sets done before its connection closes
-            let gone = peek(store, &key(round, &format!("gone/{node}")));
-            let done = peek(store, &key(round, &format!("done/{node}")));
-            match (gone, done) {
-                (_, Ok(Some(_))) => {}
-                (Ok(Some(_)), Ok(None)) => return Err(Lost::Closed(node)),
-                (Ok(None), Ok(None)) => {
-                    let Ok(beats) = store.add(&key(round, &format!("alive/{node}")), 0) else {
-                        return Ok(());
-                    };
-                    let (last, since) = &mut heard[node];
-                    if beats != *last {
-                        (*last, *since) = (beats, Instant::now());
-                    } else if since.elapsed() >= timeout {
-                        return Err(Lost::Silent(node));
-                    }
-                    waiting = true;
-                }
-                _ => return Ok(()),
-            }
-        }
-        if !waiting {
-            return Ok(());
+        match others.look(store) {
+            Ok(Ok(true)) => {}
+            Ok(Err(lost)) => return Err(lost),
+            Ok(Ok(false)) | Err(()) => return Ok(()),
         }
         std::thread::sleep(POLL_ELSEWHERE);
     }
