@@ -364,3 +364,82 @@ fn recomputation_keeps_the_losses_and_lowers_the_planned_peak() {
         );
     }
 }
+
+#[test]
+#[cfg(unix)]
+fn an_autotune_cache_that_is_no_regular_file_is_ignored_and_replaced() {
+    // a FIFO there hung the run at its tuning replay (step 2), deaf to SIGTERM; a link to
+    // /dev/zero was read until memory ran out
+    let out = temp_dir("compiled-autotune-special");
+    let cache = out.join("cache");
+    let c = fixture_config("convnet_adamw");
+    let metrics = common::path_set("train.metrics", &out.join("m.jsonl"));
+    let run = || {
+        let args = [
+            "train",
+            "--config",
+            c.to_str().unwrap(),
+            "--quiet",
+            "--set",
+            &metrics,
+            "--set",
+            "train.overwrite=true",
+            "--set",
+            "train.steps=3",
+            "--set",
+            "train.compile=true",
+            "--set",
+            "train.autotune=\"search\"",
+        ];
+        let mut child = common::weft_command(&args)
+            .env("WEFT_CACHE_DIR", &cache)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("weft train: still running after 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    run();
+    let files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    for (what, why) in [
+        ("a FIFO", "is a FIFO, not a regular file"),
+        ("/dev/zero", "is a character device"),
+    ] {
+        std::fs::remove_file(file).unwrap();
+        if what == "a FIFO" {
+            let made = std::process::Command::new("mkfifo").arg(file).status().unwrap();
+            assert!(made.success());
+        } else {
+            std::os::unix::fs::symlink("/dev/zero", file).unwrap();
+        }
+        let err = run();
+        assert!(
+            err.contains("warning: train.autotune")
+                && err.contains(why)
+                && err.contains("ignored and will be rewritten"),
+            "{what}: {err}"
+        );
+        // searched again, and written as a regular file in its place
+        assert!(!err.contains("searched 0 kernel calls"), "{what}: {err}");
+        assert!(std::fs::symlink_metadata(file).unwrap().file_type().is_file(), "{what}");
+        assert!(
+            std::fs::read_to_string(file).unwrap().contains("conv2d f32 n="),
+            "{what}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

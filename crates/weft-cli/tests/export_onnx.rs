@@ -103,3 +103,31 @@ fn a_trained_checkpoint_exports_and_bad_requests_write_nothing() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_sequence_length_for_a_model_without_one_is_refused() {
+    // it was ignored: the file written, exit 0
+    let dir = temp_dir("export-onnx-seq-len");
+    for case in ["mlp_adamw", "convnet_adamw"] {
+        let ckpt = dir.join(case);
+        let sets = [path_set("train.checkpoint_dir", &ckpt), "train.steps=1".to_string()];
+        let out = train_fixture(case, 1, &dir.join("m.jsonl"), &[], &sets);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let onnx = dir.join(format!("{case}.onnx"));
+        let (c, o) = (ckpt.to_str().unwrap(), onnx.to_str().unwrap());
+        let kind = case.split('_').next().unwrap();
+        fails_with(
+            &["export", "onnx", "--checkpoint", c, "--output", o, "--seq-len", "4"],
+            &[
+                "--seq-len 4",
+                "gpt and llama",
+                &format!("this {kind} model has no sequence axis"),
+            ],
+        );
+        assert!(!onnx.exists(), "{case}");
+        // without it, the export runs
+        weft_ok(&["export", "onnx", "--checkpoint", c, "--output", o]);
+        assert!(onnx.is_file(), "{case}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,7 +19,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::RwLock;
 
@@ -219,14 +219,74 @@ pub fn cache_file() -> PathBuf {
     cache_dir().join(format!("autotune-{h:016x}.json"))
 }
 
+/// The longest autotuning cache file read, in bytes (a choice takes about 80).
+pub const MAX_CACHE_FILE: u64 = 16 << 20;
+
+/// Reads a file of weft's cache folder ([`cache_dir`]) of at most `cap` bytes: `Ok(None)` when
+/// there is none; an error saying why when it cannot be used: not a regular file (a FIFO would
+/// wait for a writer for ever, a device such as `/dev/zero` never end; a symlink is followed
+/// and what it leads to must be a regular file), longer than `cap`, or unreadable. A FIFO is
+/// never opened in blocking mode, and at most `cap + 1` bytes are read.
+pub fn read_cache_file(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    let not_regular = |kind: &std::fs::FileType| {
+        format!(
+            "{}: is {}, not a regular file",
+            path.display(),
+            crate::io::atomic::describe(kind)
+        )
+    };
+    // checked before opening: opening a FIFO waits for a writer, a device may do anything
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {}
+        Ok(m) => return Err(not_regular(&m.file_type())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // and the path may be replaced by a FIFO in between: opened without waiting
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = match options.open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let meta = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(not_regular(&meta.file_type()));
+    }
+    if meta.len() > cap {
+        return Err(format!(
+            "{}: {} bytes, longer than the {cap} bytes such a file can hold",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // it grew while being read
+    if bytes.len() as u64 > cap {
+        return Err(format!(
+            "{}: longer than the {cap} bytes such a file can hold",
+            path.display()
+        ));
+    }
+    Ok(Some(bytes))
+}
+
 /// Reads this machine's cache file into the recorded choices. Returns how many were read, or
-/// (when the file is corrupt or of another format) a warning saying it is ignored; a missing
-/// file is no choices and no warning.
+/// (when the file is corrupt, of another format, not a regular file or too long: see
+/// [`read_cache_file`]) a warning saying it is ignored; a missing file is no choices and no
+/// warning.
 pub fn load_cache() -> (usize, Option<String>) {
     let path = cache_file();
-    let Ok(bytes) = std::fs::read(&path) else {
-        return (0, None);
-    };
     let ignored = |why: String| {
         (
             0,
@@ -235,6 +295,18 @@ pub fn load_cache() -> (usize, Option<String>) {
                 path.display()
             )),
         )
+    };
+    let bytes = match read_cache_file(&path, MAX_CACHE_FILE) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return (0, None),
+        Err(e) => {
+            // the path leads the message already
+            let why = e
+                .strip_prefix(&format!("{}: ", path.display()))
+                .unwrap_or(&e)
+                .to_string();
+            return ignored(why);
+        }
     };
     let v: serde_json::Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
@@ -289,14 +361,16 @@ pub fn ignore_cache_file() {
 }
 
 /// Writes every recorded choice to this machine's cache file (atomically), keeping the choices
-/// the file holds for other keys.
+/// the file holds for other keys. Whatever is at the path and is not a regular file (a FIFO, a
+/// device, a symlink, which would be written through) is replaced by one.
 pub fn save_cache() -> crate::Result<PathBuf> {
     let path = cache_file();
     // what the file holds now (another run may have written choices of other shapes), then
     // this process's choices over it
     let mut choices = serde_json::Map::new();
-    if let Some(on_file) = std::fs::read(&path)
+    if let Some(on_file) = read_cache_file(&path, MAX_CACHE_FILE)
         .ok()
+        .flatten()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .filter(|v| v["format"] == FORMAT)
     {
@@ -322,6 +396,12 @@ pub fn save_cache() -> crate::Result<PathBuf> {
             .map_err(|e| crate::error::invalid("autotune", format!("{}: {e}", dir.display())))?;
     }
     let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    // not through a symlink, nor into a FIFO or device (which `atomic::write` refuses): the
+    // entry itself goes and a regular file takes its place (a folder there stays, an error)
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        std::fs::remove_file(&path)
+            .map_err(|e| crate::error::invalid("autotune", format!("{}: {e}", path.display())))?;
+    }
     crate::io::atomic::write(&path, text.as_bytes())?;
     Ok(path)
 }

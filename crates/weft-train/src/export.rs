@@ -58,8 +58,9 @@ pub fn export_onnx(checkpoint: &Path, output: &Path, seq_len: Option<usize>) -> 
 /// features or images, `[batch, ...]`) or `input_ids` (I64 `[batch, seq]`), output `logits`;
 /// the parameters under their names; `cfg` (and `tokenizer`) in the metadata (`weft.model`,
 /// `weft.tokenizer`). `seq_len` fixes a language model's sequence length (1 to its
-/// `block_size`); otherwise the sequence axis is dynamic. `source` is named in the doc string.
-/// The model is put in eval mode.
+/// `block_size`; given for another model, an error); otherwise the sequence axis is dynamic.
+/// `source` is named in the doc string. The model is put in eval mode. A model whose file
+/// would pass protobuf's 2 GiB limit is refused ([`onnx::MAX_FILE_BYTES`]).
 pub fn export_model(
     model: &dyn weft_models::Model,
     cfg: &ModelConfig,
@@ -69,6 +70,11 @@ pub fn export_model(
 ) -> Result<(Exported, ExportSummary)> {
     model.context().set_training(false);
     let kind = cfg.kind();
+    if let (Some(t), ModelConfig::Mlp(_) | ModelConfig::Convnet(_)) = (seq_len, cfg) {
+        return Err(Error::Config(format!(
+            "--seq-len {t}: fixes the sequence length of gpt and llama models; this {kind} model has no sequence axis"
+        )));
+    }
     let batch = DynamicAxis {
         name: "batch".into(),
         input: 0,

@@ -96,13 +96,16 @@ pub fn calibration_path_for(ranks: usize) -> std::path::PathBuf {
     weft_core::tune::cache_dir().join(format!("plan-local-{ranks}.toml"))
 }
 
+/// The longest calibration file read, in bytes (one is a few kilobytes at most).
+pub const MAX_CALIBRATION_FILE: u64 = 1 << 20;
+
 /// The calibration at `path`: `Ok(None)` when there is none, an error when the file cannot be
-/// used (unreadable, broken, another format version).
+/// used (unreadable, not a regular file, longer than [`MAX_CALIBRATION_FILE`], broken, another
+/// format version). A FIFO or a device there is refused without being read
+/// ([`weft_core::tune::read_cache_file`]).
 pub fn read_calibration(path: &std::path::Path) -> Result<Option<weft_plan::calibration::Calibration>, String> {
-    let text = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+    let Some(text) = weft_core::tune::read_cache_file(path, MAX_CALIBRATION_FILE)? else {
+        return Ok(None);
     };
     let text = String::from_utf8_lossy(&text);
     weft_plan::calibration::Calibration::parse(&text, &path.display().to_string())

@@ -165,6 +165,24 @@ impl<'de> Deserialize<'de> for ScheduleConfig {
     }
 }
 
+/// Why `[train] compile` cannot capture a step that runs pipeline parallelism, tensor
+/// parallelism or ZeRO stage 3 (the first that applies); `None` for none of them. The trainer
+/// says it once when it runs such a step eagerly; [`ParallelConfig::uncapturable`] reads it
+/// from a config.
+pub fn uncapturable_layout(pipeline: bool, tensor_parallel: bool, zero3: bool) -> Option<&'static str> {
+    if pipeline {
+        Some("pipeline parallelism is not captured yet (its schedule interleaves forward and backward passes across stages)")
+    } else if tensor_parallel {
+        Some("tensor parallelism is not captured yet (its collectives run inside forward and backward)")
+    } else if zero3 {
+        Some(
+            "ZeRO stage 3 is not captured yet (it gathers and frees parameters from hooks inside forward and backward)",
+        )
+    } else {
+        None
+    }
+}
+
 /// `[parallel]`: the layout of the job: `pp x dp x tp` ranks, ZeRO stage `zero` across the `dp`
 /// ranks (0-3; with `dp = 1` there is nothing to shard and every stage runs as 0), and the
 /// settings of each kind of parallelism. `dp = 0` takes every rank the job has, divided by
@@ -247,6 +265,13 @@ fn default_pp_schedule() -> String {
 }
 
 impl ParallelConfig {
+    /// Why `[train] compile` cannot capture a step of this layout (it then runs eagerly), for
+    /// a job of `dp` data-parallel ranks; `None` when it can (one process, or data parallelism
+    /// with ZeRO 0 to 2). `weft graph dump` says it instead of a graph.
+    pub fn uncapturable(&self, dp: usize) -> Option<&'static str> {
+        uncapturable_layout(self.pp > 1, self.tp > 1, dp > 1 && self.zero == 3)
+    }
+
     /// The pipeline schedule `schedule` (and `virtual_stages`) names; `None` for an unknown
     /// name.
     pub fn pipeline_schedule(&self) -> Option<weft_dist::pipeline::PipelineSchedule> {

@@ -96,12 +96,13 @@ impl Trainer {
     /// stages 1 and 2 can: their wrappers run without gradient hooks and are handed each
     /// gradient as a replay makes it (`finish` and `accumulate` take the rest).
     fn uncapturable_layout(&self) -> Option<&'static str> {
-        if self.pipeline.is_some() {
-            Some("pipeline parallelism is not captured yet (its schedule interleaves forward and backward passes across stages)")
-        } else if self.tensor_parallel.is_some() {
-            Some("tensor parallelism is not captured yet (its collectives run inside forward and backward)")
-        } else if self.zero().is_some_and(|z| z.stage() == 3) {
-            Some("ZeRO stage 3 is not captured yet (it gathers and frees parameters from hooks inside forward and backward)")
+        let layout = crate::config::uncapturable_layout(
+            self.pipeline.is_some(),
+            self.tensor_parallel.is_some(),
+            self.zero().is_some_and(|z| z.stage() == 3),
+        );
+        if layout.is_some() {
+            layout
         } else if self.replicas().is_some_and(Replicas::hooked) {
             Some("the data-parallel gradient hooks were registered by an eager step before compile was turned on")
         } else {

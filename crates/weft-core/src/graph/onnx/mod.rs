@@ -29,6 +29,35 @@ const OUTPUT_NODE: &str = "/weft/output/";
 /// The opset the exporter writes.
 pub const OPSET: i64 = 17;
 
+/// The largest file an export writes: 2 GiB less one byte, protobuf's limit on a message, which
+/// ONNX readers (onnxruntime, `onnx.load`, tract) cannot read past. A model above it is refused
+/// (weights in an external data file are not written).
+pub const MAX_FILE_BYTES: u64 = (1 << 31) - 1;
+
+/// Refuses a file of (at least) `bytes` bytes above [`MAX_FILE_BYTES`], in one line naming
+/// both; `what` says what was counted.
+fn within_protobuf_limit(bytes: u128, what: &str) -> Result<()> {
+    if bytes <= u128::from(MAX_FILE_BYTES) {
+        return Ok(());
+    }
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    Err(bad(format!(
+        "{what} {bytes} bytes ({gib:.2} GiB), over the {MAX_FILE_BYTES} bytes (2 GiB) a protobuf message, and so an \
+         ONNX file, can hold; nothing was written"
+    )))
+}
+
+/// The bytes of `tensors`' data, from their shapes and dtypes (nothing is read or allocated).
+fn data_bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> u128 {
+    tensors
+        .into_iter()
+        .map(|t| {
+            let n: u128 = t.shape().iter().map(|&d| d as u128).product();
+            n * t.dtype().size_in_bytes() as u128
+        })
+        .sum()
+}
+
 /// A dynamic axis: dim `dim` of graph input `input`, called `name` in the file.
 #[derive(Clone, Debug)]
 pub struct DynamicAxis {
@@ -182,16 +211,26 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
         e.node(i, start.as_ref())?;
     }
     // parameters and other tensors read by reference, once each
-    let mut initializers = Vec::new();
+    let mut held = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (v, name) in externals {
         if !seen.insert(name.clone()) {
             continue;
         }
-        let t = match &g.values[v].source {
-            Source::External(t) | Source::Constant(t) => t,
+        match &g.values[v].source {
+            Source::External(t) | Source::Constant(t) => held.push((name, t)),
             _ => continue,
-        };
+        }
+    }
+    // their bytes alone are a lower bound of the file's size: a model past the limit is
+    // refused from its shapes, before its weights are copied (`held` may be many GiB)
+    let emitted: u128 = e.initializers.iter().map(|t| t.raw.len() as u128).sum();
+    within_protobuf_limit(
+        data_bytes(held.iter().map(|(_, t)| *t)) + emitted,
+        "the model's weights and constants take",
+    )?;
+    let mut initializers = Vec::new();
+    for (name, t) in held {
         initializers.push(proto::Tensor {
             name,
             dims: t.shape().iter().map(|&d| d as i64).collect(),
@@ -262,8 +301,10 @@ pub fn to_onnx(traces: &[Graph], spec: &OnnxSpec) -> Result<Exported> {
         outputs,
         metadata: spec.metadata.clone(),
     };
+    let bytes = model.encode();
+    within_protobuf_limit(bytes.len() as u128, "the ONNX file would take")?;
     Ok(Exported {
-        bytes: model.encode(),
+        bytes,
         nodes: n_nodes,
         initializers: n_initializers,
     })
@@ -602,6 +643,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("\"w\" would hold two different tensors"), "{e}");
+    }
+
+    #[test]
+    fn a_model_past_protobufs_2_gib_is_refused_from_its_shapes() {
+        // a weight of 2^31 f32 (8 GiB) read by reference: a broadcast view of one element, so
+        // nothing of it is allocated, and the refusal comes before its bytes would be
+        let big = Tensor::from_vec(vec![1.0f32], &[1, 1])
+            .unwrap()
+            .expand(&[1 << 16, 1 << 15])
+            .unwrap();
+        let g = trace_inference(&[Tensor::zeros(&[1, 1 << 15], DType::F32).unwrap()], |xs| {
+            Ok(vec![xs[0].add(&big.narrow(0, 0, 1)?)?])
+        })
+        .unwrap();
+        let mut s = spec(vec![]);
+        s.named = vec![("big".into(), big.clone())];
+        let e = to_onnx(&[g], &s).unwrap_err().to_string();
+        assert!(
+            // 8 GiB, and the slice's starts, ends and axes
+            e.contains("take 8589934616 bytes (8.00 GiB)") && e.contains("2147483647 bytes (2 GiB)"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        // the limit itself: 2 GiB less one byte is the largest message protobuf reads
+        assert!(within_protobuf_limit(u128::from(MAX_FILE_BYTES), "x").is_ok());
+        let e = within_protobuf_limit(1 << 31, "the ONNX file would take")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the ONNX file would take 2147483648 bytes (2.00 GiB)"),
+            "{e}"
+        );
+        assert_eq!(data_bytes([&big]), 1 << 33);
     }
 
     #[test]
