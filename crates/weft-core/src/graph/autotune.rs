@@ -82,6 +82,66 @@ impl TuneReport {
     }
 }
 
+/// How many times an op runs again with its new choices to find the calls they make.
+const FOLLOW_ROUNDS: usize = 4;
+
+/// Times every variant of the kernel calls `new` that `op` makes on `args` and records the
+/// fastest for each.
+fn search_calls(op: &crate::op::Op, args: &[&Tensor], new: &[(Kernel, String)], report: &mut TuneReport) -> Result<()> {
+    for kernel in Kernel::ALL {
+        let keys: Vec<&String> = new.iter().filter(|(k, _)| *k == kernel).map(|(_, k)| k).collect();
+        if keys.is_empty() {
+            continue;
+        }
+        // the variants that run and come to a plan of their own at these shapes (one that
+        // plans what an earlier one does is not a choice of its own; one that fails, say
+        // for memory, is none), each run once untimed
+        let mut variants: Vec<u8> = Vec::new();
+        let mut plans: Vec<Vec<String>> = Vec::new();
+        for v in 0..kernel.variants().len() as u8 {
+            let (ran, plan) = tune::planned(|| tune::forced(kernel, v, || crate::ops::execute(op, args)));
+            if ran.is_ok() && !plans.contains(&plan) {
+                plans.push(plan);
+                variants.push(v);
+            }
+        }
+        if variants.first() != Some(&0) {
+            // the rule itself failed when forced: nothing to compare it with
+            keys.iter().for_each(|key| tune::record(key, 0));
+            continue;
+        }
+        let mut ms: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); variants.len()];
+        for _ in 0..ROUNDS {
+            for (i, &v) in variants.iter().enumerate() {
+                let t = Instant::now();
+                tune::forced(kernel, v, || crate::ops::execute(op, args))?;
+                ms[i].push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let times: Vec<f64> = ms.into_iter().map(median).collect();
+        let fastest = (0..times.len())
+            .min_by(|&a, &b| times[a].total_cmp(&times[b]))
+            .unwrap_or(0);
+        // variants[0] is the rule
+        let best = match (times.get(fastest), times.first()) {
+            (Some(&f), Some(&rule)) if f < MARGIN * rule => fastest,
+            _ => 0,
+        };
+        let variant = variants.get(best).copied().unwrap_or(0);
+        for key in keys {
+            tune::record(key, variant);
+            report.searched.push(TuneEntry {
+                kernel,
+                key: key.clone(),
+                heuristic_ms: times.first().copied().unwrap_or(0.0),
+                chosen: kernel.variants()[usize::from(variant)],
+                chosen_ms: times.get(best).copied().unwrap_or(0.0),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -99,62 +159,19 @@ impl Prepared {
             let (out, seen) = tune::watched(|| crate::ops::execute(op, args));
             let out = out?;
             let seen_calls = seen.len();
-            let new: Vec<(Kernel, String)> = seen.into_iter().filter(|(_, k)| tune::chosen(k).is_none()).collect();
+            let mut new: Vec<(Kernel, String)> = seen.into_iter().filter(|(_, k)| tune::chosen(k).is_none()).collect();
             report.known += seen_calls - new.len();
-            if new.is_empty() {
-                return Ok(out);
-            }
-            // the rule's result goes on through the graph, whatever the timings
-            for kernel in Kernel::ALL {
-                let keys: Vec<&String> = new.iter().filter(|(k, _)| *k == kernel).map(|(_, k)| k).collect();
-                if keys.is_empty() {
-                    continue;
+            // the rule's result goes on through the graph, whatever the timings; a variant chosen
+            // here may call kernels the rule does not (a convolution's im2col product, at a shape
+            // of its own), which a run starting from the recorded choices would meet unchosen:
+            // the op runs again with its choices until every call it makes is chosen
+            for _ in 0..FOLLOW_ROUNDS {
+                if new.is_empty() {
+                    break;
                 }
-                // the variants that run and come to a plan of their own at these shapes (one that
-                // plans what an earlier one does is not a choice of its own; one that fails, say
-                // for memory, is none), each run once untimed
-                let mut variants: Vec<u8> = Vec::new();
-                let mut plans: Vec<Vec<String>> = Vec::new();
-                for v in 0..kernel.variants().len() as u8 {
-                    let (ran, plan) = tune::planned(|| tune::forced(kernel, v, || crate::ops::execute(op, args)));
-                    if ran.is_ok() && !plans.contains(&plan) {
-                        plans.push(plan);
-                        variants.push(v);
-                    }
-                }
-                if variants.first() != Some(&0) {
-                    // the rule itself failed when forced: nothing to compare it with
-                    keys.iter().for_each(|key| tune::record(key, 0));
-                    continue;
-                }
-                let mut ms: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); variants.len()];
-                for _ in 0..ROUNDS {
-                    for (i, &v) in variants.iter().enumerate() {
-                        let t = Instant::now();
-                        tune::forced(kernel, v, || crate::ops::execute(op, args))?;
-                        ms[i].push(t.elapsed().as_secs_f64() * 1e3);
-                    }
-                }
-                let times: Vec<f64> = ms.into_iter().map(median).collect();
-                let fastest = (0..times.len())
-                    .min_by(|&a, &b| times[a].total_cmp(&times[b]))
-                    .unwrap_or(0);
-                // variants[0] is the rule (its result, from the unforced run, goes on)
-                let best = match (times.get(fastest), times.first()) {
-                    (Some(&f), Some(&rule)) if f < MARGIN * rule => fastest,
-                    _ => 0,
-                };
-                let variant = variants.get(best).copied().unwrap_or(0);
-                for key in keys {
-                    tune::record(key, variant);
-                    report.searched.push(TuneEntry {
-                        kernel,
-                        key: key.clone(),
-                        heuristic_ms: times.first().copied().unwrap_or(0.0),
-                        chosen: kernel.variants()[usize::from(variant)],
-                        chosen_ms: times.get(best).copied().unwrap_or(0.0),
-                    });
-                }
+                search_calls(op, args, &new, &mut report)?;
+                let (_, seen) = tune::watched(|| crate::ops::execute(op, args));
+                new = seen.into_iter().filter(|(_, k)| tune::chosen(k).is_none()).collect();
             }
             Ok(out)
         })?;
