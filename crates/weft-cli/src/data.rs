@@ -127,12 +127,30 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
     }
     weft_data::tokens::check_block_bytes(opts.block_bytes).map_err(|e| format!("--block-bytes: {e}"))?;
     // a folder, or an object store (`s3://bucket/prefix`, ...): written through the same sink
-    let store = weft_data::store::open(&args.output).map_err(|e| format!("--output {}: {e}", args.output))?;
-    if weft_data::ObjectSource::len(&*store, INDEX_NAME).is_ok() {
-        return Err(format!(
-            "--output {}: already holds an {INDEX_NAME}; choose an empty folder or remove it",
-            args.output
-        ));
+    // the store's errors name the URL already: said once, after the flag
+    let output_error = |e: weft_data::Error| {
+        let e = e.to_string();
+        let e = e.strip_prefix(&format!("{}: ", args.output)).unwrap_or(&e).to_string();
+        format!("--output {}: {e}", args.output)
+    };
+    let store = weft_data::store::open(&args.output).map_err(output_error)?;
+    // only "not found" means there is no dataset here: a HEAD refused (a write-only role) or a
+    // store that stayed unavailable must stop prepare before anything is written, not let it
+    // replace the dataset that may be there
+    match store.exists(INDEX_NAME) {
+        Ok(false) => {}
+        Ok(true) => {
+            return Err(format!(
+                "--output {}: already holds an {INDEX_NAME}; choose an empty folder or remove it",
+                args.output
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "--output {}: cannot tell whether it already holds an {INDEX_NAME}, so nothing was written: {e}",
+                args.output
+            ))
+        }
     }
     let mut total = 0u64;
     for p in &args.input {

@@ -31,6 +31,7 @@
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod batches;
+mod contain;
 pub mod csv;
 pub mod error;
 pub mod files;

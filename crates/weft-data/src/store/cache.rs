@@ -223,7 +223,7 @@ impl Shared {
             return Ok(n);
         }
         let key = format!("{}-len", self.object_key(name));
-        let cached = match self.disk.get(&key) {
+        let cached = match self.disk.get(&key, 8) {
             Lookup::Hit(b) if b.len() == 8 => Some(u64::from_le_bytes(b[..8].try_into().unwrap_or_default())),
             Lookup::Hit(_) => {
                 self.disk.remove(&key);
@@ -254,7 +254,7 @@ impl Shared {
         let want = (start + self.block).min(len) - start;
         let key = self.block_key(name, idx);
         loop {
-            match self.disk.get(&key) {
+            match self.disk.get(&key, want) {
                 Lookup::Hit(b) if b.len() as u64 == want => {
                     self.hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(b);

@@ -4,14 +4,17 @@
 //! An entry is one file `KEY.blk`: the 8-byte magic `WEFTBLK1`, the CRC-32 of the payload (u32,
 //! little-endian), the payload's length in bytes (u64, little-endian), then the payload. A write
 //! goes to a unique temporary file in the same folder and is renamed into place, so a reader sees
-//! a whole entry or none. A reader checks magic, length and checksum; an entry that fails is
+//! a whole entry or none. A reader opens only a regular file (links not followed) of the entry's
+//! length, reads no more than that, and checks magic, length and checksum; an entry that fails is
 //! removed and treated as absent. Reading an entry sets its modification time to now; eviction
 //! removes the entries with the oldest modification times until the folder's entries fit the
 //! limit.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
@@ -46,7 +49,13 @@ pub(crate) struct DiskCache {
     /// store made opening a dataset of 20,000 shards (a length entry each) take 584 s.
     approx: AtomicU64,
     stores: AtomicU64,
+    /// Entries found not to be regular files and warned about (once each, the first
+    /// [`WARN_NOT_FILES`]).
+    warned: Mutex<HashSet<String>>,
 }
+
+/// Entries that are not regular files warned about, at most, by one cache.
+const WARN_NOT_FILES: usize = 5;
 
 /// Stores between two counts of the folder.
 const RECOUNT_EVERY: u64 = 256;
@@ -67,6 +76,7 @@ impl DiskCache {
             limit,
             approx: AtomicU64::new(0),
             stores: AtomicU64::new(0),
+            warned: Mutex::default(),
         };
         cache.approx.store(cache.size(), Ordering::Relaxed);
         Ok(cache)
@@ -81,16 +91,52 @@ impl DiskCache {
         self.dir.join(format!("{key}{SUFFIX}"))
     }
 
-    /// The entry `key`, checked; a corrupt entry is removed.
-    pub(crate) fn get(&self, key: &str) -> Lookup {
+    /// The entry `key`, whose payload is `payload_len` bytes, checked; a corrupt entry is
+    /// removed. Only a regular file of exactly the entry's length is opened, and no more than
+    /// that is read: an entry that is a FIFO made the read wait for ever, a link to `/dev/zero`
+    /// read without end. Anything else (a link, a pipe, a device, a directory, a file of another
+    /// length) is corrupt: removed where it can be (a directory is left alone), with a warning
+    /// once for each entry that is no regular file, and the block is fetched again.
+    pub(crate) fn get(&self, key: &str, payload_len: u64) -> Lookup {
         let path = self.path(key);
-        let mut bytes = Vec::new();
-        match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)) {
-            Ok(_) => {}
+        let expected = HEADER as u64 + payload_len;
+        // not followed: a link is no entry this cache wrote
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
             Err(_) => return Lookup::Miss,
+        };
+        if !meta.file_type().is_file() {
+            self.not_a_file(key, &path, &meta.file_type());
+            return Lookup::Corrupt;
+        }
+        if meta.len() != expected {
+            let _ = std::fs::remove_file(&path);
+            return Lookup::Corrupt;
+        }
+        let Ok(file) = std::fs::File::open(&path) else {
+            return Lookup::Miss;
+        };
+        // what was opened, in case the path was replaced in between
+        match file.metadata() {
+            Ok(m) if m.is_file() && m.len() == expected => {}
+            Ok(m) if !m.is_file() => {
+                self.not_a_file(key, &path, &m.file_type());
+                return Lookup::Corrupt;
+            }
+            _ => {
+                let _ = std::fs::remove_file(&path);
+                return Lookup::Corrupt;
+            }
+        }
+        let mut bytes = Vec::new();
+        if bytes.try_reserve_exact(expected as usize).is_err() {
+            return Lookup::Miss;
+        }
+        if file.take(expected).read_to_end(&mut bytes).is_err() {
+            return Lookup::Miss;
         }
         match decode(&bytes) {
-            Some(payload) => {
+            Some(payload) if payload as u64 == payload_len => {
                 // least recently used is judged by modification time
                 if let Ok(f) = std::fs::File::options().write(true).open(&path) {
                     let _ = f.set_modified(SystemTime::now());
@@ -99,11 +145,44 @@ impl DiskCache {
                 debug_assert_eq!(bytes.len(), payload);
                 Lookup::Hit(bytes)
             }
-            None => {
+            _ => {
                 let _ = std::fs::remove_file(&path);
                 Lookup::Corrupt
             }
         }
+    }
+
+    /// Entry `key` at `path` is a `kind`, not a regular file: removed (a directory cannot be),
+    /// with a warning the first time this cache meets it, for the first [`WARN_NOT_FILES`]
+    /// such entries (a folder of 20,000 of them would print as many lines).
+    fn not_a_file(&self, key: &str, path: &Path, kind: &std::fs::FileType) {
+        let removed = !kind.is_dir() && std::fs::remove_file(path).is_ok();
+        let nth = {
+            let Ok(mut warned) = self.warned.lock() else { return };
+            if warned.len() >= WARN_NOT_FILES || !warned.insert(key.to_string()) {
+                return;
+            }
+            warned.len()
+        };
+        let kind = if kind.is_symlink() {
+            "a symbolic link"
+        } else {
+            weft_core::io::atomic::describe(kind)
+        };
+        let what = if removed {
+            "removed; the block is read from the store"
+        } else {
+            "left as it is; the block is read from the store each time"
+        };
+        let more = if nth == WARN_NOT_FILES {
+            " (further entries that are not files are handled the same, without a warning)"
+        } else {
+            ""
+        };
+        weft_core::errln!(
+            "weft: warning: block cache: {} is {kind}, not a cache entry: {what}{more}",
+            path.display()
+        );
     }
 
     /// Stores `payload` as entry `key` (atomically), then evicts down to the limit. A payload
@@ -142,9 +221,9 @@ impl DiskCache {
         Ok(true)
     }
 
-    /// Whether entry `key` exists (unchecked).
+    /// Whether entry `key` exists as a regular file (unchecked otherwise; a link is not one).
     pub(crate) fn contains(&self, key: &str) -> bool {
-        self.path(key).is_file()
+        std::fs::symlink_metadata(self.path(key)).is_ok_and(|m| m.file_type().is_file())
     }
 
     /// Removes entry `key` if present.
@@ -198,6 +277,7 @@ impl DiskCache {
                 rd.flatten()
                     .filter(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(SUFFIX)))
                     .filter_map(|e| e.metadata().ok())
+                    .filter(|m| m.is_file())
                     .map(|m| m.len())
                     .sum()
             })
@@ -230,23 +310,23 @@ mod tests {
     fn entries_round_trip_and_corruption_is_caught() {
         let dir = tmpdir("rt");
         let c = DiskCache::new(dir.clone(), 1 << 20).unwrap();
-        assert!(matches!(c.get("a"), Lookup::Miss));
+        assert!(matches!(c.get("a", 13), Lookup::Miss));
         assert!(c.put("a", b"payload bytes").unwrap());
-        assert!(matches!(c.get("a"), Lookup::Hit(ref b) if b == b"payload bytes"));
+        assert!(matches!(c.get("a", 13), Lookup::Hit(ref b) if b == b"payload bytes"));
         // flip one payload byte
         let p = dir.join("a.blk");
         let mut raw = std::fs::read(&p).unwrap();
         let last = raw.len() - 1;
         raw[last] ^= 1;
         std::fs::write(&p, &raw).unwrap();
-        assert!(matches!(c.get("a"), Lookup::Corrupt));
+        assert!(matches!(c.get("a", 13), Lookup::Corrupt));
         assert!(!p.exists(), "a corrupt entry is removed");
         // a truncated entry is caught too
         c.put("b", b"0123456789").unwrap();
         let p = dir.join("b.blk");
         let raw = std::fs::read(&p).unwrap();
         std::fs::write(&p, &raw[..raw.len() - 3]).unwrap();
-        assert!(matches!(c.get("b"), Lookup::Corrupt));
+        assert!(matches!(c.get("b", 10), Lookup::Corrupt));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -265,14 +345,72 @@ mod tests {
             f.set_modified(old + Duration::from_secs(i as u64)).unwrap();
         }
         // reading k0 makes it the most recently used
-        assert!(matches!(c.get("k0"), Lookup::Hit(_)));
+        assert!(matches!(c.get("k0", 100), Lookup::Hit(_)));
         c.put("k3", &[3; 100]).unwrap();
         assert!(c.size() <= 3 * entry);
-        assert!(matches!(c.get("k1"), Lookup::Miss), "k1 was the least recently used");
+        assert!(
+            matches!(c.get("k1", 100), Lookup::Miss),
+            "k1 was the least recently used"
+        );
         for k in ["k0", "k2", "k3"] {
-            assert!(matches!(c.get(k), Lookup::Hit(_)), "{k}");
+            assert!(matches!(c.get(k, 100), Lookup::Hit(_)), "{k}");
         }
         assert!(!c.put("huge", &[0; 400]).unwrap(), "larger than the limit: not stored");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Runs `f` on another thread; a failure when it has not returned within 10 s (a read of a
+    /// FIFO waits for a writer for ever).
+    fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the lookup did not return within 10 s")
+    }
+
+    #[test]
+    fn an_entry_that_is_not_a_regular_file_of_its_length_is_not_read() {
+        use std::os::unix::fs::symlink;
+        let dir = tmpdir("kinds");
+        let c = std::sync::Arc::new(DiskCache::new(dir.clone(), 1 << 20).unwrap());
+        c.put("good", b"0123456789").unwrap();
+        // a FIFO: opening it for reading waits for a writer (the run hung before its first step)
+        let fifo = dir.join("fifo.blk");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        // links: to /dev/zero (read without end), and to a whole, valid entry
+        symlink("/dev/zero", dir.join("zero.blk")).unwrap();
+        symlink(dir.join("good.blk"), dir.join("link.blk")).unwrap();
+        std::fs::create_dir(dir.join("folder.blk")).unwrap();
+        // a valid entry with bytes after it: only its own length is ever read
+        let mut long = std::fs::read(dir.join("good.blk")).unwrap();
+        long.extend_from_slice(&[7; 1000]);
+        std::fs::write(dir.join("long.blk"), &long).unwrap();
+        for key in ["fifo", "zero", "link", "folder", "long"] {
+            let c2 = c.clone();
+            let got = within_10s(move || c2.get(key, 10));
+            assert!(matches!(got, Lookup::Corrupt), "{key}: {got:?}");
+            assert!(!c.contains(key), "{key}");
+        }
+        for gone in ["fifo", "zero", "link", "long"] {
+            assert!(
+                std::fs::symlink_metadata(dir.join(format!("{gone}.blk"))).is_err(),
+                "{gone} removed"
+            );
+        }
+        assert!(dir.join("folder.blk").is_dir(), "a directory is left alone");
+        assert!(dir.join("good.blk").is_file(), "a link's target is not touched");
+        // the one warning per entry was taken; a second lookup of the folder is quiet and corrupt
+        assert!(c.warned.lock().unwrap().contains("folder"));
+        assert!(matches!(c.get("folder", 10), Lookup::Corrupt));
+        // asked for another length, a good entry is not served
+        assert!(matches!(c.get("good", 11), Lookup::Corrupt));
+        c.put("good", b"0123456789").unwrap();
+        assert!(matches!(c.get("good", 10), Lookup::Hit(ref b) if b == b"0123456789"));
+        // the size counts regular files only
+        assert_eq!(c.size(), (HEADER + 10) as u64);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -28,6 +28,7 @@ mod cache;
 mod disk;
 mod remote;
 mod retry;
+mod settings;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -97,6 +98,19 @@ pub fn open_with(url_or_path: &str, options: &StoreOptions) -> Result<Arc<Store>
         }));
     };
     let url = url::Url::parse(url_or_path).map_err(|e| invalid(format!("{url_or_path}: not a valid URL: {e}")))?;
+    // the rest of the URL names the objects: a query (`?versionId=...`) or a fragment would be
+    // dropped without a word while messages showed it
+    if url.query().is_some() || url.fragment().is_some() {
+        let what = if url.query().is_some() {
+            "a query (?...)"
+        } else {
+            "a fragment (#...)"
+        };
+        return Err(invalid(format!(
+            "{url_or_path}: a store URL cannot hold {what}; weft names objects by the URL's path alone \
+             (write a '?' or '#' that belongs to the path as %3F or %23)"
+        )));
+    }
     if scheme.eq_ignore_ascii_case("file") {
         let path = url
             .to_file_path()
@@ -124,6 +138,37 @@ impl Store {
         match &self.backend {
             Backend::Local(f) => ObjectSource::describe(f, name),
             Backend::Remote(r) => r.describe(name),
+        }
+    }
+
+    /// Whether object `name` exists. `Ok(false)` only when the folder or the store says "not
+    /// found"; anything else that keeps the question from being answered (access denied, a store
+    /// still unavailable after [`StoreOptions::retry_for`], a folder that cannot be read) is an
+    /// error naming the object. A file of any kind (a directory, a link, a broken link) exists.
+    ///
+    /// For a writer that must not replace what is there (`weft data prepare` and its
+    /// `index.json`): [`ObjectSource::len`] failing does not mean the object is absent.
+    pub fn exists(&self, name: &str) -> Result<bool> {
+        match &self.backend {
+            Backend::Local(f) => {
+                let rel = std::path::Path::new(name);
+                if name.is_empty()
+                    || rel.is_absolute()
+                    || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
+                {
+                    return Err(invalid(format!(
+                        "{}: object name {name:?} must be a relative path inside the folder",
+                        f.root().display()
+                    )));
+                }
+                let path = f.root().join(rel);
+                match std::fs::symlink_metadata(&path) {
+                    Ok(_) => Ok(true),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                    Err(source) => Err(crate::error::Error::Io { path, source }),
+                }
+            }
+            Backend::Remote(r) => r.exists(name),
         }
     }
 }
@@ -193,6 +238,11 @@ mod tests {
             ("s3:///nobucket", "names no bucket"),
             ("file://relative/path", "absolute path"),
             ("", "empty"),
+            ("s3://data/q?versionId=abc", "cannot hold a query"),
+            ("s3://data/q#frag", "cannot hold a fragment"),
+            ("gs://data/q?x", "cannot hold a query"),
+            ("https://example.invalid/files?sig=1", "cannot hold a query"),
+            ("file:///tmp/a#b", "cannot hold a fragment"),
         ] {
             let e = open(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
@@ -204,6 +254,103 @@ mod tests {
         };
         let e = open_with("s3://bucket/p", &opts).unwrap_err().to_string();
         assert!(e.contains("aws_no_such_key") && e.contains("s3://bucket/p"), "{e}");
+    }
+
+    #[test]
+    fn settings_object_store_would_panic_on_are_named_not_quoted() {
+        let with = |extra: &[(&str, &str)]| {
+            let mut config: Vec<(String, String)> = vec![
+                ("aws_access_key_id".into(), "k".into()),
+                ("aws_secret_access_key".into(), "s".into()),
+                ("aws_region".into(), "us-east-1".into()),
+                ("aws_endpoint".into(), "http://127.0.0.1:9".into()),
+            ];
+            config.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            StoreOptions {
+                config,
+                ..StoreOptions::default()
+            }
+        };
+        for (key, value, why) in [
+            ("aws_endpoint", "", "is empty"),
+            ("aws_endpoint", "garbage", "not an absolute http(s) URL"),
+            ("aws_endpoint", "http://\u{fc}.invalid:19000", "not ASCII"),
+            ("aws_endpoint", "ftp://host", "http:// or https://"),
+            ("aws_endpoint", "http://host/a b", "cannot carry"),
+            ("aws_access_key_id", "key-id\n", "ends with a line break"),
+            ("aws_session_token", "abc\ndef", "line break (character 4 of 7)"),
+            ("aws_secret_access_key", "sec\u{7}ret", "control character (U+0007)"),
+        ] {
+            let e = open_with("s3://bucket/p", &with(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("the setting {key:?}")) && e.contains(why) && e.contains("s3://bucket/p"),
+                "{key}={value:?}: {e}"
+            );
+            if key != "aws_endpoint" {
+                assert!(!e.contains(value.trim()), "the value is not shown: {e}");
+            }
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+        let azure = |extra: &[(&str, &str)]| {
+            let mut o = with(&[]);
+            o.config = vec![("azure_storage_account_key".into(), "a2V5".into())];
+            o.config
+                .extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            o
+        };
+        for (key, value, why) in [
+            (
+                "azure_storage_account_name",
+                "devstoreaccount1\n",
+                "ends with a line break",
+            ),
+            ("azure_storage_token", "abc\ndef", "line break"),
+            ("azure_storage_endpoint", "garbage", "not an absolute"),
+        ] {
+            let e = open_with(
+                "az://container/p",
+                &azure(&[("azure_storage_account_name", "acct"), (key, value)]),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(&format!("the setting {key:?}")) && e.contains(why),
+                "{key}: {e}"
+            );
+        }
+        for (base, why) in [("", "is empty"), ("garbage", "not an absolute"), ("7", "")] {
+            let key = if base == "7" {
+                r#"{"private_key": "", "private_key_id": "", "client_email": "", "gcs_base_url": 7}"#.to_string()
+            } else {
+                format!(
+                    r#"{{"private_key": "", "private_key_id": "", "client_email": "",
+                        "gcs_base_url": "{base}", "disable_oauth": true}}"#
+                )
+            };
+            let o = StoreOptions {
+                config: vec![("google_service_account_key".into(), key)],
+                ..StoreOptions::default()
+            };
+            let e = open_with("gs://bucket/p", &o).unwrap_err().to_string();
+            assert!(
+                e.contains("google_service_account_key") && e.contains("gcs_base_url") && e.contains(why),
+                "{base}: {e}"
+            );
+        }
+        // good settings still open; PEM text may span lines
+        open_with(
+            "s3://bucket/p",
+            &with(&[
+                ("aws_endpoint", "https://s3.example.com:8443/base"),
+                (
+                    "aws_proxy_ca_certificate",
+                    "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                ),
+            ]),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -223,5 +370,13 @@ mod tests {
         assert!(e.contains("relative path"), "{e}");
         let h = open("https://example.invalid/files").unwrap();
         assert_eq!(h.describe("a.bin"), "https://example.invalid/files/a.bin");
+        // a prefix with a space or a non-ASCII character: its URL form, keys decoded (tested
+        // against a server in tests/store_inputs.rs)
+        let s = open_with("s3://bucket/my data/d\u{15b}", &opts).unwrap();
+        assert_eq!(s.describe("index.json"), "s3://bucket/my%20data/d%C5%9B/index.json");
+        for bad in ["s3://bucket/a%2F..%2Fb", "s3://bucket/a/%0A"] {
+            let e = open_with(bad, &opts).unwrap_err().to_string();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
     }
 }

@@ -1,5 +1,14 @@
 //! An object store reached over the network (`s3://`, `gs://`, `az://`, `http(s)://`), through the
 //! `object_store` crate, on a private tokio runtime; every call blocks on it.
+//!
+//! The settings a store is built from (the cloud's environment variables, then
+//! [`StoreOptions::config`]) are checked before the store is built: `object_store` takes them as
+//! they are and panicked on the first request when an endpoint was not a URL it could send to
+//! (`AWS_ENDPOINT_URL=` or `=garbage`) or when a value bound for a header held a line break (an
+//! `AWS_ACCESS_KEY_ID` read from a secret file with its trailing newline). Each is one error
+//! naming the variable (never its value, for credentials). As a last line of defence the build and
+//! every request run under `catch_unwind`: a panic inside `object_store` is an error naming the
+//! URL, its message kept off stderr.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -7,9 +16,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use object_store::{
+    ClientConfigKey, GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+};
 
 use super::retry::{self, GaveUp};
+use super::settings::{applied, check_gcs_key, check_settings, short, Check};
 use super::{StoreOptions, MAX_WHOLE_OBJECT};
 use crate::error::{invalid, Error, Result};
 use crate::objects::check_range;
@@ -39,7 +51,7 @@ fn no_retry() -> RetryConfig {
     }
 }
 
-fn config_error(url: &str, e: impl std::fmt::Display) -> Error {
+pub(super) fn config_error(url: &str, e: impl std::fmt::Display) -> Error {
     invalid(format!("{url}: {e}"))
 }
 
@@ -48,20 +60,27 @@ impl Remote {
     /// the environment, then `options.config` on top.
     pub(crate) fn open(url: &url::Url, options: &StoreOptions) -> Result<Remote> {
         let shown = url.as_str().trim_end_matches('/').to_string();
-        let (store, prefix): (Arc<dyn ObjectStore>, &str) = match url.scheme() {
-            "s3" | "s3a" => (Arc::new(build_s3(url, &shown, options)?), url.path()),
-            "gs" => (Arc::new(build_gcs(url, &shown, options)?), url.path()),
-            "az" | "abfs" | "abfss" | "azure" => {
-                (Arc::new(build_azure(url, &shown, options)?), url.path())
-            }
-            "http" | "https" => (Arc::new(build_http(url, &shown, options)?), ""),
-            other => {
-                return Err(invalid(format!(
-                    "{shown}: unsupported scheme {other:?} (use s3://, gs://, az://, http(s):// or file://, or a plain path)"
-                )))
-            }
+        let build = || -> Result<(Arc<dyn ObjectStore>, &str)> {
+            Ok(match url.scheme() {
+                "s3" | "s3a" => (Arc::new(build_s3(url, &shown, options)?), url.path()),
+                "gs" => (Arc::new(build_gcs(url, &shown, options)?), url.path()),
+                "az" | "abfs" | "abfss" | "azure" => (Arc::new(build_azure(url, &shown, options)?), url.path()),
+                "http" | "https" => (Arc::new(build_http(url, &shown, options)?), ""),
+                other => {
+                    return Err(invalid(format!(
+                        "{shown}: unsupported scheme {other:?} (use s3://, gs://, az://, http(s):// or file://, or a plain path)"
+                    )))
+                }
+            })
         };
-        let prefix = ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| config_error(&shown, e))?;
+        let (store, prefix) = contained(build).map_err(|panic| {
+            invalid(format!(
+                "{shown}: the object_store library failed building the store ({panic}); check the store's settings"
+            ))
+        })??;
+        // the URL's path is percent-encoded (`my%20data`, `d%C5%9B`): the keys are its decoded
+        // form (`my data`, `dś`), which the client encodes once when it sends them
+        let prefix = ObjectPath::from_url_path(prefix.trim_matches('/')).map_err(|e| config_error(&shown, e))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("weft-store")
@@ -118,17 +137,30 @@ impl Remote {
     {
         retry::retry(self.retry_for, |left| {
             let attempt = op(self.store.clone(), path.clone());
-            self.rt.block_on(async move {
-                match tokio::time::timeout(left, attempt).await {
-                    Ok(r) => r,
-                    Err(_) => Err(object_store::Error::Generic {
-                        store: "weft",
-                        source: Box::new(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no answer within {:.1} s", left.as_secs_f64()),
-                        )),
-                    }),
-                }
+            let run = || {
+                self.rt.block_on(async move {
+                    match tokio::time::timeout(left, attempt).await {
+                        Ok(r) => r,
+                        Err(_) => Err(object_store::Error::Generic {
+                            store: "weft",
+                            source: Box::new(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                format!("no answer within {:.1} s", left.as_secs_f64()),
+                            )),
+                        }),
+                    }
+                })
+            };
+            // a panic inside object_store (a request it cannot build from its settings) is a
+            // definite failure of this operation, not of the process
+            contained(run).unwrap_or_else(|panic| {
+                Err(object_store::Error::Generic {
+                    store: "weft",
+                    source: format!(
+                        "the object_store library failed on this request ({panic}); check the store's settings"
+                    )
+                    .into(),
+                })
             })
         })
     }
@@ -226,6 +258,21 @@ impl Remote {
         self.run(name, |store, path| async move { Ok(store.head(&path).await?.size) })
     }
 
+    /// Whether object `name` exists: `Ok(false)` only when the store answers "not found"; any other
+    /// failure (access denied, a store unavailable past the retry bound) is an error naming the
+    /// URL, never taken for "absent".
+    pub(crate) fn exists(&self, name: &str) -> Result<bool> {
+        let path = self.path(name)?;
+        match self.attempt(&path, |store, path| async move { store.head(&path).await.map(|_| ()) }) {
+            Ok(()) => Ok(true),
+            Err(GaveUp {
+                last: object_store::Error::NotFound { .. },
+                ..
+            }) => Ok(false),
+            Err(g) => Err(self.gave_up(name, g)),
+        }
+    }
+
     /// Writes `name` whole (one PUT: the store shows the old object or the new one).
     pub(crate) fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
         let payload = PutPayload::from(bytes.to_vec());
@@ -251,6 +298,20 @@ fn build_s3(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<objec
             .map_err(|_| config_error(shown, format!("unknown S3 setting {k:?}")))?;
         b = b.with_config(key, v);
     }
+    check_settings(
+        shown,
+        applied::<AmazonS3ConfigKey>("AWS_", &[], &[], options),
+        |k| match k {
+            AmazonS3ConfigKey::Endpoint
+            | AmazonS3ConfigKey::S3Endpoint
+            | AmazonS3ConfigKey::StsEndpoint
+            | AmazonS3ConfigKey::MetadataEndpoint
+            | AmazonS3ConfigKey::ContainerCredentialsFullUri => Check::Url,
+            // replaced by the URL's bucket; PEM text, which spans lines
+            AmazonS3ConfigKey::Bucket | AmazonS3ConfigKey::Client(ClientConfigKey::ProxyCaCertificate) => Check::Free,
+            _ => Check::Text,
+        },
+    )?;
     if let Some(ep) = b.get_config_value(&AmazonS3ConfigKey::Endpoint) {
         if ep.starts_with("http://") {
             b = b.with_allow_http(true);
@@ -272,6 +333,39 @@ fn build_gcs(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<obje
             .map_err(|_| config_error(shown, format!("unknown GCS setting {k:?}")))?;
         b = b.with_config(key, v);
     }
+    // object_store's from_env also reads SERVICE_ACCOUNT, first
+    let settings = applied::<GoogleConfigKey>(
+        "GOOGLE_",
+        &[("SERVICE_ACCOUNT", GoogleConfigKey::ServiceAccount)],
+        &[],
+        options,
+    );
+    for (key, s) in &settings {
+        match key {
+            GoogleConfigKey::ServiceAccountKey => check_gcs_key(shown, &s.from, &s.value)?,
+            GoogleConfigKey::ServiceAccount => {
+                // the key file is read here too (a regular file only: object_store waited for
+                // ever on a pipe), for its `gcs_base_url`
+                let text = crate::files::read(std::path::Path::new(&s.value))
+                    .map_err(|e| config_error(shown, format!("{}: {e}", s.from)))?;
+                check_gcs_key(
+                    shown,
+                    &format!("{} ({})", s.from, s.value),
+                    &String::from_utf8_lossy(&text),
+                )?;
+            }
+            _ => {}
+        }
+    }
+    check_settings(shown, settings, |k| match k {
+        GoogleConfigKey::BaseUrl => Check::Url,
+        // JSON and PEM text, which may span lines (the key's gcs_base_url is checked above); a
+        // bucket the URL replaces
+        GoogleConfigKey::ServiceAccountKey
+        | GoogleConfigKey::Bucket
+        | GoogleConfigKey::Client(ClientConfigKey::ProxyCaCertificate) => Check::Free,
+        _ => Check::Text,
+    })?;
     b.with_retry(no_retry())
         .build()
         .map_err(|e| config_error(shown, retry::chain(&e)))
@@ -288,6 +382,22 @@ fn build_azure(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<ob
             .map_err(|_| config_error(shown, format!("unknown Azure setting {k:?}")))?;
         b = b.with_config(key, v);
     }
+    // object_store's from_env also reads IDENTITY_ENDPOINT, after the AZURE_* variables
+    let settings = applied::<AzureConfigKey>(
+        "AZURE_",
+        &[],
+        &[("IDENTITY_ENDPOINT", AzureConfigKey::MsiEndpoint)],
+        options,
+    );
+    check_settings(shown, settings, |k| match k {
+        AzureConfigKey::Endpoint
+        | AzureConfigKey::AuthorityHost
+        | AzureConfigKey::MsiEndpoint
+        | AzureConfigKey::FabricTokenServiceUrl => Check::Url,
+        // replaced by the URL's container; PEM text, which spans lines
+        AzureConfigKey::ContainerName | AzureConfigKey::Client(ClientConfigKey::ProxyCaCertificate) => Check::Free,
+        _ => Check::Text,
+    })?;
     b.with_retry(no_retry())
         .build()
         .map_err(|e| config_error(shown, retry::chain(&e)))
@@ -296,7 +406,6 @@ fn build_azure(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<ob
 /// `http(s)://host/path`: objects are `GET`/`HEAD`/`PUT` at `URL/name` (a plain web server reads;
 /// writing needs WebDAV).
 fn build_http(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<object_store::http::HttpStore> {
-    use object_store::ClientConfigKey;
     let mut b = object_store::http::HttpBuilder::new().with_url(url.as_str());
     for (k, v) in &options.config {
         let key: ClientConfigKey = k
@@ -311,6 +420,15 @@ fn build_http(url: &url::Url, shown: &str, options: &StoreOptions) -> Result<obj
     b.with_retry(no_retry())
         .build()
         .map_err(|e| config_error(shown, retry::chain(&e)))
+}
+
+/// Runs `f` (object_store code), turning a panic in it into `Err` (`it panicked: ...`), the panic
+/// hook silent for it ([`crate::contain::contained`]): a last line of defence behind the checks
+/// of the settings, for what they do not foresee. A panic on one of the runtime's own threads is
+/// not seen here (object_store builds and signs requests on the thread that waits for them). The
+/// store and its runtime hold no state a failed request leaves half made.
+fn contained<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    crate::contain::contained(f).map_err(|msg| format!("it panicked: {}", short(&msg)))
 }
 
 /// The body of `res` as it arrives, at most `limit` bytes; `Ok(Err(n))` when the response claims
@@ -333,4 +451,38 @@ async fn body_within(res: GetResult, limit: u64) -> object_store::Result<std::re
         out.extend_from_slice(&chunk);
     }
     Ok(Ok(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_object_store_is_one_error_naming_the_url() {
+        let opts = StoreOptions {
+            retry_for: Duration::from_secs(5),
+            config: vec![
+                ("aws_access_key_id".into(), "k".into()),
+                ("aws_secret_access_key".into(), "s".into()),
+                ("aws_region".into(), "us-east-1".into()),
+                ("aws_endpoint".into(), "http://127.0.0.1:9".into()),
+            ],
+        };
+        let r = Remote::open(&url::Url::parse("s3://bucket/p").unwrap(), &opts).unwrap();
+        let t = std::time::Instant::now();
+        let e = r
+            .run("index.json", |_, _| async {
+                panic!("request valid: InvalidUri") as object_store::Result<()>
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("s3://bucket/p/index.json") && e.contains("it panicked: request valid: InvalidUri"),
+            "{e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(2), "not retried: {:?}", t.elapsed());
+        // the store still works after it (the runtime survived the unwinding)
+        let e = r.run("x", |_, _| async { Ok(7) }).unwrap();
+        assert_eq!(e, 7);
+    }
 }

@@ -20,9 +20,7 @@
 //! a token holds): every call into it goes through [`contained`], which turns a panic into an error
 //! naming the tokenizer file, without the panic's message on stderr.
 
-use std::cell::Cell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
@@ -37,47 +35,13 @@ const EOT_NAMES: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>
 /// What errors call a tokenizer whose file is not known (one built from a JSON form).
 const NO_ORIGIN: &str = "tokenizer.json";
 
-thread_local! {
-    /// Set while this thread runs a call into the `tokenizers` crate under [`contained`].
-    static CONTAINED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Installs, once per process, a panic hook that stays silent for panics raised under
-/// [`contained`] on the same thread and hands every other panic to the hook it replaced (the
-/// default one, or whatever the program had set), so that they print as before.
-fn install_quiet_hook() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !CONTAINED.try_with(Cell::get).unwrap_or(false) {
-                previous(info);
-            }
-        }));
-    });
-}
-
 /// Runs `f` (a call into the `tokenizers` crate), turning a panic inside it into an error that
-/// says `doing` failed and quotes the panic's message. The panic hook stays quiet for it (see
-/// [`install_quiet_hook`]), so the user sees the one error line, not "thread panicked at ...".
-///
-/// What this cannot silence: a panic on a thread the `tokenizers` crate spawns itself (its rayon
-/// pool serves only the batch methods, which weft does not call: encoding and decoding run on the
-/// calling thread), and anything after a program replaces the hook with its own that ignores the
-/// one it replaced. The panic is contained in either case; only its message would print.
+/// says `doing` failed and quotes the panic's message ([`crate::contain::contained`]; the
+/// crate's rayon pool serves only the batch methods, which weft does not call, so encoding and
+/// decoding panic, if at all, on the calling thread). A tokenizer a panic left half-updated (a
+/// cache, a lock poisoned) is only ever called through this function again.
 fn contained<T>(doing: &str, f: impl FnOnce() -> T) -> Result<T> {
-    install_quiet_hook();
-    let outer = CONTAINED.with(|c| c.replace(true));
-    // AssertUnwindSafe: a tokenizer a panic left half-updated (a cache, a lock poisoned) is only
-    // ever called through this function again, where a second panic is one more error
-    let result = catch_unwind(AssertUnwindSafe(f));
-    CONTAINED.with(|c| c.set(outer));
-    result.map_err(|payload| {
-        let msg = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".into());
+    crate::contain::contained(f).map_err(|msg| {
         invalid(format!(
             "{doing}: the tokenizers library failed on this tokenizer (it panicked: {msg}); the file is damaged or \
              uses a setting the library cannot handle"

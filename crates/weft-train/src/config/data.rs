@@ -36,8 +36,9 @@ pub struct TokensKeys {
     /// Object stores: most GiB the cache may hold (least recently used blocks are evicted).
     #[serde(default = "default_cache_gb")]
     pub cache_gb: f64,
-    /// Object stores: seconds a failing store is retried (with backoff) before the run fails.
-    #[serde(default = "default_retry_seconds")]
+    /// Object stores: seconds a failing store is retried (with backoff) before the run fails; at
+    /// most [`MAX_RETRY_SECONDS`] (a year).
+    #[serde(default = "default_retry_seconds", deserialize_with = "retry_seconds")]
     pub retry_seconds: f64,
     /// Object stores: the cache's block, MiB: what one request to the store fetches.
     #[serde(default = "default_cache_block_mb")]
@@ -54,6 +55,43 @@ fn default_cache_gb() -> f64 {
 
 fn default_retry_seconds() -> f64 {
     60.0
+}
+
+/// The most `[data] retry_seconds` may be: a year, as `weft_dist::MAX_TIMEOUT` bounds the
+/// other timeouts. 1e20 passed the check (finite, >= 0) and the run then panicked turning it into
+/// a `Duration`.
+pub const MAX_RETRY_SECONDS: f64 = weft_dist::MAX_TIMEOUT.as_secs() as f64;
+
+/// `retry_seconds`, refused above [`MAX_RETRY_SECONDS`] (the error reads `data: retry_seconds:
+/// ...`). Negative and non-finite values are left to the config's validation, which names
+/// `data.retry_seconds`.
+fn retry_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    let secs = f64::deserialize(d)?;
+    if secs.is_finite() && secs > MAX_RETRY_SECONDS {
+        // 1e20 as written, not as its 21 digits
+        let shown = if secs < 1e15 {
+            secs.to_string()
+        } else {
+            format!("{secs:e}")
+        };
+        return Err(serde::de::Error::custom(format!(
+            "{shown} must be seconds, >= 0 and at most {MAX_RETRY_SECONDS} (a year)"
+        )));
+    }
+    Ok(secs)
+}
+
+impl TokensKeys {
+    /// `retry_seconds` as a `Duration`, without panicking whatever the value (one built in code
+    /// skips the checks): clamped to `0..=`[`MAX_RETRY_SECONDS`], NaN read as the default 60 s.
+    pub fn retry_for(&self) -> std::time::Duration {
+        let secs = if self.retry_seconds.is_nan() {
+            default_retry_seconds()
+        } else {
+            self.retry_seconds.clamp(0.0, MAX_RETRY_SECONDS)
+        };
+        std::time::Duration::try_from_secs_f64(secs).unwrap_or(weft_dist::MAX_TIMEOUT)
+    }
 }
 
 /// `[data]` keys of `kind = "batches"`.
@@ -117,4 +155,42 @@ fn default_val_fraction() -> f64 {
 
 fn default_feature_scale() -> f64 {
     1.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(extra: &str) -> std::result::Result<TokensKeys, String> {
+        let text = format!("kind = \"tokens\"\npath = \"s3://data/ds\"\nbatch_size = 4\n{extra}");
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+        match DataConfig::deserialize(toml::Value::Table(table)).map_err(|e| e.to_string())? {
+            DataConfig::Tokens(k) => Ok(k),
+            _ => Err("not tokens".into()),
+        }
+    }
+
+    #[test]
+    fn retry_seconds_is_bounded_by_a_year_and_never_panics_as_a_duration() {
+        for big in ["1e20", "31536000.5", "1.8e19"] {
+            let e = tokens(&format!("retry_seconds = {big}")).unwrap_err();
+            assert!(
+                e.contains("retry_seconds") && e.contains("at most 31536000"),
+                "{big}: {e}"
+            );
+        }
+        let year = tokens("retry_seconds = 31536000").unwrap();
+        assert_eq!(year.retry_for(), weft_dist::MAX_TIMEOUT);
+        assert_eq!(tokens("").unwrap().retry_for(), std::time::Duration::from_secs(60));
+        assert_eq!(
+            tokens("retry_seconds = 0.25").unwrap().retry_for(),
+            std::time::Duration::from_millis(250)
+        );
+        // what the validation refuses later (naming data.retry_seconds) still converts
+        for v in [-1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e300] {
+            let mut k = tokens("").unwrap();
+            k.retry_seconds = v;
+            assert!(k.retry_for() <= weft_dist::MAX_TIMEOUT, "{v}");
+        }
+    }
 }

@@ -263,7 +263,7 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
             .to_string()
     };
     let options = StoreOptions {
-        retry_for: std::time::Duration::from_secs_f64(k.retry_seconds),
+        retry_for: k.retry_for(),
         ..Default::default()
     };
     let opened = store::open_with(&target, &options)?;
