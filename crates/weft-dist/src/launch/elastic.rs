@@ -220,17 +220,25 @@ pub(super) fn run(
                 return None;
             }
             next_look = Instant::now() + POLL_ELSEWHERE;
+            // a failure some node reported first is the cause (a node whose worker failed
+            // writes it, then its launcher may go away before it is looked at)
+            if let Some(why) = peek(&store, &key(round, "failed")).ok().flatten() {
+                return Some(why);
+            }
             if let Some(others) = others.as_mut().filter(|_| Instant::now() >= next_heartbeat_look) {
                 next_heartbeat_look = Instant::now() + HEARTBEAT_LOOK;
                 if let Ok(Err(lost)) = others.look(&store) {
                     let why = lost.describe(round, cfg.heartbeat_timeout);
                     // the other nodes stop their workers too (if the store cannot take it,
-                    // their workers' collectives fail on the lost node's ranks)
-                    let _ = store.set(&key(round, "failed"), why.as_bytes());
-                    return Some(why);
+                    // their workers' collectives fail on the lost node's ranks); a cause
+                    // written meanwhile stays
+                    if store.add(&key(round, "failed-by"), 1).is_ok_and(|n| n == 1) {
+                        let _ = store.set(&key(round, "failed"), why.as_bytes());
+                    }
+                    return Some(peek(&store, &key(round, "failed")).ok().flatten().unwrap_or(why));
                 }
             }
-            peek(&store, &key(round, "failed")).ok().flatten()
+            None
         };
         let mut workers = Vec::with_capacity(node.nproc_per_node);
         let end = match start_all(&node, &env, round, errors, &mut workers, &mut elsewhere)? {
@@ -242,8 +250,9 @@ pub(super) fn run(
                 store.set(&key(round, &format!("done/{}", r.node_rank)), b"1")?;
                 stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
                 drain_output(&mut workers, OUTPUT_GRACE);
-                if serves_store {
-                    let lost = wait_for_the_others(&store, round, r.nodes, r.node_rank, cfg.heartbeat_timeout);
+                if let Some(others) = others {
+                    // the silences measured while the workers ran go on counting
+                    let lost = wait_for_the_others(&store, round, others);
                     if let Err(lost) = lost {
                         let why = lost.describe(round, cfg.heartbeat_timeout);
                         weft_core::errln!("weft launch: job failed: {why} before its workers finished");
@@ -410,17 +419,11 @@ impl Others {
     }
 }
 
-/// Node 0 (node `me` of the round), its workers done: keeps serving the store until every node
-/// of the round is done too (or one failed, a signal came, or the store cannot be asked).
-/// `Err` names a node that went away or fell silent for `timeout` before it was done.
-fn wait_for_the_others(
-    store: &StoreClient,
-    round: u32,
-    nodes: usize,
-    me: usize,
-    timeout: Duration,
-) -> std::result::Result<(), Lost> {
-    let mut others = Others::new(round, nodes, me, timeout);
+/// Node 0, its workers done: keeps serving the store until every other node of the round
+/// (`others`, with the silences it measured while the workers ran) is done too (or one failed,
+/// a signal came, or the store cannot be asked). `Err` names a node that went away or fell
+/// silent for the heartbeat timeout before it was done.
+fn wait_for_the_others(store: &StoreClient, round: u32, mut others: Others) -> std::result::Result<(), Lost> {
     loop {
         let failed = peek(store, &key(round, "failed"));
         if !matches!(failed, Ok(None)) || signals::received().is_some() {
