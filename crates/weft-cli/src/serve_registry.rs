@@ -158,7 +158,8 @@ impl Follower {
         // a model whose production row does not read (or any model, when a row's name does not)
         // keeps what it serves: the row may still name it, and retiring it would stop serving it
         let mut unreadable: Option<BTreeSet<String>> = Some(BTreeSet::new());
-        let production = match self.registry.production() {
+        // a registry read as it is (a read-only folder) is opened again when its file changed
+        let production = match self.registry.refresh().and_then(|()| self.registry.production()) {
             Ok(p) => {
                 self.read_error = None;
                 for bad in &p.unreadable {

@@ -95,7 +95,8 @@ async fn models(
     registry: std::sync::Arc<std::sync::Mutex<weft_tune::registry::ModelRegistry>>,
 ) -> axum::response::Response {
     let listed = tokio::task::spawn_blocking(move || {
-        let registry = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut registry = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        registry.refresh().map_err(|e| e.to_string())?;
         let listing = registry.list().map_err(|e| e.to_string())?;
         // the dashboard asks every few seconds: each row's warning once
         static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =

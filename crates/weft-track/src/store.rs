@@ -86,6 +86,9 @@ pub struct Store {
     pub(crate) conn: Connection,
     pub(crate) path: PathBuf,
     pub(crate) options: OpenOptions,
+    /// For a store read as it is ([`Store::open_read_only`]): the file's length and modification
+    /// time when the connection was opened ([`Store::refresh`]).
+    pub(crate) read_only: Option<FileStamp>,
 }
 
 impl Store {
@@ -105,7 +108,12 @@ impl Store {
         let path = dir.join(STORE_FILE);
         let conn = connect(&path, &options)?;
         init_schema(&conn, &path)?;
-        let store = Store { conn, path, options };
+        let store = Store {
+            conn,
+            path,
+            options,
+            read_only: None,
+        };
         store.mark_stale_unless_busy()?;
         Ok(store)
     }
@@ -170,17 +178,45 @@ impl Store {
                 })
             }
         }
+        let stamp = FileStamp::of(&path);
         Ok(Store {
             conn,
             path,
             options: OpenOptions::default(),
+            read_only: Some(stamp),
         })
     }
 
-    /// The store's connection and file, for tables kept beside the runs' (the model registry's):
-    /// opened as the store was, read-only where [`Store::open_existing`] found the folder so.
-    pub fn into_connection(self) -> (Connection, PathBuf) {
-        (self.conn, self.path)
+    /// The store's connection, for tables kept beside the runs' (the model registry's): opened
+    /// as the store was, read-only where [`Store::open_existing`] found the folder so.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// [`Store::connection`], for a transaction.
+    pub fn connection_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
+    /// Whether the store is read as it is ([`Store::open_read_only`]): writes are errors.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.is_some()
+    }
+
+    /// A store read as it is sees the file as it was when opened (SQLite trusts an `immutable`
+    /// file not to change and keeps what it read): when the file's length or modification time
+    /// changed since (another host writes the volume), its connection is opened again. Nothing
+    /// for a store opened for writing, which sees every change. Whether it was opened again.
+    pub fn refresh(&mut self) -> Result<bool> {
+        let Some(stamp) = self.read_only else {
+            return Ok(false);
+        };
+        if FileStamp::of(&self.path) == stamp {
+            return Ok(false);
+        }
+        let dir = self.path.parent().map(Path::to_path_buf).unwrap_or_default();
+        *self = Store::open_read_only(&dir)?;
+        Ok(true)
     }
 
     /// The store's file.
@@ -197,6 +233,10 @@ impl Store {
     /// Marks every `running` run whose heartbeat is older than `stale_after` as `killed`, its
     /// end time its last heartbeat; how many.
     pub fn mark_stale(&self) -> Result<usize> {
+        if self.is_read_only() {
+            // nothing can be marked; the next writer's open does it
+            return Ok(0);
+        }
         let cutoff = self.stale_before();
         self.conn
             .execute(
@@ -324,6 +364,20 @@ impl Store {
                 ids.len()
             ))),
         }
+    }
+}
+
+/// A file's length and modification time: what changes when it is written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct FileStamp(Option<(u64, std::time::SystemTime)>);
+
+impl FileStamp {
+    fn of(path: &Path) -> FileStamp {
+        FileStamp(
+            std::fs::metadata(path)
+                .ok()
+                .and_then(|m| Some((m.len(), m.modified().ok()?))),
+        )
     }
 }
 

@@ -62,34 +62,49 @@ fn a_store_whose_folder_cannot_be_written_is_read_as_it_is() {
         let _ = std::fs::remove_file(dir.join(leftover));
     }
 
-    // read-only by choice, in a writable folder
-    let store = Store::open_read_only(&dir).unwrap();
+    // read-only by choice, in a writable folder: it sees what others write once the file
+    // changed and it is refreshed (SQLite trusts an immutable file not to change)
+    let mut store = Store::open_read_only(&dir).unwrap();
+    assert!(store.is_read_only());
     assert_eq!(store.list_runs(None).unwrap().len(), 1);
+    assert!(!store.refresh().unwrap(), "nothing changed");
+    let second = record(&dir, "later");
+    for leftover in ["runs.db-wal", "runs.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(leftover));
+    }
+    assert!(store.refresh().unwrap(), "the file changed");
+    assert!(store.has_run(second).unwrap());
+    assert_eq!(store.list_runs(None).unwrap().len(), 2);
+    // the stale runs' marking (at every open and dashboard run table) writes nothing here
+    assert_eq!(store.mark_stale_unless_busy().unwrap(), 0);
     drop(store);
 
+    // writable again however the test ends (a folder left immutable outlives the test)
+    let _writable_again = WritableAgain(&dir);
     if !make_read_only(&dir) {
-        make_writable(&dir);
         eprintln!("skipped: no way to make a folder read-only here (root without a working chattr)");
         return;
     }
-    let opened = Store::open_existing(&dir);
-    let mut store = match opened {
-        Ok(store) => store,
-        Err(e) => {
-            make_writable(&dir);
-            panic!("a store in a read-only folder: {e}");
-        }
-    };
+    let mut store = Store::open_existing(&dir).unwrap();
     let runs = store.list_runs(None).unwrap();
-    assert_eq!(runs.len(), 1);
-    assert_eq!(runs[0].name, "kept");
+    assert_eq!(runs.len(), 2);
+    assert!(runs.iter().any(|r| r.name == "kept"), "{runs:?}");
     assert!(store.has_run(id).unwrap());
+    assert_eq!(store.mark_stale_unless_busy().unwrap(), 0);
     // writing is an error, not a panic, and nothing is made in the folder
     assert!(store.delete_run(id).is_err());
     let files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    make_writable(&dir);
     assert_eq!(files, vec![std::ffi::OsString::from("runs.db")]);
+}
+
+/// Makes its folder writable again when dropped.
+struct WritableAgain<'a>(&'a Path);
+
+impl Drop for WritableAgain<'_> {
+    fn drop(&mut self) {
+        make_writable(self.0);
+    }
 }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 use weft_track::Store;
 
 use crate::error::{Error, Result};
@@ -88,7 +88,8 @@ pub struct ModelVersion {
 
 /// The registry of one run store.
 pub struct ModelRegistry {
-    conn: Connection,
+    /// The run store the table lives in, on whose connection it is read and written.
+    store: Store,
     path: PathBuf,
 }
 
@@ -274,7 +275,11 @@ impl ModelRegistry {
     /// when missing).
     pub fn open(dir: &Path) -> Result<ModelRegistry> {
         let registry = Self::of(Store::open(dir)?)?;
-        registry.conn.execute_batch(SCHEMA).map_err(sql(&registry.path))?;
+        registry
+            .store
+            .connection()
+            .execute_batch(SCHEMA)
+            .map_err(sql(&registry.path))?;
         Ok(registry)
     }
 
@@ -288,14 +293,26 @@ impl ModelRegistry {
 
     /// The registry on `store`'s connection (read-only where the store's folder is).
     fn of(store: Store) -> Result<ModelRegistry> {
-        let (conn, path) = store.into_connection();
-        conn.busy_timeout(Duration::from_secs(30)).map_err(sql(&path))?;
-        Ok(ModelRegistry { conn, path })
+        let path = store.path().to_path_buf();
+        store
+            .connection()
+            .busy_timeout(Duration::from_secs(30))
+            .map_err(sql(&path))?;
+        Ok(ModelRegistry { store, path })
+    }
+
+    /// Before reading again in a long-lived process (`weft serve --registry`, `weft ui`): a
+    /// store read as it is (its folder cannot be written) is opened again when its file changed,
+    /// so that promotions made elsewhere are seen ([`Store::refresh`]).
+    pub fn refresh(&mut self) -> Result<()> {
+        self.store.refresh()?;
+        Ok(())
     }
 
     /// Whether the store has the registry's table yet (none before the first version).
     fn has_table(&self) -> Result<bool> {
-        self.conn
+        self.store
+            .connection()
             .query_row(
                 "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'model_versions'",
                 [],
@@ -340,7 +357,8 @@ impl ModelRegistry {
         })?;
         let p = self.path.clone();
         let tx = self
-            .conn
+            .store
+            .connection_mut()
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql(&p))?;
         // the table, where a reader opened the store before any version was registered
@@ -378,7 +396,8 @@ impl ModelRegistry {
             return Ok(Listing::default());
         }
         let mut stmt = self
-            .conn
+            .store
+            .connection()
             .prepare(&format!("SELECT {COLUMNS} FROM model_versions ORDER BY name, version"))
             .map_err(sql(p))?;
         let rows = stmt.query_map([], row).map_err(sql(p))?;
@@ -421,7 +440,8 @@ impl ModelRegistry {
             self.versions(name)?;
         }
         let found = self
-            .conn
+            .store
+            .connection()
             .query_row(
                 &format!("SELECT {COLUMNS} FROM model_versions WHERE name = ?1 AND version = ?2"),
                 params![name, version],
@@ -452,7 +472,8 @@ impl ModelRegistry {
         self.version(name, version)?;
         let p = self.path.clone();
         let tx = self
-            .conn
+            .store
+            .connection_mut()
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql(&p))?;
         let now = weft_track::now();
@@ -514,7 +535,7 @@ mod tests {
         let store = dir.join("store");
         drop(Store::open(&store).unwrap());
         // another process holds the write lock (a long write transaction)
-        let holder = Connection::open(store.join("runs.db")).unwrap();
+        let holder = rusqlite::Connection::open(store.join("runs.db")).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let started = std::time::Instant::now();
         let reader = ModelRegistry::open_existing(&store).unwrap();
@@ -580,7 +601,7 @@ mod tests {
         let mut reg = ModelRegistry::open(&store).unwrap();
         reg.register(&store, ckpt.to_str().unwrap(), "m").unwrap();
         reg.promote("m", 1, Stage::Production).unwrap();
-        let insert = |sql: &str| reg.conn.execute(sql, []).unwrap();
+        let insert = |sql: &str| reg.store.connection().execute(sql, []).unwrap();
         // a path as a blob; a version as text; a name that is not UTF-8; a created time as text
         insert("INSERT INTO model_versions VALUES ('blob', 1, 'production', NULL, NULL, x'2f746d70', 0, 0)");
         insert("INSERT INTO model_versions VALUES ('vtext', 'two', 'staging', NULL, NULL, '/tmp', 0, 0)");

@@ -139,7 +139,9 @@ async fn on_store<T: Send + 'static>(
 ) -> Result<T, Failure> {
     let store = store.clone();
     tokio::task::spawn_blocking(move || {
-        let store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // a store read as it is (a read-only folder) is opened again when its file changed
+        store.refresh()?;
         f(&store)
     })
     .await
