@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use weft_serve::registry::{LoadFailure, Served};
@@ -50,10 +50,23 @@ pub struct Follower {
     read_error: Option<String>,
 }
 
-/// A registry version the follower loaded and serves.
+/// A registry version the follower loaded and serves. Held weakly: once unregistered through
+/// the management API it is drained and freed (its weights, its threads), and the follower no
+/// longer counts it as its own.
 struct Own {
     version: i64,
-    served: Arc<Served>,
+    served: Weak<Served>,
+}
+
+impl Own {
+    /// Whether this is still what `registry` serves under its name and version label.
+    fn is_served(&self, registry: &Registry, name: &str) -> bool {
+        let label = self.version.to_string();
+        match (self.served.upgrade(), registry.get(name, Some(&label))) {
+            (Some(own), Ok(now)) => Arc::ptr_eq(&own, &now),
+            _ => false,
+        }
+    }
 }
 
 /// A production version that failed to load, and what its next try waits for.
@@ -230,7 +243,12 @@ impl Follower {
     fn update(&mut self, registry: &Registry, v: &ModelVersion, at_start: bool) -> Option<Own> {
         let name = v.name.as_str();
         if self.served.get(name).is_some_and(|own| own.version == v.version) {
-            return None;
+            if self.served[name].is_served(registry, name) {
+                return None;
+            }
+            // unregistered through the management API since: not the follower's any more (a
+            // version registered there under the label since is someone else's)
+            self.served.remove(name);
         }
         let label = v.version.to_string();
         if registry.knows(name, Some(&label)).1 {
@@ -321,7 +339,7 @@ impl Follower {
                     name.to_string(),
                     Own {
                         version: v.version,
-                        served,
+                        served: Arc::downgrade(&served),
                     },
                 )
             }
@@ -344,8 +362,11 @@ impl Follower {
                 }
                 // not ready while a model whose production version failed at start serves none
                 if at_start || self.unready.contains_key(name) {
+                    // another version's record goes; this version's is replaced in one step
                     if let Some(recorded) = self.unready.insert(name.to_string(), label.clone()) {
-                        registry.clear_failure(name, &recorded);
+                        if recorded != label {
+                            registry.clear_failure(name, &recorded);
+                        }
                     }
                     registry.record_failure(LoadFailure {
                         name: name.to_string(),
@@ -418,7 +439,10 @@ impl Follower {
     /// hands the default to `next` (the newly promoted version) or the first other version.
     fn retire(&self, registry: &Registry, runtime: &tokio::runtime::Handle, name: &str, old: Own, next: Option<&str>) {
         let label = old.version.to_string();
-        let mut removed = registry.remove_if_same(&old.served);
+        let mut removed = match old.served.upgrade() {
+            Some(served) => registry.remove_if_same(&served),
+            None => Ok(None),
+        };
         if removed
             .as_ref()
             .is_err_and(|e| e.status == axum::http::StatusCode::CONFLICT)
@@ -432,7 +456,10 @@ impl Follower {
                 if registry.set_default(name, &heir).is_ok() {
                     weft_core::errln!("weft serve: model {name} version {heir} is the default now");
                 }
-                removed = registry.remove_if_same(&old.served);
+                removed = match old.served.upgrade() {
+                    Some(served) => registry.remove_if_same(&served),
+                    None => Ok(None),
+                };
             }
         }
         match removed {

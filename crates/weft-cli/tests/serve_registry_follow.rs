@@ -318,6 +318,24 @@ fn a_version_served_from_elsewhere_is_neither_taken_for_the_registrys_nor_unregi
     assert_ne!(url_of("m", "4").1, "mlp");
     assert!(wait_for(20, || s.versions("m").len() == 2), "{:?}", s.versions("m"));
     assert_eq!(url_of("m", "2"), from_store("2"));
+
+    // the follower's own version unregistered through the management API is its own no more:
+    // another checkpoint registered under its label is warned about, not taken for the
+    // registry's (the follower held it, and took the newcomer silently)
+    let (status, answer) = s.manage(Method::PUT, "/models/m/2/set-default");
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = s.manage(Method::DELETE, "/models/m/4");
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = s.manage(Method::POST, "/models?url=mlp&model_name=m&version=4");
+    if status == 200 {
+        assert!(wait_for(20, || s.log().matches(conflict).count() == 2), "{}", s.log());
+        assert_eq!(url_of("m", "4"), from_store("4"));
+    } else {
+        // the follower's next read came first (100 ms polls): the label was free, so it
+        // loaded the registry's version 4 again, which the old follower never did
+        assert_eq!(status, 409, "{answer}");
+        assert_ne!(url_of("m", "4").1, "mlp");
+    }
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

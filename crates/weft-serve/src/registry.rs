@@ -145,7 +145,11 @@ impl Registry {
     /// Records a model asked for at start that failed to load: the server is not ready
     /// (`/v2/health/ready` answers 503 naming it) until that name and version is added.
     pub fn record_failure(&self, failure: LoadFailure) {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).push(failure);
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        // one record per model and version: a failure of a retry replaces the earlier one
+        // under the same lock (a readiness probe never sees it missing in between)
+        failed.retain(|f| f.name != failure.name || f.version != failure.version);
+        failed.push(failure);
     }
 
     /// Forgets a failure [`Registry::record_failure`] recorded for `name` and `version` (what was
