@@ -31,6 +31,18 @@ pub fn dump(args: &DumpArgs) -> Result<(), String> {
         weft_core::errln!(
             "weft: note: parallel.auto plans the layout for the job's ranks; this is the step of one process"
         );
+    } else if cfg.parallel.dp == 0 && cfg.parallel.tp * cfg.parallel.pp == 1 && cfg.parallel.zero > 0 {
+        // dp unset takes the job's ranks: under weft launch the layout is another
+        weft_core::errln!(
+            "weft: note: parallel.dp is unset, so it is the job's ranks; this is the step of one process (give \
+             parallel.dp to see a rank's: with zero = {} and more than one rank{})",
+            cfg.parallel.zero,
+            if cfg.parallel.zero == 3 {
+                ", the run does not capture its step"
+            } else {
+                ", a rank captures its micro-batch's step"
+            }
+        );
     }
     match capture_of(&cfg.parallel) {
         Capture::Eager(why) => {

@@ -160,3 +160,22 @@ fn data_parallel_dumps_print_one_ranks_micro_batch_graph_at_its_rows() {
         &["4 rows does not split evenly across dp = 3"],
     );
 }
+
+/// ZeRO with `dp` unset (the job's ranks): the dump is one process's step, and says so and what
+/// a rank of a real job does.
+#[test]
+fn zero_with_dp_unset_is_dumped_as_one_process_with_a_note() {
+    let c = fixture_config("gpt_adamw");
+    for (zero, what) in [
+        ("3", "the run does not capture its step"),
+        ("2", "a rank captures its micro-batch's step"),
+    ] {
+        let set = format!("parallel.zero={zero}");
+        let out = weft_ok(&["graph", "dump", "--config", c.to_str().unwrap(), "--set", &set]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("parallel.dp is unset, so it is the job's ranks") && err.contains(what),
+            "{err}"
+        );
+    }
+}

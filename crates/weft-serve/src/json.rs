@@ -127,7 +127,7 @@ impl<'de> Deserialize<'de> for TensorData {
 /// skips past all of these unchecked, so a body it reads may still not be JSON. Nothing is kept
 /// (a string with escapes passes through serde_json's one scratch buffer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Checked;
+pub(crate) struct Checked;
 
 impl<'de> Visitor<'de> for Checked {
     type Value = Checked;

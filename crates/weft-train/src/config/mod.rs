@@ -169,7 +169,7 @@ impl<'de> Deserialize<'de> for ScheduleConfig {
 /// parallelism or ZeRO stage 3 (the first that applies); `None` for none of them. The trainer
 /// says it once when it runs such a step eagerly; [`ParallelConfig::uncapturable`] reads it
 /// from a config.
-pub fn uncapturable_layout(pipeline: bool, tensor_parallel: bool, zero3: bool) -> Option<&'static str> {
+pub(crate) fn uncapturable_layout(pipeline: bool, tensor_parallel: bool, zero3: bool) -> Option<&'static str> {
     if pipeline {
         Some("pipeline parallelism is not captured yet (its schedule interleaves forward and backward passes across stages)")
     } else if tensor_parallel {
