@@ -82,6 +82,19 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     print_out(&text)
 }
 
+/// A rate for the table: whole numbers from 100 up, else three significant digits (a plan is
+/// never ranked at 0 tokens/s, and a rate under one printed with no decimals read as 0).
+fn rate(x: f64) -> String {
+    if !x.is_finite() || x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 1e-3 {
+        let decimals = (2 - x.log10().floor() as i32).max(0) as usize;
+        format!("{x:.decimals$}")
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
 /// `6x16` for 16 stages of 6 blocks, else the list.
 fn stages(blocks: &[usize]) -> String {
     match blocks.first() {
@@ -130,11 +143,16 @@ fn table(r: &PlanReport, work: &Workload, device: &DeviceSpec, devices: usize, t
     let _ = writeln!(
         out,
         "planned in {seconds:.3} s: {} layouts evaluated, {} feasible ({} dominated dropped, {} re-cut to fit), \
-         {infeasible} infeasible",
+         {infeasible} infeasible{}",
         r.evaluated,
         r.plans.len() + r.dominated,
         r.dominated,
-        r.recut
+        r.recut,
+        if r.skipped > 0 {
+            format!(", {} skipped (could not rank or fit)", r.skipped)
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         out,
@@ -144,12 +162,12 @@ fn table(r: &PlanReport, work: &Workload, device: &DeviceSpec, devices: usize, t
     for (i, p) in r.plans.iter().take(top).enumerate() {
         let _ = writeln!(
             out,
-            "{:>4}  {:<48} {:>10} {:>10.1} {:>12.0} {:>5.1}%  {}",
+            "{:>4}  {:<48} {:>10} {:>10.1} {:>12} {:>5.1}%  {}",
             i + 1,
             p.layout.label(),
             stages(&p.layout.stage_blocks),
             p.time.step * 1e3,
-            p.tokens_per_second,
+            rate(p.tokens_per_second),
             100.0 * p.mfu,
             breakdown(&p.memory)
         );
@@ -222,6 +240,7 @@ fn json(r: &PlanReport, work: &Workload, device: &DeviceSpec, devices: usize, to
         "feasible_count": r.plans.len() + r.dominated,
         "dominated_dropped": r.dominated,
         "recut_to_fit": r.recut,
+        "skipped": r.skipped,
         "infeasible_count": r.infeasible_reasons.values().sum::<usize>(),
         "plans": plans,
     });

@@ -502,3 +502,168 @@ fn an_interleaved_pipelines_activations_are_what_its_stages_held() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A cluster whose rates are in range but tiny (`flops = 1e6`) ranks plans of a thousandth of a
+/// token a second: the table printed them as `0 tokens/s` (the JSON had 0.00073), which reads
+/// as a plan ranked at no rate at all.
+#[test]
+fn a_plan_of_a_tiny_rate_is_not_shown_at_0_tokens_per_second() {
+    let dir = temp_dir("plan-tiny-rate");
+    let cluster = write(
+        &dir,
+        "cluster.toml",
+        "devices_per_node = 8\nmemory_bytes = 80e9\nmemory_bandwidth = 3.35e12\n[flops]\nbf16 = 1e6\nf32 = \
+         1e6\n[intra_node]\nbandwidth = 450e9\nlatency = 5e-6\n[inter_node]\nbandwidth = 50e9\nlatency = 10e-6\n",
+    );
+    let out = weft(&[
+        "plan",
+        "--config",
+        &gpt3(),
+        "--devices",
+        "1024",
+        "--top",
+        "3",
+        "--cluster",
+        cluster.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ranked: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(['1', '2', '3']))
+        .collect();
+    assert_eq!(ranked.len(), 3, "{stdout}");
+    for line in ranked {
+        // the field before the MFU's
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let mfu = fields.iter().position(|f| f.ends_with('%')).unwrap();
+        let rate: f64 = fields[mfu - 1].parse().unwrap();
+        assert!(rate > 0.0 && rate < 0.01, "{line}");
+    }
+}
+
+/// More ranks than `weft plan calibrate` measures (64, the ranks of one machine): the note of
+/// planning them on another calibration told to run `weft plan calibrate --nproc 128`, which
+/// refuses 128; now both say what to run instead, and the note for a count it takes is as it was.
+#[test]
+fn the_local_specs_advice_is_a_command_calibrate_takes() {
+    let dir = temp_dir("plan-local-advice");
+    let cache = dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let spec = weft_plan::DeviceSpec {
+        name: "local".into(),
+        devices_per_node: 2,
+        memory_bytes: 4e9,
+        gpu: false,
+        ..weft_plan::DeviceSpec::builtin("h100-sxm-80gb").unwrap()
+    };
+    let c = weft_plan::calibration::Calibration {
+        spec,
+        ranks: 2,
+        machine: "test".into(),
+        measure_seconds: 1.0,
+        measured: Vec::new(),
+    };
+    std::fs::write(cache.join("plan-local.toml"), c.to_toml()).unwrap();
+    let plan = |devices: &str| {
+        common::weft_command(&[
+            "plan",
+            "--devices",
+            devices,
+            "--device-spec",
+            "local",
+            "--set",
+            "data.batch_size=128",
+        ])
+        .env("WEFT_CACHE_DIR", &cache)
+        .output()
+        .unwrap()
+    };
+    let out = plan("128");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("planning 128 ranks with the calibration of 2 ranks"),
+        "{err}"
+    );
+    assert!(!err.contains("--nproc 128"), "{err}");
+    assert!(err.contains("at most 64 ranks"), "{err}");
+    // a count calibrate takes keeps its advice
+    let out = plan("16");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("`weft plan calibrate --nproc 16` measures one"), "{err}");
+    // and calibrate says what to run for more ranks than it measures, in one line
+    let out = common::weft_command(&["plan", "calibrate", "--nproc", "128"])
+        .env("WEFT_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--nproc 128: must be 1 to 64") && err.contains("the ranks each machine"),
+        "{err}"
+    );
+}
+
+/// `weft plan calibrate` at GPT-2's widths with its 50k vocabulary and 64 rows of 1024 tokens a
+/// rank: the output layer's product at full shape is 65536 x 50257 in f32, 13.2 GB a tensor;
+/// the rank grew to 23.9 GB and was killed after 359 s (under a 10 GB address-space cap it failed
+/// after 71 s). Now the shapes measured are cut to a memory and a time budget, said in one line;
+/// here under a 4 GB address-space cap, in seconds.
+#[test]
+fn calibrate_measures_a_large_model_within_memory_and_its_budget() {
+    let dir = temp_dir("plan-calibrate-large");
+    let cache = dir.join("cache");
+    let start = std::time::Instant::now();
+    let out = std::process::Command::new("sh")
+        .args(["-c", "ulimit -v 4000000 && exec timeout -s KILL 300 \"$@\"", "sh"])
+        .arg(common::weft_bin())
+        .args([
+            "plan",
+            "calibrate",
+            "--config",
+            &gpt3(),
+            "--nproc",
+            "1",
+            "--budget-ms",
+            "20",
+        ])
+        .args([
+            "--set",
+            "model.n_layer=4",
+            "--set",
+            "model.n_embd=1024",
+            "--set",
+            "model.n_head=16",
+            "--set",
+            "model.block_size=1024",
+            "--set",
+            "model.vocab_size=50257",
+            "--set",
+            "data.batch_size=64",
+        ])
+        .env("WEFT_NUM_THREADS", "2")
+        .env("WEFT_CACHE_DIR", &cache)
+        .env("WEFT_TRACK_DIR", common::test_runs_dir())
+        .output()
+        .unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "after {secs:.1} s: {err}");
+    assert!(secs < 60.0, "{secs} s: {err}");
+    let notes: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("measuring at smaller shapes"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{err}");
+    assert!(
+        notes[0].contains("output layer C x V at") && notes[0].contains("x 50257)"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(cache.join("plan-local.toml")).unwrap();
+    let c = weft_plan::calibration::Calibration::parse(&text, "plan-local.toml").unwrap();
+    let columns = c.measured.iter().find(|m| m.0 == "measured_output_columns").unwrap().1;
+    assert!(columns < 50257.0, "{columns}");
+}

@@ -28,6 +28,19 @@ pub const FORMAT: &str = "weft-plan-calibration";
 /// The version this build writes and reads.
 pub const VERSION: i64 = 3;
 
+/// The most ranks `weft plan calibrate` measures together: the ranks of one machine, started
+/// by the command itself.
+pub const MAX_RANKS: usize = 64;
+
+/// What to run for a job of more ranks than [`MAX_RANKS`] (or none): its text, for a refusal of
+/// `--nproc` or a note (the spec is per rank, its node the machine measured).
+pub fn ranks_advice() -> String {
+    format!(
+        "must be 1 to {MAX_RANKS}: a calibration measures the ranks of one machine (run `weft plan calibrate \
+         --nproc N` with N the ranks each machine of the job runs)"
+    )
+}
+
 /// A measured machine.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Calibration {

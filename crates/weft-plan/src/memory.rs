@@ -79,7 +79,9 @@ pub fn stage_params(model: &ModelShape, tp: usize, pp: usize, blocks: usize, fir
 fn interleaved_activations(work: &Workload, layout: &Layout, stage: usize, tokens: f64) -> f64 {
     let model = &work.model;
     let (pp, v) = (layout.pp, layout.schedule.chunks());
-    let counts = layout.config_stage_blocks();
+    // blocks of virtual stage `vs` (`Layout::config_stage_blocks`, without listing them all)
+    let blocks: usize = layout.stage_blocks.iter().sum();
+    let count = |vs: usize| blocks / (pp * v) + usize::from(vs < blocks % (pp * v));
     // per chunk: a micro-batch's graph without the weight copies, its input, the copies
     let per_pass: Vec<(f64, f64, f64)> = (0..v)
         .map(|c| {
@@ -90,36 +92,114 @@ fn interleaved_activations(work: &Workload, layout: &Layout, stage: usize, token
                 work.precision,
                 layout.tp,
                 work.kv_repeated,
-                counts[vs],
+                count(vs),
                 (first, last),
                 tokens,
             );
-            let copies = activations::weight_copy_bytes(model, work.precision, layout.tp, counts[vs], last);
+            let copies = activations::weight_copy_bytes(model, work.precision, layout.tp, count(vs), last);
             let input = tokens * if first { 8.0 } else { 4.0 * model.n_embd as f64 };
             (whole - copies, input, copies)
         })
         .collect();
     let (mut held, mut peak) = (0.0f64, 0.0f64);
     let mut cast = vec![false; v];
-    for (c, forward) in layout.schedule.chunk_order(stage, pp, layout.micro_batches) {
+    // one pass: a forward or a backward of chunk `c`
+    let mut pass = |c: usize, forward: bool, held: &mut f64| {
         let (graph, input, copies) = per_pass[c];
         match (layout.recompute, forward) {
             (false, true) => {
                 if !cast[c] {
                     cast[c] = true;
-                    held += copies;
+                    *held += copies;
                 }
-                held += graph;
+                *held += graph;
             }
-            (false, false) => held -= graph,
-            (true, true) => held += input,
+            (false, false) => *held -= graph,
+            (true, true) => *held += input,
             (true, false) => {
                 // rebuilt whole, weight copies included, for its backward, then gone
-                peak = peak.max(held + graph + copies);
-                held -= input;
+                peak = peak.max(*held + graph + copies);
+                *held -= input;
             }
         }
-        peak = peak.max(held);
+        peak = peak.max(*held);
+    };
+    // the runtime's order (`Schedule::chunk_order`, which this walks without listing it): the
+    // warm-up's forwards, a forward and a backward in turn, the backwards left; a chunk's passes
+    // come in runs of up to `pp` in a row. Within a run of `n` steps (a pass, or a forward and a
+    // backward in turn, of the same chunks) what is held changes by the same amount each step
+    // after the first (which may cast the chunk's weights), so its most is at the first or the
+    // last step: those two are walked, the ones between passed over. The turns also repeat
+    // every `pp v` steps (a period holds each chunk's passes as often forward as backward, and
+    // every chunk's weights are cast by the end of the first): whole periods past the second
+    // are passed over too. A stage's walk is `O(v)` runs, however many micro-batches.
+    let run = |held: &mut f64, n: usize, step: &mut dyn FnMut(&mut f64)| {
+        if n == 0 {
+            return;
+        }
+        step(held);
+        if n > 1 {
+            let before = *held;
+            step(held);
+            let each = *held - before;
+            *held += (n - 2) as f64 * each;
+            if n > 2 {
+                // the last step, walked again from the one before it
+                *held -= each;
+                step(held);
+            }
+        }
+    };
+    let m = layout.micro_batches;
+    let (total, period) = (m * v, pp * v);
+    let chunk = |k: usize, forward: bool| {
+        let c = (k % period) / pp;
+        if forward {
+            c
+        } else {
+            v - 1 - c
+        }
+    };
+    let warmup = if m == pp {
+        total
+    } else {
+        ((pp - 1 - stage) * 2 + (v - 1) * pp).min(total)
+    };
+    // passes k = from..to of one kind, in runs of one chunk
+    let mut k = 0;
+    while k < warmup {
+        let end = (k + pp - k % pp).min(warmup);
+        let c = chunk(k, true);
+        run(&mut held, end - k, &mut |h| pass(c, true, h));
+        k = end;
+    }
+    let steady = total - warmup;
+    let mut k = 0;
+    while k < steady {
+        if k == 2 * period {
+            k += (steady - k) / period * period;
+            if k == steady {
+                break;
+            }
+        }
+        // forward warmup + k and backward k, until either changes chunk (or a second period ends)
+        let mut end = (k + pp - k % pp).min(k + pp - (warmup + k) % pp).min(steady);
+        if k < 2 * period {
+            end = end.min(2 * period);
+        }
+        let (f, b) = (chunk(warmup + k, true), chunk(k, false));
+        run(&mut held, end - k, &mut |h| {
+            pass(f, true, h);
+            pass(b, false, h);
+        });
+        k = end;
+    }
+    let mut k = steady;
+    while k < total {
+        let end = (k + pp - k % pp).min(total);
+        let c = chunk(k, false);
+        run(&mut held, end - k, &mut |h| pass(c, false, h));
+        k = end;
     }
     peak
 }
@@ -132,6 +212,85 @@ pub fn stage_memory(work: &Workload, layout: &Layout, stage: usize) -> MemoryBre
 /// Bytes a device of stage `stage` holds under `layout` were that stage given `blocks` blocks
 /// (every term is linear in `blocks`).
 pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks: usize) -> MemoryBreakdown {
+    let activations = stage_activations(work, layout, stage, blocks);
+    stage_memory_given(work, layout, stage, blocks, activations)
+}
+
+/// Tokens of one micro-batch under `layout`.
+fn micro_batch_tokens(work: &Workload, layout: &Layout) -> f64 {
+    let rows = (work.pass_rows() as f64 / layout.dp as f64) / layout.micro_batches as f64;
+    rows * work.model.seq_len as f64
+}
+
+/// Activation bytes a device of stage `stage` holds under `layout` were that stage given
+/// `blocks` blocks (the term of [`MemoryBreakdown`] that depends on the schedule and recompute,
+/// not on ZeRO or the gather dtype).
+pub fn stage_activations(work: &Workload, layout: &Layout, stage: usize, blocks: usize) -> f64 {
+    let model = &work.model;
+    let (tp, pp) = (layout.tp, layout.pp);
+    let (first, last) = (stage == 0, stage + 1 == pp);
+    let tokens = micro_batch_tokens(work, layout);
+    if layout.schedule.chunks() > 1 {
+        interleaved_activations(work, layout, stage, tokens)
+    } else {
+        let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
+        let whole_mb = activations::micro_batch_bytes(
+            model,
+            work.precision,
+            tp,
+            work.kv_repeated,
+            blocks,
+            (first, last),
+            tokens,
+        );
+        if layout.recompute {
+            // each micro-batch in flight keeps its input (the token ids on the first stage, the
+            // f32 residual stream on the others); one at a time is rebuilt whole
+            let input = if first { 8.0 } else { 4.0 * model.n_embd as f64 };
+            in_flight * tokens * input + whole_mb
+        } else {
+            // the bf16 weight copies once: the step's micro-batches run in one autocast region,
+            // which casts each parameter once
+            let copies = activations::weight_copy_bytes(model, work.precision, tp, blocks, last);
+            in_flight * (whole_mb - copies) + copies
+        }
+    }
+}
+
+/// The least bytes a device of stage `stage` with `blocks` blocks can hold under `layout` at
+/// any number of micro-batches up to `layout.micro_batches` (1F1B or GPipe; the same pass
+/// rows): fewer micro-batches are larger, and hold at least as many tokens in flight and as
+/// large send buffers, but a micro-batch's bytes besides its tokens' (llama's rotary tables)
+/// are held once per micro-batch in flight, which may be one.
+pub fn stage_memory_floor(work: &Workload, layout: &Layout, stage: usize, blocks: usize) -> f64 {
+    let total = stage_memory_with(work, layout, stage, blocks).total();
+    if layout.recompute || layout.schedule.chunks() > 1 {
+        // recompute rebuilds one micro-batch at a time (interleaved plans are not bounded so)
+        return total;
+    }
+    let (first, last) = (stage == 0, stage + 1 == layout.pp);
+    let model = &work.model;
+    let fixed = activations::micro_batch_bytes(
+        model,
+        work.precision,
+        layout.tp,
+        work.kv_repeated,
+        blocks,
+        (first, last),
+        0.0,
+    ) - activations::weight_copy_bytes(model, work.precision, layout.tp, blocks, last);
+    let in_flight = layout.schedule.in_flight(stage, layout.pp, layout.micro_batches) as f64;
+    total - (in_flight - 1.0) * fixed.max(0.0)
+}
+
+/// [`stage_memory_with`] with its activation bytes given ([`stage_activations`]).
+pub fn stage_memory_given(
+    work: &Workload,
+    layout: &Layout,
+    stage: usize,
+    blocks: usize,
+    activations: f64,
+) -> MemoryBreakdown {
     let model = &work.model;
     let (tp, pp) = (layout.tp, layout.pp);
     let dp = layout.dp as f64;
@@ -163,33 +322,7 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
         moments * 4.0 * p
     };
 
-    let rows = (work.pass_rows() as f64 / dp) / layout.micro_batches as f64;
-    let tokens = rows * model.seq_len as f64;
-    let activations = if layout.schedule.chunks() > 1 {
-        interleaved_activations(work, layout, stage, tokens)
-    } else {
-        let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
-        let whole_mb = activations::micro_batch_bytes(
-            model,
-            work.precision,
-            tp,
-            work.kv_repeated,
-            blocks,
-            (first, last),
-            tokens,
-        );
-        if layout.recompute {
-            // each micro-batch in flight keeps its input (the token ids on the first stage, the
-            // f32 residual stream on the others); one at a time is rebuilt whole
-            let input = if first { 8.0 } else { 4.0 * model.n_embd as f64 };
-            in_flight * tokens * input + whole_mb
-        } else {
-            // the bf16 weight copies once: the step's micro-batches run in one autocast region,
-            // which casts each parameter once
-            let copies = activations::weight_copy_bytes(model, work.precision, tp, blocks, last);
-            in_flight * (whole_mb - copies) + copies
-        }
-    };
+    let tokens = micro_batch_tokens(work, layout);
 
     // tensor-parallel all-reduces carry the products' dtype, pipeline sends the f32 stream
     let hidden = tokens * model.n_embd as f64;
@@ -279,6 +412,94 @@ mod tests {
             comm_dtype: CommDtype::F32,
             stage_blocks: vec![12],
         }
+    }
+
+    /// The walk of an interleaved stage's passes that passes over whole periods holds what the
+    /// whole list of passes (`Schedule::chunk_order`) holds.
+    #[test]
+    fn interleaved_activations_pass_over_whole_periods_exactly() {
+        let full = |work: &Workload, layout: &Layout, stage: usize, tokens: f64| -> f64 {
+            let model = &work.model;
+            let (pp, v) = (layout.pp, layout.schedule.chunks());
+            let counts = layout.config_stage_blocks();
+            let per_pass: Vec<(f64, f64, f64)> = (0..v)
+                .map(|c| {
+                    let vs = c * pp + stage;
+                    let (first, last) = (vs == 0, vs + 1 == pp * v);
+                    let whole = activations::micro_batch_bytes(
+                        model,
+                        work.precision,
+                        layout.tp,
+                        false,
+                        counts[vs],
+                        (first, last),
+                        tokens,
+                    );
+                    let copies = activations::weight_copy_bytes(model, work.precision, layout.tp, counts[vs], last);
+                    let input = tokens * if first { 8.0 } else { 4.0 * model.n_embd as f64 };
+                    (whole - copies, input, copies)
+                })
+                .collect();
+            let (mut held, mut peak) = (0.0f64, 0.0f64);
+            let mut cast = vec![false; v];
+            for (c, forward) in layout.schedule.chunk_order(stage, pp, layout.micro_batches) {
+                let (graph, input, copies) = per_pass[c];
+                match (layout.recompute, forward) {
+                    (false, true) => {
+                        if !cast[c] {
+                            cast[c] = true;
+                            held += copies;
+                        }
+                        held += graph;
+                    }
+                    (false, false) => held -= graph,
+                    (true, true) => held += input,
+                    (true, false) => {
+                        peak = peak.max(held + graph + copies);
+                        held -= input;
+                    }
+                }
+                peak = peak.max(held);
+            }
+            peak
+        };
+        let mut cases = 0;
+        for precision in [Precision::F32, Precision::Bf16] {
+            let mut w = work();
+            w.precision = precision;
+            w.model.n_layer = 37;
+            w.global_batch = 1 << 12;
+            for pp in 2..=5 {
+                for v in 2..=4 {
+                    if w.model.n_layer < (v * pp) as u64 {
+                        continue;
+                    }
+                    for m in (1..=13).map(|k| k * pp) {
+                        for recompute in [false, true] {
+                            let l = Layout {
+                                pp,
+                                micro_batches: m,
+                                schedule: Schedule::Interleaved(v),
+                                recompute,
+                                stage_blocks: crate::search::interleaved_cut(37, pp, v),
+                                ..layout(1, 0)
+                            };
+                            let tokens = (w.global_batch / m as u64) as f64 * w.model.seq_len as f64;
+                            for stage in 0..pp {
+                                let got = interleaved_activations(&w, &l, stage, tokens);
+                                let want = full(&w, &l, stage, tokens);
+                                assert!(
+                                    (got - want).abs() <= 1e-9 * want,
+                                    "pp {pp} v {v} m {m} rc {recompute} stage {stage}: {got} vs {want}"
+                                );
+                                cases += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 1000, "{cases}");
     }
 
     #[test]

@@ -119,26 +119,49 @@ pub fn read_calibration(path: &std::path::Path) -> Result<Option<weft_plan::cali
 /// that job size). Without any calibration (or with one that cannot be used), an error naming
 /// the command that measures it.
 pub fn local_spec_for(ranks: usize) -> Result<(DeviceSpec, Option<String>), String> {
+    let measure = measure_command(ranks);
     let own = calibration_path_for(ranks);
     match read_calibration(&own) {
         Ok(Some(c)) => return Ok((c.spec, None)),
         Ok(None) => {}
         Err(e) => {
             return Err(format!(
-                "the local device spec's calibration for {ranks} ranks cannot be used ({e}): run `weft plan calibrate --nproc {ranks}` to measure again"
+                "the local device spec's calibration for {ranks} ranks cannot be used ({e}): run {measure} to measure again"
             ))
         }
     }
     let latest = read_calibration(&calibration_path()).ok().flatten();
     let spec = local_spec()?;
     let note = latest.filter(|c| c.ranks != ranks).map(|c| {
-        format!(
-            "planning {ranks} ranks with the calibration of {} ranks (none was measured for {ranks}: `weft plan \
-             calibrate --nproc {ranks}` measures one)",
-            c.ranks
-        )
+        if ranks > weft_plan::calibration::MAX_RANKS {
+            format!(
+                "planning {ranks} ranks with the calibration of {} ranks, per rank, its machine as a node (`weft plan \
+                 calibrate` measures at most {} ranks, those of one machine: run {measure})",
+                c.ranks,
+                weft_plan::calibration::MAX_RANKS
+            )
+        } else {
+            format!(
+                "planning {ranks} ranks with the calibration of {} ranks (none was measured for {ranks}: {measure} \
+                 measures one)",
+                c.ranks
+            )
+        }
     });
     Ok((spec, note))
+}
+
+/// The command that measures this machine for a job of `ranks` ranks: `weft plan calibrate
+/// --nproc ranks`, or, past the ranks one calibration measures
+/// ([`weft_plan::calibration::MAX_RANKS`], those of one machine), with the ranks each machine of
+/// the job runs.
+fn measure_command(ranks: usize) -> String {
+    let most = weft_plan::calibration::MAX_RANKS;
+    if ranks <= most {
+        format!("`weft plan calibrate --nproc {ranks}`")
+    } else {
+        format!("`weft plan calibrate --nproc N` with N the ranks each machine of the job runs (at most {most})")
+    }
 }
 
 /// The `local` spec from this machine's latest calibration; without one (or with one that

@@ -18,6 +18,11 @@
 //!   so that the link is measured unshared (the planner shares the cores among transfers
 //!   itself).
 //!
+//! The shapes are the model's cut to a memory and a time budget ([`Sizes`]): each f32 tensor at
+//! most 64 MB (a 48th of a rank's share of the memory, if less), each timed call at most an
+//! eighth of the budget at the rates of a small product and sum; one line says what was cut
+//! (GPT-2's output layer at full shape is 13.2 GB a tensor).
+//!
 //! The rates are those of one rank computing alone; the products are then measured on every
 //! rank at once, and where that is slower (ranks sharing cores) the spec's `shared_compute` is
 //! the ranks that compute at the full rate together (`ranks x together / alone`).
@@ -31,7 +36,7 @@ mod passes;
 
 use std::time::{Duration, Instant};
 
-use weft_core::{DType, Generator, Tensor};
+use weft_core::{DType, Tensor};
 use weft_plan::calibration::Calibration;
 use weft_plan::{DeviceSpec, Efficiency, PassCost};
 use weft_train::plan_shape;
@@ -42,8 +47,8 @@ use crate::train::ConfigArgs;
 pub struct CalibrateArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Ranks to measure together: the ranks a job on this machine will have [default: the
-    /// cores there are].
+    /// Ranks to measure together: the ranks a job on this machine will have, 1 to 64 [default:
+    /// the cores there are, at most 64].
     #[arg(long, value_name = "N")]
     nproc: Option<usize>,
     /// Measuring time per rate, in milliseconds (at most 2000).
@@ -95,6 +100,138 @@ impl Shapes {
     }
 }
 
+/// The most bytes one tensor measured has (f32), and at most a 48th of a rank's share of this
+/// machine's available memory: the products, attention and kernels are measured at the model's
+/// shapes cut to it (a rate in FLOP/s or bytes/s hardly depends on the size once it is this
+/// large). GPT-2's output layer at 64 rows of 1024 tokens is 13.2 GB a tensor.
+const MAX_TENSOR_BYTES: f64 = (64 << 20) as f64;
+/// The fewest tokens (rows of a product) and the narrowest width a cut keeps.
+const MIN_TOKENS: usize = 64;
+const MIN_WIDTH: usize = 256;
+
+/// What is measured: the model's shapes cut so that every tensor stays within a memory budget
+/// and every call within a time budget ([`Sizes::of`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Sizes {
+    /// `(tokens, k, n)` of each product: a block's four (`C x 3C`, `C x C`, `C x I`, `I x C`)
+    /// and the output layer's (`C x V`).
+    products: [(usize, usize, usize); 5],
+    /// Attention's rows, heads, sequence and head size.
+    attention: (usize, usize, usize, usize),
+    /// Tokens, width and MLP width of the memory-bound kernels.
+    kernels: (usize, usize, usize),
+}
+
+/// Halves `x` (rounding up) down to `floor` (or to what it is, if less).
+fn halve(x: &mut usize, floor: usize) -> bool {
+    let next = x.div_ceil(2).max(floor.min(*x));
+    let changed = next < *x;
+    *x = next;
+    changed
+}
+
+impl Sizes {
+    /// The model's shapes `s` with every f32 tensor at most `tensor_bytes`, each product call
+    /// (forward and both backward products of the five) at most `call_flops` and attention's
+    /// (forward and backward) at most half of it, and each kernel call at most `call_bytes`
+    /// moved: tokens are cut first, then the widest dimensions (not below [`MIN_TOKENS`] and
+    /// [`MIN_WIDTH`], or what the model has).
+    fn of(s: Shapes, tensor_bytes: f64, call_flops: f64, call_bytes: f64) -> Sizes {
+        let (c, i, v) = (s.embd, s.inter, s.vocab);
+        let mut products = [
+            (s.tokens, c, 3 * c),
+            (s.tokens, c, c),
+            (s.tokens, c, i),
+            (s.tokens, i, c),
+            (s.tokens, c, v),
+        ];
+        for (m, k, n) in products.iter_mut() {
+            // the weight within the budget (its widest side first), then the tokens
+            while 4.0 * (*k * *n) as f64 > tensor_bytes {
+                let widest = if *n >= *k { &mut *n } else { &mut *k };
+                if !halve(widest, MIN_WIDTH) {
+                    break;
+                }
+            }
+            let most = (tensor_bytes / (4.0 * (*k).max(*n) as f64)) as usize;
+            *m = (*m).min(most.max(1));
+        }
+        let flops = |p: &[(usize, usize, usize); 5]| p.iter().map(|&(m, k, n)| 6.0 * (m * k * n) as f64).sum::<f64>();
+        while flops(&products) > call_flops {
+            // fewer tokens for every product, else the widest dimension of all narrower
+            let mut cut = false;
+            for (m, _, _) in products.iter_mut() {
+                cut |= halve(m, MIN_TOKENS);
+            }
+            if !cut {
+                let widest = products
+                    .iter_mut()
+                    .flat_map(|(_, k, n)| [k, n])
+                    .max_by_key(|d| **d)
+                    .filter(|d| **d > MIN_WIDTH);
+                match widest {
+                    Some(d) => {
+                        halve(d, MIN_WIDTH);
+                    }
+                    None => break,
+                }
+            }
+        }
+        // attention: q, k, v and their gradients `[rows, heads, seq, head size]`
+        let head = c / s.heads.max(1);
+        let (mut rows, mut heads, mut seq) = (s.tokens / s.seq, s.heads, s.seq);
+        let cost = |rows: usize, heads: usize, seq: usize| {
+            let bytes = 4.0 * (rows * heads * seq * head) as f64;
+            let flops = 12.0 * (rows * seq * seq * heads * head) as f64;
+            bytes > tensor_bytes || flops > call_flops / 2.0
+        };
+        while cost(rows, heads, seq) {
+            if !(halve(&mut rows, 1) || halve(&mut heads, 1) || halve(&mut seq, MIN_TOKENS)) {
+                break;
+            }
+        }
+        // the kernels: `[tokens, C]` and `[tokens, I]`, read and written
+        let mut tokens = s.tokens;
+        while (4.0 * (tokens * c.max(i)) as f64 > tensor_bytes || 4.0 * (tokens * (5 * c + 2 * i)) as f64 > call_bytes)
+            && halve(&mut tokens, MIN_TOKENS)
+        {}
+        Sizes {
+            products,
+            attention: (rows, heads, seq, head),
+            kernels: (tokens, c, i),
+        }
+    }
+
+    /// One line saying what was measured smaller than the model's shapes, if anything was.
+    fn cut(&self, s: &Shapes) -> Option<String> {
+        let whole = Sizes::of(*s, f64::INFINITY, f64::INFINITY, f64::INFINITY);
+        if *self == whole {
+            return None;
+        }
+        let names = ["C x 3C", "C x C", "C x I", "I x C", "output layer C x V"];
+        let mut parts = Vec::new();
+        for ((name, &(m, k, n)), &(m0, k0, n0)) in names.iter().zip(&self.products).zip(&whole.products) {
+            if (m, k, n) != (m0, k0, n0) {
+                parts.push(format!("{name} at {m} x {k} x {n} (of {m0} x {k0} x {n0})"));
+            }
+        }
+        if self.attention != whole.attention {
+            let (r, h, t, _) = self.attention;
+            let (r0, h0, t0, _) = whole.attention;
+            parts.push(format!(
+                "attention at {r} rows x {h} heads x {t} tokens (of {r0} x {h0} x {t0})"
+            ));
+        }
+        if self.kernels != whole.kernels {
+            parts.push(format!(
+                "the memory-bound kernels at {} tokens (of {})",
+                self.kernels.0, whole.kernels.0
+            ));
+        }
+        Some(parts.join(", "))
+    }
+}
+
 pub fn run(args: &CalibrateArgs) -> Result<(), String> {
     if args.budget_ms == 0 || args.budget_ms > 2000 {
         return Err(format!("--budget-ms {}: must be 1 to 2000", args.budget_ms));
@@ -108,9 +245,10 @@ pub fn run(args: &CalibrateArgs) -> Result<(), String> {
         );
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let nproc = args.nproc.unwrap_or(cores);
-    if !(1..=64).contains(&nproc) {
-        return Err(format!("--nproc {nproc}: must be 1 to 64"));
+    let most = weft_plan::calibration::MAX_RANKS;
+    let nproc = args.nproc.unwrap_or(cores.min(most));
+    if !(1..=most).contains(&nproc) {
+        return Err(format!("--nproc {nproc}: {}", weft_plan::calibration::ranks_advice()));
     }
     let config = args.config.load()?;
     let work = plan_shape::workload(&config, None)?;
@@ -182,8 +320,18 @@ fn summary(c: &Calibration, path: &std::path::Path) -> String {
     )
 }
 
+/// An f32 tensor of `shape` filled with values in `[-1, 1)` that differ from element to element
+/// (a hash of the index and `seed`): what is timed does not depend on the values, and normal
+/// random numbers took half of a calibration's time to draw for the larger shapes.
 fn randn(shape: &[usize], seed: u64) -> weft_core::Result<Tensor> {
-    Tensor::randn(shape, DType::F32, &mut Generator::new(seed))
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = (0..n as u64)
+        .map(|i| {
+            let h = (i ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd) >> 40;
+            (h as f32) / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    Tensor::from_vec(values, shape)
 }
 
 /// The slowest rank's `x` (every rank gets it).
@@ -216,19 +364,39 @@ fn timed(
     max_over(pg, t.elapsed().as_secs_f64() / calls as f64)
 }
 
+/// FLOP/s of a small product (`256 x 256` by `256 x 256`, faster than none of the larger ones)
+/// and bytes/s of a sum of `2^22` elements (48 MB moved: more than a CPU's caches hold), on this
+/// rank alone: what [`Sizes`] cuts each call to (some 20 ms in all).
+fn probe() -> Result<(f64, f64), String> {
+    let e = |r: weft_core::Result<Tensor>| r.map_err(|e| e.to_string());
+    let (a, b) = (e(randn(&[256, 256], 40))?, e(randn(&[256, 256], 41))?);
+    let (x, y) = (e(randn(&[1 << 22], 42))?, e(randn(&[1 << 22], 43))?);
+    e(a.matmul(&b))?;
+    let t = Instant::now();
+    for _ in 0..4 {
+        e(a.matmul(&b))?;
+    }
+    let flops = 4.0 * 2.0 * 256f64.powi(3) / t.elapsed().as_secs_f64().max(1e-9);
+    e(x.add(&y))?;
+    let t = Instant::now();
+    for _ in 0..2 {
+        e(x.add(&y))?;
+    }
+    let bytes = 2.0 * 3.0 * 4.0 * (1u64 << 22) as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    Ok((flops, bytes))
+}
+
 /// FLOP/s of a block's and the output layer's products (forward `x w`, backward `dy w^T` and
 /// `x^T dy`) at `dtype`; `None` when this machine does not compute in it.
 fn gemm_rate(
     pg: Option<&weft_dist::ProcessGroup>,
-    s: Shapes,
+    s: &Sizes,
     dtype: DType,
     budget: Duration,
 ) -> Result<Option<f64>, String> {
-    let (m, c) = (s.tokens, s.embd);
-    let dims = [(c, 3 * c), (c, c), (c, s.inter), (s.inter, c), (c, s.vocab)];
     let mut cases = Vec::new();
     let mut flops = 0.0;
-    for (i, &(k, n)) in dims.iter().enumerate() {
+    for (i, &(m, k, n)) in s.products.iter().enumerate() {
         let made = (|| -> weft_core::Result<(Tensor, Tensor, Tensor)> {
             let x = randn(&[m, k], i as u64)?.cast(dtype)?;
             let w = randn(&[k, n], 10 + i as u64)?.cast(dtype)?;
@@ -257,8 +425,8 @@ fn gemm_rate(
 
 /// FLOP/s of causal attention's forward and backward, counted as the planner counts them
 /// (`12 T C` per token: `4 T C` forward, twice that backward, the mask's savings not counted).
-fn attention_rate(pg: Option<&weft_dist::ProcessGroup>, s: Shapes, budget: Duration) -> Result<f64, String> {
-    let (b, h, t, d) = (s.tokens / s.seq, s.heads, s.seq, s.embd / s.heads);
+fn attention_rate(pg: Option<&weft_dist::ProcessGroup>, s: &Sizes, budget: Duration) -> Result<f64, String> {
+    let (b, h, t, d) = s.attention;
     let make = |seed| randn(&[b, h, t, d], seed).and_then(|x| x.requires_grad_());
     let (q, k, v) = (make(1), make(2), make(3));
     let (q, k, v) = (
@@ -275,18 +443,19 @@ fn attention_rate(pg: Option<&weft_dist::ProcessGroup>, s: Shapes, budget: Durat
         }
         Ok(())
     })?;
-    Ok(12.0 * (b * t * t * s.embd) as f64 / seconds)
+    Ok(12.0 * (b * t * t * h * d) as f64 / seconds)
 }
 
 /// Bytes/s of the memory-bound kernels: layer norm and the residual addition over the width,
 /// GELU over the MLP's width (each read and written once).
-fn memory_rate(pg: Option<&weft_dist::ProcessGroup>, s: Shapes, budget: Duration) -> Result<f64, String> {
+fn memory_rate(pg: Option<&weft_dist::ProcessGroup>, s: &Sizes, budget: Duration) -> Result<f64, String> {
     let e = |r: weft_core::Result<Tensor>| r.map_err(|e| e.to_string());
-    let x = e(randn(&[s.tokens, s.embd], 5))?;
-    let y = e(randn(&[s.tokens, s.embd], 6))?;
-    let h = e(randn(&[s.tokens, s.inter], 7))?;
-    let (w, b) = (e(randn(&[s.embd], 8))?, e(randn(&[s.embd], 9))?);
-    let bytes = 4.0 * (2 * s.tokens * s.embd + 3 * s.tokens * s.embd + 2 * s.tokens * s.inter) as f64;
+    let (tokens, embd, inter) = s.kernels;
+    let x = e(randn(&[tokens, embd], 5))?;
+    let y = e(randn(&[tokens, embd], 6))?;
+    let h = e(randn(&[tokens, inter], 7))?;
+    let (w, b) = (e(randn(&[embd], 8))?, e(randn(&[embd], 9))?);
+    let bytes = 4.0 * (2 * tokens * embd + 3 * tokens * embd + 2 * tokens * inter) as f64;
     let seconds = timed(pg, budget, || {
         x.layer_norm(Some(&w), Some(&b), 1e-5)?;
         x.add(&y)?;
@@ -302,7 +471,7 @@ fn loaded_latency(
     pg: Option<&weft_dist::ProcessGroup>,
     members: &[usize],
     rank: usize,
-    shapes: Shapes,
+    sizes: &Sizes,
     budget: Duration,
 ) -> Result<Option<f64>, String> {
     let Some(g) = pg else { return Ok(None) };
@@ -339,8 +508,10 @@ fn loaded_latency(
             }
         }
         None => {
-            let x = e(randn(&[shapes.tokens, shapes.embd], 31))?;
-            let w = e(randn(&[shapes.embd, shapes.embd], 32))?;
+            // the block's `C x C` product, as measured
+            let (m, k, n) = sizes.products[1];
+            let x = e(randn(&[m, k], 31))?;
+            let w = e(randn(&[k, n], 32))?;
             while start.elapsed() < budget {
                 e(x.matmul(&w))?;
             }
@@ -413,14 +584,40 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         _ => Some(weft_dist::init().map_err(|e| e.to_string())?),
     };
     let pg = group.as_ref();
+    // the shapes measured: the model's, cut to a share of this machine's memory and to calls of
+    // an eighth of the budget at the rates a small product and a small sum run at on rank 0
+    // (larger ones run faster), which every rank then knows
+    let (mut limit, mut call_flops, mut call_bytes) = (0.0, 0.0, 0.0);
+    if env.rank == 0 {
+        let available = weft_core::memory::available().map_or(f64::INFINITY, |a| a.bytes as f64);
+        limit = MAX_TENSOR_BYTES.min(available / env.world_size as f64 / 48.0).max(1e6);
+        let (flops, bytes) = probe()?;
+        call_flops = flops * budget.as_secs_f64() / 8.0;
+        call_bytes = bytes * budget.as_secs_f64() / 8.0;
+    }
+    let sizes = Sizes::of(
+        shapes,
+        max_over(pg, limit)?,
+        max_over(pg, call_flops)?,
+        max_over(pg, call_bytes)?,
+    );
+    if env.rank == 0 {
+        if let Some(cut) = sizes.cut(&shapes) {
+            weft_core::errln!(
+                "weft: note: measuring at smaller shapes than the model's (each tensor at most {:.0} MB, each call \
+                 within an eighth of --budget-ms): {cut}",
+                limit / 1e6
+            );
+        }
+    }
     // the rates of one rank computing alone (the others wait), then of every rank at once:
     // their ratio is how many ranks compute at the full rate together
     let alone = if env.rank == 0 {
         Some((
-            gemm_rate(None, shapes, DType::F32, budget)?.unwrap_or(1.0),
-            gemm_rate(None, shapes, DType::BF16, budget)?,
-            attention_rate(None, shapes, budget)?,
-            memory_rate(None, shapes, budget)?,
+            gemm_rate(None, &sizes, DType::F32, budget)?.unwrap_or(1.0),
+            gemm_rate(None, &sizes, DType::BF16, budget)?,
+            attention_rate(None, &sizes, budget)?,
+            memory_rate(None, &sizes, budget)?,
         ))
     } else {
         None
@@ -446,11 +643,11 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
     for turn in 0..3 {
         let single = match (turn, &alone) {
             (0, Some(a)) => Some(a.0),
-            (_, Some(_)) => gemm_rate(None, shapes, DType::F32, budget / 2)?,
+            (_, Some(_)) => gemm_rate(None, &sizes, DType::F32, budget / 2)?,
             (_, None) => None,
         };
         max_over(pg, 0.0)?;
-        let together = gemm_rate(pg, shapes, DType::F32, budget / 2)?.unwrap_or(1.0);
+        let together = gemm_rate(pg, &sizes, DType::F32, budget / 2)?.unwrap_or(1.0);
         if let Some(single) = single {
             ratios.push(together / single);
         }
@@ -481,7 +678,7 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
                 None => (0.0, 0.0),
             };
             max_over(pg, 0.0)?;
-            let loaded = loaded_latency(pg, &members, env.rank, shapes, budget)?;
+            let loaded = loaded_latency(pg, &members, env.rank, &sizes, budget)?;
             (link, members.len(), loaded)
         }
         None => ((0.0, alone.map_or(1e9, |a| a.3)), 1, None),
@@ -511,6 +708,10 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         ("all_reduce_unloaded_latency_s".to_string(), unloaded_latency),
         ("available_memory_bytes".to_string(), available.bytes as f64),
         ("tokens".to_string(), shapes.tokens as f64),
+        // the shapes the rates were measured at ([`Sizes`]): the block's `C x C` product's
+        // tokens and the output layer's columns
+        ("measured_product_tokens".to_string(), sizes.products[1].0 as f64),
+        ("measured_output_columns".to_string(), sizes.products[4].2 as f64),
     ];
     if let Some(r) = bf16_rate {
         measured.push(("gemm_bf16_flops".to_string(), r));
@@ -548,4 +749,77 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
         std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPT-2's widths and 50k vocabulary at 64 rows of 1024 tokens (`weft plan calibrate
+    /// --nproc 1`): every tensor within the budget, every call within its FLOPs and bytes, the
+    /// floors kept, and the line names what was cut.
+    #[test]
+    fn sizes_keep_every_tensor_and_call_within_the_budgets() {
+        let s = Shapes {
+            tokens: 64 * 1024,
+            seq: 1024,
+            embd: 1024,
+            heads: 16,
+            inter: 4096,
+            vocab: 50257,
+        };
+        for (limit, flops, bytes) in [
+            (MAX_TENSOR_BYTES, 2e10 * 0.2 / 8.0, 1e10 * 0.2 / 8.0),
+            (MAX_TENSOR_BYTES, 2e10 * 0.02 / 8.0, 1e10 * 0.02 / 8.0),
+            (1e6, 1e15, 1e15),
+            (1e9, 1e12, 1e12),
+        ] {
+            let z = Sizes::of(s, limit, flops, bytes);
+            let mut call = 0.0;
+            for &(m, k, n) in &z.products {
+                let largest = (m * k).max(k * n).max(m * n);
+                assert!(
+                    4.0 * largest as f64 <= limit || (k.max(n) <= MIN_WIDTH && m <= MIN_TOKENS),
+                    "{z:?}"
+                );
+                assert!(m >= 1 && k >= MIN_WIDTH.min(1024) && n >= MIN_WIDTH.min(1024), "{z:?}");
+                call += 6.0 * (m * k * n) as f64;
+            }
+            let floors = z
+                .products
+                .iter()
+                .all(|&(m, k, n)| m <= MIN_TOKENS && k <= MIN_WIDTH && n <= MIN_WIDTH);
+            assert!(call <= flops || floors, "{call} > {flops}: {z:?}");
+            let (r, h, t, d) = z.attention;
+            assert_eq!(d, 64);
+            assert!(4.0 * (r * h * t * d) as f64 <= limit, "{z:?}");
+            assert!(
+                12.0 * (r * t * t * h * d) as f64 <= flops / 2.0 || (r, h) == (1, 1),
+                "{z:?}"
+            );
+            let (tokens, c, i) = z.kernels;
+            assert!(
+                4.0 * (tokens * c.max(i)) as f64 <= limit || tokens == MIN_TOKENS,
+                "{z:?}"
+            );
+            let line = z.cut(&s).unwrap();
+            assert!(
+                line.contains("output layer C x V at") && line.contains("(of 65536 x 1024 x 50257)"),
+                "{line}"
+            );
+        }
+        // the model's own shapes where they are within the budgets
+        let tiny = Shapes {
+            tokens: 256,
+            seq: 64,
+            embd: 64,
+            heads: 4,
+            inter: 256,
+            vocab: 512,
+        };
+        let z = Sizes::of(tiny, MAX_TENSOR_BYTES, 1e12, 1e12);
+        assert_eq!(z.cut(&tiny), None);
+        assert_eq!(z.products[4], (256, 64, 512));
+        assert_eq!(z.attention, (4, 4, 64, 16));
+    }
 }

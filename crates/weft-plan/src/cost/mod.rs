@@ -46,13 +46,22 @@
 //!   and messages are CPU work (weft's ranks copy and reduce on the CPU, the receiver's copy
 //!   as well as the sender's), the latencies waiting. Data-parallel and ZeRO communication
 //!   hides under nothing there: its transfers are CPU work of every rank of the node at once.
-//!   Pipelines too long to simulate take the node's compute over its cores as a bound.
+//!   Pipelines too long to simulate ([`MAX_SIMULATED`]) take the node's compute over its cores
+//!   as a bound.
 
 use crate::device::DeviceSpec;
 use crate::layout::Layout;
 use crate::memory::{stage_params, BUCKET_BYTES};
 use crate::model::Workload;
 use crate::shared::{PassTime, SharedPipeline};
+
+/// The most passes times stages a pipeline on shared cores is simulated at
+/// ([`crate::shared::SharedPipeline::step`] steps every stage at each of its events); past it the
+/// step is bounded below by the node's compute over its cores, as for pipelines too long to
+/// simulate. A pipeline of 64 stages is simulated up to 32 micro-batches, one of 4 stages (as many
+/// ranks as a CPU machine runs) up to 8192: far past what calibrated plans use, each in about a
+/// millisecond (one of 1000 stages took a tenth of a second, and a search evaluates thousands).
+pub const MAX_SIMULATED: usize = 1 << 18;
 
 /// Time of a ring all-reduce of `bytes` over `n` devices on a link of `(bandwidth, latency)`.
 pub fn all_reduce(bytes: f64, n: usize, link: (f64, f64)) -> f64 {
@@ -391,7 +400,16 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
         };
         let ut = unit_times(work, &no_latency, tp, dp, pp, rows);
         let cores = (devices / per_node).max(1.0) * k;
-        let simulated = shared_pipeline([&u, &uc, &ut], device, layout, cores).step();
+        // the simulation's work is its passes times the stages it steps at each event
+        let simulate = (2 * pp * chunks)
+            .saturating_mul(layout.micro_batches)
+            .saturating_mul(pp)
+            <= MAX_SIMULATED;
+        let simulated = if simulate {
+            shared_pipeline([&u, &uc, &ut], device, layout, cores).step()
+        } else {
+            None
+        };
         pipeline = match simulated {
             Some(t) => passes * t,
             None => {
