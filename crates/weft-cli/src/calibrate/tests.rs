@@ -1,0 +1,71 @@
+//! Tests of the shapes cut to the memory and time budgets.
+
+use super::sizes::{Shapes, Sizes, MAX_TENSOR_BYTES, MIN_TOKENS, MIN_WIDTH};
+
+/// GPT-2's widths and 50k vocabulary at 64 rows of 1024 tokens (`weft plan calibrate
+/// --nproc 1`): every tensor within the budget, every call within its FLOPs and bytes, the
+/// floors kept, and the line names what was cut.
+#[test]
+fn sizes_keep_every_tensor_and_call_within_the_budgets() {
+    let s = Shapes {
+        tokens: 64 * 1024,
+        seq: 1024,
+        embd: 1024,
+        heads: 16,
+        inter: 4096,
+        vocab: 50257,
+    };
+    for (limit, flops, bytes) in [
+        (MAX_TENSOR_BYTES, 2e10 * 0.2 / 8.0, 1e10 * 0.2 / 8.0),
+        (MAX_TENSOR_BYTES, 2e10 * 0.02 / 8.0, 1e10 * 0.02 / 8.0),
+        (1e6, 1e15, 1e15),
+        (1e9, 1e12, 1e12),
+    ] {
+        let z = Sizes::of(s, limit, flops, bytes);
+        let mut call = 0.0;
+        for &(m, k, n) in &z.products {
+            let largest = (m * k).max(k * n).max(m * n);
+            assert!(
+                4.0 * largest as f64 <= limit || (k.max(n) <= MIN_WIDTH && m <= MIN_TOKENS),
+                "{z:?}"
+            );
+            assert!(m >= 1 && k >= MIN_WIDTH.min(1024) && n >= MIN_WIDTH.min(1024), "{z:?}");
+            call += 6.0 * (m * k * n) as f64;
+        }
+        let floors = z
+            .products
+            .iter()
+            .all(|&(m, k, n)| m <= MIN_TOKENS && k <= MIN_WIDTH && n <= MIN_WIDTH);
+        assert!(call <= flops || floors, "{call} > {flops}: {z:?}");
+        let (r, h, t, d) = z.attention;
+        assert_eq!(d, 64);
+        assert!(4.0 * (r * h * t * d) as f64 <= limit, "{z:?}");
+        assert!(
+            12.0 * (r * t * t * h * d) as f64 <= flops / 2.0 || (r, h) == (1, 1),
+            "{z:?}"
+        );
+        let (tokens, c, i) = z.kernels;
+        assert!(
+            4.0 * (tokens * c.max(i)) as f64 <= limit || tokens == MIN_TOKENS,
+            "{z:?}"
+        );
+        let line = z.cut(&s).unwrap();
+        assert!(
+            line.contains("output layer C x V at") && line.contains("(of 65536 x 1024 x 50257)"),
+            "{line}"
+        );
+    }
+    // the model's own shapes where they are within the budgets
+    let tiny = Shapes {
+        tokens: 256,
+        seq: 64,
+        embd: 64,
+        heads: 4,
+        inter: 256,
+        vocab: 512,
+    };
+    let z = Sizes::of(tiny, MAX_TENSOR_BYTES, 1e12, 1e12);
+    assert_eq!(z.cut(&tiny), None);
+    assert_eq!(z.products[4], (256, 64, 512));
+    assert_eq!(z.attention, (4, 4, 64, 16));
+}
