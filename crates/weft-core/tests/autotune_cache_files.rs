@@ -25,7 +25,12 @@ fn within_20s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'sta
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a NUL-terminated path
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
 }
 
 /// A load ignores the file with a warning containing `why`; a save then leaves a regular file
@@ -68,7 +73,11 @@ fn a_cache_file_that_is_no_regular_file_is_ignored_at_once_and_replaced() {
     ignored_then_replaced(&file, "a FIFO", "is a FIFO, not a regular file");
 
     std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
-    ignored_then_replaced(&file, "a link to /dev/zero", "is a character device, not a regular file");
+    ignored_then_replaced(
+        &file,
+        "a link to /dev/zero",
+        "is a character device, not a regular file",
+    );
 
     // a link to a regular file is read through, and replaced rather than written through
     let elsewhere = dir.join("elsewhere.json");

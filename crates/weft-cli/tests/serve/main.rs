@@ -8,9 +8,9 @@
 //! requests give the unbatched logits, workers run requests at once and scale down without a
 //! failure (workers.rs), and the Kubernetes manifest's args and probes work (k8s.rs).
 
+mod bounds_and_bodies;
 #[path = "../common.rs"]
 mod common;
-mod bounds_and_bodies;
 mod completions;
 mod k8s;
 mod limits;
