@@ -109,6 +109,19 @@ pub const BUILTIN: [&str; 3] = ["h100-sxm-80gb", "h200-sxm-141gb", "a100-sxm-80g
 const IB_400G_PER_GPU: f64 = 400e9 / 8.0;
 
 impl DeviceSpec {
+    /// The same device with links that cost nothing (no latency, unbounded bandwidth): its
+    /// compute alone, for the shared-compute model, where waiting on a collective or a send
+    /// takes no core.
+    pub fn without_links(&self) -> DeviceSpec {
+        DeviceSpec {
+            intra_bandwidth: f64::INFINITY,
+            intra_latency: 0.0,
+            inter_bandwidth: f64::INFINITY,
+            inter_latency: 0.0,
+            ..self.clone()
+        }
+    }
+
     /// A built-in spec by name. Datasheet numbers (dense, without sparsity; memory in decimal
     /// units as the datasheets give it):
     ///

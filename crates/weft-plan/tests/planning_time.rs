@@ -2,7 +2,8 @@
 //! and a global batch of 3603600 rows (480 divisors, a few hundred micro-batch counts for every
 //! pipeline). Every micro-batch count of every split was evaluated, each cut by an `O(pp n^2)`
 //! dynamic programme: 54-65 s, 133 s and 460 s in a release build (docs/plan.md, "Predictions
-//! and planning times"). The bound here is about three times what a debug build takes now (0.4 s).
+//! and planning times"). A debug build takes about 0.4 s now; the bound leaves room for a loaded
+//! machine.
 
 use std::time::Instant;
 

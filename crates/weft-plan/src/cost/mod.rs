@@ -384,13 +384,7 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
         let devices = (dp * tp * pp) as f64;
         let per_node = devices.min(device.devices_per_node as f64);
         // compute only: waiting on a collective or a send takes no core
-        let no_comm = DeviceSpec {
-            intra_bandwidth: f64::INFINITY,
-            intra_latency: 0.0,
-            inter_bandwidth: f64::INFINITY,
-            inter_latency: 0.0,
-            ..device.clone()
-        };
+        let no_comm = device.without_links();
         let uc = sharded_accumulation(unit_times(work, &no_comm, tp, dp, pp, rows), zero, dp);
         // the links' transfers alone (their latencies left out)
         let no_latency = DeviceSpec {

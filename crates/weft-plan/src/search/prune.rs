@@ -165,13 +165,7 @@ pub(super) fn lower_bound(work: &Workload, device: &DeviceSpec, split: &Split, m
             (pipeline, last_bucket.max(unhidden))
         }
         Some(k) => {
-            let no_comm = DeviceSpec {
-                intra_bandwidth: f64::INFINITY,
-                intra_latency: 0.0,
-                inter_bandwidth: f64::INFINITY,
-                inter_latency: 0.0,
-                ..device.clone()
-            };
+            let no_comm = device.without_links();
             let uc = unit_times(work, &no_comm, tp, dp, pp, rows);
             let compute = over_stages(&|k, first, last| stage_time(&uc, k, first, last, recompute));
             let per_node = (devices as f64).min(device.devices_per_node as f64);
