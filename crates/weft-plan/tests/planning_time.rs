@@ -7,37 +7,22 @@
 
 use std::time::Instant;
 
+mod common;
+
+use common::h100;
 use weft_plan::{plan, DeviceSpec, ModelKind, ModelShape, Precision, SearchOptions, Workload};
 
+/// A GPT of GPT-2's vocabulary.
 fn gpt(n_layer: u64, n_head: u64, n_embd: u64, seq_len: u64) -> ModelShape {
-    ModelShape {
-        kind: ModelKind::Gpt,
-        vocab: 50257,
-        seq_len,
-        n_layer,
-        n_head,
-        n_kv_head: n_head,
-        n_embd,
-        intermediate: 4 * n_embd,
-        tied: true,
-        bias: true,
-    }
+    common::gpt(n_layer, n_head, n_embd, 50257, seq_len)
 }
 
+/// A workload on GPUs, which repeat grouped-query keys and values.
 fn work(model: ModelShape, global_batch: u64) -> Workload {
     Workload {
-        model,
-        global_batch,
-        precision: Precision::Bf16,
-        grad_accum: 1,
-        optimizer_moments: 2,
         kv_repeated: true,
-        fused_accumulation: false,
+        ..common::work(model, global_batch)
     }
-}
-
-fn h100() -> DeviceSpec {
-    DeviceSpec::builtin("h100-sxm-80gb").unwrap()
 }
 
 /// Plans and returns the seconds it took, printing the outcome.

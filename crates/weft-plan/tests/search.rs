@@ -2,40 +2,12 @@
 //! predicted time, models that fit nowhere and device counts no layout can use are named
 //! errors, and GPT-3 175B plans on 1024 H100 in seconds with a plausible MFU.
 
+mod common;
+
+use common::{gpt, h100, work};
 use weft_plan::cost::{stage_time, unit_times};
 use weft_plan::search::{balanced_cut, capped_cut};
-use weft_plan::{plan, DeviceSpec, Error, ModelKind, ModelShape, Precision, SearchOptions, Workload};
-
-fn gpt(n_layer: u64, n_head: u64, n_embd: u64, vocab: u64, seq_len: u64) -> ModelShape {
-    ModelShape {
-        kind: ModelKind::Gpt,
-        vocab,
-        seq_len,
-        n_layer,
-        n_head,
-        n_kv_head: n_head,
-        n_embd,
-        intermediate: 4 * n_embd,
-        tied: true,
-        bias: true,
-    }
-}
-
-fn work(model: ModelShape, global_batch: u64) -> Workload {
-    Workload {
-        model,
-        global_batch,
-        precision: Precision::Bf16,
-        grad_accum: 1,
-        optimizer_moments: 2,
-        kv_repeated: false,
-        fused_accumulation: false,
-    }
-}
-
-fn h100() -> DeviceSpec {
-    DeviceSpec::builtin("h100-sxm-80gb").unwrap()
-}
+use weft_plan::{plan, DeviceSpec, Error, ModelKind, ModelShape, SearchOptions, Workload};
 
 #[test]
 fn tensor_parallelism_stays_inside_a_node() {
