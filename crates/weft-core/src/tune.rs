@@ -228,6 +228,7 @@ pub const MAX_CACHE_FILE: u64 = 16 << 20;
 /// and what it leads to must be a regular file), longer than `cap`, or unreadable. A FIFO is
 /// never opened in blocking mode, and at most `cap + 1` bytes are read.
 pub fn read_cache_file(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    use crate::io::regular::{open_regular, Regular};
     use std::io::Read;
     let not_regular = |kind: &std::fs::FileType| {
         format!(
@@ -236,30 +237,12 @@ pub fn read_cache_file(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String>
             crate::io::atomic::describe(kind)
         )
     };
-    // checked before opening: opening a FIFO waits for a writer, a device may do anything
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => {}
-        Ok(m) => return Err(not_regular(&m.file_type())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    // and the path may be replaced by a FIFO in between: opened without waiting
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK);
-    }
-    let file = match options.open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    let (file, meta) = match open_regular(path, true) {
+        Ok(Regular::File(file, meta)) => (file, meta),
+        Ok(Regular::Missing) => return Ok(None),
+        Ok(Regular::Other(kind)) => return Err(not_regular(&kind)),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let meta = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(not_regular(&meta.file_type()));
-    }
     if meta.len() > cap {
         return Err(format!(
             "{}: {} bytes, longer than the {cap} bytes such a file can hold",

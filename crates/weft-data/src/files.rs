@@ -11,8 +11,8 @@ use std::path::Path;
 
 use crate::error::{invalid, Error, Result};
 
-fn not_a_file(path: &Path, meta: &std::fs::Metadata) -> Error {
-    let kind = weft_core::io::atomic::describe(&meta.file_type());
+fn not_a_file(path: &Path, kind: &std::fs::FileType) -> Error {
+    let kind = weft_core::io::atomic::describe(kind);
     invalid(format!("{}: not a file ({kind})", path.display()))
 }
 
@@ -24,7 +24,7 @@ pub fn check_regular(path: &Path) -> Result<std::fs::Metadata> {
         source,
     })?;
     if !meta.is_file() {
-        return Err(not_a_file(path, &meta));
+        return Err(not_a_file(path, &meta.file_type()));
     }
     Ok(meta)
 }
@@ -37,14 +37,13 @@ pub fn read(path: &Path) -> Result<Vec<u8>> {
         path: path.to_path_buf(),
         source,
     };
-    // checked before opening: opening a pipe for reading waits for a writer
-    check_regular(path)?;
-    let mut file = std::fs::File::open(path).map_err(io)?;
-    // and again on what was opened, in case the path was replaced in between
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(not_a_file(path, &meta));
-    }
+    // checked before opening (a pipe would wait for a writer) and on what was opened
+    use weft_core::io::regular::{open_regular, Regular};
+    let (mut file, meta) = match open_regular(path, true).map_err(io)? {
+        Regular::File(file, meta) => (file, meta),
+        Regular::Missing => return Err(io(std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"))),
+        Regular::Other(kind) => return Err(not_a_file(path, &kind)),
+    };
     let mut bytes = Vec::new();
     bytes
         .try_reserve_exact(usize::try_from(meta.len()).unwrap_or(usize::MAX))

@@ -1,4 +1,5 @@
 //! Reading and writing tensors.
 
 pub mod atomic;
+pub mod regular;
 pub mod safetensors;

@@ -101,33 +101,19 @@ impl DiskCache {
         let path = self.path(key);
         let expected = HEADER as u64 + payload_len;
         // not followed: a link is no entry this cache wrote
-        let meta = match std::fs::symlink_metadata(&path) {
-            Ok(m) => m,
-            Err(_) => return Lookup::Miss,
-        };
-        if !meta.file_type().is_file() {
-            self.not_a_file(key, &path, &meta.file_type());
-            return Lookup::Corrupt;
-        }
-        if meta.len() != expected {
-            let _ = std::fs::remove_file(&path);
-            return Lookup::Corrupt;
-        }
-        let Ok(file) = std::fs::File::open(&path) else {
-            return Lookup::Miss;
-        };
-        // what was opened, in case the path was replaced in between
-        match file.metadata() {
-            Ok(m) if m.is_file() && m.len() == expected => {}
-            Ok(m) if !m.is_file() => {
-                self.not_a_file(key, &path, &m.file_type());
-                return Lookup::Corrupt;
-            }
-            _ => {
+        use weft_core::io::regular::{open_regular, Regular};
+        let file = match open_regular(&path, false) {
+            Ok(Regular::File(file, meta)) if meta.len() == expected => file,
+            Ok(Regular::File(..)) => {
                 let _ = std::fs::remove_file(&path);
                 return Lookup::Corrupt;
             }
-        }
+            Ok(Regular::Other(kind)) => {
+                self.not_a_file(key, &path, &kind);
+                return Lookup::Corrupt;
+            }
+            Ok(Regular::Missing) | Err(_) => return Lookup::Miss,
+        };
         let mut bytes = Vec::new();
         if bytes.try_reserve_exact(expected as usize).is_err() {
             return Lookup::Miss;
