@@ -106,7 +106,7 @@ pub fn decode(args: &DecodeArgs) -> Result<(), String> {
     let bytes = stdin_bytes()?;
     let ids: Vec<u32> = serde_json::from_slice(&bytes)
         .map_err(|e| format!("stdin: expected a JSON array of token ids (whole numbers from 0 to 2^32 - 1): {e}"))?;
-    let text = tok.decode(&ids).map_err(tokenizing_error)?;
+    let text = tok.decode_exact(&ids).map_err(tokenizing_error)?;
     weft_core::out!("{text}");
     Ok(())
 }

@@ -62,6 +62,26 @@ fn ids_that_split_a_character_decode_lossily() {
 }
 
 #[test]
+fn ids_a_tokenizer_json_skips_are_refused_by_decode_exact() {
+    let t = Tokenizer::Hf(
+        HfTokenizer::from_json_text(
+            r#"{"model":{"type":"WordLevel","vocab":{"a":0,"<unk>":1,"b":3},"unk_token":"<unk>"}}"#,
+        )
+        .unwrap(),
+    );
+    assert_eq!(t.vocab_size(), 4);
+    // decode drops the gap without a word, as the tokenizers crate does
+    assert_eq!(t.decode(&[0, 2, 3]).unwrap(), t.decode(&[0, 3]).unwrap());
+    let e = t.decode_exact(&[0, 3, 2]).unwrap_err().to_string();
+    assert!(e.contains("token id 2 at position 2") && e.contains("no token"), "{e}");
+    assert_eq!(t.decode_exact(&[0, 3]).unwrap(), t.decode(&[0, 3]).unwrap());
+    assert!(matches!(
+        t.decode_exact(&[4]),
+        Err(Error::TokenOutOfRange { id: 4, .. })
+    ));
+}
+
+#[test]
 fn out_of_range_ids_are_refused_by_every_kind() {
     let kinds = [
         Tokenizer::Char(CharTokenizer::from_text("abc")),

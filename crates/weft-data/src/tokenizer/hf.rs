@@ -156,6 +156,15 @@ impl HfTokenizer {
             .map_err(|e| invalid(format!("{origin}: cannot decode: {e}")))
     }
 
+    /// The first of `ids` below [`HfTokenizer::vocab_size`] that no token has, with its
+    /// position: a tokenizer.json may leave ids out of its vocabulary, and decoding drops those.
+    pub fn first_gap(&self, ids: &[u32]) -> Option<(usize, u32)> {
+        ids.iter()
+            .enumerate()
+            .find(|&(_, &id)| (id as usize) < self.vocab_size && self.inner.id_to_token(id).is_none())
+            .map(|(i, &id)| (i, id))
+    }
+
     /// `{"type": "hf", "tokenizer": <the tokenizer.json content>}`.
     pub fn to_json_value(&self) -> Value {
         json!({ "type": JSON_TYPE, "tokenizer": *self.json })

@@ -157,6 +157,22 @@ impl Tokenizer {
         }
     }
 
+    /// [`Tokenizer::decode`] of ids given from outside: also refuses an id below `vocab_size()`
+    /// that no token has (a tokenizer.json's vocabulary may skip ids, and decoding would drop
+    /// it without a word), naming the id and its position.
+    pub fn decode_exact(&self, ids: &[u32]) -> Result<String> {
+        check_ids(ids, self.vocab_size())?;
+        if let Tokenizer::Hf(t) = self {
+            if let Some((position, id)) = t.first_gap(ids) {
+                return Err(crate::error::invalid(format!(
+                    "token id {id} at position {position} is no token of the tokenizer's vocabulary \
+                     (its ids skip it)"
+                )));
+            }
+        }
+        self.decode(ids)
+    }
+
     /// Ids run `0..vocab_size()`.
     pub fn vocab_size(&self) -> usize {
         match self {
