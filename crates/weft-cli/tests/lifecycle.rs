@@ -111,6 +111,34 @@ fn problems_with_the_outputs_are_found_before_the_first_step() {
 }
 
 #[test]
+fn a_fifo_named_as_an_output_is_refused_not_waited_on() {
+    let out = temp_dir("fifo-outputs");
+    let fifo = out.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let cfg = gpt_fixture();
+    for key in ["train.trace", "train.metrics"] {
+        let set = path_set(key, &fifo);
+        let mut child = weft_command(&["train", "--config", &cfg, "--quiet", "--set", &set])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // opening the FIFO for writing would wait for a reader for ever
+        let done = common::wait_for(60, || child.try_wait().unwrap().is_some());
+        if !done {
+            let _ = child.kill();
+        }
+        let run = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(done, "{key} = a FIFO: still running after 60 s");
+        assert_eq!(run.status.code(), Some(1), "{key}: {err}");
+        assert!(err.contains(key) && err.contains("a FIFO"), "{key}: {err}");
+    }
+}
+
+#[test]
 fn problems_with_the_data_are_found_before_the_first_step() {
     let out = temp_dir("data-checks");
     // a validation split too short for one window of block_size characters
