@@ -11,6 +11,8 @@ mod bounds;
 mod data;
 mod model;
 mod overrides;
+mod parallel;
+mod schedule;
 mod track;
 mod train;
 
@@ -18,6 +20,9 @@ pub use bounds::MAX_EVAL_BATCHES;
 pub use data::{BatchesKeys, CsvKeys, DataConfig, LabelColumnConfig, TextKeys, TokensKeys};
 pub use model::{ConvnetKeys, GptKeys, LlamaKeys, MlpKeys, ModelConfig};
 pub use overrides::Overrides;
+pub(crate) use parallel::uncapturable_layout;
+pub use parallel::ParallelConfig;
+pub use schedule::{CosineKeys, ScheduleConfig, WsdKeys};
 pub use track::{value_text as track_value_text, TrackConfig};
 pub use train::TrainConfig;
 
@@ -100,210 +105,6 @@ pub struct OptimConfig {
     pub nesterov: bool,
     /// Global gradient-norm clipping threshold.
     pub grad_clip: Option<f64>,
-}
-
-/// `[schedule]`: learning rate per step.
-#[derive(Debug, Clone, Default)]
-pub enum ScheduleConfig {
-    /// `optim.lr` at every step.
-    #[default]
-    Constant,
-    /// nanoGPT's `get_lr`: linear warmup, cosine decay to `min_lr` at `decay_steps`, then `min_lr`.
-    Cosine(CosineKeys),
-    /// Linear warmup from 0, linear decay to `min_lr` at `decay_steps`, then `min_lr`.
-    Linear(CosineKeys),
-    /// Warmup, constant `optim.lr`, then a decay to `min_lr` over the last `decay_steps` steps
-    /// before `total_steps` (by default `train.steps`).
-    Wsd(WsdKeys),
-}
-
-/// `[schedule]` keys of `kind = "wsd"`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WsdKeys {
-    pub warmup_steps: usize,
-    pub decay_steps: usize,
-    pub min_lr: f64,
-    /// The step at which the decay ends; `train.steps` when left out.
-    pub total_steps: Option<usize>,
-    /// `"linear"` (the default), `"cosine"` or `"sqrt"`.
-    #[serde(default = "default_decay_shape")]
-    pub decay_shape: String,
-}
-
-fn default_decay_shape() -> String {
-    "linear".to_string()
-}
-
-/// `[schedule]` keys of `kind = "cosine"` and `kind = "linear"`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CosineKeys {
-    pub warmup_steps: usize,
-    pub decay_steps: usize,
-    pub min_lr: f64,
-}
-
-/// `[schedule]` of `kind = "constant"`: no other keys.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoKeys {}
-
-impl<'de> Deserialize<'de> for ScheduleConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["constant", "cosine", "linear", "wsd"], |kind, v| {
-            Ok(match kind {
-                "constant" => {
-                    let _: NoKeys = serde_path_to_error::deserialize(v)?;
-                    ScheduleConfig::Constant
-                }
-                "linear" => ScheduleConfig::Linear(serde_path_to_error::deserialize(v)?),
-                "wsd" => ScheduleConfig::Wsd(serde_path_to_error::deserialize(v)?),
-                _ => ScheduleConfig::Cosine(serde_path_to_error::deserialize(v)?),
-            })
-        })
-    }
-}
-
-/// Why `[train] compile` cannot capture a step that runs pipeline parallelism, tensor
-/// parallelism or ZeRO stage 3 (the first that applies); `None` for none of them. The trainer
-/// says it once when it runs such a step eagerly; [`ParallelConfig::uncapturable`] reads it
-/// from a config.
-pub(crate) fn uncapturable_layout(pipeline: bool, tensor_parallel: bool, zero3: bool) -> Option<&'static str> {
-    if pipeline {
-        Some("pipeline parallelism is not captured yet (its schedule interleaves forward and backward passes across stages)")
-    } else if tensor_parallel {
-        Some("tensor parallelism is not captured yet (its collectives run inside forward and backward)")
-    } else if zero3 {
-        Some(
-            "ZeRO stage 3 is not captured yet (it gathers and frees parameters from hooks inside forward and backward)",
-        )
-    } else {
-        None
-    }
-}
-
-/// `[parallel]`: the layout of the job: `pp x dp x tp` ranks, ZeRO stage `zero` across the `dp`
-/// ranks (0-3; with `dp = 1` there is nothing to shard and every stage runs as 0), and the
-/// settings of each kind of parallelism. `dp = 0` takes every rank the job has, divided by
-/// `tp x pp` (so an elastic job that lost a node goes on with fewer data-parallel ranks).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ParallelConfig {
-    /// Data-parallel ranks; 0 (the default): the job's ranks divided by `tp x pp` (1 for a
-    /// single process).
-    #[serde(default)]
-    pub dp: usize,
-    #[serde(default = "one")]
-    pub tp: usize,
-    #[serde(default = "one")]
-    pub pp: usize,
-    #[serde(default)]
-    pub zero: usize,
-    #[serde(default = "one")]
-    pub micro_batches: usize,
-    /// Pipeline schedule: `"1f1b"` (default), `"gpipe"` or `"interleaved"`.
-    #[serde(default = "default_pp_schedule")]
-    pub schedule: String,
-    /// With `schedule = "interleaved"`: model chunks per pipeline rank (default 2; Megatron-LM's
-    /// virtual pipeline size).
-    #[serde(default)]
-    pub virtual_stages: Option<usize>,
-    /// Data parallelism: size cap of the first gradient bucket (the last parameters), MiB.
-    #[serde(default = "default_first_bucket_mb")]
-    pub first_bucket_mb: f64,
-    /// Data parallelism: size cap of the other gradient buckets, MiB (PyTorch's `bucket_cap_mb`).
-    #[serde(default = "default_bucket_cap_mb")]
-    pub bucket_cap_mb: f64,
-    /// ZeRO: `"f32"` (default), or `"bf16"` to gather parameters and reduce gradients in bf16
-    /// with f32 shards as master weights (DeepSpeed's `communication_data_type`).
-    #[serde(default = "default_comm_dtype")]
-    pub comm_dtype: String,
-    /// Pipeline stages recompute each micro-batch's forward before its backward instead of
-    /// keeping its activations.
-    #[serde(default)]
-    pub recompute: bool,
-    /// Pipeline: how blocks are shared out among stages, `"blocks"` (as evenly as they allow)
-    /// or `"parameters"` (the cut whose largest stage holds the fewest parameters).
-    #[serde(default = "default_balance")]
-    pub balance: String,
-    /// Pipeline: blocks per stage, in stage order (overrides `balance`).
-    #[serde(default)]
-    pub stage_blocks: Option<Vec<usize>>,
-    /// Plans the layout at the start of the run (`weft_plan`, docs/plan.md) for the ranks the
-    /// job has, and runs the fastest predicted plan: its `dp`, `tp`, `pp`, `zero`,
-    /// `micro_batches`, `schedule`, `recompute`, `comm_dtype` and `stage_blocks` replace these
-    /// keys, which must then be left unset.
-    #[serde(default)]
-    pub auto: bool,
-    /// With `auto`: a cluster.toml of the devices to plan for (default: the `local` spec that
-    /// `weft plan calibrate` measured on this machine).
-    #[serde(default)]
-    pub cluster: Option<PathBuf>,
-}
-
-fn default_balance() -> String {
-    "blocks".into()
-}
-
-fn default_comm_dtype() -> String {
-    "f32".into()
-}
-
-fn default_first_bucket_mb() -> f64 {
-    1.0
-}
-fn default_bucket_cap_mb() -> f64 {
-    25.0
-}
-
-fn one() -> usize {
-    1
-}
-fn default_pp_schedule() -> String {
-    "1f1b".into()
-}
-
-impl ParallelConfig {
-    /// Why `[train] compile` cannot capture a step of this layout (it then runs eagerly), for
-    /// a job of `dp` data-parallel ranks; `None` when it can (one process, or data parallelism
-    /// with ZeRO 0 to 2). `weft graph dump` says it instead of a graph.
-    pub fn uncapturable(&self, dp: usize) -> Option<&'static str> {
-        uncapturable_layout(self.pp > 1, self.tp > 1, dp > 1 && self.zero == 3)
-    }
-
-    /// The pipeline schedule `schedule` (and `virtual_stages`) names; `None` for an unknown
-    /// name.
-    pub fn pipeline_schedule(&self) -> Option<weft_dist::pipeline::PipelineSchedule> {
-        match self.schedule.as_str() {
-            "interleaved" => Some(weft_dist::pipeline::PipelineSchedule::Interleaved(
-                self.virtual_stages.unwrap_or(2),
-            )),
-            name => weft_dist::pipeline::PipelineSchedule::parse(name),
-        }
-    }
-}
-
-impl Default for ParallelConfig {
-    fn default() -> Self {
-        ParallelConfig {
-            dp: 0,
-            tp: 1,
-            pp: 1,
-            zero: 0,
-            micro_batches: 1,
-            schedule: default_pp_schedule(),
-            virtual_stages: None,
-            first_bucket_mb: default_first_bucket_mb(),
-            bucket_cap_mb: default_bucket_cap_mb(),
-            comm_dtype: default_comm_dtype(),
-            recompute: false,
-            balance: default_balance(),
-            stage_blocks: None,
-            auto: false,
-            cluster: None,
-        }
-    }
 }
 
 /// The longest run config read, in bytes (one is a few kilobytes).
