@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Chromium from the system's packages (Debian's `chromium`) for the dashboard's browser
-# check in crates/weft-cli/tests/ui.rs, which starts it headless against `weft ui`. Idempotent: an
+# checks in crates/weft-cli/tests/ui.rs and ui_streams.rs, which start it headless against `weft ui`. Idempotent: an
 # installed chromium is left as it is. Prints one line; exits non-zero when it could not be
 # installed (the test then says it skipped the browser check).
 set -euo pipefail
