@@ -255,6 +255,10 @@ impl VocabShard {
     /// against I64 `targets` `[N]` (`ignore_index` rows left out), as `cross_entropy` of the
     /// whole logits would give: maxima, sums of exponentials and target logits are reduced over
     /// the group; padding columns take no part. Differentiable with respect to `logits`.
+    ///
+    /// Under autocast, as the core `cross_entropy` (an f32 op), bf16 or f16 logits give an f32
+    /// loss: the logits are read as they are (no f32 copy is kept for the backward), the sums
+    /// are taken in f64, and the gradient returns to the logits in their dtype.
     pub fn cross_entropy(&self, logits: &Tensor, targets: &Tensor, ignore_index: i64) -> Result<Tensor> {
         if logits.rank() != 2 || logits.dim(1)? != self.rows || targets.shape() != [logits.dim(0)?] {
             return Err(invalid(format!(
@@ -264,8 +268,13 @@ impl VocabShard {
                 targets.shape()
             )));
         }
+        let loss_dtype = match logits.dtype() {
+            DType::BF16 | DType::F16 if weft_core::autocast_dtype().is_some() => DType::F32,
+            d => d,
+        };
         let f = VocabParallelCrossEntropy {
             shard: self.clone(),
+            loss_dtype,
             targets: targets.to_vec::<i64>()?,
             ignore_index,
             saved: Mutex::new(None),
@@ -277,6 +286,9 @@ impl VocabShard {
 /// The function behind [`VocabShard::cross_entropy`].
 struct VocabParallelCrossEntropy {
     shard: VocabShard,
+    /// The loss's dtype: f32 for bf16 or f16 logits under autocast (decided when the call is
+    /// made, as the core op does), the logits' otherwise.
+    loss_dtype: DType,
     targets: Vec<i64>,
     ignore_index: i64,
     /// Per row: the global maximum and the sum of `exp(logit - max)` over the vocabulary.
@@ -312,10 +324,11 @@ impl Function for VocabParallelCrossEntropy {
     }
 
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        let logits = inputs[0].cast(DType::F64)?.contiguous_copy()?;
-        let (n, cols) = (logits.dim(0)?, logits.dim(1)?);
+        // the logits read as they are into one transient f64 buffer (the backward keeps only
+        // the logits themselves, in their dtype)
+        let (n, cols) = (inputs[0].dim(0)?, inputs[0].dim(1)?);
         let real = self.real_columns();
-        let l = logits.to_vec::<f64>()?;
+        let l = inputs[0].try_to_vec_f64()?;
         let row = |i: usize| &l[i * cols..i * cols + real];
         let group = &self.shard.group;
         let max = Tensor::from_vec(
@@ -346,13 +359,12 @@ impl Function for VocabParallelCrossEntropy {
         let count = self.counted();
         *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((max, both[..n].to_vec()));
         let loss = if count == 0 { f64::NAN } else { total / count as f64 };
-        Tensor::from_vec(vec![loss], &[])?.cast(inputs[0].dtype())
+        Tensor::from_vec(vec![loss], &[])?.cast(self.loss_dtype)
     }
 
     fn backward(&self, inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        let logits = inputs[0].cast(DType::F64)?.contiguous_copy()?;
-        let (n, cols) = (logits.dim(0)?, logits.dim(1)?);
-        let l = logits.to_vec::<f64>()?;
+        let (n, cols) = (inputs[0].dim(0)?, inputs[0].dim(1)?);
+        let l = inputs[0].try_to_vec_f64()?;
         let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
         let (max, sums) = saved
             .as_ref()
