@@ -7,8 +7,8 @@
 //!   nothing writes no file;
 //! - `index.json` ([`Index`]): every whole tensor (the model's by PyTorch name, the
 //!   optimizer's by `"{param}.{field}"`) with its shape, dtype and pieces (file, tensor-parallel
-//!   part, element range, checksum), the next step, the dropout stream position and free-form
-//!   extra JSON (run config, tokenizer, layout);
+//!   part, element range, checksum), the next step, the dropout stream positions (rank 0's, and
+//!   every rank's) and free-form extra JSON (run config, tokenizer, layout);
 //! - `COMPLETE`: the marker, written last. Only folders with it count.
 //!
 //! Writing ([`writer`]) never communicates through collectives: each rank copies its pieces and
@@ -43,8 +43,14 @@ pub const INDEX: &str = "index.json";
 pub struct CheckpointState {
     /// The step to run next.
     pub step: usize,
-    /// Position of the model's dropout random stream.
+    /// Position of the model's dropout random stream: rank 0's (every rank's but a pipeline's
+    /// later stages, which advance their streams by their own layers only).
     pub rng_offset: u64,
+    /// Each rank's position, by rank of the job that wrote it (empty for one process, and in
+    /// checkpoints written before the ranks recorded their own). A run resumed at the same
+    /// layout takes its rank's; any other takes [`CheckpointState::rng_offset`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rng_offsets: Vec<u64>,
     /// Anything else worth keeping with the weights (run config, tokenizer, layout).
     #[serde(default)]
     pub extra: serde_json::Value,

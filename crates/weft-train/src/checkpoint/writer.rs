@@ -1,11 +1,11 @@
 //! Writing a checkpoint from every rank at once, in the background.
 //!
 //! Each rank writes its own files into `DIR/.tmp-step-NNNNNNNN-<nonce>/` (fsynced) and reports
-//! their index records to rank 0 through the job's store (`weft/checkpoint/<nonce>/<step>/
-//! rank-R`; a failed rank reports its error). Rank 0 waits for every report, checks that the
-//! pieces cover every tensor exactly once, writes `index.json`, fsyncs the folder, renames it
-//! to `DIR/step-NNNNNNNN/`, writes the `COMPLETE` marker and keeps the run's newest K
-//! checkpoints. A rank killed at any point leaves at most a temporary folder (which the next
+//! their index records and its dropout stream position to rank 0 through the job's store
+//! (`weft/checkpoint/<nonce>/<step>/rank-R`; a failed rank reports its error). Rank 0 waits for
+//! every report, checks that the pieces cover every tensor exactly once, writes `index.json`,
+//! fsyncs the folder, renames it to `DIR/step-NNNNNNNN/`, writes the `COMPLETE` marker and
+//! keeps the run's newest K checkpoints. A rank killed at any point leaves at most a temporary folder (which the next
 //! completed checkpoint removes) or an unmarked one (which readers skip and nothing removes). A
 //! save that fails removes its temporary files. The nonce, the same on every rank and new for
 //! every run of the job, keeps attempts from mixing their files.
@@ -38,6 +38,8 @@ pub struct Coordination {
 pub struct Pending {
     pub dir: PathBuf,
     pub shard: Shard,
+    /// With this rank's dropout stream position (`rng_offset`; rank 0 collects every rank's
+    /// into `rng_offsets`).
     pub state: CheckpointState,
     /// `(alternative, canonical)` names of tied parameters.
     pub aliases: Vec<(String, String)>,
@@ -53,6 +55,9 @@ struct Report {
     model: BTreeMap<String, TensorRecord>,
     optimizer: BTreeMap<String, TensorRecord>,
     error: Option<String>,
+    /// The rank's dropout stream position.
+    #[serde(default)]
+    rng_offset: Option<u64>,
 }
 
 /// A nonce for one run of a job: the clock and the process id, 52 bits (it travels as an f64).
@@ -89,6 +94,7 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
                     model,
                     optimizer,
                     error: None,
+                    rng_offset: Some(p.state.rng_offset),
                 },
                 Ok(None),
             ),
@@ -97,6 +103,7 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
                     model: BTreeMap::new(),
                     optimizer: BTreeMap::new(),
                     error: Some(e.to_string()),
+                    rng_offset: None,
                 },
                 Err(e),
             ),
@@ -129,9 +136,10 @@ pub fn write(p: Pending) -> Result<Option<PathBuf>> {
     result.map(Some)
 }
 
-/// Rank 0: waits for every other rank's report of checkpoint `step` and adds its records to
-/// `index`. Waits for all of them even after a failure, so that no rank is still writing into
-/// the temporary folder when rank 0 removes it; returns the first failure.
+/// Rank 0: waits for every other rank's report of checkpoint `step` and adds its records and
+/// its dropout stream position (`index.state.rng_offsets`, rank 0's first) to `index`. Waits
+/// for all of them even after a failure, so that no rank is still writing into the temporary
+/// folder when rank 0 removes it; returns the first failure.
 fn gather_reports(
     store: &weft_dist::store::StoreClient,
     index: &mut Index,
@@ -141,6 +149,7 @@ fn gather_reports(
 ) -> Result<()> {
     let deadline = Instant::now() + REPORT_TIMEOUT;
     let mut first_error = None;
+    let mut offsets = vec![index.state.rng_offset];
     for r in 1..ranks {
         let report = match wait_report(store, &key(r), r, step, deadline) {
             Ok(report) => report,
@@ -151,6 +160,7 @@ fn gather_reports(
         };
         // the store keeps every key for the whole job: drop the report's bulk
         store.set(&key(r), b"")?;
+        offsets.extend(report.rng_offset);
         let merged = match report.error {
             Some(e) => Err(Error::Io(format!(
                 "checkpoint of step {step}: rank {r} could not write its files: {e}"
@@ -161,6 +171,9 @@ fn gather_reports(
         if let Err(e) = merged {
             first_error.get_or_insert(e);
         }
+    }
+    if offsets.len() == ranks {
+        index.state.rng_offsets = offsets;
     }
     first_error.map_or(Ok(()), Err)
 }

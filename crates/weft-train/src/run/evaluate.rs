@@ -1,8 +1,8 @@
 //! `weft evaluate`: a checkpoint's validation loss (and a classifier's accuracy) on a run
 //! config's evaluation batches, computed by the trainer's own evaluation
-//! ([`Trainer::evaluate`], as `train.eval_every` runs it) after loading the checkpoint as
-//! `--resume-from` does ([`Trainer::load_checkpoint`]: its model config and tokenizer must be
-//! the config's).
+//! ([`Trainer::evaluate`], as `train.eval_every` runs it) after loading the checkpoint's model
+//! weights ([`Trainer::load_weights`], from any layout: its model config and tokenizer must be
+//! the config's; the optimizer state is not read, so `[optim]` need not be the training run's).
 
 use std::path::{Path, PathBuf};
 
@@ -68,6 +68,7 @@ pub fn evaluate(config: &RunConfig, ckpt: &Path, batches: Option<usize>) -> Resu
         "evaluate it with the run config that trained it (weft checkpoint inspect shows its model)",
     )?;
     let model = weft_nn::init::with_device(device, || build_model(&config.model, t.seed))?;
+    // the trainer needs one; it never steps, and the checkpoint's optimizer state is not loaded
     let optimizer = build_optimizer(&config.optim)?;
     let schedule = build_schedule(&config.schedule, config.optim.lr, t.steps)?;
     let mut trainer = Trainer::new(model, optimizer, schedule, config.optim.weight_decay)
@@ -77,9 +78,9 @@ pub fn evaluate(config: &RunConfig, ckpt: &Path, batches: Option<usize>) -> Resu
                 .map_err(|e| Error::Config(format!("train.precision: {e}")))?,
         )
         .with_eval(1, batches, eval);
-    // what `load_checkpoint` compares with the checkpoint's own record
+    // what `load_weights` compares with the checkpoint's own record
     trainer.checkpoint_extra = extra;
-    let step = trainer.load_checkpoint(&dir)?;
+    let step = trainer.load_weights(&dir)?;
     let record = trainer
         .evaluate(step)?
         .ok_or_else(|| Error::Run("the trainer has no evaluation batches".into()))?;

@@ -212,10 +212,54 @@ impl Trainer {
             Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
             None => self.optimizer.load_state(&loaded.optimizer)?,
         }
-        self.model.context().set_rng_offset(loaded.state.rng_offset);
+        let offset = self.own_rng_offset(&loaded.state)?;
+        self.model.context().set_rng_offset(offset);
         // a whole-step graph holds the optimizer's state tensors, which loading replaced
         self.forget_whole_step();
         Ok(loaded.state.step)
+    }
+
+    /// Where this rank's dropout stream goes on from in checkpoint `state`: its own rank's
+    /// position when the checkpoint records one per rank and was written at this run's layout
+    /// (as many ranks, and the same `parallel` sizes in [`Trainer::checkpoint_extra`] where both
+    /// record them), else the checkpoint's one position (rank 0's). Pipeline stages advance their
+    /// streams by their own layers only, so at another layout the masks do not repeat the
+    /// checkpoint's run.
+    fn own_rng_offset(&self, state: &CheckpointState) -> Result<u64> {
+        let (rank, size) = self.checkpoint_group()?.map_or((0, 1), |g| (g.rank(), g.size()));
+        let parallel = |extra: &serde_json::Value| extra.get("parallel").cloned();
+        let same_layout = state.rng_offsets.len() == size && parallel(&state.extra) == parallel(&self.checkpoint_extra);
+        Ok(match state.rng_offsets.get(rank) {
+            Some(&offset) if same_layout => offset,
+            _ => state.rng_offset,
+        })
+    }
+
+    /// Restores only the model's weights of checkpoint folder `ckpt` (or the newest one inside a
+    /// checkpoint directory), whatever layout or optimizer wrote it: the optimizer's state, the
+    /// dropout stream and the run's id are left as they are, and the folder is not claimed.
+    /// Returns the steps the checkpoint had trained. As [`Trainer::load_checkpoint`], each rank
+    /// reads only the weights it holds, and the checkpoint's model config and tokenizer must be
+    /// this run's. What `weft evaluate` loads.
+    pub fn load_weights(&mut self, ckpt: &Path) -> Result<usize> {
+        let dir = checkpoint::resolve(ckpt)?;
+        let index = checkpoint::read_index(&dir)?;
+        same_model(&self.checkpoint_extra, &index.state.extra, &dir, RESUME_ADVICE)?;
+        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
+        let tp = self
+            .tensor_parallel
+            .as_ref()
+            .map(|t| (&t.splits, t.group.rank(), t.group.size()));
+        let params = whole::read_own_tensors(&mut checkpoint::Files::new(&dir), &index.model, false, &mine, tp)?;
+        self.gather_parameters()?;
+        weft_nn::state_dict::load_state_dict_only(
+            self.model.as_ref(),
+            &params,
+            self.model.aliases(),
+            &dir.display().to_string(),
+            &|n| mine.contains(n),
+        )?;
+        Ok(index.state.step)
     }
 
     /// Hands this rank's share of the state before step `next_step` (copies of the pieces it
@@ -244,7 +288,9 @@ impl Trainer {
         let shard = self.local_shard()?;
         let state = CheckpointState {
             step: next_step,
+            // this rank's: rank 0's writer collects every rank's
             rng_offset: self.model.context().rng_offset(),
+            rng_offsets: Vec::new(),
             extra: self.checkpoint_extra.clone(),
             run: Some(self.run_id.clone()),
         };
