@@ -228,40 +228,7 @@ pub const MAX_CACHE_FILE: u64 = 16 << 20;
 /// and what it leads to must be a regular file), longer than `cap`, or unreadable. A FIFO is
 /// never opened in blocking mode, and at most `cap + 1` bytes are read.
 pub fn read_cache_file(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
-    use crate::io::regular::{open_regular, Regular};
-    use std::io::Read;
-    let not_regular = |kind: &std::fs::FileType| {
-        format!(
-            "{}: is {}, not a regular file",
-            path.display(),
-            crate::io::atomic::describe(kind)
-        )
-    };
-    let (file, meta) = match open_regular(path, true) {
-        Ok(Regular::File(file, meta)) => (file, meta),
-        Ok(Regular::Missing) => return Ok(None),
-        Ok(Regular::Other(kind)) => return Err(not_regular(&kind)),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    if meta.len() > cap {
-        return Err(format!(
-            "{}: {} bytes, longer than the {cap} bytes such a file can hold",
-            path.display(),
-            meta.len()
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(cap + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    // it grew while being read
-    if bytes.len() as u64 > cap {
-        return Err(format!(
-            "{}: longer than the {cap} bytes such a file can hold",
-            path.display()
-        ));
-    }
-    Ok(Some(bytes))
+    crate::io::regular::read_capped(path, cap)
 }
 
 /// Reads this machine's cache file into the recorded choices. Returns how many were read, or

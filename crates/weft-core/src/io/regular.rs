@@ -58,6 +58,46 @@ pub fn open_regular(path: &Path, follow_links: bool) -> io::Result<Regular> {
     Ok(Regular::File(file, meta))
 }
 
+/// The bytes of `path`, at most `cap` of them (symlinks followed): `Ok(None)` when there is no
+/// file; an error naming the path when it cannot be used: not a regular file (a FIFO would wait
+/// for a writer for ever, a device such as `/dev/zero` never end), longer than `cap`, or
+/// unreadable. A FIFO is never opened in blocking mode, and at most `cap + 1` bytes are read.
+pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    let not_regular = |kind: &std::fs::FileType| {
+        format!(
+            "{}: is {}, not a regular file",
+            path.display(),
+            crate::io::atomic::describe(kind)
+        )
+    };
+    let (file, meta) = match open_regular(path, true) {
+        Ok(Regular::File(file, meta)) => (file, meta),
+        Ok(Regular::Missing) => return Ok(None),
+        Ok(Regular::Other(kind)) => return Err(not_regular(&kind)),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    if meta.len() > cap {
+        return Err(format!(
+            "{}: {} bytes, longer than the {cap} bytes such a file can hold",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // it grew while being read
+    if bytes.len() as u64 > cap {
+        return Err(format!(
+            "{}: longer than the {cap} bytes such a file can hold",
+            path.display()
+        ));
+    }
+    Ok(Some(bytes))
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;

@@ -148,10 +148,20 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     latest(path)?.ok_or_else(|| io(path, format!("holds no complete checkpoint (no step-*/{MARKER})")))
 }
 
+/// The longest `index.json` read, in bytes: about 300 bytes a piece, so a billion-parameter
+/// model's index at any layout is a few megabytes, and the largest layouts planned (a trillion
+/// parameters on 4096 devices under ZeRO-3) stay under a gigabyte; a larger file is refused
+/// before it is read.
+pub const MAX_INDEX_BYTES: u64 = 1 << 30;
+
 /// Reads and checks a checkpoint's `index.json`.
 pub fn read_index(ckpt: &Path) -> Result<Index> {
     let path = ckpt.join(INDEX);
-    let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+    let bytes = match weft_core::io::regular::read_capped(&path, MAX_INDEX_BYTES) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Err(io(&path, "no such file")),
+        Err(e) => return Err(Error::Io(e)),
+    };
     let index: Index = serde_json::from_slice(&bytes).map_err(|e| io(&path, e))?;
     if index.format != index::FORMAT {
         return Err(io(
