@@ -118,8 +118,14 @@ fn served(client: &Client, base: &str, token: &str, name: &str) -> Result<Option
 /// model's default.
 fn tell(ctx: &Context, d: &Deploy, base: &str, v: &ModelVersion) -> Result<(), String> {
     let token_file = ctx.root.join(d.token_file.as_deref().unwrap_or_default());
+    // a token is short: a device or a FIFO named by mistake is refused, not read for ever
+    let bytes = match weft_core::io::regular::read_capped(&token_file, 64 << 10) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Err(format!("`token_file` {}: no such file", token_file.display())),
+        Err(e) => return Err(format!("`token_file` {e}")),
+    };
     let token =
-        std::fs::read_to_string(&token_file).map_err(|e| format!("`token_file` {}: {e}", token_file.display()))?;
+        String::from_utf8(bytes).map_err(|_| format!("`token_file` {}: not UTF-8 text", token_file.display()))?;
     let token = token.trim();
     let client = Client::builder()
         .timeout(Duration::from_secs(30))
