@@ -53,7 +53,17 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         return crate::calibrate::run(c);
     }
     let devices = args.devices.ok_or("--devices N is required")?;
+    if args.top == 0 {
+        return Err("--top 0: must be at least 1 (the plans to show)".into());
+    }
     let config = args.config.load()?;
+    if let (Some(c), None, None) = (&config.parallel.cluster, &args.cluster, &args.device_spec) {
+        weft_core::errln!(
+            "weft: note: planning on h100-sxm-80gb, not the config's parallel.cluster ({}), which only \
+             `auto` reads: pass --cluster to plan on it",
+            c.display()
+        );
+    }
     let mut work = weft_train::plan_shape::workload(&config, args.global_batch)?;
     let device = match (&args.cluster, &args.device_spec) {
         (Some(path), _) => weft_plan::cluster::load(path).map_err(|e| e.to_string())?,

@@ -94,9 +94,22 @@ pub fn run(args: &CalibrateArgs) -> Result<(), String> {
         vocab: m.vocab as usize,
     };
     Shapes::decode(&shapes.encode())?;
-    let path = plan_shape::calibration_path();
-    if let Err(e) = plan_shape::read_calibration(&path) {
-        weft_core::errln!("weft: warning: ignoring the calibration file ({e}); measuring again");
+    // this number of ranks' file, read back for the summary (the latest, `plan-local.toml`, may
+    // be another calibration's by then), and the latest
+    let path = plan_shape::calibration_path_for(nproc);
+    for p in [&path, &plan_shape::calibration_path()] {
+        if let Err(e) = plan_shape::read_calibration(p) {
+            weft_core::errln!("weft: warning: ignoring the calibration file ({e}); measuring again");
+        }
+        // a folder is put aside by the rename only when it is empty: said now, not after measuring
+        if std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+            && std::fs::read_dir(p).map_or(true, |mut d| d.next().is_some())
+        {
+            return Err(format!(
+                "{}: is a folder with files in it, where the calibration goes; remove it and run again",
+                p.display()
+            ));
+        }
     }
     weft_core::errln!(
         "weft: measuring this machine with {nproc} ranks at {} tokens x width {} (up to {} ms per rate)",
@@ -361,8 +374,18 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, &text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        // an empty folder where the file goes (a rename cannot replace it); one with files in
+        // it was refused before measuring
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            let _ = std::fs::remove_dir(&path);
+        }
+        let written = std::fs::write(&tmp, &text)
+            .map_err(|e| format!("{}: {e}", tmp.display()))
+            .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display())));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written?;
     }
     Ok(())
 }

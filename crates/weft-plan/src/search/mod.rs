@@ -420,9 +420,8 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
     }
     let mut feasible: Vec<(Plan, Ordinal)> = groups.into_values().flatten().collect();
     let by_time = |a: &(Plan, Ordinal), b: &(Plan, Ordinal)| {
-        a.0.time
-            .step
-            .total_cmp(&b.0.time.step)
+        comparable(a.0.time.step)
+            .total_cmp(&comparable(b.0.time.step))
             .then(a.0.memory.total().total_cmp(&b.0.memory.total()))
             .then(a.1.cmp(&b.1))
     };
@@ -492,10 +491,21 @@ pub fn evaluate(work: &Workload, device: &DeviceSpec, layout: Layout, usable: f6
     }
 }
 
+/// A predicted time rounded to 12 significant digits, for comparing: two layouts whose
+/// predictions differ only by the rounding of sums taken in another order (GPipe and 1F1B at
+/// the same micro-batch count, say) compare equal, and memory decides between them.
+fn comparable(t: f64) -> f64 {
+    if t == 0.0 || !t.is_finite() {
+        return t;
+    }
+    let scale = 10f64.powi(11 - t.abs().log10().floor() as i32);
+    (t * scale).round() / scale
+}
+
 /// Drops every plan another one beats on step time and memory (no worse on both, better on
-/// one; of equal ones the first stays).
+/// one; of equal ones the first stays). Times are compared as [`comparable`] rounds them.
 fn undominated<T: Clone>(group: Vec<(Plan, T)>) -> Vec<(Plan, T)> {
-    let key = |p: &(Plan, T)| (p.0.time.step, p.0.memory.total());
+    let key = |p: &(Plan, T)| (comparable(p.0.time.step), p.0.memory.total());
     let mut kept = Vec::with_capacity(group.len());
     for (i, p) in group.iter().enumerate() {
         let (t, m) = key(p);
