@@ -10,7 +10,7 @@ pub struct OpsArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
-    /// Only ops whose name contains this text.
+    /// Only ops whose name contains this text (none: an error naming the ops).
     #[arg(long)]
     filter: Option<String>,
     /// Minimum measuring time per op, in milliseconds.
@@ -82,7 +82,7 @@ fn cases(filter: Option<&str>) -> Result<Vec<Case>> {
     if want("cross_entropy") {
         cases.push(cross_entropy_case()?);
     }
-    if want("attention") {
+    if want("attention_fwd_bwd") {
         cases.push(attention_case()?);
     }
     if want("conv2d") {
@@ -146,7 +146,31 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-pub fn run_ops(args: &OpsArgs) -> Result<()> {
+pub fn run_ops(args: &OpsArgs) -> std::result::Result<(), String> {
+    let cases = cases(args.filter.as_deref()).map_err(|e| e.to_string())?;
+    if cases.is_empty() {
+        // an empty table and exit 0 read as a run that measured nothing wrong
+        return Err(format!(
+            "--filter {:?}: no op's name contains it (ops: {})",
+            args.filter.as_deref().unwrap_or(""),
+            OPS.join(", ")
+        ));
+    }
+    time_ops(args, cases).map_err(|e| e.to_string())
+}
+
+/// Every op `weft bench ops` times, in its order.
+const OPS: [&str; 7] = [
+    "matmul",
+    "softmax",
+    "layer_norm",
+    "gelu",
+    "cross_entropy",
+    "attention_fwd_bwd",
+    "conv2d",
+];
+
+fn time_ops(args: &OpsArgs, cases: Vec<Case>) -> Result<()> {
     let threads = weft_core::cpu::threads::num_threads();
     if !args.json {
         weft_core::outln!("weft bench ops ({threads} threads; median of repeated runs)");
@@ -159,7 +183,7 @@ pub fn run_ops(args: &OpsArgs) -> Result<()> {
             "unit"
         );
     }
-    for mut case in cases(args.filter.as_deref())? {
+    for mut case in cases {
         for _ in 0..2 {
             (case.run)()?;
         }

@@ -59,10 +59,10 @@ pub struct ServeArgs {
     /// The largest request body, in bytes (256 to 1073741824: 1 GiB).
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().body_bytes)]
     max_body_bytes: usize,
-    /// The most bytes of request bodies the server holds at once, across all connections (being
-    /// read or handled); a request past it is answered 503 with Retry-After. From
-    /// --max-body-bytes to 1099511627776 (1 TiB) [default: 1 GiB, or --max-body-bytes when that
-    /// is larger]
+    /// The most bytes of request bodies (being read or handled) and infer answers (their output
+    /// values, until sent) the server holds at once, across all connections; a request past it
+    /// is answered 503 with Retry-After. From --max-body-bytes to 1099511627776 (1 TiB)
+    /// [default: 1 GiB, or --max-body-bytes when that is larger]
     #[arg(long, value_name = "BYTES")]
     max_body_bytes_in_flight: Option<usize>,
     /// The most new tokens one generation request may ask for.
@@ -88,10 +88,17 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = LoadOptions::default().prefill_chunk as u64)]
     prefill_chunk: u64,
     /// How long a connection may take to send a request's headers (an idle keep-alive
-    /// connection: its next request's), and the longest pause inside a request's body, in
-    /// milliseconds; past it the connection is closed (a body: 408).
+    /// connection: its next request's), the longest pause inside a request's body, the grace
+    /// before --min-body-rate counts, and how long an answer may wait on a client that does not
+    /// read it, in milliseconds (1 to 600000); past it the connection is closed (a body: 408).
     #[arg(long, value_name = "MS", default_value_t = Limits::default().read_timeout.as_millis() as u64)]
     read_timeout_ms: u64,
+    /// The slowest a request body may arrive, in bytes a second on average, counted once
+    /// --read-timeout-ms has passed since its head arrived (slower: 408 and the connection
+    /// closed), so that a client dripping a body cannot hold a connection for good (1 to
+    /// 1073741824).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().min_body_rate)]
+    min_body_rate: u64,
     /// The most connections each port (inference, management, metrics) holds open at once;
     /// more wait, unaccepted, until one closes. Lowered, with a warning, to what the limit on
     /// open files (raised to its hard limit) leaves.
@@ -192,6 +199,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         1,
         weft_serve::MAX_READ_TIMEOUT_MS,
     )?;
+    let min_body_rate = bounded("--min-body-rate", args.min_body_rate, 1, weft_serve::MAX_MIN_BODY_RATE)
+        .map_err(|e| format!("{e} (bytes a second)"))?;
     let registry_poll_ms = bounded(
         "--registry-poll-ms",
         args.registry_poll_ms,
@@ -250,6 +259,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         body_bytes_in_flight: in_flight,
         max_tokens,
         read_timeout: Duration::from_millis(read_timeout_ms),
+        min_body_rate,
         ..Limits::default()
     };
     let load = LoadOptions {
@@ -343,7 +353,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         store: Arc::new(model_store.clone()),
         load,
         metrics: Arc::default(),
-        bodies: weft_serve::listen::BodyBudget::new(limits.body_bytes_in_flight),
+        bodies: weft_serve::body::BodyBudget::new(limits.body_bytes_in_flight),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -14,6 +14,9 @@ use crate::AppState;
 /// The fewest bytes a token may have: shorter ones are guessable.
 pub const MIN_TOKEN_BYTES: usize = 16;
 
+/// The largest token file read, in bytes: a token is one short line.
+pub const MAX_TOKEN_FILE_BYTES: usize = 4 << 10;
+
 /// A secret that requests present as `Authorization: Bearer <token>`.
 #[derive(Clone)]
 pub struct Token(Vec<u8>);
@@ -41,10 +44,34 @@ impl Token {
         Ok(Token(t.as_bytes().to_vec()))
     }
 
-    /// The token in the file at `path` (its whole content, trimmed).
+    /// The token in the file at `path` (its whole content, trimmed): a regular file (not a
+    /// device such as `/dev/zero`, a pipe or a folder) of at most [`MAX_TOKEN_FILE_BYTES`],
+    /// read through that cap.
     pub fn from_file(path: &Path) -> Result<Token, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?;
-        Token::new(&text).map_err(|e| format!("--token-file {}: {e}", path.display()))
+        use std::io::Read;
+        let fail = |e: String| format!("--token-file {}: {e}", path.display());
+        // looked at before it is opened: opening a pipe would wait for a writer
+        let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(fail("not a regular file (a token file holds one short line)".into()));
+        }
+        let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+        // what was opened, in case the path changed since
+        let opened = file.metadata().map_err(|e| fail(e.to_string()))?;
+        if !opened.is_file() {
+            return Err(fail("not a regular file (a token file holds one short line)".into()));
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_TOKEN_FILE_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(e.to_string()))?;
+        if bytes.len() > MAX_TOKEN_FILE_BYTES {
+            return Err(fail(format!(
+                "more than {MAX_TOKEN_FILE_BYTES} bytes; a token file holds one token"
+            )));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))?;
+        Token::new(&text).map_err(fail)
     }
 
     /// Whether `given` is the token, in time that depends only on the lengths.
@@ -92,5 +119,39 @@ mod tests {
         assert!(!t.matches(b""));
         assert!(Token::new("short").is_err());
         assert!(Token::new("0123456789 abcdef").is_err());
+    }
+
+    #[test]
+    fn token_files_are_short_regular_files() {
+        let dir = std::env::temp_dir().join(format!("weft-serve-token-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok");
+        std::fs::write(&ok, "0123456789abcdef\n").unwrap();
+        assert!(Token::from_file(&ok).unwrap().matches(b"0123456789abcdef"));
+        // a device that never ends, a folder, and a file past the cap: refused without reading
+        // them whole
+        for (path, want) in [
+            (Path::new("/dev/zero"), "not a regular file"),
+            (dir.as_path(), "not a regular file"),
+        ] {
+            let e = Token::from_file(path).unwrap_err();
+            assert!(e.contains(want), "{}: {e}", path.display());
+        }
+        // a pipe: opening it would wait for a writer
+        let fifo = dir.join("fifo");
+        if std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let e = Token::from_file(&fifo).unwrap_err();
+            assert!(e.contains("not a regular file"), "{e}");
+        }
+        let big = dir.join("big");
+        std::fs::write(&big, "a".repeat(MAX_TOKEN_FILE_BYTES + 1)).unwrap();
+        let e = Token::from_file(&big).unwrap_err();
+        assert!(e.contains("more than 4096 bytes"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -132,7 +132,67 @@ pub async fn openai_errors(request: Request, next: Next) -> Response {
 
 /// OpenAI's error object for `status` and `message` as a response.
 pub fn openai_response(status: StatusCode, message: &str) -> Response {
-    json_response(status, &openai_error(status, message))
+    let mut response = json_response(status, &openai_error(status, message));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// A refused request to `path` as a response: `{"error": message}`, or OpenAI's error object on
+/// `/v1/*` (503s with `Retry-After`).
+pub fn refusal(path: &str, status: StatusCode, message: impl Into<String>) -> Response {
+    let e = ApiError::new(status, message);
+    if path.starts_with("/v1/") {
+        openai_response(e.status, &e.message)
+    } else {
+        e.into_response()
+    }
+}
+
+/// The longest body of a refusal that [`json_errors`] reads as its message, in bytes.
+const MAX_PLAIN_ERROR: usize = 4 << 10;
+
+/// The middleware that gives every refusal a JSON body: a 4xx or 5xx answered without one (a
+/// method the route does not take, 405 with an empty body; a path axum's extractor cannot read,
+/// 400 in plain text; an unknown path on a port without a fallback, 404) gets `{"error": ...}`
+/// (OpenAI's shape on `/v1/*`) holding the text it had or a message for its status; its headers
+/// stay (and a 405's `Allow`, which axum adds outside this layer). JSON answers pass unchanged.
+pub async fn json_errors(request: Request, next: Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_PLAIN_ERROR)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if status == StatusCode::METHOD_NOT_ALLOWED {
+        // the methods it takes are in the `Allow` header, which axum adds after this layer
+        format!(
+            "method {method} is not allowed on {} (the Allow header names those it takes)",
+            echo(&path)
+        )
+    } else if text.is_empty() {
+        let reason = status.canonical_reason().unwrap_or("refused");
+        format!("{reason}: {method} {}", echo(&path))
+    } else {
+        text
+    };
+    let rewritten = refusal(&path, status, message);
+    let (new_parts, body) = rewritten.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.extend(new_parts.headers);
+    Response::from_parts(parts, body)
 }
 
 /// `value` as a JSON response with `status`.

@@ -9,8 +9,10 @@
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+mod answer;
 pub mod auth;
 mod batch;
+pub mod body;
 mod decode;
 mod detok;
 pub mod error;
@@ -52,9 +54,13 @@ pub struct Limits {
     /// The most values one infer request's output may hold (`B x classes`, `B x T x vocab`).
     pub max_output_values: usize,
     /// How long a connection may take to send a request's headers (an idle keep-alive
-    /// connection: its next request's), and the longest pause inside a body; past it the
-    /// connection is closed (a body: 408) ([`listen`]).
+    /// connection: its next request's), the longest pause inside a body, the grace before a
+    /// body's rate is counted, and the longest time an answer may wait on a client that does not
+    /// read it; past it the connection is closed (a body: 408) ([`listen`], [`body`]).
     pub read_timeout: std::time::Duration,
+    /// The slowest a request body may arrive, in bytes a second on average, once
+    /// `read_timeout` has passed since its head arrived (slower: 408) ([`body`]).
+    pub min_body_rate: u64,
     /// The most connections each port holds open at once; past it new ones wait, unaccepted,
     /// until one closes ([`listen::serve`]).
     pub connections: usize,
@@ -66,9 +72,12 @@ pub const MAX_TOKENS_LIMIT: usize = 1 << 20;
 /// The longest `--read-timeout-ms`: 10 minutes.
 pub const MAX_READ_TIMEOUT_MS: u64 = 600_000;
 
+/// The largest `--min-body-rate`: 1 GiB a second.
+pub const MAX_MIN_BODY_RATE: u64 = 1 << 30;
+
 impl Default for Limits {
     /// 16 MiB bodies, 4096 new tokens, 2^24 output values (64 MiB of FP32), 30 s to send the
-    /// headers, 1024 connections a port.
+    /// headers, bodies at 64 KiB a second at least, 1024 connections a port.
     fn default() -> Self {
         Limits {
             body_bytes: 16 << 20,
@@ -76,6 +85,7 @@ impl Default for Limits {
             max_tokens: 4096,
             max_output_values: 1 << 24,
             read_timeout: std::time::Duration::from_secs(30),
+            min_body_rate: 64 << 10,
             connections: 1024,
         }
     }
@@ -97,18 +107,19 @@ pub struct AppState {
     pub load: LoadOptions,
     /// Request counters and latencies.
     pub metrics: Arc<Metrics>,
-    /// The request bodies held at once, across connections ([`Limits::body_bytes_in_flight`]).
-    pub bodies: Arc<listen::BodyBudget>,
+    /// The request bodies and infer answers held at once, across connections
+    /// ([`Limits::body_bytes_in_flight`]).
+    pub bodies: Arc<body::BodyBudget>,
 }
 
 /// The inference API's routes over `state`.
 pub fn router(state: AppState) -> axum::Router {
-    routes::router(state)
+    routes::router(state).layer(axum::middleware::from_fn(error::json_errors))
 }
 
 /// The management API's routes over `state` (all behind the token).
 pub fn management_router(state: AppState) -> axum::Router {
-    management::router(state)
+    management::router(state).layer(axum::middleware::from_fn(error::json_errors))
 }
 
 /// `GET /metrics` over `state`.
@@ -116,6 +127,7 @@ pub fn metrics_router(state: AppState) -> axum::Router {
     axum::Router::new()
         .route("/metrics", axum::routing::get(metrics::scrape))
         .with_state(state)
+        .layer(axum::middleware::from_fn(error::json_errors))
 }
 
 /// Where the server listens: the inference API, and (when given) the management API and the

@@ -1,88 +1,141 @@
-//! Connections and request bodies under time limits: every port is served by hyper's HTTP/1
-//! server with a header-read timeout (`axum::serve` sets none: a client that sends half a
-//! request line, or opens a connection and sends nothing, would hold it, and its file
-//! descriptor, forever), and request bodies are read before the handlers with the body limit
-//! (413; from `Content-Length` at once when the client waits for `100 Continue`) and a limit
-//! on each pause inside the body (408), and all bodies held at once (being read or handled) under
-//! one budget across connections ([`BodyBudget`]; past it 503), so that many clients sending
-//! bodies at the limit cannot hold more memory than the budget. Each port holds at most
-//! `max_connections` connections open at once; past that, new ones wait in the kernel's backlog,
-//! unaccepted, until one closes, so clients that open connections without end cannot take
-//! the file descriptors the server needs for its own files.
+//! Connections under time limits: every port is served by hyper's HTTP/1 server with a
+//! header-read timeout (`axum::serve` sets none: a client that sends half a request line, or
+//! opens a connection and sends nothing, would hold it, and its file descriptor, forever), and
+//! an answer that the client stops reading is dropped after the same time without progress (a
+//! send timeout, as nginx's `send_timeout`). Each port holds at most `max_connections`
+//! connections open at once; past that, new ones wait in the kernel's backlog, unaccepted, until
+//! one closes, so that clients that open connections without end cannot take the file
+//! descriptors the server needs for its own files. When the server stops, connections that are
+//! not handling a request (idle, or still sending a request's head) close at once, a request
+//! whose body is still arriving is answered 503 ([`crate::body`]), and the requests being handled
+//! finish. Request bodies are read by [`crate::body::read_body`].
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use axum::Router;
-use futures_util::StreamExt;
+use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::error::{openai_response, ApiError};
-use crate::AppState;
+pub use crate::body::{read_body, BodyBudget};
 
-/// The bytes of request bodies the server holds at once (being read, or in a request being
-/// handled), across all connections, and their limit.
+/// Put in every request's extensions by [`serve`]: completes once the server stops, so that a
+/// handler waiting on its client (a body still arriving) can answer at once.
+#[derive(Debug, Clone)]
+pub struct Stopping(watch::Receiver<bool>);
+
+impl Stopping {
+    /// Completes once the server is stopping.
+    pub async fn wait(mut self) {
+        // an error: the server's stop signal is gone, so it is stopping too
+        let _ = self.0.wait_for(|s| *s).await;
+    }
+}
+
+/// What one connection is doing, shared by its task and its requests' answers.
 #[derive(Debug)]
-pub struct BodyBudget {
-    limit: usize,
-    used: AtomicUsize,
+struct Activity {
+    opened: Instant,
+    /// Requests handed to the app whose answer has not been sent whole (or dropped).
+    handling: AtomicUsize,
+    /// Milliseconds after `opened`, plus 1, when the answer last handed hyper a piece that the
+    /// client has not taken since (hyper asks for the next piece once the last one is written);
+    /// 0 while no answer waits on the client.
+    waiting_since: AtomicU64,
 }
 
-impl BodyBudget {
-    /// A budget of `limit` bytes.
-    pub fn new(limit: usize) -> Arc<BodyBudget> {
-        Arc::new(BodyBudget {
-            limit,
-            used: AtomicUsize::new(0),
-        })
+impl Activity {
+    fn now(&self) -> u64 {
+        self.opened.elapsed().as_millis() as u64 + 1
     }
 
-    /// The bytes held now.
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::SeqCst)
-    }
-
-    /// Takes `n` more bytes when they fit.
-    fn take(&self, n: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
-                u.checked_add(n).filter(|&t| t <= self.limit)
-            })
-            .is_ok()
+    /// Whether an answer has waited on the client for longer than `limit`.
+    fn stalled(&self, limit: Duration) -> bool {
+        let since = self.waiting_since.load(Ordering::SeqCst);
+        since != 0 && self.now().saturating_sub(since) > limit.as_millis() as u64
     }
 }
 
-/// The bytes one request holds of a [`BodyBudget`], given back when it is dropped.
-struct Held {
-    budget: Arc<BodyBudget>,
-    bytes: usize,
+/// One request being handled on a connection, until its answer has been sent or dropped.
+#[derive(Debug)]
+struct Handling(Arc<Activity>);
+
+impl Handling {
+    fn start(activity: &Arc<Activity>) -> Handling {
+        activity.handling.fetch_add(1, Ordering::SeqCst);
+        Handling(activity.clone())
+    }
 }
 
-impl Drop for Held {
+impl Drop for Handling {
     fn drop(&mut self) {
-        self.budget.used.fetch_sub(self.bytes, Ordering::SeqCst);
+        self.0.waiting_since.store(0, Ordering::SeqCst);
+        self.0.handling.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// An answer's body as hyper sends it, telling its connection's [`Activity`] when it waits on
+/// the client.
+struct Watched {
+    body: Body,
+    handling: Handling,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let activity = self.handling.0.clone();
+        // asked for more: what was handed before has been written
+        activity.waiting_since.store(0, Ordering::SeqCst);
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            activity.waiting_since.store(activity.now(), Ordering::SeqCst);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// After the server stops, how many checks in a row find a connection handling no request
+/// before it is closed (its last answer's end may still be being written when the first one
+/// looks).
+const IDLE_CHECKS_BEFORE_CLOSING: u32 = 2;
+
+/// How often a connection's task checks for a stalled answer and, once the server stops, for
+/// having nothing left to do: a fraction of the read timeout, between 10 ms and 250 ms.
+fn check_every(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(10), Duration::from_millis(250))
 }
 
 /// How often at most the accept loop says that a port is at its connection limit.
 const FULL_NOTICE_EVERY: Duration = Duration::from_secs(60);
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting and waits for
-/// the connections' requests in flight (idle connections close at once). A connection that has
-/// not sent a whole request head within `header_timeout` of its start (or, kept alive, of its
-/// last response) is closed. At most `max_connections` (at least 1) are open at once; the next
-/// is accepted when one closes, and reaching the limit is logged (at most once a minute).
+/// the connections' requests being handled (idle connections, and those still sending a
+/// request's head, close at once; a body still arriving is answered 503). A connection that
+/// has not sent a whole request head within `header_timeout` of its start (or, kept alive, of
+/// its last response) is closed, and so is one whose answer the client has not read for longer
+/// than that. At most `max_connections` (at least 1) are open at once; the next is accepted
+/// when one closes, and reaching the limit is logged (at most once a minute).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -92,11 +145,12 @@ pub async fn serve(
 ) -> io::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
     let mut noticed: Option<std::time::Instant> = None;
-    let (signal_tx, signal_rx) = watch::channel(());
+    let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
-        drop(signal_rx);
+        let _ = stop_tx.send(true);
     });
+    let stopped = || Stopping(stop_rx.clone()).wait();
     // each connection's task holds a receiver; all dropped: every connection has ended
     let (close_tx, close_rx) = watch::channel(());
     loop {
@@ -113,7 +167,7 @@ pub async fn serve(
                 }
                 tokio::select! {
                     slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-                    _ = signal_tx.closed() => break,
+                    _ = stopped() => break,
                 }
             }
         };
@@ -128,22 +182,11 @@ pub async fn serve(
                     continue;
                 }
             },
-            _ = signal_tx.closed() => break,
+            _ = stopped() => break,
         };
-        let service = TowerToHyperService::new(app.clone());
-        let (signal_tx, close_rx) = (signal_tx.clone(), close_rx.clone());
+        let (app, stop_rx, close_rx) = (app.clone(), stop_rx.clone(), close_rx.clone());
         tokio::spawn(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = signal_tx.closed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
+            connection(stream, app, header_timeout, stop_rx).await;
             drop(close_rx);
             drop(slot);
         });
@@ -154,105 +197,64 @@ pub async fn serve(
     Ok(())
 }
 
+/// Serves one connection until it ends, the client stops reading an answer for longer than
+/// `timeout`, or the server stops (then as [`serve`] says).
+async fn connection(stream: tokio::net::TcpStream, app: Router, timeout: Duration, stop_rx: watch::Receiver<bool>) {
+    let activity = Arc::new(Activity {
+        opened: Instant::now(),
+        handling: AtomicUsize::new(0),
+        waiting_since: AtomicU64::new(0),
+    });
+    let app = TowerToHyperService::new(app);
+    let (on_request, stopping) = (activity.clone(), Stopping(stop_rx.clone()));
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(stopping.clone());
+        let handling = Handling::start(&on_request);
+        let answered = hyper::service::Service::call(&app, request);
+        async move {
+            let response = answered.await?;
+            Ok::<_, Infallible>(response.map(|body| Watched { body, handling }))
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(timeout);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let mut conn = std::pin::pin!(conn);
+    let mut stop = std::pin::pin!(Stopping(stop_rx).wait());
+    let mut stopping = false;
+    let mut idle_checks = 0;
+    let mut checks = tokio::time::interval(check_every(timeout));
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = stop.as_mut(), if !stopping => {
+                stopping = true;
+                // idle: closed at once; else after the request being handled
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = checks.tick() => {
+                // the client has not read its answer for the whole timeout: drop it
+                if activity.stalled(timeout) {
+                    return;
+                }
+                if stopping {
+                    // nothing handled (a request's head still arriving, or the end of an
+                    // answer being written): not waited for
+                    idle_checks = if activity.handling.load(Ordering::SeqCst) == 0 { idle_checks + 1 } else { 0 };
+                    if idle_checks >= IDLE_CHECKS_BEFORE_CLOSING {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Errors of one connection that the accept loop passes over at once.
 fn is_connection_error(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
     )
-}
-
-/// The middleware that reads a request's body before its handler: 413 when what arrives is over
-/// `state.limits.body_bytes` (at once, from the `Content-Length`, for a client that sent
-/// `Expect: 100-continue` and waits before sending the body), 408 when the client
-/// pauses longer than `state.limits.read_timeout` inside it. The handler gets the whole body.
-/// On `/v1/*` the refusals take OpenAI's shape.
-pub async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let limit = state.limits.body_bytes;
-    let openai = request.uri().path().starts_with("/v1/");
-    let refuse = |status: StatusCode, message: String| {
-        if openai {
-            openai_response(status, &message)
-        } else {
-            ApiError::new(status, message).into_response()
-        }
-    };
-    let too_large = || format!("the request body is over the limit of {limit} bytes");
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim().parse::<u64>());
-    // a client that waits for `100 Continue` before sending its body is answered from the
-    // header; any other is read up to the limit first, as it may be writing the body already and
-    // would see the connection close under it (a broken pipe) rather than the 413
-    let waits_to_send = request
-        .headers()
-        .get(header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let capacity = match declared {
-        Some(Ok(n)) if n > limit as u64 && waits_to_send => return refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
-        Some(Ok(n)) if n > limit as u64 => limit,
-        Some(Ok(n)) => n as usize,
-        Some(Err(_)) => {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                "the Content-Length header is not a whole number".into(),
-            )
-        }
-        None => 0,
-    };
-    let (parts, body) = request.into_parts();
-    let mut chunks = body.into_data_stream();
-    let mut held = Held {
-        budget: state.bodies.clone(),
-        bytes: 0,
-    };
-    // reserved as it arrives past 1 MiB: a client sending only headers reserves little
-    let mut bytes = Vec::with_capacity(capacity.min(1 << 20));
-    loop {
-        match tokio::time::timeout(state.limits.read_timeout, chunks.next()).await {
-            Err(_) => {
-                return refuse(
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!(
-                        "the request body stopped arriving for {} ms",
-                        state.limits.read_timeout.as_millis()
-                    ),
-                )
-            }
-            Ok(None) => break,
-            Ok(Some(Ok(chunk))) => {
-                if bytes.len() + chunk.len() > limit {
-                    return refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large());
-                }
-                if !held.budget.take(chunk.len()) {
-                    let mut busy = refuse(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "the server holds {} bytes of request bodies already (--max-body-bytes-in-flight); retry later",
-                            held.budget.limit
-                        ),
-                    );
-                    busy.headers_mut()
-                        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-                    return busy;
-                }
-                held.bytes += chunk.len();
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok(Some(Err(e))) => {
-                return refuse(
-                    StatusCode::BAD_REQUEST,
-                    format!("the request body could not be read: {e}"),
-                )
-            }
-        }
-    }
-    let response = next
-        .run(Request::from_parts(parts, Body::from(Bytes::from(bytes))))
-        .await;
-    // the handler has let go of the body (a streamed response keeps what it made of it)
-    drop(held);
-    response
 }

@@ -21,7 +21,7 @@ use axum::routing::{get, put};
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::error::{json_response, ApiError};
+use crate::error::{echo, json_response, ApiError};
 use crate::registry::{self, ModelSpec, Served};
 use crate::workers::MAX_WORKERS;
 use crate::{auth, AppState};
@@ -51,13 +51,47 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
     auth::require_token(State(state), request, next).await
 }
 
-type Query2 = Result<Query<HashMap<String, String>>, QueryRejection>;
+type Query2 = Result<Query<Vec<(String, String)>>, QueryRejection>;
 
-/// The query's parameters; 400 when it cannot be read.
-fn query(q: Query2) -> Result<HashMap<String, String>, ApiError> {
-    q.map(|Query(q)| q)
-        .map_err(|e| ApiError::bad_request(format!("the query string: {e}")))
+/// The query's parameters, of a call that takes those in `known`; 400 when it cannot be read,
+/// names a parameter twice (which one counts would be a guess) or names one the call does not
+/// take (it would be ignored).
+fn query(q: Query2, call: &str, known: &[&str]) -> Result<HashMap<String, String>, ApiError> {
+    let Query(pairs) = q.map_err(|e| ApiError::bad_request(format!("the query string: {e}")))?;
+    let mut params: HashMap<String, String> = HashMap::new();
+    for (key, value) in pairs {
+        if !known.contains(&key.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter {}: {call} takes {}",
+                echo(&key),
+                known.join(", ")
+            )));
+        }
+        if let Some(first) = params.get(&key) {
+            return Err(ApiError::bad_request(format!(
+                "{key}: given twice in the query ({} and {}); give each parameter once",
+                echo(first),
+                echo(&value)
+            )));
+        }
+        params.insert(key, value);
+    }
+    Ok(params)
 }
+
+/// What `POST /models` takes; `initial_workers` and `synchronous` are TorchServe's names.
+const REGISTER_PARAMS: [&str; 10] = [
+    "url",
+    "model_name",
+    "version",
+    "batch_size",
+    "max_batch_delay",
+    "max_sequences",
+    "prefill_chunk",
+    "workers",
+    "initial_workers",
+    "synchronous",
+];
 
 /// One version as the management API describes it.
 fn describe_version(s: &Served, default: &str, split: &[(String, f64)]) -> Value {
@@ -159,11 +193,19 @@ fn bounded_number(q: &HashMap<String, String>, key: &str, min: u64, max: u64) ->
         .transpose()
 }
 
-/// `POST /models?url=PATH&model_name=N[&version=V][&batch_size=B][&max_batch_delay=MS]`:
-/// loads the checkpoint folder PATH (relative to the model store) off the async threads and
-/// serves it as model N version V (default 1). Requests to other models go on meanwhile.
+/// `POST /models?url=PATH&model_name=N[&version=V][&batch_size=B][&max_batch_delay=MS]...`
+/// ([`REGISTER_PARAMS`]): loads the checkpoint folder PATH (relative to the model store) off the
+/// async threads and serves it as model N version V (default 1). Requests to other models go on
+/// meanwhile.
 async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, ApiError> {
-    let q = query(q)?;
+    let q = query(q, "POST /models", &REGISTER_PARAMS)?;
+    // weft loads the model before it answers, always: TorchServe's synchronous=true
+    if let Some(sync) = q.get("synchronous").filter(|v| !v.eq_ignore_ascii_case("true")) {
+        return Err(ApiError::bad_request(format!(
+            "synchronous={}: registration answers once the model is loaded (synchronous=true), always",
+            echo(sync)
+        )));
+    }
     let url = q
         .get("url")
         .ok_or_else(|| ApiError::bad_request("url: give the checkpoint folder's path inside the model store"))?;
@@ -197,8 +239,15 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
     if let Some(n) = bounded_number(&q, "prefill_chunk", 0, registry::MAX_PREFILL_CHUNK as u64)? {
         options.prefill_chunk = n as usize;
     }
-    if q.contains_key("workers") {
-        options.workers = workers_param(&q)?;
+    match (q.contains_key("workers"), q.contains_key("initial_workers")) {
+        (true, true) => {
+            return Err(ApiError::bad_request(
+                "workers and initial_workers: give one of them (initial_workers is TorchServe's name for workers)",
+            ))
+        }
+        (true, false) => options.workers = workers_param(&q, "workers")?,
+        (false, true) => options.workers = workers_param(&q, "initial_workers")?,
+        (false, false) => {}
     }
     registry::resolve_in_store(&state.store, &spec.path).map_err(|e| {
         let status = if e.contains("relative to the model store") || e.contains("outside the model store") {
@@ -284,13 +333,15 @@ fn apply_split(state: &AppState, name: &str, weights: &[(String, f64)]) -> Resul
     ))
 }
 
-/// `workers=N` of the query: a whole number in `1..=MAX_WORKERS`; 400 naming the limit.
-fn workers_param(q: &HashMap<String, String>) -> Result<usize, ApiError> {
-    let text = q.get("workers").map_or("", String::as_str);
+/// `key=N` (`workers`, `initial_workers`) of the query: a whole number in `1..=MAX_WORKERS`;
+/// 400 naming the limit.
+fn workers_param(q: &HashMap<String, String>, key: &str) -> Result<usize, ApiError> {
+    let text = q.get(key).map_or("", String::as_str);
     match text.parse::<usize>() {
         Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
         _ => Err(ApiError::bad_request(format!(
-            "workers: {text:?} is not a whole number from 1 to {MAX_WORKERS}"
+            "{key}: {} is not a whole number from 1 to {MAX_WORKERS}",
+            echo(text)
         ))),
     }
 }
@@ -319,14 +370,14 @@ async fn scale(state: &AppState, name: &str, version: Option<&str>, n: usize) ->
 /// `PUT /models/{name}?split=1:0.9,2:0.1` (an empty split clears it) or
 /// `PUT /models/{name}?workers=N` (the default version's workers).
 async fn split_query(State(state): State<AppState>, Path(name): Path<String>, q: Query2) -> Result<Response, ApiError> {
-    let q = query(q)?;
+    let q = query(q, "PUT /models/{name}", &["split", "workers"])?;
     if q.contains_key("workers") && q.contains_key("split") {
         return Err(ApiError::bad_request(
             "workers and split: give one of them per call (the split is not applied with workers)",
         ));
     }
     if q.contains_key("workers") {
-        return scale(&state, &name, None, workers_param(&q)?).await;
+        return scale(&state, &name, None, workers_param(&q, "workers")?).await;
     }
     let text = q
         .get("split")
@@ -342,9 +393,9 @@ async fn put_version(
     q: Query2,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let q = query(q)?;
+    let q = query(q, "PUT /models/{name}/{version}", &["workers"])?;
     if q.contains_key("workers") {
-        return scale(&state, &name, Some(&version), workers_param(&q)?).await;
+        return scale(&state, &name, Some(&version), workers_param(&q, "workers")?).await;
     }
     if version != "traffic" {
         return Err(ApiError::bad_request(

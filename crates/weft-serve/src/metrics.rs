@@ -5,7 +5,7 @@
 //! middleware on the inference routes); each loaded version keeps its own counters (tokens,
 //! batch sizes, forward and first-token times), and the queue depths are read at scrape time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -144,7 +144,8 @@ struct RequestKey {
 #[derive(Debug)]
 struct RequestStats {
     codes: BTreeMap<u16, u64>,
-    seconds: Histogram,
+    /// Dropped once its version is no longer served (the counts stay).
+    seconds: Option<Histogram>,
 }
 
 /// The server's request counters.
@@ -159,10 +160,10 @@ impl Metrics {
         let mut requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         let stats = requests.entry(key).or_insert_with(|| RequestStats {
             codes: BTreeMap::new(),
-            seconds: Histogram::new(&SECONDS_BUCKETS),
+            seconds: None,
         });
         *stats.codes.entry(code).or_insert(0) += 1;
-        stats.seconds.observe(seconds);
+        (stats.seconds.get_or_insert_with(|| Histogram::new(&SECONDS_BUCKETS))).observe(seconds);
     }
 }
 
@@ -187,7 +188,22 @@ type StatsCounter = fn(&crate::registry::Served) -> u64;
 /// Every metric as Prometheus text (exposition format 0.0.4).
 pub fn render(metrics: &Metrics, registry: &Registry) -> String {
     let mut out = String::new();
-    let requests = metrics.requests.lock().unwrap_or_else(|p| p.into_inner());
+    let versions = registry.all();
+    let names: BTreeSet<&str> = versions.iter().map(|s| s.name.as_str()).collect();
+    let served: BTreeSet<(&str, &str)> = versions.iter().map(|s| (s.name.as_str(), s.version.as_str())).collect();
+    let mut requests = metrics.requests.lock().unwrap_or_else(|p| p.into_inner());
+    // the latencies of a version no longer served (unregistered, or replaced by a promotion) go
+    // with it, as its own series do; its request counts stay
+    for (k, s) in requests.iter_mut() {
+        let gone = match (k.model.as_str(), k.version.as_str()) {
+            ("", _) => false,
+            (model, "") => !names.contains(model),
+            (model, version) => !served.contains(&(model, version)),
+        };
+        if gone {
+            s.seconds = None;
+        }
+    }
     let label = |k: &RequestKey| {
         format!(
             "model=\"{}\",version=\"{}\",endpoint=\"{}\"",
@@ -214,10 +230,11 @@ pub fn render(metrics: &Metrics, registry: &Registry) -> String {
         "Seconds from a request's arrival to its response head (for streams: to the stream's start).",
     );
     for (k, s) in requests.iter() {
-        s.seconds.render("weft_request_duration_seconds", &label(k), &mut out);
+        if let Some(seconds) = &s.seconds {
+            seconds.render("weft_request_duration_seconds", &label(k), &mut out);
+        }
     }
     drop(requests);
-    let versions = registry.all();
     let model_label =
         |s: &crate::registry::Served| format!("model=\"{}\",version=\"{}\"", escape(&s.name), escape(&s.version));
     help(

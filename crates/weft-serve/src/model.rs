@@ -421,6 +421,48 @@ pub(crate) fn test_version_hidden(version: &str, queue: usize, max_batch_size: u
     }
 }
 
+/// A tiny gpt (block_size 16, 2 layers of width 16) named `g` version `1`, with a character
+/// tokenizer of a short corpus.
+#[cfg(test)]
+pub(crate) fn test_gpt() -> Served {
+    use weft_models::gpt::GptConfig;
+    let tok = weft_data::TokenizerSpec::Char
+        .load_with_corpus(["to be, or not to be: that is the question"])
+        .unwrap();
+    let config = GptConfig {
+        vocab_size: tok.vocab_size(),
+        block_size: 16,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 16,
+        bias: true,
+        dropout: 0.0,
+        activation: weft_core::UnaryOp::Gelu,
+    };
+    let model = Arc::new(Gpt::new(config, 3).unwrap());
+    let options = LoadOptions::default();
+    Served {
+        name: "g".into(),
+        version: "1".into(),
+        kind: "gpt",
+        signature: Signature::Tokens {
+            vocab: tok.vocab_size(),
+            block: 16,
+        },
+        model: model.clone(),
+        lm: Some(model),
+        tokenizer: Some(tok),
+        source: PathBuf::from("g"),
+        options,
+        load_seconds: 0.0,
+        workers: Workers::new(1),
+        admitted: Arc::new(Semaphore::new(options.queue)),
+        batcher: OnceLock::new(),
+        decoder: OnceLock::new(),
+        stats: ModelStats::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

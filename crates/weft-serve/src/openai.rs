@@ -27,8 +27,8 @@ use crate::registry::{Admitted, Served};
 use crate::routes::{answered, pieces, sse};
 use crate::{worker, AppState};
 
-/// OpenAI's defaults: 16 tokens, temperature 1, top-p 1, no top-k; the seed, when absent, is
-/// drawn from the clock.
+/// OpenAI's defaults: 16 tokens, temperature 1, top-p 1, no top-k (`top_k`, which OpenAI does
+/// not take, is 0: off); the seed, when absent, is drawn from the clock.
 const OPENAI_DEFAULTS: GenerateParams = GenerateParams {
     max_tokens: 16,
     sampling: weft_models::Sampling {
@@ -40,14 +40,20 @@ const OPENAI_DEFAULTS: GenerateParams = GenerateParams {
     logprobs: None,
 };
 
-/// The fields of a completion request weft reads; others the client may send are ignored.
+/// The fields of a completion request. A field weft does not know is refused (400 naming it),
+/// and so are OpenAI's parameters it does not implement unless given their neutral value
+/// ([`not_implemented`]), rather than answered as if absent.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct CompletionRequest {
     model: String,
     prompt: StringOrList,
     max_tokens: Option<u64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
+    /// Sampling from the `k` most likely tokens only (0: off), as Triton's `parameters.top_k`
+    /// (and vLLM's `top_k`); not one of OpenAI's.
+    top_k: Option<u64>,
     seed: Option<u64>,
     #[serde(default)]
     stream: bool,
@@ -57,6 +63,94 @@ struct CompletionRequest {
     stop: Option<StringOrList>,
     /// The most likely tokens to list at each position (0 to [`MAX_LOGPROBS`]).
     logprobs: Option<u64>,
+    /// An end user's id, for the caller's own records: it changes no answer, and is not kept.
+    #[allow(dead_code)]
+    user: Option<String>,
+    // OpenAI's parameters that weft does not implement: taken only at their neutral values
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    best_of: Option<u64>,
+    logit_bias: Option<Entries>,
+    suffix: Option<String>,
+    /// Taken without `include_usage` (a stream carries no usage chunk).
+    stream_options: Option<StreamOptions>,
+}
+
+/// `stream_options` of a completion request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// A JSON object whose entries are counted, not kept (`logit_bias`).
+#[derive(Debug)]
+struct Entries(usize);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Count;
+        impl<'de> serde::de::Visitor<'de> for Count {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+                let mut n = 0;
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {
+                    n += 1;
+                }
+                Ok(Entries(n))
+            }
+        }
+        d.deserialize_map(Count)
+    }
+}
+
+/// 400 naming the first of OpenAI's parameters that `request` gives a value weft does not
+/// implement: `presence_penalty` and `frequency_penalty` other than 0, `best_of` other than `n`,
+/// a `logit_bias` with entries, a `suffix` with text, `stream_options.include_usage`. Their neutral values (what clients such as
+/// LangChain send by default) are taken.
+fn not_implemented(request: &CompletionRequest, n: u64) -> Result<(), ApiError> {
+    let refuse = |field: &str, value: String, neutral: String| {
+        Err(ApiError::bad_request(format!(
+            "{field}: {value} is not supported by weft serve (it would be ignored); leave it out or give {neutral}"
+        )))
+    };
+    for (field, value) in [
+        ("presence_penalty", request.presence_penalty),
+        ("frequency_penalty", request.frequency_penalty),
+    ] {
+        if let Some(v) = value.filter(|&v| v != 0.0) {
+            return refuse(field, v.to_string(), "0".into());
+        }
+    }
+    if let Some(b) = request.best_of.filter(|&b| b != n) {
+        return refuse(
+            "best_of",
+            format!("{b} completions drawn for n = {n} answered"),
+            format!("n ({n})"),
+        );
+    }
+    if let Some(Entries(k)) = request.logit_bias.as_ref().filter(|e| e.0 > 0) {
+        let entries = if *k == 1 { "entry" } else { "entries" };
+        return refuse("logit_bias", format!("an object of {k} {entries}"), "{}".into());
+    }
+    if let Some(s) = request.suffix.as_ref().filter(|s| !s.is_empty()) {
+        return refuse("suffix", crate::error::echo(s), "\"\" or null".into());
+    }
+    if request.stream_options.as_ref().is_some_and(|o| o.include_usage) {
+        return refuse(
+            "stream_options.include_usage",
+            "true".into(),
+            "false (the answer without a stream has the usage)".into(),
+        );
+    }
+    Ok(())
 }
 
 /// Seconds since the Unix epoch.
@@ -131,6 +225,7 @@ pub async fn completions(
     if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::bad_request(format!("n: {n} completions; give 1 to {MAX_N}")));
     }
+    not_implemented(&request, n)?;
     let n = n as usize;
     if let Some(k) = request.logprobs {
         if k > MAX_LOGPROBS as u64 {
@@ -145,7 +240,7 @@ pub async fn completions(
     let requested = RequestedParams {
         max_tokens: if score_only { None } else { request.max_tokens },
         temperature: request.temperature,
-        top_k: None,
+        top_k: request.top_k,
         top_p: request.top_p,
         seed: Some(request.seed.unwrap_or_else(clock_seed)),
     };

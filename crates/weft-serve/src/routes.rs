@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::{middleware, Router};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::error::{json_response, openai_response, parse_body, parse_json, ApiError, JsonError};
 use crate::generation::{self, GenerateParams, Piece, RequestedParams};
@@ -23,7 +23,7 @@ use crate::json::{StringOrList, TensorData};
 use crate::metrics::Answered;
 use crate::protocol::{self, InferRequest, RequestInput};
 use crate::registry::{Admitted, Served};
-use crate::{auth, error, metrics, openai, worker, AppState};
+use crate::{answer, auth, error, metrics, openai, worker, AppState};
 
 /// Every route; with `state.protect_inference`, all but the health checks need the token.
 /// Errors on `/v1/*` take OpenAI's shape; every route is counted in the metrics.
@@ -182,16 +182,13 @@ async fn infer(
         }
     }
     let tensor = protocol::input_tensor(&served, input, state.limits.max_output_values)?;
+    // held from before the forward until the answer is sent
+    let held = answer::reserve(&state.bodies, answer::output_values(served.signature, tensor.shape()))?;
     let output = worker::forward(admitted, tensor).await?;
-    let mut answer = json!({
-        "model_name": served.name,
-        "model_version": served.version,
-        "outputs": [output],
-    });
-    if let Some(id) = request.id {
-        answer["id"] = json!(id);
-    }
-    Ok(answered(json_response(StatusCode::OK, &answer), &served))
+    Ok(answered(
+        answer::infer(&served, request.id.as_deref(), output, held),
+        &served,
+    ))
 }
 
 /// TorchServe-style prediction: the body is the model's one input as nested JSON arrays (rows
@@ -221,23 +218,9 @@ async fn predictions(
         data,
     };
     let tensor = protocol::input_tensor(&served, &input, state.limits.max_output_values)?;
+    let held = answer::reserve(&state.bodies, answer::output_values(served.signature, tensor.shape()))?;
     let output = worker::forward(admitted, tensor).await?;
-    Ok(answered(
-        json_response(StatusCode::OK, &nest(&output.shape, &output.data)),
-        &served,
-    ))
-}
-
-/// Row-major `data` of `shape` as nested JSON arrays.
-fn nest(shape: &[usize], data: &[f32]) -> Value {
-    match shape.split_first() {
-        None => json!(data.first().copied().unwrap_or(0.0)),
-        Some((_, [])) => json!(data),
-        Some((&n, rest)) => {
-            let step = rest.iter().product::<usize>().max(1);
-            Value::Array((0..n).map(|i| nest(rest, &data[i * step..(i + 1) * step])).collect())
-        }
-    }
+    Ok(answered(answer::nested(output, held), &served))
 }
 
 /// Triton's generate extension request: `text_input` and `parameters`.

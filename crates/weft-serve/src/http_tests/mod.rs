@@ -10,8 +10,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::model::{test_version, test_version_hidden};
+use crate::model::{test_gpt, test_version, test_version_hidden};
 use crate::{AppState, Limits, Listeners, LoadOptions, Registry, Token};
+
+mod answers;
+mod hostile;
+mod params;
 
 const TOKEN: &str = "edge-test-token-0123456789";
 
@@ -20,8 +24,22 @@ struct Running {
     inference: SocketAddr,
     management: SocketAddr,
     metrics: SocketAddr,
+    /// The bytes of request bodies and answers it holds.
+    bodies: Arc<crate::body::BodyBudget>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Says when the server has stopped.
+    stopped: std::sync::mpsc::Receiver<()>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops the server and waits for it (at most `wait`): whether it stopped in time.
+    fn stop_within(&mut self, wait: Duration) -> bool {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.stopped.recv_timeout(wait).is_ok()
+    }
 }
 
 impl Drop for Running {
@@ -42,6 +60,8 @@ fn start(limits: Limits) -> Running {
     registry.add(test_version("2", 8, 1)).unwrap();
     // wide enough that the largest FP32 inputs overflow it
     registry.add(test_version_hidden("wide", 8, 2, vec![64, 64])).unwrap();
+    registry.add(test_gpt()).unwrap();
+    let bodies = crate::body::BodyBudget::new(limits.body_bytes_in_flight);
     let state = AppState {
         registry: Arc::new(registry),
         limits,
@@ -50,9 +70,10 @@ fn start(limits: Limits) -> Running {
         store: Arc::new(std::env::temp_dir()),
         load: LoadOptions::default(),
         metrics: Arc::default(),
-        bodies: crate::listen::BodyBudget::new(limits.body_bytes_in_flight),
+        bodies: bodies.clone(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let (addrs_tx, addrs_rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -79,6 +100,7 @@ fn start(limits: Limits) -> Running {
             })
             .await
             .unwrap();
+            let _ = done_tx.send(());
         });
     });
     let (inference, management, metrics) = addrs_rx.recv().unwrap();
@@ -86,7 +108,9 @@ fn start(limits: Limits) -> Running {
         inference,
         management,
         metrics,
+        bodies,
         stop: Some(stop),
+        stopped: done_rx,
         thread: Some(thread),
     }
 }
@@ -133,6 +157,18 @@ fn parse(got: &[u8]) -> Option<(u16, Value)> {
     let status = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     Some((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+/// Whether `ok` holds within 15 s (asked every 20 ms).
+fn wait(mut ok: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        if ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ok()
 }
 
 /// The message of an error body, either shape.
