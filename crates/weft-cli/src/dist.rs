@@ -31,7 +31,9 @@ pub struct BenchArgs {
     /// Collectives to measure, comma-separated (default: all).
     #[arg(long)]
     ops: Option<String>,
-    /// Smallest buffer, in bytes (K, M and G suffixes allowed).
+    /// Smallest buffer, in bytes (K, M and G suffixes allowed). Each size is measured as whole
+    /// f32 elements split evenly across the ranks, at least one a rank (the table shows the
+    /// bytes moved).
     #[arg(long, default_value = "4K")]
     min_bytes: String,
     /// Largest buffer, in bytes (K, M and G suffixes allowed); sizes grow by factors of 4. Each
@@ -39,7 +41,8 @@ pub struct BenchArgs {
     /// free memory are refused.
     #[arg(long, default_value = "64M")]
     max_bytes: String,
-    /// Measuring time per (op, size), in milliseconds.
+    /// Measuring time per (op, size), in milliseconds: as many calls as fit it, at least 5 and
+    /// at most 1000 (so a small buffer may take less, a slow one more).
     #[arg(long, default_value_t = 300)]
     budget_ms: u64,
 }

@@ -108,7 +108,8 @@ fn max_over_ranks(pg: &ProcessGroup, x: f64) -> Result<f64> {
 }
 
 /// Measures each of `ops` at each of `sizes` (bytes; rounded down to whole f32 elements that
-/// split evenly across ranks), for about `budget` of calls per point. Every rank returns the
+/// split evenly across ranks, at least one a rank), for about `budget` of calls per point (at
+/// least 5 calls and at most 1000). Every rank returns the
 /// same rows.
 pub fn run(pg: &ProcessGroup, ops: &[&str], sizes: &[usize], budget: Duration) -> Result<Vec<Row>> {
     let n = pg.size();
