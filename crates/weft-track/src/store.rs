@@ -594,21 +594,4 @@ fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_schema_names_its_tables_and_indexes() {
-        let names: Vec<&str> = schema_objects().collect();
-        for want in [
-            "meta",
-            "runs",
-            "metrics",
-            "metrics_run_key_step",
-            "run_inputs",
-            "run_inputs_run",
-        ] {
-            assert!(names.contains(&want), "{want} in {names:?}");
-        }
-    }
-}
+mod tests;
