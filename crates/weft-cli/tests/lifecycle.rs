@@ -111,16 +111,46 @@ fn problems_with_the_outputs_are_found_before_the_first_step() {
 }
 
 #[test]
-fn a_fifo_named_as_an_output_is_refused_not_waited_on() {
+fn a_fifo_named_as_an_output_is_refused_unless_read() {
     let out = temp_dir("fifo-outputs");
     let fifo = out.join("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let cfg = gpt_fixture();
-    for key in ["train.trace", "train.metrics"] {
-        let set = path_set(key, &fifo);
-        let mut child = weft_command(&["train", "--config", &cfg, "--quiet", "--set", &set])
+    let ckpt = path_set("train.checkpoint_dir", &out.join("ckpt"));
+    // a run to resume, its metrics file then replaced by the FIFO
+    let first = out.join("first.jsonl");
+    weft_ok(&[
+        "train",
+        "--config",
+        &cfg,
+        "--quiet",
+        "--set",
+        "train.steps=2",
+        "--set",
+        &ckpt,
+        "--set",
+        &path_set("train.metrics", &first),
+    ]);
+    let runs: [(&str, Vec<String>); 3] = [
+        ("train.trace", vec![path_set("train.trace", &fifo)]),
+        ("train.metrics", vec![path_set("train.metrics", &fifo)]),
+        (
+            "train.metrics",
+            vec![path_set("train.metrics", &fifo), ckpt.clone(), "--resume".into()],
+        ),
+    ];
+    for (key, sets) in runs {
+        let mut args = vec!["train", "--config", &cfg, "--quiet", "--set", "train.steps=4"];
+        for s in &sets {
+            if s.starts_with("--") {
+                args.push(s);
+            } else {
+                args.extend(["--set", s]);
+            }
+        }
+        let mut child = weft_command(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -132,10 +162,38 @@ fn a_fifo_named_as_an_output_is_refused_not_waited_on() {
         }
         let run = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&run.stderr);
-        assert!(done, "{key} = a FIFO: still running after 60 s");
-        assert_eq!(run.status.code(), Some(1), "{key}: {err}");
-        assert!(err.contains(key) && err.contains("a FIFO"), "{key}: {err}");
+        assert!(done, "{sets:?}: still running after 60 s");
+        assert_eq!(run.status.code(), Some(1), "{sets:?}: {err}");
+        assert!(
+            err.contains(key) && err.contains("a FIFO that no process reads"),
+            "{sets:?}: {err}"
+        );
     }
+    // a FIFO that a process reads is written to: the metrics on a pipe, through /dev/stdout
+    let run = weft_command(&[
+        "train",
+        "--config",
+        &cfg,
+        "--quiet",
+        "--set",
+        "train.steps=3",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.metrics=\"/dev/stdout\"",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .output()
+    .unwrap();
+    let out_text = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let records: Vec<serde_json::Value> = out_text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v.get("step").is_some())
+        .collect();
+    assert!(records.iter().any(|r| r["step"] == 3), "{out_text}");
 }
 
 #[test]

@@ -20,6 +20,7 @@ pub mod run;
 pub mod stop;
 pub mod track;
 pub mod trainer;
+mod writable;
 
 pub use config::MAX_EVAL_BATCHES;
 pub use error::{Error, Result};

@@ -44,6 +44,8 @@ impl MetricsFile {
         if path.is_dir() {
             return Err(bad(&"it is a folder"));
         }
+        // a FIFO nobody reads would block the open below for ever, whatever the mode
+        check_writable(path)?;
         let existing = std::fs::metadata(path).map_or(0, |m| m.len());
         match mode {
             MetricsMode::Fresh { overwrite: false } => check_new(path, false)?,
@@ -113,7 +115,13 @@ pub fn check_new(path: &Path, overwrite: bool) -> Result<()> {
             path.display()
         )));
     }
-    crate::trainer::probe_writable(path)
+    check_writable(path)
+}
+
+/// Checks that the metrics file at `path` can be written (a FIFO only while a process reads it:
+/// see `probe_writable`), leaving it as it was; what a resumed run checks before its first step.
+pub fn check_writable(path: &Path) -> Result<()> {
+    crate::writable::probe_writable(path)
         .map_err(|e| Error::Config(format!("train.metrics: cannot write {}: {e}", path.display())))
 }
 

@@ -53,12 +53,14 @@ pub struct RunOutcome {
 }
 
 /// Checks, before anything is built, that a new run's metrics file holds no other run's records
-/// (unless `train.overwrite`) and can be written, on the rank that writes it; every rank of
+/// (unless `train.overwrite`) and that the metrics file can be written (a resumed run's too), on
+/// the rank that writes it; every rank of
 /// `group` fails if it fails. (The trace's path is checked by `Trainer::fit`, before its first
 /// step.)
 fn check_metrics(config: &RunConfig, options: &TrainOptions, group: Option<&weft_dist::ProcessGroup>) -> Result<()> {
     let writes = group.is_none_or(|g| g.rank() == 0);
-    let checked = match (&config.train.metrics, writes && !options.resume) {
+    let checked = match (&config.train.metrics, writes) {
+        (Some(path), true) if options.resume => metrics::check_writable(&config.resolve(path)),
         (Some(path), true) => metrics::check_new(&config.resolve(path), config.train.overwrite),
         _ => Ok(()),
     };

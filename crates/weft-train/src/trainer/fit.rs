@@ -154,7 +154,7 @@ impl Trainer {
             return Ok(());
         };
         let result = if self.is_logging_rank() {
-            probe_writable(path)
+            crate::writable::probe_writable(path)
                 .map_err(|e| Error::Config(format!("train.trace: cannot write {}: {e}", path.display())))
         } else {
             Ok(())
@@ -176,39 +176,4 @@ fn notify(
         Some(p) => f(p),
         None => Ok(()),
     }
-}
-
-/// Checks that `path` can be written, leaving it as it was (an existing file is opened for
-/// appending; a new one is created and removed). A FIFO, a socket or a block device is refused
-/// without being opened (opening a FIFO waits for a reader, for ever if none comes); a character
-/// device such as `/dev/null` is taken.
-pub(crate) fn probe_writable(path: &std::path::Path) -> std::io::Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => return Err(std::io::Error::other("it is a folder")),
-        Ok(m) if m.is_file() || is_char_device(&m) => {
-            return std::fs::OpenOptions::new().append(true).open(path).map(drop);
-        }
-        Ok(m) => {
-            let kind = weft_core::io::atomic::describe(&m.file_type());
-            return Err(std::io::Error::other(format!("it is {kind}, not a regular file")));
-        }
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        Err(_) => {}
-    }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::File::create(path)?;
-    std::fs::remove_file(path)
-}
-
-#[cfg(unix)]
-fn is_char_device(m: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    m.file_type().is_char_device()
-}
-
-#[cfg(not(unix))]
-fn is_char_device(_: &std::fs::Metadata) -> bool {
-    false
 }

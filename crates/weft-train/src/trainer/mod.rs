@@ -23,7 +23,6 @@ mod step;
 mod whole;
 
 pub(crate) use checkpointing::check_checkpoint_model;
-pub(crate) use fit::probe_writable;
 pub use fit::FitSummary;
 pub use records::{Callback, EvalRecord, StepRecord};
 
