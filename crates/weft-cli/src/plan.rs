@@ -48,6 +48,9 @@ enum PlanCommand {
     Calibrate(crate::calibrate::CalibrateArgs),
 }
 
+/// The device spec `weft plan` plans on without `--cluster` or `--device-spec`.
+const DEFAULT_SPEC: &str = "h100-sxm-80gb";
+
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     if let Some(PlanCommand::Calibrate(c)) = &args.what {
         return crate::calibrate::run(c);
@@ -59,9 +62,9 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     let config = args.config.load()?;
     if let (Some(c), None, None) = (&config.parallel.cluster, &args.cluster, &args.device_spec) {
         weft_core::errln!(
-            "weft: note: planning on h100-sxm-80gb, not the config's parallel.cluster ({}), which only \
+            "weft: note: planning on {DEFAULT_SPEC}, not the config's parallel.cluster ({}), which only \
              `auto` reads: pass --cluster to plan on it",
-            c.display()
+            config.resolve(c).display()
         );
     }
     let mut work = weft_train::plan_shape::workload(&config, args.global_batch)?;
@@ -74,7 +77,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
             }
             spec
         }
-        (None, None) => DeviceSpec::builtin("h100-sxm-80gb").map_err(|e| e.to_string())?,
+        (None, None) => DeviceSpec::builtin(DEFAULT_SPEC).map_err(|e| e.to_string())?,
     };
     // planned for these devices, whatever the config's train.device
     work.kv_repeated = device.gpu;

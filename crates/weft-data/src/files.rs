@@ -29,6 +29,22 @@ pub fn check_regular(path: &Path) -> Result<std::fs::Metadata> {
     Ok(meta)
 }
 
+/// `path` opened for reading, with its metadata, if it is a regular file (symlinks followed):
+/// checked before opening (a pipe would wait for a writer) and on what was opened. Errors name
+/// the path: missing, unreadable, or not a regular file.
+pub fn open_regular(path: &Path) -> Result<(std::fs::File, std::fs::Metadata)> {
+    use weft_core::io::regular::{open_regular, Regular};
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    match open_regular(path, true).map_err(io)? {
+        Regular::File(file, meta) => Ok((file, meta)),
+        Regular::Missing => Err(io(std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"))),
+        Regular::Other(kind) => Err(not_a_file(path, &kind)),
+    }
+}
+
 /// The bytes of the regular file `path`. Errors name the path: missing, unreadable, or not a
 /// regular file (a directory, a device such as `/dev/zero`, a pipe), which is refused before
 /// anything is read.
@@ -37,13 +53,7 @@ pub fn read(path: &Path) -> Result<Vec<u8>> {
         path: path.to_path_buf(),
         source,
     };
-    // checked before opening (a pipe would wait for a writer) and on what was opened
-    use weft_core::io::regular::{open_regular, Regular};
-    let (mut file, meta) = match open_regular(path, true).map_err(io)? {
-        Regular::File(file, meta) => (file, meta),
-        Regular::Missing => return Err(io(std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"))),
-        Regular::Other(kind) => return Err(not_a_file(path, &kind)),
-    };
+    let (mut file, meta) = open_regular(path)?;
     let mut bytes = Vec::new();
     bytes
         .try_reserve_exact(usize::try_from(meta.len()).unwrap_or(usize::MAX))

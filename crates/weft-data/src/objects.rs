@@ -104,9 +104,8 @@ impl ObjectSource for LocalFolder {
     fn read_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
         let path = self.path(name)?;
-        crate::files::check_regular(&path)?;
-        let mut f = std::fs::File::open(&path).map_err(|e| io_error(path.clone(), e))?;
-        let len = f.metadata().map_err(|e| io_error(path.clone(), e))?.len();
+        let (mut f, meta) = crate::files::open_regular(&path)?;
+        let len = meta.len();
         check_range(&path.display().to_string(), &range, len)?;
         let n = usize::try_from(range.end - range.start)
             .map_err(|_| invalid(format!("{}: byte range too large", path.display())))?;

@@ -98,17 +98,18 @@ pub fn run(args: &CalibrateArgs) -> Result<(), String> {
     // be another calibration's by then), and the latest
     let path = plan_shape::calibration_path_for(nproc);
     for p in [&path, &plan_shape::calibration_path()] {
+        // a folder is put aside by the rename only when it is empty: said now, not after measuring
+        if std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()) {
+            let mut entries = std::fs::read_dir(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            if entries.next().is_some() {
+                return Err(format!(
+                    "{}: is a folder with files in it, where the calibration goes; remove it and run again",
+                    p.display()
+                ));
+            }
+        }
         if let Err(e) = plan_shape::read_calibration(p) {
             weft_core::errln!("weft: warning: ignoring the calibration file ({e}); measuring again");
-        }
-        // a folder is put aside by the rename only when it is empty: said now, not after measuring
-        if std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
-            && std::fs::read_dir(p).map_or(true, |mut d| d.next().is_some())
-        {
-            return Err(format!(
-                "{}: is a folder with files in it, where the calibration goes; remove it and run again",
-                p.display()
-            ));
         }
     }
     weft_core::errln!(

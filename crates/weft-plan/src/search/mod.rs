@@ -491,9 +491,10 @@ pub fn evaluate(work: &Workload, device: &DeviceSpec, layout: Layout, usable: f6
     }
 }
 
-/// A predicted time rounded to 12 significant digits, for comparing: two layouts whose
+/// A predicted time rounded to 12 significant digits, for ranking: two layouts whose
 /// predictions differ only by the rounding of sums taken in another order (GPipe and 1F1B at
-/// the same micro-batch count, say) compare equal, and memory decides between them.
+/// the same micro-batch count, say) rank by memory. (Two such times may still straddle a
+/// rounding boundary; dominance uses [`same_time`], which they cannot.)
 fn comparable(t: f64) -> f64 {
     if t == 0.0 || !t.is_finite() {
         return t;
@@ -502,16 +503,25 @@ fn comparable(t: f64) -> f64 {
     (t * scale).round() / scale
 }
 
+/// Whether two predicted times differ by no more than the rounding of sums taken in another
+/// order (a relative 1e-12).
+fn same_time(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
 /// Drops every plan another one beats on step time and memory (no worse on both, better on
-/// one; of equal ones the first stays). Times are compared as [`comparable`] rounds them.
+/// one; of equal ones the first stays). Times within a relative 1e-12 of each other count as
+/// equal ([`same_time`]).
 fn undominated<T: Clone>(group: Vec<(Plan, T)>) -> Vec<(Plan, T)> {
-    let key = |p: &(Plan, T)| (comparable(p.0.time.step), p.0.memory.total());
+    let key = |p: &(Plan, T)| (p.0.time.step, p.0.memory.total());
     let mut kept = Vec::with_capacity(group.len());
     for (i, p) in group.iter().enumerate() {
         let (t, m) = key(p);
         let beaten = group.iter().enumerate().any(|(j, q)| {
             let (tq, mq) = key(q);
-            j != i && tq <= t && mq <= m && (tq < t || mq < m || j < i)
+            // no slower and no larger, and faster (beyond rounding), smaller, or an earlier equal
+            let (tie, faster) = (same_time(tq, t), tq < t && !same_time(tq, t));
+            j != i && (tie || faster) && mq <= m && (faster || mq < m || j < i)
         });
         if !beaten {
             kept.push(p.clone());

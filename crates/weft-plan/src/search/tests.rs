@@ -1,4 +1,4 @@
-use super::{capped_cut, divisors, interleaved_cut};
+use super::{capped_cut, comparable, divisors, interleaved_cut, same_time};
 use crate::cost::{stage_time, TpComm, UnitTimes};
 
 /// The dynamic programme `capped_cut` replaced (`O(pp n^2)`: minutes for a 1000-layer model
@@ -124,4 +124,16 @@ fn divisors_in_order() {
     assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
     assert_eq!(divisors(97), vec![1, 97]);
     assert_eq!(divisors(1152).len(), 24);
+}
+
+/// GPipe's and 1F1B's predictions for one pipeline, apart by the rounding of sums taken in
+/// another order, are one time for ranking and for dominance; a real difference is not.
+#[test]
+fn times_apart_by_rounding_are_one_time() {
+    let (gpipe, one_f_one_b) = (2.9182850883117317e-3, 2.918285088311732e-3);
+    assert!(gpipe < one_f_one_b);
+    assert_eq!(comparable(gpipe), comparable(one_f_one_b));
+    assert!(same_time(gpipe, one_f_one_b));
+    assert!(!same_time(gpipe, gpipe * (1.0 + 1e-9)));
+    assert_ne!(comparable(gpipe), comparable(gpipe * (1.0 + 1e-9)));
 }

@@ -348,10 +348,22 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     if let Some(claim) = claim {
         trainer = trainer.with_claim(claim);
     }
+    let mut parallel = serde_json::json!({"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero});
+    if p.pp > 1 {
+        // what decides which layers each stage's dropout stream serves, and in what order: a
+        // resume with the same settings puts each stage's stream back where it was
+        parallel["pipeline"] = serde_json::json!({
+            "schedule": p.schedule,
+            "virtual_stages": p.virtual_stages,
+            "micro_batches": p.micro_batches,
+            "balance": p.balance,
+            "stage_blocks": p.stage_blocks,
+        });
+    }
     trainer.checkpoint_extra = serde_json::json!({
         "model": config.model,
         "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),
-        "parallel": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero},
+        "parallel": parallel,
     });
     let mut start = if options.resume { trainer.resume()? } else { 0 };
     if logs {

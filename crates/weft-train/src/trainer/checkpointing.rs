@@ -89,7 +89,7 @@ impl Trainer {
                     checkpoint::MARKER
                 )),
                 FolderState::NoIndex => Err(format!("its {} is missing", checkpoint::INDEX)),
-                FolderState::Complete => self.read_own(&path, true).map_err(|e| e.to_string()),
+                FolderState::Complete => self.read_own(&path, true, true).map_err(|e| e.to_string()),
             };
             let first = crate::job::lowest_failed(group, mine.is_err())?;
             match mine {
@@ -176,7 +176,7 @@ impl Trainer {
     /// from it.
     pub fn load_checkpoint(&mut self, ckpt: &Path) -> Result<usize> {
         let dir = checkpoint::resolve(ckpt)?;
-        let loaded = self.read_own(&dir, false)?;
+        let loaded = self.read_own(&dir, false, true)?;
         let own = self.checkpoints.as_ref().is_some_and(|p| {
             let canonical = |d: &Path| d.canonicalize().ok();
             dir.parent()
@@ -196,23 +196,15 @@ impl Trainer {
     /// Loads `loaded` (this rank's tensor-parallel parts of the cut tensors, the others whole)
     /// into the model and the optimizer.
     fn apply_checkpoint(&mut self, dir: &Path, mut loaded: Loaded) -> Result<usize> {
-        same_model(&self.checkpoint_extra, &loaded.state.extra, dir, RESUME_ADVICE)?;
-        self.gather_parameters()?;
-        // a pipeline stage keeps its own parameters and their state only
+        self.apply_weights(dir, &loaded)?;
+        // a pipeline stage keeps its own parameters' state only
         let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
-        weft_nn::state_dict::load_state_dict_only(
-            self.model.as_ref(),
-            &loaded.params,
-            self.model.aliases(),
-            &dir.display().to_string(),
-            &|n| mine.contains(n),
-        )?;
         loaded.optimizer.retain(|key, _| mine.contains(whole::param_of(key)));
         match self.zero() {
             Some(z) => self.optimizer.load_state(&z.shard_state(&loaded.optimizer)?)?,
             None => self.optimizer.load_state(&loaded.optimizer)?,
         }
-        let offset = self.own_rng_offset(&loaded.state)?;
+        let offset = self.own_rng_offset(&loaded.state);
         self.model.context().set_rng_offset(offset);
         // a whole-step graph holds the optimizer's state tensors, which loading replaced
         self.forget_whole_step();
@@ -221,18 +213,21 @@ impl Trainer {
 
     /// Where this rank's dropout stream goes on from in checkpoint `state`: its own rank's
     /// position when the checkpoint records one per rank and was written at this run's layout
-    /// (as many ranks, and the same `parallel` sizes in [`Trainer::checkpoint_extra`] where both
-    /// record them), else the checkpoint's one position (rank 0's). Pipeline stages advance their
+    /// (as many ranks, and the same `parallel` record in [`Trainer::checkpoint_extra`]: the
+    /// sizes, and a pipeline's schedule, micro-batches and stage cut), else the checkpoint's one
+    /// position (rank 0's). Pipeline stages advance their
     /// streams by their own layers only, so at another layout the masks do not repeat the
     /// checkpoint's run.
-    fn own_rng_offset(&self, state: &CheckpointState) -> Result<u64> {
-        let (rank, size) = self.checkpoint_group()?.map_or((0, 1), |g| (g.rank(), g.size()));
+    fn own_rng_offset(&self, state: &CheckpointState) -> u64 {
+        // the group the checkpoint's writers were ranked in (`checkpoint_group`, which a
+        // checkpoint written at all had)
+        let (rank, size) = self.job_group().map_or((0, 1), |g| (g.rank(), g.size()));
         let parallel = |extra: &serde_json::Value| extra.get("parallel").cloned();
         let same_layout = state.rng_offsets.len() == size && parallel(&state.extra) == parallel(&self.checkpoint_extra);
-        Ok(match state.rng_offsets.get(rank) {
+        match state.rng_offsets.get(rank) {
             Some(&offset) if same_layout => offset,
             _ => state.rng_offset,
-        })
+        }
     }
 
     /// Restores only the model's weights of checkpoint folder `ckpt` (or the newest one inside a
@@ -243,23 +238,26 @@ impl Trainer {
     /// this run's. What `weft evaluate` loads.
     pub fn load_weights(&mut self, ckpt: &Path) -> Result<usize> {
         let dir = checkpoint::resolve(ckpt)?;
-        let index = checkpoint::read_index(&dir)?;
-        same_model(&self.checkpoint_extra, &index.state.extra, &dir, RESUME_ADVICE)?;
-        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
-        let tp = self
-            .tensor_parallel
-            .as_ref()
-            .map(|t| (&t.splits, t.group.rank(), t.group.size()));
-        let params = whole::read_own_tensors(&mut checkpoint::Files::new(&dir), &index.model, false, &mine, tp)?;
+        let loaded = self.read_own(&dir, false, false)?;
+        self.apply_weights(&dir, &loaded)?;
+        Ok(loaded.state.step)
+    }
+
+    /// Loads the weights of `loaded` this rank holds into the model, once its model config and
+    /// tokenizer are found to be this run's.
+    fn apply_weights(&mut self, dir: &Path, loaded: &Loaded) -> Result<()> {
+        same_model(&self.checkpoint_extra, &loaded.state.extra, dir, RESUME_ADVICE)?;
         self.gather_parameters()?;
+        // a pipeline stage keeps its own parameters only
+        let mine: std::collections::BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
         weft_nn::state_dict::load_state_dict_only(
             self.model.as_ref(),
-            &params,
+            &loaded.params,
             self.model.aliases(),
             &dir.display().to_string(),
             &|n| mine.contains(n),
         )?;
-        Ok(index.state.step)
+        Ok(())
     }
 
     /// Hands this rank's share of the state before step `next_step` (copies of the pieces it

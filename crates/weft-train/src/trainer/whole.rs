@@ -94,8 +94,9 @@ impl Trainer {
 
     /// Reads checkpoint folder `dir` (whatever layout wrote it) for this rank only; see
     /// [`read_own_tensors`]. With `check_every_piece`, every piece it reads from is checked whole
-    /// against its checksum, even where it needs only some of its rows.
-    pub(super) fn read_own(&self, dir: &Path, check_every_piece: bool) -> Result<Loaded> {
+    /// against its checksum, even where it needs only some of its rows. Without `optimizer`, the
+    /// optimizer's state is left unread (empty).
+    pub(super) fn read_own(&self, dir: &Path, check_every_piece: bool, optimizer: bool) -> Result<Loaded> {
         let index = checkpoint::read_index(dir)?;
         let mine: BTreeSet<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
         let tp = self
@@ -107,7 +108,10 @@ impl Trainer {
             files = files.checking_every_piece();
         }
         let params = read_own_tensors(&mut files, &index.model, false, &mine, tp)?;
-        let optimizer = read_own_tensors(&mut files, &index.optimizer, true, &mine, tp)?;
+        let optimizer = match optimizer {
+            true => read_own_tensors(&mut files, &index.optimizer, true, &mine, tp)?,
+            false => Default::default(),
+        };
         Ok(Loaded {
             state: index.state,
             params,

@@ -42,15 +42,19 @@ impl SafeTensorsFile {
     /// Opens and maps `path`, and reads and checks its header (see [`Header::parse`]); no
     /// tensor byte is read. Errors name the file (and the tensor to blame).
     pub fn open(path: &Path) -> Result<SafeTensorsFile> {
-        // checked before opening: opening a FIFO for reading waits for a writer, forever (a
-        // checkpoint whose shard was replaced by one hung every command that read it)
-        let meta = std::fs::metadata(path).map_err(|e| bad(path, e))?;
-        if !meta.is_file() {
-            let kind = crate::io::atomic::describe(&meta.file_type());
-            return Err(bad(path, format!("not a file ({kind})")));
-        }
-        let file = std::fs::File::open(path).map_err(|e| bad(path, e))?;
-        let len = file.metadata().map_err(|e| bad(path, e))?.len();
+        // checked before opening, and opened without waiting: opening a FIFO for reading waits
+        // for a writer, forever (a checkpoint whose shard was replaced by one hung every command
+        // that read it)
+        use crate::io::regular::{open_regular, Regular};
+        let (file, meta) = match open_regular(path, true).map_err(|e| bad(path, e))? {
+            Regular::File(file, meta) => (file, meta),
+            Regular::Missing => return Err(bad(path, "no such file")),
+            Regular::Other(kind) => {
+                let kind = crate::io::atomic::describe(&kind);
+                return Err(bad(path, format!("not a file ({kind})")));
+            }
+        };
+        let len = meta.len();
         if len < 8 {
             return Err(bad(
                 path,
