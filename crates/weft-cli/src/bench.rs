@@ -38,10 +38,10 @@ fn randn(shape: &[usize], seed: u64) -> Result<Tensor> {
 fn cases(filter: Option<&str>) -> Result<Vec<Case>> {
     let want = |op: &str| filter.is_none_or(|f| op.contains(f));
     let mut cases = Vec::new();
-    for n in [256usize, 1024, 2048].into_iter().filter(|_| want("matmul")) {
+    for n in [256usize, 1024, 2048].into_iter().filter(|_| want(MATMUL)) {
         let (a, b) = (randn(&[n, n], 1)?, randn(&[n, n], 2)?);
         cases.push(Case {
-            op: "matmul",
+            op: MATMUL,
             shape: format!("{n}x{n}x{n}"),
             work: Work::Flops(2.0 * (n * n * n) as f64),
             run: Box::new(move || a.matmul(&b).map(drop)),
@@ -50,42 +50,42 @@ fn cases(filter: Option<&str>) -> Result<Vec<Case>> {
     let (rows, cols) = (8192usize, 1024usize);
     let bytes = (2 * rows * cols * 4) as f64;
     let x = randn(&[rows, cols], 3)?;
-    if want("softmax") {
+    if want(SOFTMAX) {
         let x = x.clone();
         let run = Box::new(move || x.softmax(-1).map(drop));
         cases.push(Case {
-            op: "softmax",
+            op: SOFTMAX,
             shape: format!("{rows}x{cols}"),
             work: Work::Bytes(bytes),
             run,
         });
     }
-    if want("layer_norm") {
+    if want(LAYER_NORM) {
         let (w, b, x) = (randn(&[cols], 4)?, randn(&[cols], 5)?, x.clone());
         let run = Box::new(move || x.layer_norm(Some(&w), Some(&b), 1e-5).map(drop));
         cases.push(Case {
-            op: "layer_norm",
+            op: LAYER_NORM,
             shape: format!("{rows}x{cols}"),
             work: Work::Bytes(bytes),
             run,
         });
     }
-    if want("gelu") {
+    if want(GELU) {
         let run = Box::new(move || x.gelu().map(drop));
         cases.push(Case {
-            op: "gelu",
+            op: GELU,
             shape: format!("{rows}x{cols}"),
             work: Work::Bytes(bytes),
             run,
         });
     }
-    if want("cross_entropy") {
+    if want(CROSS_ENTROPY) {
         cases.push(cross_entropy_case()?);
     }
-    if want("attention_fwd_bwd") {
+    if want(ATTENTION_FWD_BWD) {
         cases.push(attention_case()?);
     }
-    if want("conv2d") {
+    if want(CONV2D) {
         cases.push(conv2d_case()?);
     }
     Ok(cases)
@@ -96,7 +96,7 @@ fn cross_entropy_case() -> Result<Case> {
     let logits = randn(&[n, c], 6)?;
     let targets = Tensor::from_vec((0..n as i64).map(|i| (i * 7919) % c as i64).collect(), &[n])?;
     Ok(Case {
-        op: "cross_entropy",
+        op: CROSS_ENTROPY,
         shape: format!("{n}x{c}"),
         work: Work::Bytes((n * c * 4) as f64),
         run: Box::new(move || logits.cross_entropy(&targets, -100, 0.0).map(drop)),
@@ -110,7 +110,7 @@ fn attention_case() -> Result<Case> {
     let v = randn(&[bsz, h, t, d], 9)?.requires_grad_()?;
     let dout = randn(&[bsz, h, t, d], 10)?;
     Ok(Case {
-        op: "attention_fwd_bwd",
+        op: ATTENTION_FWD_BWD,
         shape: format!("{bsz}x{h}x{t}x{d} causal"),
         // 7 matmuls of T x T x D (2 forward, 5 backward), half of each masked away.
         work: Work::Flops(7.0 * (bsz * h * t * t * d) as f64),
@@ -134,7 +134,7 @@ fn conv2d_case() -> Result<Case> {
         ..Conv2dParams::new()
     };
     Ok(Case {
-        op: "conv2d",
+        op: CONV2D,
         shape: format!("{cn}x{cc}x{hw}x{hw} k3x3 o{co} pad1"),
         work: Work::Flops(2.0 * (cn * co * hw * hw * cc * 9) as f64),
         run: Box::new(move || cx.conv2d(&cw, None, params).map(drop)),
@@ -159,15 +159,24 @@ pub fn run_ops(args: &OpsArgs) -> std::result::Result<(), String> {
     time_ops(args, cases).map_err(|e| e.to_string())
 }
 
+// each op's name, once: its case and the list of ops use it
+const MATMUL: &str = "matmul";
+const SOFTMAX: &str = "softmax";
+const LAYER_NORM: &str = "layer_norm";
+const GELU: &str = "gelu";
+const CROSS_ENTROPY: &str = "cross_entropy";
+const ATTENTION_FWD_BWD: &str = "attention_fwd_bwd";
+const CONV2D: &str = "conv2d";
+
 /// Every op `weft bench ops` times, in its order.
 const OPS: [&str; 7] = [
-    "matmul",
-    "softmax",
-    "layer_norm",
-    "gelu",
-    "cross_entropy",
-    "attention_fwd_bwd",
-    "conv2d",
+    MATMUL,
+    SOFTMAX,
+    LAYER_NORM,
+    GELU,
+    CROSS_ENTROPY,
+    ATTENTION_FWD_BWD,
+    CONV2D,
 ];
 
 fn time_ops(args: &OpsArgs, cases: Vec<Case>) -> Result<()> {

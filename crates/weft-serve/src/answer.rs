@@ -9,10 +9,9 @@
 //! answer larger than the whole budget: a 400, as retrying cannot help). Answers of up to
 //! [`WHOLE_TEXT`] bytes of text are written at once and sent with a `Content-Length`, larger ones
 //! in chunks (chunked transfer encoding). Each value is written as the shortest decimal that reads
-//! back as the same FP32 value.
+//! back as the same FP32 value, as serde_json writes it (with `zmij`, as serde_json does).
 
 use std::convert::Infallible;
-use std::io::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -59,7 +58,8 @@ fn held_bytes(values: usize) -> usize {
         .saturating_add(values.saturating_mul(VALUE_TEXT).min(WHOLE_TEXT))
 }
 
-/// Reserves, from `budget`, what an answer of `values` values holds until it is sent; a 503
+/// Reserves, from `budget`, what an answer of `values` values holds until it is sent, taking
+/// over what the request's body held ([`crate::body::take_body_hold`]: parsed by now); a 503
 /// (with `Retry-After`) when it does not fit now, a 400 when it cannot fit at all.
 pub fn reserve(budget: &Arc<BodyBudget>, values: usize) -> Result<Held, ApiError> {
     let bytes = held_bytes(values);
@@ -70,22 +70,45 @@ pub fn reserve(budget: &Arc<BodyBudget>, values: usize) -> Result<Held, ApiError
             budget.limit()
         )));
     }
-    budget.reserve(bytes).ok_or_else(|| {
+    let mut held = match crate::body::take_body_hold() {
+        Some(held) => held,
+        None => budget.reserve(0).expect("0 bytes always fit"),
+    };
+    let had = held.bytes();
+    if had >= bytes {
+        held.shrink(had - bytes);
+        return Ok(held);
+    }
+    if held.grow(bytes - had) {
+        return Ok(held);
+    }
+    // the body's bytes go back before saying what the server holds
+    drop(held);
+    let what = format!("this answer's {values} output values ({bytes} bytes) would pass it");
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::body::over_budget_message(budget, &what),
+    ))
+}
+
+/// A 500 for an output holding a value that is not finite (JSON has no text for it); the
+/// forward refuses such outputs first (400), so this is not reached.
+fn not_finite(values: &[f32]) -> Option<Response> {
+    values.iter().any(|v| !v.is_finite()).then(|| {
         ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the server holds {} bytes of request bodies and answers already, its limit \
-                 (--max-body-bytes-in-flight); this answer's {values} output values ({bytes} bytes) would pass \
-                 it: retry later",
-                budget.limit()
-            ),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the model's output holds a value outside FP32's range (infinite or NaN)",
         )
+        .into_response()
     })
 }
 
 /// KServe v2's infer answer: `model_name`, `model_version`, `id` (when the request gave one)
 /// and the one output, its `data` flat.
 pub fn infer(served: &Served, id: Option<&str>, output: ResponseOutput, held: Held) -> Response {
+    if let Some(refused) = not_finite(&output.data) {
+        return refused;
+    }
     let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
     let id = id.map_or(String::new(), |id| format!("\"id\":{},", quote(id)));
     let shape = serde_json::to_string(&output.shape).unwrap_or_default();
@@ -101,6 +124,9 @@ pub fn infer(served: &Served, id: Option<&str>, output: ResponseOutput, held: He
 
 /// TorchServe's predictions answer: the logits nested as their shape.
 pub fn nested(output: ResponseOutput, held: Held) -> Response {
+    if let Some(refused) = not_finite(&output.data) {
+        return refused;
+    }
     Answer::new(String::new(), output.data, Some(output.shape), "", held).into_response()
 }
 
@@ -162,6 +188,7 @@ impl Answer {
         }
         let depth = self.blocks.len() + 1;
         let mut out = Vec::with_capacity(count.min(self.values.len()).saturating_mul(12) + 64);
+        let mut number = zmij::Buffer::new();
         if let Some(head) = self.head.take() {
             out.extend_from_slice(head.as_bytes());
             out.extend(std::iter::repeat_n(b'[', depth));
@@ -174,7 +201,10 @@ impl Answer {
                 out.push(b',');
                 out.extend(std::iter::repeat_n(b'[', closed));
             }
-            let _ = write!(out, "{:?}", self.values[i]);
+            // as serde_json writes an f32: the shortest text that reads back as the value
+            let v = self.values[i];
+            debug_assert!(v.is_finite(), "checked by not_finite");
+            out.extend_from_slice(number.format_finite(v).as_bytes());
         }
         self.next = end;
         if end == self.values.len() {
@@ -270,6 +300,40 @@ mod tests {
         let t = text(extremes.clone(), Some(vec![5, 1]), 2);
         let back: Vec<Vec<f32>> = serde_json::from_str(&t[1..t.len() - 1]).unwrap();
         assert_eq!(back.concat(), extremes);
+    }
+
+    #[test]
+    fn values_are_written_as_serde_json_writes_them() {
+        // `{:?}` wrote 1e15 as 1000000000000000.0 and rounded some ties the other way
+        let mut v = vec![
+            1.0e15f32,
+            1.0e16,
+            1.0e-7,
+            123_456_790.0,
+            0.3,
+            16_777_216.0,
+            -0.0,
+            1.0e-45,
+        ];
+        let mut bits = 0x1234_5678u32;
+        while v.len() < 20_000 {
+            bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let f = f32::from_bits(bits);
+            if f.is_finite() {
+                v.push(f);
+            }
+        }
+        let t = text(v.clone(), None, 333);
+        assert_eq!(&t[1..t.len() - 1], serde_json::to_string(&v).unwrap());
+    }
+
+    #[test]
+    fn a_value_that_is_not_finite_is_not_written() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let refused = not_finite(&[1.0, bad]).expect("refused");
+            assert_eq!(refused.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        }
+        assert!(not_finite(&[1.0, f32::MAX]).is_none());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! infer answers being sent ([`crate::answer`]) share, so that many clients sending bodies at the
 //! limit, or asking for large answers and not reading them, cannot hold more memory than it.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -88,6 +89,11 @@ impl Held {
         fits
     }
 
+    /// The bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Gives `n` of its bytes back (at most what it holds).
     pub(crate) fn shrink(&mut self, n: usize) {
         let n = n.min(self.bytes);
@@ -102,17 +108,35 @@ impl Drop for Held {
     }
 }
 
+/// Why a request past the budget is refused: what the server holds, its limit, and `what`
+/// would pass it.
+pub(crate) fn over_budget_message(budget: &BodyBudget, what: &str) -> String {
+    format!(
+        "the server holds {} bytes of request bodies and answers already, of its limit of {} \
+         (--max-body-bytes-in-flight); {what}: retry later",
+        budget.used(),
+        budget.limit
+    )
+}
+
 /// The 503 of a request past the budget, with `Retry-After`.
 pub(crate) fn over_budget(path: &str, budget: &BodyBudget, what: &str) -> Response {
-    refusal(
-        path,
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!(
-            "the server holds {} bytes of request bodies and answers already, its limit (--max-body-bytes-in-flight); \
-             {what}: retry later",
-            budget.limit
-        ),
-    )
+    refusal(path, StatusCode::SERVICE_UNAVAILABLE, over_budget_message(budget, what))
+}
+
+tokio::task_local! {
+    /// The hold of the request being handled on the budget for its body, while its handler
+    /// runs: an answer that counts against the budget takes it over ([`take_body_hold`]).
+    static BODY_HOLD: RefCell<Option<Held>>;
+}
+
+/// The budget held for the body of the request whose handler calls it (once; `None` after, or
+/// outside [`read_body`]). The handler has parsed the body by then and let go of its bytes: an
+/// answer takes the hold over, so that a request is counted for the larger of its body and its
+/// answer, not both (a body and an answer each under the budget but over it together were a
+/// 503 however long the client waited).
+pub(crate) fn take_body_hold() -> Option<Held> {
+    BODY_HOLD.try_with(|h| h.borrow_mut().take()).ok().flatten()
 }
 
 /// `response` with `Connection: close` (the rest of its request's body is not read).
@@ -244,12 +268,10 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
             }
         }
     }
-    let response = next
-        .run(Request::from_parts(parts, Body::from(Bytes::from(bytes))))
-        .await;
-    // the handler has let go of the body (a streamed response keeps what it made of it)
-    drop(held);
-    response
+    // held until the handler has let go of the body (a streamed response keeps what it made
+    // of it), or taken over by its answer
+    let request = Request::from_parts(parts, Body::from(Bytes::from(bytes)));
+    BODY_HOLD.scope(RefCell::new(Some(held)), next.run(request)).await
 }
 
 #[cfg(test)]

@@ -1,12 +1,14 @@
 //! Connections under time limits: every port is served by hyper's HTTP/1 server with a
 //! header-read timeout (`axum::serve` sets none: a client that sends half a request line, or
 //! opens a connection and sends nothing, would hold it, and its file descriptor, forever), and
-//! an answer that the client stops reading is dropped after the same time without progress (a
-//! send timeout, as nginx's `send_timeout`). Each port holds at most `max_connections`
+//! a connection whose socket takes none of the bytes waiting to be written for the same time is
+//! closed, its answer dropped (a send timeout, as nginx's `send_timeout`; counted at the socket,
+//! [`Tracked`], so that it covers every answer to its last byte). Each port holds at most `max_connections`
 //! connections open at once; past that, new ones wait in the kernel's backlog, unaccepted, until
 //! one closes, so that clients that open connections without end cannot take the file
 //! descriptors the server needs for its own files. When the server stops, connections that are
-//! not handling a request (idle, or still sending a request's head) close at once, a request
+//! not handling a request and have nothing left to write (idle, or still sending a request's
+//! head) close at once, a request
 //! whose body is still arriving is answered 503 ([`crate::body`]), and the requests being handled
 //! finish. Request bodies are read by [`crate::body::read_body`].
 
@@ -24,7 +26,8 @@ use axum::Router;
 use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 pub use crate::body::{read_body, BodyBudget};
@@ -42,16 +45,18 @@ impl Stopping {
     }
 }
 
-/// What one connection is doing, shared by its task and its requests' answers.
+/// What one connection is doing, shared by its task, its requests' answers and its socket.
 #[derive(Debug)]
 struct Activity {
     opened: Instant,
-    /// Requests handed to the app whose answer has not been sent whole (or dropped).
+    /// Requests handed to the app whose answer's body has not ended (or been dropped). hyper
+    /// lets go of a body once it has its last piece, before that piece is written: what is
+    /// still to be written is told by `blocked_since`.
     handling: AtomicUsize,
-    /// Milliseconds after `opened`, plus 1, when the answer last handed hyper a piece that the
-    /// client has not taken since (hyper asks for the next piece once the last one is written);
-    /// 0 while no answer waits on the client.
-    waiting_since: AtomicU64,
+    /// Milliseconds after `opened`, plus 1, since when the socket has taken none of the bytes
+    /// hyper has to write (its last write found the socket full); 0 while nothing waits to be
+    /// written. Any bytes written set it back to 0.
+    blocked_since: AtomicU64,
 }
 
 impl Activity {
@@ -59,14 +64,34 @@ impl Activity {
         self.opened.elapsed().as_millis() as u64 + 1
     }
 
-    /// Whether an answer has waited on the client for longer than `limit`.
+    /// Whether bytes have waited on the client, none of them written, for longer than `limit`.
     fn stalled(&self, limit: Duration) -> bool {
-        let since = self.waiting_since.load(Ordering::SeqCst);
+        let since = self.blocked_since.load(Ordering::SeqCst);
         since != 0 && self.now().saturating_sub(since) > limit.as_millis() as u64
+    }
+
+    /// Whether the connection handles no request and has nothing waiting to be written (idle,
+    /// or a request's head arriving).
+    fn idle(&self) -> bool {
+        self.handling.load(Ordering::SeqCst) == 0 && self.blocked_since.load(Ordering::SeqCst) == 0
+    }
+
+    /// Notes what a write to the socket did.
+    fn wrote<T>(&self, polled: &Poll<io::Result<T>>) {
+        match polled {
+            // the socket is full: bytes wait, from now unless they waited already
+            Poll::Pending => {
+                let _ = self
+                    .blocked_since
+                    .compare_exchange(0, self.now(), Ordering::SeqCst, Ordering::SeqCst);
+            }
+            Poll::Ready(_) => self.blocked_since.store(0, Ordering::SeqCst),
+        }
     }
 }
 
-/// One request being handled on a connection, until its answer has been sent or dropped.
+/// One request being handled on a connection, until its answer's body has ended or been
+/// dropped.
 #[derive(Debug)]
 struct Handling(Arc<Activity>);
 
@@ -79,16 +104,15 @@ impl Handling {
 
 impl Drop for Handling {
     fn drop(&mut self) {
-        self.0.waiting_since.store(0, Ordering::SeqCst);
         self.0.handling.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// An answer's body as hyper sends it, telling its connection's [`Activity`] when it waits on
-/// the client.
+/// An answer's body as hyper sends it, counted as a request being handled until hyper lets go
+/// of it.
 struct Watched {
     body: Body,
-    handling: Handling,
+    _handling: Handling,
 }
 
 impl hyper::body::Body for Watched {
@@ -96,14 +120,7 @@ impl hyper::body::Body for Watched {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let activity = self.handling.0.clone();
-        // asked for more: what was handed before has been written
-        activity.waiting_since.store(0, Ordering::SeqCst);
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled {
-            activity.waiting_since.store(activity.now(), Ordering::SeqCst);
-        }
-        polled
+        Pin::new(&mut self.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -115,10 +132,78 @@ impl hyper::body::Body for Watched {
     }
 }
 
-/// After the server stops, how many checks in a row find a connection handling no request
-/// before it is closed (its last answer's end may still be being written when the first one
-/// looks).
-const IDLE_CHECKS_BEFORE_CLOSING: u32 = 2;
+/// A connection's socket, telling its [`Activity`] whether what hyper writes is taken: the
+/// send timeout and the stop look at the bytes themselves, not at the answers' bodies (hyper
+/// holds up to about a megabyte of an answer after its body has ended).
+struct Tracked {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.activity.wrote(&polled);
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.activity.wrote(&polled);
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// The most bytes of answers the kernel holds unsent on a connection (`TCP_NOTSENT_LOWAT`, on
+/// Linux). Without it the kernel takes up to its send buffer's 4 MiB and tells the writer of
+/// room only once a third of that has gone: a client reading 40 KB a second would let nothing
+/// be written for 30 s, and be taken for one that does not read. With it, every 64 KiB the
+/// client takes lets more be written.
+const UNSENT_IN_KERNEL: usize = 128 << 10;
+
+/// Sets [`UNSENT_IN_KERNEL`] on `stream` (elsewhere than on Linux, nothing).
+fn limit_unsent(stream: &TcpStream) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let lowat = UNSENT_IN_KERNEL as libc::c_int;
+        // SAFETY: the descriptor is the stream's, open while it is borrowed; the option is an
+        // int, passed as a pointer to one and its size
+        let _ = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                (&lowat as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (stream, UNSENT_IN_KERNEL);
+}
 
 /// How often a connection's task checks for a stalled answer and, once the server stops, for
 /// having nothing left to do: a fraction of the read timeout, between 10 ms and 250 ms.
@@ -133,8 +218,8 @@ const FULL_NOTICE_EVERY: Duration = Duration::from_secs(60);
 /// the connections' requests being handled (idle connections, and those still sending a
 /// request's head, close at once; a body still arriving is answered 503). A connection that
 /// has not sent a whole request head within `header_timeout` of its start (or, kept alive, of
-/// its last response) is closed, and so is one whose answer the client has not read for longer
-/// than that. At most `max_connections` (at least 1) are open at once; the next is accepted
+/// its last response) is closed, and so is one whose socket has taken none of the bytes waiting
+/// to be written for longer than that. At most `max_connections` (at least 1) are open at once; the next is accepted
 /// when one closes, and reaching the limit is logged (at most once a minute).
 pub async fn serve(
     listener: TcpListener,
@@ -199,12 +284,13 @@ pub async fn serve(
 
 /// Serves one connection until it ends, the client stops reading an answer for longer than
 /// `timeout`, or the server stops (then as [`serve`] says).
-async fn connection(stream: tokio::net::TcpStream, app: Router, timeout: Duration, stop_rx: watch::Receiver<bool>) {
+async fn connection(stream: TcpStream, app: Router, timeout: Duration, stop_rx: watch::Receiver<bool>) {
     let activity = Arc::new(Activity {
         opened: Instant::now(),
         handling: AtomicUsize::new(0),
-        waiting_since: AtomicU64::new(0),
+        blocked_since: AtomicU64::new(0),
     });
+    limit_unsent(&stream);
     let app = TowerToHyperService::new(app);
     let (on_request, stopping) = (activity.clone(), Stopping(stop_rx.clone()));
     let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
@@ -213,20 +299,28 @@ async fn connection(stream: tokio::net::TcpStream, app: Router, timeout: Duratio
         let answered = hyper::service::Service::call(&app, request);
         async move {
             let response = answered.await?;
-            Ok::<_, Infallible>(response.map(|body| Watched { body, handling }))
+            Ok::<_, Infallible>(response.map(|body| Watched {
+                body,
+                _handling: handling,
+            }))
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(timeout);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let io = Tracked {
+        stream,
+        activity: activity.clone(),
+    };
+    let conn = builder.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
     let mut stop = std::pin::pin!(Stopping(stop_rx).wait());
     let mut stopping = false;
-    let mut idle_checks = 0;
     let mut checks = tokio::time::interval(check_every(timeout));
     checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            // the connection first: what can be written now is, before the checks look
+            biased;
             _ = conn.as_mut() => return,
             _ = stop.as_mut(), if !stopping => {
                 stopping = true;
@@ -234,17 +328,14 @@ async fn connection(stream: tokio::net::TcpStream, app: Router, timeout: Duratio
                 conn.as_mut().graceful_shutdown();
             }
             _ = checks.tick() => {
-                // the client has not read its answer for the whole timeout: drop it
+                // nothing could be written to the client for the whole timeout: drop it
                 if activity.stalled(timeout) {
                     return;
                 }
-                if stopping {
-                    // nothing handled (a request's head still arriving, or the end of an
-                    // answer being written): not waited for
-                    idle_checks = if activity.handling.load(Ordering::SeqCst) == 0 { idle_checks + 1 } else { 0 };
-                    if idle_checks >= IDLE_CHECKS_BEFORE_CLOSING {
-                        return;
-                    }
+                // stopping, no request handled and nothing left to write (a request's head
+                // still arriving): not waited for
+                if stopping && activity.idle() {
+                    return;
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), in the shapes the `openai`
 //! Python client reads; `"stream": true` sends `data: {chunk}` server-sent events ending with
-//! `data: [DONE]`. `n` completions of one prompt run as `n` sequences of the decode loop (seeds
+//! `data: [DONE]` (after a chunk of the usage with `stream_options.include_usage`). `n` completions of one prompt run as `n` sequences of the decode loop (seeds
 //! [`choice_seed`]) that share the prompt's forward; `logprobs` and `echo` follow the legacy
 //! completions API ([`crate::logprobs`]).
 
@@ -72,7 +72,8 @@ struct CompletionRequest {
     best_of: Option<u64>,
     logit_bias: Option<Entries>,
     suffix: Option<String>,
-    /// Taken without `include_usage` (a stream carries no usage chunk).
+    /// With `include_usage`, a stream ends with a chunk of the request's usage (and every
+    /// chunk has a `usage` field, `null` before it), as OpenAI's.
     stream_options: Option<StreamOptions>,
 }
 
@@ -113,7 +114,7 @@ impl<'de> Deserialize<'de> for Entries {
 
 /// 400 naming the first of OpenAI's parameters that `request` gives a value weft does not
 /// implement: `presence_penalty` and `frequency_penalty` other than 0, `best_of` other than `n`,
-/// a `logit_bias` with entries, a `suffix` with text, `stream_options.include_usage`. Their neutral values (what clients such as
+/// a `logit_bias` with entries, a `suffix` with text. Their neutral values (what clients such as
 /// LangChain send by default) are taken.
 fn not_implemented(request: &CompletionRequest, n: u64) -> Result<(), ApiError> {
     let refuse = |field: &str, value: String, neutral: String| {
@@ -142,13 +143,6 @@ fn not_implemented(request: &CompletionRequest, n: u64) -> Result<(), ApiError> 
     }
     if let Some(s) = request.suffix.as_ref().filter(|s| !s.is_empty()) {
         return refuse("suffix", crate::error::echo(s), "\"\" or null".into());
-    }
-    if request.stream_options.as_ref().is_some_and(|o| o.include_usage) {
-        return refuse(
-            "stream_options.include_usage",
-            "true".into(),
-            "false (the answer without a stream has the usage)".into(),
-        );
     }
     Ok(())
 }
@@ -299,13 +293,26 @@ pub async fn completions(
         .as_ref()
         .ok_or_else(|| ApiError::bad_request("the model records no tokenizer"))?;
     let (id, created, model) = (completion_id(), now(), request.model.clone());
+    // a stream's chunks each have `usage` (null) when the last one is to say it
+    let include_usage = request.stream && request.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let chunk = move |choices: Vec<Value>| {
-        json!({
+        let mut chunk = json!({
             "id": id,
             "object": "text_completion",
             "created": created,
             "model": model,
             "choices": choices,
+        });
+        if include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    };
+    let usage = |prompt_tokens: usize, completion_tokens: usize| {
+        json!({
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         })
     };
     let choice = |index: usize, text: &str, logprobs: Value, finish: Value| json!({ "text": text, "index": index, "logprobs": logprobs, "finish_reason": finish });
@@ -345,14 +352,12 @@ pub async fn completions(
             choices.push(choice(i, &text, logprobs, json!(made.finish.reason())));
         }
         let mut answer = chunk(choices);
-        answer["usage"] = json!({
-            "prompt_tokens": ids.len(),
-            "completion_tokens": completion_tokens,
-            "total_tokens": ids.len() + completion_tokens,
-        });
+        answer["usage"] = usage(ids.len(), completion_tokens);
         return Ok(answered(json_response(StatusCode::OK, &answer), &served));
     }
     let with_logprobs = params.logprobs.is_some();
+    // the completions' tokens, added up as each ends, for the usage chunk
+    let made_tokens = Arc::new(AtomicU64::new(0));
     let mut first = Vec::new();
     let mut streams = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
@@ -366,6 +371,7 @@ pub async fn completions(
         let mut offset = legacy.offset();
         let mut sent = 0;
         let (version, chunk, choice) = (served.clone(), chunk.clone(), choice);
+        let made_tokens = made_tokens.clone();
         let events = pieces(rx).map(move |piece| {
             let mut logprobs = |lps: &[TokenLogprob], sent: &mut usize| {
                 *sent += lps.len();
@@ -383,6 +389,7 @@ pub async fn completions(
             let c = match piece {
                 Piece::Text(t, lps) => choice(i, &t, logprobs(&lps, &mut sent), Value::Null),
                 Piece::Done(made) => {
+                    made_tokens.fetch_add(made.completion_tokens as u64, Ordering::SeqCst);
                     let rest = made.logprobs.get(sent..).unwrap_or(&[]);
                     choice(i, "", logprobs(rest, &mut sent), json!(made.finish.reason()))
                 }
@@ -392,8 +399,17 @@ pub async fn completions(
         });
         streams.push(events.boxed());
     }
+    // after every completion has ended: their tokens are all counted
+    let prompt_tokens = ids.len();
+    let usage_chunk = stream::once(async move {
+        let mut last = chunk(Vec::new());
+        last["usage"] = usage(prompt_tokens, made_tokens.load(Ordering::SeqCst) as usize);
+        Event::default().data(last.to_string())
+    })
+    .filter(move |_| std::future::ready(include_usage));
     let events = stream::iter(first)
         .chain(stream::select_all(streams))
+        .chain(usage_chunk)
         .chain(stream::once(async { Event::default().data("[DONE]") }))
         .map(|e| vec![e]);
     Ok(answered(sse(events), &served))

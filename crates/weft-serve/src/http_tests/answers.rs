@@ -16,7 +16,7 @@ use crate::Limits;
 
 /// An infer request for `rows` rows of the test mlp, each `row` (`1,-1`), its body written by
 /// hand (`serde_json` would take long for millions of values).
-fn infer_raw(rows: usize, row: &str) -> String {
+pub(super) fn infer_raw(rows: usize, row: &str) -> String {
     let mut data = String::with_capacity(rows * (row.len() + 1));
     for i in 0..rows {
         if i > 0 {
@@ -33,7 +33,7 @@ fn infer_raw(rows: usize, row: &str) -> String {
 }
 
 /// The head (lowercase) and the de-chunked body of a whole HTTP/1.1 answer.
-fn split_answer(got: &[u8]) -> (String, Vec<u8>) {
+pub(super) fn split_answer(got: &[u8]) -> (String, Vec<u8>) {
     let at = got.windows(4).position(|w| w == b"\r\n\r\n").expect("a head");
     let head = String::from_utf8_lossy(&got[..at]).to_ascii_lowercase();
     let mut rest = &got[at + 4..];
@@ -64,7 +64,7 @@ fn send(addr: SocketAddr, raw: &str) -> Vec<u8> {
 }
 
 /// The status of an answer.
-fn status(got: &[u8]) -> u16 {
+pub(super) fn status(got: &[u8]) -> u16 {
     String::from_utf8_lossy(&got[..12.min(got.len())])
         .strip_prefix("HTTP/1.1 ")
         .and_then(|s| s.get(..3))

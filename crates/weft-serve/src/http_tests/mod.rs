@@ -16,6 +16,7 @@ use crate::{AppState, Limits, Listeners, LoadOptions, Registry, Token};
 mod answers;
 mod hostile;
 mod params;
+mod writes;
 
 const TOKEN: &str = "edge-test-token-0123456789";
 

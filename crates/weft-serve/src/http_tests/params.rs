@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::{message, request, start};
+use super::{exchange, message, request, start};
 use crate::Limits;
 
 #[test]
@@ -45,7 +45,6 @@ fn completions_honour_top_k_and_refuse_what_they_do_not_implement() {
         (json!({"frequency_penalty": -0.5}), "frequency_penalty"),
         (json!({"suffix": "zz"}), "suffix"),
         (json!({"repetition_penalty": 1.2}), "repetition_penalty"),
-        (json!({"stream_options": {"include_usage": true}}), "include_usage"),
     ] {
         let (status, answer) = complete(extra.clone());
         assert_eq!(status, 400, "{extra}: {answer}");
@@ -59,6 +58,68 @@ fn completions_honour_top_k_and_refuse_what_they_do_not_implement() {
     assert_eq!(status, 200, "{answer}");
     let (_, plain) = complete(json!({}));
     assert_eq!(text(&answer), text(&plain));
+}
+
+/// The JSON events of a streamed completion of `body` (`data: [DONE]` last, as `null`).
+fn streamed(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
+    let body = body.to_string();
+    let raw = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let got = exchange(addr, raw.as_bytes(), std::time::Duration::from_secs(30)).expect("no answer in 30 s");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or(Value::Null))
+        .collect()
+}
+
+#[test]
+fn a_stream_with_include_usage_ends_with_the_usage() {
+    let s = start(Limits::default());
+    let body = json!({"model": "g", "prompt": "to be", "max_tokens": 5, "n": 2, "stream": true, "seed": 1,
+        "stream_options": {"include_usage": true}});
+    let events = streamed(s.inference, &body);
+    let [chunks @ .., last, done] = events.as_slice() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(*done, Value::Null, "{events:?}");
+    // OpenAI's shape: no choices, the usage of the whole request
+    assert_eq!(last["choices"], json!([]), "{last}");
+    let completion_tokens = last["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((2..=10).contains(&completion_tokens), "{last}");
+    assert_eq!(
+        last["usage"],
+        json!({"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5 + completion_tokens})
+    );
+    // the same count as the answer without a stream
+    let mut whole = body.clone();
+    whole["stream"] = json!(false);
+    whole.as_object_mut().unwrap().remove("stream_options");
+    let (status, answer) = request(s.inference, "POST", "/v1/completions", &whole.to_string(), false);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["usage"], last["usage"]);
+    // every other chunk has a null usage
+    assert!(!chunks.is_empty());
+    for c in chunks {
+        assert!(
+            c["usage"].is_null() && c.as_object().unwrap().contains_key("usage"),
+            "{c}"
+        );
+        assert_eq!(c["choices"].as_array().map(Vec::len), Some(1), "{c}");
+    }
+    // without it: no usage chunk, no usage field
+    let mut plain = body.clone();
+    plain["stream_options"] = json!({"include_usage": false});
+    let events = streamed(s.inference, &plain);
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|c| c.get("usage").is_none() && c["choices"].as_array().map(Vec::len) == Some(1)),
+        "{events:?}"
+    );
 }
 
 #[test]
