@@ -425,6 +425,12 @@ pub(crate) fn test_version_hidden(version: &str, queue: usize, max_batch_size: u
 /// tokenizer of a short corpus.
 #[cfg(test)]
 pub(crate) fn test_gpt() -> Served {
+    test_gpt_with(LoadOptions::default())
+}
+
+/// [`test_gpt`] loaded with `options`.
+#[cfg(test)]
+pub(crate) fn test_gpt_with(options: LoadOptions) -> Served {
     use weft_models::gpt::GptConfig;
     let tok = weft_data::TokenizerSpec::Char
         .load_with_corpus(["to be, or not to be: that is the question"])
@@ -440,7 +446,6 @@ pub(crate) fn test_gpt() -> Served {
         activation: weft_core::UnaryOp::Gelu,
     };
     let model = Arc::new(Gpt::new(config, 3).unwrap());
-    let options = LoadOptions::default();
     Served {
         name: "g".into(),
         version: "1".into(),

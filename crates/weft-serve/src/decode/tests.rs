@@ -1,14 +1,7 @@
-use std::sync::OnceLock;
-
-use tokio::sync::Semaphore;
-use weft_models::gpt::{Gpt, GptConfig};
 use weft_models::Sampling;
 
 use super::*;
-use crate::metrics::ModelStats;
-use crate::model::{LoadOptions, Signature};
-
-const CORPUS: &str = "to be, or not to be: that is the question";
+use crate::model::LoadOptions;
 
 /// A tiny gpt (block_size 16) with a character tokenizer, decoding up to `max_sequences`
 /// sequences together, prompts whole.
@@ -18,42 +11,11 @@ fn served_gpt(max_sequences: usize) -> Arc<Served> {
 
 /// [`served_gpt`] running prompts in chunks of `prefill_chunk` tokens (0: whole).
 fn served_gpt_chunked(max_sequences: usize, prefill_chunk: usize) -> Arc<Served> {
-    let tok = weft_data::TokenizerSpec::Char.load_with_corpus([CORPUS]).unwrap();
-    let config = GptConfig {
-        vocab_size: tok.vocab_size(),
-        block_size: 16,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 16,
-        bias: true,
-        dropout: 0.0,
-        activation: weft_core::UnaryOp::Gelu,
-    };
-    let model = Arc::new(Gpt::new(config, 3).unwrap());
-    Arc::new(Served {
-        name: "g".into(),
-        version: "1".into(),
-        kind: "gpt",
-        signature: Signature::Tokens {
-            vocab: tok.vocab_size(),
-            block: 16,
-        },
-        model: model.clone(),
-        lm: Some(model),
-        tokenizer: Some(tok),
-        source: "g".into(),
-        options: LoadOptions {
-            max_sequences,
-            prefill_chunk,
-            ..LoadOptions::default()
-        },
-        load_seconds: 0.0,
-        workers: crate::workers::Workers::new(1),
-        admitted: Arc::new(Semaphore::new(64)),
-        batcher: OnceLock::new(),
-        decoder: OnceLock::new(),
-        stats: ModelStats::default(),
-    })
+    Arc::new(crate::model::test_gpt_with(LoadOptions {
+        max_sequences,
+        prefill_chunk,
+        ..LoadOptions::default()
+    }))
 }
 
 /// A request: the prompt's ids, new tokens, temperature (0: greedy) and seed.
