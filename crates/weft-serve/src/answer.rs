@@ -59,7 +59,8 @@ fn held_bytes(values: usize) -> usize {
 }
 
 /// Reserves, from `budget`, what an answer of `values` values holds until it is sent, taking
-/// over what the request's body held ([`crate::body::take_body_hold`]: parsed by now); a 503
+/// over what the request's body held ([`crate::body::take_body_hold`]; the larger of the two is
+/// held until the answer is made, as the parsed input lives through the forward); a 503
 /// (with `Retry-After`) when it does not fit now, a 400 when it cannot fit at all.
 pub fn reserve(budget: &Arc<BodyBudget>, values: usize) -> Result<Held, ApiError> {
     let bytes = held_bytes(values);
@@ -75,8 +76,9 @@ pub fn reserve(budget: &Arc<BodyBudget>, values: usize) -> Result<Held, ApiError
         None => budget.reserve(0).expect("0 bytes always fit"),
     };
     let had = held.bytes();
+    // the larger of the two until the forward has run (the parsed input is held through it);
+    // the answer gives back the rest when it is made (`Answer::new`)
     if had >= bytes {
-        held.shrink(had - bytes);
         return Ok(held);
     }
     if held.grow(bytes - had) {
@@ -149,7 +151,9 @@ struct Answer {
 
 impl Answer {
     /// The answer, written whole at once when its text is at most [`WHOLE_TEXT`].
-    fn new(head: String, values: Vec<f32>, shape: Option<Vec<usize>>, tail: &'static str, held: Held) -> Answer {
+    fn new(head: String, values: Vec<f32>, shape: Option<Vec<usize>>, tail: &'static str, mut held: Held) -> Answer {
+        // the request's input, held through the forward, is gone by now
+        held.shrink(held.bytes().saturating_sub(held_bytes(values.len())));
         let mut answer = Answer::streamed(head, values, shape, tail, held);
         if answer.values.len().saturating_mul(VALUE_TEXT) <= WHOLE_TEXT {
             let mut text = Vec::new();

@@ -1,6 +1,7 @@
 //! OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), in the shapes the `openai`
 //! Python client reads; `"stream": true` sends `data: {chunk}` server-sent events ending with
-//! `data: [DONE]` (after a chunk of the usage with `stream_options.include_usage`). `n` completions of one prompt run as `n` sequences of the decode loop (seeds
+//! `data: [DONE]` (after a chunk of the usage with `stream_options.include_usage`). `n`
+//! completions of one prompt run as `n` sequences of the decode loop (seeds
 //! [`choice_seed`]) that share the prompt's forward; `logprobs` and `echo` follow the legacy
 //! completions API ([`crate::logprobs`]).
 
@@ -143,6 +144,10 @@ fn not_implemented(request: &CompletionRequest, n: u64) -> Result<(), ApiError> 
     }
     if let Some(s) = request.suffix.as_ref().filter(|s| !s.is_empty()) {
         return refuse("suffix", crate::error::echo(s), "\"\" or null".into());
+    }
+    // as OpenAI answers it
+    if request.stream_options.is_some() && !request.stream {
+        return Err(ApiError::bad_request("stream_options: only allowed with stream: true"));
     }
     Ok(())
 }

@@ -207,6 +207,8 @@ async fn predictions(
         JsonError::Syntax(e) => ApiError::bad_request(format!("the request body is not valid JSON: {e}")),
         JsonError::Data { path, message } => ApiError::bad_request(format!("the request body at {path}: {message}")),
     })?;
+    // parsed: its text is not held through the forward
+    drop(bytes);
     let shape = (data.nesting.clone())
         .filter(|s| !s.is_empty())
         .ok_or_else(|| ApiError::bad_request("the body must be a non-empty rectangular nested JSON array"))?;

@@ -44,8 +44,6 @@ impl MetricsFile {
         if path.is_dir() {
             return Err(bad(&"it is a folder"));
         }
-        // a FIFO nobody reads would block the open below for ever, whatever the mode
-        check_writable(path)?;
         let existing = std::fs::metadata(path).map_or(0, |m| m.len());
         match mode {
             MetricsMode::Fresh { overwrite: false } => check_new(path, false)?,
@@ -56,11 +54,7 @@ impl MetricsFile {
             MetricsMode::Resume { steps } if existing > 0 => keep_steps_up_to(path, steps).map_err(|e| bad(&e))?,
             _ => {}
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| bad(&e))?;
+        let file = crate::writable::open_for_append(path).map_err(|e| bad(&e))?;
         let len = file.metadata().map_err(|e| bad(&e))?.len();
         Ok(MetricsFile {
             file,
@@ -118,10 +112,11 @@ pub fn check_new(path: &Path, overwrite: bool) -> Result<()> {
     check_writable(path)
 }
 
-/// Checks that the metrics file at `path` can be written (a FIFO only while a process reads it:
-/// see `probe_writable`), leaving it as it was; what a resumed run checks before its first step.
+/// Checks that the metrics file at `path` can be written, leaving it as it was (a FIFO is
+/// taken unopened: the run's open says whether a process reads it); what a resumed run checks
+/// before its first step.
 pub fn check_writable(path: &Path) -> Result<()> {
-    crate::writable::probe_writable(path)
+    crate::writable::probe_writable(path, crate::writable::Fifo::Stream)
         .map_err(|e| Error::Config(format!("train.metrics: cannot write {}: {e}", path.display())))
 }
 

@@ -1,6 +1,7 @@
 //! Opening a file that must be a regular file: checked before it is opened (opening a FIFO
 //! waits for a writer, a device such as `/dev/zero` never ends) and again on what was opened
-//! (the path may be replaced in between, so on Linux it is opened without waiting on a FIFO,
+//! (the path may be replaced in between, so on Linux with glibc it is opened without waiting on a
+//! FIFO,
 //! and without following a link where links are not followed; elsewhere that second open is a
 //! plain one).
 

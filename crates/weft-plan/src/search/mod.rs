@@ -527,5 +527,15 @@ fn undominated<T: Clone>(group: Vec<(Plan, T)>) -> Vec<(Plan, T)> {
             kept.push(p.clone());
         }
     }
+    // ties within the tolerance do not chain transitively (a ~ b ~ c with a faster than c): a
+    // cycle of them could drop every plan, and the fastest, smallest one stays then
+    if kept.is_empty() {
+        if let Some(best) = group
+            .iter()
+            .min_by(|a, b| key(a).0.total_cmp(&key(b).0).then(key(a).1.total_cmp(&key(b).1)))
+        {
+            kept.push(best.clone());
+        }
+    }
     kept
 }

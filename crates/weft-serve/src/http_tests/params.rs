@@ -45,6 +45,7 @@ fn completions_honour_top_k_and_refuse_what_they_do_not_implement() {
         (json!({"frequency_penalty": -0.5}), "frequency_penalty"),
         (json!({"suffix": "zz"}), "suffix"),
         (json!({"repetition_penalty": 1.2}), "repetition_penalty"),
+        (json!({"stream_options": {"include_usage": true}}), "stream_options"),
     ] {
         let (status, answer) = complete(extra.clone());
         assert_eq!(status, 400, "{extra}: {answer}");
@@ -53,7 +54,7 @@ fn completions_honour_top_k_and_refuse_what_they_do_not_implement() {
     }
     // their neutral values, as clients send by default, are taken
     let neutral = json!({"presence_penalty": 0, "frequency_penalty": 0.0, "best_of": 1, "logit_bias": {},
-        "suffix": null, "user": "someone", "stream_options": {"include_usage": false}});
+        "suffix": null, "user": "someone"});
     let (status, answer) = complete(neutral);
     assert_eq!(status, 200, "{answer}");
     let (_, plain) = complete(json!({}));

@@ -154,7 +154,7 @@ impl Trainer {
             return Ok(());
         };
         let result = if self.is_logging_rank() {
-            crate::writable::probe_writable(path)
+            crate::writable::probe_writable(path, crate::writable::Fifo::Refused)
                 .map_err(|e| Error::Config(format!("train.trace: cannot write {}: {e}", path.display())))
         } else {
             Ok(())
