@@ -131,10 +131,10 @@ tokio::task_local! {
 }
 
 /// The budget held for the body of the request whose handler calls it (once; `None` after, or
-/// outside [`read_body`]). The handler has parsed the body by then and let go of its bytes: an
-/// answer takes the hold over, so that a request is counted for the larger of its body and its
-/// answer, not both (a body and an answer each under the budget but over it together were a
-/// 503 however long the client waited).
+/// outside [`read_body`]). An answer takes the hold over, so that a request is counted for the
+/// larger of its body and its answer, not both (a body and an answer each under the budget but
+/// over it together were a 503 however long the client waited); the larger until the answer is
+/// made, since the parsed input lives through the forward.
 pub(crate) fn take_body_hold() -> Option<Held> {
     BODY_HOLD.try_with(|h| h.borrow_mut().take()).ok().flatten()
 }
