@@ -97,6 +97,40 @@ pub fn wait_for(secs: u64, mut ready: impl FnMut() -> bool) -> bool {
     ready()
 }
 
+/// Runs `cmd` (its stdout and stderr captured, read as they come) to its end, or kills it after
+/// `secs` seconds and fails the test naming `what`: for commands that must not wait for ever
+/// (on a FIFO, say).
+pub fn output_within(mut cmd: std::process::Command, secs: u64, what: &str) -> Output {
+    use std::process::Stdio;
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: a signal to the child this function started
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{what}: still running after {secs} s");
+        }
+    }
+}
+
+/// Makes a FIFO at `path`.
+#[cfg(unix)]
+pub fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}
+
 /// The `step` of the last record of a metrics file that has one (0 when none can be read).
 pub fn last_logged_step(metrics: &Path) -> u64 {
     std::fs::read_to_string(metrics)

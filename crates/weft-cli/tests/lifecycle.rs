@@ -114,9 +114,7 @@ fn problems_with_the_outputs_are_found_before_the_first_step() {
 fn a_fifo_named_as_an_output_is_refused_unless_read() {
     let out = temp_dir("fifo-outputs");
     let fifo = out.join("fifo");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    common::mkfifo(&fifo);
     let cfg = gpt_fixture();
     let ckpt = path_set("train.checkpoint_dir", &out.join("ckpt"));
     // a run to resume, its metrics file then replaced by the FIFO
@@ -150,19 +148,9 @@ fn a_fifo_named_as_an_output_is_refused_unless_read() {
                 args.extend(["--set", s]);
             }
         }
-        let mut child = weft_command(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
         // opening the FIFO for writing would wait for a reader for ever
-        let done = common::wait_for(60, || child.try_wait().unwrap().is_some());
-        if !done {
-            let _ = child.kill();
-        }
-        let run = child.wait_with_output().unwrap();
+        let run = common::output_within(weft_command(&args), 60, &format!("{sets:?}"));
         let err = String::from_utf8_lossy(&run.stderr);
-        assert!(done, "{sets:?}: still running after 60 s");
         assert_eq!(run.status.code(), Some(1), "{sets:?}: {err}");
         // the trace is written once, at the end: a FIFO is no place for it; the metrics' FIFO
         // is a stream that no process reads

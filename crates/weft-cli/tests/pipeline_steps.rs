@@ -353,22 +353,11 @@ fn deploy_steps_make_running_servers_answer_with_the_new_version() {
     // a token file that is a FIFO: refused at once, not read until a writer comes
     std::fs::write(&file, &flow).unwrap();
     std::fs::remove_file(&token).unwrap();
-    let c = std::ffi::CString::new(token.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let mut child = common::weft_command(&["pipeline", "run", f])
-        .env("WEFT_TRACK_DIR", &runs)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let done = common::wait_for(60, || child.try_wait().unwrap().is_some());
-    if !done {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
+    common::mkfifo(&token);
+    let mut cmd = common::weft_command(&["pipeline", "run", f]);
+    cmd.env("WEFT_TRACK_DIR", &runs);
+    let out = common::output_within(cmd, 60, "a FIFO token file");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(done, "a FIFO token file: still running after 60 s");
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("follow: `token_file`") && err.contains("a FIFO"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);

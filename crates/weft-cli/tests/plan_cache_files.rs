@@ -9,34 +9,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
-use common::{temp_dir, weft_command};
+use common::{mkfifo, temp_dir, weft_command};
 
 /// `weft args...` with `WEFT_CACHE_DIR=cache`, killed (and the test failed) after 30 s.
 fn weft_within_30s(cache: &Path, args: &[&str]) -> Output {
-    let mut child = weft_command(args)
-        .env("WEFT_CACHE_DIR", cache)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("weft {args:?}: still running after 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn mkfifo(path: &Path) {
-    let status = std::process::Command::new("mkfifo").arg(path).status().unwrap();
-    assert!(status.success(), "mkfifo {}", path.display());
+    let mut cmd = weft_command(args);
+    cmd.env("WEFT_CACHE_DIR", cache);
+    common::output_within(cmd, 30, &format!("weft {args:?}"))
 }
 
 /// `weft plan calibrate --nproc N` of a tiny model, 10 ms a rate.
