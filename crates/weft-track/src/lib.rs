@@ -14,6 +14,7 @@
 
 mod error;
 pub mod filter;
+mod metrics;
 mod read;
 mod resume;
 mod store;

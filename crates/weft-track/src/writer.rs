@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::error::{Error, Result, SqlContext};
+use crate::metrics::insert_metrics;
 use crate::resume::RunRef;
-use crate::{Status, Store};
+use crate::{OpenOptions, Status, Store};
 
 /// What is known of a run when it starts.
 #[derive(Debug, Clone, Default)]
@@ -126,7 +127,13 @@ impl RunWriter {
     /// Opens the store in `dir` (see [`Store::open`]), records `run` as `running`, and starts
     /// the writing thread.
     pub fn start(dir: &Path, run: NewRun, options: WriterOptions) -> Result<RunWriter> {
-        let mut store = Store::open(dir)?;
+        Self::start_with(dir, run, options, OpenOptions::default())
+    }
+
+    /// [`RunWriter::start`] with the store opened with `open` (its busy timeout is how long
+    /// each of the run's writes waits for another's lock).
+    pub fn start_with(dir: &Path, run: NewRun, options: WriterOptions, open: OpenOptions) -> Result<RunWriter> {
+        let mut store = Store::open_with(dir, open)?;
         let run_ref = insert_run(&mut store, &run)?;
         Self::spawn(store, dir, run_ref, options)
     }
@@ -204,7 +211,10 @@ impl RunWriter {
     }
 
     /// Writes what is waiting and the run's status (with `error` for a failed run), and stops
-    /// the thread; the first write error the thread met, if any. Later calls do nothing.
+    /// the thread. An error only when something was lost: the first error of a batch that was
+    /// never written, or of the status. A store busy past its timeout for a while loses nothing
+    /// (a missed heartbeat; a batch whose transaction could not start is kept and written by a
+    /// later one) and is no error. Later calls do nothing.
     pub fn end(&self, status: Status, error: Option<String>) -> Result<()> {
         let Some(thread) = self.inner.thread.lock().ok().and_then(|mut t| t.take()) else {
             return Ok(());
@@ -348,18 +358,14 @@ pub(crate) fn insert_params_and_tags(conn: &Connection, path: &Path, id: i64, ru
     Ok(())
 }
 
-/// The writing thread: batches records, beats, and writes the status at the end.
+/// The writing thread: batches records, beats, and writes the status at the end; the first
+/// error that lost records or the status.
 fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: WriterOptions) -> Result<()> {
     let mut metrics: Vec<(i64, String, f64, f64)> = Vec::with_capacity(o.batch.min(4096));
     let mut artifacts: Vec<(String, String)> = Vec::new();
     let mut oldest: Option<Instant> = None;
     let mut last_beat = Instant::now();
-    let mut first_error: Option<Error> = None;
-    let keep = |r: Result<()>, first_error: &mut Option<Error>| {
-        if let (Err(e), None) = (r, &*first_error) {
-            *first_error = Some(e);
-        }
-    };
+    let mut lost: Option<Error> = None;
     let (status, error) = loop {
         let flush_at = oldest.map(|t| t + o.flush_every);
         let beat_at = last_beat + o.heartbeat;
@@ -385,30 +391,50 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
         }
         let due = oldest.is_some_and(|t| t.elapsed() >= o.flush_every);
         if metrics.len() + artifacts.len() >= o.batch || due {
-            keep(
-                flush(&mut conn, path, id, &mut metrics, &mut artifacts),
-                &mut first_error,
-            );
-            oldest = None;
+            oldest = match flush(&mut conn, path, id, &mut metrics, &mut artifacts) {
+                Ok(()) => None,
+                // kept: tried again a flush interval from now, also when nothing more arrives
+                Err(Flush::NotStarted(_)) => Some(Instant::now()),
+                Err(Flush::Lost(e)) => {
+                    lost.get_or_insert(e);
+                    None
+                }
+            };
             last_beat = Instant::now();
         } else if last_beat.elapsed() >= o.heartbeat {
-            keep(beat(&conn, path, id), &mut first_error);
+            // a missed beat loses nothing: the next one (or the end) writes a newer time
+            let _ = beat(&conn, path, id);
             last_beat = Instant::now();
         }
     };
-    keep(
-        flush(&mut conn, path, id, &mut metrics, &mut artifacts),
-        &mut first_error,
-    );
+    // what cannot be written now is never written
+    match flush(&mut conn, path, id, &mut metrics, &mut artifacts) {
+        Ok(()) => {}
+        // nothing was waiting: only a heartbeat is missed
+        Err(Flush::NotStarted(_)) if metrics.is_empty() && artifacts.is_empty() => {}
+        Err(Flush::NotStarted(e) | Flush::Lost(e)) => {
+            lost.get_or_insert(e);
+        }
+    }
     let end = conn
         .execute(
             "UPDATE runs SET status = ?2, end_time = ?3, heartbeat = ?3, error = ?4 WHERE id = ?1",
             params![id, status.as_str(), crate::now(), error],
         )
-        .at(path)
-        .map(|_| ());
-    keep(end, &mut first_error);
-    first_error.map_or(Ok(()), Err)
+        .at(path);
+    if let Err(e) = end {
+        lost.get_or_insert(e);
+    }
+    lost.map_or(Ok(()), Err)
+}
+
+/// Why a flush wrote nothing.
+enum Flush {
+    /// Its transaction could not start (the store stayed busy past its timeout): the records are
+    /// kept for the next flush.
+    NotStarted(Error),
+    /// It failed once started: its records are gone.
+    Lost(Error),
 }
 
 /// Writes the waiting records and the heartbeat in one transaction.
@@ -418,160 +444,60 @@ fn flush(
     id: i64,
     metrics: &mut Vec<(i64, String, f64, f64)>,
     artifacts: &mut Vec<(String, String)>,
-) -> Result<()> {
+) -> std::result::Result<(), Flush> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .at(path)?;
-    {
-        // the batch is gone whatever happens to it (as before: a failed write is not retried)
-        let (nan, rows): (Vec<_>, Vec<_>) = std::mem::take(metrics).into_iter().partition(|r| r.2.is_nan());
-        insert_metrics(&tx, path, id, &rows)?;
-        let mut t = tx
-            .prepare_cached(
-                "INSERT INTO tags (run_id, key, value) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (run_id, key) DO UPDATE SET value = CASE
-                   WHEN CAST(excluded.value AS INTEGER) > CAST(value AS INTEGER) THEN excluded.value ELSE value END",
-            )
-            .at(path)?;
-        for (step, key, _, _) in nan {
-            t.execute(params![id, nan_tag(&key), step.to_string()]).at(path)?;
-        }
-        let mut a = tx
-            .prepare_cached(
-                "INSERT INTO artifacts (run_id, kind, path) SELECT ?1, ?2, ?3 WHERE NOT EXISTS
-                 (SELECT 1 FROM artifacts WHERE run_id = ?1 AND kind = ?2 AND path = ?3)",
-            )
-            .at(path)?;
-        for (kind, p) in artifacts.drain(..) {
-            a.execute(params![id, kind, p]).at(path)?;
-        }
-        tx.execute(
-            "UPDATE runs SET heartbeat = ?2 WHERE id = ?1",
-            params![id, crate::now()],
+        .at(path)
+        .map_err(Flush::NotStarted)?;
+    // once the transaction started, the batch is gone whatever happens to it (a failed write
+    // is not retried)
+    let metrics = std::mem::take(metrics);
+    let artifacts = std::mem::take(artifacts);
+    write_batch(&tx, path, id, metrics, artifacts)
+        .and_then(|()| tx.commit().at(path))
+        .map_err(Flush::Lost)
+}
+
+/// Writes `metrics` and `artifacts` of run `id` and its heartbeat inside `tx`.
+fn write_batch(
+    tx: &rusqlite::Transaction,
+    path: &Path,
+    id: i64,
+    metrics: Vec<(i64, String, f64, f64)>,
+    artifacts: Vec<(String, String)>,
+) -> Result<()> {
+    let (nan, rows): (Vec<_>, Vec<_>) = metrics.into_iter().partition(|r| r.2.is_nan());
+    insert_metrics(tx, path, id, &rows)?;
+    let mut t = tx
+        .prepare_cached(
+            "INSERT INTO tags (run_id, key, value) VALUES (?1, ?2, ?3)
+             ON CONFLICT (run_id, key) DO UPDATE SET value = CASE
+               WHEN CAST(excluded.value AS INTEGER) > CAST(value AS INTEGER) THEN excluded.value ELSE value END",
         )
         .at(path)?;
+    for (step, key, _, _) in nan {
+        t.execute(params![id, nan_tag(&key), step.to_string()]).at(path)?;
     }
-    tx.commit().at(path)
+    let mut a = tx
+        .prepare_cached(
+            "INSERT INTO artifacts (run_id, kind, path) SELECT ?1, ?2, ?3 WHERE NOT EXISTS
+             (SELECT 1 FROM artifacts WHERE run_id = ?1 AND kind = ?2 AND path = ?3)",
+        )
+        .at(path)?;
+    for (kind, p) in artifacts {
+        a.execute(params![id, kind, p]).at(path)?;
+    }
+    tx.execute(
+        "UPDATE runs SET heartbeat = ?2 WHERE id = ?1",
+        params![id, crate::now()],
+    )
+    .at(path)?;
+    Ok(())
 }
 
 /// The tag that holds the last step metric `key` was NaN at (a number, as text).
 pub fn nan_tag(key: &str) -> String {
     format!("nan_step.{key}")
-}
-
-/// Inserts metric rows `(step, key, value, time)` of run `id` and merges each key's summary
-/// over them into `metric_summary`, inside the caller's transaction.
-fn insert_metrics(tx: &rusqlite::Transaction, path: &Path, id: i64, rows: &[(i64, String, f64, f64)]) -> Result<()> {
-    let mut m = tx
-        .prepare_cached("INSERT INTO metrics (run_id, step, key, value, time) VALUES (?1, ?2, ?3, ?4, ?5)")
-        .at(path)?;
-    for (step, key, value, time) in rows {
-        m.execute(params![id, step, key, value, time]).at(path)?;
-    }
-    // the run's summary of each key: the batch's own (its rows come after every row already
-    // written), merged into the stored one
-    let mut u = tx
-        .prepare_cached(
-            "INSERT INTO metric_summary (run_id, key, last, last_step, min, max, count)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (run_id, key) DO UPDATE SET
-               last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
-               last_step = MAX(last_step, excluded.last_step),
-               min = MIN(min, excluded.min), max = MAX(max, excluded.max),
-               count = count + excluded.count",
-        )
-        .at(path)?;
-    for (key, s) in batch_summary(rows) {
-        u.execute(params![id, key, s.last, s.last_step, s.min, s.max, s.count])
-            .at(path)?;
-    }
-    Ok(())
-}
-
-impl crate::Store {
-    /// Records `key = value` at `step` in run `id`, which may have ended (a value computed
-    /// afterwards, as a pipeline's evaluate step does): the row and the run's summary of the key
-    /// in one transaction. A value the run already has for `key` at `step` is replaced (an
-    /// evaluation made again), not added beside it. An unknown run or a value that is not finite
-    /// is refused.
-    pub fn add_metric(&mut self, id: i64, step: i64, key: &str, value: f64) -> Result<()> {
-        if !value.is_finite() {
-            return Err(crate::Error::Invalid(format!(
-                "run {id}: metric {key} = {value} is not a finite number"
-            )));
-        }
-        if !self.has_run(id)? {
-            return Err(crate::Error::UnknownRun(format!(
-                "{}: no run with id {id}",
-                self.path.display()
-            )));
-        }
-        let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .at(&path)?;
-        let replaced = tx
-            .execute(
-                "DELETE FROM metrics WHERE run_id = ?1 AND key = ?2 AND step = ?3",
-                params![id, key, step],
-            )
-            .at(&path)?;
-        insert_metrics(&tx, &path, id, &[(step, key.to_string(), value, crate::now())])?;
-        if replaced > 0 {
-            // the merged summary counted the replaced rows: made again from the rows
-            tx.execute("DELETE FROM metric_summary WHERE run_id = ?1", params![id])
-                .at(&path)?;
-            tx.execute(crate::resume::FILL_RUN_SUMMARY, params![id]).at(&path)?;
-        }
-        tx.commit().at(&path)
-    }
-}
-
-/// One key's summary over a batch of metric rows.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct KeySummary {
-    last: f64,
-    last_step: i64,
-    min: f64,
-    max: f64,
-    count: i64,
-}
-
-/// Each key's summary over `rows` (`(step, key, value, time)` in the order written): the value
-/// at its largest step (the last written of that step), min, max (no NaN is recorded) and count.
-fn batch_summary(rows: &[(i64, String, f64, f64)]) -> Vec<(&str, KeySummary)> {
-    let mut out: Vec<(&str, KeySummary)> = Vec::new();
-    let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for (step, key, value, _) in rows {
-        let (step, value) = (*step, *value);
-        match at.get(key.as_str()) {
-            Some(&i) => {
-                let s = &mut out[i].1;
-                if step >= s.last_step {
-                    s.last = value;
-                    s.last_step = step;
-                }
-                s.min = s.min.min(value);
-                s.max = s.max.max(value);
-                s.count += 1;
-            }
-            None => {
-                at.insert(key, out.len());
-                out.push((
-                    key,
-                    KeySummary {
-                        last: value,
-                        last_step: step,
-                        min: value,
-                        max: value,
-                        count: 1,
-                    },
-                ));
-            }
-        }
-    }
-    out
 }
 
 fn beat(conn: &Connection, path: &Path, id: i64) -> Result<()> {

@@ -179,8 +179,10 @@ impl Tracking {
             },
             Err(e) => (Status::Failed, Some(e.to_string())),
         };
+        // an error only when records or the status were lost (not for a store that was busy
+        // for a while)
         if let Err(e) = self.writer.end(status, error) {
-            weft_core::errln!("weft: warning: track: {e}; the run's record may be incomplete");
+            weft_core::errln!("weft: warning: track: {e}; the run's record is incomplete");
         }
     }
 }

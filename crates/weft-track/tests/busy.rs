@@ -1,0 +1,124 @@
+//! A store another connection holds locked past the busy timeout while a run writes: what the
+//! run's writer keeps, and what `RunWriter::end` reports.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use weft_track::{NewRun, OpenOptions, RunWriter, Status, Store, WriterOptions, STORE_FILE};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weft-track-busy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const BUSY: Duration = Duration::from_millis(200);
+
+/// A writer whose store waits `BUSY` for a lock, flushing and beating every 20 ms.
+fn writer(dir: &Path) -> RunWriter {
+    let run = NewRun {
+        experiment: "e".into(),
+        name: Some("r".into()),
+        ..Default::default()
+    };
+    let options = WriterOptions {
+        batch: 10_000,
+        flush_every: Duration::from_millis(20),
+        heartbeat: Duration::from_millis(20),
+    };
+    let open = OpenOptions {
+        busy_timeout: BUSY,
+        ..Default::default()
+    };
+    RunWriter::start_with(dir, run, options, open).unwrap()
+}
+
+/// Another program's write transaction on the store, held until `ROLLBACK`.
+fn hold_lock(dir: &Path) -> Connection {
+    let holder = Connection::open(dir.join(STORE_FILE)).unwrap();
+    holder.busy_timeout(Duration::from_secs(10)).unwrap();
+    holder
+        .execute_batch("BEGIN IMMEDIATE; UPDATE runs SET name = name;")
+        .unwrap();
+    holder
+}
+
+fn metric_count(dir: &Path, id: i64) -> i64 {
+    let conn = Connection::open(dir.join(STORE_FILE)).unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    conn.query_row("SELECT count(*) FROM metrics WHERE run_id = ?1", [id], |r| r.get(0))
+        .unwrap()
+}
+
+/// Waits (up to 5 s) until run `id` has `n` metric rows; whether it got them.
+fn wait_for_rows(dir: &Path, id: i64, n: i64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if metric_count(dir, id) == n {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn a_store_busy_past_the_timeout_loses_nothing_and_end_reports_no_loss() {
+    let dir = temp_dir("outlived");
+    let w = writer(&dir);
+    for s in 0..5 {
+        w.log(s, "loss", s as f64);
+    }
+    assert!(wait_for_rows(&dir, w.id(), 5));
+    let holder = hold_lock(&dir);
+    // logged while the lock is held: flushes and heartbeats fail after the busy timeout, several
+    // times over
+    for s in 5..20 {
+        w.log(s, "loss", s as f64);
+    }
+    let ckpt = dir.join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    w.artifact("checkpoint", &ckpt);
+    std::thread::sleep(BUSY * 5);
+    assert_eq!(metric_count(&dir, w.id()), 5);
+    holder.execute_batch("ROLLBACK").unwrap();
+    // the kept batch is written by a later flush without anything new logged
+    assert!(wait_for_rows(&dir, w.id(), 20), "{} rows", metric_count(&dir, w.id()));
+    w.log(20, "loss", 20.0);
+    w.end(Status::Finished, None).expect("nothing was lost");
+
+    let store = Store::open(&dir).unwrap();
+    let steps: Vec<i64> = store.metric_rows(w.id()).unwrap().iter().map(|r| r.0).collect();
+    assert_eq!(steps, (0..=20).collect::<Vec<_>>());
+    let detail = store.run_detail(w.id()).unwrap();
+    assert_eq!(detail.summary.status, "finished");
+    assert_eq!(detail.error, None);
+    assert_eq!(detail.artifacts.len(), 1);
+    assert_eq!(detail.metrics["loss"].count, 21);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn records_still_unwritten_at_the_end_are_reported_lost() {
+    let dir = temp_dir("lost");
+    let w = writer(&dir);
+    for s in 0..5 {
+        w.log(s, "loss", s as f64);
+    }
+    assert!(wait_for_rows(&dir, w.id(), 5));
+    let holder = hold_lock(&dir);
+    for s in 5..10 {
+        w.log(s, "loss", s as f64);
+    }
+    // the lock outlives the run: its last batch and its status cannot be written
+    let e = w.end(Status::Finished, None).expect_err("the last batch was lost");
+    assert!(e.to_string().contains("locked"), "{e}");
+    holder.execute_batch("ROLLBACK").unwrap();
+
+    assert_eq!(metric_count(&dir, w.id()), 5);
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.run_detail(w.id()).unwrap().summary.status, "running");
+    let _ = std::fs::remove_dir_all(&dir);
+}
