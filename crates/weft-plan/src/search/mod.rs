@@ -512,30 +512,43 @@ fn same_time(a: f64, b: f64) -> bool {
 /// Drops every plan another one beats on step time and memory (no worse on both, better on
 /// one; of equal ones the first stays). Times within a relative 1e-12 of each other count as
 /// equal ([`same_time`]).
+///
+/// Ties within the tolerance do not chain transitively (`a ~ b ~ c` with `a` faster than `c`):
+/// a plan can be dropped only for a tie with one that is itself dropped, down a chain that ends
+/// at a plan it beats (a cycle of them dropped every plan of the chain, its fastest too). So a
+/// dropped plan that none beats beyond the tolerance (faster, no larger) stays when no plan that
+/// stays is as fast (or tied) and no larger: taken from the fastest, then smallest, the fastest
+/// plan of such a chain stays, and the chain's others are tied with it or slower. Where ties
+/// chain nowhere, every dropped plan has one that stays and beats it, and nothing changes.
 fn undominated<T: Clone>(group: Vec<(Plan, T)>) -> Vec<(Plan, T)> {
-    let key = |p: &(Plan, T)| (p.0.time.step, p.0.memory.total());
-    let mut kept = Vec::with_capacity(group.len());
-    for (i, p) in group.iter().enumerate() {
-        let (t, m) = key(p);
-        let beaten = group.iter().enumerate().any(|(j, q)| {
-            let (tq, mq) = key(q);
-            // no slower and no larger, and faster (beyond rounding), smaller, or an earlier equal
-            let (tie, faster) = (same_time(tq, t), tq < t && !same_time(tq, t));
-            j != i && (tie || faster) && mq <= m && (faster || mq < m || j < i)
+    let key = |i: usize| (group[i].0.time.step, group[i].0.memory.total());
+    // `q` (time, memory) beats `p` beyond the tolerance: faster and no larger
+    let strictly = |(tq, mq): (f64, f64), (t, m): (f64, f64)| tq < t && !same_time(tq, t) && mq <= m;
+    let mut keep: Vec<bool> = (0..group.len())
+        .map(|i| {
+            let (t, m) = key(i);
+            !(0..group.len()).any(|j| {
+                let (tq, mq) = key(j);
+                // no slower and no larger, and faster (beyond rounding), smaller, or an earlier equal
+                j != i && (same_time(tq, t) && mq <= m && (mq < m || j < i) || strictly((tq, mq), (t, m)))
+            })
+        })
+        .collect();
+    let mut dropped: Vec<usize> = (0..group.len()).filter(|&i| !keep[i]).collect();
+    dropped.sort_by(|&a, &b| key(a).0.total_cmp(&key(b).0).then(key(a).1.total_cmp(&key(b).1)));
+    for i in dropped {
+        let (t, m) = key(i);
+        let beaten = (0..group.len()).any(|j| {
+            let (tq, mq) = key(j);
+            j != i && (strictly((tq, mq), (t, m)) || keep[j] && same_time(tq, t) && mq <= m)
         });
         if !beaten {
-            kept.push(p.clone());
+            keep[i] = true;
         }
     }
-    // ties within the tolerance do not chain transitively (a ~ b ~ c with a faster than c): a
-    // cycle of them could drop every plan, and the fastest, smallest one stays then
-    if kept.is_empty() {
-        if let Some(best) = group
-            .iter()
-            .min_by(|a, b| key(a).0.total_cmp(&key(b).0).then(key(a).1.total_cmp(&key(b).1)))
-        {
-            kept.push(best.clone());
-        }
-    }
-    kept
+    group
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(p, k)| k.then_some(p))
+        .collect()
 }

@@ -1,5 +1,7 @@
-use super::{capped_cut, comparable, divisors, interleaved_cut, same_time};
-use crate::cost::{stage_time, TpComm, UnitTimes};
+use super::{capped_cut, comparable, divisors, interleaved_cut, same_time, undominated, Plan};
+use crate::cost::{stage_time, StepTime, TpComm, UnitTimes};
+use crate::layout::{CommDtype, Layout, Schedule};
+use crate::memory::MemoryBreakdown;
 
 /// The dynamic programme `capped_cut` replaced (`O(pp n^2)`: minutes for a 1000-layer model
 /// across a search), kept to check that the cuts are the same.
@@ -136,4 +138,84 @@ fn times_apart_by_rounding_are_one_time() {
     assert!(same_time(gpipe, one_f_one_b));
     assert!(!same_time(gpipe, gpipe * (1.0 + 1e-9)));
     assert_ne!(comparable(gpipe), comparable(gpipe * (1.0 + 1e-9)));
+}
+
+/// A feasible plan of a 2-stage GPipe layout at `m` micro-batches predicted at `step` seconds
+/// and holding `bytes`.
+fn plan_of(m: usize, step: f64, bytes: f64) -> Plan {
+    Plan {
+        layout: Layout {
+            dp: 1,
+            tp: 1,
+            pp: 2,
+            zero: 0,
+            micro_batches: m,
+            schedule: Schedule::GPipe,
+            recompute: false,
+            comm_dtype: CommDtype::F32,
+            stage_blocks: vec![2, 2],
+        },
+        time: StepTime {
+            step,
+            ..StepTime::default()
+        },
+        tokens_per_second: 1.0 / step,
+        mfu: 0.5,
+        memory: MemoryBreakdown {
+            activations: bytes,
+            ..MemoryBreakdown::default()
+        },
+        peak_stage: 0,
+        feasible: true,
+        reason: None,
+    }
+}
+
+/// Ties within the tolerance chain without being transitive: `c ~ b ~ a` with `a` faster than
+/// `c` beyond it, all of one memory, in the order `c, b, a`. Each is beaten by another (`c` by
+/// the faster `a`, `b` by the tied earlier `c`, `a` by the tied earlier `b`), so the filter
+/// alone keeps none; one plan, the fastest, stays.
+#[test]
+fn a_chain_of_tolerance_ties_keeps_one_plan() {
+    let (a, b, c) = (1.0, 1.0 + 0.8e-12, 1.0 + 1.6e-12);
+    assert!(same_time(a, b) && same_time(b, c) && !same_time(a, c));
+    let group = vec![
+        (plan_of(1, c, 100.0), 0usize),
+        (plan_of(2, b, 100.0), 1),
+        (plan_of(4, a, 100.0), 2),
+    ];
+    let kept = undominated(group);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].1, 2, "the fastest: {kept:?}");
+    assert_eq!(kept[0].0.time.step, a);
+}
+
+/// The same chain beside a slower plan of half the memory, which no plan of the chain beats:
+/// the chain's plans are still dropped by one another, and its fastest plan, which nothing beats
+/// beyond the tolerance, stays beside the slower one (the filter kept only the slower plan, and
+/// the planner's best plan was gone).
+#[test]
+fn a_chain_of_tolerance_ties_keeps_its_fastest_plan_beside_a_smaller_one() {
+    let (a, b, c) = (1.0, 1.0 + 0.8e-12, 1.0 + 1.6e-12);
+    let group = vec![
+        (plan_of(1, c, 100.0), 0usize),
+        (plan_of(2, b, 100.0), 1),
+        (plan_of(4, a, 100.0), 2),
+        (plan_of(8, 2.0, 50.0), 3),
+    ];
+    let kept: Vec<usize> = undominated(group).into_iter().map(|p| p.1).collect();
+    assert_eq!(kept, vec![2, 3]);
+    // a tie the smaller plan wins is no chain: the faster, larger plan is dropped as before
+    let group = vec![(plan_of(1, a, 100.0), 0usize), (plan_of(2, b, 50.0), 1)];
+    let kept: Vec<usize> = undominated(group).into_iter().map(|p| p.1).collect();
+    assert_eq!(kept, vec![1]);
+    // and a plan faster beyond the tolerance and no larger drops every plan of the chain
+    let group = vec![
+        (plan_of(1, c, 100.0), 0usize),
+        (plan_of(2, b, 100.0), 1),
+        (plan_of(4, a, 100.0), 2),
+        (plan_of(8, 0.5, 100.0), 3),
+    ];
+    let kept: Vec<usize> = undominated(group).into_iter().map(|p| p.1).collect();
+    assert_eq!(kept, vec![3]);
 }
