@@ -7,6 +7,23 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::space::Space;
 
+/// A TOML syntax error as one line: `source (line L, column C): message`, where the line and
+/// the column (of characters, both from 1) are where the parser stopped, as in its own report.
+pub(crate) fn syntax_error(source: &str, text: &str, e: &toml::de::Error) -> String {
+    let at = e.span().map(|s| {
+        let mut start = s.start.min(text.len());
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let before = &text[..start];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
+        format!(" (line {line}, column {column})")
+    });
+    let message = e.message().trim().replace('\n', " ");
+    format!("{source}{}: {message}", at.unwrap_or_default())
+}
+
 /// Whether lower or higher values of the metric are better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Goal {
@@ -150,11 +167,9 @@ impl SweepSpec {
     /// base config resolves against `folder`.
     pub fn parse(text: &str, source: &str, stem: &str, folder: &Path) -> Result<SweepSpec> {
         let spec = |msg: String| Error::Spec(format!("{source}: {msg}"));
-        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
-            let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
-            Error::Spec(format!("{source}{at}: {}", e.message().trim().replace('\n', " ")))
-        })?;
+        let doc: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| Error::Spec(syntax_error(source, text, &e)))?;
         if let Some(k) = doc.keys().find(|k| *k != "sweep") {
             return Err(spec(format!(
                 "unknown section or key {k:?} (a sweep file holds [sweep] only)"

@@ -174,8 +174,22 @@ pub fn read_index(ckpt: &Path) -> Result<Index> {
         ));
     }
     index::check(&index).map_err(|e| io(&path, e))?;
+    if index.state.step as u64 > MAX_STEP {
+        return Err(io(
+            &path,
+            format!(
+                "state.step = {} is past {MAX_STEP}, the most steps a run config can give (train.steps); \
+                 the file is damaged or was not written by a run",
+                index.state.step
+            ),
+        ));
+    }
     Ok(index)
 }
+
+/// The largest step a checkpoint may record: `train.steps` is a TOML integer (at most
+/// `i64::MAX`), so no run reaches a later step, and the run store records steps as `i64`.
+pub const MAX_STEP: u64 = i64::MAX as u64;
 
 /// Whole tensors by name.
 pub type Tensors = BTreeMap<String, Tensor>;

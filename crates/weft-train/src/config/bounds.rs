@@ -1,7 +1,8 @@
-//! Upper bounds on the config's sizes: far above any model or job that can run, low enough
-//! that the products the planner, the memory estimate and the layouts form from them (parameters,
-//! activations, ranks) stay inside 64-bit integers, so a mistyped size is refused naming its key
-//! rather than overflowing somewhere later.
+//! Lower and upper bounds on the config's sizes. A classifier's size of 0, or a language model's
+//! vocabulary or context of 0, is refused naming its key. The upper bounds are far above any
+//! model or job that can run, low enough that the products the planner, the memory estimate and
+//! the layouts form from them (parameters, activations, ranks) stay inside 64-bit integers, so a
+//! mistyped size is refused naming its key rather than overflowing somewhere later.
 
 use super::{DataConfig, ModelConfig, RunConfig};
 
@@ -23,8 +24,57 @@ pub(super) fn language_model_bound(key: &str) -> Option<usize> {
     }
 }
 
-/// The first size above its bound, as (key, message).
+/// The first model size that is 0, as (key, message): a model with no features, classes or
+/// tokens is a config mistake, refused here naming the key rather than later by the data
+/// checks, which run before the model is built and would blame the data (a label outside 0
+/// classes, a validation split too short for a window of 0 tokens). A language model's layer,
+/// head and width counts are left to its own check (`validate`), which names the key and runs
+/// before any step, and before a sweep's first trial.
+fn zero_model_size(model: &ModelConfig) -> Option<(String, String)> {
+    let mut sizes: Vec<(String, usize)> = Vec::new();
+    let mut add = |key: &str, v: usize| sizes.push((key.to_string(), v));
+    match model {
+        ModelConfig::Gpt(g) => {
+            add("model.vocab_size", g.vocab_size);
+            add("model.block_size", g.block_size);
+        }
+        ModelConfig::Llama(l) => {
+            add("model.vocab_size", l.vocab_size);
+            add("model.block_size", l.block_size);
+        }
+        ModelConfig::Mlp(m) => {
+            add("model.in_features", m.in_features);
+            for (i, &h) in m.hidden.iter().enumerate() {
+                add(&format!("model.hidden[{i}]"), h);
+            }
+            add("model.out_features", m.out_features);
+        }
+        ModelConfig::Convnet(c) => {
+            add("model.in_channels", c.in_channels);
+            add("model.image_size", c.image_size);
+            if c.channels.is_empty() {
+                return Some((
+                    "model.channels".into(),
+                    "is empty: give at least one stage's channels".into(),
+                ));
+            }
+            for (i, &ch) in c.channels.iter().enumerate() {
+                add(&format!("model.channels[{i}]"), ch);
+            }
+            add("model.num_classes", c.num_classes);
+        }
+    }
+    sizes
+        .into_iter()
+        .find(|(_, v)| *v == 0)
+        .map(|(key, _)| (key, "must be at least 1".into()))
+}
+
+/// The first model size that is 0, else the first size above its bound, as (key, message).
 pub(super) fn check(config: &RunConfig) -> Option<(String, String)> {
+    if let Some(zero) = zero_model_size(&config.model) {
+        return Some(zero);
+    }
     let mut sizes: Vec<(String, usize, usize)> = Vec::new();
     let mut add = |key: &str, v: usize, max: usize| sizes.push((key.to_string(), v, max));
     match &config.model {

@@ -135,11 +135,9 @@ impl RunConfig {
     /// Parses config text; `source` names it in errors, `base_dir` anchors the text's relative
     /// paths.
     pub fn parse(text: &str, source: &str, base_dir: PathBuf, overrides: &Overrides) -> Result<RunConfig> {
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
-            let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
-            Error::Config(format!("{source}{at}: {}", e.message().trim().replace('\n', " ")))
-        })?;
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| Error::Config(syntax_error(source, text, &e)))?;
         overrides.apply(&mut table)?;
         model_from_hf_folder(&mut table, source, &base_dir)?;
         crate::plan_shape::check_auto(&table, source)?;
@@ -476,6 +474,20 @@ impl RunConfig {
             }
             DataConfig::Batches(_) => {}
         }
+        if let DataConfig::Csv(c) = &self.data {
+            // features are f32: a scale they can hold, neither 0 (every feature 0) nor negative
+            let (v, range) = (c.feature_scale, f32::MIN_POSITIVE as f64..=f32::MAX as f64);
+            if !range.contains(&v) {
+                return bad(
+                    "data.feature_scale",
+                    format!(
+                        "{v} must be a positive number that f32 features can hold ({:e} to {:e})",
+                        f32::MIN_POSITIVE,
+                        f32::MAX
+                    ),
+                );
+            }
+        }
         if matches!(self.data, DataConfig::Text(_)) && !lm {
             return bad(
                 "data.kind",
@@ -484,6 +496,23 @@ impl RunConfig {
         }
         Ok(())
     }
+}
+
+/// A TOML syntax error as one line: `source (line L, column C): message`, where the line and
+/// the column (of characters, both from 1) are where the parser stopped, as in its own report.
+fn syntax_error(source: &str, text: &str, e: &toml::de::Error) -> String {
+    let at = e.span().map(|s| {
+        let mut start = s.start.min(text.len());
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let before = &text[..start];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
+        format!(" (line {line}, column {column})")
+    });
+    let message = e.message().trim().replace('\n', " ");
+    format!("{source}{}: {message}", at.unwrap_or_default())
 }
 
 /// `[init] from` naming a Hugging Face checkpoint folder: its `config.json` gives the `[model]`
@@ -552,3 +581,6 @@ fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_dir: &Path) 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -240,11 +240,17 @@ pub(super) fn check_data(config: &RunConfig, data: &Data) -> Result<()> {
     };
     eval(0).map(drop).map_err(|e| {
         Error::Config(format!(
-            "train.eval_every = {}, but the validation split cannot give a batch: {e}; raise data.val_fraction or \
-             set train.eval_every = 0",
-            t.eval_every
+            "train.eval_every = {}, but {}, or set train.eval_every = 0",
+            t.eval_every,
+            no_eval_batch(&e)
         ))
     })
+}
+
+/// Why the validation split gives no batch (`e`, the data's error), with what to change: a
+/// batch larger than the split needs a smaller `data.batch_size` or a larger split.
+pub(super) fn no_eval_batch(e: &dyn std::fmt::Display) -> String {
+    format!("the validation split cannot give a batch: {e}; lower data.batch_size or raise data.val_fraction")
 }
 
 /// The token dataset of a `[data] kind = "tokens"` section: a folder, or an object store read

@@ -52,11 +52,9 @@ pub fn evaluate(config: &RunConfig, ckpt: &Path, batches: Option<usize>) -> Resu
                 .into(),
         )
     })?;
-    eval(0).map(drop).map_err(|e| {
-        Error::Config(format!(
-            "the validation split cannot give a batch: {e}; raise data.val_fraction"
-        ))
-    })?;
+    eval(0)
+        .map(drop)
+        .map_err(|e| Error::Config(super::data::no_eval_batch(&e)))?;
     let extra = serde_json::json!({
         "model": config.model,
         "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),

@@ -287,9 +287,9 @@ impl Pipeline {
             path: file.to_path_buf(),
             source,
         })?;
-        let doc: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| spec(file, e.message().replace('\n', " ")))?;
+        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            Error::Spec(crate::spec::syntax_error(&file.display().to_string(), &text, &e))
+        })?;
         if let Some(k) = doc.keys().find(|k| k.as_str() != "step") {
             return Err(spec(file, format!("unknown key `{k}` (give [[step]] entries)")));
         }

@@ -414,3 +414,17 @@ fn input_bytes_and_reference_values_are_in_the_cache_key() {
     assert_ne!(key("/x"), key("/y"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_syntax_error_names_its_line_and_column() {
+    let e = load(
+        "syntax",
+        "[[step]]\nname = \"t\"\nkind = \"command\"\nargv = [\"true\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("syntax.toml (line 5, column 1): invalid array"), "{e}");
+    let e = load("syntax2", "[[step]]\nname = = \"t\"\n").unwrap_err().to_string();
+    assert!(e.contains("syntax2.toml (line 2, column 8): "), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+}

@@ -216,7 +216,11 @@ fn bad_files_are_one_line_naming_the_key() {
             "grid needs every parameter",
         ),
         (format!("[train]\nsteps = 1\n{head}{PARAMS}"), "unknown section"),
-        ("[sweep\n".to_string(), "(line 1)"),
+        ("[sweep\n".to_string(), "s.toml (line 1, column 7): "),
+        (
+            format!("{head}{PARAMS}x = [1, 2\n"),
+            "s.toml (line 8, column 1): invalid array expected `]`",
+        ),
     ];
     for (text, want) in cases {
         let e = parse(&text).unwrap_err().to_string();

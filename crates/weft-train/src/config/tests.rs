@@ -1,0 +1,114 @@
+//! Run-config refusals: TOML syntax errors with their line and column, model sizes of 0, and
+//! `data.feature_scale`. Each is one line naming the file and the key.
+
+use super::*;
+
+const MLP: &str = "[model]\nkind = \"mlp\"\nin_features = 2\nhidden = [8]\nout_features = 3\n\
+                   activation = \"relu\"\n\n[data]\nkind = \"csv\"\npath = \"d.csv\"\nlabel_column = -1\n\
+                   batch_size = 4\nval_fraction = 0.25\n\n[optim]\nkind = \"adam\"\nlr = 0.01\n\n\
+                   [train]\nsteps = 2\n";
+
+const CONVNET: &str = "[model]\nkind = \"convnet\"\nin_channels = 1\nimage_size = 8\nchannels = [4, 8]\n\
+                       num_classes = 10\n\n[data]\nkind = \"csv\"\npath = \"d.csv\"\nlabel_column = -1\n\
+                       batch_size = 4\nval_fraction = 0.25\n\n[optim]\nkind = \"adam\"\nlr = 0.01\n\n\
+                       [train]\nsteps = 2\n";
+
+const GPT: &str = "[model]\nkind = \"gpt\"\nvocab_size = 128\nblock_size = 16\nn_layer = 2\nn_head = 2\n\
+                   n_embd = 32\nbias = true\ndropout = 0.0\n\n[data]\nkind = \"text\"\npath = \"builtin\"\n\
+                   batch_size = 4\nval_fraction = 0.1\n\n[optim]\nkind = \"adam\"\nlr = 0.01\n\n\
+                   [train]\nsteps = 2\n";
+
+const LLAMA: &str = "[model]\nkind = \"llama\"\nvocab_size = 128\nblock_size = 16\nn_layer = 2\nn_head = 4\n\
+                     n_kv_head = 2\nn_embd = 32\nintermediate_size = 64\n\n[data]\nkind = \"text\"\n\
+                     path = \"builtin\"\nbatch_size = 4\nval_fraction = 0.1\n\n[optim]\nkind = \"adam\"\n\
+                     lr = 0.01\n\n[train]\nsteps = 2\n";
+
+fn parse(text: &str, sets: &[&str]) -> Result<RunConfig> {
+    let overrides = Overrides::set(sets.iter().copied());
+    RunConfig::parse(text, "r.toml", PathBuf::from("."), &overrides)
+}
+
+fn refused(text: &str, sets: &[&str]) -> String {
+    let e = parse(text, sets)
+        .expect_err(&format!("{sets:?} should be refused"))
+        .to_string();
+    assert!(e.contains("r.toml"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+    e
+}
+
+#[test]
+fn a_syntax_error_names_its_line_and_column() {
+    let e = refused("[model]\nkind = \"mlp\"\nhidden = [1, 2\n", &[]);
+    assert!(e.contains("r.toml (line 4, column 1): "), "{e}");
+    assert!(e.contains("invalid array"), "{e}");
+    let e = refused("[train]\nsteps = = 3\n", &[]);
+    assert!(e.contains("(line 2, column 9)"), "{e}");
+    // the column counts characters, not bytes
+    let e = refused("# é\n[train]\nname = \"ü\" x\n", &[]);
+    assert!(e.contains("(line 3, column 12)"), "{e}");
+}
+
+#[test]
+fn model_sizes_of_0_are_refused_naming_their_key() {
+    let cases: [(&str, &[&str]); 4] = [
+        (MLP, &["in_features", "out_features"]),
+        (CONVNET, &["in_channels", "image_size", "num_classes"]),
+        (GPT, &["vocab_size", "block_size"]),
+        (LLAMA, &["vocab_size", "block_size"]),
+    ];
+    for (text, keys) in cases {
+        parse(text, &[]).unwrap();
+        for key in keys {
+            let set = format!("model.{key}=0");
+            let e = refused(text, &[&set]);
+            assert!(e.contains(&format!("model.{key}: must be at least 1")), "{set}: {e}");
+        }
+    }
+    let e = refused(MLP, &["model.hidden=[8, 0]"]);
+    assert!(e.contains("model.hidden[1]: must be at least 1"), "{e}");
+    let e = refused(CONVNET, &["model.channels=[4, 0]"]);
+    assert!(e.contains("model.channels[1]: must be at least 1"), "{e}");
+    let e = refused(CONVNET, &["model.channels=[]"]);
+    assert!(e.contains("model.channels: is empty"), "{e}");
+    // an mlp without hidden layers is a linear model
+    parse(MLP, &["model.hidden=[]"]).unwrap();
+    // a language model's own check names the counts it refuses, before any step
+    for (text, keys) in [
+        (GPT, &["n_layer", "n_head", "n_embd"][..]),
+        (
+            LLAMA,
+            &["n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size"][..],
+        ),
+    ] {
+        for key in keys {
+            let set = format!("model.{key}=0");
+            let c = parse(text, &[&set]).unwrap();
+            let e = match &c.model {
+                ModelConfig::Gpt(g) => g.to_config().validate().unwrap_err(),
+                ModelConfig::Llama(l) => l.to_config().validate().unwrap_err(),
+                _ => unreachable!(),
+            };
+            assert!(
+                e.to_string().contains(&format!("model.{key}: must be positive")),
+                "{set}: {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn feature_scale_is_a_positive_f32() {
+    for v in ["0.0", "-0.0", "-1.0", "nan", "inf", "-inf", "1e39", "1e-39"] {
+        let set = format!("data.feature_scale={v}");
+        let e = refused(MLP, &[&set]);
+        assert!(e.contains("data.feature_scale: "), "{v}: {e}");
+        assert!(e.contains("must be a positive number"), "{v}: {e}");
+    }
+    for v in ["1.0", "0.0625", "1e38", "1e-30"] {
+        let set = format!("data.feature_scale={v}");
+        let c = parse(MLP, &[&set]).unwrap();
+        let DataConfig::Csv(k) = c.data else { panic!("csv") };
+        assert_eq!(k.feature_scale, v.parse::<f64>().unwrap());
+    }
+}
