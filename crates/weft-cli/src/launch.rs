@@ -35,7 +35,8 @@ pub struct LaunchArgs {
     rdzv_last_call: f64,
     /// Elastic jobs: seconds node 0, its workers done, waits to hear from a node still running
     /// before counting it lost (each launcher says it is alive every fifth of this, at most
-    /// every 5 s); at least 1. Give every node the same value.
+    /// every 5 s), and the other nodes wait for node 0's store to answer before counting node
+    /// 0 lost; at least 1. Give every node the same value.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_HEARTBEAT_TIMEOUT.as_secs_f64())]
     rdzv_heartbeat_timeout: f64,
     /// Seconds the workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL

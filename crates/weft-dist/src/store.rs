@@ -281,6 +281,12 @@ impl StoreClient {
                 "the {what} did not answer within {:.0} s (its host hung, or the network to it is cut?)",
                 limit.as_secs_f64()
             )),
+            std::io::ErrorKind::UnexpectedEof
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::BrokenPipe => Error::Io(format!(
+                "the {what} closed the connection (the process serving it exited or was killed)"
+            )),
             _ => io(&what, e),
         };
         let exchanged = (|| -> Result<(u8, Vec<u8>)> {

@@ -42,7 +42,9 @@ pub struct LaunchConfig {
     /// node whose workers still run before it counts the node as lost (default 60 s, at least
     /// 1 s). Every member launcher tells the store it is alive every fifth of this, at most
     /// every 5 s; a node that drops off the network without its connection closing, or whose
-    /// launcher is stopped, falls silent. Give every node the same value.
+    /// launcher is stopped, falls silent. The other nodes' launchers count node 0's as lost
+    /// when its store has not answered for as long (or their connection to it closed). Give
+    /// every node the same value.
     pub heartbeat_timeout: Duration,
     /// This node's rank, `0..nnodes` (default 0). The launcher of node 0 serves the store.
     /// Under elastic membership it only says which node serves the store: each rendezvous round

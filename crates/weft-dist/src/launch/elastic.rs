@@ -9,51 +9,52 @@
 //! - node ranks are the slots in order; the round's workers get `WORLD_SIZE = nodes x
 //!   nproc_per_node` and `WEFT_RESTART_COUNT = k`.
 //! - a launcher whose worker fails writes `failed` (which rank, how) and stops its workers; the
-//!   others see it within [`POLL_ELSEWHERE`] and stop theirs. While restarts are left, every
-//!   survivor joins round `k + 1`. A node that is gone (its launcher killed) writes nothing, but
+//!   others see it within a tenth of a second ([`Watch`]) and stop theirs. While restarts are
+//!   left, every survivor joins round `k + 1`. A node that is gone (its launcher killed) writes nothing, but
 //!   its peers' collectives fail, and their launchers report it.
 //! - a launcher whose workers all exited 0 sets `done/<node rank>`; node 0's launcher waits for
 //!   every node of the round before it stops serving the store. Each member asks the store to
 //!   set `gone/<node rank>` when its connection closes, so a node whose launcher died (killed,
 //!   its machine rebooted) ends that wait: node 0's launcher says so and exits 1. Each member
-//!   also counts up `alive/<node rank>` from a thread of its own ([`Heartbeat`]), so a node that
+//!   also counts up `alive/<node rank>` from a thread of its own ([`Watch`]), so a node that
 //!   drops off the network without its connection closing, or whose launcher is stopped, ends
 //!   the wait too once it has been silent for [`LaunchConfig::heartbeat_timeout`]. While its own
 //!   workers run, node 0's launcher watches the same way ([`Others`]) and fails the round for
 //!   every node when one goes away or falls silent, so the survivors restart without it (a
 //!   stopped or cut-off node's ranks would hold the others' collectives until
 //!   `WEFT_DIST_TIMEOUT`).
+//! - the other launchers watch node 0's in turn, through the same thread: when their store's
+//!   connection closes, or the store has not answered for the heartbeat timeout (their requests
+//!   wait no longer than that for an answer either), node 0's launcher is lost, and with it the
+//!   store: they stop their workers and exit 1, naming it.
+//! - before the first round, each launcher checks its settings against node 0's
+//!   (`meet::check_settings`); one given another `--nproc-per-node` or `--nnodes` (or
+//!   `--max-restarts 0` where node 0's has more) fails the job on every node
+//!   (`weft/launch/fatal`, which every launcher watches), with no restart.
 //! - a worker that stopped on a SIGTERM or SIGINT sent to it ends the job on this node as on a
 //!   single node (`finish_stopping`): no restart, no `failed`.
 //!
 //! Node 0's launcher must outlive the job: it serves the store.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error_files::ErrorFiles;
+use super::meet::{check_settings, connect, node_0_lost, store_addr, JOIN_TIMEOUT};
+use super::watch::{linger, peek, Watch, FATAL, LOOK_EVERY};
 use super::{
-    drain_output, finish_stopping, forward_signal, job_env, report, signal_name, signals, start_all, stop,
-    stop_after_failure, watch, End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
+    drain_output, fail_for_good, finish_stopping, forward_signal, job_env, report, signal_name, signals, start_all,
+    stop, stop_after_failure, watch_workers, End, LaunchConfig, EXIT_FAILED, OUTPUT_GRACE,
 };
 use crate::auth::Token;
 use crate::error::{Error, Result};
 use crate::store::StoreClient;
 
-/// How often a launcher looks for another node's failure while its workers run.
-const POLL_ELSEWHERE: Duration = Duration::from_millis(100);
-/// How long a launcher waits for a round to gather `MIN` nodes, and to connect to the store.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 /// The longest time between two of a member launcher's heartbeats (torchrun's
 /// `keep_alive_interval`).
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 /// How often node 0 looks at the other nodes' heartbeats while its workers run.
 const HEARTBEAT_LOOK: Duration = Duration::from_secs(1);
-/// How long one attempt to connect to the store lasts before the launcher looks at its signals
-/// again.
-const CONNECT_SLICE: Duration = Duration::from_secs(1);
 
 /// One closed round, as this node sees it.
 struct Round {
@@ -66,21 +67,14 @@ enum Joined {
     Member(Round),
     /// The round closed without this node.
     LeftOut(usize),
+    /// The job fails on every node for this reason ([`FATAL`]).
+    Fatal(String),
     /// The launcher received this signal.
     Signal(i32),
 }
 
 fn key(round: u32, what: &str) -> String {
     format!("weft/elastic/{round}/{what}")
-}
-
-/// The value of `key` if some launcher set it (asking the store for at most a millisecond).
-fn peek(store: &StoreClient, key: &str) -> Result<Option<String>> {
-    match store.get(key, Duration::from_millis(1)) {
-        Ok(v) => Ok(Some(String::from_utf8_lossy(&v).into_owned())),
-        Err(Error::Timeout(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 /// Joins round `round` and waits for it to close.
@@ -91,6 +85,9 @@ fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
     loop {
         if let Some(sig) = signals::received() {
             return Ok(Joined::Signal(sig));
+        }
+        if let Some(why) = peek(store, FATAL)? {
+            return Ok(Joined::Fatal(why));
         }
         if let Some(v) = peek(store, &key(round, "closed"))? {
             let nodes: usize = v
@@ -125,29 +122,6 @@ fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
     }
 }
 
-/// Connects to the store at `addr`, trying until [`JOIN_TIMEOUT`]; `Ok(Err(sig))` when the
-/// launcher received signal `sig` meanwhile.
-fn connect(addr: &str, token: &Token) -> Result<std::result::Result<StoreClient, i32>> {
-    let started = Instant::now();
-    loop {
-        if let Some(sig) = signals::received() {
-            return Ok(Err(sig));
-        }
-        match StoreClient::connect(addr, token, CONNECT_SLICE) {
-            Ok(store) => return Ok(Ok(store)),
-            Err(Error::Timeout(_)) if started.elapsed() < JOIN_TIMEOUT => {}
-            Err(Error::Timeout(_)) => {
-                return Err(Error::Timeout(format!(
-                    "could not connect to the store at {addr} within {} s (is node 0's launcher running, and \
-                     --master-addr/--master-port right?)",
-                    JOIN_TIMEOUT.as_secs()
-                )))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Runs this node's part of an elastic job; the launcher's exit code.
 pub(super) fn run(
     cfg: &LaunchConfig,
@@ -156,12 +130,11 @@ pub(super) fn run(
     serves_store: bool,
     errors: &ErrorFiles,
 ) -> Result<i32> {
-    let host = if serves_store {
-        "127.0.0.1"
-    } else {
-        cfg.master_addr.trim()
-    };
-    let store = match connect(&crate::addr::host_port(host, port), token)? {
+    let addr = store_addr(cfg, port, serves_store);
+    let store = match connect(&addr, token)? {
+        // the other nodes wait for node 0's store no longer than the heartbeat timeout: its
+        // silence means node 0's launcher is lost
+        Ok(store) if !serves_store => Arc::new(store.with_reply_timeout(cfg.heartbeat_timeout)),
         Ok(store) => Arc::new(store),
         Err(sig) => {
             weft_core::errln!(
@@ -171,9 +144,14 @@ pub(super) fn run(
             return Ok(128 + sig);
         }
     };
+    let lost = |e| node_0_lost(serves_store, e);
+    if let Some(why) = check_settings(&store, cfg, serves_store).map_err(lost)? {
+        weft_core::errln!("weft launch: job failed: {why}");
+        return Ok(EXIT_FAILED);
+    }
     let mut round = 0u32;
     loop {
-        let r = match join(&store, cfg, round)? {
+        let r = match join(&store, cfg, round).map_err(lost)? {
             Joined::Member(r) => r,
             Joined::Signal(sig) => {
                 weft_core::errln!("weft launch: received {}; not starting the workers", signal_name(sig));
@@ -186,14 +164,25 @@ pub(super) fn run(
                 );
                 return Ok(EXIT_FAILED);
             }
+            Joined::Fatal(why) => {
+                weft_core::errln!("weft launch: job failed: {why}");
+                linger(serves_store);
+                return Ok(EXIT_FAILED);
+            }
         };
         // the store tells the others if this launcher goes away before the round ends
-        store.set_on_close(&key(round, &format!("gone/{}", r.node_rank)))?;
-        // and tells it this launcher is alive until the round ends here
-        let _heartbeat = Heartbeat::start(
+        store
+            .set_on_close(&key(round, &format!("gone/{}", r.node_rank)))
+            .map_err(lost)?;
+        // a thread tells it this launcher is alive until the round ends here, and looks for
+        // what the others say (and, on the other nodes, whether node 0's launcher still answers)
+        let watch = Watch::start(
             store.clone(),
-            key(round, &format!("alive/{}", r.node_rank)),
-            heartbeat_every(cfg.heartbeat_timeout),
+            Some(key(round, "failed")),
+            Some((
+                key(round, &format!("alive/{}", r.node_rank)),
+                heartbeat_every(cfg.heartbeat_timeout),
+            )),
         )?;
         weft_core::errln!(
             "weft launch: rendezvous round {round}: {} node(s), this is node {} (ranks {} to {})",
@@ -209,21 +198,22 @@ pub(super) fn run(
             ..cfg.clone()
         };
         let env = job_env(&node, port, token);
-        let mut next_look = Instant::now();
         // node 0 also watches the other nodes' launchers: one that went away or fell silent
         // before it was done fails the round for every node (their workers' collectives would
         // notice only after WEFT_DIST_TIMEOUT, and not at all between collectives)
         let mut others = serves_store.then(|| Others::new(round, r.nodes, r.node_rank, cfg.heartbeat_timeout));
         let mut next_heartbeat_look = Instant::now() + HEARTBEAT_LOOK;
         let mut elsewhere = || {
-            if Instant::now() < next_look {
-                return None;
+            if let Some(why) = watch.fatal() {
+                return Some(End::Fatal(why));
             }
-            next_look = Instant::now() + POLL_ELSEWHERE;
             // a failure some node reported first is the cause (a node whose worker failed
             // writes it, then its launcher may go away before it is looked at)
-            if let Some(why) = peek(&store, &key(round, "failed")).ok().flatten() {
-                return Some(why);
+            if let Some(why) = watch.failed() {
+                return Some(End::Elsewhere(why));
+            }
+            if !serves_store {
+                return node_0_silent(&watch, &addr, cfg.heartbeat_timeout).map(End::Fatal);
             }
             if let Some(others) = others.as_mut().filter(|_| Instant::now() >= next_heartbeat_look) {
                 next_heartbeat_look = Instant::now() + HEARTBEAT_LOOK;
@@ -235,7 +225,8 @@ pub(super) fn run(
                     if store.add(&key(round, "failed-by"), 1).is_ok_and(|n| n == 1) {
                         let _ = store.set(&key(round, "failed"), why.as_bytes());
                     }
-                    return Some(peek(&store, &key(round, "failed")).ok().flatten().unwrap_or(why));
+                    let why = peek(&store, &key(round, "failed")).ok().flatten().unwrap_or(why);
+                    return Some(End::Elsewhere(why));
                 }
             }
             None
@@ -243,35 +234,40 @@ pub(super) fn run(
         let mut workers = Vec::with_capacity(node.nproc_per_node);
         let end = match start_all(&node, &env, round, errors, &mut workers, &mut elsewhere)? {
             Some(end) => end,
-            None => watch(&mut workers, &mut elsewhere),
+            None => watch_workers(&mut workers, &mut elsewhere),
         };
         let why = match end {
             End::Done => {
-                store.set(&key(round, &format!("done/{}", r.node_rank)), b"1")?;
+                store
+                    .set(&key(round, &format!("done/{}", r.node_rank)), b"1")
+                    .map_err(lost)?;
                 stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
                 drain_output(&mut workers, OUTPUT_GRACE);
                 if let Some(others) = others {
                     // the silences measured while the workers ran go on counting
-                    let lost = wait_for_the_others(&store, round, others);
-                    if let Err(lost) = lost {
-                        let why = lost.describe(round, cfg.heartbeat_timeout);
-                        weft_core::errln!("weft launch: job failed: {why} before its workers finished");
+                    if let Some(why) = wait_for_the_others(&store, round, others) {
+                        weft_core::errln!("weft launch: job failed: {why}");
+                        linger(serves_store);
                         return Ok(EXIT_FAILED);
                     }
-                    return Ok(0);
                 }
                 return Ok(0);
             }
             End::Signal(sig) => return Ok(forward_signal(&node, &mut workers, sig)),
             End::Stopped(first) => return Ok(finish_stopping(&node, &mut workers, first)),
+            End::Fatal(why) => return Ok(fail_for_good(&node, &mut workers, &why, serves_store)),
             End::Failed(first) => {
                 // the other nodes stop their workers while this one stops its own (and then
                 // reads the error files, which may name another rank as the cause)
                 let first_seen = report::first_seen(&workers, first, r.node_rank);
-                store.set(&key(round, "failed"), first_seen.as_bytes())?;
+                let told = store.set(&key(round, "failed"), first_seen.as_bytes()).map_err(lost);
                 let failure = stop_after_failure(&node, &mut workers, first);
-                if round >= cfg.max_restarts || signals::received().is_some() {
+                if told.is_err() || round >= cfg.max_restarts || signals::received().is_some() {
                     weft_core::err!("{}", failure.report(&node, &workers, round));
+                    // node 0's launcher lost: no round can follow
+                    told?;
+                    // (the others read `failed` before node 0's store goes)
+                    linger(serves_store);
                     return Ok(signals::received().map_or(EXIT_FAILED, |sig| 128 + sig));
                 }
                 failure.summary(&workers, Some(r.node_rank))
@@ -284,6 +280,7 @@ pub(super) fn run(
                         "weft launch: job failed: {why}; no restarts left (--max-restarts {})",
                         cfg.max_restarts
                     );
+                    linger(serves_store);
                     return Ok(EXIT_FAILED);
                 }
                 why
@@ -299,49 +296,28 @@ pub(super) fn run(
     }
 }
 
+/// On a node other than node 0: why node 0's launcher counts as lost, if it does (the store's
+/// connection closed, or the store has not answered for `timeout`).
+fn node_0_silent(watch: &Watch, addr: &str, timeout: Duration) -> Option<String> {
+    let (quiet, broken) = watch.store();
+    if let Some(e) = broken {
+        return Some(format!(
+            "lost the launcher with --node-rank 0, which serves the store: {e}"
+        ));
+    }
+    (quiet >= timeout).then(|| {
+        format!(
+            "the launcher with --node-rank 0, which serves the store at {addr}, has not answered for {} s \
+             (--rdzv-heartbeat-timeout; it was stopped, or its node dropped off the network)",
+            timeout.as_secs_f64()
+        )
+    })
+}
+
 /// How often a member launcher says it is alive, for a heartbeat timeout of `timeout`: a fifth
 /// of it, at most [`HEARTBEAT_EVERY`].
 fn heartbeat_every(timeout: Duration) -> Duration {
     (timeout / 5).min(HEARTBEAT_EVERY)
-}
-
-/// A thread that counts up a key of the store every `every` until dropped: a member launcher
-/// telling node 0's that it is alive. It ends on its own when the store cannot be asked (the
-/// launcher's next call to the store fails the same way).
-struct Heartbeat {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Heartbeat {
-    fn start(store: Arc<StoreClient>, key: String, every: Duration) -> Result<Heartbeat> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("weft-heartbeat".into())
-            .spawn(move || {
-                while !stopping.load(Ordering::SeqCst) && store.add(&key, 1).is_ok() {
-                    let next = Instant::now() + every;
-                    while !stopping.load(Ordering::SeqCst) && Instant::now() < next {
-                        std::thread::sleep(Duration::from_millis(20).min(every));
-                    }
-                }
-            })
-            .map_err(|e| crate::error::io("weft launch: cannot start the heartbeat thread", e))?;
-        Ok(Heartbeat {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// Why node 0 counts a node that was not done as lost.
@@ -421,19 +397,28 @@ impl Others {
 
 /// Node 0, its workers done: keeps serving the store until every other node of the round
 /// (`others`, with the silences it measured while the workers ran) is done too (or one failed,
-/// a signal came, or the store cannot be asked). `Err` names a node that went away or fell
-/// silent for the heartbeat timeout before it was done.
-fn wait_for_the_others(store: &StoreClient, round: u32, mut others: Others) -> std::result::Result<(), Lost> {
+/// a signal came, or the store cannot be asked). Returns why the job failed meanwhile: a node
+/// that went away or fell silent for the heartbeat timeout before it was done, or the job's
+/// failure on every node ([`FATAL`]).
+fn wait_for_the_others(store: &StoreClient, round: u32, mut others: Others) -> Option<String> {
     loop {
+        if let Ok(Some(why)) = peek(store, FATAL) {
+            return Some(why);
+        }
         let failed = peek(store, &key(round, "failed"));
         if !matches!(failed, Ok(None)) || signals::received().is_some() {
-            return Ok(());
+            return None;
         }
         match others.look(store) {
             Ok(Ok(true)) => {}
-            Ok(Err(lost)) => return Err(lost),
-            Ok(Ok(false)) | Err(()) => return Ok(()),
+            Ok(Err(lost)) => {
+                return Some(format!(
+                    "{} before its workers finished",
+                    lost.describe(round, others.timeout)
+                ))
+            }
+            Ok(Ok(false)) | Err(()) => return None,
         }
-        std::thread::sleep(POLL_ELSEWHERE);
+        std::thread::sleep(LOOK_EVERY);
     }
 }

@@ -4,7 +4,9 @@
 //! nproc_per_node + local rank), each with the variables [`crate::env`] reads (`RANK`,
 //! `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `MASTER_ADDR`, `MASTER_PORT`,
 //! `WEFT_JOB_TOKEN`, `WEFT_LAUNCHED=1`, `WEFT_RESTART_COUNT`, `WEFT_ERROR_FILE`) on top of its
-//! own environment. The launcher of node 0 serves the rendezvous store for the whole job.
+//! own environment. The launcher of node 0 serves the rendezvous store for the whole job; on
+//! several nodes the launchers first meet there (`meet`: the same settings on every node, each
+//! node rank claimed once) and watch it while the workers run (`watch`).
 //!
 //! Every line a worker writes is forwarded with a `[rank{R}]: ` prefix. When a worker fails
 //! (non-zero exit or a signal), the others are stopped (SIGTERM, SIGKILL after
@@ -26,8 +28,10 @@ mod config;
 mod elastic;
 mod error_files;
 mod limits;
+mod meet;
 mod report;
 mod signals;
+mod watch;
 mod worker;
 
 use std::time::{Duration, Instant, SystemTime};
@@ -73,6 +77,9 @@ enum End {
     Stopped(usize),
     /// Another node's launcher reported a failure (elastic rounds).
     Elsewhere(String),
+    /// The job fails on every node, with no restart: a launcher given other settings than node
+    /// 0's, two given the same node rank, or node 0's launcher (the store) lost.
+    Fatal(String),
 }
 
 /// Runs the job on this node: starts the workers, forwards their output, and watches them until
@@ -129,6 +136,17 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
         drop(store);
         return code;
     }
+    // the launchers of several nodes meet before they start their workers
+    let meeting = if cfg.nnodes > 1 {
+        match meet::meet(cfg, &token, port, store.is_some())? {
+            meet::Met::Go(watch) => Some(watch),
+            meet::Met::Failed => return Ok(EXIT_FAILED),
+            meet::Met::Signal(sig) => return Ok(128 + sig),
+        }
+    } else {
+        None
+    };
+    let mut fatal = || meeting.as_ref().and_then(|w| w.fatal()).map(End::Fatal);
     let env = job_env(cfg, port, &token);
 
     let mut restarts = 0u32;
@@ -138,9 +156,9 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             break 128 + sig;
         }
         let mut workers = Vec::with_capacity(cfg.nproc_per_node);
-        let end = match start_all(cfg, &env, restarts, &errors, &mut workers, &mut || None)? {
+        let end = match start_all(cfg, &env, restarts, &errors, &mut workers, &mut fatal)? {
             Some(end) => end,
-            None => watch(&mut workers, &mut || None),
+            None => watch_workers(&mut workers, &mut fatal),
         };
         match end {
             End::Done => {
@@ -152,7 +170,8 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             }
             End::Signal(sig) => break forward_signal(cfg, &mut workers, sig),
             End::Stopped(first) => break finish_stopping(cfg, &mut workers, first),
-            End::Elsewhere(_) => unreachable!("a single-node watch has no other node"),
+            End::Elsewhere(_) => unreachable!("only rendezvous rounds hear of other nodes' failures"),
+            End::Fatal(why) => break fail_for_good(cfg, &mut workers, &why, store.is_some()),
             End::Failed(first) => {
                 let failure = stop_after_failure(cfg, &mut workers, first);
                 if signals::received().is_none() && restarts < cfg.max_restarts {
@@ -172,6 +191,17 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     };
     drop(store);
     Ok(code)
+}
+
+/// Stops the workers because the job fails on every node for `why` ([`End::Fatal`]) and says
+/// so; the launcher's exit code. Node 0's launcher (`serves_store`) keeps the store a moment
+/// longer, so the other nodes' launchers read why.
+fn fail_for_good(cfg: &LaunchConfig, workers: &mut [Worker], why: &str, serves_store: bool) -> i32 {
+    stop(workers, libc::SIGTERM, cfg.stop_timeout);
+    drain_output(workers, OUTPUT_GRACE);
+    weft_core::errln!("weft launch: job failed: {why}");
+    watch::linger(serves_store);
+    EXIT_FAILED
 }
 
 /// Forwards signal `sig`, which the launcher received, to the workers started so far and waits
@@ -282,15 +312,15 @@ fn start_all(
     restart: u32,
     errors: &ErrorFiles,
     workers: &mut Vec<Worker>,
-    elsewhere: &mut dyn FnMut() -> Option<String>,
+    elsewhere: &mut dyn FnMut() -> Option<End>,
 ) -> Result<Option<End>> {
     let mut next_poll = Instant::now() + POLL;
     for local in 0..cfg.nproc_per_node {
         if let Some(sig) = signals::received() {
             return Ok(Some(End::Signal(sig)));
         }
-        if let Some(why) = elsewhere() {
-            return Ok(Some(End::Elsewhere(why)));
+        if let Some(end) = elsewhere() {
+            return Ok(Some(end));
         }
         if Instant::now() >= next_poll {
             next_poll = Instant::now() + POLL;
@@ -345,14 +375,14 @@ fn first_ended(workers: &mut [Worker]) -> Option<End> {
 }
 
 /// Polls the workers and the signals until every worker exited 0, one failed, a signal came,
-/// or `elsewhere` reports another node's failure.
-fn watch(workers: &mut [Worker], elsewhere: &mut dyn FnMut() -> Option<String>) -> End {
+/// or `elsewhere` says how the attempt ends (another node's failure, the job's).
+fn watch_workers(workers: &mut [Worker], elsewhere: &mut dyn FnMut() -> Option<End>) -> End {
     loop {
         if let Some(sig) = signals::received() {
             return End::Signal(sig);
         }
-        if let Some(why) = elsewhere() {
-            return End::Elsewhere(why);
+        if let Some(end) = elsewhere() {
+            return end;
         }
         if let Some(end) = first_ended(workers) {
             return end;

@@ -1,0 +1,281 @@
+//! How the launchers of a job on several nodes meet on the store that node 0's launcher serves,
+//! before they start their workers (as torchrun's agents do):
+//! - node 0's launcher publishes its settings ([`SETTINGS`]: `--nproc-per-node`, `--nnodes` and
+//!   `--max-restarts`, which decides whether the launchers meet in rendezvous rounds);
+//!   every other launcher compares its own with them, and one given others fails the job on
+//!   every node ([`FATAL`]) with one message naming both values. Its workers would get another
+//!   `WORLD_SIZE` than node 0's, and node 0's would wait for ranks that never come.
+//! - without rendezvous rounds (`launch::elastic`), each launcher claims its `--node-rank`
+//!   (a second launcher given the same one fails the job the same way: the two would start ranks
+//!   with the same numbers) and waits until every node's launcher has come ([`meet`]), so node
+//!   0's launcher, which serves the store, cannot be done and gone before another node's
+//!   launcher reached it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::watch::{linger, peek, set_fatal, Watch, FATAL};
+use super::{signal_name, signals, LaunchConfig};
+use crate::auth::Token;
+use crate::error::{Error, Result};
+use crate::store::StoreClient;
+
+/// Node 0's launcher's settings: `<nproc-per-node> <min nnodes>:<max nnodes> <max restarts>`.
+const SETTINGS: &str = "weft/launch/settings";
+/// How long another launcher waits for node 0's to publish its settings (it does so right after
+/// it starts the store).
+const SETTINGS_WAIT: Duration = Duration::from_secs(10);
+/// Counted up by each launcher that claimed its node rank, without rendezvous rounds.
+const ARRIVED: &str = "weft/launch/arrived";
+/// How long a launcher waits for the others to come, and to connect to the store.
+pub(super) const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long one attempt to connect to the store lasts before the launcher looks at its signals
+/// again.
+const CONNECT_SLICE: Duration = Duration::from_secs(1);
+
+/// Connects to the store at `addr`, trying until [`JOIN_TIMEOUT`]; `Ok(Err(sig))` when the
+/// launcher received signal `sig` meanwhile.
+pub(super) fn connect(addr: &str, token: &Token) -> Result<std::result::Result<StoreClient, i32>> {
+    let started = Instant::now();
+    loop {
+        if let Some(sig) = signals::received() {
+            return Ok(Err(sig));
+        }
+        match StoreClient::connect(addr, token, CONNECT_SLICE) {
+            Ok(store) => return Ok(Ok(store)),
+            Err(Error::Timeout(_)) if started.elapsed() < JOIN_TIMEOUT => {}
+            Err(Error::Timeout(_)) => {
+                return Err(Error::Timeout(format!(
+                    "could not connect to the store at {addr} within {} s (is node 0's launcher running, and \
+                     --master-addr/--master-port right?)",
+                    JOIN_TIMEOUT.as_secs()
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The store's address as this launcher reaches it: node 0's own on loopback.
+pub(super) fn store_addr(cfg: &LaunchConfig, port: u16, serves_store: bool) -> String {
+    let host = if serves_store {
+        "127.0.0.1"
+    } else {
+        cfg.master_addr.trim()
+    };
+    crate::addr::host_port(host, port)
+}
+
+/// An error of this launcher's store, which node 0's launcher serves, said as losing that
+/// launcher (on node 0 itself, `e` as it is).
+pub(super) fn node_0_lost(serves_store: bool, e: Error) -> Error {
+    match e {
+        Error::Io(m) if !serves_store => Error::Io(format!(
+            "lost the launcher with --node-rank 0, which serves the store: {m}"
+        )),
+        e => e,
+    }
+}
+
+fn settings(cfg: &LaunchConfig) -> String {
+    format!(
+        "{} {}:{} {}",
+        cfg.nproc_per_node, cfg.min_nnodes, cfg.nnodes, cfg.max_restarts
+    )
+}
+
+/// `--nnodes` as it was given: `N`, or `MIN:MAX`.
+fn nnodes_text(min: &str, max: &str) -> String {
+    if min == max {
+        max.to_string()
+    } else {
+        format!("{min}:{max}")
+    }
+}
+
+/// Node 0's launcher publishes its settings; another compares its own with them. `Ok(Some(why))`
+/// when they differ: the job then fails on every node ([`FATAL`] is set).
+pub(super) fn check_settings(store: &StoreClient, cfg: &LaunchConfig, serves_store: bool) -> Result<Option<String>> {
+    if serves_store {
+        store.set(SETTINGS, settings(cfg).as_bytes())?;
+        return Ok(None);
+    }
+    let theirs = match store.get(SETTINGS, SETTINGS_WAIT) {
+        Ok(v) => String::from_utf8_lossy(&v).into_owned(),
+        Err(Error::Timeout(_)) => {
+            return Err(Error::Io(format!(
+                "the launcher with --node-rank 0 did not publish its settings in the store within {} s (run the \
+                 same weft on every node)",
+                SETTINGS_WAIT.as_secs()
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    let parts = |s: &str| -> Option<(String, String, String)> {
+        let mut words = s.split(' ');
+        let (nproc, nodes, restarts) = (words.next()?, words.next()?, words.next()?);
+        let (min, max) = nodes.split_once(':')?;
+        Some((nproc.into(), nnodes_text(min, max), restarts.into()))
+    };
+    let (Some(t), Some(m)) = (parts(&theirs), parts(&settings(cfg))) else {
+        return Err(Error::Io(format!(
+            "the launcher with --node-rank 0 published malformed settings {theirs:?} (run the same weft on every node)"
+        )));
+    };
+    // --max-restarts decides whether the launchers meet in rendezvous rounds (with a fixed
+    // --nnodes): 0 on one node and more on another would leave each waiting for the other
+    let rounds = |s: &(String, String, String)| s.1.contains(':') || s.2 != "0";
+    let (flag, this, node_0, need) = if t.0 != m.0 {
+        ("--nproc-per-node", m.0, t.0, "the same --nproc-per-node")
+    } else if t.1 != m.1 {
+        ("--nnodes", m.1, t.1, "the same --nnodes")
+    } else if rounds(&t) != rounds(&m) {
+        (
+            "--max-restarts",
+            m.2,
+            t.2,
+            "--max-restarts 0, or every node one above 0",
+        )
+    } else {
+        return Ok(None);
+    };
+    let why = format!(
+        "the launcher with --node-rank {} (at {}) was given {flag} {this}, but node 0's launcher {flag} {node_0}: \
+         every node of a job must be given {need}",
+        cfg.node_rank,
+        store.local_ip()
+    );
+    set_fatal(store, &why)?;
+    Ok(Some(why))
+}
+
+/// How meeting the other launchers ended.
+pub(super) enum Met {
+    /// Every node's launcher came with the same settings: start the workers. The watch says
+    /// when the job fails elsewhere for good ([`FATAL`]).
+    Go(Watch),
+    /// The job failed (said on stderr).
+    Failed,
+    /// The launcher received this signal (said on stderr).
+    Signal(i32),
+}
+
+/// Without rendezvous rounds: claims this node's rank, checks the settings, and waits until the
+/// launchers of all `--nnodes` nodes have come.
+pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bool) -> Result<Met> {
+    let addr = store_addr(cfg, port, serves_store);
+    let store = match connect(&addr, token)? {
+        Ok(store) => Arc::new(store),
+        Err(sig) => {
+            weft_core::errln!(
+                "weft launch: received {} while waiting for the store; not starting the workers",
+                signal_name(sig)
+            );
+            return Ok(Met::Signal(sig));
+        }
+    };
+    let lost = |e| node_0_lost(serves_store, e);
+    let failed = |why: String| {
+        weft_core::errln!("weft launch: job failed: {why}");
+        Ok(Met::Failed)
+    };
+    let me = cfg.node_rank;
+    // a launcher that claimed the rank before and is gone (stopped while it waited here, to be
+    // started again) leaves it to the next
+    let n = store.add(&claim(me), 1).map_err(lost)?;
+    store.set_on_close(&left(me, n)).map_err(lost)?;
+    let mut before = None;
+    for k in 1..n {
+        if peek(&store, &left(me, k)).map_err(lost)?.is_none() {
+            before = Some(k);
+            break;
+        }
+    }
+    if before.is_some() {
+        let why = format!(
+            "two launchers were given --node-rank {me} (the second at {}): every node of a job needs its own \
+             --node-rank, 0 to {}",
+            store.local_ip(),
+            cfg.nnodes - 1
+        );
+        set_fatal(&store, &why).map_err(lost)?;
+        return failed(why);
+    }
+    if let Some(why) = check_settings(&store, cfg, serves_store).map_err(lost)? {
+        return failed(why);
+    }
+    if store.add(&format!("{}/arrived", claim(me)), 1).map_err(lost)? == 1 {
+        store.add(ARRIVED, 1).map_err(lost)?;
+    }
+    let started = Instant::now();
+    loop {
+        if let Some(sig) = signals::received() {
+            weft_core::errln!(
+                "weft launch: received {} while waiting for the other nodes; not starting the workers",
+                signal_name(sig)
+            );
+            return Ok(Met::Signal(sig));
+        }
+        if let Some(why) = peek(&store, FATAL).map_err(lost)? {
+            linger(serves_store);
+            return failed(why);
+        }
+        if store.add(ARRIVED, 0).map_err(lost)? >= cfg.nnodes as i64 {
+            return Ok(Met::Go(Watch::start(store, None, None)?));
+        }
+        if started.elapsed() > JOIN_TIMEOUT {
+            let mut missing = Vec::new();
+            for node in 0..cfg.nnodes {
+                if peek(&store, &claim(node)).map_err(lost)?.is_none() {
+                    missing.push(node);
+                }
+            }
+            return Err(Error::Timeout(format!(
+                "the launchers of {} did not come within {} s (is every node started, with the same \
+                 --master-addr, --master-port and WEFT_JOB_TOKEN?)",
+                nodes_text(&missing),
+                JOIN_TIMEOUT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The key a launcher counts up to claim node rank `node`.
+fn claim(node: usize) -> String {
+    format!("weft/launch/node/{node}")
+}
+
+/// Set by the store when the connection of the `n`th launcher that claimed node rank `node`
+/// closes.
+fn left(node: usize, n: i64) -> String {
+    format!("weft/launch/node/{node}/left/{n}")
+}
+
+/// `node 3`, `nodes 1, 2 and 3`, or the first 8 and how many more.
+fn nodes_text(nodes: &[usize]) -> String {
+    let shown: Vec<String> = nodes.iter().take(8).map(|n| n.to_string()).collect();
+    match nodes.len() {
+        0 => "some nodes".into(),
+        1 => format!("node {}", shown[0]),
+        n if n > 8 => format!("nodes {} and {} more", shown.join(", "), n - 8),
+        _ => {
+            let last = shown.last().cloned().unwrap_or_default();
+            format!("nodes {} and {last}", shown[..shown.len() - 1].join(", "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_nodes_are_named_in_one_short_line() {
+        assert_eq!(nodes_text(&[]), "some nodes");
+        assert_eq!(nodes_text(&[3]), "node 3");
+        assert_eq!(nodes_text(&[1, 2, 3]), "nodes 1, 2 and 3");
+        let many: Vec<usize> = (1..100).collect();
+        assert_eq!(nodes_text(&many), "nodes 1, 2, 3, 4, 5, 6, 7, 8 and 91 more");
+    }
+}
