@@ -5,12 +5,14 @@ Build first (`cargo build --release`), then from the repository root, with a Pyt
 transformers and safetensors:
 
     python3 tools/bench/compare_llama_step.py [--threads 2] [--repeat 3] [--steps 20]
-                                              [--weft target/release/weft]
+                                              [--weft target/release/weft] [--precision bf16]
 
 Model: vocab 512, block_size (T) 256, 4 layers, n_embd 256, 8 heads, 4 key/value heads
 (grouped-query attention), intermediate size 688, untied, float32; batch 8. AdamW (lr 1e-3, betas
 (0.9, 0.95), weight decay 0.1 on parameters with dim >= 2), gradient clipping to 1.0, constant lr.
-transformers runs with attn_implementation "sdpa" (its default; not compiled).
+transformers runs with attn_implementation "sdpa" (its default; not compiled). With
+`--precision bf16` the forward and loss run under `torch.autocast("cpu", dtype=torch.bfloat16)`
+and weft's run under `train.precision = "bf16"` (f32 parameters and optimizer on both sides).
 
 Each repeat runs this script's --torch side in a fresh process (3 warm-up steps, then --steps
 timed steps: zero_grad, forward, loss, backward, clipping, optimizer step, loss.item()), which
@@ -68,7 +70,7 @@ metrics = "metrics.jsonl"
 """
 
 
-def torch_side(workdir, threads, steps):
+def torch_side(workdir, threads, steps, precision="f32"):
     import torch
     import torch.nn.functional as F
     from safetensors.torch import save_file
@@ -101,8 +103,9 @@ def torch_side(workdir, threads, steps):
     def step(it):
         opt.zero_grad(set_to_none=True)
         b = it % N_BATCHES
-        logits = model(input_ids=inputs[b]).logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets[b].view(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(input_ids=inputs[b]).logits
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets[b].view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -118,9 +121,9 @@ def torch_side(workdir, threads, steps):
     print(json.dumps({"median_ms": statistics.median(times), "torch_version": torch.__version__}))
 
 
-def torch_step(workdir, threads, steps):
+def torch_step(workdir, threads, steps, precision):
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-side", workdir, "--threads", str(threads),
-           "--steps", str(steps)]
+           "--steps", str(steps), "--precision", precision]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["median_ms"]
 
@@ -142,25 +145,28 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--weft", default=os.path.join(ROOT, "target", "release", "weft"))
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--torch-side", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_side:
-        torch_side(args.torch_side, args.threads, args.steps)
+        torch_side(args.torch_side, args.threads, args.steps, args.precision)
         return
     work = tempfile.mkdtemp(prefix="weft-llama-step-")
     model = "\n".join(f"{k} = {json.dumps(v)}" for k, v in CFG.items())
     with open(os.path.join(work, "llama_step.toml"), "w") as f:
         f.write(TOML.format(model=model, steps=WARMUP + args.steps))
+        if args.precision == "bf16":
+            f.write('precision = "bf16"\n')
     torch_ms, weft_ms = [], []
     # the torch side writes the weights and batches weft reads: even repeats (the first among
     # them) run it first
     for r in range(args.repeat):
         if r % 2 == 0:
-            torch_ms.append(torch_step(work, args.threads, args.steps))
+            torch_ms.append(torch_step(work, args.threads, args.steps, args.precision))
             weft_ms.append(weft_step(args.weft, work, args.threads))
         else:
             weft_ms.append(weft_step(args.weft, work, args.threads))
-            torch_ms.append(torch_step(work, args.threads, args.steps))
+            torch_ms.append(torch_step(work, args.threads, args.steps, args.precision))
         print(f"[{r + 1}/{args.repeat}] torch {torch_ms[-1]:.1f} ms, weft {weft_ms[-1]:.1f} ms", file=sys.stderr)
     t, w = statistics.median(torch_ms), statistics.median(weft_ms)
     print("| threads | torch eager median ms | weft median ms | weft / torch |")

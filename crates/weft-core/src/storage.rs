@@ -176,10 +176,18 @@ impl CpuStorage {
         }
         let n = self.len();
         Ok(match (self, dtype) {
-            (CpuStorage::BF16(v), DType::F32) => CpuStorage::F32(alloc::collect(op, n, v.iter().map(|x| x.to_f32()))?),
+            (CpuStorage::BF16(v), DType::F32) => {
+                let mut out = alloc::uninit(op, n)?;
+                crate::cpu::convert::widen_to_f32(v, &mut out);
+                // SAFETY: the conversion wrote every element.
+                CpuStorage::F32(unsafe { crate::cpu::assume_init(out) })
+            }
             (CpuStorage::F16(v), DType::F32) => CpuStorage::F32(alloc::collect(op, n, v.iter().map(|x| x.to_f32()))?),
             (CpuStorage::F32(v), DType::BF16) => {
-                CpuStorage::BF16(alloc::collect(op, n, v.iter().map(|&x| bf16::from_f32(x)))?)
+                let mut out = alloc::uninit(op, n)?;
+                crate::cpu::convert::narrow_to_bf16(v, &mut out);
+                // SAFETY: the conversion wrote every element.
+                CpuStorage::BF16(unsafe { crate::cpu::assume_init(out) })
             }
             (CpuStorage::F32(v), DType::F16) => {
                 CpuStorage::F16(alloc::collect(op, n, v.iter().map(|&x| f16::from_f32(x)))?)

@@ -52,7 +52,7 @@ fn chunk_len(len: usize) -> usize {
 }
 
 /// Splits `dst` (and the matching `src` ranges) into chunks for the pool when large.
-fn par_chunks2<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&[A], &mut [B]) + Sync) {
+pub(super) fn par_chunks2<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&[A], &mut [B]) + Sync) {
     if dst.len() < PARALLEL_THRESHOLD {
         f(src, dst);
         return;

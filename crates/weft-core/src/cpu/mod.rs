@@ -2,7 +2,9 @@
 //! dtypes, make inputs contiguous, and call these.
 
 pub mod attention;
+pub mod bf16_gemm;
 pub mod conv;
+pub mod convert;
 pub mod elementwise;
 pub mod f32_view;
 pub mod lanes;

@@ -119,6 +119,20 @@ impl Tensor {
 pub(super) fn forward(inputs: &[&Tensor], act: Option<UnaryOp>) -> Result<Vec<Tensor>> {
     let x = inputs[0];
     let outs = match x.dtype() {
+        // bf16 operands read as they are where the CPU multiplies bf16 pairs natively; the bias
+        // is added in f32 and the sum rounded once, as below
+        DType::BF16 if crate::cpu::bf16_gemm::available() && act.is_none() && inputs.len() == 3 => {
+            let bias = to_compute("linear", inputs[2])?;
+            let bias = bias.contig::<f32>("linear")?;
+            let y = linear_with::<half::bf16, f32>(x, inputs[1], &bias, None, None, |m, n, k, d, a, b, post| {
+                // SAFETY: the kernel is available (checked above); `linear_with` hands over
+                // operands and an output valid for these sizes and strides.
+                unsafe { crate::cpu::bf16_gemm::gemm_parallel_then(m, n, k, d, a, b, post) }
+            })?;
+            y.into_iter()
+                .map(|t| super::elementwise::back_to("linear", t, DType::BF16))
+                .collect::<Result<_>>()?
+        }
         DType::F32 => linear_typed::<f32>(inputs, act)?,
         DType::F64 => linear_typed::<f64>(inputs, act)?,
         DType::BF16 | DType::F16 => {
@@ -143,29 +157,59 @@ fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
     inputs: &[&Tensor],
     act: Option<UnaryOp>,
 ) -> Result<Vec<Tensor>> {
-    let (x, w, bias) = (inputs[0], inputs[1], inputs[2]);
+    let row = inputs[2].contig::<T>("linear")?;
+    let one = T::from_f64(1.0);
+    linear_with::<T, T>(
+        inputs[0],
+        inputs[1],
+        &row,
+        inputs.get(3).copied(),
+        act,
+        |m, n, k, d, a, b, post| {
+            // SAFETY: `linear_with` hands over operands and an output valid for these sizes and
+            // strides.
+            unsafe { gemm_parallel_then(m, n, k, d, a, b, one, one, post) }
+        },
+    )
+}
+
+/// A block's finishing pass, handed to the product of [`linear_with`].
+type Post<'a, T> = &'a (dyn Fn(Block<T>) + Sync);
+
+/// `act(x [M, K] @ w [N, K]^T + row) (+ residual [M, N])`: operands of element type `I`, the
+/// product, the bias `row`, the activation and the residual in `T`;
+/// `product(m, n, k, dst, a, b, post)` overwrites `dst` and runs `post` on each block it
+/// finishes. Returns the result and, with an `act`, the pre-activation.
+#[allow(clippy::type_complexity)]
+fn linear_with<I: StorageElement + Send + Sync, T: Float + StorageElement + Default + Send + Sync>(
+    x: &Tensor,
+    w: &Tensor,
+    row: &[T],
+    residual_input: Option<&Tensor>,
+    act: Option<UnaryOp>,
+    product: impl Fn(usize, usize, usize, MatMut<T>, MatRef<I>, MatRef<I>, Post<'_, T>),
+) -> Result<Vec<Tensor>> {
     let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[0]);
-    let row = bias.contig::<T>("linear")?;
-    let residual = inputs.get(3).map(|r| r.contig::<T>("linear")).transpose()?;
+    let residual = residual_input.map(|r| r.contig::<T>("linear")).transpose()?;
     let (lx, lw) = (x.layout(), w.layout());
     let (gx, gw) = (x.storage().read(), w.storage().read());
     let (sx, sw) = (
-        strided_slice::<T>("linear", x, &gx)?,
-        strided_slice::<T>("linear", w, &gw)?,
+        strided_slice::<I>("linear", x, &gx)?,
+        strided_slice::<I>("linear", w, &gw)?,
     );
     let mn = crate::shape::checked_numel("linear", &[m, n])?;
     if m == 0 || n == 0 || k == 0 {
         // no product: the bias (and the rest) through the unfused ops
         let mut pre: Vec<T> = crate::alloc::with_capacity("linear", mn)?;
         for _ in 0..m {
-            pre.extend_from_slice(&row);
+            pre.extend_from_slice(row);
         }
         let pre = Tensor::from_vec(pre, &[m, n])?;
         let y = match act {
             Some(a) => super::apply_multi(Op::Unary(a), &[&pre])?.remove(0),
             None => pre.clone(),
         };
-        let y = match inputs.get(3) {
+        let y = match residual_input {
             Some(r) => super::apply_multi(Op::Binary(crate::op::BinaryOp::Add), &[&y, r])?.remove(0),
             None => y,
         };
@@ -175,7 +219,6 @@ fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
     // buffers start uninitialized.
     let mut pre = crate::alloc::uninit::<T>("linear", mn)?;
     let mut out = crate::alloc::uninit::<T>("linear", if act.is_some() { mn } else { 0 })?;
-    let one = T::from_f64(1.0);
     let dst = MatMut {
         ptr: pre.as_mut_ptr() as *mut T,
         row_stride: n as isize,
@@ -222,8 +265,8 @@ fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
             }
         }
     };
-    // SAFETY: the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N.
-    unsafe { gemm_parallel_then(m, n, k, dst, a, b, one, one, post) };
+    // the layouts describe valid [M, K] and [N, K] views of their storages; dst is M x N
+    product(m, n, k, dst, a, b, &post);
     // SAFETY: every element of `pre` was written by the gemm, and of `out` by the activation.
     let pre = Tensor::from_vec(unsafe { crate::cpu::assume_init(pre) }, &[m, n])?;
     Ok(match act {

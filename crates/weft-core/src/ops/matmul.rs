@@ -65,6 +65,15 @@ pub(super) fn forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let out = match a.dtype() {
         DType::F32 => matmul_typed::<f32>(a, b, 1.0)?,
         DType::F64 => matmul_typed::<f64>(a, b, 1.0)?,
+        // bf16 operands read as they are where the CPU multiplies bf16 pairs natively
+        DType::BF16 if crate::cpu::bf16_gemm::available() => {
+            let r = matmul_with::<half::bf16, f32>(a, b, |m, n, k, d, a, b| {
+                // SAFETY: the kernel is available (checked above); `matmul_with` hands over
+                // operands and an output valid for these sizes and strides.
+                unsafe { crate::cpu::bf16_gemm::gemm_parallel(m, n, k, d, a, b) }
+            })?;
+            super::elementwise::back_to("matmul", r, DType::BF16)?
+        }
         DType::BF16 | DType::F16 => {
             let r = matmul_typed::<f32>(&to_compute("matmul", a)?, &to_compute("matmul", b)?, 1.0)?;
             super::elementwise::back_to("matmul", r, a.dtype())?
@@ -84,6 +93,20 @@ impl<T> SendPtr<T> {
 }
 
 fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tensor, one: T) -> Result<Tensor> {
+    matmul_with::<T, T>(a, b, |m, n, k, d, a, b| {
+        // SAFETY: `matmul_with` hands over operands and an output valid for these sizes and
+        // strides.
+        unsafe { gemm_parallel(m, n, k, d, a, b, one, one) }
+    })
+}
+
+/// `a @ b` with operands of element type `I` into a new tensor of `O`, each matrix of the
+/// (broadcast) batch through `product(m, n, k, dst, a, b)`, which overwrites `dst`.
+fn matmul_with<I: StorageElement + Send + Sync, O: StorageElement + Send + Sync>(
+    a: &Tensor,
+    b: &Tensor,
+    product: impl Fn(usize, usize, usize, MatMut<O>, MatRef<I>, MatRef<I>) + Sync,
+) -> Result<Tensor> {
     let (ra, rb) = (a.rank(), b.rank());
     let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
     let batch = broadcast_shapes("matmul", &a.shape()[..ra - 2], &b.shape()[..rb - 2])?;
@@ -112,40 +135,42 @@ fn matmul_typed<T: StorageElement + Default + Send + Sync>(a: &Tensor, b: &Tenso
     let flops = m.saturating_mul(n).saturating_mul(k);
     // Every element is written by the gemm (it does not read dst), so the buffer starts
     // uninitialized: zeroing 4 MiB costs ~3% of a 1024^3 product.
-    let mut out = crate::alloc::uninit::<T>("matmul", checked_numel("matmul", &shape)?)?;
+    let mut out = crate::alloc::uninit::<O>("matmul", checked_numel("matmul", &shape)?)?;
     if empty {
-        out.iter_mut().for_each(|v| *v = std::mem::MaybeUninit::new(T::zero()));
+        out.iter_mut().for_each(|v| *v = std::mem::MaybeUninit::new(O::zero()));
     }
     let (ga, gb) = (a.storage().read(), b.storage().read());
     let (sa, sb) = (
-        strided_slice::<T>("matmul", a, &ga)?,
-        strided_slice::<T>("matmul", b, &gb)?,
+        strided_slice::<I>("matmul", a, &ga)?,
+        strided_slice::<I>("matmul", b, &gb)?,
     );
     let (pa, pb) = (SendPtr(sa.as_ptr()), SendPtr(sb.as_ptr()));
     let (ars, acs) = (la.strides[la.rank() - 2] as isize, la.strides[la.rank() - 1] as isize);
     let (brs, bcs) = (lb.strides[lb.rank() - 2] as isize, lb.strides[lb.rank() - 1] as isize);
     // each product splits across the pool unless it is small or one of a batch already spread
     // over the pool (`gemm_parallel` decides)
-    let run = |i: usize, dst: &mut [std::mem::MaybeUninit<T>]| {
+    let run = |i: usize, dst: &mut [std::mem::MaybeUninit<O>]| {
         let d = MatMut {
-            ptr: dst.as_mut_ptr() as *mut T,
+            ptr: dst.as_mut_ptr() as *mut O,
             row_stride: n as isize,
             accumulate: false,
         };
         // SAFETY: offsets and strides come from layouts validated against the storage sizes.
-        unsafe {
-            let a = MatRef {
-                ptr: pa.get().add(oa[i]),
-                row_stride: ars,
-                col_stride: acs,
-            };
-            let b = MatRef {
-                ptr: pb.get().add(ob[i]),
-                row_stride: brs,
-                col_stride: bcs,
-            };
-            gemm_parallel(m, n, k, d, a, b, one, one)
-        }
+        let (a, b) = unsafe {
+            (
+                MatRef {
+                    ptr: pa.get().add(oa[i]),
+                    row_stride: ars,
+                    col_stride: acs,
+                },
+                MatRef {
+                    ptr: pb.get().add(ob[i]),
+                    row_stride: brs,
+                    col_stride: bcs,
+                },
+            )
+        };
+        product(m, n, k, d, a, b)
     };
     if empty {
         // empty product: zeros, written above

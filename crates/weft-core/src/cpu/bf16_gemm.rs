@@ -1,0 +1,357 @@
+//! Matrix products of bf16 operands into f32, on CPUs with AVX-512 BF16 (`vdpbf16ps`: 16 lanes,
+//! each adding two products of bf16 pairs to an f32 accumulator per instruction, twice the
+//! multiply-adds of an f32 fused multiply-add of the same width).
+//!
+//! Without it, a bf16 product converts both operands to f32 and runs the f32 `gemm`
+//! (`crate::ops::matmul`); with it, the operands are read as they are, packed in pairs along the
+//! inner dimension (BLIS's packing, Van Zee and van de Geijn, "BLIS: A Framework for Rapidly
+//! Instantiating BLAS Functionality", TOMS 2015), and multiplied by an 8 x 32 microkernel. The
+//! products of two bf16 values are exact in f32, and each is added to its accumulator with one
+//! rounding, as an f32 fused multiply-add of the converted operands would be; what differs is the
+//! order of the additions (pairs `2p + 1` then `2p` of each block of [`KC`], blocks in order) and
+//! that the instruction treats subnormal inputs as zero and flushes subnormal results to zero,
+//! as PyTorch's CPU bf16 products (oneDNN) do on the same instruction.
+
+use super::matmul::{Block, MatMut, MatRef};
+use half::bf16;
+
+/// Rows of the microkernel's tile.
+const MR: usize = 8;
+/// Columns of the microkernel's tile (two vectors of 16 f32 lanes).
+const NR: usize = 32;
+/// Inner-dimension elements per packed block (an even number: 128 pairs; a packed column panel
+/// of B is then `KC / 2 x NR` pairs, 16 KiB, half this core's L1 data cache).
+const KC: usize = 256;
+/// Rows of A packed at once (`MC x KC` bf16, 64 KiB, in L2).
+const MC: usize = 128;
+/// Products of fewer multiply-adds than this run on the calling thread.
+const PARALLEL_MIN: usize = 1 << 15;
+
+/// Whether this CPU runs the native kernel (AVX-512 F and BF16), checked once.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+struct SyncPtrs(*mut f32, *const bf16, *const bf16);
+// SAFETY: the pointers are only used for disjoint output blocks (see `gemm_parallel_then`).
+unsafe impl Send for SyncPtrs {}
+unsafe impl Sync for SyncPtrs {}
+
+/// `dst[M, N] (=|+=) a[M, K] @ b[K, N]`, bf16 operands and an f32 result, on the compute pool:
+/// one block of rows (or of columns, when there are fewer rows than columns) per thread, then
+/// `then(block)` on each block right after its product (as [`super::matmul::gemm_parallel_then`]).
+/// A small product, or one started inside a pool task, runs on the calling thread.
+///
+/// # Safety
+/// [`available`] must be true. `dst` must be valid for writes of an `m x n` matrix at its stride,
+/// and `a`/`b` valid for every strided read of an `m x k` / `k x n` matrix.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_parallel_then(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<f32>,
+    a: MatRef<bf16>,
+    b: MatRef<bf16>,
+    then: impl Fn(Block<f32>) + Sync,
+) {
+    debug_assert!(available());
+    let threads = super::threads::num_threads();
+    let (along_rows, pieces) = if super::pool::in_task() || m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN {
+        (true, 1)
+    } else {
+        (m >= n, threads.min(m.max(n) / 16).max(1))
+    };
+    let len = if along_rows { m } else { n };
+    // whole tiles per piece where there are enough of them
+    let tile = if along_rows { MR } else { NR };
+    let chunk = len.div_ceil(pieces).next_multiple_of(tile).min(len.max(1));
+    let ptrs = SyncPtrs(dst.ptr, a.ptr, b.ptr);
+    super::pool::run(len.div_ceil(chunk.max(1)), |p| {
+        let ptrs = &ptrs;
+        let start = p * chunk;
+        let size = chunk.min(len.saturating_sub(start));
+        if size == 0 {
+            return;
+        }
+        let ((row0, rows), (col0, cols)) = if along_rows {
+            ((start, size), (0, n))
+        } else {
+            ((0, m), (start, size))
+        };
+        // SAFETY: each piece writes a disjoint block of rows (or columns) of dst; the offsets
+        // stay inside the operands the caller vouched for.
+        unsafe {
+            let d = MatMut {
+                ptr: ptrs.0.offset(row0 as isize * dst.row_stride + col0 as isize),
+                ..dst
+            };
+            let ap = MatRef {
+                ptr: ptrs.1.offset(row0 as isize * a.row_stride),
+                ..a
+            };
+            let bp = MatRef {
+                ptr: ptrs.2.offset(col0 as isize * b.col_stride),
+                ..b
+            };
+            gemm(rows, cols, k, d, ap, bp);
+            then(Block {
+                ptr: d.ptr,
+                row_stride: dst.row_stride,
+                rows,
+                col0,
+                cols,
+            });
+        }
+    });
+}
+
+/// [`gemm_parallel_then`] with nothing after each block.
+///
+/// # Safety
+/// As [`gemm_parallel_then`].
+pub unsafe fn gemm_parallel(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf16>, b: MatRef<bf16>) {
+    // SAFETY: as the caller promises.
+    unsafe { gemm_parallel_then(m, n, k, dst, a, b, |_| {}) }
+}
+
+/// Packs lines `i0..i0 + count` of `mat` (an `[lines, k]` matrix: the rows of A, or the columns
+/// of B read as the rows of B^T), inner elements `c0..c0 + kc` (`c0 + kc <= k`), into panels of
+/// `width` lines: panel `q` holds, for each pair `p`, the `width` words
+/// `mat[line, c0 + 2p] | mat[line, c0 + 2p + 1] << 16` (lines past `count`, and the second
+/// half of the last pair when `kc` is odd, are zero).
+///
+/// # Safety
+/// Every element `(i0 + l, c0 + c)` with `l < count`, `c < kc` lies inside `mat`'s storage.
+#[inline(always)]
+unsafe fn pack_pairs(
+    mat: MatRef<bf16>,
+    i0: usize,
+    count: usize,
+    c0: usize,
+    kc: usize,
+    width: usize,
+    out: &mut Vec<u32>,
+) {
+    let pairs = kc.div_ceil(2);
+    let full = kc / 2;
+    let panels = count.div_ceil(width);
+    out.clear();
+    out.resize(panels * pairs * width, 0);
+    let base = mat.ptr.cast::<u16>();
+    let (rs, cs) = (mat.row_stride, mat.col_stride);
+    // SAFETY (every read below): (line, c) with line < i0 + count and c < c0 + kc, inside `mat`
+    // as the caller promises.
+    let elem = |line: usize, c: usize| unsafe { u32::from(*base.offset(line as isize * rs + c as isize * cs)) };
+    for panel in 0..panels {
+        let dst = &mut out[panel * pairs * width..(panel + 1) * pairs * width];
+        let first = i0 + panel * width;
+        let lines = width.min(count - panel * width);
+        if cs == 1 {
+            // a pair is one word in memory (bf16 little-endian: the first element in the low half)
+            for l in 0..lines {
+                // SAFETY: as above; `read_unaligned` of the two elements of a full pair.
+                let line = unsafe { base.offset((first + l) as isize * rs + c0 as isize) };
+                for p in 0..full {
+                    dst[p * width + l] = unsafe { line.add(2 * p).cast::<u32>().read_unaligned() };
+                }
+            }
+        } else if rs == 1 {
+            // the panel's lines are adjacent: each pair interleaves two runs of elements
+            for p in 0..full {
+                // SAFETY: as above.
+                let (lo, hi) = unsafe {
+                    let lo = base.offset((c0 + 2 * p) as isize * cs + first as isize);
+                    (lo, lo.offset(cs))
+                };
+                for (l, d) in dst[p * width..p * width + lines].iter_mut().enumerate() {
+                    *d = unsafe { u32::from(*lo.add(l)) | (u32::from(*hi.add(l)) << 16) };
+                }
+            }
+        } else {
+            for l in 0..lines {
+                for p in 0..full {
+                    dst[p * width + l] = elem(first + l, c0 + 2 * p) | (elem(first + l, c0 + 2 * p + 1) << 16);
+                }
+            }
+        }
+        if full < pairs {
+            for l in 0..lines {
+                dst[full * width + l] = elem(first + l, c0 + kc - 1);
+            }
+        }
+    }
+}
+
+/// [`pack_pairs`] compiled for AVX-512, where its loops over adjacent elements vectorize.
+///
+/// # Safety
+/// As [`pack_pairs`], on a CPU with AVX-512 F and BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_pairs_v4(
+    mat: MatRef<bf16>,
+    i0: usize,
+    count: usize,
+    c0: usize,
+    kc: usize,
+    width: usize,
+    out: &mut Vec<u32>,
+) {
+    // SAFETY: as the caller promises.
+    unsafe { pack_pairs(mat, i0, count, c0, kc, width, out) }
+}
+
+/// [`pack_pairs`] on the widest vector unit this CPU has.
+unsafe fn pack(mat: MatRef<bf16>, i0: usize, count: usize, c0: usize, kc: usize, width: usize, out: &mut Vec<u32>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU has AVX-512 BW (and F, which the kernel needs anyway); the rest as
+        // the caller promises.
+        return unsafe { pack_pairs_v4(mat, i0, count, c0, kc, width, out) };
+    }
+    // SAFETY: as the caller promises.
+    unsafe { pack_pairs(mat, i0, count, c0, kc, width, out) }
+}
+
+/// Packs rows `r0..r0 + rows` of `a` into panels of [`MR`] rows ([`pack_pairs`]).
+unsafe fn pack_a(a: MatRef<bf16>, r0: usize, rows: usize, c0: usize, kc: usize, out: &mut Vec<u32>) {
+    // SAFETY: as the caller of `gemm` promises.
+    unsafe { pack(a, r0, rows, c0, kc, MR, out) }
+}
+
+/// Packs columns `0..n` of `b` into panels of [`NR`] columns ([`pack_pairs`] of b^T).
+unsafe fn pack_b(b: MatRef<bf16>, n: usize, c0: usize, kc: usize, out: &mut Vec<u32>) {
+    let bt = MatRef {
+        ptr: b.ptr,
+        row_stride: b.col_stride,
+        col_stride: b.row_stride,
+    };
+    // SAFETY: as the caller of `gemm` promises.
+    unsafe { pack(bt, 0, n, c0, kc, NR, out) }
+}
+
+/// `dst (=|+=) a @ b` on the calling thread.
+///
+/// # Safety
+/// As [`gemm_parallel_then`].
+pub unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf16>, b: MatRef<bf16>) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !dst.accumulate {
+            for i in 0..m {
+                // SAFETY: row i of dst, inside the matrix the caller vouched for.
+                unsafe { std::slice::from_raw_parts_mut(dst.ptr.offset(i as isize * dst.row_stride), n) }.fill(0.0);
+            }
+        }
+        return;
+    }
+    let (mut ap, mut bp) = (Vec::new(), Vec::new());
+    for c0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - c0);
+        let pairs = kc.div_ceil(2);
+        // the first block overwrites dst unless the product adds to it
+        let load = dst.accumulate || c0 > 0;
+        // SAFETY: the operands as the caller promises.
+        unsafe { pack_b(b, n, c0, kc, &mut bp) };
+        for r0 in (0..m).step_by(MC) {
+            let mc = MC.min(m - r0);
+            // SAFETY: as above.
+            unsafe { pack_a(a, r0, mc, c0, kc, &mut ap) };
+            for (jp, bpanel) in bp.chunks_exact(pairs * NR).enumerate() {
+                let cols = NR.min(n - jp * NR);
+                for (ip, apanel) in ap.chunks_exact(pairs * MR).enumerate() {
+                    let rows = MR.min(mc - ip * MR);
+                    // SAFETY: the tile (r0 + ip * MR, jp * NR) of rows x cols lies inside dst.
+                    unsafe {
+                        let c = dst
+                            .ptr
+                            .offset((r0 + ip * MR) as isize * dst.row_stride + (jp * NR) as isize);
+                        #[cfg(target_arch = "x86_64")]
+                        avx512::tile(pairs, apanel, bpanel, c, dst.row_stride, rows, cols, load);
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let _ = (c, rows, cols, load, apanel, bpanel);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// One `rows x cols` tile (at most `MR x NR`) of the output at `c` (rows `row_stride`
+    /// apart): its accumulators start at zero, or at the tile's values when `load`, add the
+    /// products of `pairs` packed pairs, and are stored.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BF16; `a` holds `pairs x MR` words and `b` `pairs x NR`; the
+    /// tile lies inside the output.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile(
+        pairs: usize,
+        a: &[u32],
+        b: &[u32],
+        c: *mut f32,
+        row_stride: isize,
+        rows: usize,
+        cols: usize,
+        load: bool,
+    ) {
+        debug_assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
+        // columns of the two vectors inside the tile
+        let mask = |half: usize| -> __mmask16 {
+            let valid = cols.saturating_sub(half * 16).min(16);
+            ((1u32 << valid) - 1) as __mmask16
+        };
+        let (m0, m1) = (mask(0), mask(1));
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        if load {
+            for (r, acc) in acc.iter_mut().enumerate().take(rows) {
+                // SAFETY: row r of the tile, its valid columns only.
+                unsafe {
+                    let row = c.offset(r as isize * row_stride);
+                    acc[0] = _mm512_maskz_loadu_ps(m0, row);
+                    acc[1] = _mm512_maskz_loadu_ps(m1, row.add(16));
+                }
+            }
+        }
+        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        for p in 0..pairs {
+            // SAFETY: pair p of the panels (lengths checked above).
+            unsafe {
+                let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR).cast()));
+                let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR + 16).cast()));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(p * MR + r) as i32));
+                    acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate().take(rows) {
+            // SAFETY: row r of the tile, its valid columns only.
+            unsafe {
+                let row = c.offset(r as isize * row_stride);
+                _mm512_mask_storeu_ps(row, m0, acc[0]);
+                _mm512_mask_storeu_ps(row.add(16), m1, acc[1]);
+            }
+        }
+    }
+}

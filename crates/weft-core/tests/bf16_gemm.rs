@@ -1,0 +1,234 @@
+//! The native bf16 product (`cpu::bf16_gemm`, AVX-512 BF16) against products computed in f64
+//! from the same bf16 values: every tile edge, an odd inner dimension, inner dimensions across
+//! packed blocks, operands read along rows or down columns, and adding into the output; then the
+//! `matmul` and `linear` ops in bf16, which use it where the CPU has it.
+
+use half::bf16;
+use weft_core::cpu::bf16_gemm;
+use weft_core::cpu::matmul::{MatMut, MatRef};
+use weft_core::{DType, Tensor};
+
+/// Skips (saying so) where the CPU lacks the instructions; the ops then take the f32 path, which
+/// other tests cover.
+fn kernel_present() -> bool {
+    if !bf16_gemm::available() {
+        eprintln!("skipped: this CPU has no AVX-512 BF16; bf16 products run through f32 here");
+        return false;
+    }
+    true
+}
+
+/// `len` bf16 values in [-2, 2), from a fixed linear congruential sequence.
+fn values(len: usize, seed: u64) -> Vec<bf16> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            bf16::from_f64(((s >> 11) as f64 / (1u64 << 53) as f64) * 4.0 - 2.0)
+        })
+        .collect()
+}
+
+/// A matrix of `rows x cols` stored row-major, or (when `transposed`) column-major.
+struct Stored {
+    data: Vec<bf16>,
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+}
+
+impl Stored {
+    fn new(rows: usize, cols: usize, transposed: bool, seed: u64) -> Stored {
+        Stored {
+            data: values(rows * cols, seed),
+            rows,
+            cols,
+            transposed,
+        }
+    }
+
+    fn get(&self, i: usize, j: usize) -> f64 {
+        let at = if self.transposed {
+            j * self.rows + i
+        } else {
+            i * self.cols + j
+        };
+        self.data[at].to_f64()
+    }
+
+    fn as_ref(&self) -> MatRef<bf16> {
+        let (row_stride, col_stride) = if self.transposed {
+            (1, self.rows as isize)
+        } else {
+            (self.cols as isize, 1)
+        };
+        MatRef {
+            ptr: self.data.as_ptr(),
+            row_stride,
+            col_stride,
+        }
+    }
+}
+
+/// Runs the kernel on `m x k` by `k x n` (each operand in either storage order), into an output
+/// of row stride `n + 3` that starts at `start` (read back when `accumulate`), and checks every
+/// element against the f64 product within the error bound of a sum of `k` rounded additions
+/// (`k 2^-24 sum |a b|`, Higham's bound for recursive summation).
+fn check(m: usize, n: usize, k: usize, at: bool, bt: bool, accumulate: bool) {
+    let a = Stored::new(m, k, at, (m * 31 + k) as u64);
+    let b = Stored::new(k, n, bt, (n * 17 + k) as u64);
+    let stride = n + 3;
+    let start: Vec<f32> = (0..m * stride).map(|i| (i % 7) as f32 - 3.0).collect();
+    let mut out = start.clone();
+    let dst = MatMut {
+        ptr: out.as_mut_ptr(),
+        row_stride: stride as isize,
+        accumulate,
+    };
+    // SAFETY: the kernel is present (checked by the caller); the operands and the output hold
+    // the matrices at the strides given.
+    unsafe { bf16_gemm::gemm_parallel(m, n, k, dst, a.as_ref(), b.as_ref()) };
+    for i in 0..m {
+        for j in 0..stride {
+            let got = out[i * stride + j];
+            if j >= n {
+                assert_eq!(got, start[i * stride + j], "({i}, {j}) outside the output was written");
+                continue;
+            }
+            let (mut want, mut size) = (
+                if accumulate {
+                    f64::from(start[i * stride + j])
+                } else {
+                    0.0
+                },
+                0.0,
+            );
+            size += want.abs();
+            for c in 0..k {
+                let p = a.get(i, c) * b.get(c, j);
+                want += p;
+                size += p.abs();
+            }
+            let bound = (k + 1) as f64 * 2f64.powi(-24) * size + 1e-30;
+            assert!(
+                (f64::from(got) - want).abs() <= bound,
+                "{m}x{k} @ {k}x{n} (a transposed {at}, b transposed {bt}, accumulate {accumulate}): \
+                 ({i}, {j}) = {got}, want {want} within {bound}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_kernel_matches_f64_products_at_every_edge() {
+    if !kernel_present() {
+        return;
+    }
+    // tiles of 8 x 32, packed blocks of 256 inner elements and of 128 rows: sizes below, at and
+    // past each, and an odd inner dimension (the last pair half padding)
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (1, 33, 7),
+        (8, 32, 2),
+        (9, 31, 3),
+        (17, 65, 255),
+        (130, 40, 256),
+        (7, 100, 257),
+        (40, 64, 600),
+        (300, 3, 33),
+    ] {
+        for (at, bt) in [(false, false), (false, true), (true, false), (true, true)] {
+            check(m, n, k, at, bt, false);
+        }
+        check(m, n, k, false, true, true);
+    }
+}
+
+#[test]
+fn an_empty_inner_dimension_writes_zeros_or_leaves_the_output() {
+    if !kernel_present() {
+        return;
+    }
+    check(5, 9, 0, false, false, false);
+    check(5, 9, 0, false, false, true);
+}
+
+#[test]
+fn products_split_over_threads_equal_one_thread_bit_for_bit() {
+    if !kernel_present() {
+        return;
+    }
+    // long enough on both sides to be cut into blocks of rows, and of columns (with more than
+    // one compute thread: `WEFT_NUM_THREADS`, by default the cores)
+    for &(m, n, k) in &[(512, 96, 200), (24, 700, 130)] {
+        let a = Stored::new(m, k, false, 1);
+        let b = Stored::new(k, n, true, 2);
+        let (mut one, mut split) = (vec![0f32; m * n], vec![0f32; m * n]);
+        let dst = |out: &mut Vec<f32>| MatMut {
+            ptr: out.as_mut_ptr(),
+            row_stride: n as isize,
+            accumulate: false,
+        };
+        // SAFETY: as in `check`.
+        unsafe {
+            bf16_gemm::gemm(m, n, k, dst(&mut one), a.as_ref(), b.as_ref());
+            bf16_gemm::gemm_parallel(m, n, k, dst(&mut split), a.as_ref(), b.as_ref());
+        }
+        assert!(
+            one.iter().zip(&split).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{m}x{k}x{n}"
+        );
+        check(m, n, k, false, true, false);
+    }
+}
+
+/// `t` as f64 values.
+fn to_f64(t: &Tensor) -> Vec<f64> {
+    t.to_vec_f64()
+}
+
+/// Rounds to bf16 (nearest, ties to even) as the ops round their f32 results.
+fn round_bf16(x: f64) -> f64 {
+    bf16::from_f32(x as f32).to_f64()
+}
+
+#[test]
+fn bf16_matmul_and_linear_round_the_exact_products() {
+    if !kernel_present() {
+        return;
+    }
+    let (m, k, n) = (37, 70, 45);
+    let x = Tensor::from_vec(values(m * k, 3), &[m, k]).unwrap();
+    let w = Tensor::from_vec(values(n * k, 4), &[n, k]).unwrap();
+    let bias = Tensor::from_vec(values(n, 5), &[n]).unwrap();
+    let (xs, ws, bs) = (to_f64(&x), to_f64(&w), to_f64(&bias));
+    let exact = |i: usize, j: usize| (0..k).map(|c| xs[i * k + c] * ws[j * k + c]).sum::<f64>();
+    let size = |i: usize, j: usize| (0..k).map(|c| (xs[i * k + c] * ws[j * k + c]).abs()).sum::<f64>();
+    // each result is the f32 sum rounded to bf16: within one bf16 step of the exact value's
+    // rounding, plus the f32 sum's own error
+    let within = |got: f64, want: f64, size: f64| {
+        (got - round_bf16(want)).abs() <= want.abs() * 2f64.powi(-8) + (k + 1) as f64 * 2f64.powi(-24) * size
+    };
+    let y = x.matmul(&w.t().unwrap()).unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    let ys = to_f64(&y);
+    let lin = x.linear(&w, Some(&bias)).unwrap();
+    assert_eq!(lin.dtype(), DType::BF16);
+    let ls = to_f64(&lin);
+    for i in 0..m {
+        for j in 0..n {
+            assert!(
+                within(ys[i * n + j], exact(i, j), size(i, j)),
+                "matmul ({i}, {j}): {} against {}",
+                ys[i * n + j],
+                exact(i, j)
+            );
+            let want = exact(i, j) + bs[j];
+            assert!(
+                within(ls[i * n + j], want, size(i, j) + bs[j].abs()),
+                "linear ({i}, {j}): {} against {want}",
+                ls[i * n + j]
+            );
+        }
+    }
+}
