@@ -89,8 +89,9 @@ pub struct ServeArgs {
     prefill_chunk: u64,
     /// How long a connection may take to send a request's headers (an idle keep-alive
     /// connection: its next request's), the longest pause inside a request's body, the grace
-    /// before --min-body-rate counts, and how long an answer may wait on a client that does not
-    /// read it, in milliseconds (1 to 600000); past it the connection is closed (a body: 408).
+    /// before --min-body-rate and --min-send-rate count, and how long an answer may wait on a
+    /// client that does not read it, in milliseconds (1 to 600000); past it the connection is
+    /// closed (a body: 408).
     #[arg(long, value_name = "MS", default_value_t = Limits::default().read_timeout.as_millis() as u64)]
     read_timeout_ms: u64,
     /// The slowest a request body may arrive, in bytes a second on average, counted once
@@ -99,6 +100,12 @@ pub struct ServeArgs {
     /// 1073741824).
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().min_body_rate)]
     min_body_rate: u64,
+    /// The slowest a client may take an answer, in bytes a second on average, counted while the
+    /// answer waits on it once it has waited --read-timeout-ms (slower: the connection is
+    /// closed and the answer dropped, giving back what it held), so that a client reading a
+    /// large answer a little at a time cannot hold it for hours (1 to 1073741824).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().min_send_rate)]
+    min_send_rate: u64,
     /// The most connections each port (inference, management, metrics) holds open at once;
     /// more wait, unaccepted, until one closes. Lowered, with a warning, to what the limit on
     /// open files (raised to its hard limit) leaves.
@@ -201,6 +208,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     )?;
     let min_body_rate = bounded("--min-body-rate", args.min_body_rate, 1, weft_serve::MAX_MIN_BODY_RATE)
         .map_err(|e| format!("{e} (bytes a second)"))?;
+    let min_send_rate = bounded("--min-send-rate", args.min_send_rate, 1, weft_serve::MAX_MIN_SEND_RATE)
+        .map_err(|e| format!("{e} (bytes a second)"))?;
     let registry_poll_ms = bounded(
         "--registry-poll-ms",
         args.registry_poll_ms,
@@ -260,6 +269,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         max_tokens,
         read_timeout: Duration::from_millis(read_timeout_ms),
         min_body_rate,
+        min_send_rate,
         ..Limits::default()
     };
     let load = LoadOptions {

@@ -55,12 +55,17 @@ pub struct Limits {
     pub max_output_values: usize,
     /// How long a connection may take to send a request's headers (an idle keep-alive
     /// connection: its next request's), the longest pause inside a body, the grace before a
-    /// body's rate is counted, and the longest time an answer may wait on a client that does not
-    /// read it; past it the connection is closed (a body: 408) ([`listen`], [`body`]).
+    /// body's rate is counted, the longest time an answer may wait on a client that does not
+    /// read it, and the grace before an answer's rate is counted; past it the connection is
+    /// closed (a body: 408) ([`listen`], [`body`]).
     pub read_timeout: std::time::Duration,
     /// The slowest a request body may arrive, in bytes a second on average, once
     /// `read_timeout` has passed since its head arrived (slower: 408) ([`body`]).
     pub min_body_rate: u64,
+    /// The slowest a client may take an answer, in bytes a second on average while the answer
+    /// waits on it, once it has waited `read_timeout` (slower: the connection is closed and the
+    /// answer dropped) ([`listen::Pacing`]).
+    pub min_send_rate: u64,
     /// The most connections each port holds open at once; past it new ones wait, unaccepted,
     /// until one closes ([`listen::serve`]).
     pub connections: usize,
@@ -75,9 +80,12 @@ pub const MAX_READ_TIMEOUT_MS: u64 = 600_000;
 /// The largest `--min-body-rate`: 1 GiB a second.
 pub const MAX_MIN_BODY_RATE: u64 = 1 << 30;
 
+/// The largest `--min-send-rate`: 1 GiB a second.
+pub const MAX_MIN_SEND_RATE: u64 = 1 << 30;
+
 impl Default for Limits {
     /// 16 MiB bodies, 4096 new tokens, 2^24 output values (64 MiB of FP32), 30 s to send the
-    /// headers, bodies at 64 KiB a second at least, 1024 connections a port.
+    /// headers, bodies and answers at 64 KiB a second at least, 1024 connections a port.
     fn default() -> Self {
         Limits {
             body_bytes: 16 << 20,
@@ -86,6 +94,7 @@ impl Default for Limits {
             max_output_values: 1 << 24,
             read_timeout: std::time::Duration::from_secs(30),
             min_body_rate: 64 << 10,
+            min_send_rate: 64 << 10,
             connections: 1024,
         }
     }
@@ -149,12 +158,16 @@ pub async fn serve(
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let (timeout, connections) = (state.limits.read_timeout, state.limits.connections);
+    let pacing = listen::Pacing {
+        timeout: state.limits.read_timeout,
+        min_rate: state.limits.min_send_rate,
+    };
+    let connections = state.limits.connections;
     let side = |listener: Option<tokio::net::TcpListener>, app: axum::Router, rx| async move {
         match listener {
             Some(l) => {
                 let app = guard_loopback(&l, app);
-                listen::serve(l, app, timeout, connections, wait(rx)).await
+                listen::serve_paced(l, app, pacing, connections, wait(rx)).await
             }
             None => Ok(()),
         }
@@ -162,7 +175,7 @@ pub async fn serve(
     let management = side(listeners.management, management_router(state.clone()), stopped.clone());
     let metrics = side(listeners.metrics, metrics_router(state.clone()), stopped.clone());
     let inference_app = guard_loopback(&listeners.inference, router(state));
-    let inference = listen::serve(listeners.inference, inference_app, timeout, connections, async move {
+    let inference = listen::serve_paced(listeners.inference, inference_app, pacing, connections, async move {
         shutdown.await;
         let _ = stop.send(true);
     });

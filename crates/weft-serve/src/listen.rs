@@ -1,23 +1,25 @@
 //! Connections under time limits: every port is served by hyper's HTTP/1 server with a
 //! header-read timeout (`axum::serve` sets none: a client that sends half a request line, or
 //! opens a connection and sends nothing, would hold it, and its file descriptor, forever), and
-//! a connection whose socket takes none of the bytes waiting to be written for the same time is
-//! closed, its answer dropped (a send timeout, as nginx's `send_timeout`; counted at the socket,
-//! [`Tracked`], so that it covers every answer to its last byte). Each port holds at most `max_connections`
-//! connections open at once; past that, new ones wait in the kernel's backlog, unaccepted, until
-//! one closes, so that clients that open connections without end cannot take the file
-//! descriptors the server needs for its own files. When the server stops, connections that are
-//! not handling a request and have nothing left to write (idle, or still sending a request's
-//! head) close at once, a request
-//! whose body is still arriving is answered 503 ([`crate::body`]), and the requests being handled
-//! finish. Request bodies are read by [`crate::body::read_body`].
+//! a connection whose client does not take its answers fast enough is closed, the answer
+//! dropped and what it held given back: bytes may wait on the client (the socket full) for the
+//! timeout at most, and beyond that the client must take them at a minimum rate on average
+//! ([`Pacing`]; nginx's `send_timeout` and Kestrel's `MinResponseDataRate`; counted at the
+//! socket, [`Tracked`], so that it covers every answer to its last byte). Each port holds at
+//! most `max_connections` connections open at once; past that, new ones wait in the kernel's
+//! backlog, unaccepted, until one closes, so that clients that open connections without end
+//! cannot take the file descriptors the server needs for its own files. When the server stops,
+//! connections that are not handling a request and have nothing left to write (idle, or still
+//! sending a request's head) close at once, a request whose body is still arriving is answered
+//! 503 ([`crate::body`]), and the requests being handled finish. Request bodies are read by
+//! [`crate::body::read_body`].
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -45,47 +47,118 @@ impl Stopping {
     }
 }
 
+/// How fast a connection's client must take its answers: bytes may wait on it (the socket
+/// full, none of them written) for `timeout` at most, and over any stretch the time bytes wait
+/// may pass `timeout` only by one second for each `min_rate` bytes the client took meanwhile.
+/// Past either, the connection is closed and its answer dropped ([`serve_paced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    /// The longest bytes may wait on the client at once, and the most waiting a client may
+    /// have in hand (the grace before the rate counts).
+    pub timeout: Duration,
+    /// The slowest a client may take an answer, in bytes a second on average, counted while
+    /// bytes wait on it (at least 1).
+    pub min_rate: u64,
+}
+
+impl Pacing {
+    /// The waiting, in microseconds, that `bytes` written earn at the minimum rate.
+    fn earned(&self, bytes: usize) -> i64 {
+        let us = bytes as u128 * 1_000_000 / self.min_rate.max(1) as u128;
+        us.min(i64::MAX as u128) as i64
+    }
+
+    /// The grace, in microseconds.
+    fn grace(&self) -> i64 {
+        self.timeout.as_micros().min(i64::MAX as u128) as i64
+    }
+}
+
+/// The waiting a connection's client has in hand.
+#[derive(Debug)]
+struct Pace {
+    /// Microseconds after the connection opened since when bytes have waited on the client,
+    /// none of them written (its last write found the socket full); `None` while nothing waits.
+    blocked_since: Option<u64>,
+    /// Microseconds the bytes waiting may still wait, counted from `blocked_since`: the grace
+    /// at first, one second more for each `min_rate` bytes written, less the time bytes waited,
+    /// never more than the grace; below 0 once the client has been slower than the rate.
+    credit: i64,
+}
+
 /// What one connection is doing, shared by its task, its requests' answers and its socket.
 #[derive(Debug)]
 struct Activity {
     opened: Instant,
+    pacing: Pacing,
     /// Requests handed to the app whose answer's body has not ended (or been dropped). hyper
     /// lets go of a body once it has its last piece, before that piece is written: what is
-    /// still to be written is told by `blocked_since`.
+    /// still to be written is told by `pace.blocked_since`.
     handling: AtomicUsize,
-    /// Milliseconds after `opened`, plus 1, since when the socket has taken none of the bytes
-    /// hyper has to write (its last write found the socket full); 0 while nothing waits to be
-    /// written. Any bytes written set it back to 0.
-    blocked_since: AtomicU64,
+    pace: Mutex<Pace>,
 }
 
 impl Activity {
-    fn now(&self) -> u64 {
-        self.opened.elapsed().as_millis() as u64 + 1
+    fn new(pacing: Pacing) -> Activity {
+        Activity {
+            opened: Instant::now(),
+            pacing,
+            handling: AtomicUsize::new(0),
+            pace: Mutex::new(Pace {
+                blocked_since: None,
+                credit: pacing.grace(),
+            }),
+        }
     }
 
-    /// Whether bytes have waited on the client, none of them written, for longer than `limit`.
-    fn stalled(&self, limit: Duration) -> bool {
-        let since = self.blocked_since.load(Ordering::SeqCst);
-        since != 0 && self.now().saturating_sub(since) > limit.as_millis() as u64
+    /// Microseconds since the connection opened.
+    fn now(&self) -> u64 {
+        self.opened.elapsed().as_micros().min(u64::MAX as u128) as u64
+    }
+
+    fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
+        // nothing panics while holding it
+        self.pace.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether bytes waiting on the client have waited longer than it has in hand ([`Pacing`]).
+    fn too_slow(&self) -> bool {
+        let pace = self.pace();
+        pace.blocked_since
+            .is_some_and(|since| self.now().saturating_sub(since) as i64 > pace.credit)
     }
 
     /// Whether the connection handles no request and has nothing waiting to be written (idle,
     /// or a request's head arriving).
     fn idle(&self) -> bool {
-        self.handling.load(Ordering::SeqCst) == 0 && self.blocked_since.load(Ordering::SeqCst) == 0
+        self.handling.load(Ordering::SeqCst) == 0 && self.pace().blocked_since.is_none()
+    }
+
+    /// A new request: when nothing waits on the client, its answer starts with the whole grace
+    /// (a client slow with an earlier answer that it has taken whole is not held to it).
+    fn request_started(&self) {
+        let mut pace = self.pace();
+        if pace.blocked_since.is_none() {
+            pace.credit = self.pacing.grace();
+        }
     }
 
     /// Notes what a write to the socket did.
-    fn wrote<T>(&self, polled: &Poll<io::Result<T>>) {
-        match polled {
+    fn wrote(&self, polled: &Poll<io::Result<usize>>) {
+        let now = self.now();
+        let mut pace = self.pace();
+        if polled.is_pending() {
             // the socket is full: bytes wait, from now unless they waited already
-            Poll::Pending => {
-                let _ = self
-                    .blocked_since
-                    .compare_exchange(0, self.now(), Ordering::SeqCst, Ordering::SeqCst);
-            }
-            Poll::Ready(_) => self.blocked_since.store(0, Ordering::SeqCst),
+            pace.blocked_since.get_or_insert(now);
+            return;
+        }
+        if let Some(since) = pace.blocked_since.take() {
+            let waited = now.saturating_sub(since).min(i64::MAX as u64) as i64;
+            pace.credit = pace.credit.saturating_sub(waited);
+        }
+        if let Poll::Ready(Ok(n)) = polled {
+            let earned = self.pacing.earned(*n);
+            pace.credit = pace.credit.saturating_add(earned).min(self.pacing.grace());
         }
     }
 }
@@ -97,6 +170,7 @@ struct Handling(Arc<Activity>);
 
 impl Handling {
     fn start(activity: &Arc<Activity>) -> Handling {
+        activity.request_started();
         activity.handling.fetch_add(1, Ordering::SeqCst);
         Handling(activity.clone())
     }
@@ -133,8 +207,8 @@ impl hyper::body::Body for Watched {
 }
 
 /// A connection's socket, telling its [`Activity`] whether what hyper writes is taken: the
-/// send timeout and the stop look at the bytes themselves, not at the answers' bodies (hyper
-/// holds up to about a megabyte of an answer after its body has ended).
+/// pacing and the stop look at the bytes themselves, not at the answers' bodies (hyper holds up
+/// to about a megabyte of an answer after its body has ended).
 struct Tracked {
     stream: TcpStream,
     activity: Arc<Activity>,
@@ -205,8 +279,9 @@ fn limit_unsent(stream: &TcpStream) {
     let _ = (stream, UNSENT_IN_KERNEL);
 }
 
-/// How often a connection's task checks for a stalled answer and, once the server stops, for
-/// having nothing left to do: a fraction of the read timeout, between 10 ms and 250 ms.
+/// How often a connection's task checks for an answer its client takes too slowly and, once
+/// the server stops, for having nothing left to do: a fraction of the read timeout, between
+/// 10 ms and 250 ms.
 fn check_every(timeout: Duration) -> Duration {
     (timeout / 4).clamp(Duration::from_millis(10), Duration::from_millis(250))
 }
@@ -218,13 +293,30 @@ const FULL_NOTICE_EVERY: Duration = Duration::from_secs(60);
 /// the connections' requests being handled (idle connections, and those still sending a
 /// request's head, close at once; a body still arriving is answered 503). A connection that
 /// has not sent a whole request head within `header_timeout` of its start (or, kept alive, of
-/// its last response) is closed, and so is one whose socket has taken none of the bytes waiting
-/// to be written for longer than that. At most `max_connections` (at least 1) are open at once; the next is accepted
-/// when one closes, and reaching the limit is logged (at most once a minute).
+/// its last response) is closed, and so is one whose client takes its answers slower than
+/// [`Pacing`] allows, with `header_timeout` as its timeout and the default minimum rate
+/// ([`crate::Limits`]' `min_send_rate`: 64 KiB a second). At most `max_connections`, and at
+/// least one, are open at once; the next is accepted when one closes, and reaching the limit
+/// is logged at most once a minute.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     header_timeout: Duration,
+    max_connections: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let pacing = Pacing {
+        timeout: header_timeout,
+        min_rate: crate::Limits::default().min_send_rate,
+    };
+    serve_paced(listener, app, pacing, max_connections, shutdown).await
+}
+
+/// [`serve`] with `pacing`: `pacing.timeout` is the header timeout too.
+pub async fn serve_paced(
+    listener: TcpListener,
+    app: Router,
+    pacing: Pacing,
     max_connections: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
@@ -271,7 +363,7 @@ pub async fn serve(
         };
         let (app, stop_rx, close_rx) = (app.clone(), stop_rx.clone(), close_rx.clone());
         tokio::spawn(async move {
-            connection(stream, app, header_timeout, stop_rx).await;
+            connection(stream, app, pacing, stop_rx).await;
             drop(close_rx);
             drop(slot);
         });
@@ -282,14 +374,11 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves one connection until it ends, the client stops reading an answer for longer than
-/// `timeout`, or the server stops (then as [`serve`] says).
-async fn connection(stream: TcpStream, app: Router, timeout: Duration, stop_rx: watch::Receiver<bool>) {
-    let activity = Arc::new(Activity {
-        opened: Instant::now(),
-        handling: AtomicUsize::new(0),
-        blocked_since: AtomicU64::new(0),
-    });
+/// Serves one connection until it ends, its client takes an answer slower than `pacing`
+/// allows, or the server stops (then as [`serve`] says).
+async fn connection(stream: TcpStream, app: Router, pacing: Pacing, stop_rx: watch::Receiver<bool>) {
+    let timeout = pacing.timeout;
+    let activity = Arc::new(Activity::new(pacing));
     limit_unsent(&stream);
     let app = TowerToHyperService::new(app);
     let (on_request, stopping) = (activity.clone(), Stopping(stop_rx.clone()));
@@ -328,8 +417,8 @@ async fn connection(stream: TcpStream, app: Router, timeout: Duration, stop_rx: 
                 conn.as_mut().graceful_shutdown();
             }
             _ = checks.tick() => {
-                // nothing could be written to the client for the whole timeout: drop it
-                if activity.stalled(timeout) {
+                // the client took too little of what waits on it, for too long: drop it
+                if activity.too_slow() {
                     return;
                 }
                 // stopping, no request handled and nothing left to write (a request's head

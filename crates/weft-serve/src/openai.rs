@@ -1,11 +1,12 @@
 //! OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), in the shapes the `openai`
 //! Python client reads; `"stream": true` sends `data: {chunk}` server-sent events ending with
-//! `data: [DONE]` (after a chunk of the usage with `stream_options.include_usage`). `n`
+//! `data: [DONE]` (after a chunk of the usage with `stream_options.include_usage`; a completion
+//! that fails ends the stream with its error instead, and no usage). `n`
 //! completions of one prompt run as `n` sequences of the decode loop (seeds
 //! [`choice_seed`]) that share the prompt's forward; `logprobs` and `echo` follow the legacy
 //! completions API ([`crate::logprobs`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -398,22 +399,41 @@ pub async fn completions(
                     let rest = made.logprobs.get(sent..).unwrap_or(&[]);
                     choice(i, "", logprobs(rest, &mut sent), json!(made.finish.reason()))
                 }
-                Piece::Failed(e) => return Event::default().data(openai_error(e.status, &e.message).to_string()),
+                Piece::Failed(e) => {
+                    let error = openai_error(e.status, &e.message).to_string();
+                    return (Event::default().data(error), true);
+                }
             };
-            Event::default().data(chunk(vec![c]).to_string())
+            (Event::default().data(chunk(vec![c]).to_string()), false)
         });
         streams.push(events.boxed());
     }
+    // a completion that fails ends the stream with its error: the request failed, as OpenAI
+    // ends a stream that fails, and the others are dropped (their sequences end at their next
+    // step); no usage follows, which would count a failed request as if it had been answered
+    let failed = Arc::new(AtomicBool::new(false));
+    let ended = failed.clone();
+    let answers = stream::select_all(streams).scan(false, move |over, (event, failure)| {
+        if *over {
+            return std::future::ready(None);
+        }
+        *over = failure;
+        ended.fetch_or(failure, Ordering::SeqCst);
+        std::future::ready(Some(event))
+    });
     // after every completion has ended: their tokens are all counted
     let prompt_tokens = ids.len();
     let usage_chunk = stream::once(async move {
+        if !include_usage || failed.load(Ordering::SeqCst) {
+            return None;
+        }
         let mut last = chunk(Vec::new());
         last["usage"] = usage(prompt_tokens, made_tokens.load(Ordering::SeqCst) as usize);
-        Event::default().data(last.to_string())
+        Some(Event::default().data(last.to_string()))
     })
-    .filter(move |_| std::future::ready(include_usage));
+    .filter_map(std::future::ready);
     let events = stream::iter(first)
-        .chain(stream::select_all(streams))
+        .chain(answers)
         .chain(usage_chunk)
         .chain(stream::once(async { Event::default().data("[DONE]") }))
         .map(|e| vec![e]);

@@ -47,6 +47,16 @@ fn flags_past_their_bounds_stop_the_start_naming_the_flag() {
         ("--queue", u, "--queue: 18446744073709551615 is outside 1 to 1048576"),
         ("--queue", "0", "--queue: 0 is outside 1 to 1048576"),
         ("--read-timeout-ms", "0", "--read-timeout-ms: 0 is outside 1 to 600000"),
+        (
+            "--min-send-rate",
+            "0",
+            "--min-send-rate: 0 is outside 1 to 1073741824 (bytes a second)",
+        ),
+        (
+            "--min-send-rate",
+            u,
+            "--min-send-rate: 18446744073709551615 is outside 1 to 1073741824",
+        ),
     ] {
         #[rustfmt::skip]
         let mut child = weft_command(&["serve", "--model-store", store.to_str().unwrap(), "--port", "0",

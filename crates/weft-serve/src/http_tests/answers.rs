@@ -54,7 +54,7 @@ pub(super) fn split_answer(got: &[u8]) -> (String, Vec<u8>) {
 }
 
 /// Sends `raw` and reads the whole answer.
-fn send(addr: SocketAddr, raw: &str) -> Vec<u8> {
+pub(super) fn send(addr: SocketAddr, raw: &str) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     s.write_all(raw.as_bytes()).unwrap();

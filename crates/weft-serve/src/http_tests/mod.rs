@@ -14,7 +14,9 @@ use crate::model::{test_gpt, test_version, test_version_hidden};
 use crate::{AppState, Limits, Listeners, LoadOptions, Registry, Token};
 
 mod answers;
+mod forwards;
 mod hostile;
+mod pace;
 mod params;
 mod writes;
 
@@ -56,12 +58,20 @@ impl Drop for Running {
 
 /// Serves versions 1 and 2 of the test mlp `m` with `limits`.
 fn start(limits: Limits) -> Running {
+    start_with(limits, Vec::new())
+}
+
+/// [`start`], serving the versions `more` too.
+fn start_with(limits: Limits, more: Vec<crate::registry::Served>) -> Running {
     let registry = Registry::default();
     registry.add(test_version("1", 8, 1)).unwrap();
     registry.add(test_version("2", 8, 1)).unwrap();
     // wide enough that the largest FP32 inputs overflow it
     registry.add(test_version_hidden("wide", 8, 2, vec![64, 64])).unwrap();
     registry.add(test_gpt()).unwrap();
+    for served in more {
+        registry.add(served).unwrap();
+    }
     let bodies = crate::body::BodyBudget::new(limits.body_bytes_in_flight);
     let state = AppState {
         registry: Arc::new(registry),

@@ -15,7 +15,7 @@ use crate::Limits;
 
 /// Reads from `c` until the server closes it (or a read error, or `bound` has passed), `piece`
 /// bytes at a time with `pause` after each; calls `after_each` with what has arrived so far.
-fn read_slowly(
+pub(super) fn read_slowly(
     c: &mut TcpStream,
     piece: usize,
     pause: Duration,
@@ -38,7 +38,7 @@ fn read_slowly(
 }
 
 /// Whether `got` is a whole chunked answer.
-fn whole(got: &[u8]) -> bool {
+pub(super) fn whole(got: &[u8]) -> bool {
     got.ends_with(b"}]}\r\n0\r\n\r\n")
 }
 
