@@ -17,8 +17,10 @@ use half::bf16;
 
 /// Rows of the microkernel's tile.
 const MR: usize = 8;
-/// Columns of the microkernel's tile (two vectors of 16 f32 lanes).
-const NR: usize = 32;
+/// Vectors of 16 f32 lanes across the microkernel's tile.
+const NV: usize = 2;
+/// Columns of the microkernel's tile.
+const NR: usize = 16 * NV;
 /// Inner-dimension elements per packed block (an even number: 128 pairs; a packed column panel
 /// of B is then `KC / 2 x NR` pairs, 16 KiB, half this core's L1 data cache).
 const KC: usize = 256;
@@ -292,7 +294,7 @@ pub unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf1
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{MR, NR};
+    use super::{MR, NR, NV};
     use std::arch::x86_64::*;
 
     /// One `rows x cols` tile (at most `MR x NR`) of the output at `c` (rows `row_stride`
@@ -315,20 +317,18 @@ mod avx512 {
         load: bool,
     ) {
         debug_assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
-        // columns of the two vectors inside the tile
-        let mask = |half: usize| -> __mmask16 {
-            let valid = cols.saturating_sub(half * 16).min(16);
-            ((1u32 << valid) - 1) as __mmask16
-        };
-        let (m0, m1) = (mask(0), mask(1));
-        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        // columns of each vector inside the tile
+        let mut masks = [0 as __mmask16; NV];
+        for (v, m) in masks.iter_mut().enumerate() {
+            let valid = cols.saturating_sub(v * 16).min(16);
+            *m = ((1u32 << valid) - 1) as __mmask16;
+        }
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         if load {
             for (r, acc) in acc.iter_mut().enumerate().take(rows) {
-                // SAFETY: row r of the tile, its valid columns only.
-                unsafe {
-                    let row = c.offset(r as isize * row_stride);
-                    acc[0] = _mm512_maskz_loadu_ps(m0, row);
-                    acc[1] = _mm512_maskz_loadu_ps(m1, row.add(16));
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: row r of the tile, its valid columns only.
+                    unsafe { *acc = _mm512_maskz_loadu_ps(masks[v], c.offset(r as isize * row_stride).add(16 * v)) };
                 }
             }
         }
@@ -336,21 +336,22 @@ mod avx512 {
         for p in 0..pairs {
             // SAFETY: pair p of the panels (lengths checked above).
             unsafe {
-                let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR).cast()));
-                let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR + 16).cast()));
+                let mut bv = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NV];
+                for (v, b) in bv.iter_mut().enumerate() {
+                    *b = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bp.add(p * NR + 16 * v).cast()));
+                }
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(p * MR + r) as i32));
-                    acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
-                    acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
+                    for (acc, &b) in acc.iter_mut().zip(&bv) {
+                        *acc = _mm512_dpbf16_ps(*acc, x, b);
+                    }
                 }
             }
         }
         for (r, acc) in acc.iter().enumerate().take(rows) {
-            // SAFETY: row r of the tile, its valid columns only.
-            unsafe {
-                let row = c.offset(r as isize * row_stride);
-                _mm512_mask_storeu_ps(row, m0, acc[0]);
-                _mm512_mask_storeu_ps(row.add(16), m1, acc[1]);
+            for (v, &acc) in acc.iter().enumerate() {
+                // SAFETY: row r of the tile, its valid columns only.
+                unsafe { _mm512_mask_storeu_ps(c.offset(r as isize * row_stride).add(16 * v), masks[v], acc) };
             }
         }
     }
