@@ -232,3 +232,56 @@ fn bf16_matmul_and_linear_round_the_exact_products() {
         }
     }
 }
+
+/// `a @ b` of bf16 views, against the product of the same values in f32 rounded to bf16: equal,
+/// or one bf16 step apart where the f32 sums round differently.
+fn matches_f32(what: &str, a: &Tensor, b: &Tensor) {
+    let got = a.matmul(b).unwrap();
+    let want = a
+        .cast(DType::F32)
+        .unwrap()
+        .matmul(&b.cast(DType::F32).unwrap())
+        .unwrap()
+        .cast(DType::BF16)
+        .unwrap();
+    assert_eq!(got.shape(), want.shape(), "{what}");
+    assert_eq!(got.dtype(), DType::BF16, "{what}");
+    for (i, (g, w)) in got.to_vec_f64().iter().zip(want.to_vec_f64()).enumerate() {
+        assert!(
+            (g - w).abs() <= w.abs() * 2f64.powi(-7) + 1e-6,
+            "{what}: element {i}: {g} against {w}"
+        );
+    }
+}
+
+#[test]
+fn views_of_every_kind_multiply_as_their_values() {
+    if !kernel_present() {
+        return;
+    }
+    let t = |shape: &[usize], seed: u64| Tensor::from_vec(values(shape.iter().product(), seed), shape).unwrap();
+    let a = t(&[3, 19, 40], 7);
+    let b = t(&[40, 33], 8);
+    matches_f32("batched rows against a matrix", &a, &b);
+    matches_f32("a transposed operand", &t(&[40, 19], 9).t().unwrap(), &b);
+    matches_f32(
+        "both transposed",
+        &t(&[40, 19], 9).t().unwrap(),
+        &t(&[33, 40], 10).t().unwrap(),
+    );
+    // a row broadcast down the rows (stride 0), and a batch broadcast against batched matrices
+    matches_f32("a broadcast row", &t(&[1, 40], 11).expand(&[25, 40]).unwrap(), &b);
+    matches_f32(
+        "a broadcast batch",
+        &t(&[19, 40], 12).unsqueeze(0).unwrap().expand(&[4, 19, 40]).unwrap(),
+        &t(&[4, 40, 33], 13),
+    );
+    // every other column of a wider matrix (inner stride 2), and a window of its rows
+    let strided = t(&[19, 40, 2], 14).narrow(2, 1, 1).unwrap().squeeze(2).unwrap();
+    assert_eq!(strided.layout().strides, [80, 2], "the view's strides");
+    matches_f32("an inner stride of 2", &strided, &b);
+    matches_f32("a window of rows", &t(&[50, 40], 15).narrow(0, 7, 30).unwrap(), &b);
+    // empty sides
+    matches_f32("no rows", &t(&[0, 40], 16), &b);
+    matches_f32("no inner elements", &t(&[19, 0], 17), &t(&[0, 33], 18));
+}
