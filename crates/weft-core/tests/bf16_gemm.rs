@@ -124,8 +124,8 @@ fn the_kernel_matches_f64_products_at_every_edge() {
     if !kernel_present() {
         return;
     }
-    // tiles of 8 x 32, packed blocks of 256 inner elements and of 128 rows: sizes below, at and
-    // past each, and an odd inner dimension (the last pair half padding)
+    // tiles of 8 x 32, packed blocks of 256 inner elements, 128 rows and 1024 columns: sizes
+    // below, at and past each, and an odd inner dimension (the last pair half padding)
     for &(m, n, k) in &[
         (1, 1, 1),
         (1, 33, 7),
@@ -136,6 +136,8 @@ fn the_kernel_matches_f64_products_at_every_edge() {
         (7, 100, 257),
         (40, 64, 600),
         (300, 3, 33),
+        // past one block of 1024 packed columns
+        (9, 2100, 33),
     ] {
         for (at, bt) in [(false, false), (false, true), (true, false), (true, true)] {
             check(m, n, k, at, bt, false);
@@ -160,7 +162,7 @@ fn products_split_over_threads_equal_one_thread_bit_for_bit() {
     }
     // long enough on both sides to be cut into blocks of rows, and of columns (with more than
     // one compute thread: `WEFT_NUM_THREADS`, by default the cores)
-    for &(m, n, k) in &[(512, 96, 200), (24, 700, 130)] {
+    for &(m, n, k) in &[(512, 96, 200), (24, 700, 130), (16, 2100, 40)] {
         let a = Stored::new(m, k, false, 1);
         let b = Stored::new(k, n, true, 2);
         let (mut one, mut split) = (vec![0f32; m * n], vec![0f32; m * n]);

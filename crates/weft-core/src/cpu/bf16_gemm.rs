@@ -26,6 +26,9 @@ const NR: usize = 16 * NV;
 const KC: usize = 256;
 /// Rows of A packed at once (`MC x KC` bf16, 64 KiB, in L2).
 const MC: usize = 128;
+/// Columns of B packed at once (`KC x NC` bf16, 512 KiB, in L2): a wide B (an output layer over
+/// a large vocabulary) is packed a block at a time, not whole per thread.
+const NC: usize = 1024;
 /// Products of fewer multiply-adds than this run on the calling thread.
 const PARALLEL_MIN: usize = 1 << 15;
 
@@ -261,30 +264,39 @@ pub unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf1
         return;
     }
     let (mut ap, mut bp) = (Vec::new(), Vec::new());
-    for c0 in (0..k).step_by(KC) {
-        let kc = KC.min(k - c0);
-        let pairs = kc.div_ceil(2);
-        // the first block overwrites dst unless the product adds to it
-        let load = dst.accumulate || c0 > 0;
-        // SAFETY: the operands as the caller promises.
-        unsafe { pack_b(b, n, c0, kc, &mut bp) };
-        for r0 in (0..m).step_by(MC) {
-            let mc = MC.min(m - r0);
-            // SAFETY: as above.
-            unsafe { pack_a(a, r0, mc, c0, kc, &mut ap) };
-            for (jp, bpanel) in bp.chunks_exact(pairs * NR).enumerate() {
-                let cols = NR.min(n - jp * NR);
-                for (ip, apanel) in ap.chunks_exact(pairs * MR).enumerate() {
-                    let rows = MR.min(mc - ip * MR);
-                    // SAFETY: the tile (r0 + ip * MR, jp * NR) of rows x cols lies inside dst.
-                    unsafe {
-                        let c = dst
-                            .ptr
-                            .offset((r0 + ip * MR) as isize * dst.row_stride + (jp * NR) as isize);
-                        #[cfg(target_arch = "x86_64")]
-                        avx512::tile(pairs, apanel, bpanel, c, dst.row_stride, rows, cols, load);
-                        #[cfg(not(target_arch = "x86_64"))]
-                        let _ = (c, rows, cols, load, apanel, bpanel);
+    for j0 in (0..n).step_by(NC) {
+        let nc = NC.min(n - j0);
+        // columns j0.. of b (j0 < n: inside the matrix)
+        let bj = MatRef {
+            ptr: b.ptr.wrapping_offset(j0 as isize * b.col_stride),
+            ..b
+        };
+        for c0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - c0);
+            let pairs = kc.div_ceil(2);
+            // the first block overwrites dst unless the product adds to it
+            let load = dst.accumulate || c0 > 0;
+            // SAFETY: the operands as the caller promises.
+            unsafe { pack_b(bj, nc, c0, kc, &mut bp) };
+            for r0 in (0..m).step_by(MC) {
+                let mc = MC.min(m - r0);
+                // SAFETY: as above.
+                unsafe { pack_a(a, r0, mc, c0, kc, &mut ap) };
+                for (jp, bpanel) in bp.chunks_exact(pairs * NR).enumerate() {
+                    let cols = NR.min(nc - jp * NR);
+                    for (ip, apanel) in ap.chunks_exact(pairs * MR).enumerate() {
+                        let rows = MR.min(mc - ip * MR);
+                        // SAFETY: the tile (r0 + ip * MR, j0 + jp * NR) of rows x cols lies
+                        // inside dst.
+                        unsafe {
+                            let c = dst
+                                .ptr
+                                .offset((r0 + ip * MR) as isize * dst.row_stride + (j0 + jp * NR) as isize);
+                            #[cfg(target_arch = "x86_64")]
+                            avx512::tile(pairs, apanel, bpanel, c, dst.row_stride, rows, cols, load);
+                            #[cfg(not(target_arch = "x86_64"))]
+                            let _ = (c, rows, cols, load, apanel, bpanel);
+                        }
                     }
                 }
             }
@@ -328,7 +340,9 @@ mod avx512 {
             for (r, acc) in acc.iter_mut().enumerate().take(rows) {
                 for (v, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: row r of the tile, its valid columns only.
-                    unsafe { *acc = _mm512_maskz_loadu_ps(masks[v], c.offset(r as isize * row_stride).add(16 * v)) };
+                    unsafe {
+                        *acc = _mm512_maskz_loadu_ps(masks[v], c.offset(r as isize * row_stride).wrapping_add(16 * v))
+                    };
                 }
             }
         }
@@ -351,7 +365,7 @@ mod avx512 {
         for (r, acc) in acc.iter().enumerate().take(rows) {
             for (v, &acc) in acc.iter().enumerate() {
                 // SAFETY: row r of the tile, its valid columns only.
-                unsafe { _mm512_mask_storeu_ps(c.offset(r as isize * row_stride).add(16 * v), masks[v], acc) };
+                unsafe { _mm512_mask_storeu_ps(c.offset(r as isize * row_stride).wrapping_add(16 * v), masks[v], acc) };
             }
         }
     }
