@@ -3,9 +3,11 @@
 //! multiply-adds of an f32 fused multiply-add of the same width).
 //!
 //! Without it, a bf16 product converts both operands to f32 and runs the f32 `gemm`
-//! (`crate::ops::matmul`); with it, the operands are read as they are, packed in pairs along the
-//! inner dimension (BLIS's packing, Van Zee and van de Geijn, "BLIS: A Framework for Rapidly
-//! Instantiating BLAS Functionality", TOMS 2015), and multiplied by an 8 x 32 microkernel. The
+//! (`crate::ops::matmul`); with it, the operands are read as they are: B packed in pairs along
+//! the inner dimension (BLIS's packing, Van Zee and van de Geijn, "BLIS: A Framework for Rapidly
+//! Instantiating BLAS Functionality", TOMS 2015), A read in place where its rows are contiguous
+//! (each pair one word in memory) and packed the same way where not, and multiplied by an
+//! 8 x 32 microkernel. The
 //! products of two bf16 values are exact in f32, and each is added to its accumulator with one
 //! rounding, as an f32 fused multiply-add of the converted operands would be; what differs is the
 //! order of the additions (pairs `2p + 1` then `2p` of each block of [`KC`], blocks in order) and
@@ -278,24 +280,38 @@ pub unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf1
             let load = dst.accumulate || c0 > 0;
             // SAFETY: the operands as the caller promises.
             unsafe { pack_b(bj, nc, c0, kc, &mut bp) };
+            // rows whose pairs lie side by side in memory are read in place (a whole number of
+            // pairs: an odd last block is packed, its padding zero)
+            let direct = a.col_stride == 1 && kc % 2 == 0;
             for r0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - r0);
-                // SAFETY: as above.
-                unsafe { pack_a(a, r0, mc, c0, kc, &mut ap) };
+                if !direct {
+                    // SAFETY: as above.
+                    unsafe { pack_a(a, r0, mc, c0, kc, &mut ap) };
+                }
                 for (jp, bpanel) in bp.chunks_exact(pairs * NR).enumerate() {
                     let cols = NR.min(nc - jp * NR);
-                    for (ip, apanel) in ap.chunks_exact(pairs * MR).enumerate() {
+                    for ip in 0..mc.div_ceil(MR) {
                         let rows = MR.min(mc - ip * MR);
-                        // SAFETY: the tile (r0 + ip * MR, j0 + jp * NR) of rows x cols lies
-                        // inside dst.
+                        let first = r0 + ip * MR;
+                        let a_rows = if direct {
+                            // SAFETY: rows first..first + rows of a, from inner element c0;
+                            // the tile's rows past `rows` read the first (their sums are not
+                            // stored).
+                            unsafe { PairRows::in_place(a, first, rows, c0) }
+                        } else {
+                            PairRows::packed(&ap[ip * pairs * MR..(ip + 1) * pairs * MR])
+                        };
+                        // SAFETY: the tile (first, j0 + jp * NR) of rows x cols lies inside dst;
+                        // a_rows and bpanel hold `pairs` pairs.
                         unsafe {
                             let c = dst
                                 .ptr
-                                .offset((r0 + ip * MR) as isize * dst.row_stride + (j0 + jp * NR) as isize);
+                                .offset(first as isize * dst.row_stride + (j0 + jp * NR) as isize);
                             #[cfg(target_arch = "x86_64")]
-                            avx512::tile(pairs, apanel, bpanel, c, dst.row_stride, rows, cols, load);
+                            avx512::tile(pairs, a_rows, bpanel, c, dst.row_stride, rows, cols, load);
                             #[cfg(not(target_arch = "x86_64"))]
-                            let _ = (c, rows, cols, load, apanel, bpanel);
+                            let _ = (c, rows, cols, load, a_rows, bpanel);
                         }
                     }
                 }
@@ -304,23 +320,59 @@ pub unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf1
     }
 }
 
+/// Where a tile reads the pairs of its [`MR`] rows of A: pair `p` of row `r` is the 4 bytes at
+/// `rows[r] + p * step` (the element of the even index in the low half).
+#[derive(Clone, Copy)]
+struct PairRows {
+    rows: [*const u8; MR],
+    step: usize,
+}
+
+impl PairRows {
+    /// A packed panel ([`pack_a`]): `MR` words per pair.
+    fn packed(panel: &[u32]) -> PairRows {
+        let base = panel.as_ptr().cast::<u8>();
+        PairRows {
+            rows: std::array::from_fn(|r| base.wrapping_add(4 * r)),
+            step: 4 * MR,
+        }
+    }
+
+    /// Rows `first..first + rows` of `a` (`a.col_stride == 1`) from inner element `c0`, read in
+    /// place; rows of the tile past `rows` read the first.
+    ///
+    /// # Safety
+    /// `rows >= 1`, and the rows lie inside the matrix the caller of `gemm` vouched for.
+    unsafe fn in_place(a: MatRef<bf16>, first: usize, rows: usize, c0: usize) -> PairRows {
+        let at = |i: usize| {
+            // SAFETY: row i, element c0, inside the matrix.
+            unsafe { a.ptr.offset(i as isize * a.row_stride + c0 as isize).cast::<u8>() }
+        };
+        PairRows {
+            rows: std::array::from_fn(|r| if r < rows { at(first + r) } else { at(first) }),
+            step: 4,
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{MR, NR, NV};
+    use super::{PairRows, MR, NR, NV};
     use std::arch::x86_64::*;
 
     /// One `rows x cols` tile (at most `MR x NR`) of the output at `c` (rows `row_stride`
     /// apart): its accumulators start at zero, or at the tile's values when `load`, add the
-    /// products of `pairs` packed pairs, and are stored.
+    /// products of `pairs` pairs of A's rows (`a`) and of B's packed panel (`b`), and are
+    /// stored.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F and BF16; `a` holds `pairs x MR` words and `b` `pairs x NR`; the
-    /// tile lies inside the output.
+    /// The CPU has AVX-512 F and BF16; `a` reads `pairs` pairs of each row and `b` holds
+    /// `pairs x NR` words; the tile lies inside the output.
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn tile(
         pairs: usize,
-        a: &[u32],
+        a: PairRows,
         b: &[u32],
         c: *mut f32,
         row_stride: isize,
@@ -328,7 +380,7 @@ mod avx512 {
         cols: usize,
         load: bool,
     ) {
-        debug_assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
+        debug_assert!(b.len() >= pairs * NR);
         // columns of each vector inside the tile
         let mut masks = [0 as __mmask16; NV];
         for (v, m) in masks.iter_mut().enumerate() {
@@ -346,16 +398,18 @@ mod avx512 {
                 }
             }
         }
-        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        let bp = b.as_ptr();
         for p in 0..pairs {
-            // SAFETY: pair p of the panels (lengths checked above).
+            // SAFETY: pair p of A's rows (as the caller promises) and of B's panel (its length
+            // checked above).
             unsafe {
                 let mut bv = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NV];
                 for (v, b) in bv.iter_mut().enumerate() {
                     *b = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bp.add(p * NR + 16 * v).cast()));
                 }
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(p * MR + r) as i32));
+                    let pair = a.rows[r].add(p * a.step).cast::<i32>().read_unaligned();
+                    let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
                     for (acc, &b) in acc.iter_mut().zip(&bv) {
                         *acc = _mm512_dpbf16_ps(*acc, x, b);
                     }
