@@ -282,7 +282,7 @@ pub unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf1
             unsafe { pack_b(bj, nc, c0, kc, &mut bp) };
             // rows whose pairs lie side by side in memory are read in place (a whole number of
             // pairs: an odd last block is packed, its padding zero)
-            let direct = a.col_stride == 1 && kc % 2 == 0;
+            let direct = a.col_stride == 1 && kc.is_multiple_of(2);
             for r0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - r0);
                 if !direct {
