@@ -364,6 +364,11 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
     let mut metrics: Vec<(i64, String, f64, f64)> = Vec::with_capacity(o.batch.min(4096));
     let mut artifacts: Vec<(String, String)> = Vec::new();
     let mut oldest: Option<Instant> = None;
+    // a batch whose transaction could not start waits for its retry (a flush interval later)
+    // however large it grows: trying again at every record would block for the busy timeout
+    // per record; records keep being received meanwhile (the channel never blocks the run), so
+    // what waits is bounded only by what the run logs while the store stays locked
+    let mut kept = false;
     let mut last_beat = Instant::now();
     let mut lost: Option<Error> = None;
     let (status, error) = loop {
@@ -390,14 +395,15 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
             }
         }
         let due = oldest.is_some_and(|t| t.elapsed() >= o.flush_every);
-        if metrics.len() + artifacts.len() >= o.batch || due {
-            oldest = match flush(&mut conn, path, id, &mut metrics, &mut artifacts) {
-                Ok(()) => None,
+        let full = !kept && metrics.len() + artifacts.len() >= o.batch;
+        if full || due {
+            (oldest, kept) = match flush(&mut conn, path, id, &mut metrics, &mut artifacts) {
+                Ok(()) => (None, false),
                 // kept: tried again a flush interval from now, also when nothing more arrives
-                Err(Flush::NotStarted(_)) => Some(Instant::now()),
+                Err(Flush::NotStarted(_)) => (Some(Instant::now()), true),
                 Err(Flush::Lost(e)) => {
                     lost.get_or_insert(e);
-                    None
+                    (None, false)
                 }
             };
             last_beat = Instant::now();

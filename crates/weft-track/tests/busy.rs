@@ -18,13 +18,18 @@ const BUSY: Duration = Duration::from_millis(200);
 
 /// A writer whose store waits `BUSY` for a lock, flushing and beating every 20 ms.
 fn writer(dir: &Path) -> RunWriter {
+    writer_batching(dir, 10_000)
+}
+
+/// [`writer`] writing once `batch` records wait.
+fn writer_batching(dir: &Path, batch: usize) -> RunWriter {
     let run = NewRun {
         experiment: "e".into(),
         name: Some("r".into()),
         ..Default::default()
     };
     let options = WriterOptions {
-        batch: 10_000,
+        batch,
         flush_every: Duration::from_millis(20),
         heartbeat: Duration::from_millis(20),
     };
@@ -120,5 +125,60 @@ fn records_still_unwritten_at_the_end_are_reported_lost() {
     assert_eq!(metric_count(&dir, w.id()), 5);
     let store = Store::open(&dir).unwrap();
     assert_eq!(store.run_detail(w.id()).unwrap().summary.status, "running");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Records logged while the store is locked, many more than a batch: `end` waits a few busy
+/// timeouts, not one per record.
+const MANY: u64 = 100;
+
+#[test]
+fn a_full_batch_kept_while_the_store_is_locked_waits_its_retry_and_loses_nothing() {
+    let dir = temp_dir("full-kept");
+    let w = writer_batching(&dir, 8);
+    for s in 0..5 {
+        w.log(s, "loss", s as f64);
+    }
+    assert!(wait_for_rows(&dir, w.id(), 5));
+    let holder = hold_lock(&dir);
+    for s in 5..5 + MANY {
+        w.log(s, "loss", s as f64);
+    }
+    std::thread::sleep(BUSY * 3);
+    let released = Instant::now();
+    holder.execute_batch("ROLLBACK").unwrap();
+    // the kept batch (all of them, received meanwhile) is written at its next retry
+    assert!(
+        wait_for_rows(&dir, w.id(), 5 + MANY as i64),
+        "{} rows",
+        metric_count(&dir, w.id())
+    );
+    assert!(released.elapsed() < BUSY * 5, "{:?}", released.elapsed());
+    w.end(Status::Finished, None).expect("nothing was lost");
+    let detail = Store::open(&dir).unwrap().run_detail(w.id()).unwrap();
+    assert_eq!(detail.summary.status, "finished");
+    assert_eq!(detail.metrics["loss"].count, 5 + MANY as i64);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_full_batch_still_locked_at_the_end_is_reported_lost_after_a_few_busy_timeouts() {
+    let dir = temp_dir("full-lost");
+    let w = writer_batching(&dir, 8);
+    for s in 0..5 {
+        w.log(s, "loss", s as f64);
+    }
+    assert!(wait_for_rows(&dir, w.id(), 5));
+    let holder = hold_lock(&dir);
+    for s in 5..5 + MANY {
+        w.log(s, "loss", s as f64);
+    }
+    // one flush attempt per retry and one at the end, not one per record (100 x 200 ms)
+    let t = Instant::now();
+    let e = w.end(Status::Finished, None).expect_err("the last batch was lost");
+    assert!(t.elapsed() < BUSY * 10, "end took {:?}", t.elapsed());
+    assert!(e.to_string().contains("locked"), "{e}");
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(metric_count(&dir, w.id()), 5);
     let _ = std::fs::remove_dir_all(&dir);
 }
