@@ -413,13 +413,19 @@ pub async fn completions(
     // step); no usage follows, which would count a failed request as if it had been answered
     let failed = Arc::new(AtomicBool::new(false));
     let ended = failed.clone();
-    let answers = stream::select_all(streams).scan(false, move |over, (event, failure)| {
-        if *over {
-            return std::future::ready(None);
+    // the flag is read before the next completion is awaited: the stream ends right after the
+    // error, and the other completions' channels go with it (a `scan` would first wait for
+    // another completion's next piece, which a slow or waiting completion may take long to make)
+    let answers = stream::unfold((stream::select_all(streams), false), move |(mut all, over)| {
+        let ended = ended.clone();
+        async move {
+            if over {
+                return None;
+            }
+            let (event, failure) = all.next().await?;
+            ended.fetch_or(failure, Ordering::SeqCst);
+            Some((event, (all, failure)))
         }
-        *over = failure;
-        ended.fetch_or(failure, Ordering::SeqCst);
-        std::future::ready(Some(event))
     });
     // after every completion has ended: their tokens are all counted
     let prompt_tokens = ids.len();

@@ -1,27 +1,34 @@
 //! Requests while their model runs: a streamed completion that fails halfway (a gpt whose
-//! position 8 gives NaN logits) ends with its error and no usage chunk, and a request held in
-//! its forward (a model that waits on the test) counts its input against the budget, so that
-//! a request that would pass the budget meanwhile is a 503 with `Retry-After`.
+//! position 8 gives NaN logits) ends with its error and no usage chunk, also while another
+//! completion of it waits in its forward, and a request held in its forward (a model that waits
+//! on the test) counts its input against the budget, so that a request that would pass the
+//! budget meanwhile is a 503 with `Retry-After`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use weft_core::Device;
 use weft_core::{Result, Tensor};
-use weft_models::Model;
+use weft_models::{CachedTokens, KvCache, LanguageModel, Model, StageCut, StagedModel};
+use weft_nn::parallel::TpGroup;
 use weft_nn::{Context, Module};
 
 use super::answers::{infer_raw, split_answer, status};
 use super::{exchange, message, request, start_with, wait};
-use crate::model::{test_gpt, test_version};
+use crate::model::{test_gpt, test_gpt_with, test_version};
 use crate::registry::Served;
-use crate::Limits;
+use crate::{Limits, LoadOptions};
 
 /// The test gpt `g` as version `broken`, whose position `at` gives NaN logits: a completion
 /// fails at the token drawn there.
 fn broken_gpt(at: usize) -> Served {
-    let mut served = test_gpt();
+    broken(test_gpt(), at)
+}
+
+/// `served` (the test gpt) as version `broken`, whose position `at` gives NaN logits.
+fn broken(mut served: Served, at: usize) -> Served {
     served.version = "broken".into();
     let lm = served.lm.clone().expect("a language model");
     let (_, wpe) = lm
@@ -91,6 +98,133 @@ fn a_stream_that_fails_halfway_ends_with_its_error_and_no_usage() {
     let events = events(s.inference, &body);
     let usage = &events[events.len() - 2]["usage"];
     assert_eq!(usage["completion_tokens"], 3, "{events:?}");
+}
+
+/// A language model whose cached forwards after the first `free` wait while the test holds
+/// `gate`.
+struct GatedLm {
+    inner: Arc<dyn LanguageModel>,
+    free: usize,
+    calls: AtomicUsize,
+    gate: Arc<RwLock<()>>,
+}
+
+impl Module for GatedLm {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        self.inner.parameters()
+    }
+}
+
+impl Model for GatedLm {
+    fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.inner.loss(inputs, targets)
+    }
+
+    fn logits(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.inner.logits(inputs)
+    }
+
+    fn context(&self) -> &Context {
+        self.inner.context()
+    }
+}
+
+impl StagedModel for GatedLm {
+    fn stage_forward(&self, stage: usize, stages: usize, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.inner.stage_forward(stage, stages, input, targets)
+    }
+
+    fn stage_parameters(&self, stage: usize, stages: usize) -> Result<Vec<(String, Tensor)>> {
+        self.inner.stage_parameters(stage, stages)
+    }
+
+    fn activation_shape(&self, input_shape: &[usize]) -> Vec<usize> {
+        self.inner.activation_shape(input_shape)
+    }
+
+    fn shared_parameters(&self) -> Vec<String> {
+        self.inner.shared_parameters()
+    }
+
+    fn stage_context(&self) -> &Context {
+        self.inner.stage_context()
+    }
+}
+
+impl LanguageModel for GatedLm {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+
+    fn forward_ids(&self, idx: &Tensor) -> Result<Tensor> {
+        self.inner.forward_ids(idx)
+    }
+
+    fn new_cache(&self) -> KvCache {
+        self.inner.new_cache()
+    }
+
+    fn forward_cached(&self, seqs: &mut [CachedTokens]) -> Result<Tensor> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) >= self.free {
+            let _open = self.gate.read();
+            return self.inner.forward_cached(seqs);
+        }
+        self.inner.forward_cached(seqs)
+    }
+
+    fn make_tensor_parallel(&mut self, _group: &TpGroup) -> Result<()> {
+        unreachable!("served whole")
+    }
+
+    fn set_stage_cut(&mut self, _cut: StageCut) {}
+}
+
+#[test]
+fn a_failed_completion_ends_its_stream_without_waiting_for_the_others() {
+    // one sequence at a time: the second completion waits for the first, which fails at its 5th
+    // step (its 5 forwards: the prompt, then 4 tokens); the second's next forward waits on the
+    // test, so it makes no piece while the stream ends
+    let mut served = broken(
+        test_gpt_with(LoadOptions {
+            max_sequences: 1,
+            ..LoadOptions::default()
+        }),
+        8,
+    );
+    let gate = Arc::new(RwLock::new(()));
+    served.lm = Some(Arc::new(GatedLm {
+        inner: served.lm.clone().expect("a language model"),
+        free: 5,
+        calls: AtomicUsize::new(0),
+        gate: gate.clone(),
+    }));
+    let s = start_with(Limits::default(), vec![served]);
+    let closed = gate.write().unwrap();
+    let body = json!({"model": "g:broken", "prompt": "to be", "max_tokens": 10, "n": 2, "stream": true,
+        "seed": 1, "stream_options": {"include_usage": true}})
+    .to_string();
+    let raw = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let got = exchange(s.inference, raw.as_bytes(), Duration::from_secs(10));
+    drop(closed);
+    let got = got.expect("the stream did not end after the error");
+    let text = String::from_utf8_lossy(&got);
+    let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let [.., error, done] = events.as_slice() else {
+        panic!("{text}")
+    };
+    assert_eq!(*done, "[DONE]", "{text}");
+    assert!(error.contains("new token 4"), "{text}");
 }
 
 /// A model whose forward waits while the test holds `gate`, counting the forwards that began.
