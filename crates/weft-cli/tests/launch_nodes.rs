@@ -284,3 +284,40 @@ fn the_other_nodes_notice_a_stopped_node_0() {
         ],
     );
 }
+
+/// A store that answers but where node 0 never publishes its settings (node 0 runs a weft that
+/// does not): node 1's launcher, with and without rendezvous rounds, says so after the 10 s it
+/// waits. It said it had lost node 0's launcher before, as if that had crashed.
+#[test]
+fn settings_never_published_are_not_said_as_a_lost_node_0() {
+    let store = weft_dist::store::StoreServer::start("127.0.0.1:0", weft_dist::Token::new("tok-nodes").unwrap())
+        .expect("a store");
+    let port = store.addr().port().to_string();
+    let flags = |nnodes| {
+        [
+            "--nnodes",
+            nnodes,
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port,
+        ]
+    };
+    let mut nodes = [node(&flags("2"), Some("true")), node(&flags("1:2"), Some("true"))];
+    for n in nodes.iter_mut() {
+        let code = n.finish(40);
+        let text = n.show();
+        assert_eq!(code, Some(1), "{text}");
+        assert!(
+            text.contains(
+                "weft: error: the launcher with --node-rank 0 did not publish its settings in the store within 10 s \
+                 (run the same weft on every node)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("lost the launcher"), "{text}");
+        assert!(!text.contains("[rank"), "started workers:\n{text}");
+    }
+}

@@ -145,7 +145,7 @@ pub(super) fn run(
         }
     };
     let lost = |e| node_0_lost(serves_store, e);
-    if let Some(why) = check_settings(&store, cfg, serves_store).map_err(lost)? {
+    if let Some(why) = check_settings(&store, cfg, serves_store)? {
         weft_core::errln!("weft launch: job failed: {why}");
         return Ok(EXIT_FAILED);
     }

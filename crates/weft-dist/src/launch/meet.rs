@@ -94,10 +94,13 @@ fn nnodes_text(min: &str, max: &str) -> String {
 }
 
 /// Node 0's launcher publishes its settings; another compares its own with them. `Ok(Some(why))`
-/// when they differ: the job then fails on every node ([`FATAL`] is set).
+/// when they differ: the job then fails on every node ([`FATAL`] is set). A store call that
+/// fails is said as losing node 0's launcher ([`node_0_lost`]); settings not published in time,
+/// or not readable, are said as they are (node 0 runs another weft: nothing was lost).
 pub(super) fn check_settings(store: &StoreClient, cfg: &LaunchConfig, serves_store: bool) -> Result<Option<String>> {
+    let lost = |e| node_0_lost(serves_store, e);
     if serves_store {
-        store.set(SETTINGS, settings(cfg).as_bytes())?;
+        store.set(SETTINGS, settings(cfg).as_bytes()).map_err(lost)?;
         return Ok(None);
     }
     let theirs = match store.get(SETTINGS, SETTINGS_WAIT) {
@@ -109,7 +112,7 @@ pub(super) fn check_settings(store: &StoreClient, cfg: &LaunchConfig, serves_sto
                 SETTINGS_WAIT.as_secs()
             )))
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(lost(e)),
     };
     let parts = |s: &str| -> Option<(String, String, String)> {
         let mut words = s.split(' ');
@@ -145,7 +148,7 @@ pub(super) fn check_settings(store: &StoreClient, cfg: &LaunchConfig, serves_sto
         cfg.node_rank,
         store.local_ip()
     );
-    set_fatal(store, &why)?;
+    set_fatal(store, &why).map_err(lost)?;
     Ok(Some(why))
 }
 
@@ -201,7 +204,7 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
         set_fatal(&store, &why).map_err(lost)?;
         return failed(why);
     }
-    if let Some(why) = check_settings(&store, cfg, serves_store).map_err(lost)? {
+    if let Some(why) = check_settings(&store, cfg, serves_store)? {
         return failed(why);
     }
     if store.add(&format!("{}/arrived", claim(me)), 1).map_err(lost)? == 1 {
