@@ -153,7 +153,7 @@ fn a_full_batch_kept_while_the_store_is_locked_waits_its_retry_and_loses_nothing
         "{} rows",
         metric_count(&dir, w.id())
     );
-    assert!(released.elapsed() < BUSY * 5, "{:?}", released.elapsed());
+    assert!(released.elapsed() < BUSY * 25, "{:?}", released.elapsed());
     w.end(Status::Finished, None).expect("nothing was lost");
     let detail = Store::open(&dir).unwrap().run_detail(w.id()).unwrap();
     assert_eq!(detail.summary.status, "finished");
@@ -173,10 +173,11 @@ fn a_full_batch_still_locked_at_the_end_is_reported_lost_after_a_few_busy_timeou
     for s in 5..5 + MANY {
         w.log(s, "loss", s as f64);
     }
-    // one flush attempt per retry and one at the end, not one per record (100 x 200 ms)
+    // one flush attempt per retry and one at the end, not one per record (100 x 200 ms: 19 s
+    // before; the bound leaves room for a loaded machine)
     let t = Instant::now();
     let e = w.end(Status::Finished, None).expect_err("the last batch was lost");
-    assert!(t.elapsed() < BUSY * 10, "end took {:?}", t.elapsed());
+    assert!(t.elapsed() < BUSY * 40, "end took {:?}", t.elapsed());
     assert!(e.to_string().contains("locked"), "{e}");
     holder.execute_batch("ROLLBACK").unwrap();
     assert_eq!(metric_count(&dir, w.id()), 5);
