@@ -49,11 +49,6 @@ pub fn available() -> bool {
     }
 }
 
-struct SyncPtrs(*mut f32, *const bf16, *const bf16);
-// SAFETY: the pointers are only used for disjoint output blocks (see `gemm_parallel_then`).
-unsafe impl Send for SyncPtrs {}
-unsafe impl Sync for SyncPtrs {}
-
 /// `dst[M, N] (=|+=) a[M, K] @ b[K, N]`, bf16 operands and an f32 result, on the compute pool:
 /// one block of rows (or of columns, when there are fewer rows than columns) per thread, then
 /// `then(block)` on each block right after its product (as [`super::matmul::gemm_parallel_then`]).
@@ -83,44 +78,20 @@ pub unsafe fn gemm_parallel_then(
     // whole tiles per piece where there are enough of them
     let tile = if along_rows { MR } else { NR };
     let chunk = len.div_ceil(pieces).next_multiple_of(tile).min(len.max(1));
-    let ptrs = SyncPtrs(dst.ptr, a.ptr, b.ptr);
-    super::pool::run(len.div_ceil(chunk.max(1)), |p| {
-        let ptrs = &ptrs;
-        let start = p * chunk;
-        let size = chunk.min(len.saturating_sub(start));
-        if size == 0 {
-            return;
-        }
-        let ((row0, rows), (col0, cols)) = if along_rows {
-            ((start, size), (0, n))
-        } else {
-            ((0, m), (start, size))
-        };
-        // SAFETY: each piece writes a disjoint block of rows (or columns) of dst; the offsets
-        // stay inside the operands the caller vouched for.
-        unsafe {
-            let d = MatMut {
-                ptr: ptrs.0.offset(row0 as isize * dst.row_stride + col0 as isize),
-                ..dst
-            };
-            let ap = MatRef {
-                ptr: ptrs.1.offset(row0 as isize * a.row_stride),
-                ..a
-            };
-            let bp = MatRef {
-                ptr: ptrs.2.offset(col0 as isize * b.col_stride),
-                ..b
-            };
-            gemm(rows, cols, k, d, ap, bp);
-            then(Block {
-                ptr: d.ptr,
-                row_stride: dst.row_stride,
-                rows,
-                col0,
-                cols,
-            });
-        }
-    });
+    // SAFETY: `gemm` writes only its block; the rest as the caller promises.
+    unsafe {
+        super::matmul::for_each_block(
+            m,
+            n,
+            dst,
+            a,
+            b,
+            along_rows,
+            chunk,
+            |rows, cols, d, a, b| gemm(rows, cols, k, d, a, b),
+            then,
+        )
+    }
 }
 
 /// [`gemm_parallel_then`] with nothing after each block.

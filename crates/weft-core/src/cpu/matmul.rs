@@ -108,10 +108,10 @@ pub unsafe fn gemm<T: 'static + Copy + Default>(
     );
 }
 
-struct SyncPtr<T>(*mut T, *const T, *const T);
-// SAFETY: the pointers are only used for disjoint output blocks (see `gemm_parallel`).
-unsafe impl<T> Send for SyncPtr<T> {}
-unsafe impl<T> Sync for SyncPtr<T> {}
+struct SyncPtr<I, O>(*mut O, *const I, *const I);
+// SAFETY: the pointers are only used for disjoint output blocks (see `for_each_block`).
+unsafe impl<I, O> Send for SyncPtr<I, O> {}
+unsafe impl<I, O> Sync for SyncPtr<I, O> {}
 
 /// Products of fewer multiply-adds than this run on the calling thread.
 const PARALLEL_MIN: usize = 1 << 15;
@@ -198,8 +198,45 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
     });
     let len = if along_rows { m } else { n };
     let chunk = len.div_ceil(pieces);
+    // SAFETY: as the caller promises.
+    unsafe {
+        for_each_block(
+            m,
+            n,
+            dst,
+            a,
+            b,
+            along_rows,
+            chunk,
+            |rows, cols, d, a, b| gemm(rows, cols, k, d, a, b, one, scale),
+            then,
+        )
+    }
+}
+
+/// Runs `product(rows, cols, dst, a, b)` on each block of `chunk` rows of `dst` (of `chunk`
+/// columns when not `along_rows`), with `a` and `b` offset to the block, one block per task of
+/// the pool, then `then(block)` on the block right after its product.
+///
+/// # Safety
+/// `product` must write only the `rows x cols` block it is handed; `dst` must be valid for an
+/// `m x n` matrix at its stride, and `a`/`b` for every strided read of `m` rows and `n` columns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn for_each_block<I, O>(
+    m: usize,
+    n: usize,
+    dst: MatMut<O>,
+    a: MatRef<I>,
+    b: MatRef<I>,
+    along_rows: bool,
+    chunk: usize,
+    product: impl Fn(usize, usize, MatMut<O>, MatRef<I>, MatRef<I>) + Sync,
+    then: impl Fn(Block<O>) + Sync,
+) {
+    let len = if along_rows { m } else { n };
+    let chunk = chunk.max(1);
     let ptrs = SyncPtr(dst.ptr, a.ptr, b.ptr);
-    super::pool::run(pieces, |p| {
+    super::pool::run(len.div_ceil(chunk), |p| {
         let ptrs = &ptrs;
         let start = p * chunk;
         let size = chunk.min(len.saturating_sub(start));
@@ -214,27 +251,30 @@ pub unsafe fn gemm_parallel_then<T: 'static + Copy + Default + Send + Sync>(
         };
         // SAFETY: each piece writes a disjoint block of rows (or columns) of dst; the offsets
         // stay inside the operands the caller vouched for.
-        unsafe {
-            let d = MatMut {
-                ptr: ptrs.0.offset(row0 as isize * dst.row_stride + col0 as isize),
-                ..dst
-            };
-            let ap = MatRef {
-                ptr: ptrs.1.offset(row0 as isize * a.row_stride),
-                ..a
-            };
-            let bp = MatRef {
-                ptr: ptrs.2.offset(col0 as isize * b.col_stride),
-                ..b
-            };
-            gemm(rows, cols, k, d, ap, bp, one, scale);
-            then(Block {
-                ptr: d.ptr,
-                row_stride: dst.row_stride,
-                rows,
-                col0,
-                cols,
-            });
-        }
+        let (d, ap, bp) = unsafe {
+            (
+                MatMut {
+                    ptr: ptrs.0.offset(row0 as isize * dst.row_stride + col0 as isize),
+                    ..dst
+                },
+                MatRef {
+                    ptr: ptrs.1.offset(row0 as isize * a.row_stride),
+                    ..a
+                },
+                MatRef {
+                    ptr: ptrs.2.offset(col0 as isize * b.col_stride),
+                    ..b
+                },
+            )
+        };
+        let ptr = d.ptr;
+        product(rows, cols, d, ap, bp);
+        then(Block {
+            ptr,
+            row_stride: dst.row_stride,
+            rows,
+            col0,
+            cols,
+        });
     });
 }
