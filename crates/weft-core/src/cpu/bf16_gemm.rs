@@ -7,12 +7,12 @@
 //! the inner dimension (BLIS's packing, Van Zee and van de Geijn, "BLIS: A Framework for Rapidly
 //! Instantiating BLAS Functionality", TOMS 2015), A read in place where its rows are contiguous
 //! (each pair one word in memory) and packed the same way where not, and multiplied by an
-//! 8 x 32 microkernel. The
-//! products of two bf16 values are exact in f32, and each is added to its accumulator with one
-//! rounding, as an f32 fused multiply-add of the converted operands would be; what differs is the
-//! order of the additions (pairs `2p + 1` then `2p` of each block of [`KC`], blocks in order) and
-//! that the instruction treats subnormal inputs as zero and flushes subnormal results to zero,
-//! as PyTorch's CPU bf16 products (oneDNN) do on the same instruction.
+//! 8 x 32 microkernel. The products of two bf16 values are exact in f32, and each is added to
+//! its accumulator with one rounding, as an f32 fused multiply-add of the converted operands
+//! would be; what differs is the order of the additions (pairs `2p + 1` then `2p` of each block
+//! of [`KC`], blocks in order) and that the instruction treats subnormal inputs as zero and
+//! flushes subnormal results to zero, as PyTorch's CPU bf16 products (oneDNN) do on the same
+//! instruction.
 
 use super::matmul::{Block, MatMut, MatRef};
 use half::bf16;
