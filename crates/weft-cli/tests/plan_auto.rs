@@ -127,7 +127,10 @@ fn calibration_is_written_read_back_and_rebuilt_when_broken() {
     // a broken file and one of another version are measured again, with a warning
     for broken in [
         "format = \"weft-plan-calibration\"\nversion = [",
-        &text.replace("version = 3", "version = 99"),
+        &text.replace(
+            &format!("version = {}", weft_plan::calibration::VERSION),
+            "version = 99",
+        ),
     ] {
         std::fs::write(calibration_file(&cache), broken).unwrap();
         let out = calibrate(&cache);
