@@ -69,15 +69,21 @@ fn wait_for_rows(dir: &Path, id: i64, n: i64) -> bool {
     false
 }
 
+/// Steps 0 to 4 logged and written through `w`, then the store locked by another connection
+/// (the lock held until the returned connection rolls back).
+fn five_written_then_locked(dir: &Path, w: &RunWriter) -> Connection {
+    for s in 0..5 {
+        w.log(s, "loss", s as f64);
+    }
+    assert!(wait_for_rows(dir, w.id(), 5));
+    hold_lock(dir)
+}
+
 #[test]
 fn a_store_busy_past_the_timeout_loses_nothing_and_end_reports_no_loss() {
     let dir = temp_dir("outlived");
     let w = writer(&dir);
-    for s in 0..5 {
-        w.log(s, "loss", s as f64);
-    }
-    assert!(wait_for_rows(&dir, w.id(), 5));
-    let holder = hold_lock(&dir);
+    let holder = five_written_then_locked(&dir, &w);
     // logged while the lock is held: flushes and heartbeats fail after the busy timeout, several
     // times over
     for s in 5..20 {
@@ -109,11 +115,7 @@ fn a_store_busy_past_the_timeout_loses_nothing_and_end_reports_no_loss() {
 fn records_still_unwritten_at_the_end_are_reported_lost() {
     let dir = temp_dir("lost");
     let w = writer(&dir);
-    for s in 0..5 {
-        w.log(s, "loss", s as f64);
-    }
-    assert!(wait_for_rows(&dir, w.id(), 5));
-    let holder = hold_lock(&dir);
+    let holder = five_written_then_locked(&dir, &w);
     for s in 5..10 {
         w.log(s, "loss", s as f64);
     }
@@ -136,11 +138,7 @@ const MANY: u64 = 100;
 fn a_full_batch_kept_while_the_store_is_locked_waits_its_retry_and_loses_nothing() {
     let dir = temp_dir("full-kept");
     let w = writer_batching(&dir, 8);
-    for s in 0..5 {
-        w.log(s, "loss", s as f64);
-    }
-    assert!(wait_for_rows(&dir, w.id(), 5));
-    let holder = hold_lock(&dir);
+    let holder = five_written_then_locked(&dir, &w);
     for s in 5..5 + MANY {
         w.log(s, "loss", s as f64);
     }
@@ -165,11 +163,7 @@ fn a_full_batch_kept_while_the_store_is_locked_waits_its_retry_and_loses_nothing
 fn a_full_batch_still_locked_at_the_end_is_reported_lost_after_a_few_busy_timeouts() {
     let dir = temp_dir("full-lost");
     let w = writer_batching(&dir, 8);
-    for s in 0..5 {
-        w.log(s, "loss", s as f64);
-    }
-    assert!(wait_for_rows(&dir, w.id(), 5));
-    let holder = hold_lock(&dir);
+    let holder = five_written_then_locked(&dir, &w);
     for s in 5..5 + MANY {
         w.log(s, "loss", s as f64);
     }
