@@ -17,6 +17,7 @@ pub mod filter;
 mod metrics;
 mod read;
 mod resume;
+mod spill;
 mod store;
 pub mod sweep_tags;
 pub mod system;

@@ -12,6 +12,7 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use crate::error::{Error, Result, SqlContext};
 use crate::metrics::insert_metrics;
 use crate::resume::RunRef;
+use crate::spill::{Record, Spill};
 use crate::{OpenOptions, Status, Store};
 
 /// What is known of a run when it starts.
@@ -81,6 +82,10 @@ pub struct WriterOptions {
     pub flush_every: Duration,
     /// How often the run's heartbeat is written while it lives. Default: 10 s.
     pub heartbeat: Duration,
+    /// While the store stays locked, metric records waiting in memory past this many move to a
+    /// file beside the store (`weft.db.run-ID.spill`), written to the store, oldest first, once
+    /// it is free. Default: 262,144 (about 20 MB of records).
+    pub spill_at: usize,
 }
 
 impl Default for WriterOptions {
@@ -89,6 +94,7 @@ impl Default for WriterOptions {
             batch: 512,
             flush_every: Duration::from_secs(1),
             heartbeat: Duration::from_secs(10),
+            spill_at: 1 << 18,
         }
     }
 }
@@ -361,14 +367,16 @@ pub(crate) fn insert_params_and_tags(conn: &Connection, path: &Path, id: i64, ru
 /// The writing thread: batches records, beats, and writes the status at the end; the first
 /// error that lost records or the status.
 fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: WriterOptions) -> Result<()> {
-    let mut metrics: Vec<(i64, String, f64, f64)> = Vec::with_capacity(o.batch.min(4096));
+    let mut metrics: Vec<Record> = Vec::with_capacity(o.batch.min(4096));
     let mut artifacts: Vec<(String, String)> = Vec::new();
     let mut oldest: Option<Instant> = None;
     // a batch whose transaction could not start waits for its retry (a flush interval later)
     // however large it grows: trying again at every record would block for the busy timeout
-    // per record; records keep being received meanwhile (the channel never blocks the run), so
-    // what waits is bounded only by what the run logs while the store stays locked
+    // per record; records keep being received meanwhile (the channel never blocks the run), and
+    // past `spill_at` of them they move to the spill file, so what waits in memory is bounded by
+    // `spill_at` and what the run logs during one busy timeout
     let mut kept = false;
+    let mut spill = Spill::new(path, id);
     let mut last_beat = Instant::now();
     let mut lost: Option<Error> = None;
     let (status, error) = loop {
@@ -380,6 +388,10 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
             Ok(Msg::Metric { step, key, value, time }) => {
                 metrics.push((step, key, value, time));
                 oldest.get_or_insert_with(Instant::now);
+                if kept && metrics.len() >= o.spill_at.max(1) {
+                    // a failed append leaves them in memory: nothing is lost either way
+                    let _ = spill.append(&mut metrics);
+                }
             }
             Ok(Msg::Artifact { kind, path }) => {
                 artifacts.push((kind, path));
@@ -397,15 +409,15 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
         let due = oldest.is_some_and(|t| t.elapsed() >= o.flush_every);
         let full = !kept && metrics.len() + artifacts.len() >= o.batch;
         if full || due {
-            (oldest, kept) = match flush(&mut conn, path, id, &mut metrics, &mut artifacts) {
-                Ok(()) => (None, false),
-                // kept: tried again a flush interval from now, also when nothing more arrives
-                Err(Flush::NotStarted(_)) => (Some(Instant::now()), true),
-                Err(Flush::Lost(e)) => {
-                    lost.get_or_insert(e);
-                    (None, false)
-                }
-            };
+            let flushed = flush(&mut conn, path, id, &mut metrics, &mut artifacts, &mut spill);
+            kept = matches!(flushed, Err(Flush::NotStarted(_)));
+            if let Err(Flush::Lost(e)) = flushed {
+                lost.get_or_insert(e);
+            }
+            // what is still waiting (kept, or after a lost spilled chunk) is tried again a flush
+            // interval from now, also when nothing more arrives
+            let waiting = !metrics.is_empty() || !artifacts.is_empty() || spill.waiting() > 0;
+            oldest = waiting.then(Instant::now);
             last_beat = Instant::now();
         } else if last_beat.elapsed() >= o.heartbeat {
             // a missed beat loses nothing: the next one (or the end) writes a newer time
@@ -414,14 +426,15 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
         }
     };
     // what cannot be written now is never written
-    match flush(&mut conn, path, id, &mut metrics, &mut artifacts) {
+    match flush(&mut conn, path, id, &mut metrics, &mut artifacts, &mut spill) {
         Ok(()) => {}
         // nothing was waiting: only a heartbeat is missed
-        Err(Flush::NotStarted(_)) if metrics.is_empty() && artifacts.is_empty() => {}
+        Err(Flush::NotStarted(_)) if metrics.is_empty() && artifacts.is_empty() && spill.waiting() == 0 => {}
         Err(Flush::NotStarted(e) | Flush::Lost(e)) => {
             lost.get_or_insert(e);
         }
     }
+    spill.remove();
     let end = conn
         .execute(
             "UPDATE runs SET status = ?2, end_time = ?3, heartbeat = ?3, error = ?4 WHERE id = ?1",
@@ -443,12 +456,55 @@ enum Flush {
     Lost(Error),
 }
 
-/// Writes the waiting records and the heartbeat in one transaction.
+/// Spilled records at most per transaction when they are read back.
+const SPILL_CHUNK: usize = 1 << 16;
+
+/// Writes the waiting records and the heartbeat: the spilled ones first (the oldest), a
+/// transaction per [`SPILL_CHUNK`], then those in memory in one.
 fn flush(
     conn: &mut Connection,
     path: &Path,
     id: i64,
-    metrics: &mut Vec<(i64, String, f64, f64)>,
+    metrics: &mut Vec<Record>,
+    artifacts: &mut Vec<(String, String)>,
+    spill: &mut Spill,
+) -> std::result::Result<(), Flush> {
+    while spill.waiting() > 0 {
+        let (chunk, at) = match spill.peek(SPILL_CHUNK) {
+            Ok(read) => read,
+            Err(source) => {
+                // unreadable: what it held is lost (and reported even when the records in
+                // memory, tried next, are kept)
+                let e = Error::Io {
+                    path: spill.path().to_path_buf(),
+                    source,
+                };
+                spill.remove();
+                return match flush_memory(conn, path, id, metrics, artifacts) {
+                    Ok(()) | Err(Flush::NotStarted(_)) => Err(Flush::Lost(e)),
+                    Err(lost) => Err(lost),
+                };
+            }
+        };
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .at(path)
+            .map_err(Flush::NotStarted)?;
+        // started: this chunk is gone whatever happens to it, as a batch in memory
+        spill.advance(chunk.len(), at);
+        write_batch(&tx, path, id, chunk, Vec::new())
+            .and_then(|()| tx.commit().at(path))
+            .map_err(Flush::Lost)?;
+    }
+    flush_memory(conn, path, id, metrics, artifacts)
+}
+
+/// Writes the records waiting in memory and the heartbeat in one transaction.
+fn flush_memory(
+    conn: &mut Connection,
+    path: &Path,
+    id: i64,
+    metrics: &mut Vec<Record>,
     artifacts: &mut Vec<(String, String)>,
 ) -> std::result::Result<(), Flush> {
     let tx = conn
@@ -469,7 +525,7 @@ fn write_batch(
     tx: &rusqlite::Transaction,
     path: &Path,
     id: i64,
-    metrics: Vec<(i64, String, f64, f64)>,
+    metrics: Vec<Record>,
     artifacts: Vec<(String, String)>,
 ) -> Result<()> {
     let (nan, rows): (Vec<_>, Vec<_>) = metrics.into_iter().partition(|r| r.2.is_nan());

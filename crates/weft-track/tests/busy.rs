@@ -23,6 +23,11 @@ fn writer(dir: &Path) -> RunWriter {
 
 /// [`writer`] writing once `batch` records wait.
 fn writer_batching(dir: &Path, batch: usize) -> RunWriter {
+    writer_spilling(dir, batch, WriterOptions::default().spill_at)
+}
+
+/// [`writer_batching`] moving records to its spill file past `spill_at` while the store is locked.
+fn writer_spilling(dir: &Path, batch: usize, spill_at: usize) -> RunWriter {
     let run = NewRun {
         experiment: "e".into(),
         name: Some("r".into()),
@@ -32,6 +37,7 @@ fn writer_batching(dir: &Path, batch: usize) -> RunWriter {
         batch,
         flush_every: Duration::from_millis(20),
         heartbeat: Duration::from_millis(20),
+        spill_at,
     };
     let open = OpenOptions {
         busy_timeout: BUSY,
@@ -173,6 +179,86 @@ fn a_full_batch_still_locked_at_the_end_is_reported_lost_after_a_few_busy_timeou
     let e = w.end(Status::Finished, None).expect_err("the last batch was lost");
     assert!(t.elapsed() < BUSY * 40, "end took {:?}", t.elapsed());
     assert!(e.to_string().contains("locked"), "{e}");
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(metric_count(&dir, w.id()), 5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run `id`'s spill file in the store `dir`.
+fn spill_file(dir: &Path, id: i64) -> PathBuf {
+    dir.join(format!("{STORE_FILE}.run-{id}.spill"))
+}
+
+#[test]
+fn records_past_spill_at_while_locked_wait_in_a_file_and_are_all_written_in_order_once_free() {
+    let dir = temp_dir("spilled");
+    let w = writer_spilling(&dir, 8, 16);
+    let holder = five_written_then_locked(&dir, &w);
+    // values whose bits a decimal round trip would not keep, a NaN, and a second key
+    let value = |s: u64| (s as f64 * 0.1).sin();
+    for s in 5..5 + MANY {
+        w.log(s, "loss", if s == 50 { f64::NAN } else { value(s) });
+        w.log(s, "lr/λ", 1.0 / 3.0);
+    }
+    let spill = spill_file(&dir, w.id());
+    // 32 bytes a "loss" record, 33 a "lr/λ" one: all but the last few of the 200 left memory
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let size = || std::fs::metadata(&spill).map_or(0, |m| m.len());
+    while size() < 150 * 33 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(size() >= 150 * 33, "spill file {}: {} bytes", spill.display(), size());
+    assert_eq!(metric_count(&dir, w.id()), 5);
+    holder.execute_batch("ROLLBACK").unwrap();
+    // the spilled records (the oldest) and those in memory are written at the next retry
+    let rows = 5 + 2 * MANY as i64 - 1;
+    assert!(wait_for_rows(&dir, w.id(), rows), "{} rows", metric_count(&dir, w.id()));
+    assert!(!spill.exists(), "the spill file outlived its records");
+    w.end(Status::Finished, None).expect("nothing was lost");
+
+    let store = Store::open(&dir).unwrap();
+    let detail = store.run_detail(w.id()).unwrap();
+    assert_eq!(detail.summary.status, "finished");
+    assert_eq!(detail.metrics["loss"].count, 5 + MANY as i64 - 1);
+    assert_eq!(detail.metrics["lr/λ"].count, MANY as i64);
+    assert_eq!(detail.summary.tags.get("nan_step.loss").map(String::as_str), Some("50"));
+    let conn = Connection::open(dir.join(STORE_FILE)).unwrap();
+    let mut q = conn
+        .prepare("SELECT step, value FROM metrics WHERE run_id = ?1 AND key = 'loss' ORDER BY rowid")
+        .unwrap();
+    let loss: Vec<(i64, f64)> = q
+        .query_map([w.id()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let want: Vec<(i64, f64)> = (0..5)
+        .map(|s| (s, s as f64))
+        .chain((5..5 + MANY).filter(|&s| s != 50).map(|s| (s as i64, value(s))))
+        .collect();
+    let bits = |v: &[(i64, f64)]| v.iter().map(|&(s, x)| (s, x.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(&loss), bits(&want), "written in the order logged, bit for bit");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn spilled_records_still_locked_at_the_end_are_reported_lost_and_their_file_removed() {
+    let dir = temp_dir("spilled-lost");
+    let w = writer_spilling(&dir, 8, 16);
+    let holder = five_written_then_locked(&dir, &w);
+    for s in 5..5 + MANY {
+        w.log(s, "loss", s as f64);
+    }
+    let spill = spill_file(&dir, w.id());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !spill.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(spill.exists(), "nothing spilled");
+    let e = w
+        .end(Status::Finished, None)
+        .expect_err("the spilled records were lost");
+    assert!(e.to_string().contains("locked"), "{e}");
+    assert!(!spill.exists(), "the spill file outlived the run");
     holder.execute_batch("ROLLBACK").unwrap();
     assert_eq!(metric_count(&dir, w.id()), 5);
     let _ = std::fs::remove_dir_all(&dir);

@@ -144,6 +144,7 @@ fn batches_wait_until_close_and_are_written_then() {
         batch: usize::MAX,
         flush_every: Duration::from_secs(3600),
         heartbeat: Duration::from_secs(3600),
+        ..Default::default()
     };
     let w = RunWriter::start(&dir, new_run("b"), slow).unwrap();
     for s in 0..1000 {
