@@ -377,6 +377,9 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
     // `spill_at` and what the run logs during one busy timeout
     let mut kept = false;
     let mut spill = Spill::new(path, id);
+    // an append that failed (a full disk) is tried again at the next flush attempt, not at
+    // every record
+    let mut spill_failed = false;
     let mut last_beat = Instant::now();
     let mut lost: Option<Error> = None;
     let (status, error) = loop {
@@ -388,9 +391,9 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
             Ok(Msg::Metric { step, key, value, time }) => {
                 metrics.push((step, key, value, time));
                 oldest.get_or_insert_with(Instant::now);
-                if kept && metrics.len() >= o.spill_at.max(1) {
+                if kept && !spill_failed && metrics.len() >= o.spill_at.max(1) {
                     // a failed append leaves them in memory: nothing is lost either way
-                    let _ = spill.append(&mut metrics);
+                    spill_failed = spill.append(&mut metrics).is_err();
                 }
             }
             Ok(Msg::Artifact { kind, path }) => {
@@ -411,6 +414,7 @@ fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: 
         if full || due {
             let flushed = flush(&mut conn, path, id, &mut metrics, &mut artifacts, &mut spill);
             kept = matches!(flushed, Err(Flush::NotStarted(_)));
+            spill_failed = false;
             if let Err(Flush::Lost(e)) = flushed {
                 lost.get_or_insert(e);
             }

@@ -263,3 +263,26 @@ fn spilled_records_still_locked_at_the_end_are_reported_lost_and_their_file_remo
     assert_eq!(metric_count(&dir, w.id()), 5);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn records_that_cannot_be_spilled_wait_in_memory_and_lose_nothing() {
+    let dir = temp_dir("unspillable");
+    let w = writer_spilling(&dir, 8, 16);
+    // a folder where the spill file would go: every append fails
+    let spill = spill_file(&dir, w.id());
+    std::fs::create_dir_all(&spill).unwrap();
+    let holder = five_written_then_locked(&dir, &w);
+    for s in 5..5 + MANY {
+        w.log(s, "loss", s as f64);
+    }
+    std::thread::sleep(BUSY * 3);
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert!(
+        wait_for_rows(&dir, w.id(), 5 + MANY as i64),
+        "{} rows",
+        metric_count(&dir, w.id())
+    );
+    w.end(Status::Finished, None).expect("nothing was lost");
+    assert!(spill.is_dir(), "the writer removed what it did not make");
+    let _ = std::fs::remove_dir_all(&dir);
+}
