@@ -61,10 +61,13 @@ fn query(q: Query2, call: &str, known: &[&str]) -> Result<HashMap<String, String
     let mut params: HashMap<String, String> = HashMap::new();
     for (key, value) in pairs {
         if !known.contains(&key.as_str()) {
+            let takes = match known {
+                [] => "no query parameters".to_string(),
+                _ => known.join(", "),
+            };
             return Err(ApiError::bad_request(format!(
-                "unknown query parameter {}: {call} takes {}",
+                "unknown query parameter {}: {call} takes {takes}",
                 echo(&key),
-                known.join(", ")
             )));
         }
         if let Some(first) = params.get(&key) {
@@ -115,18 +118,40 @@ fn describe_version(s: &Served, default: &str, split: &[(String, f64)]) -> Value
     })
 }
 
-/// `GET /models`: every model's name and its default version's path.
-async fn list(State(state): State<AppState>) -> Response {
-    let models: Vec<Value> = state
+/// The most models one page of `GET /models?limit=N` lists.
+pub const MAX_LIST_LIMIT: u64 = 1 << 20;
+
+/// `GET /models[?limit=N][&next_page_token=T]`: every model's name and its default version's
+/// path, in name order; TorchServe's pagination: with `limit`, at most N models, and when more
+/// follow, `nextPageToken` to give as `next_page_token` for the next page (the last name
+/// listed: the next page starts after it, so a model registered or removed in between moves
+/// no other model across pages).
+async fn list(State(state): State<AppState>, q: Query2) -> Result<Response, ApiError> {
+    let q = query(q, "GET /models", &["limit", "next_page_token"])?;
+    let limit = bounded_number(&q, "limit", 1, MAX_LIST_LIMIT)?.map_or(usize::MAX, |n| n as usize);
+    let after = q.get("next_page_token");
+    let names: Vec<(String, String)> = state
         .registry
         .names()
         .into_iter()
+        .filter(|(name, _)| after.is_none_or(|a| name > a))
+        .collect();
+    let more = names.len() > limit;
+    let models: Vec<Value> = names
+        .into_iter()
+        .take(limit)
         .filter_map(|(name, default)| {
             let s = state.registry.get(&name, Some(&default)).ok()?;
             Some(json!({ "modelName": name, "modelUrl": s.source.display().to_string() }))
         })
         .collect();
-    json_response(StatusCode::OK, &json!({ "models": models }))
+    let mut answer = json!({ "models": models });
+    if more {
+        if let Some(last) = models.last() {
+            answer["nextPageToken"] = last["modelName"].clone();
+        }
+    }
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 /// `GET /models/{name}` (the default version), `/models/{name}/{version}` or
@@ -134,7 +159,13 @@ async fn list(State(state): State<AppState>) -> Response {
 async fn describe(
     State(state): State<AppState>,
     Path(params): Path<HashMap<String, String>>,
+    q: Query2,
 ) -> Result<Response, ApiError> {
+    let call = match params.contains_key("version") {
+        true => "GET /models/{name}/{version}",
+        false => "GET /models/{name}",
+    };
+    query(q, call, &[])?;
     let name = params.get("name").map_or("", String::as_str);
     let view = state.registry.view(name)?;
     let wanted = params.get("version").map(String::as_str);
@@ -214,18 +245,24 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
             "url {url:?}: only folders inside the model store are registered, not URLs"
         )));
     }
+    if url.is_empty() {
+        return Err(ApiError::bad_request(
+            "url: empty; give the checkpoint folder's path inside the model store",
+        ));
+    }
     let name = q
         .get("model_name")
         .ok_or_else(|| ApiError::bad_request("model_name: give the model's name"))?;
     let version = q.get("version").map_or(registry::DEFAULT_VERSION, String::as_str);
-    let spec: ModelSpec = format!("{name}={url}:{version}")
-        .parse()
-        .map_err(|e: String| ApiError::bad_request(e.replace("--model ", "")))?;
-    if spec.path.as_os_str() != url.as_str() || spec.version == "all" {
-        return Err(ApiError::bad_request(format!(
-            "url {url:?} or version {version:?}: a version is 1 to 64 of A-Z a-z 0-9 . _ - (not `all`)"
-        )));
-    }
+    // each parameter checked on its own, so that a refusal names the one at fault
+    registry::check_name(name).map_err(|why| ApiError::bad_request(format!("model_name {} {why}", echo(name))))?;
+    registry::check_version(version)
+        .map_err(|why| ApiError::bad_request(format!("version {} {why}", echo(version))))?;
+    let spec = ModelSpec {
+        name: name.clone(),
+        path: url.into(),
+        version: version.to_string(),
+    };
     let mut options = state.load;
     if let Some(b) = bounded_number(&q, "batch_size", 1, registry::MAX_BATCH_SIZE as u64)? {
         options.max_batch_size = b as usize;
@@ -280,7 +317,9 @@ async fn register(State(state): State<AppState>, q: Query2) -> Result<Response, 
 async fn set_default(
     State(state): State<AppState>,
     Path((name, version)): Path<(String, String)>,
+    q: Query2,
 ) -> Result<Response, ApiError> {
+    query(q, "PUT /models/{name}/{version}/set-default", &[])?;
     state.registry.set_default(&name, &version)?;
     Ok(json_response(
         StatusCode::OK,
@@ -293,7 +332,9 @@ async fn set_default(
 async fn unregister(
     State(state): State<AppState>,
     Path((name, version)): Path<(String, String)>,
+    q: Query2,
 ) -> Result<Response, ApiError> {
+    query(q, "DELETE /models/{name}/{version}", &[])?;
     let served = state.registry.remove(&name, &version)?;
     registry::drain(&served).await;
     Ok(json_response(

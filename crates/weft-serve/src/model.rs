@@ -36,6 +36,31 @@ fn is_label(s: &str) -> bool {
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
+/// What a name or version that is not a label ([`is_label`]) must be.
+const LABEL_RULE: &str = "must be 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)";
+
+/// `Ok` when `name` can name a model, else why not (to follow the name where it is shown).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if is_label(name) {
+        Ok(())
+    } else {
+        Err(LABEL_RULE.into())
+    }
+}
+
+/// `Ok` when `version` can be a model version, else why not (to follow the version where it
+/// is shown): a label, and neither of the two the management API's paths give a meaning of
+/// their own (`/models/NAME/all` names every version, `PUT /models/NAME/traffic` sets the
+/// traffic split).
+pub fn check_version(version: &str) -> Result<(), String> {
+    match version {
+        "all" => Err("is reserved: /models/NAME/all names every version of a model".into()),
+        "traffic" => Err("is reserved: PUT /models/NAME/traffic sets a model's traffic split".into()),
+        v if is_label(v) => Ok(()),
+        _ => Err(LABEL_RULE.into()),
+    }
+}
+
 impl std::str::FromStr for ModelSpec {
     type Err = String;
 
@@ -43,20 +68,12 @@ impl std::str::FromStr for ModelSpec {
         let Some((name, rest)) = s.split_once('=') else {
             return Err(format!("--model {s:?}: expected NAME=PATH[:VERSION]"));
         };
-        if !is_label(name) {
-            return Err(format!(
-                "--model {s:?}: the name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)"
-            ));
-        }
+        check_name(name).map_err(|why| format!("--model {s:?}: the name {name:?} {why}"))?;
         let (path, version) = match rest.rsplit_once(':') {
             Some((p, v)) if !v.contains('/') => (p, v),
             _ => (rest, DEFAULT_VERSION),
         };
-        if !is_label(version) {
-            return Err(format!(
-                "--model {s:?}: the version {version:?} must be 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)"
-            ));
-        }
+        check_version(version).map_err(|why| format!("--model {s:?}: the version {version:?} {why}"))?;
         if path.is_empty() {
             return Err(format!("--model {s:?}: the path is empty"));
         }
@@ -481,7 +498,17 @@ mod tests {
         );
         let s: ModelSpec = "m=dir".parse().unwrap();
         assert_eq!(s.version, DEFAULT_VERSION);
-        for bad in ["noequals", "=dir", "a b=dir", "m=", "m=dir:", "m=dir:v/1", ".m=dir"] {
+        for bad in [
+            "noequals",
+            "=dir",
+            "a b=dir",
+            "m=",
+            "m=dir:",
+            "m=dir:v/1",
+            ".m=dir",
+            "m=dir:all",
+            "m=dir:traffic",
+        ] {
             let r: Result<ModelSpec, _> = bad.parse();
             if bad == "m=dir:v/1" {
                 // a colon followed by a path is part of the path
@@ -490,6 +517,19 @@ mod tests {
                 assert!(r.is_err(), "{bad:?} should be refused");
             }
         }
+        // the versions the management API's paths use are refused, saying why
+        for (spec, why) in [
+            ("m=dir:all", "/models/NAME/all"),
+            ("m=dir:traffic", "/models/NAME/traffic"),
+        ] {
+            let e = spec.parse::<ModelSpec>().unwrap_err();
+            assert!(
+                e.contains(&format!("{:?} is reserved: ", &spec[6..])) && e.contains(why),
+                "{e}"
+            );
+        }
+        // as names they mean nothing special
+        assert_eq!("all=dir:2".parse::<ModelSpec>().unwrap().name, "all");
     }
 
     #[test]

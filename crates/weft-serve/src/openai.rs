@@ -25,7 +25,7 @@ use crate::error::{json_response, openai_error, parse_body, ApiError};
 use crate::generation::{self, GenerateParams, Piece, RequestedParams};
 use crate::json::{Shallow, StringOrList};
 use crate::logprobs::{Legacy, TokenLogprob, MAX_LOGPROBS};
-use crate::registry::{Admitted, Served};
+use crate::registry::Admitted;
 use crate::routes::{answered, pieces, sse};
 use crate::{worker, AppState};
 
@@ -57,11 +57,11 @@ struct CompletionRequest {
     /// (and vLLM's `top_k`); not one of OpenAI's.
     top_k: Option<u64>,
     seed: Option<u64>,
-    #[serde(default)]
-    stream: bool,
+    /// Server-sent events (`null`: false, as OpenAI takes it).
+    stream: Option<bool>,
     n: Option<u64>,
-    #[serde(default)]
-    echo: bool,
+    /// The prompt before each completion's text (`null`: false).
+    echo: Option<bool>,
     stop: Option<StringOrList>,
     /// The most likely tokens to list at each position (0 to [`MAX_LOGPROBS`]).
     logprobs: Option<u64>,
@@ -147,7 +147,7 @@ fn not_implemented(request: &CompletionRequest, n: u64) -> Result<(), ApiError> 
         return refuse("suffix", crate::error::echo(s), "\"\" or null".into());
     }
     // as OpenAI answers it
-    if request.stream_options.is_some() && !request.stream {
+    if request.stream_options.is_some() && request.stream != Some(true) {
         return Err(ApiError::bad_request("stream_options: only allowed with stream: true"));
     }
     Ok(())
@@ -219,8 +219,7 @@ pub async fn completions(
         Some((n, v)) => (n, Some(v)),
         None => (request.model.as_str(), None),
     };
-    let admitted = state.registry.admit(name, version)?;
-    let served = admitted.served.clone();
+    let (stream, echo) = (request.stream.unwrap_or(false), request.echo.unwrap_or(false));
     let n = request.n.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::bad_request(format!("n: {n} completions; give 1 to {MAX_N}")));
@@ -236,7 +235,7 @@ pub async fn completions(
     }
     let stop = generation::stop_sequences("stop", request.stop.as_ref())?;
     // `echo` with `max_tokens: 0` scores the prompt alone (lm-eval-harness's loglikelihood)
-    let score_only = request.echo && request.max_tokens == Some(0);
+    let score_only = echo && request.max_tokens == Some(0);
     let requested = RequestedParams {
         max_tokens: if score_only { None } else { request.max_tokens },
         temperature: request.temperature,
@@ -258,41 +257,38 @@ pub async fn completions(
             params.max_tokens, state.limits.max_tokens
         )));
     }
-    let places_needed = n + usize::from(request.echo && params.logprobs.is_some());
-    if places_needed > served.options.queue {
-        return Err(ApiError::bad_request(format!(
-            "n = {n}{} needs {places_needed} queue places, more than model {} version {} has ({}); lower n",
-            if places_needed > n {
-                " with echo and logprobs"
-            } else {
-                ""
-            },
-            served.name,
-            served.version,
-            served.options.queue
-        )));
-    }
     let prompt = prompt_text(&request.prompt)?.to_string();
+    // every queue place the request needs (one per completion; the prompt's forward of `echo`
+    // with `logprobs` runs on them too), taken at once before anything else: a version being
+    // unregistered meanwhile takes every place given back, so a place taken later would never
+    // come (503 for a request admitted before the call, which was to finish)
+    let admitted = state.registry.admit_many(name, version, n, |s, queue| {
+        ApiError::bad_request(format!(
+            "n: {n} completions need {n} queue places (one each), more than model {} version {} has ({queue}); lower n",
+            s.name, s.version
+        ))
+    })?;
+    let served = admitted.served.clone();
     let ids = generation::prompt_ids(&served, &prompt)?;
-    // a queue place for each further completion (and the prompt's forward): 503 when full
-    let mut places = vec![admitted];
-    for _ in 1..n {
-        places.push(Admitted::new(&served)?);
-    }
-    let echo = match request.echo {
-        false => None,
-        true => {
-            let logprobs = match params.logprobs {
-                None => None,
-                Some(k) => Some(echo_logprobs(&served, &ids, k).await?),
-            };
-            Some(Echo {
-                text: prompt.clone(),
-                ids: ids.clone(),
-                logprobs,
-            })
-        }
+    let (echo, admitted) = if echo {
+        let (logprobs, admitted) = match params.logprobs {
+            None => (None, admitted),
+            Some(k) => {
+                let (lps, admitted) = echo_logprobs(admitted, &ids, k).await?;
+                (Some(lps), admitted)
+            }
+        };
+        let echo = Echo {
+            text: prompt.clone(),
+            ids: ids.clone(),
+            logprobs,
+        };
+        (Some(echo), admitted)
+    } else {
+        (None, admitted)
     };
+    // one place each: a completion gives its place back when it ends
+    let places = admitted.into_places();
     // checked by prompt_ids; read through the version, not cloned (a tokenizer.json's is large)
     let tok = served
         .tokenizer
@@ -300,7 +296,7 @@ pub async fn completions(
         .ok_or_else(|| ApiError::bad_request("the model records no tokenizer"))?;
     let (id, created, model) = (completion_id(), now(), request.model.clone());
     // a stream's chunks each have `usage` (null) when the last one is to say it
-    let include_usage = request.stream && request.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let include_usage = stream && request.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let chunk = move |choices: Vec<Value>| {
         let mut chunk = json!({
             "id": id,
@@ -333,7 +329,7 @@ pub async fn completions(
         .collect();
     // the prompt runs once; each completion goes on from its cache with its own seed
     let receivers = generation::start_streams(asks, ids.clone(), stop.clone(), arrived);
-    if !request.stream {
+    if !stream {
         let who = format!("model {} version {}", served.name, served.version);
         let runs = receivers.into_iter().map(|rx| generation::finish(rx, &who));
         let made = futures_util::future::join_all(runs).await;
@@ -447,9 +443,10 @@ pub async fn completions(
 }
 
 /// The prompt's log-probabilities for `echo` with `logprobs: k`: one forward of the prompt on
-/// one of the model's workers. The prompt must fit in `block_size` (400 otherwise).
-async fn echo_logprobs(served: &Arc<Served>, ids: &[i64], k: usize) -> Result<Vec<TokenLogprob>, ApiError> {
-    if let Some(lm) = &served.lm {
+/// one of the model's workers, run on the request's own queue places (given back with the
+/// result, for its completions). The prompt must fit in `block_size` (400 otherwise).
+async fn echo_logprobs(admitted: Admitted, ids: &[i64], k: usize) -> Result<(Vec<TokenLogprob>, Admitted), ApiError> {
+    if let Some(lm) = &admitted.served.lm {
         if ids.len() > lm.block_size() {
             return Err(ApiError::bad_request(format!(
                 "echo with logprobs: the prompt's {} tokens are more than block_size = {}",
@@ -459,10 +456,7 @@ async fn echo_logprobs(served: &Arc<Served>, ids: &[i64], k: usize) -> Result<Ve
         }
     }
     let ids = ids.to_vec();
-    worker::run(Admitted::new(served)?, move |s| {
-        crate::logprobs::prompt_logprobs(s, &ids, k)
-    })
-    .await
+    worker::run_holding(admitted, move |s| crate::logprobs::prompt_logprobs(s, &ids, k)).await
 }
 
 /// A seed from the clock, for requests that give none.

@@ -15,31 +15,94 @@ pub const TOKEN_IDS: &str = "input_ids";
 /// The name of every model's output.
 pub const LOGITS: &str = "logits";
 
-/// `POST .../infer`'s body.
+/// `POST .../infer`'s body: the Open Inference Protocol's fields, and no others (a field it
+/// does not define is refused, 400 naming it, rather than ignored).
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InferRequest {
+    /// The client's id of the request, given back in the answer.
     #[serde(default)]
     pub id: Option<String>,
+    /// The request's parameters ([`InferParameters`]).
+    #[serde(default)]
+    pub parameters: Option<InferParameters>,
     pub inputs: Vec<RequestInput>,
     /// The outputs wanted (all when absent).
     #[serde(default)]
     pub outputs: Option<Vec<RequestOutput>>,
 }
 
+/// The parameters of an infer request that weft knows; any other is refused (400 naming it):
+/// Triton's `priority`, `timeout`, `sequence_id` and the like ask for what weft does not do.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferParameters {
+    /// Triton's binary data extension: every output as binary after the JSON. Taken, and
+    /// answered in JSON whatever its value (a server without the extension answers JSON, which
+    /// Triton's clients read); tritonclient sends `true` when the request lists no outputs.
+    pub binary_data_output: Option<bool>,
+}
+
 /// One input tensor: `data` holds `shape`'s product of values in row-major order (flat or
 /// nested).
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequestInput {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
+    /// The input's parameters ([`InputParameters`]).
+    #[serde(default)]
+    pub parameters: Option<InputParameters>,
     pub data: TensorData,
+}
+
+/// The parameters of an input that weft knows; any other is refused (400 naming it).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputParameters {
+    /// Triton's binary data extension: the input's bytes follow the JSON. Refused whatever its
+    /// value (weft reads `data` as JSON).
+    pub binary_data_size: Option<u64>,
 }
 
 /// One wanted output.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequestOutput {
     pub name: String,
+    /// The output's parameters ([`OutputParameters`]).
+    #[serde(default)]
+    pub parameters: Option<OutputParameters>,
+}
+
+/// The parameters of a wanted output that weft knows; any other is refused (400 naming it):
+/// Triton's `classification` and shared memory parameters ask for what weft does not do.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputParameters {
+    /// Triton's binary data extension: the output as binary after the JSON. Taken, and
+    /// answered in JSON whatever its value (as `binary_data_output`).
+    pub binary_data: Option<bool>,
+}
+
+impl InferRequest {
+    /// 400 naming the first input given as binary data (Triton's binary data extension), which
+    /// weft cannot read: it reads tensor data as JSON only. Outputs asked for as binary are
+    /// answered in JSON, which Triton's clients read as they read a server's without the
+    /// extension.
+    pub fn refuse_binary_data(&self) -> Result<(), ApiError> {
+        const JSON_ONLY: &str = "weft serve reads tensor data as JSON only";
+        for (i, input) in self.inputs.iter().enumerate() {
+            if let Some(size) = input.parameters.as_ref().and_then(|p| p.binary_data_size) {
+                return Err(ApiError::bad_request(format!(
+                    "inputs[{i}].parameters.binary_data_size: {size} bytes of binary data; {JSON_ONLY}: \
+                     give the values in `data` (tritonclient: set_data_from_numpy(..., binary_data=False))"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One output tensor of a response: FP32 values in row-major order.
@@ -188,7 +251,7 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
     let tensor = match served.signature {
         Signature::Tokens { vocab, .. } => {
             if let Some((i, v)) = &data.first_not_whole {
-                return Err(bad_value(*i, v, "a whole number (INT64)"));
+                return Err(not_an_integer(&input.name, *i, v, values[*i]));
             }
             let mut ids = Vec::with_capacity(count);
             for (i, &v) in values.iter().enumerate() {
@@ -219,6 +282,25 @@ pub fn input_tensor(served: &Served, input: &RequestInput, max_outputs: usize) -
     tensor.map_err(|e| ApiError::bad_request(format!("input {:?}: {e}", input.name)))
 }
 
+/// Why `value` at `data[i]` of INT64 input `name`, written `text` in the body and not a JSON
+/// integer inside i64, is refused: not whole, whole but outside INT64's range (`1e300`), or
+/// whole and inside it but written with a decimal point or an exponent (`2.0`, `1e3`).
+fn not_an_integer(name: &str, i: usize, text: &str, value: f64) -> ApiError {
+    // 2^63: i64's bounds are -2^63 and 2^63 - 1
+    const BOUND: f64 = 9_223_372_036_854_775_808.0;
+    let why = if !value.is_finite() || value.fract() != 0.0 {
+        "is not a whole number (INT64)".to_string()
+    } else if value <= -BOUND || value >= BOUND {
+        format!("is a whole number outside INT64's range ({} to {})", i64::MIN, i64::MAX)
+    } else {
+        format!(
+            "is written as a decimal: INT64 data takes JSON integers (such as {})",
+            value as i64
+        )
+    };
+    ApiError::bad_request(format!("input {name:?}: data[{i}] = {text} {why}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,5 +323,37 @@ mod tests {
             (TOKEN_IDS, "INT64", vec![-1, -1])
         );
         assert_eq!(o[0].shape, vec![-1, -1, 65]);
+    }
+
+    #[test]
+    fn int64_data_that_is_not_a_json_integer_says_why() {
+        let s = crate::model::test_gpt();
+        let refused = |data: &str| {
+            let input = RequestInput {
+                name: TOKEN_IDS.into(),
+                shape: vec![1, 1],
+                datatype: "INT64".into(),
+                parameters: None,
+                data: serde_json::from_str(data).unwrap(),
+            };
+            input_tensor(&s, &input, 1 << 20).unwrap_err().message
+        };
+        for (data, want) in [
+            ("[1e300]", "data[0] = 1e300 is a whole number outside INT64's range"),
+            ("[-1e19]", "data[0] = -1e19 is a whole number outside INT64's range"),
+            (
+                "[18446744073709551615]",
+                "data[0] = 18446744073709551615 is a whole number outside INT64's range",
+            ),
+            ("[2.5]", "data[0] = 2.5 is not a whole number (INT64)"),
+            (
+                "[2.0]",
+                "data[0] = 2.0 is written as a decimal: INT64 data takes JSON integers (such as 2)",
+            ),
+            ("[1e3]", "data[0] = 1000.0 is written as a decimal"),
+        ] {
+            let m = refused(data);
+            assert!(m.contains(want), "{data}: {m}");
+        }
     }
 }

@@ -12,12 +12,14 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::{echo, ApiError};
 pub use crate::model::{
-    bounded, load, resolve_in_store, LoadOptions, ModelSpec, Served, Signature, DEFAULT_PREFILL_CHUNK, DEFAULT_VERSION,
-    MAX_BATCH_DELAY_MS, MAX_BATCH_SIZE, MAX_PREFILL_CHUNK, MAX_QUEUE, MAX_SEQUENCES,
+    bounded, check_name, check_version, load, resolve_in_store, LoadOptions, ModelSpec, Served, Signature,
+    DEFAULT_PREFILL_CHUNK, DEFAULT_VERSION, MAX_BATCH_DELAY_MS, MAX_BATCH_SIZE, MAX_PREFILL_CHUNK, MAX_QUEUE,
+    MAX_SEQUENCES,
 };
 
-/// A request admitted into a version's queue: it holds one of the version's queue places
-/// until it is dropped, and the version is not drained before that.
+/// A request admitted into a version's queue: it holds its queue places (one, or one per
+/// completion of an OpenAI request with `n`) until it is dropped, and the version is not
+/// drained before that.
 pub struct Admitted {
     pub served: Arc<Served>,
     pub(crate) permit: OwnedSemaphorePermit,
@@ -28,7 +30,15 @@ pub struct Admitted {
 impl Admitted {
     /// Takes one of `served`'s queue places; 503 (with `Retry-After`) when none is left.
     pub fn new(served: &Arc<Served>) -> Result<Admitted, ApiError> {
-        let permit = served.admitted.clone().try_acquire_owned().map_err(|_| {
+        Admitted::many(served, 1)
+    }
+
+    /// Takes `places` (at least 1) of `served`'s queue places at once: all of them or none,
+    /// 503 (with `Retry-After`) when they are not all free. A request that needs several takes
+    /// them here, together: taken one by one, a version being drained ([`drain`]) would take
+    /// each place the others give back, and the request's later places could never be had.
+    pub fn many(served: &Arc<Served>, places: usize) -> Result<Admitted, ApiError> {
+        let full = || {
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
@@ -36,12 +46,39 @@ impl Admitted {
                     served.name, served.version
                 ),
             )
-        })?;
+        };
+        let count = u32::try_from(places.max(1)).map_err(|_| full())?;
+        let permit = served
+            .admitted
+            .clone()
+            .try_acquire_many_owned(count)
+            .map_err(|_| full())?;
         Ok(Admitted {
             served: served.clone(),
             permit,
             at: Instant::now(),
         })
+    }
+
+    /// The queue places it holds.
+    pub fn places(&self) -> usize {
+        self.permit.num_permits()
+    }
+
+    /// Each of its places as a request of its own (the `n` completions of one prompt, each
+    /// giving its place back when it ends), admitted when this was.
+    pub fn into_places(mut self) -> Vec<Admitted> {
+        let mut all = Vec::with_capacity(self.places());
+        while self.places() > 1 {
+            let Some(permit) = self.permit.split(1) else { break };
+            all.push(Admitted {
+                served: self.served.clone(),
+                permit,
+                at: self.at,
+            });
+        }
+        all.push(self);
+        all
     }
 }
 
@@ -198,6 +235,26 @@ impl Registry {
     /// queue is full. Admission happens under the registry's lock, so a version removed by
     /// [`Registry::remove`] admits nothing after it.
     pub fn admit(&self, name: &str, version: Option<&str>) -> Result<Admitted, ApiError> {
+        // every version has a place at least
+        self.admit_many(name, version, 1, |s, queue| {
+            ApiError::bad_request(format!(
+                "model {} version {} admits {queue} requests",
+                s.name, s.version
+            ))
+        })
+    }
+
+    /// [`Registry::admit`] for a request that needs `places` queue places (the `n`
+    /// completions of one prompt), all taken at once ([`Admitted::many`]): 503 when they are not
+    /// all free, and `too_many(version, its queue)` (a 400: no retry helps) when the version
+    /// has fewer places than that.
+    pub fn admit_many(
+        &self,
+        name: &str,
+        version: Option<&str>,
+        places: usize,
+        too_many: impl FnOnce(&Served, usize) -> ApiError,
+    ) -> Result<Admitted, ApiError> {
         let models = self.read();
         let entry = models.get(name).ok_or_else(|| Self::unknown_model(&models, name))?;
         let v = match version {
@@ -208,7 +265,10 @@ impl Registry {
             .versions
             .get(v)
             .ok_or_else(|| Self::unknown_version(entry, name, v))?;
-        Admitted::new(served)
+        if places > served.options.queue {
+            return Err(too_many(served, served.options.queue));
+        }
+        Admitted::many(served, places)
     }
 
     /// The versions of `name`, in order.
@@ -379,119 +439,4 @@ pub async fn drain(served: &Served) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::test_version;
-
-    /// Model `m` with versions 1, 2 and 3 (1 the default), each admitting 4 requests.
-    fn three() -> Registry {
-        let r = Registry::default();
-        for v in ["1", "2", "3"] {
-            r.add(test_version(v, 4, 1)).unwrap();
-        }
-        r
-    }
-
-    /// How many of `n` unversioned requests each version answers.
-    fn routed(r: &Registry, n: usize) -> BTreeMap<String, usize> {
-        let mut counts = BTreeMap::new();
-        for _ in 0..n {
-            let a = r.admit("m", None).unwrap();
-            *counts.entry(a.served.version.clone()).or_insert(0) += 1;
-        }
-        counts
-    }
-
-    #[test]
-    fn the_split_routes_in_proportion_and_follows_removals() {
-        let r = three();
-        assert_eq!(r.add(test_version("2", 4, 1)).unwrap_err().status, StatusCode::CONFLICT);
-        assert_eq!(routed(&r, 10)["1"], 10);
-        let w = |v: &str, x: f64| (v.to_string(), x);
-        r.set_split("m", &[w("1", 5.0), w("2", 3.0), w("3", 2.0)]).unwrap();
-        let counts = routed(&r, 1000);
-        for (v, want) in [("1", 500), ("2", 300), ("3", 200)] {
-            assert!(counts[v].abs_diff(want) <= 3, "{counts:?}");
-        }
-        // versioned requests ignore the split
-        assert_eq!(r.admit("m", Some("3")).unwrap().served.version, "3");
-        assert_eq!(
-            r.set_split("m", &[w("9", 1.0)]).unwrap_err().status,
-            StatusCode::NOT_FOUND
-        );
-        assert_eq!(
-            r.set_split("m", &[w("1", 0.0)]).unwrap_err().status,
-            StatusCode::BAD_REQUEST
-        );
-        assert_eq!(
-            r.set_split("m", &[w("1", f64::NAN)]).unwrap_err().status,
-            StatusCode::BAD_REQUEST
-        );
-        // the default stays; a removed version's share goes to the others
-        assert_eq!(r.remove("m", "1").unwrap_err().status, StatusCode::CONFLICT);
-        r.remove("m", "3").unwrap();
-        let view = r.view("m").unwrap();
-        let shares: Vec<(&str, f64)> = view.split.iter().map(|(v, x)| (v.as_str(), *x)).collect();
-        assert!(
-            shares.len() == 2 && (shares[0].1 - 0.625).abs() < 1e-12 && (shares[1].1 - 0.375).abs() < 1e-12,
-            "{shares:?}"
-        );
-        assert_eq!(r.admit("m", Some("3")).err().unwrap().status, StatusCode::NOT_FOUND);
-        r.set_default("m", "2").unwrap();
-        r.set_split("m", &[]).unwrap();
-        assert_eq!(routed(&r, 5)["2"], 5);
-        r.remove("m", "1").unwrap();
-        r.remove("m", "2").unwrap();
-        assert!(r.is_empty());
-    }
-
-    #[test]
-    fn only_the_version_added_is_removed_by_remove_if_same() {
-        let r = three();
-        let two = r.get("m", Some("2")).unwrap();
-        // unregistered, then another checkpoint registered as version 2: that one stays
-        r.remove("m", "2").unwrap();
-        let other = r.add(test_version("2", 4, 1)).unwrap();
-        assert!(r.remove_if_same(&two).unwrap().is_none());
-        assert!(Arc::ptr_eq(&r.get("m", Some("2")).unwrap(), &other));
-        assert!(Arc::ptr_eq(&r.remove_if_same(&other).unwrap().unwrap(), &other));
-        assert_eq!(r.versions("m"), ["1", "3"]);
-        // the default is refused as by remove
-        let one = r.get("m", Some("1")).unwrap();
-        assert_eq!(r.remove_if_same(&one).unwrap_err().status, StatusCode::CONFLICT);
-        // a failure recorded at start is forgotten when cleared
-        let failure = |v: &str| LoadFailure {
-            name: "n".into(),
-            version: v.into(),
-            error: "e".into(),
-        };
-        r.record_failure(failure("1"));
-        r.record_failure(failure("2"));
-        r.clear_failure("n", "1");
-        assert_eq!(r.failures(), [failure("2")]);
-    }
-
-    #[test]
-    fn a_removed_version_drains_what_it_admitted() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let r = three();
-            let held = r.admit("m", Some("2")).unwrap();
-            let served = r.remove("m", "2").unwrap();
-            assert_eq!(served.queue_depth(), 1);
-            let drained = tokio::spawn(async move {
-                drain(&served).await;
-                served
-            });
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            assert!(!drained.is_finished(), "drained while a request was admitted");
-            drop(held);
-            let served = drained.await.unwrap();
-            // closed for good: nothing is admitted to it any more
-            assert!(Admitted::new(&served).is_err());
-        });
-    }
-}
+mod tests;

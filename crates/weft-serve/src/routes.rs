@@ -8,7 +8,7 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -157,15 +157,28 @@ async fn model_ready(State(state): State<AppState>, Path(params): Params) -> Res
     ))
 }
 
+/// The header of Triton's binary data extension: the body is this many bytes of JSON, then
+/// the inputs' binary data.
+const BINARY_HEADER: &str = "inference-header-content-length";
+
 async fn infer(
     State(state): State<AppState>,
     Path(params): Params,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    if headers.contains_key(BINARY_HEADER) {
+        // the JSON would be refused for the binary data after it, naming neither
+        return Err(ApiError::bad_request(
+            "Inference-Header-Content-Length: binary tensor data is not supported; weft serve reads tensor data as \
+             JSON only (give the values in each input's `data`)",
+        ));
+    }
     let (name, version) = target(&params);
     let admitted = state.registry.admit(name, version)?;
     let served = admitted.served.clone();
     let request: InferRequest = parse_body(body, state.limits.body_bytes)?;
+    request.refuse_binary_data()?;
     let [input] = request.inputs.as_slice() else {
         return Err(ApiError::bad_request(format!(
             "inputs: {} tensors given; model {name} takes one",
@@ -217,6 +230,7 @@ async fn predictions(
         name: inputs[0].name.to_string(),
         shape: shape.iter().map(|&d| d as i64).collect(),
         datatype: inputs[0].datatype.to_string(),
+        parameters: None,
         data,
     };
     let tensor = protocol::input_tensor(&served, &input, state.limits.max_output_values)?;
@@ -225,15 +239,22 @@ async fn predictions(
     Ok(answered(answer::nested(output, held), &served))
 }
 
-/// Triton's generate extension request: `text_input` and `parameters`.
+/// Triton's generate extension request: `id` (echoed in the answer), `text_input` and
+/// `parameters`. Any other field is refused (400 naming it) rather than ignored: Triton hands
+/// further fields to the model as its inputs or parameters, and a weft model takes none.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct GenerateRequest {
+    /// The client's id of the request, given back in the answer (and each event of a stream).
+    id: Option<String>,
     text_input: String,
-    #[serde(default)]
-    parameters: GenerateParameters,
+    parameters: Option<GenerateParameters>,
 }
 
+/// `parameters` of a generate request. Any other parameter is refused (400 naming it and
+/// listing these): one weft does not know (`max_new_tokens`) would be ignored.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct GenerateParameters {
     max_tokens: Option<u64>,
     temperature: Option<f64>,
@@ -243,6 +264,9 @@ struct GenerateParameters {
     /// Stop sequences: a string or an array of at most 4 (checked by
     /// [`generation::stop_sequences`]).
     stop: Option<StringOrList>,
+    /// Whether to stream (vLLM's Triton backend takes it): the endpoint decides, so it is taken
+    /// when it agrees with it (`false` on `generate`, `true` on `generate_stream`), else 400.
+    stream: Option<bool>,
 }
 
 /// Defaults of the generate extension: `weft generate`'s (200 tokens, temperature 0.8, top-k
@@ -258,20 +282,48 @@ const TRITON_DEFAULTS: GenerateParams = GenerateParams {
     logprobs: None,
 };
 
-/// What a generate request asks for: the admitted model, the prompt's ids, the parameters and
-/// the stop sequences.
-type GenerateAsk = (Admitted, Vec<i64>, GenerateParams, Vec<String>);
+/// What a generate request asks for.
+struct GenerateAsk {
+    admitted: Admitted,
+    /// The prompt's token ids.
+    ids: Vec<i64>,
+    params: GenerateParams,
+    stop: Vec<String>,
+    /// The client's id of the request, to give back.
+    id: Option<String>,
+}
 
-/// The model, prompt ids, parameters and stop sequences of a generate request.
+/// A generate answer's JSON (or a stream event's) with `text` as `text_output`, and the
+/// request's `id` when it gave one.
+fn generated(served: &Served, id: Option<&str>, text: &str) -> serde_json::Value {
+    let mut answer = json!({ "model_name": served.name, "model_version": served.version, "text_output": text });
+    if let Some(id) = id {
+        answer["id"] = json!(id);
+    }
+    answer
+}
+
+/// The model, prompt ids, parameters and stop sequences of a generate request, to `generate`
+/// or (`streaming`) `generate_stream`.
 fn generate_request(
     state: &AppState,
     params: &HashMap<String, String>,
     body: Result<Bytes, BytesRejection>,
+    streaming: bool,
 ) -> Result<GenerateAsk, ApiError> {
     let (name, version) = target(params);
     let admitted = state.registry.admit(name, version)?;
     let request: GenerateRequest = parse_body(body, state.limits.body_bytes)?;
-    let p = request.parameters;
+    let p = request.parameters.unwrap_or_default();
+    match p.stream {
+        Some(true) if !streaming => return Err(ApiError::bad_request(
+            "parameters.stream: true asks for a stream; POST .../generate_stream streams, .../generate answers once",
+        )),
+        Some(false) if streaming => return Err(ApiError::bad_request(
+            "parameters.stream: false asks for one answer; POST .../generate answers once, .../generate_stream streams",
+        )),
+        _ => {}
+    }
     let requested = RequestedParams {
         max_tokens: p.max_tokens,
         temperature: p.temperature,
@@ -282,7 +334,13 @@ fn generate_request(
     let gen = requested.checked(TRITON_DEFAULTS, state.limits.max_tokens)?;
     let stop = generation::stop_sequences("parameters.stop", p.stop.as_ref())?;
     let ids = generation::prompt_ids(&admitted.served, &request.text_input)?;
-    Ok((admitted, ids, gen, stop))
+    Ok(GenerateAsk {
+        admitted,
+        ids,
+        params: gen,
+        stop,
+        id: request.id,
+    })
 }
 
 async fn generate(
@@ -291,10 +349,10 @@ async fn generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let (admitted, ids, gen, stop) = generate_request(&state, &params, body)?;
-    let served = admitted.served.clone();
-    let made = generation::run(admitted, ids, gen, stop, arrived).await?;
-    let answer = json!({ "model_name": served.name, "model_version": served.version, "text_output": made.text });
+    let ask = generate_request(&state, &params, body, false)?;
+    let served = ask.admitted.served.clone();
+    let made = generation::run(ask.admitted, ask.ids, ask.params, ask.stop, arrived).await?;
+    let answer = generated(&served, ask.id.as_deref(), &made.text);
     Ok(answered(json_response(StatusCode::OK, &answer), &served))
 }
 
@@ -304,13 +362,13 @@ async fn generate_stream(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let (admitted, ids, gen, stop) = generate_request(&state, &params, body)?;
-    let served = admitted.served.clone();
-    let rx = generation::start_stream(admitted, ids, gen, stop, arrived);
-    let (name, version) = (served.name.clone(), served.version.clone());
+    let ask = generate_request(&state, &params, body, true)?;
+    let served = ask.admitted.served.clone();
+    let rx = generation::start_stream(ask.admitted, ask.ids, ask.params, ask.stop, arrived);
+    let (version, id) = (served.clone(), ask.id);
     let events = pieces(rx).map(move |piece| {
         let value = match piece {
-            Piece::Text(t, _) => json!({ "model_name": name, "model_version": version, "text_output": t }),
+            Piece::Text(t, _) => generated(&version, id.as_deref(), &t),
             Piece::Failed(e) => json!({ "error": e.message }),
             Piece::Done(_) => return Vec::new(),
         };

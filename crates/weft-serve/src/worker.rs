@@ -40,6 +40,26 @@ pub async fn run<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("{name} failed: {e}")))?
 }
 
+/// Runs `job` as [`run`] does, and gives the request's queue places back with its result: a
+/// request that goes on after the job (the prompt's forward of `echo` with `logprobs`, before
+/// its completions run on those places) needs no place of its own for it. The places are held
+/// through the job, also when the caller stops waiting for it; a job that panicked is a 500 and
+/// gives them back to the queue.
+pub async fn run_holding<T: Send + 'static>(
+    admitted: Admitted,
+    job: impl FnOnce(&Arc<Served>) -> Result<T, ApiError> + Send + 'static,
+) -> Result<(T, Admitted), ApiError> {
+    let name = format!("model {} version {}", admitted.served.name, admitted.served.version);
+    tokio::task::spawn_blocking(move || {
+        let served = admitted.served.clone();
+        let _worker = served.workers.acquire();
+        served.stats.queue.observe(admitted.at.elapsed().as_secs_f64());
+        job(&served).map(|out| (out, admitted))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("{name} failed: {e}")))?
+}
+
 /// The admitted model's logits for `input`: batched with other requests when the model batches
 /// (`max_batch_size > 1`), else run alone.
 pub async fn forward(admitted: Admitted, input: Tensor) -> Result<ResponseOutput, ApiError> {

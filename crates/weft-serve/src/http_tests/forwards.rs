@@ -228,10 +228,10 @@ fn a_failed_completion_ends_its_stream_without_waiting_for_the_others() {
 }
 
 /// A model whose forward waits while the test holds `gate`, counting the forwards that began.
-struct Gated {
-    inner: Arc<dyn Model>,
-    gate: Arc<RwLock<()>>,
-    began: Arc<AtomicUsize>,
+pub(super) struct Gated {
+    pub(super) inner: Arc<dyn Model>,
+    pub(super) gate: Arc<RwLock<()>>,
+    pub(super) began: Arc<AtomicUsize>,
 }
 
 impl Module for Gated {

@@ -13,9 +13,12 @@ use serde_json::{json, Value};
 use crate::model::{test_gpt, test_version, test_version_hidden};
 use crate::{AppState, Limits, Listeners, LoadOptions, Registry, Token};
 
+mod admission;
 mod answers;
+mod fields;
 mod forwards;
 mod hostile;
+mod manage;
 mod pace;
 mod params;
 mod writes;
