@@ -1,13 +1,11 @@
 //! `weft checkpoint inspect` and `weft checkpoint consolidate`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use weft_core::io::safetensors;
-use weft_data::Tokenizer;
 use weft_train::checkpoint;
-use weft_train::config::ModelConfig;
 
 #[derive(Args)]
 pub struct InspectArgs {
@@ -103,6 +101,8 @@ pub fn inspect(args: &InspectArgs) -> Result<(), String> {
 /// tokenizer (`weft_train::generate::consolidated_metadata`).
 pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
     let dir = checkpoint::resolve(&args.dir).map_err(err)?;
+    // never over the checkpoint it reads (its index.json, a shard, a file inside the folder)
+    checkpoint::check_output_apart(&dir, &args.output, "--output").map_err(err)?;
     let (index, mut params) = checkpoint::read_params(&dir).map_err(err)?;
     if params.is_empty() {
         return Err(format!(
@@ -110,7 +110,8 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
             dir.display()
         ));
     }
-    check_recorded(&dir, &index, &params, args.format != "hf")?;
+    // the model config (against the tensors' shapes) and tokenizer the file's metadata copies
+    checkpoint::check_recorded(&dir, &index, args.format != "hf").map_err(err)?;
     if args.format == "hf" {
         return consolidate_hf(args, &index, &params);
     }
@@ -132,45 +133,6 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
         params.len(),
         index.state.step
     ))
-}
-
-/// Checks what the checkpoint at `dir` records beside its tensors `params` before an export
-/// copies it into a file that would then fail to load: the model config parses and (a gpt's
-/// or llama's) agrees with the tensors' shapes, as `weft generate` checks it
-/// (`weft_train::generate::recorded_model`), and, with `tokenizer` (it is written too), the
-/// tokenizer loads and fits the model's vocabulary. `index.json` has no checksum of its own,
-/// so both are claims. The error names `index.json`, the key and the value.
-fn check_recorded(
-    dir: &Path,
-    index: &checkpoint::Index,
-    params: &checkpoint::Tensors,
-    tokenizer: bool,
-) -> Result<(), String> {
-    let extra = &index.state.extra;
-    let source = dir.join(checkpoint::INDEX).display().to_string();
-    if extra["model"].is_null() {
-        return Ok(()); // nothing recorded, nothing copied (an hf export refuses it)
-    }
-    let model: ModelConfig = serde_json::from_value(extra["model"].clone())
-        .map_err(|e| format!("{source}: the model config does not parse: {e}"))?;
-    let shapes: BTreeMap<String, Vec<usize>> = params.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
-    model.check_shapes(&shapes).map_err(|e| format!("{source}: {e}"))?;
-    let tok = &extra["tokenizer"];
-    if tokenizer && !tok.is_null() {
-        let text = tok
-            .as_str()
-            .ok_or_else(|| format!("{source}: state.extra.tokenizer: expected the tokenizer's JSON as a string"))?;
-        let tok = Tokenizer::from_json(text).map_err(|e| format!("{source}: state.extra.tokenizer: {e}"))?;
-        if let Some((vocab, _)) = model.language_model_sizes() {
-            if tok.vocab_size() > vocab {
-                return Err(format!(
-                    "{source}: state.extra.tokenizer knows {} tokens, more than model.vocab_size = {vocab}",
-                    tok.vocab_size()
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `consolidate --format hf`: the checkpoint's model as a Hugging Face folder.

@@ -61,8 +61,22 @@ pub struct RegisterArgs {
     /// The model's name (1 to 64 of A-Z a-z 0-9 . _ -).
     #[arg(long)]
     name: String,
+    /// Skip reading the model's tensors to check their checksums (for a checkpoint too large to
+    /// read whole now): the index, the model config against the shapes and every file's header
+    /// are still checked, and loading the version checks the checksums.
+    #[arg(long)]
+    no_checksums: bool,
     #[command(flatten)]
     dir: DirArg,
+}
+
+/// Whether checkpoint folder `ckpt` loads as a model (`weft models register` and a pipeline's
+/// register step check it before the version is written): see
+/// `weft_train::checkpoint::verify_model`. One line naming the file, key or tensor.
+pub(crate) fn check_loadable(ckpt: &std::path::Path, checksums: bool) -> Result<(), String> {
+    weft_train::checkpoint::verify_model(ckpt, checksums)
+        .map(drop)
+        .map_err(|e| format!("the checkpoint is not registered: {e}"))
 }
 
 #[derive(clap::Args)]
@@ -145,7 +159,10 @@ pub fn run(what: ModelsCommand) -> Result<(), String> {
         ModelsCommand::Register(a) => {
             let dir = store_dir(a.dir.dir.as_ref());
             let mut reg = ModelRegistry::open(&dir).map_err(|e| e.to_string())?;
-            let v = reg.register(&dir, &a.source, &a.name).map_err(|e| e.to_string())?;
+            let check = |ckpt: &std::path::Path| check_loadable(ckpt, !a.no_checksums);
+            let v = reg
+                .register_checked(&dir, &a.source, &a.name, &check)
+                .map_err(|e| e.to_string())?;
             print_out(&format!(
                 "registered model {} version {} ({})\n",
                 v.name,

@@ -267,33 +267,11 @@ fn some_combination_passes(others: &[&Vec<String>], set: &str, check: &dyn Fn(&[
 }
 
 /// What `weft train` checks of `config` before its first step, where that is cheap and does
-/// not depend on the job or the data: the model's sizes as the model checks them when it is
-/// built (without building it), and that a `cuda` device is there. ([`RunConfig::load`] has
-/// checked the rest of the config's keys, the optimizer's and the schedule's among them.) Not checked: the data (not read here), the memory the run needs, the
-/// layout against the job's ranks, and `parallel.auto`'s plan.
+/// not depend on the job or the data, beyond what [`RunConfig::load`] has checked (the config's
+/// keys, the model's sizes as the model checks them, the optimizer's and the schedule's): that
+/// a `cuda` device is there. Not checked: the data (not read here), the memory the run needs,
+/// the layout against the job's ranks, and `parallel.auto`'s plan.
 fn trainer_check(config: &RunConfig) -> Result<(), String> {
-    let text = |e: &dyn std::fmt::Display| e.to_string();
-    match &config.model {
-        ModelConfig::Gpt(g) => g.to_config().validate().map_err(|e| text(&e))?,
-        ModelConfig::Llama(l) => l.to_config().validate().map_err(|e| text(&e))?,
-        ModelConfig::Mlp(m) => {
-            // the trainer's own build, one unit wide: its checks (the activation, sizes of 0)
-            // without the allocation
-            let mut narrow = m.clone();
-            narrow.in_features = m.in_features.min(1);
-            narrow.out_features = m.out_features.min(1);
-            narrow.hidden = m.hidden.iter().map(|&h| h.min(1)).collect();
-            weft_train::run::build_model(&ModelConfig::Mlp(narrow), 0).map_err(|e| text(&e))?;
-        }
-        ModelConfig::Convnet(c) => weft_models::convnet::ConvNetConfig {
-            in_channels: c.in_channels,
-            image_size: c.image_size,
-            channels: c.channels.clone(),
-            num_classes: c.num_classes,
-        }
-        .validate()
-        .map_err(|e| text(&e))?,
-    }
     let device: weft_core::Device = config
         .train
         .device

@@ -1,14 +1,15 @@
 //! A checkpoint folder belongs to one run, through the binary: a new run is refused where another
 //! run's checkpoints or metrics are (and replaces them with `train.overwrite`), pruning keeps
 //! other runs' checkpoints, a folder in use is refused naming its holder and freed when it dies,
-//! a save on a full disk leaves no temporary folder, and `--resume` says what it does.
+//! a save on a full disk leaves no temporary folder, `--resume` says what it does, and a run
+//! refused before it starts removes nothing with `train.overwrite`.
 
 mod common;
 
 use std::process::Stdio;
 
 use common::{
-    fails_with, gpt_fixture, names, path_set, read_metrics, small_run, temp_dir, wait_for, weft_command, weft_ok,
+    fails_with, gpt_fixture, names, path_set, read_metrics, small_run, temp_dir, wait_for, weft, weft_command, weft_ok,
     KillOnDrop,
 };
 
@@ -194,4 +195,72 @@ fn resume_says_what_it_does_and_refuses_other_text() {
     #[rustfmt::skip]
     fails_with(&small_run(&["--quiet", "--resume", "--set", "train.steps=6", "--set", &set, "--set", &t]),
         &["tokenizer", "Å"]);
+}
+
+/// `train.overwrite` removes the folder's earlier checkpoints only once the run starts: a run
+/// refused for its model config (named with the config file, before the folder is claimed) or
+/// for a checkpoint to start from that does not load (after the claim) leaves them; before,
+/// both removed them and then failed, leaving only the lock.
+#[test]
+fn overwrite_removes_nothing_for_a_run_that_is_refused() {
+    let out = temp_dir("overwrite-refused");
+    let cfg = common::write_tiny_mlp(&out, "steps = 2\n");
+    let cfg = cfg.to_str().unwrap();
+    let dir = out.join("ckpt");
+    let set = path_set("train.checkpoint_dir", &dir);
+    weft_ok(&["train", "--config", cfg, "--quiet", "--set", &set]);
+    let before = names(&dir);
+    assert_eq!(before, [".lock", "step-00000002"]);
+    let overwrite = [
+        "train",
+        "--config",
+        cfg,
+        "--quiet",
+        "--set",
+        &set,
+        "--set",
+        "train.overwrite=true",
+    ];
+    // a model config the model refuses
+    let mut args = overwrite.to_vec();
+    args.extend(["--set", "model.activation=\"swish\""]);
+    let err = fails_with(
+        &args,
+        &["config: ", "mlp.toml: model.activation: \"swish\" is not one of"],
+    );
+    assert!(!err.contains("removed"), "{err}");
+    assert_eq!(names(&dir), before);
+    // a checkpoint to start from whose weights are damaged: found when it is loaded, after the
+    // folder is claimed
+    let other = out.join("other");
+    weft_ok(&[
+        "train",
+        "--config",
+        cfg,
+        "--quiet",
+        "--set",
+        &path_set("train.checkpoint_dir", &other),
+    ]);
+    let shard = other.join("step-00000002/model-rank-00000.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&shard, bytes).unwrap();
+    let mut args = overwrite.to_vec();
+    args.extend(["--resume-from", other.to_str().unwrap()]);
+    let run = weft(&args);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("does not match its checksum") && !err.contains("removed"),
+        "{err}"
+    );
+    assert_eq!(names(&dir), before);
+    // a run that starts removes them, and says so
+    let mut args = overwrite.to_vec();
+    args.extend(["--set", "train.steps=3"]);
+    let run = weft_ok(&args);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("train.overwrite: removed 1 checkpoint folder(s)"), "{err}");
+    assert_eq!(names(&dir), [".lock", "step-00000003"]);
 }

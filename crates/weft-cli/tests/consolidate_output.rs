@@ -1,6 +1,7 @@
 //! `weft checkpoint consolidate DIR -o PATH` writes PATH atomically: through a symlink (the link
-//! stays), never over something that is not a regular file (a device node, a directory), and
-//! after a failed write (a full disk) it leaves one error line and no temporary file.
+//! stays), never over something that is not a regular file (a device node, a directory), never
+//! over or inside the checkpoint it reads (nor `weft export onnx`), and after a failed write (a
+//! full disk) it leaves one error line and no temporary file.
 #![cfg(unix)]
 
 mod common;
@@ -221,5 +222,74 @@ fn a_tampered_model_config_or_tokenizer_is_refused_before_writing() {
     let (out, output) = export("hf");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(output.join("config.json").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An output that would land on what the command reads is refused naming both, and nothing is
+/// written: a file of the checkpoint folder (its index.json, a shard), a new file inside it, the
+/// folder itself, a link into it, and for `export onnx` the consolidated file it reads. (Both
+/// wrote over the checkpoint, which could not be read again.) Beside the folder is fine.
+#[test]
+fn an_output_inside_the_checkpoint_read_is_refused() {
+    let dir = temp_dir("consolidate-into-itself");
+    let config = common::write_tiny_mlp(&dir, "steps = 2\n");
+    let ckpt = dir.join("ckpt");
+    #[rustfmt::skip]
+    weft_ok(&["train", "--config", config.to_str().unwrap(), "--quiet", "--set",
+        &path_set("train.checkpoint_dir", &ckpt)]);
+    let step = ckpt.join("step-00000002");
+    let files: Vec<(PathBuf, Vec<u8>)> = ["index.json", "model-rank-00000.safetensors", "COMPLETE"]
+        .iter()
+        .map(|f| (step.join(f), std::fs::read(step.join(f)).unwrap()))
+        .collect();
+    std::os::unix::fs::symlink(step.join("index.json"), dir.join("link.json")).unwrap();
+    let c = ckpt.to_str().unwrap();
+    let refused = |args: &[&str], output: &Path| {
+        let err = one_error_line(&weft(args));
+        assert!(
+            err.contains(&format!("--output {}", output.display())) && err.contains(&*step.to_string_lossy()),
+            "{args:?}: {err}"
+        );
+    };
+    for output in [
+        step.join("index.json"),
+        step.join("model-rank-00000.safetensors"),
+        step.join("new.safetensors"),
+        ckpt.join("../ckpt/step-00000002/x.st"),
+        dir.join("link.json"),
+    ] {
+        let o = output.to_str().unwrap();
+        refused(&["checkpoint", "consolidate", c, "-o", o], &output);
+        refused(&["export", "onnx", "--checkpoint", c, "--output", o], &output);
+    }
+    refused(
+        &[
+            "checkpoint",
+            "consolidate",
+            c,
+            "-o",
+            step.to_str().unwrap(),
+            "--format",
+            "hf",
+        ],
+        &step,
+    );
+    assert!(!step.join("new.safetensors").exists() && !step.join("x.st").exists());
+    for (path, bytes) in &files {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes, "{} changed", path.display());
+    }
+    // a consolidated file is not exported over itself
+    let file = ckpt.join("model.safetensors");
+    weft_ok(&["checkpoint", "consolidate", c, "-o", file.to_str().unwrap()]);
+    let before = std::fs::read(&file).unwrap();
+    let f = file.to_str().unwrap();
+    let err = one_error_line(&weft(&["export", "onnx", "--checkpoint", f, "--output", f]));
+    assert!(err.contains(&format!("--output {f}: is {f}")), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), before);
+    // beside the checkpoint folder, in its checkpoint directory: written, and it still reads
+    let onnx = ckpt.join("model.onnx");
+    weft_ok(&["export", "onnx", "--checkpoint", c, "--output", onnx.to_str().unwrap()]);
+    weft_ok(&["checkpoint", "inspect", c]);
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -403,12 +403,17 @@ fn models_register_promote_list_show_and_serve_follows_promotions() {
     assert_eq!(show["production"], 2);
     assert_eq!(show["versions"][0]["stage"], "archived");
 
-    // a promoted version that does not load leaves the previous one serving
+    // a promoted version that does not load leaves the previous one serving (registering
+    // checks that it loads: it breaks after)
     let broken = dir.join("broken");
     std::fs::create_dir_all(&broken).unwrap();
-    std::fs::write(broken.join("COMPLETE"), "").unwrap();
-    std::fs::write(broken.join("index.json"), "{}").unwrap();
+    let good = a.join("step-00000004");
+    for f in std::fs::read_dir(&good).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, broken.join(f.file_name().unwrap())).unwrap();
+    }
     assert!(r(&["models", "register", broken.to_str().unwrap(), "--name", "cls"]).contains("version 3"));
+    std::fs::write(broken.join("index.json"), "{}").unwrap();
     r(&["models", "promote", "cls", "3", "--stage", "production"]);
     std::thread::sleep(std::time::Duration::from_millis(1000));
     assert_eq!(ask(&client), (200, "2".to_string()));

@@ -249,17 +249,18 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
             format!("{head}[sweep.parameters]\n\"optim.kind\" = {{ values = [\"lion\"] }}\n"),
             "sweep.parameters.\"optim.kind\": the base config does not load with it (optim.kind=\"lion\": ",
         ),
-        // values weft train refuses, found before the first trial: the model's own checks,
-        // for every listed value (not only the first) and for a range's ends
+        // values weft train refuses, found before the first trial: the model's own checks (run
+        // when the config is read), for every listed value (not only the first) and for a
+        // range's ends
         (
             format!("{head}[sweep.parameters]\n\"model.n_layer\" = {{ values = [1, 0] }}\n"),
-            "sweep.parameters.\"model.n_layer\": weft train refuses the base config with it (model.n_layer=0: ",
+            "sweep.parameters.\"model.n_layer\": the base config does not load with it (model.n_layer=0: ",
         ),
         (
             format!(
                 "{head}[sweep.parameters]\n\"model.n_head\" = {{ distribution = \"int_uniform\", min = 2, max = 3 }}\n"
             ),
-            "sweep.parameters.\"model.n_head\": weft train refuses the base config with it (model.n_head=3: ",
+            "sweep.parameters.\"model.n_head\": the base config does not load with it (model.n_head=3: ",
         ),
         // n_head = 3 divides no width the sweep gives
         (
@@ -267,8 +268,8 @@ fn bad_sweep_files_are_one_line_and_exit_1() {
                 "{head}[sweep.parameters]\n\"model.n_head\" = {{ values = [2, 3] }}\n\
                  \"model.n_embd\" = {{ values = [32, 64] }}\n"
             ),
-            "(model.n_head=3: model config: model.n_embd: 32 does not divide by n_head = 3); nor with the other \
-             swept keys at their listed values or range ends",
+            "run.toml: model.n_embd: 32 does not divide by n_head = 3); nor with the other swept keys at their \
+             listed values or range ends",
         ),
         (
             format!("{head}[sweep.parameters]\n\"optim.betas\" = {{ values = [[0.9, 0.999], [0.9, 1.5]] }}\n"),

@@ -32,8 +32,15 @@ const SEQ: [usize; 2] = [3, 5];
 
 /// Exports the model of `checkpoint` (a checkpoint folder or directory, or a consolidated
 /// file) to `output`: see [`export_model`]. Nothing is written when the model cannot be
-/// exported.
+/// exported, nor over what it reads (an `output` inside the checkpoint folder, or the file
+/// itself, is refused before anything is read).
 pub fn export_onnx(checkpoint: &Path, output: &Path, seq_len: Option<usize>) -> Result<ExportSummary> {
+    let reads = if checkpoint.is_file() || weft_models::hf::is_checkpoint_folder(checkpoint) {
+        checkpoint.to_path_buf()
+    } else {
+        crate::checkpoint::resolve(checkpoint)?
+    };
+    crate::checkpoint::check_output_apart(&reads, output, "--output")?;
     let trained = read_trained(checkpoint)?;
     let cfg = recorded_model(&trained)?;
     let model = crate::run::build_model(&cfg, 0)?;

@@ -324,8 +324,24 @@ impl ModelRegistry {
 
     /// Registers `source` as the next version of model `name`: `source` is a checkpoint folder
     /// or checkpoint directory (its newest checkpoint), or a run of the store (its id, name or
-    /// `experiment/name`) whose last recorded checkpoint artifact is used.
+    /// `experiment/name`) whose last recorded checkpoint artifact is used. Only that the folder
+    /// is complete (`COMPLETE` and `index.json`) is checked: see
+    /// [`ModelRegistry::register_checked`].
     pub fn register(&mut self, dir: &Path, source: &str, name: &str) -> Result<ModelVersion> {
+        self.register_checked(dir, source, name, &|_| Ok(()))
+    }
+
+    /// [`ModelRegistry::register`], once `check` has accepted the checkpoint folder `source`
+    /// names (`weft models register` checks that it loads as a model: its index, files,
+    /// checksums and model config, which this crate cannot read): its error, one line, refuses
+    /// the version before anything is written.
+    pub fn register_checked(
+        &mut self,
+        dir: &Path,
+        source: &str,
+        name: &str,
+        check: &dyn Fn(&Path) -> std::result::Result<(), String>,
+    ) -> Result<ModelVersion> {
         if !is_model_name(name) {
             return Err(Error::Spec(format!(
                 "--name {name:?}: a model name is 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)"
@@ -355,6 +371,7 @@ impl ModelRegistry {
             path: ckpt.clone(),
             source,
         })?;
+        check(&ckpt).map_err(Error::Spec)?;
         let p = self.path.clone();
         let tx = self
             .store

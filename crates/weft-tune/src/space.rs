@@ -193,6 +193,25 @@ fn tidy(x: f64) -> f64 {
     format!("{x:.11e}").parse().unwrap_or(x)
 }
 
+/// `x` as messages write it: plainly (`0.25`, `300`), or in exponent form where that would run
+/// long (`1e300`, not its 301 digits; `1e-12`).
+fn shown(x: f64) -> String {
+    let a = x.abs();
+    if a != 0.0 && !(1e-6..1e16).contains(&a) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// A TOML number as messages write it ([`shown`] for a float).
+fn shown_value(v: &toml::Value) -> String {
+    match v {
+        toml::Value::Float(f) => shown(*f),
+        other => other.to_string(),
+    }
+}
+
 /// Whether TOML number `v` equals the number written as `text` (`1e-3` and `0.001`).
 fn same_number(v: &toml::Value, text: &str) -> bool {
     let Ok(t) = text.trim().parse::<f64>() else {
@@ -295,7 +314,7 @@ fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, 
         _ => return Err(format!("distribution {kind:?} needs min and max")),
     };
     if min >= max {
-        return Err(format!("min ({min}) must be below max ({max})"));
+        return Err(format!("min ({}) must be below max ({})", shown(min), shown(max)));
     }
     if !(max - min).is_finite() {
         return Err(format!(
@@ -305,10 +324,14 @@ fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, 
     let q = number("q")?;
     if let Some(q) = q {
         if q <= 0.0 {
-            return Err(format!("q ({q}) must be above 0"));
+            return Err(format!("q ({}) must be above 0", shown(q)));
         }
         if q > max - min {
-            return Err(format!("q ({q}) is wider than the range max - min ({})", max - min));
+            return Err(format!(
+                "q ({}) is wider than the range max - min ({})",
+                shown(q),
+                shown(max - min)
+            ));
         }
         if !((max - min) / q).is_finite() {
             return Err(format!(
@@ -321,7 +344,9 @@ fn parse_distribution(entry: &toml::Table) -> std::result::Result<Distribution, 
         "log_uniform" => {
             if min <= 0.0 {
                 return Err(format!(
-                    "log_uniform needs 0 < min < max, but the range [{min}, {max}] touches 0 or lies below it"
+                    "log_uniform needs 0 < min < max, but the range [{}, {}] touches 0 or lies below it",
+                    shown(min),
+                    shown(max)
                 ));
             }
             if q.is_some() {
@@ -340,7 +365,8 @@ fn parse_int_uniform(entry: &toml::Table) -> std::result::Result<Distribution, S
     let int = |k: &str| -> std::result::Result<Option<i64>, String> {
         let outside = |v: &toml::Value| {
             format!(
-                "int_uniform {k} = {v} is outside the whole numbers weft accepts there (-{MAX_INT} to {MAX_INT}, 2^53)"
+                "int_uniform {k} = {} is outside the whole numbers weft accepts there (-{MAX_INT} to {MAX_INT}, 2^53)",
+                shown_value(v)
             )
         };
         match entry.get(k) {
@@ -350,7 +376,7 @@ fn parse_int_uniform(entry: &toml::Table) -> std::result::Result<Distribution, S
                 false => Err(outside(v)),
             },
             Some(v @ toml::Value::Float(f)) if f.is_finite() => match (f.fract() == 0.0, f.abs() <= MAX_INT as f64) {
-                (false, _) => Err(format!("int_uniform needs whole numbers, but {k} = {f}")),
+                (false, _) => Err(format!("int_uniform needs whole numbers, but {k} = {}", shown(*f))),
                 (true, false) => Err(outside(v)),
                 (true, true) => Ok(Some(*f as i64)),
             },
@@ -538,5 +564,20 @@ mod tests {
             error("\"optim.lr\" = { distribution = \"uniform\", min = 0.1, max = 0.01 }")
                 .contains("sweep.parameters.\"optim.lr\"")
         );
+    }
+
+    #[test]
+    fn numbers_far_from_1_are_written_short() {
+        let e = error("\"optim.lr\" = { distribution = \"uniform\", min = 0.01, max = 0.1, q = 1e300 }");
+        assert!(e.contains("q (1e300) is wider than the range max - min (0.09"), "{e}");
+        let e = error("\"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 10, q = 1e300 }");
+        assert!(e.contains("int_uniform q = 1e300 is outside the whole numbers"), "{e}");
+        let e = error("\"optim.lr\" = { distribution = \"uniform\", min = 1e300, max = 1e299 }");
+        assert!(e.contains("min (1e300) must be below max (1e299)"), "{e}");
+        let e = error("\"train.seed\" = { distribution = \"int_uniform\", min = 0, max = 10, q = 1e-300 }");
+        assert!(e.contains("but q = 1e-300") && e.len() < 200, "{e}");
+        // the numbers of every day as they were
+        let e = error("\"optim.lr\" = { distribution = \"uniform\", min = 0.2, max = 0.1 }");
+        assert!(e.contains("min (0.2) must be below max (0.1)"), "{e}");
     }
 }

@@ -194,8 +194,9 @@ pub(super) fn execute(
         Action::Register { step: from, model } => {
             let id = run_of(outputs.get(from).map_or("", String::as_str))?;
             let mut reg = ModelRegistry::open(&ctx.dir).map_err(|e| e.to_string())?;
+            let check = |ckpt: &std::path::Path| crate::models::check_loadable(ckpt, true);
             let v = reg
-                .register(&ctx.dir, &id.to_string(), model)
+                .register_checked(&ctx.dir, &id.to_string(), model, &check)
                 .map_err(|e| e.to_string())?;
             Ok(format!("model={} version={}", v.name, v.version))
         }

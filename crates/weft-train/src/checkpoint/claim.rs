@@ -9,7 +9,9 @@
 //! A fresh run (not resuming) into a folder that holds checkpoints (`step-*`, or temporary
 //! `.tmp-step-*` folders) is refused, because the two runs' checkpoints would mix: pruning would
 //! weigh one against the other and a later `--resume` would pick the newest of either. With
-//! `overwrite` it removes them first, and says so.
+//! `overwrite` it removes them, and says so, but only once the run is known to start
+//! ([`Claim::clear_earlier`], before its first step or save): a run refused after the claim (a
+//! model that does not build, a checkpoint to start from that does not load) leaves them.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -46,6 +48,9 @@ pub fn claim(dir: &Path, group: Option<&weft_dist::ProcessGroup>, mode: ClaimMod
 pub struct Claim {
     /// The locked file (rank 0 only); closing it releases the lock.
     _lock: Option<File>,
+    /// A fresh run's folder claimed with `overwrite` (on every rank), until
+    /// [`Claim::clear_earlier`] has removed the checkpoints in it.
+    overwrite: Option<PathBuf>,
 }
 
 impl Claim {
@@ -59,8 +64,9 @@ impl Claim {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Config(format!("{key}: cannot create {}: {e}", dir.display())))?;
         check_writable(dir).map_err(|e| Error::Config(format!("{key}: {e}")))?;
+        let overwrite = (mode == ClaimMode::Fresh { overwrite: true }).then(|| dir.to_path_buf());
         if !lock {
-            return Ok(Claim { _lock: None });
+            return Ok(Claim { _lock: None, overwrite });
         }
         let file = take_lock(dir)?;
         if let ClaimMode::Fresh { overwrite } = mode {
@@ -83,19 +89,44 @@ impl Claim {
                     names.join(", ")
                 )));
             }
-            if !found.is_empty() {
-                for p in &found {
-                    std::fs::remove_dir_all(p).map_err(|e| io(p, e))?;
-                }
-                weft_core::errln!(
-                    "weft: train.overwrite: removed {} checkpoint folder(s) of an earlier run from {}",
-                    found.len(),
-                    dir.display()
-                );
-            }
         }
-        Ok(Claim { _lock: Some(file) })
+        Ok(Claim {
+            _lock: Some(file),
+            overwrite,
+        })
     }
+
+    /// A fresh run with `overwrite` that is about to start (its first step, or its first save)
+    /// removes the checkpoint folders its folder holds, once, and says so: on the rank that holds
+    /// the lock, every rank of `group` failing if it failed. Nothing for any other claim, or
+    /// after the first call.
+    pub fn clear_earlier(&mut self, group: Option<&weft_dist::ProcessGroup>) -> Result<()> {
+        let Some(dir) = self.overwrite.take() else {
+            return Ok(());
+        };
+        let removed = match self._lock {
+            Some(_) => remove_checkpoint_folders(&dir),
+            None => Ok(()),
+        };
+        crate::job::agree(group, removed, "train.overwrite: removing the earlier checkpoints")
+    }
+}
+
+/// Removes the `step-*` and `.tmp-step-*` folders of `dir`, and says how many.
+fn remove_checkpoint_folders(dir: &Path) -> Result<()> {
+    let found = checkpoint_folders(dir)?;
+    if found.is_empty() {
+        return Ok(());
+    }
+    for p in &found {
+        std::fs::remove_dir_all(p).map_err(|e| io(p, e))?;
+    }
+    weft_core::errln!(
+        "weft: train.overwrite: removed {} checkpoint folder(s) of an earlier run from {}",
+        found.len(),
+        dir.display()
+    );
+    Ok(())
 }
 
 /// Creates and removes a file in `dir`: the cheapest proof that a checkpoint can be written.
@@ -249,8 +280,23 @@ mod tests {
         );
         assert!(dir.join("step-00000010").exists(), "nothing is removed");
         Claim::acquire(&dir, true, ClaimMode::Resume).unwrap();
-        Claim::acquire(&dir, true, ClaimMode::Fresh { overwrite: true }).unwrap();
+        let mut claim = Claim::acquire(&dir, true, ClaimMode::Fresh { overwrite: true }).unwrap();
+        // claimed, not yet cleared: the run may still be refused
+        assert!(
+            dir.join("step-00000010").exists(),
+            "removed before the run was known to start"
+        );
+        claim.clear_earlier(None).unwrap();
         assert!(!dir.join("step-00000010").exists() && !dir.join(".tmp-step-00000020-abc").exists());
+        // once: a checkpoint the run writes after is its own
+        std::fs::create_dir_all(dir.join("step-00000030")).unwrap();
+        claim.clear_earlier(None).unwrap();
+        assert!(dir.join("step-00000030").exists());
+        drop(claim);
+        // a claim dropped before the run started removes nothing
+        let claim = Claim::acquire(&dir, true, ClaimMode::Fresh { overwrite: true }).unwrap();
+        drop(claim);
+        assert!(dir.join("step-00000030").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

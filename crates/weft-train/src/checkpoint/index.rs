@@ -69,11 +69,36 @@ pub struct Index {
     /// Ranks of the job that wrote it.
     pub ranks: usize,
     /// `(alternative, canonical)` names of tied tensors: a consolidated file holds both.
+    #[serde(deserialize_with = "alias_pairs")]
     pub aliases: Vec<(String, String)>,
     /// Model parameters by PyTorch name.
     pub model: BTreeMap<String, TensorRecord>,
     /// Optimizer state by `"{param}.{field}"`.
     pub optimizer: BTreeMap<String, TensorRecord>,
+}
+
+/// `aliases` read as pairs: an entry of another length, or one that is not names, is an error
+/// naming `aliases` and the entry (serde's own for a pair of three said only "trailing
+/// characters").
+fn alias_pairs<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<(String, String)>, D::Error> {
+    use serde::de::Error as _;
+    let entries: Vec<serde_json::Value> = Vec::deserialize(d)?;
+    let pair = |(i, entry): (usize, serde_json::Value)| {
+        let why = match &entry {
+            serde_json::Value::Array(names) => match &names[..] {
+                [serde_json::Value::String(alt), serde_json::Value::String(canonical)] => {
+                    return Ok((alt.clone(), canonical.clone()))
+                }
+                [_, _] => "holds something besides names".to_string(),
+                _ => format!("holds {} values", names.len()),
+            },
+            _ => "is not a list".to_string(),
+        };
+        Err(D::Error::custom(format!(
+            "aliases[{i}] {why}; each entry is a pair of tensor names [alternative, canonical]"
+        )))
+    };
+    entries.into_iter().enumerate().map(pair).collect()
 }
 
 /// A piece a rank holds, to write.
@@ -327,6 +352,30 @@ mod tests {
                 .contains("two of its pieces are in file \"rank-0.safetensors\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_alias_that_is_not_a_pair_is_named() {
+        let index = |aliases: &str| {
+            format!(
+                "{{\"format\": \"{FORMAT}\", \"state\": {{\"step\": 1, \"rng_offset\": 0}}, \"ranks\": 1, \
+                 \"aliases\": {aliases}, \"model\": {{}}, \"optimizer\": {{}}}}"
+            )
+        };
+        let read: Index = serde_json::from_str(&index("[[\"lm_head.weight\", \"wte.weight\"]]")).unwrap();
+        assert_eq!(read.aliases, [("lm_head.weight".to_string(), "wte.weight".to_string())]);
+        for (aliases, want) in [
+            (
+                "[[\"a\", \"b\"], [\"a\", \"b\", \"c\"]]",
+                "aliases[1] holds 3 values; each entry is a pair",
+            ),
+            ("[[\"a\"]]", "aliases[0] holds 1 values"),
+            ("[[\"a\", 3]]", "aliases[0] holds something besides names"),
+            ("[\"a\"]", "aliases[0] is not a list"),
+        ] {
+            let e = serde_json::from_str::<Index>(&index(aliases)).unwrap_err().to_string();
+            assert!(e.contains(want), "{aliases}: {e}");
+        }
     }
 
     #[test]

@@ -18,8 +18,10 @@
 //! trainer cuts them again for its own. Batches are pure functions of (seed, step), so the step
 //! is the data position.
 
+mod apart;
 mod claim;
 mod index;
+mod verify;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -29,8 +31,10 @@ use serde::{Deserialize, Serialize};
 use weft_core::Tensor;
 
 use crate::error::{Error, Result};
+pub use apart::check_output_apart;
 pub use claim::{claim, Claim, ClaimMode, LOCK};
 pub use index::{checksum, merge, write_pieces, Files, Index, Piece, PieceRecord, Shard, TensorRecord, TpPart};
+pub use verify::{check_recorded, verify_model};
 pub use writer::{new_nonce, BackgroundWriter, Coordination, Pending};
 
 /// The file that marks a checkpoint folder complete.

@@ -130,7 +130,7 @@ pub struct CsvKeys {
 
 impl<'de> Deserialize<'de> for DataConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["batches", "text", "csv", "tokens"], |kind, v| {
+        by_kind(d, "data", &["batches", "text", "csv", "tokens"], |kind, v| {
             Ok(match kind {
                 "batches" => DataConfig::Batches(serde_path_to_error::deserialize(v)?),
                 "text" => DataConfig::Text(serde_path_to_error::deserialize(v)?),

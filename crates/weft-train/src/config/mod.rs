@@ -3,15 +3,18 @@
 
 use std::path::{Path, PathBuf};
 
+use read::{key_of, model_from_hf_folder, syntax_error};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
 
 mod bounds;
+mod classifier_shapes;
 mod data;
 mod model;
 mod overrides;
 mod parallel;
+mod read;
 mod schedule;
 mod track;
 mod train;
@@ -47,10 +50,12 @@ pub struct RunConfig {
     pub base_dir: PathBuf,
 }
 
-/// Deserializes a section whose `kind` key picks the struct for the other keys. Unlike serde's
-/// internally tagged enums, errors keep the key's name (`n_layer: invalid value ...`).
+/// Deserializes section `section` (`model`), whose `kind` key picks the struct for the other
+/// keys. Unlike serde's internally tagged enums, errors keep the key's whole name
+/// (`model.n_layer: invalid value ...`, `model.bias: missing field ...`).
 pub(super) fn by_kind<'de, D: serde::Deserializer<'de>, T>(
     d: D,
+    section: &str,
     kinds: &[&str],
     pick: impl Fn(&str, toml::Value) -> std::result::Result<T, serde_path_to_error::Error<toml::de::Error>>,
 ) -> std::result::Result<T, D::Error> {
@@ -58,24 +63,33 @@ pub(super) fn by_kind<'de, D: serde::Deserializer<'de>, T>(
     let mut table = toml::Table::deserialize(d)?;
     let kind = match table.remove("kind") {
         Some(toml::Value::String(k)) => k,
-        Some(other) => return Err(D::Error::custom(format!("kind: expected a string, got {other}"))),
+        Some(other) => {
+            return Err(D::Error::custom(format!(
+                "{section}.kind: expected a string, got {other}"
+            )))
+        }
         None => {
             return Err(D::Error::custom(format!(
-                "missing key `kind` (one of {})",
+                "{section}: missing key `kind` (one of {})",
                 kinds.join(", ")
             )))
         }
     };
     if !kinds.contains(&kind.as_str()) {
         return Err(D::Error::custom(format!(
-            "kind: {kind:?} is not one of {}",
+            "{section}.kind: {kind:?} is not one of {}",
             kinds.join(", ")
         )));
     }
     pick(&kind, toml::Value::Table(table)).map_err(|e| {
         let path = e.path().to_string();
         let msg = e.into_inner().to_string();
-        D::Error::custom(format!("{path}: {}", msg.lines().next().unwrap_or_default().trim()))
+        let first = msg.lines().next().unwrap_or_default().trim();
+        let key = match key_of(&path, first).as_str() {
+            "." => section.to_string(),
+            key => format!("{section}.{key}"),
+        };
+        D::Error::custom(format!("{key}: {first}"))
     })
 }
 
@@ -147,7 +161,11 @@ impl RunConfig {
             // the deserializer appends "in `section`" on a second line; the path already says it
             let msg = e.into_inner().to_string();
             let first = msg.lines().next().unwrap_or_default().trim().to_string();
-            Error::Config(format!("{source}: {path}: {first}"))
+            // a section read by `by_kind` names its keys itself (`model.bias: ...`)
+            if first.starts_with(&format!("{path}.")) || first.starts_with(&format!("{path}:")) {
+                return Error::Config(format!("{source}: {first}"));
+            }
+            Error::Config(format!("{source}: {}: {first}", key_of(&path, &first)))
         })?;
         config.base_dir = base_dir;
         config.track.params = params;
@@ -277,6 +295,15 @@ impl RunConfig {
                     format!("{:?} is not one of gelu, gelu_tanh", g.activation),
                 );
             }
+        }
+        // the model's own checks (a head count that does not divide the width, a dropout of 1),
+        // here rather than when the run has begun claiming and clearing its checkpoint folder
+        if let Err(e) = self.model.validate() {
+            let msg = match e {
+                weft_core::Error::Invalid { msg, .. } => msg,
+                other => other.to_string(),
+            };
+            return Err(Error::Config(format!("{source}: {msg}")));
         }
         let p = &self.parallel;
         if p.tp == 0 {
@@ -496,90 +523,6 @@ impl RunConfig {
         }
         Ok(())
     }
-}
-
-/// A TOML syntax error as one line: `source (line L, column C): message`, where the line and
-/// the column (of characters, both from 1) are where the parser stopped, as in its own report.
-fn syntax_error(source: &str, text: &str, e: &toml::de::Error) -> String {
-    let at = e.span().map(|s| {
-        let mut start = s.start.min(text.len());
-        while !text.is_char_boundary(start) {
-            start -= 1;
-        }
-        let before = &text[..start];
-        let line = before.matches('\n').count() + 1;
-        let column = before.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
-        format!(" (line {line}, column {column})")
-    });
-    let message = e.message().trim().replace('\n', " ");
-    format!("{source}{}: {message}", at.unwrap_or_default())
-}
-
-/// `[init] from` naming a Hugging Face checkpoint folder: its `config.json` gives the `[model]`
-/// section when the run has none, and must agree with the one it has (every key config.json
-/// sets; keys it does not, such as `dropout`, are the run's).
-fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_dir: &Path) -> Result<()> {
-    let Some(from) = table
-        .get("init")
-        .and_then(|i| i.get("from"))
-        .and_then(toml::Value::as_str)
-    else {
-        return Ok(());
-    };
-    let dir = if Path::new(from).is_absolute() {
-        PathBuf::from(from)
-    } else {
-        base_dir.join(from)
-    };
-    if !weft_models::hf::is_checkpoint_folder(&dir) {
-        return Ok(());
-    }
-    let config_path = dir.join("config.json");
-    let text = weft_data::files::read_to_string(&config_path).map_err(|e| Error::Config(e.to_string()))?;
-    let keys = weft_models::hf::to_weft_keys(&text, &config_path.display().to_string())
-        .map_err(|e| Error::Config(e.to_string()))?;
-    let theirs: toml::Table = serde_json::from_value(serde_json::Value::Object(keys))
-        .map_err(|e| Error::Config(format!("{}: {e}", config_path.display())))?;
-    // sizes past weft's bounds are config.json's, not the run config's
-    for (key, value) in &theirs {
-        let (Some(max), Some(v)) = (bounds::language_model_bound(key), value.as_integer()) else {
-            continue;
-        };
-        if v < 0 || v as u64 > max as u64 {
-            return Err(Error::Config(format!(
-                "{}: gives model.{key} = {v}, outside the 0 to {max} weft accepts",
-                config_path.display()
-            )));
-        }
-    }
-    match table.get("model") {
-        None => {
-            let mut model = theirs;
-            if model.get("kind").and_then(toml::Value::as_str) == Some("gpt") {
-                model.insert("dropout".into(), toml::Value::Float(0.0));
-            }
-            table.insert("model".into(), toml::Value::Table(model));
-        }
-        Some(toml::Value::Table(ours)) => {
-            for (key, want) in &theirs {
-                let Some(have) = ours.get(key) else { continue };
-                let same = match (have.as_float().or(have.as_integer().map(|i| i as f64)), want) {
-                    (Some(a), toml::Value::Float(b)) => a == *b,
-                    (Some(a), toml::Value::Integer(b)) => a == *b as f64,
-                    _ => have == want,
-                };
-                if !same {
-                    return Err(Error::Config(format!(
-                        "{source}: model.{key}: {have} here, but {want} in {} (init.from); leave the key out to \
-                         take the checkpoint's",
-                        config_path.display()
-                    )));
-                }
-            }
-        }
-        Some(_) => {}
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -15,14 +15,27 @@ pub enum ModelConfig {
 }
 
 impl ModelConfig {
-    /// Checks a language model's config (gpt, llama) against the shapes of the tensors it is to
-    /// be loaded from, before anything of the config's size is built: the error names the key
-    /// and the tensor. A classifier's (mlp, convnet) are checked when its parameters load.
+    /// Checks the config against the shapes of the tensors it is to be loaded from (a state
+    /// dict's, or a checkpoint index's, by name), before anything of the config's size is built:
+    /// the sizes as the model checks them, then every parameter's shape; the error names the key
+    /// and the tensor.
     pub fn check_shapes(&self, shapes: &std::collections::BTreeMap<String, Vec<usize>>) -> weft_core::Result<()> {
         match self {
             ModelConfig::Gpt(g) => g.to_config().check_shapes(shapes),
             ModelConfig::Llama(l) => l.to_config().check_shapes(shapes),
-            ModelConfig::Mlp(_) | ModelConfig::Convnet(_) => Ok(()),
+            ModelConfig::Mlp(m) => super::classifier_shapes::check_mlp(m, shapes),
+            ModelConfig::Convnet(c) => super::classifier_shapes::check_convnet(c, shapes),
+        }
+    }
+
+    /// The model's own checks of its sizes (what building it checks first), without building
+    /// anything: the error names the key (`model.n_embd: 16 does not divide by n_head = 3`).
+    pub fn validate(&self) -> weft_core::Result<()> {
+        match self {
+            ModelConfig::Gpt(g) => g.to_config().validate(),
+            ModelConfig::Llama(l) => l.to_config().validate(),
+            ModelConfig::Mlp(m) => m.to_config()?.validate(),
+            ModelConfig::Convnet(c) => c.to_config().validate(),
         }
     }
 
@@ -57,6 +70,23 @@ pub struct MlpKeys {
     pub activation: String,
 }
 
+impl MlpKeys {
+    /// The model's own config; an unknown `activation` is an error naming the key.
+    pub fn to_config(&self) -> weft_core::Result<weft_models::mlp::MlpConfig> {
+        let activation =
+            weft_nn::layers::Activation::parse(&self.activation).ok_or_else(|| weft_core::Error::Invalid {
+                op: "model config",
+                msg: format!("model.activation: {:?} is not one of relu, gelu, tanh", self.activation),
+            })?;
+        Ok(weft_models::mlp::MlpConfig {
+            in_features: self.in_features,
+            hidden: self.hidden.clone(),
+            out_features: self.out_features,
+            activation,
+        })
+    }
+}
+
 /// `[model]` keys of `kind = "convnet"`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +95,18 @@ pub struct ConvnetKeys {
     pub image_size: usize,
     pub channels: Vec<usize>,
     pub num_classes: usize,
+}
+
+impl ConvnetKeys {
+    /// The model's own config.
+    pub fn to_config(&self) -> weft_models::convnet::ConvNetConfig {
+        weft_models::convnet::ConvNetConfig {
+            in_channels: self.in_channels,
+            image_size: self.image_size,
+            channels: self.channels.clone(),
+            num_classes: self.num_classes,
+        }
+    }
 }
 
 /// `[model]` keys of `kind = "gpt"`.
@@ -161,7 +203,7 @@ impl LlamaKeys {
 
 impl<'de> Deserialize<'de> for ModelConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["mlp", "convnet", "gpt", "llama"], |kind, v| {
+        by_kind(d, "model", &["mlp", "convnet", "gpt", "llama"], |kind, v| {
             Ok(match kind {
                 "mlp" => ModelConfig::Mlp(serde_path_to_error::deserialize(v)?),
                 "convnet" => ModelConfig::Convnet(serde_path_to_error::deserialize(v)?),

@@ -53,7 +53,7 @@ struct NoKeys {}
 
 impl<'de> Deserialize<'de> for ScheduleConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        by_kind(d, &["constant", "cosine", "linear", "wsd"], |kind, v| {
+        by_kind(d, "schedule", &["constant", "cosine", "linear", "wsd"], |kind, v| {
             Ok(match kind {
                 "constant" => {
                     let _: NoKeys = serde_path_to_error::deserialize(v)?;

@@ -73,7 +73,7 @@ fn model_sizes_of_0_are_refused_naming_their_key() {
     assert!(e.contains("model.channels: is empty"), "{e}");
     // an mlp without hidden layers is a linear model
     parse(MLP, &["model.hidden=[]"]).unwrap();
-    // a language model's own check names the counts it refuses, before any step
+    // a language model's own check names the counts it refuses, when the config is read
     for (text, keys) in [
         (GPT, &["n_layer", "n_head", "n_embd"][..]),
         (
@@ -83,17 +83,50 @@ fn model_sizes_of_0_are_refused_naming_their_key() {
     ] {
         for key in keys {
             let set = format!("model.{key}=0");
-            let c = parse(text, &[&set]).unwrap();
-            let e = match &c.model {
-                ModelConfig::Gpt(g) => g.to_config().validate().unwrap_err(),
-                ModelConfig::Llama(l) => l.to_config().validate().unwrap_err(),
-                _ => unreachable!(),
-            };
+            let e = refused(text, &[&set]);
             assert!(
-                e.to_string().contains(&format!("model.{key}: must be positive")),
+                e.contains(&format!("r.toml: model.{key}: must be positive")),
                 "{set}: {e}"
             );
         }
+    }
+}
+
+/// The model's own checks run when the config is read, naming the file: a run refused after
+/// it had claimed its checkpoint folder had already removed the folder's earlier checkpoints
+/// (`train.overwrite`).
+#[test]
+fn the_models_own_checks_name_the_config_file() {
+    for (text, set, want) in [
+        (
+            GPT,
+            "model.n_head=3",
+            "config: r.toml: model.n_embd: 32 does not divide by n_head = 3",
+        ),
+        (
+            GPT,
+            "model.dropout=1.0",
+            "config: r.toml: model.dropout: 1 is outside [0, 1)",
+        ),
+        (
+            LLAMA,
+            "model.n_kv_head=3",
+            "config: r.toml: model.n_head: 4 does not divide by n_kv_head = 3",
+        ),
+        (
+            MLP,
+            "model.activation=\"swish\"",
+            "config: r.toml: model.activation: \"swish\" is not one of",
+        ),
+        (
+            CONVNET,
+            "model.image_size=6",
+            "config: r.toml: model.image_size: 6 does not divide by 2^2",
+        ),
+    ] {
+        let e = refused(text, &[set]);
+        assert!(e.contains(want), "{set}: {e}");
+        assert!(!e.contains("model config:"), "{set}: {e}");
     }
 }
 
@@ -111,4 +144,29 @@ fn feature_scale_is_a_positive_f32() {
         let DataConfig::Csv(k) = c.data else { panic!("csv") };
         assert_eq!(k.feature_scale, v.parse::<f64>().unwrap());
     }
+}
+
+/// A missing key is named with its section (`model.bias`), as any other key is, not as the
+/// section's table (`model: .: missing field`).
+#[test]
+fn a_missing_key_is_named_with_its_section() {
+    let no_bias = GPT.replace("bias = true\n", "");
+    let e = refused(&no_bias, &[]);
+    assert!(e.contains("r.toml: model.bias: missing field `bias`"), "{e}");
+    let e = refused(GPT, &["schedule.kind=\"cosine\""]);
+    assert!(
+        e.contains("r.toml: schedule.warmup_steps: missing field `warmup_steps`"),
+        "{e}"
+    );
+    let e = refused(MLP, &["data.kind=\"text\"", "data.label_column=1"]);
+    assert!(e.contains("r.toml: data.label_column: unknown field"), "{e}");
+    let e = refused(GPT, &["model.n_layer=\"x\""]);
+    assert!(e.contains("r.toml: model.n_layer: invalid type"), "{e}");
+    let e = refused(&GPT.replace("kind = \"gpt\"\n", ""), &[]);
+    assert!(e.contains("r.toml: model: missing key `kind`"), "{e}");
+    let e = refused(&GPT.replace("[optim]\nkind = \"adam\"\nlr = 0.01\n", ""), &[]);
+    assert!(
+        e.contains("r.toml: optim: missing field `optim`") && !e.contains(": .:"),
+        "{e}"
+    );
 }

@@ -2,12 +2,11 @@
 
 use std::sync::Arc;
 
-use weft_models::convnet::{ConvNet, ConvNetConfig};
+use weft_models::convnet::ConvNet;
 use weft_models::gpt::Gpt;
 use weft_models::llama::Llama;
-use weft_models::mlp::{MlpConfig, MlpModel};
+use weft_models::mlp::MlpModel;
 use weft_models::{LanguageModel, Model};
-use weft_nn::layers::Activation;
 use weft_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use weft_nn::schedule::{DecayShape, Schedule};
 
@@ -17,30 +16,8 @@ use crate::error::{Error, Result};
 /// The model of a `[model]` section, initialised from `seed`.
 pub fn build_model(cfg: &ModelConfig, seed: u64) -> Result<Arc<dyn Model>> {
     Ok(match cfg {
-        ModelConfig::Mlp(m) => {
-            let activation = Activation::parse(&m.activation).ok_or_else(|| {
-                Error::Config(format!(
-                    "model.activation: {:?} is not one of relu, gelu, tanh",
-                    m.activation
-                ))
-            })?;
-            let c = MlpConfig {
-                in_features: m.in_features,
-                hidden: m.hidden.clone(),
-                out_features: m.out_features,
-                activation,
-            };
-            Arc::new(MlpModel::new(c, seed)?)
-        }
-        ModelConfig::Convnet(m) => {
-            let c = ConvNetConfig {
-                in_channels: m.in_channels,
-                image_size: m.image_size,
-                channels: m.channels.clone(),
-                num_classes: m.num_classes,
-            };
-            Arc::new(ConvNet::new(c, seed)?)
-        }
+        ModelConfig::Mlp(m) => Arc::new(MlpModel::new(m.to_config()?, seed)?),
+        ModelConfig::Convnet(m) => Arc::new(ConvNet::new(m.to_config(), seed)?),
         ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
             let lm: Arc<dyn LanguageModel> = Arc::from(build_language_model(cfg, seed)?);
             lm

@@ -24,6 +24,10 @@ pub(super) struct Data {
     pub rows: Option<RowsFn>,
     /// A token dataset's `index.json` digest as read (`crate::lineage`).
     pub tokens_digest: Option<String>,
+    /// Whether the validation split is too small for one evaluation batch (fewer rows than
+    /// `data.batch_size`, fewer tokens than one window): only then is an evaluation batch's
+    /// error about the batch's size (see [`no_eval_batch`]).
+    pub eval_short: bool,
 }
 
 /// Rows of the training batch at an index.
@@ -73,6 +77,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                 batch_rows,
                 rows: None,
                 tokens_digest: None,
+                eval_short: false,
             }
         }
         DataConfig::Text(t) => {
@@ -102,6 +107,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
             let (t, v) = (ds.clone(), ds.clone());
             let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, block_size, seed, step)?));
             let has_val = val_fraction > 0.0;
+            let eval_short = ds.num_tokens(Split::Val) < block_size + 1;
             let eval: Option<BatchFn> = has_val
                 .then(|| Arc::new(move |i| Ok(v.batch(Split::Val, bs, block_size, seed ^ 0x5eed, i)?)) as BatchFn);
             Data {
@@ -111,6 +117,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                 batch_rows: bs,
                 rows: None,
                 tokens_digest: None,
+                eval_short,
             }
         }
         DataConfig::Tokens(k) => tokens_data(config, k, seed, block_size)?,
@@ -136,6 +143,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                 ds.check_labels(classes)?;
             }
             let bs = c.batch_size;
+            let eval_short = ds.num_rows(Split::Val) < bs;
             let (t, v) = (ds.clone(), ds.clone());
             let train: BatchFn = Arc::new(move |step| Ok(t.batch(Split::Train, bs, seed, step)?));
             let eval: Option<BatchFn> = (c.val_fraction > 0.0)
@@ -147,6 +155,7 @@ pub(super) fn build_data(config: &RunConfig) -> Result<Data> {
                 batch_rows: bs,
                 rows: None,
                 tokens_digest: None,
+                eval_short,
             }
         }
     })
@@ -238,17 +247,21 @@ pub(super) fn check_data(config: &RunConfig, data: &Data) -> Result<()> {
             t.eval_every
         )));
     };
-    eval(0).map(drop).map_err(|e| {
-        Error::Config(format!(
+    eval(0).map(drop).map_err(|e| match data.eval_short {
+        true => Error::Config(format!(
             "train.eval_every = {}, but {}, or set train.eval_every = 0",
             t.eval_every,
             no_eval_batch(&e)
-        ))
+        )),
+        // a damaged shard, ids outside the vocabulary, a file that cannot be read: the data's own
+        // error, which names the file (no batch size helps)
+        false => e,
     })
 }
 
-/// Why the validation split gives no batch (`e`, the data's error), with what to change: a
-/// batch larger than the split needs a smaller `data.batch_size` or a larger split.
+/// Why the validation split gives no batch (`e`, the data's error) when it is too small for one
+/// ([`Data::eval_short`]), with what to change: a batch larger than the split needs a smaller
+/// `data.batch_size` or a larger split.
 pub(super) fn no_eval_batch(e: &dyn std::fmt::Display) -> String {
     format!("the validation split cannot give a batch: {e}; lower data.batch_size or raise data.val_fraction")
 }
@@ -317,6 +330,7 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
     let train: BatchFn = Arc::new(move |step| whole(step, 0..bs));
     // a split too short for one window still makes `eval`, so that its first batch's error
     // (naming the split and both sizes) is what `check_data` reports
+    let eval_short = ds.tokens(Split::Val) <= block_size as u64;
     let eval: Option<BatchFn> = (ds.tokens(Split::Val) > 0).then(|| {
         let v = ds.clone();
         Arc::new(move |i: usize| Ok(v.batch(Split::Val, i as u64, bs, block_size, seed ^ 0x5eed, 0..bs)?)) as BatchFn
@@ -328,6 +342,7 @@ fn tokens_data(config: &RunConfig, k: &TokensKeys, seed: u64, block_size: usize)
         batch_rows: bs,
         rows: Some(rows),
         tokens_digest: Some(digest),
+        eval_short,
     })
 }
 

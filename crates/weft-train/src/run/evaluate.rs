@@ -52,9 +52,10 @@ pub fn evaluate(config: &RunConfig, ckpt: &Path, batches: Option<usize>) -> Resu
                 .into(),
         )
     })?;
-    eval(0)
-        .map(drop)
-        .map_err(|e| Error::Config(super::data::no_eval_batch(&e)))?;
+    eval(0).map(drop).map_err(|e| match data.eval_short {
+        true => Error::Config(super::data::no_eval_batch(&e)),
+        false => e,
+    })?;
     let extra = serde_json::json!({
         "model": config.model,
         "tokenizer": data.tokenizer.as_ref().map(|t| t.to_json()),

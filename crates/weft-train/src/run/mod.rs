@@ -221,6 +221,12 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             .check_shapes(&shapes)
             .map_err(|e| Error::Io(format!("{source}: {e}")))?;
     }
+    // the optimizer and schedule before the folder is claimed (cheap, and what fails here
+    // must not follow a claim); the earlier checkpoints a claim with train.overwrite finds go
+    // only when the run starts (its first step or save), so that a run refused after it (a
+    // model that does not build, a --resume-from that does not load) leaves them
+    let optimizer = build_optimizer(&config.optim)?;
+    let schedule = build_schedule(&config.schedule, config.optim.lr, config.train.steps)?;
     // the run's outputs, before the model is built: a folder of its own, files it can write
     // (after the checks of what it starts from, which write nothing: a bad init.from or
     // --resume-from left the folder's lock behind)
@@ -270,8 +276,6 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     // the parameters hold the initial weights now: the read copies go (a large model's would
     // stay for the whole run otherwise)
     drop(init_tensors);
-    let optimizer = build_optimizer(&config.optim)?;
-    let schedule = build_schedule(&config.schedule, config.optim.lr, config.train.steps)?;
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
         .with_grad_clip(config.optim.grad_clip)
         .with_grad_accum(t.grad_accum)

@@ -37,17 +37,21 @@ impl Trainer {
 
     /// Claims the checkpoint folder for this run (see [`checkpoint::Claim`]): every rank checks
     /// it can write there, rank 0 takes the lock and applies `mode`, and every rank fails if
-    /// any did. Done once; [`Trainer::resume`] and [`Trainer::fit`] call it when needed.
+    /// any did. Done once; [`Trainer::resume`] and [`Trainer::fit`] call it when needed. A fresh
+    /// run's call (from [`Trainer::fit`] or a save: the run is starting) also removes the
+    /// earlier checkpoints a claim with `overwrite` found ([`Claim::clear_earlier`]), once.
     pub fn claim_checkpoints(&mut self, mode: ClaimMode) -> Result<()> {
         let Some(policy) = &self.checkpoints else {
             return Ok(());
         };
-        if self.claim.is_some() {
-            return Ok(());
-        }
         let dir = policy.dir.clone();
         let group = self.checkpoint_group()?.cloned();
-        self.claim = Some(checkpoint::claim(&dir, group.as_ref(), mode)?);
+        if self.claim.is_none() {
+            self.claim = Some(checkpoint::claim(&dir, group.as_ref(), mode)?);
+        }
+        if let (ClaimMode::Fresh { .. }, Some(claim)) = (mode, self.claim.as_mut()) {
+            claim.clear_earlier(group.as_ref())?;
+        }
         Ok(())
     }
 

@@ -115,3 +115,32 @@ fn rows_written_by_hand_that_are_no_version_are_left_out_by_name_and_the_rest_re
     assert_eq!(reg.version("m", 1).unwrap().stage, "production");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_checkpoint_the_check_refuses_is_not_registered() {
+    let dir = std::env::temp_dir().join(format!("weft-tune-registry-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ckpts = dir.join("ckpt");
+    fake_checkpoint(&ckpts.join("step-00000004"));
+    let store = dir.join("store");
+    let mut reg = ModelRegistry::open(&store).unwrap();
+    // the check is given the checkpoint folder the source resolves to
+    let seen = std::cell::RefCell::new(None);
+    let refuse = |p: &Path| {
+        *seen.borrow_mut() = Some(p.to_path_buf());
+        Err(format!("{}: damaged", p.display()))
+    };
+    let e = reg
+        .register_checked(&store, ckpts.to_str().unwrap(), "m", &refuse)
+        .unwrap_err()
+        .to_string();
+    let folder = ckpts.join("step-00000004").canonicalize().unwrap();
+    assert_eq!(e, format!("{}: damaged", folder.display()));
+    assert_eq!(seen.borrow().as_deref(), Some(folder.as_path()));
+    assert!(reg.list().unwrap().versions.is_empty(), "nothing registered");
+    let v = reg
+        .register_checked(&store, ckpts.to_str().unwrap(), "m", &|_| Ok(()))
+        .unwrap();
+    assert_eq!(v.version, 1, "the refused one took no version number");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -95,6 +95,16 @@ impl<'a> Files<'a> {
         Ok(t)
     }
 
+    /// Checks piece `rec` of tensor `name` (of dtype `dtype`) without keeping it: its file holds
+    /// it at the record's size and dtype (the file's header only), and, with `checksum`, its
+    /// values match the record's checksum (the piece is read, then dropped).
+    pub fn check_piece(&mut self, name: &str, rec: &PieceRecord, dtype: &str, checksum: bool) -> Result<()> {
+        match checksum {
+            true => self.piece(&rec.file, name, rec, dtype).map(drop),
+            false => self.file(&rec.file, name, rec, dtype).map(drop),
+        }
+    }
+
     /// Every tensor of `records` (checked by [`check`] when read from an index), whole, put
     /// together from its pieces; errors about a piece name its file.
     pub fn assemble(&mut self, records: &BTreeMap<String, TensorRecord>) -> Result<BTreeMap<String, Tensor>> {
