@@ -164,9 +164,15 @@ fn show(a: &ShowArgs) -> Result<(), String> {
         return print_out(&format!("{}\n", detail_json(&d)));
     }
     let s = &d.summary;
-    let mut out = format!("run {} ({}/{}): {}\n", s.id, s.experiment, s.name, s.status);
+    let mut out = format!(
+        "run {} ({}/{}): {}\n",
+        s.id,
+        shown(&s.experiment),
+        shown(&s.name),
+        shown(&s.status)
+    );
     if let Some(e) = &d.error {
-        out += &format!("  error: {e}\n");
+        out += &format!("  error: {}\n", shown(e));
     }
     out += &format!("  started: {} UTC", utc(s.start_time));
     if let Some(end) = s.end_time {
@@ -174,7 +180,9 @@ fn show(a: &ShowArgs) -> Result<(), String> {
     }
     out += &format!(
         "\n  command: {}\n  host: {}\n  layout: {}\n",
-        d.command, d.host, d.layout
+        shown(&d.command),
+        shown(&d.host),
+        shown(&d.layout)
     );
     if let Some(c) = &d.git_commit {
         let dirty = if d.git_dirty == Some(true) {
@@ -186,26 +194,31 @@ fn show(a: &ShowArgs) -> Result<(), String> {
     }
     out += "params:\n";
     for (k, v) in &s.params {
-        out += &format!("  {k} = {v}\n");
+        out += &format!("  {} = {}\n", shown(k), shown(v));
     }
     if !s.tags.is_empty() {
         out += "tags:\n";
         for (k, v) in &s.tags {
-            out += &format!("  {k} = {v}\n");
+            out += &format!("  {} = {}\n", shown(k), shown(v));
         }
     }
     out += "metrics (last at step, min, max, values):\n";
     for (k, m) in &d.metrics {
         out += &format!(
-            "  {k}: {} at {}, {}, {}, {}\n",
-            m.last, m.last_step, m.min, m.max, m.count
+            "  {}: {} at {}, {}, {}, {}\n",
+            shown(k),
+            m.last,
+            m.last_step,
+            m.min,
+            m.max,
+            m.count
         );
     }
     for i in &d.inputs {
-        out += &format!("input {}\n", input_line(i));
+        out += &format!("input {}\n", shown(&input_line(i)));
     }
     for (kind, p) in &d.artifacts {
-        out += &format!("artifact {kind}: {p}\n");
+        out += &format!("artifact {}: {}\n", shown(kind), shown(p));
     }
     print_out(&out)
 }
@@ -333,13 +346,33 @@ fn short(x: f64) -> String {
     }
 }
 
-/// Rows as left-aligned columns.
+/// `s` with its control characters escaped (`\n`, `\u{1b}`), as the tables and `show` print
+/// what runs recorded: a stored newline would split a row, an escape sequence would reach the
+/// terminal. (`weft train` refuses them in names and tag keys; older stores, tag values, params
+/// and errors may hold them.)
+fn shown(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Rows as left-aligned columns, control characters escaped.
 fn table(rows: &[impl AsRef<[String]>]) -> String {
-    let cols = rows.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.as_ref().iter().map(|c| shown(c)).collect())
+        .collect();
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
             rows.iter()
-                .filter_map(|r| r.as_ref().get(c))
+                .filter_map(|r| r.get(c))
                 .map(|s| s.chars().count())
                 .max()
                 .unwrap_or(0)
@@ -347,12 +380,7 @@ fn table(rows: &[impl AsRef<[String]>]) -> String {
         .collect();
     let mut out = String::new();
     for r in rows {
-        let cells: Vec<String> = r
-            .as_ref()
-            .iter()
-            .zip(&widths)
-            .map(|(s, w)| format!("{s:<w$}"))
-            .collect();
+        let cells: Vec<String> = r.iter().zip(&widths).map(|(s, w)| format!("{s:<w$}")).collect();
         out += cells.join("  ").trim_end();
         out.push('\n');
     }
@@ -383,6 +411,19 @@ pub(crate) fn utc(t: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn control_characters_are_escaped_in_tables() {
+        let rows = vec![
+            ["NAME".to_string(), "TAG".to_string()],
+            ["\u{1b}[31mRED\u{1b}[0m".to_string(), "a\nb\u{7}".to_string()],
+        ];
+        let out = super::table(&rows);
+        assert_eq!(out.lines().count(), 2, "{out:?}");
+        assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+        assert!(out.contains("\\u{1b}[31mRED") && out.contains("a\\nb\\u{7}"), "{out:?}");
+        assert_eq!(super::shown("naïve run"), "naïve run");
+    }
+
     #[test]
     fn utc_dates() {
         assert_eq!(super::utc(0.0), "1970-01-01 00:00:00");

@@ -187,6 +187,9 @@ impl RunConfig {
         if let Some((key, msg)) = bounds::check(self) {
             return bad(&key, msg);
         }
+        if let Some((key, msg)) = track::check_names(&self.track) {
+            return bad(&key, msg);
+        }
         if !(1..=60_000).contains(&self.track.flush_ms) {
             return bad(
                 "track.flush_ms",

@@ -65,6 +65,31 @@ fn default_experiment() -> String {
     "default".to_string()
 }
 
+/// The first of `track.experiment`, `track.name` and the tag keys that is empty or holds a
+/// control character (a newline would split a row of `weft runs list`, an escape sequence would
+/// reach the terminal, and an empty experiment cannot be told from "all" in the dashboard), as
+/// (key, why). Tag values may hold anything; the tables escape them.
+pub fn check_names(track: &TrackConfig) -> Option<(String, String)> {
+    let why = |text: &str| -> Option<String> {
+        if text.is_empty() {
+            return Some("must not be empty".into());
+        }
+        text.chars()
+            .find(|c| c.is_control())
+            .map(|c| format!("{text:?} holds the control character {c:?}"))
+    };
+    if let Some(w) = why(&track.experiment) {
+        return Some(("track.experiment".into(), w));
+    }
+    if let Some(w) = track.name.as_deref().and_then(why) {
+        return Some(("track.name".into(), w));
+    }
+    track
+        .tags
+        .keys()
+        .find_map(|k| why(k).map(|w| (format!("track.tags key {k:?}"), w)))
+}
+
 /// `value` as a param's text: strings without quotes, other values as TOML writes them.
 pub fn value_text(value: &toml::Value) -> String {
     match value {
@@ -99,6 +124,29 @@ pub fn flatten(table: &toml::Table) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_names_and_control_characters_are_named() {
+        let mut t = TrackConfig::default();
+        assert_eq!(check_names(&t), None);
+        t.name = Some("run \u{1b}[31mRED".into());
+        let (key, why) = check_names(&t).unwrap();
+        assert_eq!(key, "track.name");
+        assert!(why.contains("control character '\\u{1b}'"), "{why}");
+        t.name = Some("naïve/run 1".into());
+        assert_eq!(check_names(&t), None);
+        t.experiment = String::new();
+        assert_eq!(
+            check_names(&t).unwrap(),
+            ("track.experiment".into(), "must not be empty".into())
+        );
+        t.experiment = "e".into();
+        t.tags.insert("a\nb".into(), toml::Value::String("x\ny".into()));
+        assert_eq!(check_names(&t).unwrap().0, "track.tags key \"a\\nb\"");
+        t.tags.clear();
+        t.tags.insert("k".into(), toml::Value::String("x\u{7}y".into()));
+        assert_eq!(check_names(&t), None, "tag values may hold anything");
+    }
 
     #[test]
     fn the_config_flattens_to_params_without_the_track_section() {
