@@ -64,3 +64,12 @@ pub(crate) fn sql_error(path: &std::path::Path, source: rusqlite::Error) -> Erro
         },
     }
 }
+
+/// `value` quoted for an error message, its first 80 characters only (then `...` and its length
+/// in bytes): text read from a file or given by a client may be long.
+pub(crate) fn quoted(value: &str) -> String {
+    match value.char_indices().nth(80) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!("{:?}... ({} bytes)", &value[..end], value.len()),
+    }
+}

@@ -2,10 +2,12 @@
 //! `optim.lr < 1e-3 and status = 'finished' and metrics.loss <= 2.5 and tags.team != "x"`.
 //!
 //! A key is a param (`optim.lr`), `metrics.<key>` (the metric's last value), `tags.<key>`,
-//! `status`, `name`, `experiment` or `id`. Operators: `=` (or `==`), `!=`, `<`, `<=`, `>`, `>=`.
+//! `status`, `name`, `experiment` or `id`: letters and digits of any script and `_ . - /`, and
+//! backquoted parts for anything else (`` tags.`my team` ``; a backquote inside written twice).
+//! Operators: `=` (or `==`), `!=`, `<`, `<=`, `>`, `>=`.
 //! A value is a number or a quoted string (`'...'` or `"..."`). A number compares with the
 //! key's value read as a number; a run where the key is missing (or not a number) does not
-//! match.
+//! match. Positions in errors count characters, and any Unicode whitespace separates words.
 
 use std::cmp::Ordering;
 
@@ -42,40 +44,86 @@ pub enum Value {
     Text(String),
 }
 
+/// The error at byte `at` of `expr`: its position counted in characters (from 1), what was
+/// expected and the word found there.
 fn err(expr: &str, at: usize, expected: &str) -> Error {
     let found = expr[at..].split_whitespace().next().unwrap_or("the end");
     Error::Filter(format!(
         "--filter: at character {}: expected {expected}, found {found:?} (in {expr:?})",
-        at + 1
+        expr[..at].chars().count() + 1
     ))
+}
+
+/// What a key is made of outside backquotes: letters and digits (any script's), `_ . - /`.
+fn key_char(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '_' | '.' | '-' | '/')
+}
+
+/// The character at byte `i` of `expr`.
+fn char_at(expr: &str, i: usize) -> Option<char> {
+    expr[i..].chars().next()
+}
+
+/// Moves `i` past whitespace (any Unicode whitespace, as between words everywhere in a filter).
+fn skip_space(expr: &str, i: &mut usize) {
+    while let Some(c) = char_at(expr, *i).filter(|c| c.is_whitespace()) {
+        *i += c.len_utf8();
+    }
+}
+
+/// The key at byte `i`, moving `i` past it: key characters and backquoted parts (any
+/// characters; a backquote inside written twice), joined: `` tags.`my team` `` is the tag `my
+/// team`, `` `optim.lr` `` the param `optim.lr`.
+fn parse_key(expr: &str, i: &mut usize) -> Result<String> {
+    let start = *i;
+    let mut key = String::new();
+    loop {
+        match char_at(expr, *i) {
+            Some('`') => {
+                let open = *i;
+                let mut j = open + 1;
+                loop {
+                    let Some(n) = expr[j..].find('`') else {
+                        return Err(err(expr, open, "a closing backquote (`) of the quoted key"));
+                    };
+                    key.push_str(&expr[j..j + n]);
+                    j += n + 1;
+                    if char_at(expr, j) == Some('`') {
+                        key.push('`');
+                        j += 1;
+                    } else {
+                        break;
+                    }
+                }
+                *i = j;
+            }
+            Some(c) if key_char(c) => {
+                key.push(c);
+                *i += c.len_utf8();
+            }
+            _ => break,
+        }
+    }
+    if *i == start {
+        return Err(err(
+            expr,
+            start,
+            "a key (a param such as optim.lr, metrics.<key>, tags.<key>, status; `...` quotes one)",
+        ));
+    }
+    Ok(key)
 }
 
 impl Filter {
     /// Parses `expr`; an error says at which character and what was expected.
     pub fn parse(expr: &str) -> Result<Filter> {
-        let b = expr.as_bytes();
+        // a byte offset into `expr`, always at a character's start
         let mut i = 0;
-        let skip = |i: &mut usize| {
-            while *i < b.len() && b[*i].is_ascii_whitespace() {
-                *i += 1;
-            }
-        };
         let mut terms = Vec::new();
         loop {
-            skip(&mut i);
-            let start = i;
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b"_.-/".contains(&b[i])) {
-                i += 1;
-            }
-            if i == start {
-                return Err(err(
-                    expr,
-                    start,
-                    "a key (a param such as optim.lr, metrics.<key>, tags.<key>, status)",
-                ));
-            }
-            let key = expr[start..i].to_string();
-            skip(&mut i);
+            skip_space(expr, &mut i);
+            let key = parse_key(expr, &mut i)?;
+            skip_space(expr, &mut i);
             let ops: [(&str, Op); 7] = [
                 ("==", Op::Eq),
                 ("!=", Op::Ne),
@@ -89,21 +137,17 @@ impl Filter {
                 return Err(err(expr, i, "an operator (= != < <= > >=)"));
             };
             i += text.len();
-            skip(&mut i);
-            let value = match b.get(i) {
-                Some(&q @ (b'\'' | b'"')) => {
-                    let end = expr[i + 1..]
-                        .find(q as char)
-                        .ok_or_else(|| err(expr, i, "a closing quote"))?;
+            skip_space(expr, &mut i);
+            let value = match char_at(expr, i) {
+                Some(q @ ('\'' | '"')) => {
+                    let end = expr[i + 1..].find(q).ok_or_else(|| err(expr, i, "a closing quote"))?;
                     let s = expr[i + 1..i + 1 + end].to_string();
                     i += end + 2;
                     Value::Text(s)
                 }
                 _ => {
                     let start = i;
-                    while i < b.len() && !b[i].is_ascii_whitespace() {
-                        i += 1;
-                    }
+                    i = expr[i..].find(char::is_whitespace).map_or(expr.len(), |n| i + n);
                     match expr[start..i].parse::<f64>() {
                         Ok(x) if !expr[start..i].is_empty() => Value::Number(x),
                         _ => return Err(err(expr, start, "a number or a quoted string")),
@@ -111,11 +155,11 @@ impl Filter {
                 }
             };
             terms.push(Term { key, op: *op, value });
-            skip(&mut i);
-            if i == b.len() {
+            skip_space(expr, &mut i);
+            if i == expr.len() {
                 return Ok(Filter { terms });
             }
-            let word_end = expr[i..].find(|c: char| c.is_whitespace()).map_or(b.len(), |n| i + n);
+            let word_end = expr[i..].find(char::is_whitespace).map_or(expr.len(), |n| i + n);
             if !expr[i..word_end].eq_ignore_ascii_case("and") {
                 return Err(err(expr, i, "`and` or the end"));
             }
@@ -316,10 +360,15 @@ mod tests {
             ("status = 'x", 10, "a closing quote"),
             ("status = 'x' or id = 1", 14, "`and` or the end"),
             ("< 3", 1, "a key"),
-            ("é = 1", 1, "a key"),
-            ("aé = 1", 2, "an operator"),
+            ("€ = 1", 1, "a key"),
+            ("a€ = 1", 2, "an operator"),
             ("a = 'é", 5, "a closing quote"),
             ("a = 1 andé b = 2", 7, "`and` or the end"),
+            // positions count characters, not bytes (the `<` is the 19th; its byte offset 22)
+            ("name = 'éééé' and < 3", 19, "a key"),
+            ("tags.`équipe = 'x'", 6, "a closing backquote"),
+            ("tags.`a`` = 'x'", 6, "a closing backquote"),
+            ("name = 'é' and\u{3000}< 3", 16, "a key"),
         ] {
             let e = Filter::parse(expr).unwrap_err().to_string();
             assert!(
@@ -327,6 +376,34 @@ mod tests {
                 "{expr}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn keys_of_any_script_quoted_keys_and_unicode_whitespace() {
+        let mut r = run("0.5", "finished", 1.0);
+        r.tags = [("équipe", "nlp"), ("my team", "a b"), ("it`s", "x"), ("数据", "集")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for expr in [
+            "tags.équipe = 'nlp'",
+            "tags.数据 = '集'",
+            "tags.`my team` = 'a b'",
+            "`tags.my team` = 'a b'",
+            "tags.`it``s` = 'x'",
+            "`optim.lr` < 1",
+            // `and` and the words around it may be separated by any whitespace
+            "name = 'run-1' and\u{3000}id = 1",
+            "name\u{3000}=\u{3000}'run-1'\u{a0}and\u{2003}id = 1\u{3000}and id = 1\u{3000}",
+        ] {
+            let f = Filter::parse(expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
+            assert!(f.matches(&r), "{expr}");
+        }
+        assert!(!Filter::parse("tags.`my team` = 'a'").unwrap().matches(&r));
+        assert_eq!(
+            Filter::parse("tags.`x y` = 1").unwrap(),
+            Filter::parse("`tags.x y` = 1").unwrap()
+        );
     }
 
     #[test]

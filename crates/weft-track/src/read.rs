@@ -58,7 +58,9 @@ pub struct RunDetail {
     pub metrics: BTreeMap<String, MetricSummary>,
 }
 
-const RUN_COLUMNS: &str = "r.id, e.name, r.name, r.status, r.start_time, r.end_time";
+/// The run table's columns; the experiment's name is named by its table, so that a damaged one
+/// is told from the run's own `name` ([`naming_run`]).
+const RUN_COLUMNS: &str = "r.id, e.name AS \"experiments.name\", r.name, r.status, r.start_time, r.end_time";
 
 fn summary_row(r: &Row) -> rusqlite::Result<RunSummary> {
     Ok(RunSummary {
@@ -76,31 +78,46 @@ fn summary_row(r: &Row) -> rusqlite::Result<RunSummary> {
 
 /// Which run a failing row belongs to: its id in a column of the row, or known to the query.
 #[derive(Clone, Copy)]
-enum RunOf {
+pub(crate) enum RunOf {
     Column(usize),
     Id(i64),
+}
+
+/// The column a failed read of `r` was about and what it holds (`text`, `blob (...)`), when the
+/// failure is a column of another type than the read wanted; `None` for other errors.
+fn damage(e: &rusqlite::Error, r: &Row) -> Option<(String, String)> {
+    match e {
+        rusqlite::Error::InvalidColumnType(_, name, ty) => Some((name.clone(), format!("{ty}").to_lowercase())),
+        rusqlite::Error::FromSqlConversionFailure(i, ty, why) => Some((
+            r.as_ref()
+                .column_name(*i)
+                .map_or_else(|_| format!("#{i}"), str::to_string),
+            format!("{} ({why})", format!("{ty}").to_lowercase()),
+        )),
+        _ => None,
+    }
+}
+
+/// An error whose message is `message` (the variant whose message is the one given: rusqlite
+/// makes no other of its own).
+fn damaged(message: String) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(message.into())
 }
 
 /// `read` of a row of `table`, a column of another type than weft writes there (the file edited
 /// by hand or by another program) made an error naming the run, the table and the column: before,
 /// `weft runs list` failed for every run with only `Invalid column type Text at index: 4, name:
-/// start_time`.
-fn naming_run<T>(
+/// start_time`. A column named `TABLE.COLUMN` (the run's experiment's name, joined in) is named
+/// as that table's.
+pub(crate) fn naming_run<T>(
     table: &'static str,
     run: RunOf,
     mut read: impl FnMut(&Row) -> rusqlite::Result<T>,
 ) -> impl FnMut(&Row) -> rusqlite::Result<T> {
     move |r| {
         read(r).map_err(|e| {
-            let (column, holds) = match &e {
-                rusqlite::Error::InvalidColumnType(_, name, ty) => (name.clone(), format!("{ty}").to_lowercase()),
-                rusqlite::Error::FromSqlConversionFailure(i, ty, why) => (
-                    r.as_ref()
-                        .column_name(*i)
-                        .map_or_else(|_| format!("#{i}"), str::to_string),
-                    format!("{} ({why})", format!("{ty}").to_lowercase()),
-                ),
-                _ => return e,
+            let Some((column, holds)) = damage(&e, r) else {
+                return e;
             };
             let id = match run {
                 RunOf::Id(id) => id.to_string(),
@@ -108,14 +125,37 @@ fn naming_run<T>(
                     .get::<_, i64>(i)
                     .map_or_else(|_| "(unreadable id)".to_string(), |id| id.to_string()),
             };
-            // the variant whose message is the one given (rusqlite makes no other of its own)
-            rusqlite::Error::ToSqlConversionFailure(
-                format!(
+            damaged(match column.split_once('.') {
+                Some((other, column)) => format!(
+                    "run {id}'s row in table {other} is damaged: column {column} holds {holds}, not what weft \
+                     writes there (fix that row, e.g. with sqlite3: deleting the run leaves it)"
+                ),
+                None => format!(
                     "run {id}'s row in table {table} is damaged: column {column} holds {holds}, not what weft \
                      writes there (fix the row, or delete the run with `weft runs delete {id}`)"
-                )
-                .into(),
-            )
+                ),
+            })
+        })
+    }
+}
+
+/// [`naming_run`] for a row of table `experiments`, the experiment's id in column `id_column`.
+fn naming_experiment<T>(
+    id_column: usize,
+    mut read: impl FnMut(&Row) -> rusqlite::Result<T>,
+) -> impl FnMut(&Row) -> rusqlite::Result<T> {
+    move |r| {
+        read(r).map_err(|e| {
+            let Some((column, holds)) = damage(&e, r) else {
+                return e;
+            };
+            let id = r
+                .get::<_, i64>(id_column)
+                .map_or_else(|_| "(unreadable id)".to_string(), |id| id.to_string());
+            damaged(format!(
+                "experiment {id}'s row in table experiments is damaged: column {column} holds {holds}, not what \
+                 weft writes there (fix that row, e.g. with sqlite3: deleting its runs leaves it)"
+            ))
         })
     }
 }
@@ -337,7 +377,12 @@ impl Store {
             .prepare("SELECT step, key, value, time FROM metrics WHERE run_id = ?1 ORDER BY key, step, rowid")
             .at(p)?;
         let rows = stmt
-            .query_map(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .query_map(
+                params![id],
+                naming_run("metrics", RunOf::Id(id), |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                }),
+            )
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
@@ -348,11 +393,13 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT e.name, count(r.id), COALESCE(SUM(r.status = 'running'), 0)
+                "SELECT e.name, count(r.id), COALESCE(SUM(r.status = 'running'), 0), e.id
                  FROM experiments e LEFT JOIN runs r ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.name",
             )
             .at(p)?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).at(p)?;
+        let rows = stmt
+            .query_map([], naming_experiment(3, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))))
+            .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
 
@@ -373,7 +420,9 @@ impl Store {
             .conn
             .prepare_cached("SELECT key FROM metric_summary WHERE run_id = ?1 ORDER BY key")
             .at(p)?;
-        let rows = stmt.query_map(params![id], |r| r.get(0)).at(p)?;
+        let rows = stmt
+            .query_map(params![id], naming_run("metric_summary", RunOf::Id(id), |r| r.get(0)))
+            .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
 

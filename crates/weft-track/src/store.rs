@@ -3,63 +3,18 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection};
 
 use crate::error::{Error, Result, SqlContext};
 
+mod find;
+mod schema;
+
+pub(crate) use schema::SCHEMA_VERSION;
+use schema::{has_every_schema_object, init_schema, read_version, Version};
+
 /// The store's file inside its folder.
 pub const STORE_FILE: &str = "runs.db";
-
-/// The schema this code writes and reads: 2 added `metric_summary` (version 1 stores get it,
-/// filled from their metrics, when opened).
-pub(crate) const SCHEMA_VERSION: i64 = 2;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS experiments (
-    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    experiment_id INTEGER NOT NULL REFERENCES experiments(id),
-    name TEXT NOT NULL,
-    status TEXT NOT NULL,
-    start_time REAL NOT NULL,
-    end_time REAL,
-    command TEXT NOT NULL DEFAULT '',
-    git_commit TEXT,
-    git_dirty INTEGER,
-    host TEXT NOT NULL DEFAULT '',
-    layout TEXT NOT NULL DEFAULT '',
-    heartbeat REAL NOT NULL,
-    error TEXT,
-    UNIQUE (experiment_id, name));
-CREATE TABLE IF NOT EXISTS params (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    key TEXT NOT NULL, value TEXT NOT NULL, num REAL,
-    PRIMARY KEY (run_id, key));
-CREATE TABLE IF NOT EXISTS tags (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    key TEXT NOT NULL, value TEXT NOT NULL,
-    PRIMARY KEY (run_id, key));
-CREATE TABLE IF NOT EXISTS metrics (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    step INTEGER NOT NULL, key TEXT NOT NULL, value REAL NOT NULL, time REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS metrics_run_key_step ON metrics (run_id, key, step);
-CREATE TABLE IF NOT EXISTS metric_summary (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    key TEXT NOT NULL,
-    last REAL NOT NULL, last_step INTEGER NOT NULL,
-    min REAL NOT NULL, max REAL NOT NULL, count INTEGER NOT NULL,
-    PRIMARY KEY (run_id, key)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS artifacts (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    kind TEXT NOT NULL, path TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS artifacts_run ON artifacts (run_id);
-CREATE TABLE IF NOT EXISTS run_inputs (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    kind TEXT NOT NULL, uri TEXT NOT NULL, digest TEXT, source_run INTEGER);
-CREATE INDEX IF NOT EXISTS run_inputs_run ON run_inputs (run_id);
-";
 
 /// How a store is opened.
 #[derive(Debug, Clone)]
@@ -89,6 +44,9 @@ pub struct Store {
     /// For a store read as it is ([`Store::open_read_only`]): the file's length and modification
     /// time when the connection was opened ([`Store::refresh`]).
     pub(crate) read_only: Option<FileStamp>,
+    /// The file the connection opened (device and inode; `None` where unknown): a store whose
+    /// path names another file now (deleted and made again) is opened again ([`Store::refresh`]).
+    pub(crate) file: Option<FileId>,
 }
 
 impl Store {
@@ -108,25 +66,39 @@ impl Store {
         let path = dir.join(STORE_FILE);
         let conn = connect(&path, &options)?;
         init_schema(&conn, &path)?;
+        let file = FileId::of(&path).ok();
         let store = Store {
             conn,
             path,
             options,
             read_only: None,
+            file,
         };
         store.mark_stale_unless_busy()?;
         Ok(store)
     }
 
     /// Opens an existing store for reading and editing (`weft runs ...`): a folder without a
-    /// store is an error naming it, not a new store. A store in a folder that cannot be written
-    /// (a read-only volume) opens for reading only ([`Store::open_read_only`]); a write to it is
-    /// then an error.
+    /// store is an error naming it, not a new store, and so is an empty file (0 bytes, no
+    /// write-ahead log beside it: a store truncated, or a file made by something else; SQLite
+    /// would take it for a new database and make it an empty store). A store in a folder that
+    /// cannot be written (a read-only volume) opens for reading only ([`Store::open_read_only`]);
+    /// a write to it is then an error.
     pub fn open_existing(dir: &Path) -> Result<Store> {
+        Self::open_existing_with(dir, OpenOptions::default())
+    }
+
+    /// [`Store::open_existing`] with `options`.
+    fn open_existing_with(dir: &Path, options: OpenOptions) -> Result<Store> {
         let path = dir.join(STORE_FILE);
         let why: String = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() && meta.len() == 0 && !has_wal(dir) => {
+                "an empty file (0 bytes), not a run store: a store cut short, or a file made by \
+                 something else (remove it; the next run makes a new store)"
+                    .into()
+            }
             Ok(meta) if meta.is_file() => {
-                return match Self::open(dir) {
+                return match Self::open_with(dir, options) {
                     Err(e) if cannot_write(&e) && !writable(dir) => {
                         let store = Self::open_read_only(dir)?;
                         warn_read_only(dir);
@@ -156,20 +128,17 @@ impl Store {
             | rusqlite::OpenFlags::SQLITE_OPEN_URI
             | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&uri, flags).at(&path)?;
-        let version: Option<String> = conn
-            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
-            .optional()
-            .at(&path)?;
-        match version.and_then(|v| v.parse::<i64>().ok()) {
-            Some(v) if v == SCHEMA_VERSION && has_every_schema_object(&conn) => {}
-            Some(found) if found > SCHEMA_VERSION => {
+        match read_version(&conn).at(&path)? {
+            Version::Known(v) if v == SCHEMA_VERSION && has_every_schema_object(&conn) => {}
+            Version::Known(found) if found > SCHEMA_VERSION => {
                 return Err(Error::NewerSchema {
                     path,
                     found,
                     known: SCHEMA_VERSION,
                 })
             }
-            _ => {
+            bad @ (Version::Missing | Version::Invalid(_)) => return Err(bad.error(&path)),
+            Version::Known(_) => {
                 return Err(Error::Corrupt {
                     path,
                     reason: "its folder cannot be written, and the file is of an older weft's layout, which \
@@ -179,11 +148,13 @@ impl Store {
             }
         }
         let stamp = FileStamp::of(&path);
+        let file = FileId::of(&path).ok();
         Ok(Store {
             conn,
             path,
             options: OpenOptions::default(),
             read_only: Some(stamp),
+            file,
         })
     }
 
@@ -203,19 +174,56 @@ impl Store {
         self.read_only.is_some()
     }
 
-    /// A store read as it is sees the file as it was when opened (SQLite trusts an `immutable`
-    /// file not to change and keeps what it read): when the file's length or modification time
-    /// changed since (another host writes the volume), its connection is opened again. Nothing
-    /// for a store opened for writing, which sees every change. Whether it was opened again.
+    /// Before reading again in a long-lived process (`weft ui`, `weft serve --registry`): opens
+    /// the store again when its connection no longer reads the file at its path, and says
+    /// whether it did.
+    ///
+    /// - A store whose path now names another file (the store's folder deleted and a new store
+    ///   made there by a later run, or a file moved into its place) is opened again, as
+    ///   [`Store::open_existing`] opens it (a store read as it is, as
+    ///   [`Store::open_read_only`] does): its connection kept reading the deleted file.
+    /// - A store whose file is gone (deleted, and no store made since) is an error naming the
+    ///   path (each call, until a store is there again); its old connection is kept meanwhile.
+    /// - A store read as it is sees the file as it was when opened (SQLite trusts an
+    ///   `immutable` file not to change and keeps what it read): when the file's length or
+    ///   modification time changed since (another host writes the volume), its connection is
+    ///   opened again.
+    ///
+    /// A store opened for writing whose file is still the one it opened sees every change
+    /// without this.
     pub fn refresh(&mut self) -> Result<bool> {
-        let Some(stamp) = self.read_only else {
-            return Ok(false);
+        let now = match FileId::of(&self.path) {
+            Ok(id) => Some(id),
+            // no file ids on this platform: a replaced file is not told
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Io {
+                    path: self.path.clone(),
+                    source: std::io::Error::new(
+                        e.kind(),
+                        "the store's file was deleted or moved since it was opened: its runs are no longer \
+                         there (a run recorded here makes a new store)",
+                    ),
+                });
+            }
+            Err(e) => {
+                return Err(Error::Io {
+                    path: self.path.clone(),
+                    source: e,
+                })
+            }
         };
-        if FileStamp::of(&self.path) == stamp {
+        let replaced = self.file.is_some() && now != self.file;
+        let changed = self.read_only.is_some_and(|stamp| FileStamp::of(&self.path) != stamp);
+        if !replaced && !changed {
             return Ok(false);
         }
         let dir = self.path.parent().map(Path::to_path_buf).unwrap_or_default();
-        *self = Store::open_read_only(&dir)?;
+        *self = if self.read_only.is_some() {
+            Store::open_read_only(&dir)?
+        } else {
+            Store::open_existing_with(&dir, self.options.clone())?
+        };
         Ok(true)
     }
 
@@ -325,46 +333,6 @@ impl Store {
             .at(&self.path)?;
         tx.commit().at(&self.path)
     }
-
-    /// Resolves a run named on the command line: its id (a number), or its name (unique across
-    /// experiments, or `experiment/name`).
-    pub fn find_run(&self, what: &str) -> Result<i64> {
-        if let Ok(id) = what.parse::<i64>() {
-            let found: Option<i64> = self
-                .conn
-                .query_row("SELECT id FROM runs WHERE id = ?1", params![id], |r| r.get(0))
-                .optional()
-                .at(&self.path)?;
-            if let Some(id) = found {
-                return Ok(id);
-            }
-        }
-        let (experiment, name) = match what.split_once('/') {
-            Some((e, n)) => (Some(e), n),
-            None => (None, what),
-        };
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT r.id FROM runs r JOIN experiments e ON e.id = r.experiment_id
-                 WHERE r.name = ?1 AND (?2 IS NULL OR e.name = ?2)",
-            )
-            .at(&self.path)?;
-        let ids: Vec<i64> = stmt
-            .query_map(params![name, experiment], |r| r.get(0))
-            .at(&self.path)?
-            .collect::<rusqlite::Result<_>>()
-            .at(&self.path)?;
-        match ids.as_slice() {
-            [id] => Ok(*id),
-            [] => Err(Error::UnknownRun(format!("{}: no run {what:?}", self.path.display()))),
-            _ => Err(Error::UnknownRun(format!(
-                "{}: {} runs are named {what:?}; name one as EXPERIMENT/NAME or by its id",
-                self.path.display(),
-                ids.len()
-            ))),
-        }
-    }
 }
 
 /// A file's length and modification time: what changes when it is written.
@@ -379,6 +347,32 @@ impl FileStamp {
                 .and_then(|m| Some((m.len(), m.modified().ok()?))),
         )
     }
+}
+
+/// Which file a path names: its device and inode (Unix), so that a file deleted and made again
+/// at the same path is told from the one opened. Elsewhere nothing is known (`Err`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct FileId(u64, u64);
+
+impl FileId {
+    fn of(path: &Path) -> std::io::Result<FileId> {
+        let meta = std::fs::metadata(path)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Ok(FileId(meta.dev(), meta.ino()))
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "no file id here"))
+        }
+    }
+}
+
+/// Whether a non-empty write-ahead log lies beside the store in `dir`.
+fn has_wal(dir: &Path) -> bool {
+    std::fs::metadata(dir.join(format!("{STORE_FILE}-wal"))).is_ok_and(|m| m.len() > 0)
 }
 
 /// Says once per process and folder that the store in `dir` is read as it is.
@@ -480,117 +474,6 @@ pub(crate) fn connect(path: &Path, options: &OpenOptions) -> Result<Connection> 
     conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
         .at(path)?;
     Ok(conn)
-}
-
-/// Fills `metric_summary` from the metric rows (a store written before it existed): each run's
-/// and key's value at its last step (the last written among rows of that step), its min, max
-/// and count. One pass over the metrics, once.
-const FILL_SUMMARY: &str = "
-INSERT OR REPLACE INTO metric_summary (run_id, key, last, last_step, min, max, count)
-SELECT g.run_id, g.key,
-       (SELECT m.value FROM metrics m WHERE m.run_id = g.run_id AND m.key = g.key
-        ORDER BY m.step DESC, m.rowid DESC LIMIT 1),
-       g.last_step, g.min, g.max, g.count
-FROM (SELECT run_id, key, MAX(step) AS last_step, MIN(value) AS min, MAX(value) AS max, count(*) AS count
-      FROM metrics GROUP BY run_id, key) g";
-
-/// The names of the tables and indexes [`SCHEMA`] creates.
-fn schema_objects() -> impl Iterator<Item = &'static str> {
-    SCHEMA.lines().filter_map(|l| {
-        let rest = l
-            .trim()
-            .strip_prefix("CREATE TABLE IF NOT EXISTS ")
-            .or_else(|| l.trim().strip_prefix("CREATE INDEX IF NOT EXISTS "))?;
-        rest.split(|c: char| c.is_whitespace() || c == '(').next()
-    })
-}
-
-/// Whether the file has every table and index of [`SCHEMA`] (a plain read).
-fn has_every_schema_object(conn: &Connection) -> bool {
-    schema_objects().all(|name| {
-        conn.query_row(
-            "SELECT count(*) FROM sqlite_master WHERE name = ?1",
-            params![name],
-            |r| r.get::<_, i64>(0),
-        )
-        .is_ok_and(|n| n > 0)
-    })
-}
-
-/// Creates the tables (once), checks the schema version, and brings a store of an older
-/// version up to this one (in the same transaction, so one opener migrates and the others wait
-/// for it).
-fn init_schema(conn: &Connection, path: &Path) -> Result<()> {
-    // a store of this version needs nothing: say so without the write lock, which another
-    // process may hold for long (reads would wait for it, 30 s, and fail)
-    // (and every table and index of SCHEMA already there: some were added without a new
-    // version, and a store made before them gets them at its next open)
-    let version: Option<String> = conn
-        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
-        .ok();
-    if version.and_then(|v| v.parse::<i64>().ok()) == Some(SCHEMA_VERSION) && has_every_schema_object(conn) {
-        return Ok(());
-    }
-    let mut conn_tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).at(path)?;
-    conn_tx.set_drop_behavior(rusqlite::DropBehavior::Rollback);
-    let mut migrate_from = None;
-    let has_meta: bool = conn_tx
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
-            [],
-            |r| r.get::<_, i64>(0),
-        )
-        .at(path)?
-        > 0;
-    if has_meta {
-        let found: Option<String> = conn_tx
-            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
-            .optional()
-            .at(path)?;
-        let found = found
-            .and_then(|v| v.parse::<i64>().ok())
-            .ok_or_else(|| Error::Corrupt {
-                path: path.to_path_buf(),
-                reason: "its meta table holds no schema_version".into(),
-            })?;
-        if found > SCHEMA_VERSION {
-            return Err(Error::NewerSchema {
-                path: path.to_path_buf(),
-                found,
-                known: SCHEMA_VERSION,
-            });
-        }
-        if found < SCHEMA_VERSION {
-            migrate_from = Some(found);
-        }
-    } else {
-        let tables: i64 = conn_tx
-            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |r| {
-                r.get(0)
-            })
-            .at(path)?;
-        if tables > 0 {
-            return Err(Error::Corrupt {
-                path: path.to_path_buf(),
-                reason: "a SQLite database, but not a weft run store (no meta table)".into(),
-            });
-        }
-    }
-    conn_tx.execute_batch(SCHEMA).at(path)?;
-    if migrate_from.is_some_and(|v| v < 2) {
-        conn_tx.execute_batch(FILL_SUMMARY).at(path)?;
-    }
-    conn_tx
-        .execute(
-            if migrate_from.is_some() {
-                "UPDATE meta SET value = ?1 WHERE key = 'schema_version'"
-            } else {
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)"
-            },
-            params![SCHEMA_VERSION.to_string()],
-        )
-        .at(path)?;
-    conn_tx.commit().at(path)
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! TensorBoard event files (`events.out.tfevents.<seconds>.<host>`): scalars in the format
-//! TensorBoard's readers take, so `tensorboard --logdir weft-runs` shows a run's curves.
+//! TensorBoard's readers take, so `tensorboard --logdir weft-runs` shows a run's curves. A file
+//! is never overwritten: a run's file whose name is taken gets `.2`, `.3`, ... appended, and an
+//! export's name holds the run's id (an existing one is refused).
 //!
 //! A file is a sequence of TFRecord records: the payload's length (u64, little-endian), the
 //! masked CRC32C of those 8 bytes (u32, little-endian), the payload, and the masked CRC32C of
@@ -109,25 +111,65 @@ pub struct EventWriter {
     path: PathBuf,
 }
 
+/// How many names [`EventWriter::create_in`] tries (`NAME`, `NAME.2`, ...) before it gives up.
+const NAME_TRIES: u32 = 1000;
+
 impl EventWriter {
     /// Creates `events.out.tfevents.<seconds>.<host>` in `dir` (made when missing; this host's
-    /// name) and writes its version event.
+    /// name) and writes its version event. A name already taken (another file made in the same
+    /// second: a resumed run writing beside its earlier file) gets `.2`, `.3`, ... appended: an
+    /// existing file is never overwritten.
     pub fn create_in(dir: &Path) -> Result<EventWriter> {
         let now = crate::now();
         std::fs::create_dir_all(dir).map_err(|source| Error::Io {
             path: dir.to_path_buf(),
             source,
         })?;
-        Self::create(&dir.join(file_name(now, &crate::writer::host_name())), now)
+        Self::create_unique(dir, &file_name(now, &crate::writer::host_name()), now)
+    }
+
+    /// Creates `dir/name`, or `dir/name.2`, `dir/name.3`, ... when taken.
+    fn create_unique(dir: &Path, name: &str, wall_time: f64) -> Result<EventWriter> {
+        let mut n = 1;
+        loop {
+            let path = match n {
+                1 => dir.join(name),
+                n => dir.join(format!("{name}.{n}")),
+            };
+            match Self::create(&path, wall_time) {
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::AlreadyExists && n < NAME_TRIES =>
+                {
+                    n += 1
+                }
+                made => return made,
+            }
+        }
     }
 
     /// Creates the file `path` and writes its version event at `wall_time` (seconds since the
-    /// Unix epoch).
+    /// Unix epoch). A file already at `path` is an error (kind `AlreadyExists`), not
+    /// overwritten: it holds another run's events, or an earlier export's.
     pub fn create(path: &Path, wall_time: f64) -> Result<EventWriter> {
-        let file = File::create(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|source| {
+                let source = if source.kind() == std::io::ErrorKind::AlreadyExists {
+                    std::io::Error::new(
+                        source.kind(),
+                        "already exists; an event file is never overwritten (remove it, or write to another \
+                         folder)",
+                    )
+                } else {
+                    source
+                };
+                Error::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let mut w = EventWriter {
             file: BufWriter::new(file),
             path: path.to_path_buf(),
@@ -163,9 +205,18 @@ impl EventWriter {
     }
 }
 
+/// The name of run `id`'s exported event file: [`file_name`] of its start time and host, then
+/// `.run-<id>`, so that runs started in the same second on one host (a sweep's parallel trials)
+/// exported to one folder get files of their own, and an export into the run's own folder does
+/// not take the name of the file the run wrote while it trained.
+pub fn export_file_name(start_time: f64, host: &str, id: i64) -> String {
+    format!("{}.run-{id}", file_name(start_time, host))
+}
+
 /// Writes run `id`'s metrics from `store` as one event file in `out_dir` (made when missing),
-/// named by the run's start time and host: every recorded value, by step, each at the time it
-/// was logged. The file's path.
+/// named by [`export_file_name`]: every recorded value, by step, each at the time it was
+/// logged. The file's path. A file of that name already there (the run exported to the folder
+/// before) is an error naming it, and is left as it is.
 pub fn export_run(store: &crate::Store, id: i64, out_dir: &Path) -> Result<PathBuf> {
     let detail = store.run_detail(id)?;
     let mut rows = store.metric_rows(id)?;
@@ -175,7 +226,7 @@ pub fn export_run(store: &crate::Store, id: i64, out_dir: &Path) -> Result<PathB
         source,
     })?;
     let start = detail.summary.start_time;
-    let mut w = EventWriter::create(&out_dir.join(file_name(start, &detail.host)), start)?;
+    let mut w = EventWriter::create(&out_dir.join(export_file_name(start, &detail.host, id)), start)?;
     for (step, key, value, time) in rows {
         w.scalar(&key, step, value, time)?;
     }
@@ -204,5 +255,35 @@ mod tests {
         assert_eq!(&e[11..], FILE_VERSION.as_bytes());
         assert_eq!(file_name(1.7e9, "h"), "events.out.tfevents.1700000000.h");
         assert_eq!(file_name(1.7e9, "../x/.."), "events.out.tfevents.1700000000.___x___");
+        assert_eq!(
+            export_file_name(1.7e9, "h", 12),
+            "events.out.tfevents.1700000000.h.run-12"
+        );
+    }
+
+    #[test]
+    fn a_taken_name_gets_a_number_and_no_file_is_overwritten() {
+        let dir = std::env::temp_dir().join(format!("weft-track-tb-names-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = file_name(1.7e9, "h");
+        // a run resumed in the second its earlier attempt started: File::create truncated the
+        // earlier attempt's file
+        std::fs::write(dir.join(&name), b"the earlier attempt's events").unwrap();
+        let second = EventWriter::create_unique(&dir, &name, 1.7e9).unwrap();
+        assert_eq!(second.path(), dir.join(format!("{name}.2")));
+        let third = EventWriter::create_unique(&dir, &name, 1.7e9).unwrap();
+        assert_eq!(third.path(), dir.join(format!("{name}.3")));
+        assert_eq!(std::fs::read(dir.join(&name)).unwrap(), b"the earlier attempt's events");
+        // a path given whole is refused when taken, naming it, and left as it is
+        let e = EventWriter::create(&dir.join(&name), 1.7e9).err().unwrap();
+        assert!(matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists));
+        assert!(
+            e.to_string().contains(&name) && e.to_string().contains("never overwritten"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(dir.join(&name)).unwrap(), b"the earlier attempt's events");
+        drop((second, third));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -2,18 +2,18 @@
 //! a channel to a background thread that writes them in batches, and its status at the end.
 
 use std::path::Path;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::error::{Error, Result, SqlContext};
-use crate::metrics::insert_metrics;
 use crate::resume::RunRef;
-use crate::spill::{Record, Spill};
 use crate::{OpenOptions, Status, Store};
+
+mod thread;
 
 /// What is known of a run when it starts.
 #[derive(Debug, Clone, Default)]
@@ -151,7 +151,7 @@ impl RunWriter {
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("weft-track".into())
-            .spawn(move || write_loop(conn, &path, id, rx, options))
+            .spawn(move || thread::write_loop(conn, &path, id, rx, options))
             .map_err(|source| Error::Io {
                 path: dir.to_path_buf(),
                 source,
@@ -364,215 +364,9 @@ pub(crate) fn insert_params_and_tags(conn: &Connection, path: &Path, id: i64, ru
     Ok(())
 }
 
-/// The writing thread: batches records, beats, and writes the status at the end; the first
-/// error that lost records or the status.
-fn write_loop(mut conn: Connection, path: &Path, id: i64, rx: Receiver<Msg>, o: WriterOptions) -> Result<()> {
-    let mut metrics: Vec<Record> = Vec::with_capacity(o.batch.min(4096));
-    let mut artifacts: Vec<(String, String)> = Vec::new();
-    let mut oldest: Option<Instant> = None;
-    // a batch whose transaction could not start waits for its retry (a flush interval later)
-    // however large it grows: trying again at every record would block for the busy timeout
-    // per record; records keep being received meanwhile (the channel never blocks the run), and
-    // past `spill_at` of them they move to the spill file, so what waits in memory is bounded by
-    // `spill_at` and what the run logs during one busy timeout
-    let mut kept = false;
-    let mut spill = Spill::new(path, id);
-    // an append that failed (a full disk) is tried again at the next flush attempt, not at
-    // every record
-    let mut spill_failed = false;
-    let mut last_beat = Instant::now();
-    let mut lost: Option<Error> = None;
-    let (status, error) = loop {
-        let flush_at = oldest.map(|t| t + o.flush_every);
-        let beat_at = last_beat + o.heartbeat;
-        let wake = flush_at.map_or(beat_at, |f| f.min(beat_at));
-        let msg = rx.recv_timeout(wake.saturating_duration_since(Instant::now()));
-        match msg {
-            Ok(Msg::Metric { step, key, value, time }) => {
-                metrics.push((step, key, value, time));
-                oldest.get_or_insert_with(Instant::now);
-                if kept && !spill_failed && metrics.len() >= o.spill_at.max(1) {
-                    // a failed append leaves them in memory: nothing is lost either way
-                    spill_failed = spill.append(&mut metrics).is_err();
-                }
-            }
-            Ok(Msg::Artifact { kind, path }) => {
-                artifacts.push((kind, path));
-                oldest.get_or_insert_with(Instant::now);
-            }
-            Ok(Msg::End { status, error }) => break (status, error),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                break (
-                    Status::Failed,
-                    Some("the run ended without recording its status".into()),
-                )
-            }
-        }
-        let due = oldest.is_some_and(|t| t.elapsed() >= o.flush_every);
-        let full = !kept && metrics.len() + artifacts.len() >= o.batch;
-        if full || due {
-            let flushed = flush(&mut conn, path, id, &mut metrics, &mut artifacts, &mut spill);
-            kept = matches!(flushed, Err(Flush::NotStarted(_)));
-            spill_failed = false;
-            if let Err(Flush::Lost(e)) = flushed {
-                lost.get_or_insert(e);
-            }
-            // what is still waiting (kept, or after a lost spilled chunk) is tried again a flush
-            // interval from now, also when nothing more arrives
-            let waiting = !metrics.is_empty() || !artifacts.is_empty() || spill.waiting() > 0;
-            oldest = waiting.then(Instant::now);
-            last_beat = Instant::now();
-        } else if last_beat.elapsed() >= o.heartbeat {
-            // a missed beat loses nothing: the next one (or the end) writes a newer time
-            let _ = beat(&conn, path, id);
-            last_beat = Instant::now();
-        }
-    };
-    // what cannot be written now is never written
-    match flush(&mut conn, path, id, &mut metrics, &mut artifacts, &mut spill) {
-        Ok(()) => {}
-        // nothing was waiting: only a heartbeat is missed
-        Err(Flush::NotStarted(_)) if metrics.is_empty() && artifacts.is_empty() && spill.waiting() == 0 => {}
-        Err(Flush::NotStarted(e) | Flush::Lost(e)) => {
-            lost.get_or_insert(e);
-        }
-    }
-    spill.remove();
-    let end = conn
-        .execute(
-            "UPDATE runs SET status = ?2, end_time = ?3, heartbeat = ?3, error = ?4 WHERE id = ?1",
-            params![id, status.as_str(), crate::now(), error],
-        )
-        .at(path);
-    if let Err(e) = end {
-        lost.get_or_insert(e);
-    }
-    lost.map_or(Ok(()), Err)
-}
-
-/// Why a flush wrote nothing.
-enum Flush {
-    /// Its transaction could not start (the store stayed busy past its timeout): the records are
-    /// kept for the next flush.
-    NotStarted(Error),
-    /// It failed once started: its records are gone.
-    Lost(Error),
-}
-
-/// Spilled records at most per transaction when they are read back.
-const SPILL_CHUNK: usize = 1 << 16;
-
-/// Writes the waiting records and the heartbeat: the spilled ones first (the oldest), a
-/// transaction per [`SPILL_CHUNK`], then those in memory in one.
-fn flush(
-    conn: &mut Connection,
-    path: &Path,
-    id: i64,
-    metrics: &mut Vec<Record>,
-    artifacts: &mut Vec<(String, String)>,
-    spill: &mut Spill,
-) -> std::result::Result<(), Flush> {
-    while spill.waiting() > 0 {
-        let (chunk, at) = match spill.peek(SPILL_CHUNK) {
-            Ok(read) => read,
-            Err(source) => {
-                // unreadable: what it held is lost (and reported even when the records in
-                // memory, tried next, are kept)
-                let e = Error::Io {
-                    path: spill.path().to_path_buf(),
-                    source,
-                };
-                spill.remove();
-                return match flush_memory(conn, path, id, metrics, artifacts) {
-                    Ok(()) | Err(Flush::NotStarted(_)) => Err(Flush::Lost(e)),
-                    Err(lost) => Err(lost),
-                };
-            }
-        };
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .at(path)
-            .map_err(Flush::NotStarted)?;
-        // started: this chunk is gone whatever happens to it, as a batch in memory
-        spill.advance(chunk.len(), at);
-        write_batch(&tx, path, id, chunk, Vec::new())
-            .and_then(|()| tx.commit().at(path))
-            .map_err(Flush::Lost)?;
-    }
-    flush_memory(conn, path, id, metrics, artifacts)
-}
-
-/// Writes the records waiting in memory and the heartbeat in one transaction.
-fn flush_memory(
-    conn: &mut Connection,
-    path: &Path,
-    id: i64,
-    metrics: &mut Vec<Record>,
-    artifacts: &mut Vec<(String, String)>,
-) -> std::result::Result<(), Flush> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .at(path)
-        .map_err(Flush::NotStarted)?;
-    // once the transaction started, the batch is gone whatever happens to it (a failed write
-    // is not retried)
-    let metrics = std::mem::take(metrics);
-    let artifacts = std::mem::take(artifacts);
-    write_batch(&tx, path, id, metrics, artifacts)
-        .and_then(|()| tx.commit().at(path))
-        .map_err(Flush::Lost)
-}
-
-/// Writes `metrics` and `artifacts` of run `id` and its heartbeat inside `tx`.
-fn write_batch(
-    tx: &rusqlite::Transaction,
-    path: &Path,
-    id: i64,
-    metrics: Vec<Record>,
-    artifacts: Vec<(String, String)>,
-) -> Result<()> {
-    let (nan, rows): (Vec<_>, Vec<_>) = metrics.into_iter().partition(|r| r.2.is_nan());
-    insert_metrics(tx, path, id, &rows)?;
-    let mut t = tx
-        .prepare_cached(
-            "INSERT INTO tags (run_id, key, value) VALUES (?1, ?2, ?3)
-             ON CONFLICT (run_id, key) DO UPDATE SET value = CASE
-               WHEN CAST(excluded.value AS INTEGER) > CAST(value AS INTEGER) THEN excluded.value ELSE value END",
-        )
-        .at(path)?;
-    for (step, key, _, _) in nan {
-        t.execute(params![id, nan_tag(&key), step.to_string()]).at(path)?;
-    }
-    let mut a = tx
-        .prepare_cached(
-            "INSERT INTO artifacts (run_id, kind, path) SELECT ?1, ?2, ?3 WHERE NOT EXISTS
-             (SELECT 1 FROM artifacts WHERE run_id = ?1 AND kind = ?2 AND path = ?3)",
-        )
-        .at(path)?;
-    for (kind, p) in artifacts {
-        a.execute(params![id, kind, p]).at(path)?;
-    }
-    tx.execute(
-        "UPDATE runs SET heartbeat = ?2 WHERE id = ?1",
-        params![id, crate::now()],
-    )
-    .at(path)?;
-    Ok(())
-}
-
 /// The tag that holds the last step metric `key` was NaN at (a number, as text).
 pub fn nan_tag(key: &str) -> String {
     format!("nan_step.{key}")
-}
-
-fn beat(conn: &Connection, path: &Path, id: i64) -> Result<()> {
-    conn.execute(
-        "UPDATE runs SET heartbeat = ?2 WHERE id = ?1",
-        params![id, crate::now()],
-    )
-    .at(path)
-    .map(|_| ())
 }
 
 /// The commit checked out in the git work tree holding `dir`, and whether the tree has changes;

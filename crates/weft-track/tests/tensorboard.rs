@@ -69,3 +69,76 @@ fn every_record_reads_back() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Records a run of `values` (`loss` at steps 1, 2, ...), then sets its start time and host as
+/// another run's may be (a sweep's parallel trials start in the same second on one host).
+fn record(dir: &std::path::Path, name: &str, values: &[f64]) -> i64 {
+    let run = weft_track::NewRun {
+        experiment: "sweep".into(),
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let w = weft_track::RunWriter::start(dir, run, weft_track::WriterOptions::default()).unwrap();
+    for (s, v) in values.iter().enumerate() {
+        w.log(s as u64 + 1, "loss", *v);
+    }
+    let id = w.id();
+    w.end(weft_track::Status::Finished, None).unwrap();
+    let conn = rusqlite::Connection::open(dir.join(weft_track::STORE_FILE)).unwrap();
+    conn.execute(
+        "UPDATE runs SET start_time = 1700000000.25, host = 'node-1' WHERE id = ?1",
+        [id],
+    )
+    .unwrap();
+    id
+}
+
+/// The `loss` values of an event file, by step.
+fn losses(path: &std::path::Path) -> Vec<(i64, f32)> {
+    tfevents::read(&std::fs::read(path).unwrap())
+        .iter()
+        .flat_map(|e| e.values.iter().map(move |(_, v)| (e.step, *v)))
+        .collect()
+}
+
+#[test]
+fn exports_never_overwrite_an_event_file() {
+    let dir = std::env::temp_dir().join(format!("weft-track-tb-export-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store_dir = dir.join("weft-runs");
+    let a = record(&store_dir, "trial-1", &[3.0, 2.0]);
+    let b = record(&store_dir, "trial-2", &[5.0, 4.0, 1.0]);
+    let store = weft_track::Store::open_existing(&store_dir).unwrap();
+    // two runs started in the same second on one host, exported to one folder: the second
+    // export replaced the first's file (one name, File::create)
+    let out = dir.join("tb");
+    let fa = weft_track::tensorboard::export_run(&store, a, &out).unwrap();
+    let fb = weft_track::tensorboard::export_run(&store, b, &out).unwrap();
+    assert_ne!(fa, fb);
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 2);
+    assert_eq!(losses(&fa), [(1, 3.0), (2, 2.0)]);
+    assert_eq!(losses(&fb), [(1, 5.0), (2, 4.0), (3, 1.0)]);
+    let name = fa.file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(name, format!("events.out.tfevents.1700000000.node-1.run-{a}"));
+    // exported again to the same folder: refused, naming the file, which is left as it is
+    let before = std::fs::read(&fa).unwrap();
+    let e = weft_track::tensorboard::export_run(&store, a, &out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&fa.display().to_string()) && e.contains("never overwritten"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&fa).unwrap(), before);
+    // into the run's own folder, beside the file the run wrote while it trained (named by its
+    // start second and host, as the export was): that file stays
+    let folder = weft_track::run_folder(&store_dir, "sweep", "trial-1");
+    std::fs::create_dir_all(&folder).unwrap();
+    let trained = folder.join(weft_track::tensorboard::file_name(1700000000.25, "node-1"));
+    std::fs::write(&trained, b"the run's own events").unwrap();
+    let exported = weft_track::tensorboard::export_run(&store, a, &folder).unwrap();
+    assert_ne!(exported, trained);
+    assert_eq!(std::fs::read(&trained).unwrap(), b"the run's own events");
+    assert_eq!(losses(&exported), [(1, 3.0), (2, 2.0)]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,4 +1,4 @@
-use super::*;
+use super::schema::schema_objects;
 
 #[test]
 fn the_schema_names_its_tables_and_indexes() {

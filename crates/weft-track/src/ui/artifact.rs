@@ -9,11 +9,11 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::{on_store, reply, run_id, Failure, Shared};
+use super::{on_store, reply, run_id, segments, Failure, Segments, Shared};
 
 /// The kinds served, with their content types.
 const KINDS: [(&str, &str); 3] = [
@@ -28,7 +28,11 @@ pub const MAX_BYTES: u64 = 256 << 20;
 /// The bytes read from the file for each piece of the response.
 const CHUNK: usize = 64 << 10;
 
-pub(super) async fn artifact(State(store): State<Shared>, UrlPath((id, kind)): UrlPath<(String, String)>) -> Response {
+pub(super) async fn artifact(State(store): State<Shared>, path: Segments<(String, String)>) -> Response {
+    let (id, kind) = match segments(path) {
+        Ok(both) => both,
+        Err(f) => return reply(Err(f)),
+    };
     match open(store, id, kind).await {
         Ok((file, content_type, name)) => (
             [

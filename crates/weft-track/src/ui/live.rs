@@ -23,7 +23,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -31,8 +31,9 @@ use futures_util::stream::{self, StreamExt};
 use rusqlite::params;
 use serde_json::{json, Value};
 
-use super::{on_store, query_pairs, reply, run_id, Failure, Shared};
+use super::{on_store, query_pairs, reply, run_id, segments, Failure, Segments, Shared};
 use crate::error::SqlContext;
+use crate::read::{naming_run, RunOf};
 use crate::{Result, Store};
 
 /// How often a stream looks for new values.
@@ -68,9 +69,12 @@ impl Store {
         let p = &self.path;
         let mut stmt = self.conn.prepare_cached(sql).at(p)?;
         let rows = stmt
-            .query_map(params![id, after, upto, limit], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
+            .query_map(
+                params![id, after, upto, limit],
+                naming_run("metrics", RunOf::Id(id), |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                }),
+            )
             .at(p)?;
         rows.collect::<rusqlite::Result<_>>().at(p)
     }
@@ -78,17 +82,12 @@ impl Store {
     /// Run `id`'s status (`running`, `finished`, ...), `None` when the store has no such run; a
     /// `running` run whose heartbeat is older than the store's `stale_after` reads `killed` (as
     /// the next open of the store will mark it; nothing is written here).
+    /// A damaged row (a heartbeat that is text) is an error naming the run, the table and the
+    /// column.
     pub fn run_status(&self, id: i64) -> Result<Option<String>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT status, heartbeat FROM runs WHERE id = ?1")
-            .at(&self.path)?;
-        let mut rows = stmt.query(params![id]).at(&self.path)?;
-        let Some(row) = rows.next().at(&self.path)? else {
+        let Some((status, heartbeat)) = self.status_and_heartbeat(id)? else {
             return Ok(None);
         };
-        let status: String = row.get(0).at(&self.path)?;
-        let heartbeat: f64 = row.get(1).at(&self.path)?;
         let stale = heartbeat < self.stale_before();
         Ok(Some(if status == "running" && stale {
             "killed".into()
@@ -202,11 +201,11 @@ struct Tail {
 pub(super) async fn events(
     State(store): State<Shared>,
     axum::Extension(Closing(closing)): axum::Extension<Closing>,
-    UrlPath(id): UrlPath<String>,
+    path: Segments<String>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let start = start_cursor(q.as_deref(), &headers).and_then(|c| Ok((run_id(&id)?, c)));
+    let start = segments(path).and_then(|id| start_cursor(q.as_deref(), &headers).and_then(|c| Ok((run_id(&id)?, c))));
     let (id, given) = match start {
         Ok(x) => x,
         Err(f) => return reply(Err(f)),

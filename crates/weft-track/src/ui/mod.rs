@@ -32,6 +32,7 @@ pub mod sweeps;
 
 use std::sync::{Arc, Mutex};
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path as UrlPath, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -191,16 +192,34 @@ async fn sweep_list(State(store): State<Shared>) -> Response {
     with_store(store, |s| Ok(s.sweeps()?.iter().map(sweeps::json).collect())).await
 }
 
+/// A request path's segments, or the error `{"error": ...}` (400) for one that does not decode
+/// (a percent-escape that is not UTF-8, as `/api/runs/%ff`): axum answered such a request with a
+/// plain-text body, unlike the rest of the API.
+type Segments<T> = Result<UrlPath<T>, PathRejection>;
+
+fn segments<T>(path: Segments<T>) -> Result<T, Failure> {
+    path.map(|UrlPath(t)| t)
+        .map_err(|e| Failure(e.status(), format!("the request's path: {}", e.body_text())))
+}
+
 fn run_id(raw: &str) -> Result<i64, Failure> {
     raw.parse()
         .map_err(|_| Failure(StatusCode::NOT_FOUND, format!("no run with id {raw:?}")))
 }
 
-async fn run(State(store): State<Shared>, UrlPath(id): UrlPath<String>) -> Response {
+async fn run(State(store): State<Shared>, path: Segments<String>) -> Response {
+    let id = match segments(path) {
+        Ok(id) => id,
+        Err(f) => return reply(Err(f)),
+    };
     with_store(store, move |s| Ok(json::detail(&s.run_detail(run_id(&id)?)?))).await
 }
 
-async fn metrics(State(store): State<Shared>, UrlPath(id): UrlPath<String>, RawQuery(q): RawQuery) -> Response {
+async fn metrics(State(store): State<Shared>, path: Segments<String>, RawQuery(q): RawQuery) -> Response {
+    let id = match segments(path) {
+        Ok(id) => id,
+        Err(f) => return reply(Err(f)),
+    };
     let q = query_pairs(q.as_deref().unwrap_or(""));
     let key = q.iter().find(|(k, _)| k == "key").map(|(_, v)| v.clone());
     series(store, id, key, &q).await
@@ -208,30 +227,40 @@ async fn metrics(State(store): State<Shared>, UrlPath(id): UrlPath<String>, RawQ
 
 async fn metric_by_path(
     State(store): State<Shared>,
-    UrlPath((id, key)): UrlPath<(String, String)>,
+    path: Segments<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Response {
+    let (id, key) = match segments(path) {
+        Ok(both) => both,
+        Err(f) => return reply(Err(f)),
+    };
     let q = query_pairs(q.as_deref().unwrap_or(""));
     series(store, id, Some(key), &q).await
+}
+
+/// The `max_points` of a query: [`DEFAULT_MAX_POINTS`] when not given, a whole number up to
+/// [`MAX_MAX_POINTS`] (below 4 counts as 4, as [`min_max`] takes it), else 400.
+fn max_points(q: &[(String, String)]) -> Result<usize, Failure> {
+    match q.iter().find(|(k, _)| k == "max_points") {
+        None => Ok(DEFAULT_MAX_POINTS),
+        Some((_, v)) => match v.parse::<usize>() {
+            Ok(n) if n <= MAX_MAX_POINTS => Ok(n.max(4)),
+            _ => Err(Failure(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "max_points: expected a whole number from 0 to {MAX_MAX_POINTS} (below 4 counts as 4), found {}",
+                    crate::ui::json::short(v)
+                ),
+            )),
+        },
+    }
 }
 
 /// `{"run": id, "cursor": c, "metrics": {key: {"count": n, "points": [[step, value, time], ...]}}}`,
 /// one key or all, each down-sampled to `max_points`; `cursor` (read before the series) is where
 /// the run's event stream takes over.
 async fn series(store: Shared, id: String, key: Option<String>, q: &[(String, String)]) -> Response {
-    let max_points = match q.iter().find(|(k, _)| k == "max_points") {
-        None => Ok(DEFAULT_MAX_POINTS),
-        Some((_, v)) => match v.parse::<usize>() {
-            Ok(n) if (1..=MAX_MAX_POINTS).contains(&n) => Ok(n),
-            _ => Err(Failure(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "max_points: expected a whole number from 1 to {MAX_MAX_POINTS}, found {}",
-                    crate::ui::json::short(v)
-                ),
-            )),
-        },
-    };
+    let max_points = max_points(q);
     with_store(store, move |s| {
         let max_points = max_points?;
         let id = run_id(&id)?;
@@ -293,16 +322,4 @@ fn decode(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn query_strings_decode() {
-        let q = super::query_pairs("filter=optim.lr+%3C+1e-3+and+status+%3D+%27finished%27&sort=-id&x=%zz&y=%4");
-        assert_eq!(
-            q[0],
-            ("filter".into(), "optim.lr < 1e-3 and status = 'finished'".into())
-        );
-        assert_eq!(q[1], ("sort".into(), "-id".into()));
-        assert_eq!(q[2], ("x".into(), "%zz".into()));
-        assert_eq!(q[3], ("y".into(), "%4".into()));
-    }
-}
+mod tests;
