@@ -52,7 +52,8 @@ pub struct ListArgs {
     #[arg(long)]
     experiment: Option<String>,
     /// Comparisons joined by `and`: `optim.lr < 1e-3 and status = 'finished'` (keys: params,
-    /// metrics.<key> (last value), tags.<key>, status, name, experiment, id).
+    /// metrics.<key> (last value), tags.<key>, status, name, experiment, id; a key or part of
+    /// one in backquotes may hold any character: ``tags.`my team` ``).
     #[arg(long, value_name = "EXPR")]
     filter: Option<String>,
     /// Sort by a key (as in --filter); a leading `-` sorts descending. Default: id.
@@ -93,6 +94,10 @@ pub struct DeleteArgs {
     /// The runs (ids or names).
     #[arg(required = true)]
     runs: Vec<String>,
+    /// Also delete runs that are still live (`running` with a heartbeat under a minute old):
+    /// their trainers go on, and what they log afterwards is not recorded.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(clap::Args)]
@@ -305,6 +310,21 @@ fn delete(a: &DeleteArgs) -> Result<(), String> {
         .map(|r| store.find_run(r))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
+    if !a.force {
+        let mut live = Vec::new();
+        for (id, name) in ids.iter().zip(&a.runs) {
+            if store.run_is_live(*id).map_err(|e| e.to_string())? {
+                live.push(format!("{id} ({name})"));
+            }
+        }
+        if !live.is_empty() {
+            return Err(format!(
+                "run {} still running (its heartbeat is under a minute old): deleting it would lose \
+                 what it logs from now on; stop it first, or give --force (nothing was deleted)",
+                live.join(", ")
+            ));
+        }
+    }
     for (id, name) in ids.iter().zip(&a.runs) {
         store.delete_run(*id).map_err(|e| e.to_string())?;
         weft_core::errln!("weft: deleted run {id} ({name})");

@@ -257,3 +257,30 @@ fn a_runs_generated_sample_is_one_of_its_artifacts() {
     assert_eq!(path, dir.join("weft-runs/default/s/sample.txt"), "recorded absolute");
     assert_eq!(std::fs::read_to_string(path).unwrap(), printed);
 }
+
+#[test]
+fn a_live_run_is_deleted_only_with_force() {
+    let dir = temp_dir("runs-live");
+    let store = dir.join("weft-runs");
+    let run = weft_track::NewRun {
+        experiment: "e".into(),
+        name: Some("live".into()),
+        ..Default::default()
+    };
+    // a run being recorded: `running`, its heartbeat fresh
+    let w = weft_track::RunWriter::start(&store, run, weft_track::WriterOptions::default()).unwrap();
+    w.log(0, "loss", 1.0);
+    let refused = weft_in(&dir, &["runs", "delete", "live"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("still running") && err.contains("--force"), "{err}");
+    assert_eq!(json(&dir, &["runs", "list", "--json"]).as_array().unwrap().len(), 1);
+    ok_stdout(weft_in(&dir, &["runs", "delete", "live", "--force"]), "delete --force");
+    assert_eq!(json(&dir, &["runs", "list", "--json"]).as_array().unwrap().len(), 0);
+    // its writer learns at its end that the run is gone
+    let e = w
+        .end(weft_track::Status::Finished, None)
+        .expect_err("the run was deleted");
+    assert!(e.to_string().contains("deleted"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
