@@ -2,10 +2,12 @@
 //! memory into a file beside the store and read back, oldest first, once the store is free: what
 //! waits in memory stays bounded however long the lock lasts, and the run never waits on it.
 //!
-//! The file is `weft.db.run-ID.spill` (the store's file name with the run's id); each record is
+//! The file is `runs.db.run-ID.spill` (the store's file name with the run's id); each record is
 //! `step` (i64), `value` and `time` (f64 bits), all little-endian, then the key's length (u32)
 //! and its UTF-8 bytes: values round-trip bit for bit, NaN included. Nothing else reads it: the
 //! writer removes it once every record in it is written, or at the run's end whatever happened.
+//! A file left by a writer that was killed (the run then resumed under the same id) is removed
+//! when the run's next writer starts: its records are not that writer's.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -24,17 +26,20 @@ pub(crate) struct Spill {
 }
 
 impl Spill {
-    /// The spill of run `id` of the store file `store` (nothing is created until records come).
+    /// The spill of run `id` of the store file `store` (nothing is created until records come);
+    /// a file a killed writer of the run left there is removed.
     pub(crate) fn new(store: &Path, id: i64) -> Spill {
         let name = store
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Spill {
+        let mut spill = Spill {
             path: store.with_file_name(format!("{name}.run-{id}.spill")),
             waiting: 0,
             read_at: 0,
-        }
+        };
+        spill.remove();
+        spill
     }
 
     /// Records in the file that are not written to the store yet.
@@ -117,5 +122,32 @@ impl Spill {
         let _ = std::fs::remove_file(&self.path);
         self.waiting = 0;
         self.read_at = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_a_killed_writer_left_is_not_read_back_as_the_next_writers() {
+        let dir = std::env::temp_dir().join(format!("weft-spill-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = dir.join("runs.db");
+        let mut old = Spill::new(&store, 7);
+        let mut stale: Vec<Record> = (1000..1040).map(|s| (s, "loss".to_string(), 9.0, 0.0)).collect();
+        old.append(&mut stale).unwrap();
+        // killed: nothing removed the file
+        std::mem::forget(old);
+        assert!(dir.join("runs.db.run-7.spill").exists());
+        let mut new = Spill::new(&store, 7);
+        let mut mine: Vec<Record> = (5..8).map(|s| (s, "loss".to_string(), f64::NAN, 1.5)).collect();
+        new.append(&mut mine).unwrap();
+        let (read, at) = new.peek(100).unwrap();
+        assert_eq!(read.iter().map(|r| r.0).collect::<Vec<_>>(), [5, 6, 7]);
+        assert!(read.iter().all(|r| r.2.is_nan() && r.3 == 1.5));
+        new.advance(read.len(), at);
+        assert!(!dir.join("runs.db.run-7.spill").exists(), "removed once read back");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -83,7 +83,7 @@ pub struct WriterOptions {
     /// How often the run's heartbeat is written while it lives. Default: 10 s.
     pub heartbeat: Duration,
     /// While the store stays locked, metric records waiting in memory past this many move to a
-    /// file beside the store (`weft.db.run-ID.spill`), written to the store, oldest first, once
+    /// file beside the store (`runs.db.run-ID.spill`), written to the store, oldest first, once
     /// it is free. Default: 262,144 (about 20 MB of records).
     pub spill_at: usize,
 }
