@@ -165,7 +165,17 @@ async fn describe(
         true => "GET /models/{name}/{version}",
         false => "GET /models/{name}",
     };
-    query(q, call, &[])?;
+    // TorchServe's `customized` asks for the handler's own metadata as well; weft's models have
+    // none, so the description is the same either way
+    let asked = query(q, call, &["customized"])?;
+    if let Some(v) = asked.get("customized") {
+        if !["true", "false"].contains(&v.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "customized: {} is not true or false",
+                echo(v)
+            )));
+        }
+    }
     let name = params.get("name").map_or("", String::as_str);
     let view = state.registry.view(name)?;
     let wanted = params.get("version").map(String::as_str);

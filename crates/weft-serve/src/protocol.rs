@@ -41,6 +41,10 @@ pub struct InferParameters {
     /// answered in JSON whatever its value (a server without the extension answers JSON, which
     /// Triton's clients read); tritonclient sends `true` when the request lists no outputs.
     pub binary_data_output: Option<bool>,
+    /// MLServer's codec hint (`"np"`, `"pd"`): taken; the data is read by its `datatype`.
+    pub content_type: Option<String>,
+    /// MLServer's request headers, passed along as a parameter: taken, not read.
+    pub headers: Option<serde_json::Value>,
 }
 
 /// One input tensor: `data` holds `shape`'s product of values in row-major order (flat or
@@ -64,6 +68,8 @@ pub struct InputParameters {
     /// Triton's binary data extension: the input's bytes follow the JSON. Refused whatever its
     /// value (weft reads `data` as JSON).
     pub binary_data_size: Option<u64>,
+    /// MLServer's codec hint (`"np"`): taken; the data is read by its `datatype`.
+    pub content_type: Option<String>,
 }
 
 /// One wanted output.
@@ -84,6 +90,8 @@ pub struct OutputParameters {
     /// Triton's binary data extension: the output as binary after the JSON. Taken, and
     /// answered in JSON whatever its value (as `binary_data_output`).
     pub binary_data: Option<bool>,
+    /// MLServer's codec hint: taken; the output is FP32 as the model's metadata says.
+    pub content_type: Option<String>,
 }
 
 impl InferRequest {

@@ -240,8 +240,10 @@ async fn predictions(
 }
 
 /// Triton's generate extension request: `id` (echoed in the answer), `text_input` and
-/// `parameters`. Any other field is refused (400 naming it) rather than ignored: Triton hands
-/// further fields to the model as its inputs or parameters, and a weft model takes none.
+/// `parameters`. Triton hands other top-level fields to the model as its inputs, which is where
+/// TensorRT-LLM's models take `max_tokens`, `temperature` and the like: those that
+/// [`GenerateParameters`] names are taken at the top level too (each in one place only). Any
+/// other field is refused (400 naming it) rather than ignored.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GenerateRequest {
@@ -249,6 +251,38 @@ struct GenerateRequest {
     id: Option<String>,
     text_input: String,
     parameters: Option<GenerateParameters>,
+    max_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_k: Option<u64>,
+    top_p: Option<f64>,
+    seed: Option<u64>,
+    stop: Option<StringOrList>,
+    stream: Option<bool>,
+}
+
+impl GenerateRequest {
+    /// The parameters, those given at the top level moved in; a key given in both places is a
+    /// 400 naming it.
+    fn merged_parameters(&mut self) -> Result<GenerateParameters, ApiError> {
+        fn one<T>(key: &str, top: Option<T>, inner: Option<T>) -> Result<Option<T>, ApiError> {
+            match (top, inner) {
+                (Some(_), Some(_)) => Err(ApiError::bad_request(format!(
+                    "{key} is given both at the top level and in parameters: give it once"
+                ))),
+                (top, inner) => Ok(top.or(inner)),
+            }
+        }
+        let p = self.parameters.take().unwrap_or_default();
+        Ok(GenerateParameters {
+            max_tokens: one("max_tokens", self.max_tokens.take(), p.max_tokens)?,
+            temperature: one("temperature", self.temperature.take(), p.temperature)?,
+            top_k: one("top_k", self.top_k.take(), p.top_k)?,
+            top_p: one("top_p", self.top_p.take(), p.top_p)?,
+            seed: one("seed", self.seed.take(), p.seed)?,
+            stop: one("stop", self.stop.take(), p.stop)?,
+            stream: one("stream", self.stream.take(), p.stream)?,
+        })
+    }
 }
 
 /// `parameters` of a generate request. Any other parameter is refused (400 naming it and
@@ -313,8 +347,8 @@ fn generate_request(
 ) -> Result<GenerateAsk, ApiError> {
     let (name, version) = target(params);
     let admitted = state.registry.admit(name, version)?;
-    let request: GenerateRequest = parse_body(body, state.limits.body_bytes)?;
-    let p = request.parameters.unwrap_or_default();
+    let mut request: GenerateRequest = parse_body(body, state.limits.body_bytes)?;
+    let p = request.merged_parameters()?;
     match p.stream {
         Some(true) if !streaming => return Err(ApiError::bad_request(
             "parameters.stream: true asks for a stream; POST .../generate_stream streams, .../generate answers once",

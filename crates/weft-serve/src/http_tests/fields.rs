@@ -22,8 +22,18 @@ fn generate_refuses_fields_it_does_not_define_and_takes_those_it_does() {
         ),
         (
             "/v2/models/g/generate",
-            json!({"text_input": "a", "max_tokens": 3}),
-            "unknown field `max_tokens`, expected one of `id`, `text_input`, `parameters`",
+            json!({"text_input": "a", "max_new_tokens": 3}),
+            "unknown field `max_new_tokens`, expected one of `id`, `text_input`, `parameters`",
+        ),
+        (
+            "/v2/models/g/generate",
+            json!({"text_input": "a", "max_tokens": 3, "parameters": {"max_tokens": 3}}),
+            "max_tokens is given both at the top level and in parameters",
+        ),
+        (
+            "/v2/models/g/generate",
+            json!({"text_input": "a", "stream": true}),
+            "parameters.stream: true asks for a stream",
         ),
         (
             "/v2/models/g/generate_stream",
@@ -64,6 +74,14 @@ fn generate_refuses_fields_it_does_not_define_and_takes_those_it_does() {
     assert_eq!(answer["text_output"], plain["text_output"]);
     let (status, answer) = generate("/v2/models/g/generate", json!({"text_input": "a", "parameters": null}));
     assert_eq!(status, 200, "{answer}");
+    // the same parameters at the top level, as TensorRT-LLM's clients send them (Triton hands
+    // top-level fields to the model as inputs)
+    let (status, answer) = generate(
+        "/v2/models/g/generate",
+        json!({"text_input": "a", "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["text_output"], plain["text_output"]);
     // streamed: each event gives the id back
     let body = json!({"id": "s1", "text_input": "a", "parameters": {"max_tokens": 2, "stream": true}}).to_string();
     let raw = format!(
@@ -100,7 +118,7 @@ fn infer_refuses_fields_it_does_not_define_and_binary_data() {
         (json!({"request_id": "r"}), "unknown field `request_id`"),
         (
             json!({"parameters": {"priority": 1}}),
-            "unknown field `priority`, expected `binary_data_output`",
+            "unknown field `priority`, expected one of `binary_data_output`",
         ),
         (
             json!({"outputs": [{"name": "logits", "parameters": {"classification": 2}}]}),
@@ -128,6 +146,13 @@ fn infer_refuses_fields_it_does_not_define_and_binary_data() {
         "inputs": [json_input], "outputs": [{"name": "logits", "parameters": {"binary_data": false}}]}));
     assert_eq!(status, 200, "{answer}");
     assert_eq!((&answer["id"], &answer["outputs"]), (&json!("r1"), &plain["outputs"]));
+    // MLServer's codecs' content types and headers are hints: taken, the answer the same
+    let mut np_input = input.clone();
+    np_input["parameters"] = json!({"content_type": "np"});
+    let (status, answer) = infer(json!({"parameters": {"content_type": "np", "headers": {"x": "y"}},
+        "inputs": [np_input], "outputs": [{"name": "logits", "parameters": {"content_type": "np"}}]}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outputs"], plain["outputs"]);
     // outputs asked for as binary (tritonclient's default without `outputs`) come back in JSON,
     // which Triton's clients read as from a server without the extension
     for extra in [

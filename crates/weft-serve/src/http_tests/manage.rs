@@ -1,5 +1,6 @@
 //! The management API's queries and names: every call refuses a query parameter it does not
-//! take (describe, set-default and unregister took any without a word), `GET /models` pages as
+//! take (describe, set-default and unregister took any without a word; describe takes
+//! TorchServe's `customized`), `GET /models` pages as
 //! TorchServe's does (`limit`, `next_page_token`), and registration names the parameter at fault
 //! and refuses the reserved versions `all` and `traffic`.
 
@@ -15,13 +16,13 @@ fn every_management_call_refuses_parameters_it_does_not_take() {
     for (method, path, want) in [
         (
             "GET",
-            "/models/m/1?customized=true",
-            "unknown query parameter \"customized\": GET /models/{name}/{version} takes no query parameters",
+            "/models/m/1?x=1",
+            "unknown query parameter \"x\": GET /models/{name}/{version} takes customized",
         ),
         (
             "GET",
-            "/models/m?customized=true",
-            "GET /models/{name} takes no query parameters",
+            "/models/m?customized=yes",
+            "customized: \"yes\" is not true or false",
         ),
         ("GET", "/models/m/all?x=1", "unknown query parameter \"x\""),
         (
@@ -53,6 +54,10 @@ fn every_management_call_refuses_parameters_it_does_not_take() {
         .map(|v| (v["modelVersion"].as_str().unwrap(), v["isDefault"].as_bool().unwrap()))
         .collect();
     assert_eq!(versions, [("1", true), ("2", false), ("wide", false)]);
+    // TorchServe's `customized`: weft's models have no metadata of their own, the same answer
+    for path in ["/models/m/all?customized=true", "/models/m/all?customized=false"] {
+        assert_eq!(manage("GET", path), (200, described.clone()), "{path}");
+    }
 }
 
 #[test]
