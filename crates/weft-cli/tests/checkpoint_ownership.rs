@@ -263,4 +263,13 @@ fn overwrite_removes_nothing_for_a_run_that_is_refused() {
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(err.contains("train.overwrite: removed 1 checkpoint folder(s)"), "{err}");
     assert_eq!(names(&dir), [".lock", "step-00000003"]);
+    // continuing a checkpoint of its own folder: the checkpoint it starts from is kept (it was
+    // removed after being loaded, and the run continued without it)
+    let mut args = overwrite.to_vec();
+    let own = dir.join("step-00000003");
+    args.extend(["--set", "train.steps=5", "--resume-from", own.to_str().unwrap()]);
+    let run = weft_ok(&args);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!err.contains("removed"), "{err}");
+    assert_eq!(names(&dir), [".lock", "step-00000003", "step-00000005"]);
 }

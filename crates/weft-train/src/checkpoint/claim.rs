@@ -98,17 +98,27 @@ impl Claim {
 
     /// A fresh run with `overwrite` that is about to start (its first step, or its first save)
     /// removes the checkpoint folders its folder holds, once, and says so: on the rank that holds
-    /// the lock, every rank of `group` failing if it failed. Nothing for any other claim, or
-    /// after the first call.
+    /// the lock, once every rank of `group` has come this far (a rank that failed before, say
+    /// loading its part of a `--resume-from` checkpoint, has not: then nothing is removed), every
+    /// rank failing if the removal failed. Nothing for any other claim, after
+    /// [`Claim::keep_earlier`], or after the first call.
     pub fn clear_earlier(&mut self, group: Option<&weft_dist::ProcessGroup>) -> Result<()> {
         let Some(dir) = self.overwrite.take() else {
             return Ok(());
         };
+        crate::job::agree(group, Ok(()), "train.overwrite: starting the run")?;
         let removed = match self._lock {
             Some(_) => remove_checkpoint_folders(&dir),
             None => Ok(()),
         };
         crate::job::agree(group, removed, "train.overwrite: removing the earlier checkpoints")
+    }
+
+    /// The run continues a checkpoint of its own folder (`--resume-from` one of them): the
+    /// earlier checkpoints are that run's, and [`Claim::clear_earlier`] leaves them. Every rank
+    /// must call it alike (it decides whether `clear_earlier` runs its collective).
+    pub fn keep_earlier(&mut self) {
+        self.overwrite = None;
     }
 }
 

@@ -189,6 +189,11 @@ impl Trainer {
         });
         if own {
             self.claim_checkpoints(ClaimMode::Resume)?;
+            // continuing its own checkpoints: train.overwrite must not remove the one just
+            // loaded (every rank decides `own` alike, from the same paths)
+            if let Some(claim) = self.claim.as_mut() {
+                claim.keep_earlier();
+            }
             if let Some(run) = &loaded.state.run {
                 self.run_id = run.clone();
             }
