@@ -137,19 +137,20 @@ async fn list(State(state): State<AppState>, q: Query2) -> Result<Response, ApiE
         .filter(|(name, _)| after.is_none_or(|a| name > a))
         .collect();
     let more = names.len() > limit;
-    let models: Vec<Value> = names
+    let page: Vec<(String, String)> = names.into_iter().take(limit).collect();
+    // the token is the last name taken, listed or not: a model unregistered since `names()` is
+    // left out of the page without ending the listing early
+    let last_taken = page.last().map(|(name, _)| name.clone());
+    let models: Vec<Value> = page
         .into_iter()
-        .take(limit)
         .filter_map(|(name, default)| {
             let s = state.registry.get(&name, Some(&default)).ok()?;
             Some(json!({ "modelName": name, "modelUrl": s.source.display().to_string() }))
         })
         .collect();
     let mut answer = json!({ "models": models });
-    if more {
-        if let Some(last) = models.last() {
-            answer["nextPageToken"] = last["modelName"].clone();
-        }
+    if let (true, Some(last)) = (more, last_taken) {
+        answer["nextPageToken"] = json!(last);
     }
     Ok(json_response(StatusCode::OK, &answer))
 }
