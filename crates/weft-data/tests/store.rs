@@ -160,7 +160,7 @@ fn an_unreachable_endpoint_is_named_within_the_retry_bound() {
     let took = t.elapsed();
     assert!(e.contains("s3://data/run/a.bin") && e.contains("gave up after"), "{e}");
     assert!(
-        took >= Duration::from_millis(1000) && took < Duration::from_millis(2600),
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(3500),
         "{took:?}: {e}"
     );
 }

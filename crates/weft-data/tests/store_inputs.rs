@@ -230,3 +230,54 @@ fn cache_entries_that_are_not_files_are_fetched_again_not_read() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn cache_opts(dir: PathBuf, limit_bytes: u64, block_size: u64) -> CacheOptions {
+    CacheOptions {
+        dir,
+        limit_bytes,
+        block_size,
+        read_ahead: 0,
+        version: String::new(),
+    }
+}
+
+#[test]
+fn a_cache_limit_that_holds_no_whole_entry_is_refused_naming_the_keys() {
+    let dir = scratch("cache-one-block");
+    let src = Arc::new(LocalFolder::new(dir.join("src")));
+    src.put("shard.bin", &[5u8; 3000]).unwrap();
+    // an entry is a block and a 20-byte header: a limit of exactly one block cached none
+    for limit in [1000, 1019] {
+        let e = CachedSource::new(src.clone(), cache_opts(dir.join("cache"), limit, 1000))
+            .err()
+            .unwrap_or_else(|| panic!("a limit of {limit} bytes for blocks of 1000 was accepted"))
+            .to_string();
+        assert!(
+            e.contains("data.cache_gb") && e.contains("data.cache_block_mb") && e.contains(&format!("({limit} bytes")),
+            "{e}"
+        );
+    }
+    // one whole entry fits: the block read is cached and served again
+    let c = CachedSource::new(src.clone(), cache_opts(dir.join("cache"), 1020, 1000)).unwrap();
+    assert_eq!(c.read_range("shard.bin", 0..10).unwrap(), [5u8; 10]);
+    assert_eq!(c.read_range("shard.bin", 10..20).unwrap(), [5u8; 10]);
+    assert_eq!((c.stats().fetched, c.stats().hits), (1, 1), "{:?}", c.stats());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_cache_folder_that_cannot_be_created_is_named_with_its_key() {
+    let dir = scratch("cache-uncreatable");
+    let src = Arc::new(LocalFolder::new(dir.join("src")));
+    std::fs::write(dir.join("file"), b"not a folder").unwrap();
+    let bad = dir.join("file").join("cache");
+    let e = CachedSource::new(src, cache_opts(bad.clone(), 1 << 20, 4096))
+        .err()
+        .expect("a cache folder under a file was accepted")
+        .to_string();
+    assert!(
+        e.contains(&bad.display().to_string()) && e.contains("block cache folder") && e.contains("data.cache_dir"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

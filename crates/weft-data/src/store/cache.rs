@@ -21,13 +21,13 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::disk::{DiskCache, Lookup};
+use super::disk::{DiskCache, Lookup, HEADER};
 use crate::error::{invalid, Result};
 use crate::objects::{check_range, ObjectSource};
 
@@ -41,7 +41,8 @@ pub struct CacheOptions {
     /// `$XDG_CACHE_HOME/weft/objects`, else `$HOME/.cache/weft/objects`, else
     /// `<temp dir>/weft-cache/objects`.
     pub dir: PathBuf,
-    /// Most bytes the folder's entries may take (least recently used evicted). Default 10 GiB.
+    /// Most bytes the folder's entries may take (least recently used evicted), at least one block
+    /// and its 20-byte header. Default 10 GiB.
     pub limit_bytes: u64,
     /// Block size in bytes. Default 4 MiB.
     pub block_size: u64,
@@ -66,14 +67,34 @@ impl Default for CacheOptions {
 
 /// The user's cache folder for weft's object blocks (see [`CacheOptions::dir`]).
 pub fn default_dir() -> PathBuf {
+    default_dir_from().0
+}
+
+/// The default cache folder and what it was made from (for messages).
+fn default_dir_from() -> (PathBuf, &'static str) {
     let from = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());
     if let Some(x) = from("XDG_CACHE_HOME") {
-        return x.join("weft").join("objects");
+        return (x.join("weft").join("objects"), "$XDG_CACHE_HOME");
     }
     if let Some(h) = from("HOME") {
-        return h.join(".cache").join("weft").join("objects");
+        return (h.join(".cache").join("weft").join("objects"), "$HOME");
     }
-    std::env::temp_dir().join("weft-cache").join("objects")
+    (
+        std::env::temp_dir().join("weft-cache").join("objects"),
+        "the temporary folder",
+    )
+}
+
+/// The error of a cache folder `dir` that could not be created: which folder it is, and the key
+/// that chooses it.
+fn uncreatable(dir: &std::path::Path, e: std::io::Error) -> crate::error::Error {
+    let (default, from) = default_dir_from();
+    let whose = if dir == default {
+        format!("the default block cache folder (from {from}; set data.cache_dir to choose another)")
+    } else {
+        "the block cache folder (data.cache_dir)".to_string()
+    };
+    invalid(format!("{}: cannot create {whose}: {e}", dir.display()))
 }
 
 /// Counters of a [`CachedSource`]'s work since it was made.
@@ -110,6 +131,8 @@ struct Shared {
     fetched: AtomicU64,
     fetched_ahead: AtomicU64,
     corrupt: AtomicU64,
+    /// Whether a store into the folder failed and was warned about (once).
+    unwritable: AtomicBool,
 }
 
 #[derive(Default)]
@@ -126,15 +149,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl CachedSource {
     /// `inner` cached as `options` say; starts the read-ahead thread.
     pub fn new(inner: Arc<dyn ObjectSource>, options: CacheOptions) -> Result<CachedSource> {
-        if options.block_size == 0 || options.limit_bytes < options.block_size {
+        // an entry is a block and its header: a limit of exactly one block cached none
+        let entry = options.block_size.saturating_add(HEADER as u64);
+        if options.block_size == 0 || options.limit_bytes < entry {
+            let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+            let need = (gib(entry) * 1e6).ceil() / 1e6;
             return Err(invalid(format!(
-                "{}: the cache limit ({} bytes) must hold at least one block ({} bytes, at least 1)",
-                options.dir.display(),
+                "data.cache_gb: the block cache's size limit ({} bytes, {:.6} GiB) must hold at least \
+                 one block of data.cache_block_mb ({} bytes, at least 1) and its {HEADER}-byte header: \
+                 raise data.cache_gb to {need} or more, or lower data.cache_block_mb (cache folder {})",
                 options.limit_bytes,
-                options.block_size
+                gib(options.limit_bytes),
+                options.block_size,
+                options.dir.display()
             )));
         }
-        let disk = DiskCache::new(options.dir, options.limit_bytes)?;
+        let disk =
+            DiskCache::new(options.dir.clone(), options.limit_bytes).map_err(|e| uncreatable(&options.dir, e))?;
         let shared = Arc::new(Shared {
             inner,
             disk,
@@ -151,6 +182,7 @@ impl CachedSource {
             fetched: AtomicU64::new(0),
             fetched_ahead: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
+            unwritable: AtomicBool::new(false),
         });
         let worker = shared.clone();
         std::thread::Builder::new()
@@ -235,13 +267,24 @@ impl Shared {
             Some(n) => n,
             None => {
                 let n = self.inner.len(name)?;
-                // a full or read-only cache folder costs speed, not correctness
-                let _ = self.disk.put(&key, &n.to_le_bytes());
+                self.keep(&key, &n.to_le_bytes());
                 n
             }
         };
         lock(&self.lens).insert(name.to_string(), n);
         Ok(n)
+    }
+
+    /// Stores entry `key`. A full or read-only cache folder costs speed, not correctness: the
+    /// first failure is warned about, and reads go on from the store.
+    fn keep(&self, key: &str, payload: &[u8]) {
+        if let Err(e) = self.disk.put(key, payload) {
+            if !self.unwritable.swap(true, Ordering::Relaxed) {
+                weft_core::errln!(
+                    "weft: warning: block cache: cannot store blocks: {e}; blocks not cached are read from the store (further failures are not reported)"
+                );
+            }
+        }
     }
 
     fn block_key(&self, name: &str, idx: u64) -> String {
@@ -286,7 +329,7 @@ impl Shared {
             if ahead {
                 self.fetched_ahead.fetch_add(1, Ordering::Relaxed);
             }
-            let _ = self.disk.put(&key, b);
+            self.keep(&key, b);
         }
         lock(&self.inflight).remove(&key);
         self.inflight_cv.notify_all();

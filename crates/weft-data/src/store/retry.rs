@@ -2,7 +2,9 @@
 //!
 //! Transient failures (a refused or reset connection, a timeout, a response cut short, HTTP 5xx,
 //! 429 or 408) are retried with exponential backoff (100 ms doubling to at most 5 s, with up to 25%
-//! jitter) until the next attempt would start past the time bound; definite answers (a missing
+//! jitter) for as long as the time bound allows: the last pause is shortened to the time left, so
+//! the last attempt starts at (about) the bound and an outage shorter than the bound is ridden
+//! through. Definite answers (a missing
 //! object or bucket, bad or insufficient credentials, any other 4xx, a malformed path) fail at
 //! once. object_store's own retry loop is switched off (`max_retries = 0`) so that this one loop
 //! decides and the bound holds for the whole operation, body included.
@@ -145,9 +147,13 @@ pub(crate) struct GaveUp {
 /// The least time an attempt is given, even when the bound is nearly spent.
 const MIN_ATTEMPT: Duration = Duration::from_secs(1);
 
-/// Runs `op` until it succeeds, fails definitively, or the next attempt would start after `bound`
-/// has passed since the first one. `op` is told how long it may take (what is left of the bound,
-/// at least 1 s), so that a server that never answers costs at most the bound plus 1 s.
+/// Runs `op` until it succeeds, fails definitively, or fails transiently with `bound` spent since
+/// the first attempt. The pause before an attempt is the backoff or what is left of the bound,
+/// whichever is shorter, so the last attempt starts at (about) the bound: a store down for less
+/// than the bound is ridden through. (Retries stopped when the next backoff would pass the bound,
+/// which gave up after 7.2 s of a 10 s bound, 56 s of 60.) `op` is told how long it may take
+/// (what is left of the bound, at least 1 s), so that a server that never answers costs at most
+/// the bound plus 1 s.
 pub(crate) fn retry<T>(bound: Duration, mut op: impl FnMut(Duration) -> object_store::Result<T>) -> Result<T, GaveUp> {
     let start = Instant::now();
     let mut attempts = 0u32;
@@ -157,9 +163,9 @@ pub(crate) fn retry<T>(bound: Duration, mut op: impl FnMut(Duration) -> object_s
             Ok(v) => return Ok(v),
             Err(e) => {
                 let transient = classify(&e) == Verdict::Retry;
-                let pause = backoff(attempts);
                 let elapsed = start.elapsed();
-                if !transient || elapsed + pause > bound {
+                let left = bound.saturating_sub(elapsed);
+                if !transient || left.is_zero() {
                     return Err(GaveUp {
                         attempts,
                         elapsed,
@@ -167,7 +173,7 @@ pub(crate) fn retry<T>(bound: Duration, mut op: impl FnMut(Duration) -> object_s
                         transient,
                     });
                 }
-                std::thread::sleep(pause);
+                std::thread::sleep(backoff(attempts).min(left));
             }
         }
     }
@@ -234,6 +240,39 @@ mod tests {
     }
 
     #[test]
+    fn an_outage_shorter_than_the_bound_is_ridden_through() {
+        // down for 1.3 s of a 1.5 s bound: attempts at about 0, 0.1, 0.3 and 0.7 s fail, the next
+        // backoff (0.8 s or more) would pass the bound, so it is cut to the time left and the last
+        // attempt, at the bound, succeeds (it gave up at about 0.7 s)
+        let bound = Duration::from_millis(1500);
+        let outage = Duration::from_millis(1300);
+        let t = Instant::now();
+        let mut n = 0;
+        let r = retry(bound, |_| {
+            n += 1;
+            if t.elapsed() < outage {
+                Err(generic("Error performing GET x: connection refused, status code: 503"))
+            } else {
+                Ok(n)
+            }
+        });
+        match r {
+            Ok(n) => assert!(n >= 2, "{n}"),
+            Err(g) => panic!(
+                "gave up after {} attempts in {:?} of a {bound:?} bound",
+                g.attempts, g.elapsed
+            ),
+        }
+        // a bound of zero: one attempt
+        let mut m = 0;
+        let r: Result<(), GaveUp> = retry(Duration::ZERO, |_| {
+            m += 1;
+            Err(generic("status code: 503 Service Unavailable"))
+        });
+        assert!(r.is_err() && m == 1, "{m}");
+    }
+
+    #[test]
     fn backoff_grows_to_a_cap() {
         assert!(backoff(1) >= Duration::from_millis(100) && backoff(1) <= Duration::from_millis(125));
         assert!(backoff(3) >= Duration::from_millis(400) && backoff(3) <= Duration::from_millis(500));
@@ -250,7 +289,9 @@ mod tests {
         });
         let gave_up = r.err().unwrap();
         assert!(gave_up.transient && gave_up.attempts == n && n >= 3, "{n}");
-        assert!(t.elapsed() < Duration::from_millis(700), "{:?}", t.elapsed());
+        // the last attempt is made at the bound, not a backoff before it
+        assert!(gave_up.elapsed >= Duration::from_millis(700), "{:?}", gave_up.elapsed);
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 
         let mut m = 0;
         let r: Result<(), GaveUp> = retry(Duration::from_secs(60), |_| {
