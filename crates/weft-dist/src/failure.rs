@@ -147,9 +147,30 @@ pub fn write(path: &Path, rec: &Record) -> std::io::Result<()> {
     })
 }
 
-/// The record at `path`, if there is a readable one.
+/// The most [`read`] takes of an error file: a record is a few hundred bytes.
+pub const MAX_RECORD_BYTES: u64 = 64 << 10;
+
+/// The record at `path`, if there is a readable one. The worker chose what lies there, so the
+/// file is opened without following a symbolic link and without blocking (a FIFO would hold the
+/// launcher in `open` forever), only a regular file counts, and at most [`MAX_RECORD_BYTES`] of
+/// it are read (a longer file is no record); anything else counts as no record.
 pub fn read(path: &Path) -> Option<Record> {
-    Record::parse(&std::fs::read_to_string(path).ok()?)
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.file_type().is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(MAX_RECORD_BYTES + 1).read_to_string(&mut text).ok()?;
+    if text.len() as u64 > MAX_RECORD_BYTES {
+        return None;
+    }
+    Record::parse(&text)
 }
 
 #[cfg(test)]
@@ -191,6 +212,57 @@ mod tests {
         assert_eq!(read(&path), None);
         assert_eq!(Record::parse(r#"{"rank": 0}"#), None);
         assert_eq!(read(&dir.join("missing.json")), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What a worker leaves at its error file is read without blocking, without following a
+    /// link, and only so far: a FIFO, a link to `/dev/zero` and an endless file count as no
+    /// record, at once.
+    #[test]
+    fn files_that_are_no_records_are_not_waited_on_or_read_without_end() {
+        let dir = std::env::temp_dir().join(format!("weft-failure-odd-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.json");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let zero = dir.join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let good = dir.join("good.json");
+        let rec = Record {
+            rank: Some(0),
+            time: 1.5,
+            message: "boom".into(),
+            caused_by: None,
+        };
+        write(&good, &rec).unwrap();
+        let linked = dir.join("linked.json");
+        std::os::unix::fs::symlink(&good, &linked).unwrap();
+        let big = dir.join("big.json");
+        let padded = format!("{}{}", rec.to_json(), " ".repeat(MAX_RECORD_BYTES as usize));
+        std::fs::write(&big, padded).unwrap();
+        // in a thread, so the test fails rather than hangs when a read blocks
+        let (tx, rx) = std::sync::mpsc::channel();
+        let paths = [fifo, zero, linked, big, good];
+        std::thread::spawn(move || {
+            for p in paths {
+                let _ = tx.send((p.clone(), read(&p)));
+            }
+        });
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let (p, r) = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("reading an error file blocked; read so far: {seen:?}"));
+            seen.push((p.file_name().unwrap().to_string_lossy().into_owned(), r));
+        }
+        let expected: Vec<(String, Option<Record>)> = ["fifo", "zero", "linked", "big"]
+            .iter()
+            .map(|n| (format!("{n}.json"), None))
+            .chain([("good.json".to_string(), Some(rec))])
+            .collect();
+        assert_eq!(seen, expected);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

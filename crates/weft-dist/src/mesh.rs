@@ -414,7 +414,9 @@ type HostsAndSegments = (Vec<usize>, Vec<Option<Arc<Segment>>>);
 /// Finds which ranks share a host and sets up a shared-memory segment with each such peer
 /// (when enabled in `options`). Returns every rank's host index and, per peer, its segment (None:
 /// TCP only). The lower rank of a pair creates the file and publishes its path; the higher one
-/// maps it, unlinks it and acknowledges; a failure on either side leaves that pair on TCP.
+/// maps it, unlinks it and acknowledges; a failure on either side leaves that pair on TCP. The
+/// creator unlinks the file too once the acknowledgement came, and when it returns early (an
+/// error, the peer never came), so a failure anywhere leaves nothing under /dev/shm.
 fn shared_memory(
     rank: usize,
     world: usize,
@@ -441,10 +443,14 @@ fn shared_memory(
         .filter(|&p| p != rank && host_of[p] == host_of[rank])
         .collect();
     let key = |lo: usize, hi: usize| format!("{prefix}shm/{lo}-{hi}");
+    // the files this rank created, unlinked however this function returns (the peer that maps
+    // one unlinks it too; whichever comes second finds nothing)
+    let mut created = Unlink(Vec::new());
     for &p in local.iter().filter(|&&p| p > rank) {
         let path = format!("/dev/shm/weft-{}-{rank}-{p}-{}", std::process::id(), nonce());
         match Segment::create(&path) {
             Ok(seg) => {
+                created.0.push(path.clone());
                 segs[p] = Some(Arc::new(seg));
                 store.set(&key(rank, p), path.as_bytes())?;
             }
@@ -480,7 +486,19 @@ fn shared_memory(
             segs[p] = None;
         }
     }
+    drop(created);
     Ok((host_of, segs))
+}
+
+/// Shared-memory files to unlink when dropped.
+struct Unlink(Vec<String>);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 fn nonce() -> u64 {
@@ -492,6 +510,45 @@ fn nonce() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rank that created a shared-memory file for a peer that never maps it (the rendezvous
+    /// fails, or times out, in between) unlinks it: nothing is left under /dev/shm.
+    #[test]
+    fn a_segment_the_peer_never_maps_is_not_left_behind() {
+        let token = crate::auth::Token::generate().unwrap();
+        let server = crate::store::StoreServer::start("127.0.0.1:0", token.clone()).unwrap();
+        let store = StoreClient::connect(&server.addr().to_string(), &token, Duration::from_secs(10)).unwrap();
+        // ranks 7 and 8 of 9 share a host (the others are elsewhere); rank 8 never comes to map
+        // the file rank 7 makes for it
+        for r in 0..9 {
+            let host = if r >= 7 {
+                "here".to_string()
+            } else {
+                format!("elsewhere-{r}")
+            };
+            store.set(&format!("t/host/{r}"), host.as_bytes()).unwrap();
+        }
+        let options = crate::Options {
+            timeout: Duration::from_millis(300),
+            shared_memory: true,
+            host_id: Some("here".into()),
+        };
+        let ours = format!("weft-{}-7-8-", std::process::id());
+        assert!(shared_memory(7, 9, &store, "t/", &options).is_err());
+        // the file was made (its path published), then the wait for the peer timed out
+        let published = store.get("t/shm/7-8", Duration::from_secs(1)).unwrap();
+        let published = String::from_utf8_lossy(&published).into_owned();
+        assert!(published.contains(&ours), "{published:?}");
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&ours))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left behind: {left:?} (published {published:?})");
+    }
 
     #[test]
     fn many_missing_ranks_make_one_short_line() {

@@ -25,6 +25,7 @@ const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_ADD: u8 = 3;
 const OP_ON_CLOSE: u8 = 4;
+const OP_CLAIM: u8 = 5;
 /// How many keys one connection may ask the store to set when it closes.
 const MAX_ON_CLOSE: usize = 4096;
 const ST_OK: u8 = 0;
@@ -140,11 +141,7 @@ fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, toke
             OP_ADD => match <[u8; 8]>::try_from(val.as_slice()) {
                 Ok(d) => {
                     let mut map = table.map.lock().unwrap();
-                    let cur = map
-                        .get(&key)
-                        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-                        .map_or(0, i64::from_le_bytes);
-                    let new = cur.wrapping_add(i64::from_le_bytes(d));
+                    let new = counter(&map, &key).wrapping_add(i64::from_le_bytes(d));
                     map.insert(key, new.to_le_bytes().to_vec());
                     table.changed.notify_all();
                     (ST_OK, new.to_le_bytes().to_vec())
@@ -152,8 +149,18 @@ fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, toke
                 Err(_) => (ST_BAD, Vec::new()),
             },
             OP_ON_CLOSE if on_close.keys.len() < MAX_ON_CLOSE => {
-                on_close.keys.push(key);
+                on_close.keys.push(OnCloseKey::Set(key));
                 (ST_OK, Vec::new())
+            }
+            // counted up and the on-close keys asked for in one request: a client killed at any
+            // moment leaves either neither or both
+            OP_CLAIM if on_close.keys.len() < MAX_ON_CLOSE => {
+                let mut map = table.map.lock().unwrap();
+                let new = counter(&map, &key).wrapping_add(1);
+                map.insert(key, new.to_le_bytes().to_vec());
+                table.changed.notify_all();
+                on_close.keys.push(OnCloseKey::Claim { prefix: val, n: new });
+                (ST_OK, new.to_le_bytes().to_vec())
             }
             _ => (ST_BAD, Vec::new()),
         };
@@ -163,11 +170,26 @@ fn serve(mut conn: TcpStream, by: Instant, pending: Pending, table: &Table, toke
     }
 }
 
-/// The keys the store sets (to `1`) when the connection that asked for them ends, however it
-/// ends ([`StoreClient::set_on_close`]).
+/// The integer at `key` (0 when unset or not an integer).
+fn counter(map: &HashMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> i64 {
+    map.get(key)
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map_or(0, i64::from_le_bytes)
+}
+
+/// What the store does when a connection ends.
+enum OnCloseKey {
+    /// Sets the key to `1` ([`StoreClient::set_on_close`]).
+    Set(Vec<u8>),
+    /// Sets `{prefix}{n}` to `1` and counts `{prefix}count` up ([`StoreClient::claim`]).
+    Claim { prefix: Vec<u8>, n: i64 },
+}
+
+/// The keys the store sets when the connection that asked for them ends, however it ends
+/// ([`StoreClient::set_on_close`], [`StoreClient::claim`]).
 struct OnClose<'a> {
     table: &'a Table,
-    keys: Vec<Vec<u8>>,
+    keys: Vec<OnCloseKey>,
 }
 
 impl Drop for OnClose<'_> {
@@ -177,7 +199,20 @@ impl Drop for OnClose<'_> {
         }
         let mut map = self.table.map.lock().unwrap_or_else(|e| e.into_inner());
         for key in self.keys.drain(..) {
-            map.insert(key, b"1".to_vec());
+            match key {
+                OnCloseKey::Set(key) => {
+                    map.insert(key, b"1".to_vec());
+                }
+                OnCloseKey::Claim { prefix, n } => {
+                    let mut left = prefix.clone();
+                    left.extend_from_slice(n.to_string().as_bytes());
+                    map.insert(left, b"1".to_vec());
+                    let mut count = prefix;
+                    count.extend_from_slice(b"count");
+                    let new = counter(&map, &count).wrapping_add(1);
+                    map.insert(count, new.to_le_bytes().to_vec());
+                }
+            }
         }
         self.table.changed.notify_all();
     }
@@ -368,6 +403,26 @@ impl StoreClient {
             })
     }
 
+    /// Counts the integer at `key` up by one and returns the new value `n`, and asks the store,
+    /// in the same request, to set `{left}{n}` to `1` and count `{left}count` up by one when this
+    /// connection closes, however it closes. So a claim never outlives its claimant unmarked,
+    /// even one killed right after it: the live claims are the value at `key` minus the value at
+    /// `{left}count`. Counts towards the 4096 keys of [`StoreClient::set_on_close`].
+    pub fn claim(&self, key: &str, left: &str) -> Result<i64> {
+        let (_, v) = self
+            .call(OP_CLAIM, key, left.as_bytes(), Duration::ZERO)
+            .map_err(|e| match e {
+                Error::Invalid(m) => Error::Invalid(format!(
+                "{m} (a claim): this connection asked for {MAX_ON_CLOSE} keys to be set when it closes already, or \
+                 the store is an older weft's that does not know the request (run the same weft on every node)"
+            )),
+                e => e,
+            })?;
+        let b = <[u8; 8]>::try_from(v.as_slice())
+            .map_err(|_| Error::Io(format!("store at {}: malformed reply to a claim", self.addr)))?;
+        Ok(i64::from_le_bytes(b))
+    }
+
     /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let (_, v) = self.call(OP_ADD, key, &delta.to_le_bytes(), Duration::ZERO)?;
@@ -417,5 +472,32 @@ mod tests {
             e.contains("asked for 4096 such keys already, or the store is an older weft's"),
             "{e}"
         );
+        assert!(b.claim("c", "c/left/").is_err());
+    }
+
+    /// A claim and its on-close keys come in one request: the claims of connections that
+    /// closed are marked (`left/<n>`) and counted (`left/count`), and only those.
+    #[test]
+    fn claims_are_marked_when_their_connection_ends() {
+        let token = Token::generate().unwrap();
+        let server = StoreServer::start("127.0.0.1:0", token.clone()).unwrap();
+        let addr = server.addr().to_string();
+        let connect = || StoreClient::connect(&addr, &token, Duration::from_secs(10)).unwrap();
+        let (a, b, watcher) = (connect(), connect(), connect());
+        assert_eq!(a.claim("n", "n/left/").unwrap(), 1);
+        assert_eq!(b.claim("n", "n/left/").unwrap(), 2);
+        assert_eq!(watcher.add("n/left/count", 0).unwrap(), 0);
+        drop(a);
+        assert_eq!(watcher.get("n/left/1", Duration::from_secs(10)).unwrap(), b"1");
+        assert_eq!(watcher.add("n/left/count", 0).unwrap(), 1);
+        assert!(matches!(
+            watcher.get("n/left/2", Duration::from_millis(1)),
+            Err(Error::Timeout(_))
+        ));
+        assert_eq!(watcher.claim("n", "n/left/").unwrap(), 3);
+        drop(b);
+        assert_eq!(watcher.get("n/left/2", Duration::from_secs(10)).unwrap(), b"1");
+        assert_eq!(watcher.add("n/left/count", 0).unwrap(), 2);
+        assert_eq!(watcher.add("n", 0).unwrap(), 3);
     }
 }

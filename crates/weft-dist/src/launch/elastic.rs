@@ -3,19 +3,25 @@
 //!
 //! The launchers meet in rendezvous rounds on the store node 0's launcher serves (keys
 //! `weft/elastic/<round>/...`). In round `k`:
-//! - each launcher takes a slot (`joined`, counted up); the round closes once `MAX` nodes have
-//!   joined, or `MIN` have and [`LaunchConfig::last_call`] has passed. One launcher closes it
-//!   (`closed` = the number of nodes); a launcher whose slot is past it is left out.
-//! - node ranks are the slots in order; the round's workers get `WORLD_SIZE = nodes x
-//!   nproc_per_node` and `WEFT_RESTART_COUNT = k`.
+//! - each launcher takes a slot (`joined`, counted up), and the store marks it `left/<slot>`
+//!   (counted in `left/count`) when the launcher's connection closes: both in one request
+//!   ([`StoreClient::claim`]), so a launcher killed while it waits for the round to close is not
+//!   counted in it. The round closes once `MAX` nodes are there, or `MIN` are and
+//!   [`LaunchConfig::last_call`] has passed. The launcher with the lowest slot not left closes
+//!   it (`closed` = the slots of its members, at most `MAX`); a launcher whose slot is not among
+//!   them is left out.
+//! - node ranks are the members' places in `closed`; the round's workers get `WORLD_SIZE =
+//!   nodes x nproc_per_node` and `WEFT_RESTART_COUNT = k`.
 //! - a launcher whose worker fails writes `failed` (which rank, how) and stops its workers; the
 //!   others see it within a tenth of a second ([`Watch`]) and stop theirs. While restarts are
 //!   left, every survivor joins round `k + 1`. A node that is gone (its launcher killed) writes nothing, but
 //!   its peers' collectives fail, and their launchers report it.
 //! - a launcher whose workers all exited 0 sets `done/<node rank>`; node 0's launcher waits for
-//!   every node of the round before it stops serving the store. Each member asks the store to
-//!   set `gone/<node rank>` when its connection closes, so a node whose launcher died (killed,
-//!   its machine rebooted) ends that wait: node 0's launcher says so and exits 1. Each member
+//!   every node of the round before it stops serving the store (a failure that another node
+//!   reports meanwhile sends it to the next round with the others, or ends the job, as while its
+//!   workers ran; a signal ends it with 128 + the signal). The store marks a member's slot
+//!   `left/<slot>` when its connection closes, so a node whose launcher died (killed, its
+//!   machine rebooted) ends that wait: node 0's launcher says so and exits 1. Each member
 //!   also counts up `alive/<node rank>` from a thread of its own ([`Watch`]), so a node that
 //!   drops off the network without its connection closing, or whose launcher is stopped, ends
 //!   the wait too once it has been silent for [`LaunchConfig::heartbeat_timeout`]. While its own
@@ -60,6 +66,8 @@ const HEARTBEAT_LOOK: Duration = Duration::from_secs(1);
 struct Round {
     nodes: usize,
     node_rank: usize,
+    /// Each member's slot, by node rank.
+    slots: Vec<usize>,
 }
 
 /// How joining a round ended.
@@ -77,9 +85,53 @@ fn key(round: u32, what: &str) -> String {
     format!("weft/elastic/{round}/{what}")
 }
 
+/// The key the store sets when the launcher that took `slot` in round `round` is gone.
+fn left(round: u32, slot: usize) -> String {
+    key(round, &format!("left/{slot}"))
+}
+
+/// The members of a closed round (`closed`: their slots, in node-rank order).
+fn members(round: u32, closed: &str) -> Result<Vec<usize>> {
+    let slots: Option<Vec<usize>> = closed.split(' ').map(|s| s.parse().ok()).collect();
+    match slots {
+        Some(slots) if !slots.is_empty() => Ok(slots),
+        _ => Err(Error::Invalid(format!(
+            "rendezvous round {round}: malformed members {closed:?} (run the same weft on every node)"
+        ))),
+    }
+}
+
+/// Closes round `round` if this launcher, in `slot`, holds the lowest slot not left and at least
+/// MIN launchers are there (of the first MAX); true when it did. Only one launcher is the lowest
+/// there: a lower one counts as gone only once its connection closed, after what it sent (a
+/// `closed` too) was done.
+fn close(store: &StoreClient, cfg: &LaunchConfig, round: u32, slot: usize) -> Result<bool> {
+    for lower in 1..slot {
+        if peek(store, &left(round, lower))?.is_none() {
+            return Ok(false);
+        }
+    }
+    if peek(store, &key(round, "closed"))?.is_some() {
+        return Ok(false);
+    }
+    let joined = store.add(&key(round, "joined"), 0)?.max(0) as usize;
+    let mut slots = Vec::new();
+    for s in slot..=joined {
+        if slots.len() < cfg.nnodes && (s == slot || peek(store, &left(round, s))?.is_none()) {
+            slots.push(s.to_string());
+        }
+    }
+    if slots.len() < cfg.min_nnodes {
+        return Ok(false);
+    }
+    store.set(&key(round, "closed"), slots.join(" ").as_bytes())?;
+    Ok(true)
+}
+
 /// Joins round `round` and waits for it to close.
 fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
-    let slot = store.add(&key(round, "joined"), 1)? as usize;
+    // the slot and what tells the others it is gone, in one request
+    let slot = store.claim(&key(round, "joined"), &key(round, "left/"))? as usize;
     let started = Instant::now();
     let mut enough_since: Option<Instant> = None;
     loop {
@@ -90,25 +142,26 @@ fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
             return Ok(Joined::Fatal(why));
         }
         if let Some(v) = peek(store, &key(round, "closed"))? {
-            let nodes: usize = v
-                .parse()
-                .map_err(|_| Error::Invalid(format!("rendezvous round {round}: malformed node count {v:?}")))?;
-            return Ok(if slot <= nodes {
-                Joined::Member(Round {
-                    nodes,
-                    node_rank: slot - 1,
-                })
-            } else {
-                Joined::LeftOut(nodes)
+            let slots = members(round, &v)?;
+            return Ok(match slots.iter().position(|&s| s == slot) {
+                Some(node_rank) => Joined::Member(Round {
+                    nodes: slots.len(),
+                    node_rank,
+                    slots,
+                }),
+                None => Joined::LeftOut(slots.len()),
             });
         }
-        let count = store.add(&key(round, "joined"), 0)? as usize;
+        // the launchers there now: those that joined, less those gone since
+        let joined = store.add(&key(round, "joined"), 0)?;
+        let count = (joined - store.add(&key(round, "left/count"), 0)?).max(0) as usize;
         if count >= cfg.min_nnodes {
             let since = *enough_since.get_or_insert_with(Instant::now);
-            if (count >= cfg.nnodes || since.elapsed() >= cfg.last_call) && store.add(&key(round, "closer"), 1)? == 1 {
-                let nodes = (store.add(&key(round, "joined"), 0)? as usize).min(cfg.nnodes);
-                store.set(&key(round, "closed"), nodes.to_string().as_bytes())?;
+            if (count >= cfg.nnodes || since.elapsed() >= cfg.last_call) && close(store, cfg, round, slot)? {
+                continue;
             }
+        } else {
+            enough_since = None;
         }
         if started.elapsed() > JOIN_TIMEOUT {
             return Err(Error::Timeout(format!(
@@ -170,10 +223,8 @@ pub(super) fn run(
                 return Ok(EXIT_FAILED);
             }
         };
-        // the store tells the others if this launcher goes away before the round ends
-        store
-            .set_on_close(&key(round, &format!("gone/{}", r.node_rank)))
-            .map_err(lost)?;
+        // (the store tells the others if this launcher goes away before the round ends: it
+        // marks its slot left, as asked when it joined)
         // a thread tells it this launcher is alive until the round ends here, and looks for
         // what the others say (and, on the other nodes, whether node 0's launcher still answers)
         let watch = Watch::start(
@@ -201,7 +252,7 @@ pub(super) fn run(
         // node 0 also watches the other nodes' launchers: one that went away or fell silent
         // before it was done fails the round for every node (their workers' collectives would
         // notice only after WEFT_DIST_TIMEOUT, and not at all between collectives)
-        let mut others = serves_store.then(|| Others::new(round, r.nodes, r.node_rank, cfg.heartbeat_timeout));
+        let mut others = serves_store.then(|| Others::new(round, r.slots.clone(), r.node_rank, cfg.heartbeat_timeout));
         let mut next_heartbeat_look = Instant::now() + HEARTBEAT_LOOK;
         let mut elsewhere = || {
             if let Some(why) = watch.fatal() {
@@ -232,27 +283,42 @@ pub(super) fn run(
             None
         };
         let mut workers = Vec::with_capacity(node.nproc_per_node);
-        let end = match start_all(&node, &env, round, errors, &mut workers, &mut elsewhere)? {
+        let mut end = match start_all(&node, &env, round, errors, &mut workers, &mut elsewhere)? {
             Some(end) => end,
             None => watch_workers(&mut workers, &mut elsewhere),
         };
-        let why = match end {
-            End::Done => {
-                store
-                    .set(&key(round, &format!("done/{}", r.node_rank)), b"1")
-                    .map_err(lost)?;
-                stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
-                drain_output(&mut workers, OUTPUT_GRACE);
-                if let Some(others) = others {
-                    // the silences measured while the workers ran go on counting
-                    if let Some(why) = wait_for_the_others(&store, round, others) {
-                        weft_core::errln!("weft launch: job failed: {why}");
-                        linger(serves_store);
-                        return Ok(EXIT_FAILED);
-                    }
-                }
+        if let End::Done = end {
+            store
+                .set(&key(round, &format!("done/{}", r.node_rank)), b"1")
+                .map_err(lost)?;
+            stop(&mut workers, libc::SIGTERM, cfg.stop_timeout);
+            drain_output(&mut workers, OUTPUT_GRACE);
+            let Some(others) = others else {
                 return Ok(0);
+            };
+            // the silences measured while the workers ran go on counting
+            match wait_for_the_others(&store, round, others) {
+                Waited::AllDone => return Ok(0),
+                Waited::Lost(why) => {
+                    weft_core::errln!("weft launch: job failed: {why}");
+                    linger(serves_store);
+                    return Ok(EXIT_FAILED);
+                }
+                Waited::Signal(sig) => {
+                    weft_core::errln!(
+                        "weft launch: received {} while waiting for the other nodes' workers to finish (this node's \
+                         are done); no longer serving the store",
+                        signal_name(sig)
+                    );
+                    return Ok(128 + sig);
+                }
+                // as when another node's worker fails while this node's run: the next round, if
+                // restarts remain
+                Waited::Failed(why) => end = End::Elsewhere(why),
             }
+        }
+        let why = match end {
+            End::Done => unreachable!("handled above"),
             End::Signal(sig) => return Ok(forward_signal(&node, &mut workers, sig)),
             End::Stopped(first) => return Ok(finish_stopping(&node, &mut workers, first)),
             End::Fatal(why) => return Ok(fail_for_good(&node, &mut workers, &why, serves_store)),
@@ -351,17 +417,20 @@ struct Others {
     round: u32,
     me: usize,
     timeout: Duration,
+    /// Each node's slot in the round (which the store marks left when its launcher is gone).
+    slots: Vec<usize>,
     /// Each node's heartbeat count when it last changed, and when that was.
     heard: Vec<(i64, Instant)>,
 }
 
 impl Others {
-    fn new(round: u32, nodes: usize, me: usize, timeout: Duration) -> Others {
+    fn new(round: u32, slots: Vec<usize>, me: usize, timeout: Duration) -> Others {
         Others {
             round,
             me,
             timeout,
-            heard: vec![(-1, Instant::now()); nodes],
+            heard: vec![(-1, Instant::now()); slots.len()],
+            slots,
         }
     }
 
@@ -373,7 +442,7 @@ impl Others {
         let mut waiting = false;
         for node in (0..self.heard.len()).filter(|&n| n != self.me) {
             // gone before done: a node sets done before its connection closes
-            let gone = peek(store, &key(round, &format!("gone/{node}")));
+            let gone = peek(store, &left(round, self.slots[node]));
             let done = peek(store, &key(round, &format!("done/{node}")));
             match (gone, done) {
                 (_, Ok(Some(_))) => {}
@@ -395,29 +464,54 @@ impl Others {
     }
 }
 
+/// How node 0's wait for the other nodes of a round ended ([`wait_for_the_others`]).
+enum Waited {
+    /// Every other node's workers are done.
+    AllDone,
+    /// The job failed: a node went away or fell silent before it was done, the job's failure on
+    /// every node ([`FATAL`]), or the store could not be asked.
+    Lost(String),
+    /// Another node reported a failure of the round (`failed`).
+    Failed(String),
+    /// The launcher received this signal.
+    Signal(i32),
+}
+
 /// Node 0, its workers done: keeps serving the store until every other node of the round
-/// (`others`, with the silences it measured while the workers ran) is done too (or one failed,
-/// a signal came, or the store cannot be asked). Returns why the job failed meanwhile: a node
-/// that went away or fell silent for the heartbeat timeout before it was done, or the job's
-/// failure on every node ([`FATAL`]).
-fn wait_for_the_others(store: &StoreClient, round: u32, mut others: Others) -> Option<String> {
+/// (`others`, with the silences it measured while the workers ran) is done too, or the round
+/// or the job fails, or a signal comes.
+fn wait_for_the_others(store: &StoreClient, round: u32, mut others: Others) -> Waited {
+    let unasked = |e: Error| {
+        Waited::Lost(format!(
+            "the store could not be asked whether the other nodes are done: {e}"
+        ))
+    };
     loop {
-        if let Ok(Some(why)) = peek(store, FATAL) {
-            return Some(why);
+        if let Some(sig) = signals::received() {
+            return Waited::Signal(sig);
         }
-        let failed = peek(store, &key(round, "failed"));
-        if !matches!(failed, Ok(None)) || signals::received().is_some() {
-            return None;
+        match peek(store, FATAL) {
+            Ok(Some(why)) => return Waited::Lost(why),
+            Ok(None) => {}
+            Err(e) => return unasked(e),
+        }
+        match peek(store, &key(round, "failed")) {
+            Ok(Some(why)) => return Waited::Failed(why),
+            Ok(None) => {}
+            Err(e) => return unasked(e),
         }
         match others.look(store) {
             Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return Waited::AllDone,
             Ok(Err(lost)) => {
-                return Some(format!(
+                return Waited::Lost(format!(
                     "{} before its workers finished",
                     lost.describe(round, others.timeout)
                 ))
             }
-            Ok(Ok(false)) | Err(()) => return None,
+            Err(()) => {
+                return Waited::Lost("the store could not be asked whether the other nodes are done".to_string())
+            }
         }
         std::thread::sleep(LOOK_EVERY);
     }

@@ -25,8 +25,13 @@ const SETTINGS: &str = "weft/launch/settings";
 /// How long another launcher waits for node 0's to publish its settings (it does so right after
 /// it starts the store).
 const SETTINGS_WAIT: Duration = Duration::from_secs(10);
-/// Counted up by each launcher that claimed its node rank, without rendezvous rounds.
+/// Claimed ([`StoreClient::claim`]) by each launcher that claimed its node rank and checked its
+/// settings, without rendezvous rounds; `{ARRIVED}/left/count` counts those whose connection
+/// closed since (gone while they waited: their node ranks are free again).
 const ARRIVED: &str = "weft/launch/arrived";
+/// Set by the first launcher that sees every node's launcher there: the others then go too,
+/// even once some of those have gone again (done with their workers).
+const ALL_THERE: &str = "weft/launch/all-there";
 /// How long a launcher waits for the others to come, and to connect to the store.
 pub(super) const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long one attempt to connect to the store lasts before the launcher looks at its signals
@@ -184,9 +189,9 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
     };
     let me = cfg.node_rank;
     // a launcher that claimed the rank before and is gone (stopped while it waited here, to be
-    // started again) leaves it to the next
-    let n = store.add(&claim(me), 1).map_err(lost)?;
-    store.set_on_close(&left(me, n)).map_err(lost)?;
+    // started again) leaves it to the next; the claim and what marks it left are one request,
+    // so a launcher killed at any moment never holds the rank for good
+    let n = store.claim(&claim(me), &left_prefix(me)).map_err(lost)?;
     let mut before = None;
     for k in 1..n {
         if peek(&store, &left(me, k)).map_err(lost)?.is_none() {
@@ -207,9 +212,9 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
     if let Some(why) = check_settings(&store, cfg, serves_store)? {
         return failed(why);
     }
-    if store.add(&format!("{}/arrived", claim(me)), 1).map_err(lost)? == 1 {
-        store.add(ARRIVED, 1).map_err(lost)?;
-    }
+    // counted while this launcher is here: one that goes away while it waits is taken back
+    // (its node rank is free for the next launcher given it)
+    store.claim(ARRIVED, &format!("{ARRIVED}/left/")).map_err(lost)?;
     let started = Instant::now();
     loop {
         if let Some(sig) = signals::received() {
@@ -223,13 +228,16 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
             linger(serves_store);
             return failed(why);
         }
-        if store.add(ARRIVED, 0).map_err(lost)? >= cfg.nnodes as i64 {
+        if peek(&store, ALL_THERE).map_err(lost)?.is_some() || all_there(&store, cfg.nnodes).map_err(lost)? {
+            store.set(ALL_THERE, b"1").map_err(lost)?;
             return Ok(Met::Go(Watch::start(store, None, None)?));
         }
         if started.elapsed() > JOIN_TIMEOUT {
             let mut missing = Vec::new();
             for node in 0..cfg.nnodes {
-                if peek(&store, &claim(node)).map_err(lost)?.is_none() {
+                // never claimed, or its last claimant went away
+                let n = store.add(&claim(node), 0).map_err(lost)?;
+                if n == 0 || peek(&store, &left(node, n)).map_err(lost)?.is_some() {
                     missing.push(node);
                 }
             }
@@ -252,7 +260,18 @@ fn claim(node: usize) -> String {
 /// Set by the store when the connection of the `n`th launcher that claimed node rank `node`
 /// closes.
 fn left(node: usize, n: i64) -> String {
-    format!("weft/launch/node/{node}/left/{n}")
+    format!("{}{n}", left_prefix(node))
+}
+
+fn left_prefix(node: usize) -> String {
+    format!("weft/launch/node/{node}/left/")
+}
+
+/// Whether the launchers of all `nnodes` nodes are here now: arrived, and not gone since.
+fn all_there(store: &StoreClient, nnodes: usize) -> Result<bool> {
+    let arrived = store.add(ARRIVED, 0)?;
+    let gone = store.add(&format!("{ARRIVED}/left/count"), 0)?;
+    Ok(arrived - gone >= nnodes as i64)
 }
 
 /// `node 3`, `nodes 1, 2 and 3`, or the first 8 and how many more.
