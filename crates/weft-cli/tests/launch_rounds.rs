@@ -183,8 +183,10 @@ fn a_launcher_killed_before_its_round_closed_is_not_in_it() {
             "1",
             "--max-restarts",
             "1",
+            // long enough for node 1 to join and be killed before node 0 closes the round
+            // alone, on a loaded machine too
             "--rdzv-last-call",
-            "8",
+            "20",
             "--rdzv-heartbeat-timeout",
             "5",
             "--stop-timeout",

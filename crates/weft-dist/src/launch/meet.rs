@@ -21,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::store::StoreClient;
 
 /// Node 0's launcher's settings: `<nproc-per-node> <min nnodes>:<max nnodes> <max restarts>`.
-const SETTINGS: &str = "weft/launch/settings";
+/// (`/2`: launchers before the atomic claims of [`StoreClient::claim`] read `weft/launch/settings`
+/// and meet by other keys; they wait for this one in vain and say to run the same weft everywhere.)
+const SETTINGS: &str = "weft/launch/settings/2";
 /// How long another launcher waits for node 0's to publish its settings (it does so right after
 /// it starts the store).
 const SETTINGS_WAIT: Duration = Duration::from_secs(10);
@@ -192,12 +194,22 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
     // started again) leaves it to the next; the claim and what marks it left are one request,
     // so a launcher killed at any moment never holds the rank for good
     let n = store.claim(&claim(me), &left_prefix(me)).map_err(lost)?;
-    let mut before = None;
-    for k in 1..n {
-        if peek(&store, &left(me, k)).map_err(lost)?.is_none() {
-            before = Some(k);
-            break;
+    // a launcher that just exited may not be marked yet (the store handles its closed
+    // connection on a thread of its own): an unmarked claim is a second launcher only when it
+    // stays unmarked for a moment
+    let unmarked = |store: &StoreClient| -> Result<Option<i64>> {
+        for k in 1..n {
+            if peek(store, &left(me, k)).map_err(lost)?.is_none() {
+                return Ok(Some(k));
+            }
         }
+        Ok(None)
+    };
+    let mut before = unmarked(&store)?;
+    let grace = Instant::now() + Duration::from_secs(2);
+    while before.is_some() && Instant::now() < grace {
+        std::thread::sleep(Duration::from_millis(50));
+        before = unmarked(&store)?;
     }
     if before.is_some() {
         let why = format!(

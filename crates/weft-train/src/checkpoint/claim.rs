@@ -51,6 +51,8 @@ pub struct Claim {
     /// A fresh run's folder claimed with `overwrite` (on every rank), until
     /// [`Claim::clear_earlier`] has removed the checkpoints in it.
     overwrite: Option<PathBuf>,
+    /// Set by [`Claim::keep_earlier`]: the run continues its own checkpoints.
+    keep: bool,
 }
 
 impl Claim {
@@ -66,7 +68,11 @@ impl Claim {
         check_writable(dir).map_err(|e| Error::Config(format!("{key}: {e}")))?;
         let overwrite = (mode == ClaimMode::Fresh { overwrite: true }).then(|| dir.to_path_buf());
         if !lock {
-            return Ok(Claim { _lock: None, overwrite });
+            return Ok(Claim {
+                _lock: None,
+                overwrite,
+                keep: false,
+            });
         }
         let file = take_lock(dir)?;
         if let ClaimMode::Fresh { overwrite } = mode {
@@ -93,6 +99,7 @@ impl Claim {
         Ok(Claim {
             _lock: Some(file),
             overwrite,
+            keep: false,
         })
     }
 
@@ -100,25 +107,26 @@ impl Claim {
     /// removes the checkpoint folders its folder holds, once, and says so: on the rank that holds
     /// the lock, once every rank of `group` has come this far (a rank that failed before, say
     /// loading its part of a `--resume-from` checkpoint, has not: then nothing is removed), every
-    /// rank failing if the removal failed. Nothing for any other claim, after
-    /// [`Claim::keep_earlier`], or after the first call.
+    /// rank failing if the removal failed. Nothing for any other claim, or after the first
+    /// call; after [`Claim::keep_earlier`] the agreements still run (every rank runs them alike,
+    /// whatever each decided) and the lock's rank keeps the checkpoints.
     pub fn clear_earlier(&mut self, group: Option<&weft_dist::ProcessGroup>) -> Result<()> {
         let Some(dir) = self.overwrite.take() else {
             return Ok(());
         };
         crate::job::agree(group, Ok(()), "train.overwrite: starting the run")?;
-        let removed = match self._lock {
-            Some(_) => remove_checkpoint_folders(&dir),
-            None => Ok(()),
+        let removed = match (&self._lock, self.keep) {
+            (Some(_), false) => remove_checkpoint_folders(&dir),
+            _ => Ok(()),
         };
         crate::job::agree(group, removed, "train.overwrite: removing the earlier checkpoints")
     }
 
     /// The run continues a checkpoint of its own folder (`--resume-from` one of them): the
-    /// earlier checkpoints are that run's, and [`Claim::clear_earlier`] leaves them. Every rank
-    /// must call it alike (it decides whether `clear_earlier` runs its collective).
+    /// earlier checkpoints are that run's, and [`Claim::clear_earlier`] leaves them (on the lock's
+    /// rank, which removes them; its collectives run on every rank either way).
     pub fn keep_earlier(&mut self) {
-        self.overwrite = None;
+        self.keep = true;
     }
 }
 
