@@ -22,7 +22,8 @@ pub struct SweepArgs {
     #[arg(long, required = true)]
     config: Option<PathBuf>,
     /// Go on with a sweep the run store already holds trials of: trials that finished, were
-    /// pruned or failed are not run again; killed ones are.
+    /// pruned or failed are not run again; killed ones are. The sweep file and its base config
+    /// must define the sweep as it was started (only `trials` and `parallel` may change).
     #[arg(long)]
     resume: bool,
     #[command(flatten)]
@@ -400,6 +401,8 @@ fn sweep(path: &Path, given: &Given, resume: bool) -> Result<(), String> {
         log_dir: c.store_dir.join("sweeps").join(&c.spec.name),
         poll: Duration::from_millis(50),
         command: &command,
+        // what a resume must not change (docs/sweep.md, "State and resuming")
+        base_params: c.base.track.params.clone(),
     };
     weft_core::outln!(
         "sweep {}: {} trials ({} at once), method {}, pruner {}; trial logs in {}",
@@ -417,12 +420,24 @@ fn sweep(path: &Path, given: &Given, resume: bool) -> Result<(), String> {
 fn status(path: &Path, given: &Given, json: bool) -> Result<(), String> {
     let c = check(path, given, false)?;
     let store = weft_track::Store::open_existing(&c.store_dir).map_err(|e| e.to_string())?;
-    let records = trials::load(&store, &c.spec).map_err(|e| e.to_string())?;
+    // the trials as they were run: a changed file does not retype their values
+    let (spec, changed) =
+        weft_tune::definition::for_status(&store, &c.spec, &c.base.track.params).map_err(|e| e.to_string())?;
+    if !changed.is_empty() {
+        weft_core::errln!(
+            "weft sweep status: {}: sweep {:?} was started with another definition ({}); its trials are shown with \
+             the parameters, metric and goal it was started with",
+            spec.source,
+            spec.name,
+            weft_tune::definition::summary(&changed)
+        );
+    }
+    let records = trials::load(&store, &spec).map_err(|e| e.to_string())?;
     if json {
-        let text = serde_json::to_string_pretty(&status_json(&c.spec, &records)).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string_pretty(&status_json(&spec, &records)).map_err(|e| e.to_string())?;
         return print_out(&format!("{text}\n"));
     }
-    print_out(&trials::status_text(&c.spec, &records))
+    print_out(&trials::status_text(&spec, &records))
 }
 
 /// `weft sweep status --json`: `{sweep, experiment, metric, goal, trials_planned, trials,

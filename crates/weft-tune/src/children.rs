@@ -15,6 +15,12 @@ use crate::error::{Error, Result};
 /// thread, so that thread ends when the driver does: killed, the children hear of it and stop
 /// cleanly (the trainer ends its step and marks its run) instead of running on unsupervised.
 /// A parent gone before the child set the signal is caught too (the child exits at once).
+///
+/// The kernel sends the signal each time the child is handed to a new parent, so a child of a
+/// parent with several threads (`weft pipeline` runs each step on its own thread) can get it two
+/// or three times as those threads die, in an order nothing here controls: `weft train` takes a
+/// repeat of its parent-death signal as the same request (`weft_train::stop`), not as the
+/// second signal that stops it at once.
 pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
     // SAFETY: getpid is async-signal-safe
     let parent = unsafe { libc::getpid() };

@@ -6,17 +6,23 @@
 //! signal), then marks its run `pruned`. A trial that fails is recorded (with a run of its own
 //! when it failed before the trainer recorded one) and the sweep goes on.
 //!
-//! Each trial runs in its own process group. SIGINT and SIGTERM to the driver are passed on to
-//! the running trials as one SIGTERM; the driver waits for them and returns an error saying the
-//! sweep can be resumed. A driver killed outright takes its trials with it (they get SIGTERM:
-//! [`crate::children::die_with_parent`]), and one sweep has one driver at a time (a lock on its
-//! folder of trial logs).
+//! Each trial runs in its own process group and is told to stop at most once ([`stop`]).
+//! SIGINT and SIGTERM to the driver are passed on to the running trials as one SIGTERM (none to
+//! a trial already stopping because it was pruned); the driver waits for them, records how each
+//! ended (a pruned one `pruned`) and returns an error saying the sweep can be resumed. A pruning
+//! decision is recorded before the trial is told ([`crate::record`]), so a resumed sweep never
+//! runs a pruned trial again, even when its driver was killed. A driver killed outright takes its
+//! trials with it (they get SIGTERM: [`crate::children::die_with_parent`]), and one sweep has one
+//! driver at a time (a lock on its folder of trial logs). A resumed sweep must have the
+//! definition it started with ([`crate::definition`]).
+
+mod stop;
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
@@ -28,6 +34,8 @@ use crate::sampler::{self, Observation, Outcome};
 use crate::space::Value;
 use crate::spec::SweepSpec;
 use crate::trials::{self, TrialRecord, TAG_GOAL, TAG_METRIC, TAG_SWEEP, TAG_TRIAL};
+
+use stop::{Children, Running, STOP_GRACE};
 
 /// Builds the process of trial `n` from the swept keys' `(key, TOML text)` pairs.
 pub type TrialCommand<'a> = &'a dyn Fn(u64, &[(String, String)]) -> Command;
@@ -48,70 +56,9 @@ pub struct Plan<'a> {
     pub poll: Duration,
     /// The process of trial `n`, given the swept keys' `(key, TOML text)` pairs.
     pub command: TrialCommand<'a>,
-}
-
-/// A trial's process and what the driver has seen of it.
-struct Running {
-    number: u64,
-    child: Child,
-    values: Vec<Value>,
-    log: PathBuf,
-    /// Runs of this trial number in the store before it started (earlier attempts).
-    earlier: Vec<i64>,
-    run_id: Option<i64>,
-    /// The last step of the metric already reported to the pruner.
-    seen_step: i64,
-    /// Why the pruner stopped it (SIGTERM sent).
-    pruned: Option<String>,
-    /// When SIGTERM was sent: a trial still running [`STOP_GRACE`] later is killed.
-    stopping_since: Option<std::time::Instant>,
-}
-
-/// How long a trial told to stop (SIGTERM) may take to finish its step and write its checkpoint
-/// before its process group is killed (SIGKILL).
-const STOP_GRACE: Duration = Duration::from_secs(60);
-
-/// Kills (SIGTERM, then waits) the trials still running when the driver returns early.
-struct Children(Vec<Running>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        stop_all(&mut self.0);
-    }
-}
-
-/// Stops every trial of `running`: SIGTERM, then SIGKILL to the process group of any still
-/// running [`STOP_GRACE`] later; waits for all.
-fn stop_all(running: &mut [Running]) {
-    for r in running.iter() {
-        terminate(&r.child);
-    }
-    let deadline = std::time::Instant::now() + STOP_GRACE;
-    for r in running.iter_mut() {
-        while matches!(r.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if matches!(r.child.try_wait(), Ok(None)) {
-            kill_group(&r.child);
-        }
-        let _ = r.child.wait();
-    }
-}
-
-/// Sends SIGKILL to `child`'s process group (each trial runs in its own).
-fn kill_group(child: &Child) {
-    // SAFETY: kill with the process group of a child this process started and has not reaped.
-    unsafe {
-        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
-    }
-}
-
-/// Sends SIGTERM to `child`.
-fn terminate(child: &Child) {
-    // SAFETY: kill with a pid this process started and has not reaped.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-    }
+    /// The base config every trial starts from, as flat params (`section.key` -> value text, as
+    /// a run records them): part of the sweep's definition, which a resume must not change.
+    pub base_params: Vec<(String, String)>,
 }
 
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -156,6 +103,10 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
             spec.source, r.number, r.run_name
         )));
     }
+    crate::definition::check_and_record(&store, spec, &plan.base_params, &records)?;
+    // pruned trials whose driver did not see them end (it was killed) are marked so (`records`
+    // reads them as pruned already)
+    crate::record::settle_prunes(&store, spec)?;
     let mut sampler = sampler::from_spec(spec);
     let mut pruner = pruner::from_spec(&spec.pruner, plan.max_steps);
     // the pruner learns the ended trials' curves first, in the order their values were recorded
@@ -166,14 +117,15 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
         curves.push((r.number, rows));
     }
     replay(pruner.as_mut(), &curves);
+    // (a signal that stopped an earlier sweep of this process is not this one's)
+    SIGNAL.store(0, Ordering::SeqCst);
     catch_signals();
     let mut running = Children(Vec::new());
     let mut next = 0u64;
     let mut exhausted = false;
     loop {
         if let Some(sig) = stop_signal() {
-            stop_all(&mut running.0);
-            running.0.clear();
+            stop::stop_trials(plan, &store, &mut running.0, STOP_GRACE, say)?;
             return Err(Error::State(format!(
                 "the sweep was stopped by signal {sig}; `weft sweep --config {} --resume` goes on with it",
                 spec.source
@@ -216,7 +168,7 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
         let mut fresh: Vec<(f64, u64, i64, f64, usize)> = Vec::new();
         for (i, r) in running.0.iter_mut().enumerate() {
             if r.run_id.is_none() {
-                r.run_id = find_run(&store, spec, r.number, &r.earlier)?;
+                r.run_id = find_run(&store, spec, r.number, &r.earlier)?.map(|(id, _)| id);
             }
             if let (Some(id), None) = (r.run_id, &r.pruned) {
                 for (step, value, time) in store.metric_series(id, &spec.metric)? {
@@ -234,25 +186,22 @@ pub fn run(plan: &Plan, say: &mut dyn FnMut(&str)) -> Result<Vec<TrialRecord>> {
             }
             r.seen_step = step;
             if let Decision::Prune(why) = pruner.report(r.number, step.max(0) as u64, spec.goal.loss(value)) {
+                // recorded before the trial is told: a resume never runs it again, whatever ends
+                // the driver meanwhile
+                if let Some((id, start)) = find_run(&store, spec, r.number, &r.earlier)? {
+                    crate::record::record_prune(&store, spec, r.number, id, start, step, &why)?;
+                }
                 say(&format!("trial {}: pruned at step {step}: {why}", r.number));
-                terminate(&r.child);
+                r.tell();
                 r.pruned = Some(why);
-                r.stopping_since = Some(std::time::Instant::now());
             }
         }
         let mut ended = false;
         let mut i = 0;
         while i < running.0.len() {
             let r = &mut running.0[i];
-            if r.stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
-                kill_group(&r.child);
-                r.stopping_since = None;
-            }
-            let status = r.child.try_wait().map_err(|source| Error::Io {
-                path: r.log.clone(),
-                source,
-            })?;
-            match status {
+            r.kill_when_late(STOP_GRACE);
+            match r.ended()? {
                 Some(status) => {
                     let r = running.0.remove(i);
                     let line = finish(plan, &store, r, status)?;
@@ -358,27 +307,29 @@ fn start(plan: &Plan, number: u64, values: Vec<Value>, earlier: Vec<i64>) -> Res
         run_id: None,
         seen_step: i64::MIN,
         pruned: None,
-        stopping_since: None,
+        told: None,
+        killed: false,
     })
 }
 
-/// The run of trial `number` started after the runs in `earlier`, if it is recorded yet.
-fn find_run(store: &Store, spec: &SweepSpec, number: u64, earlier: &[i64]) -> Result<Option<i64>> {
+/// The run of trial `number` started after the runs in `earlier`, if it is recorded yet: its id
+/// and start time.
+fn find_run(store: &Store, spec: &SweepSpec, number: u64, earlier: &[i64]) -> Result<Option<(i64, f64)>> {
     let n = number.to_string();
     Ok(store
         .list_runs(Some(&spec.experiment))?
         .into_iter()
         .filter(|r| r.tags.get(TAG_SWEEP) == Some(&spec.name) && r.tags.get(TAG_TRIAL) == Some(&n))
-        .map(|r| r.id)
-        .filter(|id| !earlier.contains(id))
-        .max())
+        .filter(|r| !earlier.contains(&r.id))
+        .max_by_key(|r| r.id)
+        .map(|r| (r.id, r.start_time)))
 }
 
 /// Records how trial `r` ended; the line to say about it.
 fn finish(plan: &Plan, store: &Store, mut r: Running, status: ExitStatus) -> Result<String> {
     let spec = plan.spec;
     if r.run_id.is_none() {
-        r.run_id = find_run(store, spec, r.number, &r.earlier)?;
+        r.run_id = find_run(store, spec, r.number, &r.earlier)?.map(|(id, _)| id);
     }
     let run = match r.run_id {
         Some(id) => Some(store.run_detail(id)?),

@@ -8,6 +8,8 @@
 //! - [`sampler`]: [`sampler::Tpe`], [`sampler::Random`], [`sampler::Grid`].
 //! - [`pruner`]: [`pruner::Asha`], [`pruner::Hyperband`], [`pruner::Median`].
 //! - [`trials`]: a sweep's trials as they are recorded in the store (the sweep's state).
+//! - [`record`]: a sweep's pruning decisions and definition, kept in the store's file.
+//! - [`definition`]: what a resumed sweep must not change (its space, metric, base config...).
 //! - [`driver`]: running trials in parallel, pruning them, recording failures.
 //! - [`children`]: child processes that die with their driver, and one driver per sweep.
 //! - [`registry`]: the model registry (named models, versions and stages) in the run store.
@@ -16,11 +18,13 @@
 //! docs/sweep.md describes the file format and the methods.
 
 pub mod children;
+pub mod definition;
 pub mod driver;
 mod error;
 pub mod lineage;
 pub mod pipeline;
 pub mod pruner;
+pub mod record;
 pub mod registry;
 pub mod rng;
 pub mod sampler;

@@ -173,6 +173,21 @@ impl Param {
         }
     }
 
+    /// Whether `v` is a value this parameter can take: a listed value, a number in its range (an
+    /// integer on its steps).
+    pub fn contains(&self, v: Value) -> bool {
+        match (v, &self.dist) {
+            (Value::Choice(c), Distribution::Values(vals)) => c < vals.len(),
+            (Value::Float(x), Distribution::Uniform { min, max, .. } | Distribution::LogUniform { min, max }) => {
+                (*min..=*max).contains(&x)
+            }
+            (Value::Int(i), Distribution::IntUniform { min, max, q }) => {
+                (*min..=*max).contains(&i) && (i - min) % q == 0
+            }
+            _ => false,
+        }
+    }
+
     /// The values `weft sweep` checks against the run config before the first trial: every
     /// listed value, or a range's two ends (its lowest and highest value, as drawn).
     pub fn checked_values(&self) -> Vec<Value> {

@@ -1,7 +1,8 @@
 //! A sweep's state, kept in the run store: each trial is a run of the sweep's experiment tagged
 //! `sweep = NAME` and `sweep_trial = N`, whose params hold the values it was given and whose
-//! metrics hold what it reported. Nothing else is stored, so `weft runs` shows the same trials
-//! and a killed sweep resumes from the store alone.
+//! metrics hold what it reported. Besides the runs, the store's file holds the sweep's pruning
+//! decisions and its definition ([`crate::record`]), so a killed sweep resumes from the store
+//! alone, and `weft runs` shows the same trials.
 
 use std::collections::BTreeMap;
 
@@ -122,7 +123,11 @@ pub fn last_value(detail: &weft_track::RunDetail, key: &str) -> Option<(i64, f64
 
 /// Every trial of `spec`'s sweep in the store, by number: for a number run more than once, the
 /// run that ended for good, else the latest.
+/// A run the pruner stopped is `pruned` even when its driver did not see it end (the driver was
+/// killed while the trial stopped, and the trainer recorded it `killed`): its pruning decision
+/// was recorded before the trial was told to stop ([`crate::record::prunes`]).
 pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {
+    let prunes = crate::record::prunes(store, spec)?;
     let mut by_number: BTreeMap<u64, TrialRecord> = BTreeMap::new();
     for run in store.list_runs(Some(&spec.experiment))? {
         if run.tags.get(TAG_SWEEP) != Some(&spec.name) {
@@ -145,7 +150,7 @@ pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {
             .zip(&params)
             .map(|(p, t)| p.parse_text(t.as_deref()?))
             .collect::<Option<Vec<Value>>>();
-        let record = TrialRecord {
+        let mut record = TrialRecord {
             number,
             run_id: run.id,
             run_name: run.name.clone(),
@@ -155,6 +160,13 @@ pub fn load(store: &Store, spec: &SweepSpec) -> Result<Vec<TrialRecord>> {
             last: last_value(&detail, &spec.metric),
             error: detail.error.clone(),
         };
+        if let Some(p) = prunes.get(&(run.id, run.start_time.to_bits())) {
+            // still stopping (`running`) stays running: a resume waits for it
+            if matches!(record.status.as_str(), "killed" | "failed") {
+                record.status = "pruned".into();
+                record.error = Some(format!("pruned: {}", p.reason));
+            }
+        }
         match by_number.get(&number) {
             Some(old) if old.is_done() && !record.is_done() => {}
             _ => {

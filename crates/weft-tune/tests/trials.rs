@@ -142,3 +142,33 @@ fn tiny_and_huge_values_stay_short_in_the_table() {
     assert!(row.len() < 100, "{row}");
     assert!(row.contains("1.000000e300") && row.contains("1e-300"), "{row}");
 }
+
+/// A trial the pruner stopped whose driver was killed before it saw the trial end (the trainer
+/// recorded its run `killed` on the SIGTERM) is read back as pruned, since the decision was
+/// recorded before the trial was told; a resume marks its run so. A later attempt of the trial
+/// (another run) is not taken for it, nor is a run still stopping.
+#[test]
+fn a_recorded_prune_makes_a_killed_trial_pruned() {
+    let dir = temp_dir("trials-prune-record");
+    let spec = SweepSpec::parse(
+        "[sweep]\nname = \"p\"\nexperiment = \"exp\"\nbase = \"r.toml\"\nmetric = \"val_loss\"\ntrials = 3\n\
+         [sweep.parameters]\n\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-4, max = 1e-1 }\n",
+        "s.toml",
+        "s",
+        Path::new("."),
+    )
+    .unwrap();
+    let killed = trial(&dir, "p", 0, "0.001", &[(2, 3.0)], Status::Killed);
+    let other = trial(&dir, "p", 1, "0.01", &[(2, 3.0)], Status::Killed);
+    let store = Store::open(&dir).unwrap();
+    let start = |id: i64| store.run_detail(id).unwrap().summary.start_time;
+    weft_tune::record::record_prune(&store, &spec, 0, killed, start(killed), 2, "rung 0").unwrap();
+    // a prune recorded for another run of the same id (deleted since) is not this run's
+    weft_tune::record::record_prune(&store, &spec, 1, other, start(other) - 10.0, 2, "rung 0").unwrap();
+    let t = trials::load(&store, &spec).unwrap();
+    let got: Vec<(u64, &str)> = t.iter().map(|r| (r.number, r.status.as_str())).collect();
+    assert_eq!(got, [(0, "pruned"), (1, "killed")]);
+    assert_eq!(t[0].error.as_deref(), Some("pruned: rung 0"));
+    assert_eq!(weft_tune::record::settle_prunes(&store, &spec).unwrap(), 1);
+    assert_eq!(store.run_detail(killed).unwrap().summary.status, "pruned");
+}

@@ -2,9 +2,11 @@
 //! none outlives it. Every step process runs in a process group of its own (a command step's
 //! shell and what it starts, a train step's `weft train`, a sweep step's `weft sweep`), is
 //! registered while it runs, and dies with the pipeline when the pipeline is killed outright
-//! ([`weft_tune::children::die_with_parent`]: SIGKILL included). SIGINT and SIGTERM to the
-//! pipeline are caught: the main loop sends SIGTERM to every registered group (a second
-//! signal: SIGKILL), starts nothing more and waits for the running steps to end.
+//! ([`weft_tune::children::die_with_parent`]: SIGKILL included; the kernel may repeat that
+//! SIGTERM as this process's threads die, which `weft train` takes as the one request it is:
+//! docs/registry.md, "Stopping"). SIGINT and SIGTERM to the pipeline are caught: the main loop
+//! sends SIGTERM to every registered group (a second signal: SIGKILL), starts nothing more and
+//! waits for the running steps to end.
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;

@@ -6,12 +6,15 @@
 //! step's `${steps.NAME.KEY}` references are resolved from the outputs of the steps before it
 //! ([`weft_tune::pipeline::refs`]) before its cache key is made. [`execute`] runs one step,
 //! [`data`] the prepare and evaluate steps, [`deploy`] the deploy steps; [`children`] keeps
-//! the step processes tied to the pipeline (a signal to it stops them; none outlives it).
+//! the step processes tied to the pipeline (a signal to it stops them; none outlives it);
+//! [`inputs`] keys the files a step's run config reads, and finds a cached execution whose
+//! outputs are gone (run again rather than reused).
 
 mod children;
 mod data;
 mod deploy;
 mod execute;
+mod inputs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -129,7 +132,7 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                     a.file.display()
                 ));
             }
-            cached_before(&p, &cache, from)?;
+            cached_before(&ctx, &p, &cache, from)?;
             let mut forced = p.descendants(from);
             forced.insert(from.clone());
             forced
@@ -192,12 +195,17 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                         continue;
                     }
                 };
-                let hash = match p.hash(step, &deps, &values) {
+                let hash = inputs::of(&ctx, step, &action, &outputs).and_then(|read| {
+                    p.hash_with_inputs(step, &deps, &values, &read)
+                        .map_err(|e| e.to_string())
+                });
+                let hash = match hash {
                     Ok(h) => h,
                     Err(e) => {
-                        // a file it names cannot be read: the step fails, the others go on
+                        // a file it names cannot be read, or its config is refused: the step
+                        // fails, the others go on
                         print_out(&format!("step {}: failed: {e}\n", step.name))?;
-                        why.insert(step.name.clone(), e.to_string());
+                        why.insert(step.name.clone(), e);
                         state.insert(step.name.clone(), State::Failed);
                         continue;
                     }
@@ -205,12 +213,20 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
                 keys.insert(step.name.clone(), hash.clone());
                 if !a.no_cache && !forced.contains(&step.name) && !step.never_cached() {
                     if let Some(e) = cache.finished(&hash).map_err(|e| e.to_string())? {
-                        print_out(&format!(
-                            "step {}: cached (execution {} of {}/{}): {}\n",
-                            step.name, e.id, e.pipeline, e.step, e.output
-                        ))?;
-                        state.insert(step.name.clone(), State::Done(e.output));
-                        continue;
+                        match inputs::gone(&ctx, step, &e.output) {
+                            None => {
+                                print_out(&format!(
+                                    "step {}: cached (execution {} of {}/{}): {}\n",
+                                    step.name, e.id, e.pipeline, e.step, e.output
+                                ))?;
+                                state.insert(step.name.clone(), State::Done(e.output));
+                                continue;
+                            }
+                            Some(gone) => print_out(&format!(
+                                "step {}: cached execution {} is not reused: {gone}; running the step again\n",
+                                step.name, e.id
+                            ))?,
+                        }
                     }
                 }
                 print_out(&format!("step {}: running ({})\n", step.name, step.kind))?;
@@ -310,9 +326,9 @@ fn run_pipeline(a: &RunArgs) -> Result<(), String> {
 }
 
 /// For `--from STEP`: checks that every step STEP depends on has a finished execution with
-/// the cache key it has now (keys chained through the cached outputs, as a run computes them);
-/// an error naming the first that has none.
-fn cached_before(p: &Pipeline, cache: &Cache, from: &str) -> Result<(), String> {
+/// the cache key it has now (keys chained through the cached outputs, as a run computes them)
+/// whose outputs are still there; an error naming the first that has none.
+fn cached_before(ctx: &Context, p: &Pipeline, cache: &Cache, from: &str) -> Result<(), String> {
     let before = p.ancestors(from);
     // step -> (cache key, output)
     let mut done: BTreeMap<String, (String, String)> = BTreeMap::new();
@@ -332,11 +348,23 @@ fn cached_before(p: &Pipeline, cache: &Cache, from: &str) -> Result<(), String> 
         let values = step
             .values(&outputs)
             .map_err(|e| not_cached(&format!("cannot be keyed ({e})")))?;
-        let key = p
-            .hash(step, &deps, &values)
+        let key = step
+            .action
+            .resolve(&values)
+            .and_then(|action| inputs::of(ctx, step, &action, &outputs))
+            .and_then(|read| {
+                p.hash_with_inputs(step, &deps, &values, &read)
+                    .map_err(|e| e.to_string())
+            })
             .map_err(|e| not_cached(&format!("cannot be keyed ({e})")))?;
         match cache.finished(&key).map_err(|e| e.to_string())? {
             Some(e) => {
+                if let Some(gone) = inputs::gone(ctx, step, &e.output) {
+                    return Err(not_cached(&format!(
+                        "has a cached execution ({}) that cannot be reused: {gone}",
+                        e.id
+                    )));
+                }
                 done.insert(step.name.clone(), (key, e.output));
             }
             None => {

@@ -5,10 +5,11 @@
 //! the file. [`handover`]: a sweep step's best values handed to a train step (`from_sweep`);
 //! [`refs`]: outputs as `key=value` text and `${steps.NAME.KEY}` references to them;
 //! [`kinds`]: the settings of `prepare`, `evaluate`, `deploy` and `condition`; [`cache`]: the
-//! executions table.
+//! executions table; [`inputs`]: the digests of the files a step's run config reads.
 
 pub mod cache;
 pub mod handover;
+pub mod inputs;
 pub mod kinds;
 pub mod refs;
 
@@ -396,18 +397,32 @@ impl Pipeline {
         seen
     }
 
-    /// The cache key of `step`: SHA-256 (hex) of its kind and settings, the values of its
-    /// references (`values`, as [`Step::values`] gives them), the bytes of the files it names (a
-    /// train, sweep or evaluate config; every input of a prepare step, and its tokenizer file:
-    /// the data's lineage), and what `deps` gives for each dependency (by step name: the CLI
-    /// gives its cache key and output, so keys chain along the DAG). A train step's `from_sweep`
-    /// step is one of its dependencies, and that step's output holds the best trial's values
-    /// ([`handover`]), so a changed best changes the train step's key.
+    /// The cache key of `step` with no inputs besides the files it names:
+    /// [`Pipeline::hash_with_inputs`] with none.
     pub fn hash(
         &self,
         step: &Step,
         deps: &BTreeMap<String, String>,
         values: &BTreeMap<String, String>,
+    ) -> Result<String> {
+        self.hash_with_inputs(step, deps, values, &[])
+    }
+
+    /// The cache key of `step`: SHA-256 (hex) of its kind and settings, the values of its
+    /// references (`values`, as [`Step::values`] gives them), the bytes of the files it names (a
+    /// train, sweep or evaluate config, and a sweep's base config; every input of a prepare
+    /// step, and its tokenizer file: the data's lineage), the `inputs` the caller found its run
+    /// config to read (`(what, digest)`: a train or sweep step's data, tokenizer and `init.from`,
+    /// which the CLI keys as docs/registry.md says), and what `deps` gives for each dependency
+    /// (by step name: the CLI gives its cache key and output, so keys chain along the DAG). A
+    /// train step's `from_sweep` step is one of its dependencies, and that step's output holds
+    /// the best trial's values ([`handover`]), so a changed best changes the train step's key.
+    pub fn hash_with_inputs(
+        &self,
+        step: &Step,
+        deps: &BTreeMap<String, String>,
+        values: &BTreeMap<String, String>,
+        inputs: &[(String, String)],
     ) -> Result<String> {
         let mut h = Sha256::new();
         let mut table = step.table.clone();
@@ -420,26 +435,36 @@ impl Pipeline {
             .action
             .resolve(values)
             .map_err(|e| Error::Spec(format!("step {:?}: {e}", step.name)))?;
+        // (relative to the pipeline file's folder)
         let mut files: Vec<PathBuf> = Vec::new();
         match &action {
-            Action::Train { config, .. } | Action::Sweep { config, .. } => files.push(config.clone()),
-            Action::Evaluate(Evaluate { config: Some(c), .. }) => files.push(c.into()),
+            Action::Train { config, .. } => files.push(self.root.join(config)),
+            Action::Sweep { config, .. } => {
+                let file = self.root.join(config);
+                // the run config its trials start from decides their results as much (the
+                // sweep's own `base`, resolved against the sweep file's folder)
+                let spec = crate::spec::SweepSpec::load(&file)?;
+                files.extend([file, spec.base]);
+            }
+            Action::Evaluate(Evaluate { config: Some(c), .. }) => files.push(self.root.join(c)),
             Action::Prepare(p) => {
-                files.extend(p.input.iter().map(PathBuf::from));
+                files.extend(p.input.iter().map(|i| self.root.join(i)));
                 if !["gpt2", "char"].contains(&p.tokenizer.as_str()) {
-                    files.push(p.tokenizer.clone().into());
+                    files.push(self.root.join(&p.tokenizer));
                 }
             }
             _ => {}
         }
-        for f in files {
-            let path = self.root.join(f);
+        for path in files {
             let mut file = std::fs::File::open(&path).map_err(|source| Error::Io {
                 path: path.clone(),
                 source,
             })?;
             h.update(b"\0file\0");
             std::io::copy(&mut file, &mut h).map_err(|source| Error::Io { path, source })?;
+        }
+        for (what, digest) in inputs {
+            h.update(format!("\0input\0{what}\0{digest}").as_bytes());
         }
         for d in &step.depends_on {
             h.update(format!("\0dep\0{d}\0{}", deps.get(d).map_or("", String::as_str)).as_bytes());

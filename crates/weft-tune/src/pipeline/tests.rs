@@ -428,3 +428,51 @@ fn a_syntax_error_names_its_line_and_column() {
     assert!(e.contains("syntax2.toml (line 2, column 8): "), "{e}");
     assert!(!e.contains('\n'), "{e}");
 }
+
+/// A sweep step's key follows its sweep file's base config (`base = ...` inside the sweep file,
+/// resolved against the sweep file's folder, the pipeline file's own folder given relative),
+/// and a step's key follows the inputs the caller found it to read.
+#[test]
+fn a_sweep_steps_key_follows_its_base_config_and_inputs() {
+    let dir = std::env::temp_dir().join(format!("weft-tune-pipeline-sweep-base-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("sweeps")).unwrap();
+    std::fs::write(dir.join("sweeps/base.toml"), "[train]\nsteps = 1\n").unwrap();
+    std::fs::write(
+        dir.join("sweeps/s.toml"),
+        "[sweep]\nbase = \"base.toml\"\nmetric = \"loss\"\nmethod = \"grid\"\n\
+         [sweep.parameters]\n\"optim.lr\" = { values = [0.1] }\n",
+    )
+    .unwrap();
+    let file = dir.join("flow.toml");
+    std::fs::write(
+        &file,
+        "[[step]]\nname = \"tune\"\nkind = \"sweep\"\nconfig = \"sweeps/s.toml\"\n",
+    )
+    .unwrap();
+    // the pipeline named relative to the working directory, as `weft pipeline run flow.toml`
+    let cwd = std::env::current_dir().unwrap();
+    let relative: PathBuf = std::iter::repeat_n("..", cwd.components().count())
+        .collect::<PathBuf>()
+        .join(dir.strip_prefix("/").unwrap())
+        .join("flow.toml");
+    let p = Pipeline::load(&relative).unwrap();
+    let tune = p.step("tune").unwrap();
+    let none = BTreeMap::new();
+    let first = p.hash(tune, &none, &none).unwrap();
+    assert_eq!(first, p.hash(tune, &none, &none).unwrap());
+    std::fs::write(dir.join("sweeps/base.toml"), "[train]\nsteps = 2\n").unwrap();
+    let changed = p.hash(tune, &none, &none).unwrap();
+    assert_ne!(first, changed, "an edited base config keeps the sweep step's key");
+    let input = |d: &str| {
+        p.hash_with_inputs(tune, &none, &none, &[("data.path a.txt".into(), d.into())])
+            .unwrap()
+    };
+    assert_eq!(input("sha256:1"), input("sha256:1"));
+    assert_ne!(input("sha256:1"), input("sha256:2"));
+    assert_ne!(input("sha256:1"), changed);
+    // a sweep file that does not read is the step's error, in one line
+    std::fs::write(dir.join("sweeps/s.toml"), "[sweep]\nmetric = \"loss\"\n").unwrap();
+    let e = p.hash(tune, &none, &none).unwrap_err().to_string();
+    assert!(e.contains("sweep.base: missing") && !e.contains('\n'), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
