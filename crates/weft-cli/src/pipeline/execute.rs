@@ -193,10 +193,17 @@ pub(super) fn execute(
         }
         Action::Register { step: from, model } => {
             let id = run_of(outputs.get(from).map_or("", String::as_str))?;
+            // the run as EXPERIMENT/NAME: its id as text would be ambiguous with a run named
+            // like that number, which the store refuses
+            let summary = Store::open(&ctx.dir)
+                .and_then(|store| store.run_detail(id))
+                .map_err(|e| e.to_string())?
+                .summary;
+            let source = format!("{}/{}", summary.experiment, summary.name);
             let mut reg = ModelRegistry::open(&ctx.dir).map_err(|e| e.to_string())?;
             let check = |ckpt: &std::path::Path| crate::models::check_loadable(ckpt, true);
             let v = reg
-                .register_checked(&ctx.dir, &id.to_string(), model, &check)
+                .register_checked(&ctx.dir, &source, model, &check)
                 .map_err(|e| e.to_string())?;
             Ok(format!("model={} version={}", v.name, v.version))
         }
