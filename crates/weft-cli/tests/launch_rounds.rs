@@ -299,3 +299,41 @@ fn node_0_whose_workers_are_done_restarts_with_the_others() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Of three nodes with a fixed `--nnodes 3`, node 1's workers finish and its launcher leaves,
+/// then a worker on node 2 fails while node 0's launcher waits: no round can have node 1 again,
+/// so node 0 ends the job at once, saying so (before, nodes 0 and 2 joined a round that could
+/// never fill and waited out the join timeout, 600 s).
+#[test]
+fn a_failure_after_another_node_finished_ends_the_job() {
+    let port = free_port().to_string();
+    let dir = common::temp_dir("launch-rounds-finished");
+    let go = dir.join("go");
+    let three = |rank: &str| -> Vec<String> {
+        let mut flags = two_nodes(rank, &port);
+        flags[1] = "3".into();
+        flags
+    };
+    let mut n0 = node(&strs(&three("0")), "true");
+    let mut n1 = node(&strs(&three("1")), "true");
+    let script = format!(
+        "while [ ! -e '{}' ]; do sleep 0.05; done; echo boom >&2; exit 3",
+        go.display()
+    );
+    let mut n2 = node(&strs(&three("2")), &script);
+    assert_eq!(n1.finish(60), Some(0), "{}", n1.show());
+    let s = store(&port);
+    until("node 0's workers done", &[&n0, &n2], || {
+        has(&s, "weft/elastic/0/done/0")
+    });
+    drop(s);
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(n0.finish(60), Some(1), "{}", n0.show());
+    assert!(
+        n0.stderr().contains("no round can follow: node 1 finished and left"),
+        "{}",
+        n0.show()
+    );
+    assert_ne!(n2.finish(60), Some(0), "{}", n2.show());
+    let _ = std::fs::remove_dir_all(&dir);
+}

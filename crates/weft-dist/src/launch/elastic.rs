@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error_files::ErrorFiles;
-use super::meet::{check_settings, connect, node_0_lost, store_addr, JOIN_TIMEOUT};
+use super::meet::{check_settings, connect, node_0_lost, nodes_text, store_addr, JOIN_TIMEOUT};
 use super::watch::{linger, peek, Watch, FATAL, LOOK_EVERY};
 use super::{
     drain_output, fail_for_good, finish_stopping, forward_signal, job_env, report, signal_name, signals, start_all,
@@ -434,6 +434,14 @@ impl Others {
         }
     }
 
+    /// The other nodes whose workers are done (their launchers have left: only node 0's waits).
+    fn finished(&self, store: &StoreClient) -> Vec<usize> {
+        (0..self.heard.len())
+            .filter(|&n| n != self.me)
+            .filter(|&n| matches!(peek(store, &key(self.round, &format!("done/{n}"))), Ok(Some(_))))
+            .collect()
+    }
+
     /// Looks at every other node once: `Ok(Err(lost))` for the first that went away or fell
     /// silent before it was done, `Ok(Ok(waiting))` otherwise (whether any is not done yet),
     /// `Err(())` when the store cannot be asked.
@@ -496,7 +504,18 @@ fn wait_for_the_others(store: &StoreClient, round: u32, mut others: Others) -> W
             Err(e) => return unasked(e),
         }
         match peek(store, &key(round, "failed")) {
-            Ok(Some(why)) => return Waited::Failed(why),
+            // a node that finished has left, and no round can have it: the job ends here
+            // (with a fixed --nnodes the next round could never fill)
+            Ok(Some(why)) => {
+                let finished = others.finished(store);
+                return match finished.as_slice() {
+                    [] => Waited::Failed(why),
+                    nodes => Waited::Lost(format!(
+                        "{why}; no round can follow: {} finished and left",
+                        nodes_text(nodes)
+                    )),
+                };
+            }
             Ok(None) => {}
             Err(e) => return unasked(e),
         }

@@ -287,7 +287,7 @@ fn all_there(store: &StoreClient, nnodes: usize) -> Result<bool> {
 }
 
 /// `node 3`, `nodes 1, 2 and 3`, or the first 8 and how many more.
-fn nodes_text(nodes: &[usize]) -> String {
+pub(super) fn nodes_text(nodes: &[usize]) -> String {
     let shown: Vec<String> = nodes.iter().take(8).map(|n| n.to_string()).collect();
     match nodes.len() {
         0 => "some nodes".into(),
