@@ -411,7 +411,7 @@ fn a_runs_trace_and_sample_files_are_served_and_nothing_else() {
     // each a JSON error
     let (code, body) = get(&format!("{base}/api/runs/{id}/metrics?max_points=18446744073709551615"));
     assert_eq!(code, 400);
-    assert!(body["error"].as_str().unwrap().contains("from 1 to 100000"), "{body}");
+    assert!(body["error"].as_str().unwrap().contains("from 0 to 100000"), "{body}");
     let (code, body) = get(&format!("{base}/api/nope"));
     assert_eq!(code, 404);
     assert!(body["error"].as_str().unwrap().contains("/api/nope"), "{body}");
