@@ -34,6 +34,9 @@ const ARRIVED: &str = "weft/launch/arrived";
 /// Set by the first launcher that sees every node's launcher there: the others then go too,
 /// even once some of those have gone again (done with their workers).
 const ALL_THERE: &str = "weft/launch/all-there";
+/// Counted up by each launcher once it has seen [`ALL_THERE`] (node 0's waits for all of them
+/// before starting its workers).
+const WENT: &str = "weft/launch/went";
 /// How long a launcher waits for the others to come, and to connect to the store.
 pub(super) const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long one attempt to connect to the store lasts before the launcher looks at its signals
@@ -242,6 +245,17 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
         }
         if peek(&store, ALL_THERE).map_err(lost)?.is_some() || all_there(&store, cfg.nnodes).map_err(lost)? {
             store.set(ALL_THERE, b"1").map_err(lost)?;
+            // node 0's launcher serves the store: it starts its workers (which may end at
+            // once, and it with them) only once every launcher has seen that all are there,
+            // or a launcher still polling lost the store (bounded: one that died meanwhile
+            // is noticed by the others' workers)
+            let went = store.add(WENT, 1).map_err(lost)?;
+            if serves_store && went < cfg.nnodes as i64 {
+                let until = Instant::now() + Duration::from_secs(10);
+                while store.add(WENT, 0).map_err(lost)? < cfg.nnodes as i64 && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             return Ok(Met::Go(Watch::start(store, None, None)?));
         }
         if started.elapsed() > JOIN_TIMEOUT {
