@@ -7,33 +7,10 @@
 mod common;
 mod launcher;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::Child;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{free_port, pids_with, wait_for};
 use launcher::*;
-
-/// A launcher run in the background, its output gathered as it comes.
-struct Node {
-    child: Child,
-    stdout: Arc<Mutex<String>>,
-    stderr: Arc<Mutex<String>>,
-}
-
-fn gather(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let to = text.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(r).lines().map_while(Result::ok) {
-            let mut t = to.lock().unwrap();
-            t.push_str(&line);
-            t.push('\n');
-        }
-    });
-    text
-}
 
 /// `weft launch FLAGS -- sh -c SCRIPT` (or `weft check collectives` when `script` is None) with
 /// the job's token, started now.
@@ -46,47 +23,7 @@ fn node(flags: &[&str], script: Option<&str>) -> Node {
     };
     // without the launchers meeting, the workers of node 0 waited for this long
     cmd.env("WEFT_JOB_TOKEN", "tok-nodes").env("WEFT_DIST_TIMEOUT", "60");
-    let mut child = cmd.spawn().expect("weft launch starts");
-    let (stdout, stderr) = (
-        gather(child.stdout.take().unwrap()),
-        gather(child.stderr.take().unwrap()),
-    );
-    Node { child, stdout, stderr }
-}
-
-impl Node {
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Waits up to `secs` for the launcher to exit; its exit code, or None (killed then).
-    fn finish(&mut self, secs: u64) -> Option<i32> {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                // the rest of its output
-                std::thread::sleep(Duration::from_millis(200));
-                return Some(status.code().unwrap_or(-1));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = (self.child.kill(), self.child.wait());
-        None
-    }
-
-    fn show(&self) -> String {
-        format!(
-            "--- stdout\n{}--- stderr\n{}",
-            self.stdout.lock().unwrap(),
-            self.stderr()
-        )
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = (self.child.kill(), self.child.wait());
-    }
+    Node::start(cmd)
 }
 
 /// Every launcher in `nodes` exits 1 within `secs` seconds, saying `why` on stderr, and none
@@ -173,9 +110,7 @@ fn two_launchers_given_the_same_node_rank_fail_the_job_naming_it() {
         ]
     };
     let mut nodes = vec![node(&flags("0"), Some(&script)), node(&flags("1"), Some(&script))];
-    let running = wait_for(60, || {
-        nodes.iter().all(|n| n.stdout.lock().unwrap().contains("started"))
-    });
+    let running = wait_for(60, || nodes.iter().all(|n| n.stdout().contains("started")));
     assert!(running, "{}\n{}", nodes[0].show(), nodes[1].show());
     nodes.push(node(&flags("1"), Some(&script)));
     all_fail(&mut nodes, 30, &format!("{why}1"), false);

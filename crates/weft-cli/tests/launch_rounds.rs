@@ -7,9 +7,6 @@
 mod common;
 mod launcher;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::Child;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::free_port;
@@ -19,79 +16,10 @@ use weft_dist::Token;
 
 const TOKEN: &str = "tok-rounds";
 
-/// A launcher run in the background, its output gathered as it comes.
-struct Node {
-    child: Child,
-    stdout: Arc<Mutex<String>>,
-    stderr: Arc<Mutex<String>>,
-}
-
-fn gather(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let to = text.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(r).lines().map_while(Result::ok) {
-            let mut t = to.lock().unwrap();
-            t.push_str(&line);
-            t.push('\n');
-        }
-    });
-    text
-}
-
 /// `weft launch FLAGS -- sh -c SCRIPT` with the job's token, started now.
 fn node(flags: &[&str], script: &str) -> Node {
-    let mut cmd = sh_job(flags, script, &[("WEFT_JOB_TOKEN", TOKEN), ("WEFT_DIST_TIMEOUT", "60")]);
-    let mut child = cmd.spawn().expect("weft launch starts");
-    let (stdout, stderr) = (
-        gather(child.stdout.take().unwrap()),
-        gather(child.stderr.take().unwrap()),
-    );
-    Node { child, stdout, stderr }
-}
-
-impl Node {
-    fn stdout(&self) -> String {
-        self.stdout.lock().unwrap().clone()
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill has no memory effects; the child is this test's
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-
-    /// Waits up to `secs` for the launcher to exit; its exit code, or None (killed then).
-    fn finish(&mut self, secs: u64) -> Option<i32> {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                // the rest of its output
-                std::thread::sleep(Duration::from_millis(200));
-                return Some(status.code().unwrap_or(-1));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = (self.child.kill(), self.child.wait());
-        None
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn show(&self) -> String {
-        format!("--- stdout\n{}--- stderr\n{}", self.stdout(), self.stderr())
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = (self.child.kill(), self.child.wait());
-    }
+    let cmd = sh_job(flags, script, &[("WEFT_JOB_TOKEN", TOKEN), ("WEFT_DIST_TIMEOUT", "60")]);
+    Node::start(cmd)
 }
 
 /// A connection of the test's own to the store node 0's launcher serves on `port`.
@@ -323,14 +251,17 @@ fn a_failure_after_another_node_finished_ends_the_job() {
     let mut n2 = node(&strs(&three("2")), &script);
     assert_eq!(n1.finish(60), Some(0), "{}", n1.show());
     let s = store(&port);
-    until("node 0's workers done", &[&n0, &n2], || {
-        has(&s, "weft/elastic/0/done/0")
+    // both `true` nodes done (a round's node ranks go by the order the launchers joined)
+    until("two nodes' workers done", &[&n0, &n2], || {
+        (0..3).filter(|r| has(&s, &format!("weft/elastic/0/done/{r}"))).count() >= 2
     });
     drop(s);
     std::fs::write(&go, b"").unwrap();
     assert_eq!(n0.finish(60), Some(1), "{}", n0.show());
     assert!(
-        n0.stderr().contains("no round can follow: node 1 finished and left"),
+        // node ranks of a round go by the order the launchers joined, not --node-rank
+        n0.stderr().contains("failed (exit code 3); no round can follow: node ")
+            && n0.stderr().contains(" finished and left"),
         "{}",
         n0.show()
     );

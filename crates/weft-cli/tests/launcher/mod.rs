@@ -179,3 +179,78 @@ pub fn refused(args: &[&str], env: &[(&str, &str)], want: &str) -> Run {
     assert!(r.stderr.contains(want), "{args:?}: want {want:?}\n{}", r.show());
     r
 }
+
+/// A launcher run in the background, its output gathered as it comes (killed when dropped).
+pub struct Node {
+    pub child: Child,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+fn gather(r: impl Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::BufRead;
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let to = text.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+            let mut t = to.lock().unwrap();
+            t.push_str(&line);
+            t.push('\n');
+        }
+    });
+    text
+}
+
+impl Node {
+    /// Spawns `cmd` (its stdout and stderr piped) and starts gathering its output.
+    pub fn start(mut cmd: Command) -> Node {
+        let mut child = cmd.spawn().expect("weft launch starts");
+        let (stdout, stderr) = (
+            gather(child.stdout.take().unwrap()),
+            gather(child.stderr.take().unwrap()),
+        );
+        Node { child, stdout, stderr }
+    }
+
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill has no memory effects; the child is this test's
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits up to `secs` for the launcher to exit; its exit code, or None (killed then).
+    pub fn finish(&mut self, secs: u64) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // the rest of its output
+                std::thread::sleep(Duration::from_millis(200));
+                return Some(status.code().unwrap_or(-1));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = (self.child.kill(), self.child.wait());
+        None
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn show(&self) -> String {
+        format!("--- stdout\n{}--- stderr\n{}", self.stdout(), self.stderr())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = (self.child.kill(), self.child.wait());
+    }
+}
