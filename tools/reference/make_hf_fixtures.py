@@ -11,6 +11,14 @@ It writes under crates/weft-models/tests/fixtures/hf/:
     llama_gqa/   LlamaForCausalLM, 4 heads sharing 2 key/value heads, untied head, rope_theta
                  500000, saved in several shards (model.safetensors.index.json)
     llama_tied/  LlamaForCausalLM, plain multi-head attention, tied embeddings, one file
+    llama_rope_llama3/  LlamaForCausalLM with Llama 3.1's rope scaling (`rope_parameters`,
+                 rope_type "llama3", as transformers 5 saves it), head dim 8 so that its four
+                 frequencies fall in all three of the scaling's bands
+    llama_rope_linear/  LlamaForCausalLM with linear rope scaling, its config.json rewritten in
+                 the older form (top-level `rope_theta`, `rope_scaling` with `type`); the logits are
+                 those of the model transformers loads back from that folder
+    qwen2/       Qwen2ForCausalLM (biases on q, k and v), grouped-query attention, tied embeddings
+    mistral/     MistralForCausalLM without a sliding window (`sliding_window` null)
     expected.json  for each folder: the input ids [2, T] and the logits [2, T, V] (float32,
                  eager attention, CPU), flattened
 
@@ -22,7 +30,10 @@ import os
 
 import torch
 import transformers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 OUT = "crates/weft-models/tests/fixtures/hf"
 
@@ -80,6 +91,61 @@ def main():
     ids = torch.randint(0, 47, (2, 7), generator=g)
     tied.save_pretrained(os.path.join(OUT, "llama_tied"), safe_serialization=True)
     expected["llama_tied"] = {"ids": ids.tolist(), "logits": logits_of(tied, ids).flatten().tolist()}
+
+    llama3_cfg = LlamaConfig(
+        vocab_size=41, max_position_embeddings=128, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="eager",
+    )
+    llama3 = scaled(LlamaForCausalLM(llama3_cfg), 5)
+    ids = torch.randint(0, 41, (2, 13), generator=g)
+    llama3.save_pretrained(os.path.join(OUT, "llama_rope_llama3"), safe_serialization=True)
+    expected["llama_rope_llama3"] = {"ids": ids.tolist(), "logits": logits_of(llama3, ids).flatten().tolist()}
+
+    linear_cfg = LlamaConfig(
+        vocab_size=41, max_position_embeddings=64, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+        rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.5},
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
+    )
+    folder = os.path.join(OUT, "llama_rope_linear")
+    scaled(LlamaForCausalLM(linear_cfg), 6).save_pretrained(folder, safe_serialization=True)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        c = json.load(f)
+    params = c.pop("rope_parameters")
+    c["rope_theta"] = params["rope_theta"]
+    c["rope_scaling"] = {"type": "linear", "factor": params["factor"]}
+    with open(path, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
+    linear = LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager")
+    assert linear.config.rope_parameters["rope_type"] == "linear", linear.config.rope_parameters
+    ids = torch.randint(0, 41, (2, 10), generator=g)
+    expected["llama_rope_linear"] = {"ids": ids.tolist(), "logits": logits_of(linear, ids).flatten().tolist()}
+
+    qwen2_cfg = Qwen2Config(
+        vocab_size=43, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attn_implementation="eager",
+    )
+    qwen2 = scaled(Qwen2ForCausalLM(qwen2_cfg), 7)
+    ids = torch.randint(0, 43, (2, 9), generator=g)
+    qwen2.save_pretrained(os.path.join(OUT, "qwen2"), safe_serialization=True)
+    expected["qwen2"] = {"ids": ids.tolist(), "logits": logits_of(qwen2, ids).flatten().tolist()}
+
+    mistral_cfg = MistralConfig(
+        vocab_size=37, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, sliding_window=None,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
+    )
+    mistral = scaled(MistralForCausalLM(mistral_cfg), 8)
+    ids = torch.randint(0, 37, (2, 8), generator=g)
+    mistral.save_pretrained(os.path.join(OUT, "mistral"), safe_serialization=True)
+    expected["mistral"] = {"ids": ids.tolist(), "logits": logits_of(mistral, ids).flatten().tolist()}
 
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(expected, f)

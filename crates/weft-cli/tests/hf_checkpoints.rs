@@ -101,6 +101,75 @@ fn a_run_starts_from_a_gpt2_folder_with_its_config() {
     );
 }
 
+/// A Llama 3.1-style folder (rope scaling "llama3" in `rope_parameters`): the run's first loss is
+/// the one transformers' logits give, and a `[model]` given beside it must agree on the scaling
+/// key by key (numbers by value).
+#[test]
+fn a_run_starts_from_a_llama_folder_with_rope_scaling() {
+    let dir = temp_dir("hf-init-llama3");
+    let name = "llama_rope_llama3";
+    let run = one_step_run(&dir, &hf_fixture(name), "", name);
+    weft_ok(&["train", "--config", run.to_str().unwrap()]);
+    let (ids, logits) = expected(name);
+    let targets: Vec<i64> = ids.iter().flat_map(|r| r[1..].iter().chain(&r[..1]).copied()).collect();
+    let want = cross_entropy(&logits, &targets, 41);
+    let got = read_metrics(&dir.join("metrics.jsonl"))[0]["loss"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-5 * want,
+        "loss {got}, transformers' logits give {want}"
+    );
+    let agrees = "[model]\nkind = \"llama\"\nvocab_size = 41\nblock_size = 128\nn_layer = 2\nn_head = 4\n\
+                  n_kv_head = 2\nn_embd = 32\nintermediate_size = 40\ntie_embeddings = true\nnorm_eps = 1e-5\n\
+                  rope_scaling = { rope_type = \"llama3\", factor = 4, low_freq_factor = 1.0, high_freq_factor = 4.0, \
+                  original_max_position_embeddings = 64 }";
+    let run = one_step_run(&dir, &hf_fixture(name), agrees, name);
+    weft_ok(&[
+        "train",
+        "--config",
+        run.to_str().unwrap(),
+        "--set",
+        "train.overwrite=true",
+    ]);
+    let run = one_step_run(
+        &dir,
+        &hf_fixture(name),
+        &agrees.replace("factor = 4,", "factor = 8.0,"),
+        name,
+    );
+    fails_with(
+        &["train", "--config", run.to_str().unwrap()],
+        &["model.rope_scaling:", "here, but", "config.json"],
+    );
+    // a [model] that leaves keys out takes config.json's (the scaling, and the rotary base):
+    // the same loss, where the defaults would have given another
+    let partial = agrees.split("tie_embeddings").next().unwrap();
+    let run = one_step_run(&dir, &hf_fixture(name), partial, name);
+    weft_ok(&[
+        "train",
+        "--config",
+        run.to_str().unwrap(),
+        "--set",
+        "train.overwrite=true",
+    ]);
+    let got = read_metrics(&dir.join("metrics.jsonl"))[0]["loss"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-5 * want,
+        "loss {got} with keys left out, transformers' logits give {want}"
+    );
+    // a scaling weft does not compute, or a key it does not know, is named
+    let run = one_step_run(
+        &dir,
+        &hf_fixture("llama_tied"),
+        "[model]\nkind = \"llama\"\nvocab_size = 47\nblock_size = 16\nn_layer = 2\nn_head = 3\nn_kv_head = 3\n\
+         n_embd = 24\nintermediate_size = 40\ntie_embeddings = true\nrope_scaling = { rope_type = \"yarn\", factor = 2.0 }",
+        "llama_tied",
+    );
+    fails_with(
+        &["train", "--config", run.to_str().unwrap()],
+        &["model.rope_scaling", "yarn"],
+    );
+}
+
 #[test]
 fn a_damaged_folder_is_refused_before_training() {
     let dir = temp_dir("hf-init-damaged");
@@ -287,7 +356,12 @@ fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_pred
     let dir = temp_dir("hf-generate");
     // 26 + 26 + 10 characters: at least every fixture's vocabulary
     let alphabet: Vec<char> = ('A'..='Z').chain('a'..='z').chain('0'..='9').collect();
-    for (name, vocab) in [("gpt2", 61), ("llama_gqa", 53), ("llama_tied", 47)] {
+    for (name, vocab) in [
+        ("gpt2", 61),
+        ("llama_gqa", 53),
+        ("llama_tied", 47),
+        ("llama_rope_llama3", 41),
+    ] {
         let folder = fixture_copy(&dir, name);
         let chars = &alphabet[..vocab];
         std::fs::write(folder.join("tokenizer.json"), char_tokenizer_json(chars)).unwrap();

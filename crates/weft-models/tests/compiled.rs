@@ -155,6 +155,7 @@ fn llama_steps_replay_bit_for_bit() {
         n_embd: 32,
         intermediate_size: 48,
         rope_theta: LlamaConfig::DEFAULT_ROPE_THETA,
+        rope_scaling: None,
         norm_eps: LlamaConfig::DEFAULT_NORM_EPS,
         tie_embeddings: true,
     };

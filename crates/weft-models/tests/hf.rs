@@ -184,12 +184,42 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
         e.contains("config.json") && e.contains("architectures") && e.contains("BertForMaskedLM"),
         "{e}"
     );
+    // rope scaling: kinds weft does not compute, and llama3's keys missing or out of range
+    let e = config("llama_tied", &|c| c["rope_parameters"]["rope_type"] = json!("yarn"));
+    assert!(
+        e.contains("rope_parameters: rope_type: \"yarn\" is not supported"),
+        "{e}"
+    );
+    let e = config("llama_tied", &|c| {
+        c["rope_parameters"] = json!({"rope_type": "dynamic", "factor": 2.0})
+    });
+    assert!(e.contains("rope_type: \"dynamic\""), "{e}");
     let e = config("llama_tied", &|c| {
         c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0})
     });
-    assert!(e.contains("rope_scaling"), "{e}");
-    let e = config("llama_tied", &|c| c["rope_parameters"]["rope_type"] = json!("yarn"));
-    assert!(e.contains("rope_parameters.rope_type"), "{e}");
+    assert!(e.contains("given beside rope_parameters"), "{e}");
+    let e = config("llama_rope_llama3", &|c| {
+        c["rope_parameters"]["low_freq_factor"].take();
+    });
+    assert!(
+        e.contains("rope_parameters: low_freq_factor: missing (rope_type \"llama3\" needs it)"),
+        "{e}"
+    );
+    let e = config("llama_rope_llama3", &|c| {
+        c["rope_parameters"]["high_freq_factor"] = json!(0.5)
+    });
+    assert!(
+        e.contains("high_freq_factor: 0.5 must be above low_freq_factor = 1"),
+        "{e}"
+    );
+    let e = config("llama_rope_llama3", &|c| c["rope_parameters"]["factor"] = json!("big"));
+    assert!(e.contains("factor: expected a number, got \"big\""), "{e}");
+    let e = config("llama_rope_linear", &|c| c["rope_scaling"]["factor"] = json!(-2.0));
+    assert!(e.contains("rope_scaling: factor: -2 must be positive"), "{e}");
+    let e = config("llama_rope_linear", &|c| c["rope_scaling"] = json!("linear"));
+    assert!(e.contains("rope_scaling: expected an object"), "{e}");
+    let e = config("llama_tied", &|c| c["partial_rotary_factor"] = json!(0.5));
+    assert!(e.contains("partial_rotary_factor: 0.5"), "{e}");
     let e = config("llama_tied", &|c| c["attention_bias"] = json!(true));
     assert!(e.contains("attention_bias"), "{e}");
     let e = config("llama_tied", &|c| c["hidden_size"] = json!(-3));
@@ -207,7 +237,13 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
 
 #[test]
 fn a_written_folder_reads_back_the_same() {
-    for name in ["gpt2", "llama_gqa", "llama_tied"] {
+    for name in [
+        "gpt2",
+        "llama_gqa",
+        "llama_tied",
+        "llama_rope_llama3",
+        "llama_rope_linear",
+    ] {
         let ck = hf::read_folder(&fixture(name)).unwrap();
         let d = temp(&format!("out-{name}"));
         let aliases: &[(&str, &str)] = if name == "gpt2" {
@@ -227,7 +263,7 @@ fn a_written_folder_reads_back_the_same() {
         // stored as transformers stores them: Conv1D [in, out], no tied head, format pt
         let file = safetensors::load(&d.join("model.safetensors")).unwrap();
         assert_eq!(file.metadata.get("format").map(String::as_str), Some("pt"));
-        assert!(!file.tensors.contains_key("lm_head.weight") || name == "llama_gqa");
+        assert!(!file.tensors.contains_key("lm_head.weight") || ["llama_gqa", "llama_rope_linear"].contains(&name));
         if name == "gpt2" {
             assert_eq!(file.tensors["transformer.h.0.attn.c_attn.weight"].shape(), [32, 96]);
         }
@@ -301,15 +337,69 @@ fn a_gpt2_folder_computes_the_logits_transformers_does() {
 fn llama_folders_compute_the_logits_transformers_does() {
     use weft_models::llama::Llama;
     use weft_models::Model;
-    for name in ["llama_gqa", "llama_tied"] {
+    for name in ["llama_gqa", "llama_tied", "llama_rope_llama3", "llama_rope_linear"] {
         let ck = hf::read_folder(&fixture(name)).unwrap();
         let config = support::llama_config(&serde_json::Value::Object(ck.model.clone()));
-        let llama = Llama::new(config, 0).unwrap();
+        let llama = Llama::new(config.clone(), 0).unwrap();
         weft_nn::state_dict::load_state_dict(&llama, &ck.tensors, llama.aliases(), name).unwrap();
         let (ids, want) = expected(name);
         let got = llama.forward(&ids).unwrap().to_vec_f64();
         assert_logits(name, &got, &want);
+        if config.rope_scaling.is_some() {
+            // the same weights without the scaling compute other logits: the check can tell
+            let plain = Llama::new(
+                weft_models::llama::LlamaConfig {
+                    rope_scaling: None,
+                    ..config
+                },
+                0,
+            )
+            .unwrap();
+            weft_nn::state_dict::load_state_dict(&plain, &ck.tensors, plain.aliases(), name).unwrap();
+            let off = plain.forward(&ids).unwrap().to_vec_f64();
+            let worst = off.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst > 1e-3, "{name}: {worst}");
+        }
     }
+}
+
+/// Llama 3.1's rope scaling, as transformers 5 saves it (`rope_parameters`), and linear scaling in
+/// the older form (`rope_scaling` with `type`, a top-level `rope_theta`), both read into weft's
+/// `[model] rope_scaling`.
+#[test]
+fn rope_scaling_reads_in_both_of_transformers_forms() {
+    let llama3 = hf::read_folder(&fixture("llama_rope_llama3")).unwrap().model;
+    assert_eq!(llama3["rope_theta"], json!(10000.0));
+    assert_eq!(
+        llama3["rope_scaling"],
+        json!({"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64})
+    );
+    let linear = hf::read_folder(&fixture("llama_rope_linear")).unwrap().model;
+    assert_eq!(linear["rope_theta"], json!(1000.0));
+    assert_eq!(linear["rope_scaling"], json!({"rope_type": "linear", "factor": 2.5}));
+    // without `original_max_position_embeddings` llama3 takes max_position_embeddings, and a
+    // top-level one comes first (as transformers reads them)
+    let edited = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let text = std::fs::read_to_string(fixture("llama_rope_llama3/config.json")).unwrap();
+        let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut c);
+        hf::to_weft_keys(&c.to_string(), "config.json").unwrap()["rope_scaling"]["original_max_position_embeddings"]
+            .clone()
+    };
+    assert_eq!(
+        edited(&|c| {
+            c["rope_parameters"]["original_max_position_embeddings"].take();
+        }),
+        json!(128)
+    );
+    assert_eq!(
+        edited(&|c| c["original_max_position_embeddings"] = json!(32)),
+        json!(32)
+    );
+    // a plain folder has no rope_scaling key
+    let plain = hf::read_folder(&fixture("llama_tied")).unwrap().model;
+    assert!(!plain.contains_key("rope_scaling"), "{plain:?}");
 }
 
 #[test]

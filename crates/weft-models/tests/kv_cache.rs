@@ -62,6 +62,7 @@ fn llama_of_block(n_kv_head: usize, tie: bool, block_size: usize) -> Llama {
             n_embd: 16,
             intermediate_size: 24,
             rope_theta: 10000.0,
+            rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: tie,
         },

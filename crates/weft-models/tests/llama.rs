@@ -87,6 +87,7 @@ fn the_initialisation_is_transformers() {
         n_embd: 64,
         intermediate_size: 96,
         rope_theta: 10000.0,
+        rope_scaling: None,
         norm_eps: 1e-5,
         tie_embeddings: false,
     };

@@ -255,6 +255,7 @@ mod tests {
             n_embd: 4096,
             intermediate_size: 11008,
             rope_theta: 10000.0,
+            rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: false,
         };

@@ -1,12 +1,13 @@
 //! Hugging Face `config.json` to weft's `[model]` keys and back, for `GPT2LMHeadModel` and
 //! `LlamaForCausalLM`. Only what weft's models compute is accepted: a key that asks for
-//! something else (rope scaling, biases in llama, another activation) is an error naming it.
+//! something else (a rope scaling other than linear and llama3, biases in llama, another
+//! activation) is an error naming it.
 
 use serde_json::{json, Map, Value};
 use weft_core::{Error, Result};
 
 use crate::gpt::GptConfig;
-use crate::llama::LlamaConfig;
+use crate::llama::{LlamaConfig, RopeScaling};
 
 /// transformers' `LlamaConfig` default `rms_norm_eps`, for a config.json without the key.
 const TRANSFORMERS_RMS_NORM_EPS: f64 = 1e-6;
@@ -181,43 +182,7 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
         "silu" => {}
         other => return Err(bad(source, "hidden_act", format!("{other:?}: weft's llama uses silu"))),
     }
-    if let Some(s) = c.get("rope_scaling").filter(|v| !v.is_null()) {
-        return Err(bad(
-            source,
-            "rope_scaling",
-            format!("{s} is not supported (plain rotary embeddings only)"),
-        ));
-    }
-    // transformers 5 writes `rope_parameters` ({rope_theta, rope_type}); earlier versions a
-    // top-level `rope_theta`
-    let rope_theta = match c.get("rope_parameters").filter(|v| !v.is_null()) {
-        Some(Value::Object(p)) => {
-            match p.get("rope_type").and_then(Value::as_str).unwrap_or("default") {
-                "default" => {}
-                other => {
-                    return Err(bad(
-                        source,
-                        "rope_parameters.rope_type",
-                        format!("{other:?} is not supported (plain rotary embeddings only)"),
-                    ))
-                }
-            }
-            f64_key(
-                p,
-                "rope_theta",
-                LlamaConfig::DEFAULT_ROPE_THETA,
-                &format!("{source}: rope_parameters"),
-            )?
-        }
-        Some(other) => {
-            return Err(bad(
-                source,
-                "rope_parameters",
-                format!("expected an object, got {other}"),
-            ))
-        }
-        None => f64_key(c, "rope_theta", LlamaConfig::DEFAULT_ROPE_THETA, source)?,
-    };
+    let (rope_theta, rope_scaling) = rope_of(c, source)?;
     for key in ["attention_bias", "mlp_bias"] {
         if bool_key(c, key, false, source)? {
             return Err(bad(source, key, "true: weft's llama has no biases"));
@@ -239,6 +204,9 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
         json!(usize_key(c, "intermediate_size", source)?),
     );
     m.insert("rope_theta".into(), json!(rope_theta));
+    if let Some(scaling) = rope_scaling {
+        m.insert("rope_scaling".into(), scaling_keys(&scaling));
+    }
     m.insert(
         "norm_eps".into(),
         json!(f64_key(c, "rms_norm_eps", TRANSFORMERS_RMS_NORM_EPS, source)?),
@@ -248,6 +216,116 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
         json!(bool_key(c, "tie_word_embeddings", false, source)?),
     );
     Ok(m)
+}
+
+/// The rotary base and scaling a llama `config.json` gives: transformers 5 writes
+/// `rope_parameters` (`rope_type`, `rope_theta` and the scaling's keys), earlier versions a
+/// top-level `rope_theta` and `rope_scaling` (its kind under `rope_type`, or `type` in older
+/// files). Kinds weft computes: `default`, `linear` and `llama3`; a `llama3` without
+/// `original_max_position_embeddings` takes the model's `max_position_embeddings`, and a top-level
+/// `original_max_position_embeddings` comes first, as transformers reads them.
+fn rope_of(c: &Map<String, Value>, source: &str) -> Result<(f64, Option<RopeScaling>)> {
+    let given = |key: &str| c.get(key).filter(|v| !v.is_null());
+    let (key, params) = match (given("rope_parameters"), given("rope_scaling")) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                source,
+                "rope_scaling",
+                "given beside rope_parameters: give one of them",
+            ))
+        }
+        (Some(p), None) => ("rope_parameters", Some(p)),
+        (None, Some(p)) => ("rope_scaling", Some(p)),
+        (None, None) => ("rope_parameters", None),
+    };
+    let params = match params {
+        None => None,
+        Some(Value::Object(p)) => Some(p),
+        Some(other) => return Err(bad(source, key, format!("expected an object, got {other}"))),
+    };
+    let inner = format!("{source}: {key}");
+    let rope_theta = match params.filter(|p| p.get("rope_theta").is_some_and(|v| !v.is_null())) {
+        Some(p) => f64_key(p, "rope_theta", LlamaConfig::DEFAULT_ROPE_THETA, &inner)?,
+        None => f64_key(c, "rope_theta", LlamaConfig::DEFAULT_ROPE_THETA, source)?,
+    };
+    for (at, map) in [(source.to_string(), Some(c)), (inner.clone(), params)] {
+        if let Some(map) = map {
+            let partial = f64_key(map, "partial_rotary_factor", 1.0, &at)?;
+            if partial != 1.0 {
+                return Err(bad(
+                    &at,
+                    "partial_rotary_factor",
+                    format!("{partial}: weft's llama rotates the whole head"),
+                ));
+            }
+        }
+    }
+    let Some(p) = params else {
+        return Ok((rope_theta, None));
+    };
+    let kind = match p.get("rope_type").filter(|v| !v.is_null()).or(p.get("type")) {
+        None | Some(Value::Null) => "default",
+        Some(Value::String(t)) => t.as_str(),
+        Some(other) => return Err(bad(&inner, "rope_type", format!("expected a name, got {other}"))),
+    };
+    let number = |k: &str| match p.get(k) {
+        None | Some(Value::Null) => Err(bad(&inner, k, format!("missing (rope_type {kind:?} needs it)"))),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| bad(&inner, k, format!("expected a number, got {v}"))),
+    };
+    let scaling = match kind {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: number("factor")?,
+        }),
+        "llama3" => {
+            let original = if c.get("original_max_position_embeddings").is_some_and(|v| !v.is_null()) {
+                usize_key(c, "original_max_position_embeddings", source)?
+            } else if p.get("original_max_position_embeddings").is_some_and(|v| !v.is_null()) {
+                usize_key(p, "original_max_position_embeddings", &inner)?
+            } else {
+                usize_key(c, "max_position_embeddings", source)?
+            };
+            Some(RopeScaling::Llama3 {
+                factor: number("factor")?,
+                low_freq_factor: number("low_freq_factor")?,
+                high_freq_factor: number("high_freq_factor")?,
+                original_max_position_embeddings: original,
+            })
+        }
+        other => {
+            return Err(bad(
+                &inner,
+                "rope_type",
+                format!("{other:?} is not supported (weft's llama computes \"default\", \"linear\" and \"llama3\")"),
+            ))
+        }
+    };
+    if let Some(s) = &scaling {
+        s.check().map_err(|(k, msg)| bad(&inner, k, msg))?;
+    }
+    Ok((rope_theta, scaling))
+}
+
+/// weft's `[model] rope_scaling` table of `s`: transformers' names, its kind under `rope_type`.
+fn scaling_keys(s: &RopeScaling) -> Value {
+    match *s {
+        RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        }),
+    }
 }
 
 /// The `config.json` of weft `[model]` keys (a gpt or llama), as `transformers` writes one for
@@ -295,7 +373,22 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
                 "torch_dtype": "float32",
             }))
         }
-        Some("llama") => Ok(json!({
+        Some("llama") => {
+            // written as transformers 4 writes it (`rope_theta`, `rope_scaling`), which
+            // transformers 5 reads too
+            let rope_scaling = match keys.get("rope_scaling").filter(|v| !v.is_null()) {
+                None => Value::Null,
+                Some(v) => {
+                    let mut c = Map::new();
+                    c.insert("rope_scaling".into(), v.clone());
+                    c.insert("max_position_embeddings".into(), json!(num("block_size")?));
+                    match rope_of(&c, "model")? {
+                        (_, Some(s)) => scaling_keys(&s),
+                        (_, None) => Value::Null,
+                    }
+                }
+            };
+            Ok(json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "vocab_size": num("vocab_size")?,
@@ -311,10 +404,11 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
             "tie_word_embeddings": get("tie_embeddings").as_bool().unwrap_or(false),
             "attention_bias": false,
             "mlp_bias": false,
-            "rope_scaling": null,
+            "rope_scaling": rope_scaling,
             "initializer_range": 0.02,
             "torch_dtype": "float32",
-        })),
+            }))
+        }
         other => Err(unsupported(format!(
             "model.kind = {other:?}: Hugging Face export writes gpt and llama models only"
         ))),

@@ -23,7 +23,7 @@ mod stages;
 
 pub use attention::LlamaAttention;
 pub use mlp::LlamaMlp;
-pub use rope::{inv_freq, Rotary};
+pub use rope::{inv_freq, scaled_inv_freq, RopeScaling, Rotary};
 
 /// transformers' `LlamaConfig` (the keys weft takes).
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +42,8 @@ pub struct LlamaConfig {
     pub intermediate_size: usize,
     /// The rotary base (default 10000).
     pub rope_theta: f64,
+    /// How the rotary frequencies are stretched (`None`: plain rotary embeddings).
+    pub rope_scaling: Option<RopeScaling>,
     /// RMSNorm's epsilon (default 1e-5).
     pub norm_eps: f64,
     /// The output head is the token embedding (no `lm_head.weight` of its own).
@@ -55,7 +57,8 @@ impl LlamaConfig {
     pub const DEFAULT_NORM_EPS: f64 = 1e-5;
 
     /// Positive sizes, `n_embd % n_head == 0`, `n_head % n_kv_head == 0`, an even head dim, a
-    /// positive finite `rope_theta` and `norm_eps`. The error names the key.
+    /// positive finite `rope_theta` and `norm_eps`, and a valid `rope_scaling`. The error names
+    /// the key.
     pub fn validate(&self) -> Result<()> {
         crate::config_check::positive(&[
             ("vocab_size", self.vocab_size),
@@ -83,7 +86,10 @@ impl LlamaConfig {
                 return Err(config_error(key, format!("{v} must be positive and finite")));
             }
         }
-        Ok(())
+        match &self.rope_scaling {
+            Some(scaling) => scaling.validate(),
+            None => Ok(()),
+        }
     }
 
     /// `n_embd / n_head`.
@@ -167,7 +173,12 @@ impl Llama {
             Some(attention::linear(c, config.vocab_size, std, &mut rng)?)
         };
         Ok(Llama {
-            rope: Rotary::new(config.head_dim(), config.rope_theta, init::device()),
+            rope: Rotary::new(
+                config.head_dim(),
+                config.rope_theta,
+                config.rope_scaling,
+                init::device(),
+            ),
             norm: RmsNorm::new(c, config.norm_eps)?,
             embed_tokens,
             layers,

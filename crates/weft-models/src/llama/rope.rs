@@ -30,11 +30,123 @@ pub fn inv_freq(head_dim: usize, theta: f64) -> Vec<f32> {
         .collect()
 }
 
+/// [`inv_freq`] stretched by `scaling` (unchanged without one): what transformers'
+/// `ROPE_INIT_FUNCTIONS` compute for the `rope_type`, in f32 and in the same order of operations
+/// (see [`RopeScaling`] for the formulas).
+pub fn scaled_inv_freq(head_dim: usize, theta: f64, scaling: Option<RopeScaling>) -> Vec<f32> {
+    let inv = inv_freq(head_dim, theta);
+    match scaling {
+        None => inv,
+        Some(RopeScaling::Linear { factor }) => {
+            let factor = factor as f32;
+            inv.into_iter().map(|f| f / factor).collect()
+        }
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: old,
+        }) => {
+            // the wavelength bounds are Python floats; compared with an f32 tensor they are f32
+            let low_freq_wavelen = (old as f64 / low_freq_factor) as f32;
+            let high_freq_wavelen = (old as f64 / high_freq_factor) as f32;
+            let (factor32, low32) = (factor as f32, low_freq_factor as f32);
+            let span = (high_freq_factor - low_freq_factor) as f32;
+            inv.into_iter()
+                .map(|f| {
+                    // `2 * math.pi / inv_freq` is `inv_freq.reciprocal() * (2 pi)`
+                    let wavelen = (1.0f32 / f) * std::f32::consts::TAU;
+                    let long = if wavelen > low_freq_wavelen { f / factor32 } else { f };
+                    let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                    if !medium {
+                        return long;
+                    }
+                    let smooth = ((1.0f32 / wavelen) * old as f32 - low32) / span;
+                    (1.0 - smooth) * long / factor32 + smooth * long
+                })
+                .collect()
+        }
+    }
+}
+
+/// How the rotary frequencies are stretched for contexts longer than the ones a model was first
+/// trained on (transformers' `rope_scaling`, or `rope_parameters` from transformers 5). Only
+/// `inv_freq` changes; both kinds leave the attention's scale as it is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// `"linear"` (position interpolation, Chen et al. 2023): every frequency divided by
+    /// `factor`, so position `p` rotates as `p / factor` did.
+    Linear { factor: f64 },
+    /// `"llama3"` (Llama 3.1's): with `L = original_max_position_embeddings`, a frequency whose
+    /// wavelength `2 pi / f` is above `L / low_freq_factor` is divided by `factor`, one below
+    /// `L / high_freq_factor` is kept, and one between is blended:
+    /// `(1 - s) f / factor + s f` with `s = (L / wavelength - low_freq_factor) /
+    /// (high_freq_factor - low_freq_factor)`.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// transformers' name for the kind (`rope_type`).
+    pub fn rope_type(&self) -> &'static str {
+        match self {
+            RopeScaling::Linear { .. } => "linear",
+            RopeScaling::Llama3 { .. } => "llama3",
+        }
+    }
+
+    /// Positive finite factors, `high_freq_factor > low_freq_factor` and a positive
+    /// `original_max_position_embeddings`: the error names the key under `model.rope_scaling`.
+    pub fn validate(&self) -> Result<()> {
+        self.check()
+            .map_err(|(key, msg)| crate::config_error(&format!("rope_scaling.{key}"), msg))
+    }
+
+    /// [`RopeScaling::validate`]'s checks, failing with the key (transformers' name) and why.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        let positive = |key: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err((key, format!("{v} must be positive and finite")))
+            }
+        };
+        match *self {
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err((
+                        "high_freq_factor",
+                        format!("{high_freq_factor} must be above low_freq_factor = {low_freq_factor}"),
+                    ));
+                }
+                if original_max_position_embeddings == 0 {
+                    return Err(("original_max_position_embeddings", "0 must be positive".into()));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 impl Rotary {
-    /// Rotations of heads of `head_dim` (even) by base `theta`, tables on `device`.
-    pub fn new(head_dim: usize, theta: f64, device: Device) -> Self {
+    /// Rotations of heads of `head_dim` (even) by base `theta`, stretched by `scaling`, tables
+    /// on `device`.
+    pub fn new(head_dim: usize, theta: f64, scaling: Option<RopeScaling>, device: Device) -> Self {
         Rotary {
-            inv_freq: inv_freq(head_dim, theta),
+            inv_freq: scaled_inv_freq(head_dim, theta, scaling),
             head_dim,
             device,
             tables: Mutex::new(None),
@@ -113,7 +225,7 @@ mod tests {
     #[test]
     fn rotating_matches_rotate_half_written_out() {
         let (t, h, d) = (5, 2, 4);
-        let rot = Rotary::new(d, 500.0, Device::Cpu);
+        let rot = Rotary::new(d, 500.0, None, Device::Cpu);
         let data: Vec<f32> = (0..t * h * d).map(|i| (i as f32 * 0.37).sin()).collect();
         let x = Tensor::from_vec(data.clone(), &[1, t, h, d]).unwrap();
         let y = rot.apply(&x).unwrap().to_vec::<f32>().unwrap();

@@ -132,6 +132,7 @@ mod tests {
             n_embd: 8,
             intermediate_size: 12,
             rope_theta: 10000.0,
+            rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: tie,
         }

@@ -86,6 +86,7 @@ mod tests {
             n_embd: 16,
             intermediate_size: 24,
             rope_theta: 10000.0,
+            rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: tie,
         };

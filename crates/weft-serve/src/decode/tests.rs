@@ -292,6 +292,7 @@ fn chunked_prompts_give_the_whole_prompts_logits_within_rounding() {
             n_embd: 16,
             intermediate_size: 32,
             rope_theta: weft_models::llama::LlamaConfig::DEFAULT_ROPE_THETA,
+            rope_scaling: None,
             norm_eps: weft_models::llama::LlamaConfig::DEFAULT_NORM_EPS,
             tie_embeddings: false,
         },

@@ -21,7 +21,7 @@ mod train;
 
 pub use bounds::MAX_EVAL_BATCHES;
 pub use data::{BatchesKeys, CsvKeys, DataConfig, LabelColumnConfig, TextKeys, TokensKeys};
-pub use model::{ConvnetKeys, GptKeys, LlamaKeys, MlpKeys, ModelConfig};
+pub use model::{ConvnetKeys, GptKeys, LlamaKeys, MlpKeys, ModelConfig, RopeScalingKeys};
 pub use overrides::Overrides;
 pub(crate) use parallel::uncapturable_layout;
 pub use parallel::ParallelConfig;

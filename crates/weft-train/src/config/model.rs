@@ -169,10 +169,51 @@ pub struct LlamaKeys {
     pub intermediate_size: usize,
     #[serde(default = "default_rope_theta")]
     pub rope_theta: f64,
+    /// How the rotary frequencies are stretched (none: plain rotary embeddings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScalingKeys>,
     #[serde(default = "default_norm_eps")]
     pub norm_eps: f64,
     #[serde(default)]
     pub tie_embeddings: bool,
+}
+
+/// `[model] rope_scaling` of a llama, in transformers' names: `{ rope_type = "linear", factor }`
+/// or `{ rope_type = "llama3", factor, low_freq_factor, high_freq_factor,
+/// original_max_position_embeddings }` ([`weft_models::llama::RopeScaling`] has the formulas).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RopeScalingKeys {
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScalingKeys {
+    /// The model's own form.
+    pub fn to_scaling(self) -> weft_models::llama::RopeScaling {
+        use weft_models::llama::RopeScaling;
+        match self {
+            RopeScalingKeys::Linear { factor } => RopeScaling::Linear { factor },
+            RopeScalingKeys::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            },
+        }
+    }
 }
 
 fn default_rope_theta() -> f64 {
@@ -195,6 +236,7 @@ impl LlamaKeys {
             n_embd: self.n_embd,
             intermediate_size: self.intermediate_size,
             rope_theta: self.rope_theta,
+            rope_scaling: self.rope_scaling.map(RopeScalingKeys::to_scaling),
             norm_eps: self.norm_eps,
             tie_embeddings: self.tie_embeddings,
         }

@@ -37,9 +37,25 @@ pub(super) fn syntax_error(source: &str, text: &str, e: &toml::de::Error) -> Str
     format!("{source}{}: {message}", at.unwrap_or_default())
 }
 
+/// Whether a run config's value is the one `config.json` gives: numbers by value (`8` is `8.0`),
+/// tables key by key (a `rope_scaling` written with other numbers' forms, or other keys, is not).
+fn same_value(have: &toml::Value, want: &toml::Value) -> bool {
+    let number = |v: &toml::Value| v.as_float().or(v.as_integer().map(|i| i as f64));
+    match (have, want) {
+        (toml::Value::Table(a), toml::Value::Table(b)) => {
+            a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => match (number(have), number(want)) {
+            (Some(a), Some(b)) => a == b,
+            _ => have == want,
+        },
+    }
+}
+
 /// `[init] from` naming a Hugging Face checkpoint folder: its `config.json` gives the `[model]`
 /// section when the run has none, and must agree with the one it has (every key config.json
-/// sets; keys it does not, such as `dropout`, are the run's).
+/// sets; keys it does not, such as `dropout`, are the run's). A key config.json sets that the
+/// run's `[model]` leaves out is taken from config.json.
 pub(super) fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_dir: &Path) -> Result<()> {
     let Some(from) = table
         .get("init")
@@ -74,7 +90,7 @@ pub(super) fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_d
             )));
         }
     }
-    match table.get("model") {
+    match table.get_mut("model") {
         None => {
             let mut model = theirs;
             if model.get("kind").and_then(toml::Value::as_str) == Some("gpt") {
@@ -84,13 +100,13 @@ pub(super) fn model_from_hf_folder(table: &mut toml::Table, source: &str, base_d
         }
         Some(toml::Value::Table(ours)) => {
             for (key, want) in &theirs {
-                let Some(have) = ours.get(key) else { continue };
-                let same = match (have.as_float().or(have.as_integer().map(|i| i as f64)), want) {
-                    (Some(a), toml::Value::Float(b)) => a == *b,
-                    (Some(a), toml::Value::Integer(b)) => a == *b as f64,
-                    _ => have == want,
+                // a key the run leaves out is the checkpoint's (a plain default would build
+                // another model: rope_theta 10000 for a checkpoint's 500000, say)
+                let Some(have) = ours.get(key) else {
+                    ours.insert(key.clone(), want.clone());
+                    continue;
                 };
-                if !same {
+                if !same_value(have, want) {
                     return Err(Error::Config(format!(
                         "{source}: model.{key}: {have} here, but {want} in {} (init.from); leave the key out to \
                          take the checkpoint's",

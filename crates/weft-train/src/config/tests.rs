@@ -170,3 +170,62 @@ fn a_missing_key_is_named_with_its_section() {
         "{e}"
     );
 }
+
+/// `[model] rope_scaling` of a llama: transformers' two kinds read into the model's config; a kind
+/// weft does not compute, a key it does not know and values out of range are refused naming
+/// the key.
+#[test]
+fn rope_scaling_is_read_and_checked() {
+    let llama3 = "model.rope_scaling={ rope_type = \"llama3\", factor = 8, low_freq_factor = 1.0, \
+                  high_freq_factor = 4.0, original_max_position_embeddings = 8192 }";
+    let c = parse(LLAMA, &[llama3]).unwrap();
+    let ModelConfig::Llama(l) = &c.model else {
+        panic!("{:?}", c.model)
+    };
+    assert_eq!(
+        l.to_config().rope_scaling,
+        Some(weft_models::llama::RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        })
+    );
+    let c = parse(LLAMA, &["model.rope_scaling={ rope_type = \"linear\", factor = 2.5 }"]).unwrap();
+    let ModelConfig::Llama(l) = &c.model else { panic!() };
+    assert_eq!(
+        l.to_config().rope_scaling,
+        Some(weft_models::llama::RopeScaling::Linear { factor: 2.5 })
+    );
+    let ModelConfig::Llama(l) = &parse(LLAMA, &[]).unwrap().model else {
+        panic!()
+    };
+    assert_eq!(l.rope_scaling, None);
+    for (set, want) in [
+        (
+            "model.rope_scaling={ rope_type = \"yarn\", factor = 2.0 }",
+            "model.rope_scaling",
+        ),
+        ("model.rope_scaling={ rope_type = \"yarn\", factor = 2.0 }", "yarn"),
+        (
+            "model.rope_scaling={ rope_type = \"linear\", factor = 2.0, beta = 1.0 }",
+            "beta",
+        ),
+        ("model.rope_scaling={ factor = 2.0 }", "rope_type"),
+        (
+            "model.rope_scaling={ rope_type = \"linear\", factor = 0.0 }",
+            "model.rope_scaling.factor: 0 must be positive and finite",
+        ),
+        (
+            &llama3.replace("high_freq_factor = 4.0", "high_freq_factor = 1.0"),
+            "model.rope_scaling.high_freq_factor: 1 must be above low_freq_factor = 1",
+        ),
+        (
+            &llama3.replace("= 8192", "= 0"),
+            "model.rope_scaling.original_max_position_embeddings: 0 must be positive",
+        ),
+    ] {
+        let e = refused(LLAMA, &[set]);
+        assert!(e.contains(want), "{set}: {e}");
+    }
+}
