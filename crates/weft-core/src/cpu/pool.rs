@@ -165,7 +165,18 @@ pub fn run(tasks: usize, f: impl Fn(usize) + Sync) {
     if tasks == 0 {
         return;
     }
-    let serial = || (0..tasks).for_each(&f);
+    // on the calling thread too, every task runs and the first panic is re-raised after them
+    let serial = || {
+        let mut first = None;
+        for i in 0..tasks {
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
+                first.get_or_insert(p);
+            }
+        }
+        if let Some(p) = first {
+            std::panic::resume_unwind(p);
+        }
+    };
     if tasks == 1 || IN_TASK.with(|t| t.get()) {
         return serial();
     }
@@ -356,6 +367,8 @@ mod tests {
         assert_eq!(total.load(Ordering::Relaxed), 4 * 20 * 64);
     }
 
+    /// Also when the pool is busy with another thread's kernel (tests run side by side), so the
+    /// tasks run on the calling thread: that path stopped at the panic (7 of 64 ran).
     #[test]
     fn a_panicking_task_panics_the_caller_after_the_rest_finish() {
         let done = AtomicUsize::new(0);
@@ -367,6 +380,20 @@ mod tests {
                 done.fetch_add(1, Ordering::Relaxed);
             })
         }));
+        assert!(r.is_err());
+        assert_eq!(done.load(Ordering::Relaxed), 63);
+        // with the pool held, as another thread's kernel holds it
+        let held = pool().submit.lock().unwrap_or_else(|e| e.into_inner());
+        let done = AtomicUsize::new(0);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(64, |i| {
+                if i == 7 {
+                    panic!("task 7");
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            })
+        }));
+        drop(held);
         assert!(r.is_err());
         assert_eq!(done.load(Ordering::Relaxed), 63);
     }
