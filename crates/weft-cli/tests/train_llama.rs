@@ -194,6 +194,41 @@ sample_tokens = 20
     path
 }
 
+/// A llama with biases on q, k and v (Qwen2's attention): the biases are parameters that train
+/// (named as transformers names them), and tensor parallelism cuts them with their weights: two
+/// ranks at `tp = 2` give the losses of one process.
+#[test]
+fn qkv_biases_train_and_cut_with_tensor_parallelism() {
+    let out = temp_dir("llama-qkv-bias");
+    let config = text_config(&out, "n_kv_head = 2\nn_embd = 32\nqkv_bias = true", "");
+    let one = out.join("one.jsonl");
+    let ckpt = out.join("ckpt");
+    weft_ok(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--quiet",
+        "--set",
+        &path_set("train.metrics", &one),
+        "--set",
+        &path_set("train.checkpoint_dir", &ckpt),
+    ]);
+    let tp = out.join("tp.jsonl");
+    common::launch_train_ok(
+        2,
+        Some(&config),
+        &[],
+        &[path_set("train.metrics", &tp), "parallel.tp=2".to_string()],
+    );
+    common::assert_same_curve(&losses(&one), &losses(&tp), 1e-5, "tp = 2 against one process");
+    // the checkpoint holds the biases, moved away from their zero start
+    let w = weft_core::io::safetensors::load(&ckpt.join("step-00000005").join("model-rank-00000.safetensors")).unwrap();
+    let b = &w.tensors["model.layers.0.self_attn.k_proj.bias"];
+    assert_eq!(b.shape(), [16]);
+    assert!(b.to_vec_f64().iter().any(|x| *x != 0.0), "k_proj.bias did not train");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn a_llama_trained_on_text_samples_and_generates_from_its_checkpoint() {
     let out = temp_dir("llama-generate");

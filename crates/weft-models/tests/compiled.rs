@@ -158,6 +158,7 @@ fn llama_steps_replay_bit_for_bit() {
         rope_scaling: None,
         norm_eps: LlamaConfig::DEFAULT_NORM_EPS,
         tie_embeddings: true,
+        qkv_bias: false,
     };
     let eager = Llama::new(config.clone(), 11).unwrap();
     let compiled = Llama::new(config, 11).unwrap();

@@ -243,6 +243,8 @@ fn a_written_folder_reads_back_the_same() {
         "llama_tied",
         "llama_rope_llama3",
         "llama_rope_linear",
+        "qwen2",
+        "mistral",
     ] {
         let ck = hf::read_folder(&fixture(name)).unwrap();
         let d = temp(&format!("out-{name}"));
@@ -263,10 +265,23 @@ fn a_written_folder_reads_back_the_same() {
         // stored as transformers stores them: Conv1D [in, out], no tied head, format pt
         let file = safetensors::load(&d.join("model.safetensors")).unwrap();
         assert_eq!(file.metadata.get("format").map(String::as_str), Some("pt"));
-        assert!(!file.tensors.contains_key("lm_head.weight") || ["llama_gqa", "llama_rope_linear"].contains(&name));
+        assert!(
+            !file.tensors.contains_key("lm_head.weight")
+                || ["llama_gqa", "llama_rope_linear", "mistral"].contains(&name)
+        );
         if name == "gpt2" {
             assert_eq!(file.tensors["transformer.h.0.attn.c_attn.weight"].shape(), [32, 96]);
         }
+        // a llama with biases on q, k and v is written as Qwen2 (Llama's attention_bias would
+        // put one on o_proj too); a Mistral model as the llama it computes
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+        let arch = match name {
+            "gpt2" => "GPT2LMHeadModel",
+            "qwen2" => "Qwen2ForCausalLM",
+            _ => "LlamaForCausalLM",
+        };
+        assert_eq!(written["architectures"], json!([arch]), "{name}");
     }
     // a gpt without biases has no GPT-2 form
     let keys = json!({"kind": "gpt", "vocab_size": 8, "block_size": 4, "n_layer": 1, "n_head": 1,
@@ -360,7 +375,64 @@ fn llama_folders_compute_the_logits_transformers_does() {
             let worst = off.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(worst > 1e-3, "{name}: {worst}");
         }
+        if config.qkv_bias {
+            // the biases are read and used: the same weights without them compute other logits
+            let mut tensors = ck.tensors.clone();
+            for (n, t) in tensors.iter_mut() {
+                if n.ends_with("_proj.bias") {
+                    *t = weft_core::Tensor::zeros(t.shape(), t.dtype()).unwrap();
+                }
+            }
+            let unbiased = Llama::new(config.clone(), 0).unwrap();
+            weft_nn::state_dict::load_state_dict(&unbiased, &tensors, unbiased.aliases(), name).unwrap();
+            let off = unbiased.forward(&ids).unwrap().to_vec_f64();
+            let worst = off.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst > 1e-3, "{name}: {worst}");
+        }
     }
+}
+
+/// Qwen2 folders read as a llama with biases on q, k and v; Mistral folders without a sliding
+/// window shorter than their positions as a plain llama. Sliding-window attention is refused
+/// naming the key.
+#[test]
+fn qwen2_and_mistral_folders_read_as_llama() {
+    let qwen2 = hf::read_folder(&fixture("qwen2")).unwrap();
+    assert_eq!(qwen2.model["kind"], json!("llama"));
+    assert_eq!(qwen2.model["qkv_bias"], json!(true));
+    assert_eq!(qwen2.model["rope_theta"], json!(1000000.0));
+    assert_eq!(qwen2.model["norm_eps"], json!(1e-6));
+    assert_eq!(qwen2.tensors["model.layers.1.self_attn.k_proj.bias"].shape(), [16]);
+    let mistral = hf::read_folder(&fixture("mistral")).unwrap();
+    assert_eq!(mistral.model["kind"], json!("llama"));
+    assert_eq!(mistral.model["n_kv_head"], json!(1));
+    assert!(!mistral.model.contains_key("qkv_bias"));
+    let keys = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let text = std::fs::read_to_string(fixture(name).join("config.json")).unwrap();
+        let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut c);
+        hf::to_weft_keys(&c.to_string(), "config.json").map_err(|e| e.to_string())
+    };
+    let e = keys("qwen2", &|c| c["use_sliding_window"] = json!(true)).unwrap_err();
+    assert!(e.contains("config.json: use_sliding_window: true"), "{e}");
+    let e = keys("qwen2", &|c| {
+        c["layer_types"] = json!(["full_attention", "sliding_attention"])
+    })
+    .unwrap_err();
+    assert!(e.contains("config.json: layer_types"), "{e}");
+    let e = keys("mistral", &|c| c["sliding_window"] = json!(4)).unwrap_err();
+    assert!(
+        e.contains("config.json: sliding_window: 4: weft's llama attends to every earlier position"),
+        "{e}"
+    );
+    // a window as long as the positions computes the same as none
+    keys("mistral", &|c| c["sliding_window"] = json!(32)).unwrap();
+    // the kind from model_type when architectures is absent
+    let k = keys("qwen2", &|c| {
+        c.as_object_mut().unwrap().remove("architectures");
+    })
+    .unwrap();
+    assert_eq!(k["qkv_bias"], json!(true));
 }
 
 /// Llama 3.1's rope scaling, as transformers 5 saves it (`rope_parameters`), and linear scaling in

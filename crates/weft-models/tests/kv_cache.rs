@@ -65,6 +65,7 @@ fn llama_of_block(n_kv_head: usize, tie: bool, block_size: usize) -> Llama {
             rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: tie,
+            qkv_bias: false,
         },
         6,
     )

@@ -90,6 +90,7 @@ fn the_initialisation_is_transformers() {
         rope_scaling: None,
         norm_eps: 1e-5,
         tie_embeddings: false,
+        qkv_bias: false,
     };
     let model = Llama::new(config, 3).unwrap();
     for (name, p) in model.parameters() {

@@ -70,8 +70,9 @@ pub fn parameter_count(cfg: &ModelConfig) -> f64 {
             let (c, inter) = (l.n_embd as f64, l.intermediate_size as f64);
             let kv = l.n_kv_head as f64 * (l.n_embd / l.n_head.max(1)) as f64;
             // per layer: two RMSNorms, q and o (C x C), k and v (kv x C), gate, up and down
-            // (I x C each)
-            let layer = 2.0 * c + 2.0 * c * c + 2.0 * kv * c + 3.0 * inter * c;
+            // (I x C each); q, k and v's biases when there are
+            let bias = if l.qkv_bias { c + 2.0 * kv } else { 0.0 };
+            let layer = 2.0 * c + 2.0 * c * c + 2.0 * kv * c + 3.0 * inter * c + bias;
             let heads = if l.tie_embeddings { 1.0 } else { 2.0 };
             heads * l.vocab_size as f64 * c + l.n_layer as f64 * layer + c
         }
@@ -258,6 +259,7 @@ mod tests {
             rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: false,
+            qkv_bias: false,
         };
         assert_eq!(parameter_count(&ModelConfig::Llama(llama2.clone())), 6_738_415_616.0);
         // grouped-query and tied: a model built and counted
@@ -273,7 +275,16 @@ mod tests {
         };
         let built = weft_models::llama::Llama::new(small.to_config(), 0).unwrap();
         let n: usize = weft_nn::Module::parameters(&built).iter().map(|(_, t)| t.numel()).sum();
-        assert_eq!(parameter_count(&ModelConfig::Llama(small)), n as f64);
+        assert_eq!(parameter_count(&ModelConfig::Llama(small.clone())), n as f64);
+        // with biases on q, k and v (Qwen2's)
+        let biased = LlamaKeys {
+            qkv_bias: true,
+            ..small
+        };
+        let built = weft_models::llama::Llama::new(biased.to_config(), 0).unwrap();
+        let m: usize = weft_nn::Module::parameters(&built).iter().map(|(_, t)| t.numel()).sum();
+        assert_eq!(m, n + 3 * (16 + 2 * 2 * 4));
+        assert_eq!(parameter_count(&ModelConfig::Llama(biased)), m as f64);
     }
 
     #[test]

@@ -12,8 +12,14 @@ use crate::llama::{LlamaConfig, RopeScaling};
 /// transformers' `LlamaConfig` default `rms_norm_eps`, for a config.json without the key.
 const TRANSFORMERS_RMS_NORM_EPS: f64 = 1e-6;
 
-/// The architectures weft reads and writes.
-pub const ARCHITECTURES: [&str; 2] = ["GPT2LMHeadModel", "LlamaForCausalLM"];
+/// The architectures weft reads (and writes: a Mistral model is written as `LlamaForCausalLM`,
+/// the same computation).
+pub const ARCHITECTURES: [&str; 4] = [
+    "GPT2LMHeadModel",
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "MistralForCausalLM",
+];
 
 fn bad(source: &str, key: &str, msg: impl std::fmt::Display) -> Error {
     Error::Io(format!("{source}: {key}: {msg}"))
@@ -28,7 +34,7 @@ pub fn to_weft_keys(text: &str, source: &str) -> Result<Map<String, Value>> {
     let arch = architecture(c, source)?;
     match arch.as_str() {
         "GPT2LMHeadModel" => gpt2_keys(c, source),
-        _ => llama_keys(c, source),
+        other => llama_keys(c, source, other),
     }
 }
 
@@ -46,6 +52,8 @@ fn architecture(c: &Map<String, Value>, source: &str) -> Result<String> {
         None => match c.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => vec!["GPT2LMHeadModel".into()],
             Some("llama") => vec!["LlamaForCausalLM".into()],
+            Some("qwen2") => vec!["Qwen2ForCausalLM".into()],
+            Some("mistral") => vec!["MistralForCausalLM".into()],
             Some(t) => vec![t.to_string()],
             None => Vec::new(),
         },
@@ -162,8 +170,50 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
     Ok(m)
 }
 
-fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>> {
+/// A llama's keys from the `config.json` of `arch`: `LlamaForCausalLM`, `Qwen2ForCausalLM`
+/// (biases on q, k and v; no sliding-window layers) or `MistralForCausalLM` (without a sliding
+/// window shorter than its positions).
+fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<String, Value>> {
     let n_embd = usize_key(c, "hidden_size", source)?;
+    let block_size = usize_key(c, "max_position_embeddings", source)?;
+    match arch {
+        "Qwen2ForCausalLM" => {
+            if bool_key(c, "use_sliding_window", false, source)? {
+                return Err(bad(
+                    source,
+                    "use_sliding_window",
+                    "true: weft's llama attends to every earlier position",
+                ));
+            }
+            if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
+                let all_full = types
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(|t| t.as_str() == Some("full_attention")));
+                if !all_full {
+                    return Err(bad(
+                        source,
+                        "layer_types",
+                        format!("{types}: weft's llama has full attention in every layer"),
+                    ));
+                }
+            }
+        }
+        "MistralForCausalLM" => match c.get("sliding_window") {
+            None | Some(Value::Null) => {}
+            Some(w) if w.as_u64().is_some_and(|w| w >= block_size as u64) => {}
+            Some(w) => {
+                return Err(bad(
+                    source,
+                    "sliding_window",
+                    format!(
+                        "{w}: weft's llama attends to every earlier position (a window of at least \
+                         max_position_embeddings = {block_size}, or null, computes the same)"
+                    ),
+                ))
+            }
+        },
+        _ => {}
+    }
     let n_head = usize_key(c, "num_attention_heads", source)?;
     let n_kv_head = match c.get("num_key_value_heads") {
         None | Some(Value::Null) => n_head,
@@ -191,10 +241,7 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
     let mut m = Map::new();
     m.insert("kind".into(), json!("llama"));
     m.insert("vocab_size".into(), json!(usize_key(c, "vocab_size", source)?));
-    m.insert(
-        "block_size".into(),
-        json!(usize_key(c, "max_position_embeddings", source)?),
-    );
+    m.insert("block_size".into(), json!(block_size));
     m.insert("n_layer".into(), json!(usize_key(c, "num_hidden_layers", source)?));
     m.insert("n_head".into(), json!(n_head));
     m.insert("n_kv_head".into(), json!(n_kv_head));
@@ -215,6 +262,9 @@ fn llama_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>
         "tie_embeddings".into(),
         json!(bool_key(c, "tie_word_embeddings", false, source)?),
     );
+    if arch == "Qwen2ForCausalLM" {
+        m.insert("qkv_bias".into(), json!(true));
+    }
     Ok(m)
 }
 
@@ -329,7 +379,8 @@ fn scaling_keys(s: &RopeScaling) -> Value {
 }
 
 /// The `config.json` of weft `[model]` keys (a gpt or llama), as `transformers` writes one for
-/// `GPT2LMHeadModel` or `LlamaForCausalLM`. Errors for a model it cannot express.
+/// `GPT2LMHeadModel`, `LlamaForCausalLM` or (a llama with `qkv_bias`) `Qwen2ForCausalLM`.
+/// Errors for a model it cannot express.
 pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
     let get = |k: &str| keys.get(k).cloned().unwrap_or(Value::Null);
     let unsupported = |msg: String| Error::Invalid { op: "hf export", msg };
@@ -388,26 +439,39 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
                     }
                 }
             };
-            Ok(json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": num("vocab_size")?,
-            "max_position_embeddings": num("block_size")?,
-            "num_hidden_layers": num("n_layer")?,
-            "num_attention_heads": num("n_head")?,
-            "num_key_value_heads": num("n_kv_head")?,
-            "hidden_size": num("n_embd")?,
-            "intermediate_size": num("intermediate_size")?,
-            "hidden_act": "silu",
-            "rope_theta": get("rope_theta").as_f64().unwrap_or(LlamaConfig::DEFAULT_ROPE_THETA),
-            "rms_norm_eps": get("norm_eps").as_f64().unwrap_or(LlamaConfig::DEFAULT_NORM_EPS),
-            "tie_word_embeddings": get("tie_embeddings").as_bool().unwrap_or(false),
-            "attention_bias": false,
-            "mlp_bias": false,
-            "rope_scaling": rope_scaling,
-            "initializer_range": 0.02,
-            "torch_dtype": "float32",
-            }))
+            let mut c = json!({
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": num("vocab_size")?,
+                "max_position_embeddings": num("block_size")?,
+                "num_hidden_layers": num("n_layer")?,
+                "num_attention_heads": num("n_head")?,
+                "num_key_value_heads": num("n_kv_head")?,
+                "hidden_size": num("n_embd")?,
+                "intermediate_size": num("intermediate_size")?,
+                "hidden_act": "silu",
+                "rope_theta": get("rope_theta").as_f64().unwrap_or(LlamaConfig::DEFAULT_ROPE_THETA),
+                "rms_norm_eps": get("norm_eps").as_f64().unwrap_or(LlamaConfig::DEFAULT_NORM_EPS),
+                "tie_word_embeddings": get("tie_embeddings").as_bool().unwrap_or(false),
+                "attention_bias": false,
+                "mlp_bias": false,
+                "rope_scaling": rope_scaling,
+                "initializer_range": 0.02,
+                "torch_dtype": "float32",
+            });
+            if get("qkv_bias").as_bool() == Some(true) {
+                // biases on q, k and v alone are Qwen2's attention (LlamaForCausalLM's
+                // attention_bias puts one on o_proj too)
+                let o = c.as_object_mut().expect("an object");
+                o.remove("attention_bias");
+                o.remove("mlp_bias");
+                o.insert("architectures".into(), json!(["Qwen2ForCausalLM"]));
+                o.insert("model_type".into(), json!("qwen2"));
+                o.insert("use_sliding_window".into(), json!(false));
+                o.insert("sliding_window".into(), Value::Null);
+                o.insert("max_window_layers".into(), json!(num("n_layer")?));
+            }
+            Ok(c)
         }
         other => Err(unsupported(format!(
             "model.kind = {other:?}: Hugging Face export writes gpt and llama models only"

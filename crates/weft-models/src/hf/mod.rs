@@ -1,6 +1,7 @@
 //! Hugging Face checkpoint folders: `config.json` plus `model.safetensors` (or shards listed in
-//! `model.safetensors.index.json`), for `GPT2LMHeadModel` and `LlamaForCausalLM`, read into
-//! weft's `[model]` keys and parameter names, and written back from them.
+//! `model.safetensors.index.json`), for `GPT2LMHeadModel`, `LlamaForCausalLM`,
+//! `Qwen2ForCausalLM` and `MistralForCausalLM` (the last two weft's llama), read into weft's
+//! `[model]` keys and parameter names, and written back from them.
 //!
 //! Names: llama's are Hugging Face's already. GPT-2 checkpoints name tensors with or without
 //! `transformer.` (as `GPT2LMHeadModel` or `GPT2Model` saved them) and store the weights of its

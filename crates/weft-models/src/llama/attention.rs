@@ -1,6 +1,6 @@
 //! Grouped-query causal self-attention (transformers' `LlamaAttention`): separate q, k, v and o
-//! projections without biases, rotary embeddings on q and k, `n_kv_head` key/value heads each
-//! shared by `n_head / n_kv_head` query heads.
+//! projections without biases (or with biases on q, k and v, as Qwen2's), rotary embeddings on q
+//! and k, `n_kv_head` key/value heads each shared by `n_head / n_kv_head` query heads.
 
 use weft_core::{Generator, Result, Tensor};
 use weft_nn::init;
@@ -12,7 +12,8 @@ use super::rope::Rotary;
 use crate::config_error;
 
 /// `q_proj` `[n_head * hd, C]`, `k_proj` and `v_proj` `[n_kv_head * hd, C]`, `o_proj`
-/// `[C, n_head * hd]`.
+/// `[C, n_head * hd]`; with `qkv_bias`, biases `[n_head * hd]` and `[n_kv_head * hd]` on q, k
+/// and v.
 #[derive(Clone, Debug)]
 pub struct LlamaAttention {
     pub q_proj: Linear,
@@ -35,14 +36,31 @@ pub(super) fn linear(in_features: usize, out_features: usize, std: f64, rng: &mu
     })
 }
 
+/// [`linear`] with a bias of zeros.
+fn biased(in_features: usize, out_features: usize, std: f64, rng: &mut Generator) -> Result<Linear> {
+    Ok(Linear {
+        bias: Some(init::constant(&[out_features], 0.0, weft_core::DType::F32)?),
+        ..linear(in_features, out_features, std, rng)?
+    })
+}
+
 impl LlamaAttention {
-    /// Weights `N(0, std)`; `n_embd = n_head * head_dim` (checked by the config).
-    pub fn new(n_embd: usize, n_head: usize, n_kv_head: usize, std: f64, rng: &mut Generator) -> Result<Self> {
+    /// Weights `N(0, std)`, biases (with `qkv_bias`) zero; `n_embd = n_head * head_dim`
+    /// (checked by the config).
+    pub fn new(
+        n_embd: usize,
+        n_head: usize,
+        n_kv_head: usize,
+        qkv_bias: bool,
+        std: f64,
+        rng: &mut Generator,
+    ) -> Result<Self> {
         let hd = n_embd / n_head;
+        let qkv = if qkv_bias { biased } else { linear };
         Ok(LlamaAttention {
-            q_proj: linear(n_embd, n_head * hd, std, rng)?,
-            k_proj: linear(n_embd, n_kv_head * hd, std, rng)?,
-            v_proj: linear(n_embd, n_kv_head * hd, std, rng)?,
+            q_proj: qkv(n_embd, n_head * hd, std, rng)?,
+            k_proj: qkv(n_embd, n_kv_head * hd, std, rng)?,
+            v_proj: qkv(n_embd, n_kv_head * hd, std, rng)?,
             o_proj: linear(n_head * hd, n_embd, std, rng)?,
             n_head,
             n_kv_head,

@@ -1,7 +1,7 @@
 //! Llama in transformers' `LlamaForCausalLM` layout: a token embedding, pre-norm decoder layers
 //! of grouped-query causal self-attention with rotary position embeddings and a SwiGLU MLP
-//! (RMSNorm before each, no biases), a final RMSNorm and an output head (`lm_head`, or the token
-//! embedding when tied). Rotary embeddings are in `rope.rs`, the attention in `attention.rs`,
+//! (RMSNorm before each, no biases, or biases on q, k and v as Qwen2's), a final RMSNorm and an
+//! output head (`lm_head`, or the token embedding when tied). Rotary embeddings are in `rope.rs`, the attention in `attention.rs`,
 //! the MLP in `mlp.rs`, pipeline stages in `stages.rs`, the shapes a config implies in
 //! `shapes.rs`.
 
@@ -48,6 +48,8 @@ pub struct LlamaConfig {
     pub norm_eps: f64,
     /// The output head is the token embedding (no `lm_head.weight` of its own).
     pub tie_embeddings: bool,
+    /// The q, k and v projections carry biases (Qwen2's attention; default false).
+    pub qkv_bias: bool,
 }
 
 impl LlamaConfig {
@@ -162,7 +164,7 @@ impl Llama {
         for _ in 0..config.n_layer {
             layers.push(LlamaLayer {
                 input_layernorm: RmsNorm::new(c, config.norm_eps)?,
-                self_attn: LlamaAttention::new(c, config.n_head, config.n_kv_head, std, &mut rng)?,
+                self_attn: LlamaAttention::new(c, config.n_head, config.n_kv_head, config.qkv_bias, std, &mut rng)?,
                 post_attention_layernorm: RmsNorm::new(c, config.norm_eps)?,
                 mlp: LlamaMlp::new(c, config.intermediate_size, std, &mut rng)?,
             });

@@ -57,7 +57,8 @@ pub fn scaled_inv_freq(head_dim: usize, theta: f64, scaling: Option<RopeScaling>
                     // `2 * math.pi / inv_freq` is `inv_freq.reciprocal() * (2 pi)`
                     let wavelen = (1.0f32 / f) * std::f32::consts::TAU;
                     let long = if wavelen > low_freq_wavelen { f / factor32 } else { f };
-                    let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                    // transformers' `~(wavelen < high) * ~(wavelen > low)` (no NaN: f > 0)
+                    let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
                     if !medium {
                         return long;
                     }

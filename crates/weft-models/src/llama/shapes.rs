@@ -46,9 +46,12 @@ impl LlamaConfig {
         for l in 0..self.n_layer {
             let p = format!("model.layers.{l}");
             out.push((format!("{p}.input_layernorm.weight"), vec![c.clone()]));
-            out.push((format!("{p}.self_attn.q_proj.weight"), vec![c.clone(), c.clone()]));
-            out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv.clone(), c.clone()]));
-            out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv.clone(), c.clone()]));
+            for (proj, out_dim) in [("q_proj", &c), ("k_proj", &kv), ("v_proj", &kv)] {
+                out.push((format!("{p}.self_attn.{proj}.weight"), vec![out_dim.clone(), c.clone()]));
+                if self.qkv_bias {
+                    out.push((format!("{p}.self_attn.{proj}.bias"), vec![out_dim.clone()]));
+                }
+            }
             out.push((format!("{p}.self_attn.o_proj.weight"), vec![c.clone(), c.clone()]));
             out.push((format!("{p}.post_attention_layernorm.weight"), vec![c.clone()]));
             out.push((format!("{p}.mlp.gate_proj.weight"), vec![i.clone(), c.clone()]));
@@ -135,6 +138,7 @@ mod tests {
             rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: tie,
+            qkv_bias: false,
         }
     }
 

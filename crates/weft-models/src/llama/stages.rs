@@ -89,6 +89,7 @@ mod tests {
             rope_scaling: None,
             norm_eps: 1e-5,
             tie_embeddings: tie,
+            qkv_bias: false,
         };
         Llama::new(config, 1).unwrap()
     }

@@ -21,6 +21,7 @@ pub fn llama_config(m: &serde_json::Value) -> LlamaConfig {
         tie_embeddings: m["tie_embeddings"]
             .as_bool()
             .unwrap_or_else(|| panic!("tie_embeddings")),
+        qkv_bias: m["qkv_bias"].as_bool().unwrap_or(false),
     }
 }
 

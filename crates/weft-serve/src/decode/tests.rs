@@ -295,6 +295,7 @@ fn chunked_prompts_give_the_whole_prompts_logits_within_rounding() {
             rope_scaling: None,
             norm_eps: weft_models::llama::LlamaConfig::DEFAULT_NORM_EPS,
             tie_embeddings: false,
+            qkv_bias: false,
         },
         5,
     )

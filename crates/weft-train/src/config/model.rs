@@ -176,6 +176,9 @@ pub struct LlamaKeys {
     pub norm_eps: f64,
     #[serde(default)]
     pub tie_embeddings: bool,
+    /// Biases on the q, k and v projections (Qwen2's attention).
+    #[serde(default)]
+    pub qkv_bias: bool,
 }
 
 /// `[model] rope_scaling` of a llama, in transformers' names: `{ rope_type = "linear", factor }`
@@ -239,6 +242,7 @@ impl LlamaKeys {
             rope_scaling: self.rope_scaling.map(RopeScalingKeys::to_scaling),
             norm_eps: self.norm_eps,
             tie_embeddings: self.tie_embeddings,
+            qkv_bias: self.qkv_bias,
         }
     }
 }
