@@ -39,7 +39,7 @@ use weft_models::{CachedTokens, KvCache, LanguageModel};
 
 use crate::detok::{Detokenizer, StopText};
 use crate::error::ApiError;
-use crate::generation::{Finish, GenerateParams, Generated, Piece};
+use crate::generation::{Constraints, Finish, GenerateParams, Generated, Piece};
 use crate::logprobs::TokenLogprob;
 use crate::registry::{Admitted, Served};
 
@@ -47,8 +47,8 @@ use crate::registry::{Admitted, Served};
 pub(crate) struct DecodeJob {
     ids: Vec<i64>,
     params: GenerateParams,
-    /// Its stop sequences (not empty strings).
-    stop: Vec<String>,
+    /// Its stop sequences (not empty strings), bad words and end token.
+    constraints: Constraints,
     /// When the request arrived (the time to its first token is measured from here).
     arrived: Instant,
     /// When it was admitted (its time in the queue is measured from here).
@@ -71,17 +71,18 @@ impl DecodeJob {
 }
 
 /// Queues a generation of `params.max_tokens` tokens after the prompt `ids` (checked by the
-/// caller), ended early by the first of the stop sequences `stop` that its text holds, on the
-/// admitted model's decode thread. Its pieces arrive on the returned channel, the
-/// last one `Done` or `Failed`; dropping the receiver ends the sequence at its next step.
+/// caller), ended early by the first of the stop sequences of `constraints` that its text holds
+/// or by its end token, and never drawing its bad words, on the admitted model's decode thread.
+/// Its pieces arrive on the returned channel, the last one `Done` or `Failed`; dropping the
+/// receiver ends the sequence at its next step.
 pub(crate) fn submit(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
-    stop: Vec<String>,
+    constraints: impl Into<Constraints>,
     arrived: Instant,
 ) -> UnboundedReceiver<Piece> {
-    let mut one = submit_group(vec![(admitted, params)], ids, stop, arrived);
+    let mut one = submit_group(vec![(admitted, params)], ids, constraints, arrived);
     one.pop().expect("one completion asked for")
 }
 
@@ -91,9 +92,10 @@ pub(crate) fn submit(
 pub(crate) fn submit_group(
     asks: Vec<(Admitted, GenerateParams)>,
     ids: Vec<i64>,
-    stop: Vec<String>,
+    constraints: impl Into<Constraints>,
     arrived: Instant,
 ) -> Vec<UnboundedReceiver<Piece>> {
+    let constraints = constraints.into();
     let mut receivers = Vec::with_capacity(asks.len());
     let mut jobs = Vec::with_capacity(asks.len());
     let mut version = None;
@@ -104,7 +106,7 @@ pub(crate) fn submit_group(
         jobs.push(DecodeJob {
             ids: if jobs.is_empty() { ids.clone() } else { Vec::new() },
             params,
-            stop: stop.clone(),
+            constraints: constraints.clone(),
             arrived,
             admitted_at: at,
             out,
@@ -204,7 +206,7 @@ impl Sequence {
             started: false,
             siblings: Vec::new(),
             detok: Detokenizer::new(job.ids.len()),
-            stops: StopText::new(job.stop.clone()),
+            stops: StopText::new(job.constraints.stop.clone()),
             sent: String::new(),
             logprobs: Vec::new(),
             logprobs_sent: 0,
@@ -460,7 +462,23 @@ fn draw(served: &Served, tok: &weft_data::Tokenizer, who: &str, seq: &mut Sequen
         0.0
     };
     let made = seq.tokens.len() - seq.prompt_tokens;
-    let next = match sampling.choose(row, u) {
+    // bad words: the draw is made from the other tokens, in id order, which is a draw with
+    // their logits at minus infinity (the sampler refuses infinite logits)
+    let banned = seq.job.constraints.banned(&seq.tokens);
+    let chosen = if banned.is_empty() {
+        sampling.choose(row, u)
+    } else {
+        let kept: Vec<usize> = (0..row.len()).filter(|id| banned.binary_search(id).is_err()).collect();
+        if kept.is_empty() {
+            seq.fail(ApiError::bad_request(format!(
+                "bad_words: every token is a bad word after new token {made}: nothing can be generated"
+            )));
+            return;
+        }
+        let logits: Vec<f64> = kept.iter().map(|&id| row[id]).collect();
+        sampling.choose(&logits, u).map(|i| kept[i])
+    };
+    let next = match chosen {
         Ok(t) => t as i64,
         Err(e) => {
             seq.fail(ApiError::internal(format!(
@@ -472,7 +490,11 @@ fn draw(served: &Served, tok: &weft_data::Tokenizer, who: &str, seq: &mut Sequen
     if let Some(k) = seq.job.params.logprobs {
         seq.logprobs.push(crate::logprobs::from_row(row, next as usize, k));
     }
-    seq.tokens.push(next);
+    // the end token ends the sequence and is not part of its text
+    let ended = seq.job.constraints.end_id == Some(next);
+    if !ended {
+        seq.tokens.push(next);
+    }
     let made = made + 1;
     served
         .stats
@@ -484,7 +506,7 @@ fn draw(served: &Served, tok: &weft_data::Tokenizer, who: &str, seq: &mut Sequen
             .time_to_first_token
             .observe(seq.job.arrived.elapsed().as_secs_f64());
     }
-    emit(seq, tok, made, who);
+    emit(seq, tok, made, ended, who);
 }
 
 /// Each running sequence's logits of its last new token, `[vocab]`: one cached forward of all of
@@ -519,9 +541,10 @@ fn forward_rows(lm: &dyn LanguageModel, running: &mut [Sequence]) -> Vec<weft_co
 }
 
 /// Sends `seq`'s new text (once it decodes whole, and without what could start a stop
-/// sequence) and, after its last token or at a stop sequence, the answer.
-fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) {
-    let last = made >= seq.job.params.max_tokens;
+/// sequence) and, after its last token, at a stop sequence or when it drew its end token
+/// (`ended`: the token is not among its tokens), the answer.
+fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, ended: bool, who: &str) {
+    let last = ended || made >= seq.job.params.max_tokens;
     let new = match seq.detok.next(tok, &seq.tokens, last) {
         Ok(t) => t,
         Err(e) => return seq.fail(ApiError::internal(format!("{who}: {e}"))),
@@ -547,7 +570,7 @@ fn emit(seq: &mut Sequence, tok: &weft_data::Tokenizer, made: usize, who: &str) 
             text,
             prompt_tokens: seq.prompt_tokens,
             completion_tokens: made,
-            finish: if stopped { Finish::Stop } else { Finish::Length },
+            finish: if stopped || ended { Finish::Stop } else { Finish::Length },
             logprobs: std::mem::take(&mut seq.logprobs),
         }));
         seq.done = true;

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use weft_models::{LanguageModel, Sampling};
 
 use crate::detok::{MAX_STOPS, MAX_STOP_BYTES};
-use crate::error::ApiError;
+use crate::error::{echo, ApiError};
 use crate::json::{Shallow, StringOrList, KEPT_ITEMS};
 use crate::logprobs::TokenLogprob;
 use crate::registry::{Admitted, Served};
@@ -88,7 +88,7 @@ impl RequestedParams {
 pub enum Finish {
     /// It made the tokens asked for.
     Length,
-    /// Its text reached a stop sequence.
+    /// Its text reached a stop sequence, or it drew its end token.
     Stop,
 }
 
@@ -105,7 +105,8 @@ impl Finish {
 /// What a generation made.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generated {
-    /// The new text (without the prompt; at a stop sequence, the text before it).
+    /// The new text (without the prompt; at a stop sequence, the text before it; without the
+    /// end token).
     pub text: String,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -113,6 +114,170 @@ pub struct Generated {
     /// With `logprobs`, one entry per new token (the stop sequence's tokens included); else
     /// empty.
     pub logprobs: Vec<TokenLogprob>,
+}
+
+/// What ends or restricts a generation besides its sampling: stop sequences (on its text),
+/// bad words (token ids never drawn in a row) and an end token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Constraints {
+    /// Stop sequences (not empty strings): the text ends just before the first that it holds.
+    pub stop: Vec<String>,
+    /// Bad words as token ids (none empty), TensorRT-LLM's: a word's last token is never drawn
+    /// right after the tokens before it in the word (a word of one token: never drawn).
+    pub bad_words: Vec<Vec<i64>>,
+    /// A token id (below the tokenizer's vocabulary) that ends the generation when drawn; it
+    /// is not part of the text.
+    pub end_id: Option<i64>,
+}
+
+impl From<Vec<String>> for Constraints {
+    /// Stop sequences only.
+    fn from(stop: Vec<String>) -> Constraints {
+        Constraints {
+            stop,
+            ..Constraints::default()
+        }
+    }
+}
+
+impl Constraints {
+    /// The tokens that may not come after `tokens` (the prompt and the tokens made so far):
+    /// the last token of each bad word whose other tokens end `tokens`. Sorted, no repeats.
+    pub(crate) fn banned(&self, tokens: &[i64]) -> Vec<usize> {
+        let mut banned: Vec<usize> = self
+            .bad_words
+            .iter()
+            .filter_map(|word| {
+                let (last, before) = word.split_last()?;
+                tokens.ends_with(before).then_some(*last as usize)
+            })
+            .collect();
+        banned.sort_unstable();
+        banned.dedup();
+        banned
+    }
+}
+
+/// The most bad words a request may give (each of at most [`MAX_STOP_BYTES`]).
+pub const MAX_BAD_WORDS: usize = KEPT_ITEMS;
+
+/// TensorRT-LLM's `stop_words` or `bad_words` as a request's `field` gives them: absent or null
+/// (none), one string, or an array of at most `max` strings (at most [`KEPT_ITEMS`]), each of
+/// at most [`MAX_STOP_BYTES`]. Empty strings are none (TensorRT-LLM skips a word of no tokens:
+/// its clients send `""` for no words). 400 naming `field` otherwise.
+pub fn word_list(field: &str, value: Option<&StringOrList>, max: usize) -> Result<Vec<String>, ApiError> {
+    let max = max.min(KEPT_ITEMS);
+    let items: Vec<&Shallow> = match value {
+        None | Some(StringOrList::Other(Shallow::Null)) => return Ok(Vec::new()),
+        Some(StringOrList::One(s)) => return checked_word(field, s).map(|w| w.into_iter().collect()),
+        Some(StringOrList::List { items, len }) if *len <= max => items.iter().collect(),
+        Some(StringOrList::List { len, .. }) => {
+            return Err(ApiError::bad_request(format!(
+                "{field}: {len} strings, at most {max} are allowed"
+            )))
+        }
+        Some(StringOrList::Other(other)) => {
+            return Err(ApiError::bad_request(format!(
+                "{field}: expected a string or an array of at most {max} strings, got {other}"
+            )))
+        }
+    };
+    let mut words = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        match item {
+            Shallow::String(s) => words.extend(checked_word(&format!("{field}[{i}]"), s)?),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "{field}[{i}]: expected a string, got {other}"
+                )))
+            }
+        }
+    }
+    Ok(words)
+}
+
+/// One word of [`word_list`]: `None` when empty, else at most [`MAX_STOP_BYTES`] long.
+fn checked_word(field: &str, s: &str) -> Result<Option<String>, ApiError> {
+    if s.len() > MAX_STOP_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "{field}: a string of {} bytes, at most {MAX_STOP_BYTES} are allowed",
+            s.len()
+        )));
+    }
+    Ok((!s.is_empty()).then(|| s.to_string()))
+}
+
+/// The stop sequences `stop` (of the field `stop_field`) and then the stop words `words` (of
+/// `words_field`) not already among them: at most [`MAX_STOPS`] together, else 400 naming both.
+pub fn joined_stops(
+    stop: Vec<String>,
+    stop_field: &str,
+    words: Vec<String>,
+    words_field: &str,
+) -> Result<Vec<String>, ApiError> {
+    let mut all = stop;
+    for w in words {
+        if !all.contains(&w) {
+            all.push(w);
+        }
+    }
+    if all.len() > MAX_STOPS {
+        return Err(ApiError::bad_request(format!(
+            "{words_field} and {stop_field}: {} different stop sequences together, at most {MAX_STOPS} are allowed",
+            all.len()
+        )));
+    }
+    Ok(all)
+}
+
+/// The bad words `words` (of the field `field`, from [`word_list`]) as the token ids of
+/// `served`'s tokenizer, each word encoded alone as TensorRT-LLM encodes it; 400 naming `field`
+/// for a word the tokenizer cannot encode, and when the words of one token ban every token.
+pub fn bad_word_ids(served: &Served, field: &str, words: &[String]) -> Result<Vec<Vec<i64>>, ApiError> {
+    let (_, tok) = parts(served)?;
+    let mut ids = Vec::with_capacity(words.len());
+    for word in words {
+        let encoded = tok
+            .encode(word)
+            .map_err(|e| ApiError::bad_request(format!("{field}: the word {} cannot be encoded: {e}", echo(word))))?;
+        if encoded.is_empty() {
+            continue;
+        }
+        ids.push(encoded.into_iter().map(i64::from).collect::<Vec<i64>>());
+    }
+    let constraints = Constraints {
+        bad_words: ids,
+        ..Constraints::default()
+    };
+    if constraints.banned(&[]).len() >= tok.vocab_size() {
+        return Err(ApiError::bad_request(format!(
+            "{field}: every token of the vocabulary is a bad word: nothing could be generated"
+        )));
+    }
+    Ok(constraints.bad_words)
+}
+
+/// A token id a request's `field` gives (TensorRT-LLM's `end_id` and `pad_id`): absent or null
+/// (none), else a whole number below `served`'s vocabulary. 400 naming `field` otherwise.
+pub fn token_id(served: &Served, field: &str, value: Option<&Shallow>) -> Result<Option<i64>, ApiError> {
+    let Some(given) = value.filter(|v| **v != Shallow::Null) else {
+        return Ok(None);
+    };
+    let vocab = parts(served)?.1.vocab_size();
+    let id = match given {
+        Shallow::Number(n) => n.parse::<u64>().ok().filter(|&id| id < vocab as u64),
+        _ => None,
+    };
+    match id {
+        Some(id) => Ok(Some(id as i64)),
+        None => Err(ApiError::bad_request(format!(
+            "{field}: {given} is not a token id of model {} version {}: give a whole number from 0 to {} \
+             (its vocabulary has {vocab} tokens)",
+            served.name,
+            served.version,
+            vocab.saturating_sub(1)
+        ))),
+    }
 }
 
 /// The stop sequences of a request's `field` (OpenAI's `stop`, Triton's `parameters.stop`):
@@ -208,17 +373,18 @@ pub enum Piece {
 }
 
 /// Starts generating in the admitted model's running batch ([`crate::decode`]), until
-/// `params.max_tokens` or the first of the stop sequences `stop` (not empty strings); the pieces
-/// arrive on the returned channel, the last one `Done` or `Failed` (a channel that closes without
-/// either: the decode thread died). Dropping the receiver ends the sequence at its next step.
+/// `params.max_tokens`, the first of the stop sequences or the end token of `constraints` (stop
+/// sequences alone: a `Vec<String>`); the pieces arrive on the returned channel, the last one
+/// `Done` or `Failed` (a channel that closes without either: the decode thread died). Dropping
+/// the receiver ends the sequence at its next step.
 pub fn start_stream(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
-    stop: Vec<String>,
+    constraints: impl Into<Constraints>,
     arrived: Instant,
 ) -> mpsc::UnboundedReceiver<Piece> {
-    crate::decode::submit(admitted, ids, params, stop, arrived)
+    crate::decode::submit(admitted, ids, params, constraints, arrived)
 }
 
 /// Starts several completions of one prompt ([`start_stream`]), each with its queue place (of
@@ -238,11 +404,11 @@ pub async fn run(
     admitted: Admitted,
     ids: Vec<i64>,
     params: GenerateParams,
-    stop: Vec<String>,
+    constraints: impl Into<Constraints>,
     arrived: Instant,
 ) -> Result<Generated, ApiError> {
     let who = format!("model {} version {}", admitted.served.name, admitted.served.version);
-    finish(start_stream(admitted, ids, params, stop, arrived), &who).await
+    finish(start_stream(admitted, ids, params, constraints, arrived), &who).await
 }
 
 /// Waits for the end of a started generation of model `who` (its pieces' channel).

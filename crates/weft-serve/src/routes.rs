@@ -17,9 +17,10 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::detok::MAX_STOPS;
 use crate::error::{json_response, openai_response, parse_body, parse_json, ApiError, JsonError};
-use crate::generation::{self, GenerateParams, Piece, RequestedParams};
-use crate::json::{StringOrList, TensorData};
+use crate::generation::{self, Constraints, GenerateParams, Piece, RequestedParams};
+use crate::json::{Shallow, StringOrList, TensorData};
 use crate::metrics::Answered;
 use crate::protocol::{self, InferRequest, RequestInput};
 use crate::registry::{Admitted, Served};
@@ -241,9 +242,9 @@ async fn predictions(
 
 /// Triton's generate extension request: `id` (echoed in the answer), `text_input` and
 /// `parameters`. Triton hands other top-level fields to the model as its inputs, which is where
-/// TensorRT-LLM's models take `max_tokens`, `temperature` and the like: those that
-/// [`GenerateParameters`] names are taken at the top level too (each in one place only). Any
-/// other field is refused (400 naming it) rather than ignored.
+/// TensorRT-LLM's models take `max_tokens`, `temperature`, `stop_words`, `end_id` and the like:
+/// those that [`GenerateParameters`] names are taken at the top level too (each in one place
+/// only). Any other field is refused (400 naming it) rather than ignored.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GenerateRequest {
@@ -258,30 +259,66 @@ struct GenerateRequest {
     seed: Option<u64>,
     stop: Option<StringOrList>,
     stream: Option<bool>,
+    stop_words: Option<StringOrList>,
+    bad_words: Option<StringOrList>,
+    end_id: Option<Shallow>,
+    pad_id: Option<Shallow>,
+}
+
+/// Which parameters a generate request gave at the top level rather than in `parameters`, to
+/// name each as the client wrote it.
+#[derive(Debug, Default)]
+struct Given {
+    top: Vec<&'static str>,
+}
+
+impl Given {
+    /// `key` as the request gave it: `stop` at the top level, else `parameters.stop`.
+    fn name(&self, key: &'static str) -> String {
+        match self.top.contains(&key) {
+            true => key.to_string(),
+            false => format!("parameters.{key}"),
+        }
+    }
 }
 
 impl GenerateRequest {
-    /// The parameters, those given at the top level moved in; a key given in both places is a
-    /// 400 naming it.
-    fn merged_parameters(&mut self) -> Result<GenerateParameters, ApiError> {
-        fn one<T>(key: &str, top: Option<T>, inner: Option<T>) -> Result<Option<T>, ApiError> {
+    /// The parameters, those given at the top level moved in, and which those were; a key given
+    /// in both places is a 400 naming it.
+    fn merged_parameters(&mut self) -> Result<(GenerateParameters, Given), ApiError> {
+        fn one<T>(
+            given: &mut Given,
+            key: &'static str,
+            top: Option<T>,
+            inner: Option<T>,
+        ) -> Result<Option<T>, ApiError> {
             match (top, inner) {
                 (Some(_), Some(_)) => Err(ApiError::bad_request(format!(
                     "{key} is given both at the top level and in parameters: give it once"
                 ))),
-                (top, inner) => Ok(top.or(inner)),
+                (Some(top), None) => {
+                    given.top.push(key);
+                    Ok(Some(top))
+                }
+                (None, inner) => Ok(inner),
             }
         }
         let p = self.parameters.take().unwrap_or_default();
-        Ok(GenerateParameters {
-            max_tokens: one("max_tokens", self.max_tokens.take(), p.max_tokens)?,
-            temperature: one("temperature", self.temperature.take(), p.temperature)?,
-            top_k: one("top_k", self.top_k.take(), p.top_k)?,
-            top_p: one("top_p", self.top_p.take(), p.top_p)?,
-            seed: one("seed", self.seed.take(), p.seed)?,
-            stop: one("stop", self.stop.take(), p.stop)?,
-            stream: one("stream", self.stream.take(), p.stream)?,
-        })
+        let g = &mut Given::default();
+        let merged = GenerateParameters {
+            max_tokens: one(g, "max_tokens", self.max_tokens.take(), p.max_tokens)?,
+            temperature: one(g, "temperature", self.temperature.take(), p.temperature)?,
+            top_k: one(g, "top_k", self.top_k.take(), p.top_k)?,
+            top_p: one(g, "top_p", self.top_p.take(), p.top_p)?,
+            seed: one(g, "seed", self.seed.take(), p.seed)?,
+            stop: one(g, "stop", self.stop.take(), p.stop)?,
+            stream: one(g, "stream", self.stream.take(), p.stream)?,
+            stop_words: one(g, "stop_words", self.stop_words.take(), p.stop_words)?,
+            bad_words: one(g, "bad_words", self.bad_words.take(), p.bad_words)?,
+            end_id: one(g, "end_id", self.end_id.take(), p.end_id)?,
+            pad_id: one(g, "pad_id", self.pad_id.take(), p.pad_id)?,
+        };
+        Ok((merged, std::mem::take(g)))
     }
 }
 
@@ -301,6 +338,16 @@ struct GenerateParameters {
     /// Whether to stream (vLLM's Triton backend takes it): the endpoint decides, so it is taken
     /// when it agrees with it (`false` on `generate`, `true` on `generate_stream`), else 400.
     stream: Option<bool>,
+    /// TensorRT-LLM's stop words: a string or an array of at most 4 (`""` is none), joined
+    /// with `stop` ([`generation::joined_stops`]).
+    stop_words: Option<StringOrList>,
+    /// TensorRT-LLM's bad words: a string or an array of at most
+    /// [`generation::MAX_BAD_WORDS`] (`""` is none), never generated.
+    bad_words: Option<StringOrList>,
+    /// TensorRT-LLM's end token: ends the generation when drawn, not part of the text.
+    end_id: Option<Shallow>,
+    /// TensorRT-LLM's padding token: checked (a token id), no effect on one sequence's answer.
+    pad_id: Option<Shallow>,
 }
 
 /// Defaults of the generate extension: `weft generate`'s (200 tokens, temperature 0.8, top-k
@@ -322,7 +369,8 @@ struct GenerateAsk {
     /// The prompt's token ids.
     ids: Vec<i64>,
     params: GenerateParams,
-    stop: Vec<String>,
+    /// Its stop sequences, bad words and end token.
+    constraints: Constraints,
     /// The client's id of the request, to give back.
     id: Option<String>,
 }
@@ -337,8 +385,8 @@ fn generated(served: &Served, id: Option<&str>, text: &str) -> serde_json::Value
     answer
 }
 
-/// The model, prompt ids, parameters and stop sequences of a generate request, to `generate`
-/// or (`streaming`) `generate_stream`.
+/// The model, prompt ids, parameters, stop sequences, bad words and end token of a generate
+/// request, to `generate` or (`streaming`) `generate_stream`.
 fn generate_request(
     state: &AppState,
     params: &HashMap<String, String>,
@@ -348,14 +396,20 @@ fn generate_request(
     let (name, version) = target(params);
     let admitted = state.registry.admit(name, version)?;
     let mut request: GenerateRequest = parse_body(body, state.limits.body_bytes)?;
-    let p = request.merged_parameters()?;
+    let (p, given) = request.merged_parameters()?;
     match p.stream {
-        Some(true) if !streaming => return Err(ApiError::bad_request(
-            "parameters.stream: true asks for a stream; POST .../generate_stream streams, .../generate answers once",
-        )),
-        Some(false) if streaming => return Err(ApiError::bad_request(
-            "parameters.stream: false asks for one answer; POST .../generate answers once, .../generate_stream streams",
-        )),
+        Some(true) if !streaming => {
+            return Err(ApiError::bad_request(format!(
+                "{}: true asks for a stream; POST .../generate_stream streams, .../generate answers once",
+                given.name("stream")
+            )))
+        }
+        Some(false) if streaming => {
+            return Err(ApiError::bad_request(format!(
+                "{}: false asks for one answer; POST .../generate answers once, .../generate_stream streams",
+                given.name("stream")
+            )))
+        }
         _ => {}
     }
     let requested = RequestedParams {
@@ -366,13 +420,27 @@ fn generate_request(
         seed: p.seed,
     };
     let gen = requested.checked(TRITON_DEFAULTS, state.limits.max_tokens)?;
-    let stop = generation::stop_sequences("parameters.stop", p.stop.as_ref())?;
-    let ids = generation::prompt_ids(&admitted.served, &request.text_input)?;
+    let (stop_field, words_field) = (given.name("stop"), given.name("stop_words"));
+    let stop = generation::stop_sequences(&stop_field, p.stop.as_ref())?;
+    let stop_words = generation::word_list(&words_field, p.stop_words.as_ref(), MAX_STOPS)?;
+    let stop = generation::joined_stops(stop, &stop_field, stop_words, &words_field)?;
+    let bad_field = given.name("bad_words");
+    let bad_words = generation::word_list(&bad_field, p.bad_words.as_ref(), generation::MAX_BAD_WORDS)?;
+    let served = &admitted.served;
+    let ids = generation::prompt_ids(served, &request.text_input)?;
+    let bad_words = generation::bad_word_ids(served, &bad_field, &bad_words)?;
+    let end_id = generation::token_id(served, &given.name("end_id"), p.end_id.as_ref())?;
+    // one sequence per answer: nothing is padded
+    generation::token_id(served, &given.name("pad_id"), p.pad_id.as_ref())?;
     Ok(GenerateAsk {
         admitted,
         ids,
         params: gen,
-        stop,
+        constraints: Constraints {
+            stop,
+            bad_words,
+            end_id,
+        },
         id: request.id,
     })
 }
@@ -385,7 +453,7 @@ async fn generate(
     let arrived = Instant::now();
     let ask = generate_request(&state, &params, body, false)?;
     let served = ask.admitted.served.clone();
-    let made = generation::run(ask.admitted, ask.ids, ask.params, ask.stop, arrived).await?;
+    let made = generation::run(ask.admitted, ask.ids, ask.params, ask.constraints, arrived).await?;
     let answer = generated(&served, ask.id.as_deref(), &made.text);
     Ok(answered(json_response(StatusCode::OK, &answer), &served))
 }
@@ -398,7 +466,7 @@ async fn generate_stream(
     let arrived = Instant::now();
     let ask = generate_request(&state, &params, body, true)?;
     let served = ask.admitted.served.clone();
-    let rx = generation::start_stream(ask.admitted, ask.ids, ask.params, ask.stop, arrived);
+    let rx = generation::start_stream(ask.admitted, ask.ids, ask.params, ask.constraints, arrived);
     let (version, id) = (served.clone(), ask.id);
     let events = pieces(rx).map(move |piece| {
         let value = match piece {

@@ -33,7 +33,7 @@ fn generate_refuses_fields_it_does_not_define_and_takes_those_it_does() {
         (
             "/v2/models/g/generate",
             json!({"text_input": "a", "stream": true}),
-            "parameters.stream: true asks for a stream",
+            "stream: true asks for a stream",
         ),
         (
             "/v2/models/g/generate_stream",

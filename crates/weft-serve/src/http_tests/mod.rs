@@ -21,6 +21,7 @@ mod hostile;
 mod manage;
 mod pace;
 mod params;
+mod words;
 mod writes;
 
 const TOKEN: &str = "edge-test-token-0123456789";
