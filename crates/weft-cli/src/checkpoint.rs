@@ -111,7 +111,7 @@ pub fn consolidate(args: &ConsolidateArgs) -> Result<(), String> {
         ));
     }
     // the model config (against the tensors' shapes) and tokenizer the file's metadata copies
-    checkpoint::check_recorded(&dir, &index, args.format != "hf").map_err(err)?;
+    checkpoint::check_recorded(&dir, &index, true).map_err(err)?;
     if args.format == "hf" {
         return consolidate_hf(args, &index, &params);
     }
@@ -146,11 +146,29 @@ fn consolidate_hf(
         .as_object()
         .ok_or_else(|| format!("{source}: the checkpoint records no model config"))?;
     let aliases: Vec<(&str, &str)> = index.aliases.iter().map(|(a, c)| (a.as_str(), c.as_str())).collect();
+    // the tokenizer the checkpoint records (checked above), as a tokenizer.json; written before
+    // the weights and config.json, and only into a folder the weights may go to
+    let tokenizer = match index.state.extra["tokenizer"].as_str() {
+        Some(text) => Some(weft_data::Tokenizer::from_json(text).map_err(|e| format!("{source}: {e}"))?),
+        None => None,
+    };
+    let mut note = None;
+    if let Some(t) = &tokenizer {
+        weft_models::hf::check_output_folder(&args.output).map_err(err)?;
+        note = weft_models::hf::write_tokenizer(&args.output, &t.to_hf_tokenizer_json()).map_err(err)?;
+    }
     weft_models::hf::write_folder(&args.output, model, params, &aliases).map_err(err)?;
+    if let Some(note) = note {
+        weft_core::errln!("weft: {note}");
+    }
     crate::print_out(&format!(
-        "wrote {} (config.json, model.safetensors: {} tensors, from step {})\n",
+        "wrote {} (config.json, model.safetensors: {} tensors, from step {}{})\n",
         args.output.display(),
         params.len() - aliases.iter().filter(|(a, _)| params.contains_key(*a)).count(),
-        index.state.step
+        index.state.step,
+        match &tokenizer {
+            Some(t) => format!("; tokenizer.json: {}", t.kind()),
+            None => String::new(),
+        }
     ))
 }

@@ -245,6 +245,7 @@ fn consolidate_as_hf_writes_a_folder_a_run_can_start_from() {
         "-o",
         out.to_str().unwrap(),
     ]);
+    // trained on recorded batches: no tokenizer, so none is written
     assert_eq!(names(&out), ["config.json", "model.safetensors"]);
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
@@ -349,6 +350,97 @@ fn fixture_copy(dir: &Path, name: &str) -> PathBuf {
         std::fs::copy(entry.path(), folder.join(entry.file_name())).unwrap();
     }
     folder
+}
+
+/// The tokenizer a checkpoint records goes into its Hugging Face folder as `tokenizer.json`
+/// (with a `tokenizer_config.json` naming `PreTrainedTokenizerFast`): generating from the folder
+/// gives the text generating from the checkpoint gives. A `tokenizer.json` already in the folder
+/// with other content is kept, with one line saying so; one that is not a file is refused
+/// before anything is written.
+#[test]
+fn consolidate_as_hf_writes_the_checkpoints_tokenizer() {
+    let dir = temp_dir("hf-tokenizer");
+    let ckpt = dir.join("ckpt");
+    let run = dir.join("run.toml");
+    std::fs::write(
+        &run,
+        "[model]\nkind = \"gpt\"\nvocab_size = 128\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n\
+         bias = true\ndropout = 0.0\n[data]\nkind = \"text\"\npath = \"builtin\"\nbatch_size = 4\n\
+         [optim]\nkind = \"adamw\"\nlr = 0.01\n[train]\nsteps = 3\nlog_every = 3\neval_every = 0\nsample_tokens = 0\n",
+    )
+    .unwrap();
+    weft_ok(&[
+        "train",
+        "--config",
+        run.to_str().unwrap(),
+        "--quiet",
+        "--set",
+        &path_set("train.checkpoint_dir", &ckpt),
+    ]);
+    let consolidate = |out: &Path| {
+        weft(&[
+            "checkpoint",
+            "consolidate",
+            ckpt.to_str().unwrap(),
+            "--format",
+            "hf",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+    };
+    let out = dir.join("hf");
+    let done = consolidate(&out);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert!(String::from_utf8_lossy(&done.stdout).contains("tokenizer.json: char"));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(config["tokenizer_class"], "PreTrainedTokenizerFast");
+    let generate = |from: &Path| {
+        let o = weft_ok(&[
+            "generate",
+            "--checkpoint",
+            from.to_str().unwrap(),
+            "--prompt",
+            "ab",
+            "--tokens",
+            "12",
+            "--temperature",
+            "0",
+        ]);
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let text = generate(&ckpt);
+    assert_eq!(generate(&out), text);
+    // a second export over the first leaves its (same) tokenizer.json without a word
+    let again = consolidate(&out);
+    assert!(again.status.success());
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("kept"));
+    // a user's own tokenizer.json stays, said in one line
+    std::fs::write(out.join("tokenizer.json"), "{\"mine\": true}").unwrap();
+    let kept = consolidate(&out);
+    assert!(kept.status.success());
+    let err = String::from_utf8_lossy(&kept.stderr);
+    assert!(err.contains("kept") && err.contains("tokenizer.json"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("tokenizer.json")).unwrap(),
+        "{\"mine\": true}"
+    );
+    // a tokenizer.json that is a folder is refused, and no config.json is written
+    let other = dir.join("other");
+    std::fs::create_dir_all(other.join("tokenizer.json")).unwrap();
+    fails_with(
+        &[
+            "checkpoint",
+            "consolidate",
+            ckpt.to_str().unwrap(),
+            "--format",
+            "hf",
+            "-o",
+            other.to_str().unwrap(),
+        ],
+        &["tokenizer.json", "not a file"],
+    );
+    assert!(!other.join("config.json").exists());
 }
 
 #[test]

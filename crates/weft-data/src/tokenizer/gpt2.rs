@@ -84,6 +84,18 @@ impl Gpt2Tokenizer {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// The bytes of every token but `<|endoftext|>`, by id (`r50k_base`'s ranks: token `i` has
+    /// rank `i`).
+    pub fn token_bytes(&self) -> Vec<Vec<u8>> {
+        (0..EOT)
+            .map(|id| {
+                self.bpe
+                    .decode_bytes(&[id])
+                    .expect("every id below <|endoftext|> is a rank")
+            })
+            .collect()
+    }
+
     /// `{"type": "gpt2", "encoding": "r50k_base"}`.
     pub fn to_json_value(&self) -> Value {
         json!({ "type": JSON_TYPE, "encoding": ENCODING })

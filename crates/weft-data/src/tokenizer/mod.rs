@@ -13,6 +13,7 @@
 mod char;
 mod gpt2;
 mod hf;
+mod hf_export;
 
 use std::path::PathBuf;
 use std::str::FromStr;

@@ -137,7 +137,7 @@ fn is_stale_weights(name: &str) -> bool {
 /// `transformers` `model.safetensors`: the two would load different weights from one folder),
 /// and a `config.json` that is a regular file or nothing. The error names the folder and the
 /// files in the way.
-fn check_output_folder(dir: &Path) -> Result<()> {
+pub fn check_output_folder(dir: &Path) -> Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -177,6 +177,52 @@ fn check_output_folder(dir: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Writes `tokenizer` (the content of a `tokenizer.json`) into `dir` as `tokenizer.json`, and a
+/// `tokenizer_config.json` naming `PreTrainedTokenizerFast` where there is none (so that
+/// `transformers`' `AutoTokenizer` reads `tokenizer.json` as it is, whatever the model type).
+/// A `tokenizer.json` already there with the same content is left; one with other content is
+/// kept (it may be the user's), and the returned note names it. A file there that is not a
+/// regular file is refused naming it, before anything is written. Call before
+/// [`write_folder`], whose `config.json` comes last.
+pub fn write_tokenizer(dir: &Path, tokenizer: &Value) -> Result<Option<String>> {
+    let json_path = dir.join("tokenizer.json");
+    let config_path = dir.join("tokenizer_config.json");
+    for p in [&json_path, &config_path] {
+        if let Ok(meta) = std::fs::symlink_metadata(p) {
+            if !meta.is_file() {
+                return Err(Error::Io(format!(
+                    "{}: not a file ({}); refusing to write beside it",
+                    p.display(),
+                    describe(&meta.file_type())
+                )));
+            }
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
+    let mut note = None;
+    match std::fs::read(&json_path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let text = serde_json::to_string(tokenizer).map_err(|e| Error::Io(format!("tokenizer.json: {e}")))?;
+            weft_core::io::atomic::write(&json_path, text.as_bytes())?;
+        }
+        Err(e) => return Err(Error::Io(format!("{}: {e}", json_path.display()))),
+        Ok(bytes) => {
+            if serde_json::from_slice::<Value>(&bytes).ok().as_ref() != Some(tokenizer) {
+                note = Some(format!(
+                    "kept {}, already there and not the checkpoint's tokenizer (remove it to write the \
+                     checkpoint's)",
+                    json_path.display()
+                ));
+            }
+        }
+    }
+    if std::fs::symlink_metadata(&config_path).is_err() {
+        let text = serde_json::json!({"tokenizer_class": "PreTrainedTokenizerFast"}).to_string();
+        weft_core::io::atomic::write(&config_path, text.as_bytes())?;
+    }
+    Ok(note)
 }
 
 /// Writes weft parameters `tensors` of a model with `[model]` keys `model` into `dir` as a
