@@ -21,6 +21,9 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default of [`LaunchConfig::master_addr`].
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+/// The variable that names the host node 0's store listens on when
+/// [`LaunchConfig::store_bind`] is not set.
+pub const STORE_BIND_VAR: &str = "WEFT_STORE_BIND";
 
 /// What to launch on this node.
 #[derive(Clone, Debug)]
@@ -55,6 +58,12 @@ pub struct LaunchConfig {
     /// The store's port. `None` (the default): 29500 when `nnodes > 1`; on a single node any
     /// free port, which the workers are told.
     pub master_port: Option<u16>,
+    /// Node 0: the host (an address of one of this host's interfaces, or a name of one) its
+    /// store listens on. `None` (the default): [`STORE_BIND_VAR`] from the environment when set
+    /// and not empty, else every interface (loopback only for a one-node job whose
+    /// `master_addr` is loopback). The workers and the other nodes still connect to
+    /// `master_addr`, which must reach it.
+    pub store_bind: Option<String>,
     /// How many times all workers are started again after a failure (default 0). On several
     /// nodes, every node's launcher restarts its workers together through a new rendezvous
     /// round (see [`elastic`](LaunchConfig::elastic)).
@@ -90,6 +99,7 @@ impl LaunchConfig {
             node_rank: 0,
             master_addr: DEFAULT_MASTER_ADDR.to_string(),
             master_port: None,
+            store_bind: None,
             max_restarts: 0,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             token: None,
@@ -174,6 +184,16 @@ impl LaunchConfig {
             return bad("no worker program given: weft launch [OPTIONS] -- PROGRAM [ARGS]...".into());
         }
         Ok(())
+    }
+
+    /// The host node 0's store listens on when one is given: [`LaunchConfig::store_bind`], else
+    /// [`STORE_BIND_VAR`] when set and not empty (surrounding spaces ignored).
+    pub fn store_bind_host(&self) -> Option<String> {
+        self.store_bind
+            .clone()
+            .or_else(|| std::env::var(STORE_BIND_VAR).ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
     }
 
     /// The job token: [`LaunchConfig::token`], else `WEFT_JOB_TOKEN`, else (single node) a new one.

@@ -39,14 +39,23 @@
 //!   (`weft/launch/fatal`, which every launcher watches), with no restart.
 //! - a worker that stopped on a SIGTERM or SIGINT sent to it ends the job on this node as on a
 //!   single node (`finish_stopping`): no restart, no `failed`.
+//! - node 0's launcher checks that the store at `--master-addr` is its own (`launch::master`)
+//!   while it waits for a round to close, and while the workers of a round it is alone in run
+//!   (`--nnodes 1:MAX`): one started with `--node-rank 0` on another host fails as soon as
+//!   another store answers there. A round with another node in it shows the store is the
+//!   job's: the check stops.
 //!
 //! Node 0's launcher must outlive the job: it serves the store.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error_files::ErrorFiles;
-use super::meet::{check_settings, connect, node_0_lost, nodes_text, store_addr, JOIN_TIMEOUT};
+use super::master::Check;
+use super::meet::{
+    check_master, check_settings, connect, node_0_lost, nodes_text, not_the_master, store_addr, JOIN_TIMEOUT,
+};
 use super::watch::{linger, peek, Watch, FATAL, LOOK_EVERY};
 use super::{
     drain_output, fail_for_good, finish_stopping, forward_signal, job_env, report, signal_name, signals, start_all,
@@ -77,6 +86,8 @@ enum Joined {
     LeftOut(usize),
     /// The job fails on every node for this reason ([`FATAL`]).
     Fatal(String),
+    /// Another store answered at `--master-addr` (node 0's launcher; [`Check::other`]).
+    NotTheMaster(String),
     /// The launcher received this signal.
     Signal(i32),
 }
@@ -128,8 +139,9 @@ fn close(store: &StoreClient, cfg: &LaunchConfig, round: u32, slot: usize) -> Re
     Ok(true)
 }
 
-/// Joins round `round` and waits for it to close.
-fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
+/// Joins round `round` and waits for it to close; `master` checks the store at `--master-addr`
+/// meanwhile (node 0's launcher).
+fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32, master: Option<&Check>) -> Result<Joined> {
     // the slot and what tells the others it is gone, in one request
     let slot = store.claim(&key(round, "joined"), &key(round, "left/"))? as usize;
     let started = Instant::now();
@@ -137,6 +149,9 @@ fn join(store: &StoreClient, cfg: &LaunchConfig, round: u32) -> Result<Joined> {
     loop {
         if let Some(sig) = signals::received() {
             return Ok(Joined::Signal(sig));
+        }
+        if let Some(why) = master.and_then(Check::other) {
+            return Ok(Joined::NotTheMaster(why));
         }
         if let Some(why) = peek(store, FATAL)? {
             return Ok(Joined::Fatal(why));
@@ -180,10 +195,11 @@ pub(super) fn run(
     cfg: &LaunchConfig,
     token: &Token,
     port: u16,
-    serves_store: bool,
+    own: Option<SocketAddr>,
     errors: &ErrorFiles,
 ) -> Result<i32> {
-    let addr = store_addr(cfg, port, serves_store);
+    let serves_store = own.is_some();
+    let addr = store_addr(cfg, port, own);
     let store = match connect(&addr, token)? {
         // the other nodes wait for node 0's store no longer than the heartbeat timeout: its
         // silence means node 0's launcher is lost
@@ -198,14 +214,20 @@ pub(super) fn run(
         }
     };
     let lost = |e| node_0_lost(serves_store, e);
+    // dropped (the check stopped) once a round has another node in it: this store is the job's
+    let mut master = check_master(&store, cfg, token, port, serves_store)?;
     if let Some(why) = check_settings(&store, cfg, serves_store)? {
         weft_core::errln!("weft launch: job failed: {why}");
         return Ok(EXIT_FAILED);
     }
     let mut round = 0u32;
     loop {
-        let r = match join(&store, cfg, round).map_err(lost)? {
+        let r = match join(&store, cfg, round, master.as_ref()).map_err(lost)? {
             Joined::Member(r) => r,
+            Joined::NotTheMaster(why) => {
+                not_the_master(&store, &why);
+                return Ok(EXIT_FAILED);
+            }
             Joined::Signal(sig) => {
                 weft_core::errln!("weft launch: received {}; not starting the workers", signal_name(sig));
                 return Ok(128 + sig);
@@ -223,6 +245,9 @@ pub(super) fn run(
                 return Ok(EXIT_FAILED);
             }
         };
+        if r.nodes > 1 {
+            master = None;
+        }
         // (the store tells the others if this launcher goes away before the round ends: it
         // marks its slot left, as asked when it joined)
         // a thread tells it this launcher is alive until the round ends here, and looks for
@@ -262,6 +287,10 @@ pub(super) fn run(
             // writes it, then its launcher may go away before it is looked at)
             if let Some(why) = watch.failed() {
                 return Some(End::Elsewhere(why));
+            }
+            // node 0 alone in the round: another store at --master-addr ends the job here
+            if let Some(why) = master.as_ref().and_then(Check::other) {
+                return Some(End::Fatal(why));
             }
             if !serves_store {
                 return node_0_silent(&watch, &addr, cfg.heartbeat_timeout).map(End::Fatal);

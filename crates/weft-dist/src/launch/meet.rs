@@ -10,10 +10,15 @@
 //!   with the same numbers) and waits until every node's launcher has come ([`meet`]), so node
 //!   0's launcher, which serves the store, cannot be done and gone before another node's
 //!   launcher reached it.
+//! - node 0's launcher checks meanwhile that the store at `--master-addr`, where the others
+//!   connect, is its own (`launch::master`): one started with `--node-rank 0` on another host
+//!   fails as soon as another store answers there, rather than wait for nodes that never come.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::master::{own_addr, Check};
 use super::watch::{linger, peek, set_fatal, Watch, FATAL};
 use super::{signal_name, signals, LaunchConfig};
 use crate::auth::Token;
@@ -66,14 +71,38 @@ pub(super) fn connect(addr: &str, token: &Token) -> Result<std::result::Result<S
     }
 }
 
-/// The store's address as this launcher reaches it: node 0's own on loopback.
-pub(super) fn store_addr(cfg: &LaunchConfig, port: u16, serves_store: bool) -> String {
-    let host = if serves_store {
-        "127.0.0.1"
-    } else {
-        cfg.master_addr.trim()
-    };
-    crate::addr::host_port(host, port)
+/// The store's address as this launcher reaches it: node 0's launcher (its store listening at
+/// `own`) its own store on loopback, or where it listens ([`own_addr`]); the others at
+/// `--master-addr`.
+pub(super) fn store_addr(cfg: &LaunchConfig, port: u16, own: Option<SocketAddr>) -> String {
+    match own {
+        Some(bound) => own_addr(bound),
+        None => crate::addr::host_port(cfg.master_addr.trim(), port),
+    }
+}
+
+/// Node 0's launcher: marks its store (`store`, a client of it) and starts checking that the
+/// store at `--master-addr` is this one ([`Check`]); None on the other nodes.
+pub(super) fn check_master(
+    store: &StoreClient,
+    cfg: &LaunchConfig,
+    token: &Token,
+    port: u16,
+    serves_store: bool,
+) -> Result<Option<Check>> {
+    if !serves_store {
+        return Ok(None);
+    }
+    Check::start(store, cfg, token, port).map(Some)
+}
+
+/// Node 0's launcher, once another store answered at `--master-addr` ([`Check::other`]): says
+/// `why` in one line, and fails the job in its own store too (for a launcher that reached this
+/// one by another address), keeping it a moment for them to read.
+pub(super) fn not_the_master(store: &StoreClient, why: &str) {
+    weft_core::errln!("weft launch: {why}");
+    let _ = set_fatal(store, why);
+    linger(true);
 }
 
 /// An error of this launcher's store, which node 0's launcher serves, said as losing that
@@ -175,8 +204,9 @@ pub(super) enum Met {
 
 /// Without rendezvous rounds: claims this node's rank, checks the settings, and waits until the
 /// launchers of all `--nnodes` nodes have come.
-pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: bool) -> Result<Met> {
-    let addr = store_addr(cfg, port, serves_store);
+pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, own: Option<SocketAddr>) -> Result<Met> {
+    let serves_store = own.is_some();
+    let addr = store_addr(cfg, port, own);
     let store = match connect(&addr, token)? {
         Ok(store) => Arc::new(store),
         Err(sig) => {
@@ -192,6 +222,8 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
         weft_core::errln!("weft launch: job failed: {why}");
         Ok(Met::Failed)
     };
+    // dropped (the check stopped) once every node's launcher came here: this store is the job's
+    let master = check_master(&store, cfg, token, port, serves_store)?;
     let me = cfg.node_rank;
     // a launcher that claimed the rank before and is gone (stopped while it waited here, to be
     // started again) leaves it to the next; the claim and what marks it left are one request,
@@ -238,6 +270,10 @@ pub(super) fn meet(cfg: &LaunchConfig, token: &Token, port: u16, serves_store: b
                 signal_name(sig)
             );
             return Ok(Met::Signal(sig));
+        }
+        if let Some(why) = master.as_ref().and_then(Check::other) {
+            not_the_master(&store, &why);
+            return Ok(Met::Failed);
         }
         if let Some(why) = peek(&store, FATAL).map_err(lost)? {
             linger(serves_store);

@@ -6,7 +6,8 @@
 //! `WEFT_JOB_TOKEN`, `WEFT_LAUNCHED=1`, `WEFT_RESTART_COUNT`, `WEFT_ERROR_FILE`) on top of its
 //! own environment. The launcher of node 0 serves the rendezvous store for the whole job; on
 //! several nodes the launchers first meet there (`meet`: the same settings on every node, each
-//! node rank claimed once) and watch it while the workers run (`watch`).
+//! node rank claimed once; node 0's launcher checks that the store at `MASTER_ADDR` is its own,
+//! `master`) and watch it while the workers run (`watch`).
 //!
 //! Every line a worker writes is forwarded with a `[rank{R}]: ` prefix. When a worker fails
 //! (non-zero exit or a signal), the others are stopped (SIGTERM, SIGKILL after
@@ -28,6 +29,7 @@ mod config;
 mod elastic;
 mod error_files;
 mod limits;
+mod master;
 mod meet;
 mod report;
 mod signals;
@@ -45,7 +47,7 @@ use crate::store::StoreServer;
 pub use crate::signal::signal_name;
 pub use config::{
     parse_nnodes, parse_seconds, LaunchConfig, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_MASTER_ADDR,
-    DEFAULT_STOP_TIMEOUT,
+    DEFAULT_STOP_TIMEOUT, STORE_BIND_VAR,
 };
 use error_files::ErrorFiles;
 pub use limits::{max_nproc_per_node, Limit, MAX_NPROC_PER_NODE};
@@ -82,18 +84,18 @@ enum End {
     Fatal(String),
 }
 
-/// Runs the job on this node: starts the workers, forwards their output, and watches them until
-/// they all exit 0 (returns 0), one fails with no restarts left (prints a report on stderr and
-/// returns [`EXIT_FAILED`]) or the launcher receives SIGINT, SIGTERM or SIGHUP (returns 128 +
-/// the signal's number). Errors: a bad config (more workers than [`max_nproc_per_node`] too), no
-/// job token for a multi-node job, a store that cannot listen, a program that cannot be started.
-///
-/// It installs process-wide signal handlers while it runs (the previous ones are restored when
-/// it returns), so one process runs one launch at a time.
-/// Where node 0's store listens: only on loopback for a one-node job whose workers reach it
+/// Where node 0's store listens: on the host [`LaunchConfig::store_bind_host`] names when one is
+/// given (`WEFT_STORE_BIND`); else only on loopback for a one-node job whose workers reach it
 /// there (`--master-addr` 127.0.0.1, the default, or `localhost`; strangers on the network
 /// cannot connect at all then), else on every interface.
 fn store_host(cfg: &LaunchConfig) -> String {
+    if let Some(host) = cfg.store_bind_host() {
+        let host = crate::addr::bare(&host).to_string();
+        return match host.parse::<std::net::IpAddr>() {
+            Ok(ip @ std::net::IpAddr::V6(_)) => format!("[{ip}]"),
+            _ => host,
+        };
+    }
     let addr = crate::addr::bare(&cfg.master_addr);
     let every = crate::addr::any_interface(addr).to_string();
     if cfg.nnodes != 1 {
@@ -108,6 +110,14 @@ fn store_host(cfg: &LaunchConfig) -> String {
     }
 }
 
+/// Runs the job on this node: starts the workers, forwards their output, and watches them until
+/// they all exit 0 (returns 0), one fails with no restarts left (prints a report on stderr and
+/// returns [`EXIT_FAILED`]) or the launcher receives SIGINT, SIGTERM or SIGHUP (returns 128 +
+/// the signal's number). Errors: a bad config (more workers than [`max_nproc_per_node`] too), no
+/// job token for a multi-node job, a store that cannot listen, a program that cannot be started.
+///
+/// It installs process-wide signal handlers while it runs (the previous ones are restored when
+/// it returns), so one process runs one launch at a time.
 pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     cfg.validate()?;
     let token = cfg.resolve_token()?;
@@ -119,10 +129,20 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             None if cfg.nnodes > 1 => DEFAULT_MASTER_PORT,
             None => 0,
         };
+        let bind = cfg.store_bind_host();
         let store = StoreServer::start(&format!("{}:{port}", store_host(cfg)), token.clone()).map_err(|e| match e {
-            Error::Io(m) if port != 0 => Error::Io(format!(
-                "{m} (another job may hold that port: choose another with --master-port)"
-            )),
+            Error::Io(m) if bind.is_some() || port != 0 => {
+                let mut hints = Vec::new();
+                if let Some(host) = &bind {
+                    hints.push(format!(
+                        "{STORE_BIND_VAR}={host} must name an address of this host's, or a name of one"
+                    ));
+                }
+                if port != 0 {
+                    hints.push("another job may hold that port: choose another with --master-port".to_string());
+                }
+                Error::Io(format!("{m} ({})", hints.join("; ")))
+            }
             other => other,
         })?;
         let port = store.addr().port();
@@ -131,14 +151,16 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
         (None, cfg.master_port.unwrap_or(DEFAULT_MASTER_PORT))
     };
     let errors = ErrorFiles::create();
+    // where node 0's launcher reaches its own store
+    let own = store.as_ref().map(|s| s.addr());
     if cfg.elastic() {
-        let code = elastic::run(cfg, &token, port, store.is_some(), &errors);
+        let code = elastic::run(cfg, &token, port, own, &errors);
         drop(store);
         return code;
     }
     // the launchers of several nodes meet before they start their workers
     let meeting = if cfg.nnodes > 1 {
-        match meet::meet(cfg, &token, port, store.is_some())? {
+        match meet::meet(cfg, &token, port, own)? {
             meet::Met::Go(watch) => Some(watch),
             meet::Met::Failed => return Ok(EXIT_FAILED),
             meet::Met::Signal(sig) => return Ok(128 + sig),
