@@ -17,7 +17,7 @@ pub struct GenerateArgs {
     /// The text to continue (each character must be in the checkpoint's vocabulary).
     #[arg(long, default_value = "\n")]
     prompt: String,
-    /// Characters to generate, 1 to 1000000.
+    /// Tokens to generate (at most; fewer when an end-of-sequence token comes), 1 to 1000000.
     #[arg(long, value_name = "N", default_value = "200", allow_hyphen_values = true)]
     tokens: String,
     /// Seed of the draws.
@@ -36,6 +36,10 @@ pub struct GenerateArgs {
     /// Where the model runs: cpu, cuda or cuda:N.
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     device: String,
+    /// Generate all --tokens, also past an end-of-sequence token (by default generation ends
+    /// there: a Hugging Face folder's eos_token_id, or the tokenizer's end-of-text token).
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 /// `raw` parsed as a `T`, or an error naming `flag` and saying what it must be.
@@ -80,6 +84,7 @@ fn options(args: &GenerateArgs) -> Result<GenerateOptions, String> {
             top_k,
             top_p,
         },
+        ignore_eos: args.ignore_eos,
     })
 }
 

@@ -478,8 +478,62 @@ fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_pred
             "0",
         ]);
         let text = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(text, format!("{prompt}{}\n", chars[order[0]]), "{name}");
+        // the folder's end-of-sequence id ends generation before it, as in transformers
+        let eos = weft_models::hf::eos_ids(&folder).unwrap();
+        let want = if eos.contains(&(order[0] as u32)) {
+            format!("{prompt}\n")
+        } else {
+            format!("{prompt}{}\n", chars[order[0]])
+        };
+        assert_eq!(text, want, "{name}");
     }
+
+    // an end-of-sequence id the greedy choice hits: nothing is added, but with --ignore-eos;
+    // generation_config.json's id comes before config.json's
+    let name = "llama_tied";
+    let folder = fixture_copy(&dir.join("eos"), name);
+    let chars = &alphabet[..47];
+    std::fs::write(folder.join("tokenizer.json"), char_tokenizer_json(chars)).unwrap();
+    let (ids, logits) = expected(name);
+    let t = ids[0].len();
+    let prompt: String = ids[0].iter().map(|&i| chars[i as usize]).collect();
+    let last = &logits[(t - 1) * 47..t * 47];
+    let greedy = (0..47).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--checkpoint",
+            folder.to_str().unwrap(),
+            "--prompt",
+            &prompt,
+            "--tokens",
+            "1",
+            "--temperature",
+            "0",
+        ];
+        args.extend(extra);
+        String::from_utf8(weft_ok(&args).stdout).unwrap()
+    };
+    std::fs::write(
+        folder.join("generation_config.json"),
+        format!("{{\"eos_token_id\": [46, {greedy}]}}"),
+    )
+    .unwrap();
+    assert_eq!(run(&[]), format!("{prompt}\n"));
+    assert_eq!(run(&["--ignore-eos"]), format!("{prompt}{}\n", chars[greedy]));
+    std::fs::write(folder.join("generation_config.json"), "{\"eos_token_id\": null}").unwrap();
+    assert_eq!(run(&[]), format!("{prompt}{}\n", chars[greedy]));
+    std::fs::write(folder.join("generation_config.json"), "{\"eos_token_id\": \"two\"}").unwrap();
+    fails_with(
+        &[
+            "generate",
+            "--checkpoint",
+            folder.to_str().unwrap(),
+            "--prompt",
+            &prompt,
+        ],
+        &["generation_config.json: eos_token_id: expected a token id", "\"two\""],
+    );
 
     // without a tokenizer.json, or with a broken one: one line naming the file
     let folder = fixture_copy(&dir.join("bad"), "gpt2");

@@ -61,6 +61,20 @@ pub trait LanguageModel: Model + StagedModel {
         vocab_limit: Option<usize>,
         rng: &mut Generator,
     ) -> Result<Tensor> {
+        self.generate_until(idx, max_new_tokens, sampling, vocab_limit, &[], rng)
+    }
+
+    /// [`LanguageModel::generate`], ending early at the first new token among `stop` (an
+    /// end-of-sequence id), which is left out: returns I64 `[1, T + n]`, `n <= max_new_tokens`.
+    fn generate_until(
+        &self,
+        idx: &Tensor,
+        max_new_tokens: usize,
+        sampling: &Sampling,
+        vocab_limit: Option<usize>,
+        stop: &[i64],
+        rng: &mut Generator,
+    ) -> Result<Tensor> {
         if !self.splits().is_empty() {
             return Err(invalid(
                 "generation needs the whole model, not a tensor-parallel part of it",
@@ -110,6 +124,9 @@ pub trait LanguageModel: Model + StagedModel {
                         "new token {step}: {e} (do the model's weights hold NaN or infinity?)"
                     ))
                 })?;
+                if stop.contains(&(next as i64)) {
+                    break;
+                }
                 tokens.push(next as i64);
             }
             let n = tokens.len();

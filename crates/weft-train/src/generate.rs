@@ -44,6 +44,8 @@ pub struct GenerateOptions {
     pub sampling: Sampling,
     /// Where the model runs (checked before the checkpoint is read).
     pub device: weft_core::Device,
+    /// Generate all `tokens`, also past an end-of-sequence token (see [`generate`]).
+    pub ignore_eos: bool,
 }
 
 /// The `__metadata__` of a consolidated file of a checkpoint whose state is `state`: `format:
@@ -100,14 +102,16 @@ fn continue_ids(
     n: usize,
     sampling: &Sampling,
     seed: u64,
+    stop: &[i64],
 ) -> Result<String> {
     let len = ids.len();
     gpt.context().set_training(false);
-    let out = gpt.generate(
+    let out = gpt.generate_until(
         &Tensor::from_vec(ids, &[1, len])?,
         n,
         sampling,
         Some(tok.vocab_size()),
+        stop,
         &mut Generator::new(seed),
     )?;
     // the ids are below the tokenizer's vocabulary (vocab_limit), so they fit in u32
@@ -125,7 +129,7 @@ pub(crate) fn sample_text(
     seed: u64,
 ) -> Result<String> {
     let ids = encode_prompt(tok, prompt)?;
-    continue_ids(gpt, tok, ids, n, &Sampling::default(), seed)
+    continue_ids(gpt, tok, ids, n, &Sampling::default(), seed, &[])
 }
 
 /// What generation (and export) reads from a checkpoint folder or a consolidated file.
@@ -136,6 +140,9 @@ pub struct Trained {
     pub model: Option<serde_json::Value>,
     /// The tokenizer's JSON, when the model was trained on text.
     pub tokenizer: Option<String>,
+    /// The end-of-sequence ids a Hugging Face folder's configs give (`None` for weft's own
+    /// checkpoints, whose tokenizer says).
+    pub eos: Option<Vec<u32>>,
     /// The weights: held (a checkpoint folder's pieces, assembled; a Hugging Face folder's,
     /// converted), or a file's read a tensor at a time when they are loaded.
     pub params: Box<dyn state_dict::TensorSource + Send + Sync>,
@@ -175,6 +182,7 @@ fn read_hf_folder(dir: &Path) -> Result<Trained> {
         source: dir.join("config.json").display().to_string(),
         model: Some(serde_json::Value::Object(hf.model)),
         tokenizer,
+        eos: Some(weft_models::hf::eos_ids(dir)?),
         params: Box::new(hf.weights),
     })
 }
@@ -188,6 +196,7 @@ fn read_folder(path: &Path) -> Result<Trained> {
         source: ckpt.join(checkpoint::INDEX).display().to_string(),
         model: Some(extra["model"].clone()).filter(|m| !m.is_null()),
         tokenizer: extra["tokenizer"].as_str().map(str::to_string),
+        eos: None,
         params: Box::new(params),
     })
 }
@@ -210,6 +219,7 @@ fn read_file(path: &Path) -> Result<Trained> {
         source,
         model: Some(model),
         tokenizer: file.metadata().get(TOKENIZER_KEY).cloned(),
+        eos: None,
         params: Box::new(file),
     })
 }
@@ -251,12 +261,15 @@ fn model_config(trained: &Trained) -> Result<(ModelConfig, usize)> {
     }
 }
 
-/// `weft generate`: continues `options.prompt` by `options.tokens` characters with a language
-/// model (gpt, llama) read
-/// from `path`: a checkpoint folder, a checkpoint directory (its newest checkpoint), or a
-/// safetensors file written by `weft checkpoint consolidate`. Everything read is checked
-/// before the model is built: the options, the model config against the tensors' shapes, the
-/// tokenizer against the vocabulary, and the prompt against the tokenizer.
+/// `weft generate`: continues `options.prompt` by `options.tokens` tokens with a language
+/// model (gpt, llama) read from `path`: a checkpoint folder, a checkpoint directory (its newest
+/// checkpoint), a safetensors file written by `weft checkpoint consolidate`, or a Hugging Face
+/// folder. Generation ends early at an end-of-sequence token, left out of the text (as
+/// transformers' `generate` does), unless `options.ignore_eos`: a Hugging Face folder's
+/// `eos_token_id` ([`weft_models::hf::eos_ids`]), else the tokenizer's end-of-text token
+/// (gpt2's `<|endoftext|>`; a char vocabulary has none). Everything read is checked before the
+/// model is built: the options, the model config against the tensors' shapes, the tokenizer
+/// against the vocabulary, and the prompt against the tokenizer.
 pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
     if !(1..=MAX_TOKENS).contains(&options.tokens) {
         return Err(Error::Run(format!(
@@ -296,6 +309,13 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
         model.aliases(),
         &path.display().to_string(),
     )?;
+    // where generation ends early, as transformers' generate does: a Hugging Face folder's
+    // eos_token_id, else the tokenizer's end-of-text token (gpt2's <|endoftext|>; none for char)
+    let stop: Vec<i64> = match (options.ignore_eos, &trained.eos) {
+        (true, _) => Vec::new(),
+        (false, Some(ids)) => ids.iter().map(|&i| i64::from(i)).collect(),
+        (false, None) => tok.eot().map(i64::from).into_iter().collect(),
+    };
     continue_ids(
         model.as_ref(),
         &tok,
@@ -303,5 +323,6 @@ pub fn generate(path: &Path, options: &GenerateOptions) -> Result<String> {
         options.tokens,
         &options.sampling,
         options.seed,
+        &stop,
     )
 }

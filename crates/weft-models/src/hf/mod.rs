@@ -72,6 +72,36 @@ pub fn read_folder(dir: &Path) -> Result<HfCheckpoint> {
     })
 }
 
+/// The longest `generation_config.json` read, in bytes (one is a few hundred).
+const MAX_GENERATION_CONFIG: u64 = 1 << 20;
+
+/// The end-of-sequence ids generation stops at, as `transformers`' `generate` takes them: the
+/// `eos_token_id` of `generation_config.json` when the folder has one, else of `config.json` (a
+/// token id or a list of them; `null` or absent: none). Errors name the file and the key.
+pub fn eos_ids(dir: &Path) -> Result<Vec<u32>> {
+    for name in ["generation_config.json", "config.json"] {
+        let path = dir.join(name);
+        if !is_regular_file(&path)? {
+            continue;
+        }
+        let bad = |msg: String| Error::Io(format!("{}: {msg}", path.display()));
+        let len = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?.len();
+        if len > MAX_GENERATION_CONFIG {
+            return Err(bad(format!("{len} bytes, more than the {MAX_GENERATION_CONFIG} read")));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let id = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
+        let wrong = |x: &Value| bad(format!("eos_token_id: expected a token id or a list of them, got {x}"));
+        return match v.get("eos_token_id") {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(ids)) => ids.iter().map(|x| id(x).ok_or_else(|| wrong(x))).collect(),
+            Some(x) => Ok(vec![id(x).ok_or_else(|| wrong(x))?]),
+        };
+    }
+    Ok(Vec::new())
+}
+
 /// Whether `path` is a regular file (symlinks followed): `false` when nothing is there, an
 /// error naming it when something else is (a directory, a FIFO, a link to `/dev/zero`), which
 /// must not be taken for a missing file (nor be opened: a FIFO waits for a writer forever).
