@@ -352,7 +352,14 @@ fn a_gpt2_folder_computes_the_logits_transformers_does() {
 fn llama_folders_compute_the_logits_transformers_does() {
     use weft_models::llama::Llama;
     use weft_models::Model;
-    for name in ["llama_gqa", "llama_tied", "llama_rope_llama3", "llama_rope_linear"] {
+    for name in [
+        "llama_gqa",
+        "llama_tied",
+        "llama_rope_llama3",
+        "llama_rope_linear",
+        "qwen2",
+        "mistral",
+    ] {
         let ck = hf::read_folder(&fixture(name)).unwrap();
         let config = support::llama_config(&serde_json::Value::Object(ck.model.clone()));
         let llama = Llama::new(config.clone(), 0).unwrap();
@@ -427,6 +434,32 @@ fn qwen2_and_mistral_folders_read_as_llama() {
     );
     // a window as long as the positions computes the same as none
     keys("mistral", &|c| c["sliding_window"] = json!(32)).unwrap();
+    // absent, transformers' default window (4096) and key/value heads (Mistral's 8, Qwen2's 32)
+    let e = keys("mistral", &|c| {
+        c["max_position_embeddings"] = json!(32768);
+        c.as_object_mut().unwrap().remove("sliding_window");
+    })
+    .unwrap_err();
+    assert!(e.contains("sliding_window: 4096"), "{e}");
+    let k = keys("mistral", &|c| {
+        c["num_attention_heads"] = json!(16);
+        c.as_object_mut().unwrap().remove("head_dim");
+        c.as_object_mut().unwrap().remove("num_key_value_heads");
+    })
+    .unwrap();
+    assert_eq!(k["n_kv_head"], json!(8));
+    let k = keys("qwen2", &|c| {
+        c["num_attention_heads"] = json!(32);
+        c.as_object_mut().unwrap().remove("num_key_value_heads");
+    })
+    .unwrap();
+    assert_eq!(k["n_kv_head"], json!(32));
+    let k = keys("qwen2", &|c| {
+        c["num_attention_heads"] = json!(16);
+        c["num_key_value_heads"] = serde_json::Value::Null;
+    })
+    .unwrap();
+    assert_eq!(k["n_kv_head"], json!(16));
     // the kind from model_type when architectures is absent
     let k = keys("qwen2", &|c| {
         c.as_object_mut().unwrap().remove("architectures");

@@ -198,10 +198,11 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
                 }
             }
         }
-        "MistralForCausalLM" => match c.get("sliding_window") {
-            None | Some(Value::Null) => {}
-            Some(w) if w.as_u64().is_some_and(|w| w >= block_size as u64) => {}
-            Some(w) => {
+        // absent, transformers' default window of 4096
+        "MistralForCausalLM" => match c.get("sliding_window").unwrap_or(&json!(4096)) {
+            Value::Null => {}
+            w if w.as_u64().is_some_and(|w| w >= block_size as u64) => {}
+            w => {
                 return Err(bad(
                     source,
                     "sliding_window",
@@ -215,9 +216,12 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
         _ => {}
     }
     let n_head = usize_key(c, "num_attention_heads", source)?;
-    let n_kv_head = match c.get("num_key_value_heads") {
-        None | Some(Value::Null) => n_head,
-        Some(_) => usize_key(c, "num_key_value_heads", source)?,
+    // absent, transformers' default for the architecture; null, every head its own
+    let n_kv_head = match (c.get("num_key_value_heads"), arch) {
+        (None, "MistralForCausalLM") => 8,
+        (None, "Qwen2ForCausalLM") => 32,
+        (None | Some(Value::Null), _) => n_head,
+        (Some(_), _) => usize_key(c, "num_key_value_heads", source)?,
     };
     if let Some(hd) = c.get("head_dim").filter(|v| !v.is_null()) {
         if !n_embd.is_multiple_of(n_head) || hd.as_u64() != Some((n_embd / n_head) as u64) {
