@@ -152,6 +152,8 @@ fn consolidate_hf(
         Some(text) => Some(weft_data::Tokenizer::from_json(text).map_err(|e| format!("{source}: {e}"))?),
         None => None,
     };
+    // a model the folder cannot express is refused before anything is written
+    weft_models::hf::from_weft_keys(model).map_err(err)?;
     let mut note = None;
     if let Some(t) = &tokenizer {
         weft_models::hf::check_output_folder(&args.output).map_err(err)?;

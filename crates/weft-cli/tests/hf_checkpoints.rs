@@ -441,6 +441,32 @@ fn consolidate_as_hf_writes_the_checkpoints_tokenizer() {
         &["tokenizer.json", "not a file"],
     );
     assert!(!other.join("config.json").exists());
+    // a model without a Hugging Face form is refused before its tokenizer is written
+    let nobias = dir.join("nobias");
+    weft_ok(&[
+        "train",
+        "--config",
+        run.to_str().unwrap(),
+        "--quiet",
+        "--set",
+        "model.bias=false",
+        "--set",
+        &path_set("train.checkpoint_dir", &nobias),
+    ]);
+    let out = dir.join("nobias-hf");
+    fails_with(
+        &[
+            "checkpoint",
+            "consolidate",
+            nobias.to_str().unwrap(),
+            "--format",
+            "hf",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &["model.bias"],
+    );
+    assert!(!out.exists(), "{:?}", std::fs::read_dir(&out).map(|d| d.count()));
 }
 
 #[test]
