@@ -229,3 +229,20 @@ fn a_store_bind_address_not_of_this_host_is_refused() {
          that port",
     );
 }
+
+/// On a one-node job the workers connect where `WEFT_STORE_BIND` put the store (the default
+/// `--master-addr`, 127.0.0.1, leads nowhere then: they waited for the store until their timeout).
+#[test]
+fn a_one_node_job_with_its_store_elsewhere_reaches_it() {
+    let mut cmd = node(
+        "0",
+        &["--nproc-per-node", "2"],
+        free_port(),
+        Some("127.0.0.2"),
+        "test \"$MASTER_ADDR\" = 127.0.0.2 && exec \"$WEFT\" check collectives",
+    );
+    cmd.env("WEFT", WEFT);
+    let r = run(cmd);
+    assert_eq!(r.code, Some(0), "{}", r.show());
+    assert!(r.elapsed < Duration::from_secs(60), "{:?}", r.elapsed);
+}

@@ -296,6 +296,17 @@ fn finish_stopping(cfg: &LaunchConfig, workers: &mut [Worker], first: usize) -> 
 
 /// The variables every worker of this node gets (besides its ranks, the restart count and its
 /// error file).
+/// The `MASTER_ADDR` workers are given: `--master-addr`, where every node's workers find the
+/// store; but on a one-node job whose store listens where `WEFT_STORE_BIND` says, there (the
+/// workers are on this host, and `--master-addr`, 127.0.0.1 by default, may lead nowhere: they
+/// waited for a store that was not there).
+fn workers_master_addr(cfg: &LaunchConfig) -> String {
+    match cfg.store_bind_host() {
+        Some(host) if cfg.nnodes == 1 && !cfg.elastic() => crate::addr::bare(&host).to_string(),
+        _ => cfg.master_addr.trim().to_string(),
+    }
+}
+
 fn job_env(cfg: &LaunchConfig, port: u16, token: &Token) -> Vec<(String, String)> {
     // WEFT_NUM_THREADS is left alone: each weft worker sizes its pool to the cores divided by
     // LOCAL_WORLD_SIZE itself (weft_core's default), and a value set here is inherited.
@@ -303,7 +314,7 @@ fn job_env(cfg: &LaunchConfig, port: u16, token: &Token) -> Vec<(String, String)
         ("WORLD_SIZE".to_string(), cfg.world_size().to_string()),
         ("LOCAL_WORLD_SIZE".into(), cfg.nproc_per_node.to_string()),
         ("GROUP_RANK".into(), cfg.node_rank.to_string()),
-        ("MASTER_ADDR".into(), cfg.master_addr.trim().to_string()),
+        ("MASTER_ADDR".into(), workers_master_addr(cfg)),
         ("MASTER_PORT".into(), port.to_string()),
         ("WEFT_JOB_TOKEN".into(), token.text()),
         ("WEFT_LAUNCHED".into(), "1".into()),
