@@ -491,7 +491,7 @@ fn draw(served: &Served, tok: &weft_data::Tokenizer, who: &str, seq: &mut Sequen
         seq.logprobs.push(crate::logprobs::from_row(row, next as usize, k));
     }
     // the end token ends the sequence and is not part of its text
-    let ended = seq.job.constraints.end_id == Some(next);
+    let ended = seq.job.constraints.end_ids.contains(&next);
     if !ended {
         seq.tokens.push(next);
     }

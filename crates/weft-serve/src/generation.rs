@@ -125,9 +125,10 @@ pub struct Constraints {
     /// Bad words as token ids (none empty), TensorRT-LLM's: a word's last token is never drawn
     /// right after the tokens before it in the word (a word of one token: never drawn).
     pub bad_words: Vec<Vec<i64>>,
-    /// A token id (below the tokenizer's vocabulary) that ends the generation when drawn; it
-    /// is not part of the text.
-    pub end_id: Option<i64>,
+    /// Token ids that end the generation when drawn (not part of the text): the model's
+    /// end-of-sequence ids ([`crate::model::Served::eos`]) unless the request names its own
+    /// (TensorRT-LLM's `end_id`) or asks for none (`ignore_eos`).
+    pub end_ids: Vec<i64>,
 }
 
 impl From<Vec<String>> for Constraints {
@@ -393,10 +394,10 @@ pub fn start_stream(
 pub fn start_streams(
     asks: Vec<(Admitted, GenerateParams)>,
     ids: Vec<i64>,
-    stop: Vec<String>,
+    constraints: impl Into<Constraints>,
     arrived: Instant,
 ) -> Vec<mpsc::UnboundedReceiver<Piece>> {
-    crate::decode::submit_group(asks, ids, stop, arrived)
+    crate::decode::submit_group(asks, ids, constraints, arrived)
 }
 
 /// Runs a whole generation ([`start_stream`]) and waits for it.

@@ -185,6 +185,10 @@ pub struct Served {
     pub lm: Option<Arc<dyn LanguageModel>>,
     /// The tokenizer the checkpoint records (language models trained on text).
     pub tokenizer: Option<Tokenizer>,
+    /// The token ids at which generation ends by default (not part of the text), as
+    /// `weft generate`: a Hugging Face folder's `eos_token_id`, else the tokenizer's
+    /// end-of-text token (none for a char vocabulary).
+    pub eos: Vec<i64>,
     /// The checkpoint's path relative to the model store, as it was given.
     pub source: PathBuf,
     /// How requests are queued and batched.
@@ -361,6 +365,11 @@ pub fn load(store: &Path, spec: &ModelSpec, options: LoadOptions) -> Result<Serv
         }
         _ => None,
     };
+    let eos: Vec<i64> = match (&trained.eos, &tokenizer) {
+        (Some(ids), _) => ids.iter().map(|&i| i64::from(i)).collect(),
+        (None, Some(tok)) => tok.eot().map(i64::from).into_iter().collect(),
+        (None, None) => Vec::new(),
+    };
     Ok(Served {
         name: spec.name.clone(),
         version: spec.version.clone(),
@@ -369,6 +378,7 @@ pub fn load(store: &Path, spec: &ModelSpec, options: LoadOptions) -> Result<Serv
         model,
         lm,
         tokenizer,
+        eos,
         source: spec.path.clone(),
         options: LoadOptions {
             queue: options.queue.max(1),
@@ -427,6 +437,7 @@ pub(crate) fn test_version_hidden(version: &str, queue: usize, max_batch_size: u
         model: Arc::new(weft_models::mlp::MlpModel::new(config, 0).unwrap()),
         lm: None,
         tokenizer: None,
+        eos: Vec::new(),
         source: PathBuf::from("m"),
         options,
         load_seconds: 0.0,
@@ -474,6 +485,7 @@ pub(crate) fn test_gpt_with(options: LoadOptions) -> Served {
         model: model.clone(),
         lm: Some(model),
         tokenizer: Some(tok),
+        eos: Vec::new(),
         source: PathBuf::from("g"),
         options,
         load_seconds: 0.0,

@@ -63,6 +63,9 @@ struct CompletionRequest {
     /// The prompt before each completion's text (`null`: false).
     echo: Option<bool>,
     stop: Option<StringOrList>,
+    /// Generate past the model's end-of-sequence tokens (vLLM's extension; `null`: false, a
+    /// completion ends at one with `finish_reason` "stop").
+    ignore_eos: Option<bool>,
     /// The most likely tokens to list at each position (0 to [`MAX_LOGPROBS`]).
     logprobs: Option<u64>,
     /// An end user's id, for the caller's own records: it changes no answer, and is not kept.
@@ -328,7 +331,15 @@ pub async fn completions(
         })
         .collect();
     // the prompt runs once; each completion goes on from its cache with its own seed
-    let receivers = generation::start_streams(asks, ids.clone(), stop.clone(), arrived);
+    let constraints = generation::Constraints {
+        stop: stop.clone(),
+        end_ids: match request.ignore_eos {
+            Some(true) => Vec::new(),
+            _ => served.eos.clone(),
+        },
+        ..Default::default()
+    };
+    let receivers = generation::start_streams(asks, ids.clone(), constraints, arrived);
     if !stream {
         let who = format!("model {} version {}", served.name, served.version);
         let runs = receivers.into_iter().map(|rx| generation::finish(rx, &who));

@@ -263,6 +263,7 @@ struct GenerateRequest {
     bad_words: Option<StringOrList>,
     end_id: Option<Shallow>,
     pad_id: Option<Shallow>,
+    ignore_eos: Option<bool>,
 }
 
 /// Which parameters a generate request gave at the top level rather than in `parameters`, to
@@ -317,6 +318,7 @@ impl GenerateRequest {
             bad_words: one(g, "bad_words", self.bad_words.take(), p.bad_words)?,
             end_id: one(g, "end_id", self.end_id.take(), p.end_id)?,
             pad_id: one(g, "pad_id", self.pad_id.take(), p.pad_id)?,
+            ignore_eos: one(g, "ignore_eos", self.ignore_eos.take(), p.ignore_eos)?,
         };
         Ok((merged, std::mem::take(g)))
     }
@@ -348,6 +350,9 @@ struct GenerateParameters {
     end_id: Option<Shallow>,
     /// TensorRT-LLM's padding token: checked (a token id), no effect on one sequence's answer.
     pad_id: Option<Shallow>,
+    /// Generate past the model's end-of-sequence tokens (vLLM's name; false: generation ends
+    /// at one, as `weft generate` does). With `end_id`, a 400: the two contradict.
+    ignore_eos: Option<bool>,
 }
 
 /// Defaults of the generate extension: `weft generate`'s (200 tokens, temperature 0.8, top-k
@@ -430,6 +435,18 @@ fn generate_request(
     let ids = generation::prompt_ids(served, &request.text_input)?;
     let bad_words = generation::bad_word_ids(served, &bad_field, &bad_words)?;
     let end_id = generation::token_id(served, &given.name("end_id"), p.end_id.as_ref())?;
+    let end_ids = match (end_id, p.ignore_eos) {
+        (Some(_), Some(true)) => {
+            return Err(ApiError::bad_request(format!(
+                "{} and {}: true contradict each other; give one",
+                given.name("end_id"),
+                given.name("ignore_eos")
+            )))
+        }
+        (Some(id), _) => vec![id],
+        (None, Some(true)) => Vec::new(),
+        (None, _) => served.eos.clone(),
+    };
     // one sequence per answer: nothing is padded
     generation::token_id(served, &given.name("pad_id"), p.pad_id.as_ref())?;
     Ok(GenerateAsk {
@@ -439,7 +456,7 @@ fn generate_request(
         constraints: Constraints {
             stop,
             bad_words,
-            end_id,
+            end_ids,
         },
         id: request.id,
     })

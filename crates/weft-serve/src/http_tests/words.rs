@@ -337,3 +337,68 @@ fn wrong_values_are_400s_naming_the_field_as_given() {
         assert!(message(&answer).starts_with(want), "{body}: {answer}");
     }
 }
+
+/// A model's end-of-sequence ids (a Hugging Face folder's `eos_token_id`, a tokenizer's
+/// end-of-text token) end generation by default, as `weft generate` does, on Triton's generate
+/// and OpenAI's completions alike: the text stops before the token and finishes with "stop".
+/// `ignore_eos: true` (vLLM's name) generates past it; an `end_id` replaces the model's; both
+/// together are a 400.
+#[test]
+fn the_models_end_of_sequence_ends_generation_unless_ignored() {
+    let s = start(Limits::default());
+    let full = text(s.inference, &sampled());
+    let c = full
+        .chars()
+        .skip(3)
+        .find(|c| full.find(*c).unwrap() >= 3)
+        .unwrap_or_else(|| panic!("{full:?}"));
+    let want = before(&full, c);
+    // the same gpt as `g`, named `e`, whose end-of-sequence id is `c`'s
+    let mut eos = test_gpt();
+    eos.name = "e".into();
+    eos.eos = vec![i64::from(id_of(c))];
+    let s = super::start_with(Limits::default(), vec![eos]);
+    let on_e = |body: &Value| {
+        let (status, answer) = request(s.inference, "POST", "/v2/models/e/generate", &body.to_string(), false);
+        assert_eq!(status, 200, "{body}: {answer}");
+        answer["text_output"].as_str().unwrap().to_string()
+    };
+    assert_eq!(on_e(&sampled()), want);
+    assert_eq!(on_e(&with(&sampled(), json!({"ignore_eos": true}))), full);
+    assert_eq!(
+        on_e(&with(&sampled(), json!({"parameters": {"ignore_eos": false}}))),
+        want
+    );
+    // an end_id of the request's own, never drawn: the model's is not used
+    let tok = test_gpt().tokenizer.expect("a tokenizer");
+    if let Some(unused) = (0..tok.vocab_size() as u32).find(|&t| !full.contains(tok.decode(&[t]).unwrap().as_str())) {
+        assert_eq!(on_e(&with(&sampled(), json!({"end_id": unused}))), full);
+    }
+    let (status, answer) = request(
+        s.inference,
+        "POST",
+        "/v2/models/e/generate",
+        &with(&sampled(), json!({"end_id": 1, "ignore_eos": true})).to_string(),
+        false,
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        message(&answer).starts_with("end_id and ignore_eos: true contradict"),
+        "{answer}"
+    );
+    // OpenAI's completions: the same text, finish_reason "stop"
+    let completion = |extra: Value| {
+        let mut body = json!({"model": "e", "prompt": PROMPT, "max_tokens": 30, "temperature": 1.0, "seed": 3});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, answer) = request(s.inference, "POST", "/v1/completions", &body.to_string(), false);
+        assert_eq!(status, 200, "{body}: {answer}");
+        answer["choices"][0].clone()
+    };
+    let ended = completion(json!({}));
+    assert_eq!(ended["finish_reason"], "stop", "{ended}");
+    assert!(!ended["text"].as_str().unwrap().contains(c), "{ended}");
+    let ignored = completion(json!({"ignore_eos": true}));
+    assert_eq!(ignored["finish_reason"], "length", "{ignored}");
+}
