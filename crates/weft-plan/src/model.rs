@@ -37,7 +37,8 @@ pub struct ModelShape {
     pub intermediate: u64,
     /// The output layer is the token embedding (always for gpt).
     pub tied: bool,
-    /// Linear layers and LayerNorms have biases (gpt only).
+    /// Biases: in every Linear layer and LayerNorm of a gpt; on the q, k and v projections of
+    /// a llama (Qwen2's attention, `[model] qkv_bias`).
     pub bias: bool,
 }
 
@@ -177,10 +178,12 @@ impl ModelShape {
                 let whole = 2.0 * c * b + 2.0 * c * (1.0 + b);
                 (cut, whole)
             }
-            // q and o C x C, k and v kv x C, gate, up and down I x C; two RMSNorms
+            // q and o C x C, k and v kv x C (+C, +kv, +kv, column-parallel like their weights),
+            // gate, up and down I x C; two RMSNorms
             ModelKind::Llama => {
                 let i = self.intermediate as f64;
-                (2.0 * c * c + 2.0 * self.kv() * c + 3.0 * i * c, 2.0 * c)
+                let kv = self.kv();
+                (2.0 * c * c + 2.0 * kv * c + 3.0 * i * c + (c + 2.0 * kv) * b, 2.0 * c)
             }
         }
     }
@@ -199,7 +202,11 @@ impl ModelShape {
     /// output layer (cut by vocabulary rows), which a tied model holds here only when the last
     /// block is on another pipeline stage than the embedding (`separate_stage`).
     pub fn head_params_split(&self, separate_stage: bool) -> (f64, f64) {
-        let norm = self.c() * (1.0 + self.bias());
+        // gpt's final LayerNorm has a bias, llama's RMSNorm none
+        let norm = match self.kind {
+            ModelKind::Gpt => self.c() * (1.0 + self.bias()),
+            ModelKind::Llama => self.c(),
+        };
         let out = if !self.tied || separate_stage {
             self.vocab as f64 * self.c()
         } else {
@@ -303,6 +310,11 @@ pub(crate) mod tests {
             bias: false,
         };
         assert_eq!(m.parameter_count(), 6_738_415_616.0);
+        // with biases on q, k and v (Qwen2's attention): C + 2 kv more a layer, cut with them
+        let biased = ModelShape { bias: true, ..m };
+        assert_eq!(biased.parameter_count(), 6_738_415_616.0 + 32.0 * 3.0 * 4096.0);
+        assert_eq!(biased.block_params_split().0 - m.block_params_split().0, 3.0 * 4096.0);
+        assert_eq!(biased.head_params_split(false), m.head_params_split(false));
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub fn model_shape(model: &ModelConfig) -> Result<ModelShape, String> {
             n_embd: l.n_embd as u64,
             intermediate: l.intermediate_size as u64,
             tied: l.tie_embeddings,
-            bias: false,
+            bias: l.qkv_bias,
         }),
         other => Err(format!(
             "model.kind = {:?}: the planner plans gpt and llama models",
