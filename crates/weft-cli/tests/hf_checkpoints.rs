@@ -59,24 +59,21 @@ fn one_step_run(dir: &Path, init: &Path, model: &str, name: &str) -> PathBuf {
     path
 }
 
-#[test]
-fn a_run_starts_from_a_gpt2_folder_with_its_config() {
-    let dir = temp_dir("hf-init-gpt2");
-    let run = one_step_run(&dir, &hf_fixture("gpt2"), "", "gpt2");
-    weft_ok(&["train", "--config", run.to_str().unwrap()]);
-    let (ids, logits) = expected("gpt2");
+/// The first loss the run of [`one_step_run`] in `dir` logged is the one transformers' logits
+/// of fixture `name` (vocabulary `vocab`) give, within 1e-5 relative.
+fn assert_first_loss_is_transformers(dir: &Path, name: &str, vocab: usize) {
+    let (ids, logits) = expected(name);
     let targets: Vec<i64> = ids.iter().flat_map(|r| r[1..].iter().chain(&r[..1]).copied()).collect();
-    let want = cross_entropy(&logits, &targets, 61);
+    let want = cross_entropy(&logits, &targets, vocab);
     let got = read_metrics(&dir.join("metrics.jsonl"))[0]["loss"].as_f64().unwrap();
     assert!(
         (got - want).abs() <= 1e-5 * want,
-        "loss {got}, transformers' logits give {want}"
+        "{name}: loss {got}, transformers' logits give {want}"
     );
+}
 
-    // a [model] that agrees may be given; one that disagrees is named
-    let agrees = "[model]\nkind = \"gpt\"\nn_head = 4\nvocab_size = 61\nblock_size = 16\nn_layer = 2\n\
-                  n_embd = 32\nbias = true\ndropout = 0.0\nactivation = \"gelu_tanh\"";
-    let run = one_step_run(&dir, &hf_fixture("gpt2"), agrees, "gpt2");
+/// `weft train --config run` over the earlier run's checkpoints.
+fn train_again(run: &Path) {
     weft_ok(&[
         "train",
         "--config",
@@ -84,6 +81,20 @@ fn a_run_starts_from_a_gpt2_folder_with_its_config() {
         "--set",
         "train.overwrite=true",
     ]);
+}
+
+#[test]
+fn a_run_starts_from_a_gpt2_folder_with_its_config() {
+    let dir = temp_dir("hf-init-gpt2");
+    let run = one_step_run(&dir, &hf_fixture("gpt2"), "", "gpt2");
+    weft_ok(&["train", "--config", run.to_str().unwrap()]);
+    assert_first_loss_is_transformers(&dir, "gpt2", 61);
+
+    // a [model] that agrees may be given; one that disagrees is named
+    let agrees = "[model]\nkind = \"gpt\"\nn_head = 4\nvocab_size = 61\nblock_size = 16\nn_layer = 2\n\
+                  n_embd = 32\nbias = true\ndropout = 0.0\nactivation = \"gelu_tanh\"";
+    let run = one_step_run(&dir, &hf_fixture("gpt2"), agrees, "gpt2");
+    train_again(&run);
     let run = one_step_run(
         &dir,
         &hf_fixture("gpt2"),
@@ -110,26 +121,13 @@ fn a_run_starts_from_a_llama_folder_with_rope_scaling() {
     let name = "llama_rope_llama3";
     let run = one_step_run(&dir, &hf_fixture(name), "", name);
     weft_ok(&["train", "--config", run.to_str().unwrap()]);
-    let (ids, logits) = expected(name);
-    let targets: Vec<i64> = ids.iter().flat_map(|r| r[1..].iter().chain(&r[..1]).copied()).collect();
-    let want = cross_entropy(&logits, &targets, 41);
-    let got = read_metrics(&dir.join("metrics.jsonl"))[0]["loss"].as_f64().unwrap();
-    assert!(
-        (got - want).abs() <= 1e-5 * want,
-        "loss {got}, transformers' logits give {want}"
-    );
+    assert_first_loss_is_transformers(&dir, name, 41);
     let agrees = "[model]\nkind = \"llama\"\nvocab_size = 41\nblock_size = 128\nn_layer = 2\nn_head = 4\n\
                   n_kv_head = 2\nn_embd = 32\nintermediate_size = 40\ntie_embeddings = true\nnorm_eps = 1e-5\n\
                   rope_scaling = { rope_type = \"llama3\", factor = 4, low_freq_factor = 1.0, high_freq_factor = 4.0, \
                   original_max_position_embeddings = 64 }";
     let run = one_step_run(&dir, &hf_fixture(name), agrees, name);
-    weft_ok(&[
-        "train",
-        "--config",
-        run.to_str().unwrap(),
-        "--set",
-        "train.overwrite=true",
-    ]);
+    train_again(&run);
     let run = one_step_run(
         &dir,
         &hf_fixture(name),
@@ -144,18 +142,8 @@ fn a_run_starts_from_a_llama_folder_with_rope_scaling() {
     // the same loss, where the defaults would have given another
     let partial = agrees.split("tie_embeddings").next().unwrap();
     let run = one_step_run(&dir, &hf_fixture(name), partial, name);
-    weft_ok(&[
-        "train",
-        "--config",
-        run.to_str().unwrap(),
-        "--set",
-        "train.overwrite=true",
-    ]);
-    let got = read_metrics(&dir.join("metrics.jsonl"))[0]["loss"].as_f64().unwrap();
-    assert!(
-        (got - want).abs() <= 1e-5 * want,
-        "loss {got} with keys left out, transformers' logits give {want}"
-    );
+    train_again(&run);
+    assert_first_loss_is_transformers(&dir, name, 41);
     // a scaling weft does not compute, or a key it does not know, is named
     let run = one_step_run(
         &dir,

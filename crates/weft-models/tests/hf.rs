@@ -11,6 +11,17 @@ use serde_json::json;
 use weft_core::io::safetensors;
 use weft_models::hf;
 
+/// The fixture folders read as a llama: Llama (grouped-query and sharded, tied, Llama 3.1's
+/// rope scaling, linear rope scaling in the older form), Qwen2 and Mistral.
+const LLAMA_FOLDERS: [&str; 6] = [
+    "llama_gqa",
+    "llama_tied",
+    "llama_rope_llama3",
+    "llama_rope_linear",
+    "qwen2",
+    "mistral",
+];
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
@@ -237,15 +248,7 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
 
 #[test]
 fn a_written_folder_reads_back_the_same() {
-    for name in [
-        "gpt2",
-        "llama_gqa",
-        "llama_tied",
-        "llama_rope_llama3",
-        "llama_rope_linear",
-        "qwen2",
-        "mistral",
-    ] {
+    for name in std::iter::once("gpt2").chain(LLAMA_FOLDERS) {
         let ck = hf::read_folder(&fixture(name)).unwrap();
         let d = temp(&format!("out-{name}"));
         let aliases: &[(&str, &str)] = if name == "gpt2" {
@@ -352,14 +355,7 @@ fn a_gpt2_folder_computes_the_logits_transformers_does() {
 fn llama_folders_compute_the_logits_transformers_does() {
     use weft_models::llama::Llama;
     use weft_models::Model;
-    for name in [
-        "llama_gqa",
-        "llama_tied",
-        "llama_rope_llama3",
-        "llama_rope_linear",
-        "qwen2",
-        "mistral",
-    ] {
+    for name in LLAMA_FOLDERS {
         let ck = hf::read_folder(&fixture(name)).unwrap();
         let config = support::llama_config(&serde_json::Value::Object(ck.model.clone()));
         let llama = Llama::new(config.clone(), 0).unwrap();

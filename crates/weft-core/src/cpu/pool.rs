@@ -371,30 +371,24 @@ mod tests {
     /// tasks run on the calling thread: that path stopped at the panic (7 of 64 ran).
     #[test]
     fn a_panicking_task_panics_the_caller_after_the_rest_finish() {
-        let done = AtomicUsize::new(0);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run(64, |i| {
-                if i == 7 {
-                    panic!("task 7");
-                }
-                done.fetch_add(1, Ordering::Relaxed);
-            })
-        }));
-        assert!(r.is_err());
-        assert_eq!(done.load(Ordering::Relaxed), 63);
+        // 64 tasks of which task 7 panics: whether the caller panicked, and how many others ran
+        let run_64 = || {
+            let done = AtomicUsize::new(0);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(64, |i| {
+                    if i == 7 {
+                        panic!("task 7");
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                })
+            }));
+            (r.is_err(), done.load(Ordering::Relaxed))
+        };
+        assert_eq!(run_64(), (true, 63));
         // with the pool held, as another thread's kernel holds it
         let held = pool().submit.lock().unwrap_or_else(|e| e.into_inner());
-        let done = AtomicUsize::new(0);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run(64, |i| {
-                if i == 7 {
-                    panic!("task 7");
-                }
-                done.fetch_add(1, Ordering::Relaxed);
-            })
-        }));
+        let on_caller = run_64();
         drop(held);
-        assert!(r.is_err());
-        assert_eq!(done.load(Ordering::Relaxed), 63);
+        assert_eq!(on_caller, (true, 63));
     }
 }

@@ -71,6 +71,14 @@ fn before(text: &str, c: char) -> &str {
     &text[..text.find(c).unwrap_or(text.len())]
 }
 
+/// A character of `text` first drawn after a few others.
+fn drawn_later(text: &str) -> char {
+    text.chars()
+        .skip(3)
+        .find(|c| text.find(*c).unwrap() >= 3)
+        .unwrap_or_else(|| panic!("{text:?}"))
+}
+
 /// A sampled request of 30 tokens (the context slides past the test gpt's 16 positions).
 fn sampled() -> Value {
     json!({"text_input": PROMPT, "max_tokens": 30, "temperature": 1.0, "seed": 3})
@@ -222,12 +230,7 @@ fn bad_words_are_never_generated() {
 fn end_id_ends_the_generation_before_its_token() {
     let s = start(Limits::default());
     let full = text(s.inference, &sampled());
-    // a character first drawn after a few others
-    let c = full
-        .chars()
-        .skip(3)
-        .find(|c| full.find(*c).unwrap() >= 3)
-        .unwrap_or_else(|| panic!("{full:?}"));
+    let c = drawn_later(&full);
     let want = before(&full, c);
     assert!(!want.is_empty() && want.len() < full.len(), "{full:?}");
     let id = id_of(c);
@@ -347,11 +350,7 @@ fn wrong_values_are_400s_naming_the_field_as_given() {
 fn the_models_end_of_sequence_ends_generation_unless_ignored() {
     let s = start(Limits::default());
     let full = text(s.inference, &sampled());
-    let c = full
-        .chars()
-        .skip(3)
-        .find(|c| full.find(*c).unwrap() >= 3)
-        .unwrap_or_else(|| panic!("{full:?}"));
+    let c = drawn_later(&full);
     let want = before(&full, c);
     // the same gpt as `g`, named `e`, whose end-of-sequence id is `c`'s
     let mut eos = test_gpt();
