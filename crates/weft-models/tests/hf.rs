@@ -229,6 +229,13 @@ fn damaged_folders_are_refused_naming_the_file_and_key() {
     assert!(e.contains("rope_scaling: factor: -2 must be positive"), "{e}");
     let e = config("llama_rope_linear", &|c| c["rope_scaling"] = json!("linear"));
     assert!(e.contains("rope_scaling: expected an object"), "{e}");
+    let e = config("llama_tied", &|c| {
+        c["rope_parameters"] = json!({"full_attention": {"rope_type": "default", "rope_theta": 1e6}})
+    });
+    assert!(
+        e.contains("rope_parameters: full_attention: rope parameters by layer type are not supported"),
+        "{e}"
+    );
     let e = config("llama_tied", &|c| c["partial_rotary_factor"] = json!(0.5));
     assert!(e.contains("partial_rotary_factor: 0.5"), "{e}");
     let e = config("llama_tied", &|c| c["attention_bias"] = json!(true));

@@ -317,6 +317,14 @@ fn rope_of(c: &Map<String, Value>, source: &str) -> Result<(f64, Option<RopeScal
     let Some(p) = params else {
         return Ok((rope_theta, None));
     };
+    // transformers' per-layer-type form ({"full_attention": {...}, "sliding_attention": {...}})
+    if let Some((k, _)) = p.iter().find(|(_, v)| v.is_object()) {
+        return Err(bad(
+            &inner,
+            k,
+            "rope parameters by layer type are not supported (weft's llama has one rotary embedding)",
+        ));
+    }
     let kind = match p.get("rope_type").filter(|v| !v.is_null()).or(p.get("type")) {
         None | Some(Value::Null) => "default",
         Some(Value::String(t)) => t.as_str(),
