@@ -59,6 +59,11 @@ fn one_step_run(dir: &Path, init: &Path, model: &str, name: &str) -> PathBuf {
     path
 }
 
+/// `checkpoint consolidate CKPT --format hf -o OUT`.
+fn hf_export_args<'a>(ckpt: &'a str, out: &'a str) -> [&'a str; 7] {
+    ["checkpoint", "consolidate", ckpt, "--format", "hf", "-o", out]
+}
+
 /// The first loss the run of [`one_step_run`] in `dir` logged is the one transformers' logits
 /// of fixture `name` (vocabulary `vocab`) give, within 1e-5 relative.
 fn assert_first_loss_is_transformers(dir: &Path, name: &str, vocab: usize) {
@@ -224,15 +229,7 @@ fn consolidate_as_hf_writes_a_folder_a_run_can_start_from() {
         &path_set("train.metrics", &dir.join("first.jsonl")),
     ]);
     let out = dir.join("hf");
-    weft_ok(&[
-        "checkpoint",
-        "consolidate",
-        ckpt.to_str().unwrap(),
-        "--format",
-        "hf",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    weft_ok(&hf_export_args(ckpt.to_str().unwrap(), out.to_str().unwrap()));
     // trained on recorded batches: no tokenizer, so none is written
     assert_eq!(names(&out), ["config.json", "model.safetensors"]);
     let config: serde_json::Value =
@@ -296,15 +293,7 @@ fn consolidate_as_hf_writes_a_folder_a_run_can_start_from() {
         &path_set("train.checkpoint_dir", &nobias),
     ]);
     fails_with(
-        &[
-            "checkpoint",
-            "consolidate",
-            nobias.to_str().unwrap(),
-            "--format",
-            "hf",
-            "-o",
-            dir.join("x").to_str().unwrap(),
-        ],
+        &hf_export_args(nobias.to_str().unwrap(), dir.join("x").to_str().unwrap()),
         &["model.bias"],
     );
     assert!(!dir.join("x").exists());
@@ -365,17 +354,7 @@ fn consolidate_as_hf_writes_the_checkpoints_tokenizer() {
         "--set",
         &path_set("train.checkpoint_dir", &ckpt),
     ]);
-    let consolidate = |out: &Path| {
-        weft(&[
-            "checkpoint",
-            "consolidate",
-            ckpt.to_str().unwrap(),
-            "--format",
-            "hf",
-            "-o",
-            out.to_str().unwrap(),
-        ])
-    };
+    let consolidate = |out: &Path| weft(&hf_export_args(ckpt.to_str().unwrap(), out.to_str().unwrap()));
     let out = dir.join("hf");
     let done = consolidate(&out);
     assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
@@ -417,15 +396,7 @@ fn consolidate_as_hf_writes_the_checkpoints_tokenizer() {
     let other = dir.join("other");
     std::fs::create_dir_all(other.join("tokenizer.json")).unwrap();
     fails_with(
-        &[
-            "checkpoint",
-            "consolidate",
-            ckpt.to_str().unwrap(),
-            "--format",
-            "hf",
-            "-o",
-            other.to_str().unwrap(),
-        ],
+        &hf_export_args(ckpt.to_str().unwrap(), other.to_str().unwrap()),
         &["tokenizer.json", "not a file"],
     );
     assert!(!other.join("config.json").exists());
@@ -443,15 +414,7 @@ fn consolidate_as_hf_writes_the_checkpoints_tokenizer() {
     ]);
     let out = dir.join("nobias-hf");
     fails_with(
-        &[
-            "checkpoint",
-            "consolidate",
-            nobias.to_str().unwrap(),
-            "--format",
-            "hf",
-            "-o",
-            out.to_str().unwrap(),
-        ],
+        &hf_export_args(nobias.to_str().unwrap(), out.to_str().unwrap()),
         &["model.bias"],
     );
     assert!(!out.exists(), "{:?}", std::fs::read_dir(&out).map(|d| d.count()));
@@ -610,17 +573,7 @@ fn consolidate_as_hf_refuses_a_folder_holding_other_weights() {
         .into_iter()
         .map(|n| (n.clone(), std::fs::read(sharded.join(&n)).unwrap()))
         .collect();
-    let export = |out: &Path| {
-        weft(&[
-            "checkpoint",
-            "consolidate",
-            ckpt.to_str().unwrap(),
-            "--format",
-            "hf",
-            "-o",
-            out.to_str().unwrap(),
-        ])
-    };
+    let export = |out: &Path| weft(&hf_export_args(ckpt.to_str().unwrap(), out.to_str().unwrap()));
     let out = export(&sharded);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(1), "{err}");

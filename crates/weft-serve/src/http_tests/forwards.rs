@@ -45,18 +45,7 @@ fn broken(mut served: Served, at: usize) -> Served {
 
 /// The `data:` events of a streamed completion of `body` (`[DONE]` as `null`).
 fn events(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
-    let body = body.to_string();
-    let raw = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let got = exchange(addr, raw.as_bytes(), Duration::from_secs(30)).expect("no answer in 30 s");
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap_or(Value::Null))
-        .collect()
+    super::sse_events(addr, "/v1/completions", body)
 }
 
 #[test]

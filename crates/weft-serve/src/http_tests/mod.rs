@@ -130,6 +130,23 @@ fn start_with(limits: Limits, more: Vec<crate::registry::Served>) -> Running {
     }
 }
 
+/// The `data:` events of a streamed `POST path` of `body` (a 200 within 30 s), each as JSON
+/// (`data: [DONE]` as `null`).
+fn sse_events(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Vec<serde_json::Value> {
+    let body = body.to_string();
+    let raw = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let got = exchange(addr, raw.as_bytes(), Duration::from_secs(30)).expect("no answer in 30 s");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or(serde_json::Value::Null))
+        .collect()
+}
+
 /// Sends `raw` on a new connection to `addr` and reads until the server closes it (at most
 /// `wait`): `None` when nothing came back in time.
 fn exchange(addr: SocketAddr, raw: &[u8], wait: Duration) -> Option<Vec<u8>> {

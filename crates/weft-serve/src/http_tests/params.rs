@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::{exchange, message, request, start};
+use super::{message, request, start};
 use crate::Limits;
 
 #[test]
@@ -63,18 +63,7 @@ fn completions_honour_top_k_and_refuse_what_they_do_not_implement() {
 
 /// The JSON events of a streamed completion of `body` (`data: [DONE]` last, as `null`).
 fn streamed(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
-    let body = body.to_string();
-    let raw = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let got = exchange(addr, raw.as_bytes(), std::time::Duration::from_secs(30)).expect("no answer in 30 s");
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap_or(Value::Null))
-        .collect()
+    super::sse_events(addr, "/v1/completions", body)
 }
 
 #[test]

@@ -6,11 +6,10 @@
 //! field as the request gave it (top level or in `parameters`).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{exchange, message, request, start};
+use super::{message, request, start};
 use crate::model::test_gpt;
 use crate::Limits;
 
@@ -31,18 +30,9 @@ fn text(addr: SocketAddr, body: &Value) -> String {
 
 /// The joined `text_output` of the events of `POST /v2/models/g/generate_stream` with `body`.
 fn streamed(addr: SocketAddr, body: &Value) -> String {
-    let body = body.to_string();
-    let raw = format!(
-        "POST /v2/models/g/generate_stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let got = exchange(addr, raw.as_bytes(), Duration::from_secs(30)).expect("no answer in 30 s");
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| {
-            let event: Value = serde_json::from_str(d).unwrap();
+    super::sse_events(addr, "/v2/models/g/generate_stream", body)
+        .iter()
+        .map(|event| {
             assert!(event.get("error").is_none(), "{event}");
             event["text_output"].as_str().unwrap().to_string()
         })
