@@ -8,13 +8,23 @@
 //! goes on: data parallelism starts its bucket all-reduce from there.
 //!
 //! Backward formulas run with grad mode off: gradients of gradients are not recorded.
+//!
+//! Gradient accumulation fusion: when a parameter already holds a gradient (an earlier
+//! micro-batch's) that nothing else holds, and a product's input reaches it through nothing but
+//! a transpose or an autocast cast, the product's backward adds the weight gradient straight
+//! into it (`crate::ops::accumulate`) instead of making a new tensor that a pass of its own then
+//! adds. On by default; [`set_accumulation_fusion`] turns it off. A product's input that is
+//! autocast's copy of a parameter sends its gradient straight to the parameter either way, made
+//! in the parameter's dtype from the low-precision operands (not rounded to them first).
 
 use std::cell::Cell;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::op::Op;
+use crate::ops::accumulate::Sink;
 use crate::tensor::{Tensor, TensorId};
 
 /// What produced a non-leaf tensor.
@@ -52,6 +62,21 @@ pub type GradHook = Arc<dyn Fn(&Tensor) + Send + Sync>;
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+static ACCUMULATION_FUSION: AtomicBool = AtomicBool::new(true);
+
+/// Turns gradient accumulation fusion (see the module's documentation) on or off for the whole
+/// process. Off, every micro-batch's weight gradients are made as new tensors and added to the
+/// accumulated ones, as PyTorch's `AccumulateGrad` does; on, the sums agree with those to
+/// rounding (the product is added in the gemm's own order).
+pub fn set_accumulation_fusion(on: bool) {
+    ACCUMULATION_FUSION.store(on, Ordering::Relaxed);
+}
+
+/// Whether gradient accumulation fusion is on ([`set_accumulation_fusion`]).
+pub fn accumulation_fusion() -> bool {
+    ACCUMULATION_FUSION.load(Ordering::Relaxed)
 }
 
 /// True unless inside [`no_grad`] (per thread).
@@ -249,6 +274,10 @@ fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
         }
     }
 
+    // the edges each tensor has in all (`deps` counts down as they arrive): a product's
+    // gradient goes straight to a parameter (`sink_routes`) only when it is its one edge
+    let edges = deps.clone();
+
     // 2. Walk newest-first; a tensor is ready once all its consumers have been processed.
     let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
     grads.insert(root.id(), seed);
@@ -262,7 +291,26 @@ fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
             continue;
         };
         run_hooks(&t);
-        let input_grads = crate::ops::backward(&node.op, &node.inputs, &t, &node.saved, &grad)?;
+        let routes = sink_routes(&node.op, &node.inputs, &edges, &tensors);
+        let (input_grads, taken) = backward_with_sinks(node, &t, &grad, &routes);
+        // a parameter whose gradient a sink took: this product was its one gradient of the
+        // pass, so it is final
+        if input_grads.is_ok() {
+            for (route, made) in routes.iter().zip(taken) {
+                match made {
+                    Taken::No => {}
+                    Taken::Added => {
+                        tensors.remove(&route.leaf.id());
+                        run_hooks(&route.leaf);
+                    }
+                    Taken::Made(g) => {
+                        tensors.remove(&route.leaf.id());
+                        accumulate_into_leaf(&route.leaf, g)?;
+                    }
+                }
+            }
+        }
+        let input_grads = input_grads?;
         for (input, g) in node.inputs.iter().zip(input_grads) {
             if !input.requires_grad() {
                 continue;
@@ -305,6 +353,143 @@ fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where a product's input leads (gradient accumulation fusion): the parameter behind input
+/// `input`, whether the input is its transpose, and whether it is autocast's lower-precision
+/// copy of it.
+struct SinkRoute {
+    input: usize,
+    leaf: Tensor,
+    transposed: bool,
+    copy: bool,
+}
+
+/// What a sink did with its input's gradient.
+enum Taken {
+    No,
+    /// Added into the parameter's accumulated gradient in place.
+    Added,
+    /// Made in the parameter's dtype, to accumulate as any gradient.
+    Made(Tensor),
+}
+
+/// The routes [`sink_leaf`] finds for a product's inputs (`Op::Matmul`'s two, `Op::Linear`'s
+/// weight); none for any other op. `edges`: each tensor's count of incoming gradients in the
+/// whole pass.
+fn sink_routes(
+    op: &Op,
+    inputs: &[Tensor],
+    edges: &HashMap<TensorId, usize>,
+    tensors: &HashMap<TensorId, Tensor>,
+) -> Vec<SinkRoute> {
+    let candidates: &[usize] = match op {
+        Op::Matmul => &[0, 1],
+        Op::Linear { .. } => &[1],
+        _ => &[],
+    };
+    candidates
+        .iter()
+        .filter_map(|&i| {
+            let (leaf, transposed, copy) = sink_leaf(inputs.get(i)?, edges, tensors)?;
+            Some(SinkRoute {
+                input: i,
+                leaf,
+                transposed,
+                copy,
+            })
+        })
+        .collect()
+}
+
+/// `node`'s backward with a [`Sink`] offered for each route's input: holding the parameter's
+/// accumulated gradient when nothing else holds it and fusion is on (not while a graph is being
+/// captured: the tracer records ops, not additions in place), or none for autocast's copy
+/// (whose gradient the sink makes in the parameter's dtype). The parameters' gradient slots stay
+/// locked for the whole backward, so that nothing else reads, takes or replaces a gradient while
+/// a product adds into it. Returns the backward's result and, by route, what its sink took.
+fn backward_with_sinks(
+    node: &Node,
+    t: &Tensor,
+    grad: &Tensor,
+    routes: &[SinkRoute],
+) -> (Result<Vec<Option<Tensor>>>, Vec<Taken>) {
+    let in_place = accumulation_fusion() && !crate::graph::recording();
+    let slots: Vec<_> = routes
+        .iter()
+        .map(|r| r.leaf.0.grad.lock().unwrap_or_else(|e| e.into_inner()))
+        .collect();
+    let mut sinks: Vec<Option<Sink>> = node.inputs.iter().map(|_| None).collect();
+    for (r, slot) in routes.iter().zip(&slots) {
+        let dst = slot.as_ref().filter(|g| in_place && unshared_grad(g, &r.leaf)).cloned();
+        if dst.is_some() || r.copy {
+            sinks[r.input] = Some(Sink::new(dst, r.leaf.dtype(), r.transposed));
+        }
+    }
+    let result = crate::ops::backward(&node.op, &node.inputs, t, &node.saved, grad, &sinks);
+    let taken = routes
+        .iter()
+        .map(|r| match sinks[r.input].take() {
+            Some(sink) if sink.added() => Taken::Added,
+            Some(sink) => sink.into_parts().1.map_or(Taken::No, Taken::Made),
+            None => Taken::No,
+        })
+        .collect();
+    // the sinks' handles on the gradients are gone before the slots open
+    drop(sinks);
+    drop(slots);
+    (result, taken)
+}
+
+/// The parameter behind `input`, whether `input` is its transpose, and whether it is
+/// autocast's copy of it, when this edge is the only one that brings the parameter a gradient
+/// in this pass: each tensor from `input` to the leaf has exactly one incoming gradient in the
+/// whole pass (`edges`; the same parameter on both sides of a product, or tied to two layers,
+/// has more) and no hooks, and the ops between them are 2-D transposes and at most one cast,
+/// from the f32 parameter to bf16 or f16 (a cast that rounds the gradient on its way back, such
+/// as a bf16 round trip, would be skipped).
+fn sink_leaf(
+    input: &Tensor,
+    edges: &HashMap<TensorId, usize>,
+    tensors: &HashMap<TensorId, Tensor>,
+) -> Option<(Tensor, bool, bool)> {
+    let mut t = tensors.get(&input.id())?.clone();
+    let (mut transposed, mut cast) = (false, false);
+    // a transpose and a cast, in either order, or a few transposes
+    for _ in 0..4 {
+        if !t.requires_grad() || edges.get(&t.id()) != Some(&1) {
+            return None;
+        }
+        let Some(node) = &t.0.node else {
+            return (!cast || t.dtype() == crate::DType::F32).then_some((t, transposed, cast));
+        };
+        if !t.0.hooks.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return None;
+        }
+        match &node.op {
+            Op::Permute(p) if p.as_slice() == [1, 0] => transposed = !transposed,
+            Op::Cast(crate::DType::BF16 | crate::DType::F16) if !cast => cast = true,
+            _ => return None,
+        }
+        let [next] = node.inputs.as_slice() else {
+            return None;
+        };
+        t = tensors.get(&next.id())?.clone();
+    }
+    None
+}
+
+/// Whether `g`, the gradient `leaf` holds, may be added to in place: contiguous, of the leaf's
+/// shape, dtype and device, and held by nothing else (no other handle, no view of its storage),
+/// so that the addition changes nothing anyone else can see.
+fn unshared_grad(g: &Tensor, leaf: &Tensor) -> bool {
+    Arc::strong_count(&g.0) == 1
+        && Arc::strong_count(g.storage()) == 1
+        && g.is_contiguous()
+        && g.shape() == leaf.shape()
+        && g.dtype() == leaf.dtype()
+        && g.device() == leaf.device()
+        && !g.is_backward_handle()
 }
 
 fn accumulate_into_leaf(leaf: &Tensor, grad: Tensor) -> Result<()> {

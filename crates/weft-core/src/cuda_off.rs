@@ -48,6 +48,11 @@ pub fn to_device(x: &crate::Tensor, device: Device) -> Result<crate::Tensor> {
     check(device).map(|_| x.clone())
 }
 
+/// Gradient accumulation fusion on a GPU: no GPU tensor exists in this build.
+pub(crate) fn add_product_into(_: &crate::Tensor, _: &crate::Tensor, _: &crate::Tensor) -> Result<bool> {
+    Ok(false)
+}
+
 /// The fused optimizer updates: no GPU tensor exists in this build, so these are never reached
 /// with one; they answer as every device query here does.
 pub mod optim {

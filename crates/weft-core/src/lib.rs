@@ -37,7 +37,7 @@ pub mod tune;
 mod device;
 
 pub use autocast::{autocast, autocast_cached_casts, autocast_dtype, autocast_with_cache};
-pub use autograd::{is_grad_enabled, no_grad, GradModeGuard};
+pub use autograd::{accumulation_fusion, is_grad_enabled, no_grad, set_accumulation_fusion, GradModeGuard};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};

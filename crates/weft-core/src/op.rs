@@ -171,6 +171,11 @@ pub enum Op {
     /// `grad_out * act'(pre)` `[M, N]`, and its column sums `[N]` (the bias gradient), in one
     /// pass; outputs both.
     LinearActBackward(UnaryOp),
+    /// Inputs `(a [M, K], b [K, N])` of one float dtype: `a @ b` as an f32 `[M, N]`, the
+    /// products of bf16 or f16 operands accumulated in f32 and rounded once, to f32 (not to the
+    /// operands' dtype). Autocast's weight gradients, which go to f32 parameters
+    /// (`crate::ops::accumulate`); not differentiable.
+    WideMatmul,
 
     // ---- views and layout (ops/shape.rs) ----
     Reshape(Shape),
@@ -329,6 +334,7 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::Var { .. } => "var",
             Op::Matmul => "matmul",
+            Op::WideMatmul => "wide_matmul",
             Op::Linear { .. } => "linear",
             Op::LinearActBackward(_) => "linear_act_backward",
             Op::Reshape(_) => "reshape",

@@ -41,6 +41,20 @@ fn products_run_in_bf16_and_gradients_reach_f32_parameters_in_f32() {
         .matmul(&x)
         .unwrap();
     assert!(max_rel(&gw, &want_gw) < 1e-2, "{}", max_rel(&gw, &want_gw));
+    // ...made in f32 from the bf16 operands, not rounded to bf16 on its way to the f32
+    // parameter: the sums of four bf16 values, exact in f32, are the f32 product's bits
+    let x_low = x.cast(DType::BF16).unwrap().cast(DType::F32).unwrap();
+    let exact = Tensor::ones(&[4, 16], DType::F32)
+        .unwrap()
+        .t()
+        .unwrap()
+        .matmul(&x_low)
+        .unwrap();
+    assert_eq!(
+        gw.to_vec_f64(),
+        exact.to_vec_f64(),
+        "the weight's gradient was rounded to bf16"
+    );
     assert_eq!(b.grad().unwrap().to_vec_f64(), vec![4.0; 16]);
     // matmul and attention too
     let m = autocast(Some(DType::BF16), || x.matmul(&x.t().unwrap())).unwrap();

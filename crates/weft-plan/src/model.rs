@@ -91,9 +91,11 @@ pub struct Workload {
     /// before attention (GPUs: [`crate::DeviceSpec::gpu`]), which the backward then keeps.
     pub kv_repeated: bool,
     /// Whether the weight-gradient products add into the step's accumulated gradients
-    /// (Megatron-LM's gradient-accumulation fusion), so that a micro-batch's gradients cost no
-    /// pass of their own; `false` for weft, which adds each micro-batch's gradients after
-    /// autograd makes them ([`crate::cost::accumulate_time`]).
+    /// (Megatron-LM's gradient-accumulation fusion; weft's autograd does it, see
+    /// `weft_core::set_accumulation_fusion`), so that a micro-batch's gradients of the
+    /// products' weights cost no pass of their own. The embeddings' gradients (an index-add,
+    /// not a product), biases and norm weights are added in a pass of their own either way
+    /// ([`crate::cost::accumulate_time`]).
     pub fused_accumulation: bool,
 }
 
@@ -185,6 +187,20 @@ impl ModelShape {
                 let kv = self.kv();
                 (2.0 * c * c + 2.0 * kv * c + 3.0 * i * c + (c + 2.0 * kv) * b, 2.0 * c)
             }
+        }
+    }
+
+    /// The part of [`ModelShape::block_params_split`] whose gradients no matrix product makes
+    /// (biases and norm weights, their gradients column sums), as `(cut by tp, whole)`: what a
+    /// runtime with gradient-accumulation fusion still adds in a pass of its own.
+    pub fn block_vector_params_split(&self) -> (f64, f64) {
+        let (c, b) = (self.c(), self.bias());
+        match self.kind {
+            ModelKind::Gpt => {
+                let i = self.intermediate as f64;
+                ((3.0 * c + i) * b, 2.0 * c * b + 2.0 * c * (1.0 + b))
+            }
+            ModelKind::Llama => ((c + 2.0 * self.kv()) * b, 2.0 * c),
         }
     }
 

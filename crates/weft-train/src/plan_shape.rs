@@ -76,7 +76,8 @@ pub fn workload(config: &RunConfig, global_batch: Option<u64>) -> Result<Workloa
         optimizer_moments,
         // the run's own devices; `weft plan` sets it from the spec it plans for
         kv_repeated: config.train.device.trim().starts_with("cuda"),
-        fused_accumulation: false,
+        // weft's autograd adds the products' weight gradients into the accumulated ones
+        fused_accumulation: config.train.fuse_accumulation,
     })
 }
 

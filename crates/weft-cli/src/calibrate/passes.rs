@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use weft_core::Tensor;
-use weft_plan::cost::{accumulate_time, unit_times};
+use weft_plan::cost::{accumulate_time, unfused_params, unit_times};
 use weft_plan::{DeviceSpec, PassCost, Precision, Workload};
 use weft_train::config::{ModelConfig, RunConfig};
 use weft_train::plan_shape;
@@ -64,6 +64,8 @@ pub(super) fn pass_cost(
     budget: Duration,
 ) -> Result<(PassCost, Vec<(String, f64)>), String> {
     let work = plan_shape::workload(config, None)?;
+    // the passes add their gradients as the run would (`train.fuse_accumulation`)
+    weft_core::set_accumulation_fusion(config.train.fuse_accumulation);
     // the passes measured run in f32 on this CPU
     let work = Workload {
         precision: Precision::F32,
@@ -86,8 +88,8 @@ pub(super) fn pass_cost(
             ..work.clone()
         };
         let u = unit_times(&w, spec, 1, 1, 1, r as f64);
-        // every call adds its gradients to the ones before
-        let params = weft_plan::memory::stage_params(&w.model, 1, 1, blocks, true, true);
+        // every call adds its gradients to the ones before (those fusion leaves to a pass)
+        let params = unfused_params(&w, 1, 1, blocks, true, true);
         3.0 * (blocks as f64 * u.block_forward + u.embed_forward + u.head_forward) + accumulate_time(params, spec)
     };
     // the smallest size measured: MIN_TOKENS, or half the sequence where that is shorter

@@ -24,7 +24,7 @@ pub fn execute(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         | Op::Where
         | Op::Cast(_) => families::elementwise::forward(op, inputs),
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => families::reduce::forward(op, inputs),
-        Op::Matmul | Op::Linear { .. } => families::matmul::forward(op, inputs),
+        Op::Matmul | Op::WideMatmul | Op::Linear { .. } => families::matmul::forward(op, inputs),
         Op::LinearActBackward(act) => {
             // the GPU's own UnaryBackward kernel, then the column sums
             let g = families::elementwise::forward(&Op::UnaryBackward(*act), inputs)?.remove(0);

@@ -28,6 +28,7 @@ pub use cache::MemoryStats;
 pub use copy::to_device;
 pub use dispatch::execute;
 pub use families::kernel_names;
+pub(crate) use families::matmul::add_product_into;
 pub use families::matmul::{allow_tf32, set_allow_tf32};
 pub use runtime::{check, device_count, gpu, Gpu};
 

@@ -2,6 +2,7 @@
 //! output: the bias, an optional activation and an optional residual are applied to each block
 //! right after its product, while it is in that core's cache, instead of in passes of their own.
 
+use super::accumulate::{product_or_sink, Sink};
 use super::matmul::{strided_slice, SendPtr};
 use super::{apply, to_compute};
 use crate::cpu::matmul::{gemm_parallel_then, Block, MatMut, MatRef};
@@ -277,12 +278,14 @@ fn linear_with<I: StorageElement + Send + Sync, T: Float + StorageElement + Defa
 
 /// With an `act`, `saved` holds the pre-activation: the gradient goes through `act'` first (in
 /// the same pass as the bias gradient's column sums). A residual input gets the output's
-/// gradient as it is.
+/// gradient as it is. Where autograd offers a [`Sink`] for the weight (input 1), its gradient
+/// is added there (`None` in the result).
 pub(super) fn backward(
     inputs: &[Tensor],
     saved: &[Tensor],
     grad: &Tensor,
     act: Option<UnaryOp>,
+    sinks: &[Option<Sink>],
 ) -> Result<Vec<Option<Tensor>>> {
     let (x, w) = (&inputs[0], &inputs[1]);
     let (g, gb) = match act {
@@ -293,7 +296,8 @@ pub(super) fn backward(
         }
         None => (grad.clone(), grad.sum(&[0], false)?),
     };
-    let mut grads = vec![Some(g.matmul(w)?), Some(g.t()?.matmul(x)?), Some(gb)];
+    let gw = product_or_sink(sinks.get(1).and_then(Option::as_ref), &g.t()?, x)?;
+    let mut grads = vec![Some(g.matmul(w)?), gw, Some(gb)];
     if inputs.len() > 3 {
         grads.push(Some(grad.clone()));
     }

@@ -1,5 +1,6 @@
 //! Matrix multiplication with broadcast batch dims.
 
+use super::accumulate::{product_or_sink, Sink};
 use super::{apply, to_compute};
 use crate::cpu::matmul::{gemm_parallel, MatMut, MatRef};
 use crate::dtype::DType;
@@ -79,6 +80,59 @@ pub(super) fn forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             super::elementwise::back_to("matmul", r, a.dtype())?
         }
         d => return Err(Error::UnsupportedDType { op: "matmul", dtype: d }),
+    };
+    Ok(vec![out])
+}
+
+impl Tensor {
+    /// `self [M, K] @ rhs [K, N]` of bf16 or f16 operands as an f32 `[M, N]`, the products
+    /// accumulated in f32 and not rounded to the operands' dtype ([`Op::WideMatmul`]); f32
+    /// operands give [`Tensor::matmul`]'s result. Not differentiable.
+    pub(crate) fn wide_matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        if self.rank() != 2 || rhs.rank() != 2 || self.shape()[1] != rhs.shape()[0] {
+            return Err(Error::ShapeMismatch {
+                op: "wide_matmul",
+                lhs: self.shape().to_vec(),
+                rhs: rhs.shape().to_vec(),
+            });
+        }
+        if self.dtype() != rhs.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "wide_matmul",
+                lhs: self.dtype(),
+                rhs: rhs.dtype(),
+            });
+        }
+        match self.dtype() {
+            DType::BF16 | DType::F16 | DType::F32 => apply(Op::WideMatmul, &[self, rhs]),
+            d => Err(Error::UnsupportedDType {
+                op: "wide_matmul",
+                dtype: d,
+            }),
+        }
+    }
+}
+
+/// [`Op::WideMatmul`] on the CPU: bf16 operands on the native kernel where the CPU has one (its
+/// f32 result kept, not rounded back), else both operands widened to f32 (exactly) first.
+pub(super) fn wide_forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let (a, b) = (inputs[0], inputs[1]);
+    let out = match a.dtype() {
+        DType::BF16 if crate::cpu::bf16_gemm::available() => {
+            matmul_with::<half::bf16, f32>(a, b, |m, n, k, d, a, b| {
+                // SAFETY: the kernel is available (checked above); `matmul_with` hands over
+                // operands and an output valid for these sizes and strides.
+                unsafe { crate::cpu::bf16_gemm::gemm_parallel(m, n, k, d, a, b) }
+            })?
+        }
+        DType::BF16 | DType::F16 => matmul_typed::<f32>(&to_compute("matmul", a)?, &to_compute("matmul", b)?, 1.0)?,
+        DType::F32 => matmul_typed::<f32>(a, b, 1.0)?,
+        d => {
+            return Err(Error::UnsupportedDType {
+                op: "wide_matmul",
+                dtype: d,
+            })
+        }
     };
     Ok(vec![out])
 }
@@ -184,11 +238,22 @@ fn matmul_with<I: StorageElement + Send + Sync, O: StorageElement + Send + Sync>
     Tensor::from_vec(out, &shape)
 }
 
-pub(super) fn backward(inputs: &[Tensor], grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+/// `a @ b`'s gradients, `grad @ b^T` and `a^T @ grad` (summed over broadcast batch dims). Where
+/// autograd offers a [`Sink`] for an input of a product without batch dims, its gradient is
+/// added there (`None` in the result).
+pub(super) fn backward(inputs: &[Tensor], grad: &Tensor, sinks: &[Option<Sink>]) -> Result<Vec<Option<Tensor>>> {
     let (a, b) = (&inputs[0], &inputs[1]);
-    let ga = grad.matmul(&b.t()?)?.sum_to_shape(a.shape())?;
-    let gb = a.t()?.matmul(grad)?.sum_to_shape(b.shape())?;
-    Ok(vec![Some(ga), Some(gb)])
+    let plain = a.rank() == 2 && b.rank() == 2;
+    let sink = |i: usize| sinks.get(i).and_then(Option::as_ref).filter(|_| plain);
+    let ga = match sink(0) {
+        Some(s) => product_or_sink(Some(s), grad, &b.t()?)?,
+        None => Some(grad.matmul(&b.t()?)?.sum_to_shape(a.shape())?),
+    };
+    let gb = match sink(1) {
+        Some(s) => product_or_sink(Some(s), &a.t()?, grad)?,
+        None => Some(a.t()?.matmul(grad)?.sum_to_shape(b.shape())?),
+    };
+    Ok(vec![ga, gb])
 }
 
 /// `t`'s storage as a `T` slice for a raw-pointer kernel that reads through `t`'s layout: refuses

@@ -4,6 +4,7 @@
 //! One file per op family holds the family's public `Tensor` methods (validation, output shape),
 //! its forward (calling the CPU kernels in `crate::cpu`) and its backward.
 
+pub(crate) mod accumulate;
 pub mod attention;
 pub mod conv;
 pub mod creation;
@@ -73,6 +74,7 @@ fn execute_on_backend(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         | Op::Cast(_) => elementwise::forward(op, inputs),
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => reduce::forward(op, inputs),
         Op::Matmul => matmul::forward(inputs),
+        Op::WideMatmul => matmul::wide_forward(inputs),
         Op::Linear { act, .. } => linear::forward(inputs, *act),
         Op::LinearActBackward(act) => linear::act_backward(*act, inputs[0], inputs[1]),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
@@ -120,12 +122,16 @@ fn same_device(op: &Op, inputs: &[&Tensor], device: crate::Device) -> Result<Vec
 }
 
 /// Gradients of `op`'s inputs given the gradient of its output; `None` where an input gets none.
+/// `sinks` (by input; empty for none) are where autograd offers to take an input's gradient as
+/// it is made (gradient accumulation fusion, [`accumulate`]): the products use those they can,
+/// leaving that input's gradient out (`None`, the sink's `added()` true); other ops ignore them.
 pub(crate) fn backward(
     op: &Op,
     inputs: &[Tensor],
     output: &Tensor,
     saved: &[Tensor],
     grad: &Tensor,
+    sinks: &[Option<accumulate::Sink>],
 ) -> Result<Vec<Option<Tensor>>> {
     match op {
         Op::Unary(_)
@@ -136,8 +142,8 @@ pub(crate) fn backward(
         | Op::Where
         | Op::Cast(_) => elementwise::backward(op, inputs, output, grad),
         Op::Reduce { .. } | Op::Var { .. } => reduce::backward(op, inputs, output, grad),
-        Op::Matmul => matmul::backward(inputs, grad),
-        Op::Linear { act, .. } => linear::backward(inputs, saved, grad, *act),
+        Op::Matmul => matmul::backward(inputs, grad, sinks),
+        Op::Linear { act, .. } => linear::backward(inputs, saved, grad, *act, sinks),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::backward(op, inputs, grad)
         }
@@ -224,6 +230,7 @@ fn differentiable(op: &Op) -> bool {
             | Op::OneHot { .. }
             | Op::UnaryBackward(_)
             | Op::LinearActBackward(_)
+            | Op::WideMatmul
             | Op::SoftmaxBackward { .. }
             | Op::NormBackward { .. }
             | Op::CrossEntropyBackward { .. }

@@ -1,6 +1,6 @@
 //! matmul (cuBLAS) and linear (cuBLAS and the epilogue kernel) against the CPU.
 
-use super::{compare, gpu, randn, tolerance};
+use super::{assert_close, compare, gpu, randn, tolerance};
 use weft_core::{DType, Device, Tensor, UnaryOp};
 
 /// `randn` scaled by `s` (products of many terms stay near 1).
@@ -415,4 +415,47 @@ fn linear_outputs_stay_on_the_gpu() {
     assert_eq!(y.shape(), &[4, 3]);
     assert!(y.to_vec_f64().iter().all(|v| *v >= 0.0));
     assert_eq!(y.to(Device::Cpu).unwrap().device(), Device::Cpu);
+}
+
+/// Gradient accumulation fusion on the GPU: three micro-batches of a transposed-weight product
+/// (f32, and under bf16 autocast, whose weight gradients go to the f32 parameter through
+/// `WideMatmul` and a beta-1 gemm) reuse the parameter's gradient buffer and sum as the CPU does.
+#[test]
+fn weight_gradients_accumulate_in_place_as_on_the_cpu() {
+    let Some(dev) = gpu("weight_gradients_accumulate_in_place_as_on_the_cpu") else {
+        return;
+    };
+    for low in [None, Some(DType::BF16)] {
+        let run = |device: Device| -> (Tensor, bool) {
+            let w = randn(&[24, 16], DType::F32, 1)
+                .to(device)
+                .unwrap()
+                .requires_grad_()
+                .unwrap();
+            let mut first = 0;
+            for j in 0..3 {
+                let x = randn(&[300, 16], DType::F32, 10 + j).to(device).unwrap();
+                let y = weft_core::autocast(low, || x.matmul(&w.t().unwrap()).unwrap());
+                let y = y.cast(DType::F32).unwrap();
+                y.mul(&y).unwrap().mean_all().unwrap().backward().unwrap();
+                if j == 0 {
+                    first = std::sync::Arc::as_ptr(w.grad().unwrap().storage()) as usize;
+                }
+            }
+            let g = w.grad().unwrap();
+            let kept = std::sync::Arc::as_ptr(g.storage()) as usize == first;
+            (g.to(Device::Cpu).unwrap(), kept)
+        };
+        let (want, _) = run(Device::Cpu);
+        let (got, kept) = run(dev);
+        assert!(kept, "{low:?}: the GPU gradient was not added to in place");
+        assert_eq!(got.dtype(), DType::F32);
+        // the products differ in summation order only (bf16 operands: the same bf16 values)
+        assert_close(
+            &format!("accumulated gradient {low:?}"),
+            &got,
+            &want,
+            tolerance(DType::F32),
+        );
+    }
 }

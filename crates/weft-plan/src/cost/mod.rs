@@ -122,6 +122,28 @@ pub fn accumulate_time(params: f64, device: &DeviceSpec) -> f64 {
     12.0 * params / (device.memory_bandwidth * device.efficiency.memory_bound)
 }
 
+/// Parameters of a stage (`blocks` blocks, the embeddings when `first`, the final norm and the
+/// output layer when `last`, at `tp`) whose gradients a micro-batch adds to the step's in a pass
+/// of its own: all of them, or with `work.fused_accumulation` those no matrix product makes: a
+/// block's biases and norm weights, the embeddings (an index-add's gradient; a tied output
+/// layer on the embedding's stage is a second use of that parameter, which fusion leaves alone
+/// too), the final norm.
+pub fn unfused_params(work: &Workload, tp: usize, pp: usize, blocks: usize, first: bool, last: bool) -> f64 {
+    let m = &work.model;
+    if !work.fused_accumulation {
+        return stage_params(m, tp, pp, blocks, first, last);
+    }
+    let (cut, whole) = m.block_vector_params_split();
+    let mut p = blocks as f64 * (cut / tp as f64 + whole);
+    if first {
+        p += stage_params(m, tp, pp, 0, true, false);
+    }
+    if last {
+        p += m.head_params_split(pp > 1).1;
+    }
+    p
+}
+
 /// The forward times of a layout's pieces for micro-batches of `rows` rows.
 pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp: usize, rows: f64) -> UnitTimes {
     let m = &work.model;
@@ -164,13 +186,7 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
     let loss_ar = all_reduce(tokens * 8.0, tp, tp_link) + all_reduce(tokens * 16.0, tp, tp_link);
     // every micro-batch of the step but the first adds its gradients to the others'
     let micro_batches = (work.global_batch as f64 / (dp as f64 * rows)).max(1.0);
-    let accumulate = |params: f64| {
-        if work.fused_accumulation {
-            0.0
-        } else {
-            scale * (micro_batches - 1.0) / micro_batches * accumulate_time(params, device)
-        }
-    };
+    let accumulate = |params: f64| scale * (micro_batches - 1.0) / micro_batches * accumulate_time(params, device);
     let p2p = if pp > 1 {
         let link = device.link(tp * dp, 2);
         link.1 + hidden * 4.0 / link.0
@@ -194,9 +210,9 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
             backward: ar_f32,
         },
         p2p,
-        block_accumulate: accumulate(stage_params(m, tp, pp, 1, false, false)),
-        embed_accumulate: accumulate(stage_params(m, tp, pp, 0, true, false)),
-        head_accumulate: accumulate(stage_params(m, tp, pp, 0, false, true)),
+        block_accumulate: accumulate(unfused_params(work, tp, pp, 1, false, false)),
+        embed_accumulate: accumulate(unfused_params(work, tp, pp, 0, true, false)),
+        head_accumulate: accumulate(unfused_params(work, tp, pp, 0, false, true)),
     }
 }
 
@@ -286,10 +302,25 @@ fn sharded_accumulation(mut u: UnitTimes, zero: usize, dp: usize) -> UnitTimes {
     u
 }
 
+/// `work` as its gradients are accumulated at ZeRO stage `zero`: stages 2 and 3 hand every
+/// micro-batch's gradients to the reduce-scatter and keep only the shard, so no parameter holds
+/// a gradient for a product to add into and fusion saves nothing there.
+fn accumulated_as_run(work: &Workload, zero: usize) -> std::borrow::Cow<'_, Workload> {
+    if zero >= 2 && work.fused_accumulation {
+        std::borrow::Cow::Owned(Workload {
+            fused_accumulation: false,
+            ..work.clone()
+        })
+    } else {
+        std::borrow::Cow::Borrowed(work)
+    }
+}
+
 /// The step time of `layout` (its `stage_blocks` cut) on devices `device`.
 pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepTime {
     let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
     let zero = if dp > 1 { layout.zero } else { 0 };
+    let work = &*accumulated_as_run(work, zero);
     let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
     let u = sharded_accumulation(unit_times(work, device, tp, dp, pp, rows), zero, dp);
     let chunks = layout.schedule.chunks();

@@ -278,6 +278,64 @@ fn tensor_parallel_all_reduces_run_twice_a_micro_batch() {
 }
 
 #[test]
+fn fused_accumulation_leaves_the_gradients_no_product_makes() {
+    // gpt2-small (tied, biases) at tp 2 over 2 stages, 8 micro-batches a step
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let fused_work = Workload {
+        fused_accumulation: true,
+        ..work()
+    };
+    let (plain, fused) = (
+        unit_times(&work(), &d, 2, 2, 2, 4.0),
+        unit_times(&fused_work, &d, 2, 2, 2, 4.0),
+    );
+    let m = &fused_work.model;
+    let per_param = 7.0 / 8.0 * 12.0 / (3.35e12 * 0.70);
+    // a block: its biases (the column-parallel ones cut) and its two LayerNorms
+    let (cut, whole) = m.block_vector_params_split();
+    assert_eq!(cut, 3.0 * 768.0 + 3072.0);
+    assert_eq!(whole, 2.0 * 768.0 + 4.0 * 768.0);
+    let want = per_param * (cut / 2.0 + whole);
+    assert!((fused.block_accumulate - want).abs() < 1e-15 * want.max(1.0));
+    assert!(fused.block_accumulate < plain.block_accumulate / 400.0);
+    // the embeddings' gradients are an index-add's: a pass either way
+    assert_eq!(fused.embed_accumulate, plain.embed_accumulate);
+    // the last stage's own copy of the tied output layer is a product's weight; its final
+    // LayerNorm is not
+    let want = per_param * 2.0 * 768.0;
+    assert!((fused.head_accumulate - want).abs() < 1e-15 * want.max(1.0));
+    assert!(plain.head_accumulate > 100.0 * fused.head_accumulate);
+}
+
+#[test]
+fn zero_2_and_3_gain_nothing_from_fused_accumulation() {
+    // stages 2 and 3 keep no whole gradient between micro-batches: every parameter's shard is
+    // added in a pass of its own, fused or not
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let fused = Workload {
+        global_batch: 256,
+        fused_accumulation: true,
+        ..work()
+    };
+    let unfused = Workload {
+        fused_accumulation: false,
+        ..fused.clone()
+    };
+    for zero in [1, 2, 3] {
+        let layout = Layout {
+            zero,
+            ..plain(4, 1, 1, 8)
+        };
+        let (a, b) = (step_time(&fused, &d, &layout), step_time(&unfused, &d, &layout));
+        if zero >= 2 {
+            assert_eq!(a.step, b.step, "zero {zero}");
+        } else {
+            assert!(a.step < b.step, "zero {zero}: {} vs {}", a.step, b.step);
+        }
+    }
+}
+
+#[test]
 fn gradient_accumulation_runs_the_pipeline_once_a_pass() {
     // 64 rows a step as 4 passes of 16: four pipelines of 16 rows, one reduction
     let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();

@@ -74,6 +74,14 @@ pub struct TrainConfig {
     /// that lowers its peak memory (docs/compiled.md, "Recomputation"). Default true.
     #[serde(default = "default_true")]
     pub compile_recompute: bool,
+    /// Gradient accumulation fusion (default true): from a step's second micro-batch on, each
+    /// weight gradient of a matrix product is added in place into the parameter's accumulated
+    /// gradient as it is made, instead of made as a new tensor and then added (docs/training.md,
+    /// "Gradient accumulation"). On the CPU the sums are the same bits either way (on a GPU the
+    /// same to rounding); false costs the pass. Sets `weft_core::set_accumulation_fusion` for
+    /// the process.
+    #[serde(default = "default_true")]
+    pub fuse_accumulation: bool,
 }
 
 impl TrainConfig {

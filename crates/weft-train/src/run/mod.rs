@@ -276,6 +276,8 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
     // the parameters hold the initial weights now: the read copies go (a large model's would
     // stay for the whole run otherwise)
     drop(init_tensors);
+    // one run a process: its autograd adds weight gradients in place or not
+    weft_core::set_accumulation_fusion(t.fuse_accumulation);
     let mut trainer = Trainer::new(model.clone(), optimizer, schedule, config.optim.weight_decay)
         .with_grad_clip(config.optim.grad_clip)
         .with_grad_accum(t.grad_accum)

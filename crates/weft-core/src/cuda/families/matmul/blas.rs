@@ -90,6 +90,9 @@ pub(super) struct Product<'a> {
     pub n: usize,
     /// A contiguous tensor of `batch + [M, N]`, in `a`'s dtype, or f32 for bf16/f16 inputs.
     pub out: &'a Tensor,
+    /// Whether the product is added to what `out` holds (cuBLAS's beta 1) instead of
+    /// overwriting it (beta 0).
+    pub accumulate: bool,
 }
 
 /// How cuBLAS reads one operand's `[rows, cols]` matrices: stored row-major or column-major
@@ -239,10 +242,11 @@ pub(super) fn gemm(g: &Arc<Gpu>, p: &Product) -> Result<()> {
     };
     // alpha and beta in the compute type, read from host memory during each call
     let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
-    let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
-        ((&one64 as *const f64).cast(), (&zero64 as *const f64).cast())
-    } else {
-        ((&one32 as *const f32).cast(), (&zero32 as *const f32).cast())
+    let (alpha, beta): (*const c_void, *const c_void) = match (dtype == DType::F64, p.accumulate) {
+        (true, false) => ((&one64 as *const f64).cast(), (&zero64 as *const f64).cast()),
+        (true, true) => ((&one64 as *const f64).cast(), (&one64 as *const f64).cast()),
+        (false, false) => ((&one32 as *const f32).cast(), (&zero32 as *const f32).cast()),
+        (false, true) => ((&one32 as *const f32).cast(), (&one32 as *const f32).cast()),
     };
     let trans = |t: bool| {
         if t {

@@ -101,6 +101,7 @@ pub(super) fn forward(inputs: &[&Tensor], act: Option<UnaryOp>) -> Result<Vec<Te
                 k,
                 n,
                 out: &p,
+                accumulate: false,
             },
         )?;
         p

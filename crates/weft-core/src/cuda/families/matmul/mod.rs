@@ -41,7 +41,8 @@ pub fn allow_tf32() -> bool {
 
 pub fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     match op {
-        Op::Matmul => Ok(vec![matmul(inputs[0], inputs[1])?]),
+        Op::Matmul => Ok(vec![matmul(inputs[0], inputs[1], None)?]),
+        Op::WideMatmul => Ok(vec![matmul(inputs[0], inputs[1], Some(DType::F32))?]),
         Op::Linear { act, .. } => linear::forward(inputs, *act),
         _ => unreachable!("matmul::forward called with {op:?}"),
     }
@@ -56,9 +57,13 @@ fn expect_gemm_dtype(op: &'static str, dtype: DType) -> Result<()> {
 }
 
 /// `[..., M, K] @ [..., K, N] -> [..., M, N]` (batch dims broadcast; both ranks at least 2, as
-/// `Tensor::matmul` makes them), in the inputs' dtype.
-fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+/// `Tensor::matmul` makes them), in the inputs' dtype, or in `wide` (f32, `Op::WideMatmul`).
+fn matmul(a: &Tensor, b: &Tensor, wide: Option<DType>) -> Result<Tensor> {
     let dtype = a.dtype();
+    let out_dtype = match wide {
+        Some(w) if dtype != DType::F64 => w,
+        _ => dtype,
+    };
     expect_gemm_dtype("matmul", dtype)?;
     if b.dtype() != dtype {
         return Err(Error::DTypeMismatch {
@@ -87,13 +92,13 @@ fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     shape.extend_from_slice(&[m, n]);
     let g = gpu_of(a)?;
     if m == 0 || n == 0 || batch.contains(&0) {
-        return empty(&g, "matmul", dtype, &shape);
+        return empty(&g, "matmul", out_dtype, &shape);
     }
     if k == 0 {
         // an empty sum: zeros, as on the CPU
-        return full(a.device(), &shape, 0.0, dtype);
+        return full(a.device(), &shape, 0.0, out_dtype);
     }
-    let out = empty(&g, "matmul", dtype, &shape)?;
+    let out = empty(&g, "matmul", out_dtype, &shape)?;
     blas::gemm(
         &g,
         &blas::Product {
@@ -105,9 +110,33 @@ fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             k,
             n,
             out: &out,
+            accumulate: false,
         },
     )?;
     Ok(out)
+}
+
+/// `dst [M, N] += a [M, K] @ b [K, N]` in place, one cuBLAS call with beta 1 (gradient
+/// accumulation fusion, `crate::ops::accumulate`): `dst` contiguous f32 (operands f32, bf16 or
+/// f16) or f64 (operands f64), the operands 2-D views on `dst`'s GPU; the caller checks those.
+pub(crate) fn add_product_into(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<bool> {
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let g = gpu_of(dst)?;
+    blas::gemm(
+        &g,
+        &blas::Product {
+            op: "gradient accumulation",
+            a,
+            b,
+            batch: &[],
+            m,
+            k,
+            n,
+            out: dst,
+            accumulate: true,
+        },
+    )?;
+    Ok(true)
 }
 
 #[cfg(test)]
