@@ -378,6 +378,7 @@ fn consolidate_as_hf_writes_the_checkpoints_tokenizer() {
     };
     let text = generate(&ckpt);
     assert_eq!(generate(&out), text);
+    std::fs::copy(out.join("tokenizer.json"), dir.join("hf-first-tokenizer.json")).unwrap();
     // a second export over the first leaves its (same) tokenizer.json without a word
     let again = consolidate(&out);
     assert!(again.status.success());
@@ -392,6 +393,25 @@ fn consolidate_as_hf_writes_the_checkpoints_tokenizer() {
         std::fs::read_to_string(out.join("tokenizer.json")).unwrap(),
         "{\"mine\": true}"
     );
+    // a tokenizer.json that is a symlink is followed: to the same tokenizer, taken without a
+    // word; to a folder, refused
+    let linked = dir.join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    let same = dir.join("same-tokenizer.json");
+    std::fs::copy(dir.join("hf-first-tokenizer.json"), &same).unwrap();
+    std::os::unix::fs::symlink(&same, linked.join("tokenizer.json")).unwrap();
+    let through = consolidate(&linked);
+    assert!(through.status.success(), "{}", String::from_utf8_lossy(&through.stderr));
+    assert!(!String::from_utf8_lossy(&through.stderr).contains("kept"));
+    assert_eq!(generate(&linked), text);
+    let to_dir = dir.join("to-dir");
+    std::fs::create_dir_all(&to_dir).unwrap();
+    std::os::unix::fs::symlink(dir.join("ckpt"), to_dir.join("tokenizer.json")).unwrap();
+    fails_with(
+        &hf_export_args(ckpt.to_str().unwrap(), to_dir.to_str().unwrap()),
+        &["tokenizer.json", "not a file"],
+    );
+    assert!(!to_dir.join("config.json").exists());
     // a tokenizer.json that is a folder is refused, and no config.json is written
     let other = dir.join("other");
     std::fs::create_dir_all(other.join("tokenizer.json")).unwrap();

@@ -214,21 +214,15 @@ pub fn check_output_folder(dir: &Path) -> Result<()> {
 /// `transformers`' `AutoTokenizer` reads `tokenizer.json` as it is, whatever the model type).
 /// A `tokenizer.json` already there with the same content is left; one with other content is
 /// kept (it may be the user's), and the returned note names it. A file there that is not a
-/// regular file is refused naming it, before anything is written. Call before
+/// regular file (symlinks followed) is refused naming it, before anything is written. Call before
 /// [`write_folder`], whose `config.json` comes last.
 pub fn write_tokenizer(dir: &Path, tokenizer: &Value) -> Result<Option<String>> {
     let json_path = dir.join("tokenizer.json");
     let config_path = dir.join("tokenizer_config.json");
+    // symlinks are followed, as the writes below follow them: a link to a regular file is that
+    // file, a dangling link a file still to write
     for p in [&json_path, &config_path] {
-        if let Ok(meta) = std::fs::symlink_metadata(p) {
-            if !meta.is_file() {
-                return Err(Error::Io(format!(
-                    "{}: not a file ({}); refusing to write beside it",
-                    p.display(),
-                    describe(&meta.file_type())
-                )));
-            }
-        }
+        is_regular_file(p).map_err(|e| Error::Io(format!("{e}; refusing to write beside it")))?;
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
     let mut note = None;
@@ -248,7 +242,7 @@ pub fn write_tokenizer(dir: &Path, tokenizer: &Value) -> Result<Option<String>> 
             }
         }
     }
-    if std::fs::symlink_metadata(&config_path).is_err() {
+    if !is_regular_file(&config_path)? {
         let text = serde_json::json!({"tokenizer_class": "PreTrainedTokenizerFast"}).to_string();
         weft_core::io::atomic::write(&config_path, text.as_bytes())?;
     }
