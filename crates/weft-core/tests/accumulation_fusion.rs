@@ -55,28 +55,51 @@ impl Model {
     }
 }
 
+/// Runs `f` with fusion `on`, and turns it back on after.
+fn with_fusion<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    set_accumulation_fusion(on);
+    let out = f();
+    set_accumulation_fusion(true);
+    out
+}
+
+/// Two micro-batches of `loss(j)` into `w`'s gradient with fusion `on`: the gradient, and
+/// whether its buffer stayed the one the first micro-batch made.
+fn two_micro_batches(w: &Tensor, on: bool, loss: &dyn Fn(u64) -> Tensor) -> (Vec<f64>, bool) {
+    with_fusion(on, || {
+        w.set_grad(None);
+        loss(0).backward().unwrap();
+        let first = storage_of(w);
+        loss(1).backward().unwrap();
+        (w.grad().unwrap().to_vec_f64(), storage_of(w) == first)
+    })
+}
+
 fn storage_of(t: &Tensor) -> usize {
     Arc::as_ptr(t.grad().expect("a gradient").storage()) as usize
 }
 
-/// Runs `micro` micro-batches (each through `run`) with fusion `on`; returns each parameter's
+/// Runs `micro` micro-batches of the model's loss with fusion `on`, all in one autocast region
+/// of `low` (as the trainer runs a step's: each weight cast once); returns each parameter's
 /// gradient and whether each gradient buffer stayed the one the first micro-batch made.
-fn accumulate(model: &Model, micro: u64, on: bool, run: &dyn Fn(&Model, u64)) -> Vec<(Vec<f64>, bool)> {
-    set_accumulation_fusion(on);
-    model.params().iter().for_each(|p| p.set_grad(None));
-    run(model, 0);
-    let first: Vec<usize> = model.params().iter().map(|p| storage_of(p)).collect();
-    for j in 1..micro {
-        run(model, j);
-    }
-    let out = model
-        .params()
-        .iter()
-        .zip(first)
-        .map(|(p, s)| (p.grad().unwrap().to_vec_f64(), storage_of(p) == s))
-        .collect();
-    set_accumulation_fusion(true);
-    out
+fn accumulate(model: &Model, micro: u64, on: bool, low: Option<DType>) -> Vec<(Vec<f64>, bool)> {
+    with_fusion(on, || {
+        model.params().iter().for_each(|p| p.set_grad(None));
+        let first = autocast(low, || {
+            model.loss(0).backward().unwrap();
+            let first: Vec<usize> = model.params().iter().map(|p| storage_of(p)).collect();
+            for j in 1..micro {
+                model.loss(j).backward().unwrap();
+            }
+            first
+        });
+        model
+            .params()
+            .iter()
+            .zip(first)
+            .map(|(p, s)| (p.grad().unwrap().to_vec_f64(), storage_of(p) == s))
+            .collect()
+    })
 }
 
 fn f32_run(m: &Model, j: u64) {
@@ -88,8 +111,8 @@ fn weight_gradients_add_in_place_and_equal_the_unfused_sums() {
     let _turn = turns();
     for dtype in [DType::F32, DType::F64] {
         let model = Model::new(dtype);
-        let fused = accumulate(&model, 3, true, &f32_run);
-        let plain = accumulate(&model, 3, false, &f32_run);
+        let fused = accumulate(&model, 3, true, None);
+        let plain = accumulate(&model, 3, false, None);
         for (name, (f, p)) in ["w1", "b1", "w2"].iter().zip(fused.iter().zip(&plain)) {
             assert_eq!(f.0, p.0, "{dtype:?} {name}: fused and unfused sums differ");
             assert!(
@@ -114,28 +137,7 @@ fn weight_gradients_add_in_place_and_equal_the_unfused_sums() {
 fn autocast_copies_of_the_weights_add_into_their_f32_gradients() {
     let _turn = turns();
     let model = Model::new(DType::F32);
-    // one region for the step, as the trainer makes it: each weight cast once
-    let run_all = |on: bool| {
-        set_accumulation_fusion(on);
-        model.params().iter().for_each(|p| p.set_grad(None));
-        let mut first = Vec::new();
-        autocast(Some(DType::BF16), || {
-            for j in 0..3 {
-                model.loss(j).backward().unwrap();
-                if j == 0 {
-                    first = model.params().iter().map(|p| storage_of(p)).collect();
-                }
-            }
-        });
-        let out: Vec<(Vec<f64>, bool)> = model
-            .params()
-            .iter()
-            .zip(first)
-            .map(|(p, s)| (p.grad().unwrap().to_vec_f64(), storage_of(p) == s))
-            .collect();
-        set_accumulation_fusion(true);
-        out
-    };
+    let run_all = |on: bool| accumulate(&model, 3, on, Some(DType::BF16));
     let fused = run_all(true);
     let plain = run_all(false);
     assert!(
@@ -163,7 +165,7 @@ fn a_gradient_someone_holds_is_not_changed_under_them() {
     // the sum is still right: it is the same as with fusion off
     let now = model.w1.grad().unwrap().to_vec_f64();
     drop(held);
-    let plain = accumulate(&model, 2, false, &f32_run);
+    let plain = accumulate(&model, 2, false, None);
     assert_eq!(now, plain[0].0);
     // a view of the storage counts as holding it too
     model.params().iter().for_each(|p| p.set_grad(None));
@@ -182,21 +184,12 @@ fn a_weight_used_twice_in_a_pass_is_summed_as_before() {
     // tied weights: the same parameter reaches the loss through two products, so neither is
     // its only gradient and neither is added in place
     let w = param(&[6, 6], DType::F32, 7);
-    let run = |on: bool| {
-        set_accumulation_fusion(on);
-        w.set_grad(None);
-        let mut first = 0;
-        for j in 0..2 {
-            let x = randn(&[3, 6], DType::F32, 50 + j);
-            let y = x.matmul(&w).unwrap().matmul(&w.t().unwrap()).unwrap();
-            y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
-            if j == 0 {
-                first = storage_of(&w);
-            }
-        }
-        set_accumulation_fusion(true);
-        (w.grad().unwrap().to_vec_f64(), storage_of(&w) == first)
+    let loss = |j: u64| {
+        let x = randn(&[3, 6], DType::F32, 50 + j);
+        let y = x.matmul(&w).unwrap().matmul(&w.t().unwrap()).unwrap();
+        y.mul(&y).unwrap().sum_all().unwrap()
     };
+    let run = |on: bool| two_micro_batches(&w, on, &loss);
     let (plain0, _) = run(false);
     let (fused, kept) = run(true);
     let (plain, _) = run(false);
@@ -213,8 +206,8 @@ fn the_first_micro_batch_and_a_lone_step_are_unchanged() {
     let _turn = turns();
     // without an earlier gradient there is nothing to add to: one backward gives the same bits
     let model = Model::new(DType::F32);
-    let fused = accumulate(&model, 1, true, &f32_run);
-    let plain = accumulate(&model, 1, false, &f32_run);
+    let fused = accumulate(&model, 1, true, None);
+    let plain = accumulate(&model, 1, false, None);
     for (f, p) in fused.iter().zip(&plain) {
         assert_eq!(f.0, p.0);
     }
@@ -226,18 +219,13 @@ fn a_cast_that_rounds_the_gradient_is_not_skipped() {
     // a bf16 round trip between the weight and the product: its backward rounds the gradient
     // to bf16, which a sink must not skip (only autocast's one cast from f32 is routed)
     let w = param(&[8, 16], DType::F32, 11);
-    let run = |on: bool| {
-        set_accumulation_fusion(on);
-        w.set_grad(None);
-        for j in 0..2 {
-            let x = randn(&[64, 16], DType::F32, 200 + j);
-            let wq = w.cast(DType::BF16).unwrap().cast(DType::F32).unwrap();
-            let y = x.matmul(&wq.t().unwrap()).unwrap();
-            y.mul(&y).unwrap().mean_all().unwrap().backward().unwrap();
-        }
-        set_accumulation_fusion(true);
-        w.grad().unwrap().to_vec_f64()
+    let loss = |j: u64| {
+        let x = randn(&[64, 16], DType::F32, 200 + j);
+        let wq = w.cast(DType::BF16).unwrap().cast(DType::F32).unwrap();
+        let y = x.matmul(&wq.t().unwrap()).unwrap();
+        y.mul(&y).unwrap().mean_all().unwrap()
     };
+    let run = |on: bool| two_micro_batches(&w, on, &loss).0;
     let plain = run(false);
     let fused = run(true);
     assert_eq!(plain, fused, "fused and unfused sums differ");
