@@ -68,8 +68,8 @@ static ACCUMULATION_FUSION: AtomicBool = AtomicBool::new(true);
 
 /// Turns gradient accumulation fusion (see the module's documentation) on or off for the whole
 /// process. Off, every micro-batch's weight gradients are made as new tensors and added to the
-/// accumulated ones, as PyTorch's `AccumulateGrad` does; on, the sums agree with those to
-/// rounding (the product is added in the gemm's own order).
+/// accumulated ones, as PyTorch's `AccumulateGrad` does; on, they are added in place, with the
+/// same sums bit for bit on the CPU (to rounding on a GPU: `crate::ops::accumulate`).
 pub fn set_accumulation_fusion(on: bool) {
     ACCUMULATION_FUSION.store(on, Ordering::Relaxed);
 }
