@@ -143,3 +143,33 @@ fn a_product_with_a_tensor_whose_storage_was_released_is_an_error_not_a_wild_rea
     assert!(e.is_err());
     assert!(x.matmul(&view.t().unwrap()).is_err());
 }
+
+/// A binary op with a transposed-matrix operand (copied in blocks first) equals the op on the
+/// operand's contiguous copy: either side, both sides, square and not, narrowed rows (a stride
+/// longer than the rows), f32 and f64.
+#[test]
+fn binary_ops_on_transposed_matrices_equal_those_on_their_copies() {
+    for dtype in [DType::F32, DType::F64] {
+        for (rows, cols) in [(2, 3), (17, 33), (32, 16), (40, 45)] {
+            let n = (cols * (rows + 3)) as f64;
+            let stored = Tensor::arange(0.0, n, 1.0, dtype)
+                .unwrap()
+                .view(&[cols, rows + 3])
+                .unwrap();
+            // [rows, cols], strides [1, rows + 3]
+            let t = stored.narrow(1, 1, rows).unwrap().t().unwrap();
+            let c = t.contiguous_copy().unwrap();
+            let other = Tensor::arange(0.5, (rows * cols) as f64 + 0.5, 1.0, dtype)
+                .unwrap()
+                .view(&[rows, cols])
+                .unwrap();
+            for (got, want) in [
+                (t.add(&other).unwrap(), c.add(&other).unwrap()),
+                (other.sub(&t).unwrap(), other.sub(&c).unwrap()),
+                (t.mul(&t).unwrap(), c.mul(&c).unwrap()),
+            ] {
+                assert_eq!(got.to_vec_f64(), want.to_vec_f64(), "{dtype:?} {rows} x {cols}");
+            }
+        }
+    }
+}

@@ -250,6 +250,12 @@ fn row_starts(op: &'static str, l: &Layout) -> Result<(Vec<usize>, usize)> {
     Ok((starts, stride))
 }
 
+/// Whether `l` is the transpose of a row-major matrix (2-D, strides `[1, s]` with `s` at least
+/// its rows; no broadcast dim), which `storage::gather_slice` copies in blocks.
+fn is_transposed_matrix(l: &Layout) -> bool {
+    matches!((l.shape.as_slice(), l.strides.as_slice()), ([rows, cols], [1, s]) if *rows > 1 && *cols > 1 && *s >= *rows)
+}
+
 /// `out[i] = f(a[i], b[i])` over the broadcast of `a` and `b`, for op `name`.
 fn broadcast_zip<T: StorageElement, U: StorageElement>(
     name: &'static str,
@@ -271,6 +277,22 @@ fn broadcast_zip<T: StorageElement, U: StorageElement>(
         rhs: T::DTYPE,
     })?;
     let n = numel(&shape);
+    // an operand that is a transposed matrix (a weight's gradient through `x @ w^T`, added to
+    // the accumulated one) is copied in 16 x 16 blocks first (`storage::gather_slice`): read
+    // one strided element at a time, as below, it took several times as long
+    let (copy_a, copy_b);
+    let (sa, la) = if is_transposed_matrix(&la) {
+        copy_a = crate::storage::gather_slice(name, sa, &la)?;
+        (&copy_a[..], Layout::contiguous(&shape))
+    } else {
+        (sa, la)
+    };
+    let (sb, lb) = if is_transposed_matrix(&lb) {
+        copy_b = crate::storage::gather_slice(name, sb, &lb)?;
+        (&copy_b[..], Layout::contiguous(&shape))
+    } else {
+        (sb, lb)
+    };
     let mut out = crate::alloc::uninit::<U>(name, n)?;
     if la.is_contiguous() && lb.is_contiguous() {
         k::zip_map(
