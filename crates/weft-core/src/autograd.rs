@@ -414,6 +414,14 @@ fn backward_with_sinks(
     grad: &Tensor,
     routes: &[SinkRoute],
 ) -> (Result<Vec<Option<Tensor>>>, Vec<Taken>) {
+    if routes.is_empty() {
+        // every op but a product with a parameter behind it: nothing to offer, nothing to
+        // allocate
+        return (
+            crate::ops::backward(&node.op, &node.inputs, t, &node.saved, grad, &[]),
+            Vec::new(),
+        );
+    }
     let in_place = accumulation_fusion() && !crate::graph::recording();
     let slots: Vec<_> = routes
         .iter()
