@@ -1,8 +1,10 @@
 //! Matrix products in bf16 against f32 at the shapes of a small llama's training step (the
 //! projections' forward `x @ w^T`, and the two products of their backward), on the threads
 //! WEFT_NUM_THREADS gives: GFLOP/s of the median of 5 rounds of 10 calls each. A bf16 product
-//! reads its operands as they are where the CPU has AVX-512 BF16 (`cpu/bf16_gemm.rs`), and
-//! converts them to f32 for the f32 `gemm` elsewhere; the line `native bf16 kernel` says which.
+//! reads its operands as they are where the CPU has AVX-512 BF16 (`cpu/bf16_gemm.rs`, on AMX tiles
+//! where the CPU has them and `WEFT_AMX` is not 0: `cpu/amx.rs`), and converts them to f32 for
+//! the f32 `gemm` elsewhere; the line `bf16 kernel` says which. tools/bench/torch_products.py
+//! times PyTorch's on the same shapes.
 //!
 //! `cargo run --release -p weft-core --example bf16_products [m] [k] [n]`
 
@@ -36,8 +38,11 @@ fn main() {
     let k = args.get(1).copied().unwrap_or(256);
     let n = args.get(2).copied().unwrap_or(688);
     println!(
-        "native bf16 kernel: {}; {} threads",
-        weft_core::cpu::bf16_gemm::available(),
+        "bf16 kernel: {}; {} threads",
+        match weft_core::cpu::bf16_gemm::Kernel::best() {
+            Some(k) => format!("{k:?}"),
+            None => "none (operands converted to f32)".into(),
+        },
         weft_core::cpu::threads::num_threads()
     );
     let flops = 2.0 * (m * n * k) as f64;

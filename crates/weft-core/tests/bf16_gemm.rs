@@ -1,10 +1,11 @@
-//! The native bf16 product (`cpu::bf16_gemm`, AVX-512 BF16) against products computed in f64
-//! from the same bf16 values: every tile edge, an odd inner dimension, inner dimensions across
-//! packed blocks, operands read along rows or down columns, and adding into the output; then the
-//! `matmul` and `linear` ops in bf16, which use it where the CPU has it.
+//! The native bf16 products (`cpu::bf16_gemm`: AVX-512 BF16, and AMX tiles where the CPU has
+//! them) against products computed in f64 from the same bf16 values: every tile edge, an odd
+//! inner dimension, inner dimensions across packed blocks, operands read along rows or down
+//! columns, and adding into the output, on each kernel this CPU runs; then the `matmul` and
+//! `linear` ops in bf16, which use the fastest of them.
 
 use half::bf16;
-use weft_core::cpu::bf16_gemm;
+use weft_core::cpu::bf16_gemm::{self, Kernel};
 use weft_core::cpu::matmul::{MatMut, MatRef};
 use weft_core::{DType, Tensor};
 
@@ -74,7 +75,7 @@ impl Stored {
 /// of row stride `n + 3` that starts at `start` (read back when `accumulate`), and checks every
 /// element against the f64 product within the error bound of a sum of `k` rounded additions
 /// (`k 2^-24 sum |a b|`, Higham's bound for recursive summation).
-fn check(m: usize, n: usize, k: usize, at: bool, bt: bool, accumulate: bool) {
+fn check(kernel: Kernel, m: usize, n: usize, k: usize, at: bool, bt: bool, accumulate: bool) {
     let a = Stored::new(m, k, at, (m * 31 + k) as u64);
     let b = Stored::new(k, n, bt, (n * 17 + k) as u64);
     let stride = n + 3;
@@ -87,7 +88,7 @@ fn check(m: usize, n: usize, k: usize, at: bool, bt: bool, accumulate: bool) {
     };
     // SAFETY: the kernel is present (checked by the caller); the operands and the output hold
     // the matrices at the strides given.
-    unsafe { bf16_gemm::gemm_parallel(m, n, k, dst, a.as_ref(), b.as_ref()) };
+    unsafe { bf16_gemm::gemm_parallel_with(kernel, m, n, k, dst, a.as_ref(), b.as_ref()) };
     for i in 0..m {
         for j in 0..stride {
             let got = out[i * stride + j];
@@ -112,7 +113,7 @@ fn check(m: usize, n: usize, k: usize, at: bool, bt: bool, accumulate: bool) {
             let bound = (k + 1) as f64 * 2f64.powi(-24) * size + 1e-30;
             assert!(
                 (f64::from(got) - want).abs() <= bound,
-                "{m}x{k} @ {k}x{n} (a transposed {at}, b transposed {bt}, accumulate {accumulate}): \
+                "{kernel:?}: {m}x{k} @ {k}x{n} (a transposed {at}, b transposed {bt}, accumulate {accumulate}): \
                  ({i}, {j}) = {got}, want {want} within {bound}"
             );
         }
@@ -120,29 +121,38 @@ fn check(m: usize, n: usize, k: usize, at: bool, bt: bool, accumulate: bool) {
 }
 
 #[test]
-fn the_kernel_matches_f64_products_at_every_edge() {
+fn the_kernels_match_f64_products_at_every_edge() {
     if !kernel_present() {
         return;
     }
-    // tiles of 8 x 32, packed blocks of 256 inner elements, 128 rows and 1024 columns: sizes
-    // below, at and past each, and an odd inner dimension (the last pair half padding)
-    for &(m, n, k) in &[
-        (1, 1, 1),
-        (1, 33, 7),
-        (8, 32, 2),
-        (9, 31, 3),
-        (17, 65, 255),
-        (130, 40, 256),
-        (7, 100, 257),
-        (40, 64, 600),
-        (300, 3, 33),
-        // past one block of 1024 packed columns
-        (9, 2100, 33),
-    ] {
-        for (at, bt) in [(false, false), (false, true), (true, false), (true, true)] {
-            check(m, n, k, at, bt, false);
+    // AVX-512: tiles of 8 x 32, packed blocks of 256 inner elements, 128 rows and 1024 columns;
+    // AMX: blocks of 32 x 32, tile steps of 32 inner elements, packed blocks of 512: sizes below,
+    // at and past each, and an odd inner dimension (the last pair half padding)
+    for kernel in Kernel::all_available() {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (1, 33, 7),
+            (8, 32, 2),
+            (9, 31, 3),
+            (17, 65, 255),
+            (130, 40, 256),
+            (7, 100, 257),
+            (40, 64, 600),
+            (300, 3, 33),
+            (32, 32, 32),
+            (33, 64, 64),
+            (64, 31, 96),
+            (96, 96, 512),
+            (161, 70, 1040),
+            // past one block of 1024 packed columns
+            (9, 2100, 33),
+        ] {
+            for (at, bt) in [(false, false), (false, true), (true, false), (true, true)] {
+                check(kernel, m, n, k, at, bt, false);
+            }
+            check(kernel, m, n, k, false, true, true);
+            check(kernel, m, n, k, true, false, true);
         }
-        check(m, n, k, false, true, true);
     }
 }
 
@@ -151,8 +161,10 @@ fn an_empty_inner_dimension_writes_zeros_or_leaves_the_output() {
     if !kernel_present() {
         return;
     }
-    check(5, 9, 0, false, false, false);
-    check(5, 9, 0, false, false, true);
+    for kernel in Kernel::all_available() {
+        check(kernel, 5, 9, 0, false, false, false);
+        check(kernel, 5, 9, 0, false, false, true);
+    }
 }
 
 #[test]
@@ -162,25 +174,48 @@ fn products_split_over_threads_equal_one_thread_bit_for_bit() {
     }
     // long enough on both sides to be cut into blocks of rows, and of columns (with more than
     // one compute thread: `WEFT_NUM_THREADS`, by default the cores)
-    for &(m, n, k) in &[(512, 96, 200), (24, 700, 130), (16, 2100, 40)] {
-        let a = Stored::new(m, k, false, 1);
-        let b = Stored::new(k, n, true, 2);
-        let (mut one, mut split) = (vec![0f32; m * n], vec![0f32; m * n]);
-        let dst = |out: &mut Vec<f32>| MatMut {
-            ptr: out.as_mut_ptr(),
-            row_stride: n as isize,
-            accumulate: false,
-        };
-        // SAFETY: as in `check`.
-        unsafe {
-            bf16_gemm::gemm(m, n, k, dst(&mut one), a.as_ref(), b.as_ref());
-            bf16_gemm::gemm_parallel(m, n, k, dst(&mut split), a.as_ref(), b.as_ref());
+    for kernel in Kernel::all_available() {
+        for &(m, n, k) in &[(512, 96, 200), (24, 700, 130), (16, 2100, 40)] {
+            let a = Stored::new(m, k, false, 1);
+            let b = Stored::new(k, n, true, 2);
+            let (mut one, mut split) = (vec![0f32; m * n], vec![0f32; m * n]);
+            let dst = |out: &mut Vec<f32>| MatMut {
+                ptr: out.as_mut_ptr(),
+                row_stride: n as isize,
+                accumulate: false,
+            };
+            // SAFETY: as in `check`.
+            unsafe {
+                bf16_gemm::gemm_with(kernel, m, n, k, dst(&mut one), a.as_ref(), b.as_ref());
+                bf16_gemm::gemm_parallel_with(kernel, m, n, k, dst(&mut split), a.as_ref(), b.as_ref());
+            }
+            assert!(
+                one.iter().zip(&split).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{kernel:?}: {m}x{k}x{n}"
+            );
+            check(kernel, m, n, k, false, true, false);
         }
-        assert!(
-            one.iter().zip(&split).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{m}x{k}x{n}"
-        );
-        check(m, n, k, false, true, false);
+    }
+}
+
+/// Where the CPU reports AMX (CPUID leaf 7: AMX-TILE and AMX-BF16) and `WEFT_AMX` does not turn
+/// it off, the tile kernel is the one the ops use: a refused permission or a wrong feature check
+/// would otherwise leave the slower kernel running unnoticed.
+#[test]
+fn amx_is_used_where_the_cpu_has_it() {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+        let cpu_has = leaf.edx >> 22 & 1 == 1 && leaf.edx >> 24 & 1 == 1 && bf16_gemm::available();
+        if !cpu_has {
+            eprintln!("skipped: this CPU has no AMX");
+            return;
+        }
+        if std::env::var("WEFT_AMX").is_ok_and(|v| v.trim() == "0") {
+            eprintln!("skipped: WEFT_AMX=0 turns AMX off");
+            return;
+        }
+        assert_eq!(Kernel::best(), Some(Kernel::Amx));
     }
 }
 

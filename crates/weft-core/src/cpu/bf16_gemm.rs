@@ -21,8 +21,8 @@ use half::bf16;
 const MR: usize = 8;
 /// Vectors of 16 f32 lanes across the microkernel's tile.
 const NV: usize = 2;
-/// Columns of the microkernel's tile.
-const NR: usize = 16 * NV;
+/// Columns of the microkernel's tile (and of a packed panel of B).
+pub(super) const NR: usize = 16 * NV;
 /// Inner-dimension elements per packed block (an even number: 128 pairs; a packed column panel
 /// of B is then `KC / 2 x NR` pairs, 16 KiB, half this core's L1 data cache).
 const KC: usize = 256;
@@ -34,7 +34,50 @@ const NC: usize = 1024;
 /// Products of fewer multiply-adds than this run on the calling thread.
 const PARALLEL_MIN: usize = 1 << 15;
 
-/// Whether this CPU runs the native kernel (AVX-512 F and BF16), checked once.
+/// The kernels that multiply bf16 matrices into f32 on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// `vdpbf16ps` on AVX-512 vectors (this module's microkernel).
+    Avx512Bf16,
+    /// `tdpbf16ps` on AMX tiles ([`super::amx`]).
+    Amx,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs (AMX where [`super::amx::available`], else AVX-512 BF16),
+    /// used by every bf16 product of the process; None without AVX-512 BF16.
+    pub fn best() -> Option<Kernel> {
+        if super::amx::available() {
+            Some(Kernel::Amx)
+        } else if available() {
+            Some(Kernel::Avx512Bf16)
+        } else {
+            None
+        }
+    }
+
+    /// Every kernel this CPU runs (for tests that compare them).
+    pub fn all_available() -> Vec<Kernel> {
+        let mut all = Vec::new();
+        if available() {
+            all.push(Kernel::Avx512Bf16);
+        }
+        if super::amx::available() {
+            all.push(Kernel::Amx);
+        }
+        all
+    }
+
+    /// Output rows per microkernel tile.
+    fn tile_rows(self) -> usize {
+        match self {
+            Kernel::Avx512Bf16 => MR,
+            Kernel::Amx => super::amx::ROWS,
+        }
+    }
+}
+
+/// Whether this CPU runs a native kernel (AVX-512 F and BF16), checked once.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -49,14 +92,16 @@ pub fn available() -> bool {
     }
 }
 
-/// `dst[M, N] (=|+=) a[M, K] @ b[K, N]`, bf16 operands and an f32 result, on the compute pool:
-/// one block of rows (or of columns, when there are fewer rows than columns) per thread, then
-/// `then(block)` on each block right after its product (as [`super::matmul::gemm_parallel_then`]).
-/// A small product, or one started inside a pool task, runs on the calling thread.
+/// `dst[M, N] (=|+=) a[M, K] @ b[K, N]`, bf16 operands and an f32 result, on the compute pool
+/// with [`Kernel::best`]: one block of rows (or of columns, when there are fewer rows than
+/// columns) per thread, then `then(block)` on each block right after its product (as
+/// [`super::matmul::gemm_parallel_then`]). A small product, or one started inside a pool task,
+/// runs on the calling thread.
 ///
 /// # Safety
-/// [`available`] must be true. `dst` must be valid for writes of an `m x n` matrix at its stride,
-/// and `a`/`b` valid for every strided read of an `m x k` / `k x n` matrix.
+/// [`available`] must be true. `dst` must be valid for writes of an `m x n` matrix at its stride
+/// (its columns adjacent), and `a`/`b` valid for every strided read of an `m x k` / `k x n`
+/// matrix.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_parallel_then(
     m: usize,
@@ -67,7 +112,26 @@ pub unsafe fn gemm_parallel_then(
     b: MatRef<bf16>,
     then: impl Fn(Block<f32>) + Sync,
 ) {
-    debug_assert!(available());
+    let kernel = Kernel::best().expect("bf16_gemm::gemm_parallel_then without AVX-512 BF16");
+    // SAFETY: as the caller promises.
+    unsafe { gemm_parallel_then_with(kernel, m, n, k, dst, a, b, then) }
+}
+
+/// [`gemm_parallel_then`] on a given kernel.
+///
+/// # Safety
+/// As [`gemm_parallel_then`], and `kernel` is one of [`Kernel::all_available`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_parallel_then_with(
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<f32>,
+    a: MatRef<bf16>,
+    b: MatRef<bf16>,
+    then: impl Fn(Block<f32>) + Sync,
+) {
     let threads = super::threads::num_threads();
     let (along_rows, pieces) = if super::pool::in_task() || m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN {
         (true, 1)
@@ -76,7 +140,7 @@ pub unsafe fn gemm_parallel_then(
     };
     let len = if along_rows { m } else { n };
     // whole tiles per piece where there are enough of them
-    let tile = if along_rows { MR } else { NR };
+    let tile = if along_rows { kernel.tile_rows() } else { NR };
     let chunk = len.div_ceil(pieces).next_multiple_of(tile).min(len.max(1));
     // SAFETY: `gemm` writes only its block; the rest as the caller promises.
     unsafe {
@@ -88,7 +152,7 @@ pub unsafe fn gemm_parallel_then(
             b,
             along_rows,
             chunk,
-            |rows, cols, d, a, b| gemm(rows, cols, k, d, a, b),
+            |rows, cols, d, a, b| gemm_with(kernel, rows, cols, k, d, a, b),
             then,
         )
     }
@@ -103,15 +167,34 @@ pub unsafe fn gemm_parallel(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: M
     unsafe { gemm_parallel_then(m, n, k, dst, a, b, |_| {}) }
 }
 
+/// [`gemm_parallel`] on a given kernel.
+///
+/// # Safety
+/// As [`gemm_parallel_then_with`].
+pub unsafe fn gemm_parallel_with(
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<f32>,
+    a: MatRef<bf16>,
+    b: MatRef<bf16>,
+) {
+    // SAFETY: as the caller promises.
+    unsafe { gemm_parallel_then_with(kernel, m, n, k, dst, a, b, |_| {}) }
+}
+
 /// Packs lines `i0..i0 + count` of `mat` (an `[lines, k]` matrix: the rows of A, or the columns
 /// of B read as the rows of B^T), inner elements `c0..c0 + kc` (`c0 + kc <= k`), into panels of
 /// `width` lines: panel `q` holds, for each pair `p`, the `width` words
 /// `mat[line, c0 + 2p] | mat[line, c0 + 2p + 1] << 16` (lines past `count`, and the second
-/// half of the last pair when `kc` is odd, are zero).
+/// half of the last pair when `kc` is odd, are zero), and then zero pairs up to a multiple of
+/// `pad` pairs (a panel is `kc.div_ceil(2).next_multiple_of(pad) * width` words).
 ///
 /// # Safety
 /// Every element `(i0 + l, c0 + c)` with `l < count`, `c < kc` lies inside `mat`'s storage.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn pack_pairs(
     mat: MatRef<bf16>,
     i0: usize,
@@ -119,10 +202,12 @@ unsafe fn pack_pairs(
     c0: usize,
     kc: usize,
     width: usize,
+    pad: usize,
     out: &mut Vec<u32>,
 ) {
-    let pairs = kc.div_ceil(2);
     let full = kc / 2;
+    // pairs per panel, the padding included
+    let pairs = kc.div_ceil(2).next_multiple_of(pad);
     let panels = count.div_ceil(width);
     out.clear();
     out.resize(panels * pairs * width, 0);
@@ -163,7 +248,7 @@ unsafe fn pack_pairs(
                 }
             }
         }
-        if full < pairs {
+        if !kc.is_multiple_of(2) {
             for l in 0..lines {
                 dst[full * width + l] = elem(first + l, c0 + kc - 1);
             }
@@ -177,6 +262,7 @@ unsafe fn pack_pairs(
 /// As [`pack_pairs`], on a CPU with AVX-512 F and BW.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn pack_pairs_v4(
     mat: MatRef<bf16>,
     i0: usize,
@@ -184,28 +270,42 @@ unsafe fn pack_pairs_v4(
     c0: usize,
     kc: usize,
     width: usize,
+    pad: usize,
     out: &mut Vec<u32>,
 ) {
     // SAFETY: as the caller promises.
-    unsafe { pack_pairs(mat, i0, count, c0, kc, width, out) }
+    unsafe { pack_pairs(mat, i0, count, c0, kc, width, pad, out) }
 }
 
 /// [`pack_pairs`] on the widest vector unit this CPU has.
-unsafe fn pack(mat: MatRef<bf16>, i0: usize, count: usize, c0: usize, kc: usize, width: usize, out: &mut Vec<u32>) {
+///
+/// # Safety
+/// As [`pack_pairs`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn pack(
+    mat: MatRef<bf16>,
+    i0: usize,
+    count: usize,
+    c0: usize,
+    kc: usize,
+    width: usize,
+    pad: usize,
+    out: &mut Vec<u32>,
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512bw") {
         // SAFETY: the CPU has AVX-512 BW (and F, which the kernel needs anyway); the rest as
         // the caller promises.
-        return unsafe { pack_pairs_v4(mat, i0, count, c0, kc, width, out) };
+        return unsafe { pack_pairs_v4(mat, i0, count, c0, kc, width, pad, out) };
     }
     // SAFETY: as the caller promises.
-    unsafe { pack_pairs(mat, i0, count, c0, kc, width, out) }
+    unsafe { pack_pairs(mat, i0, count, c0, kc, width, pad, out) }
 }
 
 /// Packs rows `r0..r0 + rows` of `a` into panels of [`MR`] rows ([`pack_pairs`]).
 unsafe fn pack_a(a: MatRef<bf16>, r0: usize, rows: usize, c0: usize, kc: usize, out: &mut Vec<u32>) {
     // SAFETY: as the caller of `gemm` promises.
-    unsafe { pack(a, r0, rows, c0, kc, MR, out) }
+    unsafe { pack(a, r0, rows, c0, kc, MR, 1, out) }
 }
 
 /// Packs columns `0..n` of `b` into panels of [`NR`] columns ([`pack_pairs`] of b^T).
@@ -216,14 +316,46 @@ unsafe fn pack_b(b: MatRef<bf16>, n: usize, c0: usize, kc: usize, out: &mut Vec<
         col_stride: b.row_stride,
     };
     // SAFETY: as the caller of `gemm` promises.
-    unsafe { pack(bt, 0, n, c0, kc, NR, out) }
+    unsafe { pack(bt, 0, n, c0, kc, NR, 1, out) }
 }
 
-/// `dst (=|+=) a @ b` on the calling thread.
+/// `dst (=|+=) a @ b` on the calling thread, with [`Kernel::best`].
 ///
 /// # Safety
 /// As [`gemm_parallel_then`].
 pub unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf16>, b: MatRef<bf16>) {
+    let kernel = Kernel::best().expect("bf16_gemm::gemm without AVX-512 BF16");
+    // SAFETY: as the caller promises.
+    unsafe { gemm_with(kernel, m, n, k, dst, a, b) }
+}
+
+/// `dst (=|+=) a @ b` on the calling thread, with `kernel`.
+///
+/// # Safety
+/// As [`gemm_parallel_then_with`].
+pub unsafe fn gemm_with(
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<f32>,
+    a: MatRef<bf16>,
+    b: MatRef<bf16>,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match kernel {
+            Kernel::Avx512Bf16 => gemm_avx512(m, n, k, dst, a, b),
+            Kernel::Amx => super::amx::gemm(m, n, k, dst, a, b),
+        }
+    }
+}
+
+/// `dst (=|+=) a @ b` on the calling thread, with the `vdpbf16ps` microkernel.
+///
+/// # Safety
+/// As [`gemm_parallel_then`].
+pub(super) unsafe fn gemm_avx512(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf16>, b: MatRef<bf16>) {
     if m == 0 || n == 0 {
         return;
     }

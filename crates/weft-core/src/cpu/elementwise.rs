@@ -7,7 +7,7 @@ use std::mem::MaybeUninit;
 use super::math::{erf_and_gauss_f32, erf_f32, exp_f32, sigmoid_f32, tanh_f32};
 use super::PARALLEL_THRESHOLD;
 use crate::dtype::Float;
-use crate::op::UnaryOp;
+use crate::op::{BinaryOp, UnaryOp};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_TANH_C: f64 = 0.044_715;
@@ -107,6 +107,38 @@ simd_dispatch!(unary_f32_serial(op: UnaryOp, src: &[f32], dst: &mut [MaybeUninit
         UnaryOp::Silu => each!(|x: f32| x * sigmoid_f32(x)),
     }
 });
+
+simd_dispatch!(binary_bf16_serial(op: BinaryOp, a: &[half::bf16], b: &[half::bf16], dst: &mut [MaybeUninit<half::bf16>]) {
+    use super::convert::{bf16_to_f32, f32_to_bf16_bits};
+    macro_rules! each {
+        ($f:expr) => {
+            for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+                let r: f32 = $f(bf16_to_f32(x), bf16_to_f32(y));
+                d.write(half::bf16::from_bits(f32_to_bf16_bits(r)));
+            }
+        };
+    }
+    match op {
+        BinaryOp::Add => each!(|x: f32, y: f32| x + y),
+        BinaryOp::Sub => each!(|x: f32, y: f32| x - y),
+        BinaryOp::Mul => each!(|x: f32, y: f32| x * y),
+        BinaryOp::Div => each!(|x: f32, y: f32| x / y),
+        BinaryOp::Maximum => each!(|x: f32, y: f32| if y > x { y } else { x }),
+        BinaryOp::Minimum => each!(|x: f32, y: f32| if y < x { y } else { x }),
+        BinaryOp::Pow => each!(|x: f32, y: f32| x.powf(y)),
+    }
+});
+
+/// `dst[i] = op(a[i], b[i])` of bf16 values computed in f32 and rounded once (nearest, ties to
+/// even): in one pass, bit for bit what widening both operands, the f32 op and narrowing its
+/// result give (every element of `dst` written; the three of one length).
+pub fn binary_bf16(op: BinaryOp, a: &[half::bf16], b: &[half::bf16], dst: &mut [MaybeUninit<half::bf16>]) {
+    assert!(
+        a.len() == dst.len() && b.len() == dst.len(),
+        "binary_bf16 of buffers of different lengths"
+    );
+    par_chunks3(a, b, dst, |a, b, d| binary_bf16_serial(op, a, b, d));
+}
 
 /// `dst[i] = op(src[i])` for f32 (every element of `dst` written).
 pub fn unary_f32(op: UnaryOp, src: &[f32], dst: &mut [MaybeUninit<f32>]) {

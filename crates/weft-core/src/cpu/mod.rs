@@ -1,6 +1,7 @@
 //! CPU kernels: plain functions over row-major slices. The ops in `crate::ops` validate shapes and
 //! dtypes, make inputs contiguous, and call these.
 
+pub mod amx;
 pub mod attention;
 pub mod bf16_gemm;
 pub mod conv;

@@ -412,6 +412,29 @@ pub(super) fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         Op::Binary(b) => {
             let (x, y) = (inputs[0], inputs[1]);
             match x.dtype() {
+                // same-shape contiguous bf16 operands in one pass (converted in registers)
+                DType::BF16
+                    if y.dtype() == DType::BF16 && x.shape() == y.shape() && x.is_contiguous() && y.is_contiguous() =>
+                {
+                    let (gx, gy) = (x.storage().read(), y.storage().read());
+                    let (sx, sy) = (
+                        bf16::slice(&gx).ok_or(Error::DTypeMismatch {
+                            op: name,
+                            lhs: x.dtype(),
+                            rhs: DType::BF16,
+                        })?,
+                        bf16::slice(&gy).ok_or(Error::DTypeMismatch {
+                            op: name,
+                            lhs: y.dtype(),
+                            rhs: DType::BF16,
+                        })?,
+                    );
+                    let (n, ox, oy) = (x.numel(), x.layout().offset, y.layout().offset);
+                    let mut out = crate::alloc::uninit(name, n)?;
+                    k::binary_bf16(*b, &sx[ox..ox + n], &sy[oy..oy + n], &mut out);
+                    // SAFETY: the kernel wrote every element.
+                    Tensor::from_vec(unsafe { crate::cpu::assume_init(out) }, x.shape())?
+                }
                 DType::BF16 | DType::F16 => {
                     let r = forward(op, &[&to_compute(name, x)?, &to_compute(name, y)?])?.remove(0);
                     back_to(name, r, x.dtype())?
