@@ -322,3 +322,66 @@ fn views_of_every_kind_multiply_as_their_values() {
     matches_f32("no rows", &t(&[0, 40], 16), &b);
     matches_f32("no inner elements", &t(&[19, 0], 17), &t(&[0, 33], 18));
 }
+
+/// On AMX, a product whose inner dimension fits one block is rounded to bf16 as each block leaves
+/// the tiles (`amx::gemm_parallel_rounded`, what bf16 `matmul` takes there): bit for bit the f32
+/// product of the same kernel rounded afterwards, at every edge and in every storage order.
+#[test]
+fn products_rounded_from_the_tiles_equal_the_f32_products_rounded() {
+    use weft_core::cpu::amx;
+    if !amx::rounds_whole(1) {
+        eprintln!("skipped: this CPU has no AMX (or WEFT_AMX=0)");
+        return;
+    }
+    assert!(amx::rounds_whole(512) && !amx::rounds_whole(513) && !amx::rounds_whole(0));
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (31, 33, 7),
+        (32, 32, 32),
+        (70, 100, 257),
+        (300, 64, 512),
+        (40, 1100, 96),
+    ] {
+        for (at, bt) in [(false, false), (false, true), (true, false), (true, true)] {
+            let a = Stored::new(m, k, at, (m + 3 * k) as u64);
+            let b = Stored::new(k, n, bt, (n + 5 * k) as u64);
+            let mut wide = vec![0f32; m * n];
+            let mut rounded = vec![bf16::from_bits(0x7fc0); m * n];
+            // SAFETY: the kernel is present (rounds_whole); the buffers hold the matrices.
+            unsafe {
+                bf16_gemm::gemm_parallel_with(
+                    Kernel::Amx,
+                    m,
+                    n,
+                    k,
+                    MatMut {
+                        ptr: wide.as_mut_ptr(),
+                        row_stride: n as isize,
+                        accumulate: false,
+                    },
+                    a.as_ref(),
+                    b.as_ref(),
+                );
+                amx::gemm_parallel_rounded(
+                    m,
+                    n,
+                    k,
+                    MatMut {
+                        ptr: rounded.as_mut_ptr(),
+                        row_stride: n as isize,
+                        accumulate: false,
+                    },
+                    a.as_ref(),
+                    b.as_ref(),
+                );
+            }
+            for (i, (w, r)) in wide.iter().zip(&rounded).enumerate() {
+                assert_eq!(
+                    bf16::from_f32(*w).to_bits(),
+                    r.to_bits(),
+                    "{m}x{k}x{n} (a transposed {at}, b transposed {bt}): element {i}"
+                );
+            }
+        }
+    }
+}

@@ -41,8 +41,9 @@ const MC: usize = 128;
 /// Columns of B packed at once (`KC x NC` bf16, 1 MiB, in L2).
 const NC: usize = 1024;
 
-/// Whether this CPU and OS run the tile kernel (CPUID: AMX-TILE and AMX-BF16; AVX-512 BF16 for
-/// the packing and the fallback; the kernel's permission from Linux), unless `WEFT_AMX=0`.
+/// Whether this CPU and OS run the tile kernel (CPUID: AMX-TILE and AMX-BF16; AVX-512 F, BW, VL
+/// and BF16 for the packing, the rounding and the fallback; the kernel's permission from Linux),
+/// unless `WEFT_AMX=0`.
 /// Checked once.
 pub fn available() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -58,7 +59,11 @@ pub fn available() -> bool {
 fn probe() -> bool {
     // CPUID leaf 7, sub-leaf 0: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
     let leaf = std::arch::x86_64::__cpuid_count(7, 0);
-    if leaf.edx >> 22 & 1 == 0 || leaf.edx >> 24 & 1 == 0 {
+    if leaf.edx >> 22 & 1 == 0
+        || leaf.edx >> 24 & 1 == 0
+        || !std::arch::is_x86_feature_detected!("avx512bw")
+        || !std::arch::is_x86_feature_detected!("avx512vl")
+    {
         return false;
     }
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
@@ -72,18 +77,82 @@ fn probe() -> bool {
     false
 }
 
+/// Where the tile kernel's f32 sums go.
+#[derive(Clone, Copy)]
+enum Out {
+    /// Into an f32 matrix (added to its values when `accumulate`).
+    F32(MatMut<f32>),
+    /// Rounded to bf16 (nearest, ties to even) into a bf16 matrix: the inner dimension must fit
+    /// one block ([`rounds_whole`]), so each sum is complete when it leaves the tiles.
+    Bf16(MatMut<bf16>),
+}
+
 /// `dst (=|+=) a @ b` on the calling thread, on the tile registers.
 ///
 /// # Safety
 /// [`available`] must be true; `dst` valid for writes of an `m x n` matrix at its stride (its
 /// columns adjacent), `a`/`b` valid for every strided read of an `m x k` / `k x n` matrix.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf16>, b: MatRef<bf16>) {
-    debug_assert!(available());
     if m == 0 || n == 0 || k == 0 {
         // SAFETY: as the caller promises (nothing to multiply: the tile kernel is not needed).
         return unsafe { super::bf16_gemm::gemm_avx512(m, n, k, dst, a, b) };
     }
+    // SAFETY: as the caller promises.
+    unsafe { gemm_into(m, n, k, Out::F32(dst), a, b) }
+}
+
+/// Whether [`gemm_parallel_rounded`] takes a product of `k` inner elements: the tile kernel is
+/// in use and `1 <= k <= 512` (one packed block).
+pub fn rounds_whole(k: usize) -> bool {
+    available() && (1..=KC).contains(&k)
+}
+
+/// `dst = a @ b` rounded to bf16 once (bit for bit the f32 result of [`gemm`] then rounded), each
+/// 32 x 32 block rounded as it leaves the tiles, so no f32 copy of the output is written; on the
+/// compute pool as `bf16_gemm::gemm_parallel_then`.
+///
+/// # Safety
+/// [`rounds_whole`]`(k)`; `dst.accumulate` is false; `dst`, `a` and `b` as for [`gemm`].
+pub unsafe fn gemm_parallel_rounded(m: usize, n: usize, k: usize, dst: MatMut<bf16>, a: MatRef<bf16>, b: MatRef<bf16>) {
+    assert!(
+        rounds_whole(k) && !dst.accumulate,
+        "amx::gemm_parallel_rounded of {k} inner elements"
+    );
+    let (along_rows, chunk) = super::bf16_gemm::split(super::bf16_gemm::Kernel::Amx, m, n, k);
+    // SAFETY: each block's product writes only its block; the rest as the caller promises.
+    unsafe {
+        super::matmul::for_each_block(
+            m,
+            n,
+            dst,
+            a,
+            b,
+            along_rows,
+            chunk,
+            |rows, cols, d, a, b| {
+                if rows > 0 && cols > 0 {
+                    gemm_into(rows, cols, k, Out::Bf16(d), a, b)
+                }
+            },
+            |_| {},
+        )
+    }
+}
+
+/// The tile kernel's loops over blocks (`m, n, k >= 1`).
+///
+/// # Safety
+/// As [`gemm`]; for [`Out::Bf16`], `k <= KC` and no accumulation.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+unsafe fn gemm_into(m: usize, n: usize, k: usize, out: Out, a: MatRef<bf16>, b: MatRef<bf16>) {
+    debug_assert!(available());
+    let accumulate = match out {
+        Out::F32(d) => d.accumulate,
+        Out::Bf16(d) => {
+            debug_assert!(k <= KC && !d.accumulate);
+            false
+        }
+    };
     // SAFETY: the CPU has the tile registers and the process their permission (`available`).
     let _tiles = unsafe { tiles::Configured::new() };
     let (mut ap, mut bp, mut tail) = (Vec::new(), Vec::new(), Vec::new());
@@ -102,7 +171,7 @@ pub(super) unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: Mat
             let pairs = padded / 2;
             let steps = padded / STEP;
             // the first block overwrites dst unless the product adds to it
-            let load = dst.accumulate || c0 > 0;
+            let load = accumulate || c0 > 0;
             // SAFETY: columns j0..j0 + nc of b, inner elements c0..c0 + kc, as promised.
             unsafe { pack(bt, 0, nc, c0, kc, NR, STEP / 2, &mut bp) };
             // rows whose blocks are whole tile steps and adjacent in memory are read in place
@@ -117,47 +186,72 @@ pub(super) unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: Mat
                 }
                 for t0 in (0..mc).step_by(ROWS) {
                     let rows = ROWS.min(mc - t0);
+                    let first = r0 + t0;
+                    let (a_tile, a_stride) = if t0 < copied {
+                        // SAFETY: rows first..first + 32 of a from inner element c0.
+                        let at = unsafe { a.ptr.offset(first as isize * a.row_stride + c0 as isize) };
+                        (at.cast::<u8>(), a.row_stride as usize * 2)
+                    } else {
+                        (tail[(t0 - copied) * pairs..].as_ptr().cast::<u8>(), pairs * 4)
+                    };
                     for (jp, panel) in bp.chunks_exact(pairs * NR).enumerate() {
                         let cols = NR.min(nc - jp * NR);
-                        let first = r0 + t0;
-                        let (a_tile, a_stride) = if t0 < copied {
-                            // SAFETY: rows first..first + 32 of a from inner element c0.
-                            let at = unsafe { a.ptr.offset(first as isize * a.row_stride + c0 as isize) };
-                            (at.cast::<u8>(), a.row_stride as usize * 2)
-                        } else {
-                            (tail[(t0 - copied) * pairs..].as_ptr().cast::<u8>(), pairs * 4)
-                        };
-                        // SAFETY: the block (first, j0 + jp * NR) lies inside dst
-                        let c = unsafe {
-                            dst.ptr
-                                .offset(first as isize * dst.row_stride + (j0 + jp * NR) as isize)
-                        };
+                        let col0 = j0 + jp * NR;
                         let b_panel = panel.as_ptr().cast::<u8>();
-                        if rows == ROWS && cols == NR && dst.row_stride > 0 {
-                            // SAFETY: 32 rows of `steps * 64` bytes of A at a_stride, the panel's
-                            // `pairs` rows of 128 bytes, and the 32 x 32 block of dst.
-                            unsafe {
-                                tiles::block(steps, a_tile, a_stride, b_panel, c, dst.row_stride as usize * 4, load)
-                            };
-                        } else {
-                            let sc = scratch.as_mut_ptr();
-                            if load {
+                        let sc = scratch.as_mut_ptr();
+                        match out {
+                            Out::F32(dst) => {
+                                // SAFETY: the block (first, col0) lies inside dst
+                                let c = unsafe { dst.ptr.offset(first as isize * dst.row_stride + col0 as isize) };
+                                if rows == ROWS && cols == NR && dst.row_stride > 0 {
+                                    // SAFETY: 32 rows of `steps * 64` bytes of A at a_stride, the
+                                    // panel's `pairs` rows of 128 bytes, the 32 x 32 block of dst.
+                                    unsafe {
+                                        tiles::block(
+                                            steps,
+                                            a_tile,
+                                            a_stride,
+                                            b_panel,
+                                            c,
+                                            dst.row_stride as usize * 4,
+                                            load,
+                                        )
+                                    };
+                                    continue;
+                                }
+                                if load {
+                                    for r in 0..rows {
+                                        // SAFETY: row r of the block, its valid columns.
+                                        let row = unsafe {
+                                            std::slice::from_raw_parts(c.offset(r as isize * dst.row_stride), cols)
+                                        };
+                                        scratch[r * NR..r * NR + cols].copy_from_slice(row);
+                                    }
+                                }
+                                // SAFETY: as above, into the scratch block (rows of NR f32).
+                                unsafe { tiles::block(steps, a_tile, a_stride, b_panel, sc, NR * 4, load) };
                                 for r in 0..rows {
                                     // SAFETY: row r of the block, its valid columns.
                                     let row = unsafe {
-                                        std::slice::from_raw_parts(c.offset(r as isize * dst.row_stride), cols)
+                                        std::slice::from_raw_parts_mut(c.offset(r as isize * dst.row_stride), cols)
                                     };
-                                    scratch[r * NR..r * NR + cols].copy_from_slice(row);
+                                    row.copy_from_slice(&scratch[r * NR..r * NR + cols]);
                                 }
                             }
-                            // SAFETY: as above, into the scratch block (rows of NR f32).
-                            unsafe { tiles::block(steps, a_tile, a_stride, b_panel, sc, NR * 4, load) };
-                            for r in 0..rows {
-                                // SAFETY: row r of the block, its valid columns.
-                                let row = unsafe {
-                                    std::slice::from_raw_parts_mut(c.offset(r as isize * dst.row_stride), cols)
+                            Out::Bf16(dst) => {
+                                // SAFETY: as above, into the scratch block; the sums are whole
+                                // (one block of the inner dimension), never loaded.
+                                unsafe { tiles::block(steps, a_tile, a_stride, b_panel, sc, NR * 4, false) };
+                                // SAFETY: rows first..first + rows of dst, columns col0..col0 + cols.
+                                unsafe {
+                                    round_block(
+                                        &scratch,
+                                        dst.ptr.offset(first as isize * dst.row_stride + col0 as isize),
+                                        dst.row_stride,
+                                        rows,
+                                        cols,
+                                    )
                                 };
-                                row.copy_from_slice(&scratch[r * NR..r * NR + cols]);
                             }
                         }
                     }
@@ -168,9 +262,25 @@ pub(super) unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: Mat
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-pub(super) unsafe fn gemm(m: usize, n: usize, k: usize, dst: MatMut<f32>, a: MatRef<bf16>, b: MatRef<bf16>) {
-    // SAFETY: as the caller promises (never reached: `available` is false here).
-    unsafe { super::bf16_gemm::gemm_avx512(m, n, k, dst, a, b) }
+unsafe fn gemm_into(_: usize, _: usize, _: usize, _: Out, _: MatRef<bf16>, _: MatRef<bf16>) {
+    unreachable!("the tile kernel runs only where `available` is true");
+}
+
+/// Rows `0..rows`, columns `0..cols` of the 32 x 32 `block` (rows of [`NR`]) rounded to bf16
+/// (`convert::f32_to_bf16_bits`) into the matrix at `dst` (rows `row_stride` apart), on AVX-512.
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW and VL; the `rows x cols` block at `dst` is writable.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn round_block(block: &[f32; ROWS * NR], dst: *mut bf16, row_stride: isize, rows: usize, cols: usize) {
+    for r in 0..rows.min(ROWS) {
+        // SAFETY: row r of the block at dst, as the caller promises.
+        let row = unsafe { std::slice::from_raw_parts_mut(dst.offset(r as isize * row_stride), cols.min(NR)) };
+        for (d, &x) in row.iter_mut().zip(&block[r * NR..(r + 1) * NR]) {
+            *d = bf16::from_bits(super::convert::f32_to_bf16_bits(x));
+        }
+    }
 }
 
 /// Copies rows `first..first + rows` of `a`, inner elements `c0..c0 + kc`, into `out` as

@@ -132,16 +132,7 @@ pub unsafe fn gemm_parallel_then_with(
     b: MatRef<bf16>,
     then: impl Fn(Block<f32>) + Sync,
 ) {
-    let threads = super::threads::num_threads();
-    let (along_rows, pieces) = if super::pool::in_task() || m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN {
-        (true, 1)
-    } else {
-        (m >= n, threads.min(m.max(n) / 16).max(1))
-    };
-    let len = if along_rows { m } else { n };
-    // whole tiles per piece where there are enough of them
-    let tile = if along_rows { kernel.tile_rows() } else { NR };
-    let chunk = len.div_ceil(pieces).next_multiple_of(tile).min(len.max(1));
+    let (along_rows, chunk) = split(kernel, m, n, k);
     // SAFETY: `gemm` writes only its block; the rest as the caller promises.
     unsafe {
         super::matmul::for_each_block(
@@ -156,6 +147,21 @@ pub unsafe fn gemm_parallel_then_with(
             then,
         )
     }
+}
+
+/// How a product is cut over the pool: blocks of rows (true) or of columns, and their length. One
+/// block for a small product or one started inside a pool task; else one block per thread of the
+/// longer side, at least 16 long, rounded to whole tiles of `kernel` where there are enough.
+pub(super) fn split(kernel: Kernel, m: usize, n: usize, k: usize) -> (bool, usize) {
+    let threads = super::threads::num_threads();
+    let (along_rows, pieces) = if super::pool::in_task() || m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN {
+        (true, 1)
+    } else {
+        (m >= n, threads.min(m.max(n) / 16).max(1))
+    };
+    let len = if along_rows { m } else { n };
+    let tile = if along_rows { kernel.tile_rows() } else { NR };
+    (along_rows, len.div_ceil(pieces).next_multiple_of(tile).min(len.max(1)))
 }
 
 /// [`gemm_parallel_then`] with nothing after each block.

@@ -67,6 +67,15 @@ pub(super) fn forward(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         DType::F32 => matmul_typed::<f32>(a, b, 1.0)?,
         DType::F64 => matmul_typed::<f64>(a, b, 1.0)?,
         // bf16 operands read as they are where the CPU multiplies bf16 pairs natively
+        // on AMX tiles, with the inner dimension in one block, each block of sums is rounded to
+        // bf16 as it leaves the tiles (no f32 copy of the result)
+        DType::BF16 if crate::cpu::amx::rounds_whole(a.shape()[a.rank() - 1]) => {
+            matmul_with::<half::bf16, half::bf16>(a, b, |m, n, k, d, a, b| {
+                // SAFETY: `rounds_whole(k)` (checked above); `matmul_with` hands over operands
+                // and an output valid for these sizes and strides, not accumulated into.
+                unsafe { crate::cpu::amx::gemm_parallel_rounded(m, n, k, d, a, b) }
+            })?
+        }
         DType::BF16 if crate::cpu::bf16_gemm::available() => {
             let r = matmul_with::<half::bf16, f32>(a, b, |m, n, k, d, a, b| {
                 // SAFETY: the kernel is available (checked above); `matmul_with` hands over
