@@ -203,12 +203,21 @@ fn products_split_over_threads_equal_one_thread_bit_for_bit() {
 /// would otherwise leave the slower kernel running unnoticed.
 #[test]
 fn amx_is_used_where_the_cpu_has_it() {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
     {
         let leaf = std::arch::x86_64::__cpuid_count(7, 0);
         let cpu_has = leaf.edx >> 22 & 1 == 1 && leaf.edx >> 24 & 1 == 1 && bf16_gemm::available();
         if !cpu_has {
             eprintln!("skipped: this CPU has no AMX");
+            return;
+        }
+        // the kernel must also offer the tile data state (Linux 5.16 and later:
+        // ARCH_GET_XCOMP_SUPP, bit 18 XTILEDATA); without it the fallback is right
+        let mut supported: u64 = 0;
+        // SAFETY: the call writes one u64 through the pointer given.
+        let asked = unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1021, &mut supported as *mut u64) };
+        if asked != 0 || supported >> 18 & 1 == 0 {
+            eprintln!("skipped: this Linux kernel does not offer AMX tile state to processes");
             return;
         }
         if std::env::var("WEFT_AMX").is_ok_and(|v| v.trim() == "0") {
@@ -346,7 +355,10 @@ fn products_rounded_from_the_tiles_equal_the_f32_products_rounded() {
             let a = Stored::new(m, k, at, (m + 3 * k) as u64);
             let b = Stored::new(k, n, bt, (n + 5 * k) as u64);
             let mut wide = vec![0f32; m * n];
-            let mut rounded = vec![bf16::from_bits(0x7fc0); m * n];
+            // rows of n + 3: the three columns past each row must stay as they are
+            let stride = n + 3;
+            let guard = bf16::from_bits(0x7fc1);
+            let mut rounded = vec![guard; m * stride];
             // SAFETY: the kernel is present (rounds_whole); the buffers hold the matrices.
             unsafe {
                 bf16_gemm::gemm_parallel_with(
@@ -368,19 +380,26 @@ fn products_rounded_from_the_tiles_equal_the_f32_products_rounded() {
                     k,
                     MatMut {
                         ptr: rounded.as_mut_ptr(),
-                        row_stride: n as isize,
+                        row_stride: stride as isize,
                         accumulate: false,
                     },
                     a.as_ref(),
                     b.as_ref(),
                 );
             }
-            for (i, (w, r)) in wide.iter().zip(&rounded).enumerate() {
-                assert_eq!(
-                    bf16::from_f32(*w).to_bits(),
-                    r.to_bits(),
-                    "{m}x{k}x{n} (a transposed {at}, b transposed {bt}): element {i}"
-                );
+            for i in 0..m {
+                for j in 0..stride {
+                    let got = rounded[i * stride + j].to_bits();
+                    let want = if j < n {
+                        bf16::from_f32(wide[i * n + j]).to_bits()
+                    } else {
+                        guard.to_bits()
+                    };
+                    assert_eq!(
+                        got, want,
+                        "{m}x{k}x{n} (a transposed {at}, b transposed {bt}): ({i}, {j})"
+                    );
+                }
             }
         }
     }

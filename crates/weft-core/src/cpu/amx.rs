@@ -26,6 +26,12 @@
 //! XFEATURE_XTILEDATA)`); [`available`] asks once and answers false where it is refused, and
 //! `WEFT_AMX=0` turns the kernel off (the `vdpbf16ps` kernel runs instead).
 
+// the kernel exists on x86-64 Linux only; elsewhere `available` is false and its helpers unused
+#![cfg_attr(
+    not(all(target_arch = "x86_64", target_os = "linux")),
+    allow(dead_code, unused_imports)
+)]
+
 use super::bf16_gemm::{pack, NR};
 use super::matmul::{MatMut, MatRef};
 use half::bf16;
@@ -55,7 +61,7 @@ pub fn available() -> bool {
     })
 }
 
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
 fn probe() -> bool {
     // CPUID leaf 7, sub-leaf 0: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
     let leaf = std::arch::x86_64::__cpuid_count(7, 0);
@@ -72,7 +78,7 @@ fn probe() -> bool {
     unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
 }
 
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
 fn probe() -> bool {
     false
 }
@@ -178,27 +184,27 @@ unsafe fn gemm_into(m: usize, n: usize, k: usize, out: Out, a: MatRef<bf16>, b: 
             let direct = a.col_stride == 1 && a.row_stride > 0 && kc == padded;
             for r0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - r0);
-                // the block's rows that are read from a copy: all, or the last partial 32
-                let copied = if direct { mc / ROWS * ROWS } else { 0 };
-                if copied < mc {
-                    // SAFETY: rows r0 + copied..r0 + mc of a, inner elements c0..c0 + kc.
-                    unsafe { copy_rows(a, r0 + copied, mc - copied, c0, kc, padded, &mut tail, &mut ap) };
+                // the block's rows read in place (whole tiles of them); the rest, all of them
+                // or the last partial 32, are read from a copy
+                let in_place = if direct { mc / ROWS * ROWS } else { 0 };
+                if in_place < mc {
+                    // SAFETY: rows r0 + in_place..r0 + mc of a, inner elements c0..c0 + kc.
+                    unsafe { copy_rows(a, r0 + in_place, mc - in_place, c0, kc, padded, &mut tail, &mut ap) };
                 }
                 for t0 in (0..mc).step_by(ROWS) {
                     let rows = ROWS.min(mc - t0);
                     let first = r0 + t0;
-                    let (a_tile, a_stride) = if t0 < copied {
+                    let (a_tile, a_stride) = if t0 < in_place {
                         // SAFETY: rows first..first + 32 of a from inner element c0.
                         let at = unsafe { a.ptr.offset(first as isize * a.row_stride + c0 as isize) };
                         (at.cast::<u8>(), a.row_stride as usize * 2)
                     } else {
-                        (tail[(t0 - copied) * pairs..].as_ptr().cast::<u8>(), pairs * 4)
+                        (tail[(t0 - in_place) * pairs..].as_ptr().cast::<u8>(), pairs * 4)
                     };
                     for (jp, panel) in bp.chunks_exact(pairs * NR).enumerate() {
                         let cols = NR.min(nc - jp * NR);
                         let col0 = j0 + jp * NR;
                         let b_panel = panel.as_ptr().cast::<u8>();
-                        let sc = scratch.as_mut_ptr();
                         match out {
                             Out::F32(dst) => {
                                 // SAFETY: the block (first, col0) lies inside dst
@@ -229,7 +235,9 @@ unsafe fn gemm_into(m: usize, n: usize, k: usize, out: Out, a: MatRef<bf16>, b: 
                                     }
                                 }
                                 // SAFETY: as above, into the scratch block (rows of NR f32).
-                                unsafe { tiles::block(steps, a_tile, a_stride, b_panel, sc, NR * 4, load) };
+                                unsafe {
+                                    tiles::block(steps, a_tile, a_stride, b_panel, scratch.as_mut_ptr(), NR * 4, load)
+                                };
                                 for r in 0..rows {
                                     // SAFETY: row r of the block, its valid columns.
                                     let row = unsafe {
@@ -241,7 +249,9 @@ unsafe fn gemm_into(m: usize, n: usize, k: usize, out: Out, a: MatRef<bf16>, b: 
                             Out::Bf16(dst) => {
                                 // SAFETY: as above, into the scratch block; the sums are whole
                                 // (one block of the inner dimension), never loaded.
-                                unsafe { tiles::block(steps, a_tile, a_stride, b_panel, sc, NR * 4, false) };
+                                unsafe {
+                                    tiles::block(steps, a_tile, a_stride, b_panel, scratch.as_mut_ptr(), NR * 4, false)
+                                };
                                 // SAFETY: rows first..first + rows of dst, columns col0..col0 + cols.
                                 unsafe {
                                     round_block(
