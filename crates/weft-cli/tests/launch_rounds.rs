@@ -42,6 +42,30 @@ fn until(what: &str, nodes: &[&Node], mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// Whether any of the `nodes` node ranks of rendezvous round `round` marked its workers done.
+/// A round's node ranks go by the order the launchers joined it, not by `--node-rank`: node 1's
+/// launcher can join before node 0's (which serves the store), so the node rank of a given
+/// launcher is not known in advance.
+fn any_done(store: &StoreClient, round: u32, nodes: usize) -> bool {
+    (0..nodes).any(|r| has(store, &format!("weft/elastic/{round}/done/{r}")))
+}
+
+/// The node rank `node`'s launcher had in rendezvous round `round`, from the line it prints
+/// when the round closes.
+fn round_node(node: &Node, round: u32) -> usize {
+    let stderr = node.stderr();
+    let head = format!("rendezvous round {round}: ");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(&head) && l.contains(", this is node "))
+        .unwrap_or_else(|| panic!("no line for round {round}:\n{}", node.show()));
+    let rest = &line[line.find(", this is node ").unwrap() + ", this is node ".len()..];
+    rest.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
 /// Whether the store holds `key`.
 fn has(store: &StoreClient, key: &str) -> bool {
     store.get(key, Duration::from_millis(1)).is_ok()
@@ -180,9 +204,7 @@ fn node_0_signalled_while_waiting_for_the_others_exits_with_the_signal() {
     let mut n0 = node(&strs(&two_nodes("0", &port)), "true");
     let mut n1 = node(&strs(&two_nodes("1", &port)), "exec sleep 120");
     let s = store(&port);
-    until("node 0's workers done", &[&n0, &n1], || {
-        has(&s, "weft/elastic/0/done/0")
-    });
+    until("node 0's workers done", &[&n0, &n1], || any_done(&s, 0, 2));
     n0.signal(libc::SIGTERM);
     assert_eq!(n0.finish(60), Some(143), "{}", n0.show());
     assert!(
@@ -211,17 +233,18 @@ fn node_0_whose_workers_are_done_restarts_with_the_others() {
     );
     let mut n1 = node(&strs(&two_nodes("1", &port)), &script);
     let s = store(&port);
-    until("node 0's workers done", &[&n0, &n1], || {
-        has(&s, "weft/elastic/0/done/0")
-    });
+    until("node 0's workers done", &[&n0, &n1], || any_done(&s, 0, 2));
     std::fs::write(&go, b"").unwrap();
     for n in [&mut n0, &mut n1] {
         assert_eq!(n.finish(60), Some(0), "{}", n.show());
         assert!(n.stdout().contains("round-1"), "{}", n.show());
     }
+    // the failing launcher's node rank in round 0, as it printed it
+    let failed = round_node(&n1, 0);
     assert!(
-        n0.stderr()
-            .contains("rank 1 on node 1 failed (exit code 3); restarting all workers: rendezvous round 1"),
+        n0.stderr().contains(&format!(
+            "rank {failed} on node {failed} failed (exit code 3); restarting all workers: rendezvous round 1"
+        )),
         "{}",
         n0.show()
     );
