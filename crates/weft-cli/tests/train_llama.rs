@@ -94,6 +94,26 @@ fn tensor_and_pipeline_parallel_layouts_reproduce_transformers() {
         ("llama_gqa_adamw", 2, "tp2", vec!["parallel.tp=2"]),
         ("llama_gqa_adamw", 2, "pp2-1f1b-m2", pipeline.to_vec()),
         ("llama_gqa_adamw", 4, "dp2-tp2", vec!["parallel.dp=2", "parallel.tp=2"]),
+        // sequence parallelism: each rank holds half the positions between the tensor-parallel
+        // regions, alone, with data parallelism and across pipeline stages
+        (
+            "llama_gqa_adamw",
+            2,
+            "tp2-sp",
+            vec!["parallel.tp=2", "parallel.sequence_parallel=true"],
+        ),
+        (
+            "llama_gqa_adamw",
+            4,
+            "dp2-tp2-sp",
+            vec!["parallel.dp=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
+        ),
+        (
+            "llama_tied_adamw",
+            4,
+            "tied-tp2-pp2-sp",
+            [&pipeline[..], &["parallel.tp=2", "parallel.sequence_parallel=true"]].concat(),
+        ),
         // the tied embedding is held by the first and the last stage
         ("llama_tied_adamw", 2, "tied-pp2-1f1b-m2", pipeline.to_vec()),
     ] {

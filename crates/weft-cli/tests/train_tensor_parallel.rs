@@ -1,5 +1,5 @@
 //! `weft train` with `[parallel] tp = 2` (Megatron's layout of the gpt), alone and in a
-//! dp = 2 x tp = 2 mesh with and without ZeRO, under `weft launch`: the PyTorch fixture's loss
+//! dp = 2 x tp = 2 mesh with and without ZeRO and sequence parallelism, under `weft launch`: the PyTorch fixture's loss
 //! curve within 1e-4 (with gradient clipping on, so the gradient norm must be the whole
 //! model's); checkpoints hold whole tensors, resume exactly and load into one process; a
 //! layout the model cannot take is refused on every rank.
@@ -36,9 +36,22 @@ fn train(dp: usize, tp: usize, out: &Path, name: &str, flags: &[&str], extra: &[
 fn tp_2_alone_and_with_dp_2_and_zero_reproduce_pytorch() {
     let out = temp_dir("tp-curves");
     let mut curves = Vec::new();
-    for (dp, tp, zero) in [(1, 2, 0), (2, 2, 0), (2, 2, 1), (2, 2, 3)] {
-        let name = format!("dp{dp}-tp{tp}-zero{zero}");
-        let metrics = train(dp, tp, &out, &name, &[], &[format!("parallel.zero={zero}")]);
+    // `sp`: sequence parallelism, each rank holding half the positions between the
+    // tensor-parallel regions
+    for (dp, tp, zero, sp) in [
+        (1, 2, 0, false),
+        (2, 2, 0, false),
+        (2, 2, 1, false),
+        (2, 2, 3, false),
+        (1, 2, 0, true),
+        (2, 2, 1, true),
+    ] {
+        let name = format!("dp{dp}-tp{tp}-zero{zero}{}", if sp { "-sp" } else { "" });
+        let sets = [
+            format!("parallel.zero={zero}"),
+            format!("parallel.sequence_parallel={sp}"),
+        ];
+        let metrics = train(dp, tp, &out, &name, &[], &sets);
         let worst = check_against_pytorch("gpt_adamw", &metrics);
         eprintln!("{name}: max relative loss difference to PyTorch {worst:.2e}");
         curves.push((name, losses(&metrics)));
@@ -89,7 +102,10 @@ fn the_built_in_run_samples_from_the_tensor_parallel_model_put_together() {
     // the same sample as one process draws after the same steps
     let run = ["train.steps=4", "train.eval_every=2", "train.sample_tokens=40"];
     let cut = sample_of_built_in_run(2, &["parallel.tp=2"], &run);
-    assert_eq!(cut, sample_of_built_in_run(1, &[], &run));
+    let one = sample_of_built_in_run(1, &[], &run);
+    assert_eq!(cut, one);
+    let sequence = ["parallel.tp=2", "parallel.sequence_parallel=true"];
+    assert_eq!(sample_of_built_in_run(2, &sequence, &run), one);
 }
 
 #[test]
@@ -105,4 +121,21 @@ fn a_layout_the_model_cannot_take_is_refused_on_every_rank() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("parallel.tp") && err.contains("gpt"), "{err}");
+    // sequence parallelism needs a tensor-parallel group, and a model without dropout
+    #[rustfmt::skip]
+    let out = weft(&["train", "--config", config().to_str().unwrap(), "--quiet", "--set", "parallel.sequence_parallel=true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("parallel.sequence_parallel") && err.contains("tp > 1"),
+        "{err}"
+    );
+    let sets = ["parallel.tp=2", "parallel.sequence_parallel=true", "model.dropout=0.1"];
+    let out = launch_train(2, Some(&config()), &[], &sets);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("model.dropout") && err.contains("sequence_parallel"),
+        "{err}"
+    );
 }

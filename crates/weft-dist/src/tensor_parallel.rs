@@ -11,23 +11,35 @@ use crate::error::Result;
 use crate::group::ProcessGroup;
 use crate::reduce::ReduceOp;
 
-/// A process group as a tensor-parallel group.
-pub struct TpProcessGroup(pub ProcessGroup);
+/// A process group as a tensor-parallel group; `sequence_parallel` as
+/// [`TensorParallelGroup::sequence_parallel`] says.
+pub struct TpProcessGroup {
+    pub pg: ProcessGroup,
+    pub sequence_parallel: bool,
+}
 
 impl TpProcessGroup {
     /// `pg` as the shared handle the layers take.
     pub fn handle(pg: &ProcessGroup) -> TpGroup {
-        Arc::new(TpProcessGroup(pg.clone()))
+        Self::with_sequence_parallel(pg, false)
+    }
+
+    /// `pg` as the shared handle the layers take, sequence-parallel when `sequence_parallel`.
+    pub fn with_sequence_parallel(pg: &ProcessGroup, sequence_parallel: bool) -> TpGroup {
+        Arc::new(TpProcessGroup {
+            pg: pg.clone(),
+            sequence_parallel,
+        })
     }
 }
 
 impl TensorParallelGroup for TpProcessGroup {
     fn rank(&self) -> usize {
-        self.0.rank()
+        self.pg.rank()
     }
 
     fn size(&self) -> usize {
-        self.0.size()
+        self.pg.size()
     }
 
     fn all_reduce(&self, t: &Tensor, op: GroupReduce) -> weft_core::Result<()> {
@@ -35,14 +47,25 @@ impl TensorParallelGroup for TpProcessGroup {
             GroupReduce::Sum => ReduceOp::Sum,
             GroupReduce::Max => ReduceOp::Max,
         };
-        self.0.all_reduce(t, op).and_then(|w| w.wait()).map_err(Into::into)
+        self.pg.all_reduce(t, op).and_then(|w| w.wait()).map_err(Into::into)
     }
 
     fn all_gather(&self, output: &Tensor, input: &Tensor) -> weft_core::Result<()> {
-        self.0
+        self.pg
             .all_gather(output, input)
             .and_then(|w| w.wait())
             .map_err(Into::into)
+    }
+
+    fn reduce_scatter(&self, output: &Tensor, input: &Tensor) -> weft_core::Result<()> {
+        self.pg
+            .reduce_scatter(output, input, ReduceOp::Sum)
+            .and_then(|w| w.wait())
+            .map_err(Into::into)
+    }
+
+    fn sequence_parallel(&self) -> bool {
+        self.sequence_parallel
     }
 }
 

@@ -3,7 +3,8 @@
 //! sampling from it. `gpt` and `llama` implement it.
 
 use weft_core::{DType, Device, Generator, Result, Tensor};
-use weft_nn::parallel::{copy_to_group, TpGroup};
+use weft_nn::parallel::TpGroup;
+use weft_nn::sequence_parallel::column_input;
 
 use crate::kv_cache::{CachedTokens, KvCache};
 use crate::sampling::{invalid, Sampling};
@@ -209,10 +210,31 @@ pub(crate) fn same_shape_targets(op: &'static str, inputs: &Tensor, targets: &Te
 
 /// Logits `[B, T, V]` of normed activations `x` `[B, T, C]` through an output layer tied to the
 /// token embedding `wte` (`x wte^T`). A tensor-parallel embedding cut over the vocabulary makes
-/// the layer column-parallel: this rank's vocabulary columns.
+/// the layer column-parallel: this rank's vocabulary columns (of all positions, gathered from
+/// the group's when it runs sequence-parallel).
 pub(crate) fn tied_logits(x: &Tensor, wte: &weft_nn::layers::Embedding) -> Result<Tensor> {
     match &wte.shard {
         None => x.matmul(&wte.weight.t()?),
-        Some(s) => copy_to_group(x, &s.group)?.matmul(&wte.weight.t()?),
+        Some(s) => column_input(x, &s.group)?.matmul(&wte.weight.t()?),
+    }
+}
+
+/// Checks that a sequence-parallel group of `tp` ranks can cut `block_size` positions.
+pub(crate) fn check_sequence_parallel(block_size: usize, tp: usize) -> Result<()> {
+    if !block_size.is_multiple_of(tp) {
+        return Err(crate::config_error(
+            "block_size",
+            format!("{block_size} does not divide by parallel.tp = {tp} (parallel.sequence_parallel cuts positions)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Positions of a `t`-long sequence a rank holds between blocks: `t / tp` across a
+/// sequence-parallel group, all of them otherwise.
+pub(crate) fn held_positions(t: usize, sequence: Option<&TpGroup>) -> usize {
+    match sequence {
+        Some(g) => t / g.size(),
+        None => t,
     }
 }

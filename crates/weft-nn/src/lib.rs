@@ -11,6 +11,7 @@ pub mod module;
 pub mod optim;
 pub mod parallel;
 pub mod schedule;
+pub mod sequence_parallel;
 pub mod state_dict;
 pub mod step_ops;
 

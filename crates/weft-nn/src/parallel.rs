@@ -35,6 +35,20 @@ pub trait TensorParallelGroup: Send + Sync {
     /// `output` (contiguous, `size` times `input`'s elements) receives every rank's `input`, in
     /// rank order.
     fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<()>;
+    /// `output` (contiguous) receives the sum over the group of part `rank` of every rank's
+    /// `input` (contiguous, `size` times `output`'s elements, parts in rank order). Groups that
+    /// cannot (test stand-ins) say so.
+    fn reduce_scatter(&self, output: &Tensor, input: &Tensor) -> Result<()> {
+        let _ = (output, input);
+        Err(invalid("this group cannot reduce-scatter".into()))
+    }
+    /// Whether the layers cut across this group run sequence-parallel (Korthikanti et al.,
+    /// "Reducing Activation Recomputation in Large Transformer Models", 2022): between the
+    /// tensor-parallel regions each rank holds `T / size` positions of the activations, `f`
+    /// gathers them and `g` reduce-scatters ([`crate::sequence_parallel`]).
+    fn sequence_parallel(&self) -> bool {
+        false
+    }
 }
 
 /// A shared handle to a group.
@@ -124,7 +138,7 @@ pub(crate) fn shard_param(p: &Tensor, split: &Split, group: &TpGroup) -> Result<
     split.shard(&p.detach(), group.rank(), group.size())?.requires_grad_()
 }
 
-fn invalid(msg: String) -> Error {
+pub(crate) fn invalid(msg: String) -> Error {
     Error::Invalid {
         op: "tensor parallel",
         msg,

@@ -9,6 +9,7 @@ use weft_nn::init;
 use weft_nn::layers::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Mlp};
 use weft_nn::module::{prefixed, Module};
 use weft_nn::parallel::{Split, TpGroup};
+use weft_nn::sequence_parallel::split_sequence;
 use weft_nn::Context;
 
 use crate::{config_error, LanguageModel, Model};
@@ -99,6 +100,9 @@ pub struct Gpt {
     ctx: Context,
     /// How each parameter is cut, when tensor-parallel.
     splits: Vec<(String, Split)>,
+    /// The tensor-parallel group, when it runs sequence-parallel: the blocks then see this
+    /// rank's positions of the stream.
+    sequence: Option<TpGroup>,
     /// How the blocks are shared out among pipeline stages.
     pub stage_cut: StageCut,
 }
@@ -133,6 +137,7 @@ impl Gpt {
             ctx,
             config,
             splits: Vec::new(),
+            sequence: None,
             stage_cut: StageCut::default(),
         };
         let proj_std = 0.02 / (2.0 * model.config.n_layer as f64).sqrt();
@@ -167,6 +172,25 @@ impl Gpt {
                 format!("{} does not divide by parallel.tp = {tp}", self.config.n_head),
             ));
         }
+        if group.sequence_parallel() {
+            crate::lm::check_sequence_parallel(self.config.block_size, tp)?;
+            if self.config.dropout > 0.0 {
+                // each rank would draw the same mask for its own positions
+                return Err(config_error(
+                    "dropout",
+                    format!(
+                        "{} with parallel.sequence_parallel: dropout on a rank's positions is not supported yet; set model.dropout = 0",
+                        self.config.dropout
+                    ),
+                ));
+            }
+            self.sequence = Some(group.clone());
+            self.ln_f.make_sequence_parallel(group);
+            for block in &mut self.h {
+                block.ln_1.make_sequence_parallel(group);
+                block.ln_2.make_sequence_parallel(group);
+            }
+        }
         let mut splits: Vec<(String, Split)> = Vec::new();
         let mut add = |prefix: &str, s: Vec<(String, Split)>| splits.extend(prefixed(prefix, s));
         add("transformer.wte", self.wte.make_vocab_parallel(group)?);
@@ -192,13 +216,19 @@ impl Gpt {
         self.logits(&x)
     }
 
-    /// Token plus position embeddings (then dropout) of ids `[B, T]`: `[B, T, C]`.
+    /// Token plus position embeddings (then dropout) of ids `[B, T]`: `[B, T, C]` (this rank's
+    /// `[B, T / tp, C]` when sequence-parallel).
     fn embed(&self, idx: &Tensor) -> Result<Tensor> {
         crate::lm::check_ids("gpt", idx, self.config.block_size, self.config.vocab_size, "inputs")?;
         let t = idx.shape()[1];
         let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64)?.to(idx.device())?;
-        self.drop
-            .forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)
+        let x = self
+            .drop
+            .forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)?;
+        match &self.sequence {
+            Some(g) => split_sequence(&x, g),
+            None => Ok(x),
+        }
     }
 
     /// Blocks `blocks` on `x` `[B, T, C]`, each run as its unit.
@@ -211,7 +241,7 @@ impl Gpt {
     }
 
     /// The final LayerNorm and the output layer (tied to the token embedding): `[B, T, C]` to
-    /// logits `[B, T, V]`.
+    /// logits `[B, T, V]` (from this rank's positions `[B, T / tp, C]` when sequence-parallel).
     fn logits(&self, x: &Tensor) -> Result<Tensor> {
         crate::lm::tied_logits(&self.ln_f.forward(x)?, &self.wte)
     }

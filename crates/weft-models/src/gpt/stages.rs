@@ -51,7 +51,8 @@ impl StagedModel for Gpt {
     }
 
     fn activation_shape(&self, input_shape: &[usize]) -> Vec<usize> {
-        vec![input_shape[0], input_shape[1], self.config.n_embd]
+        let held = crate::lm::held_positions(input_shape[1], self.sequence.as_ref());
+        vec![input_shape[0], held, self.config.n_embd]
     }
 
     fn shared_parameters(&self) -> Vec<String> {

@@ -72,12 +72,14 @@ impl LlamaAttention {
     /// # Shapes
     /// `x`, `residual` `[B, T, C]` -> `[B, T, C]`; causal, scaled by `1/sqrt(head_dim)`.
     pub fn forward_residual(&self, x: &Tensor, residual: &Tensor, rope: &Rotary) -> Result<Tensor> {
+        // one `f` (or sequence gather) for the three projections, which read the same input
+        let x = self.q_proj.column_input(x)?;
         let (b, t, hd) = (x.dim(0)?, x.dim(1)?, self.head_dim);
         let (h, kvh) = (self.n_head, self.n_kv_head);
         // [B, T, heads, hd], rotated, then [B, heads, T, hd] views
-        let q = rope.apply(&self.q_proj.forward(x)?.view(&[b, t, h, hd])?)?;
-        let k = rope.apply(&self.k_proj.forward(x)?.view(&[b, t, kvh, hd])?)?;
-        let v = self.v_proj.forward(x)?.view(&[b, t, kvh, hd])?;
+        let q = rope.apply(&self.q_proj.forward_prepared(&x)?.view(&[b, t, h, hd])?)?;
+        let k = rope.apply(&self.k_proj.forward_prepared(&x)?.view(&[b, t, kvh, hd])?)?;
+        let v = self.v_proj.forward_prepared(&x)?.view(&[b, t, kvh, hd])?;
         // grouped-query: query head i reads key/value head i / (h / kvh), no repeated copies
         let y = Tensor::grouped_query_attention(
             &q.transpose(1, 2)?,

@@ -35,13 +35,17 @@ impl LlamaMlp {
             && w.dtype() == DType::F32
             && x.dtype() == DType::F32
             && weft_core::autocast_dtype().is_none();
+        // one `f` (or sequence gather) for gate and up, which read the same input
+        let x = self.gate_proj.column_input(x)?;
         let h = if f32_cpu {
             // silu and the product in one pass each way (the same values as below)
-            self.gate_proj.forward(x)?.silu_mul(&self.up_proj.forward(x)?)?
+            self.gate_proj
+                .forward_prepared(&x)?
+                .silu_mul(&self.up_proj.forward_prepared(&x)?)?
         } else {
             self.gate_proj
-                .forward_act(x, UnaryOp::Silu)?
-                .mul(&self.up_proj.forward(x)?)?
+                .forward_act_prepared(&x, UnaryOp::Silu)?
+                .mul(&self.up_proj.forward_prepared(&x)?)?
         };
         self.down_proj.forward_add(&h, residual)
     }

@@ -10,6 +10,7 @@ use weft_nn::init;
 use weft_nn::layers::{Embedding, Linear, RmsNorm};
 use weft_nn::module::{prefixed, Module};
 use weft_nn::parallel::{Split, TpGroup};
+use weft_nn::sequence_parallel::split_sequence;
 use weft_nn::Context;
 
 use crate::{config_error, LanguageModel, Model, StageCut};
@@ -145,6 +146,9 @@ pub struct Llama {
     ctx: Context,
     /// How each parameter is cut, when tensor-parallel.
     splits: Vec<(String, Split)>,
+    /// The tensor-parallel group, when it runs sequence-parallel: the layers then see this
+    /// rank's positions of the stream.
+    sequence: Option<TpGroup>,
     /// How the layers are shared out among pipeline stages.
     pub stage_cut: StageCut,
 }
@@ -188,6 +192,7 @@ impl Llama {
             ctx,
             config,
             splits: Vec::new(),
+            sequence: None,
             stage_cut: StageCut::default(),
         })
     }
@@ -200,11 +205,15 @@ impl Llama {
         self.logits(&x)
     }
 
-    /// The token embedding of ids `[B, T]`: `[B, T, C]` (ids outside the vocabulary are an
-    /// error naming the id).
+    /// The token embedding of ids `[B, T]`: `[B, T, C]`, this rank's `[B, T / tp, C]` when
+    /// sequence-parallel (ids outside the vocabulary are an error naming the id).
     fn embed(&self, idx: &Tensor) -> Result<Tensor> {
         crate::lm::check_ids("llama", idx, self.config.block_size, self.config.vocab_size, "inputs")?;
-        self.embed_tokens.forward(idx)
+        let x = self.embed_tokens.forward(idx)?;
+        match &self.sequence {
+            Some(g) => split_sequence(&x, g),
+            None => Ok(x),
+        }
     }
 
     /// Layers `layers` on `x` `[B, T, C]`, each run as its unit.
@@ -261,6 +270,15 @@ impl Llama {
                     self.config.intermediate_size
                 ),
             ));
+        }
+        if group.sequence_parallel() {
+            crate::lm::check_sequence_parallel(self.config.block_size, tp)?;
+            self.sequence = Some(group.clone());
+            self.norm.make_sequence_parallel(group);
+            for layer in &mut self.layers {
+                layer.input_layernorm.make_sequence_parallel(group);
+                layer.post_attention_layernorm.make_sequence_parallel(group);
+            }
         }
         let mut splits: Vec<(String, Split)> = Vec::new();
         let mut add = |prefix: &str, s: Vec<(String, Split)>| splits.extend(prefixed(prefix, s));

@@ -2,7 +2,8 @@ use weft_core::{DType, Generator, Result, Tensor, UnaryOp};
 
 use crate::init;
 use crate::module::Module;
-use crate::parallel::{copy_to_group, reduce_from_group, shard_param, Split, TpGroup};
+use crate::parallel::{shard_param, Split, TpGroup};
+use crate::sequence_parallel::{column_input, row_output, whole_gradient};
 
 /// `y = x W^T + b` (as `torch.nn.Linear`): weight `[out, in]`, bias `[out]`; or, cut across a
 /// tensor-parallel group, one rank's part of it (see [`LinearParallel`]).
@@ -58,14 +59,33 @@ impl Linear {
 
     /// # Shapes
     /// `[..., in] -> [..., out]` (column-parallel: `[..., out/n]`; row-parallel: from
-    /// `[..., in/n]`).
+    /// `[..., in/n]`). Across a sequence-parallel group ([`crate::sequence_parallel`]) a
+    /// column-parallel layer takes this rank's positions `[B, T/n, in]` and a row-parallel one
+    /// gives them.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_prepared(&self.column_input(x)?)
+    }
+
+    /// The input as this layer's product reads it: for a column-parallel layer `x` through `f`
+    /// (or the sequence gather), otherwise `x` itself. Layers cut across the same group that
+    /// read the same input (q, k and v; gate and up) share one, so its gradient is reduced
+    /// once: `a.forward_prepared(&a.column_input(x)?)` is `a.forward(x)`.
+    pub fn column_input(&self, x: &Tensor) -> Result<Tensor> {
         match &self.parallel {
-            LinearParallel::None => x.linear(&self.weight, self.bias.as_ref()),
-            LinearParallel::Column(g) => copy_to_group(x, g)?.linear(&self.weight, self.bias.as_ref()),
+            LinearParallel::Column(g) => column_input(x, g),
+            _ => Ok(x.clone()),
+        }
+    }
+
+    /// [`Linear::forward`] of an input that went through [`Linear::column_input`].
+    pub fn forward_prepared(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.parallel {
+            LinearParallel::None | LinearParallel::Column(_) => x.linear(&self.weight, self.bias.as_ref()),
             LinearParallel::Row(g) => {
-                let y = reduce_from_group(&x.linear(&self.weight, None)?, g)?;
+                let y = row_output(&x.linear(&self.weight, None)?, g)?;
                 match &self.bias {
+                    // applied to this rank's positions only: each rank holds part of its gradient
+                    Some(b) if g.sequence_parallel() => y.add(&whole_gradient(b, g)?),
                     Some(b) => y.add(b),
                     None => Ok(y),
                 }
@@ -78,10 +98,14 @@ impl Linear {
     /// # Shapes
     /// As [`Linear::forward`].
     pub fn forward_act(&self, x: &Tensor, act: UnaryOp) -> Result<Tensor> {
+        self.forward_act_prepared(&self.column_input(x)?, act)
+    }
+
+    /// [`Linear::forward_act`] of an input that went through [`Linear::column_input`].
+    pub fn forward_act_prepared(&self, x: &Tensor, act: UnaryOp) -> Result<Tensor> {
         match &self.parallel {
-            LinearParallel::None => x.linear_act(&self.weight, self.bias.as_ref(), act),
-            LinearParallel::Column(g) => copy_to_group(x, g)?.linear_act(&self.weight, self.bias.as_ref(), act),
-            LinearParallel::Row(_) => self.forward(x)?.unary(act),
+            LinearParallel::None | LinearParallel::Column(_) => x.linear_act(&self.weight, self.bias.as_ref(), act),
+            LinearParallel::Row(_) => self.forward_prepared(x)?.unary(act),
         }
     }
 

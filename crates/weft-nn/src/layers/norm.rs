@@ -2,6 +2,8 @@ use weft_core::{DType, Result, Tensor};
 
 use crate::init;
 use crate::module::Module;
+use crate::parallel::TpGroup;
+use crate::sequence_parallel::SequenceGroup;
 
 /// Layer norm over the last dim (as `torch.nn.LayerNorm(dim, eps, bias=...)`): weight ones, bias
 /// zeros (or no bias).
@@ -10,6 +12,8 @@ pub struct LayerNorm {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     pub eps: f64,
+    /// Set when the norm runs on a sequence-parallel rank's positions.
+    pub sequence: Option<SequenceGroup>,
 }
 
 impl LayerNorm {
@@ -20,13 +24,26 @@ impl LayerNorm {
         } else {
             None
         };
-        Ok(LayerNorm { weight, bias, eps })
+        Ok(LayerNorm {
+            weight,
+            bias,
+            eps,
+            sequence: None,
+        })
     }
 
     /// # Shapes
     /// `[..., dim] -> [..., dim]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.layer_norm(Some(&self.weight), self.bias.as_ref(), self.eps)
+        let g = self.sequence.as_ref();
+        let bias = self.bias.as_ref().map(|b| SequenceGroup::param(g, b)).transpose()?;
+        x.layer_norm(Some(&SequenceGroup::param(g, &self.weight)?), bias.as_ref(), self.eps)
+    }
+
+    /// Runs the norm on the positions a rank of `group` holds when the group is
+    /// sequence-parallel (the gradients of weight and bias are then summed over it).
+    pub fn make_sequence_parallel(&mut self, group: &TpGroup) {
+        self.sequence = SequenceGroup::of(group);
     }
 }
 
@@ -45,6 +62,8 @@ impl Module for LayerNorm {
 pub struct RmsNorm {
     pub weight: Tensor,
     pub eps: f64,
+    /// Set when the norm runs on a sequence-parallel rank's positions.
+    pub sequence: Option<SequenceGroup>,
 }
 
 impl RmsNorm {
@@ -52,13 +71,22 @@ impl RmsNorm {
         Ok(RmsNorm {
             weight: init::constant(&[dim], 1.0, DType::F32)?,
             eps,
+            sequence: None,
         })
     }
 
     /// # Shapes
     /// `[..., dim] -> [..., dim]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.rms_norm(Some(&self.weight), self.eps)
+        x.rms_norm(
+            Some(&SequenceGroup::param(self.sequence.as_ref(), &self.weight)?),
+            self.eps,
+        )
+    }
+
+    /// As [`LayerNorm::make_sequence_parallel`].
+    pub fn make_sequence_parallel(&mut self, group: &TpGroup) {
+        self.sequence = SequenceGroup::of(group);
     }
 }
 

@@ -360,6 +360,12 @@ impl RunConfig {
                 "recomputes pipeline stages; it needs pp > 1".into(),
             );
         }
+        if p.tp == 1 && p.sequence_parallel && !p.auto {
+            return bad(
+                "parallel.sequence_parallel",
+                "cuts the activations between tensor-parallel regions by position; it needs tp > 1".into(),
+            );
+        }
         if p.pp == 1 && p.stage_blocks.is_some() {
             return bad(
                 "parallel.stage_blocks",

@@ -62,6 +62,12 @@ pub struct ParallelConfig {
     /// keeping its activations.
     #[serde(default)]
     pub recompute: bool,
+    /// Tensor parallelism: between the tensor-parallel regions each rank keeps only its
+    /// `T / tp` positions of the activations (norms, residual adds, the stream between blocks),
+    /// with an all-gather and a reduce-scatter in place of each all-reduce (Megatron-LM's
+    /// `--sequence-parallel`). Needs `tp > 1`; `model.block_size` must divide by `tp`.
+    #[serde(default)]
+    pub sequence_parallel: bool,
     /// Pipeline: how blocks are shared out among stages, `"blocks"` (as evenly as they allow)
     /// or `"parameters"` (the cut whose largest stage holds the fewest parameters).
     #[serde(default = "default_balance")]
@@ -137,6 +143,7 @@ impl Default for ParallelConfig {
             bucket_cap_mb: default_bucket_cap_mb(),
             comm_dtype: default_comm_dtype(),
             recompute: false,
+            sequence_parallel: false,
             balance: default_balance(),
             stage_blocks: None,
             auto: false,

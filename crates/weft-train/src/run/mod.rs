@@ -259,7 +259,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             });
             // the whole model is built (and loaded) on every rank, then cut
             if let Some(m) = mesh.as_ref().filter(|m| m.tp > 1) {
-                g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::handle(&m.tp_group))?;
+                g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::with_sequence_parallel(
+                    &m.tp_group,
+                    p.sequence_parallel,
+                ))?;
             }
             Some(Arc::from(g))
         }

@@ -1,0 +1,218 @@
+//! Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large
+//! Transformer Models", 2022, section 4.2.2): outside the tensor-parallel regions (norms,
+//! residual adds, the stream between blocks), each rank of a tensor-parallel group holds only
+//! its `T / n` positions of the activations `[B, T, C]`, so their memory is cut by `n` too.
+//!
+//! The two conjugate operators of [`crate::parallel`] change accordingly:
+//! - in front of a column-parallel layer, `f` becomes an all-gather of the positions
+//!   ([`gather_sequence`]; its backward reduce-scatters the gradient);
+//! - after a row-parallel layer, `g` becomes a reduce-scatter ([`reduce_scatter_sequence`]; its
+//!   backward all-gathers).
+//!
+//! Together they move the bytes of one all-reduce, as `f` and `g` did. Where the stream enters
+//! the region (after the embedding) [`split_sequence`] keeps this rank's positions of a whole
+//! tensor (its backward all-gathers). A parameter whole on every rank but applied to a rank's
+//! positions only (norm weights, a row-parallel bias) gets part of its gradient on each rank:
+//! [`whole_gradient`] sums it over the group in the backward.
+//!
+//! Rank `r` holds positions `[r T / n, (r + 1) T / n)`; `T` must divide by `n`. [`column_input`]
+//! and [`row_output`] pick the operator a group's mode asks for.
+
+use std::sync::Arc;
+
+use weft_core::{BackwardReads, Function, Result, Tensor};
+
+use crate::parallel::{copy_to_group, invalid, reduce_from_group, TpGroup};
+
+/// `f` of a column-parallel layer on `x`: [`gather_sequence`] when `group` runs
+/// sequence-parallel, [`copy_to_group`] otherwise.
+/// # Shapes
+/// `[B, T / n, ...]` -> `[B, T, ...]` (sequence-parallel); unchanged otherwise.
+pub fn column_input(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    if group.sequence_parallel() {
+        gather_sequence(x, group)
+    } else {
+        copy_to_group(x, group)
+    }
+}
+
+/// `g` of a row-parallel layer's partial sums `x`: [`reduce_scatter_sequence`] when `group`
+/// runs sequence-parallel, [`reduce_from_group`] otherwise.
+/// # Shapes
+/// `[B, T, ...]` -> `[B, T / n, ...]` (sequence-parallel); unchanged otherwise.
+pub fn row_output(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    if group.sequence_parallel() {
+        reduce_scatter_sequence(x, group)
+    } else {
+        reduce_from_group(x, group)
+    }
+}
+
+/// Every rank's positions of `x`, in rank order: the forward all-gathers, the backward
+/// reduce-scatters (each rank's positions of the gradient, summed over the group).
+/// # Shapes
+/// `[B, T / n, ...]` -> `[B, T, ...]`.
+pub fn gather_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    Tensor::apply_function(Arc::new(GatherSequence(group.clone())), &[x])
+}
+
+/// This rank's positions of the sum over the group of `x`: the forward reduce-scatters, the
+/// backward all-gathers.
+/// # Shapes
+/// `[B, T, ...]` -> `[B, T / n, ...]`.
+pub fn reduce_scatter_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    Tensor::apply_function(Arc::new(ReduceScatterSequence(group.clone())), &[x])
+}
+
+/// This rank's positions of `x`, whole (and equal) on every rank: the forward keeps them, the
+/// backward all-gathers the gradient (whole again on every rank).
+/// # Shapes
+/// `[B, T, ...]` -> `[B, T / n, ...]`.
+pub fn split_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    Tensor::apply_function(Arc::new(SplitSequence(group.clone())), &[x])
+}
+
+/// `p` unchanged forward; its gradient summed over the group backward (Megatron's `f`). For a
+/// parameter whole on every rank that a sequence-parallel rank applies to its positions only.
+pub fn whole_gradient(p: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    copy_to_group(p, group)
+}
+
+/// Checks that `x` has a sequence dim (1) of `n * part` positions; returns `part`.
+fn positions(x: &Tensor, n: usize, what: &str) -> Result<usize> {
+    let t = x.shape().get(1).copied();
+    match t {
+        Some(t) if t.is_multiple_of(n) => Ok(t / n),
+        _ => Err(invalid(format!(
+            "sequence parallelism: {what} of shape {:?} has no sequence length (dim 1) that divides by \
+             parallel.tp = {n}",
+            x.shape()
+        ))),
+    }
+}
+
+/// `[B, n * P, ...]` as `[n, B, P, ...]` (contiguous): rank `r`'s positions are part `r`.
+fn by_rank(x: &Tensor, n: usize, part: usize) -> Result<Tensor> {
+    let shape = x.shape();
+    let mut split = vec![shape[0], n, part];
+    split.extend_from_slice(&shape[2..]);
+    let mut perm: Vec<usize> = (0..split.len()).collect();
+    perm.swap(0, 1);
+    x.view(&split)
+        .or_else(|_| x.contiguous_copy()?.view(&split))?
+        .permute(&perm)?
+        .contiguous_copy()
+}
+
+/// `[n, B, P, ...]` (rank-ordered parts) back as `[B, n * P, ...]`.
+fn from_ranks(parts: &Tensor) -> Result<Tensor> {
+    let shape = parts.shape();
+    let mut perm: Vec<usize> = (0..shape.len()).collect();
+    perm.swap(0, 1);
+    let mut whole = vec![shape[1], shape[0] * shape[2]];
+    whole.extend_from_slice(&shape[3..]);
+    parts.permute(&perm)?.contiguous_copy()?.view(&whole)
+}
+
+/// All-gather of each rank's positions `x` `[B, P, ...]` into `[B, n P, ...]`.
+fn all_gather_positions(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    let n = group.size();
+    let local = x.contiguous_copy()?;
+    let mut shape = vec![n];
+    shape.extend_from_slice(local.shape());
+    let parts = Tensor::zeros_on(&shape, local.dtype(), local.device())?;
+    group.all_gather(&parts, &local)?;
+    from_ranks(&parts)
+}
+
+/// Reduce-scatter of partial sums `x` `[B, n P, ...]`: this rank's positions `[B, P, ...]` of
+/// the sum.
+fn reduce_scatter_positions(x: &Tensor, group: &TpGroup, what: &str) -> Result<Tensor> {
+    let n = group.size();
+    let part = positions(x, n, what)?;
+    let parts = by_rank(x, n, part)?;
+    let mut shape = x.shape().to_vec();
+    shape[1] = part;
+    let out = Tensor::zeros_on(&shape, x.dtype(), x.device())?;
+    group.reduce_scatter(&out, &parts)?;
+    Ok(out)
+}
+
+struct GatherSequence(TpGroup);
+
+impl Function for GatherSequence {
+    fn name(&self) -> &'static str {
+        "gather_sequence"
+    }
+    fn backward_reads(&self) -> BackwardReads {
+        BackwardReads::NOTHING
+    }
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        all_gather_positions(inputs[0], &self.0)
+    }
+    fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(reduce_scatter_positions(grad, &self.0, "the gradient")?)])
+    }
+}
+
+struct ReduceScatterSequence(TpGroup);
+
+impl Function for ReduceScatterSequence {
+    fn name(&self) -> &'static str {
+        "reduce_scatter_sequence"
+    }
+    fn backward_reads(&self) -> BackwardReads {
+        BackwardReads::NOTHING
+    }
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        reduce_scatter_positions(inputs[0], &self.0, "the activations")
+    }
+    fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(all_gather_positions(grad, &self.0)?)])
+    }
+}
+
+struct SplitSequence(TpGroup);
+
+impl Function for SplitSequence {
+    fn name(&self) -> &'static str {
+        "split_sequence"
+    }
+    fn backward_reads(&self) -> BackwardReads {
+        BackwardReads::NOTHING
+    }
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let x = inputs[0];
+        let part = positions(x, self.0.size(), "the activations")?;
+        x.narrow(1, self.0.rank() * part, part)?.contiguous_copy()
+    }
+    fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(all_gather_positions(grad, &self.0)?)])
+    }
+}
+
+/// The sequence-parallel group a layer whole on every rank runs in: its parameters' gradients
+/// are summed over it ([`whole_gradient`]), each rank having seen only its positions.
+#[derive(Clone)]
+pub struct SequenceGroup(pub TpGroup);
+
+impl std::fmt::Debug for SequenceGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SequenceGroup({} ranks)", self.0.size())
+    }
+}
+
+impl SequenceGroup {
+    /// `group` when it runs sequence-parallel; `None` otherwise (nothing to sum).
+    pub fn of(group: &TpGroup) -> Option<SequenceGroup> {
+        group.sequence_parallel().then(|| SequenceGroup(group.clone()))
+    }
+
+    /// `p`, its gradient summed over the group ([`whole_gradient`]); `p` itself without a group.
+    pub fn param(group: Option<&SequenceGroup>, p: &Tensor) -> Result<Tensor> {
+        match group {
+            Some(g) => whole_gradient(p, &g.0),
+            None => Ok(p.clone()),
+        }
+    }
+}
