@@ -84,6 +84,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     let start = Instant::now();
     let options = SearchOptions {
         keep_infeasible: args.top,
+        sequence_parallel: weft_train::plan_shape::sequence_parallel_runs(&config),
     };
     let report = weft_plan::plan(&work, &device, devices, options).map_err(|e| e.to_string())?;
     let seconds = start.elapsed().as_secs_f64();
@@ -217,6 +218,7 @@ fn plan_json(p: &Plan) -> serde_json::Value {
         "schedule": l.schedule.name(),
         "virtual_stages": l.schedule.chunks(),
         "recompute": l.recompute,
+        "sequence_parallel": l.sequence_parallel,
         "comm_dtype": l.comm_dtype.name(),
         "stage_blocks": l.config_stage_blocks(),
         "predicted_step_ms": p.time.step * 1e3,

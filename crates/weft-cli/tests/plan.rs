@@ -41,6 +41,8 @@ fn json_ranks_feasible_plans_best_first() {
         "predicted_mfu",
         "memory_bytes_per_device",
         "feasible",
+        "sequence_parallel",
+        "virtual_stages",
     ];
     for p in plans {
         for k in keys {
@@ -63,7 +65,10 @@ fn json_ranks_feasible_plans_best_first() {
             .map(|b| b.as_u64().unwrap())
             .sum();
         assert_eq!(blocks, 96);
-        assert_eq!(p["stage_blocks"].as_array().unwrap().len() as u64, pp);
+        // interleaved: blocks per virtual stage
+        let chunks = p["virtual_stages"].as_u64().unwrap();
+        assert_eq!(p["stage_blocks"].as_array().unwrap().len() as u64, pp * chunks);
+        assert!(!p["sequence_parallel"].as_bool().unwrap() || tp > 1, "{p}");
         assert_eq!(1152 % (dp * p["micro_batches"].as_u64().unwrap()), 0);
         let step = p["predicted_step_ms"].as_f64().unwrap();
         assert!(step >= last, "not best first: {stdout}");

@@ -186,6 +186,36 @@ pub fn stage_bytes_per_token(
     b
 }
 
+/// Activation bytes per token that sequence parallelism (`parallel.sequence_parallel`) keeps at
+/// `1 / tp` instead of whole, on a rank of `tp` holding `blocks` blocks and the ends: a rank
+/// then holds only its `T / tp` positions between the tensor-parallel regions. Per block the
+/// two f32 residual sums the norms read and the norms' statistics (`4 (2C + 4)`); on the first
+/// stage the embeddings' sum (`4C`, which the first norm reads; the vocabulary-parallel lookup
+/// its mask multiplies stays whole); on the last the final norm's statistics (8). The gathered
+/// inputs of the column-parallel products (the norms' outputs in f32, their bf16 copies under
+/// bf16) stay whole: weft's products keep the input they read. This is the part of
+/// [`micro_batch_bytes`] that falls by `1 - 1 / tp`.
+pub fn sequence_parallel_saving_per_token(
+    model: &ModelShape,
+    tp: usize,
+    blocks: usize,
+    first: bool,
+    last: bool,
+) -> f64 {
+    if tp <= 1 {
+        return 0.0;
+    }
+    let c = model.n_embd as f64;
+    let mut b = blocks as f64 * 4.0 * (2.0 * c + 4.0);
+    if first {
+        b += 4.0 * c;
+    }
+    if last {
+        b += 8.0;
+    }
+    b * (1.0 - 1.0 / tp as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -122,6 +122,9 @@ pub struct Layout {
     pub schedule: Schedule,
     pub recompute: bool,
     pub comm_dtype: CommDtype,
+    /// Sequence parallelism across the `tp` ranks (`parallel.sequence_parallel`; only with
+    /// `tp > 1`).
+    pub sequence_parallel: bool,
     /// Blocks per pipeline stage, in stage order (`[n_layer]` without a pipeline; interleaved,
     /// the sums of each stage's virtual stages: [`Layout::config_stage_blocks`] gives those).
     pub stage_blocks: Vec<usize>,
@@ -142,7 +145,8 @@ impl Layout {
         self.dp * self.tp * self.pp
     }
 
-    /// `dp2 tp4 pp8 zero1 m16 1f1b rc bf16` (`interleaved-v2` for two chunks a stage): the
+    /// `dp2 tp4 pp8 zero1 m16 1f1b sp rc bf16` (`interleaved-v2` for two chunks a stage; `sp`:
+    /// sequence-parallel): the
     /// layout in one short word list.
     pub fn label(&self) -> String {
         let schedule = match self.schedule {
@@ -153,6 +157,9 @@ impl Layout {
             "dp{} tp{} pp{} zero{} m{} {schedule}",
             self.dp, self.tp, self.pp, self.zero, self.micro_batches,
         );
+        if self.sequence_parallel {
+            s.push_str(" sp");
+        }
         if self.recompute {
             s.push_str(" rc");
         }

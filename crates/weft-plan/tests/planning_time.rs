@@ -28,7 +28,15 @@ fn work(model: ModelShape, global_batch: u64) -> Workload {
 /// Plans and returns the seconds it took, printing the outcome.
 fn timed(name: &str, w: &Workload, device: &DeviceSpec, devices: usize) -> f64 {
     let start = Instant::now();
-    let r = plan(w, device, devices, SearchOptions { keep_infeasible: 10 });
+    let r = plan(
+        w,
+        device,
+        devices,
+        SearchOptions {
+            keep_infeasible: 10,
+            ..Default::default()
+        },
+    );
     let secs = start.elapsed().as_secs_f64();
     match &r {
         Ok(r) => println!(
@@ -169,10 +177,20 @@ fn the_bounds_leave_out_no_plan_that_would_rank() {
             devices,
             SearchOptions {
                 keep_infeasible: usize::MAX,
+                ..Default::default()
             },
         )
         .unwrap();
-        let top = plan(&w, &device, devices, SearchOptions { keep_infeasible: 10 }).unwrap();
+        let top = plan(
+            &w,
+            &device,
+            devices,
+            SearchOptions {
+                keep_infeasible: 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let first = |r: &weft_plan::PlanReport, k: usize| -> Vec<(String, Vec<usize>, f64, f64)> {
             r.plans
                 .iter()
@@ -196,7 +214,16 @@ fn the_bounds_leave_out_no_plan_that_would_rank() {
                 .find(|p| p.layout.comm_dtype == weft_plan::CommDtype::F32)
                 .map(|p| (p.layout.label(), p.layout.stage_blocks.clone()))
         };
-        let auto = plan(&w, &device, devices, SearchOptions { keep_infeasible: 0 }).unwrap();
+        let auto = plan(
+            &w,
+            &device,
+            devices,
+            SearchOptions {
+                keep_infeasible: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(f32_first(&auto), f32_first(&every), "{name}");
         assert_eq!(first(&auto, 1), first(&every, 1), "{name}");
         println!(

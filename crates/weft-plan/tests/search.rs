@@ -124,6 +124,7 @@ fn micro_batch_counts_are_bounded() {
     let w = work(gpt(4, 4, 256, 512, 128), 1 << 14);
     let options = SearchOptions {
         keep_infeasible: usize::MAX,
+        ..Default::default()
     };
     let report = plan(&w, &h100(), 2, options).unwrap();
     let all: Vec<_> = report.plans.iter().chain(&report.infeasible).collect();
@@ -296,4 +297,48 @@ fn data_parallelism_shards_each_pass_of_an_accumulated_batch() {
         plan(&bad, &h100(), 16, SearchOptions::default()),
         Err(Error::BadRequest(m)) if m.contains("grad_accum 3")
     ));
+}
+
+/// Sequence-parallel layouts are planned where weft can run them (`tp > 1`, the sequence length
+/// divisible by `tp`, the search allowed to) and nowhere else; such a layout holds fewer
+/// activation bytes than the same layout without it, and the search picks them where memory
+/// decides (GPT-3 175B on 1024 H100).
+#[test]
+fn sequence_parallel_layouts_are_planned_where_weft_runs_them() {
+    let w = work(gpt(96, 96, 12288, 50257, 2048), 1152);
+    let every = SearchOptions {
+        keep_infeasible: usize::MAX,
+        ..Default::default()
+    };
+    let r = plan(&w, &h100(), 1024, every).unwrap();
+    let all: Vec<_> = r.plans.iter().chain(&r.infeasible).collect();
+    assert!(all.iter().any(|p| p.layout.sequence_parallel));
+    assert!(all.iter().all(|p| !p.layout.sequence_parallel || p.layout.tp > 1));
+    assert!(r.plans[0].layout.sequence_parallel, "{}", r.plans[0].layout.label());
+    // the same layouts without it: more activations, never fewer
+    let mut compared = 0;
+    for p in all.iter().filter(|p| p.layout.sequence_parallel) {
+        let plain = weft_plan::search::evaluate(
+            &w,
+            &h100(),
+            weft_plan::Layout {
+                sequence_parallel: false,
+                ..p.layout.clone()
+            },
+            h100().usable_memory(),
+        );
+        assert!(plain.memory.activations > p.memory.activations, "{}", p.layout.label());
+        compared += 1;
+    }
+    assert!(compared > 10);
+    // not where the search may not, nor where the sequence does not divide by tp
+    let off = SearchOptions {
+        sequence_parallel: false,
+        ..every
+    };
+    let r = plan(&w, &h100(), 1024, off).unwrap();
+    assert!(r.plans.iter().chain(&r.infeasible).all(|p| !p.layout.sequence_parallel));
+    let odd = work(gpt(96, 96, 12288, 50257, 2047), 1152);
+    let r = plan(&odd, &h100(), 1024, every).unwrap();
+    assert!(r.plans.iter().chain(&r.infeasible).all(|p| !p.layout.sequence_parallel));
 }

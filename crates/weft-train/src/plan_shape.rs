@@ -193,8 +193,18 @@ pub fn device_spec(name: &str, devices: usize) -> Result<(DeviceSpec, Option<Str
     }
 }
 
+/// Whether weft can run `config`'s model sequence-parallel: a gpt with dropout cannot (each
+/// rank would draw the same mask for its own positions), so the planner leaves those layouts
+/// out for it.
+pub fn sequence_parallel_runs(config: &RunConfig) -> bool {
+    match &config.model {
+        crate::config::ModelConfig::Gpt(g) => g.dropout == 0.0,
+        _ => true,
+    }
+}
+
 /// The `[parallel]` keys a plan chooses, refused next to `auto = true`.
-pub const PLANNED_KEYS: [&str; 11] = [
+pub const PLANNED_KEYS: [&str; 12] = [
     "dp",
     "tp",
     "pp",
@@ -203,6 +213,7 @@ pub const PLANNED_KEYS: [&str; 11] = [
     "schedule",
     "virtual_stages",
     "recompute",
+    "sequence_parallel",
     "comm_dtype",
     "stage_blocks",
     "balance",

@@ -144,8 +144,34 @@ pub fn unfused_params(work: &Workload, tp: usize, pp: usize, blocks: usize, firs
     p
 }
 
-/// The forward times of a layout's pieces for micro-batches of `rows` rows.
+/// The forward times of a layout's pieces for micro-batches of `rows` rows, without sequence
+/// parallelism ([`unit_times_sequence`]).
 pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp: usize, rows: f64) -> UnitTimes {
+    unit_times_sequence(work, device, tp, dp, pp, rows, false)
+}
+
+/// The forward times of a layout's pieces for micro-batches of `rows` rows; `sequence`:
+/// sequence-parallel across the `tp` ranks (`parallel.sequence_parallel`), as weft runs it
+/// (`weft_nn::sequence_parallel`): each all-reduce of a block becomes an all-gather and a
+/// reduce-scatter (the all-gathers of the norms' outputs in f32, the reduce-scatters of the
+/// products' outputs in their dtype, and the backward's the other way round), the embeddings'
+/// gradient is all-gathered and the output layer's input gathered; the norms and residual
+/// additions run on `1 / tp` of the tokens, while each gather and reduce-scatter copies its
+/// tensor once more to put the positions in rank order (`[B, T, C]` activations); the
+/// gradients of the parameters whole on every rank (norms, row-parallel biases) are
+/// all-reduced, one small all-reduce each per micro-batch; the pipeline sends `1 / tp` of the
+/// stream.
+#[allow(clippy::too_many_arguments)]
+pub fn unit_times_sequence(
+    work: &Workload,
+    device: &DeviceSpec,
+    tp: usize,
+    dp: usize,
+    pp: usize,
+    rows: f64,
+    sequence: bool,
+) -> UnitTimes {
+    let sequence = sequence && tp > 1;
     let m = &work.model;
     let eff = &device.efficiency;
     let gemm = device.peak_flops(work.precision) * eff.gemm;
@@ -162,6 +188,13 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
     let ar_f32 = all_reduce(hidden * 4.0, tp, tp_link);
 
     let (whole, cut) = m.block_memory_elements_per_token();
+    // sequence-parallel: the whole-on-every-rank kernels on this rank's positions, plus a copy
+    // (read and write) of the tensor each of the two gathers and two reduce-scatters moves
+    let whole = if sequence {
+        whole / tpf + 4.0 * 2.0 * m.n_embd as f64
+    } else {
+        whole
+    };
     // the attention's products at their own rate (eff.attention of the matrix products')
     let attention = m.attention_flops_per_token();
     // what a pass costs beyond its compute, a third of it in the forward (the backward's
@@ -187,28 +220,61 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
     // every micro-batch of the step but the first adds its gradients to the others'
     let micro_batches = (work.global_batch as f64 / (dp as f64 * rows)).max(1.0);
     let accumulate = |params: f64| scale * (micro_batches - 1.0) / micro_batches * accumulate_time(params, device);
+    let stream = if sequence { hidden / tpf } else { hidden };
     let p2p = if pp > 1 {
         let link = device.link(tp * dp, 2);
-        link.1 + hidden * 4.0 / link.0
+        link.1 + stream * 4.0 / link.0
     } else {
         0.0
+    };
+    // sequence-parallel: the whole-on-every-rank vector parameters' gradients, summed over the
+    // group one tensor of `C` at a time
+    let vectors = |params: f64| {
+        if sequence {
+            (params / m.n_embd as f64).round() * all_reduce(m.n_embd as f64 * 4.0, tp, tp_link)
+        } else {
+            0.0
+        }
+    };
+    let (block_comm, embed_comm, head_comm) = if sequence {
+        let both = gather(hidden * 4.0, tp, tp_link) + gather(hidden * act, tp, tp_link);
+        (
+            TpComm {
+                forward: 2.0 * both,
+                backward: 2.0 * both + vectors(m.block_vector_params_split().1),
+            },
+            TpComm {
+                forward: ar_f32,
+                backward: gather(hidden * 4.0, tp, tp_link),
+            },
+            TpComm {
+                forward: loss_ar + gather(hidden * 4.0, tp, tp_link),
+                backward: gather(hidden * 4.0, tp, tp_link) + vectors(m.head_params_split(false).1),
+            },
+        )
+    } else {
+        (
+            TpComm {
+                forward: 2.0 * ar_low,
+                backward: 2.0 * ar_f32,
+            },
+            TpComm {
+                forward: ar_f32,
+                backward: 0.0,
+            },
+            TpComm {
+                forward: loss_ar,
+                backward: ar_f32,
+            },
+        )
     };
     UnitTimes {
         block_forward,
         embed_forward,
         head_forward,
-        block_comm: TpComm {
-            forward: 2.0 * ar_low,
-            backward: 2.0 * ar_f32,
-        },
-        embed_comm: TpComm {
-            forward: ar_f32,
-            backward: 0.0,
-        },
-        head_comm: TpComm {
-            forward: loss_ar,
-            backward: ar_f32,
-        },
+        block_comm,
+        embed_comm,
+        head_comm,
         p2p,
         block_accumulate: accumulate(unfused_params(work, tp, pp, 1, false, false)),
         embed_accumulate: accumulate(unfused_params(work, tp, pp, 0, true, false)),
@@ -322,7 +388,8 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
     let zero = if dp > 1 { layout.zero } else { 0 };
     let work = &*accumulated_as_run(work, zero);
     let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
-    let u = sharded_accumulation(unit_times(work, device, tp, dp, pp, rows), zero, dp);
+    let sp = layout.sequence_parallel;
+    let u = sharded_accumulation(unit_times_sequence(work, device, tp, dp, pp, rows, sp), zero, dp);
     let chunks = layout.schedule.chunks();
     // interleaved: every chunk pass sends its activations on and its input's gradient back,
     // but the first virtual stage's gradient and the last one's activations (2 v sends a
@@ -416,14 +483,14 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
         let per_node = devices.min(device.devices_per_node as f64);
         // compute only: waiting on a collective or a send takes no core
         let no_comm = device.without_links();
-        let uc = sharded_accumulation(unit_times(work, &no_comm, tp, dp, pp, rows), zero, dp);
+        let uc = sharded_accumulation(unit_times_sequence(work, &no_comm, tp, dp, pp, rows, sp), zero, dp);
         // the links' transfers alone (their latencies left out)
         let no_latency = DeviceSpec {
             intra_latency: 0.0,
             inter_latency: 0.0,
             ..device.clone()
         };
-        let ut = unit_times(work, &no_latency, tp, dp, pp, rows);
+        let ut = unit_times_sequence(work, &no_latency, tp, dp, pp, rows, sp);
         let cores = (devices / per_node).max(1.0) * k;
         // the simulation's work is its passes times the stages it steps at each event
         let simulate = (2 * pp * chunks)

@@ -23,17 +23,14 @@ pub(super) fn interleaved_activations(work: &Workload, layout: &Layout, stage: u
         .map(|c| {
             let vs = c * pp + stage;
             let (first, last) = (vs == 0, vs + 1 == pp * v);
-            let whole = activations::micro_batch_bytes(
-                model,
-                work.precision,
-                layout.tp,
-                work.kv_repeated,
-                count(vs),
-                (first, last),
-                tokens,
-            );
+            let whole = super::graph_bytes(work, layout, count(vs), (first, last), tokens);
             let copies = activations::weight_copy_bytes(model, work.precision, layout.tp, count(vs), last);
-            let input = tokens * if first { 8.0 } else { 4.0 * model.n_embd as f64 };
+            let input = tokens
+                * if first {
+                    8.0
+                } else {
+                    super::stream_bytes_per_token(work, layout)
+                };
             (whole - copies, input, copies)
         })
         .collect();

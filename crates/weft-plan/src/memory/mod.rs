@@ -86,6 +86,46 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
 }
 
 /// Tokens of one micro-batch under `layout`.
+/// What one micro-batch's graph keeps on a device of `layout` holding `blocks` blocks and the
+/// ends: [`activations::micro_batch_bytes`], less what sequence parallelism holds at `1 / tp`
+/// ([`activations::sequence_parallel_saving_per_token`]).
+pub(crate) fn graph_bytes(
+    work: &Workload,
+    layout: &Layout,
+    blocks: usize,
+    (first, last): (bool, bool),
+    tokens: f64,
+) -> f64 {
+    let model = &work.model;
+    let whole = activations::micro_batch_bytes(
+        model,
+        work.precision,
+        layout.tp,
+        work.kv_repeated,
+        blocks,
+        (first, last),
+        tokens,
+    );
+    let saved = if layout.sequence_parallel {
+        tokens * activations::sequence_parallel_saving_per_token(model, layout.tp, blocks, first, last)
+    } else {
+        0.0
+    };
+    whole - saved
+}
+
+/// Bytes per token of the f32 residual stream a pipeline stage receives, sends and (under
+/// recompute) keeps per micro-batch: `4C`, this rank's positions (`4C / tp`) when
+/// sequence-parallel.
+pub(crate) fn stream_bytes_per_token(work: &Workload, layout: &Layout) -> f64 {
+    let whole = 4.0 * work.model.n_embd as f64;
+    if layout.sequence_parallel {
+        whole / layout.tp as f64
+    } else {
+        whole
+    }
+}
+
 fn micro_batch_tokens(work: &Workload, layout: &Layout) -> f64 {
     let rows = (work.pass_rows() as f64 / layout.dp as f64) / layout.micro_batches as f64;
     rows * work.model.seq_len as f64
@@ -103,19 +143,15 @@ pub fn stage_activations(work: &Workload, layout: &Layout, stage: usize, blocks:
         interleaved_activations(work, layout, stage, tokens)
     } else {
         let in_flight = layout.schedule.in_flight(stage, pp, layout.micro_batches) as f64;
-        let whole_mb = activations::micro_batch_bytes(
-            model,
-            work.precision,
-            tp,
-            work.kv_repeated,
-            blocks,
-            (first, last),
-            tokens,
-        );
+        let whole_mb = graph_bytes(work, layout, blocks, (first, last), tokens);
         if layout.recompute {
             // each micro-batch in flight keeps its input (the token ids on the first stage, the
             // f32 residual stream on the others); one at a time is rebuilt whole
-            let input = if first { 8.0 } else { 4.0 * model.n_embd as f64 };
+            let input = if first {
+                8.0
+            } else {
+                stream_bytes_per_token(work, layout)
+            };
             in_flight * tokens * input + whole_mb
         } else {
             // the bf16 weight copies once: the step's micro-batches run in one autocast region,
@@ -139,15 +175,8 @@ pub fn stage_memory_floor(work: &Workload, layout: &Layout, stage: usize, blocks
     }
     let (first, last) = (stage == 0, stage + 1 == layout.pp);
     let model = &work.model;
-    let fixed = activations::micro_batch_bytes(
-        model,
-        work.precision,
-        layout.tp,
-        work.kv_repeated,
-        blocks,
-        (first, last),
-        0.0,
-    ) - activations::weight_copy_bytes(model, work.precision, layout.tp, blocks, last);
+    let fixed = graph_bytes(work, layout, blocks, (first, last), 0.0)
+        - activations::weight_copy_bytes(model, work.precision, layout.tp, blocks, last);
     let in_flight = layout.schedule.in_flight(stage, layout.pp, layout.micro_batches) as f64;
     total - (in_flight - 1.0) * fixed.max(0.0)
 }
@@ -206,7 +235,7 @@ pub fn stage_memory_given(
         comm_buffers += 2.0 * hidden * work.precision.activation_bytes();
     }
     if pp > 1 {
-        comm_buffers += 2.0 * hidden * 4.0;
+        comm_buffers += 2.0 * tokens * stream_bytes_per_token(work, layout);
     }
     MemoryBreakdown {
         params,

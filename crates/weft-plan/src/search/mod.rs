@@ -16,7 +16,9 @@
 
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::cost::{all_reduce, mfu, stage_backward_time, stage_time, step_time, unit_times, StepTime, UnitTimes};
+use crate::cost::{
+    all_reduce, mfu, stage_backward_time, stage_time, step_time, unit_times_sequence, StepTime, UnitTimes,
+};
 use crate::device::DeviceSpec;
 use crate::error::{human_bytes, Error, Result};
 use crate::layout::{CommDtype, Layout, Schedule};
@@ -41,11 +43,17 @@ pub struct SearchOptions {
     /// ranks exactly (at least one, and the best that reduces in f32): a pipeline's micro-batch
     /// count that cannot beat them is not evaluated ([`plan`]).
     pub keep_infeasible: usize,
+    /// Whether to plan sequence-parallel layouts too (where `tp > 1` and the sequence length
+    /// divides by `tp`); off for a model weft cannot run so (gpt with dropout).
+    pub sequence_parallel: bool,
 }
 
 impl Default for SearchOptions {
     fn default() -> Self {
-        SearchOptions { keep_infeasible: 20 }
+        SearchOptions {
+            keep_infeasible: 20,
+            sequence_parallel: true,
+        }
     }
 }
 
@@ -156,6 +164,8 @@ struct Split {
     rows: usize,
     /// Micro-batch counts, increasing (`[1]` without a pipeline).
     ms: Vec<usize>,
+    /// Sequence-parallel across the `tp` ranks (only with `tp > 1`).
+    sp: bool,
 }
 
 /// Where a plan came from in the order every layout is enumerated in (split, micro-batch
@@ -204,6 +214,7 @@ fn group_layouts(split: &Split, m: usize, recompute: bool, n_layer: usize) -> Ve
                     schedule,
                     recompute,
                     comm_dtype,
+                    sequence_parallel: split.sp,
                     // the time-balanced cut, or interleaved the runtime's even one (below)
                     stage_blocks: Vec::new(),
                 });
@@ -236,7 +247,7 @@ fn evaluate_group(
 ) {
     let n_layer = work.model.n_layer as usize;
     let pp = split.pp;
-    let u = unit_times(work, device, split.tp, split.dp, pp, (split.rows / m) as f64);
+    let u = unit_times_sequence(work, device, split.tp, split.dp, pp, (split.rows / m) as f64, split.sp);
     let cut = balanced_cut(&u, pp, n_layer, recompute);
     for (k, mut layout) in group_layouts(split, m, recompute, n_layer).into_iter().enumerate() {
         layout.stage_blocks = match layout.schedule {
@@ -323,7 +334,19 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
             } else {
                 divisors(rows).into_iter().filter(|&m| m <= MAX_MICRO_BATCHES).collect()
             };
-            splits.push(Split { dp, tp, pp, rows, ms });
+            // with tp > 1, each split once more sequence-parallel (after it: equal plans keep
+            // the plain one first)
+            let sequence = options.sequence_parallel && tp > 1 && (work.model.seq_len as usize).is_multiple_of(tp);
+            for sp in [false, true].into_iter().take(if sequence { 2 } else { 1 }) {
+                splits.push(Split {
+                    dp,
+                    tp,
+                    pp,
+                    rows,
+                    ms: ms.clone(),
+                    sp,
+                });
+            }
         }
     }
     // feasible plans by group (split, micro-batch count): the dominated are dropped per group

@@ -116,13 +116,15 @@ pub(super) fn could_fit(
 /// with the most; the optimizer is at least its share of the mean stage's parameters; the
 /// step's own all-reduces are what they are. Only pipelines (`pp > 1`) are bounded.
 pub(super) fn lower_bound(work: &Workload, device: &DeviceSpec, split: &Split, m: usize, recompute: bool) -> f64 {
-    let Split { dp, tp, pp, rows, .. } = *split;
+    let Split {
+        dp, tp, pp, rows, sp, ..
+    } = *split;
     let n = work.model.n_layer as usize;
     let nf = n as f64;
     let ppf = pp as f64;
     let rows = (rows / m) as f64;
     let passes = work.grad_accum.max(1) as f64;
-    let u = unit_times(work, device, tp, dp, pp, rows);
+    let u = unit_times_sequence(work, device, tp, dp, pp, rows, sp);
     // the stages' sum of a linear function of their blocks, with the ends on the first and last
     let over_stages = |f: &dyn Fn(usize, bool, bool) -> f64| {
         let middle = f(0, false, false);
@@ -166,7 +168,7 @@ pub(super) fn lower_bound(work: &Workload, device: &DeviceSpec, split: &Split, m
         }
         Some(k) => {
             let no_comm = device.without_links();
-            let uc = unit_times(work, &no_comm, tp, dp, pp, rows);
+            let uc = unit_times_sequence(work, &no_comm, tp, dp, pp, rows, sp);
             let compute = over_stages(&|k, first, last| stage_time(&uc, k, first, last, recompute));
             let per_node = (devices as f64).min(device.devices_per_node as f64);
             let cores = (devices as f64 / per_node).max(1.0) * k;

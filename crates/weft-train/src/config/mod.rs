@@ -360,7 +360,7 @@ impl RunConfig {
                 "recomputes pipeline stages; it needs pp > 1".into(),
             );
         }
-        if p.tp == 1 && p.sequence_parallel && !p.auto {
+        if p.tp == 1 && p.sequence_parallel {
             return bad(
                 "parallel.sequence_parallel",
                 "cuts the activations between tensor-parallel regions by position; it needs tp > 1".into(),

@@ -77,7 +77,7 @@ pub struct ParallelConfig {
     pub stage_blocks: Option<Vec<usize>>,
     /// Plans the layout at the start of the run (`weft_plan`, docs/plan.md) for the ranks the
     /// job has, and runs the fastest predicted plan: its `dp`, `tp`, `pp`, `zero`,
-    /// `micro_batches`, `schedule`, `recompute`, `comm_dtype` and `stage_blocks` replace these
+    /// `micro_batches`, `schedule`, `recompute`, `sequence_parallel`, `comm_dtype` and `stage_blocks` replace these
     /// keys, which must then be left unset.
     #[serde(default)]
     pub auto: bool,

@@ -45,8 +45,16 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
         None => plan_shape::local_spec_for(ranks).map_err(auto_error)?,
     };
     let work = plan_shape::workload(config, None).map_err(auto_error)?;
-    let report = weft_plan::plan(&work, &device, ranks, SearchOptions { keep_infeasible: 0 })
-        .map_err(|e| auto_error(e.to_string()))?;
+    let report = weft_plan::plan(
+        &work,
+        &device,
+        ranks,
+        SearchOptions {
+            keep_infeasible: 0,
+            sequence_parallel: plan_shape::sequence_parallel_runs(config),
+        },
+    )
+    .map_err(|e| auto_error(e.to_string()))?;
     let gpu = config.train.device.trim().starts_with("cuda") && ranks > 1;
     let chosen = report
         .plans
@@ -75,6 +83,7 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     q.micro_batches = l.micro_batches;
     q.schedule = l.schedule.name().to_string();
     q.recompute = l.recompute;
+    q.sequence_parallel = l.sequence_parallel;
     q.comm_dtype = l.comm_dtype.name().to_string();
     let chunks = l.schedule.chunks();
     q.virtual_stages = (chunks > 1).then_some(chunks);
@@ -82,7 +91,7 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     resolved.validate("the planned layout")?;
     let line = format!(
         "weft: parallel.auto: planned for {ranks} ranks on {}: dp {} tp {} pp {} zero {} micro_batches {} schedule {} \
-         virtual_stages {} recompute {} comm_dtype {} stage_blocks {:?}; predicted {:.1} ms per step, {:.1} MB per rank ({} layouts evaluated)",
+         virtual_stages {} recompute {} sequence_parallel {} comm_dtype {} stage_blocks {:?}; predicted {:.1} ms per step, {:.1} MB per rank ({} layouts evaluated)",
         device.name,
         l.dp,
         l.tp,
@@ -92,6 +101,7 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
         l.schedule.name(),
         l.schedule.chunks(),
         l.recompute,
+        l.sequence_parallel,
         l.comm_dtype.name(),
         l.config_stage_blocks(),
         chosen.time.step * 1e3,
