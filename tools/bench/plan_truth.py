@@ -85,6 +85,8 @@ def spearman(a, b):
 
 def label(p):
     s = f"dp{p['dp']} tp{p['tp']} pp{p['pp']} zero{p['zero']} m{p['micro_batches']} {p['schedule']}"
+    if p.get("sequence_parallel"):
+        s += " sp"
     if p["recompute"]:
         s += " rc"
     if p["comm_dtype"] == "bf16":
@@ -101,6 +103,7 @@ def layout_sets(p):
         f"parallel.micro_batches={p['micro_batches']}",
         f"parallel.schedule=\"{p['schedule']}\"",
         f"parallel.recompute={'true' if p['recompute'] else 'false'}",
+        f"parallel.sequence_parallel={'true' if p.get('sequence_parallel') else 'false'}",
         f"parallel.comm_dtype=\"{p['comm_dtype']}\"",
     ] + ([f"parallel.stage_blocks={p['stage_blocks']}"] if p["pp"] > 1 else [])
 

@@ -1,22 +1,28 @@
 //! Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large
 //! Transformer Models", 2022, section 4.2.2): outside the tensor-parallel regions (norms,
 //! residual adds, the stream between blocks), each rank of a tensor-parallel group holds only
-//! its `T / n` positions of the activations `[B, T, C]`, so their memory is cut by `n` too.
+//! `1 / n` of the tokens of the activations `[B, T, C]`, so their memory is cut by `n` too.
 //!
 //! The two conjugate operators of [`crate::parallel`] change accordingly:
-//! - in front of a column-parallel layer, `f` becomes an all-gather of the positions
+//! - in front of a column-parallel layer, `f` becomes an all-gather of the tokens
 //!   ([`gather_sequence`]; its backward reduce-scatters the gradient);
 //! - after a row-parallel layer, `g` becomes a reduce-scatter ([`reduce_scatter_sequence`]; its
 //!   backward all-gathers).
 //!
 //! Together they move the bytes of one all-reduce, as `f` and `g` did. Where the stream enters
-//! the region (after the embedding) [`split_sequence`] keeps this rank's positions of a whole
+//! the region (after the embedding) [`split_sequence`] keeps this rank's tokens of a whole
 //! tensor (its backward all-gathers). A parameter whole on every rank but applied to a rank's
-//! positions only (norm weights, a row-parallel bias) gets part of its gradient on each rank:
+//! tokens only (norm weights, a row-parallel bias) gets part of its gradient on each rank:
 //! [`whole_gradient`] sums it over the group in the backward.
 //!
-//! Rank `r` holds positions `[r T / n, (r + 1) T / n)`; `T` must divide by `n`. [`column_input`]
-//! and [`row_output`] pick the operator a group's mode asks for.
+//! What a rank holds: part `r` of `n` of the micro-batch's `B x T` tokens in memory order, seen
+//! as `[B, T / n, C]` (for `B = 1`, positions `[r T / n, (r + 1) T / n)`). Between the regions
+//! every op works token by token (norms, residual additions), so which tokens a rank holds does
+//! not matter, only that every op of the stream agrees; parts in memory order make each gather
+//! and reduce-scatter one collective on contiguous memory, with no reordering copy (weft's
+//! activations are `[B, T, C]`, Megatron-LM's `[T, B, C]`, whose sequence parts are contiguous
+//! already). `T` must divide by `n`. [`column_input`] and [`row_output`] pick the operator a
+//! group's mode asks for.
 
 use std::sync::Arc;
 
@@ -48,15 +54,15 @@ pub fn row_output(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
     }
 }
 
-/// Every rank's positions of `x`, in rank order: the forward all-gathers, the backward
-/// reduce-scatters (each rank's positions of the gradient, summed over the group).
+/// Every rank's part of `x`, in rank order: the forward all-gathers, the backward
+/// reduce-scatters (each rank's part of the gradient, summed over the group).
 /// # Shapes
 /// `[B, T / n, ...]` -> `[B, T, ...]`.
 pub fn gather_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
     Tensor::apply_function(Arc::new(GatherSequence(group.clone())), &[x])
 }
 
-/// This rank's positions of the sum over the group of `x`: the forward reduce-scatters, the
+/// This rank's part of the sum over the group of `x`: the forward reduce-scatters, the
 /// backward all-gathers.
 /// # Shapes
 /// `[B, T, ...]` -> `[B, T / n, ...]`.
@@ -64,8 +70,8 @@ pub fn reduce_scatter_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
     Tensor::apply_function(Arc::new(ReduceScatterSequence(group.clone())), &[x])
 }
 
-/// This rank's positions of `x`, whole (and equal) on every rank: the forward keeps them, the
-/// backward all-gathers the gradient (whole again on every rank).
+/// This rank's part of `x`, whole (and equal) on every rank: the forward keeps it, the backward
+/// all-gathers the gradient (whole again on every rank).
 /// # Shapes
 /// `[B, T, ...]` -> `[B, T / n, ...]`.
 pub fn split_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
@@ -91,50 +97,30 @@ fn positions(x: &Tensor, n: usize, what: &str) -> Result<usize> {
     }
 }
 
-/// `[B, n * P, ...]` as `[n, B, P, ...]` (contiguous): rank `r`'s positions are part `r`.
-fn by_rank(x: &Tensor, n: usize, part: usize) -> Result<Tensor> {
-    let shape = x.shape();
-    let mut split = vec![shape[0], n, part];
-    split.extend_from_slice(&shape[2..]);
-    let mut perm: Vec<usize> = (0..split.len()).collect();
-    perm.swap(0, 1);
-    x.view(&split)
-        .or_else(|_| x.contiguous_copy()?.view(&split))?
-        .permute(&perm)?
-        .contiguous_copy()
+/// `shape` with its sequence dim (1) multiplied by `num` and divided by `den`.
+fn scaled(shape: &[usize], num: usize, den: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    s[1] = s[1] * num / den;
+    s
 }
 
-/// `[n, B, P, ...]` (rank-ordered parts) back as `[B, n * P, ...]`.
-fn from_ranks(parts: &Tensor) -> Result<Tensor> {
-    let shape = parts.shape();
-    let mut perm: Vec<usize> = (0..shape.len()).collect();
-    perm.swap(0, 1);
-    let mut whole = vec![shape[1], shape[0] * shape[2]];
-    whole.extend_from_slice(&shape[3..]);
-    parts.permute(&perm)?.contiguous_copy()?.view(&whole)
-}
-
-/// All-gather of each rank's positions `x` `[B, P, ...]` into `[B, n P, ...]`.
+/// All-gather of each rank's part `x` `[B, P, ...]` into `[B, n P, ...]`: the parts side by
+/// side in memory order, in rank order.
 fn all_gather_positions(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
     let n = group.size();
-    let local = x.contiguous_copy()?;
-    let mut shape = vec![n];
-    shape.extend_from_slice(local.shape());
-    let parts = Tensor::zeros_on(&shape, local.dtype(), local.device())?;
-    group.all_gather(&parts, &local)?;
-    from_ranks(&parts)
+    let local = x.contiguous()?;
+    let whole = Tensor::zeros_on(&scaled(local.shape(), n, 1), local.dtype(), local.device())?;
+    group.all_gather(&whole, &local)?;
+    Ok(whole)
 }
 
-/// Reduce-scatter of partial sums `x` `[B, n P, ...]`: this rank's positions `[B, P, ...]` of
-/// the sum.
+/// Reduce-scatter of partial sums `x` `[B, n P, ...]`: this rank's part `[B, P, ...]` of the
+/// sum (part `r` of `n` of its elements in memory order).
 fn reduce_scatter_positions(x: &Tensor, group: &TpGroup, what: &str) -> Result<Tensor> {
     let n = group.size();
-    let part = positions(x, n, what)?;
-    let parts = by_rank(x, n, part)?;
-    let mut shape = x.shape().to_vec();
-    shape[1] = part;
-    let out = Tensor::zeros_on(&shape, x.dtype(), x.device())?;
-    group.reduce_scatter(&out, &parts)?;
+    positions(x, n, what)?;
+    let out = Tensor::zeros_on(&scaled(x.shape(), 1, n), x.dtype(), x.device())?;
+    group.reduce_scatter(&out, &x.contiguous()?)?;
     Ok(out)
 }
 
@@ -182,9 +168,14 @@ impl Function for SplitSequence {
         BackwardReads::NOTHING
     }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        let x = inputs[0];
-        let part = positions(x, self.0.size(), "the activations")?;
-        x.narrow(1, self.0.rank() * part, part)?.contiguous_copy()
+        let (x, n) = (inputs[0], self.0.size());
+        positions(x, n, "the activations")?;
+        let len = x.numel() / n;
+        x.contiguous()?
+            .reshape(&[-1])?
+            .narrow(0, self.0.rank() * len, len)?
+            .contiguous_copy()?
+            .view(&scaled(x.shape(), 1, n))
     }
     fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
         Ok(vec![Some(all_gather_positions(grad, &self.0)?)])

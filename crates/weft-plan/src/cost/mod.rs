@@ -156,11 +156,9 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
 /// reduce-scatter (the all-gathers of the norms' outputs in f32, the reduce-scatters of the
 /// products' outputs in their dtype, and the backward's the other way round), the embeddings'
 /// gradient is all-gathered and the output layer's input gathered; the norms and residual
-/// additions run on `1 / tp` of the tokens, while each gather and reduce-scatter copies its
-/// tensor once more to put the positions in rank order (`[B, T, C]` activations); the
-/// gradients of the parameters whole on every rank (norms, row-parallel biases) are
-/// all-reduced, one small all-reduce each per micro-batch; the pipeline sends `1 / tp` of the
-/// stream.
+/// additions run on `1 / tp` of the tokens; the gradients of the parameters whole on every
+/// rank (norms, row-parallel biases) are all-reduced, one small all-reduce each per
+/// micro-batch; the pipeline sends `1 / tp` of the stream.
 #[allow(clippy::too_many_arguments)]
 pub fn unit_times_sequence(
     work: &Workload,
@@ -188,13 +186,8 @@ pub fn unit_times_sequence(
     let ar_f32 = all_reduce(hidden * 4.0, tp, tp_link);
 
     let (whole, cut) = m.block_memory_elements_per_token();
-    // sequence-parallel: the whole-on-every-rank kernels on this rank's positions, plus a copy
-    // (read and write) of the tensor each of the two gathers and two reduce-scatters moves
-    let whole = if sequence {
-        whole / tpf + 4.0 * 2.0 * m.n_embd as f64
-    } else {
-        whole
-    };
+    // sequence-parallel: the whole-on-every-rank kernels on this rank's tokens
+    let whole = if sequence { whole / tpf } else { whole };
     // the attention's products at their own rate (eff.attention of the matrix products')
     let attention = m.attention_flops_per_token();
     // what a pass costs beyond its compute, a third of it in the forward (the backward's
