@@ -79,20 +79,24 @@ fn the_planners_memory_terms_are_weft_trains_estimate() {
     let llama = "kind = \"llama\"\nvocab_size = 50\nblock_size = 8\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
                  n_embd = 16\nintermediate_size = 24";
     for model in [gpt, llama] {
-        for (dp, tp, zero, precision) in [
-            (1, 1, 0, "f32"),
-            (4, 1, 0, "f32"),
-            (4, 1, 1, "f32"),
-            (2, 2, 0, "f32"),
-            (2, 2, 1, "f32"),
-            (1, 1, 0, "bf16"),
-            (2, 2, 0, "bf16"),
+        // `sp`: sequence-parallel
+        for (dp, tp, zero, precision, sp) in [
+            (1, 1, 0, "f32", false),
+            (4, 1, 0, "f32", false),
+            (4, 1, 1, "f32", false),
+            (2, 2, 0, "f32", false),
+            (2, 2, 1, "f32", false),
+            (1, 1, 0, "bf16", false),
+            (2, 2, 0, "bf16", false),
+            (2, 2, 0, "f32", true),
+            (2, 2, 1, "bf16", true),
         ] {
             let mut c = config(model);
             c.train.precision = precision.to_string();
             c.parallel.dp = dp;
             c.parallel.tp = tp;
             c.parallel.zero = zero;
+            c.parallel.sequence_parallel = sp;
             let weft = weft_train::memory::estimate(&c);
             let work = weft_train::plan_shape::workload(&c, None).unwrap();
             let layout = Layout {
@@ -104,11 +108,11 @@ fn the_planners_memory_terms_are_weft_trains_estimate() {
                 schedule: Schedule::OneFOneB,
                 recompute: false,
                 comm_dtype: CommDtype::F32,
-                sequence_parallel: false,
+                sequence_parallel: sp,
                 stage_blocks: vec![3],
             };
             let plan = weft_plan::memory::stage_memory(&work, &layout, 0);
-            let what = format!("{model:?} dp {dp} tp {tp} zero {zero} {precision}");
+            let what = format!("{model:?} dp {dp} tp {tp} zero {zero} {precision} sequence-parallel {sp}");
             // the same activation bytes, one accounting (`weft_plan::activations`)
             assert!(
                 (plan.activations - weft.activations).abs() < 1e-6,

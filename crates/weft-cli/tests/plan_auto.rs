@@ -258,6 +258,7 @@ fn planned_layout(err: &str, ranks: usize) -> [usize; 3] {
         "schedule",
         "virtual_stages",
         "recompute",
+        "sequence_parallel",
         "comm_dtype",
         "stage_blocks",
         "predicted",

@@ -1,7 +1,7 @@
 //! `train.precision = "bf16"` at `parallel.tp = 2`: the vocabulary-parallel loss runs as
 //! autocast's f32 `cross_entropy` does, so the logged losses are f32 values that follow one
 //! process's within 1e-4 (not the loss rounded to bf16, up to 0.4% off), for the gpt and the
-//! llama.
+//! llama, with and without sequence parallelism.
 
 mod common;
 
@@ -38,6 +38,14 @@ fn a_bf16_loss_at_tp_2_is_computed_in_f32_and_follows_one_process() {
             "{case}: every tp=2 loss is a bf16 value: {tp2:?}"
         );
         assert_same_curve(&one, &tp2, 1e-4, &format!("{case}: tp=2 vs one process under bf16"));
+        // sequence-parallel: the f32 norms' outputs gathered before autocast casts them
+        let sp = bf16_losses(case, 2, &out, &["parallel.tp=2", "parallel.sequence_parallel=true"]);
+        assert_same_curve(
+            &one,
+            &sp,
+            1e-4,
+            &format!("{case}: tp=2 sequence-parallel vs one process under bf16"),
+        );
     }
     let _ = std::fs::remove_dir_all(&out);
 }

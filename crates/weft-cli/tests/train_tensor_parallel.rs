@@ -138,4 +138,17 @@ fn a_layout_the_model_cannot_take_is_refused_on_every_rank() {
         err.contains("model.dropout") && err.contains("sequence_parallel"),
         "{err}"
     );
+    // and a sequence whose tokens do not cut into tp parts
+    let sets = [
+        "parallel.tp=2",
+        "parallel.sequence_parallel=true",
+        "model.block_size=15",
+    ];
+    let out = launch_train(2, Some(&config()), &[], &sets);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("model.block_size") && err.contains("15 does not divide by parallel.tp = 2"),
+        "{err}"
+    );
 }

@@ -97,6 +97,88 @@ fn column_then_row_parallel_linears_equal_the_whole_layers() {
     }
 }
 
+/// A pre-norm block `x + b(gelu(a(ln(x))))` under sequence parallelism on 2 and 3 ranks: the
+/// stream split into each rank's part of the tokens, the norm on that part, `a` gathering the
+/// tokens and `b` reduce-scattering them, the output gathered again for the loss. Loss, the
+/// input's gradient and every parameter's (the norm's weight and bias and `b`'s bias summed over
+/// the group) equal the whole block's.
+#[test]
+fn a_sequence_parallel_block_equals_the_whole_block() {
+    use weft_nn::layers::LayerNorm;
+    use weft_nn::sequence_parallel::{gather_sequence, split_sequence};
+    let mut g = Generator::new(11);
+    let a = Linear::new(5, 6, true, &mut g).unwrap();
+    let b = Linear::new(6, 5, true, &mut g).unwrap();
+    let mut ln = LayerNorm::new(5, true, 1e-5).unwrap();
+    ln.weight = randn(&[5], 12);
+    ln.bias = Some(randn(&[5], 13));
+    // 2 rows of 6 tokens: 6 divides by 2 and by 3
+    let x = randn(&[2, 6, 5], 14);
+    let copy_ln = |l: &LayerNorm| {
+        let leaf = |t: &Tensor| t.contiguous_copy().unwrap().requires_grad_().unwrap();
+        let mut c = l.clone();
+        c.weight = leaf(&l.weight);
+        c.bias = l.bias.as_ref().map(leaf);
+        c
+    };
+    let (wa, wb, wln) = (copy_linear(&a), copy_linear(&b), copy_ln(&ln));
+    let xw = x.contiguous_copy().unwrap().requires_grad_().unwrap();
+    let h = wa.forward(&wln.forward(&xw).unwrap()).unwrap().gelu().unwrap();
+    let yw = xw.add(&wb.forward(&h).unwrap()).unwrap();
+    let loss = yw.mul(&yw).unwrap().mean(&[], false).unwrap();
+    loss.backward().unwrap();
+    for n in [2, 3] {
+        ranks(n, T, |pg| {
+            let group = TpProcessGroup::with_sequence_parallel(&pg, true);
+            let (mut ta, mut tb, mut tln) = (copy_linear(&a), copy_linear(&b), copy_ln(&ln));
+            let sa = ta.make_column_parallel(&group, 1).unwrap();
+            let sb = tb.make_row_parallel(&group).unwrap();
+            tln.make_sequence_parallel(&group);
+            let xt = x.contiguous_copy().unwrap().requires_grad_().unwrap();
+            let part = split_sequence(&xt, &group).unwrap();
+            assert_eq!(part.shape(), [2, 6 / n, 5]);
+            let h = ta.forward(&tln.forward(&part).unwrap()).unwrap().gelu().unwrap();
+            let yp = part.add(&tb.forward(&h).unwrap()).unwrap();
+            assert_eq!(yp.shape(), [2, 6 / n, 5]);
+            let what = format!("sequence-parallel tp={n} rank {}", pg.rank());
+            let y = gather_sequence(&yp.detach(), &group).unwrap();
+            assert_close(&y, &yw, &format!("{what}: output"));
+            // each rank's loss is its tokens' share of the mean: the ranks' losses sum to the
+            // whole loss (a loss taken whole on every rank after the gather would count its
+            // gradient once per rank: the gather's backward sums the ranks' gradients, as
+            // the vocabulary-parallel output layer after it needs)
+            let l = yp.mul(&yp).unwrap().sum_all().unwrap().mul_scalar(1.0 / 60.0).unwrap();
+            let total = l.detach().contiguous_copy().unwrap();
+            pg.all_reduce(&total, weft_dist::ReduceOp::Sum).unwrap().wait().unwrap();
+            assert_close(&total, &loss, &format!("{what}: loss"));
+            l.backward().unwrap();
+            assert_close(
+                &xt.grad().unwrap(),
+                &xw.grad().unwrap(),
+                &format!("{what}: input gradient"),
+            );
+            let whole = |split: &Split, t: &Tensor| gather_whole(&pg, split, &t.grad().unwrap()).unwrap();
+            assert_close(
+                &whole(&sa[0].1, &ta.weight),
+                &wa.weight.grad().unwrap(),
+                &format!("{what}: a.weight"),
+            );
+            assert_close(
+                &whole(&sb[0].1, &tb.weight),
+                &wb.weight.grad().unwrap(),
+                &format!("{what}: b.weight"),
+            );
+            for (got, want, name) in [
+                (tb.bias.as_ref().unwrap(), wb.bias.as_ref().unwrap(), "b.bias"),
+                (&tln.weight, &wln.weight, "ln.weight"),
+                (tln.bias.as_ref().unwrap(), wln.bias.as_ref().unwrap(), "ln.bias"),
+            ] {
+                assert_close(&got.grad().unwrap(), &want.grad().unwrap(), &format!("{what}: {name}"));
+            }
+        });
+    }
+}
+
 #[test]
 fn a_column_parallel_fused_projection_gives_each_rank_its_part_of_every_block() {
     // a fused q,k,v projection (3 blocks of 4 output features) over 2 ranks

@@ -224,7 +224,10 @@ pub(crate) fn check_sequence_parallel(block_size: usize, tp: usize) -> Result<()
     if !block_size.is_multiple_of(tp) {
         return Err(crate::config_error(
             "block_size",
-            format!("{block_size} does not divide by parallel.tp = {tp} (parallel.sequence_parallel cuts positions)"),
+            format!(
+                "{block_size} does not divide by parallel.tp = {tp} (parallel.sequence_parallel cuts each micro-batch's \
+                 tokens into tp parts)"
+            ),
         ));
     }
     Ok(())

@@ -108,6 +108,12 @@ fn scaled(shape: &[usize], num: usize, den: usize) -> Vec<usize> {
 /// side in memory order, in rank order.
 fn all_gather_positions(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
     let n = group.size();
+    if x.rank() < 2 {
+        return Err(invalid(format!(
+            "sequence parallelism: a tensor of shape {:?} has no sequence dim (1) to gather",
+            x.shape()
+        )));
+    }
     let local = x.contiguous()?;
     let whole = Tensor::zeros_on(&scaled(local.shape(), n, 1), local.dtype(), local.device())?;
     group.all_gather(&whole, &local)?;

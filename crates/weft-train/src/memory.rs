@@ -80,11 +80,21 @@ pub fn parameter_count(cfg: &ModelConfig) -> f64 {
 }
 
 /// Activation bytes one step keeps for `rows` rows of the model of `cfg`, with its layers cut
-/// over `tp` tensor-parallel ranks and `pp` stages, its products in `precision`. Gpt and llama
-/// as the planner counts them ([`weft_plan::activations`]): the blocks of the largest stage
-/// and both ends of the model, bf16 weight copies included (and on a GPU, `kv_repeated`, the
-/// repeated keys and values of grouped-query attention).
-fn activation_bytes(cfg: &ModelConfig, precision: Precision, rows: f64, tp: f64, pp: f64, kv_repeated: bool) -> f64 {
+/// over `tp` tensor-parallel ranks (`sequence`: sequence-parallel) and `pp` stages, its
+/// products in `precision`. Gpt and llama as the planner counts them
+/// ([`weft_plan::activations`]): the blocks of the largest stage and both ends of the model,
+/// bf16 weight copies included (and on a GPU, `kv_repeated`, the repeated keys and values of
+/// grouped-query attention), less what sequence parallelism holds at `1 / tp`.
+#[allow(clippy::too_many_arguments)]
+fn activation_bytes(
+    cfg: &ModelConfig,
+    precision: Precision,
+    rows: f64,
+    tp: f64,
+    pp: f64,
+    kv_repeated: bool,
+    sequence: bool,
+) -> f64 {
     match cfg {
         ModelConfig::Mlp(m) => {
             let widths: f64 = m.hidden.iter().map(|&h| 2.0 * h as f64).sum();
@@ -106,6 +116,18 @@ fn activation_bytes(cfg: &ModelConfig, precision: Precision, rows: f64, tp: f64,
             };
             let layers = (shape.n_layer as f64 / pp).ceil() as usize;
             let tokens = rows * shape.seq_len as f64;
+            let saved = if sequence {
+                tokens
+                    * weft_plan::activations::sequence_parallel_saving_per_token(
+                        &shape,
+                        tp as usize,
+                        layers,
+                        true,
+                        true,
+                    )
+            } else {
+                0.0
+            };
             weft_plan::activations::micro_batch_bytes(
                 &shape,
                 precision,
@@ -114,7 +136,7 @@ fn activation_bytes(cfg: &ModelConfig, precision: Precision, rows: f64, tp: f64,
                 layers,
                 (true, true),
                 tokens,
-            )
+            ) - saved
         }
     }
 }
@@ -153,7 +175,8 @@ pub fn estimate(config: &RunConfig) -> Estimate {
         _ => Precision::F32,
     };
     let on_gpu = config.train.device.trim().starts_with("cuda");
-    let activations = activation_bytes(&config.model, precision, rows, tp, pp, on_gpu);
+    let sequence = p.sequence_parallel && p.tp > 1;
+    let activations = activation_bytes(&config.model, precision, rows, tp, pp, on_gpu, sequence);
     let per_row_input = match &config.model {
         ModelConfig::Gpt(_) | ModelConfig::Llama(_) => {
             2.0 * config.model.language_model_sizes().map_or(0, |(_, block)| block) as f64 * 8.0

@@ -179,7 +179,8 @@ impl Gpt {
                 return Err(config_error(
                     "dropout",
                     format!(
-                        "{} with parallel.sequence_parallel: dropout on a rank's positions is not supported yet; set model.dropout = 0",
+                        "{} with parallel.sequence_parallel: dropout on a rank's part of the tokens is not supported \
+                         yet; set model.dropout = 0",
                         self.config.dropout
                     ),
                 ));

@@ -71,6 +71,7 @@ impl LlamaAttention {
     /// `residual + o_proj(attention(x))`.
     /// # Shapes
     /// `x`, `residual` `[B, T, C]` -> `[B, T, C]`; causal, scaled by `1/sqrt(head_dim)`.
+    /// Across a sequence-parallel group, this rank's `[B, T / tp, C]` in and out.
     pub fn forward_residual(&self, x: &Tensor, residual: &Tensor, rope: &Rotary) -> Result<Tensor> {
         // one `f` (or sequence gather) for the three projections, which read the same input
         let x = self.q_proj.column_input(x)?;

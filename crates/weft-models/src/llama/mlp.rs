@@ -28,7 +28,8 @@ impl LlamaMlp {
 
     /// `residual + down(silu(gate(x)) * up(x))`.
     /// # Shapes
-    /// `x`, `residual` `[B, T, C]` -> `[B, T, C]`.
+    /// `x`, `residual` `[B, T, C]` -> `[B, T, C]` (across a sequence-parallel group, this
+    /// rank's `[B, T / tp, C]`).
     pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         let w = &self.gate_proj.weight;
         let f32_cpu = w.device() == Device::Cpu

@@ -7,7 +7,9 @@
 //!   the hidden states per block in the forward (in the products' dtype) and two in the
 //!   backward (f32), on the critical path and apart from compute; recompute repeats the
 //!   forward's two. The embedding adds one in the forward, the loss two of one or two numbers
-//!   per token in the forward and one of the hidden states in the backward.
+//!   per token in the forward and one of the hidden states in the backward. Sequence-parallel
+//!   layouts replace each all-reduce of the hidden states by an all-gather and a reduce-scatter
+//!   and add the whole vector parameters' gradient all-reduces ([`unit_times_sequence`]).
 //! - Collectives as a ring: all-reduce `2 (n - 1) a + 2 (n - 1) / n x bytes / B`,
 //!   reduce-scatter and all-gather half of that, with `a` and `B` the latency and bus bandwidth
 //!   of the link the group spans ([`DeviceSpec::link`]).
@@ -97,12 +99,17 @@ pub struct UnitTimes {
     /// The final norm, output layer and loss forward compute (last stage).
     pub head_forward: f64,
     /// One block's all-reduces: two in the forward (after the row-parallel `c_proj`s), two in
-    /// the backward (the gradients of the column-parallel layers' inputs).
+    /// the backward (the gradients of the column-parallel layers' inputs); sequence-parallel,
+    /// an all-gather and a reduce-scatter in place of each, and the vector parameters'
+    /// gradient all-reduces in the backward.
     pub block_comm: TpComm,
-    /// The vocabulary-parallel embedding's all-reduce (forward only).
+    /// The vocabulary-parallel embedding's all-reduce (forward; sequence-parallel, the
+    /// all-gather of its gradient in the backward).
     pub embed_comm: TpComm,
     /// The vocabulary-parallel loss's two all-reduces of one or two numbers per token
-    /// (forward), and the gradient of the output layer's input (backward).
+    /// (forward), and the gradient of the output layer's input (backward); sequence-parallel,
+    /// the gather of the final norm's output (forward), a reduce-scatter of its gradient and
+    /// the final norm's gradient all-reduces (backward).
     pub head_comm: TpComm,
     /// Sending one micro-batch's activations (or their gradients) to the next stage.
     pub p2p: f64,

@@ -85,7 +85,6 @@ pub fn stage_memory_with(work: &Workload, layout: &Layout, stage: usize, blocks:
     stage_memory_given(work, layout, stage, blocks, activations)
 }
 
-/// Tokens of one micro-batch under `layout`.
 /// What one micro-batch's graph keeps on a device of `layout` holding `blocks` blocks and the
 /// ends: [`activations::micro_batch_bytes`], less what sequence parallelism holds at `1 / tp`
 /// ([`activations::sequence_parallel_saving_per_token`]).
@@ -126,6 +125,7 @@ pub(crate) fn stream_bytes_per_token(work: &Workload, layout: &Layout) -> f64 {
     }
 }
 
+/// Tokens of one micro-batch under `layout`.
 fn micro_batch_tokens(work: &Workload, layout: &Layout) -> f64 {
     let rows = (work.pass_rows() as f64 / layout.dp as f64) / layout.micro_batches as f64;
     rows * work.model.seq_len as f64

@@ -327,6 +327,32 @@ impl RunConfig {
                 );
             }
         }
+        if p.sequence_parallel && p.tp > 1 {
+            if let Some((_, block)) = self.model.language_model_sizes() {
+                if !block.is_multiple_of(p.tp) {
+                    return bad(
+                        "model.block_size",
+                        format!(
+                            "{block} does not divide by parallel.tp = {} (parallel.sequence_parallel cuts each \
+                             micro-batch's tokens into tp parts)",
+                            p.tp
+                        ),
+                    );
+                }
+            }
+            if let ModelConfig::Gpt(g) = &self.model {
+                if g.dropout > 0.0 {
+                    return bad(
+                        "model.dropout",
+                        format!(
+                            "{} with parallel.sequence_parallel: dropout on a rank's part of the tokens is not \
+                             supported yet; set model.dropout = 0",
+                            g.dropout
+                        ),
+                    );
+                }
+            }
+        }
         for (key, v) in [("parallel.pp", p.pp), ("parallel.micro_batches", p.micro_batches)] {
             if v == 0 {
                 return bad(key, "must be at least 1".into());
