@@ -238,7 +238,7 @@ fn the_planners_activations_are_what_weft_holds() {
     // what no backward reads (the row-parallel products' outputs, their f32 copies, the biases'
     // bf16 copies, the unrotated q and k) is not held (when it was, the graph held 1.02-2.26x
     // what it holds now); sequence-parallel, the residual stream and the norms' statistics at
-    // half the positions, the gathered inputs of the products whole
+    // half the tokens, the gathered inputs of the products whole
     for model in [gpt, llama, grouped] {
         for (tp, sequence) in [(1, false), (2, false), (2, true)] {
             for precision in ["f32", "bf16"] {

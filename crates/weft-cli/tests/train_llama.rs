@@ -94,7 +94,7 @@ fn tensor_and_pipeline_parallel_layouts_reproduce_transformers() {
         ("llama_gqa_adamw", 2, "tp2", vec!["parallel.tp=2"]),
         ("llama_gqa_adamw", 2, "pp2-1f1b-m2", pipeline.to_vec()),
         ("llama_gqa_adamw", 4, "dp2-tp2", vec!["parallel.dp=2", "parallel.tp=2"]),
-        // sequence parallelism: each rank holds half the positions between the tensor-parallel
+        // sequence parallelism: each rank holds half the tokens between the tensor-parallel
         // regions, alone, with data parallelism and across pipeline stages
         (
             "llama_gqa_adamw",

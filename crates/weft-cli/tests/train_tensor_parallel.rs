@@ -36,7 +36,7 @@ fn train(dp: usize, tp: usize, out: &Path, name: &str, flags: &[&str], extra: &[
 fn tp_2_alone_and_with_dp_2_and_zero_reproduce_pytorch() {
     let out = temp_dir("tp-curves");
     let mut curves = Vec::new();
-    // `sp`: sequence parallelism, each rank holding half the positions between the
+    // `sp`: sequence parallelism, each rank holding half the tokens between the
     // tensor-parallel regions
     for (dp, tp, zero, sp) in [
         (1, 2, 0, false),

@@ -210,7 +210,7 @@ pub(crate) fn same_shape_targets(op: &'static str, inputs: &Tensor, targets: &Te
 
 /// Logits `[B, T, V]` of normed activations `x` `[B, T, C]` through an output layer tied to the
 /// token embedding `wte` (`x wte^T`). A tensor-parallel embedding cut over the vocabulary makes
-/// the layer column-parallel: this rank's vocabulary columns (of all positions, gathered from
+/// the layer column-parallel: this rank's vocabulary columns (of all tokens, gathered from
 /// the group's when it runs sequence-parallel).
 pub(crate) fn tied_logits(x: &Tensor, wte: &weft_nn::layers::Embedding) -> Result<Tensor> {
     match &wte.shard {

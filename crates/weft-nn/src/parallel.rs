@@ -44,7 +44,7 @@ pub trait TensorParallelGroup: Send + Sync {
     }
     /// Whether the layers cut across this group run sequence-parallel (Korthikanti et al.,
     /// "Reducing Activation Recomputation in Large Transformer Models", 2022): between the
-    /// tensor-parallel regions each rank holds `T / size` positions of the activations, `f`
+    /// tensor-parallel regions each rank holds `1 / size` of the activations' tokens, `f`
     /// gathers them and `g` reduce-scatters ([`crate::sequence_parallel`]).
     fn sequence_parallel(&self) -> bool {
         false

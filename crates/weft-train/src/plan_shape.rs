@@ -194,7 +194,7 @@ pub fn device_spec(name: &str, devices: usize) -> Result<(DeviceSpec, Option<Str
 }
 
 /// Whether weft can run `config`'s model sequence-parallel: a gpt with dropout cannot (each
-/// rank would draw the same mask for its own positions), so the planner leaves those layouts
+/// rank would draw the same mask for its own tokens), so the planner leaves those layouts
 /// out for it.
 pub fn sequence_parallel_runs(config: &RunConfig) -> bool {
     match &config.model {

@@ -101,7 +101,7 @@ pub struct Gpt {
     /// How each parameter is cut, when tensor-parallel.
     splits: Vec<(String, Split)>,
     /// The tensor-parallel group, when it runs sequence-parallel: the blocks then see this
-    /// rank's positions of the stream.
+    /// rank's part of the stream's tokens.
     sequence: Option<TpGroup>,
     /// How the blocks are shared out among pipeline stages.
     pub stage_cut: StageCut,
@@ -175,7 +175,7 @@ impl Gpt {
         if group.sequence_parallel() {
             crate::lm::check_sequence_parallel(self.config.block_size, tp)?;
             if self.config.dropout > 0.0 {
-                // each rank would draw the same mask for its own positions
+                // each rank would draw the same mask for its own tokens
                 return Err(config_error(
                     "dropout",
                     format!(
@@ -242,7 +242,7 @@ impl Gpt {
     }
 
     /// The final LayerNorm and the output layer (tied to the token embedding): `[B, T, C]` to
-    /// logits `[B, T, V]` (from this rank's positions `[B, T / tp, C]` when sequence-parallel).
+    /// logits `[B, T, V]` (from this rank's part of the tokens, `[B, T / tp, C]`, when sequence-parallel).
     fn logits(&self, x: &Tensor) -> Result<Tensor> {
         crate::lm::tied_logits(&self.ln_f.forward(x)?, &self.wte)
     }

@@ -147,7 +147,7 @@ pub struct Llama {
     /// How each parameter is cut, when tensor-parallel.
     splits: Vec<(String, Split)>,
     /// The tensor-parallel group, when it runs sequence-parallel: the layers then see this
-    /// rank's positions of the stream.
+    /// rank's part of the stream's tokens.
     sequence: Option<TpGroup>,
     /// How the layers are shared out among pipeline stages.
     pub stage_cut: StageCut,

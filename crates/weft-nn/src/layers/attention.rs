@@ -58,7 +58,7 @@ impl CausalSelfAttention {
     /// The heads' outputs side by side, `[B, T, C]` (before the output projection).
     fn heads(&self, x: &Tensor) -> Result<Tensor> {
         let qkv = self.c_attn.forward(x)?;
-        // the product's positions: all of them where `x` holds this rank's (sequence-parallel)
+        // the product's tokens: all of them where `x` holds this rank's part (sequence-parallel)
         let (batch, t) = (qkv.dim(0)?, qkv.dim(1)?);
         let y = if self.attn_dropout.active() {
             // the width of this rank's q (all of q without tensor parallelism)

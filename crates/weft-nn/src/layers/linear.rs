@@ -60,8 +60,8 @@ impl Linear {
     /// # Shapes
     /// `[..., in] -> [..., out]` (column-parallel: `[..., out/n]`; row-parallel: from
     /// `[..., in/n]`). Across a sequence-parallel group ([`crate::sequence_parallel`]) a
-    /// column-parallel layer takes this rank's positions `[B, T/n, in]` and a row-parallel one
-    /// gives them.
+    /// column-parallel layer takes this rank's part of the tokens, `[B, T/n, in]`, and a
+    /// row-parallel one gives it.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_prepared(&self.column_input(x)?)
     }
@@ -84,7 +84,7 @@ impl Linear {
             LinearParallel::Row(g) => {
                 let y = row_output(&x.linear(&self.weight, None)?, g)?;
                 match &self.bias {
-                    // applied to this rank's positions only: each rank holds part of its gradient
+                    // applied to this rank's tokens only: each rank holds part of its gradient
                     Some(b) if g.sequence_parallel() => y.add(&whole_gradient(b, g)?),
                     Some(b) => y.add(b),
                     None => Ok(y),

@@ -12,7 +12,7 @@ pub struct LayerNorm {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     pub eps: f64,
-    /// Set when the norm runs on a sequence-parallel rank's positions.
+    /// Set when the norm runs on a sequence-parallel rank's part of the tokens.
     pub sequence: Option<SequenceGroup>,
 }
 
@@ -40,7 +40,7 @@ impl LayerNorm {
         x.layer_norm(Some(&SequenceGroup::param(g, &self.weight)?), bias.as_ref(), self.eps)
     }
 
-    /// Runs the norm on the positions a rank of `group` holds when the group is
+    /// Runs the norm on the tokens a rank of `group` holds when the group is
     /// sequence-parallel (the gradients of weight and bias are then summed over it).
     pub fn make_sequence_parallel(&mut self, group: &TpGroup) {
         self.sequence = SequenceGroup::of(group);
@@ -62,7 +62,7 @@ impl Module for LayerNorm {
 pub struct RmsNorm {
     pub weight: Tensor,
     pub eps: f64,
-    /// Set when the norm runs on a sequence-parallel rank's positions.
+    /// Set when the norm runs on a sequence-parallel rank's part of the tokens.
     pub sequence: Option<SequenceGroup>,
 }
 
