@@ -79,7 +79,7 @@ pub fn split_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 }
 
 /// `p` unchanged forward; its gradient summed over the group backward (Megatron's `f`). For a
-/// parameter whole on every rank that a sequence-parallel rank applies to its positions only.
+/// parameter whole on every rank that a sequence-parallel rank applies to its tokens only.
 pub fn whole_gradient(p: &Tensor, group: &TpGroup) -> Result<Tensor> {
     copy_to_group(p, group)
 }
@@ -189,7 +189,7 @@ impl Function for SplitSequence {
 }
 
 /// The sequence-parallel group a layer whole on every rank runs in: its parameters' gradients
-/// are summed over it ([`whole_gradient`]), each rank having seen only its positions.
+/// are summed over it ([`whole_gradient`]), each rank having seen only its part of the tokens.
 #[derive(Clone)]
 pub struct SequenceGroup(pub TpGroup);
 
