@@ -84,11 +84,11 @@ pub fn whole_gradient(p: &Tensor, group: &TpGroup) -> Result<Tensor> {
     copy_to_group(p, group)
 }
 
-/// Checks that `x` has a sequence dim (1) of `n * part` positions; returns `part`.
-fn positions(x: &Tensor, n: usize, what: &str) -> Result<usize> {
-    let t = x.shape().get(1).copied();
-    match t {
-        Some(t) if t.is_multiple_of(n) => Ok(t / n),
+/// Checks that `x` has a sequence dim (1) whose length divides by `n` (what a cut into `n`
+/// parts needs; `n = 1` for a gather), naming `what` otherwise.
+fn check_tokens(x: &Tensor, n: usize, what: &str) -> Result<()> {
+    match x.shape().get(1) {
+        Some(t) if t.is_multiple_of(n) => Ok(()),
         _ => Err(invalid(format!(
             "sequence parallelism: {what} of shape {:?} has no sequence length (dim 1) that divides by \
              parallel.tp = {n}",
@@ -106,14 +106,9 @@ fn scaled(shape: &[usize], num: usize, den: usize) -> Vec<usize> {
 
 /// All-gather of each rank's part `x` `[B, P, ...]` into `[B, n P, ...]`: the parts side by
 /// side in memory order, in rank order.
-fn all_gather_positions(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+fn all_gather_tokens(x: &Tensor, group: &TpGroup, what: &str) -> Result<Tensor> {
     let n = group.size();
-    if x.rank() < 2 {
-        return Err(invalid(format!(
-            "sequence parallelism: a tensor of shape {:?} has no sequence dim (1) to gather",
-            x.shape()
-        )));
-    }
+    check_tokens(x, 1, what)?;
     let local = x.contiguous()?;
     let whole = Tensor::zeros_on(&scaled(local.shape(), n, 1), local.dtype(), local.device())?;
     group.all_gather(&whole, &local)?;
@@ -122,9 +117,9 @@ fn all_gather_positions(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 
 /// Reduce-scatter of partial sums `x` `[B, n P, ...]`: this rank's part `[B, P, ...]` of the
 /// sum (part `r` of `n` of its elements in memory order).
-fn reduce_scatter_positions(x: &Tensor, group: &TpGroup, what: &str) -> Result<Tensor> {
+fn reduce_scatter_tokens(x: &Tensor, group: &TpGroup, what: &str) -> Result<Tensor> {
     let n = group.size();
-    positions(x, n, what)?;
+    check_tokens(x, n, what)?;
     let out = Tensor::zeros_on(&scaled(x.shape(), 1, n), x.dtype(), x.device())?;
     group.reduce_scatter(&out, &x.contiguous()?)?;
     Ok(out)
@@ -140,10 +135,10 @@ impl Function for GatherSequence {
         BackwardReads::NOTHING
     }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        all_gather_positions(inputs[0], &self.0)
+        all_gather_tokens(inputs[0], &self.0, "the activations")
     }
     fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(reduce_scatter_positions(grad, &self.0, "the gradient")?)])
+        Ok(vec![Some(reduce_scatter_tokens(grad, &self.0, "the gradient")?)])
     }
 }
 
@@ -157,10 +152,10 @@ impl Function for ReduceScatterSequence {
         BackwardReads::NOTHING
     }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        reduce_scatter_positions(inputs[0], &self.0, "the activations")
+        reduce_scatter_tokens(inputs[0], &self.0, "the activations")
     }
     fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(all_gather_positions(grad, &self.0)?)])
+        Ok(vec![Some(all_gather_tokens(grad, &self.0, "the gradient")?)])
     }
 }
 
@@ -175,7 +170,7 @@ impl Function for SplitSequence {
     }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
         let (x, n) = (inputs[0], self.0.size());
-        positions(x, n, "the activations")?;
+        check_tokens(x, n, "the activations")?;
         let len = x.numel() / n;
         x.contiguous()?
             .reshape(&[-1])?
@@ -184,7 +179,7 @@ impl Function for SplitSequence {
             .view(&scaled(x.shape(), 1, n))
     }
     fn backward(&self, _inputs: &[Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(all_gather_positions(grad, &self.0)?)])
+        Ok(vec![Some(all_gather_tokens(grad, &self.0, "the gradient")?)])
     }
 }
 
