@@ -114,7 +114,7 @@ pub(crate) fn graph_bytes(
 }
 
 /// Bytes per token of the f32 residual stream a pipeline stage receives, sends and (under
-/// recompute) keeps per micro-batch: `4C`, this rank's positions (`4C / tp`) when
+/// recompute) keeps per micro-batch: `4C`, this rank's part of the tokens (`4C / tp`) when
 /// sequence-parallel.
 pub(crate) fn stream_bytes_per_token(work: &Workload, layout: &Layout) -> f64 {
     let whole = 4.0 * work.model.n_embd as f64;

@@ -389,7 +389,8 @@ impl RunConfig {
         if p.tp == 1 && p.sequence_parallel {
             return bad(
                 "parallel.sequence_parallel",
-                "cuts the activations between tensor-parallel regions by position; it needs tp > 1".into(),
+                "cuts the activations' tokens between tensor-parallel regions over the tp ranks; it needs tp > 1"
+                    .into(),
             );
         }
         if p.pp == 1 && p.stage_blocks.is_some() {

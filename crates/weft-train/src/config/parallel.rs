@@ -62,8 +62,8 @@ pub struct ParallelConfig {
     /// keeping its activations.
     #[serde(default)]
     pub recompute: bool,
-    /// Tensor parallelism: between the tensor-parallel regions each rank keeps only its
-    /// `T / tp` positions of the activations (norms, residual adds, the stream between blocks),
+    /// Tensor parallelism: between the tensor-parallel regions each rank keeps only `1 / tp` of
+    /// the activations' tokens (norms, residual adds, the stream between blocks),
     /// with an all-gather and a reduce-scatter in place of each all-reduce (Megatron-LM's
     /// `--sequence-parallel`). Needs `tp > 1`; `model.block_size` must divide by `tp`.
     #[serde(default)]
@@ -77,7 +77,8 @@ pub struct ParallelConfig {
     pub stage_blocks: Option<Vec<usize>>,
     /// Plans the layout at the start of the run (`weft_plan`, docs/plan.md) for the ranks the
     /// job has, and runs the fastest predicted plan: its `dp`, `tp`, `pp`, `zero`,
-    /// `micro_batches`, `schedule`, `recompute`, `sequence_parallel`, `comm_dtype` and `stage_blocks` replace these
+    /// `micro_batches`, `schedule`, `recompute`, `sequence_parallel`, `comm_dtype` and
+    /// `stage_blocks` replace these
     /// keys, which must then be left unset.
     #[serde(default)]
     pub auto: bool,
