@@ -197,6 +197,18 @@ fn the_interleaved_schedule_trains_the_built_in_gpt_as_one_process_does() {
         assert_same_curve(&one, &losses, 1e-5, &format!("{name} vs one process"));
         assert_same_curve(&one_val, &val, 1e-5, &format!("{name} val_loss vs one process"));
     }
+    // micro-batches not a multiple of the stages: on 2 stages, 12 rows as 3 micro-batches (one
+    // group of 3 through each chunk) and 10 rows as 5 (groups of 3 and 2)
+    for (batch, m) in [(12, 3), (10, 5)] {
+        let rows = format!("data.batch_size={batch}");
+        let (one, one_val) = curve(1, &format!("one-b{batch}"), &[rows.as_str()]);
+        let micro = format!("parallel.micro_batches={m}");
+        let layout = ["parallel.pp=2", interleaved, micro.as_str(), rows.as_str()];
+        let name = format!("interleaved-m{m}");
+        let (losses, val) = curve(2, &name, &layout);
+        assert_same_curve(&one, &losses, 1e-5, &format!("{name} vs one process"));
+        assert_same_curve(&one_val, &val, 1e-5, &format!("{name} val_loss vs one process"));
+    }
     // the sample: the trained chunks put together give the one process's
     let run = [
         "train.steps=6",
@@ -249,14 +261,14 @@ fn layouts_the_model_or_batch_cannot_take_are_refused_on_every_rank() {
             vec!["parallel.micro_batches=2"],
             vec!["parallel.micro_batches", "pp > 1"],
         ),
-        // the interleaved schedule: micro-batches in groups of the stages, a chunk per block
+        // the interleaved schedule: at least as many micro-batches as stages, a chunk per block
         (
             vec![
                 "parallel.pp=2",
                 "parallel.schedule=\"interleaved\"",
-                "parallel.micro_batches=3",
+                "parallel.micro_batches=1",
             ],
-            vec!["parallel.micro_batches", "not a multiple of 2"],
+            vec!["parallel.micro_batches", "1 micro-batches are fewer than 2"],
         ),
         (
             vec![

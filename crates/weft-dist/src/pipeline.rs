@@ -13,8 +13,13 @@
 //!   chunks of the model, rank `r` chunk `c` being virtual stage `c p + r` of `v p`, and runs
 //!   1F1B over the `v m` (chunk, micro-batch) passes in Megatron-LM's order: forwards in groups
 //!   of `p` micro-batches through chunk 0, then chunk 1, ..., backwards through the chunks in
-//!   reverse; `(p - 1 - r) 2 + (v - 1) p` warm-up forwards (every forward first when `m = p`).
-//!   `m` must be a multiple of `p`.
+//!   reverse; `(p - 1 - r) 2 + (v - 1) g` warm-up forwards, `g` the largest group (every forward
+//!   first when `m = p`). `m` must be at least `p`; when it is not a multiple of `p`, the
+//!   `m mod p` micro-batches left over join the groups, one each from the first
+//!   ([`interleaved_groups`]), so `g = p + ceil((m mod p) / (m / p))`. (Left over as a group of
+//!   their own, fewer than `p` micro-batches would wait for each other to come round the ranks
+//!   between chunks: this module's simulation then measured up to 1F1B's idle share, for
+//!   example `p = 3, m = 4, v = 2`; shared out, they keep the bubble below.)
 //!
 //! With equal forward and backward times per stage GPipe and 1F1B leave the same idle share, the
 //! bubble `(p - 1) / (m + p - 1)`; 1F1B saves activation memory, not time. The interleaved
@@ -56,7 +61,8 @@ impl PipelineSchedule {
     }
 
     /// Why this schedule cannot run `micro` micro-batches on `stages` stages, if it cannot (the
-    /// interleaved schedule needs `micro` a multiple of `stages`, and 2 chunks or more).
+    /// interleaved schedule needs at least as many micro-batches as stages, and 2 chunks or
+    /// more).
     pub fn check(&self, stages: usize, micro: usize) -> Option<String> {
         match self {
             PipelineSchedule::Interleaved(v) if *v < 2 => Some(format!(
@@ -65,9 +71,9 @@ impl PipelineSchedule {
             PipelineSchedule::Interleaved(_) if stages < 2 => {
                 Some(format!("{stages} stage: the interleaved schedule needs at least 2"))
             }
-            PipelineSchedule::Interleaved(_) if !micro.is_multiple_of(stages) => Some(format!(
-                "the interleaved schedule runs micro-batches in groups of the {stages} stages: {micro} is not a \
-                 multiple of {stages}"
+            PipelineSchedule::Interleaved(_) if micro < stages => Some(format!(
+                "the interleaved schedule runs micro-batches in groups of the {stages} stages: {micro} \
+                 micro-batches are fewer than {stages}"
             )),
             _ => None,
         }
@@ -83,19 +89,19 @@ impl PipelineSchedule {
         };
         let (p, m) = (stages, micro);
         let total = m * v;
-        // the k-th forward of a rank: chunk and micro-batch, in groups of p micro-batches
-        let forward = |k: usize| {
-            let in_group = k % (p * v);
-            (in_group / p, (k / (p * v)) * p + in_group % p)
-        };
+        let forwards = interleaved_forwards(p, v, m);
+        let forward = |k: usize| forwards[k];
         let backward = |k: usize| {
             let (c, i) = forward(k);
             (v - 1 - c, i)
         };
+        // the k-th backward comes after the (warmup + k)-th forward: enough for a group's last
+        // chunk to follow its first passes through the others
+        let largest = interleaved_groups(p, m).into_iter().max().unwrap_or(p);
         let warmup = if m == p {
             total
         } else {
-            ((p - 1 - stage) * 2 + (v - 1) * p).min(total)
+            ((p - 1 - stage) * 2 + (v - 1) * largest).min(total)
         };
         let mut out = Vec::with_capacity(2 * total);
         for k in 0..warmup {
@@ -141,6 +147,32 @@ impl PipelineSchedule {
         }
         out
     }
+}
+
+/// The sizes of the interleaved schedule's groups of micro-batches, with `p` stages and `m >= p`
+/// micro-batches: `m / p` groups (rounded down) of `p`, the `m mod p` left over shared out one
+/// by one from the first. A group is never smaller than `p`: the first pass of a group on chunk
+/// `c` waits for its micro-batch to come round the `p` ranks from chunk `c - 1`, which `p`
+/// passes cover.
+pub fn interleaved_groups(p: usize, m: usize) -> Vec<usize> {
+    let n = m / p;
+    (0..n).map(|j| p + (m % p) / n + usize::from(j < (m % p) % n)).collect()
+}
+
+/// The forwards of a rank under [`PipelineSchedule::Interleaved`] with `v` chunks, `p` stages
+/// and `m >= p` micro-batches, in order: (chunk, micro-batch), each group of
+/// [`interleaved_groups`] through chunk 0, then chunk 1, .... The `k`-th backward runs the
+/// `k`-th forward's micro-batch through chunk `v - 1 - c`.
+fn interleaved_forwards(p: usize, v: usize, m: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(v * m);
+    let mut start = 0;
+    for g in interleaved_groups(p, m) {
+        for c in 0..v {
+            out.extend((start..start + g).map(|i| (c, i)));
+        }
+        start += g;
+    }
+    out
 }
 
 /// The most micro-batches whose forward has run and backward has not, at any point of
@@ -341,8 +373,9 @@ mod tests {
     #[test]
     fn the_interleaved_schedule_runs_every_chunk_pass_once_without_deadlock_and_a_smaller_bubble() {
         for v in [2, 3, 4] {
-            for p in [2, 3, 4] {
-                for m in [p, 2 * p, 3 * p] {
+            for p in [2, 3, 4, 5, 8] {
+                // whole groups of p micro-batches, and a last group of fewer
+                for m in p..=3 * p + 1 {
                     let s = PipelineSchedule::Interleaved(v);
                     for r in 0..p {
                         let acts = s.chunk_actions(r, p, m);
@@ -370,8 +403,15 @@ mod tests {
                 }
             }
         }
+        // what is left over after whole groups of p is shared out from the first group
+        assert_eq!(interleaved_groups(16, 72), [18, 18, 18, 18]);
+        assert_eq!(interleaved_groups(4, 11), [6, 5]);
+        assert_eq!(interleaved_groups(3, 7), [4, 3]);
+        assert_eq!(interleaved_groups(4, 7), [7]);
+        assert_eq!(interleaved_groups(4, 8), [4, 4]);
         let s = PipelineSchedule::Interleaved(2);
-        assert!(s.check(4, 6).unwrap().contains("not a multiple of 4"));
+        assert!(s.check(4, 3).unwrap().contains("fewer than 4"));
+        assert_eq!(s.check(4, 6), None);
         assert!(PipelineSchedule::Interleaved(1).check(4, 8).is_some());
         assert_eq!(s.chunks(), 2);
     }

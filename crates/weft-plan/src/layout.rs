@@ -9,8 +9,9 @@ pub enum Schedule {
     /// stage `s` holds at most `min(p - s, m)` micro-batches.
     OneFOneB,
     /// Interleaved 1F1B over this many model chunks per stage (Megatron-LM's virtual stages,
-    /// `weft_dist::pipeline::PipelineSchedule::Interleaved`): `m` a multiple of `p`; the chunk
-    /// passes of stage `s` after `(p - 1 - s) 2 + (v - 1) p` warm-up forwards alternate.
+    /// `weft_dist::pipeline::PipelineSchedule::Interleaved`): `m >= p` micro-batches in groups
+    /// of `p` or more (what `m mod p` leaves over shared out); the chunk passes of stage `s`
+    /// after `(p - 1 - s) 2 + (v - 1) g` warm-up forwards alternate, `g` the largest group.
     Interleaved(usize),
 }
 
@@ -62,18 +63,18 @@ impl Schedule {
             return Vec::new();
         };
         let (p, total) = (stages, m * v);
-        let chunk = |k: usize, forward: bool| {
-            let c = (k % (p * v)) / p;
-            if forward {
-                c
-            } else {
-                v - 1 - c
-            }
-        };
+        // each group runs through chunk 0, then chunk 1, ...
+        let groups = interleaved_groups(p, m);
+        let forwards: Vec<usize> = groups
+            .iter()
+            .flat_map(|&g| (0..v).flat_map(move |c| std::iter::repeat_n(c, g)))
+            .collect();
+        let chunk = |k: usize, forward: bool| if forward { forwards[k] } else { v - 1 - forwards[k] };
+        let largest = groups.iter().copied().max().unwrap_or(p);
         let warmup = if m == p {
             total
         } else {
-            ((p - 1 - stage) * 2 + (v - 1) * p).min(total)
+            ((p - 1 - stage) * 2 + (v - 1) * largest).min(total)
         };
         let mut out: Vec<(usize, bool)> = (0..warmup).map(|k| (chunk(k, true), true)).collect();
         for k in 0..total - warmup {
@@ -82,6 +83,17 @@ impl Schedule {
         }
         out.extend((total - warmup..total).map(|k| (chunk(k, false), false)));
         out
+    }
+}
+
+/// The interleaved schedule's groups of micro-batches, with `p` stages and `m` micro-batches, in
+/// order: `m / p` groups of `p`, what `m mod p` leaves over shared out one by one from the first
+/// (`weft_dist::pipeline::interleaved_groups`; one group of `m` when `m < p`, which the runtime
+/// refuses).
+pub fn interleaved_groups(p: usize, m: usize) -> Vec<usize> {
+    match m / p {
+        0 => vec![m],
+        n => (0..n).map(|j| p + (m % p) / n + usize::from(j < (m % p) % n)).collect(),
     }
 }
 
@@ -185,5 +197,9 @@ mod tests {
         assert_eq!(Schedule::Interleaved(2).in_flight(3, 4, 8), 5);
         // as many micro-batches as stages: every forward first
         assert_eq!(Schedule::Interleaved(2).in_flight(3, 4, 4), 8);
+        // 10 micro-batches on 4 stages: two groups of 5, which the warm-up covers:
+        // (4 - 1 - s) 2 + 5 passes, then one more
+        assert_eq!(Schedule::Interleaved(2).in_flight(0, 4, 10), 12);
+        assert_eq!(Schedule::Interleaved(2).in_flight(3, 4, 10), 6);
     }
 }

@@ -97,9 +97,9 @@ impl SharedPipeline {
     pub fn step(&self) -> Option<f64> {
         let (p, m) = (self.stages, self.micro_batches);
         let virtual_stages = p * self.schedule.chunks();
-        // the interleaved schedule runs micro-batches in groups of the stages
+        // the interleaved schedule runs at least as many micro-batches as stages
         let interleaved_ok = match self.schedule {
-            Schedule::Interleaved(v) => v >= 1 && m.is_multiple_of(p.max(1)),
+            Schedule::Interleaved(v) => v >= 1 && m >= p,
             _ => true,
         };
         if p == 0
@@ -347,15 +347,16 @@ mod tests {
         assert_eq!(sp.step(), None);
         assert_eq!(pipeline(2, 0, 1.0, 1.0).step(), None);
         assert_eq!(pipeline(2, 4, 1.0, 0.0).step(), None);
-        // interleaving needs the micro-batches in groups of the stages, and chunks
+        // interleaving needs at least as many micro-batches as stages, and chunks
         let interleaved = |v, m| SharedPipeline {
             schedule: Schedule::Interleaved(v),
             forward: vec![PassTime { work: 1.0, wait: 0.0 }; 2 * v],
             backward: vec![PassTime { work: 2.0, wait: 0.0 }; 2 * v],
             ..pipeline(2, m, 1.0, 2.0)
         };
-        assert_eq!(interleaved(2, 3).step(), None);
+        assert_eq!(interleaved(2, 1).step(), None);
         assert_eq!(interleaved(0, 4).step(), None);
         assert!(interleaved(2, 4).step().is_some());
+        assert!(interleaved(2, 3).step().is_some());
     }
 }

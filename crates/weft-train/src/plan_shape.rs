@@ -265,7 +265,7 @@ mod tests {
         ] {
             assert_eq!(plan.chunks(), run.chunks());
             for p in 2..6 {
-                for m in [p, 2 * p, 3 * p] {
+                for m in p..=3 * p + 1 {
                     for s in 0..p {
                         if plan.chunks() > 1 {
                             // the planner's order of an interleaved stage's passes is the runtime's
@@ -280,7 +280,7 @@ mod tests {
                 }
             }
             for p in 2..6 {
-                for m in [p, 2 * p, 3 * p, 5 * p] {
+                for m in [p, p + 1, 2 * p, 2 * p + 1, 3 * p, 5 * p, 5 * p + 3] {
                     for s in 0..p {
                         assert_eq!(
                             plan.in_flight(s, p, m),

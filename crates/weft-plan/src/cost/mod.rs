@@ -52,7 +52,7 @@
 //!   as a bound.
 
 use crate::device::DeviceSpec;
-use crate::layout::Layout;
+use crate::layout::{Layout, Schedule};
 use crate::memory::{stage_params, BUCKET_BYTES};
 use crate::model::Workload;
 use crate::shared::{PassTime, SharedPipeline};
@@ -382,6 +382,32 @@ fn accumulated_as_run(work: &Workload, zero: usize) -> std::borrow::Cow<'_, Work
     }
 }
 
+/// What a stage's data-parallel gradient reduction (`reduce` seconds in all, its last bucket
+/// `last_bucket`) leaves exposed after its passes end, `backward` the stage's backward of one
+/// micro-batch. The reduction goes out in buckets during the backward of the step's last
+/// micro-batch and runs under it. Interleaved over `v` chunks, weft reduces each chunk's
+/// gradients (`1 / v` of them) after that chunk's last backward, so chunk `c`'s run under the
+/// `c g` chunk passes of backward that follow it (`g` micro-batches in the last group), one
+/// chunk's after another on the link; chunk 0's last pass ends the step's. Waiting on the next
+/// stage between those passes is not counted (it would hide more). The last bucket is always
+/// exposed.
+fn exposed_reduction(reduce: f64, last_bucket: f64, backward: f64, schedule: &Schedule, pp: usize, m: usize) -> f64 {
+    let v = schedule.chunks();
+    let g = match schedule {
+        Schedule::Interleaved(_) => *crate::layout::interleaved_groups(pp, m).last().unwrap_or(&m),
+        _ => 1,
+    } as f64;
+    let pass = backward / v as f64;
+    // when the link is next free, in seconds from the end of the stage's last pass
+    let mut free = f64::NEG_INFINITY;
+    for c in (0..v).rev() {
+        // chunk c's last backward, during which its buckets go out
+        let start = -(c as f64) * g * pass - pass;
+        free = free.max(start) + reduce / v as f64;
+    }
+    free.max(last_bucket).min(reduce)
+}
+
 /// The step time of `layout` (its `stage_blocks` cut) on devices `device`.
 pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepTime {
     let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
@@ -436,7 +462,15 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             } else {
                 all_reduce(BUCKET_BYTES.min(p * 4.0), dp, dp_link)
             };
-            e += reductions * (reduce - backward).max(last_bucket).min(reduce);
+            e += reductions
+                * exposed_reduction(
+                    reduce,
+                    last_bucket,
+                    backward,
+                    &layout.schedule,
+                    pp,
+                    layout.micro_batches,
+                );
             if (1..=2).contains(&zero) {
                 e += gather(p * comm, dp, dp_link);
             }

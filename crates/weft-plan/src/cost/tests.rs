@@ -423,3 +423,27 @@ fn zero_2_and_3_communicate_for_every_accumulated_pass() {
         }
     }
 }
+
+#[test]
+fn interleaved_chunks_reduce_their_gradients_under_the_passes_after_their_last_backward() {
+    let one = Schedule::OneFOneB;
+    // one chunk: under the last micro-batch's backward, the last bucket always exposed
+    assert_eq!(exposed_reduction(10.0, 1.0, 4.0, &one, 4, 8), 6.0);
+    assert_eq!(exposed_reduction(3.0, 1.0, 4.0, &one, 4, 8), 1.0);
+    assert_eq!(exposed_reduction(0.5, 1.0, 4.0, &one, 4, 8), 0.5);
+    // 2 chunks, 4 stages, 8 micro-batches (last group of 4), a chunk's backward pass 2 s:
+    // chunk 1's half (5 s) starts at its last pass, 4 x 2 + 2 = 10 s before the end, and ends
+    // 5 s before it; chunk 0's starts at its last pass, 2 s before the end: 3 s exposed
+    let il = Schedule::Interleaved(2);
+    assert_eq!(exposed_reduction(10.0, 1.0, 4.0, &il, 4, 8), 3.0);
+    // a link too slow for chunk 1's to end in time: chunk 0's waits for it
+    assert_eq!(exposed_reduction(30.0, 1.0, 4.0, &il, 4, 8), 15.0 - 10.0 + 15.0);
+    // 10 s a chunk: with 8 micro-batches chunk 1's ends at the end, and chunk 0's follows it;
+    // with 10 on 4 stages (groups of 5) chunk 1's starts 5 x 2 + 2 s before the end, ends 2 s
+    // before it, and chunk 0's starts at its last pass
+    assert_eq!(exposed_reduction(20.0, 1.0, 4.0, &il, 4, 8), 10.0);
+    assert_eq!(exposed_reduction(20.0, 1.0, 4.0, &il, 4, 10), 8.0);
+    // never more than the whole reduction, never less than the last bucket
+    assert_eq!(exposed_reduction(0.5, 1.0, 4.0, &il, 4, 8), 0.5);
+    assert_eq!(exposed_reduction(1.5, 1.0, 4.0, &il, 4, 8), 1.0);
+}

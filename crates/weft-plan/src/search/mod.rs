@@ -182,9 +182,10 @@ fn group_layouts(split: &Split, m: usize, recompute: bool, n_layer: usize) -> Ve
     } else {
         vec![Schedule::OneFOneB, Schedule::GPipe]
     };
-    // 2 to MAX_CHUNKS chunks a stage, as weft runs them: micro-batches in groups of the stages,
-    // a block at least a chunk
-    if pp > 1 && m.is_multiple_of(pp) {
+    // 2 to MAX_CHUNKS chunks a stage, as weft runs them: at least as many micro-batches as
+    // stages (in groups of the stages, the last taking what is left over), a block at least a
+    // chunk
+    if pp > 1 && m >= pp {
         schedules.extend(
             (2..=MAX_CHUNKS)
                 .filter(|&v| n_layer >= v * pp)

@@ -102,7 +102,7 @@ pub(super) fn could_fit(
     });
     let m = split.ms[mi];
     (mi >= below && fits_pipelined(work, split, m, recompute, usable, false))
-        || (m.is_multiple_of(split.pp) && fits_interleaved(work, split, m, recompute, usable))
+        || (m >= split.pp && fits_interleaved(work, split, m, recompute, usable))
 }
 
 /// A lower bound on the predicted step time of every layout of `split` at `m` micro-batches
@@ -149,14 +149,16 @@ pub(super) fn lower_bound(work: &Workload, device: &DeviceSpec, split: &Split, m
     };
     let (pipeline, reduction) = match device.shared_compute {
         None => {
-            let v = if m.is_multiple_of(pp) {
+            let v = if m >= pp {
                 (2..=MAX_CHUNKS).rev().find(|&v| n >= v * pp).unwrap_or(1)
             } else {
                 1
             } as f64;
             let pipeline = (m as f64 - 1.0 / v) * slowest + sum / v;
-            // what the backward of the stage with the most cannot hide: at least the mean
-            let unhidden = if dp > 1 {
+            // what the backward of the stage with the most cannot hide: at least the mean (an
+            // interleaved plan reduces each chunk's gradients under the passes after its last
+            // backward, which may hide all but the last bucket)
+            let unhidden = if dp > 1 && v == 1.0 {
                 let reduce = ppf * all_reduce(0.0, dp, dp_link) + all_reduce(4.0 * params, dp, dp_link)
                     - all_reduce(0.0, dp, dp_link);
                 let backward = over_stages(&|k, first, last| stage_backward_time(&u, k, first, last));
