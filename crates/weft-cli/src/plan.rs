@@ -220,6 +220,7 @@ fn plan_json(p: &Plan) -> serde_json::Value {
         "recompute": l.recompute,
         "sequence_parallel": l.sequence_parallel,
         "comm_dtype": l.comm_dtype.name(),
+        "pipeline_dtype": l.pipeline_dtype.name(),
         "stage_blocks": l.config_stage_blocks(),
         "predicted_step_ms": p.time.step * 1e3,
         "predicted_mfu": p.mfu,

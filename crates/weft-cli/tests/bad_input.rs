@@ -125,6 +125,29 @@ fn bad_values() {
         ],
         &["parallel.comm_dtype", "f32, bf16"],
     );
+    // what pipeline stages send: bf16 only where there are stages
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "parallel.pipeline_dtype=\"bf16\"",
+        ],
+        &["parallel.pipeline_dtype", "needs pp > 1"],
+    );
+    fails_naming(
+        &[
+            "train",
+            "--quiet",
+            "--config",
+            &gpt_config(),
+            "--set",
+            "parallel.pipeline_dtype=\"f16\"",
+        ],
+        &["parallel.pipeline_dtype", "f32, bf16"],
+    );
     fails_naming(
         &["train", "--quiet", "--config", &gpt_config(), "--set", "model.n_head=3"],
         &["n_embd", "n_head"],

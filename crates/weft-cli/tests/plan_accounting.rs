@@ -108,6 +108,7 @@ fn the_planners_memory_terms_are_weft_trains_estimate() {
                 schedule: Schedule::OneFOneB,
                 recompute: false,
                 comm_dtype: CommDtype::F32,
+                pipeline_dtype: CommDtype::F32,
                 sequence_parallel: sp,
                 stage_blocks: vec![3],
             };
@@ -208,6 +209,7 @@ fn held_and_predicted(model: &str, tp: usize, sequence: bool, precision: &str) -
         schedule: Schedule::OneFOneB,
         recompute: false,
         comm_dtype: CommDtype::F32,
+        pipeline_dtype: CommDtype::F32,
         sequence_parallel: sequence,
         stage_blocks: vec![shape.n_layer as usize],
     };
@@ -302,6 +304,7 @@ fn an_interleaved_pipelines_activations_are_what_its_stages_held() {
             schedule,
             recompute: false,
             comm_dtype: CommDtype::F32,
+            pipeline_dtype: CommDtype::F32,
             sequence_parallel: false,
             stage_blocks: vec![blocks, blocks],
         };

@@ -260,12 +260,15 @@ fn planned_layout(err: &str, ranks: usize) -> [usize; 3] {
         "recompute",
         "sequence_parallel",
         "comm_dtype",
+        "pipeline_dtype",
         "stage_blocks",
         "predicted",
         "MB per rank",
     ] {
         assert!(line.contains(key), "{key}: {line}");
     }
+    // what auto runs reduces and sends in f32
+    assert!(line.contains("comm_dtype f32 pipeline_dtype f32"), "{line}");
     [field("dp"), field("tp"), field("pp")]
 }
 

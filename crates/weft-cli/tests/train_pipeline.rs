@@ -53,6 +53,25 @@ fn gpipe_and_1f1b_on_2_stages_reproduce_pytorch() {
 }
 
 #[test]
+fn stages_that_send_bf16_round_only_what_crosses_them() {
+    // the gpt fixture on 2 stages, 2 micro-batches: activations and their gradients sent as
+    // bf16 (half the bytes) train as the f32 sends do within bf16's rounding, and not bit for
+    // bit (so the sends were rounded)
+    let out = temp_dir("pp-wire");
+    let layout = ["parallel.pp=2", "parallel.micro_batches=2"];
+    let f32 = losses(&train(2, &out, "f32", &[], &layout));
+    let mut with_bf16 = layout.to_vec();
+    with_bf16.push("parallel.pipeline_dtype=\"bf16\"");
+    let bf16 = losses(&train(2, &out, "bf16", &[], &with_bf16));
+    assert_same_curve(&f32, &bf16, 1e-3, "bf16 sends vs f32 sends");
+    assert!(
+        f32.iter().zip(&bf16).any(|(a, b)| a != b),
+        "bf16 sends changed nothing: {f32:?}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn pipelines_compose_with_data_and_tensor_parallelism_and_zero_1() {
     let out = temp_dir("pp-mesh");
     for (name, sets) in [

@@ -134,6 +134,9 @@ pub struct Layout {
     pub schedule: Schedule,
     pub recompute: bool,
     pub comm_dtype: CommDtype,
+    /// What pipeline stages send each other, activations and their gradients
+    /// (`parallel.pipeline_dtype`; f32 without a pipeline).
+    pub pipeline_dtype: CommDtype,
     /// Sequence parallelism across the `tp` ranks (`parallel.sequence_parallel`; only with
     /// `tp > 1`).
     pub sequence_parallel: bool,
@@ -157,9 +160,9 @@ impl Layout {
         self.dp * self.tp * self.pp
     }
 
-    /// `dp2 tp4 pp8 zero1 m16 1f1b sp rc bf16` (`interleaved-v2` for two chunks a stage; `sp`:
-    /// sequence-parallel): the
-    /// layout in one short word list.
+    /// `dp2 tp4 pp8 zero1 m16 1f1b sp rc bf16 p2p-bf16` (`interleaved-v2` for two chunks a
+    /// stage; `sp`: sequence-parallel; `bf16`: ZeRO's `comm_dtype`; `p2p-bf16`: the pipeline's
+    /// sends): the layout in one short word list.
     pub fn label(&self) -> String {
         let schedule = match self.schedule {
             Schedule::Interleaved(v) => format!("interleaved-v{v}"),
@@ -178,7 +181,17 @@ impl Layout {
         if self.comm_dtype == CommDtype::Bf16 {
             s.push_str(" bf16");
         }
+        if self.pipeline_dtype == CommDtype::Bf16 {
+            s.push_str(" p2p-bf16");
+        }
         s
+    }
+
+    /// Whether nothing is rounded on its way between ranks beyond what the run computes in:
+    /// ZeRO's gathers and reductions and the pipeline's sends in f32 (what
+    /// `parallel.auto` chooses among).
+    pub fn communicates_in_f32(&self) -> bool {
+        self.comm_dtype == CommDtype::F32 && self.pipeline_dtype == CommDtype::F32
     }
 }
 

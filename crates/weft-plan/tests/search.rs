@@ -7,7 +7,7 @@ mod common;
 use common::{gpt, h100, work};
 use weft_plan::cost::{stage_time, unit_times};
 use weft_plan::search::{balanced_cut, capped_cut};
-use weft_plan::{plan, DeviceSpec, Error, ModelKind, ModelShape, SearchOptions, Workload};
+use weft_plan::{plan, CommDtype, DeviceSpec, Error, ModelKind, ModelShape, SearchOptions, Workload};
 
 #[test]
 fn tensor_parallelism_stays_inside_a_node() {
@@ -341,4 +341,36 @@ fn sequence_parallel_layouts_are_planned_where_weft_runs_them() {
     let odd = work(gpt(96, 96, 12288, 50257, 2047), 1152);
     let r = plan(&odd, &h100(), 1024, every).unwrap();
     assert!(r.plans.iter().chain(&r.infeasible).all(|p| !p.layout.sequence_parallel));
+}
+
+#[test]
+fn pipelines_are_planned_sending_f32_and_bf16_and_nothing_else_sends_bf16() {
+    let w = work(gpt(96, 96, 12288, 50257, 2048), 1152);
+    let r = plan(&w, &h100(), 1024, SearchOptions::default()).unwrap();
+    let all: Vec<_> = r.plans.iter().chain(&r.infeasible).collect();
+    let bf16: Vec<_> = all
+        .iter()
+        .filter(|p| p.layout.pipeline_dtype == CommDtype::Bf16)
+        .collect();
+    assert!(bf16.iter().all(|p| p.layout.pp > 1));
+    assert!(bf16.len() > 10);
+    // each such plan against the same layout sending f32: faster, the same memory
+    for p in r
+        .plans
+        .iter()
+        .filter(|p| p.layout.pipeline_dtype == CommDtype::Bf16)
+        .take(20)
+    {
+        let f32 = weft_plan::search::evaluate(
+            &w,
+            &h100(),
+            weft_plan::Layout {
+                pipeline_dtype: CommDtype::F32,
+                ..p.layout.clone()
+            },
+            h100().usable_memory(),
+        );
+        assert!(f32.time.step > p.time.step, "{}", p.layout.label());
+        assert_eq!(f32.memory.total(), p.memory.total(), "{}", p.layout.label());
+    }
 }

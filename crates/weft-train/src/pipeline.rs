@@ -37,6 +37,9 @@ pub struct Pipeline {
     owners: BTreeMap<String, usize>,
     /// Parameters held by the first and the last stage (tied weights).
     shared: Vec<String>,
+    /// What activations and their gradients travel between stages as (`parallel.pipeline_dtype`):
+    /// f32 by default, or bf16, half the bytes, rounded on the way.
+    wire: weft_core::DType,
 }
 
 /// A running count of the bytes the autograd graphs in flight hold together: each storage once
@@ -155,6 +158,7 @@ impl Pipeline {
             micro_batches,
             ends,
             recompute,
+            wire: weft_core::DType::F32,
             params,
             param_storages,
             owners,
@@ -206,6 +210,29 @@ impl Pipeline {
     /// The parameters this stage trains.
     pub fn parameters(&self) -> &[(String, Tensor)] {
         &self.params
+    }
+
+    /// This pipeline with activations and their gradients sent between stages as `dtype` (f32,
+    /// the default, or bf16: half the bytes, each value rounded to bf16 on the way, as
+    /// Megatron-LM's `pipeline_dtype`); the receiver widens them back to the dtype the stage
+    /// computes in.
+    pub fn with_wire_dtype(mut self, dtype: weft_core::DType) -> Pipeline {
+        self.wire = dtype;
+        self
+    }
+
+    /// `t` as it travels to the next or previous stage.
+    fn to_wire(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(if t.dtype() == self.wire {
+            t.clone()
+        } else {
+            t.cast(self.wire)?
+        })
+    }
+
+    /// What arrived in `buf`, in `dtype`.
+    fn from_wire(buf: Tensor, dtype: weft_core::DType) -> Result<Tensor> {
+        Ok(if buf.dtype() == dtype { buf } else { buf.cast(dtype)? })
     }
 
     /// Whether forwards run without recording and are rebuilt before their backward.
@@ -272,9 +299,9 @@ impl Pipeline {
                     let input = if first {
                         xs[i].clone()
                     } else {
-                        let buf = Tensor::zeros(&shape, weft_core::DType::F32)?;
+                        let buf = Tensor::zeros(&shape, self.wire)?;
                         self.group.recv(&buf, self.prev_rank(), ACTIVATIONS)?.wait()?;
-                        buf.requires_grad_()?
+                        Self::from_wire(buf, weft_core::DType::F32)?.requires_grad_()?
                     };
                     let _s = span("compute", pass("forward", i));
                     let rng_offset = ctx.rng_offset();
@@ -286,7 +313,10 @@ impl Pipeline {
                     if last {
                         loss += out.item()?;
                     } else {
-                        sends.push(self.group.send(&out.detach(), self.next_rank(), ACTIVATIONS)?);
+                        sends.push(
+                            self.group
+                                .send(&self.to_wire(&out.detach())?, self.next_rank(), ACTIVATIONS)?,
+                        );
                     }
                     let slot = c * m + i;
                     if self.recompute {
@@ -331,9 +361,9 @@ impl Pipeline {
                     let seed = if last {
                         Tensor::from_vec(vec![scale / m as f64], &[])?.cast(out.dtype())?
                     } else {
-                        let buf = Tensor::zeros(&shape, out.dtype())?;
+                        let buf = Tensor::zeros(&shape, self.wire)?;
                         self.group.recv(&buf, self.next_rank(), GRADIENTS)?.wait()?;
-                        buf
+                        Self::from_wire(buf, out.dtype())?
                     };
                     {
                         let _s = span("compute", pass("backward", i));
@@ -345,7 +375,7 @@ impl Pipeline {
                         let g = input
                             .grad()
                             .ok_or_else(|| Error::Run(format!("pipeline: stage {stage} got no input gradient")))?;
-                        sends.push(self.group.send(&g, self.prev_rank(), GRADIENTS)?);
+                        sends.push(self.group.send(&self.to_wire(&g)?, self.prev_rank(), GRADIENTS)?);
                     }
                 }
             }
@@ -379,15 +409,17 @@ impl Pipeline {
             let input = if vstage == 0 {
                 x.clone()
             } else {
-                let buf = Tensor::zeros(&self.model.activation_shape(x.shape()), weft_core::DType::F32)?;
+                let buf = Tensor::zeros(&self.model.activation_shape(x.shape()), self.wire)?;
                 self.group.recv(&buf, self.prev_rank(), ACTIVATIONS)?.wait()?;
-                buf
+                Self::from_wire(buf, weft_core::DType::F32)?
             };
             let out = self.model.stage_forward(vstage, vstages, &input, y)?;
             if vstage + 1 == vstages {
                 loss = out.item()?;
             } else {
-                self.group.send(&out, self.next_rank(), ACTIVATIONS)?.wait()?;
+                self.group
+                    .send(&self.to_wire(&out)?, self.next_rank(), ACTIVATIONS)?
+                    .wait()?;
             }
         }
         Ok(self.share(loss, 0)?.0)

@@ -204,7 +204,7 @@ pub fn sequence_parallel_runs(config: &RunConfig) -> bool {
 }
 
 /// The `[parallel]` keys a plan chooses, refused next to `auto = true`.
-pub const PLANNED_KEYS: [&str; 12] = [
+pub const PLANNED_KEYS: [&str; 13] = [
     "dp",
     "tp",
     "pp",
@@ -215,6 +215,7 @@ pub const PLANNED_KEYS: [&str; 12] = [
     "recompute",
     "sequence_parallel",
     "comm_dtype",
+    "pipeline_dtype",
     "stage_blocks",
     "balance",
 ];

@@ -52,7 +52,7 @@
 //!   as a bound.
 
 use crate::device::DeviceSpec;
-use crate::layout::{Layout, Schedule};
+use crate::layout::{CommDtype, Layout, Schedule};
 use crate::memory::{stage_params, BUCKET_BYTES};
 use crate::model::Workload;
 use crate::shared::{PassTime, SharedPipeline};
@@ -408,6 +408,24 @@ fn exposed_reduction(reduce: f64, last_bucket: f64, backward: f64, schedule: &Sc
     free.max(last_bucket).min(reduce)
 }
 
+/// `u` with the pipeline's sends (`u.p2p`, computed for f32) in `wire`: the same latency, the
+/// bytes in `wire`'s width.
+pub fn on_the_wire(
+    mut u: UnitTimes,
+    device: &DeviceSpec,
+    tp: usize,
+    dp: usize,
+    pp: usize,
+    wire: CommDtype,
+) -> UnitTimes {
+    if pp > 1 {
+        let latency = device.link(tp * dp, 2).1;
+        // (an unbounded latency leaves the transfer undefined: the send takes forever anyway)
+        u.p2p = latency + (u.p2p - latency).max(0.0) * wire.bytes() / 4.0;
+    }
+    u
+}
+
 /// The step time of `layout` (its `stage_blocks` cut) on devices `device`.
 pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepTime {
     let (dp, tp, pp) = (layout.dp, layout.tp, layout.pp);
@@ -416,6 +434,7 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
     let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
     let sp = layout.sequence_parallel;
     let u = sharded_accumulation(unit_times_sequence(work, device, tp, dp, pp, rows, sp), zero, dp);
+    let u = on_the_wire(u, device, tp, dp, pp, layout.pipeline_dtype);
     let chunks = layout.schedule.chunks();
     // interleaved: every chunk pass sends its activations on and its input's gradient back,
     // but the first virtual stage's gradient and the last one's activations (2 v sends a

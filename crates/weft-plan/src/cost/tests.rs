@@ -16,6 +16,7 @@ fn plain(dp: usize, tp: usize, pp: usize, micro_batches: usize) -> Layout {
         schedule: Schedule::OneFOneB,
         recompute: false,
         comm_dtype: CommDtype::F32,
+        pipeline_dtype: CommDtype::F32,
         sequence_parallel: false,
         stage_blocks: vec![12 / pp; pp],
     }
@@ -446,4 +447,32 @@ fn interleaved_chunks_reduce_their_gradients_under_the_passes_after_their_last_b
     // never more than the whole reduction, never less than the last bucket
     assert_eq!(exposed_reduction(0.5, 1.0, 4.0, &il, 4, 8), 0.5);
     assert_eq!(exposed_reduction(1.5, 1.0, 4.0, &il, 4, 8), 1.0);
+}
+
+#[test]
+fn a_pipeline_sending_bf16_pays_half_the_bytes_and_the_same_latency() {
+    let w = work();
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let l = plain(1, 1, 4, 8);
+    let u = unit_times(&w, &d, 1, 1, 4, (w.pass_rows() / 8) as f64);
+    let latency = d.link(1, 2).1;
+    let half = on_the_wire(u, &d, 1, 1, 4, CommDtype::Bf16);
+    assert!((half.p2p - (latency + (u.p2p - latency) / 2.0)).abs() < 1e-15);
+    assert_eq!(on_the_wire(u, &d, 1, 1, 4, CommDtype::F32), u);
+    // no pipeline, nothing sent
+    assert_eq!(on_the_wire(u, &d, 1, 1, 1, CommDtype::Bf16), u);
+    // through step_time: each stage's two sends a micro-batch (one on the ends) cost less
+    let f32 = step_time(&w, &d, &l);
+    let bf16 = step_time(
+        &w,
+        &d,
+        &Layout {
+            pipeline_dtype: CommDtype::Bf16,
+            ..l.clone()
+        },
+    );
+    let saved = u.p2p - half.p2p;
+    assert!((f32.stages[1] - bf16.stages[1] - 2.0 * saved).abs() < 1e-15);
+    assert!((f32.stages[0] - bf16.stages[0] - saved).abs() < 1e-15);
+    assert!(bf16.step < f32.step);
 }

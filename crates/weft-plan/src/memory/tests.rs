@@ -28,6 +28,7 @@ fn layout(dp: usize, zero: usize) -> Layout {
         schedule: Schedule::OneFOneB,
         recompute: false,
         comm_dtype: CommDtype::F32,
+        pipeline_dtype: CommDtype::F32,
         sequence_parallel: false,
         stage_blocks: vec![12],
     }

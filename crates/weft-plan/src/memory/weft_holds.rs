@@ -16,6 +16,7 @@ fn layout(dp: usize, tp: usize, pp: usize, zero: usize, m: usize, stage_blocks: 
         schedule: Schedule::OneFOneB,
         recompute: false,
         comm_dtype: CommDtype::F32,
+        pipeline_dtype: CommDtype::F32,
         sequence_parallel: false,
         stage_blocks,
     }

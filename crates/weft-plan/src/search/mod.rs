@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::cost::{
-    all_reduce, mfu, stage_backward_time, stage_time, step_time, unit_times_sequence, StepTime, UnitTimes,
+    all_reduce, mfu, on_the_wire, stage_backward_time, stage_time, step_time, unit_times_sequence, StepTime, UnitTimes,
 };
 use crate::device::DeviceSpec;
 use crate::error::{human_bytes, Error, Result};
@@ -205,20 +205,29 @@ fn group_layouts(split: &Split, m: usize, recompute: bool, n_layer: usize) -> Ve
             } else {
                 &[CommDtype::F32, CommDtype::Bf16]
             };
+            // the pipeline's sends in f32, or bf16 where there is a pipeline
+            let wires: &[CommDtype] = if pp == 1 {
+                &[CommDtype::F32]
+            } else {
+                &[CommDtype::F32, CommDtype::Bf16]
+            };
             for &comm_dtype in dtypes {
-                out.push(Layout {
-                    dp,
-                    tp,
-                    pp,
-                    zero,
-                    micro_batches: m,
-                    schedule,
-                    recompute,
-                    comm_dtype,
-                    sequence_parallel: split.sp,
-                    // the time-balanced cut, or interleaved the runtime's even one (below)
-                    stage_blocks: Vec::new(),
-                });
+                for &pipeline_dtype in wires {
+                    out.push(Layout {
+                        dp,
+                        tp,
+                        pp,
+                        zero,
+                        micro_batches: m,
+                        schedule,
+                        recompute,
+                        comm_dtype,
+                        pipeline_dtype,
+                        sequence_parallel: split.sp,
+                        // the time-balanced cut, or interleaved the runtime's even one (below)
+                        stage_blocks: Vec::new(),
+                    });
+                }
             }
         }
     }
@@ -376,11 +385,16 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
                 &mut infeasible,
             );
         }
-        // each group is evaluated once, so what it drops as dominated is final
+        // each group is evaluated once, so what it drops as dominated is final; a plan that
+        // reduces and sends in f32 is dropped only for another such (`auto` takes the best of
+        // them, and a bf16 twin is faster at the same memory)
         if !found.is_empty() {
             found.sort_by_key(|p| p.1);
             let before = found.len();
-            let kept = undominated(found);
+            let (exact, rounded): (Vec<_>, Vec<_>) = found.into_iter().partition(|p| p.0.layout.communicates_in_f32());
+            let mut kept = undominated(exact);
+            kept.extend(undominated(rounded));
+            kept.sort_by_key(|p| p.1);
             report.dominated += before - kept.len();
             for (p, _) in &kept {
                 bar.add(p);
@@ -395,7 +409,7 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
         let recomputes: &[bool] = if split.pp == 1 { &[false] } else { &[false, true] };
         run((si, last), recomputes, &mut report, &mut bar);
         for mi in 0..last {
-            let bound = lower_bound(work, device, split, split.ms[mi], false);
+            let bound = lower_bound(work, device, split, split.ms[mi], false, CommDtype::Bf16);
             rest.push(std::cmp::Reverse((Time(bound), si, mi, false)));
         }
     }
@@ -413,6 +427,12 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
             }
             break;
         }
+        // within the limit only as a plan that is not the first to reduce and send in f32:
+        // worth it if the fastest of the group can enter the first `top`
+        if bound > bar.top_limit() && lower_bound(work, device, split, m, checked, CommDtype::F32) > bar.best_f32 {
+            report.skipped += group_size(split, m, n_layer) * if checked { 1 } else { 2 };
+            continue;
+        }
         if checked {
             // recompute alone fits (the rest was counted as skipped), within the limit
             run((si, mi), &[true], &mut report, &mut bar);
@@ -425,11 +445,11 @@ pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: Searc
             (false, true) => {
                 // only recompute can fit: taken again in the order of its own bound
                 report.skipped += group_size(split, m, n_layer);
-                let bound = lower_bound(work, device, split, m, true);
+                let bound = lower_bound(work, device, split, m, true, CommDtype::Bf16);
                 rest.push(std::cmp::Reverse((Time(bound), si, mi, true)));
             }
             (true, _) => {
-                let with = again && lower_bound(work, device, split, m, true) <= limit;
+                let with = again && lower_bound(work, device, split, m, true, CommDtype::Bf16) <= limit;
                 run(
                     (si, mi),
                     if with { &[false, true] } else { &[false] },

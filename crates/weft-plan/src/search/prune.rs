@@ -114,8 +114,16 @@ pub(super) fn could_fit(
 /// passes one after another and the node's compute over its cores; the data-parallel
 /// reduction exposes at least its last bucket and what the backward cannot hide on the stage
 /// with the most; the optimizer is at least its share of the mean stage's parameters; the
-/// step's own all-reduces are what they are. Only pipelines (`pp > 1`) are bounded.
-pub(super) fn lower_bound(work: &Workload, device: &DeviceSpec, split: &Split, m: usize, recompute: bool) -> f64 {
+/// step's own all-reduces are what they are. Only pipelines (`pp > 1`) are bounded. The
+/// pipeline's sends are taken in `wire` (bf16 bounds every layout, f32 those that send f32).
+pub(super) fn lower_bound(
+    work: &Workload,
+    device: &DeviceSpec,
+    split: &Split,
+    m: usize,
+    recompute: bool,
+    wire: CommDtype,
+) -> f64 {
     let Split {
         dp, tp, pp, rows, sp, ..
     } = *split;
@@ -124,7 +132,14 @@ pub(super) fn lower_bound(work: &Workload, device: &DeviceSpec, split: &Split, m
     let ppf = pp as f64;
     let rows = (rows / m) as f64;
     let passes = work.grad_accum.max(1) as f64;
-    let u = unit_times_sequence(work, device, tp, dp, pp, rows, sp);
+    let u = on_the_wire(
+        unit_times_sequence(work, device, tp, dp, pp, rows, sp),
+        device,
+        tp,
+        dp,
+        pp,
+        wire,
+    );
     // the stages' sum of a linear function of their blocks, with the ends on the first and last
     let over_stages = |f: &dyn Fn(usize, bool, bool) -> f64| {
         let middle = f(0, false, false);
@@ -219,7 +234,7 @@ impl Ord for Time {
 impl Bar {
     pub(super) fn add(&mut self, plan: &Plan) {
         let t = plan.time.step;
-        if plan.layout.comm_dtype == CommDtype::F32 {
+        if plan.layout.communicates_in_f32() {
             self.best_f32 = self.best_f32.min(t);
         }
         self.best.push(Time(t));
@@ -230,11 +245,15 @@ impl Bar {
 
     /// The longest step a layout still worth evaluating may have.
     pub(super) fn limit(&self) -> f64 {
-        let top = if self.best.len() >= self.top {
+        self.top_limit().max(self.best_f32)
+    }
+
+    /// The longest step a layout may have and still enter the first `top` plans.
+    pub(super) fn top_limit(&self) -> f64 {
+        if self.best.len() >= self.top {
             self.best.peek().map_or(f64::INFINITY, |t| t.0)
         } else {
             f64::INFINITY
-        };
-        top.max(self.best_f32)
+        }
     }
 }

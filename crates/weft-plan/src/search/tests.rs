@@ -153,6 +153,7 @@ fn plan_of(m: usize, step: f64, bytes: f64) -> Plan {
             schedule: Schedule::GPipe,
             recompute: false,
             comm_dtype: CommDtype::F32,
+            pipeline_dtype: CommDtype::F32,
             sequence_parallel: false,
             stage_blocks: vec![2, 2],
         },

@@ -430,6 +430,17 @@ impl RunConfig {
             }
             other => return bad("parallel.comm_dtype", format!("{other:?} is not one of f32, bf16")),
         }
+        match p.pipeline_dtype.as_str() {
+            "f32" => {}
+            "bf16" if p.pp > 1 => {}
+            "bf16" => {
+                return bad(
+                    "parallel.pipeline_dtype",
+                    "\"bf16\" is what pipeline stages send each other; it needs pp > 1".into(),
+                )
+            }
+            other => return bad("parallel.pipeline_dtype", format!("{other:?} is not one of f32, bf16")),
+        }
         if !["1f1b", "gpipe", "interleaved"].contains(&p.schedule.as_str()) {
             return bad(
                 "parallel.schedule",

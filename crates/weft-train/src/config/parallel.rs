@@ -58,6 +58,11 @@ pub struct ParallelConfig {
     /// with f32 shards as master weights (DeepSpeed's `communication_data_type`).
     #[serde(default = "default_comm_dtype")]
     pub comm_dtype: String,
+    /// Pipeline: what activations and their gradients travel between stages as, `"f32"`
+    /// (default) or `"bf16"` (half the bytes, each value rounded to bf16 on the way, as
+    /// Megatron-LM sends its bf16 stream; `pipeline_dtype` there). Needs `pp > 1`.
+    #[serde(default = "default_comm_dtype")]
+    pub pipeline_dtype: String,
     /// Pipeline stages recompute each micro-batch's forward before its backward instead of
     /// keeping its activations.
     #[serde(default)]
@@ -77,8 +82,8 @@ pub struct ParallelConfig {
     pub stage_blocks: Option<Vec<usize>>,
     /// Plans the layout at the start of the run (`weft_plan`, docs/plan.md) for the ranks the
     /// job has, and runs the fastest predicted plan: its `dp`, `tp`, `pp`, `zero`,
-    /// `micro_batches`, `schedule`, `recompute`, `sequence_parallel`, `comm_dtype` and
-    /// `stage_blocks` replace these
+    /// `micro_batches`, `schedule`, `recompute`, `sequence_parallel`, `comm_dtype`,
+    /// `pipeline_dtype` and `stage_blocks` replace these
     /// keys, which must then be left unset.
     #[serde(default)]
     pub auto: bool,
@@ -143,6 +148,7 @@ impl Default for ParallelConfig {
             first_bucket_mb: default_first_bucket_mb(),
             bucket_cap_mb: default_bucket_cap_mb(),
             comm_dtype: default_comm_dtype(),
+            pipeline_dtype: default_comm_dtype(),
             recompute: false,
             sequence_parallel: false,
             balance: default_balance(),

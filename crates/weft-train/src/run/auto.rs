@@ -8,7 +8,7 @@
 //! again for the new number of ranks.
 
 use weft_core::Tensor;
-use weft_plan::{CommDtype, SearchOptions};
+use weft_plan::SearchOptions;
 
 use crate::config::RunConfig;
 use crate::error::{Error, Result};
@@ -31,7 +31,8 @@ fn auto_error(message: String) -> Error {
 /// Plans `config`'s model for `ranks` ranks and returns the config with the chosen layout.
 ///
 /// The rows weft shards are those of one forward and backward (`data.batch_size`); the
-/// predicted step runs `train.grad_accum` of them. Only plans that reduce in f32 (`comm_dtype = "f32"`) are chosen,
+/// predicted step runs `train.grad_accum` of them. Only plans that reduce and send in f32
+/// (`comm_dtype` and `pipeline_dtype` `"f32"`) are chosen,
 /// so the plan changes where the numbers of a step are computed, not the numbers; GPU ranks
 /// take data-parallel plans only (`tp = pp = 1`, `zero = 0`), as weft runs them.
 pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
@@ -59,11 +60,11 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     let chosen = report
         .plans
         .iter()
-        .filter(|c| c.layout.comm_dtype == CommDtype::F32)
+        .filter(|c| c.layout.communicates_in_f32())
         .find(|c| !gpu || (c.layout.tp == 1 && c.layout.pp == 1 && c.layout.zero == 0))
         .ok_or_else(|| {
             auto_error(format!(
-                "no plan for {ranks} ranks on {} reduces in f32{}: {} feasible plans in all",
+                "no plan for {ranks} ranks on {} reduces and sends in f32{}: {} feasible plans in all",
                 device.name,
                 if gpu {
                     " with data parallelism only (GPU ranks)"
@@ -85,13 +86,14 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
     q.recompute = l.recompute;
     q.sequence_parallel = l.sequence_parallel;
     q.comm_dtype = l.comm_dtype.name().to_string();
+    q.pipeline_dtype = l.pipeline_dtype.name().to_string();
     let chunks = l.schedule.chunks();
     q.virtual_stages = (chunks > 1).then_some(chunks);
     q.stage_blocks = (l.pp > 1).then(|| l.config_stage_blocks());
     resolved.validate("the planned layout")?;
     let line = format!(
         "weft: parallel.auto: planned for {ranks} ranks on {}: dp {} tp {} pp {} zero {} micro_batches {} schedule {} \
-         virtual_stages {} recompute {} sequence_parallel {} comm_dtype {} stage_blocks {:?}; predicted {:.1} ms per step, {:.1} MB per rank ({} layouts evaluated)",
+         virtual_stages {} recompute {} sequence_parallel {} comm_dtype {} pipeline_dtype {} stage_blocks {:?}; predicted {:.1} ms per step, {:.1} MB per rank ({} layouts evaluated)",
         device.name,
         l.dp,
         l.tp,
@@ -103,6 +105,7 @@ pub(super) fn plan(config: &RunConfig, ranks: usize) -> Result<Planned> {
         l.recompute,
         l.sequence_parallel,
         l.comm_dtype.name(),
+        l.pipeline_dtype.name(),
         l.config_stage_blocks(),
         chosen.time.step * 1e3,
         chosen.memory.total() / 1e6,

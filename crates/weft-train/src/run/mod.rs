@@ -318,7 +318,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
                 m.ends_group.clone(),
                 p.recompute,
             )?;
-            trainer = trainer.with_pipeline(pipeline);
+            let wire = match p.pipeline_dtype.as_str() {
+                "bf16" => weft_core::DType::BF16,
+                _ => weft_core::DType::F32,
+            };
+            trainer = trainer.with_pipeline(pipeline.with_wire_dtype(wire));
         }
     }
     if let Some(g) = mesh.as_ref().filter(|m| m.dp > 1).map(|m| m.dp_group.clone()) {
