@@ -84,13 +84,16 @@ def spearman(a, b):
 
 
 def label(p):
-    s = f"dp{p['dp']} tp{p['tp']} pp{p['pp']} zero{p['zero']} m{p['micro_batches']} {p['schedule']}"
+    schedule = p["schedule"] if p["schedule"] != "interleaved" else f"interleaved-v{p['virtual_stages']}"
+    s = f"dp{p['dp']} tp{p['tp']} pp{p['pp']} zero{p['zero']} m{p['micro_batches']} {schedule}"
     if p.get("sequence_parallel"):
         s += " sp"
     if p["recompute"]:
         s += " rc"
     if p["comm_dtype"] == "bf16":
         s += " bf16"
+    if p.get("pipeline_dtype") == "bf16":
+        s += " p2p-bf16"
     return s
 
 
@@ -105,7 +108,9 @@ def layout_sets(p):
         f"parallel.recompute={'true' if p['recompute'] else 'false'}",
         f"parallel.sequence_parallel={'true' if p.get('sequence_parallel') else 'false'}",
         f"parallel.comm_dtype=\"{p['comm_dtype']}\"",
-    ] + ([f"parallel.stage_blocks={p['stage_blocks']}"] if p["pp"] > 1 else [])
+        f"parallel.pipeline_dtype=\"{p.get('pipeline_dtype', 'f32')}\"",
+    ] + ([f"parallel.stage_blocks={p['stage_blocks']}"] if p["pp"] > 1 else []) + (
+        [f"parallel.virtual_stages={p['virtual_stages']}"] if p["schedule"] == "interleaved" else [])
 
 
 def sample(plans, k):
@@ -131,7 +136,8 @@ def one_model(name, args, env, tmp):
         sys.exit(f"plan failed:\n{p.stderr}")
     report = json.loads(p.stdout)
     plans = [q for q in report["plans"] if q["feasible"]]
-    chosen = next(q for q in plans if q["comm_dtype"] == "f32")
+    # what parallel.auto runs: the best that reduces and sends in f32
+    chosen = next(q for q in plans if q["comm_dtype"] == "f32" and q.get("pipeline_dtype", "f32") == "f32")
     todo = sample(plans, args.max_layouts)
     if chosen not in todo:
         todo.append(chosen)

@@ -168,15 +168,24 @@ fn table(r: &PlanReport, work: &Workload, device: &DeviceSpec, devices: usize, t
             String::new()
         }
     );
+    // the layout column as wide as the longest label shown
+    let width = r
+        .plans
+        .iter()
+        .take(top)
+        .map(|p| p.layout.label().len())
+        .max()
+        .unwrap_or(0)
+        .max(48);
     let _ = writeln!(
         out,
-        "{:>4}  {:<48} {:>10} {:>10} {:>12} {:>6}  memory/device GB = params + grads + optimizer + activations + comm",
+        "{:>4}  {:<width$} {:>10} {:>10} {:>12} {:>6}  memory/device GB = params + grads + optimizer + activations + comm",
         "rank", "layout", "stages", "step ms", "tokens/s", "MFU"
     );
     for (i, p) in r.plans.iter().take(top).enumerate() {
         let _ = writeln!(
             out,
-            "{:>4}  {:<48} {:>10} {:>10.1} {:>12} {:>5.1}%  {}",
+            "{:>4}  {:<width$} {:>10} {:>10.1} {:>12} {:>5.1}%  {}",
             i + 1,
             p.layout.label(),
             stages(&p.layout.stage_blocks),

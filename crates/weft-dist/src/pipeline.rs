@@ -15,8 +15,8 @@
 //!   of `p` micro-batches through chunk 0, then chunk 1, ..., backwards through the chunks in
 //!   reverse; `(p - 1 - r) 2 + (v - 1) g` warm-up forwards, `g` the largest group (every forward
 //!   first when `m = p`). `m` must be at least `p`; when it is not a multiple of `p`, the
-//!   `m mod p` micro-batches left over join the groups, one each from the first
-//!   ([`interleaved_groups`]), so `g = p + ceil((m mod p) / (m / p))`. (Left over as a group of
+//!   `m mod p` micro-batches left over join the `m / p` groups, as evenly as they go, the first
+//!   groups taking one more ([`interleaved_groups`]), so `g = p + ceil((m mod p) / (m / p))`. (Left over as a group of
 //!   their own, fewer than `p` micro-batches would wait for each other to come round the ranks
 //!   between chunks: this module's simulation then measured up to 1F1B's idle share, for
 //!   example `p = 3, m = 4, v = 2`; shared out, they keep the bubble below.)
@@ -150,13 +150,17 @@ impl PipelineSchedule {
 }
 
 /// The sizes of the interleaved schedule's groups of micro-batches, with `p` stages and `m >= p`
-/// micro-batches: `m / p` groups (rounded down) of `p`, the `m mod p` left over shared out one
-/// by one from the first. A group is never smaller than `p`: the first pass of a group on chunk
-/// `c` waits for its micro-batch to come round the `p` ranks from chunk `c - 1`, which `p`
-/// passes cover.
+/// micro-batches: `m / p` groups (rounded down) of `p`, the `m mod p` left over shared out as
+/// evenly as they go, the first groups taking one more where they do not go evenly (72 on 16
+/// stages: 4 groups of 18; 7 on 4: one group of 7). A group is never smaller than `p`: the
+/// first pass of a group on chunk `c` waits for its micro-batch to come round the `p` ranks
+/// from chunk `c - 1`, which `p` passes cover. (Fewer than `p` micro-batches, which
+/// [`PipelineSchedule::check`] refuses: one group of them.)
 pub fn interleaved_groups(p: usize, m: usize) -> Vec<usize> {
-    let n = m / p;
-    (0..n).map(|j| p + (m % p) / n + usize::from(j < (m % p) % n)).collect()
+    match m / p {
+        0 => vec![m],
+        n => (0..n).map(|j| p + (m % p) / n + usize::from(j < (m % p) % n)).collect(),
+    }
 }
 
 /// The forwards of a rank under [`PipelineSchedule::Interleaved`] with `v` chunks, `p` stages
@@ -374,7 +378,7 @@ mod tests {
     fn the_interleaved_schedule_runs_every_chunk_pass_once_without_deadlock_and_a_smaller_bubble() {
         for v in [2, 3, 4] {
             for p in [2, 3, 4, 5, 8] {
-                // whole groups of p micro-batches, and a last group of fewer
+                // whole groups of p micro-batches, and counts whose leftovers are shared out
                 for m in p..=3 * p + 1 {
                     let s = PipelineSchedule::Interleaved(v);
                     for r in 0..p {

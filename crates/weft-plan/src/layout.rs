@@ -87,9 +87,9 @@ impl Schedule {
 }
 
 /// The interleaved schedule's groups of micro-batches, with `p` stages and `m` micro-batches, in
-/// order: `m / p` groups of `p`, what `m mod p` leaves over shared out one by one from the first
-/// (`weft_dist::pipeline::interleaved_groups`; one group of `m` when `m < p`, which the runtime
-/// refuses).
+/// order: `m / p` groups of `p`, what `m mod p` leaves over shared out as evenly as it goes, the
+/// first groups taking one more (`weft_dist::pipeline::interleaved_groups`; one group of `m`
+/// when `m < p`, which the runtime refuses).
 pub fn interleaved_groups(p: usize, m: usize) -> Vec<usize> {
     match m / p {
         0 => vec![m],

@@ -212,7 +212,7 @@ fn the_bounds_leave_out_no_plan_that_would_rank() {
         let f32_first = |r: &weft_plan::PlanReport| {
             r.plans
                 .iter()
-                .find(|p| p.layout.comm_dtype == weft_plan::CommDtype::F32)
+                .find(|p| p.layout.communicates_in_f32())
                 .map(|p| (p.layout.label(), p.layout.stage_blocks.clone()))
         };
         let auto = plan(

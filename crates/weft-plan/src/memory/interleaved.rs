@@ -58,14 +58,16 @@ pub(super) fn interleaved_activations(work: &Workload, layout: &Layout, stage: u
         peak = peak.max(*held);
     };
     // the runtime's order (`Schedule::chunk_order`, which this walks without listing it): the
-    // warm-up's forwards, a forward and a backward in turn, the backwards left; a chunk's passes
-    // come in runs of up to `pp` in a row. Within a run of `n` steps (a pass, or a forward and a
-    // backward in turn, of the same chunks) what is held changes by the same amount each step
-    // after the first (which may cast the chunk's weights), so its most is at the first or the
-    // last step: those two are walked, the ones between passed over. The turns also repeat
-    // every `pp v` steps (a period holds each chunk's passes as often forward as backward, and
-    // every chunk's weights are cast by the end of the first): whole periods past the second
-    // are passed over too. A stage's walk is `O(v)` runs, however many micro-batches.
+    // warm-up's forwards, a forward and a backward in turn, the backwards left. Forwards come
+    // in runs of one chunk (each group of micro-batches through chunk 0, then chunk 1, ...;
+    // `layout::interleaved_groups`), backwards in the same runs with the chunks reversed.
+    // Within a stretch of `n` steps (a pass, or a forward and a backward in turn) that stays in
+    // one run of each, what is held changes by the same amount each step after the first
+    // (which may cast the chunk's weights), so its most is at the first or the last step: those
+    // two are walked, the ones between passed over. Where a forward and a backward in turn both
+    // lie in groups of one size `g`, what is held repeats every `g v` steps (each chunk `g`
+    // forwards and `g` backwards, every chunk's weights cast by then): past two such periods,
+    // whole periods are passed over too. A stage's walk is `O(v)` stretches a size of group.
     let run = |held: &mut f64, n: usize, step: &mut dyn FnMut(&mut f64)| {
         if n == 0 {
             return;
@@ -84,43 +86,65 @@ pub(super) fn interleaved_activations(work: &Workload, layout: &Layout, stage: u
         }
     };
     let m = layout.micro_batches;
-    let (total, period) = (m * v, pp * v);
-    let chunk = |k: usize, forward: bool| {
-        let c = (k % period) / pp;
-        if forward {
-            c
-        } else {
-            v - 1 - c
-        }
+    let total = m * v;
+    // `layout::interleaved_groups` in closed form: `big` groups of `ga`, then groups of `gb`
+    // (one group of all `m` when they are fewer than `pp`, which the runtime refuses)
+    let n = m / pp;
+    let (big, ga, gb) = match n {
+        0 => (0, m, m),
+        _ => ((m % pp) % n, pp + (m % pp) / n + 1, pp + (m % pp) / n),
     };
+    let split = big * ga * v;
+    let largest = if big > 0 { ga } else { gb };
     let warmup = if m == pp {
         total
     } else {
-        ((pp - 1 - stage) * 2 + (v - 1) * pp).min(total)
+        ((pp - 1 - stage) * 2 + (v - 1) * largest).min(total)
     };
-    // passes k = from..to of one kind, in runs of one chunk
+    // stretches of groups of one size, in forward passes: (start, end, size)
+    let sizes = [(0, split, ga), (split, total, gb)];
+    // the run of one chunk holding forward `k` (a backward's, with the chunk reversed): where
+    // it ends, and its chunk
+    let at = |k: usize| {
+        let (base, g, k) = if k < split { (0, ga, k) } else { (split, gb, k - split) };
+        let (group, within) = (k / (g * v), k % (g * v));
+        (base + group * g * v + (within / g + 1) * g, within / g)
+    };
     let mut k = 0;
     while k < warmup {
-        let end = (k + pp - k % pp).min(warmup);
-        let c = chunk(k, true);
+        let (end, c) = at(k);
+        let end = end.min(warmup);
         run(&mut held, end - k, &mut |h| pass(c, true, h));
         k = end;
     }
     let steady = total - warmup;
     let mut k = 0;
+    // the stretch of one size both passes have been in since the step given
+    let mut since: Option<(usize, usize)> = None;
     while k < steady {
-        if k == 2 * period {
-            k += (steady - k) / period * period;
-            if k == steady {
-                break;
+        if let Some(i) = sizes.iter().position(|&(a, e, _)| a <= k && warmup + k < e) {
+            let (_, e, g) = sizes[i];
+            let period = g * v;
+            match since {
+                Some((j, k0)) if j == i => {
+                    if k - k0 >= 2 * period {
+                        k += ((e - warmup).min(steady) - k) / period * period;
+                        since = Some((i, k));
+                        if k == steady {
+                            break;
+                        }
+                    }
+                }
+                _ => since = Some((i, k)),
             }
+        } else {
+            since = None;
         }
-        // forward warmup + k and backward k, until either changes chunk (or a second period ends)
-        let mut end = (k + pp - k % pp).min(k + pp - (warmup + k) % pp).min(steady);
-        if k < 2 * period {
-            end = end.min(2 * period);
-        }
-        let (f, b) = (chunk(warmup + k, true), chunk(k, false));
+        // forward warmup + k and backward k, until either changes chunk
+        let (fend, f) = at(warmup + k);
+        let (bend, b) = at(k);
+        let end = (fend - warmup).min(bend).min(steady);
+        let b = v - 1 - b;
         run(&mut held, end - k, &mut |h| {
             pass(f, true, h);
             pass(b, false, h);
@@ -129,8 +153,8 @@ pub(super) fn interleaved_activations(work: &Workload, layout: &Layout, stage: u
     }
     let mut k = steady;
     while k < total {
-        let end = (k + pp - k % pp).min(total);
-        let c = chunk(k, false);
+        let (end, c) = at(k);
+        let c = v - 1 - c;
         run(&mut held, end - k, &mut |h| pass(c, false, h));
         k = end;
     }

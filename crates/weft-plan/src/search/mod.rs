@@ -1,8 +1,9 @@
 //! The search: every `dp x tp x pp` of the devices that weft can run for the model and batch,
-//! each with its micro-batch counts, schedules, ZeRO stages, gather dtypes and recompute;
-//! pipeline stages cut to balance predicted stage times (the least slowest stage, found by
-//! bisection); plans that another plan of the same `dp x tp x pp x m` beats on both time and
-//! memory dropped; the rest ranked by predicted step time. Micro-batch counts whose lower bound
+//! each with its micro-batch counts, schedules, ZeRO stages, gather dtypes, pipeline send
+//! dtypes and recompute; pipeline stages cut to balance predicted stage times (the least slowest
+//! stage, found by bisection); plans that another plan of the same `dp x tp x pp x m` beats on
+//! both time and memory dropped (one that reduces and sends in f32 only for another such); the
+//! rest ranked by predicted step time. Micro-batch counts whose lower bound
 //! on the step time cannot beat the best plans found, or none of whose layouts fits, are not
 //! evaluated ([`plan`]).
 //!
@@ -11,8 +12,8 @@
 //! `n_head`, `n_kv_head` and the MLP width; `pp <= n_layer`; `dp` dividing the rows of one
 //! forward and backward pass (`data.batch_size`, which weft shards over the replicas; the
 //! global batch is `grad_accum` of them) and `micro_batches` dividing each replica's rows of it;
-//! micro-batches, recompute and schedules only with a pipeline; ZeRO 2 and 3 not with one; `comm_dtype = bf16` only with
-//! ZeRO; ZeRO only with `dp > 1`.
+//! micro-batches, recompute, schedules and `pipeline_dtype = bf16` only with a pipeline; ZeRO 2
+//! and 3 not with one; `comm_dtype = bf16` only with ZeRO; ZeRO only with `dp > 1`.
 
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -183,8 +184,8 @@ fn group_layouts(split: &Split, m: usize, recompute: bool, n_layer: usize) -> Ve
         vec![Schedule::OneFOneB, Schedule::GPipe]
     };
     // 2 to MAX_CHUNKS chunks a stage, as weft runs them: at least as many micro-batches as
-    // stages (in groups of the stages, the last taking what is left over), a block at least a
-    // chunk
+    // stages (in groups of the stages, what is left over shared out among them), a block at
+    // least a chunk
     if pp > 1 && m >= pp {
         schedules.extend(
             (2..=MAX_CHUNKS)
@@ -301,9 +302,10 @@ fn evaluate_group(
 /// recompute, are then taken in the order of a lower bound on their step time
 /// ([`lower_bound`]), and each is evaluated only while that bound is within the time of the
 /// `keep_infeasible`-th best plan found so far (at least the best) and of the best that reduces
-/// in f32, and only with recompute settings some layout of it fits with ([`could_fit`]). A
-/// layout left out so could not have been among those plans, so the best `keep_infeasible`
-/// plans and the best `f32` one are those of every layout; the others are counted in
+/// and sends in f32 (the group's bound with f32 sends against the latter), and only with
+/// recompute settings some layout of it fits with ([`could_fit`]). A layout left out so could
+/// not have been among those plans, so the best `keep_infeasible` plans and the best `f32` one
+/// are those of every layout; the others are counted in
 /// [`PlanReport::skipped`].
 pub fn plan(work: &Workload, device: &DeviceSpec, devices: usize, options: SearchOptions) -> Result<PlanReport> {
     work.model.check()?;

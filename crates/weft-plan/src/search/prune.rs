@@ -205,8 +205,8 @@ pub(super) fn lower_bound(
 }
 
 /// The `top` shortest step times seen among plans that stay in the report, and the shortest
-/// among those that reduce in f32: no layout predicted slower than both can enter the first
-/// `top` plans or be the first `f32` one.
+/// among those that reduce and send in f32 (`Layout::communicates_in_f32`): no layout
+/// predicted slower than both can enter the first `top` plans or be the first `f32` one.
 pub(super) struct Bar {
     pub(super) top: usize,
     pub(super) best: BinaryHeap<Time>,
