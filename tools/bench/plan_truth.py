@@ -18,8 +18,8 @@ comparison is of rank 0's state, stage 0 for a pipeline), and predicted activati
 `activation_bytes` where the metrics log them.
 
 Prints a table per model, the median absolute percentage error of the step time, Spearman's
-rank correlation, and whether the planner's choice (the best predicted plan that reduces in
-f32, what `[parallel] auto = true` runs) is within 10% of the best measured layout. Layouts
+rank correlation, and whether the planner's choice (the best predicted plan that reduces and
+sends in f32, what `[parallel] auto = true` runs) is within 10% of the best measured layout. Layouts
 beyond --max-layouts are sampled evenly along the predicted ranking (the best always kept).
 """
 
