@@ -16,10 +16,11 @@
 //!   reverse; `(p - 1 - r) 2 + (v - 1) g` warm-up forwards, `g` the largest group (every forward
 //!   first when `m = p`). `m` must be at least `p`; when it is not a multiple of `p`, the
 //!   `m mod p` micro-batches left over join the `m / p` groups, as evenly as they go, the first
-//!   groups taking one more ([`interleaved_groups`]), so `g = p + ceil((m mod p) / (m / p))`. (Left over as a group of
-//!   their own, fewer than `p` micro-batches would wait for each other to come round the ranks
-//!   between chunks: this module's simulation then measured up to 1F1B's idle share, for
-//!   example `p = 3, m = 4, v = 2`; shared out, they keep the bubble below.)
+//!   groups taking one more ([`interleaved_groups`]), so `g = p + ceil((m mod p) / (m / p))`.
+//!   (Left over as a group of their own, fewer than `p` micro-batches would wait for each other
+//!   to come round the ranks between chunks: this module's simulation then measured up to
+//!   1F1B's idle share, for example `p = 3, m = 4, v = 2`; shared out, they keep the bubble
+//!   below.)
 //!
 //! With equal forward and backward times per stage GPipe and 1F1B leave the same idle share, the
 //! bubble `(p - 1) / (m + p - 1)`; 1F1B saves activation memory, not time. The interleaved
