@@ -140,6 +140,45 @@ fn the_timeline_shows_each_stages_micro_batches_and_the_built_in_run_samples() {
 }
 
 #[test]
+fn an_interleaved_stage_reduces_each_chunks_gradients_after_its_last_backward() {
+    // the built-in gpt at dp = 2 x pp = 2, 2 chunks a rank of one block each (0.8 MB, under the
+    // 1 MB first bucket): chunk 1's bucket is launched in chunk 1's last backward, before chunk
+    // 0's backwards, instead of waiting in one bucket with chunk 0's parameters
+    let out = temp_dir("pp-interleaved-buckets");
+    let trace = out.join("trace.json");
+    let sets = [
+        path_set("train.trace", &trace),
+        "train.steps=2".into(),
+        "train.eval_every=0".into(),
+        "train.sample_tokens=0".into(),
+        "parallel.dp=2".into(),
+        "parallel.pp=2".into(),
+        "parallel.schedule=\"interleaved\"".into(),
+        "parallel.micro_batches=2".into(),
+    ];
+    launch_train_ok(4, None, &[], &sets);
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let mut spans: Vec<(f64, String)> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["pid"] == 0 && e["ph"] == "X")
+        .map(|e| (e["ts"].as_f64().unwrap(), e["name"].as_str().unwrap().to_string()))
+        .collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // rank 0's last step, from its first pass
+    let start = spans.iter().rposition(|(_, n)| n == "forward 0 (chunk 0)").unwrap();
+    let last: Vec<&str> = spans[start..].iter().map(|(_, n)| n.as_str()).collect();
+    let launch = last
+        .iter()
+        .position(|n| *n == "launch all_reduce")
+        .expect("a bucket launched");
+    let chunk_0 = last.iter().position(|n| *n == "backward 0 (chunk 0)").unwrap();
+    assert!(launch < chunk_0, "rank 0's last step: {last:?}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn the_interleaved_schedule_trains_the_built_in_gpt_as_one_process_does() {
     // the built-in gpt (4 blocks): pp = 2 with 2 chunks a rank is 4 virtual stages of one block
     let out = temp_dir("pp-interleaved");

@@ -16,7 +16,8 @@
 //!
 //! How: at construction the parameters are broadcast from rank 0 and cut into buckets in reverse
 //! registration order (the order backward produces their gradients): the first bucket holds
-//! about [`DdpOptions::first_bucket_bytes`], the others [`DdpOptions::bucket_bytes`]. Each
+//! about [`DdpOptions::first_bucket_bytes`], the others [`DdpOptions::bucket_bytes`] (and none
+//! reaches across a [`DdpOptions::bucket_breaks`] index). Each
 //! parameter's gradient-ready hook copies its gradient into its bucket; when a bucket is full its
 //! all-reduce (average) starts on the group's thread while backward goes on, buckets starting in
 //! order on every rank. [`DataParallel::finish`] waits for them and points each gradient at its
@@ -48,6 +49,12 @@ pub struct DdpOptions {
     /// `find_unused_parameters`): they count as zero there, and one whose gradient is missing on
     /// every rank keeps no gradient. Off: a missing gradient is an error naming the parameters.
     pub find_unused_parameters: bool,
+    /// Parameter indices that start a bucket's run: parameter `i` listed here and parameter
+    /// `i - 1` never share a bucket. An interleaved pipeline stage lists where each of its
+    /// chunks' parameters begin, since a chunk's gradients are whole after that chunk's last
+    /// backward, earlier than the next chunk's, and a bucket holding both would wait for the
+    /// later one. Empty by default.
+    pub bucket_breaks: Vec<usize>,
 }
 
 impl Default for DdpOptions {
@@ -56,6 +63,7 @@ impl Default for DdpOptions {
             first_bucket_bytes: 1 << 20,
             bucket_bytes: 25 << 20,
             find_unused_parameters: false,
+            bucket_breaks: Vec::new(),
         }
     }
 }
@@ -271,7 +279,8 @@ fn lock(r: &Mutex<Reducer>) -> MutexGuard<'_, Reducer> {
 }
 
 /// Buckets in reverse parameter order: each closes once it holds at least its cap in bytes (as
-/// PyTorch's `compute_bucket_assignment_by_size`), or where the dtype changes.
+/// PyTorch's `compute_bucket_assignment_by_size`), where the dtype changes, or after a parameter
+/// of [`DdpOptions::bucket_breaks`].
 fn plan_buckets(params: &[(String, Tensor)], options: &DdpOptions) -> Vec<Bucket> {
     let cap = |k: usize| {
         if k == 0 {
@@ -306,7 +315,7 @@ fn plan_buckets(params: &[(String, Tensor)], options: &DdpOptions) -> Vec<Bucket
         b.numel += p.numel();
         b.missing += 1;
         // as PyTorch: a bucket closes once it reaches its cap (its last tensor may pass it)
-        if b.numel * b.dtype.size_in_bytes() >= cap(k) {
+        if b.numel * b.dtype.size_in_bytes() >= cap(k) || options.bucket_breaks.contains(&i) {
             open = false;
         }
     }

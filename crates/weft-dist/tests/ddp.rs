@@ -118,6 +118,14 @@ fn gradients_are_the_whole_batch_gradients_and_parameters_start_from_rank_0() {
             let ddp = DataParallel::new(net.params.clone(), &pg, small_buckets()).unwrap();
             // reverse order; a bucket closes once it reaches its cap (64 bytes, then 128)
             assert_eq!(ddp.buckets(), [vec!["extra", "w2"], vec!["b1"], vec!["w1"]]);
+            // a break where "extra" begins: no bucket holds it and "w2"
+            let broken = DdpOptions {
+                bucket_breaks: vec![3],
+                ..small_buckets()
+            };
+            let other = DataParallel::new_unhooked(net.params.clone(), &pg, broken).unwrap();
+            assert_eq!(other.buckets(), [vec!["extra"], vec!["w2"], vec!["b1"], vec!["w1"]]);
+            drop(other);
             assert_eq!(net.values(), start, "rank {r}: parameters after the broadcast");
             for step in 0..2 {
                 ddp.backward(&net.loss(&share(&x, r, 8 / n), true)).unwrap();

@@ -40,6 +40,8 @@ pub struct Pipeline {
     /// What activations and their gradients travel between stages as (`parallel.pipeline_dtype`):
     /// f32 by default, or bf16, half the bytes, rounded on the way.
     wire: weft_core::DType,
+    /// Under interleaving, where each chunk's parameters but the first's begin in `params`.
+    chunk_starts: Vec<usize>,
 }
 
 /// A running count of the bytes the autograd graphs in flight hold together: each storage once
@@ -140,9 +142,13 @@ impl Pipeline {
                 owners.insert(name, v % stages);
             }
         }
-        // this rank's chunks' parameters, each once
+        // this rank's chunks' parameters, each once, and where each chunk's begin
         let mut params: Vec<(String, Tensor)> = Vec::new();
+        let mut chunk_starts = Vec::new();
         for c in 0..chunks {
+            if c > 0 {
+                chunk_starts.push(params.len());
+            }
             for (name, t) in model.stage_parameters(c * stages + group.rank(), virtual_stages)? {
                 if !params.iter().any(|(n, _)| *n == name) {
                     params.push((name, t));
@@ -159,6 +165,7 @@ impl Pipeline {
             ends,
             recompute,
             wire: weft_core::DType::F32,
+            chunk_starts,
             params,
             param_storages,
             owners,
@@ -210,6 +217,14 @@ impl Pipeline {
     /// The parameters this stage trains.
     pub fn parameters(&self) -> &[(String, Tensor)] {
         &self.params
+    }
+
+    /// Where each of this rank's model chunks but the first begins in [`Pipeline::parameters`]
+    /// (empty but under the interleaved schedule): a chunk's gradients are whole after its own
+    /// last backward, so data parallelism reduces them in buckets of their own
+    /// (`weft_dist::DdpOptions::bucket_breaks`).
+    pub fn chunk_starts(&self) -> &[usize] {
+        &self.chunk_starts
     }
 
     /// This pipeline with activations and their gradients sent between stages as `dtype` (f32,

@@ -271,7 +271,11 @@ impl Trainer {
     /// loss is the mean over the
     /// group, and only rank 0 writes checkpoints. Each rank is given its own share of every
     /// batch; see [`shard_rows`].
-    pub fn with_data_parallel(mut self, pg: ProcessGroup, options: DdpOptions) -> Result<Self> {
+    pub fn with_data_parallel(mut self, pg: ProcessGroup, mut options: DdpOptions) -> Result<Self> {
+        // an interleaved stage's chunks each reduce after their own last backward
+        if let Some(p) = &self.pipeline {
+            options.bucket_breaks = p.chunk_starts().to_vec();
+        }
         // the gradient hooks are registered at the first step that runs eagerly
         let ddp = DataParallel::new_unhooked(self.params.clone(), &pg, options)?;
         self.data_parallel = Some((pg, Replicas::Plain(ddp)));
