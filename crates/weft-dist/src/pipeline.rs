@@ -90,7 +90,8 @@ impl PipelineSchedule {
         };
         let (p, m) = (stages, micro);
         let total = m * v;
-        let forwards = interleaved_forwards(p, v, m);
+        let groups = interleaved_groups(p, m);
+        let forwards = interleaved_forwards(&groups, v);
         let forward = |k: usize| forwards[k];
         let backward = |k: usize| {
             let (c, i) = forward(k);
@@ -98,7 +99,7 @@ impl PipelineSchedule {
         };
         // the k-th backward comes after the (warmup + k)-th forward: enough for a group's last
         // chunk to follow its first passes through the others
-        let largest = interleaved_groups(p, m).into_iter().max().unwrap_or(p);
+        let largest = groups.iter().copied().max().unwrap_or(p);
         let warmup = if m == p {
             total
         } else {
@@ -164,14 +165,14 @@ pub fn interleaved_groups(p: usize, m: usize) -> Vec<usize> {
     }
 }
 
-/// The forwards of a rank under [`PipelineSchedule::Interleaved`] with `v` chunks, `p` stages
-/// and `m >= p` micro-batches, in order: (chunk, micro-batch), each group of
-/// [`interleaved_groups`] through chunk 0, then chunk 1, .... The `k`-th backward runs the
-/// `k`-th forward's micro-batch through chunk `v - 1 - c`.
-fn interleaved_forwards(p: usize, v: usize, m: usize) -> Vec<(usize, usize)> {
-    let mut out = Vec::with_capacity(v * m);
+/// The forwards of a rank under [`PipelineSchedule::Interleaved`] with `v` chunks, in order:
+/// (chunk, micro-batch), each of the `groups` ([`interleaved_groups`]) through chunk 0, then
+/// chunk 1, .... The `k`-th backward runs the `k`-th forward's micro-batch through chunk
+/// `v - 1 - c`.
+fn interleaved_forwards(groups: &[usize], v: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(v * groups.iter().sum::<usize>());
     let mut start = 0;
-    for g in interleaved_groups(p, m) {
+    for &g in groups {
         for c in 0..v {
             out.extend((start..start + g).map(|i| (c, i)));
         }

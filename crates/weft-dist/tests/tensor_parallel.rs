@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::ranks;
 use weft_core::{autocast, DType, Generator, Tensor};
 use weft_dist::tensor_parallel::{gather_whole, TpProcessGroup};
-use weft_dist::DeviceMesh;
+use weft_dist::{DeviceMesh, ProcessGroup};
 use weft_nn::layers::{Embedding, Linear};
 use weft_nn::parallel::{copy_to_group, Split, VocabShard};
 
@@ -40,6 +40,24 @@ fn copy_linear(like: &Linear) -> Linear {
     l.weight = leaf(&like.weight);
     l.bias = like.bias.as_ref().map(leaf);
     l
+}
+
+/// A cut Linear: its part on this rank, its splits, and the whole layer.
+type Cut<'a> = (&'a Linear, &'a [(String, Split)], &'a Linear);
+
+/// The input's gradient `xt` (against the whole layers' `xw`) and the weights' gradients of a
+/// column-parallel `ta` and a row-parallel `tb` cut as `sa` and `sb`, put back together over
+/// `pg`, against the whole layers' `wa` and `wb`.
+fn assert_pair_gradients(pg: &ProcessGroup, what: &str, (xt, xw): (&Tensor, &Tensor), a: Cut, b: Cut) {
+    assert_close(
+        &xt.grad().unwrap(),
+        &xw.grad().unwrap(),
+        &format!("{what}: input gradient"),
+    );
+    for ((part, splits, whole), name) in [(a, "a.weight"), (b, "b.weight")] {
+        let got = gather_whole(pg, &splits[0].1, &part.weight.grad().unwrap()).unwrap();
+        assert_close(&got, &whole.weight.grad().unwrap(), &format!("{what}: {name}"));
+    }
 }
 
 #[test]
@@ -66,26 +84,12 @@ fn column_then_row_parallel_linears_equal_the_whole_layers() {
             let l = y.mul(&y).unwrap().mean(&[], false).unwrap();
             assert_close(&l, &loss, &format!("{what}: loss"));
             l.backward().unwrap();
-            assert_close(
-                &xt.grad().unwrap(),
-                &xw.grad().unwrap(),
-                &format!("{what}: input gradient"),
-            );
+            assert_pair_gradients(&pg, &what, (&xt, &xw), (&ta, &sa, &wa), (&tb, &sb, &wb));
             let whole = |split: &Split, t: &Tensor| gather_whole(&pg, split, &t.grad().unwrap()).unwrap();
-            assert_close(
-                &whole(&sa[0].1, &ta.weight),
-                &wa.weight.grad().unwrap(),
-                &format!("{what}: a.weight"),
-            );
             assert_close(
                 &whole(&sa[1].1, ta.bias.as_ref().unwrap()),
                 &wa.bias.as_ref().unwrap().grad().unwrap(),
                 &format!("{what}: a.bias"),
-            );
-            assert_close(
-                &whole(&sb[0].1, &tb.weight),
-                &wb.weight.grad().unwrap(),
-                &format!("{what}: b.weight"),
             );
             // the row-parallel bias is whole on every rank, with the whole gradient
             assert_close(
@@ -152,22 +156,7 @@ fn a_sequence_parallel_block_equals_the_whole_block() {
             pg.all_reduce(&total, weft_dist::ReduceOp::Sum).unwrap().wait().unwrap();
             assert_close(&total, &loss, &format!("{what}: loss"));
             l.backward().unwrap();
-            assert_close(
-                &xt.grad().unwrap(),
-                &xw.grad().unwrap(),
-                &format!("{what}: input gradient"),
-            );
-            let whole = |split: &Split, t: &Tensor| gather_whole(&pg, split, &t.grad().unwrap()).unwrap();
-            assert_close(
-                &whole(&sa[0].1, &ta.weight),
-                &wa.weight.grad().unwrap(),
-                &format!("{what}: a.weight"),
-            );
-            assert_close(
-                &whole(&sb[0].1, &tb.weight),
-                &wb.weight.grad().unwrap(),
-                &format!("{what}: b.weight"),
-            );
+            assert_pair_gradients(&pg, &what, (&xt, &xw), (&ta, &sa, &wa), (&tb, &sb, &wb));
             for (got, want, name) in [
                 (tb.bias.as_ref().unwrap(), wb.bias.as_ref().unwrap(), "b.bias"),
                 (&tln.weight, &wln.weight, "ln.weight"),

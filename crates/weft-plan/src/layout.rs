@@ -70,7 +70,7 @@ impl Schedule {
             .flat_map(|&g| (0..v).flat_map(move |c| std::iter::repeat_n(c, g)))
             .collect();
         let chunk = |k: usize, forward: bool| if forward { forwards[k] } else { v - 1 - forwards[k] };
-        let largest = groups.iter().copied().max().unwrap_or(p);
+        let largest = GroupSizes::of(p, m).largest();
         let warmup = if m == p {
             total
         } else {
@@ -91,9 +91,48 @@ impl Schedule {
 /// first groups taking one more (`weft_dist::pipeline::interleaved_groups`; one group of `m`
 /// when `m < p`, which the runtime refuses).
 pub fn interleaved_groups(p: usize, m: usize) -> Vec<usize> {
-    match m / p {
-        0 => vec![m],
-        n => (0..n).map(|j| p + (m % p) / n + usize::from(j < (m % p) % n)).collect(),
+    let g = GroupSizes::of(p, m);
+    let mut out = vec![g.larger; g.larger_count];
+    out.resize(g.count, g.smaller);
+    out
+}
+
+/// [`interleaved_groups`] without listing them: `larger_count` groups of `larger` first, then
+/// groups of `smaller` (`larger = smaller + 1`; `larger_count` is 0 when `m` shares out evenly),
+/// `count` in all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupSizes {
+    pub count: usize,
+    pub larger_count: usize,
+    pub larger: usize,
+    pub smaller: usize,
+}
+
+impl GroupSizes {
+    pub fn of(p: usize, m: usize) -> GroupSizes {
+        match m / p {
+            0 => GroupSizes {
+                count: 1,
+                larger_count: 0,
+                larger: m,
+                smaller: m,
+            },
+            n => GroupSizes {
+                count: n,
+                larger_count: (m % p) % n,
+                larger: p + (m % p) / n + 1,
+                smaller: p + (m % p) / n,
+            },
+        }
+    }
+
+    /// The largest group (what the warm-up must cover).
+    pub fn largest(&self) -> usize {
+        if self.larger_count > 0 {
+            self.larger
+        } else {
+            self.smaller
+        }
     }
 }
 
@@ -214,5 +253,13 @@ mod tests {
         // (4 - 1 - s) 2 + 5 passes, then one more
         assert_eq!(Schedule::Interleaved(2).in_flight(0, 4, 10), 12);
         assert_eq!(Schedule::Interleaved(2).in_flight(3, 4, 10), 6);
+        // the runtime's groups (`weft_dist::pipeline::interleaved_groups`' own test has the same)
+        assert_eq!(interleaved_groups(16, 72), [18, 18, 18, 18]);
+        assert_eq!(interleaved_groups(4, 11), [6, 5]);
+        assert_eq!(interleaved_groups(3, 7), [4, 3]);
+        assert_eq!(interleaved_groups(4, 7), [7]);
+        assert_eq!(interleaved_groups(4, 8), [4, 4]);
+        assert_eq!(GroupSizes::of(4, 11).largest(), 6);
+        assert_eq!(GroupSizes::of(4, 8).largest(), 4);
     }
 }

@@ -394,7 +394,8 @@ fn accumulated_as_run(work: &Workload, zero: usize) -> std::borrow::Cow<'_, Work
 fn exposed_reduction(reduce: f64, last_bucket: f64, backward: f64, schedule: &Schedule, pp: usize, m: usize) -> f64 {
     let v = schedule.chunks();
     let g = match schedule {
-        Schedule::Interleaved(_) => *crate::layout::interleaved_groups(pp, m).last().unwrap_or(&m),
+        // the last group is one of the smaller
+        Schedule::Interleaved(_) => crate::layout::GroupSizes::of(pp, m).smaller,
         _ => 1,
     } as f64;
     let pass = backward / v as f64;

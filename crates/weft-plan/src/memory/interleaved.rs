@@ -87,15 +87,11 @@ pub(super) fn interleaved_activations(work: &Workload, layout: &Layout, stage: u
     };
     let m = layout.micro_batches;
     let total = m * v;
-    // `layout::interleaved_groups` in closed form: `big` groups of `ga`, then groups of `gb`
-    // (one group of all `m` when they are fewer than `pp`, which the runtime refuses)
-    let n = m / pp;
-    let (big, ga, gb) = match n {
-        0 => (0, m, m),
-        _ => ((m % pp) % n, pp + (m % pp) / n + 1, pp + (m % pp) / n),
-    };
+    // `layout::interleaved_groups` without listing them: `big` groups of `ga`, then of `gb`
+    let groups = crate::layout::GroupSizes::of(pp, m);
+    let (big, ga, gb) = (groups.larger_count, groups.larger, groups.smaller);
     let split = big * ga * v;
-    let largest = if big > 0 { ga } else { gb };
+    let largest = groups.largest();
     let warmup = if m == pp {
         total
     } else {

@@ -419,27 +419,27 @@ impl RunConfig {
         if p.zero > 3 {
             return bad("parallel.zero", format!("{} is not a ZeRO stage (0-3)", p.zero));
         }
-        match p.comm_dtype.as_str() {
-            "f32" => {}
-            "bf16" if p.zero > 0 => {}
-            "bf16" => {
-                return bad(
-                    "parallel.comm_dtype",
-                    "\"bf16\" needs ZeRO sharding (zero = 1, 2 or 3), which keeps the f32 master weights".into(),
-                )
+        // f32, or bf16 where the layout has what the key rounds (why not, otherwise)
+        for (key, value, bf16_allowed, why) in [
+            (
+                "parallel.comm_dtype",
+                &p.comm_dtype,
+                p.zero > 0,
+                "needs ZeRO sharding (zero = 1, 2 or 3), which keeps the f32 master weights",
+            ),
+            (
+                "parallel.pipeline_dtype",
+                &p.pipeline_dtype,
+                p.pp > 1,
+                "is what pipeline stages send each other; it needs pp > 1",
+            ),
+        ] {
+            match value.as_str() {
+                "f32" => {}
+                "bf16" if bf16_allowed => {}
+                "bf16" => return bad(key, format!("\"bf16\" {why}")),
+                other => return bad(key, format!("{other:?} is not one of f32, bf16")),
             }
-            other => return bad("parallel.comm_dtype", format!("{other:?} is not one of f32, bf16")),
-        }
-        match p.pipeline_dtype.as_str() {
-            "f32" => {}
-            "bf16" if p.pp > 1 => {}
-            "bf16" => {
-                return bad(
-                    "parallel.pipeline_dtype",
-                    "\"bf16\" is what pipeline stages send each other; it needs pp > 1".into(),
-                )
-            }
-            other => return bad("parallel.pipeline_dtype", format!("{other:?} is not one of f32, bf16")),
         }
         if !["1f1b", "gpipe", "interleaved"].contains(&p.schedule.as_str()) {
             return bad(
