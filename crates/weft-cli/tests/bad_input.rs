@@ -5,6 +5,11 @@ mod common;
 use common::{fixtures, temp_dir, weft};
 
 /// Runs `weft train` and checks it fails with a single error line containing every `needle`.
+/// `weft train` of the gpt fixture with `--set set` fails naming `needles` ([`fails_naming`]).
+fn setting_fails_naming(set: &str, needles: &[&str]) {
+    fails_naming(&["train", "--quiet", "--config", &gpt_config(), "--set", set], needles);
+}
+
 fn fails_naming(args: &[&str], needles: &[&str]) {
     let out = weft(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -28,10 +33,7 @@ fn gpt_config() -> String {
 
 #[test]
 fn typo_in_a_key() {
-    fails_naming(
-        &["train", "--quiet", "--config", &gpt_config(), "--set", "optim.lrr=0.1"],
-        &["optim", "lrr"],
-    );
+    setting_fails_naming("optim.lrr=0.1", &["optim", "lrr"]);
     let dir = temp_dir("typo-section");
     let cfg = dir.join("run.toml");
     let text = std::fs::read_to_string(gpt_config())
@@ -43,115 +45,29 @@ fn typo_in_a_key() {
 
 #[test]
 fn wrong_type() {
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "optim.lr=\"fast\"",
-        ],
-        &["optim.lr"],
-    );
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "model.n_layer=-2",
-        ],
-        &["model", "n_layer"],
-    );
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "optim.kind=\"adagrad\"",
-        ],
-        &["optim.kind", "adagrad"],
-    );
+    setting_fails_naming("optim.lr=\"fast\"", &["optim.lr"]);
+    setting_fails_naming("model.n_layer=-2", &["model", "n_layer"]);
+    setting_fails_naming("optim.kind=\"adagrad\"", &["optim.kind", "adagrad"]);
 }
 
 #[test]
 fn bad_values() {
-    fails_naming(
-        &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.dp=2"],
-        &["dp x tp x pp = 2 x 1 x 1 = 2", "single process"],
-    );
-    fails_naming(
-        &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.tp=2"],
-        &["tp x pp = 2 x 1 = 2", "single process"],
-    );
-    fails_naming(
-        &["train", "--quiet", "--config", &gpt_config(), "--set", "parallel.pp=0"],
-        &["parallel.pp", "at least 1"],
-    );
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "parallel.zero=7",
-        ],
-        &["parallel.zero", "0-3"],
-    );
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "parallel.comm_dtype=\"bf16\"",
-        ],
-        &["parallel.comm_dtype", "needs ZeRO"],
-    );
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "parallel.comm_dtype=\"f16\"",
-        ],
-        &["parallel.comm_dtype", "f32, bf16"],
-    );
+    setting_fails_naming("parallel.dp=2", &["dp x tp x pp = 2 x 1 x 1 = 2", "single process"]);
+    setting_fails_naming("parallel.tp=2", &["tp x pp = 2 x 1 = 2", "single process"]);
+    setting_fails_naming("parallel.pp=0", &["parallel.pp", "at least 1"]);
+    setting_fails_naming("parallel.zero=7", &["parallel.zero", "0-3"]);
+    setting_fails_naming("parallel.comm_dtype=\"bf16\"", &["parallel.comm_dtype", "needs ZeRO"]);
+    setting_fails_naming("parallel.comm_dtype=\"f16\"", &["parallel.comm_dtype", "f32, bf16"]);
     // what pipeline stages send: bf16 only where there are stages
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "parallel.pipeline_dtype=\"bf16\"",
-        ],
+    setting_fails_naming(
+        "parallel.pipeline_dtype=\"bf16\"",
         &["parallel.pipeline_dtype", "needs pp > 1"],
     );
-    fails_naming(
-        &[
-            "train",
-            "--quiet",
-            "--config",
-            &gpt_config(),
-            "--set",
-            "parallel.pipeline_dtype=\"f16\"",
-        ],
+    setting_fails_naming(
+        "parallel.pipeline_dtype=\"f16\"",
         &["parallel.pipeline_dtype", "f32, bf16"],
     );
-    fails_naming(
-        &["train", "--quiet", "--config", &gpt_config(), "--set", "model.n_head=3"],
-        &["n_embd", "n_head"],
-    );
+    setting_fails_naming("model.n_head=3", &["n_embd", "n_head"]);
     // a text shorter than one window named neither the file nor the key
     let dir = temp_dir("short-text");
     let short = dir.join("short.txt");
@@ -171,10 +87,7 @@ fn bad_values() {
         &["model.block_size: 100", "short.txt", "9 tokens"],
     );
     // an empty path named no key; evaluating 0 batches every few steps evaluated nothing
-    fails_naming(
-        &["train", "--quiet", "--config", &gpt_config(), "--set", "data.path=\"\""],
-        &["data.path", "is empty"],
-    );
+    setting_fails_naming("data.path=\"\"", &["data.path", "is empty"]);
     fails_naming(
         &[
             "train",
