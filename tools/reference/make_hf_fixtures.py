@@ -19,6 +19,10 @@ It writes under crates/weft-models/tests/fixtures/hf/:
                  those of the model transformers loads back from that folder
     qwen2/       Qwen2ForCausalLM (biases on q, k and v), grouped-query attention, tied embeddings
     mistral/     MistralForCausalLM without a sliding window (`sliding_window` null)
+    qwen3/       Qwen3ForCausalLM (RMSNorms on each query and key head), grouped-query attention,
+                 a head_dim (16) that is not hidden_size / num_attention_heads (8), tied embeddings
+    llama_head_dim/  LlamaForCausalLM with head_dim 12 where hidden_size / num_attention_heads is 8
+                 (Mistral NeMo's kind of config), untied
     expected.json  for each folder: the input ids [2, T] and the logits [2, T, V] (float32,
                  eager attention, CPU), flattened
 
@@ -32,7 +36,7 @@ import torch
 import transformers
 from transformers import (
     GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-    Qwen2ForCausalLM,
+    Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
 OUT = "crates/weft-models/tests/fixtures/hf"
@@ -146,6 +150,27 @@ def main():
     ids = torch.randint(0, 37, (2, 8), generator=g)
     mistral.save_pretrained(os.path.join(OUT, "mistral"), safe_serialization=True)
     expected["mistral"] = {"ids": ids.tolist(), "logits": logits_of(mistral, ids).flatten().tolist()}
+
+    qwen3_cfg = Qwen3Config(
+        vocab_size=39, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attn_implementation="eager",
+    )
+    qwen3 = scaled(Qwen3ForCausalLM(qwen3_cfg), 9)
+    ids = torch.randint(0, 39, (2, 9), generator=g)
+    qwen3.save_pretrained(os.path.join(OUT, "qwen3"), safe_serialization=True)
+    expected["qwen3"] = {"ids": ids.tolist(), "logits": logits_of(qwen3, ids).flatten().tolist()}
+
+    head_dim_cfg = LlamaConfig(
+        vocab_size=45, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
+    )
+    head_dim = scaled(LlamaForCausalLM(head_dim_cfg), 10)
+    ids = torch.randint(0, 45, (2, 10), generator=g)
+    head_dim.save_pretrained(os.path.join(OUT, "llama_head_dim"), safe_serialization=True)
+    expected["llama_head_dim"] = {"ids": ids.tolist(), "logits": logits_of(head_dim, ids).flatten().tolist()}
 
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(expected, f)

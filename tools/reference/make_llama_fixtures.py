@@ -3,29 +3,31 @@
 Run by hand (needs torch, transformers and safetensors; CI never runs it) from the repository
 root:
 
-    python3 tools/reference/make_llama_fixtures.py
+    python3 tools/reference/make_llama_fixtures.py [CASE...]   # every case when none is named
 
-Two tiny configs:
+Three tiny configs:
 
     gqa    n_head 4, n_kv_head 2 (grouped-query attention), separate lm_head, rope_theta 500
     tied   n_head 4, n_kv_head 4 (multi-head), lm_head tied to the token embedding, rope_theta
            default (10000)
+    qwen3  transformers' Qwen3ForCausalLM: n_head 4 of head_dim 12 (where n_embd / n_head is 8),
+           n_kv_head 2, RMSNorms on each query and key head (weft's qk_norm), separate lm_head
 
 For each it writes
 
-  crates/weft-train/tests/fixtures/llama_{gqa,tied}_adamw/   a 40-step training run in the
+  crates/weft-train/tests/fixtures/llama_{gqa,tied,qwen3}_adamw/   a 40-step training run in the
       layout of make_train_fixtures.py (init.safetensors, batches.safetensors, expected.json,
       run.toml): the same step loop, AdamW parameter groups (dim >= 2 decays), clipping, cosine
       schedule and Markov-chain token data. A tied model's init.safetensors holds the shared
       weight under both names (model.embed_tokens.weight and lm_head.weight, equal copies).
-  crates/weft-models/tests/fixtures/llama_{gqa,tied}_grads.safetensors   one forward and
+  crates/weft-models/tests/fixtures/llama_{gqa,tied,qwen3}_grads.safetensors   one forward and
       backward: `param.{name}` (the weights, RMSNorm weights drawn around 1 so that they
       matter), `inputs`, `targets` ([B, T] int64), `logits` ([B, T, V]), `loss` ([1]) and
       `grad.{name}` for every parameter (a tied model's weight once, as
-      model.embed_tokens.weight); plus llama_{gqa,tied}_grads.json with the config.
+      model.embed_tokens.weight); plus llama_{gqa,tied,qwen3}_grads.json with the config.
 
 Everything float32 on the CPU, one thread, attn_implementation "eager". The model is transformers'
-own LlamaForCausalLM; its state_dict names are the contract with weft.
+own LlamaForCausalLM (Qwen3ForCausalLM for qwen3); its state_dict names are the contract with weft.
 """
 
 import json
@@ -36,7 +38,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_train_fixtures as base  # noqa: E402
@@ -54,15 +56,25 @@ CASES = {
         vocab_size=65, block_size=16, n_layer=2, n_head=4, n_kv_head=4, n_embd=32,
         intermediate_size=48, rope_theta=10000.0, norm_eps=1e-6, tie_embeddings=True,
     ),
+    "qwen3": dict(
+        vocab_size=65, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+        intermediate_size=48, rope_theta=1000.0, norm_eps=1e-6, tie_embeddings=False,
+        head_dim=12, qk_norm=True,
+    ),
 }
 
 
 class Llama(torch.nn.Module):
-    """transformers' LlamaForCausalLM behind the interface make_train_fixtures.py drives."""
+    """transformers' LlamaForCausalLM (Qwen3ForCausalLM where the config has `qk_norm`) behind
+    the interface make_train_fixtures.py drives."""
 
     def __init__(self, cfg):
         super().__init__()
-        hf = LlamaConfig(
+        qwen3 = cfg.get("qk_norm", False)
+        extra = {} if qwen3 else {"mlp_bias": False}
+        if "head_dim" in cfg:
+            extra["head_dim"] = cfg["head_dim"]
+        hf = (Qwen3Config if qwen3 else LlamaConfig)(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["n_embd"],
             intermediate_size=cfg["intermediate_size"],
@@ -74,11 +86,11 @@ class Llama(torch.nn.Module):
             rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
             tie_word_embeddings=cfg["tie_embeddings"],
             attention_bias=False,
-            mlp_bias=False,
             initializer_range=0.02,
             attn_implementation="eager",
+            **extra,
         )
-        self.hf = LlamaForCausalLM(hf).float()
+        self.hf = (Qwen3ForCausalLM if qwen3 else LlamaForCausalLM)(hf).float()
         inv = self.hf.model.rotary_emb.inv_freq
         want = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, inv.numel() * 2, 2, dtype=torch.float) / (inv.numel() * 2)))
         assert torch.equal(inv, want), "rope_theta did not reach the model"
@@ -137,7 +149,9 @@ def main():
     base.MODELS["llama"] = Llama
     base.BATCHES["llama"] = base.gpt_batches
     print(f"torch {torch.__version__}")
-    for name, cfg in CASES.items():
+    names = sys.argv[1:] or list(CASES)
+    for name in names:
+        cfg = CASES[name]
         loss = unit_fixture(name, cfg)
         print(f"llama_{name}_grads  loss {loss:.6f}")
         # the gpt setup's optimizer values (lr 3e-3 cosine to 3e-4, clip 1.0)

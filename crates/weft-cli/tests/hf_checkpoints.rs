@@ -450,6 +450,8 @@ fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_pred
         ("llama_gqa", 53),
         ("llama_tied", 47),
         ("llama_rope_llama3", 41),
+        ("llama_head_dim", 45),
+        ("qwen3", 39),
     ] {
         let folder = fixture_copy(&dir, name);
         let chars = &alphabet[..vocab];

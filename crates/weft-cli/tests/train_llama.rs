@@ -1,5 +1,6 @@
 //! `weft train` with `[model] kind = "llama"` against transformers' `LlamaForCausalLM`: both
-//! fixtures (grouped-query attention untied; multi-head tied) at one process, and the GQA one
+//! fixtures (grouped-query attention untied; multi-head tied) at one process, Qwen3's attention
+//! (`Qwen3ForCausalLM`: `head_dim`, `qk_norm`) in several layouts, and the GQA one
 //! under data parallelism, ZeRO 1-3, tensor and pipeline parallelism and a dp x tp mesh, each
 //! within the fixture's tolerances (losses 1e-4 relative, lrs exact, gradient norms 1e-4); a
 //! tensor-parallel checkpoint resumed by one process; stop and resume bit for bit; `weft
@@ -37,7 +38,7 @@ fn llama_tied_adamw() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// Both fixtures with `train.device = "cuda"` (f32): transformers' CPU losses within the same
+/// The fixtures with `train.device = "cuda"` (f32): transformers' CPU losses within the same
 /// tolerances (on a GPU, grouped-query attention repeats the key/value heads before the kernel).
 /// Skipped, one line each, without a CUDA device; tools/cuda/device-check.sh runs them.
 mod on_gpu {
@@ -60,6 +61,11 @@ mod on_gpu {
     #[test]
     fn llama_tied_adamw() {
         on_cuda("llama_tied_adamw");
+    }
+
+    #[test]
+    fn llama_qwen3_adamw() {
+        on_cuda("llama_qwen3_adamw");
     }
 }
 
@@ -116,6 +122,34 @@ fn tensor_and_pipeline_parallel_layouts_reproduce_transformers() {
         ),
         // the tied embedding is held by the first and the last stage
         ("llama_tied_adamw", 2, "tied-pp2-1f1b-m2", pipeline.to_vec()),
+    ] {
+        let metrics = train(case, ranks, &out, name, &[], &sets);
+        let worst = check_against_pytorch(case, &metrics);
+        eprintln!("{case} {name}: max relative loss difference {worst:.2e}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Qwen3's attention (heads of width 12 where `n_embd / n_head` is 8, an RMSNorm over each query
+/// and key head) against transformers' `Qwen3ForCausalLM`: one process; tensor parallelism, where
+/// each rank normalizes its own heads with the whole norm weights and their gradients are summed
+/// over the group (without that sum the ranks' weights drift apart and the losses leave the
+/// reference), also sequence-parallel; a pipeline; and data parallelism with ZeRO 3.
+#[test]
+fn qwen3_attention_reproduces_transformers_in_every_layout() {
+    let case = "llama_qwen3_adamw";
+    let out = temp_dir("llama-qwen3");
+    let pipeline = vec![
+        "parallel.pp=2",
+        "parallel.schedule=\"1f1b\"",
+        "parallel.micro_batches=2",
+    ];
+    for (ranks, name, sets) in [
+        (1, "one", vec![]),
+        (2, "tp2", vec!["parallel.tp=2"]),
+        (2, "tp2-sp", vec!["parallel.tp=2", "parallel.sequence_parallel=true"]),
+        (2, "pp2-1f1b-m2", pipeline),
+        (2, "dp2-zero3", vec!["parallel.dp=2", "parallel.zero=3"]),
     ] {
         let metrics = train(case, ranks, &out, name, &[], &sets);
         let worst = check_against_pytorch(case, &metrics);
@@ -249,6 +283,51 @@ fn qkv_biases_train_and_cut_with_tensor_parallelism() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Heads of their own width where `n_embd` (30) does not divide by `n_head` (4), with Qwen3's
+/// head norms: the run trains (its loss falls), checkpoints the norms at `[head_dim]`, and
+/// `weft generate` samples from the checkpoint through the key/value cache.
+#[test]
+fn a_llama_with_its_own_head_width_trains_and_generates() {
+    let out = temp_dir("llama-head-dim");
+    let config = text_config(&out, "n_kv_head = 2\nn_embd = 30\nhead_dim = 8\nqk_norm = true", "");
+    let ckpt = out.join("ckpt");
+    let metrics = out.join("m.jsonl");
+    weft_ok(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--quiet",
+        "--set",
+        &path_set("train.checkpoint_dir", &ckpt),
+        "--set",
+        &path_set("train.metrics", &metrics),
+        "--set",
+        "train.steps=20",
+        "--set",
+        "train.log_every=1",
+    ]);
+    let l = losses(&metrics);
+    assert!(l[19] < l[0] - 0.3, "{l:?}");
+    let w = weft_core::io::safetensors::load(&ckpt.join("step-00000020").join("model-rank-00000.safetensors")).unwrap();
+    assert_eq!(w.tensors["model.layers.1.self_attn.k_norm.weight"].shape(), [8]);
+    assert_eq!(w.tensors["model.layers.0.self_attn.q_proj.weight"].shape(), [32, 30]);
+    assert_eq!(w.tensors["model.layers.0.self_attn.o_proj.weight"].shape(), [30, 32]);
+    let out_text = weft_ok(&[
+        "generate",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--prompt",
+        "The ",
+        "--tokens",
+        "12",
+        "--seed",
+        "3",
+    ]);
+    let text = String::from_utf8(out_text.stdout).unwrap();
+    assert!(text.starts_with("The ") && text.chars().count() >= 16, "{text:?}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn a_llama_trained_on_text_samples_and_generates_from_its_checkpoint() {
     let out = temp_dir("llama-generate");
@@ -307,7 +386,7 @@ fn a_llama_trained_on_text_samples_and_generates_from_its_checkpoint() {
 #[test]
 fn configs_the_model_cannot_take_are_refused_with_one_line() {
     let out = temp_dir("llama-bad");
-    let cases: [(&str, &str, &[&str]); 4] = [
+    let cases: [(&str, &str, &[&str]); 7] = [
         (
             "n_kv_head = 3\nn_embd = 32",
             "",
@@ -324,6 +403,22 @@ fn configs_the_model_cannot_take_are_refused_with_one_line() {
             &["model.n_embd", "head dim of 3", "even"],
         ),
         ("n_kv_head = 2\nn_embd = 32\nrope_scaling = 2.0", "", &["rope_scaling"]),
+        (
+            "n_kv_head = 2\nn_embd = 32\nhead_dim = 7",
+            "",
+            &["model.head_dim: 7: rotary embeddings need a positive, even head dim"],
+        ),
+        (
+            "n_kv_head = 2\nn_embd = 32\nhead_dim = 0",
+            "",
+            &["model.head_dim: 0: rotary embeddings need a positive, even head dim"],
+        ),
+        // with a head width of its own, n_embd need not divide by n_head, but n_head by n_kv_head
+        (
+            "n_kv_head = 3\nn_embd = 30\nhead_dim = 8\nqk_norm = true",
+            "",
+            &["model.n_head: 4 does not divide by n_kv_head = 3"],
+        ),
     ];
     for (i, (model, parallel, needles)) in cases.iter().enumerate() {
         let dir = out.join(format!("case{i}"));

@@ -159,6 +159,8 @@ fn llama_steps_replay_bit_for_bit() {
         norm_eps: LlamaConfig::DEFAULT_NORM_EPS,
         tie_embeddings: true,
         qkv_bias: false,
+        head_dim: None,
+        qk_norm: false,
     };
     let eager = Llama::new(config.clone(), 11).unwrap();
     let compiled = Llama::new(config, 11).unwrap();

@@ -12,13 +12,16 @@ use weft_core::io::safetensors;
 use weft_models::hf;
 
 /// The fixture folders read as a llama: Llama (grouped-query and sharded, tied, Llama 3.1's
-/// rope scaling, linear rope scaling in the older form), Qwen2 and Mistral.
-const LLAMA_FOLDERS: [&str; 6] = [
+/// rope scaling, linear rope scaling in the older form, heads of their own width), Qwen2, Qwen3
+/// and Mistral.
+const LLAMA_FOLDERS: [&str; 8] = [
     "llama_gqa",
     "llama_tied",
     "llama_rope_llama3",
     "llama_rope_linear",
+    "llama_head_dim",
     "qwen2",
+    "qwen3",
     "mistral",
 ];
 
@@ -277,7 +280,7 @@ fn a_written_folder_reads_back_the_same() {
         assert_eq!(file.metadata.get("format").map(String::as_str), Some("pt"));
         assert!(
             !file.tensors.contains_key("lm_head.weight")
-                || ["llama_gqa", "llama_rope_linear", "mistral"].contains(&name)
+                || ["llama_gqa", "llama_rope_linear", "llama_head_dim", "mistral"].contains(&name)
         );
         if name == "gpt2" {
             assert_eq!(file.tensors["transformer.h.0.attn.c_attn.weight"].shape(), [32, 96]);
@@ -289,9 +292,17 @@ fn a_written_folder_reads_back_the_same() {
         let arch = match name {
             "gpt2" => "GPT2LMHeadModel",
             "qwen2" => "Qwen2ForCausalLM",
+            "qwen3" => "Qwen3ForCausalLM",
             _ => "LlamaForCausalLM",
         };
         assert_eq!(written["architectures"], json!([arch]), "{name}");
+        // a head width of its own is written (Qwen3's always: its config's default is 128)
+        let head_dim = match name {
+            "qwen3" => json!(16),
+            "llama_head_dim" => json!(12),
+            _ => serde_json::Value::Null,
+        };
+        assert_eq!(written["head_dim"], head_dim, "{name}");
     }
     // a gpt without biases has no GPT-2 form
     let keys = json!({"kind": "gpt", "vocab_size": 8, "block_size": 4, "n_layer": 1, "n_head": 1,
@@ -385,6 +396,20 @@ fn llama_folders_compute_the_logits_transformers_does() {
             let worst = off.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(worst > 1e-3, "{name}: {worst}");
         }
+        if config.qk_norm {
+            // the head norms are read and used: without them the logits differ
+            let mut tensors = ck.tensors.clone();
+            for (n, t) in tensors.iter_mut() {
+                if n.ends_with("q_norm.weight") || n.ends_with("k_norm.weight") {
+                    *t = weft_core::Tensor::ones(t.shape(), t.dtype()).unwrap();
+                }
+            }
+            let plain = Llama::new(config.clone(), 0).unwrap();
+            weft_nn::state_dict::load_state_dict(&plain, &tensors, plain.aliases(), name).unwrap();
+            let off = plain.forward(&ids).unwrap().to_vec_f64();
+            let worst = off.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst > 1e-3, "{name}: {worst}");
+        }
         if config.qkv_bias {
             // the biases are read and used: the same weights without them compute other logits
             let mut tensors = ck.tensors.clone();
@@ -469,6 +494,89 @@ fn qwen2_and_mistral_folders_read_as_llama() {
     })
     .unwrap();
     assert_eq!(k["qkv_bias"], json!(true));
+}
+
+/// Qwen3 folders read as a llama with norms on the query and key heads and heads of their own
+/// width; a Llama `head_dim` other than `hidden_size / num_attention_heads` is kept, one equal
+/// to it left out. Qwen3's biases (on o_proj too) and sliding windows are refused naming the key.
+#[test]
+fn qwen3_and_head_dim_folders_read_as_llama() {
+    let qwen3 = hf::read_folder(&fixture("qwen3")).unwrap();
+    assert_eq!(qwen3.model["kind"], json!("llama"));
+    assert_eq!(qwen3.model["qk_norm"], json!(true));
+    assert_eq!(qwen3.model["head_dim"], json!(16));
+    assert_eq!(qwen3.model["n_kv_head"], json!(2));
+    assert!(!qwen3.model.contains_key("qkv_bias"));
+    assert_eq!(qwen3.tensors["model.layers.1.self_attn.k_norm.weight"].shape(), [16]);
+    assert_eq!(
+        qwen3.tensors["model.layers.0.self_attn.q_proj.weight"].shape(),
+        [64, 32]
+    );
+    assert_eq!(
+        qwen3.tensors["model.layers.0.self_attn.o_proj.weight"].shape(),
+        [32, 64]
+    );
+    let wide = hf::read_folder(&fixture("llama_head_dim")).unwrap();
+    assert_eq!(wide.model["head_dim"], json!(12));
+    assert!(!wide.model.contains_key("qk_norm"));
+    let keys = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let text = std::fs::read_to_string(fixture(name).join("config.json")).unwrap();
+        let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut c);
+        hf::to_weft_keys(&c.to_string(), "config.json").map_err(|e| e.to_string())
+    };
+    // absent, Qwen3's default head width is a fixed 128; Llama's hidden_size / heads
+    let k = keys("qwen3", &|c| {
+        c.as_object_mut().unwrap().remove("head_dim");
+    })
+    .unwrap();
+    assert_eq!(k["head_dim"], json!(128));
+    let k = keys("llama_head_dim", &|c| {
+        c.as_object_mut().unwrap().remove("head_dim");
+    })
+    .unwrap();
+    assert!(!k.contains_key("head_dim"));
+    // equal to hidden_size / heads (8 here) it is the same model, and left out
+    let k = keys("qwen3", &|c| c["head_dim"] = json!(8)).unwrap();
+    assert!(!k.contains_key("head_dim"));
+    let e = keys("llama_head_dim", &|c| c["head_dim"] = json!(0)).unwrap_err();
+    assert!(
+        e.contains("config.json: head_dim: expected a positive integer, got 0"),
+        "{e}"
+    );
+    let e = keys("qwen3", &|c| c["attention_bias"] = json!(true)).unwrap_err();
+    assert!(e.contains("config.json: attention_bias: true"), "{e}");
+    let e = keys("qwen3", &|c| c["use_sliding_window"] = json!(true)).unwrap_err();
+    assert!(e.contains("config.json: use_sliding_window: true"), "{e}");
+    let e = keys("qwen3", &|c| {
+        c["layer_types"] = json!(["sliding_attention", "full_attention"])
+    })
+    .unwrap_err();
+    assert!(e.contains("config.json: layer_types"), "{e}");
+    // the kind from model_type when architectures is absent
+    let k = keys("qwen3", &|c| {
+        c.as_object_mut().unwrap().remove("architectures");
+    })
+    .unwrap();
+    assert_eq!(k["qk_norm"], json!(true));
+    // a [model] head width the weights do not have names the key and the tensor
+    let mut cfg = support::llama_config(&serde_json::Value::Object(wide.model.clone()));
+    cfg.head_dim = Some(16);
+    let shapes: BTreeMap<String, Vec<usize>> = wide
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shape().to_vec()))
+        .collect();
+    let e = cfg.check_shapes(&shapes).unwrap_err().to_string();
+    assert!(
+        e.contains("q_proj.weight has shape [48, 32], not [n_head * head_dim, n_embd] = [64, 32]"),
+        "{e}"
+    );
+    // Qwen3's attention with biases on q, k and v has no form transformers reads as weft computes
+    let mut both = qwen3.model.clone();
+    both.insert("qkv_bias".into(), json!(true));
+    let e = hf::write_folder(&temp("qwen3-biased"), &both, &BTreeMap::new(), &[]).unwrap_err();
+    assert!(e.to_string().contains("model.qkv_bias with model.qk_norm"), "{e}");
 }
 
 /// Llama 3.1's rope scaling, as transformers 5 saves it (`rope_parameters`), and linear scaling in

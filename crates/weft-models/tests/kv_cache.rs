@@ -52,6 +52,12 @@ fn llama(n_kv_head: usize, tie: bool) -> Llama {
 }
 
 fn llama_of_block(n_kv_head: usize, tie: bool, block_size: usize) -> Llama {
+    llama_with(n_kv_head, tie, block_size, None)
+}
+
+/// With `head_dim`, Qwen3's attention: heads of that width and an RMSNorm over each query and
+/// key head (weights spread away from ones, so that they matter).
+fn llama_with(n_kv_head: usize, tie: bool, block_size: usize, head_dim: Option<usize>) -> Llama {
     let l = Llama::new(
         LlamaConfig {
             vocab_size: VOCAB,
@@ -66,6 +72,8 @@ fn llama_of_block(n_kv_head: usize, tie: bool, block_size: usize) -> Llama {
             norm_eps: 1e-5,
             tie_embeddings: tie,
             qkv_bias: false,
+            head_dim,
+            qk_norm: head_dim.is_some(),
         },
         6,
     )
@@ -79,6 +87,7 @@ fn models() -> Vec<(&'static str, Box<dyn LanguageModel>)> {
         ("gpt", Box::new(gpt())),
         ("llama gqa", Box::new(llama(2, false))),
         ("llama tied", Box::new(llama(4, true))),
+        ("llama qwen3", Box::new(llama_with(2, false, BLOCK, Some(6)))),
     ]
 }
 

@@ -76,6 +76,13 @@ fn tied_multi_head_matches_transformers() {
     check_case("tied");
 }
 
+/// Qwen3's attention: heads of their own width (12, where `n_embd / n_head` is 8) and an RMSNorm
+/// over each query and key head, whose weights get their gradients too.
+#[test]
+fn qwen3_head_norms_and_head_width_match_transformers() {
+    check_case("qwen3");
+}
+
 #[test]
 fn the_initialisation_is_transformers() {
     let config = LlamaConfig {
@@ -91,6 +98,8 @@ fn the_initialisation_is_transformers() {
         norm_eps: 1e-5,
         tie_embeddings: false,
         qkv_bias: false,
+        head_dim: None,
+        qk_norm: false,
     };
     let model = Llama::new(config, 3).unwrap();
     for (name, p) in model.parameters() {

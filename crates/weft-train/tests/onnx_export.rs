@@ -122,6 +122,11 @@ fn a_llama_exports_with_dynamic_batch_and_sequence() {
             "n_head": 4, "n_kv_head": kv, "n_embd": 32, "intermediate_size": 40, "tie_embeddings": tied});
         check(cfg, 9, None, &[ids(1, 1, 40), ids(3, 9, 40), ids(2, 32, 40)]);
     }
+    // Qwen3's attention: heads of their own width, an RMSNorm over each query and key head
+    let cfg = serde_json::json!({"kind": "llama", "vocab_size": 40, "block_size": 32, "n_layer": 2,
+        "n_head": 4, "n_kv_head": 2, "n_embd": 32, "intermediate_size": 40, "head_dim": 12,
+        "qk_norm": true});
+    check(cfg, 10, None, &[ids(1, 1, 40), ids(3, 9, 40)]);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Hugging Face `config.json` to weft's `[model]` keys and back, for `GPT2LMHeadModel` and
-//! `LlamaForCausalLM`. Only what weft's models compute is accepted: a key that asks for
-//! something else (a rope scaling other than linear and llama3, biases in llama, another
+//! `LlamaForCausalLM` (and `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `MistralForCausalLM`, which
+//! compute a llama). Only what weft's models compute is accepted: a key that asks for something
+//! else (a rope scaling other than linear and llama3, biases on Llama's o_proj or MLP, another
 //! activation) is an error naming it.
 
 use serde_json::{json, Map, Value};
@@ -14,12 +15,16 @@ const TRANSFORMERS_RMS_NORM_EPS: f64 = 1e-6;
 
 /// The architectures weft reads (and writes: a Mistral model is written as `LlamaForCausalLM`,
 /// the same computation).
-pub const ARCHITECTURES: [&str; 4] = [
+pub const ARCHITECTURES: [&str; 5] = [
     "GPT2LMHeadModel",
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
     "MistralForCausalLM",
 ];
+
+/// transformers' `Qwen3Config` default `head_dim` (fixed, not `hidden_size / num_attention_heads`).
+const QWEN3_HEAD_DIM: usize = 128;
 
 fn bad(source: &str, key: &str, msg: impl std::fmt::Display) -> Error {
     Error::Io(format!("{source}: {key}: {msg}"))
@@ -53,6 +58,7 @@ fn architecture(c: &Map<String, Value>, source: &str) -> Result<String> {
             Some("gpt2") => vec!["GPT2LMHeadModel".into()],
             Some("llama") => vec!["LlamaForCausalLM".into()],
             Some("qwen2") => vec!["Qwen2ForCausalLM".into()],
+            Some("qwen3") => vec!["Qwen3ForCausalLM".into()],
             Some("mistral") => vec!["MistralForCausalLM".into()],
             Some(t) => vec![t.to_string()],
             None => Vec::new(),
@@ -171,13 +177,14 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
 }
 
 /// A llama's keys from the `config.json` of `arch`: `LlamaForCausalLM`, `Qwen2ForCausalLM`
-/// (biases on q, k and v; no sliding-window layers) or `MistralForCausalLM` (without a sliding
-/// window shorter than its positions).
+/// (biases on q, k and v; no sliding-window layers), `Qwen3ForCausalLM` (norms on the query and
+/// key heads, its own head width; no sliding-window layers) or `MistralForCausalLM` (without a
+/// sliding window shorter than its positions).
 fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<String, Value>> {
     let n_embd = usize_key(c, "hidden_size", source)?;
     let block_size = usize_key(c, "max_position_embeddings", source)?;
     match arch {
-        "Qwen2ForCausalLM" => {
+        "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
             if bool_key(c, "use_sliding_window", false, source)? {
                 return Err(bad(
                     source,
@@ -219,19 +226,18 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
     // absent, transformers' default for the architecture; null, every head its own
     let n_kv_head = match (c.get("num_key_value_heads"), arch) {
         (None, "MistralForCausalLM") => 8,
-        (None, "Qwen2ForCausalLM") => 32,
+        (None, "Qwen2ForCausalLM" | "Qwen3ForCausalLM") => 32,
         (None | Some(Value::Null), _) => n_head,
         (Some(_), _) => usize_key(c, "num_key_value_heads", source)?,
     };
-    if let Some(hd) = c.get("head_dim").filter(|v| !v.is_null()) {
-        if !n_embd.is_multiple_of(n_head) || hd.as_u64() != Some((n_embd / n_head) as u64) {
-            return Err(bad(
-                source,
-                "head_dim",
-                format!("{hd}: weft's llama has heads of hidden_size / num_attention_heads"),
-            ));
-        }
+    // a head width of its own, kept only where it is not hidden_size / num_attention_heads
+    // (absent or null: that, but Qwen3's default, a fixed 128)
+    let head_dim = match (c.get("head_dim").filter(|v| !v.is_null()), arch) {
+        (Some(_), _) => Some(usize_key(c, "head_dim", source)?),
+        (None, "Qwen3ForCausalLM") => Some(QWEN3_HEAD_DIM),
+        (None, _) => None,
     }
+    .filter(|&hd| !n_embd.is_multiple_of(n_head) || hd != n_embd / n_head);
     match c.get("hidden_act").and_then(Value::as_str).unwrap_or("silu") {
         "silu" => {}
         other => return Err(bad(source, "hidden_act", format!("{other:?}: weft's llama uses silu"))),
@@ -239,7 +245,11 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
     let (rope_theta, rope_scaling) = rope_of(c, source)?;
     for key in ["attention_bias", "mlp_bias"] {
         if bool_key(c, key, false, source)? {
-            return Err(bad(source, key, "true: weft's llama has no biases"));
+            return Err(bad(
+                source,
+                key,
+                "true: weft's llama has no biases on o_proj or the MLP (biases on q, k and v alone are Qwen2's)",
+            ));
         }
     }
     let mut m = Map::new();
@@ -268,6 +278,12 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
     );
     if arch == "Qwen2ForCausalLM" {
         m.insert("qkv_bias".into(), json!(true));
+    }
+    if let Some(hd) = head_dim {
+        m.insert("head_dim".into(), json!(hd));
+    }
+    if arch == "Qwen3ForCausalLM" {
+        m.insert("qk_norm".into(), json!(true));
     }
     Ok(m)
 }
@@ -391,8 +407,8 @@ fn scaling_keys(s: &RopeScaling) -> Value {
 }
 
 /// The `config.json` of weft `[model]` keys (a gpt or llama), as `transformers` writes one for
-/// `GPT2LMHeadModel`, `LlamaForCausalLM` or (a llama with `qkv_bias`) `Qwen2ForCausalLM`.
-/// Errors for a model it cannot express.
+/// `GPT2LMHeadModel`, `LlamaForCausalLM`, (a llama with `qkv_bias`) `Qwen2ForCausalLM` or (a
+/// llama with `qk_norm`) `Qwen3ForCausalLM`. Errors for a model it cannot express.
 pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
     let get = |k: &str| keys.get(k).cloned().unwrap_or(Value::Null);
     let unsupported = |msg: String| Error::Invalid { op: "hf export", msg };
@@ -471,10 +487,43 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
                 "initializer_range": 0.02,
                 "torch_dtype": "float32",
             });
-            if get("qkv_bias").as_bool() == Some(true) {
+            let (qkv_bias, qk_norm) = (
+                get("qkv_bias").as_bool() == Some(true),
+                get("qk_norm").as_bool() == Some(true),
+            );
+            if qkv_bias && qk_norm {
+                return Err(unsupported(
+                    "model.qkv_bias with model.qk_norm: Qwen3ForCausalLM's attention_bias puts a bias on o_proj too, \
+                     which weft's llama does not have"
+                        .into(),
+                ));
+            }
+            let o = c.as_object_mut().expect("an object");
+            if let Some(hd) = keys.get("head_dim").filter(|v| !v.is_null()) {
+                o.insert(
+                    "head_dim".into(),
+                    json!(hd
+                        .as_u64()
+                        .ok_or_else(|| unsupported("model.head_dim is not a whole number".into()))?),
+                );
+            }
+            if qk_norm {
+                // Qwen3's attention: its config's head_dim defaults to 128, so it is always written
+                let head_dim = match keys.get("head_dim").filter(|v| !v.is_null()) {
+                    Some(_) => o["head_dim"].clone(),
+                    None => json!(num("n_embd")? / num("n_head")?.max(1)),
+                };
+                o.remove("mlp_bias");
+                o.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
+                o.insert("model_type".into(), json!("qwen3"));
+                o.insert("head_dim".into(), head_dim);
+                o.insert("use_sliding_window".into(), json!(false));
+                o.insert("sliding_window".into(), Value::Null);
+                o.insert("max_window_layers".into(), json!(num("n_layer")?));
+            }
+            if qkv_bias {
                 // biases on q, k and v alone are Qwen2's attention (LlamaForCausalLM's
                 // attention_bias puts one on o_proj too)
-                let o = c.as_object_mut().expect("an object");
                 o.remove("attention_bias");
                 o.remove("mlp_bias");
                 o.insert("architectures".into(), json!(["Qwen2ForCausalLM"]));

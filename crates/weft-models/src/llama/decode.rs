@@ -25,18 +25,22 @@ impl Llama {
             let (q, k, v) = (a.q_proj.forward(&xn)?, a.k_proj.forward(&xn)?, a.v_proj.forward(&xn)?);
             let y = kv_cache::per_sequence(seqs, |seq, start, t| {
                 let offset = seq.cache.len();
-                // this sequence's rows as [heads, t, hd], q and k rotated by their positions
-                let rows = |z: &Tensor, h: usize, rotate: bool| -> Result<Tensor> {
+                // this sequence's rows as [heads, t, hd]; q and k through their head norms (when
+                // the layer has them) and rotated by their positions
+                let rows = |z: &Tensor, h: usize, head: Option<bool>| -> Result<Tensor> {
                     let z = z
                         .narrow(1, start, t)?
                         .reshape(&[1, t as isize, h as isize, hd as isize])?;
-                    let z = if rotate { self.rope.apply_at(&z, offset)? } else { z };
+                    let z = match head {
+                        Some(key) => self.rope.apply_at(&a.norm_heads(z, key)?, offset)?,
+                        None => z,
+                    };
                     z.reshape(&[t as isize, h as isize, hd as isize])?.transpose(0, 1)
                 };
                 kv_cache::attend(
-                    &rows(&q, heads, true)?,
-                    &rows(&k, kv_heads, true)?,
-                    &rows(&v, kv_heads, false)?,
+                    &rows(&q, heads, Some(false))?,
+                    &rows(&k, kv_heads, Some(true))?,
+                    &rows(&v, kv_heads, None)?,
                     seq.cache,
                     layer,
                 )

@@ -33,7 +33,7 @@ pub struct LlamaConfig {
     /// Longest sequence (positions; transformers' `max_position_embeddings`).
     pub block_size: usize,
     pub n_layer: usize,
-    /// Query heads; `n_embd / n_head` is the head dim (even, for the rotary pairs).
+    /// Query heads, each [`head_dim`](Self::head_dim) wide.
     pub n_head: usize,
     /// Key/value heads; `n_head` must divide by it (1 = multi-query, `n_head` = multi-head).
     pub n_kv_head: usize,
@@ -51,6 +51,13 @@ pub struct LlamaConfig {
     pub tie_embeddings: bool,
     /// The q, k and v projections carry biases (Qwen2's attention; default false).
     pub qkv_bias: bool,
+    /// Width of one head when it is not `n_embd / n_head` (transformers' `head_dim`: Qwen3,
+    /// Mistral NeMo); `None` for `n_embd / n_head`. Even, for the rotary pairs.
+    pub head_dim: Option<usize>,
+    /// Each query and key head goes through an RMSNorm of its own width (weights
+    /// `self_attn.q_norm.weight` and `self_attn.k_norm.weight`, `[head_dim]`, shared by the
+    /// heads) before the rotary embedding: Qwen3's attention. Default false.
+    pub qk_norm: bool,
 }
 
 impl LlamaConfig {
@@ -59,7 +66,8 @@ impl LlamaConfig {
     /// RMSNorm's epsilon when none is given.
     pub const DEFAULT_NORM_EPS: f64 = 1e-5;
 
-    /// Positive sizes, `n_embd % n_head == 0`, `n_head % n_kv_head == 0`, an even head dim, a
+    /// Positive sizes, `n_head % n_kv_head == 0`, an even head dim (`head_dim`, or `n_embd /
+    /// n_head`, which must then divide), a
     /// positive finite `rope_theta` and `norm_eps`, and a valid `rope_scaling`. The error names
     /// the key.
     pub fn validate(&self) -> Result<()> {
@@ -72,18 +80,36 @@ impl LlamaConfig {
             ("n_embd", self.n_embd),
             ("intermediate_size", self.intermediate_size),
         ])?;
-        crate::config_check::divides("n_embd", self.n_embd, "n_head", self.n_head)?;
-        crate::config_check::divides("n_head", self.n_head, "n_kv_head", self.n_kv_head)?;
-        let hd = self.n_embd / self.n_head;
-        if !hd.is_multiple_of(2) {
-            return Err(config_error(
-                "n_embd",
-                format!(
-                    "{} / n_head = {} is a head dim of {hd}; rotary embeddings need an even one",
-                    self.n_embd, self.n_head
-                ),
-            ));
+        match self.head_dim {
+            Some(hd) => {
+                if hd == 0 || !hd.is_multiple_of(2) {
+                    return Err(config_error(
+                        "head_dim",
+                        format!("{hd}: rotary embeddings need a positive, even head dim"),
+                    ));
+                }
+                if self.n_head.checked_mul(hd).is_none() {
+                    return Err(config_error(
+                        "head_dim",
+                        format!("{hd} x n_head = {} overflows", self.n_head),
+                    ));
+                }
+            }
+            None => {
+                crate::config_check::divides("n_embd", self.n_embd, "n_head", self.n_head)?;
+                let hd = self.n_embd / self.n_head;
+                if !hd.is_multiple_of(2) {
+                    return Err(config_error(
+                        "n_embd",
+                        format!(
+                            "{} / n_head = {} is a head dim of {hd}; rotary embeddings need an even one",
+                            self.n_embd, self.n_head
+                        ),
+                    ));
+                }
+            }
         }
+        crate::config_check::divides("n_head", self.n_head, "n_kv_head", self.n_kv_head)?;
         for (key, v) in [("rope_theta", self.rope_theta), ("norm_eps", self.norm_eps)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(config_error(key, format!("{v} must be positive and finite")));
@@ -95,9 +121,9 @@ impl LlamaConfig {
         }
     }
 
-    /// `n_embd / n_head`.
+    /// The width of one head: `head_dim` when given, else `n_embd / n_head`.
     pub fn head_dim(&self) -> usize {
-        self.n_embd / self.n_head
+        self.head_dim.unwrap_or(self.n_embd / self.n_head.max(1))
     }
 }
 
@@ -168,7 +194,7 @@ impl Llama {
         for _ in 0..config.n_layer {
             layers.push(LlamaLayer {
                 input_layernorm: RmsNorm::new(c, config.norm_eps)?,
-                self_attn: LlamaAttention::new(c, config.n_head, config.n_kv_head, config.qkv_bias, std, &mut rng)?,
+                self_attn: LlamaAttention::new(&config, std, &mut rng)?,
                 post_attention_layernorm: RmsNorm::new(c, config.norm_eps)?,
                 mlp: LlamaMlp::new(c, config.intermediate_size, std, &mut rng)?,
             });

@@ -20,14 +20,32 @@ struct Dim {
 
 impl LlamaConfig {
     fn dim(&self, key: &'static str) -> Dim {
+        // without head_dim, the query heads' width is n_embd itself and a head n_embd / n_head
+        match (key, self.head_dim) {
+            ("n_head", None) => return self.dim("n_embd"),
+            ("head_dim", None) => {
+                return Dim {
+                    size: self.head_dim(),
+                    key: "n_embd",
+                    symbol: "n_embd / n_head",
+                }
+            }
+            _ => {}
+        }
         let (size, symbol) = match key {
             "vocab_size" => (self.vocab_size, "vocab_size"),
             "intermediate_size" => (self.intermediate_size, "intermediate_size"),
-            // key/value heads times the head dim
+            // query or key/value heads times the head dim
+            "n_head" => (self.n_head.saturating_mul(self.head_dim()), "n_head * head_dim"),
             "n_kv_head" => (
                 self.n_kv_head.saturating_mul(self.head_dim()),
-                "n_kv_head * n_embd / n_head",
+                if self.head_dim.is_some() {
+                    "n_kv_head * head_dim"
+                } else {
+                    "n_kv_head * n_embd / n_head"
+                },
             ),
+            "head_dim" => (self.head_dim(), "head_dim"),
             _ => (self.n_embd, "n_embd"),
         };
         Dim { size, key, symbol }
@@ -36,23 +54,30 @@ impl LlamaConfig {
     /// Every parameter's name and dims, in [`Llama`](super::Llama)'s `parameters()` order
     /// (`lm_head.weight` only when not tied).
     fn layout(&self) -> Vec<(String, Vec<Dim>)> {
-        let (v, c, i, kv) = (
+        let (v, c, i, q, kv, hd) = (
             self.dim("vocab_size"),
             self.dim("n_embd"),
             self.dim("intermediate_size"),
+            self.dim("n_head"),
             self.dim("n_kv_head"),
+            self.dim("head_dim"),
         );
         let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v.clone(), c.clone()])];
         for l in 0..self.n_layer {
             let p = format!("model.layers.{l}");
             out.push((format!("{p}.input_layernorm.weight"), vec![c.clone()]));
-            for (proj, out_dim) in [("q_proj", &c), ("k_proj", &kv), ("v_proj", &kv)] {
+            for (proj, out_dim) in [("q_proj", &q), ("k_proj", &kv), ("v_proj", &kv)] {
                 out.push((format!("{p}.self_attn.{proj}.weight"), vec![out_dim.clone(), c.clone()]));
                 if self.qkv_bias {
                     out.push((format!("{p}.self_attn.{proj}.bias"), vec![out_dim.clone()]));
                 }
             }
-            out.push((format!("{p}.self_attn.o_proj.weight"), vec![c.clone(), c.clone()]));
+            out.push((format!("{p}.self_attn.o_proj.weight"), vec![c.clone(), q.clone()]));
+            if self.qk_norm {
+                for norm in ["q_norm", "k_norm"] {
+                    out.push((format!("{p}.self_attn.{norm}.weight"), vec![hd.clone()]));
+                }
+            }
             out.push((format!("{p}.post_attention_layernorm.weight"), vec![c.clone()]));
             out.push((format!("{p}.mlp.gate_proj.weight"), vec![i.clone(), c.clone()]));
             out.push((format!("{p}.mlp.up_proj.weight"), vec![i.clone(), c.clone()]));
@@ -93,7 +118,9 @@ impl LlamaConfig {
         let value = |key: &str| match key {
             "vocab_size" => self.vocab_size,
             "intermediate_size" => self.intermediate_size,
+            "n_head" => self.n_head,
             "n_kv_head" => self.n_kv_head,
+            "head_dim" => self.head_dim(),
             _ => self.n_embd,
         };
         let mut layout = self.layout();
@@ -139,6 +166,8 @@ mod tests {
             norm_eps: 1e-5,
             tie_embeddings: tie,
             qkv_bias: false,
+            head_dim: None,
+            qk_norm: false,
         }
     }
 

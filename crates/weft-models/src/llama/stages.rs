@@ -91,6 +91,8 @@ mod tests {
             norm_eps: 1e-5,
             tie_embeddings: tie,
             qkv_bias: false,
+            head_dim: None,
+            qk_norm: false,
         };
         Llama::new(config, 1).unwrap()
     }

@@ -22,6 +22,8 @@ pub fn llama_config(m: &serde_json::Value) -> LlamaConfig {
             .as_bool()
             .unwrap_or_else(|| panic!("tie_embeddings")),
         qkv_bias: m["qkv_bias"].as_bool().unwrap_or(false),
+        head_dim: m["head_dim"].as_u64().map(|h| h as usize),
+        qk_norm: m["qk_norm"].as_bool().unwrap_or(false),
     }
 }
 

@@ -62,7 +62,8 @@ impl Module for LayerNorm {
 pub struct RmsNorm {
     pub weight: Tensor,
     pub eps: f64,
-    /// Set when the norm runs on a sequence-parallel rank's part of the tokens.
+    /// Set when the norm runs on a sequence-parallel rank's part of the tokens, or a
+    /// tensor-parallel rank's part of the heads ([`RmsNorm::make_head_parallel`]).
     pub sequence: Option<SequenceGroup>,
 }
 
@@ -87,6 +88,13 @@ impl RmsNorm {
     /// As [`LayerNorm::make_sequence_parallel`].
     pub fn make_sequence_parallel(&mut self, group: &TpGroup) {
         self.sequence = SequenceGroup::of(group);
+    }
+
+    /// The norm runs on a tensor-parallel rank's part of the heads (Qwen3's per-head q and k
+    /// norms, their weight whole on every rank): its weight's gradient is summed over `group`,
+    /// sequence-parallel or not. A group of one rank sums nothing.
+    pub fn make_head_parallel(&mut self, group: &TpGroup) {
+        self.sequence = (group.size() > 1).then(|| SequenceGroup(group.clone()));
     }
 }
 

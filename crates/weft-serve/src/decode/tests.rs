@@ -296,6 +296,8 @@ fn chunked_prompts_give_the_whole_prompts_logits_within_rounding() {
             norm_eps: weft_models::llama::LlamaConfig::DEFAULT_NORM_EPS,
             tie_embeddings: false,
             qkv_bias: false,
+            head_dim: None,
+            qk_norm: false,
         },
         5,
     )

@@ -179,6 +179,13 @@ pub struct LlamaKeys {
     /// Biases on the q, k and v projections (Qwen2's attention).
     #[serde(default)]
     pub qkv_bias: bool,
+    /// Width of one head when it is not `n_embd / n_head` (transformers' `head_dim`: Qwen3,
+    /// Mistral NeMo); absent, `n_embd / n_head`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// An RMSNorm over each query and key head before the rotary embedding (Qwen3's attention).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
 }
 
 /// `[model] rope_scaling` of a llama, in transformers' names: `{ rope_type = "linear", factor }`
@@ -243,6 +250,8 @@ impl LlamaKeys {
             norm_eps: self.norm_eps,
             tie_embeddings: self.tie_embeddings,
             qkv_bias: self.qkv_bias,
+            head_dim: self.head_dim,
+            qk_norm: self.qk_norm,
         }
     }
 }
