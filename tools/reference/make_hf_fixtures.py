@@ -23,6 +23,8 @@ It writes under crates/weft-models/tests/fixtures/hf/:
                  a head_dim (16) that is not hidden_size / num_attention_heads (8), tied embeddings
     llama_head_dim/  LlamaForCausalLM with head_dim 12 where hidden_size / num_attention_heads is 8
                  (Mistral NeMo's kind of config), untied
+    mistral_window/  MistralForCausalLM with a sliding window (6) shorter than its positions (32),
+                 as Mistral 7B v0.1's (4096 of 32768); its ids are as long as the window
     expected.json  for each folder: the input ids [2, T] and the logits [2, T, V] (float32,
                  eager attention, CPU), flattened
 
@@ -171,6 +173,16 @@ def main():
     ids = torch.randint(0, 45, (2, 10), generator=g)
     head_dim.save_pretrained(os.path.join(OUT, "llama_head_dim"), safe_serialization=True)
     expected["llama_head_dim"] = {"ids": ids.tolist(), "logits": logits_of(head_dim, ids).flatten().tolist()}
+
+    window_cfg = MistralConfig(
+        vocab_size=35, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, sliding_window=6,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
+    )
+    window = scaled(MistralForCausalLM(window_cfg), 11)
+    ids = torch.randint(0, 35, (2, 6), generator=g)
+    window.save_pretrained(os.path.join(OUT, "mistral_window"), safe_serialization=True)
+    expected["mistral_window"] = {"ids": ids.tolist(), "logits": logits_of(window, ids).flatten().tolist()}
 
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(expected, f)

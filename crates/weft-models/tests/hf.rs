@@ -13,8 +13,8 @@ use weft_models::hf;
 
 /// The fixture folders read as a llama: Llama (grouped-query and sharded, tied, Llama 3.1's
 /// rope scaling, linear rope scaling in the older form, heads of their own width), Qwen2, Qwen3
-/// and Mistral.
-const LLAMA_FOLDERS: [&str; 8] = [
+/// and Mistral (without a sliding window, and with one shorter than its positions).
+const LLAMA_FOLDERS: [&str; 9] = [
     "llama_gqa",
     "llama_tied",
     "llama_rope_llama3",
@@ -23,6 +23,7 @@ const LLAMA_FOLDERS: [&str; 8] = [
     "qwen2",
     "qwen3",
     "mistral",
+    "mistral_window",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -280,7 +281,14 @@ fn a_written_folder_reads_back_the_same() {
         assert_eq!(file.metadata.get("format").map(String::as_str), Some("pt"));
         assert!(
             !file.tensors.contains_key("lm_head.weight")
-                || ["llama_gqa", "llama_rope_linear", "llama_head_dim", "mistral"].contains(&name)
+                || [
+                    "llama_gqa",
+                    "llama_rope_linear",
+                    "llama_head_dim",
+                    "mistral",
+                    "mistral_window"
+                ]
+                .contains(&name)
         );
         if name == "gpt2" {
             assert_eq!(file.tensors["transformer.h.0.attn.c_attn.weight"].shape(), [32, 96]);
@@ -455,20 +463,33 @@ fn qwen2_and_mistral_folders_read_as_llama() {
     })
     .unwrap_err();
     assert!(e.contains("config.json: layer_types"), "{e}");
-    let e = keys("mistral", &|c| c["sliding_window"] = json!(4)).unwrap_err();
-    assert!(
-        e.contains("config.json: sliding_window: 4: weft's llama attends to every earlier position"),
-        "{e}"
+    // a window shorter than the positions is the longest sequence: within it, sliding-window
+    // attention reads every earlier position, as weft's llama does (the mistral_window fixture's
+    // logits, at ids as long as its window, are transformers')
+    assert_eq!(
+        hf::read_folder(&fixture("mistral_window")).unwrap().model["block_size"],
+        json!(6)
     );
-    // a window as long as the positions computes the same as none
-    keys("mistral", &|c| c["sliding_window"] = json!(32)).unwrap();
-    // absent, transformers' default window (4096) and key/value heads (Mistral's 8, Qwen2's 32)
-    let e = keys("mistral", &|c| {
+    let k = keys("mistral", &|c| c["sliding_window"] = json!(4)).unwrap();
+    assert_eq!(k["block_size"], json!(4));
+    // a window as long as the positions, or none, leaves them
+    let k = keys("mistral", &|c| c["sliding_window"] = json!(64)).unwrap();
+    assert_eq!(k["block_size"], json!(32));
+    for bad in [json!(0), json!(-3), json!("4096")] {
+        let e = keys("mistral", &|c| c["sliding_window"] = bad.clone()).unwrap_err();
+        assert!(
+            e.contains("config.json: sliding_window: expected a positive integer or null"),
+            "{e}"
+        );
+    }
+    // absent, transformers' default window (4096) and key/value heads (Mistral's 8, Qwen2's 32):
+    // Mistral 7B v0.1's 32768 positions under a window of 4096
+    let k = keys("mistral", &|c| {
         c["max_position_embeddings"] = json!(32768);
         c.as_object_mut().unwrap().remove("sliding_window");
     })
-    .unwrap_err();
-    assert!(e.contains("sliding_window: 4096"), "{e}");
+    .unwrap();
+    assert_eq!(k["block_size"], json!(4096));
     let k = keys("mistral", &|c| {
         c["num_attention_heads"] = json!(16);
         c.as_object_mut().unwrap().remove("head_dim");

@@ -178,11 +178,11 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
 
 /// A llama's keys from the `config.json` of `arch`: `LlamaForCausalLM`, `Qwen2ForCausalLM`
 /// (biases on q, k and v; no sliding-window layers), `Qwen3ForCausalLM` (norms on the query and
-/// key heads, its own head width; no sliding-window layers) or `MistralForCausalLM` (without a
-/// sliding window shorter than its positions).
+/// key heads, its own head width; no sliding-window layers) or `MistralForCausalLM` (whose
+/// sliding window, when shorter than its positions, is its longest sequence).
 fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<String, Value>> {
     let n_embd = usize_key(c, "hidden_size", source)?;
-    let block_size = usize_key(c, "max_position_embeddings", source)?;
+    let mut block_size = usize_key(c, "max_position_embeddings", source)?;
     match arch {
         "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
             if bool_key(c, "use_sliding_window", false, source)? {
@@ -205,20 +205,21 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
                 }
             }
         }
-        // absent, transformers' default window of 4096
+        // absent, transformers' default window of 4096. Within the window sliding-window
+        // attention reads every earlier position, as weft's does: a shorter window than the
+        // positions becomes the longest sequence (Mistral 7B v0.1: 4096 of 32768)
         "MistralForCausalLM" => match c.get("sliding_window").unwrap_or(&json!(4096)) {
             Value::Null => {}
-            w if w.as_u64().is_some_and(|w| w >= block_size as u64) => {}
-            w => {
-                return Err(bad(
-                    source,
-                    "sliding_window",
-                    format!(
-                        "{w}: weft's llama attends to every earlier position (a window of at least \
-                         max_position_embeddings = {block_size}, or null, computes the same)"
-                    ),
-                ))
-            }
+            w => match w.as_u64().and_then(|w| usize::try_from(w).ok()).filter(|&w| w > 0) {
+                Some(w) => block_size = block_size.min(w),
+                None => {
+                    return Err(bad(
+                        source,
+                        "sliding_window",
+                        format!("expected a positive integer or null, got {w}"),
+                    ))
+                }
+            },
         },
         _ => {}
     }
