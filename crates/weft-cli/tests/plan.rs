@@ -84,6 +84,69 @@ fn json_ranks_feasible_plans_best_first() {
     }
 }
 
+/// Qwen3-0.6B (heads of 128, not 1024 / 16, and q and k normed per head) planned from its
+/// config: its 596,049,920 parameters (the planner's shape said 1024 / 16 = 64 and no head norms
+/// before it read `head_dim` and `qk_norm`), the MFU of every plan from its attention over 16
+/// heads of 128 (the `4 T n_head hd` FLOPs), in f32 and bf16; the same model with a width
+/// that does not divide by its heads plans too.
+#[test]
+fn a_qwen3_model_plans_with_its_own_head_width() {
+    let dir = temp_dir("plan-qwen3");
+    let config = write(
+        &dir,
+        "qwen3.toml",
+        "[model]\nkind = \"llama\"\nvocab_size = 151936\nblock_size = 4096\nn_layer = 28\nn_head = 16\n\
+         n_kv_head = 8\nn_embd = 1024\nhead_dim = 128\nqk_norm = true\nintermediate_size = 3072\n\
+         tie_embeddings = true\n[data]\nkind = \"text\"\npath = \"builtin\"\nbatch_size = 64\n[optim]\n\
+         kind = \"adamw\"\nlr = 0.001\n[train]\nsteps = 1\ndevice = \"cuda\"\n",
+    );
+    let config = config.display().to_string();
+    let (c, q, kv, i, t, v) = (1024.0, 2048.0, 1024.0, 3072.0, 4096.0, 151936.0);
+    let forward = 28.0 * (2.0 * (2.0 * q * c + 2.0 * kv * c + 3.0 * i * c) + 4.0 * t * q) + 2.0 * v * c;
+    let h100 = weft_plan::DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    for (precision, peak) in [("f32", h100.flops_f32), ("bf16", h100.flops_bf16)] {
+        let out = weft(&[
+            "plan",
+            "--config",
+            &config,
+            "--devices",
+            "8",
+            "--top",
+            "4",
+            "--json",
+            "--set",
+            &format!("train.precision=\"{precision}\""),
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+        assert_eq!(v["parameters"].as_f64().unwrap(), 596_049_920.0, "{stdout}");
+        let plans = v["plans"].as_array().unwrap();
+        assert!(plans.iter().any(|p| p["feasible"] == true), "{stdout}");
+        for p in plans.iter().filter(|p| p["feasible"] == true) {
+            let mfu = p["predicted_mfu"].as_f64().unwrap();
+            let want = 3.0 * forward * p["tokens_per_second"].as_f64().unwrap() / (8.0 * peak);
+            assert!((mfu / want - 1.0).abs() < 1e-9, "{precision}: {mfu} vs {want}: {p}");
+        }
+    }
+    // 1000 does not divide by 16: the heads are head_dim wide either way
+    let out = weft(&[
+        "plan",
+        "--config",
+        &config,
+        "--devices",
+        "8",
+        "--set",
+        "model.n_embd=1000",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("llama of 0.58B parameters (28 layers, 16 heads, width 1000)"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn the_table_shows_the_ranking_and_why_others_fail() {
     let out = weft(&[

@@ -44,7 +44,17 @@ fn the_planners_parameter_counts_are_weft_models() {
         "kind = \"llama\"\nvocab_size = 50\nblock_size = 8\nn_layer = 2\nn_head = 4\nn_kv_head = 1\nn_embd = 16\n\
          intermediate_size = 40\ntie_embeddings = true",
     );
-    for c in [gpt, nobias, llama, tied] {
+    // Qwen3's attention: heads of 6 (not 16 / 4), q and k normed per head
+    let qwen3 = config(
+        "kind = \"llama\"\nvocab_size = 50\nblock_size = 8\nn_layer = 3\nn_head = 4\nn_kv_head = 2\nn_embd = 16\n\
+         head_dim = 6\nqk_norm = true\nintermediate_size = 24",
+    );
+    // a width that does not divide by the heads, with q, k and v biases
+    let odd = config(
+        "kind = \"llama\"\nvocab_size = 50\nblock_size = 8\nn_layer = 2\nn_head = 3\nn_kv_head = 1\nn_embd = 20\n\
+         head_dim = 8\nqkv_bias = true\nintermediate_size = 24\ntie_embeddings = true",
+    );
+    for c in [gpt, nobias, llama, tied, qwen3, odd] {
         let shape = weft_train::plan_shape::model_shape(&c.model).unwrap();
         let built: usize = match &c.model {
             ModelConfig::Gpt(g) => {
@@ -78,7 +88,9 @@ fn the_planners_memory_terms_are_weft_trains_estimate() {
                dropout = 0.0";
     let llama = "kind = \"llama\"\nvocab_size = 50\nblock_size = 8\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
                  n_embd = 16\nintermediate_size = 24";
-    for model in [gpt, llama] {
+    let qwen3 = "kind = \"llama\"\nvocab_size = 50\nblock_size = 8\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
+                 n_embd = 16\nhead_dim = 6\nqk_norm = true\nintermediate_size = 24";
+    for model in [gpt, llama, qwen3] {
         // `sp`: sequence-parallel
         for (dp, tp, zero, precision, sp) in [
             (1, 1, 0, "f32", false),
@@ -226,6 +238,12 @@ fn the_planners_activations_are_what_weft_holds() {
     // two key/value heads per rank at tp 2: grouped-query attention there too
     let grouped = "kind = \"llama\"\nvocab_size = 50\nblock_size = 32\nn_layer = 3\nn_head = 8\nn_kv_head = 4\n\
                    n_embd = 64\nintermediate_size = 96";
+    // Qwen3's attention: heads wider than n_embd / n_head (q 96 wide, k and v 48), normed
+    // per head before the rotation; then narrower ones, two key/value heads a rank at tp 2
+    let qwen3 = "kind = \"llama\"\nvocab_size = 50\nblock_size = 32\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
+                 n_embd = 64\nhead_dim = 24\nqk_norm = true\nintermediate_size = 96";
+    let qwen3_grouped = "kind = \"llama\"\nvocab_size = 50\nblock_size = 32\nn_layer = 3\nn_head = 8\n\
+                         n_kv_head = 4\nn_embd = 64\nhead_dim = 6\nqk_norm = true\nintermediate_size = 96";
     let ratio = |model: &str, tp: usize, sequence: bool, precision: &str| {
         let (held, predicted) = held_and_predicted(model, tp, sequence, precision);
         let name = if model.contains("llama") { "llama" } else { "gpt" };
@@ -241,7 +259,7 @@ fn the_planners_activations_are_what_weft_holds() {
     // bf16 copies, the unrotated q and k) is not held (when it was, the graph held 1.02-2.26x
     // what it holds now); sequence-parallel, the residual stream and the norms' statistics at
     // half the tokens, the gathered inputs of the products whole
-    for model in [gpt, llama, grouped] {
+    for model in [gpt, llama, grouped, qwen3, qwen3_grouped] {
         for (tp, sequence) in [(1, false), (2, false), (2, true)] {
             for precision in ["f32", "bf16"] {
                 let r = ratio(model, tp, sequence, precision);
@@ -250,6 +268,53 @@ fn the_planners_activations_are_what_weft_holds() {
                     "{model} tp {tp} sequence {sequence} {precision}: {r}"
                 );
             }
+        }
+    }
+}
+
+/// What `head_dim` and `qk_norm` add to what the graph keeps, to the byte: the graph of a llama
+/// with them less the graph of the same llama without, against the planner's two predictions'
+/// difference (the 1% of `the_planners_activations_are_what_weft_holds` would let the head
+/// norms' statistics, 1% of a block, go uncounted). What the planner leaves out as small, the
+/// f32 rotary tables once a model (`2 x 32 x hd` f32 elements here, a power of two of
+/// positions), is in the graph wherever the rotation reads them: in f32, and under bf16 after
+/// the head norms (whose outputs are f32); without the norms bf16 rotates with bf16 copies of
+/// them, which the planner counts per block.
+#[test]
+fn head_dim_and_qk_norm_keep_what_the_planner_counts() {
+    let llama = |extra: &str| {
+        format!(
+            "kind = \"llama\"\nvocab_size = 50\nblock_size = 32\nn_layer = 3\nn_head = 4\nn_kv_head = 2\n\
+             n_embd = 64\nintermediate_size = 96\n{extra}"
+        )
+    };
+    let tables = |hd: f64| 2.0 * 32.0 * hd * 4.0;
+    for (tp, sequence) in [(1, false), (2, false), (2, true)] {
+        for precision in ["f32", "bf16"] {
+            let f32_tables = |hd: f64, qk_norm: bool| {
+                if precision == "f32" || qk_norm {
+                    tables(hd)
+                } else {
+                    0.0
+                }
+            };
+            let what = format!("tp {tp} sequence {sequence} {precision}");
+            let (held0, predicted0) = held_and_predicted(&llama(""), tp, sequence, precision);
+            // heads of 24, not 64 / 4: q and the attention's output 96 wide, k and v 48
+            let (held1, predicted1) = held_and_predicted(&llama("head_dim = 24"), tp, sequence, precision);
+            let untold = f32_tables(24.0, false) - f32_tables(16.0, false);
+            assert_eq!(held1 - held0, predicted1 - predicted0 + untold, "head_dim, {what}");
+            assert_ne!(held1, held0, "{what}");
+            // and normed per head
+            let (held2, predicted2) =
+                held_and_predicted(&llama("head_dim = 24\nqk_norm = true"), tp, sequence, precision);
+            let untold = f32_tables(24.0, true) - f32_tables(24.0, false);
+            assert_eq!(held2 - held1, predicted2 - predicted1 + untold, "qk_norm, {what}");
+            println!(
+                "{what}: head_dim 24 keeps {} bytes more, qk_norm {} more",
+                held1 - held0,
+                held2 - held1
+            );
         }
     }
 }

@@ -2,30 +2,39 @@
 //! tensor by tensor, as the models compute (`weft_models::gpt`, `weft_models::llama`) and as
 //! autocast casts (`weft_core::autocast`). One accounting for the planner
 //! ([`crate::memory::stage_memory`]) and for the check before a run
-//! (`weft_train::memory::estimate`); `crates/weft-cli/tests/plan.rs` holds it to the bytes the
-//! graph of a small gpt and llama forward keeps, in f32 and bf16, with and without tensor
-//! parallelism.
+//! (`weft_train::memory::estimate`); `crates/weft-cli/tests/plan_accounting.rs` holds it to the
+//! bytes the graph of a small gpt and llama forward keeps, in f32 and bf16, with and without
+//! tensor parallelism (llama with and without `head_dim` and `qk_norm`).
 //!
 //! weft's autograd keeps of an op's inputs only those its backward formula reads (and a
 //! tensor whose own op reads it as an output: softmax, attention); a product's output that only
 //! a sum, a bias, a cast or a tensor-parallel reduction reads is freed during the forward. Per
 //! token of a block, on one tensor-parallel rank of `tp` (`C` = `n_embd`, `I` the MLP's width,
-//! `kv` the key/value width, `H` the heads; `/tp` what the rank's heads and MLP slice hold):
+//! `H` the query heads and `H_kv` the key/value heads, `hd` their width, `q = H hd` (`C` for
+//! gpt and for a llama without `head_dim`) and `kv = H_kv hd`; `/tp` what the rank's heads and
+//! MLP slice hold):
 //!
 //! - f32 always: the two residual sums, which the norms read (`2C`), the norms' mean and
 //!   reciprocal deviation (4), the attention's log-sum-exp (`H/tp`); in f32 also the norms'
 //!   outputs, which the products read (`2C`; under bf16 only their bf16 copies are read);
 //! - in the products' dtype (4 bytes in f32, 2 in bf16), cut by tp: gpt's q, k, v and attention
 //!   output (`4C`; under bf16 with biases the sum with the bias, not the product) and MLP
-//!   pre-activation and GELU output (`2I`); llama's rotated q and k and its v (`C + 2kv`: the
+//!   pre-activation and GELU output (`2I`); llama's rotated q and k and its v (`q + 2kv`: the
 //!   rotation reads only its tables, so the unrotated q and k are freed), attention output
-//!   (`C`), under bf16 the heads merged into rows (`C`: f32 attention writes them in place), and
+//!   (`q`), under bf16 the heads merged into rows (`q`: f32 attention writes them in place), and
 //!   the MLP's gate, up and product (`3I`: in f32 `silu_mul` takes the gate before its
 //!   activation; under bf16 the SiLU's output too, `4I`); grouped-query attention reads the
 //!   shared key/value heads in place on CPU; on a GPU (`kv_repeated`), which repeats them to
-//!   every query head first, the repeated keys and values (`2C`) in place of the rank's own
+//!   every query head first, the repeated keys and values (`2q`) in place of the rank's own
 //!   (`2kv`) where a rank holds more than one key/value head (one head repeated is a view of
-//!   it, and keeps it);
+//!   it, and keeps it; but with `qk_norm` under bf16 the keys are f32 when repeated, and the
+//!   attention's bf16 cast of the repeated view is `q` wide);
+//! - with `qk_norm` (Qwen3's per-head RMSNorms on q and k, before the rotation), f32 in either
+//!   precision, cut by tp: each norm's input (`q + kv`: the projections' outputs in f32, under
+//!   bf16 the f32 copies the norms make of them, the bf16 outputs then freed) and its mean and
+//!   reciprocal deviation per head (`2 (H + H_kv)`); their outputs are freed (the rotation
+//!   reads only its tables), and the rotated q and k, f32 now, are kept as the attention's
+//!   bf16 copies under bf16, as wide as before ([`head_norm_bytes_per_token`]);
 //! - under bf16 only: each product's bf16 copy of the f32 norm output it reads (gpt 2, llama 5:
 //!   q, k, v, gate and up each cast their own; `C` each, whole).
 //!
@@ -37,7 +46,8 @@
 //! its f32 weight to bf16 in every forward, and the graph keeps the copy until the backward: 2
 //! bytes per weight of the rank's products ([`weight_copy_bytes`]; the biases' copies only feed
 //! sums and are freed); llama's rotary tables cast to bf16 for q and k (`4 T hd` elements a
-//! block).
+//! block; none with `qk_norm`, whose f32 outputs the rotation takes with the f32 tables as they
+//! are).
 
 use crate::model::{ModelKind, ModelShape, Precision};
 
@@ -67,26 +77,46 @@ fn dtypes(precision: Precision) -> Dtypes {
 pub fn block_bytes_per_token(model: &ModelShape, precision: Precision, tp: usize, kv_repeated: bool) -> f64 {
     let d = dtypes(precision);
     let bf16 = precision == Precision::Bf16;
-    let (c, i, kv, t) = (model.n_embd as f64, model.intermediate as f64, kv(model), tp as f64);
+    let (c, i, t) = (model.n_embd as f64, model.intermediate as f64, tp as f64);
     // residual sums, the norms' statistics, the log-sum-exp; in f32 the norms' outputs
     let norm_outputs = if bf16 { 0.0 } else { 2.0 * c };
     let f32_bytes = 4.0 * (2.0 * c + norm_outputs + 4.0 + model.n_head as f64 / t);
     let (cut, casts) = match model.kind {
         ModelKind::Gpt => (4.0 * c + 2.0 * i, 2.0 * c),
         ModelKind::Llama => {
-            let merged = if bf16 { c } else { 0.0 };
+            // q and the attention's output n_head hd wide, k and v n_kv_head hd
+            let (q, kv) = (model.q_width(), model.kv_width());
+            let merged = if bf16 { q } else { 0.0 };
             let mlp = if bf16 { 4.0 * i } else { 3.0 * i };
             let kv_heads_here = model.n_kv_head / tp.max(1) as u64;
-            let repeated = kv_repeated && model.n_kv_head < model.n_head && kv_heads_here > 1;
-            let keys_values = if repeated { 2.0 * c } else { 2.0 * kv };
-            (2.0 * c + keys_values + merged + mlp, 5.0 * c)
+            let repeated = kv_repeated && model.n_kv_head < model.n_head;
+            // the repeat copies where the rank holds several key/value heads; one head repeated
+            // is a view of it, except that bf16 attention casts f32 keys (normed ones, below)
+            // after the repeat, which writes them whole
+            let values = if repeated && kv_heads_here > 1 { q } else { kv };
+            let keys = if repeated && (kv_heads_here > 1 || (model.qk_norm && bf16)) {
+                q
+            } else {
+                kv
+            };
+            (q + keys + values + q + merged + mlp, 5.0 * c)
         }
     };
-    f32_bytes + d.low * cut / t + d.cast_low * casts
+    f32_bytes + head_norm_bytes_per_token(model, tp) + d.low * cut / t + d.cast_low * casts
 }
 
-fn kv(model: &ModelShape) -> f64 {
-    (model.n_kv_head * (model.n_embd / model.n_head.max(1))) as f64
+/// Bytes per token of a block on a rank of `tp` that a llama's per-head q and k norms
+/// (`qk_norm`) keep, f32 in either precision: each norm's input (the rank's `q/tp` and `kv/tp`
+/// of the projections' outputs; under bf16 the f32 copy the norm makes of them, the bf16 outputs
+/// freed) and its mean and reciprocal deviation for each of the rank's `(H + H_kv)/tp` heads.
+/// Their outputs are not kept: the rotation reads only its tables. 0 without `qk_norm`.
+pub fn head_norm_bytes_per_token(model: &ModelShape, tp: usize) -> f64 {
+    if !model.qk_norm || model.kind != ModelKind::Llama {
+        return 0.0;
+    }
+    let t = tp as f64;
+    let heads = (model.n_head + model.n_kv_head) as f64;
+    4.0 * ((model.q_width() + model.kv_width()) + 2.0 * heads) / t
 }
 
 /// Activation bytes per token the first stage keeps besides its blocks: the token ids (8) and
@@ -121,8 +151,8 @@ pub fn block_product_weights(model: &ModelShape, tp: usize) -> f64 {
     let weights = match model.kind {
         // c_attn 3C x C, attn c_proj C x C, c_fc I x C, mlp c_proj C x I
         ModelKind::Gpt => 4.0 * c * c + 2.0 * i * c,
-        // q and o C x C, k and v kv x C, gate, up and down I x C
-        ModelKind::Llama => 2.0 * c * c + 2.0 * kv(model) * c + 3.0 * i * c,
+        // q q x C and o C x q (q = n_head hd), k and v kv x C, gate, up and down I x C
+        ModelKind::Llama => 2.0 * model.q_width() * c + 2.0 * model.kv_width() * c + 3.0 * i * c,
     };
     weights / tp as f64
 }
@@ -155,9 +185,11 @@ pub fn micro_batch_bytes(
     let t = model.seq_len as f64;
     let per_batch = match model.kind {
         ModelKind::Gpt => 0.0,
-        // the cos and sin tables cast to bf16 for q and for k, `[T, hd]` each
+        // the cos and sin tables cast to bf16 for q and for k, `[T, hd]` each; with qk_norm
+        // the rotation takes the norms' f32 outputs and reads the f32 tables as they are
+        ModelKind::Llama if model.qk_norm => 0.0,
         ModelKind::Llama => {
-            let hd = (model.n_embd / model.n_head.max(1)) as f64;
+            let hd = model.head_dim as f64;
             blocks as f64 * dtypes(precision).cast_low * 4.0 * t * hd
         }
     };
@@ -229,9 +261,11 @@ mod tests {
             n_head,
             n_kv_head,
             n_embd: 256,
+            head_dim: 256 / n_head,
             intermediate: 688,
             tied: false,
             bias: false,
+            qk_norm: false,
         }
     }
 
@@ -263,5 +297,92 @@ mod tests {
             whole(true) - whole(false),
             4.0 * tokens * extra(&gqa, Precision::F32, 1)
         );
+    }
+
+    /// `llama(n_head, n_kv_head)` with heads of `hd` (q `n_head hd` wide, not 256), normed per
+    /// head or not.
+    fn qwen(n_head: u64, n_kv_head: u64, hd: u64, qk_norm: bool) -> ModelShape {
+        ModelShape {
+            head_dim: hd,
+            qk_norm,
+            ..llama(n_head, n_kv_head)
+        }
+    }
+
+    #[test]
+    fn the_attention_keeps_q_and_k_and_v_of_the_heads_width() {
+        // 8 query heads of 48 (q and the attention's output 384 wide), 4 key/value heads
+        // (192), width 256
+        let (q, kv, c) = (384.0, 192.0, 256.0);
+        let m = qwen(8, 4, 48, false);
+        let base = llama(8, 4);
+        for (p, bytes) in [(Precision::F32, 4.0), (Precision::Bf16, 2.0)] {
+            for tp in [1, 2, 4] {
+                // rotated q, k, v, the attention's output, and under bf16 its heads merged into
+                // rows: 2 q + 2 kv (+ q) in place of 2 C + 2 (C / 2) (+ C)
+                let merged = if p == Precision::Bf16 { 1.0 } else { 0.0 };
+                let want = bytes * ((2.0 + merged) * (q - c) + 2.0 * (kv - c / 2.0)) / tp as f64;
+                let got = block_bytes_per_token(&m, p, tp, false) - block_bytes_per_token(&base, p, tp, false);
+                assert_eq!(got, want, "{p:?} tp {tp}");
+            }
+        }
+        // the products' weights: q x C and C x q, k and v kv x C
+        assert_eq!(
+            block_product_weights(&m, 2),
+            (2.0 * q * c + 2.0 * kv * c + 3.0 * 688.0 * c) / 2.0
+        );
+        // the rotary tables cast to bf16, [T, hd] for cos and sin, for q and for k, a block
+        let tables = |m: &ModelShape| {
+            micro_batch_bytes(m, Precision::Bf16, 1, false, 3, (false, false), 0.0)
+                - weight_copy_bytes(m, Precision::Bf16, 1, 3, false)
+        };
+        assert_eq!(tables(&m), 3.0 * 2.0 * 4.0 * 256.0 * 48.0);
+        assert_eq!(tables(&base), 3.0 * 2.0 * 4.0 * 256.0 * 32.0);
+    }
+
+    #[test]
+    fn the_head_norms_keep_their_f32_inputs_and_statistics() {
+        let (q, kv) = (384.0, 192.0);
+        let (plain, normed) = (qwen(8, 4, 48, false), qwen(8, 4, 48, true));
+        for p in [Precision::F32, Precision::Bf16] {
+            for tp in [1, 2, 4] {
+                // the projections' outputs in f32 (q and k of the rank's heads), a mean and a
+                // reciprocal deviation for each of its 12 / tp heads
+                let want = 4.0 * (q + kv + 2.0 * 12.0) / tp as f64;
+                assert_eq!(head_norm_bytes_per_token(&normed, tp), want);
+                let got = block_bytes_per_token(&normed, p, tp, false) - block_bytes_per_token(&plain, p, tp, false);
+                assert_eq!(got, want, "{p:?} tp {tp}");
+            }
+        }
+        assert_eq!(head_norm_bytes_per_token(&plain, 1), 0.0);
+        // the rotation then takes f32 q and k, and reads the f32 tables: no bf16 copies
+        let tables = |m: &ModelShape| {
+            micro_batch_bytes(m, Precision::Bf16, 1, false, 3, (false, false), 0.0)
+                - weight_copy_bytes(m, Precision::Bf16, 1, 3, false)
+        };
+        assert!(tables(&plain) > 0.0);
+        assert_eq!(tables(&normed), 0.0);
+        // nor any weight of theirs among the products'
+        assert_eq!(block_product_weights(&normed, 2), block_product_weights(&plain, 2));
+    }
+
+    #[test]
+    fn a_gpu_repeats_normed_keys_in_f32_and_keeps_their_bf16_copy_whole() {
+        // one key/value head a rank (tp 4 of 4): its repeat is a view of it, but bf16 attention
+        // casts the normed keys (f32) after the repeat, writing them for every query head; the
+        // values (bf16 already) stay a view
+        let (q, kv) = (384.0, 192.0);
+        let extra = |m: &ModelShape, p: Precision, tp: usize| {
+            block_bytes_per_token(m, p, tp, true) - block_bytes_per_token(m, p, tp, false)
+        };
+        let normed = qwen(8, 4, 48, true);
+        assert_eq!(extra(&normed, Precision::Bf16, 4), 2.0 * (q - kv) / 4.0);
+        assert_eq!(extra(&normed, Precision::F32, 4), 0.0);
+        assert_eq!(extra(&qwen(8, 4, 48, false), Precision::Bf16, 4), 0.0);
+        // several a rank: both repeated, as without the norms
+        assert_eq!(extra(&normed, Precision::Bf16, 2), 2.0 * 2.0 * (q - kv) / 2.0);
+        assert_eq!(extra(&normed, Precision::F32, 1), 4.0 * 2.0 * (q - kv));
+        // multi-head attention repeats nothing
+        assert_eq!(extra(&qwen(8, 8, 48, true), Precision::Bf16, 8), 0.0);
     }
 }

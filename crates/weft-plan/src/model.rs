@@ -17,7 +17,9 @@ pub enum ModelKind {
     /// output layer tied to the token embedding.
     Gpt,
     /// Llama layout: rotary positions, RMSNorm, SwiGLU MLP of width `intermediate`, grouped-query
-    /// attention with `n_kv_head` key/value heads, no biases.
+    /// attention with `n_kv_head` key/value heads of `head_dim` each (and `n_head` query heads
+    /// as wide), no biases; optionally Qwen2's q, k and v biases and Qwen3's per-head q and k
+    /// norms.
     Llama,
 }
 
@@ -33,6 +35,11 @@ pub struct ModelShape {
     /// Key/value heads (llama); `n_head` for gpt.
     pub n_kv_head: u64,
     pub n_embd: u64,
+    /// Width of one attention head, resolved (never 0): `n_embd / n_head` for gpt and for a
+    /// llama without `[model] head_dim`, else that key (Qwen3, Mistral NeMo). A llama's q and its
+    /// attention output are `n_head x head_dim` wide, its k and v `n_kv_head x head_dim`, which
+    /// need not be `n_embd`.
+    pub head_dim: u64,
     /// The MLP's hidden width: `4 n_embd` for gpt, `intermediate_size` for llama.
     pub intermediate: u64,
     /// The output layer is the token embedding (always for gpt).
@@ -40,6 +47,10 @@ pub struct ModelShape {
     /// Biases: in every Linear layer and LayerNorm of a gpt; on the q, k and v projections of
     /// a llama (Qwen2's attention, `[model] qkv_bias`).
     pub bias: bool,
+    /// A llama's RMSNorm over each query and key head before the rotary embedding (Qwen3's
+    /// attention, `[model] qk_norm`): two weights of `head_dim`, whole on every tensor-parallel
+    /// rank (their gradients summed over the group in the backward). Always false for gpt.
+    pub qk_norm: bool,
 }
 
 /// The dtype the matrix products run in (`[train] precision`). Parameters, gradients and
@@ -128,11 +139,32 @@ impl ModelShape {
                 self.n_layer
             )));
         }
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(Error::BadModel(format!(
-                "n_embd {} does not divide by n_head {}",
-                self.n_embd, self.n_head
-            )));
+        // a gpt's heads are its width cut in n_head (c_attn's 3C columns); a llama's are
+        // head_dim wide whatever n_embd is
+        match self.kind {
+            ModelKind::Gpt => {
+                if !self.n_embd.is_multiple_of(self.n_head) {
+                    return Err(Error::BadModel(format!(
+                        "n_embd {} does not divide by n_head {}",
+                        self.n_embd, self.n_head
+                    )));
+                }
+                if self.head_dim != self.n_embd / self.n_head {
+                    return Err(Error::BadModel(format!(
+                        "head_dim {}: a gpt's heads are n_embd / n_head = {} wide",
+                        self.head_dim,
+                        self.n_embd / self.n_head
+                    )));
+                }
+                if self.qk_norm {
+                    return Err(Error::BadModel("qk_norm: a gpt has no per-head q and k norms".into()));
+                }
+            }
+            ModelKind::Llama => {
+                if self.head_dim == 0 {
+                    return Err(Error::BadModel("head_dim must be at least 1".into()));
+                }
+            }
         }
         if !self.n_head.is_multiple_of(self.n_kv_head) {
             return Err(Error::BadModel(format!(
@@ -147,9 +179,25 @@ impl ModelShape {
         self.n_embd as f64
     }
 
-    /// Width of the key and value projections: `n_kv_head x head size`.
-    fn kv(&self) -> f64 {
-        (self.n_kv_head * (self.n_embd / self.n_head.max(1))) as f64
+    /// Width of the query projection and of the attention's output (`o_proj`'s input):
+    /// `n_head x head_dim` (`n_embd` for gpt).
+    pub fn q_width(&self) -> f64 {
+        self.n_head as f64 * self.head_dim as f64
+    }
+
+    /// Width of the key and value projections: `n_kv_head x head_dim`.
+    pub fn kv_width(&self) -> f64 {
+        self.n_kv_head as f64 * self.head_dim as f64
+    }
+
+    /// The per-head q and k norms' weights of one block (`2 head_dim` with `qk_norm`, else 0):
+    /// whole on every tensor-parallel rank, each summed over the group in the backward.
+    pub fn head_norm_params(&self) -> f64 {
+        if self.qk_norm && self.kind == ModelKind::Llama {
+            2.0 * self.head_dim as f64
+        } else {
+            0.0
+        }
     }
 
     fn bias(&self) -> f64 {
@@ -180,12 +228,15 @@ impl ModelShape {
                 let whole = 2.0 * c * b + 2.0 * c * (1.0 + b);
                 (cut, whole)
             }
-            // q and o C x C, k and v kv x C (+C, +kv, +kv, column-parallel like their weights),
-            // gate, up and down I x C; two RMSNorms
+            // q q x C and o C x q, k and v kv x C (+q, +kv, +kv, column-parallel like their
+            // weights), gate, up and down I x C; two RMSNorms (and the head norms, 2 hd)
             ModelKind::Llama => {
                 let i = self.intermediate as f64;
-                let kv = self.kv();
-                (2.0 * c * c + 2.0 * kv * c + 3.0 * i * c + (c + 2.0 * kv) * b, 2.0 * c)
+                let (q, kv) = (self.q_width(), self.kv_width());
+                (
+                    2.0 * q * c + 2.0 * kv * c + 3.0 * i * c + (q + 2.0 * kv) * b,
+                    2.0 * c + self.head_norm_params(),
+                )
             }
         }
     }
@@ -200,7 +251,10 @@ impl ModelShape {
                 let i = self.intermediate as f64;
                 ((3.0 * c + i) * b, 2.0 * c * b + 2.0 * c * (1.0 + b))
             }
-            ModelKind::Llama => ((c + 2.0 * self.kv()) * b, 2.0 * c),
+            ModelKind::Llama => (
+                (self.q_width() + 2.0 * self.kv_width()) * b,
+                2.0 * c + self.head_norm_params(),
+            ),
         }
     }
 
@@ -244,18 +298,24 @@ impl ModelShape {
     /// without the causal mask's savings, as Megatron-LM counts them).
     pub fn block_flops_per_token(&self) -> f64 {
         let c = self.c();
-        let (t, i) = (self.seq_len as f64, self.intermediate as f64);
+        let i = self.intermediate as f64;
         let weights = match self.kind {
             ModelKind::Gpt => 4.0 * c * c + 2.0 * i * c,
-            ModelKind::Llama => 2.0 * c * c + 2.0 * self.kv() * c + 3.0 * i * c,
+            ModelKind::Llama => 2.0 * self.q_width() * c + 2.0 * self.kv_width() * c + 3.0 * i * c,
         };
-        2.0 * weights + 4.0 * t * c
+        2.0 * weights + self.attention_flops_per_token()
     }
 
-    /// Forward FLOPs of the attention's `q k^T` and `p v` for one token of one block (`4 T C`,
-    /// part of [`Self::block_flops_per_token`]).
+    /// Forward FLOPs of the attention's `q k^T` and `p v` for one token of one block (`4 T C`
+    /// for gpt, `4 T n_head hd` for llama: each of the `n_head` query heads takes `T` dot
+    /// products of `hd` with the keys and sums `T` values of `hd`), part of
+    /// [`Self::block_flops_per_token`].
     pub fn attention_flops_per_token(&self) -> f64 {
-        4.0 * self.seq_len as f64 * self.c()
+        let width = match self.kind {
+            ModelKind::Gpt => self.c(),
+            ModelKind::Llama => self.q_width(),
+        };
+        4.0 * self.seq_len as f64 * width
     }
 
     /// Forward FLOPs of the output layer for one token.
@@ -269,18 +329,33 @@ impl ModelShape {
     }
 
     /// Elements one block's memory-bound kernels read and write per token in the forward, as
-    /// `(whole on every tp rank, cut by tp)`: the two norms (read and write `C` each), the two
-    /// residual additions (read `2C`, write `C` each), and the MLP's activation (gpt: GELU,
-    /// read and write `I`; llama: SiLU and the product with `up`, `5I`; rotary positions on
-    /// q and k, `2(C + kv)`). Attention is taken as one fused kernel whose scores stay on chip.
+    /// `(whole on every tp rank, in f32; cut by tp, in the products' dtype)`: the two norms
+    /// (read and write `C` each), the two residual additions (read `2C`, write `C` each), and
+    /// the MLP's activation (gpt: GELU, read and write `I`; llama: SiLU and the product with
+    /// `up`, `5I`; rotary positions on q and k, `2(q + kv)` with `q = n_head hd`, unless
+    /// `qk_norm` makes them f32: [`Self::block_f32_cut_elements_per_token`]). Attention is
+    /// taken as one fused kernel whose scores stay on chip.
     pub fn block_memory_elements_per_token(&self) -> (f64, f64) {
         let (c, i) = (self.c(), self.intermediate as f64);
         let whole = 4.0 * c + 6.0 * c;
         let cut = match self.kind {
             ModelKind::Gpt => 2.0 * i,
-            ModelKind::Llama => 5.0 * i + 2.0 * (c + self.kv()),
+            ModelKind::Llama if self.qk_norm => 5.0 * i,
+            ModelKind::Llama => 5.0 * i + 2.0 * (self.q_width() + self.kv_width()),
         };
         (whole, cut)
+    }
+
+    /// Elements of one block's memory-bound kernels per token in the forward that are cut by
+    /// tp and f32 in either precision: with `qk_norm`, the head norms on q and k (read and
+    /// write `q + kv`, in f32 as weft's RMSNorm runs) and the rotation of their f32 outputs
+    /// (`2(q + kv)`); 0 without.
+    pub fn block_f32_cut_elements_per_token(&self) -> f64 {
+        if self.qk_norm && self.kind == ModelKind::Llama {
+            4.0 * (self.q_width() + self.kv_width())
+        } else {
+            0.0
+        }
     }
 }
 
@@ -297,9 +372,11 @@ pub(crate) mod tests {
             n_head: 12,
             n_kv_head: 12,
             n_embd: 768,
+            head_dim: 64,
             intermediate: 3072,
             tied: true,
             bias: true,
+            qk_norm: false,
         }
     }
 
@@ -321,9 +398,11 @@ pub(crate) mod tests {
             n_head: 32,
             n_kv_head: 32,
             n_embd: 4096,
+            head_dim: 128,
             intermediate: 11008,
             tied: false,
             bias: false,
+            qk_norm: false,
         };
         assert_eq!(m.parameter_count(), 6_738_415_616.0);
         // with biases on q, k and v (Qwen2's attention): C + 2 kv more a layer, cut with them
@@ -344,9 +423,11 @@ pub(crate) mod tests {
             n_head: 96,
             n_kv_head: 96,
             n_embd: 12288,
+            head_dim: 128,
             intermediate: 4 * 12288,
             tied: true,
             bias: true,
+            qk_norm: false,
         };
         let (s, l, h, v) = (2048.0, 96.0, 12288.0, 50257.0);
         let megatron = 72.0 * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
@@ -356,6 +437,100 @@ pub(crate) mod tests {
         let g = gpt2_small();
         assert_eq!(g.block_flops_per_token(), 24.0 * 768.0 * 768.0 + 4.0 * 1024.0 * 768.0);
         assert_eq!(g.head_flops_per_token(), 2.0 * 50257.0 * 768.0);
+    }
+
+    /// Qwen3-0.6B (its `config.json`): 28 layers of width 1024, 16 query heads and 8 key/value
+    /// heads of `head_dim = 128` (q 2048 wide, twice `n_embd`), q and k normed per head, MLP
+    /// 3072, vocabulary 151936, tied.
+    pub(crate) fn qwen3_0_6b() -> ModelShape {
+        ModelShape {
+            kind: ModelKind::Llama,
+            vocab: 151936,
+            seq_len: 4096,
+            n_layer: 28,
+            n_head: 16,
+            n_kv_head: 8,
+            n_embd: 1024,
+            head_dim: 128,
+            intermediate: 3072,
+            tied: true,
+            bias: false,
+            qk_norm: true,
+        }
+    }
+
+    #[test]
+    fn qwen3_0_6b_has_its_parameters() {
+        let m = qwen3_0_6b();
+        assert!(m.check().is_ok());
+        // by hand: q 2048 x 1024 and o 1024 x 2048, k and v 1024 x 1024, gate, up, down
+        // 3072 x 1024, two RMSNorms of 1024, q_norm and k_norm of 128 (HF: 0.6B, 0.44B
+        // without the embedding)
+        let block = 2.0 * 2048.0 * 1024.0 + 2.0 * 1024.0 * 1024.0 + 3.0 * 3072.0 * 1024.0 + 2.0 * 1024.0 + 256.0;
+        assert_eq!(m.block_params(), block);
+        assert_eq!(m.parameter_count(), 596_049_920.0);
+        assert_eq!(m.parameter_count() - 151936.0 * 1024.0, 440_467_456.0);
+        // the head norms whole on every tp rank, and no product's: a pass of their own under
+        // gradient-accumulation fusion
+        let plain = ModelShape {
+            qk_norm: false,
+            ..m.clone()
+        };
+        assert_eq!(m.head_norm_params(), 256.0);
+        assert_eq!(m.block_params_split().0, plain.block_params_split().0);
+        assert_eq!(m.block_params_split().1, plain.block_params_split().1 + 256.0);
+        assert_eq!(m.block_vector_params_split(), (0.0, 2.0 * 1024.0 + 256.0));
+        // with q, k and v biases: q + 2 kv = 4096 more, cut with their weights
+        let biased = ModelShape {
+            bias: true,
+            ..m.clone()
+        };
+        assert_eq!(biased.block_params_split().0 - m.block_params_split().0, 4096.0);
+        assert_eq!(biased.block_vector_params_split().0, 4096.0);
+    }
+
+    #[test]
+    fn a_head_dim_sets_the_attentions_flops_and_bytes() {
+        let m = qwen3_0_6b();
+        let (q, kv, c, i, t) = (2048.0, 1024.0, 1024.0, 3072.0, 4096.0);
+        assert_eq!(m.q_width(), q);
+        assert_eq!(m.kv_width(), kv);
+        // q k^T and p v over 16 heads of 128, not 1024 / 16 = 64
+        assert_eq!(m.attention_flops_per_token(), 4.0 * t * q);
+        assert_eq!(
+            m.block_flops_per_token(),
+            2.0 * (2.0 * q * c + 2.0 * kv * c + 3.0 * i * c) + 4.0 * t * q
+        );
+        // rotary positions on q and k, each read and written in the products' dtype; with the
+        // head norms, the norms and the rotation of their outputs in f32
+        let plain = ModelShape {
+            qk_norm: false,
+            ..m.clone()
+        };
+        assert_eq!(
+            plain.block_memory_elements_per_token(),
+            (10.0 * c, 5.0 * i + 2.0 * (q + kv))
+        );
+        assert_eq!(plain.block_f32_cut_elements_per_token(), 0.0);
+        assert_eq!(m.block_memory_elements_per_token(), (10.0 * c, 5.0 * i));
+        assert_eq!(m.block_f32_cut_elements_per_token(), 4.0 * (q + kv));
+        // without a head_dim of its own, the same as before: Llama 2 7B's q is its width
+        let llama2 = ModelShape {
+            kind: ModelKind::Llama,
+            vocab: 32000,
+            seq_len: 4096,
+            n_layer: 32,
+            n_head: 32,
+            n_kv_head: 32,
+            n_embd: 4096,
+            head_dim: 128,
+            intermediate: 11008,
+            tied: false,
+            bias: false,
+            qk_norm: false,
+        };
+        assert_eq!(llama2.attention_flops_per_token(), 4.0 * 4096.0 * 4096.0);
+        assert_eq!(llama2.head_norm_params(), 0.0);
     }
 
     #[test]
@@ -371,5 +546,27 @@ pub(crate) mod tests {
         };
         assert!(matches!(zero.check(), Err(Error::BadModel(m)) if m.contains("n_layer")));
         assert!(gpt2_small().check().is_ok());
+        // a gpt's heads are n_embd / n_head wide, without norms of their own
+        let wide = ModelShape {
+            head_dim: 128,
+            ..gpt2_small()
+        };
+        assert!(matches!(wide.check(), Err(Error::BadModel(m)) if m.contains("head_dim 128")));
+        let normed = ModelShape {
+            qk_norm: true,
+            ..gpt2_small()
+        };
+        assert!(matches!(normed.check(), Err(Error::BadModel(m)) if m.contains("qk_norm")));
+        // a llama's are head_dim wide, whatever n_embd is: 1000 does not divide by 16
+        let odd = ModelShape {
+            n_embd: 1000,
+            ..qwen3_0_6b()
+        };
+        assert!(odd.check().is_ok());
+        let none = ModelShape {
+            head_dim: 0,
+            ..qwen3_0_6b()
+        };
+        assert!(matches!(none.check(), Err(Error::BadModel(m)) if m.contains("head_dim")));
     }
 }

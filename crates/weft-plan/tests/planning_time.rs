@@ -106,9 +106,11 @@ fn the_bounds_leave_out_no_plan_that_would_rank() {
         n_head: 32,
         n_kv_head: 8,
         n_embd: 4096,
+        head_dim: 128,
         intermediate: 11008,
         tied: false,
         bias: false,
+        qk_norm: false,
     };
     let cpu = DeviceSpec {
         name: "cpu".into(),

@@ -45,9 +45,11 @@ fn grouped_query_attention_bounds_tensor_parallelism() {
         n_head: 32,
         n_kv_head: 2,
         n_embd: 2048,
+        head_dim: 64,
         intermediate: 5632,
         tied: false,
         bias: false,
+        qk_norm: false,
     };
     let r = plan(&work(llama, 64), &h100(), 8, SearchOptions::default()).unwrap();
     assert!(r.plans.iter().all(|p| p.layout.tp <= 2));

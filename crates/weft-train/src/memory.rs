@@ -68,11 +68,15 @@ pub fn parameter_count(cfg: &ModelConfig) -> f64 {
         }
         ModelConfig::Llama(l) => {
             let (c, inter) = (l.n_embd as f64, l.intermediate_size as f64);
-            let kv = l.n_kv_head as f64 * (l.n_embd / l.n_head.max(1)) as f64;
-            // per layer: two RMSNorms, q and o (C x C), k and v (kv x C), gate, up and down
-            // (I x C each); q, k and v's biases when there are
-            let bias = if l.qkv_bias { c + 2.0 * kv } else { 0.0 };
-            let layer = 2.0 * c + 2.0 * c * c + 2.0 * kv * c + 3.0 * inter * c + bias;
+            // heads of `[model] head_dim`, else n_embd / n_head, as the model resolves it
+            let hd = l.to_config().head_dim() as f64;
+            let (q, kv) = (l.n_head as f64 * hd, l.n_kv_head as f64 * hd);
+            // per layer: two RMSNorms, q (q x C) and o (C x q), k and v (kv x C), gate, up and
+            // down (I x C each); q, k and v's biases when there are; the q and k head norms (hd
+            // each) with qk_norm
+            let bias = if l.qkv_bias { q + 2.0 * kv } else { 0.0 };
+            let head_norms = if l.qk_norm { 2.0 * hd } else { 0.0 };
+            let layer = 2.0 * c + 2.0 * q * c + 2.0 * kv * c + 3.0 * inter * c + bias + head_norms;
             let heads = if l.tie_embeddings { 1.0 } else { 2.0 };
             heads * l.vocab_size as f64 * c + l.n_layer as f64 * layer + c
         }
@@ -283,6 +287,8 @@ mod tests {
             norm_eps: 1e-5,
             tie_embeddings: false,
             qkv_bias: false,
+            head_dim: None,
+            qk_norm: false,
         };
         assert_eq!(parameter_count(&ModelConfig::Llama(llama2.clone())), 6_738_415_616.0);
         // grouped-query and tied: a model built and counted
@@ -302,12 +308,26 @@ mod tests {
         // with biases on q, k and v (Qwen2's)
         let biased = LlamaKeys {
             qkv_bias: true,
-            ..small
+            ..small.clone()
         };
         let built = weft_models::llama::Llama::new(biased.to_config(), 0).unwrap();
         let m: usize = weft_nn::Module::parameters(&built).iter().map(|(_, t)| t.numel()).sum();
         assert_eq!(m, n + 3 * (16 + 2 * 2 * 4));
         assert_eq!(parameter_count(&ModelConfig::Llama(biased)), m as f64);
+        // heads of 6, not 16 / 4 (q and o 24 x 16, k and v 12 x 16), and Qwen3's q_norm and
+        // k_norm (6 each) a layer, with biases on q, k and v
+        let qwen3 = LlamaKeys {
+            head_dim: Some(6),
+            qk_norm: true,
+            qkv_bias: true,
+            ..small
+        };
+        let built = weft_models::llama::Llama::new(qwen3.to_config(), 0).unwrap();
+        let q: usize = weft_nn::Module::parameters(&built).iter().map(|(_, t)| t.numel()).sum();
+        let per_layer =
+            |q_width: usize, kv: usize, norms: usize| 2 * q_width * 16 + 2 * kv * 16 + q_width + 2 * kv + norms;
+        assert_eq!(q, m + 3 * (per_layer(24, 12, 12) - per_layer(16, 8, 0)));
+        assert_eq!(parameter_count(&ModelConfig::Llama(qwen3)), q as f64);
     }
 
     #[test]

@@ -16,9 +16,11 @@ pub fn model_shape(model: &ModelConfig) -> Result<ModelShape, String> {
             n_head: g.n_head as u64,
             n_kv_head: g.n_head as u64,
             n_embd: g.n_embd as u64,
+            head_dim: (g.n_embd / g.n_head.max(1)) as u64,
             intermediate: 4 * g.n_embd as u64,
             tied: true,
             bias: g.bias,
+            qk_norm: false,
         }),
         ModelConfig::Llama(l) => Ok(ModelShape {
             kind: ModelKind::Llama,
@@ -28,9 +30,12 @@ pub fn model_shape(model: &ModelConfig) -> Result<ModelShape, String> {
             n_head: l.n_head as u64,
             n_kv_head: l.n_kv_head as u64,
             n_embd: l.n_embd as u64,
+            // `[model] head_dim`, else n_embd / n_head, as the model resolves it
+            head_dim: l.to_config().head_dim() as u64,
             intermediate: l.intermediate_size as u64,
             tied: l.tie_embeddings,
             bias: l.qkv_bias,
+            qk_norm: l.qk_norm,
         }),
         other => Err(format!(
             "model.kind = {:?}: the planner plans gpt and llama models",

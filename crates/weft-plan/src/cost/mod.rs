@@ -9,7 +9,9 @@
 //!   forward's two. The embedding adds one in the forward, the loss two of one or two numbers
 //!   per token in the forward and one of the hidden states in the backward. Sequence-parallel
 //!   layouts replace each all-reduce of the hidden states by an all-gather and a reduce-scatter
-//!   and add the whole vector parameters' gradient all-reduces ([`unit_times_sequence`]).
+//!   and add the whole vector parameters' gradient all-reduces ([`unit_times_sequence`]). A
+//!   llama with `qk_norm` all-reduces its q and k norms' gradients (`hd` each, f32, whole on
+//!   every rank) in every block's backward, sequence-parallel or not.
 //! - Collectives as a ring: all-reduce `2 (n - 1) a + 2 (n - 1) / n x bytes / B`,
 //!   reduce-scatter and all-gather half of that, with `a` and `B` the latency and bus bandwidth
 //!   of the link the group spans ([`DeviceSpec::link`]).
@@ -101,7 +103,8 @@ pub struct UnitTimes {
     /// One block's all-reduces: two in the forward (after the row-parallel `c_proj`s), two in
     /// the backward (the gradients of the column-parallel layers' inputs); sequence-parallel,
     /// an all-gather and a reduce-scatter in place of each, and the vector parameters'
-    /// gradient all-reduces in the backward.
+    /// gradient all-reduces in the backward; with `qk_norm`, the head norms' two gradient
+    /// all-reduces in the backward.
     pub block_comm: TpComm,
     /// The vocabulary-parallel embedding's all-reduce (forward; sequence-parallel, the
     /// all-gather of its gradient in the backward).
@@ -193,6 +196,8 @@ pub fn unit_times_sequence(
     let ar_f32 = all_reduce(hidden * 4.0, tp, tp_link);
 
     let (whole, cut) = m.block_memory_elements_per_token();
+    // with qk_norm the head norms and the rotation after them, cut and in f32
+    let cut_f32 = m.block_f32_cut_elements_per_token();
     // sequence-parallel: the whole-on-every-rank kernels on this rank's tokens
     let whole = if sequence { whole / tpf } else { whole };
     // the attention's products at their own rate (eff.attention of the matrix products')
@@ -204,7 +209,7 @@ pub fn unit_times_sequence(
     let block_forward = scale
         * (tokens * (m.block_flops_per_token() - attention) / tpf / gemm
             + tokens * attention / tpf / (gemm * eff.attention)
-            + tokens * (4.0 * whole + cut / tpf * act) / hbm)
+            + tokens * (4.0 * whole + cut / tpf * act + cut_f32 / tpf * 4.0) / hbm)
         + pc.block / 3.0;
     // the lookup of f32 rows
     let embed_forward = scale * 2.0 * hidden * 4.0 / hbm + pc.ends / 6.0;
@@ -236,12 +241,21 @@ pub fn unit_times_sequence(
             0.0
         }
     };
+    // a llama's per-head q and k norms (`qk_norm`), whole on every rank that normalizes its own
+    // heads: their two gradients of `hd` summed over the group in every backward, with or
+    // without sequence parallelism
+    let head_norms = if m.head_norm_params() > 0.0 {
+        2.0 * all_reduce(m.head_dim as f64 * 4.0, tp, tp_link)
+    } else {
+        0.0
+    };
+    let block_vectors = m.block_vector_params_split().1 - m.head_norm_params();
     let (block_comm, embed_comm, head_comm) = if sequence {
         let both = gather(hidden * 4.0, tp, tp_link) + gather(hidden * act, tp, tp_link);
         (
             TpComm {
                 forward: 2.0 * both,
-                backward: 2.0 * both + vectors(m.block_vector_params_split().1),
+                backward: 2.0 * both + vectors(block_vectors) + head_norms,
             },
             TpComm {
                 forward: ar_f32,
@@ -256,7 +270,7 @@ pub fn unit_times_sequence(
         (
             TpComm {
                 forward: 2.0 * ar_low,
-                backward: 2.0 * ar_f32,
+                backward: 2.0 * ar_f32 + head_norms,
             },
             TpComm {
                 forward: ar_f32,

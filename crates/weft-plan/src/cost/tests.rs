@@ -3,7 +3,7 @@
 use super::*;
 use crate::layout::{CommDtype, Schedule};
 use crate::model::tests::gpt2_small;
-use crate::model::Precision;
+use crate::model::{ModelShape, Precision};
 
 /// gpt2-small's 12 blocks cut evenly over `pp` stages, ZeRO 0, 1F1B, no recompute, f32.
 fn plain(dp: usize, tp: usize, pp: usize, micro_batches: usize) -> Layout {
@@ -475,4 +475,95 @@ fn a_pipeline_sending_bf16_pays_half_the_bytes_and_the_same_latency() {
     assert!((f32.stages[1] - bf16.stages[1] - 2.0 * saved).abs() < 1e-15);
     assert!((f32.stages[0] - bf16.stages[0] - saved).abs() < 1e-15);
     assert!(bf16.step < f32.step);
+}
+
+#[test]
+fn the_head_norms_gradients_are_summed_over_the_tensor_parallel_group() {
+    // Qwen3-0.6B's q_norm and k_norm (128 each, whole on every rank): one all-reduce of each's
+    // f32 gradient per block and micro-batch in the backward, sequence-parallel or not
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let normed = Workload {
+        model: crate::model::tests::qwen3_0_6b(),
+        ..work()
+    };
+    let plain = Workload {
+        model: ModelShape {
+            qk_norm: false,
+            ..normed.model.clone()
+        },
+        ..normed.clone()
+    };
+    let rows = 4.0;
+    for tp in [1, 2, 8] {
+        let reduce = 2.0 * all_reduce(128.0 * 4.0, tp, d.link(1, tp));
+        for sequence in [false, true] {
+            let (n, p) = (
+                unit_times_sequence(&normed, &d, tp, 1, 2, rows, sequence),
+                unit_times_sequence(&plain, &d, tp, 1, 2, rows, sequence),
+            );
+            let what = format!("tp {tp} sequence {sequence}");
+            assert_eq!(n.block_comm.forward, p.block_comm.forward, "{what}");
+            assert!(
+                (n.block_comm.backward - p.block_comm.backward - reduce).abs() < 1e-15,
+                "{what}: {} vs {} + {reduce}",
+                n.block_comm.backward,
+                p.block_comm.backward
+            );
+            if tp > 1 {
+                assert!(reduce > 0.0);
+            }
+            // the output layer's and the embedding's are the same
+            assert_eq!((n.head_comm, n.embed_comm), (p.head_comm, p.embed_comm), "{what}");
+        }
+    }
+    // sequence-parallel, the block's two RMSNorms (C each) are still two all-reduces of C, the
+    // head norms two of hd, however wide the heads are beside C (here 2 hd = C)
+    let (tp, c) = (8, 256.0);
+    let link = d.link(1, tp);
+    let narrow = Workload {
+        model: ModelShape {
+            n_embd: 256,
+            ..normed.model.clone()
+        },
+        ..normed.clone()
+    };
+    let u = unit_times_sequence(&narrow, &d, tp, 1, 2, rows, true);
+    let hidden = rows * 4096.0 * c;
+    let both = gather(hidden * 4.0, tp, link) + gather(hidden * 2.0, tp, link);
+    let want = 2.0 * both + 2.0 * all_reduce(c * 4.0, tp, link) + 2.0 * all_reduce(128.0 * 4.0, tp, link);
+    assert!(
+        (u.block_comm.backward - want).abs() < 1e-15,
+        "{} vs {want}",
+        u.block_comm.backward
+    );
+}
+
+#[test]
+fn the_head_norms_and_the_rotation_after_them_move_f32_bytes() {
+    // with qk_norm, q and k go through the norms in f32 (read and write q + kv) and are rotated
+    // in f32 (read and write again), where without it the rotation moves them in the products'
+    // dtype: the same FLOPs, 16 (q + kv) bytes a token in place of 2 x act (q + kv)
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let normed = crate::model::tests::qwen3_0_6b();
+    let plain = ModelShape {
+        qk_norm: false,
+        ..normed.clone()
+    };
+    let (rows, tp, q, kv) = (4.0, 2, 2048.0, 1024.0);
+    let tokens = rows * 4096.0;
+    let hbm = d.memory_bandwidth * d.efficiency.memory_bound;
+    for (precision, act) in [(Precision::Bf16, 2.0), (Precision::F32, 4.0)] {
+        let w = |model: &ModelShape| Workload {
+            model: model.clone(),
+            precision,
+            ..work()
+        };
+        let (n, p) = (
+            unit_times(&w(&normed), &d, tp, 1, 1, rows),
+            unit_times(&w(&plain), &d, tp, 1, 1, rows),
+        );
+        let want = d.pass_cost.time_scale * tokens * (16.0 - 2.0 * act) * (q + kv) / tp as f64 / hbm;
+        let got = n.block_forward - p.block_forward;
+        assert!((got / want - 1.0).abs() < 1e-9, "{precision:?}: {got} vs {want}");
+    }
 }

@@ -115,9 +115,11 @@ fn tensor_parallel_ranks_keep_what_weft_measured() {
         n_head: 4,
         n_kv_head: 4,
         n_embd: 128,
+        head_dim: 32,
         intermediate: 512,
         tied: true,
         bias: true,
+        qk_norm: false,
     };
     let w = Workload {
         model,

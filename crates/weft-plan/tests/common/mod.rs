@@ -11,9 +11,11 @@ pub fn gpt(n_layer: u64, n_head: u64, n_embd: u64, vocab: u64, seq_len: u64) -> 
         n_head,
         n_kv_head: n_head,
         n_embd,
+        head_dim: n_embd / n_head,
         intermediate: 4 * n_embd,
         tied: true,
         bias: true,
+        qk_norm: false,
     }
 }
 
