@@ -590,7 +590,7 @@ fn qwen3_and_head_dim_folders_read_as_llama() {
         .collect();
     let e = cfg.check_shapes(&shapes).unwrap_err().to_string();
     assert!(
-        e.contains("q_proj.weight has shape [48, 32], not [n_head * head_dim, n_embd] = [64, 32]"),
+        e.contains("model.head_dim: 16, but model.layers.0.self_attn.q_proj.weight has shape [48, 32], not [n_head * head_dim, n_embd] = [64, 32]"),
         "{e}"
     );
     // Qwen3's attention with biases on q, k and v has no form transformers reads as weft computes

@@ -92,6 +92,7 @@ pub fn run(args: &CalibrateArgs) -> Result<(), String> {
         heads: m.n_head as usize,
         inter: m.intermediate as usize,
         vocab: m.vocab as usize,
+        head_dim: m.head_dim as usize,
     };
     Shapes::decode(&shapes.encode())?;
     // this number of ranks' file, read back for the summary (the latest, `plan-local.toml`, may

@@ -1,7 +1,8 @@
 //! The shapes measured: the model's (`--worker`'s encoding of them) and the same cut to a
 //! memory and a time budget ([`Sizes`]).
 
-/// The shapes measured: tokens of a micro-batch, sequence, width, heads, MLP width, vocabulary.
+/// The shapes measured: tokens of a micro-batch, sequence, width, heads, MLP width, vocabulary,
+/// and the width of one head (`embd / heads`, or a llama's `head_dim`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Shapes {
     pub(super) tokens: usize,
@@ -10,12 +11,21 @@ pub(super) struct Shapes {
     pub(super) heads: usize,
     pub(super) inter: usize,
     pub(super) vocab: usize,
+    pub(super) head_dim: usize,
 }
 
 impl Shapes {
     pub(super) fn encode(&self) -> String {
         let s = self;
-        format!("{},{},{},{},{},{}", s.tokens, s.seq, s.embd, s.heads, s.inter, s.vocab)
+        format!(
+            "{},{},{},{},{},{},{}",
+            s.tokens, s.seq, s.embd, s.heads, s.inter, s.vocab, s.head_dim
+        )
+    }
+
+    /// The width of the queries (and of the attention's output): `heads x head_dim`.
+    pub(super) fn q_width(&self) -> usize {
+        self.heads * self.head_dim
     }
 
     pub(super) fn decode(text: &str) -> Result<Shapes, String> {
@@ -23,10 +33,12 @@ impl Shapes {
             .split(',')
             .map(|x| x.trim().parse::<usize>())
             .collect::<Result<_, _>>()
-            .map_err(|_| format!("--worker {text:?}: not six whole numbers"))?;
+            .map_err(|_| format!("--worker {text:?}: not seven whole numbers"))?;
         match v[..] {
-            [tokens, seq, embd, heads, inter, vocab]
-                if v.iter().all(|&x| (1..=1 << 20).contains(&x)) && embd % heads == 0 && tokens % seq == 0 =>
+            [tokens, seq, embd, heads, inter, vocab, head_dim]
+                if v.iter().all(|&x| (1..=1 << 20).contains(&x))
+                    && heads * head_dim <= 1 << 20
+                    && tokens % seq == 0 =>
             {
                 Ok(Shapes {
                     tokens,
@@ -35,6 +47,7 @@ impl Shapes {
                     heads,
                     inter,
                     vocab,
+                    head_dim,
                 })
             }
             _ => Err(format!("--worker {text:?}: not the shapes of a model")),
@@ -55,8 +68,9 @@ pub(super) const MIN_WIDTH: usize = 256;
 /// and every call within a time budget ([`Sizes::of`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Sizes {
-    /// `(tokens, k, n)` of each product: a block's four (`C x 3C`, `C x C`, `C x I`, `I x C`)
-    /// and the output layer's (`C x V`).
+    /// `(tokens, k, n)` of each product: a block's four (`C x 3q`, `q x C`, `C x I`, `I x C`,
+    /// with `q` the queries' width, `C` but for a llama's `head_dim`) and the output layer's
+    /// (`C x V`).
     pub(super) products: [(usize, usize, usize); 5],
     /// Attention's rows, heads, sequence and head size.
     pub(super) attention: (usize, usize, usize, usize),
@@ -79,10 +93,10 @@ impl Sizes {
     /// moved: tokens are cut first, then the widest dimensions (not below [`MIN_TOKENS`] and
     /// [`MIN_WIDTH`], or what the model has).
     pub(super) fn of(s: Shapes, tensor_bytes: f64, call_flops: f64, call_bytes: f64) -> Sizes {
-        let (c, i, v) = (s.embd, s.inter, s.vocab);
+        let (c, i, v, q) = (s.embd, s.inter, s.vocab, s.q_width());
         let mut products = [
-            (s.tokens, c, 3 * c),
-            (s.tokens, c, c),
+            (s.tokens, c, 3 * q),
+            (s.tokens, q, c),
             (s.tokens, c, i),
             (s.tokens, i, c),
             (s.tokens, c, v),
@@ -120,7 +134,7 @@ impl Sizes {
             }
         }
         // attention: q, k, v and their gradients `[rows, heads, seq, head size]`
-        let head = c / s.heads.max(1);
+        let head = s.head_dim;
         let (mut rows, mut heads, mut seq) = (s.tokens / s.seq, s.heads, s.seq);
         let cost = |rows: usize, heads: usize, seq: usize| {
             let bytes = 4.0 * (rows * heads * seq * head) as f64;
@@ -150,7 +164,10 @@ impl Sizes {
         if *self == whole {
             return None;
         }
-        let names = ["C x 3C", "C x C", "C x I", "I x C", "output layer C x V"];
+        let names = match s.q_width() == s.embd {
+            true => ["C x 3C", "C x C", "C x I", "I x C", "output layer C x V"],
+            false => ["C x 3q", "q x C", "C x I", "I x C", "output layer C x V"],
+        };
         let mut parts = Vec::new();
         for ((name, &(m, k, n)), &(m0, k0, n0)) in names.iter().zip(&self.products).zip(&whole.products) {
             if (m, k, n) != (m0, k0, n0) {

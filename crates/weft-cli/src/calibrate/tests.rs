@@ -14,6 +14,7 @@ fn sizes_keep_every_tensor_and_call_within_the_budgets() {
         heads: 16,
         inter: 4096,
         vocab: 50257,
+        head_dim: 64,
     };
     for (limit, flops, bytes) in [
         (MAX_TENSOR_BYTES, 2e10 * 0.2 / 8.0, 1e10 * 0.2 / 8.0),
@@ -63,9 +64,40 @@ fn sizes_keep_every_tensor_and_call_within_the_budgets() {
         heads: 4,
         inter: 256,
         vocab: 512,
+        head_dim: 16,
     };
     let z = Sizes::of(tiny, MAX_TENSOR_BYTES, 1e12, 1e12);
     assert_eq!(z.cut(&tiny), None);
     assert_eq!(z.products[4], (256, 64, 512));
     assert_eq!(z.attention, (4, 4, 64, 16));
+}
+
+/// A llama's heads of their own width (Qwen3-0.6B's: 16 heads of 128 over a width of 1024):
+/// the q, k, v product is `C x 3q` and the output projection `q x C`, with `q = heads x
+/// head_dim`, and attention runs at the head width; the shapes go through `--worker`'s text
+/// and back, also where the width does not divide by the heads.
+#[test]
+fn heads_of_their_own_width_are_measured_at_it() {
+    let s = Shapes {
+        tokens: 256,
+        seq: 64,
+        embd: 1024,
+        heads: 16,
+        inter: 3072,
+        vocab: 1000,
+        head_dim: 128,
+    };
+    let z = Sizes::of(s, f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    assert_eq!(z.products[0], (256, 1024, 3 * 2048));
+    assert_eq!(z.products[1], (256, 2048, 1024));
+    assert_eq!(z.attention, (4, 16, 64, 128));
+    for embd in [1024, 30] {
+        let text = Shapes { embd, ..s }.encode();
+        let back = Shapes::decode(&text).unwrap();
+        assert_eq!((back.embd, back.head_dim), (embd, 128), "{text}");
+    }
+    let small = Sizes::of(s, 1e6, f64::INFINITY, f64::INFINITY);
+    let line = small.cut(&s).unwrap();
+    assert!(line.contains("C x 3q at"), "{line}");
+    assert!(Shapes::decode("256,64,1024,16,3072,1000").is_err());
 }

@@ -408,8 +408,10 @@ fn scaling_keys(s: &RopeScaling) -> Value {
 }
 
 /// The `config.json` of weft `[model]` keys (a gpt or llama), as `transformers` writes one for
-/// `GPT2LMHeadModel`, `LlamaForCausalLM`, (a llama with `qkv_bias`) `Qwen2ForCausalLM` or (a
-/// llama with `qk_norm`) `Qwen3ForCausalLM`. Errors for a model it cannot express.
+/// `GPT2LMHeadModel`, `LlamaForCausalLM`, (a llama with `qkv_bias`) `Qwen2ForCausalLM`, (a
+/// llama with `qk_norm`) `Qwen3ForCausalLM` or (a llama whose `n_embd` does not divide by
+/// `n_head`, which `LlamaForCausalLM` refuses) `MistralForCausalLM` without a sliding window.
+/// Errors for a model it cannot express.
 pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
     let get = |k: &str| keys.get(k).cloned().unwrap_or(Value::Null);
     let unsupported = |msg: String| Error::Invalid { op: "hf export", msg };
@@ -522,6 +524,17 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
                 o.insert("sliding_window".into(), Value::Null);
                 o.insert("max_window_layers".into(), json!(num("n_layer")?));
             }
+            let (n_embd, n_head) = (num("n_embd")?, num("n_head")?.max(1));
+            if !qk_norm && !qkv_bias && !n_embd.is_multiple_of(n_head) {
+                // transformers' LlamaConfig refuses a hidden_size that does not divide by the
+                // heads, whatever head_dim says; MistralConfig takes it (Mistral NeMo's), and
+                // without a sliding window a Mistral is the same computation
+                o.remove("attention_bias");
+                o.remove("mlp_bias");
+                o.insert("architectures".into(), json!(["MistralForCausalLM"]));
+                o.insert("model_type".into(), json!("mistral"));
+                o.insert("sliding_window".into(), Value::Null);
+            }
             if qkv_bias {
                 // biases on q, k and v alone are Qwen2's attention (LlamaForCausalLM's
                 // attention_bias puts one on o_proj too)
@@ -565,6 +578,37 @@ mod tests {
         keys.remove("n_head");
         let err = from_weft_keys(&keys).unwrap_err().to_string();
         assert!(err.contains("model.n_head"), "{err}");
+    }
+
+    /// A llama whose width does not divide by its heads (heads of `head_dim`) is written as a
+    /// Mistral without a sliding window, which transformers takes (its LlamaConfig refuses the
+    /// width), and reads back as the same keys; with q/k norms or q, k and v biases it is Qwen3's
+    /// or Qwen2's, which take it too.
+    #[test]
+    fn a_width_that_does_not_divide_by_the_heads_is_written_as_transformers_reads_it() {
+        let keys = json!({"kind": "llama", "vocab_size": 50, "block_size": 16, "n_layer": 1, "n_head": 4,
+            "n_kv_head": 2, "n_embd": 30, "intermediate_size": 40, "head_dim": 8, "rope_theta": 10000.0,
+            "norm_eps": 1e-5, "tie_embeddings": false});
+        let keys = keys.as_object().unwrap().clone();
+        let c = from_weft_keys(&keys).unwrap();
+        assert_eq!(c["architectures"], json!(["MistralForCausalLM"]));
+        assert_eq!(c["sliding_window"], Value::Null);
+        assert_eq!(c["head_dim"], json!(8));
+        assert!(c.get("attention_bias").is_none() && c.get("mlp_bias").is_none());
+        let back = to_weft_keys(&c.to_string(), "config.json").unwrap();
+        assert_eq!(back, keys);
+        for (extra, arch) in [("qk_norm", "Qwen3ForCausalLM"), ("qkv_bias", "Qwen2ForCausalLM")] {
+            let mut k = keys.clone();
+            k.insert(extra.into(), json!(true));
+            assert_eq!(from_weft_keys(&k).unwrap()["architectures"], json!([arch]), "{extra}");
+        }
+        // a width that divides stays a Llama
+        let mut k = keys.clone();
+        k.insert("n_embd".into(), json!(32));
+        assert_eq!(
+            from_weft_keys(&k).unwrap()["architectures"],
+            json!(["LlamaForCausalLM"])
+        );
     }
 
     /// A GPT-2 config.json's `n_inner` is compared with 4 x `n_embd` without wrapping around: an

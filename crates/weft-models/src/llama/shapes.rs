@@ -23,6 +23,15 @@ impl LlamaConfig {
         // without head_dim, the query heads' width is n_embd itself and a head n_embd / n_head
         match (key, self.head_dim) {
             ("n_head", None) => return self.dim("n_embd"),
+            // named by head_dim, the key that sets it apart from n_embd (a q_proj of another
+            // width most likely comes from a head width other than the one given)
+            ("n_head", Some(hd)) => {
+                return Dim {
+                    size: self.n_head.saturating_mul(hd),
+                    key: "head_dim",
+                    symbol: "n_head * head_dim",
+                }
+            }
             ("head_dim", None) => {
                 return Dim {
                     size: self.head_dim(),
@@ -35,8 +44,7 @@ impl LlamaConfig {
         let (size, symbol) = match key {
             "vocab_size" => (self.vocab_size, "vocab_size"),
             "intermediate_size" => (self.intermediate_size, "intermediate_size"),
-            // query or key/value heads times the head dim
-            "n_head" => (self.n_head.saturating_mul(self.head_dim()), "n_head * head_dim"),
+            // key/value heads times the head dim
             "n_kv_head" => (
                 self.n_kv_head.saturating_mul(self.head_dim()),
                 if self.head_dim.is_some() {
@@ -118,7 +126,6 @@ impl LlamaConfig {
         let value = |key: &str| match key {
             "vocab_size" => self.vocab_size,
             "intermediate_size" => self.intermediate_size,
-            "n_head" => self.n_head,
             "n_kv_head" => self.n_kv_head,
             "head_dim" => self.head_dim(),
             _ => self.n_embd,

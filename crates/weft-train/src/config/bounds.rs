@@ -10,6 +10,9 @@ use super::{DataConfig, ModelConfig, RunConfig};
 const WIDTH: usize = 1 << 30;
 /// Counts of layers, heads, channels, and image sides.
 const COUNT: usize = 1 << 16;
+/// The width of one attention head (a llama's `head_dim`): with as many heads as `COUNT`, a
+/// projection `n_head x head_dim` wide stays within `WIDTH x 4`.
+const HEAD_WIDTH: usize = 1 << 16;
 /// Evaluation batches of one evaluation (`train.eval_batches`, `weft evaluate --batches`).
 pub const MAX_EVAL_BATCHES: usize = 1 << 24;
 /// Ranks along one parallel dimension, micro-batches, accumulation steps.
@@ -20,6 +23,7 @@ pub(super) fn language_model_bound(key: &str) -> Option<usize> {
     match key {
         "vocab_size" | "block_size" | "n_embd" | "intermediate_size" => Some(WIDTH),
         "n_layer" | "n_head" | "n_kv_head" => Some(COUNT),
+        "head_dim" => Some(HEAD_WIDTH),
         _ => None,
     }
 }
@@ -93,6 +97,9 @@ pub(super) fn check(config: &RunConfig) -> Option<(String, String)> {
             add("model.n_layer", l.n_layer, COUNT);
             add("model.n_head", l.n_head, COUNT);
             add("model.n_kv_head", l.n_kv_head, COUNT);
+            if let Some(hd) = l.head_dim {
+                add("model.head_dim", hd, HEAD_WIDTH);
+            }
         }
         ModelConfig::Mlp(m) => {
             add("model.in_features", m.in_features, WIDTH);

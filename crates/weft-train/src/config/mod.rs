@@ -169,6 +169,9 @@ impl RunConfig {
         })?;
         config.base_dir = base_dir;
         config.track.params = params;
+        if let ModelConfig::Llama(l) = &mut config.model {
+            l.drop_derived_head_dim();
+        }
         config.validate(source)?;
         Ok(config)
     }

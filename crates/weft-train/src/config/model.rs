@@ -235,6 +235,17 @@ fn default_norm_eps() -> f64 {
 }
 
 impl LlamaKeys {
+    /// Leaves `head_dim` out where it is `n_embd / n_head`, the width it would have without it:
+    /// the same model, recorded (in checkpoints, which a resume compares) in one form.
+    pub fn drop_derived_head_dim(&mut self) {
+        if self.n_head > 0
+            && self.n_embd.is_multiple_of(self.n_head)
+            && self.head_dim == Some(self.n_embd / self.n_head)
+        {
+            self.head_dim = None;
+        }
+    }
+
     /// The model's own config.
     pub fn to_config(&self) -> weft_models::llama::LlamaConfig {
         weft_models::llama::LlamaConfig {

@@ -229,3 +229,19 @@ fn rope_scaling_is_read_and_checked() {
         assert!(e.contains(want), "{set}: {e}");
     }
 }
+
+/// `[model] head_dim` of a llama: one equal to `n_embd / n_head` is the same model and is
+/// recorded without the key (a checkpoint written with it resumes without it, and the other
+/// way), another kept; above its bound, refused naming it.
+#[test]
+fn a_head_dim_of_n_embd_over_n_head_is_recorded_as_none() {
+    let head_dim = |set: &str| match parse(LLAMA, &[set]).unwrap().model {
+        ModelConfig::Llama(l) => l.head_dim,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(head_dim("model.head_dim=8"), None);
+    assert_eq!(head_dim("model.head_dim=12"), Some(12));
+    assert_eq!(head_dim("model.qk_norm=true"), None);
+    let e = refused(LLAMA, &["model.head_dim=131072"]);
+    assert!(e.contains("model.head_dim"), "{e}");
+}
