@@ -6,6 +6,7 @@ transformers and safetensors:
 
     python3 tools/bench/compare_llama_step.py [--threads 2] [--repeat 3] [--steps 20]
                                               [--weft target/release/weft] [--precision bf16]
+                                              [--arch qwen3]
 
 Model: vocab 512, block_size (T) 256, 4 layers, n_embd 256, 8 heads, 4 key/value heads
 (grouped-query attention), intermediate size 688, untied, float32; batch 8. AdamW (lr 1e-3, betas
@@ -13,6 +14,9 @@ Model: vocab 512, block_size (T) 256, 4 layers, n_embd 256, 8 heads, 4 key/value
 transformers runs with attn_implementation "sdpa" (its default; not compiled). With
 `--precision bf16` the forward and loss run under `torch.autocast("cpu", dtype=torch.bfloat16)`
 and weft's run under `train.precision = "bf16"` (f32 parameters and optimizer on both sides).
+With `--arch qwen3` the model is transformers' Qwen3ForCausalLM of the same sizes but heads of 64
+(`head_dim`, where n_embd / n_head is 32) with an RMSNorm on each query and key head (weft's
+`head_dim = 64`, `qk_norm = true`).
 
 Each repeat runs this script's --torch side in a fresh process (3 warm-up steps, then --steps
 timed steps: zero_grad, forward, loss, backward, clipping, optimizer step, loss.item()), which
@@ -70,22 +74,27 @@ metrics = "metrics.jsonl"
 """
 
 
-def torch_side(workdir, threads, steps, precision="f32"):
+QWEN3 = dict(head_dim=64, qk_norm=True)
+
+
+def torch_side(workdir, threads, steps, precision="f32", arch="llama"):
     import torch
     import torch.nn.functional as F
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(threads)
     torch.manual_seed(SEED)
-    hf = LlamaConfig(
+    qwen3 = arch == "qwen3"
+    extra = {"head_dim": QWEN3["head_dim"]} if qwen3 else {}
+    hf = (Qwen3Config if qwen3 else LlamaConfig)(
         vocab_size=CFG["vocab_size"], hidden_size=CFG["n_embd"], intermediate_size=CFG["intermediate_size"],
         num_hidden_layers=CFG["n_layer"], num_attention_heads=CFG["n_head"],
         num_key_value_heads=CFG["n_kv_head"], max_position_embeddings=CFG["block_size"],
         rms_norm_eps=CFG["norm_eps"], rope_parameters={"rope_type": "default", "rope_theta": CFG["rope_theta"]},
-        tie_word_embeddings=False, attn_implementation="sdpa",
+        tie_word_embeddings=False, attn_implementation="sdpa", **extra,
     )
-    model = LlamaForCausalLM(hf).float()
+    model = (Qwen3ForCausalLM if qwen3 else LlamaForCausalLM)(hf).float()
     model.train()
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
               os.path.join(workdir, "init.safetensors"))
@@ -121,9 +130,9 @@ def torch_side(workdir, threads, steps, precision="f32"):
     print(json.dumps({"median_ms": statistics.median(times), "torch_version": torch.__version__}))
 
 
-def torch_step(workdir, threads, steps, precision):
+def torch_step(workdir, threads, steps, precision, arch):
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-side", workdir, "--threads", str(threads),
-           "--steps", str(steps), "--precision", precision]
+           "--steps", str(steps), "--precision", precision, "--arch", arch]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["median_ms"]
 
@@ -146,13 +155,15 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--weft", default=os.path.join(ROOT, "target", "release", "weft"))
     ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--arch", choices=["llama", "qwen3"], default="llama")
     ap.add_argument("--torch-side", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_side:
-        torch_side(args.torch_side, args.threads, args.steps, args.precision)
+        torch_side(args.torch_side, args.threads, args.steps, args.precision, args.arch)
         return
     work = tempfile.mkdtemp(prefix="weft-llama-step-")
-    model = "\n".join(f"{k} = {json.dumps(v)}" for k, v in CFG.items())
+    cfg = dict(CFG, **QWEN3) if args.arch == "qwen3" else CFG
+    model = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.items())
     with open(os.path.join(work, "llama_step.toml"), "w") as f:
         f.write(TOML.format(model=model, steps=WARMUP + args.steps))
         if args.precision == "bf16":
@@ -162,11 +173,11 @@ def main():
     # them) run it first
     for r in range(args.repeat):
         if r % 2 == 0:
-            torch_ms.append(torch_step(work, args.threads, args.steps, args.precision))
+            torch_ms.append(torch_step(work, args.threads, args.steps, args.precision, args.arch))
             weft_ms.append(weft_step(args.weft, work, args.threads))
         else:
             weft_ms.append(weft_step(args.weft, work, args.threads))
-            torch_ms.append(torch_step(work, args.threads, args.steps, args.precision))
+            torch_ms.append(torch_step(work, args.threads, args.steps, args.precision, args.arch))
         print(f"[{r + 1}/{args.repeat}] torch {torch_ms[-1]:.1f} ms, weft {weft_ms[-1]:.1f} ms", file=sys.stderr)
     t, w = statistics.median(torch_ms), statistics.median(weft_ms)
     print("| threads | torch eager median ms | weft median ms | weft / torch |")
