@@ -161,18 +161,21 @@ fn matmul_attention_conv_f32_match_f64() {
     compare("matmul", &[normal(&[3, 70, 33], 6), normal(&[33, 17], 7)], 1e-5, |t| {
         t[0].matmul(&t[1])
     });
-    let (q, k, v) = (
-        normal(&[2, 2, 130, 16], 8),
-        normal(&[2, 2, 130, 16], 9),
-        normal(&[2, 2, 130, 8], 10),
-    );
-    for causal in [true, false] {
-        compare(
-            &format!("attention causal={causal}"),
-            &[q.clone(), k.clone(), v.clone()],
-            1e-4,
-            |t| Tensor::scaled_dot_product_attention(&t[0], &t[1], &t[2], causal, None),
+    // small heads, and heads as wide as Qwen3's and Llama 3's (128) and Gemma's (256)
+    for (t, d, dv) in [(130, 16, 8), (70, 128, 128), (37, 256, 256)] {
+        let (q, k, v) = (
+            normal(&[2, 2, t, d], 8),
+            normal(&[2, 2, t, d], 9),
+            normal(&[2, 2, t, dv], 10),
         );
+        for causal in [true, false] {
+            compare(
+                &format!("attention causal={causal} d={d}"),
+                &[q.clone(), k.clone(), v.clone()],
+                1e-4,
+                |t| Tensor::scaled_dot_product_attention(&t[0], &t[1], &t[2], causal, None),
+            );
+        }
     }
     let x = normal(&[3, 4, 9, 11], 11);
     let w = normal(&[6, 2, 3, 3], 12);
@@ -240,6 +243,63 @@ fn middle_dim_reductions_match_the_generic_path() {
                     tol,
                     tol,
                 );
+            }
+        }
+    }
+}
+
+/// The fused attention at wide heads (128, Qwen3's and Llama 3's; 256, Gemma's) against its
+/// definition composed of plain ops, `softmax(q k^T / sqrt(d) + mask) v`, in f64: values and the
+/// gradients of q, k and v; plain (two heads of each) and grouped-query (two query heads on one
+/// key/value head, which the definition repeats).
+#[test]
+fn attention_at_wide_heads_is_its_definition() {
+    for (t, d, kv_heads) in [(33, 128, 2), (19, 256, 2), (33, 128, 1)] {
+        let inputs = [
+            normal(&[1, 2, t, d], 21),
+            normal(&[1, kv_heads, t, d], 22),
+            normal(&[1, kv_heads, t, d], 23),
+        ];
+        for causal in [false, true] {
+            let mask: Vec<f64> = (0..t * t)
+                .map(|ij| {
+                    if causal && ij % t > ij / t {
+                        f64::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, &[t, t]).unwrap();
+            let run = |fused: bool| {
+                let leaves: Vec<Tensor> = inputs.iter().map(|x| leaf(&x.cast(DType::F64).unwrap())).collect();
+                let (q, k, v) = (&leaves[0], &leaves[1], &leaves[2]);
+                let out = if fused && kv_heads == 1 {
+                    Tensor::grouped_query_attention(q, k, v, causal, None).unwrap()
+                } else if fused {
+                    Tensor::scaled_dot_product_attention(q, k, v, causal, None).unwrap()
+                } else {
+                    let repeat = |z: &Tensor| match kv_heads {
+                        1 => Tensor::cat(&[z, z], 1).unwrap(),
+                        _ => z.clone(),
+                    };
+                    let (k, v) = (&repeat(k), &repeat(v));
+                    let scores = q
+                        .matmul(&k.transpose(2, 3).unwrap())
+                        .unwrap()
+                        .mul_scalar(1.0 / (d as f64).sqrt())
+                        .unwrap()
+                        .add(&mask)
+                        .unwrap();
+                    scores.softmax(-1).unwrap().matmul(v).unwrap()
+                };
+                values_and_grads(&out, &leaves, 5)
+            };
+            let (fused, plain) = (run(true), run(false));
+            let what = format!("t={t} d={d} kv_heads={kv_heads} causal={causal}");
+            assert_close(&format!("{what} value"), &fused.0, &plain.0, 1e-10, 1e-10);
+            for (i, (g, want)) in fused.1.iter().zip(&plain.1).enumerate() {
+                assert_close(&format!("{what} grad {i}"), g, want, 1e-10, 1e-10);
             }
         }
     }
