@@ -388,9 +388,9 @@ pub(crate) mod tests {
         assert_eq!(gpt2_small().block_params(), 12.0 * 768.0 * 768.0 + 13.0 * 768.0);
     }
 
-    #[test]
-    fn llama2_7b_has_its_parameters() {
-        let m = ModelShape {
+    /// Llama 2 7B's shapes (its config.json).
+    fn llama2_7b() -> ModelShape {
+        ModelShape {
             kind: ModelKind::Llama,
             vocab: 32000,
             seq_len: 4096,
@@ -403,7 +403,12 @@ pub(crate) mod tests {
             tied: false,
             bias: false,
             qk_norm: false,
-        };
+        }
+    }
+
+    #[test]
+    fn llama2_7b_has_its_parameters() {
+        let m = llama2_7b();
         assert_eq!(m.parameter_count(), 6_738_415_616.0);
         // with biases on q, k and v (Qwen2's attention): C + 2 kv more a layer, cut with them
         let biased = ModelShape { bias: true, ..m };
@@ -515,20 +520,7 @@ pub(crate) mod tests {
         assert_eq!(m.block_memory_elements_per_token(), (10.0 * c, 5.0 * i));
         assert_eq!(m.block_f32_cut_elements_per_token(), 4.0 * (q + kv));
         // without a head_dim of its own, the same as before: Llama 2 7B's q is its width
-        let llama2 = ModelShape {
-            kind: ModelKind::Llama,
-            vocab: 32000,
-            seq_len: 4096,
-            n_layer: 32,
-            n_head: 32,
-            n_kv_head: 32,
-            n_embd: 4096,
-            head_dim: 128,
-            intermediate: 11008,
-            tied: false,
-            bias: false,
-            qk_norm: false,
-        };
+        let llama2 = llama2_7b();
         assert_eq!(llama2.attention_flops_per_token(), 4.0 * 4096.0 * 4096.0);
         assert_eq!(llama2.head_norm_params(), 0.0);
     }
