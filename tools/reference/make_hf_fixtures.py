@@ -132,57 +132,32 @@ def main():
     ids = torch.randint(0, 41, (2, 10), generator=g)
     expected["llama_rope_linear"] = {"ids": ids.tolist(), "logits": logits_of(linear, ids).flatten().tolist()}
 
-    qwen2_cfg = Qwen2Config(
-        vocab_size=43, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        rms_norm_eps=1e-6, tie_word_embeddings=True, attn_implementation="eager",
-    )
-    qwen2 = scaled(Qwen2ForCausalLM(qwen2_cfg), 7)
-    ids = torch.randint(0, 43, (2, 9), generator=g)
-    qwen2.save_pretrained(os.path.join(OUT, "qwen2"), safe_serialization=True)
-    expected["qwen2"] = {"ids": ids.tolist(), "logits": logits_of(qwen2, ids).flatten().tolist()}
-
-    mistral_cfg = MistralConfig(
-        vocab_size=37, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, sliding_window=None,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
-    )
-    mistral = scaled(MistralForCausalLM(mistral_cfg), 8)
-    ids = torch.randint(0, 37, (2, 8), generator=g)
-    mistral.save_pretrained(os.path.join(OUT, "mistral"), safe_serialization=True)
-    expected["mistral"] = {"ids": ids.tolist(), "logits": logits_of(mistral, ids).flatten().tolist()}
-
-    qwen3_cfg = Qwen3Config(
-        vocab_size=39, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        rms_norm_eps=1e-6, tie_word_embeddings=True, attn_implementation="eager",
-    )
-    qwen3 = scaled(Qwen3ForCausalLM(qwen3_cfg), 9)
-    ids = torch.randint(0, 39, (2, 9), generator=g)
-    qwen3.save_pretrained(os.path.join(OUT, "qwen3"), safe_serialization=True)
-    expected["qwen3"] = {"ids": ids.tolist(), "logits": logits_of(qwen3, ids).flatten().tolist()}
-
-    head_dim_cfg = LlamaConfig(
-        vocab_size=45, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
-    )
-    head_dim = scaled(LlamaForCausalLM(head_dim_cfg), 10)
-    ids = torch.randint(0, 45, (2, 10), generator=g)
-    head_dim.save_pretrained(os.path.join(OUT, "llama_head_dim"), safe_serialization=True)
-    expected["llama_head_dim"] = {"ids": ids.tolist(), "logits": logits_of(head_dim, ids).flatten().tolist()}
-
-    window_cfg = MistralConfig(
-        vocab_size=35, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, sliding_window=6,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="eager",
-    )
-    window = scaled(MistralForCausalLM(window_cfg), 11)
-    ids = torch.randint(0, 35, (2, 6), generator=g)
-    window.save_pretrained(os.path.join(OUT, "mistral_window"), safe_serialization=True)
-    expected["mistral_window"] = {"ids": ids.tolist(), "logits": logits_of(window, ids).flatten().tolist()}
+    # the same sizes (hidden 32, 2 layers, 4 heads, intermediate 40, 32 positions, eager
+    # attention) in each architecture that computes a llama
+    small = dict(max_position_embeddings=32, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                 num_attention_heads=4, attn_implementation="eager")
+    for name, model_cls, config_cls, seed, t, cfg in [
+        ("qwen2", Qwen2ForCausalLM, Qwen2Config, 7, 9, dict(
+            vocab_size=43, num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            rms_norm_eps=1e-6, tie_word_embeddings=True)),
+        ("mistral", MistralForCausalLM, MistralConfig, 8, 8, dict(
+            vocab_size=37, num_key_value_heads=1, sliding_window=None, rms_norm_eps=1e-5,
+            tie_word_embeddings=False)),
+        ("qwen3", Qwen3ForCausalLM, Qwen3Config, 9, 9, dict(
+            vocab_size=39, num_key_value_heads=2, head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+            tie_word_embeddings=True)),
+        ("llama_head_dim", LlamaForCausalLM, LlamaConfig, 10, 10, dict(
+            vocab_size=45, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-5, tie_word_embeddings=False)),
+        # ids as long as the window
+        ("mistral_window", MistralForCausalLM, MistralConfig, 11, 6, dict(
+            vocab_size=35, num_key_value_heads=2, sliding_window=6, rms_norm_eps=1e-5,
+            tie_word_embeddings=False)),
+    ]:
+        model = scaled(model_cls(config_cls(**small, **cfg)), seed)
+        ids = torch.randint(0, cfg["vocab_size"], (2, t), generator=g)
+        model.save_pretrained(os.path.join(OUT, name), safe_serialization=True)
+        expected[name] = {"ids": ids.tolist(), "logits": logits_of(model, ids).flatten().tolist()}
 
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(expected, f)
