@@ -13,8 +13,9 @@ use crate::llama::{LlamaConfig, RopeScaling};
 /// transformers' `LlamaConfig` default `rms_norm_eps`, for a config.json without the key.
 const TRANSFORMERS_RMS_NORM_EPS: f64 = 1e-6;
 
-/// The architectures weft reads (and writes: a Mistral model is written as `LlamaForCausalLM`,
-/// the same computation).
+/// The architectures weft reads (and writes: a model read from a Mistral folder is written as
+/// the `LlamaForCausalLM` it computes, unless its width does not divide by its heads, which
+/// transformers' `LlamaConfig` refuses: then as a Mistral without a sliding window).
 pub const ARCHITECTURES: [&str; 5] = [
     "GPT2LMHeadModel",
     "LlamaForCausalLM",
