@@ -3,6 +3,9 @@
 Run by hand (needs tiktoken, tokenizers and numpy; CI never runs it) from the repository root:
 
     python3 tools/reference/make_tokenizer_fixtures.py [--ranks-dir DIR] [--shakespeare FILE]
+                                                        [--only gpt2|tiny|qwen]
+
+(`--only qwen` and `--only tiny` need only the tokenizers package.)
 
 GPT-2's byte-level BPE: Python tiktoken's `r50k_base` encoding, built from the published
 `r50k_base.tiktoken` ranks (sha256 checked against tiktoken's own expected hash, so the file is
@@ -20,6 +23,10 @@ It writes into crates/weft-data/tests/fixtures/:
   sentences, 300 tokens, with an `<|endoftext|>` added special token).
 - tiny_bpe_expected.json: {"cases": [{"text", "ids", "decoded"}]} from the Python `tokenizers`
   package (encode without added special tokens; decode keeping special tokens).
+- qwen_style_tokenizer.json, qwen_style_expected.json: the same for a tokenizer of the form
+  Qwen2's and Qwen3's tokenizer.json take (NFC normalization, a `Split` pre-tokenizer on their
+  regex with lookahead, then byte-level without its own regex, and their three special tokens),
+  trained here on a part of Tiny Shakespeare to 600 tokens.
 
 Encoding is tiktoken's `encode_ordinary`: `<|endoftext|>` inside text is plain text.
 """
@@ -30,11 +37,7 @@ import hashlib
 import json
 import os
 
-import numpy as np
-import tiktoken
 import tokenizers
-from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
-from tiktoken_ext import openai_public
 
 OUT = "crates/weft-data/tests/fixtures"
 
@@ -93,6 +96,10 @@ def find_ranks_dir(arg):
 
 
 def encodings(ranks_dir):
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
+    from tiktoken_ext import openai_public
+
     r50k_path = os.path.join(ranks_dir, "r50k_base.tiktoken")
     ranks = load_tiktoken_bpe(r50k_path, expected_hash=R50K_SHA256)
     r50k = tiktoken.Encoding(
@@ -135,8 +142,28 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks-dir")
     ap.add_argument("--shakespeare", default="../shared/data/tinyshakespeare.txt")
+    ap.add_argument("--only", choices=["gpt2", "tiny", "qwen"])
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.only in (None, "gpt2"):
+        gpt2_fixtures(args)
+    if args.only in (None, "tiny"):
+        tiny_fixtures()
+    if args.only in (None, "qwen"):
+        qwen_style_fixtures(args)
+
+
+def cases_of(tok, texts):
+    cases = []
+    for t in texts:
+        enc = tok.encode(t, add_special_tokens=False)
+        cases.append({"text": t, "ids": enc.ids, "decoded": tok.decode(enc.ids, skip_special_tokens=False)})
+    return cases
+
+
+def gpt2_fixtures(args):
+    import numpy as np
+
     r50k, gpt2 = encodings(find_ranks_dir(args.ranks_dir))
 
     ids = r50k.encode_ordinary(TORTURE)
@@ -161,6 +188,9 @@ def main():
         },
     )
 
+
+
+def tiny_fixtures():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -177,13 +207,55 @@ def main():
     tok.save(path, pretty=True)
     print("wrote", path)
     tok = Tokenizer.from_file(path)
-    cases = []
-    for t in TINY_CASES:
-        enc = tok.encode(t, add_special_tokens=False)
-        cases.append({"text": t, "ids": enc.ids, "decoded": tok.decode(enc.ids, skip_special_tokens=False)})
     write_json(
         "tiny_bpe_expected.json",
-        {"tokenizers_version": tokenizers.__version__, "vocab_size": tok.get_vocab_size(), "cases": cases},
+        {"tokenizers_version": tokenizers.__version__, "vocab_size": tok.get_vocab_size(),
+         "cases": cases_of(tok, TINY_CASES)},
+    )
+
+
+# Qwen2's and Qwen3's pre-tokenizer pattern (their tokenizer.json's `Split`)
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def qwen_style_fixtures(args):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    with open(args.shakespeare, encoding="utf-8") as f:
+        tok.train_from_iterator([f.read()[:200_000]], trainer=trainer)
+    path = os.path.join(OUT, "qwen_style_tokenizer.json")
+    tok.save(path, pretty=True)
+    print("wrote", path)
+    tok = Tokenizer.from_file(path)
+    texts = [
+        "First Citizen:\nBefore we proceed any further, hear me speak.",
+        "don't I'LL you've 12345 x\t\ttabs  two spaces   three\r\n\n\nlines",
+        "Unicode: caf\u00e9 and cafe\u0301 (one after NFC) \u6f22\u5b57 \U0001F600 \u00c5ngstr\u00f6m",
+        "trailing spaces   ",
+        "<|im_start|>user\nhello<|im_end|>",
+        TORTURE,
+        "",
+    ]
+    write_json(
+        "qwen_style_expected.json",
+        {"tokenizers_version": tokenizers.__version__, "vocab_size": tok.get_vocab_size(),
+         "cases": cases_of(tok, texts)},
     )
 
 

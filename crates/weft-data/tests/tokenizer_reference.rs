@@ -63,9 +63,22 @@ fn gpt2_matches_tiktoken_on_tiny_shakespeare() {
 
 #[test]
 fn tokenizer_json_matches_python_tokenizers() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny_bpe_tokenizer.json");
-    let tok = HfTokenizer::from_file(std::path::Path::new(path)).unwrap();
-    let f = fixture("tiny_bpe_expected.json");
+    check_tokenizer_json("tiny_bpe");
+}
+
+/// A tokenizer.json of the form Qwen2's and Qwen3's take: NFC, a `Split` on their regex (with a
+/// lookahead), byte-level without its own regex, and their special tokens inside the text.
+#[test]
+fn a_qwen_style_tokenizer_json_matches_python_tokenizers() {
+    check_tokenizer_json("qwen_style");
+}
+
+/// `tests/fixtures/{name}_tokenizer.json` encodes and decodes each case of
+/// `{name}_expected.json` as the Python `tokenizers` package did.
+fn check_tokenizer_json(name: &str) {
+    let path = format!("{}/tests/fixtures/{name}_tokenizer.json", env!("CARGO_MANIFEST_DIR"));
+    let tok = HfTokenizer::from_file(std::path::Path::new(&path)).unwrap();
+    let f = fixture(&format!("{name}_expected.json"));
     assert_eq!(tok.vocab_size() as u64, f["vocab_size"].as_u64().unwrap());
     assert_eq!(tok.eot(), Some(0));
     let cases = f["cases"].as_array().unwrap();
