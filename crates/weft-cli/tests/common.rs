@@ -325,16 +325,20 @@ pub fn fixture_config(case: &str) -> PathBuf {
     fixtures().join(case).join("run.toml")
 }
 
-/// Trains fixture `case` on `ranks` ranks (one process when 1, else through the launcher) with
+/// Trains fixture `case` as [`train_config`] trains a config.
+pub fn train_fixture(case: &str, ranks: usize, metrics: &Path, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
+    train_config(&fixture_config(case), ranks, metrics, flags, sets)
+}
+
+/// Trains `config` on `ranks` ranks (one process when 1, else through the launcher) with
 /// `flags` (`--resume`) and `--set`s, its metrics written to `metrics` (removed first); the run's
 /// output, after checking that it succeeded.
-pub fn train_fixture(case: &str, ranks: usize, metrics: &Path, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
+pub fn train_config(config: &Path, ranks: usize, metrics: &Path, flags: &[&str], sets: &[impl AsRef<str>]) -> Output {
     let _ = std::fs::remove_file(metrics);
     let mut all = vec![path_set("train.metrics", metrics)];
     all.extend(sets.iter().map(|s| s.as_ref().to_string()));
-    let config = fixture_config(case);
     if ranks > 1 {
-        return launch_train_ok(ranks, Some(&config), flags, &all);
+        return launch_train_ok(ranks, Some(config), flags, &all);
     }
     let mut args = vec!["train", "--config", config.to_str().unwrap(), "--quiet"];
     args.extend(flags);

@@ -5,24 +5,20 @@
 
 mod common;
 
-use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, weft_ok};
+use common::{check_against_pytorch, fixtures, read_metrics, temp_dir, train_config, weft_ok};
 
 /// Trains fixture `case` on `device` and compares it with PyTorch's run (on the CPU).
 fn check_case_on(case: &str, device: &str) {
     let dir = fixtures().join(case);
     let out = temp_dir(&format!("align-{case}-{}", device.replace(':', "")));
     let metrics = out.join("metrics.jsonl");
-    let config = dir.join("run.toml");
-    weft_ok(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--quiet",
-        "--set",
-        &format!("train.metrics={:?}", metrics.to_str().unwrap()),
-        "--set",
-        &format!("train.device={device:?}"),
-    ]);
+    train_config(
+        &dir.join("run.toml"),
+        1,
+        &metrics,
+        &[],
+        &[format!("train.device={device:?}")],
+    );
     check_against_pytorch(case, &metrics);
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::{
     assert_same_curve, check_against_pytorch, fixture_config, losses, path_set, read_metrics, resume_in_one_process,
-    temp_dir, train_fixture, weft, weft_ok,
+    temp_dir, train_config, train_fixture, weft, weft_ok,
 };
 
 /// Trains fixture `case` on `ranks` ranks (one process when 1) with `sets`; returns the metrics
@@ -255,25 +255,9 @@ sample_tokens = 20
 fn qkv_biases_train_and_cut_with_tensor_parallelism() {
     let out = temp_dir("llama-qkv-bias");
     let config = text_config(&out, "n_kv_head = 2\nn_embd = 32\nqkv_bias = true", "");
-    let one = out.join("one.jsonl");
-    let ckpt = out.join("ckpt");
-    weft_ok(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--quiet",
-        "--set",
-        &path_set("train.metrics", &one),
-        "--set",
-        &path_set("train.checkpoint_dir", &ckpt),
-    ]);
-    let tp = out.join("tp.jsonl");
-    common::launch_train_ok(
-        2,
-        Some(&config),
-        &[],
-        &[path_set("train.metrics", &tp), "parallel.tp=2".to_string()],
-    );
+    let (one, tp, ckpt) = (out.join("one.jsonl"), out.join("tp.jsonl"), out.join("ckpt"));
+    train_config(&config, 1, &one, &[], &[path_set("train.checkpoint_dir", &ckpt)]);
+    train_config(&config, 2, &tp, &[], &["parallel.tp=2"]);
     common::assert_same_curve(&losses(&one), &losses(&tp), 1e-5, "tp = 2 against one process");
     // the checkpoint holds the biases, moved away from their zero start
     let w = weft_core::io::safetensors::load(&ckpt.join("step-00000005").join("model-rank-00000.safetensors")).unwrap();
@@ -290,22 +274,13 @@ fn qkv_biases_train_and_cut_with_tensor_parallelism() {
 fn a_llama_with_its_own_head_width_trains_and_generates() {
     let out = temp_dir("llama-head-dim");
     let config = text_config(&out, "n_kv_head = 2\nn_embd = 30\nhead_dim = 8\nqk_norm = true", "");
-    let ckpt = out.join("ckpt");
-    let metrics = out.join("m.jsonl");
-    weft_ok(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--quiet",
-        "--set",
-        &path_set("train.checkpoint_dir", &ckpt),
-        "--set",
-        &path_set("train.metrics", &metrics),
-        "--set",
-        "train.steps=20",
-        "--set",
-        "train.log_every=1",
-    ]);
+    let (ckpt, metrics) = (out.join("ckpt"), out.join("m.jsonl"));
+    let sets = [
+        path_set("train.checkpoint_dir", &ckpt),
+        "train.steps=20".into(),
+        "train.log_every=1".into(),
+    ];
+    train_config(&config, 1, &metrics, &[], &sets);
     let l = losses(&metrics);
     assert!(l[19] < l[0] - 0.3, "{l:?}");
     let w = weft_core::io::safetensors::load(&ckpt.join("step-00000020").join("model-rank-00000.safetensors")).unwrap();

@@ -164,9 +164,10 @@ impl Sizes {
         if *self == whole {
             return None;
         }
-        let names = match s.q_width() == s.embd {
-            true => ["C x 3C", "C x C", "C x I", "I x C", "output layer C x V"],
-            false => ["C x 3q", "q x C", "C x I", "I x C", "output layer C x V"],
+        let names = if s.q_width() == s.embd {
+            ["C x 3C", "C x C", "C x I", "I x C", "output layer C x V"]
+        } else {
+            ["C x 3q", "q x C", "C x I", "I x C", "output layer C x V"]
         };
         let mut parts = Vec::new();
         for ((name, &(m, k, n)), &(m0, k0, n0)) in names.iter().zip(&self.products).zip(&whole.products) {

@@ -502,30 +502,27 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
                         .into(),
                 ));
             }
+            let (n_embd, n_head) = (num("n_embd")?, num("n_head")?.max(1));
+            let head_dim = match keys.get("head_dim").filter(|v| !v.is_null()) {
+                Some(hd) => Some(
+                    hd.as_u64()
+                        .ok_or_else(|| unsupported("model.head_dim is not a whole number".into()))?,
+                ),
+                // Qwen3's config defaults head_dim to 128, so it is always written
+                None => qk_norm.then_some(n_embd / n_head),
+            };
             let o = c.as_object_mut().expect("an object");
-            if let Some(hd) = keys.get("head_dim").filter(|v| !v.is_null()) {
-                o.insert(
-                    "head_dim".into(),
-                    json!(hd
-                        .as_u64()
-                        .ok_or_else(|| unsupported("model.head_dim is not a whole number".into()))?),
-                );
+            if let Some(hd) = head_dim {
+                o.insert("head_dim".into(), json!(hd));
             }
             if qk_norm {
-                // Qwen3's attention: its config's head_dim defaults to 128, so it is always written
-                let head_dim = match keys.get("head_dim").filter(|v| !v.is_null()) {
-                    Some(_) => o["head_dim"].clone(),
-                    None => json!(num("n_embd")? / num("n_head")?.max(1)),
-                };
                 o.remove("mlp_bias");
                 o.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
                 o.insert("model_type".into(), json!("qwen3"));
-                o.insert("head_dim".into(), head_dim);
                 o.insert("use_sliding_window".into(), json!(false));
                 o.insert("sliding_window".into(), Value::Null);
                 o.insert("max_window_layers".into(), json!(num("n_layer")?));
             }
-            let (n_embd, n_head) = (num("n_embd")?, num("n_head")?.max(1));
             if !qk_norm && !qkv_bias && !n_embd.is_multiple_of(n_head) {
                 // transformers' LlamaConfig refuses a hidden_size that does not divide by the
                 // heads, whatever head_dim says; MistralConfig takes it (Mistral NeMo's), and

@@ -20,41 +20,30 @@ struct Dim {
 
 impl LlamaConfig {
     fn dim(&self, key: &'static str) -> Dim {
-        // without head_dim, the query heads' width is n_embd itself and a head n_embd / n_head
-        match (key, self.head_dim) {
-            ("n_head", None) => return self.dim("n_embd"),
-            // named by head_dim, the key that sets it apart from n_embd (a q_proj of another
-            // width most likely comes from a head width other than the one given)
-            ("n_head", Some(hd)) => {
-                return Dim {
-                    size: self.n_head.saturating_mul(hd),
-                    key: "head_dim",
-                    symbol: "n_head * head_dim",
-                }
-            }
-            ("head_dim", None) => {
-                return Dim {
-                    size: self.head_dim(),
-                    key: "n_embd",
-                    symbol: "n_embd / n_head",
-                }
-            }
-            _ => {}
-        }
-        let (size, symbol) = match key {
-            "vocab_size" => (self.vocab_size, "vocab_size"),
-            "intermediate_size" => (self.intermediate_size, "intermediate_size"),
-            // key/value heads times the head dim
+        let own = self.head_dim.is_some();
+        let (size, key, symbol) = match key {
+            "vocab_size" => (self.vocab_size, key, "vocab_size"),
+            "intermediate_size" => (self.intermediate_size, key, "intermediate_size"),
+            // the queries' width: n_embd itself, unless head_dim sets the heads apart (and is
+            // then named for a q_proj of another width, most likely its cause)
+            "n_head" if own => (
+                self.n_head.saturating_mul(self.head_dim()),
+                "head_dim",
+                "n_head * head_dim",
+            ),
+            "n_kv_head" if own => (
+                self.n_kv_head.saturating_mul(self.head_dim()),
+                key,
+                "n_kv_head * head_dim",
+            ),
             "n_kv_head" => (
                 self.n_kv_head.saturating_mul(self.head_dim()),
-                if self.head_dim.is_some() {
-                    "n_kv_head * head_dim"
-                } else {
-                    "n_kv_head * n_embd / n_head"
-                },
+                key,
+                "n_kv_head * n_embd / n_head",
             ),
-            "head_dim" => (self.head_dim(), "head_dim"),
-            _ => (self.n_embd, "n_embd"),
+            "head_dim" if own => (self.head_dim(), key, "head_dim"),
+            "head_dim" => (self.head_dim(), "n_embd", "n_embd / n_head"),
+            _ => (self.n_embd, "n_embd", "n_embd"),
         };
         Dim { size, key, symbol }
     }
