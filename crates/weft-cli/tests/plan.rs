@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{repo, temp_dir, weft};
+use common::{ok_stdout, repo, temp_dir, weft};
 
 fn gpt3() -> String {
     repo().join("examples/gpt3_175b.toml").display().to_string()
@@ -105,7 +105,8 @@ fn a_qwen3_model_plans_with_its_own_head_width() {
     let forward = 28.0 * (2.0 * (2.0 * q * c + 2.0 * kv * c + 3.0 * i * c) + 4.0 * t * q) + 2.0 * v * c;
     let h100 = weft_plan::DeviceSpec::builtin("h100-sxm-80gb").unwrap();
     for (precision, peak) in [("f32", h100.flops_f32), ("bf16", h100.flops_bf16)] {
-        let out = weft(&[
+        let set = format!("train.precision=\"{precision}\"");
+        let args = [
             "plan",
             "--config",
             &config,
@@ -115,10 +116,9 @@ fn a_qwen3_model_plans_with_its_own_head_width() {
             "4",
             "--json",
             "--set",
-            &format!("train.precision=\"{precision}\""),
-        ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            &set,
+        ];
+        let stdout = ok_stdout(weft(&args), precision);
         let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
         assert_eq!(v["parameters"].as_f64().unwrap(), 596_049_920.0, "{stdout}");
         let plans = v["plans"].as_array().unwrap();
@@ -130,7 +130,7 @@ fn a_qwen3_model_plans_with_its_own_head_width() {
         }
     }
     // 1000 does not divide by 16: the heads are head_dim wide either way
-    let out = weft(&[
+    let args = [
         "plan",
         "--config",
         &config,
@@ -138,9 +138,8 @@ fn a_qwen3_model_plans_with_its_own_head_width() {
         "8",
         "--set",
         "model.n_embd=1000",
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    ];
+    let stdout = ok_stdout(weft(&args), "n_embd 1000");
     assert!(
         stdout.contains("llama of 0.58B parameters (28 layers, 16 heads, width 1000)"),
         "{stdout}"

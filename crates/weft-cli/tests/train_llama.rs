@@ -287,20 +287,26 @@ fn a_llama_with_its_own_head_width_trains_and_generates() {
     assert_eq!(w.tensors["model.layers.1.self_attn.k_norm.weight"].shape(), [8]);
     assert_eq!(w.tensors["model.layers.0.self_attn.q_proj.weight"].shape(), [32, 30]);
     assert_eq!(w.tensors["model.layers.0.self_attn.o_proj.weight"].shape(), [30, 32]);
-    let out_text = weft_ok(&[
+    let text = generate_from(&ckpt, "12", "3");
+    assert!(text.starts_with("The ") && text.chars().count() >= 16, "{text:?}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `weft generate` of `tokens` characters after "The " from the checkpoint folder `ckpt`, drawn
+/// with `seed`: its stdout.
+fn generate_from(ckpt: &Path, tokens: &str, seed: &str) -> String {
+    let out = weft_ok(&[
         "generate",
         "--checkpoint",
         ckpt.to_str().unwrap(),
         "--prompt",
         "The ",
         "--tokens",
-        "12",
+        tokens,
         "--seed",
-        "3",
+        seed,
     ]);
-    let text = String::from_utf8(out_text.stdout).unwrap();
-    assert!(text.starts_with("The ") && text.chars().count() >= 16, "{text:?}");
-    let _ = std::fs::remove_dir_all(&out);
+    String::from_utf8(out.stdout).unwrap()
 }
 
 #[test]
@@ -318,20 +324,7 @@ fn a_llama_trained_on_text_samples_and_generates_from_its_checkpoint() {
     ]);
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(stdout.contains("--- sample (20 characters) ---"), "{stdout}");
-    let generate = |seed: &str| {
-        let out = weft_ok(&[
-            "generate",
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--prompt",
-            "The ",
-            "--tokens",
-            "30",
-            "--seed",
-            seed,
-        ]);
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let generate = |seed: &str| generate_from(&ckpt, "30", seed);
     let a = generate("1");
     assert!(a.starts_with("The "), "{a:?}");
     assert_eq!(a.trim_end_matches('\n').chars().count(), 4 + 30, "{a:?}");
