@@ -26,6 +26,18 @@ const LLAMA_FOLDERS: [&str; 9] = [
     "mistral_window",
 ];
 
+/// The `[model]` keys of fixture `name`'s config.json after `edit`, or the error, as text (the
+/// file named `config.json`).
+fn keys(
+    name: &str,
+    edit: &dyn Fn(&mut serde_json::Value),
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let text = std::fs::read_to_string(fixture(name).join("config.json")).unwrap();
+    let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut c);
+    hf::to_weft_keys(&c.to_string(), "config.json").map_err(|e| e.to_string())
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
@@ -450,12 +462,6 @@ fn qwen2_and_mistral_folders_read_as_llama() {
     assert_eq!(mistral.model["kind"], json!("llama"));
     assert_eq!(mistral.model["n_kv_head"], json!(1));
     assert!(!mistral.model.contains_key("qkv_bias"));
-    let keys = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
-        let text = std::fs::read_to_string(fixture(name).join("config.json")).unwrap();
-        let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
-        edit(&mut c);
-        hf::to_weft_keys(&c.to_string(), "config.json").map_err(|e| e.to_string())
-    };
     let e = keys("qwen2", &|c| c["use_sliding_window"] = json!(true)).unwrap_err();
     assert!(e.contains("config.json: use_sliding_window: true"), "{e}");
     let e = keys("qwen2", &|c| {
@@ -540,12 +546,6 @@ fn qwen3_and_head_dim_folders_read_as_llama() {
     let wide = hf::read_folder(&fixture("llama_head_dim")).unwrap();
     assert_eq!(wide.model["head_dim"], json!(12));
     assert!(!wide.model.contains_key("qk_norm"));
-    let keys = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
-        let text = std::fs::read_to_string(fixture(name).join("config.json")).unwrap();
-        let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
-        edit(&mut c);
-        hf::to_weft_keys(&c.to_string(), "config.json").map_err(|e| e.to_string())
-    };
     // absent, Qwen3's default head width is a fixed 128; Llama's hidden_size / heads
     let k = keys("qwen3", &|c| {
         c.as_object_mut().unwrap().remove("head_dim");
@@ -618,11 +618,7 @@ fn rope_scaling_reads_in_both_of_transformers_forms() {
     // without `original_max_position_embeddings` llama3 takes max_position_embeddings, and a
     // top-level one comes first (as transformers reads them)
     let edited = |edit: &dyn Fn(&mut serde_json::Value)| {
-        let text = std::fs::read_to_string(fixture("llama_rope_llama3/config.json")).unwrap();
-        let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
-        edit(&mut c);
-        hf::to_weft_keys(&c.to_string(), "config.json").unwrap()["rope_scaling"]["original_max_position_embeddings"]
-            .clone()
+        keys("llama_rope_llama3", edit).unwrap()["rope_scaling"]["original_max_position_embeddings"].clone()
     };
     assert_eq!(
         edited(&|c| {
