@@ -158,13 +158,15 @@ pub enum Op {
     // ---- matmul (ops/matmul.rs) ----
     /// `[..., M, K] @ [..., K, N]` with broadcast batch dims.
     Matmul,
-    /// Inputs `(x [M, K], weight [N, K], bias [N])`, and with `residual` a fourth, `r [M, N]`:
-    /// `act(x weight^T + bias) (+ r)`. Each gemm task adds the bias to its block of the product,
-    /// applies `act` and adds `r`, while the block is still in its core's cache, so none costs
-    /// a pass of its own. With an `act`, the forward saves the pre-activation `[M, N]` for the
-    /// backward.
+    /// Inputs `(x [M, K], weight [N, K])`, then `b [N]` with `bias`, then `r [M, N]` with
+    /// `residual`: `act(x weight^T (+ b)) (+ r)`. Each gemm task adds the bias to its block of
+    /// the product, applies `act` and adds `r`, while the block is still in its core's cache, so
+    /// none costs a pass of its own. With an `act`, the forward saves the pre-activation
+    /// `[M, N]` for the backward. The weight's gradient is made as `grad^T x`, in the weight's
+    /// own layout.
     Linear {
         act: Option<UnaryOp>,
+        bias: bool,
         residual: bool,
     },
     /// Inputs `(pre [M, N], grad_out [M, N])`: the gradient through `Linear`'s activation,

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{gradcheck, gradcheck_tol, normal, uniform};
-use weft_core::{Conv2dParams, DType, Generator, Pool2dParams, Tensor, UnaryOp};
+use weft_core::{Conv2dParams, DType, Generator, Op, Pool2dParams, Tensor, UnaryOp};
 
 #[test]
 fn unary_ops() {
@@ -119,6 +119,9 @@ fn matmul_shapes() {
         &[normal(&[2, 3, 4], 52), normal(&[5, 4], 53), normal(&[5], 54)],
         |t| t[0].linear(&t[1], Some(&t[2])),
     );
+    gradcheck("linear no bias", &[normal(&[2, 3, 4], 55), normal(&[5, 4], 56)], |t| {
+        t[0].linear(&t[1], None)
+    });
 }
 
 #[test]
@@ -209,6 +212,43 @@ fn linear_add() {
             r.grad().unwrap(),
         ]
         .map(|t| t.to_vec::<f32>().unwrap())
+    };
+    assert_eq!(run(true), run(false));
+    gradcheck(
+        "linear_add no bias",
+        &[normal(&[2, 3, 4], 84), normal(&[5, 4], 85), normal(&[2, 3, 5], 86)],
+        |t| t[0].linear_add(&t[1], None, &t[2]),
+    );
+    // without a bias, against the residual plus the plain product (the weight's gradient made
+    // in the weight's layout, `g^T x`, rather than transposed from `x^T g`: the same sums, the
+    // same bits)
+    let run = |fused: bool| {
+        let (x, w, r) = (leaf_of(&x), leaf_of(&w), leaf_of(&r));
+        let y = if fused {
+            // one op (on 2-D operands, no reshape around it): the product, its residual added
+            // in its blocks
+            let (x2, r2) = (x.reshape(&[-1, 64]).unwrap(), r.reshape(&[-1, 96]).unwrap());
+            let op = x2.linear_add(&w, None, &r2).unwrap().op().cloned();
+            assert!(
+                matches!(
+                    op,
+                    Some(Op::Linear {
+                        act: None,
+                        bias: false,
+                        residual: true
+                    })
+                ),
+                "{op:?}"
+            );
+            x.linear_add(&w, None, &r).unwrap()
+        } else {
+            r.add(&x.matmul(&w.t().unwrap()).unwrap()).unwrap()
+        };
+        let g = f32s(normal(y.shape(), 87));
+        y.mul(&g).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        let w_grad = w.grad().unwrap();
+        assert!(w_grad.is_contiguous() && w_grad.shape() == [96, 64]);
+        [y, x.grad().unwrap(), w_grad, r.grad().unwrap()].map(|t| t.to_vec::<f32>().unwrap())
     };
     assert_eq!(run(true), run(false));
     // a residual of the wrong shape is refused, naming both shapes

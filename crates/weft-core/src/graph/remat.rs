@@ -187,6 +187,7 @@ fn plan_recompute(g: &Graph, life: &Lifetimes, b: usize, at: usize) -> Option<Ch
         Op::Linear {
             act: Some(act),
             residual: false,
+            ..
         } if output == 0 && node.outputs.len() == 2 => Recipe::Activation {
             act: *act,
             pre: node.outputs[1],

@@ -59,7 +59,8 @@ impl Tensor {
         self.linear_fused(weight, bias, act, residual)
     }
 
-    /// [`Tensor::linear_with`] without autocast: one fused op where it pays.
+    /// [`Tensor::linear_with`] without autocast: one fused op where it pays (always in f32 and
+    /// f64 on the CPU; elsewhere with a bias).
     fn linear_fused(
         &self,
         weight: &Tensor,
@@ -77,11 +78,14 @@ impl Tensor {
                 None => Ok(y),
             }
         };
-        // the fused op only pays off with a bias; a plain product goes to matmul
-        let Some(bias) = bias else {
-            return unfused(self.matmul(&weight.t()?)?);
-        };
         let dtype = self.dtype();
+        let wide = matches!(dtype, DType::F32 | DType::F64);
+        // without a bias the fused op pays in f32 and f64 on the CPU: it adds the residual in
+        // the product's blocks and makes the weight's gradient in the weight's layout (a plain
+        // product makes it transposed, to be copied); other dtypes and devices go to matmul
+        if bias.is_none() && !(wide && self.device() == crate::Device::Cpu) {
+            return unfused(self.matmul(&weight.t()?)?);
+        }
         let out_shape = || {
             let mut s = self.shape()[..self.rank().max(1) - 1].to_vec();
             s.push(weight.shape()[0]);
@@ -91,58 +95,74 @@ impl Tensor {
             && weight.rank() == 2
             && dtype.is_float()
             && weight.dtype() == dtype
-            && bias.dtype() == dtype
+            && weight.device() == self.device()
+            && bias.is_none_or(|b| b.dtype() == dtype && b.shape() == [weight.shape()[0]])
             && self.shape()[self.rank() - 1] == weight.shape()[1]
-            && bias.shape() == [weight.shape()[0]]
             // half precision rounds between the unfused ops; the fused op would not
-            && ((act.is_none() && residual.is_none()) || matches!(dtype, DType::F32 | DType::F64))
+            && ((act.is_none() && residual.is_none()) || wide)
             && residual.is_none_or(|r| r.dtype() == dtype && r.shape() == out_shape());
         if !fused {
             // the unfused ops report whichever shape or dtype is wrong
-            return unfused(self.matmul(&weight.t()?)?.add(bias)?);
+            let y = self.matmul(&weight.t()?)?;
+            return unfused(match bias {
+                Some(b) => y.add(b)?,
+                None => y,
+            });
         }
         let (k, n) = (weight.shape()[1] as isize, weight.shape()[0] as isize);
         let x = self.reshape(&[-1, k])?;
-        let y = match residual {
-            Some(r) => apply(
-                Op::Linear { act, residual: true },
-                &[&x, weight, bias, &r.reshape(&[-1, n])?],
-            )?,
-            None => apply(Op::Linear { act, residual: false }, &[&x, weight, bias])?,
+        let r = residual.map(|r| r.reshape(&[-1, n])).transpose()?;
+        let inputs: Vec<&Tensor> = [Some(&x), Some(weight), bias, r.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let op = Op::Linear {
+            act,
+            bias: bias.is_some(),
+            residual: residual.is_some(),
         };
+        let y = apply(op, &inputs)?;
         let out: Vec<isize> = out_shape().iter().map(|&d| d as isize).collect();
         y.reshape(&out)
     }
 }
 
-/// Inputs `(x [M, K], weight [N, K], bias [N], residual [M, N]?)`; outputs the result and, with
-/// an `act`, the pre-activation.
-pub(super) fn forward(inputs: &[&Tensor], act: Option<UnaryOp>) -> Result<Vec<Tensor>> {
-    let x = inputs[0];
+/// The inputs of an `Op::Linear` by role: `(x, weight, bias, residual)`.
+fn roles<'a>(inputs: &[&'a Tensor], bias: bool) -> (&'a Tensor, &'a Tensor, Option<&'a Tensor>, Option<&'a Tensor>) {
+    let b = if bias { Some(inputs[2]) } else { None };
+    let r = inputs.get(2 + usize::from(bias)).copied();
+    (inputs[0], inputs[1], b, r)
+}
+
+/// Inputs `(x [M, K], weight [N, K], bias [N]?, residual [M, N]?)` (the bias with `bias`);
+/// outputs the result and, with an `act`, the pre-activation.
+pub(super) fn forward(inputs: &[&Tensor], act: Option<UnaryOp>, bias: bool) -> Result<Vec<Tensor>> {
+    let (x, _, b, residual) = roles(inputs, bias);
     let outs = match x.dtype() {
         // bf16 operands read as they are where the CPU multiplies bf16 pairs natively; the bias
         // is added in f32 and the sum rounded once, as below
-        DType::BF16 if crate::cpu::bf16_gemm::available() && act.is_none() && inputs.len() == 3 => {
-            let bias = to_compute("linear", inputs[2])?;
-            let bias = bias.contig::<f32>("linear")?;
-            let y = linear_with::<half::bf16, f32>(x, inputs[1], &bias, None, None, |m, n, k, d, a, b, post| {
-                // SAFETY: the kernel is available (checked above); `linear_with` hands over
-                // operands and an output valid for these sizes and strides.
-                unsafe { crate::cpu::bf16_gemm::gemm_parallel_then(m, n, k, d, a, b, post) }
-            })?;
+        DType::BF16 if crate::cpu::bf16_gemm::available() && act.is_none() && residual.is_none() => {
+            let row = b.map(|b| to_compute("linear", b)).transpose()?;
+            let row = row.as_ref().map(|b| b.contig::<f32>("linear")).transpose()?;
+            let y =
+                linear_with::<half::bf16, f32>(x, inputs[1], row.as_deref(), None, None, |m, n, k, d, a, b, post| {
+                    // SAFETY: the kernel is available (checked above); `linear_with` hands over
+                    // operands and an output valid for these sizes and strides.
+                    unsafe { crate::cpu::bf16_gemm::gemm_parallel_then(m, n, k, d, a, b, post) }
+                })?;
             y.into_iter()
                 .map(|t| super::elementwise::back_to("linear", t, DType::BF16))
                 .collect::<Result<_>>()?
         }
-        DType::F32 => linear_typed::<f32>(inputs, act)?,
-        DType::F64 => linear_typed::<f64>(inputs, act)?,
+        DType::F32 => linear_typed::<f32>(inputs, act, bias)?,
+        DType::F64 => linear_typed::<f64>(inputs, act, bias)?,
         DType::BF16 | DType::F16 => {
             let inputs = inputs
                 .iter()
                 .map(|t| to_compute("linear", t))
                 .collect::<Result<Vec<_>>>()?;
             let inputs: Vec<&Tensor> = inputs.iter().collect();
-            linear_typed::<f32>(&inputs, act)?
+            linear_typed::<f32>(&inputs, act, bias)?
                 .into_iter()
                 .map(|t| super::elementwise::back_to("linear", t, x.dtype()))
                 .collect::<Result<_>>()?
@@ -157,27 +177,22 @@ pub(super) fn forward(inputs: &[&Tensor], act: Option<UnaryOp>) -> Result<Vec<Te
 fn linear_typed<T: Float + StorageElement + Default + Send + Sync>(
     inputs: &[&Tensor],
     act: Option<UnaryOp>,
+    bias: bool,
 ) -> Result<Vec<Tensor>> {
-    let row = inputs[2].contig::<T>("linear")?;
+    let (x, w, b, residual) = roles(inputs, bias);
+    let row = b.map(|b| b.contig::<T>("linear")).transpose()?;
     let one = T::from_f64(1.0);
-    linear_with::<T, T>(
-        inputs[0],
-        inputs[1],
-        &row,
-        inputs.get(3).copied(),
-        act,
-        |m, n, k, d, a, b, post| {
-            // SAFETY: `linear_with` hands over operands and an output valid for these sizes and
-            // strides.
-            unsafe { gemm_parallel_then(m, n, k, d, a, b, one, one, post) }
-        },
-    )
+    linear_with::<T, T>(x, w, row.as_deref(), residual, act, |m, n, k, d, a, b, post| {
+        // SAFETY: `linear_with` hands over operands and an output valid for these sizes and
+        // strides.
+        unsafe { gemm_parallel_then(m, n, k, d, a, b, one, one, post) }
+    })
 }
 
 /// A block's finishing pass, handed to the product of [`linear_with`].
 type Post<'a, T> = &'a (dyn Fn(Block<T>) + Sync);
 
-/// `act(x [M, K] @ w [N, K]^T + row) (+ residual [M, N])`: operands of element type `I`, the
+/// `act(x [M, K] @ w [N, K]^T (+ row)) (+ residual [M, N])`: operands of element type `I`, the
 /// product, the bias `row`, the activation and the residual in `T`;
 /// `product(m, n, k, dst, a, b, post)` overwrites `dst` and runs `post` on each block it
 /// finishes. Returns the result and, with an `act`, the pre-activation.
@@ -185,7 +200,7 @@ type Post<'a, T> = &'a (dyn Fn(Block<T>) + Sync);
 fn linear_with<I: StorageElement + Send + Sync, T: Float + StorageElement + Default + Send + Sync>(
     x: &Tensor,
     w: &Tensor,
-    row: &[T],
+    row: Option<&[T]>,
     residual_input: Option<&Tensor>,
     act: Option<UnaryOp>,
     product: impl Fn(usize, usize, usize, MatMut<T>, MatRef<I>, MatRef<I>, Post<'_, T>),
@@ -203,7 +218,10 @@ fn linear_with<I: StorageElement + Send + Sync, T: Float + StorageElement + Defa
         // no product: the bias (and the rest) through the unfused ops
         let mut pre: Vec<T> = crate::alloc::with_capacity("linear", mn)?;
         for _ in 0..m {
-            pre.extend_from_slice(row);
+            match row {
+                Some(row) => pre.extend_from_slice(row),
+                None => pre.resize(pre.len() + n, T::default()),
+            }
         }
         let pre = Tensor::from_vec(pre, &[m, n])?;
         let y = match act {
@@ -238,7 +256,10 @@ fn linear_with<I: StorageElement + Send + Sync, T: Float + StorageElement + Defa
     };
     let (pre_base, out_base) = (SendPtr(dst.ptr), SendPtr(out.as_mut_ptr() as *const T));
     let post = |blk: Block<T>| {
-        let bias = &row[blk.col0..blk.col0 + blk.cols];
+        if row.is_none() && act.is_none() && residual.is_none() {
+            return;
+        }
+        let bias = row.map(|row| &row[blk.col0..blk.col0 + blk.cols]);
         for r in 0..blk.rows {
             // SAFETY: row r of the block, written by its gemm just before; the same element range
             // of `out` belongs to this block alone.
@@ -246,8 +267,10 @@ fn linear_with<I: StorageElement + Send + Sync, T: Float + StorageElement + Defa
                 let h = blk.ptr.offset(r as isize * blk.row_stride);
                 let at = h.offset_from(pre_base.get()) as usize;
                 let h = std::slice::from_raw_parts_mut(h, blk.cols);
-                for (o, &b) in h.iter_mut().zip(bias) {
-                    *o += b;
+                if let Some(bias) = bias {
+                    for (o, &b) in h.iter_mut().zip(bias) {
+                        *o += b;
+                    }
                 }
                 let y = match act {
                     Some(a) => {
@@ -278,13 +301,15 @@ fn linear_with<I: StorageElement + Send + Sync, T: Float + StorageElement + Defa
 
 /// With an `act`, `saved` holds the pre-activation: the gradient goes through `act'` first (in
 /// the same pass as the bias gradient's column sums). A residual input gets the output's
-/// gradient as it is. Where autograd offers a [`Sink`] for the weight (input 1), its gradient
-/// is added there (`None` in the result).
+/// gradient as it is. The weight's gradient is `grad^T x`, made in the weight's own layout; where
+/// autograd offers a [`Sink`] for the weight (input 1), it is added there (`None` in the
+/// result).
 pub(super) fn backward(
     inputs: &[Tensor],
     saved: &[Tensor],
     grad: &Tensor,
     act: Option<UnaryOp>,
+    bias: bool,
     sinks: &[Option<Sink>],
 ) -> Result<Vec<Option<Tensor>>> {
     let (x, w) = (&inputs[0], &inputs[1]);
@@ -292,13 +317,18 @@ pub(super) fn backward(
         Some(a) => {
             let mut out = super::apply_multi(Op::LinearActBackward(a), &[&saved[0], grad])?;
             let gb = out.pop().expect("two outputs");
-            (out.pop().expect("two outputs"), gb)
+            (out.pop().expect("two outputs"), Some(gb))
         }
-        None => (grad.clone(), grad.sum(&[0], false)?),
+        None if bias => (grad.clone(), Some(grad.sum(&[0], false)?)),
+        None => (grad.clone(), None),
     };
     let gw = product_or_sink(sinks.get(1).and_then(Option::as_ref), &g.t()?, x)?;
-    let mut grads = vec![Some(g.matmul(w)?), gw, Some(gb)];
-    if inputs.len() > 3 {
+    let mut grads = vec![Some(g.matmul(w)?), gw];
+    if bias {
+        grads.push(gb);
+    }
+    if inputs.len() > grads.len() {
+        // the residual's
         grads.push(Some(grad.clone()));
     }
     Ok(grads)

@@ -75,7 +75,7 @@ fn execute_on_backend(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::Var { .. } => reduce::forward(op, inputs),
         Op::Matmul => matmul::forward(inputs),
         Op::WideMatmul => matmul::wide_forward(inputs),
-        Op::Linear { act, .. } => linear::forward(inputs, *act),
+        Op::Linear { act, bias, .. } => linear::forward(inputs, *act, *bias),
         Op::LinearActBackward(act) => linear::act_backward(*act, inputs[0], inputs[1]),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::forward(op, inputs)
@@ -143,7 +143,7 @@ pub(crate) fn backward(
         | Op::Cast(_) => elementwise::backward(op, inputs, output, grad),
         Op::Reduce { .. } | Op::Var { .. } => reduce::backward(op, inputs, output, grad),
         Op::Matmul => matmul::backward(inputs, grad, sinks),
-        Op::Linear { act, .. } => linear::backward(inputs, saved, grad, *act, sinks),
+        Op::Linear { act, bias, .. } => linear::backward(inputs, saved, grad, *act, *bias, sinks),
         Op::Reshape(_) | Op::Permute(_) | Op::Narrow { .. } | Op::Expand(_) | Op::Contiguous | Op::Cat { .. } => {
             shape::backward(op, inputs, grad)
         }

@@ -316,15 +316,17 @@ impl<'a> Emitter<'a> {
                 ],
             ),
             Op::Matmul => self.op("MatMul", &a, vec![]),
-            Op::Linear { act, residual } => {
+            Op::Linear { act, bias, residual } => {
                 let wt = self.op("Transpose", &a[1..2], vec![("perm", ints(&[1, 0]))]);
                 let mut y = self.op("MatMul", &[a[0], &wt], vec![]);
-                y = self.op("Add", &[&y, a[2]], vec![]);
+                if *bias {
+                    y = self.op("Add", &[&y, a[2]], vec![]);
+                }
                 if let Some(u) = act {
                     y = self.unary(*u, &y, dtype)?;
                 }
                 if *residual {
-                    y = self.op("Add", &[&y, a[3]], vec![]);
+                    y = self.op("Add", &[&y, a[2 + usize::from(*bias)]], vec![]);
                 }
                 y
             }

@@ -43,7 +43,16 @@ pub fn forward(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     match op {
         Op::Matmul => Ok(vec![matmul(inputs[0], inputs[1], None)?]),
         Op::WideMatmul => Ok(vec![matmul(inputs[0], inputs[1], Some(DType::F32))?]),
-        Op::Linear { act, .. } => linear::forward(inputs, *act),
+        Op::Linear { act, bias: true, .. } => linear::forward(inputs, *act),
+        Op::Linear { act, bias: false, .. } => {
+            // the epilogue kernel takes a bias: zeros (the CPU makes bias-less ones; this
+            // keeps a captured one runnable here)
+            let n = inputs[1].shape().first().copied().unwrap_or(0);
+            let zeros = crate::cuda::copy::full(inputs[0].device(), &[n], 0.0, inputs[0].dtype())?;
+            let mut with_bias = inputs.to_vec();
+            with_bias.insert(2, &zeros);
+            linear::forward(&with_bias, *act)
+        }
         _ => unreachable!("matmul::forward called with {op:?}"),
     }
 }
