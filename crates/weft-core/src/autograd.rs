@@ -330,7 +330,7 @@ fn run_backward(root: &Tensor, seed: Tensor) -> Result<()> {
                     g
                 };
                 let sum = match grads.remove(&input.id()) {
-                    Some(prev) => prev.add(&g)?,
+                    Some(prev) => crate::ops::accumulate::sum_gradients(prev, &g)?,
                     None => g,
                 };
                 grads.insert(input.id(), sum);

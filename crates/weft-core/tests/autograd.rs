@@ -32,6 +32,60 @@ fn reused_tensor_sums_its_gradients() {
 }
 
 #[test]
+fn summing_gradients_in_place_leaves_shared_ones_alone() {
+    // h feeds three ops: its gradients from `exp` and `mul` are fresh buffers that the sum may
+    // take in place; the one from `add` is the seed itself, shared with the caller, which the
+    // sum must not write into
+    let x = param(&[0.5, -1.0, 2.0, 0.25], &[4]);
+    let h = x.mul_scalar(2.0).unwrap();
+    let y = h.exp().unwrap().add(&h.mul(&h).unwrap()).unwrap().add(&h).unwrap();
+    let seed = t(&[1.0, 2.0, -1.0, 0.5], &[4]);
+    y.backward_with(&seed).unwrap();
+    assert_eq!(
+        seed.to_vec_f64(),
+        vec![1.0, 2.0, -1.0, 0.5],
+        "the seed was written into"
+    );
+    let want: Vec<f64> = [0.5f64, -1.0, 2.0, 0.25]
+        .iter()
+        .zip([1.0, 2.0, -1.0, 0.5])
+        .map(|(&x, s)| {
+            let h = 2.0 * x;
+            // dy/dh = exp(h) + 2h + 1, dh/dx = 2, in the order autograd adds them
+            2.0 * (s * h.exp() + s * h + s * h + s)
+        })
+        .collect();
+    for (got, want) in x.grad().unwrap().to_vec_f64().iter().zip(&want) {
+        assert!(
+            (got - want).abs() <= 1e-12 * want.abs().max(1.0),
+            "{got} against {want}"
+        );
+    }
+    // the same in f32, large enough for the pool, against the unfused sum computed by hand
+    let n = 100_000;
+    let v: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+    let x = Tensor::from_vec(v.clone(), &[n]).unwrap().requires_grad_().unwrap();
+    let h = x.mul_scalar(1.5).unwrap();
+    let y = h.tanh().unwrap().add(&h.mul(&h).unwrap()).unwrap().add(&h).unwrap();
+    let seed = Tensor::from_vec(vec![1.0f32; n], &[n]).unwrap();
+    y.backward_with(&seed).unwrap();
+    assert!(
+        seed.to_vec::<f32>().unwrap().iter().all(|&s| s == 1.0),
+        "the seed was written into"
+    );
+    let g = x.grad().unwrap().to_vec::<f32>().unwrap();
+    for (i, &x) in v.iter().enumerate().step_by(997) {
+        let h = 1.5 * x;
+        let want = 1.5 * ((1.0 - h.tanh() * h.tanh()) + 2.0 * h + 1.0);
+        assert!(
+            (g[i] - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "{} against {want}",
+            g[i]
+        );
+    }
+}
+
+#[test]
 fn no_grad_and_detach_stop_recording() {
     let x = param(&[1.0], &[1]);
     let y = no_grad(|| x.mul_scalar(2.0).unwrap());

@@ -61,6 +61,16 @@ pub(super) fn par_chunks2<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn
     super::pool::for_each_chunk(dst, chunk, |i, d| f(&src[i * chunk..i * chunk + d.len()], d));
 }
 
+/// `dst[i] += src[i]` over equal lengths, on the pool when large.
+pub(crate) fn add_assign<T: Copy + std::ops::AddAssign + Send + Sync>(dst: &mut [T], src: &[T]) {
+    debug_assert_eq!(dst.len(), src.len());
+    par_chunks2(src, dst, |s, d| {
+        for (d, &s) in d.iter_mut().zip(s) {
+            *d += s;
+        }
+    });
+}
+
 fn par_chunks3<A: Sync, B: Sync, C: Send>(a: &[A], b: &[B], dst: &mut [C], f: impl Fn(&[A], &[B], &mut [C]) + Sync) {
     if dst.len() < PARALLEL_THRESHOLD {
         f(a, b, dst);

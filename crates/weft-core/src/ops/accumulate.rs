@@ -96,6 +96,54 @@ pub(crate) fn product_or_sink(sink: Option<&Sink>, a: &Tensor, b: &Tensor) -> Re
     a.matmul(b).map(Some)
 }
 
+/// `prev + g`, autograd's sum of two gradients of one tensor: added into `prev`'s own buffer
+/// where nothing else can see it (a CPU f32 or f64 tensor whose handle and storage only autograd
+/// holds, contiguous from the storage's start, of `g`'s dtype and shape; not while a graph is
+/// being captured, whose tracer records ops, not writes in place), saving a new buffer and the
+/// first writes to it; otherwise `prev.add(g)`. The same bits either way (`prev` + `g`, element
+/// by element).
+pub(crate) fn sum_gradients(prev: Tensor, g: &Tensor) -> Result<Tensor> {
+    let alone = std::sync::Arc::strong_count(&prev.0) == 1 && std::sync::Arc::strong_count(prev.storage()) == 1;
+    let in_place = alone
+        && !crate::graph::recording()
+        && prev.device() == crate::Device::Cpu
+        && g.device() == crate::Device::Cpu
+        && prev.dtype() == g.dtype()
+        && prev.shape() == g.shape()
+        && prev.is_contiguous()
+        && prev.layout().offset == 0
+        && !prev.is_backward_handle();
+    if in_place {
+        let added = match prev.dtype() {
+            DType::F32 => add_into::<f32>(&prev, g)?,
+            DType::F64 => add_into::<f64>(&prev, g)?,
+            _ => false,
+        };
+        if added {
+            return Ok(prev);
+        }
+    }
+    prev.add(g)
+}
+
+/// `dst += src` in `dst`'s storage, which must hold exactly `src`'s elements; false (nothing
+/// written) where it does not.
+fn add_into<T>(dst: &Tensor, src: &Tensor) -> Result<bool>
+where
+    T: crate::storage::StorageElement + Copy + std::ops::AddAssign + Send + Sync,
+{
+    let src = src.contig::<T>("gradient accumulation")?;
+    let mut guard = dst.storage().write();
+    let Some(d) = T::slice_mut(&mut guard) else {
+        return Ok(false);
+    };
+    if d.len() != src.len() {
+        return Ok(false);
+    }
+    crate::cpu::elementwise::add_assign(d, &src);
+    Ok(true)
+}
+
 /// `dst += a [M, K] @ b [K, N]` (`dst [M, N]`; `[N, M]` and the product's transpose when
 /// `transposed`) in place on `dst`'s device. Handled: f32 or f64 `dst` with operands of its
 /// dtype, and f32 `dst` with bf16 operands (autocast's copies: the product accumulates in f32 and
