@@ -25,6 +25,10 @@ It writes under crates/weft-models/tests/fixtures/hf/:
                  (Mistral NeMo's kind of config), untied
     mistral_window/  MistralForCausalLM with a sliding window (6) shorter than its positions (32),
                  as Mistral 7B v0.1's (4096 of 32768); its ids are as long as the window
+    phi3/        Phi3ForCausalLM: q, k and v in one fused qkv_proj, gate and up in one
+                 gate_up_proj, grouped-query attention, a sliding window (8) shorter than its
+                 positions (32), as Phi-3-mini-4k's (2047 of 4096); its ids are as long as the
+                 window
     expected.json  for each folder: the input ids [2, T] and the logits [2, T, V] (float32,
                  eager attention, CPU), flattened
 
@@ -37,8 +41,8 @@ import os
 import torch
 import transformers
 from transformers import (
-    GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-    Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+    GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+    Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
 OUT = "crates/weft-models/tests/fixtures/hf"
@@ -153,6 +157,10 @@ def main():
         ("mistral_window", MistralForCausalLM, MistralConfig, 11, 6, dict(
             vocab_size=35, num_key_value_heads=2, sliding_window=6, rms_norm_eps=1e-5,
             tie_word_embeddings=False)),
+        # ids as long as the window; Phi3Config's pad_token_id (32000) is outside this vocabulary
+        ("phi3", Phi3ForCausalLM, Phi3Config, 12, 8, dict(
+            vocab_size=33, num_key_value_heads=2, sliding_window=8, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, pad_token_id=None)),
     ]:
         model = scaled(model_cls(config_cls(**small, **cfg)), seed)
         ids = torch.randint(0, cfg["vocab_size"], (2, t), generator=g)

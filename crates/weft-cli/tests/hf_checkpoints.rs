@@ -452,6 +452,7 @@ fn generate_continues_from_a_folder_with_its_tokenizer_json_as_transformers_pred
         ("llama_rope_llama3", 41),
         ("llama_head_dim", 45),
         ("qwen3", 39),
+        ("phi3", 33),
     ] {
         let folder = fixture_copy(&dir, name);
         let chars = &alphabet[..vocab];

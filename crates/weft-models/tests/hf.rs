@@ -12,9 +12,10 @@ use weft_core::io::safetensors;
 use weft_models::hf;
 
 /// The fixture folders read as a llama: Llama (grouped-query and sharded, tied, Llama 3.1's
-/// rope scaling, linear rope scaling in the older form, heads of their own width), Qwen2, Qwen3
-/// and Mistral (without a sliding window, and with one shorter than its positions).
-const LLAMA_FOLDERS: [&str; 9] = [
+/// rope scaling, linear rope scaling in the older form, heads of their own width), Qwen2, Qwen3,
+/// Mistral (without a sliding window, and with one shorter than its positions) and Phi-3 (fused
+/// projections, a sliding window shorter than its positions).
+const LLAMA_FOLDERS: [&str; 10] = [
     "llama_gqa",
     "llama_tied",
     "llama_rope_llama3",
@@ -24,6 +25,7 @@ const LLAMA_FOLDERS: [&str; 9] = [
     "qwen3",
     "mistral",
     "mistral_window",
+    "phi3",
 ];
 
 /// The `[model]` keys of fixture `name`'s config.json after `edit`, or the error, as text (the
@@ -298,7 +300,8 @@ fn a_written_folder_reads_back_the_same() {
                     "llama_rope_linear",
                     "llama_head_dim",
                     "mistral",
-                    "mistral_window"
+                    "mistral_window",
+                    "phi3"
                 ]
                 .contains(&name)
         );
@@ -521,6 +524,69 @@ fn qwen2_and_mistral_folders_read_as_llama() {
     })
     .unwrap();
     assert_eq!(k["qkv_bias"], json!(true));
+}
+
+/// Phi-3 folders read as a llama: the fused `qkv_proj` and `gate_up_proj` split into weft's
+/// projections by rows (only those rows read), the sliding window as for Mistral (absent: none,
+/// Phi-3's default). A fused tensor of other rows than the config makes, and dropout, are refused.
+#[test]
+fn phi3_folders_read_as_llama() {
+    let folder = hf::open_folder(&fixture("phi3")).unwrap();
+    assert_eq!(folder.model["kind"], json!("llama"));
+    assert_eq!(folder.model["block_size"], json!(8));
+    // q 4 heads of 8, k and v 2 heads of 8; gate and up 40 rows each
+    let q = folder.weights.read("model.layers.0.self_attn.q_proj.weight").unwrap();
+    let k = folder.weights.read("model.layers.0.self_attn.k_proj.weight").unwrap();
+    let v = folder.weights.read("model.layers.0.self_attn.v_proj.weight").unwrap();
+    assert_eq!(
+        (q.shape(), k.shape(), v.shape()),
+        ([32, 32].as_slice(), [16, 32].as_slice(), [16, 32].as_slice())
+    );
+    // only the rows asked for are read: k's 16 x 32 f32
+    let before = folder.weights.bytes_read();
+    folder.weights.read("model.layers.1.self_attn.k_proj.weight").unwrap();
+    assert_eq!(folder.weights.bytes_read() - before, 16 * 32 * 4);
+    let file = safetensors::load(&fixture("phi3").join("model.safetensors")).unwrap();
+    let qkv = file.tensors["model.layers.0.self_attn.qkv_proj.weight"].clone();
+    let parts = weft_core::Tensor::cat(&[&q, &k, &v], 0).unwrap();
+    assert_eq!(parts.to_vec_f64(), qkv.to_vec_f64());
+    let gate = folder.weights.read("model.layers.1.mlp.gate_proj.weight").unwrap();
+    let up = folder.weights.read("model.layers.1.mlp.up_proj.weight").unwrap();
+    let fused = file.tensors["model.layers.1.mlp.gate_up_proj.weight"].clone();
+    assert_eq!(gate.to_vec_f64(), fused.narrow(0, 0, 40).unwrap().to_vec_f64());
+    assert_eq!(up.to_vec_f64(), fused.narrow(0, 40, 40).unwrap().to_vec_f64());
+    use weft_nn::state_dict::TensorSource;
+    assert!(!folder
+        .weights
+        .names()
+        .iter()
+        .any(|n| n.contains("qkv_proj") || n.contains("gate_up")));
+    // absent, Phi-3 has no window (Mistral's default is 4096)
+    let k = keys("phi3", &|c| {
+        c.as_object_mut().unwrap().remove("sliding_window");
+    })
+    .unwrap();
+    assert_eq!(k["block_size"], json!(32));
+    for key in ["resid_pdrop", "embd_pdrop", "attention_dropout"] {
+        let e = keys("phi3", &|c| c[key] = json!(0.1)).unwrap_err();
+        assert!(
+            e.contains(&format!("config.json: {key}: 0.1: weft's llama has no dropout")),
+            "{e}"
+        );
+    }
+    let e = keys("phi3", &|c| c["rope_parameters"]["partial_rotary_factor"] = json!(0.75)).unwrap_err();
+    assert!(e.contains("partial_rotary_factor: 0.75"), "{e}");
+    // a config whose sizes do not make the fused tensor's rows names the tensor
+    let d = copy_as("phi3", "heads");
+    let path = d.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["num_key_value_heads"] = json!(4);
+    std::fs::write(&path, c.to_string()).unwrap();
+    let e = hf::open_folder(&d).err().unwrap().to_string();
+    assert!(
+        e.contains("self_attn.qkv_proj.weight has shape [64, 32], but the config's sizes make it 96 rows"),
+        "{e}"
+    );
 }
 
 /// Qwen3 folders read as a llama with norms on the query and key heads and heads of their own

@@ -1,6 +1,6 @@
 //! Hugging Face `config.json` to weft's `[model]` keys and back, for `GPT2LMHeadModel` and
-//! `LlamaForCausalLM` (and `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `MistralForCausalLM`, which
-//! compute a llama). Only what weft's models compute is accepted: a key that asks for something
+//! `LlamaForCausalLM` (and `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM` and
+//! `Phi3ForCausalLM`, which compute a llama). Only what weft's models compute is accepted: a key that asks for something
 //! else (a rope scaling other than linear and llama3, biases on Llama's o_proj or MLP, another
 //! activation) is an error naming it.
 
@@ -13,15 +13,16 @@ use crate::llama::{LlamaConfig, RopeScaling};
 /// transformers' `LlamaConfig` default `rms_norm_eps`, for a config.json without the key.
 const TRANSFORMERS_RMS_NORM_EPS: f64 = 1e-6;
 
-/// The architectures weft reads (and writes: a model read from a Mistral folder is written as
-/// the `LlamaForCausalLM` it computes, unless its width does not divide by its heads, which
-/// transformers' `LlamaConfig` refuses: then as a Mistral without a sliding window).
-pub const ARCHITECTURES: [&str; 5] = [
+/// The architectures weft reads (and writes: a model read from a Mistral or Phi-3 folder is
+/// written as the `LlamaForCausalLM` it computes, unless its width does not divide by its heads,
+/// which transformers' `LlamaConfig` refuses: then as a Mistral without a sliding window).
+pub const ARCHITECTURES: [&str; 6] = [
     "GPT2LMHeadModel",
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",
 ];
 
 /// transformers' `Qwen3Config` default `head_dim` (fixed, not `hidden_size / num_attention_heads`).
@@ -61,6 +62,7 @@ fn architecture(c: &Map<String, Value>, source: &str) -> Result<String> {
             Some("qwen2") => vec!["Qwen2ForCausalLM".into()],
             Some("qwen3") => vec!["Qwen3ForCausalLM".into()],
             Some("mistral") => vec!["MistralForCausalLM".into()],
+            Some("phi3") => vec!["Phi3ForCausalLM".into()],
             Some(t) => vec![t.to_string()],
             None => Vec::new(),
         },
@@ -206,23 +208,38 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
                 }
             }
         }
-        // absent, transformers' default window of 4096. Within the window sliding-window
-        // attention reads every earlier position, as weft's does: a shorter window than the
-        // positions becomes the longest sequence (Mistral 7B v0.1: 4096 of 32768)
-        "MistralForCausalLM" => match c.get("sliding_window").unwrap_or(&json!(4096)) {
-            Value::Null => {}
-            w => match w.as_u64().and_then(|w| usize::try_from(w).ok()).filter(|&w| w > 0) {
-                Some(w) => block_size = block_size.min(w),
-                None => {
-                    return Err(bad(
-                        source,
-                        "sliding_window",
-                        format!("expected a positive integer or null, got {w}"),
-                    ))
-                }
-            },
-        },
+        // absent, transformers' default window (Mistral's 4096, none for Phi-3). Within the
+        // window sliding-window attention reads every earlier position, as weft's does: a
+        // shorter window than the positions becomes the longest sequence (Mistral 7B v0.1: 4096
+        // of 32768; Phi-3-mini-4k: 2047 of 4096)
+        "MistralForCausalLM" | "Phi3ForCausalLM" => {
+            let default = if arch == "MistralForCausalLM" {
+                json!(4096)
+            } else {
+                Value::Null
+            };
+            match c.get("sliding_window").unwrap_or(&default) {
+                Value::Null => {}
+                w => match w.as_u64().and_then(|w| usize::try_from(w).ok()).filter(|&w| w > 0) {
+                    Some(w) => block_size = block_size.min(w),
+                    None => {
+                        return Err(bad(
+                            source,
+                            "sliding_window",
+                            format!("expected a positive integer or null, got {w}"),
+                        ))
+                    }
+                },
+            }
+        }
         _ => {}
+    }
+    // weft's llama has no dropout: a config that asks for it would train another model
+    for key in ["attention_dropout", "resid_pdrop", "embd_pdrop"] {
+        let p = f64_key(c, key, 0.0, source)?;
+        if p != 0.0 {
+            return Err(bad(source, key, format!("{p}: weft's llama has no dropout")));
+        }
     }
     let n_head = usize_key(c, "num_attention_heads", source)?;
     // absent, transformers' default for the architecture; null, every head its own

@@ -1,14 +1,17 @@
 //! Hugging Face checkpoint folders: `config.json` plus `model.safetensors` (or shards listed in
 //! `model.safetensors.index.json`), for `GPT2LMHeadModel`, `LlamaForCausalLM`,
-//! `Qwen2ForCausalLM` and `MistralForCausalLM` (the last two weft's llama), read into weft's
-//! `[model]` keys and parameter names, and written back from them.
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM` and `Phi3ForCausalLM` (the last
+//! four weft's llama), read into weft's `[model]` keys and parameter names, and written back
+//! from them (those read from Mistral and Phi-3 folders as `LlamaForCausalLM`).
 //!
 //! Names: llama's are Hugging Face's already. GPT-2 checkpoints name tensors with or without
 //! `transformer.` (as `GPT2LMHeadModel` or `GPT2Model` saved them) and store the weights of its
 //! `Conv1D` layers (`attn.c_attn`, `attn.c_proj`, `mlp.c_fc`, `mlp.c_proj`) as `[in, out]`: they
 //! are transposed into weft's `[out, in]`. The attention-mask buffers older GPT-2 files hold
 //! (`attn.bias`, `attn.masked_bias`) and llama's `rotary_emb.inv_freq` are not parameters and are
-//! dropped. Tied output layers are not written (as `transformers` saves them).
+//! dropped. Phi-3's fused `qkv_proj` and `gate_up_proj` are read as llama's separate
+//! projections, each a range of the stored rows. Tied output layers are not written (as
+//! `transformers` saves them).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -58,7 +61,7 @@ pub fn open_folder(dir: &Path) -> Result<HfFolder> {
     let text =
         std::fs::read_to_string(&config_path).map_err(|e| Error::Io(format!("{}: {e}", config_path.display())))?;
     let model = to_weft_keys(&text, &config_path.display().to_string())?;
-    let weights = weights::open(dir, model.get("kind").and_then(Value::as_str))?;
+    let weights = weights::open(dir, &model)?;
     Ok(HfFolder { model, weights })
 }
 

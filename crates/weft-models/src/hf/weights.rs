@@ -5,9 +5,10 @@
 //! is refused before anything is read (a file holding an extra 1.5 GB tensor was read whole).
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use weft_core::io::safetensors::SafeTensorsFile;
 use weft_core::{Error, Result, Tensor};
 
@@ -21,6 +22,9 @@ struct Entry {
     stored: String,
     /// A GPT-2 `Conv1D` weight, stored `[in, out]`: transposed when read.
     conv1d: bool,
+    /// The rows of the stored tensor this one is (a part of Phi-3's fused `qkv_proj` or
+    /// `gate_up_proj`); all of them when `None`.
+    rows: Option<Range<usize>>,
     /// Its shape in weft's layout.
     shape: Vec<usize>,
 }
@@ -50,6 +54,9 @@ impl HfWeights {
             .get(name)
             .ok_or_else(|| Error::Io(format!("no tensor {name:?} in the folder")))?;
         let file = &self.files[e.file];
+        if let Some(rows) = &e.rows {
+            return file.rows(&e.stored, rows.clone());
+        }
         let t = file.tensor(&e.stored)?;
         if e.conv1d {
             transpose_conv1d(&t, &e.stored, &file.path().display().to_string())
@@ -123,13 +130,14 @@ fn open_files(dir: &Path) -> Result<Vec<(SafeTensorsFile, Vec<String>)>> {
     Ok(out)
 }
 
-/// Opens the weights of `dir` for a model of `kind` (`gpt`: GPT-2's names and layout turned
-/// into weft's, see the module's notes; otherwise the names as they are, llama's
-/// `rotary_emb.inv_freq` dropped). A GPT-2 `lm_head.weight` must equal the token embedding
-/// (weft's gpt ties them): the two are read and compared here.
-pub(super) fn open(dir: &Path, kind: Option<&str>) -> Result<HfWeights> {
+/// Opens the weights of `dir` for the model `model` (weft's `[model]` keys; `kind` `gpt`: GPT-2's
+/// names and layout turned into weft's, see the module's notes; otherwise the names as they are,
+/// llama's `rotary_emb.inv_freq` dropped, and Phi-3's fused projections split, see
+/// [`fused_parts`]). A GPT-2 `lm_head.weight` must equal the token embedding (weft's gpt ties
+/// them): the two are read and compared here.
+pub(super) fn open(dir: &Path, model: &Map<String, Value>) -> Result<HfWeights> {
     let opened = open_files(dir)?;
-    let gpt = kind == Some("gpt");
+    let gpt = model.get("kind").and_then(Value::as_str) == Some("gpt");
     let mut files = Vec::with_capacity(opened.len());
     let mut entries = BTreeMap::new();
     let mut head = None;
@@ -138,14 +146,37 @@ pub(super) fn open(dir: &Path, kind: Option<&str>) -> Result<HfWeights> {
         for stored in names {
             let shape = file.entry(&stored).map(|e| e.shape.clone()).unwrap_or_default();
             if !gpt {
-                if !stored.ends_with("rotary_emb.inv_freq") {
+                if let Some(parts) = fused_parts(&stored, &shape, model, &path)? {
+                    for (name, rows) in parts {
+                        let mut part = shape.clone();
+                        part[0] = rows.len();
+                        let entry = Entry {
+                            file: i,
+                            stored: stored.clone(),
+                            conv1d: false,
+                            rows: Some(rows),
+                            shape: part,
+                        };
+                        if entries.insert(name.clone(), entry).is_some() {
+                            return Err(Error::Io(format!(
+                                "{path}: holds {stored:?} and {name:?} too, one parameter of weft's llama"
+                            )));
+                        }
+                    }
+                } else if !stored.ends_with("rotary_emb.inv_freq") {
                     let entry = Entry {
                         file: i,
                         stored: stored.clone(),
                         conv1d: false,
+                        rows: None,
                         shape,
                     };
-                    entries.insert(stored, entry);
+                    if let Some(other) = entries.insert(stored.clone(), entry) {
+                        return Err(Error::Io(format!(
+                            "{path}: holds {stored:?} and {:?} too, one parameter of weft's llama",
+                            other.stored
+                        )));
+                    }
                 }
                 continue;
             }
@@ -182,6 +213,7 @@ pub(super) fn open(dir: &Path, kind: Option<&str>) -> Result<HfWeights> {
                     file: i,
                     stored,
                     conv1d,
+                    rows: None,
                     shape,
                 },
             );
@@ -206,4 +238,56 @@ pub(super) fn open(dir: &Path, kind: Option<&str>) -> Result<HfWeights> {
         }
     }
     Ok(weights)
+}
+
+/// One of weft's tensors as rows of a stored one: its name and the rows.
+type Part = (String, Range<usize>);
+
+/// Phi-3's fused projections as weft's llama holds them: `self_attn.qkv_proj.weight`
+/// (`[(n_head + 2 n_kv_head) head_dim, n_embd]`: q's rows, then k's, then v's, as transformers'
+/// `Phi3Attention` slices its output) and `mlp.gate_up_proj.weight` (`[2 intermediate_size,
+/// n_embd]`: gate's rows, then up's, as `Phi3MLP` chunks its output) become `q_proj`, `k_proj`,
+/// `v_proj` and `gate_proj`, `up_proj`, each a range of the stored tensor's rows. `None` for any
+/// other tensor; an error naming the file and tensor when the rows are not what `model` makes.
+fn fused_parts(stored: &str, shape: &[usize], model: &Map<String, Value>, path: &str) -> Result<Option<Vec<Part>>> {
+    let key = |k: &str| model.get(k).and_then(Value::as_u64).map(|v| v as usize).unwrap_or(0);
+    let (prefix, parts): (&str, Vec<(&str, usize)>) =
+        if let Some(prefix) = stored.strip_suffix("self_attn.qkv_proj.weight") {
+            let n_head = key("n_head");
+            let head_dim = match key("head_dim") {
+                0 => key("n_embd").checked_div(n_head).unwrap_or(0),
+                hd => hd,
+            };
+            let kv = key("n_kv_head") * head_dim;
+            (
+                prefix,
+                vec![
+                    ("self_attn.q_proj.weight", n_head * head_dim),
+                    ("self_attn.k_proj.weight", kv),
+                    ("self_attn.v_proj.weight", kv),
+                ],
+            )
+        } else if let Some(prefix) = stored.strip_suffix("mlp.gate_up_proj.weight") {
+            let i = key("intermediate_size");
+            (prefix, vec![("mlp.gate_proj.weight", i), ("mlp.up_proj.weight", i)])
+        } else {
+            return Ok(None);
+        };
+    let want: usize = parts.iter().map(|p| p.1).sum();
+    if shape.len() != 2 || shape[0] != want {
+        let what = parts.iter().map(|p| p.0).collect::<Vec<_>>().join(", ");
+        return Err(Error::Io(format!(
+            "{path}: {stored} has shape {shape:?}, but the config's sizes make it {want} rows ({what}) by n_embd"
+        )));
+    }
+    let mut start = 0;
+    Ok(Some(
+        parts
+            .into_iter()
+            .map(|(name, len)| {
+                start += len;
+                (format!("{prefix}{name}"), start - len..start)
+            })
+            .collect(),
+    ))
 }
