@@ -12,8 +12,11 @@ Three tiny configs:
            default (10000)
     qwen3  transformers' Qwen3ForCausalLM: n_head 4 of head_dim 12 (where n_embd / n_head is 8),
            n_kv_head 2, RMSNorms on each query and key head (weft's qk_norm), separate lm_head
+    pad    tied's model with pad_token_id 39 (weft's padding_idx), the id the batch holds most
+           often: transformers' embedding zeroes that row at init and gives its lookups no
+           gradient (the tied head's still reaches it); the grads fixture only
 
-For each it writes
+For each (pad: the second file only) it writes
 
   crates/weft-train/tests/fixtures/llama_{gqa,tied,qwen3}_adamw/   a 40-step training run in the
       layout of make_train_fixtures.py (init.safetensors, batches.safetensors, expected.json,
@@ -61,7 +64,15 @@ CASES = {
         intermediate_size=48, rope_theta=1000.0, norm_eps=1e-6, tie_embeddings=False,
         head_dim=12, qk_norm=True,
     ),
+    "pad": dict(
+        vocab_size=65, block_size=16, n_layer=2, n_head=4, n_kv_head=4, n_embd=32,
+        intermediate_size=48, rope_theta=10000.0, norm_eps=1e-6, tie_embeddings=True,
+        padding_idx=39,
+    ),
 }
+
+# cases with a unit fixture but no training run
+UNIT_ONLY = {"pad"}
 
 
 class Llama(torch.nn.Module):
@@ -74,6 +85,8 @@ class Llama(torch.nn.Module):
         extra = {} if qwen3 else {"mlp_bias": False}
         if "head_dim" in cfg:
             extra["head_dim"] = cfg["head_dim"]
+        if "padding_idx" in cfg:
+            extra["pad_token_id"] = cfg["padding_idx"]
         hf = (Qwen3Config if qwen3 else LlamaConfig)(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["n_embd"],
@@ -126,6 +139,9 @@ def unit_fixture(name, cfg):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape))
     inputs, targets = base.gpt_batches(cfg, 3, 7)
     inputs, targets = inputs[0], targets[0]
+    if "padding_idx" in cfg:
+        assert (inputs == cfg["padding_idx"]).any(), "the padding id is not in the batch"
+        assert torch.all(model.hf.model.embed_tokens.weight[cfg["padding_idx"]] == 0)
     logits = model(inputs)
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
     loss.backward()
@@ -154,6 +170,8 @@ def main():
         cfg = CASES[name]
         loss = unit_fixture(name, cfg)
         print(f"llama_{name}_grads  loss {loss:.6f}")
+        if name in UNIT_ONLY:
+            continue
         # the gpt setup's optimizer values (lr 3e-3 cosine to 3e-4, clip 1.0)
         opt, sched = base.optim_setup("adamw", "gpt")
         orig = base.optim_setup

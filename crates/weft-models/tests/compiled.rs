@@ -161,6 +161,7 @@ fn llama_steps_replay_bit_for_bit() {
         qkv_bias: false,
         head_dim: None,
         qk_norm: false,
+        padding_idx: None,
     };
     let eager = Llama::new(config.clone(), 11).unwrap();
     let compiled = Llama::new(config, 11).unwrap();

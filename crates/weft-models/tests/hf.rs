@@ -574,6 +574,17 @@ fn phi3_folders_read_as_llama() {
             "{e}"
         );
     }
+    // pad_token_id is the embedding's padding row (0 included), written back as such; one
+    // past the vocabulary is refused
+    let k = keys("phi3", &|c| c["pad_token_id"] = json!(0)).unwrap();
+    assert_eq!(k["padding_idx"], json!(0));
+    let written = hf::from_weft_keys(&keys("phi3", &|c| c["pad_token_id"] = json!(32)).unwrap()).unwrap();
+    assert_eq!(written["pad_token_id"], json!(32));
+    let e = keys("phi3", &|c| c["pad_token_id"] = json!(33)).unwrap_err();
+    assert!(
+        e.contains("config.json: pad_token_id: 33 is not a token id (vocab_size 33)"),
+        "{e}"
+    );
     let e = keys("phi3", &|c| c["rope_parameters"]["partial_rotary_factor"] = json!(0.75)).unwrap_err();
     assert!(e.contains("partial_rotary_factor: 0.75"), "{e}");
     // a config whose sizes do not make the fused tensor's rows names the tensor

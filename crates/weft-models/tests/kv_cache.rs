@@ -74,6 +74,7 @@ fn llama_with(n_kv_head: usize, tie: bool, block_size: usize, head_dim: Option<u
             qkv_bias: false,
             head_dim,
             qk_norm: head_dim.is_some(),
+            padding_idx: None,
         },
         6,
     )

@@ -83,6 +83,59 @@ fn qwen3_head_norms_and_head_width_match_transformers() {
     check_case("qwen3");
 }
 
+/// transformers' `pad_token_id` (weft's `padding_idx`): the embedding row of that id gets no
+/// gradient from its lookups; tied, the head's gradient still reaches it. Without the setting
+/// the row's gradient differs, so the check can tell.
+#[test]
+fn a_padding_id_gets_no_gradient_from_its_lookups_as_in_transformers() {
+    check_case("pad");
+    let (config, t) = load("pad");
+    let p = config.padding_idx.expect("the pad case sets padding_idx");
+    let row = |g: &Tensor| g.narrow(0, p, 1).unwrap().to_vec_f64();
+    let want = row(&t["grad.model.embed_tokens.weight"]);
+    let without = Llama::new(
+        LlamaConfig {
+            padding_idx: None,
+            ..config
+        },
+        0,
+    )
+    .unwrap();
+    let params: BTreeMap<String, Tensor> = t
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("param.")?.to_string(), v.clone())))
+        .collect();
+    weft_nn::state_dict::load_state_dict(&without, &params, without.aliases(), "pad").unwrap();
+    without.loss(&t["inputs"], &t["targets"]).unwrap().backward().unwrap();
+    let got = row(&without.embed_tokens.weight.grad().unwrap());
+    let gap = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(gap > 1e-3, "{gap}");
+    // a new model starts with the row at zero, as transformers initialises it; an id past the
+    // vocabulary is refused naming the key
+    let fresh = Llama::new(config.clone(), 3).unwrap();
+    assert!(row(&fresh.embed_tokens.weight).iter().all(|&x| x == 0.0));
+    let other = Llama::new(
+        LlamaConfig {
+            padding_idx: None,
+            ..config.clone()
+        },
+        3,
+    )
+    .unwrap();
+    assert!(row(&other.embed_tokens.weight).iter().any(|&x| x != 0.0));
+    let e = Llama::new(
+        LlamaConfig {
+            padding_idx: Some(65),
+            ..config
+        },
+        0,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("padding_idx: 65 is not a token id (vocab_size 65)"), "{e}");
+}
+
 #[test]
 fn the_initialisation_is_transformers() {
     let config = LlamaConfig {
@@ -100,6 +153,7 @@ fn the_initialisation_is_transformers() {
         qkv_bias: false,
         head_dim: None,
         qk_norm: false,
+        padding_idx: None,
     };
     let model = Llama::new(config, 3).unwrap();
     for (name, p) in model.parameters() {

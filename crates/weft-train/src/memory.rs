@@ -289,6 +289,7 @@ mod tests {
             qkv_bias: false,
             head_dim: None,
             qk_norm: false,
+            padding_idx: None,
         };
         assert_eq!(parameter_count(&ModelConfig::Llama(llama2.clone())), 6_738_415_616.0);
         // grouped-query and tied: a model built and counted

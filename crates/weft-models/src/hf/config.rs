@@ -271,9 +271,25 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
             ));
         }
     }
+    // transformers' embedding gives the row of pad_token_id no gradient (and builds no model
+    // whose pad_token_id is not a token)
+    let vocab_size = usize_key(c, "vocab_size", source)?;
+    let pad = match c.get("pad_token_id").filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => match v.as_u64().and_then(|p| usize::try_from(p).ok()) {
+            Some(p) if p < vocab_size => Some(p),
+            _ => {
+                return Err(bad(
+                    source,
+                    "pad_token_id",
+                    format!("{v} is not a token id (vocab_size {vocab_size})"),
+                ))
+            }
+        },
+    };
     let mut m = Map::new();
     m.insert("kind".into(), json!("llama"));
-    m.insert("vocab_size".into(), json!(usize_key(c, "vocab_size", source)?));
+    m.insert("vocab_size".into(), json!(vocab_size));
     m.insert("block_size".into(), json!(block_size));
     m.insert("n_layer".into(), json!(usize_key(c, "num_hidden_layers", source)?));
     m.insert("n_head".into(), json!(n_head));
@@ -300,6 +316,9 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
     }
     if let Some(hd) = head_dim {
         m.insert("head_dim".into(), json!(hd));
+    }
+    if let Some(p) = pad {
+        m.insert("padding_idx".into(), json!(p));
     }
     if arch == "Qwen3ForCausalLM" {
         m.insert("qk_norm".into(), json!(true));
@@ -531,6 +550,9 @@ pub fn from_weft_keys(keys: &Map<String, Value>) -> Result<Value> {
             let o = c.as_object_mut().expect("an object");
             if let Some(hd) = head_dim {
                 o.insert("head_dim".into(), json!(hd));
+            }
+            if let Some(p) = keys.get("padding_idx").filter(|v| !v.is_null()) {
+                o.insert("pad_token_id".into(), p.clone());
             }
             if qk_norm {
                 o.remove("mlp_bias");

@@ -5,7 +5,7 @@
 //! the MLP in `mlp.rs`, pipeline stages in `stages.rs`, the shapes a config implies in
 //! `shapes.rs`.
 
-use weft_core::{DType, Generator, Result, Tensor};
+use weft_core::{CompareOp, DType, Generator, Result, Tensor};
 use weft_nn::init;
 use weft_nn::layers::{Embedding, Linear, RmsNorm};
 use weft_nn::module::{prefixed, Module};
@@ -58,6 +58,10 @@ pub struct LlamaConfig {
     /// `self_attn.q_norm.weight` and `self_attn.k_norm.weight`, `[head_dim]`, shared by the
     /// heads) before the rotary embedding: Qwen3's attention. Default false.
     pub qk_norm: bool,
+    /// The token id whose embedding row gets no gradient from its lookups and starts at zero
+    /// (transformers' `pad_token_id`, `torch.nn.Embedding`'s `padding_idx`); below
+    /// `vocab_size`. `None` (the default): every row learns.
+    pub padding_idx: Option<usize>,
 }
 
 impl LlamaConfig {
@@ -110,6 +114,12 @@ impl LlamaConfig {
             }
         }
         crate::config_check::divides("n_head", self.n_head, "n_kv_head", self.n_kv_head)?;
+        if let Some(p) = self.padding_idx.filter(|&p| p >= self.vocab_size) {
+            return Err(config_error(
+                "padding_idx",
+                format!("{p} is not a token id (vocab_size {})", self.vocab_size),
+            ));
+        }
         for (key, v) in [("rope_theta", self.rope_theta), ("norm_eps", self.norm_eps)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(config_error(key, format!("{v} must be positive and finite")));
@@ -189,7 +199,18 @@ impl Llama {
         let ctx = Context::new(seed);
         let mut rng = Generator::new(seed);
         let (c, std) = (config.n_embd, 0.02);
-        let embed_tokens = Embedding::from_weight(init::normal(&[config.vocab_size, c], std, DType::F32, &mut rng)?);
+        let mut embed_tokens =
+            Embedding::from_weight(init::normal(&[config.vocab_size, c], std, DType::F32, &mut rng)?);
+        if let Some(p) = config.padding_idx {
+            // transformers' initialisation zeroes the padding row (on whichever device)
+            let w = &embed_tokens.weight;
+            let row = Tensor::arange(0.0, config.vocab_size as f64, 1.0, DType::I64)?
+                .compare(CompareOp::Eq, &Tensor::full(&[], p as f64, DType::I64)?)?
+                .unsqueeze(-1)?
+                .to(w.device())?;
+            embed_tokens.weight = w.detach().masked_fill(&row, 0.0)?.detach().requires_grad_()?;
+            embed_tokens.padding_idx = Some(p);
+        }
         let mut layers = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
             layers.push(LlamaLayer {

@@ -164,6 +164,7 @@ mod tests {
             qkv_bias: false,
             head_dim: None,
             qk_norm: false,
+            padding_idx: None,
         }
     }
 

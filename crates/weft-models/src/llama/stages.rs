@@ -93,6 +93,7 @@ mod tests {
             qkv_bias: false,
             head_dim: None,
             qk_norm: false,
+            padding_idx: None,
         };
         Llama::new(config, 1).unwrap()
     }

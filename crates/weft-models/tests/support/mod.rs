@@ -24,6 +24,7 @@ pub fn llama_config(m: &serde_json::Value) -> LlamaConfig {
         qkv_bias: m["qkv_bias"].as_bool().unwrap_or(false),
         head_dim: m["head_dim"].as_u64().map(|h| h as usize),
         qk_norm: m["qk_norm"].as_bool().unwrap_or(false),
+        padding_idx: m["padding_idx"].as_u64().map(|p| p as usize),
     }
 }
 

@@ -298,6 +298,7 @@ fn chunked_prompts_give_the_whole_prompts_logits_within_rounding() {
             qkv_bias: false,
             head_dim: None,
             qk_norm: false,
+            padding_idx: None,
         },
         5,
     )

@@ -186,6 +186,10 @@ pub struct LlamaKeys {
     /// An RMSNorm over each query and key head before the rotary embedding (Qwen3's attention).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,
+    /// The token id whose embedding row gets no gradient from its lookups (transformers'
+    /// `pad_token_id`, `torch.nn.Embedding`'s `padding_idx`); absent, every row learns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding_idx: Option<usize>,
 }
 
 /// `[model] rope_scaling` of a llama, in transformers' names: `{ rope_type = "linear", factor }`
@@ -263,6 +267,7 @@ impl LlamaKeys {
             qkv_bias: self.qkv_bias,
             head_dim: self.head_dim,
             qk_norm: self.qk_norm,
+            padding_idx: self.padding_idx,
         }
     }
 }
