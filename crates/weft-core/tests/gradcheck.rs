@@ -122,6 +122,16 @@ fn matmul_shapes() {
     gradcheck("linear no bias", &[normal(&[2, 3, 4], 55), normal(&[5, 4], 56)], |t| {
         t[0].linear(&t[1], None)
     });
+    // no input features: the bias alone (zeros without one), with or without a residual
+    for dtype in [DType::F32, DType::F64] {
+        let x = Tensor::zeros(&[2, 3, 0], dtype).unwrap();
+        let w = Tensor::zeros(&[5, 0], dtype).unwrap();
+        let b = Tensor::full(&[5], 0.5, dtype).unwrap();
+        assert_eq!(x.linear(&w, None).unwrap().to_vec_f64(), vec![0.0; 30]);
+        assert_eq!(x.linear(&w, Some(&b)).unwrap().to_vec_f64(), vec![0.5; 30]);
+        let r = Tensor::full(&[2, 3, 5], 1.0, dtype).unwrap();
+        assert_eq!(x.linear_add(&w, None, &r).unwrap().to_vec_f64(), vec![1.0; 30]);
+    }
 }
 
 #[test]

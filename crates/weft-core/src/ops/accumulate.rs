@@ -315,3 +315,52 @@ impl<T> SendPtr<T> {
         self.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::from_vec(v.to_vec(), &[v.len()]).unwrap()
+    }
+
+    #[test]
+    fn a_gradient_only_autograd_holds_is_summed_in_its_own_buffer() {
+        let (prev, g) = (t(&[1.0, 2.0, 3.0]), t(&[0.5, 0.25, -1.0]));
+        let before = prev.storage().clone();
+        // the handle `before` holds on the storage is the kind of sharing that must prevent the
+        // in-place sum; drop it after taking the address
+        let addr = std::sync::Arc::as_ptr(&before);
+        drop(before);
+        let sum = sum_gradients(prev, &g).unwrap();
+        assert_eq!(std::sync::Arc::as_ptr(sum.storage()), addr, "summed into a new buffer");
+        assert_eq!(sum.to_vec::<f32>().unwrap(), vec![1.5, 2.25, 2.0]);
+    }
+
+    #[test]
+    fn a_gradient_shared_with_a_view_or_another_handle_is_left_alone() {
+        // a view of its storage
+        let prev = t(&[1.0, 2.0, 3.0]);
+        let view = prev.narrow(0, 1, 2).unwrap();
+        let sum = sum_gradients(prev, &t(&[1.0, 1.0, 1.0])).unwrap();
+        assert!(!sum.same_storage(&view));
+        assert_eq!(view.to_vec::<f32>().unwrap(), vec![2.0, 3.0]);
+        assert_eq!(sum.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0]);
+        // another handle of the tensor
+        let prev = t(&[1.0, 2.0]);
+        let other = prev.clone();
+        let sum = sum_gradients(prev, &t(&[1.0, 1.0])).unwrap();
+        assert!(!sum.same_storage(&other));
+        assert_eq!(other.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+        // a view that starts inside its storage, and another dtype: new tensors
+        let base = t(&[1.0, 2.0, 3.0]);
+        let tail = base.narrow(0, 1, 2).unwrap().contiguous().unwrap();
+        assert_eq!(
+            sum_gradients(tail, &t(&[1.0, 1.0])).unwrap().to_vec::<f32>().unwrap(),
+            vec![3.0, 4.0]
+        );
+        let half = t(&[1.0, 2.0]).cast(DType::BF16).unwrap();
+        let g = t(&[1.0, 1.0]).cast(DType::BF16).unwrap();
+        assert_eq!(sum_gradients(half, &g).unwrap().to_vec_f64(), vec![2.0, 3.0]);
+    }
+}

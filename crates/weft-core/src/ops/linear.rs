@@ -109,9 +109,11 @@ impl Tensor {
                 None => y,
             });
         }
+        // the rows given, not inferred: a -1 cannot be inferred beside a width of 0
+        let rows = self.shape()[..self.rank() - 1].iter().product::<usize>() as isize;
         let (k, n) = (weight.shape()[1] as isize, weight.shape()[0] as isize);
-        let x = self.reshape(&[-1, k])?;
-        let r = residual.map(|r| r.reshape(&[-1, n])).transpose()?;
+        let x = self.reshape(&[rows, k])?;
+        let r = residual.map(|r| r.reshape(&[rows, n])).transpose()?;
         let inputs: Vec<&Tensor> = [Some(&x), Some(weight), bias, r.as_ref()]
             .into_iter()
             .flatten()
