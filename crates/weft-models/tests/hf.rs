@@ -574,6 +574,16 @@ fn phi3_folders_read_as_llama() {
             "{e}"
         );
     }
+    // Llama's attention dropout too; the residual and embedding dropouts are Phi-3's keys alone
+    let e = keys("llama_gqa", &|c| c["attention_dropout"] = json!(0.1)).unwrap_err();
+    assert!(e.contains("config.json: attention_dropout: 0.1"), "{e}");
+    keys("llama_gqa", &|c| c["resid_pdrop"] = json!(0.1)).unwrap();
+    // absent, Phi3Config's epsilon (1e-5; transformers' others default to 1e-6)
+    let k = keys("phi3", &|c| {
+        c.as_object_mut().unwrap().remove("rms_norm_eps");
+    })
+    .unwrap();
+    assert_eq!(k["norm_eps"], json!(1e-5));
     // pad_token_id is the embedding's padding row (0 included), written back as such; one
     // past the vocabulary is refused
     let k = keys("phi3", &|c| c["pad_token_id"] = json!(0)).unwrap();

@@ -181,8 +181,10 @@ fn gpt2_keys(c: &Map<String, Value>, source: &str) -> Result<Map<String, Value>>
 
 /// A llama's keys from the `config.json` of `arch`: `LlamaForCausalLM`, `Qwen2ForCausalLM`
 /// (biases on q, k and v; no sliding-window layers), `Qwen3ForCausalLM` (norms on the query and
-/// key heads, its own head width; no sliding-window layers) or `MistralForCausalLM` (whose
-/// sliding window, when shorter than its positions, is its longest sequence).
+/// key heads, its own head width; no sliding-window layers), `MistralForCausalLM` (whose
+/// sliding window, when shorter than its positions, is its longest sequence) or
+/// `Phi3ForCausalLM` (its window likewise; its fused projections are split by the weights'
+/// reader). Dropout is refused, as is a `pad_token_id` that is not a token id.
 fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<String, Value>> {
     let n_embd = usize_key(c, "hidden_size", source)?;
     let mut block_size = usize_key(c, "max_position_embeddings", source)?;
@@ -234,8 +236,13 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
         }
         _ => {}
     }
-    // weft's llama has no dropout: a config that asks for it would train another model
-    for key in ["attention_dropout", "resid_pdrop", "embd_pdrop"] {
+    // weft's llama has no dropout: a config that asks for it would train another model (the
+    // residual and embedding dropouts are Phi-3's keys; the other classes ignore them)
+    let dropouts: &[&str] = match arch {
+        "Phi3ForCausalLM" => &["attention_dropout", "resid_pdrop", "embd_pdrop"],
+        _ => &["attention_dropout"],
+    };
+    for &key in dropouts {
         let p = f64_key(c, key, 0.0, source)?;
         if p != 0.0 {
             return Err(bad(source, key, format!("{p}: weft's llama has no dropout")));
@@ -305,7 +312,17 @@ fn llama_keys(c: &Map<String, Value>, source: &str, arch: &str) -> Result<Map<St
     }
     m.insert(
         "norm_eps".into(),
-        json!(f64_key(c, "rms_norm_eps", TRANSFORMERS_RMS_NORM_EPS, source)?),
+        json!(f64_key(
+            c,
+            "rms_norm_eps",
+            // Phi3Config's default differs from the others'
+            if arch == "Phi3ForCausalLM" {
+                1e-5
+            } else {
+                TRANSFORMERS_RMS_NORM_EPS
+            },
+            source
+        )?),
     );
     m.insert(
         "tie_embeddings".into(),
