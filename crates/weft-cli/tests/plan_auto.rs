@@ -194,6 +194,37 @@ fn each_number_of_ranks_plans_on_its_own_calibration() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Three ranks or more also measure the latency with every rank computing between its calls
+/// (pairs of ranks all-reducing); two do not. On shared cores the spec's latency is the larger
+/// of that and the link's own, with a core each it is the link's.
+#[test]
+fn the_loaded_latency_is_measured_from_three_ranks_and_the_larger_latency_kept() {
+    let dir = temp_dir("plan-calibrate-loaded");
+    let cache = dir.join("cache");
+    calibrate_for(&cache, 2);
+    calibrate_for(&cache, 3);
+    let read = |name: &str| {
+        let text = std::fs::read_to_string(cache.join(name)).unwrap();
+        weft_plan::calibration::Calibration::parse(&text, name).unwrap()
+    };
+    let two = read("plan-local-2.toml");
+    assert_eq!(two.get("all_reduce_loaded_latency_s"), None, "{two:?}");
+    let three = read("plan-local-3.toml");
+    let loaded = three.get("all_reduce_loaded_latency_s").expect("measured");
+    let unloaded = three.get("all_reduce_unloaded_latency_s").unwrap();
+    assert!(loaded.is_finite() && loaded >= 0.0, "{three:?}");
+    let expected = match three.spec.shared_compute {
+        Some(_) => loaded.max(unloaded),
+        None => unloaded,
+    };
+    assert_eq!(
+        (three.spec.intra_latency, three.get("all_reduce_latency_s")),
+        (expected, Some(expected)),
+        "{three:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_local_spec_without_a_calibration_names_the_command() {
     let dir = temp_dir("plan-no-calibration");

@@ -152,60 +152,71 @@ pub(super) fn memory_rate(pg: Option<&weft_dist::ProcessGroup>, s: &Sizes, budge
     Ok(bytes / seconds)
 }
 
-/// Seconds a step of a small ring all-reduce among `members` takes while the other ranks
-/// compute (products at the model's shapes), on rank 0; `None` where every rank is a member.
+/// Seconds a step of a small ring all-reduce between two ranks costs when every rank computes
+/// between its calls, as a job's ranks do on shared cores; on rank 0, `None` for fewer than 3
+/// ranks (one pair: the link measured on its own).
+///
+/// Every rank runs calls of the block's `C x C` product, and ranks `2i` and `2i + 1` all-reduce
+/// 1024 numbers after each (a last odd rank computes only): a pair's member that is descheduled
+/// for a time slice keeps its partner waiting, which a link measured on its own never shows.
+/// The same loop without the all-reduces, on every rank at once, is the baseline: the extra
+/// time per call, over a ring's `2 (n - 1)` = 2 steps, is the latency: the mean of two rounds
+/// of both loops.
 pub(super) fn loaded_latency(
     pg: Option<&weft_dist::ProcessGroup>,
-    members: &[usize],
     rank: usize,
     sizes: &Sizes,
     budget: Duration,
 ) -> Result<Option<f64>, String> {
     let Some(g) = pg else { return Ok(None) };
-    let sub = g.new_group(members).map_err(|e| e.to_string())?;
-    if members.len() == g.size() {
+    let ranks = g.size();
+    if ranks < 3 {
         return Ok(None);
     }
     let e = |r: weft_core::Result<Tensor>| r.map_err(|e| e.to_string());
-    max_over(pg, 0.0)?;
-    let start = Instant::now();
-    let mut result = None;
-    match &sub {
-        Some(sub) => {
-            let t = e(randn(&[1024], 30))?;
-            let call = || {
-                sub.all_reduce(&t, weft_dist::ReduceOp::Sum)
-                    .and_then(|w| w.wait())
-                    .map_err(|e| e.to_string())
-            };
-            // 10 calls, then as many as half the budget holds by the slowest member's count
-            for _ in 0..10 {
-                call()?;
-            }
-            let first = max_over(Some(sub), start.elapsed().as_secs_f64() / 10.0)?;
-            let calls = ((budget.as_secs_f64() / 2.0 / first.max(1e-9)) as usize).clamp(10, 10_000);
-            let t0 = Instant::now();
-            for _ in 0..calls {
-                call()?;
-            }
-            let per_call = t0.elapsed().as_secs_f64() / calls as f64;
-            let n = members.len() as f64;
-            if rank == 0 {
-                result = Some(per_call / (2.0 * (n - 1.0)));
-            }
-        }
-        None => {
-            // the block's `C x C` product, as measured
-            let (m, k, n) = sizes.products[1];
-            let x = e(randn(&[m, k], 31))?;
-            let w = e(randn(&[k, n], 32))?;
-            while start.elapsed() < budget {
-                e(x.matmul(&w))?;
-            }
+    // every rank creates every pair's group, in the same order
+    let mut mine = None;
+    for first in (0..ranks - 1).step_by(2) {
+        if let Some(sub) = g.new_group(&[first, first + 1]).map_err(|e| e.to_string())? {
+            mine = Some(sub);
         }
     }
+    let (m, k, n) = sizes.products[1];
+    let x = e(randn(&[m, k], 31))?;
+    let w = e(randn(&[k, n], 32))?;
+    let t = e(randn(&[1024], 30))?;
+    let call = |sync: bool| -> Result<(), String> {
+        e(x.matmul(&w))?;
+        match (&mine, sync) {
+            (Some(sub), true) => sub
+                .all_reduce(&t, weft_dist::ReduceOp::Sum)
+                .and_then(|w| w.wait())
+                .map_err(|e| e.to_string()),
+            _ => Ok(()),
+        }
+    };
+    // calls that fill about a quarter of the budget (at least 5) at the slowest rank's pace
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        call(true)?;
+    }
+    let per_call = max_over(pg, t0.elapsed().as_secs_f64() / 5.0)?;
+    let calls = (budget.as_secs_f64() / 4.0 / per_call.max(1e-9)).clamp(5.0, 5000.0) as usize;
+    let mut readings = Vec::new();
+    for _ in 0..2 {
+        let mut round = [0.0; 2];
+        for (i, sync) in [false, true].into_iter().enumerate() {
+            max_over(pg, 0.0)?;
+            let t0 = Instant::now();
+            for _ in 0..calls {
+                call(sync)?;
+            }
+            round[i] = t0.elapsed().as_secs_f64() / calls as f64;
+        }
+        readings.push(((round[1] - round[0]) / 2.0).max(0.0));
+    }
     max_over(pg, 0.0)?;
-    Ok(result)
+    Ok((rank == 0).then(|| readings.iter().sum::<f64>() / readings.len() as f64))
 }
 
 /// `(latency s, bandwidth bytes/s)` of the ring all-reduce between the job's ranks.

@@ -16,7 +16,8 @@
 //!   x bytes / B` for its latency `a` and bandwidth `B` (weft_dist::bench); where the ranks
 //!   share cores, among as many of them as compute at once (at least 2), the others waiting,
 //!   so that the link is measured unshared (the planner shares the cores among transfers
-//!   itself).
+//!   itself); on shared cores, also the latency of small all-reduces in pairs of ranks that all
+//!   compute between their calls (`measure::loaded_latency`), the larger of the two kept.
 //!
 //! The shapes are the model's cut to a memory and a time budget ([`Sizes`]): each f32 tensor at
 //! most 64 MB (a 48th of a rank's share of the memory, if less), each timed call at most an
@@ -309,7 +310,7 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
                 None => (0.0, 0.0),
             };
             max_over(pg, 0.0)?;
-            let loaded = loaded_latency(pg, &members, env.rank, &sizes, budget)?;
+            let loaded = loaded_latency(pg, env.rank, &sizes, budget)?;
             (link, members.len(), loaded)
         }
         None => ((0.0, alone.map_or(1e9, |a| a.3)), 1, None),
@@ -320,8 +321,8 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
     let ranks = env.world_size;
     let together = ratios[1] * f32_rate;
     let (pass_cost, pass_times) = pass_fit.ok_or("rank 0 measured no model passes")?;
-    // on shared cores a message waits for its receiver to get a core: the latency measured
-    // while the other ranks compute
+    // on shared cores a collective waits for its partner to get a core: the latency measured
+    // while every rank computes between its calls, where that is the larger
     let latency = match loaded_latency {
         Some(l) if shared.is_some() => l.max(unloaded_latency),
         _ => unloaded_latency,
