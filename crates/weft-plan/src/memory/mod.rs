@@ -20,16 +20,19 @@ use interleaved::interleaved_activations;
 /// Bytes one device holds, by term.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct MemoryBreakdown {
-    /// Parameters (f32; at ZeRO-3 the shard plus the unit running, in f32, and the next one's
-    /// gather buffer in `comm_dtype`).
+    /// Parameters (f32; at ZeRO 3 this rank's shard): what the rank holds between steps, as
+    /// the metrics' `state_bytes` count it.
     pub params: f64,
-    /// Gradients (f32; at ZeRO 2 and 3 the shard plus one unit's whole gradients).
+    /// Gradients (f32; at ZeRO 2 and 3 this rank's shard), between steps.
     pub grads: f64,
     /// Optimizer state (f32 moments; f32 master shards when gathering in bf16).
     pub optimizer: f64,
     /// Activations of the micro-batches in flight.
     pub activations: f64,
-    /// Gradient buckets, tensor-parallel and pipeline send/receive buffers, gather buffers.
+    /// Buffers that live only while a step runs: gradient buckets, tensor-parallel and pipeline
+    /// send/receive buffers, gather buffers, and at ZeRO 2 and 3 the largest unit's whole
+    /// gradients before they are reduce-scattered, at ZeRO 3 also the unit running (its f32
+    /// parameters) and the next one's gather buffer in `comm_dtype`.
     pub comm_buffers: f64,
 }
 
@@ -200,14 +203,8 @@ pub fn stage_memory_given(
     let block = stage_params(model, tp, pp, 1, false, false);
     let unit = block.max(p - blocks as f64 * block);
 
-    // ZeRO 3: the unit running, its parameters filled in f32 from the gathered flat buffer
-    // (cast when gathered in bf16), and the next unit's flat buffer being gathered
-    let params = if zero >= 3 {
-        4.0 * p / dp + (4.0 + comm) * unit
-    } else {
-        4.0 * p
-    };
-    let grads = if zero >= 2 { 4.0 * p / dp + 4.0 * unit } else { 4.0 * p };
+    let params = if zero >= 3 { 4.0 * p / dp } else { 4.0 * p };
+    let grads = if zero >= 2 { 4.0 * p / dp } else { 4.0 * p };
     let moments = work.optimizer_moments as f64;
     let master = if layout.comm_dtype.bytes() < 4.0 && (1..=2).contains(&zero) {
         4.0 * p / dp
@@ -230,6 +227,15 @@ pub fn stage_memory_given(
     }
     if (1..=2).contains(&zero) {
         comm_buffers += unit * comm;
+    }
+    // ZeRO 2 and 3: a unit's whole gradients before the reduce-scatter; ZeRO 3 also the unit
+    // running, its parameters filled in f32 from the gathered flat buffer (cast when gathered in
+    // bf16), and the next unit's flat buffer being gathered
+    if zero >= 2 {
+        comm_buffers += 4.0 * unit;
+    }
+    if zero >= 3 {
+        comm_buffers += (4.0 + comm) * unit;
     }
     if tp > 1 {
         comm_buffers += 2.0 * hidden * work.precision.activation_bytes();

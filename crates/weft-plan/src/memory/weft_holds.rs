@@ -170,10 +170,12 @@ fn zero3_fills_gathered_units_in_f32() {
     let unit = stage_params(&w.model, 1, 1, 0, true, true);
     let mut l = layout(4, 1, 1, 3, 1, vec![12]);
     l.comm_dtype = CommDtype::Bf16;
-    // the running unit in f32 and the next one's bf16 gather buffer
+    // the shard between steps; while a step runs, the unit's whole gradients, the running unit
+    // in f32 and the next one's bf16 gather buffer
     let m = stage_memory(&w, &l, 0);
-    assert!((m.params - (4.0 * psi / 4.0 + (4.0 + 2.0) * unit)).abs() < 1.0, "{m:?}");
+    assert!((m.params - 4.0 * psi / 4.0).abs() < 1.0, "{m:?}");
+    assert!((m.comm_buffers - (4.0 + 4.0 + 2.0) * unit).abs() < 1.0, "{m:?}");
     l.comm_dtype = CommDtype::F32;
     let f = stage_memory(&w, &l, 0);
-    assert!((f.params - (4.0 * psi / 4.0 + 8.0 * unit)).abs() < 1.0, "{f:?}");
+    assert!((f.comm_buffers - (4.0 + 8.0) * unit).abs() < 1.0, "{f:?}");
 }
