@@ -6,16 +6,19 @@ use std::sync::Arc;
 
 use weft_core::Tensor;
 use weft_nn::parallel::{GroupReduce, Split, TensorParallelGroup, TpGroup};
+use weft_nn::sequence_parallel::DeferredSums;
 
 use crate::error::Result;
 use crate::group::ProcessGroup;
 use crate::reduce::ReduceOp;
 
 /// A process group as a tensor-parallel group; `sequence_parallel` as
-/// [`TensorParallelGroup::sequence_parallel`] says.
+/// [`TensorParallelGroup::sequence_parallel`] says, `deferred` as
+/// [`TensorParallelGroup::deferred_sums`].
 pub struct TpProcessGroup {
     pub pg: ProcessGroup,
     pub sequence_parallel: bool,
+    pub deferred: Option<Arc<DeferredSums>>,
 }
 
 impl TpProcessGroup {
@@ -26,9 +29,20 @@ impl TpProcessGroup {
 
     /// `pg` as the shared handle the layers take, sequence-parallel when `sequence_parallel`.
     pub fn with_sequence_parallel(pg: &ProcessGroup, sequence_parallel: bool) -> TpGroup {
+        Self::with_deferred_sums(pg, sequence_parallel, None)
+    }
+
+    /// As [`TpProcessGroup::with_sequence_parallel`], the gradients of parameters whole on
+    /// every rank left in `deferred` to be summed once a step where it is given.
+    pub fn with_deferred_sums(
+        pg: &ProcessGroup,
+        sequence_parallel: bool,
+        deferred: Option<Arc<DeferredSums>>,
+    ) -> TpGroup {
         Arc::new(TpProcessGroup {
             pg: pg.clone(),
             sequence_parallel,
+            deferred,
         })
     }
 }
@@ -66,6 +80,10 @@ impl TensorParallelGroup for TpProcessGroup {
 
     fn sequence_parallel(&self) -> bool {
         self.sequence_parallel
+    }
+
+    fn deferred_sums(&self) -> Option<&DeferredSums> {
+        self.deferred.as_deref()
     }
 }
 

@@ -49,6 +49,12 @@ pub trait TensorParallelGroup: Send + Sync {
     fn sequence_parallel(&self) -> bool {
         false
     }
+    /// Where the gradients of parameters whole on every rank are left to be summed once a step
+    /// ([`crate::sequence_parallel::whole_gradient`]); `None` (the default): each backward
+    /// pass sums them.
+    fn deferred_sums(&self) -> Option<&crate::sequence_parallel::DeferredSums> {
+        None
+    }
 }
 
 /// A shared handle to a group.

@@ -13,7 +13,10 @@
 //! the region (after the embedding) [`split_sequence`] keeps this rank's tokens of a whole
 //! tensor (its backward all-gathers). A parameter whole on every rank but applied to a rank's
 //! tokens only (norm weights, a row-parallel bias) gets part of its gradient on each rank:
-//! [`whole_gradient`] sums it over the group in the backward.
+//! [`whole_gradient`] sums it over the group, in the backward of every pass, or, where the
+//! group defers it ([`DeferredSums`]), once a step over the step's summed gradient, as
+//! Megatron-LM does (`finalize_model_grads`): one all-reduce a step instead of one per
+//! parameter and micro-batch.
 //!
 //! What a rank holds: part `r` of `n` of the micro-batch's `B x T` tokens in memory order, seen
 //! as `[B, T / n, C]` (for `B = 1`, positions `[r T / n, (r + 1) T / n)`). Between the regions
@@ -24,7 +27,7 @@
 //! already). `T` must divide by `n`. [`column_input`] and [`row_output`] pick the operator a
 //! group's mode asks for.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use weft_core::{BackwardReads, Function, Result, Tensor};
 
@@ -79,9 +82,79 @@ pub fn split_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 }
 
 /// `p` unchanged forward; its gradient summed over the group backward (Megatron's `f`). For a
-/// parameter whole on every rank that a sequence-parallel rank applies to its tokens only.
+/// parameter whole on every rank that a rank applies to its part of the work only (its tokens
+/// under sequence parallelism, its heads for a per-head norm). Where the group defers these
+/// sums ([`crate::parallel::TensorParallelGroup::deferred_sums`]), `p` itself, recorded there:
+/// whoever runs the step sums its gradient once ([`DeferredSums::sum`]).
 pub fn whole_gradient(p: &Tensor, group: &TpGroup) -> Result<Tensor> {
-    copy_to_group(p, group)
+    match group.deferred_sums() {
+        Some(d) => {
+            d.record(p);
+            Ok(p.clone())
+        }
+        None => copy_to_group(p, group),
+    }
+}
+
+/// The parameters whose gradients [`whole_gradient`] left to sum over a tensor-parallel group,
+/// in the order the forward first used them (the same on every rank of the group, which runs
+/// the same layers). For a trainer whose gradients stay whole on each rank until the update
+/// (no ZeRO sharding): it calls [`DeferredSums::sum`] once the step's backward passes and the
+/// data-parallel reduction are done; summing over the group and averaging over the replicas
+/// commute.
+#[derive(Default)]
+pub struct DeferredSums {
+    params: Mutex<Vec<Tensor>>,
+}
+
+impl DeferredSums {
+    /// Adds `p` unless it is there already.
+    pub fn record(&self, p: &Tensor) {
+        let mut params = self.params.lock().unwrap_or_else(|e| e.into_inner());
+        if !params.iter().any(|q| q.same_storage(p)) {
+            params.push(p.clone());
+        }
+    }
+
+    /// How many parameters are recorded.
+    pub fn len(&self) -> usize {
+        self.params.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces each recorded parameter's gradient with its sum over the group, all of them
+    /// (those that have one) in one flat buffer per dtype: `all_reduce` sums a contiguous
+    /// tensor over the group in place. Returns the number of collectives run.
+    pub fn sum(&self, all_reduce: &dyn Fn(&Tensor) -> Result<()>) -> Result<usize> {
+        let grads: Vec<Tensor> = {
+            let params = self.params.lock().unwrap_or_else(|e| e.into_inner());
+            params.iter().filter_map(|p| p.grad()).collect()
+        };
+        // in the order first met, the same on every rank
+        let mut dtypes = Vec::new();
+        for g in &grads {
+            if !dtypes.contains(&g.dtype()) {
+                dtypes.push(g.dtype());
+            }
+        }
+        for &dtype in &dtypes {
+            let mine: Vec<&Tensor> = grads.iter().filter(|g| g.dtype() == dtype).collect();
+            let flat: Vec<Tensor> = mine.iter().map(|g| g.reshape(&[-1])).collect::<Result<_>>()?;
+            let flat = Tensor::cat(&flat.iter().collect::<Vec<_>>(), 0)?.contiguous_copy()?;
+            all_reduce(&flat)?;
+            let mut at = 0;
+            for g in mine {
+                let n = g.numel();
+                g.copy_from(&flat.narrow(0, at, n)?.view(g.shape())?)?;
+                at += n;
+            }
+        }
+        Ok(dtypes.len())
+    }
 }
 
 /// Checks that `x` has a sequence dim (1) whose length divides by `n` (what a cut into `n`
@@ -206,5 +279,86 @@ impl SequenceGroup {
             Some(g) => whole_gradient(p, &g.0),
             None => Ok(p.clone()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::parallel::{GroupReduce, TensorParallelGroup};
+
+    /// Rank 0 of 2 whose peer holds the same gradients: an all-reduce doubles, and is counted.
+    struct Doubling {
+        calls: AtomicUsize,
+        deferred: Option<DeferredSums>,
+    }
+
+    impl TensorParallelGroup for Doubling {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn size(&self) -> usize {
+            2
+        }
+        fn all_reduce(&self, t: &Tensor, op: GroupReduce) -> Result<()> {
+            assert_eq!(op, GroupReduce::Sum);
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            t.copy_from(&t.mul_scalar(2.0)?)
+        }
+        fn all_gather(&self, _output: &Tensor, _input: &Tensor) -> Result<()> {
+            unreachable!("not used here")
+        }
+        fn deferred_sums(&self) -> Option<&DeferredSums> {
+            self.deferred.as_ref()
+        }
+    }
+
+    /// Two micro-batches' backward passes through a norm weight and a bias whole on every
+    /// rank: their gradients, and the collectives that made them.
+    fn two_passes(deferred: bool) -> (Vec<f32>, Vec<f32>, usize, usize) {
+        let group: Arc<Doubling> = Arc::new(Doubling {
+            calls: AtomicUsize::new(0),
+            deferred: deferred.then(DeferredSums::default),
+        });
+        let tp: TpGroup = group.clone();
+        let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])
+            .unwrap()
+            .requires_grad_()
+            .unwrap();
+        let b = Tensor::from_vec(vec![0.5f32, -1.0, 0.25], &[3])
+            .unwrap()
+            .requires_grad_()
+            .unwrap();
+        for seed in [1.0f32, -3.0] {
+            let x = Tensor::from_vec(vec![seed, 2.0 * seed, 0.5, -1.0, 4.0, seed * seed], &[2, 3]).unwrap();
+            let y = x.layer_norm(
+                Some(&whole_gradient(&w, &tp).unwrap()),
+                Some(&whole_gradient(&b, &tp).unwrap()),
+                1e-5,
+            );
+            y.unwrap().mul(&x).unwrap().sum_all().unwrap().backward().unwrap();
+        }
+        let during = group.calls.load(Ordering::SeqCst);
+        if let Some(d) = &group.deferred {
+            assert_eq!(d.len(), 2, "each parameter recorded once");
+            let all_reduce = |t: &Tensor| group.all_reduce(t, GroupReduce::Sum);
+            assert_eq!(d.sum(&all_reduce).unwrap(), 1, "one flat buffer");
+        }
+        let after = group.calls.load(Ordering::SeqCst) - during;
+        let grad = |p: &Tensor| p.grad().unwrap().to_vec::<f32>().unwrap();
+        (grad(&w), grad(&b), during, after)
+    }
+
+    #[test]
+    fn deferred_whole_gradients_are_summed_once_a_step_to_what_every_pass_summing_gives() {
+        let (w_each, b_each, during_each, after_each) = two_passes(false);
+        // a sum in each backward pass: one per parameter and pass
+        assert_eq!((during_each, after_each), (4, 0));
+        let (w_once, b_once, during_once, after_once) = two_passes(true);
+        // deferred: none in the passes, one for the step
+        assert_eq!((during_once, after_once), (0, 1));
+        assert_eq!((w_once, b_once), (w_each, b_each));
     }
 }

@@ -7,7 +7,7 @@ use crate::model::Precision;
 /// Fractions of the peak rates that real work reaches, and the memory kept free.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Efficiency {
-    /// Matrix products: achieved / peak FLOP/s. The default, 0.64, is calibrated on a
+    /// Matrix products: achieved / peak FLOP/s. The default, 0.628, is calibrated on a
     /// published anchor: with it the plan for GPT-3 175B on 96 H100 at a global batch of 1152
     /// (sequence parallelism allowed, as Megatron-LM runs) predicts 47% MFU, what Megatron-Core
     /// reports for that run (docs/plan.md).
@@ -31,7 +31,7 @@ pub struct Efficiency {
 impl Default for Efficiency {
     fn default() -> Self {
         Efficiency {
-            gemm: 0.64,
+            gemm: 0.628,
             memory_bound: 0.70,
             collective: 0.80,
             attention: 1.0,

@@ -9,9 +9,11 @@
 //!   forward's two. The embedding adds one in the forward, the loss two of one or two numbers
 //!   per token in the forward and one of the hidden states in the backward. Sequence-parallel
 //!   layouts replace each all-reduce of the hidden states by an all-gather and a reduce-scatter
-//!   and add the whole vector parameters' gradient all-reduces ([`unit_times_sequence`]). A
-//!   llama with `qk_norm` all-reduces its q and k norms' gradients (`hd` each, f32, whole on
-//!   every rank) in every block's backward, sequence-parallel or not.
+//!   and sum the whole vector parameters' gradients over the group ([`unit_times_sequence`]).
+//!   A llama with `qk_norm` sums its q and k norms' gradients (`hd` each, f32, whole on every
+//!   rank) too, sequence-parallel or not. Without ZeRO weft sums all of a stage's such gradients
+//!   in one all-reduce a step, after its passes (exposed); with ZeRO every backward pass sums
+//!   them, one small all-reduce each ([`whole_gradient_sums`]).
 //! - Collectives as a ring: all-reduce `2 (n - 1) a + 2 (n - 1) / n x bytes / B`,
 //!   reduce-scatter and all-gather half of that, with `a` and `B` the latency and bus bandwidth
 //!   of the link the group spans ([`DeviceSpec::link`]).
@@ -58,6 +60,10 @@ use crate::layout::{CommDtype, Layout, Schedule};
 use crate::memory::{stage_params, BUCKET_BYTES};
 use crate::model::Workload;
 use crate::shared::{PassTime, SharedPipeline};
+
+mod whole_sums;
+
+pub use whole_sums::{whole_gradient_sums, without_whole_gradient_sums, WholeGradientSums};
 
 /// The most passes times stages a pipeline on shared cores is simulated at
 /// ([`crate::shared::SharedPipeline::step`] steps every stage at each of its events); past it the
@@ -168,7 +174,8 @@ pub fn unit_times(work: &Workload, device: &DeviceSpec, tp: usize, dp: usize, pp
 /// gradient is all-gathered and the output layer's input gathered; the norms and residual
 /// additions run on `1 / tp` of the tokens; the gradients of the parameters whole on every
 /// rank (norms, row-parallel biases) are all-reduced, one small all-reduce each per
-/// micro-batch; the pipeline sends `1 / tp` of the stream.
+/// micro-batch ([`whole_gradient_sums`]; [`step_time`] takes them out again where weft sums
+/// them once a step); the pipeline sends `1 / tp` of the stream.
 #[allow(clippy::too_many_arguments)]
 pub fn unit_times_sequence(
     work: &Workload,
@@ -232,30 +239,13 @@ pub fn unit_times_sequence(
     } else {
         0.0
     };
-    // sequence-parallel: the whole-on-every-rank vector parameters' gradients, summed over the
-    // group one tensor of `C` at a time
-    let vectors = |params: f64| {
-        if sequence {
-            (params / m.n_embd as f64).round() * all_reduce(m.n_embd as f64 * 4.0, tp, tp_link)
-        } else {
-            0.0
-        }
-    };
-    // a llama's per-head q and k norms (`qk_norm`), whole on every rank that normalizes its own
-    // heads: their two gradients of `hd` summed over the group in every backward, with or
-    // without sequence parallelism
-    let head_norms = if m.head_norm_params() > 0.0 {
-        2.0 * all_reduce(m.head_dim as f64 * 4.0, tp, tp_link)
-    } else {
-        0.0
-    };
-    let block_vectors = m.block_vector_params_split().1 - m.head_norm_params();
+    let sums = whole_gradient_sums(work, device, tp, sequence);
     let (block_comm, embed_comm, head_comm) = if sequence {
         let both = gather(hidden * 4.0, tp, tp_link) + gather(hidden * act, tp, tp_link);
         (
             TpComm {
                 forward: 2.0 * both,
-                backward: 2.0 * both + vectors(block_vectors) + head_norms,
+                backward: 2.0 * both + sums.block,
             },
             TpComm {
                 forward: ar_f32,
@@ -263,14 +253,14 @@ pub fn unit_times_sequence(
             },
             TpComm {
                 forward: loss_ar + gather(hidden * 4.0, tp, tp_link),
-                backward: gather(hidden * 4.0, tp, tp_link) + vectors(m.head_params_split(false).1),
+                backward: gather(hidden * 4.0, tp, tp_link) + sums.head,
             },
         )
     } else {
         (
             TpComm {
                 forward: 2.0 * ar_low,
-                backward: 2.0 * ar_f32 + head_norms,
+                backward: 2.0 * ar_f32 + sums.block,
             },
             TpComm {
                 forward: ar_f32,
@@ -448,8 +438,18 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
     let work = &*accumulated_as_run(work, zero);
     let rows = work.pass_rows() as f64 / dp as f64 / layout.micro_batches as f64;
     let sp = layout.sequence_parallel;
+    // without ZeRO sharding weft sums the gradients of parameters whole on every
+    // tensor-parallel rank once a step, after the passes; ZeRO shards them, so each pass does
+    let sums = whole_gradient_sums(work, device, tp, sp);
+    let once_a_step = |u: UnitTimes| {
+        if zero == 0 {
+            without_whole_gradient_sums(u, &sums)
+        } else {
+            u
+        }
+    };
     let u = sharded_accumulation(unit_times_sequence(work, device, tp, dp, pp, rows, sp), zero, dp);
-    let u = on_the_wire(u, device, tp, dp, pp, layout.pipeline_dtype);
+    let u = on_the_wire(once_a_step(u), device, tp, dp, pp, layout.pipeline_dtype);
     let chunks = layout.schedule.chunks();
     // interleaved: every chunk pass sends its activations on and its input's gradient back,
     // but the first virtual stage's gradient and the last one's activations (2 v sends a
@@ -540,6 +540,13 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
                 e = transfer * (per_node / k).max(1.0) + (full(dp_link) - transfer);
             }
         }
+        if zero == 0 && tp > 1 {
+            // the stage's whole-parameter gradients in one all-reduce, after its passes
+            let params = blocks as f64 * sums.block_params + if last { sums.head_params } else { 0.0 };
+            if params > 0.0 {
+                e += all_reduce(params * 4.0, tp, device.link(1, tp));
+            }
+        }
         exposed = exposed.max(e);
         let local = if zero >= 1 { p / dp as f64 } else { p };
         optimizer = optimizer.max(28.0 * local / hbm);
@@ -558,7 +565,7 @@ pub fn step_time(work: &Workload, device: &DeviceSpec, layout: &Layout) -> StepT
             inter_latency: 0.0,
             ..device.clone()
         };
-        let ut = unit_times_sequence(work, &no_latency, tp, dp, pp, rows, sp);
+        let ut = once_a_step(unit_times_sequence(work, &no_latency, tp, dp, pp, rows, sp));
         let cores = (devices / per_node).max(1.0) * k;
         // the simulation's work is its passes times the stages it steps at each event
         let simulate = (2 * pp * chunks)

@@ -567,3 +567,70 @@ fn the_head_norms_and_the_rotation_after_them_move_f32_bytes() {
         assert!((got / want - 1.0).abs() < 1e-9, "{precision:?}: {got} vs {want}");
     }
 }
+
+#[test]
+fn without_zero_the_whole_gradients_are_summed_once_a_step() {
+    // gpt2-small cut over 2 ranks, sequence-parallel: a block's two layer norms (weight and
+    // bias) and two row-parallel biases, 6 C numbers whole on every rank, and the final norm's
+    // 2 C, summed over the group
+    let d = DeviceSpec::builtin("h100-sxm-80gb").unwrap();
+    let c = 768.0;
+    let link = d.link(1, 2);
+    let w = Workload {
+        grad_accum: 4,
+        ..work()
+    };
+    let sums = whole_gradient_sums(&w, &d, 2, true);
+    assert_eq!((sums.block_params, sums.head_params), (6.0 * c, 2.0 * c));
+    let small = all_reduce(c * 4.0, 2, link);
+    assert!(
+        (sums.block - 6.0 * small).abs() < 1e-15 && (sums.head - 2.0 * small).abs() < 1e-15,
+        "{sums:?}"
+    );
+    // nothing to sum on one rank, nor for a gpt without sequence parallelism
+    assert_eq!(whole_gradient_sums(&w, &d, 1, true), WholeGradientSums::default());
+    assert_eq!(whole_gradient_sums(&w, &d, 2, false), WholeGradientSums::default());
+
+    // dp 1 (so no ZeRO), 4 passes a step: each pass's backward without the sums, and one
+    // all-reduce of all 12 x 6 C + 2 C gradients after them, beside the loss's and the norm's
+    let layout = Layout {
+        sequence_parallel: true,
+        ..plain(1, 2, 1, 1)
+    };
+    let t = step_time(&w, &d, &layout);
+    let rows = w.pass_rows() as f64;
+    let u = unit_times_sequence(&w, &d, 2, 1, 1, rows, true);
+    let once = without_whole_gradient_sums(u, &sums);
+    assert!(once.block_comm.backward < u.block_comm.backward);
+    let pipeline = 4.0 * stage_time(&once, 12, true, true, false);
+    assert!(
+        (t.pipeline - pipeline).abs() < 1e-12 * pipeline,
+        "{} vs {pipeline}",
+        t.pipeline
+    );
+    let scalars = 2.0 * all_reduce(8.0, 2, d.link(1, 2));
+    let exposed = all_reduce((12.0 * 6.0 * c + 2.0 * c) * 4.0, 2, link) + scalars;
+    assert!(
+        (t.exposed_comm - exposed).abs() < 1e-12,
+        "{} vs {exposed}",
+        t.exposed_comm
+    );
+
+    // with ZeRO (dp 2, stage 1) every pass sums them: the backward keeps its all-reduces
+    let zero = Layout {
+        zero: 1,
+        ..plain(2, 2, 1, 1)
+    };
+    let zero = Layout {
+        sequence_parallel: true,
+        ..zero
+    };
+    let t = step_time(&w, &d, &zero);
+    let u = unit_times_sequence(&w, &d, 2, 2, 1, rows / 2.0, true);
+    let pipeline = 4.0 * stage_time(&u, 12, true, true, false);
+    assert!(
+        (t.pipeline - pipeline).abs() < 1e-12 * pipeline,
+        "{} vs {pipeline}",
+        t.pipeline
+    );
+}

@@ -18,7 +18,8 @@
 use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::cost::{
-    all_reduce, mfu, on_the_wire, stage_backward_time, stage_time, step_time, unit_times_sequence, StepTime, UnitTimes,
+    all_reduce, mfu, on_the_wire, stage_backward_time, stage_time, step_time, unit_times_sequence, whole_gradient_sums,
+    without_whole_gradient_sums, StepTime, UnitTimes,
 };
 use crate::device::DeviceSpec;
 use crate::error::{human_bytes, Error, Result};

@@ -132,8 +132,13 @@ pub(super) fn lower_bound(
     let ppf = pp as f64;
     let rows = (rows / m) as f64;
     let passes = work.grad_accum.max(1) as f64;
+    // the per-pass whole-gradient sums left out: a bound for every ZeRO stage (without ZeRO
+    // they are summed once a step instead, which the bound leaves out too)
     let u = on_the_wire(
-        unit_times_sequence(work, device, tp, dp, pp, rows, sp),
+        without_whole_gradient_sums(
+            unit_times_sequence(work, device, tp, dp, pp, rows, sp),
+            &whole_gradient_sums(work, device, tp, sp),
+        ),
         device,
         tp,
         dp,

@@ -247,6 +247,11 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         }
         Ok(())
     };
+    // parameters whole on every tensor-parallel rank (norms under sequence parallelism, a
+    // llama's head norms) have their gradients summed once a step where gradients stay whole
+    // until the update; ZeRO shards them at the data-parallel reduction, so each pass sums them
+    let deferred =
+        (p.tp > 1 && (p.dp == 1 || p.zero == 0)).then(|| Arc::new(weft_nn::sequence_parallel::DeferredSums::default()));
     // a language model is kept as one too: for its pipeline stages and to sample from it
     let lm: Option<Arc<dyn LanguageModel>> = match config.model.language_model_sizes() {
         Some(_) => {
@@ -259,9 +264,10 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
             });
             // the whole model is built (and loaded) on every rank, then cut
             if let Some(m) = mesh.as_ref().filter(|m| m.tp > 1) {
-                g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::with_sequence_parallel(
+                g.make_tensor_parallel(&weft_dist::tensor_parallel::TpProcessGroup::with_deferred_sums(
                     &m.tp_group,
                     p.sequence_parallel,
+                    deferred.clone(),
                 ))?;
             }
             Some(Arc::from(g))
@@ -302,6 +308,9 @@ pub fn train(config: &RunConfig, options: &TrainOptions) -> Result<RunOutcome> {
         trainer = trainer.with_job(m.world.clone());
         if m.tp > 1 {
             trainer = trainer.with_tensor_parallel(m.tp_group.clone());
+            if let Some(d) = &deferred {
+                trainer = trainer.with_deferred_sums(d.clone());
+            }
         }
         if let (true, Some(g)) = (m.pp > 1, &lm) {
             let schedule = p.pipeline_schedule().ok_or_else(|| {

@@ -244,7 +244,20 @@ impl Trainer {
         self.tensor_parallel = Some(whole::TensorParallel {
             group: tp,
             splits: self.model.splits().into_iter().collect(),
+            deferred: None,
         });
+        self
+    }
+
+    /// The model's tensor-parallel group leaves the gradients of parameters whole on every
+    /// rank in `deferred` (`weft_dist::tensor_parallel::TpProcessGroup::with_deferred_sums`):
+    /// each step sums them over the group once, after its backward passes and the
+    /// data-parallel reduction. Only where gradients stay whole until the update (no ZeRO
+    /// sharding); after [`Trainer::with_tensor_parallel`].
+    pub fn with_deferred_sums(mut self, deferred: std::sync::Arc<weft_nn::sequence_parallel::DeferredSums>) -> Self {
+        if let Some(tp) = &mut self.tensor_parallel {
+            tp.deferred = Some(deferred);
+        }
         self
     }
 

@@ -140,6 +140,14 @@ impl Trainer {
         if let Some(p) = &self.pipeline {
             p.sum_shared_gradients(&self.params)?;
         }
+        if let Some((tp, d)) = self
+            .tensor_parallel
+            .as_ref()
+            .and_then(|tp| Some((tp, tp.deferred.as_ref()?)))
+        {
+            let _s = span("compute", "whole gradients summed");
+            d.sum(&|t| Ok(tp.group.all_reduce(t, weft_dist::ReduceOp::Sum)?.wait()?))?;
+        }
         // the groups hold every parameter (or this rank's pieces of them)
         let params: Vec<Tensor> = self
             .groups

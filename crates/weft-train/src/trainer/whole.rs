@@ -18,6 +18,9 @@ use crate::checkpoint::{self, Files, Loaded, TensorRecord};
 pub(super) struct TensorParallel {
     pub group: ProcessGroup,
     pub splits: BTreeMap<String, Split>,
+    /// Gradients of parameters whole on every rank, summed over `group` once a step
+    /// ([`weft_nn::sequence_parallel::DeferredSums`]); `None` where each pass sums them.
+    pub deferred: Option<std::sync::Arc<weft_nn::sequence_parallel::DeferredSums>>,
 }
 
 /// The parameter an optimizer state key (`"{param}.{field}"`) belongs to.
