@@ -63,6 +63,12 @@ fn calibration_file(cache: &Path) -> PathBuf {
     cache.join("plan-local.toml")
 }
 
+/// The calibration file `name` in `cache`, read.
+fn calibration_in(cache: &Path, name: &str) -> weft_plan::calibration::Calibration {
+    let text = std::fs::read_to_string(cache.join(name)).unwrap();
+    weft_plan::calibration::Calibration::parse(&text, name).unwrap()
+}
+
 #[test]
 fn calibration_is_written_read_back_and_rebuilt_when_broken() {
     let dir = temp_dir("plan-calibrate");
@@ -148,10 +154,7 @@ fn each_number_of_ranks_plans_on_its_own_calibration() {
     let cache = dir.join("cache");
     calibrate_for(&cache, 1);
     calibrate_for(&cache, 2);
-    let ranks_of = |name: &str| {
-        let text = std::fs::read_to_string(cache.join(name)).unwrap();
-        weft_plan::calibration::Calibration::parse(&text, name).unwrap().ranks
-    };
+    let ranks_of = |name: &str| calibration_in(&cache, name).ranks;
     // one file per number of ranks, and the latest
     assert_eq!(
         (
@@ -203,13 +206,9 @@ fn the_loaded_latency_is_measured_from_three_ranks_and_the_larger_latency_kept()
     let cache = dir.join("cache");
     calibrate_for(&cache, 2);
     calibrate_for(&cache, 3);
-    let read = |name: &str| {
-        let text = std::fs::read_to_string(cache.join(name)).unwrap();
-        weft_plan::calibration::Calibration::parse(&text, name).unwrap()
-    };
-    let two = read("plan-local-2.toml");
+    let two = calibration_in(&cache, "plan-local-2.toml");
     assert_eq!(two.get("all_reduce_loaded_latency_s"), None, "{two:?}");
-    let three = read("plan-local-3.toml");
+    let three = calibration_in(&cache, "plan-local-3.toml");
     let loaded = three.get("all_reduce_loaded_latency_s").expect("measured");
     let unloaded = three.get("all_reduce_unloaded_latency_s").unwrap();
     assert!(loaded.is_finite() && loaded >= 0.0, "{three:?}");

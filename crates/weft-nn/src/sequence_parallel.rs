@@ -144,6 +144,8 @@ impl DeferredSums {
         for &dtype in &dtypes {
             let mine: Vec<&Tensor> = grads.iter().filter(|g| g.dtype() == dtype).collect();
             let flat: Vec<Tensor> = mine.iter().map(|g| g.reshape(&[-1])).collect::<Result<_>>()?;
+            // a buffer of its own: `cat` of one tensor is that tensor, and the copies back below
+            // must not read and write one storage
             let flat = Tensor::cat(&flat.iter().collect::<Vec<_>>(), 0)?.contiguous_copy()?;
             all_reduce(&flat)?;
             let mut at = 0;
