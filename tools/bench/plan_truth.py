@@ -4,14 +4,16 @@ ranks is predicted (`weft plan --json --device-spec local`) and run (`weft launc
 --nproc-per-node N -- weft train`), and the predictions are compared with the measurements.
 
     python3 tools/bench/plan_truth.py [--weft target/release/weft] [--nproc 4] [--steps 20]
-        [--max-layouts 16] [--models builtin,bench] [--json out.json]
+        [--max-layouts 16] [--models builtin,bench] [--repeats 1] [--json out.json]
 
 Models: `builtin` is `weft train`'s default GPT (vocab 128, block 64, 4 layers, 4 heads, width
 128, batch 16); `bench` is tools/bench/gpt_step.toml's shape on the built-in text (vocab 96: the built-in corpus has 94 characters).
 Before predicting, `weft plan calibrate --nproc N` measures this machine at that model's shapes
 (in a private WEFT_CACHE_DIR, so the user's calibration is left alone).
 
-Measured step time: the median `step_ms` of the last half of the steps in the metrics file.
+Measured step time: the median `step_ms` of the last half of the steps in the metrics file;
+with `--repeats N`, every layout runs N times, in rounds over all of them (so that the
+machine's drift over minutes falls on every layout alike), and the median of the N is compared.
 Memory: the predicted params + grads + optimizer bytes of the device that needs the most
 against the largest `state_bytes` sum of the ranks that log (rank 0 writes the metrics: the
 comparison is of rank 0's state, stage 0 for a pipeline), and predicted activations against
@@ -142,41 +144,54 @@ def one_model(name, args, env, tmp):
     if chosen not in todo:
         todo.append(chosen)
     print(f"{len(plans)} feasible layouts listed, {len(todo)} run")
+    # each layout's runs: rounds over all of them, so that the machine's drift over minutes
+    # falls on every layout alike (--repeats)
+    runs = {i: [] for i in range(len(todo))}
+    errors = {}
+    for rnd in range(args.repeats):
+        for i, q in enumerate(todo):
+            if i in errors:
+                continue
+            metrics = os.path.join(tmp, f"{name}-{i}-{rnd}.jsonl")
+            cmd = (
+                [args.weft, "launch", "--nproc-per-node", str(args.nproc), "--stop-timeout", "5", "--",
+                 args.weft, "train", "--quiet"]
+                + sets(model + RUN + layout_sets(q) + [f"train.steps={args.steps}", f"train.metrics=\"{metrics}\""])
+            )
+            p, secs = run(cmd, env, 600)
+            if p.returncode != 0:
+                print(f"  {label(q)}: failed: {p.stderr.strip().splitlines()[-1:]}")
+                errors[i] = p.stderr.strip()[-400:]
+                continue
+            recs = [json.loads(l) for l in open(metrics) if l.strip()]
+            steps = [r for r in recs if "step_ms" in r]
+            tail = steps[len(steps) // 2:]
+            runs[i].append((statistics.median(r["step_ms"] for r in tail), steps[-1], secs))
+            print(f"  {label(q):<34} predicted {q['predicted_step_ms']:8.1f} ms  measured "
+                  f"{runs[i][-1][0]:8.1f} ms  ({secs:.0f} s, round {rnd + 1})", flush=True)
     rows = []
-    for q in todo:
-        metrics = os.path.join(tmp, f"{name}-{len(rows)}.jsonl")
-        cmd = (
-            [args.weft, "launch", "--nproc-per-node", str(args.nproc), "--stop-timeout", "5", "--",
-             args.weft, "train", "--quiet"]
-            + sets(model + RUN + layout_sets(q) + [f"train.steps={args.steps}", f"train.metrics=\"{metrics}\""])
-        )
-        p, secs = run(cmd, env, 600)
-        if p.returncode != 0:
-            print(f"  {label(q)}: failed: {p.stderr.strip().splitlines()[-1:]}")
-            rows.append({"plan": q, "error": p.stderr.strip()[-400:]})
+    for i, q in enumerate(todo):
+        if i in errors:
+            rows.append({"plan": q, "error": errors[i]})
             continue
-        recs = [json.loads(l) for l in open(metrics) if l.strip()]
-        steps = [r for r in recs if "step_ms" in r]
-        tail = steps[len(steps) // 2:]
-        measured = statistics.median(r["step_ms"] for r in tail)
-        sb = steps[-1].get("state_bytes", {})
+        measured = statistics.median(r[0] for r in runs[i])
+        last = runs[i][-1][1]
+        sb = last.get("state_bytes", {})
         state = sum(v for v in sb.values() if isinstance(v, (int, float)))
-        act = steps[-1].get("activation_bytes")
+        act = last.get("activation_bytes")
         act = max(act) if isinstance(act, list) and act else None
-        row = {
+        rows.append({
             "plan": q,
             "label": label(q),
             "predicted_ms": q["predicted_step_ms"],
             "measured_ms": measured,
+            "measured_runs_ms": [r[0] for r in runs[i]],
             "predicted_state": q["memory"]["params"] + q["memory"]["grads"] + q["memory"]["optimizer"],
             "measured_state": state,
             "predicted_act": q["memory"]["activations"],
             "measured_act": act,
-            "wall_s": secs,
-        }
-        rows.append(row)
-        print(f"  {row['label']:<34} predicted {row['predicted_ms']:8.1f} ms  measured {measured:8.1f} ms  ({secs:.0f} s)",
-              flush=True)
+            "wall_s": sum(r[2] for r in runs[i]),
+        })
     return {"model": name, "feasible": len(plans), "chosen": label(chosen), "rows": rows}
 
 
@@ -226,6 +241,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--max-layouts", type=int, default=16)
     ap.add_argument("--models", default="builtin,bench")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each layout, in rounds over all of them; the median is compared")
     ap.add_argument("--json")
     args = ap.parse_args()
     args.weft = os.path.abspath(args.weft)

@@ -9,9 +9,9 @@
 //!   `f32` rate, and the `bf16` one where this CPU computes in bf16; else the f32 rate);
 //! - attention's forward and backward, as a fraction of the products' rate;
 //! - the memory-bound kernels (layer norm, GELU, residual addition), bytes/s;
-//! - the model's own passes (one block and two, at one row, half a rank's share of the batch
-//!   and all of it), fitted to the planner's analytic time for what a pass costs beyond it
-//!   ([`weft_plan::PassCost`], `passes`);
+//! - the model's own passes (one block and two, from one row to the whole batch), fitted to
+//!   the planner's analytic time for what a pass costs beyond it ([`weft_plan::PassCost`],
+//!   `passes`);
 //! - the ring all-reduce between the ranks at 4 KiB and 4 MiB, fitted to `2 (n-1) a + 2 (n-1)/n
 //!   x bytes / B` for its latency `a` and bandwidth `B` (weft_dist::bench); where the ranks
 //!   share cores, among as many of them as compute at once (at least 2), the others waiting,
@@ -254,12 +254,14 @@ fn worker(config: &ConfigArgs, shapes: Shapes, budget_ms: u64) -> Result<(), Str
     } else {
         None
     };
-    // the model's own passes, on rank 0 alone as the rates above
+    // the model's own passes, on rank 0 alone as the rates above, up to the largest
+    // micro-batch a layout runs (the whole batch: one data-parallel rank, one micro-batch)
+    let batch_rows = plan_shape::workload(&config, None)?.global_batch as usize;
     let pass_fit = alone.map(|a| {
         passes::pass_cost(
             &config,
             &spec_of(a.0, a.1, a.2, a.3),
-            (shapes.tokens / shapes.seq, env.world_size),
+            (batch_rows.clamp(1, 64), env.world_size),
             budget,
         )
         .unwrap_or_else(|e| {

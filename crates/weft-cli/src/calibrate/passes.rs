@@ -3,13 +3,14 @@
 //! allocation and autograd bookkeeping, which a small micro-batch pays as a large one does).
 //!
 //! The configured model is built with one block and with two, and each runs forwards (with
-//! the loss) and backwards at three sizes, on one rank computing alone: a rank's share of the
-//! batch (`rows` whole sequences), half of it and one row; or, where such a pass would take
-//! more than a twelfth of the budget, the largest size that does not (fewer rows, or one
-//! shorter sequence of at least twice [`MIN_TOKENS`]) and a half and a quarter of it (not
-//! below [`MIN_TOKENS`]). Each runs as the trainer runs a micro-batch: fresh ids, the loss
-//! read, the backward seeded with the micro-batch's weight, the gradients adding up from pass
-//! to pass. Each time `T` (the median of three) is fitted, by least squares, to
+//! the loss) and backwards at up to four sizes, on one rank computing alone: the largest
+//! micro-batch a layout runs (the whole batch, `rows` whole sequences), a half and a quarter
+//! of it and one row; or, where such a pass would take more than a twelfth of the budget, the
+//! largest size that does not (fewer rows, or one shorter sequence of at least twice
+//! [`MIN_TOKENS`]) and a half and a quarter of it (not below [`MIN_TOKENS`]). Each runs as
+//! the trainer runs a micro-batch: fresh ids, the loss read, the backward seeded with the
+//! micro-batch's weight, the gradients adding up from pass to pass. Each time `T` (the median
+//! of three) is fitted, by least squares of relative errors, to
 //! `T = time_scale x analytic + blocks x block + ends`, with `analytic` the cost model's own
 //! time of that pass ([`weft_plan::cost::unit_times`] at the rates just measured) and
 //! `block`, `ends` not negative.
@@ -76,9 +77,9 @@ pub(super) fn pass_cost(
     let (seq, vocab) = (m.seq_len as usize, m.vocab as usize);
     // (rows, tokens a row) of the passes: the largest whose two-block pass the cost model puts
     // at a twelfth of the budget or less (3 timings of at least 4 calls each, so that the other
-    // ranks' wait stays short; whole sequences up to a rank's share of the batch, else one
-    // shorter sequence, down to twice the floor), then half and a quarter of it (not below the
-    // floor)
+    // ranks' wait stays short; whole sequences up to the whole batch, else one shorter
+    // sequence, down to twice the floor), then a half and a quarter of it and one row (not
+    // below the floor)
     let analytic = |blocks: usize, (r, t): (usize, usize)| {
         let w = Workload {
             model: weft_plan::ModelShape {
@@ -94,12 +95,9 @@ pub(super) fn pass_cost(
     };
     // the smallest size measured: MIN_TOKENS, or half the sequence where that is shorter
     let floor = MIN_TOKENS.min(seq / 2).max(1);
-    let mut candidates: Vec<(usize, usize)> = (1..=rows.max(2)).rev().map(|r| (r, seq)).collect();
-    candidates.extend((1..).map(|k| seq >> k).take_while(|&t| t >= 2 * floor).map(|t| (1, t)));
-    let Some(&(r, t)) = candidates
-        .iter()
-        .find(|&&shape| analytic(2, shape) <= budget.as_secs_f64() / 12.0)
-    else {
+    let Some(sizes) = pass_sizes(rows, seq, floor, |shape| {
+        analytic(2, shape) <= budget.as_secs_f64() / 12.0
+    }) else {
         let larger = if budget.as_millis() < 2000 {
             "; a larger --budget-ms (up to 2000) may measure them"
         } else {
@@ -111,6 +109,7 @@ pub(super) fn pass_cost(
             (2 * floor).min(seq)
         ));
     };
+    let (r, t) = sizes[0];
     // the two-block model's parameters and gradients, and the largest pass's logits (read and
     // written three times), must fit in a share of this rank's memory
     let available = weft_core::memory::available().map_or(f64::INFINITY, |a| a.bytes as f64);
@@ -121,16 +120,6 @@ pub(super) fn pass_cost(
             "they need about {:.1} GB, more than half of a rank's share of this machine's memory",
             needed / 1e9
         ));
-    }
-    let mut sizes = if r > 1 {
-        vec![(r, t), ((r / 2).max(1), t), (1, t)]
-    } else {
-        vec![(1, t), (1, t / 2), (1, t / 4)]
-    };
-    sizes.retain(|&(_, t)| t >= floor);
-    sizes.dedup();
-    if sizes.len() < 2 {
-        return Err("no two pass sizes to fit from".into());
     }
     let mut points = Vec::new();
     let mut measured = Vec::new();
@@ -177,23 +166,53 @@ pub(super) fn pass_cost(
     Ok((fit(&points), measured))
 }
 
-/// Least squares of `seconds = time_scale x analytic + blocks x block + ends` with `block` and
-/// `ends` not negative and `time_scale` positive: every choice of the fixed costs left free
-/// (both, one, none; the others held at 0) is solved, and the best fit that keeps to those
-/// bounds is taken. No cost at all (a scale of 1) when none does.
+/// The `(rows, tokens a row)` of the passes measured, largest first: the largest of whole
+/// sequences from `rows` down (at least 2), else of one sequence shortened by halves down to
+/// twice `floor`, that `fits` the time allowed; then a half and a quarter of it and one row
+/// (whole sequences), or a half and a quarter of the shortened sequence, none below `floor`.
+/// `None` when no size fits; fewer than two sizes are no fit either.
+fn pass_sizes(
+    rows: usize,
+    seq: usize,
+    floor: usize,
+    fits: impl Fn((usize, usize)) -> bool,
+) -> Option<Vec<(usize, usize)>> {
+    let mut candidates: Vec<(usize, usize)> = (1..=rows.max(2)).rev().map(|r| (r, seq)).collect();
+    candidates.extend((1..).map(|k| seq >> k).take_while(|&t| t >= 2 * floor).map(|t| (1, t)));
+    let (r, t) = candidates.into_iter().find(|&shape| fits(shape))?;
+    let mut sizes = if r > 1 {
+        // a layout's micro-batches run from one row to the whole batch, and a row costs more in
+        // a larger pass (its tensors leave the caches): the fit sees the sizes between
+        vec![(r, t), ((r / 2).max(1), t), ((r / 4).max(1), t), (1, t)]
+    } else {
+        vec![(1, t), (1, t / 2), (1, t / 4)]
+    };
+    sizes.retain(|&(_, t)| t >= floor);
+    sizes.dedup();
+    (sizes.len() >= 2).then_some(sizes)
+}
+
+/// Least squares of `seconds = time_scale x analytic + blocks x block + ends`, each point's
+/// error relative to its seconds (a step's prediction is off by a share, and the one-row
+/// passes, whose fixed costs decide layouts of many micro-batches, weigh as much as the
+/// largest), with `block` and `ends` not negative and `time_scale` positive: every choice of
+/// the fixed costs left free (both, one, none; the others held at 0) is solved, and the best
+/// fit that keeps to those bounds is taken. No cost at all (a scale of 1) when none does.
 fn fit(points: &[Point]) -> PassCost {
     // columns: analytic, blocks, 1
     let column = |p: &Point, c: usize| [p.analytic, p.blocks, 1.0][c];
+    let weight = |p: &Point| p.seconds.powi(-2);
     let mut best: Option<(f64, PassCost)> = None;
     for free in [&[0usize, 1, 2][..], &[0, 1], &[0, 2], &[0]] {
         let n = free.len();
         let mut a = vec![vec![0.0f64; n + 1]; n];
         for p in points {
+            let w = weight(p);
             for (i, &ci) in free.iter().enumerate() {
                 for (j, &cj) in free.iter().enumerate() {
-                    a[i][j] += column(p, ci) * column(p, cj);
+                    a[i][j] += w * column(p, ci) * column(p, cj);
                 }
-                a[i][n] += column(p, ci) * p.seconds;
+                a[i][n] += w * column(p, ci) * p.seconds;
             }
         }
         let Some(x) = solve(a) else { continue };
@@ -218,7 +237,7 @@ fn fit(points: &[Point]) -> PassCost {
         }
         let residual: f64 = points
             .iter()
-            .map(|p| (cost.time_scale * p.analytic + p.blocks * cost.block + cost.ends - p.seconds).powi(2))
+            .map(|p| weight(p) * (cost.time_scale * p.analytic + p.blocks * cost.block + cost.ends - p.seconds).powi(2))
             .sum();
         if residual.is_finite() && best.as_ref().is_none_or(|(r, _)| residual < *r) {
             best = Some((residual, cost));
@@ -266,6 +285,44 @@ mod tests {
             .collect()
     }
 
+    /// The passes reach the largest micro-batch a layout runs (the whole batch of 16 rows), or
+    /// the largest that fits the time, with the sizes between measured too.
+    #[test]
+    fn the_passes_run_from_one_row_to_the_whole_batch() {
+        assert_eq!(
+            pass_sizes(16, 64, 32, |_| true),
+            Some(vec![(16, 64), (8, 64), (4, 64), (1, 64)])
+        );
+        assert_eq!(
+            pass_sizes(16, 64, 32, |(r, _)| r <= 9),
+            Some(vec![(9, 64), (4, 64), (2, 64), (1, 64)])
+        );
+        assert_eq!(pass_sizes(3, 64, 32, |_| true), Some(vec![(3, 64), (1, 64)]));
+        // one row too long: one sequence shortened, down to twice the floor
+        assert_eq!(
+            pass_sizes(16, 1024, 64, |(r, t)| r * t <= 256),
+            Some(vec![(1, 256), (1, 128), (1, 64)])
+        );
+        assert_eq!(pass_sizes(16, 1024, 64, |_| false), None);
+        // one row fits, and its halves fall below the floor: nothing to fit from
+        assert_eq!(pass_sizes(1, 128, 100, |(r, _)| r == 1), None);
+    }
+
+    /// A large pass off the line (its tensors out of the caches) does not pull the fit away
+    /// from the one-row passes: each error counts by its share of its pass, so the small
+    /// passes, which decide layouts of many micro-batches, stay within a few percent.
+    #[test]
+    fn the_fit_weighs_each_pass_by_its_share() {
+        let mut pts = points(1.0, 3e-4, 2e-4);
+        // the largest pass (two blocks, 16 ms analytic) runs 15% over the line
+        pts[3].seconds *= 1.15;
+        let c = fit(&pts);
+        let off = |p: &Point| (c.time_scale * p.analytic + p.blocks * c.block + c.ends) / p.seconds - 1.0;
+        for p in &pts {
+            assert!(off(p).abs() < 0.08, "{:?} {}", c, off(p));
+        }
+    }
+
     #[test]
     fn the_fit_finds_the_costs_it_was_made_of() {
         let c = fit(&points(1.2, 3e-4, 5e-4));
@@ -296,9 +353,10 @@ mod tests {
         let c = fit(&pts);
         assert_eq!(c.ends, 0.0, "{c:?}");
         assert!(c.block > 0.0 && c.time_scale > 0.0, "{c:?}");
+        // the fit's own measure: each error relative to the point's seconds
         let residual = |c: &PassCost| -> f64 {
             pts.iter()
-                .map(|p| (c.time_scale * p.analytic + p.blocks * c.block + c.ends - p.seconds).powi(2))
+                .map(|p| ((c.time_scale * p.analytic + p.blocks * c.block + c.ends - p.seconds) / p.seconds).powi(2))
                 .sum()
         };
         let scale_only = PassCost { block: 0.0, ..c };
