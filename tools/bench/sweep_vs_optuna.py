@@ -5,7 +5,8 @@ space and budget, in one run.
 Both drive the same `weft train` binary on the digits mlp (../shared/data/digits.csv.gz; the
 base is examples/digits_mlp.toml with `train.steps`, `eval_every` and `eval_batches` set below)
 and rank trials by `val_loss` (its last value). The space: `optim.lr` log-uniform on
-[1e-3, 0.5], `optim.momentum` uniform on [0, 0.99], `optim.weight_decay` log-uniform on
+[1e-3, 0.5], `optim.momentum` uniform on [1e-6, 0.99] (the base's Nesterov momentum needs it
+above 0), `optim.weight_decay` log-uniform on
 [1e-6, 1e-2]. With `--model gpt`: the tiny character gpt of examples/char_gpt_tiny.toml on the
 built-in corpus (AdamW), `optim.lr` log-uniform on [3e-4, 3e-2], `optim.weight_decay` uniform on
 [0, 0.2], `optim.grad_clip` log-uniform on [0.1, 10]. For each seed:
@@ -49,7 +50,9 @@ STEPS, EVAL_EVERY, EVAL_BATCHES = 800, 100, 3
 MIN_STEPS, ETA = 100, 3
 SPACE = {
     "optim.lr": ("log_uniform", 1e-3, 0.5),
-    "optim.momentum": ("uniform", 0.0, 0.99),
+    # not from 0: the base's Nesterov momentum needs it above 0, and `weft sweep` refuses a
+    # range whose end the base config does not load with
+    "optim.momentum": ("uniform", 1e-6, 0.99),
     "optim.weight_decay": ("log_uniform", 1e-6, 1e-2),
 }
 # --model gpt: the tiny character gpt of examples/char_gpt_tiny.toml on the built-in corpus
@@ -99,7 +102,9 @@ def weft_sweep(weft, work: Path, base: Path, seed: int, trials: int, pruner: str
     env = dict(os.environ, WEFT_TRACK_DIR=str(work / "store"), WEFT_NUM_THREADS="2")
     t = time.perf_counter()
     started = time.time()
-    subprocess.run([weft, "sweep", "--config", str(sweep)], env=env, check=True, capture_output=True)
+    p = subprocess.run([weft, "sweep", "--config", str(sweep)], env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"weft sweep --config {sweep} failed (exit {p.returncode}):\n{p.stderr.strip()[-2000:]}")
     wall = time.perf_counter() - t
     runs = json.loads(subprocess.run([weft, "runs", "list", "--experiment", name, "--json"], env=env, check=True,
                                      capture_output=True, text=True).stdout)

@@ -2,14 +2,19 @@
 //! every parameter at once) plus a prior component, so that the candidates drawn from `l(x)`
 //! and their scores keep the correlations between parameters that the independent estimators
 //! of [`super::Parzen`] lose (Falkner, Klein and Hutter, "BOHB", ICML 2018, section 3.1; Optuna's
-//! `TPESampler(multivariate=True)`).
+//! `TPESampler`, whose default it is for one objective since Optuna 5).
 //!
-//! A numeric dimension's kernel is a Gaussian truncated to the range, its bandwidth Scott's rule
-//! as those use it: `0.2 n^(-1/(d+4))` times the range for `n` points in `d` dimensions, at
-//! least `range / min(100, n + 1)`; the prior component sits in the middle of the range with the
-//! whole range as its deviation. A listed parameter's kernel puts weight 1 on the observed
-//! choice plus `1 / k` spread over the `k` choices (the prior: `1 / k` each). Values are on each
-//! parameter's internal scale (the log for `log_uniform`; a choice's index).
+//! A numeric dimension's kernel is a Gaussian truncated to the range. Its bandwidth is the
+//! neighbour rule of the independent estimator, per dimension, as Optuna 5 computes it: each
+//! point's deviation is the larger distance to its neighbours among the points' values in that
+//! dimension, the range's ends counting as neighbours only while there is one point (the
+//! outermost of two or more take the distance to the point inside them), clipped to
+//! `[range / min(100, n + 2), range]` for `n` points. (BOHB, and Optuna before version 5, took
+//! Scott's rule instead, one deviation for every point.) The prior component sits in the middle
+//! of the range with the whole range as its deviation. A listed parameter's kernel puts weight
+//! 1 on the observed choice plus `1 / (n + 1)` on every choice, normalised (the prior:
+//! uniform). Values are on each parameter's internal scale (the log for `log_uniform`; a
+//! choice's index).
 
 use super::normal_cdf;
 use crate::rng::Rng;
@@ -23,9 +28,6 @@ pub enum Dim {
     Choice { n: usize },
 }
 
-/// Bandwidth factor of Scott's rule as BOHB and Optuna use it.
-const SIGMA_FACTOR: f64 = 0.2;
-
 /// A mixture of product kernels over the dimensions `dims`.
 #[derive(Debug, Clone)]
 pub struct JointParzen {
@@ -38,32 +40,50 @@ pub struct JointParzen {
     mass: Vec<Vec<f64>>,
     /// Whether component `c` is the prior.
     prior: Vec<bool>,
+    /// The points the estimator holds (its components but the prior).
+    points: usize,
 }
 
 impl JointParzen {
     /// The estimator of `points` (each one value per dimension of `dims`, internal scale).
     pub fn new(points: &[Vec<f64>], dims: &[Dim]) -> JointParzen {
         let n = points.len();
-        let d = dims.len().max(1) as f64;
         let mut out = JointParzen {
             dims: dims.to_vec(),
             centres: Vec::with_capacity(n + 1),
             sigmas: Vec::with_capacity(n + 1),
             mass: Vec::with_capacity(n + 1),
             prior: Vec::with_capacity(n + 1),
+            points: n,
         };
-        let scott = SIGMA_FACTOR * (n.max(1) as f64).powf(-1.0 / (d + 4.0));
-        let sigma_of = |lo: f64, hi: f64| {
-            let range = hi - lo;
-            (scott * range).clamp(range / (100.0f64).min(n as f64 + 1.0), range)
+        let centre_of = |p: &Vec<f64>| -> Vec<f64> {
+            dims.iter()
+                .zip(p)
+                .map(|(dim, &x)| match *dim {
+                    Dim::Numeric { lo, hi } => x.clamp(lo, hi),
+                    Dim::Choice { n } => x.round().clamp(0.0, n as f64 - 1.0),
+                })
+                .collect()
         };
-        let mut push = |centre: Vec<f64>, is_prior: bool| {
+        let centres: Vec<Vec<f64>> = points.iter().map(centre_of).collect();
+        // each numeric dimension's deviations, point by point
+        let by_dim: Vec<Vec<f64>> = dims
+            .iter()
+            .enumerate()
+            .map(|(k, dim)| match *dim {
+                Dim::Numeric { lo, hi } => {
+                    super::parzen::neighbour_sigmas(&centres.iter().map(|c| c[k]).collect::<Vec<_>>(), lo, hi)
+                }
+                Dim::Choice { .. } => vec![0.0; n],
+            })
+            .collect();
+        let mut push = |centre: Vec<f64>, point: Option<usize>| {
             let mut sigmas = Vec::with_capacity(dims.len());
             let mut mass = Vec::with_capacity(dims.len());
             for (k, dim) in dims.iter().enumerate() {
                 match *dim {
                     Dim::Numeric { lo, hi } => {
-                        let s = if is_prior { hi - lo } else { sigma_of(lo, hi) };
+                        let s = point.map_or(hi - lo, |i| by_dim[k][i]);
                         let mu = centre[k];
                         sigmas.push(s);
                         mass.push((normal_cdf((hi - mu) / s) - normal_cdf((lo - mu) / s)).max(1e-300));
@@ -77,18 +97,10 @@ impl JointParzen {
             out.centres.push(centre);
             out.sigmas.push(sigmas);
             out.mass.push(mass);
-            out.prior.push(is_prior);
+            out.prior.push(point.is_none());
         };
-        for p in points {
-            let centre = dims
-                .iter()
-                .zip(p)
-                .map(|(dim, &x)| match *dim {
-                    Dim::Numeric { lo, hi } => x.clamp(lo, hi),
-                    Dim::Choice { n } => x.round().clamp(0.0, n as f64 - 1.0),
-                })
-                .collect();
-            push(centre, false);
+        for (i, centre) in centres.into_iter().enumerate() {
+            push(centre, Some(i));
         }
         let middle = dims
             .iter()
@@ -97,7 +109,7 @@ impl JointParzen {
                 Dim::Choice { .. } => 0.0,
             })
             .collect();
-        push(middle, true);
+        push(middle, None);
         out
     }
 
@@ -127,9 +139,9 @@ impl JointParzen {
     }
 
     /// Component `c`'s weights over the `n` choices of a listed dimension where its centre is
-    /// `centre`.
+    /// `centre`: `1 / (points + 1)` on each, 1 more on the centre (the prior: uniform).
     fn choice_weights(&self, c: usize, centre: f64, n: usize) -> Vec<f64> {
-        let mut w = vec![1.0 / n as f64; n];
+        let mut w = vec![1.0 / (self.points + 1) as f64; n];
         if !self.prior[c] {
             w[(centre as usize).min(n - 1)] += 1.0;
         }
@@ -167,6 +179,31 @@ impl JointParzen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each numeric dimension's kernels take that dimension's neighbour-rule deviations (as
+    /// Optuna 5 does), not one deviation for all points; the prior the whole range.
+    #[test]
+    fn each_dimension_takes_its_own_neighbour_rule() {
+        let pts = vec![vec![0.9, 2.0], vec![0.02, 8.0], vec![0.6, 4.0], vec![0.3, 6.5]];
+        let dims = [Dim::Numeric { lo: 0.0, hi: 1.0 }, Dim::Numeric { lo: 0.0, hi: 10.0 }];
+        let p = JointParzen::new(&pts, &dims);
+        for k in 0..2 {
+            let column: Vec<f64> = pts.iter().map(|q| q[k]).collect();
+            let (lo, hi) = [(0.0, 1.0), (0.0, 10.0)][k];
+            let want = super::super::parzen::neighbour_sigmas(&column, lo, hi);
+            let got: Vec<f64> = p.sigmas[..4].iter().map(|s| s[k]).collect();
+            assert_eq!(got, want, "dimension {k}");
+            assert_eq!(p.sigmas[4][k], hi - lo);
+        }
+        // the second dimension by hand: 2 and 8 outermost (2 to the 4 inside, 1.5 to the 6.5
+        // raised to 10 / 6), 4 and 6.5 the larger gap (2.5): not the first's in proportion
+        let want = [2.0, 10.0 / 6.0, 2.5, 2.5];
+        assert!(
+            p.sigmas[..4].iter().zip(want).all(|(s, w)| (s[1] - w).abs() < 1e-12),
+            "{:?}",
+            p.sigmas
+        );
+    }
 
     #[test]
     fn the_joint_mixture_is_a_density_and_keeps_correlations() {

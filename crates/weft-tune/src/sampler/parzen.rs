@@ -3,11 +3,14 @@
 //! Gaussians truncated to its range, one per observed point plus one prior component; a
 //! categorical one's is smoothed frequencies.
 //!
-//! Bandwidths follow the paper's (and hyperopt's) rule: each point's standard deviation is the
-//! larger distance to its neighbours among the sorted points and the prior mean, clipped to
-//! `[range / min(100, n + 1), range]`; the prior component is centred in the range with the
-//! whole range as its standard deviation. All of it on the parameter's internal scale (the log
-//! for `log_uniform`).
+//! Bandwidths follow the neighbour rule as Optuna 5 computes it
+//! ([`neighbour_sigmas`]): each point's standard deviation is the larger distance
+//! to its neighbours among the sorted points, the range's ends counting as neighbours only
+//! while there is one point (the outermost of two or more take the distance to the point inside
+//! them), clipped to `[range / min(100, n + 2), range]` for `n` points (`n + 1` kernels with
+//! the prior's); the prior component is centred in the range with the whole range as its
+//! standard deviation. (hyperopt, the paper's code, also counts the prior's centre as a
+//! neighbour.) All of it on the parameter's internal scale (the log for `log_uniform`).
 
 use crate::rng::Rng;
 
@@ -31,6 +34,38 @@ pub fn normal_cdf(z: f64) -> f64 {
     0.5 * if x >= 0.0 { erfc } else { 2.0 - erfc }
 }
 
+/// Each of `values`' deviation by the neighbour rule on `[lo, hi]`: the larger distance to its
+/// neighbours among the sorted values, the ends `lo` and `hi` counting as neighbours only when
+/// there is a single value, clipped to `[range / min(100, n + 2), range]`.
+pub(super) fn neighbour_sigmas(values: &[f64], lo: f64, hi: f64) -> Vec<f64> {
+    let (n, range) = (values.len(), hi - lo);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+    let sorted: Vec<f64> = order.iter().map(|&i| values[i]).collect();
+    let min_sigma = range / (100.0f64).min(n as f64 + 2.0);
+    let mut out = vec![range; n];
+    for (rank, &i) in order.iter().enumerate() {
+        let left = if rank > 0 {
+            sorted[rank] - sorted[rank - 1]
+        } else {
+            sorted[rank] - lo
+        };
+        let right = if rank + 1 < n {
+            sorted[rank + 1] - sorted[rank]
+        } else {
+            hi - sorted[rank]
+        };
+        let sigma = match (n, rank) {
+            (1, _) => left.max(right),
+            (_, 0) => right,
+            (_, r) if r + 1 == n => left,
+            _ => left.max(right),
+        };
+        out[i] = sigma.clamp(min_sigma, range);
+    }
+    out
+}
+
 /// A truncated Gaussian mixture on `[lo, hi]`.
 #[derive(Debug, Clone)]
 pub struct Parzen {
@@ -47,12 +82,9 @@ impl Parzen {
     /// The estimator of `points` (internal-scale values) on `[lo, hi]`.
     pub fn new(points: &[f64], lo: f64, hi: f64) -> Parzen {
         let range = hi - lo;
-        let prior_mu = 0.5 * (lo + hi);
-        let mut mus: Vec<(f64, bool)> = points.iter().map(|p| (p.clamp(lo, hi), false)).collect();
-        mus.push((prior_mu, true));
-        mus.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let n = points.len();
-        let min_sigma = range / (100.0f64).min(n as f64 + 1.0);
+        let mus: Vec<f64> = points.iter().map(|p| p.clamp(lo, hi)).collect();
+        let sigmas = neighbour_sigmas(&mus, lo, hi);
+        let n = mus.len();
         let mut out = Parzen {
             lo,
             hi,
@@ -61,18 +93,13 @@ impl Parzen {
             weights: Vec::with_capacity(n + 1),
             mass: Vec::with_capacity(n + 1),
         };
-        for (i, &(mu, prior)) in mus.iter().enumerate() {
-            let sigma = if prior {
-                range
-            } else {
-                let left = if i > 0 { mu - mus[i - 1].0 } else { mu - lo };
-                let right = if i + 1 < mus.len() { mus[i + 1].0 - mu } else { hi - mu };
-                left.max(right).clamp(min_sigma, range)
-            };
+        // the points' kernels, then the prior's: centred, the whole range as its deviation
+        let kernels = mus.into_iter().zip(sigmas).map(|(mu, sigma)| (mu, sigma, 1.0));
+        for (mu, sigma, weight) in kernels.chain([(0.5 * (lo + hi), range, PRIOR_WEIGHT)]) {
             let mass = normal_cdf((hi - mu) / sigma) - normal_cdf((lo - mu) / sigma);
             out.mus.push(mu);
             out.sigmas.push(sigma);
-            out.weights.push(if prior { PRIOR_WEIGHT } else { 1.0 });
+            out.weights.push(weight);
             out.mass.push(mass.max(1e-300));
         }
         out
@@ -144,6 +171,49 @@ mod tests {
         ] {
             assert!((normal_cdf(z) - want).abs() < 1e-7, "{z}: {}", normal_cdf(z));
         }
+    }
+
+    /// The neighbour rule as Optuna 5 computes it, on `[0, 1]`: one point takes the larger
+    /// distance to the range's ends; of two or more, the outermost take the distance to the
+    /// point inside them and the others the larger distance to a neighbour; every deviation at
+    /// least `1 / (n + 2)` (the prior's kernel counted) and at most the range.
+    #[test]
+    fn each_point_takes_the_neighbour_rules_deviation() {
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+        // one point: the far end, 0.7 (not the 0.2 to the prior's centre, hyperopt's)
+        assert!(close(&neighbour_sigmas(&[0.7], 0.0, 1.0), &[0.7]));
+        // one point near the middle: the far end is still at least half the range
+        assert!(close(&neighbour_sigmas(&[0.45], 0.0, 1.0), &[0.55]));
+        // two points: each the distance between them, at least 1/4
+        assert!(close(&neighbour_sigmas(&[0.9, 0.4], 0.0, 1.0), &[0.5, 0.5]));
+        assert!(close(&neighbour_sigmas(&[0.5, 0.6], 0.0, 1.0), &[0.25, 0.25]));
+        // four points (order kept): the outermost take their inner neighbour's distance, not
+        // the range's ends (0.02 and 0.1 away here), the inner ones the larger gap, all at
+        // least 1/6
+        let got = neighbour_sigmas(&[0.9, 0.02, 0.6, 0.3], 0.0, 1.0);
+        assert!(close(&got, &[0.3, 0.28, 0.3, 0.3]), "{got:?}");
+        // another range: -1 is outermost (3 to its neighbour, raised to 20 / 5), 2 and 9 have
+        // 7 between them
+        let got = neighbour_sigmas(&[-1.0, 9.0, 2.0], -5.0, 15.0);
+        assert!(close(&got, &[4.0, 7.0, 7.0]), "{got:?}");
+        assert!(neighbour_sigmas(&[], 0.0, 1.0).is_empty());
+    }
+
+    /// The points' kernels take the neighbour rule's deviations (Optuna 5's), the prior the
+    /// whole range at the middle.
+    #[test]
+    fn the_kernels_take_the_neighbour_rule_and_the_prior_the_range() {
+        let p = Parzen::new(&[0.9, 0.02, 0.6, 0.3], 0.0, 1.0);
+        assert_eq!(p.mus, vec![0.9, 0.02, 0.6, 0.3, 0.5]);
+        let want = [0.3, 0.28, 0.3, 0.3, 1.0];
+        assert!(
+            p.sigmas.iter().zip(want).all(|(s, w)| (s - w).abs() < 1e-12),
+            "{:?}",
+            p.sigmas
+        );
+        // one point: the far end of the range, not the prior's centre
+        let one = Parzen::new(&[0.7], 0.0, 1.0);
+        assert!((one.sigmas[0] - 0.7).abs() < 1e-12, "{:?}", one.sigmas);
     }
 
     #[test]
