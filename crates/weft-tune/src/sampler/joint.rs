@@ -13,7 +13,8 @@
 //! Scott's rule instead, one deviation for every point.) The prior component sits in the middle
 //! of the range with the whole range as its deviation. A listed parameter's kernel puts weight
 //! 1 on the observed choice plus `1 / (n + 1)` on every choice, normalised (the prior:
-//! uniform). Values are on each parameter's internal scale (the log for `log_uniform`; a
+//! uniform). The points' kernels weigh by trial order ([`super::parzen::trial_weights`]), the
+//! prior's 1. Values are on each parameter's internal scale (the log for `log_uniform`; a
 //! choice's index).
 
 use super::normal_cdf;
@@ -42,6 +43,9 @@ pub struct JointParzen {
     prior: Vec<bool>,
     /// The points the estimator holds (its components but the prior).
     points: usize,
+    /// Component `c`'s weight in the mixture: the points' by trial order
+    /// ([`super::parzen::trial_weights`]), the prior's 1.
+    weights: Vec<f64>,
 }
 
 impl JointParzen {
@@ -55,6 +59,7 @@ impl JointParzen {
             mass: Vec::with_capacity(n + 1),
             prior: Vec::with_capacity(n + 1),
             points: n,
+            weights: super::parzen::trial_weights(n).into_iter().chain([1.0]).collect(),
         };
         let centre_of = |p: &Vec<f64>| -> Vec<f64> {
             dims.iter()
@@ -113,10 +118,9 @@ impl JointParzen {
         out
     }
 
-    /// A draw: a component (each equally likely), then each dimension from its kernel.
+    /// A draw: a component by weight, then each dimension from its kernel.
     pub fn sample(&self, rng: &mut Rng) -> Vec<f64> {
-        let weights = vec![1.0; self.centres.len()];
-        let c = rng.weighted(&weights);
+        let c = rng.weighted(&self.weights);
         self.dims
             .iter()
             .enumerate()
@@ -170,9 +174,15 @@ impl JointParzen {
                     .sum()
             })
             .collect();
+        let total: f64 = self.weights.iter().sum();
+        let logs: Vec<f64> = logs
+            .iter()
+            .zip(&self.weights)
+            .map(|(l, w)| l + (w / total).ln())
+            .collect();
         let top = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let sum: f64 = logs.iter().map(|l| (l - top).exp()).sum();
-        (top + sum.ln() - (logs.len() as f64).ln()).max(-690.0)
+        (top + sum.ln()).max(-690.0)
     }
 }
 
@@ -203,6 +213,53 @@ mod tests {
             "{:?}",
             p.sigmas
         );
+    }
+
+    /// The multivariate estimator gives the same deviations and log densities as Optuna 5's
+    /// (multivariate, its default), on every case of the fixture: one dimension, two numeric
+    /// ones, and a listed one beside a numeric one.
+    #[test]
+    fn the_joint_estimator_is_optunas() {
+        use super::super::parzen::tests::{floats, optuna_cases};
+        let cases = optuna_cases();
+        for case in &cases {
+            let name = case["name"].as_str().unwrap();
+            let dims: Vec<Dim> = case["dims"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| match d.get("choices") {
+                    Some(n) => Dim::Choice {
+                        n: n.as_integer().unwrap() as usize,
+                    },
+                    None => Dim::Numeric {
+                        lo: floats(&d["lo"])[0],
+                        hi: floats(&d["hi"])[0],
+                    },
+                })
+                .collect();
+            let rows = |key: &str| -> Vec<Vec<f64>> { case[key].as_array().unwrap().iter().map(floats).collect() };
+            let p = JointParzen::new(&rows("observations"), &dims);
+            // the numeric dimensions' deviations, in the fixture's order
+            let numeric: Vec<usize> = (0..dims.len())
+                .filter(|&k| matches!(dims[k], Dim::Numeric { .. }))
+                .collect();
+            for (j, want) in rows("sigmas").iter().enumerate() {
+                let got: Vec<f64> = p.sigmas.iter().map(|s| s[numeric[j]]).collect();
+                assert_eq!(got.len(), want.len(), "{name}");
+                for (g, w) in got.iter().zip(want) {
+                    assert!((g - w).abs() <= 1e-12 * w, "{name}: sigma {g} against Optuna's {w}");
+                }
+            }
+            for (x, want) in rows("points").iter().zip(floats(&case["log_pdf"])) {
+                let got = p.log_pdf(x);
+                assert!(
+                    (got - want).abs() < 1e-6,
+                    "{name}: log density at {x:?}: {got} against Optuna's {want}"
+                );
+            }
+        }
+        assert_eq!(cases.len(), 9);
     }
 
     #[test]

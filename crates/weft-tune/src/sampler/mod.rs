@@ -61,14 +61,19 @@ pub fn from_spec(spec: &SweepSpec) -> Box<dyn Sampler + Send> {
 /// `history` best first: finished trials by value, then pruned ones, those that got further
 /// first and then by value (Optuna ranks pruned trials the same way), then running ones.
 pub fn ranked(history: &[Observation]) -> Vec<&Observation> {
+    ranked_indices(history).into_iter().map(|i| &history[i]).collect()
+}
+
+/// The indices of `history` in [`ranked`]'s order (a tie keeps the earlier trial first).
+pub fn ranked_indices(history: &[Observation]) -> Vec<usize> {
     let key = |o: &Observation| match o.outcome {
         Outcome::Finished(v) => (0, 0, v),
         Outcome::Pruned { step, value } => (1, u64::MAX - step, value),
         Outcome::Running => (2, 0, 0.0),
     };
-    let mut out: Vec<&Observation> = history.iter().collect();
-    out.sort_by(|a, b| {
-        let (ka, kb) = (key(a), key(b));
+    let mut out: Vec<usize> = (0..history.len()).collect();
+    out.sort_by(|&a, &b| {
+        let (ka, kb) = (key(&history[a]), key(&history[b]));
         (ka.0, ka.1).cmp(&(kb.0, kb.1)).then(ka.2.total_cmp(&kb.2))
     });
     out

@@ -1,7 +1,9 @@
 //! The Parzen estimators of TPE (Bergstra et al., "Algorithms for Hyper-Parameter
 //! Optimization", NeurIPS 2011, section 4): a numeric parameter's density is a mixture of
 //! Gaussians truncated to its range, one per observed point plus one prior component; a
-//! categorical one's is smoothed frequencies.
+//! categorical one's a mixture of smoothed kernels, one per observed choice plus a uniform one.
+//! The observations' kernels are weighted by [`trial_weights`] (all 1 up to 25 of them; past
+//! that the older ones less), the prior's by 1, as in Optuna 5.
 //!
 //! Bandwidths follow the neighbour rule as Optuna 5 computes it
 //! ([`neighbour_sigmas`]): each point's standard deviation is the larger distance
@@ -66,6 +68,25 @@ pub(super) fn neighbour_sigmas(values: &[f64], lo: f64, hi: f64) -> Vec<f64> {
     out
 }
 
+/// The weights of `n` observations in trial order, oldest first (Optuna's `default_weights`):
+/// all 1 up to 25; past that the newest 25 weigh 1 and the older ones rise evenly from `1 / n`
+/// (the oldest) towards 1, so that a long sweep's early trials count for less.
+pub(super) fn trial_weights(n: usize) -> Vec<f64> {
+    if n < 25 {
+        return vec![1.0; n];
+    }
+    let ramp = n - 25;
+    let (first, last) = (1.0 / n as f64, 1.0);
+    let mut w: Vec<f64> = (0..ramp)
+        .map(|i| match ramp {
+            1 => first,
+            _ => first + (last - first) * i as f64 / (ramp - 1) as f64,
+        })
+        .collect();
+    w.extend(std::iter::repeat_n(1.0, 25));
+    w
+}
+
 /// A truncated Gaussian mixture on `[lo, hi]`.
 #[derive(Debug, Clone)]
 pub struct Parzen {
@@ -79,7 +100,8 @@ pub struct Parzen {
 }
 
 impl Parzen {
-    /// The estimator of `points` (internal-scale values) on `[lo, hi]`.
+    /// The estimator of `points` (internal-scale values, in trial order, oldest first: see
+    /// [`trial_weights`]) on `[lo, hi]`.
     pub fn new(points: &[f64], lo: f64, hi: f64) -> Parzen {
         let range = hi - lo;
         let mus: Vec<f64> = points.iter().map(|p| p.clamp(lo, hi)).collect();
@@ -94,7 +116,12 @@ impl Parzen {
             mass: Vec::with_capacity(n + 1),
         };
         // the points' kernels, then the prior's: centred, the whole range as its deviation
-        let kernels = mus.into_iter().zip(sigmas).map(|(mu, sigma)| (mu, sigma, 1.0));
+        let weights = trial_weights(n);
+        let kernels = mus
+            .into_iter()
+            .zip(sigmas)
+            .zip(weights)
+            .map(|((mu, sigma), w)| (mu, sigma, w));
         for (mu, sigma, weight) in kernels.chain([(0.5 * (lo + hi), range, PRIOR_WEIGHT)]) {
             let mass = normal_cdf((hi - mu) / sigma) - normal_cdf((lo - mu) / sigma);
             out.mus.push(mu);
@@ -131,19 +158,33 @@ impl Parzen {
     }
 }
 
-/// Smoothed frequencies over `n` choices: each choice's count plus `PRIOR_WEIGHT / n`.
+/// A listed parameter's estimator, as Optuna 5 builds it: a mixture of one kernel per
+/// observation (weight 1 on its choice plus `1 / (m + 1)` on every choice, normalised, for `m`
+/// observations), weighted by [`trial_weights`], and a prior kernel (uniform) of weight 1.
 #[derive(Debug, Clone)]
 pub struct Categorical {
+    /// The mixture's probability of each choice.
     weights: Vec<f64>,
 }
 
 impl Categorical {
-    /// The estimator of the observed `choices` (indices below `n`).
+    /// The estimator of the observed `choices` (indices below `n`, in trial order, oldest
+    /// first).
     pub fn new(choices: &[usize], n: usize) -> Categorical {
+        let m = choices.len();
+        let spread = PRIOR_WEIGHT / (m + 1) as f64;
+        let row_total = 1.0 + spread * n as f64;
+        let kernel_weights = trial_weights(m);
+        let total = kernel_weights.iter().sum::<f64>() + PRIOR_WEIGHT;
         let mut weights = vec![PRIOR_WEIGHT / n as f64; n];
-        for &c in choices {
-            weights[c] += 1.0;
+        for (&c, w) in choices.iter().zip(kernel_weights) {
+            let c = c.min(n - 1);
+            for (i, p) in weights.iter_mut().enumerate() {
+                let hit = if i == c { 1.0 } else { 0.0 };
+                *p += w * (hit + spread) / row_total;
+            }
         }
+        weights.iter_mut().for_each(|p| *p /= total);
         Categorical { weights }
     }
 
@@ -158,7 +199,7 @@ impl Categorical {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -197,6 +238,76 @@ mod tests {
         let got = neighbour_sigmas(&[-1.0, 9.0, 2.0], -5.0, 15.0);
         assert!(close(&got, &[4.0, 7.0, 7.0]), "{got:?}");
         assert!(neighbour_sigmas(&[], 0.0, 1.0).is_empty());
+    }
+
+    /// The cases of `tests/fixtures/parzen_optuna.toml` (tools/reference/make_tpe_fixtures.py):
+    /// Optuna 5's Parzen estimators, as its TPE sampler builds them.
+    pub(in crate::sampler) fn optuna_cases() -> Vec<toml::Table> {
+        let text = include_str!("../../tests/fixtures/parzen_optuna.toml");
+        let table: toml::Table = text.parse().expect("the fixture is TOML");
+        let cases = table["case"].as_array().expect("[[case]]");
+        cases.iter().map(|c| c.as_table().expect("a case").clone()).collect()
+    }
+
+    /// The numbers of a TOML array (of arrays, flattened).
+    pub(in crate::sampler) fn floats(v: &toml::Value) -> Vec<f64> {
+        match v {
+            toml::Value::Array(a) => a.iter().flat_map(floats).collect(),
+            toml::Value::Float(x) => vec![*x],
+            toml::Value::Integer(i) => vec![*i as f64],
+            other => panic!("not a number: {other}"),
+        }
+    }
+
+    /// One parameter's estimator gives each kernel the deviation Optuna's does, and the same
+    /// log density, on every one-dimensional case of the fixture (one point to 120, where the
+    /// clip stops at a hundredth of the range and the older points weigh less), and a listed
+    /// parameter's the same probabilities (5 and 30 observations).
+    #[test]
+    fn the_estimator_is_optunas() {
+        let mut checked = 0;
+        for case in optuna_cases() {
+            let dims = case["dims"].as_array().unwrap();
+            if dims.len() != 1 {
+                continue;
+            }
+            if let Some(n) = dims[0].get("choices") {
+                // a listed parameter: the same probabilities
+                let n = n.as_integer().unwrap() as usize;
+                let choices: Vec<usize> = floats(&case["observations"]).iter().map(|&c| c as usize).collect();
+                let c = Categorical::new(&choices, n);
+                for (x, want) in floats(&case["points"]).iter().zip(floats(&case["log_pdf"])) {
+                    let got = c.log_pmf(*x as usize);
+                    assert!(
+                        (got - want).abs() < 1e-12,
+                        "{}: log probability of {x}: {got} against Optuna's {want}",
+                        case["name"]
+                    );
+                }
+                checked += 1;
+                continue;
+            }
+            let (lo, hi) = (floats(&dims[0]["lo"])[0], floats(&dims[0]["hi"])[0]);
+            let p = Parzen::new(&floats(&case["observations"]), lo, hi);
+            let name = case["name"].as_str().unwrap();
+            let want = floats(&case["sigmas"]);
+            assert_eq!(p.sigmas.len(), want.len(), "{name}");
+            for (got, want) in p.sigmas.iter().zip(&want) {
+                assert!(
+                    (got - want).abs() <= 1e-12 * want,
+                    "{name}: sigma {got} against Optuna's {want}"
+                );
+            }
+            for (x, want) in floats(&case["points"]).iter().zip(floats(&case["log_pdf"])) {
+                let got = p.log_pdf(*x);
+                assert!(
+                    (got - want).abs() < 1e-6,
+                    "{name}: log density at {x}: {got} against Optuna's {want}"
+                );
+            }
+            checked += 1;
+        }
+        assert_eq!(checked, 7);
     }
 
     /// The points' kernels take the neighbour rule's deviations (Optuna 5's), the prior the

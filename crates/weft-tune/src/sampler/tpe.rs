@@ -15,7 +15,7 @@
 //! and its momentum) are suggested together.
 
 use super::joint::{Dim, JointParzen};
-use super::{random, ranked, Categorical, Observation, Outcome, Parzen, Sampler};
+use super::{random, ranked_indices, Categorical, Observation, Outcome, Parzen, Sampler};
 use crate::rng::Rng;
 use crate::space::{Param, Space, Value};
 
@@ -78,9 +78,17 @@ impl Sampler for Tpe {
         if ended < self.startup.max(2) {
             return Some(space.params.iter().map(|p| random::draw(p, &mut rng)).collect());
         }
-        let order = ranked(&usable);
+        // the split by rank; each side in trial order (the history's), oldest first, which the
+        // estimators weigh by
+        let order = ranked_indices(&usable);
         let split = n_good(order.len(), self.gamma);
-        let (good, bad) = order.split_at(split);
+        let in_trial_order = |idx: &[usize]| -> Vec<&Observation> {
+            let mut idx = idx.to_vec();
+            idx.sort_unstable();
+            idx.into_iter().map(|i| &usable[i]).collect()
+        };
+        let (good, bad) = (in_trial_order(&order[..split]), in_trial_order(&order[split..]));
+        let (good, bad) = (good.as_slice(), bad.as_slice());
         if self.multivariate {
             return Some(suggest_joint(space, good, bad, &mut rng));
         }
@@ -206,7 +214,7 @@ fn suggest_one(param: &Param, good: &[Value], bad: &[Value], rng: &mut Rng) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::Random;
+    use crate::sampler::{ranked, Random};
 
     fn space(text: &str) -> Space {
         Space::from_toml(&text.parse::<toml::Table>().unwrap(), "s").unwrap()
@@ -245,9 +253,15 @@ mod tests {
         v[v.len() / 2]
     }
 
-    /// Over `seeds` seeds: TPE's median best value, and random search's.
+    /// Seeds [`compare`] runs. The bar is a better median and at least 60% of the seeds
+    /// (18): a sampler that beats random search on 70% of seeds clears it with probability
+    /// 0.92 (with 9 seeds and 6 wins asked, 0.73: one changed draw could flip the test).
+    const SEEDS: u64 = 30;
+
+    /// Over [`SEEDS`] seeds: TPE's median best value, random search's, and the seeds where
+    /// TPE's best is at least as good.
     fn compare(space: &Space, budget: u64, f: &dyn Fn(&[f64]) -> f64) -> (f64, f64, usize) {
-        let seeds = 0..9u64;
+        let seeds = 0..SEEDS;
         let mut tpe = Vec::new();
         let mut rnd = Vec::new();
         let mut wins = 0;
@@ -267,7 +281,7 @@ mod tests {
         let s = space("\"optim.lr\" = { distribution = \"log_uniform\", min = 1e-5, max = 1.0 }");
         let f = |x: &[f64]| (x[0].log10() - 3e-3f64.log10()).powi(2);
         let (tpe, rnd, wins) = compare(&s, 40, &f);
-        assert!(tpe < rnd && wins >= 6, "tpe {tpe} random {rnd} wins {wins}/9");
+        assert!(tpe < rnd && wins >= 18, "tpe {tpe} random {rnd} wins {wins}/{SEEDS}");
         assert!(tpe < 0.01, "tpe {tpe}");
     }
 
@@ -292,7 +306,7 @@ mod tests {
         // Branin on [-5, 10] x [0, 15]: minimum 0.397887 at three points
         let s = branin_space();
         let (tpe, rnd, wins) = compare(&s, 60, &branin);
-        assert!(tpe < rnd && wins >= 6, "tpe {tpe} random {rnd} wins {wins}/9");
+        assert!(tpe < rnd && wins >= 18, "tpe {tpe} random {rnd} wins {wins}/{SEEDS}");
         assert!(tpe < 1.0, "tpe {tpe}");
     }
 
