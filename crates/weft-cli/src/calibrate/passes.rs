@@ -109,6 +109,9 @@ pub(super) fn pass_cost(
             (2 * floor).min(seq)
         ));
     };
+    if sizes.len() < 2 {
+        return Err("no two pass sizes to fit from".into());
+    }
     let (r, t) = sizes[0];
     // the two-block model's parameters and gradients, and the largest pass's logits (read and
     // written three times), must fit in a share of this rank's memory
@@ -170,7 +173,7 @@ pub(super) fn pass_cost(
 /// sequences from `rows` down (at least 2), else of one sequence shortened by halves down to
 /// twice `floor`, that `fits` the time allowed; then a half and a quarter of it and one row
 /// (whole sequences), or a half and a quarter of the shortened sequence, none below `floor`.
-/// `None` when no size fits; fewer than two sizes are no fit either.
+/// `None` when no size fits.
 fn pass_sizes(
     rows: usize,
     seq: usize,
@@ -189,7 +192,7 @@ fn pass_sizes(
     };
     sizes.retain(|&(_, t)| t >= floor);
     sizes.dedup();
-    (sizes.len() >= 2).then_some(sizes)
+    Some(sizes)
 }
 
 /// Least squares of `seconds = time_scale x analytic + blocks x block + ends`, each point's
@@ -304,8 +307,8 @@ mod tests {
             Some(vec![(1, 256), (1, 128), (1, 64)])
         );
         assert_eq!(pass_sizes(16, 1024, 64, |_| false), None);
-        // one row fits, and its halves fall below the floor: nothing to fit from
-        assert_eq!(pass_sizes(1, 128, 100, |(r, _)| r == 1), None);
+        // one row fits, and its halves fall below the floor: one size, which the caller refuses
+        assert_eq!(pass_sizes(1, 128, 100, |(r, _)| r == 1), Some(vec![(1, 128)]));
     }
 
     /// A large pass off the line (its tensors out of the caches) does not pull the fit away

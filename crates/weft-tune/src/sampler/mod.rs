@@ -42,7 +42,9 @@ pub struct Observation {
 /// Picks the parameters of trial `trial` (0-based).
 pub trait Sampler {
     /// The values for trial `trial` (one per parameter, in order), or `None` when the sampler
-    /// has nothing left to give (a grid that is done).
+    /// has nothing left to give (a grid that is done). `history` is in trial order, oldest
+    /// first (the driver's: ended trials by number, then the running ones): TPE weighs a long
+    /// sweep's older trials less.
     fn suggest(&mut self, trial: u64, space: &Space, history: &[Observation]) -> Option<Vec<Value>>;
 }
 
@@ -58,13 +60,9 @@ pub fn from_spec(spec: &SweepSpec) -> Box<dyn Sampler + Send> {
     }
 }
 
-/// `history` best first: finished trials by value, then pruned ones, those that got further
-/// first and then by value (Optuna ranks pruned trials the same way), then running ones.
-pub fn ranked(history: &[Observation]) -> Vec<&Observation> {
-    ranked_indices(history).into_iter().map(|i| &history[i]).collect()
-}
-
-/// The indices of `history` in [`ranked`]'s order (a tie keeps the earlier trial first).
+/// The indices of `history`, best first: finished trials by value, then pruned ones, those
+/// that got further first and then by value (Optuna ranks pruned trials the same way), then
+/// running ones; a tie keeps the earlier trial first.
 pub fn ranked_indices(history: &[Observation]) -> Vec<usize> {
     let key = |o: &Observation| match o.outcome {
         Outcome::Finished(v) => (0, 0, v),

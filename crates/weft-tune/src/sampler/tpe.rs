@@ -1,13 +1,14 @@
 //! The tree-structured Parzen estimator (Bergstra et al., NeurIPS 2011, section 4).
 //!
-//! After `startup` random trials, the ended trials are ranked (see [`super::ranked`]) and split:
-//! the best `n_good = ceil(gamma n)` (`gamma`: 0.1 unless the sweep says, at most 25, at
-//! least 1) make `l(x)`, the
-//! rest `g(x)`, one estimator of each per parameter ([`Parzen`] for numeric parameters,
-//! [`Categorical`] for listed values). Expected improvement is monotone in `l(x) / g(x)`
-//! (the paper's equation 3 onward), so each parameter takes, among `CANDIDATES` draws from its
-//! `l`, the one with the largest `log l(x) - log g(x)`. The parameters are independent, as in
-//! the paper's flat spaces (and Optuna's default, non-multivariate TPE).
+//! After `startup` random trials, the ended trials are ranked (see [`super::ranked_indices`])
+//! and split: the best `n_good = ceil(gamma n)` (`gamma`: 0.1 unless the sweep says, at most
+//! 25, at least 1) make `l(x)`, the rest `g(x)`, each side in trial order (the estimators
+//! weigh older trials less past 25), one estimator of each per parameter ([`Parzen`] for
+//! numeric parameters, [`Categorical`] for listed values). Expected improvement is monotone in
+//! `l(x) / g(x)` (the paper's equation 3 onward), so each parameter takes, among `CANDIDATES`
+//! draws from its `l`, the one with the largest `log l(x) - log g(x)`. The parameters are
+//! independent, as in the paper's flat spaces (Optuna's `multivariate=False`; its default
+//! before Optuna 5).
 //!
 //! Multivariate (`[sweep] multivariate = true`): `l` and `g` are each one joint estimator over
 //! every parameter ([`JointParzen`]); `CANDIDATES` whole points are drawn from `l` and the one
@@ -214,7 +215,7 @@ fn suggest_one(param: &Param, good: &[Value], bad: &[Value], rng: &mut Rng) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::{ranked, Random};
+    use crate::sampler::Random;
 
     fn space(text: &str) -> Space {
         Space::from_toml(&text.parse::<toml::Table>().unwrap(), "s").unwrap()
@@ -400,7 +401,7 @@ mod tests {
             obs(Outcome::Pruned { step: 16, value: 3.0 }),
             obs(Outcome::Finished(1.0)),
         ];
-        let order: Vec<Outcome> = ranked(&h).iter().map(|o| o.outcome).collect();
+        let order: Vec<Outcome> = ranked_indices(&h).iter().map(|&i| h[i].outcome).collect();
         assert_eq!(order, [h[3].outcome, h[1].outcome, h[2].outcome, h[0].outcome]);
     }
 
@@ -443,7 +444,7 @@ mod tests {
             "{with_liars} of 100 near the running trials' point, {alone} without them"
         );
         // running trials rank last and do not count towards the random start
-        let order: Vec<Outcome> = ranked(&lying).iter().map(|o| o.outcome).collect();
+        let order: Vec<Outcome> = ranked_indices(&lying).iter().map(|&i| lying[i].outcome).collect();
         assert!(order[30..].iter().all(|o| *o == Outcome::Running));
         let starting: Vec<Observation> = lying[..5].iter().chain(&lying[30..]).cloned().collect();
         let draws: Vec<Vec<Value>> = (0..3)
